@@ -1,0 +1,3 @@
+from bsr_cli.cli.main import main
+
+main()

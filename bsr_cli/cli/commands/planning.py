@@ -1,0 +1,200 @@
+"""Planning commands (pure, offline): `bsr rws`, `bsr plan`, `bsr registration show|diff`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bsr_cli.cli.app import JsonFlag, app, state
+from bsr_cli.core import accounting
+from bsr_cli.core.registration import DEFAULT_CHUNK_SIZE, Registration, diff_registrations
+from bsr_cli.core.units import parse_bytes
+from bsr_cli.errors import InvalidInput
+
+DEFAULT_REGISTRATION = "paper-mtp-off"
+
+RegOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--registration",
+        "-r",
+        help="Registration file (JSON/YAML) or built-in name: paper-mtp-off, paper-mtp-on, demo.",
+    ),
+]
+HfOpt = Annotated[Path | None, typer.Option("--hf-config", help="Derive the registration from a HF config.json.")]
+TpOpt = Annotated[int, typer.Option("--tp", help="TP world size (with --hf-config).", min=1)]
+DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="KV cache dtype (with --hf-config), e.g. bf16, fp8.")]
+BlockOpt = Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block (with --hf-config).", min=1)]
+MtpOpt = Annotated[bool, typer.Option("--mtp", help="Add the config's MTP layers (with --hf-config).")]
+ChunkOpt = Annotated[int, typer.Option("--chunk-size", help="Tokens per chunk (with --hf-config).", min=1)]
+WOpt = Annotated[int, typer.Option("--W", "-W", help="Window size in chunks (0 = whole-plan path).", min=0)]
+
+
+def resolve_registration(
+    registration: str | None,
+    hf_config: Path | None,
+    *,
+    tp: int = 1,
+    dtype: str | None = None,
+    block_size: int | None = None,
+    mtp: bool = False,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    note: typer.Context | None = None,
+) -> Registration:
+    from bsr_cli import loaders
+
+    if registration and hf_config:
+        raise InvalidInput("give --registration or --hf-config, not both")
+    if hf_config:
+        return loaders.load_hf_registration(
+            hf_config, tp=tp, dtype=dtype, block_size=block_size, include_mtp=mtp, chunk_size=chunk_size
+        )
+    if registration is None:
+        if note is not None:
+            state(note).out.note(f"[dim]using the built-in registration {DEFAULT_REGISTRATION} (pass -r to choose)[/]")
+        registration = DEFAULT_REGISTRATION
+    return loaders.load_registration(registration)
+
+
+def _parse_sweep(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InvalidInput(f"--sweep takes comma-separated window sizes, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise InvalidInput("--sweep window sizes must be positive")
+    return values
+
+
+@app.command("rws")
+def rws(
+    ctx: typer.Context,
+    registration: RegOpt = None,
+    hf_config: HfOpt = None,
+    tp: TpOpt = 1,
+    dtype: DtypeOpt = None,
+    block_size: BlockOpt = None,
+    mtp: MtpOpt = False,
+    chunk_size: ChunkOpt = DEFAULT_CHUNK_SIZE,
+    w: WOpt = 32,
+    tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prompt length for whole-plan figures.", min=0)] = 0,
+    l1: Annotated[
+        str | None, typer.Option("--l1", help="L1 capacity per rank (e.g. 1GiB): largest W that fits.")
+    ] = None,
+    sweep: Annotated[str, typer.Option("--sweep", help="Window sizes to compare.")] = "8,16,32,64",
+    all_tensors: Annotated[
+        bool, typer.Option("--all-tensors", help="List every tensor, not one row per shape.")
+    ] = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Restore working set RWS(W) = W·Σc_i + aux per rank, from a registration."""
+    st = state(ctx, json_flag)
+    reg = resolve_registration(
+        registration,
+        hf_config,
+        tp=tp,
+        dtype=dtype,
+        block_size=block_size,
+        mtp=mtp,
+        chunk_size=chunk_size,
+        note=ctx,
+    )
+    acc = accounting.account(
+        reg, w, tokens, sweep=_parse_sweep(sweep), l1_bytes=parse_bytes(l1) if l1 is not None else None
+    )
+    from bsr_cli.cli import render
+
+    data = {"registration": render.registration_summary(reg), **acc.to_dict()}
+    data["tensors"] = render.tensor_rows(reg, all_tensors)
+    st.out.result(data, render.rws)
+
+
+@app.command("plan")
+def plan(
+    ctx: typer.Context,
+    w: WOpt = 32,
+    tokens: Annotated[
+        int | None, typer.Option("--tokens", "-n", help="Prompt length (every chunk a hit).", min=0)
+    ] = None,
+    probe: Annotated[Path | None, typer.Option("--probe", help="A saved `bsr probe --json` result.")] = None,
+    registration: RegOpt = None,
+    hf_config: HfOpt = None,
+    tp: TpOpt = 1,
+    dtype: DtypeOpt = None,
+    exclude_tier: Annotated[
+        list[str] | None,
+        typer.Option("--exclude-tier", help="Plan as if this tier were unusable (repeatable)."),
+    ] = None,
+    all_windows: Annotated[bool, typer.Option("--all-windows", help="List every window.")] = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan."""
+    from bsr_cli import loaders
+    from bsr_cli.core.plan import plan_restore
+
+    st = state(ctx, json_flag)
+    if (tokens is None) == (probe is None):
+        raise InvalidInput("give exactly one of --tokens N or --probe FILE")
+    bitmap = loaders.load_probe(probe) if probe else None
+    if bitmap is not None and registration is None and hf_config is None:
+        raw = loaders.read_structured(probe) if probe else None
+        embedded = raw.get("registration_spec") if isinstance(raw, dict) else None
+        reg = Registration.from_dict(embedded, source=str(probe)) if embedded else resolve_registration(None, None)
+    else:
+        reg = resolve_registration(registration, hf_config, tp=tp, dtype=dtype, note=ctx)
+    result = plan_restore(reg, w, bitmap=bitmap, tokens=tokens, exclude_tiers=exclude_tier or ())
+    from bsr_cli.cli import render
+
+    data = result.to_dict()
+    data["bytes_per_chunk"] = reg.bytes_per_chunk
+    data["model"] = reg.model
+    data["show_all_windows"] = all_windows
+    st.out.result(data, render.plan)
+
+
+registration_app = typer.Typer(help="Inspect and compare registrations.", no_args_is_help=True)
+app.add_typer(registration_app, name="registration")
+
+
+@registration_app.command("show")
+def registration_show(
+    ctx: typer.Context,
+    spec: Annotated[str, typer.Argument(help="Registration file or built-in name.")],
+    all_tensors: Annotated[bool, typer.Option("--all-tensors", help="List every tensor.")] = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Show a registration: groups, tensors, Σc_i and its identity."""
+    from bsr_cli import loaders
+    from bsr_cli.cli import render
+
+    st = state(ctx, json_flag)
+    reg = loaders.load_registration(spec)
+    data = {**render.registration_summary(reg), "registration": reg.to_dict()}
+    data["tensor_rows"] = render.tensor_rows(reg, all_tensors)
+    st.out.result(data, render.registration)
+
+
+@registration_app.command("diff")
+def registration_diff(
+    ctx: typer.Context,
+    a: Annotated[str, typer.Argument(help="First registration (file or built-in name).")],
+    b: Annotated[str, typer.Argument(help="Second registration.")],
+    w: WOpt = 32,
+    json_flag: JsonFlag = False,
+) -> None:
+    """What changed between two registrations and what it does to Σc_i and RWS(W)."""
+    from bsr_cli import loaders
+    from bsr_cli.cli import render
+
+    st = state(ctx, json_flag)
+    ra, rb = loaders.load_registration(a), loaders.load_registration(b)
+    d = diff_registrations(ra, rb)
+    data = d.to_dict() | {
+        "a": {"source": a, "identity": ra.identity, "tensors": len(ra.tensors)},
+        "b": {"source": b, "identity": rb.identity, "tensors": len(rb.tensors)},
+        "W": w,
+        "rws_bytes": {"a": accounting.rws_bytes(ra, w), "b": accounting.rws_bytes(rb, w)} if w else None,
+    }
+    st.out.result(data, render.registration_diff)

@@ -1,0 +1,68 @@
+"""The entry point and the one error boundary.
+
+Every failure becomes one line on stderr (``bsr: error: ...``, optionally ``bsr: hint: ...``) and the exit code of
+its class (bsr_cli.errors.ExitCode); the stack is shown only with ``--traceback`` or ``BSR_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback as tb
+from collections.abc import Sequence
+
+from bsr_cli.errors import BsrError, ExitCode
+
+
+def _wants_traceback(argv: Sequence[str]) -> bool:
+    if "--traceback" in argv:
+        return True
+    return any(os.environ.get(k, "").lower() in {"1", "true", "yes", "on"} for k in ("BSR_TRACEBACK", "BSR_DEBUG"))
+
+
+def _json_mode(argv: Sequence[str]) -> bool:
+    return "--json" in argv or os.environ.get("BSR_JSON", "").lower() in {"1", "true", "yes", "on"}
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    from bsr_cli.cli.app import app, register_commands
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    register_commands()
+    try:
+        result = app(args=args, prog_name="bsr", standalone_mode=False)
+        return int(result) if isinstance(result, int) else 0
+    except BsrError as e:
+        _report(e.message, e.hint, args, e)
+        if _json_mode(args):
+            import json
+
+            sys.stdout.write(json.dumps(e.to_dict()) + "\n")
+        return int(e.exit_code)
+    except KeyboardInterrupt as e:
+        _report("interrupted", None, args, e)
+        return int(ExitCode.INTERRUPTED)
+    except Exception as e:  # noqa: BLE001 - the boundary: everything ends as one line and an exit code
+        if type(e).__name__ == "Abort":  # the parser's Ctrl-C / EOF at a prompt
+            _report("interrupted", None, args, e)
+            return int(ExitCode.INTERRUPTED)
+        show = getattr(e, "show", None)
+        code = getattr(e, "exit_code", None)
+        if callable(show) and isinstance(code, int):  # usage errors raised by the argument parser
+            show(file=sys.stderr)
+            return int(ExitCode.INVALID_INPUT) if code == 2 else code
+        _report(f"internal error: {type(e).__name__}: {e}", "rerun with --traceback and report it", args, e)
+        return int(ExitCode.INTERNAL)
+
+
+def _report(message: str, hint: str | None, argv: Sequence[str], exc: BaseException) -> None:
+    if _wants_traceback(argv):
+        tb.print_exception(exc, file=sys.stderr)
+    sys.stderr.write(f"bsr: error: {message}\n")
+    if hint:
+        sys.stderr.write(f"bsr: hint: {hint}\n")
+    sys.stderr.flush()
+
+
+def main() -> None:
+    sys.exit(run())

@@ -1,0 +1,77 @@
+"""The one output layer: stdout is data, stderr is diagnostics.
+
+Commands build a plain-data result (dicts/lists of JSON types) and hand it here with a renderer. With ``--json``
+the result is printed as JSON and the renderer is never called (rich is not even imported); otherwise the renderer
+draws rich tables to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class Output:
+    def __init__(self, *, json_mode: bool, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+        self.json_mode = json_mode
+        self._stdout = stdout or sys.stdout
+        self._stderr = stderr or sys.stderr
+        self._console: Console | None = None
+        self._err_console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            # Piped output keeps a readable width instead of rich's 80-column fallback.
+            width = None if self._stdout.isatty() or os.environ.get("COLUMNS") else 120
+            self._console = Console(
+                file=self._stdout, no_color=bool(os.environ.get("NO_COLOR")), soft_wrap=False, width=width
+            )
+        return self._console
+
+    @property
+    def err_console(self) -> Console:
+        if self._err_console is None:
+            from rich.console import Console
+
+            self._err_console = Console(file=self._stderr, no_color=bool(os.environ.get("NO_COLOR")), soft_wrap=True)
+        return self._err_console
+
+    @property
+    def interactive(self) -> bool:
+        """True when a person watches stdout (progress displays only make sense then)."""
+        return not self.json_mode and self._stdout.isatty()
+
+    def result(self, data: Any, render: Callable[[Console, Any], None] | None = None) -> None:
+        if self.json_mode or render is None:
+            self._stdout.write(json.dumps(data, indent=2, default=_json_default) + "\n")
+            self._stdout.flush()
+        else:
+            render(self.console, data)
+
+    def note(self, message: str) -> None:
+        """A diagnostic for people (stderr); silent in --json mode so scripts see only data."""
+        if not self.json_mode:
+            self.err_console.print(message, highlight=False)
+
+    def error(self, message: str, hint: str | None = None) -> None:
+        self._stderr.write(f"bsr: error: {message}\n")
+        if hint:
+            self._stderr.write(f"bsr: hint: {hint}\n")
+        self._stderr.flush()
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, set | frozenset | tuple):
+        return list(o)
+    return str(o)

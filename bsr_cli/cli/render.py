@@ -1,0 +1,262 @@
+"""Rich renderers for command results. Imported only when a person reads the output (never with --json)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from bsr_cli.core.registration import Registration
+from bsr_cli.core.units import format_bytes
+
+TIER_STYLE = {"mooncake": ("M", "green"), "fs": ("F", "cyan"), "l1": ("L", "magenta")}
+
+
+def b(n: int | None) -> str:
+    """Exact bytes and the binary-unit reading, as operators quote them: 525,074,432 (500.75 MiB)."""
+    if n is None:
+        return "—"
+    return f"{n:,} ({format_bytes(n)})" if n >= 1024 else f"{n:,} B"
+
+
+def registration_summary(reg: Registration) -> dict[str, Any]:
+    return {
+        "model": reg.model,
+        "identity": reg.identity,
+        "source": reg.source,
+        "tp_size": reg.tp_size,
+        "chunk_size": reg.chunk_size,
+        "tensors_count": len(reg.tensors),
+        "bytes_per_token": reg.bytes_per_token,
+        "bytes_per_chunk": reg.bytes_per_chunk,
+        "aux_bytes": reg.aux_bytes,
+        "groups": [
+            {
+                "name": g.name,
+                "block_size": g.block_size,
+                "tensors": len(reg.tensors_of(g.name)),
+                "bytes_per_chunk": reg.group_bytes_per_chunk(g.name),
+            }
+            for g in reg.groups
+        ],
+    }
+
+
+def tensor_rows(reg: Registration, every: bool) -> list[dict[str, Any]]:
+    """One row per tensor, or one row per (group, dtype, shape) with a count (167 rows help nobody)."""
+    if every:
+        return [
+            {
+                "count": 1,
+                "name": t.name,
+                "group": t.group,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "bytes_per_chunk": t.bytes_per_token * reg.chunk_size,
+            }
+            for t in reg.tensors
+        ]
+    counts = Counter((t.group, t.dtype, t.shape) for t in reg.tensors)
+    first: dict[tuple[str, str, tuple[int, ...]], str] = {}
+    for t in reg.tensors:
+        key = (t.group, t.dtype, t.shape)
+        # layers.0.attn / layers.1.attn / ... -> layers.*.attn
+        first[key] = t.name if key not in first else _merge_names(first[key], t.name)
+    return [
+        {
+            "count": n,
+            "name": first[k],
+            "group": k[0],
+            "dtype": k[1],
+            "shape": list(k[2]),
+            "bytes_per_chunk": n * reg.chunk_size * _prod_bytes(reg, k[0], k[1], k[2]),
+        }
+        for k, n in counts.items()
+    ]
+
+
+def _merge_names(a: str, b: str) -> str:
+    pa, pb = re.split(r"(\d+)", a), re.split(r"(\d+)", b)
+    if len(pa) != len(pb):
+        return a
+    return "".join(x if x == y else "*" for x, y in zip(pa, pb, strict=True))
+
+
+def _prod_bytes(reg: Registration, group: str, dtype: str, shape: tuple[int, ...]) -> int:
+    for t in reg.tensors:
+        if (t.group, t.dtype, t.shape) == (group, dtype, shape):
+            return t.bytes_per_token
+    return 0
+
+
+def _registration_tables(console: Console, s: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    console.print(
+        f"[bold]{s['model']}[/]  {s['identity']}  tp={s['tp_size']}  chunk={s['chunk_size']} tokens  "
+        f"{s['tensors_count']} tensors" + (f"  [dim]{s['source']}[/]" if s.get("source") else "")
+    )
+    t = Table(title="tensors (per rank)", title_justify="left")
+    for col in ("count", "tensor", "group", "dtype", "shape/token"):
+        t.add_column(col)
+    t.add_column("bytes/chunk", justify="right")
+    for r in rows:
+        name = r["name"]
+        t.add_row(
+            str(r["count"]),
+            name,
+            r["group"],
+            r["dtype"],
+            "×".join(map(str, r["shape"])),
+            f"{r['bytes_per_chunk']:,}",
+        )
+    console.print(t)
+    g = Table(title="KV groups", title_justify="left")
+    for col in ("group", "block size", "tensors"):
+        g.add_column(col)
+    g.add_column("bytes/chunk", justify="right")
+    for grp in s["groups"]:
+        g.add_row(grp["name"], str(grp["block_size"]), str(grp["tensors"]), f"{grp['bytes_per_chunk']:,}")
+    g.add_row("[bold]Σ c_i[/]", "", str(s["tensors_count"]), f"[bold]{b(s['bytes_per_chunk'])}[/]")
+    console.print(g)
+
+
+def registration(console: Console, d: dict[str, Any]) -> None:
+    _registration_tables(console, d, d["tensor_rows"])
+
+
+def rws(console: Console, d: dict[str, Any]) -> None:
+    _registration_tables(console, d["registration"], d["tensors"])
+    w = d["W"]
+    if w:
+        console.print(
+            f"RWS(W={w}) = {w} · {d['bytes_per_chunk']:,} + {d['aux_bytes']:,} = [bold]{b(d['rws_bytes'])}[/] per rank"
+        )
+    else:
+        console.print("W=0: the whole-plan path; its staging grows with the prompt (see below)")
+    sw = Table(title="window sweep", title_justify="left")
+    sw.add_column("W", justify="right")
+    sw.add_column("RWS per rank", justify="right")
+    if d["tokens"]:
+        sw.add_column(f"windows for {d['tokens']:,} tokens", justify="right")
+    for row in d["sweep"]:
+        cells = [str(row["W"]), b(row["rws_bytes"])]
+        if d["tokens"]:
+            cells.append(str(row["windows"]))
+        sw.add_row(*cells, style="bold" if row["W"] == w else None)
+    console.print(sw)
+    if d["tokens"]:
+        rung = d["whole_plan_ladder_rung"]
+        console.print(
+            f"{d['tokens']:,} tokens = {d['chunks']:,} chunks → {d['windows']} window(s) at W={w}; "
+            f"whole-plan (W=0) staging {b(d['whole_plan_bytes'])} per rank → "
+            + (f"first ladder rung {format_bytes(rung)}" if rung else "[red]above the largest ladder rung[/]")
+        )
+    if d["l1_bytes"] is not None:
+        fit = d["max_W_for_l1"]
+        console.print(
+            f"L1 {b(d['l1_bytes'])} per rank holds W ≤ [bold]{fit}[/]"
+            + ("" if fit else " [red](not even one chunk fits)[/]")
+        )
+
+
+def plan(console: Console, d: dict[str, Any]) -> None:
+    w = d["W"]
+    console.print(
+        f"[bold]{d['model']}[/] {d['registration']}  W={w}{' (whole-plan path)' if w == 0 else ''}  "
+        f"prompt {d['prompt_tokens']:,} tokens = {d['prompt_chunks']:,} chunks"
+    )
+    committed = d["committable_tokens"]
+    console.print(
+        f"committable prefix: [bold]{committed:,} tokens[/] ({d['committable_chunks']:,} chunks) "
+        f"in {d['windows_count']} window(s)"
+        + (
+            f"; objects by tier: {', '.join(f'{k} {v:,}' for k, v in d['objects_by_tier'].items())}"
+            if d["objects_by_tier"]
+            else ""
+        )
+    )
+    br = d["first_break"]
+    if br:
+        held = f" (held only by excluded {', '.join(br['held_by'])})" if br["held_by"] else ""
+        console.print(
+            f"[yellow]first break[/]: chunk {br['chunk']} rank {br['rank']} group {br['group']}: {br['reason']}{held}"
+        )
+    else:
+        console.print("[green]no break[/]: every rank and group holds the whole prompt")
+    windows = d["windows"]
+    if windows:
+        t = Table(title="window schedule", title_justify="left")
+        for col in ("window", "chunks", "tokens"):
+            t.add_column(col, justify="right")
+        groups = list(windows[0]["blocks"])
+        for g in groups:
+            t.add_column(f"{g} blocks", justify="right")
+        t.add_column("bytes/rank", justify="right")
+        shown = windows if d.get("show_all_windows") or len(windows) <= 10 else [*windows[:6], None, *windows[-2:]]
+        for win in shown:
+            if win is None:
+                t.add_row("…", f"{len(windows) - 8} more", *([""] * (len(groups) + 2)))
+                continue
+            c0, c1 = win["chunks"]
+            t0, t1 = win["tokens"]
+            t.add_row(
+                f"G{win['index'] + 1}",
+                f"{c0}–{c1}",
+                f"{t0:,}–{t1:,}",
+                *(f"{win['blocks'][g][0]}–{win['blocks'][g][1]}" for g in groups),
+                f"{win['bytes_per_rank']:,}",
+            )
+        console.print(t)
+    cmp = Table(title="restore staging per rank", title_justify="left")
+    cmp.add_column("path")
+    cmp.add_column("peak live bytes", justify="right")
+    cmp.add_column("ladder rung", justify="right")
+    rung = d["whole_plan_rung"]
+    if w:
+        cmp.add_row(f"BSR, W={w}", b(d["peak_bytes_per_rank"]), "")
+    cmp.add_row(
+        "whole plan (W=0)",
+        b(d["whole_plan_bytes"]),
+        format_bytes(rung) if rung else ("—" if not d["committable_chunks"] else "beyond ladder"),
+    )
+    console.print(cmp)
+    if w and d["whole_plan_bytes"] and d["peak_bytes_per_rank"]:
+        ratio = d["whole_plan_bytes"] / d["peak_bytes_per_rank"]
+        console.print(f"BSR stages {ratio:,.1f}× less than the whole-plan path for this prompt.")
+
+
+def registration_diff(console: Console, d: dict[str, Any]) -> None:
+    a, bb = d["a"], d["b"]
+    console.print(f"A: {a['source']} ({a['tensors']} tensors, {a['identity']})")
+    console.print(f"B: {bb['source']} ({bb['tensors']} tensors, {bb['identity']})")
+    if d["identical"]:
+        console.print("[green]identical[/]")
+        return
+    t = Table()
+    for col in ("change", "tensor", "group", "dtype", "shape/token"):
+        t.add_column(col)
+    for x in d["added"]:
+        t.add_row(Text("+ added", style="green"), x["name"], x["group"], x["dtype"], "×".join(map(str, x["shape"])))
+    for x in d["removed"]:
+        t.add_row(Text("- removed", style="red"), x["name"], x["group"], x["dtype"], "×".join(map(str, x["shape"])))
+    for ch in d["changed"]:
+        x, y = ch["a"], ch["b"]
+        t.add_row(
+            Text("~ changed", style="yellow"),
+            x["name"],
+            f"{x['group']}→{y['group']}",
+            f"{x['dtype']}→{y['dtype']}",
+            f"{'×'.join(map(str, x['shape']))}→{'×'.join(map(str, y['shape']))}",
+        )
+    if t.row_count:
+        console.print(t)
+    for s in d["settings"]:
+        console.print(f"{s['field']}: {s['a']} → {s['b']}")
+    bpc = d["bytes_per_chunk"]
+    console.print(f"Σ c_i: {bpc['a']:,} → {bpc['b']:,} bytes per chunk ({bpc['delta']:+,})")
+    if d.get("rws_bytes"):
+        r = d["rws_bytes"]
+        console.print(f"RWS(W={d['W']}): {b(r['a'])} → {b(r['b'])} per rank")

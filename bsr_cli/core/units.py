@@ -1,0 +1,83 @@
+"""Byte units and dtype sizes."""
+
+from __future__ import annotations
+
+from bsr_cli.errors import InvalidInput
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+# Bytes per element, keyed by every spelling an operator is likely to type (vLLM, torch, HF config names).
+DTYPE_BYTES: dict[str, int] = {
+    "fp32": 4,
+    "float32": 4,
+    "float": 4,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp16": 2,
+    "float16": 2,
+    "half": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+}
+
+# Canonical short names, used in keys and identities so "bfloat16" and "bf16" register identically.
+_CANONICAL = {
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e5m2": "fp8_e5m2",
+}
+
+
+def canonical_dtype(name: str) -> str:
+    key = str(name).strip().lower().removeprefix("torch.")
+    if key not in DTYPE_BYTES:
+        known = ", ".join(sorted({_CANONICAL.get(k, k) for k in DTYPE_BYTES}))
+        raise InvalidInput(f"unknown dtype {name!r}", hint=f"use one of: {known}")
+    return _CANONICAL.get(key, key)
+
+
+def dtype_bytes(name: str) -> int:
+    return DTYPE_BYTES[canonical_dtype(name)]
+
+
+def format_bytes(n: float) -> str:
+    """Binary units with two decimals, the way the paper writes them (500.75 MiB)."""
+    n = float(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+_SUFFIXES = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": KiB, "m": 10**6, "mb": 10**6, "mib": MiB}
+_SUFFIXES |= {"g": 10**9, "gb": 10**9, "gib": GiB, "t": 10**12, "tb": 10**12, "tib": 1024**4}
+
+
+def parse_bytes(text: str) -> int:
+    """Parse '16GiB', '512 MiB', '1.5G' or a plain integer into bytes."""
+    s = str(text).strip().lower().replace("_", "").replace(",", "")
+    i = len(s)
+    while i > 0 and not (s[i - 1].isdigit() or s[i - 1] == "."):
+        i -= 1
+    number, suffix = s[:i].strip(), s[i:].strip()
+    if not number or suffix not in _SUFFIXES:
+        raise InvalidInput(f"cannot read a size from {text!r}", hint="write e.g. 16GiB, 512MiB or 1073741824")
+    try:
+        value = float(number) * _SUFFIXES[suffix]
+    except ValueError:
+        raise InvalidInput(f"cannot read a size from {text!r}") from None
+    if value < 0:
+        raise InvalidInput(f"size must not be negative: {text!r}")
+    return int(value)

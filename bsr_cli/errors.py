@@ -1,0 +1,127 @@
+"""The one exception tree of bsr, and the exit codes it maps to.
+
+Every layer raises a subclass of `BsrError`; the CLI's single error boundary turns it into one line on stderr
+and the exit code below. This module is pure (no I/O) so the core can raise these too.
+
+    BsrError
+    ├── InvalidInput            bad flags, files, registrations, plans           (2)
+    ├── CapacityError           the plan does not fit the configured pool        (12)
+    ├── EngineError             talking to an engine's admin API
+    │   ├── EngineUnreachable   connection refused / DNS / reset                  (3)
+    │   ├── EngineTimeout       no answer within the deadline                     (4)
+    │   ├── Unauthorized        missing or wrong token (401/403)                  (5)
+    │   ├── VersionMismatch     engine speaks another admin API version          (6)
+    │   ├── BadRequest          the engine rejected the request (4xx)            (7)
+    │   ├── FaultsDisabled      fault injection refused: engine started without it (8)
+    │   └── ServerError         the engine failed (5xx)                           (9)
+    ├── RestoreFailedClosed     a restore ended fail-closed (nothing committed)  (10)
+    ├── DrillViolation          a drill found a broken invariant                 (11)
+    └── ServiceError            starting/stopping local services failed          (13)
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    INTERNAL = 1
+    INVALID_INPUT = 2
+    ENGINE_UNREACHABLE = 3
+    ENGINE_TIMEOUT = 4
+    UNAUTHORIZED = 5
+    VERSION_MISMATCH = 6
+    BAD_REQUEST = 7
+    FAULTS_DISABLED = 8
+    SERVER_ERROR = 9
+    FAILED_CLOSED = 10
+    DRILL_VIOLATION = 11
+    CAPACITY = 12
+    SERVICE = 13
+    INTERRUPTED = 130
+
+
+class BsrError(Exception):
+    """Base of every error bsr reports to a user. `hint` is an optional second sentence: what to do next."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+    kind = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "error": self.kind,
+            "message": self.message,
+            "hint": self.hint,
+            "exit_code": int(self.exit_code),
+        }
+
+
+class InvalidInput(BsrError):
+    exit_code = ExitCode.INVALID_INPUT
+    kind = "invalid-input"
+
+
+class CapacityError(BsrError):
+    exit_code = ExitCode.CAPACITY
+    kind = "capacity"
+
+
+class EngineError(BsrError):
+    exit_code = ExitCode.SERVER_ERROR
+    kind = "engine"
+
+
+class EngineUnreachable(EngineError):
+    exit_code = ExitCode.ENGINE_UNREACHABLE
+    kind = "unreachable"
+
+
+class EngineTimeout(EngineError):
+    exit_code = ExitCode.ENGINE_TIMEOUT
+    kind = "timeout"
+
+
+class Unauthorized(EngineError):
+    exit_code = ExitCode.UNAUTHORIZED
+    kind = "unauthorized"
+
+
+class VersionMismatch(EngineError):
+    exit_code = ExitCode.VERSION_MISMATCH
+    kind = "version-mismatch"
+
+
+class BadRequest(EngineError):
+    exit_code = ExitCode.BAD_REQUEST
+    kind = "bad-request"
+
+
+class FaultsDisabled(EngineError):
+    exit_code = ExitCode.FAULTS_DISABLED
+    kind = "faults-disabled"
+
+
+class ServerError(EngineError):
+    exit_code = ExitCode.SERVER_ERROR
+    kind = "server-error"
+
+
+class RestoreFailedClosed(BsrError):
+    exit_code = ExitCode.FAILED_CLOSED
+    kind = "failed-closed"
+
+
+class DrillViolation(BsrError):
+    exit_code = ExitCode.DRILL_VIOLATION
+    kind = "drill-violation"
+
+
+class ServiceError(BsrError):
+    exit_code = ExitCode.SERVICE
+    kind = "service"

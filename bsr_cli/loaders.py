@@ -1,0 +1,106 @@
+"""Reading user files into core objects: registrations, HF configs, probe results, token lists.
+
+The core parses dicts; this module does the file I/O and format sniffing so the core stays pure.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.hf_config import registration_from_hf_config
+from bsr_cli.core.registration import Registration
+from bsr_cli.errors import InvalidInput
+
+# Registrations shipped with bsr, usable by name (`--registration demo`).
+BUILTIN_REGISTRATIONS = {
+    "paper-mtp-off": "the paper's MTP-off registration: 167 tensors, 16,408,576 bytes per chunk",
+    "paper-mtp-on": "the paper's MTP-on registration: 170 tensors",
+    "demo": "the embedded engine's default: 4 tensors in 2 KV groups, 4 KiB per token per rank",
+}
+
+
+def read_structured(path: Path) -> Any:
+    """Parse a JSON or YAML file (by extension; JSON first when unknown)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InvalidInput(f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise InvalidInput(f"{path} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read {path}: {e}") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return _yaml(text, path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        if path.suffix.lower() == ".json":
+            raise InvalidInput(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        return _yaml(text, path)
+
+
+def _yaml(text: str, path: Path) -> Any:
+    import yaml  # only when a YAML file is actually given
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InvalidInput(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+
+
+def builtin_registration(name: str) -> Registration:
+    data = json.loads(resources.files("bsr_cli.data").joinpath(f"{name}.json").read_text())
+    return Registration.from_dict(data, source=name)
+
+
+def load_registration(spec: str | Path) -> Registration:
+    """A registration from a file (JSON/YAML) or a built-in name."""
+    text = str(spec)
+    if text in BUILTIN_REGISTRATIONS and not Path(text).exists():
+        return builtin_registration(text)
+    path = Path(text)
+    if not path.exists():
+        names = ", ".join(BUILTIN_REGISTRATIONS)
+        raise InvalidInput(f"registration not found: {text}", hint=f"give a file or one of: {names}")
+    data = read_structured(path)
+    if isinstance(data, dict) and "registration" in data and "tensors" not in data:
+        data = data["registration"]  # accept `bsr registration show --json` output and engine info dumps
+    return Registration.from_dict(data, source=str(path))
+
+
+def load_hf_registration(path: Path, **kwargs: Any) -> Registration:
+    data = read_structured(Path(path))
+    return registration_from_hf_config(data, source=str(path), **kwargs)
+
+
+def load_probe(path: Path) -> HitBitmap:
+    return HitBitmap.from_dict(read_structured(Path(path)), source=str(path))
+
+
+def read_tokens_file(path: Path) -> list[int]:
+    """Token ids from a JSON list (or {"tokens": [...]}) or whitespace/comma separated integers."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read tokens file {p}: {e}") from None
+    data: Any
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = text.replace(",", " ").split()
+    if isinstance(data, dict):
+        data = data.get("tokens")
+    if not isinstance(data, list):
+        raise InvalidInput(f"{p}: expected a list of token ids")
+    try:
+        tokens = [int(t) for t in data]
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{p}: token ids must be integers") from None
+    if any(t < 0 or t >= 1 << 32 for t in tokens):
+        raise InvalidInput(f"{p}: token ids must be in [0, 2^32)")
+    return tokens

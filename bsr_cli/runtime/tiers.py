@@ -1,0 +1,68 @@
+"""The tier interface the BSR runtime restores from.
+
+A tier is an external store of chunk objects (the Mooncake store, a filesystem "SSD" tier, an LMCache backend).
+The runtime never imports a concrete tier: hosts (the embedded engine, the LMCache plugin) construct tiers and
+hand them in. Every call takes a deadline; a tier never blocks past it.
+
+Objects are immutable byte strings addressed by LMCache-style keys
+(``model@world_size@worker_id@<chunk hash hex>@<dtype>``). Each object is stored with a CRC32 of its payload so the
+runtime can detect corruption; the tier returns the stored checksum next to the bytes, and the *runtime* verifies it
+(so an injected in-transit corruption is caught by the same check as a real one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+# Per-object result codes of Tier.get_into (>= 0 means the number of bytes written).
+MISSING = -1  # the tier does not hold the key
+TIMED_OUT = -2  # the deadline passed before the object arrived
+IO_ERROR = -3  # the transfer failed (connection, short read, store error)
+UNAVAILABLE = -4  # the tier as a whole cannot serve (master down, directory gone)
+
+CODE_NAMES = {MISSING: "missing", TIMED_OUT: "timeout", IO_ERROR: "io-error", UNAVAILABLE: "unavailable"}
+
+
+class TierUnavailable(Exception):
+    """The tier cannot serve at all (e.g. the Mooncake master is down). Raised by put/contains."""
+
+
+@dataclass(frozen=True)
+class StagingSlice:
+    """A writable region of the restore pool: its address (for RDMA/TCP engines that take raw pointers) and
+    a memoryview over the same bytes (for file reads). ``len(view)`` is the object size."""
+
+    ptr: int
+    view: memoryview
+
+
+@dataclass(frozen=True)
+class TierHealth:
+    ok: bool
+    detail: str
+
+
+class Tier(Protocol):
+    name: str  # short, stable: "mooncake", "fs"
+
+    def health(self) -> TierHealth: ...
+
+    def contains(self, keys: Sequence[str], timeout_s: float) -> list[bool]:
+        """Probe: which keys the tier holds. Moves no object bytes and leaves nothing pinned or locked."""
+        ...
+
+    def put(self, keys: Sequence[str], payloads: Sequence[memoryview], checksums: Sequence[int]) -> None:
+        """Store objects (payload + its CRC32). Raises TierUnavailable or OSError on failure; never half-reports."""
+        ...
+
+    def get_into(
+        self, keys: Sequence[str], dests: Sequence[StagingSlice], timeout_s: float
+    ) -> tuple[list[int], list[int | None]]:
+        """Fetch each object into its staging slice. Returns (codes, stored checksums): per key the number of bytes
+        written (== len(dest.view) on success) or a negative code above, and the checksum stored with it (None when
+        the object did not arrive). Never raises for per-object failures."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,144 @@
+"""Settings and where each value came from.
+
+Precedence, highest first: command-line flag > ``BSR_*`` environment variable > config file > default.
+The config file is TOML at ``$BSR_CONFIG`` or ``~/.config/bsr/config.toml``::
+
+    engine = "prod"                  # a profile name or a URL
+    state_dir = "/var/lib/bsr"
+
+    [profiles.prod]
+    url = "http://10.0.0.5:8470"
+    token = "..."
+
+`bsr config show` prints every value with its source.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bsr_cli.errors import InvalidInput
+
+ENV_PREFIX = "BSR_"
+ENV = {
+    "engine": "BSR_ENGINE",
+    "token": "BSR_TOKEN",
+    "state_dir": "BSR_STATE_DIR",
+    "config": "BSR_CONFIG",
+    "json": "BSR_JSON",
+    "traceback": "BSR_TRACEBACK",
+    "timeout": "BSR_TIMEOUT",
+}
+# BSR_DEBUG=1 is accepted as a synonym of BSR_TRACEBACK=1.
+DEBUG_ENV = "BSR_DEBUG"
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def default_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "bsr" / "config.toml"
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "bsr" / "engine"
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass
+class Settings:
+    engine: str | None = None
+    token: str | None = None
+    state_dir: Path = field(default_factory=default_state_dir)
+    config_path: Path = field(default_factory=default_config_path)
+    json: bool = False
+    traceback: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": {"value": self.engine, "source": self.sources.get("engine", "default")},
+            "token": {"value": "***" if self.token else None, "source": self.sources.get("token", "default")},
+            "state_dir": {"value": str(self.state_dir), "source": self.sources.get("state_dir", "default")},
+            "config": {"value": str(self.config_path), "source": self.sources.get("config", "default")},
+            "json": {"value": self.json, "source": self.sources.get("json", "default")},
+            "traceback": {"value": self.traceback, "source": self.sources.get("traceback", "default")},
+            "timeout_s": {"value": self.timeout_s, "source": self.sources.get("timeout_s", "default")},
+            "profiles": sorted(self.profiles),
+        }
+
+
+def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
+    """Resolve settings from flags (None = not given), the environment and the config file."""
+    env = dict(os.environ if environ is None else environ)
+    s = Settings()
+
+    def pick(name: str, flag: Any, env_key: str, file_value: Any) -> tuple[Any, str] | None:
+        if flag is not None:
+            return flag, "flag"
+        if env.get(env_key):
+            return env[env_key], f"env {env_key}"
+        if file_value is not None:
+            return file_value, f"config {s.config_path}"
+        return None
+
+    cfg_flag = flags.get("config")
+    if cfg_flag is not None:
+        s.config_path, s.sources["config"] = Path(cfg_flag), "flag"
+    elif env.get(ENV["config"]):
+        s.config_path, s.sources["config"] = Path(env[ENV["config"]]), f"env {ENV['config']}"
+    file_cfg = _read_config(s.config_path, required=cfg_flag is not None or bool(env.get(ENV["config"])))
+    profiles = file_cfg.get("profiles", {})
+    if not isinstance(profiles, dict):
+        raise InvalidInput(f"{s.config_path}: [profiles] must be a table")
+    s.profiles = profiles
+
+    for name, key, conv in (
+        ("engine", "engine", str),
+        ("token", "token", str),
+        ("state_dir", "state_dir", lambda v: Path(str(v)).expanduser()),
+        ("timeout_s", "timeout", float),
+    ):
+        got = pick(name, flags.get(name), ENV[key], file_cfg.get(key))
+        if got is not None:
+            try:
+                setattr(s, name, conv(got[0]))
+            except ValueError:
+                raise InvalidInput(f"bad value for {name} ({got[1]}): {got[0]!r}") from None
+            s.sources[name] = got[1]
+    for name in ("json", "traceback"):
+        flag = flags.get(name)
+        if flag:
+            setattr(s, name, True)
+            s.sources[name] = "flag"
+        elif env.get(ENV[name]) and _truthy(env[ENV[name]]):
+            setattr(s, name, True)
+            s.sources[name] = f"env {ENV[name]}"
+    if not s.traceback and env.get(DEBUG_ENV) and _truthy(env[DEBUG_ENV]):
+        s.traceback, s.sources["traceback"] = True, f"env {DEBUG_ENV}"
+    if s.timeout_s <= 0:
+        raise InvalidInput("timeout must be positive")
+    return s
+
+
+def _read_config(path: Path, *, required: bool) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        if required:
+            raise InvalidInput(f"config file not found: {path}") from None
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidInput(f"{path}: not valid TOML ({e})") from None
+    except OSError as e:
+        raise InvalidInput(f"cannot read config file {path}: {e.strerror}") from None

@@ -1,0 +1,1 @@
+complete --command bsr --no-files --arguments "(env _BSR_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) bsr)" --condition "env _BSR_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) bsr"
