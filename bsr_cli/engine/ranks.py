@@ -1,0 +1,110 @@
+"""TP ranks as processes: the embedded engine's implementation of the runtime's RankClient."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing as mp
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from bsr_cli.engine.worker import worker_main
+from bsr_cli.errors import ServerError, ServiceError
+
+READY_TIMEOUT_S = 180.0
+
+
+class RankDied(ServerError):
+    pass
+
+
+class ProcessRank:
+    """One rank process behind a pipe. Calls return futures; a reader thread matches replies and forwards events."""
+
+    def __init__(self, rank: int, cfg: dict[str, Any], on_event: Callable[[dict[str, Any]], None]) -> None:
+        self.rank = rank
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or CUDA state
+        self._conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=worker_main, args=(child, cfg), name=f"bsr-rank{rank}", daemon=True)
+        self.process.start()
+        child.close()
+        self._on_event = on_event
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Future[Any]] = {}
+        self._lock = threading.Lock()
+        self._dead: str | None = None
+        if not self._conn.poll(READY_TIMEOUT_S):
+            self.process.kill()
+            raise ServiceError(f"rank {rank} did not start within {READY_TIMEOUT_S:.0f}s")
+        try:
+            hello = self._conn.recv()
+        except EOFError:
+            raise ServiceError(f"rank {rank} exited during start-up (exit code {self.process.exitcode})") from None
+        if not hello.get("ready"):
+            self.process.join(5)
+            raise ServiceError(f"rank {rank} failed to start: {hello.get('error')}")
+        self.info: dict[str, Any] = hello["info"]
+        self._reader = threading.Thread(target=self._read, name=f"bsr-rank{rank}-reader", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self._dead is None and self.process.is_alive()
+
+    def submit(self, op: str, **args: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        if not self.alive():
+            fut.set_exception(RankDied(f"rank {self.rank} is not running: {self._dead or 'process exited'}"))
+            return fut
+        msg_id = next(self._ids)
+        with self._lock:
+            self._pending[msg_id] = fut
+            try:
+                self._conn.send({"id": msg_id, "op": op, "args": args})
+            except (OSError, ValueError) as e:
+                self._pending.pop(msg_id, None)
+                fut.set_exception(RankDied(f"rank {self.rank} is unreachable: {e}"))
+        return fut
+
+    def abort(self, request: str) -> None:
+        if self.alive():
+            with self._lock, contextlib.suppress(OSError, ValueError):
+                self._conn.send({"op": "abort", "args": {"request": request}})
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            if "event" in msg:
+                # A listener bug must not kill the rank's reader.
+                with contextlib.suppress(Exception):
+                    self._on_event(msg["event"])
+                continue
+            with self._lock:
+                fut = self._pending.pop(msg["id"], None)
+            if fut is None:
+                continue
+            if msg["ok"]:
+                fut.set_result(msg["result"])
+            else:
+                fut.set_exception(ServerError(f"rank {self.rank}: {msg['error']}"))
+        self._dead = f"exit code {self.process.exitcode}" if not self.process.is_alive() else "pipe closed"
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            fut.set_exception(RankDied(f"rank {self.rank} died ({self._dead})"))
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            self._conn.send({"op": "shutdown"})
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(2)

@@ -1,0 +1,97 @@
+"""The embedded engine's main process: TP rank processes, the BSR coordinator and the admin API.
+
+Started by `bsr engine up` (in its own session, so it outlives the CLI) as
+``python -m bsr_cli.engine.server STATE_DIR``; reads STATE_DIR/engine.json, writes STATE_DIR/ready.json once the
+admin API answers, and shuts everything down on SIGTERM or POST /bsr/v1/shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bsr_cli.core.registration import Registration
+from bsr_cli.engine.ranks import ProcessRank
+from bsr_cli.runtime.admin import AdminServer
+from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
+from bsr_cli.runtime.events import EventLog
+
+
+def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank]]:
+    reg = Registration.from_dict(cfg["registration"])
+    settings = EngineSettings(**cfg["settings"])
+    events = EventLog()
+    holder: dict[str, Coordinator] = {}
+
+    def on_event(ev: dict[str, Any]) -> None:
+        coord = holder.get("c")
+        if coord is not None:
+            coord.on_rank_event(ev)
+
+    blocks = {g.name: -(-settings.kv_tokens // g.block_size) for g in reg.groups}
+    ranks: list[ProcessRank] = []
+    try:
+        for r in range(reg.tp_size):
+            rank_cfg = {
+                "rank": r,
+                "registration": reg.to_dict(),
+                "blocks": blocks,
+                "pool_bytes": settings.pool_bytes,
+                "budget_bytes": settings.budget_bytes,
+                "mooncake": cfg.get("mooncake"),
+                "fs_dir": cfg["fs_dir"],
+                "fs_concurrency": settings.fs_concurrency,
+            }
+            ranks.append(ProcessRank(r, rank_cfg, on_event))
+    except BaseException:
+        for rk in ranks:
+            rk.close()
+        raise
+    coord = Coordinator(reg, ranks, settings, events)
+    holder["c"] = coord
+    return coord, ranks
+
+
+def main(argv: list[str]) -> int:
+    state = Path(argv[0])
+    cfg = json.loads((state / "engine.json").read_text())
+    token = (state / "token").read_text().strip()
+    coord, ranks = build(cfg)
+    done = threading.Event()
+    admin = AdminServer(
+        coord, token=token, host=cfg.get("host", "127.0.0.1"), port=int(cfg.get("port", 0)), on_shutdown=done.set
+    )
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    admin.start()
+    ready = {
+        "url": admin.url,
+        "pid": os.getpid(),
+        "ranks": [{"rank": r.rank, "pid": r.pid, **r.info} for r in ranks],
+        "started_at": time.time(),
+    }
+    tmp = state / "ready.json.tmp"
+    tmp.write_text(json.dumps(ready, indent=1))
+    tmp.replace(state / "ready.json")
+    print(f"bsr engine serving {admin.url} with {len(ranks)} ranks", flush=True)
+    while not done.wait(0.5):
+        if not all(r.alive() for r in ranks):
+            # A rank died: keep serving so operators can see it (health turns 503), but say so once.
+            dead = [r.rank for r in ranks if not r.alive()]
+            print(f"bsr engine: rank(s) {dead} not running", flush=True)
+            done.wait(5)
+    admin.stop()
+    for r in ranks:
+        r.close()
+    (state / "ready.json").unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,277 @@
+"""`bsr engine up | down | status`: the embedded engine's services, in a state directory.
+
+The state directory holds everything about one running engine: ``state.json`` (pids, ports, URLs), ``token``
+(the admin bearer token, mode 0600), ``engine.json`` (the engine's configuration), ``ready.json`` (written by the
+engine once it serves), logs, and the filesystem tier. ``up`` is idempotent (a healthy engine is reported, not
+restarted; a half-dead one is cleaned up first) and ``down`` leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bsr_cli.core import accounting
+from bsr_cli.core.registration import Registration
+from bsr_cli.engine import services
+from bsr_cli.errors import InvalidInput, ServiceError
+
+SERVER_START_TIMEOUT_S = 240.0
+
+
+@dataclass
+class EngineOptions:
+    registration: Registration
+    w: int = 32
+    pool_bytes: int | None = None
+    budget_bytes: int | None = None
+    max_tokens: int = 131_072
+    kv_tokens: int | None = None
+    segment_bytes: int | None = None
+    faults_enabled: bool = False
+    fs_concurrency: int = 1
+    fetch_timeout_s: float = 10.0
+    host: str = "127.0.0.1"
+    port: int = 0
+    remote: bool = True
+
+    def resolved(self) -> dict[str, Any]:
+        reg = self.registration
+        rws = accounting.rws_bytes(reg, self.w) if self.w else reg.bytes_per_chunk
+        # Default pool: room for two windows, so a larger budget can overlap fetch and install.
+        pool = self.pool_bytes if self.pool_bytes is not None else 2 * rws
+        budget = self.budget_bytes if self.budget_bytes is not None else min(rws, pool)
+        if pool < reg.bytes_per_chunk:
+            raise InvalidInput(f"--pool {pool:,} bytes cannot hold one chunk ({reg.bytes_per_chunk:,} bytes)")
+        if self.w and budget < rws:
+            raise InvalidInput(
+                f"--budget {budget:,} bytes is below RWS(W={self.w}) = {rws:,}: no window could ever be admitted"
+            )
+        if budget > pool:
+            raise InvalidInput(f"--budget {budget:,} exceeds the pool capacity {pool:,}")
+        kv = self.kv_tokens or 2 * self.max_tokens
+        if kv < self.max_tokens:
+            raise InvalidInput("--kv-tokens must be at least --max-tokens")
+        per_rank_prompt = self.max_tokens * reg.bytes_per_token
+        segment = self.segment_bytes or max(256 << 20, 2 * per_rank_prompt * reg.tp_size)
+        return {
+            "w": self.w,
+            "pool_bytes": pool,
+            "budget_bytes": budget,
+            "max_tokens": self.max_tokens,
+            "kv_tokens": kv,
+            "segment_bytes": segment,
+            "faults_enabled": self.faults_enabled,
+            "fs_concurrency": self.fs_concurrency,
+            "fetch_timeout_s": self.fetch_timeout_s,
+        }
+
+
+@contextlib.contextmanager
+def _locked(state: Path) -> Iterator[None]:
+    state.mkdir(parents=True, exist_ok=True)
+    with open(state / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return bool(r.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+def read_state(state: Path) -> dict[str, Any] | None:
+    return _read_json(state / "state.json")
+
+
+def _pids(st: dict[str, Any]) -> list[tuple[str, int]]:
+    out = [(name, int(svc["pid"])) for name, svc in st.get("services", {}).items()]
+    out += [(f"rank{r['rank']}", int(r["pid"])) for r in st.get("ranks", []) if r.get("pid")]
+    return out
+
+
+def status(state: Path) -> dict[str, Any]:
+    st = read_state(state)
+    if st is None:
+        return {"state_dir": str(state), "running": False, "healthy": False, "processes": []}
+    procs = [{"name": n, "pid": p, "alive": services.is_alive(p)} for n, p in _pids(st)]
+    healthy = all(p["alive"] for p in procs) and _http_ok(st["admin_url"] + "/bsr/v1/health")
+    return {
+        "state_dir": str(state),
+        "running": any(p["alive"] for p in procs),
+        "healthy": healthy,
+        "admin_url": st["admin_url"],
+        "processes": procs,
+        "started_at": st.get("started_at"),
+        "settings": st.get("settings"),
+        "registration": st.get("registration_identity"),
+        "logs": st.get("logs"),
+    }
+
+
+def up(state: Path, opts: EngineOptions) -> dict[str, Any]:
+    settings = opts.resolved()
+    with _locked(state):
+        current = status(state)
+        if current["healthy"]:
+            return current | {"already_running": True}
+        if current["running"] or read_state(state):
+            _down_locked(state)
+        logs = state / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_urlsafe(32)
+        token_path = state / "token"
+        token_path.touch(mode=0o600)
+        token_path.chmod(0o600)
+        token_path.write_text(token + "\n")
+        started: dict[str, services.ServiceHandle] = {}
+        st: dict[str, Any] = {"services": {}, "ranks": [], "started_at": time.time()}
+        try:
+            mooncake = None
+            if opts.remote:
+                master = services.start_master(logs)
+                started["master"] = master
+                st["services"]["mooncake_master"] = {"pid": master.pid, "urls": master.urls, "log": master.log_path}
+                _write_json(state / "state.json", st | {"admin_url": ""})
+                seg = services.start_segment_holder(logs, master, settings["segment_bytes"])
+                started["segment"] = seg
+                st["services"]["segment_holder"] = {"pid": seg.pid, "urls": seg.urls, "log": seg.log_path}
+                mooncake = {
+                    "master_address": master.rpc_address,
+                    "metadata_url": master.metadata_url,
+                    "health_url": master.health_url,
+                }
+            engine_cfg = {
+                "registration": opts.registration.to_dict(),
+                "settings": {
+                    k: settings[k]
+                    for k in (
+                        "w",
+                        "pool_bytes",
+                        "budget_bytes",
+                        "max_tokens",
+                        "kv_tokens",
+                        "faults_enabled",
+                        "fs_concurrency",
+                        "fetch_timeout_s",
+                    )
+                }
+                | {"tiers": ("mooncake", "fs") if opts.remote else ("fs",)},
+                "mooncake": mooncake,
+                "fs_dir": str(state / "fs-tier"),
+                "host": opts.host,
+                "port": opts.port,
+            }
+            _write_json(state / "engine.json", engine_cfg)
+            (state / "ready.json").unlink(missing_ok=True)
+            log_path = logs / "engine.log"
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "bsr_cli.engine.server", str(state)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            st["services"]["engine"] = {"pid": proc.pid, "log": str(log_path)}
+            _write_json(state / "state.json", st | {"admin_url": ""})
+            ready = _wait_ready(state, proc, log_path)
+            st["ranks"] = [{"rank": r["rank"], "pid": r["pid"], "device": r.get("device")} for r in ready["ranks"]]
+            st["admin_url"] = ready["url"]
+            st["settings"] = settings
+            st["registration_identity"] = opts.registration.identity
+            st["logs"] = str(logs)
+            _write_json(state / "state.json", st)
+        except BaseException:
+            _write_json(state / "state.json", st | {"admin_url": st.get("admin_url", "")})
+            _down_locked(state)
+            raise
+        return status(state) | {"already_running": False, "token_file": str(token_path)}
+
+
+def _wait_ready(state: Path, proc: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+            raise ServiceError(
+                f"the engine exited during start-up (code {code}): {tail[0] if tail else 'no output'}",
+                hint=f"see {log_path}",
+            )
+        ready = _read_json(state / "ready.json")
+        if ready and _http_ok(ready["url"] + "/bsr/v1/health"):
+            return ready
+        time.sleep(0.2)
+    raise ServiceError(f"the engine did not come up within {SERVER_START_TIMEOUT_S:.0f}s", hint=f"see {log_path}")
+
+
+def down(state: Path) -> dict[str, Any]:
+    with _locked(state):
+        return _down_locked(state)
+
+
+def _down_locked(state: Path) -> dict[str, Any]:
+    st = read_state(state)
+    if st is None:
+        return {"state_dir": str(state), "stopped": [], "was_running": False}
+    stopped = []
+    # Engine first (it stops its ranks), then any rank left behind, then the store's segment holder and master.
+    order = ["engine", "rank", "segment_holder", "mooncake_master"]
+    pids = sorted(_pids(st), key=lambda np: next((i for i, o in enumerate(order) if np[0].startswith(o)), 9))
+    for name, pid in pids:
+        if services.is_alive(pid):
+            services.stop(pid, timeout=15.0)
+            stopped.append({"name": name, "pid": pid})
+    left = [n for n, p in pids if services.is_alive(p)]
+    if left:
+        raise ServiceError(f"could not stop: {', '.join(left)}")
+    for name in ("state.json", "ready.json", "engine.json", "token"):
+        (state / name).unlink(missing_ok=True)
+    return {"state_dir": str(state), "stopped": stopped, "was_running": bool(stopped)}
+
+
+def connection(state: Path) -> tuple[str, str] | None:
+    """(admin URL, token) of the engine in ``state``, or None when none is recorded."""
+    st = read_state(state)
+    if not st or not st.get("admin_url"):
+        return None
+    try:
+        token = (state / "token").read_text().strip()
+    except OSError:
+        token = ""
+    return str(st["admin_url"]), token
+
+
+__all__ = ["EngineOptions", "connection", "down", "status", "up"]

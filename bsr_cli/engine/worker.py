@@ -1,0 +1,253 @@
+"""One TP rank of the embedded engine, as its own process.
+
+It owns the rank's destination KV (torch tensors), its preallocated restore pool, its tier clients (a Mooncake
+store client and the filesystem tier) and a RankRestorer. The coordinator talks to it over a pipe: requests
+``{"id", "op", "args"}`` answered by ``{"id", "ok", "result" | "error"}``; progress arrives as ``{"event": ...}``.
+Each request runs in its own thread, so a stats call or an abort is answered while a restore runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+import time
+import traceback
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+STORE_BATCH = 16  # objects per put call
+
+
+def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
+    # Each rank gets one intra-op thread: ranks are separate processes sharing the machine's cores.
+    import torch
+
+    torch.set_num_threads(1)
+    send_lock = threading.Lock()
+
+    def send(msg: dict[str, Any]) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    try:
+        rank = Rank(cfg, lambda ev: send({"event": ev}))
+    except Exception as e:  # noqa: BLE001 - reported to the coordinator, which fails start-up with it
+        send({"ready": False, "error": f"{type(e).__name__}: {e}"})
+        return
+    send({"ready": True, "info": rank.info()})
+    pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rank{rank.rank}")
+
+    def handle(msg: dict[str, Any]) -> None:
+        try:
+            result = rank.dispatch(msg["op"], msg.get("args") or {})
+            send({"id": msg["id"], "ok": True, "result": result})
+        except Exception as e:  # noqa: BLE001 - every failure goes back to the caller as data
+            send({"id": msg["id"], "ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
+
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break  # the coordinator is gone: so are we
+            if msg.get("op") == "shutdown":
+                break
+            if msg.get("op") == "abort":
+                rank.abort(msg["args"]["request"])
+                continue
+            pool.submit(handle, msg)
+    finally:
+        rank.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Rank:
+    def __init__(self, cfg: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
+        import torch
+
+        from bsr_cli.core.registration import Registration
+        from bsr_cli.engine.kv import PagedKV, pick_device
+        from bsr_cli.engine.tiers.fs import FilesystemTier
+        from bsr_cli.runtime.pool import RestorePool
+        from bsr_cli.runtime.restore import RankRestorer
+        from bsr_cli.runtime.tiers import Tier
+
+        self.rank = int(cfg["rank"])
+        self.reg = Registration.from_dict(cfg["registration"])
+        self.device = pick_device(self.rank)
+        self.kv = PagedKV(self.reg, self.rank, cfg["blocks"], self.device)
+        self.emit = emit
+        # The restore pool: allocated once, pinned when installs go to a GPU, never grown.
+        pin = self.device.type == "cuda"
+        self.pool_tensor = torch.zeros(int(cfg["pool_bytes"]), dtype=torch.uint8, pin_memory=pin)
+        ptr = self.pool_tensor.data_ptr()
+        view = memoryview((ctypes.c_ubyte * self.pool_tensor.numel()).from_address(ptr)).cast("B")
+        self.pool = RestorePool(ptr, view, self.reg.bytes_per_chunk, int(cfg["budget_bytes"]))
+        self.tiers: dict[str, Tier] = {}
+        mc = cfg.get("mooncake")
+        if mc:
+            from bsr_cli.engine.tiers.mooncake import MooncakeTier
+
+            tier = MooncakeTier(
+                mc["master_address"], mc["metadata_url"], health_url=mc.get("health_url"), deadline_s=30.0
+            )
+            tier.register(ptr, self.pool_tensor.numel())
+            self.tiers["mooncake"] = tier
+        self.tiers["fs"] = FilesystemTier(cfg["fs_dir"], load_concurrency=int(cfg.get("fs_concurrency", 1)))
+        offsets, off = {}, 0
+        for g in self.reg.group_names:
+            offsets[g] = off
+            off += self.reg.group_bytes_per_chunk(g)
+        self.restorer = RankRestorer(self.rank, self.reg.group_names, offsets, self.pool, self.tiers, self.kv, emit)
+        self._aborts: dict[str, threading.Event] = {}
+        self._health_cache: tuple[float, dict[str, Any]] = (0.0, {})
+
+    def info(self) -> dict[str, Any]:
+        import torch
+
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "torch": torch.__version__,
+            "kv_bytes": self.kv.nbytes,
+            "pool": self.pool.stats().to_dict(),
+            "tiers": list(self.tiers),
+        }
+
+    def abort(self, request: str) -> None:
+        self._aborts.setdefault(request, threading.Event()).set()
+
+    def close(self) -> None:
+        self.restorer.close()
+        for t in self.tiers.values():
+            with contextlib.suppress(Exception):  # closing on the way out; nothing left to tell
+                t.close()
+
+    # -- ops ---------------------------------------------------------------------------------------------------
+    def dispatch(self, op: str, args: dict[str, Any]) -> Any:
+        fn = getattr(self, f"op_{op}", None)
+        if fn is None:
+            raise ValueError(f"unknown op {op!r}")
+        return fn(**args)
+
+    def _keys(self, hashes: list[str]) -> dict[str, list[str]]:
+        from bsr_cli.core.keys import object_key
+
+        return {g: [object_key(self.reg, self.rank, g, h) for h in hashes] for g in self.reg.group_names}
+
+    def op_probe(self, hashes: list[str], tiers: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
+        """Per group, one hex digit per chunk: bit i set when tiers[i] holds the object. Moves no bytes."""
+        keys = self._keys(hashes)
+        masks = {g: [0] * len(hashes) for g in keys}
+        errors = {}
+        for i, name in enumerate(tiers):
+            tier = self.tiers.get(name)
+            if tier is None:
+                continue
+            for g, ks in keys.items():
+                try:
+                    held = tier.contains(ks, timeout_s)
+                except Exception as e:  # noqa: BLE001 - an unreachable tier holds nothing, and says why
+                    errors[name] = f"{type(e).__name__}: {e}"
+                    break
+                for c, h in enumerate(held):
+                    if h:
+                        masks[g][c] |= 1 << i
+        return {"rows": {g: "".join(f"{m:x}" for m in ms) for g, ms in masks.items()}, "errors": errors}
+
+    def op_prefill(self, hashes: list[str], n_tokens: int, first_chunk: int, block_tables: dict[str, list[int]]) -> int:
+        return self.kv.prefill(hashes, n_tokens, first_chunk, block_tables)
+
+    def op_store(
+        self, hashes: list[str], n_tokens: int, block_tables: dict[str, list[int]], chunks: dict[str, list[int]]
+    ) -> dict[str, Any]:
+        """Write objects read back from the blocks to each tier: chunks[tier] = chunk indices it lacks."""
+        from bsr_cli.engine.kv import byte_view
+
+        keys = self._keys(hashes)
+        cs = self.reg.chunk_size
+        stored: dict[str, int] = {}
+        for tier_name, idx in chunks.items():
+            tier = self.tiers[tier_name]
+            batch_k: list[str] = []
+            batch_p: list[memoryview] = []
+            batch_c: list[int] = []
+            for c in idx:
+                for g in self.reg.group_names:
+                    t0, t1 = c * cs, min((c + 1) * cs, n_tokens)
+                    payload = byte_view(self.kv.gather_object(g, block_tables[g], t0, t1 - t0))
+                    batch_k.append(keys[g][c])
+                    batch_p.append(payload)
+                    batch_c.append(zlib.crc32(payload))
+                    if len(batch_k) >= STORE_BATCH:
+                        tier.put(batch_k, batch_p, batch_c)
+                        batch_k, batch_p, batch_c = [], [], []
+            if batch_k:
+                tier.put(batch_k, batch_p, batch_c)
+            stored[tier_name] = len(idx) * len(self.reg.group_names)
+        return {"objects": stored}
+
+    def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
+        from bsr_cli.runtime.faults import FaultSpec
+        from bsr_cli.runtime.restore import ObjectRef, RestoreJob, WindowJob
+
+        request = job["request_id"]
+        abort = self._aborts.setdefault(request, threading.Event())
+        try:
+            rj = RestoreJob(
+                request_id=request,
+                w=job["w"],
+                windows=[WindowJob(**w) for w in job["windows"]],
+                objects={g: [ObjectRef(*o) for o in objs] for g, objs in job["objects"][str(self.rank)].items()},
+                block_tables=job["block_tables"],
+                faults=[FaultSpec.from_dict(f) for f in job["faults"] if f["rank"] in (None, self.rank)],
+                fetch_timeout_s=job["fetch_timeout_s"],
+                admit_timeout_s=job["admit_timeout_s"],
+            )
+            return self.restorer.restore(rj, abort).to_dict()
+        finally:
+            self._aborts.pop(request, None)
+
+    def op_output_hash(self, block_tables: dict[str, list[int]], n_tokens: int) -> dict[str, str]:
+        return self.kv.output_hash(block_tables, n_tokens)
+
+    def op_canonical_hash(self, hashes: list[str], n_tokens: int) -> dict[str, str]:
+        return self.kv.canonical_hash(hashes, n_tokens)
+
+    def op_invalidate(self, block_tables: dict[str, list[int]]) -> None:
+        self.kv.invalidate(block_tables)
+
+    def op_stats(self, health: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"rank": self.rank, "pool": self.pool.stats().to_dict()}
+        if health:
+            at, cached = self._health_cache
+            if time.monotonic() - at > 1.0:
+                cached = {}
+                for name, tier in self.tiers.items():
+                    h = tier.health()
+                    cached[name] = {"ok": h.ok, "detail": h.detail}
+                self._health_cache = (time.monotonic(), cached)
+            out["tiers"] = cached
+        return out
+
+    def op_reset_peak(self) -> None:
+        self.pool.reset_peak()
+
+    def op_set_budget(self, budget_bytes: int) -> dict[str, int]:
+        self.pool.set_budget(budget_bytes)
+        return self.pool.stats().to_dict()
+
+    def op_set_fs_concurrency(self, value: int) -> int:
+        tier = self.tiers["fs"]
+        tier.load_concurrency = value  # type: ignore[attr-defined]
+        return value
+
+    def op_remove_all(self, tier: str) -> int:
+        t = self.tiers[tier]
+        return int(t.remove_all())  # type: ignore[attr-defined]

@@ -1,0 +1,67 @@
+"""The engine's event log: a bounded ring of typed events with sequence numbers, long-pollable.
+
+Events are plain dicts with at least ``seq``, ``time`` and ``type`` (window_fetched, window_installed,
+window_released, restore_failed, restore_committed, restore_failed_closed, marker_set, marker_cleared,
+fault_injected, faults_cleared, request_admitted, request_finished, ...).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+class EventLog:
+    def __init__(self, capacity: int = 2000) -> None:
+        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._seq = 0
+        self._cond = threading.Condition()
+        self._listeners: dict[str, list[Listener]] = {}
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def append(self, event: dict[str, Any]) -> dict[str, Any]:
+        with self._cond:
+            self._seq += 1
+            ev = {"seq": self._seq, "time": time.time(), **event}
+            self._events.append(ev)
+            listeners = list(self._listeners.get(str(ev.get("request", "")), ()))
+            self._cond.notify_all()
+        for fn in listeners:
+            fn(ev)
+        return ev
+
+    def since(self, seq: int, *, wait_s: float = 0.0, limit: int = 500) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + max(0.0, wait_s)
+        with self._cond:
+            while self._seq <= seq:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                self._cond.wait(left)
+            return [e for e in self._events if e["seq"] > seq][:limit]
+
+    def recent(self, n: int = 50) -> list[dict[str, Any]]:
+        with self._cond:
+            return list(self._events)[-n:]
+
+    def listen(self, request: str, fn: Listener) -> Callable[[], None]:
+        with self._cond:
+            self._listeners.setdefault(request, []).append(fn)
+
+        def stop() -> None:
+            with self._cond:
+                fns = self._listeners.get(request, [])
+                if fn in fns:
+                    fns.remove(fn)
+                if not fns:
+                    self._listeners.pop(request, None)
+
+        return stop

@@ -1,0 +1,84 @@
+"""Fault injection: what an operator can break on purpose, and how each kind acts on a restore.
+
+Faults exist only on engines started with faults enabled; the admin API refuses them otherwise. Every kind
+acts *during* a restore (after the probe said "hit"), which is the case the protocol must survive:
+
+    remote-unavailable      the remote tier (Mooncake) answers nothing: every fetch from it fails
+    remote-and-ssd-absent   the remote tier and the filesystem (SSD) tier both fail: only recompute is left
+    restore-fault           the install (H2D copy) of a window fails on the target rank
+    timeout                 the window's fetch does not complete before its deadline
+    corrupt                 a staged object arrives with flipped bytes; its stored checksum catches it
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from bsr_cli.errors import InvalidInput
+
+KINDS = ("remote-unavailable", "remote-and-ssd-absent", "restore-fault", "timeout", "corrupt")
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    rank: int | None = None  # None: every rank
+    window: int | None = None  # None: the first window a restore reaches (windows are 0-based here, G1 = 0)
+    group: str | None = None  # None: every KV group
+    count: int = 1  # how many restores it fires on; 0 = until cleared
+    id: int = field(default=0)
+    fired: int = 0
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], *, ranks: int, groups: tuple[str, ...]) -> FaultSpec:
+        allowed = {"kind", "rank", "window", "group", "count"}
+        extra = set(data) - allowed
+        if extra:
+            raise InvalidInput(f"unknown fault field(s): {', '.join(sorted(extra))}")
+        kind = data.get("kind")
+        if kind not in KINDS:
+            raise InvalidInput(f"unknown fault kind {kind!r}", hint=f"kinds: {', '.join(KINDS)}")
+        rank, window, group, count = data.get("rank"), data.get("window"), data.get("group"), data.get("count", 1)
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < ranks):
+            raise InvalidInput(f"rank must be in 0..{ranks - 1}, got {rank!r}")
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
+            raise InvalidInput(f"window must be a non-negative integer, got {window!r}")
+        if group is not None and group not in groups:
+            raise InvalidInput(f"unknown KV group {group!r}; the engine has {list(groups)}")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise InvalidInput(f"count must be a non-negative integer, got {count!r}")
+        return cls(kind=kind, rank=rank, window=window, group=group, count=count, id=next(_ids))
+
+    def applies_to_rank(self, rank: int) -> bool:
+        return self.rank is None or self.rank == rank
+
+    def exhausted(self) -> bool:
+        return self.count != 0 and self.fired >= self.count
+
+    def after_firing(self) -> FaultSpec:
+        return replace(self, fired=self.fired + 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "rank": self.rank,
+            "window": self.window,
+            "group": self.group,
+            "count": self.count,
+            "fired": self.fired,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FaultSpec:
+        return cls(**{k: d[k] for k in ("kind", "rank", "window", "group", "count", "id", "fired")})
+
+    def hits(self, window: int, first_window: int) -> bool:
+        target = first_window if self.window is None else self.window
+        return window == target
+
+    def tiers_affected(self) -> tuple[str, ...]:
+        return {"remote-unavailable": ("mooncake",), "remote-and-ssd-absent": ("mooncake", "fs")}.get(self.kind, ())

@@ -1,0 +1,349 @@
+"""The windowed, fail-closed restore of one request on one TP rank.
+
+For each window of at most W chunks: lease pool slots (within the admission budget), fetch every object of every
+KV group into them, require completeness (every object arrived, whole, with a matching checksum, before the
+deadline), install into the window's slice of the destination blocks, synchronize, release the slots, advance.
+Any missing key, timeout, checksum mismatch or transfer error fails the whole retrieve: every destination block of
+the request is invalidated (a failed retrieve may already have installed earlier windows) and the rank reports
+its groups invalid, so the commit rule collapses the external prefix to zero.
+
+When the budget allows two windows, the next window's fetch overlaps the current window's install (prefetch).
+With B = RWS(W) only one window is ever live: the paper's serialized behaviour.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bsr_cli.errors import CapacityError
+from bsr_cli.runtime.faults import FaultSpec
+from bsr_cli.runtime.pool import Lease, RestorePool
+from bsr_cli.runtime.tiers import CODE_NAMES, TIMED_OUT, UNAVAILABLE, StagingSlice, Tier
+
+
+class Destination(Protocol):
+    """Where restored KV goes: the host engine's paged KV cache on this rank."""
+
+    def install(self, group: str, block_ids: Sequence[int], token_count: int, sources: Sequence[StagingSlice]) -> None:
+        """Copy ``token_count`` tokens, given as consecutive per-chunk staged objects, into ``block_ids`` (the
+        window's slice of the group's block table, starting at a block boundary)."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait until every install issued so far has landed (a stream sync on a GPU host)."""
+        ...
+
+    def invalidate(self, block_tables: Mapping[str, Sequence[int]]) -> None:
+        """Mark every listed block invalid (scrub it) so nothing partial can be read as restored state."""
+        ...
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    key: str
+    tier: str
+    size: int
+
+
+@dataclass(frozen=True)
+class WindowJob:
+    index: int
+    chunk_start: int
+    chunk_end: int
+    token_start: int
+    token_end: int
+    blocks: Mapping[str, tuple[int, int]]  # group -> [start, end) into the request's block table
+
+
+@dataclass(frozen=True)
+class RestoreJob:
+    request_id: str
+    w: int
+    windows: Sequence[WindowJob]
+    # objects[group][chunk] for chunks [0, committable)
+    objects: Mapping[str, Sequence[ObjectRef]]
+    block_tables: Mapping[str, Sequence[int]]
+    faults: Sequence[FaultSpec] = ()
+    fetch_timeout_s: float = 10.0
+    admit_timeout_s: float = 60.0
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    ok: bool
+    valid: dict[str, bool]
+    windows_done: int = 0
+    bytes_restored: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+    failed_window: int | None = None
+    fired_faults: list[int] = field(default_factory=list)
+    fetch_seconds: float = 0.0
+    install_seconds: float = 0.0
+    peak_live_bytes: int = 0  # the pool's live bytes at their highest while this restore held slots
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class RestoreFailed(Exception):
+    def __init__(self, reason: str, window: int | None, groups: Sequence[str] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.window = window
+        self.groups = groups  # None: every group of this rank
+
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+class RankRestorer:
+    """Runs restore jobs for one rank against its pool, tiers and destination."""
+
+    def __init__(
+        self,
+        rank: int,
+        group_order: Sequence[str],
+        group_slot_offsets: Mapping[str, int],
+        pool: RestorePool,
+        tiers: Mapping[str, Tier],
+        destination: Destination,
+        emit: Emit,
+    ) -> None:
+        self.rank = rank
+        self.group_order = list(group_order)
+        self.group_offsets = dict(group_slot_offsets)
+        self.pool = pool
+        self.tiers = dict(tiers)
+        self.destination = destination
+        self.emit = emit
+        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-prefetch-{rank}")
+
+    # -- public ------------------------------------------------------------------------------------------------
+    def restore(self, job: RestoreJob, abort: threading.Event) -> RankOutcome:
+        started = time.monotonic()
+        out = RankOutcome(self.rank, ok=False, valid=dict.fromkeys(self.group_order, False))
+        fired: set[int] = set()
+        pending: Future[tuple[Lease, float]] | None = None
+        try:
+            windows = list(job.windows)
+            first = windows[0].index if windows else 0
+            bounded = job.w > 0
+            lease: Lease | None = None
+            for pos, win in enumerate(windows):
+                if abort.is_set():
+                    raise RestoreFailed("aborted by the operator", win.index)
+                if pending is not None:
+                    lease, fetch_s = pending.result()
+                    pending = None
+                else:
+                    lease = self._lease(job, win, bounded, wait=True)
+                    assert lease is not None
+                    fetch_s = self._fetch(job, win, lease, first, fired)
+                out.fetch_seconds += fetch_s
+                out.peak_live_bytes = max(out.peak_live_bytes, self.pool.stats().live_bytes)
+                try:
+                    # Overlap: start the next window's fetch now if the budget has room for it.
+                    if pos + 1 < len(windows) and bounded:
+                        nxt = windows[pos + 1]
+                        extra = self._lease(job, nxt, bounded, wait=False)
+                        if extra is not None:
+                            pending = self._prefetcher.submit(self._fetch_owned, job, nxt, extra, first, fired)
+                    t0 = time.monotonic()
+                    self._install(job, win, lease, first, fired)
+                    out.install_seconds += time.monotonic() - t0
+                finally:
+                    lease.release()
+                out.windows_done += 1
+                out.bytes_restored += self._window_bytes(job, win)
+                self.emit(
+                    {
+                        "type": "window_released",
+                        "request": job.request_id,
+                        "rank": self.rank,
+                        "window": win.index,
+                        "windows": len(windows),
+                        "bytes": self._window_bytes(job, win),
+                        "pool": self.pool.stats().to_dict(),
+                    }
+                )
+            out.ok = True
+            out.valid = dict.fromkeys(self.group_order, True)
+        except RestoreFailed as e:
+            out.reason, out.failed_window = e.reason, e.window
+            bad = set(e.groups or self.group_order)
+            out.valid = {g: g not in bad for g in self.group_order}
+        except CapacityError as e:
+            out.reason, out.failed_window = f"capacity: {e.message}", None
+        except Exception as e:  # noqa: BLE001 - any transfer exception fails the retrieve, closed
+            out.reason = f"transfer error: {type(e).__name__}: {e}"
+        finally:
+            if pending is not None:
+                # A prefetch may still be running: wait for it and give its slots back.
+                try:
+                    lease_p, _ = pending.result(timeout=job.fetch_timeout_s + 5)
+                    lease_p.release()
+                except Exception:  # noqa: BLE001 - its failure is already subsumed by ours
+                    pass
+            out.fired_faults = sorted(fired)
+            out.seconds = time.monotonic() - started
+        if not out.ok:
+            # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
+            self.destination.invalidate(job.block_tables)
+            self.emit(
+                {
+                    "type": "restore_failed",
+                    "request": job.request_id,
+                    "rank": self.rank,
+                    "window": out.failed_window,
+                    "reason": out.reason,
+                }
+            )
+        return out
+
+    def close(self) -> None:
+        self._prefetcher.shutdown(wait=False, cancel_futures=True)
+
+    # -- steps -------------------------------------------------------------------------------------------------
+    def _window_bytes(self, job: RestoreJob, win: WindowJob) -> int:
+        return sum(job.objects[g][c].size for g in self.group_order for c in range(win.chunk_start, win.chunk_end))
+
+    def _lease(self, job: RestoreJob, win: WindowJob, bounded: bool, *, wait: bool) -> Lease | None:
+        return self.pool.acquire(
+            win.chunk_end - win.chunk_start, timeout_s=job.admit_timeout_s, bounded=bounded, wait=wait
+        )
+
+    def _fetch_owned(
+        self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]
+    ) -> tuple[Lease, float]:
+        try:
+            return lease, self._fetch(job, win, lease, first, fired)
+        except BaseException:
+            lease.release()
+            raise
+
+    def _faults(self, job: RestoreJob, win: WindowJob, first: int, kinds: Sequence[str]) -> list[FaultSpec]:
+        return [f for f in job.faults if f.kind in kinds and f.applies_to_rank(self.rank) and f.hits(win.index, first)]
+
+    def _staging(self, job: RestoreJob, win: WindowJob, lease: Lease) -> list[tuple[str, int, StagingSlice]]:
+        out = []
+        for i, c in enumerate(range(win.chunk_start, win.chunk_end)):
+            for g in self.group_order:
+                ref = job.objects[g][c]
+                out.append((g, c, lease.slot(i, self.group_offsets[g], ref.size)))
+        return out
+
+    def _fetch(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> float:
+        t0 = time.monotonic()
+        deadline = t0 + job.fetch_timeout_s
+        staged = self._staging(job, win, lease)
+        by_tier: dict[str, list[tuple[str, int, StagingSlice]]] = {}
+        for g, c, s in staged:
+            by_tier.setdefault(job.objects[g][c].tier, []).append((g, c, s))
+        tier_faults = self._faults(job, win, first, ("remote-unavailable", "remote-and-ssd-absent"))
+        down = {t for f in tier_faults for t in f.tiers_affected()}
+        timeouts = self._faults(job, win, first, ("timeout",))
+        corrupt = self._faults(job, win, first, ("corrupt",))
+        for f in self._faults(job, win, first, ("remote-unavailable", "remote-and-ssd-absent", "timeout", "corrupt")):
+            fired.add(f.id)
+        for tier_name, items in by_tier.items():
+            keys = [job.objects[g][c].key for g, c, _ in items]
+            dests = [s for _, _, s in items]
+            left = deadline - time.monotonic()
+            if tier_name in down:
+                codes: list[int] = [UNAVAILABLE] * len(keys)
+                sums: list[int | None] = [None] * len(keys)
+            elif left <= 0:
+                codes, sums = [TIMED_OUT] * len(keys), [None] * len(keys)
+            else:
+                tier = self.tiers.get(tier_name)
+                if tier is None:
+                    codes, sums = [UNAVAILABLE] * len(keys), [None] * len(keys)
+                else:
+                    codes, sums = tier.get_into(keys, dests, left)
+            if timeouts:
+                stalled = [i for i, (g, _, _) in enumerate(items) if _group_matches(timeouts, g)]
+                if stalled:
+                    # The injected stall: nothing more arrives before the deadline.
+                    time.sleep(max(0.0, deadline - time.monotonic()))
+                    codes = [TIMED_OUT if i in stalled else code for i, code in enumerate(codes)]
+            for f in corrupt:
+                for (g, _, s), code in zip(items, codes, strict=True):
+                    if code > 0 and (f.group is None or f.group == g):
+                        s.view[len(s.view) // 2] ^= 0xFF  # one flipped byte in transit
+                        break
+            self._check(win, items, codes, sums)
+        self.emit(
+            {
+                "type": "window_fetched",
+                "request": job.request_id,
+                "rank": self.rank,
+                "window": win.index,
+                "bytes": self._window_bytes(job, win),
+                "seconds": time.monotonic() - t0,
+                "tiers": sorted(by_tier),
+                "pool": self.pool.stats().to_dict(),
+            }
+        )
+        return time.monotonic() - t0
+
+    def _check(
+        self,
+        win: WindowJob,
+        items: Sequence[tuple[str, int, StagingSlice]],
+        codes: Sequence[int],
+        sums: Sequence[int | None],
+    ) -> None:
+        bad_groups: list[str] = []
+        first_reason = ""
+        for (g, c, s), code, stored in zip(items, codes, sums, strict=True):
+            if code == len(s.view):
+                if stored is not None and zlib.crc32(s.view) == stored:
+                    continue
+                reason = f"checksum mismatch in chunk {c} group {g}"
+            elif code >= 0:
+                reason = f"short object in chunk {c} group {g}: {code} of {len(s.view)} bytes"
+            else:
+                reason = f"{CODE_NAMES.get(code, f'error {code}')} fetching chunk {c} group {g}"
+            first_reason = first_reason or reason
+            if g not in bad_groups:
+                bad_groups.append(g)
+        if bad_groups:
+            raise RestoreFailed(first_reason, win.index, bad_groups)
+
+    def _install(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> None:
+        faults = self._faults(job, win, first, ("restore-fault",))
+        for g in self.group_order:
+            if _group_matches(faults, g):
+                for f in faults:
+                    fired.add(f.id)
+                raise RestoreFailed(f"injected restore fault while installing group {g}", win.index, [g])
+            b0, b1 = win.blocks[g]
+            sources = [
+                lease.slot(i, self.group_offsets[g], job.objects[g][c].size)
+                for i, c in enumerate(range(win.chunk_start, win.chunk_end))
+            ]
+            self.destination.install(g, job.block_tables[g][b0:b1], win.token_end - win.token_start, sources)
+        self.destination.synchronize()
+        self.emit({"type": "window_installed", "request": job.request_id, "rank": self.rank, "window": win.index})
+
+
+def _group_matches(faults: Sequence[FaultSpec], group: str) -> bool:
+    return any(f.group is None or f.group == group for f in faults)
+
+
+__all__ = [
+    "Destination",
+    "ObjectRef",
+    "RankOutcome",
+    "RankRestorer",
+    "RestoreJob",
+    "WindowJob",
+]
