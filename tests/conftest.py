@@ -23,3 +23,59 @@ def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathF
         "BSR_DEBUG",
     ):
         monkeypatch.delenv(var, raising=False)
+
+
+# -- the real embedded engine, shared by the tests that need one ----------------------------------------------------
+
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+@dataclass
+class LiveEngine:
+    url: str
+    token: str
+    state_dir: Path
+
+    def client(self, **kw):
+        from bsr_cli.client import AdminClient
+
+        return AdminClient(self.url, self.token, **kw)
+
+    def env(self) -> dict[str, str]:
+        return {"BSR_ENGINE": self.url, "BSR_TOKEN": self.token, "BSR_STATE_DIR": str(self.state_dir)}
+
+
+ENGINE_TEST_SETTINGS = dict(w=4, max_tokens=32_768, faults_enabled=True, fetch_timeout_s=2.0)
+
+
+@pytest.fixture(scope="session")
+def live_engine(tmp_path_factory: pytest.TempPathFactory):
+    """One real embedded engine (mooncake_master, segment holder, 2 rank processes, admin API) for the session:
+    the demo registration (4 KiB/token/rank), W=4, faults enabled, a 2 s fetch deadline. Always torn down."""
+    from bsr_cli.engine import supervisor
+    from bsr_cli.loaders import builtin_registration
+
+    state = tmp_path_factory.mktemp("engine")
+    opts = supervisor.EngineOptions(builtin_registration("demo"), **ENGINE_TEST_SETTINGS)
+    try:
+        supervisor.up(state, opts)
+        conn = supervisor.connection(state)
+        assert conn is not None
+        yield LiveEngine(conn[0], conn[1], state)
+    finally:
+        supervisor.down(state)
+
+
+@pytest.fixture
+def engine(live_engine: LiveEngine, monkeypatch: pytest.MonkeyPatch):
+    """The shared engine, with no faults or markers left over, and BSR_* pointing at it."""
+    with live_engine.client() as c:
+        c.clear_faults()
+        c.clear_markers()
+    for k, v in live_engine.env().items():
+        monkeypatch.setenv(k, v)
+    yield live_engine
+    with live_engine.client() as c:
+        c.clear_faults()
+        c.clear_markers()

@@ -67,6 +67,7 @@ class EngineSettings:
     faults_enabled: bool = False
     fs_concurrency: int = 1
     name: str = "embedded"
+    tokenizer: str = "bytes"  # how the host turns text into token ids (reported so clients can match it)
 
 
 @dataclass
@@ -634,6 +635,7 @@ class Coordinator:
             "fetch_timeout_s": s.fetch_timeout_s,
             "faults_enabled": s.faults_enabled,
             "fs_concurrency": s.fs_concurrency,
+            "tokenizer": s.tokenizer,
         }
 
     def pool(self, health: bool = False) -> list[dict[str, Any]]:

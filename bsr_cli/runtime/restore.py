@@ -146,7 +146,7 @@ class RankRestorer:
                 else:
                     lease = self._lease(job, win, bounded, wait=True)
                     assert lease is not None
-                    fetch_s = self._fetch(job, win, lease, first, fired)
+                    fetch_s = self._fetch_owned(job, win, lease, first, fired)[1]
                 out.fetch_seconds += fetch_s
                 out.peak_live_bytes = max(out.peak_live_bytes, self.pool.stats().live_bytes)
                 try:

@@ -1,0 +1,138 @@
+"""`bsr engine up | down | status`: run the embedded reference engine on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from bsr_cli.cli.app import JsonFlag, app, state
+from bsr_cli.cli.commands.planning import RegOpt, WOpt
+from bsr_cli.core.units import parse_bytes
+
+engine_app = typer.Typer(
+    help="Run the embedded reference engine: real mooncake_master, a segment holder, one process per TP rank, "
+    "and the admin API, all on loopback.",
+    no_args_is_help=True,
+)
+app.add_typer(engine_app, name="engine")
+
+
+def _size(text: str | None) -> int | None:
+    return None if text is None else parse_bytes(text)
+
+
+@engine_app.command("up")
+def engine_up(
+    ctx: typer.Context,
+    registration: RegOpt = None,
+    w: WOpt = 32,
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="Restore-pool capacity per rank [default: 2·RWS(W)].")
+    ] = None,
+    budget: Annotated[
+        str | None, typer.Option("--budget", help="Admission budget B per rank [default: RWS(W), the paper's lock].")
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Longest prompt the engine accepts.", min=1)
+    ] = 131_072,
+    kv_tokens: Annotated[
+        int | None, typer.Option("--kv-tokens", help="Destination KV capacity in tokens [default: 2·max-tokens].")
+    ] = None,
+    segment: Annotated[str | None, typer.Option("--segment", help="Mooncake segment size (store capacity).")] = None,
+    enable_faults: Annotated[
+        bool, typer.Option("--enable-faults", help="Allow fault injection (off by default).")
+    ] = False,
+    fs_concurrency: Annotated[
+        int, typer.Option("--fs-concurrency", help="Filesystem tier load concurrency.", min=1)
+    ] = 1,
+    fetch_timeout: Annotated[float, typer.Option("--fetch-timeout", help="Per-window fetch deadline (s).")] = 10.0,
+    host: Annotated[str, typer.Option("--host", help="Admin API bind address (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Admin API port (0 = a free one).", min=0)] = 0,
+    no_remote: Annotated[bool, typer.Option("--no-remote", help="Run without the Mooncake tier.")] = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Start the embedded engine (idempotent: a healthy engine is reported, not restarted)."""
+    from bsr_cli import loaders
+    from bsr_cli.engine import supervisor
+
+    st = state(ctx, json_flag)
+    reg = loaders.load_registration(registration or "demo")
+    opts = supervisor.EngineOptions(
+        reg,
+        w=w,
+        pool_bytes=_size(pool),
+        budget_bytes=_size(budget),
+        max_tokens=max_tokens,
+        kv_tokens=kv_tokens,
+        segment_bytes=_size(segment),
+        faults_enabled=enable_faults,
+        fs_concurrency=fs_concurrency,
+        fetch_timeout_s=fetch_timeout,
+        host=host,
+        port=port,
+        remote=not no_remote,
+    )
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        st.out.note(f"[yellow]warning:[/] the admin API will listen on {host}, beyond loopback")
+    st.out.note("starting the embedded engine (mooncake_master, segment holder, rank processes)…")
+    result = supervisor.up(Path(st.settings.state_dir), opts)
+    st.out.result(result, _render_status)
+
+
+@engine_app.command("down")
+def engine_down(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
+    """Stop every process of the embedded engine."""
+    from bsr_cli.engine import supervisor
+
+    st = state(ctx, json_flag)
+    result = supervisor.down(Path(st.settings.state_dir))
+
+    def render(console: Any, d: dict[str, Any]) -> None:
+        if not d["was_running"]:
+            console.print(f"no engine running in {d['state_dir']}")
+        else:
+            console.print("stopped " + ", ".join(f"{p['name']} ({p['pid']})" for p in d["stopped"]))
+
+    st.out.result(result, render)
+
+
+@engine_app.command("status")
+def engine_status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
+    """Processes of the embedded engine and whether its admin API answers. Exit 3 when it is not running."""
+    from bsr_cli.engine import supervisor
+    from bsr_cli.errors import EngineUnreachable
+
+    st = state(ctx, json_flag)
+    result = supervisor.status(Path(st.settings.state_dir))
+    st.out.result(result, _render_status)
+    if not result["healthy"]:
+        raise EngineUnreachable(
+            f"the embedded engine in {result['state_dir']} is " + ("unhealthy" if result["running"] else "not running"),
+            hint="bsr engine up",
+        )
+
+
+def _render_status(console: Any, d: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    if not d.get("running"):
+        console.print(f"no engine running in {d['state_dir']}")
+        return
+    verdict = "[green]healthy[/]" if d["healthy"] else "[red]unhealthy[/]"
+    again = " (already running)" if d.get("already_running") else ""
+    console.print(f"engine {verdict}{again} at [bold]{d['admin_url']}[/]  registration {d.get('registration')}")
+    t = Table()
+    for col in ("process", "pid", "state"):
+        t.add_column(col)
+    for p in d["processes"]:
+        t.add_row(p["name"], str(p["pid"]), "[green]running[/]" if p["alive"] else "[red]gone[/]")
+    console.print(t)
+    s = d.get("settings") or {}
+    if s:
+        console.print(
+            f"W={s['w']}  pool {s['pool_bytes']:,} B/rank  budget {s['budget_bytes']:,} B/rank  "
+            f"max prompt {s['max_tokens']:,} tokens  faults {'enabled' if s['faults_enabled'] else 'disabled'}"
+        )
+    console.print(f"state: {d['state_dir']}  logs: {d.get('logs')}")

@@ -1,0 +1,315 @@
+"""Commands an on-call engineer types against a live engine: probe, submit, restore, faults, status, drill."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from bsr_cli.cli.app import AppState, JsonFlag, app, state
+from bsr_cli.errors import DrillViolation, RestoreFailedClosed
+
+TokensFileOpt = Annotated[
+    Path | None, typer.Option("--tokens-file", help="Token ids (JSON list or whitespace separated).")
+]
+PromptFileOpt = Annotated[Path | None, typer.Option("--prompt-file", help="Text, tokenized as the engine does.")]
+SyntheticOpt = Annotated[int | None, typer.Option("--synthetic", help="A deterministic synthetic prompt of N tokens.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the synthetic prompt.")]
+WOpt = Annotated[int | None, typer.Option("--W", "-W", help="Window size in chunks [default: the engine's].", min=0)]
+
+
+def _client(st: AppState) -> Any:
+    from bsr_cli.client import AdminClient
+
+    return AdminClient.from_settings(st.settings)
+
+
+def _prompt(client: Any, tokens_file: Path | None, prompt_file: Path | None, synthetic: int | None, seed: int) -> dict:
+    from bsr_cli.prompts import prompt_body
+
+    tokenizer = client.info().get("tokenizer") if prompt_file is not None else None
+    return prompt_body(tokens_file, prompt_file, synthetic, seed, tokenizer)
+
+
+@app.command("probe")
+def probe(
+    ctx: typer.Context,
+    tokens_file: TokensFileOpt = None,
+    prompt_file: PromptFileOpt = None,
+    synthetic: SyntheticOpt = None,
+    seed: SeedOpt = 0,
+    store: Annotated[
+        str | None, typer.Option("--store", help="Probe a Mooncake store directly: mooncake://HOST:PORT (no engine).")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="With --store: model name in the keys.")] = None,
+    world_size: Annotated[int, typer.Option("--world-size", help="With --store: TP world size in the keys.")] = 1,
+    metadata: Annotated[
+        str | None,
+        typer.Option("--metadata", help="With --store: metadata server URL [default: http://HOST:8080/metadata]."),
+    ] = None,
+    width: Annotated[int, typer.Option("--width", help="Bitmap strip width in cells.", min=8)] = 64,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Probe-only lookup: which rank, group and tier holds each chunk of a prompt. Changes nothing."""
+    st = state(ctx, json_flag)
+    if store is not None:
+        from bsr_cli.cli.commands import store_probe
+
+        return store_probe.run(st, store, model, world_size, metadata, tokens_file, prompt_file, synthetic, seed, width)
+    from bsr_cli.cli import render_ops
+
+    with _client(st) as client:
+        body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
+        result = client.probe(body)
+    result["strip_width"] = width
+    st.out.result(result, render_ops.probe)
+
+
+@app.command("submit")
+def submit(
+    ctx: typer.Context,
+    tokens_file: TokensFileOpt = None,
+    prompt_file: PromptFileOpt = None,
+    synthetic: SyntheticOpt = None,
+    seed: SeedOpt = 0,
+    w: WOpt = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the canonical-hash check.")] = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Submit a prompt as the scheduler would admit it: external hit, restore or local prefill, fallback."""
+    from bsr_cli.cli import render_ops
+
+    st = state(ctx, json_flag)
+    with _client(st) as client:
+        body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
+        result = client.submit(body, w=w, verify=not no_verify)
+    st.out.result(result, render_ops.submit)
+
+
+@app.command("restore")
+def restore(
+    ctx: typer.Context,
+    tokens_file: TokensFileOpt = None,
+    prompt_file: PromptFileOpt = None,
+    synthetic: SyntheticOpt = None,
+    seed: SeedOpt = 0,
+    w: WOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan from a live probe; restore nothing.")] = False,
+    exclude_tier: Annotated[
+        list[str] | None, typer.Option("--exclude-tier", help="Restore as if this tier were unusable (repeatable).")
+    ] = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the canonical-hash check.")] = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """A manual windowed restore into the engine, with live progress. Exit 0 committed, 10 failed closed."""
+    from bsr_cli.cli import render_ops
+
+    st = state(ctx, json_flag)
+    with _client(st) as client:
+        info = client.info()
+        body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
+        window = info["W"] if w is None else w
+        if dry_run:
+            from bsr_cli.core.bitmap import HitBitmap
+            from bsr_cli.core.plan import plan_restore
+            from bsr_cli.core.registration import Registration
+
+            probe = client.probe(body)
+            reg = Registration.from_dict(probe["registration_spec"])
+            plan = plan_restore(
+                reg, window, bitmap=HitBitmap.from_dict(probe["bitmap"]), exclude_tiers=exclude_tier or ()
+            )
+            data = plan.to_dict() | {
+                "bytes_per_chunk": reg.bytes_per_chunk,
+                "model": reg.model,
+                "show_all_windows": False,
+            }
+            from bsr_cli.cli import render
+
+            st.out.result(data, render.plan)
+            return
+        result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
+    st.out.result(result, render_ops.restore)
+    if result.get("outcome") == "failed_closed":
+        raise RestoreFailedClosed(
+            f"restore failed closed: {result['failures'][0]['reason'] if result.get('failures') else 'invalid group'}; "
+            "nothing was committed and a force-local marker is set",
+            hint="`bsr status` shows the marker; the next admission of this prompt skips the failed tier",
+        )
+
+
+def _run_restore(
+    st: AppState, client: Any, body: dict, w: int | None, exclude: list[str], verify: bool, info: dict
+) -> dict[str, Any]:
+    """Stream the restore in a worker thread so Ctrl-C reaches us: then ask the engine to abort (it ends
+    fail-closed) and still report its final result."""
+    from bsr_cli.cli import render_ops
+
+    progress = render_ops.RestoreProgress(st.out, ranks=info["ranks"]) if st.out.interactive else None
+    box: dict[str, Any] = {}
+    accepted = threading.Event()
+
+    def on_accepted(rid: str) -> None:
+        box["request"] = rid
+        accepted.set()
+
+    def work() -> None:
+        try:
+            box["result"] = client.restore(
+                body,
+                w=w,
+                verify=verify,
+                exclude_tiers=exclude,
+                on_event=progress.update if progress else None,
+                on_accepted=on_accepted,
+            )
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+            box["error"] = e
+
+    t = threading.Thread(target=work, name="bsr-restore", daemon=True)
+    if progress:
+        progress.start()
+    try:
+        t.start()
+        interrupted = False
+        while t.is_alive():
+            try:
+                t.join(0.1)
+            except KeyboardInterrupt:
+                if interrupted:
+                    raise
+                interrupted = True
+                st.out.note("[yellow]interrupted: asking the engine to abort the restore (it ends fail-closed)…[/]")
+                if accepted.wait(5) and "request" in box:
+                    from bsr_cli.client import AdminClient
+
+                    with AdminClient(client.url, client.token, timeout_s=5.0) as c2:
+                        c2.abort(box["request"])
+        if interrupted:
+            res = box.get("result", {})
+            if progress:
+                progress.stop()
+            st.out.note(
+                f"restore {box.get('request', '?')} aborted: outcome {res.get('outcome', 'unknown')}, "
+                f"{res.get('committed_tokens', 0)} tokens committed"
+            )
+            raise KeyboardInterrupt
+    finally:
+        if progress:
+            progress.stop()
+    if "error" in box:
+        raise box["error"]
+    return dict(box["result"])
+
+
+@app.command("inject-fault")
+def inject_fault(
+    ctx: typer.Context,
+    kind: Annotated[
+        str,
+        typer.Option("--kind", help="remote-unavailable | remote-and-ssd-absent | restore-fault | timeout | corrupt"),
+    ] = "restore-fault",
+    rank: Annotated[int | None, typer.Option("--rank", help="Target rank [default: every rank].", min=0)] = None,
+    window: Annotated[
+        int | None, typer.Option("--window", help="Fire at window J (1-based, as G1..GK).", min=1)
+    ] = None,
+    group: Annotated[str | None, typer.Option("--group", help="Only this KV group.")] = None,
+    count: Annotated[int, typer.Option("--count", help="Restores it fires on (0 = until cleared).", min=0)] = 1,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Arm a fault for the next restores. Refused unless the engine was started with faults enabled."""
+    st = state(ctx, json_flag)
+    spec: dict[str, Any] = {"kind": kind, "count": count}
+    if rank is not None:
+        spec["rank"] = rank
+    if window is not None:
+        spec["window"] = window - 1
+    if group is not None:
+        spec["group"] = group
+    with _client(st) as client:
+        result = client.inject_fault(spec)
+
+    def render(console: Any, d: dict[str, Any]) -> None:
+        where = f"rank {d['rank']}" if d["rank"] is not None else "every rank"
+        win = f"window G{d['window'] + 1}" if d["window"] is not None else "the first window"
+        times = "until cleared" if d["count"] == 0 else f"{d['count']} restore(s)"
+        grp = f", group {d['group']}" if d["group"] else ""
+        console.print(f"[red]armed[/] fault #{d['id']} {d['kind']} on {where}, {win}{grp}, for {times}")
+
+    st.out.result(result, render)
+
+
+faults_app = typer.Typer(help="List or clear injected faults.", no_args_is_help=True)
+app.add_typer(faults_app, name="faults")
+
+
+@faults_app.command("list")
+def faults_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
+    """Faults armed on the engine."""
+    from bsr_cli.cli import render_ops
+
+    st = state(ctx, json_flag)
+    with _client(st) as client:
+        st.out.result(client.faults(), render_ops.faults)
+
+
+@faults_app.command("clear")
+def faults_clear(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
+    """Disarm every injected fault."""
+    st = state(ctx, json_flag)
+    with _client(st) as client:
+        n = client.clear_faults()
+    st.out.result({"cleared": n}, lambda c, d: c.print(f"cleared {d['cleared']} fault(s)"))
+
+
+markers_app = typer.Typer(help="Force-local markers (set after a failed external restore).", no_args_is_help=True)
+app.add_typer(markers_app, name="markers")
+
+
+@markers_app.command("clear")
+def markers_clear(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
+    """Remove every force-local marker (as a request teardown would)."""
+    st = state(ctx, json_flag)
+    with _client(st) as client:
+        n = client.clear_markers()
+    st.out.result({"cleared": n}, lambda c, d: c.print(f"cleared {d['cleared']} marker(s)"))
+
+
+@app.command("status")
+def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
+    """Engine identity, ranks and their health, tiers, registration, pool and budget, markers, faults."""
+    from bsr_cli.cli import render_ops
+
+    st = state(ctx, json_flag)
+    with _client(st) as client:
+        snap = client.snapshot(health=True)
+        health = client.health()
+    data = {"url": client.url, "health": health, **snap}
+    st.out.result(data, render_ops.status)
+
+
+@app.command("drill")
+def drill(
+    ctx: typer.Context,
+    tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prompt length per scenario.", min=1)] = 8192,
+    w: WOpt = None,
+    json_flag: JsonFlag = False,
+) -> None:
+    """The paper's failure matrix against a live engine. Exit 11 on any violated invariant."""
+    from bsr_cli.cli import render_ops
+    from bsr_cli.drill import run_drill
+
+    st = state(ctx, json_flag)
+    with _client(st) as client:
+        result = run_drill(
+            client,
+            tokens=tokens,
+            w=w,
+            on_result=(lambda r: st.out.note(f"{r['scenario']}: {'PASS' if r['ok'] else 'FAIL'}")),
+        )
+    st.out.result(result, render_ops.drill)
+    if not result["ok"]:
+        bad = [s["scenario"] for s in result["scenarios"] if not s["ok"]]
+        raise DrillViolation(f"drill found violated invariants in: {', '.join(bad)}")

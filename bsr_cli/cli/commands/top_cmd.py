@@ -1,0 +1,88 @@
+"""Watching the restore pool: `bsr top` (the live Textual monitor, record/replay) and `bsr pool` (one snapshot).
+
+Both draw the same immutable view (bsr_cli.tui.snapshot): `top` panel by panel in a terminal UI, `pool` once as
+text or JSON. textual is imported only inside `top`, so every other command starts without it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from bsr_cli.cli.app import AppState, JsonFlag, app, state
+from bsr_cli.errors import InvalidInput
+
+IntervalOpt = Annotated[
+    float,
+    typer.Option("--interval", "-i", help="Seconds between polls (a poll never overlaps the previous).", min=0.05),
+]
+
+
+@app.command("top")
+def top(
+    ctx: typer.Context,
+    interval: IntervalOpt = 1.0,
+    record: Annotated[
+        Path | None, typer.Option("--record", help="Also append every snapshot to FILE (gzip JSON lines).")
+    ] = None,
+    replay: Annotated[
+        Path | None, typer.Option("--replay", help="Replay a recording instead of polling an engine.")
+    ] = None,
+) -> None:
+    """Live restore-pool monitor: per-rank occupancy vs RWS(W), restores, outcomes, tiers, faults, events."""
+    st = state(ctx)
+    if record is not None and replay is not None:
+        raise InvalidInput("give --record or --replay, not both")
+    _run_tui(st, interval=interval, record=record, replay=replay)
+
+
+@app.command("pool")
+def pool(
+    ctx: typer.Context,
+    once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit (the default when piped).")] = False,
+    interval: IntervalOpt = 1.0,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Restore-pool occupancy per rank with restores, outcomes, tiers, markers and faults.
+
+    Prints one snapshot with --once, --json, or when stdout is not a terminal; otherwise opens `bsr top`."""
+    st = state(ctx, json_flag)
+    if not (once or st.out.json_mode) and st.out.interactive:
+        _run_tui(st, interval=interval, record=None, replay=None)
+        return
+    from bsr_cli.tui import snapshot as sv
+    from bsr_cli.tui.source import LiveSource
+
+    source = LiveSource.from_settings(st.settings, timeout_s=st.settings.timeout_s)
+    try:
+        frame = source.poll()
+    finally:
+        source.close()
+    view = sv.fold(None, frame)
+
+    def render(console: Any, data: Any) -> None:
+        console.print(sv.render_text(view))
+
+    st.out.result(view.to_dict(), render)
+
+
+def _run_tui(st: AppState, *, interval: float, record: Path | None, replay: Path | None) -> None:
+    from bsr_cli.tui.source import LiveSource, Recorder, ReplaySource
+
+    # A bad recording is one clear error before any screen is drawn.
+    source = ReplaySource.load(replay) if replay is not None else LiveSource.from_settings(st.settings)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        source.close()
+        raise InvalidInput(
+            "bsr top needs an interactive terminal",
+            hint="for scripts and pipes use `bsr pool --once` (or `bsr pool --json`)",
+        )
+    recorder = Recorder.open(record, source=source.label) if record is not None else None
+    from bsr_cli.tui.app import TopApp  # textual is imported here and nowhere on the way to other commands
+
+    TopApp(source, interval=interval, recorder=recorder).run()
+    if recorder is not None:
+        st.out.note(f"recorded {recorder.lines - 1} polls to {recorder.path} (replay: bsr top --replay {record})")

@@ -1,0 +1,311 @@
+"""Rich renderers for the live-engine commands (probe, submit, restore, status, faults, drill)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from bsr_cli.cli.output import Output
+from bsr_cli.cli.render import b
+from bsr_cli.core.units import format_bytes
+
+TIER_LOOK = {"mooncake": ("M", "green"), "fs": ("F", "cyan")}
+
+
+def strip(cells: str, tiers: list[str], width: int) -> Text:
+    """One row of the bitmap, binned to ``width`` cells: a cell shows the worst chunk in its bin
+    (a miss beats a lower tier beats the preferred tier)."""
+    n = len(cells)
+    out = Text()
+    if n == 0:
+        return out
+    bins = min(width, n)
+    for i in range(bins):
+        lo, hi = i * n // bins, max((i + 1) * n // bins, i * n // bins + 1)
+        worst = -1  # index of the best tier every chunk in the bin has; len(tiers) = a miss
+        for c in cells[lo:hi]:
+            m = int(c, 16)
+            best = next((j for j in range(len(tiers)) if m >> j & 1), len(tiers))
+            worst = max(worst, best)
+        if worst >= len(tiers):
+            out.append("·", style="bold red")
+        else:
+            letter, style = TIER_LOOK.get(tiers[worst], (tiers[worst][:1].upper(), "white"))
+            out.append(letter, style=style)
+    return out
+
+
+def probe(console: Console, d: dict[str, Any]) -> None:
+    bm = d["bitmap"]
+    tiers = bm["tiers"]
+    console.print(
+        f"[bold]{bm['model']}[/] {bm['registration']}  prompt {bm['tokens']:,} tokens = {bm['chunks']:,} chunks  "
+        f"legend: "
+        + "  ".join(
+            f"[{TIER_LOOK.get(t, ('?', 'white'))[1]}]{TIER_LOOK.get(t, (t[:1].upper(), ''))[0]}[/]={t}" for t in tiers
+        )
+        + "  [bold red]·[/]=miss"
+    )
+    t = Table(show_header=True)
+    t.add_column("rank", justify="right")
+    t.add_column("group")
+    t.add_column(f"chunks 0…{bm['chunks'] - 1}" if bm["chunks"] else "chunks")
+    t.add_column("held", justify="right")
+    for row in bm["rows"]:
+        held = sum(1 for c in row["cells"] if c != "0")
+        t.add_row(
+            str(row["rank"]),
+            row["group"],
+            strip(row["cells"], tiers, d.get("strip_width", 64)),
+            f"{held}/{len(row['cells'])}",
+        )
+    console.print(t)
+    console.print(
+        f"committable prefix: [bold]{d['committable_tokens']:,} tokens[/] ({d['committable_chunks']:,} chunks)"
+    )
+    br = d.get("first_break")
+    if br:
+        only = f"; held only by excluded {', '.join(br['held_by'])}" if br["held_by"] else ""
+        console.print(
+            f"[yellow]first break[/]: chunk {br['chunk']} rank {br['rank']} group {br['group']}: {br['reason']}{only}"
+        )
+    else:
+        console.print("[green]no break[/]: every rank and group holds the whole prompt")
+    for rank, errs in (d.get("tier_errors") or {}).items():
+        for tier, msg in errs.items():
+            console.print(f"[red]{rank} {tier} unreachable during probe[/]: {msg}")
+    for m in d.get("markers") or []:
+        console.print(
+            f"[magenta]force-local marker[/] on prompt {m['prompt']}: excludes {', '.join(m['excluded_tiers'])}"
+        )
+
+
+def _restore_line(r: dict[str, Any]) -> str:
+    if r.get("outcome") == "committed":
+        return (
+            f"[green]committed[/] {r['committed_tokens']:,} tokens from {'+'.join(r['tiers'])} in {r['windows']} "
+            f"window(s) of W={r['W']}, {r['seconds']:.2f}s, {r['gbps']:.2f} GB/s"
+        )
+    fails = "; ".join(
+        f"rank {f['rank']} window {'G' + str(f['window'] + 1) if f['window'] is not None else '-'}: {f['reason']}"
+        for f in r.get("failures", [])
+    )
+    invalid = ", ".join(f"rank {x['rank']}/{x['group']}" for x in r.get("invalid", []))
+    return (
+        f"[red]failed closed[/]: advertised {r.get('advertised_tokens', 0):,} tokens, committed 0 "
+        f"(invalid: {invalid}) — {fails}"
+    )
+
+
+def submit(console: Console, d: dict[str, Any]) -> None:
+    console.print(f"request {d['request']}  prompt {d['prompt']}  {d['tokens']:,} tokens  W={d['W']}")
+    t = Table(title="admission passes", title_justify="left")
+    for col in ("pass", "excluded tiers", "external tokens", "outcome"):
+        t.add_column(col)
+    for p in d["passes"]:
+        r = p.get("restore")
+        t.add_row(
+            str(p["pass"]),
+            ", ".join(p["excluded_tiers"]) or "—",
+            f"{p['external_tokens']:,}",
+            _restore_line(r) if r else "no external hit: local prefill",
+        )
+    console.print(t)
+    hist = d["force_local"]["history"]
+    if hist:
+        console.print(
+            f"force-local marker: set ({', '.join(hist[-1]['marker']['excluded_tiers'])}), "
+            f"{'cleared on admission' if d['force_local']['cleared'] else 'still set'}"
+        )
+    console.print(
+        f"served: [bold]{d['external_tokens']:,}[/] external tokens from {d['source']}, "
+        f"{d['computed_tokens']:,} computed locally in {d['seconds']:.2f}s"
+    )
+    errs = d.get("stored", {}).get("errors") or {}
+    for rank, e in errs.items():
+        console.print(f"[yellow]store to tiers failed on {rank}[/]: {e}")
+    _hash_line(console, d)
+
+
+def _hash_line(console: Console, d: dict[str, Any]) -> None:
+    if d.get("output_hash") is None:
+        return
+    if d.get("hash_ok") is None:
+        console.print(f"output hash {d['output_hash']}")
+    elif d["hash_ok"]:
+        console.print(f"output hash {d['output_hash']} [green]= canonical[/]")
+    else:
+        console.print(f"[red]output hash {d['output_hash']} ≠ canonical {d['canonical_hash']}[/]")
+
+
+def restore(console: Console, d: dict[str, Any]) -> None:
+    console.print(f"request {d['request']}  prompt {d['prompt']}  {d['tokens']:,} tokens  W={d['W']}")
+    if d.get("outcome") == "nothing_to_restore":
+        br = d.get("first_break")
+        console.print(
+            "[yellow]nothing to restore[/]: no tier holds the first chunk"
+            + (f" (rank {br['rank']} group {br['group']}: {br['reason']})" if br else "")
+        )
+        return
+    console.print(_restore_line(d))
+    t = Table(title="per rank", title_justify="left")
+    for col in ("rank", "windows", "bytes", "fetch s", "install s", "peak pool", "vs RWS bound"):
+        t.add_column(col, justify="right")
+    rws = d.get("rws_bytes")
+    for r in d.get("ranks", []):
+        bound = rws if rws else d.get("whole_plan_bytes")
+        ok = r["peak_live_bytes"] <= (bound or 0) or d.get("W") == 0
+        t.add_row(
+            str(r["rank"]),
+            f"{r['windows_done']}/{d['windows']}",
+            format_bytes(r["bytes_restored"]),
+            f"{r['fetch_seconds']:.2f}",
+            f"{r['install_seconds']:.2f}",
+            b(r["peak_live_bytes"]),
+            (f"[green]≤ {format_bytes(bound)}[/]" if ok else f"[red]> {format_bytes(bound)}[/]") if bound else "—",
+        )
+    console.print(t)
+    if d.get("W"):
+        console.print(f"whole-plan (W=0) would stage {b(d.get('whole_plan_bytes'))} per rank")
+    _hash_line(console, d)
+    if d.get("marker"):
+        console.print(
+            f"[magenta]force-local marker set[/]: the next admission of this prompt skips "
+            f"{', '.join(d['marker']['excluded_tiers'])}"
+        )
+
+
+class RestoreProgress:
+    """Live per-rank progress (window j of K, bytes, GB/s) while a restore streams."""
+
+    def __init__(self, out: Output, ranks: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            console=out.err_console,
+            transient=False,
+        )
+        self._tasks = [self._progress.add_task(f"rank {r} windows", total=None, rate="") for r in range(ranks)]
+        self._bytes = [0] * ranks
+        self._t0 = time.monotonic()
+
+    def start(self) -> None:
+        self._progress.start()
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+    def update(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("type")
+        if kind == "restore_started":
+            for task in self._tasks:
+                self._progress.update(task, total=ev["windows"])
+        elif kind == "window_released" and 0 <= ev.get("rank", -1) < len(self._tasks):
+            r = ev["rank"]
+            self._bytes[r] += ev.get("bytes", 0)
+            dt = max(time.monotonic() - self._t0, 1e-6)
+            self._progress.update(
+                self._tasks[r],
+                completed=ev["window"] + 1,
+                total=ev["windows"],
+                rate=f"{format_bytes(self._bytes[r])} {self._bytes[r] / dt / 1e9:.2f} GB/s",
+            )
+        elif kind == "restore_failed":
+            self._progress.update(self._tasks[ev["rank"]], description=f"[red]rank {ev['rank']} failed[/]")
+
+
+def faults(console: Console, d: dict[str, Any]) -> None:
+    if not d["enabled"]:
+        console.print("fault injection is [bold]disabled[/] on this engine")
+    if not d["faults"]:
+        console.print("no faults armed")
+        return
+    t = Table()
+    for col in ("id", "kind", "rank", "window", "group", "fired/count"):
+        t.add_column(col)
+    for f in d["faults"]:
+        t.add_row(
+            str(f["id"]),
+            Text(f["kind"], style="red"),
+            "all" if f["rank"] is None else str(f["rank"]),
+            "first" if f["window"] is None else f"G{f['window'] + 1}",
+            f["group"] or "all",
+            f"{f['fired']}/{f['count'] or '∞'}",
+        )
+    console.print(t)
+
+
+def status(console: Console, d: dict[str, Any]) -> None:
+    info = d["info"]
+    reg = info["registration"]
+    ok = d["health"].get("ok")
+    console.print(
+        f"engine [bold]{info['engine']}[/] {d['url']}  bsr {info['version']} api {info['api']}  "
+        + ("[green]healthy[/]" if ok else "[red]unhealthy[/]")
+    )
+    console.print(
+        f"registration {reg['identity']} ({reg['model']}, {reg['tensors']} tensors, "
+        f"{reg['bytes_per_chunk']:,} B/chunk, groups {', '.join(reg['groups'])}); chunk {info['chunk_size']} tokens"
+    )
+    console.print(
+        f"W={info['W']}  RWS {b(info['rws_bytes'])}  budget B {b(info['budget_bytes'])}  "
+        f"pool {b(info['pool_bytes'])} per rank  max prompt {info['max_tokens']:,} tokens  "
+        f"faults {'[red]enabled[/]' if info['faults_enabled'] else 'disabled'}"
+    )
+    t = Table(title="ranks", title_justify="left")
+    for col in ("rank", "state", "live", "peak", "capacity", "windows live", "restore rate"):
+        t.add_column(col, justify="right")
+    for r in d["ranks"]:
+        p = r.get("pool", {})
+        t.add_row(
+            str(r["rank"]),
+            "[green]up[/]" if r["alive"] else "[red]down[/]",
+            format_bytes(p.get("live_bytes", 0)),
+            format_bytes(p.get("peak_bytes", 0)),
+            format_bytes(p.get("capacity_bytes", 0)),
+            str(p.get("windows_live", 0)),
+            f"{r.get('restore_bps', 0) / 1e9:.2f} GB/s",
+        )
+    console.print(t)
+    for name, h in d["tiers"].items():
+        console.print(f"tier {name}: " + ("[green]ok[/]" if h["ok"] else "[red]unhealthy[/] " + "; ".join(h["detail"])))
+    if d["markers"]:
+        for m in d["markers"]:
+            excluded = ", ".join(m["excluded_tiers"])
+            console.print(f"[magenta]force-local marker[/] prompt {m['prompt']} excludes {excluded}: {m['reason']}")
+    else:
+        console.print("no force-local markers")
+    if d["faults"]:
+        faults(console, {"enabled": info["faults_enabled"], "faults": d["faults"]})
+
+
+def drill(console: Console, d: dict[str, Any]) -> None:
+    t = Table(title=f"failure drill against {d['engine']} ({d['tokens']:,} tokens, W={d['W']})", title_justify="left")
+    for col in ("scenario", "first pass", "force-local", "fallback", "hash = canonical", "ranks healthy", "verdict"):
+        t.add_column(col)
+    for s in d["scenarios"]:
+        c = s["checks"]
+        fp = s["first_pass"]
+
+        def mark(v: bool) -> str:
+            return "[green]yes[/]" if v else "[red]no[/]"
+
+        t.add_row(
+            s["scenario"],
+            (f"collapsed {fp['advertised_tokens']:,}→0" if c["prefix_collapsed"] else "[red]not collapsed[/]"),
+            ("set, cleared" if c["force_local_set"] and c["force_local_cleared"] else "[red]wrong[/]"),
+            (s["fallback"] if c["fallback"] else f"[red]{s['fallback']} (want {s['expected_fallback']})[/]"),
+            mark(c["hash_canonical"]),
+            mark(c["ranks_healthy"]),
+            "[green]PASS[/]" if s["ok"] else "[red]FAIL[/]",
+        )
+    console.print(t)

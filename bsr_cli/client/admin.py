@@ -1,0 +1,309 @@
+"""AdminClient: typed access to an engine's ``/bsr/v1`` admin API over httpx.
+
+Every failure is raised as one of bsr_cli.errors' EngineError subclasses:
+
+    EngineUnreachable   connection refused, DNS failure, reset     (nothing listens there)
+    EngineTimeout       no answer within the deadline
+    Unauthorized        401 (missing or wrong token)
+    VersionMismatch     the engine speaks another API version
+    FaultsDisabled      403 on fault injection
+    BadRequest          other 4xx (the engine's message is kept)
+    ServerError         5xx, or an answer that is not the API's JSON
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bsr_cli import API_VERSION
+from bsr_cli.errors import (
+    BadRequest,
+    EngineError,
+    EngineTimeout,
+    EngineUnreachable,
+    FaultsDisabled,
+    InvalidInput,
+    ServerError,
+    Unauthorized,
+    VersionMismatch,
+)
+from bsr_cli.settings import Settings
+
+_KIND_TO_ERROR: dict[str, type[EngineError]] = {
+    "unauthorized": Unauthorized,
+    "version-mismatch": VersionMismatch,
+    "faults-disabled": FaultsDisabled,
+}
+
+
+def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
+    """(URL, token, how it was found): --engine/BSR_ENGINE/config (a URL or a profile), else the embedded engine
+    recorded in the state directory."""
+    token = settings.token
+    engine = settings.engine
+    if engine:
+        if engine in settings.profiles:
+            prof = settings.profiles[engine]
+            url = str(prof.get("url", ""))
+            if not url:
+                raise InvalidInput(f"profile {engine!r} has no url")
+            return url.rstrip("/"), token or prof.get("token"), f"profile {engine}"
+        if not engine.startswith(("http://", "https://")):
+            raise InvalidInput(
+                f"--engine {engine!r} is neither a URL nor a profile",
+                hint=f"profiles in {settings.config_path}: {', '.join(settings.profiles) or 'none'}",
+            )
+        return engine.rstrip("/"), token, settings.sources.get("engine", "flag")
+    from bsr_cli.engine.supervisor import connection
+
+    found = connection(Path(settings.state_dir))
+    if found is None:
+        raise EngineUnreachable(
+            f"no engine given and none running in {settings.state_dir}",
+            hint="start one with `bsr engine up`, or pass --engine URL",
+        )
+    url, state_token = found
+    return url, token or state_token or None, f"state dir {settings.state_dir}"
+
+
+class AdminClient:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AdminClient:
+        url, token, _ = resolve_engine(settings)
+        return cls(url, token, timeout_s=settings.timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport ---------------------------------------------------------------------------------------------
+    def _path(self, path: str) -> str:
+        return f"/bsr/{API_VERSION}{path}"
+
+    def _raise_for(self, r: httpx.Response) -> None:
+        if r.status_code < 400:
+            return
+        try:
+            body = r.json()
+        except ValueError:
+            body = {}
+        kind = str(body.get("error", "")) if isinstance(body, dict) else ""
+        message = (body.get("message") if isinstance(body, dict) else None) or f"HTTP {r.status_code}"
+        hint = body.get("hint") if isinstance(body, dict) else None
+        if kind in _KIND_TO_ERROR:
+            raise _KIND_TO_ERROR[kind](message, hint=hint)
+        if r.status_code == 401:
+            raise Unauthorized(message, hint=hint)
+        if r.status_code == 404 and not kind:
+            raise VersionMismatch(
+                f"{self.url} does not serve the bsr {API_VERSION} admin API (HTTP 404)",
+                hint="is this a bsr engine, and of a compatible version?",
+            )
+        if r.status_code >= 500:
+            raise ServerError(f"engine error: {message}", hint=hint)
+        raise BadRequest(message, hint=hint)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
+        try:
+            r = self._http.request(
+                method,
+                self._path(path),
+                json=body,
+                params=params,
+                timeout=timeout if timeout is not None else self.timeout_s,
+            )
+        except httpx.TimeoutException:
+            raise EngineTimeout(
+                f"{self.url} did not answer {method} {path} within the deadline",
+                hint="raise --timeout for long operations",
+            ) from None
+        except httpx.TransportError as e:
+            raise EngineUnreachable(
+                f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
+            ) from None
+        self._raise_for(r)
+        try:
+            return r.json()
+        except ValueError:
+            raise ServerError(f"{self.url} answered {method} {path} with something that is not JSON") from None
+
+    def _stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], None] | None,
+        on_accepted: Callable[[str], None] | None,
+        timeout: float,
+    ) -> dict[str, Any]:
+        try:
+            with self._http.stream(
+                "POST", self._path(path), json=body, timeout=httpx.Timeout(self.timeout_s, read=timeout)
+            ) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    self._raise_for(r)
+                for line in _lines(r.iter_lines()):
+                    msg = json.loads(line)
+                    kind = msg.get("type")
+                    if kind == "accepted" and on_accepted:
+                        on_accepted(msg["request"])
+                    elif kind == "event" and on_event:
+                        on_event(msg["event"])
+                    elif kind == "result":
+                        return dict(msg["result"])
+                    elif kind == "error":
+                        status = int(msg.get("status", 500))
+                        err = _KIND_TO_ERROR.get(msg.get("error", ""))
+                        if err:
+                            raise err(msg["message"], hint=msg.get("hint"))
+                        cls: type[EngineError] = ServerError if status >= 500 else BadRequest
+                        raise cls(msg["message"], hint=msg.get("hint"))
+        except httpx.TimeoutException:
+            raise EngineTimeout(f"{self.url} stopped sending progress for {path}") from None
+        except httpx.TransportError as e:
+            raise EngineUnreachable(f"lost the engine at {self.url}: {_why(e)}") from None
+        raise ServerError(f"the engine closed {path} without a result")
+
+    # -- API ---------------------------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        try:
+            r = self._http.get(self._path("/health"), timeout=min(self.timeout_s, 5.0))
+        except httpx.TimeoutException:
+            raise EngineTimeout(f"{self.url} did not answer /health") from None
+        except httpx.TransportError as e:
+            raise EngineUnreachable(f"cannot reach the engine at {self.url}: {_why(e)}") from None
+        if r.status_code not in (200, 503):
+            self._raise_for(r)
+        return dict(r.json())
+
+    def info(self) -> dict[str, Any]:
+        info = self._call("GET", "/info")
+        if info.get("api") != API_VERSION:
+            raise VersionMismatch(f"engine speaks admin API {info.get('api')!r}, bsr speaks {API_VERSION!r}")
+        return dict(info)
+
+    def registration(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/registration"))
+
+    def probe(self, prompt: dict[str, Any], exclude_tiers: list[str] | None = None) -> dict[str, Any]:
+        body = dict(prompt) | ({"exclude_tiers": exclude_tiers} if exclude_tiers else {})
+        return dict(self._call("POST", "/probe", body, timeout=max(self.timeout_s, 120)))
+
+    def submit(
+        self,
+        prompt: dict[str, Any],
+        *,
+        w: int | None = None,
+        verify: bool = True,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        timeout: float = 1800,
+    ) -> dict[str, Any]:
+        body = dict(prompt) | {"verify": verify, "stream": True} | ({"W": w} if w is not None else {})
+        return self._stream("/requests", body, on_event, None, timeout)
+
+    def restore(
+        self,
+        prompt: dict[str, Any],
+        *,
+        w: int | None = None,
+        verify: bool = True,
+        exclude_tiers: list[str] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_accepted: Callable[[str], None] | None = None,
+        timeout: float = 1800,
+    ) -> dict[str, Any]:
+        body = dict(prompt) | {"verify": verify, "stream": True}
+        if w is not None:
+            body["W"] = w
+        if exclude_tiers:
+            body["exclude_tiers"] = exclude_tiers
+        return self._stream("/restore", body, on_event, on_accepted, timeout)
+
+    def abort(self, request: str) -> dict[str, Any]:
+        try:
+            return dict(self._call("POST", f"/restores/{request}/abort", {}, timeout=5.0))
+        except BadRequest:
+            return {"request": request, "aborting": False}
+
+    def pool(self, health: bool = False) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/pool", params={"health": "1" if health else "0"})["ranks"])
+
+    def reset_peak(self) -> None:
+        self._call("POST", "/pool/reset-peak", {})
+
+    def update_settings(self, **changes: Any) -> dict[str, Any]:
+        return dict(self._call("POST", "/settings", changes))
+
+    def snapshot(self, *, health: bool = True, timeout: float | None = None) -> dict[str, Any]:
+        return dict(self._call("GET", "/snapshot", params={"health": "1" if health else "0"}, timeout=timeout))
+
+    def events(self, since: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
+        return dict(self._call("GET", "/events", params={"since": since, "wait": wait_s}, timeout=wait_s + 10))
+
+    def faults(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/faults"))
+
+    def inject_fault(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._call("POST", "/faults", spec))
+
+    def clear_faults(self) -> int:
+        return int(self._call("DELETE", "/faults")["cleared"])
+
+    def markers(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/markers")["markers"])
+
+    def clear_markers(self) -> int:
+        return int(self._call("DELETE", "/markers")["cleared"])
+
+    def metrics(self) -> str:
+        try:
+            r = self._http.get("/metrics")
+        except httpx.TransportError as e:
+            raise EngineUnreachable(f"cannot reach the engine at {self.url}: {_why(e)}") from None
+        self._raise_for(r)
+        return r.text
+
+
+def _lines(it: Iterator[str]) -> Iterator[str]:
+    for line in it:
+        if line.strip():
+            yield line
+
+
+def _why(e: Exception) -> str:
+    text = str(e) or type(e).__name__
+    return text.split("] ")[-1] if "] " in text else text

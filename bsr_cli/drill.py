@@ -1,0 +1,111 @@
+"""The paper's failure matrix as an operator drill against a live engine (shared by `bsr drill` and
+`bsr bench failures`).
+
+Each scenario warms a fresh prompt into every tier, injects one fault, submits the prompt as the scheduler would,
+and checks the categorical outcome: the external prefix of the failed pass collapsed to zero, the force-local
+marker was set (and cleared on admission), the request fell back to the expected tier (or recompute), the output
+hash equals the canonical one, and every rank is healthy afterwards. Faults are always cleared afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bsr_cli.client import AdminClient
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    fault: dict[str, Any]
+    expected_fallback: str  # the tier the second pass restores from, or "recompute"
+
+
+SCENARIOS = (
+    Scenario("remote-unavailable", {"kind": "remote-unavailable", "count": 1}, "fs"),
+    # Remote and SSD both gone: the fault must outlive the first (remote) and the second (fs) pass.
+    Scenario("remote-and-ssd-absent", {"kind": "remote-and-ssd-absent", "count": 0}, "recompute"),
+    Scenario("one-rank-restore-fault", {"kind": "restore-fault", "rank": 1, "count": 1}, "fs"),
+)
+
+
+def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: int | None) -> dict[str, Any]:
+    prompt = {"synthetic": {"n": tokens, "seed": seed}}
+    warm = client.submit(prompt, w=w)
+    client.inject_fault(sc.fault)
+    try:
+        res = client.submit(prompt, w=w)
+    finally:
+        client.clear_faults()
+    first = res["passes"][0]
+    first_restore = first.get("restore") or {}
+    history = res["force_local"]["history"]
+    fallback = res["source"] if res["external_tokens"] else "recompute"
+    health = client.health()
+    checks = {
+        "warmed": warm["hash_ok"] is True and len(res["passes"]) >= 1 and first["external_tokens"] == tokens,
+        "prefix_collapsed": first_restore.get("outcome") == "failed_closed"
+        and first_restore.get("committed_tokens") == 0,
+        "force_local_set": any(h["pass"] >= 1 for h in history),
+        "force_local_cleared": res["force_local"]["cleared"] is True,
+        "fallback": fallback == sc.expected_fallback,
+        "hash_canonical": res["hash_ok"] is True,
+        "ranks_healthy": bool(health.get("ok")),
+    }
+    return {
+        "scenario": sc.name,
+        "fault": sc.fault,
+        "tokens": tokens,
+        "first_pass": {
+            "advertised_tokens": first_restore.get("advertised_tokens"),
+            "committed_tokens": first_restore.get("committed_tokens"),
+            "invalid": first_restore.get("invalid"),
+            "failures": first_restore.get("failures"),
+        },
+        "fallback": fallback,
+        "expected_fallback": sc.expected_fallback,
+        "external_tokens": res["external_tokens"],
+        "computed_tokens": res["computed_tokens"],
+        "output_hash": res["output_hash"],
+        "canonical_hash": res["canonical_hash"],
+        "checks": checks,
+        "ok": all(checks.values()),
+        "request": res["request"],
+    }
+
+
+def run_drill(
+    client: AdminClient,
+    *,
+    tokens: int = 8192,
+    w: int | None = None,
+    scenarios: tuple[Scenario, ...] = SCENARIOS,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    info = client.info()
+    if not info.get("faults_enabled"):
+        from bsr_cli.errors import FaultsDisabled
+
+        raise FaultsDisabled(
+            "the drill needs an engine started with faults enabled", hint="bsr engine up --enable-faults"
+        )
+    base_seed = int(time.time() * 1000) % 1_000_000_000  # a fresh prompt per run: no state from earlier drills
+    results = []
+    try:
+        for i, sc in enumerate(scenarios):
+            r = run_scenario(client, sc, tokens, base_seed + i, w)
+            results.append(r)
+            if on_result:
+                on_result(r)
+    finally:
+        client.clear_faults()
+    return {
+        "engine": client.url,
+        "tokens": tokens,
+        "W": w if w is not None else info.get("W"),
+        "scenarios": results,
+        "ok": all(r["ok"] for r in results),
+    }

@@ -1,0 +1,1 @@
+"""The embedded engine: real tiers (Mooncake store, filesystem) and the local services they need."""

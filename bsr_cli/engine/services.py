@@ -1,0 +1,563 @@
+"""Start, probe and stop the real Mooncake services on loopback.
+
+Two services: ``mooncake_master`` (with its embedded HTTP metadata server, so no etcd is needed) and a segment
+holder (the wheel's ``mooncake_client``), the process that contributes the memory segment objects live in.
+Clients that only read and write (``MooncakeTier``) hold no data themselves.
+
+Services are spawned in their own session so they outlive the CLI that started them; a `ServiceHandle` is plain
+data (saved in the engine's state file) and `stop` works from it in a later process. Every wait has a deadline.
+Only the standard library is used: the CLI imports this module on its start-up path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bsr_cli.errors import ServiceError
+
+LOOPBACK = "127.0.0.1"
+MASTER_BINARY = "mooncake_master"
+SEGMENT_HOLDER_BINARY = "mooncake_client"
+
+_IBVERBS = "libibverbs.so.1"
+_IBVERBS_HINT = "install it with `apt-get install -y libibverbs1` (Mooncake loads it even for TCP)"
+# No proxy for loopback probes: an http_proxy in the environment would otherwise swallow them.
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_POLL_S = 0.05
+
+
+# --------------------------------------------------------------------------------------------- ports
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that was free on `host` a moment ago (the OS picks it; another process may still take it)."""
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """`count` distinct free ports: all sockets are held open together, so the OS cannot hand out one twice."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass(frozen=True)
+class MasterPorts:
+    rpc: int
+    http_metadata: int
+    metrics: int
+
+    @classmethod
+    def pick(cls) -> MasterPorts:
+        rpc, http, metrics = free_ports(3)
+        return cls(rpc=rpc, http_metadata=http, metrics=metrics)
+
+
+# --------------------------------------------------------------------------------------------- handles
+
+
+@dataclass
+class ServiceHandle:
+    """A started service. JSON-serialisable (`to_dict` / `from_dict`) so it can live in a state file.
+
+    ``start_ticks`` is the process start time from /proc (clock ticks since boot); `is_alive` and `stop` compare
+    it so that a recycled pid is never mistaken for (or killed as) the service."""
+
+    kind: str  # "master" | "segment"
+    pid: int
+    argv: list[str]
+    log_path: str
+    ports: dict[str, int]
+    urls: dict[str, str]
+    info: dict[str, str] = field(default_factory=dict)
+    start_ticks: int | None = None
+    started_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServiceHandle:
+        try:
+            return cls(
+                kind=str(data["kind"]),
+                pid=int(data["pid"]),
+                argv=[str(a) for a in data.get("argv", [])],
+                log_path=str(data["log_path"]),
+                ports={str(k): int(v) for k, v in dict(data.get("ports", {})).items()},
+                urls={str(k): str(v) for k, v in dict(data.get("urls", {})).items()},
+                info={str(k): str(v) for k, v in dict(data.get("info", {})).items()},
+                start_ticks=None if data.get("start_ticks") is None else int(data["start_ticks"]),
+                started_at=float(data.get("started_at", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServiceError(f"malformed service handle in state file: {exc!r}") from exc
+
+    # Convenience accessors (KeyError on a handle of the wrong kind is a programming error).
+    @property
+    def rpc_address(self) -> str:
+        return self.urls["rpc_address"]
+
+    @property
+    def metadata_url(self) -> str:
+        return self.urls["metadata_url"]
+
+    @property
+    def health_url(self) -> str:
+        return self.urls["health_url"]
+
+    @property
+    def admin_url(self) -> str:
+        return self.urls["admin_url"]
+
+
+# --------------------------------------------------------------------------------------------- binaries
+
+
+def check_native_deps() -> None:
+    """Raise ServiceError when the shared library every Mooncake binary and module needs is missing."""
+    try:
+        ctypes.CDLL(_IBVERBS)
+    except OSError as exc:
+        raise ServiceError(f"{_IBVERBS} is missing, so Mooncake cannot load", hint=_IBVERBS_HINT) from exc
+
+
+def find_binary(name: str) -> Path:
+    """Locate a Mooncake binary: the real executable inside the installed ``mooncake`` package first (the venv's
+    ``bin/`` entry is a Python wrapper that only exec()s it, costing an interpreter start), then next to
+    ``sys.executable``, then on PATH."""
+    candidates: list[Path] = []
+    spec = importlib.util.find_spec("mooncake")  # locates the package without importing it
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidates.append(Path(location) / name)
+    candidates.append(Path(sys.executable).parent / name)
+    on_path = shutil.which(name)
+    if on_path:
+        candidates.append(Path(on_path))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            check_native_deps()
+            return path
+    raise ServiceError(
+        f"{name} not found (looked in the mooncake package, {Path(sys.executable).parent} and PATH)",
+        hint="install the engine extra: pip install 'bsr[engine]' (mooncake-transfer-engine-non-cuda)",
+    )
+
+
+# --------------------------------------------------------------------------------------------- processes
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/<pid>/stat (state first), or None if unreadable."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _start_ticks(pid: int) -> int | None:
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None  # field 22: starttime
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if `pid` is our child, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def is_alive(pid: int, start_ticks: int | None = None) -> bool:
+    """True if `pid` runs (not a zombie) and, when `start_ticks` is given, is still the same process."""
+    if pid <= 0:
+        return False
+    _reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    fields = _proc_stat(pid)
+    if fields is None:
+        return sys.platform != "linux"  # no /proc: trust kill(0)
+    if fields[0] in ("Z", "X"):
+        _reap(pid)  # exited between the two checks: collect it now
+        return False
+    return start_ticks is None or (len(fields) > 19 and int(fields[19]) == start_ticks)
+
+
+def stop(target: ServiceHandle | int, timeout: float = 10.0) -> bool:
+    """SIGTERM the service (its whole process group when it leads one), wait up to `timeout`, then SIGKILL.
+    Returns True when the process is gone. A pid whose start time no longer matches the handle is left alone."""
+    if isinstance(target, ServiceHandle):
+        pid, ticks = target.pid, target.start_ticks
+    else:
+        pid, ticks = int(target), None
+    if not is_alive(pid, ticks):
+        return True
+
+    def _signal(sig: int) -> None:
+        try:
+            if os.getpgid(pid) == pid:  # session/group leader (we spawn services with setsid)
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        _signal(sig)
+        deadline = time.monotonic() + max(wait_s, 0.0)
+        while time.monotonic() < deadline:
+            if not is_alive(pid, ticks):
+                _reap_exited(pid, 1.0)
+                return True
+            time.sleep(_POLL_S)
+    return not is_alive(pid, ticks)
+
+
+def _reap_exited(pid: int, timeout: float) -> None:
+    """A multi-threaded process shows as a zombie before its last thread is gone and only then can be reaped;
+    give our own child that moment so it does not outlive us as <defunct>."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # not our child, or already reaped
+        if done:
+            return
+        time.sleep(0.01)
+
+
+def _spawn(argv: list[str], log_path: Path, env_updates: dict[str, str] | None = None) -> int:
+    """Start `argv` detached (new session, stdin from /dev/null, stdout+stderr appended to `log_path`).
+    posix_spawn rather than subprocess.Popen: no Popen object to warn about a still-running child on exit."""
+    env = dict(os.environ)
+    env.update(env_updates or {})
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    file_actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    try:
+        return os.posix_spawn(argv[0], argv, env, file_actions=file_actions, setsid=True)
+    except OSError as exc:
+        raise ServiceError(f"could not start {Path(argv[0]).name}: {exc}") from exc
+
+
+def _exit_status(pid: int) -> int | None:
+    """The exit code if our child `pid` has exited (reaping it), else None."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None if is_alive(pid) else -1
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def _log_tail(path: Path, offset: int, lines: int = 20) -> list[str]:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [ln for ln in text.splitlines() if ln.strip()][-lines:]
+
+
+def _last_error(tail: list[str]) -> str:
+    """The most telling log line: the last glog FATAL/ERROR line, else the last line."""
+    for line in reversed(tail):
+        if line[:1] in ("F", "E") and re.match(r"^[FE]\d{4} ", line):
+            return line
+        if "error while loading shared libraries" in line:
+            return line
+    return tail[-1] if tail else "(log is empty)"
+
+
+def _startup_error(what: str, why: str, log_path: Path, offset: int) -> ServiceError:
+    tail = _log_tail(log_path, offset)
+    last = _last_error(tail)
+    hint = f"see {log_path}"
+    if _IBVERBS in last:
+        hint = _IBVERBS_HINT
+    err = ServiceError(f"{what} {why}: {last}", hint=hint)
+    err.log_tail = tail  # type: ignore[attr-defined]
+    return err
+
+
+# --------------------------------------------------------------------------------------------- HTTP probes
+
+
+def _http_get(url: str, timeout: float) -> tuple[int, str] | None:
+    """(status, body) or None when nothing answered."""
+    try:
+        with _HTTP.open(url, timeout=max(timeout, 0.001)) as resp:
+            return resp.status, resp.read(1 << 20).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (OSError, ValueError):
+        return None
+
+
+def health_url_for(url: str) -> str:
+    """Accept a base URL, the metadata URL (…/metadata) or the health URL itself."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/health", "", ""))
+
+
+def master_healthy(http_url: str, timeout: float = 1.0) -> bool:
+    """HTTP probe of the master: its metadata server's ``/health`` (body ``OK``) or its admin ``/health`` (JSON,
+    ``service_ready``). Needed because the store client's own ``health_check()`` keeps answering 0 after the
+    master died."""
+    got = _http_get(health_url_for(http_url), timeout)
+    if got is None or got[0] != 200:
+        return False
+    body = got[1].strip()
+    if body == "OK":
+        return True
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("status") == "ok" and doc.get("service_ready", True) is True
+
+
+def tcp_reachable(address: str, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` (e.g. the master's RPC port)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or LOOPBACK, int(port)), timeout=max(timeout, 0.001)):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def segments(admin_url: str, timeout: float = 2.0) -> list[dict[str, Any]]:
+    """The master's mounted segments (``/get_segments_detail`` on its admin/metrics port). Raises ServiceError."""
+    got = _http_get(admin_url.rstrip("/") + "/get_segments_detail", timeout)
+    if got is None or got[0] != 200:
+        raise ServiceError(f"mooncake master admin API at {admin_url} did not answer")
+    try:
+        doc = json.loads(got[1])
+    except ValueError as exc:
+        raise ServiceError(f"mooncake master admin API at {admin_url} sent malformed JSON") from exc
+    found = doc.get("segments", []) if isinstance(doc, dict) else []
+    return [s for s in found if isinstance(s, dict)]
+
+
+def _listening_ports(pid: int) -> set[int] | None:
+    """TCP ports `pid` listens on (from /proc), or None where /proc cannot tell. Used to be sure a healthy port
+    belongs to *our* process and not to another service that happened to grab it."""
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    except OSError:
+        return None
+    ports: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "0A" and cols[9] in inodes:  # 0A = LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _owns_ports(pid: int, ports: Iterable[int]) -> bool:
+    listening = _listening_ports(pid)
+    return listening is None or set(ports) <= listening
+
+
+# --------------------------------------------------------------------------------------------- services
+
+
+def _master_ready(ports: MasterPorts, pid: int) -> bool:
+    if not master_healthy(f"http://{LOOPBACK}:{ports.http_metadata}/health", timeout=0.5):
+        return False
+    if not master_healthy(f"http://{LOOPBACK}:{ports.metrics}/health", timeout=0.5):
+        return False  # the admin server (and the RPC service) come up ~1 s after the metadata server
+    return _owns_ports(pid, (ports.rpc, ports.http_metadata, ports.metrics))
+
+
+def start_master(
+    state_dir: str | os.PathLike[str],
+    ports: MasterPorts | None = None,
+    *,
+    deadline_s: float = 20.0,
+    extra_args: Iterable[str] = (),
+    attempts: int = 3,
+) -> ServiceHandle:
+    """Start ``mooncake_master`` on loopback with its HTTP metadata server and wait until it is healthy.
+
+    With ``ports=None`` free ports are picked, and a start that dies at once (a port taken in between) is retried
+    on new ports up to `attempts` times. Note: this Mooncake version binds the metadata HTTP port on 0.0.0.0 even
+    with a 127.0.0.1 host; the RPC and admin ports honour 127.0.0.1. Raises ServiceError (with the log tail in
+    ``.log_tail``)."""
+    binary = find_binary(MASTER_BINARY)
+    state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    last_error: ServiceError | None = None
+    for attempt in range(max(attempts, 1) if ports is None else 1):
+        p = ports or MasterPorts.pick()
+        log_path = state / f"mooncake_master-{p.rpc}.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        argv = [
+            str(binary),
+            f"--rpc_address={LOOPBACK}",
+            f"--rpc_port={p.rpc}",
+            "--enable_http_metadata_server=true",
+            f"--http_metadata_server_host={LOOPBACK}",
+            f"--http_metadata_server_port={p.http_metadata}",
+            f"--metrics_host={LOOPBACK}",
+            f"--metrics_port={p.metrics}",
+            "--logtostderr",
+            *extra_args,
+        ]
+        started = time.time()
+        pid = _spawn(argv, log_path)
+        ticks = _start_ticks(pid)
+        deadline = time.monotonic() + deadline_s
+        while True:
+            code = _exit_status(pid)
+            if code is not None:
+                last_error = _startup_error(
+                    "mooncake_master", f"exited with code {code} during start-up", log_path, offset
+                )
+                break
+            if _master_ready(p, pid):
+                return ServiceHandle(
+                    kind="master",
+                    pid=pid,
+                    argv=argv,
+                    log_path=str(log_path),
+                    ports={"rpc": p.rpc, "http_metadata": p.http_metadata, "metrics": p.metrics},
+                    urls={
+                        "rpc_address": f"{LOOPBACK}:{p.rpc}",
+                        "metadata_url": f"http://{LOOPBACK}:{p.http_metadata}/metadata",
+                        "health_url": f"http://{LOOPBACK}:{p.http_metadata}/health",
+                        "admin_url": f"http://{LOOPBACK}:{p.metrics}",
+                    },
+                    start_ticks=ticks,
+                    started_at=started,
+                )
+            if time.monotonic() >= deadline:
+                stop(pid, timeout=2.0)
+                raise _startup_error(
+                    "mooncake_master", f"did not become healthy within {deadline_s:g} s", log_path, offset
+                )
+            time.sleep(_POLL_S)
+        if attempt + 1 < attempts:
+            time.sleep(0.1 * (attempt + 1))
+    assert last_error is not None
+    raise last_error
+
+
+_CLIENT_ID = re.compile(r"client_id=(\S+)")
+
+
+def start_segment_holder(
+    state_dir: str | os.PathLike[str],
+    master: ServiceHandle,
+    segment_bytes: int,
+    *,
+    port: int | None = None,
+    protocol: str = "tcp",
+    deadline_s: float = 20.0,
+) -> ServiceHandle:
+    """Start the wheel's ``mooncake_client`` as a standalone segment holder contributing `segment_bytes` to the
+    store, and wait until the master lists its segment (matched by client id) as mounted."""
+    if segment_bytes <= 0:
+        raise ServiceError(f"segment size must be positive, got {segment_bytes}")
+    binary = find_binary(SEGMENT_HOLDER_BINARY)
+    state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    log_path = state / f"mooncake_client-{port}.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    argv = [
+        str(binary),
+        f"--host={LOOPBACK}",
+        f"--global_segment_size={segment_bytes}",
+        f"--port={port}",
+        f"--master_server_address={master.rpc_address}",
+        f"--metadata_server={master.metadata_url}",
+        f"--protocol={protocol}",
+        "--logtostderr",
+    ]
+    started = time.time()
+    # Advertise the transfer endpoint on loopback (it would otherwise pick the first NIC's address).
+    pid = _spawn(argv, log_path, {"MC_TCP_BIND_ADDRESS": LOOPBACK})
+    ticks = _start_ticks(pid)
+    deadline = time.monotonic() + deadline_s
+    client_id: str | None = None
+    while True:
+        code = _exit_status(pid)
+        if code is not None:
+            raise _startup_error("mooncake_client", f"exited with code {code} during start-up", log_path, offset)
+        if client_id is None:
+            match = _CLIENT_ID.search("\n".join(_log_tail(log_path, offset, lines=200)))
+            client_id = match.group(1) if match else None
+        if client_id is not None:
+            with contextlib.suppress(ServiceError):
+                for seg in segments(master.admin_url, timeout=0.5):
+                    if seg.get("client_id") == client_id and seg.get("status") == "OK":
+                        return ServiceHandle(
+                            kind="segment",
+                            pid=pid,
+                            argv=argv,
+                            log_path=str(log_path),
+                            ports={"service": port},
+                            urls={
+                                "master_rpc_address": master.rpc_address,
+                                "metadata_url": master.metadata_url,
+                            },
+                            info={
+                                "segment_name": str(seg.get("segment_name", "")),
+                                "client_id": client_id,
+                                "segment_bytes": str(seg.get("size_bytes", segment_bytes)),
+                            },
+                            start_ticks=ticks,
+                            started_at=started,
+                        )
+        if time.monotonic() >= deadline:
+            stop(pid, timeout=2.0)
+            raise _startup_error(
+                "mooncake_client", f"did not mount its segment within {deadline_s:g} s", log_path, offset
+            )
+        time.sleep(_POLL_S)

@@ -1,0 +1,340 @@
+"""`FilesystemTier`: the local-SSD tier, one file per object under a directory.
+
+File name: ``<root>/<h[:2]>/<h>.bsr`` with ``h = sha256(key)`` (fixed length, filesystem-safe for any key; the
+two-character fan-out keeps directories small). The key itself is kept in the header, so a file maps back to its
+key and a misplaced or colliding file is detected rather than served.
+
+File layout: a 24-byte header, the key (UTF-8), then the payload::
+
+    magic "BSRF" | version u16 | key length u16 | payload crc32 u32 | header crc32 u32 | payload length u64
+
+``header crc32`` covers the header (with that field zero) and the key, so any damage to the header is reported as
+IO_ERROR; damage to the payload is caught by the runtime comparing the returned payload CRC.
+
+Reads go straight from the file into the staging slice (``os.preadv`` into its memoryview: no intermediate
+buffer), in chunks so the deadline is checked between chunks. Writes are atomic: a temporary file in the same
+directory, optionally fsync'ed, then ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import stat
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
+
+__all__ = ["HEADER_BYTES", "FilesystemTier"]
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<4sHHIIQ")
+_MAGIC = b"BSRF"
+_VERSION = 1
+HEADER_BYTES = _HEADER.size  # 24
+_SUFFIX = ".bsr"
+_MAX_KEY_BYTES = 0xFFFF
+_DEFAULT_CHUNK = 4 << 20
+# After the deadline, loads already running stop at their next chunk boundary; wait this long for them so that
+# no thread writes into a staging slice after get_into returned.
+_STRAGGLER_GRACE_S = 2.0
+
+
+def _header_crc(header_with_zero_crc: bytes, key: bytes) -> int:
+    return zlib.crc32(key, zlib.crc32(header_with_zero_crc)) & 0xFFFFFFFF
+
+
+def _encode_header(key: bytes, payload_crc: int, length: int) -> bytes:
+    bare = _HEADER.pack(_MAGIC, _VERSION, len(key), payload_crc & 0xFFFFFFFF, 0, length)
+    return _HEADER.pack(_MAGIC, _VERSION, len(key), payload_crc & 0xFFFFFFFF, _header_crc(bare, key), length) + key
+
+
+class FilesystemTier:
+    """The `Tier` over a directory. `load_concurrency` objects are read at once (1 = the serial loader, in the
+    caller's thread; N > 1 = a pool of N threads filling the same preallocated slices). `fsync=True` makes each
+    put durable before it returns (slower); without it a crash can lose recent puts but never leaves a torn
+    object, since files only appear by rename."""
+
+    name = "fs"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        load_concurrency: int = 1,
+        fsync: bool = False,
+        create: bool = True,
+        read_chunk_bytes: int = _DEFAULT_CHUNK,
+    ) -> None:
+        self.root = Path(root)
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        elif not self.root.is_dir():
+            raise TierUnavailable(f"fs tier directory {self.root} does not exist")
+        if read_chunk_bytes <= 0:
+            raise ValueError("read_chunk_bytes must be positive")
+        self.fsync = fsync
+        self.read_chunk_bytes = read_chunk_bytes
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._load_concurrency = 1
+        self.load_concurrency = load_concurrency
+
+    # ------------------------------------------------------------------------------------------- knobs
+
+    @property
+    def load_concurrency(self) -> int:
+        return self._load_concurrency
+
+    @load_concurrency.setter
+    def load_concurrency(self, value: int) -> None:
+        if value < 1:
+            raise ValueError(f"load_concurrency must be >= 1, got {value}")
+        old = None
+        with self._pool_lock:
+            if value != self._load_concurrency:
+                old, self._pool = self._pool, None
+            self._load_concurrency = value
+        if old is not None:
+            old.shutdown(wait=False)  # loads already submitted to it still run to completion
+
+    def _submit_all(
+        self, keys: Sequence[str], dests: Sequence[StagingSlice], deadline: float
+    ) -> list[Future[tuple[int, int | None]]]:
+        # Under the lock, so a concurrent change of load_concurrency cannot shut the pool down mid-submission.
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._load_concurrency, thread_name_prefix="bsr-fs-load")
+            return [self._pool.submit(self._load_one, k, d, deadline) for k, d in zip(keys, dests, strict=True)]
+
+    # ------------------------------------------------------------------------------------------- paths
+
+    def path_for(self, key: str) -> Path:
+        digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+        return self.root / digest[:2] / f"{digest}{_SUFFIX}"
+
+    def _files(self) -> Iterator[Path]:
+        yield from self.root.glob(f"??/*{_SUFFIX}")
+
+    def read_key(self, path: str | os.PathLike[str]) -> str:
+        """The key stored in an object file's header (the reverse of `path_for`). Raises OSError if corrupt."""
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+            if len(head) != HEADER_BYTES:
+                raise OSError(f"{path}: truncated header")
+            magic, version, key_len, _crc, _hcrc, _len = _HEADER.unpack(head)
+            if magic != _MAGIC or version != _VERSION:
+                raise OSError(f"{path}: not a bsr object file")
+            key = f.read(key_len)
+        return key.decode("utf-8", "replace")
+
+    def keys(self) -> list[str]:
+        """Every key the tier holds (reads each header; for tests and tooling, not the hot path)."""
+        found = []
+        for path in self._files():
+            with contextlib.suppress(OSError):
+                found.append(self.read_key(path))
+        return found
+
+    # ------------------------------------------------------------------------------------------- Tier
+
+    def health(self) -> TierHealth:
+        if not self.root.is_dir():
+            return TierHealth(False, f"directory {self.root} does not exist")
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            return TierHealth(False, f"directory {self.root} is not writable")
+        return TierHealth(True, f"directory {self.root} writable; load_concurrency={self._load_concurrency}")
+
+    def contains(self, keys: Sequence[str], timeout_s: float) -> list[bool]:
+        """stat() only. Keys not probed by the deadline count as absent (a false miss is safe: it recomputes)."""
+        if keys and not self.root.is_dir():
+            raise TierUnavailable(f"fs tier directory {self.root} is gone")
+        deadline = time.monotonic() + timeout_s
+        hits = []
+        for key in keys:
+            if time.monotonic() > deadline:
+                hits.append(False)
+                continue
+            try:
+                st = os.stat(self.path_for(key))
+            except OSError:
+                hits.append(False)
+                continue
+            hits.append(stat.S_ISREG(st.st_mode) and st.st_size >= HEADER_BYTES)
+        return hits
+
+    def put(self, keys: Sequence[str], payloads: Sequence[memoryview], checksums: Sequence[int]) -> None:
+        """Write each object atomically (tmp + rename). Raises TierUnavailable if the directory is gone, OSError
+        naming the key otherwise; objects written before a failure stay (each is complete and immutable)."""
+        n = len(keys)
+        if len(payloads) != n or len(checksums) != n:
+            raise ValueError(f"put: {n} keys, {len(payloads)} payloads, {len(checksums)} checksums")
+        if n and not self.root.is_dir():
+            raise TierUnavailable(f"fs tier directory {self.root} is gone")
+        for key, payload, crc in zip(keys, payloads, checksums, strict=True):
+            try:
+                self._write_one(key, payload, crc)
+            except OSError as exc:
+                raise OSError(f"fs put of {key!r} failed: {exc}") from exc
+
+    def _write_one(self, key: str, payload: memoryview, crc: int) -> None:
+        keyb = key.encode("utf-8")
+        if len(keyb) > _MAX_KEY_BYTES:
+            raise ValueError(f"key longer than {_MAX_KEY_BYTES} bytes")
+        view = payload if isinstance(payload, memoryview) else memoryview(payload)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        path = self.path_for(key)
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                pending = [memoryview(_encode_header(keyb, crc, len(view))), view]
+                while pending:  # writev may write less than asked
+                    done = os.writev(fd, pending)
+                    while pending and done >= len(pending[0]):
+                        done -= len(pending[0])
+                        pending.pop(0)
+                    if pending and done:
+                        pending[0] = pending[0][done:]
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        if self.fsync:  # make the rename itself durable
+            dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def get_into(
+        self, keys: Sequence[str], dests: Sequence[StagingSlice], timeout_s: float
+    ) -> tuple[list[int], list[int | None]]:
+        n = len(keys)
+        if len(dests) != n:
+            raise ValueError(f"get_into: {n} keys but {len(dests)} destinations")
+        if n == 0:
+            return [], []
+        if not self.root.is_dir():
+            return [UNAVAILABLE] * n, [None] * n
+        deadline = time.monotonic() + timeout_s
+        codes: list[int] = [TIMED_OUT] * n
+        sums: list[int | None] = [None] * n
+        if self._load_concurrency == 1 or n == 1:
+            for i, (key, dest) in enumerate(zip(keys, dests, strict=True)):
+                if time.monotonic() > deadline:
+                    break  # the rest stay TIMED_OUT
+                codes[i], sums[i] = self._load_one(key, dest, deadline)
+            return codes, sums
+
+        futs = self._submit_all(keys, dests, deadline)
+        wait(futs, timeout=max(deadline - time.monotonic(), 0.0))
+        for fut in futs:
+            fut.cancel()  # not started by the deadline: stays TIMED_OUT
+        running = [f for f in futs if not f.done()]
+        if running:  # they notice the deadline at their next chunk; never return while one may still write
+            _, late = wait(running, timeout=_STRAGGLER_GRACE_S)
+            if late:
+                log.warning("fs tier: %d load(s) still running %.1f s past the deadline", len(late), _STRAGGLER_GRACE_S)
+        for i, fut in enumerate(futs):
+            if fut.done() and not fut.cancelled():
+                exc = fut.exception()
+                if exc is None:
+                    codes[i], sums[i] = fut.result()
+                else:
+                    codes[i] = IO_ERROR
+        return codes, sums
+
+    def _load_one(self, key: str, dest: StagingSlice, deadline: float) -> tuple[int, int | None]:
+        """Read one object into its slice: (bytes written, stored payload crc) or (negative code, None)."""
+        if time.monotonic() > deadline:
+            return TIMED_OUT, None
+        keyb = key.encode("utf-8")
+        view = dest.view
+        size = len(view)
+        path = self.path_for(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return (MISSING if self.root.is_dir() else UNAVAILABLE), None
+        except OSError:
+            return IO_ERROR, None
+        try:
+            head = os.pread(fd, HEADER_BYTES + len(keyb), 0)  # header and key in one read: we know the key
+            if len(head) != HEADER_BYTES + len(keyb):
+                return IO_ERROR, None
+            magic, version, key_len, crc, hcrc, length = _HEADER.unpack_from(head)
+            if magic != _MAGIC or version != _VERSION or key_len != len(keyb):
+                return IO_ERROR, None
+            bare = _HEADER.pack(magic, version, key_len, crc, 0, length)
+            if hcrc != _header_crc(bare, head[HEADER_BYTES:]) or head[HEADER_BYTES:] != keyb:
+                return IO_ERROR, None
+            if length != size:
+                return IO_ERROR, None
+            offset = HEADER_BYTES + key_len
+            pos = 0
+            while pos < size:
+                if time.monotonic() > deadline:
+                    return TIMED_OUT, None
+                got = os.preadv(fd, [view[pos : pos + self.read_chunk_bytes]], offset + pos)
+                if got <= 0:
+                    return IO_ERROR, None  # file shorter than its header says
+                pos += got
+            return size, crc
+        except OSError:
+            return IO_ERROR, None
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    # ------------------------------------------------------------------------------------------- extras
+
+    def remove(self, keys: Sequence[str]) -> list[bool]:
+        """Delete objects; True per key that existed."""
+        out = []
+        for key in keys:
+            try:
+                os.unlink(self.path_for(key))
+                out.append(True)
+            except FileNotFoundError:
+                out.append(False)
+        return out
+
+    def remove_all(self) -> int:
+        """Delete every object file (and leftover temporary files). Returns the number of objects removed."""
+        count = 0
+        for path in list(self._files()):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                count += 1
+        for tmp in self.root.glob("??/.*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return count
+
+    def __enter__(self) -> FilesystemTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

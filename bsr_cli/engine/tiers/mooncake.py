@@ -1,0 +1,526 @@
+"""`MooncakeTier`: the external tier over a real Mooncake store (``MooncakeDistributedStore``, TCP on loopback).
+
+Object layout: one Mooncake object per key holding ``payload || trailer``, where the 16-byte trailer is
+``magic "BSM1" | crc32 (u32 LE) | payload length (u64 LE)``. Keeping the checksum inside the object (instead of a
+companion ``<key>#crc`` object) costs no extra object, round trip or lease, and the payload and its checksum can
+never be out of step. The multi-buffer calls scatter/gather it: the payload goes straight from the caller's buffer
+and straight into the staging slice (zero copy), the trailer into a small per-worker side buffer.
+
+Failure behaviour of Mooncake 0.3.13 this module defends against (see docs/ecosystem notes):
+  * ``setup()`` against a dead master blocks ~90 s, and calls on a store whose setup failed can segfault, so the
+    constructor probes the master over HTTP/TCP first and never touches a store whose setup did not return 0;
+  * with the master gone every call blocks ~4.3 s before returning -900, so each call runs on a worker thread
+    (the binding releases the GIL) and is abandoned at the caller's deadline; after an RPC failure or timeout the
+    tier probes the master before each call and fails fast while it is down;
+  * the store's own ``health_check()`` keeps answering 0 with the master dead, so `health()` probes HTTP.
+
+Caveat: an abandoned call keeps running in its worker until Mooncake returns. A timed-out ``get_into`` could in
+principle still write its staging slices later (with a dead master the calls block in the master RPC, before
+any data moves); `inflight()` tells whether any abandoned call is still running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+from bsr_cli.engine.services import health_url_for, master_healthy, tcp_reachable
+from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
+
+__all__ = ["TRAILER_BYTES", "MooncakeTier", "mooncake_code_name"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_TRAILER = struct.Struct("<4sIQ")
+_TRAILER_MAGIC = b"BSM1"
+TRAILER_BYTES = _TRAILER.size  # 16
+
+# Mooncake ErrorCode values (mooncake-store/include/types.h); the Python binding returns them as plain ints.
+_MC_CODES = {
+    -200: "NO_AVAILABLE_HANDLE",  # no segment space (or no segment holder)
+    -600: "INVALID_PARAMS",  # also "buffer too small" on gets
+    -703: "REPLICA_IS_NOT_READY",
+    -704: "OBJECT_NOT_FOUND",
+    -705: "OBJECT_ALREADY_EXISTS",
+    -706: "OBJECT_HAS_LEASE",
+    -707: "LEASE_EXPIRED",
+    -800: "TRANSFER_FAIL",  # also "buffers larger than the object" on gets
+    -900: "RPC_FAIL",  # master gone
+    -901: "RPC_TIMEOUT",
+    -1010: "UNAVAILABLE_IN_CURRENT_STATUS",
+    -1011: "UNAVAILABLE_IN_CURRENT_MODE",
+}
+_OBJECT_NOT_FOUND = -704
+_OBJECT_ALREADY_EXISTS = -705
+_MASTER_DOWN = frozenset({-900, -901, -1010, -1011})
+
+# Trailer slots per worker; larger batches are issued as several store calls of this many keys.
+_SLOTS_PER_WORKER = 1024
+# Probe budget while failing fast: connection refused on loopback answers in microseconds.
+_PROBE_TIMEOUT_S = 0.25
+
+
+def _probe_budget(timeout_s: float) -> float:
+    """The slice of a call's own deadline kept for a master probe (so call + probe never overrun it)."""
+    return max(min(_PROBE_TIMEOUT_S, timeout_s / 4), 0.001)
+
+
+_CLOSE_WAIT_S = 5.0
+
+# Stores whose setup never returned (or failed) are kept referenced forever: destroying or closing them can crash.
+_ABANDONED_STORES: list[Any] = []
+
+
+def mooncake_code_name(code: int) -> str:
+    return _MC_CODES.get(code, f"code {code}")
+
+
+def _map_get_code(rc: int) -> int:
+    if rc == _OBJECT_NOT_FOUND:
+        return MISSING
+    if rc in _MASTER_DOWN:
+        return UNAVAILABLE
+    return IO_ERROR
+
+
+class _CallTimedOut(Exception):
+    pass
+
+
+class _DaemonWorkers:
+    """A minimal thread pool of *daemon* threads. concurrent.futures' workers are joined at interpreter exit, so
+    one call stuck in Mooncake (90 s in setup against a dead master) would hold up process exit."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        self._local = threading.local()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(i,), name=f"{name}-{i}", daemon=True)
+            for i in range(max(workers, 1))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def index(self) -> int:
+        """The calling worker's index (0..workers-1); only meaningful inside a submitted function."""
+        return int(self._local.index)
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        fut: Future[T] = Future()
+        self._q.put((fn, fut))
+        return fut
+
+    def _loop(self, index: int) -> None:
+        self._local.index = index
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue  # cancelled while queued: its deadline passed before it started
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                fut.set_exception(exc)
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._q.put(None)
+
+
+def _buffer_address(view: memoryview, keep: list[Any]) -> int:
+    """Address of a C-contiguous byte view. Read-only views (e.g. over bytes) cannot be addressed through ctypes
+    and are copied once; `keep` holds whatever must stay alive while the store reads from the address."""
+    if len(view) == 0:
+        return 0
+    if view.readonly:
+        copy = bytearray(view)
+        keep.append(copy)
+        view = memoryview(copy)
+    cbuf = (ctypes.c_char * len(view)).from_buffer(view)
+    keep.append(cbuf)
+    return ctypes.addressof(cbuf)
+
+
+def _as_bytes(view: memoryview) -> memoryview:
+    mv = view if isinstance(view, memoryview) else memoryview(view)
+    if not mv.c_contiguous:
+        raise ValueError("payload must be a C-contiguous buffer")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+class MooncakeTier:
+    """The `Tier` over a Mooncake store. Thread-safe; every store call is bounded by a deadline.
+
+    `master_address` is the master's RPC ``host:port``; `metadata_url` its HTTP metadata endpoint
+    (``http://host:port/metadata``, or ``P2PHANDSHAKE``); `deadline_s` bounds the constructor (probe + setup).
+    `call_timeout_s` bounds calls that take no timeout of their own (`put`, `register`, `remove*`).
+    `segment_bytes=0`: this client holds no data (a segment holder process does).
+    `local_buffer_bytes=0`: every data path here is zero-copy (``*_from`` / ``*_into``); Mooncake's local bounce
+    buffer is only used by ``put()``/``get()`` of Python bytes, which this tier never calls."""
+
+    name = "mooncake"
+
+    def __init__(
+        self,
+        master_address: str,
+        metadata_url: str,
+        *,
+        deadline_s: float = 10.0,
+        health_url: str | None = None,
+        local_hostname: str = "127.0.0.1",
+        protocol: str = "tcp",
+        device_name: str = "",
+        segment_bytes: int = 0,
+        local_buffer_bytes: int = 0,
+        call_timeout_s: float = 10.0,
+        workers: int = 4,
+    ) -> None:
+        self.master_address = master_address
+        self.metadata_url = metadata_url
+        self.health_url = health_url or (health_url_for(metadata_url) if metadata_url.startswith("http") else None)
+        self.call_timeout_s = call_timeout_s
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._suspect = False  # set after an RPC failure/timeout: probe the master before each call
+        self._closed = False
+        self._registered: dict[int, int] = {}
+        # One registered trailer region per worker: a worker runs one call at a time (an abandoned call keeps its
+        # worker, hence its region, until it returns), and registering later could fail with the master down.
+        workers = max(workers, 1)
+        self._arena = ctypes.create_string_buffer(workers * _SLOTS_PER_WORKER * TRAILER_BYTES)
+        self._arena_base = ctypes.addressof(self._arena)
+        self._arena_view = memoryview(self._arena).cast("B")
+
+        deadline = time.monotonic() + deadline_s
+        # setup() against a dead master blocks ~90 s and leaves a store that segfaults on use: probe first.
+        down = self._master_down_reason(min(2.0, max(deadline_s, 0.1)))
+        if down:
+            raise TierUnavailable(f"mooncake master unavailable, not connecting: {down}")
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as exc:
+            hint = " (apt-get install -y libibverbs1)" if "libibverbs" in str(exc) else ""
+            raise TierUnavailable(f"cannot load the Mooncake client: {exc}{hint}") from exc
+
+        if local_hostname.startswith("127.") or local_hostname == "localhost":
+            # Advertise this client's transfer endpoint on loopback too (Mooncake otherwise picks the first NIC).
+            os.environ.setdefault("MC_TCP_BIND_ADDRESS", local_hostname)
+        self._workers = _DaemonWorkers(workers, "bsr-mooncake")
+        store = MooncakeDistributedStore()
+        try:
+            rc = self._run(
+                "setup",
+                lambda: store.setup(
+                    local_hostname,
+                    metadata_url,
+                    segment_bytes,
+                    local_buffer_bytes,
+                    protocol,
+                    device_name,
+                    master_address,
+                ),
+                deadline - time.monotonic(),
+                check_closed=False,
+            )
+        except _CallTimedOut:
+            _ABANDONED_STORES.append(store)
+            self._shutdown_workers()
+            raise TierUnavailable(
+                f"mooncake setup against {master_address} did not finish within {deadline_s:g} s"
+            ) from None
+        if rc != 0:
+            _ABANDONED_STORES.append(store)
+            self._shutdown_workers()
+            raise TierUnavailable(f"mooncake setup against {master_address} failed with code {rc}")
+        self._store = store
+        try:
+            rc = self._run(
+                "register_buffer",
+                lambda: store.register_buffer(self._arena_base, len(self._arena)),
+                max(deadline - time.monotonic(), 0.5),
+            )
+        except _CallTimedOut:
+            rc = -901
+        if rc != 0:
+            self.close()
+            raise TierUnavailable(f"mooncake register_buffer for trailers failed: {mooncake_code_name(rc)}")
+
+    # ------------------------------------------------------------------------------------------- plumbing
+
+    def _master_down_reason(self, timeout: float) -> str | None:
+        """Why the master is not usable right now, or None; takes at most `timeout` in all. HTTP health catches a
+        hung master (its TCP backlog would still accept connections); the TCP connect checks the RPC port."""
+        end = time.monotonic() + timeout
+        if self.health_url and not master_healthy(self.health_url, timeout=timeout):
+            return f"health probe {self.health_url} failed"
+        if not tcp_reachable(self.master_address, timeout=max(end - time.monotonic(), 0.001)):
+            return f"RPC port {self.master_address} refuses connections"
+        return None
+
+    def _run(self, what: str, fn: Callable[[], T], timeout_s: float, *, check_closed: bool = True) -> T:
+        """Run a blocking store call on a worker; raise _CallTimedOut at the deadline (the call is abandoned)."""
+        if check_closed and self._closed:
+            raise TierUnavailable("mooncake tier is closed")
+
+        def tracked() -> T:
+            with self._lock:
+                self._inflight += 1
+            try:
+                return fn()
+            finally:
+                with self._lock:
+                    self._inflight -= 1
+
+        fut = self._workers.submit(tracked)
+        try:
+            return fut.result(timeout=max(timeout_s, 0.0))
+        except FutureTimeout:
+            fut.cancel()  # only effective while still queued
+            self._suspect = True
+            raise _CallTimedOut(what) from None
+
+    def _fast_fail(self, budget_s: float = _PROBE_TIMEOUT_S) -> str | None:
+        """After a failure, refuse quickly while the master is down instead of blocking ~4.3 s per call."""
+        if not self._suspect:
+            return None
+        reason = self._master_down_reason(budget_s)
+        if reason is None:
+            self._suspect = False
+        return reason
+
+    def _trailer_region(self) -> tuple[int, memoryview]:
+        """The calling worker's trailer region: (address, view) of `_SLOTS_PER_WORKER` trailers."""
+        size = _SLOTS_PER_WORKER * TRAILER_BYTES
+        off = self._workers.index() * size
+        return self._arena_base + off, self._arena_view[off : off + size]
+
+    def _shutdown_workers(self) -> None:
+        self._workers.shutdown()
+
+    # ------------------------------------------------------------------------------------------- Tier
+
+    def health(self) -> TierHealth:
+        if self._closed:
+            return TierHealth(False, "closed")
+        reason = self._master_down_reason(1.0)
+        if reason:
+            return TierHealth(False, reason)
+        stuck = self.inflight()
+        detail = f"master {self.master_address} healthy"
+        return TierHealth(True, detail + (f"; {stuck} store call(s) in flight" if stuck else ""))
+
+    def contains(self, keys: Sequence[str], timeout_s: float) -> list[bool]:
+        """``batch_is_exist``: 1 is a hit; 0, -1 and any other negative are not. All keys failing means the tier
+        is unavailable. (Mooncake grants each probed key its default 10 s lease, which delays eviction.)"""
+        if not keys:
+            return []
+        deadline = time.monotonic() + timeout_s
+        down = self._fast_fail(_probe_budget(timeout_s))
+        if down:
+            raise TierUnavailable(f"mooncake master unavailable: {down}")
+        try:
+            rcs = self._run("contains", lambda: self._store.batch_is_exist(list(keys)), deadline - time.monotonic())
+        except _CallTimedOut:
+            raise TierUnavailable(f"mooncake batch_is_exist did not answer within {timeout_s:g} s") from None
+        if len(rcs) != len(keys):
+            raise TierUnavailable(f"mooncake batch_is_exist answered {len(rcs)} results for {len(keys)} keys")
+        if all(rc < 0 for rc in rcs):
+            self._suspect = True
+            raise TierUnavailable(f"mooncake batch_is_exist failed for all keys: {mooncake_code_name(rcs[0])}")
+        return [rc == 1 for rc in rcs]
+
+    def put(self, keys: Sequence[str], payloads: Sequence[memoryview], checksums: Sequence[int]) -> None:
+        """Store each payload with its trailer (``batch_put_from_multi_buffers`` per 1024 keys, zero-copy from
+        writable payloads; read-only ones are copied once). A key that already exists counts as stored (objects
+        are immutable). Raises TierUnavailable when the master is down or the call times out, OSError naming the
+        failed keys otherwise."""
+        n = len(keys)
+        if len(payloads) != n or len(checksums) != n:
+            raise ValueError(f"put: {n} keys, {len(payloads)} payloads, {len(checksums)} checksums")
+        if n == 0:
+            return
+        down = self._fast_fail()
+        if down:
+            raise TierUnavailable(f"mooncake master unavailable: {down}")
+        keep: list[Any] = []
+        views = [_as_bytes(p) for p in payloads]
+        addrs = [_buffer_address(v, keep) for v in views]
+        crcs = [c & 0xFFFFFFFF for c in checksums]
+
+        def call() -> list[int]:
+            # Runs on a worker: the trailers go into that worker's registered region, in chunks of its size.
+            _ = keep  # the payload buffers must outlive an abandoned call
+            base, region = self._trailer_region()
+            rcs: list[int] = []
+            for lo in range(0, n, _SLOTS_PER_WORKER):
+                hi = min(lo + _SLOTS_PER_WORKER, n)
+                ptrs: list[list[int]] = []
+                sizes: list[list[int]] = []
+                for j, i in enumerate(range(lo, hi)):
+                    size = len(views[i])
+                    _TRAILER.pack_into(region, j * TRAILER_BYTES, _TRAILER_MAGIC, crcs[i], size)
+                    t = base + j * TRAILER_BYTES
+                    ptrs.append([addrs[i], t] if size else [t])
+                    sizes.append([size, TRAILER_BYTES] if size else [TRAILER_BYTES])
+                rcs += self._store.batch_put_from_multi_buffers(list(keys[lo:hi]), ptrs, sizes)
+            return rcs
+
+        try:
+            rcs = self._run("put", call, self.call_timeout_s)
+        except _CallTimedOut:
+            raise TierUnavailable(
+                f"mooncake put of {n} objects did not finish within {self.call_timeout_s:g} s"
+            ) from None
+        failed = [(k, rc) for k, rc in zip(keys, rcs, strict=True) if rc not in (0, _OBJECT_ALREADY_EXISTS)]
+        if not failed:
+            return
+        if all(rc in _MASTER_DOWN for _, rc in failed):
+            self._suspect = True
+            raise TierUnavailable(f"mooncake put failed, master unavailable: {mooncake_code_name(failed[0][1])}")
+        key, rc = failed[0]
+        raise OSError(f"mooncake put failed for {len(failed)} of {n} objects (first {key!r}: {mooncake_code_name(rc)})")
+
+    def get_into(
+        self, keys: Sequence[str], dests: Sequence[StagingSlice], timeout_s: float
+    ) -> tuple[list[int], list[int | None]]:
+        """``batch_get_into_multi_buffers`` (one call per 1024 keys): each payload lands directly in its slice, each
+        trailer in the worker's side buffer; the trailer's length must equal the slice length, and its CRC is
+        returned unverified. At the deadline: UNAVAILABLE if the master does not answer a probe, else TIMED_OUT."""
+        n = len(keys)
+        if len(dests) != n:
+            raise ValueError(f"get_into: {n} keys but {len(dests)} destinations")
+        if n == 0:
+            return [], []
+        deadline = time.monotonic() + timeout_s
+        reserve = _probe_budget(timeout_s)
+        down = "closed" if self._closed else self._fast_fail(reserve)
+        if down:
+            log.debug("mooncake get_into refused: %s", down)
+            return [UNAVAILABLE] * n, [None] * n
+        sizes = [len(d.view) for d in dests]
+
+        def call() -> tuple[list[int], bytes]:
+            base, _region = self._trailer_region()
+            rcs: list[int] = []
+            trailers = b""
+            for lo in range(0, n, _SLOTS_PER_WORKER):
+                hi = min(lo + _SLOTS_PER_WORKER, n)
+                ctypes.memset(base, 0, (hi - lo) * TRAILER_BYTES)  # a stale trailer must never pass as this one
+                ptrs: list[list[int]] = []
+                lens: list[list[int]] = []
+                for j, i in enumerate(range(lo, hi)):
+                    t = base + j * TRAILER_BYTES
+                    ptrs.append([dests[i].ptr, t] if sizes[i] else [t])
+                    lens.append([sizes[i], TRAILER_BYTES] if sizes[i] else [TRAILER_BYTES])
+                rcs += self._store.batch_get_into_multi_buffers(list(keys[lo:hi]), ptrs, lens)
+                trailers += ctypes.string_at(base, (hi - lo) * TRAILER_BYTES)  # copied before the region is reused
+            return rcs, trailers
+
+        try:
+            rcs, trailers = self._run("get_into", call, deadline - time.monotonic() - reserve)
+        except _CallTimedOut:
+            # Tell "slow" from "down" within the reserved slice of the deadline.
+            code = UNAVAILABLE if self._master_down_reason(max(deadline - time.monotonic(), 0.001)) else TIMED_OUT
+            return [code] * n, [None] * n
+        if len(rcs) != n:
+            log.warning("mooncake batch get answered %d results for %d keys", len(rcs), n)
+            return [IO_ERROR] * n, [None] * n
+        codes: list[int] = []
+        sums: list[int | None] = []
+        for i, rc in enumerate(rcs):
+            if rc < 0:
+                codes.append(_map_get_code(rc))
+                sums.append(None)
+                continue
+            magic, crc, length = _TRAILER.unpack_from(trailers, i * TRAILER_BYTES)
+            if rc != sizes[i] + TRAILER_BYTES or magic != _TRAILER_MAGIC or length != sizes[i]:
+                codes.append(IO_ERROR)  # not a bsr object, or its size differs from the slice
+                sums.append(None)
+            else:
+                codes.append(sizes[i])
+                sums.append(crc)
+        if UNAVAILABLE in codes:
+            self._suspect = True
+        return codes, sums
+
+    def close(self) -> None:
+        """Close the store client. If an abandoned call is still inside Mooncake after a short wait, the store
+        is left open (closing it under a running call can crash the process)."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + _CLOSE_WAIT_S
+        while self.inflight() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.inflight():
+            log.warning("mooncake tier closed with %d store call(s) still running; store left open", self.inflight())
+            _ABANDONED_STORES.append((self._store, self._arena))  # the running call may still use both
+        else:
+            self._store.close()
+        self._shutdown_workers()
+
+    # ------------------------------------------------------------------------------------------- extras
+
+    def inflight(self) -> int:
+        """Store calls currently running on workers (non-zero after a call was abandoned at its deadline)."""
+        with self._lock:
+            return self._inflight
+
+    def register(self, ptr: int, size: int) -> None:
+        """Register a caller's buffer (the restore pool) for zero-copy transfers. Needed for RDMA; over TCP the
+        store also works from unregistered memory, but registering keeps the code path the same."""
+        rc = self._call_checked("register_buffer", lambda: self._store.register_buffer(ptr, size))
+        if rc != 0:
+            raise OSError(f"mooncake register_buffer({size} bytes) failed: {mooncake_code_name(rc)}")
+        with self._lock:
+            self._registered[ptr] = size
+
+    def unregister(self, ptr: int) -> None:
+        rc = self._call_checked("unregister_buffer", lambda: self._store.unregister_buffer(ptr))
+        with self._lock:
+            self._registered.pop(ptr, None)
+        if rc != 0:
+            raise OSError(f"mooncake unregister_buffer failed: {mooncake_code_name(rc)}")
+
+    def remove(self, keys: Sequence[str]) -> list[int]:
+        """Force-remove keys (ignores leases). Returns Mooncake's code per key (0 removed, -704 absent)."""
+        if not keys:
+            return []
+        return list(self._call_checked("batch_remove", lambda: self._store.batch_remove(list(keys), True)))
+
+    def remove_all(self) -> int:
+        """Force-remove every object in the store (all clients'!). Returns the count, or raises."""
+        rc = self._call_checked("remove_all", lambda: self._store.remove_all(True))
+        if rc < 0:
+            if rc in _MASTER_DOWN:
+                raise TierUnavailable(f"mooncake remove_all failed: {mooncake_code_name(rc)}")
+            raise OSError(f"mooncake remove_all failed: {mooncake_code_name(rc)}")
+        return int(rc)
+
+    def _call_checked(self, what: str, fn: Callable[[], T]) -> T:
+        down = self._fast_fail()
+        if down:
+            raise TierUnavailable(f"mooncake master unavailable: {down}")
+        try:
+            return self._run(what, fn, self.call_timeout_s)
+        except _CallTimedOut:
+            raise TierUnavailable(f"mooncake {what} did not finish within {self.call_timeout_s:g} s") from None
+
+    def __enter__(self) -> MooncakeTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,455 @@
+"""The real tiers against real backends: a mooncake_master + segment holder on loopback, and a directory."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import time
+import uuid
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from bsr_cli.engine import services  # noqa: E402
+from bsr_cli.engine.tiers.fs import HEADER_BYTES, FilesystemTier  # noqa: E402
+from bsr_cli.runtime.tiers import (  # noqa: E402
+    IO_ERROR,
+    MISSING,
+    TIMED_OUT,
+    UNAVAILABLE,
+    StagingSlice,
+    TierUnavailable,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+MiB = 1 << 20
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+class Pool:
+    """A restore pool: one torch uint8 tensor, cut into staging slices."""
+
+    def __init__(self, size: int) -> None:
+        self.tensor = torch.zeros(size, dtype=torch.uint8)
+        self.ptr = self.tensor.data_ptr()
+        self._raw = (ctypes.c_char * size).from_address(self.ptr)
+        self.view = memoryview(self._raw).cast("B")
+
+    def slices(self, sizes: Sequence[int], align: int = 4096) -> list[StagingSlice]:
+        out, off = [], 0
+        for size in sizes:
+            out.append(StagingSlice(self.ptr + off, self.view[off : off + size]))
+            off += (size + align - 1) // align * align
+        assert off <= len(self.view), "pool too small for the test"
+        return out
+
+    def clear(self) -> None:
+        self.tensor.fill_(0xA5)
+
+
+def payloads(sizes: Sequence[int], seed: int) -> list[bytearray]:
+    """Random payloads in self-owned, writable buffers (a memoryview over one is what callers hand to put)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for size in sizes:
+        buf = bytearray(size)
+        if size:
+            torch.frombuffer(buf, dtype=torch.uint8).copy_(
+                torch.randint(0, 256, (size,), dtype=torch.uint8, generator=gen)
+            )
+        out.append(buf)
+    return out
+
+
+def in_pool(pool: Pool, dest: StagingSlice) -> Any:
+    """The pool tensor's slice a staging slice covers."""
+    off = dest.ptr - pool.ptr
+    return pool.tensor[off : off + len(dest.view)]
+
+
+def as_tensor(buf: bytearray) -> Any:
+    return torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.zeros(0, dtype=torch.uint8)
+
+
+def crc(data: Any) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def wait_for_state(pid: int, state: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2] == state:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not reach state {state!r}")
+
+
+def fresh_keys(n: int) -> list[str]:
+    run = uuid.uuid4().hex[:12]
+    return [f"test-model@1@0@{run}{i:04x}@bfloat16" for i in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------- mooncake
+
+
+@pytest.fixture(scope="module")
+def mc_tier(mooncake_stack: Any) -> Iterator[Any]:
+    from bsr_cli.engine.tiers.mooncake import MooncakeTier
+
+    tier = MooncakeTier(mooncake_stack.master.rpc_address, mooncake_stack.master.metadata_url, deadline_s=10)
+    try:
+        yield tier
+    finally:
+        tier.close()
+
+
+@pytest.fixture(scope="module")
+def mc_pool(mc_tier: Any) -> Pool:
+    pool = Pool(48 * MiB)
+    mc_tier.register(pool.ptr, len(pool.view))
+    return pool
+
+
+@pytest.mark.engine
+def test_services_handles_are_json_and_segment_is_mounted(mooncake_stack: Any) -> None:
+    master, holder = mooncake_stack.master, mooncake_stack.holder
+    for handle in (master, holder):
+        again = services.ServiceHandle.from_dict(json.loads(json.dumps(handle.to_dict())))
+        assert again == handle
+        assert services.is_alive(handle.pid, handle.start_ticks)
+        assert Path(handle.log_path).is_file()
+    assert services.master_healthy(master.health_url)
+    assert services.master_healthy(master.admin_url)  # the admin /health (JSON) is accepted too
+    assert services.tcp_reachable(master.rpc_address)
+    mounted = {s["segment_name"]: s for s in services.segments(master.admin_url)}
+    assert holder.info["segment_name"] in mounted
+    assert mounted[holder.info["segment_name"]]["size_bytes"] == 512 << 20
+    assert not services.is_alive(master.pid, (master.start_ticks or 0) + 1)  # a recycled pid is not "alive"
+
+
+@pytest.mark.engine
+def test_mooncake_round_trip_bit_exact(mc_tier: Any, mc_pool: Pool) -> None:
+    sizes = [1 * MiB, 3 * MiB + 7, 1, 0, 16 * MiB]
+    data = payloads(sizes, seed=1)
+    keys = fresh_keys(len(sizes))
+    views: list[Any] = [memoryview(t) for t in data]
+    views[2] = bytes(views[2])  # a read-only payload takes the copy path
+    mc_tier.put(keys, views, [crc(v) for v in views])
+
+    assert mc_tier.contains(keys, 2.0) == [True] * len(keys)
+    mc_pool.clear()
+    dests = mc_pool.slices(sizes)
+    codes, sums = mc_tier.get_into(keys, dests, 5.0)
+    assert codes == sizes
+    assert sums == [crc(v) for v in views]
+    for dest, buf in zip(dests, data, strict=True):
+        assert torch.equal(in_pool(mc_pool, dest), as_tensor(buf))  # bit-exact in the pool tensor
+
+
+@pytest.mark.engine
+def test_mooncake_missing_keys_and_mixed_batch(mc_tier: Any, mc_pool: Pool) -> None:
+    keys = fresh_keys(3)
+    data = payloads([4096], seed=2)
+    mc_tier.put(keys[1:2], [memoryview(data[0])], [crc(memoryview(data[0]))])
+    assert mc_tier.contains(keys, 2.0) == [False, True, False]
+    codes, sums = mc_tier.get_into(keys, mc_pool.slices([4096] * 3), 2.0)
+    assert codes == [MISSING, 4096, MISSING]
+    assert sums == [None, crc(memoryview(data[0])), None]
+    assert mc_tier.contains([], 1.0) == []
+    assert mc_tier.get_into([], [], 1.0) == ([], [])
+
+
+@pytest.mark.engine
+def test_mooncake_checksum_is_returned_not_verified(mc_tier: Any, mc_pool: Pool) -> None:
+    """The tier hands back what was stored; verifying is the runtime's job (so injected corruption is caught by
+    the same check)."""
+    keys = fresh_keys(1)
+    view = memoryview(payloads([10_000], seed=3)[0])
+    mc_tier.put(keys, [view], [0xDEADBEEF])
+    codes, sums = mc_tier.get_into(keys, mc_pool.slices([10_000]), 2.0)
+    assert codes == [10_000] and sums == [0xDEADBEEF]
+
+
+@pytest.mark.engine
+def test_mooncake_size_mismatch_and_foreign_object_are_io_errors(mc_tier: Any, mc_pool: Pool) -> None:
+    keys = fresh_keys(2)
+    view = memoryview(payloads([8192], seed=4)[0])
+    mc_tier.put(keys[:1], [view], [crc(view)])
+    # A slice smaller or larger than the object.
+    codes, sums = mc_tier.get_into([keys[0], keys[0]], mc_pool.slices([4096, 12288]), 2.0)
+    assert codes == [IO_ERROR, IO_ERROR] and sums == [None, None]
+    # An object with the right total size but no bsr trailer (written by someone else).
+    foreign = torch.zeros(8192 + 16, dtype=torch.uint8)
+    assert mc_tier._store.put_from(keys[1], foreign.data_ptr(), foreign.numel()) == 0
+    codes, _ = mc_tier.get_into(keys[1:], mc_pool.slices([8192]), 2.0)
+    assert codes == [IO_ERROR]
+
+
+@pytest.mark.engine
+def test_mooncake_remove_helpers(mc_tier: Any) -> None:
+    keys = fresh_keys(2)
+    view = memoryview(b"x" * 100)
+    mc_tier.put(keys, [view, view], [crc(view)] * 2)
+    assert mc_tier.contains(keys, 2.0) == [True, True]  # grants a lease; removal is forced anyway
+    assert mc_tier.remove(keys[:1]) == [0]
+    assert mc_tier.contains(keys, 2.0) == [False, True]
+    assert mc_tier.remove_all() >= 1
+    assert mc_tier.contains(keys, 2.0) == [False, False]
+
+
+@pytest.mark.engine
+def test_mooncake_put_is_idempotent(mc_tier: Any, mc_pool: Pool) -> None:
+    keys = fresh_keys(1)
+    view = memoryview(payloads([5000], seed=5)[0])
+    mc_tier.put(keys, [view], [crc(view)])
+    mc_tier.put(keys, [view], [crc(view)])  # an existing immutable object counts as stored
+    assert mc_tier.get_into(keys, mc_pool.slices([5000]), 2.0)[0] == [5000]
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(30)
+def test_mooncake_constructor_fails_fast_without_master() -> None:
+    pytest.importorskip("mooncake.store")
+    from bsr_cli.engine.tiers.mooncake import MooncakeTier
+
+    rpc, http = services.free_ports(2)
+    start = time.monotonic()
+    with pytest.raises(TierUnavailable, match="master unavailable"):
+        MooncakeTier(f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata", deadline_s=5)
+    assert time.monotonic() - start < 3  # not the ~90 s setup() stall
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(90)
+def test_mooncake_master_killed_is_unavailable_within_bounded_time(private_stack: Any) -> None:
+    from bsr_cli.engine.tiers.mooncake import MooncakeTier
+
+    master = private_stack.master
+    tier = MooncakeTier(master.rpc_address, master.metadata_url, deadline_s=10)
+    try:
+        pool = Pool(4 * MiB)
+        tier.register(pool.ptr, len(pool.view))
+        keys = fresh_keys(2)
+        view = memoryview(payloads([MiB], seed=6)[0])
+        tier.put(keys, [view, view], [crc(view)] * 2)
+        assert tier.get_into(keys, pool.slices([MiB, MiB]), 2.0)[0] == [MiB, MiB]
+
+        os.kill(master.pid, signal.SIGKILL)
+        services.stop(master, timeout=2)  # reap it
+
+        timeout = 1.5
+        for _ in range(3):  # the first call may hit the dead connection, later ones the fast-fail probe
+            start = time.monotonic()
+            codes, sums = tier.get_into(keys, pool.slices([MiB, MiB]), timeout)
+            assert time.monotonic() - start < timeout + 0.5
+            assert codes == [UNAVAILABLE, UNAVAILABLE] and sums == [None, None]
+
+            start = time.monotonic()
+            with pytest.raises(TierUnavailable):
+                tier.contains(keys, timeout)
+            assert time.monotonic() - start < timeout + 0.5
+
+            start = time.monotonic()
+            with pytest.raises(TierUnavailable):
+                tier.put(fresh_keys(1), [view], [crc(view)])
+            assert time.monotonic() - start < tier.call_timeout_s + 1.0
+        health = tier.health()
+        assert not health.ok and "health probe" in health.detail
+    finally:
+        tier.close()
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(90)
+def test_mooncake_hung_master_deadline_honoured_then_recovers(private_stack: Any) -> None:
+    """A frozen master (SIGSTOP) accepts TCP but answers nothing: every call must still end at its deadline."""
+    from bsr_cli.engine.tiers.mooncake import MooncakeTier
+
+    master = private_stack.master
+    tier = MooncakeTier(master.rpc_address, master.metadata_url, deadline_s=10)
+    keys = fresh_keys(1)
+    view = memoryview(payloads([MiB], seed=7)[0])
+    pool = Pool(2 * MiB)
+    tier.put(keys, [view], [crc(view)])
+    os.kill(master.pid, signal.SIGSTOP)
+    try:
+        wait_for_state(master.pid, "T")  # SIGSTOP is asynchronous: be sure the master is frozen before calling
+        start = time.monotonic()
+        codes, _ = tier.get_into(keys, pool.slices([MiB]), 0.5)
+        assert time.monotonic() - start < 0.5 + 0.4
+        assert codes[0] in (TIMED_OUT, UNAVAILABLE)
+        start = time.monotonic()
+        with pytest.raises(TierUnavailable):
+            tier.contains(keys, 0.5)
+        assert time.monotonic() - start < 0.5 + 0.4
+        assert not tier.health().ok
+    finally:
+        os.kill(master.pid, signal.SIGCONT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the abandoned calls finish and the fast-fail probe clears once the master answers
+            codes, sums = tier.get_into(keys, pool.slices([MiB]), 2.0)
+            if codes == [MiB] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert codes == [MiB] and sums == [crc(view)]
+        assert tier.health().ok
+    finally:
+        tier.close()
+
+
+# ----------------------------------------------------------------------------------------------- filesystem
+
+
+@pytest.fixture
+def fs_tier(tmp_path: Path) -> Iterator[FilesystemTier]:
+    tier = FilesystemTier(tmp_path / "ssd")
+    try:
+        yield tier
+    finally:
+        tier.close()
+
+
+def test_fs_round_trip_bit_exact(fs_tier: FilesystemTier) -> None:
+    sizes = [1 * MiB, 3 * MiB + 7, 1, 0, 9 * MiB]
+    data = payloads(sizes, seed=11)
+    keys = fresh_keys(len(sizes))
+    views: list[Any] = [memoryview(t) for t in data]
+    views[2] = bytes(views[2])
+    fs_tier.put(keys, views, [crc(v) for v in views])
+    assert fs_tier.contains(keys + fresh_keys(1), 1.0) == [True] * len(keys) + [False]
+    assert sorted(fs_tier.keys()) == sorted(keys)  # file names map back to keys through the header
+    pool = Pool(16 * MiB)
+    pool.clear()
+    dests = pool.slices(sizes)
+    codes, sums = fs_tier.get_into(keys, dests, 5.0)
+    assert codes == sizes
+    assert sums == [crc(v) for v in views]
+    for dest, buf in zip(dests, data, strict=True):
+        assert torch.equal(in_pool(pool, dest), as_tensor(buf))
+    assert not list(fs_tier.root.glob("??/.*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_fs_missing_and_overwrite(fs_tier: FilesystemTier) -> None:
+    keys = fresh_keys(2)
+    pool = Pool(MiB)
+    codes, sums = fs_tier.get_into(keys, pool.slices([100, 100]), 1.0)
+    assert codes == [MISSING, MISSING] and sums == [None, None]
+    fs_tier.put(keys[:1], [memoryview(b"a" * 100)], [1])
+    fs_tier.put(keys[:1], [memoryview(b"b" * 100)], [2])  # replaced atomically
+    codes, sums = fs_tier.get_into(keys, pool.slices([100, 100]), 1.0)
+    assert codes == [100, MISSING] and sums == [2, None]
+    assert fs_tier.remove(keys) == [True, False]
+    assert fs_tier.contains(keys, 1.0) == [False, False]
+
+
+def test_fs_concurrency_4_equals_concurrency_1(tmp_path: Path) -> None:
+    sizes = [(i * 37_123) % (2 * MiB) + 1 for i in range(40)]
+    data = payloads(sizes, seed=12)
+    keys = fresh_keys(len(sizes))
+    keys[5] = "absent-" + keys[5]
+    with FilesystemTier(tmp_path / "ssd") as tier:
+        tier.put(
+            [k for i, k in enumerate(keys) if i != 5],
+            [memoryview(t) for i, t in enumerate(data) if i != 5],
+            [crc(memoryview(t)) for i, t in enumerate(data) if i != 5],
+        )
+        results = {}
+        for conc in (1, 4):
+            tier.load_concurrency = conc
+            pool = Pool(64 * MiB)
+            pool.clear()
+            codes, sums = tier.get_into(keys, pool.slices(sizes), 10.0)
+            results[conc] = (codes, sums, bytes(pool.view))
+        assert results[1] == results[4]
+        assert results[1][0][5] == MISSING
+        assert all(c == s for i, (c, s) in enumerate(zip(results[1][0], sizes, strict=True)) if i != 5)
+
+
+def test_fs_corrupt_files_are_detected(fs_tier: FilesystemTier) -> None:
+    keys = fresh_keys(7)
+    size = 64 * 1024
+    view = memoryview(payloads([size], seed=13)[0])
+    fs_tier.put(keys, [view] * len(keys), [crc(view)] * len(keys))
+    keylen = len(keys[0].encode())
+
+    def patch(key: str, offset: int, value: bytes) -> None:
+        with open(fs_tier.path_for(key), "r+b") as f:
+            f.seek(offset)
+            f.write(value)
+
+    patch(keys[0], 0, b"XXXX")  # magic
+    patch(keys[1], 16, b"\x00\x00\x00\x00")  # header crc
+    patch(keys[2], 8, b"\x01\x02\x03\x04")  # payload crc field (caught by the header crc)
+    patch(keys[3], HEADER_BYTES, b"#")  # stored key
+    os.truncate(fs_tier.path_for(keys[4]), HEADER_BYTES + keylen + size - 1)  # short payload
+    os.truncate(fs_tier.path_for(keys[5]), 10)  # torn header
+    patch(keys[6], HEADER_BYTES + keylen + 100, b"\xff\x00")  # payload bit rot: only the checksum can tell
+
+    for conc in (1, 4):
+        fs_tier.load_concurrency = conc
+        pool = Pool(len(keys) * size + MiB)
+        codes, sums = fs_tier.get_into(keys, pool.slices([size] * len(keys)), 5.0)
+        assert codes[:6] == [IO_ERROR] * 6
+        assert sums[:6] == [None] * 6
+        assert codes[6] == size and sums[6] == crc(view)
+        assert crc(pool.slices([size] * len(keys))[6].view) != sums[6]
+    # A slice of the wrong size is an error too, never a partial read.
+    codes, _ = fs_tier.get_into(keys[6:], Pool(MiB).slices([size - 1]), 1.0)
+    assert codes == [IO_ERROR]
+
+
+@pytest.mark.timeout(30)
+def test_fs_deadline_honoured(tmp_path: Path) -> None:
+    n, size = 48, 2 * MiB
+    data = payloads([size], seed=14)[0]
+    keys = fresh_keys(n)
+    with FilesystemTier(tmp_path / "ssd", read_chunk_bytes=64 * 1024) as tier:
+        tier.put(keys, [memoryview(data)] * n, [crc(memoryview(data))] * n)
+        pool = Pool(n * size)
+        for conc in (1, 4):
+            tier.load_concurrency = conc
+            codes, sums = tier.get_into(keys, pool.slices([size] * n, align=1), 0.0)
+            assert codes == [TIMED_OUT] * n and sums == [None] * n
+
+            start = time.monotonic()
+            codes, _ = tier.get_into(keys, pool.slices([size] * n, align=1), 0.005)
+            assert time.monotonic() - start < 0.5
+            assert set(codes) <= {size, TIMED_OUT}
+            assert TIMED_OUT in codes  # 96 MiB in 5 ms is more than this machine can read
+            for i, code in enumerate(codes):
+                if code == size:
+                    assert bytes(pool.view[i * size : (i + 1) * size]) == bytes(memoryview(data))
+
+
+def test_fs_directory_gone_is_unavailable(tmp_path: Path) -> None:
+    root = tmp_path / "ssd"
+    with FilesystemTier(root) as tier:
+        keys = fresh_keys(1)
+        tier.put(keys, [memoryview(b"z" * 10)], [crc(b"z" * 10)])
+        assert tier.health().ok
+        for child in root.iterdir():
+            for f in child.iterdir():
+                f.unlink()
+            child.rmdir()
+        root.rmdir()
+        assert not tier.health().ok
+        codes, sums = tier.get_into(keys, Pool(4096).slices([10]), 1.0)
+        assert codes == [UNAVAILABLE] and sums == [None]
+        with pytest.raises(TierUnavailable):
+            tier.contains(keys, 1.0)
+        with pytest.raises(TierUnavailable):
+            tier.put(keys, [memoryview(b"z" * 10)], [0])
+    with pytest.raises(TierUnavailable):
+        FilesystemTier(root, create=False)
