@@ -46,7 +46,7 @@ class LiveEngine:
         return {"BSR_ENGINE": self.url, "BSR_TOKEN": self.token, "BSR_STATE_DIR": str(self.state_dir)}
 
 
-ENGINE_TEST_SETTINGS = dict(w=4, max_tokens=32_768, faults_enabled=True, fetch_timeout_s=2.0)
+ENGINE_TEST_SETTINGS = dict(w=4, max_tokens=32_768, faults_enabled=True, fetch_timeout_s=2.0, segment_bytes=3 << 30)
 
 
 @pytest.fixture(scope="session")

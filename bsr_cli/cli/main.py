@@ -26,15 +26,19 @@ def _json_mode(argv: Sequence[str]) -> bool:
 
 def run(argv: Sequence[str] | None = None) -> int:
     from bsr_cli.cli.app import app, register_commands
+    from bsr_cli.cli.output import Output
 
     args = list(sys.argv[1:] if argv is None else argv)
+    Output.result_written = False
     register_commands()
     try:
         result = app(args=args, prog_name="bsr", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
     except BsrError as e:
         _report(e.message, e.hint, args, e)
-        if _json_mode(args):
+        from bsr_cli.cli.output import Output
+
+        if _json_mode(args) and not Output.result_written:
             import json
 
             sys.stdout.write(json.dumps(e.to_dict()) + "\n")

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 
 class Output:
+    # Set once any command printed its result: the error boundary then adds no second JSON document to stdout.
+    result_written = False
+
     def __init__(self, *, json_mode: bool, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
         self.json_mode = json_mode
         self._stdout = stdout or sys.stdout
@@ -51,6 +54,7 @@ class Output:
         return not self.json_mode and self._stdout.isatty()
 
     def result(self, data: Any, render: Callable[[Console, Any], None] | None = None) -> None:
+        Output.result_written = True
         if self.json_mode or render is None:
             self._stdout.write(json.dumps(data, indent=2, default=_json_default) + "\n")
             self._stdout.flush()

@@ -126,8 +126,9 @@ def submit(console: Console, d: dict[str, Any]) -> None:
         f"{d['computed_tokens']:,} computed locally in {d['seconds']:.2f}s"
     )
     errs = d.get("stored", {}).get("errors") or {}
-    for rank, e in errs.items():
-        console.print(f"[yellow]store to tiers failed on {rank}[/]: {e}")
+    for rank, per_tier in errs.items():
+        for tier, e in per_tier.items():
+            console.print(f"[yellow]storing to {tier} failed on {rank}[/]: {e}")
     _hash_line(console, d)
 
 

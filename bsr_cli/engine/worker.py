@@ -167,31 +167,34 @@ class Rank:
     def op_store(
         self, hashes: list[str], n_tokens: int, block_tables: dict[str, list[int]], chunks: dict[str, list[int]]
     ) -> dict[str, Any]:
-        """Write objects read back from the blocks to each tier: chunks[tier] = chunk indices it lacks."""
+        """Write objects read back from the blocks to each tier: chunks[tier] = chunk indices it lacks.
+        Tiers are independent: one that refuses writes (full, down) does not keep the others from storing."""
         from bsr_cli.engine.kv import byte_view
 
         keys = self._keys(hashes)
         cs = self.reg.chunk_size
         stored: dict[str, int] = {}
+        errors: dict[str, str] = {}
         for tier_name, idx in chunks.items():
-            tier = self.tiers[tier_name]
-            batch_k: list[str] = []
-            batch_p: list[memoryview] = []
-            batch_c: list[int] = []
-            for c in idx:
-                for g in self.reg.group_names:
+            tier = self.tiers.get(tier_name)
+            if tier is None:
+                continue
+            batch: list[tuple[str, memoryview, int]] = []
+            done = 0
+            try:
+                for c in idx:
                     t0, t1 = c * cs, min((c + 1) * cs, n_tokens)
-                    payload = byte_view(self.kv.gather_object(g, block_tables[g], t0, t1 - t0))
-                    batch_k.append(keys[g][c])
-                    batch_p.append(payload)
-                    batch_c.append(zlib.crc32(payload))
-                    if len(batch_k) >= STORE_BATCH:
-                        tier.put(batch_k, batch_p, batch_c)
-                        batch_k, batch_p, batch_c = [], [], []
-            if batch_k:
-                tier.put(batch_k, batch_p, batch_c)
-            stored[tier_name] = len(idx) * len(self.reg.group_names)
-        return {"objects": stored}
+                    for g in self.reg.group_names:
+                        payload = byte_view(self.kv.gather_object(g, block_tables[g], t0, t1 - t0))
+                        batch.append((keys[g][c], payload, zlib.crc32(payload)))
+                    if len(batch) >= STORE_BATCH or c == idx[-1]:
+                        tier.put([b[0] for b in batch], [b[1] for b in batch], [b[2] for b in batch])
+                        done += len(batch)
+                        batch = []
+            except Exception as e:  # noqa: BLE001 - reported per tier; the request itself is unaffected
+                errors[tier_name] = f"{type(e).__name__}: {e}"
+            stored[tier_name] = done
+        return {"objects": stored, "errors": errors}
 
     def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
         from bsr_cli.runtime.faults import FaultSpec

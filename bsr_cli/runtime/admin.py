@@ -124,6 +124,7 @@ class AdminServer:
 
 class _Handler(BaseHTTPRequestHandler):
     admin: AdminServer
+    _raw: bytes = b""
     protocol_version = "HTTP/1.1"
     server_version = "bsr-admin"
 
@@ -143,11 +144,20 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, e: HttpError) -> None:
         self._send_json(e.status, {"error": e.kind, "message": e.message, "hint": e.hint, **e.extra})
 
-    def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
+    def _read_body(self) -> None:
+        # Read every body up front, even on routes that ignore it: a keep-alive connection must never carry
+        # unread bytes into the next request.
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > MAX_BODY:
+            self.close_connection = True
             raise HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "bad-request", f"body over {MAX_BODY} bytes")
-        raw = self.rfile.read(length) if length else b"{}"
+        self._raw = self.rfile.read(length) if length else b""
+
+    def _body(self) -> dict[str, Any]:
+        raw = self._raw
         try:
             data = json.loads(raw or b"{}")
         except json.JSONDecodeError as e:
@@ -171,7 +181,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.admin.counters["http_requests"] += 1
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        self._raw = b""
         try:
+            if method in ("POST", "DELETE", "PUT"):
+                self._read_body()
             if url.path == "/metrics" and method == "GET":
                 return self._metrics()
             m = _VERSIONED.match(url.path)

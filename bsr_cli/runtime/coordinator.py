@@ -511,13 +511,17 @@ class Coordinator:
                 if lacking:
                     chunks[tier] = lacking
             futures.append(r.submit("store", hashes=hashes, n_tokens=n_tokens, block_tables=tables, chunks=chunks))
-        errors, objects = {}, {}
+        errors: dict[str, dict[str, str]] = {}
+        objects: dict[str, Any] = {}
         for r, fut in zip(self.ranks, futures, strict=True):
             try:
-                objects[f"rank{r.rank}"] = fut.result(timeout=self.settings.call_timeout_s)["objects"]
+                res = fut.result(timeout=self.settings.call_timeout_s)
             except Exception as e:  # noqa: BLE001 - a tier that cannot take writes loses reuse, not the request
-                errors[f"rank{r.rank}"] = str(e)
-                self.events.append({"type": "store_failed", "rank": r.rank, "error": str(e)})
+                res = {"objects": {}, "errors": {"*": str(e)}}
+            objects[f"rank{r.rank}"] = res["objects"]
+            for tier, err in res.get("errors", {}).items():
+                errors.setdefault(f"rank{r.rank}", {})[tier] = err
+                self.events.append({"type": "store_failed", "rank": r.rank, "tier": tier, "error": err})
         return {"objects": objects, "errors": errors}
 
     def restore(
