@@ -125,10 +125,12 @@ class RankRestorer:
         self.destination = destination
         self.emit = emit
         self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-prefetch-{rank}")
+        self._aborts: dict[str, threading.Event] = {}
 
     # -- public ------------------------------------------------------------------------------------------------
     def restore(self, job: RestoreJob, abort: threading.Event) -> RankOutcome:
         started = time.monotonic()
+        self._aborts[job.request_id] = abort
         out = RankOutcome(self.rank, ok=False, valid=dict.fromkeys(self.group_order, False))
         fired: set[int] = set()
         pending: Future[tuple[Lease, float]] | None = None
@@ -194,6 +196,7 @@ class RankRestorer:
                     pass
             out.fired_faults = sorted(fired)
             out.seconds = time.monotonic() - started
+            self._aborts.pop(job.request_id, None)
         if not out.ok:
             # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
             self.destination.invalidate(job.block_tables)
@@ -271,8 +274,10 @@ class RankRestorer:
             if timeouts:
                 stalled = [i for i, (g, _, _) in enumerate(items) if _group_matches(timeouts, g)]
                 if stalled:
-                    # The injected stall: nothing more arrives before the deadline.
-                    time.sleep(max(0.0, deadline - time.monotonic()))
+                    # The injected stall: nothing more arrives before the deadline (an abort cuts it short).
+                    abort = self._aborts.get(job.request_id)
+                    if abort is not None and abort.wait(max(0.0, deadline - time.monotonic())):
+                        raise RestoreFailed("aborted by the operator", win.index)
                     codes = [TIMED_OUT if i in stalled else code for i, code in enumerate(codes)]
             for f in corrupt:
                 for (g, _, s), code in zip(items, codes, strict=True):

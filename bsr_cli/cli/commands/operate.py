@@ -150,6 +150,7 @@ def _run_restore(
     progress = render_ops.RestoreProgress(st.out, ranks=info["ranks"]) if st.out.interactive else None
     box: dict[str, Any] = {}
     accepted = threading.Event()
+    finished = threading.Event()  # not Thread.join: an interrupted join() can leave is_alive() wrong
 
     def on_accepted(rid: str) -> None:
         box["request"] = rid
@@ -167,6 +168,8 @@ def _run_restore(
             )
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
             box["error"] = e
+        finally:
+            finished.set()
 
     t = threading.Thread(target=work, name="bsr-restore", daemon=True)
     if progress:
@@ -174,9 +177,9 @@ def _run_restore(
     try:
         t.start()
         interrupted = False
-        while t.is_alive():
+        while not finished.is_set():
             try:
-                t.join(0.1)
+                finished.wait(0.1)
             except KeyboardInterrupt:
                 if interrupted:
                     raise

@@ -1,0 +1,137 @@
+"""Every operator command against the real embedded engine, including the failures an on-call engineer meets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bsr_cli.errors import ExitCode
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(240)]
+
+
+def test_submit_probe_restore_walkthrough(bsr, engine, tmp_path: Path) -> None:
+    r = bsr("submit", "--synthetic", "3000", "--seed", "11", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["computed_tokens"] == 3000 and r.json()["hash_ok"] is True
+    p = bsr("probe", "--synthetic", "3000", "--seed", "11", "--json")
+    probe = p.json()
+    assert probe["committable_tokens"] == 3000 and probe["first_break"] is None
+    saved = tmp_path / "probe.json"
+    saved.write_text(p.out)
+    plan = bsr("plan", "--W", "4", "--probe", str(saved), "--json").json()  # registration embedded in the probe
+    assert plan["committable_chunks"] == 12 and plan["windows_count"] == 3
+    text = bsr("probe", "--synthetic", "3000", "--seed", "11")
+    assert "no break" in text.out and "MMMM" in text.out
+    res = bsr("restore", "--synthetic", "3000", "--seed", "11")
+    assert res.code == 0, res.err
+    assert "committed 3,000 tokens" in res.out and "= canonical" in res.out
+    dry = bsr("restore", "--synthetic", "3000", "--seed", "11", "--dry-run", "--json").json()
+    assert dry["kind"] == "bsr.plan" and dry["committable_tokens"] == 3000
+
+
+def test_prompt_and_token_files(bsr, engine, tmp_path: Path) -> None:
+    text = tmp_path / "prompt.txt"
+    text.write_text("the quick brown fox " * 40)
+    r = bsr("submit", "--prompt-file", str(text), "--json")
+    assert r.code == 0 and r.json()["tokens"] == 800  # the engine tokenizes bytes
+    toks = tmp_path / "tokens.json"
+    toks.write_text(json.dumps(list(range(600))))
+    assert bsr("submit", "--tokens-file", str(toks), "--json").json()["tokens"] == 600
+    bad = tmp_path / "bad.json"
+    bad.write_text('["a", 2]')
+    r = bsr("probe", "--tokens-file", str(bad))
+    assert r.code == ExitCode.INVALID_INPUT and "integers" in r.err
+
+
+def test_fault_restore_marker_status_and_fallback(bsr, engine) -> None:
+    assert bsr("submit", "--synthetic", "2048", "--seed", "12").code == 0
+    armed = bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "2")
+    assert armed.code == 0 and "rank 1, window G2" in armed.out
+    listed = bsr("faults", "list", "--json").json()
+    assert [f["kind"] for f in listed["faults"]] == ["restore-fault"]
+    r = bsr("restore", "--synthetic", "2048", "--seed", "12")
+    assert r.code == ExitCode.FAILED_CLOSED
+    assert "failed closed" in r.out and "force-local marker set" in r.out
+    assert r.err.startswith("bsr: error: restore failed closed")
+    status = bsr("status", "--json").json()
+    assert len(status["markers"]) == 1 and status["markers"][0]["excluded_tiers"] == ["mooncake"]
+    text = bsr("status")
+    assert "force-local marker" in text.out and "healthy" in text.out
+    nxt = bsr("submit", "--synthetic", "2048", "--seed", "12", "--json").json()
+    assert nxt["source"] == "fs" and nxt["force_local"]["cleared"] is True
+    assert bsr("faults", "clear", "--json").json() == {"cleared": 0}
+
+
+def test_drill_passes(bsr, engine) -> None:
+    r = bsr("drill", "--tokens", "2048", "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["ok"] is True and [s["scenario"] for s in d["scenarios"]] == [
+        "remote-unavailable",
+        "remote-and-ssd-absent",
+        "one-rank-restore-fault",
+    ]
+    assert bsr("faults", "list", "--json").json()["faults"] == []  # always cleared afterwards
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "code", "needle"),
+    [
+        ({"BSR_ENGINE": "http://127.0.0.1:9"}, ("status",), ExitCode.ENGINE_UNREACHABLE, "cannot reach the engine"),
+        ({"BSR_TOKEN": "wrong"}, ("faults", "clear"), ExitCode.UNAUTHORIZED, "token"),
+        ({}, ("probe", "--synthetic", "100000"), ExitCode.BAD_REQUEST, "exceeds this engine's limit"),
+        ({}, ("probe",), ExitCode.INVALID_INPUT, "exactly one of"),
+        ({}, ("inject-fault", "--kind", "meteor"), ExitCode.BAD_REQUEST, "unknown fault kind"),
+        ({"BSR_ENGINE": "nonsense"}, ("status",), ExitCode.INVALID_INPUT, "neither a URL nor a profile"),
+    ],
+)
+def test_bad_conditions_give_one_line_and_a_distinct_code(bsr, engine, monkeypatch, env, args, code, needle) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    r = bsr(*args)
+    assert r.code == code, r.err
+    assert needle in r.err and "Traceback" not in r.err
+
+
+def test_no_engine_at_all(bsr, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BSR_STATE_DIR", str(tmp_path))
+    r = bsr("status")
+    assert r.code == ExitCode.ENGINE_UNREACHABLE and "bsr engine up" in r.err
+    assert bsr("engine", "status").code == ExitCode.ENGINE_UNREACHABLE
+
+
+def test_ctrl_c_during_restore_aborts_it_fail_closed(engine, bsr) -> None:
+    assert bsr("submit", "--synthetic", "30000", "--seed", "13").code == 0
+    bsr("inject-fault", "--kind", "timeout", "--rank", "0", "--window", "3")  # stalls rank 0 until aborted
+    env = dict(os.environ, **engine.env(), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bsr_cli", "restore", "--synthetic", "30000", "--seed", "13"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        with engine.client() as c:
+            while time.monotonic() < deadline and not c.snapshot(health=False)["active"]:
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert "aborted: outcome failed_closed" in err
+    with engine.client() as c:
+        recent = c.snapshot(health=False)["recent"][0]
+        assert recent["outcome"] == "failed_closed"
+        assert all(p["pool"]["live_bytes"] == 0 for p in c.pool())
