@@ -310,3 +310,14 @@ def drill(console: Console, d: dict[str, Any]) -> None:
             "[green]PASS[/]" if s["ok"] else "[red]FAIL[/]",
         )
     console.print(t)
+
+
+def store_probe(console: Console, d: dict[str, Any]) -> None:
+    probe(console, d)
+    console.print(f"[dim]keys look like {d.get('key_example')}; only full chunks are stored by LMCache[/]")
+    diag = d.get("diagnosis")
+    if diag:
+        if not diag["available"]:
+            console.print(f"[yellow]no chunk matched[/]; {diag['why']} ({diag['hint']})")
+        for cause in diag.get("causes", []):
+            console.print(f"[yellow]likely cause[/]: {cause}")

@@ -49,6 +49,11 @@ def probe(
         str | None,
         typer.Option("--metadata", help="With --store: metadata server URL [default: http://HOST:8080/metadata]."),
     ] = None,
+    master_admin: Annotated[
+        str | None, typer.Option("--master-admin", help="With --store: master admin URL [default: http://HOST:9003].")
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="With --store: KV dtype in the keys.")] = "bf16",
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="With --store: LMCache chunk size.", min=1)] = 256,
     width: Annotated[int, typer.Option("--width", help="Bitmap strip width in cells.", min=8)] = 64,
     json_flag: JsonFlag = False,
 ) -> None:
@@ -57,7 +62,21 @@ def probe(
     if store is not None:
         from bsr_cli.cli.commands import store_probe
 
-        return store_probe.run(st, store, model, world_size, metadata, tokens_file, prompt_file, synthetic, seed, width)
+        return store_probe.run(
+            st,
+            store,
+            model,
+            world_size,
+            metadata,
+            tokens_file,
+            prompt_file,
+            synthetic,
+            seed,
+            width,
+            dtype=dtype,
+            chunk_size=chunk_size,
+            admin=master_admin,
+        )
     from bsr_cli.cli import render_ops
 
     with _client(st) as client:
