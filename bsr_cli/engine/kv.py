@@ -33,6 +33,13 @@ TORCH_DTYPES = {
 HASH_CHUNKS = 64  # chunks gathered at a time when hashing, to bound temporary memory
 
 
+def _widest(row_bytes: int) -> torch.dtype:
+    for size, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
+        if row_bytes % size == 0:
+            return dtype
+    return torch.uint8
+
+
 def byte_view(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without a copy (valid while the tensor lives)."""
     arr: Any = t.contiguous().numpy()
@@ -57,12 +64,17 @@ class PagedKV:
         self.device = device
         self.blocks = dict(blocks_per_group)
         self.tensors: dict[str, torch.Tensor] = {}
-        self.flat: dict[str, torch.Tensor] = {}  # uint8 [rows, bytes_per_token] views of the same storage
+        # Row views of the same storage, one row per token, in the widest integer type that divides the row:
+        # torch copies indexed rows element by element, so 8-byte elements copy ~5x faster than bytes.
+        self.flat: dict[str, torch.Tensor] = {}
+        self.wide_dtype: dict[str, torch.dtype] = {}
         for t in reg.tensors:
             rows = self.blocks[t.group] * reg.group(t.group).block_size
             storage = torch.zeros((rows, *t.shape), dtype=TORCH_DTYPES[t.dtype], device=device)
             self.tensors[t.name] = storage
-            self.flat[t.name] = storage.view(torch.uint8).view(rows, t.bytes_per_token)
+            wide = _widest(t.bytes_per_token)
+            self.wide_dtype[t.name] = wide
+            self.flat[t.name] = storage.view(torch.uint8).view(rows, t.bytes_per_token).view(wide)
         self.group_tensors = {g: reg.tensors_of(g) for g in reg.group_names}
         self.group_bpt = {g: sum(t.bytes_per_token for t in ts) for g, ts in self.group_tensors.items()}
 
@@ -127,7 +139,7 @@ class PagedKV:
         off = 0
         for t in self.group_tensors[group]:
             size = n * t.bytes_per_token
-            src = data[off : off + size].view(n, t.bytes_per_token)
+            src = data[off : off + size].view(n, t.bytes_per_token).view(self.wide_dtype[t.name])
             if self.device.type == "cuda":
                 src = src.to(self.device, non_blocking=True)
             self.flat[t.name].index_copy_(0, rows, src)
@@ -139,7 +151,9 @@ class PagedKV:
         b0 = token_start // bs
         rows = self.rows(group, block_ids[b0 : -(-(token_start + tokens) // bs)], tokens + token_start - b0 * bs)
         rows = rows[token_start - b0 * bs :]
-        parts = [self.flat[t.name].index_select(0, rows).reshape(-1) for t in self.group_tensors[group]]
+        parts = [
+            self.flat[t.name].index_select(0, rows).view(torch.uint8).reshape(-1) for t in self.group_tensors[group]
+        ]
         return torch.cat(parts).cpu()
 
     def output_hash(self, block_tables: Mapping[str, Sequence[int]], n_tokens: int) -> dict[str, str]:
