@@ -130,7 +130,7 @@ def test_ctrl_c_during_restore_aborts_it_fail_closed(engine, bsr) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == ExitCode.INTERRUPTED, err
-    assert "aborted: outcome failed_closed" in err
+    assert "aborted: outcome failed_closed" in err, err
     with engine.client() as c:
         recent = c.snapshot(health=False)["recent"][0]
         assert recent["outcome"] == "failed_closed"

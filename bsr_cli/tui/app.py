@@ -1,0 +1,620 @@
+"""The `bsr top` Textual app: it renders immutable views and nothing else.
+
+Every poll and every operator action runs in a thread worker (harlequin's shape) that posts a past-tense message
+(`SnapshotReceived`, `PollFailed`, `FaultInjected`, ...); handlers on the UI thread fold the snapshot into a new
+immutable `View` and redraw. The next poll is armed only when the previous one has been handled (dolphie), so a slow
+engine makes the display older, never the request queue longer: the status bar shows how old and how slow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Container, Horizontal, Vertical
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.timer import Timer
+from textual.widgets import Button, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from bsr_cli.tui import snapshot as sv
+from bsr_cli.tui.snapshot import Frame, View
+from bsr_cli.tui.source import LiveSource, PollFailure, Recorder, ReplayFrame, ReplaySource
+
+FAULT_KINDS = {
+    "restore-fault": "the install (H2D copy) of a window fails on the target rank",
+    "timeout": "the window's fetch misses its deadline",
+    "corrupt": "a staged object arrives with a flipped byte (its checksum catches it)",
+    "remote-unavailable": "Mooncake answers nothing: every fetch from it fails",
+    "remote-and-ssd-absent": "Mooncake and the filesystem tier both fail: only recompute is left",
+}
+
+
+# -- messages (past tense: they report what a worker did) ---------------------------------------------------------
+class SnapshotReceived(Message):
+    def __init__(self, frame: Frame) -> None:
+        super().__init__()
+        self.frame = frame
+
+
+class PollFailed(Message):
+    def __init__(self, failure: PollFailure) -> None:
+        super().__init__()
+        self.failure = failure
+
+
+class FaultInjected(Message):
+    def __init__(self, fault: dict[str, Any]) -> None:
+        super().__init__()
+        self.fault = fault
+
+
+class FaultsCleared(Message):
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+
+
+class ActionFailed(Message):
+    def __init__(self, what: str, failure: PollFailure) -> None:
+        super().__init__()
+        self.what = what
+        self.failure = failure
+
+
+class RecordingFailed(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+# -- screens -------------------------------------------------------------------------------------------------------
+HELP = """\
+[b]bsr top[/b]: restore-pool occupancy per rank, live or replayed
+
+  [b]p[/b] / [b]space[/b]  pause: freeze the display (a live session keeps polling and recording)
+  [b]r[/b]          cycle the rank filter (events; the gauge is marked)
+  [b]k[/b]          cycle the event-kind filter: all, restores, windows, markers, faults
+  [b]f[/b]          inject a fault (asks first; only on engines started with faults enabled)
+  [b]c[/b]          clear every injected fault (asks first)
+  [b]← / →[/b]      replay: step one frame back / forward ([b]shift[/b]: ten)
+  [b]?[/b]          this help      [b]q[/b]  quit
+
+Gauge: [b]█[/b] live now  [b]▓[/b] high water since the previous snapshot  [b]│[/b] RWS(W)  [b]┆[/b] budget B
+       [b]░[/b] admissible  [b]·[/b] beyond B.  Below it: the high water per snapshot, scaled to capacity.
+Status bar: how old the shown snapshot is, and how long the last poll took.
+
+[dim]any key closes this[/dim]"""
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static { width: auto; max-width: 100%; height: auto; border: round $accent; padding: 0 1;
+                          background: $surface; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP)
+
+    def on_key(self) -> None:
+        self.dismiss(None)
+
+    def on_click(self) -> None:
+        self.dismiss(None)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question; only an explicit yes returns True."""
+
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical { width: 64; max-width: 100%; height: auto; border: thick $error; padding: 0 1;
+                               background: $surface; }
+    ConfirmScreen Horizontal { height: auto; align-horizontal: right; }
+    ConfirmScreen Button { margin-left: 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "answer(True)", "yes"),
+        Binding("n,escape", "answer(False)", "no"),
+    ]
+
+    def __init__(self, question: str, yes: str = "Yes") -> None:
+        super().__init__()
+        self.question = question
+        self.yes = yes
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.question)
+            with Horizontal():
+                yield Button(f"{self.yes} (y)", variant="error", id="yes")
+                yield Button("Cancel (n)", id="no")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class FaultScreen(ModalScreen[dict[str, Any] | None]):
+    """Pick a fault kind and a rank, and confirm: the choice is shown in full before anything is sent."""
+
+    DEFAULT_CSS = """
+    FaultScreen { align: center middle; }
+    FaultScreen > Vertical { width: 90; max-width: 100%; height: auto; border: thick $error; padding: 0 1;
+                             background: $surface; }
+    FaultScreen Horizontal#pick { height: auto; }
+    FaultScreen OptionList { height: auto; max-height: 8; }
+    FaultScreen #kinds { width: 2fr; }
+    FaultScreen #ranks { width: 1fr; }
+    FaultScreen Horizontal#buttons { height: auto; align-horizontal: right; }
+    FaultScreen Button { margin-left: 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "inject", "inject"),
+        Binding("n,escape", "cancel", "cancel"),
+    ]
+
+    def __init__(self, engine: str, ranks: int) -> None:
+        super().__init__()
+        self.engine = engine
+        self.ranks = ranks
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(f"[b]Inject a fault into {self.engine}[/b]: the next restore breaks on purpose (once).")
+            with Horizontal(id="pick"):
+                yield OptionList(*(Option(f"{k}: {d}", id=k) for k, d in FAULT_KINDS.items()), id="kinds")
+                yield OptionList(
+                    Option("every rank", id="all"),
+                    *(Option(f"rank {r}", id=str(r)) for r in range(self.ranks)),
+                    id="ranks",
+                )
+            yield Label("", id="summary")
+            with Horizontal(id="buttons"):
+                yield Button("Inject (y)", variant="error", id="inject")
+                yield Button("Cancel (n)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#kinds", OptionList).highlighted = 0
+        self.query_one("#ranks", OptionList).highlighted = 0
+        self._show()
+
+    def spec(self) -> dict[str, Any]:
+        kinds, ranks = self.query_one("#kinds", OptionList), self.query_one("#ranks", OptionList)
+        kind = kinds.get_option_at_index(kinds.highlighted or 0).id or "restore-fault"
+        rank = ranks.get_option_at_index(ranks.highlighted or 0).id
+        return {"kind": kind, "count": 1} | ({} if rank in (None, "all") else {"rank": int(rank)})
+
+    def _show(self) -> None:
+        s = self.spec()
+        where = f"rank {s['rank']}" if "rank" in s else "every rank"
+        self.query_one("#summary", Label).update(f"→ [b red]{s['kind']}[/] on [b]{where}[/], next restore, once")
+
+    @on(OptionList.OptionHighlighted)
+    def _changed(self) -> None:
+        self._show()
+
+    @on(Button.Pressed, "#inject")
+    def action_inject(self) -> None:
+        self.dismiss(self.spec())
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+def _rows(w: Static) -> int:
+    return max(w.content_size.height, 8)
+
+
+def _narrow(w: Static) -> bool:
+    width = w.content_size.width
+    return 0 < width < 60
+
+
+# -- the app -------------------------------------------------------------------------------------------------------
+class TopApp(App[None]):
+    TITLE = "bsr top"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]  # noqa: RUF012 - textual's own declaration
+    CSS = """
+    Screen { layout: vertical; }
+    #header { height: 1; padding: 0 1; }
+    #banner { display: none; height: auto; background: $error; color: $text; padding: 0 1; text-style: bold; }
+    #banner.-shown { display: block; }
+    .panel { border: round $primary-darken-1; border-title-color: $text; padding: 0 1; overflow: hidden hidden;
+             height: 1fr; }
+    #gauges { height: auto; max-height: 50%; }
+    #panels { layout: grid; grid-size: 2 2; grid-columns: 9fr 11fr; grid-rows: auto 1fr; height: 1fr; }
+    #active, #health { height: auto; min-height: 4; max-height: 10; }
+    /* Under 100 columns the recent outcomes give way to a full-width event log (outcomes are events too). */
+    .-narrow #panels { grid-columns: 1fr 1fr; }
+    .-narrow #recent { display: none; }
+    .-narrow #events { column-span: 2; }
+    #status { height: 1; background: $panel; padding: 0 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "quit"),
+        Binding("p,space", "toggle_pause", "pause"),
+        Binding("r", "cycle_rank", "rank filter"),
+        Binding("k", "cycle_kind", "kind filter"),
+        Binding("question_mark", "help", "help"),
+        Binding("f", "inject_fault", "inject fault"),
+        Binding("c", "clear_faults", "clear faults"),
+        Binding("left", "seek(-1)", "back", show=False),
+        Binding("right", "seek(1)", "forward", show=False),
+        Binding("shift+left", "seek(-10)", "back 10", show=False),
+        Binding("shift+right", "seek(10)", "forward 10", show=False),
+    ]
+
+    def __init__(
+        self,
+        source: LiveSource | ReplaySource,
+        *,
+        interval: float = 1.0,
+        recorder: Recorder | None = None,
+        clock: Callable[[], float] = time.time,
+        paused: bool = False,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.interval = max(0.05, interval)
+        self.recorder = recorder
+        self._clock = clock
+        self.view: View | None = None  # the newest view (a live session keeps folding while paused)
+        self.shown: View | None = None  # the view on screen
+        self.failure: PollFailure | None = None  # the last poll's failure, until a snapshot arrives
+        self.paused = paused
+        self.rank: int | None = None
+        self.kind = "all"
+        self.polls = 0
+        self._polling = False
+        self._poll_timer: Timer | None = None
+        self._replay_timer: Timer | None = None
+        self._replay_frame: ReplayFrame | None = None
+        self._panels: dict[str, Static] = {}
+
+    def _panel(self, name: str) -> Static:
+        return self._panels[name]
+
+    @property
+    def _drawable(self) -> bool:
+        """False once the app is exiting: a worker's last message may arrive after the widgets are gone."""
+        return bool(self._panels) and self._panels["status"].is_attached
+
+    @property
+    def replay(self) -> bool:
+        return isinstance(self.source, ReplaySource)
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("bsr top: waiting for the first snapshot…", "dim"), id="header")
+        yield Static(id="banner")
+        yield Static(Text("…", "dim"), id="gauges", classes="panel")
+        with Container(id="panels"):
+            yield Static(id="active", classes="panel")
+            yield Static(id="health", classes="panel")
+            yield Static(id="recent", classes="panel")
+            yield Static(id="events", classes="panel")
+        yield Static(id="status")
+
+    def on_mount(self) -> None:
+        # Kept by reference: drawn on every snapshot, and still checkable (`_drawable`) once the app is exiting.
+        self._panels = {w.id: w for w in self.query(Static) if w.id}
+        self._panel("gauges").border_title = "Restore pool per rank"
+        if isinstance(self.source, ReplaySource):
+            self.source.paused = self.paused
+            self._show_replay(self.source.frame())
+            self._arm_replay()
+        else:
+            self._start_poll()
+            # Only the status bar ticks on its own (snapshot age); panels redraw when a snapshot arrives.
+            self.set_interval(1.0, self._draw_status)
+        self._draw_status()
+
+    def on_unmount(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+        self.source.close()
+
+    # -- polling (live) ---------------------------------------------------------------------------------------------
+    def _start_poll(self) -> None:
+        if self._polling or self.replay:
+            return
+        if self._poll_timer is not None:
+            self._poll_timer.stop()
+            self._poll_timer = None
+        self._polling = True
+        self._poll_worker()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="poll")
+    def _poll_worker(self) -> None:
+        assert isinstance(self.source, LiveSource)
+        t0 = time.monotonic()
+        item: Frame | PollFailure
+        try:
+            item = self.source.poll()
+        except Exception as e:  # noqa: BLE001 - any failure must still reach the banner and re-arm the poll
+            item = PollFailure.from_error(e, self._clock(), time.monotonic() - t0)
+        if self.recorder is not None:
+            try:
+                self.recorder.write(item)
+            except (OSError, ValueError) as e:  # disk full, or the file closed as the app quits
+                self.post_message(RecordingFailed(str(e)))
+        self.post_message(SnapshotReceived(item) if isinstance(item, Frame) else PollFailed(item))
+
+    def _rearm(self, latency_s: float) -> None:
+        self._polling = False
+        self.polls += 1
+        # Never a zero delay: textual's timer divides by it.
+        self._poll_timer = self.set_timer(max(0.001, self.interval - latency_s), self._start_poll)
+
+    def on_snapshot_received(self, message: SnapshotReceived) -> None:
+        if not self._drawable:
+            return
+        self.view = sv.fold(self.view, message.frame)
+        self.failure = None
+        self._draw_banner()
+        if not self.paused:
+            self._draw(self.view)
+        self._draw_status()
+        self._rearm(message.frame.latency_s)
+
+    def on_poll_failed(self, message: PollFailed) -> None:
+        if not self._drawable:
+            return
+        self.failure = message.failure
+        self._draw_banner()
+        self._draw_status()
+        self._rearm(message.failure.latency_s)
+
+    def on_recording_failed(self, message: RecordingFailed) -> None:
+        self.notify(f"recording stopped: {message.error}", severity="error", timeout=10)
+        if self.recorder is not None:
+            rec, self.recorder = self.recorder, None
+            rec.close()
+
+    # -- replay -----------------------------------------------------------------------------------------------------
+    def _arm_replay(self) -> None:
+        assert isinstance(self.source, ReplaySource)
+        if self._replay_timer is not None:
+            self._replay_timer.stop()
+        if not self.paused and not self.source.at_end:
+            self._replay_timer = self.set_timer(self.source.delay_after(self.source.position), self._replay_step)
+
+    def _replay_step(self) -> None:
+        assert isinstance(self.source, ReplaySource)
+        if self.paused:
+            return
+        frame = self.source.advance()
+        if frame is not None:
+            self._show_replay(frame)
+        self._arm_replay()
+
+    def _show_replay(self, frame: ReplayFrame) -> None:
+        self._replay_frame = frame
+        self.view = frame.view
+        self.failure = frame.failure
+        self._draw_banner()
+        if frame.view is not None:
+            self._draw(frame.view)
+        self._draw_status()
+
+    def action_seek(self, delta: int) -> None:
+        if not isinstance(self.source, ReplaySource):
+            return
+        self._show_replay(self.source.seek(delta))
+        self._arm_replay()
+
+    # -- drawing ----------------------------------------------------------------------------------------------------
+    def _draw(self, view: View) -> None:
+        if not self._drawable:
+            return
+        self.shown = view
+        self._panel("header").update(sv.header(view))
+        g = self._panel("gauges")
+        g.border_title = sv.gauges_title(view)
+        g.update(sv.gauges(view, self.rank, dense=self._dense(view)))
+        a = self._panel("active")
+        a.border_title = sv.active_title(view)
+        a.update(sv.active(view, width=a.content_size.width or None))
+        h = self._panel("health")
+        h.border_title = sv.health_title(view, compact=_narrow(h))
+        h.update(sv.health(view, compact=_narrow(h)))
+        self._draw_sized()
+
+    def _dense(self, view: View) -> bool:
+        # Two lines per rank while they take at most a third of the screen; one line per rank beyond that.
+        return 2 * len(view.gauges) + 2 > self.size.height // 3
+
+    def _draw_sized(self) -> None:
+        """The panels whose row count follows their height: only rows that fit are built (CPU stays low)."""
+        if self.shown is None or not self._drawable:
+            return
+        r = self._panel("recent")
+        r.border_title = sv.recent_title(self.shown)
+        r.update(sv.recent(self.shown, limit=_rows(r), compact=_narrow(r)))
+        e = self._panel("events")
+        e.border_title = sv.events_title(self.shown, self.rank, self.kind)
+        e.update(sv.events(self.shown, self.rank, self.kind, limit=_rows(e), compact=_narrow(e)))
+
+    def on_resize(self) -> None:
+        # Sizes settle after the layout pass; draw with the new ones then.
+        self.call_after_refresh(self._redraw)
+
+    def _redraw(self) -> None:
+        if self.shown is not None:
+            self._draw(self.shown)
+
+    def _draw_banner(self) -> None:
+        if not self._drawable:
+            return
+        banner = self._panel("banner")
+        f = self.failure
+        if f is None:
+            banner.remove_class("-shown")
+            return
+        title = "ENGINE UNREACHABLE" if f.unreachable else f"ENGINE ERROR ({f.kind})"
+        text = Text()
+        text.append(f"✖ {title}: ", "bold")
+        text.append(f.message)
+        if not self.replay:
+            text.append(f" · retrying every {self.interval:g}s")
+        if self.view is not None:
+            text.append(" · showing the last snapshot", "italic")
+        if f.hint:
+            text.append(f"\n  {f.hint}")
+        banner.update(text)
+        banner.add_class("-shown")
+
+    def status_text(self) -> Text:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        view = self.shown if self.paused else self.view
+        if isinstance(self.source, ReplaySource):
+            fr = self._replay_frame
+            t.append("▶ replay ", "bold")
+            t.append(self.source.label)
+            if fr is not None:
+                t.append(f" · frame {fr.index + 1}/{fr.total} @ {sv.clock(fr.at)}")
+                if fr.index + 1 >= fr.total:
+                    t.append(" · end", "bold")
+        else:
+            if self.failure is not None:
+                t.append("✖ ", "bold red")
+            else:
+                t.append("● ", "green" if view is not None else "dim")
+            t.append(self.source.label)
+            if view is not None:
+                age = self._clock() - view.received_at
+                stale = age > 3 * self.interval + 1
+                t.append(f" · snapshot {age:.1f}s old", "bold yellow" if stale or self.failure else "")
+            if self.recorder is not None:
+                t.append(f" · REC {self.recorder.path.name}", "bold red")
+        if view is not None:
+            t.append(f" · poll {view.latency_s * 1e3:.0f} ms · seq {view.seq}")
+        if self.paused:
+            t.append(" · ")
+            t.append(" PAUSED ", "bold reverse yellow")
+        t.append(" · ? help", "dim")  # the filters are in the event log's title
+        return t
+
+    def _draw_status(self) -> None:
+        if self._drawable:
+            self._panel("status").update(self.status_text())
+
+    # -- keys -------------------------------------------------------------------------------------------------------
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        if isinstance(self.source, ReplaySource):
+            self.source.paused = self.paused
+            self._arm_replay()
+        elif not self.paused and self.view is not None:
+            self._draw(self.view)  # catch up with what was polled while frozen
+        self._draw_status()
+
+    def action_cycle_rank(self) -> None:
+        ranks = [g.rank for g in self.shown.gauges] if self.shown else []
+        self.rank = sv.next_rank(self.rank, ranks)
+        if self.shown is not None:
+            self._panel("gauges").update(sv.gauges(self.shown, self.rank, dense=self._dense(self.shown)))
+        self._draw_sized()
+        self._draw_status()
+
+    def action_cycle_kind(self) -> None:
+        self.kind = sv.next_kind(self.kind)
+        self._draw_sized()
+        self._draw_status()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def _can_act(self) -> bool:
+        if isinstance(self.screen, ModalScreen):
+            return False  # app keys still reach us under a dialog; one dialog at a time
+        if self.replay:
+            self.notify("a replay is read-only", severity="warning")
+            return False
+        if self.view is None or self.failure is not None:
+            self.notify("no live engine to act on", severity="warning")
+            return False
+        return True
+
+    def action_inject_fault(self) -> None:
+        if not self._can_act():
+            return
+        assert self.view is not None
+        if not self.view.info.faults_enabled:
+            self.notify(
+                "this engine does not allow fault injection (start it with `bsr engine up --enable-faults`)",
+                severity="warning",
+                timeout=6,
+            )
+            return
+
+        def chosen(spec: dict[str, Any] | None) -> None:
+            if spec:
+                self._inject_worker(spec)
+
+        self.push_screen(FaultScreen(self.source.label, len(self.view.gauges) or self.view.info.ranks), chosen)
+
+    def action_clear_faults(self) -> None:
+        if not self._can_act():
+            return
+        assert self.view is not None
+        n = len(self.view.faults)
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._clear_worker()
+
+        self.push_screen(
+            ConfirmScreen(f"Clear {n} injected fault{'s' if n != 1 else ''} on {self.source.label}?", "Clear"),
+            answered,
+        )
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="action")
+    def _inject_worker(self, spec: dict[str, Any]) -> None:
+        assert isinstance(self.source, LiveSource)
+        try:
+            self.post_message(FaultInjected(self.source.inject_fault(spec)))
+        except Exception as e:  # noqa: BLE001 - shown to the operator, who decides what next
+            self.post_message(ActionFailed("inject fault", PollFailure.from_error(e, self._clock(), 0.0)))
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="action")
+    def _clear_worker(self) -> None:
+        assert isinstance(self.source, LiveSource)
+        try:
+            self.post_message(FaultsCleared(self.source.clear_faults()))
+        except Exception as e:  # noqa: BLE001 - shown to the operator, who decides what next
+            self.post_message(ActionFailed("clear faults", PollFailure.from_error(e, self._clock(), 0.0)))
+
+    def on_fault_injected(self, message: FaultInjected) -> None:
+        f = sv.FaultView(
+            id=int(message.fault.get("id", 0)),
+            kind=str(message.fault.get("kind", "?")),
+            rank=message.fault.get("rank"),
+            window=message.fault.get("window"),
+            group=message.fault.get("group"),
+            count=int(message.fault.get("count", 1)),
+            fired=int(message.fault.get("fired", 0)),
+        )
+        self.notify(f"injected {f.describe()}", severity="warning", timeout=6)
+        if self._drawable:
+            self._start_poll()  # show it now rather than at the next tick
+
+    def on_faults_cleared(self, message: FaultsCleared) -> None:
+        self.notify(f"cleared {message.count} fault{'s' if message.count != 1 else ''}")
+        if self._drawable:
+            self._start_poll()
+
+    def on_action_failed(self, message: ActionFailed) -> None:
+        f = message.failure
+        self.notify(f"{message.what} failed: {f.message}" + (f"\n{f.hint}" if f.hint else ""), severity="error")

@@ -1,0 +1,313 @@
+"""Where `bsr top` gets its snapshots: a live engine, or a recording of one.
+
+    LiveSource    one blocking `poll()` per call through the one AdminClient; the caller (the app's worker) never
+                  starts the next poll before the previous has answered, so a slow engine never stacks requests
+                  (dolphie's one-shot poll, re-armed when it finishes). A failed poll drops the client, so the next
+                  one reconnects and re-resolves the engine (a restarted embedded engine may listen on a new port).
+    Recorder      appends every poll (snapshot or failure) to a gzip JSON-lines file, flushed each time so a crash
+                  keeps what was seen; events a previous line already holds are not written again.
+    ReplaySource  reads such a file and serves it back deterministically, with pause and seek.
+
+No textual here: the worker threads and messages live in the app; this module is plain blocking code.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bsr_cli.client.admin import AdminClient, resolve_engine
+from bsr_cli.errors import BsrError, EngineError, InvalidInput
+from bsr_cli.settings import Settings
+from bsr_cli.tui.snapshot import Frame, View, fold
+
+FORMAT = "bsr.top-recording"
+FORMAT_VERSION = 1
+CHECKPOINT_EVERY = 32  # replay keeps every 32nd view so a seek folds at most 31 frames
+
+
+@dataclass(frozen=True)
+class PollFailure:
+    """A poll that got no snapshot: what the banner says, and what a recording keeps of the outage."""
+
+    at: float
+    latency_s: float
+    kind: str  # the BsrError kind: unreachable, timeout, unauthorized, ...
+    message: str
+    hint: str | None = None
+
+    @property
+    def unreachable(self) -> bool:
+        return self.kind in ("unreachable", "timeout")
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "t": self.at,
+            "lat": round(self.latency_s, 6),
+            "error": self.kind,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+    @classmethod
+    def from_error(cls, e: BaseException, at: float, latency_s: float) -> PollFailure:
+        if isinstance(e, BsrError):
+            return cls(at, latency_s, e.kind, e.message, e.hint)
+        return cls(at, latency_s, "internal", f"{type(e).__name__}: {e}", "rerun with BSR_DEBUG=1 and report it")
+
+    @classmethod
+    def from_record(cls, d: Mapping[str, Any]) -> PollFailure:
+        return cls(float(d["t"]), float(d.get("lat", 0.0)), str(d["error"]), str(d.get("message", "")), d.get("hint"))
+
+
+Item = Frame | PollFailure
+
+
+# -- live ---------------------------------------------------------------------------------------------------------
+class LiveSource:
+    """Polls one engine. Not for concurrent polls: the app arms the next poll only once this one returned."""
+
+    kind = "live"
+
+    def __init__(
+        self,
+        connect: Callable[[], AdminClient],
+        *,
+        timeout_s: float = 5.0,
+        label: str = "engine",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._connect = connect
+        self._client: AdminClient | None = None
+        self.timeout_s = timeout_s
+        self.label = label
+        self._clock = clock
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, timeout_s: float | None = None) -> LiveSource:
+        try:
+            label = resolve_engine(settings)[0]
+        except BsrError:
+            label = "engine (not found yet)"  # the app shows why in its banner and keeps retrying
+        return cls(
+            lambda: AdminClient.from_settings(settings),
+            timeout_s=min(settings.timeout_s, 10.0) if timeout_s is None else timeout_s,
+            label=label,
+        )
+
+    @classmethod
+    def for_url(cls, url: str, token: str | None = None, *, timeout_s: float = 5.0) -> LiveSource:
+        return cls(lambda: AdminClient(url, token, timeout_s=timeout_s), timeout_s=timeout_s, label=url)
+
+    def poll(self) -> Frame:
+        """One snapshot, or the EngineError that says why not."""
+        try:
+            if self._client is None:
+                self._client = self._connect()
+                self.label = self._client.url
+            t0 = time.monotonic()
+            raw = self._client.snapshot(timeout=self.timeout_s)
+            return Frame(raw, self._clock(), time.monotonic() - t0)
+        except EngineError:
+            self._drop()
+            raise
+
+    def inject_fault(self, spec: dict[str, Any]) -> dict[str, Any]:
+        with self._connect() as c:  # its own connection: an operator's action never queues behind a poll
+            return c.inject_fault(spec)
+
+    def clear_faults(self) -> int:
+        with self._connect() as c:
+            return c.clear_faults()
+
+    def _drop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def close(self) -> None:
+        self._drop()
+
+
+# -- recording ----------------------------------------------------------------------------------------------------
+class Recorder:
+    """Writes every poll to ``path`` as gzip JSON lines: a header, then one line per snapshot or failure."""
+
+    def __init__(self, fh: gzip.GzipFile, path: Path) -> None:
+        self._fh = fh
+        self.path = path
+        self.lines = 0
+        self._seen: tuple[float, int] = (0.0, -1)  # (engine started_at, last event seq written)
+
+    @classmethod
+    def open(cls, path: Path, source: str = "") -> Recorder:
+        try:
+            fh = gzip.GzipFile(path, "wb")  # the recorder owns it until close()
+        except OSError as e:
+            raise InvalidInput(f"cannot record to {path}: {e.strerror or e}") from None
+        rec = cls(fh, path)
+        rec._line({"format": FORMAT, "version": FORMAT_VERSION, "started": time.time(), "source": source})
+        return rec
+
+    def write(self, item: Item) -> None:
+        if isinstance(item, PollFailure):
+            self._line(item.to_record())
+            return
+        snap = dict(item.snapshot)
+        started = float((snap.get("info") or {}).get("started_at") or 0.0)
+        seq = int(snap.get("seq") or 0)
+        last_started, last_seq = self._seen
+        if started == last_started and seq >= last_seq:
+            # fold() uses only events newer than the previous snapshot, so the ones already on file are dropped.
+            snap["events"] = [e for e in snap.get("events") or () if int(e.get("seq", 0)) > last_seq]
+        self._seen = (started, seq)
+        self._line(Frame(snap, item.received_at, item.latency_s).to_record())
+
+    def _line(self, obj: Mapping[str, Any]) -> None:
+        self._fh.write(json.dumps(obj, separators=(",", ":"), default=str).encode() + b"\n")
+        self._fh.flush()  # a sync flush per line: what was recorded survives a killed terminal
+        self.lines += 1
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_recording(path: Path) -> tuple[dict[str, Any], list[Item]]:
+    """(header, items) of a recording; InvalidInput when it is not one. A truncated tail (the recorder was killed
+    mid-write) is tolerated: everything before it is kept."""
+    try:
+        with gzip.GzipFile(path, "rb") as fh:
+            lines = list(_complete_lines(fh))
+    except FileNotFoundError:
+        raise InvalidInput(f"no recording at {path}") from None
+    except gzip.BadGzipFile:
+        raise InvalidInput(f"{path} is not a bsr top recording (not gzip)") from None
+    except OSError as e:
+        raise InvalidInput(f"cannot read {path}: {e.strerror or e}") from None
+    if not lines:
+        raise InvalidInput(f"{path} is empty")
+    try:
+        header = json.loads(lines[0])
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise InvalidInput(f"{path} is not a bsr top recording", hint="record one with `bsr top --record FILE`")
+    if header.get("version") != FORMAT_VERSION:
+        raise InvalidInput(f"{path} is recording format {header.get('version')}, this bsr reads {FORMAT_VERSION}")
+    items: list[Item] = []
+    for n, line in enumerate(lines[1:], start=2):
+        try:
+            d = json.loads(line)
+            items.append(PollFailure.from_record(d) if "error" in d else Frame.from_record(d))
+        except (ValueError, KeyError, TypeError):
+            raise InvalidInput(f"{path} line {n} is not a recorded snapshot") from None
+    if not items:
+        raise InvalidInput(f"{path} holds no snapshots")
+    return header, items
+
+
+def _complete_lines(fh: Iterable[bytes]) -> Iterator[bytes]:
+    try:
+        for line in fh:
+            if line.endswith(b"\n"):
+                yield line
+    except (EOFError, zlib.error):
+        return  # a recorder killed mid-line: keep the complete lines before it
+
+
+# -- replay -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReplayFrame:
+    """What the replay shows at one position: the view as of then, and the failure if that poll failed."""
+
+    index: int
+    total: int
+    view: View | None
+    failure: PollFailure | None
+    at: float  # when it was recorded
+
+
+class ReplaySource:
+    """A recording served back frame by frame. Views are folded in order from the start (history depends on every
+    earlier frame), with checkpoints, so any position always shows the same view however it was reached."""
+
+    kind = "replay"
+
+    def __init__(self, items: Sequence[Item], label: str = "recording") -> None:
+        if not items:
+            raise InvalidInput("a replay needs at least one recorded snapshot")
+        self.items = tuple(items)
+        self.label = label
+        self.position = 0
+        self.paused = False
+        self._checkpoints: dict[int, View | None] = {}
+
+    @classmethod
+    def load(cls, path: Path) -> ReplaySource:
+        _, items = read_recording(path)
+        return cls(items, label=path.name)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def at_end(self) -> bool:
+        return self.position >= len(self.items) - 1
+
+    def frame(self, index: int | None = None) -> ReplayFrame:
+        i = self.position if index is None else max(0, min(index, len(self.items) - 1))
+        item = self.items[i]
+        return ReplayFrame(
+            index=i,
+            total=len(self.items),
+            view=self._view_at(i),
+            failure=item if isinstance(item, PollFailure) else None,
+            at=item.at if isinstance(item, PollFailure) else item.received_at,
+        )
+
+    def _view_at(self, i: int) -> View | None:
+        """The view after folding every snapshot up to and including position ``i``."""
+        start = max((k for k in self._checkpoints if k <= i), default=-1)
+        view = self._checkpoints[start] if start >= 0 else None
+        for k in range(start + 1, i + 1):
+            item = self.items[k]
+            if isinstance(item, Frame):
+                view = fold(view, item)
+            if k % CHECKPOINT_EVERY == 0:
+                self._checkpoints[k] = view
+        return view
+
+    def seek(self, delta: int) -> ReplayFrame:
+        self.position = max(0, min(self.position + delta, len(self.items) - 1))
+        return self.frame()
+
+    def advance(self) -> ReplayFrame | None:
+        """The next frame, or None at the end (the replay stops there; seeking back still works)."""
+        if self.at_end:
+            return None
+        self.position += 1
+        return self.frame()
+
+    def delay_after(self, index: int, speed: float = 1.0) -> float:
+        """The recorded gap to the next frame, kept within reason so a long outage does not stall the replay."""
+        if index + 1 >= len(self.items):
+            return 1.0
+        gap = _at(self.items[index + 1]) - _at(self.items[index])
+        return min(max(gap, 0.05), 5.0) / max(speed, 0.01)
+
+    def toggle_pause(self) -> bool:
+        self.paused = not self.paused
+        return self.paused
+
+    def close(self) -> None:
+        """Nothing to release: the recording was read whole."""
+
+
+def _at(item: Item) -> float:
+    return item.at if isinstance(item, PollFailure) else item.received_at

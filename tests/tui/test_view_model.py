@@ -1,0 +1,108 @@
+"""The view model, pure: folding real recorded snapshots, filters, and the one-shot text renderer."""
+
+from __future__ import annotations
+
+import copy
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from bsr_cli.tui import snapshot as sv
+from bsr_cli.tui.snapshot import Frame
+from bsr_cli.tui.source import PollFailure, read_recording
+
+
+def _frames(path: Path) -> list[Frame]:
+    return [i for i in read_recording(path)[1] if isinstance(i, Frame)]
+
+
+def _text(renderable: object, width: int = 120) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), no_color=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+@pytest.mark.timeout(30)
+def test_fold_tracks_windows_history_outcomes_faults_and_markers(incident: Path) -> None:
+    views = list(sv.fold_all(_frames(incident)))
+    actives = [a for v in views for a in v.active]
+    assert actives, "the recording holds restores in flight"
+    for a in actives:
+        assert a.progress_text == f"window {a.current_window} of {a.windows}"
+        assert 1 <= a.current_window <= a.windows
+    # The pool filled to RWS(W) while windows were in flight, and the history kept it after the pool drained.
+    last = views[-1]
+    rws = last.info.rws_bytes
+    assert rws and any(max(g.history) == rws for g in last.gauges)
+    assert all(len(g.history) == len(views) for g in last.gauges)
+    assert all(g.state in ("ok", "above-rws") for v in views for g in v.gauges)
+    assert [o.outcome for o in last.recent] == ["failed_closed", "committed"]
+    assert [(f.kind, f.rank) for f in last.faults] == [("restore-fault", 1)]
+    assert last.markers and last.markers[0].excluded
+    kinds = [e.type for e in last.events]
+    assert "restore_committed" in kinds and "restore_failed_closed" in kinds and "marker_set" in kinds
+    assert [e.seq for e in last.events] == sorted({e.seq for e in last.events}), "no event twice, none reordered"
+
+
+@pytest.mark.timeout(30)
+def test_filters_cycle_and_select(incident: Path) -> None:
+    last = list(sv.fold_all(_frames(incident)))[-1]
+    assert [sv.next_rank(r, [0, 1]) for r in (None, 0, 1)] == [0, 1, None]
+    assert sv.next_kind("faults") == "all" and sv.next_kind("all") == "restores"
+    only1 = last.filtered_events(rank=1)
+    assert only1 and all(1 in e.ranks for e in only1)
+    assert {e.category for e in last.filtered_events(kind="faults")} == {"faults"}
+    failed = last.filtered_events(rank=1, kind="restores")
+    assert any(e.type == "restore_failed_closed" for e in failed), "a failure on rank 1 belongs to rank 1"
+
+
+@pytest.mark.timeout(30)
+def test_high_water_sees_windows_between_polls_and_gaps_are_counted(incident: Path) -> None:
+    frames = _frames(incident)
+    i = next(k for k, f in enumerate(frames) if f.snapshot.get("active"))
+    prev = sv.fold(None, frames[i - 1])
+    drained = copy.deepcopy(dict(frames[i].snapshot))
+    for r in drained["ranks"]:
+        r["pool"]["live_bytes"] = 0  # the poll landed between two windows
+    view = sv.fold(prev, Frame(drained, frames[i].received_at, 0.01))
+    assert all(g.live_bytes == 0 for g in view.gauges)
+    assert max(g.high_water_bytes for g in view.gauges) > 0, "window events since the last poll still count"
+    # Events the engine already dropped before this poll are reported as missed, not silently lost.
+    gap = copy.deepcopy(dict(frames[i].snapshot))
+    gap["events"] = gap["events"][-5:]
+    missed = sv.fold(prev, Frame(gap, frames[i].received_at, 0.01))
+    assert missed.events_missed == gap["events"][0]["seq"] - prev.seq - 1 > 0
+
+
+@pytest.mark.timeout(30)
+def test_restarted_engine_starts_a_new_event_stream(incident: Path) -> None:
+    frames = _frames(incident)
+    before = list(sv.fold_all(frames))[-1]
+    restarted = copy.deepcopy(dict(frames[0].snapshot))
+    restarted["info"]["started_at"] += 1000
+    after = sv.fold(before, Frame(restarted, frames[-1].received_at + 1, 0.01))
+    assert after.seq < before.seq and after.events_missed == before.events_missed
+    assert after.gauges[0].history[:-1] == before.gauges[0].history[-(sv.HISTORY - 1) :]
+
+
+@pytest.mark.timeout(30)
+def test_render_text_reads_at_80_and_120_columns(incident: Path) -> None:
+    last = list(sv.fold_all(_frames(incident)))[-1]
+    for width in (80, 120):
+        text = _text(sv.render_text(last), width)
+        assert max(len(line) for line in text.splitlines()) <= width
+        for needle in ("Restore pool per rank", "RWS(W=4)", "INJECTED", "restore-fault", "failed closed", "r1"):
+            assert needle in text, f"{needle!r} missing at {width} columns"
+    json_view = last.to_dict()
+    assert json_view["gauges"][0]["state"] in ("ok", "above-rws")
+    assert json_view["faults"][0]["kind"] == "restore-fault"
+
+
+@pytest.mark.timeout(30)
+def test_a_broken_snapshot_still_folds() -> None:
+    view = sv.fold(None, Frame({"ranks": [{"rank": 0, "alive": False, "error": "pipe closed"}, "junk"]}, 1.0, 0.0))
+    assert view.gauges[0].state == "down"
+    assert "DOWN" in _text(sv.render_text(view))
+    assert PollFailure.from_error(ValueError("x"), 0.0, 0.0).kind == "internal"
