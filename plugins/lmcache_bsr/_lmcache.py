@@ -1,0 +1,327 @@
+"""The one module that imports LMCache.
+
+LMCache moves its modules between releases (``lmcache.v1.gpu_connector`` became a package, the storage manager
+was rewritten, the vLLM adapter split in two), so every LMCache name the plugins use is imported here and nowhere
+else. Supported: LMCache 0.5.6 (the release the CPU tests run against). Any other version fails at import with a
+message naming the supported one; set ``BSR_LMCACHE_ANY_VERSION=1`` to try anyway at your own risk.
+
+Besides the imports, this module holds the few places where the plugin reaches into LMCache internals (each one
+says why): the CPU paged connector, the L1 peak tracker, probe-only presence per backend, the per-window block
+mapping, and the crash guards (destroy before exit, wait for remote puts).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before LMCache is imported: no usage-telemetry thread posting to stats.lmcache.ai, and quieter logs.
+os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+SUPPORTED_VERSION = "0.5.6"
+
+try:
+    import lmcache
+    from lmcache.v1.cache_engine import LMCacheEngine, LMCacheEngineBuilder
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
+    from lmcache.v1.metadata import LMCacheMetadata
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"lmcache_bsr needs LMCache {SUPPORTED_VERSION} (import failed: {e}); "
+        f"install it with scripts/test-plugins or `pip install --no-deps lmcache=={SUPPORTED_VERSION}` "
+        "plus plugins/lmcache_bsr/requirements-cpu.txt"
+    ) from e
+
+LMCACHE_VERSION = str(getattr(lmcache, "__version__", "unknown"))
+if LMCACHE_VERSION != SUPPORTED_VERSION and os.environ.get("BSR_LMCACHE_ANY_VERSION") != "1":
+    raise ImportError(
+        f"lmcache_bsr supports LMCache {SUPPORTED_VERSION} only; found {LMCACHE_VERSION}. Its module paths and "
+        "storage internals change between releases. Set BSR_LMCACHE_ANY_VERSION=1 to try anyway."
+    )
+
+# LMCache's backend names for bsr's tier names.
+TIER_BACKENDS = {"fs": "LocalDiskBackend", "mooncake": "RemoteBackend", "cpu": "LocalCPUBackend"}
+# A location no backend has: LMCache's own batched_get answers [None] * n for it, which is how an injected
+# "tier down" fault travels through LMCache's real failure path (a short retrieve mask).
+FAULT_LOCATION = "BsrFaultInjectedDown"
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# -- engines ---------------------------------------------------------------------------------------------------
+def build_engine(
+    instance_id: str,
+    config: dict[str, Any],
+    *,
+    model: str,
+    world_size: int,
+    worker_id: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: str,
+    connector: GPUConnectorInterface,
+) -> LMCacheEngine:
+    """A CPU-only LMCache engine for one TP rank (``post_init`` done: storage manager and backends exist)."""
+    cfg = LMCacheEngineConfig.from_defaults(**config)
+    chunk = int(config.get("chunk_size", 256))
+    md = LMCacheMetadata(
+        model_name=model,
+        world_size=world_size,
+        local_world_size=world_size,
+        worker_id=worker_id,
+        local_worker_id=worker_id,
+        kv_dtype=TORCH_DTYPES[dtype],
+        kv_shape=(num_layers, 2, chunk, num_kv_heads, head_size),
+        chunk_size=chunk,
+    )
+    # No torch.distributed here: every rank's engine is independent, so the broadcasts are identities.
+    eng = LMCacheEngineBuilder.get_or_create(
+        instance_id, cfg, md, connector, broadcast_fn=lambda t, r: None, broadcast_object_fn=lambda o, r: o
+    )
+    eng.post_init()  # creates the StorageManager and its backends; without it every call asserts
+    return eng
+
+
+def destroy_engine(instance_id: str) -> None:
+    """Required before the process exits: LMCache's storage event-loop thread is not a daemon (the interpreter
+    would never exit otherwise)."""
+    LMCacheEngineBuilder.destroy(instance_id)
+
+
+def backends(eng: LMCacheEngine) -> dict[str, Any]:
+    return dict(eng.storage_manager.storage_backends)
+
+
+def mooncake_store(eng: LMCacheEngine) -> Any | None:
+    """The MooncakeDistributedStore behind LMCache's RemoteBackend (through its instrumentation wrappers)."""
+    rb = backends(eng).get("RemoteBackend")
+    conn = getattr(rb, "connection", None)
+    for _ in range(8):
+        if conn is None or hasattr(conn, "store"):
+            break
+        conn = getattr(conn, "real_connector", None) or getattr(conn, "_connector", None) or conn.connector
+    return getattr(conn, "store", None)
+
+
+def chunk_keys(eng: LMCacheEngine, tokens: Sequence[int]) -> list[tuple[int, int, Any]]:
+    """[(start, end, CacheEngineKey)] of every full chunk LMCache would store for these tokens. No storage access."""
+    return list(eng.token_database.process_tokens(tokens=torch.tensor(list(tokens), dtype=torch.long)))
+
+
+def key_string(key: Any) -> str:
+    return str(key.to_string())
+
+
+def disk_contains(eng: LMCacheEngine, keys: Sequence[Any]) -> list[bool]:
+    """LocalDiskBackend's in-memory index, with pin=False: no pin count, no LRU touch, nothing to release."""
+    disk = backends(eng)["LocalDiskBackend"]
+    return [bool(disk.contains(k, pin=False)) for k in keys]
+
+
+def remote_exists(eng: LMCacheEngine, keys: Sequence[Any]) -> list[bool]:
+    """One batch_is_exist RPC. Only 1 means present: a dead master answers -900, which LMCache's own
+    RemoteBackend.contains would count as a hit."""
+    store = mooncake_store(eng)
+    if store is None:
+        raise RuntimeError("LMCache has no Mooncake remote backend configured")
+    codes = store.batch_is_exist([key_string(k) for k in keys])
+    return [c == 1 for c in codes]
+
+
+def pinned_state(eng: LMCacheEngine, keys: Sequence[Any]) -> dict[str, Any]:
+    """What a probe could have left behind: lookup pins, disk pin counts, L1 pinned objects (for tests)."""
+    disk = backends(eng).get("LocalDiskBackend")
+    pins = [int(getattr(disk.dict[k], "pin_count", 0)) for k in keys if disk is not None and k in disk.dict]
+    return {
+        "lookup_pins": len(getattr(eng, "lookup_pins", {}) or {}),
+        "disk_pin_counts": pins,
+        "disk_keys_in_request": len(getattr(disk, "keys_in_request", []) or []),
+    }
+
+
+# -- retrieve and store ----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def block_mapping_override(eng: LMCacheEngine, choose: Callable[[int], str]) -> Iterator[None]:
+    """Make LMCache read each chunk of the next retrieve from the backend ``choose(start_token)`` names.
+
+    Stock ``get_block_mapping`` splits a plan greedily by prefix across backends (CPU, disk, remote) and counts a
+    dead master's -900 as a hit; bsr's coordinator has already chosen a tier per chunk from the probe bitmap (with
+    force-local exclusions), so the retrieve must follow that choice. Instance attribute, restored on exit; the
+    caller holds the rank's engine lock, so no other retrieve sees it."""
+    sm = eng.storage_manager
+
+    def mapping(chunk_infos: list[tuple[Any, int, int]]) -> dict[str, list[tuple[Any, int, int]]]:
+        out: dict[str, list[tuple[Any, int, int]]] = {}
+        for info in chunk_infos:
+            out.setdefault(choose(info[1]), []).append(info)
+        return out
+
+    sm.get_block_mapping = mapping
+    try:
+        yield
+    finally:
+        with contextlib.suppress(AttributeError):
+            del sm.get_block_mapping
+
+
+def masked_retrieve(eng: LMCacheEngine, tokens: Sequence[int], start: int, end: int, **kwargs: Any) -> torch.Tensor:
+    """LMCache's masked retrieve of window [start, end): tokens[:end] with the first ``start`` masked out.
+    Returns LMCache's mask of the tokens it loaded (length ``end``)."""
+    toks = torch.tensor(list(tokens[:end]), dtype=torch.long)
+    mask = torch.ones(end, dtype=torch.bool)
+    mask[:start] = False
+    return eng.retrieve(toks, mask=mask, **kwargs)
+
+
+def stock_retrieve(eng: LMCacheEngine, tokens: Sequence[int], **kwargs: Any) -> torch.Tensor:
+    """LMCache's own retrieve of the whole prefix (for comparison: it stages the whole plan in L1)."""
+    return eng.retrieve(torch.tensor(list(tokens), dtype=torch.long), **kwargs)
+
+
+def store(eng: LMCacheEngine, tokens: Sequence[int], skip_tokens: int, **kwargs: Any) -> None:
+    """LMCache's store of tokens, leaving out a chunk-aligned prefix of ``skip_tokens`` (mask False)."""
+    toks = torch.tensor(list(tokens), dtype=torch.long)
+    mask = None
+    if skip_tokens:
+        mask = torch.ones(len(toks), dtype=torch.bool)
+        mask[:skip_tokens] = False
+    eng.store(toks, mask=mask, **kwargs)
+
+
+def disable_hot_cache(eng: LMCacheEngine) -> None:
+    """Stop retrieves from writing disk/remote chunks back into L1 (they would grow it past the window)."""
+    eng.set_hot_cache(False)
+
+
+def wait_remote_visible(eng: LMCacheEngine, keys: Sequence[str], deadline_s: float) -> bool:
+    """Wait until every key reads batch_is_exist == 1. LMCache's RemoteBackend.put_tasks does not track batched
+    puts, and destroying the engine with puts in flight segfaults (Mooncake writes from freed L1). A full segment
+    makes puts fail silently, so the wait always has a deadline. True when all are visible."""
+    store_ = mooncake_store(eng)
+    if store_ is None or not keys:
+        return True
+    deadline = time.monotonic() + deadline_s
+    while True:
+        codes = store_.batch_is_exist(list(keys))
+        if all(c == 1 for c in codes):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+# -- L1 accounting ---------------------------------------------------------------------------------------------
+class PeakTracker:
+    """Peak bytes of LMCache's L1 (the LocalCPUBackend allocator), which LMCache does not record itself.
+
+    Wraps the allocator's address manager (the one place both ``allocate`` and ``batched_allocate`` go through)
+    and records ``total_allocated_size`` after each allocation."""
+
+    def __init__(self, eng: LMCacheEngine) -> None:
+        cpu = backends(eng)["LocalCPUBackend"]
+        self.allocator = cpu.memory_allocator.pin_allocator
+        am = self.allocator.address_manager
+        self.heap_bytes = int(am.get_heap_size())
+        self.peak = self.live
+        self.window_peak = self.live  # since the last mark(): one window's staging
+        for name in ("allocate", "batched_allocate"):
+            orig = getattr(am, name)
+
+            def wrapped(*a: Any, _orig: Callable[..., Any] = orig, **k: Any) -> Any:
+                out = _orig(*a, **k)
+                live = self.live
+                self.peak = max(self.peak, live)
+                self.window_peak = max(self.window_peak, live)
+                return out
+
+            setattr(am, name, wrapped)
+
+    @property
+    def live(self) -> int:
+        return int(self.allocator.address_manager.total_allocated_size)
+
+    def reset(self) -> None:
+        self.peak = self.live
+
+    def mark(self) -> None:
+        self.window_peak = self.live
+
+
+# -- destination -----------------------------------------------------------------------------------------------
+class CPUPagedConnector(GPUConnectorInterface):
+    """Copies between LMCache MemoryObjs and a CPU paged KV cache (one ``[rows, 2, heads, head_size]`` tensor per
+    layer, rows = block_id * block_size + offset).
+
+    LMCache's object layout (KV_2LTD) is ``[2, layers, tokens, heads * head_size]``. store/retrieve kwargs:
+    ``kvcaches`` (the per-layer tensors) and ``slot_mapping`` (a LongTensor of rows for every token passed to
+    store/retrieve). On a GPU host use LMCache's real connector (``VLLMPagedMemGPUConnectorV2``, which the vLLM
+    adapter builds); this one exists because CPU-only LMCache has no paged connector."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_size: int) -> None:
+        self.num_layers, self.heads, self.head_size = num_layers, num_kv_heads, head_size
+        self.installs: list[tuple[int, int]] = []  # (start, end) of every chunk installed, for window checks
+
+    def get_shape(self, num_tokens: int) -> torch.Size:
+        return torch.Size([2, self.num_layers, num_tokens, self.heads * self.head_size])
+
+    def from_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
+        rows = kwargs["slot_mapping"][start:end]
+        for layer, kv in enumerate(kwargs["kvcaches"]):
+            t = kv.index_select(0, rows)  # [T, 2, H, D]
+            memory_obj.tensor[:, layer].copy_(t.permute(1, 0, 2, 3).reshape(2, end - start, -1))
+
+    def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
+        rows = kwargs["slot_mapping"][start:end]
+        n = end - start
+        for layer, kv in enumerate(kwargs["kvcaches"]):
+            src = memory_obj.tensor[:, layer].reshape(2, n, self.heads, self.head_size).permute(1, 0, 2, 3)
+            kv.index_copy_(0, rows, src.contiguous())
+        self.installs.append((start, end))
+
+    def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
+        for o, s, e in zip(memory_objs, starts, ends, strict=True):
+            self.from_gpu(o, s, e, **kwargs)
+
+    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
+        for o, s, e in zip(memory_objs or [], starts or [], ends or [], strict=True):
+            self.to_gpu(o, s, e, **kwargs)
+
+
+# -- vLLM ------------------------------------------------------------------------------------------------------
+def vllm_connector_base() -> type:
+    """LMCache's vLLM V1 connector class (imports vLLM: only call it inside a vLLM process)."""
+    from lmcache.integration.vllm.lmcache_connector_v1 import LMCacheConnectorV1Dynamic
+
+    return LMCacheConnectorV1Dynamic
+
+
+__all__ = [
+    "FAULT_LOCATION",
+    "LMCACHE_VERSION",
+    "SUPPORTED_VERSION",
+    "TIER_BACKENDS",
+    "CPUPagedConnector",
+    "PeakTracker",
+    "block_mapping_override",
+    "build_engine",
+    "chunk_keys",
+    "destroy_engine",
+    "disable_hot_cache",
+    "disk_contains",
+    "masked_retrieve",
+    "mooncake_store",
+    "remote_exists",
+    "stock_retrieve",
+    "store",
+    "vllm_connector_base",
+    "wait_remote_visible",
+]

@@ -1,0 +1,170 @@
+"""The BSR runtime hosted over real LMCache engines, with bsr's admin API in front.
+
+``LMCacheHost`` builds one LMCacheRank per TP rank (threads in this process), bsr's Coordinator over them and
+bsr's AdminServer (``/bsr/v1``): LMCache's own internal API server cannot host third-party routes, so each
+process that hosts ranks serves bsr's server next to it, the way LMCache serves its internal API per worker.
+``bsr probe/submit/restore/status/inject-fault`` then work against it unchanged.
+
+Run one from a config file (YAML or JSON; see docs/deployment.md)::
+
+    PYTHONPATH=plugins python -m lmcache_bsr.host host.yaml
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import secrets
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bsr_cli.core.keys import chunk_hashes
+from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
+from bsr_cli.errors import InvalidInput
+from bsr_cli.runtime.admin import AdminServer
+from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
+from bsr_cli.runtime.events import EventLog
+from bsr_cli.runtime.faults import FaultSpec
+
+from .rank import LMCacheRank, ThreadRank
+from .tokens import TokenRegistry
+
+UNSUPPORTED_FAULTS = {
+    # LMCache's naive serde stores no checksum, so a flipped byte cannot be detected: refusing beats pretending.
+    "corrupt": "objects stored by LMCache carry no checksum, so corruption cannot be detected over LMCache",
+}
+
+
+class LMCacheCoordinator(Coordinator):
+    """bsr's Coordinator, plus the two things LMCache needs: tokens behind chunk hashes, and honest faults."""
+
+    def __init__(self, *a: Any, registry: TokenRegistry, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.registry = registry
+
+    def probe(self, tokens: Sequence[int], hashes: list[str] | None = None) -> Any:
+        # Every admission path probes first with the tokens in hand: remember which tokens each hash stands for.
+        self.check_tokens(tokens)
+        hashes = hashes or chunk_hashes(tokens, self.reg.chunk_size)
+        self.registry.register(tokens, hashes)
+        return super().probe(tokens, hashes)
+
+    def inject(self, spec: dict[str, Any]) -> FaultSpec:
+        kind = spec.get("kind")
+        if isinstance(kind, str) and kind in UNSUPPORTED_FAULTS:
+            raise InvalidInput(f"fault kind {kind!r} is not supported by the LMCache host: {UNSUPPORTED_FAULTS[kind]}")
+        return super().inject(spec)
+
+
+def registration_from(cfg: dict[str, Any]) -> Registration:
+    m = cfg["model"]
+    layers, heads, head_size = int(m["layers"]), int(m["kv_heads"]), int(m["head_size"])
+    dtype = str(m.get("dtype", "bf16"))
+    group = KVGroup("attn", int(m.get("block_size", 16)))
+    tensors = tuple(TensorSpec(f"layers.{i}.kv", dtype, (2, heads, head_size), "attn") for i in range(layers))
+    return Registration(
+        model=str(m["name"]),
+        tp_size=int(m.get("tp_size", 1)),
+        groups=(group,),
+        tensors=tensors,
+        chunk_size=int(m.get("chunk_size", 256)),
+        source="lmcache-host",
+    )
+
+
+class LMCacheHost:
+    """Ranks + coordinator (+ admin server once ``serve`` is called). Always ``close()`` it (also at exit)."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.reg = registration_from(cfg)
+        s = dict(cfg.get("settings") or {})
+        s.setdefault("name", "lmcache")
+        s.setdefault("tokenizer", "bytes")
+        if "tiers" in s:
+            s["tiers"] = tuple(s["tiers"])
+        self.settings = EngineSettings(**s)
+        self.events = EventLog()
+        self.registry = TokenRegistry(self.reg.chunk_size)
+        self.ranks: list[ThreadRank] = []
+        self.admin: AdminServer | None = None
+        holder: dict[str, Coordinator] = {}
+
+        def emit(ev: dict[str, Any]) -> None:
+            c = holder.get("c")
+            if c is not None:
+                c.on_rank_event(ev)
+
+        try:
+            for r in range(self.reg.tp_size):
+                impl = LMCacheRank(
+                    r,
+                    self.reg,
+                    dict(cfg["lmcache"]),
+                    kv_tokens=self.settings.kv_tokens,
+                    registry=self.registry,
+                    emit=emit,
+                    budget_bytes=self.settings.budget_bytes,
+                )
+                self.ranks.append(ThreadRank(impl))
+        except BaseException:
+            self.close()
+            raise
+        self.coordinator = LMCacheCoordinator(self.reg, self.ranks, self.settings, self.events, registry=self.registry)
+        holder["c"] = self.coordinator
+        if not self.settings.pool_bytes:
+            self.settings.pool_bytes = self.ranks[0].impl.tracker.heap_bytes if self.ranks else 0
+        atexit.register(self.close)  # destroy engines even if the caller forgets (else exit hangs)
+
+    def rank(self, r: int) -> LMCacheRank:
+        return self.ranks[r].impl
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> AdminServer:
+        self.admin = AdminServer(self.coordinator, token=token or secrets.token_urlsafe(24), host=host, port=port)
+        self.admin.start()
+        return self.admin
+
+    def close(self) -> None:
+        if self.admin is not None:
+            self.admin.stop()
+            self.admin = None
+        ranks, self.ranks = self.ranks, []
+        for r in ranks:
+            r.close()
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    text = Path(path).read_text()
+    if str(path).endswith((".yaml", ".yml")):
+        import yaml
+
+        return dict(yaml.safe_load(text))
+    return dict(json.loads(text))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m lmcache_bsr.host CONFIG.(yaml|json)", file=sys.stderr)
+        return 2
+    cfg = load_config(argv[0])
+    admin_cfg = dict(cfg.get("admin") or {})
+    host = LMCacheHost(cfg)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    try:
+        admin = host.serve(admin_cfg.get("host", "127.0.0.1"), int(admin_cfg.get("port", 0)), admin_cfg.get("token"))
+        admin.on_shutdown = done.set
+        print(f"bsr admin API (LMCache host, {len(host.ranks)} ranks) serving {admin.url}", flush=True)
+        done.wait()
+    finally:
+        host.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,490 @@
+"""One TP rank of the BSR runtime over a real LMCache engine, and the in-process RankClient that drives it.
+
+Each rank owns an LMCache engine (its storage backends are bsr's tiers: LocalDiskBackend = "fs",
+RemoteBackend/Mooncake = "mooncake"), a CPU paged destination KV (bsr's PagedKV: the same synthetic model and
+hashes as the embedded engine, so ``bsr submit`` verifies outputs) and the LMCache connector between them.
+
+Ranks are threads, not processes: the coordinator is in-process, LMCache's engine registry supports several
+engines per process, importing LMCache costs 3-6 s and ~340 MiB per process, and the heavy work (torch copies,
+Mooncake transfers) releases the GIL. Inside vLLM each worker process already is one rank and hosts exactly one
+``LMCacheRank`` (see docs/deployment.md).
+
+The ops answer what bsr_cli/engine/worker.py answers, so bsr's Coordinator drives them unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bsr_cli.core.keys import parse_key
+from bsr_cli.core.registration import Registration
+from bsr_cli.engine.kv import PagedKV
+from bsr_cli.engine.services import health_url_for, master_healthy
+from bsr_cli.errors import BadRequest, CapacityError
+from bsr_cli.runtime.faults import FaultSpec
+from bsr_cli.runtime.restore import RankOutcome, RestoreFailed
+
+from . import _lmcache as lm
+from .tokens import TokenRegistry, full_chunks
+
+Emit = Callable[[dict[str, Any]], None]
+VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a full segment never gets there
+RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache retrieve may take to end
+
+
+class LMCacheRank:
+    def __init__(
+        self,
+        rank: int,
+        reg: Registration,
+        lmcache_config: dict[str, Any],
+        *,
+        kv_tokens: int,
+        registry: TokenRegistry,
+        emit: Emit,
+        budget_bytes: int = 0,
+        instance_prefix: str = "bsr",
+    ) -> None:
+        if len(reg.groups) != 1:
+            raise BadRequest(
+                f"LMCache keeps one KV layout per engine; this registration has {len(reg.groups)} KV groups",
+                hint="register a single KV group for the LMCache host",
+            )
+        self.rank = rank
+        self.reg = reg
+        self.group = reg.group_names[0]
+        self.registry = registry
+        self.emit = emit
+        shapes = {t.shape for t in reg.tensors}
+        dtypes = {t.dtype for t in reg.tensors}
+        if len(shapes) != 1 or len(dtypes) != 1 or len(next(iter(shapes))) != 3 or next(iter(shapes))[0] != 2:
+            raise BadRequest("the LMCache host needs one [2, kv_heads, head_size] tensor per layer, all one dtype")
+        _, heads, head_size = next(iter(shapes))
+        self.layers = len(reg.tensors)
+        cfg = dict(lmcache_config)
+        cfg["chunk_size"] = reg.chunk_size
+        if cfg.get("local_disk"):
+            # Each rank its own directory: one LocalDiskBackend per engine, each with its own in-memory index.
+            d = Path(str(cfg["local_disk"])) / f"rank{rank}"
+            d.mkdir(parents=True, exist_ok=True)
+            cfg["local_disk"] = str(d) + "/"
+        self.disk_dir = cfg.get("local_disk")
+        extra = dict(cfg.get("extra_config") or {})
+        meta = extra.get("mooncake_metadata_server")
+        self.health_url = health_url_for(str(meta)) if meta and cfg.get("remote_url") else None
+        if self.health_url and not master_healthy(self.health_url, timeout=2.0):
+            # LMCache's Mooncake setup against a dead master stalls ~90 s and then builds a broken engine anyway.
+            raise CapacityError(
+                f"the Mooncake master at {self.health_url} is not healthy; refusing to build the LMCache engine",
+                hint="start mooncake_master (and a segment holder) first, or drop remote_url",
+            )
+        self.connector = lm.CPUPagedConnector(self.layers, heads, head_size)
+        self.instance_id = f"{instance_prefix}-rank{rank}-{id(self):x}"
+        self.engine = lm.build_engine(
+            self.instance_id,
+            cfg,
+            model=reg.model,
+            world_size=reg.tp_size,
+            worker_id=rank,
+            num_layers=self.layers,
+            num_kv_heads=heads,
+            head_size=head_size,
+            dtype=next(iter(dtypes)),
+            connector=self.connector,
+        )
+        self._destroyed = False
+        try:
+            # The hot-cache write-back would keep every retrieved chunk in L1 (beyond the window bound).
+            lm.disable_hot_cache(self.engine)
+            self.tracker = lm.PeakTracker(self.engine)
+            blocks = {self.group: -(-kv_tokens // reg.groups[0].block_size)}
+            self.kv = PagedKV(reg, rank, blocks, torch.device("cpu"))
+        except BaseException:
+            self.close()
+            raise
+        self.kvcaches = [self.kv.tensors[t.name] for t in reg.tensors]
+        self.tiers = {name for name, be in lm.TIER_BACKENDS.items() if be in lm.backends(self.engine)}
+        self.tiers.discard("cpu")  # L1 is staging only (hot cache off), never a tier
+        self.budget_bytes = budget_bytes or self.tracker.heap_bytes
+        self.lock = threading.Lock()  # one LMCache retrieve/store at a time on this rank: B = one window
+        self._waiters = 0
+        self._windows_live = 0
+        self._aborts: dict[str, threading.Event] = {}
+        self._written: set[str] = set()  # remote keys this rank stored: waited for before destroy
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-lmc-io{rank}")
+        self._health_cache: tuple[float, dict[str, Any]] = (0.0, {})
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+    @property
+    def chunk_bytes(self) -> int:
+        return self.reg.bytes_per_chunk
+
+    def slots(self, block_table: list[int], n_tokens: int) -> torch.Tensor:
+        return self.kv.rows(self.group, block_table, n_tokens)
+
+    def keys(self, tokens: tuple[int, ...] | list[int]) -> list[Any]:
+        return [k for _, _, k in lm.chunk_keys(self.engine, tokens)]
+
+    def pool_stats(self) -> dict[str, int]:
+        return {
+            "capacity_bytes": self.tracker.heap_bytes,
+            "budget_bytes": self.budget_bytes,
+            "slot_bytes": self.chunk_bytes,
+            "live_bytes": self.tracker.live,
+            "peak_bytes": self.tracker.peak,
+            "windows_live": self._windows_live,
+            "waiters": self._waiters,
+        }
+
+    @contextlib.contextmanager
+    def _engine_lock(self) -> Any:
+        self._waiters += 1
+        try:
+            self.lock.acquire()
+        finally:
+            self._waiters -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def master_ok(self) -> bool:
+        return self.health_url is None or master_healthy(self.health_url, timeout=1.0)
+
+    # -- direct API (tests, the vLLM worker) -------------------------------------------------------------------
+    def store_tokens(self, tokens: list[int] | tuple[int, ...], block_table: list[int], skip_chunks: int = 0) -> int:
+        """Store the full chunks of ``tokens`` from the blocks through LMCache; wait until they are readable."""
+        n = full_chunks(len(tokens), self.reg.chunk_size) * self.reg.chunk_size
+        if n <= skip_chunks * self.reg.chunk_size:
+            return 0
+        toks = list(tokens[:n])
+        with self._engine_lock():
+            lm.store(
+                self.engine,
+                toks,
+                skip_chunks * self.reg.chunk_size,
+                kvcaches=self.kvcaches,
+                slot_mapping=self.slots(block_table, n),
+            )
+        keys = self.keys(toks)[skip_chunks:]
+        errors = self.wait_visible(keys)
+        if errors:
+            raise RuntimeError("; ".join(f"{t}: {e}" for t, e in errors.items()))
+        return len(keys)
+
+    def wait_visible(self, keys: list[Any]) -> dict[str, str]:
+        """Puts are asynchronous in LMCache: wait (with a deadline) until every tier can serve them."""
+        errors: dict[str, str] = {}
+        if "mooncake" in self.tiers:
+            names = [lm.key_string(k) for k in keys]
+            self._written.update(names)
+            if not lm.wait_remote_visible(self.engine, names, VISIBLE_DEADLINE_S):
+                errors["mooncake"] = f"puts not visible within {VISIBLE_DEADLINE_S:g}s (segment full or down?)"
+            else:
+                self._written.difference_update(names)
+        if "fs" in self.tiers:
+            deadline = time.monotonic() + VISIBLE_DEADLINE_S
+            while not all(lm.disk_contains(self.engine, keys)):
+                if time.monotonic() >= deadline:
+                    errors["fs"] = f"disk writes not indexed within {VISIBLE_DEADLINE_S:g}s"
+                    break
+                time.sleep(0.005)
+        return errors
+
+    def presence(self, tokens: tuple[int, ...] | list[int], tiers: list[str]) -> tuple[dict[str, list[bool]], dict]:
+        """Per tier, per full chunk: does the tier hold this rank's object. No pins, no LRU touch, no bytes."""
+        keys = self.keys(tokens)
+        out: dict[str, list[bool]] = {}
+        errors: dict[str, str] = {}
+        for name in tiers:
+            if name not in self.tiers:
+                continue
+            try:
+                if name == "fs":
+                    out[name] = lm.disk_contains(self.engine, keys)
+                elif name == "mooncake":
+                    if not self.master_ok():
+                        # Asking a dead master costs ~4.5 s per call and answers -900: say so instead.
+                        raise ConnectionError(f"Mooncake master unreachable ({self.health_url})")
+                    out[name] = lm.remote_exists(self.engine, keys)
+            except Exception as e:  # noqa: BLE001 - an unreachable tier holds nothing, and says why
+                errors[name] = f"{type(e).__name__}: {e}"
+                out[name] = [False] * len(keys)
+        return out, errors
+
+    # -- ops (the RankClient protocol's op names) --------------------------------------------------------------
+    def dispatch(self, op: str, args: dict[str, Any]) -> Any:
+        fn = getattr(self, f"op_{op}", None)
+        if fn is None:
+            raise BadRequest(f"op {op!r} is not supported by the LMCache host")
+        return fn(**args)
+
+    def op_probe(self, hashes: list[str], tiers: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
+        tokens = self.registry.tokens_for(hashes)
+        held, errors = self.presence(tokens, tiers)
+        masks = [0] * len(hashes)
+        for i, name in enumerate(tiers):
+            for c, h in enumerate(held.get(name, [])):
+                if h:
+                    masks[c] |= 1 << i
+        return {"rows": {self.group: "".join(f"{m:x}" for m in masks)}, "errors": errors}
+
+    def op_prefill(self, hashes: list[str], n_tokens: int, first_chunk: int, block_tables: dict[str, list[int]]) -> int:
+        return self.kv.prefill(hashes, n_tokens, first_chunk, block_tables)
+
+    def op_store(
+        self, hashes: list[str], n_tokens: int, block_tables: dict[str, list[int]], chunks: dict[str, list[int]]
+    ) -> dict[str, Any]:
+        """LMCache stores to every backend at once (it cannot target one tier): store from the first chunk any
+        requested tier lacks."""
+        tokens = self.registry.tokens_for(hashes)[:n_tokens]
+        nfull = full_chunks(len(tokens), self.reg.chunk_size)
+        wanted = {t: [c for c in idx if c < nfull] for t, idx in chunks.items() if t in self.tiers}
+        lacking = sorted({c for idx in wanted.values() for c in idx})
+        if not lacking:
+            return {"objects": dict.fromkeys(wanted, 0), "errors": {}}
+        first = lacking[0]
+        try:
+            with self._engine_lock():
+                lm.store(
+                    self.engine,
+                    list(tokens[: nfull * self.reg.chunk_size]),
+                    first * self.reg.chunk_size,
+                    kvcaches=self.kvcaches,
+                    slot_mapping=self.slots(block_tables[self.group], nfull * self.reg.chunk_size),
+                )
+        except Exception as e:  # noqa: BLE001 - a failed store loses reuse, not the request
+            return {"objects": dict.fromkeys(wanted, 0), "errors": {t: f"{type(e).__name__}: {e}" for t in wanted}}
+        errors = self.wait_visible(self.keys(tokens)[first:nfull])
+        return {"objects": {t: 0 if t in errors else len(idx) for t, idx in wanted.items()}, "errors": errors}
+
+    def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
+        request = job["request_id"]
+        abort = self._aborts.setdefault(request, threading.Event())
+        started = time.monotonic()
+        out = RankOutcome(self.rank, ok=False, valid={self.group: False})
+        fired: set[int] = set()
+        windows = job["windows"]
+        try:
+            objs = job["objects"][str(self.rank)][self.group]
+            if windows:
+                self._restore_windows(job, objs, abort, out, fired)
+            out.ok = True
+            out.valid = {self.group: True}
+        except RestoreFailed as e:
+            out.reason, out.failed_window = e.reason, e.window
+        except CapacityError as e:
+            out.reason = f"capacity: {e.message}"
+        except Exception as e:  # noqa: BLE001 - any missing key, timeout or exception fails the retrieve, closed
+            out.reason = f"transfer error: {type(e).__name__}: {e}"
+        finally:
+            out.fired_faults = sorted(fired)
+            out.seconds = time.monotonic() - started
+            self._aborts.pop(request, None)
+        if not out.ok:
+            # Fail closed: earlier windows may be installed; no partial prefix may look restored.
+            self.kv.invalidate(job["block_tables"])
+            self.emit(
+                {
+                    "type": "restore_failed",
+                    "request": request,
+                    "rank": self.rank,
+                    "window": out.failed_window,
+                    "reason": out.reason,
+                }
+            )
+        return out.to_dict()
+
+    def _restore_windows(
+        self, job: dict[str, Any], objs: list[Any], abort: threading.Event, out: RankOutcome, fired: set[int]
+    ) -> None:
+        windows = job["windows"]
+        cs = self.reg.chunk_size
+        end_tokens = windows[-1]["token_end"]
+        # The tokens behind the plan, from the last planned chunk's bsr hash (keys are LMCache's own).
+        tokens = self.registry.tokens_for_hash(parse_key(objs[-1][0])[3])
+        if len(tokens) < end_tokens or end_tokens % cs:
+            raise RestoreFailed(f"plan covers {end_tokens} tokens; only full chunks can come from LMCache", None)
+        slots = self.slots(job["block_tables"][self.group], end_tokens)
+        faults = [FaultSpec.from_dict(f) for f in job["faults"] if f["rank"] in (None, self.rank)]
+        first = windows[0]["index"]
+        bounded = job["w"] > 0
+        for win in windows:
+            idx, s, e = win["index"], win["token_start"], win["token_end"]
+            n_chunks = win["chunk_end"] - win["chunk_start"]
+            if abort.is_set():
+                raise RestoreFailed("aborted by the operator", idx)
+            if bounded and n_chunks * self.chunk_bytes > self.budget_bytes:
+                raise CapacityError(
+                    f"a window of {n_chunks} chunks needs {n_chunks * self.chunk_bytes:,} bytes of L1; "
+                    f"the budget is {self.budget_bytes:,}"
+                )
+            hits = [f for f in faults if f.hits(idx, first)]
+            down = {t for f in hits for t in f.tiers_affected()}
+            for f in hits:
+                fired.add(f.id)
+            if any(f.kind == "timeout" for f in hits):
+                # The injected stall: nothing arrives before the deadline (an abort cuts it short).
+                if abort.wait(job["fetch_timeout_s"]):
+                    raise RestoreFailed("aborted by the operator", idx)
+                raise RestoreFailed(f"timeout: window {idx} did not arrive within {job['fetch_timeout_s']}s", idx)
+
+            def choose(start: int, _down: set[str] = down) -> str:
+                tier = objs[start // cs][1]
+                if tier in _down:
+                    return lm.FAULT_LOCATION
+                return lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
+
+            t0 = time.monotonic()
+            with self._engine_lock():
+                self._windows_live = 1
+                self.tracker.mark()
+                try:
+                    with lm.block_mapping_override(self.engine, choose):
+                        ret = self._retrieve_with_deadline(tokens, s, e, slots[:e], job["fetch_timeout_s"], idx)
+                finally:
+                    self._windows_live = 0
+                out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
+            out.fetch_seconds += time.monotonic() - t0
+            got = int(ret[s:e].sum())
+            if got != e - s:
+                tiers = sorted({objs[c][1] for c in range(win["chunk_start"], win["chunk_end"])})
+                raise RestoreFailed(
+                    f"LMCache loaded {got} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})", idx
+                )
+            if any(f.kind == "restore-fault" for f in hits):
+                raise RestoreFailed(f"injected restore fault while installing group {self.group}", idx)
+            nbytes = n_chunks * self.chunk_bytes
+            out.windows_done += 1
+            out.bytes_restored += nbytes
+            self.emit(
+                {
+                    "type": "window_released",
+                    "request": job["request_id"],
+                    "rank": self.rank,
+                    "window": idx,
+                    "windows": len(windows),
+                    "bytes": nbytes,
+                    "pool": self.pool_stats(),
+                }
+            )
+
+    def _retrieve_with_deadline(
+        self, tokens: tuple[int, ...], s: int, e: int, slots: torch.Tensor, timeout_s: float, idx: int
+    ) -> torch.Tensor:
+        """LMCache's retrieve has no deadline of its own: run it aside and wait for it with one. A late one is
+        still awaited (it writes into the blocks) before the caller invalidates them."""
+        fut: Future[torch.Tensor] = self._io.submit(
+            lm.masked_retrieve, self.engine, tokens, s, e, kvcaches=self.kvcaches, slot_mapping=slots
+        )
+        try:
+            return fut.result(timeout=timeout_s)
+        except FutureTimeout:
+            try:
+                fut.result(timeout=RETRIEVE_GRACE_S)
+            except FutureTimeout:
+                raise RestoreFailed(
+                    f"timeout: window {idx} still running {RETRIEVE_GRACE_S:g}s past its deadline", idx
+                ) from None
+            except Exception:  # noqa: BLE001 - it is failed by the timeout either way
+                pass
+            raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx) from None
+
+    def op_output_hash(self, block_tables: dict[str, list[int]], n_tokens: int) -> dict[str, str]:
+        return self.kv.output_hash(block_tables, n_tokens)
+
+    def op_canonical_hash(self, hashes: list[str], n_tokens: int) -> dict[str, str]:
+        return self.kv.canonical_hash(hashes, n_tokens)
+
+    def op_invalidate(self, block_tables: dict[str, list[int]]) -> None:
+        self.kv.invalidate(block_tables)
+
+    def op_stats(self, health: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"rank": self.rank, "pool": self.pool_stats()}
+        if health:
+            at, cached = self._health_cache
+            if time.monotonic() - at > 1.0:
+                cached = {}
+                if "fs" in self.tiers:
+                    ok = bool(self.disk_dir) and Path(str(self.disk_dir)).is_dir()
+                    cached["fs"] = {"ok": ok, "detail": f"LMCache LocalDiskBackend at {self.disk_dir}"}
+                if "mooncake" in self.tiers:
+                    ok = self.master_ok()
+                    cached["mooncake"] = {
+                        "ok": ok,
+                        "detail": f"LMCache RemoteBackend; master {self.health_url} {'healthy' if ok else 'DOWN'}",
+                    }
+                self._health_cache = (time.monotonic(), cached)
+            out["tiers"] = cached
+        return out
+
+    def op_reset_peak(self) -> None:
+        self.tracker.reset()
+
+    def op_set_budget(self, budget_bytes: int) -> dict[str, int]:
+        self.budget_bytes = min(int(budget_bytes), self.tracker.heap_bytes)
+        return self.pool_stats()
+
+    def op_set_fs_concurrency(self, value: int) -> int:
+        raise BadRequest(
+            "fs concurrency cannot be set over LMCache: its LocalDiskBackend runs its own I/O workers",
+            hint="configure LMCache's disk backend instead (see docs/deployment.md)",
+        )
+
+    def op_remove_all(self, tier: str) -> int:
+        raise BadRequest("removing objects is not supported over LMCache from bsr; use LMCache's own tools")
+
+    # -- lifetime ----------------------------------------------------------------------------------------------
+    def abort(self, request: str) -> None:
+        self._aborts.setdefault(request, threading.Event()).set()
+
+    def close(self) -> None:
+        """Wait for remote puts, then destroy the engine (both guard LMCache crashes: segfault with puts in
+        flight, a process that never exits without destroy)."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        with contextlib.suppress(Exception):  # best effort: the engine is destroyed either way
+            if self._written and self.master_ok():
+                lm.wait_remote_visible(self.engine, sorted(self._written), VISIBLE_DEADLINE_S)
+        io = getattr(self, "_io", None)
+        if io is not None:
+            io.shutdown(wait=True, cancel_futures=True)
+        lm.destroy_engine(self.instance_id)
+
+
+class ThreadRank:
+    """The RankClient for an in-process LMCacheRank: each call runs on a thread and returns a Future."""
+
+    def __init__(self, rank: LMCacheRank, max_workers: int = 8) -> None:
+        self.rank = rank.rank
+        self.impl = rank
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"bsr-lmc-rank{rank.rank}")
+        self._closed = False
+
+    def submit(self, op: str, **args: Any) -> Future[Any]:
+        if self._closed:
+            fut: Future[Any] = Future()
+            fut.set_exception(RuntimeError(f"rank {self.rank} is closed"))
+            return fut
+        return self._pool.submit(self.impl.dispatch, op, args)
+
+    def abort(self, request: str) -> None:
+        self.impl.abort(request)
+
+    def alive(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.impl.close()

@@ -1,0 +1,109 @@
+"""The vLLM connector's decisions, as plain Python (no vLLM, no LMCache, no torch): unit-tested anywhere.
+
+Scheduler side: how many external tokens to report for a request (the probe-only prefix, or 0 while a
+force-local marker stands), and the marker's lifecycle per request (set when a load of that request failed,
+cleared when the request is admitted again or torn down). Worker side: the windows of a load and, when any window
+fails, the block ids to report as load errors (every block of the request in every KV group, so vLLM drops the
+whole external prefix and recomputes it instead of trusting a partial one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Marker:
+    request: str
+    reason: str
+    excluded_tiers: set[str] = field(default_factory=set)
+
+
+class SchedulerState:
+    """Per-request bookkeeping of the scheduler-side connector."""
+
+    def __init__(self, chunk_size: int) -> None:
+        if chunk_size <= 0:
+            raise ValueError("chunk_size must be positive")
+        self.chunk_size = chunk_size
+        self.markers: dict[str, Marker] = {}
+        self.blocks: dict[str, tuple[list[int], ...]] = {}  # request -> block ids per KV group
+        self.external: dict[str, int] = {}
+
+    def external_tokens(self, request: str, probed_prefix_tokens: int, num_computed_tokens: int) -> int:
+        """External tokens to report: 0 under a marker; else the chunk-aligned probe prefix past what vLLM has."""
+        if request in self.markers:
+            n = 0
+        else:
+            aligned = probed_prefix_tokens // self.chunk_size * self.chunk_size
+            n = max(0, aligned - num_computed_tokens)
+        self.external[request] = n
+        return n
+
+    def on_alloc(self, request: str, block_ids: Sequence[Sequence[int]], num_external_tokens: int) -> bool:
+        """The scheduler allocated the request's blocks. Returns True when this admission cleared a marker
+        (the request now runs without the failed external prefix: the marker has served its purpose)."""
+        self.blocks[request] = tuple(list(g) for g in block_ids)
+        if request in self.markers and num_external_tokens == 0:
+            del self.markers[request]
+            return True
+        return False
+
+    def on_load_errors(self, invalid_block_ids: Iterable[int], reason: str = "load error") -> list[str]:
+        """Workers reported failed blocks: mark every tracked request that owns one of them (force local next)."""
+        bad = set(invalid_block_ids)
+        hit = []
+        for req, groups in self.blocks.items():
+            if any(b in bad for g in groups for b in g):
+                self.markers.setdefault(req, Marker(req, reason))
+                hit.append(req)
+        return hit
+
+    def on_finished(self, request: str) -> None:
+        """Teardown (finished, aborted, preempted out): nothing of the request stays."""
+        self.markers.pop(request, None)
+        self.blocks.pop(request, None)
+        self.external.pop(request, None)
+
+
+def windows(start_token: int, end_token: int, chunk_size: int, w_chunks: int) -> list[tuple[int, int]]:
+    """[s, e) windows of at most ``w_chunks`` chunks covering [start, end); start is floored to a chunk (what
+    LMCache's mask needs), end must be chunk-aligned. ``w_chunks`` 0 = one window (the stock whole-plan path)."""
+    if end_token % chunk_size:
+        raise ValueError(f"end {end_token} is not a multiple of the chunk size {chunk_size}")
+    s0 = start_token // chunk_size * chunk_size
+    if end_token <= s0:
+        return []
+    step = (end_token - s0) if w_chunks <= 0 else w_chunks * chunk_size
+    return [(s, min(s + step, end_token)) for s in range(s0, end_token, step)]
+
+
+@dataclass
+class LoadResult:
+    ok: bool
+    loaded_tokens: int
+    failed_window: int | None = None
+    reason: str = ""
+
+
+def load_in_windows(retrieve: Callable[[int, int], int], wins: Sequence[tuple[int, int]]) -> LoadResult:
+    """Run ``retrieve(s, e)`` (returns tokens loaded in [s, e)) per window; stop at the first short window or
+    exception. Nothing loaded counts unless every window completes (fail closed)."""
+    done = 0
+    for i, (s, e) in enumerate(wins):
+        try:
+            got = retrieve(s, e)
+        except Exception as exc:  # noqa: BLE001 - any exception fails the load, closed
+            return LoadResult(False, 0, i, f"{type(exc).__name__}: {exc}")
+        if got != e - s:
+            return LoadResult(False, 0, i, f"loaded {got} of {e - s} tokens in window {i}")
+        done += got
+    return LoadResult(True, done)
+
+
+def failed_block_ids(block_ids_per_group: Sequence[Sequence[int]] | Mapping[int, Sequence[int]]) -> set[int]:
+    """Every destination block of a failed request, in every KV group: reported as load errors so the external
+    prefix collapses to zero (vLLM recomputes from the first invalid block)."""
+    groups = block_ids_per_group.values() if isinstance(block_ids_per_group, Mapping) else block_ids_per_group
+    return {int(b) for g in groups for b in g}

@@ -1,0 +1,276 @@
+"""The BSR runtime over real LMCache 0.5.6 engines (CPU) with a real mooncake_master and segment holder.
+
+Two TP ranks (threads), each with its own LMCache engine: LocalDiskBackend ("fs") and RemoteBackend over Mooncake
+("mooncake"), L1 as staging only. Run through scripts/test-plugins (a venv with LMCache); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lmcache")
+os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # keep Mooncake's transfer endpoint on loopback
+
+import torch
+from lmcache_bsr import _lmcache as lm
+from lmcache_bsr.host import LMCacheHost
+
+from bsr_cli.core.keys import chunk_hashes, synthetic_tokens
+from bsr_cli.engine import services
+from bsr_cli.errors import CapacityError, InvalidInput
+
+CS = 256
+CHUNKS = 16
+LAYERS, HEADS, HEAD = 4, 2, 64
+CHUNK_BYTES = 2 * LAYERS * HEADS * HEAD * 2 * CS  # bf16: 512 KiB per chunk per rank
+W = 2
+
+
+def host_config(master: services.ServiceHandle | None, disk: Path, *, tp: int = 2) -> dict[str, Any]:
+    lmc: dict[str, Any] = {
+        "local_cpu": False,  # L1 is staging only: no hot-cache write-back
+        "max_local_cpu_size": 0.0625,  # 64 MiB = 128 chunks, more than any plan here
+        "local_disk": str(disk),
+        "max_local_disk_size": 1.0,
+        "blocking_timeout_secs": 10,
+    }
+    if master is not None:
+        lmc |= {
+            "remote_url": f"mooncakestore://{master.rpc_address}/",
+            "remote_serde": "naive",
+            "extra_config": {
+                # The `mooncake_` prefix: LMCache strips it and passes Mooncake 0.3.13 the keys it reads.
+                "mooncake_local_hostname": "127.0.0.1",
+                "mooncake_metadata_server": master.metadata_url,
+                "mooncake_master_server_addr": master.rpc_address,
+                "mooncake_protocol": "tcp",
+                "mooncake_global_segment_size": 0,  # this process holds no objects; the segment holder does
+                "mooncake_local_buffer_size": 64 << 20,
+                "save_chunk_meta": False,
+                "transfer_timeout": 5,
+            },
+        }
+    return {
+        "model": {"name": "bsr/tiny", "layers": LAYERS, "kv_heads": HEADS, "head_size": HEAD, "tp_size": tp},
+        "lmcache": lmc,
+        "settings": {
+            "w": W,
+            "tiers": ["mooncake", "fs"] if master is not None else ["fs"],
+            "kv_tokens": 16384,
+            "faults_enabled": True,
+            "fetch_timeout_s": 10.0,
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[services.ServiceHandle, LMCacheHost]]:
+    state = tmp_path_factory.mktemp("mooncake")
+    master = services.start_master(state)
+    holder = None
+    host = None
+    try:
+        holder = services.start_segment_holder(state, master, 256 << 20)
+        host = LMCacheHost(host_config(master, tmp_path_factory.mktemp("disk")))
+        yield master, host
+    finally:
+        if host is not None:
+            host.close()  # waits for remote puts, destroys the engines
+        if holder is not None:
+            services.stop(holder, timeout=5)
+        services.stop(master, timeout=5)
+
+
+def _stored_prompt(host: LMCacheHost, seed: int, n_tokens: int) -> list[int]:
+    """A prompt computed once through the host (prefill + LMCache store to both tiers)."""
+    toks = synthetic_tokens(n_tokens, seed=seed)
+    res = host.coordinator.submit(toks, w=W)
+    assert res["hash_ok"] and not res["stored"]["errors"], res["stored"]
+    return toks
+
+
+@pytest.mark.timeout(120)
+def test_bitmap_matches_what_lmcache_stored(stack: tuple[services.ServiceHandle, LMCacheHost]) -> None:
+    master, host = stack
+    toks = _stored_prompt(host, seed=11, n_tokens=CHUNKS * CS + 100)  # the 100-token tail is never stored
+    c = host.coordinator
+    # Holes LMCache's prefix lookup cannot see past: rank 0 loses chunk 5 remotely, rank 1 chunk 9 on disk.
+    e0, e1 = host.rank(0).engine, host.rank(1).engine
+    k0, k1 = host.rank(0).keys(toks), host.rank(1).keys(toks)
+    assert len(k0) == CHUNKS
+    lm.mooncake_store(e0).remove(lm.key_string(k0[5]), True)
+    e1.storage_manager.batched_remove([k1[9]], locations=["LocalDiskBackend"])
+
+    bitmap, errors = c.probe(toks)
+    assert errors == {}
+    cells = {(row["rank"], row["group"]): row["cells"] for row in bitmap.to_dict()["rows"]}
+    # Ground truth, independent of the plugin: the master's key listing and LMCache's disk index files.
+    listed = set(urllib.request.urlopen(f"{master.admin_url}/get_all_keys", timeout=5).read().decode().split())
+    for r, keys in ((0, k0), (1, k1)):
+        disk_dir = Path(host.rank(r).disk_dir or "")
+        expect = ""
+        for k in keys:
+            remote = lm.key_string(k) in listed
+            disk = (disk_dir / (lm.key_string(k).replace("/", "-") + ".pt")).exists()
+            expect += f"{int(remote) | int(disk) << 1:x}"
+        assert cells[(r, "attn")] == expect + "0", (r, cells[(r, "attn")], expect)
+    assert cells[(0, "attn")][5] == "2" and cells[(1, "attn")][9] == "1"
+    # Probe-only: nothing pinned, no request keys recorded.
+    for r in (0, 1):
+        st = lm.pinned_state(host.rank(r).engine, host.rank(r).keys(toks))
+        assert st["lookup_pins"] == 0 and st["disk_keys_in_request"] == 0 and set(st["disk_pin_counts"]) <= {0}
+    # The full bitmap sees past the holes; LMCache's own lookup only counts a prefix.
+    assert e1.lookup(torch.tensor(toks), search_range=["LocalDiskBackend"], pin=False) == 9 * CS
+    assert bitmap.prefix_tokens(set()) == CHUNKS * CS  # every chunk is in some tier on every rank
+
+
+@pytest.mark.timeout(180)
+def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services.ServiceHandle, LMCacheHost]) -> None:
+    _, host = stack
+    c = host.coordinator
+    toks = _stored_prompt(host, seed=12, n_tokens=CHUNKS * CS)
+    peaks: dict[str, int] = {}
+    for tier, exclude in (("mooncake", ["fs"]), ("fs", ["mooncake"])):
+        c.reset_peak()
+        res = c.restore(toks, w=W, exclude=exclude)
+        assert res["outcome"] == "committed" and res["committed_tokens"] == CHUNKS * CS, res.get("failures")
+        assert res["tiers"] == [tier] and res["windows"] == CHUNKS // W
+        assert res["hash_ok"] is True  # SHA-256 of every installed byte equals the canonical KV: bit-exact
+        for o in res["ranks"]:
+            assert o["peak_live_bytes"] == W * CHUNK_BYTES, (tier, o)
+        peaks[tier] = max(p["pool"]["peak_bytes"] for p in c.pool())
+        assert peaks[tier] == W * CHUNK_BYTES
+
+    # Stock LMCache retrieve of the same prefix on rank 0: the whole plan staged in L1 at once. Bit-exact too.
+    rk = host.rank(0)
+    table = list(range(0, CHUNKS * CS // 16))
+    rk.kv.prefill(chunk_hashes(toks, CS), CHUNKS * CS, 0, {"attn": table})
+    want = rk.kv.gather_object("attn", table, 0, CHUNKS * CS)
+    rk.kv.invalidate({"attn": table})
+    rk.tracker.reset()
+    ret = lm.stock_retrieve(rk.engine, toks, kvcaches=rk.kvcaches, slot_mapping=rk.slots(table, CHUNKS * CS))
+    assert int(ret.sum()) == CHUNKS * CS
+    assert torch.equal(rk.kv.gather_object("attn", table, 0, CHUNKS * CS), want)
+    stock_peak = rk.tracker.peak
+    assert stock_peak == CHUNKS * CHUNK_BYTES
+    # W = 0 through the host is the same whole-plan path.
+    c.reset_peak()
+    whole = c.restore(toks, w=0, exclude=["fs"])
+    assert whole["outcome"] == "committed" and all(o["peak_live_bytes"] == CHUNKS * CHUNK_BYTES for o in whole["ranks"])
+    print(
+        f"\nL1 peak per rank, {CHUNKS} chunks of {CHUNK_BYTES} B: windowed W={W}: mooncake {peaks['mooncake']} B, "
+        f"fs {peaks['fs']} B; stock LMCache retrieve {stock_peak} B; W=0 via host "
+        f"{whole['ranks'][0]['peak_live_bytes']} B"
+    )
+
+
+@pytest.mark.timeout(180)
+def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.ServiceHandle, LMCacheHost]) -> None:
+    _, host = stack
+    c = host.coordinator
+    toks = _stored_prompt(host, seed=13, n_tokens=CHUNKS * CS)
+    tables: list[dict[str, list[int]]] = []
+    orig = c._allocate
+
+    def spy(n: int) -> dict[str, list[int]]:
+        t = orig(n)
+        tables.append(t)
+        return t
+
+    c._allocate = spy  # type: ignore[method-assign]
+    try:
+        for r in (0, 1):  # a sentinel in every block: scrubbing must show
+            for t in host.rank(r).kvcaches:
+                t.fill_(1.0)
+        # Rank 1's Mooncake reads fail in window 3 (windows 0-2 already installed on both ranks); the fault goes
+        # through LMCache's own failure path (its get returns None, retrieve returns a short mask).
+        c.inject({"kind": "remote-unavailable", "rank": 1, "window": 3})
+        res = c.restore(toks, w=W, exclude=["fs"])
+    finally:
+        c._allocate = orig  # type: ignore[method-assign]
+    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    assert {(f["rank"], f["window"]) for f in res["failures"]} == {(1, 3)}
+    assert "LMCache loaded 0 of 512 tokens" in res["failures"][0]["reason"]
+    by_rank = {o["rank"]: o for o in res["ranks"]}
+    assert by_rank[0]["ok"] and not by_rank[1]["ok"] and by_rank[1]["windows_done"] == 3
+    assert res["invalid"] == [{"rank": 1, "group": "attn"}]  # one invalid cell collapses every rank's prefix
+    assert res["marker"]["excluded_tiers"] == ["mooncake"]
+    blocks = tables[0]["attn"]
+    # Rank 1 failed: every block of the request is scrubbed (including the 3 windows it had installed).
+    rows1 = host.rank(1).kv.rows("attn", blocks, len(blocks) * 16)
+    for t in host.rank(1).kvcaches:
+        assert int(t.index_select(0, rows1).count_nonzero()) == 0
+    # Rank 0's own windows were valid, but the commit rule commits 0 tokens, so none of them is used. The next
+    # submit skips the marked tier and is served from disk, verified.
+    again = c.submit(toks, w=W)
+    assert again["external_tokens"] == CHUNKS * CS and again["source"] == "fs" and again["hash_ok"] is True
+    assert again["force_local"]["cleared"] is True and c.markers == {}
+
+
+@pytest.mark.timeout(120)
+def test_admin_api_and_cli_against_the_lmcache_host(
+    stack: tuple[services.ServiceHandle, LMCacheHost], tmp_path: Path
+) -> None:
+    _, host = stack
+    import json
+    import subprocess
+    import sys
+
+    admin = host.serve(token="t0k")
+    try:
+        env = dict(os.environ, BSR_ENGINE=admin.url, BSR_TOKEN="t0k", XDG_CONFIG_HOME=str(tmp_path))
+
+        def bsr(*args: str, rc: int = 0) -> dict[str, Any]:
+            out = subprocess.run(
+                [sys.executable, "-m", "bsr_cli", *args, "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert out.returncode == rc, out.stderr + out.stdout
+            return dict(json.loads(out.stdout))
+
+        sub = bsr("submit", "--synthetic", str(6 * CS), "--seed", "21")
+        assert sub["hash_ok"] is True
+        probe = bsr("probe", "--synthetic", str(6 * CS), "--seed", "21")
+        assert "rows" in json.dumps(probe)
+        bsr("inject-fault", "--kind", "restore-fault", "--rank", "0", "--window", "2")
+        # Exit code 10: the CLI says "failed closed" (the JSON result still comes on stdout).
+        rest = bsr("restore", "--synthetic", str(6 * CS), "--seed", "21", "--exclude-tier", "fs", rc=10)
+        assert rest["outcome"] == "failed_closed" and rest["committed_tokens"] == 0
+        assert {f["window"] for f in rest["failures"]} == {1}  # --window 2 is 1-based
+        status = bsr("status")
+        assert "ranks" in json.dumps(status)
+        with pytest.raises(InvalidInput):
+            host.coordinator.inject({"kind": "corrupt"})
+    finally:
+        host.admin = None
+        admin.stop()
+
+
+@pytest.mark.timeout(60)
+def test_dead_master_is_refused_before_lmcache_setup(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = services.ServiceHandle(
+        kind="master",
+        pid=0,
+        argv=[],
+        log_path="",
+        ports={},
+        urls={"rpc_address": f"127.0.0.1:{port}", "metadata_url": f"http://127.0.0.1:{port}/metadata"},
+    )
+    t0 = time.monotonic()
+    with pytest.raises(CapacityError, match="not healthy"):
+        LMCacheHost(host_config(dead, tmp_path, tp=1))
+    assert time.monotonic() - t0 < 10  # instead of LMCache's ~90 s setup stall

@@ -1,0 +1,105 @@
+"""The vLLM connector's decision logic (plain Python): marker lifecycle, windows, block-id collapse.
+
+vLLM cannot run here (no GPU), so the vLLM-facing class is thin and these decisions are tested on their own. The
+last test imports the real connector against vLLM's base classes when vLLM and LMCache are both importable.
+"""
+
+from __future__ import annotations
+
+import pytest
+from vllm_bsr.logic import SchedulerState, failed_block_ids, load_in_windows, windows
+
+CS = 256
+
+
+@pytest.mark.timeout(10)
+def test_external_tokens_are_chunk_aligned_past_what_vllm_has() -> None:
+    s = SchedulerState(CS)
+    assert s.external_tokens("r1", probed_prefix_tokens=4 * CS + 17, num_computed_tokens=CS) == 3 * CS
+    assert s.external_tokens("r2", probed_prefix_tokens=CS, num_computed_tokens=2 * CS) == 0
+
+
+@pytest.mark.timeout(10)
+def test_marker_set_on_failure_forces_local_then_clears_on_admission() -> None:
+    s = SchedulerState(CS)
+    assert s.external_tokens("r1", 8 * CS, 0) == 8 * CS
+    s.on_alloc("r1", ([1, 2, 3], [40, 41]), 8 * CS)
+    s.on_alloc("r2", ([7], [50]), CS)
+    # A worker failed r1's load: any of its blocks in any group marks r1 only.
+    assert s.on_load_errors({41}) == ["r1"]
+    assert set(s.markers) == {"r1"}
+    # Rescheduled: the marker forces local compute (0 external tokens), whatever the store still holds.
+    assert s.external_tokens("r1", 8 * CS, 0) == 0
+    # Admitted without the external prefix: the marker has served its purpose.
+    assert s.on_alloc("r1", ([1, 2, 3], [40, 41]), 0) is True
+    assert "r1" not in s.markers
+    assert s.external_tokens("r1", 8 * CS, 0) == 8 * CS
+
+
+@pytest.mark.timeout(10)
+def test_marker_cleared_on_teardown() -> None:
+    s = SchedulerState(CS)
+    s.on_alloc("r1", ([1],), CS)
+    s.on_load_errors([1])
+    assert "r1" in s.markers
+    s.on_finished("r1")
+    assert s.markers == {} and s.blocks == {} and s.external == {}
+    # An admission with external tokens does not clear a standing marker (that load may fail again).
+    s.on_alloc("r2", ([5],), CS)
+    s.on_load_errors([5])
+    assert s.on_alloc("r2", ([5],), CS) is False and "r2" in s.markers
+
+
+@pytest.mark.timeout(10)
+def test_windows_cover_the_external_range() -> None:
+    assert windows(0, 5 * CS, CS, 2) == [(0, 2 * CS), (2 * CS, 4 * CS), (4 * CS, 5 * CS)]
+    assert windows(CS + 10, 3 * CS, CS, 1) == [(CS, 2 * CS), (2 * CS, 3 * CS)]  # start floored for LMCache's mask
+    assert windows(0, 4 * CS, CS, 0) == [(0, 4 * CS)]  # W = 0: the stock whole-plan load
+    assert windows(3 * CS, 3 * CS, CS, 2) == []
+    with pytest.raises(ValueError):
+        windows(0, CS + 1, CS, 2)
+
+
+@pytest.mark.timeout(10)
+def test_failed_window_collapses_every_block_of_every_group() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def retrieve(s: int, e: int) -> int:
+        calls.append((s, e))
+        return (e - s) if s < 2 * CS else (e - s) // 2  # the second window comes back short
+
+    res = load_in_windows(retrieve, windows(0, 4 * CS, CS, 2))
+    assert not res.ok and res.failed_window == 1 and res.loaded_tokens == 0
+    assert calls == [(0, 2 * CS), (2 * CS, 4 * CS)]
+    # Every block in every KV group, not just the blocks of the short window.
+    assert failed_block_ids(([0, 1, 2, 3], [100, 101])) == {0, 1, 2, 3, 100, 101}
+    assert failed_block_ids({0: [9], 1: [10, 11]}) == {9, 10, 11}
+
+
+@pytest.mark.timeout(10)
+def test_exception_in_a_window_fails_closed() -> None:
+    def retrieve(s: int, e: int) -> int:
+        raise RuntimeError("mooncake transfer failed")
+
+    res = load_in_windows(retrieve, [(0, CS)])
+    assert not res.ok and "mooncake transfer failed" in res.reason
+    assert load_in_windows(lambda s, e: e - s, [(0, CS), (CS, 2 * CS)]).loaded_tokens == 2 * CS
+
+
+@pytest.mark.timeout(120)
+def test_connector_subclasses_vllms_real_base_classes() -> None:
+    pytest.importorskip("lmcache")
+    base = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.base")
+    from vllm_bsr.connector import BSRConnector
+
+    assert issubclass(BSRConnector, base.KVConnectorBase_V1)
+    for name in (
+        "get_num_new_matched_tokens",
+        "update_state_after_alloc",
+        "build_connector_meta",
+        "update_connector_output",
+        "request_finished",
+        "start_load_kv",
+        "get_block_ids_with_load_errors",
+    ):
+        assert callable(getattr(base.KVConnectorBase_V1, name)), name
