@@ -135,3 +135,12 @@ def test_ctrl_c_during_restore_aborts_it_fail_closed(engine, bsr) -> None:
         recent = c.snapshot(health=False)["recent"][0]
         assert recent["outcome"] == "failed_closed"
         assert all(p["pool"]["live_bytes"] == 0 for p in c.pool())
+
+
+def test_a_server_that_is_not_a_bsr_engine_is_a_version_mismatch(bsr, engine, monkeypatch) -> None:
+    """Point bsr at a real HTTP server that does not speak /bsr/v1 (the store's own admin port)."""
+    state = json.loads((engine.state_dir / "state.json").read_text())
+    monkeypatch.setenv("BSR_ENGINE", state["services"]["mooncake_master"]["urls"]["admin_url"])
+    r = bsr("status")
+    assert r.code == ExitCode.VERSION_MISMATCH, r.err
+    assert "does not serve the bsr v1 admin API" in r.err
