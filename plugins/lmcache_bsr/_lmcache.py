@@ -296,6 +296,26 @@ class CPUPagedConnector(GPUConnectorInterface):
             self.to_gpu(o, s, e, **kwargs)
 
 
+# -- lookup RPC (the scheduler <-> worker transport of LMCache's vLLM integration) --------------------------------
+def lookup_rpc() -> dict[str, Any]:
+    """LMCache's lookup-RPC pieces, for bsr's probe-only lookup (vllm_bsr/probe_lookup.py): the scheduler-side
+    ``LMCacheLookupClient`` and ``LookupClientInterface``, the ZMQ transports (``ZmqReqRepClientTransport``,
+    ``ZmqRouterServerTransport``, ``SocketParams``) and ``get_zmq_rpc_path_lmcache``. None of them imports vLLM."""
+    from lmcache.v1.lookup_client.abstract_client import LookupClientInterface
+    from lmcache.v1.lookup_client.lmcache_lookup_client import LMCacheLookupClient
+    from lmcache.v1.rpc.zmq_transport import SocketParams, ZmqReqRepClientTransport, ZmqRouterServerTransport
+    from lmcache.v1.rpc_utils import get_zmq_rpc_path_lmcache
+
+    return {
+        "LookupClientInterface": LookupClientInterface,
+        "LMCacheLookupClient": LMCacheLookupClient,
+        "SocketParams": SocketParams,
+        "ZmqReqRepClientTransport": ZmqReqRepClientTransport,
+        "ZmqRouterServerTransport": ZmqRouterServerTransport,
+        "get_zmq_rpc_path_lmcache": get_zmq_rpc_path_lmcache,
+    }
+
+
 # -- vLLM ------------------------------------------------------------------------------------------------------
 def vllm_connector_base() -> type:
     """LMCache's vLLM V1 connector class (imports vLLM: only call it inside a vLLM process)."""
@@ -317,6 +337,7 @@ __all__ = [
     "destroy_engine",
     "disable_hot_cache",
     "disk_contains",
+    "lookup_rpc",
     "masked_retrieve",
     "mooncake_store",
     "remote_exists",

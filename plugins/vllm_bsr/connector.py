@@ -8,27 +8,39 @@ Load it with::
 
 What it changes over LMCache's connector (everything else is LMCache's):
 
-* scheduler: the external-token count passes through ``SchedulerState`` (vllm_bsr/logic.py): 0 while the
+* scheduler: the external-token count is bsr's probe-only lookup (vllm_bsr/probe_lookup.py): LMCache's lookup
+  client is swapped for ``ProbeLookupClient``, which asks every rank's bsr probe server (per tier, per chunk
+  presence; no pins, no bytes moved) with one deadline and takes the minimum over ranks; an unreachable rank
+  means 0 external tokens. The count then passes through ``SchedulerState`` (vllm_bsr/logic.py): 0 while the
   request's force-local marker stands; the marker is set when workers report load errors on the request's
-  blocks and cleared on the next successful admission or on teardown. The count itself is LMCache's lookup
-  (its lookup client asks the workers; see docs/deployment.md for why this is not bsr's probe-only bitmap here);
+  blocks and cleared on the next successful admission or on teardown;
+* worker startup: a ``ProbeLookupServer`` next to LMCache's own lookup server, and (when ``bsr_admin_port`` is
+  set) bsr's admin API on ``127.0.0.1:bsr_admin_port + rank`` (vllm_bsr/worker_admin.py);
 * worker: loads in windows of at most W chunks (LMCache's masked retrieve, one window at a time, so L1 staging is
   bounded by the window); on any short window or exception every block of the request in every KV group is
   reported by ``get_block_ids_with_load_errors``, so vLLM drops the whole external prefix and recomputes.
 
 Verified here: this module imports against vLLM 0.33.0's real ``KVConnectorBase_V1`` and LMCache 0.5.6's
-``LMCacheConnectorV1Dynamic`` (vLLM installed --no-deps on CPU; tests/plugins/test_vllm_logic.py). NOT verified
-here: running inside vLLM (no GPU on this machine) — plugins/vllm_bsr/gpu_smoke.sh does that on a GPU host.
+``LMCacheConnectorV1Dynamic`` (vLLM installed --no-deps on CPU; tests/plugins/test_vllm_logic.py, which skips
+when vLLM is absent). The probe servers/client and the per-worker admin server are tested over real LMCache
+engines without vLLM (tests/plugins/test_vllm_lookup.py). NOT verified here: running inside vLLM (no GPU on this
+machine), including the swap of LMCache's lookup client and the worker-side startup below;
+plugins/vllm_bsr/gpu_smoke.sh does that on a GPU host.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import torch
 from lmcache_bsr._lmcache import vllm_connector_base
 
 from .logic import SchedulerState, failed_block_ids, load_in_windows, windows
+from .probe_lookup import DEFAULT_TIMEOUT_MS, ProbeLookupClient, ProbeLookupServer, probe_socket_path
+
+log = logging.getLogger("vllm_bsr.connector")
 
 _LMCacheConnector: Any = vllm_connector_base()
 DEFAULT_WINDOW_CHUNKS = 32
@@ -41,6 +53,61 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         self.bsr_w = int(extra.get("bsr_window_chunks", DEFAULT_WINDOW_CHUNKS))
         self.bsr_chunk = int(getattr(self._lmcache_engine, "_lmcache_chunk_size", 256))
         self.bsr = SchedulerState(self.bsr_chunk)
+        self.bsr_probe_server: ProbeLookupServer | None = None
+        self.bsr_admin: Any = None
+        impl = self._lmcache_engine
+        md = impl.lmcache_engine_metadata
+        cfg = impl.config
+        if md is None or md.engine_id is None or cfg.enable_async_loading or cfg.enable_blending:
+            # Degraded LMCache, no engine id to name the sockets, LMCache's async lookup (its own protocol, not
+            # replaced here) or CacheBlend (sends tokens, not chunk hashes): LMCache's own (pinning) lookup stays.
+            log.warning("bsr: probe-only lookup NOT installed (LMCache degraded, no engine_id, async or blending)")
+            return
+        rpc_port = extra.get("lmcache_rpc_port", 0)
+        if getattr(role, "name", "") == "SCHEDULER":
+            if impl.lookup_client is None:
+                return
+            ranks = range(int(md.world_size))
+            timeout_ms = int(extra.get("bsr_probe_timeout_ms", DEFAULT_TIMEOUT_MS))
+            # Close LMCache's client first: its close() terminates the process-wide ZMQ context. LMCache's
+            # optional wrappers (hit_miss_ratio, chunk statistics) are not re-applied around bsr's client.
+            impl.lookup_client.close()
+            impl._manager._lookup_client = ProbeLookupClient(
+                impl.config, md, [probe_socket_path(md.engine_id, r, rpc_port) for r in ranks], timeout_ms
+            )
+        else:  # a worker
+            rank = int(md.worker_id)
+            try:
+                self.bsr_probe_server = ProbeLookupServer(
+                    lambda: impl.lmcache_engine, probe_socket_path(md.engine_id, rank, rpc_port)
+                )
+            except Exception as e:  # noqa: BLE001 - without it the scheduler counts 0 external tokens (fail-closed)
+                log.warning("bsr: probe server for rank %d not started (scheduler will count 0): %s", rank, e)
+            port = extra.get("bsr_admin_port")
+            if port is not None:
+                self._start_admin(int(port) + rank, rank, extra.get("bsr_admin_token") or os.environ.get("BSR_TOKEN"))
+
+    def _start_admin(self, port: int, rank: int, token: str | None) -> None:
+        if not token:
+            log.warning("bsr: bsr_admin_port set but no bsr_admin_token / $BSR_TOKEN: admin API not started")
+            return
+        from .worker_admin import WorkerAdmin
+
+        impl = self._lmcache_engine
+        try:
+            self.bsr_admin = WorkerAdmin(lambda: impl.lmcache_engine, rank, token=token, port=port)
+            log.info("bsr admin API for rank %d serving %s", rank, self.bsr_admin.url)
+        except Exception as e:  # noqa: BLE001 - the admin API is for operators; serving must not depend on it
+            log.warning("bsr: admin API for rank %d not started: %s", rank, e)
+
+    def shutdown(self) -> None:
+        if self.bsr_admin is not None:
+            self.bsr_admin.stop()
+            self.bsr_admin = None
+        if self.bsr_probe_server is not None:
+            self.bsr_probe_server.close()
+            self.bsr_probe_server = None
+        super().shutdown()
 
     # -- scheduler side ----------------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -105,7 +172,8 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
                 return int(ret[s:e].sum().item())
 
             result = load_in_windows(retrieve, windows(spec.vllm_cached_tokens, end, cs, self.bsr_w))
-            engine.lookup_unpin(req.req_id)  # LMCache's lookup pinned the prefix; a blocking load releases it
+            # bsr's probe-only lookup pins nothing; this releases pins only if LMCache's own lookup ran (degraded).
+            engine.lookup_unpin(req.req_id)
             if not result.ok:
                 groups = groups_of.get(req.req_id)
                 if not groups:  # fall back to the one group LMCache's metadata knows

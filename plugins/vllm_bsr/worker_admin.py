@@ -1,0 +1,168 @@
+"""bsr's admin API served from inside one vLLM worker, over that worker's own LMCache engine.
+
+LMCache serves its internal API server per worker but cannot host third-party routes, so each worker runs bsr's
+``AdminServer`` (``/bsr/v1``) in a daemon thread next to it: a one-rank Coordinator whose only RankClient wraps
+the worker's engine (the engine is LMCache's, built by its vLLM adapter: bsr never builds or destroys it, so
+``LMCacheRank``, which owns its engine and a CPU paged KV, does not fit; this is the thin adapter instead,
+driven through ``ThreadRank``).
+
+What it serves: ``probe`` (the per-tier, per-chunk bitmap of THIS rank, probe-only: no pins, no bytes moved),
+``status``/``info``/``registration``. What it refuses: ``submit``/``restore``/stores, since in a vLLM
+deployment KV moves only through vLLM's scheduler and the BSR connector; and faults (``faults_enabled`` off).
+The coordinator is one-rank, so the bitmap calls this worker "rank 0"; ``info.engine`` names the real TP rank.
+
+Bound to loopback; port ``bsr_admin_port + rank``; bearer token ``bsr_admin_token`` or ``$BSR_TOKEN``.
+Verified here with real LMCache engines (tests/plugins/test_vllm_lookup.py); inside a vLLM worker it is not
+verified on this machine (no GPU, no vLLM runtime).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lmcache_bsr import _lmcache as lm
+from lmcache_bsr.host import LMCacheCoordinator
+from lmcache_bsr.rank import ThreadRank
+from lmcache_bsr.tokens import TokenRegistry
+
+from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
+from bsr_cli.errors import BadRequest
+from bsr_cli.runtime.admin import AdminServer
+from bsr_cli.runtime.coordinator import EngineSettings
+from bsr_cli.runtime.events import EventLog
+
+from .probe_lookup import EngineFn, RankProber
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def registration_of(eng: Any, block_size: int = 16) -> Registration:
+    """bsr's registration for an LMCache engine's layout (one group, one tensor per layer), as a one-rank view."""
+    md = eng.metadata
+    layers, _two, chunk, heads, head_size = (int(x) for x in md.kv_shape)
+    dtype = DTYPES.get(md.kv_dtype, "bf16")
+    tensors = tuple(TensorSpec(f"layers.{i}.kv", dtype, (2, heads, head_size), "attn") for i in range(layers))
+    return Registration(
+        model=str(md.model_name),
+        tp_size=1,
+        groups=(KVGroup("attn", block_size),),
+        tensors=tensors,
+        chunk_size=chunk,
+        source=f"vllm-lmcache-worker{md.worker_id}",
+    )
+
+
+class WorkerRankOps:
+    """The ops a per-worker coordinator drives (the RankClient protocol's op names), over an existing engine."""
+
+    rank = 0  # the coordinator's index: one rank per admin server
+
+    def __init__(self, engine_fn: EngineFn, tp_rank: int, registry: TokenRegistry, group: str = "attn") -> None:
+        self.tp_rank = tp_rank
+        self.prober = RankProber(engine_fn)
+        self.registry = registry
+        self.group = group
+
+    def dispatch(self, op: str, args: dict[str, Any]) -> Any:
+        fn = getattr(self, f"op_{op}", None)
+        if fn is None:
+            raise BadRequest(
+                f"op {op!r} is not served from a vLLM worker: KV moves only through vLLM's scheduler and the BSR "
+                "connector there",
+                hint="use `bsr probe` / `bsr status` against a worker; submit and restore through vLLM",
+            )
+        return fn(**args)
+
+    def op_probe(self, hashes: list[str], tiers: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
+        eng = self.prober.engine_fn()
+        if eng is None:
+            return {"rows": {self.group: "0" * len(hashes)}, "errors": {"engine": "no LMCache engine"}}
+        tokens = self.registry.tokens_for(hashes)
+        keys = [k for _, _, k in lm.chunk_keys(eng, tokens)]
+        held, errors = self.prober.presence(keys)
+        masks = [0] * len(hashes)
+        for i, name in enumerate(tiers):
+            for c, h in enumerate(held.get(name, [])):
+                if h:
+                    masks[c] |= 1 << i
+        return {"rows": {self.group: "".join(f"{m:x}" for m in masks)}, "errors": errors}
+
+    def op_stats(self, health: bool = False) -> dict[str, Any]:
+        pool = dict.fromkeys(
+            ("capacity_bytes", "budget_bytes", "slot_bytes", "live_bytes", "peak_bytes", "windows_live", "waiters"), 0
+        )
+        out: dict[str, Any] = {"rank": self.rank, "tp_rank": self.tp_rank, "pool": pool}
+        if health:
+            eng = self.prober.engine_fn()
+            tiers: dict[str, Any] = {}
+            names = self.prober.tiers()
+            if "mooncake" in names:
+                from .probe_lookup import mooncake_health_url
+
+                url = mooncake_health_url(eng)
+                ok = url is None or self.prober.master_ok(url)
+                tiers["mooncake"] = {
+                    "ok": ok,
+                    "detail": f"LMCache RemoteBackend; master {url} {'up' if ok else 'DOWN'}",
+                }
+            if "fs" in names:
+                tiers["fs"] = {"ok": True, "detail": f"LMCache LocalDiskBackend at {eng.config.local_disk}"}
+            out["tiers"] = tiers
+        return out
+
+    def op_reset_peak(self) -> None:
+        return None
+
+    def abort(self, request: str) -> None:
+        return None
+
+    def close(self) -> None:
+        return None  # the engine belongs to LMCache's vLLM adapter: never destroyed here
+
+
+class WorkerCoordinator(LMCacheCoordinator):
+    """A one-rank coordinator that refuses to move KV: in a vLLM deployment only vLLM's scheduler does."""
+
+    def _refuse(self, what: str) -> Any:
+        raise BadRequest(
+            f"{what} is not served from a vLLM worker: KV moves only through vLLM's scheduler and the BSR connector",
+            hint="send the prompt to vLLM; use `bsr probe` / `bsr status` against the workers",
+        )
+
+    def submit(self, tokens: Any, **kw: Any) -> dict[str, Any]:
+        return self._refuse("submit")  # type: ignore[no-any-return]
+
+    def restore(self, tokens: Any, **kw: Any) -> dict[str, Any]:
+        return self._refuse("restore")  # type: ignore[no-any-return]
+
+
+class WorkerAdmin:
+    """The admin server of one vLLM worker. ``stop()`` it (the connector does on shutdown)."""
+
+    def __init__(self, engine_fn: EngineFn, tp_rank: int, *, token: str, port: int, host: str = "127.0.0.1") -> None:
+        eng = engine_fn()
+        if eng is None:
+            raise RuntimeError("LMCache has no engine in this worker: bsr's admin API cannot start")
+        reg = registration_of(eng)
+        self.registry = TokenRegistry(reg.chunk_size)
+        self.ops = WorkerRankOps(engine_fn, tp_rank, self.registry)
+        tiers = tuple(self.ops.prober.tiers()) or ("fs",)
+        settings = EngineSettings(
+            name=f"vllm-lmcache tp-rank {tp_rank}", tiers=tiers, kv_tokens=reg.chunk_size, w=0, faults_enabled=False
+        )
+        self.rank = ThreadRank(self.ops, max_workers=4)  # type: ignore[arg-type]  # duck-typed LMCacheRank
+        self.coordinator = WorkerCoordinator(reg, [self.rank], settings, EventLog(), registry=self.registry)
+        self.server = AdminServer(self.coordinator, token=token, host=host, port=port)
+        self.server.start()
+
+    @property
+    def url(self) -> str:
+        return str(self.server.url)
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.rank.close()
+
+
+__all__ = ["WorkerAdmin", "WorkerRankOps", "registration_of"]
