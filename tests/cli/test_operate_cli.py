@@ -125,7 +125,7 @@ def test_ctrl_c_during_restore_aborts_it_fail_closed(engine, bsr) -> None:
             while time.monotonic() < deadline and not c.snapshot(health=False)["active"]:
                 time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,0 +1,236 @@
+"""Plots of evidence bundles: PNG files (matplotlib, the optional ``bench`` extra) and compact terminal charts.
+
+PNG: peak pool per rank against prefix length (BSR W=32 against the whole-plan need and the ladder's measured
+rungs), restore time against prefix length, measured RWS against W, store bandwidth, fs load concurrency.
+matplotlib is imported only when a PNG is drawn, with the Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bsr_cli.bench import bundle as bundles
+from bsr_cli.core.units import MiB
+
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def bar(value: float, top: float, width: int = 24) -> str:
+    """A horizontal bar of ``value`` on a scale ending at ``top`` (eighth-cell resolution)."""
+    if top <= 0 or value <= 0:
+        return ""
+    cells = max(0.0, min(1.0, value / top)) * width
+    full = int(cells)
+    frac = int((cells - full) * 8)
+    return "█" * full + (BLOCKS[frac] if frac and full < width else "")
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("PNG plots need matplotlib: pip install 'bsr[bench]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _done(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("status") != "interrupted"]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
+def _subtitle(b: dict[str, Any]) -> str:
+    reg = b["registration"]
+    m = b["machine"]
+    return (
+        f"{b['run_id']}  ·  {reg['model']} {reg['bytes_per_chunk'] / MiB:g} MiB/chunk/rank, TP {reg['tp_size']}  ·  "
+        f"{m['cpu_count']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB"
+    )
+
+
+def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, path: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    if ladder:
+        rows = [r for r in ladder["rows"] if r.get("whole_plan_bytes")]
+        xs = [r["tokens"] for r in rows]
+        ax.plot(xs, [r["whole_plan_bytes"] / MiB for r in rows], "k--", label="whole-plan need (core: N·Σc_i + aux)")
+        passed = [r for r in _done(rows) if r.get("first_passing_rung")]
+        # Markers only: the ladder measures a rung at each prefix, nothing in between.
+        ax.plot(
+            [r["tokens"] for r in passed],
+            [r["first_passing_rung"] / MiB for r in passed],
+            "s",
+            color="tab:red",
+            markerfacecolor="none",
+            markersize=10,
+            label="W=0: first passing rung (measured)",
+        )
+        peaks = [r for r in passed if r.get("measured_peak_bytes")]
+        ax.plot(
+            [r["tokens"] for r in peaks],
+            [r["measured_peak_bytes"] / MiB for r in peaks],
+            "x",
+            color="tab:red",
+            markersize=9,
+            label="W=0: measured peak pool",
+        )
+    if sweep:
+        rows = _done(sweep["rows"])
+        if not ladder:
+            ax.plot(
+                [r["tokens"] for r in rows],
+                [r["whole_plan_bytes"] / MiB for r in rows],
+                "k--",
+                label="whole-plan need (core: N·Σc_i + aux)",
+            )
+        w = sweep["params"]["W"]
+        ax.plot(
+            [r["tokens"] for r in rows],
+            [r["peak_pool_bytes"] / MiB for r in rows],
+            "o-",
+            color="tab:blue",
+            label=f"BSR W={w}: measured peak pool per rank",
+        )
+        rws = sweep["summary"].get("rws_bytes")
+        if rws:
+            ax.axhline(rws / MiB, color="tab:blue", linestyle=":", label=f"RWS({w}) = {rws / MiB:g} MiB")
+        for r in _done(sweep.get("repeat", {}).get("rows", [])):
+            ax.plot([r["tokens"]], [r["peak_pool_bytes"] / MiB], "D", color="tab:green", label="fresh-salt repeat")
+    ax.set_xlabel("prefix length (tokens)")
+    ax.set_ylabel("restore pool per rank (MiB)")
+    ax.set_title("Peak restore pool against prefix length", fontsize=11)
+    source = sweep or ladder
+    if source:
+        also = f"  ·  ladder {ladder['run_id']}" if sweep and ladder else ""
+        fig.suptitle(_subtitle(source) + also, fontsize=7, y=0.01, va="bottom")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def time_vs_prefix(sweep: dict[str, Any], path: Path) -> Path:
+    plt = _plt()
+    rows = _done(sweep["rows"])
+    xs = [r["tokens"] for r in rows]
+
+    def mean(r: dict[str, Any], key: str) -> float:
+        return sum(x[key] for x in r["ranks"]) / max(len(r["ranks"]), 1)
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ax.plot(xs, [r["seconds"] for r in rows], "o-", label="restore (request)")
+    ax.plot(xs, [mean(r, "fetch_seconds") for r in rows], "s--", label="fetch (mean of ranks)")
+    ax.plot(xs, [mean(r, "install_seconds") for r in rows], "^--", label="install (mean of ranks)")
+    ax.set_xlabel("prefix length (tokens)")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"Restore time against prefix length (W={sweep['params']['W']}, B = RWS)", fontsize=11)
+    ax2 = ax.twinx()
+    ax2.plot(xs, [r["gbps"] for r in rows], ":", color="grey", label="GB/s (all ranks)")
+    ax2.set_ylabel("GB/s", color="grey")
+    ax2.set_ylim(bottom=0)
+    fig.suptitle(_subtitle(sweep), fontsize=7, y=0.01, va="bottom")
+    ax.grid(alpha=0.3)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="upper left")
+    return _save(fig, path)
+
+
+def rws_vs_w(wlaw: dict[str, Any], path: Path) -> Path:
+    plt = _plt()
+    rows = _done(wlaw["rows"])
+    reg = wlaw["registration"]
+    ws = [r["W"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if ws:
+        line = [0, max(ws) * 1.1]
+        ax.plot(
+            line,
+            [(w * reg["bytes_per_chunk"] + reg["aux_bytes"]) / MiB for w in line],
+            "k--",
+            label="W·Σc_i + aux (core)",
+        )
+    ax.plot(ws, [r["peak_pool_bytes"] / MiB for r in rows], "o", markersize=8, label="measured peak pool per rank")
+    ax.set_xlabel("W (chunks per window)")
+    ax.set_ylabel("RWS per rank (MiB)")
+    ax.set_title(f"Measured RWS against W at {wlaw['params']['tokens']:,} tokens", fontsize=11)
+    fig.suptitle(_subtitle(wlaw), fontsize=7, y=0.01, va="bottom")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def store_bandwidth(store: dict[str, Any], path: Path) -> Path:
+    plt = _plt()
+    labels, values = store_bars(store)
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.5))
+    ax.barh(labels[::-1], values[::-1], color="tab:blue")
+    for i, v in enumerate(values[::-1]):
+        ax.text(v, i, f" {v:.2f}", va="center", fontsize=8)
+    ax.set_xlabel("GB/s per rank / client")
+    ax.set_title("Store bandwidth beside the memory-copy ceiling (same run)", fontsize=11)
+    fig.suptitle(_subtitle(store), fontsize=7, y=0.01, va="bottom")
+    return _save(fig, path)
+
+
+def store_bars(store: dict[str, Any]) -> tuple[list[str], list[float]]:
+    s = store["summary"]
+    labels: list[str] = []
+    values: list[float] = []
+    for threads, g in s.get("memcpy_gbps", {}).items():
+        labels.append(f"memcpy {threads} thread(s)")
+        values.append(float(g))
+    if s.get("crc32_gbps"):
+        labels.append("zlib.crc32 1 thread")
+        values.append(float(s["crc32_gbps"]))
+    for name, g in s.get("mooncake_gbps_per_client", {}).items():
+        if g is not None:
+            labels.append(f"mooncake {name}")
+            values.append(float(g))
+    for name, r in s.get("restore", {}).items():
+        if r.get("gbps_per_rank") is not None:
+            labels.append(f"restore {name}")
+            values.append(float(r["gbps_per_rank"]))
+    return labels, values
+
+
+def fs_concurrency(fs: dict[str, Any], path: Path) -> Path:
+    plt = _plt()
+    by = fs["summary"].get("by_config", {})
+    labels = list(by)
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(labels) + 1.5))
+    ax.barh(labels[::-1], [by[k]["gbps"] for k in labels][::-1], color="tab:orange")
+    ax.set_xlabel("restore GB/s (all ranks, median)")
+    ax.set_title(f"Filesystem tier: load concurrency at {fs['params']['tokens']:,} tokens", fontsize=11)
+    fig.suptitle(_subtitle(fs), fontsize=7, y=0.01, va="bottom")
+    return _save(fig, path)
+
+
+def render_all(out_dir: Path, to: Path | None = None) -> list[Path]:
+    """Draw every plot the latest bundles in ``out_dir`` allow, into ``to`` (default: ``out_dir``)."""
+    found = bundles.latest(out_dir)
+    dest = to or out_dir
+    made: list[Path] = []
+    sweep, ladder = found.get("sweep"), found.get("ladder")
+    if sweep or ladder:
+        made.append(peak_vs_prefix(sweep, ladder, dest / "peak-vs-prefix.png"))
+    if sweep and _done(sweep["rows"]):
+        made.append(time_vs_prefix(sweep, dest / "restore-time-vs-prefix.png"))
+    if "wlaw" in found and _done(found["wlaw"]["rows"]):
+        made.append(rws_vs_w(found["wlaw"], dest / "rws-vs-w.png"))
+    if "store" in found and store_bars(found["store"])[0]:
+        made.append(store_bandwidth(found["store"], dest / "store-bandwidth.png"))
+    if "fs-concurrency" in found and found["fs-concurrency"]["summary"].get("by_config"):
+        made.append(fs_concurrency(found["fs-concurrency"], dest / "fs-concurrency.png"))
+    return made

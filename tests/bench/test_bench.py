@@ -1,0 +1,328 @@
+"""`bsr bench`: reduced versions of every experiment against the real embedded engine, checking the evidence
+(bundles validate, peaks equal the bound the core computes, the ladder's rung equals the prediction, the failure
+matrix passes, interrupted rows stay out of the summary) and never the timings."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bsr_cli.bench import bundle as bundles
+from bsr_cli.bench import experiments as ex
+from bsr_cli.cli.main import run
+from bsr_cli.core import accounting
+from bsr_cli.core.units import MiB
+from bsr_cli.errors import EngineTimeout
+from bsr_cli.loaders import builtin_registration
+
+REG = builtin_registration("demo")
+RWS4 = accounting.rws_bytes(REG, 4)  # the session engine runs W=4 with a pool of 2·RWS(4)
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def bsr(capsys: pytest.CaptureFixture[str]):
+    def call(*args: str) -> Result:
+        code = run(list(args))
+        cap = capsys.readouterr()
+        return Result(code, cap.out, cap.err)
+
+    return call
+
+
+def _bundle(res: Result) -> dict[str, Any]:
+    assert res.code == 0, res.err
+    data = res.json()
+    path = Path(data["files"]["bundle"])
+    written = json.loads(path.read_text())
+    assert bundles.validation_errors(written) == []
+    assert written["run_id"] == data["run_id"] and path.name == f"{data['run_id']}.json"
+    return written
+
+
+def _settings_back(engine) -> None:
+    with engine.client() as c:
+        info = c.info()
+    assert info["budget_bytes"] == RWS4 and info["fs_concurrency"] == 1
+
+
+# -- schema and bookkeeping (no engine) --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_the_published_schema_is_the_one_the_validator_uses() -> None:
+    doc = Path(__file__).resolve().parents[2] / "docs" / "bench-schema.json"
+    assert json.loads(doc.read_text()) == bundles.SCHEMA
+
+
+@pytest.mark.timeout(30)
+def test_the_validator_names_what_is_wrong() -> None:
+    bad = {"schema": "bsr.bench/1", "kind": "bsr.bench", "experiment": "sweep", "run_id": "br-e1-XYZ", "rows": []}
+    errors = bundles.validation_errors(bad)
+    assert any("run_id" in e for e in errors)
+    assert any("missing 'registration'" in e for e in errors)
+    assert bundles.validation_errors({"experiment": "nope"}, {"properties": {"experiment": {"enum": ["a"]}}})
+
+
+class FakeEngine:
+    """Just enough of AdminClient to drive the sweep without an engine: restores succeed with a peak of RWS,
+    except the one that is interrupted (Ctrl-C, or an engine timeout)."""
+
+    url = "http://fake"
+
+    def __init__(self, interrupt_at: int, error: BaseException) -> None:
+        self.interrupt_at, self.error = interrupt_at, error
+        self.restores = 0
+        self.settings: dict[str, Any] = {"budget_bytes": 123, "fs_concurrency": 1}
+        self.aborted: list[str] = []
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "api": "v1",
+            "registration": {"identity": REG.identity},
+            "chunk_size": 256,
+            "tiers": ["mooncake", "fs"],
+            "pool_bytes": 2 * RWS4,
+            "max_tokens": 1 << 20,
+            "kv_tokens": 1 << 20,
+            **self.settings,
+        }
+
+    def registration(self) -> dict[str, Any]:
+        return REG.to_dict()
+
+    def pool(self) -> list[dict[str, Any]]:
+        return [{"rank": r, "pool": {"capacity_bytes": 2 * RWS4, "peak_bytes": RWS4}} for r in range(2)]
+
+    def update_settings(self, **kw: Any) -> dict[str, Any]:
+        self.settings |= kw
+        return self.info()
+
+    def submit(self, prompt: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return {"request": "req-w", "seconds": 0.1, "hash_ok": True, "stored": {}}
+
+    def reset_peak(self) -> None:
+        pass
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True}
+
+    def abort(self, request: str) -> dict[str, Any]:
+        self.aborted.append(request)
+        return {}
+
+    def restore(self, prompt: dict[str, Any], *, w: int, on_accepted: Any = None, **kw: Any) -> dict[str, Any]:
+        self.restores += 1
+        n = prompt["synthetic"]["n"]
+        on_accepted(f"req-{self.restores}")
+        if self.restores == self.interrupt_at:
+            raise self.error
+        ranks = [
+            {"rank": r, "ok": True, "seconds": 0.5, "bytes_restored": n * 4096, "peak_live_bytes": RWS4}
+            for r in range(2)
+        ]
+        return {
+            "request": f"req-{self.restores}",
+            "outcome": "committed",
+            "tiers": ["mooncake"],
+            "advertised_tokens": n,
+            "committed_tokens": n,
+            "windows": -(-n // (256 * w)),
+            "seconds": 0.5,
+            "bytes": 2 * n * 4096,
+            "ranks": ranks,
+            "hash_ok": True,
+        }
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), EngineTimeout("no answer")])
+def test_an_interrupted_row_is_marked_and_kept_out_of_the_summary(error: BaseException) -> None:
+    fake = FakeEngine(interrupt_at=2, error=error)
+    b = ex.run_sweep(fake, prefixes=[2048, 4096, 8192], w=4, salt=7)  # type: ignore[arg-type]
+    assert bundles.validation_errors(b) == []
+    assert [r["status"] for r in b["rows"]] == ["pass", "interrupted"]  # the block stops at the interruption
+    assert "repeat" not in b
+    assert b["interrupted"] is True and b["ok"] is False
+    assert b["interrupted_by"] == ("operator" if isinstance(error, KeyboardInterrupt) else "error")
+    assert b["summary"]["completed"] == 1 and b["summary"]["interrupted"] == 1
+    assert list(b["summary"]["restore_seconds"]) == ["2048"]  # only the completed row is aggregated
+    assert fake.settings["budget_bytes"] == 123  # the budget the sweep changed is put back
+    if isinstance(error, KeyboardInterrupt):
+        assert fake.aborted == ["req-2"]  # the restore in flight is aborted on the engine
+
+
+# -- every experiment, reduced, against the real engine ----------------------------------------------------------
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_sweep_peak_equals_rws_for_every_row(engine, bsr, tmp_path: Path) -> None:
+    plots = importlib.util.find_spec("matplotlib") is not None  # the optional bench extra
+    args = ["--tokens", "2048,4096,8192", "--W", "4", "--out", str(tmp_path), "--json"]
+    res = bsr("bench", "sweep", *args, *([] if plots else ["--no-plots"]))
+    b = _bundle(res)
+    assert b["experiment"] == "sweep" and b["run_id"].startswith("br-e1-")
+    assert b["registration"]["identity"] == REG.identity
+    assert b["engine"]["info"]["W"] == 4 and b["engine"]["embedded"] is False
+    rows = b["rows"] + b["repeat"]["rows"]
+    assert [r["tokens"] for r in rows] == [2048, 4096, 8192, 8192]
+    assert b["repeat"]["salt"] != b["salt"] and b["repeat"]["run_id"] != b["run_id"]
+    for r in rows:
+        assert r["status"] == "pass", r["checks"]
+        assert r["committed_tokens"] == r["tokens"] and r["tiers"] == ["mooncake"]
+        assert r["windows"] == r["tokens"] // 256 // 4
+        assert [x["pool_peak_bytes"] for x in r["ranks"]] == [RWS4, RWS4]
+        assert r["hash_ok"] is True and r["healthy"] is True
+    assert b["summary"]["peak_pool_bytes_per_rank"] == [RWS4] and b["summary"]["peak_equals_rws"] is True
+    if plots:
+        made = res.json()["files"]["plots"]
+        assert {Path(p).name for p in made} >= {"peak-vs-prefix.png", "restore-time-vs-prefix.png"}
+        assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in made)
+    _settings_back(engine)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_wlaw_peak_is_w_times_sum_c_plus_aux(engine, bsr, tmp_path: Path) -> None:
+    b = _bundle(
+        bsr("bench", "wlaw", "--tokens", "4096", "--Ws", "1,2,8", "--out", str(tmp_path), "--json", "--no-plots")
+    )
+    assert [r["W"] for r in b["rows"]] == [1, 2, 8]
+    for r in b["rows"]:
+        assert r["status"] == "pass", r["checks"]
+        assert [x["pool_peak_bytes"] for x in r["ranks"]] == [r["W"] * REG.bytes_per_chunk + REG.aux_bytes] * 2
+    s = b["summary"]
+    assert s["law_holds"] is True and s["fit_slope_bytes_per_W"] == REG.bytes_per_chunk
+    assert s["fit_intercept_bytes"] == REG.aux_bytes
+    _settings_back(engine)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_fs_concurrency_changes_nothing_in_rws(engine, bsr, tmp_path: Path) -> None:
+    b = _bundle(
+        bsr(
+            "bench",
+            "fs-concurrency",
+            "--tokens",
+            "4096",
+            "--W",
+            "4",
+            "--trials",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--json",
+            "--no-plots",
+        )
+    )
+    restores = [r for r in b["rows"] if r["kind"] == "restore"]
+    # The engine's state dir is known (BSR_STATE_DIR), so its fs tier's pages are evicted for the cold runs.
+    assert b["params"]["cold_method"] == "posix_fadvise"
+    assert {(r["cache"], r["concurrency"]) for r in restores} == {("cold", 1), ("cold", 4), ("warm", 1), ("warm", 4)}
+    for r in restores:
+        assert r["status"] == "pass", r["checks"]
+        assert r["tiers"] == ["fs"] and r["excluded_tiers"] == ["mooncake"]
+        assert [x["pool_peak_bytes"] for x in r["ranks"]] == [RWS4, RWS4]
+    assert b["summary"]["rws_unchanged"] is True and set(b["summary"]["speedup"]) == {"cold", "warm"}
+    _settings_back(engine)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_store_measures_the_tier_beside_the_copy_ceiling(engine, bsr, tmp_path: Path) -> None:
+    b = _bundle(
+        bsr(
+            "bench",
+            "store",
+            "--tokens",
+            "4096",
+            "--W",
+            "4",
+            "--trials",
+            "1",
+            "--raw-bytes",
+            "4MiB",
+            "--copy-bytes",
+            "16MiB",
+            "--out",
+            str(tmp_path),
+            "--json",
+            "--no-plots",
+        )
+    )
+    kinds = {r["kind"]: r for r in b["rows"]}
+    assert all(r["status"] == "pass" for r in b["rows"]), [r.get("checks") for r in b["rows"]]
+    mc = kinds["mooncake-set"]["results"]
+    assert {(m["path"], m["op"], m["mode"]) for m in mc} == {
+        (p, o, m) for p in ("tier", "raw") for o in ("put", "get") for m in ("isolated", "concurrent")
+    }
+    # The session pool holds 2·RWS(4) = 8 chunks: the whole-plan path is clamped to that prefix.
+    assert b["params"]["tokens_restored"] == 8 * 256
+    restores = [r for r in b["rows"] if r["kind"] == "restore"]
+    assert {(r["W"], r["budget_bytes"]) for r in restores} == {(0, None), (4, RWS4), (4, 2 * RWS4)}
+    w0 = next(r for r in restores if r["W"] == 0)
+    assert w0["peak_pool_bytes"] == accounting.whole_plan_bytes(REG, 8) and w0["windows"] == 1
+    assert all(r["tiers"] == ["mooncake"] for r in restores)
+    ratios = b["summary"]["ratios"]
+    assert ratios["restore_W,B=2RWS/restore_W0"] is not None and ratios["restore_W,B=2RWS/raw_get (concurrent)"]
+    assert set(b["summary"]["memcpy_gbps"]) >= {"1"}
+    _settings_back(engine)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_failure_matrix_passes(engine, bsr, tmp_path: Path) -> None:
+    b = _bundle(bsr("bench", "failures", "--tokens", "2048", "--out", str(tmp_path), "--json", "--no-plots"))
+    assert [r["scenario"] for r in b["rows"]] == [
+        "remote-unavailable",
+        "remote-and-ssd-absent",
+        "one-rank-restore-fault",
+    ]
+    assert all(r["status"] == "pass" for r in b["rows"]) and b["ok"] is True
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(300)
+def test_ladder_first_passing_rung_is_the_predicted_one(tmp_path: Path) -> None:
+    from bsr_cli.engine import supervisor
+
+    rungs = [8 * MiB, 16 * MiB]
+    state = tmp_path / "ladder-engine"
+    try:
+        b = ex.run_ladder(
+            ex.embedded_ladder_factory(state, REG, max_tokens=4096),
+            prefixes=[2048, 4096],
+            rungs=rungs,
+            warm_w=4,
+            engine_meta={"embedded": True},
+        )
+    finally:
+        supervisor.down(state)
+    assert bundles.validation_errors(b) == []
+    assert not supervisor.status(state)["running"]  # every rung's engine was stopped
+    assert b["summary"]["engine_starts"] == 2
+    for row in b["rows"]:
+        need = accounting.whole_plan_bytes(REG, row["chunks"])
+        assert row["status"] == "pass", row.get("checks")
+        assert row["first_passing_rung"] == row["predicted_rung"] == accounting.ladder_rung(need, rungs)
+        assert [x["pool_peak_bytes"] for x in row["ranks"]] == [need, need]
+    small, large = b["rows"]
+    assert small["first_passing_rung"] == 8 * MiB and [a["passed"] for a in small["attempts"]] == [True]
+    assert large["first_passing_rung"] == 16 * MiB and [a["passed"] for a in large["attempts"]] == [False, True]
+    assert large["attempts"][0]["outcome"] == "failed_closed" and "capacity" in large["attempts"][0]["failure"]
