@@ -17,7 +17,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -102,6 +102,7 @@ class RestoreFailed(Exception):
 
 
 Emit = Callable[[dict[str, Any]], None]
+Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
 
 
 class RankRestorer:
@@ -125,6 +126,7 @@ class RankRestorer:
         self.destination = destination
         self.emit = emit
         self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-prefetch-{rank}")
+        self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-verify-{rank}")
         self._aborts: dict[str, threading.Event] = {}
 
     # -- public ------------------------------------------------------------------------------------------------
@@ -133,7 +135,7 @@ class RankRestorer:
         self._aborts[job.request_id] = abort
         out = RankOutcome(self.rank, ok=False, valid=dict.fromkeys(self.group_order, False))
         fired: set[int] = set()
-        pending: Future[tuple[Lease, float]] | None = None
+        pending: Future[Fetched] | None = None
         try:
             windows = list(job.windows)
             first = windows[0].index if windows else 0
@@ -143,14 +145,18 @@ class RankRestorer:
                 if abort.is_set():
                     raise RestoreFailed("aborted by the operator", win.index)
                 if pending is not None:
-                    lease, fetch_s = pending.result()
+                    lease, fetch_s, arrived = pending.result()
                     pending = None
                 else:
                     lease = self._lease(job, win, bounded, wait=True)
                     assert lease is not None
-                    fetch_s = self._fetch_owned(job, win, lease, first, fired)[1]
+                    _, fetch_s, arrived = self._fetch_owned(job, win, lease, first, fired)
                 out.fetch_seconds += fetch_s
                 out.peak_live_bytes = max(out.peak_live_bytes, self.pool.stats().live_bytes)
+                # Every object arrived whole; its checksum is verified while the window installs (both release
+                # the GIL). A mismatch fails the retrieve before the window is released, and a failed retrieve
+                # scrubs every block of the request, so bytes installed unverified are never committed.
+                verified = self._verifier.submit(self._verify, win, arrived)
                 try:
                     # Overlap: start the next window's fetch now if the budget has room for it.
                     if pos + 1 < len(windows) and bounded:
@@ -161,7 +167,9 @@ class RankRestorer:
                     t0 = time.monotonic()
                     self._install(job, win, lease, first, fired)
                     out.install_seconds += time.monotonic() - t0
+                    verified.result()
                 finally:
+                    wait([verified])  # the staged bytes stay leased until their check is over
                     lease.release()
                 out.windows_done += 1
                 out.bytes_restored += self._window_bytes(job, win)
@@ -190,7 +198,7 @@ class RankRestorer:
             if pending is not None:
                 # A prefetch may still be running: wait for it and give its slots back.
                 try:
-                    lease_p, _ = pending.result(timeout=job.fetch_timeout_s + 5)
+                    lease_p, _, _ = pending.result(timeout=job.fetch_timeout_s + 5)
                     lease_p.release()
                 except Exception:  # noqa: BLE001 - its failure is already subsumed by ours
                     pass
@@ -213,6 +221,7 @@ class RankRestorer:
 
     def close(self) -> None:
         self._prefetcher.shutdown(wait=False, cancel_futures=True)
+        self._verifier.shutdown(wait=False, cancel_futures=True)
 
     # -- steps -------------------------------------------------------------------------------------------------
     def _window_bytes(self, job: RestoreJob, win: WindowJob) -> int:
@@ -223,11 +232,10 @@ class RankRestorer:
             win.chunk_end - win.chunk_start, timeout_s=job.admit_timeout_s, bounded=bounded, wait=wait
         )
 
-    def _fetch_owned(
-        self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]
-    ) -> tuple[Lease, float]:
+    def _fetch_owned(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> Fetched:
         try:
-            return lease, self._fetch(job, win, lease, first, fired)
+            seconds, arrived = self._fetch(job, win, lease, first, fired)
+            return lease, seconds, arrived
         except BaseException:
             lease.release()
             raise
@@ -243,13 +251,18 @@ class RankRestorer:
                 out.append((g, c, lease.slot(i, self.group_offsets[g], ref.size)))
         return out
 
-    def _fetch(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> float:
+    def _fetch(
+        self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]
+    ) -> tuple[float, list[tuple[str, int, StagingSlice, int | None]]]:
+        """Transfer every object of the window into its slots and require that each arrived whole in time.
+        Returns the seconds taken and the objects with their stored checksums, for _verify."""
         t0 = time.monotonic()
         deadline = t0 + job.fetch_timeout_s
         staged = self._staging(job, win, lease)
         by_tier: dict[str, list[tuple[str, int, StagingSlice]]] = {}
         for g, c, s in staged:
             by_tier.setdefault(job.objects[g][c].tier, []).append((g, c, s))
+        arrived: list[tuple[str, int, StagingSlice, int | None]] = []
         tier_faults = self._faults(job, win, first, ("remote-unavailable", "remote-and-ssd-absent"))
         down = {t for f in tier_faults for t in f.tiers_affected()}
         timeouts = self._faults(job, win, first, ("timeout",))
@@ -284,7 +297,7 @@ class RankRestorer:
                     if code > 0 and (f.group is None or f.group == g):
                         s.view[len(s.view) // 2] ^= 0xFF  # one flipped byte in transit
                         break
-            self._check(win, items, codes, sums)
+            arrived.extend(self._check_arrival(win, items, codes, sums))
         self.emit(
             {
                 "type": "window_fetched",
@@ -297,23 +310,22 @@ class RankRestorer:
                 "pool": self.pool.stats().to_dict(),
             }
         )
-        return time.monotonic() - t0
+        return time.monotonic() - t0, arrived
 
-    def _check(
+    def _check_arrival(
         self,
         win: WindowJob,
         items: Sequence[tuple[str, int, StagingSlice]],
         codes: Sequence[int],
         sums: Sequence[int | None],
-    ) -> None:
+    ) -> list[tuple[str, int, StagingSlice, int | None]]:
+        """Completeness: every object arrived, whole, before the deadline (else the retrieve fails)."""
         bad_groups: list[str] = []
         first_reason = ""
-        for (g, c, s), code, stored in zip(items, codes, sums, strict=True):
+        for (g, c, s), code in zip(items, codes, strict=True):
             if code == len(s.view):
-                if stored is not None and zlib.crc32(s.view) == stored:
-                    continue
-                reason = f"checksum mismatch in chunk {c} group {g}"
-            elif code >= 0:
+                continue
+            if code >= 0:
                 reason = f"short object in chunk {c} group {g}: {code} of {len(s.view)} bytes"
             else:
                 reason = f"{CODE_NAMES.get(code, f'error {code}')} fetching chunk {c} group {g}"
@@ -322,6 +334,14 @@ class RankRestorer:
                 bad_groups.append(g)
         if bad_groups:
             raise RestoreFailed(first_reason, win.index, bad_groups)
+        return [(g, c, s, stored) for (g, c, s), stored in zip(items, sums, strict=True)]
+
+    def _verify(self, win: WindowJob, arrived: Sequence[tuple[str, int, StagingSlice, int | None]]) -> None:
+        """Integrity: each object's CRC32 equals the one stored with it."""
+        bad = [(g, c) for g, c, s, stored in arrived if stored is None or zlib.crc32(s.view) != stored]
+        if bad:
+            g, c = bad[0]
+            raise RestoreFailed(f"checksum mismatch in chunk {c} group {g}", win.index, sorted({b[0] for b in bad}))
 
     def _install(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> None:
         faults = self._faults(job, win, first, ("restore-fault",))
