@@ -397,6 +397,21 @@ class Coordinator:
                 h.update(f"{r}:{g}:{groups[g]};".encode())
         return h.hexdigest()[:32]
 
+    def _open(
+        self,
+        tokens: Sequence[int],
+        w: int | None,
+        request: str | None,
+        progress: Callable[[dict[str, Any]], None] | None,
+    ) -> tuple[int, str, str, list[str], Callable[[], None]]:
+        """What every request starts with: a checked prompt, its W, id, prompt hash, chunk hashes, and the
+        progress listener (with the function that removes it)."""
+        self.check_tokens(tokens)
+        w = self.settings.w if w is None else accounting.check_window(w)
+        request = request or self.new_request_id()
+        stop = self.events.listen(request, progress) if progress else (lambda: None)
+        return w, request, prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size), stop
+
     def submit(
         self,
         tokens: Sequence[int],
@@ -408,12 +423,7 @@ class Coordinator:
         request: str | None = None,
     ) -> dict[str, Any]:
         """Admit a prompt as the scheduler would: restore the external prefix (with fallback), compute the rest."""
-        self.check_tokens(tokens)
-        w = self.settings.w if w is None else accounting.check_window(w)
-        request = request or self.new_request_id()
-        prompt = prompt_hash(tokens)
-        hashes = chunk_hashes(tokens, self.reg.chunk_size)
-        stop = self.events.listen(request, progress) if progress else (lambda: None)
+        w, request, prompt, hashes, stop = self._open(tokens, w, request, progress)
         started = time.monotonic()
         tables = self._allocate(len(tokens))
         passes: list[dict[str, Any]] = []
@@ -535,12 +545,7 @@ class Coordinator:
         request: str | None = None,
     ) -> dict[str, Any]:
         """A manual windowed restore of a prompt's external prefix (no fallback, nothing computed)."""
-        self.check_tokens(tokens)
-        w = self.settings.w if w is None else accounting.check_window(w)
-        request = request or self.new_request_id()
-        prompt = prompt_hash(tokens)
-        hashes = chunk_hashes(tokens, self.reg.chunk_size)
-        stop = self.events.listen(request, progress) if progress else (lambda: None)
+        w, request, prompt, hashes, stop = self._open(tokens, w, request, progress)
         try:
             bitmap, tier_errors = self.probe(tokens, hashes)
             excl = set(exclude)
