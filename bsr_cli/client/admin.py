@@ -268,8 +268,13 @@ class AdminClient:
     def update_settings(self, **changes: Any) -> dict[str, Any]:
         return dict(self._call("POST", "/settings", changes))
 
-    def snapshot(self, *, health: bool = True, timeout: float | None = None) -> dict[str, Any]:
-        return dict(self._call("GET", "/snapshot", params={"health": "1" if health else "0"}, timeout=timeout))
+    def snapshot(
+        self, *, health: bool = True, timeout: float | None = None, events_since: int | None = None
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"health": "1" if health else "0"}
+        if events_since is not None:
+            params["events_since"] = events_since
+        return dict(self._call("GET", "/snapshot", params=params, timeout=timeout))
 
     def events(self, since: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
         return dict(self._call("GET", "/events", params={"since": since, "wait": wait_s}, timeout=wait_s + 10))

@@ -368,7 +368,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(HTTPStatus.OK, c.info())
 
     def snapshot(self, q: dict[str, str], path: str) -> None:
-        self._send_json(HTTPStatus.OK, self.admin.coordinator.snapshot(health=q.get("health", "1") == "1"))
+        since = q.get("events_since")
+        if since is not None and not since.isdigit():
+            raise InvalidInput("events_since must be a non-negative integer")
+        snap = self.admin.coordinator.snapshot(
+            health=q.get("health", "1") == "1", events_since=int(since) if since is not None else None
+        )
+        self._send_json(HTTPStatus.OK, snap)
 
     def events(self, q: dict[str, str], path: str) -> None:
         try:

@@ -667,7 +667,9 @@ class Coordinator:
             out.append(entry)
         return out
 
-    def snapshot(self, health: bool = True) -> dict[str, Any]:
+    def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
+        """Everything a monitor draws at once. ``events_since``: every event after that sequence number (up to
+        2,000) instead of the last 50, so a poller sees bursts whole."""
         ranks = self.pool(health=health)
         with self._lock:
             active = [
@@ -703,7 +705,7 @@ class Coordinator:
             "tiers": tiers,
             "markers": markers,
             "faults": faults,
-            "events": self.events.recent(50),
+            "events": self.events.recent(50) if events_since is None else self.events.since(events_since, limit=2000),
             "seq": self.events.last_seq,
         }
 

@@ -85,6 +85,7 @@ class LiveSource:
     ) -> None:
         self._connect = connect
         self._client: AdminClient | None = None
+        self._last_seq: int | None = None  # last event seen on this connection
         self.timeout_s = timeout_s
         self.label = label
         self._clock = clock
@@ -109,10 +110,14 @@ class LiveSource:
         """One snapshot, or the EngineError that says why not."""
         try:
             if self._client is None:
+                self._last_seq = None
                 self._client = self._connect()
                 self.label = self._client.url
             t0 = time.monotonic()
-            raw = self._client.snapshot(timeout=self.timeout_s)
+            # Ask for every event since the last one seen on this connection, so a burst between polls arrives
+            # whole (a fresh connection may be a restarted engine, whose sequence numbers start again).
+            raw = self._client.snapshot(timeout=self.timeout_s, events_since=self._last_seq)
+            self._last_seq = int(raw.get("seq") or 0)
             return Frame(raw, self._clock(), time.monotonic() - t0)
         except EngineError:
             self._drop()
@@ -127,6 +132,7 @@ class LiveSource:
             return c.clear_faults()
 
     def _drop(self) -> None:
+        self._last_seq = None
         if self._client is not None:
             self._client.close()
             self._client = None
