@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from bsr_cli.engine.kv_ops import KVOps
+
 STORE_BATCH = 16  # objects per put call
 
 
@@ -66,7 +68,7 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-class Rank:
+class Rank(KVOps):
     def __init__(self, cfg: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
         import torch
 
@@ -161,9 +163,6 @@ class Rank:
                         masks[g][c] |= 1 << i
         return {"rows": {g: "".join(f"{m:x}" for m in ms) for g, ms in masks.items()}, "errors": errors}
 
-    def op_prefill(self, hashes: list[str], n_tokens: int, first_chunk: int, block_tables: dict[str, list[int]]) -> int:
-        return self.kv.prefill(hashes, n_tokens, first_chunk, block_tables)
-
     def op_store(
         self, hashes: list[str], n_tokens: int, block_tables: dict[str, list[int]], chunks: dict[str, list[int]]
     ) -> dict[str, Any]:
@@ -216,15 +215,6 @@ class Rank:
             return self.restorer.restore(rj, abort).to_dict()
         finally:
             self._aborts.pop(request, None)
-
-    def op_output_hash(self, block_tables: dict[str, list[int]], n_tokens: int) -> dict[str, str]:
-        return self.kv.output_hash(block_tables, n_tokens)
-
-    def op_canonical_hash(self, hashes: list[str], n_tokens: int) -> dict[str, str]:
-        return self.kv.canonical_hash(hashes, n_tokens)
-
-    def op_invalidate(self, block_tables: dict[str, list[int]]) -> None:
-        self.kv.invalidate(block_tables)
 
     def op_stats(self, health: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"rank": self.rank, "pool": self.pool.stats().to_dict()}

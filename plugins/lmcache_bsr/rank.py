@@ -28,6 +28,7 @@ import torch
 from bsr_cli.core.keys import parse_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine.kv import PagedKV
+from bsr_cli.engine.kv_ops import KVOps
 from bsr_cli.engine.services import health_url_for, master_healthy
 from bsr_cli.errors import BadRequest, CapacityError
 from bsr_cli.runtime.faults import FaultSpec
@@ -41,7 +42,7 @@ VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a fu
 RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache retrieve may take to end
 
 
-class LMCacheRank:
+class LMCacheRank(KVOps):
     def __init__(
         self,
         rank: int,
@@ -238,9 +239,6 @@ class LMCacheRank:
                     masks[c] |= 1 << i
         return {"rows": {self.group: "".join(f"{m:x}" for m in masks)}, "errors": errors}
 
-    def op_prefill(self, hashes: list[str], n_tokens: int, first_chunk: int, block_tables: dict[str, list[int]]) -> int:
-        return self.kv.prefill(hashes, n_tokens, first_chunk, block_tables)
-
     def op_store(
         self, hashes: list[str], n_tokens: int, block_tables: dict[str, list[int]], chunks: dict[str, list[int]]
     ) -> dict[str, Any]:
@@ -398,15 +396,6 @@ class LMCacheRank:
             except Exception:  # noqa: BLE001 - it is failed by the timeout either way
                 pass
             raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx) from None
-
-    def op_output_hash(self, block_tables: dict[str, list[int]], n_tokens: int) -> dict[str, str]:
-        return self.kv.output_hash(block_tables, n_tokens)
-
-    def op_canonical_hash(self, hashes: list[str], n_tokens: int) -> dict[str, str]:
-        return self.kv.canonical_hash(hashes, n_tokens)
-
-    def op_invalidate(self, block_tables: dict[str, list[int]]) -> None:
-        self.kv.invalidate(block_tables)
 
     def op_stats(self, health: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"rank": self.rank, "pool": self.pool_stats()}

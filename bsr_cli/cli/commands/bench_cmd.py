@@ -41,6 +41,7 @@ EmbeddedOpt = Annotated[
 RegOpt = Annotated[
     str | None, typer.Option("--registration", "-r", help="With --embedded: registration [default: demo].")
 ]
+TierOpt = Annotated[str | None, typer.Option("--tier", help="Tier to restore from [default: the engine's first].")]
 SaltOpt = Annotated[int | None, typer.Option("--salt", help="Seed of the synthetic prompts [default: random].")]
 NoPlotsOpt = Annotated[bool, typer.Option("--no-plots", help="Write the bundle only, no PNG plots.")]
 WOpt = Annotated[int, typer.Option("--W", "-W", help="Window size in chunks.", min=1)]
@@ -448,9 +449,7 @@ def sweep(
     no_repeat: Annotated[
         bool, typer.Option("--no-repeat", help="Skip the fresh-salt repeat of the largest row.")
     ] = False,
-    tier: Annotated[
-        str | None, typer.Option("--tier", help="Tier to restore from [default: the engine's first].")
-    ] = None,
+    tier: TierOpt = None,
     out: OutOpt = DEFAULT_OUT,
     embedded: EmbeddedOpt = False,
     registration: RegOpt = None,
@@ -534,9 +533,7 @@ def wlaw(
     ctx: typer.Context,
     tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prefix length.", min=1)] = 262_144,
     ws: Annotated[str, typer.Option("--Ws", help="Window sizes, comma-separated.")] = "8,16,32,64",
-    tier: Annotated[
-        str | None, typer.Option("--tier", help="Tier to restore from [default: the engine's first].")
-    ] = None,
+    tier: TierOpt = None,
     out: OutOpt = DEFAULT_OUT,
     embedded: EmbeddedOpt = False,
     registration: RegOpt = None,
