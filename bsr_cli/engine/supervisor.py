@@ -24,7 +24,7 @@ from typing import Any
 from bsr_cli.core import accounting
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import services
-from bsr_cli.errors import InvalidInput, ServiceError
+from bsr_cli.errors import CapacityError, InvalidInput, ServiceError
 
 SERVER_START_TIMEOUT_S = 240.0
 
@@ -64,6 +64,16 @@ class EngineOptions:
             raise InvalidInput("--kv-tokens must be at least --max-tokens")
         per_rank_prompt = self.max_tokens * reg.bytes_per_token
         segment = self.segment_bytes or max(256 << 20, 2 * per_rank_prompt * reg.tp_size)
+        need = reg.tp_size * (kv * reg.bytes_per_token + pool) + (segment if self.remote else 0)
+        avail = _mem_available()
+        if avail is not None and need > avail:
+            from bsr_cli.core.units import format_bytes
+
+            raise CapacityError(
+                f"this engine needs about {format_bytes(need)} of memory (destination KV for {kv:,} tokens on "
+                f"{reg.tp_size} ranks, pools, the Mooncake segment); {format_bytes(avail)} is available",
+                hint="lower --max-tokens / --kv-tokens / --segment, or use a smaller registration",
+            )
         return {
             "w": self.w,
             "pool_bytes": pool,
@@ -75,6 +85,17 @@ class EngineOptions:
             "fs_concurrency": self.fs_concurrency,
             "fetch_timeout_s": self.fetch_timeout_s,
         }
+
+
+def _mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @contextlib.contextmanager
