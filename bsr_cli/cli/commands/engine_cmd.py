@@ -76,6 +76,7 @@ def engine_up(
     )
     if host not in ("127.0.0.1", "localhost", "::1"):
         st.out.note(f"[yellow]warning:[/] the admin API will listen on {host}, beyond loopback")
+    opts.resolved()  # refuse bad settings before saying anything is starting
     st.out.note("starting the embedded engine (mooncake_master, segment holder, rank processes)…")
     result = supervisor.up(Path(st.settings.state_dir), opts)
     st.out.result(result, _render_status)
