@@ -12,6 +12,7 @@ registration order, each as ``[tokens, bytes_per_token]``.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -91,6 +92,8 @@ class PagedKV:
 
     # -- Destination protocol ----------------------------------------------------------------------------------
     def install(self, group: str, block_ids: Sequence[int], token_count: int, sources: Sequence[StagingSlice]) -> None:
+        if self._install_run(group, block_ids, token_count, sources):
+            return
         rows = self.rows(group, block_ids, token_count)
         bpt = self.group_bpt[group]
         pos = 0
@@ -101,6 +104,35 @@ class PagedKV:
             pos += n
         if pos != token_count:
             raise RuntimeError(f"window carried {pos} tokens for group {group}, expected {token_count}")
+
+    def _install_run(
+        self, group: str, block_ids: Sequence[int], token_count: int, sources: Sequence[StagingSlice]
+    ) -> bool:
+        """The fast path: full chunks staged at a constant stride (a window's slots in one run) go in with one
+        indexed copy per tensor for the whole window. Returns False when the window does not qualify."""
+        cs = self.reg.chunk_size
+        bs = self.reg.group(group).block_size
+        size = cs * self.group_bpt[group]
+        n = len(sources)
+        if n < 2 or token_count != n * cs or any(len(src.view) != size for src in sources):
+            return False
+        stride = sources[1].ptr - sources[0].ptr
+        if stride < size or any(src.ptr != sources[0].ptr + i * stride for i, src in enumerate(sources)):
+            return False
+        span = (n - 1) * stride + size
+        base = torch.frombuffer((ctypes.c_ubyte * span).from_address(sources[0].ptr), dtype=torch.uint8)
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long).view(n, cs // bs).to(self.device)
+        off = 0
+        for t in self.group_tensors[group]:
+            bpt = t.bytes_per_token
+            wide = self.wide_dtype[t.name]
+            src = base.as_strided((n, cs // bs, bs, bpt), (stride, bs * bpt, bpt, 1), off).view(wide)
+            if self.device.type == "cuda":
+                src = src.to(self.device, non_blocking=True)
+            dest = self.flat[t.name].view(-1, bs, self.flat[t.name].shape[1])
+            dest[ids] = src
+            off += cs * bpt
+        return True
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

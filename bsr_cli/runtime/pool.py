@@ -131,7 +131,9 @@ class RestorePool:
 
     def _release(self, slots: list[int]) -> None:
         with self._cond:
-            self._free.extend(slots)
+            # Pushed back in reverse so the next lease pops them in ascending order again: a window's slots stay
+            # one contiguous run, which lets the host install a whole window per tensor in one copy.
+            self._free.extend(reversed(slots))
             self._live_slots -= len(slots)
             self._windows -= 1
             self._cond.notify_all()
