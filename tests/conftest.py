@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import pytest
+
+from bsr_cli.cli.main import run
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +32,6 @@ def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathF
 
 # -- the real embedded engine, shared by the tests that need one ----------------------------------------------------
 
-from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 
@@ -79,3 +83,28 @@ def engine(live_engine: LiveEngine, monkeypatch: pytest.MonkeyPatch):
     with live_engine.client() as c:
         c.clear_faults()
         c.clear_markers()
+
+
+# -- the CLI, run in-process through its real entry point -------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self):
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def bsr(capsys: pytest.CaptureFixture[str]):
+    """Run the real CLI entry point in-process (same error boundary, same output layer)."""
+
+    def call(*args: str) -> Result:
+        code = run(list(args))
+        cap = capsys.readouterr()
+        return Result(code, cap.out, cap.err)
+
+    return call

@@ -1330,59 +1330,40 @@ def embedded_options(experiment: str, reg: Registration, **p: Any) -> EngineOpti
         return n * reg.bytes_per_token * reg.tp_size
 
     headroom = 512 * MiB
+
+    def sized(w: int, n: int, pool: int, segment: int, fetch_timeout_s: float = 60.0) -> EngineOptions:
+        # B = RWS(W) in every profile: one live window, the paper's serialized restore.
+        return EngineOptions(
+            reg,
+            w=w,
+            pool_bytes=pool,
+            budget_bytes=accounting.rws_bytes(reg, w),
+            max_tokens=n,
+            kv_tokens=n,
+            segment_bytes=segment,
+            fetch_timeout_s=fetch_timeout_s,
+        )
+
     if experiment == "sweep":
         w, top = int(p["w"]), max(p["prefixes"])
-        rws = accounting.rws_bytes(reg, w)
         copies = 2 if p.get("repeat", True) else 1
-        return EngineOptions(
-            reg,
-            w=w,
-            pool_bytes=2 * rws,  # fixed for the whole block; B = RWS(W) keeps one window live
-            budget_bytes=rws,
-            max_tokens=top,
-            kv_tokens=top,
-            segment_bytes=copies * per_prompt(top) + headroom,
-            fetch_timeout_s=60.0,
-        )
+        # The pool is fixed for the whole block.
+        return sized(w, top, 2 * accounting.rws_bytes(reg, w), copies * per_prompt(top) + headroom)
     if experiment == "wlaw":
         top_w, n = max(p["ws"]), int(p["tokens"])
-        rws = accounting.rws_bytes(reg, top_w)
-        return EngineOptions(
-            reg,
-            w=top_w,
-            pool_bytes=rws,
-            budget_bytes=rws,
-            max_tokens=n,
-            kv_tokens=n,
-            segment_bytes=per_prompt(n) + headroom,
-            fetch_timeout_s=60.0,
-        )
+        return sized(top_w, n, accounting.rws_bytes(reg, top_w), per_prompt(n) + headroom)
     if experiment == "fs-concurrency":
         w, n = int(p["w"]), int(p["tokens"])
-        rws = accounting.rws_bytes(reg, w)
-        return EngineOptions(
-            reg,
-            w=w,
-            pool_bytes=2 * rws,
-            budget_bytes=rws,
-            max_tokens=n,
-            kv_tokens=n,
-            segment_bytes=per_prompt(n) + headroom,
-            fetch_timeout_s=60.0,
-        )
+        return sized(w, n, 2 * accounting.rws_bytes(reg, w), per_prompt(n) + headroom)
     if experiment == "store":
         w, n = int(p["w"]), int(p["tokens"])
-        rws = accounting.rws_bytes(reg, w)
         whole = accounting.whole_plan_bytes(reg, accounting.chunks_for_tokens(n, reg.chunk_size))
-        return EngineOptions(
-            reg,
-            w=w,
-            pool_bytes=max(whole, 2 * rws),  # the whole-plan path stages the whole prefix at once
-            budget_bytes=rws,
-            max_tokens=n,
-            kv_tokens=n,
+        return sized(
+            w,
+            n,
+            max(whole, 2 * accounting.rws_bytes(reg, w)),  # the whole-plan path stages the whole prefix at once
             # The prompt, plus the tier's and the raw client's copies of every client's objects at once.
-            segment_bytes=per_prompt(n) + 2 * reg.tp_size * int(p["raw_bytes"]) + headroom,
+            per_prompt(n) + 2 * reg.tp_size * int(p["raw_bytes"]) + headroom,
             fetch_timeout_s=600.0,  # one whole-plan window holds the entire prefix
         )
     if experiment == "failures":

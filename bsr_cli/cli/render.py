@@ -23,6 +23,14 @@ def b(n: int | None) -> str:
     return f"{n:,} ({format_bytes(n)})" if n >= 1024 else f"{n:,} B"
 
 
+def first_break_line(br: dict[str, Any] | None) -> str:
+    """Where the committable prefix ends, in one line (probe and plan say it the same way)."""
+    if not br:
+        return "[green]no break[/]: every rank and group holds the whole prompt"
+    held = f" (held only by excluded {', '.join(br['held_by'])})" if br["held_by"] else ""
+    return f"[yellow]first break[/]: chunk {br['chunk']} rank {br['rank']} group {br['group']}: {br['reason']}{held}"
+
+
 def registration_summary(reg: Registration) -> dict[str, Any]:
     return {
         "model": reg.model,
@@ -178,14 +186,7 @@ def plan(console: Console, d: dict[str, Any]) -> None:
             else ""
         )
     )
-    br = d["first_break"]
-    if br:
-        held = f" (held only by excluded {', '.join(br['held_by'])})" if br["held_by"] else ""
-        console.print(
-            f"[yellow]first break[/]: chunk {br['chunk']} rank {br['rank']} group {br['group']}: {br['reason']}{held}"
-        )
-    else:
-        console.print("[green]no break[/]: every rank and group holds the whole prompt")
+    console.print(first_break_line(d["first_break"]))
     windows = d["windows"]
     if windows:
         t = Table(title="window schedule", title_justify="left")

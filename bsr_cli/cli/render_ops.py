@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bsr_cli.cli.output import Output
-from bsr_cli.cli.render import b
+from bsr_cli.cli.render import b, first_break_line
 from bsr_cli.core.units import format_bytes
 
 TIER_LOOK = {"mooncake": ("M", "green"), "fs": ("F", "cyan")}
@@ -67,14 +67,7 @@ def probe(console: Console, d: dict[str, Any]) -> None:
     console.print(
         f"committable prefix: [bold]{d['committable_tokens']:,} tokens[/] ({d['committable_chunks']:,} chunks)"
     )
-    br = d.get("first_break")
-    if br:
-        only = f"; held only by excluded {', '.join(br['held_by'])}" if br["held_by"] else ""
-        console.print(
-            f"[yellow]first break[/]: chunk {br['chunk']} rank {br['rank']} group {br['group']}: {br['reason']}{only}"
-        )
-    else:
-        console.print("[green]no break[/]: every rank and group holds the whole prompt")
+    console.print(first_break_line(d.get("first_break")))
     for rank, errs in (d.get("tier_errors") or {}).items():
         for tier, msg in errs.items():
             console.print(f"[red]{rank} {tier} unreachable during probe[/]: {msg}")

@@ -174,6 +174,17 @@ class HitBitmap:
             raise InvalidInput(f"{source}: malformed probe result") from None
 
 
+def encode_row(held: Mapping[str, Sequence[bool]], tiers: Sequence[str], chunks: int) -> str:
+    """One (rank, group) row of a bitmap from each tier's per-chunk presence (a tier missing from ``held`` holds
+    nothing): bit i of a chunk's hex digit is set when ``tiers[i]`` holds it."""
+    masks = [0] * chunks
+    for i, name in enumerate(tiers):
+        for c, present in enumerate(held.get(name, ())):
+            if present:
+                masks[c] |= 1 << i
+    return "".join(f"{m:x}" for m in masks)
+
+
 def full_hit_bitmap(
     tiers: Sequence[str], ranks: int, groups: Sequence[str], tokens: int, chunk_size: int, **meta: str
 ) -> HitBitmap:

@@ -145,23 +145,22 @@ class Rank(KVOps):
 
     def op_probe(self, hashes: list[str], tiers: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
         """Per group, one hex digit per chunk: bit i set when tiers[i] holds the object. Moves no bytes."""
+        from bsr_cli.core.bitmap import encode_row
+
         keys = self._keys(hashes)
-        masks = {g: [0] * len(hashes) for g in keys}
+        held: dict[str, dict[str, list[bool]]] = {g: {} for g in keys}
         errors = {}
-        for i, name in enumerate(tiers):
+        for name in tiers:
             tier = self.tiers.get(name)
             if tier is None:
                 continue
             for g, ks in keys.items():
                 try:
-                    held = tier.contains(ks, timeout_s)
+                    held[g][name] = tier.contains(ks, timeout_s)
                 except Exception as e:  # noqa: BLE001 - an unreachable tier holds nothing, and says why
                     errors[name] = f"{type(e).__name__}: {e}"
                     break
-                for c, h in enumerate(held):
-                    if h:
-                        masks[g][c] |= 1 << i
-        return {"rows": {g: "".join(f"{m:x}" for m in ms) for g, ms in masks.items()}, "errors": errors}
+        return {"rows": {g: encode_row(held[g], tiers, len(hashes)) for g in keys}, "errors": errors}
 
     def op_store(
         self, hashes: list[str], n_tokens: int, block_tables: dict[str, list[int]], chunks: dict[str, list[int]]

@@ -303,13 +303,17 @@ class _Handler(BaseHTTPRequestHandler):
             },
         )
 
-    def submit(self, q: dict[str, str], path: str) -> None:
+    def _prompt_request(self, extra: set[str]) -> tuple[dict[str, Any], list[int], int | None, bool]:
+        """The body of a request about one prompt: (body, tokens, W, verify), strictly validated."""
         body = self._body()
-        _fields(body, {"tokens", "synthetic", "W", "verify", "store", "stream"})
+        _fields(body, {"tokens", "synthetic", "W", "verify", "stream"} | extra)
+        tokens = tokens_from_body(body, self.admin.coordinator.settings.max_tokens)
+        return body, tokens, _opt_int(body, "W"), bool(body.get("verify", True))
+
+    def submit(self, q: dict[str, str], path: str) -> None:
+        body, tokens, w, verify = self._prompt_request({"store"})
         c = self.admin.coordinator
-        tokens = tokens_from_body(body, c.settings.max_tokens)
-        w = _opt_int(body, "W")
-        verify, store = bool(body.get("verify", True)), bool(body.get("store", True))
+        store = bool(body.get("store", True))
         self.admin.counters["submitted"] += 1
         if body.get("stream"):
             rid = c.new_request_id()
@@ -319,15 +323,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(HTTPStatus.OK, c.submit(tokens, w=w, verify=verify, store=store))
 
     def restore(self, q: dict[str, str], path: str) -> None:
-        body = self._body()
-        _fields(body, {"tokens", "synthetic", "W", "verify", "exclude_tiers", "stream"})
+        body, tokens, w, verify = self._prompt_request({"exclude_tiers"})
         c = self.admin.coordinator
-        tokens = tokens_from_body(body, c.settings.max_tokens)
-        w = _opt_int(body, "W")
         exclude = body.get("exclude_tiers") or []
         if not isinstance(exclude, list) or set(exclude) - set(c.settings.tiers):
             raise InvalidInput(f"exclude_tiers must name tiers of this engine: {list(c.settings.tiers)}")
-        verify = bool(body.get("verify", True))
         rid = c.new_request_id()
 
         def work(emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:

@@ -172,7 +172,8 @@ class RankRestorer:
                     wait([verified])  # the staged bytes stay leased until their check is over
                     lease.release()
                 out.windows_done += 1
-                out.bytes_restored += self._window_bytes(job, win)
+                nbytes = self._window_bytes(job, win)
+                out.bytes_restored += nbytes
                 self.emit(
                     {
                         "type": "window_released",
@@ -180,7 +181,7 @@ class RankRestorer:
                         "rank": self.rank,
                         "window": win.index,
                         "windows": len(windows),
-                        "bytes": self._window_bytes(job, win),
+                        "bytes": nbytes,
                         "pool": self.pool.stats().to_dict(),
                     }
                 )

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.keys import parse_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine.kv import PagedKV
@@ -232,12 +233,7 @@ class LMCacheRank(KVOps):
     def op_probe(self, hashes: list[str], tiers: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
         tokens = self.registry.tokens_for(hashes)
         held, errors = self.presence(tokens, tiers)
-        masks = [0] * len(hashes)
-        for i, name in enumerate(tiers):
-            for c, h in enumerate(held.get(name, [])):
-                if h:
-                    masks[c] |= 1 << i
-        return {"rows": {self.group: "".join(f"{m:x}" for m in masks)}, "errors": errors}
+        return {"rows": {self.group: encode_row(held, tiers, len(hashes))}, "errors": errors}
 
     def op_store(
         self, hashes: list[str], n_tokens: int, block_tables: dict[str, list[int]], chunks: dict[str, list[int]]

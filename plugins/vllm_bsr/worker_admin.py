@@ -26,6 +26,7 @@ from lmcache_bsr.host import LMCacheCoordinator
 from lmcache_bsr.rank import ThreadRank
 from lmcache_bsr.tokens import TokenRegistry
 
+from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.admin import AdminServer
@@ -81,12 +82,7 @@ class WorkerRankOps:
         tokens = self.registry.tokens_for(hashes)
         keys = [k for _, _, k in lm.chunk_keys(eng, tokens)]
         held, errors = self.prober.presence(keys)
-        masks = [0] * len(hashes)
-        for i, name in enumerate(tiers):
-            for c, h in enumerate(held.get(name, [])):
-                if h:
-                    masks[c] |= 1 << i
-        return {"rows": {self.group: "".join(f"{m:x}" for m in masks)}, "errors": errors}
+        return {"rows": {self.group: encode_row(held, tiers, len(hashes))}, "errors": errors}
 
     def op_stats(self, health: bool = False) -> dict[str, Any]:
         pool = dict.fromkeys(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ import pytest
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench import experiments as ex
-from bsr_cli.cli.main import run
 from bsr_cli.core import accounting
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import EngineTimeout
@@ -24,27 +22,7 @@ REG = builtin_registration("demo")
 RWS4 = accounting.rws_bytes(REG, 4)  # the session engine runs W=4 with a pool of 2·RWS(4)
 
 
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-@pytest.fixture
-def bsr(capsys: pytest.CaptureFixture[str]):
-    def call(*args: str) -> Result:
-        code = run(list(args))
-        cap = capsys.readouterr()
-        return Result(code, cap.out, cap.err)
-
-    return call
-
-
-def _bundle(res: Result) -> dict[str, Any]:
+def _bundle(res: Any) -> dict[str, Any]:
     assert res.code == 0, res.err
     data = res.json()
     path = Path(data["files"]["bundle"])
