@@ -14,7 +14,6 @@ import os
 import threading
 import time
 import traceback
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -168,6 +167,7 @@ class Rank(KVOps):
         """Write objects read back from the blocks to each tier: chunks[tier] = chunk indices it lacks.
         Tiers are independent: one that refuses writes (full, down) does not keep the others from storing."""
         from bsr_cli.engine.kv import byte_view
+        from bsr_cli.runtime.checksum import crc32c
 
         keys = self._keys(hashes)
         cs = self.reg.chunk_size
@@ -184,7 +184,7 @@ class Rank(KVOps):
                     t0, t1 = c * cs, min((c + 1) * cs, n_tokens)
                     for g in self.reg.group_names:
                         payload = byte_view(self.kv.gather_object(g, block_tables[g], t0, t1 - t0))
-                        batch.append((keys[g][c], payload, zlib.crc32(payload)))
+                        batch.append((keys[g][c], payload, crc32c(payload)))
                     if len(batch) >= STORE_BATCH or c == idx[-1]:
                         tier.put([b[0] for b in batch], [b[1] for b in batch], [b[2] for b in batch])
                         done += len(batch)

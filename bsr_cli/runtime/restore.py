@@ -7,21 +7,22 @@ Any missing key, timeout, checksum mismatch or transfer error fails the whole re
 the request is invalidated (a failed retrieve may already have installed earlier windows) and the rank reports
 its groups invalid, so the commit rule collapses the external prefix to zero.
 
-When the budget allows two windows, the next window's fetch overlaps the current window's install (prefetch).
-With B = RWS(W) only one window is ever live: the paper's serialized behaviour.
+When the budget allows more than one window, the next windows' fetches (at most two in flight) overlap the current
+window's install and each other. With B = RWS(W) only one window is ever live: the paper's serialized behaviour.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import zlib
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bsr_cli.errors import CapacityError
+from bsr_cli.runtime.checksum import crc32c_at
 from bsr_cli.runtime.faults import FaultSpec
 from bsr_cli.runtime.pool import Lease, RestorePool
 from bsr_cli.runtime.tiers import CODE_NAMES, TIMED_OUT, UNAVAILABLE, StagingSlice, Tier
@@ -102,6 +103,8 @@ class RestoreFailed(Exception):
 
 
 Emit = Callable[[dict[str, Any]], None]
+# Most windows with a fetch in flight at once (the budget B bounds it further).
+_FETCH_AHEAD = 2
 Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
 
 
@@ -125,7 +128,7 @@ class RankRestorer:
         self.tiers = dict(tiers)
         self.destination = destination
         self.emit = emit
-        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-prefetch-{rank}")
+        self._fetcher = ThreadPoolExecutor(max_workers=_FETCH_AHEAD, thread_name_prefix=f"bsr-fetch-{rank}")
         self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-verify-{rank}")
         self._aborts: dict[str, threading.Event] = {}
 
@@ -135,22 +138,35 @@ class RankRestorer:
         self._aborts[job.request_id] = abort
         out = RankOutcome(self.rank, ok=False, valid=dict.fromkeys(self.group_order, False))
         fired: set[int] = set()
-        pending: Future[Fetched] | None = None
+        windows = list(job.windows)
+        first = windows[0].index if windows else 0
+        bounded = job.w > 0
+        # Windows whose fetch has been issued, in window order; each holds its own lease.
+        ahead: deque[Future[Fetched]] = deque()
+        issued = 0
+
+        def fetch_ahead(*, block: bool) -> None:
+            # Issue the next windows' fetches while the budget has room for them: with B = RWS(W) only the
+            # window being consumed is ever live; with more, the next fetches overlap its install (and each
+            # other, hiding the tier's per-call latency). Waits for admission only when asked to and nothing
+            # is in flight (never while this restore holds a lease it would wait on itself).
+            nonlocal issued
+            while issued < len(windows) and len(ahead) < _FETCH_AHEAD:
+                win = windows[issued]
+                lease = self._lease(job, win, bounded, wait=block and not ahead)
+                if lease is None:
+                    return
+                ahead.append(self._fetcher.submit(self._fetch_owned, job, win, lease, first, fired))
+                issued += 1
+                if not bounded:
+                    return  # the whole-plan path is one window
+
         try:
-            windows = list(job.windows)
-            first = windows[0].index if windows else 0
-            bounded = job.w > 0
-            lease: Lease | None = None
-            for pos, win in enumerate(windows):
+            for win in windows:
                 if abort.is_set():
                     raise RestoreFailed("aborted by the operator", win.index)
-                if pending is not None:
-                    lease, fetch_s, arrived = pending.result()
-                    pending = None
-                else:
-                    lease = self._lease(job, win, bounded, wait=True)
-                    assert lease is not None
-                    _, fetch_s, arrived = self._fetch_owned(job, win, lease, first, fired)
+                fetch_ahead(block=True)
+                lease, fetch_s, arrived = ahead.popleft().result()
                 out.fetch_seconds += fetch_s
                 out.peak_live_bytes = max(out.peak_live_bytes, self.pool.stats().live_bytes)
                 # Every object arrived whole; its checksum is verified while the window installs (both release
@@ -158,12 +174,7 @@ class RankRestorer:
                 # scrubs every block of the request, so bytes installed unverified are never committed.
                 verified = self._verifier.submit(self._verify, win, arrived)
                 try:
-                    # Overlap: start the next window's fetch now if the budget has room for it.
-                    if pos + 1 < len(windows) and bounded:
-                        nxt = windows[pos + 1]
-                        extra = self._lease(job, nxt, bounded, wait=False)
-                        if extra is not None:
-                            pending = self._prefetcher.submit(self._fetch_owned, job, nxt, extra, first, fired)
+                    fetch_ahead(block=False)
                     t0 = time.monotonic()
                     self._install(job, win, lease, first, fired)
                     out.install_seconds += time.monotonic() - t0
@@ -196,8 +207,8 @@ class RankRestorer:
         except Exception as e:  # noqa: BLE001 - any transfer exception fails the retrieve, closed
             out.reason = f"transfer error: {type(e).__name__}: {e}"
         finally:
-            if pending is not None:
-                # A prefetch may still be running: wait for it and give its slots back.
+            # Fetches issued ahead may still be running: wait for each and give its slots back.
+            for pending in ahead:
                 try:
                     lease_p, _, _ = pending.result(timeout=job.fetch_timeout_s + 5)
                     lease_p.release()
@@ -221,7 +232,7 @@ class RankRestorer:
         return out
 
     def close(self) -> None:
-        self._prefetcher.shutdown(wait=False, cancel_futures=True)
+        self._fetcher.shutdown(wait=False, cancel_futures=True)
         self._verifier.shutdown(wait=False, cancel_futures=True)
 
     # -- steps -------------------------------------------------------------------------------------------------
@@ -338,8 +349,8 @@ class RankRestorer:
         return [(g, c, s, stored) for (g, c, s), stored in zip(items, sums, strict=True)]
 
     def _verify(self, win: WindowJob, arrived: Sequence[tuple[str, int, StagingSlice, int | None]]) -> None:
-        """Integrity: each object's CRC32 equals the one stored with it."""
-        bad = [(g, c) for g, c, s, stored in arrived if stored is None or zlib.crc32(s.view) != stored]
+        """Integrity: each object's CRC32C equals the one stored with it."""
+        bad = [(g, c) for g, c, s, stored in arrived if stored is None or crc32c_at(s.ptr, len(s.view)) != stored]
         if bad:
             g, c = bad[0]
             raise RestoreFailed(f"checksum mismatch in chunk {c} group {g}", win.index, sorted({b[0] for b in bad}))

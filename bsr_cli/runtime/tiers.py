@@ -5,9 +5,9 @@ The runtime never imports a concrete tier: hosts (the embedded engine, the LMCac
 hand them in. Every call takes a deadline; a tier never blocks past it.
 
 Objects are immutable byte strings addressed by LMCache-style keys
-(``model@world_size@worker_id@<chunk hash hex>@<dtype>``). Each object is stored with a CRC32 of its payload so the
-runtime can detect corruption; the tier returns the stored checksum next to the bytes, and the *runtime* verifies it
-(so an injected in-transit corruption is caught by the same check as a real one).
+(``model@world_size@worker_id@<chunk hash hex>@<dtype>``). Each object is stored with a CRC32C of its payload
+(`bsr_cli.runtime.checksum`) so the runtime can detect corruption; the tier returns the stored checksum next to the
+bytes, and the *runtime* verifies it (so an injected in-transit corruption is caught by the same check as a real one).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Tier(Protocol):
         ...
 
     def put(self, keys: Sequence[str], payloads: Sequence[memoryview], checksums: Sequence[int]) -> None:
-        """Store objects (payload + its CRC32). Raises TierUnavailable or OSError on failure; never half-reports."""
+        """Store objects (payload + its CRC32C). Raises TierUnavailable or OSError on failure; never half-reports."""
         ...
 
     def get_into(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 
 import pytest
@@ -40,11 +39,12 @@ def store(tmp_path_factory: pytest.TempPathFactory):
 
 def _write(master, keys: list[str]) -> None:
     from bsr_cli.engine.tiers.mooncake import MooncakeTier
+    from bsr_cli.runtime.checksum import crc32c
 
     tier = MooncakeTier(master.rpc_address, master.metadata_url)
     try:
         payload = memoryview(bytearray(4096))
-        tier.put(keys, [payload] * len(keys), [zlib.crc32(payload)] * len(keys))
+        tier.put(keys, [payload] * len(keys), [crc32c(payload)] * len(keys))
     finally:
         tier.close()
 

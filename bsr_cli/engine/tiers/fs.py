@@ -6,10 +6,11 @@ key and a misplaced or colliding file is detected rather than served.
 
 File layout: a 24-byte header, the key (UTF-8), then the payload::
 
-    magic "BSRF" | version u16 | key length u16 | payload crc32 u32 | header crc32 u32 | payload length u64
+    magic "BSRF" | version u16 | key length u16 | payload crc32c u32 | header crc32c u32 | payload length u64
 
-``header crc32`` covers the header (with that field zero) and the key, so any damage to the header is reported as
-IO_ERROR; damage to the payload is caught by the runtime comparing the returned payload CRC.
+``header crc32c`` covers the header (with that field zero) and the key, so any damage to the header is reported as
+IO_ERROR; damage to the payload is caught by the runtime comparing the returned payload CRC. Version 1 files (earlier
+builds, zlib CRC32) are evicted when read: that read fails closed, and the next pass recomputes and rewrites them.
 
 Reads go straight from the file into the staging slice (``os.preadv`` into its memoryview: no intermediate
 buffer), in chunks so the deadline is checked between chunks. Writes are atomic: a temporary file in the same
@@ -26,11 +27,11 @@ import stat
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from bsr_cli.runtime.checksum import crc32c
 from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
 
 __all__ = ["HEADER_BYTES", "FilesystemTier"]
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<4sHHIIQ")
 _MAGIC = b"BSRF"
-_VERSION = 1
+_VERSION = 2
 HEADER_BYTES = _HEADER.size  # 24
 _SUFFIX = ".bsr"
 _MAX_KEY_BYTES = 0xFFFF
@@ -50,7 +51,7 @@ _STRAGGLER_GRACE_S = 2.0
 
 
 def _header_crc(header_with_zero_crc: bytes, key: bytes) -> int:
-    return zlib.crc32(key, zlib.crc32(header_with_zero_crc)) & 0xFFFFFFFF
+    return crc32c(header_with_zero_crc + key)
 
 
 def _encode_header(key: bytes, payload_crc: int, length: int) -> bytes:
@@ -153,6 +154,11 @@ class FilesystemTier:
         if not os.access(self.root, os.W_OK | os.X_OK):
             return TierHealth(False, f"directory {self.root} is not writable")
         return TierHealth(True, f"directory {self.root} writable; load_concurrency={self._load_concurrency}")
+
+    def _evict_stale(self, path: Path, version: int) -> None:
+        log.warning("fs tier: evicting %s, written by an earlier bsr (format v%d, now v%d)", path, version, _VERSION)
+        with contextlib.suppress(OSError):  # already gone, or not ours to remove: the read fails closed either way
+            path.unlink()
 
     def contains(self, keys: Sequence[str], timeout_s: float) -> list[bool]:
         """stat() only. Keys not probed by the deadline count as absent (a false miss is safe: it recomputes)."""
@@ -280,6 +286,9 @@ class FilesystemTier:
             if len(head) != HEADER_BYTES + len(keyb):
                 return IO_ERROR, None
             magic, version, key_len, crc, hcrc, length = _HEADER.unpack_from(head)
+            if magic == _MAGIC and version < _VERSION:
+                self._evict_stale(path, version)
+                return IO_ERROR, None
             if magic != _MAGIC or version != _VERSION or key_len != len(keyb):
                 return IO_ERROR, None
             bare = _HEADER.pack(magic, version, key_len, crc, 0, length)

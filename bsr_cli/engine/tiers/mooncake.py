@@ -1,7 +1,7 @@
 """`MooncakeTier`: the external tier over a real Mooncake store (``MooncakeDistributedStore``, TCP on loopback).
 
 Object layout: one Mooncake object per key holding ``payload || trailer``, where the 16-byte trailer is
-``magic "BSM1" | crc32 (u32 LE) | payload length (u64 LE)``. Keeping the checksum inside the object (instead of a
+``magic "BSM2" | crc32c (u32 LE) | payload length (u64 LE)``. Keeping the checksum inside the object (instead of a
 companion ``<key>#crc`` object) costs no extra object, round trip or lease, and the payload and its checksum can
 never be out of step. The multi-buffer calls scatter/gather it: the payload goes straight from the caller's buffer
 and straight into the staging slice (zero copy), the trailer into a small per-worker side buffer.
@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _TRAILER = struct.Struct("<4sIQ")
-_TRAILER_MAGIC = b"BSM1"
+# "BSM1" objects (earlier builds) carried zlib CRC32: they no longer match and read as IO_ERROR.
+_TRAILER_MAGIC = b"BSM2"
 TRAILER_BYTES = _TRAILER.size  # 16
 
 # Mooncake ErrorCode values (mooncake-store/include/types.h); the Python binding returns them as plain ints.

@@ -1,0 +1,47 @@
+"""The checksum every stored object carries: CRC32C (Castagnoli), computed by google-crc32c's C extension.
+
+The restore verifies it over every restored byte, so its speed is part of the restore's CPU budget: on the
+reference machine CRC32C runs at ~13 GB/s on one core against ~4.2 GB/s for zlib's CRC32 (a ~3x smaller share of
+the restore). google-crc32c is already a dependency of LMCache, so deployments carrying the plugins have it.
+The buffers are handed over as ctypes arrays: the extension only takes buffers without a release hook (bytes,
+ctypes), and a memoryview of pool memory would otherwise need a copy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import google_crc32c
+
+__all__ = ["ALGORITHM", "IMPLEMENTATION", "crc32c", "crc32c_at"]
+
+log = logging.getLogger(__name__)
+
+ALGORITHM = "crc32c"
+# "c" (hardware or table-driven C) or "python" (a pure-Python fallback, far too slow for restores).
+IMPLEMENTATION: str = google_crc32c.implementation
+if IMPLEMENTATION != "c":
+    log.warning("google-crc32c has no C extension here: object checksums will be very slow")
+
+
+def crc32c_at(ptr: int, size: int) -> int:
+    """CRC32C of ``size`` bytes at address ``ptr`` (a staging slice of the restore pool)."""
+    if size == 0:
+        return 0
+    return int(google_crc32c.value((ctypes.c_ubyte * size).from_address(ptr)))
+
+
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    """CRC32C of a C-contiguous buffer, without copying it unless it is read-only and not ``bytes``."""
+    if isinstance(data, bytes):
+        return int(google_crc32c.value(data))
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if not view.c_contiguous:
+        raise ValueError("checksum of a non-contiguous buffer")
+    n = view.nbytes
+    if n == 0:
+        return 0
+    if view.readonly:
+        return int(google_crc32c.value(view.tobytes()))  # rare: read-only payloads (tests, bytes slices)
+    return int(google_crc32c.value((ctypes.c_ubyte * n).from_buffer(view.cast("B"))))
