@@ -191,9 +191,9 @@ def store_bars(store: dict[str, Any]) -> tuple[list[str], list[float]]:
     for threads, g in s.get("memcpy_gbps", {}).items():
         labels.append(f"memcpy {threads} thread(s)")
         values.append(float(g))
-    if s.get("crc32_gbps"):
-        labels.append("zlib.crc32 1 thread")
-        values.append(float(s["crc32_gbps"]))
+    if s.get("checksum_gbps"):
+        labels.append("crc32c 1 thread")
+        values.append(float(s["checksum_gbps"]))
     for name, g in s.get("mooncake_gbps_per_client", {}).items():
         if g is not None:
             labels.append(f"mooncake {name}")

@@ -258,7 +258,11 @@ def test_store_measures_the_tier_beside_the_copy_ceiling(engine, bsr, tmp_path: 
     assert w0["peak_pool_bytes"] == accounting.whole_plan_bytes(REG, 8) and w0["windows"] == 1
     assert all(r["tiers"] == ["mooncake"] for r in restores)
     ratios = b["summary"]["ratios"]
-    assert ratios["restore_W,B=2RWS/restore_W0"] is not None and ratios["restore_W,B=2RWS/raw_get (concurrent)"]
+    assert ratios["restore_W,B=2RWS/restore_W0"] is not None and ratios["restore_W,B=2RWS/raw_get (paired)"]
+    # Every restore carries the raw GET measured right before it, of the same bytes per client, whole.
+    for r in restores:
+        assert r["paired_raw_get"]["error"] is None and r["paired_raw_get"]["gbps_per_client"] > 0
+        assert r["vs_paired_raw"] == pytest.approx(r["gbps_per_rank"] / r["paired_raw_get"]["gbps_per_client"], 0.01)
     assert set(b["summary"]["memcpy_gbps"]) >= {"1"}
     _settings_back(engine)
 

@@ -398,15 +398,18 @@ def render_store(console: Console, d: dict[str, Any]) -> None:
         "fetch s",
         "install s",
         "peak MiB/rank",
-        title="where the restore time goes (median per rank)",
+        "× raw GET",
+        title="where the restore time goes (median per rank; × raw GET: against the one measured just before)",
     )
     for name, v in s["restore"].items():
+        paired = v.get("vs_paired_raw")
         r.add_row(
             name,
             f"{v['seconds']:.2f}",
             f"{v['fetch_seconds']:.2f}",
             f"{v['install_seconds']:.2f}",
             _mib(v["peak_pool_bytes"]),
+            "-" if paired is None else f"{paired:.2f}",
         )
     console.print(r)
     console.print("ratios: " + ", ".join(f"{k} {v}" for k, v in s["ratios"].items() if v is not None))
