@@ -224,7 +224,26 @@ SCHEMA: dict[str, Any] = {
         },
         "fs_row": {
             "allOf": [
-                _row(["kind"], {"kind": {"enum": ["warm", "restore"]}}),
+                _row(["kind"], {"kind": {"enum": ["warm", "disk", "restore"]}}),
+                {
+                    # The disk alone (no bsr): the concurrency speedup the restore is judged against.
+                    "if": {
+                        "properties": {"status": {"enum": ["pass", "fail"]}, "kind": {"const": "disk"}},
+                        "required": ["kind"],
+                    },
+                    "then": {
+                        "required": ["concurrency", "threads", "trial", "files", "bytes", "seconds", "gbps"],
+                        "properties": {
+                            "concurrency": {"type": "integer", "minimum": 1},
+                            "threads": {"type": "integer", "minimum": 1},
+                            "trial": _NONNEG_INT,
+                            "files": _NONNEG_INT,
+                            "bytes": _NONNEG_INT,
+                            "seconds": {"type": "number", "minimum": 0},
+                            "gbps": {"type": "number", "minimum": 0},
+                        },
+                    },
+                },
                 {
                     "if": {
                         "properties": {"status": {"enum": ["pass", "fail"]}, "kind": {"const": "restore"}},

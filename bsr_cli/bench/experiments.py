@@ -586,6 +586,85 @@ def _evict(fs_dir: Path | None, method: str) -> dict[str, Any]:
     return {"method": "drop_caches"}
 
 
+def disk_read_rate(files: Sequence[Path], threads: int, chunk_bytes: int = 4 * MiB) -> dict[str, Any]:
+    """The disk's own rate at a concurrency, without bsr: ``threads`` threads read whole files (``preadv`` in
+    chunks into one reused buffer each, as the fs tier reads), after their pages were evicted. Its best rate is the
+    ceiling a restore's concurrency speedup can approach: where that ceiling is under 1.5x the serial restore's
+    rate, the disk, not the tier, forbids a 1.5x speedup."""
+    evicted = _evict_files(files)
+    queue = list(files)
+    lock = threading.Lock()
+    moved = [0] * threads
+    errors: list[str] = []
+
+    def work(i: int) -> None:
+        buf = bytearray(chunk_bytes)
+        view = memoryview(buf)
+        while True:
+            with lock:
+                if not queue:
+                    return
+                path = queue.pop()
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    pos = 0
+                    while (got := os.preadv(fd, [view], pos)) > 0:
+                        pos += got
+                    moved[i] += pos
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+
+    t0 = time.perf_counter()
+    pool = [threading.Thread(target=work, args=(i,), name=f"bsr-bench-disk-{i}") for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    secs = time.perf_counter() - t0
+    return {
+        "threads": threads,
+        "files": len(files),
+        "bytes": sum(moved),
+        "seconds": round(secs, 4),
+        "gbps": round(sum(moved) / secs / 1e9, 4) if secs > 0 else 0.0,
+        "evicted_files": evicted,
+        "error": errors[0] if errors else None,
+    }
+
+
+def _prompt_files(fs_dir: Path, reg: Registration, tokens: int, salt: int) -> list[Path]:
+    """The fs tier's files of a synthetic prompt's objects, every rank and group (those present)."""
+    from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
+    from bsr_cli.engine.tiers.fs import FilesystemTier
+
+    tier = FilesystemTier(fs_dir, create=False)
+    hashes = chunk_hashes(synthetic_tokens(tokens, salt), reg.chunk_size)
+    paths = [
+        tier.path_for(object_key(reg, rank, g, h))
+        for rank in range(reg.tp_size)
+        for g in reg.group_names
+        for h in hashes
+    ]
+    return [p for p in paths if p.is_file()]
+
+
+def _evict_files(files: Sequence[Path]) -> int:
+    os.sync()
+    done = 0
+    for path in files:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                done += 1
+            finally:
+                os.close(fd)
+    return done
+
+
 def run_fs_concurrency(
     client: AdminClient,
     *,
@@ -621,7 +700,15 @@ def run_fs_concurrency(
         with run.row(kind="warm", tokens=tokens, W=w) as row:
             row["warm"] = _warm_evidence(client.submit(prompt, w=w))
             judge(row, {"warm_hash_ok": row["warm"]["hash_ok"] is True})
+        files = _prompt_files(fs_dir, reg, tokens, salt) if method == "posix_fadvise" and fs_dir else []
         for trial in range(trials):
+            for c in conc if files else ():
+                if run.stopped:
+                    break
+                # The disk alone at the same total concurrency (every rank loads c objects at once).
+                with run.row(kind="disk", concurrency=c, threads=c * reg.tp_size, trial=trial) as row:
+                    row |= disk_read_rate(files, c * reg.tp_size)
+                    judge(row, {"read_whole": row["error"] is None and row["bytes"] > 0})
             for cache in caches:
                 for c in conc:
                     if run.stopped:
@@ -657,10 +744,19 @@ def run_fs_concurrency(
         lo, hi = by.get(f"{cache}/c={conc[0]}"), by.get(f"{cache}/c={conc[-1]}")
         if lo and hi:
             speedups[cache] = _ratio(hi["gbps"], lo["gbps"])
+    disk = [r for r in completed(run.rows) if r.get("kind") == "disk"]
+    disk_gbps = {c: _median([r["gbps"] for r in disk if r["concurrency"] == c]) for c in conc}
+    disk_ceiling = max((v for v in disk_gbps.values() if v is not None), default=None)
+    serial = (by.get(f"cold/c={conc[0]}") or {}).get("gbps")
+    top = (by.get(f"cold/c={conc[-1]}") or {}).get("gbps")
     peaks = sorted({x["pool_peak_bytes"] for r in done for x in r["ranks"]})
     summary = {
         "by_config": by,
         "speedup": speedups,
+        "disk_gbps": {str(c): v for c, v in disk_gbps.items()} if disk else {},
+        # How far the disk itself lets the serial (c=1) cold restore speed up, and how much of it c=max uses.
+        "disk_headroom": _ratio(disk_ceiling, serial),
+        "restore_share_of_disk": _ratio(top, disk_ceiling),
         "peak_pool_bytes_per_rank": peaks,
         "rws_unchanged": peaks == [accounting.peak_bytes(reg, w, accounting.chunks_for_tokens(tokens, reg.chunk_size))],
         "cold_method": method,
@@ -669,13 +765,24 @@ def run_fs_concurrency(
     }
     basis = "cold" if "cold" in speedups else "warm"
     measured = speedups.get(basis)
+    # "Where the disk allows it": the disk read alone (cold, same files) must reach 1.5x the serial restore's rate,
+    # else no load concurrency could give 1.5x and the target does not apply.
+    headroom = summary["disk_headroom"]
+    disk_allows = None if headroom is None else headroom >= FS_SPEEDUP_TARGET
     targets = [
         target(
-            f"fs load concurrency {conc[-1]} at least {FS_SPEEDUP_TARGET}x concurrency {conc[0]}",
+            f"fs load concurrency {conc[-1]} at least {FS_SPEEDUP_TARGET}x concurrency {conc[0]}, where the disk "
+            "allows it",
             f">= {FS_SPEEDUP_TARGET}",
             measured,
-            None if measured is None else measured >= FS_SPEEDUP_TARGET,
-            f"{basis} page cache" + ("" if method else "; cold runs were not possible here"),
+            None if measured is None or disk_allows is False else measured >= FS_SPEEDUP_TARGET,
+            f"{basis} page cache"
+            + ("" if method else "; cold runs were not possible here")
+            + (
+                ""
+                if disk_allows is not False
+                else f"; not applicable: the disk's own ceiling is {headroom}x the serial restore's rate"
+            ),
         ),
         target(
             "RWS unchanged across concurrencies", f"== {rws:,} bytes", peaks, summary["rws_unchanged"] if done else None

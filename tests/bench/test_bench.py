@@ -218,6 +218,16 @@ def test_fs_concurrency_changes_nothing_in_rws(engine, bsr, tmp_path: Path) -> N
         assert r["tiers"] == ["fs"] and r["excluded_tiers"] == ["mooncake"]
         assert [x["pool_peak_bytes"] for x in r["ranks"]] == [RWS4, RWS4]
     assert b["summary"]["rws_unchanged"] is True and set(b["summary"]["speedup"]) == {"cold", "warm"}
+    # The disk alone, same files (the prompt's objects, every rank and group), same total concurrency.
+    disk = [r for r in b["rows"] if r["kind"] == "disk"]
+    objects = 2 * len(REG.group_names) * (4096 // 256)
+    assert sorted((r["concurrency"], r["threads"]) for r in disk) == [(1, 2), (4, 8)]
+    assert all(r["status"] == "pass" and r["files"] == objects == r["evicted_files"] for r in disk)
+    payload = 2 * 4096 * REG.bytes_per_token  # both ranks' KV of the prompt; each file adds a header and its key
+    assert all(payload < r["bytes"] < payload + objects * 512 for r in disk)
+    s = b["summary"]
+    assert s["disk_headroom"] == pytest.approx(max(s["disk_gbps"].values()) / s["by_config"]["cold/c=1"]["gbps"], 0.01)
+    assert [t["name"].startswith("fs load concurrency") for t in b["targets"]] == [True, False]
     _settings_back(engine)
 
 

@@ -372,6 +372,12 @@ def render_fs(console: Console, d: dict[str, Any]) -> None:
     peaks = ", ".join(_mib(x) for x in s["peak_pool_bytes_per_rank"])
     how = s["cold_method"] or "nothing (warm only)"
     console.print(f"speedup {s['speedup']}; distinct peaks per rank [{peaks}] MiB; pages evicted by {how}")
+    if s.get("disk_gbps"):
+        rates = ", ".join(f"c={c} {v} GB/s" for c, v in s["disk_gbps"].items())
+        console.print(
+            f"the disk alone (cold, same files and total threads): {rates}; its ceiling is {s['disk_headroom']}x the "
+            f"serial restore, and concurrency {max(s['disk_gbps'], key=int)} used {s['restore_share_of_disk']} of it"
+        )
     _footer(console, d)
 
 
