@@ -343,8 +343,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def abort(self, q: dict[str, str], path: str) -> None:
         rid = path.split("/")[2]
-        known = self.admin.coordinator.abort(rid)
-        self._send_json(HTTPStatus.OK if known else HTTPStatus.NOT_FOUND, {"request": rid, "aborting": known})
+        if not self.admin.coordinator.abort(rid):
+            raise HttpError(HTTPStatus.NOT_FOUND, "unknown-request", f"no request {rid} is open on this engine")
+        self._send_json(HTTPStatus.OK, {"request": rid, "aborting": True})
 
     def pool(self, q: dict[str, str], path: str) -> None:
         self._send_json(HTTPStatus.OK, {"ranks": self.admin.coordinator.pool(health=q.get("health") == "1")})

@@ -130,6 +130,7 @@ class Coordinator:
         self.markers: dict[str, Marker] = {}
         self.faults: list[FaultSpec] = []
         self.active: dict[str, dict[str, Any]] = {}
+        self._open_requests: set[str] = set()  # accepted and not yet finished (abortable)
         self.recent: deque[dict[str, Any]] = deque(maxlen=50)
         self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ranks}
         self._waiting = 0
@@ -409,7 +410,17 @@ class Coordinator:
         self.check_tokens(tokens)
         w = self.settings.w if w is None else accounting.check_window(w)
         request = request or self.new_request_id()
-        stop = self.events.listen(request, progress) if progress else (lambda: None)
+        unlisten = self.events.listen(request, progress) if progress else (lambda: None)
+        # Open from acceptance (the client learns the id then) to the end: an abort in between, before its
+        # windows start, still ends it fail-closed (each rank keeps the abort for the job that follows).
+        with self._lock:
+            self._open_requests.add(request)
+
+        def stop() -> None:
+            unlisten()
+            with self._lock:
+                self._open_requests.discard(request)
+
         return w, request, prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size), stop
 
     def submit(
@@ -586,7 +597,9 @@ class Coordinator:
 
     def abort(self, request: str) -> bool:
         with self._lock:
-            known = request in self.active
+            known = request in self.active or request in self._open_requests
+        if not known:
+            return False
         for r in self.ranks:
             r.abort(request)
         if known:

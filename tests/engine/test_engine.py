@@ -208,6 +208,7 @@ def test_admin_api_guards(engine) -> None:
             c.inject_fault({"kind": "meteor"})
         with pytest.raises(BadRequest, match="unknown field"):
             c.probe({"synthetic": {"n": 10, "seed": 1}, "bogus": 1})
+        assert c.abort("req-never-opened") == {"request": "req-never-opened", "aborting": False}
     r = httpx.get(engine.url + "/bsr/v2/info", timeout=10)
     assert r.status_code == 404 and r.json()["error"] == "version-mismatch"
     metrics = httpx.get(engine.url + "/metrics", timeout=10).text
