@@ -21,6 +21,7 @@ any data moves); `inflight()` tells whether any abandoned call is still running.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -103,9 +104,10 @@ class _DaemonWorkers:
     """A minimal thread pool of *daemon* threads. concurrent.futures' workers are joined at interpreter exit, so
     one call stuck in Mooncake (90 s in setup against a dead master) would hold up process exit."""
 
-    def __init__(self, workers: int, name: str) -> None:
+    def __init__(self, workers: int, name: str, nice: int = 0) -> None:
         self._q: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
         self._local = threading.local()
+        self._nice = nice
         self._threads = [
             threading.Thread(target=self._loop, args=(i,), name=f"{name}-{i}", daemon=True)
             for i in range(max(workers, 1))
@@ -124,6 +126,9 @@ class _DaemonWorkers:
 
     def _loop(self, index: int) -> None:
         self._local.index = index
+        if self._nice:
+            with contextlib.suppress(OSError, AttributeError):  # best effort: only the scheduling weight changes
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
         while True:
             item = self._q.get()
             if item is None:
@@ -188,6 +193,7 @@ class MooncakeTier:
         local_buffer_bytes: int = 0,
         call_timeout_s: float = 10.0,
         workers: int = 4,
+        poll_nice: int = 10,
     ) -> None:
         self.master_address = master_address
         self.metadata_url = metadata_url
@@ -219,7 +225,14 @@ class MooncakeTier:
         if local_hostname.startswith("127.") or local_hostname == "localhost":
             # Advertise this client's transfer endpoint on loopback too (Mooncake otherwise picks the first NIC).
             os.environ.setdefault("MC_TCP_BIND_ADDRESS", local_hostname)
-        self._workers = _DaemonWorkers(workers, "bsr-mooncake")
+        # This Mooncake build waits for a transfer by polling its status in a loop (no event-driven completion):
+        # the calling thread burns a core until the bytes land. Data calls (put, get_into) run on lower-priority
+        # threads so that the poll yields the CPU to the transfer itself (socket copies, the segment holder) and
+        # to the restore's install and checksum where cores are few; a poll that runs less often only notices
+        # completion later. Every other call, setup first (Mooncake's own threads start there and inherit the
+        # creating thread's priority), runs on control threads at normal priority.
+        self._control = _DaemonWorkers(2, "bsr-mooncake-ctl")
+        self._workers = _DaemonWorkers(workers, "bsr-mooncake", nice=poll_nice)
         store = MooncakeDistributedStore()
         try:
             rc = self._run(
@@ -271,8 +284,11 @@ class MooncakeTier:
             return f"RPC port {self.master_address} refuses connections"
         return None
 
-    def _run(self, what: str, fn: Callable[[], T], timeout_s: float, *, check_closed: bool = True) -> T:
-        """Run a blocking store call on a worker; raise _CallTimedOut at the deadline (the call is abandoned)."""
+    def _run(
+        self, what: str, fn: Callable[[], T], timeout_s: float, *, check_closed: bool = True, data: bool = False
+    ) -> T:
+        """Run a blocking store call on a worker (a data worker for puts and gets, else the control worker); raise
+        _CallTimedOut at the deadline (the call is abandoned)."""
         if check_closed and self._closed:
             raise TierUnavailable("mooncake tier is closed")
 
@@ -285,7 +301,7 @@ class MooncakeTier:
                 with self._lock:
                     self._inflight -= 1
 
-        fut = self._workers.submit(tracked)
+        fut = (self._workers if data else self._control).submit(tracked)
         try:
             return fut.result(timeout=max(timeout_s, 0.0))
         except FutureTimeout:
@@ -310,6 +326,7 @@ class MooncakeTier:
 
     def _shutdown_workers(self) -> None:
         self._workers.shutdown()
+        self._control.shutdown()
 
     # ------------------------------------------------------------------------------------------- Tier
 
@@ -380,7 +397,7 @@ class MooncakeTier:
             return rcs
 
         try:
-            rcs = self._run("put", call, self.call_timeout_s)
+            rcs = self._run("put", call, self.call_timeout_s, data=True)
         except _CallTimedOut:
             raise TierUnavailable(
                 f"mooncake put of {n} objects did not finish within {self.call_timeout_s:g} s"
@@ -431,7 +448,7 @@ class MooncakeTier:
             return rcs, trailers
 
         try:
-            rcs, trailers = self._run("get_into", call, deadline - time.monotonic() - reserve)
+            rcs, trailers = self._run("get_into", call, deadline - time.monotonic() - reserve, data=True)
         except _CallTimedOut:
             # Tell "slow" from "down" within the reserved slice of the deadline.
             code = UNAVAILABLE if self._master_down_reason(max(deadline - time.monotonic(), 0.001)) else TIMED_OUT
