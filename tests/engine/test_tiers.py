@@ -6,6 +6,7 @@ import ctypes
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -159,6 +160,29 @@ def test_mooncake_round_trip_bit_exact(mc_tier: Any, mc_pool: Pool) -> None:
 
 
 @pytest.mark.engine
+def test_mooncake_data_calls_poll_at_low_priority(mc_tier: Any, mc_pool: Pool) -> None:
+    """Mooncake busy-polls for completion on the calling thread: puts and gets run on nice-10 threads so the poll
+    yields the CPU to the transfer; setup and control calls (and the threads Mooncake starts there) do not."""
+    keys = fresh_keys(1)
+    view = memoryview(payloads([4096], seed=21)[0])
+    mc_tier.put(keys, [view], [crc(view)])
+    assert mc_tier.get_into(keys, mc_pool.slices([4096]), 5.0)[0] == [4096]
+
+    def nice_of(tid: int) -> int:
+        stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[16])  # field 19 of stat, after pid and comm
+
+    by_name = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("bsr-mooncake")}
+    data = [tid for name, tid in by_name.items() if "-ctl-" not in name]
+    control = [tid for name, tid in by_name.items() if "-ctl-" in name]
+    assert data and control
+    assert all(nice_of(tid) == 10 for tid in data if tid is not None)
+    assert all(nice_of(tid) == 0 for tid in control if tid is not None)
+    # Every other thread of the process, Mooncake's own transfer threads included, keeps normal priority.
+    others = [int(t.name) for t in Path("/proc/self/task").iterdir() if int(t.name) not in data]
+    assert len(others) > len(control) + 1 and all(nice_of(tid) == 0 for tid in others)
+
+
 def test_mooncake_missing_keys_and_mixed_batch(mc_tier: Any, mc_pool: Pool) -> None:
     keys = fresh_keys(3)
     data = payloads([4096], seed=2)

@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -126,7 +127,7 @@ class _DaemonWorkers:
 
     def _loop(self, index: int) -> None:
         self._local.index = index
-        if self._nice:
+        if self._nice and sys.platform.startswith("linux"):  # Linux: PRIO_PROCESS with a thread id sets that thread
             with contextlib.suppress(OSError, AttributeError):  # best effort: only the scheduling weight changes
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
         while True:
