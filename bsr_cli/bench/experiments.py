@@ -28,7 +28,7 @@ import secrets
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -572,18 +572,23 @@ def evict_page_cache(fs_dir: Path | None, method: str) -> dict[str, Any]:
 
 def _evict(fs_dir: Path | None, method: str) -> dict[str, Any]:
     if method == "posix_fadvise" and fs_dir is not None:
-        files = 0
-        for path in fs_dir.rglob("*.bsr"):
-            with contextlib.suppress(OSError):
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    files += 1
-                finally:
-                    os.close(fd)
-        return {"method": method, "files": files}
+        return {"method": method, "files": _drop_pages(fs_dir.rglob("*.bsr"))}
     Path("/proc/sys/vm/drop_caches").write_text("1\n")
     return {"method": "drop_caches"}
+
+
+def _drop_pages(files: Iterable[Path]) -> int:
+    """Evict each file's clean pages from the page cache; returns how many files it reached."""
+    done = 0
+    for path in files:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                done += 1
+            finally:
+                os.close(fd)
+    return done
 
 
 def disk_read_rate(files: Sequence[Path], threads: int, chunk_bytes: int = 4 * MiB) -> dict[str, Any]:
@@ -591,7 +596,8 @@ def disk_read_rate(files: Sequence[Path], threads: int, chunk_bytes: int = 4 * M
     chunks into one reused buffer each, as the fs tier reads), after their pages were evicted. Its best rate is the
     ceiling a restore's concurrency speedup can approach: where that ceiling is under 1.5x the serial restore's
     rate, the disk, not the tier, forbids a 1.5x speedup."""
-    evicted = _evict_files(files)
+    os.sync()  # only clean pages can be dropped
+    evicted = _drop_pages(files)
     queue = list(files)
     lock = threading.Lock()
     moved = [0] * threads
@@ -649,20 +655,6 @@ def _prompt_files(fs_dir: Path, reg: Registration, tokens: int, salt: int) -> li
         for h in hashes
     ]
     return [p for p in paths if p.is_file()]
-
-
-def _evict_files(files: Sequence[Path]) -> int:
-    os.sync()
-    done = 0
-    for path in files:
-        with contextlib.suppress(OSError):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                done += 1
-            finally:
-                os.close(fd)
-    return done
 
 
 def run_fs_concurrency(

@@ -32,6 +32,11 @@ def _bundle(res: Any) -> dict[str, Any]:
     return written
 
 
+def _bench(bsr: Any, experiment: str, out: Path, *args: str) -> dict[str, Any]:
+    """Run one experiment against the session engine, JSON out, no plots, and return its validated bundle."""
+    return _bundle(bsr("bench", experiment, *args, "--out", str(out), "--json", "--no-plots"))
+
+
 def _settings_back(engine) -> None:
     with engine.client() as c:
         info = c.info()
@@ -177,9 +182,7 @@ def test_sweep_peak_equals_rws_for_every_row(engine, bsr, tmp_path: Path) -> Non
 @pytest.mark.engine
 @pytest.mark.timeout(240)
 def test_wlaw_peak_is_w_times_sum_c_plus_aux(engine, bsr, tmp_path: Path) -> None:
-    b = _bundle(
-        bsr("bench", "wlaw", "--tokens", "4096", "--Ws", "1,2,8", "--out", str(tmp_path), "--json", "--no-plots")
-    )
+    b = _bench(bsr, "wlaw", tmp_path, "--tokens", "4096", "--Ws", "1,2,8")
     assert [r["W"] for r in b["rows"]] == [1, 2, 8]
     for r in b["rows"]:
         assert r["status"] == "pass", r["checks"]
@@ -193,22 +196,7 @@ def test_wlaw_peak_is_w_times_sum_c_plus_aux(engine, bsr, tmp_path: Path) -> Non
 @pytest.mark.engine
 @pytest.mark.timeout(240)
 def test_fs_concurrency_changes_nothing_in_rws(engine, bsr, tmp_path: Path) -> None:
-    b = _bundle(
-        bsr(
-            "bench",
-            "fs-concurrency",
-            "--tokens",
-            "4096",
-            "--W",
-            "4",
-            "--trials",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--json",
-            "--no-plots",
-        )
-    )
+    b = _bench(bsr, "fs-concurrency", tmp_path, "--tokens", "4096", "--W", "4", "--trials", "1")
     restores = [r for r in b["rows"] if r["kind"] == "restore"]
     # The engine's state dir is known (BSR_STATE_DIR), so its fs tier's pages are evicted for the cold runs.
     assert b["params"]["cold_method"] == "posix_fadvise"
@@ -234,25 +222,20 @@ def test_fs_concurrency_changes_nothing_in_rws(engine, bsr, tmp_path: Path) -> N
 @pytest.mark.engine
 @pytest.mark.timeout(240)
 def test_store_measures_the_tier_beside_the_copy_ceiling(engine, bsr, tmp_path: Path) -> None:
-    b = _bundle(
-        bsr(
-            "bench",
-            "store",
-            "--tokens",
-            "4096",
-            "--W",
-            "4",
-            "--trials",
-            "1",
-            "--raw-bytes",
-            "4MiB",
-            "--copy-bytes",
-            "16MiB",
-            "--out",
-            str(tmp_path),
-            "--json",
-            "--no-plots",
-        )
+    b = _bench(
+        bsr,
+        "store",
+        tmp_path,
+        "--tokens",
+        "4096",
+        "--W",
+        "4",
+        "--trials",
+        "1",
+        "--raw-bytes",
+        "4MiB",
+        "--copy-bytes",
+        "16MiB",
     )
     kinds = {r["kind"]: r for r in b["rows"]}
     assert all(r["status"] == "pass" for r in b["rows"]), [r.get("checks") for r in b["rows"]]
@@ -280,7 +263,7 @@ def test_store_measures_the_tier_beside_the_copy_ceiling(engine, bsr, tmp_path: 
 @pytest.mark.engine
 @pytest.mark.timeout(240)
 def test_failure_matrix_passes(engine, bsr, tmp_path: Path) -> None:
-    b = _bundle(bsr("bench", "failures", "--tokens", "2048", "--out", str(tmp_path), "--json", "--no-plots"))
+    b = _bench(bsr, "failures", tmp_path, "--tokens", "2048")
     assert [r["scenario"] for r in b["rows"]] == [
         "remote-unavailable",
         "remote-and-ssd-absent",
