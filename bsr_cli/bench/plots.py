@@ -217,9 +217,10 @@ def fs_concurrency(fs: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def render_all(out_dir: Path, to: Path | None = None) -> list[Path]:
-    """Draw every plot the latest bundles in ``out_dir`` allow, into ``to`` (default: ``out_dir``)."""
-    found = bundles.latest(out_dir)
+def render_all(out_dir: Path, to: Path | None = None, found: dict[str, dict[str, Any]] | None = None) -> list[Path]:
+    """Draw every plot the latest bundles in ``out_dir`` (or those ``found`` there already) allow, into ``to``
+    (default: ``out_dir``)."""
+    found = bundles.latest(out_dir) if found is None else found
     dest = to or out_dir
     made: list[Path] = []
     sweep, ladder = found.get("sweep"), found.get("ladder")

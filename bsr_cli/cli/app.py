@@ -52,7 +52,12 @@ def state(ctx: typer.Context, json_flag: bool = False) -> AppState:
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"bsr {__version__}")
+        if Output.json_requested:  # --version is eager: it runs before --json is parsed
+            import json
+
+            typer.echo(json.dumps({"version": __version__}))
+        else:
+            typer.echo(f"bsr {__version__}")
         raise typer.Exit()
 
 
@@ -95,6 +100,73 @@ def _global(
     ctx.meta["bsr.traceback"] = traceback
     settings = load_settings(flags)
     ctx.obj = AppState(settings, Output(json_mode=settings.json))
+
+
+# Global options an operator may put anywhere on the line (`bsr status --engine prod`), as kubectl and gh allow.
+# (name → takes a value). `--json` is not here: every command accepts it in its own right.
+GLOBAL_OPTIONS = {
+    "--engine": True,
+    "-e": True,
+    "--token": True,
+    "--state-dir": True,
+    "--config": True,
+    "--timeout": True,
+    "--traceback": False,
+}
+
+GLOBAL_HELP = (
+    "Global options (accepted anywhere on the line): --engine/-e URL|PROFILE, --token TOKEN, --timeout SECONDS, "
+    "--state-dir PATH, --config PATH, --json, --traceback. See `bsr --help`."
+)
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Move global options found after the subcommand to the front, where the parser expects them.
+
+    Stops at `--` (everything after it is an argument). `--engine=URL` forms are kept whole. An option missing its
+    value is left in place for the parser to report."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            rest.extend(argv[i:])
+            break
+        name = tok.split("=", 1)[0] if tok.startswith("--") else tok
+        takes_value = GLOBAL_OPTIONS.get(name)
+        if takes_value is None:
+            rest.append(tok)
+        elif not takes_value or "=" in tok:
+            front.append(tok)
+        elif i + 1 < len(argv):
+            front.extend(argv[i : i + 2])
+            i += 1
+        else:
+            rest.append(tok)
+        i += 1
+    return front + rest
+
+
+def build_command():  # -> click.Command; typed loosely so this module does not import click at type-check time
+    """The root command with every command group attached, and the global options named in each command's help."""
+    import typer.main
+
+    register_commands()
+    root = typer.main.get_command(app)
+    _add_global_help(root, top=True)
+    return root
+
+
+def _add_global_help(cmd, *, top: bool) -> None:
+    if not top:
+        cmd.epilog = f"{cmd.epilog}\n\n{GLOBAL_HELP}" if cmd.epilog else GLOBAL_HELP
+    for param in getattr(cmd, "params", []):
+        if param.param_type_name == "argument" and param.metavar:
+            # A named argument reads `BUNDLE...`, not `BUNDLE... <list[Path]>` (the annotation's Python spelling).
+            param.display_type_rich = lambda ctx: None
+    for sub in getattr(cmd, "commands", {}).values():
+        _add_global_help(sub, top=False)
 
 
 def register_commands() -> None:

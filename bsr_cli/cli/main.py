@@ -25,14 +25,14 @@ def _json_mode(argv: Sequence[str]) -> bool:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    from bsr_cli.cli.app import app, register_commands
+    from bsr_cli.cli.app import build_command, hoist_global_options
     from bsr_cli.cli.output import Output
 
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = hoist_global_options(list(sys.argv[1:] if argv is None else argv))
     Output.result_written = False
-    register_commands()
+    Output.json_requested = _json_mode(args)
     try:
-        result = app(args=args, prog_name="bsr", standalone_mode=False)
+        result = build_command().main(args=args, prog_name="bsr", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
     except BsrError as e:
         _report(e.message, e.hint, args, e)
@@ -54,7 +54,15 @@ def run(argv: Sequence[str] | None = None) -> int:
         code = getattr(e, "exit_code", None)
         if callable(show) and isinstance(code, int):  # usage errors raised by the argument parser
             show(file=sys.stderr)
-            return int(ExitCode.INVALID_INPUT) if code == 2 else code
+            code = int(ExitCode.INVALID_INPUT) if code == 2 else code
+            if _json_mode(args) and not Output.result_written:
+                import json
+
+                fmt = getattr(e, "format_message", None)
+                message = fmt() if callable(fmt) else str(e)
+                doc = {"error": "usage", "message": message, "hint": "see `bsr COMMAND --help`", "exit_code": code}
+                sys.stdout.write(json.dumps(doc) + "\n")
+            return code
         _report(f"internal error: {type(e).__name__}: {e}", "rerun with --traceback and report it", args, e)
         return int(ExitCode.INTERNAL)
 

@@ -17,9 +17,15 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+PIPE_WIDTH = 1000  # wide enough that no table row of bsr's wraps when stdout is not a terminal
+PANEL_PIPE_WIDTH = 120  # panels (`bsr pool --once`) fill their width, so piped they get a page width instead
+
+
 class Output:
     # Set once any command printed its result: the error boundary then adds no second JSON document to stdout.
     result_written = False
+    # --json or BSR_JSON on this command line (known before parsing, for eager options such as --version).
+    json_requested = False
 
     def __init__(self, *, json_mode: bool, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
         self.json_mode = json_mode
@@ -33,10 +39,16 @@ class Output:
         if self._console is None:
             from rich.console import Console
 
-            # Piped output keeps a readable width instead of rich's 80-column fallback.
-            width = None if self._stdout.isatty() or os.environ.get("COLUMNS") else 120
+            # Piped output (grep, logs, tickets) is never hard-wrapped: rich's 80-column fallback would break lines
+            # mid-row, so tables take the width their content needs. COLUMNS still wins when set.
+            width = None if self._stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
+            # highlight=False: rich's automatic highlighter colours arbitrary digit groups in plain text.
             self._console = Console(
-                file=self._stdout, no_color=bool(os.environ.get("NO_COLOR")), soft_wrap=False, width=width
+                file=self._stdout,
+                no_color=bool(os.environ.get("NO_COLOR")),
+                soft_wrap=False,
+                width=width,
+                highlight=False,
             )
         return self._console
 
@@ -45,8 +57,15 @@ class Output:
         if self._err_console is None:
             from rich.console import Console
 
-            self._err_console = Console(file=self._stderr, no_color=bool(os.environ.get("NO_COLOR")), soft_wrap=True)
+            self._err_console = Console(
+                file=self._stderr, no_color=bool(os.environ.get("NO_COLOR")), soft_wrap=True, highlight=False
+            )
         return self._err_console
+
+    @property
+    def layout_width(self) -> int | None:
+        """The width for renderables that fill their width (panels): the terminal's, else COLUMNS, else 120."""
+        return None if self._stdout.isatty() or os.environ.get("COLUMNS") else PANEL_PIPE_WIDTH
 
     @property
     def interactive(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -9,16 +10,21 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from bsr_cli.cli.output import Output
+from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
 from bsr_cli.cli.render import b, first_break_line
 from bsr_cli.core.units import format_bytes
 
 TIER_LOOK = {"mooncake": ("M", "green"), "fs": ("F", "cyan")}
 
 
+BOTH_LOOK = ("B", "bold green")  # every chunk of the cell is held by more than one tier (e.g. Mooncake and fs)
+STRIP_FIXED_COLUMNS = 36  # what the probe table spends beside the strip: rank, group, held, borders
+
+
 def strip(cells: str, tiers: list[str], width: int) -> Text:
-    """One row of the bitmap, binned to ``width`` cells: a cell shows the worst chunk in its bin
-    (a miss beats a lower tier beats the preferred tier)."""
+    """One row of the bitmap, binned to ``width`` cells. A cell shows what *every* chunk in it has: a miss if any
+    chunk misses, ``B`` if all are held by several tiers, else the tier they all share (or, when they share none,
+    the lowest tier any of them needs)."""
     n = len(cells)
     out = Text()
     if n == 0:
@@ -26,29 +32,55 @@ def strip(cells: str, tiers: list[str], width: int) -> Text:
     bins = min(width, n)
     for i in range(bins):
         lo, hi = i * n // bins, max((i + 1) * n // bins, i * n // bins + 1)
-        worst = -1  # index of the best tier every chunk in the bin has; len(tiers) = a miss
-        for c in cells[lo:hi]:
-            m = int(c, 16)
-            best = next((j for j in range(len(tiers)) if m >> j & 1), len(tiers))
-            worst = max(worst, best)
-        if worst >= len(tiers):
+        masks = [int(c, 16) for c in cells[lo:hi]]
+        common = ~0
+        for m in masks:
+            common &= m
+        if any(m == 0 for m in masks):
             out.append("·", style="bold red")
+        elif bin(common).count("1") > 1:
+            out.append(*BOTH_LOOK)
         else:
-            letter, style = TIER_LOOK.get(tiers[worst], (tiers[worst][:1].upper(), "white"))
+            if common:
+                tier = tiers[common.bit_length() - 1]
+            else:  # held throughout, but not by one tier: show the lowest tier some chunk depends on
+                worst = max(next(j for j in range(len(tiers)) if m >> j & 1) for m in masks)
+                tier = tiers[worst]
+            letter, style = TIER_LOOK.get(tier, (tier[:1].upper(), "white"))
             out.append(letter, style=style)
     return out
+
+
+def strip_width(console: Console, d: dict[str, Any]) -> int:
+    """The strip's cells: --width when given, else what the console has left beside the table's other columns."""
+    given = d.get("strip_width")
+    if given:
+        return int(given)
+    # Piped without COLUMNS the console is unbounded (nothing wraps); the strip then keeps a page width.
+    avail = console.width if console.is_terminal or os.environ.get("COLUMNS") else PANEL_PIPE_WIDTH
+    return max(8, avail - STRIP_FIXED_COLUMNS)
+
+
+def legend(tiers: list[str], chunks: int, width: int) -> str:
+    marks = [f"[{TIER_LOOK.get(t, ('?', 'white'))[1]}]{TIER_LOOK.get(t, (t[:1].upper(), ''))[0]}[/]={t}" for t in tiers]
+    if len(tiers) > 1:
+        more = " (or more)" if len(tiers) > 2 else ""
+        marks.append(f"[{BOTH_LOOK[1]}]{BOTH_LOOK[0]}[/]=" + "+".join(tiers[:2]) + more)
+    marks.append("[bold red]·[/]=miss")
+    text = "legend: " + "  ".join(marks)
+    per_cell = -(-chunks // width) if chunks > width else 1
+    if per_cell > 1:
+        text += f"  (1 cell ≈ {per_cell} chunks; --width for more cells)"
+    return text
 
 
 def probe(console: Console, d: dict[str, Any]) -> None:
     bm = d["bitmap"]
     tiers = bm["tiers"]
+    width = strip_width(console, d)
     console.print(
         f"[bold]{bm['model']}[/] {bm['registration']}  prompt {bm['tokens']:,} tokens = {bm['chunks']:,} chunks  "
-        f"legend: "
-        + "  ".join(
-            f"[{TIER_LOOK.get(t, ('?', 'white'))[1]}]{TIER_LOOK.get(t, (t[:1].upper(), ''))[0]}[/]={t}" for t in tiers
-        )
-        + "  [bold red]·[/]=miss"
+        + legend(tiers, bm["chunks"], width)
     )
     t = Table(show_header=True)
     t.add_column("rank", justify="right")
@@ -60,7 +92,7 @@ def probe(console: Console, d: dict[str, Any]) -> None:
         t.add_row(
             str(row["rank"]),
             row["group"],
-            strip(row["cells"], tiers, d.get("strip_width", 64)),
+            strip(row["cells"], tiers, width),
             f"{held}/{len(row['cells'])}",
         )
     console.print(t)

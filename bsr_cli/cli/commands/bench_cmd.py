@@ -211,11 +211,26 @@ def _header(console: Console, d: dict[str, Any], title: str) -> None:
     )
 
 
+def _plain(value: Any) -> str:
+    """A measured value as a person reads it: `W=8: 1, W=16: 2`, not a Python repr."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_plain(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, list | tuple):
+        return ", ".join(_plain(v) for v in value) or "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
 def _footer(console: Console, d: dict[str, Any]) -> None:
     for t in d["targets"]:
         mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "[dim]n/a[/]"}[t["met"]]
         note = f"  [dim]({t['note']})[/]" if t.get("note") else ""
-        console.print(f"target: {t['name']} {t['target']}: measured {t['measured']} → {mark}{note}")
+        console.print(f"target: {t['name']} {t['target']}: measured {_plain(t['measured'])} → {mark}{note}")
     files = d.get("files", {})
     console.print(
         f"[dim]bundle {files.get('bundle')}"
@@ -706,20 +721,30 @@ def plot(
     json_flag: JsonFlag = False,
 ) -> None:
     """Redraw the plots from the latest bundle of each experiment in --out."""
+    from bsr_cli.bench import bundle as bundles
     from bsr_cli.bench import plots as plotting
 
     st = state(ctx, json_flag)
+    latest = bundles.latest(out)
+    found = sorted(latest)
+    if not found:
+        raise InvalidInput(f"no bundles in {out}", hint="run an experiment first, e.g. `bsr bench sweep --embedded`")
     try:
-        made = [str(p) for p in plotting.render_all(out, to)]
+        made = [str(p) for p in plotting.render_all(out, to, latest)]
     except ImportError as e:
         raise InvalidInput(str(e)) from None
-    st.out.result({"plots": made}, lambda c, d: c.print("\n".join(d["plots"]) or f"no bundles in {out}"))
+    if not made:
+        raise InvalidInput(
+            f"nothing to plot in {out}: its bundles ({', '.join(found)}) have no plot",
+            hint="plots come from sweep, ladder, wlaw, store and fs-concurrency bundles",
+        )
+    st.out.result({"plots": made, "bundles": found}, lambda c, d: c.print("\n".join(d["plots"])))
 
 
 @bench_app.command("validate")
 def validate(
     ctx: typer.Context,
-    files: Annotated[list[Path], typer.Argument(help="Bundle files.")],
+    files: Annotated[list[Path], typer.Argument(help="Bundle files.", metavar="BUNDLE")],
     json_flag: JsonFlag = False,
 ) -> None:
     """Check evidence bundles against the schema (docs/bench-schema.json). Exit 2 when one does not match."""
@@ -759,7 +784,7 @@ RENDERERS: dict[str, Callable[[Console, dict[str, Any]], None]] = {
 @bench_app.command("show")
 def show(
     ctx: typer.Context,
-    file: Annotated[Path, typer.Argument(help="A bundle file written by a bench experiment.")],
+    file: Annotated[Path, typer.Argument(help="A bundle file written by a bench experiment.", metavar="BUNDLE")],
     json_flag: JsonFlag = False,
 ) -> None:
     """Print a bundle's table again (validated against the schema first)."""

@@ -119,8 +119,7 @@ def _render_status(console: Any, d: dict[str, Any]) -> None:
     from rich.table import Table
 
     if not d.get("running"):
-        console.print(f"no engine running in {d['state_dir']}")
-        return
+        return  # the error line (exit 3) says it once
     verdict = "[green]healthy[/]" if d["healthy"] else "[red]unhealthy[/]"
     again = " (already running)" if d.get("already_running") else ""
     console.print(f"engine {verdict}{again} at [bold]{d['admin_url']}[/]  registration {d.get('registration')}")

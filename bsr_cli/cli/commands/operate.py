@@ -54,7 +54,9 @@ def probe(
     ] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="With --store: KV dtype in the keys.")] = "bf16",
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="With --store: LMCache chunk size.", min=1)] = 256,
-    width: Annotated[int, typer.Option("--width", help="Bitmap strip width in cells.", min=8)] = 64,
+    width: Annotated[
+        int | None, typer.Option("--width", help="Bitmap strip width in cells [default: fits the terminal].", min=8)
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Probe-only lookup: which rank, group and tier holds each chunk of a prompt. Changes nothing."""
@@ -117,7 +119,8 @@ def restore(
     w: WOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan from a live probe; restore nothing.")] = False,
     exclude_tier: Annotated[
-        list[str] | None, typer.Option("--exclude-tier", help="Restore as if this tier were unusable (repeatable).")
+        list[str] | None,
+        typer.Option("--exclude-tier", metavar="TIER", help="Restore as if this tier were unusable (repeatable)."),
     ] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the canonical-hash check.")] = False,
     json_flag: JsonFlag = False,
@@ -256,9 +259,9 @@ def inject_fault(
     def render(console: Any, d: dict[str, Any]) -> None:
         where = f"rank {d['rank']}" if d["rank"] is not None else "every rank"
         win = f"window G{d['window'] + 1}" if d["window"] is not None else "the first window"
-        times = "until cleared" if d["count"] == 0 else f"{d['count']} restore(s)"
+        times = "until cleared" if d["count"] == 0 else f"for {d['count']} restore(s)"
         grp = f", group {d['group']}" if d["group"] else ""
-        console.print(f"[red]armed[/] fault #{d['id']} {d['kind']} on {where}, {win}{grp}, for {times}")
+        console.print(f"[red]armed[/] fault #{d['id']} {d['kind']} on {where}, {win}{grp}, {times}")
 
     st.out.result(result, render)
 

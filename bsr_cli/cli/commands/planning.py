@@ -125,7 +125,7 @@ def plan(
     dtype: DtypeOpt = None,
     exclude_tier: Annotated[
         list[str] | None,
-        typer.Option("--exclude-tier", help="Plan as if this tier were unusable (repeatable)."),
+        typer.Option("--exclude-tier", metavar="TIER", help="Plan as if this tier were unusable (repeatable)."),
     ] = None,
     all_windows: Annotated[bool, typer.Option("--all-windows", help="List every window.")] = False,
     json_flag: JsonFlag = False,
@@ -161,7 +161,7 @@ app.add_typer(registration_app, name="registration")
 @registration_app.command("show")
 def registration_show(
     ctx: typer.Context,
-    spec: Annotated[str, typer.Argument(help="Registration file or built-in name.")],
+    spec: Annotated[str, typer.Argument(help="Registration file or built-in name.", metavar="REGISTRATION")],
     all_tensors: Annotated[bool, typer.Option("--all-tensors", help="List every tensor.")] = False,
     json_flag: JsonFlag = False,
 ) -> None:
@@ -179,8 +179,8 @@ def registration_show(
 @registration_app.command("diff")
 def registration_diff(
     ctx: typer.Context,
-    a: Annotated[str, typer.Argument(help="First registration (file or built-in name).")],
-    b: Annotated[str, typer.Argument(help="Second registration.")],
+    a: Annotated[str, typer.Argument(help="First registration (file or built-in name).", metavar="A")],
+    b: Annotated[str, typer.Argument(help="Second registration.", metavar="B")],
     w: WOpt = 32,
     json_flag: JsonFlag = False,
 ) -> None:

@@ -28,7 +28,7 @@ def run(
     prompt_file: Path | None,
     synthetic: int | None,
     seed: int,
-    width: int,
+    width: int | None,
     *,
     dtype: str = "bf16",
     chunk_size: int = 256,

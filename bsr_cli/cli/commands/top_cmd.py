@@ -64,7 +64,9 @@ def pool(
     view = sv.fold(None, frame)
 
     def render(console: Any, data: Any) -> None:
-        console.print(sv.render_text(view))
+        # Panels fill the width they are given: piped, that is a fixed page width rather than the unbounded one
+        # that keeps tables from wrapping.
+        console.print(sv.render_text(view), width=st.out.layout_width)
 
     st.out.result(view.to_dict(), render)
 

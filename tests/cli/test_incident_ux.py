@@ -1,0 +1,158 @@
+"""What an operator meets at the prompt during an incident: global flags anywhere, JSON for every outcome, output
+that survives a pipe, a probe map that shows every tier, settings that name the engine actually used. No engine
+runs here (the fast lane): these need only the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bsr_cli.cli.app import hoist_global_options
+from bsr_cli.errors import ExitCode
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["status", "--engine", "prod"], ["--engine", "prod", "status"]),
+        (["status", "-e", "prod", "--json"], ["-e", "prod", "status", "--json"]),
+        (
+            ["probe", "--synthetic", "8", "--timeout=3", "--traceback"],
+            ["--timeout=3", "--traceback", "probe", "--synthetic", "8"],
+        ),
+        (["--engine", "a", "status"], ["--engine", "a", "status"]),
+        (
+            ["faults", "list", "--token", "t", "--state-dir", "/s"],
+            ["--token", "t", "--state-dir", "/s", "faults", "list"],
+        ),
+        (["probe", "--", "--engine", "x"], ["probe", "--", "--engine", "x"]),  # after `--` nothing is an option
+        (["status", "--engine"], ["status", "--engine"]),  # a missing value is left for the parser to report
+    ],
+)
+def test_global_options_are_hoisted_from_anywhere(argv: list[str], expected: list[str]) -> None:
+    assert hoist_global_options(argv) == expected
+
+
+def test_global_flags_after_the_subcommand_reach_the_engine_call(bsr) -> None:
+    # Nothing listens on port 1: the flag given after the subcommand is the URL the client tried.
+    r = bsr("status", "--engine", "http://127.0.0.1:1", "--timeout", "5", "--json")
+    assert r.code == ExitCode.ENGINE_UNREACHABLE
+    doc = r.json()
+    assert doc["error"] == "unreachable" and "127.0.0.1:1" in doc["message"]
+
+
+def test_subcommand_help_lists_the_global_options(bsr) -> None:
+    r = bsr("status", "--help")
+    assert r.code == 0
+    assert "Global options" in r.out and "--engine" in r.out and "--timeout" in r.out
+
+
+def test_json_version_is_json(bsr) -> None:
+    r = bsr("--json", "--version")
+    assert r.code == 0 and "version" in r.json()
+
+
+def test_usage_errors_under_json_print_a_json_document(bsr) -> None:
+    r = bsr("--json", "plan", "--W", "many")
+    assert r.code == ExitCode.INVALID_INPUT
+    doc = r.json()
+    assert doc["error"] == "usage" and "--W" in doc["message"] and doc["exit_code"] == 2
+
+
+def test_help_shows_no_python_spellings(bsr) -> None:
+    for cmd in (["restore"], ["plan"], ["bench", "validate"], ["registration", "diff"], ["registration", "show"]):
+        text = bsr(*cmd, "--help").out
+        assert "list[" not in text and "{spec}" not in text and "{a}" not in text, (cmd, text)
+
+
+def test_config_show_names_the_engine_in_use(bsr, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = bsr("config", "show", "--json").json()
+    assert doc["engine_url"]["value"] is None and "none running" in doc["engine_url"]["source"]
+    text = bsr("config", "show").out
+    assert "None" not in text
+    monkeypatch.setenv("BSR_ENGINE", "http://10.1.2.3:8470")
+    doc = bsr("config", "show", "--json").json()
+    assert doc["engine_url"] == {"value": "http://10.1.2.3:8470", "source": "env BSR_ENGINE"}
+
+
+def test_engine_status_says_not_running_once(bsr, tmp_path: Path) -> None:
+    r = bsr("--state-dir", str(tmp_path), "engine", "status")
+    assert r.code == ExitCode.ENGINE_UNREACHABLE
+    assert (r.out + r.err).count("not running") == 1
+
+
+def test_bench_plot_without_a_plottable_bundle_is_an_error(bsr, tmp_path: Path) -> None:
+    empty = bsr("bench", "plot", "--out", str(tmp_path))
+    assert empty.code == ExitCode.INVALID_INPUT and "no bundles" in empty.err
+    shutil.copy(REPO / "docs" / "evidence" / "br-fail-75c30e6db28f.json", tmp_path)
+    only_failures = bsr("bench", "plot", "--out", str(tmp_path))
+    assert only_failures.code == ExitCode.INVALID_INPUT
+    assert "failures" in only_failures.err and "nothing to plot" in only_failures.err
+
+
+def test_piped_output_is_not_hard_wrapped(tmp_path: Path) -> None:
+    """A real subprocess whose stdout is a pipe and COLUMNS unset: no table row is cut at a fixed width."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "COLUMNS"}
+    env["NO_COLOR"] = "1"
+    r = subprocess.run(
+        [sys.executable, "-m", "bsr_cli", "rws", "-r", "paper-mtp-off", "--W", "32", "--tokens", "262144"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    last = r.stdout.strip().splitlines()[-1]
+    # The summary sentence stays one line, wider than the 120 columns it used to be cut at.
+    assert last.startswith("262,144 tokens") and "first ladder rung" in last and len(last) > 120
+
+
+# -- the probe map ----------------------------------------------------------------------------------------------------
+
+
+def _strip(cells: str, width: int, tiers: tuple[str, ...] = ("mooncake", "fs")) -> str:
+    from bsr_cli.cli.render_ops import strip
+
+    return strip(cells, list(tiers), width).plain
+
+
+def test_probe_map_shows_chunks_held_by_both_tiers() -> None:
+    # masks: 1 = mooncake, 2 = fs, 3 = both, 0 = miss
+    assert _strip("3312", 4) == "BBMF"
+    assert _strip("3330", 4) == "BBB·"
+    # A cell that bins chunks shows what every chunk in it has: a miss anywhere wins.
+    assert _strip("33333330", 2) == "B·"
+    assert _strip("33113311", 2) == "MM"
+
+
+def test_probe_legend_names_both_and_the_binning() -> None:
+    from bsr_cli.cli.render_ops import legend
+
+    text = legend(["mooncake", "fs"], chunks=512, width=128)
+    assert "=mooncake+fs" in text and "1 cell ≈ 4 chunks" in text
+    assert "cell" not in legend(["mooncake", "fs"], chunks=64, width=128)
+
+
+def test_probe_map_follows_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from bsr_cli.cli.render_ops import STRIP_FIXED_COLUMNS, strip_width
+
+    monkeypatch.setenv("COLUMNS", "100")
+    assert strip_width(Console(width=100), {}) == 100 - STRIP_FIXED_COLUMNS
+    assert strip_width(Console(width=100), {"strip_width": 20}) == 20
+
+
+def test_bench_targets_read_as_text_not_python() -> None:
+    from bsr_cli.cli.commands.bench_cmd import _plain
+
+    assert _plain({"remote-unavailable": "pass"}) == "remote-unavailable: pass"
+    assert _plain({"8": 1048576, "16": True}) == "8: 1,048,576, 16: yes"
+    assert json.dumps(_plain(0.8512)) == '"0.851"'
