@@ -293,6 +293,34 @@ markers_app = typer.Typer(help="Force-local markers (set after a failed external
 app.add_typer(markers_app, name="markers")
 
 
+@markers_app.command("list")
+def markers_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
+    """Force-local markers standing now: which prompt, which tiers they exclude, why, since when.
+
+    Examples:
+      bsr markers list
+      bsr markers list --json
+    """
+    st = state(ctx, json_flag)
+    with _client(st) as client:
+        markers = client.markers()
+
+    def render(console: Any, d: dict[str, Any]) -> None:
+        import time
+
+        if not d["markers"]:
+            console.print("no force-local markers")
+            return
+        for m in d["markers"]:
+            since = time.strftime("%H:%M:%S", time.localtime(m["set_at"]))
+            console.print(
+                f"prompt {m['prompt']}  excludes {', '.join(m['excluded_tiers'])}  since {since}"
+                f"  (request {m['request']}: {m['reason']})"
+            )
+
+    st.out.result({"markers": markers}, render)
+
+
 @markers_app.command("clear")
 def markers_clear(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Remove every force-local marker (as a request teardown would)."""

@@ -39,7 +39,28 @@ def top(
     _run_tui(st, interval=interval, record=record, replay=replay)
 
 
-@app.command("pool")
+pool_app = typer.Typer(help="Restore-pool occupancy per rank; `bsr pool reset-peak` restarts the peak.")
+app.add_typer(pool_app, name="pool")
+
+
+@pool_app.command("reset-peak")
+def pool_reset_peak(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
+    """Restart every rank's peak-pool measurement from what is live now (needs the admin token).
+
+    Examples:
+      bsr pool reset-peak && bsr restore --synthetic 65536 --W 16
+    """
+    from bsr_cli.client import AdminClient
+
+    st = state(ctx, json_flag)
+    with AdminClient.from_settings(st.settings) as client:
+        client.reset_peak()
+        ranks = client.pool()
+    data = {"ranks": [{"rank": r.get("rank"), "peak_bytes": (r.get("pool") or {}).get("peak_bytes")} for r in ranks]}
+    st.out.result(data, lambda c, d: c.print(f"peak reset on {len(d['ranks'])} rank(s)"))
+
+
+@pool_app.callback(invoke_without_command=True)
 def pool(
     ctx: typer.Context,
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit (the default when piped).")] = False,
@@ -48,7 +69,15 @@ def pool(
 ) -> None:
     """Restore-pool occupancy per rank with restores, outcomes, tiers, markers and faults.
 
-    Prints one snapshot with --once, --json, or when stdout is not a terminal; otherwise opens `bsr top`."""
+    Prints one snapshot with --once, --json, or when stdout is not a terminal; otherwise opens `bsr top`.
+
+    Examples:
+      bsr pool --once
+      bsr pool --json | jq '.ranks[].peak_bytes'
+      bsr pool reset-peak
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     st = state(ctx, json_flag)
     if not (once or st.out.json_mode) and st.out.interactive:
         _run_tui(st, interval=interval, record=None, replay=None)

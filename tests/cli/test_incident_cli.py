@@ -1,0 +1,76 @@
+"""The incident commands against the real embedded engine: settings, markers, abort, events, describe, pool
+reset-peak. Each asserts what the engine did, not only that the command printed something."""
+
+from __future__ import annotations
+
+import pytest
+
+from bsr_cli.errors import ExitCode
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(240)]
+
+
+def test_settings_show_and_set_change_the_running_engine(bsr, engine) -> None:
+    before = bsr("settings", "show", "--json").json()["settings"]
+    try:
+        r = bsr("settings", "set", "--W", "2", "--budget", "2MiB", "--json")
+        assert r.code == 0, r.err
+        after = r.json()
+        assert after["changed"] == ["W", "budget_bytes"]
+        assert after["settings"]["W"] == 2 and after["settings"]["budget_bytes"] == 2 << 20
+        # The engine itself now reports it (not only the command's echo).
+        with engine.client() as c:
+            info = c.info()
+        assert info["W"] == 2 and info["budget_bytes"] == 2 << 20
+        assert bsr("settings", "set").code == ExitCode.INVALID_INPUT
+    finally:
+        with engine.client() as c:
+            c.update_settings(W=before["W"], budget_bytes=before["budget_bytes"])
+
+
+def test_markers_list_events_and_describe_after_a_failed_restore(bsr, engine, tmp_path) -> None:
+    assert bsr("submit", "--synthetic", "2048", "--seed", "31").code == 0
+    assert bsr("markers", "list", "--json").json()["markers"] == []
+    assert bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "2").code == 0
+    r = bsr("restore", "--synthetic", "2048", "--seed", "31", "--W", "2", "--json")
+    assert r.code == ExitCode.FAILED_CLOSED
+
+    markers = bsr("markers", "list", "--json").json()["markers"]
+    assert len(markers) == 1 and markers[0]["excluded_tiers"] == ["mooncake"]
+    assert "excludes mooncake" in bsr("markers", "list").out
+
+    evs = bsr("events", "--json", "-n", "500").json()["events"]
+    failed = [e for e in evs if e["type"] == "restore_failed_closed"]
+    assert failed, evs
+    request = failed[-1]["request"]
+    only = bsr("events", "--json", "--request", request).json()["events"]
+    assert only and all(e["request"] == request for e in only)
+    text = bsr("events", "--request", request).out
+    assert "FAILED CLOSED" in text
+
+    d = bsr("describe", request, "--json").json()
+    assert d["outcome"]["state"] == "failed closed"
+    assert d["failures"] and d["failures"][0]["rank"] == 1 and d["failures"][0]["window"] == 2
+    rank1 = [w for w in d["windows"] if w["rank"] == 1]
+    # Rank 1 installed window 1 and never installed window 2; rank 0 went on independently.
+    assert any(w["window"] == 1 and "installed" in w for w in rank1)
+    assert not any(w["window"] == 2 and "installed" in w for w in rank1)
+    assert bsr("describe", "no-such-request").code == ExitCode.INVALID_INPUT
+
+
+def test_abort_of_an_unknown_request_is_an_error(bsr, engine) -> None:
+    r = bsr("abort", "req-does-not-exist")
+    assert r.code == ExitCode.INVALID_INPUT and "no running request" in r.err
+
+
+def test_pool_reset_peak_restarts_the_measurement(bsr, engine) -> None:
+    assert bsr("submit", "--synthetic", "2048", "--seed", "32").code == 0
+    assert bsr("restore", "--synthetic", "2048", "--seed", "32").code == 0
+    with engine.client() as c:
+        assert max(r["pool"]["peak_bytes"] for r in c.pool()) > 0
+    r = bsr("pool", "reset-peak", "--json")
+    assert r.code == 0, r.err
+    assert all(x["peak_bytes"] == 0 for x in r.json()["ranks"])
+    # `bsr pool` without a subcommand still prints a snapshot.
+    snap = bsr("pool", "--json")
+    assert snap.code == 0 and snap.json()["frames"] == 1 and "info" in snap.json()
