@@ -153,6 +153,7 @@ def restore(
             st.out.result(data, render.plan)
             return
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
+        result.setdefault("budget_bytes", info.get("budget_bytes"))  # the bound the peak is held to
     st.out.result(result, render_ops.restore)
     if result.get("outcome") == "failed_closed":
         raise RestoreFailedClosed(
