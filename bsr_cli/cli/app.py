@@ -154,19 +154,28 @@ def build_command():  # -> click.Command; typed loosely so this module does not 
 
     register_commands()
     root = typer.main.get_command(app)
-    _add_global_help(root, top=True)
+    _add_help_epilogs(root, path="")
     return root
 
 
-def _add_global_help(cmd, *, top: bool) -> None:
-    if not top:
-        cmd.epilog = f"{cmd.epilog}\n\n{GLOBAL_HELP}" if cmd.epilog else GLOBAL_HELP
+def _add_help_epilogs(cmd, *, path: str) -> None:
+    """Each command's help ends with its examples (bsr_cli/cli/examples.py) and the global options."""
+    from bsr_cli.cli.completion import completer_for
+    from bsr_cli.cli.examples import examples_block
+
+    for param in getattr(cmd, "params", []):
+        complete = completer_for(list(param.opts))
+        if complete is not None:
+            param._custom_shell_complete = complete  # TAB offers the option's known values
+    if path:
+        parts = [p for p in (cmd.epilog, examples_block(path), GLOBAL_HELP) if p]
+        cmd.epilog = "\n\n".join(parts)
     for param in getattr(cmd, "params", []):
         if param.param_type_name == "argument" and param.metavar:
             # A named argument reads `BUNDLE...`, not `BUNDLE... <list[Path]>` (the annotation's Python spelling).
             param.display_type_rich = lambda ctx: None
-    for sub in getattr(cmd, "commands", {}).values():
-        _add_global_help(sub, top=False)
+    for name, sub in getattr(cmd, "commands", {}).items():
+        _add_help_epilogs(sub, path=f"{path} {name}".strip())
 
 
 def register_commands() -> None:

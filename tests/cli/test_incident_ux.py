@@ -156,3 +156,81 @@ def test_bench_targets_read_as_text_not_python() -> None:
     assert _plain({"remote-unavailable": "pass"}) == "remote-unavailable: pass"
     assert _plain({"8": 1048576, "16": True}) == "8: 1,048,576, 16: yes"
     assert json.dumps(_plain(0.8512)) == '"0.851"'
+
+
+# -- examples on every command ------------------------------------------------------------------------------------
+
+
+def _leaf_paths() -> list[str]:
+    from bsr_cli.cli.app import build_command
+
+    out: list[str] = []
+
+    def walk(cmd, path: str) -> None:
+        subs = getattr(cmd, "commands", None)
+        if path and (not subs or getattr(cmd, "invoke_without_command", False)):
+            out.append(path)
+        for name, sub in (subs or {}).items():
+            walk(sub, f"{path} {name}".strip())
+
+    walk(build_command(), "")
+    return out
+
+
+def test_every_command_has_examples_in_its_help(bsr) -> None:
+    from bsr_cli.cli.examples import EXAMPLES
+
+    paths = _leaf_paths()
+    assert "settings set" in paths and "pool" in paths
+    missing = [p for p in paths if p not in EXAMPLES]
+    assert not missing, f"commands without examples: {missing}"
+    assert not set(EXAMPLES) - set(paths), "examples for commands that do not exist"
+    text = bsr("settings", "set", "--help").out
+    assert "Examples:\n    bsr settings set --W 16\n" in text  # kept as lines, not rewrapped
+
+
+def _rest(ctx) -> list[str]:
+    # The parser's own context keeps the subcommand words apart from the arguments after them.
+    return list(getattr(ctx, "_protected_args", [])) + list(ctx.args)
+
+
+def test_every_example_parses() -> None:
+    """Each example's bsr invocation parses with the real parser: options exist and values convert."""
+    import shlex
+
+    from bsr_cli.cli.app import build_command, hoist_global_options
+    from bsr_cli.cli.examples import EXAMPLES
+
+    root = build_command()
+    for path, lines in EXAMPLES.items():
+        for line in lines:
+            for part in line.replace("&&", "|").split("|"):
+                words = shlex.split(part.split(">")[0])
+                if not words or words[0] != "bsr":
+                    continue
+                args = hoist_global_options(words[1:])
+                ctx = root.make_context("bsr", list(args), resilient_parsing=False)
+                cmd, rest = root, _rest(ctx)
+                while getattr(cmd, "commands", None) and rest and rest[0] in cmd.commands:
+                    name, cmd, rest = cmd.resolve_command(ctx, rest)
+                    ctx = cmd.make_context(name, list(rest), parent=ctx, resilient_parsing=False)
+                    rest = _rest(ctx)
+                assert not rest, (path, line, rest)
+
+
+def _complete(words: str, cword: int, **env: str) -> list[str]:
+    import os
+
+    e = dict(os.environ, COMP_WORDS=words, COMP_CWORD=str(cword), _BSR_COMPLETE="complete_bash", **env)
+    r = subprocess.run([sys.executable, "-m", "bsr_cli"], env=e, capture_output=True, text=True, timeout=60)
+    return r.stdout.split()
+
+
+def test_completion_offers_values(tmp_path: Path) -> None:
+    assert "restore-fault" in _complete("bsr inject-fault --kind ", 3)
+    assert _complete("bsr restore --exclude-tier ", 3) == ["mooncake", "fs"]
+    assert _complete("bsr rws -r paper", 3) == ["paper-mtp-off", "paper-mtp-on"]
+    assert "fp8_e4m3" in _complete("bsr probe --dtype fp8", 3)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[profiles.prod]\nurl = "http://10.0.0.7:8470"\n[profiles.vllm-r0]\nurl = "http://127.0.0.1:8470"\n')
+    assert _complete("bsr --engine ", 2, BSR_CONFIG=str(cfg)) == ["prod", "vllm-r0"]

@@ -66,12 +66,7 @@ def _render_settings(console: Any, d: dict[str, Any]) -> None:
 
 @settings_app.command("show")
 def settings_show(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
-    """The engine's settings as it runs now.
-
-    Examples:
-      bsr settings show
-      bsr settings show --engine prod --json
-    """
+    """The engine's settings as it runs now."""
     st = state(ctx, json_flag)
     with _client(st) as client:
         info = client.info()
@@ -90,12 +85,7 @@ def settings_set(
     ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
-    """Change runtime settings (needs the admin token); prints the settings as they now stand.
-
-    Examples:
-      bsr settings set --W 16
-      bsr settings set --budget 128MiB --fs-concurrency 4
-    """
+    """Change runtime settings (needs the admin token); prints the settings as they now stand."""
     from bsr_cli.core.units import parse_bytes
 
     st = state(ctx, json_flag)
@@ -119,11 +109,7 @@ def abort(
     request: Annotated[str, typer.Argument(help="Request id (from `bsr restore`, `bsr events`, `bsr top`).")],
     json_flag: JsonFlag = False,
 ) -> None:
-    """Abort a running restore: it fails closed (nothing committed). Exit 2 when no such request is running.
-
-    Examples:
-      bsr abort r-000012
-    """
+    """Abort a running restore: it fails closed (nothing committed). Exit 2 when no such request is running."""
     st = state(ctx, json_flag)
     with _client(st) as client:
         result = client.abort(request)
@@ -144,11 +130,6 @@ def events(
     """The engine's event log: windows fetched/installed/released, failures, markers, faults.
 
     With --json: one document {events, last_seq}; with --json -f, one JSON line per event (NDJSON).
-
-    Examples:
-      bsr events -n 20
-      bsr events -f --request r-000012
-      bsr events --since 1200 --json
     """
     st = state(ctx, json_flag)
     with _client(st) as client:
@@ -206,12 +187,7 @@ def describe(
     ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
-    """One request's timeline: per rank and window, when it was fetched, installed and released, and how it ended.
-
-    Examples:
-      bsr describe r-000012
-      bsr describe r-000012 --record incident.bsrtop.gz
-    """
+    """One request's timeline: per rank and window, when it was fetched, installed and released, and how it ended."""
     st = state(ctx, json_flag)
     if record is not None:
         evs = _recorded_events(record)

@@ -296,12 +296,7 @@ app.add_typer(markers_app, name="markers")
 
 @markers_app.command("list")
 def markers_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
-    """Force-local markers standing now: which prompt, which tiers they exclude, why, since when.
-
-    Examples:
-      bsr markers list
-      bsr markers list --json
-    """
+    """Force-local markers standing now: which prompt, which tiers they exclude, why, since when."""
     st = state(ctx, json_flag)
     with _client(st) as client:
         markers = client.markers()

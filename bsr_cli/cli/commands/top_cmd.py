@@ -45,11 +45,7 @@ app.add_typer(pool_app, name="pool")
 
 @pool_app.command("reset-peak")
 def pool_reset_peak(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
-    """Restart every rank's peak-pool measurement from what is live now (needs the admin token).
-
-    Examples:
-      bsr pool reset-peak && bsr restore --synthetic 65536 --W 16
-    """
+    """Restart every rank's peak-pool measurement from what is live now (needs the admin token)."""
     from bsr_cli.client import AdminClient
 
     st = state(ctx, json_flag)
@@ -70,11 +66,6 @@ def pool(
     """Restore-pool occupancy per rank with restores, outcomes, tiers, markers and faults.
 
     Prints one snapshot with --once, --json, or when stdout is not a terminal; otherwise opens `bsr top`.
-
-    Examples:
-      bsr pool --once
-      bsr pool --json | jq '.ranks[].peak_bytes'
-      bsr pool reset-peak
     """
     if ctx.invoked_subcommand is not None:
         return

@@ -1,0 +1,73 @@
+"""`Examples:` for every command's help, in one table so a test can hold every command to having them.
+
+Keyed by the command's path below `bsr` ("settings set"). Each line is a full command line as an operator types it.
+"""
+
+from __future__ import annotations
+
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "rws": (
+        "bsr rws -r paper-mtp-off --W 32 --tokens 262144",
+        "bsr rws --hf-config config.json --tp 2 --dtype fp8 --sweep 16,32,64",
+    ),
+    "plan": (
+        "bsr plan --W 32 --tokens 524032 -r paper-mtp-on",
+        "bsr probe --synthetic 65536 --json > probe.json && bsr plan --W 16 --probe probe.json",
+    ),
+    "probe": (
+        "bsr probe --synthetic 65536 --seed 1",
+        "bsr probe --tokens-file prompt.json --engine vllm-r1 --json",
+        "bsr probe --store mooncake://10.0.0.5:50051 --model my-org/my-model --world-size 2 --tokens-file prompt.json",
+    ),
+    "submit": (
+        "bsr submit --synthetic 65536 --seed 1",
+        "bsr submit --prompt-file incident-prompt.txt --W 16",
+    ),
+    "restore": (
+        "bsr restore --synthetic 65536 --seed 1 --W 32",
+        "bsr restore --tokens-file prompt.json --dry-run --W 64",
+        "bsr restore --synthetic 65536 --exclude-tier mooncake",
+    ),
+    "inject-fault": (
+        "bsr inject-fault --rank 1 --kind restore-fault --window 3",
+        "bsr inject-fault --kind remote-unavailable --count 0",
+    ),
+    "status": ("bsr status", "bsr status --engine prod-node2 --json"),
+    "drill": ("bsr drill", "bsr drill --tokens 16384 --W 8"),
+    "abort": ("bsr abort req-00012",),
+    "events": ("bsr events -n 20", "bsr events -f --request req-00012", "bsr events --since 1200 --json"),
+    "describe": ("bsr describe req-00012", "bsr describe req-00012 --record incident.bsrtop.gz"),
+    "top": ("bsr top", "bsr top --record incident.bsrtop.gz", "bsr top --replay incident.bsrtop.gz"),
+    "config show": ("bsr config show", "bsr --engine prod config show --json"),
+    "registration show": ("bsr registration show paper-mtp-off", "bsr registration show my-model.yaml --all-tensors"),
+    "registration diff": ("bsr registration diff paper-mtp-off paper-mtp-on",),
+    "engine up": ("bsr engine up --enable-faults", "bsr engine up --W 16 --budget 64MiB --max-tokens 131072"),
+    "engine down": ("bsr engine down",),
+    "engine status": ("bsr engine status", "bsr engine status --json"),
+    "faults list": ("bsr faults list",),
+    "faults clear": ("bsr faults clear",),
+    "markers list": ("bsr markers list", "bsr markers list --json"),
+    "markers clear": ("bsr markers clear",),
+    "settings show": ("bsr settings show", "bsr settings show --engine prod --json"),
+    "settings set": ("bsr settings set --W 16", "bsr settings set --budget 128MiB --fs-concurrency 4"),
+    "pool": ("bsr pool --once", "bsr pool --json"),
+    "pool reset-peak": ("bsr pool reset-peak",),
+    "bench sweep": ("bsr bench sweep --embedded", "bsr bench sweep --tokens 32768,131072 --W 32"),
+    "bench ladder": ("bsr bench ladder",),
+    "bench wlaw": ("bsr bench wlaw --embedded --Ws 8,16,32",),
+    "bench fs-concurrency": ("bsr bench fs-concurrency --embedded",),
+    "bench store": ("bsr bench store --embedded --trials 7",),
+    "bench failures": ("bsr bench failures --embedded",),
+    "bench plot": ("bsr bench plot --out bench-out",),
+    "bench validate": ("bsr bench validate bench-out/br-*.json",),
+    "bench schema": ("bsr bench schema > bench-schema.json",),
+    "bench show": ("bsr bench show docs/evidence/br-e1-a6c2f9d328e2.json",),
+}
+
+
+def examples_block(path: str) -> str | None:
+    """The help epilog's examples for one command; `\\b` keeps the help formatter from rewrapping the lines."""
+    lines = EXAMPLES.get(path)
+    if not lines:
+        return None
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
