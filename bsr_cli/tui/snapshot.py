@@ -23,6 +23,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+STALL_S = 5.0  # a rank that releases no window for this long, while others wait on it, is marked stalled
 HISTORY = 120  # snapshots of per-rank history kept (two minutes at the default 1 s)
 EVENTS_KEPT = 500  # events carried across snapshots (the engine hands out only its last 50 each time)
 KIND_FILTERS = ("all", "restores", "windows", "markers", "faults")
@@ -103,6 +104,10 @@ class ActiveRestore:
     elapsed_s: float
     done: tuple[tuple[int, int], ...]  # (rank, windows released)
     bytes_done: int
+    failed: tuple[int, ...] = ()  # ranks that already failed this restore (the rest may still be running)
+    stalled: tuple[int, ...] = ()  # ranks whose window count has not moved for STALL_S (and have not failed)
+    # (rank, windows released, engine time when that count was first seen): carried across snapshots
+    progress_seen: tuple[tuple[int, int, float], ...] = ()
 
     @property
     def current_window(self) -> int:
@@ -381,6 +386,9 @@ def fold(prev: View | None, frame: Frame) -> View:
     missed = prev.events_missed if prev is not None else 0
     if prev is not None and same_engine and new_events and new_events[0].seq > prev.seq + 1:
         missed += new_events[0].seq - prev.seq - 1
+    if prev is not None and not same_engine:
+        # Old and new request ids would interleave in the log: mark where the new engine's events begin.
+        new_events.insert(0, _restart_event(info, frame.received_at))
     events = ((prev.events if prev is not None else ()) + tuple(new_events))[-EVENTS_KEPT:]
     # Only events newer than the previous poll count toward the high water; on the first frame the live value is all
     # this view can vouch for.
@@ -418,19 +426,13 @@ def fold(prev: View | None, frame: Frame) -> View:
         )
 
     now = _float(snap.get("time"), frame.received_at)
+    failed_by_request: dict[str, set[int]] = {}
+    for e in events:
+        if e.type == "restore_failed" and e.request:
+            failed_by_request.setdefault(e.request, set()).update(e.ranks)
+    before_active = {a.request: a for a in prev.active} if prev is not None and same_engine else {}
     active = tuple(
-        ActiveRestore(
-            request=str(a.get("request", "")),
-            w=_int(a.get("W")),
-            windows=_int(a.get("windows")),
-            tokens=_int(a.get("tokens")),
-            tiers=tuple(a.get("tiers") or ()),
-            elapsed_s=max(0.0, now - _float(a.get("started"), now)),
-            done=tuple(sorted((_int(k), _int(v)) for k, v in (a.get("done") or {}).items())),
-            bytes_done=sum(_int(v) for v in (a.get("bytes") or {}).values()),
-        )
-        for a in snap.get("active") or ()
-        if isinstance(a, Mapping)
+        _active(a, now, failed_by_request, before_active) for a in snap.get("active") or () if isinstance(a, Mapping)
     )
     recent = tuple(
         Outcome(
@@ -486,6 +488,54 @@ def fold(prev: View | None, frame: Frame) -> View:
         events=events,
         events_missed=missed,
         frames=(prev.frames + 1) if prev is not None else 1,
+    )
+
+
+def _active(
+    a: Mapping[str, Any], now: float, failed_by_request: Mapping[str, set[int]], before: Mapping[str, ActiveRestore]
+) -> ActiveRestore:
+    request = str(a.get("request", ""))
+    done = tuple(sorted((_int(k), _int(v)) for k, v in (a.get("done") or {}).items()))
+    windows = _int(a.get("windows"))
+    failed = tuple(sorted(failed_by_request.get(request, ())))
+    # When each rank's window count last moved, on the engine's clock (carried while the count stands still).
+    seen = {r: (d, t) for r, d, t in before[request].progress_seen} if request in before else {}
+    progress = tuple((r, d, seen[r][1] if r in seen and seen[r][0] == d else now) for r, d in done)
+    ahead = max((d for _, d in done), default=0)
+
+    def is_stalled(rank: int, count: int, since: float) -> bool:
+        if rank in failed or count >= windows:
+            return False
+        quiet = now - since
+        # Behind the others and quiet for STALL_S, or quiet twice as long even with nobody ahead.
+        return quiet >= (STALL_S if count < ahead else 2 * STALL_S)
+
+    stalled = tuple(r for r, d, since in progress if is_stalled(r, d, since))
+    return ActiveRestore(
+        request=request,
+        w=_int(a.get("W")),
+        windows=windows,
+        tokens=_int(a.get("tokens")),
+        tiers=tuple(a.get("tiers") or ()),
+        elapsed_s=max(0.0, now - _float(a.get("started"), now)),
+        done=done,
+        bytes_done=sum(_int(v) for v in (a.get("bytes") or {}).values()),
+        failed=failed,
+        stalled=stalled,
+        progress_seen=progress,
+    )
+
+
+def _restart_event(info: EngineInfo, at: float) -> Event:
+    since = clock(info.started_at) if info.started_at else "?"
+    return Event(
+        seq=0,
+        time=at,
+        type="engine_restarted",
+        category="other",
+        ranks=(),
+        request="",
+        text=f"──── engine restarted (up since {since}): request ids and sequence numbers start again ────",
     )
 
 
@@ -689,9 +739,19 @@ def active(view: View, width: int | None = None) -> RenderableType:
         t.add_column("tiers", no_wrap=True, overflow="ellipsis")
     t.add_column("age", justify="right", no_wrap=True)
     for a in view.active:
-        cells: list[RenderableType] = [a.request, Text(a.progress_text, "bold cyan")]
+        if a.failed:
+            state = Text(f"rank {','.join(map(str, a.failed))} FAILED · {a.progress_text}", "bold red")
+        elif a.stalled:
+            state = Text(f"STALLED rank {','.join(map(str, a.stalled))} · {a.progress_text}", "bold yellow")
+        else:
+            state = Text(a.progress_text, "bold cyan")
+        cells: list[RenderableType] = [a.request, state]
         if per_rank:
-            cells.append(" ".join(f"r{r}:{d}" for r, d in a.done))
+            per = Text()
+            for i, (r, d) in enumerate(a.done):
+                style = "bold red" if r in a.failed else "bold yellow" if r in a.stalled else ""
+                per.append(("" if i == 0 else " ") + f"r{r}:{d}" + ("✖" if r in a.failed else ""), style)
+            cells.append(per)
         if full:
             cells += [f"{a.tokens:,}", ",".join(a.tiers)]
         cells.append(f"{a.elapsed_s:.1f}s")

@@ -106,3 +106,55 @@ def test_a_broken_snapshot_still_folds() -> None:
     assert view.gauges[0].state == "down"
     assert "DOWN" in _text(sv.render_text(view))
     assert PollFailure.from_error(ValueError("x"), 0.0, 0.0).kind == "internal"
+
+
+@pytest.mark.timeout(30)
+def test_a_restart_is_marked_in_the_event_log(incident: Path) -> None:
+    frames = _frames(incident)
+    before = list(sv.fold_all(frames))[-1]
+    assert not any(e.type == "engine_restarted" for e in before.events)
+    restarted = copy.deepcopy(dict(frames[0].snapshot))
+    restarted["info"]["started_at"] += 1000
+    after = sv.fold(before, Frame(restarted, frames[-1].received_at + 1, 0.01))
+    marks = [e for e in after.events if e.type == "engine_restarted"]
+    assert len(marks) == 1 and "engine restarted" in marks[0].text
+    # The separator stands between the old engine's events and the new one's.
+    i = after.events.index(marks[0])
+    assert i > 0 and after.events[i - 1] == before.events[-1]
+    assert "engine restarted" in _text(sv.render_text(after), 160)
+
+
+def _snap(t: float, done: dict[str, int], events: list[dict] | None = None, seq: int = 1) -> Frame:
+    snap = {
+        "info": {"started_at": 100.0, "W": 2},
+        "time": t,
+        "seq": seq,
+        "ranks": [{"rank": 0, "alive": True}, {"rank": 1, "alive": True}],
+        "active": [{"request": "req-7", "W": 2, "windows": 8, "tokens": 4096, "started": 100.0, "done": done}],
+        "events": events or [],
+    }
+    return Frame(snap, t, 0.01)
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_that_stops_releasing_windows_is_marked_stalled() -> None:
+    v = sv.fold(None, _snap(101.0, {"0": 1, "1": 1}))
+    assert v.active[0].stalled == ()
+    v = sv.fold(v, _snap(102.0, {"0": 3, "1": 1}, seq=2))
+    assert v.active[0].stalled == ()  # rank 1 behind, but only for a second
+    v = sv.fold(v, _snap(101.0 + sv.STALL_S + 0.5, {"0": 6, "1": 1}, seq=3))
+    assert v.active[0].stalled == (1,)
+    assert "STALLED rank 1" in _text(sv.active(v), 120)
+    v = sv.fold(v, _snap(108.0, {"0": 6, "1": 2}, seq=4))
+    assert v.active[0].stalled == ()  # it moved again
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_that_failed_is_not_shown_in_progress() -> None:
+    failed = {"seq": 2, "time": 102.0, "type": "restore_failed", "request": "req-7", "rank": 1, "window": 1}
+    v = sv.fold(None, _snap(101.0, {"0": 1, "1": 1}))
+    v = sv.fold(v, _snap(102.5, {"0": 2, "1": 1}, [failed], seq=2))
+    a = v.active[0]
+    assert a.failed == (1,) and a.stalled == ()
+    text = _text(sv.active(v), 120)
+    assert "rank 1 FAILED" in text and "r1:1✖" in text
