@@ -20,7 +20,7 @@ from textual.containers import Container, Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.timer import Timer
-from textual.widgets import Button, Label, OptionList, Static
+from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from bsr_cli.tui import snapshot as sv
@@ -61,6 +61,12 @@ class FaultsCleared(Message):
         self.count = count
 
 
+class RequestAborted(Message):
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__()
+        self.result = result
+
+
 class ActionFailed(Message):
     def __init__(self, what: str, failure: PollFailure) -> None:
         super().__init__()
@@ -81,9 +87,12 @@ HELP = """\
   [b]p[/b] / [b]space[/b]  pause: freeze the display (a live session keeps polling and recording)
   [b]r[/b]          cycle the rank filter (events; the gauge is marked)
   [b]k[/b]          cycle the event-kind filter: all, restores, windows, markers, faults
-  [b]f[/b]          inject a fault (asks first; only on engines started with faults enabled)
+  [b]e[/b] / [b]enter[/b]  the event log in full: scroll, [b]/[/b] filter, [b]s[/b] sort, [b]enter[/b] details
+  [b]f[/b]          inject a fault: kind, rank, window, count, group (asks first; engines started with faults enabled)
   [b]c[/b]          clear every injected fault (asks first)
+  [b]a[/b]          abort a restore in flight (asks first; it fails closed)
   [b]← / →[/b]      replay: step one frame back / forward ([b]shift[/b]: ten)
+  [b]+ / -[/b]      replay: faster / slower      [b]n[/b]  replay: jump to the next failure
   [b]?[/b]          this help      [b]q[/b]  quit
 
 Gauge: [b]█[/b] live now  [b]▓[/b] high water since the previous snapshot  [b]│[/b] RWS(W)  [b]┆[/b] budget B
@@ -156,6 +165,8 @@ class FaultScreen(ModalScreen[dict[str, Any] | None]):
     FaultScreen OptionList { height: auto; max-height: 8; }
     FaultScreen #kinds { width: 2fr; }
     FaultScreen #ranks { width: 1fr; }
+    FaultScreen Horizontal#where { height: auto; }
+    FaultScreen Input { width: 1fr; }
     FaultScreen Horizontal#buttons { height: auto; align-horizontal: right; }
     FaultScreen Button { margin-left: 1; }
     """
@@ -164,10 +175,11 @@ class FaultScreen(ModalScreen[dict[str, Any] | None]):
         Binding("n,escape", "cancel", "cancel"),
     ]
 
-    def __init__(self, engine: str, ranks: int) -> None:
+    def __init__(self, engine: str, ranks: int, groups: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.engine = engine
         self.ranks = ranks
+        self.groups = groups
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -179,6 +191,11 @@ class FaultScreen(ModalScreen[dict[str, Any] | None]):
                     *(Option(f"rank {r}", id=str(r)) for r in range(self.ranks)),
                     id="ranks",
                 )
+            with Horizontal(id="where"):
+                yield Input(placeholder="window (1-based; blank = first)", id="window", type="integer")
+                yield Input(placeholder="count (1; 0 = until cleared)", id="count", type="integer")
+                groups = f" ({', '.join(self.groups)})" if self.groups else ""
+                yield Input(placeholder=f"group{groups}; blank = all", id="group")
             yield Label("", id="summary")
             with Horizontal(id="buttons"):
                 yield Button("Inject (y)", variant="error", id="inject")
@@ -190,25 +207,184 @@ class FaultScreen(ModalScreen[dict[str, Any] | None]):
         self._show()
 
     def spec(self) -> dict[str, Any]:
+        """The fault as the engine's API takes it (window 0-based); ValueError names a field that does not parse."""
         kinds, ranks = self.query_one("#kinds", OptionList), self.query_one("#ranks", OptionList)
         kind = kinds.get_option_at_index(kinds.highlighted or 0).id or "restore-fault"
         rank = ranks.get_option_at_index(ranks.highlighted or 0).id
-        return {"kind": kind, "count": 1} | ({} if rank in (None, "all") else {"rank": int(rank)})
+        spec: dict[str, Any] = {"kind": kind, "count": 1}
+        if rank not in (None, "all"):
+            spec["rank"] = int(rank)
+        window = self.query_one("#window", Input).value.strip()
+        if window:
+            if not window.isdigit() or int(window) < 1:
+                raise ValueError("window must be a number from 1")
+            spec["window"] = int(window) - 1
+        count = self.query_one("#count", Input).value.strip()
+        if count:
+            if not count.isdigit():
+                raise ValueError("count must be 0 (until cleared) or more")
+            spec["count"] = int(count)
+        group = self.query_one("#group", Input).value.strip()
+        if group:
+            if self.groups and group not in self.groups:
+                raise ValueError(f"group must be one of {', '.join(self.groups)}")
+            spec["group"] = group
+        return spec
 
     def _show(self) -> None:
-        s = self.spec()
+        summary = self.query_one("#summary", Label)
+        try:
+            s = self.spec()
+        except ValueError as e:
+            summary.update(f"[b red]✖ {e}[/]")
+            return
         where = f"rank {s['rank']}" if "rank" in s else "every rank"
-        self.query_one("#summary", Label).update(f"→ [b red]{s['kind']}[/] on [b]{where}[/], next restore, once")
+        win = f"window {s['window'] + 1}" if "window" in s else "the first window"
+        grp = f", group {s['group']}" if "group" in s else ""
+        times = "until cleared" if s["count"] == 0 else ("once" if s["count"] == 1 else f"{s['count']} restores")
+        summary.update(f"→ [b red]{s['kind']}[/] on [b]{where}[/], {win}{grp}, {times}")
 
     @on(OptionList.OptionHighlighted)
+    @on(Input.Changed)
     def _changed(self) -> None:
         self._show()
 
     @on(Button.Pressed, "#inject")
     def action_inject(self) -> None:
-        self.dismiss(self.spec())
+        try:
+            self.dismiss(self.spec())
+        except ValueError:
+            self._show()  # the summary says which field is wrong; nothing is sent
 
     @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class EventLogScreen(ModalScreen[None]):
+    """The event log in full: every line whole and scrollable, a `/` filter, `s` to flip the order, Enter for one
+    event's details."""
+
+    DEFAULT_CSS = """
+    EventLogScreen { align: center middle; }
+    EventLogScreen > Vertical { width: 100%; height: 100%; border: round $accent; background: $surface; }
+    EventLogScreen Input { display: none; }
+    EventLogScreen Input.-shown { display: block; }
+    EventLogScreen OptionList { height: 1fr; }
+    EventLogScreen #detail { height: auto; max-height: 8; border-top: solid $primary-darken-1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q", "close", "close"),
+        Binding("slash", "filter", "filter"),
+        Binding("s", "sort", "sort"),
+    ]
+
+    def __init__(self, events: list[sv.Event], title: str) -> None:
+        super().__init__()
+        self.events = events
+        self.title_text = title
+        self.newest_first = True
+        self.needle = ""
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("", id="title")
+            yield Input(placeholder="filter (substring, Enter to apply, Esc to close)", id="filter")
+            yield OptionList(id="lines")
+            yield Static(Text("Enter: details of the highlighted event", "dim"), id="detail")
+
+    def on_mount(self) -> None:
+        self._fill()
+        self.query_one("#lines", OptionList).focus()
+
+    def shown(self) -> list[sv.Event]:
+        needle = self.needle.lower()
+        evs = [e for e in self.events if not needle or needle in _event_line(e).lower()]
+        return list(reversed(evs)) if self.newest_first else evs
+
+    def _fill(self) -> None:
+        lines = self.query_one("#lines", OptionList)
+        lines.clear_options()
+        evs = self.shown()
+        lines.add_options([Option(Text(_event_line(e)), id=str(i)) for i, e in enumerate(evs)])
+        if evs:
+            lines.highlighted = 0
+        order = "newest first" if self.newest_first else "oldest first"
+        flt = f" · filter “{self.needle}”" if self.needle else ""
+        self.query_one("#title", Label).update(
+            f"[b]{self.title_text}[/b] · {len(evs)} of {len(self.events)} events · {order}{flt}"
+            " · [dim]/ filter · s sort · enter details · esc close[/dim]"
+        )
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("-shown")
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.needle = event.value.strip()
+        self._fill()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self) -> None:
+        self.query_one("#lines", OptionList).focus()
+
+    def action_sort(self) -> None:
+        self.newest_first = not self.newest_first
+        self._fill()
+
+    @on(OptionList.OptionSelected, "#lines")
+    def _details(self, event: OptionList.OptionSelected) -> None:
+        e = self.shown()[int(event.option.id or 0)]
+        ranks = ", ".join(map(str, e.ranks)) or "—"
+        self.query_one("#detail", Static).update(
+            Text(
+                f"seq {e.seq} · {sv.clock(e.time)} · {e.type} ({e.category}) · ranks {ranks}"
+                f" · request {e.request or '—'}\n{e.text}"
+            )
+        )
+
+    def action_close(self) -> None:
+        if self.query_one("#filter", Input).has_focus:
+            self.query_one("#lines", OptionList).focus()
+            return
+        self.dismiss(None)
+
+
+def _event_line(e: sv.Event) -> str:
+    ranks = f" r{','.join(map(str, e.ranks))}" if e.ranks else ""
+    return f"{e.seq:>6} {sv.clock(e.time)}{ranks} {e.text}"
+
+
+class ChooseScreen(ModalScreen[str | None]):
+    """Pick one item (e.g. the restore to abort); Esc picks nothing."""
+
+    DEFAULT_CSS = """
+    ChooseScreen { align: center middle; }
+    ChooseScreen > Vertical { width: 80; max-width: 100%; height: auto; border: thick $error; padding: 0 1;
+                              background: $surface; }
+    ChooseScreen OptionList { height: auto; max-height: 12; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, question: str, choices: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.question = question
+        self.choices = choices  # (id, label)
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.question)
+            yield OptionList(*(Option(label, id=cid) for cid, label in self.choices), id="choices")
+
+    def on_mount(self) -> None:
+        self.query_one("#choices", OptionList).focus()
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
     def action_cancel(self) -> None:
         self.dismiss(None)
 
@@ -250,6 +426,11 @@ class TopApp(App[None]):
         Binding("question_mark", "help", "help"),
         Binding("f", "inject_fault", "inject fault"),
         Binding("c", "clear_faults", "clear faults"),
+        Binding("e,enter", "event_log", "event log"),
+        Binding("a", "abort", "abort a restore"),
+        Binding("plus,equals_sign", "speed(2.0)", "faster", show=False),
+        Binding("minus", "speed(0.5)", "slower", show=False),
+        Binding("n", "next_failure", "next failure", show=False),
         Binding("left", "seek(-1)", "back", show=False),
         Binding("right", "seek(1)", "forward", show=False),
         Binding("shift+left", "seek(-10)", "back 10", show=False),
@@ -276,6 +457,7 @@ class TopApp(App[None]):
         self.paused = paused
         self.rank: int | None = None
         self.kind = "all"
+        self.speed = 1.0  # replay speed (× recorded time)
         self.polls = 0
         self._polling = False
         self._poll_timer: Timer | None = None
@@ -388,7 +570,8 @@ class TopApp(App[None]):
         if self._replay_timer is not None:
             self._replay_timer.stop()
         if not self.paused and not self.source.at_end:
-            self._replay_timer = self.set_timer(self.source.delay_after(self.source.position), self._replay_step)
+            delay = self.source.delay_after(self.source.position, self.speed)
+            self._replay_timer = self.set_timer(delay, self._replay_step)
 
     def _replay_step(self) -> None:
         assert isinstance(self.source, ReplaySource)
@@ -412,6 +595,23 @@ class TopApp(App[None]):
         if not isinstance(self.source, ReplaySource):
             return
         self._show_replay(self.source.seek(delta))
+        self._arm_replay()
+
+    def action_speed(self, factor: float) -> None:
+        if not isinstance(self.source, ReplaySource):
+            return
+        self.speed = min(16.0, max(0.25, self.speed * factor))
+        self._arm_replay()
+        self._draw_status()
+
+    def action_next_failure(self) -> None:
+        if not isinstance(self.source, ReplaySource):
+            return
+        target = self.source.next_failure()
+        if target is None:
+            self.notify("no failure after this frame", severity="information")
+            return
+        self._show_replay(self.source.seek(target - self.source.position))
         self._arm_replay()
 
     # -- drawing ----------------------------------------------------------------------------------------------------
@@ -486,6 +686,8 @@ class TopApp(App[None]):
                 t.append(f" · frame {fr.index + 1}/{fr.total} @ {sv.clock(fr.at)}")
                 if fr.index + 1 >= fr.total:
                     t.append(" · end", "bold")
+            if self.speed != 1.0:
+                t.append(f" · ×{self.speed:g}", "bold")
         else:
             if self.failure is not None:
                 t.append("✖ ", "bold red")
@@ -563,7 +765,8 @@ class TopApp(App[None]):
             if spec:
                 self._inject_worker(spec)
 
-        self.push_screen(FaultScreen(self.source.label, len(self.view.gauges) or self.view.info.ranks), chosen)
+        ranks = len(self.view.gauges) or self.view.info.ranks
+        self.push_screen(FaultScreen(self.source.label, ranks, self.view.info.groups), chosen)
 
     def action_clear_faults(self) -> None:
         if not self._can_act():
@@ -579,6 +782,56 @@ class TopApp(App[None]):
             ConfirmScreen(f"Clear {n} injected fault{'s' if n != 1 else ''} on {self.source.label}?", "Clear"),
             answered,
         )
+
+    def action_event_log(self) -> None:
+        if isinstance(self.screen, ModalScreen) or self.shown is None:
+            return
+        title = sv.events_title(self.shown, self.rank, self.kind)
+        self.push_screen(EventLogScreen(self.shown.filtered_events(self.rank, self.kind), title))
+
+    def action_abort(self) -> None:
+        if not self._can_act():
+            return
+        assert self.view is not None
+        active = self.view.active
+        if not active:
+            self.notify("no restore in flight", severity="information")
+            return
+
+        def confirm(request: str | None) -> None:
+            if not request:
+                return
+
+            def answered(yes: bool | None) -> None:
+                if yes:
+                    self._abort_worker(request)
+
+            self.push_screen(
+                ConfirmScreen(f"Abort {request}? It fails closed: nothing is committed.", "Abort"), answered
+            )
+
+        if len(active) == 1:
+            confirm(active[0].request)
+        else:
+            choices = [(a.request, f"{a.request} · {a.progress_text} · {a.tokens:,} tok") for a in active]
+            self.push_screen(ChooseScreen("Abort which restore?", choices), confirm)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="action")
+    def _abort_worker(self, request: str) -> None:
+        assert isinstance(self.source, LiveSource)
+        try:
+            self.post_message(RequestAborted(self.source.abort(request)))
+        except Exception as e:  # noqa: BLE001 - shown to the operator, who decides what next
+            self.post_message(ActionFailed("abort", PollFailure.from_error(e, self._clock(), 0.0)))
+
+    def on_request_aborted(self, message: RequestAborted) -> None:
+        r = message.result
+        if r.get("aborting"):
+            self.notify(f"abort requested for {r.get('request')}: it fails closed", severity="warning")
+        else:
+            self.notify(f"{r.get('request')} was no longer running", severity="information")
+        if self._drawable:
+            self._start_poll()
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="action")
     def _inject_worker(self, spec: dict[str, Any]) -> None:

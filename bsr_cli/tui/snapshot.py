@@ -62,6 +62,7 @@ class EngineInfo:
     tiers: tuple[str, ...] = ()
     faults_enabled: bool = False
     started_at: float = 0.0
+    groups: tuple[str, ...] = ()  # the registration's KV groups
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,7 @@ def _info(raw: Mapping[str, Any]) -> EngineInfo:
         tiers=tuple(str(t) for t in raw.get("tiers") or ()),
         faults_enabled=bool(raw.get("faults_enabled", False)),
         started_at=_float(raw.get("started_at")),
+        groups=tuple(str(g) for g in reg.get("groups") or ()),
     )
 
 
@@ -739,10 +741,11 @@ def active(view: View, width: int | None = None) -> RenderableType:
         t.add_column("tiers", no_wrap=True, overflow="ellipsis")
     t.add_column("age", justify="right", no_wrap=True)
     for a in view.active:
+        short = f"{a.current_window}/{a.windows}"
         if a.failed:
-            state = Text(f"rank {','.join(map(str, a.failed))} FAILED · {a.progress_text}", "bold red")
+            state = Text(f"✖ r{','.join(map(str, a.failed))} failed · {short}", "bold red")
         elif a.stalled:
-            state = Text(f"STALLED rank {','.join(map(str, a.stalled))} · {a.progress_text}", "bold yellow")
+            state = Text(f"STALLED r{','.join(map(str, a.stalled))} · {short}", "bold yellow")
         else:
             state = Text(a.progress_text, "bold cyan")
         cells: list[RenderableType] = [a.request, state]

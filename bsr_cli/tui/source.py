@@ -131,6 +131,11 @@ class LiveSource:
         with self._connect() as c:
             return c.clear_faults()
 
+    def abort(self, request: str) -> dict[str, Any]:
+        """Ask the engine to abort a restore (it fails closed); ``aborting`` is False when it is no longer running."""
+        with self._connect() as c:
+            return c.abort(request)
+
     def _drop(self) -> None:
         self._last_seq = None
         if self._client is not None:
@@ -300,6 +305,19 @@ class ReplaySource:
         self.position += 1
         return self.frame()
 
+    def next_failure(self) -> int | None:
+        """The first frame after the current one where something failed: a restore failed closed (a new such event
+        in the view) or the poll itself failed. None when nothing fails later in the recording."""
+        seen = _failures(self._view_at(self.position))
+        for i in range(self.position + 1, len(self.items)):
+            if isinstance(self.items[i], PollFailure):
+                return i
+            now = _failures(self._view_at(i))
+            if now - seen:
+                return i
+            seen = now
+        return None
+
     def delay_after(self, index: int, speed: float = 1.0) -> float:
         """The recorded gap to the next frame, kept within reason so a long outage does not stall the replay."""
         if index + 1 >= len(self.items):
@@ -313,6 +331,12 @@ class ReplaySource:
 
     def close(self) -> None:
         """Nothing to release: the recording was read whole."""
+
+
+def _failures(view: View | None) -> set[tuple[float, int]]:
+    if view is None:
+        return set()
+    return {(e.time, e.seq) for e in view.events if e.type in ("restore_failed_closed", "restore_failed")}
 
 
 def _at(item: Item) -> float:

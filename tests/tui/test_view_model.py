@@ -144,7 +144,7 @@ def test_a_rank_that_stops_releasing_windows_is_marked_stalled() -> None:
     assert v.active[0].stalled == ()  # rank 1 behind, but only for a second
     v = sv.fold(v, _snap(101.0 + sv.STALL_S + 0.5, {"0": 6, "1": 1}, seq=3))
     assert v.active[0].stalled == (1,)
-    assert "STALLED rank 1" in _text(sv.active(v), 120)
+    assert "STALLED r1" in _text(sv.active(v), 120)
     v = sv.fold(v, _snap(108.0, {"0": 6, "1": 2}, seq=4))
     assert v.active[0].stalled == ()  # it moved again
 
@@ -157,4 +157,4 @@ def test_a_rank_that_failed_is_not_shown_in_progress() -> None:
     a = v.active[0]
     assert a.failed == (1,) and a.stalled == ()
     text = _text(sv.active(v), 120)
-    assert "rank 1 FAILED" in text and "r1:1✖" in text
+    assert "✖ r1 failed" in text and "r1:1✖" in text
