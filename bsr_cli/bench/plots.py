@@ -50,6 +50,13 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _thousands(axis: Any) -> None:
+    """Tick labels with thousands separators (131,072 rather than 131072 or 1.3e5)."""
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}" if x >= 1 or x == 0 else f"{x:g}"))
+
+
 def _subtitle(b: dict[str, Any]) -> str:
     reg = b["registration"]
     m = b["machine"]
@@ -109,14 +116,20 @@ def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, 
         for r in _done(sweep.get("repeat", {}).get("rows", [])):
             ax.plot([r["tokens"]], [r["peak_pool_bytes"] / MiB], "D", color="tab:green", label="fresh-salt repeat")
     ax.set_xlabel("prefix length (tokens)")
-    ax.set_ylabel("restore pool per rank (MiB)")
+    # Log scale: the whole plan grows to GiB while BSR stays at RWS(W); on a linear axis the BSR line sits on zero.
+    ax.set_yscale("log")
+    ax.set_ylabel("restore pool per rank (MiB, log scale)")
     ax.set_title("Peak restore pool against prefix length", fontsize=11)
+    _thousands(ax.xaxis)
+    _thousands(ax.yaxis)
     source = sweep or ladder
     if source:
         also = f"  ·  ladder {ladder['run_id']}" if sweep and ladder else ""
         fig.suptitle(_subtitle(source) + also, fontsize=7, y=0.01, va="bottom")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    # Beside the axes, so no curve is covered.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.set_size_inches(10.5, 4.8)
     return _save(fig, path)
 
 
@@ -135,6 +148,7 @@ def time_vs_prefix(sweep: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("prefix length (tokens)")
     ax.set_ylabel("seconds")
     ax.set_title(f"Restore time against prefix length (W={sweep['params']['W']}, B = RWS)", fontsize=11)
+    _thousands(ax.xaxis)
     ax2 = ax.twinx()
     ax2.plot(xs, [r["gbps"] for r in rows], ":", color="grey", label="GB/s (all ranks)")
     ax2.set_ylabel("GB/s", color="grey")
@@ -165,6 +179,7 @@ def rws_vs_w(wlaw: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("W (chunks per window)")
     ax.set_ylabel("RWS per rank (MiB)")
     ax.set_title(f"Measured RWS against W at {wlaw['params']['tokens']:,} tokens", fontsize=11)
+    _thousands(ax.yaxis)
     fig.suptitle(_subtitle(wlaw), fontsize=7, y=0.01, va="bottom")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -174,12 +189,24 @@ def rws_vs_w(wlaw: dict[str, Any], path: Path) -> Path:
 def store_bandwidth(store: dict[str, Any], path: Path) -> Path:
     plt = _plt()
     labels, values = store_bars(store)
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.5))
-    ax.barh(labels[::-1], values[::-1], color="tab:blue")
-    for i, v in enumerate(values[::-1]):
-        ax.text(v, i, f" {v:.2f}", va="center", fontsize=8)
+    notes = store_ratios(store)
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(labels) + 1.5))
+    colors = ["tab:green" if lab.startswith("restore") else "tab:blue" for lab in labels]
+    ax.barh(labels[::-1], values[::-1], color=colors[::-1])
+    for i, (lab, v) in enumerate(zip(labels[::-1], values[::-1], strict=True)):
+        ratio = notes.get(lab)
+        ax.text(
+            v,
+            i,
+            f" {v:.2f}" + (f"  = {ratio:.2f}× paired raw GET" if ratio is not None else ""),
+            va="center",
+            fontsize=8,
+        )
+    ax.set_xlim(right=max(values, default=1) * 1.35)
     ax.set_xlabel("GB/s per rank / client")
-    ax.set_title("Store bandwidth beside the memory-copy ceiling (same run)", fontsize=11)
+    ax.set_title(
+        "Store bandwidth beside the memory-copy ceiling (restores: × the raw GET paired in the same run)", fontsize=9
+    )
     fig.suptitle(_subtitle(store), fontsize=7, y=0.01, va="bottom")
     return _save(fig, path)
 
@@ -205,16 +232,57 @@ def store_bars(store: dict[str, Any]) -> tuple[list[str], list[float]]:
     return labels, values
 
 
+def store_ratios(store: dict[str, Any]) -> dict[str, float]:
+    """Per restore bar label, its throughput as a multiple of the raw concurrent GET paired with it."""
+    out: dict[str, float] = {}
+    for name, r in store["summary"].get("restore", {}).items():
+        if r.get("vs_paired_raw") is not None:
+            out[f"restore {name}"] = float(r["vs_paired_raw"])
+    return out
+
+
 def fs_concurrency(fs: dict[str, Any], path: Path) -> Path:
     plt = _plt()
-    by = fs["summary"].get("by_config", {})
+    s = fs["summary"]
+    by = s.get("by_config", {})
     labels = list(by)
-    fig, ax = plt.subplots(figsize=(7, 0.4 * len(labels) + 1.5))
-    ax.barh(labels[::-1], [by[k]["gbps"] for k in labels][::-1], color="tab:orange")
+    spread = _fs_spread(fs)
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(labels) + 1.8))
+    medians = [by[k]["gbps"] for k in labels]
+    lo = [max(0.0, m - spread.get(k, (m, m))[0]) for k, m in zip(labels, medians, strict=True)]
+    hi = [max(0.0, spread.get(k, (m, m))[1] - m) for k, m in zip(labels, medians, strict=True)]
+    ax.barh(
+        labels[::-1],
+        medians[::-1],
+        xerr=[lo[::-1], hi[::-1]],
+        color="tab:orange",
+        capsize=3,
+        label="restore, median (bars: min–max of trials)",
+    )
+    disk = s.get("disk_gbps") or {}
+    for i, (c, g) in enumerate(sorted(disk.items(), key=lambda kv: int(kv[0]))):
+        ax.axvline(
+            float(g),
+            color="k",
+            linestyle="--" if i else ":",
+            linewidth=1,
+            label=f"disk alone, {c} thread(s): {float(g):.2f} GB/s",
+        )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.set_size_inches(10.5, 0.4 * len(labels) + 1.8)
     ax.set_xlabel("restore GB/s (all ranks, median)")
     ax.set_title(f"Filesystem tier: load concurrency at {fs['params']['tokens']:,} tokens", fontsize=11)
     fig.suptitle(_subtitle(fs), fontsize=7, y=0.01, va="bottom")
     return _save(fig, path)
+
+
+def _fs_spread(fs: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """(min, max) GB/s of each configuration's trials, from the bundle's rows."""
+    out: dict[str, list[float]] = {}
+    for r in _done(fs["rows"]):
+        if r.get("kind") == "restore" and r.get("gbps") is not None:
+            out.setdefault(f"{r.get('cache')}/c={r.get('concurrency')}", []).append(float(r["gbps"]))
+    return {k: (min(v), max(v)) for k, v in out.items()}
 
 
 def render_all(out_dir: Path, to: Path | None = None, found: dict[str, dict[str, Any]] | None = None) -> list[Path]:

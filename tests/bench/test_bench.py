@@ -301,3 +301,61 @@ def test_ladder_first_passing_rung_is_the_predicted_one(tmp_path: Path) -> None:
     assert small["first_passing_rung"] == 8 * MiB and [a["passed"] for a in small["attempts"]] == [True]
     assert large["first_passing_rung"] == 16 * MiB and [a["passed"] for a in large["attempts"]] == [False, True]
     assert large["attempts"][0]["outcome"] == "failed_closed" and "capacity" in large["attempts"][0]["failure"]
+
+
+def test_benchmarks_page_and_evidence_agree() -> None:
+    """Every bundle docs/benchmarks.md cites is in docs/evidence (or a repeat inside one), and the page's evidence
+    list names every bundle kept there."""
+    import json
+    import re
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    page = (docs / "benchmarks.md").read_text()
+    files = {p.stem: json.loads(p.read_text()) for p in (docs / "evidence").glob("br-*.json")}
+    inner = {str(b.get("repeat", {}).get("run_id")) for b in files.values() if isinstance(b.get("repeat"), dict)}
+    cited = set(re.findall(r"br-[a-z0-9]+-[0-9a-f]{12}", page))
+    assert not cited - set(files) - inner, f"cited but not kept: {sorted(cited - set(files) - inner)}"
+    listed = page.split("The bundles behind this page are kept in", 1)[1].split("\n\n", 1)[0]
+    assert not set(files) - set(re.findall(r"br-[a-z0-9]+-[0-9a-f]{12}", listed)), "kept but not in the list"
+
+
+def test_plots_carry_the_ratio_the_spread_and_the_ceiling(tmp_path: Path) -> None:
+    """The store plot labels restores with × paired raw GET; the fs plot draws trial spread and the disk-alone
+    ceiling; the peak plot is on a log axis (the BSR line would sit on zero on a linear one)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bsr_cli.bench import plots
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "evidence"
+    store = json.loads((docs / "br-store-4b9e3ecc9a54.json").read_text())
+    ratios = plots.store_ratios(store)
+    assert ratios["restore W=32,B=2RWS"] == store["summary"]["restore"]["W=32,B=2RWS"]["vs_paired_raw"]
+    fs = json.loads((docs / "br-fs-a2c08f441e1a.json").read_text())
+    spread = plots._fs_spread(fs)
+    assert set(spread) == set(fs["summary"]["by_config"]) and all(lo <= hi for lo, hi in spread.values())
+
+    captured: list = []
+    real_save = plots._save
+
+    def keep(fig, path):
+        captured.append(fig)
+        return real_save(fig, path)
+
+    plots._save = keep  # type: ignore[assignment]
+    try:
+        sweep = json.loads((docs / "br-e1-a6c2f9d328e2.json").read_text())
+        plots.peak_vs_prefix(sweep, None, tmp_path / "peak.png")
+        plots.fs_concurrency(fs, tmp_path / "fs.png")
+        plots.store_bandwidth(store, tmp_path / "store.png")
+    finally:
+        plots._save = real_save  # type: ignore[assignment]
+    peak, fsfig, storefig = (f.axes[0] for f in captured)
+    assert peak.get_yscale() == "log"
+    assert any("," in t.get_text() for t in peak.get_xticklabels())
+    assert any("disk alone" in t.get_text() for t in fsfig.get_legend().get_texts())
+    assert any("paired raw GET" in t.get_text() for t in storefig.texts)
+    plt.close("all")
