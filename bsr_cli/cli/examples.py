@@ -12,6 +12,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "plan": (
         "bsr plan --W 32 --tokens 524032 -r paper-mtp-on",
+        "bsr plan --W 16 --tokens 131072 --hf-config config.json --tp 2 --mtp --block-size 64",
         "bsr probe --synthetic 65536 --json > probe.json && bsr plan --W 16 --probe probe.json",
     ),
     "probe": (
@@ -44,6 +45,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "engine up": ("bsr engine up --enable-faults", "bsr engine up --W 16 --budget 64MiB --max-tokens 131072"),
     "engine down": ("bsr engine down",),
     "engine status": ("bsr engine status", "bsr engine status --json"),
+    "faults inject": ("bsr faults inject --rank 1 --kind timeout --window 2",),
     "faults list": ("bsr faults list",),
     "faults clear": ("bsr faults clear",),
     "markers list": ("bsr markers list", "bsr markers list --json"),

@@ -234,3 +234,34 @@ def test_completion_offers_values(tmp_path: Path) -> None:
     cfg = tmp_path / "config.toml"
     cfg.write_text('[profiles.prod]\nurl = "http://10.0.0.7:8470"\n[profiles.vllm-r0]\nurl = "http://127.0.0.1:8470"\n')
     assert _complete("bsr --engine ", 2, BSR_CONFIG=str(cfg)) == ["prod", "vllm-r0"]
+
+
+def test_plan_takes_the_registration_flags_rws_takes(bsr, tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "hidden_size": 1024,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 4,
+                "num_hidden_layers": 2,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    args = ["--hf-config", str(cfg), "--world-size", "2", "--chunk-size", "128", "--block-size", "32", "--json"]
+    rws = bsr("rws", *args).json()
+    plan = bsr("plan", "--tokens", "4096", *args).json()
+    assert rws["bytes_per_chunk"] == 2 * 2 * 64 * 2 * 128 * 2
+    assert plan["committable_chunks"] == 4096 // 128  # the chunk size reached the plan
+    assert (
+        bsr("plan", "--tokens", "4096", "--tp", "2", "--hf-config", str(cfg), "--json").json()["committable_chunks"]
+        == 4096 // 256
+    )
+
+
+def test_faults_inject_is_inject_fault(bsr) -> None:
+    a, b = bsr("faults", "inject", "--help").out, bsr("inject-fault", "--help").out
+    assert (
+        "--window" in a and a.split("Options:")[1].split("Examples:")[0] == b.split("Options:")[1].split("Examples:")[0]
+    )

@@ -267,8 +267,12 @@ def inject_fault(
     st.out.result(result, render)
 
 
-faults_app = typer.Typer(help="List or clear injected faults.", no_args_is_help=True)
+faults_app = typer.Typer(help="Inject, list or clear faults.", no_args_is_help=True)
 app.add_typer(faults_app, name="faults")
+
+
+# The same command under `faults`, beside list and clear (`bsr inject-fault` stays: it is what runbooks use).
+faults_app.command("inject", help="Arm a fault for the next restores (same as `bsr inject-fault`).")(inject_fault)
 
 
 @faults_app.command("list")

@@ -24,7 +24,7 @@ RegOpt = Annotated[
     ),
 ]
 HfOpt = Annotated[Path | None, typer.Option("--hf-config", help="Derive the registration from a HF config.json.")]
-TpOpt = Annotated[int, typer.Option("--tp", help="TP world size (with --hf-config).", min=1)]
+TpOpt = Annotated[int, typer.Option("--tp", "--world-size", help="TP world size (with --hf-config).", min=1)]
 DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="KV cache dtype (with --hf-config), e.g. bf16, fp8.")]
 BlockOpt = Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block (with --hf-config).", min=1)]
 MtpOpt = Annotated[bool, typer.Option("--mtp", help="Add the config's MTP layers (with --hf-config).")]
@@ -123,6 +123,9 @@ def plan(
     hf_config: HfOpt = None,
     tp: TpOpt = 1,
     dtype: DtypeOpt = None,
+    block_size: BlockOpt = None,
+    mtp: MtpOpt = False,
+    chunk_size: ChunkOpt = DEFAULT_CHUNK_SIZE,
     exclude_tier: Annotated[
         list[str] | None,
         typer.Option("--exclude-tier", metavar="TIER", help="Plan as if this tier were unusable (repeatable)."),
@@ -143,7 +146,16 @@ def plan(
         embedded = raw.get("registration_spec") if isinstance(raw, dict) else None
         reg = Registration.from_dict(embedded, source=str(probe)) if embedded else resolve_registration(None, None)
     else:
-        reg = resolve_registration(registration, hf_config, tp=tp, dtype=dtype, note=ctx)
+        reg = resolve_registration(
+            registration,
+            hf_config,
+            tp=tp,
+            dtype=dtype,
+            block_size=block_size,
+            mtp=mtp,
+            chunk_size=chunk_size,
+            note=ctx,
+        )
     result = plan_restore(reg, w, bitmap=bitmap, tokens=tokens, exclude_tiers=exclude_tier or ())
     from bsr_cli.cli import render
 
