@@ -128,7 +128,9 @@ def submit(console: Console, d: dict[str, Any]) -> None:
 def _hash_line(console: Console, d: dict[str, Any]) -> None:
     if d.get("output_hash") is None:
         return
-    if d.get("hash_ok") is None:
+    if d.get("hash") == "not applicable":
+        console.print(f"output hash {d['output_hash']} [dim](canonical hash: not applicable, real KV data)[/]")
+    elif d.get("hash_ok") is None:
         console.print(f"output hash {d['output_hash']}")
     elif d["hash_ok"]:
         console.print(f"output hash {d['output_hash']} [green]= canonical[/]")

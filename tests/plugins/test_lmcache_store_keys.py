@@ -39,11 +39,14 @@ pytestmark = pytest.mark.timeout(240)
 
 
 class FillConnector(GPUConnectorInterface):
-    """There is no GPU here: "from GPU" fills LMCache's memory object with a byte pattern (the keys, not the bytes,
-    are under test); nothing is ever loaded back."""
+    """There is no GPU here: "from GPU" fills LMCache's memory object with a byte pattern (stands for a real
+    model's KV; the keys, not the bytes, are under test); nothing is ever loaded back."""
+
+    def __init__(self, layers: int = LAYERS, width: int = HEADS * HEAD) -> None:
+        self.layers, self.width = layers, width
 
     def get_shape(self, num_tokens: int) -> torch.Size:
-        return torch.Size([2, LAYERS, num_tokens, HEADS * HEAD])
+        return torch.Size([2, self.layers, num_tokens, self.width])
 
     def from_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
         memory_obj.tensor.view(torch.uint8).fill_(start // CS % 251 + 1)
@@ -77,7 +80,14 @@ _N = iter(range(10**6))
 _IDS: dict[int, str] = {}  # engine -> its builder instance id
 
 
-def _engine(master: services.ServiceHandle, model: str, dtype: torch.dtype, world_size: int, worker_id: int) -> Any:
+def _engine(
+    master: services.ServiceHandle,
+    model: str,
+    dtype: torch.dtype,
+    world_size: int,
+    worker_id: int,
+    shape: tuple[int, int, int] = (LAYERS, HEADS, HEAD),
+) -> Any:
     cfg = LMCacheEngineConfig.from_defaults(
         chunk_size=CS,
         local_cpu=False,
@@ -103,12 +113,17 @@ def _engine(master: services.ServiceHandle, model: str, dtype: torch.dtype, worl
         worker_id=worker_id,
         local_worker_id=worker_id,
         kv_dtype=dtype,
-        kv_shape=(LAYERS, 2, CS, HEADS, HEAD),
+        kv_shape=(shape[0], 2, CS, shape[1], shape[2]),
         chunk_size=CS,
     )
     name = f"keys-{next(_N)}"
     eng = LMCacheEngineBuilder.get_or_create(
-        name, cfg, md, FillConnector(), broadcast_fn=lambda t, r: None, broadcast_object_fn=lambda o, r: o
+        name,
+        cfg,
+        md,
+        FillConnector(shape[0], shape[1] * shape[2]),
+        broadcast_fn=lambda t, r: None,
+        broadcast_object_fn=lambda o, r: o,
     )
     _IDS[id(eng)] = name
     eng.post_init()
@@ -229,3 +244,59 @@ def test_world_size_2_per_worker_holes_and_tags(master, tmp_path: Path) -> None:
         assert ["--tag user=alice --tag tenant=t1"] in flags and ["drop --tag"] in flags, flags
     finally:
         _destroy(engs)
+
+
+def test_host_restore_of_real_lmcache_data_reports_hash_not_applicable(master, tmp_path: Path) -> None:
+    """The LMCache host restoring KV that LMCache stored from a real model (here: a byte pattern no synthetic model
+    computes) reports `hash: not applicable` with a bytes checksum, never a false mismatch; KV the host computed
+    itself is still compared with its canonical hash."""
+    from lmcache_bsr.host import LMCacheHost
+
+    layers, heads, head = 4, 2, 64
+    cfg = {
+        "model": {"name": "real/hosted", "layers": layers, "kv_heads": heads, "head_size": head, "tp_size": 2},
+        "lmcache": {
+            "local_cpu": False,
+            "max_local_cpu_size": 0.0625,
+            "local_disk": str(tmp_path / "disk"),
+            "max_local_disk_size": 1.0,
+            "blocking_timeout_secs": 10,
+            "remote_url": f"mooncakestore://{master.rpc_address}/",
+            "remote_serde": "naive",
+            "extra_config": {
+                "mooncake_local_hostname": "127.0.0.1",
+                "mooncake_metadata_server": master.metadata_url,
+                "mooncake_master_server_addr": master.rpc_address,
+                "mooncake_protocol": "tcp",
+                "mooncake_global_segment_size": 0,
+                "mooncake_local_buffer_size": 64 << 20,
+                "save_chunk_meta": False,
+                "transfer_timeout": 5,
+            },
+        },
+        "settings": {"w": 2, "tiers": ["mooncake", "fs"], "kv_tokens": 8192, "fetch_timeout_s": 10.0},
+    }
+    real = synthetic_tokens(4 * CS, seed=91)
+    writers = [_engine(master, "real/hosted", torch.bfloat16, 2, w, (layers, heads, head)) for w in (0, 1)]
+    try:
+        for e in writers:
+            _store(e, real)
+    finally:
+        _destroy(writers)
+    host = LMCacheHost(cfg)
+    try:
+        c = host.coordinator
+        res = c.restore(real, w=2)
+        assert res["outcome"] == "committed" and res["committed_tokens"] == 4 * CS and res["tiers"] == ["mooncake"]
+        assert res["hash_ok"] is None and res["hash"] == "not applicable" and res["canonical_hash"] is None
+        assert res["kv_checksum"] == res["output_hash"]
+        sub = c.submit(real + synthetic_tokens(100, seed=92), w=2)
+        assert sub["external_tokens"] == 4 * CS and sub["hash"] == "not applicable" and sub["hash_ok"] is None
+        # KV the host computes and stores itself keeps its canonical check.
+        own = synthetic_tokens(3 * CS, seed=93)
+        first = c.submit(own, w=2)
+        assert first["hash_ok"] is True and "hash" not in first
+        again = c.restore(own, w=2)
+        assert again["committed_tokens"] == 3 * CS and again["hash_ok"] is True and "hash" not in again
+    finally:
+        host.close()
