@@ -316,7 +316,7 @@ def store_probe(console: Console, d: dict[str, Any]) -> None:
         if hs.get("detected") is True:
             how += " [dim](detected from the store)[/]"
         elif hs.get("detected") is False:
-            how += " [dim](auto: no candidate start matched; pass --vllm-hash-seed SEED)[/]"
+            how += " [dim](auto: no candidate start matched these keys)[/]"
         console.print(f"hash chain start: {how}")
     console.print(f"[dim]keys look like {d.get('key_example')}; only full chunks are stored by LMCache[/]")
     live = d.get("liveness") or {}
@@ -328,7 +328,7 @@ def store_probe(console: Console, d: dict[str, Any]) -> None:
         )
         if live.get("stale_chunks"):
             console.print(
-                f"[red]{live['stale_chunks']} held chunk(s) sit on holders that are gone[/]: the master still lists "
+                f"[red]{live['stale_chunks']} held key(s) sit on holders that are gone[/]: the master still lists "
                 "them (until its client TTL, ~10 s) but they cannot be read; committable on live holders: "
                 f"[bold]{live['live_committable_tokens']:,} tokens[/] ({live['live_committable_chunks']:,} chunks)"
             )
