@@ -266,3 +266,44 @@ def test_liveness_and_quiet_mooncake_logs(tmp_path: Path) -> None:
         if seg is not None:
             services.stop(seg)
         services.stop(master)
+
+
+@pytest.mark.timeout(180)
+def test_liveness_names_the_chunks_on_a_gone_holder(bsr, tmp_path: Path) -> None:
+    """Two holders, one killed: exactly the keys whose replica sat on it are reported stale (ground truth: the
+    master's own replica listing, read before the kill)."""
+    import urllib.request
+
+    master = services.start_master(tmp_path)
+    segs = [services.start_segment_holder(tmp_path, master, 32 << 20) for _ in range(2)]
+    alive = list(segs)
+    try:
+        toks = synthetic_tokens(16 * 256, 41)
+        keys = [lmcache_key("two/model", 1, 0, h, "bfloat16") for h in lmcache_chunk_hashes(toks)]
+        _write(master, keys)
+        where = []
+        for k in keys:
+            url = f"{master.admin_url}/query_key?key={k}"  # the master reads it verbatim
+            doc = json.loads(urllib.request.urlopen(url, timeout=5).read())
+            where.append({r["transport_endpoint_"] for r in doc["data"]})
+        victim = segs[0]
+        name = victim.info["segment_name"]
+        on_victim = [i for i, eps in enumerate(where) if eps == {name}]
+        if not on_victim or len(on_victim) == len(keys):
+            pytest.skip("Mooncake placed every object on one holder")
+        services.stop(victim)
+        alive.remove(victim)
+        tf = tmp_path / "t.json"
+        tf.write_text(json.dumps(toks))
+        d = bsr(*_args(master, tf, "--model", "two/model", "--vllm-hash-seed", "none", "--json")).json()
+        if len(d["liveness"]["segments"]) < 2:
+            pytest.skip("the master dropped the dead holder before the probe ran")
+        assert d["committable_chunks"] == 16  # the master's metadata still lists every key
+        live = d["liveness"]
+        assert live["segments_alive"] == 1 and live["stale_chunks"] == len(on_victim)
+        assert live["live_rows"]["0"] == "".join("0" if i in on_victim else "1" for i in range(16))
+        assert live["live_committable_chunks"] == min(on_victim)
+    finally:
+        for s in alive:
+            services.stop(s)
+        services.stop(master)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 import urllib.parse
@@ -41,6 +42,8 @@ AUTO_SEEDS = ("0", "1", "42", "123", "1234", "12345")
 DETECT_CHUNKS = 64
 # Held keys whose replicas are looked up one by one when only some segment holders are gone.
 MAX_REPLICA_QUERIES = 1024
+# Keys the master's /query_key can be asked about verbatim (it reads its query string without URL-decoding).
+_QUERYABLE = re.compile(r"[!$%'-~]+")  # printable ASCII without space, '"', '#' and '&'
 
 
 def run(
@@ -268,8 +271,11 @@ def liveness(
                 if i >= MAX_REPLICA_QUERIES:
                     unknown += 1
                     continue
+                if not _QUERYABLE.fullmatch(key):  # the master does not URL-decode its query string
+                    unknown += 1
+                    continue
                 try:
-                    doc = json.loads(_get(f"{admin_url}/query_key?key={urllib.parse.quote(key, safe='')}"))
+                    doc = json.loads(_get(f"{admin_url}/query_key?key={key}"))
                     eps = {str(r.get("transport_endpoint_")) for r in doc.get("data") or []}
                 except (OSError, ValueError, AttributeError):
                     unknown += 1
