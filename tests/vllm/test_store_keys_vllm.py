@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+# The module LMCache takes the seeded start from (a plain "vllm" could resolve to this tests/vllm folder).
+pytest.importorskip("vllm.v1.core.kv_cache_utils")
 
 from bsr_cli.cli.main import run
 from bsr_cli.core.keys import synthetic_tokens
