@@ -160,7 +160,9 @@ def submit(console: Console, d: dict[str, Any]) -> None:
 def _hash_line(console: Console, d: dict[str, Any]) -> None:
     if d.get("output_hash") is None:
         return
-    if d.get("hash_ok") is None:
+    if d.get("hash") == "not applicable":
+        console.print(f"output hash {d['output_hash']} [dim](canonical hash: not applicable, real KV data)[/]")
+    elif d.get("hash_ok") is None:
         console.print(f"output hash {d['output_hash']}")
     elif d["hash_ok"]:
         console.print(f"output hash {d['output_hash']} [green]= canonical[/]")
@@ -359,7 +361,31 @@ def drill(console: Console, d: dict[str, Any]) -> None:
 
 def store_probe(console: Console, d: dict[str, Any]) -> None:
     probe(console, d)
+    hs = (d.get("key_format") or {}).get("hash_start") or {}
+    if hs:
+        seed = hs.get("vllm_hash_seed")
+        how = f"vLLM's start for PYTHONHASHSEED={seed}" if seed is not None else "0 (LMCache without vLLM)"
+        if hs.get("detected") is True:
+            how += " [dim](detected from the store)[/]"
+        elif hs.get("detected") is False:
+            how += " [dim](auto: no candidate start matched these keys)[/]"
+        console.print(f"hash chain start: {how}")
     console.print(f"[dim]keys look like {d.get('key_example')}; only full chunks are stored by LMCache[/]")
+    live = d.get("liveness") or {}
+    if live.get("available"):
+        segs = live.get("segments") or []
+        console.print(
+            f"segments: {live['segments_alive']}/{len(segs)} holder(s) alive"
+            + "".join(f"  {s['endpoint']} {'[green]up[/]' if s['alive'] else '[red]gone[/]'}" for s in segs)
+        )
+        if live.get("stale_chunks"):
+            console.print(
+                f"[red]{live['stale_chunks']} held key(s) sit on holders that are gone[/]: the master still lists "
+                "them (until its client TTL, ~10 s) but they cannot be read; committable on live holders: "
+                f"[bold]{live['live_committable_tokens']:,} tokens[/] ({live['live_committable_chunks']:,} chunks)"
+            )
+    elif live:
+        console.print(f"[yellow]segment liveness unknown[/]: {live.get('why')}")
     diag = d.get("diagnosis")
     if diag:
         if not diag["available"]:

@@ -18,10 +18,12 @@ import secrets
 import signal
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import InvalidInput
@@ -39,12 +41,66 @@ UNSUPPORTED_FAULTS = {
 }
 
 
+NOT_APPLICABLE = (
+    "the restored KV was not computed by this host (real model data LMCache stored): bsr's canonical hash exists "
+    "only for KV its own synthetic model computed, so there is nothing to compare against; kv_checksum is the "
+    "SHA-256 of the installed bytes"
+)
+
+
 class LMCacheCoordinator(Coordinator):
-    """bsr's Coordinator, plus the two things LMCache needs: tokens behind chunk hashes, and honest faults."""
+    """bsr's Coordinator, plus what LMCache needs: tokens behind chunk hashes, honest faults, and an honest hash
+    report (a canonical hash is compared only for chunks this host itself computed and stored)."""
+
+    MAX_OWN_CHUNKS = 1 << 20
 
     def __init__(self, *a: Any, registry: TokenRegistry, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.registry = registry
+        self._own: OrderedDict[str, None] = OrderedDict()  # chunk hashes whose KV this host computed and stored
+        self._own_lock = threading.Lock()
+
+    def _store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: dict[str, list[int]]) -> dict:
+        res = super()._store_missing(bitmap, hashes, n_tokens, tables)
+        with self._own_lock:
+            for h in hashes[: n_tokens // self.reg.chunk_size]:
+                self._own[h] = None
+                self._own.move_to_end(h)
+            while len(self._own) > self.MAX_OWN_CHUNKS:
+                self._own.popitem(last=False)
+        return res
+
+    def _canonical_applies(self, tokens: Sequence[int], exclude: Sequence[str] = ()) -> bool:
+        """Whether every chunk a restore of these tokens would load is KV this host computed (the only KV with a
+        canonical hash). A probe-only lookup: nothing moves."""
+        hashes = chunk_hashes(tokens, self.reg.chunk_size)
+        bitmap, _ = self.probe(tokens, hashes)
+        n = bitmap.prefix_chunks(set(exclude))
+        with self._own_lock:
+            return all(h in self._own for h in hashes[:n])
+
+    @staticmethod
+    def _report_hash(out: dict[str, Any], applies: bool) -> dict[str, Any]:
+        if not applies and out.get("output_hash") is not None:
+            out |= {
+                "hash": "not applicable",
+                "hash_note": NOT_APPLICABLE,
+                "kv_checksum": out["output_hash"],
+                "canonical_hash": None,
+                "hash_ok": None,
+            }
+        return out
+
+    def submit(self, tokens: Sequence[int], *, verify: bool = True, **kw: Any) -> dict[str, Any]:
+        applies = not verify or self._canonical_applies(tokens)
+        return self._report_hash(super().submit(tokens, verify=verify and applies, **kw), applies)
+
+    def restore(
+        self, tokens: Sequence[int], *, verify: bool = True, exclude: Sequence[str] = (), **kw: Any
+    ) -> dict[str, Any]:
+        applies = not verify or self._canonical_applies(tokens, exclude)
+        out = super().restore(tokens, verify=verify and applies, exclude=exclude, **kw)
+        return self._report_hash(out, applies)
 
     def probe(self, tokens: Sequence[int], hashes: list[str] | None = None) -> Any:
         # Every admission path probes first with the tokens in hand: remember which tokens each hash stands for.

@@ -1,14 +1,28 @@
-"""`bsr probe --store`: a real Mooncake store, written in LMCache's key format by the test itself."""
+"""`bsr probe --store`: a real Mooncake store, written in LMCache's key format by the test itself.
+
+These tests cover the command (bitmaps, diagnosis, liveness, log noise) with keys from bsr's own key function;
+that LMCache really writes these keys is proven against LMCache itself in tests/plugins/test_lmcache_store_keys.py
+(and, under vLLM, tests/vllm/test_store_keys_vllm.py)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from bsr_cli.core.keys import synthetic_tokens
-from bsr_cli.core.lmcache_keys import lmcache_chunk_hashes, lmcache_key
+from bsr_cli.core.lmcache_keys import (
+    lmcache_chunk_hashes,
+    lmcache_dtype,
+    lmcache_key,
+    parse_lmcache_key,
+    python_str_hash,
+    vllm_seeded_start,
+)
 from bsr_cli.engine import services
 from bsr_cli.errors import ExitCode
 
@@ -21,6 +35,35 @@ def test_lmcache_hash_is_prefix_chained_and_seed_independent() -> None:
     assert len(hs) == 3  # only full chunks
     assert hs[0] == hash((0, tuple(toks[:256]), ()))
     assert hs[1] == hash((hs[0], tuple(toks[256:512]), ()))
+
+
+def test_str_hash_matches_cpython_under_each_seed() -> None:
+    """vLLM's chain start is hash(PYTHONHASHSEED) in a process running with that seed: checked against CPython."""
+    for seed in (0, 1, 42, 4294967295):
+        code = f"print(hash('{seed}'), hash('é'*9), hash('日本'))"
+        env = dict(os.environ, PYTHONHASHSEED=str(seed))
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        want = [int(x) for x in out.stdout.split()]
+        assert [python_str_hash(str(seed), seed), python_str_hash("é" * 9, seed), python_str_hash("日本", seed)] == want
+    assert vllm_seeded_start("0") == python_str_hash("0", 0) != 0
+
+
+def test_key_names_and_parsing() -> None:
+    assert [lmcache_dtype(d) for d in ("fp16", "half", "bf16", "float32", "fp8_e4m3fn", "fp8", "float8_e5m2")] == [
+        "half",
+        "half",
+        "bfloat16",
+        "float",
+        "fp8_e4m3fn",
+        "fp8_e4m3fn",
+        "fp8_e5m2",
+    ]
+    p = parse_lmcache_key("org/m@1@0@-1f3a@bfloat16@user%alice@tier%gold")
+    assert p is not None and p.model == "org/m" and p.chunk_hash == "-1f3a"
+    assert p.tags == (("user", "alice"), ("tier", "gold")) and p.layer_id is None
+    q = parse_lmcache_key("m@x@2@1@ab@half@3")  # a model name with '@', a layerwise key
+    assert q is not None and (q.model, q.world_size, q.worker_id, q.dtype, q.layer_id) == ("m@x", 2, 1, "half", 3)
+    assert parse_lmcache_key("not-a-key") is None and parse_lmcache_key("m@1@0@ab@float16") is None
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +155,155 @@ def test_store_probe_bad_address(bsr, tmp_path: Path) -> None:
         str(tf),
     )
     assert r.code == ExitCode.ENGINE_UNREACHABLE and "cannot reach the Mooncake store" in r.err
+
+
+def _args(store, tf: Path, *extra: str) -> list[str]:
+    return [
+        "probe",
+        "--store",
+        f"mooncake://{store.rpc_address}",
+        "--metadata",
+        store.metadata_url,
+        "--master-admin",
+        store.admin_url,
+        "--tokens-file",
+        str(tf),
+        *extra,
+    ]
+
+
+def test_dtype_tags_and_vllm_start(bsr, store, tmp_path: Path) -> None:
+    """fp16 keys under LMCache's name, tags, and a vLLM-seeded chain: exact bitmaps with the right flags, and the
+    seeded start found by auto-detection; a miss names the closest group and the one flag that fixes it."""
+    toks = synthetic_tokens(4 * 256 + 7, 21)
+    seeded = lmcache_chunk_hashes(toks, start=vllm_seeded_start("42"))
+    keys = [lmcache_key("tag/model", 1, 0, h, "half", (("user", "alice"),)) for i, h in enumerate(seeded) if i != 2]
+    _write(store, keys)
+    tf = tmp_path / "t.json"
+    tf.write_text(json.dumps(toks))
+    base = _args(store, tf, "--model", "tag/model", "--dtype", "fp16")
+    d = bsr(*base, "--tag", "user=alice", "--json").json()
+    assert d["bitmap"]["rows"][0]["cells"] == "1101" and d["committable_chunks"] == 2
+    assert d["key_format"]["hash_start"]["vllm_hash_seed"] == "42" and d["key_format"]["hash_start"]["detected"]
+    assert d["key_example"].endswith("@half@user%alice")
+    # The explicit seed gives the same; the wrong one (and 'none') match nothing.
+    assert bsr(*base, "--tag", "user=alice", "--vllm-hash-seed", "42", "--json").json()["committable_chunks"] == 2
+    wrong = bsr(*base, "--tag", "user=alice", "--vllm-hash-seed", "none", "--json").json()
+    assert wrong["committable_chunks"] == 0
+    assert wrong["diagnosis"]["causes"][0].endswith("pass --vllm-hash-seed 42")
+    # One flag off each: the diagnosis names that flag.
+    for extra, flag in (
+        (["--tag", "user=bob"], "--tag user=alice"),
+        ([], "--tag user=alice"),
+        (["--tag", "user=alice", "--dtype", "bf16"], "--dtype fp16"),
+    ):
+        miss = bsr(*_args(store, tf, "--model", "tag/model", "--dtype", "fp16"), *extra, "--json").json()
+        assert miss["committable_chunks"] == 0
+        assert miss["diagnosis"]["causes"][0].endswith(f"pass {flag}"), miss["diagnosis"]
+    r = bsr(*base, "--vllm-hash-seed", "random")
+    assert r.code == ExitCode.INVALID_INPUT and "PYTHONHASHSEED" in r.err
+    r = bsr(*base, "--dtype", "float17")
+    assert r.code == ExitCode.INVALID_INPUT and "unknown KV dtype" in r.err
+
+
+def test_mixed_groups_are_each_diagnosed(bsr, store, tmp_path: Path) -> None:
+    toks = synthetic_tokens(3 * 256, 22)
+    hs = lmcache_chunk_hashes(toks)
+    other = lmcache_chunk_hashes(synthetic_tokens(3 * 256, 23))
+    keys = [lmcache_key("mix/model", 2, w, h, "bfloat16") for w in (0, 1) for h in hs]
+    keys += [lmcache_key("mix/model", 1, 0, h, "fp8_e4m3fn") for h in other]
+    _write(store, keys)
+    tf = tmp_path / "t.json"
+    tf.write_text(json.dumps(toks))
+    d = bsr(*_args(store, tf, "--model", "mix/model", "--dtype", "fp8", "--json")).json()
+    diag = d["diagnosis"]
+    assert d["committable_chunks"] == 0 and len(diag["groups"]) == 2
+    assert "world size 2, dtype bfloat16" in diag["causes"][0]
+    assert diag["causes"][0].endswith("pass --world-size 2 and --dtype bf16")
+    assert "mixed: 2 groups" in diag["causes"][1]
+    fp8 = next(g for g in diag["groups"] if g["dtype"] == "fp8_e4m3fn")
+    assert fp8["prompt_chunks_held"] == 0 and fp8["differs_in"] == []
+    ok = bsr(*_args(store, tf, "--model", "mix/model", "--world-size", "2", "--json")).json()
+    assert ok["committable_chunks"] == 3 and "diagnosis" not in ok
+
+
+@pytest.mark.timeout(180)
+def test_liveness_and_quiet_mooncake_logs(tmp_path: Path) -> None:
+    """A killed segment holder: the master still lists its keys, the probe says the holders are gone. Mooncake's
+    own log lines stay off stderr unless --verbose (a subprocess: glog writes to the file descriptor)."""
+    master = services.start_master(tmp_path)
+    seg = services.start_segment_holder(tmp_path, master, 32 << 20)
+    try:
+        toks = synthetic_tokens(2 * 256, 31)
+        _write(master, [lmcache_key("live/model", 1, 0, h, "bfloat16") for h in lmcache_chunk_hashes(toks)])
+        tf = tmp_path / "t.json"
+        tf.write_text(json.dumps(toks))
+        cmd = [sys.executable, "-m", "bsr_cli", *_args(master, tf, "--model", "live/model", "--vllm-hash-seed", "none")]
+
+        def probe(*extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=60)
+
+        up = probe("--json")
+        d = json.loads(up.stdout)
+        assert d["committable_chunks"] == 2 and d["liveness"]["segments_alive"] == 1
+        assert d["liveness"]["stale_chunks"] == 0 and d["liveness"]["live_committable_chunks"] == 2
+        assert up.stderr == "", up.stderr
+        loud = probe("--verbose")
+        assert loud.returncode == 0 and "InitGoogleLogging" in loud.stderr, loud.stderr
+        services.stop(seg)
+        seg = None
+        gone = probe("--json")
+        g = json.loads(gone.stdout)
+        listed = services.segments(master.admin_url)
+        if not listed:  # the master's client TTL ran out already: nothing held, nothing stale
+            pytest.skip("the master dropped the dead holder before the probe ran")
+        assert g["committable_chunks"] == 2  # "held" per the master's metadata
+        assert g["liveness"]["segments_alive"] == 0 and g["liveness"]["stale_chunks"] == 2
+        assert g["liveness"]["live_committable_chunks"] == 0
+        text = probe()
+        assert "holder(s) alive" in text.stdout and "gone" in text.stdout and text.stderr == ""
+    finally:
+        if seg is not None:
+            services.stop(seg)
+        services.stop(master)
+
+
+@pytest.mark.timeout(180)
+def test_liveness_names_the_chunks_on_a_gone_holder(bsr, tmp_path: Path) -> None:
+    """Two holders, one killed: exactly the keys whose replica sat on it are reported stale (ground truth: the
+    master's own replica listing, read before the kill)."""
+    import urllib.request
+
+    master = services.start_master(tmp_path)
+    segs = [services.start_segment_holder(tmp_path, master, 32 << 20) for _ in range(2)]
+    alive = list(segs)
+    try:
+        toks = synthetic_tokens(16 * 256, 41)
+        keys = [lmcache_key("two/model", 1, 0, h, "bfloat16") for h in lmcache_chunk_hashes(toks)]
+        _write(master, keys)
+        where = []
+        for k in keys:
+            url = f"{master.admin_url}/query_key?key={k}"  # the master reads it verbatim
+            doc = json.loads(urllib.request.urlopen(url, timeout=5).read())
+            where.append({r["transport_endpoint_"] for r in doc["data"]})
+        victim = segs[0]
+        name = victim.info["segment_name"]
+        on_victim = [i for i, eps in enumerate(where) if eps == {name}]
+        if not on_victim or len(on_victim) == len(keys):
+            pytest.skip("Mooncake placed every object on one holder")
+        services.stop(victim)
+        alive.remove(victim)
+        tf = tmp_path / "t.json"
+        tf.write_text(json.dumps(toks))
+        d = bsr(*_args(master, tf, "--model", "two/model", "--vllm-hash-seed", "none", "--json")).json()
+        if len(d["liveness"]["segments"]) < 2:
+            pytest.skip("the master dropped the dead holder before the probe ran")
+        assert d["committable_chunks"] == 16  # the master's metadata still lists every key
+        live = d["liveness"]
+        assert live["segments_alive"] == 1 and live["stale_chunks"] == len(on_victim)
+        assert live["live_rows"]["0"] == "".join("0" if i in on_victim else "1" for i in range(16))
+        assert live["live_committable_chunks"] == min(on_victim)
+    finally:
+        for s in alive:
+            services.stop(s)
+        services.stop(master)

@@ -52,14 +52,44 @@ def probe(
     master_admin: Annotated[
         str | None, typer.Option("--master-admin", help="With --store: master admin URL [default: http://HOST:9003].")
     ] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="With --store: KV dtype in the keys.")] = "bf16",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype", help="With --store: KV dtype in the keys (bf16, fp16, fp32, fp8_e4m3fn, fp8_e5m2, ...)."
+        ),
+    ] = "bf16",
+    tag: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tag", help="With --store: an LMCache request tag KEY=VALUE in the keys (repeatable, in order)."
+        ),
+    ] = None,
+    vllm_hash_seed: Annotated[
+        str,
+        typer.Option(
+            "--vllm-hash-seed",
+            help="With --store: the PYTHONHASHSEED vLLM ran with when LMCache stored the keys (inside vLLM the hash "
+            "chain starts from it); 'none' for LMCache without vLLM; 'auto' tries none and a few usual seeds "
+            "against the store. Example: --vllm-hash-seed 0",
+        ),
+    ] = "auto",
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="With --store: show the Mooncake client's own log lines.")
+    ] = False,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="With --store: LMCache chunk size.", min=1)] = 256,
     width: Annotated[
         int | None, typer.Option("--width", help="Bitmap strip width in cells [default: fits the terminal].", min=8)
     ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
-    """Probe-only lookup: which rank, group and tier holds each chunk of a prompt. Changes nothing."""
+    """Probe-only lookup: which rank, group and tier holds each chunk of a prompt. Changes nothing.
+
+    With --store, asks the Mooncake store an LMCache deployment wrote, with no engine. Example, fp16 KV stored by
+    LMCache inside vLLM started with PYTHONHASHSEED=0, TP 2:
+
+    bsr probe --store mooncake://10.0.0.5:50051 --model meta-llama/Llama-3.1-8B --world-size 2 --dtype fp16
+    --vllm-hash-seed 0 --tokens-file prompt.json
+    """
     st = state(ctx, json_flag)
     if store is not None:
         from bsr_cli.cli.commands import store_probe
@@ -78,6 +108,9 @@ def probe(
             dtype=dtype,
             chunk_size=chunk_size,
             admin=master_admin,
+            tags=tag or (),
+            vllm_hash_seed=vllm_hash_seed,
+            verbose=verbose,
         )
     from bsr_cli.cli import render_ops
 
