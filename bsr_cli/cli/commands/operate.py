@@ -44,7 +44,9 @@ def probe(
         str | None, typer.Option("--store", help="Probe a Mooncake store directly: mooncake://HOST:PORT (no engine).")
     ] = None,
     model: Annotated[str | None, typer.Option("--model", help="With --store: model name in the keys.")] = None,
-    world_size: Annotated[int, typer.Option("--world-size", help="With --store: TP world size in the keys.")] = 1,
+    world_size: Annotated[
+        int, typer.Option("--world-size", "--tp", help="With --store: TP world size in the keys.")
+    ] = 1,
     metadata: Annotated[
         str | None,
         typer.Option("--metadata", help="With --store: metadata server URL [default: http://HOST:8080/metadata]."),
