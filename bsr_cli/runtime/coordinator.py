@@ -567,14 +567,32 @@ class Coordinator:
         """What /health answers: ``ok`` when every rank is healthy (the engine can serve); ``degraded`` names
         the tiers that are not (the engine still serves, from a lower tier or by recomputing)."""
         ranks = self.rank_health()
-        tiers = self._tier_flags()
+        tiers = self._tier_health(self.pool(health=True))
         return {
             "ok": all(r["healthy"] for r in ranks),
             "ranks_alive": [r["alive"] for r in ranks],
             "ranks": ranks,
             "unhealthy_ranks": [r["rank"] for r in ranks if not r["healthy"]],
-            "degraded_tiers": sorted(t for t, v in tiers.items() if v),
+            "tiers": tiers,
+            "degraded_tiers": sorted(t for t, v in tiers.items() if not v["ok"]),
         }
+
+    def _tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+        """Per tier ``{"ok", "detail"}``: what each rank sees of it (``pool(health=True)``) joined with what the
+        coordinator knows (armed faults, recent real failures)."""
+        tiers: dict[str, Any] = {}
+        for r in ranks:
+            for name, h in (r.get("tiers") or {}).items():
+                t = tiers.setdefault(name, {"ok": True, "detail": []})
+                t["ok"] = t["ok"] and h["ok"]
+                if not h["ok"]:
+                    t["detail"].append(f"rank{r['rank']}: {h['detail']}")
+        for name, why in self._tier_flags().items():
+            t = tiers.setdefault(name, {"ok": True, "detail": []})
+            if why:
+                t["ok"] = False
+                t["detail"].extend(why)
+        return tiers
 
     def _tier_flags(self) -> dict[str, list[str]]:
         """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
@@ -1005,18 +1023,7 @@ class Coordinator:
             recent = list(self.recent)
             markers = [m.to_dict() for m in self.markers.values()]
             faults = [f.to_dict() for f in self.faults]
-        tiers: dict[str, Any] = {}
-        for r in ranks:
-            for name, h in (r.get("tiers") or {}).items():
-                t = tiers.setdefault(name, {"ok": True, "detail": []})
-                t["ok"] = t["ok"] and h["ok"]
-                if not h["ok"]:
-                    t["detail"].append(f"rank{r['rank']}: {h['detail']}")
-        for name, why in self._tier_flags().items():
-            t = tiers.setdefault(name, {"ok": True, "detail": []})
-            if why:
-                t["ok"] = False
-                t["detail"].extend(why)
+        tiers = self._tier_health(ranks)
         live = sum(r.get("pool", {}).get("live_bytes", 0) for r in ranks)
         return {
             "time": time.time(),

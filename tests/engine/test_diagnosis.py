@@ -303,6 +303,10 @@ def test_armed_and_recent_tier_faults_show_the_tier_unhealthy(bsr, own) -> None:
     assert bsr("inject-fault", "--kind", "remote-unavailable", "--count", "0").code == 0
     armed = _status(bsr)[1]["tiers"]["mooncake"]
     assert armed["ok"] is False and any("remote-unavailable armed" in d for d in armed["detail"])
+    from bsr_cli.client import AdminClient
+
+    with AdminClient(own[1], own[2]) as c:
+        assert c.health()["degraded_tiers"] == ["mooncake"]
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
     assert r.code == ExitCode.FAILED_CLOSED and r.json()["blamed_tiers"] == ["mooncake"]
     assert bsr("faults", "clear").code == 0
@@ -330,3 +334,8 @@ def test_a_dead_segment_holder_shows_the_tier_unhealthy(bsr, own) -> None:
     assert tier["ok"] is False and any("segment" in d for d in tier["detail"]), tier
     code, st = _status(bsr)
     assert code == 0 and all(rk["healthy"] for rk in st["ranks"])  # the ranks are fine: the tier is not
+    from bsr_cli.client import AdminClient
+
+    with AdminClient(own[1], own[2]) as c:
+        h = c.health()
+    assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"] and h["tiers"]["fs"]["ok"] is True
