@@ -433,6 +433,12 @@ class _Handler(BaseHTTPRequestHandler):
             [(f'{{rank="{r["rank"]}"}}', int(r["alive"])) for r in ranks],
         )
         metric(
+            "bsr_rank_healthy",
+            "gauge",
+            "1 when the rank beats and no call of it is stuck past its deadline",
+            [(f'{{rank="{r["rank"]}"}}', int(r.get("healthy", r["alive"]))) for r in ranks],
+        )
+        metric(
             "bsr_restores_total",
             "counter",
             "Manual restores by outcome",

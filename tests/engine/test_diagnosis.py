@@ -242,6 +242,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
             elapsed = time.monotonic() - t0
             assert stopped.is_set()
             h = c.health()
+            metrics = c.metrics()
             code, st = _status(bsr)
             text = bsr("status")
             r = bsr("restore", "--synthetic", str(n), "--seed", str(seed))  # the rank is still stopped
@@ -255,6 +256,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
         assert any(f["rank"] == 1 and f["kind"] == "rank" and "heartbeat" in f["reason"] for f in res["failures"])
         assert elapsed < 60  # bounded by the heartbeat (2 s here), not the old multi-minute restore budget
         assert h["ok"] is False and h["unhealthy_ranks"] == [1]
+        assert 'bsr_rank_healthy{rank="1"} 0' in metrics and 'bsr_rank_healthy{rank="0"} 1' in metrics
         assert code == ExitCode.SERVER_ERROR and text.code == ExitCode.SERVER_ERROR
         assert "rank 1" in text.err and "rank 1 unhealthy" in text.out
         assert [rk["healthy"] for rk in st["ranks"]] == [True, False] and st["markers"] == []
