@@ -320,6 +320,37 @@ def test_armed_and_recent_tier_faults_show_the_tier_unhealthy(bsr, own) -> None:
     assert _status(bsr)[1]["tiers"]["mooncake"]["ok"] is True  # a committed restore from it clears it
 
 
+def test_a_stopped_master_shows_the_tier_unhealthy_while_health_stays_quick(bsr, own) -> None:
+    """/health asks the ranks about their tiers but never waits long for them: with the master frozen the engine is
+    still healthy (200: it serves from fs or by recomputing) and `mooncake` is degraded."""
+    from bsr_cli.client import AdminClient
+    from bsr_cli.engine import supervisor
+
+    state = own[0]
+    pid = _pid(state, "mooncake_master")
+    with _stopped(pid), AdminClient(own[1], own[2]) as c:
+        end = time.monotonic() + 60
+        h = c.health()
+        while "mooncake" not in h["degraded_tiers"] and time.monotonic() < end:
+            time.sleep(0.5)
+            h = c.health()
+        t0 = time.monotonic()
+        again = c.health()
+        quick = time.monotonic() - t0
+        engine = supervisor.status(state)
+    assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"], h
+    assert any("health probe" in d or "refuses" in d for d in h["tiers"]["mooncake"]["detail"]), h
+    assert again["ok"] is True and quick < 2.0  # generous: the wait is 0.5 s, the client's own timeout is 5 s
+    assert engine["healthy"] is True  # so `bsr engine up` does not restart an engine whose remote tier is down
+    with AdminClient(own[1], own[2]) as c:  # resumed, the master serves again and the tier turns healthy
+        end = time.monotonic() + 60
+        h = c.health()
+        while h["degraded_tiers"] and time.monotonic() < end:
+            time.sleep(0.5)
+            h = c.health()
+    assert h["degraded_tiers"] == [], h
+
+
 def test_a_dead_segment_holder_shows_the_tier_unhealthy(bsr, own) -> None:
     """Last in this module: it kills the engine's segment holder."""
     state = own[0]
