@@ -17,6 +17,7 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     ├── RestoreFailedClosed     a restore ended fail-closed (nothing committed)  (10)
     ├── DrillViolation          a drill found a broken invariant                 (11)
     ├── ServiceError            starting/stopping local services failed          (13)
+    ├── NothingToRestore        no tier holds the prompt's first chunk: no restore ran (14)
     └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
 """
 
@@ -40,6 +41,7 @@ class ExitCode(IntEnum):
     DRILL_VIOLATION = 11
     CAPACITY = 12
     SERVICE = 13
+    NOTHING_TO_RESTORE = 14
     INTERRUPTED = 130
 
 
@@ -126,6 +128,13 @@ class DrillViolation(BsrError):
 class ServiceError(BsrError):
     exit_code = ExitCode.SERVICE
     kind = "service"
+
+
+class NothingToRestore(BsrError):
+    """A manual restore found no external prefix: not a failure of any tier, but no restore happened either."""
+
+    exit_code = ExitCode.NOTHING_TO_RESTORE
+    kind = "nothing-to-restore"
 
 
 class RestoreAborted(BsrError):

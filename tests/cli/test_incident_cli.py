@@ -90,3 +90,11 @@ def test_restore_explains_a_peak_above_rws_under_the_budget(bsr, engine) -> None
     if max(peaks) > d["rws_bytes"]:  # the fetch-ahead happened in this run
         assert "up to 2 are in flight" in text
     assert "wall s" in text and "Σ fetch s" in text
+
+
+def test_restore_with_nothing_stored_is_its_own_exit_code(bsr, engine) -> None:
+    r = bsr("restore", "--synthetic", "2048", "--seed", "990001", "--json")
+    assert r.code == ExitCode.NOTHING_TO_RESTORE, r.err
+    assert r.json()["outcome"] == "nothing_to_restore"  # the result document, not a second error document
+    text = bsr("restore", "--synthetic", "2048", "--seed", "990001")
+    assert text.code == ExitCode.NOTHING_TO_RESTORE and "nothing to restore" in text.err

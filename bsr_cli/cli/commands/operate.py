@@ -9,7 +9,14 @@ from typing import Annotated, Any
 import typer
 
 from bsr_cli.cli.app import AppState, JsonFlag, app, state
-from bsr_cli.errors import CapacityError, DrillViolation, RestoreAborted, RestoreFailedClosed, ServerError
+from bsr_cli.errors import (
+    CapacityError,
+    DrillViolation,
+    NothingToRestore,
+    RestoreAborted,
+    RestoreFailedClosed,
+    ServerError,
+)
 
 TokensFileOpt = Annotated[
     Path | None, typer.Option("--tokens-file", help="Token ids (JSON list or whitespace separated).")
@@ -196,6 +203,13 @@ def restore(
     st.out.result(result, render_ops.restore)
     if result.get("outcome") == "failed_closed":
         raise _restore_error(result)
+    if result.get("outcome") == "nothing_to_restore":
+        br = result.get("first_break") or {}
+        where = f" (rank {br['rank']} group {br['group']}: {br['reason']})" if br else ""
+        raise NothingToRestore(
+            f"nothing to restore: no tier holds the prompt's first chunk{where}",
+            hint="`bsr probe` shows which tier holds what; `bsr submit` computes and stores the prompt",
+        )
 
 
 def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) -> dict[str, Any]:
