@@ -225,7 +225,7 @@ def test_everything_under_the_state_dir_is_owner_only(hard: Hard) -> None:
     assert not loose, loose
 
 
-def test_status_shows_exposed_ports(hard: Hard) -> None:
+def test_status_shows_exposed_ports(hard: Hard, bsr, monkeypatch: pytest.MonkeyPatch) -> None:
     from bsr_cli.engine import supervisor
 
     st = supervisor.status(hard.state)
@@ -235,6 +235,9 @@ def test_status_shows_exposed_ports(hard: Hard) -> None:
     assert any(d["process"] == "segment_holder" and d["exposed"] for d in st["listening"])
     assert all(d["exposed"] == (not d["address"].startswith("127.") and d["address"] != "::1") for d in st["listening"])
     assert st["exposed"] == [d for d in st["listening"] if d["exposed"]]
+    monkeypatch.setenv("BSR_STATE_DIR", str(hard.state))
+    r = bsr("engine", "status")
+    assert r.code == 0 and "exposed beyond loopback:" in r.out and "segment_holder" in r.out, r.out
 
 
 def test_up_refuses_other_options_on_a_running_engine(hard: Hard) -> None:
