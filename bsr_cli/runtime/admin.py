@@ -32,9 +32,9 @@ from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
 from bsr_cli.runtime.coordinator import Coordinator
 
-# A body never needs more than the longest prompt as JSON token ids (at most 11 bytes each, "4294967295,")
-# plus room for the other fields.
-BODY_BYTES_PER_TOKEN = 11
+# A body never needs more than the longest prompt as JSON token ids plus room for the other fields: an id is at most
+# 10 digits, and pretty-printed JSON adds a comma, a newline and indentation ("4294967295,\n    " is 16 bytes).
+BODY_BYTES_PER_TOKEN = 24
 BODY_OVERHEAD = 64 << 10
 REQUEST_DEADLINE_S = 30.0  # request line, headers and body must all arrive within this
 IDLE_TIMEOUT_S = 10.0  # no byte for this long (between requests, or mid-request) closes the connection

@@ -158,10 +158,17 @@ def test_the_token_is_checked_before_the_body_is_read(hard: Hard) -> None:
 
 
 def test_bodies_over_the_cap_get_413_unread(hard: Hard) -> None:
-    cap = 64 * 1024 + 11 * MAX_TOKENS
+    from bsr_cli.runtime.admin import BODY_BYTES_PER_TOKEN, BODY_OVERHEAD
+
+    cap = BODY_OVERHEAD + BODY_BYTES_PER_TOKEN * MAX_TOKENS
     head = f"POST /bsr/v1/probe HTTP/1.1\r\nHost: x\r\nContent-Length: {cap + 1}\r\n\r\n".encode()
     status, body = _status_and_json(hard.raw(head + b"{", timeout=10))
     assert status == 413 and str(f"{cap:,}") in body["message"]
+    # The longest prompt, pretty-printed with the largest ids, still fits.
+    prompt = json.dumps({"tokens": [(1 << 32) - 1] * MAX_TOKENS}, indent=4).encode()
+    assert len(prompt) <= cap
+    r = httpx.post(hard.url + "/bsr/v1/probe", content=prompt, timeout=30)
+    assert r.status_code == 200 and r.json()["committable_tokens"] == 0
 
 
 def test_chunked_bodies_get_411(hard: Hard) -> None:
