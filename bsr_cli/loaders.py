@@ -41,6 +41,8 @@ def read_structured(path: Path) -> Any:
         if path.suffix.lower() == ".json":
             raise InvalidInput(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
         return _yaml(text, path)
+    except (ValueError, RecursionError) as e:  # an integer of thousands of digits, absurd nesting
+        raise InvalidInput(f"{path}: unacceptable JSON ({type(e).__name__})") from None
 
 
 def _yaml(text: str, path: Path) -> Any:
@@ -92,15 +94,25 @@ def read_tokens_file(path: Path) -> list[int]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        data = text.replace(",", " ").split()
+        data = None
+    except (ValueError, RecursionError):
+        raise InvalidInput(f"{p}: unacceptable JSON") from None
+    if data is None:
+        # Plain text: whitespace- or comma-separated decimal integers.
+        words = text.replace(",", " ").split()
+        bad = next((w for w in words if not (w.isascii() and w.isdigit())), None)
+        if bad is not None:
+            raise InvalidInput(f"{p}: token ids must be integers, got {bad[:40]!r}")
+        data = [int(w) for w in words]
     if isinstance(data, dict):
         data = data.get("tokens")
     if not isinstance(data, list):
         raise InvalidInput(f"{p}: expected a list of token ids")
-    try:
-        tokens = [int(t) for t in data]
-    except (TypeError, ValueError):
-        raise InvalidInput(f"{p}: token ids must be integers") from None
+    # Exactly integers: 1.5 would otherwise be truncated to 1 and restore a different prompt.
+    bad_t = next((t for t in data if isinstance(t, bool) or not isinstance(t, int)), None)
+    if bad_t is not None or any(t is None for t in data):
+        raise InvalidInput(f"{p}: token ids must be integers, got {bad_t!r}")
+    tokens: list[int] = data
     if any(t < 0 or t >= 1 << 32 for t in tokens):
         raise InvalidInput(f"{p}: token ids must be in [0, 2^32)")
     return tokens

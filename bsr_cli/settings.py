@@ -15,6 +15,7 @@ The config file is TOML at ``$BSR_CONFIG`` or ``~/.config/bsr/config.toml``::
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ ENV = {
 # BSR_DEBUG=1 is accepted as a synonym of BSR_TRACEBACK=1.
 DEBUG_ENV = "BSR_DEBUG"
 DEFAULT_TIMEOUT_S = 30.0
+# What a config file may set (anything else is a typo, refused rather than ignored).
+CONFIG_KEYS = frozenset({"engine", "token", "state_dir", "timeout", "profiles"})
+PROFILE_KEYS = frozenset({"url", "token"})
 
 
 def default_config_path() -> Path:
@@ -97,9 +101,22 @@ def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) 
     elif env.get(ENV["config"]):
         s.config_path, s.sources["config"] = Path(env[ENV["config"]]), f"env {ENV['config']}"
     file_cfg = _read_config(s.config_path, required=cfg_flag is not None or bool(env.get(ENV["config"])))
+    unknown = sorted(set(file_cfg) - CONFIG_KEYS)
+    if unknown:
+        raise InvalidInput(
+            f"{s.config_path}: unknown setting(s) {', '.join(unknown)}",
+            hint=f"the config file knows: {', '.join(sorted(CONFIG_KEYS))}",
+        )
     profiles = file_cfg.get("profiles", {})
-    if not isinstance(profiles, dict):
-        raise InvalidInput(f"{s.config_path}: [profiles] must be a table")
+    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
+        raise InvalidInput(f"{s.config_path}: [profiles] must be a table of tables")
+    for pname, prof in profiles.items():
+        extra = sorted(set(prof) - PROFILE_KEYS)
+        if extra:
+            raise InvalidInput(
+                f"{s.config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
+                hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
+            )
     s.profiles = profiles
 
     for name, key, conv in (
@@ -112,7 +129,7 @@ def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) 
         if got is not None:
             try:
                 setattr(s, name, conv(got[0]))
-            except ValueError:
+            except (TypeError, ValueError):
                 raise InvalidInput(f"bad value for {name} ({got[1]}): {got[0]!r}") from None
             s.sources[name] = got[1]
     for name in ("json", "traceback"):
@@ -125,8 +142,11 @@ def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) 
             s.sources[name] = f"env {ENV[name]}"
     if not s.traceback and env.get(DEBUG_ENV) and _truthy(env[DEBUG_ENV]):
         s.traceback, s.sources["traceback"] = True, f"env {DEBUG_ENV}"
-    if s.timeout_s <= 0:
-        raise InvalidInput("timeout must be positive")
+    if not math.isfinite(s.timeout_s) or s.timeout_s <= 0:
+        raise InvalidInput(
+            f"timeout must be a finite, positive number of seconds, got {s.timeout_s!r} "
+            f"({s.sources.get('timeout_s', 'default')})"
+        )
     return s
 
 
@@ -140,5 +160,7 @@ def _read_config(path: Path, *, required: bool) -> dict[str, Any]:
         return {}
     except tomllib.TOMLDecodeError as e:
         raise InvalidInput(f"{path}: not valid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{path}: not a text file (the config file is UTF-8 TOML)") from None
     except OSError as e:
         raise InvalidInput(f"cannot read config file {path}: {e.strerror}") from None

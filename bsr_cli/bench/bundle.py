@@ -416,7 +416,9 @@ def write(bundle: dict[str, Any], out_dir: Path) -> Path:
 def load(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except UnicodeDecodeError:
+        raise InvalidInput(f"cannot read bundle {path}: not a text file (bundles are UTF-8 JSON)") from None
+    except (OSError, ValueError, RecursionError) as e:
         raise InvalidInput(f"cannot read bundle {path}: {e}") from None
     if not isinstance(data, dict):
         raise InvalidInput(f"{path} is not an evidence bundle")

@@ -30,6 +30,10 @@ DEFAULT_CHUNK_SIZE = 256
 # Anything above this per chunk per rank is a typo, not a model (1 TiB per 256 tokens).
 MAX_BYTES_PER_CHUNK = 1 << 40
 SCHEMA_VERSION = 1
+# The fields of each level; anything else is a typo or a newer schema, refused rather than ignored.
+_TOP_KEYS = frozenset({"schema", "model", "tp_size", "world_size", "chunk_size", "aux_bytes", "groups", "tensors"})
+_GROUP_KEYS = frozenset({"name", "block_size"})
+_TENSOR_KEYS = frozenset({"name", "dtype", "shape", "bytes_per_token", "group"})
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,18 @@ class Registration:
         if not isinstance(data, Mapping):
             raise InvalidInput(f"{source or 'registration'}: expected an object at the top level")
         where = source or "registration"
+        schema = data.get("schema", SCHEMA_VERSION)
+        if schema != SCHEMA_VERSION or isinstance(schema, bool):
+            raise InvalidInput(
+                f"{where}: registration schema {schema!r} is not supported (this bsr reads schema {SCHEMA_VERSION})",
+                hint="upgrade bsr, or write the registration in the documented schema (docs/registration.md)",
+            )
+        unknown = sorted(str(k) for k in set(data) - _TOP_KEYS)
+        if unknown:
+            raise InvalidInput(
+                f"{where}: unknown registration field(s) {', '.join(unknown)}",
+                hint=f"fields: {', '.join(sorted(_TOP_KEYS))} (docs/registration.md)",
+            )
         try:
             groups_raw = data.get("groups")
             tensors_raw = data["tensors"]
@@ -133,6 +149,12 @@ class Registration:
             else:
                 if not isinstance(groups_raw, list):
                     raise InvalidInput(f"{where}: 'groups' must be a list")
+                for g in groups_raw:
+                    if isinstance(g, Mapping) and set(g) - _GROUP_KEYS:
+                        raise InvalidInput(
+                            f"{where}: group {g.get('name')!r}: unknown field(s) "
+                            + ", ".join(sorted(str(k) for k in set(g) - _GROUP_KEYS))
+                        )
                 groups = tuple(
                     KVGroup(str(g["name"]), _positive_int(g.get("block_size", 16), f"{where}: block_size"))
                     for g in groups_raw
@@ -187,6 +209,9 @@ def _tensor_from_dict(t: Any, where: str) -> TensorSpec:
     name = str(t.get("name", "")).strip()
     if not name:
         raise InvalidInput(f"{where}: a tensor has no name")
+    extra = set(t) - _TENSOR_KEYS
+    if extra:
+        raise InvalidInput(f"{where}: tensor {name!r}: unknown field(s) {', '.join(sorted(str(k) for k in extra))}")
     dtype = canonical_dtype(t.get("dtype", "bf16"))
     if "shape" in t:
         shape_raw = t["shape"]

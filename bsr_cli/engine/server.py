@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.core import limits
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine.ranks import ProcessRank
-from bsr_cli.runtime.admin import AdminServer
+from bsr_cli.runtime.admin import IDLE_TIMEOUT_S, MAX_CONNECTIONS, REQUEST_DEADLINE_S, AdminServer
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
 from bsr_cli.runtime.events import EventLog
 
@@ -26,6 +27,18 @@ from bsr_cli.runtime.events import EventLog
 def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank]]:
     reg = Registration.from_dict(cfg["registration"])
     settings = EngineSettings(**cfg["settings"])
+    # The same bounds `bsr engine up` and POST /settings apply: a hand-edited engine.json cannot start a broken engine.
+    limits.check_engine_settings(
+        reg,
+        w=settings.w,
+        pool_bytes=settings.pool_bytes,
+        budget_bytes=settings.budget_bytes,
+        max_tokens=settings.max_tokens,
+        kv_tokens=settings.kv_tokens,
+        fs_concurrency=settings.fs_concurrency,
+        fetch_timeout_s=settings.fetch_timeout_s,
+        window_within_budget=False,  # `bsr engine up` applied the stricter start-up check before writing it
+    )
     events = EventLog()
     holder: dict[str, Coordinator] = {}
 
@@ -59,13 +72,22 @@ def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank]]:
 
 
 def main(argv: list[str]) -> int:
+    os.umask(0o077)  # logs, state and the filesystem tier's objects (prompts' KV) are owner-only
     state = Path(argv[0])
     cfg = json.loads((state / "engine.json").read_text())
     token = (state / "token").read_text().strip()
     coord, ranks = build(cfg)
     done = threading.Event()
+    limits_cfg = cfg.get("admin") or {}
     admin = AdminServer(
-        coord, token=token, host=cfg.get("host", "127.0.0.1"), port=int(cfg.get("port", 0)), on_shutdown=done.set
+        coord,
+        token=token,
+        host=cfg.get("host", "127.0.0.1"),
+        port=int(cfg.get("port", 0)),
+        on_shutdown=done.set,
+        max_connections=int(limits_cfg.get("max_connections", MAX_CONNECTIONS)),
+        request_deadline_s=float(limits_cfg.get("request_deadline_s", REQUEST_DEADLINE_S)),
+        idle_timeout_s=float(limits_cfg.get("idle_timeout_s", IDLE_TIMEOUT_S)),
     )
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

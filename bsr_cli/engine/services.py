@@ -171,6 +171,65 @@ def find_binary(name: str) -> Path:
 # --------------------------------------------------------------------------------------------- processes
 
 
+def _socket_inodes(pid: int) -> set[int]:
+    inodes: set[int] = set()
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return inodes
+    for name in names:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"{fd_dir}/{name}")
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _hex_address(text: str) -> tuple[str, int]:
+    """``0100007F:1F90`` (/proc/net/tcp, host byte order words) → ("127.0.0.1", 8080); IPv6 likewise."""
+    addr_hex, port_hex = text.split(":")
+    raw = bytes.fromhex(addr_hex)
+    # The kernel prints each 32-bit word in host (little-endian) order.
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    family = socket.AF_INET if len(words) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, words), int(port_hex, 16)
+
+
+def _is_loopback(address: str) -> bool:
+    return address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1") or address.startswith("::ffff:127.")
+
+
+def listening_sockets(processes: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
+    """TCP sockets in LISTEN state held by the given (name, pid) processes, read from /proc (Linux only; empty
+    elsewhere). ``exposed`` marks those bound beyond loopback (a wildcard address included)."""
+    owners: dict[int, tuple[str, int]] = {}
+    for name, pid in processes:
+        for inode in _socket_inodes(pid):
+            owners.setdefault(inode, (name, pid))
+    out: list[dict[str, Any]] = []
+    if not owners:
+        return out
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) < 10 or f[3] != "0A":  # 0A = LISTEN
+                continue
+            inode = int(f[9])
+            if inode not in owners:
+                continue
+            address, port = _hex_address(f[1])
+            name, pid = owners[inode]
+            out.append(
+                {"process": name, "pid": pid, "address": address, "port": port, "exposed": not _is_loopback(address)}
+            )
+    return sorted(out, key=lambda d: (d["process"], d["port"], d["address"]))
+
+
 def _proc_stat(pid: int) -> list[str] | None:
     """Fields 3.. of /proc/<pid>/stat (state first), or None if unreadable."""
     try:
@@ -260,10 +319,10 @@ def _spawn(argv: list[str], log_path: Path, env_updates: dict[str, str] | None =
     posix_spawn rather than subprocess.Popen: no Popen object to warn about a still-running child on exit."""
     env = dict(os.environ)
     env.update(env_updates or {})
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     file_actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, str(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        (os.POSIX_SPAWN_OPEN, 1, str(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
         (os.POSIX_SPAWN_DUP2, 1, 2),
     ]
     try:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import secrets
+import stat
 import subprocess
 import sys
 import time
@@ -21,12 +23,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, limits
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import services
 from bsr_cli.errors import CapacityError, InvalidInput, ServiceError
 
 SERVER_START_TIMEOUT_S = 240.0
+PRIVATE_UMASK = 0o077
+# How `bsr engine up` spells each setting, so a refusal names the flag to change.
+CLI_NAMES = {
+    "w": "--W",
+    "pool_bytes": "--pool",
+    "budget_bytes": "--budget",
+    "max_tokens": "--max-tokens",
+    "kv_tokens": "--kv-tokens",
+    "fs_concurrency": "--fs-concurrency",
+    "fetch_timeout_s": "--fetch-timeout",
+}
 
 
 @dataclass
@@ -44,6 +57,8 @@ class EngineOptions:
     host: str = "127.0.0.1"
     port: int = 0
     remote: bool = True
+    # The admin server's self-defence (see bsr_cli/runtime/admin.py); None keeps the server's defaults.
+    admin_limits: dict[str, float] | None = None
 
     def resolved(self) -> dict[str, Any]:
         reg = self.registration
@@ -51,17 +66,18 @@ class EngineOptions:
         # Default pool: room for two windows, so a larger budget can overlap fetch and install.
         pool = self.pool_bytes if self.pool_bytes is not None else 2 * rws
         budget = self.budget_bytes if self.budget_bytes is not None else min(rws, pool)
-        if pool < reg.bytes_per_chunk:
-            raise InvalidInput(f"--pool {pool:,} bytes cannot hold one chunk ({reg.bytes_per_chunk:,} bytes)")
-        if self.w and budget < rws:
-            raise InvalidInput(
-                f"--budget {budget:,} bytes is below RWS(W={self.w}) = {rws:,}: no window could ever be admitted"
-            )
-        if budget > pool:
-            raise InvalidInput(f"--budget {budget:,} exceeds the pool capacity {pool:,}")
         kv = self.kv_tokens or 2 * self.max_tokens
-        if kv < self.max_tokens:
-            raise InvalidInput("--kv-tokens must be at least --max-tokens")
+        limits.check_engine_settings(
+            reg,
+            w=self.w,
+            pool_bytes=pool,
+            budget_bytes=budget,
+            max_tokens=self.max_tokens,
+            kv_tokens=kv,
+            fs_concurrency=self.fs_concurrency,
+            fetch_timeout_s=self.fetch_timeout_s,
+            names=CLI_NAMES,
+        )
         per_rank_prompt = self.max_tokens * reg.bytes_per_token
         segment = self.segment_bytes or max(256 << 20, 2 * per_rank_prompt * reg.tp_size)
         need = reg.tp_size * (kv * reg.bytes_per_token + pool) + (segment if self.remote else 0)
@@ -72,7 +88,8 @@ class EngineOptions:
             raise CapacityError(
                 f"this engine needs about {format_bytes(need)} of memory (destination KV for {kv:,} tokens on "
                 f"{reg.tp_size} ranks, pools, the Mooncake segment); {format_bytes(avail)} is available",
-                hint="lower --max-tokens / --kv-tokens / --segment, or use a smaller registration",
+                hint="lower --max-tokens / --kv-tokens / --segment / --pool (2·RWS(W) by default, so --W too), "
+                "or use a smaller registration",
             )
         return {
             "w": self.w,
@@ -99,8 +116,29 @@ def _mem_available() -> int | None:
 
 
 @contextlib.contextmanager
+def _private() -> Iterator[None]:
+    """Everything created meanwhile is owner-only (files 0600, directories 0700): prompts' KV, tokens and logs."""
+    old = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def make_private(state: Path) -> None:
+    """Take group and other permissions off the state directory and everything under it (older runs included)."""
+    for root, dirs, files in os.walk(state):
+        for name in [*dirs, *files, ""]:
+            path = os.path.join(root, name) if name else root
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077:
+                    os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+
+
+@contextlib.contextmanager
 def _locked(state: Path) -> Iterator[None]:
-    state.mkdir(parents=True, exist_ok=True)
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(state / ".lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -144,9 +182,18 @@ def _pids(st: dict[str, Any]) -> list[tuple[str, int]]:
 def status(state: Path) -> dict[str, Any]:
     st = read_state(state)
     if st is None:
-        return {"state_dir": str(state), "running": False, "healthy": False, "processes": []}
-    procs = [{"name": n, "pid": p, "alive": services.is_alive(p)} for n, p in _pids(st)]
+        return {
+            "state_dir": str(state),
+            "running": False,
+            "healthy": False,
+            "processes": [],
+            "listening": [],
+            "exposed": [],
+        }
+    pids = _pids(st)
+    procs = [{"name": n, "pid": p, "alive": services.is_alive(p)} for n, p in pids]
     healthy = all(p["alive"] for p in procs) and _http_ok(st["admin_url"] + "/bsr/v1/health")
+    listening = services.listening_sockets((n, p) for n, p in pids if services.is_alive(p))
     return {
         "state_dir": str(state),
         "running": any(p["alive"] for p in procs),
@@ -157,15 +204,52 @@ def status(state: Path) -> dict[str, Any]:
         "settings": st.get("settings"),
         "registration": st.get("registration_identity"),
         "logs": st.get("logs"),
+        "listening": listening,
+        "exposed": [d for d in listening if d["exposed"]],
     }
 
 
-def up(state: Path, opts: EngineOptions) -> dict[str, Any]:
+def _options_record(opts: EngineOptions, settings: dict[str, Any]) -> dict[str, Any]:
+    """What decides an engine's behaviour, as recorded in state.json: compared when `up` finds one running."""
+    return {
+        **settings,
+        "registration": opts.registration.identity,
+        "host": opts.host,
+        "port": opts.port,
+        "remote": opts.remote,
+    }
+
+
+def _differences(running: dict[str, Any] | None, wanted: dict[str, Any]) -> list[str]:
+    if running is None:
+        return ["the running engine recorded no options (started by an older bsr)"]
+    out = []
+    for key, want in wanted.items():
+        have = running.get(key)
+        if key == "port" and want == 0:
+            continue  # 0 asks for any free port: whatever it got matches
+        if have != want:
+            out.append(f"{key} {have!r} → {want!r}")
+    return out
+
+
+def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, Any]:
+    """Start the engine in ``state``. A healthy engine started with the same options is reported, not restarted;
+    one started with different options is refused (it would silently keep its old ones) unless ``restart``."""
     settings = opts.resolved()
-    with _locked(state):
+    wanted = _options_record(opts, settings)
+    with _private(), _locked(state):
+        make_private(state)
         current = status(state)
         if current["healthy"]:
-            return current | {"already_running": True}
+            diff = _differences((read_state(state) or {}).get("options"), wanted)
+            if not diff:
+                return current | {"already_running": True}
+            if not restart:
+                raise InvalidInput(
+                    f"an engine is already running in {state} with other options: {'; '.join(diff)}",
+                    hint="add --restart to stop it and start one with these options, or `bsr engine down` first",
+                )
         if current["running"] or read_state(state):
             _down_locked(state)
         logs = state / "logs"
@@ -213,6 +297,7 @@ def up(state: Path, opts: EngineOptions) -> dict[str, Any]:
                 "fs_dir": str(state / "fs-tier"),
                 "host": opts.host,
                 "port": opts.port,
+                "admin": opts.admin_limits or {},
             }
             _write_json(state / "engine.json", engine_cfg)
             (state / "ready.json").unlink(missing_ok=True)
@@ -225,6 +310,7 @@ def up(state: Path, opts: EngineOptions) -> dict[str, Any]:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
+                    umask=PRIVATE_UMASK,
                 )
             st["services"]["engine"] = {"pid": proc.pid, "log": str(log_path)}
             _write_json(state / "state.json", st | {"admin_url": ""})
@@ -232,6 +318,7 @@ def up(state: Path, opts: EngineOptions) -> dict[str, Any]:
             st["ranks"] = [{"rank": r["rank"], "pid": r["pid"], "device": r.get("device")} for r in ready["ranks"]]
             st["admin_url"] = ready["url"]
             st["settings"] = settings
+            st["options"] = wanted
             st["registration_identity"] = opts.registration.identity
             st["logs"] = str(logs)
             _write_json(state / "state.json", st)

@@ -24,3 +24,63 @@ def test_up_rejects_a_budget_below_one_window(bsr, tmp_path: Path, monkeypatch) 
     monkeypatch.setenv("BSR_STATE_DIR", str(tmp_path))
     r = bsr("engine", "up", "--W", "32", "--budget", "1MiB")
     assert r.code == ExitCode.INVALID_INPUT and "below RWS(W=32)" in r.err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--fetch-timeout", "nan"], "--fetch-timeout must be a number of seconds"),
+        (["--fetch-timeout", "-1"], "--fetch-timeout must be a number of seconds"),
+        (["--fetch-timeout", "inf"], "--fetch-timeout must be a number of seconds"),
+        (["--fs-concurrency", "6000000000"], "--fs-concurrency must be at most 256"),
+        (["--budget", "1"], "below one chunk slot"),
+        (["--W", "0", "--budget", "1"], "below one chunk slot"),
+        (["--budget", "1000TiB"], "exceeds the pool"),
+        (["--max-tokens", "4096", "--kv-tokens", "1024"], "--kv-tokens must be at least --max-tokens"),
+    ],
+)
+@pytest.mark.timeout(60)
+def test_up_refuses_absurd_settings(bsr, tmp_path: Path, monkeypatch, args: list[str], needle: str) -> None:
+    monkeypatch.setenv("BSR_STATE_DIR", str(tmp_path))
+    try:
+        r = bsr("engine", "up", *args)
+        assert r.code == ExitCode.INVALID_INPUT, r.err
+        assert needle in r.err and r.err.count("\n") <= 2  # one line (and a hint at most), no stack
+        assert not (tmp_path / "state.json").exists()  # nothing was started
+    finally:
+        bsr("engine", "down")  # should a broken build accept these, leave nothing running
+
+
+@pytest.mark.timeout(60)
+def test_up_with_an_absurd_window_is_a_capacity_refusal(bsr, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BSR_STATE_DIR", str(tmp_path))
+    try:
+        r = bsr("engine", "up", "--W", "900000000000000000000000000000")
+        assert r.code == ExitCode.CAPACITY and "--W" in r.err, r.err
+        r = bsr("engine", "up", "--W", "900000000000000000000000000000", "--pool", "64MiB")
+        assert r.code == ExitCode.INVALID_INPUT and "--W 900,000,000,000,000,000,000,000,000,000 needs" in r.err, r.err
+        assert not (tmp_path / "state.json").exists()
+    finally:
+        bsr("engine", "down")
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_up_with_other_options_refuses_then_restarts(bsr, tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("torch")
+    monkeypatch.setenv("BSR_STATE_DIR", str(tmp_path))
+    base = ["engine", "up", "--no-remote", "--max-tokens", "2048", "--W", "2", "--json"]
+    try:
+        first = bsr(*base)
+        assert first.code == 0, first.err
+        assert bsr(*base).json()["already_running"] is True
+        other = bsr(*base[:-3], "--W", "4", "--json")
+        assert other.code == ExitCode.INVALID_INPUT and "other options: w 2 → 4" in other.err, other.err
+        assert "--restart" in other.err
+        restarted = bsr(*base[:-3], "--W", "4", "--restart", "--json")
+        assert restarted.code == 0, restarted.err
+        out = restarted.json()
+        assert out["already_running"] is False and out["settings"]["w"] == 4
+        assert out["admin_url"] != first.json()["admin_url"] or out["started_at"] != first.json()["started_at"]
+    finally:
+        bsr("engine", "down")

@@ -51,9 +51,13 @@ def engine_up(
     host: Annotated[str, typer.Option("--host", help="Admin API bind address (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Admin API port (0 = a free one).", min=0)] = 0,
     no_remote: Annotated[bool, typer.Option("--no-remote", help="Run without the Mooncake tier.")] = False,
+    restart: Annotated[
+        bool, typer.Option("--restart", help="Restart a running engine whose options differ from these.")
+    ] = False,
     json_flag: JsonFlag = False,
 ) -> None:
-    """Start the embedded engine (idempotent: a healthy engine is reported, not restarted)."""
+    """Start the embedded engine (idempotent: a healthy engine with the same options is reported, not restarted;
+    one with other options is refused unless --restart)."""
     from bsr_cli import loaders
     from bsr_cli.engine import supervisor
 
@@ -78,7 +82,7 @@ def engine_up(
         st.out.note(f"[yellow]warning:[/] the admin API will listen on {host}, beyond loopback")
     opts.resolved()  # refuse bad settings before saying anything is starting
     st.out.note("starting the embedded engine (mooncake_master, segment holder, rank processes)…")
-    result = supervisor.up(Path(st.settings.state_dir), opts)
+    result = supervisor.up(Path(st.settings.state_dir), opts, restart=restart)
     st.out.result(result, _render_status)
 
 
@@ -135,4 +139,10 @@ def _render_status(console: Any, d: dict[str, Any]) -> None:
             f"W={s['w']}  pool {s['pool_bytes']:,} B/rank  budget {s['budget_bytes']:,} B/rank  "
             f"max prompt {s['max_tokens']:,} tokens  faults {'enabled' if s['faults_enabled'] else 'disabled'}"
         )
+    exposed = d.get("exposed") or []
+    if exposed:
+        ports = ", ".join(f"{e['process']} {e['address']}:{e['port']}" for e in exposed)
+        console.print(f"[yellow]exposed beyond loopback:[/] {ports}")
+    else:
+        console.print("every listening port is on loopback")
     console.print(f"state: {d['state_dir']}  logs: {d.get('logs')}")

@@ -68,7 +68,11 @@ def run(
     from bsr_cli.cli import render_ops
 
     url = urlsplit(store)
-    if url.scheme != "mooncake" or not url.hostname or not url.port:
+    try:
+        port = url.port
+    except ValueError:
+        port = None  # not a number, or out of range
+    if url.scheme != "mooncake" or not url.hostname or not port:
         raise InvalidInput(f"--store must look like mooncake://HOST:PORT (the master's RPC address), got {store!r}")
     if not model:
         raise InvalidInput("--store needs --model (the model name in LMCache's keys)")

@@ -78,7 +78,10 @@ class FilesystemTier:
     ) -> None:
         self.root = Path(root)
         if create:
-            self.root.mkdir(parents=True, exist_ok=True)
+            # Stored KV is the users' prompts: owner-only, whatever the umask (objects 0600, directories 0700).
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                self.root.chmod(0o700)
         elif not self.root.is_dir():
             raise TierUnavailable(f"fs tier directory {self.root} does not exist")
         if read_chunk_bytes <= 0:
@@ -200,9 +203,9 @@ class FilesystemTier:
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         path = self.path_for(key)
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             try:
                 pending = [memoryview(_encode_header(keyb, crc, len(view))), view]

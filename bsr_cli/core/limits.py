@@ -1,0 +1,106 @@
+"""The one check of an engine's tunable settings, shared by `bsr engine up` and ``POST /bsr/v1/settings``.
+
+Every bound follows from the registration (the slot size: bytes of one chunk on one rank), the restore pool and
+the prompt limit:
+
+    slot ≤ budget B ≤ pool          B below one slot admits nothing; B above the pool promises bytes that do not exist
+    RWS(W) ≤ pool  (W > 0)          a larger window could never be staged, whatever the budget
+    RWS(W) ≤ B  (W > 0, at start)   `bsr engine up` also refuses a default W its own budget never admits (at run
+                                    time B may be set for the W of particular requests, as the benchmarks do)
+    1 ≤ fs_concurrency ≤ 256        loader threads per rank; more only adds threads, never bandwidth
+    0 < fetch timeout ≤ 3600 s      finite: a NaN or negative deadline fails every restore
+    1 ≤ max_tokens ≤ kv_tokens      the destination KV must hold the longest prompt
+
+The caller names each setting the way its user spells it (``--budget`` on the command line, ``budget_bytes`` in
+the API), so the message names the thing to change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from bsr_cli.core.registration import Registration
+from bsr_cli.errors import InvalidInput
+
+MAX_FS_CONCURRENCY = 256
+MAX_FETCH_TIMEOUT_S = 3600.0
+
+# How the API spells each setting; the CLI passes its flag names instead.
+API_NAMES: dict[str, str] = {
+    "w": "W",
+    "pool_bytes": "pool_bytes",
+    "budget_bytes": "budget_bytes",
+    "max_tokens": "max_tokens",
+    "kv_tokens": "kv_tokens",
+    "fs_concurrency": "fs_concurrency",
+    "fetch_timeout_s": "fetch_timeout_s",
+}
+
+
+def _int(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInput(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_engine_settings(
+    reg: Registration,
+    *,
+    w: Any,
+    pool_bytes: Any,
+    budget_bytes: Any,
+    max_tokens: Any,
+    kv_tokens: Any,
+    fs_concurrency: Any,
+    fetch_timeout_s: Any,
+    names: Mapping[str, str] = API_NAMES,
+    window_within_budget: bool = True,
+) -> None:
+    """Raise InvalidInput naming the first setting out of bounds; return None when all are consistent.
+
+    ``pool_bytes`` None means a host that does not size its pool itself (the plugins): no pool bound is applied."""
+    n = {**API_NAMES, **names}
+    slot = reg.bytes_per_chunk
+    w = _int(w, n["w"], 0)
+    pool = None if pool_bytes is None else _int(pool_bytes, n["pool_bytes"], 1)
+    budget = _int(budget_bytes, n["budget_bytes"], 1)
+    max_t = _int(max_tokens, n["max_tokens"], 1)
+    kv = _int(kv_tokens, n["kv_tokens"], 1)
+    fsc = _int(fs_concurrency, n["fs_concurrency"], 1)
+    if pool is not None and pool < slot:
+        raise InvalidInput(f"{n['pool_bytes']} {pool:,} bytes cannot hold one chunk ({slot:,} bytes)")
+    if budget < slot:
+        raise InvalidInput(
+            f"{n['budget_bytes']} {budget:,} bytes is below one chunk slot ({slot:,} bytes): nothing could be admitted"
+        )
+    if pool is not None and budget > pool:
+        raise InvalidInput(f"{n['budget_bytes']} {budget:,} exceeds the pool capacity {pool:,}")
+    if w:
+        rws = w * slot + reg.aux_bytes
+        if pool is not None and rws > pool:
+            raise InvalidInput(
+                f"{n['w']} {w:,} needs RWS(W={w}) = {rws:,} bytes, more than the pool {pool:,}: no window could "
+                f"ever be staged (the largest W this pool holds is {max((pool - reg.aux_bytes) // slot, 0):,})"
+            )
+        if window_within_budget and rws > budget:
+            raise InvalidInput(
+                f"{n['budget_bytes']} {budget:,} bytes is below RWS(W={w}) = {rws:,}: no window could ever be "
+                f"admitted (the largest W this budget admits is {max((budget - reg.aux_bytes) // slot, 0):,})"
+            )
+    if kv < max_t:
+        raise InvalidInput(f"{n['kv_tokens']} must be at least {n['max_tokens']} ({kv:,} < {max_t:,})")
+    if fsc > MAX_FS_CONCURRENCY:
+        raise InvalidInput(f"{n['fs_concurrency']} must be at most {MAX_FS_CONCURRENCY}, got {fsc:,}")
+    t = fetch_timeout_s
+    if (
+        isinstance(t, bool)
+        or not isinstance(t, int | float)
+        or not math.isfinite(t)
+        or t <= 0
+        or t > MAX_FETCH_TIMEOUT_S
+    ):
+        raise InvalidInput(
+            f"{n['fetch_timeout_s']} must be a number of seconds in (0, {MAX_FETCH_TIMEOUT_S:.0f}], got {t!r}"
+        )
