@@ -70,8 +70,24 @@ _STREAM_NOTE = (
 # ok (success status), ok_schema, media (success media types), errors (route-specific statuses).
 OPERATIONS: dict[str, dict[str, Any]] = {
     "health": {
-        "summary": "Liveness of every rank (503 when a rank is down).",
-        "ok_schema": _obj("ok", "ranks_alive", "api", ok=_BOOL, ranks_alive=_ARR, api=_STR),
+        "summary": "Health of every rank from its heartbeat (503 when a rank is down or silent: unhealthy_ranks names "
+        "it), and of every tier as the ranks see it with armed faults and recent failures (degraded_tiers).",
+        "ok_schema": _obj(
+            "ok",
+            "ranks_alive",
+            "api",
+            "ranks",
+            "unhealthy_ranks",
+            "tiers",
+            "degraded_tiers",
+            ok=_BOOL,
+            ranks_alive=_ARR,
+            api=_STR,
+            ranks=_ARR,
+            unhealthy_ranks=_ARR,
+            tiers=_OBJ,
+            degraded_tiers=_ARR,
+        ),
         "errors": [503],
     },
     "info": {
