@@ -265,3 +265,21 @@ def test_faults_inject_is_inject_fault(bsr) -> None:
     assert (
         "--window" in a and a.split("Options:")[1].split("Examples:")[0] == b.split("Options:")[1].split("Examples:")[0]
     )
+
+
+def test_events_are_paged_until_the_newest() -> None:
+    """The engine answers the oldest page first; `bsr events` and `bsr describe` must reach the newest events."""
+    from bsr_cli.cli.commands.incident import held_events
+
+    ring = [{"seq": i, "type": "window_fetched"} for i in range(1, 1201)]
+
+    class Engine:  # the /events contract: events after `since`, oldest first, at most 500, and last_seq
+        calls = 0
+
+        def events(self, since: int = 0, wait_s: float = 0.0) -> dict:
+            Engine.calls += 1
+            return {"events": [e for e in ring if e["seq"] > since][:500], "last_seq": 1200}
+
+    evs, last = held_events(Engine(), 0)
+    assert last == 1200 and [e["seq"] for e in evs] == list(range(1, 1201)) and Engine.calls == 3
+    assert held_events(Engine(), 1150)[0][0]["seq"] == 1151
