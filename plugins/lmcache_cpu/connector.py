@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from lmcache_bsr import _lmcache as lm
+from lmcache_bsr.events import emit
 
 
 class VLLMPagedMemCPUConnector(lm.GPUConnectorInterface):  # type: ignore[misc]
@@ -103,6 +104,7 @@ class VLLMPagedMemCPUConnector(lm.GPUConnectorInterface):  # type: ignore[misc]
             src = kv.index_select(0, blocks).reshape(len(blocks), 2, bs, -1)
             out[:, layer, :n].copy_(src.permute(1, 0, 2, 3).reshape(2, n, -1))
         self.stored_tokens += n
+        emit("lmcache_cpu_store", start=start, end=end, tokens=n)
 
     def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
         """The memory object -> vLLM's blocks of tokens [start, end) (load), leaving the blocks vLLM holds."""
@@ -122,6 +124,7 @@ class VLLMPagedMemCPUConnector(lm.GPUConnectorInterface):  # type: ignore[misc]
             data = src[:, layer, skip * bs : n].reshape(2, len(dst_blocks), bs, -1).permute(1, 0, 2, 3)
             kv.index_copy_(0, dst_blocks, data.reshape(len(dst_blocks), *kv.shape[1:]).to(kv.dtype))
         self.loaded_tokens += n - skip * bs
+        emit("lmcache_cpu_load", start=start, end=end, tokens=n - skip * bs)
 
     def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
         for o, s, e in zip(memory_objs, starts, ends, strict=True):
