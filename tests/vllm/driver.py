@@ -74,13 +74,17 @@ def run_action(act: dict[str, Any]) -> dict[str, Any]:
     import subprocess
 
     if "cli" in act:
-        p = subprocess.run(
-            [sys.executable, "-m", "bsr_cli", *act["cli"]],
-            capture_output=True,
-            text=True,
-            timeout=float(act.get("timeout_s", 60)),
-            check=False,
-        )
+        try:
+            p = subprocess.run(
+                [sys.executable, "-m", "bsr_cli", *act["cli"]],
+                capture_output=True,
+                text=True,
+                timeout=float(act.get("timeout_s", 60)),
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            return {"cli": act["cli"], "rc": None, "timed_out": True, "stdout": out[-4000:], "stderr": ""}
         return {"cli": act["cli"], "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-2000:]}
     if "corrupt_dir" in act:
         return {"corrupted_files": corrupt_files(Path(act["corrupt_dir"]))}
