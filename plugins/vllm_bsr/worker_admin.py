@@ -7,13 +7,14 @@ the worker's engine (the engine is LMCache's, built by its vLLM adapter: bsr nev
 driven through ``ThreadRank``).
 
 What it serves: ``probe`` (the per-tier, per-chunk bitmap of THIS rank, probe-only: no pins, no bytes moved),
-``status``/``info``/``registration``. What it refuses: ``submit``/``restore``/stores, since in a vLLM
-deployment KV moves only through vLLM's scheduler and the BSR connector; and faults (``faults_enabled`` off).
+``status``/``info``/``registration``, and faults when the connector's ``bsr_admin_faults`` is set (they fire inside
+the worker's load windows, ``take_fault``). What it refuses: ``submit``/``restore``/stores and the bench
+(``info.serves_restores`` is false), since in a vLLM deployment KV moves only through vLLM's scheduler and the BSR
+connector; and clearing markers, which live in the scheduler.
 The coordinator is one-rank, so the bitmap calls this worker "rank 0"; ``info.engine`` names the real TP rank.
 
 Bound to loopback; port ``bsr_admin_port + rank``; bearer token ``bsr_admin_token`` or ``$BSR_TOKEN``.
-Verified here with real LMCache engines (tests/plugins/test_vllm_lookup.py); inside a vLLM worker it is not
-verified on this machine (no GPU, no vLLM runtime).
+Verified with real LMCache engines (tests/plugins/test_vllm_lookup.py) and inside real vLLM workers (tests/vllm).
 """
 
 from __future__ import annotations
