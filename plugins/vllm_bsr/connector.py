@@ -104,7 +104,7 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             self._count_lmcache_lookups()
             try:
                 self.bsr_probe_server = ProbeLookupServer(
-                    lambda: impl.lmcache_engine, probe_socket_path(md.engine_id, rank, rpc_port)
+                    lambda: impl.lmcache_engine, probe_socket_path(md.engine_id, rank, rpc_port), rank=rank
                 )
             except Exception as e:  # noqa: BLE001 - without it the scheduler counts 0 external tokens (fail-closed)
                 log.warning("bsr: probe server for rank %d not started (scheduler will count 0): %s", rank, e)

@@ -44,6 +44,7 @@ from typing import Any
 
 import zmq
 from lmcache_bsr import _lmcache as lm
+from lmcache_bsr.events import emit
 
 from bsr_cli.engine.services import health_url_for, master_healthy
 
@@ -146,8 +147,9 @@ class ProbeLookupServer:
     as 4 big-endian bytes. Any failure answers 0 at once (the client then counts 0 without waiting out its
     deadline). ``close()`` stops the thread within ~``poll_ms`` and closes the socket."""
 
-    def __init__(self, engine_fn: EngineFn, socket_path: str, *, poll_ms: int = 200) -> None:
+    def __init__(self, engine_fn: EngineFn, socket_path: str, *, poll_ms: int = 200, rank: int | None = None) -> None:
         self.prober = RankProber(engine_fn)
+        self.rank = rank
         self.socket_path = socket_path
         self.transport = _rpc["ZmqRouterServerTransport"](socket_path, recv_timeout_ms=poll_ms)
         self._running = True
@@ -188,6 +190,7 @@ class ProbeLookupServer:
             except Exception as e:  # noqa: BLE001 - fail closed: 0 external tokens
                 log.warning("bsr probe server: probe failed, answering 0: %s", e)
                 n = 0
+            emit("bsr_probe", rank=self.rank, tokens=int(n))
             try:
                 self.transport.send_response(identity, int(n).to_bytes(4, "big"))
                 self.served += 1

@@ -68,6 +68,27 @@ def corrupt_files(root: Path) -> int:
     return n
 
 
+def mooncake_remove(admin: str, metadata: str, master: str, world: int, worker: int) -> dict[str, Any]:
+    """Remove one object of TP rank ``worker`` from the Mooncake store (the first of its keys in sorted order),
+    through a client of the real master: a hole on one rank only."""
+    import urllib.request
+
+    from mooncake.store import MooncakeDistributedStore
+
+    with urllib.request.urlopen(admin + "/get_all_keys", timeout=10) as r:
+        keys = sorted(k for k in r.read().decode().split() if f"@{world}@{worker}@" in k)
+    if not keys:
+        return {"removed": None, "candidates": 0}
+    store = MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master)
+    if rc != 0:
+        raise RuntimeError(f"Mooncake client setup failed: {rc}")
+    rc = store.remove(keys[0], True)
+    with urllib.request.urlopen(admin + "/get_all_keys", timeout=10) as r:
+        left = set(r.read().decode().split())
+    return {"removed": keys[0], "candidates": len(keys), "rc": rc, "gone": keys[0] not in left}
+
+
 def run_action(act: dict[str, Any]) -> dict[str, Any]:
     """One step between requests: a bsr command (real CLI, real HTTP), a corrupted disk tier, a killed process."""
     import signal
@@ -88,6 +109,8 @@ def run_action(act: dict[str, Any]) -> dict[str, Any]:
         return {"cli": act["cli"], "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-2000:]}
     if "corrupt_dir" in act:
         return {"corrupted_files": corrupt_files(Path(act["corrupt_dir"]))}
+    if "mooncake_remove" in act:
+        return mooncake_remove(**act["mooncake_remove"])
     if "kill_pid" in act:
         pid = int(act["kill_pid"])
         os.kill(pid, signal.SIGKILL)

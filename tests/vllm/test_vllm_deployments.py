@@ -64,13 +64,17 @@ def test_mooncake_backend_then_master_killed(
 
 
 @pytest.mark.timeout(480)
-def test_tp2_window_failure_on_one_rank_fails_the_whole_request(
-    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, plugin_site: Path
+def test_tp2_min_over_ranks_and_a_window_failure_on_one_rank(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, plugin_site: Path, master: services.ServiceHandle
 ) -> None:
+    """TP = 2 over Mooncake. A chunk removed from rank 1 only: each rank's probe server answers its own prefix and
+    the scheduler takes the minimum. Then a fault armed on rank 1 only fails the whole request."""
     d = Driver(tmp_path_factory.mktemp("bsr-tp2"), model_dir, plugin_site)
     port = services.free_ports(2)[0]
     rank1 = f"http://127.0.0.1:{port + 1}"
+    hole = {"tokens": N, "seed": 6}
     p = {"tokens": N, "seed": 4}
+    mc = {"admin": master.admin_url, "metadata": master.metadata_url, "master": master.rpc_address}
     res = d.run(
         {
             "connector": "bsr",
@@ -82,7 +86,9 @@ def test_tp2_window_failure_on_one_rank_fails_the_whole_request(
                 "bsr_admin_faults": True,
             },
             "scenarios": [
-                {"name": "store", **p},
+                {"name": "store-hole", **hole, "settle_s": 1.5},  # LMCache's puts to Mooncake are asynchronous
+                {"name": "hole", "before": [{"mooncake_remove": {**mc, "world": 2, "worker": 1}}], **hole},
+                {"name": "store", **p, "settle_s": 1.5},
                 {"name": "load", **p},
                 {
                     "name": "fault-rank1",
@@ -93,9 +99,25 @@ def test_tp2_window_failure_on_one_rank_fails_the_whole_request(
                 },
             ],
         },
-        lmcache=lmcache_yaml(d.root / "lmcache.yaml", d.disk),
-        env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        lmcache=lmcache_yaml(d.root / "lmcache.yaml", None, master),
+        env={
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "VLLM_CPU_OMP_THREADS_BIND": "0|1",
+            "MC_TCP_BIND_ADDRESS": "127.0.0.1",
+        },
     )
+    store_hole, hole_r = res["by_name"]["store-hole"], res["by_name"]["hole"]
+    removed = hole_r["actions"][0]
+    assert removed["gone"] and removed["candidates"] == chunk_prefix(N) // CHUNK, removed
+    answers = {e["rank"]: e["tokens"] for e in events_of(hole_r, "bsr_probe")}
+    assert answers[0] == chunk_prefix(N) and answers[1] < chunk_prefix(N), answers
+    (lk,) = events_of(hole_r, "bsr_lookup")
+    assert lk["probed"] == answers[1]  # the minimum over ranks
+    assert hole_r["num_cached_tokens"] == answers[1]
+    for e in loads(hole_r):  # both ranks load only the common prefix (nothing when the hole is chunk 0)
+        assert e["ok"] and e["loaded"] == answers[1]
+    assert hole_r["output"] == store_hole["output"]
+
     store, load, fault = (res["by_name"][n] for n in ("store", "load", "fault-rank1"))
     # Both ranks loaded their shard of every chunk, in the same windows.
     evs = sorted(loads(load), key=lambda e: e["rank"])
