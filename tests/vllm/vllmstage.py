@@ -107,6 +107,7 @@ class Driver:
         )
         if with_entry_point:
             e["PYTHONPATH"] = os.pathsep.join([str(self.site), e["PYTHONPATH"]])
+        shm_before = set(SHM.glob("vllm_dist_*"))
         with self.log.open("wb") as logf:
             p = subprocess.Popen(
                 [sys.executable, str(DRIVER), str(cfg_path)],
@@ -122,6 +123,7 @@ class Driver:
                 pass
             finally:
                 _kill_group(p)
+                _remove_unmapped(set(SHM.glob("vllm_dist_*")) - shm_before)
         text = self.log.read_text(errors="replace")
         lines = [ln for ln in text.splitlines() if ln.startswith(RESULT_PREFIX)]
         if p.returncode != 0 or not lines:
@@ -131,6 +133,24 @@ class Driver:
         out["by_name"] = {r["name"]: r for r in out["results"]}
         out["log"] = text
         return out
+
+
+SHM = Path("/dev/shm")
+
+
+def _remove_unmapped(paths: set[Path]) -> None:
+    """vLLM's CPU TP group leaves its shared-memory segments in /dev/shm when its workers are not shut down
+    cleanly. Remove those that appeared during this run and that no live process maps (so never another vLLM's)."""
+    if not paths:
+        return
+    mapped = ""
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            mapped += maps.read_text()
+    for p in paths:
+        if p.name not in mapped:
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 def _kill_group(p: subprocess.Popen[bytes]) -> None:
