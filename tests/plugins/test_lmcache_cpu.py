@@ -166,3 +166,31 @@ def test_real_engine_stores_and_loads_through_it(tmp_path: Any) -> None:
                 assert torch.equal(dst[layer][db], src[layer][sb])
     finally:
         lm.destroy_engine(name)
+
+
+def test_vllm_plugin_hook_waits_for_lmcache_then_wraps_its_factory() -> None:
+    """vLLM runs ``register()`` in every process before its CPU worker scans loaded modules, so the hook must import
+    nothing, and wrap LMCache's factory as soon as LMCache imports it (fresh interpreter)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, lmcache_cpu\n"
+        "lmcache_cpu.register()\n"
+        "assert not any(m == 'lmcache' or m.startswith('lmcache.') for m in sys.modules), 'imported LMCache early'\n"
+        "import lmcache.v1.gpu_connector as f\n"
+        "assert getattr(f.CreateGPUConnector, '_bsr_cpu', False), 'factory not wrapped'\n"
+        "print('hook-ok')\n"
+    )
+    plugins = Path(__file__).resolve().parents[2] / "plugins"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": f"{plugins}:{plugins.parent}"},
+        check=False,
+    )
+    assert out.returncode == 0 and "hook-ok" in out.stdout, out.stderr[-2000:]
