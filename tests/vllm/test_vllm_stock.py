@@ -38,3 +38,23 @@ def test_stock_lmcache_connector_stores_then_loads_the_chunk_aligned_prefix(driv
     assert load["output"] == store["output"]
     assert other["num_cached_tokens"] == 0 and not events_of(other, "lmcache_cpu_load")
     assert "No supported cpu connector found" not in res["log"]
+
+
+@pytest.mark.timeout(300)
+def test_without_the_cpu_connector_stock_lmcache_stores_nothing(driver_factory: Any) -> None:
+    """The control for the test above: the same run without the general-plugin entry point is what LMCache 0.5.6
+    does on vLLM's CPU build by itself, degraded: nothing stored, nothing loaded."""
+    d = driver_factory("stock-degraded")
+    res = d.run(
+        {
+            "connector": "stock",
+            "scenarios": [{"name": "a", "tokens": N, "seed": 1}, {"name": "b", "tokens": N, "seed": 1}],
+        },
+        lmcache=lmcache_yaml(d.root / "lmcache.yaml", d.disk),
+        with_entry_point=False,
+    )
+    a, b = res["by_name"]["a"], res["by_name"]["b"]
+    assert "No supported cpu connector found" in res["log"]
+    assert b["num_cached_tokens"] == 0 and not any(f.is_file() for f in d.disk.rglob("*"))
+    assert not events_of(a, "lmcache_cpu_store") and not events_of(b, "lmcache_cpu_load")
+    assert b["output"] == a["output"]
