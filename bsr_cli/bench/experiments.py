@@ -38,7 +38,7 @@ from bsr_cli import __version__
 from bsr_cli.core import accounting
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.units import MiB
-from bsr_cli.errors import CapacityError, EngineError, FaultsDisabled, InvalidInput, ServiceError
+from bsr_cli.errors import BadRequest, CapacityError, EngineError, FaultsDisabled, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
@@ -152,6 +152,12 @@ def _pool_capacity(client: AdminClient) -> int:
 
 
 def _require_tokens(info: dict[str, Any], tokens: int) -> None:
+    if info.get("serves_restores", True) is False:  # e.g. a vLLM worker: KV moves only through vLLM there
+        raise BadRequest(
+            f"the bench is not served from {info.get('engine', 'this engine')}: it submits and restores, which this "
+            "endpoint refuses (not served from a vLLM worker: KV moves only through vLLM's scheduler)",
+            hint="run the bench against the embedded engine or the LMCache host (--embedded)",
+        )
     if tokens > int(info.get("max_tokens", 0)) or tokens > int(info.get("kv_tokens", 0)):
         raise InvalidInput(
             f"the engine accepts prompts up to {info.get('max_tokens'):,} tokens with {info.get('kv_tokens'):,} KV "

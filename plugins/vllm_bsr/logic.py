@@ -1,8 +1,12 @@
 """The vLLM connector's decisions, as plain Python (no vLLM, no LMCache, no torch): unit-tested anywhere.
 
 Scheduler side: how many external tokens to report for a request (the probe-only prefix, or 0 while a
-force-local marker stands), and the marker's lifecycle per request (set when a load of that request failed,
-cleared when the request is admitted again or torn down). Worker side: the windows of a load and, when any window
+force-local marker stands for its prompt), and the marker's lifecycle. vLLM reschedules a request whose load
+failed in place (recompute) and never asks the connector about it again, so a marker keyed by the request would be
+set and dropped without ever being read. The marker is keyed by the *prompt* instead: set when a load of it
+failed, it outlives the failed request and steers the next admission of the same prompt to local compute (0
+external tokens; vLLM recomputes and LMCache stores the chunks afresh), and that admission clears it. Markers are
+bounded (oldest dropped first). Worker side: the windows of a load and, when any window
 fails, the block ids to report as load errors (every block of the request in every KV group, so vLLM drops the
 whole external prefix and recomputes it instead of trusting a partial one).
 """
@@ -15,26 +19,38 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Marker:
-    request: str
+    request: str  # the request whose load failed
     reason: str
     excluded_tiers: set[str] = field(default_factory=set)
+    prompt: str = ""  # the key the marker stands under
+
+
+MAX_MARKERS = 4096
 
 
 class SchedulerState:
-    """Per-request bookkeeping of the scheduler-side connector."""
+    """Per-request bookkeeping of the scheduler-side connector; force-local markers per prompt."""
 
-    def __init__(self, chunk_size: int) -> None:
+    def __init__(self, chunk_size: int, max_markers: int = MAX_MARKERS) -> None:
         if chunk_size <= 0:
             raise ValueError("chunk_size must be positive")
         self.chunk_size = chunk_size
-        self.markers: dict[str, Marker] = {}
+        self.max_markers = max_markers
+        self.markers: dict[str, Marker] = {}  # prompt key -> marker (insertion order = age)
         self.blocks: dict[str, tuple[list[int], ...]] = {}  # request -> block ids per KV group
         self.external: dict[str, int] = {}
+        self.prompts: dict[str, str] = {}  # request -> prompt key
+        self.forced: dict[str, str] = {}  # request -> the marker's key that forced it local
 
-    def external_tokens(self, request: str, probed_prefix_tokens: int, num_computed_tokens: int) -> int:
-        """External tokens to report: 0 under a marker; else the chunk-aligned probe prefix past what vLLM has."""
-        if request in self.markers:
+    def external_tokens(
+        self, request: str, probed_prefix_tokens: int, num_computed_tokens: int, prompt: str | None = None
+    ) -> int:
+        """External tokens to report: 0 under a marker for the request's prompt (``prompt``; the request id when
+        not given); else the chunk-aligned probe prefix past what vLLM has."""
+        key = self.prompts.setdefault(request, prompt or request)
+        if key in self.markers:
             n = 0
+            self.forced[request] = key
         else:
             aligned = probed_prefix_tokens // self.chunk_size * self.chunk_size
             n = max(0, aligned - num_computed_tokens)
@@ -43,28 +59,36 @@ class SchedulerState:
 
     def on_alloc(self, request: str, block_ids: Sequence[Sequence[int]], num_external_tokens: int) -> bool:
         """The scheduler allocated the request's blocks. Returns True when this admission cleared a marker
-        (the request now runs without the failed external prefix: the marker has served its purpose)."""
+        (the request runs without the external prefix, recomputing it: the marker has served its purpose)."""
         self.blocks[request] = tuple(list(g) for g in block_ids)
-        if request in self.markers and num_external_tokens == 0:
-            del self.markers[request]
+        key = self.forced.pop(request, None)
+        if key is not None and key in self.markers and num_external_tokens == 0:
+            del self.markers[key]
             return True
         return False
 
     def on_load_errors(self, invalid_block_ids: Iterable[int], reason: str = "load error") -> list[str]:
-        """Workers reported failed blocks: mark every tracked request that owns one of them (force local next)."""
+        """Workers reported failed blocks: mark the prompt of every tracked request that owns one of them (its
+        next admission computes locally). Returns the requests hit."""
         bad = set(invalid_block_ids)
         hit = []
         for req, groups in self.blocks.items():
             if any(b in bad for g in groups for b in g):
-                self.markers.setdefault(req, Marker(req, reason))
+                key = self.prompts.get(req, req)
+                if key not in self.markers:
+                    self.markers[key] = Marker(req, reason, prompt=key)
+                    while len(self.markers) > self.max_markers:
+                        del self.markers[next(iter(self.markers))]
                 hit.append(req)
         return hit
 
     def on_finished(self, request: str) -> None:
-        """Teardown (finished, aborted, preempted out): nothing of the request stays."""
-        self.markers.pop(request, None)
+        """Teardown (finished, aborted, preempted out): the request's state goes; a marker for its prompt stays
+        for the prompt's next admission."""
         self.blocks.pop(request, None)
         self.external.pop(request, None)
+        self.prompts.pop(request, None)
+        self.forced.pop(request, None)
 
 
 def windows(start_token: int, end_token: int, chunk_size: int, w_chunks: int) -> list[tuple[int, int]]:

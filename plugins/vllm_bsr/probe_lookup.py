@@ -27,8 +27,8 @@ LMCache has one KV layout per engine, so "every group" is the one group LMCache 
 requests carry tokens rather than chunk hashes; the bsr server answers 0 for them.
 
 Verified here (tests/plugins/test_vllm_lookup.py): real LMCache 0.5.6 engines, real Mooncake, two ranks, the
-client and servers over real ZMQ ipc sockets, without vLLM. Not verified here: the same code inside vLLM's
-scheduler and worker processes (no GPU, no vLLM runtime on this machine).
+client and servers over real ZMQ ipc sockets, without vLLM; inside vLLM's scheduler and worker processes (vLLM's
+CPU build): tests/vllm.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from typing import Any
 
 import zmq
 from lmcache_bsr import _lmcache as lm
+from lmcache_bsr.events import emit
 
 from bsr_cli.engine.services import health_url_for, master_healthy
 
@@ -146,8 +147,9 @@ class ProbeLookupServer:
     as 4 big-endian bytes. Any failure answers 0 at once (the client then counts 0 without waiting out its
     deadline). ``close()`` stops the thread within ~``poll_ms`` and closes the socket."""
 
-    def __init__(self, engine_fn: EngineFn, socket_path: str, *, poll_ms: int = 200) -> None:
+    def __init__(self, engine_fn: EngineFn, socket_path: str, *, poll_ms: int = 200, rank: int | None = None) -> None:
         self.prober = RankProber(engine_fn)
+        self.rank = rank
         self.socket_path = socket_path
         self.transport = _rpc["ZmqRouterServerTransport"](socket_path, recv_timeout_ms=poll_ms)
         self._running = True
@@ -188,6 +190,7 @@ class ProbeLookupServer:
             except Exception as e:  # noqa: BLE001 - fail closed: 0 external tokens
                 log.warning("bsr probe server: probe failed, answering 0: %s", e)
                 n = 0
+            emit("bsr_probe", rank=self.rank, tokens=int(n))
             try:
                 self.transport.send_response(identity, int(n).to_bytes(4, "big"))
                 self.served += 1

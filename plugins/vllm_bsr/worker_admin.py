@@ -7,13 +7,14 @@ the worker's engine (the engine is LMCache's, built by its vLLM adapter: bsr nev
 driven through ``ThreadRank``).
 
 What it serves: ``probe`` (the per-tier, per-chunk bitmap of THIS rank, probe-only: no pins, no bytes moved),
-``status``/``info``/``registration``. What it refuses: ``submit``/``restore``/stores, since in a vLLM
-deployment KV moves only through vLLM's scheduler and the BSR connector; and faults (``faults_enabled`` off).
+``status``/``info``/``registration``, and faults when the connector's ``bsr_admin_faults`` is set (they fire inside
+the worker's load windows, ``take_fault``). What it refuses: ``submit``/``restore``/stores and the bench
+(``info.serves_restores`` is false), since in a vLLM deployment KV moves only through vLLM's scheduler and the BSR
+connector; and clearing markers, which live in the scheduler.
 The coordinator is one-rank, so the bitmap calls this worker "rank 0"; ``info.engine`` names the real TP rank.
 
 Bound to loopback; port ``bsr_admin_port + rank``; bearer token ``bsr_admin_token`` or ``$BSR_TOKEN``.
-Verified here with real LMCache engines (tests/plugins/test_vllm_lookup.py); inside a vLLM worker it is not
-verified on this machine (no GPU, no vLLM runtime).
+Verified with real LMCache engines (tests/plugins/test_vllm_lookup.py) and inside real vLLM workers (tests/vllm).
 """
 
 from __future__ import annotations
@@ -132,11 +133,23 @@ class WorkerCoordinator(LMCacheCoordinator):
     def restore(self, tokens: Any, **kw: Any) -> dict[str, Any]:
         return self._refuse("restore")  # type: ignore[no-any-return]
 
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "serves_restores": False}
+
+    def clear_markers(self) -> int:
+        raise BadRequest(
+            "force-local markers are not served from a vLLM worker: they live in vLLM's scheduler (the BSR "
+            "connector), keyed by prompt, and clear on that prompt's next admission",
+            hint="watch `bsr_marker_set` / `bsr_marker_cleared` in $BSR_VLLM_EVENTS or the scheduler's log",
+        )
+
 
 class WorkerAdmin:
     """The admin server of one vLLM worker. ``stop()`` it (the connector does on shutdown)."""
 
-    def __init__(self, engine_fn: EngineFn, tp_rank: int, *, token: str, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, engine_fn: EngineFn, tp_rank: int, *, token: str, port: int, host: str = "127.0.0.1", faults: bool = False
+    ) -> None:
         eng = engine_fn()
         if eng is None:
             raise RuntimeError("LMCache has no engine in this worker: bsr's admin API cannot start")
@@ -145,12 +158,30 @@ class WorkerAdmin:
         self.ops = WorkerRankOps(engine_fn, tp_rank, self.registry)
         tiers = tuple(self.ops.prober.tiers()) or ("fs",)
         settings = EngineSettings(
-            name=f"vllm-lmcache tp-rank {tp_rank}", tiers=tiers, kv_tokens=reg.chunk_size, w=0, faults_enabled=False
+            name=f"vllm-lmcache tp-rank {tp_rank}", tiers=tiers, kv_tokens=reg.chunk_size, w=0, faults_enabled=faults
         )
         self.rank = ThreadRank(self.ops, max_workers=4)  # type: ignore[arg-type]  # duck-typed LMCacheRank
         self.coordinator = WorkerCoordinator(reg, [self.rank], settings, EventLog(), registry=self.registry)
         self.server = AdminServer(self.coordinator, token=token, host=host, port=port)
         self.server.start()
+
+    def take_fault(self, window: int) -> Any:
+        """The armed fault that fires in load window ``window`` (0-based) of this worker, if any; counts it as
+        fired (and drops it once its count is spent). Called by the BSR connector inside every window."""
+        c = self.coordinator
+        with c._lock:
+            for i, f in enumerate(c.faults):
+                if f.applies_to_rank(0) and f.hits(window, 0):
+                    fired = f.after_firing()
+                    if fired.exhausted():
+                        del c.faults[i]
+                    else:
+                        c.faults[i] = fired
+                    break
+            else:
+                return None
+        c.events.append({"type": "fault_fired", "window": window, **fired.to_dict()})
+        return fired
 
     @property
     def url(self) -> str:

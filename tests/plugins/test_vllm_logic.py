@@ -37,17 +37,37 @@ def test_marker_set_on_failure_forces_local_then_clears_on_admission() -> None:
 
 
 @pytest.mark.timeout(10)
-def test_marker_cleared_on_teardown() -> None:
+def test_marker_outlives_the_failed_request_and_steers_the_next_one_for_its_prompt() -> None:
+    """vLLM recomputes a failed load in place and never asks again: the marker must reach the NEXT request for the
+    same prompt (another request id), force it local once, and then be gone."""
     s = SchedulerState(CS)
-    s.on_alloc("r1", ([1],), CS)
-    s.on_load_errors([1])
-    assert "r1" in s.markers
-    s.on_finished("r1")
-    assert s.markers == {} and s.blocks == {} and s.external == {}
+    assert s.external_tokens("r1", 4 * CS, 0, prompt="p") == 4 * CS
+    s.on_alloc("r1", ([1, 2],), 4 * CS)
+    assert s.on_load_errors([2]) == ["r1"]
+    s.on_finished("r1")  # the failed request recomputed and finished
+    assert set(s.markers) == {"p"} and s.blocks == {} and s.external == {} and s.prompts == {}
+    # Another prompt is not affected.
+    assert s.external_tokens("r2", 4 * CS, 0, prompt="q") == 4 * CS
+    # The next request for the same prompt computes locally, and its admission clears the marker.
+    assert s.external_tokens("r3", 4 * CS, 0, prompt="p") == 0
+    assert s.on_alloc("r3", ([7, 8],), 0) is True
+    assert s.markers == {}
+    s.on_finished("r3")
+    assert s.external_tokens("r4", 4 * CS, 0, prompt="p") == 4 * CS
     # An admission with external tokens does not clear a standing marker (that load may fail again).
-    s.on_alloc("r2", ([5],), CS)
+    s.on_alloc("r4", ([5],), 4 * CS)
     s.on_load_errors([5])
-    assert s.on_alloc("r2", ([5],), CS) is False and "r2" in s.markers
+    assert s.on_alloc("r4", ([5],), 4 * CS) is False and "p" in s.markers
+
+
+@pytest.mark.timeout(10)
+def test_markers_are_bounded_oldest_first() -> None:
+    s = SchedulerState(CS, max_markers=2)
+    for i in range(3):
+        s.external_tokens(f"r{i}", CS, 0, prompt=f"p{i}")
+        s.on_alloc(f"r{i}", ([i],), CS)
+        s.on_load_errors([i])
+    assert list(s.markers) == ["p1", "p2"]
 
 
 @pytest.mark.timeout(10)

@@ -1,0 +1,43 @@
+"""Fixtures of the real-vLLM stage (helpers and the driver runner: vllmstage.py). Everything here is skipped where
+vLLM and LMCache are not installed (the main venv); scripts/test-vllm runs it in .venv-vllm."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("lmcache") is None:
+    collect_ignore_glob = ["test_*.py"]
+else:
+    from vllmstage import DRIVER, Driver, env_for
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("plugin-site")
+    di = site / "bsr_plugins-0.1.0.dist-info"
+    di.mkdir()
+    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: bsr-plugins\nVersion: 0.1.0\n")
+    (di / "entry_points.txt").write_text("[vllm.general_plugins]\nlmcache_cpu = lmcache_cpu:register\n")
+    return site
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny-llama"
+    subprocess.run([sys.executable, str(DRIVER), "--make-model", str(path)], check=True, timeout=120, env=env_for({}))
+    return path
+
+
+@pytest.fixture
+def driver_factory(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, plugin_site: Path) -> Iterator[Any]:
+    def make(name: str) -> Driver:
+        return Driver(tmp_path_factory.mktemp(name), model_dir, plugin_site)
+
+    yield make

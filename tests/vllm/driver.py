@@ -1,0 +1,182 @@
+"""One real vLLM (CPU build) with LMCache, running a list of scenarios; prints one JSON result line.
+
+Run by tests/vllm (one process per configuration, so vLLM's start-up is paid once for several scenarios):
+``python tests/vllm/driver.py CONFIG.json``. The config names the model directory, the connector ("stock":
+vLLM's built-in LMCacheConnectorV1, "bsr": vllm_bsr's BSRConnector), the TP size, the LMCache config file and the
+scenarios. What happened inside vLLM's scheduler and workers comes back through bsr's event file
+($BSR_VLLM_EVENTS, JSON lines written by the connectors); the result line carries every request's output tokens,
+vLLM's cached-token count, and the events each scenario produced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULT_PREFIX = "BSR-DRIVER-RESULT "
+
+
+def make_model(path: Path, *, layers: int = 2, vocab: int = 1024) -> None:
+    """A tiny Llama made locally (no hub): weights at initializer_range 0.2, so wrong KV changes the output."""
+    if (path / "config.json").exists():
+        return
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(path)
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return [(i * 7919 + seed * 104729) % 1000 + 7 for i in range(n)]
+
+
+def read_events(path: Path, start: int) -> tuple[list[dict[str, Any]], int]:
+    if not path.exists():
+        return [], start
+    data = path.read_bytes()
+    out = [json.loads(line) for line in data[start:].decode().splitlines() if line.strip()]
+    return out, len(data)
+
+
+def corrupt_files(root: Path) -> int:
+    """Flip bytes in every stored object under ``root`` (LMCache's disk tier): nothing in LMCache checks them."""
+    n = 0
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and f.stat().st_size > 64:
+            data = bytearray(f.read_bytes())
+            for i in range(64, len(data), 97):
+                data[i] ^= 0x5A
+            f.write_bytes(bytes(data))
+            n += 1
+    return n
+
+
+def mooncake_remove(admin: str, metadata: str, master: str, world: int, worker: int) -> dict[str, Any]:
+    """Remove one object of TP rank ``worker`` from the Mooncake store (the first of its keys in sorted order),
+    through a client of the real master: a hole on one rank only."""
+    import urllib.request
+
+    from mooncake.store import MooncakeDistributedStore
+
+    with urllib.request.urlopen(admin + "/get_all_keys", timeout=10) as r:
+        keys = sorted(k for k in r.read().decode().split() if f"@{world}@{worker}@" in k)
+    if not keys:
+        return {"removed": None, "candidates": 0}
+    store = MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master)
+    if rc != 0:
+        raise RuntimeError(f"Mooncake client setup failed: {rc}")
+    rc = store.remove(keys[0], True)
+    with urllib.request.urlopen(admin + "/get_all_keys", timeout=10) as r:
+        left = set(r.read().decode().split())
+    return {"removed": keys[0], "candidates": len(keys), "rc": rc, "gone": keys[0] not in left}
+
+
+def run_action(act: dict[str, Any]) -> dict[str, Any]:
+    """One step between requests: a bsr command (real CLI, real HTTP), a corrupted disk tier, a killed process."""
+    import signal
+    import subprocess
+
+    if "cli" in act:
+        try:
+            p = subprocess.run(
+                [sys.executable, "-m", "bsr_cli", *act["cli"]],
+                capture_output=True,
+                text=True,
+                timeout=float(act.get("timeout_s", 60)),
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            return {"cli": act["cli"], "rc": None, "timed_out": True, "stdout": out[-4000:], "stderr": ""}
+        return {"cli": act["cli"], "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-2000:]}
+    if "corrupt_dir" in act:
+        return {"corrupted_files": corrupt_files(Path(act["corrupt_dir"]))}
+    if "mooncake_remove" in act:
+        return mooncake_remove(**act["mooncake_remove"])
+    if "kill_pid" in act:
+        pid = int(act["kill_pid"])
+        os.kill(pid, signal.SIGKILL)
+        return {"killed": pid}
+    if "sleep_s" in act:
+        time.sleep(float(act["sleep_s"]))
+        return {"slept": act["sleep_s"]}
+    raise ValueError(f"unknown action {act}")
+
+
+def main(config_path: str) -> int:
+    cfg = json.loads(Path(config_path).read_text())
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    events_path = Path(os.environ["BSR_VLLM_EVENTS"])
+    ktc: dict[str, Any] = {
+        "kv_connector": "LMCacheConnectorV1",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+    }
+    if cfg["connector"] == "bsr":
+        ktc |= {
+            "kv_connector": "BSRConnector",
+            "kv_connector_module_path": "vllm_bsr.connector",
+            "kv_connector_extra_config": cfg.get("extra", {}),
+        }
+    t0 = time.monotonic()
+    llm = LLM(
+        model=cfg["model"],
+        skip_tokenizer_init=True,
+        max_model_len=2048,
+        enable_prefix_caching=False,  # every reuse must come through the connector
+        kv_transfer_config=ktc,
+        enforce_eager=True,
+        tensor_parallel_size=int(cfg.get("tp", 1)),
+        dtype="float32",
+        max_num_seqs=4,
+        block_size=int(cfg.get("block_size", 64)),
+        seed=0,
+    )
+    startup_s = time.monotonic() - t0
+    sp = SamplingParams(max_tokens=int(cfg.get("max_tokens", 8)), temperature=0.0, detokenize=False)
+    pos = 0
+    results: list[dict[str, Any]] = []
+    for sc in cfg["scenarios"]:
+        actions = [run_action(a) for a in sc.get("before", [])]
+        res: dict[str, Any] = {"name": sc["name"], "actions": actions}
+        if int(sc.get("tokens", 0)):
+            t = time.monotonic()
+            out = llm.generate([TokensPrompt(prompt_token_ids=prompt(int(sc["tokens"]), int(sc["seed"])))], sp)[0]
+            res |= {
+                "output": list(out.outputs[0].token_ids),
+                "num_cached_tokens": out.num_cached_tokens,
+                "wall_s": round(time.monotonic() - t, 3),
+            }
+        time.sleep(float(sc.get("settle_s", 0.2)))  # workers append their events right after the step
+        res["events"], pos = read_events(events_path, pos)
+        res["after"] = [run_action(a) for a in sc.get("after", [])]
+        results.append(res)
+    print(RESULT_PREFIX + json.dumps({"startup_s": round(startup_s, 1), "results": results}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--make-model":
+        make_model(Path(sys.argv[2]))
+        sys.exit(0)
+    sys.exit(main(sys.argv[1]))

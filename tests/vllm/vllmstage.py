@@ -1,0 +1,165 @@
+"""Helpers of the real-vLLM stage (tests/vllm).
+
+The real-vLLM stage: vLLM's CPU build with LMCache 0.5.6 and bsr's plugins, in real processes.
+
+Run by scripts/test-vllm (its own venv, .venv-vllm); everything here skips where vLLM is not installed (the main
+venv). Each test configuration runs tests/vllm/driver.py once in a subprocess (one vLLM start-up, several
+scenarios) with its own temp dirs (VLLM_RPC_BASE_PATH, TMPDIR, LMCache's disk tier, bsr's event file) and a hard
+deadline: the driver's whole process group is killed when it runs out, and always at the end.
+
+The lmcache_cpu plugin reaches vLLM's processes through vLLM's general-plugin entry point; bsr's plugins are not an
+installed distribution in that venv, so the session writes the entry point's metadata (what ``pip install
+./plugins`` would register) into a temp dir on the drivers' PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("driver.py")
+RESULT_PREFIX = "BSR-DRIVER-RESULT "
+CHUNK = 128  # LMCache chunk: two vLLM blocks of 64
+BLOCK = 64
+DRIVER_TIMEOUT_S = float(os.environ.get("BSR_VLLM_DRIVER_TIMEOUT_S", "240"))
+
+
+def chunk_prefix(tokens: int) -> int:
+    """What LMCache stores of a prompt: its full chunks."""
+    return tokens // CHUNK * CHUNK
+
+
+def env_for(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins")]),
+            "LMCACHE_TRACK_USAGE": "false",
+            "LMCACHE_LOG_LEVEL": "INFO",  # LMCache's "Stored/Retrieved N tokens" lines, in the driver's log
+            "PYTHONHASHSEED": "0",  # LMCache's chunk hashes must agree across vLLM's processes
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def lmcache_yaml(path: Path, disk: Path | None, master: Any = None) -> Path:
+    lines = [f"chunk_size: {CHUNK}", "local_cpu: false", "max_local_cpu_size: 0.1", "blocking_timeout_secs: 10"]
+    if disk is not None:
+        lines += [f'local_disk: "file://{disk}/"', "max_local_disk_size: 0.2"]
+    if master is not None:
+        lines += [
+            f'remote_url: "mooncakestore://{master.rpc_address}/"',
+            'remote_serde: "naive"',
+            "extra_config:",
+            '  mooncake_local_hostname: "127.0.0.1"',
+            f'  mooncake_metadata_server: "{master.metadata_url}"',
+            f'  mooncake_master_server_addr: "{master.rpc_address}"',
+            '  mooncake_protocol: "tcp"',
+            "  mooncake_global_segment_size: 67108864",
+            "  mooncake_local_buffer_size: 33554432",
+            "  save_chunk_meta: false",
+            "  transfer_timeout: 5",
+        ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Driver:
+    """One driver run's inputs and, after ``run()``, its result, events and log."""
+
+    def __init__(self, root: Path, model: Path, site: Path) -> None:
+        self.root = root
+        self.model = model
+        self.site = site
+        for d in ("rpc", "tmp", "disk"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        self.disk = root / "disk"
+        self.events = root / "events.jsonl"
+        self.log = root / "driver.log"
+
+    def run(
+        self, config: dict[str, Any], *, lmcache: Path, env: dict[str, str] | None = None, with_entry_point: bool = True
+    ) -> dict[str, Any]:
+        cfg = {"model": str(self.model), "block_size": BLOCK, **config}
+        cfg_path = self.root / "config.json"
+        cfg_path.write_text(json.dumps(cfg))
+        e = env_for(
+            {
+                "LMCACHE_CONFIG_FILE": str(lmcache),
+                "VLLM_RPC_BASE_PATH": str(self.root / "rpc"),
+                "TMPDIR": str(self.root / "tmp"),
+                "BSR_VLLM_EVENTS": str(self.events),
+                **(env or {}),
+            }
+        )
+        if with_entry_point:
+            e["PYTHONPATH"] = os.pathsep.join([str(self.site), e["PYTHONPATH"]])
+        shm_before = set(SHM.glob("vllm_dist_*"))
+        with self.log.open("wb") as logf:
+            p = subprocess.Popen(
+                [sys.executable, str(DRIVER), str(cfg_path)],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=e,
+                cwd=self.root,
+                start_new_session=True,
+            )
+            try:
+                p.wait(timeout=DRIVER_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                _kill_group(p)
+                _remove_unmapped(set(SHM.glob("vllm_dist_*")) - shm_before)
+        text = self.log.read_text(errors="replace")
+        lines = [ln for ln in text.splitlines() if ln.startswith(RESULT_PREFIX)]
+        if p.returncode != 0 or not lines:
+            tail = "\n".join(text.splitlines()[-60:])
+            raise AssertionError(f"vLLM driver failed (rc {p.returncode}); log tail:\n{tail}")
+        out: dict[str, Any] = json.loads(lines[-1][len(RESULT_PREFIX) :])
+        out["by_name"] = {r["name"]: r for r in out["results"]}
+        out["log"] = text
+        return out
+
+
+SHM = Path("/dev/shm")
+
+
+def _remove_unmapped(paths: set[Path]) -> None:
+    """vLLM's CPU TP group leaves its shared-memory segments in /dev/shm when its workers are not shut down
+    cleanly. Remove those that appeared during this run and that no live process maps (so never another vLLM's)."""
+    if not paths:
+        return
+    mapped = ""
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            mapped += maps.read_text()
+    for p in paths:
+        if p.name not in mapped:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def _kill_group(p: subprocess.Popen[bytes]) -> None:
+    """The driver and everything vLLM started under it (EngineCore, workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=30)
+
+
+def events_of(result: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [e for e in result.get("events", []) if e["event"] == kind]
