@@ -366,7 +366,7 @@ class Coordinator:
                 budget_bytes=self.settings.budget_bytes,
                 pool_bytes=self.settings.pool_bytes,
             )
-        self._note_tier_health(decision.committed_tokens > 0, tiers_used, blamed, fails, request)
+        self._note_tier_health(decision.committed_tokens > 0, tiers_used, blamed, fails, request, bool(fired))
         result = {
             "request": request,
             "W": w,
@@ -529,7 +529,13 @@ class Coordinator:
             f.add_done_callback(done)
 
     def _note_tier_health(
-        self, committed: bool, used: set[str], blamed: set[str], fails: list[dict[str, Any]], request: str
+        self,
+        committed: bool,
+        used: set[str],
+        blamed: set[str],
+        fails: list[dict[str, Any]],
+        request: str,
+        injected: bool = False,
     ) -> None:
         with self._lock:
             if committed:
@@ -543,6 +549,7 @@ class Coordinator:
                     "rank": f.get("rank"),
                     "request": request,
                     "at": time.time(),
+                    "injected": injected,  # an armed fault fired: forgotten when the operator clears faults
                 }
 
     def rank_health(self) -> list[dict[str, Any]]:
@@ -978,6 +985,9 @@ class Coordinator:
         with self._lock:
             n = len(self.faults)
             self.faults = []
+            # A tier that failed only because of an injected fault is not remembered as failing once faults are
+            # cleared; a real failure stays until its TTL or the tier's next committed restore.
+            self.tier_failures = {t: v for t, v in self.tier_failures.items() if not v.get("injected")}
         self.events.append({"type": "faults_cleared", "count": n})
         return n
 

@@ -302,7 +302,7 @@ def test_armed_and_recent_tier_faults_show_the_tier_unhealthy(bsr, own) -> None:
     n, seed = 8 * 256, 970
     assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
     assert _status(bsr)[1]["tiers"]["mooncake"]["ok"] is True
-    assert bsr("inject-fault", "--kind", "remote-unavailable", "--count", "0").code == 0
+    assert bsr("inject-fault", "--kind", "remote-unavailable", "--count", "1").code == 0
     armed = _status(bsr)[1]["tiers"]["mooncake"]
     assert armed["ok"] is False and any("remote-unavailable armed" in d for d in armed["detail"])
     from bsr_cli.client import AdminClient
@@ -311,7 +311,7 @@ def test_armed_and_recent_tier_faults_show_the_tier_unhealthy(bsr, own) -> None:
         assert c.health()["degraded_tiers"] == ["mooncake"]
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
     assert r.code == ExitCode.FAILED_CLOSED and r.json()["blamed_tiers"] == ["mooncake"]
-    assert bsr("faults", "clear").code == 0
+    assert bsr("faults", "list", "--json").json()["faults"] == []  # fired once and spent: no longer armed
     assert bsr("markers", "clear").code == 0
     recent = _status(bsr)[1]["tiers"]["mooncake"]
     assert recent["ok"] is False and any("failed" in d and "ago" in d for d in recent["detail"]), recent
@@ -372,3 +372,17 @@ def test_a_dead_segment_holder_shows_the_tier_unhealthy(bsr, own) -> None:
     with AdminClient(own[1], own[2]) as c:
         h = c.health()
     assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"] and h["tiers"]["fs"]["ok"] is True
+
+
+def test_a_failure_from_an_injected_fault_is_forgotten_when_faults_are_cleared(bsr, engine) -> None:
+    """An injected fault fails a restore and the tier shows it; `bsr faults clear` ends the drill, and the tier is
+    healthy again (a real failure would stay until its TTL or the tier's next committed restore)."""
+    n, seed = 8 * 256, 907
+    assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
+    assert bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "1").code == 0
+    assert bsr("restore", "--synthetic", str(n), "--seed", str(seed)).code == ExitCode.FAILED_CLOSED
+    assert bsr("faults", "list", "--json").json()["faults"] == []  # it fired and is spent
+    st = _status(bsr)[1]
+    assert st["tiers"]["mooncake"]["ok"] is False  # the failure is remembered
+    assert bsr("faults", "clear").code == 0
+    assert _status(bsr)[1]["tiers"]["mooncake"]["ok"] is True
