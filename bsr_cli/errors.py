@@ -16,7 +16,8 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     │   └── ServerError         the engine failed (5xx)                           (9)
     ├── RestoreFailedClosed     a restore ended fail-closed (nothing committed)  (10)
     ├── DrillViolation          a drill found a broken invariant                 (11)
-    └── ServiceError            starting/stopping local services failed          (13)
+    ├── ServiceError            starting/stopping local services failed          (13)
+    └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
 """
 
 from __future__ import annotations
@@ -125,3 +126,8 @@ class DrillViolation(BsrError):
 class ServiceError(BsrError):
     exit_code = ExitCode.SERVICE
     kind = "service"
+
+
+class RestoreAborted(BsrError):
+    exit_code = ExitCode.INTERRUPTED
+    kind = "aborted"

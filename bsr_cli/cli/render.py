@@ -227,6 +227,15 @@ def plan(console: Console, d: dict[str, Any]) -> None:
     if w and d["whole_plan_bytes"] and d["peak_bytes_per_rank"]:
         ratio = d["whole_plan_bytes"] / d["peak_bytes_per_rank"]
         console.print(f"BSR stages {ratio:,.1f}× less than the whole-plan path for this prompt.")
+    fit = d.get("capacity")
+    if fit:  # a dry run against a live engine: can its budget B (W=0: its pool) admit these windows?
+        if fit["fits"]:
+            console.print(
+                f"[green]fits[/] this engine: a window stages {b(fit['window_bytes'])} per rank; budget B "
+                f"{b(fit['budget_bytes'])}, pool {b(fit['pool_bytes'])}"
+            )
+        else:
+            console.print(f"[red]does not fit[/] this engine: {fit['message']}")
 
 
 def registration_diff(console: Console, d: dict[str, Any]) -> None:

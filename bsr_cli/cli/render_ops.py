@@ -120,9 +120,15 @@ def _restore_line(r: dict[str, Any]) -> str:
         for f in r.get("failures", [])
     )
     invalid = ", ".join(f"rank {x['rank']}/{x['group']}" for x in r.get("invalid", []))
+    kind = r.get("failure_kind") or "tier"
+    cause = {
+        "capacity": "capacity (no tier blamed)",
+        "rank": "rank fault (no tier blamed)",
+        "aborted": "aborted (no tier blamed)",
+    }.get(kind, f"tier fault ({', '.join(r.get('blamed_tiers') or r.get('tiers') or []) or 'tier'})")
     return (
-        f"[red]failed closed[/]: advertised {r.get('advertised_tokens', 0):,} tokens, committed 0 "
-        f"(invalid: {invalid}) — {fails}"
+        f"[red]failed closed[/], {cause}: advertised {r.get('advertised_tokens', 0):,} tokens, committed 0 "
+        f"(invalid: {invalid or '—'}) — {fails}"
     )
 
 
@@ -140,6 +146,10 @@ def submit(console: Console, d: dict[str, Any]) -> None:
             _restore_line(r) if r else "no external hit: local prefill",
         )
     console.print(t)
+    for p in d["passes"]:
+        r = p.get("restore") or {}
+        if r.get("failure_kind") == "capacity" and r.get("hint"):
+            console.print(f"[yellow]restore refused for capacity[/] (computed locally instead): {r['hint']}")
     hist = d["force_local"]["history"]
     if hist:
         console.print(
@@ -217,7 +227,8 @@ def restore(console: Console, d: dict[str, Any]) -> None:
                 else ""
             )
         )
-        console.print(f"whole-plan (W=0) would stage {b(d.get('whole_plan_bytes'))} per rank")
+        if d.get("whole_plan_bytes"):
+            console.print(f"whole-plan (W=0) would stage {b(d.get('whole_plan_bytes'))} per rank")
     console.print("[dim]Σ fetch/install s add up each window's time; windows overlap, so they can exceed wall s[/]")
     _hash_line(console, d)
     if d.get("marker"):
@@ -314,9 +325,10 @@ def status(console: Console, d: dict[str, Any]) -> None:
         t.add_column(col, justify="right")
     for r in d["ranks"]:
         p = r.get("pool", {})
+        healthy = r.get("healthy", r["alive"])
         t.add_row(
             str(r["rank"]),
-            "[green]up[/]" if r["alive"] else "[red]down[/]",
+            "[green]up[/]" if healthy else ("[red]unhealthy[/]" if r["alive"] else "[red]down[/]"),
             format_bytes(p.get("live_bytes", 0)),
             format_bytes(p.get("peak_bytes", 0)),
             format_bytes(p.get("capacity_bytes", 0)),
@@ -324,6 +336,11 @@ def status(console: Console, d: dict[str, Any]) -> None:
             f"{r.get('restore_bps', 0) / 1e9:.2f} GB/s",
         )
     console.print(t)
+    for r in d["ranks"]:
+        if not r.get("healthy", r["alive"]):
+            console.print(f"[red]rank {r['rank']} unhealthy[/]: {r.get('reason') or r.get('error') or 'not running'}")
+        elif r.get("last_fault"):
+            console.print(f"rank {r['rank']} recovered; last fault: {r['last_fault']['reason']}")
     for name, h in d["tiers"].items():
         console.print(f"tier {name}: " + ("[green]ok[/]" if h["ok"] else "[red]unhealthy[/] " + "; ".join(h["detail"])))
     if d["markers"]:

@@ -23,6 +23,7 @@ import httpx
 from bsr_cli import API_VERSION
 from bsr_cli.errors import (
     BadRequest,
+    CapacityError,
     EngineError,
     EngineTimeout,
     EngineUnreachable,
@@ -78,11 +79,15 @@ class AdminClient:
         token: str | None = None,
         *,
         timeout_s: float = 30.0,
+        stream_timeout_s: float | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
+        # Streams (restore, submit) send progress as it happens: with a deadline given by the user, a stream
+        # silent that long is given up on; without one, a long call may stay silent up to its own timeout.
+        self.stream_timeout_s = stream_timeout_s
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -91,7 +96,8 @@ class AdminClient:
     @classmethod
     def from_settings(cls, settings: Settings) -> AdminClient:
         url, token, _ = resolve_engine(settings)
-        return cls(url, token, timeout_s=settings.timeout_s)
+        explicit = "timeout_s" in settings.sources
+        return cls(url, token, timeout_s=settings.timeout_s, stream_timeout_s=settings.timeout_s if explicit else None)
 
     def close(self) -> None:
         self._http.close()
@@ -116,6 +122,8 @@ class AdminClient:
         kind = str(body.get("error", "")) if isinstance(body, dict) else ""
         message = (body.get("message") if isinstance(body, dict) else None) or f"HTTP {r.status_code}"
         hint = body.get("hint") if isinstance(body, dict) else None
+        if kind == "capacity":
+            raise CapacityError(message, hint=hint)
         if kind in _KIND_TO_ERROR:
             raise _KIND_TO_ERROR[kind](message, hint=hint)
         if r.status_code == 401:
@@ -171,7 +179,10 @@ class AdminClient:
     ) -> dict[str, Any]:
         try:
             with self._http.stream(
-                "POST", self._path(path), json=body, timeout=httpx.Timeout(self.timeout_s, read=timeout)
+                "POST",
+                self._path(path),
+                json=body,
+                timeout=httpx.Timeout(self.timeout_s, read=self.stream_timeout_s or timeout),
             ) as r:
                 if r.status_code >= 400:
                     r.read()
@@ -187,13 +198,18 @@ class AdminClient:
                         return dict(msg["result"])
                     elif kind == "error":
                         status = int(msg.get("status", 500))
+                        if msg.get("error") == "capacity":
+                            raise CapacityError(msg["message"], hint=msg.get("hint"))
                         err = _KIND_TO_ERROR.get(msg.get("error", ""))
                         if err:
                             raise err(msg["message"], hint=msg.get("hint"))
                         cls: type[EngineError] = ServerError if status >= 500 else BadRequest
                         raise cls(msg["message"], hint=msg.get("hint"))
         except httpx.TimeoutException:
-            raise EngineTimeout(f"{self.url} stopped sending progress for {path}") from None
+            raise EngineTimeout(
+                f"{self.url} sent no progress for {path} within {self.stream_timeout_s or timeout:g}s",
+                hint="raise --timeout for long operations",
+            ) from None
         except httpx.TransportError as e:
             raise EngineUnreachable(f"lost the engine at {self.url}: {_why(e)}") from None
         raise ServerError(f"the engine closed {path} without a result")
@@ -221,7 +237,7 @@ class AdminClient:
 
     def probe(self, prompt: dict[str, Any], exclude_tiers: list[str] | None = None) -> dict[str, Any]:
         body = dict(prompt) | ({"exclude_tiers": exclude_tiers} if exclude_tiers else {})
-        return dict(self._call("POST", "/probe", body, timeout=max(self.timeout_s, 120)))
+        return dict(self._call("POST", "/probe", body))
 
     def submit(
         self,

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -46,6 +47,7 @@ class ProcessRank:
             self.process.join(5)
             raise ServiceError(f"rank {rank} failed to start: {hello.get('error')}")
         self.info: dict[str, Any] = hello["info"]
+        self._last_heard = time.monotonic()
         self._reader = threading.Thread(target=self._read, name=f"bsr-rank{rank}-reader", daemon=True)
         self._reader.start()
 
@@ -55,6 +57,10 @@ class ProcessRank:
 
     def alive(self) -> bool:
         return self._dead is None and self.process.is_alive()
+
+    def heartbeat_age(self) -> float:
+        """Seconds since this rank last said anything (it beats every few hundred ms while it runs)."""
+        return time.monotonic() - self._last_heard
 
     def submit(self, op: str, **args: Any) -> Future[Any]:
         fut: Future[Any] = Future()
@@ -82,6 +88,9 @@ class ProcessRank:
                 msg = self._conn.recv()
             except (EOFError, OSError):
                 break
+            self._last_heard = time.monotonic()
+            if "beat" in msg:
+                continue
             if "event" in msg:
                 # A listener bug must not kill the rank's reader.
                 with contextlib.suppress(Exception):

@@ -191,6 +191,7 @@ def up(state: Path, opts: EngineOptions) -> dict[str, Any]:
                     "master_address": master.rpc_address,
                     "metadata_url": master.metadata_url,
                     "health_url": master.health_url,
+                    "admin_url": master.admin_url,
                 }
             engine_cfg = {
                 "registration": opts.registration.to_dict(),

@@ -22,6 +22,7 @@ from typing import Any
 from bsr_cli.engine.kv_ops import KVOps
 
 STORE_BATCH = 16  # objects per put call
+HEARTBEAT_S = 0.25  # how often a rank tells the coordinator it is alive
 
 
 def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
@@ -41,6 +42,18 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
         send({"ready": False, "error": f"{type(e).__name__}: {e}"})
         return
     send({"ready": True, "info": rank.info()})
+    stop_beat = threading.Event()
+
+    def beat() -> None:
+        # The heartbeat: the coordinator judges this rank's health by it (a stopped or wedged process stops
+        # beating though it still exists).
+        while not stop_beat.wait(HEARTBEAT_S):
+            try:
+                send({"beat": time.monotonic()})
+            except (OSError, ValueError):
+                return
+
+    threading.Thread(target=beat, name=f"rank{rank.rank}-heartbeat", daemon=True).start()
     pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rank{rank.rank}")
 
     def handle(msg: dict[str, Any]) -> None:
@@ -63,6 +76,7 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
                 continue
             pool.submit(handle, msg)
     finally:
+        stop_beat.set()
         rank.close()
         pool.shutdown(wait=False, cancel_futures=True)
 
@@ -95,7 +109,11 @@ class Rank(KVOps):
             from bsr_cli.engine.tiers.mooncake import MooncakeTier
 
             tier = MooncakeTier(
-                mc["master_address"], mc["metadata_url"], health_url=mc.get("health_url"), deadline_s=30.0
+                mc["master_address"],
+                mc["metadata_url"],
+                health_url=mc.get("health_url"),
+                admin_url=mc.get("admin_url"),
+                deadline_s=30.0,
             )
             tier.register(ptr, self.pool_tensor.numel())
             self.tiers["mooncake"] = tier

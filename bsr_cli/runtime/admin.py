@@ -269,11 +269,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routes ------------------------------------------------------------------------------------------------
     def health(self, q: dict[str, str], path: str) -> None:
-        alive = [r.alive() for r in self.admin.coordinator.ranks]
-        self._send_json(
-            HTTPStatus.OK if all(alive) else HTTPStatus.SERVICE_UNAVAILABLE,
-            {"ok": all(alive), "ranks_alive": alive, "api": API_VERSION},
-        )
+        h = self.admin.coordinator.health()
+        self._send_json(HTTPStatus.OK if h["ok"] else HTTPStatus.SERVICE_UNAVAILABLE, h | {"api": API_VERSION})
 
     def info(self, q: dict[str, str], path: str) -> None:
         self._send_json(HTTPStatus.OK, self.admin.coordinator.info())

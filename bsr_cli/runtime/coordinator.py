@@ -24,8 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,10 +36,27 @@ from bsr_cli.core.keys import chunk_hashes, object_key, prompt_hash
 from bsr_cli.core.plan import windows_for
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import BadRequest, CapacityError, FaultsDisabled, InvalidInput, ServerError
+from bsr_cli.runtime import failures
 from bsr_cli.runtime.events import EventLog
 from bsr_cli.runtime.faults import FaultSpec
 
 MAX_PASSES = 3  # remote → lower tier → recompute
+POLL_S = 0.1  # how often a wait on ranks checks their heartbeats and progress
+TIER_FAILURE_TTL_S = 300.0  # a tier's real failure keeps it unhealthy this long unless a success clears it first
+# Rank events that count as progress of a restore on that rank (window_waiting: blocked on admission).
+PROGRESS_EVENTS = frozenset({"window_waiting", "window_fetched", "window_installed", "window_released"})
+
+
+class RankUnresponsive(ServerError):
+    """A rank stopped answering: no heartbeat, or no progress on a call within its deadline."""
+
+    def __init__(self, rank: int, reason: str) -> None:
+        super().__init__(
+            f"rank {rank} is not responding: {reason}",
+            hint="`bsr status` shows the rank's health; a stopped or hung rank process must be resumed or restarted",
+        )
+        self.rank = rank
+        self.reason = reason
 
 
 class RankClient(Protocol):
@@ -51,6 +67,9 @@ class RankClient(Protocol):
     def abort(self, request: str) -> None: ...
 
     def alive(self) -> bool: ...
+
+    # Optional: ``heartbeat_age() -> float``, seconds since the rank last showed a sign of life (a rank in another
+    # process beats on its own). Rank clients without it (in-process ranks) are judged by progress alone.
 
 
 @dataclass
@@ -134,17 +153,57 @@ class Coordinator:
         self.recent: deque[dict[str, Any]] = deque(maxlen=50)
         self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ranks}
         self._waiting = 0
+        # Liveness: per (request, rank) the time and kind of the last progress event of a running restore; the
+        # last fault seen on each rank; per request the rank calls still running after it was failed (its blocks
+        # stay allocated until they return, so a late install can never land in another request's blocks).
+        self._progress: dict[tuple[str, int], tuple[float, str]] = {}
+        self.rank_faults: dict[int, dict[str, Any]] = {}
+        self._stuck: dict[int, set[str]] = {}
+        self._outstanding: dict[str, list[Future[Any]]] = {}
+        # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
+        self.tier_failures: dict[str, dict[str, Any]] = {}
 
     # -- small helpers -----------------------------------------------------------------------------------------
+    @property
+    def stall_s(self) -> float:
+        """A rank silent this long (no heartbeat) is stalled: derived from the fetch timeout, at least 1 s."""
+        return max(1.0, float(self.settings.fetch_timeout_s))
+
+    def _silent(self, r: RankClient) -> str | None:
+        """Why rank ``r`` cannot answer now (dead, or no heartbeat for longer than stall_s), or None."""
+        if not r.alive():
+            return "its process is not running"
+        age_fn = getattr(r, "heartbeat_age", None)
+        age = age_fn() if age_fn is not None else None
+        if age is not None and age > self.stall_s:
+            return f"no heartbeat for {age:.1f}s (process stopped or hung)"
+        return None
+
+    def _rank_fault(self, rank: int, reason: str, request: str | None = None) -> None:
+        with self._lock:
+            self.rank_faults[rank] = {"reason": reason, "request": request, "at": time.time()}
+        self.events.append({"type": "rank_unresponsive", "rank": rank, "reason": reason, "request": request})
+
     def _gather(self, futures: Sequence[Future[Any]], timeout_s: float, what: str) -> list[Any]:
+        """Every rank's answer to one call, failing fast (RankUnresponsive) when a rank stops beating instead of
+        waiting out the whole deadline."""
         deadline = time.monotonic() + timeout_s
-        out = []
-        for r, fut in zip(self.ranks, futures, strict=True):
-            try:
-                out.append(fut.result(timeout=max(0.0, deadline - time.monotonic())))
-            except FutureTimeout:
-                raise ServerError(f"rank {r.rank} did not answer {what} within {timeout_s:.0f}s") from None
-        return out
+        pending = [f for f in futures if not f.done()]
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                r = next(r for r, f in zip(self.ranks, futures, strict=True) if not f.done())
+                reason = f"did not answer {what} within {timeout_s:.0f}s"
+                self._rank_fault(r.rank, reason)
+                raise RankUnresponsive(r.rank, reason)
+            wait(pending, timeout=min(POLL_S, left), return_when=FIRST_COMPLETED)
+            pending = [f for f in pending if not f.done()]
+            for r, f in zip(self.ranks, futures, strict=True):
+                why = None if f.done() else self._silent(r)
+                if why:
+                    self._rank_fault(r.rank, f"{why} during {what}")
+                    raise RankUnresponsive(r.rank, f"{why} during {what}")
+        return [f.result() for f in futures]
 
     def _all(self, op: str, timeout_s: float | None = None, **args: Any) -> list[Any]:
         futures = [r.submit(op, **args) for r in self.ranks]
@@ -263,16 +322,13 @@ class Coordinator:
                 "admit_timeout_s": self.settings.admit_timeout_s,
             }
             futures.append(r.submit("restore", job=job))
-        budget = self.settings.admit_timeout_s + len(windows) * (self.settings.fetch_timeout_s + 30) + 30
         try:
-            outcomes = self._gather(futures, budget, "restore")
-        except Exception:
-            for r in self.ranks:
-                r.abort(request)
-            raise
+            outcomes = self._await_restore(request, futures)
         finally:
             with self._lock:
                 self.active.pop(request, None)
+                for r in self.ranks:
+                    self._progress.pop((request, r.rank), None)
         validity = {(o["rank"], g): v for o in outcomes for g, v in o["valid"].items()}
         decision = commit_prefix(ext_tokens, validity, [r.rank for r in self.ranks], self.reg.group_names)
         fired = {fid for o in outcomes for fid in o["fired_faults"]}
@@ -282,9 +338,30 @@ class Coordinator:
                 self.faults = [f for f in self.faults if not f.exhausted()]
         seconds = time.monotonic() - started
         total_bytes = sum(o["bytes_restored"] for o in outcomes)
-        failures = [
-            {"rank": o["rank"], "window": o["failed_window"], "reason": o["reason"]} for o in outcomes if not o["ok"]
+        fails = [
+            {
+                "rank": o["rank"],
+                "window": o["failed_window"],
+                "reason": o["reason"],
+                "kind": o.get("kind") or failures.TIER,
+                "tier": o.get("tier"),
+            }
+            for o in outcomes
+            if not o["ok"]
         ]
+        kind = None if decision.committed_tokens else (failures.classify(fails) or failures.TIER)
+        blamed = failures.blamed_tiers(kind, fails, sorted(tiers_used))
+        hint = None
+        if kind == failures.CAPACITY:
+            first = next(f for f in fails if f["kind"] == failures.CAPACITY)
+            hint = failures.capacity_hint(
+                first["reason"],
+                w=w,
+                slot_bytes=self.reg.bytes_per_chunk,
+                budget_bytes=self.settings.budget_bytes,
+                pool_bytes=self.settings.pool_bytes,
+            )
+        self._note_tier_health(decision.committed_tokens > 0, tiers_used, blamed, fails, request)
         result = {
             "request": request,
             "W": w,
@@ -293,7 +370,10 @@ class Coordinator:
             "committed_tokens": decision.committed_tokens,
             "outcome": "committed" if decision.committed_tokens else "failed_closed",
             "invalid": [{"rank": r, "group": g} for r, g in decision.invalid],
-            "failures": failures,
+            "failures": fails,
+            "failure_kind": kind,
+            "blamed_tiers": sorted(blamed),
+            "hint": hint,
             "windows": len(windows),
             "chunks": k,
             "seconds": seconds,
@@ -310,7 +390,8 @@ class Coordinator:
                 "request": request,
                 "committed_tokens": decision.committed_tokens,
                 "advertised_tokens": ext_tokens,
-                "failures": failures,
+                "failures": fails,
+                "failure_kind": kind,
                 "seconds": seconds,
             }
         )
@@ -324,13 +405,219 @@ class Coordinator:
                     "tiers": sorted(tiers_used),
                     "seconds": seconds,
                     "finished": time.time(),
-                    "reason": failures[0]["reason"] if failures else "",
+                    "reason": fails[0]["reason"] if fails else "",
+                    "failure_kind": kind,
                 }
             )
         return result
 
+    def _await_restore(self, request: str, futures: Sequence[Future[Any]]) -> list[dict[str, Any]]:
+        """Every rank's restore outcome, with liveness: a rank that stops beating, or makes no progress within
+        its window deadline (derived from the fetch timeout), fails the restore as a rank fault within seconds.
+        Then every rank is told to abort; a call that is still running keeps its blocks allocated (see
+        _release_tables)."""
+        start = time.monotonic()
+        with self._lock:
+            for r in self.ranks:
+                self._progress[(request, r.rank)] = (start, "started")
+        by_rank = {r.rank: r for r in self.ranks}
+        pending = {r.rank: f for r, f in zip(self.ranks, futures, strict=True)}
+        outcomes: dict[int, dict[str, Any]] = {}
+        stalled: dict[int, str] = {}
+        while pending and not stalled:
+            wait(list(pending.values()), timeout=POLL_S, return_when=FIRST_COMPLETED)
+            for rk, f in list(pending.items()):
+                if f.done():
+                    del pending[rk]
+                    try:
+                        outcomes[rk] = f.result()
+                    except Exception as e:  # noqa: BLE001 - a rank whose call broke is a rank fault
+                        stalled[rk] = f"its restore call failed: {e}"
+            now = time.monotonic()
+            for rk in pending:
+                why = self._silent(by_rank[rk]) or self._overdue(request, rk, now)
+                if why:
+                    stalled[rk] = why
+        if not stalled:
+            return [outcomes[r.rank] for r in self.ranks]
+        for r in self.ranks:
+            r.abort(request)
+        for rk, why in stalled.items():
+            self._rank_fault(rk, why, request)
+        # The healthy ranks end their own restore fail-closed (abort); give them a short grace to say so.
+        grace_end = time.monotonic() + min(5.0, self.stall_s)
+        for rk, f in list(pending.items()):
+            if rk in stalled:
+                continue
+            wait([f], timeout=max(0.0, grace_end - time.monotonic()))
+            if f.done():
+                del pending[rk]
+                try:
+                    outcomes[rk] = f.result()
+                except Exception as e:  # noqa: BLE001 - as above
+                    stalled[rk] = f"its restore call failed: {e}"
+        for rk, f in pending.items():
+            self._quarantine(request, rk, f)
+        elapsed = time.monotonic() - start
+        for rk in by_rank:
+            if rk not in outcomes or rk in stalled:
+                why = stalled.get(rk) or f"still running after rank(s) {sorted(stalled)} stopped responding"
+                outcomes[rk] = {
+                    "rank": rk,
+                    "ok": False,
+                    "valid": dict.fromkeys(self.reg.group_names, False),
+                    "windows_done": 0,
+                    "bytes_restored": 0,
+                    "seconds": elapsed,
+                    "reason": why,
+                    "failed_window": None,
+                    "fired_faults": [],
+                    "fetch_seconds": 0.0,
+                    "install_seconds": 0.0,
+                    "peak_live_bytes": 0,
+                    "kind": failures.RANK if rk in stalled else failures.ABORTED,
+                    "tier": None,
+                }
+        return [outcomes[r.rank] for r in self.ranks]
+
+    def _overdue(self, request: str, rank: int, now: float) -> str | None:
+        """The per-window progress deadline: 2 × the fetch timeout since the rank's last progress (plus the
+        admission deadline while it waits for budget), else the rank is stalled."""
+        with self._lock:
+            at, what = self._progress.get((request, rank), (now, ""))
+        limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if what == "window_waiting" else 0)
+        if now - at > limit:
+            return f"no restore progress for {now - at:.1f}s (window deadline {limit:g}s)"
+        return None
+
+    def _quarantine(self, request: str, rank: int, fut: Future[Any]) -> None:
+        """A rank call still running after its restore was failed: the rank is unhealthy until it returns, and
+        the request's blocks are not reused before then."""
+        with self._lock:
+            self._outstanding.setdefault(request, []).append(fut)
+            self._stuck.setdefault(rank, set()).add(request)
+
+        def done(_: Future[Any]) -> None:
+            with self._lock:
+                self._stuck.get(rank, set()).discard(request)
+
+        fut.add_done_callback(done)
+
+    def _release_tables(self, request: str, tables: dict[str, list[int]]) -> None:
+        """Free a request's blocks now, or once the last of its quarantined rank calls has returned."""
+        with self._lock:
+            left = [f for f in self._outstanding.pop(request, []) if not f.done()]
+        if not left:
+            self._free(tables)
+            return
+        remaining = [len(left)]
+        gate = threading.Lock()
+
+        def done(_: Future[Any]) -> None:
+            with gate:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                self._free(tables)
+
+        for f in left:
+            f.add_done_callback(done)
+
+    def _note_tier_health(
+        self, committed: bool, used: set[str], blamed: set[str], fails: list[dict[str, Any]], request: str
+    ) -> None:
+        with self._lock:
+            if committed:
+                for t in used:
+                    self.tier_failures.pop(t, None)
+                return
+            for t in blamed:
+                f = next((x for x in fails if x.get("tier") == t), fails[0] if fails else {})
+                self.tier_failures[t] = {
+                    "reason": f.get("reason", ""),
+                    "rank": f.get("rank"),
+                    "request": request,
+                    "at": time.time(),
+                }
+
+    def rank_health(self) -> list[dict[str, Any]]:
+        """Per rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline."""
+        out = []
+        for r in self.ranks:
+            why = self._silent(r)
+            with self._lock:
+                stuck = sorted(self._stuck.get(r.rank, ()))
+                last = self.rank_faults.get(r.rank)
+            if why is None and stuck:
+                why = f"restore of {', '.join(stuck)} still running past its deadline"
+            age_fn = getattr(r, "heartbeat_age", None)
+            out.append(
+                {
+                    "rank": r.rank,
+                    "healthy": why is None,
+                    "alive": r.alive(),
+                    "heartbeat_age_s": round(age_fn(), 3) if age_fn is not None else None,
+                    "reason": why,
+                    "last_fault": last,
+                }
+            )
+        return out
+
+    def health(self) -> dict[str, Any]:
+        """What /health answers: ``ok`` when every rank is healthy (the engine can serve); ``degraded`` names
+        the tiers that are not (the engine still serves, from a lower tier or by recomputing)."""
+        ranks = self.rank_health()
+        tiers = self._tier_health(self.pool(health=True))
+        return {
+            "ok": all(r["healthy"] for r in ranks),
+            "ranks_alive": [r["alive"] for r in ranks],
+            "ranks": ranks,
+            "unhealthy_ranks": [r["rank"] for r in ranks if not r["healthy"]],
+            "tiers": tiers,
+            "degraded_tiers": sorted(t for t, v in tiers.items() if not v["ok"]),
+        }
+
+    def _tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+        """Per tier ``{"ok", "detail"}``: what each rank sees of it (``pool(health=True)``) joined with what the
+        coordinator knows (armed faults, recent real failures)."""
+        tiers: dict[str, Any] = {}
+        for r in ranks:
+            for name, h in (r.get("tiers") or {}).items():
+                t = tiers.setdefault(name, {"ok": True, "detail": []})
+                t["ok"] = t["ok"] and h["ok"]
+                if not h["ok"]:
+                    t["detail"].append(f"rank{r['rank']}: {h['detail']}")
+        for name, why in self._tier_flags().items():
+            t = tiers.setdefault(name, {"ok": True, "detail": []})
+            if why:
+                t["ok"] = False
+                t["detail"].extend(why)
+        return tiers
+
+    def _tier_flags(self) -> dict[str, list[str]]:
+        """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
+        a recent real failure that no committed restore from it has cleared since."""
+        now = time.time()
+        with self._lock:
+            armed = [f for f in self.faults if not f.exhausted()]
+            recent = {t: dict(v) for t, v in self.tier_failures.items() if now - v["at"] <= TIER_FAILURE_TTL_S}
+        out: dict[str, list[str]] = {t: [] for t in self.settings.tiers}
+        for f in armed:
+            for t in f.tiers_affected():
+                out.setdefault(t, []).append(f"fault #{f.id} {f.kind} armed")
+        for t, v in recent.items():
+            out.setdefault(t, []).append(
+                f"restore from it failed {now - v['at']:.0f}s ago on rank {v['rank']}: {v['reason']}"
+            )
+        return out
+
     def on_rank_event(self, ev: dict[str, Any]) -> None:
         """Rank progress: update the live view, then log it."""
+        if ev.get("type") in PROGRESS_EVENTS:
+            key = (str(ev.get("request", "")), int(ev.get("rank", -1)))
+            with self._lock:
+                if key in self._progress:
+                    self._progress[key] = (time.monotonic(), str(ev["type"]))
         if ev.get("type") == "window_released":
             with self._lock:
                 st = self.active.get(ev.get("request", ""))
@@ -464,14 +751,16 @@ class Coordinator:
                 if res["committed_tokens"]:
                     committed, source = res["committed_tokens"], "+".join(res["tiers"])
                     break
-                # Fail closed: every block of the request is invalid now (each rank scrubbed its own); the
-                # marker keeps the next pass from retrying the same external fault.
-                m = self._set_marker(
-                    prompt,
-                    set(res["tiers"]),
-                    res["failures"][0]["reason"] if res["failures"] else "invalid group",
-                    request,
-                )
+                # Fail closed: every block of the request is invalid now (each rank scrubbed its own). Only a tier
+                # fault sets a marker (the next pass skips that tier); a stalled rank ends the request; a capacity
+                # refusal or an abort blames no tier: the rest is computed locally.
+                entry["failure_kind"] = res["failure_kind"]
+                if res["failure_kind"] == failures.RANK:
+                    bad = next(f for f in res["failures"] if f["kind"] == failures.RANK)
+                    raise RankUnresponsive(bad["rank"], bad["reason"])
+                if res["failure_kind"] != failures.TIER:
+                    break
+                m = self._set_marker(prompt, set(res["blamed_tiers"]), failures.summary(res), request)
                 exclude = set(m.excluded)
                 marker_history.append({"pass": pass_no, "marker": m.to_dict()})
             # Successful admission (RUNNING): the marker has served its purpose.
@@ -516,7 +805,7 @@ class Coordinator:
             )
             return result
         finally:
-            self._free(tables)  # teardown
+            self._release_tables(request, tables)  # teardown
             stop()
 
     def _store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: dict[str, list[int]]) -> dict:
@@ -558,7 +847,10 @@ class Coordinator:
         """A manual windowed restore of a prompt's external prefix (no fallback, nothing computed)."""
         w, request, prompt, hashes, stop = self._open(tokens, w, request, progress)
         try:
-            bitmap, tier_errors = self.probe(tokens, hashes)
+            try:
+                bitmap, tier_errors = self.probe(tokens, hashes)
+            except RankUnresponsive as e:
+                return self._rank_failed(request, prompt, len(tokens), w, e)
             excl = set(exclude)
             ext = bitmap.prefix_tokens(excl)
             brk = bitmap.first_break(excl)
@@ -586,14 +878,39 @@ class Coordinator:
                             self._all("canonical_hash", hashes=hashes[: -(-ext // self.reg.chunk_size)], n_tokens=ext)
                         )
                         out["hash_ok"] = out["canonical_hash"] == out["output_hash"]
-                else:
-                    reason = res["failures"][0]["reason"] if res["failures"] else "invalid group"
-                    out["marker"] = self._set_marker(prompt, set(res["tiers"]), reason, request).to_dict()
+                elif res["failure_kind"] == failures.TIER:
+                    marker = self._set_marker(prompt, set(res["blamed_tiers"]), failures.summary(res), request)
+                    out["marker"] = marker.to_dict()
                 return out
             finally:
-                self._free(tables)
+                self._release_tables(request, tables)
         finally:
             stop()
+
+    def _rank_failed(self, request: str, prompt: str, n_tokens: int, w: int, e: RankUnresponsive) -> dict[str, Any]:
+        """A manual restore that could not start because a rank stopped answering: failed closed (nothing was
+        restored or committed), blamed on the rank, no marker."""
+        fail = {"rank": e.rank, "window": None, "reason": e.reason, "kind": failures.RANK, "tier": None}
+        self.events.append(
+            {"type": "restore_failed_closed", "request": request, "committed_tokens": 0, "failures": [fail]}
+        )
+        return {
+            "request": request,
+            "prompt": prompt,
+            "tokens": n_tokens,
+            "W": w,
+            "outcome": "failed_closed",
+            "advertised_tokens": 0,
+            "committed_tokens": 0,
+            "failures": [fail],
+            "failure_kind": failures.RANK,
+            "blamed_tiers": [],
+            "invalid": [],
+            "tiers": [],
+            "ranks": [],
+            "windows": 0,
+            "hint": e.hint,
+        }
 
     def abort(self, request: str) -> bool:
         with self._lock:
@@ -663,17 +980,27 @@ class Coordinator:
     def pool(self, health: bool = False) -> list[dict[str, Any]]:
         out = []
         futures = []
+        states = self.rank_health()
         for r in self.ranks:
-            futures.append(r.submit("stats", health=health) if r.alive() else None)
+            # A silent rank is not asked (it would only make the caller wait): its health says why.
+            futures.append(r.submit("stats", health=health) if r.alive() and self._silent(r) is None else None)
         now = time.monotonic()
-        for r, fut in zip(self.ranks, futures, strict=True):
-            entry: dict[str, Any] = {"rank": r.rank, "alive": r.alive()}
+        for r, fut, h in zip(self.ranks, futures, states, strict=True):
+            entry: dict[str, Any] = {
+                "rank": r.rank,
+                "alive": r.alive(),
+                "healthy": h["healthy"],
+                "reason": h["reason"],
+                "heartbeat_age_s": h["heartbeat_age_s"],
+                "last_fault": h["last_fault"],
+            }
             if fut is not None:
                 try:
                     entry |= fut.result(timeout=5.0)
                 except Exception as e:  # noqa: BLE001 - a rank that cannot answer is shown as such
                     entry["alive"] = False
-                    entry["error"] = str(e)
+                    entry["healthy"] = False
+                    entry["error"] = entry["reason"] = str(e) or "no answer to stats within 5s"
             with self._lock:
                 recent = [(t, b) for t, b in self._rate.get(r.rank, ()) if now - t <= 5.0]
             entry["restore_bps"] = sum(b for _, b in recent) / 5.0
@@ -696,13 +1023,7 @@ class Coordinator:
             recent = list(self.recent)
             markers = [m.to_dict() for m in self.markers.values()]
             faults = [f.to_dict() for f in self.faults]
-        tiers: dict[str, Any] = {}
-        for r in ranks:
-            for name, h in (r.get("tiers") or {}).items():
-                t = tiers.setdefault(name, {"ok": True, "detail": []})
-                t["ok"] = t["ok"] and h["ok"]
-                if not h["ok"]:
-                    t["detail"].append(f"rank{r['rank']}: {h['detail']}")
+        tiers = self._tier_health(ranks)
         live = sum(r.get("pool", {}).get("live_bytes", 0) for r in ranks)
         return {
             "time": time.time(),

@@ -101,6 +101,32 @@ class RestorePool:
 
         Returns None when ``wait`` is False and the slots are not available now (a prefetch that must not block).
         Raises CapacityError when the request can never fit, or when the deadline passes."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._waiters += 1
+            try:
+                while True:
+                    # Checked on every wake-up too: a budget cut while this window waits can make it never fit.
+                    limit_slots = self._never_fits(n_slots, bounded)
+                    if self._live_slots + n_slots <= limit_slots and len(self._free) >= n_slots:
+                        break
+                    if not wait:
+                        return None
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise CapacityError(f"timed out after {timeout_s:.1f}s waiting for {n_slots} pool slots")
+                    self._cond.wait(left)
+                slots = [self._free.pop() for _ in range(n_slots)]
+                self._live_slots += n_slots
+                self._peak_slots = max(self._peak_slots, self._live_slots)
+                self._windows += 1
+                return Lease(self, slots)
+            finally:
+                self._waiters -= 1
+
+    def _never_fits(self, n_slots: int, bounded: bool) -> int:
+        """The slot limit that applies (the budget B, or the capacity for the whole-plan path); raises
+        CapacityError when ``n_slots`` can never fit under it."""
         limit_slots = (self.budget_bytes if bounded else self.capacity_bytes) // self.slot_bytes
         if n_slots > limit_slots:
             what = "budget B" if bounded else "pool capacity"
@@ -109,25 +135,7 @@ class RestorePool:
                 f"the {what} is {limit_slots * self.slot_bytes:,} bytes",
                 hint="lower W, or start the engine with a larger pool (--pool) or budget (--budget)",
             )
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            self._waiters += 1
-            try:
-                while self._live_slots + n_slots > limit_slots or len(self._free) < n_slots:
-                    if not wait:
-                        return None
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise CapacityError(f"timed out after {timeout_s:.1f}s waiting for {n_slots} pool slots")
-                    self._cond.wait(left)
-                    limit_slots = (self.budget_bytes if bounded else self.capacity_bytes) // self.slot_bytes
-                slots = [self._free.pop() for _ in range(n_slots)]
-                self._live_slots += n_slots
-                self._peak_slots = max(self._peak_slots, self._live_slots)
-                self._windows += 1
-                return Lease(self, slots)
-            finally:
-                self._waiters -= 1
+        return limit_slots
 
     def _release(self, slots: list[int]) -> None:
         with self._cond:

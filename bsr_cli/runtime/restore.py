@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bsr_cli.errors import CapacityError
+from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import crc32c_at
 from bsr_cli.runtime.faults import FaultSpec
 from bsr_cli.runtime.pool import Lease, RestorePool
@@ -89,17 +90,29 @@ class RankOutcome:
     fetch_seconds: float = 0.0
     install_seconds: float = 0.0
     peak_live_bytes: int = 0  # the pool's live bytes at their highest while this restore held slots
+    kind: str = ""  # why it failed (bsr_cli.runtime.failures): capacity | tier | rank | aborted
+    tier: str | None = None  # the tier that failed, when a tier fault names one
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 class RestoreFailed(Exception):
-    def __init__(self, reason: str, window: int | None, groups: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        window: int | None,
+        groups: Sequence[str] | None = None,
+        *,
+        kind: str = failures.TIER,
+        tier: str | None = None,
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.window = window
         self.groups = groups  # None: every group of this rank
+        self.kind = kind
+        self.tier = tier
 
 
 Emit = Callable[[dict[str, Any]], None]
@@ -164,7 +177,7 @@ class RankRestorer:
         try:
             for win in windows:
                 if abort.is_set():
-                    raise RestoreFailed("aborted by the operator", win.index)
+                    raise RestoreFailed("aborted by the operator", win.index, kind=failures.ABORTED)
                 fetch_ahead(block=True)
                 lease, fetch_s, arrived = ahead.popleft().result()
                 out.fetch_seconds += fetch_s
@@ -173,7 +186,7 @@ class RankRestorer:
                 # releases the GIL; CRC32C holds it at most a few tens of microseconds per object under 1 MB and
                 # releases it above). A mismatch fails the retrieve before the window is released, and a failed
                 # retrieve scrubs every block of the request, so bytes installed unverified are never committed.
-                verified = self._verifier.submit(self._verify, win, arrived)
+                verified = self._verifier.submit(self._verify, job, win, arrived)
                 try:
                     fetch_ahead(block=False)
                     t0 = time.monotonic()
@@ -200,13 +213,13 @@ class RankRestorer:
             out.ok = True
             out.valid = dict.fromkeys(self.group_order, True)
         except RestoreFailed as e:
-            out.reason, out.failed_window = e.reason, e.window
+            out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
             bad = set(e.groups or self.group_order)
             out.valid = {g: g not in bad for g in self.group_order}
         except CapacityError as e:
-            out.reason, out.failed_window = f"capacity: {e.message}", None
+            out.reason, out.failed_window, out.kind = f"capacity: {e.message}", None, failures.CAPACITY
         except Exception as e:  # noqa: BLE001 - any transfer exception fails the retrieve, closed
-            out.reason = f"transfer error: {type(e).__name__}: {e}"
+            out.reason, out.kind = f"transfer error: {type(e).__name__}: {e}", failures.TIER
         finally:
             # Fetches issued ahead may still be running: wait for each and give its slots back.
             for pending in ahead:
@@ -228,6 +241,7 @@ class RankRestorer:
                     "rank": self.rank,
                     "window": out.failed_window,
                     "reason": out.reason,
+                    "kind": out.kind,
                 }
             )
         return out
@@ -241,9 +255,14 @@ class RankRestorer:
         return sum(job.objects[g][c].size for g in self.group_order for c in range(win.chunk_start, win.chunk_end))
 
     def _lease(self, job: RestoreJob, win: WindowJob, bounded: bool, *, wait: bool) -> Lease | None:
-        return self.pool.acquire(
-            win.chunk_end - win.chunk_start, timeout_s=job.admit_timeout_s, bounded=bounded, wait=wait
-        )
+        n = win.chunk_end - win.chunk_start
+        lease = self.pool.acquire(n, timeout_s=job.admit_timeout_s, bounded=bounded, wait=False)
+        if lease is not None or not wait:
+            return lease
+        # Waiting for admission (other windows hold the budget) is progress of a kind: say so, so the
+        # coordinator's per-window progress deadline allows for the admission deadline instead.
+        self.emit({"type": "window_waiting", "request": job.request_id, "rank": self.rank, "window": win.index})
+        return self.pool.acquire(n, timeout_s=job.admit_timeout_s, bounded=bounded, wait=True)
 
     def _fetch_owned(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> Fetched:
         try:
@@ -303,14 +322,14 @@ class RankRestorer:
                     # The injected stall: nothing more arrives before the deadline (an abort cuts it short).
                     abort = self._aborts.get(job.request_id)
                     if abort is not None and abort.wait(max(0.0, deadline - time.monotonic())):
-                        raise RestoreFailed("aborted by the operator", win.index)
+                        raise RestoreFailed("aborted by the operator", win.index, kind=failures.ABORTED)
                     codes = [TIMED_OUT if i in stalled else code for i, code in enumerate(codes)]
             for f in corrupt:
                 for (g, _, s), code in zip(items, codes, strict=True):
                     if code > 0 and (f.group is None or f.group == g):
                         s.view[len(s.view) // 2] ^= 0xFF  # one flipped byte in transit
                         break
-            arrived.extend(self._check_arrival(win, items, codes, sums))
+            arrived.extend(self._check_arrival(win, tier_name, items, codes, sums))
         self.emit(
             {
                 "type": "window_fetched",
@@ -328,6 +347,7 @@ class RankRestorer:
     def _check_arrival(
         self,
         win: WindowJob,
+        tier: str,
         items: Sequence[tuple[str, int, StagingSlice]],
         codes: Sequence[int],
         sums: Sequence[int | None],
@@ -346,15 +366,22 @@ class RankRestorer:
             if g not in bad_groups:
                 bad_groups.append(g)
         if bad_groups:
-            raise RestoreFailed(first_reason, win.index, bad_groups)
+            raise RestoreFailed(first_reason, win.index, bad_groups, tier=tier or None)
         return [(g, c, s, stored) for (g, c, s), stored in zip(items, sums, strict=True)]
 
-    def _verify(self, win: WindowJob, arrived: Sequence[tuple[str, int, StagingSlice, int | None]]) -> None:
+    def _verify(
+        self, job: RestoreJob, win: WindowJob, arrived: Sequence[tuple[str, int, StagingSlice, int | None]]
+    ) -> None:
         """Integrity: each object's CRC32C equals the one stored with it."""
         bad = [(g, c) for g, c, s, stored in arrived if stored is None or crc32c_at(s.ptr, len(s.view)) != stored]
         if bad:
             g, c = bad[0]
-            raise RestoreFailed(f"checksum mismatch in chunk {c} group {g}", win.index, sorted({b[0] for b in bad}))
+            raise RestoreFailed(
+                f"checksum mismatch in chunk {c} group {g}",
+                win.index,
+                sorted({b[0] for b in bad}),
+                tier=job.objects[g][c].tier or None,
+            )
 
     def _install(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> None:
         faults = self._faults(job, win, first, ("restore-fault",))

@@ -32,6 +32,7 @@ from bsr_cli.engine.kv import PagedKV
 from bsr_cli.engine.kv_ops import KVOps
 from bsr_cli.engine.services import health_url_for, master_healthy
 from bsr_cli.errors import BadRequest, CapacityError
+from bsr_cli.runtime import failures
 from bsr_cli.runtime.faults import FaultSpec
 from bsr_cli.runtime.restore import RankOutcome, RestoreFailed
 
@@ -275,11 +276,11 @@ class LMCacheRank(KVOps):
             out.ok = True
             out.valid = {self.group: True}
         except RestoreFailed as e:
-            out.reason, out.failed_window = e.reason, e.window
+            out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
         except CapacityError as e:
-            out.reason = f"capacity: {e.message}"
+            out.reason, out.kind = f"capacity: {e.message}", failures.CAPACITY
         except Exception as e:  # noqa: BLE001 - any missing key, timeout or exception fails the retrieve, closed
-            out.reason = f"transfer error: {type(e).__name__}: {e}"
+            out.reason, out.kind = f"transfer error: {type(e).__name__}: {e}", failures.TIER
         finally:
             out.fired_faults = sorted(fired)
             out.seconds = time.monotonic() - started
@@ -294,6 +295,7 @@ class LMCacheRank(KVOps):
                     "rank": self.rank,
                     "window": out.failed_window,
                     "reason": out.reason,
+                    "kind": out.kind,
                 }
             )
         return out.to_dict()
@@ -316,7 +318,7 @@ class LMCacheRank(KVOps):
             idx, s, e = win["index"], win["token_start"], win["token_end"]
             n_chunks = win["chunk_end"] - win["chunk_start"]
             if abort.is_set():
-                raise RestoreFailed("aborted by the operator", idx)
+                raise RestoreFailed("aborted by the operator", idx, kind=failures.ABORTED)
             if bounded and n_chunks * self.chunk_bytes > self.budget_bytes:
                 raise CapacityError(
                     f"a window of {n_chunks} chunks needs {n_chunks * self.chunk_bytes:,} bytes of L1; "
@@ -329,7 +331,7 @@ class LMCacheRank(KVOps):
             if any(f.kind == "timeout" for f in hits):
                 # The injected stall: nothing arrives before the deadline (an abort cuts it short).
                 if abort.wait(job["fetch_timeout_s"]):
-                    raise RestoreFailed("aborted by the operator", idx)
+                    raise RestoreFailed("aborted by the operator", idx, kind=failures.ABORTED)
                 raise RestoreFailed(f"timeout: window {idx} did not arrive within {job['fetch_timeout_s']}s", idx)
 
             def choose(start: int, _down: set[str] = down) -> str:
@@ -339,6 +341,9 @@ class LMCacheRank(KVOps):
                 return lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
 
             t0 = time.monotonic()
+            if self.lock.locked():
+                # Another request's window holds LMCache: waiting for it is admission, not a stall.
+                self.emit({"type": "window_waiting", "request": job["request_id"], "rank": self.rank, "window": idx})
             with self._engine_lock():
                 self._windows_live = 1
                 self.tracker.mark()

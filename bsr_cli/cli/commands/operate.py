@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from bsr_cli.cli.app import AppState, JsonFlag, app, state
-from bsr_cli.errors import DrillViolation, RestoreFailedClosed
+from bsr_cli.errors import CapacityError, DrillViolation, RestoreAborted, RestoreFailedClosed, ServerError
 
 TokensFileOpt = Annotated[
     Path | None, typer.Option("--tokens-file", help="Token ids (JSON list or whitespace separated).")
@@ -178,24 +178,71 @@ def restore(
             plan = plan_restore(
                 reg, window, bitmap=HitBitmap.from_dict(probe["bitmap"]), exclude_tiers=exclude_tier or ()
             )
+            fit = _capacity_check(window, plan.committable_chunks, reg.bytes_per_chunk, info)
             data = plan.to_dict() | {
                 "bytes_per_chunk": reg.bytes_per_chunk,
                 "model": reg.model,
                 "show_all_windows": False,
+                "capacity": fit,
             }
             from bsr_cli.cli import render
 
             st.out.result(data, render.plan)
+            if not fit["fits"]:
+                raise CapacityError(fit["message"], hint=fit["hint"])
             return
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
         result.setdefault("budget_bytes", info.get("budget_bytes"))  # the bound the peak is held to
     st.out.result(result, render_ops.restore)
     if result.get("outcome") == "failed_closed":
-        raise RestoreFailedClosed(
-            f"restore failed closed: {result['failures'][0]['reason'] if result.get('failures') else 'invalid group'}; "
-            "nothing was committed and a force-local marker is set",
-            hint="`bsr status` shows the marker; the next admission of this prompt skips the failed tier",
+        raise _restore_error(result)
+
+
+def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) -> dict[str, Any]:
+    """Whether the planned windows can ever be admitted on this engine: a window of min(W, K) chunks against the
+    budget B (the whole-plan path, W=0, against the pool). The engine would refuse it the same way."""
+    from bsr_cli.runtime import failures
+
+    budget, pool = int(info.get("budget_bytes") or 0), int(info.get("pool_bytes") or 0)
+    need_chunks = chunks if w == 0 else min(w, chunks)
+    limit = pool if w == 0 else budget
+    what = "pool" if w == 0 else "budget B"
+    need = need_chunks * slot_bytes
+    fits = need == 0 or not limit or need <= (limit // slot_bytes) * slot_bytes
+    out: dict[str, Any] = {"fits": fits, "window_bytes": need, "budget_bytes": budget, "pool_bytes": pool}
+    if not fits:
+        out["message"] = (
+            f"W={w}: a window of {need_chunks} chunk(s) needs {need:,} bytes per rank; the engine's {what} is "
+            f"{limit:,} bytes, so the restore would be refused"
         )
+        out["hint"] = failures.capacity_hint(
+            "pool capacity" if w == 0 else "budget B", w=w, slot_bytes=slot_bytes, budget_bytes=budget, pool_bytes=pool
+        )
+    return out
+
+
+def _restore_error(result: dict[str, Any]) -> Exception:
+    """The failure taxonomy's exit code for a failed-closed restore (bsr_cli.runtime.failures)."""
+    from bsr_cli.runtime import failures
+
+    kind = result.get("failure_kind") or failures.TIER
+    why = failures.summary(result)
+    if kind == failures.CAPACITY:
+        return CapacityError(
+            f"restore refused for capacity, nothing committed, no tier blamed: {why}", hint=result.get("hint")
+        )
+    if kind == failures.ABORTED:
+        return RestoreAborted(f"restore aborted, nothing committed, no tier blamed: {why}")
+    if kind == failures.RANK:
+        return RestoreFailedClosed(
+            f"restore failed closed, nothing committed, no tier blamed: {why}",
+            hint="`bsr status` shows the rank's health; resume or restart the rank process",
+        )
+    tiers = ", ".join(result.get("blamed_tiers") or result.get("tiers") or [])
+    return RestoreFailedClosed(
+        f"restore failed closed: {why}; nothing was committed and a force-local marker excludes {tiers or 'the tier'}",
+        hint="`bsr status` shows the marker; the next admission of this prompt skips the failed tier",
+    )
 
 
 def _run_restore(
@@ -376,6 +423,12 @@ def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
         health = client.health()
     data = {"url": client.url, "health": health, **snap}
     st.out.result(data, render_ops.status)
+    bad = [r for r in health.get("ranks", []) if not r.get("healthy", True)]
+    if bad:
+        raise ServerError(
+            "unhealthy: " + "; ".join(f"rank {r['rank']} {r.get('reason') or 'unhealthy'}" for r in bad),
+            hint="resume the stopped rank process, or restart the engine (bsr engine down; bsr engine up)",
+        )
 
 
 @app.command("drill")

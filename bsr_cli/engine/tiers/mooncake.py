@@ -35,7 +35,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from bsr_cli.engine.services import health_url_for, master_healthy, tcp_reachable
+from bsr_cli.engine.services import health_url_for, master_healthy, segments, tcp_reachable
+from bsr_cli.errors import ServiceError
 from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
 
 __all__ = ["TRAILER_BYTES", "MooncakeTier", "mooncake_code_name"]
@@ -187,6 +188,7 @@ class MooncakeTier:
         *,
         deadline_s: float = 10.0,
         health_url: str | None = None,
+        admin_url: str | None = None,
         local_hostname: str = "127.0.0.1",
         protocol: str = "tcp",
         device_name: str = "",
@@ -199,6 +201,9 @@ class MooncakeTier:
         self.master_address = master_address
         self.metadata_url = metadata_url
         self.health_url = health_url or (health_url_for(metadata_url) if metadata_url.startswith("http") else None)
+        # The master's admin API (it lists the mounted segments): health then also requires a segment holder,
+        # since with none every get fails though the master answers.
+        self.admin_url = admin_url
         self.call_timeout_s = call_timeout_s
         self._lock = threading.Lock()
         self._inflight = 0
@@ -337,8 +342,16 @@ class MooncakeTier:
         reason = self._master_down_reason(1.0)
         if reason:
             return TierHealth(False, reason)
-        stuck = self.inflight()
         detail = f"master {self.master_address} healthy"
+        if self.admin_url:
+            try:
+                mounted = [s for s in segments(self.admin_url, timeout=1.0) if s.get("status") == "OK"]
+            except ServiceError as e:
+                return TierHealth(False, f"cannot list segments: {e.message}")
+            if not mounted:
+                return TierHealth(False, "the master lists no mounted segment: no segment holder, so no object")
+            detail += f", {len(mounted)} segment(s) mounted"
+        stuck = self.inflight()
         return TierHealth(True, detail + (f"; {stuck} store call(s) in flight" if stuck else ""))
 
     def contains(self, keys: Sequence[str], timeout_s: float) -> list[bool]:

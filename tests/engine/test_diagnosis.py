@@ -1,0 +1,341 @@
+"""A restore debugger must not misdiagnose: capacity is not a tier fault, a frozen rank fails a restore within
+seconds and is named, a dead segment holder or an armed fault shows the tier unhealthy, and the client keeps its
+--timeout. Against the real embedded engine (mooncake_master, segment holder, rank processes, admin API)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bsr_cli.errors import CapacityError, ExitCode
+from bsr_cli.loaders import builtin_registration
+from bsr_cli.runtime.pool import RestorePool
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(240)]
+REG = builtin_registration("demo")
+FETCH_TIMEOUT_S = 2.0
+
+
+def _status(bsr) -> tuple[int, dict]:
+    r = bsr("status", "--json")
+    return r.code, json.loads(r.out)
+
+
+# -- finding 1: capacity and configuration are not tier faults ------------------------------------------------------
+
+
+def test_window_over_budget_is_capacity_with_no_marker(bsr, engine) -> None:
+    """The shared engine has W=4 and B = RWS(4): W=8 can never be admitted. Exit 12, a hint naming the setting,
+    no force-local marker against the healthy Mooncake tier."""
+    n, seed = 12 * 256, 901
+    assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
+    r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--W", "8", "--json")
+    assert r.code == ExitCode.CAPACITY, (r.code, r.err)
+    res = r.json()
+    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    assert res["failure_kind"] == "capacity" and res["blamed_tiers"] == []
+    assert "marker" not in res
+    assert "--W 4" in r.err and "budget" in r.err  # the hint names the setting and a value that fits
+    st = _status(bsr)[1]
+    assert st["markers"] == []
+    assert st["tiers"]["mooncake"]["ok"] is True  # a capacity refusal does not make the tier look broken
+    # The whole-plan path (W=0) against the pool (8 chunks): 12 chunks never fit.
+    r0 = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--W", "0", "--json")
+    assert r0.code == ExitCode.CAPACITY and r0.json()["failure_kind"] == "capacity"
+    assert "--pool" in r0.err and _status(bsr)[1]["markers"] == []
+    # And the admission path computes locally without a marker, saying why.
+    s = bsr("submit", "--synthetic", str(n), "--seed", str(seed), "--W", "8", "--json")
+    assert s.code == 0, s.err
+    sub = s.json()
+    assert sub["passes"][0]["failure_kind"] == "capacity" and len(sub["passes"]) == 1
+    assert sub["force_local"]["history"] == [] and sub["source"] == "recompute" and sub["hash_ok"] is True
+
+
+def test_dry_run_checks_w_against_the_budget_and_pool(bsr, engine) -> None:
+    n, seed = 12 * 256, 902
+    assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
+    ok = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--dry-run", "--json")
+    assert ok.code == 0 and ok.json()["capacity"]["fits"] is True
+    bad = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--dry-run", "--W", "64", "--json")
+    assert bad.code == ExitCode.CAPACITY, bad.err
+    assert bad.json()["capacity"]["fits"] is False and "budget B" in bad.err
+    text = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--dry-run", "--W", "0")
+    assert text.code == ExitCode.CAPACITY and "does not fit" in text.out and "--pool" in text.err
+
+
+def test_a_budget_cut_while_waiting_is_reported_as_capacity_at_once() -> None:
+    """A window waiting for admission when B is cut below it can never fit: it is refused as such, not after the
+    admission deadline as a generic timeout."""
+    slot = 1024
+    buf = bytearray(8 * slot)
+    pool = RestorePool(0, memoryview(buf), slot, budget_bytes=4 * slot)
+    held = pool.acquire(3, timeout_s=1)
+    assert held is not None
+    got: dict[str, BaseException] = {}
+
+    def waiter() -> None:
+        try:
+            pool.acquire(2, timeout_s=60)
+        except BaseException as e:  # noqa: BLE001 - inspected below
+            got["e"] = e
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while pool.stats().waiters == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pool.set_budget(1 * slot)
+    t.join(30)
+    held.release()
+    assert not t.is_alive()
+    assert isinstance(got.get("e"), CapacityError) and "budget B" in got["e"].message
+
+
+def test_an_operator_abort_exits_130_and_blames_no_tier(bsr, engine) -> None:
+    n, seed = 40 * 256, 903
+    assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
+    assert bsr("inject-fault", "--kind", "timeout", "--rank", "0", "--window", "3").code == 0  # holds the restore
+    aborted: list[str] = []
+
+    def abort_it() -> None:
+        with engine.client() as c:
+            end = time.monotonic() + 60
+            while time.monotonic() < end and not aborted:
+                for a in c.snapshot(health=False)["active"]:
+                    c.abort(a["request"])
+                    aborted.append(a["request"])
+                time.sleep(0.05)
+
+    t = threading.Thread(target=abort_it, daemon=True)
+    t.start()
+    r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
+    t.join(60)
+    assert aborted, "the restore was never seen running"
+    assert r.code == ExitCode.INTERRUPTED, (r.code, r.err)
+    res = r.json()
+    assert res["failure_kind"] == "aborted" and res["committed_tokens"] == 0 and "marker" not in res
+    assert "aborted" in r.err and "no tier blamed" in r.err
+    st = _status(bsr)[1]
+    assert st["markers"] == [] and st["tiers"]["mooncake"]["ok"] is True
+
+
+# -- findings 2 and 3 against an engine of our own (these freeze ranks and kill services) ---------------------------
+
+
+@pytest.fixture(scope="module")
+def own_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, str]]:
+    pytest.importorskip("mooncake.store")
+    from bsr_cli.engine import supervisor
+
+    state = tmp_path_factory.mktemp("diag-engine")
+    opts = supervisor.EngineOptions(
+        builtin_registration("demo"),
+        w=4,
+        max_tokens=4096,
+        kv_tokens=4096,
+        faults_enabled=True,
+        fetch_timeout_s=FETCH_TIMEOUT_S,
+        segment_bytes=256 << 20,
+    )
+    try:
+        supervisor.up(state, opts)
+        conn = supervisor.connection(state)
+        assert conn is not None
+        yield state, conn[0], conn[1]
+    finally:
+        supervisor.down(state)
+
+
+@pytest.fixture
+def own(own_engine, monkeypatch: pytest.MonkeyPatch):
+    state, url, token = own_engine
+    for k, v in {"BSR_ENGINE": url, "BSR_TOKEN": token, "BSR_STATE_DIR": str(state)}.items():
+        monkeypatch.setenv(k, v)
+    from bsr_cli.client import AdminClient
+
+    with AdminClient(url, token) as c:
+        c.clear_faults()
+        c.clear_markers()
+    return state, url, token
+
+
+def _pid(state: Path, what: str) -> int:
+    st = json.loads((state / "state.json").read_text())
+    if what.startswith("rank"):
+        return int(next(r["pid"] for r in st["ranks"] if r["rank"] == int(what[4:])))
+    return int(st["services"][what]["pid"])
+
+
+@contextlib.contextmanager
+def _stopped(pid: int) -> Iterator[None]:
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _wait_healthy(client, deadline_s: float = 60.0) -> dict:
+    end = time.monotonic() + deadline_s
+    h = client.health()
+    while not h["ok"] and time.monotonic() < end:
+        time.sleep(0.2)
+        h = client.health()
+    return h
+
+
+def test_capacity_when_destination_blocks_run_out(bsr, own) -> None:
+    """kv_tokens = max_tokens: while one restore holds every block, another request is refused for capacity
+    (exit 12), not as a bad request (exit 7)."""
+    _, url, token = own
+    from bsr_cli.client import AdminClient
+
+    n, seed = 4096, 950
+    assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
+    started = threading.Event()
+    out: dict = {}
+    with AdminClient(url, token) as c:
+        c.inject_fault({"kind": "timeout", "rank": 0})  # holds the restore (and its blocks) for the fetch deadline
+
+        def run() -> None:
+            out["res"] = c.restore({"synthetic": {"n": n, "seed": seed}}, on_event=lambda ev: started.set())
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        assert started.wait(30)
+        r = bsr("submit", "--synthetic", "1000", "--seed", "951")
+        t.join(60)
+    assert r.code == ExitCode.CAPACITY, (r.code, r.err)
+    assert "blocks needed" in r.err and "--kv-tokens" in r.err
+    assert out["res"]["failure_kind"] == "tier"  # the injected stall itself is a tier fault
+
+
+def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> None:
+    state, url, token = own
+    from bsr_cli.client import AdminClient
+
+    n, seed = 12 * 256, 960
+    assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
+    with AdminClient(url, token) as c:
+        # Rank 1 stalls in its second window; the moment its first window is released, freeze the process.
+        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1})
+        pid = _pid(state, "rank1")
+        stopped = threading.Event()
+
+        def on_event(ev: dict) -> None:
+            if ev.get("type") == "window_released" and ev.get("rank") == 1 and not stopped.is_set():
+                os.kill(pid, signal.SIGSTOP)
+                stopped.set()
+
+        try:
+            t0 = time.monotonic()
+            res = c.restore({"synthetic": {"n": n, "seed": seed}}, on_event=on_event)
+            elapsed = time.monotonic() - t0
+            assert stopped.is_set()
+            h = c.health()
+            code, st = _status(bsr)
+            text = bsr("status")
+            r = bsr("restore", "--synthetic", str(n), "--seed", str(seed))  # the rank is still stopped
+            t1 = time.monotonic()
+            p = bsr("--timeout", "30", "probe", "--synthetic", str(n), "--seed", str(seed))
+            probe_s = time.monotonic() - t1
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+        assert res["failure_kind"] == "rank" and res["blamed_tiers"] == []
+        assert any(f["rank"] == 1 and f["kind"] == "rank" and "heartbeat" in f["reason"] for f in res["failures"])
+        assert elapsed < 60  # bounded by the heartbeat (2 s here), not the old multi-minute restore budget
+        assert h["ok"] is False and h["unhealthy_ranks"] == [1]
+        assert code == ExitCode.SERVER_ERROR and text.code == ExitCode.SERVER_ERROR
+        assert "rank 1" in text.err and "rank 1 unhealthy" in text.out
+        assert [rk["healthy"] for rk in st["ranks"]] == [True, False] and st["markers"] == []
+        assert r.code == ExitCode.FAILED_CLOSED and "rank 1" in r.err and "no tier blamed" in r.err
+        assert p.code == ExitCode.SERVER_ERROR and "rank 1" in p.err and probe_s < 25
+        # Resumed, the rank beats again, finishes its aborted restore (its blocks come back) and serves.
+        h2 = _wait_healthy(c)
+        assert h2["ok"] is True, h2
+        assert c.markers() == []
+        c.clear_faults()  # the injected stall never got to report that it fired
+        again = c.restore({"synthetic": {"n": n, "seed": seed}})
+    assert again["outcome"] == "committed" and again["hash_ok"] is True
+
+
+def test_client_honours_timeout(bsr) -> None:
+    """An engine that accepts and never answers: `bsr --timeout 2 probe` gives up after ~2 s (exit 4), it does not
+    wait 120 s."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    conns: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conns.append(srv.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        r = bsr("--engine", f"http://127.0.0.1:{port}", "--timeout", "2", "probe", "--synthetic", "300")
+        elapsed = time.monotonic() - t0
+    finally:
+        srv.close()
+        for s in conns:
+            s.close()
+    assert r.code == ExitCode.ENGINE_TIMEOUT, (r.code, r.err)
+    assert elapsed < 60
+
+
+def test_armed_and_recent_tier_faults_show_the_tier_unhealthy(bsr, own) -> None:
+    n, seed = 8 * 256, 970
+    assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
+    assert _status(bsr)[1]["tiers"]["mooncake"]["ok"] is True
+    assert bsr("inject-fault", "--kind", "remote-unavailable", "--count", "0").code == 0
+    armed = _status(bsr)[1]["tiers"]["mooncake"]
+    assert armed["ok"] is False and any("remote-unavailable armed" in d for d in armed["detail"])
+    from bsr_cli.client import AdminClient
+
+    with AdminClient(own[1], own[2]) as c:
+        assert c.health()["degraded_tiers"] == ["mooncake"]
+    r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
+    assert r.code == ExitCode.FAILED_CLOSED and r.json()["blamed_tiers"] == ["mooncake"]
+    assert bsr("faults", "clear").code == 0
+    assert bsr("markers", "clear").code == 0
+    recent = _status(bsr)[1]["tiers"]["mooncake"]
+    assert recent["ok"] is False and any("failed" in d and "ago" in d for d in recent["detail"]), recent
+    ok = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
+    assert ok.code == 0 and ok.json()["tiers"] == ["mooncake"]
+    assert _status(bsr)[1]["tiers"]["mooncake"]["ok"] is True  # a committed restore from it clears it
+
+
+def test_a_dead_segment_holder_shows_the_tier_unhealthy(bsr, own) -> None:
+    """Last in this module: it kills the engine's segment holder."""
+    state = own[0]
+    n, seed = 8 * 256, 980
+    assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
+    pid = _pid(state, "segment_holder")
+    os.kill(pid, signal.SIGKILL)
+    # The master drops the holder's segment once its heartbeat lapses: then health names the missing holder.
+    end = time.monotonic() + 90
+    tier = _status(bsr)[1]["tiers"]["mooncake"]
+    while tier["ok"] and time.monotonic() < end:
+        time.sleep(1)
+        tier = _status(bsr)[1]["tiers"]["mooncake"]
+    assert tier["ok"] is False and any("segment" in d for d in tier["detail"]), tier
+    code, st = _status(bsr)
+    assert code == 0 and all(rk["healthy"] for rk in st["ranks"])  # the ranks are fine: the tier is not
+    from bsr_cli.client import AdminClient
+
+    with AdminClient(own[1], own[2]) as c:
+        h = c.health()
+    assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"] and h["tiers"]["fs"]["ok"] is True
