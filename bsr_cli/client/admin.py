@@ -48,6 +48,11 @@ def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
     token = settings.token
     engine = settings.engine
     if engine:
+        if "," in engine:
+            raise InvalidInput(
+                f"--engine names several engines ({engine}); only `bsr status` and `bsr top` take a fleet",
+                hint="name one engine for this command",
+            )
         if engine in settings.profiles:
             prof = settings.profiles[engine]
             url = str(prof.get("url", ""))
