@@ -38,6 +38,12 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr status --engine prod-node2 --json",
         "bsr status --engine http://10.0.0.5:8470,http://10.0.0.6:8470 --engine prod-node2",
     ),
+    "explain": (
+        "bsr explain --synthetic 65536 --seed 1",
+        "bsr explain req-00012",
+        "bsr explain --tokens-file prompt.json --W 64 --json",
+        "bsr explain --store mooncake://10.0.0.5:50051 --model my-org/my-model --world-size 2 --tokens-file p.json",
+    ),
     "drill": ("bsr drill", "bsr drill --tokens 16384 --W 8"),
     "abort": ("bsr abort req-00012",),
     "events": ("bsr events -n 20", "bsr events -f --request req-00012", "bsr events --since 1200 --json"),

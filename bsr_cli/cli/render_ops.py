@@ -471,3 +471,41 @@ def fleet(console: Console, d: dict[str, Any]) -> None:
 
 def _fb(n: int | None) -> str:
     return "—" if n is None else format_bytes(n)
+
+
+def explain(console: Console, d: dict[str, Any]) -> None:
+    """The verdict first, then its evidence chain, the other findings, where each tier's prefix ends per rank, the
+    last restore per rank and window, and the next command."""
+    v = d["findings"][0]
+    style = "green" if d.get("reusable") else "red"
+    subject = f"request {d['request']}" if d.get("request") else f"prompt {d.get('prompt') or ''}".strip()
+    console.print(f"[bold]{subject}[/]: [{style}]{d['verdict']}[/]")
+    console.print(f"  {v['summary']}")
+    for line in v["evidence"]:
+        console.print(f"  [dim]·[/] {line}")
+    console.print(f"  fix: {v['fix']}")
+    others = d["findings"][1:]
+    if others:
+        console.print("also:")
+        for f in others:
+            console.print(f"  [yellow]{f['kind']}[/]: {f['summary']}")
+    if d.get("tiers"):
+        t = Table(title="prefix per tier and rank (chunks)", title_justify="left")
+        for col in ("tier", "rank", "prefix", "held"):
+            t.add_column(col, justify="right")
+        for row in d["tiers"]:
+            t.add_row(row["tier"], str(row["rank"]), f"{row['prefix_chunks']}/{d['chunks']}", str(row["held_chunks"]))
+        console.print(t)
+    last = d.get("last_restore")
+    if last and d.get("verdict") and not d.get("request"):
+        console.print(
+            f"last restore {last['request']}: {last['outcome']}"
+            + (f" ({last.get('failure_kind')})" if last.get("failure_kind") else "")
+            + (f", {last['windows']} window(s) of W={last['W']}" if last.get("windows") is not None else "")
+        )
+        for r in last.get("ranks") or []:
+            console.print(f"  rank {r['rank']}: {r['windows_released']} window(s) released, {format_bytes(r['bytes'])}")
+        for f in last.get("failures") or []:
+            win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
+            console.print(f"  [red]failed[/] rank {f.get('rank')}{win}: {f.get('reason')}")
+    console.print(f"next: [bold]{d['next']}[/]")
