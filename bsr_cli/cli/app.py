@@ -210,7 +210,7 @@ def register_commands() -> None:
     """Attach every command group (import order = help order)."""
     from bsr_cli.cli.commands import config_cmd, planning  # noqa: F401
 
-    for optional in ("engine_cmd", "operate", "incident", "explain_cmd", "top_cmd", "bench_cmd"):
+    for optional in ("engine_cmd", "operate", "incident", "explain_cmd", "bundle_cmd", "top_cmd", "bench_cmd"):
         try:
             __import__(f"bsr_cli.cli.commands.{optional}")
         except ModuleNotFoundError as e:

@@ -44,6 +44,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr explain --tokens-file prompt.json --W 64 --json",
         "bsr explain --store mooncake://10.0.0.5:50051 --model my-org/my-model --world-size 2 --tokens-file p.json",
     ),
+    "bundle": (
+        "bsr bundle -o incident.tar.gz",
+        "bsr bundle --synthetic 65536 --seed 1 --max-bytes 4MiB -o ticket-1234.tar.gz",
+    ),
     "drill": ("bsr drill", "bsr drill --tokens 16384 --W 8"),
     "abort": ("bsr abort req-00012",),
     "events": ("bsr events -n 20", "bsr events -f --request req-00012", "bsr events --since 1200 --json"),
