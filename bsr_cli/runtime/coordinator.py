@@ -18,6 +18,7 @@ A request's life, as a scheduler admits it (``submit``):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import threading
@@ -41,6 +42,7 @@ from bsr_cli.runtime.events import EventLog
 from bsr_cli.runtime.faults import FaultSpec
 
 MAX_PASSES = 3  # remote → lower tier → recompute
+HEALTH_WAIT_S = 0.5  # how long /health waits for the ranks' view of their tiers (older answers fill in)
 POLL_S = 0.1  # how often a wait on ranks checks their heartbeats and progress
 TIER_FAILURE_TTL_S = 300.0  # a tier's real failure keeps it unhealthy this long unless a success clears it first
 # Rank events that count as progress of a restore on that rank (window_waiting: blocked on admission).
@@ -162,6 +164,9 @@ class Coordinator:
         self._outstanding: dict[str, list[Future[Any]]] = {}
         # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
         self.tier_failures: dict[str, dict[str, Any]] = {}
+        # Each rank's last answer about its tiers (for a quick /health), and the ranks asked and not answered yet.
+        self._tier_views: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._tier_asks: set[int] = set()
 
     # -- small helpers -----------------------------------------------------------------------------------------
     @property
@@ -569,7 +574,7 @@ class Coordinator:
         """What /health answers: ``ok`` when every rank is healthy (the engine can serve); ``degraded`` names
         the tiers that are not (the engine still serves, from a lower tier or by recomputing)."""
         ranks = self.rank_health()
-        tiers = self._tier_health(self.pool(health=True))
+        tiers = self._tier_health(self._rank_tier_views(HEALTH_WAIT_S))
         return {
             "ok": all(r["healthy"] for r in ranks),
             "ranks_alive": [r["alive"] for r in ranks],
@@ -578,6 +583,35 @@ class Coordinator:
             "tiers": tiers,
             "degraded_tiers": sorted(t for t, v in tiers.items() if not v["ok"]),
         }
+
+    def _rank_tier_views(self, wait_s: float) -> list[dict[str, Any]]:
+        """Each rank's own view of its tiers, for /health, which must stay quick: ask every rank that beats (one
+        question in flight per rank), wait at most ``wait_s``, and use the freshest answer from the last 30 s
+        (a slow answer lands in the cache for the next call)."""
+        futures = []
+        for r in self.ranks:
+            with self._lock:
+                busy = r.rank in self._tier_asks
+            if busy or not r.alive() or self._silent(r) is not None:
+                continue
+            fut = r.submit("stats", health=True)
+            with self._lock:
+                self._tier_asks.add(r.rank)
+            fut.add_done_callback(functools.partial(self._keep_tier_view, r.rank))
+            futures.append(fut)
+        if futures:
+            wait(futures, timeout=wait_s)
+        now = time.monotonic()
+        with self._lock:
+            return [
+                {"rank": rk, "tiers": tiers} for rk, (at, tiers) in sorted(self._tier_views.items()) if now - at <= 30
+            ]
+
+    def _keep_tier_view(self, rank: int, fut: Future[Any]) -> None:
+        with self._lock:
+            self._tier_asks.discard(rank)
+            if fut.exception() is None:
+                self._tier_views[rank] = (time.monotonic(), dict(fut.result().get("tiers") or {}))
 
     def _tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         """Per tier ``{"ok", "detail"}``: what each rank sees of it (``pool(health=True)``) joined with what the
@@ -999,6 +1033,9 @@ class Coordinator:
             if fut is not None:
                 try:
                     entry |= fut.result(timeout=5.0)
+                    if health:
+                        with self._lock:
+                            self._tier_views[r.rank] = (time.monotonic(), dict(entry.get("tiers") or {}))
                 except Exception as e:  # noqa: BLE001 - a rank that cannot answer is shown as such
                     entry["alive"] = False
                     entry["healthy"] = False

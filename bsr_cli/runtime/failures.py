@@ -64,13 +64,17 @@ def capacity_hint(reason: str, *, w: int, slot_bytes: int, budget_bytes: int, po
             "other restores held the budget for the whole admission deadline: retry, or raise the budget "
             "(POST /settings budget_bytes, `bsr engine up --budget`)"
         )
+    if w == 0 and not fit_pool:
+        return "the whole-plan path (W=0) stages the whole prefix at once: use a bounded window (--W)"
     if w == 0:
         return (
             f"the whole-plan path (W=0) stages the whole prefix at once and the pool holds {fit_pool} chunk(s) "
             "per rank: use a bounded window (--W), or start the engine with a larger --pool"
         )
+    if not fit_budget:  # a host that does not report its budget in bytes (the rank's message says it)
+        return "lower W, or raise the budget (POST /settings budget_bytes, at most the pool)"
     return (
-        f"W={w} needs {w} chunk slots per rank but the budget B admits {fit_budget}: use --W {max(fit_budget, 1)} "
+        f"W={w} needs {w} chunk slots per rank but the budget B admits {fit_budget}: use --W {fit_budget} "
         "or lower, or raise the budget (POST /settings budget_bytes, `bsr engine up --budget`, at most the pool)"
     )
 

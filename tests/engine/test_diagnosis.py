@@ -242,6 +242,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
             elapsed = time.monotonic() - t0
             assert stopped.is_set()
             h = c.health()
+            metrics = c.metrics()
             code, st = _status(bsr)
             text = bsr("status")
             r = bsr("restore", "--synthetic", str(n), "--seed", str(seed))  # the rank is still stopped
@@ -255,6 +256,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
         assert any(f["rank"] == 1 and f["kind"] == "rank" and "heartbeat" in f["reason"] for f in res["failures"])
         assert elapsed < 60  # bounded by the heartbeat (2 s here), not the old multi-minute restore budget
         assert h["ok"] is False and h["unhealthy_ranks"] == [1]
+        assert 'bsr_rank_healthy{rank="1"} 0' in metrics and 'bsr_rank_healthy{rank="0"} 1' in metrics
         assert code == ExitCode.SERVER_ERROR and text.code == ExitCode.SERVER_ERROR
         assert "rank 1" in text.err and "rank 1 unhealthy" in text.out
         assert [rk["healthy"] for rk in st["ranks"]] == [True, False] and st["markers"] == []
@@ -316,6 +318,37 @@ def test_armed_and_recent_tier_faults_show_the_tier_unhealthy(bsr, own) -> None:
     ok = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
     assert ok.code == 0 and ok.json()["tiers"] == ["mooncake"]
     assert _status(bsr)[1]["tiers"]["mooncake"]["ok"] is True  # a committed restore from it clears it
+
+
+def test_a_stopped_master_shows_the_tier_unhealthy_while_health_stays_quick(bsr, own) -> None:
+    """/health asks the ranks about their tiers but never waits long for them: with the master frozen the engine is
+    still healthy (200: it serves from fs or by recomputing) and `mooncake` is degraded."""
+    from bsr_cli.client import AdminClient
+    from bsr_cli.engine import supervisor
+
+    state = own[0]
+    pid = _pid(state, "mooncake_master")
+    with _stopped(pid), AdminClient(own[1], own[2]) as c:
+        end = time.monotonic() + 60
+        h = c.health()
+        while "mooncake" not in h["degraded_tiers"] and time.monotonic() < end:
+            time.sleep(0.5)
+            h = c.health()
+        t0 = time.monotonic()
+        again = c.health()
+        quick = time.monotonic() - t0
+        engine = supervisor.status(state)
+    assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"], h
+    assert any("health probe" in d or "refuses" in d for d in h["tiers"]["mooncake"]["detail"]), h
+    assert again["ok"] is True and quick < 2.0  # generous: the wait is 0.5 s, the client's own timeout is 5 s
+    assert engine["healthy"] is True  # so `bsr engine up` does not restart an engine whose remote tier is down
+    with AdminClient(own[1], own[2]) as c:  # resumed, the master serves again and the tier turns healthy
+        end = time.monotonic() + 60
+        h = c.health()
+        while h["degraded_tiers"] and time.monotonic() < end:
+            time.sleep(0.5)
+            h = c.health()
+    assert h["degraded_tiers"] == [], h
 
 
 def test_a_dead_segment_holder_shows_the_tier_unhealthy(bsr, own) -> None:

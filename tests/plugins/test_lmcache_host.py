@@ -203,6 +203,7 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
     assert by_rank[0]["ok"] and not by_rank[1]["ok"] and by_rank[1]["windows_done"] == 3
     assert res["invalid"] == [{"rank": 1, "group": "attn"}]  # one invalid cell collapses every rank's prefix
     assert res["marker"]["excluded_tiers"] == ["mooncake"]
+    assert res["failure_kind"] == "tier" and res["blamed_tiers"] == ["mooncake"]  # a tier fault blames the tier
     blocks = tables[0]["attn"]
     # Rank 1 failed: every block of the request is scrubbed (including the 3 windows it had installed).
     rows1 = host.rank(1).kv.rows("attn", blocks, len(blocks) * 16)
@@ -213,6 +214,26 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
     again = c.submit(toks, w=W)
     assert again["external_tokens"] == CHUNKS * CS and again["source"] == "fs" and again["hash_ok"] is True
     assert again["force_local"]["cleared"] is True and c.markers == {}
+
+
+def test_a_window_over_the_budget_is_capacity_and_blames_no_tier(
+    stack: tuple[services.ServiceHandle, LMCacheHost],
+) -> None:
+    _, host = stack
+    c = host.coordinator
+    toks = _stored_prompt(host, seed=15, n_tokens=4 * CS)
+    try:
+        for r in (0, 1):
+            host.rank(r).op_set_budget(CHUNK_BYTES)  # one chunk: a window of W=2 can never be admitted
+        res = c.restore(toks, w=W, exclude=["fs"])
+    finally:
+        for r in (0, 1):
+            host.rank(r).op_set_budget(host.rank(r).tracker.heap_bytes)
+    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    assert res["failure_kind"] == "capacity" and res["blamed_tiers"] == [] and res["hint"]
+    assert "marker" not in res and c.markers == {}
+    again = c.restore(toks, w=W, exclude=["fs"])
+    assert again["outcome"] == "committed" and again["hash_ok"] is True
 
 
 @pytest.mark.timeout(120)

@@ -1,0 +1,133 @@
+"""The coordinator's per-window progress deadline, for a rank whose process still runs (and would still beat) but
+whose restore makes no progress.
+
+A rank process cannot be made to hang one call while it keeps beating with real parts (SIGSTOP freezes the whole
+process, and that path is tested against the real engine in tests/engine/test_diagnosis.py), so these ranks are
+in-process stand-ins behind the RankClient interface: rank 0 restores at once, rank 1 hangs until released."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from bsr_cli.core.bitmap import encode_row
+from bsr_cli.errors import ServerError
+from bsr_cli.loaders import builtin_registration
+from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
+from bsr_cli.runtime.events import EventLog
+
+pytestmark = pytest.mark.timeout(60)
+REG = builtin_registration("demo")
+FETCH_TIMEOUT_S = 0.5
+
+
+class StandInRank:
+    """A rank that holds every chunk in "fs"; its restore either answers at once or hangs until ``release``."""
+
+    def __init__(self, rank: int, hang: bool) -> None:
+        self.rank = rank
+        self.hang = hang
+        self.release = threading.Event()
+        self.aborted: list[str] = []
+        self._pool = ThreadPoolExecutor(max_workers=4)
+
+    def submit(self, op: str, **args: Any) -> Future[Any]:
+        return self._pool.submit(getattr(self, f"op_{op}"), **args)
+
+    def abort(self, request: str) -> None:
+        self.aborted.append(request)
+
+    def alive(self) -> bool:
+        return True
+
+    def op_probe(self, hashes: list[str], tiers: list[str]) -> dict[str, Any]:
+        row = encode_row({"fs": [True] * len(hashes)}, tiers, len(hashes))
+        return {"rows": dict.fromkeys(REG.group_names, row), "errors": {}}
+
+    def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
+        if self.hang:
+            self.release.wait(30)
+        return {
+            "rank": self.rank,
+            "ok": True,
+            "valid": dict.fromkeys(REG.group_names, True),
+            "windows_done": len(job["windows"]),
+            "bytes_restored": 0,
+            "seconds": 0.0,
+            "reason": "",
+            "failed_window": None,
+            "fired_faults": [],
+            "fetch_seconds": 0.0,
+            "install_seconds": 0.0,
+            "peak_live_bytes": 0,
+            "kind": "",
+            "tier": None,
+        }
+
+    def op_stats(self, health: bool = False) -> dict[str, Any]:
+        return {"rank": self.rank, "pool": {}}
+
+    def close(self) -> None:
+        self.release.set()
+        self._pool.shutdown(wait=True)
+
+
+def test_a_restore_without_progress_fails_as_a_rank_fault_and_keeps_its_blocks_until_the_rank_returns() -> None:
+    ranks = [StandInRank(0, hang=False), StandInRank(1, hang=True)]
+    settings = EngineSettings(w=4, tiers=("fs",), max_tokens=4096, kv_tokens=4096, fetch_timeout_s=FETCH_TIMEOUT_S)
+    coord = Coordinator(REG, ranks, settings, EventLog())
+    free_before = {g: a.free_blocks for g, a in coord.allocators.items()}
+    try:
+        t0 = time.monotonic()
+        res = coord.restore(list(range(2048)), verify=False)
+        elapsed = time.monotonic() - t0
+        assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+        assert res["failure_kind"] == "rank" and res["blamed_tiers"] == [] and "marker" not in res
+        bad = [f for f in res["failures"] if f["kind"] == "rank"]
+        assert [f["rank"] for f in bad] == [1] and "no restore progress" in bad[0]["reason"]
+        assert elapsed < 20  # the window deadline (2 × 0.5 s), not a multi-minute budget
+        assert ranks[0].aborted == ranks[1].aborted == [res["request"]]
+        health = coord.health()
+        assert health["ok"] is False and health["unhealthy_ranks"] == [1]
+        assert "still running past its deadline" in health["ranks"][1]["reason"]
+        # The hung call still holds the request's blocks: none may be handed to another request yet.
+        assert any(coord.allocators[g].free_blocks < free_before[g] for g in free_before)
+        ranks[1].release.set()
+        end = time.monotonic() + 20
+        while time.monotonic() < end and not coord.health()["ok"]:
+            time.sleep(0.05)
+        assert coord.health()["ok"] is True
+        assert {g: a.free_blocks for g, a in coord.allocators.items()} == free_before
+    finally:
+        for r in ranks:
+            r.close()
+
+
+def test_other_calls_on_a_silent_rank_fail_at_once_naming_it() -> None:
+    """A rank client that reports its heartbeat: once silent past the stall time, a probe fails at once."""
+
+    class Silent(StandInRank):
+        def heartbeat_age(self) -> float:
+            return 99.0
+
+        def op_probe(self, hashes: list[str], tiers: list[str]) -> dict[str, Any]:
+            self.release.wait(30)
+            return super().op_probe(hashes, tiers)
+
+    ranks = [StandInRank(0, hang=False), Silent(1, hang=True)]
+    settings = EngineSettings(w=4, tiers=("fs",), max_tokens=4096, kv_tokens=4096, fetch_timeout_s=FETCH_TIMEOUT_S)
+    coord = Coordinator(REG, ranks, settings, EventLog())
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ServerError, match="rank 1 is not responding: no heartbeat"):
+            coord.probe(list(range(512)))
+        assert time.monotonic() - t0 < 20
+        assert coord.rank_health()[1]["healthy"] is False
+        assert coord.rank_faults[1]["reason"].startswith("no heartbeat")
+    finally:
+        for r in ranks:
+            r.close()
