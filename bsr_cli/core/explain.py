@@ -14,8 +14,9 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
     rank-skew            the prefix breaks on some ranks (or KV groups) only: the others hold the chunk
     evicted              a chunk is missing in every tier while later chunks are held: it was evicted
     partial              the tiers hold a prefix and nothing after it (the rest was never stored, or evicted)
-    tier-unhealthy       a tier is unhealthy (information: a lower tier or recompute serves)
     restorable           every rank and group holds the whole prompt: it will be restored
+    tier-unhealthy       a tier is unhealthy: the verdict when every tier holding the whole prompt is unhealthy
+                         (the restore would likely fail closed), otherwise listed as information
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ ORDER = (
     "rank-skew",
     "evicted",
     "partial",
-    "tier-unhealthy",
     "restorable",
+    "tier-unhealthy",  # information, after `restorable`, unless every tier holding the whole prompt is unhealthy
 )
-BLOCKING = set(ORDER[:-2])
 
 
 def _finding(kind: str, summary: str, evidence: Sequence[str], fix: str, next_cmd: str) -> dict[str, Any]:
@@ -262,9 +262,11 @@ def explain_engine(
     elif not findings:
         raise ServerError(f"the engine's probe failed and nothing else explains it: {probe_error}")
     degraded = {t: h for t, h in (health.get("tiers") or {}).items() if not h.get("ok", True)}
+    full = [t for t in bitmap.tiers if bitmap.tier_prefix_chunks(t) >= bitmap.chunks] if bitmap is not None else []
     for t, h in degraded.items():
         findings.append(
-            _finding(
+            {"blocks": t in full and set(full) <= set(degraded)}
+            | _finding(
                 "tier-unhealthy",
                 f"tier {t} is unhealthy: a restore from it may fail closed and set a marker",
                 [f"tier {t}: {'; '.join(h.get('detail') or []) or 'unhealthy'}"],
@@ -337,7 +339,7 @@ def _result(
     n_tokens: int,
     chunk_size: int,
 ) -> dict[str, Any]:
-    findings.sort(key=lambda f: ORDER.index(f["kind"]))
+    findings.sort(key=lambda f: ORDER.index("partial") + 0.5 if f.get("blocks") else ORDER.index(f["kind"]))
     verdict = findings[0]
     return {
         "kind": "bsr.explain",
@@ -346,7 +348,7 @@ def _result(
         "chunks": bitmap.chunks if bitmap is not None else accounting.chunks_for_tokens(n_tokens, chunk_size),
         **source,
         "verdict": verdict["kind"],
-        "reusable": verdict["kind"] in ("restorable", "tier-unhealthy"),
+        "reusable": verdict["kind"] == "restorable",
         "summary": verdict["summary"],
         "findings": findings,
         "tiers": tier_prefixes(bitmap) if bitmap is not None else [],

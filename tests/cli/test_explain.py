@@ -115,6 +115,9 @@ def test_marker_set_by_a_failed_tier_and_the_last_restore(bsr: Any, engine: Any)
     assert [(f["rank"], f["window"]) for f in last["failures"]] == [(1, 1)]
     assert {r["rank"]: r["windows_released"] for r in last["ranks"]}.get(1, 0) == 1, "rank 1 released window 1 only"
     assert d["next"] == "bsr markers clear"
+    # The tier that just failed is reported unhealthy too, as information: fs holds the whole prompt.
+    tier = next(f for f in d["findings"] if f["kind"] == "tier-unhealthy")
+    assert tier["summary"].startswith("tier mooncake is unhealthy") and not tier["blocks"]
     # The request itself: failed closed because the tier failed, and the marker it left.
     d = _explain(bsr, req)
     assert d["verdict"] == "restore-failed-tier" and "force-local marker now excludes mooncake" in d["summary"]
