@@ -377,10 +377,14 @@ def fold_restore(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         elif t in ("restore_committed", "restore_failed_closed"):
             out["outcome"] = "committed" if t == "restore_committed" else "failed_closed"
             out["committed_tokens"] = e.get("committed_tokens")
-            out["failure_kind"] = e.get("failure_kind")
             out["failures"] = [
                 {k: f.get(k) for k in ("rank", "window", "kind", "tier", "reason")} for f in e.get("failures") or []
             ]
+            # A restore that could not start (a silent rank) logs no failure_kind: its failures carry it.
+            kinds = [f["kind"] for f in out["failures"] if f.get("kind")]
+            out["failure_kind"] = e.get("failure_kind") or (
+                kinds[0] if kinds and out["outcome"] != "committed" else None
+            )
         elif t == "marker_set":
             out["marker"] = {"excluded_tiers": e.get("excluded_tiers"), "reason": e.get("reason")}
     out["ranks"] = [ranks[r] for r in sorted(ranks)]

@@ -126,6 +126,87 @@ def test_marker_set_by_a_failed_tier_and_the_last_restore(bsr: Any, engine: Any)
     assert text.code == 0 and "restore-failed-tier" in text.out
 
 
+def _request_of(r: Any) -> str:
+    """The request id of a `bsr restore --json` run, whatever its outcome."""
+    return str(r.json()["request"])
+
+
+def test_partial_tail(bsr: Any, engine: Any) -> None:
+    assert bsr("submit", "--synthetic", str(N), "--seed", "907").code == 0
+    for c in (17, 18, 19):
+        _evict(engine, 907, c)
+    d = _explain(bsr, "--synthetic", str(N), "--seed", "907")
+    assert d["verdict"] == "partial", d["summary"]
+    assert "the tiers hold chunks 0..16 and nothing after" in d["summary"]
+
+
+def test_request_verdicts_committed_capacity_admitted_aborted(bsr: Any, engine: Any) -> None:
+    import threading
+
+    s = bsr("submit", "--synthetic", str(N), "--seed", "908", "--json")
+    assert s.code == 0
+    d = _explain(bsr, s.json()["request"])
+    assert d["verdict"] == "admitted" and f"{N:,} computed" in d["summary"]
+    r = bsr("restore", "--synthetic", str(N), "--seed", "908", "--json")
+    assert r.code == 0
+    d = _explain(bsr, _request_of(r))
+    assert d["verdict"] == "restore-committed" and d["reusable"]
+    assert [x["windows_released"] for x in d["last_restore"]["ranks"]] == [5, 5]  # 20 chunks in windows of 4
+    r = bsr("restore", "--synthetic", str(N), "--seed", "908", "--W", "8", "--json")
+    assert r.code == 12
+    d = _explain(bsr, _request_of(r))
+    assert d["verdict"] == "restore-failed-capacity", d["summary"]
+    # An operator abort: a timeout fault holds the restore until the abort cuts it short.
+    assert bsr("inject-fault", "--kind", "timeout", "--rank", "0", "--window", "3").code == 0
+    aborted: list[str] = []
+
+    def abort_it() -> None:
+        with engine.client() as c:
+            end = time.monotonic() + 60
+            while time.monotonic() < end and not aborted:
+                for a in c.snapshot(health=False)["active"]:
+                    c.abort(a["request"])
+                    aborted.append(a["request"])
+                time.sleep(0.05)
+
+    t = threading.Thread(target=abort_it, daemon=True)
+    t.start()
+    r = bsr("restore", "--synthetic", str(N), "--seed", "908", "--json")
+    t.join(60)
+    assert r.code == 130 and aborted
+    d = _explain(bsr, aborted[0])
+    assert d["verdict"] == "restore-aborted", d["summary"]
+    r = bsr("explain", "req-99999")
+    assert r.code == 2 and "no events of request 'req-99999'" in r.err
+
+
+def test_an_unhealthy_tier_is_the_verdict_only_when_it_is_the_only_full_holder() -> None:
+    """Pure: the same probe, with the only tier that holds the prompt unhealthy, and with a healthy copy elsewhere."""
+    from bsr_cli.core.explain import explain_engine
+    from bsr_cli.loaders import builtin_registration
+
+    reg = builtin_registration("demo")
+    n = 4 * reg.chunk_size
+    rows = [{"rank": r, "group": g, "cells": "1111"} for r in range(2) for g in reg.group_names]  # mooncake only
+    bitmap = {
+        "tokens": n,
+        "chunk_size": reg.chunk_size,
+        "tiers": ["mooncake", "fs"],
+        "ranks": 2,
+        "groups": list(reg.group_names),
+        "rows": rows,
+    }
+    info = {"W": 4, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "t"}
+    health = {"ranks": [], "tiers": {"mooncake": {"ok": False, "detail": ["holder gone"]}, "fs": {"ok": True}}}
+    kw = dict(prompt="p", prompt_flags="--synthetic 1", registration=reg.to_dict(), n_tokens=n, info=info)
+    kw |= dict(markers=[], faults=[], w=None, last_restore=None)
+    d = explain_engine(probe={"bitmap": bitmap}, health=health, **kw)  # type: ignore[arg-type]
+    assert d["verdict"] == "tier-unhealthy" and not d["reusable"]
+    both = [{"rank": r, "group": g, "cells": "3333"} for r in range(2) for g in reg.group_names]  # and fs
+    d = explain_engine(probe={"bitmap": bitmap | {"rows": both}}, health=health, **kw)  # type: ignore[arg-type]
+    assert d["verdict"] == "restorable" and [f["kind"] for f in d["findings"]] == ["restorable", "tier-unhealthy"]
+
+
 def _pid(state: Path, rank: int) -> int:
     st = json.loads((state / "state.json").read_text())
     return int(next(r["pid"] for r in st["ranks"] if r["rank"] == rank))
@@ -149,6 +230,9 @@ def test_frozen_rank(bsr: Any, engine: Any) -> None:
                 assert time.monotonic() < deadline, "the frozen rank was never reported"
                 time.sleep(0.2)
             d = _explain(bsr, "--synthetic", str(N), "--seed", "906")
+            r = bsr("restore", "--synthetic", str(N), "--seed", "906", "--json")  # fails in seconds, blames the rank
+            req = _request_of(r)
+            by_req = _explain(bsr, req)
         deadline = time.monotonic() + 60
         while not c.health()["ok"]:
             assert time.monotonic() < deadline, "the rank did not come back"
@@ -156,6 +240,9 @@ def test_frozen_rank(bsr: Any, engine: Any) -> None:
     assert d["verdict"] == "rank-unhealthy", d["summary"]
     assert d["summary"].startswith("rank 1 ")
     assert d["next"] == "bsr status"
+    assert r.code == 10
+    assert by_req["verdict"] == "restore-failed-rank", by_req["summary"]
+    assert "because rank 1 stopped making progress" in by_req["summary"]
 
 
 # -- a Mooncake store in LMCache's key format ------------------------------------------------------------------------
