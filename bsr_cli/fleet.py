@@ -8,7 +8,8 @@ instances is many URLs.
 Every engine is polled concurrently, each with its own deadline: an engine that is down or slow is one row saying
 so, never a blank screen for the others. `summarize` folds one engine's snapshot into a row with a severity;
 `order` sorts rows worst first (down, then unhealthy ranks, then degraded tiers or a pool at its budget, then
-markers, faults and recent failures, then healthy), ranks within an engine likewise.
+markers, faults and restores that failed closed in the last five minutes, then healthy); ranks within an engine
+likewise.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ UNHEALTHY = 3  # a rank is down, stopped or failing its heartbeat: the engine ca
 DEGRADED = 2  # a tier is unhealthy or a rank's pool is at the admission budget
 ATTENTION = 1  # force-local markers, armed faults, recent failed-closed restores
 OK = 0
+RECENT_S = 300.0  # a failed-closed restore counts against its engine for five minutes
 STATE = {DOWN: "down", UNHEALTHY: "unhealthy", DEGRADED: "degraded", ATTENTION: "attention", OK: "ok"}
 
 
@@ -177,7 +179,12 @@ def summarize(
         sev = max(sev, DEGRADED)
     markers = snap.get("markers") or []
     faults = [f for f in snap.get("faults") or [] if not f.get("exhausted")]
-    failed = [o for o in snap.get("recent") or [] if o.get("outcome") == "failed_closed"]
+    now = float(snap.get("time") or at)
+    failed = [
+        o
+        for o in snap.get("recent") or []
+        if o.get("outcome") == "failed_closed" and now - float(o.get("finished") or now) <= RECENT_S
+    ]
     if markers:
         problems.append(f"{len(markers)} force-local marker(s)")
     if faults:
