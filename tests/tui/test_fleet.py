@@ -4,6 +4,10 @@ becomes one `down` row while the others keep their ranks and the TUI keeps rende
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +68,31 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     text = bsr("status", "--engine", f"{url_a},{url_b},{url_c}")
     assert text.code == 0
     assert "fleet: 3 engines" in text.out and "r0" in text.out and "r1" in text.out
+
+    # A frozen rank on engine A: A is unhealthy, above B's degraded tier, and its rank 1 leads its rank rows.
+    state_a = three[0][2]
+    pid = int(next(r["pid"] for r in json.loads((state_a / "state.json").read_text())["ranks"] if r["rank"] == 1))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            r = bsr("status", "--engine", f"{url_a},{url_b},{url_c}", "--json")
+            if r.json()["engines"][0]["url"] == url_a or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert r.code == 9, "an unhealthy engine: the fleet is unhealthy"
+    d = r.json()
+    assert [(e["url"], e["state"]) for e in d["engines"]] == [(url_a, "unhealthy"), (url_b, "degraded"), (url_c, "ok")]
+    assert [x["rank"] for x in d["engines"][0]["ranks"]] == [1, 0] and d["engines"][0]["ranks"][0][
+        "state"
+    ] == "unhealthy"
+    with AdminClient(url_a, tok_a) as c:
+        deadline = time.monotonic() + 60
+        while not c.health()["ok"]:
+            assert time.monotonic() < deadline, "rank 1 of engine A did not come back"
+            time.sleep(0.2)
 
     app = FleetApp(
         [Target("a", url_a, tok_a), Target("b", url_b, tok_b), Target("c", url_c, tok_c)], interval=0.2, timeout_s=3
