@@ -145,3 +145,23 @@ def test_fleet_profile_lists_engines(bsr: Any, tmp_path: Path) -> None:
     assert [e["engine"] for e in d["engines"]] == ["tp2[0]", "tp2[1]", "one"]
     assert all(e["state"] == "down" and e["error"] == "unreachable" for e in d["engines"])
     assert "none of the 3 engines answered" in r.err
+
+
+def test_summarize_pool_at_budget_and_waiters() -> None:
+    """Pure: a rank whose pool is at B is degraded; one with restores waiting for room needs attention."""
+    from bsr_cli.fleet import summarize
+
+    snap = {
+        "time": 1000.0,
+        "info": {"budget_bytes": 100, "W": 4, "registration": {"model": "m"}},
+        "ranks": [
+            {"rank": 0, "alive": True, "healthy": True, "pool": {"live_bytes": 100, "waiters": 2}},
+            {"rank": 1, "alive": True, "healthy": True, "pool": {"live_bytes": 50, "waiters": 1}},
+        ],
+        "tiers": {"mooncake": {"ok": True}},
+        "recent": [{"outcome": "failed_closed", "finished": 500.0, "reason": "old"}],  # too old to count
+    }
+    row = summarize(Target("e", "http://e", None), snap, None, 0.01, at=1000.0)
+    assert row["state"] == "degraded" and row["problems"] == ["rank 0: pool at budget B"]
+    assert [(r["rank"], r["state"]) for r in row["ranks"]] == [(0, "degraded"), (1, "attention")]
+    assert row["failed_recent"] == 0
