@@ -227,8 +227,8 @@ def restore(console: Console, d: dict[str, Any]) -> None:
                 else ""
             )
         )
-        if d.get("whole_plan_bytes"):
-            console.print(f"whole-plan (W=0) would stage {b(d.get('whole_plan_bytes'))} per rank")
+    if d.get("W") and d.get("whole_plan_bytes"):
+        console.print(f"whole-plan (W=0) would stage {b(d.get('whole_plan_bytes'))} per rank")
     console.print("[dim]Σ fetch/install s add up each window's time; windows overlap, so they can exceed wall s[/]")
     _hash_line(console, d)
     if d.get("marker"):
