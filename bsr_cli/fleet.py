@@ -1,8 +1,8 @@
 """Several engines at once: `bsr status` and `bsr top` over a fleet.
 
 A fleet is what `--engine` names when it names more than one engine: a comma-separated list (or `--engine`
-repeated) of admin URLs and profile names, where a profile may itself list several (`urls = [...]` or
-`engines = [...]` in the config file). A vLLM deployment at TP=2 serves one admin API per rank, so a fleet of
+repeated) of admin URLs and profile names, where a profile may itself list several (`urls = [...]` in the config
+file, URLs or other profiles' names). A vLLM deployment at TP=2 serves one admin API per rank, so a fleet of
 instances is many URLs.
 
 Every engine is polled concurrently, each with its own deadline: an engine that is down or slow is one row saying
@@ -63,7 +63,7 @@ def _resolve(settings: Settings, name: str) -> list[Target]:
     if name in settings.profiles:
         prof = settings.profiles[name]
         token = settings.token or prof.get("token")
-        many = prof.get("urls") or prof.get("engines")
+        many = prof.get("urls")
         if many is not None:
             if not isinstance(many, list) or not all(isinstance(u, str) for u in many):
                 raise InvalidInput(f"profile {name!r}: urls must be a list of URLs or profile names")

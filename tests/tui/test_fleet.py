@@ -145,6 +145,8 @@ def test_fleet_profile_lists_engines(bsr: Any, tmp_path: Path) -> None:
     assert [e["engine"] for e in d["engines"]] == ["tp2[0]", "tp2[1]", "one"]
     assert all(e["state"] == "down" and e["error"] == "unreachable" for e in d["engines"])
     assert "none of the 3 engines answered" in r.err
+    r = bsr("probe", "--config", str(cfg), "--engine", "tp2", "--synthetic", "10")
+    assert r.code == 2 and "profile 'tp2' names several engines" in r.err
 
 
 def test_summarize_pool_at_budget_and_waiters() -> None:
