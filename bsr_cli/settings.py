@@ -39,7 +39,7 @@ DEBUG_ENV = "BSR_DEBUG"
 DEFAULT_TIMEOUT_S = 30.0
 # What a config file may set (anything else is a typo, refused rather than ignored).
 CONFIG_KEYS = frozenset({"engine", "token", "state_dir", "timeout", "profiles"})
-PROFILE_KEYS = frozenset({"url", "token"})
+PROFILE_KEYS = frozenset({"url", "urls", "token"})
 
 
 def default_config_path() -> Path:

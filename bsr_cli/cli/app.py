@@ -70,7 +70,13 @@ def _global(
         typer.Option("--traceback", help="Show the stack trace on errors (env BSR_TRACEBACK, BSR_DEBUG)."),
     ] = False,
     engine: Annotated[
-        str | None, typer.Option("--engine", "-e", help="Engine admin URL or profile name (env BSR_ENGINE).")
+        str | None,
+        typer.Option(
+            "--engine",
+            "-e",
+            help="Engine admin URL or profile name (env BSR_ENGINE); several, comma-separated or repeated, make "
+            "`status` and `top` show a fleet.",
+        ),
     ] = None,
     token: Annotated[
         str | None, typer.Option("--token", help="Admin token (env BSR_TOKEN).", show_default=False)
@@ -145,7 +151,29 @@ def hoist_global_options(argv: list[str]) -> list[str]:
         else:
             rest.append(tok)
         i += 1
-    return front + rest
+    return _join_engines(front) + rest
+
+
+def _join_engines(front: list[str]) -> list[str]:
+    """`--engine A --engine B` names a fleet: one `--engine A,B` (the parser would keep only the last)."""
+    engines: list[str] = []
+    others: list[str] = []
+    i = 0
+    while i < len(front):
+        tok = front[i]
+        name = tok.split("=", 1)[0]
+        if name in ("--engine", "-e"):
+            if "=" in tok and tok.startswith("--"):
+                engines.append(tok.split("=", 1)[1])
+            elif i + 1 < len(front):
+                engines.append(front[i + 1])
+                i += 1
+        else:
+            others.append(tok)
+        i += 1
+    if len(engines) <= 1:
+        return front
+    return ["--engine", ",".join(engines), *others]
 
 
 def build_command():  # -> click.Command; typed loosely so this module does not import click at type-check time
@@ -182,7 +210,7 @@ def register_commands() -> None:
     """Attach every command group (import order = help order)."""
     from bsr_cli.cli.commands import config_cmd, planning  # noqa: F401
 
-    for optional in ("engine_cmd", "operate", "incident", "top_cmd", "bench_cmd"):
+    for optional in ("engine_cmd", "operate", "incident", "explain_cmd", "bundle_cmd", "top_cmd", "bench_cmd"):
         try:
             __import__(f"bsr_cli.cli.commands.{optional}")
         except ModuleNotFoundError as e:

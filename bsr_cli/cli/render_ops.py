@@ -409,3 +409,103 @@ def store_probe(console: Console, d: dict[str, Any]) -> None:
             console.print(f"[yellow]no chunk matched[/]; {diag['why']} ({diag['hint']})")
         for cause in diag.get("causes", []):
             console.print(f"[yellow]likely cause[/]: {cause}")
+
+
+_FLEET_STYLE = {"down": "bold red", "unhealthy": "red", "degraded": "yellow", "attention": "magenta", "ok": "green"}
+
+
+def fleet_table(d: dict[str, Any]) -> Table:
+    """Engines and their ranks, worst first: one row per engine, then one per rank under it."""
+    c = d["counts"]
+    summary = ", ".join(f"{n} {k}" for k, n in c.items() if n)
+    t = Table(title=f"fleet: {len(d['engines'])} engines ({summary})", title_justify="left")
+    for col, just in (
+        ("engine", "left"),
+        ("state", "left"),
+        ("rank", "right"),
+        ("live", "right"),
+        ("budget B", "right"),
+        ("peak", "right"),
+        ("windows", "right"),
+        ("restore rate", "right"),
+        ("markers", "right"),
+        ("why", "left"),
+    ):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for e in d["engines"]:
+        style = _FLEET_STYLE.get(e["state"], "")
+        if e["state"] == "down":
+            t.add_row(e["engine"], Text(e["state"], style), "", "", "", "", "", "", "", e["problems"][0])
+            continue
+        t.add_row(
+            Text(e["engine"], "bold"),
+            Text(e["state"], style),
+            f"{len(e['ranks'])} ranks",
+            _fb(sum(r["live_bytes"] for r in e["ranks"])),
+            _fb(e.get("budget_bytes")),
+            _fb(max((r["peak_bytes"] for r in e["ranks"]), default=0)),
+            str(sum(r["windows_live"] for r in e["ranks"])),
+            f"{e['restore_bps'] / 1e9:.2f} GB/s",
+            str(e["markers"]),
+            "; ".join(e["problems"]) or f"W={e.get('W')} {e.get('model') or ''}".strip(),
+        )
+        for r in e["ranks"]:
+            t.add_row(
+                "",
+                Text(r["state"], _FLEET_STYLE.get(r["state"], "")),
+                f"r{r['rank']}",
+                _fb(r["live_bytes"]),
+                _fb(r["budget_bytes"]),
+                _fb(r["peak_bytes"]),
+                str(r["windows_live"]),
+                f"{r['restore_bps'] / 1e9:.2f} GB/s",
+                "",
+                r["reason"],
+            )
+    return t
+
+
+def fleet(console: Console, d: dict[str, Any]) -> None:
+    console.print(fleet_table(d))
+
+
+def _fb(n: int | None) -> str:
+    return "—" if n is None else format_bytes(n)
+
+
+def explain(console: Console, d: dict[str, Any]) -> None:
+    """The verdict first, then its evidence chain, the other findings, where each tier's prefix ends per rank, the
+    last restore per rank and window, and the next command."""
+    v = d["findings"][0]
+    style = "green" if d.get("reusable") else "red"
+    subject = f"request {d['request']}" if d.get("request") else f"prompt {d.get('prompt') or ''}".strip()
+    console.print(f"[bold]{subject}[/]: [{style}]{d['verdict']}[/]")
+    console.print(f"  {v['summary']}")
+    for line in v["evidence"]:
+        console.print(f"  [dim]·[/] {line}")
+    console.print(f"  fix: {v['fix']}")
+    others = d["findings"][1:]
+    if others:
+        console.print("also:")
+        for f in others:
+            console.print(f"  [yellow]{f['kind']}[/]: {f['summary']}")
+    if d.get("tiers"):
+        t = Table(title="prefix per tier and rank (chunks)", title_justify="left")
+        for col in ("tier", "rank", "prefix", "held"):
+            t.add_column(col, justify="right")
+        for row in d["tiers"]:
+            t.add_row(row["tier"], str(row["rank"]), f"{row['prefix_chunks']}/{d['chunks']}", str(row["held_chunks"]))
+        console.print(t)
+    last = d.get("last_restore")
+    if last and d.get("verdict") and not d.get("request"):
+        console.print(
+            f"last restore {last['request']}: {last['outcome']}"
+            + (f" ({last.get('failure_kind')})" if last.get("failure_kind") else "")
+            + (f", {last['windows']} window(s) of W={last['W']}" if last.get("windows") is not None else "")
+        )
+        for r in last.get("ranks") or []:
+            console.print(f"  rank {r['rank']}: {r['windows_released']} window(s) released, {format_bytes(r['bytes'])}")
+        for f in last.get("failures") or []:
+            win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
+            console.print(f"  [red]failed[/] rank {f.get('rank')}{win}: {f.get('reason')}")
+    console.print(f"next: [bold]{d['next']}[/]")

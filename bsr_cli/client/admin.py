@@ -48,9 +48,19 @@ def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
     token = settings.token
     engine = settings.engine
     if engine:
+        if "," in engine:
+            raise InvalidInput(
+                f"--engine names several engines ({engine}); only `bsr status` and `bsr top` take a fleet",
+                hint="name one engine for this command",
+            )
         if engine in settings.profiles:
             prof = settings.profiles[engine]
             url = str(prof.get("url", ""))
+            if not url and prof.get("urls"):
+                raise InvalidInput(
+                    f"profile {engine!r} names several engines (urls); only `bsr status` and `bsr top` take a fleet",
+                    hint="name one engine for this command",
+                )
             if not url:
                 raise InvalidInput(f"profile {engine!r} has no url")
             return url.rstrip("/"), token or prof.get("token"), f"profile {engine}"

@@ -633,54 +633,10 @@ class _Handler(BaseHTTPRequestHandler):
             threading.Thread(target=self.admin.on_shutdown, daemon=True).start()
 
     def _metrics(self) -> None:
-        c = self.admin.coordinator
-        lines = []
+        from bsr_cli.runtime import metrics
 
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP {name} {help_}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{labels} {value}" for labels, value in samples)
-
-        ranks = c.pool()
-        for key, help_ in (
-            ("live_bytes", "Restore-pool bytes staged now"),
-            ("peak_bytes", "Highest restore-pool bytes staged since start or the last reset"),
-            ("capacity_bytes", "Restore-pool capacity"),
-            ("budget_bytes", "Admission budget B"),
-        ):
-            metric(
-                f"bsr_pool_{key}",
-                "gauge",
-                help_,
-                [(f'{{rank="{r["rank"]}"}}', r.get("pool", {}).get(key, 0)) for r in ranks],
-            )
-        metric(
-            "bsr_rank_up",
-            "gauge",
-            "1 when the rank process answers",
-            [(f'{{rank="{r["rank"]}"}}', int(r["alive"])) for r in ranks],
-        )
-        metric(
-            "bsr_rank_healthy",
-            "gauge",
-            "1 when the rank beats and no call of it is stuck past its deadline",
-            [(f'{{rank="{r["rank"]}"}}', int(r.get("healthy", r["alive"]))) for r in ranks],
-        )
-        metric(
-            "bsr_restores_total",
-            "counter",
-            "Manual restores by outcome",
-            [
-                ('{outcome="committed"}', self.admin.counters["committed"]),
-                ('{outcome="failed_closed"}', self.admin.counters["failed_closed"]),
-            ],
-        )
-        metric(
-            "bsr_requests_submitted_total", "counter", "Requests submitted", [("", self.admin.counters["submitted"])]
-        )
-        metric("bsr_force_local_markers", "gauge", "Force-local markers set", [("", len(c.markers))])
-        metric("bsr_faults_active", "gauge", "Injected faults armed", [("", len(c.faults))])
-        body = ("\n".join(lines) + "\n").encode()
+        text = metrics.exposition(self.admin.coordinator, submitted=self.admin.counters["submitted"])
+        body = text.encode()
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(body)))

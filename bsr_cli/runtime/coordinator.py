@@ -270,6 +270,7 @@ class Coordinator:
         exclude: set[str],
         w: int,
         block_tables: dict[str, list[int]],
+        prompt: str = "",
     ) -> dict[str, Any]:
         k = bitmap.prefix_chunks(exclude)
         ext_tokens = bitmap.prefix_tokens(exclude)
@@ -298,6 +299,7 @@ class Coordinator:
             {
                 "type": "restore_started",
                 "request": request,
+                "prompt": prompt,
                 "W": w,
                 "windows": len(windows),
                 "tokens": ext_tokens,
@@ -787,7 +789,7 @@ class Coordinator:
                 passes.append(entry)
                 if ext == 0:
                     break
-                res = self._restore_external(request, bitmap, hashes, exclude, w, tables)
+                res = self._restore_external(request, bitmap, hashes, exclude, w, tables, prompt)
                 entry["restore"] = res
                 if res["committed_tokens"]:
                     committed, source = res["committed_tokens"], "+".join(res["tiers"])
@@ -908,7 +910,7 @@ class Coordinator:
                 return base | {"outcome": "nothing_to_restore", "committed_tokens": 0, "advertised_tokens": 0}
             tables = self._allocate(ext)
             try:
-                res = self._restore_external(request, bitmap, hashes, excl, w, tables)
+                res = self._restore_external(request, bitmap, hashes, excl, w, tables, prompt)
                 out = base | res
                 if res["committed_tokens"]:
                     out["output_hash"] = self._combined_hash(

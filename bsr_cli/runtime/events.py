@@ -22,6 +22,7 @@ class EventLog:
         self._seq = 0
         self._cond = threading.Condition()
         self._listeners: dict[str, list[Listener]] = {}
+        self._observers: list[Listener] = []  # every event, whatever its request (metrics)
 
     @property
     def last_seq(self) -> int:
@@ -32,7 +33,7 @@ class EventLog:
             self._seq += 1
             ev = {"seq": self._seq, "time": time.time(), **event}
             self._events.append(ev)
-            listeners = list(self._listeners.get(str(ev.get("request", "")), ()))
+            listeners = list(self._listeners.get(str(ev.get("request", "")), ())) + self._observers
             self._cond.notify_all()
         for fn in listeners:
             fn(ev)
@@ -51,6 +52,13 @@ class EventLog:
     def recent(self, n: int = 50) -> list[dict[str, Any]]:
         with self._cond:
             return list(self._events)[-n:]
+
+    def observe(self, fn: Listener) -> list[dict[str, Any]]:
+        """Call ``fn`` with every event from now on; returns the events already held, so an observer that starts
+        late can count those too without counting any twice."""
+        with self._cond:
+            self._observers.append(fn)
+            return list(self._events)
 
     def listen(self, request: str, fn: Listener) -> Callable[[], None]:
         with self._cond:

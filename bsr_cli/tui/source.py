@@ -14,6 +14,7 @@ No textual here: the worker threads and messages live in the app; this module is
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import time
 import zlib
@@ -192,8 +193,11 @@ class Recorder:
 def read_recording(path: Path) -> tuple[dict[str, Any], list[Item]]:
     """(header, items) of a recording; InvalidInput when it is not one. A truncated tail (the recorder was killed
     mid-write) is tolerated: everything before it is kept."""
+    from bsr_cli.incident_bundle import RECORDING, read_member
+
+    member = read_member(path, RECORDING) if path.is_file() else None  # an incident bundle holds a recording
     try:
-        with gzip.GzipFile(path, "rb") as fh:
+        with gzip.GzipFile(path, "rb") if member is None else gzip.GzipFile(fileobj=io.BytesIO(member)) as fh:
             lines = list(_complete_lines(fh))
     except FileNotFoundError:
         raise InvalidInput(f"no recording at {path}") from None

@@ -360,9 +360,22 @@ class LMCacheRank(KVOps):
                 raise RestoreFailed(
                     f"LMCache loaded {got} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})", idx
                 )
+            nbytes = n_chunks * self.chunk_bytes
+            # LMCache retrieves straight into the destination KV: this fetch's seconds include the install.
+            self.emit(
+                {
+                    "type": "window_fetched",
+                    "request": job["request_id"],
+                    "rank": self.rank,
+                    "window": idx,
+                    "bytes": nbytes,
+                    "seconds": time.monotonic() - t0,
+                    "tiers": sorted({objs[c][1] for c in range(win["chunk_start"], win["chunk_end"])}),
+                    "pool": self.pool_stats(),
+                }
+            )
             if any(f.kind == "restore-fault" for f in hits):
                 raise RestoreFailed(f"injected restore fault while installing group {self.group}", idx)
-            nbytes = n_chunks * self.chunk_bytes
             out.windows_done += 1
             out.bytes_restored += nbytes
             self.emit(

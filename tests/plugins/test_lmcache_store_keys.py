@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -298,5 +299,59 @@ def test_host_restore_of_real_lmcache_data_reports_hash_not_applicable(master, t
         assert first["hash_ok"] is True and "hash" not in first
         again = c.restore(own, w=2)
         assert again["committed_tokens"] == 3 * CS and again["hash_ok"] is True and "hash" not in again
+        # The host's /metrics: the same families as the embedded engine, counted from its own event log.
+        from bsr_cli.runtime import metrics
+
+        text = metrics.exposition(c)
+        assert 'bsr_restores_total{outcome="committed",kind="none"} 3' in text  # two restores and one admission
+        assert re.search(r'^bsr_tier_fetch_bytes_total\{rank="1",tier="mooncake"\} [1-9]', text, re.M), text
+        assert 'bsr_rank_healthy{rank="0"} 1' in text
     finally:
         host.close()
+
+
+def _explain(master: services.ServiceHandle, tmp: Path, tokens: list[int], *args: str) -> dict[str, Any]:
+    tf = tmp / "explain-tokens.json"
+    tf.write_text(json.dumps(tokens))
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["--json", "explain", "--store", f"mooncake://{master.rpc_address}", "--metadata", master.metadata_url]
+    argv += ["--master-admin", master.admin_url, "--tokens-file", str(tf), *args]
+    with redirect_stdout(out), redirect_stderr(err):
+        code = run(argv)
+    assert code == 0, err.getvalue()
+    return dict(json.loads(out.getvalue()))
+
+
+def test_explain_on_a_store_real_lmcache_wrote(master, tmp_path: Path) -> None:
+    """`bsr explain --store` on keys real LMCache wrote at TP=2 in fp16: restorable with the deployment's flags; a
+    key-format mismatch naming the flag for the wrong dtype or world size; an evicted middle chunk; TP-rank skew."""
+    model = "real/explain"
+    toks = synthetic_tokens(6 * CS, seed=501)
+    gap = synthetic_tokens(6 * CS, seed=502)
+    skew = synthetic_tokens(6 * CS, seed=503)
+    engs = [_engine(master, model, torch.float16, 2, w) for w in (0, 1)]
+    try:
+        keys = {name: [_store(e, t) for e in engs] for name, t in (("toks", toks), ("gap", gap), ("skew", skew))}
+        for w in (0, 1):
+            lm.mooncake_store(engs[w]).remove(keys["gap"][w][2], True)  # evicted on every worker
+        lm.mooncake_store(engs[1]).remove(keys["skew"][1][4], True)  # lost on worker 1 only
+        flags = ("--model", model, "--world-size", "2", "--dtype", "fp16", "--vllm-hash-seed", "none")
+        ok = _explain(master, tmp_path, toks, *flags)
+        assert ok["verdict"] == "restorable" and ok["reusable"]
+        assert engs[0].lookup(torch.tensor(toks), search_range=["RemoteBackend"]) == 6 * CS
+        for args, flag in (
+            (["--world-size", "2", "--dtype", "bf16"], "--dtype fp16"),
+            (["--world-size", "1", "--dtype", "fp16"], "--world-size 2"),
+        ):
+            d = _explain(master, tmp_path, toks, "--model", model, "--vllm-hash-seed", "none", *args)
+            assert d["verdict"] == "key-format-mismatch", d["summary"]
+            assert flag in d["findings"][0]["fix"] and flag in d["next"]
+        d = _explain(master, tmp_path, gap, *flags)
+        assert d["verdict"] == "evicted", d["summary"]
+        assert "chunk 2 is missing in every tier while 3 later chunk(s) are held" in d["summary"]
+        assert engs[0].lookup(torch.tensor(gap), search_range=["RemoteBackend"]) == 2 * CS
+        d = _explain(master, tmp_path, skew, *flags)
+        assert d["verdict"] == "rank-skew", d["summary"]
+        assert "breaks at chunk 4 on rank 1 group kv only" in d["summary"]
+    finally:
+        _destroy(engs)

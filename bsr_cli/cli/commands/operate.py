@@ -432,6 +432,11 @@ def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     from bsr_cli.cli import render_ops
 
     st = state(ctx, json_flag)
+    from bsr_cli import fleet
+
+    many = fleet.targets(st.settings)
+    if many is not None:
+        return _fleet_status(st, many)
     with _client(st) as client:
         snap = client.snapshot(health=True)
         health = client.health()
@@ -442,6 +447,26 @@ def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
         raise ServerError(
             "unhealthy: " + "; ".join(f"rank {r['rank']} {r.get('reason') or 'unhealthy'}" for r in bad),
             hint="resume the stopped rank process, or restart the engine (bsr engine down; bsr engine up)",
+        )
+
+
+def _fleet_status(st: AppState, targets: list[Any]) -> None:
+    """Every engine polled at once: one row per engine and per rank, worst first. Exit 9 when an engine is down or
+    unhealthy (after printing every row), 3 when none answered."""
+    from bsr_cli import fleet
+    from bsr_cli.cli import render_ops
+    from bsr_cli.errors import EngineUnreachable, ServerError
+
+    rows = fleet.poll_all(targets, fleet.http_poll(min(st.settings.timeout_s, 10.0)))
+    st.out.result(fleet.fleet_result(rows), render_ops.fleet)
+    down = [r for r in rows if r["state"] == "down"]
+    if len(down) == len(rows):
+        raise EngineUnreachable(f"none of the {len(rows)} engines answered", hint=down[0]["problems"][0])
+    bad = [r for r in rows if r["severity"] >= fleet.UNHEALTHY]
+    if bad:
+        raise ServerError(
+            "fleet unhealthy: " + "; ".join(f"{r['engine']} {r['state']} ({r['problems'][0]})" for r in bad),
+            hint="`bsr status --engine URL` on one of them for its details",
         )
 
 

@@ -46,7 +46,13 @@ MAX_REPLICA_QUERIES = 1024
 _QUERYABLE = re.compile(r"[!$%'-~]+")  # printable ASCII without space, '"', '#' and '&'
 
 
-def run(
+def run(st: AppState, *args: Any, **kw: Any) -> None:
+    from bsr_cli.cli import render_ops
+
+    st.out.result(collect(st, *args, **kw), render_ops.store_probe)
+
+
+def collect(
     st: AppState,
     store: str,
     model: str | None,
@@ -64,9 +70,8 @@ def run(
     tags: Sequence[str] = (),
     vllm_hash_seed: str = "auto",
     verbose: bool = False,
-) -> None:
-    from bsr_cli.cli import render_ops
-
+) -> dict[str, Any]:
+    """The store probe's result: bitmap, key format, liveness and (on a total miss) the diagnosis."""
     url = urlsplit(store)
     try:
         port = url.port
@@ -170,7 +175,7 @@ def run(
         data["diagnosis"] = diagnose(
             admin_url, model, world_size, key_dtype, tag_pairs, chosen, hex_chains, auto=len(starts) > 1
         )
-    st.out.result(data, render_ops.store_probe)
+    return data
 
 
 def hash_starts(option: str) -> list[tuple[str, int]]:
@@ -440,4 +445,4 @@ def diagnose(
     }
 
 
-__all__ = ["diagnose", "hash_starts", "liveness", "run"]
+__all__ = ["collect", "diagnose", "hash_starts", "liveness", "run"]

@@ -36,6 +36,17 @@ def top(
     st = state(ctx)
     if record is not None and replay is not None:
         raise InvalidInput("give --record or --replay, not both")
+    from bsr_cli import fleet
+
+    many = fleet.targets(st.settings) if replay is None else None
+    if many is not None:
+        if record is not None:
+            raise InvalidInput("--record takes one engine", hint="record each engine with its own `bsr top --record`")
+        _interactive_or_fail()
+        from bsr_cli.tui.fleet_app import FleetApp
+
+        FleetApp(many, interval=interval, timeout_s=min(st.settings.timeout_s, 5.0)).run()
+        return
     _run_tui(st, interval=interval, record=record, replay=replay)
 
 
@@ -98,13 +109,18 @@ def _run_tui(st: AppState, *, interval: float, record: Path | None, replay: Path
     source = ReplaySource.load(replay) if replay is not None else LiveSource.from_settings(st.settings)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         source.close()
-        raise InvalidInput(
-            "bsr top needs an interactive terminal",
-            hint="for scripts and pipes use `bsr pool --once` (or `bsr pool --json`)",
-        )
+    _interactive_or_fail()
     recorder = Recorder.open(record, source=source.label) if record is not None else None
     from bsr_cli.tui.app import TopApp  # textual is imported here and nowhere on the way to other commands
 
     TopApp(source, interval=interval, recorder=recorder).run()
     if recorder is not None:
         st.out.note(f"recorded {recorder.lines - 1} polls to {recorder.path} (replay: bsr top --replay {record})")
+
+
+def _interactive_or_fail() -> None:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InvalidInput(
+            "bsr top needs an interactive terminal",
+            hint="for scripts and pipes use `bsr pool --once` (or `bsr pool --json`); for a fleet, `bsr status`",
+        )

@@ -1,0 +1,145 @@
+"""`bsr bundle`: an incident archive for a ticket (see bsr_cli.incident_bundle for what is inside)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from bsr_cli.cli.app import JsonFlag, app, state
+from bsr_cli.errors import BsrError, InvalidInput
+
+
+@app.command("bundle")
+def bundle(
+    ctx: typer.Context,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Archive to write [default: bsr-incident-TIME.tar.gz].")
+    ] = None,
+    synthetic: Annotated[
+        list[int] | None, typer.Option("--synthetic", help="Explain this synthetic prompt of N tokens (repeatable).")
+    ] = None,
+    seed: Annotated[list[int] | None, typer.Option("--seed", help="Seed of each --synthetic prompt, in order.")] = None,
+    tokens_file: Annotated[
+        list[Path] | None, typer.Option("--tokens-file", help="Explain the prompt in this token file (repeatable).")
+    ] = None,
+    max_bytes: Annotated[
+        str, typer.Option("--max-bytes", help="Size cap of the contents (log tails, then oldest events, are cut).")
+    ] = "16MiB",
+    master_admin: Annotated[
+        str | None,
+        typer.Option("--master-admin", help="Mooncake master admin URL for its segments [default: the embedded one]."),
+    ] = None,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Write an incident archive: status, settings, registration, markers, faults, events, pool history, master
+    segments, versions, engine log tails and `explain` of the prompts given; token ids and secrets redacted.
+
+    Read it back with `bsr top --replay BUNDLE`, `bsr describe REQ --record BUNDLE`, or `tar xzf BUNDLE`.
+    """
+    from bsr_cli import incident_bundle as ib
+    from bsr_cli.client import AdminClient
+    from bsr_cli.client.admin import resolve_engine
+    from bsr_cli.core.units import parse_bytes
+
+    st = state(ctx, json_flag)
+    cap = parse_bytes(max_bytes)
+    if cap < 64 << 10:
+        raise InvalidInput("--max-bytes must be at least 64KiB")
+    seeds = list(seed or [])
+    prompts: list[tuple[str, int | None, int, Path | None]] = []
+    for i, n in enumerate(synthetic or []):
+        s_i = seeds[i] if i < len(seeds) else 0
+        prompts.append((f"synthetic-{n}-seed-{s_i}", n, s_i, None))
+    prompts += [(f"tokens-{p.stem}", None, 0, p) for p in tokens_file or []]
+    out = output or Path(time.strftime("bsr-incident-%Y%m%d-%H%M%S.tar.gz"))
+    url, token, how = resolve_engine(st.settings)
+    b = ib.Builder([token or ""])
+    manifest: dict[str, Any] = {
+        "format": ib.FORMAT,
+        "version": ib.FORMAT_VERSION,
+        "created": time.time(),
+        "engine": url,
+        "found_via": how,
+        "redacted": ["token ids (every `tokens` list)", "the admin token", "bearer headers and secret-like values"],
+        "missing": {},
+    }
+    with AdminClient(url, token, timeout_s=st.settings.timeout_s) as client:
+        t0 = time.monotonic()
+        snap = client.snapshot(health=True, events_since=0)
+        latency = time.monotonic() - t0
+        received = time.time()
+        health = client.health()
+        info = snap.get("info") or client.info()
+        b.json("status.json", {k: v for k, v in snap.items() if k != "events"})
+        b.json("health.json", health)
+        b.json("info.json", info)
+        b.json("registration.json", client.registration())
+        b.json("markers.json", snap.get("markers") or [])
+        b.json("faults.json", client.faults())
+        events = list(snap.get("events") or [])
+        b.events("events.jsonl", events)
+        b.json("pool-history.json", ib.pool_history(events))
+        clean = json.loads(ib.redact_text(json.dumps(ib.redact_tokens(snap), default=str), b.secrets))
+        b.raw(ib.RECORDING, ib.recording_bytes(clean, received, latency, url))
+        for name, n_tok, s_seed, path in prompts:
+            try:
+                b.json(f"explain/{name}.json", _explain(st, n_tok, s_seed, path))
+            except BsrError as e:
+                manifest["missing"][f"explain/{name}.json"] = e.message
+    local = _local_engine(st, url)
+    admin = master_admin or ((local or {}).get("mooncake") or {}).get("admin_url")
+    if admin:
+        from bsr_cli.engine import services
+
+        try:
+            b.json("segments.json", services.segments(admin))
+        except services.ServiceError as e:
+            manifest["missing"]["segments.json"] = str(e)
+    else:
+        manifest["missing"]["segments.json"] = "no Mooncake master admin address (pass --master-admin)"
+    b.json("versions.json", ib.versions() | {"engine": info.get("version"), "api": info.get("api")})
+    logs = Path(st.settings.state_dir) / "logs"
+    if local is not None and logs.is_dir():
+        for p in sorted(logs.glob("*.log")):
+            b.text(f"logs/{p.name}", ib.tail(p))
+    else:
+        manifest["missing"]["logs/"] = "the engine's logs are not on this machine (its state directory is elsewhere)"
+    b.fit(cap)
+    size = b.write(out, manifest)
+    data = {"bundle": str(out), "bytes": size, "files": sorted(b.files), "notes": b.notes, **manifest}
+
+    def render(console: Any, d: dict[str, Any]) -> None:
+        console.print(
+            f"wrote {d['bundle']} ({d['bytes']:,} bytes, {len(d['files']) + 1} files); redacted: token ids, secrets"
+        )
+        for n in d["notes"]:
+            console.print(f"  cut: {n}")
+        for name, why in d["missing"].items():
+            console.print(f"  [dim]not included: {name}: {why}[/]")
+        console.print(f"read it back: bsr top --replay {d['bundle']}  ·  bsr describe REQ --record {d['bundle']}")
+
+    st.out.result(data, render)
+
+
+def _explain(st: Any, n: int | None, seed: int, path: Path | None) -> dict[str, Any]:
+    from bsr_cli.cli.commands.explain_cmd import _explain_prompt, _prompt_flags
+
+    return _explain_prompt(st, path, None, n, seed, None, _prompt_flags(path, None, n, seed))
+
+
+def _local_engine(st: Any, url: str) -> dict[str, Any] | None:
+    """The embedded engine's configuration when ``url`` is the engine recorded in this state directory."""
+    from bsr_cli.engine.supervisor import connection
+
+    state_dir = Path(st.settings.state_dir)
+    found = connection(state_dir)
+    if found is None or found[0].rstrip("/") != url.rstrip("/"):
+        return None
+    try:
+        return dict(json.loads((state_dir / "engine.json").read_text()))
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,180 @@
+"""`bsr explain`: why a prompt was (not) reused, or why a request's restore failed, in one verdict with its
+evidence chain and the next command to run. The facts are gathered here; bsr_cli.core.explain joins them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from bsr_cli.cli.app import AppState, JsonFlag, app, state
+from bsr_cli.cli.commands.operate import PromptFileOpt, SeedOpt, SyntheticOpt, TokensFileOpt, WOpt
+from bsr_cli.errors import EngineError, InvalidInput
+
+
+@app.command("explain")
+def explain(
+    ctx: typer.Context,
+    request: Annotated[
+        str | None,
+        typer.Argument(
+            help="A request id (req-...): why its restore ended as it did.", metavar="REQ", show_default=False
+        ),
+    ] = None,
+    tokens_file: TokensFileOpt = None,
+    prompt_file: PromptFileOpt = None,
+    synthetic: SyntheticOpt = None,
+    seed: SeedOpt = 0,
+    w: WOpt = None,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", help="Explain from a Mooncake store LMCache wrote: mooncake://HOST:PORT (no engine)."),
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="With --store: model name in the keys.")] = None,
+    world_size: Annotated[
+        int, typer.Option("--world-size", "--tp", help="With --store: TP world size in the keys.")
+    ] = 1,
+    dtype: Annotated[str, typer.Option("--dtype", help="With --store: KV dtype in the keys.")] = "bf16",
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="With --store: a request tag KEY=VALUE.")] = None,
+    vllm_hash_seed: Annotated[
+        str, typer.Option("--vllm-hash-seed", help="With --store: vLLM's PYTHONHASHSEED, 'none' or 'auto'.")
+    ] = "auto",
+    metadata: Annotated[str | None, typer.Option("--metadata", help="With --store: metadata server URL.")] = None,
+    master_admin: Annotated[str | None, typer.Option("--master-admin", help="With --store: master admin URL.")] = None,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="With --store: LMCache chunk size.", min=1)] = 256,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Why a prompt was not reused (or will be): one verdict, the evidence, the fix and the next command.
+
+    Joins the probe (which tier holds which prefix on which rank, where and why it breaks), force-local markers,
+    armed faults, rank and tier health, W against the budget B, and the last restore of the prompt per rank and
+    window. With --store it asks a Mooncake store LMCache wrote, naming a key-format mismatch (world size, dtype,
+    tags, vLLM hash seed) or a gone segment holder. With a request id it explains how that restore ended.
+    """
+    from bsr_cli.cli import render_ops
+
+    st = state(ctx, json_flag)
+    given = [x is not None for x in (tokens_file, prompt_file, synthetic)]
+    if request is not None and any(given):
+        raise InvalidInput("give a request id or a prompt (--tokens-file/--prompt-file/--synthetic), not both")
+    if request is None and sum(given) != 1:
+        raise InvalidInput("give a request id, or exactly one of --tokens-file, --prompt-file or --synthetic N")
+    flags = _prompt_flags(tokens_file, prompt_file, synthetic, seed)
+    if store is not None:
+        if request is not None:
+            raise InvalidInput("--store explains a prompt, not a request id")
+        from bsr_cli.cli.commands import store_probe
+        from bsr_cli.core.explain import explain_store
+
+        data = store_probe.collect(
+            st,
+            store,
+            model,
+            world_size,
+            metadata,
+            tokens_file,
+            prompt_file,
+            synthetic,
+            seed,
+            None,
+            dtype=dtype,
+            chunk_size=chunk_size,
+            admin=master_admin,
+            tags=tag or (),
+            vllm_hash_seed=vllm_hash_seed,
+        )
+        flags += f" --model {model} --world-size {world_size} --dtype {dtype}" + "".join(
+            f" --tag {t}" for t in tag or ()
+        )
+        result = explain_store(prompt="", prompt_flags=flags, store=data)
+    elif request is not None:
+        result = _explain_request(st, request)
+    else:
+        result = _explain_prompt(st, tokens_file, prompt_file, synthetic, seed, w, flags)
+    st.out.result(result, render_ops.explain)
+
+
+def _prompt_flags(tokens_file: Path | None, prompt_file: Path | None, synthetic: int | None, seed: int) -> str:
+    if synthetic is not None:
+        return f"--synthetic {synthetic} --seed {seed}"
+    if tokens_file is not None:
+        return f"--tokens-file {tokens_file}"
+    if prompt_file is not None:
+        return f"--prompt-file {prompt_file}"
+    return ""
+
+
+def _explain_prompt(
+    st: AppState,
+    tokens_file: Path | None,
+    prompt_file: Path | None,
+    synthetic: int | None,
+    seed: int,
+    w: int | None,
+    flags: str,
+) -> dict[str, Any]:
+    from bsr_cli.client import AdminClient
+    from bsr_cli.core.explain import explain_engine, fold_restore
+    from bsr_cli.core.keys import prompt_hash, synthetic_tokens
+    from bsr_cli.prompts import prompt_body
+
+    with AdminClient.from_settings(st.settings) as client:
+        info = client.info()
+        tokenizer = info.get("tokenizer") if prompt_file is not None else None
+        body = prompt_body(tokens_file, prompt_file, synthetic, seed, tokenizer)
+        tokens = body["tokens"] if "tokens" in body else synthetic_tokens(body["synthetic"]["n"], seed)
+        prompt = prompt_hash(tokens)
+        health = client.health()
+        registration = client.registration()
+        probe: dict[str, Any] | None = None
+        probe_error = None
+        try:
+            probe = client.probe(body)
+        except EngineError as e:
+            if not [r for r in health.get("ranks") or [] if not r.get("healthy", True)]:
+                raise
+            probe_error = e.message  # a rank is down: the probe cannot run, the verdict says why
+        markers = client.markers()
+        faults = client.faults().get("faults", [])
+        events = client.events(since=0).get("events", [])
+    mine = [e for e in events if e.get("type") in ("restore_started", "request_admitted") and e.get("prompt") == prompt]
+    last = None
+    if mine:
+        req = mine[-1]["request"]
+        last = fold_restore([e for e in events if e.get("request") == req])
+    result = explain_engine(
+        prompt=prompt,
+        prompt_flags=flags,
+        registration=registration,
+        probe=probe,
+        probe_error=probe_error,
+        n_tokens=len(tokens),
+        info=info,
+        health=health,
+        markers=markers,
+        faults=faults,
+        w=w,
+        last_restore=last,
+    )
+    result["url"] = client.url
+    return result
+
+
+def _explain_request(st: AppState, request: str) -> dict[str, Any]:
+    from bsr_cli.client import AdminClient
+    from bsr_cli.core.explain import explain_request
+
+    with AdminClient.from_settings(st.settings) as client:
+        events = client.events(since=0).get("events", [])
+        health = client.health()
+        markers = client.markers()
+    mine = [e for e in events if e.get("request") == request]
+    if not mine:
+        raise InvalidInput(
+            f"no events of request {request!r} on {client.url}",
+            hint="the engine keeps its last events only; `bsr events` lists what it has",
+        )
+    result = explain_request(mine, health=health, markers=markers)
+    result["url"] = client.url
+    return result

@@ -1,0 +1,468 @@
+"""`bsr explain`: why a prompt was (not) reused, as one verdict with its evidence chain. Pure: the command gathers
+the facts (an engine's probe, health, markers, faults and events; or a Mooncake store's probe with its diagnosis
+and holder liveness) and this module joins them.
+
+Findings, in the order the verdict picks them (the first is what blocks reuse now; the rest are listed too):
+
+    rank-unhealthy       a rank is down, stopped or stuck past a deadline: every restore fails until it is back
+    window-over-budget   RWS(W) exceeds the budget B (W=0: the whole plan exceeds the pool): never admitted
+    force-local-marker   a failed restore set a marker: the next admission skips the blamed tier(s)
+    fault-armed          an injected fault will fail the next restore
+    holder-gone          the store lists the chunks, but the process holding them is gone
+    key-format-mismatch  the store holds this prompt under another key format (world size, dtype, tags, hash seed)
+    never-stored         no tier holds any chunk of the prompt
+    rank-skew            the prefix breaks on some ranks (or KV groups) only: the others hold the chunk
+    evicted              a chunk is missing in every tier while later chunks are held: it was evicted
+    partial              the tiers hold a prefix and nothing after it (the rest was never stored, or evicted)
+    restorable           every rank and group holds the whole prompt: it will be restored
+    tier-unhealthy       a tier is unhealthy: the verdict when every tier holding the whole prompt is unhealthy
+                         (the restore would likely fail closed), otherwise listed as information
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bsr_cli.core import accounting
+from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.registration import Registration
+from bsr_cli.errors import ServerError
+
+ORDER = (
+    "rank-unhealthy",
+    "window-over-budget",
+    "force-local-marker",
+    "fault-armed",
+    "holder-gone",
+    "key-format-mismatch",
+    "never-stored",
+    "rank-skew",
+    "evicted",
+    "partial",
+    "restorable",
+    "tier-unhealthy",  # information, after `restorable`, unless every tier holding the whole prompt is unhealthy
+)
+
+
+def _finding(kind: str, summary: str, evidence: Sequence[str], fix: str, next_cmd: str) -> dict[str, Any]:
+    return {"kind": kind, "summary": summary, "evidence": list(evidence), "fix": fix, "next": next_cmd}
+
+
+def tier_prefixes(bitmap: HitBitmap) -> list[dict[str, Any]]:
+    """Per tier and rank: how many leading chunks that tier alone holds for every group of the rank, and how many
+    chunks it holds at all."""
+    out = []
+    for i, tier in enumerate(bitmap.tiers):
+        for r in range(bitmap.ranks):
+            prefix = 0
+            while prefix < bitmap.chunks and all(bitmap.mask(r, g, prefix) >> i & 1 for g in bitmap.groups):
+                prefix += 1
+            held = sum(1 for c in range(bitmap.chunks) if all(bitmap.mask(r, g, c) >> i & 1 for g in bitmap.groups))
+            out.append({"tier": tier, "rank": r, "prefix_chunks": prefix, "held_chunks": held})
+    return out
+
+
+def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> list[dict[str, Any]]:
+    """What the bitmap alone says: never stored, skew, eviction, partial, or restorable."""
+    n = bitmap.chunks
+    k = bitmap.prefix_chunks(exclude)
+    any_held = any(bitmap.mask(r, g, c) for r in range(bitmap.ranks) for g in bitmap.groups for c in range(n))
+    if not any_held:
+        return [
+            _finding(
+                "never-stored",
+                "no tier holds any chunk of this prompt: it was never stored (or everything was evicted)",
+                [f"probe: 0 of {n} chunks held on any rank, group or tier ({', '.join(bitmap.tiers)})"],
+                "admit it once so it is computed and stored",
+                f"bsr submit {prompt_flags}",
+            )
+        ]
+    if k >= n:
+        return [
+            _finding(
+                "restorable",
+                f"every rank and group holds all {n} chunks: the prompt will be restored ({bitmap.tokens:,} tokens)",
+                [f"probe: committable prefix {k}/{n} chunks"],
+                "nothing to fix",
+                f"bsr restore {prompt_flags}",
+            )
+        ]
+    brk = bitmap.first_break(exclude)
+    assert brk is not None
+    holders = [
+        (r, g)
+        for r in range(bitmap.ranks)
+        for g in bitmap.groups
+        if bitmap.mask(r, g, k) & sum(1 << i for i, t in enumerate(bitmap.tiers) if t not in exclude)
+    ]
+    missing = [(r, g) for r in range(bitmap.ranks) for g in bitmap.groups if (r, g) not in holders]
+    later = [
+        c for c in range(k + 1, n) if any(bitmap.mask(r, g, c) for r in range(bitmap.ranks) for g in bitmap.groups)
+    ]
+    where = ", ".join(f"rank {r} group {g}" for r, g in missing)
+    ev = [f"probe: committable prefix {k}/{n} chunks ({min(k * bitmap.chunk_size, bitmap.tokens):,} tokens)"]
+    ev.append(f"first break: chunk {k}, missing on {where}" + (f" ({brk.reason})" if brk.reason else ""))
+    if holders:
+        ev.append("held at chunk {} by {}".format(k, ", ".join(f"rank {r} group {g}" for r, g in holders)))
+        return [
+            _finding(
+                "rank-skew",
+                f"the prefix breaks at chunk {k} on {where} only: the other ranks/groups hold it (TP-rank skew: "
+                "that rank's store failed or its copy was evicted)",
+                ev,
+                "re-store the prompt (every rank writes its own keys), and check that rank's store errors",
+                f"bsr events --request REQ   # then: bsr submit {prompt_flags}",
+            )
+        ]
+    if later:
+        ev.append(f"held after the break: chunks {_ranges(later)}")
+        return [
+            _finding(
+                "evicted",
+                f"chunk {k} is missing in every tier while {len(later)} later chunk(s) are held: it was evicted "
+                "from the store (a middle chunk cannot be skipped, so the prefix ends there)",
+                ev,
+                "give the tier more room (Mooncake segment size, eviction watermark) or pin hot prompts; re-store it",
+                f"bsr submit {prompt_flags}",
+            )
+        ]
+    return [
+        _finding(
+            "partial",
+            f"the tiers hold chunks 0..{k - 1} and nothing after: the rest was never stored or was evicted",
+            ev,
+            "re-store the prompt; if this repeats, the store is evicting tails (raise its capacity)",
+            f"bsr submit {prompt_flags}",
+        )
+    ]
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    out: list[str] = []
+    start = prev = xs[0]
+    for x in xs[1:]:
+        if x == prev + 1:
+            prev = x
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        start = prev = x
+    out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(out[:6]) + (" ..." if len(out) > 6 else "")
+
+
+def explain_engine(
+    *,
+    prompt: str,
+    prompt_flags: str,
+    registration: Mapping[str, Any],
+    probe: Mapping[str, Any] | None,
+    probe_error: str | None = None,
+    n_tokens: int,
+    info: Mapping[str, Any],
+    health: Mapping[str, Any],
+    markers: Sequence[Mapping[str, Any]],
+    faults: Sequence[Mapping[str, Any]],
+    w: int | None,
+    last_restore: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The verdict for a prompt on a live engine."""
+    reg = Registration.from_dict(registration)
+    bitmap = HitBitmap.from_dict(probe["bitmap"]) if probe is not None else None
+    findings: list[dict[str, Any]] = []
+    bad_ranks = [r for r in health.get("ranks") or [] if not r.get("healthy", r.get("alive", True))]
+    if bad_ranks:
+        findings.append(
+            _finding(
+                "rank-unhealthy",
+                "; ".join(f"rank {r['rank']} {r.get('reason') or 'unhealthy'}" for r in bad_ranks)
+                + ": every restore fails closed until it is back (the prefix is held, but no rank can install "
+                "without all of them)",
+                [
+                    f"health: rank {r['rank']} alive={r.get('alive')} healthy=False"
+                    + (f", heartbeat {r['heartbeat_age_s']} s ago" if r.get("heartbeat_age_s") is not None else "")
+                    for r in bad_ranks
+                ],
+                "resume the stopped rank process (SIGCONT), or restart the engine",
+                "bsr status",
+            )
+        )
+    window = int(info["W"] if w is None else w)
+    budget = int(info.get("budget_bytes") or 0)
+    pool = int(info.get("pool_bytes") or 0)
+    slot = reg.bytes_per_chunk
+    if window > 0:
+        need = accounting.rws_bytes(reg, window)
+        if budget and need > budget:
+            fit = max(1, budget // slot) if slot else 1
+            findings.append(
+                _finding(
+                    "window-over-budget",
+                    f"W={window} needs RWS(W) = {need:,} bytes per rank but the budget B is {budget:,}: no window "
+                    "could be admitted (a capacity refusal, no tier is at fault)",
+                    [f"RWS(W={window}) = {window} × {slot:,} B/chunk = {need:,} B > B = {budget:,} B"],
+                    f"use --W {fit} or lower, or raise B to at least {need:,} (at most the pool, {pool:,})",
+                    f"bsr settings set --budget {need}" if need <= pool else f"bsr restore {prompt_flags} --W {fit}",
+                )
+            )
+    else:
+        k_all = bitmap.prefix_chunks() if bitmap is not None else accounting.chunks_for_tokens(n_tokens, reg.chunk_size)
+        whole = accounting.whole_plan_bytes(reg, k_all)
+        if pool and whole > pool:
+            findings.append(
+                _finding(
+                    "window-over-budget",
+                    f"W=0 stages the whole prefix at once ({whole:,} bytes per rank) and the pool holds {pool:,}",
+                    [f"whole plan {k_all} chunks × {slot:,} B = {whole:,} B > pool {pool:,} B"],
+                    "use a bounded window (--W)",
+                    f"bsr restore {prompt_flags} --W {max(1, budget // slot) if slot else 1}",
+                )
+            )
+    mine = [m for m in markers if m.get("prompt") == prompt]
+    exclude: list[str] = []
+    for m in mine:
+        exclude = sorted(set(exclude) | set(m.get("excluded_tiers") or []))
+    if mine:
+        m = mine[0]
+        rest = [t for t in (bitmap.tiers if bitmap is not None else ()) if t not in exclude]
+        k_rest = bitmap.prefix_chunks(exclude) if bitmap is not None else 0
+        if bitmap is None:
+            then = "the next admission cannot be judged without a probe"
+        elif k_rest:
+            then = f"the next admission serves it from {', '.join(rest)} ({k_rest}/{bitmap.chunks} chunks there)"
+        else:
+            then = "the next admission recomputes it (no other tier holds its prefix)"
+        findings.append(
+            _finding(
+                "force-local-marker",
+                f"a force-local marker excludes {', '.join(exclude)} for this prompt, set when restore "
+                f"{m.get('request')} failed ({m.get('reason')}): {then}",
+                [f"marker: prompt {prompt} excludes {', '.join(exclude)} (request {m.get('request')})"],
+                "fix the tier; a committed admission clears the marker, or clear it by hand",
+                "bsr markers clear",
+            )
+        )
+    armed = [f for f in faults if not f.get("exhausted")]
+    if armed:
+        findings.append(
+            _finding(
+                "fault-armed",
+                f"{len(armed)} injected fault(s) armed: the next restore fails on purpose",
+                [
+                    f"fault #{f.get('id')} {f.get('kind')} on "
+                    + (f"rank {f['rank']}" if f.get("rank") is not None else "every rank")
+                    for f in armed
+                ],
+                "clear the faults when the drill is over",
+                "bsr faults clear",
+            )
+        )
+    if bitmap is not None:
+        findings.extend(_content(bitmap, (), prompt_flags))
+    elif not findings:
+        raise ServerError(f"the engine's probe failed and nothing else explains it: {probe_error}")
+    degraded = {t: h for t, h in (health.get("tiers") or {}).items() if not h.get("ok", True)}
+    full = [t for t in bitmap.tiers if bitmap.tier_prefix_chunks(t) >= bitmap.chunks] if bitmap is not None else []
+    for t, h in degraded.items():
+        findings.append(
+            {"blocks": t in full and set(full) <= set(degraded)}
+            | _finding(
+                "tier-unhealthy",
+                f"tier {t} is unhealthy: a restore from it may fail closed and set a marker",
+                [f"tier {t}: {'; '.join(h.get('detail') or []) or 'unhealthy'}"],
+                "see `bsr status`; a lower tier or recompute serves meanwhile",
+                "bsr status",
+            )
+        )
+    source = {"engine": info.get("engine")} | ({"probe_error": probe_error} if probe_error else {})
+    return _result(prompt, bitmap, findings, last_restore, source=source, n_tokens=n_tokens, chunk_size=reg.chunk_size)
+
+
+def explain_store(*, prompt: str, prompt_flags: str, store: Mapping[str, Any]) -> dict[str, Any]:
+    """The verdict for a prompt from a Mooncake store LMCache wrote (no engine): `bsr probe --store`'s result."""
+    bitmap = HitBitmap.from_dict(store["bitmap"])
+    findings: list[dict[str, Any]] = []
+    live = store.get("liveness") or {}
+    k = int(store.get("committable_chunks") or 0)
+    if live.get("available") and live.get("stale_chunks"):
+        lk = int(live.get("live_committable_chunks") or 0)
+        segs = live.get("segments") or []
+        dead = [s for s in segs if not s.get("alive")]
+        findings.append(
+            _finding(
+                "holder-gone",
+                f"the master still lists {live['stale_chunks']} chunk(s) of this prompt, but the process holding "
+                f"them is gone: only {lk} chunk(s) can really be read",
+                [f"segment {s.get('name')} at {s.get('endpoint')}: not answering" for s in dead]
+                + [f"listed prefix {k} chunks, live prefix {lk}"],
+                "restart the segment holder (its data is lost) and let the prompt be stored again",
+                f"bsr probe --store {store.get('store')} {prompt_flags}",
+            )
+        )
+    diag = store.get("diagnosis") or {}
+    if k == 0 and diag.get("available"):
+        groups = diag.get("groups") or []
+        close = [g for g in groups if g.get("prompt_chunks_held") and g.get("differs_in")]
+        if close:
+            g = max(close, key=lambda g: g["prompt_chunks_held"])
+            fields = ", ".join(
+                {"world_size": "world size", "hash_start": "hash seed"}.get(f, f) for f in g["differs_in"]
+            )
+            findings.append(
+                _finding(
+                    "key-format-mismatch",
+                    f"the store holds {g['prompt_chunks_held']} chunk(s) of this prompt under another key format "
+                    f"(differs in {fields}): LMCache computed different keys than asked for",
+                    list(diag.get("causes") or []),
+                    f"ask with {' '.join(g['flags'])} (or align the deployment's {fields})",
+                    f"bsr explain --store {store.get('store')} {prompt_flags} {' '.join(g['flags'])}",
+                )
+            )
+    content = _content(bitmap, (), prompt_flags)
+    if any(f["kind"] == "key-format-mismatch" for f in findings):
+        content = [f for f in content if f["kind"] != "never-stored"]
+    elif content and content[0]["kind"] == "never-stored" and diag.get("causes"):
+        content[0]["evidence"].extend(diag["causes"])
+    findings.extend(content)
+    return _result(
+        prompt, bitmap, findings, None, source={"store": store.get("store")}, n_tokens=bitmap.tokens, chunk_size=0
+    )
+
+
+def _result(
+    prompt: str,
+    bitmap: HitBitmap | None,
+    findings: list[dict[str, Any]],
+    last_restore: Mapping[str, Any] | None,
+    *,
+    source: dict[str, Any],
+    n_tokens: int,
+    chunk_size: int,
+) -> dict[str, Any]:
+    findings.sort(key=lambda f: ORDER.index("partial") + 0.5 if f.get("blocks") else ORDER.index(f["kind"]))
+    verdict = findings[0]
+    return {
+        "kind": "bsr.explain",
+        "prompt": prompt,
+        "tokens": bitmap.tokens if bitmap is not None else n_tokens,
+        "chunks": bitmap.chunks if bitmap is not None else accounting.chunks_for_tokens(n_tokens, chunk_size),
+        **source,
+        "verdict": verdict["kind"],
+        "reusable": verdict["kind"] == "restorable",
+        "summary": verdict["summary"],
+        "findings": findings,
+        "tiers": tier_prefixes(bitmap) if bitmap is not None else [],
+        "last_restore": dict(last_restore) if last_restore else None,
+        "next": verdict["next"],
+    }
+
+
+def fold_restore(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """One restore's events (one request) as per-rank, per-window facts: windows released, the failures with their
+    rank, window and kind, and the outcome."""
+    if not events:
+        return None
+    req = str(events[0].get("request", ""))
+    ranks: dict[int, dict[str, Any]] = {}
+    out: dict[str, Any] = {"request": req, "outcome": "running", "windows": None, "W": None, "failures": []}
+    for e in events:
+        t = e.get("type")
+        if t == "restore_started":
+            out["windows"], out["W"], out["tiers"] = e.get("windows"), e.get("W"), e.get("tiers")
+            out["tokens"] = e.get("tokens")
+        elif t == "window_released":
+            r = ranks.setdefault(int(e["rank"]), {"rank": int(e["rank"]), "windows_released": 0, "bytes": 0})
+            r["windows_released"] += 1
+            r["bytes"] += int(e.get("bytes", 0))
+        elif t in ("restore_committed", "restore_failed_closed"):
+            out["outcome"] = "committed" if t == "restore_committed" else "failed_closed"
+            out["committed_tokens"] = e.get("committed_tokens")
+            out["failures"] = [
+                {k: f.get(k) for k in ("rank", "window", "kind", "tier", "reason")} for f in e.get("failures") or []
+            ]
+            # A restore that could not start (a silent rank) logs no failure_kind: its failures carry it.
+            kinds = [f["kind"] for f in out["failures"] if f.get("kind")]
+            out["failure_kind"] = e.get("failure_kind") or (
+                kinds[0] if kinds and out["outcome"] != "committed" else None
+            )
+        elif t == "marker_set":
+            out["marker"] = {"excluded_tiers": e.get("excluded_tiers"), "reason": e.get("reason")}
+    out["ranks"] = [ranks[r] for r in sorted(ranks)]
+    return out
+
+
+def explain_request(
+    events: Sequence[Mapping[str, Any]], *, health: Mapping[str, Any], markers: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """How one request ended and why: its restore per rank and window, the failure's kind (the failure taxonomy:
+    tier, rank, capacity, aborted), the marker it left, and what to do."""
+    req = str(events[0].get("request", ""))
+    restore = fold_restore([e for e in events if e.get("type") != "request_admitted"])
+    finished = next((e for e in events if e.get("type") == "request_finished"), None)
+    prompt = next((str(e["prompt"]) for e in events if e.get("prompt")), "")
+    evidence: list[str] = []
+    if restore and restore.get("windows") is not None:
+        evidence.append(f"restore: {restore['windows']} window(s) of W={restore['W']} from {restore.get('tiers')}")
+        for r in restore["ranks"]:
+            evidence.append(f"rank {r['rank']}: {r['windows_released']} window(s) released, {r['bytes']:,} bytes")
+    outcome = (restore or {}).get("outcome")
+    fails = (restore or {}).get("failures") or []
+    kind = (restore or {}).get("failure_kind") or ("tier" if outcome == "failed_closed" else None)
+    for f in fails:
+        where = f"rank {f.get('rank')}" + (f" window G{int(f['window']) + 1}" if f.get("window") is not None else "")
+        evidence.append(f"failed: {where}: {f.get('reason')} (kind {f.get('kind')}, tier {f.get('tier')})")
+    marker = next((m for m in markers if prompt and m.get("prompt") == prompt), None)
+    if outcome == "committed":
+        verdict, summary, fix, nxt = (
+            "restore-committed",
+            f"the restore committed {restore.get('committed_tokens') or 0:,} tokens on every rank",  # type: ignore[union-attr]
+            "nothing to fix",
+            f"bsr describe {req}",
+        )
+    elif outcome == "failed_closed" and kind == "rank":
+        ranks = sorted({int(f["rank"]) for f in fails if f.get("kind") == "rank" and f.get("rank") is not None})
+        bad = [r for r in health.get("ranks") or [] if not r.get("healthy", True)]
+        verdict = "restore-failed-rank"
+        summary = (
+            f"failed closed because rank {', '.join(map(str, ranks)) or '?'} stopped making progress "
+            f"(no tier is blamed, no marker)" + (f"; still unhealthy: {bad[0].get('reason')}" if bad else "")
+        )
+        fix, nxt = "resume or restart the rank; then retry", "bsr status"
+    elif outcome == "failed_closed" and kind == "capacity":
+        verdict = "restore-failed-capacity"
+        summary = "refused for capacity: the window did not fit the budget B or the pool (no tier is blamed)"
+        fix, nxt = "lower W or raise B (see the reason)", "bsr settings show"
+    elif outcome == "failed_closed" and kind == "aborted":
+        verdict, summary = "restore-aborted", "an operator aborted it; it failed closed, nothing was committed"
+        fix, nxt = "nothing to fix", f"bsr describe {req}"
+    elif outcome == "failed_closed":
+        tiers = sorted({str(f.get("tier")) for f in fails if f.get("tier")})
+        verdict = "restore-failed-tier"
+        summary = f"failed closed because tier {', '.join(tiers) or '?'} failed: nothing was committed" + (
+            f"; a force-local marker now excludes {', '.join(marker['excluded_tiers'])} for this prompt"
+            if marker
+            else ""
+        )
+        fix = "fix the tier (`bsr status`); the next admission of the prompt uses a lower tier or recomputes"
+        nxt = "bsr markers list" if marker else "bsr status"
+    elif finished is not None:
+        verdict = "admitted"
+        summary = (
+            f"admitted: {int(finished.get('external_tokens') or 0):,} tokens from {finished.get('source')}, "
+            f"{int(finished.get('computed_tokens') or 0):,} computed"
+        )
+        fix, nxt = "nothing to fix", f"bsr describe {req}"
+    else:
+        verdict, summary, fix, nxt = "running", "the request has not finished", "wait", f"bsr events -f --request {req}"
+    return {
+        "kind": "bsr.explain",
+        "request": req,
+        "prompt": prompt,
+        "verdict": verdict,
+        "reusable": verdict in ("restore-committed", "admitted"),
+        "summary": summary,
+        "findings": [_finding(verdict, summary, evidence, fix, nxt)],
+        "tiers": [],
+        "last_restore": restore,
+        "next": nxt,
+    }
