@@ -14,8 +14,11 @@ from typing import Annotated
 import typer
 
 from bsr_cli import __version__
+from bsr_cli.cli.global_options import GLOBAL_HELP, GLOBAL_OPTIONS, hoist_global_options
 from bsr_cli.cli.output import Output
 from bsr_cli.settings import Settings, load_settings
+
+__all__ = ["GLOBAL_OPTIONS", "AppState", "JsonFlag", "app", "build_command", "hoist_global_options", "state"]
 
 app = typer.Typer(
     name="bsr",
@@ -106,74 +109,6 @@ def _global(
     ctx.meta["bsr.traceback"] = traceback
     settings = load_settings(flags)
     ctx.obj = AppState(settings, Output(json_mode=settings.json))
-
-
-# Global options an operator may put anywhere on the line (`bsr status --engine prod`), as kubectl and gh allow.
-# (name → takes a value). `--json` is not here: every command accepts it in its own right.
-GLOBAL_OPTIONS = {
-    "--engine": True,
-    "-e": True,
-    "--token": True,
-    "--state-dir": True,
-    "--config": True,
-    "--timeout": True,
-    "--traceback": False,
-}
-
-GLOBAL_HELP = (
-    "Global options (accepted anywhere on the line): --engine/-e URL|PROFILE, --token TOKEN, --timeout SECONDS, "
-    "--state-dir PATH, --config PATH, --json, --traceback. See `bsr --help`."
-)
-
-
-def hoist_global_options(argv: list[str]) -> list[str]:
-    """Move global options found after the subcommand to the front, where the parser expects them.
-
-    Stops at `--` (everything after it is an argument). `--engine=URL` forms are kept whole. An option missing its
-    value is left in place for the parser to report."""
-    front: list[str] = []
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--":
-            rest.extend(argv[i:])
-            break
-        name = tok.split("=", 1)[0] if tok.startswith("--") else tok
-        takes_value = GLOBAL_OPTIONS.get(name)
-        if takes_value is None:
-            rest.append(tok)
-        elif not takes_value or "=" in tok:
-            front.append(tok)
-        elif i + 1 < len(argv):
-            front.extend(argv[i : i + 2])
-            i += 1
-        else:
-            rest.append(tok)
-        i += 1
-    return _join_engines(front) + rest
-
-
-def _join_engines(front: list[str]) -> list[str]:
-    """`--engine A --engine B` names a fleet: one `--engine A,B` (the parser would keep only the last)."""
-    engines: list[str] = []
-    others: list[str] = []
-    i = 0
-    while i < len(front):
-        tok = front[i]
-        name = tok.split("=", 1)[0]
-        if name in ("--engine", "-e"):
-            if "=" in tok and tok.startswith("--"):
-                engines.append(tok.split("=", 1)[1])
-            elif i + 1 < len(front):
-                engines.append(front[i + 1])
-                i += 1
-        else:
-            others.append(tok)
-        i += 1
-    if len(engines) <= 1:
-        return front
-    return ["--engine", ",".join(engines), *others]
 
 
 def build_command():  # -> click.Command; typed loosely so this module does not import click at type-check time

@@ -25,14 +25,20 @@ def _json_mode(argv: Sequence[str]) -> bool:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    from bsr_cli.cli.app import build_command, hoist_global_options
+    from bsr_cli.cli.app import build_command
+    from bsr_cli.cli.global_options import hoist_global_options
     from bsr_cli.cli.output import Output
 
     args = hoist_global_options(list(sys.argv[1:] if argv is None else argv))
     Output.result_written = False
     Output.json_requested = _json_mode(args)
     try:
-        result = build_command().main(args=args, prog_name="bsr", standalone_mode=False)
+        root = build_command()
+        if os.environ.get("_BSR_COMPLETE", "").startswith("complete_"):
+            from bsr_cli.cli.fastcomplete import write_index
+
+            write_index(root)  # the next TAB answers from it without starting the framework
+        result = root.main(args=args, prog_name="bsr", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
     except BsrError as e:
         _report(e.message, e.hint, args, e)
@@ -77,4 +83,9 @@ def _report(message: str, hint: str | None, argv: Sequence[str], exc: BaseExcept
 
 
 def main() -> None:
+    if os.environ.get("_BSR_COMPLETE") == "complete_bash":
+        from bsr_cli.cli.fastcomplete import complete_bash
+
+        if complete_bash():
+            return
     sys.exit(run())

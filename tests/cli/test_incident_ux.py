@@ -283,3 +283,35 @@ def test_events_are_paged_until_the_newest() -> None:
     evs, last = held_events(Engine(), 0)
     assert last == 1200 and [e["seq"] for e in evs] == list(range(1, 1201)) and Engine.calls == 3
     assert held_events(Engine(), 1150)[0][0]["seq"] == 1151
+
+
+FAST_CASES = [
+    ("bsr inject-fault --kind ", 3),
+    ("bsr restore --exclude-tier ", 3),
+    ("bsr rws -r paper", 3),
+    ("bsr se", 1),
+    ("bsr settings s", 2),
+    ("bsr pool --", 2),
+    ("bsr probe --synthetic 8 --dtype fp8", 5),
+    ("bsr --engine prod status --", 4),
+]
+
+
+def test_fast_bash_completion_answers_as_the_full_path_without_the_framework(tmp_path: Path) -> None:
+    import os
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), _BSR_COMPLETE="complete_bash")
+
+    def complete(words: str, cword: int, *flags: str) -> subprocess.CompletedProcess[str]:
+        e = dict(env, COMP_WORDS=words, COMP_CWORD=str(cword))
+        return subprocess.run(
+            [sys.executable, *flags, "-m", "bsr_cli"], env=e, capture_output=True, text=True, timeout=60
+        )
+
+    for words, cword in FAST_CASES:
+        full = complete(words, cword)  # the first TAB (no index yet, or a stale one) takes the full path
+        assert (tmp_path / "cache" / "bsr" / "completion-index.json").exists()
+        fast = complete(words, cword, "-X", "importtime")
+        assert "typer" not in fast.stderr, f"{words!r}: the fast path imported the framework"
+        assert fast.stdout.split() == full.stdout.split(), words
+    assert complete("bsr se", 1).stdout.split() == ["settings"]

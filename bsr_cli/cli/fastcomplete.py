@@ -1,0 +1,147 @@
+"""TAB completion for bash without starting the CLI framework.
+
+Every TAB runs `bsr` once. Importing the CLI framework costs most of a completion (typer pulls in pydantic), so the
+first completion writes an index of the command tree (commands, options, which options take a value) to the user's
+cache, and later completions answer from that index and the value table (bsr_cli/cli/completion.py) alone. The index
+is rewritten whenever the CLI's own files change. zsh and fish, and anything the index cannot answer, take the full
+path (the framework's own completion), which gives the same answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+INDEX_FORMAT = 2
+
+
+def _cli_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def _stamp() -> str:
+    """Changes whenever a file that defines commands or options changes (cheap: one stat per file)."""
+    from bsr_cli import __version__
+
+    newest = 0
+    for root in (_cli_dir(), _cli_dir() / "commands"):
+        for entry in os.scandir(root):
+            if entry.name.endswith(".py"):
+                newest = max(newest, entry.stat().st_mtime_ns)
+    return f"{__version__}:{newest}"
+
+
+def index_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bsr" / "completion-index.json"
+
+
+def build_index(root: Any) -> dict[str, Any]:
+    """The command tree as the completion needs it, from the CLI's root command."""
+    commands: dict[str, Any] = {}
+
+    def walk(cmd: Any, path: str) -> None:
+        opts: dict[str, list[Any]] = {}  # name -> [takes a value, every name of that option]
+        for p in getattr(cmd, "params", []):
+            if getattr(p, "param_type_name", "") == "option" and not getattr(p, "hidden", False):
+                names = [*p.opts, *p.secondary_opts]
+                for name in names:
+                    opts[name] = [not (p.is_flag or p.count), names]
+        subs = {n: s for n, s in (getattr(cmd, "commands", None) or {}).items() if not getattr(s, "hidden", False)}
+        commands[path] = {"options": opts, "subcommands": list(subs)}
+        for name, sub in subs.items():
+            walk(sub, f"{path} {name}".strip())
+
+    walk(root, "")
+    return {"format": INDEX_FORMAT, "stamp": _stamp(), "commands": commands}
+
+
+def write_index(root: Any) -> None:
+    """Called by the full completion path; a cache that cannot be written only costs speed."""
+    path = index_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(build_index(root)))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def _load_index() -> dict[str, Any] | None:
+    try:
+        idx = json.loads(index_path().read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(idx, dict) or idx.get("format") != INDEX_FORMAT or idx.get("stamp") != _stamp():
+        return None
+    return idx
+
+
+def candidates(idx: dict[str, Any], args: list[str], incomplete: str) -> list[str] | None:
+    """What bash should offer after ``args`` for the word ``incomplete``; None when the index cannot tell."""
+    from bsr_cli.cli.completion import VALUES
+    from bsr_cli.cli.global_options import GLOBAL_OPTIONS
+
+    commands = idx["commands"]
+    path = ""
+    expecting: str | None = None
+    for word in args:
+        if expecting is not None:
+            expecting = None
+            continue
+        if word == "--":
+            return None
+        if word.startswith("-"):
+            name = word.split("=", 1)[0]
+            known = commands[path]["options"].get(name)
+            takes = known[0] if known is not None else GLOBAL_OPTIONS.get(name)
+            if takes is None:
+                return None  # an option this index does not know: let the full path decide
+            if takes and "=" not in word:
+                expecting = name
+            continue
+        subs = commands[path]["subcommands"]
+        if word in subs:
+            path = f"{path} {word}".strip()
+        elif subs:
+            return None  # not a command name: the full path reports it
+    if expecting is not None:
+        known = commands[path]["options"].get(expecting)
+        names = known[1] if known is not None else [expecting]
+        source = next((VALUES[n] for n in names if n in VALUES), None)
+        if source is None:
+            return None  # a free value (a path, a number): the shell's own default completion
+        return [v for v in source() if v.startswith(incomplete)]
+    node = commands[path]
+    if incomplete.startswith("-"):
+        return [o for o in node["options"] if o.startswith(incomplete)]
+    return [s for s in node["subcommands"] if s.startswith(incomplete)]
+
+
+def complete_bash() -> bool:
+    """Answer a bash completion from the index; False to fall back to the full path."""
+    if os.environ.get("_BSR_COMPLETE") != "complete_bash":
+        return False
+    idx = _load_index()
+    if idx is None:
+        return False
+    try:
+        words = shlex.split(os.environ.get("COMP_WORDS", ""))
+        cword = int(os.environ.get("COMP_CWORD", "0"))
+    except ValueError:
+        return False
+    args, incomplete = words[1:cword], (words[cword] if cword < len(words) else "")
+    try:
+        found = candidates(idx, args, incomplete)
+    except (KeyError, TypeError):
+        return False
+    if found is None:
+        return False
+    sys.stdout.write("\n".join(found))
+    sys.stdout.flush()
+    return True
