@@ -305,6 +305,21 @@ class AdminClient:
     def events(self, since: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
         return dict(self._call("GET", "/events", params={"since": since, "wait": wait_s}, timeout=wait_s + 10))
 
+    def held_events(self, since: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """Every event the engine still holds after ``since``, oldest first, and its last sequence number. One
+        `/events` answer is a page starting from the oldest, so this pages on until it has the newest."""
+        out: list[dict[str, Any]] = []
+        seq = since
+        for _ in range(64):  # the engine's ring holds a few thousand events: a handful of pages at most
+            got = self.events(since=seq)
+            page = got.get("events") or []
+            last = int(got.get("last_seq") or 0)
+            out.extend(page)
+            if not page or int(page[-1].get("seq", last)) >= last:
+                return out, last
+            seq = int(page[-1]["seq"])
+        return out, seq
+
     def faults(self) -> dict[str, Any]:
         return dict(self._call("GET", "/faults"))
 

@@ -224,7 +224,31 @@ def read_recording(path: Path) -> tuple[dict[str, Any], list[Item]]:
             raise InvalidInput(f"{path} line {n} is not a recorded snapshot") from None
     if not items:
         raise InvalidInput(f"{path} holds no snapshots")
+    if member is not None:
+        items = _with_bundle_events(path, items)
     return header, items
+
+
+def _with_bundle_events(path: Path, items: list[Item]) -> list[Item]:
+    """An incident bundle keeps its events in events.jsonl, not in the recorded frame: put them back (the newest
+    the view keeps) so a replay and `bsr describe --record` see them."""
+    from bsr_cli.incident_bundle import read_member
+
+    raw = read_member(path, "events.jsonl") or b""
+    events = []
+    for line in raw.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    if not events:
+        return items
+    out: list[Item] = []
+    for item in items:
+        if isinstance(item, Frame) and not item.snapshot.get("events"):
+            item = Frame({**item.snapshot, "events": events}, item.received_at, item.latency_s)
+        out.append(item)
+    return out
 
 
 def _complete_lines(fh: Iterable[bytes]) -> Iterator[bytes]:

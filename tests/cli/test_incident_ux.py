@@ -269,20 +269,23 @@ def test_faults_inject_is_inject_fault(bsr) -> None:
 
 def test_events_are_paged_until_the_newest() -> None:
     """The engine answers the oldest page first; `bsr events` and `bsr describe` must reach the newest events."""
-    from bsr_cli.cli.commands.incident import held_events
+    from bsr_cli.client import AdminClient
 
     ring = [{"seq": i, "type": "window_fetched"} for i in range(1, 1201)]
 
-    class Engine:  # the /events contract: events after `since`, oldest first, at most 500, and last_seq
+    class Engine(AdminClient):  # a fake of the /events contract: after `since`, oldest first, at most 500
         calls = 0
+
+        def __init__(self) -> None:  # no connection: only `events` is answered
+            pass
 
         def events(self, since: int = 0, wait_s: float = 0.0) -> dict:
             Engine.calls += 1
             return {"events": [e for e in ring if e["seq"] > since][:500], "last_seq": 1200}
 
-    evs, last = held_events(Engine(), 0)
+    evs, last = Engine().held_events(0)
     assert last == 1200 and [e["seq"] for e in evs] == list(range(1, 1201)) and Engine.calls == 3
-    assert held_events(Engine(), 1150)[0][0]["seq"] == 1151
+    assert Engine().held_events(1150)[0][0]["seq"] == 1151
 
 
 FAST_CASES = [

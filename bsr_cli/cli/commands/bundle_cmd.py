@@ -80,10 +80,13 @@ def bundle(
         b.json("registration.json", client.registration())
         b.json("markers.json", snap.get("markers") or [])
         b.json("faults.json", client.faults())
-        events = list(snap.get("events") or [])
+        events, _ = client.held_events(0)  # the snapshot carries one page of them; the ticket gets all held
         b.events("events.jsonl", events)
         b.json("pool-history.json", ib.pool_history(events))
-        clean = json.loads(ib.redact_text(json.dumps(ib.redact_tokens(snap), default=str), b.secrets))
+        # The recording's frame leaves the events to events.jsonl (read back into it with the bundle), so the size
+        # cap, which cuts events.jsonl, bounds both.
+        frame = {k: v for k, v in snap.items() if k != "events"} | {"events": []}
+        clean = json.loads(ib.redact_text(json.dumps(ib.redact_tokens(frame), default=str), b.secrets))
         b.raw(ib.RECORDING, ib.recording_bytes(clean, received, latency, url))
         for name, n_tok, s_seed, path in prompts:
             try:

@@ -137,7 +137,7 @@ def _explain_prompt(
             probe_error = e.message  # a rank is down: the probe cannot run, the verdict says why
         markers = client.markers()
         faults = client.faults().get("faults", [])
-        events = client.events(since=0).get("events", [])
+        events, _ = client.held_events(0)
     mine = [e for e in events if e.get("type") in ("restore_started", "request_admitted") and e.get("prompt") == prompt]
     last = None
     if mine:
@@ -166,7 +166,7 @@ def _explain_request(st: AppState, request: str) -> dict[str, Any]:
     from bsr_cli.core.explain import explain_request
 
     with AdminClient.from_settings(st.settings) as client:
-        events = client.events(since=0).get("events", [])
+        events, _ = client.held_events(0)
         health = client.health()
         markers = client.markers()
     mine = [e for e in events if e.get("request") == request]

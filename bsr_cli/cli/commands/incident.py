@@ -134,7 +134,7 @@ def events(
     st = state(ctx, json_flag)
     with _client(st) as client:
         if not follow:
-            every, last_seq = held_events(client, since)
+            every, last_seq = client.held_events(since)
             evs = [e for e in every if request is None or e.get("request") == request][-limit:]
             if st.out.json_mode:
                 st.out.result({"events": evs, "last_seq": last_seq})
@@ -152,22 +152,6 @@ def events(
                 _say_restart(st)
                 continue
             _print_events(st, [e for e in evs if request is None or e.get("request") == request])
-
-
-def held_events(client: Any, since: int) -> tuple[list[dict[str, Any]], int]:
-    """Every event the engine still holds after ``since``, oldest first, and its last sequence number. The engine
-    answers at most a page (the oldest first) per call, so this pages on until it has the newest."""
-    out: list[dict[str, Any]] = []
-    seq = since
-    for _ in range(64):  # the engine's ring holds a few thousand events: a handful of pages at most
-        got = client.events(since=seq)
-        page = got.get("events") or []
-        last = int(got.get("last_seq") or 0)
-        out.extend(page)
-        if not page or int(page[-1].get("seq", last)) >= last:
-            return out, last
-        seq = int(page[-1]["seq"])
-    return out, seq
 
 
 def _print_events(st: AppState, evs: list[dict[str, Any]]) -> None:
@@ -210,7 +194,7 @@ def describe(
         where = str(record)
     else:
         with _client(st) as client:
-            evs, _ = held_events(client, 0)
+            evs, _ = client.held_events(0)
             where = client.url
     mine = [e for e in evs if e.get("request") == request]
     if not mine:
