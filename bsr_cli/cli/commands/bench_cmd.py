@@ -781,7 +781,7 @@ def peer(
     tokens: Annotated[
         str, typer.Option("--tokens", "-n", help="Comma-separated prefix lengths.")
     ] = "32768,65536,131072",
-    w: WOpt = 16,
+    w: WOpt = 32,
     tp: Annotated[int, typer.Option("--tp", help="TP ranks (one LMCache engine each).", min=1)] = 1,
     below_rung: Annotated[
         str,
