@@ -378,7 +378,7 @@ def run_peer(
                 "tiers": ["mooncake"],
                 "pool_bytes": rws,
                 "budget_bytes": rws,
-                "lmcache_python": str(python),
+                "lmcache_python": _shown(python),
             },
         },
         "machine": machine,
@@ -399,6 +399,14 @@ def run_peer(
         "interrupted_by": interrupted_by,
         "ok": interrupted_by is None and all(r["status"] == "pass" for r in rows),
     }
+
+
+def _shown(path: Path) -> str:
+    """A path inside the checkout relative to it (bundles are published; the machine's layout is not)."""
+    try:
+        return str(path.absolute().relative_to(repo_root()))
+    except ValueError:
+        return path.name
 
 
 def _version() -> str:
