@@ -17,7 +17,7 @@ from typing import Any
 from bsr_cli.errors import InvalidInput
 
 SCHEMA_ID = "bsr.bench/1"
-EXPERIMENTS = ("ladder", "sweep", "wlaw", "fs-concurrency", "store", "failures")
+EXPERIMENTS = ("ladder", "sweep", "wlaw", "fs-concurrency", "store", "failures", "peer")
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
@@ -155,6 +155,7 @@ SCHEMA: dict[str, Any] = {
         _experiment("store", "store_row"),
         _experiment("failures", "failure_row"),
         _experiment("ladder", "ladder_row"),
+        _experiment("peer", "peer_row"),
     ],
     "$defs": {
         "checks": {"type": "object", "minProperties": 1, "additionalProperties": _BOOL},
@@ -287,6 +288,24 @@ SCHEMA: dict[str, Any] = {
                 },
             ]
         },
+        "peer_row": _row(
+            ["kind", "tokens", "l1_bytes", "trial", "outcome", "loaded_tokens", "seconds", "gbps_per_rank"],
+            {
+                "kind": {"enum": ["raw", "stock", "bsr", "store", "setup"]},
+                "tokens": {"type": "integer", "minimum": 1},
+                "l1_bytes": _NONNEG_INT,
+                "trial": _NONNEG_INT,
+                "W": {"type": ["integer", "null"]},
+                "outcome": _STR,
+                "loaded_tokens": _NONNEG_INT,
+                "seconds": _NONNEG_NUM,
+                "gbps_per_rank": _NONNEG_NUM,
+                "l1_peak_bytes": _NONNEG_INT,
+                "hash_ok": {"type": ["boolean", "null"]},
+                "timed_out": _BOOL,
+                "cpu_s_per_gb": {"type": "object", "additionalProperties": _NONNEG_NUM},
+            },
+        ),
         "failure_row": _row(
             ["scenario", "fallback", "expected_fallback", "output_hash", "canonical_hash"],
             {"scenario": _STR, "fallback": _STR, "expected_fallback": _STR},

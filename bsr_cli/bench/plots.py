@@ -1,7 +1,8 @@
 """Plots of evidence bundles: PNG files (matplotlib, the optional ``bench`` extra) and compact terminal charts.
 
 PNG: peak pool per rank against prefix length (BSR W=32 against the whole-plan need and the ladder's measured
-rungs), restore time against prefix length, measured RWS against W, store bandwidth, fs load concurrency.
+rungs), restore time against prefix length, measured RWS against W, store bandwidth, fs load concurrency, bsr
+inside LMCache against stock LMCache.
 matplotlib is imported only when a PNG is drawn, with the Agg backend (no display needed).
 """
 
@@ -302,4 +303,37 @@ def render_all(out_dir: Path, to: Path | None = None, found: dict[str, dict[str,
         made.append(store_bandwidth(found["store"], dest / "store-bandwidth.png"))
     if "fs-concurrency" in found and found["fs-concurrency"]["summary"].get("by_config"):
         made.append(fs_concurrency(found["fs-concurrency"], dest / "fs-concurrency.png"))
+    if "peer" in found and found["peer"]["summary"].get("by_prefix"):
+        made.append(peer_plot(found["peer"], dest / "peer-lmcache.png"))
     return made
+
+
+def peer_plot(b: dict[str, Any], path: Path) -> Path:
+    """bsr inside LMCache against stock LMCache: GB/s per rank beside raw GET, and the measured L1 peaks."""
+    plt = _plt()
+    by = list(b["summary"]["by_prefix"].values())
+    x = list(range(len(by)))
+    labels = [f"{v['tokens'] // 1024}K" for v in by]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.27
+    for i, (key, name) in enumerate(
+        (("raw", "raw Mooncake GET"), ("stock", "stock LMCache"), ("bsr", "bsr in LMCache"))
+    ):
+        vals = [v[key]["gbps_per_rank"] or 0 for v in by]
+        ax1.bar([p + (i - 1) * width for p in x], vals, width, label=name)
+    ax1.set_xticks(x, labels)
+    ax1.set_xlabel("prefix (tokens)")
+    ax1.set_ylabel("GB/s per rank")
+    ax1.set_title("restore throughput")
+    ax1.legend(fontsize=8)
+    for i, (key, name) in enumerate((("stock", "stock LMCache"), ("bsr", f"bsr W={b['params']['W']}"))):
+        vals = [(v[key]["l1_peak_bytes"] or 0) / MiB for v in by]
+        ax2.bar([p + (i - 0.5) * width for p in x], vals, width, label=name)
+    ax2.set_yscale("log")
+    ax2.set_xticks(x, labels)
+    ax2.set_xlabel("prefix (tokens)")
+    ax2.set_ylabel("measured L1 peak, MiB per rank")
+    ax2.set_title("staging memory")
+    ax2.legend(fontsize=8)
+    fig.suptitle(_subtitle(b), fontsize=8)
+    return _save(fig, path)

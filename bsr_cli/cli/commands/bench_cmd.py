@@ -1,4 +1,4 @@
-"""`bsr bench ladder|sweep|wlaw|fs-concurrency|store|failures`: the paper's evaluation against an engine.
+"""`bsr bench ladder|sweep|wlaw|fs-concurrency|store|failures|peer`: the paper's evaluation against an engine.
 
 Each experiment prints a table (or the bundle with --json), writes its evidence bundle to --out (validated against
 docs/bench-schema.json) and redraws the plots the bundles there allow. By default it measures the engine the
@@ -74,6 +74,11 @@ def _row_note(st: AppState, experiment: str) -> Callable[[dict[str, Any]], None]
         extra = f"  {r['seconds']:.2f} s" if isinstance(r.get("seconds"), float) else ""
         if r.get("peak_pool_bytes"):
             extra += f"  peak {format_bytes(r['peak_pool_bytes'])}/rank"
+        if r.get("l1_bytes") is not None and r.get("loaded_tokens") is not None:
+            extra += (
+                f"  L1 {format_bytes(r['l1_bytes'])}: {r['loaded_tokens']:,} tokens, {r['gbps_per_rank']} GB/s/rank,"
+                f" L1 peak {format_bytes(r.get('l1_peak_bytes') or 0)}" + (" (timed out)" if r.get("timed_out") else "")
+            )
         if r.get("reason"):
             extra += f"  ({r['reason']})"
         st.out.note(f"{experiment} {what}: {status}{extra}")
@@ -437,6 +442,78 @@ def render_store(console: Console, d: dict[str, Any]) -> None:
     _footer(console, d)
 
 
+def render_peer(console: Console, d: dict[str, Any]) -> None:
+    from bsr_cli.bench.plots import bar
+
+    p = d["params"]
+    _header(console, d, f"bsr inside LMCache against stock LMCache 0.5.6, from Mooncake, W={p['W']}, TP {p['tp']}")
+    la = d["machine"].get("loadavg") or []
+    if la:
+        console.print(f"[dim]load average at the start: {', '.join(str(x) for x in la)}[/]")
+    t = _table(
+        "tokens",
+        "stock L1 MiB",
+        "stock GB/s",
+        "bsr L1 MiB",
+        "bsr GB/s",
+        "raw GB/s",
+        "bsr/stock",
+        "bsr/raw",
+        "stock/raw",
+        "L1 bsr/stock",
+        title="throughput per rank (median of trials) and measured L1 peaks per rank",
+    )
+    by = d["summary"].get("by_prefix") or {}
+    top = max((v["bsr"]["gbps_per_rank"] or 0 for v in by.values()), default=1.0)
+
+    def f(x: float | None, digits: int = 2) -> str:
+        return "—" if x is None else f"{x:.{digits}f}"
+
+    for v in by.values():
+        t.add_row(
+            f"{v['tokens']:,}",
+            _mib(v["stock"]["l1_peak_bytes"]),
+            f(v["stock"]["gbps_per_rank"], 3),
+            _mib(v["bsr"]["l1_peak_bytes"]),
+            f(v["bsr"]["gbps_per_rank"], 3),
+            f(v["raw"]["gbps_per_rank"], 3),
+            f(v["bsr_vs_stock_gbps"]),
+            f(v["bsr_vs_raw_gbps"]),
+            f(v["stock_vs_raw_gbps"]),
+            f(v["bsr_vs_stock_staging"], 4),
+        )
+    console.print(t)
+    c = _table(
+        "tokens",
+        "raw GET",
+        "stock",
+        "bsr",
+        "bsr install",
+        "bsr/raw",
+        "stock/raw",
+        "",
+        title="CPU seconds per GB restored (case process + Mooncake master + segment holder, from /proc)",
+    )
+    for v in by.values():
+        c.add_row(
+            f"{v['tokens']:,}",
+            f(v["raw"]["cpu_s_per_gb"], 3),
+            f(v["stock"]["cpu_s_per_gb"], 3),
+            f(v["bsr"]["cpu_s_per_gb"], 3),
+            f(v["bsr"]["install_cpu_s_per_gb"], 3),
+            f(v["bsr_vs_raw_cpu"]),
+            f(v["stock_vs_raw_cpu"]),
+            bar(v["bsr"]["gbps_per_rank"] or 0, top or 1.0, 16),
+        )
+    console.print(c)
+    for v in by.values():
+        for b in v["below_rung"]:
+            what = f"{b['loaded_tokens']:,} tokens" + (", timed out" if b["timed_out"] else "")
+            bsr = "bsr committed at this L1 or less" if b["bsr_committed_at_this_l1"] else "bsr did not commit"
+            console.print(f"below the rung: {v['tokens']:,} tokens, stock L1 {_mib(b['l1_bytes'])} MiB: {what}; {bsr}")
+    _footer(console, d)
+
+
 def render_failures(console: Console, d: dict[str, Any]) -> None:
 
     _header(console, d, f"Failure matrix ({d['params']['tokens']:,} tokens)")
@@ -713,6 +790,53 @@ def failures(
     _execute(st, "failures", out, embedded, registration, no_plots, run, options, render_failures)
 
 
+@bench_app.command("peer")
+def peer(
+    ctx: typer.Context,
+    tokens: Annotated[
+        str, typer.Option("--tokens", "-n", help="Comma-separated prefix lengths.")
+    ] = "32768,65536,131072",
+    w: WOpt = 32,
+    tp: Annotated[int, typer.Option("--tp", help="TP ranks (one LMCache engine each).", min=1)] = 1,
+    below_rung: Annotated[
+        str,
+        typer.Option("--below-rung", help="Extra stock L1 sizes below its rung (bsr's own L1 is always tried)."),
+    ] = "",
+    trials: Annotated[int, typer.Option("--trials", help="Repetitions of raw, stock and bsr.", min=1)] = 1,
+    deadline: Annotated[
+        float, typer.Option("--deadline", help="LMCache's blocking timeout for a retrieve, seconds.", min=1)
+    ] = 10.0,
+    out: OutOpt = DEFAULT_OUT,
+    salt: SaltOpt = None,
+    no_plots: NoPlotsOpt = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Stock LMCache 0.5.6 against bsr's windowed retrieve inside LMCache, on the same objects in one Mooncake
+    store: GB/s per rank, measured L1 peaks, CPU seconds per GB, and what stock does below its L1 rung. Runs the
+    measurements in the LMCache venv (.venv-lmcache from scripts/test-plugins, or BSR_LMCACHE_PYTHON)."""
+    import tempfile
+
+    from bsr_cli.bench import peer as pe
+
+    st = state(ctx, json_flag)
+    prefixes = _ints(tokens, "--tokens")
+    extra = _ints(below_rung, "--below-rung", sizes=True) if below_rung.strip() else []
+    pe.plugin_python()  # fail at once, with the setup command, when LMCache is not there
+    with tempfile.TemporaryDirectory(prefix="bsr-bench-peer-") as tmp:
+        result = pe.run_peer(
+            tokens=prefixes,
+            w=w,
+            tp=tp,
+            below_rung=extra,
+            trials=trials,
+            deadline_s=deadline,
+            salt=salt,
+            workdir=Path(tmp),
+            on_row=_row_note(st, "peer"),
+        )
+    _publish(st, result, out, no_plots, render_peer)
+
+
 @bench_app.command("plot")
 def plot(
     ctx: typer.Context,
@@ -778,6 +902,7 @@ RENDERERS: dict[str, Callable[[Console, dict[str, Any]], None]] = {
     "fs-concurrency": render_fs,
     "store": render_store,
     "failures": render_failures,
+    "peer": render_peer,
 }
 
 

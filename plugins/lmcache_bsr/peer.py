@@ -1,0 +1,420 @@
+"""One measurement of `bsr bench peer`, run in the LMCache venv: stock LMCache against bsr's windowed retrieve.
+
+``python -m lmcache_bsr.peer CASE.json`` builds the plugin host (``LMCacheHost``: one real LMCache 0.5.6 engine per
+TP rank, Mooncake as its remote backend, L1 of exactly ``l1_bytes``), runs one case and prints one JSON line
+prefixed ``BSR-PEER-RESULT``. Cases (``mode``):
+
+``store``   LMCache's store of the prompt (through the host's submit: computed, stored, visible remotely).
+``stock``   LMCache's own retrieve of the whole prefix on every rank at once (its whole plan staged in L1).
+``bsr``     bsr's windowed restore through the host (probe, windows of at most W chunks, commit on every rank).
+``raw``     the reference: a raw Mooncake ``batch_get_into`` of the very objects LMCache stored, per rank.
+
+Every case runs in its own process: LMCache's retrieve below its L1 rung busy-waits on the allocator inside its
+storage event loop, so after ``blocking_timeout_secs`` it returns 0 tokens and leaves that thread spinning; such a
+process is ended with ``os._exit`` after reporting (the parent kills it if even that does not happen in time).
+
+Measured, not predicted: L1 peak bytes (the allocator's high-water, ``PeakTracker``), CPU seconds of this process
+and of the Mooncake master and segment holder (``/proc/<pid>/stat``) around the operation only, and the CPU
+seconds spent installing into the destination KV (thread CPU time inside the connector's copy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # keep Mooncake's transfer endpoint on loopback
+
+RESULT_PREFIX = "BSR-PEER-RESULT "
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | str = "self") -> float | None:
+    """utime + stime of every thread of a process, from /proc (None when it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class CpuMeter:
+    """CPU seconds of this process and the watched ones between start() and stop()."""
+
+    def __init__(self, watch: dict[str, int]) -> None:
+        self.watch = watch
+        self.t0: dict[str, float | None] = {}
+
+    def _now(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {"self": cpu_seconds("self")}
+        for name, pid in self.watch.items():
+            out[name] = cpu_seconds(pid)
+        return out
+
+    def start(self) -> None:
+        self.t0 = self._now()
+
+    def stop(self) -> dict[str, float]:
+        t1 = self._now()
+        out: dict[str, float] = {}
+        for name, v in t1.items():
+            a = self.t0.get(name)
+            if v is not None and a is not None:
+                out["process" if name == "self" else name] = round(v - a, 4)
+        return out
+
+
+def host_config(case: dict[str, Any]) -> dict[str, Any]:
+    m = dict(case["model"])
+    mc = case["master"]
+    n = int(case["tokens"])
+    return {
+        "model": m,
+        "lmcache": {
+            "local_cpu": False,  # L1 is staging only: no hot-cache write-back, so every trial reads Mooncake
+            "max_local_cpu_size": int(case["l1_bytes"]) / 2**30,  # GB in LMCache's config means GiB
+            "blocking_timeout_secs": float(case.get("deadline_s", 10.0)),
+            "remote_url": f"mooncakestore://{mc['rpc_address']}/",
+            "remote_serde": "naive",
+            "extra_config": {
+                "mooncake_local_hostname": "127.0.0.1",
+                "mooncake_metadata_server": mc["metadata_url"],
+                "mooncake_master_server_addr": mc["rpc_address"],
+                "mooncake_protocol": "tcp",
+                "mooncake_global_segment_size": 0,  # the segment holder holds the objects
+                "mooncake_local_buffer_size": 64 << 20,
+                "save_chunk_meta": False,
+                "transfer_timeout": max(5, int(case.get("deadline_s", 10.0))),
+            },
+        },
+        "settings": {
+            "w": int(case.get("W") or 1),
+            "tiers": ["mooncake"],
+            "kv_tokens": n + int(m.get("chunk_size", 256)),
+            "faults_enabled": False,
+            "fetch_timeout_s": float(case.get("deadline_s", 10.0)) * 6,
+        },
+    }
+
+
+class InstallMeter:
+    """Thread CPU seconds inside the connector's install copy (to_gpu), summed over every thread."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.lock = threading.Lock()
+
+    def wrap(self, connector: Any) -> None:
+        orig = connector.to_gpu
+
+        def to_gpu(*a: Any, **k: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return orig(*a, **k)
+            finally:
+                dt = time.thread_time() - t0
+                with self.lock:
+                    self.seconds += dt
+
+        connector.to_gpu = to_gpu
+
+
+def _tokens(case: dict[str, Any]) -> list[int]:
+    from bsr_cli.core.keys import synthetic_tokens
+
+    return list(synthetic_tokens(int(case["tokens"]), seed=int(case["seed"])))
+
+
+def run_store(host: Any, case: dict[str, Any]) -> dict[str, Any]:
+    """The synthetic KV computed into each rank's blocks, then stored through LMCache a few chunks at a time (L1
+    holds what one store call stages, not the prompt), each step waited for until Mooncake serves it."""
+    from bsr_cli.core.keys import chunk_hashes
+
+    toks = _tokens(case)
+    n = len(toks)
+    t0 = time.perf_counter()
+    stored = 0
+    for r in range(len(host.ranks)):
+        rk = host.rank(r)
+        cs = rk.reg.chunk_size
+        step = max(1, int(case["l1_bytes"]) // rk.chunk_bytes - 1)
+        table = list(range(-(-n // rk.reg.groups[0].block_size)))
+        rk.kv.prefill(chunk_hashes(toks, cs), n, 0, {rk.group: table})
+        for c in range(0, n // cs, step):
+            stored += rk.store_tokens(toks[: min(n, (c + step) * cs)], table, skip_chunks=c)
+    return {
+        "seconds": round(time.perf_counter() - t0, 4),
+        "objects": stored,
+        "ok": stored == n // host.reg.chunk_size * len(host.ranks),
+    }
+
+
+def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMeter) -> dict[str, Any]:
+    toks = _tokens(case)
+    c = host.coordinator
+    c.reset_peak()
+    cpu: dict[str, float] = {}
+    decided: list[float] = []
+
+    def progress(ev: dict[str, Any]) -> None:
+        # The commit decision: time and CPU up to here are the restore's (probe, plan, every window); the hashes
+        # verified after it are not.
+        if ev.get("type") in ("restore_committed", "restore_failed_closed") and not decided:
+            decided.append(time.perf_counter())
+            cpu.update(meter.stop())
+
+    meter.start()
+    t0 = time.perf_counter()
+    res = c.restore(toks, w=int(case["W"]), progress=progress)
+    wall = (decided[0] if decided else time.perf_counter()) - t0
+    if not cpu:
+        cpu.update(meter.stop())
+    hashes = res.get("hash_ok")
+    ranks = [
+        {
+            "rank": int(o["rank"]),
+            "ok": bool(o.get("ok")),
+            "l1_peak_bytes": int(o.get("peak_live_bytes") or 0),
+            "bytes": int(o.get("bytes_restored") or 0),
+            "fetch_seconds": round(float(o.get("fetch_seconds") or 0.0), 4),
+            "seconds": round(float(o.get("seconds") or 0.0), 4),
+        }
+        for o in res.get("ranks") or []
+    ]
+    return {
+        "outcome": res.get("outcome"),
+        "loaded_tokens": int(res.get("committed_tokens") or 0),
+        "windows": int(res.get("windows") or 0),
+        # From the call (probe included, as stock's retrieve includes its own lookup) to the commit decision.
+        "seconds": round(wall, 4),
+        "windows_seconds": round(float(res.get("seconds") or 0.0), 4),
+        "l1_peak_bytes": max((r["l1_peak_bytes"] for r in ranks), default=0),
+        "l1_capacity_bytes": host.rank(0).tracker.heap_bytes,
+        "ranks": ranks,
+        "failures": res.get("failures") or [],
+        "hash_ok": hashes,
+        "cpu": cpu,
+        "install_cpu_seconds": round(install.seconds, 4),
+        "timed_out": False,
+        "ok": res.get("outcome") == "committed" and hashes is True,
+    }
+
+
+def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMeter) -> dict[str, Any]:
+    from bsr_cli.core.keys import chunk_hashes
+    from lmcache_bsr import _lmcache as lm
+
+    toks = _tokens(case)
+    n = len(toks)
+    ranks = [host.rank(r) for r in range(len(host.ranks))]
+    bs = ranks[0].reg.groups[0].block_size
+    table = list(range(-(-n // bs)))
+    results: list[dict[str, Any]] = [{} for _ in ranks]
+    barrier = threading.Barrier(len(ranks))
+
+    def work(i: int) -> None:
+        rk = ranks[i]
+        slots = rk.slots(table, n)
+        rk.tracker.reset()
+        barrier.wait()
+        t0 = time.perf_counter()
+        try:
+            ret = lm.stock_retrieve(rk.engine, toks, kvcaches=rk.kvcaches, slot_mapping=slots)
+            got, err = int(ret.sum()), None
+        except Exception as e:  # noqa: BLE001 - LMCache's failure is the measurement
+            got, err = 0, f"{type(e).__name__}: {e}"
+        results[i] = {
+            "rank": rk.rank,
+            "loaded_tokens": got,
+            "seconds": round(time.perf_counter() - t0, 4),
+            "l1_peak_bytes": rk.tracker.peak,
+            "error": err,
+        }
+
+    deadline = float(case.get("deadline_s", 10.0))
+    for rk in ranks:
+        rk.kv.invalidate({rk.group: table})
+    meter.start()
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(ranks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=max(0.0, deadline * 3 + 30 - (time.perf_counter() - t0)))
+    wall = time.perf_counter() - t0
+    cpu = meter.stop()
+    stuck = any(t.is_alive() for t in threads)
+    loaded = min((int(r.get("loaded_tokens") or 0) for r in results), default=0)
+    timed_out = stuck or (loaded < n and wall >= deadline)
+    hash_ok: bool | None = None
+    if loaded == n and not stuck:
+        hashes = chunk_hashes(toks, ranks[0].reg.chunk_size)
+        hash_ok = all(rk.kv.output_hash({rk.group: table}, n) == rk.kv.canonical_hash(hashes, n) for rk in ranks)
+    return {
+        "outcome": "loaded" if loaded == n else ("timed_out" if timed_out else "short"),
+        "loaded_tokens": loaded,
+        "windows": 1,
+        "seconds": round(max((float(r.get("seconds") or wall) for r in results), default=wall), 4),
+        "wall_seconds": round(wall, 4),
+        "l1_peak_bytes": max((int(r.get("l1_peak_bytes") or 0) for r in results), default=0),
+        "l1_capacity_bytes": ranks[0].tracker.heap_bytes,
+        "ranks": [r for r in results if r],
+        "hash_ok": hash_ok,
+        "cpu": cpu,
+        "install_cpu_seconds": round(install.seconds, 4),
+        "timed_out": timed_out,
+        "stuck_thread": stuck,
+        "ok": loaded == n and hash_ok is True,
+    }
+
+
+def run_raw(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
+    """batch_get_into of the objects LMCache stored for this prompt, one raw Mooncake client per rank, all at
+    once: the rate a caller of the store gets for the same bytes, without LMCache or bsr."""
+    import torch
+    from mooncake.store import MooncakeDistributedStore
+
+    from lmcache_bsr import _lmcache as lm
+
+    toks = _tokens(case)
+    mc = case["master"]
+    clients: list[Any] = []
+    bufs: list[torch.Tensor] = []
+    try:
+        jobs = []
+        for r in range(len(host.ranks)):
+            rk = host.rank(r)
+            keys = [lm.key_string(k) for k in rk.keys(toks)]
+            store = MooncakeDistributedStore()
+            rc = store.setup("127.0.0.1", mc["metadata_url"], 0, 0, "tcp", "", mc["rpc_address"])
+            if rc != 0:
+                raise RuntimeError(f"raw Mooncake client setup failed with code {rc}")
+            clients.append(store)
+            sizes = [int(store.get_size(k)) for k in keys]
+            if any(s <= 0 for s in sizes):
+                raise RuntimeError(f"{sum(s <= 0 for s in sizes)} of {len(keys)} objects are not in the store")
+            # Touched before the clock starts, as LMCache's L1 is (the kernel would otherwise fault pages in during
+            # the GET and charge that to the transport).
+            buf = torch.empty(sum(sizes), dtype=torch.uint8).fill_(1)
+            bufs.append(buf)
+            store.register_buffer(buf.data_ptr(), buf.numel())
+            ptrs, off = [], buf.data_ptr()
+            for s in sizes:
+                ptrs.append(off)
+                off += s
+            jobs.append((store, keys, ptrs, sizes))
+        barrier = threading.Barrier(len(jobs))
+        spans: list[tuple[float, float, int]] = [(0.0, 0.0, 0)] * len(jobs)
+
+        def work(i: int) -> None:
+            store, keys, ptrs, sizes = jobs[i]
+            barrier.wait()
+            t0 = time.perf_counter()
+            bad = 0
+            for lo in range(0, len(keys), 1024):
+                rcs = store.batch_get_into(keys[lo : lo + 1024], ptrs[lo : lo + 1024], sizes[lo : lo + 1024])
+                bad += sum(1 for rc, s in zip(rcs, sizes[lo : lo + 1024], strict=True) if rc != s)
+            spans[i] = (t0, time.perf_counter(), bad)
+
+        meter.start()
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        cpu = meter.stop()
+        wall = max(e for _, e, _ in spans) - min(s for s, _, _ in spans)
+        bad = sum(b for _, _, b in spans)
+        return {
+            "outcome": "loaded" if not bad else "short",
+            "loaded_tokens": 0 if bad else len(toks) // host.reg.chunk_size * host.reg.chunk_size,
+            "bytes_per_rank": sum(jobs[0][3]),
+            "seconds": round(wall, 4),
+            "wall_seconds": round(wall, 4),
+            "l1_peak_bytes": 0,
+            "ranks": [
+                {"rank": i, "seconds": round(e - s, 4), "failed_objects": b} for i, (s, e, b) in enumerate(spans)
+            ],
+            "cpu": cpu,
+            "install_cpu_seconds": 0.0,
+            "timed_out": False,
+            "ok": not bad,
+        }
+    finally:
+        for store in clients:
+            with contextlib.suppress(Exception):  # closing after the measurement; nothing left to report
+                store.close()
+
+
+def prefault(rk: Any) -> None:
+    """Touch the destination KV and LMCache's L1 buffer before any clock starts: a serving process has written
+    both long before a restore, and a fresh process would otherwise charge first-touch page faults to whichever
+    side touches more new memory (stock's whole-plan L1 against bsr's one window)."""
+    import torch
+
+    for t in rk.kvcaches:
+        t.zero_()
+    buf = getattr(rk.tracker.allocator, "buffer", None)  # the L1 tensor PeakTracker already watches
+    if isinstance(buf, torch.Tensor) and buf.numel():
+        buf.zero_()
+
+
+def run_case(case: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(result, clean): clean is False when a thread may still spin inside LMCache (do not destroy the engine)."""
+    from lmcache_bsr.host import LMCacheHost
+
+    t0 = time.perf_counter()
+    host = LMCacheHost(host_config(case))
+    setup_s = time.perf_counter() - t0
+    clean = True
+    try:
+        install = InstallMeter()
+        for r in range(len(host.ranks)):
+            install.wrap(host.rank(r).connector)
+            prefault(host.rank(r))
+        meter = CpuMeter({k: int(v) for k, v in (case.get("watch_pids") or {}).items()})
+        mode = case["mode"]
+        if mode == "store":
+            res = run_store(host, case)
+        elif mode == "bsr":
+            res = run_bsr(host, case, meter, install)
+        elif mode == "stock":
+            res = run_stock(host, case, meter, install)
+            clean = not res["timed_out"]
+        elif mode == "raw":
+            res = run_raw(host, case, meter)
+        else:
+            raise ValueError(f"unknown mode {mode!r}")
+        res["setup_seconds"] = round(setup_s, 3)
+        return res, clean
+    finally:
+        if clean:
+            host.close()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m lmcache_bsr.peer CASE.json", file=sys.stderr)
+        return 2
+    case = json.loads(Path(argv[0]).read_text())
+    try:
+        res, clean = run_case(case)
+    except Exception as e:  # noqa: BLE001 - reported to the parent as the case's error
+        res, clean = {"ok": False, "error": f"{type(e).__name__}: {e}"}, True
+    print(RESULT_PREFIX + json.dumps(res), flush=True)
+    if not clean:
+        # LMCache's storage loop still spins on the allocator: destroying the engine would wait for it forever.
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

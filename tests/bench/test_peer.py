@@ -1,0 +1,77 @@
+"""`bsr bench peer` without LMCache: the one-line error naming the setup command, and the summary's arithmetic on
+rows shaped like the case processes report them. The end-to-end run (real LMCache, real Mooncake) is
+tests/plugins/test_peer.py, in the LMCache venv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bsr_cli.bench import peer as pe
+
+REG = pe.registration(pe.DEFAULT_MODEL, 1)
+CHUNK = REG.bytes_per_chunk
+
+
+@pytest.mark.timeout(30)
+def test_missing_lmcache_python_is_one_line_with_the_setup_command(bsr: Any, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(pe.ENV_PYTHON, str(tmp_path / "nowhere" / "python"))
+    res = bsr("bench", "peer", "--tokens", "4096", "--out", str(tmp_path))
+    assert res.code == 13, res.err
+    lines = [x for x in res.err.splitlines() if x.strip()]
+    assert "no Python with LMCache 0.5.6" in lines[0] and "Traceback" not in res.err
+    assert "scripts/test-plugins" in res.err
+    assert not list(tmp_path.glob("br-*.json"))  # nothing measured, nothing written
+
+
+def _case(loaded: int, seconds: float, peak: int, cpu: float, *, timed_out: bool = False) -> dict[str, Any]:
+    return {
+        "outcome": "loaded" if loaded else "timed_out",
+        "loaded_tokens": loaded,
+        "seconds": seconds,
+        "l1_peak_bytes": peak,
+        "hash_ok": True if loaded else None,
+        "timed_out": timed_out,
+        "windows": 1,
+        "cpu": {"process": cpu, "master": 0.0, "segment_holder": 0.0},
+        "install_cpu_seconds": cpu / 4,
+    }
+
+
+@pytest.mark.timeout(30)
+def test_summary_ratios_and_targets_from_one_run() -> None:
+    n = 131_072
+    whole = n // 256 * CHUNK  # 2 GiB at 16 KiB per token
+    w = 16
+    rows = [
+        pe._row("raw", n, 0, 0, _case(n, 2.0, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
+        pe._row("stock", n, whole, 0, _case(n, 4.0, whole, 2.0), REG, None),
+        pe._row("bsr", n, w * CHUNK, 0, _case(n, 3.2, w * CHUNK, 1.2), REG, w),
+        pe._row("stock", n, w * CHUNK, 0, _case(0, 10.0, w * CHUNK, 0.5, timed_out=True), REG, None),
+    ]
+    assert [r["status"] for r in rows] == ["pass"] * 4
+    s = pe.summarize(rows, REG, w)["by_prefix"][str(n)]
+    assert s["bsr_vs_stock_gbps"] == 1.25 and s["stock_vs_raw_gbps"] == 0.5
+    assert s["bsr_vs_stock_staging"] == w * CHUNK / whole == 1 / 32
+    assert s["bsr_vs_raw_cpu"] == pytest.approx(1.2, abs=1e-3) and s["stock_vs_raw_cpu"] == pytest.approx(2.0, abs=1e-3)
+    assert s["below_rung"] == [
+        {
+            "l1_bytes": w * CHUNK,
+            "loaded_tokens": 0,
+            "outcome": "timed_out",
+            "timed_out": True,
+            "seconds": 10.0,
+            "bsr_committed_at_this_l1": True,
+        }
+    ]
+    met = {t["name"].split(" at ")[0].split(" against a")[0]: t["met"] for t in pe.targets({"by_prefix": {str(n): s}})}
+    assert met == {
+        "bsr against stock LMCache": True,
+        "bsr commits where stock LMCache returns 0 tokens": True,
+        "CPU seconds per GB restored": True,
+    }
+    # A bsr restore whose L1 peak exceeds its window fails its row, whatever its speed.
+    over = pe._row("bsr", n, w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
+    assert over["status"] == "fail" and over["checks"]["l1_peak_at_most_rws"] is False
