@@ -142,12 +142,24 @@ class Builder:
             self.notes.append(f"{name}: cut to its last {keep:,} bytes to fit the size cap")
         if total() > max_bytes and "events.jsonl" in self.files:
             lines = self.files["events.jsonl"].splitlines(keepends=True)
-            dropped = 0
-            while lines and total() > max_bytes:
-                lines.pop(0)
-                dropped += 1
-                self.files["events.jsonl"] = b"".join(lines)
-            self.notes.append(f"events.jsonl: the {dropped:,} oldest events dropped to fit the size cap")
+            parsed = [json.loads(line) for line in lines]
+
+            def keep_newest(k: int) -> None:
+                # The pool history is derived from the events: it keeps to the same ones.
+                self.files["events.jsonl"] = b"".join(lines[len(lines) - k :])
+                if "pool-history.json" in self.files:
+                    self.json("pool-history.json", pool_history(parsed[len(parsed) - k :]))
+
+            lo, hi = 0, len(lines)  # the most events that fit, by bisection (sizes grow with k)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                keep_newest(mid)
+                if total() <= max_bytes:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            keep_newest(lo)
+            self.notes.append(f"events.jsonl: the {len(lines) - lo:,} oldest events dropped to fit the size cap")
 
     def write(self, path: Path, manifest: dict[str, Any]) -> int:
         manifest = manifest | {"files": {n: len(d) for n, d in sorted(self.files.items())}, "notes": self.notes}

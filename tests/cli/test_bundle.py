@@ -117,3 +117,35 @@ def test_redaction_rules() -> None:
     text = 'token = "abc123secret" password: hunter22 Authorization: Bearer zzzzzzzzzz keep-me'
     got = redact_text(text, ["keep-me-not-a-secret"])
     assert "abc123secret" not in got and "hunter22" not in got and "zzzzzzzzzz" not in got and "keep-me" in got
+
+
+def test_size_cap_keeps_the_newest_events_and_their_pool_history() -> None:
+    """Many events (a long-lived engine): the cap drops the oldest events and the pool history derived from them,
+    and what is left fits."""
+    from bsr_cli.incident_bundle import Builder
+
+    events = [
+        {
+            "seq": i,
+            "time": float(i),
+            "type": "window_released",
+            "rank": i % 2,
+            "request": f"req-{i // 16:05d}",
+            "pool": {"live_bytes": 1 << 20, "peak_bytes": 2 << 20},
+        }
+        for i in range(1, 3001)
+    ]
+    b = Builder([])
+    b.json("status.json", {"ok": True})
+    b.events("events.jsonl", events)
+    from bsr_cli.incident_bundle import pool_history
+
+    b.json("pool-history.json", pool_history(events))
+    cap = 64 << 10
+    b.fit(cap)
+    assert sum(len(v) for v in b.files.values()) <= cap
+    kept = [json.loads(line) for line in b.files["events.jsonl"].splitlines()]
+    assert kept and kept[-1]["seq"] == 3000 and len(kept) < 3000  # the newest kept, the oldest dropped
+    hist = json.loads(b.files["pool-history.json"])
+    assert sum(len(v) for v in hist.values()) == len(kept)
+    assert any("oldest events dropped" in n for n in b.notes)
