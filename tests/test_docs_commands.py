@@ -79,6 +79,7 @@ def test_readme_incident_walkthrough_runs_as_written(bsr, tmp_path: Path, monkey
                 continue
             if words[1:3] == ["engine", "down"]:
                 _planning_from_a_saved_probe(bsr, tmp_path)
+                _top_page_snapshot(bsr)
             r = bsr(*words[1:])
             assert r.code == code, f"{line}\nexit {r.code}\n{r.err}"
             ran.append(line)
@@ -88,6 +89,15 @@ def test_readme_incident_walkthrough_runs_as_written(bsr, tmp_path: Path, monkey
         bsr("engine", "down")
     status = bsr("engine", "status")
     assert status.code == 3  # the page's `bsr engine down` left nothing running
+
+
+def _top_page_snapshot(bsr) -> None:
+    """docs/top.md's one command that needs no terminal (`bsr pool --once`), as written, against this engine."""
+    lines = [c for p, c in doc_command_lines() if p == "top.md" and "--once" in c]
+    assert lines
+    for cmd in lines:
+        r = bsr(*shlex.split(cmd)[1:])
+        assert r.code == 0 and "Restore pool per rank" in r.out, (cmd, r.err)
 
 
 def _planning_from_a_saved_probe(bsr, tmp_path: Path) -> None:
@@ -101,3 +111,45 @@ def _planning_from_a_saved_probe(bsr, tmp_path: Path) -> None:
             r = bsr(*words[1:])
             assert r.code == code, f"{line}\n{r.err}"
             assert "committable prefix" in r.out
+
+
+def doc_command_lines() -> list[tuple[str, str]]:
+    """(page, command) for every `bsr` command in a shell block of the README and docs/ (continuations joined)."""
+    out: list[tuple[str, str]] = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for block in re.findall(r"```(?:sh|bash)\n(.*?)```", text, flags=re.S):
+            joined = re.sub(r"\\\n\s*", " ", block)
+            for line in joined.splitlines():
+                cmd = line.strip().partition("  #")[0].strip()
+                cmd = re.sub(r"^\.venv/bin/", "", cmd)
+                if cmd.startswith("bsr "):
+                    out.append((page.name, cmd))
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_every_documented_command_parses() -> None:
+    """What the pages tell an operator to type is accepted by the real parser: no renamed or missing option, no
+    value of the wrong type. (Commands that need a cluster, a long benchmark or a terminal run elsewhere; the README's
+    flows above run for real.)"""
+    from bsr_cli.cli.app import build_command
+    from bsr_cli.cli.global_options import hoist_global_options
+
+    root = build_command()
+    lines = doc_command_lines()
+    assert len(lines) >= 25 and {p for p, _ in lines} >= {"README.md", "top.md", "benchmarks.md", "monitoring.md"}
+    for page, cmd in lines:
+        words = shlex.split(cmd.replace("…", "x"))
+        args = hoist_global_options(words[1:])
+        ctx = root.make_context("bsr", list(args), resilient_parsing=False)
+        cmd_obj, rest = root, list(getattr(ctx, "_protected_args", [])) + list(ctx.args)
+        while getattr(cmd_obj, "commands", None) and rest and rest[0] in cmd_obj.commands:
+            name, cmd_obj, rest = cmd_obj.resolve_command(ctx, rest)
+            ctx = cmd_obj.make_context(name, list(rest), parent=ctx, resilient_parsing=False)
+            rest = list(getattr(ctx, "_protected_args", [])) + list(ctx.args)
+        assert not getattr(cmd_obj, "commands", None) or getattr(cmd_obj, "invoke_without_command", False), (
+            page,
+            cmd,
+        )
+        assert not rest, (page, cmd, rest)

@@ -28,6 +28,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr restore --synthetic 65536 --seed 1 --W 32",
         "bsr restore --tokens-file prompt.json --dry-run --W 64",
         "bsr restore --synthetic 65536 --exclude-tier mooncake",
+        "bsr restore --synthetic 65536 --tier fs",
     ),
     "inject-fault": (
         "bsr inject-fault --rank 1 --kind restore-fault --window 3",

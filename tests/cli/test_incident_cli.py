@@ -98,3 +98,13 @@ def test_restore_with_nothing_stored_is_its_own_exit_code(bsr, engine) -> None:
     assert r.json()["outcome"] == "nothing_to_restore"  # the result document, not a second error document
     text = bsr("restore", "--synthetic", "2048", "--seed", "990001")
     assert text.code == ExitCode.NOTHING_TO_RESTORE and "nothing to restore" in text.err
+
+
+def test_restore_tier_means_only_that_tier(bsr, engine) -> None:
+    assert bsr("submit", "--synthetic", "2048", "--seed", "35").code == 0
+    r = bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "fs", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["tiers"] == ["fs"]  # Mooncake, preferred otherwise, was not used
+    assert bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "nope").code == ExitCode.INVALID_INPUT
+    both = bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "fs", "--exclude-tier", "mooncake")
+    assert both.code == ExitCode.INVALID_INPUT

@@ -12,6 +12,7 @@ from bsr_cli.cli.app import AppState, JsonFlag, app, state
 from bsr_cli.errors import (
     CapacityError,
     DrillViolation,
+    InvalidInput,
     NothingToRestore,
     RestoreAborted,
     RestoreFailedClosed,
@@ -164,6 +165,10 @@ def restore(
         list[str] | None,
         typer.Option("--exclude-tier", metavar="TIER", help="Restore as if this tier were unusable (repeatable)."),
     ] = None,
+    tier: Annotated[
+        str | None,
+        typer.Option("--tier", metavar="TIER", help="Restore from this tier only (as `bsr bench --tier`)."),
+    ] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the canonical-hash check.")] = False,
     json_flag: JsonFlag = False,
 ) -> None:
@@ -171,8 +176,15 @@ def restore(
     from bsr_cli.cli import render_ops
 
     st = state(ctx, json_flag)
+    if tier is not None and exclude_tier:
+        raise InvalidInput("give --tier or --exclude-tier, not both")
     with _client(st) as client:
         info = client.info()
+        if tier is not None:
+            tiers = list(info.get("tiers") or [])
+            if tier not in tiers:
+                raise InvalidInput(f"this engine has no tier {tier!r}", hint=f"its tiers: {', '.join(tiers)}")
+            exclude_tier = [t for t in tiers if t != tier]
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
         window = info["W"] if w is None else w
         if dry_run:
