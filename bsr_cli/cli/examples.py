@@ -80,6 +80,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "bench fs-concurrency": ("bsr bench fs-concurrency --embedded",),
     "bench store": ("bsr bench store --embedded --trials 7",),
     "bench failures": ("bsr bench failures --embedded",),
+    "bench peer": ("bsr bench peer --trials 3 --below-rung 256MiB,1GiB",),
     "bench plot": ("bsr bench plot --out bench-out",),
     "bench validate": ("bsr bench validate bench-out/br-*.json",),
     "bench schema": ("bsr bench schema > bench-schema.json",),
