@@ -62,13 +62,19 @@ class LMCacheCoordinator(Coordinator):
 
     def _store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: dict[str, list[int]]) -> dict:
         res = super()._store_missing(bitmap, hashes, n_tokens, tables)
+        self.vouch_for(hashes[: n_tokens // self.reg.chunk_size])
+        return res
+
+    def vouch_for(self, hashes: Sequence[str]) -> None:
+        """Record chunks whose stored KV is this host's synthetic model output, so restores of them are checked
+        against the canonical hash: chunks this host stored itself, or (the peer benchmark) chunks another process
+        of the same deployment computed with the same synthetic model and stored."""
         with self._own_lock:
-            for h in hashes[: n_tokens // self.reg.chunk_size]:
+            for h in hashes:
                 self._own[h] = None
                 self._own.move_to_end(h)
             while len(self._own) > self.MAX_OWN_CHUNKS:
                 self._own.popitem(last=False)
-        return res
 
     def _canonical_applies(self, tokens: Sequence[int], exclude: Sequence[str] = ()) -> bool:
         """Whether every chunk a restore of these tokens would load is KV this host computed (the only KV with a
