@@ -60,7 +60,7 @@ def build_engine(
 
 
 @pytest.fixture
-def engine() -> Iterator[FakeEngine]:
+def fake_engine() -> Iterator[FakeEngine]:
     eng = build_engine()
     try:
         yield eng

@@ -17,67 +17,67 @@ from unit.conftest import FakeEngine, build_engine
 PROMPT = synthetic_tokens(9 * 16 + 3, seed=11)  # 10 chunks, the last partial
 
 
-def _warm(engine: FakeEngine) -> None:
+def _warm(fake_engine: FakeEngine) -> None:
     """Compute the prompt once and store its chunks in both tiers."""
-    out = engine.coordinator.submit(PROMPT)
+    out = fake_engine.coordinator.submit(PROMPT)
     assert out["external_tokens"] == 0 and out["source"] == "recompute"
     assert out["stored"]["objects"]
 
 
-def test_probe_moves_no_bytes_and_reports_every_rank_and_group(engine: FakeEngine) -> None:
-    _warm(engine)
-    before = {n: t.bytes_read for n, t in engine.tiers.items()}
-    bitmap, errors = engine.coordinator.probe(PROMPT)
+def test_probe_moves_no_bytes_and_reports_every_rank_and_group(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    before = {n: t.bytes_read for n, t in fake_engine.tiers.items()}
+    bitmap, errors = fake_engine.coordinator.probe(PROMPT)
     assert errors == {}
     assert bitmap.prefix_tokens(set()) == len(PROMPT)  # every chunk, the partial last one too, in both tiers
     assert bitmap.prefix_tokens({"mooncake"}) == len(PROMPT)
-    assert {n: t.bytes_read for n, t in engine.tiers.items()} == before
-    assert all(t.get_calls == 0 for t in engine.tiers.values())
+    assert {n: t.bytes_read for n, t in fake_engine.tiers.items()} == before
+    assert all(t.get_calls == 0 for t in fake_engine.tiers.values())
 
 
-def test_a_warm_admission_restores_the_prefix_in_windows_and_matches_the_recompute(engine: FakeEngine) -> None:
-    _warm(engine)
+def test_a_warm_admission_restores_the_prefix_in_windows_and_matches_the_recompute(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
     seen: list[dict[str, Any]] = []
-    out = engine.coordinator.submit(PROMPT, progress=seen.append)
+    out = fake_engine.coordinator.submit(PROMPT, progress=seen.append)
     assert out["source"] == "mooncake"
     assert (out["external_tokens"], out["computed_tokens"]) == (len(PROMPT), 0)
     assert out["hash_ok"] is True  # restored + computed KV equals a full recompute, byte for byte
     restore = out["passes"][0]["restore"]
     assert restore["outcome"] == "committed" and restore["windows"] == 5  # 10 chunks, W=2
     released = [e for e in seen if e["type"] == "window_released"]
-    assert len(released) == restore["windows"] * len(engine.ranks)  # every rank ran every window
-    assert engine.tiers["fs"].get_calls == 0
+    assert len(released) == restore["windows"] * len(fake_engine.ranks)  # every rank ran every window
+    assert fake_engine.tiers["fs"].get_calls == 0
 
 
-def test_a_tier_fault_sets_a_marker_and_the_next_pass_restores_from_the_lower_tier(engine: FakeEngine) -> None:
-    _warm(engine)
-    engine.coordinator.inject({"kind": "remote-unavailable"})
-    out = engine.coordinator.submit(PROMPT)
+def test_a_tier_fault_sets_a_marker_and_the_next_pass_restores_from_the_lower_tier(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    fake_engine.coordinator.inject({"kind": "remote-unavailable"})
+    out = fake_engine.coordinator.submit(PROMPT)
     first, second = out["passes"][0], out["passes"][1]
     assert first["restore"]["outcome"] == "failed_closed" and first["failure_kind"] == failures.TIER
     assert first["restore"]["blamed_tiers"] == ["mooncake"] and first["restore"]["committed_tokens"] == 0
     assert second["excluded_tiers"] == ["mooncake"] and second["restore"]["outcome"] == "committed"
     assert out["source"] == "fs" and out["hash_ok"] is True
-    assert out["force_local"]["cleared"] is True and engine.coordinator.markers == {}
-    types = [e["type"] for e in engine.events.recent(500)]
+    assert out["force_local"]["cleared"] is True and fake_engine.coordinator.markers == {}
+    types = [e["type"] for e in fake_engine.events.recent(500)]
     assert types.index("marker_set") < types.index("marker_cleared")
-    assert engine.coordinator.list_faults() == []  # count=1: it fired once and is gone
+    assert fake_engine.coordinator.list_faults() == []  # count=1: it fired once and is gone
 
 
-def test_one_invalid_group_on_one_rank_collapses_the_whole_prefix(engine: FakeEngine) -> None:
-    _warm(engine)
-    engine.coordinator.inject({"kind": "restore-fault", "rank": 1, "group": "swa", "window": 1})
-    out = engine.coordinator.restore(PROMPT)
+def test_one_invalid_group_on_one_rank_collapses_the_whole_prefix(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    fake_engine.coordinator.inject({"kind": "restore-fault", "rank": 1, "group": "swa", "window": 1})
+    out = fake_engine.coordinator.restore(PROMPT)
     assert out["outcome"] == "failed_closed" and out["committed_tokens"] == 0
     assert out["advertised_tokens"] > 0
     assert out["invalid"] == [{"rank": 1, "group": "swa"}]
     assert out["failure_kind"] == failures.TIER
     assert out["marker"]["excluded_tiers"] == ["mooncake"]  # a failed manual restore leaves its marker
     # Rank 1 scrubbed every block of the request, including the window it had installed before the fault.
-    assert engine.ranks[1].ops.kv.invalidated
-    assert not engine.ranks[0].ops.kv.invalidated  # rank 0 restored its part; the commit rule still says no
-    engine.coordinator.clear_markers()
-    assert engine.coordinator.markers == {}
+    assert fake_engine.ranks[1].ops.kv.invalidated
+    assert not fake_engine.ranks[0].ops.kv.invalidated  # rank 0 restored its part; the commit rule still says no
+    fake_engine.coordinator.clear_markers()
+    assert fake_engine.coordinator.markers == {}
 
 
 def test_a_window_over_the_budget_is_a_capacity_failure_without_a_marker() -> None:
@@ -134,9 +134,9 @@ def test_a_dead_rank_refuses_the_restore_before_any_window() -> None:
             r.close()
 
 
-def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(engine: FakeEngine) -> None:
-    _warm(engine)
-    engine.coordinator.inject({"kind": "timeout", "window": 1})
+def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    fake_engine.coordinator.inject({"kind": "timeout", "window": 1})
     started = threading.Event()
 
     def progress(ev: dict[str, Any]) -> None:
@@ -145,22 +145,22 @@ def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(engine: Fa
 
     result: list[dict[str, Any]] = []
     t = threading.Thread(
-        target=lambda: result.append(engine.coordinator.restore(PROMPT, request="r-abort", progress=progress))
+        target=lambda: result.append(fake_engine.coordinator.restore(PROMPT, request="r-abort", progress=progress))
     )
     t.start()
     assert started.wait(10), "the restore never released its first window"
-    assert engine.coordinator.abort("r-abort") is True
+    assert fake_engine.coordinator.abort("r-abort") is True
     t.join(10)
     assert not t.is_alive()
     out = result[0]
     assert out["outcome"] == "failed_closed" and out["failure_kind"] == failures.ABORTED
     assert out["blamed_tiers"] == [] and "marker" not in out
-    assert engine.coordinator.abort("r-abort") is False  # finished: nothing left to abort
+    assert fake_engine.coordinator.abort("r-abort") is False  # finished: nothing left to abort
 
 
-def test_blocks_are_returned_after_every_request(engine: FakeEngine) -> None:
-    free = {g: a.free_blocks for g, a in engine.coordinator.allocators.items()}
-    _warm(engine)
-    engine.coordinator.inject({"kind": "corrupt"})
-    engine.coordinator.restore(PROMPT)
-    assert {g: a.free_blocks for g, a in engine.coordinator.allocators.items()} == free
+def test_blocks_are_returned_after_every_request(fake_engine: FakeEngine) -> None:
+    free = {g: a.free_blocks for g, a in fake_engine.coordinator.allocators.items()}
+    _warm(fake_engine)
+    fake_engine.coordinator.inject({"kind": "corrupt"})
+    fake_engine.coordinator.restore(PROMPT)
+    assert {g: a.free_blocks for g, a in fake_engine.coordinator.allocators.items()} == free
