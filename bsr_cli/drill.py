@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.client import AdminClient
+from bsr_cli.core.commit import FAILED_CLOSED
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: i
     health = client.health()
     checks = {
         "warmed": warm["hash_ok"] is True and len(res["passes"]) >= 1 and first["external_tokens"] == tokens,
-        "prefix_collapsed": first_restore.get("outcome") == "failed_closed"
+        "prefix_collapsed": first_restore.get("outcome") == FAILED_CLOSED
         and first_restore.get("committed_tokens") == 0,
         "force_local_set": any(h["pass"] >= 1 for h in history),
         "force_local_cleared": res["force_local"]["cleared"] is True,

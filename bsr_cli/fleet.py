@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from bsr_cli.core.commit import FAILED_CLOSED
 from bsr_cli.errors import BsrError, InvalidInput
 from bsr_cli.settings import Settings
 
@@ -183,7 +184,7 @@ def summarize(
     failed = [
         o
         for o in snap.get("recent") or []
-        if o.get("outcome") == "failed_closed" and now - float(o.get("finished") or now) <= RECENT_S
+        if o.get("outcome") == FAILED_CLOSED and now - float(o.get("finished") or now) <= RECENT_S
     ]
     if markers:
         problems.append(f"{len(markers)} force-local marker(s)")

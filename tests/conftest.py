@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 
 import pytest
 
 from bsr_cli.cli.main import run
+
+# The fixtures that start the real stack (Mooncake services, rank processes, an embedded engine). A test that uses
+# one is an engine test, whatever its module says; a test that starts a stack in its own body carries
+# @pytest.mark.engine itself.
+ENGINE_FIXTURES = frozenset(
+    {"live_engine", "engine", "mooncake_stack", "private_stack", "store", "hard", "own_engine", "own", "three"}
+)
+# What the engine extra installs: without it an engine test is skipped, not errored.
+_ENGINE_EXTRA = ("torch", "mooncake")
+
+
+def _missing_engine_extra() -> list[str]:
+    return [m for m in _ENGINE_EXTRA if importlib.util.find_spec(m) is None]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = _missing_engine_extra()
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("fast") is None:
+            item.add_marker(pytest.mark.engine)
+        if missing and item.get_closest_marker("engine") is not None:
+            item.add_marker(
+                pytest.mark.skip(reason=f"needs the engine extra ({', '.join(missing)} not installed: ./scripts/setup)")
+            )
 
 
 @pytest.fixture(autouse=True)

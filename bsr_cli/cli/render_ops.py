@@ -12,6 +12,7 @@ from rich.text import Text
 
 from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
 from bsr_cli.cli.render import b, first_break_line
+from bsr_cli.core.commit import COMMITTED, NOTHING_TO_RESTORE
 from bsr_cli.core.units import format_bytes
 
 TIER_LOOK = {"mooncake": ("M", "green"), "fs": ("F", "cyan")}
@@ -110,7 +111,7 @@ def probe(console: Console, d: dict[str, Any]) -> None:
 
 
 def _restore_line(r: dict[str, Any]) -> str:
-    if r.get("outcome") == "committed":
+    if r.get("outcome") == COMMITTED:
         return (
             f"[green]committed[/] {r['committed_tokens']:,} tokens from {'+'.join(r['tiers'])} in {r['windows']} "
             f"window(s) of W={r['W']}, {r['seconds']:.2f}s, {r['gbps']:.2f} GB/s"
@@ -182,7 +183,7 @@ def _hash_line(console: Console, d: dict[str, Any]) -> None:
 
 def restore(console: Console, d: dict[str, Any]) -> None:
     console.print(f"request {d['request']}  prompt {d['prompt']}  {d['tokens']:,} tokens  W={d['W']}")
-    if d.get("outcome") == "nothing_to_restore":
+    if d.get("outcome") == NOTHING_TO_RESTORE:
         br = d.get("first_break")
         console.print(
             "[yellow]nothing to restore[/]: no tier holds the first chunk"

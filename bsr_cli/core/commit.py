@@ -11,6 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+# How a restore ended: the one spelling of each outcome, for every module that writes or reads one.
+COMMITTED = "committed"  # every (rank, group) valid: the advertised prefix is committed
+FAILED_CLOSED = "failed_closed"  # anything invalid: nothing committed, every destination block scrubbed
+NOTHING_TO_RESTORE = "nothing_to_restore"  # the probe found no external prefix
+OUTCOMES = (COMMITTED, FAILED_CLOSED, NOTHING_TO_RESTORE)
+
 
 @dataclass(frozen=True)
 class CommitDecision:

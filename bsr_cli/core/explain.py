@@ -26,6 +26,7 @@ from typing import Any
 
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import ServerError
 
@@ -375,16 +376,14 @@ def fold_restore(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
             r["windows_released"] += 1
             r["bytes"] += int(e.get("bytes", 0))
         elif t in ("restore_committed", "restore_failed_closed"):
-            out["outcome"] = "committed" if t == "restore_committed" else "failed_closed"
+            out["outcome"] = COMMITTED if t == "restore_committed" else FAILED_CLOSED
             out["committed_tokens"] = e.get("committed_tokens")
             out["failures"] = [
                 {k: f.get(k) for k in ("rank", "window", "kind", "tier", "reason")} for f in e.get("failures") or []
             ]
             # A restore that could not start (a silent rank) logs no failure_kind: its failures carry it.
             kinds = [f["kind"] for f in out["failures"] if f.get("kind")]
-            out["failure_kind"] = e.get("failure_kind") or (
-                kinds[0] if kinds and out["outcome"] != "committed" else None
-            )
+            out["failure_kind"] = e.get("failure_kind") or (kinds[0] if kinds and out["outcome"] != COMMITTED else None)
         elif t == "marker_set":
             out["marker"] = {"excluded_tiers": e.get("excluded_tiers"), "reason": e.get("reason")}
     out["ranks"] = [ranks[r] for r in sorted(ranks)]
@@ -407,19 +406,19 @@ def explain_request(
             evidence.append(f"rank {r['rank']}: {r['windows_released']} window(s) released, {r['bytes']:,} bytes")
     outcome = (restore or {}).get("outcome")
     fails = (restore or {}).get("failures") or []
-    kind = (restore or {}).get("failure_kind") or ("tier" if outcome == "failed_closed" else None)
+    kind = (restore or {}).get("failure_kind") or ("tier" if outcome == FAILED_CLOSED else None)
     for f in fails:
         where = f"rank {f.get('rank')}" + (f" window G{int(f['window']) + 1}" if f.get("window") is not None else "")
         evidence.append(f"failed: {where}: {f.get('reason')} (kind {f.get('kind')}, tier {f.get('tier')})")
     marker = next((m for m in markers if prompt and m.get("prompt") == prompt), None)
-    if outcome == "committed":
+    if outcome == COMMITTED:
         verdict, summary, fix, nxt = (
             "restore-committed",
             f"the restore committed {restore.get('committed_tokens') or 0:,} tokens on every rank",  # type: ignore[union-attr]
             "nothing to fix",
             f"bsr describe {req}",
         )
-    elif outcome == "failed_closed" and kind == "rank":
+    elif outcome == FAILED_CLOSED and kind == "rank":
         ranks = sorted({int(f["rank"]) for f in fails if f.get("kind") == "rank" and f.get("rank") is not None})
         bad = [r for r in health.get("ranks") or [] if not r.get("healthy", True)]
         verdict = "restore-failed-rank"
@@ -428,14 +427,14 @@ def explain_request(
             f"(no tier is blamed, no marker)" + (f"; still unhealthy: {bad[0].get('reason')}" if bad else "")
         )
         fix, nxt = "resume or restart the rank; then retry", "bsr status"
-    elif outcome == "failed_closed" and kind == "capacity":
+    elif outcome == FAILED_CLOSED and kind == "capacity":
         verdict = "restore-failed-capacity"
         summary = "refused for capacity: the window did not fit the budget B or the pool (no tier is blamed)"
         fix, nxt = "lower W or raise B (see the reason)", "bsr settings show"
-    elif outcome == "failed_closed" and kind == "aborted":
+    elif outcome == FAILED_CLOSED and kind == "aborted":
         verdict, summary = "restore-aborted", "an operator aborted it; it failed closed, nothing was committed"
         fix, nxt = "nothing to fix", f"bsr describe {req}"
-    elif outcome == "failed_closed":
+    elif outcome == FAILED_CLOSED:
         tiers = sorted({str(f.get("tier")) for f in fails if f.get("tier")})
         verdict = "restore-failed-tier"
         summary = f"failed closed because tier {', '.join(tiers) or '?'} failed: nothing was committed" + (

@@ -102,14 +102,21 @@ def check_bitmap_matches(reg: Registration, bitmap: HitBitmap) -> None:
         )
 
 
+def chunk_spans(first_chunk: int, end_chunk: int, w: int) -> list[tuple[int, int]]:
+    """The windows over chunks [first_chunk, end_chunk): [c0, c1) spans of at most ``w`` chunks; ``w`` <= 0 is
+    one window over all of them (the whole-plan path). The one windowing rule every host uses."""
+    if end_chunk <= first_chunk:
+        return []
+    step = end_chunk - first_chunk if w <= 0 else w
+    return [(c0, min(c0 + step, end_chunk)) for c0 in range(first_chunk, end_chunk, step)]
+
+
 def windows_for(reg: Registration, w: int, n_chunks: int, tokens: int) -> tuple[Window, ...]:
     """The schedule for the first ``n_chunks`` chunks of a ``tokens``-long prompt."""
     accounting.check_window(w)
-    step = n_chunks if w == 0 else w
     out = []
     per_chunk = reg.bytes_per_chunk
-    for j, c0 in enumerate(range(0, n_chunks, max(step, 1))):
-        c1 = min(c0 + step, n_chunks)
+    for j, (c0, c1) in enumerate(chunk_spans(0, n_chunks, w)):
         t0, t1 = c0 * reg.chunk_size, min(c1 * reg.chunk_size, tokens)
         blocks = tuple(BlockSlice(g.name, t0 // g.block_size, -(-t1 // g.block_size)) for g in reg.groups)
         out.append(Window(j, c0, c1, t0, t1, (c1 - c0) * per_chunk, blocks))

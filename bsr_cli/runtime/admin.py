@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from bsr_cli import API_VERSION
 from bsr_cli.core import limits
+from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
 from bsr_cli.runtime.coordinator import Coordinator
@@ -227,7 +228,7 @@ class AdminServer:
         self.host, self.port = str(self.httpd.server_address[0]), int(self.httpd.server_address[1])
         self._thread: threading.Thread | None = None
         self._reaper: threading.Thread | None = None
-        self.counters = {"committed": 0, "failed_closed": 0, "submitted": 0, "http_requests": 0}
+        self.counters = {COMMITTED: 0, FAILED_CLOSED: 0, "submitted": 0, "http_requests": 0}
 
     @property
     def url(self) -> str:
@@ -539,8 +540,8 @@ class _Handler(BaseHTTPRequestHandler):
 
         def work(emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
             res = c.restore(tokens, w=w, verify=verify, exclude=exclude, progress=emit, request=rid)
-            key = "committed" if res.get("committed_tokens") else "failed_closed"
-            if res.get("outcome") in ("committed", "failed_closed"):
+            key = COMMITTED if res.get("committed_tokens") else FAILED_CLOSED
+            if res.get("outcome") in (COMMITTED, FAILED_CLOSED):
                 self.admin.counters[key] += 1
             return res
 

@@ -26,14 +26,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bsr_cli import API_VERSION, __version__
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import HitBitmap
-from bsr_cli.core.commit import commit_prefix
+from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED, NOTHING_TO_RESTORE, commit_prefix
 from bsr_cli.core.keys import chunk_hashes, object_key, prompt_hash
+from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import windows_for
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import BadRequest, CapacityError, FaultsDisabled, InvalidInput, ServerError
@@ -89,24 +90,6 @@ class EngineSettings:
     fs_concurrency: int = 1
     name: str = "embedded"
     tokenizer: str = "bytes"  # how the host turns text into token ids (reported so clients can match it)
-
-
-@dataclass
-class Marker:
-    prompt: str
-    excluded: set[str]
-    reason: str
-    request: str
-    set_at: float = field(default_factory=time.time)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "prompt": self.prompt,
-            "excluded_tiers": sorted(self.excluded),
-            "reason": self.reason,
-            "request": self.request,
-            "set_at": self.set_at,
-        }
 
 
 class BlockAllocator:
@@ -375,7 +358,7 @@ class Coordinator:
             "tiers": sorted(tiers_used),
             "advertised_tokens": ext_tokens,
             "committed_tokens": decision.committed_tokens,
-            "outcome": "committed" if decision.committed_tokens else "failed_closed",
+            "outcome": COMMITTED if decision.committed_tokens else FAILED_CLOSED,
             "invalid": [{"rank": r, "group": g} for r, g in decision.invalid],
             "failures": fails,
             "failure_kind": kind,
@@ -907,7 +890,7 @@ class Coordinator:
                 "bitmap": bitmap.to_dict(),
             }
             if ext == 0:
-                return base | {"outcome": "nothing_to_restore", "committed_tokens": 0, "advertised_tokens": 0}
+                return base | {"outcome": NOTHING_TO_RESTORE, "committed_tokens": 0, "advertised_tokens": 0}
             tables = self._allocate(ext)
             try:
                 res = self._restore_external(request, bitmap, hashes, excl, w, tables, prompt)
@@ -942,7 +925,7 @@ class Coordinator:
             "prompt": prompt,
             "tokens": n_tokens,
             "W": w,
-            "outcome": "failed_closed",
+            "outcome": FAILED_CLOSED,
             "advertised_tokens": 0,
             "committed_tokens": 0,
             "failures": [fail],

@@ -39,6 +39,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
+
 _LOCK = threading.Lock()
 
 
@@ -65,7 +67,7 @@ class Counters:
             self._last_seq = max(self._last_seq, seq)
             t = ev.get("type")
             if t in ("restore_committed", "restore_failed_closed"):
-                outcome = "committed" if t == "restore_committed" else "failed_closed"
+                outcome = COMMITTED if t == "restore_committed" else FAILED_CLOSED
                 self.restores[(outcome, str(ev.get("failure_kind") or "none"))] += 1
             elif t == "window_released":
                 r = int(ev.get("rank", -1))
@@ -222,9 +224,9 @@ def exposition(coordinator: Any, *, submitted: int | None = None) -> str:
         fb, fs = dict(cnt.fetch_bytes), dict(cnt.fetch_seconds)
         markers_set, unresponsive, subs = cnt.markers_set, dict(cnt.unresponsive), cnt.submitted
     # Every series exists from the start at 0, so increase() sees a restore's first failure of a kind.
-    restores.setdefault(("committed", "none"), 0)
+    restores.setdefault((COMMITTED, "none"), 0)
     for kind in failures.KINDS:
-        restores.setdefault(("failed_closed", kind), 0)
+        restores.setdefault((FAILED_CLOSED, kind), 0)
     w.family(
         "bsr_restores_total",
         "counter",

@@ -118,6 +118,100 @@ class RestoreFailed(Exception):
 Emit = Callable[[dict[str, Any]], None]
 # Most windows with a fetch in flight at once (the budget B bounds it further).
 _FETCH_AHEAD = 2
+
+
+def window_faults(
+    faults: Sequence[FaultSpec], rank: int, window: int, first: int, kinds: Sequence[str], group: str | None = None
+) -> list[FaultSpec]:
+    """The armed faults of ``kinds`` that hit ``window`` on ``rank`` (and, when given, KV group ``group``): the one
+    targeting rule every host applies."""
+    return [
+        f
+        for f in faults
+        if f.kind in kinds
+        and f.applies_to_rank(rank)
+        and f.hits(window, first)
+        and (group is None or f.group is None or f.group == group)
+    ]
+
+
+def run_windows(
+    *,
+    rank: int,
+    groups: Sequence[str],
+    request: str,
+    windows: Sequence[Any],
+    abort: threading.Event,
+    step: Callable[[Any, RankOutcome], int],
+    scrub: Callable[[], None],
+    emit: Emit,
+    pool_stats: Callable[[], dict[str, int]],
+    prepare: Callable[[], None] | None = None,
+    cleanup: Callable[[], None] | None = None,
+    fired: set[int] | None = None,
+) -> RankOutcome:
+    """The window loop of one rank's retrieve, shared by every host: the abort check before each window, the
+    host's ``step`` (lease, fetch, check, install, sync, release: returns the window's bytes), the outcome's
+    accounting and the ``window_released`` event, then fail-closed on any failure: the failure classified on the
+    outcome (``RestoreFailed`` with its kind and tier, ``CapacityError`` as capacity, anything else as a tier
+    transfer error), every destination block scrubbed, ``restore_failed`` emitted.
+
+    ``windows`` are the host's window objects, each with an ``index``; ``prepare`` runs first inside the same
+    failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead)."""
+    started = time.monotonic()
+    out = RankOutcome(rank, ok=False, valid=dict.fromkeys(groups, False))
+    fired = set() if fired is None else fired
+    try:
+        if prepare is not None:
+            prepare()
+        for win in windows:
+            if abort.is_set():
+                raise RestoreFailed("aborted by the operator", win.index, kind=failures.ABORTED)
+            nbytes = step(win, out)
+            out.windows_done += 1
+            out.bytes_restored += nbytes
+            emit(
+                {
+                    "type": "window_released",
+                    "request": request,
+                    "rank": rank,
+                    "window": win.index,
+                    "windows": len(windows),
+                    "bytes": nbytes,
+                    "pool": pool_stats(),
+                }
+            )
+        out.ok = True
+        out.valid = dict.fromkeys(groups, True)
+    except RestoreFailed as e:
+        out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
+        bad = set(e.groups or groups)
+        out.valid = {g: g not in bad for g in groups}
+    except CapacityError as e:
+        out.reason, out.failed_window, out.kind = f"capacity: {e.message}", None, failures.CAPACITY
+    except Exception as e:  # noqa: BLE001 - any transfer exception fails the retrieve, closed
+        out.reason, out.kind = f"transfer error: {type(e).__name__}: {e}", failures.TIER
+    finally:
+        if cleanup is not None:
+            cleanup()
+        out.fired_faults = sorted(fired)
+        out.seconds = time.monotonic() - started
+    if not out.ok:
+        # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
+        scrub()
+        emit(
+            {
+                "type": "restore_failed",
+                "request": request,
+                "rank": rank,
+                "window": out.failed_window,
+                "reason": out.reason,
+                "kind": out.kind,
+            }
+        )
+    return out
+
+
 Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
 
 
@@ -147,9 +241,7 @@ class RankRestorer:
 
     # -- public ------------------------------------------------------------------------------------------------
     def restore(self, job: RestoreJob, abort: threading.Event) -> RankOutcome:
-        started = time.monotonic()
         self._aborts[job.request_id] = abort
-        out = RankOutcome(self.rank, ok=False, valid=dict.fromkeys(self.group_order, False))
         fired: set[int] = set()
         windows = list(job.windows)
         first = windows[0].index if windows else 0
@@ -174,53 +266,28 @@ class RankRestorer:
                 if not bounded:
                     return  # the whole-plan path is one window
 
-        try:
-            for win in windows:
-                if abort.is_set():
-                    raise RestoreFailed("aborted by the operator", win.index, kind=failures.ABORTED)
-                fetch_ahead(block=True)
-                lease, fetch_s, arrived = ahead.popleft().result()
-                out.fetch_seconds += fetch_s
-                out.peak_live_bytes = max(out.peak_live_bytes, self.pool.stats().live_bytes)
-                # Every object arrived whole; its checksum is verified while the window installs (the install
-                # releases the GIL; CRC32C holds it at most a few tens of microseconds per object under 1 MB and
-                # releases it above). A mismatch fails the retrieve before the window is released, and a failed
-                # retrieve scrubs every block of the request, so bytes installed unverified are never committed.
-                verified = self._verifier.submit(self._verify, job, win, arrived)
-                try:
-                    fetch_ahead(block=False)
-                    t0 = time.monotonic()
-                    self._install(job, win, lease, first, fired)
-                    out.install_seconds += time.monotonic() - t0
-                    verified.result()
-                finally:
-                    wait([verified])  # the staged bytes stay leased until their check is over
-                    lease.release()
-                out.windows_done += 1
-                nbytes = self._window_bytes(job, win)
-                out.bytes_restored += nbytes
-                self.emit(
-                    {
-                        "type": "window_released",
-                        "request": job.request_id,
-                        "rank": self.rank,
-                        "window": win.index,
-                        "windows": len(windows),
-                        "bytes": nbytes,
-                        "pool": self.pool.stats().to_dict(),
-                    }
-                )
-            out.ok = True
-            out.valid = dict.fromkeys(self.group_order, True)
-        except RestoreFailed as e:
-            out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
-            bad = set(e.groups or self.group_order)
-            out.valid = {g: g not in bad for g in self.group_order}
-        except CapacityError as e:
-            out.reason, out.failed_window, out.kind = f"capacity: {e.message}", None, failures.CAPACITY
-        except Exception as e:  # noqa: BLE001 - any transfer exception fails the retrieve, closed
-            out.reason, out.kind = f"transfer error: {type(e).__name__}: {e}", failures.TIER
-        finally:
+        def step(win: WindowJob, out: RankOutcome) -> int:
+            fetch_ahead(block=True)
+            lease, fetch_s, arrived = ahead.popleft().result()
+            out.fetch_seconds += fetch_s
+            out.peak_live_bytes = max(out.peak_live_bytes, self.pool.stats().live_bytes)
+            # Every object arrived whole; its checksum is verified while the window installs (the install
+            # releases the GIL; CRC32C holds it at most a few tens of microseconds per object under 1 MB and
+            # releases it above). A mismatch fails the retrieve before the window is released, and a failed
+            # retrieve scrubs every block of the request, so bytes installed unverified are never committed.
+            verified = self._verifier.submit(self._verify, job, win, arrived)
+            try:
+                fetch_ahead(block=False)
+                t0 = time.monotonic()
+                self._install(job, win, lease, first, fired)
+                out.install_seconds += time.monotonic() - t0
+                verified.result()
+            finally:
+                wait([verified])  # the staged bytes stay leased until their check is over
+                lease.release()
+            return self._window_bytes(job, win)
+
+        def cleanup() -> None:
             # Fetches issued ahead may still be running: wait for each and give its slots back.
             for pending in ahead:
                 try:
@@ -228,23 +295,21 @@ class RankRestorer:
                     lease_p.release()
                 except Exception:  # noqa: BLE001 - its failure is already subsumed by ours
                     pass
-            out.fired_faults = sorted(fired)
-            out.seconds = time.monotonic() - started
             self._aborts.pop(job.request_id, None)
-        if not out.ok:
-            # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
-            self.destination.invalidate(job.block_tables)
-            self.emit(
-                {
-                    "type": "restore_failed",
-                    "request": job.request_id,
-                    "rank": self.rank,
-                    "window": out.failed_window,
-                    "reason": out.reason,
-                    "kind": out.kind,
-                }
-            )
-        return out
+
+        return run_windows(
+            rank=self.rank,
+            groups=self.group_order,
+            request=job.request_id,
+            windows=windows,
+            abort=abort,
+            step=step,
+            scrub=lambda: self.destination.invalidate(job.block_tables),
+            emit=self.emit,
+            pool_stats=lambda: self.pool.stats().to_dict(),
+            cleanup=cleanup,
+            fired=fired,
+        )
 
     def close(self) -> None:
         self._fetcher.shutdown(wait=False, cancel_futures=True)
@@ -273,7 +338,7 @@ class RankRestorer:
             raise
 
     def _faults(self, job: RestoreJob, win: WindowJob, first: int, kinds: Sequence[str]) -> list[FaultSpec]:
-        return [f for f in job.faults if f.kind in kinds and f.applies_to_rank(self.rank) and f.hits(win.index, first)]
+        return window_faults(job.faults, self.rank, win.index, first, kinds)
 
     def _staging(self, job: RestoreJob, win: WindowJob, lease: Lease) -> list[tuple[str, int, StagingSlice]]:
         out = []
@@ -409,6 +474,9 @@ __all__ = [
     "ObjectRef",
     "RankOutcome",
     "RankRestorer",
+    "RestoreFailed",
     "RestoreJob",
     "WindowJob",
+    "run_windows",
+    "window_faults",
 ]

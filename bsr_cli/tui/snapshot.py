@@ -23,6 +23,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED, NOTHING_TO_RESTORE
+
 STALL_S = 5.0  # a rank that releases no window for this long, while others wait on it, is marked stalled
 HISTORY = 120  # snapshots of per-rank history kept (two minutes at the default 1 s)
 EVENTS_KEPT = 500  # events carried across snapshots (the engine hands out only its last 50 each time)
@@ -591,7 +593,7 @@ def ago(seconds: float) -> str:
 
 
 STATE_STYLE = {"ok": "green", "above-rws": "yellow", "over-budget": "bold red", "down": "bold red"}
-OUTCOME_STYLE = {"committed": "green", "failed_closed": "bold red", "nothing_to_restore": "dim"}
+OUTCOME_STYLE = {COMMITTED: "green", FAILED_CLOSED: "bold red", NOTHING_TO_RESTORE: "dim"}
 CATEGORY_STYLE = {"windows": "dim", "restores": "cyan", "markers": "magenta", "faults": "bold red", "other": ""}
 
 
@@ -763,7 +765,7 @@ def active(view: View, width: int | None = None) -> RenderableType:
 
 
 def recent_title(view: View) -> str:
-    failed = sum(1 for o in view.recent if o.outcome == "failed_closed")
+    failed = sum(1 for o in view.recent if o.outcome == FAILED_CLOSED)
     return f"Recent outcomes ({len(view.recent)}, {failed} failed closed)"
 
 

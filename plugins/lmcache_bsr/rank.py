@@ -33,8 +33,8 @@ from bsr_cli.engine.kv_ops import KVOps
 from bsr_cli.engine.services import health_url_for, master_healthy
 from bsr_cli.errors import BadRequest, CapacityError
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.faults import FaultSpec
-from bsr_cli.runtime.restore import RankOutcome, RestoreFailed
+from bsr_cli.runtime.faults import KINDS, FaultSpec
+from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, run_windows, window_faults
 
 from . import _lmcache as lm
 from .tokens import TokenRegistry, full_chunks
@@ -42,6 +42,17 @@ from .tokens import TokenRegistry, full_chunks
 Emit = Callable[[dict[str, Any]], None]
 VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a full segment never gets there
 RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache retrieve may take to end
+
+
+class _Window:
+    """One planned window of a restore job, as it came over the wire (a dict), with attribute access."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.index: int = d["index"]
+        self.chunk_start: int = d["chunk_start"]
+        self.chunk_end: int = d["chunk_end"]
+        self.token_start: int = d["token_start"]
+        self.token_end: int = d["token_end"]
 
 
 class LMCacheRank(KVOps):
@@ -265,69 +276,39 @@ class LMCacheRank(KVOps):
     def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
         request = job["request_id"]
         abort = self._aborts.setdefault(request, threading.Event())
-        started = time.monotonic()
-        out = RankOutcome(self.rank, ok=False, valid={self.group: False})
-        fired: set[int] = set()
-        windows = job["windows"]
-        try:
-            objs = job["objects"][str(self.rank)][self.group]
-            if windows:
-                self._restore_windows(job, objs, abort, out, fired)
-            out.ok = True
-            out.valid = {self.group: True}
-        except RestoreFailed as e:
-            out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
-        except CapacityError as e:
-            out.reason, out.kind = f"capacity: {e.message}", failures.CAPACITY
-        except Exception as e:  # noqa: BLE001 - any missing key, timeout or exception fails the retrieve, closed
-            out.reason, out.kind = f"transfer error: {type(e).__name__}: {e}", failures.TIER
-        finally:
-            out.fired_faults = sorted(fired)
-            out.seconds = time.monotonic() - started
-            self._aborts.pop(request, None)
-        if not out.ok:
-            # Fail closed: earlier windows may be installed; no partial prefix may look restored.
-            self.kv.invalidate(job["block_tables"])
-            self.emit(
-                {
-                    "type": "restore_failed",
-                    "request": request,
-                    "rank": self.rank,
-                    "window": out.failed_window,
-                    "reason": out.reason,
-                    "kind": out.kind,
-                }
-            )
-        return out.to_dict()
-
-    def _restore_windows(
-        self, job: dict[str, Any], objs: list[Any], abort: threading.Event, out: RankOutcome, fired: set[int]
-    ) -> None:
-        windows = job["windows"]
-        cs = self.reg.chunk_size
-        end_tokens = windows[-1]["token_end"]
-        # The tokens behind the plan, from the last planned chunk's bsr hash (keys are LMCache's own).
-        tokens = self.registry.tokens_for_hash(parse_key(objs[-1][0])[3])
-        if len(tokens) < end_tokens or end_tokens % cs:
-            raise RestoreFailed(f"plan covers {end_tokens} tokens; only full chunks can come from LMCache", None)
-        slots = self.slots(job["block_tables"][self.group], end_tokens)
+        windows = [_Window(w) for w in job["windows"]]
+        objs: list[Any] = []
+        tokens: tuple[int, ...] = ()
+        slots: list[torch.Tensor] = []
         faults = [FaultSpec.from_dict(f) for f in job["faults"] if f["rank"] in (None, self.rank)]
-        first = windows[0]["index"]
+        fired: set[int] = set()
+        cs = self.reg.chunk_size
+        first = windows[0].index if windows else 0
         bounded = job["w"] > 0
-        for win in windows:
-            idx, s, e = win["index"], win["token_start"], win["token_end"]
-            n_chunks = win["chunk_end"] - win["chunk_start"]
-            if abort.is_set():
-                raise RestoreFailed("aborted by the operator", idx, kind=failures.ABORTED)
+
+        def prepare() -> None:
+            nonlocal tokens
+            objs.extend(job["objects"][str(self.rank)][self.group])
+            if not windows:
+                return
+            end_tokens = windows[-1].token_end
+            # The tokens behind the plan, from the last planned chunk's bsr hash (keys are LMCache's own).
+            tokens = self.registry.tokens_for_hash(parse_key(objs[-1][0])[3])
+            if len(tokens) < end_tokens or end_tokens % cs:
+                raise RestoreFailed(f"plan covers {end_tokens} tokens; only full chunks can come from LMCache", None)
+            slots.append(self.slots(job["block_tables"][self.group], end_tokens))
+
+        def step(win: _Window, out: RankOutcome) -> int:
+            idx, s, e = win.index, win.token_start, win.token_end
+            n_chunks = win.chunk_end - win.chunk_start
             if bounded and n_chunks * self.chunk_bytes > self.budget_bytes:
                 raise CapacityError(
                     f"a window of {n_chunks} chunks needs {n_chunks * self.chunk_bytes:,} bytes of L1; "
                     f"the budget is {self.budget_bytes:,}"
                 )
-            hits = [f for f in faults if f.hits(idx, first)]
+            hits = window_faults(faults, self.rank, idx, first, KINDS, self.group)
             down = {t for f in hits for t in f.tiers_affected()}
-            for f in hits:
-                fired.add(f.id)
+            fired.update(f.id for f in hits)
             if any(f.kind == "timeout" for f in hits):
                 # The injected stall: nothing arrives before the deadline (an abort cuts it short).
                 if abort.wait(job["fetch_timeout_s"]):
@@ -343,20 +324,20 @@ class LMCacheRank(KVOps):
             t0 = time.monotonic()
             if self.lock.locked():
                 # Another request's window holds LMCache: waiting for it is admission, not a stall.
-                self.emit({"type": "window_waiting", "request": job["request_id"], "rank": self.rank, "window": idx})
+                self.emit({"type": "window_waiting", "request": request, "rank": self.rank, "window": idx})
             with self._engine_lock():
                 self._windows_live = 1
                 self.tracker.mark()
                 try:
                     with lm.block_mapping_override(self.engine, choose):
-                        ret = self._retrieve_with_deadline(tokens, s, e, slots[:e], job["fetch_timeout_s"], idx)
+                        ret = self._retrieve_with_deadline(tokens, s, e, slots[0][:e], job["fetch_timeout_s"], idx)
                 finally:
                     self._windows_live = 0
                 out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
             out.fetch_seconds += time.monotonic() - t0
             got = int(ret[s:e].sum())
+            tiers = sorted({objs[c][1] for c in range(win.chunk_start, win.chunk_end)})
             if got != e - s:
-                tiers = sorted({objs[c][1] for c in range(win["chunk_start"], win["chunk_end"])})
                 raise RestoreFailed(
                     f"LMCache loaded {got} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})", idx
                 )
@@ -365,30 +346,36 @@ class LMCacheRank(KVOps):
             self.emit(
                 {
                     "type": "window_fetched",
-                    "request": job["request_id"],
+                    "request": request,
                     "rank": self.rank,
                     "window": idx,
                     "bytes": nbytes,
                     "seconds": time.monotonic() - t0,
-                    "tiers": sorted({objs[c][1] for c in range(win["chunk_start"], win["chunk_end"])}),
+                    "tiers": tiers,
                     "pool": self.pool_stats(),
                 }
             )
             if any(f.kind == "restore-fault" for f in hits):
                 raise RestoreFailed(f"injected restore fault while installing group {self.group}", idx)
-            out.windows_done += 1
-            out.bytes_restored += nbytes
-            self.emit(
-                {
-                    "type": "window_released",
-                    "request": job["request_id"],
-                    "rank": self.rank,
-                    "window": idx,
-                    "windows": len(windows),
-                    "bytes": nbytes,
-                    "pool": self.pool_stats(),
-                }
+            return nbytes
+
+        try:
+            out = run_windows(
+                rank=self.rank,
+                groups=[self.group],
+                request=request,
+                windows=windows,
+                abort=abort,
+                step=step,
+                scrub=lambda: self.kv.invalidate(job["block_tables"]),
+                emit=self.emit,
+                pool_stats=self.pool_stats,
+                prepare=prepare,
+                fired=fired,
             )
+        finally:
+            self._aborts.pop(request, None)
+        return out.to_dict()
 
     def _retrieve_with_deadline(
         self, tokens: tuple[int, ...], s: int, e: int, slots: torch.Tensor, timeout_s: float, idx: int

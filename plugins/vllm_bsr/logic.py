@@ -14,16 +14,10 @@ whole external prefix and recomputes it instead of trusting a partial one).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-@dataclass
-class Marker:
-    request: str  # the request whose load failed
-    reason: str
-    excluded_tiers: set[str] = field(default_factory=set)
-    prompt: str = ""  # the key the marker stands under
-
+from bsr_cli.core.markers import Marker
+from bsr_cli.core.plan import chunk_spans
 
 MAX_MARKERS = 4096
 
@@ -76,7 +70,7 @@ class SchedulerState:
             if any(b in bad for g in groups for b in g):
                 key = self.prompts.get(req, req)
                 if key not in self.markers:
-                    self.markers[key] = Marker(req, reason, prompt=key)
+                    self.markers[key] = Marker(prompt=key, excluded=set(), reason=reason, request=req)
                     while len(self.markers) > self.max_markers:
                         del self.markers[next(iter(self.markers))]
                 hit.append(req)
@@ -96,11 +90,8 @@ def windows(start_token: int, end_token: int, chunk_size: int, w_chunks: int) ->
     LMCache's mask needs), end must be chunk-aligned. ``w_chunks`` 0 = one window (the stock whole-plan path)."""
     if end_token % chunk_size:
         raise ValueError(f"end {end_token} is not a multiple of the chunk size {chunk_size}")
-    s0 = start_token // chunk_size * chunk_size
-    if end_token <= s0:
-        return []
-    step = (end_token - s0) if w_chunks <= 0 else w_chunks * chunk_size
-    return [(s, min(s + step, end_token)) for s in range(s0, end_token, step)]
+    spans = chunk_spans(start_token // chunk_size, end_token // chunk_size, w_chunks)
+    return [(c0 * chunk_size, c1 * chunk_size) for c0, c1 in spans]
 
 
 @dataclass

@@ -15,7 +15,8 @@ import pytest
 from bsr_cli.incident_bundle import RECORDING, redact_text, redact_tokens
 from bsr_cli.tui.source import ReplaySource
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(180)]
+# Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
+pytestmark = [pytest.mark.timeout(180)]
 
 
 def _members(path: Path) -> dict[str, bytes]:

@@ -20,7 +20,8 @@ from bsr_cli.core.lmcache_keys import lmcache_chunk_hashes, lmcache_key, vllm_se
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import services
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(180)]
+# Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
+pytestmark = [pytest.mark.timeout(180)]
 
 N = 5000  # 20 chunks of 256 tokens
 
@@ -309,6 +310,7 @@ def test_store_key_format_mismatch_names_dtype_world_size_and_hash_seed(bsr: Any
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.engine
 def test_store_holder_gone(bsr: Any, tmp_path: Path) -> None:
     master = services.start_master(tmp_path)
     seg = services.start_segment_holder(tmp_path, master, 32 << 20)

@@ -14,7 +14,8 @@ import pytest
 
 from bsr_cli.errors import ExitCode
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(240)]
+# Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
+pytestmark = [pytest.mark.timeout(240)]
 
 
 def test_submit_probe_restore_walkthrough(bsr, engine, tmp_path: Path) -> None:
@@ -121,9 +122,18 @@ def test_ctrl_c_during_restore_aborts_it_fail_closed(engine, bsr) -> None:
     )
     try:
         deadline = time.monotonic() + 60
+        started = False
         with engine.client() as c:
-            while time.monotonic() < deadline and not c.snapshot(health=False)["active"]:
+            while time.monotonic() < deadline and proc.poll() is None:
+                if c.snapshot(health=False)["active"]:
+                    started = True
+                    break
                 time.sleep(0.1)
+        if not started:
+            gone = proc.poll()
+            pytest.fail(
+                f"the restore never became active (exit {gone}): {proc.stderr.read() if gone is not None else ''}"
+            )
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)
     finally:

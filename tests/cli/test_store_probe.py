@@ -26,7 +26,8 @@ from bsr_cli.core.lmcache_keys import (
 from bsr_cli.engine import services
 from bsr_cli.errors import ExitCode
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(120)]
+# Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
+pytestmark = [pytest.mark.timeout(120)]
 
 
 def test_lmcache_hash_is_prefix_chained_and_seed_independent() -> None:
@@ -228,6 +229,7 @@ def test_mixed_groups_are_each_diagnosed(bsr, store, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.engine
 def test_liveness_and_quiet_mooncake_logs(tmp_path: Path) -> None:
     """A killed segment holder: the master still lists its keys, the probe says the holders are gone. Mooncake's
     own log lines stay off stderr unless --verbose (a subprocess: glog writes to the file descriptor)."""
@@ -269,6 +271,7 @@ def test_liveness_and_quiet_mooncake_logs(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.engine
 def test_liveness_names_the_chunks_on_a_gone_holder(bsr, tmp_path: Path) -> None:
     """Two holders, one killed: exactly the keys whose replica sat on it are reported stale (ground truth: the
     master's own replica listing, read before the kill)."""

@@ -20,7 +20,8 @@ from bsr_cli.errors import CapacityError, ExitCode
 from bsr_cli.loaders import builtin_registration
 from bsr_cli.runtime.pool import RestorePool
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(240)]
+# Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
+pytestmark = [pytest.mark.timeout(240)]
 REG = builtin_registration("demo")
 FETCH_TIMEOUT_S = 2.0
 

@@ -14,7 +14,8 @@ from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.errors import BadRequest, FaultsDisabled, Unauthorized, VersionMismatch
 from bsr_cli.loaders import builtin_registration
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(240)]
+# Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
+pytestmark = [pytest.mark.timeout(240)]
 REG = builtin_registration("demo")
 W = 4  # the session engine's window
 RWS = W * REG.bytes_per_chunk
@@ -193,8 +194,6 @@ def test_admin_api_guards(engine) -> None:
     with engine.client() as c:
         info = c.info()
         assert info["api"] == "v1" and info["ranks"] == 2 and info["registration"]["identity"] == REG.identity
-    with engine.client() as anon:
-        anon.token = None
     from bsr_cli.client import AdminClient
 
     with AdminClient(engine.url, None) as no_token, pytest.raises(Unauthorized):
@@ -229,6 +228,7 @@ def test_client_maps_version_mismatch() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.engine
 def test_engine_without_faults_refuses_them(tmp_path) -> None:
     from bsr_cli.engine import supervisor
 

@@ -273,17 +273,20 @@ def test_mooncake_master_killed_is_unavailable_within_bounded_time(private_stack
         os.kill(master.pid, signal.SIGKILL)
         services.stop(master, timeout=2)  # reap it
 
-        timeout = 1.5
+        # Without bsr's own deadline a call on a dead master blocks ~4.3 s (or longer); with it, a call ends by its
+        # deadline. The bound leaves 2 s of slack for a loaded 2-core machine and still sits below that stall.
+        timeout = 1.0
+        bound = timeout + 2.0
         for _ in range(3):  # the first call may hit the dead connection, later ones the fast-fail probe
             start = time.monotonic()
             codes, sums = tier.get_into(keys, pool.slices([MiB, MiB]), timeout)
-            assert time.monotonic() - start < timeout + 0.5
+            assert time.monotonic() - start < bound
             assert codes == [UNAVAILABLE, UNAVAILABLE] and sums == [None, None]
 
             start = time.monotonic()
             with pytest.raises(TierUnavailable):
                 tier.contains(keys, timeout)
-            assert time.monotonic() - start < timeout + 0.5
+            assert time.monotonic() - start < bound
 
             start = time.monotonic()
             with pytest.raises(TierUnavailable):
@@ -310,14 +313,16 @@ def test_mooncake_hung_master_deadline_honoured_then_recovers(private_stack: Any
     os.kill(master.pid, signal.SIGSTOP)
     try:
         wait_for_state(master.pid, "T")  # SIGSTOP is asynchronous: be sure the master is frozen before calling
+        # A frozen master answers nothing: without bsr's deadline the call would wait as long as the master stays
+        # frozen (the test holds it 30 s and more). The bound is the 0.5 s deadline plus generous slack.
         start = time.monotonic()
         codes, _ = tier.get_into(keys, pool.slices([MiB]), 0.5)
-        assert time.monotonic() - start < 0.5 + 0.4
+        assert time.monotonic() - start < 0.5 + 2.5
         assert codes[0] in (TIMED_OUT, UNAVAILABLE)
         start = time.monotonic()
         with pytest.raises(TierUnavailable):
             tier.contains(keys, 0.5)
-        assert time.monotonic() - start < 0.5 + 0.4
+        assert time.monotonic() - start < 0.5 + 2.5
         assert not tier.health().ok
     finally:
         os.kill(master.pid, signal.SIGCONT)
@@ -468,7 +473,8 @@ def test_fs_deadline_honoured(tmp_path: Path) -> None:
 
             start = time.monotonic()
             codes, _ = tier.get_into(keys, pool.slices([size] * n, align=1), 0.005)
-            assert time.monotonic() - start < 0.5
+            # The deadline is proven by the objects left TIMED_OUT below; the clock only guards against a hang.
+            assert time.monotonic() - start < 5.0
             assert set(codes) <= {size, TIMED_OUT}
             assert TIMED_OUT in codes  # 96 MiB in 5 ms is more than this machine can read
             for i, code in enumerate(codes):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import io
+import html
+import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,22 +25,37 @@ def _utc(monkeypatch: pytest.MonkeyPatch):
 
 
 def screen_text(app: Any) -> str:
-    """The app's screen as plain text, composed exactly as `App.export_screenshot()` composes its SVG."""
-    from rich.console import Console
+    """The app's screen as plain text, one line per terminal row padded to the width, read back from Textual's
+    public `App.export_screenshot()` (an SVG whose text runs carry their cell position), so the tests depend on
+    no private attribute of Textual."""
+    from rich.cells import cell_len
 
     width, height = app.size
-    console = Console(
-        width=width,
-        height=height,
-        file=io.StringIO(),
-        force_terminal=True,
-        color_system="truecolor",
-        record=True,
-        legacy_windows=False,
-        safe_box=False,
-    )
-    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
-    return console.export_text(styles=False)
+    grid = [[" "] * width for _ in range(height)]
+    runs = _SVG_TEXT.findall(app.export_screenshot())
+    cell_w = next((float(n) / cell_len(html.unescape(t)) for _, n, _, t in runs if html.unescape(t).strip()), 0.0)
+    for x, _, row, text in runs:
+        text = html.unescape(text).replace("\n", "").replace("\xa0", " ")  # the SVG writes spaces as &#160;
+        if not text or cell_w <= 0:
+            continue
+        col, r = round(float(x) / cell_w), int(row)
+        if r >= height:
+            continue
+        for ch in text:
+            if col >= width:
+                break
+            grid[r][col] = ch
+            if cell_len(ch) == 2 and col + 1 < width:
+                grid[r][col + 1] = ""  # the second cell of a wide character
+            col += cell_len(ch) or 1
+    return "\n".join("".join(line) for line in grid)
+
+
+# One run of styled text in Textual's SVG screenshot: its x, its width in pixels, its row, and its characters.
+_SVG_TEXT = re.compile(
+    r'<text class="[^"]*" x="([0-9.]+)" y="[0-9.]+" textLength="([0-9.]+)" '
+    r'clip-path="url\(#[^)]*-line-([0-9]+)\)">([^<]*)</text>'
+)
 
 
 WaitUntil = Callable[..., Awaitable[None]]

@@ -11,6 +11,7 @@ import typer
 
 from bsr_cli.cli.app import AppState, JsonFlag, app, state
 from bsr_cli.cli.output import Output
+from bsr_cli.core.commit import COMMITTED
 from bsr_cli.errors import InvalidInput
 
 settings_app = typer.Typer(help="The engine's runtime settings: W, budget B, fs concurrency.", no_args_is_help=True)
@@ -245,7 +246,7 @@ def timeline(request: str, evs: list[dict[str, Any]]) -> dict[str, Any]:
                 }
             )
         elif kind == "restore_committed":
-            outcome = {"state": "committed", "tokens": e.get("committed_tokens"), "at": at}
+            outcome = {"state": COMMITTED, "tokens": e.get("committed_tokens"), "at": at}
         elif kind == "restore_failed_closed":
             outcome = {"state": "failed closed", "tokens": 0, "at": at}
         elif kind == "request_finished":

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from bsr_cli.cli.app import AppState, JsonFlag, app, state
+from bsr_cli.core.commit import FAILED_CLOSED, NOTHING_TO_RESTORE
 from bsr_cli.errors import (
     CapacityError,
     DrillViolation,
@@ -213,9 +214,9 @@ def restore(
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
         result.setdefault("budget_bytes", info.get("budget_bytes"))  # the bound the peak is held to
     st.out.result(result, render_ops.restore)
-    if result.get("outcome") == "failed_closed":
+    if result.get("outcome") == FAILED_CLOSED:
         raise _restore_error(result)
-    if result.get("outcome") == "nothing_to_restore":
+    if result.get("outcome") == NOTHING_TO_RESTORE:
         br = result.get("first_break") or {}
         where = f" (rank {br['rank']} group {br['group']}: {br['reason']})" if br else ""
         raise NothingToRestore(

@@ -1,0 +1,69 @@
+"""The fast lane: the runtime's unit tests over in-memory fakes (tests/unit/fakes.py). No Mooncake, no rank
+processes, no torch; every test here is marked ``fast`` (``./scripts/test --fast`` runs only these)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from bsr_cli.core.registration import Registration
+from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
+from bsr_cli.runtime.events import EventLog
+from unit.fakes import FakeRankOps, FakeTier, InProcessRank, small_registration
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/unit/" in str(item.path).replace("\\", "/"):
+            item.add_marker(pytest.mark.fast)
+            item.add_marker(pytest.mark.timeout(30))
+
+
+@dataclass
+class FakeEngine:
+    reg: Registration
+    coordinator: Coordinator
+    ranks: list[InProcessRank]
+    tiers: dict[str, FakeTier]  # shared by every rank, as a Mooncake store is
+    events: EventLog
+
+
+def build_engine(
+    *, w: int = 2, pool_chunks: int = 8, budget_chunks: int | None = None, fetch_timeout_s: float = 2.0, tp: int = 2
+) -> FakeEngine:
+    reg = small_registration(tp)
+    tiers = {"mooncake": FakeTier("mooncake"), "fs": FakeTier("fs")}
+    events = EventLog()
+    holder: list[Coordinator] = []
+    budget = None if budget_chunks is None else budget_chunks * reg.bytes_per_chunk
+
+    def emit(ev: dict) -> None:
+        holder[0].on_rank_event(ev)
+
+    ranks = [InProcessRank(FakeRankOps(reg, r, tiers, pool_chunks, budget, emit)) for r in range(tp)]
+    settings = EngineSettings(
+        w=w,
+        max_tokens=4096,
+        kv_tokens=8192,
+        pool_bytes=pool_chunks * reg.bytes_per_chunk,
+        budget_bytes=budget if budget is not None else pool_chunks * reg.bytes_per_chunk,
+        fetch_timeout_s=fetch_timeout_s,
+        admit_timeout_s=2.0,
+        call_timeout_s=10.0,
+        faults_enabled=True,
+    )
+    coord = Coordinator(reg, ranks, settings, events)
+    holder.append(coord)
+    return FakeEngine(reg, coord, ranks, tiers, events)
+
+
+@pytest.fixture
+def fake_engine() -> Iterator[FakeEngine]:
+    eng = build_engine()
+    try:
+        yield eng
+    finally:
+        for r in eng.ranks:
+            r.close()

@@ -1,0 +1,166 @@
+"""The coordinator over in-process fake ranks: probe-only lookup, admission with its force-local fallback, the
+commit rule across ranks and groups, the failure taxonomy (tier / capacity / rank / aborted) and the markers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from bsr_cli.core.keys import synthetic_tokens
+from bsr_cli.errors import ServerError
+from bsr_cli.runtime import failures
+from unit.conftest import FakeEngine, build_engine
+
+PROMPT = synthetic_tokens(9 * 16 + 3, seed=11)  # 10 chunks, the last partial
+
+
+def _warm(fake_engine: FakeEngine) -> None:
+    """Compute the prompt once and store its chunks in both tiers."""
+    out = fake_engine.coordinator.submit(PROMPT)
+    assert out["external_tokens"] == 0 and out["source"] == "recompute"
+    assert out["stored"]["objects"]
+
+
+def test_probe_moves_no_bytes_and_reports_every_rank_and_group(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    before = {n: t.bytes_read for n, t in fake_engine.tiers.items()}
+    bitmap, errors = fake_engine.coordinator.probe(PROMPT)
+    assert errors == {}
+    assert bitmap.prefix_tokens(set()) == len(PROMPT)  # every chunk, the partial last one too, in both tiers
+    assert bitmap.prefix_tokens({"mooncake"}) == len(PROMPT)
+    assert {n: t.bytes_read for n, t in fake_engine.tiers.items()} == before
+    assert all(t.get_calls == 0 for t in fake_engine.tiers.values())
+
+
+def test_a_warm_admission_restores_the_prefix_in_windows_and_matches_the_recompute(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    seen: list[dict[str, Any]] = []
+    out = fake_engine.coordinator.submit(PROMPT, progress=seen.append)
+    assert out["source"] == "mooncake"
+    assert (out["external_tokens"], out["computed_tokens"]) == (len(PROMPT), 0)
+    assert out["hash_ok"] is True  # restored + computed KV equals a full recompute, byte for byte
+    restore = out["passes"][0]["restore"]
+    assert restore["outcome"] == "committed" and restore["windows"] == 5  # 10 chunks, W=2
+    released = [e for e in seen if e["type"] == "window_released"]
+    assert len(released) == restore["windows"] * len(fake_engine.ranks)  # every rank ran every window
+    assert fake_engine.tiers["fs"].get_calls == 0
+
+
+def test_a_tier_fault_sets_a_marker_and_the_next_pass_restores_from_the_lower_tier(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    fake_engine.coordinator.inject({"kind": "remote-unavailable"})
+    out = fake_engine.coordinator.submit(PROMPT)
+    first, second = out["passes"][0], out["passes"][1]
+    assert first["restore"]["outcome"] == "failed_closed" and first["failure_kind"] == failures.TIER
+    assert first["restore"]["blamed_tiers"] == ["mooncake"] and first["restore"]["committed_tokens"] == 0
+    assert second["excluded_tiers"] == ["mooncake"] and second["restore"]["outcome"] == "committed"
+    assert out["source"] == "fs" and out["hash_ok"] is True
+    assert out["force_local"]["cleared"] is True and fake_engine.coordinator.markers == {}
+    types = [e["type"] for e in fake_engine.events.recent(500)]
+    assert types.index("marker_set") < types.index("marker_cleared")
+    assert fake_engine.coordinator.list_faults() == []  # count=1: it fired once and is gone
+
+
+def test_one_invalid_group_on_one_rank_collapses_the_whole_prefix(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    fake_engine.coordinator.inject({"kind": "restore-fault", "rank": 1, "group": "swa", "window": 1})
+    out = fake_engine.coordinator.restore(PROMPT)
+    assert out["outcome"] == "failed_closed" and out["committed_tokens"] == 0
+    assert out["advertised_tokens"] > 0
+    assert out["invalid"] == [{"rank": 1, "group": "swa"}]
+    assert out["failure_kind"] == failures.TIER
+    assert out["marker"]["excluded_tiers"] == ["mooncake"]  # a failed manual restore leaves its marker
+    # Rank 1 scrubbed every block of the request, including the window it had installed before the fault.
+    assert fake_engine.ranks[1].ops.kv.invalidated
+    assert not fake_engine.ranks[0].ops.kv.invalidated  # rank 0 restored its part; the commit rule still says no
+    fake_engine.coordinator.clear_markers()
+    assert fake_engine.coordinator.markers == {}
+
+
+def test_a_window_over_the_budget_is_a_capacity_failure_without_a_marker() -> None:
+    eng = build_engine(pool_chunks=4, budget_chunks=2)
+    try:
+        _warm(eng)
+        out = eng.coordinator.restore(PROMPT, w=3)
+        assert out["outcome"] == "failed_closed" and out["failure_kind"] == failures.CAPACITY
+        assert out["blamed_tiers"] == [] and "marker" not in out
+        assert "--W 2" in out["hint"]
+        assert eng.coordinator.markers == {}
+    finally:
+        for r in eng.ranks:
+            r.close()
+
+
+def test_a_rank_that_stops_making_progress_fails_the_restore_as_a_rank_fault() -> None:
+    eng = build_engine(fetch_timeout_s=0.5)  # window progress deadline: 2 x 0.5 s
+    try:
+        _warm(eng)
+        free_before = eng.coordinator.allocators["full"].free_blocks
+        eng.ranks[1].hang.add("restore")
+        out = eng.coordinator.restore(PROMPT)
+        assert out["outcome"] == "failed_closed" and out["failure_kind"] == failures.RANK
+        assert out["committed_tokens"] == 0 and "marker" not in out
+        assert 1 in eng.coordinator.rank_faults
+        assert any(f["rank"] == 1 and f["kind"] == failures.RANK for f in out["failures"])
+        assert "no restore progress" in eng.coordinator.rank_faults[1]["reason"]
+        # The stalled rank's call still runs: the request's blocks stay allocated until it returns, so a late
+        # install can never land in another request's blocks.
+        alloc = eng.coordinator.allocators["full"]
+        assert alloc.free_blocks < free_before
+        eng.ranks[1].release.set()
+        deadline = time.monotonic() + 10
+        while alloc.free_blocks < free_before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert alloc.free_blocks == free_before
+        assert eng.ranks[1].ops.kv.invalidated  # the late call ended fail-closed (it was told to abort)
+    finally:
+        for r in eng.ranks:
+            r.close()
+
+
+def test_a_dead_rank_refuses_the_restore_before_any_window() -> None:
+    eng = build_engine()
+    try:
+        _warm(eng)
+        eng.ranks[0].dead = True
+        with pytest.raises(ServerError, match="rank 0 is not running"):
+            eng.coordinator.restore(PROMPT)
+        assert "restore" not in eng.ranks[1].calls and all(not r.ops.kv.installs for r in eng.ranks)
+    finally:
+        for r in eng.ranks:
+            r.close()
+
+
+def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    fake_engine.coordinator.inject({"kind": "timeout", "window": 1})
+    started = threading.Event()
+
+    def progress(ev: dict[str, Any]) -> None:
+        if ev["type"] == "window_released":
+            started.set()
+
+    result: list[dict[str, Any]] = []
+    t = threading.Thread(
+        target=lambda: result.append(fake_engine.coordinator.restore(PROMPT, request="r-abort", progress=progress))
+    )
+    t.start()
+    assert started.wait(10), "the restore never released its first window"
+    assert fake_engine.coordinator.abort("r-abort") is True
+    t.join(10)
+    assert not t.is_alive()
+    out = result[0]
+    assert out["outcome"] == "failed_closed" and out["failure_kind"] == failures.ABORTED
+    assert out["blamed_tiers"] == [] and "marker" not in out
+    assert fake_engine.coordinator.abort("r-abort") is False  # finished: nothing left to abort
+
+
+def test_blocks_are_returned_after_every_request(fake_engine: FakeEngine) -> None:
+    free = {g: a.free_blocks for g, a in fake_engine.coordinator.allocators.items()}
+    _warm(fake_engine)
+    fake_engine.coordinator.inject({"kind": "corrupt"})
+    fake_engine.coordinator.restore(PROMPT)
+    assert {g: a.free_blocks for g, a in fake_engine.coordinator.allocators.items()} == free

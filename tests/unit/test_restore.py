@@ -1,0 +1,247 @@
+"""The window loop of one rank (RankRestorer) over a fake tier, pool and destination: windows, the budget,
+completeness, integrity, injected faults, aborts, and the fail-closed scrub."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
+from bsr_cli.core.plan import windows_for
+from bsr_cli.runtime import failures
+from bsr_cli.runtime.checksum import crc32c
+from bsr_cli.runtime.faults import FaultSpec
+from bsr_cli.runtime.restore import ObjectRef, RankRestorer, RestoreJob, WindowJob
+from unit.fakes import FakeDestination, FakeTier, make_pool, small_registration, synthetic
+
+REG = small_registration(tp=1)
+TOKENS = 10 * REG.chunk_size + 5  # 11 chunks, the last one partial
+
+
+def _tokens(c: int) -> int:
+    return min((c + 1) * REG.chunk_size, TOKENS) - c * REG.chunk_size
+
+
+class Rig:
+    def __init__(self, *, pool_chunks: int = 8, budget_chunks: int | None = None) -> None:
+        self.tier = FakeTier("mooncake")
+        self.fs = FakeTier("fs")
+        self.dest = FakeDestination(REG, 0)
+        self.pool = make_pool(
+            pool_chunks, REG.bytes_per_chunk, None if budget_chunks is None else budget_chunks * REG.bytes_per_chunk
+        )
+        self.events: list[dict[str, Any]] = []
+        offsets = {"full": 0, "swa": REG.group_bytes_per_chunk("full")}
+        self.restorer = RankRestorer(
+            0,
+            REG.group_names,
+            offsets,
+            self.pool,
+            {"mooncake": self.tier, "fs": self.fs},
+            self.dest,
+            self.events.append,
+        )
+        self.hashes = chunk_hashes(synthetic_tokens(TOKENS, seed=3), REG.chunk_size)
+        # The tier holds every object, as a store after a prefill would.
+        for c, h in enumerate(self.hashes):
+            n = min((c + 1) * REG.chunk_size, TOKENS) - c * REG.chunk_size
+            for g in REG.group_names:
+                payload = synthetic(h, 0, g, n * self.dest.bpt[g])
+                self.tier.objects[object_key(REG, 0, g, h)] = (payload, crc32c(payload))
+        self.tables = {g.name: list(range(100, 100 + -(-TOKENS // g.block_size))) for g in REG.groups}
+
+    def job(self, w: int, faults: list[FaultSpec] = (), tier: str = "mooncake", timeout_s: float = 2.0) -> RestoreJob:  # type: ignore[assignment]
+        wins = windows_for(REG, w, len(self.hashes), TOKENS)
+        objs = {}
+        for g in REG.group_names:
+            objs[g] = [
+                ObjectRef(object_key(REG, 0, g, h), tier, _tokens(c) * self.dest.bpt[g])
+                for c, h in enumerate(self.hashes)
+            ]
+        return RestoreJob(
+            request_id="req-1",
+            w=w,
+            windows=[
+                WindowJob(
+                    x.index,
+                    x.chunk_start,
+                    x.chunk_end,
+                    x.token_start,
+                    x.token_end,
+                    {b.group: (b.start, b.end) for b in x.blocks},
+                )
+                for x in wins
+            ],
+            objects=objs,
+            block_tables=self.tables,
+            faults=list(faults),
+            fetch_timeout_s=timeout_s,
+            admit_timeout_s=timeout_s,
+        )
+
+    def installed_ok(self) -> bool:
+        """Every token of every group holds the prefill's bytes."""
+        for g in REG.group_names:
+            want = b"".join(
+                synthetic(h, 0, g, (min((c + 1) * REG.chunk_size, TOKENS) - c * REG.chunk_size) * self.dest.bpt[g])
+                for c, h in enumerate(self.hashes)
+            )
+            if self.dest.read(g, self.tables[g], 0, TOKENS) != want:
+                return False
+        return True
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    r = Rig()
+    yield r
+    r.restorer.close()
+
+
+def test_a_clean_restore_installs_every_window_and_returns_every_slot(rig: Rig) -> None:
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    assert out.ok, out.reason
+    assert out.windows_done == 3  # 11 chunks in windows of 4
+    assert out.valid == {"full": True, "swa": True}
+    assert out.bytes_restored == sum(len(p) for p, _ in rig.tier.objects.values())
+    assert rig.installed_ok()
+    assert rig.types().count("window_released") == 3 and "restore_failed" not in rig.types()
+    assert rig.dest.syncs == 3 and not rig.dest.invalidated
+    s = rig.pool.stats()
+    assert s.live_bytes == 0 and s.windows_live == 0
+    # With B = the whole pool (8 chunks) two windows of 4 may be live at once (prefetch), never more.
+    assert s.peak_bytes == 8 * REG.bytes_per_chunk
+
+
+def test_budget_of_one_window_serializes_the_restore() -> None:
+    rig = Rig(budget_chunks=4)  # B = RWS(4): one window at a time
+    try:
+        out = rig.restorer.restore(rig.job(4), threading.Event())
+        assert out.ok and out.windows_done == 3
+        assert rig.pool.stats().peak_bytes == 4 * REG.bytes_per_chunk
+        assert out.peak_live_bytes <= 4 * REG.bytes_per_chunk
+    finally:
+        rig.restorer.close()
+
+
+def test_a_window_larger_than_the_budget_is_a_capacity_failure_with_nothing_installed() -> None:
+    rig = Rig(budget_chunks=2)
+    try:
+        out = rig.restorer.restore(rig.job(4), threading.Event())
+        assert not out.ok and out.kind == failures.CAPACITY and "budget B" in out.reason
+        assert out.windows_done == 0 and not rig.dest.installs
+        assert rig.dest.invalidated == [rig.tables]  # still scrubbed: fail-closed whatever the kind
+    finally:
+        rig.restorer.close()
+
+
+def test_w0_is_one_whole_plan_window_bounded_by_the_pool() -> None:
+    rig = Rig(pool_chunks=16, budget_chunks=2)
+    try:
+        out = rig.restorer.restore(rig.job(0), threading.Event())
+        assert out.ok and out.windows_done == 1 and rig.installed_ok()
+    finally:
+        rig.restorer.close()
+    small = Rig(pool_chunks=8)
+    try:
+        out = small.restorer.restore(small.job(0), threading.Event())
+        assert not out.ok and out.kind == failures.CAPACITY and "pool capacity" in out.reason
+    finally:
+        small.restorer.close()
+
+
+def test_a_missing_object_fails_closed_and_scrubs_every_block(rig: Rig) -> None:
+    key = object_key(REG, 0, "swa", rig.hashes[9])  # in the last window: two windows were installed already
+    del rig.tier.objects[key]
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    assert not out.ok and out.kind == failures.TIER and out.tier == "mooncake"
+    assert out.failed_window == 2 and out.windows_done == 2
+    assert out.valid == {"full": True, "swa": False}
+    assert "missing fetching chunk 9 group swa" in out.reason
+    assert rig.dest.invalidated == [rig.tables]
+    assert all(not any(b) for g in REG.group_names for b in rig.dest.blocks[g].values())  # nothing left readable
+    assert rig.pool.stats().live_bytes == 0
+    assert rig.types()[-1] == "restore_failed"
+
+
+def test_a_short_object_fails_the_retrieve(rig: Rig) -> None:
+    rig.tier.short.add(object_key(REG, 0, "full", rig.hashes[0]))
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    assert not out.ok and "short object in chunk 0 group full" in out.reason and out.failed_window == 0
+    assert not rig.dest.installs
+
+
+def test_a_corrupt_stored_object_is_caught_by_its_checksum(rig: Rig) -> None:
+    key = object_key(REG, 0, "full", rig.hashes[5])
+    payload, stored = rig.tier.objects[key]
+    rig.tier.objects[key] = (bytes([payload[0] ^ 1]) + payload[1:], stored)
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    assert not out.ok and out.kind == failures.TIER
+    assert "checksum mismatch in chunk 5 group full" in out.reason and out.failed_window == 1
+    assert rig.dest.invalidated == [rig.tables]
+
+
+def test_an_unavailable_tier_names_itself(rig: Rig) -> None:
+    rig.tier.down = True
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    assert not out.ok and out.tier == "mooncake" and "unavailable" in out.reason
+
+
+@pytest.mark.parametrize(
+    ("kind", "window", "group", "reason"),
+    [
+        ("remote-unavailable", 1, None, "unavailable fetching"),
+        ("corrupt", 2, "swa", "checksum mismatch"),
+        ("restore-fault", 1, "full", "injected restore fault while installing group full"),
+        ("timeout", None, "swa", "timeout fetching"),
+    ],
+)
+def test_injected_faults_fire_on_their_window_and_fail_closed(
+    rig: Rig, kind: str, window: int | None, group: str | None, reason: str
+) -> None:
+    fault = FaultSpec(kind=kind, window=window, group=group, id=7)
+    out = rig.restorer.restore(rig.job(4, [fault], timeout_s=0.3), threading.Event())
+    assert not out.ok and reason in out.reason
+    assert out.fired_faults == [7]
+    assert out.failed_window == (0 if window is None else window)
+    assert out.windows_done == out.failed_window
+    if group is not None:  # only the faulted group is invalid
+        assert out.valid == {g: g != group for g in REG.group_names}
+    assert rig.dest.invalidated == [rig.tables]
+    assert rig.pool.stats().live_bytes == 0
+
+
+def test_a_fault_for_another_rank_or_window_does_not_fire(rig: Rig) -> None:
+    faults = [FaultSpec(kind="restore-fault", rank=1, id=1), FaultSpec(kind="corrupt", window=9, id=2)]
+    out = rig.restorer.restore(rig.job(4, faults), threading.Event())
+    assert out.ok and out.fired_faults == [] and rig.installed_ok()
+
+
+def test_an_abort_during_a_stalled_fetch_ends_it_at_once_as_aborted(rig: Rig) -> None:
+    abort = threading.Event()
+    fault = FaultSpec(kind="timeout", window=1, id=3)
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(rig.restorer.restore(rig.job(4, [fault], timeout_s=25), abort)))
+    t.start()
+    while "window_released" not in rig.types():  # the restore is under way: window 0 is in
+        threading.Event().wait(0.01)
+    abort.set()
+    t.join(10)
+    assert not t.is_alive(), "the abort did not cut the stalled fetch short"
+    out = result[0]
+    assert not out.ok and out.kind == failures.ABORTED and out.windows_done == 1
+    assert rig.dest.invalidated == [rig.tables]
+
+
+def test_an_abort_before_the_first_window_installs_nothing(rig: Rig) -> None:
+    abort = threading.Event()
+    abort.set()
+    out = rig.restorer.restore(rig.job(4), abort)
+    assert not out.ok and out.kind == failures.ABORTED and not rig.dest.installs
+    assert rig.tier.get_calls == 0
