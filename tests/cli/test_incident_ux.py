@@ -318,3 +318,12 @@ def test_fast_bash_completion_answers_as_the_full_path_without_the_framework(tmp
         assert "typer" not in fast.stderr, f"{words!r}: the fast path imported the framework"
         assert fast.stdout.split() == full.stdout.split(), words
     assert complete("bsr se", 1).stdout.split() == ["settings"]
+
+
+def test_window_size_has_a_lowercase_spelling(bsr) -> None:
+    """`--W` is the paper's notation (runbooks use it); `--window-size` says the same in the usual style."""
+    a = bsr("plan", "--W", "16", "--tokens", "8192", "--json").json()
+    b = bsr("plan", "--window-size", "16", "--tokens", "8192", "--json").json()
+    assert a == b and a["windows_count"] == 2
+    for cmd in (["restore"], ["bench", "sweep"], ["settings", "set"], ["rws"]):
+        assert "--window-size" in bsr(*cmd, "--help").out, cmd

@@ -44,7 +44,7 @@ RegOpt = Annotated[
 TierOpt = Annotated[str | None, typer.Option("--tier", help="Tier to restore from [default: the engine's first].")]
 SaltOpt = Annotated[int | None, typer.Option("--salt", help="Seed of the synthetic prompts [default: random].")]
 NoPlotsOpt = Annotated[bool, typer.Option("--no-plots", help="Write the bundle only, no PNG plots.")]
-WOpt = Annotated[int, typer.Option("--W", "-W", help="Window size in chunks.", min=1)]
+WOpt = Annotated[int, typer.Option("--W", "-W", "--window-size", help="Window size in chunks.", min=1)]
 DEFAULT_OUT = Path("bench-out")
 
 Experiment = Callable[["AdminClient", dict[str, Any], Path | None], dict[str, Any]]
@@ -769,7 +769,9 @@ def store(
 def failures(
     ctx: typer.Context,
     tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prompt length per scenario.", min=1)] = 8192,
-    w: Annotated[int | None, typer.Option("--W", "-W", help="Window size [default: the engine's].", min=1)] = None,
+    w: Annotated[
+        int | None, typer.Option("--W", "-W", "--window-size", help="Window size [default: the engine's].", min=1)
+    ] = None,
     out: OutOpt = DEFAULT_OUT,
     embedded: EmbeddedOpt = False,
     registration: RegOpt = None,

@@ -77,7 +77,9 @@ def settings_show(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
 @settings_app.command("set")
 def settings_set(
     ctx: typer.Context,
-    w: Annotated[int | None, typer.Option("--W", "-W", help="Window size in chunks (0 = whole plan).", min=0)] = None,
+    w: Annotated[
+        int | None, typer.Option("--W", "-W", "--window-size", help="Window size in chunks (0 = whole plan).", min=0)
+    ] = None,
     budget: Annotated[
         str | None, typer.Option("--budget", help="Admission budget B per rank, e.g. 64MiB or 67108864.")
     ] = None,

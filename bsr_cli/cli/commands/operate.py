@@ -26,7 +26,9 @@ TokensFileOpt = Annotated[
 PromptFileOpt = Annotated[Path | None, typer.Option("--prompt-file", help="Text, tokenized as the engine does.")]
 SyntheticOpt = Annotated[int | None, typer.Option("--synthetic", help="A deterministic synthetic prompt of N tokens.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the synthetic prompt.")]
-WOpt = Annotated[int | None, typer.Option("--W", "-W", help="Window size in chunks [default: the engine's].", min=0)]
+WOpt = Annotated[
+    int | None, typer.Option("--W", "-W", "--window-size", help="Window size in chunks [default: the engine's].", min=0)
+]
 
 
 def _client(st: AppState) -> Any:

@@ -29,7 +29,9 @@ DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="KV cache dtype (w
 BlockOpt = Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block (with --hf-config).", min=1)]
 MtpOpt = Annotated[bool, typer.Option("--mtp", help="Add the config's MTP layers (with --hf-config).")]
 ChunkOpt = Annotated[int, typer.Option("--chunk-size", help="Tokens per chunk (with --hf-config).", min=1)]
-WOpt = Annotated[int, typer.Option("--W", "-W", help="Window size in chunks (0 = whole-plan path).", min=0)]
+WOpt = Annotated[
+    int, typer.Option("--W", "-W", "--window-size", help="Window size in chunks (0 = whole-plan path).", min=0)
+]
 
 
 def resolve_registration(
