@@ -58,7 +58,13 @@ _LMCacheLookupClient: Any = _rpc["LMCacheLookupClient"]
 
 
 def probe_socket_path(engine_id: str, rank: int, rpc_port: int | str = 0, base_url: str | None = None) -> str:
-    """The ipc path of rank ``rank``'s bsr probe server (LMCache's path scheme, bsr's own engine id)."""
+    """The ipc path of rank ``rank``'s bsr probe server (LMCache's path scheme, bsr's own engine id).
+
+    Without vLLM importable LMCache ignores ``VLLM_RPC_BASE_PATH`` and uses /tmp/vllm_rpc; bsr honours the variable
+    either way (and vLLM's own value is the same variable when vLLM is there)."""
+    if base_url is None and os.environ.get("VLLM_RPC_BASE_PATH"):
+        base_url = os.environ["VLLM_RPC_BASE_PATH"]
+        os.makedirs(base_url, exist_ok=True)
     return str(_rpc["get_zmq_rpc_path_lmcache"](f"{engine_id}{ENGINE_SUFFIX}", "lookup", rpc_port, rank, base_url))
 
 
