@@ -20,24 +20,6 @@ CHUNK = 256
 PROMPT_TOKENS = 8 * CHUNK + 100  # 8 full chunks and a tail LMCache never stores
 
 
-def tiny_llama(path: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        torch_dtype="bfloat16",
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
-
-
 def main(argv: list[str]) -> int:
     wd = Path(argv[0])
     wd.mkdir(parents=True, exist_ok=True)
@@ -59,7 +41,9 @@ def main(argv: list[str]) -> int:
     os.environ["LMCACHE_CONFIG_FILE"] = str(cfg)
     model = wd / "tiny-llama"
     if not (model / "config.json").exists():
-        tiny_llama(model)
+        from vllm_bsr.gpu_smoke import make_model  # plugins/ is on PYTHONPATH (gpu_check.py)
+
+        make_model(model)
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

@@ -213,23 +213,12 @@ class Rank(KVOps):
         return {"objects": stored, "errors": errors}
 
     def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
-        from bsr_cli.runtime.faults import FaultSpec
-        from bsr_cli.runtime.restore import ObjectRef, RestoreJob, WindowJob
+        from bsr_cli.runtime.restore import RestoreJob
 
         request = job["request_id"]
         abort = self._aborts.setdefault(request, threading.Event())
         try:
-            rj = RestoreJob(
-                request_id=request,
-                w=job["w"],
-                windows=[WindowJob(**w) for w in job["windows"]],
-                objects={g: [ObjectRef(*o) for o in objs] for g, objs in job["objects"][str(self.rank)].items()},
-                block_tables=job["block_tables"],
-                faults=[FaultSpec.from_dict(f) for f in job["faults"] if f["rank"] in (None, self.rank)],
-                fetch_timeout_s=job["fetch_timeout_s"],
-                admit_timeout_s=job["admit_timeout_s"],
-            )
-            return self.restorer.restore(rj, abort).to_dict()
+            return self.restorer.restore(RestoreJob.from_wire(job, self.rank), abort).to_dict()
         finally:
             self._aborts.pop(request, None)
 

@@ -75,6 +75,20 @@ class RestoreJob:
     fetch_timeout_s: float = 10.0
     admit_timeout_s: float = 60.0
 
+    @classmethod
+    def from_wire(cls, job: Mapping[str, Any], rank: int) -> RestoreJob:
+        """Rank ``rank``'s share of a restore job as the coordinator sends it over the pipe (plain data)."""
+        return cls(
+            request_id=job["request_id"],
+            w=job["w"],
+            windows=[WindowJob(**w) for w in job["windows"]],
+            objects={g: [ObjectRef(*o) for o in objs] for g, objs in job["objects"][str(rank)].items()},
+            block_tables=job["block_tables"],
+            faults=[FaultSpec.from_dict(f) for f in job["faults"] if f["rank"] in (None, rank)],
+            fetch_timeout_s=job["fetch_timeout_s"],
+            admit_timeout_s=job["admit_timeout_s"],
+        )
+
 
 @dataclass
 class RankOutcome:

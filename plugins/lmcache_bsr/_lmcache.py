@@ -257,7 +257,20 @@ class PeakTracker:
 
 
 # -- destination -----------------------------------------------------------------------------------------------
-class CPUPagedConnector(GPUConnectorInterface):
+class PerChunkBatches:
+    """LMCache's batched connector calls, served one memory object at a time by the connector's own
+    ``from_gpu``/``to_gpu`` (CPU copies gain nothing from batching)."""
+
+    def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
+        for o, s, e in zip(memory_objs, starts, ends, strict=True):
+            self.from_gpu(o, s, e, **kwargs)  # type: ignore[attr-defined]
+
+    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
+        for o, s, e in zip(memory_objs or [], starts or [], ends or [], strict=True):
+            self.to_gpu(o, s, e, **kwargs)  # type: ignore[attr-defined]
+
+
+class CPUPagedConnector(PerChunkBatches, GPUConnectorInterface):
     """Copies between LMCache MemoryObjs and a CPU paged KV cache (one ``[rows, 2, heads, head_size]`` tensor per
     layer, rows = block_id * block_size + offset).
 
@@ -286,14 +299,6 @@ class CPUPagedConnector(GPUConnectorInterface):
             src = memory_obj.tensor[:, layer].reshape(2, n, self.heads, self.head_size).permute(1, 0, 2, 3)
             kv.index_copy_(0, rows, src.contiguous())
         self.installs.append((start, end))
-
-    def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
-        for o, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.from_gpu(o, s, e, **kwargs)
-
-    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
-        for o, s, e in zip(memory_objs or [], starts or [], ends or [], strict=True):
-            self.to_gpu(o, s, e, **kwargs)
 
 
 # -- lookup RPC (the scheduler <-> worker transport of LMCache's vLLM integration) --------------------------------
@@ -343,6 +348,7 @@ __all__ = [
     "CPUPagedConnector",
     "GPUConnectorInterface",
     "PeakTracker",
+    "PerChunkBatches",
     "block_mapping_override",
     "build_engine",
     "chunk_keys",

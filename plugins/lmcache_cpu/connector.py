@@ -28,7 +28,7 @@ from lmcache_bsr import _lmcache as lm
 from lmcache_bsr.events import emit
 
 
-class VLLMPagedMemCPUConnector(lm.GPUConnectorInterface):  # type: ignore[misc]
+class VLLMPagedMemCPUConnector(lm.PerChunkBatches, lm.GPUConnectorInterface):  # type: ignore[misc]
     """LMCache <-> vLLM CPU paged KV, block by block. kwargs of store/retrieve: ``kvcaches`` (the per-layer
     tensors, in layer order), ``slot_mapping`` (a LongTensor, one slot per token) and, on loads,
     ``vllm_cached_tokens``."""
@@ -125,14 +125,6 @@ class VLLMPagedMemCPUConnector(lm.GPUConnectorInterface):  # type: ignore[misc]
             kv.index_copy_(0, dst_blocks, data.reshape(len(dst_blocks), *kv.shape[1:]).to(kv.dtype))
         self.loaded_tokens += n - skip * bs
         emit("lmcache_cpu_load", start=start, end=end, tokens=n - skip * bs)
-
-    def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
-        for o, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.from_gpu(o, s, e, **kwargs)
-
-    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
-        for o, s, e in zip(memory_objs or [], starts or [], ends or [], strict=True):
-            self.to_gpu(o, s, e, **kwargs)
 
 
 __all__ = ["VLLMPagedMemCPUConnector"]

@@ -21,9 +21,8 @@ from bsr_cli.core.keys import object_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import ServerError
 from bsr_cli.runtime.checksum import crc32c
-from bsr_cli.runtime.faults import FaultSpec
 from bsr_cli.runtime.pool import RestorePool
-from bsr_cli.runtime.restore import ObjectRef, RankRestorer, RestoreJob, WindowJob
+from bsr_cli.runtime.restore import RankRestorer, RestoreJob
 from bsr_cli.runtime.tiers import MISSING, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
 
 CHUNK = 16  # tokens per chunk: small, so a prompt of a few hundred tokens spans many windows
@@ -273,16 +272,7 @@ class FakeRankOps:
         request = job["request_id"]
         abort = self.aborts.setdefault(request, threading.Event())
         try:
-            rj = RestoreJob(
-                request_id=request,
-                w=job["w"],
-                windows=[WindowJob(**w) for w in job["windows"]],
-                objects={g: [ObjectRef(*o) for o in objs] for g, objs in job["objects"][str(self.rank)].items()},
-                block_tables=job["block_tables"],
-                faults=[FaultSpec.from_dict(f) for f in job["faults"] if f["rank"] in (None, self.rank)],
-                fetch_timeout_s=job["fetch_timeout_s"],
-                admit_timeout_s=job["admit_timeout_s"],
-            )
+            rj = RestoreJob.from_wire(job, self.rank)
             self.jobs.append(rj)
             return self.restorer.restore(rj, abort).to_dict()
         finally:
