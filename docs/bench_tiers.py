@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from bsr_cli.engine import services
-from bsr_cli.engine.tiers.fs import FilesystemTier
-from bsr_cli.engine.tiers.mooncake import MooncakeTier
+from bsr_cli.mooncake import services
 from bsr_cli.runtime.tiers import StagingSlice
+from bsr_cli.tiers.fs import FilesystemTier
+from bsr_cli.tiers.mooncake import MooncakeTier
 
 MiB = 1 << 20
 T = TypeVar("T")

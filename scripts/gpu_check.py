@@ -85,7 +85,7 @@ class Check:
     # -- steps ---------------------------------------------------------------------------------------------------
     def preflight(self) -> tuple[str, dict[str, Any]]:
         code = (
-            "import json, torch; from bsr_cli.engine import services; "
+            "import json, torch; from bsr_cli.mooncake import services; "
             "ok = torch.cuda.is_available(); "
             "print(json.dumps({'torch': torch.__version__, 'cuda': ok, "
             "'gpu': torch.cuda.get_device_name(0) if ok else None, 'gpus': torch.cuda.device_count(), "

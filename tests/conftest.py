@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from bsr_cli.cli.main import run
+from bsr_cli.client import local_engine
 
 # The fixtures that start the real stack (Mooncake services, rank processes, an embedded engine). A test that uses
 # one is an engine test, whatever its module says; a test that starts a stack in its own body carries
@@ -89,7 +90,7 @@ def live_engine(tmp_path_factory: pytest.TempPathFactory):
     opts = supervisor.EngineOptions(builtin_registration("demo"), **ENGINE_TEST_SETTINGS)
     try:
         supervisor.up(state, opts)
-        conn = supervisor.connection(state)
+        conn = local_engine.connection(state)
         assert conn is not None
         yield LiveEngine(conn[0], conn[1], state)
     finally:

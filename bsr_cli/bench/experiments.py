@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli import __version__
+from bsr_cli.client import local_engine
 from bsr_cli.core import accounting
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.units import MiB
@@ -650,7 +651,7 @@ def disk_read_rate(files: Sequence[Path], threads: int, chunk_bytes: int = 4 * M
 def _prompt_files(fs_dir: Path, reg: Registration, tokens: int, salt: int) -> list[Path]:
     """The fs tier's files of a synthetic prompt's objects, every rank and group (those present)."""
     from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
-    from bsr_cli.engine.tiers.fs import FilesystemTier
+    from bsr_cli.tiers.fs import FilesystemTier
 
     tier = FilesystemTier(fs_dir, create=False)
     hashes = chunk_hashes(synthetic_tokens(tokens, salt), reg.chunk_size)
@@ -861,9 +862,9 @@ class _StoreClient:
         import torch
         from mooncake.store import MooncakeDistributedStore
 
-        from bsr_cli.engine.tiers.mooncake import MooncakeTier
         from bsr_cli.runtime.checksum import crc32c
         from bsr_cli.runtime.tiers import StagingSlice
+        from bsr_cli.tiers.mooncake import MooncakeTier
 
         with _quiet_stderr():
             self.tier = MooncakeTier(master, metadata, deadline_s=30.0, call_timeout_s=300.0)
@@ -1488,7 +1489,7 @@ def embedded_engine(state_dir: Path, opts: EngineOptions) -> Iterator[AdminClien
 
     try:
         supervisor.up(state_dir, opts)
-        conn = supervisor.connection(state_dir)
+        conn = local_engine.connection(state_dir)
         if conn is None:
             raise ServiceError(f"the embedded engine in {state_dir} recorded no admin URL")
         with AdminClient(conn[0], conn[1] or None, timeout_s=120.0) as client:
@@ -1570,7 +1571,7 @@ def embedded_ladder_factory(state_dir: Path, reg: Registration, *, max_tokens: i
 
 def mooncake_of(state_dir: Path, url: str) -> dict[str, str] | None:
     """The Mooncake master of the embedded engine in ``state_dir`` when it is the one serving ``url``."""
-    from bsr_cli.engine.supervisor import read_state
+    from bsr_cli.client.local_engine import read_state
 
     st = read_state(state_dir)
     if not st or str(st.get("admin_url", "")).rstrip("/") != url.rstrip("/"):
@@ -1583,7 +1584,7 @@ def mooncake_of(state_dir: Path, url: str) -> dict[str, str] | None:
 
 def fs_dir_of(state_dir: Path, url: str) -> Path | None:
     """The filesystem tier directory of the embedded engine in ``state_dir`` when it serves ``url``."""
-    from bsr_cli.engine.supervisor import read_state
+    from bsr_cli.client.local_engine import read_state
 
     st = read_state(state_dir)
     if not st or str(st.get("admin_url", "")).rstrip("/") != url.rstrip("/"):

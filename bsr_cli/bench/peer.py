@@ -264,7 +264,7 @@ def run_peer(
 ) -> dict[str, Any]:
     """Run the whole comparison and return its evidence bundle (see docs/benchmarks.md)."""
     from bsr_cli.bench import experiments as ex
-    from bsr_cli.engine import services
+    from bsr_cli.mooncake import services
 
     python, plugins = plugin_python()
     model = dict(model or DEFAULT_MODEL)

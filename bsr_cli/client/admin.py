@@ -70,7 +70,7 @@ def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
                 hint=f"profiles in {settings.config_path}: {', '.join(settings.profiles) or 'none'}",
             )
         return engine.rstrip("/"), token, settings.sources.get("engine", "flag")
-    from bsr_cli.engine.supervisor import connection
+    from bsr_cli.client.local_engine import connection
 
     found = connection(Path(settings.state_dir))
     if found is None:

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.client.local_engine import read_json as _read_json
+from bsr_cli.client.local_engine import read_state
 from bsr_cli.core import accounting, limits
 from bsr_cli.core.registration import Registration
-from bsr_cli.engine import services
 from bsr_cli.errors import CapacityError, InvalidInput, ServiceError
+from bsr_cli.mooncake import services
 
 SERVER_START_TIMEOUT_S = 240.0
 PRIVATE_UMASK = 0o077
@@ -147,14 +149,6 @@ def _locked(state: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else None
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
@@ -169,14 +163,20 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def read_state(state: Path) -> dict[str, Any] | None:
-    return _read_json(state / "state.json")
+def _processes(st: dict[str, Any]) -> list[tuple[str, int, int | None]]:
+    """(name, pid, start ticks) of every process the state file records. The start ticks make a pid that the
+    kernel handed to another process after ours died read as dead, and keep `down` from signalling it."""
 
+    def ticks(rec: dict[str, Any]) -> int | None:
+        return None if rec.get("start_ticks") is None else int(rec["start_ticks"])
 
-def _pids(st: dict[str, Any]) -> list[tuple[str, int]]:
-    out = [(name, int(svc["pid"])) for name, svc in st.get("services", {}).items()]
-    out += [(f"rank{r['rank']}", int(r["pid"])) for r in st.get("ranks", []) if r.get("pid")]
+    out = [(name, int(svc["pid"]), ticks(svc)) for name, svc in st.get("services", {}).items()]
+    out += [(f"rank{r['rank']}", int(r["pid"]), ticks(r)) for r in st.get("ranks", []) if r.get("pid")]
     return out
+
+
+def _record(pid: int, **fields: Any) -> dict[str, Any]:
+    return {"pid": pid, "start_ticks": services.start_ticks(pid)} | fields
 
 
 def status(state: Path) -> dict[str, Any]:
@@ -190,10 +190,10 @@ def status(state: Path) -> dict[str, Any]:
             "listening": [],
             "exposed": [],
         }
-    pids = _pids(st)
-    procs = [{"name": n, "pid": p, "alive": services.is_alive(p)} for n, p in pids]
+    found = _processes(st)
+    procs = [{"name": n, "pid": p, "alive": services.is_alive(p, t)} for n, p, t in found]
     healthy = all(p["alive"] for p in procs) and _http_ok(st["admin_url"] + "/bsr/v1/health")
-    listening = services.listening_sockets((n, p) for n, p in pids if services.is_alive(p))
+    listening = services.listening_sockets((n, p) for n, p, t in found if services.is_alive(p, t))
     return {
         "state_dir": str(state),
         "running": any(p["alive"] for p in procs),
@@ -266,11 +266,11 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
             if opts.remote:
                 master = services.start_master(logs)
                 started["master"] = master
-                st["services"]["mooncake_master"] = {"pid": master.pid, "urls": master.urls, "log": master.log_path}
+                st["services"]["mooncake_master"] = _record(master.pid, urls=master.urls, log=master.log_path)
                 _write_json(state / "state.json", st | {"admin_url": ""})
                 seg = services.start_segment_holder(logs, master, settings["segment_bytes"])
                 started["segment"] = seg
-                st["services"]["segment_holder"] = {"pid": seg.pid, "urls": seg.urls, "log": seg.log_path}
+                st["services"]["segment_holder"] = _record(seg.pid, urls=seg.urls, log=seg.log_path)
                 mooncake = {
                     "master_address": master.rpc_address,
                     "metadata_url": master.metadata_url,
@@ -312,10 +312,10 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
                     close_fds=True,
                     umask=PRIVATE_UMASK,
                 )
-            st["services"]["engine"] = {"pid": proc.pid, "log": str(log_path)}
+            st["services"]["engine"] = _record(proc.pid, log=str(log_path))
             _write_json(state / "state.json", st | {"admin_url": ""})
             ready = _wait_ready(state, proc, log_path)
-            st["ranks"] = [{"rank": r["rank"], "pid": r["pid"], "device": r.get("device")} for r in ready["ranks"]]
+            st["ranks"] = [_record(r["pid"], rank=r["rank"], device=r.get("device")) for r in ready["ranks"]]
             st["admin_url"] = ready["url"]
             st["settings"] = settings
             st["options"] = wanted
@@ -358,12 +358,12 @@ def _down_locked(state: Path) -> dict[str, Any]:
     stopped = []
     # Engine first (it stops its ranks), then any rank left behind, then the store's segment holder and master.
     order = ["engine", "rank", "segment_holder", "mooncake_master"]
-    pids = sorted(_pids(st), key=lambda np: next((i for i, o in enumerate(order) if np[0].startswith(o)), 9))
-    for name, pid in pids:
-        if services.is_alive(pid):
-            services.stop(pid, timeout=15.0)
+    found = sorted(_processes(st), key=lambda p: next((i for i, o in enumerate(order) if p[0].startswith(o)), 9))
+    for name, pid, ticks in found:
+        if services.is_alive(pid, ticks):
+            services.stop(pid, timeout=15.0, start_ticks=ticks)
             stopped.append({"name": name, "pid": pid})
-    left = [n for n, p in pids if services.is_alive(p)]
+    left = [n for n, p, t in found if services.is_alive(p, t)]
     if left:
         raise ServiceError(f"could not stop: {', '.join(left)}")
     for name in ("state.json", "ready.json", "engine.json", "token"):
@@ -371,16 +371,4 @@ def _down_locked(state: Path) -> dict[str, Any]:
     return {"state_dir": str(state), "stopped": stopped, "was_running": bool(stopped)}
 
 
-def connection(state: Path) -> tuple[str, str] | None:
-    """(admin URL, token) of the engine in ``state``, or None when none is recorded."""
-    st = read_state(state)
-    if not st or not st.get("admin_url"):
-        return None
-    try:
-        token = (state / "token").read_text().strip()
-    except OSError:
-        token = ""
-    return str(st["admin_url"]), token
-
-
-__all__ = ["EngineOptions", "connection", "down", "status", "up"]
+__all__ = ["EngineOptions", "down", "status", "up"]

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bsr_cli.engine.kv_ops import KVOps
+from bsr_cli.runtime.kv_ops import KVOps
 
 STORE_BATCH = 16  # objects per put call
 HEARTBEAT_S = 0.25  # how often a rank tells the coordinator it is alive
@@ -86,11 +86,11 @@ class Rank(KVOps):
         import torch
 
         from bsr_cli.core.registration import Registration
-        from bsr_cli.engine.kv import PagedKV, pick_device
-        from bsr_cli.engine.tiers.fs import FilesystemTier
+        from bsr_cli.runtime.paged_kv import PagedKV, pick_device
         from bsr_cli.runtime.pool import RestorePool
         from bsr_cli.runtime.restore import RankRestorer
         from bsr_cli.runtime.tiers import Tier
+        from bsr_cli.tiers.fs import FilesystemTier
 
         self.rank = int(cfg["rank"])
         self.reg = Registration.from_dict(cfg["registration"])
@@ -106,7 +106,7 @@ class Rank(KVOps):
         self.tiers: dict[str, Tier] = {}
         mc = cfg.get("mooncake")
         if mc:
-            from bsr_cli.engine.tiers.mooncake import MooncakeTier
+            from bsr_cli.tiers.mooncake import MooncakeTier
 
             tier = MooncakeTier(
                 mc["master_address"],
@@ -184,8 +184,8 @@ class Rank(KVOps):
     ) -> dict[str, Any]:
         """Write objects read back from the blocks to each tier: chunks[tier] = chunk indices it lacks.
         Tiers are independent: one that refuses writes (full, down) does not keep the others from storing."""
-        from bsr_cli.engine.kv import byte_view
         from bsr_cli.runtime.checksum import crc32c
+        from bsr_cli.runtime.paged_kv import byte_view
 
         keys = self._keys(hashes)
         cs = self.reg.chunk_size

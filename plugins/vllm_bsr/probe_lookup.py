@@ -46,7 +46,7 @@ import zmq
 from lmcache_bsr import _lmcache as lm
 from lmcache_bsr.events import emit
 
-from bsr_cli.engine.services import health_url_for, master_healthy
+from bsr_cli.mooncake.health import health_url_for, master_healthy
 
 log = logging.getLogger("vllm_bsr.probe")
 _rpc = lm.lookup_rpc()

@@ -18,7 +18,7 @@ import pytest
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.lmcache_keys import lmcache_chunk_hashes, lmcache_key, vllm_seeded_start
 from bsr_cli.core.registration import Registration
-from bsr_cli.engine import services
+from bsr_cli.mooncake import services
 
 # Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
 pytestmark = [pytest.mark.timeout(180)]
@@ -34,8 +34,8 @@ def _explain(bsr: Any, *args: str) -> dict[str, Any]:
 
 def _evict(engine: Any, seed: int, chunk: int, ranks: tuple[int, ...] = (0, 1)) -> None:
     """Remove one chunk of a stored prompt from both tiers, for the given ranks and every KV group."""
-    from bsr_cli.engine.tiers.fs import FilesystemTier
-    from bsr_cli.engine.tiers.mooncake import MooncakeTier
+    from bsr_cli.tiers.fs import FilesystemTier
+    from bsr_cli.tiers.mooncake import MooncakeTier
 
     cfg = json.loads((engine.state_dir / "engine.json").read_text())
     reg = Registration.from_dict(cfg["registration"])
@@ -262,8 +262,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def _write(master: Any, keys: list[str]) -> None:
-    from bsr_cli.engine.tiers.mooncake import MooncakeTier
     from bsr_cli.runtime.checksum import crc32c
+    from bsr_cli.tiers.mooncake import MooncakeTier
 
     tier = MooncakeTier(master.rpc_address, master.metadata_url)
     try:

@@ -23,8 +23,8 @@ from bsr_cli.core.lmcache_keys import (
     python_str_hash,
     vllm_seeded_start,
 )
-from bsr_cli.engine import services
 from bsr_cli.errors import ExitCode
+from bsr_cli.mooncake import health, services
 
 # Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
 pytestmark = [pytest.mark.timeout(120)]
@@ -82,8 +82,8 @@ def store(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _write(master, keys: list[str]) -> None:
-    from bsr_cli.engine.tiers.mooncake import MooncakeTier
     from bsr_cli.runtime.checksum import crc32c
+    from bsr_cli.tiers.mooncake import MooncakeTier
 
     tier = MooncakeTier(master.rpc_address, master.metadata_url)
     try:
@@ -256,7 +256,7 @@ def test_liveness_and_quiet_mooncake_logs(tmp_path: Path) -> None:
         seg = None
         gone = probe("--json")
         g = json.loads(gone.stdout)
-        listed = services.segments(master.admin_url)
+        listed = health.segments(master.admin_url)
         if not listed:  # the master's client TTL ran out already: nothing held, nothing stale
             pytest.skip("the master dropped the dead holder before the probe ran")
         assert g["committable_chunks"] == 2  # "held" per the master's metadata

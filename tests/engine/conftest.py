@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from bsr_cli.engine import services
-from bsr_cli.engine.services import ServiceHandle
+from bsr_cli.mooncake import services
+from bsr_cli.mooncake.services import ServiceHandle
 
 # Every service any engine test starts, so the session can prove at the end that none survived.
 _STARTED: list[ServiceHandle] = []
 
 
 class MooncakeStack:
-    """A master plus one segment holder, started by `bsr_cli.engine.services`."""
+    """A master plus one segment holder, started by `bsr_cli.mooncake.services`."""
 
     def __init__(self, state_dir: Path, segment_bytes: int) -> None:
         self.master = services.start_master(state_dir)

@@ -21,6 +21,7 @@ try:
 except ImportError:  # only the fuzz test needs it, and it skips without schemathesis
     Unsatisfiable = RuntimeError  # type: ignore[misc,assignment]
 
+from bsr_cli.client import local_engine
 from bsr_cli.loaders import builtin_registration
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(180)]
@@ -70,7 +71,7 @@ def hard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hard]:
     )
     try:
         supervisor.up(state, opts)
-        conn = supervisor.connection(state)
+        conn = local_engine.connection(state)
         assert conn is not None
         yield Hard(conn[0], conn[1], state)
     finally:
@@ -327,7 +328,8 @@ def test_fuzzing_every_operation_finds_no_server_error_and_no_drift(hard: Hard) 
     r = httpx.post(hard.url + "/bsr/v1/shutdown", headers=hard.auth(), timeout=10)
     assert r.status_code == 200 and r.json() == {"ok": True}
     shutdown.validate_response(r)
-    from bsr_cli.engine import services, supervisor
+    from bsr_cli.engine import supervisor
+    from bsr_cli.mooncake import services
 
     engine_pid = next(p["pid"] for p in supervisor.status(hard.state)["processes"] if p["name"] == "engine")
     for _ in range(300):  # the engine stops its ranks and exits (bounded: 30 s)

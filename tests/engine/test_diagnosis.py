@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bsr_cli.client import local_engine
 from bsr_cli.errors import CapacityError, ExitCode
 from bsr_cli.loaders import builtin_registration
 from bsr_cli.runtime.pool import RestorePool
@@ -149,7 +150,7 @@ def own_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     )
     try:
         supervisor.up(state, opts)
-        conn = supervisor.connection(state)
+        conn = local_engine.connection(state)
         assert conn is not None
         yield state, conn[0], conn[1]
     finally:

@@ -10,6 +10,7 @@ import urllib.request
 import httpx
 import pytest
 
+from bsr_cli.client import local_engine
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.errors import BadRequest, FaultsDisabled, Unauthorized, VersionMismatch
 from bsr_cli.loaders import builtin_registration
@@ -238,14 +239,14 @@ def test_engine_without_faults_refuses_them(tmp_path) -> None:
         assert up["healthy"]
         again = supervisor.up(tmp_path, opts)
         assert again["already_running"] is True  # idempotent
-        url, token = supervisor.connection(tmp_path)
+        url, token = local_engine.connection(tmp_path)
         from bsr_cli.client import AdminClient
 
         with AdminClient(url, token) as c, pytest.raises(FaultsDisabled):
             c.inject_fault({"kind": "timeout"})
     finally:
         down = supervisor.down(tmp_path)
-    from bsr_cli.engine import services
+    from bsr_cli.mooncake import services
 
     assert down["stopped"] and all(not services.is_alive(p["pid"]) for p in down["stopped"])
     assert supervisor.status(tmp_path)["running"] is False

@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from bsr_cli.engine.kv import PagedKV  # noqa: E402
 from bsr_cli.loaders import builtin_registration  # noqa: E402
+from bsr_cli.runtime.paged_kv import PagedKV  # noqa: E402
 from bsr_cli.runtime.tiers import StagingSlice  # noqa: E402
 
 REG = builtin_registration("demo")

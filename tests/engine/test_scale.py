@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bsr_cli.client import local_engine
 from bsr_cli.core import accounting
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import supervisor
@@ -33,7 +34,7 @@ def test_peak_is_rws_from_thousands_to_half_a_million_tokens(tmp_path) -> None:
     rws = accounting.rws_bytes(SMALL, W)
     try:
         supervisor.up(tmp_path, opts)
-        url, token = supervisor.connection(tmp_path)
+        url, token = local_engine.connection(tmp_path)
         from bsr_cli.client import AdminClient
 
         rows = []

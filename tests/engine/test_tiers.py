@@ -17,8 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from bsr_cli.engine import services  # noqa: E402
-from bsr_cli.engine.tiers.fs import HEADER_BYTES, FilesystemTier  # noqa: E402
+from bsr_cli.mooncake import health, services  # noqa: E402
 from bsr_cli.runtime.tiers import (  # noqa: E402
     IO_ERROR,
     MISSING,
@@ -27,6 +26,7 @@ from bsr_cli.runtime.tiers import (  # noqa: E402
     StagingSlice,
     TierUnavailable,
 )
+from bsr_cli.tiers.fs import HEADER_BYTES, FilesystemTier  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,7 +107,7 @@ def fresh_keys(n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def mc_tier(mooncake_stack: Any) -> Iterator[Any]:
-    from bsr_cli.engine.tiers.mooncake import MooncakeTier
+    from bsr_cli.tiers.mooncake import MooncakeTier
 
     tier = MooncakeTier(mooncake_stack.master.rpc_address, mooncake_stack.master.metadata_url, deadline_s=10)
     try:
@@ -131,10 +131,10 @@ def test_services_handles_are_json_and_segment_is_mounted(mooncake_stack: Any) -
         assert again == handle
         assert services.is_alive(handle.pid, handle.start_ticks)
         assert Path(handle.log_path).is_file()
-    assert services.master_healthy(master.health_url)
-    assert services.master_healthy(master.admin_url)  # the admin /health (JSON) is accepted too
-    assert services.tcp_reachable(master.rpc_address)
-    mounted = {s["segment_name"]: s for s in services.segments(master.admin_url)}
+    assert health.master_healthy(master.health_url)
+    assert health.master_healthy(master.admin_url)  # the admin /health (JSON) is accepted too
+    assert health.tcp_reachable(master.rpc_address)
+    mounted = {s["segment_name"]: s for s in health.segments(master.admin_url)}
     assert holder.info["segment_name"] in mounted
     assert mounted[holder.info["segment_name"]]["size_bytes"] == 512 << 20
     assert not services.is_alive(master.pid, (master.start_ticks or 0) + 1)  # a recycled pid is not "alive"
@@ -246,7 +246,7 @@ def test_mooncake_put_is_idempotent(mc_tier: Any, mc_pool: Pool) -> None:
 @pytest.mark.timeout(30)
 def test_mooncake_constructor_fails_fast_without_master() -> None:
     pytest.importorskip("mooncake.store")
-    from bsr_cli.engine.tiers.mooncake import MooncakeTier
+    from bsr_cli.tiers.mooncake import MooncakeTier
 
     rpc, http = services.free_ports(2)
     start = time.monotonic()
@@ -258,7 +258,7 @@ def test_mooncake_constructor_fails_fast_without_master() -> None:
 @pytest.mark.engine
 @pytest.mark.timeout(90)
 def test_mooncake_master_killed_is_unavailable_within_bounded_time(private_stack: Any) -> None:
-    from bsr_cli.engine.tiers.mooncake import MooncakeTier
+    from bsr_cli.tiers.mooncake import MooncakeTier
 
     master = private_stack.master
     tier = MooncakeTier(master.rpc_address, master.metadata_url, deadline_s=10)
@@ -302,7 +302,7 @@ def test_mooncake_master_killed_is_unavailable_within_bounded_time(private_stack
 @pytest.mark.timeout(90)
 def test_mooncake_hung_master_deadline_honoured_then_recovers(private_stack: Any) -> None:
     """A frozen master (SIGSTOP) accepts TCP but answers nothing: every call must still end at its deadline."""
-    from bsr_cli.engine.tiers.mooncake import MooncakeTier
+    from bsr_cli.tiers.mooncake import MooncakeTier
 
     master = private_stack.master
     tier = MooncakeTier(master.rpc_address, master.metadata_url, deadline_s=10)

@@ -24,8 +24,8 @@ from lmcache_bsr import _lmcache as lm
 from lmcache_bsr.host import LMCacheHost
 
 from bsr_cli.core.keys import chunk_hashes, synthetic_tokens
-from bsr_cli.engine import services
 from bsr_cli.errors import CapacityError, InvalidInput
+from bsr_cli.mooncake import services
 
 CS = 256
 CHUNKS = 16

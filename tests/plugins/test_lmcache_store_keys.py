@@ -32,7 +32,7 @@ from lmcache_bsr import _lmcache as lm
 
 from bsr_cli.cli.main import run
 from bsr_cli.core.keys import synthetic_tokens
-from bsr_cli.engine import services
+from bsr_cli.mooncake import services
 
 CS = 256
 LAYERS, HEADS, HEAD = 2, 2, 16

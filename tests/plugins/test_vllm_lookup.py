@@ -27,7 +27,7 @@ from vllm_bsr.probe_lookup import ProbeLookupClient, ProbeLookupServer, probe_so
 from vllm_bsr.worker_admin import WorkerAdmin
 
 from bsr_cli.core.keys import synthetic_tokens
-from bsr_cli.engine import services
+from bsr_cli.mooncake import services
 
 CS = 256
 CHUNKS = 8

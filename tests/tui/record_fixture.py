@@ -14,7 +14,10 @@ import threading
 import time
 from pathlib import Path
 
-from bsr_cli.client import AdminClient
+from bsr_cli.client import (
+    AdminClient,
+    local_engine,
+)
 from bsr_cli.engine import supervisor
 from bsr_cli.loaders import builtin_registration
 from bsr_cli.tui.source import LiveSource, Recorder
@@ -30,7 +33,7 @@ def main() -> None:
     )
     supervisor.up(state, opts)
     try:
-        conn = supervisor.connection(state)
+        conn = local_engine.connection(state)
         assert conn is not None
         url, token = conn
         client = AdminClient(url, token)

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from bsr_cli.client import AdminClient
+from bsr_cli.client import (
+    AdminClient,
+    local_engine,
+)
 from bsr_cli.engine import supervisor
 from bsr_cli.fleet import Target
 from bsr_cli.loaders import builtin_registration
@@ -32,7 +35,7 @@ def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple[str, 
         out = []
         for s in states:
             supervisor.up(s, supervisor.EngineOptions(builtin_registration("demo"), **SMALL))  # type: ignore[arg-type]
-            conn = supervisor.connection(s)
+            conn = local_engine.connection(s)
             assert conn is not None
             out.append((conn[0], conn[1], s))
         yield out

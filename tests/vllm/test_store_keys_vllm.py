@@ -26,7 +26,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_utils")
 
 from bsr_cli.cli.main import run
 from bsr_cli.core.keys import synthetic_tokens
-from bsr_cli.engine import services
+from bsr_cli.mooncake import services
 
 pytestmark = pytest.mark.timeout(300)
 CS = 256

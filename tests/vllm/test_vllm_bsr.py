@@ -14,7 +14,7 @@ import pytest
 from driver import prompt
 from vllmstage import CHUNK, chunk_prefix, events_of, lmcache_yaml
 
-from bsr_cli.engine.services import free_port
+from bsr_cli.mooncake.services import free_port
 
 N = 5 * CHUNK + 60  # 5 full chunks + a tail
 W = 2  # windows: [0, 2), [2, 4), [4, 5) chunks

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from vllmstage import CHUNK, Driver, chunk_prefix, events_of, lmcache_yaml
 
-from bsr_cli.engine import services
+from bsr_cli.mooncake import services
 
 N = 4 * CHUNK + 30
 TOKEN = "vllm-stage-token"

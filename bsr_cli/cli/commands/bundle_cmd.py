@@ -96,11 +96,12 @@ def bundle(
     local = _local_engine(st, url)
     admin = master_admin or ((local or {}).get("mooncake") or {}).get("admin_url")
     if admin:
-        from bsr_cli.engine import services
+        from bsr_cli.errors import ServiceError
+        from bsr_cli.mooncake import health as mooncake_health
 
         try:
-            b.json("segments.json", services.segments(admin))
-        except services.ServiceError as e:
+            b.json("segments.json", mooncake_health.segments(admin))
+        except ServiceError as e:
             manifest["missing"]["segments.json"] = str(e)
     else:
         manifest["missing"]["segments.json"] = "no Mooncake master admin address (pass --master-admin)"
@@ -136,7 +137,7 @@ def _explain(st: Any, n: int | None, seed: int, path: Path | None) -> dict[str, 
 
 def _local_engine(st: Any, url: str) -> dict[str, Any] | None:
     """The embedded engine's configuration when ``url`` is the engine recorded in this state directory."""
-    from bsr_cli.engine.supervisor import connection
+    from bsr_cli.client.local_engine import connection
 
     state_dir = Path(st.settings.state_dir)
     found = connection(state_dir)

@@ -98,8 +98,8 @@ def collect(
 
     if not verbose:
         os.environ.setdefault("GLOG_minloglevel", "3")  # Mooncake's glog: read when its library loads
-    from bsr_cli.engine.tiers.mooncake import MooncakeTier
     from bsr_cli.runtime.tiers import TierUnavailable
+    from bsr_cli.tiers.mooncake import MooncakeTier
 
     with _native_stderr_silenced(not verbose):
         try:
@@ -255,17 +255,18 @@ def liveness(
     """Whether the processes holding the held chunks are alive. The master's key and segment listings keep a dead
     holder's entries until its client TTL runs out (~10 s), so each segment's data endpoint is asked directly (a TCP
     connect). Which holder has a chunk comes from the master's replica listing (``/query_key``)."""
-    from bsr_cli.engine import services
+    from bsr_cli.errors import ServiceError
+    from bsr_cli.mooncake import health
 
     try:
-        segs = services.segments(admin_url)
-    except services.ServiceError as e:
+        segs = health.segments(admin_url)
+    except ServiceError as e:
         return {"available": False, "why": str(e)}
     out_segs = []
     alive_eps: set[str] = set()
     for s in segs:
         ep = _data_endpoint(metadata_url, str(s.get("segment_name") or ""), str(s.get("te_endpoint") or ""))
-        alive = bool(ep) and services.tcp_reachable(ep, timeout=0.5)
+        alive = bool(ep) and health.tcp_reachable(ep, timeout=0.5)
         if alive:  # replicas name their holder by its te_endpoint (= the segment name)
             alive_eps |= {str(s.get("te_endpoint") or ""), str(s.get("segment_name") or "")}
         out_segs.append({"name": s.get("segment_name"), "endpoint": ep, "alive": alive, "bytes": s.get("size_bytes")})

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bsr_cli.engine.kv import PagedKV
+    from bsr_cli.runtime.paged_kv import PagedKV
 
 
 class KVOps:

@@ -35,8 +35,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from bsr_cli.engine.services import health_url_for, master_healthy, segments, tcp_reachable
 from bsr_cli.errors import ServiceError
+from bsr_cli.mooncake.health import health_url_for, master_healthy, segments, tcp_reachable
 from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
 
 __all__ = ["TRAILER_BYTES", "MooncakeTier", "mooncake_code_name"]

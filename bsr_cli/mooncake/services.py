@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -22,15 +21,13 @@ import signal
 import socket
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bsr_cli.errors import ServiceError
+from bsr_cli.mooncake.health import master_healthy, segments
 
 LOOPBACK = "127.0.0.1"
 MASTER_BINARY = "mooncake_master"
@@ -39,7 +36,6 @@ SEGMENT_HOLDER_BINARY = "mooncake_client"
 _IBVERBS = "libibverbs.so.1"
 _IBVERBS_HINT = "install it with `apt-get install -y libibverbs1` (Mooncake loads it even for TCP)"
 # No proxy for loopback probes: an http_proxy in the environment would otherwise swallow them.
-_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _POLL_S = 0.05
 
 
@@ -239,7 +235,8 @@ def _proc_stat(pid: int) -> list[str] | None:
     return raw[raw.rindex(")") + 2 :].split()
 
 
-def _start_ticks(pid: int) -> int | None:
+def start_ticks(pid: int) -> int | None:
+    """The process start time (clock ticks since boot): with the pid, it names one process for good."""
     fields = _proc_stat(pid)
     return int(fields[19]) if fields and len(fields) > 19 else None  # field 22: starttime
 
@@ -270,13 +267,14 @@ def is_alive(pid: int, start_ticks: int | None = None) -> bool:
     return start_ticks is None or (len(fields) > 19 and int(fields[19]) == start_ticks)
 
 
-def stop(target: ServiceHandle | int, timeout: float = 10.0) -> bool:
+def stop(target: ServiceHandle | int, timeout: float = 10.0, *, start_ticks: int | None = None) -> bool:
     """SIGTERM the service (its whole process group when it leads one), wait up to `timeout`, then SIGKILL.
-    Returns True when the process is gone. A pid whose start time no longer matches the handle is left alone."""
+    Returns True when the process is gone. A pid whose start time no longer matches the handle's (or the given
+    `start_ticks`) is left alone: it is another process that reused the pid."""
     if isinstance(target, ServiceHandle):
         pid, ticks = target.pid, target.start_ticks
     else:
-        pid, ticks = int(target), None
+        pid, ticks = int(target), start_ticks
     if not is_alive(pid, ticks):
         return True
 
@@ -373,66 +371,6 @@ def _startup_error(what: str, why: str, log_path: Path, offset: int) -> ServiceE
     return err
 
 
-# --------------------------------------------------------------------------------------------- HTTP probes
-
-
-def _http_get(url: str, timeout: float) -> tuple[int, str] | None:
-    """(status, body) or None when nothing answered."""
-    try:
-        with _HTTP.open(url, timeout=max(timeout, 0.001)) as resp:
-            return resp.status, resp.read(1 << 20).decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except (OSError, ValueError):
-        return None
-
-
-def health_url_for(url: str) -> str:
-    """Accept a base URL, the metadata URL (…/metadata) or the health URL itself."""
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/health", "", ""))
-
-
-def master_healthy(http_url: str, timeout: float = 1.0) -> bool:
-    """HTTP probe of the master: its metadata server's ``/health`` (body ``OK``) or its admin ``/health`` (JSON,
-    ``service_ready``). Needed because the store client's own ``health_check()`` keeps answering 0 after the
-    master died."""
-    got = _http_get(health_url_for(http_url), timeout)
-    if got is None or got[0] != 200:
-        return False
-    body = got[1].strip()
-    if body == "OK":
-        return True
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("status") == "ok" and doc.get("service_ready", True) is True
-
-
-def tcp_reachable(address: str, timeout: float = 0.5) -> bool:
-    """Whether something accepts TCP connections at ``host:port`` (e.g. the master's RPC port)."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host or LOOPBACK, int(port)), timeout=max(timeout, 0.001)):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
-def segments(admin_url: str, timeout: float = 2.0) -> list[dict[str, Any]]:
-    """The master's mounted segments (``/get_segments_detail`` on its admin/metrics port). Raises ServiceError."""
-    got = _http_get(admin_url.rstrip("/") + "/get_segments_detail", timeout)
-    if got is None or got[0] != 200:
-        raise ServiceError(f"mooncake master admin API at {admin_url} did not answer")
-    try:
-        doc = json.loads(got[1])
-    except ValueError as exc:
-        raise ServiceError(f"mooncake master admin API at {admin_url} sent malformed JSON") from exc
-    found = doc.get("segments", []) if isinstance(doc, dict) else []
-    return [s for s in found if isinstance(s, dict)]
-
-
 def _listening_ports(pid: int) -> set[int] | None:
     """TCP ports `pid` listens on (from /proc), or None where /proc cannot tell. Used to be sure a healthy port
     belongs to *our* process and not to another service that happened to grab it."""
@@ -510,7 +448,7 @@ def start_master(
         ]
         started = time.time()
         pid = _spawn(argv, log_path)
-        ticks = _start_ticks(pid)
+        ticks = start_ticks(pid)
         deadline = time.monotonic() + deadline_s
         while True:
             code = _exit_status(pid)
@@ -582,7 +520,7 @@ def start_segment_holder(
     started = time.time()
     # Advertise the transfer endpoint on loopback (it would otherwise pick the first NIC's address).
     pid = _spawn(argv, log_path, {"MC_TCP_BIND_ADDRESS": LOOPBACK})
-    ticks = _start_ticks(pid)
+    ticks = start_ticks(pid)
     deadline = time.monotonic() + deadline_s
     client_id: str | None = None
     while True:

@@ -1,0 +1,74 @@
+"""Health probes of a running Mooncake deployment: the master's HTTP health, a TCP port's reachability and the
+master's segment listing. Standard library only (the CLI's store probe and both plugins use it), no process control:
+that is `bsr_cli.mooncake.services`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from bsr_cli.errors import ServiceError
+
+LOOPBACK = "127.0.0.1"
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _http_get(url: str, timeout: float) -> tuple[int, str] | None:
+    """(status, body) or None when nothing answered."""
+    try:
+        with _HTTP.open(url, timeout=max(timeout, 0.001)) as resp:
+            return resp.status, resp.read(1 << 20).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (OSError, ValueError):
+        return None
+
+
+def health_url_for(url: str) -> str:
+    """Accept a base URL, the metadata URL (…/metadata) or the health URL itself."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/health", "", ""))
+
+
+def master_healthy(http_url: str, timeout: float = 1.0) -> bool:
+    """HTTP probe of the master: its metadata server's ``/health`` (body ``OK``) or its admin ``/health`` (JSON,
+    ``service_ready``). Needed because the store client's own ``health_check()`` keeps answering 0 after the
+    master died."""
+    got = _http_get(health_url_for(http_url), timeout)
+    if got is None or got[0] != 200:
+        return False
+    body = got[1].strip()
+    if body == "OK":
+        return True
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("status") == "ok" and doc.get("service_ready", True) is True
+
+
+def tcp_reachable(address: str, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` (e.g. the master's RPC port)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or LOOPBACK, int(port)), timeout=max(timeout, 0.001)):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def segments(admin_url: str, timeout: float = 2.0) -> list[dict[str, Any]]:
+    """The master's mounted segments (``/get_segments_detail`` on its admin/metrics port). Raises ServiceError."""
+    got = _http_get(admin_url.rstrip("/") + "/get_segments_detail", timeout)
+    if got is None or got[0] != 200:
+        raise ServiceError(f"mooncake master admin API at {admin_url} did not answer")
+    try:
+        doc = json.loads(got[1])
+    except ValueError as exc:
+        raise ServiceError(f"mooncake master admin API at {admin_url} sent malformed JSON") from exc
+    found = doc.get("segments", []) if isinstance(doc, dict) else []
+    return [s for s in found if isinstance(s, dict)]
