@@ -12,9 +12,9 @@ What it changes over LMCache's connector (everything else is LMCache's):
   client is swapped for ``ProbeLookupClient``, which asks every rank's bsr probe server (per tier, per chunk
   presence; no pins, no bytes moved) with one deadline and takes the minimum over ranks; an unreachable rank
   means 0 external tokens. The count then passes through ``SchedulerState`` (vllm_bsr/logic.py): 0 while a
-  force-local marker stands for the request's prompt; the marker is set when workers report load errors on a
-  request's blocks, outlives that request (vLLM recomputes it in place) and is cleared by the next admission of
-  the same prompt, which it sends to local compute;
+  force-local marker stands for a prefix of the request's prompt; the marker is set on the failed request's probed
+  prefix when workers report load errors on its blocks, outlives that request (vLLM recomputes it in place) and is
+  cleared by the next admission of a prompt starting with that prefix, which it sends to local compute;
 * worker startup: a ``ProbeLookupServer`` next to LMCache's own lookup server, and (when ``bsr_admin_port`` is
   set) bsr's admin API on ``127.0.0.1:bsr_admin_port + rank`` (vllm_bsr/worker_admin.py);
 * on a CPU-only host: LMCache's missing CPU KV connector (plugins/lmcache_cpu) is installed on import;
@@ -28,10 +28,8 @@ scripts/test-vllm. On a GPU host: plugins/vllm_bsr/gpu_smoke.sh.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-from array import array
 from typing import Any
 
 import torch
@@ -49,14 +47,6 @@ _LMCacheConnector: Any = vllm_connector_base()
 # built (a no-op elsewhere).
 install_cpu_connector()
 DEFAULT_WINDOW_CHUNKS = 32
-
-
-def prompt_key(request: Any) -> str | None:
-    """The key a force-local marker stands under: a digest of the request's prompt token ids."""
-    toks = getattr(request, "prompt_token_ids", None)
-    if toks is None:
-        return None
-    return hashlib.blake2b(array("q", toks).tobytes(), digest_size=12).hexdigest()
 
 
 class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
@@ -159,7 +149,10 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         if n is None:  # LMCache has not answered yet: ask again later, as LMCache would
             return n, load_async
         ext = self.bsr.external_tokens(
-            request.request_id, int(n) + num_computed_tokens, num_computed_tokens, prompt_key(request)
+            request.request_id,
+            int(n) + num_computed_tokens,
+            num_computed_tokens,
+            getattr(request, "prompt_token_ids", None),
         )
         forced = request.request_id in self.bsr.forced
         emit(
@@ -171,7 +164,7 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             force_local=forced,
         )
         if forced:
-            log.warning("bsr: %s forced local by a marker (a load of its prompt failed before)", request.request_id)
+            log.warning("bsr: %s forced local by a marker (a load of its prefix failed before)", request.request_id)
         return min(int(n), ext), load_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -187,7 +180,7 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
 
     def update_connector_output(self, connector_output: Any) -> None:
         for req in self.bsr.on_load_errors(getattr(connector_output, "invalid_block_ids", None) or ()):
-            emit("bsr_marker_set", req=req, prompt=self.bsr.prompts.get(req))
+            emit("bsr_marker_set", req=req, prefix=self.bsr.prefix_key(req))
         super().update_connector_output(connector_output)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:

@@ -1,15 +1,23 @@
 """The vLLM connector's decision logic (plain Python): marker lifecycle, windows, block-id collapse.
 
-vLLM cannot run here (no GPU), so the vLLM-facing class is thin and these decisions are tested on their own. The
-last test imports the real connector against vLLM's base classes when vLLM and LMCache are both importable.
+The vLLM-facing class is thin and these decisions are tested on their own, fast; tests/vllm runs them inside real
+vLLM. The last test imports the real connector against vLLM's base classes when vLLM and LMCache are importable.
 """
 
 from __future__ import annotations
 
+import random
+
 import pytest
-from vllm_bsr.logic import SchedulerState, failed_block_ids, load_in_windows, windows
+from vllm_bsr.logic import SchedulerState, failed_block_ids, load_in_windows, prefix_keys, windows
 
 CS = 256
+
+
+def prompt(n_chunks: int, seed: int) -> list[int]:
+    """Token ids for ``n_chunks`` whole chunks (distinct seeds give prompts that differ in every chunk)."""
+    rng = random.Random(seed)
+    return [rng.randrange(50_000) for _ in range(n_chunks * CS)]
 
 
 @pytest.mark.timeout(10)
@@ -40,34 +48,58 @@ def test_marker_set_on_failure_forces_local_then_clears_on_admission() -> None:
 def test_marker_outlives_the_failed_request_and_steers_the_next_one_for_its_prompt() -> None:
     """vLLM recomputes a failed load in place and never asks again: the marker must reach the NEXT request for the
     same prompt (another request id), force it local once, and then be gone."""
+    p, q = prompt(4, seed=1), prompt(4, seed=2)
     s = SchedulerState(CS)
-    assert s.external_tokens("r1", 4 * CS, 0, prompt="p") == 4 * CS
+    assert s.external_tokens("r1", 4 * CS, 0, p) == 4 * CS
     s.on_alloc("r1", ([1, 2],), 4 * CS)
     assert s.on_load_errors([2]) == ["r1"]
     s.on_finished("r1")  # the failed request recomputed and finished
-    assert set(s.markers) == {"p"} and s.blocks == {} and s.external == {} and s.prompts == {}
+    assert set(s.markers) == {prefix_keys(p, CS, 4)[-1]} and s.blocks == {} and s.external == {} and not s.prefixes
     # Another prompt is not affected.
-    assert s.external_tokens("r2", 4 * CS, 0, prompt="q") == 4 * CS
+    assert s.external_tokens("r2", 4 * CS, 0, q) == 4 * CS
     # The next request for the same prompt computes locally, and its admission clears the marker.
-    assert s.external_tokens("r3", 4 * CS, 0, prompt="p") == 0
+    assert s.external_tokens("r3", 4 * CS, 0, p) == 0
     assert s.on_alloc("r3", ([7, 8],), 0) is True
     assert s.markers == {}
     s.on_finished("r3")
-    assert s.external_tokens("r4", 4 * CS, 0, prompt="p") == 4 * CS
+    assert s.external_tokens("r4", 4 * CS, 0, p) == 4 * CS
     # An admission with external tokens does not clear a standing marker (that load may fail again).
     s.on_alloc("r4", ([5],), 4 * CS)
     s.on_load_errors([5])
-    assert s.on_alloc("r4", ([5],), 4 * CS) is False and "p" in s.markers
+    assert s.on_alloc("r4", ([5],), 4 * CS) is False and len(s.markers) == 1
+
+
+@pytest.mark.timeout(10)
+def test_marker_steers_another_prompt_that_starts_with_the_failed_prefix() -> None:
+    """The marker stands for the prefix whose load failed, not for one prompt: a longer prompt sharing it is sent to
+    local compute too (its load would fetch the same chunks), one that diverges inside it is not."""
+    p = prompt(4, seed=1)
+    s = SchedulerState(CS)
+    s.external_tokens("r1", 4 * CS, 0, p)
+    s.on_alloc("r1", ([1, 2],), 4 * CS)
+    s.on_load_errors([1])
+    s.on_finished("r1")
+    longer = p + prompt(3, seed=3)  # the failed prefix, then more chunks
+    diverging = p[: 2 * CS] + prompt(2, seed=4)  # shares only the first two chunks
+    assert s.external_tokens("r2", 4 * CS, 0, diverging) == 4 * CS
+    assert s.external_tokens("r3", 7 * CS, 0, longer) == 0
+    assert s.forced["r3"] == prefix_keys(p, CS, 4)[-1]
+    # A request whose probe stops short of the failed prefix's end is not covered (its load fetches fewer chunks;
+    # if it fails it is marked on its own).
+    assert s.external_tokens("r4", 3 * CS, 0, p) == 3 * CS
+    # Without token ids the request id is the only key.
+    assert s.external_tokens("r5", 4 * CS, 0) == 4 * CS and s.prefix_key("r5") == "r5"
 
 
 @pytest.mark.timeout(10)
 def test_markers_are_bounded_oldest_first() -> None:
     s = SchedulerState(CS, max_markers=2)
-    for i in range(3):
-        s.external_tokens(f"r{i}", CS, 0, prompt=f"p{i}")
+    prompts = [prompt(1, seed=i) for i in range(3)]
+    for i, p in enumerate(prompts):
+        s.external_tokens(f"r{i}", CS, 0, p)
         s.on_alloc(f"r{i}", ([i],), CS)
         s.on_load_errors([i])
-    assert list(s.markers) == ["p1", "p2"]
+    assert list(s.markers) == [prefix_keys(p, CS, 1)[0] for p in prompts[1:]]
 
 
 @pytest.mark.timeout(10)

@@ -2,7 +2,8 @@
 
 One vLLM start-up runs every scenario in order (module-scoped): store, windowed load, bsr's operator commands over
 the worker admin API, an injected window failure (fail closed -> vLLM recomputes), the force-local marker steering
-the next request for that prompt, a healed load, and the negative control (corrupted stored KV changes the output).
+the next request for that prompt and then a longer prompt sharing the failed prefix, a healed load, and the
+negative control (corrupted stored KV changes the output).
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: Any, plugin_site: A
                     **p,
                 },
                 {"name": "marker", **p},
+                # A longer prompt starting with the same prefix, stored whole (one more chunk than the prefix).
+                {"name": "store-longer", "tokens": N + CHUNK, "seed": SEED},
+                {
+                    "name": "fault-again",
+                    "before": [cli(url, "--json", "inject-fault", "--kind", "restore-fault", "--window", "2")],
+                    **p,
+                },
+                # The longer prompt again, after a load of the shorter prefix failed.
+                {"name": "marker-longer", "tokens": N + CHUNK, "seed": SEED},
                 {"name": "healed", **p},
                 {"name": "corrupt", "before": [{"corrupt_dir": str(d.disk)}], **p},
             ],
@@ -131,6 +141,21 @@ def test_marker_steers_the_next_request_for_the_prompt_then_clears(run: dict[str
     # Cleared: the next request loads again, in windows.
     ev = one_load(healed)
     assert ev["ok"] and ev["windows_run"] == 3 and healed["output"] == store["output"]
+
+
+@pytest.mark.timeout(300)
+def test_marker_stands_for_the_failed_prefix_not_only_its_prompt(run: dict[str, Any]) -> None:
+    again, longer = run["by_name"]["fault-again"], run["by_name"]["marker-longer"]
+    ev = one_load(again)
+    assert not ev["ok"] and ev["failed_window"] == 1
+    (marked,) = events_of(again, "bsr_marker_set")
+    # Another prompt, longer, starting with the failed prefix and probed past it (its own last chunk is stored
+    # too): sent to local compute without a load, and its admission clears the marker (the healed load above then
+    # runs in windows).
+    (lk,) = events_of(longer, "bsr_lookup")
+    assert lk["force_local"] and lk["external"] == 0 and lk["probed"] == chunk_prefix(N + CHUNK) > chunk_prefix(N)
+    assert not events_of(longer, "bsr_load") and longer["num_cached_tokens"] == 0
+    assert len(events_of(longer, "bsr_marker_cleared")) == 1 and marked["prefix"]
 
 
 @pytest.mark.timeout(300)
