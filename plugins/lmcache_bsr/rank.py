@@ -145,7 +145,8 @@ class LMCacheRank(KVOps):
         self.tiers.discard("cpu")  # L1 is staging only (hot cache off), never a tier
         self.budget_bytes = budget_bytes or self.tracker.heap_bytes
         self.lock = threading.Lock()  # one LMCache retrieve/store at a time on this rank: B = one window
-        self._waiters = 0
+        self._waiters = 0  # threads waiting for ``lock`` (counted under ``_count_lock``: += is not atomic)
+        self._count_lock = threading.Lock()
         self._windows_live = 0
         self._aborts: dict[str, threading.Event] = {}
         self._written: set[str] = set()  # remote keys this rank stored: waited for before destroy
@@ -176,11 +177,13 @@ class LMCacheRank(KVOps):
 
     @contextlib.contextmanager
     def _engine_lock(self) -> Any:
-        self._waiters += 1
+        with self._count_lock:
+            self._waiters += 1
         try:
             self.lock.acquire()
         finally:
-            self._waiters -= 1
+            with self._count_lock:
+                self._waiters -= 1
         try:
             yield
         finally:

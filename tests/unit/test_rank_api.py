@@ -7,6 +7,8 @@ from __future__ import annotations
 import inspect
 import json
 import pickle
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -248,3 +250,16 @@ def test_a_job_that_does_not_cover_its_windows_is_refused_before_anything_moves(
     assert fake_engine.tiers["mooncake"].get_calls == reads  # nothing fetched
     assert rank.ops.kv.installs == [] and rank.ops.kv.invalidated == []  # nothing installed, nothing to scrub
     assert rank.ops.jobs == []  # never reached the window loop
+
+
+def test_the_wire_types_do_no_io() -> None:
+    """bsr_cli.api is plain data: importing it loads no network, process, UI or tensor library."""
+    code = (
+        "import sys, json\nbefore = set(sys.modules)\nimport bsr_cli.api\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in set(sys.modules) - before})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    loaded = set(json.loads(out.stdout))
+    forbidden = {"socket", "subprocess", "http", "urllib", "ssl", "asyncio", "multiprocessing", "torch", "httpx"}
+    forbidden |= {"rich", "typer", "textual", "yaml", "mooncake", "lmcache"}
+    assert not (loaded & forbidden), loaded & forbidden
