@@ -141,6 +141,12 @@ class Admission(Allocation):
             self.events.append({"type": "marker_cleared", "request": request, "prompt": prompt, "why": why})
         return m is not None
 
+    def list_markers(self) -> list[dict[str, Any]]:
+        """Every standing marker, as plain data (taken under the lock: callers must not iterate ``markers``
+        while a request may set or clear one)."""
+        with self._lock:
+            return [m.to_dict() for m in self.markers.values()]
+
     def clear_markers(self) -> int:
         with self._lock:
             n = len(self.markers)

@@ -428,7 +428,7 @@ class Observation(CoordinatorState):
                 for st in self.active.values()
             ]
             recent = list(self.recent)
-            markers = [m.to_dict() for m in self.markers.values()]
+            markers = [m.to_dict() for m in self.markers.values()]  # under the lock, as list_markers
             faults = [f.to_dict() for f in self.faults]
         tiers = self._tier_health(ranks)
         live = sum(r.get("pool", {}).get("live_bytes", 0) for r in ranks)

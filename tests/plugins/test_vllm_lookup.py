@@ -182,17 +182,9 @@ def test_per_worker_admin_server_answers_probe_for_its_rank(stored: tuple[LMCach
         with pytest.raises(UnsupportedOp, match="op 'store' is not served from a vLLM worker") as refused:
             admins[0].rank.submit(StoreRequest(["h"], CS, {"attn": [0]}, {"fs": [0]})).result(timeout=10)
         assert refused.value.exit_code == 7 and refused.value.hint
-        # ...and reaches an admin client as a 400 naming it (here: a setting every rank would have to apply).
-        req = urllib.request.Request(
-            f"{admins[0].url}/bsr/v1/settings",
-            data=json.dumps({"fs_concurrency": 2}).encode(),
-            headers={"Authorization": "Bearer w0rk", "Content-Type": "application/json"},
-            method="POST",
-        )
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(req, timeout=10)
-        body = e.value.read().decode()
-        assert e.value.code == 400 and "op 'set_fs_concurrency' is not served from a vLLM worker" in body, body
+        # ...and the coordinator's call to every rank raises it as is (the admin API answers it as a 400).
+        with pytest.raises(UnsupportedOp, match="op 'set_fs_concurrency' is not served from a vLLM worker"):
+            admins[0].coordinator.set_fs_concurrency(2)
     finally:
         for a in admins:
             a.stop()
