@@ -3,17 +3,29 @@ whose restore makes no progress.
 
 A rank process cannot be made to hang one call while it keeps beating with real parts (SIGSTOP freezes the whole
 process, and that path is tested against the real engine in tests/engine/test_diagnosis.py), so these ranks are
-in-process stand-ins behind the RankClient interface: rank 0 restores at once, rank 1 hangs until released."""
+in-process stand-ins behind the RankClient interface (serving the RankOps contract): rank 0 restores at once,
+rank 1 hangs until released."""
 
 from __future__ import annotations
 
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TypeVar
 
 import pytest
 
+from bsr_cli.api.ranks import (
+    ProbeRequest,
+    ProbeResult,
+    RankRequest,
+    RestoreRequest,
+    RestoreResult,
+    StatsRequest,
+    StatsResult,
+    UnsupportedOps,
+    dispatch,
+)
 from bsr_cli.core.bitmap import encode_row
 from bsr_cli.errors import ServerError
 from bsr_cli.loaders import builtin_registration
@@ -23,9 +35,10 @@ from bsr_cli.runtime.events import EventLog
 pytestmark = pytest.mark.timeout(60)
 REG = builtin_registration("demo")
 FETCH_TIMEOUT_S = 0.5
+R = TypeVar("R")
 
 
-class StandInRank:
+class StandInRank(UnsupportedOps):
     """A rank that holds every chunk in "fs"; its restore either answers at once or hangs until ``release``."""
 
     def __init__(self, rank: int, hang: bool) -> None:
@@ -35,41 +48,28 @@ class StandInRank:
         self.aborted: list[str] = []
         self._pool = ThreadPoolExecutor(max_workers=4)
 
-    def submit(self, op: str, **args: Any) -> Future[Any]:
-        return self._pool.submit(getattr(self, f"op_{op}"), **args)
+    def submit(self, request: RankRequest[R]) -> Future[R]:
+        return self._pool.submit(dispatch, self, request)
 
-    def abort(self, request: str) -> None:
-        self.aborted.append(request)
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
 
     def alive(self) -> bool:
         return True
 
-    def op_probe(self, hashes: list[str], tiers: list[str]) -> dict[str, Any]:
-        row = encode_row({"fs": [True] * len(hashes)}, tiers, len(hashes))
-        return {"rows": dict.fromkeys(REG.group_names, row), "errors": {}}
+    def probe(self, req: ProbeRequest) -> ProbeResult:
+        row = encode_row({"fs": [True] * len(req.hashes)}, req.tiers, len(req.hashes))
+        return ProbeResult(dict.fromkeys(REG.group_names, row))
 
-    def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
+    def restore(self, req: RestoreRequest) -> RestoreResult:
         if self.hang:
             self.release.wait(30)
-        return {
-            "rank": self.rank,
-            "ok": True,
-            "valid": dict.fromkeys(REG.group_names, True),
-            "windows_done": len(job["windows"]),
-            "bytes_restored": 0,
-            "seconds": 0.0,
-            "reason": "",
-            "failed_window": None,
-            "fired_faults": [],
-            "fetch_seconds": 0.0,
-            "install_seconds": 0.0,
-            "peak_live_bytes": 0,
-            "kind": "",
-            "tier": None,
-        }
+        return RestoreResult(
+            rank=self.rank, ok=True, valid=dict.fromkeys(REG.group_names, True), windows_done=len(req.job.windows)
+        )
 
-    def op_stats(self, health: bool = False) -> dict[str, Any]:
-        return {"rank": self.rank, "pool": {}}
+    def stats(self, req: StatsRequest) -> StatsResult:
+        return StatsResult(self.rank, {})
 
     def close(self) -> None:
         self.release.set()
@@ -114,9 +114,9 @@ def test_other_calls_on_a_silent_rank_fail_at_once_naming_it() -> None:
         def heartbeat_age(self) -> float:
             return 99.0
 
-        def op_probe(self, hashes: list[str], tiers: list[str]) -> dict[str, Any]:
+        def probe(self, req: ProbeRequest) -> ProbeResult:
             self.release.wait(30)
-            return super().op_probe(hashes, tiers)
+            return super().probe(req)
 
     ranks = [StandInRank(0, hang=False), Silent(1, hang=True)]
     settings = EngineSettings(w=4, tiers=("fs",), max_tokens=4096, kv_tokens=4096, fetch_timeout_s=FETCH_TIMEOUT_S)

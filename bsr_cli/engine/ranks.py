@@ -1,4 +1,5 @@
-"""TP ranks as processes: the embedded engine's implementation of the runtime's RankClient."""
+"""TP ranks as processes: the embedded engine's implementation of the runtime's RankClient (bsr_cli.api.ranks):
+the typed request objects travel over the pipe as they are (pickled), and so do the typed results."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
+from bsr_cli.api.ranks import Abort, Call, RankRequest, Reply, Shutdown
 from bsr_cli.engine.worker import worker_main
 from bsr_cli.errors import ServerError, ServiceError
 
 READY_TIMEOUT_S = 180.0
+R = TypeVar("R")
 
 
 class RankDied(ServerError):
@@ -62,8 +65,8 @@ class ProcessRank:
         """Seconds since this rank last said anything (it beats every few hundred ms while it runs)."""
         return time.monotonic() - self._last_heard
 
-    def submit(self, op: str, **args: Any) -> Future[Any]:
-        fut: Future[Any] = Future()
+    def submit(self, request: RankRequest[R]) -> Future[R]:
+        fut: Future[R] = Future()
         if not self.alive():
             fut.set_exception(RankDied(f"rank {self.rank} is not running: {self._dead or 'process exited'}"))
             return fut
@@ -71,7 +74,7 @@ class ProcessRank:
         with self._lock:
             self._pending[msg_id] = fut
             try:
-                self._conn.send({"id": msg_id, "op": op, "args": args})
+                self._conn.send(Call(msg_id, request))
             except (OSError, ValueError) as e:
                 self._pending.pop(msg_id, None)
                 fut.set_exception(RankDied(f"rank {self.rank} is unreachable: {e}"))
@@ -80,7 +83,7 @@ class ProcessRank:
     def abort(self, request: str) -> None:
         if self.alive():
             with self._lock, contextlib.suppress(OSError, ValueError):
-                self._conn.send({"op": "abort", "args": {"request": request}})
+                self._conn.send(Abort(request))
 
     def _read(self) -> None:
         while True:
@@ -89,21 +92,24 @@ class ProcessRank:
             except (EOFError, OSError):
                 break
             self._last_heard = time.monotonic()
-            if "beat" in msg:
-                continue
-            if "event" in msg:
-                # A listener bug must not kill the rank's reader.
-                with contextlib.suppress(Exception):
-                    self._on_event(msg["event"])
+            if isinstance(msg, dict):
+                if "event" in msg:
+                    # A listener bug must not kill the rank's reader.
+                    with contextlib.suppress(Exception):
+                        self._on_event(msg["event"])
+                continue  # a heartbeat
+            if not isinstance(msg, Reply):
                 continue
             with self._lock:
-                fut = self._pending.pop(msg["id"], None)
+                fut = self._pending.pop(msg.id, None)
             if fut is None:
                 continue
-            if msg["ok"]:
-                fut.set_result(msg["result"])
+            if msg.refused is not None:
+                fut.set_exception(msg.refused)
+            elif msg.error is not None:
+                fut.set_exception(ServerError(f"rank {self.rank}: {msg.error}"))
             else:
-                fut.set_exception(ServerError(f"rank {self.rank}: {msg['error']}"))
+                fut.set_result(msg.result)
         self._dead = f"exit code {self.process.exitcode}" if not self.process.is_alive() else "pipe closed"
         with self._lock:
             pending, self._pending = self._pending, {}
@@ -112,7 +118,7 @@ class ProcessRank:
 
     def close(self, timeout: float = 10.0) -> None:
         with self._lock, contextlib.suppress(OSError, ValueError):
-            self._conn.send({"op": "shutdown"})
+            self._conn.send(Shutdown())
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()

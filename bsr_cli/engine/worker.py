@@ -1,9 +1,10 @@
 """One TP rank of the embedded engine, as its own process.
 
 It owns the rank's destination KV (torch tensors), its preallocated restore pool, its tier clients (a Mooncake
-store client and the filesystem tier) and a RankRestorer. The coordinator talks to it over a pipe: requests
-``{"id", "op", "args"}`` answered by ``{"id", "ok", "result" | "error"}``; progress arrives as ``{"event": ...}``.
-Each request runs in its own thread, so a stats call or an abort is answered while a restore runs.
+store client and the filesystem tier) and a RankRestorer, and serves the rank-ops contract (bsr_cli.api.ranks).
+The coordinator talks to it over a pipe: a ``Call`` carries a typed request, answered by a ``Reply`` with its typed
+result (or an error); ``Abort`` and ``Shutdown`` are signals; progress arrives as ``{"event": ...}`` and liveness as
+``{"beat": ...}``. Each call runs in its own thread, so a stats call or an abort is answered while a restore runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,31 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from bsr_cli.api.ranks import (
+    Abort,
+    Call,
+    ProbeRequest,
+    ProbeResult,
+    RemoveAllRequest,
+    RemoveAllResult,
+    Reply,
+    ResetPeakRequest,
+    ResetPeakResult,
+    RestoreRequest,
+    RestoreResult,
+    SetBudgetRequest,
+    SetBudgetResult,
+    SetFsConcurrencyRequest,
+    SetFsConcurrencyResult,
+    Shutdown,
+    StatsRequest,
+    StatsResult,
+    StoreRequest,
+    StoreResult,
+    TierStatus,
+    UnsupportedOp,
+    dispatch,
+)
 from bsr_cli.runtime.kv_ops import KVOps
 
 STORE_BATCH = 16  # objects per put call
@@ -32,7 +58,7 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     send_lock = threading.Lock()
 
-    def send(msg: dict[str, Any]) -> None:
+    def send(msg: Any) -> None:
         with send_lock:
             conn.send(msg)
 
@@ -56,12 +82,13 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
     threading.Thread(target=beat, name=f"rank{rank.rank}-heartbeat", daemon=True).start()
     pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rank{rank.rank}")
 
-    def handle(msg: dict[str, Any]) -> None:
+    def handle(call: Call) -> None:
         try:
-            result = rank.dispatch(msg["op"], msg.get("args") or {})
-            send({"id": msg["id"], "ok": True, "result": result})
+            send(Reply(call.id, result=dispatch(rank, call.request)))
+        except UnsupportedOp as e:
+            send(Reply(call.id, error=str(e), refused=e))
         except Exception as e:  # noqa: BLE001 - every failure goes back to the caller as data
-            send({"id": msg["id"], "ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
+            send(Reply(call.id, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()))
 
     try:
         while True:
@@ -69,12 +96,13 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
                 msg = conn.recv()
             except (EOFError, OSError):
                 break  # the coordinator is gone: so are we
-            if msg.get("op") == "shutdown":
+            if isinstance(msg, Shutdown):
                 break
-            if msg.get("op") == "abort":
-                rank.abort(msg["args"]["request"])
+            if isinstance(msg, Abort):
+                rank.abort(msg.request_id)
                 continue
-            pool.submit(handle, msg)
+            if isinstance(msg, Call):
+                pool.submit(handle, msg)
     finally:
         stop_beat.set()
         rank.close()
@@ -124,7 +152,7 @@ class Rank(KVOps):
             off += self.reg.group_bytes_per_chunk(g)
         self.restorer = RankRestorer(self.rank, self.reg.group_names, offsets, self.pool, self.tiers, self.kv, emit)
         self._aborts: dict[str, threading.Event] = {}
-        self._health_cache: tuple[float, dict[str, Any]] = (0.0, {})
+        self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
 
     def info(self) -> dict[str, Any]:
         import torch
@@ -139,8 +167,8 @@ class Rank(KVOps):
             "tiers": list(self.tiers),
         }
 
-    def abort(self, request: str) -> None:
-        self._aborts.setdefault(request, threading.Event()).set()
+    def abort(self, request_id: str) -> None:
+        self._aborts.setdefault(request_id, threading.Event()).set()
 
     def close(self) -> None:
         self.restorer.close()
@@ -148,50 +176,42 @@ class Rank(KVOps):
             with contextlib.suppress(Exception):  # closing on the way out; nothing left to tell
                 t.close()
 
-    # -- ops ---------------------------------------------------------------------------------------------------
-    def dispatch(self, op: str, args: dict[str, Any]) -> Any:
-        fn = getattr(self, f"op_{op}", None)
-        if fn is None:
-            raise ValueError(f"unknown op {op!r}")
-        return fn(**args)
-
+    # -- ops (bsr_cli.api.ranks.RankOps) ---------------------------------------------------------------------------
     def _keys(self, hashes: list[str]) -> dict[str, list[str]]:
         from bsr_cli.core.keys import object_key
 
         return {g: [object_key(self.reg, self.rank, g, h) for h in hashes] for g in self.reg.group_names}
 
-    def op_probe(self, hashes: list[str], tiers: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
+    def probe(self, req: ProbeRequest) -> ProbeResult:
         """Per group, one hex digit per chunk: bit i set when tiers[i] holds the object. Moves no bytes."""
         from bsr_cli.core.bitmap import encode_row
 
-        keys = self._keys(hashes)
+        keys = self._keys(req.hashes)
         held: dict[str, dict[str, list[bool]]] = {g: {} for g in keys}
         errors = {}
-        for name in tiers:
+        for name in req.tiers:
             tier = self.tiers.get(name)
             if tier is None:
                 continue
             for g, ks in keys.items():
                 try:
-                    held[g][name] = tier.contains(ks, timeout_s)
+                    held[g][name] = tier.contains(ks, req.timeout_s)
                 except Exception as e:  # noqa: BLE001 - an unreachable tier holds nothing, and says why
                     errors[name] = f"{type(e).__name__}: {e}"
                     break
-        return {"rows": {g: encode_row(held[g], tiers, len(hashes)) for g in keys}, "errors": errors}
+        return ProbeResult({g: encode_row(held[g], req.tiers, len(req.hashes)) for g in keys}, errors)
 
-    def op_store(
-        self, hashes: list[str], n_tokens: int, block_tables: dict[str, list[int]], chunks: dict[str, list[int]]
-    ) -> dict[str, Any]:
+    def store(self, req: StoreRequest) -> StoreResult:
         """Write objects read back from the blocks to each tier: chunks[tier] = chunk indices it lacks.
         Tiers are independent: one that refuses writes (full, down) does not keep the others from storing."""
         from bsr_cli.runtime.checksum import crc32c
         from bsr_cli.runtime.paged_kv import byte_view
 
-        keys = self._keys(hashes)
+        keys = self._keys(req.hashes)
         cs = self.reg.chunk_size
         stored: dict[str, int] = {}
         errors: dict[str, str] = {}
-        for tier_name, idx in chunks.items():
+        for tier_name, idx in req.chunks.items():
             tier = self.tiers.get(tier_name)
             if tier is None:
                 continue
@@ -199,9 +219,9 @@ class Rank(KVOps):
             done = 0
             try:
                 for c in idx:
-                    t0, t1 = c * cs, min((c + 1) * cs, n_tokens)
+                    t0, t1 = c * cs, min((c + 1) * cs, req.n_tokens)
                     for g in self.reg.group_names:
-                        payload = byte_view(self.kv.gather_object(g, block_tables[g], t0, t1 - t0))
+                        payload = byte_view(self.kv.gather_object(g, req.block_tables[g], t0, t1 - t0))
                         batch.append((keys[g][c], payload, crc32c(payload)))
                     if len(batch) >= STORE_BATCH or c == idx[-1]:
                         tier.put([b[0] for b in batch], [b[1] for b in batch], [b[2] for b in batch])
@@ -210,43 +230,43 @@ class Rank(KVOps):
             except Exception as e:  # noqa: BLE001 - reported per tier; the request itself is unaffected
                 errors[tier_name] = f"{type(e).__name__}: {e}"
             stored[tier_name] = done
-        return {"objects": stored, "errors": errors}
+        return StoreResult(stored, errors)
 
-    def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
-        from bsr_cli.runtime.restore import RestoreJob
-
-        request = job["request_id"]
-        abort = self._aborts.setdefault(request, threading.Event())
+    def restore(self, req: RestoreRequest) -> RestoreResult:
+        job = req.job
+        job.validate(self.reg.group_names)
+        abort = self._aborts.setdefault(job.request_id, threading.Event())
         try:
-            return self.restorer.restore(RestoreJob.from_wire(job, self.rank), abort).to_dict()
+            return self.restorer.restore(job, abort)
         finally:
-            self._aborts.pop(request, None)
+            self._aborts.pop(job.request_id, None)
 
-    def op_stats(self, health: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {"rank": self.rank, "pool": self.pool.stats().to_dict()}
-        if health:
+    def stats(self, req: StatsRequest) -> StatsResult:
+        tiers: dict[str, TierStatus] | None = None
+        if req.health:
             at, cached = self._health_cache
             if time.monotonic() - at > 1.0:
                 cached = {}
                 for name, tier in self.tiers.items():
                     h = tier.health()
-                    cached[name] = {"ok": h.ok, "detail": h.detail}
+                    cached[name] = TierStatus(h.ok, h.detail)
                 self._health_cache = (time.monotonic(), cached)
-            out["tiers"] = cached
-        return out
+            tiers = dict(cached)
+        return StatsResult(self.rank, self.pool.stats().to_dict(), tiers)
 
-    def op_reset_peak(self) -> None:
+    def reset_peak(self, req: ResetPeakRequest) -> ResetPeakResult:
         self.pool.reset_peak()
+        return ResetPeakResult()
 
-    def op_set_budget(self, budget_bytes: int) -> dict[str, int]:
-        self.pool.set_budget(budget_bytes)
-        return self.pool.stats().to_dict()
+    def set_budget(self, req: SetBudgetRequest) -> SetBudgetResult:
+        self.pool.set_budget(req.budget_bytes)
+        return SetBudgetResult(self.pool.stats().to_dict())
 
-    def op_set_fs_concurrency(self, value: int) -> int:
+    def set_fs_concurrency(self, req: SetFsConcurrencyRequest) -> SetFsConcurrencyResult:
         tier = self.tiers["fs"]
-        tier.load_concurrency = value  # type: ignore[attr-defined]
-        return value
+        tier.load_concurrency = req.value  # type: ignore[attr-defined]
+        return SetFsConcurrencyResult(req.value)
 
-    def op_remove_all(self, tier: str) -> int:
-        t = self.tiers[tier]
-        return int(t.remove_all())  # type: ignore[attr-defined]
+    def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult:
+        t = self.tiers[req.tier]
+        return RemoveAllResult(int(t.remove_all()))  # type: ignore[attr-defined]

@@ -5,6 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bsr_cli.api.ranks import (
+    CanonicalHashRequest,
+    CanonicalHashResult,
+    InvalidateRequest,
+    InvalidateResult,
+    OutputHashRequest,
+    OutputHashResult,
+    PrefillRequest,
+    PrefillResult,
+)
+
 if TYPE_CHECKING:
     from bsr_cli.runtime.paged_kv import PagedKV
 
@@ -12,14 +23,15 @@ if TYPE_CHECKING:
 class KVOps:
     kv: PagedKV
 
-    def op_prefill(self, hashes: list[str], n_tokens: int, first_chunk: int, block_tables: dict[str, list[int]]) -> int:
-        return self.kv.prefill(hashes, n_tokens, first_chunk, block_tables)
+    def prefill(self, req: PrefillRequest) -> PrefillResult:
+        return PrefillResult(self.kv.prefill(req.hashes, req.n_tokens, req.first_chunk, req.block_tables))
 
-    def op_output_hash(self, block_tables: dict[str, list[int]], n_tokens: int) -> dict[str, str]:
-        return self.kv.output_hash(block_tables, n_tokens)
+    def output_hash(self, req: OutputHashRequest) -> OutputHashResult:
+        return OutputHashResult(self.kv.output_hash(req.block_tables, req.n_tokens))
 
-    def op_canonical_hash(self, hashes: list[str], n_tokens: int) -> dict[str, str]:
-        return self.kv.canonical_hash(hashes, n_tokens)
+    def canonical_hash(self, req: CanonicalHashRequest) -> CanonicalHashResult:
+        return CanonicalHashResult(self.kv.canonical_hash(req.hashes, req.n_tokens))
 
-    def op_invalidate(self, block_tables: dict[str, list[int]]) -> None:
-        self.kv.invalidate(block_tables)
+    def invalidate(self, req: InvalidateRequest) -> InvalidateResult:
+        self.kv.invalidate(req.block_tables)
+        return InvalidateResult()

@@ -18,9 +18,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from bsr_cli.api.ranks import ObjectRef, RestoreJob, RestoreResult, WindowJob
 from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import crc32c_at
@@ -46,69 +46,9 @@ class Destination(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class ObjectRef:
-    key: str
-    tier: str
-    size: int
-
-
-@dataclass(frozen=True)
-class WindowJob:
-    index: int
-    chunk_start: int
-    chunk_end: int
-    token_start: int
-    token_end: int
-    blocks: Mapping[str, tuple[int, int]]  # group -> [start, end) into the request's block table
-
-
-@dataclass(frozen=True)
-class RestoreJob:
-    request_id: str
-    w: int
-    windows: Sequence[WindowJob]
-    # objects[group][chunk] for chunks [0, committable)
-    objects: Mapping[str, Sequence[ObjectRef]]
-    block_tables: Mapping[str, Sequence[int]]
-    faults: Sequence[FaultSpec] = ()
-    fetch_timeout_s: float = 10.0
-    admit_timeout_s: float = 60.0
-
-    @classmethod
-    def from_wire(cls, job: Mapping[str, Any], rank: int) -> RestoreJob:
-        """Rank ``rank``'s share of a restore job as the coordinator sends it over the pipe (plain data)."""
-        return cls(
-            request_id=job["request_id"],
-            w=job["w"],
-            windows=[WindowJob(**w) for w in job["windows"]],
-            objects={g: [ObjectRef(*o) for o in objs] for g, objs in job["objects"][str(rank)].items()},
-            block_tables=job["block_tables"],
-            faults=[FaultSpec.from_dict(f) for f in job["faults"] if f["rank"] in (None, rank)],
-            fetch_timeout_s=job["fetch_timeout_s"],
-            admit_timeout_s=job["admit_timeout_s"],
-        )
-
-
-@dataclass
-class RankOutcome:
-    rank: int
-    ok: bool
-    valid: dict[str, bool]
-    windows_done: int = 0
-    bytes_restored: int = 0
-    seconds: float = 0.0
-    reason: str = ""
-    failed_window: int | None = None
-    fired_faults: list[int] = field(default_factory=list)
-    fetch_seconds: float = 0.0
-    install_seconds: float = 0.0
-    peak_live_bytes: int = 0  # the pool's live bytes at their highest while this restore held slots
-    kind: str = ""  # why it failed (bsr_cli.runtime.failures): capacity | tier | rank | aborted
-    tier: str | None = None  # the tier that failed, when a tier fault names one
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+# The job and its outcome are wire types (bsr_cli.api): the coordinator sends a RestoreJob in a RestoreRequest and
+# gets each rank's RestoreResult back. ``RankOutcome`` is the window loop's name for the latter.
+RankOutcome = RestoreResult
 
 
 class RestoreFailed(Exception):
@@ -490,6 +430,7 @@ __all__ = [
     "RankRestorer",
     "RestoreFailed",
     "RestoreJob",
+    "RestoreResult",
     "WindowJob",
     "run_windows",
     "window_faults",

@@ -152,7 +152,7 @@ class LMCacheHost:
         self.settings = EngineSettings(**s)
         self.events = EventLog()
         self.registry = TokenRegistry(self.reg.chunk_size)
-        self.ranks: list[ThreadRank] = []
+        self.ranks: list[ThreadRank[LMCacheRank]] = []
         self.admin: AdminServer | None = None
         holder: dict[str, Coordinator] = {}
 

@@ -9,7 +9,8 @@ engines per process, importing LMCache costs 3-6 s and ~340 MiB per process, and
 Mooncake transfers) releases the GIL. Inside vLLM each worker process already is one rank and hosts exactly one
 ``LMCacheRank`` (see docs/deployment.md).
 
-The ops answer what bsr_cli/engine/worker.py answers, so bsr's Coordinator drives them unchanged.
+``LMCacheRank`` serves the rank-ops contract (bsr_cli.api.ranks.RankOps) as bsr_cli/engine/worker.py does, so
+bsr's Coordinator drives it unchanged; ``ThreadRank`` runs its typed requests on threads.
 """
 
 from __future__ import annotations
@@ -21,17 +22,41 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from bsr_cli.api.ranks import (
+    ProbeRequest,
+    ProbeResult,
+    RankOps,
+    RankRequest,
+    RemoveAllRequest,
+    RemoveAllResult,
+    ResetPeakRequest,
+    ResetPeakResult,
+    RestoreRequest,
+    RestoreResult,
+    SetBudgetRequest,
+    SetBudgetResult,
+    SetFsConcurrencyRequest,
+    SetFsConcurrencyResult,
+    StatsRequest,
+    StatsResult,
+    StoreRequest,
+    StoreResult,
+    TierStatus,
+    UnsupportedOp,
+    WindowJob,
+    dispatch,
+)
 from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.keys import parse_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import BadRequest, CapacityError
 from bsr_cli.mooncake.health import health_url_for, master_healthy
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.faults import KINDS, FaultSpec
+from bsr_cli.runtime.faults import KINDS
 from bsr_cli.runtime.kv_ops import KVOps
 from bsr_cli.runtime.paged_kv import PagedKV
 from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, run_windows, window_faults
@@ -40,19 +65,9 @@ from . import _lmcache as lm
 from .tokens import TokenRegistry, full_chunks
 
 Emit = Callable[[dict[str, Any]], None]
+R = TypeVar("R")
 VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a full segment never gets there
 RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache retrieve may take to end
-
-
-class _Window:
-    """One planned window of a restore job, as it came over the wire (a dict), with attribute access."""
-
-    def __init__(self, d: dict[str, Any]) -> None:
-        self.index: int = d["index"]
-        self.chunk_start: int = d["chunk_start"]
-        self.chunk_end: int = d["chunk_end"]
-        self.token_start: int = d["token_start"]
-        self.token_end: int = d["token_end"]
 
 
 class LMCacheRank(KVOps):
@@ -130,12 +145,13 @@ class LMCacheRank(KVOps):
         self.tiers.discard("cpu")  # L1 is staging only (hot cache off), never a tier
         self.budget_bytes = budget_bytes or self.tracker.heap_bytes
         self.lock = threading.Lock()  # one LMCache retrieve/store at a time on this rank: B = one window
-        self._waiters = 0
+        self._waiters = 0  # threads waiting for ``lock`` (counted under ``_count_lock``: += is not atomic)
+        self._count_lock = threading.Lock()
         self._windows_live = 0
         self._aborts: dict[str, threading.Event] = {}
         self._written: set[str] = set()  # remote keys this rank stored: waited for before destroy
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-lmc-io{rank}")
-        self._health_cache: tuple[float, dict[str, Any]] = (0.0, {})
+        self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
 
     # -- helpers -----------------------------------------------------------------------------------------------
     @property
@@ -161,11 +177,13 @@ class LMCacheRank(KVOps):
 
     @contextlib.contextmanager
     def _engine_lock(self) -> Any:
-        self._waiters += 1
+        with self._count_lock:
+            self._waiters += 1
         try:
             self.lock.acquire()
         finally:
-            self._waiters -= 1
+            with self._count_lock:
+                self._waiters -= 1
         try:
             yield
         finally:
@@ -235,29 +253,21 @@ class LMCacheRank(KVOps):
                 out[name] = [False] * len(keys)
         return out, errors
 
-    # -- ops (the RankClient protocol's op names) --------------------------------------------------------------
-    def dispatch(self, op: str, args: dict[str, Any]) -> Any:
-        fn = getattr(self, f"op_{op}", None)
-        if fn is None:
-            raise BadRequest(f"op {op!r} is not supported by the LMCache host")
-        return fn(**args)
+    # -- ops (bsr_cli.api.ranks.RankOps) ----------------------------------------------------------------------------
+    def probe(self, req: ProbeRequest) -> ProbeResult:
+        tokens = self.registry.tokens_for(req.hashes)
+        held, errors = self.presence(tokens, req.tiers)
+        return ProbeResult({self.group: encode_row(held, req.tiers, len(req.hashes))}, errors)
 
-    def op_probe(self, hashes: list[str], tiers: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
-        tokens = self.registry.tokens_for(hashes)
-        held, errors = self.presence(tokens, tiers)
-        return {"rows": {self.group: encode_row(held, tiers, len(hashes))}, "errors": errors}
-
-    def op_store(
-        self, hashes: list[str], n_tokens: int, block_tables: dict[str, list[int]], chunks: dict[str, list[int]]
-    ) -> dict[str, Any]:
+    def store(self, req: StoreRequest) -> StoreResult:
         """LMCache stores to every backend at once (it cannot target one tier): store from the first chunk any
         requested tier lacks."""
-        tokens = self.registry.tokens_for(hashes)[:n_tokens]
+        tokens = self.registry.tokens_for(req.hashes)[: req.n_tokens]
         nfull = full_chunks(len(tokens), self.reg.chunk_size)
-        wanted = {t: [c for c in idx if c < nfull] for t, idx in chunks.items() if t in self.tiers}
+        wanted = {t: [c for c in idx if c < nfull] for t, idx in req.chunks.items() if t in self.tiers}
         lacking = sorted({c for idx in wanted.values() for c in idx})
         if not lacking:
-            return {"objects": dict.fromkeys(wanted, 0), "errors": {}}
+            return StoreResult(dict.fromkeys(wanted, 0))
         first = lacking[0]
         try:
             with self._engine_lock():
@@ -266,39 +276,40 @@ class LMCacheRank(KVOps):
                     list(tokens[: nfull * self.reg.chunk_size]),
                     first * self.reg.chunk_size,
                     kvcaches=self.kvcaches,
-                    slot_mapping=self.slots(block_tables[self.group], nfull * self.reg.chunk_size),
+                    slot_mapping=self.slots(req.block_tables[self.group], nfull * self.reg.chunk_size),
                 )
         except Exception as e:  # noqa: BLE001 - a failed store loses reuse, not the request
-            return {"objects": dict.fromkeys(wanted, 0), "errors": {t: f"{type(e).__name__}: {e}" for t in wanted}}
+            return StoreResult(dict.fromkeys(wanted, 0), {t: f"{type(e).__name__}: {e}" for t in wanted})
         errors = self.wait_visible(self.keys(tokens)[first:nfull])
-        return {"objects": {t: 0 if t in errors else len(idx) for t, idx in wanted.items()}, "errors": errors}
+        return StoreResult({t: 0 if t in errors else len(idx) for t, idx in wanted.items()}, errors)
 
-    def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
-        request = job["request_id"]
+    def restore(self, req: RestoreRequest) -> RestoreResult:
+        job = req.job
+        job.validate([self.group])
+        request = job.request_id
         abort = self._aborts.setdefault(request, threading.Event())
-        windows = [_Window(w) for w in job["windows"]]
-        objs: list[Any] = []
+        windows = list(job.windows)
+        objs = list(job.objects[self.group])
         tokens: tuple[int, ...] = ()
         slots: list[torch.Tensor] = []
-        faults = [FaultSpec.from_dict(f) for f in job["faults"] if f["rank"] in (None, self.rank)]
+        faults = [f for f in job.faults if f.applies_to_rank(self.rank)]
         fired: set[int] = set()
         cs = self.reg.chunk_size
         first = windows[0].index if windows else 0
-        bounded = job["w"] > 0
+        bounded = job.w > 0
 
         def prepare() -> None:
             nonlocal tokens
-            objs.extend(job["objects"][str(self.rank)][self.group])
             if not windows:
                 return
             end_tokens = windows[-1].token_end
             # The tokens behind the plan, from the last planned chunk's bsr hash (keys are LMCache's own).
-            tokens = self.registry.tokens_for_hash(parse_key(objs[-1][0])[3])
+            tokens = self.registry.tokens_for_hash(parse_key(objs[-1].key)[3])
             if len(tokens) < end_tokens or end_tokens % cs:
                 raise RestoreFailed(f"plan covers {end_tokens} tokens; only full chunks can come from LMCache", None)
-            slots.append(self.slots(job["block_tables"][self.group], end_tokens))
+            slots.append(self.slots(list(job.block_tables[self.group]), end_tokens))
 
-        def step(win: _Window, out: RankOutcome) -> int:
+        def step(win: WindowJob, out: RankOutcome) -> int:
             idx, s, e = win.index, win.token_start, win.token_end
             n_chunks = win.chunk_end - win.chunk_start
             if bounded and n_chunks * self.chunk_bytes > self.budget_bytes:
@@ -311,12 +322,12 @@ class LMCacheRank(KVOps):
             fired.update(f.id for f in hits)
             if any(f.kind == "timeout" for f in hits):
                 # The injected stall: nothing arrives before the deadline (an abort cuts it short).
-                if abort.wait(job["fetch_timeout_s"]):
+                if abort.wait(job.fetch_timeout_s):
                     raise RestoreFailed("aborted by the operator", idx, kind=failures.ABORTED)
-                raise RestoreFailed(f"timeout: window {idx} did not arrive within {job['fetch_timeout_s']}s", idx)
+                raise RestoreFailed(f"timeout: window {idx} did not arrive within {job.fetch_timeout_s}s", idx)
 
             def choose(start: int, _down: set[str] = down) -> str:
-                tier = objs[start // cs][1]
+                tier = objs[start // cs].tier
                 if tier in _down:
                     return lm.FAULT_LOCATION
                 return lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
@@ -330,13 +341,13 @@ class LMCacheRank(KVOps):
                 self.tracker.mark()
                 try:
                     with lm.block_mapping_override(self.engine, choose):
-                        ret = self._retrieve_with_deadline(tokens, s, e, slots[0][:e], job["fetch_timeout_s"], idx)
+                        ret = self._retrieve_with_deadline(tokens, s, e, slots[0][:e], job.fetch_timeout_s, idx)
                 finally:
                     self._windows_live = 0
                 out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
             out.fetch_seconds += time.monotonic() - t0
             got = int(ret[s:e].sum())
-            tiers = sorted({objs[c][1] for c in range(win.chunk_start, win.chunk_end)})
+            tiers = sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)})
             if got != e - s:
                 raise RestoreFailed(
                     f"LMCache loaded {got} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})", idx
@@ -360,14 +371,14 @@ class LMCacheRank(KVOps):
             return nbytes
 
         try:
-            out = run_windows(
+            return run_windows(
                 rank=self.rank,
                 groups=[self.group],
                 request=request,
                 windows=windows,
                 abort=abort,
                 step=step,
-                scrub=lambda: self.kv.invalidate(job["block_tables"]),
+                scrub=lambda: self.kv.invalidate(job.block_tables),
                 emit=self.emit,
                 pool_stats=self.pool_stats,
                 prepare=prepare,
@@ -375,7 +386,6 @@ class LMCacheRank(KVOps):
             )
         finally:
             self._aborts.pop(request, None)
-        return out.to_dict()
 
     def _retrieve_with_deadline(
         self, tokens: tuple[int, ...], s: int, e: int, slots: torch.Tensor, timeout_s: float, idx: int
@@ -398,44 +408,45 @@ class LMCacheRank(KVOps):
                 pass
             raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx) from None
 
-    def op_stats(self, health: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {"rank": self.rank, "pool": self.pool_stats()}
-        if health:
+    def stats(self, req: StatsRequest) -> StatsResult:
+        tiers: dict[str, TierStatus] | None = None
+        if req.health:
             at, cached = self._health_cache
             if time.monotonic() - at > 1.0:
                 cached = {}
                 if "fs" in self.tiers:
                     ok = bool(self.disk_dir) and Path(str(self.disk_dir)).is_dir()
-                    cached["fs"] = {"ok": ok, "detail": f"LMCache LocalDiskBackend at {self.disk_dir}"}
+                    cached["fs"] = TierStatus(ok, f"LMCache LocalDiskBackend at {self.disk_dir}")
                 if "mooncake" in self.tiers:
                     ok = self.master_ok()
-                    cached["mooncake"] = {
-                        "ok": ok,
-                        "detail": f"LMCache RemoteBackend; master {self.health_url} {'healthy' if ok else 'DOWN'}",
-                    }
+                    cached["mooncake"] = TierStatus(
+                        ok, f"LMCache RemoteBackend; master {self.health_url} {'healthy' if ok else 'DOWN'}"
+                    )
                 self._health_cache = (time.monotonic(), cached)
-            out["tiers"] = cached
-        return out
+            tiers = dict(cached)
+        return StatsResult(self.rank, self.pool_stats(), tiers)
 
-    def op_reset_peak(self) -> None:
+    def reset_peak(self, req: ResetPeakRequest) -> ResetPeakResult:
         self.tracker.reset()
+        return ResetPeakResult()
 
-    def op_set_budget(self, budget_bytes: int) -> dict[str, int]:
-        self.budget_bytes = min(int(budget_bytes), self.tracker.heap_bytes)
-        return self.pool_stats()
+    def set_budget(self, req: SetBudgetRequest) -> SetBudgetResult:
+        self.budget_bytes = min(int(req.budget_bytes), self.tracker.heap_bytes)
+        return SetBudgetResult(self.pool_stats())
 
-    def op_set_fs_concurrency(self, value: int) -> int:
-        raise BadRequest(
+    def set_fs_concurrency(self, req: SetFsConcurrencyRequest) -> SetFsConcurrencyResult:
+        raise UnsupportedOp(
+            req.op,
             "fs concurrency cannot be set over LMCache: its LocalDiskBackend runs its own I/O workers",
             hint="configure LMCache's disk backend instead (see docs/deployment.md)",
         )
 
-    def op_remove_all(self, tier: str) -> int:
-        raise BadRequest("removing objects is not supported over LMCache from bsr; use LMCache's own tools")
+    def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult:
+        raise UnsupportedOp(req.op, "removing objects is not supported over LMCache from bsr; use LMCache's own tools")
 
     # -- lifetime ----------------------------------------------------------------------------------------------
-    def abort(self, request: str) -> None:
-        self._aborts.setdefault(request, threading.Event()).set()
+    def abort(self, request_id: str) -> None:
+        self._aborts.setdefault(request_id, threading.Event()).set()
 
     def close(self) -> None:
         """Wait for remote puts, then destroy the engine (both guard LMCache crashes: segfault with puts in
@@ -452,21 +463,33 @@ class LMCacheRank(KVOps):
         lm.destroy_engine(self.instance_id)
 
 
-class ThreadRank:
-    """The RankClient for an in-process LMCacheRank: each call runs on a thread and returns a Future."""
+class HostedRank(RankOps, Protocol):
+    """A rank host ThreadRank can drive: the ops, its index, and a close."""
 
-    def __init__(self, rank: LMCacheRank, max_workers: int = 8) -> None:
+    rank: int
+
+    def close(self) -> None: ...
+
+
+H = TypeVar("H", bound=HostedRank)
+
+
+class ThreadRank(Generic[H]):
+    """The RankClient for an in-process rank host (an LMCacheRank, or the vLLM worker admin's ops): each call runs
+    on a thread and returns a Future of the request's result."""
+
+    def __init__(self, rank: H, max_workers: int = 8) -> None:
         self.rank = rank.rank
         self.impl = rank
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"bsr-lmc-rank{rank.rank}")
         self._closed = False
 
-    def submit(self, op: str, **args: Any) -> Future[Any]:
+    def submit(self, request: RankRequest[R]) -> Future[R]:
         if self._closed:
-            fut: Future[Any] = Future()
+            fut: Future[R] = Future()
             fut.set_exception(RuntimeError(f"rank {self.rank} is closed"))
             return fut
-        return self._pool.submit(self.impl.dispatch, op, args)
+        return self._pool.submit(dispatch, self.impl, request)
 
     def abort(self, request: str) -> None:
         self.impl.abort(request)

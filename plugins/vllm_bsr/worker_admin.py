@@ -6,7 +6,8 @@ the worker's engine (the engine is LMCache's, built by its vLLM adapter: bsr nev
 ``LMCacheRank``, which owns its engine and a CPU paged KV, does not fit; this is the thin adapter instead,
 driven through ``ThreadRank``).
 
-What it serves: ``probe`` (the per-tier, per-chunk bitmap of THIS rank, probe-only: no pins, no bytes moved),
+What it serves (``WorkerRankOps``, the rank-ops contract's ``probe``/``stats``/``reset_peak``; every other op answers
+``UnsupportedOp``): ``probe`` (the per-tier, per-chunk bitmap of THIS rank, probe-only: no pins, no bytes moved),
 ``status``/``info``/``registration``, and faults when the connector's ``bsr_admin_faults`` is set (they fire inside
 the worker's load windows, ``take_fault``). What it refuses: ``submit``/``restore``/stores and the bench
 (``info.serves_restores`` is false), since in a vLLM deployment KV moves only through vLLM's scheduler and the BSR
@@ -27,6 +28,17 @@ from lmcache_bsr.host import LMCacheCoordinator
 from lmcache_bsr.rank import ThreadRank
 from lmcache_bsr.tokens import TokenRegistry
 
+from bsr_cli.api.ranks import (
+    ProbeRequest,
+    ProbeResult,
+    ResetPeakRequest,
+    ResetPeakResult,
+    StatsRequest,
+    StatsResult,
+    TierStatus,
+    UnsupportedOp,
+    UnsupportedOps,
+)
 from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import BadRequest
@@ -55,10 +67,12 @@ def registration_of(eng: Any, block_size: int = 16) -> Registration:
     )
 
 
-class WorkerRankOps:
-    """The ops a per-worker coordinator drives (the RankClient protocol's op names), over an existing engine."""
+class WorkerRankOps(UnsupportedOps):
+    """The ops a per-worker coordinator drives (bsr_cli.api.ranks.RankOps), over an existing engine: probe, stats
+    and reset_peak; every op that would move or write KV is refused (``UnsupportedOp``)."""
 
     rank = 0  # the coordinator's index: one rank per admin server
+    host_name = "a vLLM worker"
 
     def __init__(self, engine_fn: EngineFn, tp_rank: int, registry: TokenRegistry, group: str = "attn") -> None:
         self.tp_rank = tp_rank
@@ -66,53 +80,44 @@ class WorkerRankOps:
         self.registry = registry
         self.group = group
 
-    def dispatch(self, op: str, args: dict[str, Any]) -> Any:
-        fn = getattr(self, f"op_{op}", None)
-        if fn is None:
-            raise BadRequest(
-                f"op {op!r} is not served from a vLLM worker: KV moves only through vLLM's scheduler and the BSR "
-                "connector there",
-                hint="use `bsr probe` / `bsr status` against a worker; submit and restore through vLLM",
-            )
-        return fn(**args)
+    def unsupported(self, op: str) -> UnsupportedOp:
+        return UnsupportedOp(
+            op,
+            f"op {op!r} is not served from a vLLM worker: KV moves only through vLLM's scheduler and the BSR "
+            "connector there",
+            hint="use `bsr probe` / `bsr status` against a worker; submit and restore through vLLM",
+        )
 
-    def op_probe(self, hashes: list[str], tiers: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
+    def probe(self, req: ProbeRequest) -> ProbeResult:
         eng = self.prober.engine_fn()
         if eng is None:
-            return {"rows": {self.group: "0" * len(hashes)}, "errors": {"engine": "no LMCache engine"}}
-        tokens = self.registry.tokens_for(hashes)
+            return ProbeResult({self.group: "0" * len(req.hashes)}, {"engine": "no LMCache engine"})
+        tokens = self.registry.tokens_for(req.hashes)
         keys = [k for _, _, k in lm.chunk_keys(eng, tokens)]
         held, errors = self.prober.presence(keys)
-        return {"rows": {self.group: encode_row(held, tiers, len(hashes))}, "errors": errors}
+        return ProbeResult({self.group: encode_row(held, req.tiers, len(req.hashes))}, errors)
 
-    def op_stats(self, health: bool = False) -> dict[str, Any]:
+    def stats(self, req: StatsRequest) -> StatsResult:
         pool = dict.fromkeys(
             ("capacity_bytes", "budget_bytes", "slot_bytes", "live_bytes", "peak_bytes", "windows_live", "waiters"), 0
         )
-        out: dict[str, Any] = {"rank": self.rank, "tp_rank": self.tp_rank, "pool": pool}
-        if health:
+        tiers: dict[str, TierStatus] | None = None
+        if req.health:
             eng = self.prober.engine_fn()
-            tiers: dict[str, Any] = {}
+            tiers = {}
             names = self.prober.tiers()
             if "mooncake" in names:
                 from .probe_lookup import mooncake_health_url
 
                 url = mooncake_health_url(eng)
                 ok = url is None or self.prober.master_ok(url)
-                tiers["mooncake"] = {
-                    "ok": ok,
-                    "detail": f"LMCache RemoteBackend; master {url} {'up' if ok else 'DOWN'}",
-                }
+                tiers["mooncake"] = TierStatus(ok, f"LMCache RemoteBackend; master {url} {'up' if ok else 'DOWN'}")
             if "fs" in names:
-                tiers["fs"] = {"ok": True, "detail": f"LMCache LocalDiskBackend at {eng.config.local_disk}"}
-            out["tiers"] = tiers
-        return out
+                tiers["fs"] = TierStatus(True, f"LMCache LocalDiskBackend at {eng.config.local_disk}")
+        return StatsResult(self.rank, pool, tiers, tp_rank=self.tp_rank)
 
-    def op_reset_peak(self) -> None:
-        return None
-
-    def abort(self, request: str) -> None:
-        return None
+    def reset_peak(self, req: ResetPeakRequest) -> ResetPeakResult:
+        return ResetPeakResult()
 
     def close(self) -> None:
         return None  # the engine belongs to LMCache's vLLM adapter: never destroyed here
@@ -160,7 +165,7 @@ class WorkerAdmin:
         settings = EngineSettings(
             name=f"vllm-lmcache tp-rank {tp_rank}", tiers=tiers, kv_tokens=reg.chunk_size, w=0, faults_enabled=faults
         )
-        self.rank = ThreadRank(self.ops, max_workers=4)  # type: ignore[arg-type]  # duck-typed LMCacheRank
+        self.rank = ThreadRank(self.ops, max_workers=4)
         self.coordinator = WorkerCoordinator(reg, [self.rank], settings, EventLog(), registry=self.registry)
         self.server = AdminServer(self.coordinator, token=token, host=host, port=port)
         self.server.start()

@@ -23,6 +23,7 @@ import torch
 from lmcache_bsr import _lmcache as lm
 from lmcache_bsr.host import LMCacheHost
 
+from bsr_cli.api.ranks import SetBudgetRequest
 from bsr_cli.core.keys import chunk_hashes, synthetic_tokens
 from bsr_cli.errors import CapacityError, InvalidInput
 from bsr_cli.mooncake import services
@@ -224,11 +225,11 @@ def test_a_window_over_the_budget_is_capacity_and_blames_no_tier(
     toks = _stored_prompt(host, seed=15, n_tokens=4 * CS)
     try:
         for r in (0, 1):
-            host.rank(r).op_set_budget(CHUNK_BYTES)  # one chunk: a window of W=2 can never be admitted
+            host.rank(r).set_budget(SetBudgetRequest(CHUNK_BYTES))  # one chunk: a window of W=2 can never be admitted
         res = c.restore(toks, w=W, exclude=["fs"])
     finally:
         for r in (0, 1):
-            host.rank(r).op_set_budget(host.rank(r).tracker.heap_bytes)
+            host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
     assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
     assert res["failure_kind"] == "capacity" and res["blamed_tiers"] == [] and res["hint"]
     assert "marker" not in res and c.markers == {}

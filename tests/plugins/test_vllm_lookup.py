@@ -26,6 +26,7 @@ from lmcache_bsr.host import LMCacheHost
 from vllm_bsr.probe_lookup import ProbeLookupClient, ProbeLookupServer, probe_socket_path
 from vllm_bsr.worker_admin import WorkerAdmin
 
+from bsr_cli.api.ranks import StoreRequest, UnsupportedOp
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.mooncake import services
 
@@ -177,6 +178,13 @@ def test_per_worker_admin_server_answers_probe_for_its_rank(stored: tuple[LMCach
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         assert e.value.code == 400 and "vLLM" in e.value.read().decode()
+        # An op the worker's rank ops do not serve answers the typed refusal, over the same seam as every op...
+        with pytest.raises(UnsupportedOp, match="op 'store' is not served from a vLLM worker") as refused:
+            admins[0].rank.submit(StoreRequest(["h"], CS, {"attn": [0]}, {"fs": [0]})).result(timeout=10)
+        assert refused.value.exit_code == 7 and refused.value.hint
+        # ...and the coordinator's call to every rank raises it as is (the admin API answers it as a 400).
+        with pytest.raises(UnsupportedOp, match="op 'set_fs_concurrency' is not served from a vLLM worker"):
+            admins[0].coordinator.set_fs_concurrency(2)
     finally:
         for a in admins:
             a.stop()

@@ -11,11 +11,38 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import pickle
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
+from bsr_cli.api.ranks import (
+    CanonicalHashRequest,
+    CanonicalHashResult,
+    InvalidateRequest,
+    InvalidateResult,
+    OutputHashRequest,
+    OutputHashResult,
+    PrefillRequest,
+    PrefillResult,
+    ProbeRequest,
+    ProbeResult,
+    RankRequest,
+    ResetPeakRequest,
+    ResetPeakResult,
+    RestoreRequest,
+    RestoreResult,
+    SetBudgetRequest,
+    SetBudgetResult,
+    StatsRequest,
+    StatsResult,
+    StoreRequest,
+    StoreResult,
+    TierStatus,
+    UnsupportedOps,
+    dispatch,
+)
 from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.keys import object_key
 from bsr_cli.core.registration import Registration
@@ -25,6 +52,7 @@ from bsr_cli.runtime.pool import RestorePool
 from bsr_cli.runtime.restore import RankRestorer, RestoreJob
 from bsr_cli.runtime.tiers import MISSING, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
 
+R = TypeVar("R")
 CHUNK = 16  # tokens per chunk: small, so a prompt of a few hundred tokens spans many windows
 
 
@@ -205,9 +233,12 @@ class FakeDestination:
         return out
 
 
-class FakeRankOps:
-    """The ops of one rank, in-process: the same runtime pieces as the embedded engine's rank process
-    (RestorePool, RankRestorer) over the fakes above. A fake host because the real one is a torch process."""
+class FakeRankOps(UnsupportedOps):
+    """The ops of one rank (the RankOps contract), in-process: the same runtime pieces as the embedded engine's
+    rank process (RestorePool, RankRestorer) over the fakes above. A fake host because the real one is a torch
+    process."""
+
+    host_name = "the unit-test fake rank"
 
     def __init__(
         self,
@@ -232,76 +263,83 @@ class FakeRankOps:
     def _keys(self, hashes: Sequence[str]) -> dict[str, list[str]]:
         return {g: [object_key(self.reg, self.rank, g, h) for h in hashes] for g in self.reg.group_names}
 
-    def op_probe(self, hashes: list[str], tiers: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
-        keys = self._keys(hashes)
+    def probe(self, req: ProbeRequest) -> ProbeResult:
+        keys = self._keys(req.hashes)
         held: dict[str, dict[str, list[bool]]] = {g: {} for g in keys}
         errors = {}
-        for name in tiers:
+        for name in req.tiers:
             tier = self.tiers.get(name)
             if tier is None:
                 continue
             for g, ks in keys.items():
                 try:
-                    held[g][name] = tier.contains(ks, timeout_s)
+                    held[g][name] = tier.contains(ks, req.timeout_s)
                 except TierUnavailable as e:
                     errors[name] = str(e)
                     break
-        return {"rows": {g: encode_row(held[g], tiers, len(hashes)) for g in keys}, "errors": errors}
+        return ProbeResult({g: encode_row(held[g], req.tiers, len(req.hashes)) for g in keys}, errors)
 
-    def op_store(self, hashes: list[str], n_tokens: int, block_tables: dict, chunks: dict) -> dict[str, Any]:
-        keys = self._keys(hashes)
+    def store(self, req: StoreRequest) -> StoreResult:
+        keys = self._keys(req.hashes)
         cs = self.reg.chunk_size
         stored, errors = {}, {}
-        for name, idx in chunks.items():
+        for name, idx in req.chunks.items():
             tier = self.tiers.get(name)
             if tier is None:
                 continue
             try:
                 for c in idx:
-                    t0, t1 = c * cs, min((c + 1) * cs, n_tokens)
+                    t0, t1 = c * cs, min((c + 1) * cs, req.n_tokens)
                     for g in self.reg.group_names:
-                        payload = memoryview(self.kv.read(g, block_tables[g], t0, t1 - t0))
+                        payload = memoryview(self.kv.read(g, req.block_tables[g], t0, t1 - t0))
                         tier.put([keys[g][c]], [payload], [crc32c(payload)])
                 stored[name] = len(idx) * len(self.reg.group_names)
             except TierUnavailable as e:
                 errors[name] = str(e)
                 stored[name] = 0
-        return {"objects": stored, "errors": errors}
+        return StoreResult(stored, errors)
 
-    def op_restore(self, job: dict[str, Any]) -> dict[str, Any]:
-        request = job["request_id"]
-        abort = self.aborts.setdefault(request, threading.Event())
+    def restore(self, req: RestoreRequest) -> RestoreResult:
+        job = req.job
+        job.validate(self.reg.group_names)
+        abort = self.aborts.setdefault(job.request_id, threading.Event())
         try:
-            rj = RestoreJob.from_wire(job, self.rank)
-            self.jobs.append(rj)
-            return self.restorer.restore(rj, abort).to_dict()
+            self.jobs.append(job)
+            return self.restorer.restore(job, abort)
         finally:
-            self.aborts.pop(request, None)
+            self.aborts.pop(job.request_id, None)
 
-    def op_stats(self, health: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {"rank": self.rank, "pool": self.pool.stats().to_dict()}
-        if health:
-            out["tiers"] = {n: {"ok": t.health().ok, "detail": t.health().detail} for n, t in self.tiers.items()}
-        return out
+    def stats(self, req: StatsRequest) -> StatsResult:
+        tiers = None
+        if req.health:
+            tiers = {n: TierStatus(t.health().ok, t.health().detail) for n, t in self.tiers.items()}
+        return StatsResult(self.rank, self.pool.stats().to_dict(), tiers)
 
-    def op_reset_peak(self) -> None:
+    def reset_peak(self, req: ResetPeakRequest) -> ResetPeakResult:
         self.pool.reset_peak()
+        return ResetPeakResult()
 
-    def op_set_budget(self, budget_bytes: int) -> dict[str, int]:
-        self.pool.set_budget(budget_bytes)
-        return self.pool.stats().to_dict()
+    def set_budget(self, req: SetBudgetRequest) -> SetBudgetResult:
+        self.pool.set_budget(req.budget_bytes)
+        return SetBudgetResult(self.pool.stats().to_dict())
 
-    def op_prefill(self, hashes: list[str], n_tokens: int, first_chunk: int, block_tables: dict) -> int:
-        return self.kv.prefill(hashes, n_tokens, first_chunk, block_tables)
+    # set_fs_concurrency and remove_all: not served by this fake (it has no filesystem tier): UnsupportedOp.
 
-    def op_output_hash(self, block_tables: dict, n_tokens: int) -> dict[str, str]:
-        return self.kv.output_hash(block_tables, n_tokens)
+    def prefill(self, req: PrefillRequest) -> PrefillResult:
+        return PrefillResult(self.kv.prefill(req.hashes, req.n_tokens, req.first_chunk, req.block_tables))
 
-    def op_canonical_hash(self, hashes: list[str], n_tokens: int) -> dict[str, str]:
-        return self.kv.canonical_hash(hashes, n_tokens)
+    def output_hash(self, req: OutputHashRequest) -> OutputHashResult:
+        return OutputHashResult(self.kv.output_hash(req.block_tables, req.n_tokens))
 
-    def op_invalidate(self, block_tables: dict) -> None:
-        self.kv.invalidate(block_tables)
+    def canonical_hash(self, req: CanonicalHashRequest) -> CanonicalHashResult:
+        return CanonicalHashResult(self.kv.canonical_hash(req.hashes, req.n_tokens))
+
+    def invalidate(self, req: InvalidateRequest) -> InvalidateResult:
+        self.kv.invalidate(req.block_tables)
+        return InvalidateResult()
+
+    def abort(self, request_id: str) -> None:
+        self.aborts.setdefault(request_id, threading.Event()).set()
 
 
 class InProcessRank:
@@ -320,22 +358,25 @@ class InProcessRank:
         self.release = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"fake-rank{ops.rank}")
 
-    def submit(self, op: str, **args: Any) -> Future[Any]:
+    def submit(self, request: RankRequest[R]) -> Future[R]:
         if self.dead:  # as the process rank answers once its process is gone
-            fut: Future[Any] = Future()
+            fut: Future[R] = Future()
             fut.set_exception(ServerError(f"rank {self.rank} is not running: process exited"))
             return fut
-        self.calls.append(op)
+        self.calls.append(request.op)
+        # What the pipe does to a request and its result: each crosses as a pickled copy.
+        sent: RankRequest[R] = pickle.loads(pickle.dumps(request))
 
-        def call() -> Any:
-            if op in self.hang:
+        def call() -> R:
+            if sent.op in self.hang:
                 self.release.wait(30)
-            return getattr(self.ops, f"op_{op}")(**args)
+            result: R = pickle.loads(pickle.dumps(dispatch(self.ops, sent)))
+            return result
 
         return self._pool.submit(call)
 
     def abort(self, request: str) -> None:
-        self.ops.aborts.setdefault(request, threading.Event()).set()
+        self.ops.abort(request)
 
     def alive(self) -> bool:
         return not self.dead

@@ -76,8 +76,9 @@ def test_one_invalid_group_on_one_rank_collapses_the_whole_prefix(fake_engine: F
     # Rank 1 scrubbed every block of the request, including the window it had installed before the fault.
     assert fake_engine.ranks[1].ops.kv.invalidated
     assert not fake_engine.ranks[0].ops.kv.invalidated  # rank 0 restored its part; the commit rule still says no
+    assert [m["excluded_tiers"] for m in fake_engine.coordinator.list_markers()] == [["mooncake"]]
     fake_engine.coordinator.clear_markers()
-    assert fake_engine.coordinator.markers == {}
+    assert fake_engine.coordinator.markers == {} and fake_engine.coordinator.list_markers() == []
 
 
 def test_a_window_over_the_budget_is_a_capacity_failure_without_a_marker() -> None:

@@ -1,0 +1,149 @@
+"""Dataclasses of the wire ↔ JSON-able dicts, driven by their type hints, strict on the way in.
+
+``to_json`` turns a dataclass (nested dataclasses, lists, tuples, dicts, optionals, plain scalars) into plain
+data ``json.dumps`` accepts. ``from_json(cls, data)`` builds ``cls`` back and refuses anything that does not fit
+its hints (a missing or unknown field, a wrong type) with one ``BadRequest`` line naming the field, so a malformed
+job never reaches a rank's restore half-decoded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar, Union
+
+from bsr_cli.errors import BadRequest
+
+T = TypeVar("T")
+
+
+def to_json(obj: Any) -> Any:
+    """Plain JSON-able data for a wire object (dict keys become strings)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_json(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"{type(obj).__name__} is not a wire type")
+
+
+def from_json(cls: type[T], data: Any, *, what: str | None = None) -> T:
+    """``cls`` (a wire dataclass) from plain data; ``BadRequest`` naming the field when it does not fit."""
+    return typing.cast(T, _decode(cls, data, what or _label(cls)))
+
+
+def _label(cls: type) -> str:
+    return cls.__name__
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _bad(path: str, expected: str, got: Any) -> BadRequest:
+    shown = repr(got)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return BadRequest(f"malformed {path}: expected {expected}, got {shown}")
+
+
+def _decode(tp: Any, data: Any, path: str) -> Any:
+    if tp is Any:
+        return data
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if data is None and type(None) in args:
+            return None
+        last: BadRequest | None = None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _decode(a, data, path)
+            except BadRequest as e:
+                last = e
+        raise last or _bad(path, "a value", data)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(data, Mapping):
+            raise _bad(path, "an object", data)
+        fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise BadRequest(f"malformed {path}: unknown field(s) {', '.join(map(repr, unknown))}")
+        hints = _hints(tp)
+        kwargs = {}
+        for name, f in fields.items():
+            if name not in data:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise BadRequest(f"malformed {path}: missing field {name!r}")
+                continue
+            kwargs[name] = _decode(hints[name], data[name], f"{path}.{name}")
+        return tp(**kwargs)
+    if origin in (list, Sequence) or tp in (list, Sequence):
+        if not isinstance(data, (list, tuple)):
+            raise _bad(path, "a list", data)
+        item = args[0] if args else Any
+        return [_decode(item, v, f"{path}[{i}]") for i, v in enumerate(data)]
+    if origin is tuple:
+        if not isinstance(data, (list, tuple)):
+            raise _bad(path, "a list", data)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v, f"{path}[{i}]") for i, v in enumerate(data))
+        if len(data) != len(args):
+            raise _bad(path, f"a list of {len(args)}", data)
+        return tuple(_decode(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True)))
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        if not isinstance(data, Mapping):
+            raise _bad(path, "an object", data)
+        kt, vt = args if args else (Any, Any)
+        out = {}
+        for k, v in data.items():
+            key = _decode_key(kt, k, path)
+            out[key] = _decode(vt, v, f"{path}[{k!r}]")
+        return out
+    if tp is bool:
+        if not isinstance(data, bool):
+            raise _bad(path, "true or false", data)
+        return data
+    if tp is int:
+        if not isinstance(data, int) or isinstance(data, bool):
+            raise _bad(path, "an integer", data)
+        return data
+    if tp is float:
+        if not isinstance(data, (int, float)) or isinstance(data, bool):
+            raise _bad(path, "a number", data)
+        return float(data)
+    if tp is str:
+        if not isinstance(data, str):
+            raise _bad(path, "a string", data)
+        return data
+    if tp is type(None):
+        if data is not None:
+            raise _bad(path, "null", data)
+        return None
+    raise TypeError(f"{path}: type {tp!r} has no wire form")
+
+
+def _decode_key(kt: Any, k: Any, path: str) -> Any:
+    if kt is int:
+        if isinstance(k, int) and not isinstance(k, bool):
+            return k
+        if isinstance(k, str) and k.lstrip("-").isdigit():
+            return int(k)
+        raise _bad(f"{path} key", "an integer", k)
+    if kt in (str, Any):
+        if not isinstance(k, str) and kt is str:
+            raise _bad(f"{path} key", "a string", k)
+        return k
+    raise TypeError(f"{path}: key type {kt!r} has no wire form")
+
+
+__all__ = ["from_json", "to_json"]

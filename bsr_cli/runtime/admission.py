@@ -1,0 +1,160 @@
+"""The coordinator's admission layer: discovery, the force-local markers, and the external prefix's restore jobs.
+
+Discovery is the probe-only lookup on every rank (the complete hit bitmap; no object bytes move, nothing stays
+pinned). The external prefix is what every rank and group holds in a tier not excluded by the prompt's force-local
+marker; ``_restore_jobs`` turns it into one typed ``RestoreJob`` per rank (that rank's objects, the windows of at
+most W chunks, the request's blocks and the armed faults aimed at that rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from bsr_cli.api.ranks import ObjectRef, ProbeRequest, RestoreJob, WindowJob
+from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.keys import chunk_hashes, object_key
+from bsr_cli.core.markers import Marker
+from bsr_cli.core.plan import Window
+from bsr_cli.errors import BadRequest
+from bsr_cli.runtime.allocation import Allocation
+from bsr_cli.runtime.faults import FaultSpec
+
+
+class Admission(Allocation):
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids):05d}"
+
+    def check_tokens(self, tokens: Sequence[int]) -> None:
+        if not tokens:
+            raise BadRequest("the prompt is empty")
+        if len(tokens) > self.settings.max_tokens:
+            raise BadRequest(
+                f"prompt of {len(tokens):,} tokens exceeds this engine's limit of {self.settings.max_tokens:,}",
+                hint="start the engine with a larger --max-tokens",
+            )
+
+    # -- discovery ---------------------------------------------------------------------------------------------
+    def probe(self, tokens: Sequence[int], hashes: list[str] | None = None) -> tuple[HitBitmap, dict[str, Any]]:
+        """Probe-only lookup on every rank: the complete hit bitmap; no object bytes move, nothing stays pinned."""
+        self.check_tokens(tokens)
+        hashes = hashes or chunk_hashes(tokens, self.reg.chunk_size)
+        answers = self._call_all(ProbeRequest(hashes=list(hashes), tiers=list(self.settings.tiers)))
+        rows = {(r.rank, g): a.rows[g] for r, a in zip(self.ranks, answers, strict=True) for g in self.reg.group_names}
+        errors = {f"rank{r.rank}": dict(a.errors) for r, a in zip(self.ranks, answers, strict=True) if a.errors}
+        bitmap = HitBitmap(
+            tiers=self.settings.tiers,
+            ranks=len(self.ranks),
+            groups=self.reg.group_names,
+            tokens=len(tokens),
+            chunk_size=self.reg.chunk_size,
+            rows=rows,
+            registration=self.reg.identity,
+            model=self.reg.model,
+        )
+        return bitmap, errors
+
+    # -- the external prefix -----------------------------------------------------------------------------------
+    def _objects_for(
+        self, bitmap: HitBitmap, rank: int, k: int, exclude: set[str], hashes: list[str]
+    ) -> dict[str, list[ObjectRef]]:
+        """Rank ``rank``'s objects of the first ``k`` chunks, per group, each from the tier it is restored from."""
+        cs = self.reg.chunk_size
+        out: dict[str, list[ObjectRef]] = {}
+        for g in self.reg.group_names:
+            bpt = self.reg.group_bytes_per_chunk(g) // cs
+            objs = []
+            for c in range(k):
+                tier = bitmap.choose_tier(rank, g, c, exclude)
+                n = min((c + 1) * cs, bitmap.tokens) - c * cs
+                objs.append(ObjectRef(object_key(self.reg, rank, g, hashes[c]), tier or "", n * bpt))
+            out[g] = objs
+        return out
+
+    def _restore_jobs(
+        self,
+        request: str,
+        w: int,
+        windows: Sequence[Window],
+        objects: dict[int, dict[str, list[ObjectRef]]],
+        block_tables: dict[str, list[int]],
+        faults: Sequence[FaultSpec],
+    ) -> dict[int, RestoreJob]:
+        """One typed job per rank: its own objects and the armed faults aimed at it (or at every rank)."""
+        wins = [
+            WindowJob(
+                index=win.index,
+                chunk_start=win.chunk_start,
+                chunk_end=win.chunk_end,
+                token_start=win.token_start,
+                token_end=win.token_end,
+                blocks={b.group: (b.start, b.end) for b in win.blocks},
+            )
+            for win in windows
+        ]
+        return {
+            r.rank: RestoreJob(
+                request_id=request,
+                w=w,
+                windows=wins,
+                objects=objects[r.rank],
+                block_tables=block_tables,
+                faults=[f for f in faults if f.applies_to_rank(r.rank)],
+                fetch_timeout_s=self.settings.fetch_timeout_s,
+                admit_timeout_s=self.settings.admit_timeout_s,
+            )
+            for r in self.ranks
+        }
+
+    # -- force-local markers -----------------------------------------------------------------------------------
+    def _marker(self, prompt: str) -> Marker | None:
+        """A copy of the prompt's marker (taken under the lock, so a concurrent update cannot tear it)."""
+        with self._lock:
+            m = self.markers.get(prompt)
+            return None if m is None else dataclasses.replace(m, excluded=set(m.excluded))
+
+    def _set_marker(self, prompt: str, tiers: set[str], reason: str, request: str) -> Marker:
+        with self._lock:
+            m = self.markers.get(prompt)
+            if m is None:
+                m = self.markers[prompt] = Marker(prompt, set(tiers), reason, request)
+            else:
+                m.excluded |= tiers
+                m.reason = reason
+            snap = dataclasses.replace(m, excluded=set(m.excluded))
+        self.events.append(
+            {
+                "type": "marker_set",
+                "request": request,
+                "prompt": prompt,
+                "excluded_tiers": sorted(snap.excluded),
+                "reason": reason,
+            }
+        )
+        return snap
+
+    def _clear_marker(self, prompt: str, request: str, why: str) -> bool:
+        with self._lock:
+            m = self.markers.pop(prompt, None)
+        if m is not None:
+            self.events.append({"type": "marker_cleared", "request": request, "prompt": prompt, "why": why})
+        return m is not None
+
+    def list_markers(self) -> list[dict[str, Any]]:
+        """Every standing marker, as plain data (taken under the lock: callers must not iterate ``markers``
+        while a request may set or clear one)."""
+        with self._lock:
+            return [m.to_dict() for m in self.markers.values()]
+
+    def clear_markers(self) -> int:
+        with self._lock:
+            n = len(self.markers)
+            prompts = list(self.markers)
+            self.markers.clear()
+        for p in prompts:
+            self.events.append({"type": "marker_cleared", "prompt": p, "why": "operator"})
+        return n
+
+
+__all__ = ["Admission"]

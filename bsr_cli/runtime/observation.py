@@ -1,0 +1,454 @@
+"""The coordinator's observation layer: calls to every rank with liveness, rank and tier health, the pool/stats
+aggregation a monitor draws, the rank events that feed them, and each restore's recorded report.
+
+A rank is judged by its heartbeat (a rank in another process beats on its own) and, during a restore, by its
+progress events; a call to every rank fails fast (``RankUnresponsive``) when a rank stops beating instead of waiting
+out the whole deadline. Tier health joins what each rank sees of its tiers with what the coordinator knows
+(armed faults, recent real failures).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any, TypeVar
+
+from bsr_cli import API_VERSION, __version__
+from bsr_cli.api.ranks import (
+    REQUESTS,
+    RankClient,
+    RankRequest,
+    ResetPeakRequest,
+    RestoreResult,
+    SetBudgetRequest,
+    SetFsConcurrencyRequest,
+    StatsRequest,
+    StatsResult,
+)
+from bsr_cli.core import accounting
+from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
+from bsr_cli.runtime import failures
+from bsr_cli.runtime.coordinator_state import (
+    HEALTH_WAIT_S,
+    POLL_S,
+    PROGRESS_EVENTS,
+    TIER_FAILURE_TTL_S,
+    CoordinatorState,
+    RankUnresponsive,
+)
+
+R = TypeVar("R")
+
+
+class Observation(CoordinatorState):
+    # -- liveness ----------------------------------------------------------------------------------------------
+    @property
+    def stall_s(self) -> float:
+        """A rank silent this long (no heartbeat) is stalled: derived from the fetch timeout, at least 1 s."""
+        return max(1.0, float(self.settings.fetch_timeout_s))
+
+    def _silent(self, r: RankClient) -> str | None:
+        """Why rank ``r`` cannot answer now (dead, or no heartbeat for longer than stall_s), or None."""
+        if not r.alive():
+            return "its process is not running"
+        age_fn = getattr(r, "heartbeat_age", None)
+        age = age_fn() if age_fn is not None else None
+        if age is not None and age > self.stall_s:
+            return f"no heartbeat for {age:.1f}s (process stopped or hung)"
+        return None
+
+    def _rank_fault(self, rank: int, reason: str, request: str | None = None) -> None:
+        with self._lock:
+            self.rank_faults[rank] = {"reason": reason, "request": request, "at": time.time()}
+        self.events.append({"type": "rank_unresponsive", "rank": rank, "reason": reason, "request": request})
+
+    def _gather(self, futures: Sequence[Future[R]], timeout_s: float, what: str) -> list[R]:
+        """Every rank's answer to one call, failing fast (RankUnresponsive) when a rank stops beating instead of
+        waiting out the whole deadline."""
+        deadline = time.monotonic() + timeout_s
+        pending = [f for f in futures if not f.done()]
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                r = next(r for r, f in zip(self.ranks, futures, strict=True) if not f.done())
+                reason = f"did not answer {what} within {timeout_s:.0f}s"
+                self._rank_fault(r.rank, reason)
+                raise RankUnresponsive(r.rank, reason)
+            wait(pending, timeout=min(POLL_S, left), return_when=FIRST_COMPLETED)
+            pending = [f for f in pending if not f.done()]
+            for r, f in zip(self.ranks, futures, strict=True):
+                why = None if f.done() else self._silent(r)
+                if why:
+                    self._rank_fault(r.rank, f"{why} during {what}")
+                    raise RankUnresponsive(r.rank, f"{why} during {what}")
+        return [f.result() for f in futures]
+
+    def _call_all(self, request: RankRequest[R], timeout_s: float | None = None) -> list[R]:
+        """The same request on every rank; each rank's typed result, in rank order."""
+        futures = [r.submit(request) for r in self.ranks]
+        return self._gather(futures, timeout_s or self.settings.call_timeout_s, request.op)
+
+    def _all(self, op: str, timeout_s: float | None = None, **args: Any) -> list[Any]:
+        """The same op, named, on every rank. Kept for callers that name ops by string (the admin API's settings
+        route); new code calls ``_call_all`` with a typed request."""
+        cls = REQUESTS.get(op)
+        if cls is None:
+            raise ValueError(f"unknown rank op {op!r}")
+        return self._call_all(cls(**args), timeout_s)
+
+    # -- settings every rank applies -------------------------------------------------------------------------------
+    def set_budget(self, budget_bytes: int) -> None:
+        """Every rank's admission budget B, then the engine's setting."""
+        self._call_all(SetBudgetRequest(budget_bytes))
+        self.settings.budget_bytes = budget_bytes
+
+    def set_fs_concurrency(self, value: int) -> None:
+        self._call_all(SetFsConcurrencyRequest(value))
+        self.settings.fs_concurrency = value
+
+    def reset_peak(self) -> None:
+        self._call_all(ResetPeakRequest())
+
+    # -- rank and tier health --------------------------------------------------------------------------------------
+    def rank_health(self) -> list[dict[str, Any]]:
+        """Per rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline."""
+        out = []
+        for r in self.ranks:
+            why = self._silent(r)
+            with self._lock:
+                stuck = sorted(self._stuck.get(r.rank, ()))
+                last = self.rank_faults.get(r.rank)
+            if why is None and stuck:
+                why = f"restore of {', '.join(stuck)} still running past its deadline"
+            age_fn = getattr(r, "heartbeat_age", None)
+            out.append(
+                {
+                    "rank": r.rank,
+                    "healthy": why is None,
+                    "alive": r.alive(),
+                    "heartbeat_age_s": round(age_fn(), 3) if age_fn is not None else None,
+                    "reason": why,
+                    "last_fault": last,
+                }
+            )
+        return out
+
+    def health(self) -> dict[str, Any]:
+        """What /health answers: ``ok`` when every rank is healthy (the engine can serve); ``degraded`` names
+        the tiers that are not (the engine still serves, from a lower tier or by recomputing)."""
+        ranks = self.rank_health()
+        tiers = self._tier_health(self._rank_tier_views(HEALTH_WAIT_S))
+        return {
+            "ok": all(r["healthy"] for r in ranks),
+            "ranks_alive": [r["alive"] for r in ranks],
+            "ranks": ranks,
+            "unhealthy_ranks": [r["rank"] for r in ranks if not r["healthy"]],
+            "tiers": tiers,
+            "degraded_tiers": sorted(t for t, v in tiers.items() if not v["ok"]),
+        }
+
+    def _rank_tier_views(self, wait_s: float) -> list[dict[str, Any]]:
+        """Each rank's own view of its tiers, for /health, which must stay quick: ask every rank that beats (one
+        question in flight per rank), wait at most ``wait_s``, and use the freshest answer from the last 30 s
+        (a slow answer lands in the cache for the next call)."""
+        futures = []
+        for r in self.ranks:
+            with self._lock:
+                busy = r.rank in self._tier_asks
+                if not busy:
+                    self._tier_asks.add(r.rank)
+            if busy:
+                continue
+            if not r.alive() or self._silent(r) is not None:
+                with self._lock:
+                    self._tier_asks.discard(r.rank)
+                continue
+            fut = r.submit(StatsRequest(health=True))
+            fut.add_done_callback(functools.partial(self._keep_tier_view, r.rank))
+            futures.append(fut)
+        if futures:
+            wait(futures, timeout=wait_s)
+        now = time.monotonic()
+        with self._lock:
+            return [
+                {"rank": rk, "tiers": tiers} for rk, (at, tiers) in sorted(self._tier_views.items()) if now - at <= 30
+            ]
+
+    def _keep_tier_view(self, rank: int, fut: Future[StatsResult]) -> None:
+        view = fut.result().view() if fut.exception() is None else None
+        with self._lock:
+            self._tier_asks.discard(rank)
+            if view is not None:
+                self._tier_views[rank] = (time.monotonic(), dict(view.get("tiers") or {}))
+
+    def _tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+        """Per tier ``{"ok", "detail"}``: what each rank sees of it (``pool(health=True)``) joined with what the
+        coordinator knows (armed faults, recent real failures)."""
+        tiers: dict[str, Any] = {}
+        for r in ranks:
+            for name, h in (r.get("tiers") or {}).items():
+                t = tiers.setdefault(name, {"ok": True, "detail": []})
+                t["ok"] = t["ok"] and h["ok"]
+                if not h["ok"]:
+                    t["detail"].append(f"rank{r['rank']}: {h['detail']}")
+        for name, why in self._tier_flags().items():
+            t = tiers.setdefault(name, {"ok": True, "detail": []})
+            if why:
+                t["ok"] = False
+                t["detail"].extend(why)
+        return tiers
+
+    def _tier_flags(self) -> dict[str, list[str]]:
+        """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
+        a recent real failure that no committed restore from it has cleared since."""
+        now = time.time()
+        with self._lock:
+            armed = [f for f in self.faults if not f.exhausted()]
+            recent = {t: dict(v) for t, v in self.tier_failures.items() if now - v["at"] <= TIER_FAILURE_TTL_S}
+        out: dict[str, list[str]] = {t: [] for t in self.settings.tiers}
+        for f in armed:
+            for t in f.tiers_affected():
+                out.setdefault(t, []).append(f"fault #{f.id} {f.kind} armed")
+        for t, v in recent.items():
+            out.setdefault(t, []).append(
+                f"restore from it failed {now - v['at']:.0f}s ago on rank {v['rank']}: {v['reason']}"
+            )
+        return out
+
+    def _note_tier_health(
+        self,
+        committed: bool,
+        used: set[str],
+        blamed: set[str],
+        fails: list[dict[str, Any]],
+        request: str,
+        injected: bool = False,
+    ) -> None:
+        with self._lock:
+            if committed:
+                for t in used:
+                    self.tier_failures.pop(t, None)
+                return
+            for t in blamed:
+                f = next((x for x in fails if x.get("tier") == t), fails[0] if fails else {})
+                self.tier_failures[t] = {
+                    "reason": f.get("reason", ""),
+                    "rank": f.get("rank"),
+                    "request": request,
+                    "at": time.time(),
+                    "injected": injected,  # an armed fault fired: forgotten when the operator clears faults
+                }
+
+    def _report_restore(
+        self,
+        *,
+        request: str,
+        w: int,
+        k: int,
+        windows: int,
+        ext_tokens: int,
+        committed_tokens: int,
+        invalid: Sequence[tuple[int, str]],
+        outcomes: Sequence[RestoreResult],
+        tiers_used: set[str],
+        fired: set[int],
+        seconds: float,
+    ) -> dict[str, Any]:
+        """One restore's report (what the CLI shows), recorded: the failures classified and blamed, tier health
+        noted, the outcome event and the recent-restores entry."""
+        total_bytes = sum(o.bytes_restored for o in outcomes)
+        fails: list[dict[str, Any]] = [
+            {
+                "rank": o.rank,
+                "window": o.failed_window,
+                "reason": o.reason,
+                "kind": o.kind or failures.TIER,
+                "tier": o.tier,
+            }
+            for o in outcomes
+            if not o.ok
+        ]
+        kind = None if committed_tokens else (failures.classify(fails) or failures.TIER)
+        blamed = failures.blamed_tiers(kind, fails, sorted(tiers_used))
+        hint = None
+        if kind == failures.CAPACITY:
+            first = next(f for f in fails if f["kind"] == failures.CAPACITY)
+            hint = failures.capacity_hint(
+                first["reason"],
+                w=w,
+                slot_bytes=self.reg.bytes_per_chunk,
+                budget_bytes=self.settings.budget_bytes,
+                pool_bytes=self.settings.pool_bytes,
+            )
+        self._note_tier_health(committed_tokens > 0, tiers_used, blamed, fails, request, bool(fired))
+        outcome = COMMITTED if committed_tokens else FAILED_CLOSED
+        result = {
+            "request": request,
+            "W": w,
+            "tiers": sorted(tiers_used),
+            "advertised_tokens": ext_tokens,
+            "committed_tokens": committed_tokens,
+            "outcome": outcome,
+            "invalid": [{"rank": r, "group": g} for r, g in invalid],
+            "failures": fails,
+            "failure_kind": kind,
+            "blamed_tiers": sorted(blamed),
+            "hint": hint,
+            "windows": windows,
+            "chunks": k,
+            "seconds": seconds,
+            "bytes": total_bytes,
+            "gbps": total_bytes / seconds / 1e9 if seconds > 0 else 0.0,
+            "ranks": [o.to_dict() for o in outcomes],
+            "rws_bytes": accounting.rws_bytes(self.reg, w) if w else None,
+            "whole_plan_bytes": accounting.whole_plan_bytes(self.reg, k),
+            "fired_faults": sorted(fired),
+        }
+        self.events.append(
+            {
+                "type": "restore_committed" if committed_tokens else "restore_failed_closed",
+                "request": request,
+                "committed_tokens": committed_tokens,
+                "advertised_tokens": ext_tokens,
+                "failures": fails,
+                "failure_kind": kind,
+                "seconds": seconds,
+            }
+        )
+        with self._lock:
+            self.recent.appendleft(
+                {
+                    "request": request,
+                    "outcome": outcome,
+                    "tokens": ext_tokens,
+                    "W": w,
+                    "tiers": sorted(tiers_used),
+                    "seconds": seconds,
+                    "finished": time.time(),
+                    "reason": fails[0]["reason"] if fails else "",
+                    "failure_kind": kind,
+                }
+            )
+        return result
+
+    def on_rank_event(self, ev: dict[str, Any]) -> None:
+        """Rank progress: update the live view, then log it."""
+        if ev.get("type") in PROGRESS_EVENTS:
+            key = (str(ev.get("request", "")), int(ev.get("rank", -1)))
+            with self._lock:
+                if key in self._progress:
+                    self._progress[key] = (time.monotonic(), str(ev["type"]))
+        if ev.get("type") == "window_released":
+            with self._lock:
+                st = self.active.get(ev.get("request", ""))
+                if st is not None:
+                    st["done"][ev["rank"]] = st["done"].get(ev["rank"], 0) + 1
+                    st["bytes"][ev["rank"]] = st["bytes"].get(ev["rank"], 0) + ev.get("bytes", 0)
+                self._rate.setdefault(ev["rank"], deque(maxlen=4096)).append((time.monotonic(), ev.get("bytes", 0)))
+        self.events.append(ev)
+
+    # -- what a monitor draws ----------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "api": API_VERSION,
+            "version": __version__,
+            "engine": s.name,
+            "started_at": self.started_at,
+            "ranks": len(self.ranks),
+            "registration": {
+                "identity": self.reg.identity,
+                "model": self.reg.model,
+                "tensors": len(self.reg.tensors),
+                "bytes_per_chunk": self.reg.bytes_per_chunk,
+                "groups": list(self.reg.group_names),
+            },
+            "chunk_size": self.reg.chunk_size,
+            "tiers": list(s.tiers),
+            "W": s.w,
+            "rws_bytes": accounting.rws_bytes(self.reg, s.w) if s.w else None,
+            "pool_bytes": s.pool_bytes,
+            "budget_bytes": s.budget_bytes,
+            "max_tokens": s.max_tokens,
+            "kv_tokens": s.kv_tokens,
+            "fetch_timeout_s": s.fetch_timeout_s,
+            "faults_enabled": s.faults_enabled,
+            "fs_concurrency": s.fs_concurrency,
+            "tokenizer": s.tokenizer,
+        }
+
+    def pool(self, health: bool = False) -> list[dict[str, Any]]:
+        out = []
+        futures: list[Future[StatsResult] | None] = []
+        states = self.rank_health()
+        for r in self.ranks:
+            # A silent rank is not asked (it would only make the caller wait): its health says why.
+            asked = r.alive() and self._silent(r) is None
+            futures.append(r.submit(StatsRequest(health=health)) if asked else None)
+        now = time.monotonic()
+        for r, fut, h in zip(self.ranks, futures, states, strict=True):
+            entry: dict[str, Any] = {
+                "rank": r.rank,
+                "alive": r.alive(),
+                "healthy": h["healthy"],
+                "reason": h["reason"],
+                "heartbeat_age_s": h["heartbeat_age_s"],
+                "last_fault": h["last_fault"],
+            }
+            if fut is not None:
+                try:
+                    entry |= fut.result(timeout=5.0).view()
+                    if health:
+                        with self._lock:
+                            self._tier_views[r.rank] = (time.monotonic(), dict(entry.get("tiers") or {}))
+                except Exception as e:  # noqa: BLE001 - a rank that cannot answer is shown as such
+                    entry["alive"] = False
+                    entry["healthy"] = False
+                    entry["error"] = entry["reason"] = str(e) or "no answer to stats within 5s"
+            with self._lock:
+                recent = [(t, b) for t, b in self._rate.get(r.rank, ()) if now - t <= 5.0]
+            entry["restore_bps"] = sum(b for _, b in recent) / 5.0
+            out.append(entry)
+        return out
+
+    def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
+        """Everything a monitor draws at once. ``events_since``: every event after that sequence number (up to
+        2,000) instead of the last 50, so a poller sees bursts whole."""
+        ranks = self.pool(health=health)
+        with self._lock:
+            active = [
+                {
+                    **st,
+                    "done": {str(k): v for k, v in st["done"].items()},
+                    "bytes": {str(k): v for k, v in st["bytes"].items()},
+                }
+                for st in self.active.values()
+            ]
+            recent = list(self.recent)
+            markers = [m.to_dict() for m in self.markers.values()]  # under the lock, as list_markers
+            faults = [f.to_dict() for f in self.faults]
+        tiers = self._tier_health(ranks)
+        live = sum(r.get("pool", {}).get("live_bytes", 0) for r in ranks)
+        return {
+            "time": time.time(),
+            "info": self.info(),
+            "ranks": ranks,
+            "active": active,
+            "recent": recent,
+            "admission": {
+                "budget_bytes": self.settings.budget_bytes,
+                "live_bytes": live,
+                "queued": sum(r.get("pool", {}).get("waiters", 0) for r in ranks),
+            },
+            "tiers": tiers,
+            "markers": markers,
+            "faults": faults,
+            "events": self.events.recent(50) if events_since is None else self.events.since(events_since, limit=2000),
+            "seq": self.events.last_seq,
+        }
+
+
+__all__ = ["Observation"]

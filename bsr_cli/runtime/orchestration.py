@@ -1,0 +1,435 @@
+"""The coordinator's orchestration layer: a request's life, from admission to the commit rule.
+
+A request's life, as a scheduler admits it (``submit``):
+
+1. probe-only lookup on every rank → hit bitmap (rank × group × chunk × tier); the external prefix is what every
+   rank and group holds in a tier not excluded by a force-local marker;
+2. destination blocks are allocated for the whole prompt (the same block ids on every rank);
+3. the external prefix is restored in windows of at most W chunks on every rank (one typed ``RestoreRequest`` per
+   rank); the commit rule (every rank and every group valid) decides; any invalid cell collapses the external
+   prefix to zero, every block of the request is invalidated, and a force-local marker excludes the failed tiers
+   from the next pass;
+4. the next pass re-runs admission without those tiers: a lower tier that holds the whole prefix, else local
+   recompute. A successful admission clears the marker;
+5. the rest of the prompt is computed locally and stored to the tiers that lack it; the output hash is taken.
+
+``restore`` is the manual variant: one windowed restore of the external prefix, no fallback, nothing computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any
+
+from bsr_cli.api.ranks import (
+    CanonicalHashRequest,
+    OutputHashRequest,
+    PrefillRequest,
+    RestoreRequest,
+    RestoreResult,
+    StoreRequest,
+    StoreResult,
+)
+from bsr_cli.core import accounting
+from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.commit import FAILED_CLOSED, NOTHING_TO_RESTORE, commit_prefix
+from bsr_cli.core.keys import chunk_hashes, prompt_hash
+from bsr_cli.core.plan import windows_for
+from bsr_cli.runtime import failures
+from bsr_cli.runtime.admission import Admission
+from bsr_cli.runtime.coordinator_state import MAX_PASSES, POLL_S, RankUnresponsive
+
+
+class Orchestration(Admission):
+    # -- one windowed restore across every rank ----------------------------------------------------------------
+    def _restore_external(
+        self,
+        request: str,
+        bitmap: HitBitmap,
+        hashes: list[str],
+        exclude: set[str],
+        w: int,
+        block_tables: dict[str, list[int]],
+        prompt: str = "",
+    ) -> dict[str, Any]:
+        k = bitmap.prefix_chunks(exclude)
+        ext_tokens = bitmap.prefix_tokens(exclude)
+        windows = windows_for(self.reg, w, k, ext_tokens)
+        objects = {r.rank: self._objects_for(bitmap, r.rank, k, exclude, hashes) for r in self.ranks}
+        tiers_used = {o.tier for objs in objects.values() for refs in objs.values() for o in refs}
+        with self._lock:
+            faults = [f for f in self.faults if not f.exhausted()]
+        jobs = self._restore_jobs(request, w, windows, objects, block_tables, faults)
+        started = time.monotonic()
+        state = {
+            "request": request,
+            "W": w,
+            "windows": len(windows),
+            "tokens": ext_tokens,
+            "tiers": sorted(tiers_used),
+            "started": time.time(),
+            "done": {r.rank: 0 for r in self.ranks},
+            "bytes": {r.rank: 0 for r in self.ranks},
+        }
+        with self._lock:
+            self.active[request] = state
+        self.events.append(
+            {
+                "type": "restore_started",
+                "request": request,
+                "prompt": prompt,
+                "W": w,
+                "windows": len(windows),
+                "tokens": ext_tokens,
+                "tiers": sorted(tiers_used),
+            }
+        )
+        futures = [r.submit(RestoreRequest(jobs[r.rank])) for r in self.ranks]
+        try:
+            outcomes = self._await_restore(request, futures)
+        finally:
+            with self._lock:
+                self.active.pop(request, None)
+                for r in self.ranks:
+                    self._progress.pop((request, r.rank), None)
+        validity = {(o.rank, g): v for o in outcomes for g, v in o.valid.items()}
+        decision = commit_prefix(ext_tokens, validity, [r.rank for r in self.ranks], self.reg.group_names)
+        fired = {fid for o in outcomes for fid in o.fired_faults}
+        if fired:
+            with self._lock:
+                self.faults = [f.after_firing() if f.id in fired else f for f in self.faults]
+                self.faults = [f for f in self.faults if not f.exhausted()]
+        return self._report_restore(
+            request=request,
+            w=w,
+            k=k,
+            windows=len(windows),
+            ext_tokens=ext_tokens,
+            committed_tokens=decision.committed_tokens,
+            invalid=decision.invalid,
+            outcomes=outcomes,
+            tiers_used=tiers_used,
+            fired=fired,
+            seconds=time.monotonic() - started,
+        )
+
+    def _await_restore(self, request: str, futures: Sequence[Future[RestoreResult]]) -> list[RestoreResult]:
+        """Every rank's restore outcome, with liveness: a rank that stops beating, or makes no progress within
+        its window deadline (derived from the fetch timeout), fails the restore as a rank fault within seconds.
+        Then every rank is told to abort; a call that is still running keeps its blocks allocated (see
+        _release_tables)."""
+        start = time.monotonic()
+        with self._lock:
+            for r in self.ranks:
+                self._progress[(request, r.rank)] = (start, "started")
+        by_rank = {r.rank: r for r in self.ranks}
+        pending = {r.rank: f for r, f in zip(self.ranks, futures, strict=True)}
+        outcomes: dict[int, RestoreResult] = {}
+        stalled: dict[int, str] = {}
+        while pending and not stalled:
+            wait(list(pending.values()), timeout=POLL_S, return_when=FIRST_COMPLETED)
+            for rk, f in list(pending.items()):
+                if f.done():
+                    del pending[rk]
+                    try:
+                        outcomes[rk] = f.result()
+                    except Exception as e:  # noqa: BLE001 - a rank whose call broke is a rank fault
+                        stalled[rk] = f"its restore call failed: {e}"
+            now = time.monotonic()
+            for rk in pending:
+                why = self._silent(by_rank[rk]) or self._overdue(request, rk, now)
+                if why:
+                    stalled[rk] = why
+        if not stalled:
+            return [outcomes[r.rank] for r in self.ranks]
+        for r in self.ranks:
+            r.abort(request)
+        for rk, why in stalled.items():
+            self._rank_fault(rk, why, request)
+        # The healthy ranks end their own restore fail-closed (abort); give them a short grace to say so.
+        grace_end = time.monotonic() + min(5.0, self.stall_s)
+        for rk, f in list(pending.items()):
+            if rk in stalled:
+                continue
+            wait([f], timeout=max(0.0, grace_end - time.monotonic()))
+            if f.done():
+                del pending[rk]
+                try:
+                    outcomes[rk] = f.result()
+                except Exception as e:  # noqa: BLE001 - as above
+                    stalled[rk] = f"its restore call failed: {e}"
+        for rk, f in pending.items():
+            self._quarantine(request, rk, f)
+        elapsed = time.monotonic() - start
+        for rk in by_rank:
+            if rk not in outcomes or rk in stalled:
+                why = stalled.get(rk) or f"still running after rank(s) {sorted(stalled)} stopped responding"
+                outcomes[rk] = RestoreResult(
+                    rank=rk,
+                    ok=False,
+                    valid=dict.fromkeys(self.reg.group_names, False),
+                    seconds=elapsed,
+                    reason=why,
+                    kind=failures.RANK if rk in stalled else failures.ABORTED,
+                )
+        return [outcomes[r.rank] for r in self.ranks]
+
+    def _overdue(self, request: str, rank: int, now: float) -> str | None:
+        """The per-window progress deadline: 2 × the fetch timeout since the rank's last progress (plus the
+        admission deadline while it waits for budget), else the rank is stalled."""
+        with self._lock:
+            at, what = self._progress.get((request, rank), (now, ""))
+        limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if what == "window_waiting" else 0)
+        if now - at > limit:
+            return f"no restore progress for {now - at:.1f}s (window deadline {limit:g}s)"
+        return None
+
+    # -- requests ----------------------------------------------------------------------------------------------
+    def _combined_hash(self, per_rank: Sequence[dict[str, str]]) -> str:
+        h = hashlib.sha256()
+        for r, groups in enumerate(per_rank):
+            for g in self.reg.group_names:
+                h.update(f"{r}:{g}:{groups[g]};".encode())
+        return h.hexdigest()[:32]
+
+    def _output_hash(self, tables: dict[str, list[int]], n_tokens: int) -> str:
+        return self._combined_hash([a.groups for a in self._call_all(OutputHashRequest(tables, n_tokens))])
+
+    def _canonical_hash(self, hashes: list[str], n_tokens: int) -> str:
+        return self._combined_hash([a.groups for a in self._call_all(CanonicalHashRequest(hashes, n_tokens))])
+
+    def _open(
+        self,
+        tokens: Sequence[int],
+        w: int | None,
+        request: str | None,
+        progress: Callable[[dict[str, Any]], None] | None,
+    ) -> tuple[int, str, str, list[str], Callable[[], None]]:
+        """What every request starts with: a checked prompt, its W, id, prompt hash, chunk hashes, and the
+        progress listener (with the function that removes it)."""
+        self.check_tokens(tokens)
+        w = self.settings.w if w is None else accounting.check_window(w)
+        request = request or self.new_request_id()
+        unlisten = self.events.listen(request, progress) if progress else (lambda: None)
+        # Open from acceptance (the client learns the id then) to the end: an abort in between, before its
+        # windows start, still ends it fail-closed (each rank keeps the abort for the job that follows).
+        with self._lock:
+            self._open_requests.add(request)
+
+        def stop() -> None:
+            unlisten()
+            with self._lock:
+                self._open_requests.discard(request)
+
+        return w, request, prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size), stop
+
+    def submit(
+        self,
+        tokens: Sequence[int],
+        *,
+        w: int | None = None,
+        verify: bool = True,
+        store: bool = True,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        request: str | None = None,
+    ) -> dict[str, Any]:
+        """Admit a prompt as the scheduler would: restore the external prefix (with fallback), compute the rest."""
+        w, request, prompt, hashes, stop = self._open(tokens, w, request, progress)
+        started = time.monotonic()
+        tables = self._allocate(len(tokens))
+        passes: list[dict[str, Any]] = []
+        try:
+            self.events.append(
+                {"type": "request_admitted", "request": request, "prompt": prompt, "tokens": len(tokens)}
+            )
+            marker = self._marker(prompt)
+            exclude = set(marker.excluded) if marker else set()
+            marker_history = [{"pass": 0, "marker": marker.to_dict()}] if marker else []
+            committed, source = 0, "recompute"
+            bitmap: HitBitmap | None = None
+            for pass_no in range(1, MAX_PASSES + 1):
+                bitmap, tier_errors = self.probe(tokens, hashes)
+                ext = bitmap.prefix_tokens(exclude)
+                entry: dict[str, Any] = {
+                    "pass": pass_no,
+                    "excluded_tiers": sorted(exclude),
+                    "external_tokens": ext,
+                    "tier_errors": tier_errors,
+                }
+                passes.append(entry)
+                if ext == 0:
+                    break
+                res = self._restore_external(request, bitmap, hashes, exclude, w, tables, prompt)
+                entry["restore"] = res
+                if res["committed_tokens"]:
+                    committed, source = res["committed_tokens"], "+".join(res["tiers"])
+                    break
+                # Fail closed: every block of the request is invalid now (each rank scrubbed its own). Only a tier
+                # fault sets a marker (the next pass skips that tier); a stalled rank ends the request; a capacity
+                # refusal or an abort blames no tier: the rest is computed locally.
+                entry["failure_kind"] = res["failure_kind"]
+                if res["failure_kind"] == failures.RANK:
+                    bad = next(f for f in res["failures"] if f["kind"] == failures.RANK)
+                    raise RankUnresponsive(bad["rank"], bad["reason"])
+                if res["failure_kind"] != failures.TIER:
+                    break
+                m = self._set_marker(prompt, set(res["blamed_tiers"]), failures.summary(res), request)
+                exclude = set(m.excluded)
+                marker_history.append({"pass": pass_no, "marker": m.to_dict()})
+            # Successful admission (RUNNING): the marker has served its purpose.
+            cleared = self._clear_marker(prompt, request, "admitted")
+            computed = len(tokens) - committed
+            first_chunk = committed // self.reg.chunk_size
+            if computed > 0:
+                self._call_all(PrefillRequest(hashes, len(tokens), first_chunk, tables))
+            store_result: dict[str, Any] = {}
+            if store and bitmap is not None:
+                store_result = self._store_missing(bitmap, hashes, len(tokens), tables)
+            output_hash = self._output_hash(tables, len(tokens))
+            canonical = self._canonical_hash(hashes, len(tokens)) if verify else None
+            result = {
+                "request": request,
+                "prompt": prompt,
+                "tokens": len(tokens),
+                "W": w,
+                "external_tokens": committed,
+                "computed_tokens": computed,
+                "source": source if committed else "recompute",
+                "passes": passes,
+                "force_local": {"history": marker_history, "cleared": cleared},
+                "stored": store_result,
+                "output_hash": output_hash,
+                "canonical_hash": canonical,
+                "hash_ok": None if canonical is None else canonical == output_hash,
+                "seconds": time.monotonic() - started,
+            }
+            self.events.append(
+                {
+                    "type": "request_finished",
+                    "request": request,
+                    "external_tokens": committed,
+                    "computed_tokens": computed,
+                    "source": result["source"],
+                    "hash_ok": result["hash_ok"],
+                }
+            )
+            return result
+        finally:
+            self._release_tables(request, tables)  # teardown
+            stop()
+
+    def _store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: dict[str, list[int]]) -> dict:
+        futures: list[Future[StoreResult]] = []
+        for r in self.ranks:
+            chunks: dict[str, list[int]] = {}
+            for i, tier in enumerate(bitmap.tiers):
+                lacking = [
+                    c
+                    for c in range(bitmap.chunks)
+                    if any(not (bitmap.mask(r.rank, g, c) >> i) & 1 for g in bitmap.groups)
+                ]
+                if lacking:
+                    chunks[tier] = lacking
+            futures.append(r.submit(StoreRequest(hashes, n_tokens, tables, chunks)))
+        errors: dict[str, dict[str, str]] = {}
+        objects: dict[str, Any] = {}
+        for r, fut in zip(self.ranks, futures, strict=True):
+            try:
+                res = fut.result(timeout=self.settings.call_timeout_s)
+            except Exception as e:  # noqa: BLE001 - a tier that cannot take writes loses reuse, not the request
+                res = StoreResult({}, {"*": str(e)})
+            objects[f"rank{r.rank}"] = dict(res.objects)
+            for tier, err in res.errors.items():
+                errors.setdefault(f"rank{r.rank}", {})[tier] = err
+                self.events.append({"type": "store_failed", "rank": r.rank, "tier": tier, "error": err})
+        return {"objects": objects, "errors": errors}
+
+    def restore(
+        self,
+        tokens: Sequence[int],
+        *,
+        w: int | None = None,
+        verify: bool = True,
+        exclude: Sequence[str] = (),
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        request: str | None = None,
+    ) -> dict[str, Any]:
+        """A manual windowed restore of a prompt's external prefix (no fallback, nothing computed)."""
+        w, request, prompt, hashes, stop = self._open(tokens, w, request, progress)
+        try:
+            try:
+                bitmap, tier_errors = self.probe(tokens, hashes)
+            except RankUnresponsive as e:
+                return self._rank_failed(request, prompt, len(tokens), w, e)
+            excl = set(exclude)
+            ext = bitmap.prefix_tokens(excl)
+            brk = bitmap.first_break(excl)
+            base = {
+                "request": request,
+                "prompt": prompt,
+                "tokens": len(tokens),
+                "W": w,
+                "tier_errors": tier_errors,
+                "first_break": brk.to_dict() if brk else None,
+                "bitmap": bitmap.to_dict(),
+            }
+            if ext == 0:
+                return base | {"outcome": NOTHING_TO_RESTORE, "committed_tokens": 0, "advertised_tokens": 0}
+            tables = self._allocate(ext)
+            try:
+                res = self._restore_external(request, bitmap, hashes, excl, w, tables, prompt)
+                out = base | res
+                if res["committed_tokens"]:
+                    out["output_hash"] = self._output_hash(tables, ext)
+                    if verify:
+                        out["canonical_hash"] = self._canonical_hash(hashes[: -(-ext // self.reg.chunk_size)], ext)
+                        out["hash_ok"] = out["canonical_hash"] == out["output_hash"]
+                elif res["failure_kind"] == failures.TIER:
+                    marker = self._set_marker(prompt, set(res["blamed_tiers"]), failures.summary(res), request)
+                    out["marker"] = marker.to_dict()
+                return out
+            finally:
+                self._release_tables(request, tables)
+        finally:
+            stop()
+
+    def _rank_failed(self, request: str, prompt: str, n_tokens: int, w: int, e: RankUnresponsive) -> dict[str, Any]:
+        """A manual restore that could not start because a rank stopped answering: failed closed (nothing was
+        restored or committed), blamed on the rank, no marker."""
+        fail = {"rank": e.rank, "window": None, "reason": e.reason, "kind": failures.RANK, "tier": None}
+        self.events.append(
+            {"type": "restore_failed_closed", "request": request, "committed_tokens": 0, "failures": [fail]}
+        )
+        return {
+            "request": request,
+            "prompt": prompt,
+            "tokens": n_tokens,
+            "W": w,
+            "outcome": FAILED_CLOSED,
+            "advertised_tokens": 0,
+            "committed_tokens": 0,
+            "failures": [fail],
+            "failure_kind": failures.RANK,
+            "blamed_tiers": [],
+            "invalid": [],
+            "tiers": [],
+            "ranks": [],
+            "windows": 0,
+            "hint": e.hint,
+        }
+
+    def abort(self, request: str) -> bool:
+        with self._lock:
+            known = request in self.active or request in self._open_requests
+        if not known:
+            return False
+        for r in self.ranks:
+            r.abort(request)
+        self.events.append({"type": "abort_requested", "request": request})
+        return True
+
+
+__all__ = ["Orchestration"]
