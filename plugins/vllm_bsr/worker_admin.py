@@ -144,7 +144,7 @@ class WorkerCoordinator(LMCacheCoordinator):
     def clear_markers(self) -> int:
         raise BadRequest(
             "force-local markers are not served from a vLLM worker: they live in vLLM's scheduler (the BSR "
-            "connector), keyed by prompt, and clear on that prompt's next admission",
+            "connector), keyed by the failed prefix, and clear on the next admission of a prompt that starts with it",
             hint="watch `bsr_marker_set` / `bsr_marker_cleared` in $BSR_VLLM_EVENTS or the scheduler's log",
         )
 
