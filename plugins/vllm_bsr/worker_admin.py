@@ -30,9 +30,9 @@ from lmcache_bsr.tokens import TokenRegistry
 from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import BadRequest
-from bsr_cli.runtime.admin import AdminServer
 from bsr_cli.runtime.coordinator import EngineSettings
 from bsr_cli.runtime.events import EventLog
+from bsr_cli.server.admin import AdminServer
 
 from .probe_lookup import EngineFn, RankProber
 
