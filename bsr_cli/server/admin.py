@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import anyio.to_thread
 import uvicorn
 
 from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
@@ -51,6 +52,7 @@ class AdminServer:
     ) -> None:
         self.coordinator = coordinator
         self.token = token
+        self._max_connections = max_connections
         self.on_shutdown = on_shutdown
         self.max_body = BODY_OVERHEAD + BODY_BYTES_PER_TOKEN * max(coordinator.settings.max_tokens, 0)
         self.counters = {COMMITTED: 0, FAILED_CLOSED: 0, "submitted": 0, "http_requests": 0}
@@ -99,7 +101,13 @@ class AdminServer:
         self.counters["http_requests"] += 1
 
     def serve_forever(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self._sock]))
+        async def serve() -> None:
+            # Sync routes run in anyio's worker threads (40 by default): one per open connection, as each may hold
+            # one (a long-polled /events, a restore's JSON answer), so no connection waits for another's thread.
+            anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, self._max_connections)
+            await self._server.serve(sockets=[self._sock])
+
+        asyncio.run(serve())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve_forever, name="bsr-admin", daemon=True)
