@@ -54,3 +54,36 @@ def test_help_and_planning_import_nothing_heavy() -> None:
     )
     loaded = _modules_after(code)
     assert not (loaded & FORBIDDEN_AT_STARTUP), loaded & FORBIDDEN_AT_STARTUP
+
+
+# pydantic is not in the list: typer (0.2x) itself requires and imports it.
+SERVER_STACK = {"fastapi", "starlette", "uvicorn", "prometheus_client", "bsr_cli.server"}
+
+
+def test_the_cli_and_its_client_never_import_the_server_stack(tmp_path) -> None:
+    """The admin API's framework (bsr_cli/server) is the engine's: `bsr --help`, `bsr plan`, `bsr status --json`
+    against no engine at all, and the client library load none of it."""
+    code = (
+        "import io, os, contextlib\n"
+        f"os.environ['BSR_STATE_DIR'] = {str(tmp_path)!r}\n"
+        "os.environ.pop('BSR_ENGINE', None)\n"
+        "from bsr_cli.cli.main import run\n"
+        "import bsr_cli.client\n"
+        "from bsr_cli.client import AdminClient\n"
+        "buf, err = io.StringIO(), io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):\n"
+        "    assert run(['--help']) == 0\n"
+        "    assert run(['plan', '--W', '32', '--tokens', '524032', '-r', 'paper-mtp-on', '--json']) == 0\n"
+        "    assert run(['status', '--json']) != 0\n"  # nothing runs there: a clean error, not a server import
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "bsr_cli.client.admin" in loaded  # the probe ran
+    hits = {m for m in loaded if any(m == s or m.startswith(s + ".") for s in SERVER_STACK)}
+    assert not hits, hits

@@ -19,9 +19,9 @@ from typing import Any
 from bsr_cli.core import limits
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine.ranks import ProcessRank
-from bsr_cli.runtime.admin import IDLE_TIMEOUT_S, MAX_CONNECTIONS, REQUEST_DEADLINE_S, AdminServer
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
 from bsr_cli.runtime.events import EventLog
+from bsr_cli.server.admin import IDLE_TIMEOUT_S, MAX_CONNECTIONS, REQUEST_DEADLINE_S, AdminServer
 
 
 def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank]]:

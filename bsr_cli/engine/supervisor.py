@@ -59,7 +59,7 @@ class EngineOptions:
     host: str = "127.0.0.1"
     port: int = 0
     remote: bool = True
-    # The admin server's self-defence (see bsr_cli/runtime/admin.py); None keeps the server's defaults.
+    # The admin server's self-defence (see bsr_cli/server/admin.py); None keeps the server's defaults.
     admin_limits: dict[str, float] | None = None
 
     def resolved(self) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 from bsr_cli import API_VERSION, __version__
 from bsr_cli.api.ranks import (
-    REQUESTS,
     RankClient,
     RankRequest,
     ResetPeakRequest,
@@ -28,7 +27,7 @@ from bsr_cli.api.ranks import (
     StatsRequest,
     StatsResult,
 )
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, limits
 from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import (
@@ -91,15 +90,33 @@ class Observation(CoordinatorState):
         futures = [r.submit(request) for r in self.ranks]
         return self._gather(futures, timeout_s or self.settings.call_timeout_s, request.op)
 
-    def _all(self, op: str, timeout_s: float | None = None, **args: Any) -> list[Any]:
-        """The same op, named, on every rank. Kept for callers that name ops by string (the admin API's settings
-        route); new code calls ``_call_all`` with a typed request."""
-        cls = REQUESTS.get(op)
-        if cls is None:
-            raise ValueError(f"unknown rank op {op!r}")
-        return self._call_all(cls(**args), timeout_s)
-
     # -- settings every rank applies -------------------------------------------------------------------------------
+    def update_settings(
+        self, *, budget_bytes: int | None = None, fs_concurrency: int | None = None, w: int | None = None
+    ) -> None:
+        """Change B, the filesystem load concurrency and the default W at run time. The resulting set is checked
+        as `bsr engine up` checks it and applied whole or not at all (raises InvalidInput/CapacityError)."""
+        s = self.settings
+        budget = s.budget_bytes if budget_bytes is None else budget_bytes
+        fsc = s.fs_concurrency if fs_concurrency is None else fs_concurrency
+        new_w = s.w if w is None else w
+        limits.check_engine_settings(
+            self.reg,
+            w=new_w,
+            pool_bytes=s.pool_bytes or None,
+            budget_bytes=budget,
+            max_tokens=s.max_tokens,
+            kv_tokens=s.kv_tokens,
+            fs_concurrency=fsc,
+            fetch_timeout_s=s.fetch_timeout_s,
+            window_within_budget=False,  # B may be set for the W of particular requests (the benchmarks do)
+        )
+        if budget_bytes is not None:
+            self.set_budget(budget)
+        if fs_concurrency is not None:
+            self.set_fs_concurrency(fsc)
+        s.w = new_w
+
     def set_budget(self, budget_bytes: int) -> None:
         """Every rank's admission budget B, then the engine's setting."""
         self._call_all(SetBudgetRequest(budget_bytes))

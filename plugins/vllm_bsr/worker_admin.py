@@ -42,9 +42,9 @@ from bsr_cli.api.ranks import (
 from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import BadRequest
-from bsr_cli.runtime.admin import AdminServer
 from bsr_cli.runtime.coordinator import EngineSettings
 from bsr_cli.runtime.events import EventLog
+from bsr_cli.server.admin import AdminServer
 
 from .probe_lookup import EngineFn, RankProber
 
@@ -140,6 +140,10 @@ class WorkerCoordinator(LMCacheCoordinator):
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "serves_restores": False}
+
+    def update_settings(self, **changes: Any) -> None:
+        # B, W and the filesystem concurrency govern restores, which a worker does not run.
+        self._refuse("changing restore settings")
 
     def clear_markers(self) -> int:
         raise BadRequest(

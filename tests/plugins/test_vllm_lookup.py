@@ -185,6 +185,17 @@ def test_per_worker_admin_server_answers_probe_for_its_rank(stored: tuple[LMCach
         # ...and the coordinator's call to every rank raises it as is (the admin API answers it as a 400).
         with pytest.raises(UnsupportedOp, match="op 'set_fs_concurrency' is not served from a vLLM worker"):
             admins[0].coordinator.set_fs_concurrency(2)
+        # Over HTTP, a settings change is refused as a whole, before any check of values a worker has no use for.
+        req = urllib.request.Request(
+            f"{admins[0].url}/bsr/v1/settings",
+            data=json.dumps({"fs_concurrency": 2}).encode(),
+            headers={"Authorization": "Bearer w0rk", "Content-Type": "application/json"},
+            method="POST",
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        body = e.value.read().decode()
+        assert e.value.code == 400 and "changing restore settings is not served from a vLLM worker" in body, body
     finally:
         for a in admins:
             a.stop()

@@ -3,15 +3,19 @@ ranks (no Mooncake, no rank processes). Authentication, validation, streamed res
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+pytest.importorskip("fastapi")  # the admin API is the engine extra's
+
 from bsr_cli.client import AdminClient
 from bsr_cli.errors import BsrError
-from bsr_cli.runtime.admin import PREFIX, AdminServer
+from bsr_cli.server.admin import PREFIX, AdminServer
 from unit.conftest import FakeEngine, build_engine
 
 TOKEN = "unit-token"
@@ -20,7 +24,7 @@ PROMPT = {"synthetic": {"n": 200, "seed": 5}}
 
 @pytest.fixture
 def served() -> Iterator[tuple[FakeEngine, AdminServer]]:
-    eng = build_engine()
+    eng = build_engine(fetch_timeout_s=20.0)
     server = AdminServer(eng.coordinator, token=TOKEN)
     server.start()
     try:
@@ -90,3 +94,36 @@ def test_faults_and_markers_round_trip(served: tuple[FakeEngine, AdminServer]) -
         assert client.clear_markers() == 1 and client.markers() == []
         metrics = client.metrics()
     assert "bsr_" in metrics and "failed" in metrics
+
+
+def test_a_client_that_goes_away_mid_stream_aborts_the_restore_fail_closed(
+    served: tuple[FakeEngine, AdminServer],
+) -> None:
+    """No explicit abort call: the streamed restore's connection is closed while rank 0 stalls on an injected
+    timeout (20 s here), and the server ends the restore as aborted, nothing committed, the pool empty."""
+    eng, server = served
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with AdminClient(server.url, TOKEN, timeout_s=20) as client:
+        client.submit(PROMPT)
+        client.inject_fault({"kind": "timeout", "rank": 0, "window": 1})
+    c = eng.coordinator
+    with (
+        httpx.Client(base_url=server.url, timeout=20) as http,
+        http.stream("POST", f"{PREFIX}/restore", json=PROMPT | {"W": 4}, headers=auth) as resp,
+    ):
+        assert resp.status_code == 200
+        first = json.loads(next(resp.iter_lines()))
+        assert first["type"] == "accepted"
+        rid = first["request"]
+        deadline = time.monotonic() + 15
+        while rid not in c.active and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert rid in c.active, "the restore never started"
+    # The connection is gone; the restore must end without anyone asking for it.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not any(r["request"] == rid for r in c.recent):
+        time.sleep(0.05)
+    ended = [r for r in c.recent if r["request"] == rid]
+    assert ended, "the restore kept running after its client went away"
+    assert ended[0]["outcome"] == "failed_closed" and ended[0]["failure_kind"] == "aborted", ended[0]
+    assert all(rk["pool"]["live_bytes"] == 0 for rk in c.pool())

@@ -1,0 +1,128 @@
+"""The admin API's server: the FastAPI app behind guard.Guard, served by uvicorn in a daemon thread.
+
+A host (the embedded engine, the LMCache host, a vLLM worker) builds an ``AdminServer`` over its Coordinator,
+calls ``start()`` (the port is bound in the constructor, so ``url`` is known at once) and ``stop()`` at the end.
+Loopback by default. The defences: the token and a body cap before a body is read (guard.py), a deadline for a
+request's line, headers and body, an idle timeout, and a cap on open connections (protocol.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import anyio.to_thread
+import uvicorn
+
+from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
+from bsr_cli.runtime.coordinator import Coordinator
+from bsr_cli.server.app import PREFIX, create_app, routes_of
+from bsr_cli.server.guard import Guard
+from bsr_cli.server.metrics import Exposition
+from bsr_cli.server.protocol import protocol_class
+
+# A body never needs more than the longest prompt as JSON token ids plus room for the other fields: an id is at most
+# 10 digits, and pretty-printed JSON adds a comma, a newline and indentation ("4294967295,\n    " is 16 bytes).
+BODY_BYTES_PER_TOKEN = 24
+BODY_OVERHEAD = 64 << 10
+REQUEST_DEADLINE_S = 30.0  # request line, headers and body must all arrive within this
+IDLE_TIMEOUT_S = 10.0  # no byte for this long (between requests, or mid-request) closes the connection
+MAX_CONNECTIONS = 64
+START_TIMEOUT_S = 30.0
+
+__all__ = ["IDLE_TIMEOUT_S", "MAX_CONNECTIONS", "PREFIX", "REQUEST_DEADLINE_S", "AdminServer"]
+
+
+class AdminServer:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_shutdown: Callable[[], None] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        request_deadline_s: float = REQUEST_DEADLINE_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
+        self.coordinator = coordinator
+        self.token = token
+        self._max_connections = max_connections
+        self.on_shutdown = on_shutdown
+        self.max_body = BODY_OVERHEAD + BODY_BYTES_PER_TOKEN * max(coordinator.settings.max_tokens, 0)
+        self.counters = {COMMITTED: 0, FAILED_CLOSED: 0, "submitted": 0, "http_requests": 0}
+        self._metrics = Exposition(coordinator, submitted=lambda: self.counters["submitted"])
+        app = create_app(self)
+        self.app = Guard(app, routes_of(app), token=token, max_body=self.max_body, on_request=self._count)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+            self._sock.listen(128)
+        except OSError:
+            self._sock.close()
+            raise
+        self.host, self.port = str(self._sock.getsockname()[0]), int(self._sock.getsockname()[1])
+        config = uvicorn.Config(
+            self.app,
+            http=protocol_class(
+                max_connections=max_connections, request_deadline_s=request_deadline_s, idle_timeout_s=idle_timeout_s
+            ),
+            ws="none",
+            lifespan="off",
+            loop="asyncio",
+            timeout_keep_alive=max(1, round(idle_timeout_s)),
+            timeout_graceful_shutdown=2,
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            server_header=False,
+            # h11's cap on a request's line and headers (uvicorn's default): past it the request is a 400.
+            h11_max_incomplete_event_size=16 * 1024,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def metrics_text(self) -> str:
+        return self._metrics.text()
+
+    def _count(self) -> None:
+        self.counters["http_requests"] += 1
+
+    def serve_forever(self) -> None:
+        async def serve() -> None:
+            # Sync routes run in anyio's worker threads (40 by default): one per open connection, as each may hold
+            # one (a long-polled /events, a restore's JSON answer), so no connection waits for another's thread.
+            anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, self._max_connections)
+            await self._server.serve(sockets=[self._sock])
+
+        asyncio.run(serve())
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.serve_forever, name="bsr-admin", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the admin server stopped while starting")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the admin server did not start within {START_TIMEOUT_S:g}s")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with contextlib.suppress(OSError):
+            self._sock.close()

@@ -1,0 +1,405 @@
+"""The admin API's routes (``/bsr/v1/...`` and ``/metrics``) as a FastAPI app over one Coordinator.
+
+Every route answers JSON (or NDJSON for a streamed restore or admission, or Prometheus text for /metrics); every
+error is ``{"error": kind, "message": ..., "hint": ...}``: a body FastAPI finds invalid is a 400 ``invalid-input``
+(never FastAPI's 422), a runtime error its mapped status, a handler bug a JSON 500. Routing, the token and the
+body cap are checked before the body is read, by guard.Guard in front of this app; docs/admin-api.md lists the
+routes, docs/openapi.json is generated from this app (``python -m bsr_cli.server.openapi``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+from fastapi.routing import APIRoute
+
+from bsr_cli import API_VERSION
+from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
+from bsr_cli.core.keys import synthetic_tokens
+from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
+from bsr_cli.server import models as m
+from bsr_cli.server.guard import Route, route
+
+if TYPE_CHECKING:
+    from bsr_cli.server.admin import AdminServer
+
+PREFIX = f"/bsr/{API_VERSION}"
+NDJSON = "application/x-ndjson"
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Flag = Literal["0", "1"]
+
+
+def status_for(e: BsrError) -> int:
+    if isinstance(e, FaultsDisabled):
+        return 403
+    if isinstance(e, CapacityError):
+        return 409
+    if isinstance(e, InvalidInput | BadRequest):
+        return 400
+    return 500
+
+
+class NotFound(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    body = json.dumps(data, default=str).encode()
+    return Response(body, status_code=status, media_type="application/json", headers={"X-BSR-API": API_VERSION})
+
+
+def _err(status: int, kind: str, message: str, hint: str | None = None) -> Response:
+    return _json({"error": kind, "message": message, "hint": hint}, status)
+
+
+def _describe(err: dict[str, Any]) -> str:
+    """One line for pydantic's first complaint, naming the field as the request spelled it."""
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+    where = ".".join(loc) or "body"
+    kind, ctx = err.get("type", ""), err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return f"unknown field(s): {where}"
+    if kind == "too_short" and ctx.get("min_length") == 1:
+        return f"'{where}' must not be empty"
+    if kind == "less_than_equal":
+        return f"'{where}' must be at most {ctx.get('le')}"
+    if kind == "greater_than_equal":
+        return f"'{where}' must be at least {ctx.get('ge')}"
+    return f"'{where}': {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}"
+
+
+def tokens_of(body: m.PromptBody, max_tokens: int) -> list[int]:
+    if (body.tokens is None) == (body.synthetic is None):
+        raise InvalidInput("give exactly one of 'tokens' or 'synthetic'")
+    if body.synthetic is not None:
+        n = body.synthetic.n
+        if n > max_tokens:
+            raise BadRequest(f"prompt of {n:,} tokens exceeds this engine's limit of {max_tokens:,}")
+        return synthetic_tokens(n, body.synthetic.seed)
+    toks = body.tokens or []
+    if len(toks) > max_tokens:
+        raise BadRequest(f"prompt of {len(toks):,} tokens exceeds this engine's limit of {max_tokens:,}")
+    return list(toks)
+
+
+def _exclude(tiers: Sequence[str] | None, served: tuple[str, ...] | list[str]) -> list[str]:
+    if tiers and set(tiers) - set(served):
+        raise InvalidInput(f"exclude_tiers must be a list naming tiers of this engine: {list(served)}")
+    return list(tiers or [])
+
+
+# Statuses every operation can answer besides its own: 400 for a malformed body or query, 411/413 for a chunked or
+# oversized body, 503 at the connection cap, 500 for a handler bug (reported as JSON rather than dropped).
+ERROR_TEXT = {
+    400: "malformed body or query, or a value out of bounds",
+    401: "missing or wrong bearer token (checked before the body is read)",
+    403: "fault injection is disabled on this engine",
+    404: "no such request",
+    409: "the request does not fit this engine's capacity",
+    411: "a chunked body (send Content-Length)",
+    413: "a body over the cap that follows from the prompt limit",
+    500: "a server bug, reported rather than dropped",
+    503: "unavailable (a rank is down, or the connection cap is reached)",
+}
+COMMON_ERRORS = (400, 411, 413, 500, 503)
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"model": m.ErrorBody, "description": ERROR_TEXT[s]} for s in sorted({*COMMON_ERRORS, *statuses})}
+
+
+def _op(model: type | None, *errors: int, auth: bool = False, stream: bool = False) -> dict[str, Any]:
+    """A route's documentation: its answer's model, its error statuses, its token."""
+    extra: dict[str, Any] = {"responses": _errors(*errors, *((401,) if auth else ()))}
+    if model is not None:
+        extra["response_model"] = model
+    if auth:
+        extra["openapi_extra"] = {"security": [{"bearer": []}]}
+    if stream:
+        extra["responses"][200] = {"content": {NDJSON: {}}}
+    return extra
+
+
+def create_app(admin: AdminServer | None) -> FastAPI:
+    """The app over ``admin``'s coordinator (``None`` only to generate the document: every route then fails)."""
+    app = FastAPI(
+        title="bsr engine admin API",
+        version=API_VERSION,
+        description="Served by every host of the BSR runtime (the embedded engine, the LMCache plugin, a vLLM "
+        "worker). Loopback by default; state-changing routes need a bearer token, checked before the body is read. "
+        "Every error is a JSON object (ErrorBody); a method a path does not serve gets 405 with an Allow header. "
+        "Generated from bsr_cli/server/app.py.",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+
+    def coord() -> Any:
+        assert admin is not None, "this app was built only to generate its document"
+        return admin.coordinator
+
+    # -- errors ------------------------------------------------------------------------------------------------
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> Response:
+        errs = exc.errors()
+        return _err(400, "invalid-input", _describe(errs[0]) if errs else "invalid request")
+
+    @app.exception_handler(BsrError)
+    async def runtime_error(_: Request, exc: BsrError) -> Response:
+        return _err(status_for(exc), exc.kind, exc.message, exc.hint)
+
+    @app.exception_handler(NotFound)
+    async def not_found(_: Request, exc: NotFound) -> Response:
+        return _err(404, exc.kind, exc.message)
+
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, exc: Exception) -> Response:
+        return _err(500, "server-error", f"{type(exc).__name__}: {exc}")
+
+    # -- streaming ---------------------------------------------------------------------------------------------
+    def stream(request: str, work: Callable[[Callable[[dict[str, Any]], None]], dict[str, Any]]) -> Response:
+        """Run ``work`` in a thread, streaming its progress as NDJSON; a client that goes away aborts it."""
+
+        async def lines() -> AsyncIterator[bytes]:
+            loop = asyncio.get_running_loop()
+            q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+            def put(item: tuple[str, Any]) -> None:
+                with contextlib.suppress(RuntimeError):  # the server stopped: nobody reads any more
+                    loop.call_soon_threadsafe(q.put_nowait, item)
+
+            def run() -> None:
+                try:
+                    put(("result", work(lambda ev: put(("event", ev)))))
+                except BsrError as e:
+                    put(("error", {"error": e.kind, "message": e.message, "hint": e.hint, "status": status_for(e)}))
+                except Exception as e:  # noqa: BLE001 - reported in the stream
+                    put(("error", {"error": "server-error", "message": f"{type(e).__name__}: {e}", "status": 500}))
+
+            finished = False
+            threading.Thread(target=run, name=f"bsr-{request}", daemon=True).start()
+            try:
+                yield _line({"type": "accepted", "request": request})
+                while True:
+                    kind, payload = await q.get()
+                    if kind == "event":
+                        yield _line({"type": "event", "event": payload})
+                        continue
+                    finished = True
+                    yield _line(
+                        {"type": "result", "result": payload} if kind == "result" else {"type": "error", **payload}
+                    )
+                    return
+            finally:
+                if not finished:
+                    # The operator went away mid-restore (Ctrl-C): end it fail-closed rather than leave it running.
+                    coord().abort(request)
+
+        return StreamingResponse(lines(), media_type=NDJSON, headers={"X-BSR-API": API_VERSION})
+
+    # -- routes ------------------------------------------------------------------------------------------------
+    @app.get(f"{PREFIX}/health", **_op(m.Health))
+    def health() -> Response:
+        h = coord().health()
+        return _json(h | {"api": API_VERSION}, 200 if h["ok"] else 503)
+
+    @app.get(f"{PREFIX}/info", **_op(m.Info))
+    def info() -> Response:
+        return _json(coord().info())
+
+    @app.get(f"{PREFIX}/registration", **_op(m.Registration))
+    def registration() -> Response:
+        return _json(coord().reg.to_dict())
+
+    @app.post(f"{PREFIX}/probe", **_op(m.Probe, 409))
+    def probe(body: m.ProbeBody) -> Response:
+        """Probe-only lookup: the complete hit bitmap (rank x group x chunk x tier), committable prefix, first
+        break. Moves no object bytes; leaves nothing pinned."""
+        c = coord()
+        tokens = tokens_of(body, c.settings.max_tokens)
+        exclude = _exclude(body.exclude_tiers, c.settings.tiers)
+        bitmap, errors = c.probe(tokens)
+        brk = bitmap.first_break(exclude)
+        return _json(
+            {
+                "kind": "bsr.probe",
+                "bitmap": bitmap.to_dict(),
+                "registration_spec": c.reg.to_dict(),
+                "committable_chunks": bitmap.prefix_chunks(exclude),
+                "committable_tokens": bitmap.prefix_tokens(exclude),
+                "first_break": brk.to_dict() if brk else None,
+                "tier_errors": errors,
+                "markers": c.list_markers(),
+            }
+        )
+
+    @app.post(f"{PREFIX}/requests", **_op(m.RestoreResult, 409, auth=True, stream=True))
+    def submit(body: m.SubmitBody) -> Response:
+        """Submit a prompt for admission as the scheduler would: restore the external prefix in windows
+        (fail-closed, force-local marker, fallback to a lower tier or recompute), compute the rest, store it, hash
+        it. JSON by default; with stream=true NDJSON progress: {type: accepted, request}, {type: event, event}...,
+        then {type: result, result} or {type: error}."""
+        c = coord()
+        tokens = tokens_of(body, c.settings.max_tokens)
+        assert admin is not None
+        admin.counters["submitted"] += 1
+        if body.stream:
+            rid = c.new_request_id()
+            return stream(
+                rid,
+                lambda emit: c.submit(
+                    tokens, w=body.W, verify=body.verify, store=body.store, progress=emit, request=rid
+                ),
+            )
+        return _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store))
+
+    @app.post(f"{PREFIX}/restore", **_op(m.RestoreResult, 409, auth=True, stream=True))
+    def restore(body: m.RestoreBody) -> Response:
+        """A manual windowed restore of a prompt's external prefix (no fallback). NDJSON by default, JSON with
+        stream=false. A client that disconnects aborts the restore (it ends fail-closed). As NDJSON: {type:
+        accepted, request}, {type: event, event}..., then {type: result, result} or {type: error}."""
+        c = coord()
+        tokens = tokens_of(body, c.settings.max_tokens)
+        exclude = _exclude(body.exclude_tiers, c.settings.tiers)
+        rid = c.new_request_id()
+
+        def work(emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+            res: dict[str, Any] = c.restore(
+                tokens, w=body.W, verify=body.verify, exclude=exclude, progress=emit, request=rid
+            )
+            key = COMMITTED if res.get("committed_tokens") else FAILED_CLOSED
+            if res.get("outcome") in (COMMITTED, FAILED_CLOSED) and admin is not None:
+                admin.counters[key] += 1
+            return res
+
+        if body.stream:
+            return stream(rid, work)
+        return _json(work(lambda ev: None))
+
+    @app.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, auth=True))
+    def abort(id: Annotated[str, Path(min_length=1)]) -> Response:
+        """Abort a running restore; it ends fail-closed (404 when no such request is open)."""
+        if not coord().abort(id):
+            raise NotFound("unknown-request", f"no request {id} is open on this engine")
+        return _json({"request": id, "aborting": True})
+
+    @app.get(f"{PREFIX}/pool", **_op(m.Pool))
+    def pool(health: Flag = "0") -> Response:
+        """Live, peak, capacity, budget and windows in flight of every rank's restore pool (?health=1 adds tier
+        health)."""
+        return _json({"ranks": coord().pool(health=health == "1")})
+
+    @app.post(f"{PREFIX}/pool/reset-peak", **_op(m.Ok, auth=True))
+    def reset_peak() -> Response:
+        """Reset every rank's peak counter to its live bytes."""
+        coord().reset_peak()
+        return _json({"ok": True})
+
+    @app.post(f"{PREFIX}/settings", **_op(m.Info, auth=True))
+    def settings(body: m.SettingsBody) -> Response:
+        """Change the admission budget B, filesystem load concurrency or default W at run time. The resulting set
+        is checked as `bsr engine up` checks it (one chunk slot <= B <= pool, RWS(W) <= pool, fs_concurrency <=
+        256) and applied whole or not at all. Answers the engine's info."""
+        c = coord()
+        c.update_settings(budget_bytes=body.budget_bytes, fs_concurrency=body.fs_concurrency, w=body.W)
+        return _json(c.info())
+
+    @app.get(f"{PREFIX}/snapshot", **_op(m.Snapshot))
+    def snapshot(
+        health: Flag = "1",
+        events_since: Annotated[
+            int | None,
+            Query(ge=0, description="every event after this sequence number (up to 2,000) instead of the last 50"),
+        ] = None,
+    ) -> Response:
+        """Everything a monitor draws at once: info, ranks and pools, active and recent restores, admission,
+        tiers, markers, faults, recent events."""
+        return _json(coord().snapshot(health=health == "1", events_since=events_since))
+
+    @app.get(f"{PREFIX}/events", **_op(m.Events))
+    def events(
+        since: Annotated[int, Query(ge=0)] = 0,
+        wait: Annotated[
+            float,
+            Query(ge=0, allow_inf_nan=False, description="seconds to wait for a new event; more than 30 waits 30"),
+        ] = 0.0,
+    ) -> Response:
+        """The event log after ?since=SEQ, long-polling up to ?wait=SECONDS (max 30)."""
+        c = coord()
+        evs = c.events.since(since, wait_s=min(wait, 30.0))
+        return _json({"events": evs, "last_seq": c.events.last_seq})
+
+    @app.get(f"{PREFIX}/faults", **_op(m.Faults))
+    def faults_list() -> Response:
+        """The armed faults."""
+        c = coord()
+        return _json({"enabled": c.settings.faults_enabled, "faults": c.list_faults()})
+
+    @app.post(f"{PREFIX}/faults", status_code=201, **_op(m.Fault, 403, auth=True))
+    def faults_inject(body: m.FaultBody) -> Response:
+        """Arm a fault ({kind, rank?, window?, group?, count?}); 403 faults-disabled unless the engine allows
+        faults. Answers 201 with the armed fault."""
+        return _json(coord().inject(body.model_dump(exclude_none=True)).to_dict(), 201)
+
+    @app.delete(f"{PREFIX}/faults", **_op(m.Cleared, auth=True))
+    def faults_clear() -> Response:
+        """Clear every armed fault."""
+        return _json({"cleared": coord().clear_faults()})
+
+    @app.get(f"{PREFIX}/markers", **_op(m.Markers))
+    def markers_list() -> Response:
+        """The force-local markers."""
+        return _json({"markers": coord().list_markers()})
+
+    @app.delete(f"{PREFIX}/markers", **_op(m.Cleared, auth=True))
+    def markers_clear() -> Response:
+        """Clear the force-local markers (as a request teardown would)."""
+        return _json({"cleared": coord().clear_markers()})
+
+    @app.post(f"{PREFIX}/shutdown", **_op(m.Ok, auth=True))
+    def shutdown() -> Response:
+        """Stop the engine."""
+        if admin is not None and admin.on_shutdown:
+            threading.Thread(target=admin.on_shutdown, daemon=True).start()
+        return _json({"ok": True})
+
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}},
+            **_errors(),
+        },
+    )
+    def metrics() -> Response:
+        """Prometheus metrics: pool live/peak/capacity/budget per rank, rank up, restores by outcome, markers,
+        faults (docs/monitoring.md)."""
+        assert admin is not None
+        return Response(admin.metrics_text(), media_type=METRICS_TYPE)
+
+    return app
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, default=str) + "\n").encode()
+
+
+def routes_of(app: FastAPI) -> list[Route]:
+    """The guard's view of the app's routes: method, path, whether it needs the token and takes a JSON body."""
+    out = []
+    for r in app.routes:
+        if isinstance(r, APIRoute):
+            auth = bool((r.openapi_extra or {}).get("security"))
+            for method in sorted(r.methods or ()):
+                out.append(route(method, r.path, auth=auth, json_body=r.body_field is not None))
+    return out
