@@ -600,7 +600,7 @@ def ladder(
 ) -> None:
     """Whole-plan path (W=0): raise the pool through rungs until full reuse succeeds; first passing rung and
     measured peak against the core's prediction. Restarts its own embedded engine per rung (against another
-    engine, restart it per rung yourself and use bsr_cli.bench.experiments.run_ladder)."""
+    engine, restart it per rung yourself and use bsr_cli.bench.ladder.run_ladder)."""
     import tempfile
 
     from bsr_cli import loaders
