@@ -145,9 +145,12 @@ def register_commands() -> None:
     """Attach every command group (import order = help order)."""
     from bsr_cli.cli.commands import config_cmd, planning  # noqa: F401
 
-    for optional in ("engine_cmd", "operate", "incident", "explain_cmd", "bundle_cmd", "top_cmd", "bench_cmd"):
+    for optional in ("engine_cmd", "operate", "incident", "explain_cmd", "bundle_cmd", "top_cmd"):
         try:
             __import__(f"bsr_cli.cli.commands.{optional}")
         except ModuleNotFoundError as e:
             if e.name != f"bsr_cli.cli.commands.{optional}":
                 raise
+    from bsr_cli.cli.commands.bench import bench_app
+
+    app.add_typer(bench_app, name="bench")

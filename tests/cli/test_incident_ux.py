@@ -151,7 +151,7 @@ def test_probe_map_follows_columns(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_bench_targets_read_as_text_not_python() -> None:
-    from bsr_cli.cli.commands.bench_cmd import _plain
+    from bsr_cli.cli.commands.bench.views import _plain
 
     assert _plain({"remote-unavailable": "pass"}) == "remote-unavailable: pass"
     assert _plain({"8": 1048576, "16": True}) == "8: 1,048,576, 16: yes"
