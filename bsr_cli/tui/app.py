@@ -23,8 +23,8 @@ from textual.timer import Timer
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from bsr_cli.tui import snapshot as sv
-from bsr_cli.tui.snapshot import Frame, View
+from bsr_cli.tui import model, panels
+from bsr_cli.tui.model import Frame, View
 from bsr_cli.tui.source import LiveSource, PollFailure, Recorder, ReplayFrame, ReplaySource
 
 FAULT_KINDS = {
@@ -279,7 +279,7 @@ class EventLogScreen(ModalScreen[None]):
         Binding("s", "sort", "sort"),
     ]
 
-    def __init__(self, events: list[sv.Event], title: str) -> None:
+    def __init__(self, events: list[model.Event], title: str) -> None:
         super().__init__()
         self.events = events
         self.title_text = title
@@ -297,7 +297,7 @@ class EventLogScreen(ModalScreen[None]):
         self._fill()
         self.query_one("#lines", OptionList).focus()
 
-    def shown(self) -> list[sv.Event]:
+    def shown(self) -> list[model.Event]:
         needle = self.needle.lower()
         evs = [e for e in self.events if not needle or needle in _event_line(e).lower()]
         return list(reversed(evs)) if self.newest_first else evs
@@ -340,7 +340,7 @@ class EventLogScreen(ModalScreen[None]):
         ranks = ", ".join(map(str, e.ranks)) or "—"
         self.query_one("#detail", Static).update(
             Text(
-                f"seq {e.seq} · {sv.clock(e.time)} · {e.type} ({e.category}) · ranks {ranks}"
+                f"seq {e.seq} · {model.clock(e.time)} · {e.type} ({e.category}) · ranks {ranks}"
                 f" · request {e.request or '—'}\n{e.text}"
             )
         )
@@ -352,9 +352,9 @@ class EventLogScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
-def _event_line(e: sv.Event) -> str:
+def _event_line(e: model.Event) -> str:
     ranks = f" r{','.join(map(str, e.ranks))}" if e.ranks else ""
-    return f"{e.seq:>6} {sv.clock(e.time)}{ranks} {e.text}"
+    return f"{e.seq:>6} {model.clock(e.time)}{ranks} {e.text}"
 
 
 class ChooseScreen(ModalScreen[str | None]):
@@ -542,7 +542,7 @@ class TopApp(App[None]):
     def on_snapshot_received(self, message: SnapshotReceived) -> None:
         if not self._drawable:
             return
-        self.view = sv.fold(self.view, message.frame)
+        self.view = model.fold(self.view, message.frame)
         self.failure = None
         self._draw_banner()
         if not self.paused:
@@ -619,16 +619,16 @@ class TopApp(App[None]):
         if not self._drawable:
             return
         self.shown = view
-        self._panel("header").update(sv.header(view))
+        self._panel("header").update(panels.header(view))
         g = self._panel("gauges")
-        g.border_title = sv.gauges_title(view)
-        g.update(sv.gauges(view, self.rank, dense=self._dense(view)))
+        g.border_title = panels.gauges_title(view)
+        g.update(panels.gauges(view, self.rank, dense=self._dense(view)))
         a = self._panel("active")
-        a.border_title = sv.active_title(view)
-        a.update(sv.active(view, width=a.content_size.width or None))
+        a.border_title = panels.active_title(view)
+        a.update(panels.active(view, width=a.content_size.width or None))
         h = self._panel("health")
-        h.border_title = sv.health_title(view, compact=_narrow(h))
-        h.update(sv.health(view, compact=_narrow(h)))
+        h.border_title = panels.health_title(view, compact=_narrow(h))
+        h.update(panels.health(view, compact=_narrow(h)))
         self._draw_sized()
 
     def _dense(self, view: View) -> bool:
@@ -640,11 +640,11 @@ class TopApp(App[None]):
         if self.shown is None or not self._drawable:
             return
         r = self._panel("recent")
-        r.border_title = sv.recent_title(self.shown)
-        r.update(sv.recent(self.shown, limit=_rows(r), compact=_narrow(r)))
+        r.border_title = panels.recent_title(self.shown)
+        r.update(panels.recent(self.shown, limit=_rows(r), compact=_narrow(r)))
         e = self._panel("events")
-        e.border_title = sv.events_title(self.shown, self.rank, self.kind)
-        e.update(sv.events(self.shown, self.rank, self.kind, limit=_rows(e), compact=_narrow(e)))
+        e.border_title = panels.events_title(self.shown, self.rank, self.kind)
+        e.update(panels.events(self.shown, self.rank, self.kind, limit=_rows(e), compact=_narrow(e)))
 
     def on_resize(self) -> None:
         # Sizes settle after the layout pass; draw with the new ones then.
@@ -683,7 +683,7 @@ class TopApp(App[None]):
             t.append("▶ replay ", "bold")
             t.append(self.source.label)
             if fr is not None:
-                t.append(f" · frame {fr.index + 1}/{fr.total} @ {sv.clock(fr.at)}")
+                t.append(f" · frame {fr.index + 1}/{fr.total} @ {model.clock(fr.at)}")
                 if fr.index + 1 >= fr.total:
                     t.append(" · end", "bold")
             if self.speed != 1.0:
@@ -724,14 +724,14 @@ class TopApp(App[None]):
 
     def action_cycle_rank(self) -> None:
         ranks = [g.rank for g in self.shown.gauges] if self.shown else []
-        self.rank = sv.next_rank(self.rank, ranks)
+        self.rank = model.next_rank(self.rank, ranks)
         if self.shown is not None:
-            self._panel("gauges").update(sv.gauges(self.shown, self.rank, dense=self._dense(self.shown)))
+            self._panel("gauges").update(panels.gauges(self.shown, self.rank, dense=self._dense(self.shown)))
         self._draw_sized()
         self._draw_status()
 
     def action_cycle_kind(self) -> None:
-        self.kind = sv.next_kind(self.kind)
+        self.kind = model.next_kind(self.kind)
         self._draw_sized()
         self._draw_status()
 
@@ -786,7 +786,7 @@ class TopApp(App[None]):
     def action_event_log(self) -> None:
         if isinstance(self.screen, ModalScreen) or self.shown is None:
             return
-        title = sv.events_title(self.shown, self.rank, self.kind)
+        title = panels.events_title(self.shown, self.rank, self.kind)
         self.push_screen(EventLogScreen(self.shown.filtered_events(self.rank, self.kind), title))
 
     def action_abort(self) -> None:
@@ -850,7 +850,7 @@ class TopApp(App[None]):
             self.post_message(ActionFailed("clear faults", PollFailure.from_error(e, self._clock(), 0.0)))
 
     def on_fault_injected(self, message: FaultInjected) -> None:
-        f = sv.FaultView(
+        f = model.FaultView(
             id=int(message.fault.get("id", 0)),
             kind=str(message.fault.get("kind", "?")),
             rank=message.fault.get("rank"),

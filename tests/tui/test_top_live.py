@@ -14,7 +14,7 @@ import pytest
 
 from bsr_cli.client import AdminClient
 from bsr_cli.tui.app import ConfirmScreen, FaultScreen, TopApp
-from bsr_cli.tui.snapshot import Frame, View
+from bsr_cli.tui.model import Frame, View
 from bsr_cli.tui.source import LiveSource, Recorder, ReplaySource, read_recording
 
 PROMPT = {"synthetic": {"n": 30000, "seed": 7}}

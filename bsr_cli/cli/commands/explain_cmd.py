@@ -52,7 +52,7 @@ def explain(
     window. With --store it asks a Mooncake store LMCache wrote, naming a key-format mismatch (world size, dtype,
     tags, vLLM hash seed) or a gone segment holder. With a request id it explains how that restore ended.
     """
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     given = [x is not None for x in (tokens_file, prompt_file, synthetic)]

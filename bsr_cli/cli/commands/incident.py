@@ -167,7 +167,7 @@ def _print_events(st: AppState, evs: list[dict[str, Any]]) -> None:
         sys.stdout.flush()
         Output.result_written = True  # the error boundary adds no second document (e.g. on Ctrl-C)
         return
-    from bsr_cli.tui.snapshot import describe_event
+    from bsr_cli.tui.model import describe_event
 
     for e in evs:
         stamp = time.strftime("%H:%M:%S", time.localtime(float(e.get("time", 0))))
@@ -209,7 +209,7 @@ def describe(
 
 
 def _recorded_events(path: Path) -> list[dict[str, Any]]:
-    from bsr_cli.tui.snapshot import Frame
+    from bsr_cli.tui.model import Frame
     from bsr_cli.tui.source import read_recording
 
     _, items = read_recording(path)

@@ -125,7 +125,7 @@ def probe(
             vllm_hash_seed=vllm_hash_seed,
             verbose=verbose,
         )
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     with _client(st) as client:
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
@@ -146,7 +146,7 @@ def submit(
     json_flag: JsonFlag = False,
 ) -> None:
     """Submit a prompt as the scheduler would admit it: external hit, restore or local prefill, fallback."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     with _client(st) as client:
@@ -176,7 +176,7 @@ def restore(
     json_flag: JsonFlag = False,
 ) -> None:
     """A manual windowed restore into the engine, with live progress. Exit 0 committed, 10 failed closed."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     if tier is not None and exclude_tier:
@@ -207,7 +207,7 @@ def restore(
                 "show_all_windows": False,
                 "capacity": fit,
             }
-            from bsr_cli.cli import render
+            from bsr_cli.cli.render import planning as render
 
             st.out.result(data, render.plan)
             if not fit["fits"]:
@@ -279,7 +279,7 @@ def _run_restore(
 ) -> dict[str, Any]:
     """Stream the restore in a worker thread so Ctrl-C reaches us: then ask the engine to abort (it ends
     fail-closed) and still report its final result."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     progress = render_ops.RestoreProgress(st.out, ranks=info["ranks"]) if st.out.interactive else None
     box: dict[str, Any] = {}
@@ -389,7 +389,7 @@ faults_app.command("inject", help="Arm a fault for the next restores (same as `b
 @faults_app.command("list")
 def faults_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Faults armed on the engine."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     with _client(st) as client:
@@ -444,7 +444,7 @@ def markers_clear(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
 @app.command("status")
 def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Engine identity, ranks and their health, tiers, registration, pool and budget, markers, faults."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     from bsr_cli import fleet
@@ -469,7 +469,7 @@ def _fleet_status(st: AppState, targets: list[Any]) -> None:
     """Every engine polled at once: one row per engine and per rank, worst first. Exit 9 when an engine is down or
     unhealthy (after printing every row), 3 when none answered."""
     from bsr_cli import fleet
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
     from bsr_cli.errors import EngineUnreachable, ServerError
 
     rows = fleet.poll_all(targets, fleet.http_poll(min(st.settings.timeout_s, 10.0)))
@@ -493,7 +493,7 @@ def drill(
     json_flag: JsonFlag = False,
 ) -> None:
     """The paper's failure matrix against a live engine. Exit 11 on any violated invariant."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
     from bsr_cli.drill import run_drill
 
     st = state(ctx, json_flag)

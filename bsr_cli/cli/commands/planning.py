@@ -106,7 +106,7 @@ def rws(
     acc = accounting.account(
         reg, w, tokens, sweep=_parse_sweep(sweep), l1_bytes=parse_bytes(l1) if l1 is not None else None
     )
-    from bsr_cli.cli import render
+    from bsr_cli.cli.render import planning as render
 
     data = {"registration": render.registration_summary(reg), **acc.to_dict()}
     data["tensors"] = render.tensor_rows(reg, all_tensors)
@@ -159,7 +159,7 @@ def plan(
             note=ctx,
         )
     result = plan_restore(reg, w, bitmap=bitmap, tokens=tokens, exclude_tiers=exclude_tier or ())
-    from bsr_cli.cli import render
+    from bsr_cli.cli.render import planning as render
 
     data = result.to_dict()
     data["bytes_per_chunk"] = reg.bytes_per_chunk
@@ -181,7 +181,7 @@ def registration_show(
 ) -> None:
     """Show a registration: groups, tensors, Σc_i and its identity."""
     from bsr_cli import loaders
-    from bsr_cli.cli import render
+    from bsr_cli.cli.render import planning as render
 
     st = state(ctx, json_flag)
     reg = loaders.load_registration(spec)
@@ -200,7 +200,7 @@ def registration_diff(
 ) -> None:
     """What changed between two registrations and what it does to Σc_i and RWS(W)."""
     from bsr_cli import loaders
-    from bsr_cli.cli import render
+    from bsr_cli.cli.render import planning as render
 
     st = state(ctx, json_flag)
     ra, rb = loaders.load_registration(a), loaders.load_registration(b)

@@ -47,7 +47,7 @@ _QUERYABLE = re.compile(r"[!$%'-~]+")  # printable ASCII without space, '"', '#'
 
 
 def run(st: AppState, *args: Any, **kw: Any) -> None:
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st.out.result(collect(st, *args, **kw), render_ops.store_probe)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -12,15 +11,6 @@ from bsr_cli.cli.app import JsonFlag, state
 from bsr_cli.cli.commands.bench.common import (
     DEFAULT_OUT,
     OutOpt,
-)
-from bsr_cli.cli.commands.bench.views import (
-    render_failures,
-    render_fs,
-    render_ladder,
-    render_peer,
-    render_store,
-    render_sweep,
-    render_wlaw,
 )
 from bsr_cli.errors import InvalidInput
 
@@ -83,17 +73,6 @@ def schema(ctx: typer.Context) -> None:
     typer.echo(bundles.schema_json(), nl=False)
 
 
-RENDERERS: dict[str, Callable[[Console, dict[str, Any]], None]] = {
-    "sweep": render_sweep,
-    "ladder": render_ladder,
-    "wlaw": render_wlaw,
-    "fs-concurrency": render_fs,
-    "store": render_store,
-    "failures": render_failures,
-    "peer": render_peer,
-}
-
-
 def show(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="A bundle file written by a bench experiment.", metavar="BUNDLE")],
@@ -105,4 +84,6 @@ def show(
     st = state(ctx, json_flag)
     data = bundles.load(file)
     bundles.validate(data)
-    st.out.result(data | {"files": {"bundle": str(file), "plots": []}}, RENDERERS[data["experiment"]])
+    from bsr_cli.cli.render.bench import table_for
+
+    st.out.result(data | {"files": {"bundle": str(file), "plots": []}}, table_for(data["experiment"]))

@@ -15,8 +15,6 @@ from bsr_cli.core.units import format_bytes, parse_bytes
 from bsr_cli.errors import DrillViolation, InvalidInput, ServerError
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from bsr_cli.client import AdminClient
     from bsr_cli.engine.supervisor import EngineOptions
 
@@ -88,7 +86,6 @@ def execute(
     no_plots: bool,
     run: Experiment,
     options: Callable[[Any], EngineOptions],
-    render: Callable[[Console, dict[str, Any]], None],
 ) -> None:
     """Run an experiment against the configured engine or a dedicated embedded one, then write, plot, print."""
     from bsr_cli.bench import experiments as ex
@@ -111,12 +108,11 @@ def execute(
     else:
         with engine_client(st) as client:
             result = run(client, {"embedded": False, "startup_s": None}, Path(st.settings.state_dir))
-    publish(st, result, out, no_plots, render)
+    publish(st, result, out, no_plots)
 
 
-def publish(
-    st: AppState, result: dict[str, Any], out: Path, no_plots: bool, render: Callable[[Console, dict[str, Any]], None]
-) -> None:
+def publish(st: AppState, result: dict[str, Any], out: Path, no_plots: bool) -> None:
+    """Write the bundle, redraw the plots, print the experiment's table (or the bundle with --json), exit by it."""
     from bsr_cli.bench import bundle as bundles
 
     path = bundles.write(result, out)
@@ -128,7 +124,9 @@ def publish(
             plots = [str(p) for p in plotting.render_all(out)]
         except ImportError as e:
             st.out.note(f"[yellow]no PNG plots:[/] {e}")
-    st.out.result(result | {"files": {"bundle": str(path), "plots": plots}}, render)
+    from bsr_cli.cli.render.bench import table_for  # rich, only when a person reads the table
+
+    st.out.result(result | {"files": {"bundle": str(path), "plots": plots}}, table_for(result["experiment"]))
     exit_for(result, path)
 
 

@@ -22,15 +22,6 @@ from bsr_cli.cli.commands.bench.common import (
     publish,
     row_note,
 )
-from bsr_cli.cli.commands.bench.views import (
-    render_failures,
-    render_fs,
-    render_ladder,
-    render_peer,
-    render_store,
-    render_sweep,
-    render_wlaw,
-)
 from bsr_cli.core.units import format_bytes, parse_bytes
 from bsr_cli.errors import InvalidInput
 
@@ -77,7 +68,7 @@ def sweep(
     def options(reg: Any) -> EngineOptions:
         return ex.embedded_options("sweep", reg, w=w, prefixes=prefixes, repeat=not no_repeat)
 
-    execute(st, "sweep", out, embedded, registration, no_plots, run, options, render_sweep)
+    execute(st, "sweep", out, embedded, registration, no_plots, run, options)
 
 
 def ladder(
@@ -123,7 +114,7 @@ def ladder(
             ),
             engine_meta={"embedded": True},
         )
-    publish(st, result, out, no_plots, render_ladder)
+    publish(st, result, out, no_plots)
 
 
 def wlaw(
@@ -152,7 +143,7 @@ def wlaw(
     def options(reg: Any) -> EngineOptions:
         return ex.embedded_options("wlaw", reg, ws=w_list, tokens=tokens)
 
-    execute(st, "wlaw", out, embedded, registration, no_plots, run, options, render_wlaw)
+    execute(st, "wlaw", out, embedded, registration, no_plots, run, options)
 
 
 def fs_concurrency(
@@ -196,7 +187,7 @@ def fs_concurrency(
     def options(reg: Any) -> EngineOptions:
         return ex.embedded_options("fs-concurrency", reg, w=w, tokens=tokens)
 
-    execute(st, "fs-concurrency", out, embedded, registration, no_plots, run, options, render_fs)
+    execute(st, "fs-concurrency", out, embedded, registration, no_plots, run, options)
 
 
 def store(
@@ -256,7 +247,7 @@ def store(
     def options(reg: Any) -> EngineOptions:
         return ex.embedded_options("store", reg, w=w, tokens=tokens, raw_bytes=raw)
 
-    execute(st, "store", out, embedded, registration, no_plots, run, options, render_store)
+    execute(st, "store", out, embedded, registration, no_plots, run, options)
 
 
 def failures(
@@ -282,7 +273,7 @@ def failures(
     def options(reg: Any) -> EngineOptions:
         return ex.embedded_options("failures", reg, tokens=tokens, w=w)
 
-    execute(st, "failures", out, embedded, registration, no_plots, run, options, render_failures)
+    execute(st, "failures", out, embedded, registration, no_plots, run, options)
 
 
 def peer(
@@ -328,4 +319,4 @@ def peer(
             workdir=Path(tmp),
             on_row=row_note(st, "peer"),
         )
-    publish(st, result, out, no_plots, render_peer)
+    publish(st, result, out, no_plots)

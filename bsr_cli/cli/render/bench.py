@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bsr_cli.core.units import MiB, format_bytes
+from bsr_cli.core.units import format_bytes
+from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 
 def _mib(n: int | None) -> str:
-    if n is None:
-        return "—"
-    return f"{n // MiB:,}" if n % MiB == 0 else f"{n / MiB:,.2f}"
+    """A number for a column headed "MiB"."""
+    return format_bytes(n, unit="MiB")
 
 
 def _short(n: int) -> str:
-    """64M, 1G: a rung in few characters."""
-    return f"{n // 2**30}G" if n % 2**30 == 0 else (f"{n // MiB}M" if n % MiB == 0 else format_bytes(n))
+    """A rung in few characters (64 MiB, 1.0 GiB)."""
+    return format_bytes(n, compact=True)
 
 
 def _status(s: str) -> str:
@@ -379,3 +380,22 @@ def render_failures(console: Console, d: dict[str, Any]) -> None:
         )
     console.print(t)
     _footer(console, d)
+
+
+TABLES: dict[str, Callable[[Console, dict[str, Any]], None]] = {
+    "sweep": render_sweep,
+    "ladder": render_ladder,
+    "wlaw": render_wlaw,
+    "fs-concurrency": render_fs,
+    "store": render_store,
+    "failures": render_failures,
+    "peer": render_peer,
+}
+"""Each experiment's table, by the bundle's ``experiment``: a new experiment adds its renderer here."""
+
+
+def table_for(experiment: str) -> Callable[[Console, dict[str, Any]], None]:
+    try:
+        return TABLES[experiment]
+    except KeyError:
+        raise InvalidInput(f"no table for experiment {experiment!r} (known: {', '.join(TABLES)})") from None
