@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import AppState, JsonFlag, app, state
+from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.commit import FAILED_CLOSED, NOTHING_TO_RESTORE
 from bsr_cli.errors import (
     CapacityError,
@@ -44,7 +44,6 @@ def _prompt(client: Any, tokens_file: Path | None, prompt_file: Path | None, syn
     return prompt_body(tokens_file, prompt_file, synthetic, seed, tokenizer)
 
 
-@app.command("probe")
 def probe(
     ctx: typer.Context,
     tokens_file: TokensFileOpt = None,
@@ -106,25 +105,22 @@ def probe(
     st = state(ctx, json_flag)
     if store is not None:
         from bsr_cli.cli.commands import store_probe
+        from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 
-        return store_probe.run(
-            st,
+        opts = StoreProbeOptions(
             store,
-            model,
-            world_size,
-            metadata,
-            tokens_file,
-            prompt_file,
-            synthetic,
-            seed,
-            width,
-            dtype=dtype,
-            chunk_size=chunk_size,
+            model=model,
+            world_size=world_size,
+            metadata=metadata,
             admin=master_admin,
-            tags=tag or (),
+            dtype=dtype,
+            tags=tuple(tag or ()),
             vllm_hash_seed=vllm_hash_seed,
+            chunk_size=chunk_size,
             verbose=verbose,
         )
+        prompt = PromptFlags(tokens_file, prompt_file, synthetic, seed)
+        return store_probe.run(st, opts, prompt, width)
     from bsr_cli.cli.render import ops as render_ops
 
     with _client(st) as client:
@@ -134,7 +130,6 @@ def probe(
     st.out.result(result, render_ops.probe)
 
 
-@app.command("submit")
 def submit(
     ctx: typer.Context,
     tokens_file: TokensFileOpt = None,
@@ -155,7 +150,6 @@ def submit(
     st.out.result(result, render_ops.submit)
 
 
-@app.command("restore")
 def restore(
     ctx: typer.Context,
     tokens_file: TokensFileOpt = None,
@@ -341,7 +335,6 @@ def _run_restore(
     return dict(box["result"])
 
 
-@app.command("inject-fault")
 def inject_fault(
     ctx: typer.Context,
     kind: Annotated[
@@ -379,7 +372,6 @@ def inject_fault(
 
 
 faults_app = typer.Typer(help="Inject, list or clear faults.", no_args_is_help=True)
-app.add_typer(faults_app, name="faults")
 
 
 # The same command under `faults`, beside list and clear (`bsr inject-fault` stays: it is what runbooks use).
@@ -406,7 +398,6 @@ def faults_clear(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
 
 
 markers_app = typer.Typer(help="Force-local markers (set after a failed external restore).", no_args_is_help=True)
-app.add_typer(markers_app, name="markers")
 
 
 @markers_app.command("list")
@@ -441,7 +432,6 @@ def markers_clear(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     st.out.result({"cleared": n}, lambda c, d: c.print(f"cleared {d['cleared']} marker(s)"))
 
 
-@app.command("status")
 def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Engine identity, ranks and their health, tiers, registration, pool and budget, markers, faults."""
     from bsr_cli.cli.render import ops as render_ops
@@ -485,7 +475,6 @@ def _fleet_status(st: AppState, targets: list[Any]) -> None:
         )
 
 
-@app.command("drill")
 def drill(
     ctx: typer.Context,
     tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prompt length per scenario.", min=1)] = 8192,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bsr_cli.cli.app import JsonFlag, app, state
+from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.core import accounting
 from bsr_cli.core.registration import DEFAULT_CHUNK_SIZE, Registration, diff_registrations
 from bsr_cli.core.units import parse_bytes
@@ -70,7 +70,6 @@ def _parse_sweep(text: str) -> tuple[int, ...]:
     return values
 
 
-@app.command("rws")
 def rws(
     ctx: typer.Context,
     registration: RegOpt = None,
@@ -113,7 +112,6 @@ def rws(
     st.out.result(data, render.rws)
 
 
-@app.command("plan")
 def plan(
     ctx: typer.Context,
     w: WOpt = 32,
@@ -169,7 +167,6 @@ def plan(
 
 
 registration_app = typer.Typer(help="Inspect and compare registrations.", no_args_is_help=True)
-app.add_typer(registration_app, name="registration")
 
 
 @registration_app.command("show")

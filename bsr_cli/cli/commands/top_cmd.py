@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import AppState, JsonFlag, app, state
+from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.errors import InvalidInput
 
 IntervalOpt = Annotated[
@@ -22,7 +22,6 @@ IntervalOpt = Annotated[
 ]
 
 
-@app.command("top")
 def top(
     ctx: typer.Context,
     interval: IntervalOpt = 1.0,
@@ -52,7 +51,6 @@ def top(
 
 
 pool_app = typer.Typer(help="Restore-pool occupancy per rank; `bsr pool reset-peak` restarts the peak.")
-app.add_typer(pool_app, name="pool")
 
 
 @pool_app.command("reset-peak")

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import JsonFlag, state
 from bsr_cli.cli.commands.bench.common import (
     DEFAULT_OUT,
     OutOpt,
 )
+from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:

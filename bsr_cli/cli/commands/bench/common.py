@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import AppState
+from bsr_cli.cli.context import AppState
 from bsr_cli.core.units import format_bytes, parse_bytes
 from bsr_cli.errors import DrillViolation, InvalidInput, ServerError
 

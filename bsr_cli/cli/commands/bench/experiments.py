@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import JsonFlag, state
 from bsr_cli.cli.commands.bench.common import (
     DEFAULT_OUT,
     EmbeddedOpt,
@@ -22,6 +21,7 @@ from bsr_cli.cli.commands.bench.common import (
     publish,
     row_note,
 )
+from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.core.units import format_bytes, parse_bytes
 from bsr_cli.errors import InvalidInput
 
