@@ -6,6 +6,9 @@ import json
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import bsr_cli.core
 
@@ -56,11 +59,100 @@ def test_help_and_planning_import_nothing_heavy() -> None:
     assert not (loaded & FORBIDDEN_AT_STARTUP), loaded & FORBIDDEN_AT_STARTUP
 
 
+RECORDING = Path(__file__).parent / "tui" / "data" / "incident.jsonl.gz"
+
+# A real loopback HTTP server answering GET /snapshot with one recorded engine snapshot, so the real CLI polls it
+# over the wire; then `bsr pool --json` and `bsr describe --record --json` run in the same process.
+_SERVE_AND_RUN = """
+import io, contextlib, json, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+snapshot = open(sys.argv[1], "rb").read()
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.path.split("?")[0].endswith("/snapshot")
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(snapshot) if ok else 2))
+        self.end_headers()
+        self.wfile.write(snapshot if ok else b"{}")
+    def log_message(self, *a):
+        pass
+srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+from bsr_cli.cli.main import run
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = run(["--engine", f"http://127.0.0.1:{srv.server_port}", "--json", "pool"])
+srv.shutdown()
+assert code == 0, code
+view = json.loads(out.getvalue())
+assert view["gauges"] and "info" in view, sorted(view)
+with contextlib.redirect_stdout(io.StringIO()) as out2:
+    code = run(["describe", sys.argv[2], "--record", sys.argv[3], "--json"])
+assert code == 0, code
+assert json.loads(out2.getvalue())["request"] == sys.argv[2]
+"""
+
+
+def _rich(modules: set[str]) -> set[str]:
+    return {m for m in modules if m == "rich" or m.startswith("rich.")}
+
+
+@pytest.mark.timeout(120)
+def test_json_views_import_no_renderer(tmp_path: Path) -> None:
+    """`bsr pool --json` and `bsr describe --json` print the view model (bsr_cli.tui.model) and import no renderer:
+    neither the TUI's panels, nor the CLI's render layer, nor any part of rich that bsr itself would pull in.
+
+    httpx imports most of rich on its own whenever rich is installed (its command-line module, `httpx._main`, is
+    imported by `import httpx`), so "no rich at all" cannot hold for a command that talks to an engine; what bsr
+    must add to it is nothing, and that is what is checked."""
+    from bsr_cli.tui.model import Frame
+    from bsr_cli.tui.source import read_recording
+
+    _, items = read_recording(RECORDING)
+    frame = next(i for i in items if isinstance(i, Frame) and i.snapshot.get("events"))
+    events = [e for i in items if isinstance(i, Frame) for e in i.snapshot.get("events") or ()]
+    request = next(e["request"] for e in events if e.get("request"))
+    snap = tmp_path / "snapshot.json"
+    snap.write_text(json.dumps(frame.snapshot))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _SERVE_AND_RUN + "\nprint(json.dumps(sorted(sys.modules)), file=sys.stderr)",
+            str(snap),
+            request,
+            str(RECORDING),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    modules = set(json.loads(out.stderr.strip().splitlines()[-1]))
+    assert "bsr_cli.tui.model" in modules  # the view was built
+    renderers = {m for m in modules if m == "bsr_cli.tui.panels" or m.startswith("bsr_cli.cli.render")}
+    assert not renderers and "textual" not in modules, renderers
+    httpx_alone = _rich(_full_modules_after("import httpx"))
+    assert _rich(modules) <= httpx_alone, _rich(modules) - httpx_alone
+
+
+def _full_modules_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 # pydantic is not in the list: typer (0.2x) itself requires and imports it.
 SERVER_STACK = {"fastapi", "starlette", "uvicorn", "prometheus_client", "bsr_cli.server"}
 
 
-def test_the_cli_and_its_client_never_import_the_server_stack(tmp_path) -> None:
+def test_the_cli_and_its_client_never_import_the_server_stack(tmp_path: Path) -> None:
     """The admin API's framework (bsr_cli/server) is the engine's: `bsr --help`, `bsr plan`, `bsr status --json`
     against no engine at all, and the client library load none of it."""
     code = (

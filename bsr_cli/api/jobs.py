@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bsr_cli.api.codec import to_json
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.errors import BadRequest
-from bsr_cli.runtime.faults import FaultSpec
 
 
 @dataclass(frozen=True)

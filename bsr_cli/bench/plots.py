@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.core.units import MiB
+from bsr_cli.core.units import MiB, format_bytes
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
 
@@ -62,8 +62,8 @@ def _subtitle(b: dict[str, Any]) -> str:
     reg = b["registration"]
     m = b["machine"]
     return (
-        f"{b['run_id']}  ·  {reg['model']} {reg['bytes_per_chunk'] / MiB:g} MiB/chunk/rank, TP {reg['tp_size']}  ·  "
-        f"{m['cpu_count']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB"
+        f"{b['run_id']}  ·  {reg['model']} {format_bytes(reg['bytes_per_chunk'], compact=True)}/chunk/rank, "
+        f"TP {reg['tp_size']}  ·  {m['cpu_count']} CPUs, {format_bytes(m['memory_bytes'], compact=True)}"
     )
 
 
@@ -113,7 +113,8 @@ def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, 
         )
         rws = sweep["summary"].get("rws_bytes")
         if rws:
-            ax.axhline(rws / MiB, color="tab:blue", linestyle=":", label=f"RWS({w}) = {rws / MiB:g} MiB")
+            label = f"RWS({w}) = {format_bytes(rws, compact=True)}"
+            ax.axhline(rws / MiB, color="tab:blue", linestyle=":", label=label)
         for r in _done(sweep.get("repeat", {}).get("rows", [])):
             ax.plot([r["tokens"]], [r["peak_pool_bytes"] / MiB], "D", color="tab:green", label="fresh-salt repeat")
     ax.set_xlabel("prefix length (tokens)")

@@ -1,24 +1,25 @@
-"""The Typer application, global options, and the shared per-command context.
+"""The Typer application: global options, and every command registered explicitly (`register_commands`).
 
-Command modules import only typer, the core and this module at start-up; anything heavy (rich renderers, the
-HTTP client, torch, textual) is imported inside the command function that needs it, so `bsr --help` and the
-planning commands stay fast.
+Command modules define plain functions (and their own sub-groups) and import only typer, the core and
+`bsr_cli.cli.context` at start-up; they never import this module, which imports them. Anything heavy (rich
+renderers, the HTTP client, torch, textual) is imported inside the command function that needs it, so `bsr --help`
+and the planning commands stay fast.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from bsr_cli import __version__
+from bsr_cli.cli.context import AppState
 from bsr_cli.cli.global_options import GLOBAL_HELP, GLOBAL_OPTIONS, hoist_global_options
 from bsr_cli.cli.output import Output
-from bsr_cli.settings import Settings, load_settings
+from bsr_cli.settings import load_settings
 
-__all__ = ["GLOBAL_OPTIONS", "AppState", "JsonFlag", "app", "build_command", "hoist_global_options", "state"]
+__all__ = ["GLOBAL_OPTIONS", "app", "build_command", "hoist_global_options", "register_commands"]
 
 app = typer.Typer(
     name="bsr",
@@ -29,28 +30,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
 )
-
-
-@dataclass
-class AppState:
-    settings: Settings
-    out: Output
-
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
-
-
-def state(ctx: typer.Context, json_flag: bool = False) -> AppState:
-    """The resolved settings and output for a command; a command-level --json overrides the global one."""
-    root = ctx.find_root()
-    st: AppState | None = root.obj if isinstance(root.obj, AppState) else None
-    if st is None:  # invoked without the global callback (tests calling a command directly)
-        st = AppState(load_settings({}), Output(json_mode=False))
-        root.obj = st
-    if json_flag and not st.out.json_mode:
-        st.settings.json = True
-        st.out = Output(json_mode=True)
-    return st
 
 
 def _version(value: bool) -> None:
@@ -141,13 +120,49 @@ def _add_help_epilogs(cmd, *, path: str) -> None:
         _add_help_epilogs(sub, path=f"{path} {name}".strip())
 
 
-def register_commands() -> None:
-    """Attach every command group (import order = help order)."""
-    from bsr_cli.cli.commands import config_cmd, planning  # noqa: F401
+_registered = False
 
-    for optional in ("engine_cmd", "operate", "incident", "explain_cmd", "bundle_cmd", "top_cmd", "bench_cmd"):
-        try:
-            __import__(f"bsr_cli.cli.commands.{optional}")
-        except ModuleNotFoundError as e:
-            if e.name != f"bsr_cli.cli.commands.{optional}":
-                raise
+
+def register_commands() -> None:
+    """Attach every command and command group, once. The order here is the order of `bsr --help` (commands,
+    then groups); a new command is one line in its place."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from bsr_cli.cli.commands import (
+        bundle_cmd,
+        config_cmd,
+        engine_cmd,
+        explain_cmd,
+        incident,
+        operate,
+        planning,
+        top_cmd,
+    )
+    from bsr_cli.cli.commands.bench import bench_app
+
+    # Commands.
+    app.command("rws")(planning.rws)
+    app.command("plan")(planning.plan)
+    app.command("probe")(operate.probe)
+    app.command("submit")(operate.submit)
+    app.command("restore")(operate.restore)
+    app.command("inject-fault")(operate.inject_fault)
+    app.command("status")(operate.status)
+    app.command("drill")(operate.drill)
+    app.command("abort")(incident.abort)
+    app.command("events")(incident.events)
+    app.command("describe")(incident.describe)
+    app.command("explain")(explain_cmd.explain)
+    app.command("bundle")(bundle_cmd.bundle)
+    app.command("top")(top_cmd.top)
+    # Groups.
+    app.add_typer(config_cmd.config_app, name="config")
+    app.add_typer(planning.registration_app, name="registration")
+    app.add_typer(engine_cmd.engine_app, name="engine")
+    app.add_typer(operate.faults_app, name="faults")
+    app.add_typer(operate.markers_app, name="markers")
+    app.add_typer(incident.settings_app, name="settings")
+    app.add_typer(top_cmd.pool_app, name="pool")
+    app.add_typer(bench_app, name="bench")

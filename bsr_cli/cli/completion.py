@@ -12,7 +12,7 @@ TIERS = ("mooncake", "fs")
 
 
 def _fault_kinds() -> tuple[str, ...]:
-    from bsr_cli.runtime.faults import KINDS  # pure module: dataclasses and the error tree only
+    from bsr_cli.core.faults import KINDS  # pure module: dataclasses and the error tree only
 
     return KINDS
 

@@ -28,10 +28,11 @@ def _stamp() -> str:
     from bsr_cli import __version__
 
     newest = 0
-    for root in (_cli_dir(), _cli_dir() / "commands"):
-        for entry in os.scandir(root):
-            if entry.name.endswith(".py"):
-                newest = max(newest, entry.stat().st_mtime_ns)
+    for root, dirs, files in os.walk(_cli_dir()):  # cli/, commands/ and the command packages below it
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name.endswith(".py"):
+                newest = max(newest, os.stat(os.path.join(root, name)).st_mtime_ns)
     return f"{__version__}:{newest}"
 
 

@@ -52,14 +52,32 @@ def dtype_bytes(name: str) -> int:
     return DTYPE_BYTES[canonical_dtype(name)]
 
 
-def format_bytes(n: float) -> str:
-    """Binary units with two decimals, the way the paper writes them (500.75 MiB)."""
+def format_bytes(n: float | None, *, compact: bool = False, exact: bool = False, unit: str | None = None) -> str:
+    """The one byte formatter every reader of bsr sees (CLI tables, the TUI, bench tables and plots).
+
+    By default binary units with two decimals, the way the paper writes them (500.75 MiB); ``compact`` for dense
+    panels (4.0 MiB, 512 KiB, 12 GiB); ``exact`` puts the exact count first, as operators quote it
+    (525,074,432 (500.75 MiB)); ``unit`` ("MiB", ...) gives the number alone in that unit, for table columns headed
+    by it (512, 1,536.50). None reads as a dash.
+    """
+    if n is None:
+        return "—"
+    if unit is not None:
+        size = _UNITS[unit]
+        return f"{int(n) // size:,}" if n % size == 0 else f"{n / size:,.2f}"
+    if exact:
+        return f"{int(n):,} ({format_bytes(n)})" if abs(n) >= KiB else f"{int(n):,} B"
     n = float(n)
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
+    for name, size in _UNITS.items():
+        if abs(n) >= size and size > 1:
+            v = n / size
+            if compact:
+                return f"{v:.0f} {name}" if v >= 100 or (v == int(v) and v >= 10) else f"{v:.1f} {name}"
+            return f"{v:.2f} {name}"
     return f"{int(n)} B"
 
+
+_UNITS = {"TiB": 1024**4, "GiB": GiB, "MiB": MiB, "KiB": KiB, "B": 1}
 
 _SUFFIXES = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": KiB, "m": 10**6, "mb": 10**6, "mib": MiB}
 _SUFFIXES |= {"g": 10**9, "gb": 10**9, "gib": GiB, "t": 10**12, "tb": 10**12, "tib": 1024**4}

@@ -14,12 +14,12 @@ from typing import Any
 
 from bsr_cli.api.ranks import ObjectRef, ProbeRequest, RestoreJob, WindowJob
 from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes, object_key
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import Window
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.allocation import Allocation
-from bsr_cli.runtime.faults import FaultSpec
 
 
 class Admission(Allocation):

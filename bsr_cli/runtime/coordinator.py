@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from bsr_cli.api.ranks import RankClient
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.errors import FaultsDisabled
 from bsr_cli.runtime.allocation import BlockAllocator
 from bsr_cli.runtime.coordinator_state import (
@@ -31,7 +32,6 @@ from bsr_cli.runtime.coordinator_state import (
     EngineSettings,
     RankUnresponsive,
 )
-from bsr_cli.runtime.faults import FaultSpec
 from bsr_cli.runtime.orchestration import Orchestration
 
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.api.ranks import RankClient
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import InvalidInput, ServerError
 from bsr_cli.runtime.events import EventLog
-from bsr_cli.runtime.faults import FaultSpec
 
 MAX_PASSES = 3  # remote → lower tier → recompute
 HEALTH_WAIT_S = 0.5  # how long /health waits for the ranks' view of their tiers (older answers fill in)

@@ -21,10 +21,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 from bsr_cli.api.ranks import ObjectRef, RestoreJob, RestoreResult, WindowJob
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import crc32c_at
-from bsr_cli.runtime.faults import FaultSpec
 from bsr_cli.runtime.pool import Lease, RestorePool
 from bsr_cli.runtime.tiers import CODE_NAMES, TIMED_OUT, UNAVAILABLE, StagingSlice, Tier
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from bsr_cli.runtime import faults
+from bsr_cli.core import faults
 
 Tier = Literal["mooncake", "fs"]
 TokenId = Annotated[StrictInt, Field(ge=0, le=(1 << 32) - 1)]

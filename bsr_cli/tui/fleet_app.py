@@ -21,7 +21,7 @@ from textual.timer import Timer
 from textual.widgets import Static
 
 from bsr_cli import fleet
-from bsr_cli.cli.render_ops import fleet_table
+from bsr_cli.cli.render.ops import fleet_table
 
 
 class FleetPolled(Message):

@@ -26,7 +26,7 @@ from typing import Any
 from bsr_cli.client.admin import AdminClient, resolve_engine
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
 from bsr_cli.settings import Settings
-from bsr_cli.tui.snapshot import Frame, View, fold
+from bsr_cli.tui.model import Frame, View, fold
 
 FORMAT = "bsr.top-recording"
 FORMAT_VERSION = 1

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import InvalidInput
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
 from bsr_cli.runtime.events import EventLog
-from bsr_cli.runtime.faults import FaultSpec
 from bsr_cli.server.admin import AdminServer
 
 from .rank import LMCacheRank, ThreadRank

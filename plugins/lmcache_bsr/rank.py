@@ -51,12 +51,12 @@ from bsr_cli.api.ranks import (
     dispatch,
 )
 from bsr_cli.core.bitmap import encode_row
+from bsr_cli.core.faults import KINDS
 from bsr_cli.core.keys import parse_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import BadRequest, CapacityError
 from bsr_cli.mooncake.health import health_url_for, master_healthy
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.faults import KINDS
 from bsr_cli.runtime.kv_ops import KVOps
 from bsr_cli.runtime.paged_kv import PagedKV
 from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, run_windows, window_faults

@@ -118,7 +118,7 @@ def test_piped_output_is_not_hard_wrapped(tmp_path: Path) -> None:
 
 
 def _strip(cells: str, width: int, tiers: tuple[str, ...] = ("mooncake", "fs")) -> str:
-    from bsr_cli.cli.render_ops import strip
+    from bsr_cli.cli.render.ops import strip
 
     return strip(cells, list(tiers), width).plain
 
@@ -133,7 +133,7 @@ def test_probe_map_shows_chunks_held_by_both_tiers() -> None:
 
 
 def test_probe_legend_names_both_and_the_binning() -> None:
-    from bsr_cli.cli.render_ops import legend
+    from bsr_cli.cli.render.ops import legend
 
     text = legend(["mooncake", "fs"], chunks=512, width=128)
     assert "=mooncake+fs" in text and "1 cell ≈ 4 chunks" in text
@@ -143,7 +143,7 @@ def test_probe_legend_names_both_and_the_binning() -> None:
 def test_probe_map_follows_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     from rich.console import Console
 
-    from bsr_cli.cli.render_ops import STRIP_FIXED_COLUMNS, strip_width
+    from bsr_cli.cli.render.ops import STRIP_FIXED_COLUMNS, strip_width
 
     monkeypatch.setenv("COLUMNS", "100")
     assert strip_width(Console(width=100), {}) == 100 - STRIP_FIXED_COLUMNS
@@ -151,7 +151,7 @@ def test_probe_map_follows_columns(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_bench_targets_read_as_text_not_python() -> None:
-    from bsr_cli.cli.commands.bench_cmd import _plain
+    from bsr_cli.cli.render.bench import _plain
 
     assert _plain({"remote-unavailable": "pass"}) == "remote-unavailable: pass"
     assert _plain({"8": 1048576, "16": True}) == "8: 1,048,576, 16: yes"

@@ -12,7 +12,7 @@ import pytest
 
 from bsr_cli.errors import EngineUnreachable, InvalidInput
 from bsr_cli.tui.app import TopApp
-from bsr_cli.tui.snapshot import Frame
+from bsr_cli.tui.model import Frame
 from bsr_cli.tui.source import LiveSource, PollFailure, Recorder, ReplaySource, read_recording
 
 PROMPT = {"synthetic": {"n": 30000, "seed": 7}}

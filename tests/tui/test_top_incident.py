@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from textual.widgets import Input, OptionList, Static
 
-from bsr_cli.tui.app import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen, TopApp
+from bsr_cli.tui.app import TopApp
+from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen
 from bsr_cli.tui.source import LiveSource, ReplaySource
 
 

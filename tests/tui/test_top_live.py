@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from bsr_cli.client import AdminClient
-from bsr_cli.tui.app import ConfirmScreen, FaultScreen, TopApp
-from bsr_cli.tui.snapshot import Frame, View
+from bsr_cli.tui.app import TopApp
+from bsr_cli.tui.model import Frame, View
+from bsr_cli.tui.screens import ConfirmScreen, FaultScreen
 from bsr_cli.tui.source import LiveSource, Recorder, ReplaySource, read_recording
 
 PROMPT = {"synthetic": {"n": 30000, "seed": 7}}

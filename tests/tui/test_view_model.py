@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from bsr_cli.tui import snapshot as sv
-from bsr_cli.tui.snapshot import Frame
+from bsr_cli.tui import model, panels
+from bsr_cli.tui.model import Frame
 from bsr_cli.tui.source import PollFailure, read_recording
 
 
@@ -26,7 +26,7 @@ def _text(renderable: object, width: int = 120) -> str:
 
 @pytest.mark.timeout(30)
 def test_fold_tracks_windows_history_outcomes_faults_and_markers(incident: Path) -> None:
-    views = list(sv.fold_all(_frames(incident)))
+    views = list(model.fold_all(_frames(incident)))
     actives = [a for v in views for a in v.active]
     assert actives, "the recording holds restores in flight"
     for a in actives:
@@ -48,9 +48,9 @@ def test_fold_tracks_windows_history_outcomes_faults_and_markers(incident: Path)
 
 @pytest.mark.timeout(30)
 def test_filters_cycle_and_select(incident: Path) -> None:
-    last = list(sv.fold_all(_frames(incident)))[-1]
-    assert [sv.next_rank(r, [0, 1]) for r in (None, 0, 1)] == [0, 1, None]
-    assert sv.next_kind("faults") == "all" and sv.next_kind("all") == "restores"
+    last = list(model.fold_all(_frames(incident)))[-1]
+    assert [model.next_rank(r, [0, 1]) for r in (None, 0, 1)] == [0, 1, None]
+    assert model.next_kind("faults") == "all" and model.next_kind("all") == "restores"
     only1 = last.filtered_events(rank=1)
     assert only1 and all(1 in e.ranks for e in only1)
     assert {e.category for e in last.filtered_events(kind="faults")} == {"faults"}
@@ -62,36 +62,36 @@ def test_filters_cycle_and_select(incident: Path) -> None:
 def test_high_water_sees_windows_between_polls_and_gaps_are_counted(incident: Path) -> None:
     frames = _frames(incident)
     i = next(k for k, f in enumerate(frames) if f.snapshot.get("active"))
-    prev = sv.fold(None, frames[i - 1])
+    prev = model.fold(None, frames[i - 1])
     drained = copy.deepcopy(dict(frames[i].snapshot))
     for r in drained["ranks"]:
         r["pool"]["live_bytes"] = 0  # the poll landed between two windows
-    view = sv.fold(prev, Frame(drained, frames[i].received_at, 0.01))
+    view = model.fold(prev, Frame(drained, frames[i].received_at, 0.01))
     assert all(g.live_bytes == 0 for g in view.gauges)
     assert max(g.high_water_bytes for g in view.gauges) > 0, "window events since the last poll still count"
     # Events the engine already dropped before this poll are reported as missed, not silently lost.
     gap = copy.deepcopy(dict(frames[i].snapshot))
     gap["events"] = gap["events"][-5:]
-    missed = sv.fold(prev, Frame(gap, frames[i].received_at, 0.01))
+    missed = model.fold(prev, Frame(gap, frames[i].received_at, 0.01))
     assert missed.events_missed == gap["events"][0]["seq"] - prev.seq - 1 > 0
 
 
 @pytest.mark.timeout(30)
 def test_restarted_engine_starts_a_new_event_stream(incident: Path) -> None:
     frames = _frames(incident)
-    before = list(sv.fold_all(frames))[-1]
+    before = list(model.fold_all(frames))[-1]
     restarted = copy.deepcopy(dict(frames[0].snapshot))
     restarted["info"]["started_at"] += 1000
-    after = sv.fold(before, Frame(restarted, frames[-1].received_at + 1, 0.01))
+    after = model.fold(before, Frame(restarted, frames[-1].received_at + 1, 0.01))
     assert after.seq < before.seq and after.events_missed == before.events_missed
-    assert after.gauges[0].history[:-1] == before.gauges[0].history[-(sv.HISTORY - 1) :]
+    assert after.gauges[0].history[:-1] == before.gauges[0].history[-(model.HISTORY - 1) :]
 
 
 @pytest.mark.timeout(30)
 def test_render_text_reads_at_80_and_120_columns(incident: Path) -> None:
-    last = list(sv.fold_all(_frames(incident)))[-1]
+    last = list(model.fold_all(_frames(incident)))[-1]
     for width in (80, 120):
-        text = _text(sv.render_text(last), width)
+        text = _text(panels.render_text(last), width)
         assert max(len(line) for line in text.splitlines()) <= width
         for needle in ("Restore pool per rank", "RWS(W=4)", "INJECTED", "restore-fault", "failed closed", "r1"):
             assert needle in text, f"{needle!r} missing at {width} columns"
@@ -102,26 +102,26 @@ def test_render_text_reads_at_80_and_120_columns(incident: Path) -> None:
 
 @pytest.mark.timeout(30)
 def test_a_broken_snapshot_still_folds() -> None:
-    view = sv.fold(None, Frame({"ranks": [{"rank": 0, "alive": False, "error": "pipe closed"}, "junk"]}, 1.0, 0.0))
+    view = model.fold(None, Frame({"ranks": [{"rank": 0, "alive": False, "error": "pipe closed"}, "junk"]}, 1.0, 0.0))
     assert view.gauges[0].state == "down"
-    assert "DOWN" in _text(sv.render_text(view))
+    assert "DOWN" in _text(panels.render_text(view))
     assert PollFailure.from_error(ValueError("x"), 0.0, 0.0).kind == "internal"
 
 
 @pytest.mark.timeout(30)
 def test_a_restart_is_marked_in_the_event_log(incident: Path) -> None:
     frames = _frames(incident)
-    before = list(sv.fold_all(frames))[-1]
+    before = list(model.fold_all(frames))[-1]
     assert not any(e.type == "engine_restarted" for e in before.events)
     restarted = copy.deepcopy(dict(frames[0].snapshot))
     restarted["info"]["started_at"] += 1000
-    after = sv.fold(before, Frame(restarted, frames[-1].received_at + 1, 0.01))
+    after = model.fold(before, Frame(restarted, frames[-1].received_at + 1, 0.01))
     marks = [e for e in after.events if e.type == "engine_restarted"]
     assert len(marks) == 1 and "engine restarted" in marks[0].text
     # The separator stands between the old engine's events and the new one's.
     i = after.events.index(marks[0])
     assert i > 0 and after.events[i - 1] == before.events[-1]
-    assert "engine restarted" in _text(sv.render_text(after), 160)
+    assert "engine restarted" in _text(panels.render_text(after), 160)
 
 
 def _snap(t: float, done: dict[str, int], events: list[dict] | None = None, seq: int = 1) -> Frame:
@@ -138,23 +138,23 @@ def _snap(t: float, done: dict[str, int], events: list[dict] | None = None, seq:
 
 @pytest.mark.timeout(30)
 def test_a_rank_that_stops_releasing_windows_is_marked_stalled() -> None:
-    v = sv.fold(None, _snap(101.0, {"0": 1, "1": 1}))
+    v = model.fold(None, _snap(101.0, {"0": 1, "1": 1}))
     assert v.active[0].stalled == ()
-    v = sv.fold(v, _snap(102.0, {"0": 3, "1": 1}, seq=2))
+    v = model.fold(v, _snap(102.0, {"0": 3, "1": 1}, seq=2))
     assert v.active[0].stalled == ()  # rank 1 behind, but only for a second
-    v = sv.fold(v, _snap(101.0 + sv.STALL_S + 0.5, {"0": 6, "1": 1}, seq=3))
+    v = model.fold(v, _snap(101.0 + model.STALL_S + 0.5, {"0": 6, "1": 1}, seq=3))
     assert v.active[0].stalled == (1,)
-    assert "STALLED r1" in _text(sv.active(v), 120)
-    v = sv.fold(v, _snap(108.0, {"0": 6, "1": 2}, seq=4))
+    assert "STALLED r1" in _text(panels.active(v), 120)
+    v = model.fold(v, _snap(108.0, {"0": 6, "1": 2}, seq=4))
     assert v.active[0].stalled == ()  # it moved again
 
 
 @pytest.mark.timeout(30)
 def test_a_rank_that_failed_is_not_shown_in_progress() -> None:
     failed = {"seq": 2, "time": 102.0, "type": "restore_failed", "request": "req-7", "rank": 1, "window": 1}
-    v = sv.fold(None, _snap(101.0, {"0": 1, "1": 1}))
-    v = sv.fold(v, _snap(102.5, {"0": 2, "1": 1}, [failed], seq=2))
+    v = model.fold(None, _snap(101.0, {"0": 1, "1": 1}))
+    v = model.fold(v, _snap(102.5, {"0": 2, "1": 1}, [failed], seq=2))
     a = v.active[0]
     assert a.failed == (1,) and a.stalled == ()
-    text = _text(sv.active(v), 120)
+    text = _text(panels.active(v), 120)
     assert "✖ r1 failed" in text and "r1:1✖" in text

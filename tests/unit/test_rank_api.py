@@ -53,9 +53,9 @@ from bsr_cli.api.ranks import (
     request_to_json,
     result_from_json,
 )
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import BadRequest, ExitCode
-from bsr_cli.runtime.faults import FaultSpec
 from unit.conftest import FakeEngine
 
 TABLES = {"full": [3, 4, 5], "swa": [7, 8]}

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.plan import windows_for
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import crc32c
-from bsr_cli.runtime.faults import FaultSpec
 from bsr_cli.runtime.restore import ObjectRef, RankRestorer, RestoreJob, WindowJob
 from unit.fakes import FakeDestination, FakeTier, make_pool, small_registration, synthetic
 

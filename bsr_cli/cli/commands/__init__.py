@@ -1,1 +1,2 @@
-"""One module per command group; each registers its commands on bsr_cli.cli.app.app."""
+"""One module per command group: plain command functions (and their sub-groups), registered explicitly by
+bsr_cli.cli.app.register_commands; none imports the app."""

@@ -9,11 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import JsonFlag, app, state
+from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.errors import BsrError, InvalidInput
 
 
-@app.command("bundle")
 def bundle(
     ctx: typer.Context,
     output: Annotated[
@@ -130,9 +129,10 @@ def bundle(
 
 
 def _explain(st: Any, n: int | None, seed: int, path: Path | None) -> dict[str, Any]:
-    from bsr_cli.cli.commands.explain_cmd import _explain_prompt, _prompt_flags
+    from bsr_cli.cli.commands.explain_cmd import _explain_prompt
+    from bsr_cli.cli.commands.probe_options import PromptFlags
 
-    return _explain_prompt(st, path, None, n, seed, None, _prompt_flags(path, None, n, seed))
+    return _explain_prompt(st, path, None, n, seed, None, PromptFlags(path, None, n, seed).as_flags())
 
 
 def _local_engine(st: Any, url: str) -> dict[str, Any] | None:

@@ -6,12 +6,11 @@ from typing import Any
 
 import typer
 
-from bsr_cli.cli.app import JsonFlag, app, state
+from bsr_cli.cli.context import JsonFlag, state
 
 config_app = typer.Typer(
     help="Show resolved settings (flag > BSR_* env > config file > default).", no_args_is_help=True
 )
-app.add_typer(config_app, name="config")
 
 
 @config_app.command("show")

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import JsonFlag, app, state
 from bsr_cli.cli.commands.planning import RegOpt, WOpt
+from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.core.units import parse_bytes
 
 engine_app = typer.Typer(
@@ -16,7 +16,6 @@ engine_app = typer.Typer(
     "and the admin API, all on loopback.",
     no_args_is_help=True,
 )
-app.add_typer(engine_app, name="engine")
 
 
 def _size(text: str | None) -> int | None:

@@ -8,12 +8,12 @@ from typing import Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import AppState, JsonFlag, app, state
 from bsr_cli.cli.commands.operate import PromptFileOpt, SeedOpt, SyntheticOpt, TokensFileOpt, WOpt
+from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
+from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.errors import EngineError, InvalidInput
 
 
-@app.command("explain")
 def explain(
     ctx: typer.Context,
     request: Annotated[
@@ -52,57 +52,40 @@ def explain(
     window. With --store it asks a Mooncake store LMCache wrote, naming a key-format mismatch (world size, dtype,
     tags, vLLM hash seed) or a gone segment holder. With a request id it explains how that restore ended.
     """
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
-    given = [x is not None for x in (tokens_file, prompt_file, synthetic)]
-    if request is not None and any(given):
+    prompt = PromptFlags(tokens_file, prompt_file, synthetic, seed)
+    if request is not None and prompt.given():
         raise InvalidInput("give a request id or a prompt (--tokens-file/--prompt-file/--synthetic), not both")
-    if request is None and sum(given) != 1:
+    if request is None and prompt.given() != 1:
         raise InvalidInput("give a request id, or exactly one of --tokens-file, --prompt-file or --synthetic N")
-    flags = _prompt_flags(tokens_file, prompt_file, synthetic, seed)
+    flags = prompt.as_flags()
     if store is not None:
         if request is not None:
             raise InvalidInput("--store explains a prompt, not a request id")
         from bsr_cli.cli.commands import store_probe
         from bsr_cli.core.explain import explain_store
 
-        data = store_probe.collect(
-            st,
+        opts = StoreProbeOptions(
             store,
-            model,
-            world_size,
-            metadata,
-            tokens_file,
-            prompt_file,
-            synthetic,
-            seed,
-            None,
-            dtype=dtype,
-            chunk_size=chunk_size,
+            model=model,
+            world_size=world_size,
+            metadata=metadata,
             admin=master_admin,
-            tags=tag or (),
+            dtype=dtype,
+            tags=tuple(tag or ()),
             vllm_hash_seed=vllm_hash_seed,
+            chunk_size=chunk_size,
         )
-        flags += f" --model {model} --world-size {world_size} --dtype {dtype}" + "".join(
-            f" --tag {t}" for t in tag or ()
-        )
+        data = store_probe.collect(st, opts, prompt, None)
+        flags += " " + opts.key_flags()
         result = explain_store(prompt="", prompt_flags=flags, store=data)
     elif request is not None:
         result = _explain_request(st, request)
     else:
         result = _explain_prompt(st, tokens_file, prompt_file, synthetic, seed, w, flags)
     st.out.result(result, render_ops.explain)
-
-
-def _prompt_flags(tokens_file: Path | None, prompt_file: Path | None, synthetic: int | None, seed: int) -> str:
-    if synthetic is not None:
-        return f"--synthetic {synthetic} --seed {seed}"
-    if tokens_file is not None:
-        return f"--tokens-file {tokens_file}"
-    if prompt_file is not None:
-        return f"--prompt-file {prompt_file}"
-    return ""
 
 
 def _explain_prompt(

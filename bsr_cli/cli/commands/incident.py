@@ -9,13 +9,12 @@ from typing import Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import AppState, JsonFlag, app, state
+from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.cli.output import Output
 from bsr_cli.core.commit import COMMITTED
 from bsr_cli.errors import InvalidInput
 
 settings_app = typer.Typer(help="The engine's runtime settings: W, budget B, fs concurrency.", no_args_is_help=True)
-app.add_typer(settings_app, name="settings")
 
 # What `settings show` lists, in the order an operator checks them.
 SETTING_KEYS = (
@@ -106,7 +105,6 @@ def settings_set(
     st.out.result({"url": client.url, "changed": sorted(changes), "settings": _settings_of(info)}, _render_settings)
 
 
-@app.command("abort")
 def abort(
     ctx: typer.Context,
     request: Annotated[str, typer.Argument(help="Request id (from `bsr restore`, `bsr events`, `bsr top`).")],
@@ -121,7 +119,6 @@ def abort(
     st.out.result(result, lambda c, d: c.print(f"abort requested for {d['request']}: it will fail closed"))
 
 
-@app.command("events")
 def events(
     ctx: typer.Context,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")] = False,
@@ -167,7 +164,7 @@ def _print_events(st: AppState, evs: list[dict[str, Any]]) -> None:
         sys.stdout.flush()
         Output.result_written = True  # the error boundary adds no second document (e.g. on Ctrl-C)
         return
-    from bsr_cli.tui.snapshot import describe_event
+    from bsr_cli.tui.model import describe_event
 
     for e in evs:
         stamp = time.strftime("%H:%M:%S", time.localtime(float(e.get("time", 0))))
@@ -181,7 +178,6 @@ def _say_restart(st: AppState) -> None:
     st.out.console.print("──── engine restarted: sequence numbers start again ────", markup=False)
 
 
-@app.command("describe")
 def describe(
     ctx: typer.Context,
     request: Annotated[str, typer.Argument(help="Request id.")],
@@ -209,7 +205,7 @@ def describe(
 
 
 def _recorded_events(path: Path) -> list[dict[str, Any]]:
-    from bsr_cli.tui.snapshot import Frame
+    from bsr_cli.tui.model import Frame
     from bsr_cli.tui.source import read_recording
 
     _, items = read_recording(path)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import AppState, JsonFlag, app, state
+from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.commit import FAILED_CLOSED, NOTHING_TO_RESTORE
 from bsr_cli.errors import (
     CapacityError,
@@ -44,7 +44,6 @@ def _prompt(client: Any, tokens_file: Path | None, prompt_file: Path | None, syn
     return prompt_body(tokens_file, prompt_file, synthetic, seed, tokenizer)
 
 
-@app.command("probe")
 def probe(
     ctx: typer.Context,
     tokens_file: TokensFileOpt = None,
@@ -106,26 +105,23 @@ def probe(
     st = state(ctx, json_flag)
     if store is not None:
         from bsr_cli.cli.commands import store_probe
+        from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 
-        return store_probe.run(
-            st,
+        opts = StoreProbeOptions(
             store,
-            model,
-            world_size,
-            metadata,
-            tokens_file,
-            prompt_file,
-            synthetic,
-            seed,
-            width,
-            dtype=dtype,
-            chunk_size=chunk_size,
+            model=model,
+            world_size=world_size,
+            metadata=metadata,
             admin=master_admin,
-            tags=tag or (),
+            dtype=dtype,
+            tags=tuple(tag or ()),
             vllm_hash_seed=vllm_hash_seed,
+            chunk_size=chunk_size,
             verbose=verbose,
         )
-    from bsr_cli.cli import render_ops
+        prompt = PromptFlags(tokens_file, prompt_file, synthetic, seed)
+        return store_probe.run(st, opts, prompt, width)
+    from bsr_cli.cli.render import ops as render_ops
 
     with _client(st) as client:
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
@@ -134,7 +130,6 @@ def probe(
     st.out.result(result, render_ops.probe)
 
 
-@app.command("submit")
 def submit(
     ctx: typer.Context,
     tokens_file: TokensFileOpt = None,
@@ -146,7 +141,7 @@ def submit(
     json_flag: JsonFlag = False,
 ) -> None:
     """Submit a prompt as the scheduler would admit it: external hit, restore or local prefill, fallback."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     with _client(st) as client:
@@ -155,7 +150,6 @@ def submit(
     st.out.result(result, render_ops.submit)
 
 
-@app.command("restore")
 def restore(
     ctx: typer.Context,
     tokens_file: TokensFileOpt = None,
@@ -176,7 +170,7 @@ def restore(
     json_flag: JsonFlag = False,
 ) -> None:
     """A manual windowed restore into the engine, with live progress. Exit 0 committed, 10 failed closed."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     if tier is not None and exclude_tier:
@@ -207,7 +201,7 @@ def restore(
                 "show_all_windows": False,
                 "capacity": fit,
             }
-            from bsr_cli.cli import render
+            from bsr_cli.cli.render import planning as render
 
             st.out.result(data, render.plan)
             if not fit["fits"]:
@@ -279,7 +273,7 @@ def _run_restore(
 ) -> dict[str, Any]:
     """Stream the restore in a worker thread so Ctrl-C reaches us: then ask the engine to abort (it ends
     fail-closed) and still report its final result."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     progress = render_ops.RestoreProgress(st.out, ranks=info["ranks"]) if st.out.interactive else None
     box: dict[str, Any] = {}
@@ -341,7 +335,6 @@ def _run_restore(
     return dict(box["result"])
 
 
-@app.command("inject-fault")
 def inject_fault(
     ctx: typer.Context,
     kind: Annotated[
@@ -379,7 +372,6 @@ def inject_fault(
 
 
 faults_app = typer.Typer(help="Inject, list or clear faults.", no_args_is_help=True)
-app.add_typer(faults_app, name="faults")
 
 
 # The same command under `faults`, beside list and clear (`bsr inject-fault` stays: it is what runbooks use).
@@ -389,7 +381,7 @@ faults_app.command("inject", help="Arm a fault for the next restores (same as `b
 @faults_app.command("list")
 def faults_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Faults armed on the engine."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     with _client(st) as client:
@@ -406,7 +398,6 @@ def faults_clear(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
 
 
 markers_app = typer.Typer(help="Force-local markers (set after a failed external restore).", no_args_is_help=True)
-app.add_typer(markers_app, name="markers")
 
 
 @markers_app.command("list")
@@ -441,10 +432,9 @@ def markers_clear(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     st.out.result({"cleared": n}, lambda c, d: c.print(f"cleared {d['cleared']} marker(s)"))
 
 
-@app.command("status")
 def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Engine identity, ranks and their health, tiers, registration, pool and budget, markers, faults."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     from bsr_cli import fleet
@@ -469,7 +459,7 @@ def _fleet_status(st: AppState, targets: list[Any]) -> None:
     """Every engine polled at once: one row per engine and per rank, worst first. Exit 9 when an engine is down or
     unhealthy (after printing every row), 3 when none answered."""
     from bsr_cli import fleet
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
     from bsr_cli.errors import EngineUnreachable, ServerError
 
     rows = fleet.poll_all(targets, fleet.http_poll(min(st.settings.timeout_s, 10.0)))
@@ -485,7 +475,6 @@ def _fleet_status(st: AppState, targets: list[Any]) -> None:
         )
 
 
-@app.command("drill")
 def drill(
     ctx: typer.Context,
     tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prompt length per scenario.", min=1)] = 8192,
@@ -493,7 +482,7 @@ def drill(
     json_flag: JsonFlag = False,
 ) -> None:
     """The paper's failure matrix against a live engine. Exit 11 on any violated invariant."""
-    from bsr_cli.cli import render_ops
+    from bsr_cli.cli.render import ops as render_ops
     from bsr_cli.drill import run_drill
 
     st = state(ctx, json_flag)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bsr_cli.cli.app import JsonFlag, app, state
+from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.core import accounting
 from bsr_cli.core.registration import DEFAULT_CHUNK_SIZE, Registration, diff_registrations
 from bsr_cli.core.units import parse_bytes
@@ -70,7 +70,6 @@ def _parse_sweep(text: str) -> tuple[int, ...]:
     return values
 
 
-@app.command("rws")
 def rws(
     ctx: typer.Context,
     registration: RegOpt = None,
@@ -106,14 +105,13 @@ def rws(
     acc = accounting.account(
         reg, w, tokens, sweep=_parse_sweep(sweep), l1_bytes=parse_bytes(l1) if l1 is not None else None
     )
-    from bsr_cli.cli import render
+    from bsr_cli.cli.render import planning as render
 
     data = {"registration": render.registration_summary(reg), **acc.to_dict()}
     data["tensors"] = render.tensor_rows(reg, all_tensors)
     st.out.result(data, render.rws)
 
 
-@app.command("plan")
 def plan(
     ctx: typer.Context,
     w: WOpt = 32,
@@ -159,7 +157,7 @@ def plan(
             note=ctx,
         )
     result = plan_restore(reg, w, bitmap=bitmap, tokens=tokens, exclude_tiers=exclude_tier or ())
-    from bsr_cli.cli import render
+    from bsr_cli.cli.render import planning as render
 
     data = result.to_dict()
     data["bytes_per_chunk"] = reg.bytes_per_chunk
@@ -169,7 +167,6 @@ def plan(
 
 
 registration_app = typer.Typer(help="Inspect and compare registrations.", no_args_is_help=True)
-app.add_typer(registration_app, name="registration")
 
 
 @registration_app.command("show")
@@ -181,7 +178,7 @@ def registration_show(
 ) -> None:
     """Show a registration: groups, tensors, Σc_i and its identity."""
     from bsr_cli import loaders
-    from bsr_cli.cli import render
+    from bsr_cli.cli.render import planning as render
 
     st = state(ctx, json_flag)
     reg = loaders.load_registration(spec)
@@ -200,7 +197,7 @@ def registration_diff(
 ) -> None:
     """What changed between two registrations and what it does to Σc_i and RWS(W)."""
     from bsr_cli import loaders
-    from bsr_cli.cli import render
+    from bsr_cli.cli.render import planning as render
 
     st = state(ctx, json_flag)
     ra, rb = loaders.load_registration(a), loaders.load_registration(b)

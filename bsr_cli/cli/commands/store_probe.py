@@ -17,12 +17,12 @@ import tempfile
 import urllib.parse
 import urllib.request
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from bsr_cli.cli.app import AppState
+from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
+from bsr_cli.cli.context import AppState
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.lmcache_keys import (
     DTYPE_FLAG,
@@ -46,32 +46,16 @@ MAX_REPLICA_QUERIES = 1024
 _QUERYABLE = re.compile(r"[!$%'-~]+")  # printable ASCII without space, '"', '#' and '&'
 
 
-def run(st: AppState, *args: Any, **kw: Any) -> None:
-    from bsr_cli.cli import render_ops
+def run(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: int | None) -> None:
+    from bsr_cli.cli.render import ops as render_ops
 
-    st.out.result(collect(st, *args, **kw), render_ops.store_probe)
+    st.out.result(collect(st, opts, prompt, width), render_ops.store_probe)
 
 
-def collect(
-    st: AppState,
-    store: str,
-    model: str | None,
-    world_size: int,
-    metadata: str | None,
-    tokens_file: Path | None,
-    prompt_file: Path | None,
-    synthetic: int | None,
-    seed: int,
-    width: int | None,
-    *,
-    dtype: str = "bf16",
-    chunk_size: int = 256,
-    admin: str | None = None,
-    tags: Sequence[str] = (),
-    vllm_hash_seed: str = "auto",
-    verbose: bool = False,
-) -> dict[str, Any]:
+def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: int | None) -> dict[str, Any]:
     """The store probe's result: bitmap, key format, liveness and (on a total miss) the diagnosis."""
+    store, model, world_size, chunk_size = opts.store, opts.model, opts.world_size, opts.chunk_size
+    vllm_hash_seed = opts.vllm_hash_seed
     url = urlsplit(store)
     try:
         port = url.port
@@ -83,25 +67,25 @@ def collect(
         raise InvalidInput("--store needs --model (the model name in LMCache's keys)")
     if world_size < 1:
         raise InvalidInput("--world-size must be positive")
-    key_dtype = lmcache_dtype(dtype)
-    tag_pairs = parse_tags(tags)
+    key_dtype = lmcache_dtype(opts.dtype)
+    tag_pairs = parse_tags(opts.tags)
     starts = hash_starts(vllm_hash_seed)
-    tokens = _tokens(tokens_file, prompt_file, synthetic, seed)
+    tokens = _tokens(prompt)
     host = url.hostname
-    meta = metadata or f"http://{host}:8080/metadata"
-    admin_url = admin or f"http://{host}:9003"
+    meta = opts.metadata or f"http://{host}:8080/metadata"
+    admin_url = opts.admin or f"http://{host}:9003"
     chains = {label: lmcache_chunk_hashes(tokens, chunk_size, start) for label, start in starts}
 
     def keys_for(label: str, wid: int, n: int | None = None) -> list[str]:
         hs = chains[label] if n is None else chains[label][:n]
         return [lmcache_key(model, world_size, wid, h, key_dtype, tag_pairs) for h in hs]
 
-    if not verbose:
+    if not opts.verbose:
         os.environ.setdefault("GLOG_minloglevel", "3")  # Mooncake's glog: read when its library loads
     from bsr_cli.runtime.tiers import TierUnavailable
     from bsr_cli.tiers.mooncake import MooncakeTier
 
-    with _native_stderr_silenced(not verbose):
+    with _native_stderr_silenced(not opts.verbose):
         try:
             tier = MooncakeTier(f"{host}:{url.port}", meta, deadline_s=st.settings.timeout_s)
         except TierUnavailable as e:
@@ -189,17 +173,17 @@ def hash_starts(option: str) -> list[tuple[str, int]]:
     return [("none", 0)] + [(s, vllm_seeded_start(s)) for s in dict.fromkeys(seeds)]
 
 
-def _tokens(tokens_file: Path | None, prompt_file: Path | None, synthetic: int | None, seed: int) -> list[int]:
+def _tokens(prompt: PromptFlags) -> list[int]:
     from bsr_cli.core.keys import synthetic_tokens
 
-    if sum(x is not None for x in (tokens_file, prompt_file, synthetic)) != 1:
+    if prompt.given() != 1:
         raise InvalidInput("give exactly one of --tokens-file, --prompt-file or --synthetic N")
-    if prompt_file is not None:
+    if prompt.prompt_file is not None:
         raise InvalidInput("--store needs token ids (--tokens-file): bsr cannot reproduce your model's tokenizer")
-    if synthetic is not None:
-        return synthetic_tokens(synthetic, seed)
-    assert tokens_file is not None
-    return read_tokens_file(tokens_file)
+    if prompt.synthetic is not None:
+        return synthetic_tokens(prompt.synthetic, prompt.seed)
+    assert prompt.tokens_file is not None
+    return read_tokens_file(prompt.tokens_file)
 
 
 @contextlib.contextmanager

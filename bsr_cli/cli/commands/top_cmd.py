@@ -1,7 +1,8 @@
 """Watching the restore pool: `bsr top` (the live Textual monitor, record/replay) and `bsr pool` (one snapshot).
 
-Both draw the same immutable view (bsr_cli.tui.snapshot): `top` panel by panel in a terminal UI, `pool` once as
-text or JSON. textual is imported only inside `top`, so every other command starts without it.
+Both draw the same immutable view (bsr_cli.tui.model, drawn by bsr_cli.tui.panels): `top` panel by panel in a
+terminal UI, `pool` once as text or JSON (which imports no renderer). textual is imported only inside `top`, so
+every other command starts without it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from bsr_cli.cli.app import AppState, JsonFlag, app, state
+from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.errors import InvalidInput
 
 IntervalOpt = Annotated[
@@ -21,7 +22,6 @@ IntervalOpt = Annotated[
 ]
 
 
-@app.command("top")
 def top(
     ctx: typer.Context,
     interval: IntervalOpt = 1.0,
@@ -51,7 +51,6 @@ def top(
 
 
 pool_app = typer.Typer(help="Restore-pool occupancy per rank; `bsr pool reset-peak` restarts the peak.")
-app.add_typer(pool_app, name="pool")
 
 
 @pool_app.command("reset-peak")
@@ -84,7 +83,7 @@ def pool(
     if not (once or st.out.json_mode) and st.out.interactive:
         _run_tui(st, interval=interval, record=None, replay=None)
         return
-    from bsr_cli.tui import snapshot as sv
+    from bsr_cli.tui import model
     from bsr_cli.tui.source import LiveSource
 
     source = LiveSource.from_settings(st.settings, timeout_s=st.settings.timeout_s)
@@ -92,12 +91,14 @@ def pool(
         frame = source.poll()
     finally:
         source.close()
-    view = sv.fold(None, frame)
+    view = model.fold(None, frame)
 
     def render(console: Any, data: Any) -> None:
         # Panels fill the width they are given: piped, that is a fixed page width rather than the unbounded one
         # that keeps tables from wrapping.
-        console.print(sv.render_text(view), width=st.out.layout_width)
+        from bsr_cli.tui import panels  # rich, only when a person reads it: --json prints the view model alone
+
+        console.print(panels.render_text(view), width=st.out.layout_width)
 
     st.out.result(view.to_dict(), render)
 

@@ -11,14 +11,11 @@ from rich.table import Table
 from rich.text import Text
 
 from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
-from bsr_cli.cli.render import b, first_break_line
+from bsr_cli.cli.render.palette import BOTH_TIERS, FLEET_STYLE, tier_look
+from bsr_cli.cli.render.planning import b, first_break_line
 from bsr_cli.core.commit import COMMITTED, NOTHING_TO_RESTORE
 from bsr_cli.core.units import format_bytes
 
-TIER_LOOK = {"mooncake": ("M", "green"), "fs": ("F", "cyan")}
-
-
-BOTH_LOOK = ("B", "bold green")  # every chunk of the cell is held by more than one tier (e.g. Mooncake and fs)
 STRIP_FIXED_COLUMNS = 36  # what the probe table spends beside the strip: rank, group, held, borders
 
 
@@ -40,14 +37,14 @@ def strip(cells: str, tiers: list[str], width: int) -> Text:
         if any(m == 0 for m in masks):
             out.append("·", style="bold red")
         elif bin(common).count("1") > 1:
-            out.append(*BOTH_LOOK)
+            out.append(*BOTH_TIERS)
         else:
             if common:
                 tier = tiers[common.bit_length() - 1]
             else:  # held throughout, but not by one tier: show the lowest tier some chunk depends on
                 worst = max(next(j for j in range(len(tiers)) if m >> j & 1) for m in masks)
                 tier = tiers[worst]
-            letter, style = TIER_LOOK.get(tier, (tier[:1].upper(), "white"))
+            letter, style = tier_look(tier)
             out.append(letter, style=style)
     return out
 
@@ -63,10 +60,10 @@ def strip_width(console: Console, d: dict[str, Any]) -> int:
 
 
 def legend(tiers: list[str], chunks: int, width: int) -> str:
-    marks = [f"[{TIER_LOOK.get(t, ('?', 'white'))[1]}]{TIER_LOOK.get(t, (t[:1].upper(), ''))[0]}[/]={t}" for t in tiers]
+    marks = [f"[{tier_look(t)[1]}]{tier_look(t)[0]}[/]={t}" for t in tiers]
     if len(tiers) > 1:
         more = " (or more)" if len(tiers) > 2 else ""
-        marks.append(f"[{BOTH_LOOK[1]}]{BOTH_LOOK[0]}[/]=" + "+".join(tiers[:2]) + more)
+        marks.append(f"[{BOTH_TIERS[1]}]{BOTH_TIERS[0]}[/]=" + "+".join(tiers[:2]) + more)
     marks.append("[bold red]·[/]=miss")
     text = "legend: " + "  ".join(marks)
     per_cell = -(-chunks // width) if chunks > width else 1
@@ -412,9 +409,6 @@ def store_probe(console: Console, d: dict[str, Any]) -> None:
             console.print(f"[yellow]likely cause[/]: {cause}")
 
 
-_FLEET_STYLE = {"down": "bold red", "unhealthy": "red", "degraded": "yellow", "attention": "magenta", "ok": "green"}
-
-
 def fleet_table(d: dict[str, Any]) -> Table:
     """Engines and their ranks, worst first: one row per engine, then one per rank under it."""
     c = d["counts"]
@@ -434,7 +428,7 @@ def fleet_table(d: dict[str, Any]) -> Table:
     ):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for e in d["engines"]:
-        style = _FLEET_STYLE.get(e["state"], "")
+        style = FLEET_STYLE.get(e["state"], "")
         if e["state"] == "down":
             t.add_row(e["engine"], Text(e["state"], style), "", "", "", "", "", "", "", e["problems"][0])
             continue
@@ -442,9 +436,9 @@ def fleet_table(d: dict[str, Any]) -> Table:
             Text(e["engine"], "bold"),
             Text(e["state"], style),
             f"{len(e['ranks'])} ranks",
-            _fb(sum(r["live_bytes"] for r in e["ranks"])),
-            _fb(e.get("budget_bytes")),
-            _fb(max((r["peak_bytes"] for r in e["ranks"]), default=0)),
+            format_bytes(sum(r["live_bytes"] for r in e["ranks"])),
+            format_bytes(e.get("budget_bytes")),
+            format_bytes(max((r["peak_bytes"] for r in e["ranks"]), default=0)),
             str(sum(r["windows_live"] for r in e["ranks"])),
             f"{e['restore_bps'] / 1e9:.2f} GB/s",
             str(e["markers"]),
@@ -453,11 +447,11 @@ def fleet_table(d: dict[str, Any]) -> Table:
         for r in e["ranks"]:
             t.add_row(
                 "",
-                Text(r["state"], _FLEET_STYLE.get(r["state"], "")),
+                Text(r["state"], FLEET_STYLE.get(r["state"], "")),
                 f"r{r['rank']}",
-                _fb(r["live_bytes"]),
-                _fb(r["budget_bytes"]),
-                _fb(r["peak_bytes"]),
+                format_bytes(r["live_bytes"]),
+                format_bytes(r["budget_bytes"]),
+                format_bytes(r["peak_bytes"]),
                 str(r["windows_live"]),
                 f"{r['restore_bps'] / 1e9:.2f} GB/s",
                 "",
@@ -468,10 +462,6 @@ def fleet_table(d: dict[str, Any]) -> Table:
 
 def fleet(console: Console, d: dict[str, Any]) -> None:
     console.print(fleet_table(d))
-
-
-def _fb(n: int | None) -> str:
-    return "—" if n is None else format_bytes(n)
 
 
 def explain(console: Console, d: dict[str, Any]) -> None:

@@ -1,29 +1,25 @@
-"""The top view model: a raw engine snapshot in, an immutable `View` out, and the rich renderers that draw it.
+"""The top view model: a raw engine snapshot in, an immutable `View` out. Pure data: no rich, no textual, no I/O.
 
-nvitop's shape: whatever collects snapshots hands the UI immutable values, and one view renders two ways: panel by
-panel in the Textual app, and once as text (`bsr pool --once`, a pipe). Nothing here does I/O or imports textual,
-so a replayed recording goes through exactly the code a live session runs.
+nvitop's shape: whatever collects snapshots hands the UI immutable values, and one view renders two ways
+(`bsr_cli.tui.panels`): panel by panel in the Textual app, and once as text (`bsr pool --once`, a pipe). With
+--json, `bsr pool` prints the view as data and never imports a renderer. A replayed recording goes through exactly
+the code a live session runs.
 
 `fold(prev, frame)` is the only way to build a View. It carries forward what a single snapshot cannot hold (per-rank
 history, the event log beyond the engine's last 50 events) and depends on nothing but its arguments, so replaying a
 recording twice yields the same frames.
+
+Over 500 lines on purpose: the view's types and the fold, their only constructor, are read together.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.measure import Measurement
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
-
-from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED, NOTHING_TO_RESTORE
+from bsr_cli.core.units import format_bytes
 
 STALL_S = 5.0  # a rank that releases no window for this long, while others wait on it, is marked stalled
 HISTORY = 120  # snapshots of per-rank history kept (two minutes at the default 1 s)
@@ -300,13 +296,13 @@ def describe_event(ev: Mapping[str, Any]) -> str:
     w1 = f"window {win + 1}" if isinstance(win, int) else "window ?"
     if kind == "window_fetched":
         tiers = ",".join(ev.get("tiers") or ())
-        return f"{req} {w1} fetched {fb(_int(ev.get('bytes')))} in {_float(ev.get('seconds')) * 1e3:.0f} ms ({tiers})"
+        return f"{req} {w1} fetched {_fb(_int(ev.get('bytes')))} in {_float(ev.get('seconds')) * 1e3:.0f} ms ({tiers})"
     if kind == "window_installed":
         return f"{req} {w1} installed"
     if kind == "window_released":
         pool = ev.get("pool") or {}
         of = f"/{ev['windows']}" if isinstance(ev.get("windows"), int) else ""
-        return f"{req} {w1}{of} released · pool {fb(_int(pool.get('live_bytes')))}"
+        return f"{req} {w1}{of} released · pool {_fb(_int(pool.get('live_bytes')))}"
     if kind == "restore_started":
         tiers = ",".join(ev.get("tiers") or ())
         n = _int(ev.get("tokens"))
@@ -567,312 +563,10 @@ def next_kind(current: str) -> str:
         return "all"
 
 
-# -- formatting ---------------------------------------------------------------------------------------------------
-def fb(n: float | None) -> str:
-    """Compact binary bytes for dense panels: 4.0 MiB, 512 KiB, 0 B."""
-    if n is None:
-        return "—"
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            v = n / size
-            return f"{v:.0f} {unit}" if v >= 100 or (v == int(v) and v >= 10) else f"{v:.1f} {unit}"
-    return f"{int(n)} B"
-
-
 def clock(ts: float) -> str:
+    """A wall-clock time as the panels and event lines write it (HH:MM:SS, local time)."""
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "--:--:--"
 
 
-def ago(seconds: float) -> str:
-    s = max(0.0, seconds)
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{s / 60:.0f}m"
-    return f"{s / 3600:.1f}h"
-
-
-STATE_STYLE = {"ok": "green", "above-rws": "yellow", "over-budget": "bold red", "down": "bold red"}
-OUTCOME_STYLE = {COMMITTED: "green", FAILED_CLOSED: "bold red", NOTHING_TO_RESTORE: "dim"}
-CATEGORY_STYLE = {"windows": "dim", "restores": "cyan", "markers": "magenta", "faults": "bold red", "other": ""}
-
-
-class Bar:
-    """A pool gauge as wide as it is given: live bytes against capacity, with the RWS(W) bound and budget B marked.
-
-    █ live now   ▓ high water since the previous snapshot   │ RWS(W)   ┆ B (when it differs)   ░ admissible   · beyond B
-    """
-
-    def __init__(self, g: RankGauge) -> None:
-        self.g = g
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement(8, options.max_width)
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.text(options.max_width)
-
-    def text(self, width: int) -> Text:
-        g = self.g
-        cap = g.capacity_bytes or max(g.budget_bytes, g.high_water_bytes, 1)
-
-        def cells(n: float) -> int:
-            return max(0, min(width, round(n / cap * width)))
-
-        live, hw = cells(g.live_bytes), cells(g.high_water_bytes)
-        if g.live_bytes and not live:
-            live = 1  # a non-empty pool never looks empty
-        if g.high_water_bytes and not hw:
-            hw = 1
-        budget = cells(g.budget_bytes) if g.budget_bytes else width
-        rws = cells(g.rws_bytes) if g.rws_bytes else None
-        style = STATE_STYLE[g.state] if g.state != "ok" else "green"
-        out = Text()
-        for i in range(width):
-            if rws is not None and i == min(rws, width - 1):
-                out.append("┃" if i < hw else "│", f"bold {style}" if i < hw else "bold")
-            elif i == min(budget, width - 1) and budget != rws and budget < width:
-                out.append("┆", "yellow")
-            elif i < live:
-                out.append("█", style)
-            elif i < hw:
-                out.append("▓", style)
-            elif i < budget:
-                out.append("░", "dim")
-            else:
-                out.append("·", "dim")
-        return out
-
-
-class Spark:
-    """A sparkline of the newest values that fit, scaled to ``top`` (a fixed scale keeps the bound meaningful)."""
-
-    def __init__(self, values: Sequence[float], top: float | None = None, style: str = "cyan") -> None:
-        self.values, self.top, self.style = values, top, style
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement(4, options.max_width)
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.text(options.max_width)
-
-    def text(self, width: int) -> Text:
-        vals = list(self.values)[-width:]
-        top = self.top or max(vals, default=0) or 1
-        out = Text(" " * (width - len(vals)))
-        for v in vals:
-            if v <= 0:
-                out.append(SPARK[0], "dim")
-            else:
-                level = min(len(SPARK) - 1, max(1, math.ceil(v / top * (len(SPARK) - 1))))
-                out.append(SPARK[level], self.style)
-        return out
-
-
-# -- panels (shared by the app and render_text) -------------------------------------------------------------------
-def header(view: View) -> Text:
-    i = view.info
-    t = Text(no_wrap=True, overflow="ellipsis")
-    t.append("bsr top ", "bold")
-    if view.faults:  # first, so no terminal is too narrow to show it
-        t.append(f" ⚠ {len(view.faults)} INJECTED FAULT{'S' if len(view.faults) > 1 else ''} ", "bold reverse red")
-        t.append(" ")
-    t.append(f" {i.name} {i.version} · {i.model} · {i.ranks} ranks · W={i.w} · faults ")
-    t.append("on" if i.faults_enabled else "off", "yellow" if i.faults_enabled else "dim")
-    t.append(f" · tiers {','.join(i.tiers) or '—'}")
-    return t
-
-
-def gauges_title(view: View) -> str:
-    i = view.info
-    return (
-        f"Restore pool per rank · RWS(W={i.w}) {fb(i.rws_bytes)} · B {fb(i.budget_bytes)} · capacity {fb(i.pool_bytes)}"
-    )
-
-
-def gauges(view: View, rank: int | None = None, dense: bool = False) -> RenderableType:
-    """Two lines per rank (gauge, then high-water history), or one when ``dense`` (many ranks, little room)."""
-    if not view.gauges:
-        return Text("no ranks reported", "dim")
-    grid = Table.grid(padding=(0, 1), expand=True)
-    grid.add_column(width=4, no_wrap=True)
-    grid.add_column(ratio=2 if dense else 1, no_wrap=True)
-    if dense:
-        grid.add_column(ratio=1, no_wrap=True)
-    grid.add_column(width=30, no_wrap=True)
-    for g in view.gauges:
-        label = Text(f"{'▶' if rank == g.rank else ' '}r{g.rank}", "bold" if rank == g.rank else "")
-        spark = Spark(g.history, g.capacity_bytes or None)
-        if not g.alive:
-            down = Text(f"✖ DOWN {g.error}".rstrip(), "bold red")
-            grid.add_row(label, down, *([spark] if dense else []), Text(""))
-            if not dense:
-                grid.add_row(Text(" hw", "dim"), spark, Text(""))
-            continue
-        stats = Text()
-        stats.append(fb(g.live_bytes), STATE_STYLE[g.state] if g.state != "ok" else "bold")
-        stats.append(f" live · peak {fb(g.peak_bytes)}")
-        if g.state == "over-budget":
-            stats = Text(f"{fb(g.high_water_bytes)} OVER B!", "bold reverse red")
-        rate = Text(f"{g.windows_live} win · {g.waiters} wait · {fb(g.restore_bps)}/s", "dim")
-        if dense:
-            grid.add_row(label, Bar(g), spark, stats)
-        else:
-            grid.add_row(label, Bar(g), stats)
-            grid.add_row(Text(" hw", "dim"), spark, rate)
-    return grid
-
-
-def active_title(view: View) -> str:
-    return f"Active restores ({len(view.active)})"
-
-
-def active(view: View, width: int | None = None) -> RenderableType:
-    """In-flight restores; columns drop right to left as ``width`` shrinks (None: every column)."""
-    if not view.active:
-        return Text("no restore in flight", "dim")
-    per_rank = width is None or width >= 45
-    full = width is None or width >= 64
-    t = Table(box=None, padding=(0, 1), pad_edge=False, expand=True, show_edge=False, header_style="bold")
-    t.add_column("request", no_wrap=True)
-    t.add_column("progress", no_wrap=True)
-    if per_rank:
-        t.add_column("done per rank", no_wrap=True, overflow="ellipsis")
-    if full:
-        t.add_column("tok", justify="right", no_wrap=True)
-        t.add_column("tiers", no_wrap=True, overflow="ellipsis")
-    t.add_column("age", justify="right", no_wrap=True)
-    for a in view.active:
-        short = f"{a.current_window}/{a.windows}"
-        if a.failed:
-            state = Text(f"✖ r{','.join(map(str, a.failed))} failed · {short}", "bold red")
-        elif a.stalled:
-            state = Text(f"STALLED r{','.join(map(str, a.stalled))} · {short}", "bold yellow")
-        else:
-            state = Text(a.progress_text, "bold cyan")
-        cells: list[RenderableType] = [a.request, state]
-        if per_rank:
-            per = Text()
-            for i, (r, d) in enumerate(a.done):
-                style = "bold red" if r in a.failed else "bold yellow" if r in a.stalled else ""
-                per.append(("" if i == 0 else " ") + f"r{r}:{d}" + ("✖" if r in a.failed else ""), style)
-            cells.append(per)
-        if full:
-            cells += [f"{a.tokens:,}", ",".join(a.tiers)]
-        cells.append(f"{a.elapsed_s:.1f}s")
-        t.add_row(*cells)
-    return t
-
-
-def recent_title(view: View) -> str:
-    failed = sum(1 for o in view.recent if o.outcome == FAILED_CLOSED)
-    return f"Recent outcomes ({len(view.recent)}, {failed} failed closed)"
-
-
-def recent(view: View, limit: int = 8, compact: bool = False) -> RenderableType:
-    if not view.recent:
-        return Text("no restore finished yet", "dim")
-    t = Table(box=None, padding=(0, 1), pad_edge=False, expand=True, show_edge=False, header_style="bold")
-    t.add_column("request", no_wrap=True)
-    t.add_column("outcome", no_wrap=True)
-    if not compact:
-        t.add_column("tok", justify="right", no_wrap=True)
-        t.add_column("secs", justify="right", no_wrap=True)
-    t.add_column("ago", justify="right", no_wrap=True)
-    t.add_column("why", no_wrap=True, overflow="ellipsis", ratio=1)
-    for o in view.recent[: max(1, limit - 1)]:  # one row goes to the header
-        cells: list[RenderableType] = [o.request, Text(o.outcome.replace("_", " "), OUTCOME_STYLE.get(o.outcome, ""))]
-        if not compact:
-            cells += [f"{o.tokens:,}", f"{o.seconds:.2f}"]
-        cells += [ago(view.time - o.finished), o.reason]
-        t.add_row(*cells)
-    return t
-
-
-def health_title(view: View, compact: bool = False) -> str:
-    return "Health" if compact else "Admission · tiers · markers · faults"
-
-
-def health(view: View, compact: bool = False) -> RenderableType:
-    a = view.admission
-    grid = Table.grid(padding=(0, 1), expand=True)
-    grid.add_column(width=7 if compact else 9, no_wrap=True, style="bold")
-    grid.add_column(ratio=1, overflow="fold")
-    if compact:
-        admit = f"{fb(a.live_bytes)} / {fb(a.budget_total)} · {a.queued} queued"
-    else:
-        per_rank = f"(B {fb(a.budget_bytes)} × {a.ranks})"
-        admit = f"{fb(a.live_bytes)} live of {fb(a.budget_total)} {per_rank} · {a.queued} queued"
-    grid.add_row("admit" if compact else "admission", Text(admit, "yellow" if a.queued else ""))
-    tiers = Text()
-    if not view.tiers:
-        tiers.append("not reported", "dim")
-    for i, th in enumerate(view.tiers):
-        if i:
-            tiers.append("  ")
-        tiers.append(f"● {th.name}" if th.ok else f"✖ {th.name} DOWN", "green" if th.ok else "bold red")
-        if th.detail:
-            tiers.append(f" ({'; '.join(th.detail)})", "red")
-    grid.add_row("tiers", tiers)
-    if view.recent:
-        o = view.recent[0]
-        last = Text(f"{o.request} ")
-        last.append(o.outcome.replace("_", " "), OUTCOME_STYLE.get(o.outcome, ""))
-        last.append(f" {ago(view.time - o.finished)}{'' if compact else ' ago'}")
-        grid.add_row("last", last)
-    if not view.markers:
-        grid.add_row("markers", Text("none", "dim"))
-    for m in view.markers:
-        excl = ",".join(m.excluded)
-        text = f"{m.prompt[:8]} exclude {excl}"
-        if not compact:
-            text = f"{m.prompt[:12]} exclude {excl} · {m.request}: {m.reason}"
-        grid.add_row("marker", Text(text, "magenta"))
-    if not view.faults:
-        grid.add_row("faults", Text("none injected", "dim"))
-    for f in view.faults:
-        line = Text()
-        line.append("INJECTED" if compact else " INJECTED ", "bold reverse red")
-        line.append(f" {f.short() if compact else f.describe()}", "red")
-        grid.add_row("fault", line)
-    return grid
-
-
-def events_title(view: View, rank: int | None = None, kind: str = "all") -> str:
-    who = "all ranks" if rank is None else f"rank {rank}"
-    missed = f" · {view.events_missed} not seen (poll faster)" if view.events_missed else ""
-    return f"Events · {who} · {kind}{missed}"
-
-
-def events(
-    view: View, rank: int | None = None, kind: str = "all", limit: int = 200, compact: bool = False
-) -> RenderableType:
-    shown = view.filtered_events(rank, kind)[-limit:]
-    if not shown:
-        return Text("no events match" if view.events else "no events yet", "dim")
-    t = Table(box=None, padding=(0, 1), pad_edge=False, expand=True, show_edge=False, show_header=False)
-    if not compact:
-        t.add_column(no_wrap=True, style="dim")  # time
-    t.add_column(no_wrap=True, width=2)  # rank
-    t.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
-    for e in reversed(shown):  # newest first: what just happened is what an operator looks for
-        who = ",".join(str(r) for r in e.ranks) if e.ranks else "·"
-        cells: list[RenderableType] = [] if compact else [clock(e.time)]
-        t.add_row(*cells, who, Text(e.text, CATEGORY_STYLE.get(e.category, "")))
-    return t
-
-
-def render_text(view: View, *, events_limit: int = 12) -> RenderableType:
-    """The whole view once, for `bsr pool --once` and pipes: the same panels the app draws."""
-    return Group(
-        header(view),
-        Panel(gauges(view), title=gauges_title(view), title_align="left"),
-        Panel(active(view), title=active_title(view), title_align="left"),
-        Panel(recent(view), title=recent_title(view), title_align="left"),
-        Panel(health(view), title=health_title(view), title_align="left"),
-        Panel(events(view, limit=events_limit), title=events_title(view), title_align="left"),
-        Text(
-            f"snapshot {clock(view.time)} · seq {view.seq} · poll {view.latency_s * 1e3:.0f} ms",
-            "dim",
-        ),
-    )
+def _fb(n: float | None) -> str:
+    return format_bytes(n, compact=True)

@@ -1,9 +1,10 @@
-"""Rich renderers for command results. Imported only when a person reads the output (never with --json)."""
+"""The planning commands' tables (rws, plan, registration), and the registration summaries they also print as data."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from functools import partial
 from typing import Any
 
 from rich.console import Console
@@ -13,14 +14,8 @@ from rich.text import Text
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.units import format_bytes
 
-TIER_STYLE = {"mooncake": ("M", "green"), "fs": ("F", "cyan"), "l1": ("L", "magenta")}
-
-
-def b(n: int | None) -> str:
-    """Exact bytes and the binary-unit reading, as operators quote them: 525,074,432 (500.75 MiB)."""
-    if n is None:
-        return "—"
-    return f"{n:,} ({format_bytes(n)})" if n >= 1024 else f"{n:,} B"
+# Exact bytes and the binary-unit reading, as operators quote them: 525,074,432 (500.75 MiB). The one formatter.
+b = partial(format_bytes, exact=True)
 
 
 def first_break_line(br: dict[str, Any] | None) -> str:

@@ -1,0 +1,363 @@
+"""The evidence bundle every experiment writes, and the measurement they share.
+
+Every experiment takes an `AdminClient` (the ladder takes an engine factory instead: it must change the pool
+capacity, which only an engine restart can do) and returns a plain dict that validates against
+docs/bench-schema.json (`bsr_cli.bench.bundle`): a run id (``br-<tag>-`` + 12 hex), the salt (the synthetic
+prompt seed), the registration identity, the engine's settings (``/info``), machine facts, timestamps, one row
+per measurement, a summary and the targets it was measured against.
+
+Rows are evidence, not timings to assert: each carries its acceptance checks and a status ``pass`` / ``fail``, or
+``interrupted`` when it could not finish (Ctrl-C, an engine error). Interrupted rows stay in the bundle, marked,
+and are never counted in a summary. After Ctrl-C the experiment stops, asks the engine to abort the restore in
+flight, restores the settings it changed and still returns its bundle.
+
+Experiments change engine settings (the admission budget B, the filesystem load concurrency) through
+``POST /settings`` and put them back afterwards; they never restart an engine, except the ladder through its
+factory. `Run` is one experiment block (envelope, rows, the restore in flight); `Run.restore` is the one
+measurement every experiment shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import platform
+import secrets
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from bsr_cli import __version__
+from bsr_cli.core import accounting
+from bsr_cli.core.registration import Registration
+from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
+
+
+BUNDLE_SCHEMA = "bsr.bench/1"
+
+OnRow = Callable[[dict[str, Any]], None]
+
+
+# -- small helpers ---------------------------------------------------------------------------------------------
+
+
+def new_run_id(tag: str) -> str:
+    return f"br-{tag}-{secrets.token_hex(6)}"
+
+
+def new_salt() -> int:
+    return secrets.randbelow(1 << 31)
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Facts about the machine running the benchmark (the engine's, when it is the embedded one)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = []
+    return {
+        "cpu_count": os.cpu_count() or 0,
+        "memory_bytes": int(memory),
+        "python": platform.python_version(),
+        "torch": _dist_version("torch"),
+        "mooncake": _dist_version("mooncake-transfer-engine-non-cuda") or _dist_version("mooncake-transfer-engine"),
+        "platform": platform.platform(),
+        # Other work on the machine skews timings; the load average at the start says how busy it was.
+        "loadavg": load,
+    }
+
+
+def registration_identity(reg: Registration) -> dict[str, Any]:
+    return {
+        "identity": reg.identity,
+        "model": reg.model,
+        "tp_size": reg.tp_size,
+        "chunk_size": reg.chunk_size,
+        "bytes_per_token": reg.bytes_per_token,
+        "bytes_per_chunk": reg.bytes_per_chunk,
+        "aux_bytes": reg.aux_bytes,
+        "groups": {g: reg.group_bytes_per_chunk(g) for g in reg.group_names},
+    }
+
+
+def completed(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows that produced evidence: the only ones a summary may count."""
+    return [r for r in rows if r.get("status") != "interrupted"]
+
+
+def judge(row: dict[str, Any], checks: dict[str, bool]) -> None:
+    row["checks"] = checks
+    row["status"] = "pass" if all(checks.values()) else "fail"
+
+
+def target(name: str, wanted: str, measured: Any, met: bool | None, note: str = "") -> dict[str, Any]:
+    return {"name": name, "target": wanted, "measured": measured, "met": met, "note": note}
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a is not None and b else None
+
+
+def pool_capacity(client: AdminClient) -> int:
+    ranks = client.pool()
+    caps = [int(r.get("pool", {}).get("capacity_bytes", 0)) for r in ranks]
+    return min(caps) if caps else 0
+
+
+def require_tokens(info: dict[str, Any], tokens: int) -> None:
+    if info.get("serves_restores", True) is False:  # e.g. a vLLM worker: KV moves only through vLLM there
+        raise BadRequest(
+            f"the bench is not served from {info.get('engine', 'this engine')}: it submits and restores, which this "
+            "endpoint refuses (not served from a vLLM worker: KV moves only through vLLM's scheduler)",
+            hint="run the bench against the embedded engine or the LMCache host (--embedded)",
+        )
+    if tokens > int(info.get("max_tokens", 0)) or tokens > int(info.get("kv_tokens", 0)):
+        raise InvalidInput(
+            f"the engine accepts prompts up to {info.get('max_tokens'):,} tokens with {info.get('kv_tokens'):,} KV "
+            f"tokens; this experiment needs {tokens:,}",
+            hint=f"restart it with --max-tokens {tokens} --kv-tokens {tokens}, or run the bench with --embedded",
+        )
+
+
+def require_pool(client: AdminClient, need: int, what: str) -> int:
+    cap = pool_capacity(client)
+    if cap < need:
+        raise InvalidInput(
+            f"{what} needs a restore pool of {need:,} bytes per rank; the engine's holds {cap:,}",
+            hint="restart the engine with a larger --pool, or run the bench with --embedded",
+        )
+    return cap
+
+
+def isolate(info: dict[str, Any], tier: str | None) -> tuple[str, list[str]]:
+    """The tier to restore from and the tiers to exclude so nothing else can serve (tier isolation)."""
+    tiers = [str(t) for t in info.get("tiers", [])]
+    chosen = tier or (tiers[0] if tiers else "")
+    if chosen not in tiers:
+        raise InvalidInput(f"the engine has no tier {chosen!r} (it has {', '.join(tiers) or 'none'})")
+    return chosen, [t for t in tiers if t != chosen]
+
+
+def put_back(client: AdminClient, original: dict[str, Any]) -> bool:
+    try:
+        client.update_settings(**original)
+        return True
+    except EngineError:
+        return False
+
+
+def prompt_of(tokens: int, salt: int) -> dict[str, Any]:
+    # Synthetic prompts with one seed are prefixes of each other, so rows of one salt share their leading chunks.
+    return {"synthetic": {"n": tokens, "seed": salt}}
+
+
+def warm_evidence(res: dict[str, Any]) -> dict[str, Any]:
+    stored = res.get("stored") or {}
+    return {
+        "request": res.get("request"),
+        "seconds": round(float(res.get("seconds", 0.0)), 4),
+        "external_tokens": int(res.get("external_tokens", 0)),
+        "computed_tokens": int(res.get("computed_tokens", 0)),
+        "hash_ok": res.get("hash_ok"),
+        "store_errors": stored.get("errors") or {},
+    }
+
+
+# -- one experiment block ----------------------------------------------------------------------------------------
+
+
+class Run:
+    """One experiment block: its envelope and rows, and the restore in flight (aborted on Ctrl-C)."""
+
+    def __init__(
+        self,
+        experiment: str,
+        tag: str,
+        client: AdminClient,
+        params: dict[str, Any],
+        *,
+        salt: int | None = None,
+        on_row: OnRow | None = None,
+        engine_meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.client = client
+        self.on_row = on_row
+        self.request: str | None = None
+        self.stopped = False
+        self._t0 = time.monotonic()
+        self.info = client.info()
+        self.reg = Registration.from_dict(client.registration(), source="engine")
+        self.bundle: dict[str, Any] = {
+            "schema": BUNDLE_SCHEMA,
+            "kind": "bsr.bench",
+            "experiment": experiment,
+            "run_id": new_run_id(tag),
+            "salt": salt,
+            "bsr_version": __version__,
+            "started_at": now(),
+            "finished_at": None,
+            "elapsed_s": None,
+            "registration": registration_identity(self.reg),
+            "engine": {"url": client.url, "info": self.info} | (engine_meta or {}),
+            "machine": machine_info(),
+            "params": params,
+            "rows": [],
+            "summary": {},
+            "targets": [],
+            "interrupted": False,
+            "interrupted_by": None,
+            "ok": False,
+        }
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.bundle["rows"]
+        return rows
+
+    def accepted(self, request: str) -> None:
+        self.request = request
+
+    def interrupt(self, by: str) -> None:
+        self.stopped = True
+        self.bundle["interrupted"] = True
+        self.bundle["interrupted_by"] = self.bundle["interrupted_by"] or by
+
+    def abort_inflight(self) -> None:
+        if self.request:
+            with contextlib.suppress(EngineError):
+                self.client.abort(self.request)
+
+    @contextlib.contextmanager
+    def row(self, rows: list[dict[str, Any]] | None = None, **base: Any) -> Iterator[dict[str, Any]]:
+        """Collect one row. Ctrl-C or an engine error inside marks it interrupted and stops the block."""
+        row: dict[str, Any] = {"status": "interrupted", **base, "started_at": now()}
+        t0 = time.monotonic()
+        try:
+            yield row
+        except KeyboardInterrupt:
+            self.abort_inflight()
+            row |= {"status": "interrupted", "reason": "interrupted by the operator (Ctrl-C)"}
+            self.interrupt("operator")
+        except (EngineError, ServiceError, CapacityError) as e:
+            row |= {"status": "interrupted", "reason": f"{e.kind}: {e.message}"}
+            self.interrupt("error")
+        finally:
+            row["elapsed_s"] = round(time.monotonic() - t0, 3)
+            self.request = None
+            (self.rows if rows is None else rows).append(row)
+            if self.on_row:
+                self.on_row(row)
+
+    def finish(
+        self,
+        summary: dict[str, Any],
+        targets: list[dict[str, Any]],
+        rows: Sequence[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        b = self.bundle
+        every = list(self.rows if rows is None else rows)
+        b["finished_at"] = now()
+        b["elapsed_s"] = round(time.monotonic() - self._t0, 3)
+        b["summary"] = summary
+        b["targets"] = targets
+        b["ok"] = bool(every) and not b["interrupted"] and all(r["status"] == "pass" for r in every)
+        return b
+
+    # -- the measurement every experiment shares ---------------------------------------------------------------
+    def restore(
+        self, prompt: dict[str, Any], tokens: int, w: int, *, exclude: Sequence[str] = (), verify: bool = True
+    ) -> dict[str, Any]:
+        """reset the pool peak, restore, read the pool and health: the evidence of one restore."""
+        c, reg = self.client, self.reg
+        c.reset_peak()
+        res = c.restore(prompt, w=w, verify=verify, exclude_tiers=list(exclude) or None, on_accepted=self.accepted)
+        self.request = None
+        pool = c.pool()
+        health = c.health()
+        chunks = accounting.chunks_for_tokens(tokens, reg.chunk_size)
+        outcomes = {int(o["rank"]): o for o in res.get("ranks", [])}
+        ranks = []
+        for p in pool:
+            o = outcomes.get(int(p["rank"]), {})
+            secs = float(o.get("seconds", 0.0))
+            nbytes = int(o.get("bytes_restored", 0))
+            ranks.append(
+                {
+                    "rank": int(p["rank"]),
+                    "pool_peak_bytes": int(p.get("pool", {}).get("peak_bytes", 0)),
+                    "peak_live_bytes": int(o.get("peak_live_bytes", 0)),
+                    "bytes_restored": nbytes,
+                    "seconds": round(secs, 4),
+                    "fetch_seconds": round(float(o.get("fetch_seconds", 0.0)), 4),
+                    "install_seconds": round(float(o.get("install_seconds", 0.0)), 4),
+                    "gbps": round(nbytes / secs / 1e9, 4) if secs > 0 else 0.0,
+                    "ok": bool(o.get("ok", False)),
+                }
+            )
+        seconds = float(res.get("seconds", 0.0))
+        total = int(res.get("bytes", 0))
+        failures = res.get("failures") or []
+        return {
+            "request": res.get("request"),
+            "outcome": res.get("outcome", "unknown"),
+            "tiers": list(res.get("tiers") or []),
+            "excluded_tiers": list(exclude),
+            "advertised_tokens": int(res.get("advertised_tokens", 0)),
+            "committed_tokens": int(res.get("committed_tokens", 0)),
+            "chunks": chunks,
+            "windows": int(res.get("windows", 0)),
+            "expected_windows": accounting.num_windows(chunks, w),
+            "seconds": round(seconds, 4),
+            "bytes": total,
+            "gbps": round(total / seconds / 1e9, 4) if seconds > 0 else 0.0,
+            # Request-level throughput per rank: what one rank receives over the whole request's time.
+            "gbps_per_rank": round(total / max(len(ranks), 1) / seconds / 1e9, 4) if seconds > 0 else 0.0,
+            "peak_pool_bytes": max((r["pool_peak_bytes"] for r in ranks), default=0),
+            "predicted_peak_bytes": accounting.peak_bytes(reg, w, chunks),
+            "rws_bytes": accounting.rws_bytes(reg, w) if w else None,
+            "whole_plan_bytes": accounting.whole_plan_bytes(reg, chunks),
+            "ranks": ranks,
+            "output_hash": res.get("output_hash"),
+            "canonical_hash": res.get("canonical_hash"),
+            "hash_ok": res.get("hash_ok"),
+            "healthy": bool(health.get("ok")),
+            "failure": failures[0]["reason"] if failures else None,
+        }
+
+
+def restore_checks(ev: dict[str, Any], tokens: int, *, peak: int | None, verified: bool = True) -> dict[str, bool]:
+    checks = {
+        "committed_all": ev["outcome"] == "committed" and ev["committed_tokens"] == tokens,
+        "windows": ev["windows"] == ev["expected_windows"],
+        "ranks_healthy": ev["healthy"],
+    }
+    if peak is not None:
+        checks["peak_equals_bound"] = bool(ev["ranks"]) and all(r["pool_peak_bytes"] == peak for r in ev["ranks"])
+    if verified:
+        checks["hash_canonical"] = ev["hash_ok"] is True
+    return checks

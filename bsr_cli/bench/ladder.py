@@ -1,0 +1,200 @@
+"""The whole-plan ladder (W=0): raise the pool capacity rung by rung (one engine start each) until full reuse
+succeeds, against the core's prediction."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from bsr_cli.bench.evidence import (
+    OnRow,
+    Run,
+    completed,
+    judge,
+    new_salt,
+    prompt_of,
+    require_tokens,
+    target,
+    warm_evidence,
+)
+from bsr_cli.core import accounting
+from bsr_cli.core.units import MiB
+from bsr_cli.errors import CapacityError, EngineError, InvalidInput, ServiceError
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
+
+
+# The paper's E1 rows (tokens), its W sweep, and a ladder scaled to the demo registration (1 MiB per chunk per
+# rank, ~1/16 of the paper's 16,408,576 bytes): the paper steps 1..64 GiB, this steps 64 MiB..4 GiB.
+LADDER_PREFIXES: tuple[int, ...] = (32_768, 65_536, 131_072, 262_144, 524_032)
+SCALED_LADDER: tuple[int, ...] = tuple(n * MiB for n in (64, 128, 256, 512, 1024, 2048, 4096))
+
+EngineFactory = Callable[[int], AbstractContextManager["AdminClient"]]
+"""pool_bytes -> a context manager that starts an engine with that restore-pool capacity per rank, yields a client
+of it, and stops it on exit."""
+
+
+# -- whole-plan ladder ---------------------------------------------------------------------------------------------
+
+
+def run_ladder(
+    factory: EngineFactory,
+    *,
+    prefixes: Sequence[int] = LADDER_PREFIXES,
+    rungs: Sequence[int] = SCALED_LADDER,
+    warm_w: int = 32,
+    salt: int | None = None,
+    on_row: OnRow | None = None,
+    on_rung: Callable[[int], None] | None = None,
+    on_attempt: Callable[[int, dict[str, Any]], None] | None = None,
+    engine_meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The whole-plan path (W=0): raise the pool capacity through ``rungs`` (one engine start per rung, every
+    still-failing prefix tried at each) until full reuse succeeds. Each prefix's row reports its first passing
+    rung and measured peak beside the core's prediction, ``ladder_rung(whole_plan_bytes)``."""
+    tokens = sorted(set(prefixes))
+    steps = sorted(set(rungs))
+    if not tokens or not steps:
+        raise InvalidInput("the ladder needs prefix lengths and capacity rungs")
+    salt = new_salt() if salt is None else salt
+    state: dict[int, dict[str, Any]] = {n: {"attempts": [], "first": None, "evidence": None} for n in tokens}
+    pending = list(tokens)
+    engines: list[dict[str, Any]] = []
+    run: Run | None = None
+    stop_reason: str | None = None
+    params = {"prefixes": tokens, "rungs": steps, "warm_W": warm_w}
+    for rung in steps:
+        if not pending or stop_reason:
+            break
+        if on_rung:
+            on_rung(rung)
+        current: int | None = None
+        try:
+            t0 = time.monotonic()
+            with factory(rung) as client:
+                startup = time.monotonic() - t0
+                if run is None:
+                    meta = {"restarted_per_rung": True} | (engine_meta or {})
+                    run = Run("ladder", "ladder", client, params, salt=salt, on_row=on_row, engine_meta=meta)
+                    require_tokens(run.info, tokens[-1])
+                else:
+                    run.client = client
+                engines.append(
+                    {"pool_bytes": rung, "startup_s": round(startup, 3), "url": client.url, "info": client.info()}
+                )
+                for n in list(pending):
+                    current = n
+                    att = _ladder_attempt(run, n, rung, warm_w, salt)
+                    state[n]["attempts"].append(att)
+                    if on_attempt:
+                        on_attempt(n, att)
+                    if att["passed"]:
+                        state[n]["first"], state[n]["evidence"] = rung, att
+                        pending.remove(n)
+                current = None
+        except KeyboardInterrupt:
+            if run is None:
+                raise
+            run.abort_inflight()
+            stop_reason = "interrupted by the operator (Ctrl-C)"
+            run.interrupt("operator")
+        except (EngineError, ServiceError, CapacityError) as e:
+            if run is None:
+                raise
+            stop_reason = f"{e.kind}: {e.message} (rung {rung:,} bytes, prefix {current})"
+            run.interrupt("error")
+    assert run is not None  # the first rung either started an engine or raised
+    run.bundle["engine"]["rungs"] = engines
+    reg = run.reg
+    for n in tokens:
+        s = state[n]
+        chunks = accounting.chunks_for_tokens(n, reg.chunk_size)
+        need = accounting.whole_plan_bytes(reg, chunks)
+        predicted = accounting.ladder_rung(need, steps)
+        row: dict[str, Any] = {
+            "status": "interrupted",
+            "tokens": n,
+            "chunks": chunks,
+            "whole_plan_bytes": need,
+            "predicted_rung": predicted,
+            "first_passing_rung": s["first"],
+            "attempts": s["attempts"],
+        }
+        ev = s["evidence"]
+        if ev is None and stop_reason and n in pending:
+            row["reason"] = stop_reason
+        elif ev is None:
+            # The ladder topped out: consistent only when the core predicted that too.
+            judge(row, {"rung_matches_prediction": predicted is None})
+        else:
+            row |= {
+                "measured_peak_bytes": ev["peak_pool_bytes"],
+                "ranks": ev["ranks"],
+                "seconds": ev["seconds"],
+                "gbps": ev["gbps"],
+                "tiers": ev["tiers"],
+                "hash_ok": ev["hash_ok"],
+                "healthy": ev["healthy"],
+            }
+            judge(
+                row,
+                {
+                    "rung_matches_prediction": s["first"] == predicted,
+                    "peak_equals_whole_plan": all(r["pool_peak_bytes"] == need for r in ev["ranks"]),
+                    "hash_canonical": ev["hash_ok"] is True,
+                    "ranks_healthy": bool(ev["healthy"]),
+                },
+            )
+        run.rows.append(row)
+        if on_row:
+            on_row(row)
+    done = completed(run.rows)
+    summary = {
+        "first_passing_rung": {str(r["tokens"]): r["first_passing_rung"] for r in run.rows},
+        "predicted_rung": {str(r["tokens"]): r["predicted_rung"] for r in run.rows},
+        "measured_peak_bytes": {str(r["tokens"]): r.get("measured_peak_bytes") for r in done},
+        "engine_starts": len(engines),
+        "completed": len(done),
+        "interrupted": len(run.rows) - len(done),
+    }
+    match = all(r["checks"]["rung_matches_prediction"] for r in done) if done else None
+    targets = [
+        target(
+            "first passing rung equals the core's prediction (ladder_rung of the whole-plan need)",
+            "equal for every prefix",
+            summary["first_passing_rung"],
+            match,
+        )
+    ]
+    return run.finish(summary, targets)
+
+
+def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> dict[str, Any]:
+    c, reg = run.client, run.reg
+    prompt = prompt_of(n, salt)
+    att: dict[str, Any] = {"rung": rung, "warm": None}
+    # The fs tier outlives engine restarts: warm only when no tier holds the whole prompt yet.
+    if int(c.probe(prompt).get("committable_tokens", 0)) < n:
+        w = max(1, min(warm_w, rung // reg.bytes_per_chunk))
+        att["warm"] = warm_evidence(c.submit(prompt, w=w))
+    ev = run.restore(prompt, n, 0)
+    att |= {
+        k: ev[k]
+        for k in (
+            "outcome",
+            "committed_tokens",
+            "failure",
+            "peak_pool_bytes",
+            "seconds",
+            "gbps",
+            "tiers",
+            "hash_ok",
+            "healthy",
+            "ranks",
+        )
+    }
+    att["passed"] = ev["outcome"] == "committed" and ev["committed_tokens"] == n
+    return att

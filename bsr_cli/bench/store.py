@@ -1,0 +1,240 @@
+"""Store bandwidth: the memcpy ceiling, raw Mooncake GET/PUT, and restores from Mooncake whole-plan against W,
+each beside a paired raw GET."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bsr_cli.bench.evidence import (
+    OnRow,
+    Run,
+    completed,
+    isolate,
+    judge,
+    median,
+    new_salt,
+    pool_capacity,
+    prompt_of,
+    put_back,
+    ratio,
+    require_tokens,
+    restore_checks,
+    target,
+    warm_evidence,
+)
+from bsr_cli.bench.probes import PairedRawGet, memcpy_ceiling, mooncake_bandwidth, object_sizes, store_clients
+from bsr_cli.core import accounting
+from bsr_cli.core.units import MiB
+from bsr_cli.errors import InvalidInput, ServiceError
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
+
+
+OVERLAP_TARGET = 0.9  # W=32 (B = 2·RWS) restore throughput against the whole-plan path
+RAW_TARGET = 0.8  # Mooncake restore against raw batch_get_into
+
+
+def run_store(
+    client: AdminClient,
+    *,
+    tokens: int = 131_072,
+    w: int = 32,
+    trials: int = 2,
+    raw_bytes: int = 512 * MiB,
+    copy_bytes: int = 1024 * MiB,
+    mooncake: dict[str, str] | None = None,
+    salt: int | None = None,
+    on_row: OnRow | None = None,
+    engine_meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Tier bandwidth beside the machine's memory-copy ceiling, all in one run: the memcpy ceiling; GET/PUT per
+    client through the tier class and the raw store (needs ``mooncake``: the engine's master address and
+    metadata URL), isolated and concurrent; restores through the engine from Mooncake only, whole-plan (W=0)
+    against W with B = RWS(W) and B = 2·RWS(W), each paired with a raw concurrent GET measured right before it.
+    Reports ratios beside the absolute numbers."""
+    salt = new_salt() if salt is None else salt
+    params: dict[str, Any] = {
+        "tokens": tokens,
+        "W": w,
+        "trials": trials,
+        "raw_bytes_per_client": raw_bytes,
+        "copy_bytes": copy_bytes,
+        "mooncake": mooncake,
+    }
+    run = Run("store", "store", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
+    reg, info = run.reg, run.info
+    _, exclude = isolate(info, "mooncake")
+    rws = accounting.rws_bytes(reg, w)
+    cap = pool_capacity(client)
+    # The whole-plan path needs the whole prefix in the pool: clamp the prefix to what this pool holds.
+    fit_chunks = accounting.max_window_for_capacity(reg, cap)
+    n_tokens = min(tokens, fit_chunks * reg.chunk_size)
+    if n_tokens <= 0:
+        raise InvalidInput(f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk")
+    params["tokens_restored"] = n_tokens
+    require_tokens(info, n_tokens)
+
+    with run.row(kind="memcpy") as row:
+        row["results"] = memcpy_ceiling(copy_bytes, max(trials, 3))
+        judge(row, {"measured": bool(row["results"])})
+    with contextlib.ExitStack() as stack:
+        paired: PairedRawGet | None = None
+        if mooncake and not run.stopped:
+            try:
+                clients = stack.enter_context(
+                    store_clients(
+                        mooncake["master_address"],
+                        mooncake["metadata_url"],
+                        object_sizes(reg, raw_bytes),
+                        reg.tp_size,
+                    )
+                )
+            except ImportError as e:
+                raise ServiceError(f"cannot load the Mooncake client here: {e}") from None
+            with run.row(kind="mooncake-set") as row:
+                mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.bundle["run_id"])
+                row["results"] = mc_rows
+                judge(row, {"every_object_whole": all(r["status"] == "pass" for r in mc_rows)})
+            if not run.stopped:
+                paired = PairedRawGet(clients, run.bundle["run_id"])
+                stack.callback(paired.remove)
+        configs = _store_restores(run, client, n_tokens, w, rws, cap, exclude, trials, paired)
+    return run.finish(*_store_summary(run, configs, rws))
+
+
+def _store_restores(
+    run: Run,
+    client: AdminClient,
+    n_tokens: int,
+    w: int,
+    rws: int,
+    cap: int,
+    exclude: Sequence[str],
+    trials: int,
+    paired: PairedRawGet | None,
+) -> list[tuple[int, int | None]]:
+    """Warm the prompt, then per trial restore it whole-plan and windowed, each beside its paired raw GET."""
+    original = {"budget_bytes": run.info["budget_bytes"]}
+    prompt = prompt_of(n_tokens, run.bundle["salt"])
+    configs: list[tuple[int, int | None]] = [(0, None), (w, rws)]
+    if cap >= 2 * rws:
+        configs.append((w, 2 * rws))
+    try:
+        if not run.stopped:
+            client.update_settings(budget_bytes=rws)
+            with run.row(kind="warm", tokens=n_tokens) as row:
+                row["warm"] = warm_evidence(client.submit(prompt, w=w))
+                judge(row, {"warm_hash_ok": row["warm"]["hash_ok"] is True})
+        for trial in range(trials):
+            for cw, budget in configs:
+                if run.stopped:
+                    break
+                with run.row(kind="restore", W=cw, budget_bytes=budget, trial=trial, tokens=n_tokens) as row:
+                    if budget is not None:
+                        client.update_settings(budget_bytes=budget)
+                    raw = paired.measure() if paired else None
+                    ev = run.restore(prompt, n_tokens, cw, exclude=exclude, verify=trial == 0)
+                    row |= ev
+                    row["paired_raw_get"] = raw
+                    row["vs_paired_raw"] = ratio(ev["gbps_per_rank"], raw["gbps_per_client"]) if raw else None
+                    bound = ev["predicted_peak_bytes"] if budget is None or budget == rws else None
+                    checks = restore_checks(ev, n_tokens, peak=bound, verified=trial == 0)
+                    if raw:
+                        checks["paired_raw_whole"] = raw["error"] is None
+                    judge(row, checks)
+    finally:
+        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+    return configs
+
+
+def _store_summary(
+    run: Run, configs: list[tuple[int, int | None]], rws: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    done = completed(run.rows)
+    memcpy: list[dict[str, Any]] = next((r["results"] for r in done if r.get("kind") == "memcpy"), [])
+    copies = [m for m in memcpy if m.get("op", "copy") == "copy"]
+    memcpy_1t = next((m["gbps"] for m in copies if m["threads"] == 1), None)
+    checksum = next((m["gbps"] for m in memcpy if m.get("op", "copy") != "copy"), None)
+    mc: list[dict[str, Any]] = next((r["results"] for r in done if r.get("kind") == "mooncake-set"), [])
+
+    def mc_gbps(path: str, op: str, mode: str) -> float | None:
+        return next((m["gbps_per_client"] for m in mc if (m["path"], m["op"], m["mode"]) == (path, op, mode)), None)
+
+    restores: dict[str, Any] = {}
+    for cw, budget in configs:
+        sel = [r for r in done if r.get("kind") == "restore" and r["W"] == cw and r["budget_bytes"] == budget]
+        if not sel:
+            continue
+        label = "W=0" if cw == 0 else f"W={cw},B={'RWS' if budget == rws else '2RWS'}"
+        restores[label] = {
+            "gbps_per_rank": median([r["gbps_per_rank"] for r in sel]),
+            "rank_gbps": median([x["gbps"] for r in sel for x in r["ranks"]]),
+            "seconds": median([r["seconds"] for r in sel]),
+            "fetch_seconds": median([x["fetch_seconds"] for r in sel for x in r["ranks"]]),
+            "install_seconds": median([x["install_seconds"] for r in sel for x in r["ranks"]]),
+            "peak_pool_bytes": max(r["peak_pool_bytes"] for r in sel),
+            "runs": len(sel),
+            # Each restore against the raw GET measured just before it (median of the per-restore ratios).
+            "paired_raw_gbps_per_client": median(
+                [r["paired_raw_get"]["gbps_per_client"] for r in sel if r.get("paired_raw_get")]
+            ),
+            "vs_paired_raw": median([r["vs_paired_raw"] for r in sel if r.get("vs_paired_raw") is not None]),
+        }
+    w0 = (restores.get("W=0") or {}).get("gbps_per_rank")
+    bsr1 = next((v["gbps_per_rank"] for k, v in restores.items() if k.endswith("B=RWS")), None)
+    bsr2 = next((v["gbps_per_rank"] for k, v in restores.items() if k.endswith("B=2RWS")), None)
+
+    def paired(label_end: str) -> float | None:
+        return next((v["vs_paired_raw"] for k, v in restores.items() if k.endswith(label_end)), None)
+
+    raw_get_c = mc_gbps("raw", "get", "concurrent")
+    ratios = {
+        "raw_get_isolated/memcpy_1thread": ratio(mc_gbps("raw", "get", "isolated"), memcpy_1t),
+        "raw_get_concurrent/memcpy_1thread": ratio(raw_get_c, memcpy_1t),
+        "raw_put_concurrent/memcpy_1thread": ratio(mc_gbps("raw", "put", "concurrent"), memcpy_1t),
+        "tier_get/raw_get (concurrent)": ratio(mc_gbps("tier", "get", "concurrent"), raw_get_c),
+        "tier_put/raw_put (concurrent)": ratio(
+            mc_gbps("tier", "put", "concurrent"), mc_gbps("raw", "put", "concurrent")
+        ),
+        "restore_W0/raw_get (paired)": paired("W=0"),
+        "restore_W,B=RWS/raw_get (paired)": paired("B=RWS"),
+        "restore_W,B=2RWS/raw_get (paired)": paired("B=2RWS"),
+        "restore_W,B=RWS/restore_W0": ratio(bsr1, w0),
+        "restore_W,B=2RWS/restore_W0": ratio(bsr2, w0),
+        "restore_W0/memcpy_1thread": ratio(w0, memcpy_1t),
+    }
+    summary = {
+        "memcpy_gbps": {str(m["threads"]): m["gbps"] for m in copies},
+        "checksum_gbps": checksum,
+        "mooncake_gbps_per_client": {f"{m['path']} {m['op']} {m['mode']}": m["gbps_per_client"] for m in mc},
+        "mooncake_aggregate_gbps": {
+            f"{m['path']} {m['op']}": m["aggregate_gbps"] for m in mc if m["mode"] == "concurrent"
+        },
+        "restore": restores,
+        "ratios": ratios,
+        "completed": len(done),
+        "interrupted": len(run.rows) - len(done),
+    }
+    best = ratios["restore_W,B=2RWS/restore_W0"]
+    raw_ratio = ratios["restore_W,B=2RWS/raw_get (paired)"]
+    targets = [
+        target(
+            f"W restore throughput with B = 2·RWS at least {OVERLAP_TARGET} of the whole-plan path (W=0)",
+            f">= {OVERLAP_TARGET}",
+            best,
+            None if best is None else best >= OVERLAP_TARGET,
+            "request-level GB/s per rank, same prefix, Mooncake only",
+        ),
+        target(
+            f"Mooncake restore at least {RAW_TARGET} of raw batch_get_into in the same run",
+            f">= {RAW_TARGET}",
+            raw_ratio,
+            None if raw_ratio is None else raw_ratio >= RAW_TARGET,
+            "BSR restore (B = 2·RWS) per rank against raw GET per client, both ranks/clients at once, each restore "
+            "against the raw GET measured right before it (median of the ratios)",
+        ),
+    ]
+    return summary, targets

@@ -1,0 +1,131 @@
+"""The paper's E1: bounded restores of growing prefixes at one W on one running engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bsr_cli.bench.evidence import (
+    OnRow,
+    Run,
+    completed,
+    isolate,
+    judge,
+    new_run_id,
+    new_salt,
+    prompt_of,
+    put_back,
+    require_pool,
+    require_tokens,
+    restore_checks,
+    target,
+    warm_evidence,
+)
+from bsr_cli.core import accounting
+from bsr_cli.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
+
+
+E1_PREFIXES: tuple[int, ...] = (32_768, 65_536, 131_072, 262_144, 393_216, 524_032)
+
+SWEEP_TIME_TARGET_S = 600.0
+
+
+# -- sweep (E1) ------------------------------------------------------------------------------------------------
+
+
+def run_sweep(
+    client: AdminClient,
+    *,
+    prefixes: Sequence[int] = E1_PREFIXES,
+    w: int = 32,
+    repeat: bool = True,
+    salt: int | None = None,
+    tier: str | None = None,
+    on_row: OnRow | None = None,
+    engine_meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The paper's E1: one block on one running engine (no restart), rows in ascending prefix length at W with
+    B = RWS(W); then a fresh salt repeats the largest row. Each row warms its prompt (submit), resets the pool
+    peak and restores from one tier only."""
+    if w <= 0:
+        raise InvalidInput("the sweep measures bounded restores: W must be positive")
+    rows_in = sorted(set(prefixes))
+    if not rows_in:
+        raise InvalidInput("the sweep needs at least one prefix length")
+    salt = new_salt() if salt is None else salt
+    params = {"prefixes": rows_in, "W": w, "repeat": repeat, "tier": tier}
+    run = Run("sweep", "e1", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
+    reg, info = run.reg, run.info
+    require_tokens(info, rows_in[-1])
+    chosen, exclude = isolate(info, tier)
+    params["tier"] = chosen
+    rws = accounting.rws_bytes(reg, w)
+    require_pool(client, rws, f"W={w}")
+    original = {"budget_bytes": info["budget_bytes"]}
+    # B = RWS(W): one live window per rank, the paper's serialized restore.
+    client.update_settings(budget_bytes=rws)
+    repeat_rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    try:
+        for n in rows_in:
+            with run.row(tokens=n, W=w, salt=salt) as row:
+                row |= _sweep_row(run, n, salt, w, exclude)
+            if run.stopped:
+                break
+        if repeat and not run.stopped:
+            salt2 = new_salt()
+            run.bundle["repeat"] = {"run_id": new_run_id("e1"), "salt": salt2, "rows": repeat_rows}
+            with run.row(rows=repeat_rows, tokens=rows_in[-1], W=w, salt=salt2) as row:
+                row |= _sweep_row(run, rows_in[-1], salt2, w, exclude)
+    finally:
+        block_s = time.monotonic() - t0
+        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+    every = run.rows + repeat_rows
+    done = completed(every)
+    peaks = sorted({r["pool_peak_bytes"] for row in done for r in row["ranks"]})
+    main_done = completed(run.rows)
+    summary = {
+        "rows": len(run.rows),
+        "completed": len(main_done),
+        "interrupted": len(run.rows) - len(main_done),
+        "passed": sum(r["status"] == "pass" for r in main_done),
+        "repeat_status": repeat_rows[0]["status"] if repeat_rows else None,
+        "rws_bytes": rws,
+        "peak_pool_bytes_per_rank": peaks,
+        "peak_identical": len(peaks) == 1,
+        "peak_equals_rws": peaks == [rws],
+        "whole_plan_bytes": {str(r["tokens"]): r["whole_plan_bytes"] for r in main_done},
+        "restore_seconds": {str(r["tokens"]): r["seconds"] for r in main_done},
+        "gbps": {str(r["tokens"]): r["gbps"] for r in main_done},
+        "block_seconds": round(block_s, 3),
+    }
+    full = tuple(rows_in) == E1_PREFIXES
+    targets = [
+        target(
+            "peak pool per rank identical for every row and equal to RWS(W)",
+            f"== {rws:,} bytes",
+            peaks,
+            (len(peaks) == 1 and peaks == [rws]) if done else None,
+        ),
+        target(
+            "the whole sweep finishes in under 10 minutes",
+            f"< {SWEEP_TIME_TARGET_S:.0f} s",
+            round(block_s, 1),
+            (block_s < SWEEP_TIME_TARGET_S) if full and not run.stopped else None,
+            "" if full else "reduced sweep: the time target applies to the paper's six rows only",
+        ),
+    ]
+    return run.finish(summary, targets, every)
+
+
+def _sweep_row(run: Run, n: int, salt: int, w: int, exclude: Sequence[str]) -> dict[str, Any]:
+    prompt = prompt_of(n, salt)
+    warm = warm_evidence(run.client.submit(prompt, w=w))
+    ev = run.restore(prompt, n, w, exclude=exclude)
+    row = {"warm": warm, **ev}
+    judge(row, {"warm_hash_ok": warm["hash_ok"] is True} | restore_checks(ev, n, peak=ev["predicted_peak_bytes"]))
+    return row

@@ -1,0 +1,104 @@
+"""The W law: the measured restore working set against W·Σc_i + aux at one prefix, one B = RWS(W) per W."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bsr_cli.bench.evidence import (
+    OnRow,
+    Run,
+    completed,
+    isolate,
+    judge,
+    new_salt,
+    prompt_of,
+    put_back,
+    require_pool,
+    require_tokens,
+    restore_checks,
+    target,
+    warm_evidence,
+)
+from bsr_cli.core import accounting
+from bsr_cli.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
+
+
+W_LAW: tuple[int, ...] = accounting.DEFAULT_W_SWEEP
+
+
+# -- W law -------------------------------------------------------------------------------------------------------
+
+
+def run_wlaw(
+    client: AdminClient,
+    *,
+    tokens: int = 262_144,
+    ws: Sequence[int] = W_LAW,
+    salt: int | None = None,
+    tier: str | None = None,
+    on_row: OnRow | None = None,
+    engine_meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Measured RWS against W·Σc_i + aux at one prefix, B = RWS(W) for each W."""
+    w_list = sorted(set(ws))
+    if not w_list or w_list[0] <= 0:
+        raise InvalidInput("the W law needs positive window sizes")
+    salt = new_salt() if salt is None else salt
+    params = {"tokens": tokens, "W": w_list, "tier": tier}
+    run = Run("wlaw", "wlaw", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
+    reg, info = run.reg, run.info
+    require_tokens(info, tokens)
+    chosen, exclude = isolate(info, tier)
+    params["tier"] = chosen
+    require_pool(client, accounting.rws_bytes(reg, w_list[-1]), f"W={w_list[-1]}")
+    original = {"budget_bytes": info["budget_bytes"]}
+    prompt = prompt_of(tokens, salt)
+    try:
+        warm: dict[str, Any] | None = None
+        for w in w_list:
+            with run.row(W=w, tokens=tokens) as row:
+                rws = accounting.rws_bytes(reg, w)
+                client.update_settings(budget_bytes=rws)
+                if warm is None:
+                    warm = row["warm"] = warm_evidence(client.submit(prompt, w=w))
+                ev = run.restore(prompt, tokens, w, exclude=exclude)
+                row |= ev | {"law_bytes": rws}
+                judge(row, restore_checks(ev, tokens, peak=ev["predicted_peak_bytes"]))
+            if run.stopped:
+                break
+    finally:
+        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+    done = completed(run.rows)
+    xs = [float(r["W"]) for r in done]
+    ys = [float(max(x["pool_peak_bytes"] for x in r["ranks"])) for r in done if r["ranks"]]
+    slope = intercept = None
+    if len(xs) >= 2 and len(xs) == len(ys) and len(set(xs)) > 1:
+        fit = statistics.linear_regression(xs, ys)
+        slope, intercept = round(fit.slope, 3), round(fit.intercept, 3)
+    law = all(r["checks"].get("peak_equals_bound") for r in done) if done else None
+    summary = {
+        "tokens": tokens,
+        "coefficient_bytes": reg.bytes_per_chunk,
+        "aux_bytes": reg.aux_bytes,
+        "measured": {str(r["W"]): max((x["pool_peak_bytes"] for x in r["ranks"]), default=0) for r in done},
+        "predicted": {str(r["W"]): r["law_bytes"] for r in done},
+        "fit_slope_bytes_per_W": slope,
+        "fit_intercept_bytes": intercept,
+        "law_holds": law,
+        "completed": len(done),
+        "interrupted": len(run.rows) - len(done),
+    }
+    targets = [
+        target(
+            "measured RWS equals W·Σc_i + aux for every W",
+            f"slope {reg.bytes_per_chunk:,} B/W, intercept {reg.aux_bytes:,} B",
+            {"slope": slope, "intercept": intercept},
+            law,
+        )
+    ]
+    return run.finish(summary, targets)

@@ -1,0 +1,145 @@
+"""What every `bsr bench` experiment command shares: its options, the engine it runs against (the configured one
+or a dedicated embedded one), and publishing the bundle (write, plot, print, exit code)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from bsr_cli.cli.context import AppState
+from bsr_cli.core.units import format_bytes, parse_bytes
+from bsr_cli.errors import DrillViolation, InvalidInput, ServerError
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
+    from bsr_cli.engine.supervisor import EngineOptions
+
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for bundles and plots.")]
+EmbeddedOpt = Annotated[
+    bool,
+    typer.Option("--embedded", help="Start a dedicated embedded engine sized for this experiment, stop it after."),
+]
+RegOpt = Annotated[
+    str | None, typer.Option("--registration", "-r", help="With --embedded: registration [default: demo].")
+]
+TierOpt = Annotated[str | None, typer.Option("--tier", help="Tier to restore from [default: the engine's first].")]
+SaltOpt = Annotated[int | None, typer.Option("--salt", help="Seed of the synthetic prompts [default: random].")]
+NoPlotsOpt = Annotated[bool, typer.Option("--no-plots", help="Write the bundle only, no PNG plots.")]
+WOpt = Annotated[int, typer.Option("--W", "-W", "--window-size", help="Window size in chunks.", min=1)]
+DEFAULT_OUT = Path("bench-out")
+
+Experiment = Callable[["AdminClient", dict[str, Any], Path | None], dict[str, Any]]
+
+
+def ints(text: str, what: str, *, sizes: bool = False) -> list[int]:
+    try:
+        values = [parse_bytes(x) if sizes else int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInput(f"{what} takes comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise InvalidInput(f"{what} must be positive")
+    return values
+
+
+def row_note(st: AppState, experiment: str) -> Callable[[dict[str, Any]], None]:
+    def note(r: dict[str, Any]) -> None:
+        status = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]"}.get(r["status"], "[yellow]interrupted[/]")
+        what = ", ".join(
+            f"{k}={r[k]:,}" if isinstance(r[k], int) else f"{k}={r[k]}"
+            for k in ("kind", "scenario", "tokens", "W", "concurrency", "cache", "trial")
+            if r.get(k) is not None
+        )
+        extra = f"  {r['seconds']:.2f} s" if isinstance(r.get("seconds"), float) else ""
+        if r.get("peak_pool_bytes"):
+            extra += f"  peak {format_bytes(r['peak_pool_bytes'])}/rank"
+        if r.get("l1_bytes") is not None and r.get("loaded_tokens") is not None:
+            extra += (
+                f"  L1 {format_bytes(r['l1_bytes'])}: {r['loaded_tokens']:,} tokens, {r['gbps_per_rank']} GB/s/rank,"
+                f" L1 peak {format_bytes(r.get('l1_peak_bytes') or 0)}" + (" (timed out)" if r.get("timed_out") else "")
+            )
+        if r.get("reason"):
+            extra += f"  ({r['reason']})"
+        st.out.note(f"{experiment} {what}: {status}{extra}")
+
+    return note
+
+
+def engine_client(st: AppState) -> AdminClient:
+    from bsr_cli.client import AdminClient
+    from bsr_cli.client.admin import resolve_engine
+
+    url, token, _ = resolve_engine(st.settings)
+    # Restores of large prefixes stream for minutes; only plain calls use this deadline.
+    return AdminClient(url, token, timeout_s=max(st.settings.timeout_s, 60.0))
+
+
+def execute(
+    st: AppState,
+    experiment: str,
+    out: Path,
+    embedded: bool,
+    registration: str | None,
+    no_plots: bool,
+    run: Experiment,
+    options: Callable[[Any], EngineOptions],
+) -> None:
+    """Run an experiment against the configured engine or a dedicated embedded one, then write, plot, print."""
+    from bsr_cli.bench import experiments as ex
+
+    if embedded:
+        import tempfile
+
+        from bsr_cli import loaders
+
+        reg = loaders.load_registration(registration or "demo")
+        opts = options(reg)
+        pool = format_bytes(opts.resolved()["pool_bytes"])
+        st.out.note(f"starting a dedicated embedded engine for {experiment} (pool {pool}/rank)…")
+        with tempfile.TemporaryDirectory(prefix="bsr-bench-") as tmp:
+            t0 = time.monotonic()
+            with ex.embedded_engine(Path(tmp), opts) as client:
+                meta = {"embedded": True, "startup_s": round(time.monotonic() - t0, 3)}
+                st.out.note(f"engine up in {meta['startup_s']:.1f} s at {client.url}")
+                result = run(client, meta, Path(tmp))
+    else:
+        with engine_client(st) as client:
+            result = run(client, {"embedded": False, "startup_s": None}, Path(st.settings.state_dir))
+    publish(st, result, out, no_plots)
+
+
+def publish(st: AppState, result: dict[str, Any], out: Path, no_plots: bool) -> None:
+    """Write the bundle, redraw the plots, print the experiment's table (or the bundle with --json), exit by it."""
+    from bsr_cli.bench import bundle as bundles
+
+    path = bundles.write(result, out)
+    plots: list[str] = []
+    if not no_plots:
+        try:
+            from bsr_cli.bench import plots as plotting
+
+            plots = [str(p) for p in plotting.render_all(out)]
+        except ImportError as e:
+            st.out.note(f"[yellow]no PNG plots:[/] {e}")
+    from bsr_cli.cli.render.bench import table_for  # rich, only when a person reads the table
+
+    st.out.result(result | {"files": {"bundle": str(path), "plots": plots}}, table_for(result["experiment"]))
+    exit_for(result, path)
+
+
+def exit_for(result: dict[str, Any], path: Path) -> None:
+    rows = list(result["rows"]) + list(result.get("repeat", {}).get("rows", []))
+    if result.get("interrupted_by") == "operator":
+        raise KeyboardInterrupt
+    if result.get("interrupted"):
+        reason = next((r.get("reason") for r in rows if r["status"] == "interrupted"), "unknown")
+        raise ServerError(f"the experiment stopped early: {reason}", hint=f"the partial bundle is {path}")
+    failed = [r for r in rows if r["status"] == "fail"]
+    if failed:
+        what = sorted({k for r in failed for k, ok in r.get("checks", {}).items() if not ok})
+        raise DrillViolation(
+            f"{len(failed)} row(s) failed their acceptance checks ({', '.join(what)})", hint=f"evidence: {path}"
+        )

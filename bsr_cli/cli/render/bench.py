@@ -1,0 +1,401 @@
+"""The tables `bsr bench` prints for each experiment's bundle (rich, imported only when a table is drawn)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bsr_cli.core.units import format_bytes
+from bsr_cli.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def _mib(n: int | None) -> str:
+    """A number for a column headed "MiB"."""
+    return format_bytes(n, unit="MiB")
+
+
+def _short(n: int) -> str:
+    """A rung in few characters (64 MiB, 1.0 GiB)."""
+    return format_bytes(n, compact=True)
+
+
+def _status(s: str) -> str:
+    return {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]"}.get(s, "[yellow]interrupted[/]")
+
+
+def _yes(v: Any) -> str:
+    return "[green]yes[/]" if v is True else ("—" if v is None else "[red]no[/]")
+
+
+def _mean(r: dict[str, Any], key: str) -> float:
+    ranks = r.get("ranks") or []
+    return sum(x[key] for x in ranks) / max(len(ranks), 1)
+
+
+def _table(*columns: str, title: str | None = None) -> Any:
+    """A compact table: the sweep's thirteen columns fit 120 characters."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title=title, title_justify="left")
+    for col in columns:
+        t.add_column(
+            col,
+            justify="left" if col in ("", "hash", "healthy", "status", "config", "scenario", "attempts") else "right",
+        )
+    return t
+
+
+def _header(console: Console, d: dict[str, Any], title: str) -> None:
+    reg, m = d["registration"], d["machine"]
+    eng = d["engine"]
+    where = "embedded (dedicated)" if eng.get("embedded") else eng["url"]
+    console.print(f"[bold]{title}[/]  run {d['run_id']}" + (f"  salt {d['salt']}" if d.get("salt") is not None else ""))
+    console.print(
+        f"[dim]engine {where}  registration {reg['identity']} ({reg['model']}, {format_bytes(reg['bytes_per_chunk'])}"
+        f"/chunk/rank, TP {reg['tp_size']})  machine {m['cpu_count']} CPUs {format_bytes(m['memory_bytes'])}"
+        f"  torch {m.get('torch')}  {d['elapsed_s']:.1f} s[/]"
+    )
+
+
+def _plain(value: Any) -> str:
+    """A measured value as a person reads it: `W=8: 1, W=16: 2`, not a Python repr."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_plain(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, list | tuple):
+        return ", ".join(_plain(v) for v in value) or "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _footer(console: Console, d: dict[str, Any]) -> None:
+    for t in d["targets"]:
+        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "[dim]n/a[/]"}[t["met"]]
+        note = f"  [dim]({t['note']})[/]" if t.get("note") else ""
+        console.print(f"target: {t['name']} {t['target']}: measured {_plain(t['measured'])} → {mark}{note}")
+    files = d.get("files", {})
+    console.print(
+        f"[dim]bundle {files.get('bundle')}"
+        + (f"; plots {', '.join(files['plots'])}" if files.get("plots") else "")
+        + "[/]"
+    )
+
+
+def render_sweep(console: Console, d: dict[str, Any]) -> None:
+
+    from bsr_cli.bench.plots import bar
+
+    _header(console, d, f"E1 sweep, W={d['params']['W']}, B = RWS(W), restored from {d['params']['tier']} only")
+    rows = [("", r) for r in d["rows"]] + [("R ", r) for r in d.get("repeat", {}).get("rows", [])]
+    top_t = max((r.get("seconds", 0.0) for _, r in rows), default=0.0)
+    t = _table(
+        "tokens",
+        "K",
+        "committed",
+        "peak MiB",
+        "whole MiB",
+        "restore s",
+        "fetch s",
+        "inst s",
+        "GB/s",
+        "hash",
+        "healthy",
+        "",
+        "status",
+    )
+    for tag, r in rows:
+        if r["status"] == "interrupted":
+            t.add_row(f"{tag}{r['tokens']:,}", *[""] * 10, r.get("reason", ""), _status(r["status"]))
+            continue
+        t.add_row(
+            f"{tag}{r['tokens']:,}",
+            f"{r['windows']:,}",
+            f"{r['committed_tokens']:,}",
+            _mib(r["peak_pool_bytes"]),
+            _mib(r["whole_plan_bytes"]),
+            f"{r['seconds']:.2f}",
+            f"{_mean(r, 'fetch_seconds'):.2f}",
+            f"{_mean(r, 'install_seconds'):.2f}",
+            f"{r['gbps']:.2f}",
+            _yes(r["hash_ok"]),
+            _yes(r["healthy"]),
+            bar(r["seconds"], top_t, 10),
+            _status(r["status"]),
+        )
+    console.print(t)
+    s = d["summary"]
+    if d.get("repeat"):
+        console.print(f"R = the repeat with a fresh salt ({d['repeat']['salt']}), run {d['repeat']['run_id']}")
+    console.print("fetch s, inst s: mean over ranks.  peak pool per rank against the whole-plan need (MiB):")
+    top = max([r.get("whole_plan_bytes", 0) for _, r in rows] + [1])
+    for _, r in rows:
+        if r["status"] != "interrupted":
+            console.print(
+                f"  {r['tokens']:>8,}  BSR   {bar(r['peak_pool_bytes'], top, 40)} {_mib(r['peak_pool_bytes'])}"
+            )
+            console.print(f"  {'':>8}  whole {bar(r['whole_plan_bytes'], top, 40)} {_mib(r['whole_plan_bytes'])}")
+    peaks = ", ".join(_mib(p) for p in s["peak_pool_bytes_per_rank"])
+    console.print(
+        f"block {s['block_seconds']:.1f} s; distinct peaks per rank [{peaks}] MiB; RWS {_mib(s['rws_bytes'])} MiB"
+    )
+    _footer(console, d)
+
+
+def render_ladder(console: Console, d: dict[str, Any]) -> None:
+
+    from bsr_cli.bench.plots import bar
+
+    _header(console, d, "Whole-plan ladder (W=0), one engine start per rung")
+    t = _table(
+        "tokens",
+        "need MiB",
+        "predicted",
+        "first pass",
+        "peak MiB",
+        "attempts",
+        "",
+        "status",
+    )
+    top = max((r["whole_plan_bytes"] for r in d["rows"]), default=1)
+    for r in d["rows"]:
+        atts = " ".join(("✓" if a["passed"] else "✗") + _short(a["rung"]) for a in r.get("attempts", []))
+        t.add_row(
+            f"{r['tokens']:,}",
+            _mib(r["whole_plan_bytes"]),
+            _short(r["predicted_rung"]) if r["predicted_rung"] else "beyond ladder",
+            _short(r["first_passing_rung"]) if r["first_passing_rung"] else "—",
+            _mib(r.get("measured_peak_bytes")),
+            atts,
+            bar(r["whole_plan_bytes"], top, 12),
+            _status(r["status"]) + (f" {r['reason']}" if r.get("reason") else ""),
+        )
+    console.print(t)
+    _footer(console, d)
+
+
+def render_wlaw(console: Console, d: dict[str, Any]) -> None:
+
+    from bsr_cli.bench.plots import bar
+
+    _header(console, d, f"W law at {d['params']['tokens']:,} tokens (B = RWS(W) for each W)")
+    t = _table("W", "W·Σc_i + aux MiB", "measured MiB/rank", "K", "restore s", "GB/s", "hash", "", "status")
+    top = max((r.get("peak_pool_bytes", 0) for r in d["rows"]), default=1)
+    for r in d["rows"]:
+        if r["status"] == "interrupted":
+            t.add_row(str(r["W"]), *[""] * 6, r.get("reason", ""), _status(r["status"]))
+            continue
+        t.add_row(
+            str(r["W"]),
+            _mib(r["law_bytes"]),
+            _mib(r["peak_pool_bytes"]),
+            f"{r['windows']:,}",
+            f"{r['seconds']:.2f}",
+            f"{r['gbps']:.2f}",
+            _yes(r["hash_ok"]),
+            bar(r["peak_pool_bytes"], top, 20),
+            _status(r["status"]),
+        )
+    console.print(t)
+    s = d["summary"]
+    console.print(
+        f"fit: {s['fit_slope_bytes_per_W']} bytes per W, intercept {s['fit_intercept_bytes']} "
+        f"(core: {s['coefficient_bytes']:,}, aux {s['aux_bytes']:,})"
+    )
+    _footer(console, d)
+
+
+def render_fs(console: Console, d: dict[str, Any]) -> None:
+
+    from bsr_cli.bench.plots import bar
+
+    p = d["params"]
+    _header(
+        console, d, f"Filesystem tier only, load concurrency {p['concurrencies']}, {p['tokens']:,} tokens, W={p['W']}"
+    )
+    s = d["summary"]
+    t = _table("config", "runs", "GB/s (median)", "restore s", "fetch s/rank", "install s/rank", "")
+    top = max((v["gbps"] for v in s["by_config"].values()), default=1.0)
+    for name, v in s["by_config"].items():
+        t.add_row(
+            name,
+            str(v["runs"]),
+            f"{v['gbps']:.2f}",
+            f"{v['seconds']:.2f}",
+            f"{v['fetch_seconds']:.2f}",
+            f"{v['install_seconds']:.2f}",
+            bar(v["gbps"], top, 20),
+        )
+    console.print(t)
+    peaks = ", ".join(_mib(x) for x in s["peak_pool_bytes_per_rank"])
+    how = s["cold_method"] or "nothing (warm only)"
+    console.print(f"speedup {s['speedup']}; distinct peaks per rank [{peaks}] MiB; pages evicted by {how}")
+    if s.get("disk_gbps"):
+        rates = ", ".join(f"c={c} {v} GB/s" for c, v in s["disk_gbps"].items())
+        console.print(
+            f"the disk alone (cold, same files and total threads): {rates}; its ceiling is {s['disk_headroom']}x the "
+            f"serial restore, and concurrency {max(s['disk_gbps'], key=int)} used {s['restore_share_of_disk']} of it"
+        )
+    _footer(console, d)
+
+
+def render_store(console: Console, d: dict[str, Any]) -> None:
+
+    from bsr_cli.bench.plots import bar, store_bars
+
+    p = d["params"]
+    _header(console, d, f"Store bandwidth, restores of {p['tokens_restored']:,} tokens from Mooncake, W={p['W']}")
+    labels, values = store_bars(d)
+    top = max(values, default=1.0)
+    t = _table("measurement", "GB/s per rank/client", "")
+    for label, v in zip(labels, values, strict=True):
+        t.add_row(label, f"{v:.3f}", bar(v, top, 30))
+    console.print(t)
+    s = d["summary"]
+    if s.get("mooncake_aggregate_gbps"):
+        console.print(
+            "concurrent aggregate GB/s: " + ", ".join(f"{k} {v}" for k, v in s["mooncake_aggregate_gbps"].items())
+        )
+    r = _table(
+        "config",
+        "restore s",
+        "fetch s",
+        "install s",
+        "peak MiB/rank",
+        "× raw GET",
+        title="where the restore time goes (median per rank; × raw GET: against the one measured just before)",
+    )
+    for name, v in s["restore"].items():
+        paired = v.get("vs_paired_raw")
+        r.add_row(
+            name,
+            f"{v['seconds']:.2f}",
+            f"{v['fetch_seconds']:.2f}",
+            f"{v['install_seconds']:.2f}",
+            _mib(v["peak_pool_bytes"]),
+            "-" if paired is None else f"{paired:.2f}",
+        )
+    console.print(r)
+    console.print("ratios: " + ", ".join(f"{k} {v}" for k, v in s["ratios"].items() if v is not None))
+    _footer(console, d)
+
+
+def render_peer(console: Console, d: dict[str, Any]) -> None:
+    from bsr_cli.bench.plots import bar
+
+    p = d["params"]
+    _header(console, d, f"bsr inside LMCache against stock LMCache 0.5.6, from Mooncake, W={p['W']}, TP {p['tp']}")
+    la = d["machine"].get("loadavg") or []
+    if la:
+        console.print(f"[dim]load average at the start: {', '.join(str(x) for x in la)}[/]")
+    t = _table(
+        "tokens",
+        "stock L1 MiB",
+        "stock GB/s",
+        "bsr L1 MiB",
+        "bsr GB/s",
+        "raw GB/s",
+        "bsr/stock",
+        "bsr/raw",
+        "stock/raw",
+        "L1 bsr/stock",
+        title="throughput per rank (median of trials) and measured L1 peaks per rank",
+    )
+    by = d["summary"].get("by_prefix") or {}
+    top = max((v["bsr"]["gbps_per_rank"] or 0 for v in by.values()), default=1.0)
+
+    def f(x: float | None, digits: int = 2) -> str:
+        return "—" if x is None else f"{x:.{digits}f}"
+
+    for v in by.values():
+        t.add_row(
+            f"{v['tokens']:,}",
+            _mib(v["stock"]["l1_peak_bytes"]),
+            f(v["stock"]["gbps_per_rank"], 3),
+            _mib(v["bsr"]["l1_peak_bytes"]),
+            f(v["bsr"]["gbps_per_rank"], 3),
+            f(v["raw"]["gbps_per_rank"], 3),
+            f(v["bsr_vs_stock_gbps"]),
+            f(v["bsr_vs_raw_gbps"]),
+            f(v["stock_vs_raw_gbps"]),
+            f(v["bsr_vs_stock_staging"], 4),
+        )
+    console.print(t)
+    c = _table(
+        "tokens",
+        "raw GET",
+        "stock",
+        "bsr",
+        "bsr install",
+        "bsr/raw",
+        "stock/raw",
+        "",
+        title="CPU seconds per GB restored (case process + Mooncake master + segment holder, from /proc)",
+    )
+    for v in by.values():
+        c.add_row(
+            f"{v['tokens']:,}",
+            f(v["raw"]["cpu_s_per_gb"], 3),
+            f(v["stock"]["cpu_s_per_gb"], 3),
+            f(v["bsr"]["cpu_s_per_gb"], 3),
+            f(v["bsr"]["install_cpu_s_per_gb"], 3),
+            f(v["bsr_vs_raw_cpu"]),
+            f(v["stock_vs_raw_cpu"]),
+            bar(v["bsr"]["gbps_per_rank"] or 0, top or 1.0, 16),
+        )
+    console.print(c)
+    for v in by.values():
+        for b in v["below_rung"]:
+            what = f"{b['loaded_tokens']:,} tokens" + (", timed out" if b["timed_out"] else "")
+            bsr = "bsr committed at this L1 or less" if b["bsr_committed_at_this_l1"] else "bsr did not commit"
+            console.print(f"below the rung: {v['tokens']:,} tokens, stock L1 {_mib(b['l1_bytes'])} MiB: {what}; {bsr}")
+    _footer(console, d)
+
+
+def render_failures(console: Console, d: dict[str, Any]) -> None:
+
+    _header(console, d, f"Failure matrix ({d['params']['tokens']:,} tokens)")
+    t = _table("scenario", "first pass", "fallback", "hash = canonical", "ranks healthy", "status")
+    for r in d["rows"]:
+        if r["status"] == "interrupted":
+            t.add_row(r["scenario"], "", "", "", r.get("reason", ""), _status(r["status"]))
+            continue
+        fp, c = r["first_pass"], r["checks"]
+        t.add_row(
+            r["scenario"],
+            f"collapsed {fp['advertised_tokens']:,}→{fp['committed_tokens']}"
+            if c["prefix_collapsed"]
+            else "[red]not collapsed[/]",
+            r["fallback"] if c["fallback"] else f"[red]{r['fallback']} (want {r['expected_fallback']})[/]",
+            _yes(c["hash_canonical"]),
+            _yes(c["ranks_healthy"]),
+            _status(r["status"]),
+        )
+    console.print(t)
+    _footer(console, d)
+
+
+TABLES: dict[str, Callable[[Console, dict[str, Any]], None]] = {
+    "sweep": render_sweep,
+    "ladder": render_ladder,
+    "wlaw": render_wlaw,
+    "fs-concurrency": render_fs,
+    "store": render_store,
+    "failures": render_failures,
+    "peer": render_peer,
+}
+"""Each experiment's table, by the bundle's ``experiment``: a new experiment adds its renderer here."""
+
+
+def table_for(experiment: str) -> Callable[[Console, dict[str, Any]], None]:
+    try:
+        return TABLES[experiment]
+    except KeyError:
+        raise InvalidInput(f"no table for experiment {experiment!r} (known: {', '.join(TABLES)})") from None
