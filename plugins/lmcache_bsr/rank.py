@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -41,7 +42,7 @@ from .tokens import TokenRegistry, full_chunks
 
 Emit = Callable[[dict[str, Any]], None]
 VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a full segment never gets there
-RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache retrieve may take to end
+RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache fetch may take to end
 
 
 class _Window:
@@ -129,7 +130,7 @@ class LMCacheRank(KVOps):
         self.tiers = {name for name, be in lm.TIER_BACKENDS.items() if be in lm.backends(self.engine)}
         self.tiers.discard("cpu")  # L1 is staging only (hot cache off), never a tier
         self.budget_bytes = budget_bytes or self.tracker.heap_bytes
-        self.lock = threading.Lock()  # one LMCache retrieve/store at a time on this rank: B = one window
+        self.lock = threading.Lock()  # one request's windows (or one store) at a time on this rank's LMCache
         self._waiters = 0
         self._windows_live = 0
         self._aborts: dict[str, threading.Event] = {}
@@ -161,11 +162,7 @@ class LMCacheRank(KVOps):
 
     @contextlib.contextmanager
     def _engine_lock(self) -> Any:
-        self._waiters += 1
-        try:
-            self.lock.acquire()
-        finally:
-            self._waiters -= 1
+        self._acquire()
         try:
             yield
         finally:
@@ -278,16 +275,19 @@ class LMCacheRank(KVOps):
         abort = self._aborts.setdefault(request, threading.Event())
         windows = [_Window(w) for w in job["windows"]]
         objs: list[Any] = []
-        tokens: tuple[int, ...] = ()
+        keys: list[Any] = []  # LMCache's key of every planned chunk, computed once for the request
         slots: list[torch.Tensor] = []
         faults = [FaultSpec.from_dict(f) for f in job["faults"] if f["rank"] in (None, self.rank)]
         fired: set[int] = set()
         cs = self.reg.chunk_size
         first = windows[0].index if windows else 0
         bounded = job["w"] > 0
+        timeout_s = float(job["fetch_timeout_s"])
+        # Fetches issued and not yet consumed, in window order: (window position, issue time, future).
+        ahead: deque[tuple[int, float, Future[list[Any]]]] = deque()
+        held = [False]  # this restore holds the engine lock (across windows while a fetch runs ahead)
 
         def prepare() -> None:
-            nonlocal tokens
             objs.extend(job["objects"][str(self.rank)][self.group])
             if not windows:
                 return
@@ -296,68 +296,113 @@ class LMCacheRank(KVOps):
             tokens = self.registry.tokens_for_hash(parse_key(objs[-1][0])[3])
             if len(tokens) < end_tokens or end_tokens % cs:
                 raise RestoreFailed(f"plan covers {end_tokens} tokens; only full chunks can come from LMCache", None)
+            keys.extend(self.keys(tokens[:end_tokens]))
+            lm.lower_transfer_priority(self.engine)  # once per engine: the transfer's completion poll yields
             slots.append(self.slots(job["block_tables"][self.group], end_tokens))
 
+        def window_bytes(win: _Window) -> int:
+            return (win.chunk_end - win.chunk_start) * self.chunk_bytes
+
+        def issue(pos: int) -> None:
+            win = windows[pos]
+            hits = window_faults(faults, self.rank, win.index, first, KINDS, self.group)
+            down = {t for f in hits for t in f.tiers_affected()}
+            # The coordinator chose a tier per chunk from the probe bitmap (force-local exclusions included); an
+            # injected "tier down" reads from a location no backend has, LMCache's own failure path.
+            locations = [
+                lm.FAULT_LOCATION if objs[c][1] in down else lm.TIER_BACKENDS.get(objs[c][1], lm.FAULT_LOCATION)
+                for c in range(win.chunk_start, win.chunk_end)
+            ]
+            fut = self._io.submit(lm.fetch_window, self.engine, keys[win.chunk_start : win.chunk_end], locations)
+            ahead.append((pos, time.monotonic(), fut))
+
+        def may_run_ahead(pos: int) -> bool:
+            # The next window's fetch overlaps this window's install when the budget holds both (B >= 2 windows);
+            # with B = RWS(W) only one window is ever live, the paper's serialized restore.
+            if not bounded or pos + 1 >= len(windows):
+                return False
+            return window_bytes(windows[pos]) + window_bytes(windows[pos + 1]) <= self.budget_bytes
+
         def step(win: _Window, out: RankOutcome) -> int:
+            pos = out.windows_done  # run_windows steps through the windows in order
             idx, s, e = win.index, win.token_start, win.token_end
-            n_chunks = win.chunk_end - win.chunk_start
-            if bounded and n_chunks * self.chunk_bytes > self.budget_bytes:
+            nbytes = window_bytes(win)
+            if bounded and nbytes > self.budget_bytes:
                 raise CapacityError(
-                    f"a window of {n_chunks} chunks needs {n_chunks * self.chunk_bytes:,} bytes of L1; "
+                    f"a window of {win.chunk_end - win.chunk_start} chunks needs {nbytes:,} bytes of L1; "
                     f"the budget is {self.budget_bytes:,}"
                 )
             hits = window_faults(faults, self.rank, idx, first, KINDS, self.group)
-            down = {t for f in hits for t in f.tiers_affected()}
             fired.update(f.id for f in hits)
             if any(f.kind == "timeout" for f in hits):
                 # The injected stall: nothing arrives before the deadline (an abort cuts it short).
-                if abort.wait(job["fetch_timeout_s"]):
+                if abort.wait(timeout_s):
                     raise RestoreFailed("aborted by the operator", idx, kind=failures.ABORTED)
-                raise RestoreFailed(f"timeout: window {idx} did not arrive within {job['fetch_timeout_s']}s", idx)
-
-            def choose(start: int, _down: set[str] = down) -> str:
-                tier = objs[start // cs][1]
-                if tier in _down:
-                    return lm.FAULT_LOCATION
-                return lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
-
+                raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx)
             t0 = time.monotonic()
-            if self.lock.locked():
-                # Another request's window holds LMCache: waiting for it is admission, not a stall.
-                self.emit({"type": "window_waiting", "request": request, "rank": self.rank, "window": idx})
-            with self._engine_lock():
-                self._windows_live = 1
-                self.tracker.mark()
-                try:
-                    with lm.block_mapping_override(self.engine, choose):
-                        ret = self._retrieve_with_deadline(tokens, s, e, slots[0][:e], job["fetch_timeout_s"], idx)
-                finally:
-                    self._windows_live = 0
-                out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
-            out.fetch_seconds += time.monotonic() - t0
-            got = int(ret[s:e].sum())
-            tiers = sorted({objs[c][1] for c in range(win.chunk_start, win.chunk_end)})
-            if got != e - s:
-                raise RestoreFailed(
-                    f"LMCache loaded {got} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})", idx
+            if not held[0]:
+                if self.lock.locked():
+                    # Another request's window holds LMCache: waiting for it is admission, not a stall.
+                    self.emit({"type": "window_waiting", "request": request, "rank": self.rank, "window": idx})
+                self._acquire()
+                held[0] = True
+            self.tracker.mark()
+            if not ahead:
+                issue(pos)
+            _, issued_at, fut = ahead[0]
+            got = self._await_fetch(fut, issued_at, timeout_s, idx)
+            ahead.popleft()
+            try:
+                out.fetch_seconds += time.monotonic() - t0
+                loaded = sum(cs for o in got if o is not None)
+                if loaded != e - s:
+                    tiers = sorted({objs[c][1] for c in range(win.chunk_start, win.chunk_end)})
+                    raise RestoreFailed(
+                        f"LMCache loaded {loaded} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})", idx
+                    )
+                self.emit(
+                    {
+                        "type": "window_fetched",
+                        "request": request,
+                        "rank": self.rank,
+                        "window": idx,
+                        "bytes": nbytes,
+                        "seconds": time.monotonic() - t0,
+                        "tiers": sorted({objs[c][1] for c in range(win.chunk_start, win.chunk_end)}),
+                        "pool": self.pool_stats(),
+                    }
                 )
-            nbytes = n_chunks * self.chunk_bytes
-            # LMCache retrieves straight into the destination KV: this fetch's seconds include the install.
-            self.emit(
-                {
-                    "type": "window_fetched",
-                    "request": request,
-                    "rank": self.rank,
-                    "window": idx,
-                    "bytes": nbytes,
-                    "seconds": time.monotonic() - t0,
-                    "tiers": tiers,
-                    "pool": self.pool_stats(),
-                }
-            )
+                if may_run_ahead(pos):
+                    issue(pos + 1)
+                self._windows_live = 1 + len(ahead)
+                t1 = time.monotonic()
+                starts = list(range(s, e, cs))
+                lm.install_window(
+                    self.engine, got, starts, [x + cs for x in starts], kvcaches=self.kvcaches, slot_mapping=slots[0]
+                )
+                out.install_seconds += time.monotonic() - t1
+            finally:
+                lm.release_objects(got)
+                out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
             if any(f.kind == "restore-fault" for f in hits):
                 raise RestoreFailed(f"injected restore fault while installing group {self.group}", idx)
+            if not ahead:
+                self._windows_live = 0
+                held[0] = False
+                self.lock.release()
             return nbytes
+
+        def cleanup() -> None:
+            # A fetch issued ahead may still run: wait for it (with a grace) and give its objects back to L1, then
+            # let the next request in. Fetches only fill L1; nothing here writes the destination blocks.
+            while ahead:
+                _, _, fut = ahead.popleft()
+                with contextlib.suppress(Exception):  # its failure is already subsumed by ours
+                    lm.release_objects(fut.result(timeout=RETRIEVE_GRACE_S))
+            self._windows_live = 0
+            if held[0]:
+                held[0] = False
+                self.lock.release()
 
         try:
             out = run_windows(
@@ -371,31 +416,26 @@ class LMCacheRank(KVOps):
                 emit=self.emit,
                 pool_stats=self.pool_stats,
                 prepare=prepare,
+                cleanup=cleanup,
                 fired=fired,
             )
         finally:
             self._aborts.pop(request, None)
         return out.to_dict()
 
-    def _retrieve_with_deadline(
-        self, tokens: tuple[int, ...], s: int, e: int, slots: torch.Tensor, timeout_s: float, idx: int
-    ) -> torch.Tensor:
-        """LMCache's retrieve has no deadline of its own: run it aside and wait for it with one. A late one is
-        still awaited (it writes into the blocks) before the caller invalidates them."""
-        fut: Future[torch.Tensor] = self._io.submit(
-            lm.masked_retrieve, self.engine, tokens, s, e, kvcaches=self.kvcaches, slot_mapping=slots
-        )
+    def _acquire(self) -> None:
+        self._waiters += 1
         try:
-            return fut.result(timeout=timeout_s)
+            self.lock.acquire()
+        finally:
+            self._waiters -= 1
+
+    def _await_fetch(self, fut: Future[list[Any]], issued_at: float, timeout_s: float, idx: int) -> list[Any]:
+        """LMCache's get has no deadline of its own: the fetch runs aside and is waited for with one, counted from
+        its issue. A late one stays queued for cleanup, which waits for it and gives its objects back."""
+        try:
+            return fut.result(timeout=max(0.0, issued_at + timeout_s - time.monotonic()))
         except FutureTimeout:
-            try:
-                fut.result(timeout=RETRIEVE_GRACE_S)
-            except FutureTimeout:
-                raise RestoreFailed(
-                    f"timeout: window {idx} still running {RETRIEVE_GRACE_S:g}s past its deadline", idx
-                ) from None
-            except Exception:  # noqa: BLE001 - it is failed by the timeout either way
-                pass
             raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx) from None
 
     def op_stats(self, health: bool = False) -> dict[str, Any]:
