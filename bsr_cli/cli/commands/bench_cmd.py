@@ -808,6 +808,10 @@ def peer(
     deadline: Annotated[
         float, typer.Option("--deadline", help="LMCache's blocking timeout for a retrieve, seconds.", min=1)
     ] = 10.0,
+    bsr_windows: Annotated[
+        int,
+        typer.Option("--bsr-windows", help="bsr's L1 in windows: 2 overlaps fetch and install, 1 serializes.", min=1),
+    ] = 2,
     out: OutOpt = DEFAULT_OUT,
     salt: SaltOpt = None,
     no_plots: NoPlotsOpt = False,
@@ -832,6 +836,7 @@ def peer(
             below_rung=extra,
             trials=trials,
             deadline_s=deadline,
+            bsr_windows=bsr_windows,
             salt=salt,
             workdir=Path(tmp),
             on_row=_row_note(st, "peer"),
@@ -921,3 +926,7 @@ def show(
     data = bundles.load(file)
     bundles.validate(data)
     st.out.result(data | {"files": {"bundle": str(file), "plots": []}}, RENDERERS[data["experiment"]])
+
+
+# Experiments registered from their own modules (each adds its command and renderer).
+from bsr_cli.cli.commands import bench_cpu_bound as _bench_cpu_bound  # noqa: E402,F401
