@@ -15,6 +15,7 @@ The ops answer what bsr_cli/engine/worker.py answers, so bsr's Coordinator drive
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections import deque
@@ -42,6 +43,9 @@ from .tokens import TokenRegistry, full_chunks
 
 Emit = Callable[[dict[str, Any]], None]
 VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a full segment never gets there
+# A window's fetch as this many concurrent batched gets (contiguous parts of the window): LMCache's Mooncake
+# connector runs each get on its own thread, so the parts' transfers overlap each other's per-call latency.
+FETCH_STREAMS = 2
 RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache fetch may take to end
 
 
@@ -135,7 +139,7 @@ class LMCacheRank(KVOps):
         self._windows_live = 0
         self._aborts: dict[str, threading.Event] = {}
         self._written: set[str] = set()  # remote keys this rank stored: waited for before destroy
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-lmc-io{rank}")
+        self._io = ThreadPoolExecutor(max_workers=FETCH_STREAMS, thread_name_prefix=f"bsr-lmc-io{rank}")
         self._health_cache: tuple[float, dict[str, Any]] = (0.0, {})
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -284,7 +288,7 @@ class LMCacheRank(KVOps):
         bounded = job["w"] > 0
         timeout_s = float(job["fetch_timeout_s"])
         # Fetches issued and not yet consumed, in window order: (window position, issue time, future).
-        ahead: deque[tuple[int, float, Future[list[Any]]]] = deque()
+        ahead: deque[tuple[int, float, list[Future[list[Any]]]]] = deque()
         held = [False]  # this restore holds the engine lock (across windows while a fetch runs ahead)
 
         def prepare() -> None:
@@ -313,8 +317,15 @@ class LMCacheRank(KVOps):
                 lm.FAULT_LOCATION if objs[c][1] in down else lm.TIER_BACKENDS.get(objs[c][1], lm.FAULT_LOCATION)
                 for c in range(win.chunk_start, win.chunk_end)
             ]
-            fut = self._io.submit(lm.fetch_window, self.engine, keys[win.chunk_start : win.chunk_end], locations)
-            ahead.append((pos, time.monotonic(), fut))
+            n = win.chunk_end - win.chunk_start
+            cuts = sorted({n * i // FETCH_STREAMS for i in range(FETCH_STREAMS + 1)})
+            futs = [
+                self._io.submit(
+                    lm.fetch_window, self.engine, keys[win.chunk_start + a : win.chunk_start + b], locations[a:b]
+                )
+                for a, b in itertools.pairwise(cuts)
+            ]
+            ahead.append((pos, time.monotonic(), futs))
 
         def may_run_ahead(pos: int) -> bool:
             # The next window's fetch overlaps this window's install when the budget holds both (B >= 2 windows);
@@ -349,8 +360,8 @@ class LMCacheRank(KVOps):
             self.tracker.mark()
             if not ahead:
                 issue(pos)
-            _, issued_at, fut = ahead[0]
-            got = self._await_fetch(fut, issued_at, timeout_s, idx)
+            _, issued_at, futs = ahead[0]
+            got = self._await_fetch(futs, issued_at, timeout_s, idx)
             ahead.popleft()
             try:
                 out.fetch_seconds += time.monotonic() - t0
@@ -396,9 +407,10 @@ class LMCacheRank(KVOps):
             # A fetch issued ahead may still run: wait for it (with a grace) and give its objects back to L1, then
             # let the next request in. Fetches only fill L1; nothing here writes the destination blocks.
             while ahead:
-                _, _, fut = ahead.popleft()
-                with contextlib.suppress(Exception):  # its failure is already subsumed by ours
-                    lm.release_objects(fut.result(timeout=RETRIEVE_GRACE_S))
+                _, _, futs = ahead.popleft()
+                for fut in futs:
+                    with contextlib.suppress(Exception):  # its failure is already subsumed by ours
+                        lm.release_objects(fut.result(timeout=RETRIEVE_GRACE_S))
             self._windows_live = 0
             if held[0]:
                 held[0] = False
@@ -430,13 +442,25 @@ class LMCacheRank(KVOps):
         finally:
             self._waiters -= 1
 
-    def _await_fetch(self, fut: Future[list[Any]], issued_at: float, timeout_s: float, idx: int) -> list[Any]:
-        """LMCache's get has no deadline of its own: the fetch runs aside and is waited for with one, counted from
-        its issue. A late one stays queued for cleanup, which waits for it and gives its objects back."""
+    def _await_fetch(self, futs: list[Future[list[Any]]], issued_at: float, timeout_s: float, idx: int) -> list[Any]:
+        """LMCache's get has no deadline of its own: a window's fetch runs aside and is waited for with one, counted
+        from its issue. On a failure the parts taken are given back at once; the rest stay in ``futs`` (the window's
+        entry ahead) for cleanup, which waits for them and gives their objects back."""
+        got: list[Any] = []
+        taken = 0
         try:
-            return fut.result(timeout=max(0.0, issued_at + timeout_s - time.monotonic()))
+            for fut in futs:
+                got.extend(fut.result(timeout=max(0.0, issued_at + timeout_s - time.monotonic())))
+                taken += 1
         except FutureTimeout:
+            lm.release_objects(got)
+            del futs[:taken]
             raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx) from None
+        except BaseException:
+            lm.release_objects(got)
+            del futs[: taken + 1]  # the part that raised gave its own objects back
+            raise
+        return got
 
     def op_stats(self, health: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"rank": self.rank, "pool": self.pool_stats()}
