@@ -31,7 +31,8 @@ def render_cpu_bound(console: Console, d: dict[str, Any]) -> None:
     s = d["summary"]
     console.print(
         f"baselines: memcpy {s['memcpy']['gbps']} GB/s ({s['memcpy']['cpu_s_per_gb']} CPU s/GB), "
-        f"CRC32C {s['crc32c']['gbps']} GB/s ({s['crc32c']['cpu_s_per_gb']} CPU s/GB); {s['cores']:g} cores"
+        f"CRC32C {s['crc32c']['gbps']} GB/s ({s['crc32c']['cpu_s_per_gb']} CPU s/GB); {s['cores']:g} cores, "
+        f"{s.get('free_cores', s['cores']):g} free at the start"
     )
     t = Table(
         title=f"{d['run_id']}: restore from a memory tier, {d['params']['tokens']:,} tokens, W={d['params']['W']}"
