@@ -17,7 +17,7 @@ from typing import Any
 from bsr_cli.errors import InvalidInput
 
 SCHEMA_ID = "bsr.bench/1"
-EXPERIMENTS = ("ladder", "sweep", "wlaw", "fs-concurrency", "store", "failures", "peer")
+EXPERIMENTS = ("ladder", "sweep", "wlaw", "fs-concurrency", "store", "failures", "peer", "cpu-bound")
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}

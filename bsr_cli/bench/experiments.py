@@ -35,8 +35,6 @@ from bsr_cli.bench.store import run_store
 from bsr_cli.bench.sweep import E1_PREFIXES, run_sweep
 from bsr_cli.bench.wlaw import W_LAW, run_wlaw
 
-_now = now  # the name bench/peer.py reads
-
 __all__ = [
     "BUNDLE_SCHEMA",
     "E1_PREFIXES",

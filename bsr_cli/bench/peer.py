@@ -9,7 +9,8 @@ LMCache, then runs every measurement as its own process in the plugin venv's int
 * ``stock``: LMCache's own retrieve of the whole prefix with its L1 at the rung that holds the whole plan, and
   again with smaller L1s (below the rung stock LMCache returns 0 tokens after its ``blocking_timeout_secs``, with a
   thread left spinning: reported as "0 tokens, timed out", the process killed if it does not end in time);
-* ``bsr``: the plugin host's windowed restore (W chunks per window) with L1 = RWS(W).
+* ``bsr``: the plugin host's windowed restore (W chunks per window) with L1 = B = ``bsr_windows`` * RWS(W): at 2
+  (the default) the next window's fetch overlaps this window's install; at 1 the restore is serialized.
 
 Throughput is GB/s per rank; staging bytes are LMCache's L1 allocator high-water mark (measured); CPU seconds come
 from /proc for the case process, the master and the segment holder, around the operation only.
@@ -237,7 +238,9 @@ def _row(kind: str, n: int, l1: int, trial: int, res: dict[str, Any], reg: Regis
         checks = {
             "committed_all": loaded == n,
             "hash_ok": res.get("hash_ok") is True,
-            "l1_peak_at_most_rws": 0 < row["l1_peak_bytes"] <= rws,
+            # L1 = B: never more than the budget, in whole windows' worth of chunks.
+            "l1_peak_at_most_budget": 0 < row["l1_peak_bytes"] <= l1,
+            "l1_peak_whole_chunks": rws > 0 and row["l1_peak_bytes"] % reg.bytes_per_chunk == 0,
         }
     elif l1 >= whole:
         checks = {"loaded_all": loaded == n, "hash_ok": res.get("hash_ok") is True}
@@ -257,6 +260,7 @@ def run_peer(
     below_rung: Sequence[int] = (),
     trials: int = 1,
     deadline_s: float = 10.0,
+    bsr_windows: int = 2,
     salt: int | None = None,
     model: dict[str, Any] | None = None,
     workdir: Path,
@@ -274,9 +278,12 @@ def run_peer(
         raise CapacityError(f"every prefix must hold at least one {reg.chunk_size}-token chunk")
     salt = ex.new_salt() if salt is None else salt
     run_id = ex.new_run_id("peer")
-    started_at, t_start = ex._now(), time.monotonic()
+    started_at, t_start = ex.now(), time.monotonic()
     machine = ex.machine_info()
     rws = w * reg.bytes_per_chunk
+    if bsr_windows < 1:
+        raise CapacityError("bsr's L1 must hold at least one window (bsr_windows >= 1)")
+    budget = bsr_windows * rws  # bsr's L1: B
     largest = tokens[-1] * reg.bytes_per_token
     rows: list[dict[str, Any]] = []
     interrupted_by: str | None = None
@@ -338,9 +345,9 @@ def run_peer(
                         None,
                     )
                 )
-                res = runner.run({"mode": "bsr", "tokens": n, "l1_bytes": rws, "W": w}, reg)
-                add(_row("bsr", n, rws, trial, res, reg, w))
-            for l1 in sorted({*below_rung, rws}):
+                res = runner.run({"mode": "bsr", "tokens": n, "l1_bytes": budget, "W": w}, reg)
+                add(_row("bsr", n, budget, trial, res, reg, w))
+            for l1 in sorted({*below_rung, budget}):
                 if l1 < whole:
                     res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": l1}, reg)
                     add(_row("stock", n, l1, 0, res, reg, None))
@@ -364,7 +371,7 @@ def run_peer(
         "salt": salt,
         "bsr_version": _version(),
         "started_at": started_at,
-        "finished_at": ex._now(),
+        "finished_at": ex.now(),
         "elapsed_s": round(time.monotonic() - t_start, 3),
         "registration": ex.registration_identity(reg),
         "engine": {
@@ -376,8 +383,8 @@ def run_peer(
                 "registration": reg.identity,
                 "chunk_size": reg.chunk_size,
                 "tiers": ["mooncake"],
-                "pool_bytes": rws,
-                "budget_bytes": rws,
+                "pool_bytes": budget,
+                "budget_bytes": budget,
                 "lmcache_python": _shown(python),
             },
         },
@@ -388,7 +395,9 @@ def run_peer(
             "tp": tp,
             "trials": trials,
             "deadline_s": deadline_s,
-            "below_rung_l1_bytes": sorted({*below_rung, rws}),
+            "below_rung_l1_bytes": sorted({*below_rung, budget}),
+            "bsr_windows": bsr_windows,
+            "bsr_l1_bytes": budget,
             "model": model_cfg,
             "rws_bytes": rws,
         },

@@ -6,8 +6,8 @@ else. Supported: LMCache 0.5.6 (the release the CPU tests run against). Any othe
 message naming the supported one; set ``BSR_LMCACHE_ANY_VERSION=1`` to try anyway at your own risk.
 
 Besides the imports, this module holds the few places where the plugin reaches into LMCache internals (each one
-says why): the CPU paged connector, the L1 peak tracker, probe-only presence per backend, the per-window block
-mapping, and the crash guards (destroy before exit, wait for remote puts).
+says why): the CPU paged connector, the L1 peak tracker, probe-only presence per backend, the windowed retrieve's
+pieces, and the crash guards (destroy before exit, wait for remote puts).
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 
 import contextlib
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -91,6 +94,34 @@ def build_engine(
     return eng
 
 
+TRANSFER_NICE = 10
+
+
+def lower_transfer_priority(eng: LMCacheEngine, nice: int = TRANSFER_NICE) -> bool:
+    """Run the storage loop's blocking transfer calls on threads at lower priority (Linux).
+
+    LMCache's Mooncake connector runs each ``batch_get_into``/``batch_put_from`` through ``asyncio.to_thread``,
+    i.e. on the storage event loop's default executor, and this Mooncake build has no event-driven completion: the
+    calling thread polls for its transfer in a loop. On a few cores that poll competes with the transfer itself and
+    with the install copy. bsr's own Mooncake tier runs its data calls at nice 10 for the same reason
+    (bsr_cli/tiers/mooncake.py); this gives the loop a default executor whose threads do the same. Mooncake's own
+    transfer threads (started at setup) keep their priority. bsr's restore calls it (once per engine); stock
+    LMCache's retrieve, measured beside it by ``bsr bench peer``, runs without it. True when applied."""
+    loop = getattr(getattr(eng, "storage_manager", None), "loop", None)
+    if loop is None or not sys.platform.startswith("linux"):
+        return False
+    if getattr(loop, "_bsr_transfer_nice", None) == nice:
+        return True
+
+    def lower() -> None:
+        with contextlib.suppress(OSError):  # not permitted here: the threads keep the normal priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="bsr-lmc-transfer", initializer=lower))
+    loop._bsr_transfer_nice = nice  # type: ignore[attr-defined]
+    return True
+
+
 def destroy_engine(instance_id: str) -> None:
     """Required before the process exits: LMCache's storage event-loop thread is not a daemon (the interpreter
     would never exit otherwise)."""
@@ -149,37 +180,47 @@ def pinned_state(eng: LMCacheEngine, keys: Sequence[Any]) -> dict[str, Any]:
 
 
 # -- retrieve and store ----------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def block_mapping_override(eng: LMCacheEngine, choose: Callable[[int], str]) -> Iterator[None]:
-    """Make LMCache read each chunk of the next retrieve from the backend ``choose(start_token)`` names.
-
-    Stock ``get_block_mapping`` splits a plan greedily by prefix across backends (CPU, disk, remote) and counts a
-    dead master's -900 as a hit; bsr's coordinator has already chosen a tier per chunk from the probe bitmap (with
-    force-local exclusions), so the retrieve must follow that choice. Instance attribute, restored on exit; the
-    caller holds the rank's engine lock, so no other retrieve sees it."""
-    sm = eng.storage_manager
-
-    def mapping(chunk_infos: list[tuple[Any, int, int]]) -> dict[str, list[tuple[Any, int, int]]]:
-        out: dict[str, list[tuple[Any, int, int]]] = {}
-        for info in chunk_infos:
-            out.setdefault(choose(info[1]), []).append(info)
+# bsr's windowed retrieve drives the pieces of LMCache's own ``retrieve`` itself, so that the prefix's keys are
+# computed once per request instead of once per window (``retrieve(tokens[:end], mask)`` turns the whole prefix up
+# to the window's end into a tensor and re-hashes its chunk chain each time: K*N work instead of N), and so that
+# one window's fetch can run while the previous one installs. The pieces are the ones ``retrieve`` calls in 0.5.6:
+# the token database's keys, ``StorageManager.batched_get`` per backend, the connector's ``batched_to_gpu`` and
+# ``ref_count_down`` on every memory object it got.
+def fetch_window(eng: LMCacheEngine, keys: Sequence[Any], locations: Sequence[str]) -> list[Any | None]:
+    """The memory objects (in L1) of one window's chunks, each read from the backend ``locations`` names for it:
+    one batched get per backend, as LMCache's retrieve issues. None where a chunk did not arrive (a missing object,
+    a failed transfer, an unknown location such as FAULT_LOCATION). Nothing is left allocated on an exception."""
+    out: list[Any | None] = [None] * len(keys)
+    if not eng.is_healthy():
         return out
-
-    sm.get_block_mapping = mapping
+    by_location: dict[str, list[int]] = {}
+    for i, loc in enumerate(locations):
+        by_location.setdefault(loc, []).append(i)
     try:
-        yield
-    finally:
-        with contextlib.suppress(AttributeError):
-            del sm.get_block_mapping
+        for loc, idx in by_location.items():
+            got = eng.storage_manager.batched_get(keys=[keys[i] for i in idx], location=loc)
+            for i, obj in zip(idx, got, strict=True):
+                out[i] = obj
+    except BaseException:
+        release_objects(out)
+        raise
+    return out
 
 
-def masked_retrieve(eng: LMCacheEngine, tokens: Sequence[int], start: int, end: int, **kwargs: Any) -> torch.Tensor:
-    """LMCache's masked retrieve of window [start, end): tokens[:end] with the first ``start`` masked out.
-    Returns LMCache's mask of the tokens it loaded (length ``end``)."""
-    toks = torch.tensor(list(tokens[:end]), dtype=torch.long)
-    mask = torch.ones(end, dtype=torch.bool)
-    mask[:start] = False
-    return eng.retrieve(toks, mask=mask, **kwargs)
+@torch.inference_mode()
+def install_window(
+    eng: LMCacheEngine, objs: Sequence[Any], starts: Sequence[int], ends: Sequence[int], **kwargs: Any
+) -> None:
+    """Copy fetched memory objects into the destination KV through the engine's connector (``batched_to_gpu``,
+    as LMCache's retrieve does; ``kwargs`` carry its ``kvcaches`` and ``slot_mapping``)."""
+    eng.gpu_connector.batched_to_gpu(list(objs), list(starts), list(ends), **kwargs)
+
+
+def release_objects(objs: Sequence[Any | None]) -> None:
+    """Give fetched memory objects back to L1 (LMCache's retrieve does the same after its install)."""
+    for obj in objs:
+        if obj is not None:
+            obj.ref_count_down()
 
 
 def stock_retrieve(eng: LMCacheEngine, tokens: Sequence[int], **kwargs: Any) -> torch.Tensor:
@@ -293,11 +334,19 @@ class CPUPagedConnector(PerChunkBatches, GPUConnectorInterface):
             memory_obj.tensor[:, layer].copy_(t.permute(1, 0, 2, 3).reshape(2, end - start, -1))
 
     def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
+        """One pass over the object's bytes per layer. When the chunk's rows form one run (its blocks allocated
+        consecutively, the usual case) a strided copy into that slice of rows (memcpy speed, ~4x the indexed
+        copy here); otherwise the indexed copy, reading the permuted view directly (no contiguous temporary)."""
         rows = kwargs["slot_mapping"][start:end]
         n = end - start
+        first = int(rows[0]) if n else 0
+        run = n > 0 and int(rows[-1]) - first == n - 1 and bool((rows.diff() == 1).all())
         for layer, kv in enumerate(kwargs["kvcaches"]):
             src = memory_obj.tensor[:, layer].reshape(2, n, self.heads, self.head_size).permute(1, 0, 2, 3)
-            kv.index_copy_(0, rows, src.contiguous())
+            if run:
+                kv[first : first + n].copy_(src)
+            else:
+                kv.index_copy_(0, rows, src)
         self.installs.append((start, end))
 
 
@@ -349,16 +398,18 @@ __all__ = [
     "GPUConnectorInterface",
     "PeakTracker",
     "PerChunkBatches",
-    "block_mapping_override",
     "build_engine",
     "chunk_keys",
     "destroy_engine",
     "disable_hot_cache",
     "disk_contains",
+    "fetch_window",
     "gpu_connector_factory",
+    "install_window",
     "lookup_rpc",
-    "masked_retrieve",
+    "lower_transfer_priority",
     "mooncake_store",
+    "release_objects",
     "remote_exists",
     "stock_retrieve",
     "store",

@@ -13,6 +13,9 @@ Every case runs in its own process: LMCache's retrieve below its L1 rung busy-wa
 storage event loop, so after ``blocking_timeout_secs`` it returns 0 tokens and leaves that thread spinning; such a
 process is ended with ``os._exit`` after reporting (the parent kills it if even that does not happen in time).
 
+With ``BSR_PEER_PROFILE=<dir>`` the stock and bsr cases write a cProfile of their operation there (for finding
+where CPU goes; the profiler inflates the times, so a profiled run's numbers are not a measurement).
+
 Measured, not predicted: L1 peak bytes (the allocator's high-water, ``PeakTracker``), CPU seconds of this process
 and of the Mooncake master and segment holder (``/proc/<pid>/stat``) around the operation only, and the CPU
 seconds spent installing into the destination KV (thread CPU time inside the connector's copy).
@@ -385,7 +388,20 @@ def run_case(case: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             prefault(host.rank(r))
         meter = CpuMeter({k: int(v) for k, v in (case.get("watch_pids") or {}).items()})
         mode = case["mode"]
-        if mode == "store":
+        profile_dir = os.environ.get("BSR_PEER_PROFILE")
+        if profile_dir and mode in ("bsr", "stock"):
+            # A cProfile of the measured operation, for finding where CPU goes (times are inflated by the profiler).
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+            try:
+                res = run_bsr(host, case, meter, install) if mode == "bsr" else run_stock(host, case, meter, install)
+            finally:
+                prof.disable()
+                prof.dump_stats(str(Path(profile_dir) / f"{mode}-{case['tokens']}-{os.getpid()}.prof"))
+            clean = not res.get("timed_out")
+        elif mode == "store":
             res = run_store(host, case)
         elif mode == "bsr":
             res = run_bsr(host, case, meter, install)

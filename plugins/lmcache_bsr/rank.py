@@ -16,8 +16,10 @@ bsr's Coordinator drives it unchanged; ``ThreadRank`` runs its typed requests on
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -26,6 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from bsr_cli.api.jobs import ObjectRef
 from bsr_cli.api.ranks import (
     ProbeRequest,
     ProbeResult,
@@ -67,7 +70,10 @@ from .tokens import TokenRegistry, full_chunks
 Emit = Callable[[dict[str, Any]], None]
 R = TypeVar("R")
 VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a full segment never gets there
-RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache retrieve may take to end
+# A window's fetch as this many concurrent batched gets (contiguous parts of the window): LMCache's Mooncake
+# connector runs each get on its own thread, so the parts' transfers overlap each other's per-call latency.
+FETCH_STREAMS = 2
+RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache fetch may take to end
 
 
 class LMCacheRank(KVOps):
@@ -144,13 +150,13 @@ class LMCacheRank(KVOps):
         self.tiers = {name for name, be in lm.TIER_BACKENDS.items() if be in lm.backends(self.engine)}
         self.tiers.discard("cpu")  # L1 is staging only (hot cache off), never a tier
         self.budget_bytes = budget_bytes or self.tracker.heap_bytes
-        self.lock = threading.Lock()  # one LMCache retrieve/store at a time on this rank: B = one window
+        self.lock = threading.Lock()  # one request's windows (or one store) at a time on this rank's LMCache
         self._waiters = 0  # threads waiting for ``lock`` (counted under ``_count_lock``: += is not atomic)
         self._count_lock = threading.Lock()
         self._windows_live = 0
         self._aborts: dict[str, threading.Event] = {}
         self._written: set[str] = set()  # remote keys this rank stored: waited for before destroy
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-lmc-io{rank}")
+        self._io = ThreadPoolExecutor(max_workers=FETCH_STREAMS, thread_name_prefix=f"bsr-lmc-io{rank}")
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -177,13 +183,7 @@ class LMCacheRank(KVOps):
 
     @contextlib.contextmanager
     def _engine_lock(self) -> Any:
-        with self._count_lock:
-            self._waiters += 1
-        try:
-            self.lock.acquire()
-        finally:
-            with self._count_lock:
-                self._waiters -= 1
+        self._acquire()
         try:
             yield
         finally:
@@ -289,17 +289,21 @@ class LMCacheRank(KVOps):
         request = job.request_id
         abort = self._aborts.setdefault(request, threading.Event())
         windows = list(job.windows)
-        objs = list(job.objects[self.group])
-        tokens: tuple[int, ...] = ()
+        objs: list[ObjectRef] = []
+        keys: list[Any] = []  # LMCache's key of every planned chunk, computed once for the request
         slots: list[torch.Tensor] = []
         faults = [f for f in job.faults if f.applies_to_rank(self.rank)]
         fired: set[int] = set()
         cs = self.reg.chunk_size
         first = windows[0].index if windows else 0
         bounded = job.w > 0
+        timeout_s = float(job.fetch_timeout_s)
+        # Fetches issued and not yet consumed, in window order: (window position, issue time, future).
+        ahead: deque[tuple[int, float, list[Future[list[Any]]]]] = deque()
+        held = [False]  # this restore holds the engine lock (across windows while a fetch runs ahead)
 
         def prepare() -> None:
-            nonlocal tokens
+            objs.extend(job.objects[self.group])
             if not windows:
                 return
             end_tokens = windows[-1].token_end
@@ -307,68 +311,121 @@ class LMCacheRank(KVOps):
             tokens = self.registry.tokens_for_hash(parse_key(objs[-1].key)[3])
             if len(tokens) < end_tokens or end_tokens % cs:
                 raise RestoreFailed(f"plan covers {end_tokens} tokens; only full chunks can come from LMCache", None)
+            keys.extend(self.keys(tokens[:end_tokens]))
+            lm.lower_transfer_priority(self.engine)  # once per engine: the transfer's completion poll yields
             slots.append(self.slots(list(job.block_tables[self.group]), end_tokens))
 
+        def window_bytes(win: WindowJob) -> int:
+            return (win.chunk_end - win.chunk_start) * self.chunk_bytes
+
+        def issue(pos: int) -> None:
+            win = windows[pos]
+            hits = window_faults(faults, self.rank, win.index, first, KINDS, self.group)
+            down = {t for f in hits for t in f.tiers_affected()}
+            # The coordinator chose a tier per chunk from the probe bitmap (force-local exclusions included); an
+            # injected "tier down" reads from a location no backend has, LMCache's own failure path.
+            locations = [
+                lm.FAULT_LOCATION if objs[c].tier in down else lm.TIER_BACKENDS.get(objs[c].tier, lm.FAULT_LOCATION)
+                for c in range(win.chunk_start, win.chunk_end)
+            ]
+            n = win.chunk_end - win.chunk_start
+            cuts = sorted({n * i // FETCH_STREAMS for i in range(FETCH_STREAMS + 1)})
+            futs = [
+                self._io.submit(
+                    lm.fetch_window, self.engine, keys[win.chunk_start + a : win.chunk_start + b], locations[a:b]
+                )
+                for a, b in itertools.pairwise(cuts)
+            ]
+            ahead.append((pos, time.monotonic(), futs))
+
+        def may_run_ahead(pos: int) -> bool:
+            # The next window's fetch overlaps this window's install when the budget holds both (B >= 2 windows);
+            # with B = RWS(W) only one window is ever live, the paper's serialized restore.
+            if not bounded or pos + 1 >= len(windows):
+                return False
+            return window_bytes(windows[pos]) + window_bytes(windows[pos + 1]) <= self.budget_bytes
+
         def step(win: WindowJob, out: RankOutcome) -> int:
+            pos = out.windows_done  # run_windows steps through the windows in order
             idx, s, e = win.index, win.token_start, win.token_end
-            n_chunks = win.chunk_end - win.chunk_start
-            if bounded and n_chunks * self.chunk_bytes > self.budget_bytes:
+            nbytes = window_bytes(win)
+            if bounded and nbytes > self.budget_bytes:
                 raise CapacityError(
-                    f"a window of {n_chunks} chunks needs {n_chunks * self.chunk_bytes:,} bytes of L1; "
+                    f"a window of {win.chunk_end - win.chunk_start} chunks needs {nbytes:,} bytes of L1; "
                     f"the budget is {self.budget_bytes:,}"
                 )
             hits = window_faults(faults, self.rank, idx, first, KINDS, self.group)
-            down = {t for f in hits for t in f.tiers_affected()}
             fired.update(f.id for f in hits)
             if any(f.kind == "timeout" for f in hits):
                 # The injected stall: nothing arrives before the deadline (an abort cuts it short).
-                if abort.wait(job.fetch_timeout_s):
+                if abort.wait(timeout_s):
                     raise RestoreFailed("aborted by the operator", idx, kind=failures.ABORTED)
-                raise RestoreFailed(f"timeout: window {idx} did not arrive within {job.fetch_timeout_s}s", idx)
-
-            def choose(start: int, _down: set[str] = down) -> str:
-                tier = objs[start // cs].tier
-                if tier in _down:
-                    return lm.FAULT_LOCATION
-                return lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
-
+                raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx)
             t0 = time.monotonic()
-            if self.lock.locked():
-                # Another request's window holds LMCache: waiting for it is admission, not a stall.
-                self.emit({"type": "window_waiting", "request": request, "rank": self.rank, "window": idx})
-            with self._engine_lock():
-                self._windows_live = 1
-                self.tracker.mark()
-                try:
-                    with lm.block_mapping_override(self.engine, choose):
-                        ret = self._retrieve_with_deadline(tokens, s, e, slots[0][:e], job.fetch_timeout_s, idx)
-                finally:
-                    self._windows_live = 0
-                out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
-            out.fetch_seconds += time.monotonic() - t0
-            got = int(ret[s:e].sum())
-            tiers = sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)})
-            if got != e - s:
-                raise RestoreFailed(
-                    f"LMCache loaded {got} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})", idx
+            if not held[0]:
+                if self.lock.locked():
+                    # Another request's window holds LMCache: waiting for it is admission, not a stall.
+                    self.emit({"type": "window_waiting", "request": request, "rank": self.rank, "window": idx})
+                self._acquire()
+                held[0] = True
+            self.tracker.mark()
+            if not ahead:
+                issue(pos)
+            _, issued_at, futs = ahead[0]
+            got = self._await_fetch(futs, issued_at, timeout_s, idx)
+            ahead.popleft()
+            try:
+                out.fetch_seconds += time.monotonic() - t0
+                loaded = sum(cs for o in got if o is not None)
+                if loaded != e - s:
+                    tiers = sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)})
+                    raise RestoreFailed(
+                        f"LMCache loaded {loaded} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})", idx
+                    )
+                self.emit(
+                    {
+                        "type": "window_fetched",
+                        "request": request,
+                        "rank": self.rank,
+                        "window": idx,
+                        "bytes": nbytes,
+                        "seconds": time.monotonic() - t0,
+                        "tiers": sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)}),
+                        "pool": self.pool_stats(),
+                    }
                 )
-            nbytes = n_chunks * self.chunk_bytes
-            # LMCache retrieves straight into the destination KV: this fetch's seconds include the install.
-            self.emit(
-                {
-                    "type": "window_fetched",
-                    "request": request,
-                    "rank": self.rank,
-                    "window": idx,
-                    "bytes": nbytes,
-                    "seconds": time.monotonic() - t0,
-                    "tiers": tiers,
-                    "pool": self.pool_stats(),
-                }
-            )
+                if may_run_ahead(pos):
+                    issue(pos + 1)
+                self._windows_live = 1 + len(ahead)
+                t1 = time.monotonic()
+                starts = list(range(s, e, cs))
+                lm.install_window(
+                    self.engine, got, starts, [x + cs for x in starts], kvcaches=self.kvcaches, slot_mapping=slots[0]
+                )
+                out.install_seconds += time.monotonic() - t1
+            finally:
+                lm.release_objects(got)
+                out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
             if any(f.kind == "restore-fault" for f in hits):
                 raise RestoreFailed(f"injected restore fault while installing group {self.group}", idx)
+            if not ahead:
+                self._windows_live = 0
+                held[0] = False
+                self.lock.release()
             return nbytes
+
+        def cleanup() -> None:
+            # A fetch issued ahead may still run: wait for it (with a grace) and give its objects back to L1, then
+            # let the next request in. Fetches only fill L1; nothing here writes the destination blocks.
+            while ahead:
+                _, _, futs = ahead.popleft()
+                for fut in futs:
+                    with contextlib.suppress(Exception):  # its failure is already subsumed by ours
+                        lm.release_objects(fut.result(timeout=RETRIEVE_GRACE_S))
+            self._windows_live = 0
+            if held[0]:
+                held[0] = False
+                self.lock.release()
 
         try:
             return run_windows(
@@ -382,31 +439,40 @@ class LMCacheRank(KVOps):
                 emit=self.emit,
                 pool_stats=self.pool_stats,
                 prepare=prepare,
+                cleanup=cleanup,
                 fired=fired,
             )
         finally:
             self._aborts.pop(request, None)
 
-    def _retrieve_with_deadline(
-        self, tokens: tuple[int, ...], s: int, e: int, slots: torch.Tensor, timeout_s: float, idx: int
-    ) -> torch.Tensor:
-        """LMCache's retrieve has no deadline of its own: run it aside and wait for it with one. A late one is
-        still awaited (it writes into the blocks) before the caller invalidates them."""
-        fut: Future[torch.Tensor] = self._io.submit(
-            lm.masked_retrieve, self.engine, tokens, s, e, kvcaches=self.kvcaches, slot_mapping=slots
-        )
+    def _acquire(self) -> None:
+        with self._count_lock:
+            self._waiters += 1
         try:
-            return fut.result(timeout=timeout_s)
+            self.lock.acquire()
+        finally:
+            with self._count_lock:
+                self._waiters -= 1
+
+    def _await_fetch(self, futs: list[Future[list[Any]]], issued_at: float, timeout_s: float, idx: int) -> list[Any]:
+        """LMCache's get has no deadline of its own: a window's fetch runs aside and is waited for with one, counted
+        from its issue. On a failure the parts taken are given back at once; the rest stay in ``futs`` (the window's
+        entry ahead) for cleanup, which waits for them and gives their objects back."""
+        got: list[Any] = []
+        taken = 0
+        try:
+            for fut in futs:
+                got.extend(fut.result(timeout=max(0.0, issued_at + timeout_s - time.monotonic())))
+                taken += 1
         except FutureTimeout:
-            try:
-                fut.result(timeout=RETRIEVE_GRACE_S)
-            except FutureTimeout:
-                raise RestoreFailed(
-                    f"timeout: window {idx} still running {RETRIEVE_GRACE_S:g}s past its deadline", idx
-                ) from None
-            except Exception:  # noqa: BLE001 - it is failed by the timeout either way
-                pass
+            lm.release_objects(got)
+            del futs[:taken]
             raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx) from None
+        except BaseException:
+            lm.release_objects(got)
+            del futs[: taken + 1]  # the part that raised gave its own objects back
+            raise
+        return got
 
     def stats(self, req: StatsRequest) -> StatsResult:
         tiers: dict[str, TierStatus] | None = None

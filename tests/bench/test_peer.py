@@ -72,6 +72,11 @@ def test_summary_ratios_and_targets_from_one_run() -> None:
         "bsr commits where stock LMCache returns 0 tokens": True,
         "CPU seconds per GB restored": True,
     }
-    # A bsr restore whose L1 peak exceeds its window fails its row, whatever its speed.
+    # A bsr restore whose L1 peak exceeds its budget (its case's L1) fails its row, whatever its speed.
     over = pe._row("bsr", n, w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
-    assert over["status"] == "fail" and over["checks"]["l1_peak_at_most_rws"] is False
+    assert over["status"] == "fail" and over["checks"]["l1_peak_at_most_budget"] is False
+    # Two windows within a budget of two pass; a peak that is not whole chunks does not.
+    two = pe._row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
+    assert two["status"] == "pass"
+    odd = pe._row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK - 4096, 1.0), REG, w)
+    assert odd["status"] == "fail" and odd["checks"]["l1_peak_whole_chunks"] is False

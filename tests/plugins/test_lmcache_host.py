@@ -139,16 +139,31 @@ def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services
     c = host.coordinator
     toks = _stored_prompt(host, seed=12, n_tokens=CHUNKS * CS)
     peaks: dict[str, int] = {}
-    for tier, exclude in (("mooncake", ["fs"]), ("fs", ["mooncake"])):
-        c.reset_peak()
-        res = c.restore(toks, w=W, exclude=exclude)
+    # B = RWS(W): one window live, serialized. B = 2 RWS(W): the next window's fetch runs during this one's
+    # install, so two windows are live at the peak (the next one's objects allocated while this one's are held),
+    # never more.
+    for tier, exclude, budget in (
+        ("mooncake", ["fs"], W * CHUNK_BYTES),
+        ("fs", ["mooncake"], W * CHUNK_BYTES),
+        ("mooncake", ["fs"], 2 * W * CHUNK_BYTES),
+        ("fs", ["mooncake"], 2 * W * CHUNK_BYTES),
+    ):
+        try:
+            for r in (0, 1):
+                host.rank(r).op_set_budget(budget)
+            c.reset_peak()
+            res = c.restore(toks, w=W, exclude=exclude)
+        finally:
+            for r in (0, 1):
+                host.rank(r).op_set_budget(host.rank(r).tracker.heap_bytes)
         assert res["outcome"] == "committed" and res["committed_tokens"] == CHUNKS * CS, res.get("failures")
         assert res["tiers"] == [tier] and res["windows"] == CHUNKS // W
         assert res["hash_ok"] is True  # SHA-256 of every installed byte equals the canonical KV: bit-exact
         for o in res["ranks"]:
-            assert o["peak_live_bytes"] == W * CHUNK_BYTES, (tier, o)
+            assert o["peak_live_bytes"] == budget, (tier, budget, o)
+            assert o["windows_done"] == CHUNKS // W and o["install_seconds"] > 0
         peaks[tier] = max(p["pool"]["peak_bytes"] for p in c.pool())
-        assert peaks[tier] == W * CHUNK_BYTES
+        assert peaks[tier] == budget
 
     # Stock LMCache retrieve of the same prefix on rank 0: the whole plan staged in L1 at once. Bit-exact too.
     rk = host.rank(0)
@@ -215,6 +230,42 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
     again = c.submit(toks, w=W)
     assert again["external_tokens"] == CHUNKS * CS and again["source"] == "fs" and again["hash_ok"] is True
     assert again["force_local"]["cleared"] is True and c.markers == {}
+
+
+@pytest.mark.timeout(180)
+def test_a_fetch_part_that_raises_fails_closed_and_gives_l1_back(
+    stack: tuple[services.ServiceHandle, LMCacheHost], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, host = stack
+    c = host.coordinator
+    toks = _stored_prompt(host, seed=16, n_tokens=CHUNKS * CS)
+    orig = lm.fetch_window
+    broken = host.rank(1).keys(toks)[2 * W + 1]  # rank 1, window 2, its second fetch part
+
+    def flaky(eng: Any, keys: Any, locations: Any) -> Any:
+        # That part raises; its sibling part (and the next window's fetch, issued ahead) have already taken L1
+        # memory that must come back.
+        if eng is host.rank(1).engine and keys and keys[0] == broken:
+            raise RuntimeError("transfer broke mid-window")
+        return orig(eng, keys, locations)
+
+    for r in (0, 1):
+        host.rank(r).op_set_budget(2 * W * CHUNK_BYTES)  # B = 2 RWS: a fetch runs ahead
+    try:
+        monkeypatch.setattr(lm, "fetch_window", flaky)
+        res = c.restore(toks, w=W, exclude=["fs"])
+        monkeypatch.setattr(lm, "fetch_window", orig)
+        assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+        assert [(f["rank"], f["window"]) for f in res["failures"]] == [(1, None)]
+        assert "transfer broke mid-window" in res["failures"][0]["reason"]
+        for r in (0, 1):
+            assert host.rank(r).tracker.live == 0, r  # every fetched object given back to L1
+        again = c.restore(toks, w=W, exclude=["fs"])
+        assert again["outcome"] == "committed" and again["hash_ok"] is True
+    finally:
+        c.clear_markers()  # the failure marked mooncake for this prompt; the stack is shared by the module
+        for r in (0, 1):
+            host.rank(r).op_set_budget(host.rank(r).tracker.heap_bytes)
 
 
 def test_a_window_over_the_budget_is_capacity_and_blames_no_tier(

@@ -382,6 +382,39 @@ def render_failures(console: Console, d: dict[str, Any]) -> None:
     _footer(console, d)
 
 
+def render_cpu_bound(console: Console, d: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    s = d["summary"]
+    console.print(
+        f"baselines: memcpy {s['memcpy']['gbps']} GB/s ({s['memcpy']['cpu_s_per_gb']} CPU s/GB), "
+        f"CRC32C {s['crc32c']['gbps']} GB/s ({s['crc32c']['cpu_s_per_gb']} CPU s/GB); {s['cores']:g} cores, "
+        f"{s.get('free_cores', s['cores']):g} free at the start"
+    )
+    t = Table(
+        title=f"{d['run_id']}: restore from a memory tier, {d['params']['tokens']:,} tokens, W={d['params']['W']}"
+    )
+    for col in ("B", "GB/s", "CPU s/GB", "fetch", "verify", "install", "other", "predicted GB/s", "measured/pred."):
+        t.add_column(col, justify="right")
+    for bw, b in s["by_budget_windows"].items():
+        c = b["stage_cpu_s_per_gb"]
+        t.add_row(
+            f"{bw}·RWS",
+            str(b["gbps"]),
+            str(b["cpu_s_per_gb"]),
+            *(str(c[k]) for k in ("fetch", "verify", "install", "other")),
+            str(b["predicted_gbps"]),
+            str(b["measured_over_predicted"]),
+        )
+    console.print(t)
+    for bw, b in s["by_budget_windows"].items():
+        model = ", ".join(
+            f"{m['transport_gbps']:g} GB/s → {m['sustained_gbps']} GB/s ({m['cores_needed']} cores)"
+            for m in b["rdma_model"]
+        )
+        console.print(f"{bw}·RWS, RDMA model per rank: {model}")
+
+
 TABLES: dict[str, Callable[[Console, dict[str, Any]], None]] = {
     "sweep": render_sweep,
     "ladder": render_ladder,
@@ -390,6 +423,7 @@ TABLES: dict[str, Callable[[Console, dict[str, Any]], None]] = {
     "store": render_store,
     "failures": render_failures,
     "peer": render_peer,
+    "cpu-bound": render_cpu_bound,
 }
 """Each experiment's table, by the bundle's ``experiment``: a new experiment adds its renderer here."""
 

@@ -291,6 +291,10 @@ def peer(
     deadline: Annotated[
         float, typer.Option("--deadline", help="LMCache's blocking timeout for a retrieve, seconds.", min=1)
     ] = 10.0,
+    bsr_windows: Annotated[
+        int,
+        typer.Option("--bsr-windows", help="bsr's L1 in windows: 2 overlaps fetch and install, 1 serializes.", min=1),
+    ] = 2,
     out: OutOpt = DEFAULT_OUT,
     salt: SaltOpt = None,
     no_plots: NoPlotsOpt = False,
@@ -315,6 +319,7 @@ def peer(
             below_rung=extra,
             trials=trials,
             deadline_s=deadline,
+            bsr_windows=bsr_windows,
             salt=salt,
             workdir=Path(tmp),
             on_row=row_note(st, "peer"),

@@ -1,0 +1,413 @@
+"""`bsr bench cpu-bound`: bsr's restore runtime made CPU-bound on purpose, its CPU cost per stage, and the model of
+what it sustains at RDMA speeds.
+
+Over TCP on loopback the transport (~1 GB/s here) hides bsr's own CPU passes. At the paper's 10.3 GB/s RDMA per
+rank they decide the speed. This experiment measures them where nothing else is the limit: the runtime's real
+``RankRestorer`` (pool leases, completeness check, CRC32C verify, install, release, fail-closed loop) restores into
+a real torch ``PagedKV`` from a tier that serves every object from memory.
+
+That tier (``MemoryTier``) is the only stand-in, and it is one on purpose: a transport that costs one memcpy per
+byte and no waiting, so the run is CPU-bound. Its copy runs on the runtime's fetch threads and releases the GIL, as
+a real transport's receive would. On RDMA the NIC writes the staging buffer and that copy costs the CPU nothing; the
+model below therefore counts it separately.
+
+Per window the stages are timed in thread CPU seconds: fetch (the tier's copy), verify (CRC32C over every byte,
+on the runtime's verify thread), install (the copy into the paged KV, on the restore thread); the process's total
+CPU minus the three is per-object and per-window overhead (Python, leases, events). In the same run, interleaved
+with the restores, the same bytes are put through each pass alone (memcpy, CRC32C) as baselines.
+
+The model: with per-GB CPU costs ``c_verify``, ``c_install``, ``c_other`` (and ``c_fetch`` only where the CPU moves
+the bytes), a rank sustains ``min(T, 1 / c_verify, 1 / c_install, cores / c_total)`` GB/s on a transport of ``T``
+GB/s: verify and install each run on one thread, and together they need ``T * c_total`` cores. The loopback check
+predicts this run's own rate from its own stage costs (``c_fetch`` included, with the cores other work left free
+when it started: the machine's less its 1-minute load average, at least one) and reports measured over predicted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
+from bsr_cli.core.plan import windows_for
+from bsr_cli.core.registration import Registration
+from bsr_cli.runtime.tiers import MISSING, StagingSlice, TierHealth
+
+OnRow = Callable[[dict[str, Any]], None]
+TRANSPORTS_GBPS = (1.0, 10.3, 25.0)  # loopback TCP here, the paper's RDMA per rank, a 200 Gb/s NIC
+GB = 1e9
+
+
+class MemoryTier:
+    """A tier that serves every object from process memory (the experiment's transport; see the module doc).
+
+    ``get_into`` copies each payload into its staging slice with ``ctypes.memmove`` (the GIL is released for the
+    copy) and returns the CRC32C stored with it, as every tier does; the runtime verifies it."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.objects: dict[str, tuple[Any, int, int]] = {}  # key -> (buffer, its address, CRC32C)
+        self.cpu_seconds = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, key: str, payload: bytes, crc: int) -> None:
+        buf = ctypes.create_string_buffer(payload, len(payload))
+        self.objects[key] = (buf, ctypes.addressof(buf), crc)
+
+    def health(self) -> TierHealth:
+        return TierHealth(True, f"{len(self.objects)} objects in memory")
+
+    def contains(self, keys: Sequence[str], timeout_s: float) -> list[bool]:
+        return [k in self.objects for k in keys]
+
+    def put(self, keys: Sequence[str], payloads: Sequence[memoryview], checksums: Sequence[int]) -> None:
+        for k, p, c in zip(keys, payloads, checksums, strict=True):
+            self.add(k, bytes(p), c)
+
+    def get_into(
+        self, keys: Sequence[str], dests: Sequence[StagingSlice], timeout_s: float
+    ) -> tuple[list[int], list[int | None]]:
+        t0 = time.thread_time()
+        codes: list[int] = []
+        sums: list[int | None] = []
+        for k, d in zip(keys, dests, strict=True):
+            held = self.objects.get(k)
+            if held is None:
+                codes.append(MISSING)
+                sums.append(None)
+                continue
+            buf, addr, crc = held
+            n = min(len(buf), len(d.view))
+            ctypes.memmove(d.ptr, addr, n)
+            codes.append(n)
+            sums.append(crc)
+        dt = time.thread_time() - t0
+        with self._lock:
+            self.cpu_seconds += dt
+        return codes, sums
+
+    def close(self) -> None:
+        self.objects.clear()
+
+
+class _Meter:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any, **k: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                dt = time.thread_time() - t0
+                with self._lock:
+                    self.seconds += dt
+
+        return run
+
+
+def _cpu_now() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def predict_gbps(costs: dict[str, float], transport_gbps: float | None, cores: float) -> float:
+    """What a rank sustains, GB/s, given per-GB CPU seconds per stage (see the module doc). ``transport_gbps``
+    None: the transport is the CPU copy itself (``costs['fetch']``), as in the loopback run."""
+    total = costs["verify"] + costs["install"] + costs["other"]
+    limits = [1 / costs["verify"], 1 / costs["install"]]
+    if transport_gbps is None:
+        total += costs["fetch"]
+        limits.append(1 / costs["fetch"])
+    else:
+        limits.append(transport_gbps)
+    limits.append(cores / total)
+    return min(limits)
+
+
+def run_cpu_bound(
+    *,
+    reg: Registration,
+    tokens: int,
+    w: int,
+    budget_windows: Sequence[int] = (1, 2),
+    trials: int = 3,
+    salt: int | None = None,
+    cores: float | None = None,
+    on_row: OnRow | None = None,
+) -> dict[str, Any]:
+    """Run the experiment and return its evidence bundle."""
+    import torch
+
+    from bsr_cli.bench import experiments as ex
+    from bsr_cli.runtime.checksum import crc32c, crc32c_at
+    from bsr_cli.runtime.paged_kv import PagedKV
+    from bsr_cli.runtime.pool import RestorePool
+    from bsr_cli.runtime.restore import ObjectRef, RankRestorer, RestoreJob, WindowJob
+
+    salt = ex.new_salt() if salt is None else salt
+    run_id = ex.new_run_id("cpu")
+    started_at, t_start = ex.now(), time.monotonic()
+    machine = ex.machine_info()
+    cores = float(cores or os.cpu_count() or 1)
+    # The cores this run can have: the machine's, less the other work running when it starts (1-minute load).
+    load = machine.get("loadavg") or [0.0]
+    free_cores = max(1.0, min(cores, round(cores - float(load[0]), 2)))
+    cs = reg.chunk_size
+    n = tokens // cs * cs
+    n_chunks = n // cs
+    rank = 0
+    toks = synthetic_tokens(n, seed=salt)
+    hashes = chunk_hashes(toks, cs)[:n_chunks]
+    blocks = {g.name: -(-n // g.block_size) for g in reg.groups}
+    kv = PagedKV(reg, rank, blocks, torch.device("cpu"))
+    tables = {g: list(range(nb)) for g, nb in blocks.items()}
+
+    # The stored objects: the synthetic model's KV of every chunk and group, with its CRC32C.
+    tier = MemoryTier()
+    objects: dict[str, list[ObjectRef]] = {g: [] for g in reg.group_names}
+    for g in reg.group_names:
+        for ch in hashes:
+            payload = kv.synthetic_object(ch, g, cs).numpy().tobytes()
+            key = object_key(reg, rank, g, ch)
+            tier.add(key, payload, crc32c(payload))
+            objects[g].append(ObjectRef(key, tier.name, len(payload)))
+    nbytes = n_chunks * reg.bytes_per_chunk
+    canonical = kv.canonical_hash(hashes, n)
+    windows = [
+        WindowJob(win.index, win.chunk_start, win.chunk_end, win.token_start, win.token_end,
+                  {b.group: (b.start, b.end) for b in win.blocks})
+        for win in windows_for(reg, w, n_chunks, n)
+    ]  # fmt: skip
+
+    # The baselines' buffers: one contiguous copy of every object, and a destination for memcpy.
+    flat = torch.empty(nbytes, dtype=torch.uint8)
+    off = 0
+    for g in reg.group_names:
+        for ref in objects[g]:
+            _buf, addr, _crc = tier.objects[ref.key]
+            ctypes.memmove(flat.data_ptr() + off, addr, ref.size)
+            off += ref.size
+    sink = torch.empty_like(flat).fill_(1)
+
+    offsets, o = {}, 0
+    for g in reg.group_names:
+        offsets[g] = o
+        o += reg.group_bytes_per_chunk(g)
+    pool_tensor = torch.zeros(max(budget_windows) * w * reg.bytes_per_chunk, dtype=torch.uint8)
+    pool_ptr = pool_tensor.data_ptr()
+    pool_view = memoryview((ctypes.c_ubyte * pool_tensor.numel()).from_address(pool_ptr)).cast("B")
+
+    rows: list[dict[str, Any]] = []
+
+    def add(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
+    def baseline(kind: str, fn: Callable[[], object], trial: int) -> None:
+        c0, t0 = _cpu_now(), time.perf_counter()
+        fn()
+        wall, cpu = time.perf_counter() - t0, _cpu_now() - c0
+        add(
+            {
+                "kind": kind,
+                "trial": trial,
+                "bytes": nbytes,
+                "seconds": round(wall, 4),
+                "gbps": round(nbytes / wall / GB, 3),
+                "cpu_s_per_gb": round(cpu / (nbytes / GB), 4),
+                "checks": {},
+                "status": "pass",
+            }
+        )
+
+    def crc_all() -> None:
+        step = reg.bytes_per_chunk
+        for lo in range(0, nbytes, step):
+            crc32c_at(flat.data_ptr() + lo, min(step, nbytes - lo))
+
+    def restore(bw: int, trial: int) -> None:
+        budget = bw * w * reg.bytes_per_chunk
+        pool = RestorePool(pool_ptr, pool_view, reg.bytes_per_chunk, budget)
+        verify, install = _Meter(), _Meter()
+        restorer = RankRestorer(rank, reg.group_names, offsets, pool, {tier.name: tier}, kv, lambda ev: None)
+        restorer._verify = verify.timed(restorer._verify)  # type: ignore[method-assign]
+        restorer._install = install.timed(restorer._install)  # type: ignore[method-assign]
+        kv.invalidate(tables)
+        job = RestoreJob(f"cpu-{bw}-{trial}", w, windows, objects, tables, fetch_timeout_s=60.0, admit_timeout_s=60.0)
+        tier.cpu_seconds = 0.0
+        try:
+            c0, t0 = _cpu_now(), time.perf_counter()
+            out = restorer.restore(job, threading.Event())
+            wall, cpu = time.perf_counter() - t0, _cpu_now() - c0
+        finally:
+            restorer.close()
+        gb = nbytes / GB
+        stages = {"fetch": tier.cpu_seconds, "verify": verify.seconds, "install": install.seconds}
+        stages["other"] = max(0.0, cpu - sum(stages.values()))
+        hash_ok = out.ok and kv.output_hash(tables, n) == canonical
+        add(
+            {
+                "kind": "restore",
+                "trial": trial,
+                "budget_windows": bw,
+                "budget_bytes": budget,
+                "bytes": nbytes,
+                "windows": out.windows_done,
+                "seconds": round(wall, 4),
+                "gbps": round(nbytes / wall / GB, 3),
+                "cpu_s_per_gb": round(cpu / gb, 4),
+                "stage_cpu_s_per_gb": {k: round(v / gb, 4) for k, v in stages.items()},
+                "peak_live_bytes": out.peak_live_bytes,
+                "hash_ok": hash_ok,
+                "checks": {
+                    "committed": out.ok and out.windows_done == len(windows),
+                    "hash_ok": hash_ok,
+                    "peak_at_most_budget": 0 < out.peak_live_bytes <= budget,
+                },
+                "status": "pass" if hash_ok and 0 < out.peak_live_bytes <= budget else "fail",
+                **({} if out.ok else {"reason": out.reason}),
+            }
+        )
+
+    interrupted_by: str | None = None
+    # One torch thread, as each rank process of the embedded engine runs: with torch's intra-op pool a copy's
+    # CPU would land on pool threads that no stage's thread clock sees.
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for trial in range(trials):
+            # Interleaved: each trial runs every baseline and every restore once, back to back.
+            baseline("memcpy", lambda: sink.copy_(flat), trial)
+            baseline("crc32c", crc_all, trial)
+            for bw in budget_windows:
+                restore(bw, trial)
+    except KeyboardInterrupt:
+        interrupted_by = "operator"
+    finally:
+        torch.set_num_threads(torch_threads)
+        tier.close()
+    summary = summarize(rows, cores, free_cores)
+    return {
+        "schema": "bsr.bench/1",
+        "kind": "bsr.bench",
+        "experiment": "cpu-bound",
+        "run_id": run_id,
+        "salt": salt,
+        "started_at": started_at,
+        "finished_at": ex.now(),
+        "elapsed_s": round(time.monotonic() - t_start, 3),
+        "registration": ex.registration_identity(reg),
+        "engine": {
+            "url": "in-process RankRestorer (memory tier)",
+            "embedded": False,
+            "startup_s": None,
+            "info": {
+                "api": "bsr_cli.runtime.restore",
+                "registration": reg.identity,
+                "chunk_size": cs,
+                "tiers": [tier.name],
+                "pool_bytes": pool_tensor.numel(),
+                "budget_bytes": pool_tensor.numel(),
+            },
+        },
+        "machine": machine,
+        "params": {
+            "tokens": n,
+            "W": w,
+            "trials": trials,
+            "budget_windows": list(budget_windows),
+            "cores": cores,
+            "free_cores": free_cores,
+            "torch_threads": 1,
+        },
+        "rows": rows,
+        "summary": summary,
+        "targets": targets(summary),
+        "interrupted": interrupted_by is not None,
+        "interrupted_by": interrupted_by,
+        "ok": interrupted_by is None and all(r["status"] == "pass" for r in rows),
+    }
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return round(statistics.median(xs), 4) if xs else None
+
+
+def summarize(rows: Sequence[dict[str, Any]], cores: float, free_cores: float | None = None) -> dict[str, Any]:
+    """Medians per kind and budget; the loopback check predicts with ``free_cores`` (the cores not busy with other
+    work at the start), the RDMA model with ``cores``."""
+    free = cores if free_cores is None else free_cores
+    out: dict[str, Any] = {"cores": cores, "free_cores": free}
+    for kind in ("memcpy", "crc32c"):
+        rs = [r for r in rows if r["kind"] == kind]
+        out[kind] = {
+            "gbps": _median([r["gbps"] for r in rs]),
+            "gbps_range": [min(r["gbps"] for r in rs), max(r["gbps"] for r in rs)] if rs else None,
+            "cpu_s_per_gb": _median([r["cpu_s_per_gb"] for r in rs]),
+        }
+    by_budget: dict[str, Any] = {}
+    for bw in sorted({r["budget_windows"] for r in rows if r["kind"] == "restore"}):
+        rs = [r for r in rows if r["kind"] == "restore" and r["budget_windows"] == bw and r["status"] == "pass"]
+        if not rs:
+            continue
+        costs = {
+            k: float(_median([r["stage_cpu_s_per_gb"][k] for r in rs]) or 0.0) for k in rs[0]["stage_cpu_s_per_gb"]
+        }
+        measured = float(_median([r["gbps"] for r in rs]) or 0.0)
+        # Serialized (one window live): a window's fetch does not overlap anything but the previous one's verify.
+        predicted = (
+            predict_gbps(costs, None, free)
+            if bw > 1
+            else 1 / (costs["fetch"] + max(costs["verify"], costs["install"]) + costs["other"])
+        )
+        memcpy = out["memcpy"]["cpu_s_per_gb"] or 0.0
+        bsr_cpu = costs["verify"] + costs["install"] + costs["other"]
+        by_budget[str(bw)] = {
+            "gbps": measured,
+            "gbps_range": [min(r["gbps"] for r in rs), max(r["gbps"] for r in rs)],
+            "cpu_s_per_gb": _median([r["cpu_s_per_gb"] for r in rs]),
+            "stage_cpu_s_per_gb": {k: round(v, 4) for k, v in costs.items()},
+            "predicted_gbps": round(predicted, 3),
+            "predicted_gbps_all_cores": round(predict_gbps(costs, None, cores), 3) if bw > 1 else round(predicted, 3),
+            "measured_over_predicted": round(measured / predicted, 3) if predicted else None,
+            # bsr's own CPU per GB (everything but the transport's copy) against one memcpy pass over the bytes.
+            "bsr_cpu_s_per_gb": round(bsr_cpu, 4),
+            "bsr_cpu_in_memcpy_passes": round(bsr_cpu / memcpy, 2) if memcpy else None,
+            "rdma_model": [
+                {
+                    "transport_gbps": t,
+                    "sustained_gbps": round(predict_gbps(costs, t, cores), 2),
+                    "sustained_gbps_one_core": round(predict_gbps(costs, t, 1.0), 2),
+                    "cores_needed": round(min(t, 1 / costs["verify"], 1 / costs["install"]) * bsr_cpu, 2),
+                }
+                for t in TRANSPORTS_GBPS
+            ],
+        }
+    out["by_budget_windows"] = by_budget
+    return out
+
+
+def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    two = summary["by_budget_windows"].get("2") or {}
+    ratio = two.get("measured_over_predicted")
+    return [
+        {
+            "name": "model_checked_against_cpu_bound_run",
+            "target": "the per-stage model predicts the CPU-bound loopback run within 25 %",
+            "measured": f"measured / predicted = {ratio}" if ratio is not None else "no passing restore",
+            "met": None if ratio is None else bool(0.75 <= ratio <= 1.25),
+        }
+    ]
+
+
+__all__ = ["MemoryTier", "predict_gbps", "run_cpu_bound", "summarize", "targets"]
