@@ -150,12 +150,12 @@ def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services
     ):
         try:
             for r in (0, 1):
-                host.rank(r).op_set_budget(budget)
+                host.rank(r).set_budget(SetBudgetRequest(budget))
             c.reset_peak()
             res = c.restore(toks, w=W, exclude=exclude)
         finally:
             for r in (0, 1):
-                host.rank(r).op_set_budget(host.rank(r).tracker.heap_bytes)
+                host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
         assert res["outcome"] == "committed" and res["committed_tokens"] == CHUNKS * CS, res.get("failures")
         assert res["tiers"] == [tier] and res["windows"] == CHUNKS // W
         assert res["hash_ok"] is True  # SHA-256 of every installed byte equals the canonical KV: bit-exact
@@ -250,7 +250,7 @@ def test_a_fetch_part_that_raises_fails_closed_and_gives_l1_back(
         return orig(eng, keys, locations)
 
     for r in (0, 1):
-        host.rank(r).op_set_budget(2 * W * CHUNK_BYTES)  # B = 2 RWS: a fetch runs ahead
+        host.rank(r).set_budget(SetBudgetRequest(2 * W * CHUNK_BYTES))  # B = 2 RWS: a fetch runs ahead
     try:
         monkeypatch.setattr(lm, "fetch_window", flaky)
         res = c.restore(toks, w=W, exclude=["fs"])
@@ -265,7 +265,7 @@ def test_a_fetch_part_that_raises_fails_closed_and_gives_l1_back(
     finally:
         c.clear_markers()  # the failure marked mooncake for this prompt; the stack is shared by the module
         for r in (0, 1):
-            host.rank(r).op_set_budget(host.rank(r).tracker.heap_bytes)
+            host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
 
 
 def test_a_window_over_the_budget_is_capacity_and_blames_no_tier(
