@@ -7,6 +7,9 @@ Clients that only read and write (``MooncakeTier``) hold no data themselves.
 Services are spawned in their own session so they outlive the CLI that started them; a `ServiceHandle` is plain
 data (saved in the engine's state file) and `stop` works from it in a later process. Every wait has a deadline.
 Only the standard library is used: the CLI imports this module on its start-up path.
+
+Over 500 lines on purpose: handles, liveness, stop and the two launchers share one rule (a pid counts only with
+its start time, and only when it owns the ports it should), which is easiest to check in one place.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ Failure behaviour of Mooncake 0.3.13 this module defends against (see docs/ecosy
 Caveat: an abandoned call keeps running in its worker until Mooncake returns. A timed-out ``get_into`` could in
 principle still write its staging slices later (with a dead master the calls block in the master RPC, before
 any data moves); `inflight()` tells whether any abandoned call is still running.
+
+Over 500 lines on purpose: one class, and every call in it goes through the same deadline and master-probe guard.
 """
 
 from __future__ import annotations

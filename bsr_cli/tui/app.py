@@ -5,6 +5,9 @@ Every poll and every operator action runs in a thread worker (harlequin's shape)
 (`SnapshotReceived`, `PollFailed`, `FaultInjected`, ...); handlers on the UI thread fold the snapshot into a new
 immutable `View` and redraw. The next poll is armed only when the previous one has been handled (dolphie), so a slow
 engine makes the display older, never the request queue longer: the status bar shows how old and how slow.
+
+Just over 500 lines on purpose: one App class (polls, replay, drawing, operator actions), whose handlers share its
+state; everything that could stand apart (screens, messages, panels, the model) already does.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ Mooncake transfers) releases the GIL. Inside vLLM each worker process already is
 
 ``LMCacheRank`` serves the rank-ops contract (bsr_cli.api.ranks.RankOps) as bsr_cli/engine/worker.py does, so
 bsr's Coordinator drives it unchanged; ``ThreadRank`` runs its typed requests on threads.
+
+Over 500 lines on purpose: the window step (fetch ahead, check, install, give back to L1) and the lock and
+cleanup that keep it fail-closed must be read together.
 """
 
 from __future__ import annotations

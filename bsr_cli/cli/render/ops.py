@@ -1,4 +1,8 @@
-"""Rich renderers for the live-engine commands (probe, submit, restore, status, faults, drill)."""
+"""Rich renderers for the live-engine commands (probe, submit, restore, status, faults, drill).
+
+Just over 500 lines on purpose: these commands print the same engine answers (bitmaps, per-rank outcomes, pool
+numbers), and their renderers share the helpers that draw them.
+"""
 
 from __future__ import annotations
 
