@@ -1,9 +1,9 @@
 """The `bsr top` Textual app: it renders immutable views and nothing else (its modal screens: screens.py; the
 messages its workers post: messages.py).
 
-Every poll and every operator action runs in a thread worker (harlequin's shape) that posts a past-tense message
+Every poll and every operator action runs in a thread worker that posts a past-tense message
 (`SnapshotReceived`, `PollFailed`, `FaultInjected`, ...); handlers on the UI thread fold the snapshot into a new
-immutable `View` and redraw. The next poll is armed only when the previous one has been handled (dolphie), so a slow
+immutable `View` and redraw. The next poll is armed only when the previous one has been handled, so a slow
 engine makes the display older, never the request queue longer: the status bar shows how old and how slow.
 
 Just over 500 lines on purpose: one App class (polls, replay, drawing, operator actions), whose handlers share its

@@ -1,6 +1,6 @@
 """The top view model: a raw engine snapshot in, an immutable `View` out. Pure data: no rich, no textual, no I/O.
 
-nvitop's shape: whatever collects snapshots hands the UI immutable values, and one view renders two ways
+Whatever collects snapshots hands the UI immutable values, and one view renders two ways
 (`bsr_cli.tui.panels`): panel by panel in the Textual app, and once as text (`bsr pool --once`, a pipe). With
 --json, `bsr pool` prints the view as data and never imports a renderer. A replayed recording goes through exactly
 the code a live session runs.

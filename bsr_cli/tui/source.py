@@ -2,7 +2,7 @@
 
     LiveSource    one blocking `poll()` per call through the one AdminClient; the caller (the app's worker) never
                   starts the next poll before the previous has answered, so a slow engine never stacks requests
-                  (dolphie's one-shot poll, re-armed when it finishes). A failed poll drops the client, so the next
+                  (a one-shot poll, re-armed when it finishes). A failed poll drops the client, so the next
                   one reconnects and re-resolves the engine (a restarted embedded engine may listen on a new port).
     Recorder      appends every poll (snapshot or failure) to a gzip JSON-lines file, flushed each time so a crash
                   keeps what was seen; events a previous line already holds are not written again.
