@@ -1,0 +1,192 @@
+"""The evidence bundle's rules (bsr_cli.bench.models): every committed bundle passes them, and breaking any one rule
+in a committed bundle fails with a line naming the path. No engine: the bundles are docs/evidence/*.json."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bsr_cli.bench import bundle as bundles
+from bsr_cli.errors import ExitCode, InvalidInput
+
+EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
+
+
+def _first(experiment: str) -> dict[str, Any]:
+    for path in sorted(EVIDENCE.glob("br-*.json")):
+        data = json.loads(path.read_text())
+        if data["experiment"] == experiment:
+            return copy.deepcopy(data)
+    raise AssertionError(f"no committed {experiment} bundle")
+
+
+def _row(data: dict[str, Any], status: str = "pass", kind: str | None = None) -> tuple[int, dict[str, Any]]:
+    for i, row in enumerate(data["rows"]):
+        if row["status"] == status and (kind is None or row.get("kind") == kind):
+            return i, row
+    raise AssertionError(f"no {status} {kind or ''} row in {data['run_id']}")
+
+
+@pytest.mark.timeout(60)
+def test_every_committed_bundle_validates() -> None:
+    paths = sorted(EVIDENCE.glob("br-*.json"))
+    assert paths
+    for path in paths:
+        assert bundles.validation_errors(bundles.load(path)) == [], path.name
+
+
+@pytest.mark.timeout(60)
+def test_bsr_bench_validate_accepts_the_evidence_and_rejects_a_broken_bundle(bsr, tmp_path: Path) -> None:
+    paths = [str(p) for p in sorted(EVIDENCE.glob("br-*.json"))]
+    res = bsr("bench", "validate", *paths, "--json")
+    assert res.code == 0, res.err
+    assert res.json() == {p: [] for p in paths}
+
+    data = _first("sweep")
+    data["elapsed_s"] = -1.5
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    res = bsr("bench", "validate", str(broken))
+    assert res.code == ExitCode.INVALID_INPUT
+    assert "$.elapsed_s: input should be greater than or equal to 0, got -1.5" in res.out
+    assert "Traceback" not in res.err
+
+
+@pytest.mark.timeout(30)
+def test_a_negative_number_is_refused() -> None:
+    data = _first("sweep")
+    i, row = _row(data)
+    row["ranks"][0]["fetch_seconds"] = -0.25
+    row["peak_pool_bytes"] = -1
+    errors = bundles.validation_errors(data)
+    assert f"$.rows[{i}].ranks[0].fetch_seconds: input should be greater than or equal to 0, got -0.25" in errors
+    assert f"$.rows[{i}].peak_pool_bytes: input should be greater than or equal to 0, got -1" in errors
+    assert len(errors) == 2
+
+
+@pytest.mark.timeout(30)
+def test_an_interrupted_row_needs_its_reason_and_nothing_else() -> None:
+    data = _first("peer")
+    i, _ = _row(data)
+    data["rows"][i] = {"status": "interrupted", "reason": "operator"}
+    assert bundles.validation_errors(data) == []  # no evidence needed
+    del data["rows"][i]["reason"]
+    assert bundles.validation_errors(data) == [f"$.rows[{i}]: missing 'reason'"]
+    data["rows"][i]["reason"] = 3
+    assert bundles.validation_errors(data) == [f"$.rows[{i}].reason: input should be a valid string, got 3"]
+
+
+@pytest.mark.timeout(30)
+def test_an_unknown_experiment_or_status_or_kind_is_refused() -> None:
+    data = _first("store")
+    data["experiment"] = "throughput"
+    (error,) = bundles.validation_errors(data)
+    assert error == f"$.experiment: 'throughput' is not one of {list(bundles.EXPERIMENTS)}"
+
+    data = _first("store")
+    i, row = _row(data, kind="restore")
+    row["kind"] = "copy"
+    assert bundles.validation_errors(data) == [
+        f"$.rows[{i}].kind: 'copy' is not one of ['memcpy', 'mooncake-set', 'warm', 'restore']"
+    ]
+    row["kind"] = "restore"
+    row["status"] = "skipped"
+    assert bundles.validation_errors(data) == [
+        f"$.rows[{i}].status: 'skipped' is not one of ['interrupted', 'pass', 'fail']"
+    ]
+    with pytest.raises(InvalidInput, match=r"\$\.rows\[\d+\]\.status: 'skipped'"):
+        bundles.validate(data)
+
+
+@pytest.mark.parametrize(
+    ("experiment", "kind", "field"),
+    [
+        ("sweep", None, "windows"),
+        ("sweep", None, "checks"),
+        ("fs-concurrency", "disk", "threads"),
+        ("fs-concurrency", "restore", "cache"),
+        ("store", "restore", "budget_bytes"),
+        ("store", "memcpy", "results"),
+        ("peer", None, "loaded_tokens"),
+        ("failures", None, "canonical_hash"),
+        ("ladder", None, "attempts"),
+    ],
+)
+@pytest.mark.timeout(30)
+def test_a_completed_row_needs_its_evidence(experiment: str, kind: str | None, field: str) -> None:
+    data = _first(experiment)
+    i, row = _row(data, kind=kind)
+    del row[field]
+    assert bundles.validation_errors(data) == [f"$.rows[{i}]: missing {field!r}"]
+    # the same row, interrupted, needs only its reason (a ladder row keeps what it measured)
+    row |= {"status": "interrupted", "reason": "error"}
+    assert bundles.validation_errors(data) == ([] if field != "attempts" else [f"$.rows[{i}]: missing 'attempts'"])
+
+
+@pytest.mark.timeout(30)
+def test_strict_types_and_the_time_pattern() -> None:
+    data = _first("wlaw")
+    data["finished_at"] = "2026-12-01 08:00:00"
+    data["machine"]["cpu_count"] = 2.0
+    data["interrupted"] = 0
+    data["registration"]["groups"] = {"kv": True}
+    errors = bundles.validation_errors(data)
+    assert errors[0].startswith("$.finished_at: string should match pattern")
+    assert "$.machine.cpu_count: input should be a valid integer, got 2.0" in errors
+    assert "$.interrupted: input should be a valid boolean, got 0" in errors
+    assert "$.registration.groups.kv: input should be a valid integer, got True" in errors
+    assert len(errors) == 4
+
+
+@pytest.mark.timeout(30)
+def test_extra_fields_are_allowed_where_the_schema_allows_them() -> None:
+    data = _first("sweep")
+    data["future"] = {"anything": 1}
+    data["engine"]["info"]["new_field"] = "x"
+    i, row = _row(data)
+    row["new_evidence"] = [1, 2]
+    row["ranks"][0]["numa"] = 0
+    assert bundles.validation_errors(data) == []
+    row["checks"]["bound"] = "yes"  # checks are booleans, whatever their names
+    assert bundles.validation_errors(data) == [f"$.rows[{i}].checks.bound: input should be a valid boolean, got 'yes'"]
+    row["checks"] = {}
+    assert bundles.validation_errors(data) == [
+        f"$.rows[{i}].checks: dictionary should have at least 1 item after validation, not 0"
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_a_bundle_without_an_experiment_or_not_an_object_is_one_error() -> None:
+    assert bundles.validation_errors({"rows": []}) == ["$: missing 'experiment'"]
+    assert bundles.validation_errors([1, 2]) == [
+        "$: input should be a valid dictionary or object to extract fields from"
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_bsr_help_builds_no_bundle_models() -> None:
+    """The models are built when a bench command needs them, never for `bsr --help`."""
+    code = (
+        "import io, contextlib, sys, json\n"
+        "from bsr_cli.cli.main import run\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert run(['--help']) == 0\n"
+        "    assert run(['bench', '--help']) == 0\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('bsr_cli.bench'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=50)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.timeout(30)
+def test_the_schema_picks_a_model_for_every_experiment() -> None:
+    schema = bundles.schema()
+    assert schema["discriminator"]["propertyName"] == "experiment"
+    assert sorted(schema["discriminator"]["mapping"]) == sorted(bundles.EXPERIMENTS)
+    assert all(d.get("additionalProperties") is True for d in schema["$defs"].values())
