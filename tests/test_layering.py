@@ -148,7 +148,8 @@ def _full_modules_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-# pydantic is not in the list: typer (0.2x) itself requires and imports it.
+# pydantic is not in the list: it is a base dependency (the bench bundles' models), and typer itself imports it,
+# when it is installed, to coerce a command's options.
 SERVER_STACK = {"fastapi", "starlette", "uvicorn", "prometheus_client", "bsr_cli.server"}
 
 
