@@ -147,7 +147,7 @@ def run_cpu_bound(
     """Run the experiment and return its evidence bundle."""
     import torch
 
-    from bsr_cli.bench import experiments as ex
+    from bsr_cli.bench import evidence as ex
     from bsr_cli.runtime.checksum import crc32c, crc32c_at
     from bsr_cli.runtime.paged_kv import PagedKV
     from bsr_cli.runtime.pool import RestorePool
@@ -298,7 +298,7 @@ def run_cpu_bound(
         tier.close()
     summary = summarize(rows, cores, free_cores)
     return {
-        "schema": "bsr.bench/1",
+        "schema": ex.BUNDLE_SCHEMA,
         "kind": "bsr.bench",
         "experiment": "cpu-bound",
         "run_id": run_id,

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bsr_cli import __version__
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import CapacityError, ServiceError
 
@@ -270,7 +271,7 @@ def run_peer(
     on_row: OnRow | None = None,
 ) -> dict[str, Any]:
     """Run the whole comparison and return its evidence bundle (see docs/benchmarks.md)."""
-    from bsr_cli.bench import experiments as ex
+    from bsr_cli.bench import evidence as ex
     from bsr_cli.mooncake import services
 
     python, plugins = plugin_python()
@@ -367,12 +368,12 @@ def run_peer(
             services.stop(master, timeout=10)
     summary = summarize(rows, reg, w)
     return {
-        "schema": "bsr.bench/1",
+        "schema": ex.BUNDLE_SCHEMA,
         "kind": "bsr.bench",
         "experiment": "peer",
         "run_id": run_id,
         "salt": salt,
-        "bsr_version": _version(),
+        "bsr_version": __version__,
         "started_at": started_at,
         "finished_at": ex.now(),
         "elapsed_s": round(time.monotonic() - t_start, 3),
@@ -419,12 +420,6 @@ def _shown(path: Path) -> str:
         return str(path.absolute().relative_to(repo_root()))
     except ValueError:
         return path.name
-
-
-def _version() -> str:
-    from bsr_cli import __version__
-
-    return str(__version__)
 
 
 def _med(values: Sequence[float]) -> float | None:

@@ -184,22 +184,9 @@ class Rank(KVOps):
 
     def probe(self, req: ProbeRequest) -> ProbeResult:
         """Per group, one hex digit per chunk: bit i set when tiers[i] holds the object. Moves no bytes."""
-        from bsr_cli.core.bitmap import encode_row
+        from bsr_cli.runtime.tiers import probe_tiers
 
-        keys = self._keys(req.hashes)
-        held: dict[str, dict[str, list[bool]]] = {g: {} for g in keys}
-        errors = {}
-        for name in req.tiers:
-            tier = self.tiers.get(name)
-            if tier is None:
-                continue
-            for g, ks in keys.items():
-                try:
-                    held[g][name] = tier.contains(ks, req.timeout_s)
-                except Exception as e:  # noqa: BLE001 - an unreachable tier holds nothing, and says why
-                    errors[name] = f"{type(e).__name__}: {e}"
-                    break
-        return ProbeResult({g: encode_row(held[g], req.tiers, len(req.hashes)) for g in keys}, errors)
+        return probe_tiers(self.tiers, self._keys(req.hashes), req.tiers, len(req.hashes), req.timeout_s)
 
     def store(self, req: StoreRequest) -> StoreResult:
         """Write objects read back from the blocks to each tier: chunks[tier] = chunk indices it lacks.

@@ -12,9 +12,12 @@ bytes, and the *runtime* verifies it (so an injected in-transit corruption is ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from bsr_cli.api.ranks import ProbeResult
+from bsr_cli.core.bitmap import encode_row
 
 # Per-object result codes of Tier.get_into (>= 0 means the number of bytes written).
 MISSING = -1  # the tier does not hold the key
@@ -66,3 +69,24 @@ class Tier(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def probe_tiers(
+    tiers: Mapping[str, Tier], keys: Mapping[str, Sequence[str]], asked: Sequence[str], n_chunks: int, timeout_s: float
+) -> ProbeResult:
+    """A rank's probe over its own tiers: per KV group (``keys``: the group's object keys), one hex digit per chunk,
+    bit i set when ``asked[i]`` holds the object. Moves no bytes; a tier that cannot answer holds nothing there and
+    says why."""
+    held: dict[str, dict[str, list[bool]]] = {g: {} for g in keys}
+    errors: dict[str, str] = {}
+    for name in asked:
+        tier = tiers.get(name)
+        if tier is None:
+            continue
+        for g, ks in keys.items():
+            try:
+                held[g][name] = tier.contains(ks, timeout_s)
+            except Exception as e:  # noqa: BLE001 - an unreachable tier holds nothing, and says why
+                errors[name] = f"{type(e).__name__}: {e}"
+                break
+    return ProbeResult({g: encode_row(held[g], asked, n_chunks) for g in keys}, errors)

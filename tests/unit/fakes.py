@@ -18,14 +18,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from bsr_cli.api.ranks import (
-    CanonicalHashRequest,
-    CanonicalHashResult,
-    InvalidateRequest,
-    InvalidateResult,
-    OutputHashRequest,
-    OutputHashResult,
-    PrefillRequest,
-    PrefillResult,
     ProbeRequest,
     ProbeResult,
     RankRequest,
@@ -43,14 +35,14 @@ from bsr_cli.api.ranks import (
     UnsupportedOps,
     dispatch,
 )
-from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.keys import object_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import ServerError
 from bsr_cli.runtime.checksum import crc32c
+from bsr_cli.runtime.kv_ops import KVOps
 from bsr_cli.runtime.pool import RestorePool
 from bsr_cli.runtime.restore import RankRestorer, RestoreJob
-from bsr_cli.runtime.tiers import MISSING, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
+from bsr_cli.runtime.tiers import MISSING, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable, probe_tiers
 
 R = TypeVar("R")
 CHUNK = 16  # tokens per chunk: small, so a prompt of a few hundred tokens spans many windows
@@ -233,7 +225,7 @@ class FakeDestination:
         return out
 
 
-class FakeRankOps(UnsupportedOps):
+class FakeRankOps(KVOps, UnsupportedOps):  # KVOps: the synthetic-model ops, over the fake destination
     """The ops of one rank (the RankOps contract), in-process: the same runtime pieces as the embedded engine's
     rank process (RestorePool, RankRestorer) over the fakes above. A fake host because the real one is a torch
     process."""
@@ -264,20 +256,7 @@ class FakeRankOps(UnsupportedOps):
         return {g: [object_key(self.reg, self.rank, g, h) for h in hashes] for g in self.reg.group_names}
 
     def probe(self, req: ProbeRequest) -> ProbeResult:
-        keys = self._keys(req.hashes)
-        held: dict[str, dict[str, list[bool]]] = {g: {} for g in keys}
-        errors = {}
-        for name in req.tiers:
-            tier = self.tiers.get(name)
-            if tier is None:
-                continue
-            for g, ks in keys.items():
-                try:
-                    held[g][name] = tier.contains(ks, req.timeout_s)
-                except TierUnavailable as e:
-                    errors[name] = str(e)
-                    break
-        return ProbeResult({g: encode_row(held[g], req.tiers, len(req.hashes)) for g in keys}, errors)
+        return probe_tiers(self.tiers, self._keys(req.hashes), req.tiers, len(req.hashes), req.timeout_s)
 
     def store(self, req: StoreRequest) -> StoreResult:
         keys = self._keys(req.hashes)
@@ -324,19 +303,6 @@ class FakeRankOps(UnsupportedOps):
         return SetBudgetResult(self.pool.stats().to_dict())
 
     # set_fs_concurrency and remove_all: not served by this fake (it has no filesystem tier): UnsupportedOp.
-
-    def prefill(self, req: PrefillRequest) -> PrefillResult:
-        return PrefillResult(self.kv.prefill(req.hashes, req.n_tokens, req.first_chunk, req.block_tables))
-
-    def output_hash(self, req: OutputHashRequest) -> OutputHashResult:
-        return OutputHashResult(self.kv.output_hash(req.block_tables, req.n_tokens))
-
-    def canonical_hash(self, req: CanonicalHashRequest) -> CanonicalHashResult:
-        return CanonicalHashResult(self.kv.canonical_hash(req.hashes, req.n_tokens))
-
-    def invalidate(self, req: InvalidateRequest) -> InvalidateResult:
-        self.kv.invalidate(req.block_tables)
-        return InvalidateResult()
 
     def abort(self, request_id: str) -> None:
         self.aborts.setdefault(request_id, threading.Event()).set()
