@@ -1,0 +1,122 @@
+"""The closed sets of bsr's evidence, spelled once: what happened (event kinds), how a restore ended (outcomes),
+why it failed (failure kinds, with their exit code), where it failed (stages) and who is blamed (components).
+
+Every module that writes or reads an event, an outcome or a failure uses these enums, never the bare strings.
+They are ``StrEnum``s so the wire form (JSON, Prometheus labels, the SQLite event store) is the plain value and a
+value read back from the wire converts with ``Kind(value)``, which refuses anything outside the set.
+
+Blame follows the stage (the rule a restore debugger must not break):
+
+    stage                         blamed component      force-local marker
+    probe, fetch, verify          the tier              excludes that tier
+    install, synchronize, stall   the rank              none against a tier (the prompt recomputes locally)
+    admission (W > B, no blocks)  capacity              none
+    an operator abort             the operator          none
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from bsr_cli.errors import ExitCode
+
+
+class EventKind(StrEnum):
+    """Every event the engine (or a plugin host) records."""
+
+    ENGINE_STARTED = "engine_started"
+    ENGINE_STOPPED = "engine_stopped"
+    SETTINGS_CHANGED = "settings_changed"
+    REQUEST_ADMITTED = "request_admitted"
+    REQUEST_FINISHED = "request_finished"
+    RESTORE_STARTED = "restore_started"
+    WINDOW_WAITING = "window_waiting"
+    WINDOW_FETCHED = "window_fetched"
+    WINDOW_INSTALLED = "window_installed"
+    WINDOW_RELEASED = "window_released"
+    RESTORE_FAILED = "restore_failed"  # one rank's part failed (the request's outcome follows)
+    RESTORE_COMMITTED = "restore_committed"
+    RESTORE_FAILED_CLOSED = "restore_failed_closed"  # a fault: nothing committed, blocks scrubbed
+    RESTORE_REFUSED = "restore_refused"  # capacity or settings refused it before any byte moved
+    RESTORE_ABORTED = "restore_aborted"  # the operator (or a departed client) aborted it
+    STORE_FAILED = "store_failed"
+    MARKER_SET = "marker_set"
+    MARKER_CLEARED = "marker_cleared"
+    FAULT_INJECTED = "fault_injected"
+    FAULT_FIRED = "fault_fired"
+    FAULTS_CLEARED = "faults_cleared"
+    ABORT_REQUESTED = "abort_requested"
+    RANK_UNRESPONSIVE = "rank_unresponsive"
+    RANK_RESTARTED = "rank_restarted"
+
+
+class Outcome(StrEnum):
+    """How one restore ended. Only ``FAILED_CLOSED`` is a fault worth paging on."""
+
+    COMMITTED = "committed"  # every (rank, group) valid: the advertised prefix is committed
+    FAILED_CLOSED = "failed_closed"  # a tier or rank fault: nothing committed, every destination block scrubbed
+    REFUSED = "refused"  # capacity/settings refused it (W over B, no destination blocks): nothing moved
+    ABORTED = "aborted"  # the operator aborted it: nothing committed, blocks scrubbed
+    NOTHING_TO_RESTORE = "nothing_to_restore"  # the probe found no external prefix
+
+
+class FailureKind(StrEnum):
+    """Why a restore did not commit. The exit code the CLI ends with is attached to the kind."""
+
+    CAPACITY = "capacity"
+    TIER = "tier"
+    RANK = "rank"
+    ABORTED = "aborted"
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return _EXIT[self]
+
+    @property
+    def outcome(self) -> Outcome:
+        return _OUTCOME[self]
+
+
+_EXIT = {
+    FailureKind.CAPACITY: ExitCode.CAPACITY,
+    FailureKind.TIER: ExitCode.FAILED_CLOSED,
+    FailureKind.RANK: ExitCode.FAILED_CLOSED,
+    FailureKind.ABORTED: ExitCode.INTERRUPTED,
+}
+_OUTCOME = {
+    FailureKind.CAPACITY: Outcome.REFUSED,
+    FailureKind.TIER: Outcome.FAILED_CLOSED,
+    FailureKind.RANK: Outcome.FAILED_CLOSED,
+    FailureKind.ABORTED: Outcome.ABORTED,
+}
+
+
+class Stage(StrEnum):
+    """Where in a request's life a failure happened."""
+
+    PROBE = "probe"
+    ADMISSION = "admission"
+    FETCH = "fetch"
+    VERIFY = "verify"
+    INSTALL = "install"
+    SYNCHRONIZE = "synchronize"
+    COMMIT = "commit"
+
+    @property
+    def blames_tier(self) -> bool:
+        """A failure at this stage is the tier's (the bytes did not arrive, or arrived wrong)."""
+        return self in (Stage.PROBE, Stage.FETCH, Stage.VERIFY)
+
+
+class Component(StrEnum):
+    """Who a failure is blamed on."""
+
+    TIER = "tier"
+    RANK = "rank"
+    OPERATOR = "operator"
+    CAPACITY = "capacity"
+
+
+__all__ = ["Component", "EventKind", "FailureKind", "Outcome", "Stage"]
