@@ -1,8 +1,8 @@
-"""The engine's event log: a bounded ring of typed events with sequence numbers, long-pollable.
+"""The engine's event log: a bounded ring of events with sequence numbers, long-pollable.
 
-Events are plain dicts with at least ``seq``, ``time`` and ``type`` (window_fetched, window_installed,
-window_released, restore_failed, restore_committed, restore_failed_closed, marker_set, marker_cleared,
-fault_injected, faults_cleared, request_admitted, request_finished, ...).
+Writers append a typed event (`bsr_cli.core.events`); a wire dict is accepted too and is parsed, so a malformed
+event is refused where it is written rather than where it is read. The log stamps ``seq`` and ``time`` and holds
+the wire form (``type``, ``seq``, ``time`` and the event's fields).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from bsr_cli.core.events import Event, parse_event
 
 Listener = Callable[[dict[str, Any]], None]
 
@@ -28,10 +30,11 @@ class EventLog:
     def last_seq(self) -> int:
         return self._seq
 
-    def append(self, event: dict[str, Any]) -> dict[str, Any]:
+    def append(self, event: Event | dict[str, Any]) -> dict[str, Any]:
+        typed = event if isinstance(event, Event) else parse_event(event)
         with self._cond:
             self._seq += 1
-            ev = {"seq": self._seq, "time": time.time(), **event}
+            ev = typed.stamped(self._seq, time.time()).to_wire()
             self._events.append(ev)
             listeners = list(self._listeners.get(str(ev.get("request", "")), ())) + self._observers
             self._cond.notify_all()
