@@ -80,3 +80,24 @@ def test_rws_zero_is_rejected(paper) -> None:
 def test_absurd_tokens(paper) -> None:
     with pytest.raises(InvalidInput, match="absurd"):
         accounting.chunks_for_tokens(1 << 40, 256)
+
+
+def test_max_window_counts_aux_at_the_capacity_boundary(paper) -> None:
+    """The largest W is the one whose RWS — chunks *and* aux — fits: exactly at the boundary it fits, one byte
+    below it the window shrinks by one chunk."""
+    reg = type(paper)(**{**paper.__dict__, "aux_bytes": 4096})
+    c = reg.bytes_per_chunk
+    for w in (1, 7, 32):
+        exact = accounting.rws_bytes(reg, w)
+        assert exact == w * c + 4096
+        assert accounting.max_window_for_capacity(reg, exact) == w
+        assert accounting.max_window_for_capacity(reg, exact - 1) == w - 1
+    assert accounting.max_window_for_capacity(reg, 4096) == 0  # aux alone leaves room for no chunk
+    assert accounting.max_window_for_capacity(reg, c) == 0  # one chunk without room for aux does not fit
+
+
+def test_an_empty_plan_holds_nothing_not_even_aux(paper) -> None:
+    reg = type(paper)(**{**paper.__dict__, "aux_bytes": 4096})
+    for w in (0, 1, 32):
+        assert accounting.peak_bytes(reg, w, 0) == 0
+    assert accounting.peak_bytes(reg, 32, 1) == reg.bytes_per_chunk + 4096
