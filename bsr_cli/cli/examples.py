@@ -14,6 +14,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr plan --W 32 --tokens 524032 -r paper-mtp-on",
         "bsr plan --W 16 --tokens 131072 --hf-config config.json --tp 2 --mtp --block-size 64",
         "bsr probe --synthetic 65536 --json > probe.json && bsr plan --W 16 --probe probe.json",
+        "bsr plan --trace conversation_trace.jsonl -r paper-mtp-off --W 32 --bandwidth 10.31GB/s --p99 1",
     ),
     "probe": (
         "bsr probe --synthetic 65536 --seed 1",
