@@ -53,6 +53,8 @@ class TraceRequest:
 class Trace:
     requests: tuple[TraceRequest, ...]
     source: str = ""
+    # Tokens per hashed block: 512 in the format; fewer in a token-scaled copy (see ``scale_tokens``).
+    block_tokens: int = TRACE_BLOCK_TOKENS
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -65,9 +67,26 @@ class Trace:
     def input_tokens(self) -> int:
         return sum(r.input_length for r in self.requests)
 
-    def head(self, n: int) -> Trace:
-        """The first ``n`` requests (a slice keeps arrival order)."""
-        return Trace(self.requests[:n], self.source)
+    def head(self, n: int, skip: int = 0) -> Trace:
+        """``n`` requests from the ``skip``-th on (a slice keeps arrival order)."""
+        return Trace(self.requests[skip : skip + n], self.source, self.block_tokens)
+
+    def scale_tokens(self, block_tokens: int) -> Trace:
+        """The same requests with ``block_tokens`` tokens per block instead of 512, to replay a trace on a machine
+        too small for its prompts: every length is scaled by ``block_tokens / 512`` and rounded up, so each
+        request keeps its number of blocks and its last block stays partial (or full) as it was."""
+        if not 1 <= block_tokens <= TRACE_BLOCK_TOKENS:
+            raise InvalidInput(f"tokens per block must be in [1, {TRACE_BLOCK_TOKENS}], got {block_tokens}")
+        scaled = tuple(
+            TraceRequest(
+                r.arrival_ms,
+                -(-r.input_length * block_tokens // self.block_tokens),
+                -(-r.output_length * block_tokens // self.block_tokens),
+                r.hash_ids,
+            )
+            for r in self.requests
+        )
+        return Trace(scaled, self.source, block_tokens)
 
 
 def _int_field(record: Mapping[str, Any], name: str, where: str, *, low: int = 0, high: int | None = None) -> int:
@@ -167,15 +186,15 @@ def prefix_hits(trace: Trace, store_capacity: int | None = None) -> PrefixHits:
     return PrefixHits(tuple(hits), store.evicted)
 
 
-def hit_tokens(req: TraceRequest, blocks: int) -> int:
+def hit_tokens(req: TraceRequest, blocks: int, block_tokens: int = TRACE_BLOCK_TOKENS) -> int:
     """Tokens of ``req`` covered by a hit of ``blocks`` leading blocks."""
-    return min(blocks * TRACE_BLOCK_TOKENS, req.input_length)
+    return min(blocks * block_tokens, req.input_length)
 
 
-def hit_chunks(req: TraceRequest, blocks: int, chunk_size: int) -> int:
+def hit_chunks(req: TraceRequest, blocks: int, chunk_size: int, block_tokens: int = TRACE_BLOCK_TOKENS) -> int:
     """Chunks of ``chunk_size`` tokens restorable from a hit of ``blocks`` leading blocks: whole chunks inside the
     hit, plus the trailing partial chunk when the whole input hits."""
-    tokens = hit_tokens(req, blocks)
+    tokens = hit_tokens(req, blocks, block_tokens)
     if tokens == req.input_length and blocks > 0:
         return -(-tokens // chunk_size)
     return tokens // chunk_size
@@ -184,3 +203,25 @@ def hit_chunks(req: TraceRequest, blocks: int, chunk_size: int) -> int:
 def restored_tokens(req: TraceRequest, chunks: int, chunk_size: int) -> int:
     """Tokens those chunks carry (the last one may be partial)."""
     return min(chunks * chunk_size, req.input_length)
+
+
+def prompt_tokens(req: TraceRequest, block_tokens: int, salt: int, request_index: int) -> list[int]:
+    """Token ids for ``req`` that keep the trace's prefix structure: block i of every request with the same id at
+    i carries the same ``block_tokens`` ids (a function of the id and ``salt`` only), so equal leading ids give an
+    equal token prefix and chunk hashes match exactly where the trace says the prefix is shared. Tokens past the
+    listed ids are unique to the request."""
+    out: list[int] = []
+    for i in range(-(-req.input_length // block_tokens)):
+        key = req.hash_ids[i] if i < len(req.hash_ids) else -(request_index + 1) * (1 << 20) - i
+        out.extend(synthetic_token(salt, key, j) for j in range(block_tokens))
+    return out[: req.input_length]
+
+
+def synthetic_token(salt: int, key: int, j: int) -> int:
+    """Token ``j`` of the block keyed ``key``: a cheap integer mix (splitmix-like) in [1, 2^31), so no two
+    different keys give a block of the same tokens."""
+    x = (salt * 0x9E3779B97F4A7C15 + key * 0xBF58476D1CE4E5B9 + j * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    x ^= x >> 31
+    x = (x * 0xD6E8FEB86659FD93) & ((1 << 64) - 1)
+    x ^= x >> 32
+    return 1 + x % ((1 << 31) - 1)

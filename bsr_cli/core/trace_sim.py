@@ -322,7 +322,8 @@ def plan_trace(
         raise InvalidInput(f"the p99 target must be a positive number of seconds, got {p99_target_s!r}")
     bpc, aux = reg.bytes_per_chunk, reg.aux_bytes
     hits = prefix_hits(trace, store_capacity)
-    chunks = [hit_chunks(req, b, reg.chunk_size) for req, b in zip(trace.requests, hits.blocks, strict=True)]
+    per_block = trace.block_tokens
+    chunks = [hit_chunks(r, b, reg.chunk_size, per_block) for r, b in zip(trace.requests, hits.blocks, strict=True)]
     restoring = [i for i, c in enumerate(chunks) if c > 0]
     t0 = trace.requests[0].arrival_ms
     arrivals = [(trace.requests[i].arrival_ms - t0) / 1000 / speedup for i in restoring]

@@ -107,3 +107,32 @@ def test_store_capacity_must_be_positive() -> None:
 def test_hit_chunks_count_whole_chunks_inside_the_hit(input_length, blocks, chunk_size, chunks) -> None:
     req = TraceRequest(0, input_length, 1, tuple(range(-(-input_length // TRACE_BLOCK_TOKENS))))
     assert hit_chunks(req, blocks, chunk_size) == chunks
+
+
+def test_token_scaling_keeps_every_block() -> None:
+    t = _trace((0, 1100, [1, 2, 3]), (1, 1024, [1, 2]), (2, 1, [9]))
+    scaled = t.scale_tokens(64)
+    assert scaled.block_tokens == 64
+    assert [r.input_length for r in scaled.requests] == [2 * 64 + 10, 128, 1]  # 76 of 512 → 10 of 64, rounded up
+    assert [r.hash_ids for r in scaled.requests] == [r.hash_ids for r in t.requests]
+    assert prefix_hits(scaled).blocks == prefix_hits(t).blocks
+    # A hit of two blocks is 128 tokens now: two 64-token chunks, or none of 256.
+    assert hit_chunks(scaled.requests[1], 2, 64, 64) == 2
+    assert hit_chunks(scaled.requests[0], 2, 256, 64) == 0
+    with pytest.raises(InvalidInput, match="tokens per block"):
+        t.scale_tokens(0)
+
+
+def test_synthesized_prompts_share_exactly_the_shared_blocks() -> None:
+    from bsr_cli.core.keys import chunk_hashes
+    from bsr_cli.core.trace import prompt_tokens
+
+    a = TraceRequest(0, 200, 1, (5, 6, 7, 8))
+    b = TraceRequest(0, 256, 1, (5, 6, 9, 10))
+    ta, tb = prompt_tokens(a, 64, 3, 0), prompt_tokens(b, 64, 3, 1)
+    assert (len(ta), len(tb)) == (200, 256)
+    assert ta[:128] == tb[:128] and ta[128:192] != tb[128:192]
+    ha, hb = chunk_hashes(ta, 64), chunk_hashes(tb, 64)
+    assert ha[:2] == hb[:2] and ha[2] != hb[2]
+    assert prompt_tokens(a, 64, 4, 0)[:64] != ta[:64]  # another salt, other tokens: runs never share objects
+    assert all(1 <= x < 1 << 31 for x in ta)

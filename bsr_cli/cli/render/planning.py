@@ -347,3 +347,43 @@ def trace_plan(console: Console, d: dict[str, Any]) -> None:
         "[dim]model: transfer only, the per-rank bandwidth shared equally by the restores in flight, FIFO "
         "admission under B; see docs/capacity-planning.md[/]"
     )
+
+
+def trace_replay(console: Console, d: dict[str, Any]) -> None:
+    """`bsr bench trace`: the planner's prediction beside the engine's measurement, for the same slice."""
+    console.print(
+        f"[bold]{d['trace']}[/]: {d['requests']:,} requests from #{d['skip']}, time ×{d['speedup']:g}, tokens "
+        f"×{d['block_tokens']}/512; {d['model']} {d['registration']} ({b(d['bytes_per_chunk'])} per chunk per "
+        f"rank); W={d['W']}, B = {d['budget_rws']}·RWS = {b(d['budget_bytes'])} per rank; planner bandwidth "
+        f"{d['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s per rank"
+    )
+    cal = d["calibration"]
+    if cal:
+        console.print(
+            f"bandwidth measured by one restore of {cal['chunks']} chunks alone; one chunk alone takes "
+            f"{seconds(cal['one_chunk_restore_s'])} (a fixed cost per restore the planner leaves out)"
+        )
+    p, m = d["predicted"], d["measured"]
+    t = Table(title="planner against engine", title_justify="left")
+    t.add_column("")
+    t.add_column("predicted", justify="right")
+    t.add_column("measured", justify="right")
+    t.add_row("restores", f"{p['restores']:,}", f"{m['restores']:,}")
+    t.add_row("restored tokens", f"{p['hit_tokens']:,}", f"{m['hit_tokens']:,}")
+    t.add_row("peak pool per rank", format_bytes(p["peak_bytes_per_rank"]), format_bytes(m["peak_bytes_per_rank"]))
+    for q in ("p50", "p95", "p99"):
+        t.add_row(f"restore latency {q}", seconds(p["latency_s"][q]), seconds(m["latency_s"][q]))
+    t.add_row("failed requests", "0", f"{m['failed']:,}")
+    console.print(t)
+    c = d["committed"]
+    console.print(
+        f"committed exactly the predicted tokens: {c['exact']:,} of {d['requests']:,} requests; fewer: {c['fewer']:,} "
+        "(a prefix still being stored by an earlier request in flight); more: "
+        f"{c['more']:,}"
+    )
+    peaks = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in m["pool_peak_by_rank"].items())
+    console.print(f"pool peak per rank: {peaks} (B {format_bytes(d['budget_bytes'])})")
+    if m["first_failure"]:
+        console.print(f"[red]first failure[/]: {m['first_failure']}")
+    for name, ok in d["checks"].items():
+        console.print(f"{'[green]pass[/]' if ok else '[red]FAIL[/]'} {name.replace('_', ' ')}")
