@@ -1,4 +1,4 @@
-"""Reading user files into core objects: registrations, HF configs, probe results, token lists.
+"""Reading user files into core objects: registrations, HF configs, probe results, token lists, request traces.
 
 The core parses dicts; this module does the file I/O and format sniffing so the core stays pure.
 """
@@ -6,6 +6,7 @@ The core parses dicts; this module does the file I/O and format sniffing so the 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.hf_config import registration_from_hf_config
 from bsr_cli.core.registration import Registration
+from bsr_cli.core.trace import Trace, TraceRequest, build_trace, parse_request
 from bsr_cli.errors import InvalidInput
 
 # Registrations shipped with bsr, usable by name (`--registration demo`).
@@ -116,3 +118,35 @@ def read_tokens_file(path: Path) -> list[int]:
     if any(t < 0 or t >= 1 << 32 for t in tokens):
         raise InvalidInput(f"{p}: token ids must be in [0, 2^32)")
     return tokens
+
+
+def load_trace(path: Path) -> Trace:
+    """A request trace in the Mooncake format (JSON Lines, one request per line; blank lines are skipped)."""
+    p = Path(path)
+    try:
+        f = p.open("rb")
+    except FileNotFoundError:
+        raise InvalidInput(f"trace not found: {p}") from None
+    except IsADirectoryError:
+        raise InvalidInput(f"{p} is a directory, not a trace file") from None
+    except OSError as e:
+        raise InvalidInput(f"cannot read {p}: {e.strerror or e}") from None
+
+    def records() -> Iterator[tuple[str, TraceRequest]]:
+        with f:
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                where = f"{p}:{n}"
+                try:
+                    record = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise InvalidInput(f"{where}: not a JSON object ({getattr(e, 'msg', None) or e})") from None
+                except (ValueError, RecursionError) as e:
+                    raise InvalidInput(f"{where}: unacceptable JSON ({type(e).__name__})") from None
+                yield where, parse_request(record, where)
+
+    try:
+        return build_trace(records(), source=str(p))
+    except OSError as e:
+        raise InvalidInput(f"cannot read {p}: {e.strerror or e}") from None

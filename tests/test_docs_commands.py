@@ -1,8 +1,9 @@
 """The README's commands, run literally as written, in order, against a real embedded engine: what a new user
 types from the page must work and exit as the page says (a comment that opens with `exit N` states the expected code).
 
-Files a reader brings (a Hugging Face `config.json`, a saved `probe.json`) are made in the working directory first;
-commands that cannot run unattended are named below with the reason, and nothing else is skipped."""
+Files a reader brings (a Hugging Face `config.json`, a saved `probe.json`, a request trace `trace.jsonl`) are made
+in the working directory first; commands that cannot run unattended are named below with the reason, and nothing
+else is skipped."""
 
 from __future__ import annotations
 
@@ -49,10 +50,22 @@ def _hf_config(path: Path) -> None:
     )
 
 
+def _trace(path: Path) -> None:
+    """A request trace in the Mooncake format: three turns of one conversation, the later ones sharing a prefix."""
+    rows = [(0, 1500, [0, 1, 2]), (800, 2500, [0, 1, 2, 3, 4]), (900, 2100, [0, 1, 5, 6, 7])]
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": n, "output_length": 64, "hash_ids": ids}) + "\n"
+            for t, n, ids in rows
+        )
+    )
+
+
 @pytest.mark.timeout(60)
 def test_readme_planning_commands_run_as_written(bsr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     _hf_config(tmp_path / "config.json")
+    _trace(tmp_path / "trace.jsonl")
     lines = sh_block(REPO / "README.md", "Planning")
     assert len(lines) >= 4
     for line in lines:

@@ -14,6 +14,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr plan --W 32 --tokens 524032 -r paper-mtp-on",
         "bsr plan --W 16 --tokens 131072 --hf-config config.json --tp 2 --mtp --block-size 64",
         "bsr probe --synthetic 65536 --json > probe.json && bsr plan --W 16 --probe probe.json",
+        "bsr plan --trace conversation_trace.jsonl -r paper-mtp-off --W 32 --bandwidth 10.31GB/s --p99 1",
     ),
     "probe": (
         "bsr probe --synthetic 65536 --seed 1",
@@ -82,6 +83,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "bench failures": ("bsr bench failures --embedded",),
     "bench peer": ("bsr bench peer --trials 3 --below-rung 256MiB,1GiB",),
     "bench cpu-bound": ("bsr bench cpu-bound --trials 3", "bsr bench cpu-bound --tokens 65536 --budgets 1,2,4"),
+    "bench trace": (
+        "bsr bench trace conversation_trace.jsonl --requests 500",
+        "bsr bench trace conversation_trace.jsonl -n 200 --skip 3000 --speedup 2 --W 8 --budget-rws 4",
+    ),
     "bench plot": ("bsr bench plot --out bench-out",),
     "bench validate": ("bsr bench validate bench-out/br-*.json",),
     "bench schema": ("bsr bench schema > bench-schema.json",),

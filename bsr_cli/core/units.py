@@ -99,3 +99,16 @@ def parse_bytes(text: str) -> int:
     if value < 0:
         raise InvalidInput(f"size must not be negative: {text!r}")
     return int(value)
+
+
+def parse_rate(text: str) -> float:
+    """Parse a transfer rate in bytes per second: '10.31GB/s', '9.6 GiB/s', '500MB/s' or a plain number."""
+    s = str(text).strip()
+    body = s[:-2] if s.lower().endswith("/s") else s
+    try:
+        value = parse_bytes(body) if body.strip() else -1
+    except InvalidInput:
+        value = -1
+    if value <= 0:
+        raise InvalidInput(f"cannot read a positive rate from {text!r}", hint="write e.g. 10.31GB/s or 9.6GiB/s")
+    return float(value)

@@ -154,3 +154,148 @@ def test_completions_do_not_drift() -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+# -- bsr plan --trace -------------------------------------------------------------------------------------------------
+
+REAL_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+# Two restores that overlap (hand-computed in tests/core/test_trace_sim.py): with the demo registration (1 MiB per
+# chunk per rank) at 1 MiB/s, the whole plan holds 10 chunks; W=2 with B = 1·RWS holds 2 and r2 waits 3 s.
+TINY = [
+    {"timestamp": 0, "input_length": 1024, "output_length": 5, "hash_ids": [1, 2]},
+    {"timestamp": 0, "input_length": 1536, "output_length": 5, "hash_ids": [1, 2, 3]},
+    {"timestamp": 1000, "input_length": 2048, "output_length": 5, "hash_ids": [1, 2, 3, 4]},
+]
+TINY_ARGS = ("-r", "demo", "--W", "2", "--bandwidth", "1MiB/s")
+BW = ("--bandwidth", "1GB/s")
+
+
+def _write_trace(path: Path, rows: list[dict] | list[str]) -> Path:
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_plan_trace_json(bsr, tmp_path: Path) -> None:
+    f = _write_trace(tmp_path / "t.jsonl", TINY)
+    r = bsr("plan", "--trace", str(f), *TINY_ARGS, "--p99", "9.5", "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    mib = 1 << 20
+    assert (d["kind"], d["requests"], d["restores"], d["hit_tokens"]) == ("bsr.plan.trace", 3, 2, 2560)
+    assert d["largest_hit"] == {"request": 2, "tokens": 1536, "chunks": 6, "bytes_per_rank": 6 * mib}
+    assert d["whole_plan"]["peak_bytes_per_rank"] == 10 * mib
+    assert d["whole_plan"]["latency_s"]["p99"] == pytest.approx(9.0)
+    rows = {row["budget_rws"]: row for row in d["bsr"]}
+    assert sorted(rows) == [1, 2, 4, 8]
+    assert [rows[k]["peak_bytes_per_rank"] // mib for k in (1, 2, 4, 8)] == [2, 4, 6, 10]
+    assert rows[1]["wait_s"]["p99"] == pytest.approx(3.0)
+    assert d["smallest_budget_meeting_p99"] == {"budget_rws": 1, "budget_bytes": 2 * mib}
+    assert r.err == ""
+
+
+def test_plan_trace_text_agrees_with_json(bsr, tmp_path: Path) -> None:
+    f = _write_trace(tmp_path / "t.jsonl", TINY)
+    r = bsr("plan", "--trace", str(f), *TINY_ARGS, "--p99", "8")
+    assert r.code == 0, r.err
+    assert "3 requests over 1.0 s at its own pace; 2 restore a hit" in r.out
+    assert "largest single hit: 1,536 tokens = 6 chunks = 6,291,456 (6.00 MiB) per rank" in r.out
+    cells = [[c.strip() for c in ln.split("│")[1:-1]] for ln in r.out.splitlines() if "│" in ln]
+    rows = {row[0]: row[1:] for row in cells}
+    assert rows["whole plan (W=0)"][:5] == ["unbounded", "10.00 MiB", "7.00 s", "9.00 s", "9.00 s"]
+    bsr1 = ["2.00 MiB", "2.00 MiB", "4.00 s", "9.00 s", "9.00 s", "0 ms", "3.00 s", "3.00 s"]
+    assert rows["BSR, B = 1·RWS"][:8] == bsr1
+    # No budget meets 8 s at p99 (r2 always needs 9 s); neither does the whole plan: bandwidth-bound.
+    assert "no budget B (1·RWS, 2·RWS, 4·RWS, 8·RWS) meets p99 ≤ 8.00 s" in r.out
+    assert "neither does the whole plan" in r.out
+    assert "None" not in r.out and "?" not in r.out
+
+
+def test_plan_trace_speedup_store_capacity_and_budgets(bsr, tmp_path: Path) -> None:
+    f = _write_trace(tmp_path / "t.jsonl", TINY)
+    d = bsr("plan", "--trace", str(f), *TINY_ARGS, "--speedup", "1000", "--budgets", "2,1", "--json").json()
+    assert [row["budget_rws"] for row in d["bsr"]] == [1, 2]
+    assert d["span_s"] == pytest.approx(0.001)
+    d = bsr("plan", "--trace", str(f), *TINY_ARGS, "--store-capacity", "1", "--json").json()
+    assert (d["store_capacity_blocks"], d["hit_tokens"], d["restores"]) == (1, 512 + 512, 2)
+
+
+def test_plan_trace_plots(bsr, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="PNG plots need the bench extra (matplotlib)")
+    f = _write_trace(tmp_path / "t.jsonl", TINY)
+    d = bsr("plan", "--trace", str(f), *TINY_ARGS, "--plot", str(tmp_path / "plots"), "--json").json()
+    assert [Path(p).name for p in d["plots"]] == ["trace-l1-over-time.png", "trace-latency-cdf.png"]
+    for p in d["plots"]:
+        assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_trace_imports_no_plotting_or_bench_unless_asked(tmp_path: Path) -> None:
+    f = _write_trace(tmp_path / "t.jsonl", TINY)
+    code = (
+        "import io, contextlib, sys, json\n"
+        "from bsr_cli.cli.main import run\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert run(['plan', '--trace', {str(f)!r}, *{list(TINY_ARGS)!r}]) == 0\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout.splitlines()[-1]))
+    assert "bsr_cli.core.trace_sim" in loaded  # the command did run
+    heavy = {m for m in loaded if m.split(".")[0] in ("matplotlib", "numpy", "torch") or m.startswith("bsr_cli.bench")}
+    assert not heavy, heavy
+
+
+@pytest.mark.parametrize(
+    ("lines", "args", "needle"),
+    [
+        (["{not json"], BW, "t.jsonl:1: not a JSON object"),
+        ([json.dumps(TINY[0]), "[1, 2]"], BW, "t.jsonl:2: expected a JSON object"),
+        ([json.dumps(TINY[1]), json.dumps(TINY[0] | {"timestamp": -5})], BW, "timestamp must be >= 0"),
+        ([json.dumps(TINY[2]), json.dumps(TINY[0])], BW, "t.jsonl:2: arrival 0 ms is before the previous"),
+        ([json.dumps(TINY[0] | {"input_length": 2.5})], BW, "input_length must be an integer"),
+        ([json.dumps(TINY[0] | {"hash_ids": [1, 2, 3]})], BW, "3 hash_ids for 1024 input tokens"),
+        (["", "  "], BW, "no requests"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "fast"), "cannot read a positive rate from 'fast'"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "0GB/s"), "cannot read a positive rate"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "-3GB/s"), "cannot read a positive rate"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--speedup", "0"), "speed-up must be"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--budgets", "1,x"), "--budgets takes"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--budgets", "0"), "at least 1"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--p99", "-1"), "p99 target"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--W", "0"), "W ≥ 1"),
+        ([json.dumps(r) for r in TINY], (), "--trace needs --bandwidth"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--tokens", "5"), "exactly one of"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--all-windows"), "plan one prompt, not a trace"),
+    ],
+)
+def test_plan_trace_bad_input_is_one_line_exit_2(bsr, tmp_path: Path, lines, args, needle) -> None:
+    f = _write_trace(tmp_path / "t.jsonl", lines)
+    r = bsr("plan", "--trace", str(f), "-r", "demo", *args)
+    assert r.code == ExitCode.INVALID_INPUT, (r.code, r.err)
+    assert needle in r.err, r.err
+    assert r.err.startswith("bsr: error: ") and "Traceback" not in r.err
+    assert r.out == ""
+
+
+def test_plan_trace_missing_file_and_trace_flags_without_trace(bsr, tmp_path: Path) -> None:
+    r = bsr("plan", "--trace", str(tmp_path / "nope.jsonl"), "-r", "demo", "--bandwidth", "1GB/s")
+    assert r.code == ExitCode.INVALID_INPUT and "trace not found" in r.err
+    r = bsr("plan", "--tokens", "512", "--bandwidth", "1GB/s", "--p99", "1")
+    assert r.code == ExitCode.INVALID_INPUT and "--bandwidth, --p99 plan a trace: add --trace FILE" in r.err
+
+
+@pytest.mark.skipif(not REAL_TRACE.exists(), reason=f"the conversation trace is not at {REAL_TRACE}")
+def test_plan_the_conversation_trace(bsr) -> None:
+    """The issue's figures on the real trace (their derivation is in docs/capacity-planning.md)."""
+    r = bsr(
+        "plan", "--trace", str(REAL_TRACE), "-r", "paper-mtp-off", "--W", "32", "--bandwidth", "10.31GB/s", "--json"
+    )
+    assert r.code == 0, r.err
+    d = r.json()
+    gib = 1 << 30
+    assert (d["requests"], d["restores"], d["largest_hit"]["tokens"]) == (12_031, 12_030, 122_880)
+    assert d["largest_hit"]["bytes_per_rank"] == 480 * 16_408_576  # 7.34 GiB
+    assert 13 * gib < d["whole_plan"]["peak_bytes_per_rank"] < 15 * gib
+    for row in d["bsr"]:
+        assert row["peak_bytes_per_rank"] <= row["budget_bytes"]
+    assert d["bsr"][0]["peak_bytes_per_rank"] < 0.6 * gib

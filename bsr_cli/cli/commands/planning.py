@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bsr_cli.cli.context import JsonFlag, state
+from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core import accounting
 from bsr_cli.core.registration import DEFAULT_CHUNK_SIZE, Registration, diff_registrations
 from bsr_cli.core.units import parse_bytes
@@ -131,15 +131,72 @@ def plan(
         typer.Option("--exclude-tier", metavar="TIER", help="Plan as if this tier were unusable (repeatable)."),
     ] = None,
     all_windows: Annotated[bool, typer.Option("--all-windows", help="List every window.")] = False,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace", help="Plan L1 and B for a request trace (Mooncake JSONL: arrivals, lengths, block ids)."
+        ),
+    ] = None,
+    bandwidth: Annotated[
+        str | None, typer.Option("--bandwidth", help="With --trace: restore bandwidth per rank, e.g. 10.31GB/s.")
+    ] = None,
+    speedup: Annotated[
+        float, typer.Option("--speedup", help="With --trace: replay the arrivals this many times faster.")
+    ] = 1.0,
+    store_capacity: Annotated[
+        int | None,
+        typer.Option("--store-capacity", help="With --trace: the store keeps this many 512-token blocks (LRU).", min=1),
+    ] = None,
+    budgets: Annotated[
+        str, typer.Option("--budgets", help="With --trace: budgets B to compare, as multiples of RWS(W).")
+    ] = "1,2,4,8",
+    p99: Annotated[
+        float | None,
+        typer.Option(
+            "--p99", metavar="SECONDS", help="With --trace: name the smallest B whose p99 restore latency meets this."
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", metavar="DIR", help="With --trace: write PNG plots into DIR (needs matplotlib)."),
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
-    """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan."""
+    """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace,
+    L1 per rank and restore latency over a request trace, whole-plan against BSR budgets."""
     from bsr_cli import loaders
     from bsr_cli.core.plan import plan_restore
 
     st = state(ctx, json_flag)
-    if (tokens is None) == (probe is None):
-        raise InvalidInput("give exactly one of --tokens N or --probe FILE")
+    if sum(x is not None for x in (tokens, probe, trace)) != 1:
+        raise InvalidInput("give exactly one of --tokens N, --probe FILE or --trace FILE")
+    trace_only = {
+        "--bandwidth": bandwidth is not None,
+        "--speedup": speedup != 1.0,
+        "--store-capacity": store_capacity is not None,
+        "--budgets": budgets != "1,2,4,8",
+        "--p99": p99 is not None,
+        "--plot": plot is not None,
+    }
+    if trace is None and any(trace_only.values()):
+        raise InvalidInput(f"{', '.join(k for k, v in trace_only.items() if v)} plan a trace: add --trace FILE")
+    if trace is not None:
+        if exclude_tier or all_windows:
+            raise InvalidInput("--exclude-tier and --all-windows plan one prompt, not a trace")
+        if bandwidth is None:
+            raise InvalidInput("--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s)")
+        reg = resolve_registration(
+            registration,
+            hf_config,
+            tp=tp,
+            dtype=dtype,
+            block_size=block_size,
+            mtp=mtp,
+            chunk_size=chunk_size,
+            note=ctx,
+        )
+        _plan_trace(st, trace, reg, w, bandwidth, speedup, store_capacity, budgets, p99, plot)
+        return
     bitmap = loaders.load_probe(probe) if probe else None
     if bitmap is not None and registration is None and hf_config is None:
         raw = loaders.read_structured(probe) if probe else None
@@ -164,6 +221,55 @@ def plan(
     data["model"] = reg.model
     data["show_all_windows"] = all_windows
     st.out.result(data, render.plan)
+
+
+def _parse_budgets(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InvalidInput(f"--budgets takes comma-separated whole multiples of RWS(W), got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise InvalidInput("--budgets multiples of RWS(W) must be at least 1")
+    return values
+
+
+def _plan_trace(
+    st: AppState,
+    trace_path: Path,
+    reg: Registration,
+    w: int,
+    bandwidth: str,
+    speedup: float,
+    store_capacity: int | None,
+    budgets: str,
+    p99: float | None,
+    plot: Path | None,
+) -> None:
+    """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim)."""
+    from bsr_cli import loaders
+    from bsr_cli.core.trace_sim import plan_trace
+    from bsr_cli.core.units import parse_rate
+
+    rate = parse_rate(bandwidth)
+    multiples = _parse_budgets(budgets)
+    result = plan_trace(
+        loaders.load_trace(trace_path),
+        reg,
+        w,
+        bandwidth=rate,
+        speedup=speedup,
+        budgets_rws=multiples,
+        store_capacity=store_capacity,
+        p99_target_s=p99,
+    )
+    data = result.to_dict()
+    if plot is not None:
+        from bsr_cli.bench import trace_plots
+
+        data["plots"] = [str(p) for p in trace_plots.write_plots(result, plot)]
+    from bsr_cli.cli.render import planning as render
+
+    st.out.result(data, render.trace_plan)
 
 
 registration_app = typer.Typer(help="Inspect and compare registrations.", no_args_is_help=True)

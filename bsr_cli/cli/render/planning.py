@@ -265,3 +265,125 @@ def registration_diff(console: Console, d: dict[str, Any]) -> None:
     if d.get("rws_bytes"):
         r = d["rws_bytes"]
         console.print(f"RWS(W={d['W']}): {b(r['a'])} → {b(r['b'])} per rank")
+
+
+def seconds(x: float) -> str:
+    """A latency as people read it: milliseconds below a second, seconds above."""
+    return f"{x * 1000:,.0f} ms" if x < 1 else f"{x:,.2f} s"
+
+
+def trace_plan(console: Console, d: dict[str, Any]) -> None:
+    """`bsr plan --trace`: the trace, its hits, then one row per restore path (whole plan, each budget B)."""
+    span = d["span_s"]
+    pace = "its own pace" if d["speedup"] == 1 else f"{d['speedup']:g}× its pace"
+    share = d["hit_tokens"] / d["input_tokens"] if d["input_tokens"] else 0.0
+    console.print(
+        f"[bold]{d['trace']}[/]: {d['requests']:,} requests over {span:,.1f} s at {pace}; "
+        f"{d['restores']:,} restore a hit, {d['hit_tokens']:,} of {d['input_tokens']:,} input tokens ({share:.1%})"
+    )
+    store = (
+        f"LRU store of {d['store_capacity_blocks']:,} blocks ({d['evicted_blocks']:,} evicted)"
+        if d["store_capacity_blocks"] is not None
+        else "store keeps every block"
+    )
+    console.print(
+        f"{d['model']} {d['registration']}  chunk {d['chunk_size']} tokens = {b(d['bytes_per_chunk'])} per rank; "
+        f"W={d['W']}: RWS {b(d['rws_bytes'])}; bandwidth {d['bandwidth_bytes_per_s'] / 1e9:,.2f} GB/s per rank; "
+        f"{store}"
+    )
+    big = d["largest_hit"]
+    if big:
+        console.print(
+            f"largest single hit: {big['tokens']:,} tokens = {big['chunks']:,} chunks = "
+            f"{b(big['bytes_per_rank'])} per rank (request #{big['request']}, counting from 0)"
+        )
+    t = Table(title="restore L1 and latency per rank", title_justify="left")
+    t.add_column("path")
+    t.add_column("B per rank", justify="right")
+    t.add_column("peak L1 per rank", justify="right")
+    for col in ("latency p50", "p95", "p99", "wait p50", "p95", "p99"):
+        t.add_column(col, justify="right")
+    t.add_column("in flight (peak)", justify="right")
+    t.add_column("queued (peak)", justify="right")
+    best = d["smallest_budget_meeting_p99"]
+    for row in [d["whole_plan"], *d["bsr"]]:
+        whole = row["path"] == "whole_plan"
+        lat, wait = row["latency_s"], row["wait_s"]
+        label = "whole plan (W=0)" if whole else f"BSR, B = {row['budget_rws']}·RWS"
+        style = "bold" if best and row.get("budget_rws") == best["budget_rws"] and not whole else None
+        t.add_row(
+            label,
+            "unbounded" if whole else format_bytes(row["budget_bytes"]),
+            format_bytes(row["peak_bytes_per_rank"]),
+            *(seconds(lat[p]) for p in ("p50", "p95", "p99")),
+            *(seconds(wait[p]) for p in ("p50", "p95", "p99")),
+            f"{row['peak_in_flight']:,}",
+            f"{row['peak_queued']:,}",
+            style=style,
+        )
+    console.print(t)
+    whole = d["whole_plan"]
+    target = d["p99_target_s"]
+    if target is None:
+        console.print("[dim]--p99 SECONDS names the smallest B that meets a p99 restore-latency target[/]")
+    elif best:
+        console.print(
+            f"smallest B with p99 restore latency ≤ {seconds(target)}: [bold]{best['budget_rws']}·RWS = "
+            f"{b(best['budget_bytes'])}[/] per rank, against {format_bytes(whole['peak_bytes_per_rank'])} "
+            "for the whole plan"
+        )
+    else:
+        tried = ", ".join(f"{r['budget_rws']}·RWS" for r in d["bsr"])
+        wp99 = seconds(whole["latency_s"]["p99"])
+        if whole["meets_p99"]:
+            need = format_bytes(whole["peak_bytes_per_rank"])
+            why = f"the whole plan meets it (p99 {wp99}) with {need}: try larger --budgets"
+        else:
+            why = f"neither does the whole plan (p99 {wp99}): the bandwidth, not B, limits latency here"
+        console.print(f"[red]no budget B ({tried}) meets p99 ≤ {seconds(target)}[/]; {why}")
+    for p in d.get("plots", []):
+        console.print(f"plot: {p}")
+    console.print(
+        "[dim]model: transfer only, the per-rank bandwidth shared equally by the restores in flight, FIFO "
+        "admission under B; see docs/capacity-planning.md[/]"
+    )
+
+
+def trace_replay(console: Console, d: dict[str, Any]) -> None:
+    """`bsr bench trace`: the planner's prediction beside the engine's measurement, for the same slice."""
+    console.print(
+        f"[bold]{d['trace']}[/]: {d['requests']:,} requests from #{d['skip']}, time ×{d['speedup']:g}, tokens "
+        f"×{d['block_tokens']}/512; {d['model']} {d['registration']} ({b(d['bytes_per_chunk'])} per chunk per "
+        f"rank); W={d['W']}, B = {d['budget_rws']}·RWS = {b(d['budget_bytes'])} per rank; planner bandwidth "
+        f"{d['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s per rank"
+    )
+    cal = d["calibration"]
+    if cal:
+        console.print(
+            f"bandwidth measured by one restore of {cal['chunks']} chunks alone; one chunk alone takes "
+            f"{seconds(cal['one_chunk_restore_s'])} (a fixed cost per restore the planner leaves out)"
+        )
+    p, m = d["predicted"], d["measured"]
+    t = Table(title="planner against engine", title_justify="left")
+    t.add_column("")
+    t.add_column("predicted", justify="right")
+    t.add_column("measured", justify="right")
+    t.add_row("restores", f"{p['restores']:,}", f"{m['restores']:,}")
+    t.add_row("restored tokens", f"{p['hit_tokens']:,}", f"{m['hit_tokens']:,}")
+    t.add_row("peak pool per rank", format_bytes(p["peak_bytes_per_rank"]), format_bytes(m["peak_bytes_per_rank"]))
+    for q in ("p50", "p95", "p99"):
+        t.add_row(f"restore latency {q}", seconds(p["latency_s"][q]), seconds(m["latency_s"][q]))
+    t.add_row("failed requests", "0", f"{m['failed']:,}")
+    console.print(t)
+    c = d["committed"]
+    console.print(
+        f"committed exactly the predicted tokens: {c['exact']:,} of {d['requests']:,} requests; fewer: {c['fewer']:,} "
+        "(a prefix still being stored by an earlier request in flight); more: "
+        f"{c['more']:,}"
+    )
+    peaks = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in m["pool_peak_by_rank"].items())
+    console.print(f"pool peak per rank: {peaks} (B {format_bytes(d['budget_bytes'])})")
+    if m["first_failure"]:
+        console.print(f"[red]first failure[/]: {m['first_failure']}")
+    for name, ok in d["checks"].items():
+        console.print(f"{'[green]pass[/]' if ok else '[red]FAIL[/]'} {name.replace('_', ' ')}")

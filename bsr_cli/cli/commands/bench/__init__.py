@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import typer
 
-from bsr_cli.cli.commands.bench import bundles, cpu_bound, experiments
+from bsr_cli.cli.commands.bench import bundles, cpu_bound, experiments, trace
 
 bench_app = typer.Typer(
     help="Reproduce the paper's evaluation: each experiment prints a table, writes a JSON evidence bundle and "
@@ -31,6 +31,7 @@ bench_app.command("store")(experiments.store)
 bench_app.command("failures")(experiments.failures)
 bench_app.command("peer")(experiments.peer)
 bench_app.command("cpu-bound")(cpu_bound.cpu_bound)
+bench_app.command("trace")(trace.trace)
 bench_app.command("plot")(bundles.plot)
 bench_app.command("validate")(bundles.validate)
 bench_app.command("schema")(bundles.schema)

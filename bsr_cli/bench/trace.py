@@ -1,0 +1,277 @@
+"""`bsr bench trace`: replay a slice of a request trace against a dedicated embedded engine, at the trace's arrival
+times with concurrent clients, and print the planner's prediction for the same slice beside the measurement.
+
+The slice is scaled to fit the machine, and both scales are printed: time by ``speedup`` (arrivals divided by it),
+tokens by ``block_tokens`` per 512-token block (every length scaled by block_tokens / 512, rounded up, so each
+request keeps its blocks). Prompts are synthesized from the block ids (``core.trace.prompt_tokens``): equal leading
+ids give an equal token prefix, so the engine's own chunk hashes find exactly the prefixes the trace shares.
+
+Each request is one ``submit`` (the scheduler's path: probe, restore the external prefix in windows under B,
+compute the rest, store what the tiers lack). Measured per request: the committed external tokens and the restore's
+seconds (admission waits included); per rank: the pool's peak. Predicted: ``core.trace_sim.plan_trace`` on the
+same scaled slice with the engine's W and B, at a bandwidth per rank measured here first by restoring one prompt
+alone (or given).
+
+The engine stores a request's blocks after its own restore and prefill, where the planner's model stores them at
+arrival: a request that shares a prefix with one still in flight can commit less than predicted. Those requests
+are counted apart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bsr_cli.core import accounting
+from bsr_cli.core.registration import Registration
+from bsr_cli.core.trace import (
+    Trace,
+    hit_chunks,
+    prefix_hits,
+    prompt_tokens,
+    restored_tokens,
+    synthetic_token,
+)
+from bsr_cli.core.trace_sim import nearest_rank, percentiles, plan_trace
+from bsr_cli.errors import BsrError, InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
+    from bsr_cli.engine.supervisor import EngineOptions
+
+# The replay's default registration: 1 KiB per token per rank in one KV group, 64-token chunks, so with the default
+# 64 tokens per block one chunk is one block of the trace (64 KiB per rank): 500 requests of the conversation trace
+# store about 1.8 GB.
+REPLAY_REGISTRATION: dict[str, Any] = {
+    "model": "bsr-trace-replay",
+    "tp_size": 2,
+    "chunk_size": 64,
+    "aux_bytes": 0,
+    "groups": [{"name": "kv", "block_size": 16}],
+    "tensors": [
+        {"name": "layers.0.attn.kv", "dtype": "bf16", "shape": [2, 1, 128], "group": "kv"},
+        {"name": "layers.1.attn.kv", "dtype": "bf16", "shape": [2, 1, 128], "group": "kv"},
+    ],
+}
+DEFAULT_BLOCK_TOKENS = 64
+# Clients in flight at most (a burst beyond this waits for a free client: counted in its latency).
+MAX_CLIENTS = 48  # below the admin server's 64 connections, leaving room for the pool reads
+# Chunks of the prompt restored alone to measure the planner's bandwidth.
+CALIBRATION_CHUNKS = 64
+# The Mooncake segment must hold every object the slice stores (nothing is evicted during the replay).
+MAX_SEGMENT = 8 << 30
+
+
+def replay_registration() -> Registration:
+    return Registration.from_dict(REPLAY_REGISTRATION, source="bench trace")
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What the slice needs of the engine."""
+
+    max_tokens: int
+    kv_tokens: int
+    segment_bytes: int
+    stored_bytes: int
+
+
+def sizing(trace: Trace, reg: Registration) -> Sizing:
+    longest = max(max(r.input_length for r in trace.requests), CALIBRATION_CHUNKS * reg.chunk_size)
+    max_tokens = -(-longest // reg.chunk_size) * reg.chunk_size
+    # Destination KV for the requests in flight at once: room for MAX_CLIENTS prompts of the slice's mean length,
+    # and at least two of its longest.
+    mean = sum(r.input_length for r in trace.requests) // len(trace)
+    kv = max(2 * max_tokens, MAX_CLIENTS * mean)
+    kv = -(-kv // reg.chunk_size) * reg.chunk_size
+    stored = sum(r.input_length for r in trace.requests) * reg.bytes_per_token * reg.tp_size
+    segment = max(256 << 20, stored + stored // 2)  # headroom for the allocator
+    if segment > MAX_SEGMENT:
+        raise InvalidInput(
+            f"the slice stores {stored:,} bytes; the replay's Mooncake segment is capped at {MAX_SEGMENT:,}",
+            hint="replay fewer requests (--requests) or fewer tokens per block (--block-tokens)",
+        )
+    return Sizing(max_tokens, kv, segment, stored)
+
+
+def engine_options(reg: Registration, w: int, budget_rws: int, size: Sizing) -> EngineOptions:
+    from bsr_cli.engine.supervisor import EngineOptions
+
+    budget = budget_rws * accounting.rws_bytes(reg, w)
+    return EngineOptions(
+        reg,
+        w=w,
+        pool_bytes=budget,
+        budget_bytes=budget,
+        max_tokens=size.max_tokens,
+        kv_tokens=size.kv_tokens,
+        segment_bytes=size.segment_bytes,
+        fetch_timeout_s=60.0,
+    )
+
+
+@dataclass
+class Measured:
+    """One request's replay."""
+
+    index: int
+    arrival_s: float  # after the speed-up
+    started_s: float  # when its client sent it (later than its arrival when every client was busy)
+    committed_tokens: int = 0
+    restore_seconds: float | None = None  # None: no restore ran (no external prefix)
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One restore alone on this engine: the planner's bandwidth, and what a one-chunk restore costs."""
+
+    bandwidth: float  # bytes/s per rank of a restore of ``chunks`` chunks (median of three)
+    chunks: int
+    one_chunk_s: float  # seconds of a one-chunk restore (median of three): the fixed cost the model leaves out
+
+
+def calibrate(
+    client: AdminClient, reg: Registration, w: int, salt: int, chunks: int = CALIBRATION_CHUNKS
+) -> Calibration:
+    """Restore a stored prompt of ``chunks`` chunks, and one of one chunk, alone, three times each."""
+
+    def restore_seconds(n: int, key: int) -> list[tuple[int, float]]:
+        tokens = [synthetic_token(salt, key, j) for j in range(n * reg.chunk_size)]
+        client.submit({"tokens": tokens}, w=w, verify=False)
+        out = []
+        for _ in range(3):
+            res = client.submit({"tokens": tokens}, w=w, verify=False, timeout=600)
+            restore = next((p["restore"] for p in res["passes"] if p.get("restore")), None)
+            if not restore or not restore["committed_tokens"] or restore["seconds"] <= 0:
+                raise BsrError("the calibration restore committed nothing: the engine cannot restore from its store")
+            out.append((int(restore["chunks"]), float(restore["seconds"])))
+        return sorted(out, key=lambda x: x[1])
+
+    big = restore_seconds(chunks, -7)[1]
+    small = restore_seconds(1, -8)[1]
+    return Calibration(big[0] * reg.bytes_per_chunk / big[1], chunks, small[1])
+
+
+def replay(
+    client: AdminClient,
+    trace: Trace,
+    *,
+    w: int,
+    speedup: float,
+    salt: int,
+    stop: threading.Event | None = None,
+    on_done: Callable[[Measured], None] | None = None,
+) -> list[Measured]:
+    """Send every request of ``trace`` at its (sped-up) arrival time, each from its own client thread."""
+    stop = stop or threading.Event()
+    prompts = [prompt_tokens(r, trace.block_tokens, salt, i) for i, r in enumerate(trace.requests)]
+    t_first = trace.requests[0].arrival_ms
+    out = [Measured(i, (r.arrival_ms - t_first) / 1000 / speedup, 0.0) for i, r in enumerate(trace.requests)]
+    origin = time.monotonic()
+
+    def one(m: Measured) -> None:
+        m.started_s = time.monotonic() - origin
+        try:
+            res = client.submit({"tokens": prompts[m.index]}, w=w, verify=False, timeout=600)
+        except BsrError as e:
+            m.error = e.message
+        else:
+            m.committed_tokens = int(res["external_tokens"])
+            restores = [p["restore"] for p in res["passes"] if p.get("restore")]
+            if restores:
+                m.restore_seconds = sum(float(r["seconds"]) for r in restores)
+            m.seconds = float(res["seconds"])
+        if on_done is not None:
+            on_done(m)
+
+    futures: list[Future[None]] = []
+    with ThreadPoolExecutor(max_workers=MAX_CLIENTS, thread_name_prefix="bsr-trace-client") as pool:
+        for m in out:
+            # Pacing the arrivals (not synchronisation): wait until this request's time, or until stopped.
+            if stop.wait(max(0.0, m.arrival_s - (time.monotonic() - origin))):
+                break
+            futures.append(pool.submit(one, m))
+        for f in futures:
+            f.result()
+    return out[: len(futures)]
+
+
+def compare(
+    trace: Trace,
+    reg: Registration,
+    measured: list[Measured],
+    *,
+    w: int,
+    budget_rws: int,
+    bandwidth: float,
+    speedup: float,
+    pool_peaks: dict[int, int],
+    calibration: Calibration | None = None,
+) -> dict[str, Any]:
+    """The planner's prediction for the replayed requests beside what the engine did."""
+    done = trace.head(len(measured))
+    plan = plan_trace(done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(budget_rws,))
+    (predicted,) = plan.bsr
+    blocks = prefix_hits(done).blocks
+    want = [
+        restored_tokens(r, hit_chunks(r, b, reg.chunk_size, done.block_tokens), reg.chunk_size)
+        for r, b in zip(done.requests, blocks, strict=True)
+    ]
+    exact = sum(1 for m in measured if m.error is None and m.committed_tokens == want[m.index])
+    fewer = [m for m in measured if m.error is None and m.committed_tokens < want[m.index]]
+    more = [m for m in measured if m.error is None and m.committed_tokens > want[m.index]]
+    failed = [m for m in measured if m.error is not None]
+    latencies = sorted(m.restore_seconds for m in measured if m.restore_seconds is not None)
+    budget = predicted.budget_bytes or 0
+    lat = percentiles(latencies)
+    return {
+        "kind": "bsr.bench.trace",
+        "trace": trace.source,
+        "requests": len(measured),
+        "speedup": speedup,
+        "block_tokens": done.block_tokens,
+        "token_scale": done.block_tokens / 512,
+        "registration": reg.identity,
+        "model": reg.model,
+        "bytes_per_chunk": reg.bytes_per_chunk,
+        "W": w,
+        "budget_rws": budget_rws,
+        "budget_bytes": budget,
+        "bandwidth_bytes_per_s": bandwidth,
+        "calibration": None
+        if calibration is None
+        else {"chunks": calibration.chunks, "one_chunk_restore_s": calibration.one_chunk_s},
+        "predicted": {
+            "restores": plan.restores,
+            "hit_tokens": plan.hit_tokens,
+            "peak_bytes_per_rank": predicted.peak_bytes,
+            "latency_s": predicted.latency.to_dict(),
+            "wait_s": predicted.wait.to_dict(),
+            "whole_plan_peak_bytes_per_rank": plan.whole_plan.peak_bytes,
+        },
+        "measured": {
+            "restores": len(latencies),
+            "hit_tokens": sum(m.committed_tokens for m in measured),
+            "peak_bytes_per_rank": max(pool_peaks.values(), default=0),
+            "pool_peak_by_rank": {str(r): v for r, v in sorted(pool_peaks.items())},
+            "latency_s": lat.to_dict(),
+            "failed": len(failed),
+            "first_failure": failed[0].error if failed else None,
+        },
+        "committed": {"exact": exact, "fewer": len(fewer), "more": len(more)},
+        "checks": {
+            "pool_within_budget": all(v <= budget for v in pool_peaks.values()),
+            "no_failures": not failed,
+            "no_more_than_predicted": not more,
+        },
+        "latency_ratio": {
+            p: (nearest_rank(latencies, q) / getattr(predicted.latency, p) if getattr(predicted.latency, p) else None)
+            for p, q in (("p50", 50), ("p99", 99))
+        },
+    }

@@ -1,0 +1,112 @@
+"""`bsr bench trace`: replay a slice of a request trace against a dedicated embedded engine, the planner's
+prediction for the same slice beside the measurement (bsr_cli/bench/trace.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bsr_cli.cli.context import JsonFlag, state
+from bsr_cli.errors import DrillViolation, InvalidInput
+
+
+def trace(
+    ctx: typer.Context,
+    trace_file: Annotated[Path, typer.Argument(help="A request trace (Mooncake JSONL).", metavar="TRACE")],
+    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests of the slice.", min=1)] = 500,
+    skip: Annotated[int, typer.Option("--skip", help="Start the slice after this many requests.", min=0)] = 0,
+    speedup: Annotated[float, typer.Option("--speedup", help="Replay the arrivals this many times faster.")] = 1.0,
+    block_tokens: Annotated[
+        int, typer.Option("--block-tokens", help="Tokens per 512-token block of the trace (the token scale).", min=1)
+    ] = 64,
+    w: Annotated[int, typer.Option("--W", "-W", "--window-size", help="Window size in chunks.", min=1)] = 8,
+    budget_rws: Annotated[
+        int, typer.Option("--budget-rws", help="The engine's budget B as a multiple of RWS(W).", min=1)
+    ] = 2,
+    registration: Annotated[
+        str | None,
+        typer.Option("--registration", "-r", help="Registration [default: 1 KiB/token/rank, 64-token chunks]."),
+    ] = None,
+    bandwidth: Annotated[
+        str | None,
+        typer.Option("--bandwidth", help="The planner's bandwidth per rank [default: one restore alone, measured]."),
+    ] = None,
+    salt: Annotated[
+        int | None, typer.Option("--salt", help="Seed of the synthesized tokens [default: random].")
+    ] = None,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Replay a slice of a request trace at its arrival times against a dedicated embedded engine (time and
+    tokens scaled, both printed): measured pool peak per rank, committed tokens and restore latency, beside the
+    planner's prediction for the same slice."""
+    import tempfile
+    import threading
+
+    from bsr_cli import loaders
+    from bsr_cli.bench import trace as bt
+    from bsr_cli.bench.evidence import new_salt
+    from bsr_cli.bench.lifecycle import embedded_engine
+    from bsr_cli.core.trace_sim import check_rate
+    from bsr_cli.core.units import format_bytes, parse_rate
+
+    st = state(ctx, json_flag)
+    check_rate(1.0, speedup)
+    rate = parse_rate(bandwidth) if bandwidth is not None else None
+    reg = loaders.load_registration(registration) if registration else bt.replay_registration()
+    full = loaders.load_trace(trace_file)
+    if skip >= len(full):
+        raise InvalidInput(f"--skip {skip} leaves nothing of the trace's {len(full):,} requests")
+    sliced = full.head(requests, skip).scale_tokens(block_tokens)
+    size = bt.sizing(sliced, reg)
+    opts = bt.engine_options(reg, w, budget_rws, size)
+    seed = new_salt() if salt is None else salt
+    st.out.note(
+        f"replaying {len(sliced):,} requests of {trace_file} from #{skip}: time ×{speedup:g}, "
+        f"tokens ×{block_tokens}/512 ({block_tokens} per block); W={w}, "
+        f"B = {budget_rws}·RWS = {format_bytes(opts.budget_bytes)} per rank"
+    )
+    stop = threading.Event()
+    with tempfile.TemporaryDirectory(prefix="bsr-bench-trace-") as tmp, embedded_engine(Path(tmp), opts) as client:
+        cal = None
+        if rate is None:
+            cal = bt.calibrate(client, reg, w, seed)
+            rate = cal.bandwidth
+            st.out.note(
+                f"one restore of {cal.chunks} chunks alone: {rate / 1e9:.3f} GB/s per rank (the planner's bandwidth); "
+                f"of one chunk: {cal.one_chunk_s * 1000:.0f} ms"
+            )
+        client.reset_peak()
+        done = [0]
+
+        def progress(m: bt.Measured) -> None:
+            done[0] += 1
+            if done[0] % 50 == 0:
+                st.out.note(f"{done[0]:,} of {len(sliced):,} requests done")
+
+        try:
+            measured = bt.replay(client, sliced, w=w, speedup=speedup, salt=seed, stop=stop, on_done=progress)
+        except KeyboardInterrupt:
+            stop.set()
+            raise
+        peaks = {int(r["rank"]): int(r["pool"]["peak_bytes"]) for r in client.pool()}
+    data = bt.compare(
+        sliced,
+        reg,
+        measured,
+        w=w,
+        budget_rws=budget_rws,
+        bandwidth=rate,
+        speedup=speedup,
+        pool_peaks=peaks,
+        calibration=cal,
+    )
+    data["skip"] = skip
+    data["salt"] = seed
+    from bsr_cli.cli.render import planning as render
+
+    st.out.result(data, render.trace_replay)
+    broken = [k for k, ok in data["checks"].items() if not ok]
+    if broken:
+        raise DrillViolation(f"the replay broke {', '.join(broken)}")

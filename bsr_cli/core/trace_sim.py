@@ -1,0 +1,369 @@
+"""Capacity planning from a request trace: L1 over time and restore latency, whole-plan against BSR budgets.
+
+The model (per TP rank; every rank holds its equal share, so one rank stands for all):
+
+* Arrivals are the trace's timestamps divided by the speed-up. A request whose hit (bsr_cli.core.trace) is at
+  least one chunk starts a restore of its N hit chunks; the others restore nothing and are left out of the latency
+  figures.
+* Transfer is the only cost. A restore moves N · Σc_i bytes per rank; the per-rank bandwidth is shared equally by
+  the restores transferring at that moment (processor sharing). Install, checksum, probe and the tier's per-call
+  latency take no time; compute (prefill, decode) is not modelled and never competes for anything.
+* Whole-plan path (W = 0): a restore starts at its arrival and holds its whole hit, N · Σc_i + aux, in L1 from its
+  start until its last byte arrives. L1 is unbounded: its peak is the capacity the path needs never to fail.
+* BSR with budget B = k · RWS(W): a restore holds at most what one restore holds at W in the runtime
+  (bsr_cli/runtime/restore.py): the window being installed plus up to two windows fetched ahead, as far as B
+  allows, i.e. ``min(N, a · W)`` chunks + aux with ``a = min(3, (B - aux) // (W · Σc_i))``. It is admitted, in
+  arrival order (FIFO: a request never overtakes an earlier one), when that reservation fits under B beside the
+  admitted ones, and keeps it until its last byte arrives (the runtime frees its last windows a little earlier:
+  the model is conservative by at most a windows per restore).
+* Restore latency = queue wait (arrival to admission) + transfer. Percentiles are nearest-rank.
+
+Event-driven: arrivals in order and completions from a heap keyed by the virtual (per-restore) byte clock of
+processor sharing, so a replay costs O(n log n) for n restores.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from bsr_cli.core import accounting
+from bsr_cli.core.registration import Registration
+from bsr_cli.core.trace import Trace, hit_chunks, prefix_hits, restored_tokens
+from bsr_cli.errors import InvalidInput
+
+DEFAULT_BUDGETS_RWS: tuple[int, ...] = (1, 2, 4, 8)
+# Windows one restore holds at most in the runtime: the one installing plus restore.py's two fetched ahead.
+RUNTIME_WINDOWS_HELD = 3
+
+
+class RestorePath(StrEnum):
+    WHOLE_PLAN = "whole_plan"
+    BSR = "bsr"
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p95: float
+    p99: float
+    max: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"p50": self.p50, "p95": self.p95, "p99": self.p99, "max": self.max}
+
+
+def nearest_rank(sorted_values: Sequence[float], p: float) -> float:
+    """The p-th percentile by nearest rank: the smallest value with at least p % of the values at or below it."""
+    if not sorted_values:
+        return 0.0
+    return sorted_values[max(0, math.ceil(p / 100 * len(sorted_values)) - 1)]
+
+
+def percentiles(values: Sequence[float]) -> Percentiles:
+    xs = sorted(values)
+    return Percentiles(nearest_rank(xs, 50), nearest_rank(xs, 95), nearest_rank(xs, 99), xs[-1] if xs else 0.0)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One replay of the restores through the transfer model: per restore its admission and completion time, and
+    L1 held over time as a step function ((seconds, bytes) after each change)."""
+
+    starts: tuple[float, ...]
+    finishes: tuple[float, ...]
+    peak_bytes: int
+    peak_in_flight: int
+    peak_queued: int
+    l1_series: tuple[tuple[float, int], ...]
+
+
+def replay(
+    arrivals: Sequence[float],
+    sizes: Sequence[int],
+    holds: Sequence[int],
+    bandwidth: float,
+    budget: int | None = None,
+) -> Replay:
+    """Replay restores arriving at ``arrivals`` (seconds, non-decreasing), each transferring ``sizes[i]`` bytes and
+    holding ``holds[i]`` bytes of L1 while admitted, with ``bandwidth`` bytes/s shared equally among the admitted
+    ones. ``budget`` (bytes) admits them FIFO while their holds fit; None admits every one at its arrival."""
+    n = len(arrivals)
+    if budget is not None and any(h > budget for h in holds):
+        raise InvalidInput("a restore's hold exceeds the budget: it could never be admitted")
+    starts = [0.0] * n
+    finishes = [0.0] * n
+    queue: deque[int] = deque()
+    running: list[tuple[float, int]] = []  # (virtual finish, request index)
+    now = 0.0
+    virtual = 0.0  # bytes each admitted restore has received since time 0 (processor sharing's clock)
+    held = peak = 0
+    peak_in_flight = peak_queued = 0
+    series: list[tuple[float, int]] = [(arrivals[0], 0)] if n else []
+    nxt = 0
+
+    def record() -> None:
+        if series and series[-1][0] == now:
+            series[-1] = (now, held)
+        else:
+            series.append((now, held))
+
+    def admit_from_queue() -> None:
+        nonlocal held, peak, peak_in_flight, peak_queued
+        while queue and (budget is None or held + holds[queue[0]] <= budget):
+            i = queue.popleft()
+            starts[i] = now
+            heapq.heappush(running, (virtual + sizes[i], i))
+            held += holds[i]
+            peak = max(peak, held)
+            peak_in_flight = max(peak_in_flight, len(running))
+        peak_queued = max(peak_queued, len(queue))  # those still waiting once admission has run
+        record()
+
+    while nxt < n or running:
+        t_done = math.inf
+        if running:
+            t_done = now + max(0.0, running[0][0] - virtual) * len(running) / bandwidth
+        t_arrive = arrivals[nxt] if nxt < n else math.inf
+        t = min(t_done, t_arrive)
+        if running:
+            virtual += (t - now) * bandwidth / len(running)
+        now = t
+        if t_done <= t_arrive:  # a completion first: it frees room for an arrival at the same instant
+            v_fin, i = heapq.heappop(running)
+            virtual = max(virtual, v_fin)  # no float drift past a finish
+            finishes[i] = now
+            held -= holds[i]
+        else:
+            queue.append(nxt)
+            nxt += 1
+        admit_from_queue()
+    return Replay(tuple(starts), tuple(finishes), peak, peak_in_flight, peak_queued, tuple(series))
+
+
+@dataclass(frozen=True)
+class PathRun:
+    """What one restore path did over the trace."""
+
+    path: RestorePath
+    budget_rws: int | None  # B as a multiple of RWS(W); None on the whole-plan path
+    budget_bytes: int | None
+    windows_held: int | None  # a: windows one restore holds at most under this B
+    peak_bytes: int
+    latency: Percentiles
+    wait: Percentiles
+    peak_in_flight: int
+    peak_queued: int
+    meets_p99: bool | None  # against the target, when one was given
+    l1_series: tuple[tuple[float, int], ...]
+    latencies: tuple[float, ...]  # sorted, for a CDF
+
+    @property
+    def label(self) -> str:
+        return "whole plan (W=0)" if self.path is RestorePath.WHOLE_PLAN else f"B = {self.budget_rws}·RWS"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path.value,
+            "budget_rws": self.budget_rws,
+            "budget_bytes": self.budget_bytes,
+            "windows_held": self.windows_held,
+            "peak_bytes_per_rank": self.peak_bytes,
+            "latency_s": self.latency.to_dict(),
+            "wait_s": self.wait.to_dict(),
+            "peak_in_flight": self.peak_in_flight,
+            "peak_queued": self.peak_queued,
+            "meets_p99": self.meets_p99,
+        }
+
+
+@dataclass(frozen=True)
+class LargestHit:
+    request: int  # index in the trace
+    tokens: int
+    chunks: int
+    bytes_per_rank: int
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    source: str
+    registration: str
+    model: str
+    chunk_size: int
+    bytes_per_chunk: int
+    w: int
+    rws_bytes: int
+    bandwidth: float
+    speedup: float
+    store_capacity: int | None
+    requests: int
+    span_s: float  # arrival span after the speed-up
+    restores: int  # requests with at least one chunk to restore
+    input_tokens: int
+    hit_tokens: int  # tokens restored (whole chunks of the hit)
+    evicted_blocks: int
+    largest: LargestHit | None
+    whole_plan: PathRun
+    bsr: tuple[PathRun, ...]
+    p99_target_s: float | None
+
+    @property
+    def smallest_meeting(self) -> PathRun | None:
+        """The smallest budget whose p99 restore latency meets the target (None: no target, or none meets it)."""
+        return next((r for r in self.bsr if r.meets_p99), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.smallest_meeting
+        return {
+            "kind": "bsr.plan.trace",
+            "trace": self.source,
+            "registration": self.registration,
+            "model": self.model,
+            "chunk_size": self.chunk_size,
+            "bytes_per_chunk": self.bytes_per_chunk,
+            "W": self.w,
+            "rws_bytes": self.rws_bytes,
+            "bandwidth_bytes_per_s": self.bandwidth,
+            "speedup": self.speedup,
+            "store_capacity_blocks": self.store_capacity,
+            "requests": self.requests,
+            "span_s": self.span_s,
+            "restores": self.restores,
+            "input_tokens": self.input_tokens,
+            "hit_tokens": self.hit_tokens,
+            "evicted_blocks": self.evicted_blocks,
+            "largest_hit": None
+            if self.largest is None
+            else {
+                "request": self.largest.request,
+                "tokens": self.largest.tokens,
+                "chunks": self.largest.chunks,
+                "bytes_per_rank": self.largest.bytes_per_rank,
+            },
+            "whole_plan": self.whole_plan.to_dict(),
+            "bsr": [r.to_dict() for r in self.bsr],
+            "p99_target_s": self.p99_target_s,
+            "smallest_budget_meeting_p99": None
+            if best is None
+            else {"budget_rws": best.budget_rws, "budget_bytes": best.budget_bytes},
+        }
+
+
+def windows_held(reg: Registration, w: int, budget: int) -> int:
+    """Windows one restore holds at most under ``budget``: the runtime's three (one installing, two fetched
+    ahead), fewer when B has room for fewer whole windows."""
+    return max(1, min(RUNTIME_WINDOWS_HELD, (budget - reg.aux_bytes) // (w * reg.bytes_per_chunk)))
+
+
+def _run(
+    path: RestorePath,
+    arrivals: Sequence[float],
+    sizes: Sequence[int],
+    holds: Sequence[int],
+    bandwidth: float,
+    budget: int | None,
+    budget_rws: int | None,
+    held: int | None,
+    p99_target: float | None,
+) -> PathRun:
+    r = replay(arrivals, sizes, holds, bandwidth, budget)
+    latencies = sorted(f - a for f, a in zip(r.finishes, arrivals, strict=True))
+    lat = percentiles(latencies)
+    return PathRun(
+        path=path,
+        budget_rws=budget_rws,
+        budget_bytes=budget,
+        windows_held=held,
+        peak_bytes=r.peak_bytes,
+        latency=lat,
+        wait=percentiles([s - a for s, a in zip(r.starts, arrivals, strict=True)]),
+        peak_in_flight=r.peak_in_flight,
+        peak_queued=r.peak_queued,
+        meets_p99=None if p99_target is None else lat.p99 <= p99_target,
+        l1_series=r.l1_series,
+        latencies=tuple(latencies),
+    )
+
+
+def check_rate(bandwidth: float, speedup: float) -> None:
+    if not (math.isfinite(bandwidth) and bandwidth > 0):
+        raise InvalidInput(f"the bandwidth must be a positive, finite rate, got {bandwidth!r}")
+    if not (math.isfinite(speedup) and speedup > 0):
+        raise InvalidInput(f"the speed-up must be a positive, finite factor, got {speedup!r}")
+
+
+def plan_trace(
+    trace: Trace,
+    reg: Registration,
+    w: int,
+    *,
+    bandwidth: float,
+    speedup: float = 1.0,
+    budgets_rws: Sequence[int] = DEFAULT_BUDGETS_RWS,
+    store_capacity: int | None = None,
+    p99_target_s: float | None = None,
+) -> TracePlan:
+    """Simulate ``trace`` on the whole-plan path and under each budget ``k · RWS(W)`` (see the module's model)."""
+    accounting.check_window(w)
+    if w == 0:
+        raise InvalidInput("a trace plan compares BSR at W ≥ 1 with the whole-plan path; W=0 leaves nothing to compare")
+    check_rate(bandwidth, speedup)
+    if not budgets_rws or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in budgets_rws):
+        raise InvalidInput("budgets are positive whole multiples of RWS(W), e.g. 1,2,4,8")
+    if p99_target_s is not None and not (math.isfinite(p99_target_s) and p99_target_s > 0):
+        raise InvalidInput(f"the p99 target must be a positive number of seconds, got {p99_target_s!r}")
+    bpc, aux = reg.bytes_per_chunk, reg.aux_bytes
+    hits = prefix_hits(trace, store_capacity)
+    per_block = trace.block_tokens
+    chunks = [hit_chunks(r, b, reg.chunk_size, per_block) for r, b in zip(trace.requests, hits.blocks, strict=True)]
+    restoring = [i for i, c in enumerate(chunks) if c > 0]
+    t0 = trace.requests[0].arrival_ms
+    arrivals = [(trace.requests[i].arrival_ms - t0) / 1000 / speedup for i in restoring]
+    sizes = [chunks[i] * bpc for i in restoring]
+    rws = accounting.rws_bytes(reg, w)
+
+    whole = _run(
+        RestorePath.WHOLE_PLAN, arrivals, sizes, [s + aux for s in sizes], bandwidth, None, None, None, p99_target_s
+    )
+    runs = []
+    for k in sorted(set(budgets_rws)):
+        budget = k * rws
+        a = windows_held(reg, w, budget)
+        holds = [min(chunks[i], a * w) * bpc + aux for i in restoring]
+        runs.append(_run(RestorePath.BSR, arrivals, sizes, holds, bandwidth, budget, k, a, p99_target_s))
+
+    largest = None
+    if restoring:
+        i = max(restoring, key=lambda j: (chunks[j], -j))
+        req = trace.requests[i]
+        largest = LargestHit(i, restored_tokens(req, chunks[i], reg.chunk_size), chunks[i], chunks[i] * bpc + aux)
+    return TracePlan(
+        source=trace.source,
+        registration=reg.identity,
+        model=reg.model,
+        chunk_size=reg.chunk_size,
+        bytes_per_chunk=bpc,
+        w=w,
+        rws_bytes=rws,
+        bandwidth=bandwidth,
+        speedup=speedup,
+        store_capacity=store_capacity,
+        requests=len(trace),
+        span_s=trace.span_ms / 1000 / speedup,
+        restores=len(restoring),
+        input_tokens=trace.input_tokens,
+        hit_tokens=sum(restored_tokens(trace.requests[i], chunks[i], reg.chunk_size) for i in restoring),
+        evicted_blocks=hits.evicted,
+        largest=largest,
+        whole_plan=whole,
+        bsr=tuple(runs),
+        p99_target_s=p99_target_s,
+    )
