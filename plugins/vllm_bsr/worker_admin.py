@@ -245,7 +245,7 @@ class WorkerCoordinator(LMCacheCoordinator):
         # W is the connector's bsr_window_chunks, fixed when vLLM starts; B and the fs concurrency govern bsr's own
         # restores, which a worker does not run.
         raise BadRequest(
-            "changing settings is not served from a vLLM worker: W is the connector's bsr_window_chunks",
+            "changing restore settings is not served from a vLLM worker: W is the connector's bsr_window_chunks",
             hint="set kv_connector_extra_config.bsr_window_chunks and restart vLLM",
         )
 
@@ -352,7 +352,8 @@ class WorkerAdmin:
             # The connector loads one window at a time: its budget is what one window of W chunks needs.
             budget_bytes=accounting.rws_bytes(reg, w) if w else 0,
             pool_bytes=limits.staging_bytes if limits else 0,
-            max_tokens=limits.max_model_len if limits else reg.chunk_size,
+            # Without the connector's limits (a worker admin started on its own) bsr's default prompt limit holds.
+            max_tokens=limits.max_model_len if limits else EngineSettings.max_tokens,
             kv_tokens=limits.kv_tokens if limits else reg.chunk_size,
             faults_enabled=faults,
         )
