@@ -71,6 +71,7 @@ class SchedulerState:
         self.tokens: dict[str, Sequence[int]] = {}  # request -> its prompt's token ids (vLLM's list, not copied)
         self.prefix_tokens: dict[str, int] = {}  # marker key -> tokens in the prefix it stands for
         self.forced_log: list[dict[str, object]] = []  # the newest admissions a marker sent to local compute
+        self.failed_log: list[dict[str, object]] = []  # the newest requests whose load a worker reported failed
 
     def external_tokens(
         self,
@@ -139,6 +140,10 @@ class SchedulerState:
                         oldest = next(iter(self.markers))
                         del self.markers[oldest]
                         self.prefix_tokens.pop(oldest, None)
+                # Request-level truth for every TP rank: a rank whose own windows completed still had its load
+                # thrown away (vLLM recomputes the whole request when any rank reports a failed block).
+                failed = {"request": req, "prefix_tokens": len(self.prefixes.get(req) or ()) * self.chunk_size}
+                self.failed_log = [*self.failed_log[-(MAX_FORCED - 1) :], failed | {"at": time.time()}]
                 hit.append(req)
         return hit
 
@@ -154,12 +159,18 @@ class SchedulerState:
     def published(self) -> dict[str, object]:
         """What the workers' admin API serves of the scheduler (plain data, for a file the admin reads): every
         standing marker, with the prefix it stands for (``prefix_tokens``: a prompt is covered when its first
-        ``prefix_tokens`` tokens hash to ``prompt``), and the newest admissions a marker sent to local compute."""
+        ``prefix_tokens`` tokens hash to ``prompt``), the newest admissions a marker sent to local compute, and the
+        newest requests whose load a worker reported failed (whichever TP rank it was)."""
         markers = [
             m.to_dict() | {"prefix_tokens": self.prefix_tokens.get(k), "force_local": True}
             for k, m in self.markers.items()
         ]
-        return {"chunk_size": self.chunk_size, "markers": markers, "forced": list(self.forced_log)}
+        return {
+            "chunk_size": self.chunk_size,
+            "markers": markers,
+            "forced": list(self.forced_log),
+            "load_failed": list(self.failed_log),
+        }
 
 
 def windows(start_token: int, end_token: int, chunk_size: int, w_chunks: int) -> list[tuple[int, int]]:

@@ -284,12 +284,29 @@ class WorkerCoordinator(LMCacheCoordinator):
         snap = super().snapshot(health=health, events_since=events_since)
         doc = self.scheduler_state()
         snap["markers"] = self.list_markers()
+        failed = {str(f.get("request")): f for f in (doc or {}).get("load_failed") or []}
+        snap["recent"] = [self._request_level(r, failed) for r in snap.get("recent") or []]
         snap["scheduler"] = {
             "published": doc is not None,
             "updated_at": (doc or {}).get("updated_at"),
             "forced_local": list((doc or {}).get("forced") or []),
         }
         return snap
+
+    @staticmethod
+    def _request_level(entry: dict[str, Any], failed: dict[str, Any]) -> dict[str, Any]:
+        """A load this rank completed, of a request whose load failed on another TP rank: vLLM recomputed the
+        whole request (every rank's blocks), so nothing this rank loaded was used."""
+        if entry.get("outcome") != "committed" or str(entry.get("request")) not in failed:
+            return entry
+        return entry | {
+            "outcome": "failed_closed",
+            "loaded_tokens": 0,
+            "recomputed_tokens": entry.get("prefix_tokens", entry.get("advertised_tokens", 0)),
+            "this_rank": "committed",
+            "reason": "this rank's windows completed, but the load failed on another TP rank: vLLM recomputed the "
+            "whole request",
+        }
 
     # -- what this worker loaded ---------------------------------------------------------------------------------
     def record_load(self, report: dict[str, Any]) -> None:

@@ -157,7 +157,7 @@ def test_published_markers_name_the_prefix_they_stand_for_and_the_forced_admissi
     admissions a marker sent to local compute. The marker goes once an admission clears it."""
     p = prompt(4, seed=1) + [5] * 60  # 4 full chunks and a tail
     s = SchedulerState(CS)
-    assert s.published() == {"chunk_size": CS, "markers": [], "forced": []}
+    assert s.published() == {"chunk_size": CS, "markers": [], "forced": [], "load_failed": []}
     s.external_tokens("r1", 4 * CS, 0, p)
     s.on_alloc("r1", ([1, 2],), 4 * CS)
     s.on_load_errors([2])
@@ -165,6 +165,8 @@ def test_published_markers_name_the_prefix_they_stand_for_and_the_forced_admissi
     (m,) = s.published()["markers"]  # type: ignore[misc]
     assert m["prompt"] == prompt_hash(p[: 4 * CS]) and m["prefix_tokens"] == 4 * CS and m["request"] == "r1"
     assert m["force_local"] is True and "load errors" in m["reason"]
+    # Whichever TP rank failed, every rank's admin can tell the request's load was thrown away.
+    assert [(f["request"], f["prefix_tokens"]) for f in s.published()["load_failed"]] == [("r1", 4 * CS)]  # type: ignore[union-attr]
     assert s.external_tokens("r2", 4 * CS, 0, p) == 0
     s.on_alloc("r2", ([3],), 0)
     pub = s.published()
