@@ -259,7 +259,14 @@ def explain_engine(
             )
         )
     if bitmap is not None:
-        findings.extend(_content(bitmap, (), prompt_flags))
+        content = _content(bitmap, (), prompt_flags)
+        if bitmap.tokens < n_tokens:  # the engine probes (and stores) full chunks only
+            for f in content:
+                f["evidence"].append(
+                    f"the last {n_tokens - bitmap.tokens:,} token(s) do not fill a chunk: they are never stored "
+                    "(only full chunks are) and are always computed"
+                )
+        findings.extend(content)
     elif not findings:
         raise ServerError(f"the engine's probe failed and nothing else explains it: {probe_error}")
     degraded = {t: h for t, h in (health.get("tiers") or {}).items() if not h.get("ok", True)}
@@ -275,8 +282,43 @@ def explain_engine(
                 "bsr status",
             )
         )
+    if info.get("serves_restores") is False:
+        findings = [_on_worker(f, prompt_flags) for f in findings]
     source = {"engine": info.get("engine")} | ({"probe_error": probe_error} if probe_error else {})
     return _result(prompt, bitmap, findings, last_restore, source=source, n_tokens=n_tokens, chunk_size=reg.chunk_size)
+
+
+# On an engine that serves no restores (a vLLM worker: KV moves only through vLLM's scheduler and the BSR connector,
+# configured by vLLM's kv_connector_extra_config, and its markers live in the scheduler), the fix and the next
+# command of each finding, in what that engine serves.
+_WORKER_REMEDY = {
+    "never-stored": ("send the prompt through vLLM once: it is computed and LMCache stores its full chunks", "probe"),
+    "partial": ("send the prompt through vLLM: the chunks LMCache lacks are computed and stored again", "probe"),
+    "evicted": (
+        "give LMCache's tier more room (max_local_disk_size, Mooncake's segment size); sending the prompt through "
+        "vLLM stores the evicted chunk again",
+        "probe",
+    ),
+    "rank-skew": (
+        "check that TP rank's LMCache store errors in the vLLM log; sending the prompt through vLLM stores it again",
+        "probe",
+    ),
+    "restorable": ("nothing to fix: vLLM's next admission of it loads the prefix through the BSR connector", "status"),
+    "force-local-marker": (
+        "nothing to clear by hand: vLLM's scheduler holds the marker and the next admission of a prompt starting "
+        "with this prefix computes it locally and clears it",
+        "markers list",
+    ),
+    "window-over-budget": ("lower the connector's bsr_window_chunks (kv_connector_extra_config)", "status"),
+}
+
+
+def _on_worker(f: dict[str, Any], prompt_flags: str) -> dict[str, Any]:
+    remedy = _WORKER_REMEDY.get(f["kind"])
+    if remedy is None:  # rank/tier health and armed faults: `bsr status` / `bsr faults clear` are served there
+        return f
+    fix, cmd = remedy
+    return f | {"fix": fix, "next": f"bsr probe {prompt_flags}" if cmd == "probe" else f"bsr {cmd}"}
 
 
 def explain_store(*, prompt: str, prompt_flags: str, store: Mapping[str, Any]) -> dict[str, Any]:

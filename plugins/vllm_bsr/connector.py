@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -37,7 +38,8 @@ from lmcache_bsr._lmcache import vllm_connector_base
 from lmcache_bsr.events import emit
 from lmcache_cpu import install as install_cpu_connector
 
-from .logic import SchedulerState, failed_block_ids, load_in_windows, windows
+from . import board
+from .logic import SchedulerState, failed_block_ids, load_in_windows, load_report, window_label, windows
 from .probe_lookup import DEFAULT_TIMEOUT_MS, ProbeLookupClient, ProbeLookupServer, probe_socket_path
 
 log = logging.getLogger("vllm_bsr.connector")
@@ -59,10 +61,16 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         self.bsr_probe_server: ProbeLookupServer | None = None
         self.bsr_admin: Any = None
         self.bsr_lmcache_lookups = 0  # LMCache's own (pinning) lookups served by this worker's engine
+        self.bsr_fault_kind: str | None = None  # the injected fault that failed the current load, if one did
         impl = self._lmcache_engine
         md = impl.lmcache_engine_metadata
         cfg = impl.config
         is_scheduler = getattr(role, "name", "") == "SCHEDULER"
+        rpc_port = extra.get("lmcache_rpc_port", 0)
+        # The scheduler publishes its markers here; the workers' admin API reads them (vllm_bsr/board.py).
+        self.bsr_board = board.board_path(md.engine_id, rpc_port) if md is not None and md.engine_id else None
+        if is_scheduler:
+            self._publish()
         if not is_scheduler and impl.lmcache_engine is None:
             reason = str(getattr(impl._manager, "_init_failed_reason", "") or "unknown").strip().splitlines()
             log.error(
@@ -76,7 +84,6 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             # replaced here) or CacheBlend (sends tokens, not chunk hashes): LMCache's own (pinning) lookup stays.
             log.warning("bsr: probe-only lookup NOT installed (LMCache degraded, no engine_id, async or blending)")
             return
-        rpc_port = extra.get("lmcache_rpc_port", 0)
         if is_scheduler:
             if impl.lookup_client is None:
                 return
@@ -105,7 +112,30 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
                     rank,
                     extra.get("bsr_admin_token") or os.environ.get("BSR_TOKEN"),
                     bool(extra.get("bsr_admin_faults", False)),
+                    self._limits(vllm_config, kv_cache_config),
                 )
+
+    def _limits(self, vllm_config: Any, kv_cache_config: Any) -> Any:
+        """The connector's W and vLLM's limits, for the admin API (``bsr status``/``pool``)."""
+        from .worker_admin import WorkerLimits
+
+        max_len = int(getattr(vllm_config.model_config, "max_model_len", 0) or 0)
+        cache = vllm_config.cache_config
+        blocks = getattr(kv_cache_config, "num_blocks", None) or getattr(cache, "num_gpu_blocks", None)
+        block = int(getattr(cache, "block_size", 0) or 0)
+        gb = float(getattr(self._lmcache_engine.config, "max_local_cpu_size", 0) or 0)
+        return WorkerLimits(
+            window_chunks=self.bsr_w,
+            max_model_len=max_len,
+            kv_tokens=int(blocks) * block if blocks and block else max_len,
+            staging_bytes=int(gb * (1 << 30)),
+            board=self.bsr_board,
+        )
+
+    def _publish(self) -> None:
+        """The scheduler's markers and forced admissions, for the workers' admin API (after every change)."""
+        if self.bsr_board is not None:
+            board.publish(self.bsr_board, self.bsr.published())
 
     def _count_lmcache_lookups(self) -> None:
         """Count LMCache's own (pinning) lookups on this worker's engine: with bsr's probe-only lookup in place
@@ -121,7 +151,7 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
 
         eng.lookup = counted
 
-    def _start_admin(self, port: int, rank: int, token: str | None, faults: bool = False) -> None:
+    def _start_admin(self, port: int, rank: int, token: str | None, faults: bool, limits: Any) -> None:
         if not token:
             log.warning("bsr: bsr_admin_port set but no bsr_admin_token / $BSR_TOKEN: admin API not started")
             return
@@ -129,7 +159,9 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
 
         impl = self._lmcache_engine
         try:
-            self.bsr_admin = WorkerAdmin(lambda: impl.lmcache_engine, rank, token=token, port=port, faults=faults)
+            self.bsr_admin = WorkerAdmin(
+                lambda: impl.lmcache_engine, rank, token=token, port=port, faults=faults, limits=limits
+            )
             log.info("bsr admin API for rank %d serving %s", rank, self.bsr_admin.url)
         except Exception as e:  # noqa: BLE001 - the admin API is for operators; serving must not depend on it
             log.warning("bsr: admin API for rank %d not started: %s", rank, e)
@@ -155,6 +187,8 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             getattr(request, "prompt_token_ids", None),
         )
         forced = request.request_id in self.bsr.forced
+        if forced:
+            self._publish()
         emit(
             "bsr_lookup",
             req=request.request_id,
@@ -170,6 +204,7 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if self.bsr.on_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens):
             emit("bsr_marker_cleared", req=request.request_id)
+            self._publish()
         super().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
@@ -179,8 +214,11 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
-        for req in self.bsr.on_load_errors(getattr(connector_output, "invalid_block_ids", None) or ()):
+        hit = self.bsr.on_load_errors(getattr(connector_output, "invalid_block_ids", None) or ())
+        for req in hit:
             emit("bsr_marker_set", req=req, prefix=self.bsr.prefix_key(req))
+        if hit:
+            self._publish()
         super().update_connector_output(connector_output)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -201,6 +239,8 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         meta = self._get_connector_metadata()
         groups_of = getattr(meta, "bsr_block_ids", {})
         cs = self.bsr_chunk
+        staging = self.bsr_admin.staging if self.bsr_admin is not None else None
+        slot = self.bsr_admin.ops.slot_bytes if self.bsr_admin is not None else 0
         for req in meta.requests:
             spec = req.load_spec
             if spec is None or not spec.can_load:
@@ -228,10 +268,20 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
 
             def one_window(s: int, e: int, _ran: list[tuple[int, int]] = ran, _get: Any = retrieve) -> int:
                 _ran.append((s, e))
-                self._maybe_fault(len(_ran) - 1)
-                return int(_get(s, e))
+                if staging is not None:
+                    staging.begin((e - s) // cs * slot)
+                try:
+                    self._maybe_fault(len(_ran) - 1)
+                    return int(_get(s, e))
+                finally:
+                    if staging is not None:
+                        staging.end()
 
+            self.bsr_fault_kind = None
+            t0 = time.monotonic()
             result = load_in_windows(one_window, wins)
+            seconds = time.monotonic() - t0
+            failed_at = window_label(result.failed_window) if result.failed_window is not None else None
             emit(
                 "bsr_load",
                 rank=getattr(self, "bsr_rank", None),
@@ -240,19 +290,56 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
                 windows_run=len(ran),
                 ok=result.ok,
                 loaded=result.loaded_tokens,
-                failed_window=result.failed_window,
+                failed_window=result.failed_window,  # 0-based, as every window field of bsr's events
+                failed_window_label=failed_at,  # how the CLI and the log name it
                 reason=result.reason,
                 lmcache_lookups=self.bsr_lmcache_lookups,
                 probe_served=self.bsr_probe_server.served if self.bsr_probe_server is not None else None,
             )
+            if self.bsr_admin is not None:
+                self._record_load(req, spec, end, wins, len(ran), result, seconds)
             # bsr's probe-only lookup pins nothing; this releases pins only if LMCache's own lookup ran (degraded).
             engine.lookup_unpin(req.req_id)
             if not result.ok:
-                log.warning("bsr: load of %s failed closed (%s): vLLM recomputes its prefix", req.req_id, result.reason)
+                log.warning(
+                    "bsr: load of %s failed closed at window %s of %d (%s): vLLM recomputes its first %d tokens",
+                    req.req_id,
+                    failed_at,
+                    len(wins),
+                    result.reason,
+                    end,
+                )
                 groups = groups_of.get(req.req_id)
                 if not groups:  # fall back to the one group LMCache's metadata knows
                     groups = [torch.unique(req.slot_mapping.cpu() // impl._block_size).tolist()]
                 impl._invalid_block_ids.update(failed_block_ids(groups))
+
+    def _record_load(
+        self, req: Any, spec: Any, end: int, wins: list[tuple[int, int]], ran: int, result: Any, seconds: float
+    ) -> None:
+        """The load, as this worker's admin API reports it (``bsr status``, ``explain``, ``events``)."""
+        from bsr_cli.core.keys import prompt_hash
+
+        admin = self.bsr_admin
+        try:
+            report = load_report(
+                request=str(req.req_id),
+                prompt=prompt_hash(list(req.token_ids[:end])),
+                vllm_cached_tokens=int(spec.vllm_cached_tokens),
+                end_token=end,
+                wins=wins,
+                windows_run=ran,
+                result=result,
+                w=self.bsr_w,
+                chunk_size=self.bsr_chunk,
+                bytes_per_chunk=admin.ops.slot_bytes,
+                tiers=list(admin.coordinator.settings.tiers),
+                fault_kind=self.bsr_fault_kind,
+                seconds=seconds,
+            )
+            admin.record_load(report)
+        except Exception as e:  # noqa: BLE001 - the admin API is for operators; serving must not depend on it
+            log.warning("bsr: load of %s not recorded for the admin API: %s", req.req_id, e)
 
     def _maybe_fault(self, window: int) -> None:
         """An operator-injected fault (``bsr --engine <worker admin URL> inject-fault``) fires here: the window
@@ -262,4 +349,5 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             return
         spec = admin.take_fault(window)
         if spec is not None:
-            raise RuntimeError(f"injected {spec.kind} (fault {spec.id}) in window {window}")
+            self.bsr_fault_kind = spec.kind
+            raise RuntimeError(f"injected {spec.kind} (fault {spec.id}) in window {window_label(window)}")

@@ -10,19 +10,38 @@ compute (0 external tokens; vLLM recomputes and LMCache stores the chunks afresh
 Markers are bounded (oldest dropped first). Worker side: the windows of a load and, when any window
 fails, the block ids to report as load errors (every block of the request in every KV group, so vLLM drops the
 whole external prefix and recomputes it instead of trusting a partial one).
+
+Windows are numbered as everywhere in bsr: a 0-based index in machine fields (events, JSON: ``failed_window: 1``)
+and ``G1..GK`` in text a person reads (``window G2`` is index 1), see ``window_label``.
+
+What the scheduler holds is published for the workers' admin API (``SchedulerState.published``): the markers (the
+scheduler runs in another process than the workers' admin servers), each with the bsr prompt hash of the prefix it
+stands for and that prefix's length in tokens, so a client holding a prompt's tokens can tell whether a marker
+covers it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.keys import prompt_hash
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import chunk_spans
 
 MAX_MARKERS = 4096
+MAX_FORCED = 16  # forced-local admissions kept for the admin API (the newest)
+MARKER_REASON = "a worker reported load errors on its blocks: vLLM recomputed the request"
+
+
+def window_label(index: int) -> str:
+    """How a person reads window ``index`` (0-based): ``G1`` is the first, as bsr's plans, CLI and TUI show it."""
+    return f"G{index + 1}"
 
 
 def prefix_keys(tokens: Sequence[int], chunk_size: int, n_chunks: int) -> list[str]:
@@ -49,6 +68,10 @@ class SchedulerState:
         self.external: dict[str, int] = {}
         self.prefixes: dict[str, list[str]] = {}  # request -> its probed prefix's keys, one per chunk boundary
         self.forced: dict[str, str] = {}  # request -> the marker's key that forced it local
+        self.tokens: dict[str, Sequence[int]] = {}  # request -> its prompt's token ids (vLLM's list, not copied)
+        self.prefix_tokens: dict[str, int] = {}  # marker key -> tokens in the prefix it stands for
+        self.forced_log: list[dict[str, object]] = []  # the newest admissions a marker sent to local compute
+        self.failed_log: list[dict[str, object]] = []  # the newest requests whose load a worker reported failed
 
     def external_tokens(
         self,
@@ -66,9 +89,15 @@ class SchedulerState:
         else:
             keys = prefix_keys(tokens, self.chunk_size, min(aligned, len(tokens)) // self.chunk_size)
         self.prefixes[request] = keys
+        if tokens is not None:
+            self.tokens[request] = tokens
         hit = next((k for k in keys if k in self.markers), None)
         if hit is not None:
             n = 0
+            if self.forced.get(request) != hit:
+                m = self.markers[hit]
+                seen = {"request": request, "marker": m.prompt, "prefix_tokens": self.prefix_tokens.get(hit)}
+                self.forced_log = [*self.forced_log[-(MAX_FORCED - 1) :], seen | {"at": time.time()}]
             self.forced[request] = hit
         else:
             n = max(0, aligned - num_computed_tokens)
@@ -87,10 +116,11 @@ class SchedulerState:
         key = self.forced.pop(request, None)
         if key is not None and key in self.markers and num_external_tokens == 0:
             del self.markers[key]
+            self.prefix_tokens.pop(key, None)
             return True
         return False
 
-    def on_load_errors(self, invalid_block_ids: Iterable[int], reason: str = "load error") -> list[str]:
+    def on_load_errors(self, invalid_block_ids: Iterable[int], reason: str = MARKER_REASON) -> list[str]:
         """Workers reported failed blocks: mark the probed prefix of every tracked request that owns one of them
         (the next admission of a prompt starting with it computes locally). Returns the requests hit."""
         bad = set(invalid_block_ids)
@@ -99,9 +129,21 @@ class SchedulerState:
             if any(b in bad for g in groups for b in g):
                 key = self.prefix_key(req) or req
                 if key not in self.markers:
-                    self.markers[key] = Marker(prompt=key, excluded=set(), reason=reason, request=req)
+                    n = len(self.prefixes.get(req) or ()) * self.chunk_size
+                    toks = self.tokens.get(req)
+                    # Shown under bsr's prompt hash of the prefix (what `bsr probe`/`explain` compute from tokens).
+                    shown = prompt_hash(toks[:n]) if toks is not None and n else key
+                    self.markers[key] = Marker(prompt=shown, excluded=set(), reason=reason, request=req)
+                    if toks is not None and n:
+                        self.prefix_tokens[key] = n
                     while len(self.markers) > self.max_markers:
-                        del self.markers[next(iter(self.markers))]
+                        oldest = next(iter(self.markers))
+                        del self.markers[oldest]
+                        self.prefix_tokens.pop(oldest, None)
+                # Request-level truth for every TP rank: a rank whose own windows completed still had its load
+                # thrown away (vLLM recomputes the whole request when any rank reports a failed block).
+                failed = {"request": req, "prefix_tokens": len(self.prefixes.get(req) or ()) * self.chunk_size}
+                self.failed_log = [*self.failed_log[-(MAX_FORCED - 1) :], failed | {"at": time.time()}]
                 hit.append(req)
         return hit
 
@@ -112,6 +154,23 @@ class SchedulerState:
         self.external.pop(request, None)
         self.prefixes.pop(request, None)
         self.forced.pop(request, None)
+        self.tokens.pop(request, None)
+
+    def published(self) -> dict[str, object]:
+        """What the workers' admin API serves of the scheduler (plain data, for a file the admin reads): every
+        standing marker, with the prefix it stands for (``prefix_tokens``: a prompt is covered when its first
+        ``prefix_tokens`` tokens hash to ``prompt``), the newest admissions a marker sent to local compute, and the
+        newest requests whose load a worker reported failed (whichever TP rank it was)."""
+        markers = [
+            m.to_dict() | {"prefix_tokens": self.prefix_tokens.get(k), "force_local": True}
+            for k, m in self.markers.items()
+        ]
+        return {
+            "chunk_size": self.chunk_size,
+            "markers": markers,
+            "forced": list(self.forced_log),
+            "load_failed": list(self.failed_log),
+        }
 
 
 def windows(start_token: int, end_token: int, chunk_size: int, w_chunks: int) -> list[tuple[int, int]]:
@@ -141,7 +200,7 @@ def load_in_windows(retrieve: Callable[[int, int], int], wins: Sequence[tuple[in
         except Exception as exc:  # noqa: BLE001 - any exception fails the load, closed
             return LoadResult(False, 0, i, f"{type(exc).__name__}: {exc}")
         if got != e - s:
-            return LoadResult(False, 0, i, f"loaded {got} of {e - s} tokens in window {i}")
+            return LoadResult(False, 0, i, f"loaded {got} of {e - s} tokens in window {window_label(i)}")
         done += got
     return LoadResult(True, done)
 
@@ -151,3 +210,117 @@ def failed_block_ids(block_ids_per_group: Sequence[Sequence[int]] | Mapping[int,
     prefix collapses to zero (vLLM recomputes from the first invalid block)."""
     groups = block_ids_per_group.values() if isinstance(block_ids_per_group, Mapping) else block_ids_per_group
     return {int(b) for g in groups for b in g}
+
+
+# -- what the worker's admin API records of a load ------------------------------------------------------------
+# An injected fault of this kind fails the window's install (the copy into vLLM's paged KV): the rank is blamed,
+# as bsr's taxonomy says (core/evidence.py); every other failure of LMCache's retrieve is the tier's (fetch).
+INSTALL_FAULTS = frozenset({"restore-fault"})
+
+
+def load_report(
+    *,
+    request: str,
+    prompt: str,
+    vllm_cached_tokens: int,
+    end_token: int,
+    wins: Sequence[tuple[int, int]],
+    windows_run: int,
+    result: LoadResult,
+    w: int,
+    chunk_size: int,
+    bytes_per_chunk: int,
+    tiers: Sequence[str],
+    fault_kind: str | None = None,
+    seconds: float = 0.0,
+) -> dict[str, Any]:
+    """One load as the connector saw it, in bsr's restore vocabulary (what `bsr status` and `explain` read).
+
+    ``advertised_tokens``: what the scheduler told vLLM would come from the store; ``loaded_tokens``: what vLLM
+    really took (all or nothing: a failed window fails the whole load); ``recomputed_tokens``: what vLLM computes
+    again because the load failed (every block of the request is reported, so vLLM recomputes from token 0 up to
+    the end of the external prefix; vLLM's own ``num_cached_tokens`` may still count them as cached)."""
+    advertised = max(0, end_token - vllm_cached_tokens)
+    done = len(wins) if result.ok else int(result.failed_window or 0)
+    fails: list[dict[str, Any]] = []
+    kind: FailureKind | None = None
+    if not result.ok:
+        install = fault_kind in INSTALL_FAULTS
+        stage = Stage.INSTALL if install else Stage.FETCH
+        kind = FailureKind.RANK if install else FailureKind.TIER
+        # LMCache's retrieve does not say which backend came back short; with one tier it can only be that one.
+        tier = None if install else (tiers[0] if len(tiers) == 1 else "lmcache")
+        fails.append(
+            {"rank": 0, "window": result.failed_window, "stage": stage.value, "kind": kind.value}
+            | {"tier": tier, "reason": result.reason}
+        )
+    return {
+        "request": request,
+        "prompt": prompt,
+        "prefix_tokens": end_token,
+        "W": w,
+        "outcome": (Outcome.COMMITTED if result.ok else Outcome.FAILED_CLOSED).value,
+        "windows": len(wins),
+        "windows_run": windows_run,
+        "window_spans": [list(x) for x in wins],
+        "chunks": len(range(vllm_cached_tokens // chunk_size, end_token // chunk_size)),
+        "advertised_tokens": advertised,
+        "committed_tokens": advertised if result.ok else 0,
+        "loaded_tokens": advertised if result.ok else 0,
+        "recomputed_tokens": 0 if result.ok else end_token,
+        "failed_window": result.failed_window,
+        "failures": fails,
+        "failure_kind": kind.value if kind is not None else None,
+        "tiers": list(tiers),
+        "reason": result.reason,
+        "seconds": seconds,
+        # Bytes moved into vLLM's KV by the windows that completed (a failed load's are then recomputed over).
+        "bytes": sum((e - s) // chunk_size for s, e in wins[:done]) * bytes_per_chunk,
+        "bytes_per_chunk": bytes_per_chunk,
+        "chunk_size": chunk_size,
+    }
+
+
+def load_events(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The events of one load, as bsr's embedded engine writes them for a restore (so `bsr explain` and
+    `bsr events` read a worker's loads as they read its restores): started, each window released, then committed
+    or failed closed. Windows: 0-based ``window`` fields."""
+    req = report["request"]
+    spans = report["window_spans"]
+    ok = report["outcome"] == Outcome.COMMITTED
+    released = len(spans) if ok else int(report["failed_window"] or 0)
+    out: list[dict[str, Any]] = [
+        {
+            "type": EventKind.RESTORE_STARTED.value,
+            "request": req,
+            "prompt": report["prompt"],
+            "prefix_tokens": report["prefix_tokens"],
+            "tokens": report["advertised_tokens"],
+            "windows": report["windows"],
+            "W": report["W"],
+            "tiers": report["tiers"],
+        }
+    ]
+    for i, (s, e) in enumerate(spans[:released]):
+        out.append(
+            {
+                "type": EventKind.WINDOW_RELEASED.value,
+                "request": req,
+                "rank": 0,
+                "window": i,
+                "windows": len(spans),
+                "bytes": (e - s) // report["chunk_size"] * report["bytes_per_chunk"],
+            }
+        )
+    end = {
+        "type": (EventKind.RESTORE_COMMITTED if ok else EventKind.RESTORE_FAILED_CLOSED).value,
+        "request": req,
+        "committed_tokens": report["committed_tokens"],
+        "advertised_tokens": report["advertised_tokens"],
+        "loaded_tokens": report["loaded_tokens"],
+        "recomputed_tokens": report["recomputed_tokens"],
+        "failures": report["failures"],
+        "failure_kind": report["failure_kind"],
+        "seconds": report["seconds"],
+    }
+    return [*out, end]

@@ -7,12 +7,19 @@ the worker's engine (the engine is LMCache's, built by its vLLM adapter: bsr nev
 driven through ``ThreadRank``).
 
 What it serves (``WorkerRankOps``, the rank-ops contract's ``probe``/``stats``/``reset_peak``; every other op answers
-``UnsupportedOp``): ``probe`` (the per-tier, per-chunk bitmap of THIS rank, probe-only: no pins, no bytes moved),
-``status``/``info``/``registration``, and faults when the connector's ``bsr_admin_faults`` is set (they fire inside
-the worker's load windows, ``take_fault``). What it refuses: ``submit``/``restore``/stores and the bench
+``UnsupportedOp``): ``probe`` (the per-tier, per-chunk bitmap of THIS rank over the prompt's full chunks, the only
+ones LMCache stores; probe-only: no pins, no bytes moved), ``status``/``info``/``registration`` with the connector's
+real settings (W = ``bsr_window_chunks``, the budget one window needs, vLLM's ``max_model_len``), the last loads of
+this worker as the connector saw them (``record_load``: advertised, loaded, failed window, recomputed; as bsr's
+restore events, so ``bsr explain``/``events`` read them), the force-local markers the scheduler holds (read from
+what the scheduler-side connector publishes, vllm_bsr/board.py: markers live in vLLM's scheduler process, not in
+this worker), and faults when the connector's ``bsr_admin_faults`` is set (they fire inside the worker's load
+windows, ``take_fault``). What it refuses: ``submit``/``restore``/stores, settings changes and the bench
 (``info.serves_restores`` is false), since in a vLLM deployment KV moves only through vLLM's scheduler and the BSR
-connector; and clearing markers, which live in the scheduler.
-The coordinator is one-rank, so the bitmap calls this worker "rank 0"; ``info.engine`` names the real TP rank.
+connector, configured by vLLM's ``kv_connector_extra_config``; and clearing markers, which the scheduler owns (the
+next admission of a prompt starting with the marked prefix clears it).
+The coordinator is one-rank, so the bitmap and the events call this worker "rank 0"; ``info.engine`` and
+``info.worker.tp_rank`` name the real TP rank.
 
 Bound to loopback; port ``bsr_admin_port + rank``; bearer token ``bsr_admin_token`` or ``$BSR_TOKEN``.
 Verified with real LMCache engines (tests/plugins/test_vllm_lookup.py) and inside real vLLM workers (tests/vllm).
@@ -20,6 +27,9 @@ Verified with real LMCache engines (tests/plugins/test_vllm_lookup.py) and insid
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,16 +49,55 @@ from bsr_cli.api.ranks import (
     UnsupportedOp,
     UnsupportedOps,
 )
-from bsr_cli.core.bitmap import encode_row
+from bsr_cli.core import accounting
+from bsr_cli.core.bitmap import HitBitmap, encode_row
+from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.coordinator import EngineSettings
 from bsr_cli.runtime.events import EventLog
 from bsr_cli.server.admin import AdminServer
 
+from . import board
+from .logic import load_events
 from .probe_lookup import EngineFn, RankProber
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    """The connector's settings and vLLM's limits, as the admin API reports them (``bsr status``, ``bsr pool``)."""
+
+    window_chunks: int  # W: the connector's bsr_window_chunks
+    max_model_len: int  # vLLM's longest prompt + output
+    kv_tokens: int  # vLLM's paged KV capacity in tokens (max_model_len when not known yet)
+    staging_bytes: int  # LMCache's local CPU buffer (max_local_cpu_size), where a window is staged
+    board: str | None = None  # where the scheduler-side connector publishes its markers (vllm_bsr/board.py)
+
+
+class Staging:
+    """The window the connector is loading now, by accounting (its chunks x bytes per chunk: LMCache's masked
+    retrieve stages exactly the window's chunks), and the largest since the last reset."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.live = 0
+        self.peak = 0
+        self.windows_live = 0
+
+    def begin(self, nbytes: int) -> None:
+        with self._lock:
+            self.live, self.windows_live = nbytes, 1
+            self.peak = max(self.peak, nbytes)
+
+    def end(self) -> None:
+        with self._lock:
+            self.live, self.windows_live = 0, 0
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.live
 
 
 def registration_of(eng: Any, block_size: int = 16) -> Registration:
@@ -74,11 +123,23 @@ class WorkerRankOps(UnsupportedOps):
     rank = 0  # the coordinator's index: one rank per admin server
     host_name = "a vLLM worker"
 
-    def __init__(self, engine_fn: EngineFn, tp_rank: int, registry: TokenRegistry, group: str = "attn") -> None:
+    def __init__(
+        self,
+        engine_fn: EngineFn,
+        tp_rank: int,
+        registry: TokenRegistry,
+        group: str = "attn",
+        *,
+        limits: WorkerLimits | None = None,
+        slot_bytes: int = 0,
+    ) -> None:
         self.tp_rank = tp_rank
         self.prober = RankProber(engine_fn)
         self.registry = registry
         self.group = group
+        self.limits = limits
+        self.slot_bytes = slot_bytes
+        self.staging = Staging()
 
     def unsupported(self, op: str) -> UnsupportedOp:
         return UnsupportedOp(
@@ -98,9 +159,16 @@ class WorkerRankOps(UnsupportedOps):
         return ProbeResult({self.group: encode_row(held, req.tiers, len(req.hashes))}, errors)
 
     def stats(self, req: StatsRequest) -> StatsResult:
-        pool = dict.fromkeys(
-            ("capacity_bytes", "budget_bytes", "slot_bytes", "live_bytes", "peak_bytes", "windows_live", "waiters"), 0
-        )
+        lim, st = self.limits, self.staging
+        pool = {
+            "capacity_bytes": lim.staging_bytes if lim else 0,
+            "budget_bytes": lim.window_chunks * self.slot_bytes if lim else 0,  # one window at a time
+            "slot_bytes": self.slot_bytes,
+            "live_bytes": st.live,
+            "peak_bytes": st.peak,
+            "windows_live": st.windows_live,
+            "waiters": 0,
+        }
         tiers: dict[str, TierStatus] | None = None
         if req.health:
             eng = self.prober.engine_fn()
@@ -117,6 +185,7 @@ class WorkerRankOps(UnsupportedOps):
         return StatsResult(self.rank, pool, tiers, tp_rank=self.tp_rank)
 
     def reset_peak(self, req: ResetPeakRequest) -> ResetPeakResult:
+        self.staging.reset_peak()
         return ResetPeakResult()
 
     def close(self) -> None:
@@ -124,7 +193,14 @@ class WorkerRankOps(UnsupportedOps):
 
 
 class WorkerCoordinator(LMCacheCoordinator):
-    """A one-rank coordinator that refuses to move KV: in a vLLM deployment only vLLM's scheduler does."""
+    """A one-rank coordinator that refuses to move KV (in a vLLM deployment only vLLM's scheduler does), serves the
+    scheduler's markers from its board and records this worker's loads as the connector saw them."""
+
+    def __init__(self, *a: Any, tp_rank: int = 0, limits: WorkerLimits | None = None, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.tp_rank = tp_rank
+        self.limits = limits
+        self._loads: dict[str, dict[str, Any]] = {}  # request -> its last load report (bounded by ``recent``)
 
     def _refuse(self, what: str) -> Any:
         raise BadRequest(
@@ -138,39 +214,170 @@ class WorkerCoordinator(LMCacheCoordinator):
     def restore(self, tokens: Any, **kw: Any) -> dict[str, Any]:
         return self._refuse("restore")  # type: ignore[no-any-return]
 
+    def probe(self, tokens: Any, hashes: list[str] | None = None) -> tuple[HitBitmap, dict[str, Any]]:
+        """The bitmap over the prompt's full chunks: LMCache never stores a partial last chunk (vLLM always computes
+        that tail), so probing it would report a miss no store could ever fill."""
+        cs = self.reg.chunk_size
+        full = len(tokens) // cs
+        if full == 0:
+            return super().probe(tokens, hashes)  # type: ignore[no-any-return]
+        hashes = (hashes or chunk_hashes(tokens, cs))[:full]
+        return super().probe(tokens[: full * cs], hashes)  # type: ignore[no-any-return]
+
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "serves_restores": False}
+        out = {**super().info(), "serves_restores": False}
+        lim = self.limits
+        if lim is not None:
+            out["worker"] = {
+                "tp_rank": self.tp_rank,
+                "window_chunks": lim.window_chunks,
+                "max_model_len": lim.max_model_len,
+                "kv_tokens": lim.kv_tokens,
+                "staging_bytes": lim.staging_bytes,
+                "scheduler_board": lim.board,
+                "scheduler_published": lim.board is not None and board.read(lim.board) is not None,
+                "stores": "full chunks only (LMCache's save_unfull_chunk is off)",
+                "window_numbering": "0-based in JSON and events (window: 1); G1..GK in text (window G2)",
+            }
+        return out
 
     def update_settings(self, **changes: Any) -> None:
-        # B, W and the filesystem concurrency govern restores, which a worker does not run.
-        self._refuse("changing restore settings")
-
-    def clear_markers(self) -> int:
+        # W is the connector's bsr_window_chunks, fixed when vLLM starts; B and the fs concurrency govern bsr's own
+        # restores, which a worker does not run.
         raise BadRequest(
-            "force-local markers are not served from a vLLM worker: they live in vLLM's scheduler (the BSR "
-            "connector), keyed by the failed prefix, and clear on the next admission of a prompt that starts with it",
-            hint="watch `bsr_marker_set` / `bsr_marker_cleared` in $BSR_VLLM_EVENTS or the scheduler's log",
+            "changing restore settings is not served from a vLLM worker: W is the connector's bsr_window_chunks",
+            hint="set kv_connector_extra_config.bsr_window_chunks and restart vLLM",
         )
+
+    # -- what the scheduler holds --------------------------------------------------------------------------------
+    def scheduler_state(self) -> dict[str, Any] | None:
+        return board.read(self.limits.board) if self.limits is not None and self.limits.board else None
+
+    def list_markers(self) -> list[dict[str, Any]]:
+        """The force-local markers vLLM's scheduler holds now, as it published them. A vLLM marker sends the next
+        admission of any prompt starting with its prefix to local compute: every tier is excluded."""
+        doc = self.scheduler_state() or {}
+        with self._lock:
+            loads = dict(self._loads)
+        out = []
+        for m in doc.get("markers") or []:
+            m = dict(m) | {"excluded_tiers": list(self.settings.tiers)}
+            load = loads.get(str(m.get("request")))
+            if load is not None and load.get("failures"):
+                f = load["failures"][0]
+                m["reason"] = (
+                    f"load of {load['advertised_tokens']:,} tokens failed at window G{int(f['window']) + 1} on "
+                    f"tp-rank {self.tp_rank} ({f['reason']}); vLLM recomputed them"
+                )
+                m["failed_window"] = f["window"]
+            out.append(m)
+        return out
+
+    def clear_markers(self, *a: Any, **kw: Any) -> int:
+        raise BadRequest(
+            "clearing force-local markers is not served from a vLLM worker: they live in vLLM's scheduler (the BSR "
+            "connector), keyed by the failed prefix, and clear on the next admission of a prompt that starts with it",
+            hint="`bsr markers list` shows them; send the prompt to vLLM again to clear its marker",
+        )
+
+    def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
+        snap = super().snapshot(health=health, events_since=events_since)
+        doc = self.scheduler_state()
+        snap["markers"] = self.list_markers()
+        failed = {str(f.get("request")): f for f in (doc or {}).get("load_failed") or []}
+        snap["recent"] = [self._request_level(r, failed) for r in snap.get("recent") or []]
+        snap["scheduler"] = {
+            "published": doc is not None,
+            "updated_at": (doc or {}).get("updated_at"),
+            "forced_local": list((doc or {}).get("forced") or []),
+        }
+        return snap
+
+    @staticmethod
+    def _request_level(entry: dict[str, Any], failed: dict[str, Any]) -> dict[str, Any]:
+        """A load this rank completed, of a request whose load failed on another TP rank: vLLM recomputed the
+        whole request (every rank's blocks), so nothing this rank loaded was used."""
+        if entry.get("outcome") != "committed" or str(entry.get("request")) not in failed:
+            return entry
+        return entry | {
+            "outcome": "failed_closed",
+            "loaded_tokens": 0,
+            "recomputed_tokens": entry.get("prefix_tokens", entry.get("advertised_tokens", 0)),
+            "this_rank": "committed",
+            "reason": "this rank's windows completed, but the load failed on another TP rank: vLLM recomputed the "
+            "whole request",
+        }
+
+    # -- what this worker loaded ---------------------------------------------------------------------------------
+    def record_load(self, report: dict[str, Any]) -> None:
+        """One load as the connector saw it: its events (bsr's restore vocabulary) and a recent-restores entry."""
+        for ev in load_events(report):
+            self.events.append(ev | {"tp_rank": self.tp_rank})
+        entry = {
+            "request": report["request"],
+            "prompt": report["prompt"],
+            "prefix_tokens": report["prefix_tokens"],
+            "outcome": report["outcome"],
+            "tokens": report["advertised_tokens"],
+            "advertised_tokens": report["advertised_tokens"],
+            "loaded_tokens": report["loaded_tokens"],
+            "recomputed_tokens": report["recomputed_tokens"],
+            "windows": report["windows"],
+            "windows_run": report["windows_run"],
+            "failed_window": report["failed_window"],
+            "W": report["W"],
+            "tiers": report["tiers"],
+            "seconds": report["seconds"],
+            "finished": time.time(),
+            "reason": report["reason"],
+            "failure_kind": report["failure_kind"],
+            "tp_rank": self.tp_rank,
+        }
+        with self._lock:
+            self.recent.appendleft(entry)
+            self._loads[report["request"]] = report
+            keep = {str(e["request"]) for e in self.recent}
+            self._loads = {k: v for k, v in self._loads.items() if k in keep}
 
 
 class WorkerAdmin:
     """The admin server of one vLLM worker. ``stop()`` it (the connector does on shutdown)."""
 
     def __init__(
-        self, engine_fn: EngineFn, tp_rank: int, *, token: str, port: int, host: str = "127.0.0.1", faults: bool = False
+        self,
+        engine_fn: EngineFn,
+        tp_rank: int,
+        *,
+        token: str,
+        port: int,
+        host: str = "127.0.0.1",
+        faults: bool = False,
+        limits: WorkerLimits | None = None,
     ) -> None:
         eng = engine_fn()
         if eng is None:
             raise RuntimeError("LMCache has no engine in this worker: bsr's admin API cannot start")
         reg = registration_of(eng)
         self.registry = TokenRegistry(reg.chunk_size)
-        self.ops = WorkerRankOps(engine_fn, tp_rank, self.registry)
+        self.ops = WorkerRankOps(engine_fn, tp_rank, self.registry, limits=limits, slot_bytes=reg.bytes_per_chunk)
         tiers = tuple(self.ops.prober.tiers()) or ("fs",)
+        w = limits.window_chunks if limits else 0
         settings = EngineSettings(
-            name=f"vllm-lmcache tp-rank {tp_rank}", tiers=tiers, kv_tokens=reg.chunk_size, w=0, faults_enabled=faults
+            name=f"vllm-lmcache tp-rank {tp_rank}",
+            tiers=tiers,
+            w=w,
+            # The connector loads one window at a time: its budget is what one window of W chunks needs.
+            budget_bytes=accounting.rws_bytes(reg, w) if w else 0,
+            pool_bytes=limits.staging_bytes if limits else 0,
+            # Without the connector's limits (a worker admin started on its own) bsr's default prompt limit holds.
+            max_tokens=limits.max_model_len if limits else EngineSettings.max_tokens,
+            kv_tokens=limits.kv_tokens if limits else reg.chunk_size,
+            faults_enabled=faults,
         )
         self.rank = ThreadRank(self.ops, max_workers=4)
-        self.coordinator = WorkerCoordinator(reg, [self.rank], settings, EventLog(), registry=self.registry)
+        self.coordinator = WorkerCoordinator(
+            reg, [self.rank], settings, EventLog(), registry=self.registry, tp_rank=tp_rank, limits=limits
+        )
         self.server = AdminServer(self.coordinator, token=token, host=host, port=port)
         self.server.start()
 
@@ -193,6 +400,13 @@ class WorkerAdmin:
         return fired
 
     @property
+    def staging(self) -> Staging:
+        return self.ops.staging
+
+    def record_load(self, report: dict[str, Any]) -> None:
+        self.coordinator.record_load(report)
+
+    @property
     def url(self) -> str:
         return str(self.server.url)
 
@@ -201,4 +415,4 @@ class WorkerAdmin:
         self.rank.close()
 
 
-__all__ = ["WorkerAdmin", "WorkerRankOps", "registration_of"]
+__all__ = ["Staging", "WorkerAdmin", "WorkerCoordinator", "WorkerLimits", "WorkerRankOps", "registration_of"]

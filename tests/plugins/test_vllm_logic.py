@@ -9,7 +9,19 @@ from __future__ import annotations
 import random
 
 import pytest
-from vllm_bsr.logic import SchedulerState, failed_block_ids, load_in_windows, prefix_keys, windows
+from vllm_bsr.logic import (
+    LoadResult,
+    SchedulerState,
+    failed_block_ids,
+    load_events,
+    load_in_windows,
+    load_report,
+    prefix_keys,
+    window_label,
+    windows,
+)
+
+from bsr_cli.core.keys import prompt_hash
 
 CS = 256
 
@@ -136,6 +148,93 @@ def test_exception_in_a_window_fails_closed() -> None:
     res = load_in_windows(retrieve, [(0, CS)])
     assert not res.ok and "mooncake transfer failed" in res.reason
     assert load_in_windows(lambda s, e: e - s, [(0, CS), (CS, 2 * CS)]).loaded_tokens == 2 * CS
+
+
+@pytest.mark.timeout(10)
+def test_published_markers_name_the_prefix_they_stand_for_and_the_forced_admissions() -> None:
+    """What the workers' admin API serves of the scheduler: each marker under bsr's prompt hash of its prefix, with
+    the prefix's length (a client holding a prompt's tokens can tell whether the marker covers it), and the
+    admissions a marker sent to local compute. The marker goes once an admission clears it."""
+    p = prompt(4, seed=1) + [5] * 60  # 4 full chunks and a tail
+    s = SchedulerState(CS)
+    assert s.published() == {"chunk_size": CS, "markers": [], "forced": [], "load_failed": []}
+    s.external_tokens("r1", 4 * CS, 0, p)
+    s.on_alloc("r1", ([1, 2],), 4 * CS)
+    s.on_load_errors([2])
+    s.on_finished("r1")
+    (m,) = s.published()["markers"]  # type: ignore[misc]
+    assert m["prompt"] == prompt_hash(p[: 4 * CS]) and m["prefix_tokens"] == 4 * CS and m["request"] == "r1"
+    assert m["force_local"] is True and "load errors" in m["reason"]
+    # Whichever TP rank failed, every rank's admin can tell the request's load was thrown away.
+    assert [(f["request"], f["prefix_tokens"]) for f in s.published()["load_failed"]] == [("r1", 4 * CS)]  # type: ignore[union-attr]
+    assert s.external_tokens("r2", 4 * CS, 0, p) == 0
+    s.on_alloc("r2", ([3],), 0)
+    pub = s.published()
+    assert pub["markers"] == [] and [f["request"] for f in pub["forced"]] == ["r2"]  # type: ignore[union-attr]
+    assert pub["forced"][0]["marker"] == m["prompt"]  # type: ignore[index]
+
+
+@pytest.mark.timeout(10)
+def test_windows_read_g1_to_gk_in_text_and_0_based_in_fields() -> None:
+    assert [window_label(i) for i in range(3)] == ["G1", "G2", "G3"]
+    res = load_in_windows(lambda s, e: 0 if s else e - s, windows(0, 4 * CS, CS, 2))
+    assert res.failed_window == 1 and res.reason.endswith("in window G2")
+
+
+@pytest.mark.timeout(10)
+def test_a_failed_load_reports_loaded_0_and_the_recomputed_prefix_with_its_events() -> None:
+    """vLLM may still count a failed load's tokens as cached: the report says what happened (nothing loaded, the
+    prefix recomputed), and its events are bsr's restore events (0-based windows) so explain/events read them."""
+    wins = windows(0, 5 * CS, CS, 2)
+    kw = dict(request="q1", prompt="abc", vllm_cached_tokens=0, end_token=5 * CS, wins=wins, w=2, chunk_size=CS)
+    kw |= dict(bytes_per_chunk=1000, tiers=["fs"], seconds=0.5)
+    bad = LoadResult(False, 0, 1, "RuntimeError: injected restore-fault (fault 1) in window G2")
+    r = load_report(windows_run=2, result=bad, fault_kind="restore-fault", **kw)  # type: ignore[arg-type]
+    assert (r["advertised_tokens"], r["loaded_tokens"], r["recomputed_tokens"]) == (5 * CS, 0, 5 * CS)
+    assert r["outcome"] == "failed_closed" and r["failed_window"] == 1 and r["bytes"] == 2000
+    # An injected restore-fault fails the install: the rank is blamed, no tier.
+    assert r["failures"] == [
+        {"rank": 0, "window": 1, "stage": "install", "kind": "rank", "tier": None, "reason": bad.reason}
+    ]
+    evs = load_events(r)
+    assert [e["type"] for e in evs] == ["restore_started", "window_released", "restore_failed_closed"]
+    assert evs[1]["window"] == 0 and evs[2]["failures"][0]["window"] == 1 and evs[2]["recomputed_tokens"] == 5 * CS
+    short = LoadResult(False, 0, 2, "loaded 0 of 256 tokens in window G3")
+    r = load_report(windows_run=3, result=short, **kw)  # type: ignore[arg-type]
+    assert r["failures"][0]["kind"] == "tier" and r["failures"][0]["tier"] == "fs"  # the only tier LMCache has
+    good = load_report(windows_run=3, result=LoadResult(True, 5 * CS), **kw)  # type: ignore[arg-type]
+    assert (good["loaded_tokens"], good["recomputed_tokens"], good["failures"]) == (5 * CS, 0, [])
+    assert [e["type"] for e in load_events(good)][-1] == "restore_committed"
+    assert sum(e["bytes"] for e in load_events(good) if e["type"] == "window_released") == 5000
+
+
+@pytest.mark.timeout(10)
+def test_explain_against_a_worker_reads_full_chunks_and_suggests_only_what_it_serves() -> None:
+    """A vLLM worker serves no restores, submits, settings changes or marker clearing: every suggested next command
+    is one it serves; the tail that does not fill a chunk is said to be always computed, not blamed on a store."""
+    from bsr_cli.core.explain import explain_engine
+    from bsr_cli.loaders import builtin_registration
+
+    reg = builtin_registration("demo")
+    cs = reg.chunk_size
+    rows = [{"rank": r, "group": g, "cells": "1111"} for r in range(2) for g in reg.group_names]
+    bitmap = {"tokens": 4 * cs, "chunk_size": cs, "tiers": ["fs"], "ranks": 2, "groups": list(reg.group_names)}
+    info = {"W": 2, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "w"}
+    kw: dict = dict(prompt="p", prompt_flags="--tokens-file t.json", registration=reg.to_dict(), n_tokens=4 * cs + 9)
+    kw |= dict(health={"ranks": [], "tiers": {}}, faults=[], w=None, last_restore=None)
+    marker = {"prompt": "p", "excluded_tiers": ["fs"], "reason": "load failed", "request": "q1"}
+    for served in (True, False):
+        inf = info | ({} if served else {"serves_restores": False})
+        d = explain_engine(probe={"bitmap": bitmap | {"rows": rows}}, info=inf, markers=[], **kw)
+        assert d["verdict"] == "restorable" and any("last 9 token(s)" in e for e in d["findings"][0]["evidence"])
+        assert d["next"].startswith("bsr restore") if served else d["next"] == "bsr status"
+        holes = [x | {"cells": "1100"} for x in rows]
+        d = explain_engine(probe={"bitmap": bitmap | {"rows": holes}}, info=inf, markers=[], **kw)
+        assert d["verdict"] == "partial"
+        assert d["next"].startswith("bsr submit") if served else d["next"] == "bsr probe --tokens-file t.json"
+        d = explain_engine(probe={"bitmap": bitmap | {"rows": rows}}, info=inf, markers=[marker], **kw)
+        assert d["verdict"] == "force-local-marker"
+        assert d["next"].startswith("bsr markers clear") if served else d["next"] == "bsr markers list"
 
 
 @pytest.mark.timeout(120)

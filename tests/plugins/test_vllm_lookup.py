@@ -199,3 +199,68 @@ def test_per_worker_admin_server_answers_probe_for_its_rank(stored: tuple[LMCach
     finally:
         for a in admins:
             a.stop()
+
+
+def _get(url: str) -> dict[str, Any]:
+    req = urllib.request.Request(url, headers={"Authorization": "Bearer w0rk"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return dict(json.loads(resp.read()))
+
+
+@pytest.mark.timeout(60)
+def test_worker_admin_serves_the_schedulers_markers_its_loads_and_the_connectors_settings(
+    stored: tuple[LMCacheHost, list[int]], tmp_path: Path
+) -> None:
+    """What the connector hands the worker's admin API, served over real HTTP from a real LMCache engine: the
+    markers the scheduler published (vllm_bsr/board.py, as the scheduler-side connector writes it), a failed load
+    recorded as the connector saw it, and the connector's W and vLLM's limits."""
+    from vllm_bsr import board
+    from vllm_bsr.logic import LoadResult, SchedulerState, load_report, windows
+    from vllm_bsr.worker_admin import WorkerLimits
+
+    host, toks = stored
+    path = str(tmp_path / "board.json")
+    limits = WorkerLimits(window_chunks=2, max_model_len=4096, kv_tokens=65536, staging_bytes=1 << 26, board=path)
+    admin = WorkerAdmin(lambda: host.rank(0).engine, 0, token="w0rk", port=0, limits=limits)
+    try:
+        base = f"{admin.url}/bsr/v1"
+        info = _get(f"{base}/info")
+        assert (info["W"], info["max_tokens"], info["kv_tokens"], info["pool_bytes"]) == (2, 4096, 65536, 1 << 26)
+        assert info["budget_bytes"] == info["rws_bytes"] == 2 * admin.ops.slot_bytes > 0
+        assert info["worker"]["scheduler_published"] is False
+        snap = _get(f"{base}/snapshot")
+        assert snap["markers"] == [] and snap["scheduler"]["published"] is False
+        # The scheduler marks the prefix of a failed load; the worker recorded that load.
+        sched = SchedulerState(CS)
+        sched.external_tokens("q1", 4 * CS, 0, toks)
+        sched.on_alloc("q1", ([1, 2],), 4 * CS)
+        sched.on_load_errors([1])
+        board.publish(path, sched.published())
+        bad = LoadResult(False, 0, 1, "RuntimeError: injected restore-fault (fault 1) in window G2")
+        admin.record_load(
+            load_report(
+                request="q1",
+                prompt="p",
+                vllm_cached_tokens=0,
+                end_token=4 * CS,
+                wins=windows(0, 4 * CS, CS, 2),
+                windows_run=2,
+                result=bad,
+                w=2,
+                chunk_size=CS,
+                bytes_per_chunk=admin.ops.slot_bytes,
+                tiers=["mooncake", "fs"],
+                fault_kind="restore-fault",
+            )
+        )
+        (m,) = _get(f"{base}/markers")["markers"]
+        assert m["request"] == "q1" and m["prefix_tokens"] == 4 * CS
+        assert sorted(m["excluded_tiers"]) == ["fs", "mooncake"]  # a vLLM marker means local compute
+        assert m["failed_window"] == 1 and "failed at window G2" in m["reason"]
+        snap = _get(f"{base}/snapshot")
+        (load,) = snap["recent"]
+        assert (load["advertised_tokens"], load["loaded_tokens"], load["recomputed_tokens"]) == (4 * CS, 0, 4 * CS)
+        kinds = [e["type"] for e in _get(f"{base}/events")["events"]]
+        assert kinds[-3:] == ["restore_started", "window_released", "restore_failed_closed"]
+    finally:
+        admin.stop()

@@ -35,6 +35,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def qwen2_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2-architecture model (biased q/k/v, 4,096 positions), made locally like the Llama one."""
+    path = tmp_path_factory.mktemp("model") / "tiny-qwen2"
+    cmd = [sys.executable, str(DRIVER), "--make-model", str(path), "qwen2"]
+    subprocess.run(cmd, check=True, timeout=120, env=env_for({}))
+    return path
+
+
 @pytest.fixture
 def driver_factory(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, plugin_site: Path) -> Iterator[Any]:
     def make(name: str) -> Driver:

@@ -20,27 +20,30 @@ from typing import Any
 RESULT_PREFIX = "BSR-DRIVER-RESULT "
 
 
-def make_model(path: Path, *, layers: int = 2, vocab: int = 1024) -> None:
-    """A tiny Llama made locally (no hub): weights at initializer_range 0.2, so wrong KV changes the output."""
+def make_model(path: Path, *, arch: str = "llama", layers: int = 2, vocab: int = 1024) -> None:
+    """A tiny model of architecture ``arch`` (llama or qwen2) made locally (no hub): weights at initializer_range
+    0.2, so wrong KV changes the output."""
     if (path / "config.json").exists():
         return
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=2048,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-    )
+    shape = {
+        "vocab_size": vocab,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "initializer_range": 0.2,
+        "tie_word_embeddings": False,
+    }
     torch.manual_seed(0)
-    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(path)
+    if arch == "qwen2":  # biased q/k/v projections, head_dim = hidden / heads
+        model: Any = Qwen2ForCausalLM(Qwen2Config(**shape, max_position_embeddings=4096))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape, head_dim=32, max_position_embeddings=2048))
+    model.to(torch.float32).save_pretrained(path)
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -142,7 +145,7 @@ def main(config_path: str) -> int:
     llm = LLM(
         model=cfg["model"],
         skip_tokenizer_init=True,
-        max_model_len=2048,
+        max_model_len=int(cfg.get("max_model_len", 2048)),
         enable_prefix_caching=False,  # every reuse must come through the connector
         kv_transfer_config=ktc,
         enforce_eager=True,
@@ -177,6 +180,6 @@ def main(config_path: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--make-model":
-        make_model(Path(sys.argv[2]))
+        make_model(Path(sys.argv[2]), arch=sys.argv[3] if len(sys.argv) > 3 else "llama")
         sys.exit(0)
     sys.exit(main(sys.argv[1]))

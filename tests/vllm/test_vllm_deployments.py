@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmstage import CHUNK, Driver, chunk_prefix, events_of, lmcache_yaml
+from vllmstage import CHUNK, Driver, chunk_prefix, consecutive_free_ports, events_of, lmcache_yaml
 
 from bsr_cli.mooncake import services
 
@@ -70,8 +70,8 @@ def test_tp2_min_over_ranks_and_a_window_failure_on_one_rank(
     """TP = 2 over Mooncake. A chunk removed from rank 1 only: each rank's probe server answers its own prefix and
     the scheduler takes the minimum. Then a fault armed on rank 1 only fails the whole request."""
     d = Driver(tmp_path_factory.mktemp("bsr-tp2"), model_dir, plugin_site)
-    port = services.free_ports(2)[0]
-    rank1 = f"http://127.0.0.1:{port + 1}"
+    port = consecutive_free_ports(2)
+    rank0, rank1 = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
     hole = {"tokens": N, "seed": 6}
     p = {"tokens": N, "seed": 4}
     mc = {"admin": master.admin_url, "metadata": master.metadata_url, "master": master.rpc_address}
@@ -94,6 +94,11 @@ def test_tp2_min_over_ranks_and_a_window_failure_on_one_rank(
                     "name": "fault-rank1",
                     "before": [
                         {"cli": ["--engine", rank1, "--token", TOKEN, "--json", "inject-fault", "--window", "2"]}
+                    ],
+                    # Each worker (its own process at TP = 2) serves the marker vLLM's scheduler holds, and the
+                    # request's load as failed, also on rank 0 whose own windows completed.
+                    "after": [
+                        {"cli": ["--engine", url, "--token", TOKEN, "--json", "status"]} for url in (rank0, rank1)
                     ],
                     **p,
                 },
@@ -132,6 +137,15 @@ def test_tp2_min_over_ranks_and_a_window_failure_on_one_rank(
     assert by_rank[0]["ok"] and not by_rank[1]["ok"] and by_rank[1]["failed_window"] == 1
     assert len(events_of(fault, "bsr_marker_set")) == 1
     assert fault["output"] == store["output"]
+    req = by_rank[1]["req"]
+    for rank, status in enumerate(fault["after"]):
+        assert status["rc"] == 0, status
+        snap = json.loads(status["stdout"])
+        assert [m["request"] for m in snap["markers"]] == [req], snap["markers"]
+        (load,) = [r for r in snap["recent"] if r["request"] == req]
+        assert load["outcome"] == "failed_closed" and load["loaded_tokens"] == 0, load
+        assert load["recomputed_tokens"] == chunk_prefix(N), load
+        assert load.get("this_rank") == ("committed" if rank == 0 else None), load
 
 
 @pytest.mark.timeout(300)

@@ -31,6 +31,31 @@ BLOCK = 64
 DRIVER_TIMEOUT_S = float(os.environ.get("BSR_VLLM_DRIVER_TIMEOUT_S", "240"))
 
 
+def consecutive_free_ports(count: int, tries: int = 200) -> int:
+    """A base port such that base .. base + count - 1 are all free now (the BSR connector serves its admin API of
+    TP rank r on ``bsr_admin_port + r``): two free ports from the OS need not be neighbours, and a port taken by
+    another process would answer the CLI in place of the worker."""
+    import socket
+
+    for _ in range(tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        held: list[socket.socket] = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports on loopback")
+
+
 def chunk_prefix(tokens: int) -> int:
     """What LMCache stores of a prompt: its full chunks."""
     return tokens // CHUNK * CHUNK

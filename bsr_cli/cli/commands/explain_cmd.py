@@ -121,7 +121,9 @@ def _explain_prompt(
         markers = client.markers()
         faults = client.faults().get("faults", [])
         events, _ = client.held_events(0)
-    mine = [e for e in events if e.get("type") in ("restore_started", "request_admitted") and e.get("prompt") == prompt]
+    markers = [dict(m, prompt=prompt) if _covers(m, tokens, prompt) else m for m in markers]
+    starts = ("restore_started", "request_admitted")
+    mine = [e for e in events if e.get("type") in starts and _covers(e, tokens, prompt)]
     last = None
     if mine:
         req = mine[-1]["request"]
@@ -142,6 +144,17 @@ def _explain_prompt(
     )
     result["url"] = client.url
     return result
+
+
+def _covers(entry: dict[str, Any], tokens: list[int], prompt: str) -> bool:
+    """Whether a marker or a restore stands for this prompt: keyed by the whole prompt, or (a vLLM worker's, which
+    stand for a prefix: any prompt starting with it) by the hash of its first ``prefix_tokens`` tokens."""
+    from bsr_cli.core.keys import prompt_hash
+
+    if entry.get("prompt") == prompt:
+        return True
+    n = entry.get("prefix_tokens")
+    return isinstance(n, int) and 0 < n <= len(tokens) and prompt_hash(tokens[:n]) == entry.get("prompt")
 
 
 def _explain_request(st: AppState, request: str) -> dict[str, Any]:

@@ -345,14 +345,50 @@ def status(console: Console, d: dict[str, Any]) -> None:
             console.print(f"rank {r['rank']} recovered; last fault: {r['last_fault']['reason']}")
     for name, h in d["tiers"].items():
         console.print(f"tier {name}: " + ("[green]ok[/]" if h["ok"] else "[red]unhealthy[/] " + "; ".join(h["detail"])))
+    worker = info.get("worker")
+    if worker:
+        _worker_lines(console, d, worker)
     if d["markers"]:
         for m in d["markers"]:
             excluded = ", ".join(m["excluded_tiers"])
-            console.print(f"[magenta]force-local marker[/] prompt {m['prompt']} excludes {excluded}: {m['reason']}")
+            prefix = f" (prefix of {m['prefix_tokens']:,} tokens)" if m.get("prefix_tokens") else ""
+            console.print(
+                f"[magenta]force-local marker[/] prompt {m['prompt']}{prefix} excludes {excluded}: {m['reason']}"
+            )
+    elif worker and not (d.get("scheduler") or {}).get("published"):
+        console.print("[yellow]markers unknown[/]: vLLM's scheduler has not published its state to this worker")
     else:
         console.print("no force-local markers")
     if d["faults"]:
         faults(console, {"enabled": info["faults_enabled"], "faults": d["faults"]})
+
+
+def _worker_lines(console: Console, d: dict[str, Any], worker: dict[str, Any]) -> None:
+    """A vLLM worker: where its numbers come from, and its last loads as the BSR connector saw them."""
+    console.print(
+        f"vLLM worker tp-rank {worker['tp_rank']}: W = the connector's bsr_window_chunks ({worker['window_chunks']}), "
+        f"one window loaded at a time (B = RWS(W)); max prompt = vLLM's max_model_len "
+        f"({worker['max_model_len']:,}); KV {worker['kv_tokens']:,} tokens; LMCache stores full chunks only"
+    )
+    for r in d.get("recent") or []:
+        if "loaded_tokens" not in r:
+            continue
+        head = f"load {r['request']}"
+        if r["outcome"] == COMMITTED:
+            console.print(
+                f"{head}: [green]committed[/] {r['loaded_tokens']:,} tokens in {r['windows']} window(s) of W={r['W']}"
+            )
+            continue
+        at = f" at window G{r['failed_window'] + 1} of {r['windows']}" if r.get("failed_window") is not None else ""
+        console.print(
+            f"{head}: [red]failed closed[/]{at} (W={r['W']}): advertised {r['advertised_tokens']:,} tokens, "
+            f"loaded {r['loaded_tokens']:,}, recomputed {r['recomputed_tokens']:,} (vLLM may still count them as "
+            f"cached) — {r['reason']}"
+        )
+    for f in (d.get("scheduler") or {}).get("forced_local") or []:
+        console.print(
+            f"admission {f['request']}: forced local by the marker on prompt {f['marker']} (no load; vLLM computed it)"
+        )
 
 
 def drill(console: Console, d: dict[str, Any]) -> None:
