@@ -17,6 +17,14 @@ from prometheus_client import CollectorRegistry, Counter
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage
 
 NONE = "none"  # the label value of "no failure kind" / "no stage" (a committed restore)
+# The stages each failure kind is recorded at (NONE: a rank that stopped answering, an abort between windows): their
+# series exist from the start at 0, so increase() sees the first failure of each.
+STAGES_OF: dict[FailureKind, tuple[str, ...]] = {
+    FailureKind.CAPACITY: (Stage.ADMISSION.value,),
+    FailureKind.TIER: (Stage.FETCH.value, Stage.VERIFY.value),
+    FailureKind.RANK: (Stage.INSTALL.value, Stage.SYNCHRONIZE.value, Stage.COMMIT.value, Stage.PROBE.value, NONE),
+    FailureKind.ABORTED: (NONE, Stage.FETCH.value),
+}
 
 
 class RuntimeCounters:
@@ -50,8 +58,9 @@ class RuntimeCounters:
         self.submitted = Counter("bsr_requests_submitted", "Requests submitted for admission", registry=r)
         self.restores.labels(Outcome.COMMITTED.value, NONE, NONE)
         self.restores.labels(Outcome.NOTHING_TO_RESTORE.value, NONE, NONE)
-        for kind in FailureKind:
-            self.restores.labels(kind.outcome.value, kind.value, NONE)
+        for kind, stages in STAGES_OF.items():
+            for stage in stages:
+                self.restores.labels(kind.outcome.value, kind.value, stage)
         for rank in ranks:
             self.windows.labels(str(rank))
             self.bytes.labels(str(rank))
@@ -78,4 +87,4 @@ class RuntimeCounters:
         return 0.0 if got is None else got
 
 
-__all__ = ["NONE", "RuntimeCounters"]
+__all__ = ["NONE", "STAGES_OF", "RuntimeCounters"]

@@ -384,20 +384,10 @@ class Observation(CoordinatorState):
         w: int,
         tiers: Sequence[str],
     ) -> None:
-        """Every ended restore, once: counted, logged as its outcome's event, listed among the recent ones."""
+        """Every ended restore, once: counted, listed among the recent ones, then logged as its outcome's event (so
+        whoever sees the event finds the rest already recorded)."""
         deciding = next((f for f in fails if f.kind is kind), None)
         self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
-        if outcome is not Outcome.NOTHING_TO_RESTORE:
-            self.events.append(
-                restore_ended(outcome)(
-                    request=request,
-                    committed_tokens=committed,
-                    advertised_tokens=advertised,
-                    failures=tuple(fails),
-                    failure_kind=kind,
-                    seconds=seconds,
-                )
-            )
         with self._lock:
             self.recent.appendleft(
                 {
@@ -412,6 +402,17 @@ class Observation(CoordinatorState):
                     "failure_kind": kind.value if kind else None,
                     "failure_stage": deciding.stage.value if deciding is not None and deciding.stage else None,
                 }
+            )
+        if outcome is not Outcome.NOTHING_TO_RESTORE:
+            self.events.append(
+                restore_ended(outcome)(
+                    request=request,
+                    committed_tokens=committed,
+                    advertised_tokens=advertised,
+                    failures=tuple(fails),
+                    failure_kind=kind,
+                    seconds=seconds,
+                )
             )
 
     def on_rank_event(self, event: Event | dict[str, Any]) -> None:
