@@ -225,24 +225,45 @@ def explain_engine(
         exclude = sorted(set(exclude) | set(m.get("excluded_tiers") or []))
     if mine:
         m = mine[0]
-        rest = [t for t in (bitmap.tiers if bitmap is not None else ()) if t not in exclude]
-        k_rest = bitmap.prefix_chunks(exclude) if bitmap is not None else 0
-        if bitmap is None:
-            then = "the next admission cannot be judged without a probe"
-        elif k_rest:
-            then = f"the next admission serves it from {', '.join(rest)} ({k_rest}/{bitmap.chunks} chunks there)"
-        else:
-            then = "the next admission recomputes it (no other tier holds its prefix)"
-        findings.append(
-            _finding(
-                "force-local-marker",
-                f"a force-local marker excludes {', '.join(exclude)} for this prompt, set when restore "
-                f"{m.get('request')} failed ({m.get('reason')}): {then}",
-                [f"marker: prompt {prompt} excludes {', '.join(exclude)} (request {m.get('request')})"],
-                "fix the tier; a committed admission clears the marker, or clear it by hand",
-                "bsr markers clear",
+        reason = str(m.get("reason") or "no reason recorded")
+        request = m.get("request")
+        when = f"set when restore {request} failed" if request else "set by a failed restore"
+        if not exclude:
+            # A marker that excludes no tier: a rank failed (install, synchronize), no tier is to blame, and the
+            # next admission recomputes the prompt locally. The remedy is the rank's, then this prompt's marker.
+            findings.append(
+                _finding(
+                    "force-local-marker",
+                    f"a force-local marker makes the next admission recompute this prompt locally ({when}: "
+                    f"{reason}); no tier is blamed",
+                    [f"marker: prompt {prompt} excludes no tier (recompute locally)"]
+                    + ([f"request: {request}"] if request else []),
+                    "check the rank (`bsr status` shows its last fault); a rank that keeps failing to install needs "
+                    "its process or host looked at. Then clear this prompt's marker, or let a committed admission "
+                    "clear it",
+                    f"bsr markers clear --prompt {prompt}",
+                )
             )
-        )
+        else:
+            rest = [t for t in (bitmap.tiers if bitmap is not None else ()) if t not in exclude]
+            k_rest = bitmap.prefix_chunks(exclude) if bitmap is not None else 0
+            if bitmap is None:
+                then = "the next admission cannot be judged without a probe"
+            elif k_rest:
+                then = f"the next admission serves it from {', '.join(rest)} ({k_rest}/{bitmap.chunks} chunks there)"
+            else:
+                then = "the next admission recomputes it (no other tier holds its prefix)"
+            findings.append(
+                _finding(
+                    "force-local-marker",
+                    f"a force-local marker excludes {', '.join(exclude)} for this prompt, {when} ({reason}): {then}",
+                    [f"marker: prompt {prompt} excludes {', '.join(exclude)}"]
+                    + ([f"request: {request}"] if request else []),
+                    f"fix tier {', '.join(exclude)} (`bsr status`); a committed admission clears the marker, or clear "
+                    "this prompt's marker by hand",
+                    f"bsr markers clear --prompt {prompt}",
+                )
+            )
     armed = [f for f in faults if not f.get("exhausted")]
     if armed:
         findings.append(
