@@ -381,7 +381,7 @@ def test_a_failure_from_an_injected_fault_is_forgotten_when_faults_are_cleared(b
     healthy again (a real failure would stay until its TTL or the tier's next committed restore)."""
     n, seed = 8 * 256, 907
     assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
-    assert bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "1").code == 0
+    assert bsr("inject-fault", "--rank", "1", "--kind", "remote-unavailable", "--window", "1").code == 0
     assert bsr("restore", "--synthetic", str(n), "--seed", str(seed)).code == ExitCode.FAILED_CLOSED
     assert bsr("faults", "list", "--json").json()["faults"] == []  # it fired and is spent
     st = _status(bsr)[1]

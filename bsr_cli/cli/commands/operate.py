@@ -306,7 +306,7 @@ def _run_restore(
             if progress:
                 progress.stop()
             st.out.note(
-                f"restore {box.get('request', '?')} aborted: outcome {res.get('outcome', 'unknown')}, "
+                f"restore {box.get('request', 'not yet accepted')} aborted: outcome {res.get('outcome', 'unknown')}, "
                 f"{res.get('committed_tokens', 0)} tokens committed"
             )
             raise KeyboardInterrupt
