@@ -167,3 +167,15 @@ def test_blocks_are_returned_after_every_request(fake_engine: FakeEngine) -> Non
     fake_engine.coordinator.inject({"kind": "corrupt"})
     fake_engine.coordinator.restore(PROMPT)
     assert {g: a.free_blocks for g, a in fake_engine.coordinator.allocators.items()} == free
+
+
+def test_a_request_aborted_before_its_work_starts_still_ends_aborted(fake_engine: FakeEngine) -> None:
+    """The admin API opens a streamed request when it hands out its id: a client that goes away before the worker
+    thread runs aborts it, and the restore that follows ends at once, aborted, nothing committed."""
+    _warm(fake_engine)
+    c = fake_engine.coordinator
+    c.open_request("r-early")
+    assert c.abort("r-early") is True  # known although nothing has run yet
+    out = c.restore(PROMPT, request="r-early")
+    assert out["outcome"] == "aborted" and out["committed_tokens"] == 0 and out["failure_kind"] == failures.ABORTED
+    assert c.abort("r-early") is False  # finished: nothing left to abort
