@@ -171,16 +171,16 @@ def restore_error(result: Mapping[str, Any]) -> BsrError:
     why = summary(result)
     error = _ERROR_FOR_EXIT[kind.exit_code]
     if kind is CAPACITY:
-        return error(f"restore refused for capacity, nothing moved, nothing blamed: {why}", hint=result.get("hint"))
+        return error(f"restore refused for capacity, nothing moved, no tier blamed: {why}", hint=result.get("hint"))
     if kind is ABORTED:
-        return error(f"restore aborted, nothing committed, nothing blamed: {why}")
+        return error(f"restore aborted, nothing committed, no tier blamed: {why}")
     if kind is RANK:
         ranks = blamed_ranks(fails)
         who = ", ".join(f"rank {r}" for r in ranks) or "the rank"
         marker = result.get("marker")
         then = "; the next admission recomputes the prompt locally" if marker else ""
         return error(
-            f"restore failed closed: {why}; nothing was committed, no tier is blamed{then}",
+            f"restore failed closed: {why}; nothing was committed, no tier blamed{then}",
             hint=f"`bsr status` shows {who}'s health and last fault; a stopped or hung rank must be resumed or "
             "restarted",
         )

@@ -44,7 +44,7 @@ from bsr_cli.core.events import (
     RestoreStarted,
     StoreFailed,
 )
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
 from bsr_cli.core.plan import windows_for
 from bsr_cli.runtime import failures
@@ -439,7 +439,7 @@ class Orchestration(Admission):
     def _rank_failed(self, request: str, prompt: str, n_tokens: int, w: int, e: RankUnresponsive) -> dict[str, Any]:
         """A manual restore that could not start because a rank stopped answering: failed closed (nothing was
         restored or committed), blamed on the rank, no marker."""
-        fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.RANK, stage=Stage.PROBE)
+        fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.RANK)  # no stage: it stopped answering
         self._restore_ended(
             request=request,
             outcome=Outcome.FAILED_CLOSED,
@@ -462,7 +462,7 @@ class Orchestration(Admission):
             "committed_tokens": 0,
             "failures": [fail.to_wire()],
             "failure_kind": FailureKind.RANK.value,
-            "failure_stage": Stage.PROBE.value,
+            "failure_stage": None,
             "blamed_tiers": [],
             "blamed_ranks": [e.rank],
             "invalid": [],

@@ -62,6 +62,7 @@ def test_fault_restore_marker_status_and_fallback(bsr, engine) -> None:
     assert r.code == ExitCode.FAILED_CLOSED
     assert "failed closed" in r.out and "force-local marker set" in r.out
     assert r.err.startswith("bsr: error: restore failed closed: rank 1 failed at install")
+    assert "no tier blamed" in r.err
     # The fault is in rank 1's install: its marker excludes no tier (recompute locally), no tier is unhealthy.
     status = bsr("status", "--json").json()
     assert len(status["markers"]) == 1 and status["markers"][0]["excluded_tiers"] == []

@@ -43,7 +43,7 @@ def test_window_over_budget_is_capacity_with_no_marker(bsr, engine) -> None:
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--W", "8", "--json")
     assert r.code == ExitCode.CAPACITY, (r.code, r.err)
     res = r.json()
-    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    assert res["outcome"] == "refused" and res["committed_tokens"] == 0  # capacity: no fault
     assert res["failure_kind"] == "capacity" and res["blamed_tiers"] == []
     assert "marker" not in res
     assert "--W 4" in r.err and "budget" in r.err  # the hint names the setting and a value that fits

@@ -188,7 +188,7 @@ def test_abort_ends_a_restore_fail_closed(engine) -> None:
         with engine.client() as c2:
             c2.abort(rid[0])
         t.join(60)
-    assert out and out[0]["outcome"] == "failed_closed" and out[0]["committed_tokens"] == 0
+    assert out and out[0]["outcome"] == "aborted" and out[0]["committed_tokens"] == 0
     assert any("aborted" in f["reason"] for f in out[0]["failures"])
 
 

@@ -59,7 +59,7 @@ def test_outcomes_and_exit_codes_follow_the_kind() -> None:
     assert failures.restore_error(aborted).exit_code == ExitCode.INTERRUPTED == 130
     err = failures.restore_error(rank)
     assert err.exit_code == ExitCode.FAILED_CLOSED and "rank 1 failed at install" in err.message
-    assert "no tier is blamed" in err.message and "rank 1" in (err.hint or "")
+    assert "no tier blamed" in err.message and "rank 1" in (err.hint or "")
 
 
 def test_capacity_hints_come_from_the_typed_cause_not_the_text() -> None:
