@@ -44,7 +44,7 @@ from bsr_cli.core.events import (
     RestoreStarted,
     StoreFailed,
 )
-from bsr_cli.core.evidence import FailureKind, Outcome
+from bsr_cli.core.evidence import EventKind, FailureKind, Outcome
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
 from bsr_cli.core.plan import windows_for
 from bsr_cli.runtime import failures
@@ -190,7 +190,8 @@ class Orchestration(Admission):
         admission deadline while it waits for budget), else the rank is stalled."""
         with self._lock:
             at, what = self._progress.get((request, rank), (now, ""))
-        limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if what == "window_waiting" else 0)
+        waiting = what == EventKind.WINDOW_WAITING
+        limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if waiting else 0)
         if now - at > limit:
             return f"no restore progress for {now - at:.1f}s (window deadline {limit:g}s)"
         return None
