@@ -29,7 +29,8 @@ SCENARIOS = (
     Scenario("remote-unavailable", {"kind": "remote-unavailable", "count": 1}, "fs"),
     # Remote and SSD both gone: the fault must outlive the first (remote) and the second (fs) pass.
     Scenario("remote-and-ssd-absent", {"kind": "remote-and-ssd-absent", "count": 0}, "recompute"),
-    Scenario("one-rank-restore-fault", {"kind": "restore-fault", "rank": 1, "count": 1}, "fs"),
+    # A rank that fails its own install blames no tier: the prompt is recomputed locally.
+    Scenario("one-rank-restore-fault", {"kind": "restore-fault", "rank": 1, "count": 1}, "recompute"),
 )
 
 

@@ -83,6 +83,8 @@ class RestoreResult:
     peak_live_bytes: int = 0  # the pool's live bytes at their highest while this restore held slots
     kind: str = ""  # why it failed (bsr_cli.runtime.failures): capacity | tier | rank | aborted
     tier: str | None = None  # the tier that failed, when a tier fault names one
+    stage: str = ""  # where it failed (bsr_cli.core.evidence.Stage): fetch | verify | install | synchronize | ...
+    cause: str = ""  # for a capacity refusal, what did not fit (bsr_cli.core.evidence.CapacityCause)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(to_json(self))

@@ -66,7 +66,7 @@ class Rank(_Obj):
 class Restore(_Obj):
     """One restore's evidence: what was committed, in how many windows, and the pool's peak against the bound."""
 
-    outcome: Literal["committed", "failed_closed", "nothing_to_restore", "unknown"]
+    outcome: Literal["committed", "failed_closed", "refused", "aborted", "nothing_to_restore", "unknown"]
     tiers: list[StrictStr] = _absent()
     committed_tokens: NonNegInt
     chunks: NonNegInt

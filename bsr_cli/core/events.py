@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from bsr_cli.core.evidence import Component, EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
 
 E = TypeVar("E", bound="Event")
 
@@ -36,6 +36,7 @@ class Failure:
     stage: Stage | None = None
     window: int | None = None  # 0-based, as every window index in bsr's events
     tier: str | None = None  # the tier blamed, for a tier failure only
+    cause: CapacityCause | None = None  # for a capacity refusal: what did not fit
 
     @property
     def component(self) -> Component:
@@ -193,6 +194,7 @@ class RestoreFailed(Event):
     stage: Stage | None = None
     window: int | None = None
     tier: str | None = None
+    cause: CapacityCause | None = None
 
     @classmethod
     def _wire_aliases(cls) -> dict[str, str]:
@@ -207,6 +209,7 @@ class RestoreFailed(Event):
             stage=self.stage,
             window=self.window,
             tier=self.tier,
+            cause=self.cause,
         )
 
 
@@ -392,7 +395,7 @@ def parse_event(wire: Mapping[str, Any]) -> Event:
 def _wire_value(value: Any) -> Any:
     if isinstance(value, Failure):
         return value.to_wire()
-    if isinstance(value, (EventKind, FailureKind, Outcome, Stage, Component)):
+    if isinstance(value, (EventKind, FailureKind, Outcome, Stage, Component, CapacityCause)):
         return value.value
     if isinstance(value, tuple):
         return [_wire_value(v) for v in value]
@@ -427,7 +430,7 @@ def _from_fields(cls: type[Any], data: Mapping[str, Any]) -> Any:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
 
-_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind)
+_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause)
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:

@@ -110,6 +110,15 @@ class Stage(StrEnum):
         return self in (Stage.PROBE, Stage.FETCH, Stage.VERIFY)
 
 
+class CapacityCause(StrEnum):
+    """Why capacity refused a restore: what the hint names to change (never read back from the human text)."""
+
+    WINDOW_OVER_BUDGET = "window_over_budget"  # a window of W chunks does not fit the budget B
+    WINDOW_OVER_POOL = "window_over_pool"  # the whole-plan path (W=0) does not fit the pool
+    ADMISSION_TIMEOUT = "admission_timeout"  # other restores held the budget for the whole admission deadline
+    NO_DESTINATION_BLOCKS = "no_destination_blocks"  # the engine's KV blocks are all in use
+
+
 class Component(StrEnum):
     """Who a failure is blamed on."""
 
@@ -119,4 +128,4 @@ class Component(StrEnum):
     CAPACITY = "capacity"
 
 
-__all__ = ["Component", "EventKind", "FailureKind", "Outcome", "Stage"]
+__all__ = ["CapacityCause", "Component", "EventKind", "FailureKind", "Outcome", "Stage"]

@@ -225,24 +225,45 @@ def explain_engine(
         exclude = sorted(set(exclude) | set(m.get("excluded_tiers") or []))
     if mine:
         m = mine[0]
-        rest = [t for t in (bitmap.tiers if bitmap is not None else ()) if t not in exclude]
-        k_rest = bitmap.prefix_chunks(exclude) if bitmap is not None else 0
-        if bitmap is None:
-            then = "the next admission cannot be judged without a probe"
-        elif k_rest:
-            then = f"the next admission serves it from {', '.join(rest)} ({k_rest}/{bitmap.chunks} chunks there)"
-        else:
-            then = "the next admission recomputes it (no other tier holds its prefix)"
-        findings.append(
-            _finding(
-                "force-local-marker",
-                f"a force-local marker excludes {', '.join(exclude)} for this prompt, set when restore "
-                f"{m.get('request')} failed ({m.get('reason')}): {then}",
-                [f"marker: prompt {prompt} excludes {', '.join(exclude)} (request {m.get('request')})"],
-                "fix the tier; a committed admission clears the marker, or clear it by hand",
-                "bsr markers clear",
+        reason = str(m.get("reason") or "no reason recorded")
+        request = m.get("request")
+        when = f"set when restore {request} failed" if request else "set by a failed restore"
+        if not exclude:
+            # A marker that excludes no tier: a rank failed (install, synchronize), no tier is to blame, and the
+            # next admission recomputes the prompt locally. The remedy is the rank's, then this prompt's marker.
+            findings.append(
+                _finding(
+                    "force-local-marker",
+                    f"a force-local marker makes the next admission recompute this prompt locally ({when}: "
+                    f"{reason}); no tier is blamed",
+                    [f"marker: prompt {prompt} excludes no tier (recompute locally)"]
+                    + ([f"request: {request}"] if request else []),
+                    "check the rank (`bsr status` shows its last fault); a rank that keeps failing to install needs "
+                    "its process or host looked at. Then clear this prompt's marker, or let a committed admission "
+                    "clear it",
+                    f"bsr markers clear --prompt {prompt}",
+                )
             )
-        )
+        else:
+            rest = [t for t in (bitmap.tiers if bitmap is not None else ()) if t not in exclude]
+            k_rest = bitmap.prefix_chunks(exclude) if bitmap is not None else 0
+            if bitmap is None:
+                then = "the next admission cannot be judged without a probe"
+            elif k_rest:
+                then = f"the next admission serves it from {', '.join(rest)} ({k_rest}/{bitmap.chunks} chunks there)"
+            else:
+                then = "the next admission recomputes it (no other tier holds its prefix)"
+            findings.append(
+                _finding(
+                    "force-local-marker",
+                    f"a force-local marker excludes {', '.join(exclude)} for this prompt, {when} ({reason}): {then}",
+                    [f"marker: prompt {prompt} excludes {', '.join(exclude)}"]
+                    + ([f"request: {request}"] if request else []),
+                    f"fix tier {', '.join(exclude)} (`bsr status`); a committed admission clears the marker, or clear "
+                    "this prompt's marker by hand",
+                    f"bsr markers clear --prompt {prompt}",
+                )
+            )
     armed = [f for f in faults if not f.get("exhausted")]
     if armed:
         findings.append(
@@ -400,6 +421,15 @@ def _result(
     }
 
 
+# A restore's end event and the outcome it records (core.evidence.Outcome).
+_ENDED = {
+    "restore_committed": COMMITTED,
+    "restore_failed_closed": FAILED_CLOSED,
+    "restore_refused": "refused",
+    "restore_aborted": "aborted",
+}
+
+
 def fold_restore(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """One restore's events (one request) as per-rank, per-window facts: windows released, the failures with their
     rank, window and kind, and the outcome."""
@@ -417,11 +447,12 @@ def fold_restore(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
             r = ranks.setdefault(int(e["rank"]), {"rank": int(e["rank"]), "windows_released": 0, "bytes": 0})
             r["windows_released"] += 1
             r["bytes"] += int(e.get("bytes", 0))
-        elif t in ("restore_committed", "restore_failed_closed"):
-            out["outcome"] = COMMITTED if t == "restore_committed" else FAILED_CLOSED
+        elif t in _ENDED:
+            out["outcome"] = _ENDED[str(t)]
             out["committed_tokens"] = e.get("committed_tokens")
             out["failures"] = [
-                {k: f.get(k) for k in ("rank", "window", "kind", "tier", "reason")} for f in e.get("failures") or []
+                {k: f.get(k) for k in ("rank", "window", "kind", "stage", "tier", "reason")}
+                for f in e.get("failures") or []
             ]
             # A restore that could not start (a silent rank) logs no failure_kind: its failures carry it.
             kinds = [f["kind"] for f in out["failures"] if f.get("kind")]
@@ -451,7 +482,8 @@ def explain_request(
     kind = (restore or {}).get("failure_kind") or ("tier" if outcome == FAILED_CLOSED else None)
     for f in fails:
         where = f"rank {f.get('rank')}" + (f" window G{int(f['window']) + 1}" if f.get("window") is not None else "")
-        evidence.append(f"failed: {where}: {f.get('reason')} (kind {f.get('kind')}, tier {f.get('tier')})")
+        blame = ", ".join(f"{k} {f[k]}" for k in ("kind", "stage", "tier") if f.get(k) is not None and f.get(k) != "")
+        evidence.append(f"failed: {where}: {f.get('reason')}" + (f" ({blame})" if blame else ""))
     marker = next((m for m in markers if prompt and m.get("prompt") == prompt), None)
     if outcome == COMMITTED:
         verdict, summary, fix, nxt = (
@@ -460,6 +492,17 @@ def explain_request(
             "nothing to fix",
             f"bsr describe {req}",
         )
+    elif outcome == FAILED_CLOSED and kind == "rank" and any(f.get("kind") == "rank" and f.get("stage") for f in fails):
+        # The rank failed at its own stage (install, synchronize): the rank's fault, never a tier's.
+        f = next(f for f in fails if f.get("kind") == "rank" and f.get("stage"))
+        win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
+        verdict = "restore-failed-rank"
+        summary = (
+            f"failed closed because rank {f.get('rank')} failed at {f['stage']}{win}: {f.get('reason')} (no tier is "
+            "blamed; the prompt's marker makes its next admission recompute it locally)"
+        )
+        fix = f"check rank {f.get('rank')} (`bsr status` shows its last fault); restart it if it keeps failing"
+        nxt = "bsr status"
     elif outcome == FAILED_CLOSED and kind == "rank":
         ranks = sorted({int(f["rank"]) for f in fails if f.get("kind") == "rank" and f.get("rank") is not None})
         bad = [r for r in health.get("ranks") or [] if not r.get("healthy", True)]
@@ -469,11 +512,11 @@ def explain_request(
             f"(no tier is blamed, no marker)" + (f"; still unhealthy: {bad[0].get('reason')}" if bad else "")
         )
         fix, nxt = "resume or restart the rank; then retry", "bsr status"
-    elif outcome == FAILED_CLOSED and kind == "capacity":
+    elif outcome in (FAILED_CLOSED, "refused") and kind == "capacity":
         verdict = "restore-failed-capacity"
         summary = "refused for capacity: the window did not fit the budget B or the pool (no tier is blamed)"
         fix, nxt = "lower W or raise B (see the reason)", "bsr settings show"
-    elif outcome == FAILED_CLOSED and kind == "aborted":
+    elif outcome in (FAILED_CLOSED, "aborted") and kind == "aborted":
         verdict, summary = "restore-aborted", "an operator aborted it; it failed closed, nothing was committed"
         fix, nxt = "nothing to fix", f"bsr describe {req}"
     elif outcome == FAILED_CLOSED:

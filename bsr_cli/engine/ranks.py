@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from bsr_cli.api.ranks import Abort, Call, RankRequest, Reply, Shutdown
+from bsr_cli.core.events import Event
 from bsr_cli.engine.worker import worker_main
 from bsr_cli.errors import ServerError, ServiceError
 
@@ -27,7 +28,7 @@ class RankDied(ServerError):
 class ProcessRank:
     """One rank process behind a pipe. Calls return futures; a reader thread matches replies and forwards events."""
 
-    def __init__(self, rank: int, cfg: dict[str, Any], on_event: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, rank: int, cfg: dict[str, Any], on_event: Callable[[Event], None]) -> None:
         self.rank = rank
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or CUDA state
         self._conn, child = ctx.Pipe()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.core import limits
+from bsr_cli.core.events import Event
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine.ranks import ProcessRank
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
@@ -42,7 +43,7 @@ def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank]]:
     events = EventLog()
     holder: dict[str, Coordinator] = {}
 
-    def on_event(ev: dict[str, Any]) -> None:
+    def on_event(ev: Event) -> None:
         coord = holder.get("c")
         if coord is not None:
             coord.on_rank_event(ev)

@@ -45,6 +45,7 @@ from bsr_cli.api.ranks import (
     UnsupportedOp,
     dispatch,
 )
+from bsr_cli.core.events import Event
 from bsr_cli.runtime.kv_ops import KVOps
 
 STORE_BATCH = 16  # objects per put call
@@ -110,7 +111,7 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
 
 
 class Rank(KVOps):
-    def __init__(self, cfg: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, cfg: dict[str, Any], emit: Callable[[Event], None]) -> None:
         import torch
 
         from bsr_cli.core.registration import Registration

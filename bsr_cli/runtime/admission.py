@@ -14,6 +14,7 @@ from typing import Any
 
 from bsr_cli.api.ranks import ObjectRef, ProbeRequest, RestoreJob, WindowJob
 from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.events import MarkerSet
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes, object_key
 from bsr_cli.core.markers import Marker
@@ -115,22 +116,23 @@ class Admission(Allocation):
             return None if m is None else dataclasses.replace(m, excluded=set(m.excluded))
 
     def _set_marker(self, prompt: str, tiers: set[str], reason: str, request: str) -> Marker:
+        """Mark the prompt: its next admission skips ``tiers`` (a tier's fetch or verify failed), or, with no tiers,
+        recomputes it locally (a rank failed to install or synchronize: no tier is to blame, so none is excluded).
+        Recomputing locally is the stronger of the two and is kept once set."""
         with self._lock:
             m = self.markers.get(prompt)
             if m is None:
                 m = self.markers[prompt] = Marker(prompt, set(tiers), reason, request)
-            else:
+            elif m.excluded and tiers:
                 m.excluded |= tiers
-                m.reason = reason
+                m.reason, m.request = reason, request
+            elif not tiers:
+                m.excluded = set()
+                m.reason, m.request = reason, request
             snap = dataclasses.replace(m, excluded=set(m.excluded))
+        self.counters.markers_set.inc()
         self.events.append(
-            {
-                "type": "marker_set",
-                "request": request,
-                "prompt": prompt,
-                "excluded_tiers": sorted(snap.excluded),
-                "reason": reason,
-            }
+            MarkerSet(request=request, prompt=prompt, excluded_tiers=tuple(sorted(snap.excluded)), reason=reason)
         )
         return snap
 

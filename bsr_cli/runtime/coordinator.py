@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from bsr_cli.api.ranks import RankClient
+from bsr_cli.core.events import FaultInjected, FaultsCleared
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.errors import FaultsDisabled
 from bsr_cli.runtime.allocation import BlockAllocator
@@ -46,7 +47,11 @@ class Coordinator(Orchestration):
         f = FaultSpec.parse(spec, ranks=len(self.ranks), groups=self.reg.group_names)
         with self._lock:
             self.faults.append(f)
-        self.events.append({"type": "fault_injected", **f.to_dict()})
+        self.events.append(
+            FaultInjected(
+                fault_id=f.id, fault=f.kind, rank=f.rank, window=f.window, group=f.group, count=f.count, fired=f.fired
+            )
+        )
         return f
 
     def list_faults(self) -> list[dict[str, Any]]:
@@ -60,7 +65,7 @@ class Coordinator(Orchestration):
             # A tier that failed only because of an injected fault is not remembered as failing once faults are
             # cleared; a real failure stays until its TTL or the tier's next committed restore.
             self.tier_failures = {t: v for t, v in self.tier_failures.items() if not v.get("injected")}
-        self.events.append({"type": "faults_cleared", "count": n})
+        self.events.append(FaultsCleared(count=n))
         return n
 
 

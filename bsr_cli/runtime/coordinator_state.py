@@ -23,18 +23,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.api.ranks import RankClient
+from bsr_cli.core.events import PROGRESS
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import InvalidInput, ServerError
 from bsr_cli.runtime.events import EventLog
+from bsr_cli.runtime.metrics import RuntimeCounters
 
 MAX_PASSES = 3  # remote → lower tier → recompute
 HEALTH_WAIT_S = 0.5  # how long /health waits for the ranks' view of their tiers (older answers fill in)
 POLL_S = 0.1  # how often a wait on ranks checks their heartbeats and progress
 TIER_FAILURE_TTL_S = 300.0  # a tier's real failure keeps it unhealthy this long unless a success clears it first
 # Rank events that count as progress of a restore on that rank (window_waiting: blocked on admission).
-PROGRESS_EVENTS = frozenset({"window_waiting", "window_fetched", "window_installed", "window_released"})
+PROGRESS_EVENTS = PROGRESS
 
 
 class RankUnresponsive(ServerError):
@@ -76,6 +78,8 @@ class CoordinatorState:
         self.ranks = list(ranks)
         self.settings = settings
         self.events = events
+        # Counted where each thing happens, from now on (the engine's /metrics serves them).
+        self.counters = RuntimeCounters([r.rank for r in self.ranks], settings.tiers)
         self.started_at = time.time()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()

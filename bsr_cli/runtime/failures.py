@@ -1,21 +1,25 @@
-"""Why a restore failed, in one place: the kinds, how a restore's per-rank outcomes are classified, who is blamed.
+"""Why a restore failed, in one place: how a restore's per-rank outcomes are classified, who is blamed, what the
+operator is told and which exit code the CLI ends with.
 
-A restore debugger must not misdiagnose: only a *tier* fault may set a force-local marker against a tier (the next
-admission then skips that tier); a capacity/configuration problem, a stalled rank or an operator abort blames no
-tier. Every failed restore still ends fail-closed (nothing committed, every destination block invalid) whatever
-its kind.
+A restore debugger must not misdiagnose. Blame follows the *stage* a failure happened at (``core.evidence``):
+only a fetch or verify failure (the bytes did not arrive, or arrived wrong) is the tier's and may set a
+force-local marker against that tier; an install or synchronize failure, a stalled or dead rank is the rank's
+(no tier is marked unhealthy or excluded; the prompt is recomputed locally); a capacity refusal and an operator
+abort blame nobody. Every failed restore still ends fail-closed (nothing committed, every destination block
+invalid) whatever its kind.
 
-    kind       cause                                                  marker           CLI exit
-    capacity   W does not fit the budget B or the pool; admission    none             12 (the hint names
-               waited past its deadline; no free destination blocks                   the setting to change)
-    tier       an object missing, short, late, corrupt or failing    on the failing   10
-               to transfer; an injected restore fault                 tier(s)
-    rank       a rank stopped answering (no heartbeat, no progress   none; the rank   10 (restore)
-               within its window deadline) or died                    is reported      9 (other calls)
-                                                                      unhealthy
-    aborted    the operator aborted the request                       none             130
+    kind      stage                cause                                         marker            outcome        exit
+    capacity  admission            W does not fit B or the pool; admission       none              refused        12
+                                   waited past its deadline; no destination
+                                   blocks
+    tier      fetch, verify        an object missing, short, late, corrupt or    excludes the      failed_closed  10
+                                   failing to transfer                           failing tier(s)
+    rank      install,             the rank could not install or synchronize     recompute the     failed_closed  10
+              synchronize (none:   a window (an injected restore-fault too);     prompt locally
+              a stall)             a rank stopped answering or died              (no tier excluded)
+    aborted   the stage it was in  the operator aborted the request              none              aborted        130
 
-Pure: no I/O, so the CLI can use the same rules to pick its exit code.
+Pure: no I/O, so the CLI uses the same rules (``FailureKind.exit_code``) to pick its exit code.
 """
 
 from __future__ import annotations
@@ -23,43 +27,83 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-CAPACITY = "capacity"
-TIER = "tier"
-RANK = "rank"
-ABORTED = "aborted"
-KINDS = (CAPACITY, TIER, RANK, ABORTED)
-# When ranks fail for different reasons the most specific diagnosis wins: a stalled rank explains the others'
+from bsr_cli.api.jobs import RestoreResult
+from bsr_cli.core.events import Failure
+from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage
+from bsr_cli.errors import BsrError, CapacityError, ExitCode, RestoreAborted, RestoreFailedClosed
+
+CAPACITY = FailureKind.CAPACITY
+TIER = FailureKind.TIER
+RANK = FailureKind.RANK
+ABORTED = FailureKind.ABORTED
+KINDS = tuple(FailureKind)
+# When ranks fail for different reasons the most specific diagnosis wins: a rank's own failure explains the others'
 # aborts; an operator abort explains follow-on failures; a real tier failure outranks a capacity refusal.
 _PRECEDENCE = (RANK, ABORTED, TIER, CAPACITY)
 
 
-def classify(failures: Iterable[Mapping[str, Any]]) -> str | None:
-    """The restore's failure kind from its per-rank failures (each with a ``kind``); None when nothing failed."""
-    kinds = {str(f.get("kind") or TIER) for f in failures}
-    if not kinds:
-        return None
+class WindowRefused(CapacityError):
+    """Capacity refused a window before any byte moved; ``cause`` says what did not fit (the hint is built from it,
+    never from the message)."""
+
+    def __init__(self, message: str, *, cause: CapacityCause, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.cause = cause
+
+
+def failure_of(result: RestoreResult) -> Failure:
+    """The typed failure of one rank's failed restore result. A result without a kind is a host bug, never
+    guessed to be a tier's (that would steer traffic away from a healthy tier)."""
+    if not result.kind:
+        raise ValueError(f"rank {result.rank}'s failed restore result names no failure kind: {result.reason!r}")
+    return Failure(
+        rank=result.rank,
+        reason=result.reason,
+        kind=FailureKind(result.kind),
+        stage=Stage(result.stage) if result.stage else None,
+        window=result.failed_window,
+        tier=result.tier or None,
+        cause=CapacityCause(result.cause) if result.cause else None,
+    )
+
+
+def classify(failures: Iterable[Failure]) -> FailureKind | None:
+    """The restore's failure kind from its per-rank failures; None when nothing failed."""
+    kinds = {f.kind for f in failures}
     for k in _PRECEDENCE:
         if k in kinds:
             return k
-    return TIER
+    return None
 
 
-def blamed_tiers(kind: str | None, failures: Iterable[Mapping[str, Any]], tiers_used: Sequence[str]) -> set[str]:
-    """The tiers a force-local marker should exclude: only for a tier fault, the tiers that failed (all the tiers
-    the restore used when a failure does not say which)."""
-    if kind != TIER:
+def outcome(kind: FailureKind | None) -> Outcome:
+    """How a restore with that failure kind ended (None: it committed)."""
+    return Outcome.COMMITTED if kind is None else kind.outcome
+
+
+def blamed_tiers(kind: FailureKind | None, failures: Iterable[Failure], tiers_used: Sequence[str]) -> set[str]:
+    """The tiers a force-local marker should exclude: only for a tier fault at a tier's stage (fetch, verify), the
+    tiers that failed (all the tiers the restore used when a failure does not say which). Never for a rank's
+    install or synchronize failure."""
+    if kind is not TIER:
         return set()
-    named = {str(f["tier"]) for f in failures if f.get("kind", TIER) == TIER and f.get("tier")}
-    return named or set(tiers_used)
+    at_tier = [f for f in failures if f.kind is TIER and (f.stage is None or f.stage.blames_tier)]
+    named = {f.tier for f in at_tier if f.tier}
+    return named or (set(tiers_used) if at_tier else set())
 
 
-def capacity_hint(reason: str, *, w: int, slot_bytes: int, budget_bytes: int, pool_bytes: int) -> str:
+def blamed_ranks(failures: Iterable[Failure]) -> list[int]:
+    """The ranks a rank failure is blamed on, in order."""
+    return sorted({f.rank for f in failures if f.kind is RANK and f.rank is not None})
+
+
+def capacity_hint(cause: CapacityCause | None, *, w: int, slot_bytes: int, budget_bytes: int, pool_bytes: int) -> str:
     """What to change when a restore was refused for capacity: name the setting and the value that would fit."""
     fit_budget = budget_bytes // slot_bytes if slot_bytes else 0
     fit_pool = pool_bytes // slot_bytes if slot_bytes else 0
-    if "destination" in reason or "KV group" in reason:
+    if cause is CapacityCause.NO_DESTINATION_BLOCKS:
         return "wait for running requests to finish, or start the engine with more --kv-tokens"
-    if "timed out" in reason:
+    if cause is CapacityCause.ADMISSION_TIMEOUT:
         return (
             "other restores held the budget for the whole admission deadline: retry, or raise the budget "
             "(POST /settings budget_bytes, `bsr engine up --budget`)"
@@ -79,20 +123,89 @@ def capacity_hint(reason: str, *, w: int, slot_bytes: int, budget_bytes: int, po
     )
 
 
+def describe(f: Failure) -> str:
+    """One line for one failure: who failed, at which stage and window, and why. Never prints an absent field."""
+    where = f" at {f.stage.value}" if f.stage is not None else ""
+    win = f" (window {f.window})" if f.window is not None else ""
+    if f.kind is TIER:
+        tier = f"tier {f.tier}" if f.tier else "a tier"
+        on = f" on rank {f.rank}" if f.rank is not None else ""
+        return f"{tier} failed{where}{on}{win}: {f.reason}"
+    if f.kind is RANK:
+        who = f"rank {f.rank}" if f.rank is not None else "a rank"
+        if f.stage is None:
+            return f"{who} stopped responding: {f.reason}"
+        return f"{who} failed{where}{win}: {f.reason}"
+    return f.reason
+
+
 def summary(result: Mapping[str, Any]) -> str:
-    """One line naming the cause of a failed restore result (its ``failure_kind`` and first failure)."""
-    kind = result.get("failure_kind") or TIER
-    fails = result.get("failures") or []
-    first = fails[0] if fails else {}
-    reason = str(first.get("reason") or "invalid group")
-    if kind == RANK:
-        ranks = sorted({int(f["rank"]) for f in fails if f.get("kind") == RANK})
-        who = ", ".join(f"rank {r}" for r in ranks) or "a rank"
-        reason = next((str(f["reason"]) for f in fails if f.get("kind") == RANK), reason)
-        return f"{who} stopped responding: {reason}"
-    if kind == TIER and first.get("tier"):
-        return f"tier {first['tier']} failed on rank {first.get('rank')}: {reason}"
-    return reason
+    """One line naming the cause of a failed restore result (its ``failure_kind`` and the failure that decided it),
+    from the result's wire form."""
+    fails = [Failure.from_wire(f) for f in result.get("failures") or []]
+    if not fails:
+        return "invalid group"
+    kind = FailureKind(result["failure_kind"]) if result.get("failure_kind") else classify(fails)
+    first = next((f for f in fails if f.kind is kind), fails[0])
+    return describe(first)
 
 
-__all__ = ["ABORTED", "CAPACITY", "KINDS", "RANK", "TIER", "blamed_tiers", "capacity_hint", "classify", "summary"]
+_ERROR_FOR_EXIT: dict[ExitCode, type[BsrError]] = {
+    ExitCode.CAPACITY: CapacityError,
+    ExitCode.FAILED_CLOSED: RestoreFailedClosed,
+    ExitCode.INTERRUPTED: RestoreAborted,
+}
+
+
+def restore_error(result: Mapping[str, Any]) -> BsrError:
+    """The one-line error a failed restore result ends the CLI with; its exit code is the failure kind's
+    (``FailureKind.exit_code``: refused 12, failed closed 10, aborted 130)."""
+    fails = [Failure.from_wire(f) for f in result.get("failures") or []]
+    if result.get("failure_kind"):
+        kind = FailureKind(result["failure_kind"])
+    else:
+        found = classify(fails)
+        if found is None:
+            raise ValueError("a failed restore result names no failure kind and lists no failure")
+        kind = found
+    why = summary(result)
+    error = _ERROR_FOR_EXIT[kind.exit_code]
+    if kind is CAPACITY:
+        return error(f"restore refused for capacity, nothing moved, no tier blamed: {why}", hint=result.get("hint"))
+    if kind is ABORTED:
+        return error(f"restore aborted, nothing committed, no tier blamed: {why}")
+    if kind is RANK:
+        ranks = blamed_ranks(fails)
+        who = ", ".join(f"rank {r}" for r in ranks) or "the rank"
+        marker = result.get("marker")
+        then = "; the next admission recomputes the prompt locally" if marker else ""
+        return error(
+            f"restore failed closed: {why}; nothing was committed, no tier blamed{then}",
+            hint=f"`bsr status` shows {who}'s health and last fault; a stopped or hung rank must be resumed or "
+            "restarted",
+        )
+    tiers = ", ".join(result.get("blamed_tiers") or result.get("tiers") or [])
+    return error(
+        f"restore failed closed: {why}; nothing was committed and a force-local marker excludes "
+        f"{tiers or 'the failing tier'}",
+        hint="`bsr status` shows the marker; the next admission of this prompt skips the failed tier",
+    )
+
+
+__all__ = [
+    "ABORTED",
+    "CAPACITY",
+    "KINDS",
+    "RANK",
+    "TIER",
+    "WindowRefused",
+    "blamed_ranks",
+    "blamed_tiers",
+    "capacity_hint",
+    "classify",
+    "describe",
+    "failure_of",
+    "outcome",
+    "restore_error",
+    "summary",
+]

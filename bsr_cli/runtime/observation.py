@@ -28,12 +28,23 @@ from bsr_cli.api.ranks import (
     StatsResult,
 )
 from bsr_cli.core import accounting, limits
-from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
+from bsr_cli.core.events import (
+    PROGRESS,
+    Event,
+    Failure,
+    WindowFetched,
+    WindowReleased,
+    parse_event,
+    restore_ended,
+)
+from bsr_cli.core.events import (
+    RankUnresponsive as RankUnresponsiveEvent,
+)
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import (
     HEALTH_WAIT_S,
     POLL_S,
-    PROGRESS_EVENTS,
     TIER_FAILURE_TTL_S,
     CoordinatorState,
     RankUnresponsive,
@@ -60,9 +71,24 @@ class Observation(CoordinatorState):
         return None
 
     def _rank_fault(self, rank: int, reason: str, request: str | None = None) -> None:
+        """A rank stopped answering (no heartbeat, no progress): remembered, counted and logged."""
         with self._lock:
-            self.rank_faults[rank] = {"reason": reason, "request": request, "at": time.time()}
-        self.events.append({"type": "rank_unresponsive", "rank": rank, "reason": reason, "request": request})
+            self.rank_faults[rank] = {"reason": reason, "request": request, "at": time.time(), "stage": None}
+        self.counters.unresponsive.labels(str(rank)).inc()
+        self.events.append(RankUnresponsiveEvent(rank=rank, reason=reason, request=request))
+
+    def _note_rank_failures(self, fails: Sequence[Failure], request: str) -> None:
+        """A rank that failed at its own stage (install, synchronize) is remembered as that rank's last fault, so
+        `bsr status` says "rank N failed at install"; it still answers, so it stays healthy."""
+        with self._lock:
+            for f in fails:
+                if f.kind is FailureKind.RANK and f.rank is not None and f.stage is not None:
+                    self.rank_faults[f.rank] = {
+                        "reason": failures.describe(f),
+                        "request": request,
+                        "at": time.time(),
+                        "stage": f.stage.value,
+                    }
 
     def _gather(self, futures: Sequence[Future[R]], timeout_s: float, what: str) -> list[R]:
         """Every rank's answer to one call, failing fast (RankUnresponsive) when a rank stops beating instead of
@@ -240,7 +266,7 @@ class Observation(CoordinatorState):
         committed: bool,
         used: set[str],
         blamed: set[str],
-        fails: list[dict[str, Any]],
+        fails: Sequence[Failure],
         request: str,
         injected: bool = False,
     ) -> None:
@@ -250,10 +276,10 @@ class Observation(CoordinatorState):
                     self.tier_failures.pop(t, None)
                 return
             for t in blamed:
-                f = next((x for x in fails if x.get("tier") == t), fails[0] if fails else {})
+                f = next((x for x in fails if x.tier == t), fails[0] if fails else None)
                 self.tier_failures[t] = {
-                    "reason": f.get("reason", ""),
-                    "rank": f.get("rank"),
+                    "reason": f.reason if f is not None else "",
+                    "rank": f.rank if f is not None else None,
                     "request": request,
                     "at": time.time(),
                     "injected": injected,  # an armed fault fired: forgotten when the operator clears faults
@@ -274,45 +300,51 @@ class Observation(CoordinatorState):
         fired: set[int],
         seconds: float,
     ) -> dict[str, Any]:
-        """One restore's report (what the CLI shows), recorded: the failures classified and blamed, tier health
-        noted, the outcome event and the recent-restores entry."""
+        """One restore's report (what the CLI shows), recorded: the failures classified and blamed by stage, tier
+        and rank health noted, the outcome counted and logged, and the recent-restores entry."""
         total_bytes = sum(o.bytes_restored for o in outcomes)
-        fails: list[dict[str, Any]] = [
-            {
-                "rank": o.rank,
-                "window": o.failed_window,
-                "reason": o.reason,
-                "kind": o.kind or failures.TIER,
-                "tier": o.tier,
-            }
-            for o in outcomes
-            if not o.ok
-        ]
-        kind = None if committed_tokens else (failures.classify(fails) or failures.TIER)
+        fails = [failures.failure_of(o) for o in outcomes if not o.ok]
+        if not committed_tokens and not fails:
+            # Every rank said it succeeded, yet a (rank, group) cell is invalid: the rank did not report that
+            # group, which only the rank can explain (a host bug), never a tier.
+            fails = [
+                Failure(
+                    rank=r,
+                    reason=f"rank {r} reported no valid install of KV group {g}",
+                    kind=FailureKind.RANK,
+                    stage=Stage.COMMIT,
+                )
+                for r, g in invalid
+            ]
+        kind = None if committed_tokens else failures.classify(fails)
+        outcome = failures.outcome(kind)
+        deciding = next((f for f in fails if f.kind is kind), None)
         blamed = failures.blamed_tiers(kind, fails, sorted(tiers_used))
         hint = None
-        if kind == failures.CAPACITY:
-            first = next(f for f in fails if f["kind"] == failures.CAPACITY)
+        if kind is FailureKind.CAPACITY and deciding is not None:
             hint = failures.capacity_hint(
-                first["reason"],
+                deciding.cause,
                 w=w,
                 slot_bytes=self.reg.bytes_per_chunk,
                 budget_bytes=self.settings.budget_bytes,
                 pool_bytes=self.settings.pool_bytes,
             )
         self._note_tier_health(committed_tokens > 0, tiers_used, blamed, fails, request, bool(fired))
-        outcome = COMMITTED if committed_tokens else FAILED_CLOSED
+        self._note_rank_failures(fails, request)
+        wire_fails = [f.to_wire() for f in fails]
         result = {
             "request": request,
             "W": w,
             "tiers": sorted(tiers_used),
             "advertised_tokens": ext_tokens,
             "committed_tokens": committed_tokens,
-            "outcome": outcome,
+            "outcome": outcome.value,
             "invalid": [{"rank": r, "group": g} for r, g in invalid],
-            "failures": fails,
-            "failure_kind": kind,
+            "failures": wire_fails,
+            "failure_kind": kind.value if kind else None,
+            "failure_stage": deciding.stage.value if deciding is not None and deciding.stage else None,
             "blamed_tiers": sorted(blamed),
+            "blamed_ranks": failures.blamed_ranks(fails),
             "hint": hint,
             "windows": windows,
             "chunks": k,
@@ -324,47 +356,85 @@ class Observation(CoordinatorState):
             "whole_plan_bytes": accounting.whole_plan_bytes(self.reg, k),
             "fired_faults": sorted(fired),
         }
-        self.events.append(
-            {
-                "type": "restore_committed" if committed_tokens else "restore_failed_closed",
-                "request": request,
-                "committed_tokens": committed_tokens,
-                "advertised_tokens": ext_tokens,
-                "failures": fails,
-                "failure_kind": kind,
-                "seconds": seconds,
-            }
+        self._restore_ended(
+            request=request,
+            outcome=outcome,
+            kind=kind,
+            fails=fails,
+            advertised=ext_tokens,
+            committed=committed_tokens,
+            seconds=seconds,
+            tokens=ext_tokens,
+            w=w,
+            tiers=sorted(tiers_used),
         )
+        return result
+
+    def _restore_ended(
+        self,
+        *,
+        request: str,
+        outcome: Outcome,
+        kind: FailureKind | None,
+        fails: Sequence[Failure],
+        advertised: int,
+        committed: int,
+        seconds: float,
+        tokens: int,
+        w: int,
+        tiers: Sequence[str],
+    ) -> None:
+        """Every ended restore, once: counted, listed among the recent ones, then logged as its outcome's event (so
+        whoever sees the event finds the rest already recorded)."""
+        deciding = next((f for f in fails if f.kind is kind), None)
+        self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
         with self._lock:
             self.recent.appendleft(
                 {
                     "request": request,
-                    "outcome": outcome,
-                    "tokens": ext_tokens,
+                    "outcome": outcome.value,
+                    "tokens": tokens,
                     "W": w,
-                    "tiers": sorted(tiers_used),
+                    "tiers": list(tiers),
                     "seconds": seconds,
                     "finished": time.time(),
-                    "reason": fails[0]["reason"] if fails else "",
-                    "failure_kind": kind,
+                    "reason": failures.describe(deciding) if deciding is not None else "",
+                    "failure_kind": kind.value if kind else None,
+                    "failure_stage": deciding.stage.value if deciding is not None and deciding.stage else None,
                 }
             )
-        return result
+        if outcome is not Outcome.NOTHING_TO_RESTORE:
+            self.events.append(
+                restore_ended(outcome)(
+                    request=request,
+                    committed_tokens=committed,
+                    advertised_tokens=advertised,
+                    failures=tuple(fails),
+                    failure_kind=kind,
+                    seconds=seconds,
+                )
+            )
 
-    def on_rank_event(self, ev: dict[str, Any]) -> None:
-        """Rank progress: update the live view, then log it."""
-        if ev.get("type") in PROGRESS_EVENTS:
-            key = (str(ev.get("request", "")), int(ev.get("rank", -1)))
+    def on_rank_event(self, event: Event | dict[str, Any]) -> None:
+        """A rank's progress, as the coordinator receives it: the liveness watch and the live view updated, the
+        window and fetch counters incremented (each event counted once, here, in whatever order ranks send
+        them), then logged."""
+        ev = event if isinstance(event, Event) else parse_event(event)
+        if ev.kind in PROGRESS:
+            key = (ev.request_id or "", ev.rank_id if ev.rank_id is not None else -1)
             with self._lock:
                 if key in self._progress:
-                    self._progress[key] = (time.monotonic(), str(ev["type"]))
-        if ev.get("type") == "window_released":
+                    self._progress[key] = (time.monotonic(), ev.kind.value)
+        if isinstance(ev, WindowReleased):
+            self.counters.window_released(ev.rank, ev.bytes)
             with self._lock:
-                st = self.active.get(ev.get("request", ""))
+                st = self.active.get(ev.request)
                 if st is not None:
-                    st["done"][ev["rank"]] = st["done"].get(ev["rank"], 0) + 1
-                    st["bytes"][ev["rank"]] = st["bytes"].get(ev["rank"], 0) + ev.get("bytes", 0)
-                self._rate.setdefault(ev["rank"], deque(maxlen=4096)).append((time.monotonic(), ev.get("bytes", 0)))
+                    st["done"][ev.rank] = st["done"].get(ev.rank, 0) + 1
+                    st["bytes"][ev.rank] = st["bytes"].get(ev.rank, 0) + ev.bytes
+                self._rate.setdefault(ev.rank, deque(maxlen=4096)).append((time.monotonic(), ev.bytes))
+        elif isinstance(ev, WindowFetched):
+            self.counters.window_fetched(ev.rank, ev.tiers, ev.bytes, ev.seconds)
         self.events.append(ev)
 
     # -- what a monitor draws ----------------------------------------------------------------------------------

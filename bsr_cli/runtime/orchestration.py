@@ -35,7 +35,16 @@ from bsr_cli.api.ranks import (
 )
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import HitBitmap
-from bsr_cli.core.commit import FAILED_CLOSED, NOTHING_TO_RESTORE, commit_prefix
+from bsr_cli.core.commit import commit_prefix
+from bsr_cli.core.events import (
+    AbortRequested,
+    Failure,
+    RequestAdmitted,
+    RequestFinished,
+    RestoreStarted,
+    StoreFailed,
+)
+from bsr_cli.core.evidence import EventKind, FailureKind, Outcome
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
 from bsr_cli.core.plan import windows_for
 from bsr_cli.runtime import failures
@@ -77,15 +86,14 @@ class Orchestration(Admission):
         with self._lock:
             self.active[request] = state
         self.events.append(
-            {
-                "type": "restore_started",
-                "request": request,
-                "prompt": prompt,
-                "W": w,
-                "windows": len(windows),
-                "tokens": ext_tokens,
-                "tiers": sorted(tiers_used),
-            }
+            RestoreStarted(
+                request=request,
+                prompt=prompt,
+                W=w,
+                windows=len(windows),
+                tokens=ext_tokens,
+                tiers=tuple(sorted(tiers_used)),
+            )
         )
         futures = [r.submit(RestoreRequest(jobs[r.rank])) for r in self.ranks]
         try:
@@ -182,7 +190,8 @@ class Orchestration(Admission):
         admission deadline while it waits for budget), else the rank is stalled."""
         with self._lock:
             at, what = self._progress.get((request, rank), (now, ""))
-        limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if what == "window_waiting" else 0)
+        waiting = what == EventKind.WINDOW_WAITING
+        limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if waiting else 0)
         if now - at > limit:
             return f"no restore progress for {now - at:.1f}s (window deadline {limit:g}s)"
         return None
@@ -210,14 +219,19 @@ class Orchestration(Admission):
     ) -> tuple[int, str, str, list[str], Callable[[], None]]:
         """What every request starts with: a checked prompt, its W, id, prompt hash, chunk hashes, and the
         progress listener (with the function that removes it)."""
-        self.check_tokens(tokens)
-        w = self.settings.w if w is None else accounting.check_window(w)
         request = request or self.new_request_id()
+        # Open from acceptance (the client learns the id then; the admin API opens a streamed request before its
+        # work starts, see ``open_request``) to the end: an abort in between, before its windows start, still ends
+        # it fail-closed (each rank keeps the abort for the job that follows).
+        self.open_request(request)
+        try:
+            self.check_tokens(tokens)
+            w = self.settings.w if w is None else accounting.check_window(w)
+        except BaseException:
+            with self._lock:
+                self._open_requests.discard(request)
+            raise
         unlisten = self.events.listen(request, progress) if progress else (lambda: None)
-        # Open from acceptance (the client learns the id then) to the end: an abort in between, before its
-        # windows start, still ends it fail-closed (each rank keeps the abort for the job that follows).
-        with self._lock:
-            self._open_requests.add(request)
 
         def stop() -> None:
             unlisten()
@@ -239,20 +253,21 @@ class Orchestration(Admission):
         """Admit a prompt as the scheduler would: restore the external prefix (with fallback), compute the rest."""
         w, request, prompt, hashes, stop = self._open(tokens, w, request, progress)
         started = time.monotonic()
+        self.counters.submitted.inc()
         tables = self._allocate(len(tokens))
         passes: list[dict[str, Any]] = []
         try:
-            self.events.append(
-                {"type": "request_admitted", "request": request, "prompt": prompt, "tokens": len(tokens)}
-            )
+            self.events.append(RequestAdmitted(request=request, prompt=prompt, tokens=len(tokens)))
             marker = self._marker(prompt)
             exclude = set(marker.excluded) if marker else set()
+            # A marker that excludes no tier says "recompute locally" (a rank failed to install it last time).
+            local = marker is not None and not marker.excluded
             marker_history = [{"pass": 0, "marker": marker.to_dict()}] if marker else []
             committed, source = 0, "recompute"
             bitmap: HitBitmap | None = None
             for pass_no in range(1, MAX_PASSES + 1):
                 bitmap, tier_errors = self.probe(tokens, hashes)
-                ext = bitmap.prefix_tokens(exclude)
+                ext = 0 if local else bitmap.prefix_tokens(exclude)
                 entry: dict[str, Any] = {
                     "pass": pass_no,
                     "excluded_tiers": sorted(exclude),
@@ -267,14 +282,20 @@ class Orchestration(Admission):
                 if res["committed_tokens"]:
                     committed, source = res["committed_tokens"], "+".join(res["tiers"])
                     break
-                # Fail closed: every block of the request is invalid now (each rank scrubbed its own). Only a tier
-                # fault sets a marker (the next pass skips that tier); a stalled rank ends the request; a capacity
-                # refusal or an abort blames no tier: the rest is computed locally.
+                # Fail closed: every block of the request is invalid now (each rank scrubbed its own). A tier fault
+                # sets a marker excluding that tier (the next pass skips it); a rank that failed to install or
+                # synchronize sets one that excludes no tier (the prompt is recomputed locally); a stalled rank ends
+                # the request; a capacity refusal or an abort blames nobody: the rest is computed locally.
                 entry["failure_kind"] = res["failure_kind"]
-                if res["failure_kind"] == failures.RANK:
-                    bad = next(f for f in res["failures"] if f["kind"] == failures.RANK)
-                    raise RankUnresponsive(bad["rank"], bad["reason"])
-                if res["failure_kind"] != failures.TIER:
+                kind = FailureKind(res["failure_kind"])
+                if kind is FailureKind.RANK:
+                    bad = next(Failure.from_wire(f) for f in res["failures"] if f["kind"] == FailureKind.RANK)
+                    if bad.stage is None and bad.rank is not None:  # it stopped answering: nothing can run
+                        raise RankUnresponsive(bad.rank, bad.reason)
+                    m = self._set_marker(prompt, set(), failures.summary(res), request)
+                    marker_history.append({"pass": pass_no, "marker": m.to_dict()})
+                    break
+                if kind is not FailureKind.TIER:
                     break
                 m = self._set_marker(prompt, set(res["blamed_tiers"]), failures.summary(res), request)
                 exclude = set(m.excluded)
@@ -307,14 +328,13 @@ class Orchestration(Admission):
                 "seconds": time.monotonic() - started,
             }
             self.events.append(
-                {
-                    "type": "request_finished",
-                    "request": request,
-                    "external_tokens": committed,
-                    "computed_tokens": computed,
-                    "source": result["source"],
-                    "hash_ok": result["hash_ok"],
-                }
+                RequestFinished(
+                    request=request,
+                    external_tokens=committed,
+                    computed_tokens=computed,
+                    source=source if committed else "recompute",
+                    hash_ok=None if canonical is None else canonical == output_hash,
+                )
             )
             return result
         finally:
@@ -344,7 +364,7 @@ class Orchestration(Admission):
             objects[f"rank{r.rank}"] = dict(res.objects)
             for tier, err in res.errors.items():
                 errors.setdefault(f"rank{r.rank}", {})[tier] = err
-                self.events.append({"type": "store_failed", "rank": r.rank, "tier": tier, "error": err})
+                self.events.append(StoreFailed(rank=r.rank, tier=tier, error=err))
         return {"objects": objects, "errors": errors}
 
     def restore(
@@ -377,7 +397,23 @@ class Orchestration(Admission):
                 "bitmap": bitmap.to_dict(),
             }
             if ext == 0:
-                return base | {"outcome": NOTHING_TO_RESTORE, "committed_tokens": 0, "advertised_tokens": 0}
+                self._restore_ended(
+                    request=request,
+                    outcome=Outcome.NOTHING_TO_RESTORE,
+                    kind=None,
+                    fails=(),
+                    advertised=0,
+                    committed=0,
+                    seconds=0.0,
+                    tokens=0,
+                    w=w,
+                    tiers=(),
+                )
+                return base | {
+                    "outcome": Outcome.NOTHING_TO_RESTORE.value,
+                    "committed_tokens": 0,
+                    "advertised_tokens": 0,
+                }
             tables = self._allocate(ext)
             try:
                 res = self._restore_external(request, bitmap, hashes, excl, w, tables, prompt)
@@ -387,8 +423,13 @@ class Orchestration(Admission):
                     if verify:
                         out["canonical_hash"] = self._canonical_hash(hashes[: -(-ext // self.reg.chunk_size)], ext)
                         out["hash_ok"] = out["canonical_hash"] == out["output_hash"]
-                elif res["failure_kind"] == failures.TIER:
+                elif res["failure_kind"] == FailureKind.TIER:
                     marker = self._set_marker(prompt, set(res["blamed_tiers"]), failures.summary(res), request)
+                    out["marker"] = marker.to_dict()
+                elif res["failure_kind"] == FailureKind.RANK and res.get("failure_stage"):
+                    # The rank failed at its own stage: the next admission recomputes the prompt locally, and no
+                    # tier is excluded (none is to blame).
+                    marker = self._set_marker(prompt, set(), failures.summary(res), request)
                     out["marker"] = marker.to_dict()
                 return out
             finally:
@@ -399,27 +440,44 @@ class Orchestration(Admission):
     def _rank_failed(self, request: str, prompt: str, n_tokens: int, w: int, e: RankUnresponsive) -> dict[str, Any]:
         """A manual restore that could not start because a rank stopped answering: failed closed (nothing was
         restored or committed), blamed on the rank, no marker."""
-        fail = {"rank": e.rank, "window": None, "reason": e.reason, "kind": failures.RANK, "tier": None}
-        self.events.append(
-            {"type": "restore_failed_closed", "request": request, "committed_tokens": 0, "failures": [fail]}
+        fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.RANK)  # no stage: it stopped answering
+        self._restore_ended(
+            request=request,
+            outcome=Outcome.FAILED_CLOSED,
+            kind=FailureKind.RANK,
+            fails=(fail,),
+            advertised=0,
+            committed=0,
+            seconds=0.0,
+            tokens=0,
+            w=w,
+            tiers=(),
         )
         return {
             "request": request,
             "prompt": prompt,
             "tokens": n_tokens,
             "W": w,
-            "outcome": FAILED_CLOSED,
+            "outcome": Outcome.FAILED_CLOSED.value,
             "advertised_tokens": 0,
             "committed_tokens": 0,
-            "failures": [fail],
-            "failure_kind": failures.RANK,
+            "failures": [fail.to_wire()],
+            "failure_kind": FailureKind.RANK.value,
+            "failure_stage": None,
             "blamed_tiers": [],
+            "blamed_ranks": [e.rank],
             "invalid": [],
             "tiers": [],
             "ranks": [],
             "windows": 0,
             "hint": e.hint,
         }
+
+    def open_request(self, request: str) -> None:
+        """Make ``request`` abortable from now on. The admin API calls it when it hands the id to a streaming
+        client, before the request's work is scheduled: a client that goes away at once still aborts it."""
+        with self._lock:
+            self._open_requests.add(request)
 
     def abort(self, request: str) -> bool:
         with self._lock:
@@ -428,7 +486,7 @@ class Orchestration(Admission):
             return False
         for r in self.ranks:
             r.abort(request)
-        self.events.append({"type": "abort_requested", "request": request})
+        self.events.append(AbortRequested(request=request))
         return True
 
 

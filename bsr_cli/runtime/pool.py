@@ -15,7 +15,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from bsr_cli.errors import CapacityError
+from bsr_cli.core.evidence import CapacityCause
+from bsr_cli.runtime.failures import WindowRefused
 from bsr_cli.runtime.tiers import StagingSlice
 
 
@@ -114,7 +115,10 @@ class RestorePool:
                         return None
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise CapacityError(f"timed out after {timeout_s:.1f}s waiting for {n_slots} pool slots")
+                        raise WindowRefused(
+                            f"timed out after {timeout_s:.1f}s waiting for {n_slots} pool slots",
+                            cause=CapacityCause.ADMISSION_TIMEOUT,
+                        )
                     self._cond.wait(left)
                 slots = [self._free.pop() for _ in range(n_slots)]
                 self._live_slots += n_slots
@@ -130,9 +134,10 @@ class RestorePool:
         limit_slots = (self.budget_bytes if bounded else self.capacity_bytes) // self.slot_bytes
         if n_slots > limit_slots:
             what = "budget B" if bounded else "pool capacity"
-            raise CapacityError(
+            raise WindowRefused(
                 f"a window of {n_slots} chunks needs {n_slots * self.slot_bytes:,} bytes; "
                 f"the {what} is {limit_slots * self.slot_bytes:,} bytes",
+                cause=CapacityCause.WINDOW_OVER_BUDGET if bounded else CapacityCause.WINDOW_OVER_POOL,
                 hint="lower W, or start the engine with a larger pool (--pool) or budget (--budget)",
             )
         return limit_slots

@@ -21,6 +21,17 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 from bsr_cli.api.ranks import ObjectRef, RestoreJob, RestoreResult, WindowJob
+from bsr_cli.core.events import (
+    Event,
+    WindowFetched,
+    WindowInstalled,
+    WindowReleased,
+    WindowWaiting,
+)
+from bsr_cli.core.events import (
+    RestoreFailed as RestoreFailedEvent,
+)
+from bsr_cli.core.evidence import CapacityCause, FailureKind, Stage
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
@@ -52,13 +63,17 @@ RankOutcome = RestoreResult
 
 
 class RestoreFailed(Exception):
+    """One rank's retrieve failed at ``stage``: a fetch or verify failure is the tier's (``tier`` names it), an
+    install or synchronize failure the rank's own, an abort the operator's."""
+
     def __init__(
         self,
         reason: str,
         window: int | None,
         groups: Sequence[str] | None = None,
         *,
-        kind: str = failures.TIER,
+        kind: FailureKind,
+        stage: Stage | None,
         tier: str | None = None,
     ) -> None:
         super().__init__(reason)
@@ -66,10 +81,15 @@ class RestoreFailed(Exception):
         self.window = window
         self.groups = groups  # None: every group of this rank
         self.kind = kind
+        self.stage = stage
         self.tier = tier
 
 
-Emit = Callable[[dict[str, Any]], None]
+def aborted(window: int | None, stage: Stage | None = None) -> RestoreFailed:
+    return RestoreFailed("aborted by the operator", window, kind=failures.ABORTED, stage=stage)
+
+
+Emit = Callable[[Event], None]
 # Most windows with a fetch in flight at once (the budget B bounds it further).
 _FETCH_AHEAD = 2
 
@@ -120,31 +140,37 @@ def run_windows(
             prepare()
         for win in windows:
             if abort.is_set():
-                raise RestoreFailed("aborted by the operator", win.index, kind=failures.ABORTED)
+                raise aborted(win.index)
             nbytes = step(win, out)
             out.windows_done += 1
             out.bytes_restored += nbytes
             emit(
-                {
-                    "type": "window_released",
-                    "request": request,
-                    "rank": rank,
-                    "window": win.index,
-                    "windows": len(windows),
-                    "bytes": nbytes,
-                    "pool": pool_stats(),
-                }
+                WindowReleased(
+                    request=request,
+                    rank=rank,
+                    window=win.index,
+                    windows=len(windows),
+                    bytes=nbytes,
+                    pool=pool_stats(),
+                )
             )
         out.ok = True
         out.valid = dict.fromkeys(groups, True)
     except RestoreFailed as e:
         out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
+        out.stage = e.stage.value if e.stage is not None else ""
         bad = set(e.groups or groups)
         out.valid = {g: g not in bad for g in groups}
     except CapacityError as e:
         out.reason, out.failed_window, out.kind = f"capacity: {e.message}", None, failures.CAPACITY
+        out.stage = Stage.ADMISSION.value
+        # A host's own refusal without a cause is a window over its budget (the only one a host raises).
+        out.cause = (e.cause if isinstance(e, failures.WindowRefused) else CapacityCause.WINDOW_OVER_BUDGET).value
     except Exception as e:  # noqa: BLE001 - any transfer exception fails the retrieve, closed
+        # Install and synchronize failures are raised as RestoreFailed by the host's step; what is left is a
+        # transfer from a tier.
         out.reason, out.kind = f"transfer error: {type(e).__name__}: {e}", failures.TIER
+        out.stage = Stage.FETCH.value
     finally:
         if cleanup is not None:
             cleanup()
@@ -153,15 +179,18 @@ def run_windows(
     if not out.ok:
         # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
         scrub()
+        failure = failures.failure_of(out)
         emit(
-            {
-                "type": "restore_failed",
-                "request": request,
-                "rank": rank,
-                "window": out.failed_window,
-                "reason": out.reason,
-                "kind": out.kind,
-            }
+            RestoreFailedEvent(
+                request=request,
+                rank=rank,
+                reason=failure.reason,
+                failure_kind=failure.kind,
+                stage=failure.stage,
+                window=failure.window,
+                tier=failure.tier,
+                cause=failure.cause,
+            )
         )
     return out
 
@@ -233,7 +262,14 @@ class RankRestorer:
             try:
                 fetch_ahead(block=False)
                 t0 = time.monotonic()
-                self._install(job, win, lease, first, fired)
+                try:
+                    self._install(job, win, lease, first, fired)
+                except RestoreFailed:
+                    raise
+                except Exception as e:
+                    raise RestoreFailed(
+                        f"install failed: {type(e).__name__}: {e}", win.index, kind=failures.RANK, stage=Stage.INSTALL
+                    ) from e
                 out.install_seconds += time.monotonic() - t0
                 verified.result()
             finally:
@@ -280,7 +316,7 @@ class RankRestorer:
             return lease
         # Waiting for admission (other windows hold the budget) is progress of a kind: say so, so the
         # coordinator's per-window progress deadline allows for the admission deadline instead.
-        self.emit({"type": "window_waiting", "request": job.request_id, "rank": self.rank, "window": win.index})
+        self.emit(WindowWaiting(request=job.request_id, rank=self.rank, window=win.index))
         return self.pool.acquire(n, timeout_s=job.admit_timeout_s, bounded=bounded, wait=True)
 
     def _fetch_owned(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> Fetched:
@@ -341,7 +377,7 @@ class RankRestorer:
                     # The injected stall: nothing more arrives before the deadline (an abort cuts it short).
                     abort = self._aborts.get(job.request_id)
                     if abort is not None and abort.wait(max(0.0, deadline - time.monotonic())):
-                        raise RestoreFailed("aborted by the operator", win.index, kind=failures.ABORTED)
+                        raise aborted(win.index, Stage.FETCH)
                     codes = [TIMED_OUT if i in stalled else code for i, code in enumerate(codes)]
             for f in corrupt:
                 for (g, _, s), code in zip(items, codes, strict=True):
@@ -350,16 +386,15 @@ class RankRestorer:
                         break
             arrived.extend(self._check_arrival(win, tier_name, items, codes, sums))
         self.emit(
-            {
-                "type": "window_fetched",
-                "request": job.request_id,
-                "rank": self.rank,
-                "window": win.index,
-                "bytes": self._window_bytes(job, win),
-                "seconds": time.monotonic() - t0,
-                "tiers": sorted(by_tier),
-                "pool": self.pool.stats().to_dict(),
-            }
+            WindowFetched(
+                request=job.request_id,
+                rank=self.rank,
+                window=win.index,
+                bytes=self._window_bytes(job, win),
+                seconds=time.monotonic() - t0,
+                tiers=tuple(sorted(by_tier)),
+                pool=self.pool.stats().to_dict(),
+            )
         )
         return time.monotonic() - t0, arrived
 
@@ -385,7 +420,9 @@ class RankRestorer:
             if g not in bad_groups:
                 bad_groups.append(g)
         if bad_groups:
-            raise RestoreFailed(first_reason, win.index, bad_groups, tier=tier or None)
+            raise RestoreFailed(
+                first_reason, win.index, bad_groups, kind=failures.TIER, stage=Stage.FETCH, tier=tier or None
+            )
         return [(g, c, s, stored) for (g, c, s), stored in zip(items, sums, strict=True)]
 
     def _verify(
@@ -399,6 +436,8 @@ class RankRestorer:
                 f"checksum mismatch in chunk {c} group {g}",
                 win.index,
                 sorted({b[0] for b in bad}),
+                kind=failures.TIER,
+                stage=Stage.VERIFY,
                 tier=job.objects[g][c].tier or None,
             )
 
@@ -408,15 +447,27 @@ class RankRestorer:
             if _group_matches(faults, g):
                 for f in faults:
                     fired.add(f.id)
-                raise RestoreFailed(f"injected restore fault while installing group {g}", win.index, [g])
+                # The injected fault is in the rank's own install (the H2D copy): the rank is blamed, never a tier.
+                raise RestoreFailed(
+                    f"injected restore fault while installing group {g}",
+                    win.index,
+                    [g],
+                    kind=failures.RANK,
+                    stage=Stage.INSTALL,
+                )
             b0, b1 = win.blocks[g]
             sources = [
                 lease.slot(i, self.group_offsets[g], job.objects[g][c].size)
                 for i, c in enumerate(range(win.chunk_start, win.chunk_end))
             ]
             self.destination.install(g, job.block_tables[g][b0:b1], win.token_end - win.token_start, sources)
-        self.destination.synchronize()
-        self.emit({"type": "window_installed", "request": job.request_id, "rank": self.rank, "window": win.index})
+        try:
+            self.destination.synchronize()
+        except Exception as e:
+            raise RestoreFailed(
+                f"synchronize failed: {type(e).__name__}: {e}", win.index, kind=failures.RANK, stage=Stage.SYNCHRONIZE
+            ) from e
+        self.emit(WindowInstalled(request=job.request_id, rank=self.rank, window=win.index))
 
 
 def _group_matches(faults: Sequence[FaultSpec], group: str) -> bool:
@@ -432,6 +483,7 @@ __all__ = [
     "RestoreJob",
     "RestoreResult",
     "WindowJob",
+    "aborted",
     "run_windows",
     "window_faults",
 ]

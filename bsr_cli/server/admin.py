@@ -18,7 +18,6 @@ from collections.abc import Callable
 import anyio.to_thread
 import uvicorn
 
-from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
 from bsr_cli.runtime.coordinator import Coordinator
 from bsr_cli.server.app import PREFIX, create_app, routes_of
 from bsr_cli.server.guard import Guard
@@ -55,8 +54,8 @@ class AdminServer:
         self._max_connections = max_connections
         self.on_shutdown = on_shutdown
         self.max_body = BODY_OVERHEAD + BODY_BYTES_PER_TOKEN * max(coordinator.settings.max_tokens, 0)
-        self.counters = {COMMITTED: 0, FAILED_CLOSED: 0, "submitted": 0, "http_requests": 0}
-        self._metrics = Exposition(coordinator, submitted=lambda: self.counters["submitted"])
+        self.counters = {"http_requests": 0}
+        self._metrics = Exposition(coordinator)
         app = create_app(self)
         self.app = Guard(app, routes_of(app), token=token, max_body=self.max_body, on_request=self._count)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET

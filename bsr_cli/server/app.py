@@ -22,7 +22,6 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
 
 from bsr_cli import API_VERSION
-from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
 from bsr_cli.server import models as m
@@ -187,6 +186,9 @@ def create_app(admin: AdminServer | None) -> FastAPI:
                     put(("error", {"error": "server-error", "message": f"{type(e).__name__}: {e}", "status": 500}))
 
             finished = False
+            # Abortable before the worker thread is even scheduled: if this client goes away at once, the abort
+            # below must find the request open, or the work would run to its end with nobody listening.
+            coord().open_request(request)
             threading.Thread(target=run, name=f"bsr-{request}", daemon=True).start()
             try:
                 yield _line({"type": "accepted", "request": request})
@@ -251,8 +253,6 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         then {type: result, result} or {type: error}."""
         c = coord()
         tokens = tokens_of(body, c.settings.max_tokens)
-        assert admin is not None
-        admin.counters["submitted"] += 1
         if body.stream:
             rid = c.new_request_id()
             return stream(
@@ -277,9 +277,6 @@ def create_app(admin: AdminServer | None) -> FastAPI:
             res: dict[str, Any] = c.restore(
                 tokens, w=body.W, verify=body.verify, exclude=exclude, progress=emit, request=rid
             )
-            key = COMMITTED if res.get("committed_tokens") else FAILED_CLOSED
-            if res.get("outcome") in (COMMITTED, FAILED_CLOSED) and admin is not None:
-                admin.counters[key] += 1
             return res
 
         if body.stream:

@@ -283,15 +283,19 @@ def _event(raw: Mapping[str, Any]) -> Event:
         type=kind,
         category=event_category(kind),
         ranks=tuple(sorted(ranks)),
-        request=str(raw.get("request", "")),
+        request=str(raw.get("request") or ""),
         text=describe_event(raw),
     )
+
+
+# How a restore that committed nothing ended, as the event pane says it (a refusal or an abort is no fault).
+_NOT_COMMITTED = {"restore_failed_closed": "FAILED CLOSED", "restore_refused": "refused", "restore_aborted": "aborted"}
 
 
 def describe_event(ev: Mapping[str, Any]) -> str:
     """One line a person reads during an incident. Windows are shown 1-based, as `window j of K` is."""
     kind = str(ev.get("type", "?"))
-    req = str(ev.get("request", ""))
+    req = str(ev.get("request") or "")
     win = ev.get("window")
     w1 = f"window {win + 1}" if isinstance(win, int) else "window ?"
     if kind == "window_fetched":
@@ -312,12 +316,12 @@ def describe_event(ev: Mapping[str, Any]) -> str:
             f"{req} committed {_int(ev.get('committed_tokens')):,}/{_int(ev.get('advertised_tokens')):,} tok"
             f" in {_float(ev.get('seconds')):.2f} s"
         )
-    if kind == "restore_failed_closed":
+    if kind in _NOT_COMMITTED:
         fails = [f for f in ev.get("failures") or () if isinstance(f, Mapping)]
         first = fails[0] if fails else {}
-        at = f" rank {first.get('rank')} {_win(first.get('window'))}" if first else ""
+        at = f" rank {first.get('rank')} {_win(first.get('window'))}" if first.get("rank") is not None else ""
         n = _int(ev.get("advertised_tokens"))
-        return f"{req} FAILED CLOSED, 0/{n:,} tok:{at} {first.get('reason', '')}".rstrip()
+        return f"{req} {_NOT_COMMITTED[kind]}, 0/{n:,} tok:{at} {first.get('reason', '')}".rstrip()
     if kind == "restore_failed":
         return f"{req} rank {ev.get('rank')} failed at {_win(win)}: {ev.get('reason', '')}"
     if kind == "marker_set":
@@ -465,7 +469,7 @@ def fold(prev: View | None, frame: Frame) -> View:
             prompt=str(m.get("prompt", "")),
             excluded=tuple(m.get("excluded_tiers") or ()),
             reason=str(m.get("reason", "")),
-            request=str(m.get("request", "")),
+            request=str(m.get("request") or ""),
             set_at=_float(m.get("set_at")),
         )
         for m in snap.get("markers") or ()

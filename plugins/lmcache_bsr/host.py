@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.events import Event
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
@@ -156,7 +157,7 @@ class LMCacheHost:
         self.admin: AdminServer | None = None
         holder: dict[str, Coordinator] = {}
 
-        def emit(ev: dict[str, Any]) -> None:
+        def emit(ev: Event) -> None:
             c = holder.get("c")
             if c is not None:
                 c.on_rank_event(ev)

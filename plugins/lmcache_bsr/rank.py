@@ -57,6 +57,8 @@ from bsr_cli.api.ranks import (
     dispatch,
 )
 from bsr_cli.core.bitmap import encode_row
+from bsr_cli.core.events import Event, WindowFetched, WindowWaiting
+from bsr_cli.core.evidence import CapacityCause, Stage
 from bsr_cli.core.faults import KINDS
 from bsr_cli.core.keys import parse_key
 from bsr_cli.core.registration import Registration
@@ -70,13 +72,19 @@ from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, run_windows, win
 from . import _lmcache as lm
 from .tokens import TokenRegistry, full_chunks
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[Event], None]
 R = TypeVar("R")
 VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a full segment never gets there
 # A window's fetch as this many concurrent batched gets (contiguous parts of the window): LMCache's Mooncake
 # connector runs each get on its own thread, so the parts' transfers overlap each other's per-call latency.
 FETCH_STREAMS = 2
 RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache fetch may take to end
+
+
+def _one_tier(objs: list[ObjectRef], win: WindowJob) -> str | None:
+    """The tier a window's objects come from, when it is one (a failure is then blamed on it)."""
+    tiers = {objs[c].tier for c in range(win.chunk_start, win.chunk_end)}
+    return next(iter(tiers)) if len(tiers) == 1 else None
 
 
 class LMCacheRank(KVOps):
@@ -313,7 +321,12 @@ class LMCacheRank(KVOps):
             # The tokens behind the plan, from the last planned chunk's bsr hash (keys are LMCache's own).
             tokens = self.registry.tokens_for_hash(parse_key(objs[-1].key)[3])
             if len(tokens) < end_tokens or end_tokens % cs:
-                raise RestoreFailed(f"plan covers {end_tokens} tokens; only full chunks can come from LMCache", None)
+                raise RestoreFailed(
+                    f"plan covers {end_tokens} tokens; only full chunks can come from LMCache",
+                    None,
+                    kind=failures.TIER,
+                    stage=Stage.FETCH,
+                )
             keys.extend(self.keys(tokens[:end_tokens]))
             lm.lower_transfer_priority(self.engine)  # once per engine: the transfer's completion poll yields
             slots.append(self.slots(list(job.block_tables[self.group]), end_tokens))
@@ -353,22 +366,29 @@ class LMCacheRank(KVOps):
             idx, s, e = win.index, win.token_start, win.token_end
             nbytes = window_bytes(win)
             if bounded and nbytes > self.budget_bytes:
-                raise CapacityError(
+                raise failures.WindowRefused(
                     f"a window of {win.chunk_end - win.chunk_start} chunks needs {nbytes:,} bytes of L1; "
-                    f"the budget is {self.budget_bytes:,}"
+                    f"the budget is {self.budget_bytes:,}",
+                    cause=CapacityCause.WINDOW_OVER_BUDGET,
                 )
             hits = window_faults(faults, self.rank, idx, first, KINDS, self.group)
             fired.update(f.id for f in hits)
             if any(f.kind == "timeout" for f in hits):
                 # The injected stall: nothing arrives before the deadline (an abort cuts it short).
                 if abort.wait(timeout_s):
-                    raise RestoreFailed("aborted by the operator", idx, kind=failures.ABORTED)
-                raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx)
+                    raise RestoreFailed("aborted by the operator", idx, kind=failures.ABORTED, stage=Stage.FETCH)
+                raise RestoreFailed(
+                    f"timeout: window {idx} did not arrive within {timeout_s}s",
+                    idx,
+                    kind=failures.TIER,
+                    stage=Stage.FETCH,
+                    tier=_one_tier(objs, win),
+                )
             t0 = time.monotonic()
             if not held[0]:
                 if self.lock.locked():
                     # Another request's window holds LMCache: waiting for it is admission, not a stall.
-                    self.emit({"type": "window_waiting", "request": request, "rank": self.rank, "window": idx})
+                    self.emit(WindowWaiting(request=request, rank=self.rank, window=idx))
                 self._acquire()
                 held[0] = True
             self.tracker.mark()
@@ -383,34 +403,53 @@ class LMCacheRank(KVOps):
                 if loaded != e - s:
                     tiers = sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)})
                     raise RestoreFailed(
-                        f"LMCache loaded {loaded} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})", idx
+                        f"LMCache loaded {loaded} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})",
+                        idx,
+                        kind=failures.TIER,
+                        stage=Stage.FETCH,
+                        tier=tiers[0] if len(tiers) == 1 else None,
                     )
                 self.emit(
-                    {
-                        "type": "window_fetched",
-                        "request": request,
-                        "rank": self.rank,
-                        "window": idx,
-                        "bytes": nbytes,
-                        "seconds": time.monotonic() - t0,
-                        "tiers": sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)}),
-                        "pool": self.pool_stats(),
-                    }
+                    WindowFetched(
+                        request=request,
+                        rank=self.rank,
+                        window=idx,
+                        bytes=nbytes,
+                        seconds=time.monotonic() - t0,
+                        tiers=tuple(sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)})),
+                        pool=self.pool_stats(),
+                    )
                 )
                 if may_run_ahead(pos):
                     issue(pos + 1)
                 self._windows_live = 1 + len(ahead)
                 t1 = time.monotonic()
                 starts = list(range(s, e, cs))
-                lm.install_window(
-                    self.engine, got, starts, [x + cs for x in starts], kvcaches=self.kvcaches, slot_mapping=slots[0]
-                )
+                try:
+                    lm.install_window(
+                        self.engine,
+                        got,
+                        starts,
+                        [x + cs for x in starts],
+                        kvcaches=self.kvcaches,
+                        slot_mapping=slots[0],
+                    )
+                except Exception as e:
+                    raise RestoreFailed(
+                        f"install failed: {type(e).__name__}: {e}", idx, kind=failures.RANK, stage=Stage.INSTALL
+                    ) from e
                 out.install_seconds += time.monotonic() - t1
             finally:
                 lm.release_objects(got)
                 out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
             if any(f.kind == "restore-fault" for f in hits):
-                raise RestoreFailed(f"injected restore fault while installing group {self.group}", idx)
+                # The injected fault is in the rank's own install: the rank is blamed, never a tier.
+                raise RestoreFailed(
+                    f"injected restore fault while installing group {self.group}",
+                    idx,
+                    kind=failures.RANK,
+                    stage=Stage.INSTALL,
+                )
             if not ahead:
                 self._windows_live = 0
                 held[0] = False
@@ -470,7 +509,9 @@ class LMCacheRank(KVOps):
         except FutureTimeout:
             lm.release_objects(got)
             del futs[:taken]
-            raise RestoreFailed(f"timeout: window {idx} did not arrive within {timeout_s}s", idx) from None
+            raise RestoreFailed(
+                f"timeout: window {idx} did not arrive within {timeout_s}s", idx, kind=failures.TIER, stage=Stage.FETCH
+            ) from None
         except BaseException:
             lm.release_objects(got)
             del futs[: taken + 1]  # the part that raised gave its own objects back

@@ -300,7 +300,7 @@ def test_ladder_first_passing_rung_is_the_predicted_one(tmp_path: Path) -> None:
     small, large = b["rows"]
     assert small["first_passing_rung"] == 8 * MiB and [a["passed"] for a in small["attempts"]] == [True]
     assert large["first_passing_rung"] == 16 * MiB and [a["passed"] for a in large["attempts"]] == [False, True]
-    assert large["attempts"][0]["outcome"] == "failed_closed" and "capacity" in large["attempts"][0]["failure"]
+    assert large["attempts"][0]["outcome"] == "refused" and "capacity" in large["attempts"][0]["failure"]
 
 
 def test_benchmarks_page_and_evidence_agree() -> None:

@@ -98,12 +98,13 @@ def test_window_over_budget_names_the_setting(bsr: Any, engine: Any) -> None:
 
 def test_marker_set_by_a_failed_tier_and_the_last_restore(bsr: Any, engine: Any) -> None:
     assert bsr("submit", "--synthetic", str(N), "--seed", "905").code == 0
-    armed = bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "2", "--count", "0")
+    armed = bsr("inject-fault", "--rank", "1", "--kind", "remote-unavailable", "--window", "2", "--count", "0")
     assert armed.code == 0
     d = _explain(bsr, "--synthetic", str(N), "--seed", "905")
     assert d["verdict"] == "fault-armed" and d["next"] == "bsr faults clear"
     assert bsr("faults", "clear").code == 0
-    assert bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "2").code == 0
+    # A fetch from Mooncake fails (a rank's install fault would blame the rank instead: test_evidence_output.py).
+    assert bsr("inject-fault", "--rank", "1", "--kind", "remote-unavailable", "--window", "2").code == 0
     r = bsr("restore", "--synthetic", str(N), "--seed", "905", "--json")
     assert r.code == 10
     req = r.json()["request"]
@@ -115,7 +116,7 @@ def test_marker_set_by_a_failed_tier_and_the_last_restore(bsr: Any, engine: Any)
     assert last["request"] == req and last["outcome"] == "failed_closed" and last["failure_kind"] == "tier"
     assert [(f["rank"], f["window"]) for f in last["failures"]] == [(1, 1)]
     assert {r["rank"]: r["windows_released"] for r in last["ranks"]}.get(1, 0) == 1, "rank 1 released window 1 only"
-    assert d["next"] == "bsr markers clear"
+    assert d["next"] == f"bsr markers clear --prompt {d['prompt']}"  # this prompt's marker only
     # The tier that just failed is reported unhealthy too, as information: fs holds the whole prompt.
     tier = next(f for f in d["findings"] if f["kind"] == "tier-unhealthy")
     assert tier["summary"].startswith("tier mooncake is unhealthy") and not tier["blocks"]

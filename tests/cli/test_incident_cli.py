@@ -31,7 +31,7 @@ def test_settings_show_and_set_change_the_running_engine(bsr, engine) -> None:
 def test_markers_list_events_and_describe_after_a_failed_restore(bsr, engine, tmp_path) -> None:
     assert bsr("submit", "--synthetic", "2048", "--seed", "31").code == 0
     assert bsr("markers", "list", "--json").json()["markers"] == []
-    assert bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "2").code == 0
+    assert bsr("inject-fault", "--rank", "1", "--kind", "remote-unavailable", "--window", "2").code == 0
     r = bsr("restore", "--synthetic", "2048", "--seed", "31", "--W", "2", "--json")
     assert r.code == ExitCode.FAILED_CLOSED
 

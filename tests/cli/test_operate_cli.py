@@ -61,13 +61,16 @@ def test_fault_restore_marker_status_and_fallback(bsr, engine) -> None:
     r = bsr("restore", "--synthetic", "2048", "--seed", "12")
     assert r.code == ExitCode.FAILED_CLOSED
     assert "failed closed" in r.out and "force-local marker set" in r.out
-    assert r.err.startswith("bsr: error: restore failed closed")
+    assert r.err.startswith("bsr: error: restore failed closed: rank 1 failed at install")
+    assert "no tier blamed" in r.err
+    # The fault is in rank 1's install: its marker excludes no tier (recompute locally), no tier is unhealthy.
     status = bsr("status", "--json").json()
-    assert len(status["markers"]) == 1 and status["markers"][0]["excluded_tiers"] == ["mooncake"]
+    assert len(status["markers"]) == 1 and status["markers"][0]["excluded_tiers"] == []
+    assert all(t["ok"] for t in status["tiers"].values())
     text = bsr("status")
-    assert "force-local marker" in text.out and "healthy" in text.out
+    assert "force-local marker" in text.out and "recompute locally" in text.out and "healthy" in text.out
     nxt = bsr("submit", "--synthetic", "2048", "--seed", "12", "--json").json()
-    assert nxt["source"] == "fs" and nxt["force_local"]["cleared"] is True
+    assert nxt["source"] == "recompute" and nxt["hash_ok"] is True and nxt["force_local"]["cleared"] is True
     assert bsr("faults", "clear", "--json").json() == {"cleared": 0}
 
 
@@ -140,10 +143,10 @@ def test_ctrl_c_during_restore_aborts_it_fail_closed(engine, bsr) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == ExitCode.INTERRUPTED, err
-    assert "aborted: outcome failed_closed" in err, err
+    assert "aborted: outcome aborted" in err, err
     with engine.client() as c:
         recent = c.snapshot(health=False)["recent"][0]
-        assert recent["outcome"] == "failed_closed"
+        assert recent["outcome"] == "aborted"
         assert all(p["pool"]["live_bytes"] == 0 for p in c.pool())
 
 

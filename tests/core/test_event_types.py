@@ -38,6 +38,7 @@ def test_a_rank_failure_round_trips_with_its_stage_and_blame() -> None:
         "stage": "install",
         "window": None,
         "tier": None,
+        "cause": None,
         "component": "rank",
     }
     assert parse_event(wire) == ended

@@ -43,7 +43,7 @@ def test_window_over_budget_is_capacity_with_no_marker(bsr, engine) -> None:
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--W", "8", "--json")
     assert r.code == ExitCode.CAPACITY, (r.code, r.err)
     res = r.json()
-    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    assert res["outcome"] == "refused" and res["committed_tokens"] == 0  # capacity: no fault
     assert res["failure_kind"] == "capacity" and res["blamed_tiers"] == []
     assert "marker" not in res
     assert "--W 4" in r.err and "budget" in r.err  # the hint names the setting and a value that fits
@@ -381,7 +381,7 @@ def test_a_failure_from_an_injected_fault_is_forgotten_when_faults_are_cleared(b
     healthy again (a real failure would stay until its TTL or the tier's next committed restore)."""
     n, seed = 8 * 256, 907
     assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
-    assert bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "1").code == 0
+    assert bsr("inject-fault", "--rank", "1", "--kind", "remote-unavailable", "--window", "1").code == 0
     assert bsr("restore", "--synthetic", str(n), "--seed", str(seed)).code == ExitCode.FAILED_CLOSED
     assert bsr("faults", "list", "--json").json()["faults"] == []  # it fired and is spent
     st = _status(bsr)[1]

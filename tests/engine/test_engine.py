@@ -88,7 +88,7 @@ def test_whole_plan_path_needs_the_whole_prefix(engine) -> None:
         pool = c.pool()
     assert ok["outcome"] == "committed"
     assert [r["peak_live_bytes"] for r in ok["ranks"]] == [6 * REG.bytes_per_chunk] * 2
-    assert too_big["outcome"] == "failed_closed" and too_big["committed_tokens"] == 0
+    assert too_big["outcome"] == "refused" and too_big["committed_tokens"] == 0  # capacity: no fault
     assert "capacity" in too_big["failures"][0]["reason"]
     assert all(p["pool"]["live_bytes"] == 0 for p in pool)
 
@@ -98,8 +98,9 @@ def test_whole_plan_path_needs_the_whole_prefix(engine) -> None:
     [
         (401, {"kind": "remote-unavailable"}, "fs"),
         (402, {"kind": "remote-and-ssd-absent", "count": 0}, "recompute"),
-        (403, {"kind": "restore-fault", "rank": 1, "window": 1}, "fs"),
-        (404, {"kind": "restore-fault", "rank": 0, "group": "swa"}, "fs"),
+        # A rank's own install fault blames no tier: the prompt is recomputed locally.
+        (403, {"kind": "restore-fault", "rank": 1, "window": 1}, "recompute"),
+        (404, {"kind": "restore-fault", "rank": 0, "group": "swa"}, "recompute"),
         (405, {"kind": "timeout", "rank": 1}, "fs"),
         (406, {"kind": "corrupt", "rank": 0, "window": 2}, "fs"),
     ],
@@ -127,7 +128,7 @@ def test_a_failed_manual_restore_leaves_a_marker_the_next_admission_uses(engine)
     n, seed = 8 * 256, 501
     with engine.client() as c:
         _warm(c, n, seed)
-        c.inject_fault({"kind": "restore-fault", "rank": 1, "window": 1})
+        c.inject_fault({"kind": "remote-unavailable", "rank": 1, "window": 1})  # a fetch from Mooncake fails
         res = c.restore({"synthetic": {"n": n, "seed": seed}})
         markers = c.markers()
         nxt = c.submit({"synthetic": {"n": n, "seed": seed}})
@@ -187,7 +188,7 @@ def test_abort_ends_a_restore_fail_closed(engine) -> None:
         with engine.client() as c2:
             c2.abort(rid[0])
         t.join(60)
-    assert out and out[0]["outcome"] == "failed_closed" and out[0]["committed_tokens"] == 0
+    assert out and out[0]["outcome"] == "aborted" and out[0]["committed_tokens"] == 0
     assert any("aborted" in f["reason"] for f in out[0]["failures"])
 
 

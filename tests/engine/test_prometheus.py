@@ -59,7 +59,7 @@ def test_live_metrics_follow_prometheus_conventions(engine: Any) -> None:
     assert re.search(r'^bsr_tier_fetch_bytes_total\{rank="0",tier="(mooncake|fs)"\} [1-9]', text, re.M)
     assert re.search(r'^bsr_restore_windows_total\{rank="1"\} [1-9]', text, re.M)
     # prometheus_client writes labels in name order.
-    assert re.search(r'^bsr_restores_total\{kind="none",outcome="committed"\} [1-9]', text, re.M)
+    assert re.search(r'^bsr_restores_total\{kind="none",outcome="committed",stage="none"\} [1-9]', text, re.M)
 
 
 def _free_port() -> int:
@@ -154,9 +154,9 @@ def test_a_real_prometheus_scrapes_the_engine_and_fires_the_fail_closed_alert(
     prompt = {"synthetic": {"n": 3000, "seed": 32}}
     with engine.client() as c:
         c.submit(prompt)
-        c.inject_fault({"kind": "restore-fault", "rank": 1, "count": 1})
+        c.inject_fault({"kind": "remote-unavailable", "rank": 1, "count": 1})  # a fetch from Mooncake fails
         res = c.restore(prompt, w=4)
-    assert res["outcome"] == "failed_closed"
+    assert res["outcome"] == "failed_closed" and res["failure_kind"] == "tier"
 
     def firing() -> list[dict[str, Any]]:
         return [
@@ -167,7 +167,7 @@ def test_a_real_prometheus_scrapes_the_engine_and_fires_the_fail_closed_alert(
 
     alert = _until(firing, "BsrRestoreFailedClosed firing")[0]
     assert alert["labels"]["severity"] == "warning"
-    assert alert["labels"]["kind"] not in ("", "none")
+    assert alert["labels"]["kind"] == "tier"
     # The failed tier is unhealthy for a while: its alert is pending (its `for` has not elapsed).
     pending = _until(
         lambda: [a for a in api("alerts")["alerts"] if a["labels"]["alertname"] == "BsrTierUnhealthy"],

@@ -281,7 +281,7 @@ def test_a_window_over_the_budget_is_capacity_and_blames_no_tier(
     finally:
         for r in (0, 1):
             host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
-    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    assert res["outcome"] == "refused" and res["committed_tokens"] == 0
     assert res["failure_kind"] == "capacity" and res["blamed_tiers"] == [] and res["hint"]
     assert "marker" not in res and c.markers == {}
     again = c.restore(toks, w=W, exclude=["fs"])

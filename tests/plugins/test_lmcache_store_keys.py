@@ -299,11 +299,13 @@ def test_host_restore_of_real_lmcache_data_reports_hash_not_applicable(master, t
         assert first["hash_ok"] is True and "hash" not in first
         again = c.restore(own, w=2)
         assert again["committed_tokens"] == 3 * CS and again["hash_ok"] is True and "hash" not in again
-        # The host's /metrics: the same families as the embedded engine, counted from its own event log.
+        # The host's /metrics: the same families as the embedded engine, counted where each thing happens.
         from bsr_cli.server import metrics
 
         text = metrics.exposition(c)
-        assert 'bsr_restores_total{kind="none",outcome="committed"} 3' in text  # two restores and one admission
+        assert (
+            'bsr_restores_total{kind="none",outcome="committed",stage="none"} 3' in text
+        )  # two restores, one admission
         assert re.search(r'^bsr_tier_fetch_bytes_total\{rank="1",tier="mooncake"\} [1-9]', text, re.M), text
         assert 'bsr_rank_healthy{rank="0"} 1' in text
     finally:

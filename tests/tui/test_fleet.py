@@ -52,7 +52,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     # Engine B: a restore fails closed under an injected fault and leaves a force-local marker.
     with AdminClient(url_b, tok_b) as c:
         c.submit(PROMPT)
-        c.inject_fault({"kind": "restore-fault", "rank": 1, "count": 1})
+        c.inject_fault({"kind": "remote-unavailable", "rank": 1, "count": 1})  # Mooncake's fetch fails: a tier fault
         assert c.restore(PROMPT, w=4)["outcome"] == "failed_closed"
 
     # A token per engine is not needed for reads: status is open on loopback.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from bsr_cli.core.events import Event
 from bsr_cli.core.registration import Registration
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
 from bsr_cli.runtime.events import EventLog
@@ -39,7 +40,7 @@ def build_engine(
     holder: list[Coordinator] = []
     budget = None if budget_chunks is None else budget_chunks * reg.bytes_per_chunk
 
-    def emit(ev: dict) -> None:
+    def emit(ev: Event) -> None:
         holder[0].on_rank_event(ev)
 
     ranks = [InProcessRank(FakeRankOps(reg, r, tiers, pool_chunks, budget, emit)) for r in range(tp)]

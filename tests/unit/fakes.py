@@ -35,6 +35,7 @@ from bsr_cli.api.ranks import (
     UnsupportedOps,
     dispatch,
 )
+from bsr_cli.core.events import Event
 from bsr_cli.core.keys import object_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import ServerError
@@ -239,7 +240,7 @@ class FakeRankOps(KVOps, UnsupportedOps):  # KVOps: the synthetic-model ops, ove
         tiers: Mapping[str, FakeTier],
         pool_slots: int,
         budget_bytes: int | None,
-        emit: Callable[[dict[str, Any]], None],
+        emit: Callable[[Event], None],
     ) -> None:
         self.reg, self.rank, self.tiers = reg, rank, dict(tiers)
         self.kv = FakeDestination(reg, rank)

@@ -71,12 +71,14 @@ def test_one_invalid_group_on_one_rank_collapses_the_whole_prefix(fake_engine: F
     assert out["outcome"] == "failed_closed" and out["committed_tokens"] == 0
     assert out["advertised_tokens"] > 0
     assert out["invalid"] == [{"rank": 1, "group": "swa"}]
-    assert out["failure_kind"] == failures.TIER
-    assert out["marker"]["excluded_tiers"] == ["mooncake"]  # a failed manual restore leaves its marker
+    # The fault is in rank 1's install: the rank is blamed, never the tier it restored from.
+    assert out["failure_kind"] == failures.RANK and out["failure_stage"] == "install"
+    assert out["blamed_tiers"] == [] and out["blamed_ranks"] == [1]
+    assert out["marker"]["excluded_tiers"] == []  # a marker that excludes no tier: recompute the prompt locally
     # Rank 1 scrubbed every block of the request, including the window it had installed before the fault.
     assert fake_engine.ranks[1].ops.kv.invalidated
     assert not fake_engine.ranks[0].ops.kv.invalidated  # rank 0 restored its part; the commit rule still says no
-    assert [m["excluded_tiers"] for m in fake_engine.coordinator.list_markers()] == [["mooncake"]]
+    assert [m["excluded_tiers"] for m in fake_engine.coordinator.list_markers()] == [[]]
     fake_engine.coordinator.clear_markers()
     assert fake_engine.coordinator.markers == {} and fake_engine.coordinator.list_markers() == []
 
@@ -86,7 +88,7 @@ def test_a_window_over_the_budget_is_a_capacity_failure_without_a_marker() -> No
     try:
         _warm(eng)
         out = eng.coordinator.restore(PROMPT, w=3)
-        assert out["outcome"] == "failed_closed" and out["failure_kind"] == failures.CAPACITY
+        assert out["outcome"] == "refused" and out["failure_kind"] == failures.CAPACITY
         assert out["blamed_tiers"] == [] and "marker" not in out
         assert "--W 2" in out["hint"]
         assert eng.coordinator.markers == {}
@@ -154,7 +156,7 @@ def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(fake_engin
     t.join(10)
     assert not t.is_alive()
     out = result[0]
-    assert out["outcome"] == "failed_closed" and out["failure_kind"] == failures.ABORTED
+    assert out["outcome"] == "aborted" and out["failure_kind"] == failures.ABORTED
     assert out["blamed_tiers"] == [] and "marker" not in out
     assert fake_engine.coordinator.abort("r-abort") is False  # finished: nothing left to abort
 
@@ -165,3 +167,15 @@ def test_blocks_are_returned_after_every_request(fake_engine: FakeEngine) -> Non
     fake_engine.coordinator.inject({"kind": "corrupt"})
     fake_engine.coordinator.restore(PROMPT)
     assert {g: a.free_blocks for g, a in fake_engine.coordinator.allocators.items()} == free
+
+
+def test_a_request_aborted_before_its_work_starts_still_ends_aborted(fake_engine: FakeEngine) -> None:
+    """The admin API opens a streamed request when it hands out its id: a client that goes away before the worker
+    thread runs aborts it, and the restore that follows ends at once, aborted, nothing committed."""
+    _warm(fake_engine)
+    c = fake_engine.coordinator
+    c.open_request("r-early")
+    assert c.abort("r-early") is True  # known although nothing has run yet
+    out = c.restore(PROMPT, request="r-early")
+    assert out["outcome"] == "aborted" and out["committed_tokens"] == 0 and out["failure_kind"] == failures.ABORTED
+    assert c.abort("r-early") is False  # finished: nothing left to abort

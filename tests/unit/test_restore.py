@@ -42,7 +42,7 @@ class Rig:
             self.pool,
             {"mooncake": self.tier, "fs": self.fs},
             self.dest,
-            self.events.append,
+            lambda ev: self.events.append(ev.to_wire()),
         )
         self.hashes = chunk_hashes(synthetic_tokens(TOKENS, seed=3), REG.chunk_size)
         # The tier holds every object, as a store after a prefill would.

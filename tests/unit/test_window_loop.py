@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED, OUTCOMES
+from bsr_cli.core.evidence import Stage
 from bsr_cli.core.faults import KINDS, FaultSpec
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import chunk_spans, windows_for
@@ -29,7 +30,7 @@ class Host:
 
     def __init__(self, script: dict[int, BaseException]) -> None:
         self.script = script
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Any] = []  # typed events (bsr_cli.core.events)
         self.steps: list[int] = []
         self.scrubs = 0
         self.cleanups = 0
@@ -55,7 +56,7 @@ class Host:
             abort=abort or threading.Event(),
             step=step,
             scrub=scrub,
-            emit=self.events.append,
+            emit=lambda ev: self.events.append(ev.to_wire()),
             pool_stats=lambda: {"live_bytes": 0},
             prepare=prepare,
             cleanup=cleanup,
@@ -72,7 +73,7 @@ def test_every_window_released_in_order_then_ok() -> None:
 
 
 def test_a_failed_window_stops_the_loop_scrubs_once_and_names_its_groups() -> None:
-    h = Host({1: RestoreFailed("checksum mismatch", 1, ["swa"], tier="fs")})
+    h = Host({1: RestoreFailed("checksum mismatch", 1, ["swa"], kind=failures.TIER, stage=Stage.VERIFY, tier="fs")})
     out = h.run(4)
     assert not out.ok and h.steps == [0, 1]
     assert out.valid == {"full": True, "swa": False} and out.failed_window == 1
@@ -80,11 +81,16 @@ def test_a_failed_window_stops_the_loop_scrubs_once_and_names_its_groups() -> No
     assert h.scrubs == 1 and h.cleanups == 1
     assert h.events[-1] == {
         "type": "restore_failed",
+        "seq": 0,
+        "time": 0.0,
         "request": "r",
         "rank": 3,
         "window": 1,
         "reason": "checksum mismatch",
-        "kind": failures.TIER,
+        "kind": "tier",
+        "stage": "verify",
+        "tier": "fs",
+        "cause": None,
     }
 
 
@@ -115,7 +121,9 @@ def test_an_abort_is_seen_before_the_next_window() -> None:
 
 def test_a_failing_prepare_is_failed_closed_too() -> None:
     def prepare() -> None:
-        raise RestoreFailed("plan covers 5 tokens; only full chunks can come from LMCache", None)
+        raise RestoreFailed(
+            "plan covers 5 tokens; only full chunks can come from LMCache", None, kind=failures.TIER, stage=Stage.FETCH
+        )
 
     h = Host({})
     out = h.run(2, prepare=prepare)

@@ -9,14 +9,13 @@ from typing import Annotated, Any
 import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
-from bsr_cli.core.commit import FAILED_CLOSED, NOTHING_TO_RESTORE
+from bsr_cli.core.commit import NOTHING_TO_RESTORE
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.errors import (
     CapacityError,
     DrillViolation,
     InvalidInput,
     NothingToRestore,
-    RestoreAborted,
-    RestoreFailedClosed,
     ServerError,
 )
 
@@ -150,6 +149,10 @@ def submit(
     st.out.result(result, render_ops.submit)
 
 
+# How a manual restore can end without committing, other than finding nothing to restore (core.evidence.Outcome).
+_FAILED_OUTCOMES = tuple(o.value for o in (Outcome.FAILED_CLOSED, Outcome.REFUSED, Outcome.ABORTED))
+
+
 def restore(
     ctx: typer.Context,
     tokens_file: TokensFileOpt = None,
@@ -169,7 +172,8 @@ def restore(
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the canonical-hash check.")] = False,
     json_flag: JsonFlag = False,
 ) -> None:
-    """A manual windowed restore into the engine, with live progress. Exit 0 committed, 10 failed closed."""
+    """A manual windowed restore into the engine, with live progress. Exit 0 committed, 10 failed closed, 12
+    refused for capacity, 130 aborted."""
     from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
@@ -210,8 +214,10 @@ def restore(
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
         result.setdefault("budget_bytes", info.get("budget_bytes"))  # the bound the peak is held to
     st.out.result(result, render_ops.restore)
-    if result.get("outcome") == FAILED_CLOSED:
-        raise _restore_error(result)
+    if result.get("outcome") in _FAILED_OUTCOMES:
+        from bsr_cli.runtime import failures
+
+        raise failures.restore_error(result)
     if result.get("outcome") == NOTHING_TO_RESTORE:
         br = result.get("first_break") or {}
         where = f" (rank {br['rank']} group {br['group']}: {br['reason']})" if br else ""
@@ -238,34 +244,11 @@ def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) 
             f"W={w}: a window of {need_chunks} chunk(s) needs {need:,} bytes per rank; the engine's {what} is "
             f"{limit:,} bytes, so the restore would be refused"
         )
-        out["hint"] = failures.capacity_hint(
-            "pool capacity" if w == 0 else "budget B", w=w, slot_bytes=slot_bytes, budget_bytes=budget, pool_bytes=pool
-        )
+        from bsr_cli.core.evidence import CapacityCause
+
+        cause = CapacityCause.WINDOW_OVER_POOL if w == 0 else CapacityCause.WINDOW_OVER_BUDGET
+        out["hint"] = failures.capacity_hint(cause, w=w, slot_bytes=slot_bytes, budget_bytes=budget, pool_bytes=pool)
     return out
-
-
-def _restore_error(result: dict[str, Any]) -> Exception:
-    """The failure taxonomy's exit code for a failed-closed restore (bsr_cli.runtime.failures)."""
-    from bsr_cli.runtime import failures
-
-    kind = result.get("failure_kind") or failures.TIER
-    why = failures.summary(result)
-    if kind == failures.CAPACITY:
-        return CapacityError(
-            f"restore refused for capacity, nothing committed, no tier blamed: {why}", hint=result.get("hint")
-        )
-    if kind == failures.ABORTED:
-        return RestoreAborted(f"restore aborted, nothing committed, no tier blamed: {why}")
-    if kind == failures.RANK:
-        return RestoreFailedClosed(
-            f"restore failed closed, nothing committed, no tier blamed: {why}",
-            hint="`bsr status` shows the rank's health; resume or restart the rank process",
-        )
-    tiers = ", ".join(result.get("blamed_tiers") or result.get("tiers") or [])
-    return RestoreFailedClosed(
-        f"restore failed closed: {why}; nothing was committed and a force-local marker excludes {tiers or 'the tier'}",
-        hint="`bsr status` shows the marker; the next admission of this prompt skips the failed tier",
-    )
 
 
 def _run_restore(
@@ -323,7 +306,7 @@ def _run_restore(
             if progress:
                 progress.stop()
             st.out.note(
-                f"restore {box.get('request', '?')} aborted: outcome {res.get('outcome', 'unknown')}, "
+                f"restore {box.get('request', 'not yet accepted')} aborted: outcome {res.get('outcome', 'unknown')}, "
                 f"{res.get('committed_tokens', 0)} tokens committed"
             )
             raise KeyboardInterrupt

@@ -106,9 +106,23 @@ def probe(console: Console, d: dict[str, Any]) -> None:
         for tier, msg in errs.items():
             console.print(f"[red]{rank} {tier} unreachable during probe[/]: {msg}")
     for m in d.get("markers") or []:
-        console.print(
-            f"[magenta]force-local marker[/] on prompt {m['prompt']}: excludes {', '.join(m['excluded_tiers'])}"
-        )
+        console.print(f"[magenta]force-local marker[/] on prompt {m['prompt']}: {marker_scope(m)}")
+
+
+def marker_scope(m: dict[str, Any]) -> str:
+    """What a marker makes the next admission do: skip the tiers it excludes, or (none excluded, a rank failed)
+    recompute the prompt locally."""
+    tiers = m.get("excluded_tiers") or []
+    return f"excludes {', '.join(tiers)}" if tiers else "recompute locally (no tier excluded)"
+
+
+def _failure_text(f: dict[str, Any]) -> str:
+    """One failure of a restore result, as `bsr restore` and `bsr submit` print it: never an absent field."""
+    who = f"rank {f['rank']}" if f.get("rank") is not None else "a rank"
+    where = f" at {f['stage']}" if f.get("stage") else ""
+    win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
+    tier = f" from tier {f['tier']}" if f.get("tier") else ""
+    return f"{who}{win}{where}{tier}: {f.get('reason') or 'no reason given'}"
 
 
 def _restore_line(r: dict[str, Any]) -> str:
@@ -117,20 +131,25 @@ def _restore_line(r: dict[str, Any]) -> str:
             f"[green]committed[/] {r['committed_tokens']:,} tokens from {'+'.join(r['tiers'])} in {r['windows']} "
             f"window(s) of W={r['W']}, {r['seconds']:.2f}s, {r['gbps']:.2f} GB/s"
         )
-    fails = "; ".join(
-        f"rank {f['rank']} window {'G' + str(f['window'] + 1) if f['window'] is not None else '-'}: {f['reason']}"
-        for f in r.get("failures", [])
-    )
+    fails = "; ".join(_failure_text(f) for f in r.get("failures", []))
     invalid = ", ".join(f"rank {x['rank']}/{x['group']}" for x in r.get("invalid", []))
-    kind = r.get("failure_kind") or "tier"
-    cause = {
-        "capacity": "capacity (no tier blamed)",
-        "rank": "rank fault (no tier blamed)",
-        "aborted": "aborted (no tier blamed)",
-    }.get(kind, f"tier fault ({', '.join(r.get('blamed_tiers') or r.get('tiers') or []) or 'tier'})")
+    kind = r.get("failure_kind")
+    ranks = ", ".join(f"rank {x}" for x in r.get("blamed_ranks") or [])
+    stage = f" at {r['failure_stage']}" if r.get("failure_stage") else ""
+    tiers = ", ".join(r.get("blamed_tiers") or [])
+    headline = {
+        "refused": "[yellow]refused[/], capacity (nothing moved, nothing blamed)",
+        "aborted": "[yellow]aborted[/] by the operator (nothing blamed)",
+    }.get(str(r.get("outcome")))
+    if headline is None:
+        cause = {
+            "rank": f"{ranks or 'a rank'} failed{stage} (no tier blamed)",
+            "tier": f"tier {tiers} failed{stage}" if tiers else f"a tier failed{stage}",
+        }.get(str(kind), "nothing valid to commit")
+        headline = f"[red]failed closed[/], {cause}"
     return (
-        f"[red]failed closed[/], {cause}: advertised {r.get('advertised_tokens', 0):,} tokens, committed 0 "
-        f"(invalid: {invalid or '—'}) — {fails}"
+        f"{headline}: advertised {r.get('advertised_tokens', 0):,} tokens, committed 0 "
+        f"(invalid: {invalid or '—'}) — {fails or 'no failure reported'}"
     )
 
 
@@ -155,7 +174,7 @@ def submit(console: Console, d: dict[str, Any]) -> None:
     hist = d["force_local"]["history"]
     if hist:
         console.print(
-            f"force-local marker: set ({', '.join(hist[-1]['marker']['excluded_tiers'])}), "
+            f"force-local marker: set ({marker_scope(hist[-1]['marker'])}), "
             f"{'cleared on admission' if d['force_local']['cleared'] else 'still set'}"
         )
     console.print(
@@ -234,10 +253,9 @@ def restore(console: Console, d: dict[str, Any]) -> None:
     console.print("[dim]Σ fetch/install s add up each window's time; windows overlap, so they can exceed wall s[/]")
     _hash_line(console, d)
     if d.get("marker"):
-        console.print(
-            f"[magenta]force-local marker set[/]: the next admission of this prompt skips "
-            f"{', '.join(d['marker']['excluded_tiers'])}"
-        )
+        tiers = d["marker"].get("excluded_tiers") or []
+        then = f"skips {', '.join(tiers)}" if tiers else "recomputes it locally (no tier is excluded)"
+        console.print(f"[magenta]force-local marker set[/]: the next admission of this prompt {then}")
 
 
 class RestoreProgress:
@@ -341,6 +359,8 @@ def status(console: Console, d: dict[str, Any]) -> None:
     for r in d["ranks"]:
         if not r.get("healthy", r["alive"]):
             console.print(f"[red]rank {r['rank']} unhealthy[/]: {r.get('reason') or r.get('error') or 'not running'}")
+        elif (r.get("last_fault") or {}).get("stage"):  # it failed at its own stage (install, ...) and still answers
+            console.print(f"[yellow]rank {r['rank']} last fault[/]: {r['last_fault']['reason']}")
         elif r.get("last_fault"):
             console.print(f"rank {r['rank']} recovered; last fault: {r['last_fault']['reason']}")
     for name, h in d["tiers"].items():
@@ -350,10 +370,9 @@ def status(console: Console, d: dict[str, Any]) -> None:
         _worker_lines(console, d, worker)
     if d["markers"]:
         for m in d["markers"]:
-            excluded = ", ".join(m["excluded_tiers"])
             prefix = f" (prefix of {m['prefix_tokens']:,} tokens)" if m.get("prefix_tokens") else ""
             console.print(
-                f"[magenta]force-local marker[/] prompt {m['prompt']}{prefix} excludes {excluded}: {m['reason']}"
+                f"[magenta]force-local marker[/] prompt {m['prompt']}{prefix} {marker_scope(m)}: {m['reason']}"
             )
     elif worker and not (d.get("scheduler") or {}).get("published"):
         console.print("[yellow]markers unknown[/]: vLLM's scheduler has not published its state to this worker")

@@ -1,0 +1,90 @@
+"""The coordinator's counters: prometheus_client ``Counter``s in a registry of its own, incremented where the thing
+happens (a restore ends, the coordinator receives a rank's ``window_released``, a marker is set, ...), from the
+moment the coordinator exists. Nothing is tallied from the event log afterwards, so nothing is lost when events
+arrive out of order or the log drops old ones.
+
+One registry per coordinator (never prometheus_client's global one): several engines, or a test's several
+coordinators, in one process each count their own. ``bsr_cli.server.metrics`` serves this registry beside the
+gauges it reads at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter
+
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage
+
+NONE = "none"  # the label value of "no failure kind" / "no stage" (a committed restore)
+# The stages each failure kind is recorded at (NONE: a rank that stopped answering, an abort between windows): their
+# series exist from the start at 0, so increase() sees the first failure of each.
+STAGES_OF: dict[FailureKind, tuple[str, ...]] = {
+    FailureKind.CAPACITY: (Stage.ADMISSION.value,),
+    FailureKind.TIER: (Stage.FETCH.value, Stage.VERIFY.value),
+    FailureKind.RANK: (Stage.INSTALL.value, Stage.SYNCHRONIZE.value, Stage.COMMIT.value, Stage.PROBE.value, NONE),
+    FailureKind.ABORTED: (NONE, Stage.FETCH.value),
+}
+
+
+class RuntimeCounters:
+    """Every counter of one coordinator. Series a dashboard expects are created at 0 up front, so ``increase()``
+    sees the first failure of a kind."""
+
+    def __init__(self, ranks: Sequence[int], tiers: Sequence[str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.restores = Counter(
+            "bsr_restores",
+            "Restores ended, by outcome, failure kind and the stage the failure happened at",
+            ["outcome", "kind", "stage"],
+            registry=r,
+        )
+        self.windows = Counter("bsr_restore_windows", "Restore windows released", ["rank"], registry=r)
+        self.bytes = Counter("bsr_restore_bytes", "Bytes installed by released restore windows", ["rank"], registry=r)
+        self.fetch_bytes = Counter(
+            "bsr_tier_fetch_bytes", "Bytes fetched from a tier into the restore pool", ["rank", "tier"], registry=r
+        )
+        self.fetch_seconds = Counter(
+            "bsr_tier_fetch_seconds",
+            "Seconds spent fetching from a tier into the restore pool",
+            ["rank", "tier"],
+            registry=r,
+        )
+        self.markers_set = Counter("bsr_force_local_markers_set", "Force-local markers set", registry=r)
+        self.unresponsive = Counter(
+            "bsr_rank_unresponsive", "Times a rank missed its heartbeat or a deadline", ["rank"], registry=r
+        )
+        self.submitted = Counter("bsr_requests_submitted", "Requests submitted for admission", registry=r)
+        self.restores.labels(Outcome.COMMITTED.value, NONE, NONE)
+        self.restores.labels(Outcome.NOTHING_TO_RESTORE.value, NONE, NONE)
+        for kind, stages in STAGES_OF.items():
+            for stage in stages:
+                self.restores.labels(kind.outcome.value, kind.value, stage)
+        for rank in ranks:
+            self.windows.labels(str(rank))
+            self.bytes.labels(str(rank))
+            self.unresponsive.labels(str(rank))
+            for tier in tiers:
+                self.fetch_bytes.labels(str(rank), tier)
+                self.fetch_seconds.labels(str(rank), tier)
+
+    def restore_ended(self, outcome: Outcome, kind: FailureKind | None, stage: Stage | None) -> None:
+        self.restores.labels(outcome.value, kind.value if kind else NONE, stage.value if stage else NONE).inc()
+
+    def window_released(self, rank: int, nbytes: int) -> None:
+        self.windows.labels(str(rank)).inc()
+        self.bytes.labels(str(rank)).inc(nbytes)
+
+    def window_fetched(self, rank: int, tiers: Sequence[str], nbytes: int, seconds: float) -> None:
+        tier = tiers[0] if len(tiers) == 1 else "+".join(sorted(tiers)) or "unknown"
+        self.fetch_bytes.labels(str(rank), tier).inc(nbytes)
+        self.fetch_seconds.labels(str(rank), tier).inc(max(0.0, seconds))
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """One sample's value now (0 when the series does not exist): for tests and the CLI's own checks."""
+        got = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if got is None else got
+
+
+__all__ = ["NONE", "STAGES_OF", "RuntimeCounters"]
