@@ -240,7 +240,7 @@ def explain_engine(
                 f"{m.get('request')} failed ({m.get('reason')}): {then}",
                 [f"marker: prompt {prompt} excludes {', '.join(exclude)} (request {m.get('request')})"],
                 "fix the tier; a committed admission clears the marker, or clear it by hand",
-                "bsr markers clear",
+                f"bsr markers clear --prompt {prompt}",
             )
         )
     armed = [f for f in faults if not f.get("exhausted")]

@@ -21,7 +21,8 @@ from bsr_cli.core.registration import Registration
 from bsr_cli.engine.ranks import ProcessRank
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
 from bsr_cli.runtime.events import EventLog
-from bsr_cli.server.admin import IDLE_TIMEOUT_S, MAX_CONNECTIONS, REQUEST_DEADLINE_S, AdminServer
+from bsr_cli.server import admin as admin_server
+from bsr_cli.server.admin import AdminServer
 
 
 def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank]]:
@@ -85,9 +86,15 @@ def main(argv: list[str]) -> int:
         host=cfg.get("host", "127.0.0.1"),
         port=int(cfg.get("port", 0)),
         on_shutdown=done.set,
-        max_connections=int(limits_cfg.get("max_connections", MAX_CONNECTIONS)),
-        request_deadline_s=float(limits_cfg.get("request_deadline_s", REQUEST_DEADLINE_S)),
-        idle_timeout_s=float(limits_cfg.get("idle_timeout_s", IDLE_TIMEOUT_S)),
+        max_connections=int(limits_cfg.get("max_connections", admin_server.MAX_CONNECTIONS)),
+        request_deadline_s=float(limits_cfg.get("request_deadline_s", admin_server.REQUEST_DEADLINE_S)),
+        idle_timeout_s=float(limits_cfg.get("idle_timeout_s", admin_server.IDLE_TIMEOUT_S)),
+        head_deadline_s=float(limits_cfg.get("head_deadline_s", admin_server.HEAD_DEADLINE_S)),
+        max_anonymous=int(limits_cfg.get("max_anonymous", admin_server.MAX_ANONYMOUS)),
+        max_waiting=int(limits_cfg.get("max_waiting", admin_server.MAX_WAITING)),
+        max_waiting_per_client=int(limits_cfg.get("max_waiting_per_client", admin_server.MAX_WAITING_PER_CLIENT)),
+        allowed_hosts=[str(h) for h in limits_cfg.get("allowed_hosts", ())],
+        open_metrics=bool(limits_cfg.get("open_metrics", False)),
     )
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

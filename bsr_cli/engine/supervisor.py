@@ -61,6 +61,10 @@ class EngineOptions:
     remote: bool = True
     # The admin server's self-defence (see bsr_cli/server/admin.py); None keeps the server's defaults.
     admin_limits: dict[str, float] | None = None
+    # Host names the admin API answers to besides loopback names and its bind address (`--allow-host`).
+    allowed_hosts: tuple[str, ...] = ()
+    # Serve /metrics without the token (`--open-metrics`, for a scraper that cannot send one).
+    open_metrics: bool = False
 
     def resolved(self) -> dict[str, Any]:
         reg = self.registration
@@ -217,6 +221,8 @@ def _options_record(opts: EngineOptions, settings: dict[str, Any]) -> dict[str, 
         "host": opts.host,
         "port": opts.port,
         "remote": opts.remote,
+        "allowed_hosts": sorted(opts.allowed_hosts),
+        "open_metrics": opts.open_metrics,
     }
 
 
@@ -297,7 +303,8 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
                 "fs_dir": str(state / "fs-tier"),
                 "host": opts.host,
                 "port": opts.port,
-                "admin": opts.admin_limits or {},
+                "admin": (opts.admin_limits or {})
+                | {"allowed_hosts": sorted(opts.allowed_hosts), "open_metrics": opts.open_metrics},
             }
             _write_json(state / "engine.json", engine_cfg)
             (state / "ready.json").unlink(missing_ok=True)

@@ -145,7 +145,7 @@ class WorkerCoordinator(LMCacheCoordinator):
         # B, W and the filesystem concurrency govern restores, which a worker does not run.
         self._refuse("changing restore settings")
 
-    def clear_markers(self) -> int:
+    def clear_markers(self, scope: Any = None) -> int:
         raise BadRequest(
             "force-local markers are not served from a vLLM worker: they live in vLLM's scheduler (the BSR "
             "connector), keyed by the failed prefix, and clear on the next admission of a prompt that starts with it",
