@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import anyio.to_thread
 import uvicorn
@@ -77,6 +78,7 @@ class AdminServer:
         self._max_connections = max_connections
         self.on_shutdown = on_shutdown
         self.max_body = BODY_OVERHEAD + BODY_BYTES_PER_TOKEN * max(coordinator.settings.max_tokens, 0)
+        self.document: dict[str, Any] | None = None  # this engine's OpenAPI document, built on first request
         self.counters = {COMMITTED: 0, FAILED_CLOSED: 0, "submitted": 0, "http_requests": 0}
         self._metrics = Exposition(coordinator, submitted=lambda: self.counters["submitted"])
         app = create_app(self)

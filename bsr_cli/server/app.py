@@ -219,6 +219,28 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         h = coord().health()
         return _json(h | {"api": API_VERSION}, 200 if h["ok"] else 503)
 
+    @app.get(f"{PREFIX}/openapi.json", **_op(m.OpenAPIDocument, auth=True))
+    def openapi_document() -> Response:
+        """This engine's OpenAPI document: the generic one with this engine's own bounds, so that a request valid
+        against it is accepted (a 409 still says the capacity in use now does not fit it)."""
+        assert admin is not None
+        if admin.document is None:
+            from bsr_cli.server import openapi
+
+            c = coord()
+            limits = openapi.EngineLimits(
+                max_tokens=c.settings.max_tokens,
+                ranks=len(c.ranks),
+                groups=tuple(c.reg.group_names),
+                tiers=tuple(c.settings.tiers),
+                chunk_size=c.reg.chunk_size,
+                slot_bytes=c.reg.bytes_per_chunk,
+                aux_bytes=c.reg.aux_bytes,
+                pool_bytes=c.settings.pool_bytes,
+            )
+            admin.document = openapi.narrow(openapi.build(), limits)
+        return _json(admin.document)
+
     @app.get(f"{PREFIX}/info", **_op(m.Info, auth=True))
     def info() -> Response:
         return _json(coord().info())
@@ -419,6 +441,7 @@ def routes_of(app: FastAPI) -> list[Route]:
     for r in app.routes:
         if isinstance(r, APIRoute):
             auth = bool((r.openapi_extra or {}).get("security"))
+            query = [q.alias for q in r.dependant.query_params]
             for method in sorted(r.methods or ()):
-                out.append(route(method, r.path, auth=auth, json_body=r.body_field is not None))
+                out.append(route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query))
     return out

@@ -7,7 +7,7 @@ FastAPI reads a request's body before any dependency runs, so these are checked 
   browser lets it send); a second ``Authorization``, ``Host``, ``Origin``, ``Content-Type`` or ``Content-Length``
   header is a 400 (never "the last one wins");
 - the route: an unknown path is a JSON 404 (a wrong API version says so), a method a path does not serve a JSON
-  405 with ``Allow``;
+  405 with ``Allow``, a query parameter the route does not take, or one given twice, a 400;
 - the token: every route but ``/health`` (and ``/metrics`` where the engine serves it openly) needs the bearer
   token, reads included (401);
 - capacity: requests without the token share a few serving slots, requests with it have their own (503 ``busy``
@@ -26,6 +26,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl
 
 from bsr_cli import API_VERSION
 
@@ -46,11 +47,12 @@ class Route:
     auth: bool
     json_body: bool
     pattern: re.Pattern[str] = field(compare=False)
+    query: frozenset[str] = frozenset()  # the query parameters it takes (any other is refused)
 
 
-def route(method: str, path: str, *, auth: bool, json_body: bool) -> Route:
+def route(method: str, path: str, *, auth: bool, json_body: bool, query: Iterable[str] = ()) -> Route:
     regex = "^" + re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(path)) + "$"
-    return Route(method, path, auth, json_body, re.compile(regex))
+    return Route(method, path, auth, json_body, re.compile(regex), frozenset(query))
 
 
 class Refusal(Exception):
@@ -168,6 +170,7 @@ class Guard:
         try:
             self._check_head(scope, raw_headers, headers)
             r = self._route(scope["method"], scope["path"])
+            self._check_query(r, scope.get("query_string") or b"")
             authed = self._authenticated(headers)
             if not authed and r.auth and scope["path"] not in self.open_paths:
                 raise Refusal(
@@ -228,6 +231,19 @@ class Guard:
                     f"requests from the web origin {origin[:80]!r} are not served",
                     hint="the admin API serves tools, not web pages of other sites",
                 )
+
+    def _check_query(self, r: Route, raw: bytes) -> None:
+        """Only the route's own query parameters, each at most once (never "the last one wins")."""
+        seen: set[str] = set()
+        for name, _ in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
+            if name not in r.query:
+                known = ", ".join(sorted(r.query)) or "none"
+                raise Refusal(
+                    400, "invalid-input", f"unknown query parameter {name[:40]!r} (this route takes: {known})"
+                )
+            if name in seen:
+                raise Refusal(400, "invalid-input", f"the query parameter {name!r} is given more than once")
+            seen.add(name)
 
     def _check_media_type(self, headers: dict[str, str]) -> None:
         media = headers.get("content-type", "").split(";", 1)[0].strip().lower()

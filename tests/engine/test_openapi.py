@@ -26,7 +26,7 @@ def test_openapi_matches_the_served_routes() -> None:
     routes = routes_of(create_app(None))
     documented = {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
     assert documented == {(r.method, r.path) for r in routes}
-    assert len(documented) == 21  # 20 under /bsr/v1, and /metrics
+    assert len(documented) == 22  # 21 under /bsr/v1, and /metrics
     for r in routes:
         op = spec["paths"][r.path][r.method.lower()]
         assert ("security" in op) == r.auth, f"{r.method} {r.path}: auth documented wrongly"
@@ -67,6 +67,8 @@ def test_every_operation_answers_as_documented(engine) -> None:
     check("GET", v1 + "/health", v1 + "/health", want=200, headers={})
     check("GET", v1 + "/info", v1 + "/info", want=200)
     check("GET", v1 + "/registration", v1 + "/registration", want=200)
+    own = check("GET", v1 + "/openapi.json", v1 + "/openapi.json", want=200).json()
+    assert own["components"]["schemas"]["Synthetic"]["properties"]["n"]["maximum"] == engine.client().info()["max_tokens"]
     body = {"synthetic": {"n": 700, "seed": 4242}}
     check("POST", v1 + "/requests", v1 + "/requests", want=200, json=body, headers=auth)
     streamed = check("POST", v1 + "/requests", v1 + "/requests", want=200, json=body | {"stream": True}, headers=auth)

@@ -268,6 +268,13 @@ def test_ambiguous_requests_are_refused(serve: Callable[..., tuple[FakeEngine, A
     )
     status, err = _raw(server, head.encode())
     assert status == 400 and "authorization header is given more than once" in err["message"]
+    # A query parameter twice, or one the route does not take.
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=20) as http:
+        r = http.get(f"{PREFIX}/events?since=5&since=0")
+        assert r.status_code == 400 and "more than once" in r.json()["message"]
+        r = http.get(f"{PREFIX}/snapshot?health=0&helth=1")
+        assert r.status_code == 400 and "unknown query parameter 'helth'" in r.json()["message"]
+        assert http.get(f"{PREFIX}/snapshot?health=0&events_since=0").status_code == 200
 
 
 _JSON = {"Content-Type": "application/json"}

@@ -142,8 +142,13 @@ def _render_status(console: Any, d: dict[str, Any]) -> None:
     for col in ("process", "pid", "state"):
         t.add_column(col)
     for p in d["processes"]:
-        t.add_row(p["name"], str(p["pid"]), "[green]running[/]" if p["alive"] else "[red]gone[/]")
+        state = "[green]running[/]" if p["alive"] else "[red]gone[/]"
+        if p.get("restarts"):
+            state += f" (restarted {p['restarts']}×)"
+        t.add_row(p["name"], str(p["pid"]), state)
     console.print(t)
+    for line in d.get("restored") or []:
+        console.print(line)
     s = d.get("settings") or {}
     if s:
         console.print(

@@ -291,9 +291,10 @@ def faults(console: Console, d: dict[str, Any]) -> None:
         console.print("no faults armed")
         return
     t = Table()
-    for col in ("id", "kind", "rank", "window", "group", "fired/count"):
+    for col in ("id", "kind", "rank", "window", "group", "fired/count", "expires"):
         t.add_column(col)
     for f in d["faults"]:
+        expires = f.get("expires_at")
         t.add_row(
             str(f["id"]),
             Text(f["kind"], style="red"),
@@ -301,6 +302,7 @@ def faults(console: Console, d: dict[str, Any]) -> None:
             "first" if f["window"] is None else f"G{f['window'] + 1}",
             f["group"] or "all",
             f"{f['fired']}/{f['count'] or '∞'}",
+            time.strftime("%H:%M:%S", time.localtime(expires)) if expires else "never",
         )
     console.print(t)
 
