@@ -359,6 +359,7 @@ def inject_fault(
     if group is not None:
         spec["group"] = group
     with _client(st) as client:
+        _check_fault_target(client.info(), rank=rank, window=window)
         result = client.inject_fault(spec)
 
     def render(console: Any, d: dict[str, Any]) -> None:
@@ -369,6 +370,21 @@ def inject_fault(
         console.print(f"[red]armed[/] fault #{d['id']} {d['kind']} on {where}, {win}{grp}, {times}")
 
     st.out.result(result, render)
+
+
+def _check_fault_target(info: dict[str, Any], *, rank: int | None, window: int | None) -> None:
+    """A rank the engine does not have, or a window past its longest prompt, is invalid input (exit 2)."""
+    ranks = int(info.get("ranks") or 0)
+    if rank is not None and ranks and rank >= ranks:
+        raise InvalidInput(f"--rank {rank}: this engine has {ranks} rank(s), 0..{ranks - 1}")
+    chunk = int(info.get("chunk_size") or 0)
+    if window is not None and chunk:
+        last = max(1, -(-int(info.get("max_tokens") or 0) // chunk))
+        if window > last:
+            raise InvalidInput(
+                f"--window {window}: this engine's longest prompt has at most {last} windows (at W=1)",
+                hint="`bsr plan` shows a prompt's windows",
+            )
 
 
 faults_app = typer.Typer(help="Inject, list or clear faults.", no_args_is_help=True)
