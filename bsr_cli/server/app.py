@@ -325,7 +325,7 @@ def create_app(admin: AdminServer | None) -> FastAPI:
     def pool(health: Flag = "0") -> Response:
         """Live, peak, capacity, budget and windows in flight of every rank's restore pool (?health=1 adds tier
         health)."""
-        return _json({"ranks": coord().pool(health=health == "1")})
+        return _json({"ranks": with_draining(coord().pool(health=health == "1"))})
 
     @app.post(f"{PREFIX}/pool/reset-peak", **_op(m.Ok, auth=True))
     def reset_peak() -> Response:
@@ -352,7 +352,9 @@ def create_app(admin: AdminServer | None) -> FastAPI:
     ) -> Response:
         """Everything a monitor draws at once: info, ranks and pools, active and recent restores, admission,
         tiers, markers, faults, recent events."""
-        return _json(coord().snapshot(health=health == "1", events_since=events_since))
+        snap = coord().snapshot(health=health == "1", events_since=events_since)
+        with_draining(snap.get("ranks") or [])
+        return _json(snap)
 
     @app.get(f"{PREFIX}/events", **_op(m.Events, auth=True))
     def events(
@@ -429,6 +431,16 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         return Response(admin.metrics_text(), media_type=METRICS_TYPE)
 
     return app
+
+
+def with_draining(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mark each rank's pool ``draining`` while its live bytes are above B: after a budget cut, windows already in
+    flight finish (new ones are admitted only within the new B at once), and the pool says so until live ≤ B."""
+    for r in ranks:
+        p = r.get("pool")
+        if isinstance(p, dict) and "live_bytes" in p and "budget_bytes" in p:
+            p["draining"] = p["live_bytes"] > p["budget_bytes"]
+    return ranks
 
 
 def _line(obj: dict[str, Any]) -> bytes:

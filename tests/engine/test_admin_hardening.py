@@ -287,6 +287,7 @@ def test_up_refuses_other_options_on_a_running_engine(hard: Hard) -> None:
 FUZZ_EXAMPLES = int(os.environ.get("BSR_FUZZ_EXAMPLES", "50"))
 
 
+@pytest.mark.timeout(max(180, 12 * FUZZ_EXAMPLES))
 def test_fuzzing_every_operation_finds_no_server_error_and_no_drift(hard: Hard) -> None:
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis import HealthCheck, Phase, given, settings

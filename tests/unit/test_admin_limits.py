@@ -109,3 +109,35 @@ def test_the_engines_document_says_its_own_limits(served: tuple[FakeEngine, Admi
     # JSON Schema's integers: 3.0 is one, 3.5 is not.
     assert httpx.post(server.url + f"{PREFIX}/probe", json={"tokens": [3.0, 4]}, headers=AUTH).status_code == 200
     assert httpx.post(server.url + f"{PREFIX}/probe", json={"tokens": [3.5, 4]}, headers=AUTH).status_code == 400
+
+
+def test_a_budget_cut_binds_new_windows_at_once_and_reports_draining(
+    served: tuple[FakeEngine, AdminServer], bsr
+) -> None:
+    """Windows already staged finish; a new one is admitted only within the new B at once; /pool, /snapshot and
+    `bsr status` say "draining" until live ≤ B (a cut used to look like a broken bound, or like nothing)."""
+    eng, server = served
+    pool = eng.ranks[0].ops.pool
+    slot = pool.slot_bytes
+    in_flight = pool.acquire(4, timeout_s=5)  # a window of 4 chunks staged on rank 0
+    assert in_flight is not None
+    try:
+        r = httpx.post(server.url + f"{PREFIX}/settings", json={"budget_bytes": 2 * slot}, headers=AUTH, timeout=20)
+        assert r.status_code == 200 and r.json()["budget_bytes"] == 2 * slot
+        assert pool.acquire(1, timeout_s=1, wait=False) is None  # live 4 slots > B of 2: nothing new fits
+        ranks = httpx.get(server.url + f"{PREFIX}/pool", headers=AUTH, timeout=20).json()["ranks"]
+        assert [r["pool"]["draining"] for r in ranks] == [True, False]
+        snap = httpx.get(server.url + f"{PREFIX}/snapshot?health=0", headers=AUTH, timeout=20).json()
+        assert [r["pool"]["draining"] for r in snap["ranks"]] == [True, False]
+        status = bsr("status")
+        assert status.code == 0 and "draining to B" in status.out, status.out
+        view = bsr("pool", "--json")
+        assert view.code == 0
+        assert [(g["draining"], g["state"]) for g in view.json()["gauges"]] == [(True, "draining"), (False, "ok")]
+    finally:
+        in_flight.release()
+    ranks = httpx.get(server.url + f"{PREFIX}/pool", headers=AUTH, timeout=20).json()["ranks"]
+    assert [r["pool"]["draining"] for r in ranks] == [False, False]
+    lease = pool.acquire(2, timeout_s=5, wait=False)  # within the new B now
+    assert lease is not None
+    lease.release()

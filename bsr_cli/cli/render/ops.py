@@ -332,7 +332,9 @@ def status(console: Console, d: dict[str, Any]) -> None:
         healthy = r.get("healthy", r["alive"])
         t.add_row(
             str(r["rank"]),
-            "[green]up[/]" if healthy else ("[red]unhealthy[/]" if r["alive"] else "[red]down[/]"),
+            ("[yellow]up, draining to B[/]" if p.get("draining") else "[green]up[/]")
+            if healthy
+            else ("[red]unhealthy[/]" if r["alive"] else "[red]down[/]"),
             format_bytes(p.get("live_bytes", 0)),
             format_bytes(p.get("peak_bytes", 0)),
             format_bytes(p.get("capacity_bytes", 0)),

@@ -18,7 +18,13 @@ def tier_look(tier: str) -> tuple[str, str]:
 
 
 # A rank's pool against its bounds (TUI gauges), a restore's outcome, an event's category, an engine in a fleet.
-STATE_STYLE = {"ok": "green", "above-rws": "yellow", "over-budget": "bold red", "down": "bold red"}
+STATE_STYLE = {
+    "ok": "green",
+    "above-rws": "yellow",
+    "draining": "yellow",
+    "over-budget": "bold red",
+    "down": "bold red",
+}
 OUTCOME_STYLE = {COMMITTED: "green", FAILED_CLOSED: "bold red", NOTHING_TO_RESTORE: "dim"}
 CATEGORY_STYLE = {"windows": "dim", "restores": "cyan", "markers": "magenta", "faults": "bold red", "other": ""}
 FLEET_STYLE = {"down": "bold red", "unhealthy": "red", "degraded": "yellow", "attention": "magenta", "ok": "green"}
