@@ -37,7 +37,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SERVED_METHODS = ("DELETE", "GET", "POST")
-_VERSIONED = re.compile(r"^/bsr/(v\d+)(/.*)?$")
+_VERSIONED = re.compile(r"/bsr/(v\d+)(/.*)?", re.DOTALL)  # fullmatch; a path parameter may hold any character
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,8 @@ class Route:
 
 
 def route(method: str, path: str, *, auth: bool, json_body: bool, query: Iterable[str] = ()) -> Route:
-    regex = "^" + re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(path)) + "$"
-    return Route(method, path, auth, json_body, re.compile(regex), frozenset(query))
+    regex = re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(path))
+    return Route(method, path, auth, json_body, re.compile(regex, re.DOTALL), frozenset(query))
 
 
 class Refusal(Exception):
@@ -267,7 +267,7 @@ class Guard:
 
     def _route(self, method: str, path: str) -> Route:
         if path != "/metrics":
-            m = _VERSIONED.match(path)
+            m = _VERSIONED.fullmatch(path)
             if not m:
                 raise Refusal(404, "not-found", f"no route {path}")
             if m.group(1) != API_VERSION:
@@ -277,7 +277,7 @@ class Guard:
                     f"this engine speaks {API_VERSION}, not {m.group(1)}",
                     supported=[API_VERSION],
                 )
-        same_path = [r for r in self.routes if r.pattern.match(path)]
+        same_path = [r for r in self.routes if r.pattern.fullmatch(path)]
         for r in same_path:
             if r.method == method:
                 return r

@@ -86,7 +86,7 @@ class SlowLoris:
         return s
 
     def _trickle(self) -> None:
-        while not self.stop.wait(0.05):
+        while not self.stop.wait(0.2):
             for i, s in enumerate(self.socks):
                 try:
                     if s.recv(4096) == b"":
@@ -115,6 +115,7 @@ class SlowLoris:
             s.close()
 
 
+@pytest.mark.timeout(300)  # 50 CLI runs against 200 churning sockets: seconds alone, longer on a busy machine
 def test_tokenless_slow_sockets_cannot_lock_out_an_authenticated_status(
     serve: Callable[..., tuple[FakeEngine, AdminServer]], bsr, monkeypatch: pytest.MonkeyPatch
 ) -> None:

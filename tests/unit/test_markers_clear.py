@@ -51,6 +51,8 @@ def test_clear_one_prompt(served: FakeEngine, bsr) -> None:
     assert _excluded(served) == {"p-moon": ["mooncake"], "p-fs": ["fs"]}
     assert [(e["prompt"], e["scope"], e["prompt"]) for e in _cleared_events(served)] == [("p-both", "prompt", "p-both")]
     assert bsr("markers", "clear", "--prompt", "p-none", "--json").json()["cleared"] == 0  # nothing of that prompt
+    # Any key is a key (a newline or a non-ASCII character in the path is not "no route").
+    assert bsr("markers", "clear", "--prompt", "p\nü", "--json").json()["cleared"] == 0
 
 
 def test_clear_one_tier(served: FakeEngine, bsr) -> None:
