@@ -83,6 +83,7 @@ class AdminServer:
         self._metrics = Exposition(coordinator, submitted=lambda: self.counters["submitted"])
         app = create_app(self)
         self._max_anonymous = max_anonymous
+        trusted: set[tuple[str, int]] = set()  # connections that showed the token (guard and protocol share it)
         self.guard = Guard(
             app,
             routes_of(app),
@@ -93,6 +94,7 @@ class AdminServer:
             open_paths=frozenset({"/metrics"}) if open_metrics else frozenset(),
             max_serving=max_connections,
             max_anonymous=max_anonymous,
+            trusted=trusted,
         )
         self.app = self.guard
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -113,6 +115,7 @@ class AdminServer:
                 head_deadline_s=head_deadline_s,
                 max_waiting=max_waiting,
                 max_waiting_per_client=max_waiting_per_client,
+                trusted=trusted,
             ),
             ws="none",
             lifespan="off",

@@ -153,11 +153,14 @@ class Guard:
         open_paths: frozenset[str] = frozenset(),
         max_serving: int = 64,
         max_anonymous: int = 8,
+        trusted: set[tuple[str, int]] | None = None,
     ) -> None:
         self.app, self.routes, self.token, self.max_body, self.on_request = app, routes, token, max_body, on_request
         self.hosts, self.open_paths = hosts, open_paths
         self.max_serving, self.max_anonymous = max_serving, max_anonymous
         self.serving = {True: 0, False: 0}  # requests being answered, by whether they showed the token
+        # Shared with the protocol (same event loop): connections that showed the token are kept between requests.
+        self.trusted = trusted if trusted is not None else set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -172,6 +175,8 @@ class Guard:
             r = self._route(scope["method"], scope["path"])
             self._check_query(r, scope.get("query_string") or b"")
             authed = self._authenticated(headers)
+            if authed and scope.get("client"):
+                self.trusted.add(tuple(scope["client"]))  # type: ignore[arg-type]
             if not authed and r.auth and scope["path"] not in self.open_paths:
                 raise Refusal(
                     401,

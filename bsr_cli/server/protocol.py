@@ -7,8 +7,10 @@ connections cost the server nothing but a socket, and whoever holds them has not
 - The head has a short deadline (``head_deadline_s``, from the accept or from the head's first byte on a kept-alive
   connection), however slowly its bytes trickle.
 - Waiting connections are capped per client address (``max_waiting_per_client``) and in all
-  (``max_waiting``). A new connection is always accepted: past a cap the *oldest* waiting connection (of that
-  client first) gets a JSON 503 ``busy`` and is closed. A client that sends its head at once (every real client)
+  (``max_waiting``); a kept-alive connection that already carried a request with the token is not waiting between
+  requests. A new connection is always accepted: past a cap the *oldest* waiting connections (of that client
+  first) that have waited longer than a grace of 1 s get a JSON 503 ``busy`` and are closed (past four times the
+  cap, the oldest whatever their age). A client that sends its head at once (every real client)
   is never the oldest, so sockets held open by strangers cannot lock the operator out (PostgreSQL's
   authentication timeout and nginx's per-client ``limit_conn`` serve the same end).
 - Serving capacity is split by the ASGI guard (guard.py), which knows the token: requests without it share a small
@@ -44,6 +46,7 @@ def _answer(status: str, kind: str, message: str, hint: str, extra: str = "") ->
     return head.encode() + body
 
 
+HARD_CAP_FACTOR = 4  # waiting connections beyond 4 × max_waiting are dropped oldest first, whatever their age
 BUSY = _answer(
     "503 Service Unavailable",
     "busy",
@@ -63,7 +66,11 @@ class GuardedH11Protocol(H11Protocol):
     idle_timeout_s = 10.0
     # The waiting connections of one server, oldest first (one dict per class built by protocol_class; every
     # connection of a server runs on the server's one event loop, so no lock is needed).
-    waiting: ClassVar[OrderedDict[GuardedH11Protocol, str]] = OrderedDict()
+    eviction_grace_s = 1.0
+    waiting: ClassVar[OrderedDict[GuardedH11Protocol, tuple[str, float]]] = OrderedDict()
+    # The peers (address, port) of connections that carried a request with the right token (the guard adds them):
+    # between requests such a connection is not "waiting" and never dropped for a stranger's sake.
+    trusted: ClassVar[set[tuple[str, int]]] = set()
     _deadline: asyncio.TimerHandle | None = None
     _head: asyncio.TimerHandle | None = None
     _idle: asyncio.TimerHandle | None = None
@@ -89,6 +96,8 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
         self.waiting.pop(self, None)
+        if self.client is not None:
+            self.trusted.discard(self.client)
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
@@ -110,11 +119,21 @@ class GuardedH11Protocol(H11Protocol):
     def _start_waiting(self) -> None:
         waiting = self.waiting
         waiting.pop(self, None)
-        waiting[self] = self._peer
-        mine = [c for c, peer in waiting.items() if peer == self._peer]
-        for old in mine[: max(0, len(mine) - self.max_waiting_per_client)]:
+        if self.client in self.trusted:
+            return  # the operator's kept-alive connection
+        now = self.loop.time()
+        waiting[self] = (self._peer, now)
+        # Past a cap, drop the oldest connections that have waited longer than the grace: a burst of new
+        # connections from a real client sends its heads well within it. Past the hard cap, the oldest, whatever
+        # their age (a flood cannot grow the table without bound).
+        stale_before = now - self.eviction_grace_s
+        mine = [c for c, (peer, since) in waiting.items() if peer == self._peer and since <= stale_before]
+        for old in mine[: max(0, sum(1 for p, _ in waiting.values() if p == self._peer) - self.max_waiting_per_client)]:
             old._evict()
-        while len(waiting) > self.max_waiting:
+        over = len(waiting) - self.max_waiting
+        for old in [c for c, (_, since) in waiting.items() if since <= stale_before][: max(0, over)]:
+            old._evict()
+        while len(waiting) > HARD_CAP_FACTOR * self.max_waiting:
             next(iter(waiting))._evict()
 
     def _head_arrived(self) -> None:
@@ -125,10 +144,14 @@ class GuardedH11Protocol(H11Protocol):
 
     def _evict(self) -> None:
         self.waiting.pop(self, None)
+        sending_a_head = self._head is not None  # a new connection, or a kept-alive one that began its next head
         self._cancel()
         if not self.transport.is_closing():
-            with contextlib.suppress(RuntimeError, OSError):
-                self.transport.write(BUSY)
+            if sending_a_head:
+                with contextlib.suppress(RuntimeError, OSError):
+                    self.transport.write(BUSY)
+            # An idle kept-alive connection is closed without a word: a client reusing it later must not read an
+            # answer to a request it has not sent yet (it sees the close and opens a new connection).
             self.transport.close()
 
     # -- timers ------------------------------------------------------------------------------------------------
@@ -185,6 +208,7 @@ def protocol_class(
     head_deadline_s: float,
     max_waiting: int,
     max_waiting_per_client: int,
+    trusted: set[tuple[str, int]],
 ) -> type[H11Protocol]:
     attrs: dict[str, Any] = {
         "request_deadline_s": request_deadline_s,
@@ -193,5 +217,6 @@ def protocol_class(
         "max_waiting": max_waiting,
         "max_waiting_per_client": max_waiting_per_client,
         "waiting": OrderedDict(),
+        "trusted": trusted,
     }
     return type("BsrH11Protocol", (GuardedH11Protocol,), attrs)

@@ -218,14 +218,16 @@ def test_an_idle_connection_is_closed(hard: Hard) -> None:
 
 
 def test_idle_strangers_cannot_take_the_operators_connection(hard: Hard) -> None:
-    """Far more tokenless idle sockets than the engine serves at once: the oldest are closed (503 busy) as new
-    ones come, and the operator's request is answered (it used to get 503 once 8 sockets were open)."""
-    idle = [socket.create_connection(hard.addr, timeout=10) for _ in range(40)]
+    """Far more tokenless idle sockets than the engine serves at once (it used to answer 503 once 8 were open): the
+    operator's request is answered, and every stranger's socket is closed by the engine (dropped as busy past the
+    per-client cap, or at the head deadline)."""
+    idle = [socket.create_connection(hard.addr, timeout=20) for _ in range(40)]
     try:
         r = httpx.get(hard.url + "/bsr/v1/info", headers=hard.auth(), timeout=10)
         assert r.status_code == 200, r.text
-        evicted, _ = _status_and_json(_read_until_close(idle[0]))
-        assert evicted == 503
+        for s in idle:
+            answer = _read_until_close(s)  # returns once the engine closes it (the socket timeout bounds it)
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 503 "), answer[:80]
     finally:
         for s in idle:
             s.close()

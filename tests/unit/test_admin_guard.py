@@ -306,3 +306,21 @@ def test_heads_over_16_kib_are_refused(serve: Callable[..., tuple[FakeEngine, Ad
     pad = "a" * (15 << 10)
     status, _ = _raw(server, f"GET {PREFIX}/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {pad}\r\n\r\n".encode())
     assert status == 200
+
+
+def test_a_client_with_many_kept_alive_connections_is_served(
+    serve: Callable[..., tuple[FakeEngine, AdminServer]],
+) -> None:
+    """More idle kept-alive connections from one address than the waiting cap allows: the oldest are closed
+    quietly, and a pooled client reusing its connections sees every answer (no stray 'busy')."""
+    _, server = serve(max_waiting_per_client=4)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=20) as http:
+
+        def calls(_: int) -> list[int]:
+            return [http.get(f"{PREFIX}/info").status_code for _ in range(5)]
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            codes = [c for batch in pool.map(calls, range(16)) for c in batch]
+    assert codes == [200] * 80, sorted(set(codes))
