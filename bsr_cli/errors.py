@@ -13,6 +13,7 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     │   ├── VersionMismatch     engine speaks another admin API version          (6)
     │   ├── BadRequest          the engine rejected the request (4xx)            (7)
     │   ├── FaultsDisabled      fault injection refused: engine started without it (8)
+    │   ├── EngineBusy          every serving slot in use (503 busy), after retries (15)
     │   └── ServerError         the engine failed (5xx)                           (9)
     ├── RestoreFailedClosed     a restore ended fail-closed (nothing committed)  (10)
     ├── DrillViolation          a drill found a broken invariant                 (11)
@@ -42,6 +43,7 @@ class ExitCode(IntEnum):
     CAPACITY = 12
     SERVICE = 13
     NOTHING_TO_RESTORE = 14
+    ENGINE_BUSY = 15
     INTERRUPTED = 130
 
 
@@ -108,6 +110,13 @@ class BadRequest(EngineError):
 class FaultsDisabled(EngineError):
     exit_code = ExitCode.FAULTS_DISABLED
     kind = "faults-disabled"
+
+
+class EngineBusy(EngineError):
+    """The engine answered 503 busy: every serving slot is in use (reads were retried with backoff first)."""
+
+    exit_code = ExitCode.ENGINE_BUSY
+    kind = "busy"
 
 
 class ServerError(EngineError):

@@ -70,7 +70,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "faults list": ("bsr faults list",),
     "faults clear": ("bsr faults clear",),
     "markers list": ("bsr markers list", "bsr markers list --json"),
-    "markers clear": ("bsr markers clear",),
+    "markers clear": (
+        "bsr markers clear --prompt 3f2a9c1e0b7d4a65",
+        "bsr markers clear --tier mooncake",
+        "bsr markers clear --all --yes",
+    ),
     "settings show": ("bsr settings show", "bsr settings show --engine prod --json"),
     "settings set": ("bsr settings set --W 16", "bsr settings set --budget 128MiB --fs-concurrency 4"),
     "pool": ("bsr pool --once", "bsr pool --json"),

@@ -7,6 +7,7 @@ Every failure is raised as one of bsr_cli.errors' EngineError subclasses:
     Unauthorized        401 (missing or wrong token)
     VersionMismatch     the engine speaks another API version
     FaultsDisabled      403 on fault injection
+    EngineBusy          503 busy (every serving slot in use), after reads were retried with backoff
     BadRequest          other 4xx (the engine's message is kept)
     ServerError         5xx, or an answer that is not the API's JSON
 """
@@ -14,9 +15,11 @@ Every failure is raised as one of bsr_cli.errors' EngineError subclasses:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -24,6 +27,7 @@ from bsr_cli import API_VERSION
 from bsr_cli.errors import (
     BadRequest,
     CapacityError,
+    EngineBusy,
     EngineError,
     EngineTimeout,
     EngineUnreachable,
@@ -36,10 +40,16 @@ from bsr_cli.errors import (
 from bsr_cli.settings import Settings
 
 _KIND_TO_ERROR: dict[str, type[EngineError]] = {
+    "busy": EngineBusy,
     "unauthorized": Unauthorized,
     "version-mismatch": VersionMismatch,
     "faults-disabled": FaultsDisabled,
 }
+
+
+# A read the engine answered "busy" (or dropped before answering, as it does to the oldest waiting connections
+# when strangers hold many open) is retried after these pauses; a write is not (it may have been applied).
+READ_RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
@@ -134,6 +144,11 @@ class AdminClient:
         hint = body.get("hint") if isinstance(body, dict) else None
         if kind == "capacity":
             raise CapacityError(message, hint=hint)
+        if kind == "busy":
+            raise EngineBusy(
+                f"the engine is busy: {message}",
+                hint="retry shortly; if it stays busy, `bsr engine status` and the engine's log say who holds it",
+            )
         if kind in _KIND_TO_ERROR:
             raise _KIND_TO_ERROR[kind](message, hint=hint)
         if r.status_code == 401:
@@ -156,23 +171,32 @@ class AdminClient:
         timeout: float | None = None,
         params: dict[str, Any] | None = None,
     ) -> Any:
-        try:
-            r = self._http.request(
-                method,
-                self._path(path),
-                json=body,
-                params=params,
-                timeout=timeout if timeout is not None else self.timeout_s,
-            )
-        except httpx.TimeoutException:
-            raise EngineTimeout(
-                f"{self.url} did not answer {method} {path} within the deadline",
-                hint="raise --timeout for long operations",
-            ) from None
-        except httpx.TransportError as e:
-            raise EngineUnreachable(
-                f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
-            ) from None
+        pauses = iter(READ_RETRY_PAUSES_S if method == "GET" or path == "/probe" else ())
+        while True:
+            try:
+                r = self._http.request(
+                    method,
+                    self._path(path),
+                    json=body,
+                    params=params,
+                    timeout=timeout if timeout is not None else self.timeout_s,
+                )
+            except httpx.TimeoutException:
+                raise EngineTimeout(
+                    f"{self.url} did not answer {method} {path} within the deadline",
+                    hint="raise --timeout for long operations",
+                ) from None
+            except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+                if _pause(pauses):
+                    continue
+                raise EngineUnreachable(f"the engine at {self.url} dropped the connection: {_why(e)}") from None
+            except httpx.TransportError as e:
+                raise EngineUnreachable(
+                    f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
+                ) from None
+            if _is_busy(r) and _pause(pauses):
+                continue
+            break
         self._raise_for(r)
         try:
             return r.json()
@@ -226,12 +250,23 @@ class AdminClient:
 
     # -- API ---------------------------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        try:
-            r = self._http.get(self._path("/health"), timeout=min(self.timeout_s, 5.0))
-        except httpx.TimeoutException:
-            raise EngineTimeout(f"{self.url} did not answer /health") from None
-        except httpx.TransportError as e:
-            raise EngineUnreachable(f"cannot reach the engine at {self.url}: {_why(e)}") from None
+        pauses = iter(READ_RETRY_PAUSES_S)
+        while True:
+            try:
+                r = self._http.get(self._path("/health"), timeout=min(self.timeout_s, 5.0))
+            except httpx.TimeoutException:
+                raise EngineTimeout(f"{self.url} did not answer /health") from None
+            except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+                if _pause(pauses):
+                    continue
+                raise EngineUnreachable(f"the engine at {self.url} dropped the connection: {_why(e)}") from None
+            except httpx.TransportError as e:
+                raise EngineUnreachable(f"cannot reach the engine at {self.url}: {_why(e)}") from None
+            if _is_busy(r):
+                if _pause(pauses):
+                    continue
+                self._raise_for(r)
+            break
         if r.status_code not in (200, 503):
             self._raise_for(r)
         return dict(r.json())
@@ -332,8 +367,17 @@ class AdminClient:
     def markers(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/markers")["markers"])
 
-    def clear_markers(self) -> int:
-        return int(self._call("DELETE", "/markers")["cleared"])
+    def clear_markers(self, *, prompt: str | None = None, tier: str | None = None) -> int:
+        """Clear every marker, or only ``prompt``'s, or take ``tier`` out of every marker; how many it touched."""
+        if prompt is not None and tier is not None:
+            raise InvalidInput("clear the markers of a prompt or of a tier, not both at once")
+        if prompt is not None:
+            path = f"/markers/prompts/{quote(prompt, safe='')}"
+        elif tier is not None:
+            path = f"/markers/tiers/{quote(tier, safe='')}"
+        else:
+            path = "/markers"
+        return int(self._call("DELETE", path)["cleared"])
 
     def metrics(self) -> str:
         try:
@@ -342,6 +386,25 @@ class AdminClient:
             raise EngineUnreachable(f"cannot reach the engine at {self.url}: {_why(e)}") from None
         self._raise_for(r)
         return r.text
+
+
+def _is_busy(r: httpx.Response) -> bool:
+    if r.status_code != 503:
+        return False
+    try:
+        body = r.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("error") == "busy"
+
+
+def _pause(pauses: Iterator[float]) -> bool:
+    """Sleep for the next backoff pause; False once they are used up."""
+    pause = next(pauses, None)
+    if pause is None:
+        return False
+    time.sleep(pause)
+    return True
 
 
 def _lines(it: Iterator[str]) -> Iterator[str]:

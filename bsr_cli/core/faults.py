@@ -13,12 +13,18 @@ acts *during* a restore (after the probe said "hit"), which is the case the prot
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bsr_cli.errors import InvalidInput
 
 KINDS = ("remote-unavailable", "remote-and-ssd-absent", "restore-fault", "timeout", "corrupt")
+# Every fault has a bounded life: it fires on at most MAX_COUNT restores (count 0: until cleared or expired) and
+# expires TTL_S after it was armed (at most MAX_TTL_S), so one aimed at a window no prompt reaches cannot stay armed.
+MAX_COUNT = 1000
+TTL_S = 3600
+MAX_TTL_S = 86_400
 _ids = itertools.count(1)
 
 
@@ -28,13 +34,18 @@ class FaultSpec:
     rank: int | None = None  # None: every rank
     window: int | None = None  # None: the first window a restore reaches (windows are 0-based here, G1 = 0)
     group: str | None = None  # None: every KV group
-    count: int = 1  # how many restores it fires on; 0 = until cleared
+    count: int = 1  # how many restores it fires on; 0 = until cleared (or expired)
     id: int = field(default=0)
     fired: int = 0
+    expires_at: float | None = None  # wall-clock time after which it no longer fires
 
     @classmethod
-    def parse(cls, data: dict[str, Any], *, ranks: int, groups: tuple[str, ...]) -> FaultSpec:
-        allowed = {"kind", "rank", "window", "group", "count"}
+    def parse(
+        cls, data: dict[str, Any], *, ranks: int, groups: tuple[str, ...], max_window: int | None = None
+    ) -> FaultSpec:
+        """``max_window``: the last window (0-based) of the engine's longest prompt at W=1; a window past it can
+        never be reached."""
+        allowed = {"kind", "rank", "window", "group", "count", "ttl_s"}
         extra = set(data) - allowed
         if extra:
             raise InvalidInput(f"unknown fault field(s): {', '.join(sorted(extra))}")
@@ -46,17 +57,35 @@ class FaultSpec:
             raise InvalidInput(f"rank must be in 0..{ranks - 1}, got {rank!r}")
         if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
             raise InvalidInput(f"window must be a non-negative integer, got {window!r}")
+        if window is not None and max_window is not None and window > max_window:
+            raise InvalidInput(
+                f"window {window} is beyond the last window of this engine's longest prompt ({max_window}, 0-based)",
+                hint="windows are counted from 0 here (G1 = 0); `bsr plan` shows a prompt's windows",
+            )
         if group is not None and group not in groups:
             raise InvalidInput(f"unknown KV group {group!r}; the engine has {list(groups)}")
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise InvalidInput(f"count must be a non-negative integer, got {count!r}")
-        return cls(kind=kind, rank=rank, window=window, group=group, count=count, id=next(_ids))
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_COUNT:
+            raise InvalidInput(f"count must be an integer in 0..{MAX_COUNT}, got {count!r}")
+        ttl = data.get("ttl_s", TTL_S)
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S:
+            raise InvalidInput(f"ttl_s must be an integer in 1..{MAX_TTL_S}, got {ttl!r}")
+        return cls(
+            kind=kind,
+            rank=rank,
+            window=window,
+            group=group,
+            count=count,
+            id=next(_ids),
+            expires_at=time.time() + ttl,
+        )
 
     def applies_to_rank(self, rank: int) -> bool:
         return self.rank is None or self.rank == rank
 
     def exhausted(self) -> bool:
-        return self.count != 0 and self.fired >= self.count
+        """It fired its count, or its life is over."""
+        expired = self.expires_at is not None and time.time() >= self.expires_at
+        return expired or (self.count != 0 and self.fired >= self.count)
 
     def after_firing(self) -> FaultSpec:
         return replace(self, fired=self.fired + 1)
@@ -70,11 +99,13 @@ class FaultSpec:
             "group": self.group,
             "count": self.count,
             "fired": self.fired,
+            "expires_at": self.expires_at,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FaultSpec:
-        return cls(**{k: d[k] for k in ("kind", "rank", "window", "group", "count", "id", "fired")})
+        kept = {k: d[k] for k in ("kind", "rank", "window", "group", "count", "id", "fired")}
+        return cls(**kept, expires_at=d.get("expires_at"))
 
     def hits(self, window: int, first_window: int) -> bool:
         target = first_window if self.window is None else self.window

@@ -61,6 +61,10 @@ class EngineOptions:
     remote: bool = True
     # The admin server's self-defence (see bsr_cli/server/admin.py); None keeps the server's defaults.
     admin_limits: dict[str, float] | None = None
+    # Host names the admin API answers to besides loopback names and its bind address (`--allow-host`).
+    allowed_hosts: tuple[str, ...] = ()
+    # Serve /metrics without the token (`--open-metrics`, for a scraper that cannot send one).
+    open_metrics: bool = False
 
     def resolved(self) -> dict[str, Any]:
         reg = self.registration
@@ -191,7 +195,13 @@ def status(state: Path) -> dict[str, Any]:
             "exposed": [],
         }
     found = _processes(st)
-    procs = [{"name": n, "pid": p, "alive": services.is_alive(p, t)} for n, p, t in found]
+    restarts = {f"rank{r['rank']}": int(r.get("restarts") or 0) for r in st.get("ranks", [])}
+    procs: list[dict[str, Any]] = []
+    for n, p, t in found:
+        proc: dict[str, Any] = {"name": n, "pid": p, "alive": services.is_alive(p, t)}
+        if restarts.get(n):
+            proc["restarts"] = restarts[n]
+        procs.append(proc)
     healthy = all(p["alive"] for p in procs) and _http_ok(st["admin_url"] + "/bsr/v1/health")
     listening = services.listening_sockets((n, p) for n, p, t in found if services.is_alive(p, t))
     return {
@@ -209,6 +219,18 @@ def status(state: Path) -> dict[str, Any]:
     }
 
 
+def record_rank(state: Path, rank: int, pid: int, restarts: int) -> None:
+    """The engine restarted ``rank`` as ``pid``: record it so `status` and `down` know the new process."""
+    with _locked(state):
+        st = read_state(state)
+        if st is None:
+            return
+        for rec in st.get("ranks", []):
+            if rec.get("rank") == rank:
+                rec.update(_record(pid, rank=rank, device=rec.get("device"), restarts=restarts))
+        _write_json(state / "state.json", st)
+
+
 def _options_record(opts: EngineOptions, settings: dict[str, Any]) -> dict[str, Any]:
     """What decides an engine's behaviour, as recorded in state.json: compared when `up` finds one running."""
     return {
@@ -217,6 +239,8 @@ def _options_record(opts: EngineOptions, settings: dict[str, Any]) -> dict[str, 
         "host": opts.host,
         "port": opts.port,
         "remote": opts.remote,
+        "allowed_hosts": sorted(opts.allowed_hosts),
+        "open_metrics": opts.open_metrics,
     }
 
 
@@ -297,7 +321,8 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
                 "fs_dir": str(state / "fs-tier"),
                 "host": opts.host,
                 "port": opts.port,
-                "admin": opts.admin_limits or {},
+                "admin": (opts.admin_limits or {})
+                | {"allowed_hosts": sorted(opts.allowed_hosts), "open_metrics": opts.open_metrics},
             }
             _write_json(state / "engine.json", engine_cfg)
             (state / "ready.json").unlink(missing_ok=True)
@@ -316,6 +341,7 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
             _write_json(state / "state.json", st | {"admin_url": ""})
             ready = _wait_ready(state, proc, log_path)
             st["ranks"] = [_record(r["pid"], rank=r["rank"], device=r.get("device")) for r in ready["ranks"]]
+            st["restored"] = ready.get("restored") or {}
             st["admin_url"] = ready["url"]
             st["settings"] = settings
             st["options"] = wanted
@@ -326,7 +352,11 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
             _write_json(state / "state.json", st | {"admin_url": st.get("admin_url", "")})
             _down_locked(state)
             raise
-        return status(state) | {"already_running": False, "token_file": str(token_path)}
+        return status(state) | {
+            "already_running": False,
+            "token_file": str(token_path),
+            "restored": (ready.get("restored") or {}).get("lines") or [],
+        }
 
 
 def _wait_ready(state: Path, proc: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
@@ -371,4 +401,4 @@ def _down_locked(state: Path) -> dict[str, Any]:
     return {"state_dir": str(state), "stopped": stopped, "was_running": bool(stopped)}
 
 
-__all__ = ["EngineOptions", "down", "status", "up"]
+__all__ = ["EngineOptions", "down", "record_rank", "status", "up"]

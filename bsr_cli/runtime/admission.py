@@ -15,9 +15,11 @@ from typing import Any
 from bsr_cli.api.ranks import ObjectRef, ProbeRequest, RestoreJob, WindowJob
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.events import MarkerSet
+from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes, object_key
-from bsr_cli.core.markers import Marker
+from bsr_cli.core.markers import ClearScope, Marker
+from bsr_cli.core.markers import clear as clear_markers_in
 from bsr_cli.core.plan import Window
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.allocation import Allocation
@@ -149,14 +151,25 @@ class Admission(Allocation):
         with self._lock:
             return [m.to_dict() for m in self.markers.values()]
 
-    def clear_markers(self) -> int:
+    def clear_markers(self, scope: ClearScope | None = None) -> int:
+        """The operator's clear: every marker, one prompt's, or one tier out of every marker (``ClearScope``).
+        Each marker touched is a ``marker_cleared`` event naming the scope. Answers how many were touched."""
+        scope = scope or ClearScope.all()
         with self._lock:
-            n = len(self.markers)
-            prompts = list(self.markers)
-            self.markers.clear()
-        for p in prompts:
-            self.events.append({"type": "marker_cleared", "prompt": p, "why": "operator"})
-        return n
+            touched = clear_markers_in(self.markers, scope)
+        for c in touched:
+            ev: dict[str, Any] = {
+                "type": EventKind.MARKER_CLEARED.value,
+                "prompt": c.prompt,
+                "why": "operator",
+                "scope": scope.kind.value,
+            }
+            if scope.value is not None:
+                ev[scope.kind.value] = scope.value
+            if not c.removed:
+                ev["excluded_tiers"] = sorted(c.remaining)  # the tier was taken out; the rest still stands
+            self.events.append(ev)
+        return len(touched)
 
 
 __all__ = ["Admission"]

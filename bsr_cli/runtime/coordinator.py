@@ -44,7 +44,9 @@ class Coordinator(Orchestration):
                 "this engine does not allow fault injection",
                 hint="start it with faults enabled (bsr engine up --enable-faults)",
             )
-        f = FaultSpec.parse(spec, ranks=len(self.ranks), groups=self.reg.group_names)
+        # The longest prompt at W=1 has one window per chunk: a window past its last can never fire.
+        max_window = max(1, -(-self.settings.max_tokens // self.reg.chunk_size)) - 1
+        f = FaultSpec.parse(spec, ranks=len(self.ranks), groups=self.reg.group_names, max_window=max_window)
         with self._lock:
             self.faults.append(f)
         self.events.append(
@@ -56,6 +58,7 @@ class Coordinator(Orchestration):
 
     def list_faults(self) -> list[dict[str, Any]]:
         with self._lock:
+            self.faults = [f for f in self.faults if not f.exhausted()]  # expired ones are gone, as fired-out ones
             return [f.to_dict() for f in self.faults]
 
     def clear_faults(self) -> int:

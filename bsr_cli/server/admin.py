@@ -2,8 +2,10 @@
 
 A host (the embedded engine, the LMCache host, a vLLM worker) builds an ``AdminServer`` over its Coordinator,
 calls ``start()`` (the port is bound in the constructor, so ``url`` is known at once) and ``stop()`` at the end.
-Loopback by default. The defences: the token and a body cap before a body is read (guard.py), a deadline for a
-request's line, headers and body, an idle timeout, and a cap on open connections (protocol.py).
+Loopback by default. The defences: host and origin checks, the token on every route but /health and a body cap
+before a body is read, serving slots kept apart for requests with and without the token (guard.py); a short
+deadline for a request's head, caps on connections still waiting to send one (per client and in all, the oldest
+closed first), a deadline for the body and an idle timeout (protocol.py).
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import anyio.to_thread
 import uvicorn
 
 from bsr_cli.runtime.coordinator import Coordinator
 from bsr_cli.server.app import PREFIX, create_app, routes_of
-from bsr_cli.server.guard import Guard
+from bsr_cli.server.guard import Guard, allowed_host_names
 from bsr_cli.server.metrics import Exposition
 from bsr_cli.server.protocol import protocol_class
 
@@ -30,10 +33,24 @@ BODY_BYTES_PER_TOKEN = 24
 BODY_OVERHEAD = 64 << 10
 REQUEST_DEADLINE_S = 30.0  # request line, headers and body must all arrive within this
 IDLE_TIMEOUT_S = 10.0  # no byte for this long (between requests, or mid-request) closes the connection
-MAX_CONNECTIONS = 64
+MAX_CONNECTIONS = 64  # requests with the token being answered at once
+MAX_ANONYMOUS = 8  # requests without the token (/health, refusals) being answered at once
+HEAD_DEADLINE_S = 5.0  # a request's line and headers must arrive within this (before anything is known of it)
+MAX_WAITING = 128  # connections that have not sent a request head yet, all clients together...
+MAX_WAITING_PER_CLIENT = 16  # ...and from one client address; past either the oldest is closed
 START_TIMEOUT_S = 30.0
 
-__all__ = ["IDLE_TIMEOUT_S", "MAX_CONNECTIONS", "PREFIX", "REQUEST_DEADLINE_S", "AdminServer"]
+__all__ = [
+    "HEAD_DEADLINE_S",
+    "IDLE_TIMEOUT_S",
+    "MAX_ANONYMOUS",
+    "MAX_CONNECTIONS",
+    "MAX_WAITING",
+    "MAX_WAITING_PER_CLIENT",
+    "PREFIX",
+    "REQUEST_DEADLINE_S",
+    "AdminServer",
+]
 
 
 class AdminServer:
@@ -48,16 +65,37 @@ class AdminServer:
         max_connections: int = MAX_CONNECTIONS,
         request_deadline_s: float = REQUEST_DEADLINE_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        head_deadline_s: float = HEAD_DEADLINE_S,
+        max_anonymous: int = MAX_ANONYMOUS,
+        max_waiting: int = MAX_WAITING,
+        max_waiting_per_client: int = MAX_WAITING_PER_CLIENT,
+        allowed_hosts: Sequence[str] = (),
+        open_metrics: bool = False,
     ) -> None:
         self.coordinator = coordinator
         self.token = token
         self._max_connections = max_connections
         self.on_shutdown = on_shutdown
         self.max_body = BODY_OVERHEAD + BODY_BYTES_PER_TOKEN * max(coordinator.settings.max_tokens, 0)
+        self.document: dict[str, Any] | None = None  # this engine's OpenAPI document, built on first request
         self.counters = {"http_requests": 0}
         self._metrics = Exposition(coordinator)
         app = create_app(self)
-        self.app = Guard(app, routes_of(app), token=token, max_body=self.max_body, on_request=self._count)
+        self._max_anonymous = max_anonymous
+        trusted: set[tuple[str, int]] = set()  # connections that showed the token (guard and protocol share it)
+        self.guard = Guard(
+            app,
+            routes_of(app),
+            token=token,
+            max_body=self.max_body,
+            on_request=self._count,
+            hosts=allowed_host_names(host, allowed_hosts),
+            open_paths=frozenset({"/metrics"}) if open_metrics else frozenset(),
+            max_serving=max_connections,
+            max_anonymous=max_anonymous,
+            trusted=trusted,
+        )
+        self.app = self.guard
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -71,7 +109,12 @@ class AdminServer:
         config = uvicorn.Config(
             self.app,
             http=protocol_class(
-                max_connections=max_connections, request_deadline_s=request_deadline_s, idle_timeout_s=idle_timeout_s
+                request_deadline_s=request_deadline_s,
+                idle_timeout_s=idle_timeout_s,
+                head_deadline_s=head_deadline_s,
+                max_waiting=max_waiting,
+                max_waiting_per_client=max_waiting_per_client,
+                trusted=trusted,
             ),
             ws="none",
             lifespan="off",
@@ -82,7 +125,8 @@ class AdminServer:
             log_level="warning",
             access_log=False,
             server_header=False,
-            # h11's cap on a request's line and headers (uvicorn's default): past it the request is a 400.
+            # h11's cap on a request's line and headers while they arrive: past it the request is a 400 (a head
+            # that arrives whole is measured by the guard: 431 past the same 16 KiB).
             h11_max_incomplete_event_size=16 * 1024,
         )
         self._server = uvicorn.Server(config)
@@ -103,7 +147,8 @@ class AdminServer:
         async def serve() -> None:
             # Sync routes run in anyio's worker threads (40 by default): one per open connection, as each may hold
             # one (a long-polled /events, a restore's JSON answer), so no connection waits for another's thread.
-            anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, self._max_connections)
+            limiter = anyio.to_thread.current_default_thread_limiter()
+            limiter.total_tokens = max(40, self._max_connections + self._max_anonymous)
             await self._server.serve(sockets=[self._sock])
 
         asyncio.run(serve())

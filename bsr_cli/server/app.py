@@ -23,6 +23,7 @@ from fastapi.routing import APIRoute
 
 from bsr_cli import API_VERSION
 from bsr_cli.core.keys import synthetic_tokens
+from bsr_cli.core.markers import ClearScope
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
 from bsr_cli.server import models as m
 from bsr_cli.server.guard import Route, route
@@ -97,20 +98,24 @@ def _exclude(tiers: Sequence[str] | None, served: tuple[str, ...] | list[str]) -
     return list(tiers or [])
 
 
-# Statuses every operation can answer besides its own: 400 for a malformed body or query, 411/413 for a chunked or
-# oversized body, 503 at the connection cap, 500 for a handler bug (reported as JSON rather than dropped).
+# Statuses every operation can answer besides its own: 400 for a malformed body, query or head (a header given
+# twice), 403 for a host name or web origin the engine does not serve, 411/413/415 for a chunked, oversized or
+# non-JSON body, 431 for a head over 16 KiB, 503 when the serving slots are taken (busy), 500 for a handler bug
+# (reported as JSON rather than dropped).
 ERROR_TEXT = {
-    400: "malformed body or query, or a value out of bounds",
+    400: "malformed body, query or head, or a value out of bounds",
     401: "missing or wrong bearer token (checked before the body is read)",
-    403: "fault injection is disabled on this engine",
+    403: "a host name or web origin this engine does not serve (or, arming a fault, fault injection is disabled)",
     404: "no such request",
     409: "the request does not fit this engine's capacity",
     411: "a chunked body (send Content-Length)",
     413: "a body over the cap that follows from the prompt limit",
+    415: "a body that is not application/json",
+    431: "a request head over 16 KiB",
     500: "a server bug, reported rather than dropped",
-    503: "unavailable (a rank is down, or the connection cap is reached)",
+    503: "unavailable (a rank is down, or every serving slot is in use: busy, retry)",
 }
-COMMON_ERRORS = (400, 411, 413, 500, 503)
+COMMON_ERRORS = (400, 403, 411, 413, 415, 431, 500, 503)
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -135,7 +140,8 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         title="bsr engine admin API",
         version=API_VERSION,
         description="Served by every host of the BSR runtime (the embedded engine, the LMCache plugin, a vLLM "
-        "worker). Loopback by default; state-changing routes need a bearer token, checked before the body is read. "
+        "worker). Loopback by default, answering loopback host names only; every route but /health needs a bearer "
+        "token (reads included), checked before the body is read; bodies are application/json. "
         "Every error is a JSON object (ErrorBody); a method a path does not serve gets 405 with an Allow header. "
         "Generated from bsr_cli/server/app.py.",
         docs_url=None,
@@ -215,15 +221,37 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         h = coord().health()
         return _json(h | {"api": API_VERSION}, 200 if h["ok"] else 503)
 
-    @app.get(f"{PREFIX}/info", **_op(m.Info))
+    @app.get(f"{PREFIX}/openapi.json", **_op(m.OpenAPIDocument, auth=True))
+    def openapi_document() -> Response:
+        """This engine's OpenAPI document: the generic one with this engine's own bounds, so that a request valid
+        against it is accepted (a 409 still says the capacity in use now does not fit it)."""
+        assert admin is not None
+        if admin.document is None:
+            from bsr_cli.server import openapi
+
+            c = coord()
+            limits = openapi.EngineLimits(
+                max_tokens=c.settings.max_tokens,
+                ranks=len(c.ranks),
+                groups=tuple(c.reg.group_names),
+                tiers=tuple(c.settings.tiers),
+                chunk_size=c.reg.chunk_size,
+                slot_bytes=c.reg.bytes_per_chunk,
+                aux_bytes=c.reg.aux_bytes,
+                pool_bytes=c.settings.pool_bytes,
+            )
+            admin.document = openapi.narrow(openapi.build(), limits)
+        return _json(admin.document)
+
+    @app.get(f"{PREFIX}/info", **_op(m.Info, auth=True))
     def info() -> Response:
         return _json(coord().info())
 
-    @app.get(f"{PREFIX}/registration", **_op(m.Registration))
+    @app.get(f"{PREFIX}/registration", **_op(m.Registration, auth=True))
     def registration() -> Response:
         return _json(coord().reg.to_dict())
 
-    @app.post(f"{PREFIX}/probe", **_op(m.Probe, 409))
+    @app.post(f"{PREFIX}/probe", **_op(m.Probe, 409, auth=True))
     def probe(body: m.ProbeBody) -> Response:
         """Probe-only lookup: the complete hit bitmap (rank x group x chunk x tier), committable prefix, first
         break. Moves no object bytes; leaves nothing pinned."""
@@ -290,11 +318,11 @@ def create_app(admin: AdminServer | None) -> FastAPI:
             raise NotFound("unknown-request", f"no request {id} is open on this engine")
         return _json({"request": id, "aborting": True})
 
-    @app.get(f"{PREFIX}/pool", **_op(m.Pool))
+    @app.get(f"{PREFIX}/pool", **_op(m.Pool, auth=True))
     def pool(health: Flag = "0") -> Response:
         """Live, peak, capacity, budget and windows in flight of every rank's restore pool (?health=1 adds tier
         health)."""
-        return _json({"ranks": coord().pool(health=health == "1")})
+        return _json({"ranks": with_draining(coord().pool(health=health == "1"))})
 
     @app.post(f"{PREFIX}/pool/reset-peak", **_op(m.Ok, auth=True))
     def reset_peak() -> Response:
@@ -311,7 +339,7 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         c.update_settings(budget_bytes=body.budget_bytes, fs_concurrency=body.fs_concurrency, w=body.W)
         return _json(c.info())
 
-    @app.get(f"{PREFIX}/snapshot", **_op(m.Snapshot))
+    @app.get(f"{PREFIX}/snapshot", **_op(m.Snapshot, auth=True))
     def snapshot(
         health: Flag = "1",
         events_since: Annotated[
@@ -321,9 +349,11 @@ def create_app(admin: AdminServer | None) -> FastAPI:
     ) -> Response:
         """Everything a monitor draws at once: info, ranks and pools, active and recent restores, admission,
         tiers, markers, faults, recent events."""
-        return _json(coord().snapshot(health=health == "1", events_since=events_since))
+        snap = coord().snapshot(health=health == "1", events_since=events_since)
+        with_draining(snap.get("ranks") or [])
+        return _json(snap)
 
-    @app.get(f"{PREFIX}/events", **_op(m.Events))
+    @app.get(f"{PREFIX}/events", **_op(m.Events, auth=True))
     def events(
         since: Annotated[int, Query(ge=0)] = 0,
         wait: Annotated[
@@ -336,7 +366,7 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         evs = c.events.since(since, wait_s=min(wait, 30.0))
         return _json({"events": evs, "last_seq": c.events.last_seq})
 
-    @app.get(f"{PREFIX}/faults", **_op(m.Faults))
+    @app.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))
     def faults_list() -> Response:
         """The armed faults."""
         c = coord()
@@ -353,15 +383,26 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         """Clear every armed fault."""
         return _json({"cleared": coord().clear_faults()})
 
-    @app.get(f"{PREFIX}/markers", **_op(m.Markers))
+    @app.get(f"{PREFIX}/markers", **_op(m.Markers, auth=True))
     def markers_list() -> Response:
         """The force-local markers."""
         return _json({"markers": coord().list_markers()})
 
     @app.delete(f"{PREFIX}/markers", **_op(m.Cleared, auth=True))
     def markers_clear() -> Response:
-        """Clear the force-local markers (as a request teardown would)."""
-        return _json({"cleared": coord().clear_markers()})
+        """Clear every force-local marker; each is a marker_cleared event with scope "all"."""
+        return _json({"cleared": coord().clear_markers(ClearScope.all())})
+
+    @app.delete(f"{PREFIX}/markers/prompts/{{prompt}}", **_op(m.Cleared, auth=True))
+    def markers_clear_prompt(prompt: Annotated[str, Path(min_length=1, max_length=256)]) -> Response:
+        """Clear the marker of one prompt (its key as GET /markers lists it); cleared 0 when it has none."""
+        return _json({"cleared": coord().clear_markers(ClearScope.prompt(prompt))})
+
+    @app.delete(f"{PREFIX}/markers/tiers/{{tier}}", **_op(m.Cleared, auth=True))
+    def markers_clear_tier(tier: m.Tier) -> Response:
+        """Take one tier out of every marker's exclusions (a marker left excluding nothing is removed): the
+        remedy once that tier is fixed. Answers how many markers it touched."""
+        return _json({"cleared": coord().clear_markers(ClearScope.tier(tier))})
 
     @app.post(f"{PREFIX}/shutdown", **_op(m.Ok, auth=True))
     def shutdown() -> Response:
@@ -375,8 +416,10 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         response_class=Response,
         responses={
             200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}},
-            **_errors(),
+            **_errors(401),
         },
+        # The token is needed unless the engine serves /metrics openly (`bsr engine up --open-metrics`).
+        openapi_extra={"security": [{"bearer": []}]},
     )
     def metrics() -> Response:
         """Prometheus metrics: pool live/peak/capacity/budget per rank, rank up, restores by outcome, markers,
@@ -385,6 +428,16 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         return Response(admin.metrics_text(), media_type=METRICS_TYPE)
 
     return app
+
+
+def with_draining(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mark each rank's pool ``draining`` while its live bytes are above B: after a budget cut, windows already in
+    flight finish (new ones are admitted only within the new B at once), and the pool says so until live ≤ B."""
+    for r in ranks:
+        p = r.get("pool")
+        if isinstance(p, dict) and "live_bytes" in p and "budget_bytes" in p:
+            p["draining"] = p["live_bytes"] > p["budget_bytes"]
+    return ranks
 
 
 def _line(obj: dict[str, Any]) -> bytes:
@@ -397,6 +450,7 @@ def routes_of(app: FastAPI) -> list[Route]:
     for r in app.routes:
         if isinstance(r, APIRoute):
             auth = bool((r.openapi_extra or {}).get("security"))
+            query = [q.alias for q in r.dependant.query_params]
             for method in sorted(r.methods or ()):
-                out.append(route(method, r.path, auth=auth, json_body=r.body_field is not None))
+                out.append(route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query))
     return out

@@ -11,13 +11,27 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from bsr_cli.core import faults
 
 Tier = Literal["mooncake", "fs"]
-TokenId = Annotated[StrictInt, Field(ge=0, le=(1 << 32) - 1)]
-NonNegative = Annotated[StrictInt, Field(ge=0)]
+
+
+def _json_integer(value: Any) -> Any:
+    """A JSON integer as JSON Schema defines it: ``3`` or ``3.0``, never ``3.5``, ``"3"`` or ``true``. (What
+    the document calls an integer must be accepted as one; pydantic's strict int would refuse ``3.0``.)"""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value  # anything else goes on to the strict int check, which names what is wrong
+
+
+# Every integer of a request body: strict (no strings, no booleans, no fractions), integral floats included. The
+# validator comes after the bounds in each Annotated, or pydantic leaves the bounds out of the JSON schema.
+_INTEGRAL = BeforeValidator(_json_integer)
+JsonInt = Annotated[StrictInt, _INTEGRAL]
+TokenId = Annotated[StrictInt, Field(ge=0, le=(1 << 32) - 1), _INTEGRAL]
+NonNegative = Annotated[StrictInt, Field(ge=0), _INTEGRAL]
 
 
 class _Request(BaseModel):
@@ -25,15 +39,28 @@ class _Request(BaseModel):
 
 
 class Synthetic(_Request):
-    n: Annotated[StrictInt, Field(ge=1)]
-    seed: StrictInt = 0
+    n: Annotated[StrictInt, Field(ge=1), _INTEGRAL]
+    seed: JsonInt = 0
+
+
+# Exactly one of the two prompt forms, said in the schema too (so a schema-valid body is never refused for it).
+_ONE_PROMPT: dict[str, Any] = {"oneOf": [{"required": ["tokens"]}, {"required": ["synthetic"]}]}
 
 
 class PromptBody(_Request):
     """A prompt: exactly one of ``tokens`` or ``synthetic``."""
 
-    tokens: Annotated[list[TokenId], Field(min_length=1)] | None = None
-    synthetic: Synthetic | None = None
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_PROMPT)
+
+    # Neither is nullable: a field is given with a value or left out.
+    tokens: Annotated[list[TokenId], Field(min_length=1)] = None  # type: ignore[assignment]
+    synthetic: Synthetic = None  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _exactly_one_prompt(self) -> PromptBody:
+        if (self.tokens is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of 'tokens' or 'synthetic'")
+        return self
 
 
 class ProbeBody(PromptBody):
@@ -55,18 +82,29 @@ class RestoreBody(PromptBody):
 
 
 class SettingsBody(_Request):
-    budget_bytes: Annotated[StrictInt, Field(ge=1)] | None = None
-    fs_concurrency: Annotated[StrictInt, Field(ge=1, le=256)] | None = None
+    budget_bytes: Annotated[StrictInt, Field(ge=1), _INTEGRAL] | None = None
+    fs_concurrency: Annotated[StrictInt, Field(ge=1, le=256), _INTEGRAL] | None = None
     W: NonNegative | None = None
+
+
+# Bounds that hold on every engine; an engine's own document (GET /openapi.json) narrows them to its ranks, KV
+# groups and longest prompt.
+MAX_RANK = 1023
+MAX_WINDOW = (1 << 20) - 1
 
 
 class FaultBody(_Request):
     # The kinds are listed in the document; an unknown kind is refused by FaultSpec.parse with its own message.
     kind: Annotated[StrictStr, Field(json_schema_extra={"enum": list(faults.KINDS)})]
-    rank: NonNegative | None = None
-    window: NonNegative | None = None
+    rank: Annotated[StrictInt, Field(ge=0, le=MAX_RANK), _INTEGRAL] | None = None
+    window: Annotated[StrictInt, Field(ge=0, le=MAX_WINDOW, description="0-based (G1 = 0)"), _INTEGRAL] | None = None
     group: StrictStr | None = None
-    count: NonNegative | None = None
+    count: Annotated[
+        StrictInt, Field(ge=0, le=faults.MAX_COUNT, description="0: until cleared or expired"), _INTEGRAL
+    ] = 1
+    ttl_s: Annotated[StrictInt, Field(ge=1, le=faults.MAX_TTL_S, description="seconds until it expires"), _INTEGRAL] = (
+        faults.TTL_S
+    )
 
 
 # -- responses ---------------------------------------------------------------------------------------------------
@@ -201,11 +239,22 @@ class Fault(_Response):
     group: str | None
     count: int
     fired: int
+    expires_at: float | None
 
 
 class Faults(_Response):
     enabled: bool
     faults: list[Fault]
+
+
+class OpenAPIDocument(_Response):
+    """This engine's OpenAPI document: docs/openapi.json with the engine's own bounds (prompt length, ranks, KV
+    groups, tiers, windows, budget and W against its pool)."""
+
+    openapi: str
+    info: dict[str, Any]
+    paths: dict[str, Any]
+    components: dict[str, Any]
 
 
 class Cleared(_Response):

@@ -10,11 +10,38 @@ malformed request), so the 422s are left out, and the bearer scheme is added for
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.openapi.utils import get_openapi
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What one engine accepts beyond what holds for every engine: its document (``GET /bsr/v1/openapi.json``)
+    says these too, so that a request valid against it is accepted (capacity still depends on what runs: 409)."""
+
+    max_tokens: int
+    ranks: int
+    groups: tuple[str, ...]
+    tiers: tuple[str, ...]
+    chunk_size: int
+    slot_bytes: int  # one chunk of every KV group on one rank: the pool's unit
+    aux_bytes: int
+    pool_bytes: int
+
+    @property
+    def max_window(self) -> int:
+        """The last window (0-based) of the longest prompt at W=1."""
+        return max(1, -(-self.max_tokens // self.chunk_size)) - 1
+
+    @property
+    def max_w(self) -> int:
+        """The largest W whose RWS fits the pool."""
+        return max(0, (self.pool_bytes - self.aux_bytes) // self.slot_bytes)
 
 
 def build() -> dict[str, Any]:
@@ -29,6 +56,40 @@ def build() -> dict[str, Any]:
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     doc.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return doc
+
+
+def _value(prop: dict[str, Any]) -> dict[str, Any]:
+    """The non-null branch of an optional property's schema (pydantic writes ``anyOf: [X, null]``)."""
+    for branch in prop.get("anyOf", ()):
+        if branch.get("type") != "null":
+            return branch  # type: ignore[no-any-return]  # the schema itself, narrowed in place
+    return prop
+
+
+def narrow(doc: dict[str, Any], limits: EngineLimits) -> dict[str, Any]:
+    """A copy of ``doc`` with this engine's own bounds on prompts, ranks, groups, tiers, windows and settings."""
+    doc = copy.deepcopy(doc)
+    schemas = doc["components"]["schemas"]
+    schemas["Synthetic"]["properties"]["n"]["maximum"] = limits.max_tokens
+    for name, schema in schemas.items():
+        props = schema.get("properties", {})
+        if name.endswith("Body") and "tokens" in props:
+            props["tokens"]["maxItems"] = limits.max_tokens
+        if "exclude_tiers" in props:
+            _value(props["exclude_tiers"])["items"]["enum"] = list(limits.tiers)
+    fault = schemas["FaultBody"]["properties"]
+    _value(fault["rank"])["maximum"] = limits.ranks - 1
+    _value(fault["window"])["maximum"] = limits.max_window
+    _value(fault["group"])["enum"] = list(limits.groups)
+    settings = schemas["SettingsBody"]["properties"]
+    _value(settings["budget_bytes"]).update(minimum=limits.slot_bytes, maximum=limits.pool_bytes)
+    _value(settings["W"])["maximum"] = limits.max_w
+    for ops in doc["paths"].values():
+        for op in ops.values():
+            for param in op.get("parameters", ()):
+                if param["name"] == "tier" and param["in"] == "path":
+                    param["schema"]["enum"] = list(limits.tiers)
     return doc
 
 

@@ -80,12 +80,16 @@ class RankGauge:
     high_water_bytes: int  # the most live bytes seen since the previous snapshot (window events), >= live
     history: tuple[int, ...]  # high water per snapshot, oldest first
     bps_history: tuple[float, ...]
+    draining: bool = False  # B was cut below what is live: windows in flight finish, new ones fit the new B
 
     @property
     def state(self) -> str:
-        """ok | above-rws (B allows more than one window) | over-budget (the bound is broken) | down."""
+        """ok | above-rws (B allows more than one window) | draining (B was cut; live still above it) |
+        over-budget (the bound is broken) | down."""
         if not self.alive:
             return "down"
+        if self.draining:
+            return "draining"
         if self.budget_bytes and self.high_water_bytes > self.budget_bytes:
             return "over-budget"
         if self.rws_bytes and self.high_water_bytes > self.rws_bytes:
@@ -422,6 +426,7 @@ def fold(prev: View | None, frame: Frame) -> View:
                 peak_bytes=_int(pool.get("peak_bytes")),
                 windows_live=_int(pool.get("windows_live")),
                 waiters=_int(pool.get("waiters")),
+                draining=bool(pool.get("draining", False)),
                 restore_bps=bps,
                 high_water_bytes=hw,
                 history=((before.history if before else ()) + (hw,))[-HISTORY:],

@@ -146,6 +146,8 @@ def gauges(view: View, rank: int | None = None, dense: bool = False) -> Renderab
         stats = Text()
         stats.append(fb(g.live_bytes), STATE_STYLE[g.state] if g.state != "ok" else "bold")
         stats.append(f" live · peak {fb(g.peak_bytes)}")
+        if g.state == "draining":
+            stats.append(" · draining to B", STATE_STYLE["draining"])
         if g.state == "over-budget":
             stats = Text(f"{fb(g.high_water_bytes)} OVER B!", "bold reverse red")
         rate = Text(f"{g.windows_live} win · {g.waiters} wait · {fb(g.restore_bps)}/s", "dim")

@@ -314,7 +314,7 @@ def test_armed_and_recent_tier_faults_show_the_tier_unhealthy(bsr, own) -> None:
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
     assert r.code == ExitCode.FAILED_CLOSED and r.json()["blamed_tiers"] == ["mooncake"]
     assert bsr("faults", "list", "--json").json()["faults"] == []  # fired once and spent: no longer armed
-    assert bsr("markers", "clear").code == 0
+    assert bsr("markers", "clear", "--all", "--yes").code == 0
     recent = _status(bsr)[1]["tiers"]["mooncake"]
     assert recent["ok"] is False and any("failed" in d and "ago" in d for d in recent["detail"]), recent
     ok = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")

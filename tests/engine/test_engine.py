@@ -212,7 +212,7 @@ def test_admin_api_guards(engine) -> None:
         assert c.abort("req-never-opened") == {"request": "req-never-opened", "aborting": False}
     r = httpx.get(engine.url + "/bsr/v2/info", timeout=10)
     assert r.status_code == 404 and r.json()["error"] == "version-mismatch"
-    metrics = httpx.get(engine.url + "/metrics", timeout=10).text
+    metrics = httpx.get(engine.url + "/metrics", headers={"Authorization": f"Bearer {engine.token}"}, timeout=10).text
     assert 'bsr_pool_capacity_bytes{rank="0"}' in metrics
 
 

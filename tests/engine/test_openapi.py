@@ -26,7 +26,7 @@ def test_openapi_matches_the_served_routes() -> None:
     routes = routes_of(create_app(None))
     documented = {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
     assert documented == {(r.method, r.path) for r in routes}
-    assert len(documented) == 19  # 18 under /bsr/v1, and /metrics
+    assert len(documented) == 22  # 21 under /bsr/v1, and /metrics
     for r in routes:
         op = spec["paths"][r.path][r.method.lower()]
         assert ("security" in op) == r.auth, f"{r.method} {r.path}: auth documented wrongly"
@@ -51,6 +51,7 @@ def test_every_operation_answers_as_documented(engine) -> None:
     seen: set[tuple[str, str]] = set()
 
     def check(method: str, template: str, url_path: str, *, want: int, **kw) -> httpx.Response:
+        kw.setdefault("headers", auth)  # every route but /health needs the token (checked without it below)
         r = httpx.request(method, engine.url + url_path, timeout=60, **kw)
         assert r.status_code == want, (method, url_path, r.status_code, r.text[:300])
         responses = spec["paths"][template][method.lower()]["responses"]
@@ -63,9 +64,13 @@ def test_every_operation_answers_as_documented(engine) -> None:
         return r
 
     v1 = "/bsr/v1"
-    check("GET", v1 + "/health", v1 + "/health", want=200)
+    check("GET", v1 + "/health", v1 + "/health", want=200, headers={})
     check("GET", v1 + "/info", v1 + "/info", want=200)
     check("GET", v1 + "/registration", v1 + "/registration", want=200)
+    own = check("GET", v1 + "/openapi.json", v1 + "/openapi.json", want=200).json()
+    assert (
+        own["components"]["schemas"]["Synthetic"]["properties"]["n"]["maximum"] == engine.client().info()["max_tokens"]
+    )
     body = {"synthetic": {"n": 700, "seed": 4242}}
     check("POST", v1 + "/requests", v1 + "/requests", want=200, json=body, headers=auth)
     streamed = check("POST", v1 + "/requests", v1 + "/requests", want=200, json=body | {"stream": True}, headers=auth)
@@ -77,7 +82,8 @@ def test_every_operation_answers_as_documented(engine) -> None:
     assert json.loads(ndjson.text.splitlines()[-1])["result"]["outcome"] == "committed"
     plain = check("POST", v1 + "/restore", v1 + "/restore", want=200, json=body | {"stream": False}, headers=auth)
     assert plain.json()["committed_tokens"] == 700
-    check("POST", v1 + "/restore", v1 + "/restore", want=401, json=body)
+    check("POST", v1 + "/restore", v1 + "/restore", want=401, json=body, headers={})
+    check("GET", v1 + "/snapshot", v1 + "/snapshot", want=401, headers={"Authorization": "Bearer wrong"})
     check("POST", v1 + "/restores/{id}/abort", v1 + "/restores/req-nope/abort", want=404, headers=auth)
     check("GET", v1 + "/pool", v1 + "/pool?health=1", want=200)
     check("POST", v1 + "/pool/reset-peak", v1 + "/pool/reset-peak", want=200, headers=auth)
@@ -92,6 +98,12 @@ def test_every_operation_answers_as_documented(engine) -> None:
     check("DELETE", v1 + "/faults", v1 + "/faults", want=200, headers=auth)
     check("GET", v1 + "/markers", v1 + "/markers", want=200)
     check("DELETE", v1 + "/markers", v1 + "/markers", want=200, headers=auth)
-    check("POST", v1 + "/shutdown", v1 + "/shutdown", want=401)  # the authorised call is in the fuzz test's engine
+    cleared = check("DELETE", v1 + "/markers/prompts/{prompt}", v1 + "/markers/prompts/p-none", want=200)
+    assert cleared.json() == {"cleared": 0}
+    check("DELETE", v1 + "/markers/tiers/{tier}", v1 + "/markers/tiers/mooncake", want=200)
+    check("DELETE", v1 + "/markers/tiers/{tier}", v1 + "/markers/tiers/ssd", want=400)
+    check(
+        "POST", v1 + "/shutdown", v1 + "/shutdown", want=401, headers={}
+    )  # the authorised call is in the fuzz test's engine
     check("GET", "/metrics", "/metrics", want=200)
     assert seen == {(m, p) for p, ops in spec["paths"].items() for m in (o.upper() for o in ops)}

@@ -46,17 +46,30 @@ def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple[str, 
 
 @pytest.mark.timeout(280)
 async def test_fleet_status_and_top_survive_a_stopped_engine(
-    three: list[tuple[str, str, Path]], bsr: Any, wait_until: Any, screen: Callable[[Any], str]
+    three: list[tuple[str, str, Path]],
+    bsr: Any,
+    wait_until: Any,
+    screen: Callable[[Any], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (url_a, tok_a, _), (url_b, tok_b, _), (url_c, tok_c, state_c) = three
+    # Every read needs its engine's token: one profile per engine carries it (`--engine a,b,c` names them).
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        "".join(
+            f'[profiles.{n}]\nurl = "{u}"\ntoken = "{t}"\n'
+            for n, u, t in zip("abc", (url_a, url_b, url_c), (tok_a, tok_b, tok_c), strict=True)
+        )
+    )
+    monkeypatch.setenv("BSR_CONFIG", str(cfg))
     # Engine B: a restore fails closed under an injected fault and leaves a force-local marker.
     with AdminClient(url_b, tok_b) as c:
         c.submit(PROMPT)
         c.inject_fault({"kind": "remote-unavailable", "rank": 1, "count": 1})  # Mooncake's fetch fails: a tier fault
         assert c.restore(PROMPT, w=4)["outcome"] == "failed_closed"
 
-    # A token per engine is not needed for reads: status is open on loopback.
-    r = bsr("status", "--engine", url_a, "--engine", f"{url_b},{url_c}", "--json")
+    r = bsr("status", "--engine", "a", "--engine", "b,c", "--json")
     assert r.code == 0, r.err
     d = r.json()
     assert [e["url"] for e in d["engines"]] == [url_b, url_a, url_c], "worst first, then in the order named"
@@ -68,7 +81,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     assert a["state"] == cc["state"] == "ok"
     assert all([r["rank"] for r in e["ranks"]] == [0, 1] for e in d["engines"])
 
-    text = bsr("status", "--engine", f"{url_a},{url_b},{url_c}")
+    text = bsr("status", "--engine", "a,b,c")
     assert text.code == 0
     assert "fleet: 3 engines" in text.out and "r0" in text.out and "r1" in text.out
 
@@ -79,7 +92,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     try:
         deadline = time.monotonic() + 60
         while True:
-            r = bsr("status", "--engine", f"{url_a},{url_b},{url_c}", "--json")
+            r = bsr("status", "--engine", "a,b,c", "--json")
             if r.json()["engines"][0]["url"] == url_a or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
@@ -122,12 +135,12 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
         assert shown.count("r0") == 2 and shown.count("r1") == 2, "the live engines keep their rank rows"
         assert "worst: down" in shown
 
-    r = bsr("status", "--engine", f"{url_a},{url_b},{url_c}", "--json")
+    r = bsr("status", "--engine", "a,b,c", "--json")
     assert r.code == 9, "an engine down: the fleet is unhealthy"
     d = r.json()
     assert d["engines"][0]["url"] == url_c and d["engines"][0]["state"] == "down"
     assert [e["url"] for e in d["engines"][1:]] == [url_b, url_a]
-    assert f"fleet unhealthy: {url_c} down (unreachable" in r.err
+    assert "fleet unhealthy: c down (unreachable" in r.err
 
 
 def test_single_engine_commands_refuse_a_fleet(bsr: Any) -> None:

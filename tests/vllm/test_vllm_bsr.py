@@ -56,7 +56,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: Any, plugin_site: A
                         cli(url, "--json", "probe", "--tokens-file", str(toks)),
                         cli(url, "--json", "pool", "--once"),
                         cli(url, "--json", "faults", "list"),
-                        cli(url, "markers", "clear"),
+                        cli(url, "markers", "clear", "--all", "--yes"),
                         cli(url, "bench", "failures", "-n", str(N), "--no-plots", "-o", str(d.root / "bench")),
                         {**cli(url, "top", "--interval", "0.5"), "timeout_s": 6},
                     ],

@@ -49,6 +49,16 @@ def engine_up(
     fetch_timeout: Annotated[float, typer.Option("--fetch-timeout", help="Per-window fetch deadline (s).")] = 10.0,
     host: Annotated[str, typer.Option("--host", help="Admin API bind address (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Admin API port (0 = a free one).", min=0)] = 0,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            help="A host name the admin API answers to besides loopback names and its bind address (repeatable).",
+        ),
+    ] = None,
+    open_metrics: Annotated[
+        bool, typer.Option("--open-metrics", help="Serve /metrics without the token (for a scraper without one).")
+    ] = False,
     no_remote: Annotated[bool, typer.Option("--no-remote", help="Run without the Mooncake tier.")] = False,
     restart: Annotated[
         bool, typer.Option("--restart", help="Restart a running engine whose options differ from these.")
@@ -76,6 +86,8 @@ def engine_up(
         host=host,
         port=port,
         remote=not no_remote,
+        allowed_hosts=tuple(allow_host or ()),
+        open_metrics=open_metrics,
     )
     if host not in ("127.0.0.1", "localhost", "::1"):
         st.out.note(f"[yellow]warning:[/] the admin API will listen on {host}, beyond loopback")
@@ -130,8 +142,13 @@ def _render_status(console: Any, d: dict[str, Any]) -> None:
     for col in ("process", "pid", "state"):
         t.add_column(col)
     for p in d["processes"]:
-        t.add_row(p["name"], str(p["pid"]), "[green]running[/]" if p["alive"] else "[red]gone[/]")
+        state = "[green]running[/]" if p["alive"] else "[red]gone[/]"
+        if p.get("restarts"):
+            state += f" (restarted {p['restarts']}×)"
+        t.add_row(p["name"], str(p["pid"]), state)
     console.print(t)
+    for line in d.get("restored") or []:
+        console.print(line)
     s = d.get("settings") or {}
     if s:
         console.print(

@@ -124,7 +124,9 @@ def events(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")] = False,
     since: Annotated[int, typer.Option("--since", help="Only events after this sequence number.", min=0)] = 0,
     request: Annotated[str | None, typer.Option("--request", help="Only this request's events.")] = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="Show at most the last N events (without -f).")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", help="Show at most the last N events (without -f).", min=1)
+    ] = 50,
     json_flag: JsonFlag = False,
 ) -> None:
     """The engine's event log: windows fetched/installed/released, failures, markers, faults.

@@ -342,6 +342,7 @@ def inject_fault(
     if group is not None:
         spec["group"] = group
     with _client(st) as client:
+        _check_fault_target(client.info(), rank=rank, window=window)
         result = client.inject_fault(spec)
 
     def render(console: Any, d: dict[str, Any]) -> None:
@@ -352,6 +353,21 @@ def inject_fault(
         console.print(f"[red]armed[/] fault #{d['id']} {d['kind']} on {where}, {win}{grp}, {times}")
 
     st.out.result(result, render)
+
+
+def _check_fault_target(info: dict[str, Any], *, rank: int | None, window: int | None) -> None:
+    """A rank the engine does not have, or a window past its longest prompt, is invalid input (exit 2)."""
+    ranks = int(info.get("ranks") or 0)
+    if rank is not None and ranks and rank >= ranks:
+        raise InvalidInput(f"--rank {rank}: this engine has {ranks} rank(s), 0..{ranks - 1}")
+    chunk = int(info.get("chunk_size") or 0)
+    if window is not None and chunk:
+        last = max(1, -(-int(info.get("max_tokens") or 0) // chunk))
+        if window > last:
+            raise InvalidInput(
+                f"--window {window}: this engine's longest prompt has at most {last} windows (at W=1)",
+                hint="`bsr plan` shows a prompt's windows",
+            )
 
 
 faults_app = typer.Typer(help="Inject, list or clear faults.", no_args_is_help=True)
@@ -407,12 +423,47 @@ def markers_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
 
 
 @markers_app.command("clear")
-def markers_clear(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
-    """Remove every force-local marker (as a request teardown would)."""
+def markers_clear(
+    ctx: typer.Context,
+    prompt: Annotated[
+        str | None, typer.Option("--prompt", help="Clear this prompt's marker (its key as `bsr markers list` shows).")
+    ] = None,
+    tier: Annotated[
+        str | None, typer.Option("--tier", help="Take this tier out of every marker (once the tier is fixed).")
+    ] = None,
+    all_markers: Annotated[bool, typer.Option("--all", help="Clear every marker (asks first, unless --yes).")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before clearing every marker.")] = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Clear force-local markers: one prompt's (--prompt), one tier out of every marker (--tier), or all (--all).
+    Each marker cleared is a marker_cleared event naming the scope."""
+    import sys
+
     st = state(ctx, json_flag)
+    given = [
+        name
+        for name, on in (("--prompt", prompt is not None), ("--tier", tier is not None), ("--all", all_markers))
+        if on
+    ]
+    if len(given) != 1:
+        raise InvalidInput(
+            "give exactly one of --prompt KEY, --tier T or --all" + (f" (got {' and '.join(given)})" if given else ""),
+            hint="`bsr markers list` shows each marker's prompt key and the tiers it excludes",
+        )
+    if all_markers and not yes:
+        if not sys.stdin.isatty():
+            raise InvalidInput(
+                "--all clears every marker on the engine: confirm with --yes when not at a terminal",
+                hint="or clear only what you mean: --prompt KEY or --tier T",
+            )
+        if not typer.confirm("clear every force-local marker on the engine?", default=False, err=True):
+            raise InvalidInput("nothing cleared", hint="--prompt KEY or --tier T clear less")
     with _client(st) as client:
-        n = client.clear_markers()
-    st.out.result({"cleared": n}, lambda c, d: c.print(f"cleared {d['cleared']} marker(s)"))
+        n = client.clear_markers(prompt=prompt, tier=tier)
+    scope = f"prompt {prompt}" if prompt is not None else f"tier {tier}" if tier is not None else "all"
+    st.out.result(
+        {"cleared": n, "scope": scope}, lambda c, d: c.print(f"cleared {d['cleared']} marker(s) ({d['scope']})")
+    )
 
 
 def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:

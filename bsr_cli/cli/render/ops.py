@@ -309,9 +309,10 @@ def faults(console: Console, d: dict[str, Any]) -> None:
         console.print("no faults armed")
         return
     t = Table()
-    for col in ("id", "kind", "rank", "window", "group", "fired/count"):
+    for col in ("id", "kind", "rank", "window", "group", "fired/count", "expires"):
         t.add_column(col)
     for f in d["faults"]:
+        expires = f.get("expires_at")
         t.add_row(
             str(f["id"]),
             Text(f["kind"], style="red"),
@@ -319,6 +320,7 @@ def faults(console: Console, d: dict[str, Any]) -> None:
             "first" if f["window"] is None else f"G{f['window'] + 1}",
             f["group"] or "all",
             f"{f['fired']}/{f['count'] or '∞'}",
+            time.strftime("%H:%M:%S", time.localtime(expires)) if expires else "never",
         )
     console.print(t)
 
@@ -348,7 +350,9 @@ def status(console: Console, d: dict[str, Any]) -> None:
         healthy = r.get("healthy", r["alive"])
         t.add_row(
             str(r["rank"]),
-            "[green]up[/]" if healthy else ("[red]unhealthy[/]" if r["alive"] else "[red]down[/]"),
+            ("[yellow]up, draining to B[/]" if p.get("draining") else "[green]up[/]")
+            if healthy
+            else ("[red]unhealthy[/]" if r["alive"] else "[red]down[/]"),
             format_bytes(p.get("live_bytes", 0)),
             format_bytes(p.get("peak_bytes", 0)),
             format_bytes(p.get("capacity_bytes", 0)),

@@ -5,7 +5,7 @@ Pure data (style names rich understands); importing it imports nothing else.
 
 from __future__ import annotations
 
-from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED, NOTHING_TO_RESTORE
+from bsr_cli.core.evidence import Outcome
 
 # The tier palette: the letter a tier is drawn with (probe strips, legends) and its colour.
 TIER_STYLE: dict[str, tuple[str, str]] = {"mooncake": ("M", "green"), "fs": ("F", "cyan"), "l1": ("L", "magenta")}
@@ -18,13 +18,19 @@ def tier_look(tier: str) -> tuple[str, str]:
 
 
 # A rank's pool against its bounds (TUI gauges), a restore's outcome, an event's category, an engine in a fleet.
-STATE_STYLE = {"ok": "green", "above-rws": "yellow", "over-budget": "bold red", "down": "bold red"}
-OUTCOME_STYLE = {
-    COMMITTED: "green",
-    FAILED_CLOSED: "bold red",
-    "refused": "yellow",  # capacity refused it: no fault (core.evidence.Outcome)
-    "aborted": "yellow",  # the operator aborted it: no fault
-    NOTHING_TO_RESTORE: "dim",
+STATE_STYLE = {
+    "ok": "green",
+    "above-rws": "yellow",
+    "draining": "yellow",
+    "over-budget": "bold red",
+    "down": "bold red",
+}
+OUTCOME_STYLE: dict[str, str] = {  # keyed by Outcome (a StrEnum: its value reads it too)
+    Outcome.COMMITTED: "green",
+    Outcome.FAILED_CLOSED: "bold red",
+    Outcome.REFUSED: "yellow",  # capacity refused it: no fault
+    Outcome.ABORTED: "yellow",  # the operator aborted it: no fault
+    Outcome.NOTHING_TO_RESTORE: "dim",
 }
 CATEGORY_STYLE = {"windows": "dim", "restores": "cyan", "markers": "magenta", "faults": "bold red", "other": ""}
 FLEET_STYLE = {"down": "bold red", "unhealthy": "red", "degraded": "yellow", "attention": "magenta", "ok": "green"}

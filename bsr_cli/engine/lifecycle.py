@@ -1,0 +1,223 @@
+"""The embedded engine's life beyond one run: what it keeps across a restart, the rank processes it brings back, and
+the services it stops on the way out.
+
+- **Kept state.** Force-local markers and the settings changed at run time (B, W, filesystem concurrency) are
+  written to ``STATE_DIR/persisted.json`` whenever they change and read back at the next start: the markers when
+  the registration is the same, the settings when the engine starts with the options they were changed from (new
+  options given to `bsr engine up --restart` win). Armed faults are never carried over: the start says how many
+  were dropped (in the engine's log and in `bsr engine up`'s output).
+- **Dead ranks.** A rank process that died is started again with backoff (1 s, 2 s, 4 s, ... 30 s), with the
+  engine's current budget and filesystem concurrency; each restart is a ``rank_restarted`` event and the new pid
+  is recorded in ``state.json`` (so `bsr engine status` and `down` know it). Requests that reached the dead rank
+  still fail (fail-closed); the next ones are served.
+- **Leaving.** On ``POST /shutdown`` or SIGTERM the engine stops every process started for it: its ranks, the
+  Mooncake segment holder and master recorded in ``state.json`` (a pid counts only with its recorded start time).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.markers import Marker
+from bsr_cli.mooncake import services
+from bsr_cli.runtime.coordinator import Coordinator
+
+PERSISTED = "persisted.json"
+RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+STABLE_AFTER_S = 60.0  # a rank that has run this long since its restart starts the backoff afresh
+_KEPT_SETTINGS = ("w", "budget_bytes", "fs_concurrency")
+
+
+class Rank(Protocol):
+    rank: int
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def alive(self) -> bool: ...
+
+    def close(self, timeout: float = 10.0) -> None: ...
+
+
+# -- kept state ------------------------------------------------------------------------------------------------
+
+
+def _armed(faults: list[dict[str, Any]]) -> int:
+    return sum(1 for f in faults if int(f.get("count") or 0) == 0 or int(f.get("fired") or 0) < int(f["count"]))
+
+
+def kept_state(coord: Coordinator, base: dict[str, Any]) -> dict[str, Any]:
+    """What a restart should find: markers, the settings now and the start-up settings they were changed from."""
+    s = coord.settings
+    return {
+        "registration": coord.reg.identity,
+        "base": {k: base.get(k) for k in _KEPT_SETTINGS},
+        "settings": {"w": s.w, "budget_bytes": s.budget_bytes, "fs_concurrency": s.fs_concurrency},
+        "markers": sorted(coord.list_markers(), key=lambda m: str(m["prompt"])),
+        "armed_faults": _armed(coord.list_faults()),
+    }
+
+
+class Keeper:
+    """Writes the kept state when it changes (``save`` is cheap to call often: it compares first)."""
+
+    def __init__(self, state: Path, coord: Coordinator, base: dict[str, Any]) -> None:
+        self.path, self.coord, self.base = state / PERSISTED, coord, base
+        self._last: dict[str, Any] | None = None
+
+    def save(self) -> None:
+        now = kept_state(self.coord, self.base)
+        if now == self._last:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(now | {"saved_at": time.time()}, indent=1))
+        tmp.replace(self.path)
+        self._last = now
+
+
+def restore(state: Path, coord: Coordinator, base: dict[str, Any]) -> dict[str, Any]:
+    """Bring back what the last run kept; what was restored and what was dropped, with one line per fact."""
+    out: dict[str, Any] = {"markers": 0, "settings": {}, "dropped_faults": 0, "lines": []}
+    try:
+        kept = json.loads((state / PERSISTED).read_text())
+    except (OSError, ValueError):
+        return out
+    if not isinstance(kept, dict):
+        return out
+    lines: list[str] = out["lines"]
+    if kept.get("registration") != coord.reg.identity:
+        lines.append("the previous run's markers and settings were for another registration: not restored")
+        return out
+    markers = [m for m in kept.get("markers") or [] if isinstance(m, dict) and m.get("prompt")]
+    with coord._lock:
+        for m in markers:
+            tiers = {str(t) for t in m.get("excluded_tiers") or [] if str(t) in coord.settings.tiers}
+            coord.markers[str(m["prompt"])] = Marker(
+                str(m["prompt"]),
+                tiers,
+                str(m.get("reason") or "restored"),
+                str(m.get("request") or "previous run"),
+                float(m.get("set_at") or time.time()),
+            )
+    out["markers"] = len(markers)
+    if markers:
+        lines.append(f"restored {len(markers)} force-local marker(s) from the previous run")
+    saved = kept.get("settings") or {}
+    changed = {k: saved[k] for k in _KEPT_SETTINGS if k in saved and saved[k] != base.get(k)}
+    if changed and (kept.get("base") or {}) == {k: base.get(k) for k in _KEPT_SETTINGS}:
+        try:
+            coord.update_settings(
+                budget_bytes=changed.get("budget_bytes"),
+                fs_concurrency=changed.get("fs_concurrency"),
+                w=changed.get("w"),
+            )
+            out["settings"] = changed
+            lines.append(
+                "restored the settings changed at run time: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(changed.items()))
+            )
+        except Exception as e:  # noqa: BLE001 - a kept setting this engine refuses is reported, not fatal
+            lines.append(f"the previous run's settings were not restored: {getattr(e, 'message', e)}")
+    elif changed:
+        lines.append("the settings changed in the previous run were dropped: this engine starts with other options")
+    dropped = int(kept.get("armed_faults") or 0)
+    if dropped:
+        out["dropped_faults"] = dropped
+        lines.append(f"dropped {dropped} armed fault(s) of the previous run (faults never survive a restart)")
+    return out
+
+
+# -- dead ranks --------------------------------------------------------------------------------------------------
+
+
+class RankRestarter:
+    """Called from the engine's main loop: restarts dead ranks with backoff. ``start(i)`` builds rank ``i`` afresh
+    (blocking while the process starts); ``on_restart(rank, pid, restarts)`` records it."""
+
+    def __init__(
+        self,
+        coord: Coordinator,
+        start: Callable[[int], Rank],
+        on_restart: Callable[[int, int | None, int], None],
+        log: Callable[[str], None],
+        backoff: tuple[float, ...] = RESTART_BACKOFF_S,
+    ) -> None:
+        self.coord, self.start, self.on_restart, self.log, self.backoff = coord, start, on_restart, log, backoff
+        n = len(coord.ranks)
+        self.restarts = [0] * n
+        self._attempt = [0] * n  # failures in a row since the rank last ran stably
+        self._next_try = [0.0] * n
+        self._since = [time.monotonic()] * n
+
+    def check(self) -> None:
+        now = time.monotonic()
+        for i, rank in enumerate(list(self.coord.ranks)):
+            if rank.alive():  # type: ignore[attr-defined]
+                if now - self._since[i] > STABLE_AFTER_S:
+                    self._attempt[i] = 0
+                continue
+            if now < self._next_try[i]:
+                continue
+            self._restart(i, rank)
+
+    def _restart(self, i: int, old: Any) -> None:
+        why = getattr(old, "_dead", None) or "process exited"
+        self.log(f"bsr engine: rank {i} is not running ({why}): restarting it")
+        old.close(timeout=2.0)
+        try:
+            new = self.start(i)
+        except Exception as e:  # noqa: BLE001 - retried after the backoff
+            pause = self.backoff[min(self._attempt[i], len(self.backoff) - 1)]
+            self._attempt[i] += 1
+            self._next_try[i] = time.monotonic() + pause
+            self.log(f"bsr engine: rank {i} did not start ({e}); next try in {pause:g}s")
+            return
+        with self.coord._lock:
+            self.coord.ranks[i] = new  # type: ignore[call-overload]
+        pause = self.backoff[min(self._attempt[i], len(self.backoff) - 1)]
+        self._attempt[i] += 1
+        self._next_try[i] = time.monotonic() + pause  # a rank that dies again at once waits longer each time
+        self._since[i] = time.monotonic()
+        self.restarts[i] += 1
+        self.coord.events.append(
+            {
+                "type": EventKind.RANK_RESTARTED.value,
+                "rank": i,
+                "pid": new.pid,
+                "restarts": self.restarts[i],
+                "reason": why,
+            }
+        )
+        self.on_restart(i, new.pid, self.restarts[i])
+        self.log(f"bsr engine: rank {i} restarted (pid {new.pid}, restart {self.restarts[i]})")
+
+
+# -- leaving -----------------------------------------------------------------------------------------------------
+
+
+def stop_services(state: Path) -> list[str]:
+    """Stop the Mooncake services recorded for this engine (segment holder first: it would otherwise spend its
+    shutdown retrying a gone master). The names of those stopped."""
+    try:
+        st = json.loads((state / "state.json").read_text())
+    except (OSError, ValueError):
+        return []
+    stopped = []
+    for name in ("segment_holder", "mooncake_master"):
+        rec = (st.get("services") or {}).get(name)
+        if not rec:
+            continue
+        pid, ticks = int(rec["pid"]), rec.get("start_ticks")
+        ticks = None if ticks is None else int(ticks)
+        if services.is_alive(pid, ticks):
+            services.stop(pid, timeout=10.0, start_ticks=ticks)
+            stopped.append(name)
+    return stopped
+
+
+__all__ = ["PERSISTED", "Keeper", "RankRestarter", "kept_state", "restore", "stop_services"]

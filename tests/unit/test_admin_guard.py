@@ -1,0 +1,326 @@
+"""The admin server against hostile or careless clients, in-process: the real uvicorn-served app and the real CLI
+over fake ranks. Tokenless sockets cannot lock the operator out, serving slots with and without the token are kept
+apart, and the request head is checked before anything else (host, origin, duplicated headers, size, media type,
+the token on reads)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")  # the admin API is the engine extra's
+
+from bsr_cli.errors import ExitCode
+from bsr_cli.server.admin import PREFIX, AdminServer
+from unit.conftest import FakeEngine, build_engine
+
+TOKEN = "guard-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., tuple[FakeEngine, AdminServer]]]:
+    """Start an admin server over a fake engine with the given AdminServer options."""
+    started: list[tuple[FakeEngine, AdminServer]] = []
+
+    def start(**options: object) -> tuple[FakeEngine, AdminServer]:
+        eng = build_engine(fetch_timeout_s=20.0)
+        server = AdminServer(eng.coordinator, token=TOKEN, **options)  # type: ignore[arg-type]
+        server.start()
+        started.append((eng, server))
+        return eng, server
+
+    yield start
+    for eng, server in started:
+        server.stop()
+        for r in eng.ranks:
+            r.close()
+
+
+def _addr(server: AdminServer) -> tuple[str, int]:
+    return server.host, server.port
+
+
+def _raw(server: AdminServer, data: bytes) -> tuple[int, dict]:
+    """Send raw bytes on a fresh connection; the status and JSON body of the answer."""
+    with socket.create_connection(_addr(server), timeout=20) as s:
+        s.sendall(data)
+        out = b""
+        while b"\r\n\r\n" not in out or len(out.partition(b"\r\n\r\n")[2]) < _length(out):
+            got = s.recv(65536)
+            if not got:
+                break
+            out += got
+    head, _, body = out.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+def _length(out: bytes) -> int:
+    for line in out.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 1 << 30
+
+
+class SlowLoris:
+    """``n`` tokenless sockets that each started a request head and add one byte to it now and then, reopened as
+    soon as the server closes one (what an attacker holding the engine's connections does)."""
+
+    def __init__(self, addr: tuple[str, int], n: int) -> None:
+        self.addr, self.n = addr, n
+        self.stop = threading.Event()
+        self.reopened = 0
+        self.socks = [self._open() for _ in range(n)]
+        self.thread = threading.Thread(target=self._trickle, daemon=True)
+        self.thread.start()
+
+    def _open(self) -> socket.socket:
+        s = socket.create_connection(self.addr, timeout=5)
+        s.sendall(b"GET /bsr/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        s.setblocking(False)
+        return s
+
+    def _trickle(self) -> None:
+        while not self.stop.wait(0.2):
+            for i, s in enumerate(self.socks):
+                try:
+                    if s.recv(4096) == b"":
+                        raise ConnectionResetError
+                    raise ConnectionResetError  # it was answered (503 busy): it is closed next
+                except BlockingIOError:
+                    try:
+                        s.send(b"X")
+                    except OSError:
+                        self._replace(i, s)
+                except OSError:
+                    self._replace(i, s)
+
+    def _replace(self, i: int, s: socket.socket) -> None:
+        s.close()
+        try:
+            self.socks[i] = self._open()
+            self.reopened += 1
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        for s in self.socks:
+            s.close()
+
+
+@pytest.mark.timeout(300)  # 50 CLI runs against 200 churning sockets: seconds alone, longer on a busy machine
+def test_tokenless_slow_sockets_cannot_lock_out_an_authenticated_status(
+    serve: Callable[..., tuple[FakeEngine, AdminServer]], bsr, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 tokenless sockets trickling request heads, reopened as fast as the server drops them: `bsr status`
+    with the token answers 50 times out of 50 (it used to exit 9, every connection slot taken)."""
+    _, server = serve()
+    monkeypatch.setenv("BSR_ENGINE", server.url)
+    monkeypatch.setenv("BSR_TOKEN", TOKEN)
+    loris = SlowLoris(_addr(server), 200)
+    try:
+        codes = [bsr("status", "--json").code for _ in range(50)]
+    finally:
+        loris.close()
+    assert codes == [0] * 50, codes
+
+
+def test_serving_slots_with_and_without_the_token_are_kept_apart(
+    serve: Callable[..., tuple[FakeEngine, AdminServer]], bsr, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests held mid-body fill the slots: past the tokenless ones a stranger gets 503 busy while the operator is
+    still served; past the operator's, the CLI retries reads, then exits with its own code for busy."""
+    _, server = serve(max_connections=2, max_anonymous=2, request_deadline_s=60.0, idle_timeout_s=60.0)
+
+    def held(auth: bool) -> socket.socket:
+        s = socket.create_connection(_addr(server), timeout=20)
+        token = f"Authorization: Bearer {TOKEN}\r\n" if auth else ""
+        path = "/bsr/v1/settings" if auth else "/bsr/v1/health"
+        method = "POST" if auth else "GET"
+        s.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{token}Content-Type: application/json\r\n"
+            "Content-Length: 100\r\n\r\n".encode()
+        )  # the head, and not the body: the request holds its slot while the server waits for the body
+        return s
+
+    strangers = [held(auth=False) for _ in range(2)]
+    try:
+        with httpx.Client(base_url=server.url, timeout=20) as http:
+            _wait_for(lambda: server.guard.serving[False] == 2)
+            r = http.get(f"{PREFIX}/health")
+            assert r.status_code == 503 and r.json()["error"] == "busy" and r.headers["retry-after"] == "1"
+            assert http.get(f"{PREFIX}/info", headers=AUTH).status_code == 200  # the operator's slots are free
+            operators = [held(auth=True) for _ in range(2)]
+            try:
+                _wait_for(lambda: server.guard.serving[True] == 2)
+                r = http.get(f"{PREFIX}/info", headers=AUTH)
+                assert r.status_code == 503 and r.json()["error"] == "busy"
+                monkeypatch.setenv("BSR_ENGINE", server.url)
+                monkeypatch.setenv("BSR_TOKEN", TOKEN)
+                res = bsr("pool")
+                assert res.code == ExitCode.ENGINE_BUSY == 15, (res.code, res.err)
+                assert "busy" in res.err
+            finally:
+                for s in operators:
+                    s.close()
+            _wait_for(lambda: server.guard.serving[True] == 0)
+            assert http.get(f"{PREFIX}/info", headers=AUTH).status_code == 200
+    finally:
+        for s in strangers:
+            s.close()
+
+
+def _wait_for(cond: Callable[[], bool]) -> None:
+    done = threading.Event()
+    for _ in range(400):  # bounded: 20 s
+        if cond():
+            return
+        done.wait(0.05)
+    assert cond()
+
+
+# -- the head: host, origin, duplicates, size; the token on every read; JSON bodies only --------------------------
+
+
+def test_a_foreign_host_or_origin_is_refused(serve: Callable[..., tuple[FakeEngine, AdminServer]]) -> None:
+    _, server = serve()
+    with httpx.Client(base_url=server.url, timeout=20) as http:
+        r = http.get(f"{PREFIX}/info", headers=AUTH | {"Host": "evil.example"})
+        assert r.status_code == 403 and r.json()["error"] == "forbidden-host"
+        # A cross-origin, tokenless, text/plain POST (what a web page can send without a preflight) does not run.
+        r = http.post(
+            f"{PREFIX}/probe",
+            content=b'{"synthetic": {"n": 10}}',
+            headers={"Origin": "http://evil.example", "Content-Type": "text/plain"},
+        )
+        assert r.status_code == 403 and r.json()["error"] == "forbidden-origin"
+        r = http.get(f"{PREFIX}/info", headers=AUTH | {"Origin": "null"})
+        assert r.status_code == 403
+        # Loopback names and the engine's own origin are served.
+        for host in ("localhost", f"127.0.0.1:{server.port}", "[::1]:80"):
+            assert http.get(f"{PREFIX}/info", headers=AUTH | {"Host": host}).status_code == 200, host
+        ok = http.get(f"{PREFIX}/info", headers=AUTH | {"Origin": f"http://localhost:{server.port}"})
+        assert ok.status_code == 200
+
+
+def test_an_allowed_host_is_served(serve: Callable[..., tuple[FakeEngine, AdminServer]]) -> None:
+    _, server = serve(allowed_hosts=["bsr.internal"])
+    with httpx.Client(base_url=server.url, timeout=20) as http:
+        assert http.get(f"{PREFIX}/info", headers=AUTH | {"Host": "bsr.internal:8080"}).status_code == 200
+        assert http.get(f"{PREFIX}/info", headers=AUTH | {"Host": "other.internal"}).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/info"),
+        ("GET", "/registration"),
+        ("GET", "/snapshot"),
+        ("GET", "/pool"),
+        ("GET", "/events"),
+        ("GET", "/faults"),
+        ("GET", "/markers"),
+        ("POST", "/probe"),
+    ],
+)
+def test_every_read_needs_the_right_token(
+    serve: Callable[..., tuple[FakeEngine, AdminServer]], method: str, path: str
+) -> None:
+    _, server = serve()
+    body = {"json": {"synthetic": {"n": 10}}} if method == "POST" else {}
+    with httpx.Client(base_url=server.url, timeout=20) as http:
+        assert http.request(method, PREFIX + path, **body).status_code == 401
+        wrong = http.request(method, PREFIX + path, headers={"Authorization": "Bearer wrong"}, **body)
+        assert wrong.status_code == 401 and wrong.json()["error"] == "unauthorized"
+        assert http.request(method, PREFIX + path, headers=AUTH, **body).status_code == 200
+        assert http.get(f"{PREFIX}/health").status_code == 200  # the one open route
+
+
+def test_metrics_need_the_token_unless_served_openly(serve: Callable[..., tuple[FakeEngine, AdminServer]]) -> None:
+    _, closed = serve()
+    _, open_ = serve(open_metrics=True)
+    assert httpx.get(closed.url + "/metrics", timeout=20).status_code == 401
+    assert httpx.get(closed.url + "/metrics", headers=AUTH, timeout=20).status_code == 200
+    assert httpx.get(open_.url + "/metrics", timeout=20).status_code == 200
+    assert httpx.get(open_.url + f"{PREFIX}/info", timeout=20).status_code == 401  # only /metrics is opened
+
+
+def test_ambiguous_requests_are_refused(serve: Callable[..., tuple[FakeEngine, AdminServer]]) -> None:
+    eng, server = serve()
+    budget = eng.coordinator.settings.budget_bytes
+    # A key given twice: never "the last one wins".
+    body = b'{"budget_bytes": 1, "budget_bytes": %d}' % budget
+    r = httpx.post(server.url + f"{PREFIX}/settings", content=body, headers=AUTH | _JSON, timeout=20)
+    assert r.status_code == 400 and "more than once" in r.json()["message"], r.text
+    nested = b'{"synthetic": {"n": 10, "n": 20}}'
+    r = httpx.post(server.url + f"{PREFIX}/probe", content=nested, headers=AUTH | _JSON, timeout=20)
+    assert r.status_code == 400 and "'n'" in r.json()["message"]
+    # Two Authorization headers, a wrong one first and the right one second.
+    head = (
+        f"GET {PREFIX}/info HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer wrong\r\n"
+        f"Authorization: Bearer {TOKEN}\r\n\r\n"
+    )
+    status, err = _raw(server, head.encode())
+    assert status == 400 and "authorization header is given more than once" in err["message"]
+    # A query parameter twice, or one the route does not take.
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=20) as http:
+        r = http.get(f"{PREFIX}/events?since=5&since=0")
+        assert r.status_code == 400 and "more than once" in r.json()["message"]
+        r = http.get(f"{PREFIX}/snapshot?health=0&helth=1")
+        assert r.status_code == 400 and "unknown query parameter 'helth'" in r.json()["message"]
+        assert http.get(f"{PREFIX}/snapshot?health=0&events_since=0").status_code == 200
+
+
+_JSON = {"Content-Type": "application/json"}
+
+
+def test_bodies_must_be_json(serve: Callable[..., tuple[FakeEngine, AdminServer]]) -> None:
+    _, server = serve()
+    body = b'{"synthetic": {"n": 10}}'
+    for media in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = httpx.post(server.url + f"{PREFIX}/probe", content=body, headers=AUTH | {"Content-Type": media}, timeout=20)
+        assert r.status_code == 415 and "application/json" in r.json()["message"], media
+    ok = httpx.post(
+        server.url + f"{PREFIX}/probe",
+        content=body,
+        headers=AUTH | {"Content-Type": "application/json; charset=utf-8"},
+        timeout=20,
+    )
+    assert ok.status_code == 200
+
+
+def test_heads_over_16_kib_are_refused(serve: Callable[..., tuple[FakeEngine, AdminServer]]) -> None:
+    """Sent whole (h11's own cap only applies to a head still arriving) or trickled, a head over 16 KiB is refused
+    with a JSON error; one just under is served."""
+    _, server = serve()
+    big = "a" * (64 << 10)
+    status, err = _raw(server, f"GET {PREFIX}/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {big}\r\n\r\n".encode())
+    assert status in (400, 431) and "16" in (err["message"] + (err.get("hint") or "")), err
+    pad = "a" * (15 << 10)
+    status, _ = _raw(server, f"GET {PREFIX}/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {pad}\r\n\r\n".encode())
+    assert status == 200
+
+
+def test_a_client_with_many_kept_alive_connections_is_served(
+    serve: Callable[..., tuple[FakeEngine, AdminServer]],
+) -> None:
+    """More idle kept-alive connections from one address than the waiting cap allows: the oldest are closed
+    quietly, and a pooled client reusing its connections sees every answer (no stray 'busy')."""
+    _, server = serve(max_waiting_per_client=4)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=20) as http:
+
+        def calls(_: int) -> list[int]:
+            return [http.get(f"{PREFIX}/info").status_code for _ in range(5)]
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            codes = [c for batch in pool.map(calls, range(16)) for c in batch]
+    assert codes == [200] * 80, sorted(set(codes))
