@@ -287,8 +287,11 @@ class MarkerSet(Event):
 class MarkerCleared(Event):
     kind = EventKind.MARKER_CLEARED
     prompt: str
-    why: str = ""  # "committed" (a later admission succeeded), "operator", or the scope an operator cleared
+    why: str = ""  # "committed" (a later admission succeeded) or "operator"
     request: str | None = None
+    scope: str = ""  # an operator's clear: "all", "prompt" or "tier" (core.markers.ScopeKind); "" otherwise
+    tier: str | None = None  # the tier a tier-scoped clear took out
+    excluded_tiers: tuple[str, ...] | None = None  # what the marker still excludes when only a tier was taken out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -339,7 +342,8 @@ class RankUnresponsive(Event):
 class RankRestarted(Event):
     kind = EventKind.RANK_RESTARTED
     rank: int
-    attempt: int = 1
+    pid: int = 0
+    restarts: int = 1  # how many times this rank has been restarted since the engine started
     reason: str = ""
 
 

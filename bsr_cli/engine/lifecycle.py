@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.events import RankRestarted
 from bsr_cli.core.markers import Marker
 from bsr_cli.mooncake import services
 from bsr_cli.runtime.coordinator import Coordinator
@@ -184,15 +184,7 @@ class RankRestarter:
         self._next_try[i] = time.monotonic() + pause  # a rank that dies again at once waits longer each time
         self._since[i] = time.monotonic()
         self.restarts[i] += 1
-        self.coord.events.append(
-            {
-                "type": EventKind.RANK_RESTARTED.value,
-                "rank": i,
-                "pid": new.pid,
-                "restarts": self.restarts[i],
-                "reason": why,
-            }
-        )
+        self.coord.events.append(RankRestarted(rank=i, pid=new.pid or 0, restarts=self.restarts[i], reason=why))
         self.on_restart(i, new.pid, self.restarts[i])
         self.log(f"bsr engine: rank {i} restarted (pid {new.pid}, restart {self.restarts[i]})")
 

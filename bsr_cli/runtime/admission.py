@@ -14,11 +14,10 @@ from typing import Any
 
 from bsr_cli.api.ranks import ObjectRef, ProbeRequest, RestoreJob, WindowJob
 from bsr_cli.core.bitmap import HitBitmap
-from bsr_cli.core.events import MarkerSet
-from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.events import MarkerCleared, MarkerSet
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes, object_key
-from bsr_cli.core.markers import ClearScope, Marker
+from bsr_cli.core.markers import ClearScope, Marker, ScopeKind
 from bsr_cli.core.markers import clear as clear_markers_in
 from bsr_cli.core.plan import Window
 from bsr_cli.errors import BadRequest
@@ -142,7 +141,7 @@ class Admission(Allocation):
         with self._lock:
             m = self.markers.pop(prompt, None)
         if m is not None:
-            self.events.append({"type": "marker_cleared", "request": request, "prompt": prompt, "why": why})
+            self.events.append(MarkerCleared(request=request, prompt=prompt, why=why))
         return m is not None
 
     def list_markers(self) -> list[dict[str, Any]]:
@@ -158,17 +157,16 @@ class Admission(Allocation):
         with self._lock:
             touched = clear_markers_in(self.markers, scope)
         for c in touched:
-            ev: dict[str, Any] = {
-                "type": EventKind.MARKER_CLEARED.value,
-                "prompt": c.prompt,
-                "why": "operator",
-                "scope": scope.kind.value,
-            }
-            if scope.value is not None:
-                ev[scope.kind.value] = scope.value
-            if not c.removed:
-                ev["excluded_tiers"] = sorted(c.remaining)  # the tier was taken out; the rest still stands
-            self.events.append(ev)
+            self.events.append(
+                MarkerCleared(
+                    prompt=c.prompt,
+                    why="operator",
+                    scope=scope.kind.value,
+                    tier=scope.value if scope.kind is ScopeKind.TIER else None,
+                    # The tier was taken out and the rest still stands: say what the marker still excludes.
+                    excluded_tiers=None if c.removed else tuple(sorted(c.remaining)),
+                )
+            )
         return len(touched)
 
 

@@ -63,7 +63,7 @@ def test_clear_one_tier(served: FakeEngine, bsr) -> None:
     events = {e["prompt"]: e for e in _cleared_events(served)}
     assert set(events) == {"p-moon", "p-both"}
     assert all(e["scope"] == "tier" and e["tier"] == "mooncake" for e in events.values())
-    assert events["p-both"]["excluded_tiers"] == ["fs"] and "excluded_tiers" not in events["p-moon"]
+    assert events["p-both"]["excluded_tiers"] == ["fs"] and events["p-moon"]["excluded_tiers"] is None
 
 
 def test_clearing_every_marker_needs_a_confirmation(served: FakeEngine, bsr) -> None:

@@ -83,6 +83,12 @@ def test_counters_count_from_the_start_not_from_the_first_scrape(engine: FakeEng
     assert _scrape(text, "bsr_requests_submitted_total") == {} and "bsr_requests_submitted_total 1.0" in text
 
 
+def _metrics_text(http: httpx.Client, auth: dict[str, str]) -> str:
+    r = http.get("/metrics", headers=auth)  # /metrics needs the token unless the engine serves it openly
+    assert r.status_code == 200, r.text
+    return r.text
+
+
 def test_200_restores_from_16_parallel_clients_add_exactly_200(engine: FakeEngine) -> None:
     from bsr_cli.server.admin import PREFIX, AdminServer
 
@@ -93,7 +99,7 @@ def test_200_restores_from_16_parallel_clients_add_exactly_200(engine: FakeEngin
     try:
         with httpx.Client(base_url=server.url, timeout=30) as http:
             assert http.post(f"{PREFIX}/requests", json=body, headers=auth).status_code == 200
-            before = _scrape(http.get("/metrics").text, "bsr_restores_total")
+            before = _scrape(_metrics_text(http, auth), "bsr_restores_total")
         outcomes: list[str] = []
         lock = threading.Lock()
 
@@ -110,7 +116,7 @@ def test_200_restores_from_16_parallel_clients_add_exactly_200(engine: FakeEngin
             for f in [pool.submit(client, n) for n in shares]:
                 f.result()
         with httpx.Client(base_url=server.url, timeout=30) as http:
-            after = _scrape(http.get("/metrics").text, "bsr_restores_total")
+            after = _scrape(_metrics_text(http, auth), "bsr_restores_total")
     finally:
         server.stop()
     assert len(outcomes) == 200 and set(outcomes) == {"committed"}
