@@ -119,9 +119,12 @@ def test_store_probe_shows_which_ranks_hold_which_chunks(bsr, store, tmp_path: P
     ]
     d = bsr(*args, "--json").json()
     rows = {r["rank"]: r["cells"] for r in d["bitmap"]["rows"]}
-    assert rows == {0: "11111", 1: "11101"}
+    # 5 full chunks and a 40-token tail LMCache stores only with save_unfull_chunk (not written here).
+    assert rows == {0: "111110", 1: "111010"}
+    assert d["prompt_chunks"] == 6 and d["storable_chunks"] == 5 and d["tail"] == {"tokens": 40, "stored": False}
     assert d["committable_chunks"] == 3
-    assert d["first_break"] == {"chunk": 3, "rank": 1, "group": "kv", "held_by": [], "reason": "missing in every tier"}
+    brk = {"chunk": 3, "rank": 1, "group": "attn", "held_by": [], "reason": "missing in every tier"}
+    assert d["first_break"] == brk
     text = bsr(*args)
     assert text.code == 0 and "first break" in text.out
 
@@ -184,7 +187,7 @@ def test_dtype_tags_and_vllm_start(bsr, store, tmp_path: Path) -> None:
     tf.write_text(json.dumps(toks))
     base = _args(store, tf, "--model", "tag/model", "--dtype", "fp16")
     d = bsr(*base, "--tag", "user=alice", "--json").json()
-    assert d["bitmap"]["rows"][0]["cells"] == "1101" and d["committable_chunks"] == 2
+    assert d["bitmap"]["rows"][0]["cells"] == "11010" and d["committable_chunks"] == 2
     assert d["key_format"]["hash_start"]["vllm_hash_seed"] == "42" and d["key_format"]["hash_start"]["detected"]
     assert d["key_example"].endswith("@half@user%alice")
     # The explicit seed gives the same; the wrong one (and 'none') match nothing.
@@ -259,9 +262,10 @@ def test_liveness_and_quiet_mooncake_logs(tmp_path: Path) -> None:
         listed = health.segments(master.admin_url)
         if not listed:  # the master's client TTL ran out already: nothing held, nothing stale
             pytest.skip("the master dropped the dead holder before the probe ran")
-        assert g["committable_chunks"] == 2  # "held" per the master's metadata
+        assert g["liveness"]["listed"]["committable_chunks"] == 2  # "held" per the master's metadata
         assert g["liveness"]["segments_alive"] == 0 and g["liveness"]["stale_chunks"] == 2
         assert g["liveness"]["live_committable_chunks"] == 0
+        assert g["committable_chunks"] == 0 and g["bitmap"]["rows"][0]["cells"] == "00"  # the answer is the live one
         text = probe()
         assert "holder(s) alive" in text.stdout and "gone" in text.stdout and text.stderr == ""
     finally:
@@ -301,7 +305,8 @@ def test_liveness_names_the_chunks_on_a_gone_holder(bsr, tmp_path: Path) -> None
         d = bsr(*_args(master, tf, "--model", "two/model", "--vllm-hash-seed", "none", "--json")).json()
         if len(d["liveness"]["segments"]) < 2:
             pytest.skip("the master dropped the dead holder before the probe ran")
-        assert d["committable_chunks"] == 16  # the master's metadata still lists every key
+        assert d["liveness"]["listed"]["committable_chunks"] == 16  # the master's metadata still lists every key
+        assert d["committable_chunks"] == min(on_victim)  # the top-level answer is the live one
         live = d["liveness"]
         assert live["segments_alive"] == 1 and live["stale_chunks"] == len(on_victim)
         assert live["live_rows"]["0"] == "".join("0" if i in on_victim else "1" for i in range(16))

@@ -352,6 +352,6 @@ def test_explain_on_a_store_real_lmcache_wrote(master, tmp_path: Path) -> None:
         assert engs[0].lookup(torch.tensor(gap), search_range=["RemoteBackend"]) == 2 * CS
         d = _explain(master, tmp_path, skew, *flags)
         assert d["verdict"] == "rank-skew", d["summary"]
-        assert "breaks at chunk 4 on rank 1 group kv only" in d["summary"]
+        assert "breaks at chunk 4 on rank 1 group attn only" in d["summary"]
     finally:
         _destroy(engs)
