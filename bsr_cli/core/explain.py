@@ -382,8 +382,8 @@ def explain_store(
         if f["kind"] == "restorable":
             f["next"] = store_cmd("probe")  # the store's bitmap; `bsr restore` asks a bsr engine, not this store
             f["summary"] += (
-                f" (the partial last chunk, {full.tokens - bitmap.tokens:,} tokens, is never stored: LMCache stores "
-                "full chunks only unless save_unfull_chunk is on)"
+                f"; its partial last chunk ({full.tokens - bitmap.tokens:,} tokens) is not stored: LMCache stores "
+                "it only with save_unfull_chunk"
                 if bitmap.tokens < full.tokens
                 else ""
             )
