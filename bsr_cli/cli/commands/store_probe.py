@@ -176,7 +176,6 @@ def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: i
         "prompt_chunks": n_chunks,
         "storable_chunks": storable,
         "storable_tokens": min(storable * chunk_size, len(tokens)),
-        "tail": {"tokens": len(tokens) % chunk_size, "stored": tail_stored} if tail is not None else None,
         "committable_chunks": k,
         "committable_tokens": bitmap.prefix_tokens(),
         "first_break": brk_d,
@@ -199,6 +198,8 @@ def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: i
         "key_example": rows[0][0] if chain else None,
         "liveness": live,
     }
+    if tail is not None:
+        data["tail"] = {"tokens": len(tokens) % chunk_size, "stored": tail_stored}
     if chain and not held_keys:
         every = dict(starts) | dict(hash_starts("auto"))
         hex_chains = {
@@ -359,8 +360,8 @@ class _StoreSession:
             part = keys[i : i + BATCH_KEYS]
             try:
                 got = self._call(lambda part=part: self._store.batch_get_replica_desc(part))  # type: ignore[misc]
-            except (_CallTimedOut, RuntimeError, AttributeError):
-                continue  # unknown, never live
+            except Exception:  # noqa: BLE001 - not answered (timed out, refused, an older client): unknown, never live
+                continue
             for key, descs in got.items():
                 eps = []
                 for d in descs:
@@ -424,9 +425,13 @@ def _data_endpoint(metadata_url: str, segment: str, fallback: str, timeout: floa
     return fallback
 
 
-def _check_holder(metadata_url: str, name: str, te_endpoint: str) -> tuple[str, bool]:
+def _check_holder(metadata_url: str, name: str, te_endpoint: str) -> tuple[str, bool | None]:
+    """(data endpoint, whether it accepts a connection); None when no HOST:PORT to try is known (unknown)."""
     ep = _data_endpoint(metadata_url, name, te_endpoint or name, timeout=1.0)
-    return ep, bool(ep) and health.tcp_reachable(ep, timeout=0.5)
+    host, _, port = ep.rpartition(":")
+    if not host or not port.isdigit():
+        return ep, None
+    return ep, health.tcp_reachable(ep, timeout=0.5)
 
 
 class _Holders:
@@ -442,7 +447,7 @@ class _Holders:
             name = str(seg.get("segment_name") or seg.get("te_endpoint") or "")
             if name:
                 self.te[name] = str(seg.get("te_endpoint") or name)
-        self.alive: dict[str, bool] = {}
+        self.alive: dict[str, bool | None] = {}  # None: could not be checked (unknown)
         self.endpoint: dict[str, str] = {}
 
     def check(self, metadata_url: str, names: Sequence[str]) -> None:
@@ -491,9 +496,9 @@ def liveness(
             "name": name,
             "endpoint": holders.endpoint.get(name, te),
             "alive": bool(alive.get(name)),
-            "state": "alive" if alive.get(name) else ("gone" if name in alive else "unknown"),
-            "bytes": by_size.get(name),
+            "state": "alive" if alive.get(name) else ("gone" if alive.get(name) is False else "unknown"),
         }
+        | ({"bytes": by_size[name]} if by_size.get(name) is not None else {})
         for name, te in holders.te.items()
     ]
     cells: dict[str, str] = {}
@@ -524,12 +529,12 @@ def liveness(
     listed_prefix = prefix(lambda c: c != ABSENT)
     live_prefix = prefix(lambda c: c == LIVE)
     counts = Counter(c for row in cells.values() for c in row)
-    return {
+    listing = {"segment_listing_error": holders.listing_error} if holders.listing_error else {}
+    return listing | {
         "available": True,
         "segments": segs_out,
         "segments_alive": sum(1 for s in segs_out if s["alive"]),
         "segments_unknown": sum(1 for s in segs_out if s["state"] == "unknown"),
-        "segment_listing_error": holders.listing_error,
         "held_chunks": counts[LIVE] + counts[STALE] + counts[UNKNOWN],
         "live_chunks": counts[LIVE],
         "stale_chunks": counts[STALE],
