@@ -707,8 +707,8 @@ def diagnose(
             causes.append(
                 f"{desc} holds {best['unknown_start_chunks']} chunk(s) of this prompt under a hash chain start that "
                 f"none of the vLLM hash seeds tried gives ({tried}; and no vLLM): vLLM ran with another "
-                "PYTHONHASHSEED; pass --vllm-hash-seed SEED with the seed it ran with"
-                + (f", and {' and '.join(best['flags'])}" if best["flags"] else "")
+                "PYTHONHASHSEED (pass --vllm-hash-seed SEED with the seed it ran with) or with none (random: "
+                "unreproducible)" + (f", and {' and '.join(best['flags'])}" if best["flags"] else "")
             )
         else:
             tried = ", ".join(sorted(chains))
