@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -570,7 +571,7 @@ def _changes_as_flags(changes: dict[str, Any]) -> list[str]:
         elif field == "dtype":
             out.append(f"--dtype {value}")
         elif field == "tags":
-            out.append(" ".join(f"--tag {t}" for t in value) if value else "drop --tag")
+            out.append(" ".join(f"--tag {shlex.quote(t)}" for t in value) if value else "drop --tag")
         else:
             out.append(f"--vllm-hash-seed {value}")
     return out
