@@ -284,7 +284,7 @@ def explain_store(
     prompt: str,
     prompt_flags: str,
     store: Mapping[str, Any],
-    command: Callable[[str, Mapping[str, Any]], str] | None = None,
+    command: Callable[[str, Mapping[str, Any]], str],
 ) -> dict[str, Any]:
     """The verdict for a prompt from a Mooncake store LMCache wrote (no engine): `bsr probe --store`'s result.
 
@@ -294,9 +294,7 @@ def explain_store(
     top-level bitmap counts live holders only; chunks listed on gone or unknown holders are findings here."""
 
     def store_cmd(verb: str, changes: Mapping[str, Any] | None = None) -> str:
-        if command is not None:
-            return command(verb, dict(changes or {}))
-        return f"bsr {verb} --store {store.get('store')} {prompt_flags}"
+        return command(verb, dict(changes or {}))
 
     full = HitBitmap.from_dict(store["bitmap"])
     # LMCache stores a partial last chunk only with save_unfull_chunk: without it, the tail is never a miss.
@@ -321,16 +319,16 @@ def explain_store(
         segs = live.get("segments") or []
         gone = [s for s in segs if s.get("state") == "gone"]
         unsure = [s for s in segs if s.get("state") == "unknown"]
-        what = []
+        unsure_text = f"{unknown} chunk(s) have no holder known to be alive (liveness unknown: not counted)"
         if stale:
-            what.append("the process holding them is gone" if not unknown else f"{stale} sit on holders that are gone")
-        if unknown:
-            what.append(f"{unknown} have no holder known to be alive (liveness unknown: not counted)")
+            what = f"the master still lists {stale} chunk(s) of this prompt, but the process holding them is gone"
+            what += f", and {unsure_text}" if unknown else ""
+        else:
+            what = f"the master lists this prompt's chunks, but {unsure_text}"
         findings.append(
             _finding(
                 "holder-gone",
-                f"the master still lists {int(live.get('held_chunks') or 0)} chunk(s) of this prompt, but "
-                f"{' and '.join(what)}: only {k} chunk(s) can really be read",
+                f"{what}: only {k} chunk(s) can really be read",
                 [f"segment {s.get('name')} at {s.get('endpoint')}: not answering" for s in gone]
                 + [f"segment {s.get('name')}: could not be checked" for s in unsure]
                 + [f"listed prefix {listed_k} chunks, live prefix {k}"],
