@@ -110,12 +110,13 @@ def read_tokens_file(path: Path) -> list[int]:
         data = data.get("tokens")
     if not isinstance(data, list):
         raise InvalidInput(f"{p}: expected a list of token ids")
-    # Exactly integers: 1.5 would otherwise be truncated to 1 and restore a different prompt.
-    bad_t = next((t for t in data if isinstance(t, bool) or not isinstance(t, int)), None)
-    if bad_t is not None or any(t is None for t in data):
+    # Exactly integers: 1.5 would otherwise be truncated to 1 and restore a different prompt. (The checks run at C
+    # speed first, `type` excluding bool: a million-token prompt is read in a fraction of a second.)
+    if data and set(map(type, data)) != {int}:
+        bad_t = next(t for t in data if type(t) is not int)
         raise InvalidInput(f"{p}: token ids must be integers, got {bad_t!r}")
     tokens: list[int] = data
-    if any(t < 0 or t >= 1 << 32 for t in tokens):
+    if tokens and (min(tokens) < 0 or max(tokens) >= 1 << 32):
         raise InvalidInput(f"{p}: token ids must be in [0, 2^32)")
     return tokens
 

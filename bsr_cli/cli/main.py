@@ -88,4 +88,7 @@ def main() -> None:
 
         if complete_bash():
             return
-    sys.exit(run())
+    from bsr_cli.cli import process_exit
+
+    process_exit.enable()
+    process_exit.finish(run())

@@ -21,7 +21,7 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bsr_cli.core import accounting
@@ -342,33 +342,69 @@ def _on_worker(f: dict[str, Any], prompt_flags: str) -> dict[str, Any]:
     return f | {"fix": fix, "next": f"bsr probe {prompt_flags}" if cmd == "probe" else f"bsr {cmd}"}
 
 
-def explain_store(*, prompt: str, prompt_flags: str, store: Mapping[str, Any]) -> dict[str, Any]:
-    """The verdict for a prompt from a Mooncake store LMCache wrote (no engine): `bsr probe --store`'s result."""
-    bitmap = HitBitmap.from_dict(store["bitmap"])
+def explain_store(
+    *,
+    prompt: str,
+    prompt_flags: str,
+    store: Mapping[str, Any],
+    command: Callable[[str, Mapping[str, Any]], str],
+) -> dict[str, Any]:
+    """The verdict for a prompt from a Mooncake store LMCache wrote (no engine): `bsr probe --store`'s result.
+
+    `prompt_flags` name the prompt alone (for `bsr submit`/`restore`, which know no --store flags); `command(verb,
+    changes)` gives a whole `bsr probe|explain --store ...` line with the store's flags as the user gave them and
+    the key-format fields in `changes` replaced (the caller parses options; this module stays pure). The store's
+    top-level bitmap counts live holders only; chunks listed on gone or unknown holders are findings here."""
+
+    def store_cmd(verb: str, changes: Mapping[str, Any] | None = None) -> str:
+        return command(verb, dict(changes or {}))
+
+    full = HitBitmap.from_dict(store["bitmap"])
+    # LMCache stores a partial last chunk only with save_unfull_chunk: without it, the tail is never a miss.
+    storable = int(store.get("storable_chunks") or full.chunks)
+    bitmap = full
+    if storable < full.chunks:
+        bitmap = HitBitmap(
+            full.tiers,
+            full.ranks,
+            full.groups,
+            storable * full.chunk_size,
+            full.chunk_size,
+            {(r["rank"], r["group"]): r["cells"][:storable] for r in store["bitmap"]["rows"]},
+            model=full.model,
+        )
     findings: list[dict[str, Any]] = []
     live = store.get("liveness") or {}
     k = int(store.get("committable_chunks") or 0)
-    if live.get("available") and live.get("stale_chunks"):
-        lk = int(live.get("live_committable_chunks") or 0)
+    listed_k = int((live.get("listed") or {}).get("committable_chunks") or k)
+    stale, unknown = int(live.get("stale_chunks") or 0), int(live.get("unknown_chunks") or 0)
+    if stale or unknown:
         segs = live.get("segments") or []
-        dead = [s for s in segs if not s.get("alive")]
+        gone = [s for s in segs if s.get("state") == "gone"]
+        unsure = [s for s in segs if s.get("state") == "unknown"]
+        unsure_text = f"{unknown} chunk(s) have no holder known to be alive (liveness unknown: not counted)"
+        if stale:
+            what = f"the master still lists {stale} chunk(s) of this prompt, but the process holding them is gone"
+            what += f", and {unsure_text}" if unknown else ""
+        else:
+            what = f"the master lists this prompt's chunks, but {unsure_text}"
         findings.append(
             _finding(
                 "holder-gone",
-                f"the master still lists {live['stale_chunks']} chunk(s) of this prompt, but the process holding "
-                f"them is gone: only {lk} chunk(s) can really be read",
-                [f"segment {s.get('name')} at {s.get('endpoint')}: not answering" for s in dead]
-                + [f"listed prefix {k} chunks, live prefix {lk}"],
+                f"{what}: only {k} chunk(s) can really be read",
+                [f"segment {s.get('name')} at {s.get('endpoint')}: not answering" for s in gone]
+                + [f"segment {s.get('name')}: could not be checked" for s in unsure]
+                + [f"listed prefix {listed_k} chunks, live prefix {k}"],
                 "restart the segment holder (its data is lost) and let the prompt be stored again",
-                f"bsr probe --store {store.get('store')} {prompt_flags}",
+                store_cmd("probe"),
             )
         )
     diag = store.get("diagnosis") or {}
-    if k == 0 and diag.get("available"):
+    if listed_k == 0 and diag.get("available"):
         groups = diag.get("groups") or []
-        close = [g for g in groups if g.get("prompt_chunks_held") and g.get("differs_in")]
-        if close:
-            g = max(close, key=lambda g: g["prompt_chunks_held"])
+        closest = diag.get("closest")
+        g = groups[int(closest)] if closest is not None and groups else None
+        if g is not None and g.get("prompt_chunks_held") and g.get("differs_in"):
             fields = ", ".join(
                 {"world_size": "world size", "hash_start": "hash seed"}.get(f, f) for f in g["differs_in"]
             )
@@ -378,8 +414,22 @@ def explain_store(*, prompt: str, prompt_flags: str, store: Mapping[str, Any]) -
                     f"the store holds {g['prompt_chunks_held']} chunk(s) of this prompt under another key format "
                     f"(differs in {fields}): LMCache computed different keys than asked for",
                     list(diag.get("causes") or []),
-                    f"ask with {' '.join(g['flags'])} (or align the deployment's {fields})",
-                    f"bsr explain --store {store.get('store')} {prompt_flags} {' '.join(g['flags'])}",
+                    f"ask with {' and '.join(g['flags'])} (or align the deployment's {fields})",
+                    store_cmd("explain", g.get("changes") or {}),
+                )
+            )
+        elif g is not None and g.get("unknown_start_chunks"):
+            other = [f for f in g.get("differs_in") or [] if f != "hash_start"]
+            findings.append(
+                _finding(
+                    "key-format-mismatch",
+                    f"key-format mismatch (hash seed unknown): the store holds {g['unknown_start_chunks']} chunk(s) "
+                    "of this prompt under a hash chain start none of the vLLM hash seeds tried gives: vLLM ran with "
+                    "another PYTHONHASHSEED",
+                    list(diag.get("causes") or []),
+                    "ask with --vllm-hash-seed SEED (the PYTHONHASHSEED the vLLM that stored it ran with)"
+                    + (f" and {' and '.join(g['flags'])}" if other else ""),
+                    store_cmd("explain", (g.get("changes") or {}) | {"vllm_hash_seed": "SEED"}),
                 )
             )
     content = _content(bitmap, (), prompt_flags)
@@ -387,9 +437,20 @@ def explain_store(*, prompt: str, prompt_flags: str, store: Mapping[str, Any]) -
         content = [f for f in content if f["kind"] != "never-stored"]
     elif content and content[0]["kind"] == "never-stored" and diag.get("causes"):
         content[0]["evidence"].extend(diag["causes"])
+    if stale or unknown:
+        content = [f for f in content if f["kind"] != "never-stored"]  # listed, but not readable: holder-gone
+    for f in content:
+        if f["kind"] == "restorable":
+            f["next"] = store_cmd("probe")  # the store's bitmap; `bsr restore` asks a bsr engine, not this store
+            f["summary"] += (
+                f"; its partial last chunk ({full.tokens - bitmap.tokens:,} tokens) is not stored: LMCache stores "
+                "it only with save_unfull_chunk"
+                if bitmap.tokens < full.tokens
+                else ""
+            )
     findings.extend(content)
     return _result(
-        prompt, bitmap, findings, None, source={"store": store.get("store")}, n_tokens=bitmap.tokens, chunk_size=0
+        prompt, full, findings, None, source={"store": store.get("store")}, n_tokens=full.tokens, chunk_size=0
     )
 
 

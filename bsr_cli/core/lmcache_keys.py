@@ -9,7 +9,10 @@ reproduces:
   of a request's configs) follow as ``@k%v`` in the order the request gave them.
 * Chunk hashes: with the default ``pre_caching_hash_algorithm: builtin``, chunk i's hash is
   ``hash((prefix, tuple(chunk_tokens), ()))`` with ``prefix`` the previous chunk's hash. Python's ``hash`` of a
-  tuple of ints does not depend on PYTHONHASHSEED. Only full chunks are stored (``save_unfull_chunk`` is off).
+  tuple of ints does not depend on PYTHONHASHSEED. With ``save_unfull_chunk: False`` only full chunks are stored;
+  with ``save_unfull_chunk: True`` the partial last chunk is stored too, hashed the same way over its fewer tokens.
+* Tag values may hold '@' (``user%alice@example.com``): a key's fields after the dtype are tags, and a piece with
+  no '%' continues the previous tag's value.
 * The chain's start: 0 when vLLM is not importable. When it is (LMCache inside vLLM), LMCache takes vLLM's
   ``NONE_HASH`` instead, which vLLM sets to ``hash(os.environ["PYTHONHASHSEED"])`` (the seed's *string*, hashed
   by the builtin hash of a process running with that seed), or to 32 random bytes when PYTHONHASHSEED is unset:
@@ -62,27 +65,52 @@ def lmcache_dtype(name: str) -> str:
 
 
 def parse_tags(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
-    """``KEY=VALUE`` items (the ``lmcache.tag.`` prefix optional) as LMCache's ordered tag pairs."""
+    """``KEY=VALUE`` items (the ``lmcache.tag.`` prefix optional) as LMCache's ordered tag pairs. A value may hold
+    '@' (LMCache writes it verbatim); the key may not hold '@' or '%' (the key string could not be read back)."""
     out = []
     for item in items:
         k, sep, v = item.partition("=")
         k = k.strip().removeprefix("lmcache.tag.")
-        if not sep or not k or "@" in k + v or "%" in k:
-            raise InvalidInput(f"bad tag {item!r}", hint="write --tag KEY=VALUE (no '@', no '%' in the key)")
+        # After an '@', "x%y" would read back as a new tag x=y.
+        ambiguous = any(piece.partition("%")[0] and "%" in piece for piece in v.split("@")[1:])
+        if not sep or not k or "@" in k or "%" in k or ambiguous:
+            raise InvalidInput(
+                f"bad tag {item!r}",
+                hint="write --tag KEY=VALUE (no '@' or '%' in the key; in the value, no 'x%y' after an '@')",
+            )
         out.append((k, v))
     return tuple(out)
 
 
-def lmcache_chunk_hashes(tokens: Sequence[int], chunk_size: int = 256, start: int = NONE_HASH) -> list[int]:
-    """LMCache's prefix-chained hash of every full chunk, starting the chain at `start`."""
+def lmcache_chunk_hashes(
+    tokens: Sequence[int], chunk_size: int = 256, start: int = NONE_HASH, *, limit: int | None = None
+) -> list[int]:
+    """LMCache's prefix-chained hash of every full chunk (the first `limit` only, if given), from `start`."""
     if chunk_size <= 0:
         raise InvalidInput("chunk_size must be positive")
     out: list[int] = []
     prefix = start
-    for i in range(0, len(tokens) - chunk_size + 1, chunk_size):
+    end = len(tokens) - chunk_size + 1
+    if limit is not None:
+        end = min(end, limit * chunk_size)
+    for i in range(0, end, chunk_size):
         prefix = hash((prefix, tuple(tokens[i : i + chunk_size]), ()))
         out.append(prefix)
     return out
+
+
+def lmcache_tail_hash(tokens: Sequence[int], chunk_size: int, last_full_hash: int) -> int | None:
+    """The hash of the partial last chunk, which LMCache stores only with ``save_unfull_chunk: True``; None when
+    the prompt ends on a chunk boundary. `last_full_hash` is the last full chunk's hash (the start if none)."""
+    tail = len(tokens) % chunk_size
+    if not tail:
+        return None
+    return hash((last_full_hash, tuple(tokens[len(tokens) - tail :]), ()))
+
+
+def next_chunk_hash(prefix_hash: int, chunk_tokens: Sequence[int]) -> int:
+    """The chain's next link: what LMCache hashes a chunk to after the chunk whose hash is `prefix_hash`."""
+    return hash((prefix_hash, tuple(chunk_tokens), ()))
 
 
 def lmcache_key(
@@ -123,11 +151,26 @@ def parse_lmcache_key(key: str) -> ParsedKey | None:
         if rest and _INT.fullmatch(rest[0]):
             layer = int(rest[0])
             rest = rest[1:]
-        if not all("%" in t for t in rest):
+        tags = _tags_of(rest)
+        if tags is None:
             continue
-        tags = tuple((t.split("%", 1)[0], t.split("%", 1)[1]) for t in rest)
         return ParsedKey("@".join(parts[:i]), int(ws), int(wid), h, dt, tags, layer)
     return None
+
+
+def _tags_of(pieces: Sequence[str]) -> tuple[tuple[str, str], ...] | None:
+    """The ``k%v`` tags after a key's dtype. A piece without '%' belongs to the previous tag's value (a value
+    with '@' in it); None when the first piece is not a tag."""
+    tags: list[tuple[str, str]] = []
+    for piece in pieces:
+        k, sep, v = piece.partition("%")
+        if sep and k:
+            tags.append((k, v))
+        elif tags:
+            tags[-1] = (tags[-1][0], f"{tags[-1][1]}@{piece}")
+        else:
+            return None
+    return tuple(tags)
 
 
 # -- vLLM's seeded start: CPython's str hash under a given PYTHONHASHSEED -----------------------------------------
@@ -219,6 +262,8 @@ __all__ = [
     "lmcache_chunk_hashes",
     "lmcache_dtype",
     "lmcache_key",
+    "lmcache_tail_hash",
+    "next_chunk_hash",
     "parse_lmcache_key",
     "parse_tags",
     "python_str_hash",

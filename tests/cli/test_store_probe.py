@@ -14,16 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.lmcache_keys import (
     lmcache_chunk_hashes,
     lmcache_dtype,
     lmcache_key,
+    lmcache_tail_hash,
     parse_lmcache_key,
+    parse_tags,
     python_str_hash,
     vllm_seeded_start,
 )
-from bsr_cli.errors import ExitCode
+from bsr_cli.errors import ExitCode, InvalidInput
 from bsr_cli.mooncake import health, services
 
 # Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
@@ -119,9 +122,12 @@ def test_store_probe_shows_which_ranks_hold_which_chunks(bsr, store, tmp_path: P
     ]
     d = bsr(*args, "--json").json()
     rows = {r["rank"]: r["cells"] for r in d["bitmap"]["rows"]}
-    assert rows == {0: "11111", 1: "11101"}
+    # 5 full chunks and a 40-token tail LMCache stores only with save_unfull_chunk (not written here).
+    assert rows == {0: "111110", 1: "111010"}
+    assert d["prompt_chunks"] == 6 and d["storable_chunks"] == 5 and d["tail"] == {"tokens": 40, "stored": False}
     assert d["committable_chunks"] == 3
-    assert d["first_break"] == {"chunk": 3, "rank": 1, "group": "kv", "held_by": [], "reason": "missing in every tier"}
+    brk = {"chunk": 3, "rank": 1, "group": "attn", "held_by": [], "reason": "missing in every tier"}
+    assert d["first_break"] == brk
     text = bsr(*args)
     assert text.code == 0 and "first break" in text.out
 
@@ -184,7 +190,7 @@ def test_dtype_tags_and_vllm_start(bsr, store, tmp_path: Path) -> None:
     tf.write_text(json.dumps(toks))
     base = _args(store, tf, "--model", "tag/model", "--dtype", "fp16")
     d = bsr(*base, "--tag", "user=alice", "--json").json()
-    assert d["bitmap"]["rows"][0]["cells"] == "1101" and d["committable_chunks"] == 2
+    assert d["bitmap"]["rows"][0]["cells"] == "11010" and d["committable_chunks"] == 2
     assert d["key_format"]["hash_start"]["vllm_hash_seed"] == "42" and d["key_format"]["hash_start"]["detected"]
     assert d["key_example"].endswith("@half@user%alice")
     # The explicit seed gives the same; the wrong one (and 'none') match nothing.
@@ -259,9 +265,10 @@ def test_liveness_and_quiet_mooncake_logs(tmp_path: Path) -> None:
         listed = health.segments(master.admin_url)
         if not listed:  # the master's client TTL ran out already: nothing held, nothing stale
             pytest.skip("the master dropped the dead holder before the probe ran")
-        assert g["committable_chunks"] == 2  # "held" per the master's metadata
+        assert g["liveness"]["listed"]["committable_chunks"] == 2  # "held" per the master's metadata
         assert g["liveness"]["segments_alive"] == 0 and g["liveness"]["stale_chunks"] == 2
         assert g["liveness"]["live_committable_chunks"] == 0
+        assert g["committable_chunks"] == 0 and g["bitmap"]["rows"][0]["cells"] == "00"  # the answer is the live one
         text = probe()
         assert "holder(s) alive" in text.stdout and "gone" in text.stdout and text.stderr == ""
     finally:
@@ -301,7 +308,8 @@ def test_liveness_names_the_chunks_on_a_gone_holder(bsr, tmp_path: Path) -> None
         d = bsr(*_args(master, tf, "--model", "two/model", "--vllm-hash-seed", "none", "--json")).json()
         if len(d["liveness"]["segments"]) < 2:
             pytest.skip("the master dropped the dead holder before the probe ran")
-        assert d["committable_chunks"] == 16  # the master's metadata still lists every key
+        assert d["liveness"]["listed"]["committable_chunks"] == 16  # the master's metadata still lists every key
+        assert d["committable_chunks"] == min(on_victim)  # the top-level answer is the live one
         live = d["liveness"]
         assert live["segments_alive"] == 1 and live["stale_chunks"] == len(on_victim)
         assert live["live_rows"]["0"] == "".join("0" if i in on_victim else "1" for i in range(16))
@@ -310,3 +318,152 @@ def test_liveness_names_the_chunks_on_a_gone_holder(bsr, tmp_path: Path) -> None
         for s in alive:
             services.stop(s)
         services.stop(master)
+
+
+def test_tags_with_at_signs_and_the_partial_tail() -> None:
+    """LMCache writes tag values verbatim, '@' included; a key with such a value parses back to the same tags. A
+    value that would read back as another tag ('x%y' after an '@') is refused."""
+    assert parse_tags(["user=alice@example.com", "lmcache.tag.t=a@b@"]) == (
+        ("user", "alice@example.com"),
+        ("t", "a@b@"),
+    )
+    key = lmcache_key("org/m", 1, 0, -0x1F3A, "bfloat16", (("user", "alice@example.com"), ("t", "x")))
+    assert key == "org/m@1@0@-1f3a@bfloat16@user%alice@example.com@t%x"
+    p = parse_lmcache_key(key)
+    assert p is not None and p.tags == (("user", "alice@example.com"), ("t", "x")) and p.model == "org/m"
+    for bad in ("user=a@b%c", "us@er=x", "u%=x", "novalue"):
+        with pytest.raises(InvalidInput):
+            parse_tags([bad])
+    toks = synthetic_tokens(3000, 5)
+    full = lmcache_chunk_hashes(toks)
+    assert len(full) == 11 and lmcache_chunk_hashes(toks, limit=3) == full[:3]
+    assert lmcache_tail_hash(toks, 256, full[-1]) == hash((full[-1], tuple(toks[2816:]), ()))
+    assert lmcache_tail_hash(toks[:2816], 256, full[-1]) is None
+
+
+def test_next_command_replaces_options_and_keeps_endpoints() -> None:
+    opts = StoreProbeOptions(
+        "mooncake://10.0.0.5:50051",
+        model="org/m",
+        world_size=4,
+        metadata="http://10.0.0.5:18080/metadata",
+        admin="http://10.0.0.5:19003",
+        dtype="bf16",
+        tags=("tenant=acme", "lora=v1"),
+        chunk_size=128,
+    )
+    prompt = PromptFlags(tokens_file=Path("/tmp/my prompt.json"))
+    cmd = opts.command("explain", prompt, {"world_size": 1, "tags": ["lora=v1", "tenant=acme"]})
+    assert cmd == (
+        "bsr explain --store mooncake://10.0.0.5:50051 --metadata http://10.0.0.5:18080/metadata --master-admin "
+        "http://10.0.0.5:19003 --model org/m --world-size 1 --dtype bf16 --tag lora=v1 --tag tenant=acme "
+        "--vllm-hash-seed auto --chunk-size 128 --tokens-file '/tmp/my prompt.json'"
+    )
+    with pytest.raises(ValueError, match="not of `bsr restore`"):
+        opts.command("restore", prompt)
+    with pytest.raises(ValueError, match="not a key-format field"):
+        opts.command("probe", prompt, {"model": "x"})
+
+
+def test_store_probe_imports_only_what_it_needs(store, tmp_path: Path) -> None:
+    """The store probe's path (options, the Mooncake client, liveness, JSON output) imports no renderer, no engine
+    runtime or tier stack, no HTTP client library and no torch: a probe is typed during an incident."""
+    toks = synthetic_tokens(2 * 256, 51)
+    _write(store, [lmcache_key("imports/model", 1, 0, h, "bfloat16") for h in lmcache_chunk_hashes(toks)])
+    tf = tmp_path / "t.json"
+    tf.write_text(json.dumps(toks))
+    argv = ["--json", *_args(store, tf, "--model", "imports/model")]
+    code = (
+        "import io, contextlib, json, sys\n"
+        "from bsr_cli.cli.main import run\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    assert run({argv!r}) == 0\n"
+        "assert json.loads(buf.getvalue())['committable_chunks'] == 2\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    heavy = {"rich", "torch", "httpx", "numpy", "textual", "yaml"}
+    ours = ("bsr_cli.runtime", "bsr_cli.tiers", "bsr_cli.api", "bsr_cli.client", "bsr_cli.engine", "bsr_cli.server")
+    assert not {m.split(".")[0] for m in loaded} & heavy, {m.split(".")[0] for m in loaded} & heavy
+    assert not [m for m in loaded if m.startswith(ours)], [m for m in loaded if m.startswith(ours)]
+    assert "mooncake.store" in loaded
+
+
+def test_store_probe_process_keeps_its_exit_code(store, tmp_path: Path) -> None:
+    """`bsr` ends a store probe without the Mooncake client's slow teardown; its output and exit code stay whole:
+    a result, and a failure found after the client connected (a bad token file)."""
+    toks = synthetic_tokens(3 * 256, 52)
+    _write(store, [lmcache_key("exit/model", 1, 0, h, "bfloat16") for h in lmcache_chunk_hashes(toks)])
+    tf = tmp_path / "t.json"
+    tf.write_text(json.dumps(toks))
+    cmd = [sys.executable, "-m", "bsr_cli", "--json", *_args(store, tf, "--model", "exit/model")]
+    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["committable_chunks"] == 3, ok.stderr
+    tf.write_text("[1, 2, -3]")
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == ExitCode.INVALID_INPUT and "token ids must be in" in bad.stderr, bad.stderr
+    assert json.loads(bad.stdout)["exit_code"] == ExitCode.INVALID_INPUT
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.engine
+def test_liveness_has_no_query_cap(bsr, tmp_path: Path) -> None:
+    """More held chunks than the old per-key replica lookups covered (1,024), one of two holders killed: every
+    chunk on the gone holder is stale, none is counted live (ground truth: the master's own per-key listing, read
+    before the kill)."""
+    import urllib.request
+
+    master = services.start_master(tmp_path)
+    segs = [services.start_segment_holder(tmp_path, master, 32 << 20) for _ in range(2)]
+    alive = list(segs)
+    try:
+        cs, n = 16, 1100
+        toks = synthetic_tokens(n * cs, 61)
+        keys = [lmcache_key("cap/model", 1, 0, h, "bfloat16") for h in lmcache_chunk_hashes(toks, cs)]
+        _write(master, keys)
+        where = []
+        for k in keys:
+            doc = json.loads(urllib.request.urlopen(f"{master.admin_url}/query_key?key={k}", timeout=5).read())
+            where.append({r["transport_endpoint_"] for r in doc["data"]})
+        victim = segs[0]
+        on_victim = {i for i, eps in enumerate(where) if eps == {victim.info["segment_name"]}}
+        if not [i for i in on_victim if i >= 1024] or len(on_victim) == n:
+            pytest.skip("Mooncake placed no chunk past the 1,024th on the victim")
+        services.stop(victim)
+        alive.remove(victim)
+        tf = tmp_path / "t.json"
+        tf.write_text(json.dumps(toks))
+        args = _args(master, tf, "--model", "cap/model", "--vllm-hash-seed", "none", "--chunk-size", str(cs))
+        d = bsr(*args, "--json").json()
+        if len(d["liveness"]["segments"]) < 2:
+            pytest.skip("the master dropped the dead holder before the probe ran")
+        truth = "".join("0" if i in on_victim else "1" for i in range(n))
+        assert d["liveness"]["live_rows"]["0"] == truth == d["bitmap"]["rows"][0]["cells"]
+        assert d["liveness"]["stale_chunks"] == len(on_victim) and d["liveness"]["unknown_chunks"] == 0
+        assert d["committable_chunks"] == min(on_victim)
+    finally:
+        for s in alive:
+            services.stop(s)
+        services.stop(master)
+
+
+def test_unknown_liveness_is_never_counted() -> None:
+    """A listed chunk whose replicas the master did not name, or whose holder could not be checked, is unknown: it
+    is reported as such and ends the live prefix like a missing chunk (unknown is not yes)."""
+    from bsr_cli.cli.commands.store_probe import _Holders, liveness
+
+    holders = _Holders([{"segment_name": "h1", "te_endpoint": "h1", "size_bytes": 1}, {"segment_name": "h2"}], None)
+    holders.alive.update({"h1": True, "h2": False})  # h3: no HOST:PORT to check (unknown)
+    rows = [["k0", "k1", "k2", "k3", "k4", "k5"]]
+    listed = {0: [True, True, True, True, True, False]}
+    replicas = {"k0": ["h1"], "k1": ["h2", "h1"], "k2": ["h3"], "k4": ["h2"]}  # k3: not named by the master
+    live = liveness(holders, "", rows, listed, replicas, 256)
+    assert live["cells"]["0"] == "11uus0"
+    assert live["live_committable_chunks"] == 2 and live["live_rows"]["0"] == "110000"
+    assert (live["live_chunks"], live["stale_chunks"], live["unknown_chunks"]) == (2, 1, 2)
+    assert live["listed"] == {"rows": {"0": "111110"}, "committable_chunks": 5}
+    states = {s["name"]: s["state"] for s in live["segments"]}
+    assert states == {"h1": "alive", "h2": "gone", "h3": "unknown"}

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shlex
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -32,7 +33,7 @@ from lmcache_bsr import _lmcache as lm
 
 from bsr_cli.cli.main import run
 from bsr_cli.core.keys import synthetic_tokens
-from bsr_cli.mooncake import services
+from bsr_cli.mooncake import health, services
 
 CS = 256
 LAYERS, HEADS, HEAD = 2, 2, 16
@@ -88,8 +89,10 @@ def _engine(
     world_size: int,
     worker_id: int,
     shape: tuple[int, int, int] = (LAYERS, HEADS, HEAD),
+    **config: Any,
 ) -> Any:
     cfg = LMCacheEngineConfig.from_defaults(
+        **config,
         chunk_size=CS,
         local_cpu=False,
         max_local_cpu_size=0.05,
@@ -188,7 +191,8 @@ def test_every_dtype_world_size_1(master, tmp_path: Path, torch_dtype, flag: str
         truth = _exists(eng, keys)
         assert truth == "11101"
         d = _probe(master, tmp_path, toks, "--model", model, "--dtype", flag)
-        assert d["bitmap"]["rows"][0]["cells"] == truth
+        assert d["bitmap"]["rows"][0]["cells"] == truth + "0"  # the tail: not stored (save_unfull_chunk off)
+        assert d["prompt_chunks"] == 6 and d["storable_chunks"] == 5 and d["first_break"]["chunk"] == 3
         assert d["committable_tokens"] == eng.lookup(torch.tensor(toks), search_range=["RemoteBackend"]) == 3 * CS
         assert d["key_format"]["hash_start"]["vllm_hash_seed"] is None and d["key_format"]["hash_start"]["detected"]
         assert d["key_example"] == keys[0]
@@ -354,6 +358,274 @@ def test_explain_on_a_store_real_lmcache_wrote(master, tmp_path: Path) -> None:
         assert engs[0].lookup(torch.tensor(gap), search_range=["RemoteBackend"]) == 2 * CS
         d = _explain(master, tmp_path, skew, *flags)
         assert d["verdict"] == "rank-skew", d["summary"]
-        assert "breaks at chunk 4 on rank 1 group kv only" in d["summary"]
+        assert "breaks at chunk 4 on rank 1 group attn only" in d["summary"]
     finally:
         _destroy(engs)
+
+
+# -- The seven ways `probe --store` / `explain --store` misled (issue #22), each over keys real LMCache wrote ------
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = run(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def _run_next(cmdline: str) -> dict[str, Any]:
+    """Run a suggested next command exactly as printed (with --json) and return its result."""
+    argv = shlex.split(cmdline)
+    assert argv[0] == "bsr", cmdline
+    code, out, err = _cli("--json", *argv[1:])
+    assert code == 0, (cmdline, err)
+    return dict(json.loads(out))
+
+
+def _options_exist(cmdline: str) -> None:
+    """Every option of a suggested command exists on that command (the parser refuses unknown ones before --help)."""
+    argv = shlex.split(cmdline.split("  #")[0])
+    assert argv[0] == "bsr", cmdline
+    code, _, err = _cli(*argv[1:], "--help")
+    assert code == 0 and "No such option" not in err, (cmdline, err)
+
+
+def _readable(eng: Any, keys: list[str]) -> str:
+    """Ground truth of what can really be read: Mooncake's own get() of each key (empty when the transfer fails)."""
+    store = lm.mooncake_store(eng)
+    return "".join("1" if len(store.get(k)) else "0" for k in keys)
+
+
+def test_liveness_fails_closed_where_the_master_cannot_be_asked(tmp_path: Path) -> None:
+    """Finding 1: keys with a tag value the master's /query_key cannot take (a space) were counted live with one of
+    two holders killed, and the top-level answer was the master's listing. Now each held key's holders come from one
+    batched replica query, a chunk is live only on a holder that answers, and the top-level bitmap is the live one
+    (checked against what Mooncake's get() can really read)."""
+    master = services.start_master(tmp_path)
+    holders = [services.start_segment_holder(tmp_path, master, 64 << 20) for _ in range(2)]
+    alive = list(holders)
+    eng = _engine(master, "real/live", torch.bfloat16, 1, 0)
+    try:
+        toks = synthetic_tokens(11 * CS, seed=601)
+        tags = {"lmcache.tag.user": "alice smith", "lmcache.tag.note": 'a "b"#c&d'}
+        keys = _store(eng, toks, request_configs=tags)
+        desc = lm.mooncake_store(eng).batch_get_replica_desc(keys)
+        where = [{str(r.get_memory_descriptor().buffer_descriptor.transport_endpoint) for r in desc[k]} for k in keys]
+        victim = holders[0]
+        on_victim = [i for i, eps in enumerate(where) if eps == {victim.info["segment_name"]}]
+        if not on_victim or len(on_victim) == len(keys):
+            pytest.skip("Mooncake placed every chunk on one holder")
+        services.stop(victim, timeout=5)
+        alive.remove(victim)
+        args = ("--model", "real/live", "--vllm-hash-seed", "none", "--tag", "user=alice smith", "--tag",
+                'note=a "b"#c&d')  # fmt: skip
+        d = _probe(master, tmp_path, toks, *args)
+        e = _explain(master, tmp_path, toks, *args)
+        still_listed = victim.info["segment_name"] in {s["segment_name"] for s in health.segments(master.admin_url)}
+        if len(d["liveness"]["segments"]) < 2 or not still_listed:
+            pytest.skip("the master dropped the gone holder (its client TTL ran out) before the probes ended")
+        truth = _readable(eng, keys)
+        assert truth == "".join("0" if i in on_victim else "1" for i in range(len(keys)))
+        assert d["bitmap"]["rows"][0]["cells"] == truth  # the top-level answer is what can be read
+        assert d["committable_tokens"] == truth.index("0") * CS == min(on_victim) * CS
+        live = d["liveness"]
+        assert live["listed"]["rows"]["0"] == "1" * len(keys) and live["listed"]["committable_chunks"] == len(keys)
+        assert live["stale_chunks"] == len(on_victim) and live["unknown_chunks"] == 0
+        assert live["cells"]["0"] == truth.replace("0", "s")
+        assert e["verdict"] == "holder-gone" and not e["reusable"], e["summary"]
+        assert f"only {min(on_victim)} chunk(s) can really be read" in e["summary"]
+    finally:
+        _destroy([eng])
+        for h in alive:
+            services.stop(h, timeout=5)
+        services.stop(master, timeout=5)
+
+
+def test_explain_names_the_closest_group_by_the_diagnosis_ranking(master, tmp_path: Path) -> None:
+    """Finding 2: the same prompt stored as bf16 at world size 1 and as fp16 at world size 2, asked at world size 4
+    in bf16: the closest group is world size 1 bf16 (one field differs), as the diagnosis's own evidence ranks it,
+    never the group the master happens to list first (nor the one holding more chunks but differing in more)."""
+    model = "real/closest"
+    same = synthetic_tokens(6 * CS, seed=611)
+    more = synthetic_tokens(6 * CS, seed=612)
+    bf = _engine(master, model, torch.bfloat16, 1, 0)
+    fp = [_engine(master, model, torch.float16, 2, w) for w in (0, 1)]
+    try:
+        for toks, bf_chunks in ((same, 6), (more, 4)):  # `more`: the fp16 copy holds 6 chunks, the bf16 one 4
+            _store(bf, toks[: bf_chunks * CS])
+            for e in fp:
+                _store(e, toks)
+        for toks, held in ((same, 6), (more, 4)):
+            d = _explain(master, tmp_path, toks, "--model", model, "--world-size", "4", "--dtype", "bf16")
+            assert d["verdict"] == "key-format-mismatch", d["summary"]
+            f = d["findings"][0]
+            assert "differs in world size)" in f["summary"] and f"holds {held} chunk(s)" in f["summary"], f
+            assert f["fix"] == "ask with --world-size 1 (or align the deployment's world size)", f["fix"]
+            assert f["evidence"][0].startswith("closest group: world size 1, dtype bfloat16"), f["evidence"]
+            again = _run_next(d["next"])
+            assert again["verdict"] == ("restorable" if held == 6 else "partial"), again["summary"]
+            assert bf.lookup(torch.tensor(toks), search_range=["RemoteBackend"]) == held * CS
+    finally:
+        _destroy([bf, *fp])
+
+
+def test_explain_next_command_replaces_flags_and_keeps_endpoints(master, tmp_path: Path) -> None:
+    """Finding 3: the suggested command is built from the parsed options with the differing ones replaced (tags
+    in LMCache's order, each once) and every endpoint kept (--metadata, --master-admin on this master's non-default
+    ports); running it matches."""
+    model = "real/nextcmd"
+    toks = synthetic_tokens(4 * CS, seed=621)
+    eng = _engine(master, model, torch.bfloat16, 1, 0)
+    try:
+        _store(eng, toks, request_configs={"lmcache.tag.lora": "v1", "lmcache.tag.tenant": "acme"})
+        d = _explain(master, tmp_path, toks, "--model", model, "--tag", "tenant=acme", "--tag", "lora=v1")
+        assert d["verdict"] == "key-format-mismatch", d["summary"]
+        argv = shlex.split(d["next"])
+        assert argv[:3] == ["bsr", "explain", "--store"]
+        tags = [argv[i + 1] for i, a in enumerate(argv) if a == "--tag"]
+        assert tags == ["lora=v1", "tenant=acme"], d["next"]
+        for flag, value in (("--metadata", master.metadata_url), ("--master-admin", master.admin_url)):
+            assert argv.count(flag) == 1 and argv[argv.index(flag) + 1] == value, d["next"]
+        assert all(argv.count(f) == 1 for f in ("--model", "--world-size", "--dtype", "--vllm-hash-seed")), argv
+        again = _run_next(d["next"])
+        assert again["verdict"] == "restorable", again["summary"]
+        assert eng.lookup(torch.tensor(toks), search_range=["RemoteBackend"], request_configs={
+            "lmcache.tag.lora": "v1", "lmcache.tag.tenant": "acme"}) == 4 * CS  # fmt: skip
+    finally:
+        _destroy([eng])
+
+
+def test_partial_last_chunk_with_save_unfull_chunk(master, tmp_path: Path) -> None:
+    """Finding 4: with save_unfull_chunk=True LMCache stores the partial last chunk and its lookup returns the
+    whole prompt (3,000 tokens); so does the probe."""
+    model = "real/unfull"
+    toks = synthetic_tokens(3000, seed=631)
+    eng = _engine(master, model, torch.bfloat16, 1, 0, save_unfull_chunk=True)
+    try:
+        keys = _store(eng, toks)
+        assert len(keys) == 12 and _exists(eng, keys) == "1" * 12
+        truth = eng.lookup(torch.tensor(toks), search_range=["RemoteBackend"])
+        assert truth == 3000
+        d = _probe(master, tmp_path, toks, "--model", model)
+        assert d["committable_tokens"] == truth and d["committable_chunks"] == 12
+        assert d["bitmap"]["rows"][0]["cells"] == "1" * 12 and d["first_break"] is None
+        assert d["storable_chunks"] == 12 and d["tail"] == {"tokens": 3000 - 11 * CS, "stored": True}
+        e = _explain(master, tmp_path, toks, "--model", model)
+        assert e["verdict"] == "restorable" and "(3,000 tokens)" in e["summary"], e["summary"]
+    finally:
+        _destroy([eng])
+
+
+def test_tag_values_with_an_at_sign(master, tmp_path: Path) -> None:
+    """Finding 5: LMCache writes tag values with '@' verbatim (``user%alice@example.com``): the probe takes them,
+    and without --tag `explain` names the tag (not never-stored) in a command that then matches."""
+    model = "real/at-tag"
+    toks = synthetic_tokens(5 * CS, seed=641)
+    eng = _engine(master, model, torch.bfloat16, 1, 0)
+    try:
+        keys = _store(eng, toks, request_configs={"lmcache.tag.user": "alice@example.com"})
+        assert keys[0].endswith("@bfloat16@user%alice@example.com")
+        lm.mooncake_store(eng).remove(keys[3], True)
+        truth = _exists(eng, keys)
+        assert truth == "11101"
+        d = _probe(master, tmp_path, toks, "--model", model, "--tag", "user=alice@example.com")
+        assert d["bitmap"]["rows"][0]["cells"] == truth and d["key_example"] == keys[0]
+        lookup = eng.lookup(torch.tensor(toks), search_range=["RemoteBackend"],
+                            request_configs={"lmcache.tag.user": "alice@example.com"})  # fmt: skip
+        assert d["committable_tokens"] == lookup == 3 * CS
+        e = _explain(master, tmp_path, toks, "--model", model)
+        assert e["verdict"] == "key-format-mismatch", e["summary"]
+        assert "--tag user=alice@example.com" in e["findings"][0]["fix"]
+        assert _run_next(e["next"])["verdict"] == "evicted"
+    finally:
+        _destroy([eng])
+
+
+def _with_vllm_start(monkeypatch: pytest.MonkeyPatch, seed: str) -> None:
+    """LMCache inside vLLM starts its chain at vLLM's NONE_HASH (hash of the PYTHONHASHSEED string in vLLM's
+    process); LMCache's token database reads it from this module global, which vLLM's import sets."""
+    from lmcache.v1 import token_database
+
+    from bsr_cli.core.lmcache_keys import vllm_seeded_start
+
+    monkeypatch.setattr(token_database, "NONE_HASH", vllm_seeded_start(seed))
+
+
+def test_an_unknown_vllm_hash_seed_is_a_key_format_mismatch(master, tmp_path: Path, monkeypatch) -> None:
+    """Finding 6: keys stored under a vLLM hash seed outside the auto-detected list are not "never-stored": the
+    store holds the prompt under a chain start no candidate gives, which the diagnosis confirms from the keys."""
+    model = "real/seed-777"
+    toks = synthetic_tokens(5 * CS, seed=651)
+    eng = _engine(master, model, torch.bfloat16, 1, 0)
+    try:
+        _with_vllm_start(monkeypatch, "777")
+        keys = _store(eng, toks)
+        assert _exists(eng, keys) == "11111"
+        e = _explain(master, tmp_path, toks, "--model", model)
+        assert e["verdict"] == "key-format-mismatch", e["summary"]
+        assert e["summary"].startswith("key-format mismatch (hash seed unknown)"), e["summary"]
+        assert "holds 5 chunk(s) of this prompt" in e["summary"]
+        assert "--vllm-hash-seed SEED" in e["next"]
+        again = _run_next(e["next"].replace("SEED", "777"))
+        assert again["verdict"] == "restorable", again["summary"]
+        # A prompt the store does not hold stays never-stored.
+        other = _explain(master, tmp_path, synthetic_tokens(5 * CS, seed=652), "--model", model)
+        assert other["verdict"] == "never-stored", other["summary"]
+    finally:
+        _destroy([eng])
+
+
+def test_labels_match_the_engine(master, tmp_path: Path, monkeypatch) -> None:
+    """Finding 7: a 3,000-token prompt is 3,000 tokens = 12 chunks, 11 storable (and restorable when those 11 are
+    held); the group is `attn` as the engine calls it; two matching hash chains are said; every next command
+    `explain --store` suggests uses options its command has."""
+    model = "real/labels"
+    toks = synthetic_tokens(3000, seed=661)
+    eng = _engine(master, model, torch.bfloat16, 1, 0)
+    try:
+        _store(eng, toks)
+        assert eng.lookup(torch.tensor(toks), search_range=["RemoteBackend"]) == 11 * CS
+        tf = tmp_path / "labels.json"
+        tf.write_text(json.dumps(toks))
+        base = ("probe", "--store", f"mooncake://{master.rpc_address}", "--metadata", master.metadata_url,
+                "--master-admin", master.admin_url, "--tokens-file", str(tf), "--model", model)  # fmt: skip
+        code, text, err = _cli(*base, "--width", "40")
+        assert code == 0, err
+        assert "prompt 3,000 tokens = 12 chunks" in text and "storable: 11 of 12 chunks (2,816 tokens)" in text, text
+        d = _probe(master, tmp_path, toks, "--model", model)
+        assert [r["group"] for r in d["bitmap"]["rows"]] == ["attn"]
+        assert d["prompt_tokens"] == 3000 and d["prompt_chunks"] == 12 and d["storable_chunks"] == 11
+        assert d["committable_tokens"] == 11 * CS and d["first_break"] is None
+        e = _explain(master, tmp_path, toks, "--model", model)
+        assert e["verdict"] == "restorable" and e["chunks"] == 12 and e["tokens"] == 3000, e["summary"]
+        for f in e["findings"]:
+            _options_exist(f["next"])
+
+        # The same prompt stored under vLLM's seed-0 and seed-1 starts: both chains match, and the probe says so.
+        twice = synthetic_tokens(4 * CS, seed=662)
+        for seed in ("0", "1"):
+            _with_vllm_start(monkeypatch, seed)
+            _store(eng, twice)
+        monkeypatch.undo()
+        d = _probe(master, tmp_path, twice, "--model", model)
+        hs = d["key_format"]["hash_start"]
+        assert hs["chains_matched"] == ["vLLM hash seed 0", "vLLM hash seed 1"] and hs["vllm_hash_seed"] == "0", hs
+        tf.write_text(json.dumps(twice))
+        code, text, err = _cli(*base)
+        assert code == 0 and "2 hash chains matched" in text, (text, err)
+
+        # Every verdict's next command uses options that exist: never-stored, partial, evicted, a mismatch.
+        gap = synthetic_tokens(4 * CS, seed=663)
+        gkeys = _store(eng, gap)
+        lm.mooncake_store(eng).remove(gkeys[1], True)
+        for prompt, extra in (
+            (synthetic_tokens(2 * CS, seed=664), ()),
+            (gap, ()),
+            (gap[: 2 * CS] + synthetic_tokens(2 * CS, seed=665), ()),
+            (toks, ("--dtype", "fp16")),
+        ):
+            e = _explain(master, tmp_path, prompt, "--model", model, *extra)
+            for f in e["findings"]:
+                _options_exist(f["next"])
+    finally:
+        _destroy([eng])

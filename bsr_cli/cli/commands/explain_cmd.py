@@ -79,8 +79,12 @@ def explain(
             chunk_size=chunk_size,
         )
         data = store_probe.collect(st, opts, prompt, None)
-        flags += " " + opts.key_flags()
-        result = explain_store(prompt="", prompt_flags=flags, store=data)
+        result = explain_store(
+            prompt="",
+            prompt_flags=flags,
+            store=data,
+            command=lambda verb, changes: opts.command(verb, prompt, changes),
+        )
     elif request is not None:
         result = _explain_request(st, request)
     else:

@@ -3,8 +3,11 @@ whole (to the store probe, the explainer, the incident bundle) instead of argume
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -21,13 +24,17 @@ class PromptFlags:
 
     def as_flags(self) -> str:
         """The flags that name this prompt again, for the next command a result suggests."""
+        return shlex.join(self.as_args())
+
+    def as_args(self) -> list[str]:
+        """`as_flags` as an argument list."""
         if self.synthetic is not None:
-            return f"--synthetic {self.synthetic} --seed {self.seed}"
+            return ["--synthetic", str(self.synthetic), "--seed", str(self.seed)]
         if self.tokens_file is not None:
-            return f"--tokens-file {self.tokens_file}"
+            return ["--tokens-file", str(self.tokens_file)]
         if self.prompt_file is not None:
-            return f"--prompt-file {self.prompt_file}"
-        return ""
+            return ["--prompt-file", str(self.prompt_file)]
+        return []
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,35 @@ class StoreProbeOptions:
     chunk_size: int = 256
     verbose: bool = False
 
-    def key_flags(self) -> str:
-        """The flags that fix the key format, for the next command a result suggests."""
-        tags = "".join(f" --tag {t}" for t in self.tags)
-        return f"--model {self.model} --world-size {self.world_size} --dtype {self.dtype}{tags}"
+    def args(self, changes: Mapping[str, Any] | None = None) -> list[str]:
+        """Every --store flag as parsed, with the fields in `changes` replaced (world_size, dtype, tags as
+        KEY=VALUE items, vllm_hash_seed, chunk_size): what a suggested command passes so that it asks the same
+        store, through the same endpoints, with only the differing key-format fields changed."""
+        o: dict[str, Any] = {
+            "world_size": self.world_size,
+            "dtype": self.dtype,
+            "tags": list(self.tags),
+            "vllm_hash_seed": self.vllm_hash_seed,
+            "chunk_size": self.chunk_size,
+        } | dict(changes or {})
+        unknown = set(o) - {"world_size", "dtype", "tags", "vllm_hash_seed", "chunk_size"}
+        if unknown:
+            raise ValueError(f"not a key-format field: {sorted(unknown)}")
+        out = ["--store", self.store]
+        if self.metadata:
+            out += ["--metadata", self.metadata]
+        if self.admin:
+            out += ["--master-admin", self.admin]
+        if self.model:
+            out += ["--model", self.model]
+        out += ["--world-size", str(o["world_size"]), "--dtype", str(o["dtype"])]
+        for t in o["tags"]:
+            out += ["--tag", str(t)]
+        out += ["--vllm-hash-seed", str(o["vllm_hash_seed"]), "--chunk-size", str(o["chunk_size"])]
+        return out
+
+    def command(self, verb: str, prompt: PromptFlags, changes: Mapping[str, Any] | None = None) -> str:
+        """A whole `bsr probe|explain --store ...` command line for this store and prompt (shell-quoted)."""
+        if verb not in ("probe", "explain"):
+            raise ValueError(f"--store is an option of `bsr probe` and `bsr explain`, not of `bsr {verb}`")
+        return shlex.join(["bsr", verb, *self.args(changes), *prompt.as_args()])

@@ -4,23 +4,34 @@ nothing matches when nothing does.
 
 The keys are LMCache 0.5.6's (bsr_cli.core.lmcache_keys): its dtype names, request tags, and the hash chain's start,
 which is 0 for LMCache alone and vLLM's PYTHONHASHSEED-derived start for LMCache inside vLLM. By default the start
-is detected: the candidates (no vLLM, and vLLM with a few usual seeds) are tried against the store in one probe."""
+is detected: the candidates (no vLLM, and vLLM with a few usual seeds) are tried against the store in one probe.
+
+Liveness fails closed: a chunk counts (in the bitmap and the committable prefix) only when the master names a
+replica of it on a holder that answers now. A chunk whose holder cannot be told is UNKNOWN and does not count; the
+master's own listing stays in `liveness.listed`.
+
+Fast on purpose (a probe is typed during an incident): only the standard library and Mooncake's client are imported,
+the store is asked once for every key (`batch_is_exist`) and once for every held key's replicas
+(`batch_get_replica_desc`), and holders are checked in parallel with a bound on threads and time."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import re
+import shlex
 import sys
-import tempfile
+import threading
+import time
 import urllib.parse
 import urllib.request
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from bsr_cli.cli import process_exit
 from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 from bsr_cli.cli.context import AppState
 from bsr_cli.core.bitmap import HitBitmap
@@ -29,33 +40,48 @@ from bsr_cli.core.lmcache_keys import (
     lmcache_chunk_hashes,
     lmcache_dtype,
     lmcache_key,
+    lmcache_tail_hash,
+    next_chunk_hash,
     parse_lmcache_key,
     parse_tags,
     vllm_seeded_start,
 )
 from bsr_cli.errors import EngineUnreachable, InvalidInput
 from bsr_cli.loaders import read_tokens_file
+from bsr_cli.mooncake import health
 
 # Seeds tried by --vllm-hash-seed auto (besides bsr's own PYTHONHASHSEED): the values deployment guides use.
 AUTO_SEEDS = ("0", "1", "42", "123", "1234", "12345")
 # Chunks per candidate start tried by auto-detection (all workers, one batch_is_exist for every candidate).
 DETECT_CHUNKS = 64
-# Held keys whose replicas are looked up one by one when only some segment holders are gone.
-MAX_REPLICA_QUERIES = 1024
-# Keys the master's /query_key can be asked about verbatim (it reads its query string without URL-decoding).
-_QUERYABLE = re.compile(r"[!$%'-~]+")  # printable ASCII without space, '"', '#' and '&'
+# LMCache's one KV group, named as the engine's probe names it.
+GROUP = "attn"
+# Keys per batch_is_exist / batch_get_replica_desc call (one call up to this many: 1,048,576 tokens at world size 4).
+BATCH_KEYS = 16384
+# Holders checked at once (a metadata lookup and a TCP connect each), and the time all of them may take.
+LIVENESS_THREADS = 8
+LIVENESS_DEADLINE_S = 3.0
+
+# Each cell's state in `liveness.cells`: not listed, listed on a live holder, listed only on gone holders, listed
+# but no live holder is known (the replica listing or the holder check did not answer).
+ABSENT, LIVE, STALE, UNKNOWN = "0", "1", "s", "u"
+
+T = TypeVar("T")
 
 
 def run(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: int | None) -> None:
-    from bsr_cli.cli.render import ops as render_ops
+    st.out.result(collect(st, opts, prompt, width), _render)
 
-    st.out.result(collect(st, opts, prompt, width), render_ops.store_probe)
+
+def _render(console: Any, d: dict[str, Any]) -> None:
+    from bsr_cli.cli.render import ops as render_ops  # rich: only for text output
+
+    render_ops.store_probe(console, d)
 
 
 def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: int | None) -> dict[str, Any]:
-    """The store probe's result: bitmap, key format, liveness and (on a total miss) the diagnosis."""
+    """The store probe's result: bitmap (live holders only), key format, liveness and (on a miss) the diagnosis."""
     store, model, world_size, chunk_size = opts.store, opts.model, opts.world_size, opts.chunk_size
-    vllm_hash_seed = opts.vllm_hash_seed
     url = urlsplit(store)
     try:
         port = url.port
@@ -69,68 +95,91 @@ def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: i
         raise InvalidInput("--world-size must be positive")
     key_dtype = lmcache_dtype(opts.dtype)
     tag_pairs = parse_tags(opts.tags)
-    starts = hash_starts(vllm_hash_seed)
-    tokens = _tokens(prompt)
+    starts = hash_starts(opts.vllm_hash_seed)
     host = url.hostname
     meta = opts.metadata or f"http://{host}:8080/metadata"
     admin_url = opts.admin or f"http://{host}:9003"
-    chains = {label: lmcache_chunk_hashes(tokens, chunk_size, start) for label, start in starts}
 
-    def keys_for(label: str, wid: int, n: int | None = None) -> list[str]:
-        hs = chains[label] if n is None else chains[label][:n]
-        return [lmcache_key(model, world_size, wid, h, key_dtype, tag_pairs) for h in hs]
+    def keys_of(hashes: Sequence[int]) -> list[list[str]]:
+        return [[lmcache_key(model, world_size, w, h, key_dtype, tag_pairs) for h in hashes] for w in range(world_size)]
 
     if not opts.verbose:
         os.environ.setdefault("GLOG_minloglevel", "3")  # Mooncake's glog: read when its library loads
-    from bsr_cli.runtime.tiers import TierUnavailable
-    from bsr_cli.tiers.mooncake import MooncakeTier
-
+    # Started first and waited for last: the master's segment listing and a check of every listed holder.
+    holders = _background(lambda: _check_listed_holders(admin_url, meta))
     with _native_stderr_silenced(not opts.verbose):
+        # The client's set-up (~20 ms) runs while the prompt is read and hashed.
+        connecting = _background(lambda: _StoreSession(f"{host}:{port}", meta, st.settings.timeout_s, store))
         try:
-            tier = MooncakeTier(f"{host}:{url.port}", meta, deadline_s=st.settings.timeout_s)
-        except TierUnavailable as e:
-            raise EngineUnreachable(
-                f"cannot reach the Mooncake store at {store}: {e}", hint="check --store (RPC port) and --metadata"
-            ) from None
+            tokens = _tokens(prompt)
+            detect = (
+                {label: lmcache_chunk_hashes(tokens, chunk_size, s, limit=DETECT_CHUNKS) for label, s in starts}
+                if len(starts) > 1
+                else {}
+            )
+        except BaseException:
+            session = connecting()
+            if isinstance(session, _StoreSession):
+                session.close()
+            raise
+        session = connecting()
+        if isinstance(session, BaseException):
+            raise session
         try:
-            tried: dict[str, int] = {}
-            chosen = starts[0][0]
-            if len(starts) > 1:  # auto: one probe of every candidate's first chunks, the most hits wins
-                batch = [
-                    (label, k)
-                    for label, _ in starts
-                    for w in range(world_size)
-                    for k in keys_for(label, w, DETECT_CHUNKS)
-                ]
-                held = tier.contains([k for _, k in batch], st.settings.timeout_s) if batch else []
-                tried = dict(Counter(label for (label, _), h in zip(batch, held, strict=True) if h))
-                if tried:
-                    chosen = max(starts, key=lambda s: tried.get(s[0], 0))[0]
-            rows = {}
-            held_keys: dict[tuple[int, int], str] = {}
-            for wid in range(world_size):
-                keys = keys_for(chosen, wid)
-                held = tier.contains(keys, st.settings.timeout_s) if keys else []
-                rows[(wid, "kv")] = "".join("1" if h else "0" for h in held)
-                held_keys |= {(wid, i): k for i, (k, h) in enumerate(zip(keys, held, strict=True)) if h}
-        except TierUnavailable as e:
-            raise EngineUnreachable(f"the Mooncake store at {store} did not answer: {e}") from None
+            chosen, matched = starts[0][0], {}
+            if detect:  # auto: one probe of every candidate's first chunks; the most hits wins
+                batch = {label: keys_of(hs) for label, hs in detect.items()}
+                held = session.exists([k for rows in batch.values() for row in rows for k in row])
+                counts, i = {}, 0
+                for label, rows in batch.items():
+                    n = sum(len(r) for r in rows)
+                    counts[label] = sum(held[i : i + n])
+                    i += n
+                matched = {label: c for label, c in counts.items() if c}
+                if matched:  # ties: the candidates' order (none, this process's seed, the usual seeds)
+                    chosen = max(matched, key=lambda label: (matched[label], -list(counts).index(label)))
+            hashes = lmcache_chunk_hashes(tokens, chunk_size, dict(starts)[chosen])
+            tail = lmcache_tail_hash(tokens, chunk_size, hashes[-1] if hashes else dict(starts)[chosen])
+            chain = hashes + ([tail] if tail is not None else [])
+            rows = keys_of(chain)
+            flat = [k for row in rows for k in row]
+            held_flags = session.exists(flat)
+            held_keys = [k for k, h in zip(flat, held_flags, strict=True) if h]
+            replicas = session.replicas(held_keys) if held_keys else {}
         finally:
-            tier.close()
+            session.close()
 
-    hashes = chains[chosen]
-    full_tokens = len(hashes) * chunk_size
-    bitmap = HitBitmap(("mooncake",), world_size, ("kv",), full_tokens, chunk_size, rows, model=model)
-    brk = bitmap.first_break()
+    n_chunks = len(chain)
+    listed = {w: [held_flags[w * n_chunks + i] for i in range(n_chunks)] for w in range(world_size)}
+    checked = holders()
+    if isinstance(checked, BaseException):
+        raise checked
+    live = liveness(checked, meta, rows, listed, replicas, chunk_size)
+    tail_stored = tail is not None and any(listed[w][-1] for w in range(world_size))
+    storable = n_chunks if (tail is None or tail_stored) else len(hashes)
+    cells = {(w, GROUP): "".join("1" if c == LIVE else "0" for c in live["cells"][str(w)]) for w in range(world_size)}
+    bitmap = HitBitmap(("mooncake",), world_size, (GROUP,), len(tokens), chunk_size, cells, model=model)
+    k = bitmap.prefix_chunks()
+    brk = bitmap.first_break() if k < storable else None
+    brk_d = brk.to_dict() if brk else None
+    if brk_d is not None:
+        state = live["cells"][str(brk.rank)][brk.chunk]  # type: ignore[union-attr]
+        if state == STALE:
+            brk_d["reason"] = "listed by the master, but its holder is gone"
+        elif state == UNKNOWN:
+            brk_d["reason"] = "listed by the master, but no live holder is known (liveness unknown)"
     start_value = dict(starts)[chosen]
     data: dict[str, Any] = {
         "kind": "bsr.store-probe",
         "store": store,
         "bitmap": bitmap.to_dict(),
         "prompt_tokens": len(tokens),
-        "committable_chunks": bitmap.prefix_chunks(),
+        "prompt_chunks": n_chunks,
+        "storable_chunks": storable,
+        "storable_tokens": min(storable * chunk_size, len(tokens)),
+        "committable_chunks": k,
         "committable_tokens": bitmap.prefix_tokens(),
-        "first_break": brk.to_dict() if brk else None,
+        "first_break": brk_d,
         "tier_errors": {},
         "markers": [],
         "strip_width": width,
@@ -138,28 +187,43 @@ def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: i
             "dtype": key_dtype,
             "tags": [f"{k}%{v}" for k, v in tag_pairs],
             "hash_start": {
-                "requested": vllm_hash_seed,
+                "requested": opts.vllm_hash_seed,
                 "vllm_hash_seed": None if chosen == "none" else chosen,
                 "start": start_value,
-                "detected": bool(tried) if len(starts) > 1 else None,
-                "candidates_held": tried,
+                "detected": bool(matched) if len(starts) > 1 else None,
+                "candidates_held": matched,
+                # More than one chain start matched (the same prompt stored by deployments with other seeds).
+                "chains_matched": [_seed_label(label) for label in matched],
             },
         },
-        "key_example": keys_for(chosen, 0, 1)[0] if hashes else None,
+        "key_example": rows[0][0] if chain else None,
+        "liveness": live,
     }
-    data["liveness"] = liveness(admin_url, meta, held_keys, rows, chunk_size)
-    if hashes and not held_keys:
+    if tail is not None:
+        data["tail"] = {"tokens": len(tokens) % chunk_size, "stored": tail_stored}
+    if chain and not held_keys:
         every = dict(starts) | dict(hash_starts("auto"))
         hex_chains = {
-            label: {
-                f"{h:x}" for h in (chains[label] if label in chains else lmcache_chunk_hashes(tokens, chunk_size, s))
-            }
+            label: {f"{h:x}" for h in (hashes if label == chosen else lmcache_chunk_hashes(tokens, chunk_size, s))}
             for label, s in every.items()
         }
         data["diagnosis"] = diagnose(
-            admin_url, model, world_size, key_dtype, tag_pairs, chosen, hex_chains, auto=len(starts) > 1
+            admin_url,
+            model,
+            world_size,
+            key_dtype,
+            tag_pairs,
+            chosen,
+            hex_chains,
+            auto=len(starts) > 1,
+            tokens=tokens,
+            chunk_size=chunk_size,
         )
     return data
+
+
+def _seed_label(label: str) -> str:
+    return "no vLLM (start 0)" if label == "none" else f"vLLM hash seed {label}"
 
 
 def hash_starts(option: str) -> list[tuple[str, int]]:
@@ -174,16 +238,146 @@ def hash_starts(option: str) -> list[tuple[str, int]]:
 
 
 def _tokens(prompt: PromptFlags) -> list[int]:
-    from bsr_cli.core.keys import synthetic_tokens
-
     if prompt.given() != 1:
         raise InvalidInput("give exactly one of --tokens-file, --prompt-file or --synthetic N")
     if prompt.prompt_file is not None:
         raise InvalidInput("--store needs token ids (--tokens-file): bsr cannot reproduce your model's tokenizer")
     if prompt.synthetic is not None:
+        from bsr_cli.core.keys import synthetic_tokens
+
         return synthetic_tokens(prompt.synthetic, prompt.seed)
     assert prompt.tokens_file is not None
     return read_tokens_file(prompt.tokens_file)
+
+
+def _background(fn: Callable[[], T]) -> Callable[[], T | Exception]:
+    """Run `fn` on a daemon thread now; the returned function waits for its value (or the exception it raised)."""
+    box: list[T | Exception] = []
+
+    def work() -> None:
+        try:
+            box.append(fn())
+        except Exception as e:  # noqa: BLE001 - handed to the caller as a value
+            box.append(e)
+
+    t = threading.Thread(target=work, name="bsr-store-probe", daemon=True)
+    t.start()
+
+    def wait() -> T | Exception:
+        t.join()
+        return box[0]
+
+    return wait
+
+
+class _CallTimedOut(Exception):
+    pass
+
+
+class _StoreSession:
+    """A read-only Mooncake client for one probe: no segment, no buffer, every call under a deadline (on a daemon
+    thread, abandoned at the deadline). The master is probed over HTTP and TCP first: Mooncake's setup() against a
+    dead master blocks ~90 s and leaves a client that crashes on use."""
+
+    def __init__(self, rpc_address: str, metadata_url: str, deadline_s: float, store_url: str) -> None:
+        self.store_url = store_url
+        self.deadline_s = max(deadline_s, 0.1)
+        probe_s = min(2.0, self.deadline_s)
+        down = None
+        if metadata_url.startswith("http") and not health.master_healthy(health.health_url_for(metadata_url), probe_s):
+            down = f"health probe {health.health_url_for(metadata_url)} failed"
+        elif not health.tcp_reachable(rpc_address, timeout=probe_s):
+            down = f"RPC port {rpc_address} refuses connections"
+        if down:
+            raise EngineUnreachable(
+                f"cannot reach the Mooncake store at {store_url}: mooncake master unavailable, not connecting: {down}",
+                hint="check --store (RPC port) and --metadata",
+            )
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as exc:
+            hint = "apt-get install -y libibverbs1" if "libibverbs" in str(exc) else "pip install the Mooncake wheel"
+            raise EngineUnreachable(f"cannot load the Mooncake client: {exc}", hint=hint) from None
+        # Advertise this client's transfer endpoint on loopback (Mooncake otherwise picks the first NIC).
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        self._store = MooncakeDistributedStore()
+        self._abandoned = False
+        try:
+            rc = self._call(lambda: self._store.setup("127.0.0.1", metadata_url, 0, 0, "tcp", "", rpc_address))
+        except _CallTimedOut:
+            raise EngineUnreachable(
+                f"cannot reach the Mooncake store at {store_url}: setup did not finish within {self.deadline_s:g} s",
+                hint="check --store (RPC port) and --metadata",
+            ) from None
+        if rc != 0:
+            self._abandoned = True  # a failed setup leaves nothing to close
+            raise EngineUnreachable(
+                f"cannot reach the Mooncake store at {store_url}: setup failed with code {rc}",
+                hint="check --store (RPC port) and --metadata",
+            )
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        box: list[T | BaseException] = []
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                box.append(fn())
+            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                box.append(e)
+            done.set()
+
+        threading.Thread(target=work, name="bsr-store-call", daemon=True).start()
+        if not done.wait(self.deadline_s):
+            self._abandoned = True  # closing under a running call can crash the process
+            raise _CallTimedOut
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        """One ``batch_is_exist`` (per BATCH_KEYS keys): 1 is held; 0 and errors are not."""
+        out: list[bool] = []
+        for i in range(0, len(keys), BATCH_KEYS):
+            part = keys[i : i + BATCH_KEYS]
+            try:
+                rcs = self._call(lambda part=part: self._store.batch_is_exist(part))  # type: ignore[misc]
+            except _CallTimedOut:
+                raise EngineUnreachable(
+                    f"the Mooncake store at {self.store_url} did not answer batch_is_exist within {self.deadline_s:g} s"
+                ) from None
+            if len(rcs) != len(part) or (part and all(rc < 0 for rc in rcs)):
+                raise EngineUnreachable(
+                    f"the Mooncake store at {self.store_url} failed batch_is_exist (codes {sorted(set(rcs))[:3]})"
+                )
+            out += [rc == 1 for rc in rcs]
+        return out
+
+    def replicas(self, keys: list[str]) -> dict[str, list[str]]:
+        """The holders (transport endpoints) of each key's complete memory replicas, per the master. A key the
+        master did not answer for is absent: its liveness is unknown."""
+        out: dict[str, list[str]] = {}
+        for i in range(0, len(keys), BATCH_KEYS):
+            part = keys[i : i + BATCH_KEYS]
+            try:
+                got = self._call(lambda part=part: self._store.batch_get_replica_desc(part))  # type: ignore[misc]
+            except Exception:  # noqa: BLE001 - not answered (timed out, refused, an older client): unknown, never live
+                continue
+            for key, descs in got.items():
+                eps = []
+                for d in descs:
+                    if d.is_memory_replica() and str(d.status).endswith("COMPLETE"):
+                        eps.append(str(d.get_memory_descriptor().buffer_descriptor.transport_endpoint))
+                if eps:
+                    out[key] = eps
+        return out
+
+    def close(self) -> None:
+        """Close the client, or leave it to the process's exit where `bsr` ends without interpreter teardown
+        (closing joins Mooncake's threads: about 1 s)."""
+        if self._abandoned or process_exit.leave_open(self._store):
+            return
+        self._store.close()
 
 
 @contextlib.contextmanager
@@ -196,12 +390,15 @@ def _native_stderr_silenced(enabled: bool) -> Iterator[None]:
     sys.stderr.flush()
     saved = os.dup(2)
     try:
-        with tempfile.TemporaryFile() as sink:
-            os.dup2(sink.fileno(), 2)
+        sink = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(sink, 2)
             try:
                 yield
             finally:
                 os.dup2(saved, 2)
+        finally:
+            os.close(sink)
     finally:
         os.close(saved)
 
@@ -211,7 +408,7 @@ def _get(url: str, timeout: float = 5.0) -> str:
         return str(r.read().decode(errors="replace"))
 
 
-def _data_endpoint(metadata_url: str, segment: str, fallback: str) -> str:
+def _data_endpoint(metadata_url: str, segment: str, fallback: str, timeout: float) -> str:
     """Where the segment's holder serves its bytes: the transfer engine's TCP data port (or its RPC port) from the
     segment descriptor on the metadata server; the master's te_endpoint when the descriptor cannot be read."""
     if not metadata_url.startswith("http") or not segment:
@@ -221,7 +418,7 @@ def _data_endpoint(metadata_url: str, segment: str, fallback: str) -> str:
         (f"mooncake/rpc_meta/{segment}", "ip_or_host_name", "rpc_port"),
     ):
         try:
-            doc = json.loads(_get(f"{metadata_url}?key={urllib.parse.quote(key, safe='')}", timeout=2.0))
+            doc = json.loads(_get(f"{metadata_url}?key={urllib.parse.quote(key, safe='')}", timeout=timeout))
         except (OSError, ValueError):
             continue
         if isinstance(doc, dict) and doc.get(host_f) and doc.get(port_f):
@@ -229,72 +426,130 @@ def _data_endpoint(metadata_url: str, segment: str, fallback: str) -> str:
     return fallback
 
 
-def liveness(
-    admin_url: str,
-    metadata_url: str,
-    held_keys: dict[tuple[int, int], str],
-    rows: dict[tuple[int, str], str],
-    chunk_size: int,
-) -> dict[str, Any]:
-    """Whether the processes holding the held chunks are alive. The master's key and segment listings keep a dead
-    holder's entries until its client TTL runs out (~10 s), so each segment's data endpoint is asked directly (a TCP
-    connect). Which holder has a chunk comes from the master's replica listing (``/query_key``)."""
+def _check_holder(metadata_url: str, name: str, te_endpoint: str) -> tuple[str, bool | None]:
+    """(data endpoint, whether it accepts a connection); None when no HOST:PORT to try is known (unknown)."""
+    ep = _data_endpoint(metadata_url, name, te_endpoint or name, timeout=1.0)
+    host, _, port = ep.rpartition(":")
+    if not host or not port.isdigit():
+        return ep, None
+    return ep, health.tcp_reachable(ep, timeout=0.5)
+
+
+class _Holders:
+    """Segment holders and whether each answers now: from the master's segment listing, plus any holder a replica
+    names that the listing lacked. Holders are checked in parallel (at most LIVENESS_THREADS at once, all within
+    LIVENESS_DEADLINE_S); one that could not be checked in time is unknown."""
+
+    def __init__(self, segments: list[dict[str, Any]] | None, listing_error: str | None) -> None:
+        self.segments = segments or []
+        self.listing_error = listing_error
+        self.te: dict[str, str] = {}  # segment name -> te_endpoint
+        for seg in self.segments:
+            name = str(seg.get("segment_name") or seg.get("te_endpoint") or "")
+            if name:
+                self.te[name] = str(seg.get("te_endpoint") or name)
+        self.alive: dict[str, bool | None] = {}  # None: could not be checked (unknown)
+        self.endpoint: dict[str, str] = {}
+
+    def check(self, metadata_url: str, names: Sequence[str]) -> None:
+        todo = [n for n in dict.fromkeys(names) if n not in self.alive]
+        if not todo:
+            return
+        pool = ThreadPoolExecutor(max_workers=min(LIVENESS_THREADS, len(todo)), thread_name_prefix="bsr-holder")
+        futs = {n: pool.submit(_check_holder, metadata_url, n, self.te.setdefault(n, n)) for n in todo}
+        pool.shutdown(wait=False, cancel_futures=False)
+        deadline = time.monotonic() + LIVENESS_DEADLINE_S
+        for name, fut in futs.items():
+            try:
+                self.endpoint[name], self.alive[name] = fut.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except Exception:  # noqa: BLE001 - a holder that could not be checked is unknown, not dead or alive
+                fut.cancel()
+
+
+def _check_listed_holders(admin_url: str, metadata_url: str) -> _Holders:
     from bsr_cli.errors import ServiceError
-    from bsr_cli.mooncake import health
 
     try:
-        segs = health.segments(admin_url)
+        found = _Holders(health.segments(admin_url, timeout=LIVENESS_DEADLINE_S), None)
     except ServiceError as e:
-        return {"available": False, "why": str(e)}
-    out_segs = []
-    alive_eps: set[str] = set()
-    for s in segs:
-        ep = _data_endpoint(metadata_url, str(s.get("segment_name") or ""), str(s.get("te_endpoint") or ""))
-        alive = bool(ep) and health.tcp_reachable(ep, timeout=0.5)
-        if alive:  # replicas name their holder by its te_endpoint (= the segment name)
-            alive_eps |= {str(s.get("te_endpoint") or ""), str(s.get("segment_name") or "")}
-        out_segs.append({"name": s.get("segment_name"), "endpoint": ep, "alive": alive, "bytes": s.get("size_bytes")})
-    dead = [s for s in out_segs if not s["alive"]]
-    stale: dict[tuple[int, int], bool] = {}
-    unknown = 0
-    if held_keys and dead:
-        if not alive_eps:
-            stale = dict.fromkeys(held_keys, True)
-        else:
-            for i, (cell, key) in enumerate(sorted(held_keys.items())):
-                if i >= MAX_REPLICA_QUERIES:
-                    unknown += 1
-                    continue
-                if not _QUERYABLE.fullmatch(key):  # the master does not URL-decode its query string
-                    unknown += 1
-                    continue
-                try:
-                    doc = json.loads(_get(f"{admin_url}/query_key?key={key}"))
-                    eps = {str(r.get("transport_endpoint_")) for r in doc.get("data") or []}
-                except (OSError, ValueError, AttributeError):
-                    unknown += 1
-                    continue
-                stale[cell] = not (eps & alive_eps)
-    live_rows = {}
-    for (wid, _group), cells in rows.items():
-        live_rows[wid] = "".join(
-            "1" if c == "1" and not stale.get((wid, i), False) else "0" for i, c in enumerate(cells)
-        )
-    live_prefix = 0
-    if live_rows:
-        n = len(next(iter(live_rows.values())))
-        while live_prefix < n and all(r[live_prefix] == "1" for r in live_rows.values()):
-            live_prefix += 1
-    return {
+        return _Holders(None, e.message)
+    found.check(metadata_url, list(found.te))
+    return found
+
+
+def liveness(
+    holders: _Holders,
+    metadata_url: str,
+    rows: list[list[str]],
+    listed: dict[int, list[bool]],
+    replicas: dict[str, list[str]],
+    chunk_size: int,
+) -> dict[str, Any]:
+    """Whether each listed chunk can really be read: the master names its replicas' holders (one batched replica
+    query), and each holder is asked directly (a TCP connect to its data endpoint; the master's listings keep a dead
+    holder's entries until its client TTL runs out, ~10 s). A chunk is live only when a live holder is known to hold
+    it; a chunk whose replicas the master did not name, or whose holders could not be checked, is unknown."""
+    holders.check(metadata_url, [ep for eps in replicas.values() for ep in eps])
+    alive = holders.alive
+    by_size = {str(seg.get("segment_name") or ""): seg.get("size_bytes") for seg in holders.segments}
+    segs_out = [
+        {
+            "name": name,
+            "endpoint": holders.endpoint.get(name, te),
+            "alive": bool(alive.get(name)),
+            "state": "alive" if alive.get(name) else ("gone" if alive.get(name) is False else "unknown"),
+        }
+        | ({"bytes": by_size[name]} if by_size.get(name) is not None else {})
+        for name, te in holders.te.items()
+    ]
+    cells: dict[str, str] = {}
+    for w, row in enumerate(rows):
+        out = []
+        for i, key in enumerate(row):
+            if not listed[w][i]:
+                out.append(ABSENT)
+                continue
+            eps = replicas.get(key)
+            if not eps:
+                out.append(UNKNOWN)
+            elif any(alive.get(ep) for ep in eps):
+                out.append(LIVE)
+            elif all(alive.get(ep) is False for ep in eps):
+                out.append(STALE)
+            else:
+                out.append(UNKNOWN)
+        cells[str(w)] = "".join(out)
+    n = len(rows[0]) if rows else 0
+
+    def prefix(ok: Callable[[str], bool]) -> int:
+        k = 0
+        while k < n and all(ok(c[k]) for c in cells.values()):
+            k += 1
+        return k
+
+    listed_prefix = prefix(lambda c: c != ABSENT)
+    live_prefix = prefix(lambda c: c == LIVE)
+    counts = Counter(c for row in cells.values() for c in row)
+    listing = {"segment_listing_error": holders.listing_error} if holders.listing_error else {}
+    return listing | {
         "available": True,
-        "segments": out_segs,
-        "segments_alive": len(out_segs) - len(dead),
-        "held_chunks": len(held_keys),
-        "stale_chunks": sum(stale.values()),
-        "unknown_chunks": unknown,
-        "live_rows": live_rows,
+        "segments": segs_out,
+        "segments_alive": sum(1 for s in segs_out if s["alive"]),
+        "segments_unknown": sum(1 for s in segs_out if s["state"] == "unknown"),
+        "held_chunks": counts[LIVE] + counts[STALE] + counts[UNKNOWN],
+        "live_chunks": counts[LIVE],
+        "stale_chunks": counts[STALE],
+        "unknown_chunks": counts[UNKNOWN],
+        "cells": cells,
+        "cells_legend": {ABSENT: "not listed", LIVE: "live", STALE: "holder gone", UNKNOWN: "liveness unknown"},
+        "live_rows": {w: "".join("1" if c == LIVE else "0" for c in row) for w, row in cells.items()},
         "live_committable_chunks": live_prefix,
         "live_committable_tokens": live_prefix * chunk_size,
+        # The master's own listing (what a probe without liveness would have said).
+        "listed": {
+            "rows": {w: "".join("0" if c == ABSENT else "1" for c in row) for w, row in cells.items()},
+            "committable_chunks": listed_prefix,
+        },
     }
 
 
@@ -307,19 +562,49 @@ def _list_keys(admin_url: str) -> list[str]:
         return [line.strip() for line in text.replace(",", "\n").splitlines() if "@" in line]
 
 
-def _flag_for(field: str, value: Any) -> str:
-    if field == "world_size":
-        return f"--world-size {value}"
-    if field == "dtype":
-        return f"--dtype {DTYPE_FLAG.get(value, value)}"
-    if field == "tags":
-        return " ".join(f"--tag {k}={v}" for k, v in value) if value else "drop --tag"
-    return f"--vllm-hash-seed {value}"
+def _changes_as_flags(changes: dict[str, Any]) -> list[str]:
+    """The flags a diagnosis tells the user to pass (for its text; `explain` builds whole commands from them)."""
+    out = []
+    for field, value in changes.items():
+        if field == "world_size":
+            out.append(f"--world-size {value}")
+        elif field == "dtype":
+            out.append(f"--dtype {value}")
+        elif field == "tags":
+            out.append(" ".join(f"--tag {shlex.quote(t)}" for t in value) if value else "drop --tag")
+        else:
+            out.append(f"--vllm-hash-seed {value}")
+    return out
 
 
 def _describe(ws: int, dt: str, tags: tuple[tuple[str, str], ...]) -> str:
     t = ", tags " + "@".join(f"{k}%{v}" for k, v in tags) if tags else ", no tags"
     return f"world size {ws}, dtype {dt}{t}"
+
+
+def _unknown_start_chunks(members: list[Any], tokens: Sequence[int], chunk_size: int) -> int:
+    """How many leading chunks of this prompt a group holds under a chain start none of the candidates gives: a
+    key whose next link (the prompt's second chunk hashed after it) is also in the group is the prompt's first
+    chunk under that start. 0 when none is (or the prompt has fewer than two full chunks: nothing to confirm)."""
+    if len(tokens) < 2 * chunk_size:
+        return 0
+    hexes = {p.chunk_hash for p in members}
+    second = tuple(tokens[chunk_size : 2 * chunk_size])
+    for p in members:
+        try:
+            h = int(p.chunk_hash, 16)
+        except ValueError:
+            continue
+        if f"{next_chunk_hash(h, second):x}" not in hexes:
+            continue
+        held, prefix = 1, h
+        for i in range(chunk_size, len(tokens) - chunk_size + 1, chunk_size):
+            prefix = next_chunk_hash(prefix, tokens[i : i + chunk_size])
+            if f"{prefix:x}" not in hexes:
+                break
+            held += 1
+        return held
+    return 0
 
 
 def diagnose(
@@ -332,10 +617,13 @@ def diagnose(
     chains: dict[str, set[str]],
     *,
     auto: bool = False,
+    tokens: Sequence[int] = (),
+    chunk_size: int = 256,
 ) -> dict[str, Any]:
     """Explain a total miss from what the store does hold (the master's key listing): group the model's keys by
     (world size, dtype, tag set), count in each how many of this prompt's chunk hashes it holds under each candidate
-    chain start, and name the closest group with the flags that would make it match."""
+    chain start (and whether it holds the prompt under a start no candidate gives), and rank the groups: the
+    closest is the first (holds the prompt, then fewest differing fields, then most chunks, then most keys)."""
     try:
         keys = _list_keys(admin_url)
     except OSError as e:
@@ -348,7 +636,7 @@ def diagnose(
     mine = [p for p in parsed if p.model == model]
     models = Counter(p.model for p in parsed)
     causes: list[str] = []
-    groups_out: list[dict[str, Any]] = []
+    ranked: list[dict[str, Any]] = []
     if not parsed:
         causes.append(
             "the store holds no LMCache-format keys at all (nothing was stored, or the master restarted: "
@@ -364,18 +652,26 @@ def diagnose(
         for p in mine:
             groups[(p.world_size, p.dtype, p.tags)].append(p)
         want = {"world_size": world_size, "dtype": dtype, "tags": tags}
-        scored: list[tuple[bool, int, int, str, dict[str, Any]]] = []
+        scored: list[tuple[tuple[Any, ...], str, dict[str, Any]]] = []
         for (ws, dt, tg), members in groups.items():
             hexes = {p.chunk_hash for p in members}
             hits = {label: len(hexes & chain) for label, chain in chains.items()}
             best_label = max(hits, key=lambda lbl: (hits[lbl], lbl == start_label))
-            diff = [f for f, v in (("world_size", ws), ("dtype", dt), ("tags", tg)) if want[f] != v]
+            have = {"world_size": ws, "dtype": dt, "tags": tg}
+            diff = [f for f in ("world_size", "dtype", "tags") if want[f] != have[f]]
             if hits[best_label] and best_label != start_label and not auto:
                 diff.append("hash_start")  # under auto, the start is found once the other fields fit
-            flags = [
-                _flag_for(f, best_label if f == "hash_start" else {"world_size": ws, "dtype": dt, "tags": tg}[f])
-                for f in diff
-            ]
+            unknown_start = 0 if hits[best_label] else _unknown_start_chunks(members, tokens, chunk_size)
+            changes: dict[str, Any] = {}
+            for f in diff:
+                if f == "world_size":
+                    changes[f] = ws
+                elif f == "dtype":
+                    changes[f] = DTYPE_FLAG.get(dt, dt)
+                elif f == "tags":
+                    changes[f] = [f"{k}={v}" for k, v in tg]
+                else:
+                    changes["vllm_hash_seed"] = best_label
             g = {
                 "world_size": ws,
                 "dtype": dt,
@@ -383,17 +679,22 @@ def diagnose(
                 "keys": len(members),
                 "workers": sorted({p.worker_id for p in members}),
                 "prompt_chunks_held": hits[best_label],
-                "vllm_hash_seed": None if best_label == "none" else best_label,
+                "vllm_hash_seed": None if best_label == "none" or not hits[best_label] else best_label,
+                "unknown_start_chunks": unknown_start,
                 "differs_in": diff,
-                "flags": flags,
+                "changes": changes,
+                "flags": _changes_as_flags(changes),
             }
-            groups_out.append(g)
             desc = _describe(ws, dt, tg)
             if hits[best_label] and best_label != "none":
                 desc += f", vLLM hash seed {best_label}"
-            scored.append((hits[best_label] > 0, -len(diff), len(members), desc, g))
-        scored.sort(key=lambda s: s[:3], reverse=True)
-        desc, best = scored[0][3], scored[0][4]
+            held_any = hits[best_label] or unknown_start
+            rank = (bool(held_any), -len(diff), hits[best_label] or unknown_start, len(members), desc)
+            scored.append((rank, desc, g))
+        # The diagnosis's ranking (ties broken by the description, never by the master's listing order).
+        scored.sort(key=lambda s: (not s[0][0], -s[0][1], -s[0][2], -s[0][3], s[0][4]))
+        ranked = [g for _, _, g in scored]
+        desc, best = scored[0][1], scored[0][2]
         if best["prompt_chunks_held"]:
             if not best["differs_in"]:
                 causes.append(f"the keys match ({desc}) but none is held now")
@@ -402,6 +703,14 @@ def diagnose(
                     f"closest group: {desc} holds {best['prompt_chunks_held']} chunk(s) of this prompt "
                     f"({best['keys']} key(s)); pass {' and '.join(best['flags'])}"
                 )
+        elif best["unknown_start_chunks"]:
+            tried = ", ".join(sorted(x for x in chains if x != "none"))
+            causes.append(
+                f"{desc} holds {best['unknown_start_chunks']} chunk(s) of this prompt under a hash chain start that "
+                f"none of the vLLM hash seeds tried gives ({tried}; and no vLLM): vLLM ran with another "
+                "PYTHONHASHSEED (pass --vllm-hash-seed SEED with the seed it ran with) or with none (random: "
+                "unreproducible)" + (f", and {' and '.join(best['flags'])}" if best["flags"] else "")
+            )
         else:
             tried = ", ".join(sorted(chains))
             causes.append(
@@ -418,14 +727,15 @@ def diagnose(
         if len(groups) > 1:
             causes.append(
                 f"keys of {model!r} are mixed: {len(groups)} groups ("
-                + "; ".join(f"{d}: {g['keys']} key(s)" for _, _, _, d, g in scored)
+                + "; ".join(f"{d}: {g['keys']} key(s)" for _, d, g in scored)
                 + ")"
             )
     return {
         "available": True,
         "keys_listed": len(keys),
         "keys_for_model": len(mine),
-        "groups": groups_out,
+        "groups": ranked,
+        "closest": 0 if ranked else None,
         "causes": causes,
     }
 

@@ -439,6 +439,19 @@ def drill(console: Console, d: dict[str, Any]) -> None:
 
 def store_probe(console: Console, d: dict[str, Any]) -> None:
     probe(console, d)
+    tail = d.get("tail")
+    if tail:
+        if tail["stored"]:
+            console.print(
+                f"storable: all {d['prompt_chunks']:,} chunks (the partial last chunk of {tail['tokens']:,} tokens "
+                "is stored too: save_unfull_chunk)"
+            )
+        else:
+            console.print(
+                f"storable: {d['storable_chunks']:,} of {d['prompt_chunks']:,} chunks ({d['storable_tokens']:,} "
+                f"tokens); the partial last chunk of {tail['tokens']:,} tokens is not stored (LMCache stores it only "
+                "with save_unfull_chunk)"
+            )
     hs = (d.get("key_format") or {}).get("hash_start") or {}
     if hs:
         seed = hs.get("vllm_hash_seed")
@@ -448,22 +461,39 @@ def store_probe(console: Console, d: dict[str, Any]) -> None:
         elif hs.get("detected") is False:
             how += " [dim](auto: no candidate start matched these keys)[/]"
         console.print(f"hash chain start: {how}")
-    console.print(f"[dim]keys look like {d.get('key_example')}; only full chunks are stored by LMCache[/]")
+        matched = hs.get("chains_matched") or []
+        if len(matched) > 1:
+            held = hs.get("candidates_held") or {}
+            console.print(
+                f"[yellow]{len(matched)} hash chains matched[/] (the prompt is stored under several chain starts): "
+                + ", ".join(f"{m} ({n:,} of the first chunks)" for m, n in zip(matched, held.values(), strict=True))
+                + "; showing the one with the most; pass --vllm-hash-seed to choose"
+            )
+    if d.get("key_example"):
+        console.print(f"[dim]keys look like {d['key_example']}[/]")
     live = d.get("liveness") or {}
     if live.get("available"):
         segs = live.get("segments") or []
+        state = {"alive": "[green]up[/]", "gone": "[red]gone[/]", "unknown": "[yellow]unknown[/]"}
         console.print(
             f"segments: {live['segments_alive']}/{len(segs)} holder(s) alive"
-            + "".join(f"  {s['endpoint']} {'[green]up[/]' if s['alive'] else '[red]gone[/]'}" for s in segs)
+            + "".join(f"  {s['endpoint']} {state[s['state']]}" for s in segs)
         )
+        if live.get("segment_listing_error"):
+            console.print(f"[yellow]the master's segment listing failed[/]: {live['segment_listing_error']}")
+        listed = (live.get("listed") or {}).get("committable_chunks", 0)
         if live.get("stale_chunks"):
             console.print(
-                f"[red]{live['stale_chunks']} held key(s) sit on holders that are gone[/]: the master still lists "
-                "them (until its client TTL, ~10 s) but they cannot be read; committable on live holders: "
-                f"[bold]{live['live_committable_tokens']:,} tokens[/] ({live['live_committable_chunks']:,} chunks)"
+                f"[red]{live['stale_chunks']} listed chunk(s) sit only on holders that are gone[/]: the master still "
+                "lists them (until its client TTL, ~10 s) but they cannot be read"
             )
-    elif live:
-        console.print(f"[yellow]segment liveness unknown[/]: {live.get('why')}")
+        if live.get("unknown_chunks"):
+            console.print(
+                f"[yellow]{live['unknown_chunks']} listed chunk(s) have no holder known to be alive[/] (liveness "
+                "unknown): not counted"
+            )
+        if live.get("stale_chunks") or live.get("unknown_chunks"):
+            console.print(f"the master's listing alone would give a prefix of {listed:,} chunk(s)")
     diag = d.get("diagnosis")
     if diag:
         if not diag["available"]:
