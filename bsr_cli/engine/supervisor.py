@@ -61,6 +61,10 @@ class EngineOptions:
     remote: bool = True
     # The admin server's self-defence (see bsr_cli/server/admin.py); None keeps the server's defaults.
     admin_limits: dict[str, float] | None = None
+    # The durable event store (state_dir/events.sqlite): events older than this, and the oldest beyond this size,
+    # are deleted.
+    event_retention_s: float = 7 * 86400.0
+    event_store_bytes: int = 512 << 20
 
     def resolved(self) -> dict[str, Any]:
         reg = self.registration
@@ -103,6 +107,8 @@ class EngineOptions:
             "faults_enabled": self.faults_enabled,
             "fs_concurrency": self.fs_concurrency,
             "fetch_timeout_s": self.fetch_timeout_s,
+            "event_retention_s": self.event_retention_s,
+            "event_store_bytes": self.event_store_bytes,
         }
 
 
@@ -298,6 +304,7 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
                 "host": opts.host,
                 "port": opts.port,
                 "admin": opts.admin_limits or {},
+                "events": {"max_age_s": settings["event_retention_s"], "max_bytes": settings["event_store_bytes"]},
             }
             _write_json(state / "engine.json", engine_cfg)
             (state / "ready.json").unlink(missing_ok=True)

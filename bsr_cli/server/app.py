@@ -23,8 +23,10 @@ from fastapi.routing import APIRoute
 
 from bsr_cli import API_VERSION
 from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
+from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
+from bsr_cli.runtime.event_store import Query as EventQuery
 from bsr_cli.server import models as m
 from bsr_cli.server.guard import Route, route
 
@@ -35,6 +37,7 @@ PREFIX = f"/bsr/{API_VERSION}"
 NDJSON = "application/x-ndjson"
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Flag = Literal["0", "1"]
+MAX_EVENTS_PAGE = 10_000  # events in one /events answer; a client pages on with ?since=
 
 
 def status_for(e: BsrError) -> int:
@@ -328,16 +331,49 @@ def create_app(admin: AdminServer | None) -> FastAPI:
 
     @app.get(f"{PREFIX}/events", **_op(m.Events))
     def events(
-        since: Annotated[int, Query(ge=0)] = 0,
+        since: Annotated[int, Query(ge=0, description="only events after this sequence number (a cursor)")] = 0,
         wait: Annotated[
             float,
             Query(ge=0, allow_inf_nan=False, description="seconds to wait for a new event; more than 30 waits 30"),
         ] = 0.0,
+        after: Annotated[
+            float | None,
+            Query(ge=0, allow_inf_nan=False, description="only events at or after this time (Unix seconds)"),
+        ] = None,
+        until: Annotated[
+            float | None,
+            Query(ge=0, allow_inf_nan=False, description="only events at or before this time (Unix seconds)"),
+        ] = None,
+        request: Annotated[
+            str | None, Query(min_length=1, max_length=200, description="only this request's events")
+        ] = None,
+        prompt: Annotated[
+            str | None, Query(min_length=1, max_length=200, description="only events naming this prompt hash")
+        ] = None,
+        kind: Annotated[list[EventKind] | None, Query(description="only events of these kinds (repeatable)")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE, description="at most this many events")] = 500,
+        newest: Annotated[Flag, Query(description="1: the last `limit` matches (still oldest first)")] = "0",
     ) -> Response:
-        """The event log after ?since=SEQ, long-polling up to ?wait=SECONDS (max 30)."""
+        """The event log (the engine's durable store where it has one): every filter combines; oldest first. With
+        only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event."""
         c = coord()
-        evs = c.events.since(since, wait_s=min(wait, 30.0))
-        return _json({"events": evs, "last_seq": c.events.last_seq})
+        log = c.events
+        filtered = any(x is not None for x in (after, until, request, prompt, kind)) or newest == "1"
+        if not filtered:
+            evs = log.since(since, wait_s=min(wait, 30.0), limit=limit)
+        else:
+            q = EventQuery(
+                after_seq=since,
+                since_time=after,
+                until_time=until,
+                request=request,
+                prompt=prompt,
+                kinds=tuple(k.value for k in kind or ()),
+                limit=limit,
+                newest=newest == "1",
+            )
+            evs = log.query(q)
+        return _json({"events": evs, "last_seq": log.last_seq, "durable": log.durable})
 
     @app.get(f"{PREFIX}/faults", **_op(m.Faults))
     def faults_list() -> Response:

@@ -26,7 +26,7 @@ from typing import Any
 from bsr_cli.client.admin import AdminClient, resolve_engine
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
 from bsr_cli.settings import Settings
-from bsr_cli.tui.model import Frame, View, fold
+from bsr_cli.tui.model import FAILURE_KINDS, Frame, View, fold
 
 FORMAT = "bsr.top-recording"
 FORMAT_VERSION = 1
@@ -364,7 +364,7 @@ class ReplaySource:
 def _failures(view: View | None) -> set[tuple[float, int]]:
     if view is None:
         return set()
-    return {(e.time, e.seq) for e in view.events if e.type in ("restore_failed_closed", "restore_failed")}
+    return {(e.time, e.seq) for e in view.events if e.type in FAILURE_KINDS}
 
 
 def _at(item: Item) -> float:
