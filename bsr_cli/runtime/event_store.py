@@ -223,7 +223,10 @@ class EventStore:
                 except queue.Empty:
                     break
             if batch:
-                self._commit(batch)
+                try:
+                    self._commit(batch)
+                except Exception as e:  # noqa: BLE001 - the writer must outlive any one batch, or readers wait
+                    self._error(f"{len(batch)} event(s) not written: {type(e).__name__}: {e}")
             for w in waiters:
                 if w.prune:
                     w.deleted = self._prune_safely()
@@ -232,7 +235,14 @@ class EventStore:
                 return
 
     def _commit(self, batch: Sequence[dict[str, Any]]) -> None:
-        rows = [_row(ev) for ev in batch]
+        rows = []
+        for ev in batch:
+            try:
+                rows.append(_row(ev))
+            except (KeyError, TypeError, ValueError):  # the event log parses what it records: a writer's bug
+                self._error(f"a malformed event was not written: {str(ev)[:200]}")
+        if not rows:
+            return
         last = max(self._last_seq, max(r[0] for r in rows))
         try:
             with self._db:
