@@ -452,7 +452,7 @@ def explain_request(
         bad = [r for r in health.get("ranks") or [] if not r.get("healthy", True)]
         who = f"rank {', '.join(map(str, ranks))}" if ranks else "a rank"
         verdict = "restore-failed-rank"
-        summary = f"failed closed because {who} failed (no tier is blamed, no marker)" + (
+        summary = f"failed closed because {who} stopped making progress (no tier is blamed, no marker)" + (
             f"; still unhealthy: {bad[0].get('reason')}" if bad and bad[0].get("reason") else ""
         )
         fix, nxt = "resume or restart the rank; then retry", "bsr status"
