@@ -38,6 +38,7 @@ NDJSON = "application/x-ndjson"
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Flag = Literal["0", "1"]
 MAX_EVENTS_PAGE = 10_000  # events in one /events answer; a client pages on with ?since=
+MAX_SEQ = 2**63 - 1  # the largest sequence number the event store can hold (SQLite INTEGER)
 
 
 def status_for(e: BsrError) -> int:
@@ -331,7 +332,9 @@ def create_app(admin: AdminServer | None) -> FastAPI:
 
     @app.get(f"{PREFIX}/events", **_op(m.Events))
     def events(
-        since: Annotated[int, Query(ge=0, description="only events after this sequence number (a cursor)")] = 0,
+        since: Annotated[
+            int, Query(ge=0, le=MAX_SEQ, description="only events after this sequence number (a cursor)")
+        ] = 0,
         wait: Annotated[
             float,
             Query(ge=0, allow_inf_nan=False, description="seconds to wait for a new event; more than 30 waits 30"),
