@@ -309,6 +309,15 @@ _ENDED = {
 }
 
 
+# The column of a timeline row each window event fills.
+_WINDOW_STEP: dict[type[ev.Event], str] = {
+    ev.WindowWaiting: "waiting",
+    ev.WindowFetched: "fetched",
+    ev.WindowInstalled: "installed",
+    ev.WindowReleased: "released",
+}
+
+
 def timeline(request: str, evs: list[ev.Event]) -> dict[str, Any]:
     """Fold one request's events into per-(rank, window) rows and an outcome."""
     t0 = min(e.time for e in evs)
@@ -319,7 +328,7 @@ def timeline(request: str, evs: list[ev.Event]) -> dict[str, Any]:
         at = round(e.time - t0, 6)
         if isinstance(e, ev.WindowFetched | ev.WindowInstalled | ev.WindowReleased | ev.WindowWaiting):
             row = windows.setdefault((e.rank, e.window), {"rank": e.rank, "window": e.window + 1})
-            row[e.kind.value.removeprefix("window_")] = at
+            row[_WINDOW_STEP[type(e)]] = at
             if isinstance(e, ev.WindowFetched):
                 row["bytes"], row["tiers"], row["fetch_s"] = e.bytes, list(e.tiers), e.seconds
         elif isinstance(e, ev.RestoreFailed):
