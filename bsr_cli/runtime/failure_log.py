@@ -25,7 +25,7 @@ from bsr_cli.core.events import (
     StoreFailed,
     parse_event,
 )
-from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.evidence import EventKind, Outcome
 
 MAX_BYTES = 10 << 20  # per file before it rotates
 BACKUPS = 3  # rotated files kept beside the current one
@@ -104,8 +104,24 @@ def failure_fields(event: Event) -> dict[str, Any] | None:
     return None
 
 
+# The kinds that may be failures (a committed restore ends too, and is not): anything else is not even parsed, so
+# the window events of a restore cost the log nothing.
+FAILURE_KINDS = frozenset(
+    {
+        EventKind.RESTORE_FAILED,
+        EventKind.RESTORE_FAILED_CLOSED,
+        EventKind.RESTORE_REFUSED,
+        EventKind.RESTORE_ABORTED,
+        EventKind.RANK_UNRESPONSIVE,
+        EventKind.STORE_FAILED,
+    }
+)
+
+
 def log_failure_event(logger: logging.Logger, wire: Mapping[str, Any]) -> None:
     """Log ``wire`` (an event's wire form) when it is a failure; anything else is ignored."""
+    if wire.get("type") not in FAILURE_KINDS:
+        return
     try:
         event = parse_event(wire)
     except ValueError:
@@ -123,4 +139,13 @@ def log_failure(logger: logging.Logger, reason: str, **fields: Any) -> None:
     logger.error(reason, extra={"bsr": {k: v for k, v in fields.items() if v is not None} | {"reason": reason}})
 
 
-__all__ = ["FIELDS", "JsonLineFormatter", "close_log", "failure_fields", "log_failure", "log_failure_event", "open_log"]
+__all__ = [
+    "FAILURE_KINDS",
+    "FIELDS",
+    "JsonLineFormatter",
+    "close_log",
+    "failure_fields",
+    "log_failure",
+    "log_failure_event",
+    "open_log",
+]
