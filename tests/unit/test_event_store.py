@@ -71,8 +71,10 @@ def test_a_store_left_open_reads_as_a_crash(tmp_path: Path) -> None:
         second.close()
     finally:
         first.close()
-    assert EventStore(path).previous.existed  # and a fresh file is not a restart
-    assert not EventStore(tmp_path / "other.sqlite").previous.existed
+    for where, existed in ((path, True), (tmp_path / "other.sqlite", False)):  # a fresh file is not a restart
+        store = EventStore(where)
+        assert store.previous.existed is existed
+        store.close()
 
 
 @pytest.mark.parametrize("durable", [True, False], ids=["store", "memory"])
@@ -117,7 +119,9 @@ def test_retention_by_age(tmp_path: Path) -> None:
     assert store.prune() > 0
     assert [e["seq"] for e in store.query(Query(limit=1000))] == list(range(100 - 48, 101))
     store.close()
-    assert EventStore(tmp_path / "e.sqlite").last_seq == 100  # seq survives even what retention removed
+    again = EventStore(tmp_path / "e.sqlite")
+    assert again.last_seq == 100  # seq survives even what retention removed
+    again.close()
 
 
 def test_retention_by_size_keeps_the_newest(tmp_path: Path) -> None:
