@@ -33,7 +33,6 @@ from typing import Any
 
 DEFAULT_MAX_AGE_S = 7 * 86400.0
 DEFAULT_MAX_BYTES = 512 << 20
-MIN_MAX_BYTES = 1 << 20  # below this the store could not hold one large restore's evidence
 BATCH_S = 0.05
 BATCH_EVENTS = 2000
 PRUNE_TO = 0.9
@@ -400,7 +399,6 @@ __all__ = [
     "DEFAULT_MAX_AGE_S",
     "DEFAULT_MAX_BYTES",
     "FILE_NAME",
-    "MIN_MAX_BYTES",
     "EventStore",
     "EventStoreError",
     "PreviousRun",
