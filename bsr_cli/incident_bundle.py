@@ -2,12 +2,15 @@
 
 A gzip tar holding, from one engine: ``manifest.json`` (what is inside, what was redacted or cut, versions),
 ``status.json`` (snapshot with rank and tier health), ``health.json``, ``info.json`` (identity and settings),
-``registration.json``, ``markers.json``, ``faults.json``, ``events.jsonl`` (the event log the engine still holds),
-``pool-history.json`` (per rank, the pool occupancy every window event reported), ``segments.json`` (the Mooncake
-master's mounted segments, when its admin address is known), ``versions.json``, ``logs/*.log`` (the last lines of
-each engine log, for an embedded engine whose state directory is here), ``explain/*.json`` (`bsr explain` of the
-prompts given), and ``top-recording.jsonl.gz``, a `bsr top --record` file of the snapshot, so
-``bsr top --replay BUNDLE`` and ``bsr describe REQ --record BUNDLE`` read the bundle directly.
+``registration.json``, ``markers.json``, ``faults.json``, ``events.jsonl`` (the engine's events of the last hour, or
+of ``--since``, from its durable event store, one JSON object per line), ``pool-history.json`` (per rank, the pool
+occupancy every window event reported), ``segments.json`` (the Mooncake master's mounted segments, when its admin
+address is known), ``versions.json``, ``logs/*.log`` (the last lines of each engine log, the structured failure logs
+of the engine and each rank included, for an embedded engine whose state directory is here), ``explain/*.json``
+(`bsr explain` of the prompts given), and ``top-recording.jsonl.gz``, a `bsr top --record` file rebuilt from the
+events (the incident frame by frame, pools, restores in flight, markers and faults as they were, then the snapshot),
+so ``bsr top --replay BUNDLE`` replays the incident without `--record` having run, and
+``bsr describe REQ --record BUNDLE`` reads the bundle directly.
 
 Redaction: token ids are never written (every ``tokens`` list becomes ``{"redacted": N}``), and the admin token,
 bearer headers and anything that looks like a secret are replaced by ``***`` in every file, logs included. Size:
@@ -24,7 +27,7 @@ import platform
 import re
 import tarfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,17 +79,19 @@ def versions() -> dict[str, Any]:
 
 def pool_history(events: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Per rank, the pool occupancy each window event reported (time, event, live and peak bytes)."""
+    from bsr_cli.core import events as ev
+
     out: dict[str, list[dict[str, Any]]] = {}
-    for e in events:
-        p = e.get("pool")
-        if isinstance(p, Mapping) and e.get("rank") is not None:
-            out.setdefault(str(e["rank"]), []).append(
+    for wire in events:
+        e = _parse(wire)
+        if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool:
+            out.setdefault(str(e.rank), []).append(
                 {
-                    "time": e.get("time"),
-                    "event": e.get("type"),
-                    "request": e.get("request"),
-                    "live_bytes": p.get("live_bytes"),
-                    "peak_bytes": p.get("peak_bytes"),
+                    "time": e.time,
+                    "event": e.kind.value,
+                    "request": e.request,
+                    "live_bytes": e.pool.get("live_bytes"),
+                    "peak_bytes": e.pool.get("peak_bytes"),
                 }
             )
     return out
@@ -175,16 +180,127 @@ class Builder:
         return path.stat().st_size
 
 
-def recording_bytes(snapshot: dict[str, Any], received_at: float, latency_s: float, source: str) -> bytes:
-    """One-frame `bsr top --record` file of the snapshot (the same format `bsr top --replay` reads)."""
+MAX_FRAMES = 240  # frames a bundle's recording rebuilds from the events (besides the snapshot itself)
+
+
+def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The incident frame by frame, rebuilt from the engine's events: one snapshot per step (at most MAX_FRAMES,
+    and always one at each restore's end or failure), each as the engine would have answered then: every rank's
+    pool as the last window event reported it, the restores in flight with their windows released, the markers
+    and faults armed. The frames carry no events: a replay reads them from events.jsonl by sequence number, so
+    the size cap, which cuts events.jsonl, bounds both. ``snapshot`` (the engine now) gives what events do not:
+    the engine's identity and settings, its ranks, its tiers."""
+    from bsr_cli.core import events as ev
+
+    typed = [(w, e) for w, e in ((w, _parse(w)) for w in events) if e is not None]
+    pooled = sum(1 for _, e in typed if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool)
+    every = max(1, -(-pooled // MAX_FRAMES))
+    ranks = {int(r.get("rank", -1)): dict(r) for r in snapshot.get("ranks") or () if isinstance(r, Mapping)}
+    active: dict[str, dict[str, Any]] = {}
+    markers: dict[str, dict[str, Any]] = {}
+    faults: dict[int, dict[str, Any]] = {}
+    recent: list[dict[str, Any]] = []
+    frames: list[dict[str, Any]] = []
+    since_frame = 0
+    for wire, e in typed:
+        boundary = False
+        if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool and e.rank in ranks:
+            ranks[e.rank] = {**ranks[e.rank], "pool": {**(ranks[e.rank].get("pool") or {}), **e.pool}}
+            since_frame += 1
+        if isinstance(e, ev.RestoreStarted):
+            active[e.request] = {
+                "request": e.request,
+                "W": e.W,
+                "windows": e.windows,
+                "tokens": e.tokens,
+                "tiers": list(e.tiers),
+                "started": e.time,
+                "done": {str(r): 0 for r in ranks},
+                "bytes": {str(r): 0 for r in ranks},
+            }
+        elif isinstance(e, ev.WindowReleased) and e.request in active:
+            a = active[e.request]
+            a["done"][str(e.rank)] = a["done"].get(str(e.rank), 0) + 1
+            a["bytes"][str(e.rank)] = a["bytes"].get(str(e.rank), 0) + e.bytes
+        elif isinstance(e, ev.RestoreFailed):
+            boundary = True
+        elif isinstance(e, ev.RestoreEnded):
+            started = active.pop(e.request, None) or {}
+            first = e.failures[0] if e.failures else None
+            recent.append(
+                {
+                    "request": e.request,
+                    "outcome": e.outcome.value,
+                    "tokens": e.committed_tokens or e.advertised_tokens,
+                    "W": started.get("W", 0),
+                    "tiers": started.get("tiers", []),
+                    "seconds": e.seconds,
+                    "finished": e.time,
+                    "reason": first.reason if first else "",
+                }
+            )
+            boundary = True
+        elif isinstance(e, ev.MarkerSet):
+            markers[e.prompt] = {
+                "prompt": e.prompt,
+                "excluded_tiers": list(e.excluded_tiers),
+                "reason": e.reason,
+                "request": e.request or "",
+                "set_at": e.time,
+            }
+        elif isinstance(e, ev.MarkerCleared):
+            markers.pop(e.prompt, None)
+        elif isinstance(e, ev.FaultInjected):
+            faults[e.fault_id] = {k: v for k, v in wire.items() if k not in ("type", "seq", "time")}
+        elif isinstance(e, ev.FaultsCleared):
+            faults.clear()
+        if boundary or since_frame >= every:
+            since_frame = 0
+            frames.append(
+                {
+                    **{k: v for k, v in snapshot.items() if k not in ("events", "ranks", "active", "recent")},
+                    "time": e.time,
+                    "seq": e.seq,
+                    "ranks": [ranks[r] for r in sorted(ranks)],
+                    "active": [json.loads(json.dumps(a)) for a in active.values()],
+                    "recent": list(recent[-50:]),
+                    "markers": list(markers.values()),
+                    "faults": list(faults.values()),
+                    "events": [],
+                }
+            )
+    return frames
+
+
+def _parse(wire: Mapping[str, Any]) -> Any:
+    from bsr_cli.core.events import parse_event
+
+    try:
+        return parse_event(wire)
+    except ValueError:
+        return None
+
+
+def recording_bytes(
+    snapshot: dict[str, Any],
+    received_at: float,
+    latency_s: float,
+    source: str,
+    history: Sequence[Mapping[str, Any]] = (),
+) -> bytes:
+    """A `bsr top --record` file (the format `bsr top --replay` reads): the ``history`` frames (see
+    history_frames), each stamped with its engine time, then the snapshot itself."""
     from bsr_cli.tui.source import FORMAT as REC_FORMAT
     from bsr_cli.tui.source import FORMAT_VERSION as REC_VERSION
 
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb") as fh:
-        header = {"format": REC_FORMAT, "version": REC_VERSION, "started": received_at, "source": source}
-        frame = {"t": received_at, "lat": round(latency_s, 6), "snap": snapshot}
-        for obj in (header, frame):
+        first = float(history[0]["time"]) if history else received_at
+        header = {"format": REC_FORMAT, "version": REC_VERSION, "started": first, "source": source}
+        lines: list[dict[str, Any]] = [header]
+        lines += [{"t": float(h["time"]), "lat": 0.0, "snap": h} for h in history]
+        lines.append({"t": received_at, "lat": round(latency_s, 6), "snap": snapshot})
+        for obj in lines:
             fh.write(json.dumps(obj, separators=(",", ":"), default=str).encode() + b"\n")
     return buf.getvalue()
 

@@ -5,6 +5,8 @@ The config file is TOML at ``$BSR_CONFIG`` or ``~/.config/bsr/config.toml``::
 
     engine = "prod"                  # a profile name or a URL
     state_dir = "/var/lib/bsr"
+    event_retention = "7d"           # how long `bsr engine up` keeps events (a duration)
+    event_store_max = "512MiB"       # and how large its event store may grow (oldest events go first)
 
     [profiles.prod]
     url = "http://10.0.0.5:8470"
@@ -33,12 +35,17 @@ ENV = {
     "json": "BSR_JSON",
     "traceback": "BSR_TRACEBACK",
     "timeout": "BSR_TIMEOUT",
+    "event_retention": "BSR_EVENT_RETENTION",
+    "event_store_max": "BSR_EVENT_STORE_MAX",
 }
 # BSR_DEBUG=1 is accepted as a synonym of BSR_TRACEBACK=1.
 DEBUG_ENV = "BSR_DEBUG"
 DEFAULT_TIMEOUT_S = 30.0
 # What a config file may set (anything else is a typo, refused rather than ignored).
-CONFIG_KEYS = frozenset({"engine", "token", "state_dir", "timeout", "profiles"})
+CONFIG_KEYS = frozenset({"engine", "token", "state_dir", "timeout", "profiles", "event_retention", "event_store_max"})
+DEFAULT_EVENT_RETENTION_S = 7 * 86400.0  # the embedded engine's event store: events older than this are deleted
+DEFAULT_EVENT_STORE_BYTES = 512 << 20  # ... and the oldest, beyond this size
+MIN_EVENT_STORE_BYTES = 1 << 20
 PROFILE_KEYS = frozenset({"url", "urls", "token"})
 
 
@@ -65,6 +72,8 @@ class Settings:
     json: bool = False
     traceback: bool = False
     timeout_s: float = DEFAULT_TIMEOUT_S
+    event_retention_s: float = DEFAULT_EVENT_RETENTION_S
+    event_store_bytes: int = DEFAULT_EVENT_STORE_BYTES
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -77,6 +86,14 @@ class Settings:
             "json": {"value": self.json, "source": self.sources.get("json", "default")},
             "traceback": {"value": self.traceback, "source": self.sources.get("traceback", "default")},
             "timeout_s": {"value": self.timeout_s, "source": self.sources.get("timeout_s", "default")},
+            "event_retention_s": {
+                "value": self.event_retention_s,
+                "source": self.sources.get("event_retention_s", "default"),
+            },
+            "event_store_bytes": {
+                "value": self.event_store_bytes,
+                "source": self.sources.get("event_store_bytes", "default"),
+            },
             "profiles": sorted(self.profiles),
         }
 
@@ -124,6 +141,8 @@ def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) 
         ("token", "token", str),
         ("state_dir", "state_dir", lambda v: Path(str(v)).expanduser()),
         ("timeout_s", "timeout", float),
+        ("event_retention_s", "event_retention", parse_event_retention),
+        ("event_store_bytes", "event_store_max", parse_event_store_bytes),
     ):
         got = pick(name, flags.get(name), ENV[key], file_cfg.get(key))
         if got is not None:
@@ -131,6 +150,8 @@ def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) 
                 setattr(s, name, conv(got[0]))
             except (TypeError, ValueError):
                 raise InvalidInput(f"bad value for {name} ({got[1]}): {got[0]!r}") from None
+            except InvalidInput as e:
+                raise InvalidInput(f"bad value for {name} ({got[1]}): {e.message}", hint=e.hint) from None
             s.sources[name] = got[1]
     for name in ("json", "traceback"):
         flag = flags.get(name)
@@ -148,6 +169,26 @@ def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) 
             f"({s.sources.get('timeout_s', 'default')})"
         )
     return s
+
+
+def parse_event_retention(value: Any) -> float:
+    """A duration (7d, 12h) or a number of seconds; at least a minute."""
+    from bsr_cli.core.when import parse_duration
+
+    seconds = float(value) if isinstance(value, int | float) else parse_duration(str(value))
+    if not math.isfinite(seconds) or seconds < 60:
+        raise InvalidInput(f"{value!r}: the event retention must be at least 1m")
+    return seconds
+
+
+def parse_event_store_bytes(value: Any) -> int:
+    """A size (512MiB) or a number of bytes; at least 1 MiB."""
+    from bsr_cli.core.units import parse_bytes
+
+    n = value if isinstance(value, int) and not isinstance(value, bool) else parse_bytes(str(value))
+    if n < MIN_EVENT_STORE_BYTES:
+        raise InvalidInput(f"{value!r}: the event store must be allowed at least 1MiB")
+    return n
 
 
 def _read_config(path: Path, *, required: bool) -> dict[str, Any]:

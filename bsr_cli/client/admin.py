@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -38,6 +38,9 @@ from bsr_cli.errors import (
     VersionMismatch,
 )
 from bsr_cli.settings import Settings
+
+PAGE = 5000  # events asked for per /events page when filtering
+MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
 
 _KIND_TO_ERROR: dict[str, type[EngineError]] = {
     "busy": EngineBusy,
@@ -337,23 +340,65 @@ class AdminClient:
             params["events_since"] = events_since
         return dict(self._call("GET", "/snapshot", params=params, timeout=timeout))
 
-    def events(self, since: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
-        return dict(self._call("GET", "/events", params={"since": since, "wait": wait_s}, timeout=wait_s + 10))
+    def events(
+        self,
+        since: int = 0,
+        wait_s: float = 0.0,
+        *,
+        after: float | None = None,
+        until: float | None = None,
+        request: str | None = None,
+        prompt: str | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int | None = None,
+        newest: bool = False,
+    ) -> dict[str, Any]:
+        """One page of ``GET /events``: events after the cursor ``since``, filtered (every filter combines:
+        ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for the last ``limit``
+        matches instead of the first."""
+        params: dict[str, Any] = {"since": since, "wait": wait_s}
+        for key, value in (("after", after), ("until", until), ("request", request), ("prompt", prompt)):
+            if value is not None:
+                params[key] = value
+        if kinds:
+            params["kind"] = list(kinds)
+        if limit is not None:
+            params["limit"] = limit
+        if newest:
+            params["newest"] = "1"
+        return dict(self._call("GET", "/events", params=params, timeout=wait_s + 10))
 
-    def held_events(self, since: int = 0) -> tuple[list[dict[str, Any]], int]:
-        """Every event the engine still holds after ``since``, oldest first, and its last sequence number. One
-        `/events` answer is a page starting from the oldest, so this pages on until it has the newest."""
+    def held_events(
+        self,
+        since: int = 0,
+        *,
+        after: float | None = None,
+        until: float | None = None,
+        request: str | None = None,
+        prompt: str | None = None,
+        kinds: Sequence[str] | None = None,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Every event the engine still holds after ``since`` that matches the filters, oldest first, and its last
+        sequence number. One `/events` answer is a page starting from the oldest, so this pages on until it has
+        the newest."""
+        filtered = any(x is not None for x in (after, until, request, prompt)) or bool(kinds)
         out: list[dict[str, Any]] = []
         seq = since
-        for _ in range(64):  # the engine's ring holds a few thousand events: a handful of pages at most
-            got = self.events(since=seq)
+        last = 0
+        for _ in range(MAX_PAGES):
+            if filtered:
+                got = self.events(
+                    since=seq, after=after, until=until, request=request, prompt=prompt, kinds=kinds, limit=PAGE
+                )
+            else:
+                got = self.events(since=seq)
             page = got.get("events") or []
             last = int(got.get("last_seq") or 0)
             out.extend(page)
-            if not page or int(page[-1].get("seq", last)) >= last:
+            if not page or int(page[-1].get("seq", last)) >= last or (filtered and len(page) < PAGE):
                 return out, last
             seq = int(page[-1]["seq"])
-        return out, seq
+        return out, last
 
     def faults(self) -> dict[str, Any]:
         return dict(self._call("GET", "/faults"))

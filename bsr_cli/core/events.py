@@ -137,6 +137,7 @@ class RestoreStarted(Event):
     kind = EventKind.RESTORE_STARTED
     request: str
     prompt: str = ""
+    prefix_tokens: int = 0  # a restore of a prefix of the prompt (a vLLM worker's load): ``prompt`` hashes that many
     W: int = 0
     windows: int = 0
     tokens: int = 0

@@ -25,8 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bsr_cli.core import accounting
+from bsr_cli.core import events as ev
 from bsr_cli.core.bitmap import HitBitmap
-from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED
+from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import ServerError
 
@@ -482,78 +483,99 @@ def _result(
     }
 
 
-# A restore's end event and the outcome it records (core.evidence.Outcome).
-_ENDED = {
-    "restore_committed": COMMITTED,
-    "restore_failed_closed": FAILED_CLOSED,
-    "restore_refused": "refused",
-    "restore_aborted": "aborted",
-}
-
-
-def fold_restore(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def fold_restore(events: Sequence[ev.Event]) -> dict[str, Any] | None:
     """One restore's events (one request) as per-rank, per-window facts: windows released, the failures with their
-    rank, window and kind, and the outcome."""
-    if not events:
+    rank, window, stage and kind, and the outcome."""
+    mine = [e for e in events if e.request_id]
+    if not mine:
         return None
-    req = str(events[0].get("request", ""))
+    req = str(mine[0].request_id)
     ranks: dict[int, dict[str, Any]] = {}
     out: dict[str, Any] = {"request": req, "outcome": "running", "windows": None, "W": None, "failures": []}
-    for e in events:
-        t = e.get("type")
-        if t == "restore_started":
-            out["windows"], out["W"], out["tiers"] = e.get("windows"), e.get("W"), e.get("tiers")
-            out["tokens"] = e.get("tokens")
-        elif t == "window_released":
-            r = ranks.setdefault(int(e["rank"]), {"rank": int(e["rank"]), "windows_released": 0, "bytes": 0})
+    for e in mine:
+        if isinstance(e, ev.RestoreStarted):
+            out["windows"], out["W"], out["tiers"], out["tokens"] = e.windows, e.W, list(e.tiers), e.tokens
+        elif isinstance(e, ev.WindowReleased):
+            r = ranks.setdefault(e.rank, {"rank": e.rank, "windows_released": 0, "bytes": 0})
             r["windows_released"] += 1
-            r["bytes"] += int(e.get("bytes", 0))
-        elif t in _ENDED:
-            out["outcome"] = _ENDED[str(t)]
-            out["committed_tokens"] = e.get("committed_tokens")
+            r["bytes"] += e.bytes
+        elif isinstance(e, ev.RestoreEnded):
+            out["outcome"] = e.outcome.value
+            out["committed_tokens"] = e.committed_tokens
             out["failures"] = [
-                {k: f.get(k) for k in ("rank", "window", "kind", "stage", "tier", "reason")}
-                for f in e.get("failures") or []
+                {
+                    "rank": f.rank,
+                    "window": f.window,
+                    "kind": f.kind.value,
+                    "stage": f.stage.value if f.stage else None,
+                    "tier": f.tier,
+                    "reason": f.reason,
+                }
+                for f in e.failures
             ]
             # A restore that could not start (a silent rank) logs no failure_kind: its failures carry it.
-            kinds = [f["kind"] for f in out["failures"] if f.get("kind")]
-            out["failure_kind"] = e.get("failure_kind") or (kinds[0] if kinds and out["outcome"] != COMMITTED else None)
-        elif t == "marker_set":
-            out["marker"] = {"excluded_tiers": e.get("excluded_tiers"), "reason": e.get("reason")}
+            kind = e.failure_kind or (e.failures[0].kind if e.failures else None)
+            out["failure_kind"] = kind.value if kind is not None and e.outcome is not Outcome.COMMITTED else None
+        elif isinstance(e, ev.MarkerSet):
+            out["marker"] = {"excluded_tiers": list(e.excluded_tiers), "reason": e.reason}
     out["ranks"] = [ranks[r] for r in sorted(ranks)]
     return out
 
 
+def _failure_line(f: Mapping[str, Any]) -> str:
+    """One failure as evidence, naming only what is known (never a None)."""
+    where = f"rank {f['rank']}" if f.get("rank") is not None else "before any rank answered"
+    if f.get("window") is not None:
+        where += f" window G{int(f['window']) + 1}"
+    blame = [f"kind {f['kind']}"] if f.get("kind") else []
+    if f.get("stage"):
+        blame.append(f"stage {f['stage']}")
+    if f.get("tier"):
+        blame.append(f"tier {f['tier']}")
+    return f"failed: {where}: {f.get('reason') or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
+
+
 def explain_request(
-    events: Sequence[Mapping[str, Any]], *, health: Mapping[str, Any], markers: Sequence[Mapping[str, Any]]
+    events: Sequence[ev.Event], *, health: Mapping[str, Any], markers: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
     """How one request ended and why: its restore per rank and window, the failure's kind (the failure taxonomy:
     tier, rank, capacity, aborted), the marker it left, and what to do."""
-    req = str(events[0].get("request", ""))
-    restore = fold_restore([e for e in events if e.get("type") != "request_admitted"])
-    finished = next((e for e in events if e.get("type") == "request_finished"), None)
-    prompt = next((str(e["prompt"]) for e in events if e.get("prompt")), "")
+    req = str(next((e.request_id for e in events if e.request_id), ""))
+    restore = fold_restore([e for e in events if not isinstance(e, ev.RequestAdmitted)])
+    finished = next((e for e in events if isinstance(e, ev.RequestFinished)), None)
+    prompt = next((str(p) for e in events if (p := getattr(e, "prompt", None))), "")
     evidence: list[str] = []
     if restore and restore.get("windows") is not None:
-        evidence.append(f"restore: {restore['windows']} window(s) of W={restore['W']} from {restore.get('tiers')}")
+        source = ", ".join(restore.get("tiers") or ()) or "no tier"
+        evidence.append(f"restore: {restore['windows']} window(s) of W={restore['W']} from {source}")
         for r in restore["ranks"]:
             evidence.append(f"rank {r['rank']}: {r['windows_released']} window(s) released, {r['bytes']:,} bytes")
     outcome = (restore or {}).get("outcome")
     fails = (restore or {}).get("failures") or []
-    kind = (restore or {}).get("failure_kind") or ("tier" if outcome == FAILED_CLOSED else None)
-    for f in fails:
-        where = f"rank {f.get('rank')}" + (f" window G{int(f['window']) + 1}" if f.get("window") is not None else "")
-        blame = ", ".join(f"{k} {f[k]}" for k in ("kind", "stage", "tier") if f.get(k) is not None and f.get(k) != "")
-        evidence.append(f"failed: {where}: {f.get('reason')}" + (f" ({blame})" if blame else ""))
+    kind = (restore or {}).get("failure_kind")
+    if kind is None and outcome == Outcome.FAILED_CLOSED:
+        kind = FailureKind.TIER.value
+    evidence.extend(_failure_line(f) for f in fails)
     marker = next((m for m in markers if prompt and m.get("prompt") == prompt), None)
-    if outcome == COMMITTED:
+    if outcome == Outcome.COMMITTED:
         verdict, summary, fix, nxt = (
             "restore-committed",
             f"the restore committed {restore.get('committed_tokens') or 0:,} tokens on every rank",  # type: ignore[union-attr]
             "nothing to fix",
             f"bsr describe {req}",
         )
-    elif outcome == FAILED_CLOSED and kind == "rank" and any(f.get("kind") == "rank" and f.get("stage") for f in fails):
+    elif outcome == Outcome.ABORTED or kind == FailureKind.ABORTED:
+        verdict, summary = "restore-aborted", "an operator aborted it; it failed closed, nothing was committed"
+        fix, nxt = "nothing to fix", f"bsr describe {req}"
+    elif outcome == Outcome.REFUSED or kind == FailureKind.CAPACITY:
+        verdict = "restore-failed-capacity"
+        summary = "refused for capacity: the window did not fit the budget B or the pool (no tier is blamed)"
+        fix, nxt = "lower W or raise B (see the reason)", "bsr settings show"
+    elif (
+        outcome == Outcome.FAILED_CLOSED
+        and kind == FailureKind.RANK
+        and any(f.get("kind") == "rank" and f.get("stage") for f in fails)
+    ):
         # The rank failed at its own stage (install, synchronize): the rank's fault, never a tier's.
         f = next(f for f in fails if f.get("kind") == "rank" and f.get("stage"))
         win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
@@ -564,26 +586,20 @@ def explain_request(
         )
         fix = f"check rank {f.get('rank')} (`bsr status` shows its last fault); restart it if it keeps failing"
         nxt = "bsr status"
-    elif outcome == FAILED_CLOSED and kind == "rank":
+    elif outcome == Outcome.FAILED_CLOSED and kind == FailureKind.RANK:
         ranks = sorted({int(f["rank"]) for f in fails if f.get("kind") == "rank" and f.get("rank") is not None})
         bad = [r for r in health.get("ranks") or [] if not r.get("healthy", True)]
+        who = f"rank {', '.join(map(str, ranks))}" if ranks else "a rank"
         verdict = "restore-failed-rank"
-        summary = (
-            f"failed closed because rank {', '.join(map(str, ranks)) or '?'} stopped making progress "
-            f"(no tier is blamed, no marker)" + (f"; still unhealthy: {bad[0].get('reason')}" if bad else "")
+        summary = f"failed closed because {who} stopped making progress (no tier is blamed, no marker)" + (
+            f"; still unhealthy: {bad[0].get('reason')}" if bad and bad[0].get("reason") else ""
         )
         fix, nxt = "resume or restart the rank; then retry", "bsr status"
-    elif outcome in (FAILED_CLOSED, "refused") and kind == "capacity":
-        verdict = "restore-failed-capacity"
-        summary = "refused for capacity: the window did not fit the budget B or the pool (no tier is blamed)"
-        fix, nxt = "lower W or raise B (see the reason)", "bsr settings show"
-    elif outcome in (FAILED_CLOSED, "aborted") and kind == "aborted":
-        verdict, summary = "restore-aborted", "an operator aborted it; it failed closed, nothing was committed"
-        fix, nxt = "nothing to fix", f"bsr describe {req}"
-    elif outcome == FAILED_CLOSED:
+    elif outcome == Outcome.FAILED_CLOSED:
         tiers = sorted({str(f.get("tier")) for f in fails if f.get("tier")})
         verdict = "restore-failed-tier"
-        summary = f"failed closed because tier {', '.join(tiers) or '?'} failed: nothing was committed" + (
+        which = f"tier {', '.join(tiers)}" if tiers else "a tier"
+        summary = f"failed closed because {which} failed: nothing was committed" + (
             f"; a force-local marker now excludes {', '.join(marker['excluded_tiers'])} for this prompt"
             if marker
             else ""
@@ -593,8 +609,8 @@ def explain_request(
     elif finished is not None:
         verdict = "admitted"
         summary = (
-            f"admitted: {int(finished.get('external_tokens') or 0):,} tokens from {finished.get('source')}, "
-            f"{int(finished.get('computed_tokens') or 0):,} computed"
+            f"admitted: {finished.external_tokens:,} tokens from {finished.source or 'no tier'}, "
+            f"{finished.computed_tokens:,} computed"
         )
         fix, nxt = "nothing to fix", f"bsr describe {req}"
     else:

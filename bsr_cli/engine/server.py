@@ -9,6 +9,7 @@ services started for it. Restarts dead ranks and keeps markers and settings acro
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -18,18 +19,87 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bsr_cli import __version__
 from bsr_cli.core import limits
-from bsr_cli.core.events import Event
+from bsr_cli.core.events import (
+    EngineStarted,
+    EngineStopped,
+    Event,
+    FaultFired,
+    FaultInjected,
+    FaultsCleared,
+    parse_event,
+)
+from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import lifecycle, supervisor
 from bsr_cli.engine.ranks import ProcessRank
+from bsr_cli.runtime import event_store, failure_log
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
 from bsr_cli.runtime.events import EventLog
 from bsr_cli.server import admin as admin_server
 from bsr_cli.server.admin import AdminServer
 
+REQUEST_PREFIX = "req-"
+# How long a stopping engine keeps answering after it announced the stop: one poll of `bsr top` (1 s by default).
+STOP_ANNOUNCE_S = 1.0  # the coordinator's request ids: req-00001, req-00002, ...
 
-def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank], Callable[[int], ProcessRank]]:
+
+def open_events(state: Path, cfg: dict[str, Any], log: logging.Logger | None = None) -> EventLog:
+    """The engine's event log over its durable store in ``state`` (retention from engine.json's ``events``), with
+    the start recorded as an event: whether an earlier engine wrote here, how it stopped, the faults it lost."""
+    opts = cfg.get("events") or {}
+    store = event_store.EventStore(
+        state / event_store.FILE_NAME,
+        max_age_s=float(opts.get("max_age_s", event_store.DEFAULT_MAX_AGE_S)),
+        max_bytes=int(opts.get("max_bytes", event_store.DEFAULT_MAX_BYTES)),
+        on_error=(lambda why: failure_log.log_failure(log, why, component="event-store")) if log else None,
+    )
+    prev = store.previous
+    events = EventLog(store=store)
+    events.append(
+        EngineStarted(
+            version=__version__,
+            pid=os.getpid(),
+            restart=prev.existed,
+            previous_stop=("clean" if prev.clean else "crash") if prev.existed else "",
+            faults_dropped=_faults_left_armed(store) if prev.existed else 0,
+        )
+    )
+    return events
+
+
+def _faults_left_armed(store: event_store.EventStore) -> int:
+    """Faults the previous engine still had armed (armed faults never survive a restart): what it recorded at a
+    clean stop, else what its events say (injected since it started, not cleared, not used up)."""
+    recorded = store.previous_meta("armed_faults")
+    if store.previous.clean and recorded is not None and recorded.isdigit():
+        return int(recorded)
+    started = store.query(event_store.Query(kinds=(EventKind.ENGINE_STARTED,), newest=True, limit=1))
+    kinds = (EventKind.FAULT_INJECTED, EventKind.FAULT_FIRED, EventKind.FAULTS_CLEARED)
+    after = int(started[0]["seq"]) if started else 0
+    armed: set[int] = set()
+    for wire in store.query(event_store.Query(after_seq=after, kinds=kinds, limit=1_000_000)):
+        ev = parse_event(wire)
+        if isinstance(ev, FaultsCleared):
+            armed.clear()
+        elif isinstance(ev, FaultInjected):
+            armed.add(ev.fault_id)
+        elif isinstance(ev, FaultFired) and ev.count and ev.fired >= ev.count:
+            armed.discard(ev.fault_id)
+    return len(armed)
+
+
+def _last_request_number(store: event_store.EventStore) -> int:
+    """The number in the newest request id the store names (req-00042 -> 42), or what the last clean stop left."""
+    newest = store.newest_request(REQUEST_PREFIX) or store.previous_meta("last_request") or ""
+    digits = newest.removeprefix(REQUEST_PREFIX)
+    return int(digits) if digits.isdigit() else 0
+
+
+def build(
+    cfg: dict[str, Any], events: EventLog | None = None, log_dir: Path | None = None
+) -> tuple[Coordinator, list[ProcessRank], Callable[[int], ProcessRank]]:
     reg = Registration.from_dict(cfg["registration"])
     settings = EngineSettings(**cfg["settings"])
     # The same bounds `bsr engine up` and POST /settings apply: a hand-edited engine.json cannot start a broken engine.
@@ -44,7 +114,7 @@ def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank], Callable
         fetch_timeout_s=settings.fetch_timeout_s,
         window_within_budget=False,  # `bsr engine up` applied the stricter start-up check before writing it
     )
-    events = EventLog()
+    events = events if events is not None else EventLog()
     holder: dict[str, Coordinator] = {}
 
     def on_event(ev: Event) -> None:
@@ -66,6 +136,7 @@ def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank], Callable
             "mooncake": cfg.get("mooncake"),
             "fs_dir": cfg["fs_dir"],
             "fs_concurrency": now.fs_concurrency,
+            "log_dir": str(log_dir) if log_dir is not None else None,
         }
         return ProcessRank(r, rank_cfg, on_event)
 
@@ -78,6 +149,8 @@ def build(cfg: dict[str, Any]) -> tuple[Coordinator, list[ProcessRank], Callable
             rk.close()
         raise
     coord = Coordinator(reg, ranks, settings, events)
+    if events.store is not None:
+        coord.continue_request_ids(_last_request_number(events.store))
     holder["c"] = coord
     return coord, ranks, start_rank
 
@@ -87,7 +160,16 @@ def main(argv: list[str]) -> int:
     state = Path(argv[0])
     cfg = json.loads((state / "engine.json").read_text())
     token = (state / "token").read_text().strip()
-    coord, ranks, start_rank = build(cfg)
+    log = failure_log.open_log(state / "logs" / "bsr-engine.log", "engine")
+    events = open_events(state, cfg, log)
+    # Every failure the engine records is also a JSON line in logs/bsr-engine.log (the rank processes log theirs).
+    events.observe(lambda ev: failure_log.log_failure_event(log, ev))
+    try:
+        coord, ranks, start_rank = build(cfg, events, state / "logs")
+    except BaseException:
+        events.append(EngineStopped(reason="start-up failed"))
+        events.close()
+        raise
     base = {k: cfg["settings"].get(k) for k in ("w", "budget_bytes", "fs_concurrency")}
     restored = lifecycle.restore(state, coord, base)
     for line in restored["lines"]:
@@ -136,12 +218,21 @@ def main(argv: list[str]) -> int:
         keeper.save()
         restarter.check()
     keeper.save()
+    # Say it before going: a monitor polling this engine sees the clean stop (an `engine_stopped` event) while the
+    # admin API still answers, which is how a fleet tells a requested shutdown from a crash.
+    if events.store is not None:
+        last = f"{REQUEST_PREFIX}{_last_request_number(events.store):05d}"
+        events.store.set_meta(armed_faults=str(len(coord.list_faults())), last_request=last)
+    events.append(EngineStopped(reason="shutdown"))
+    time.sleep(STOP_ANNOUNCE_S)  # not synchronisation: the time a poller gets to see the announcement
     admin.stop()
     for r in coord.ranks:
         r.close()  # type: ignore[attr-defined]
     stopped = lifecycle.stop_services(state)
     if stopped:
         print(f"bsr engine: stopped {', '.join(stopped)}", flush=True)
+    events.close()
+    failure_log.close_log(log)
     (state / "ready.json").unlink(missing_ok=True)
     return 0
 

@@ -65,6 +65,10 @@ class EngineOptions:
     allowed_hosts: tuple[str, ...] = ()
     # Serve /metrics without the token (`--open-metrics`, for a scraper that cannot send one).
     open_metrics: bool = False
+    # The durable event store (state_dir/events.sqlite): events older than this, and the oldest beyond this size,
+    # are deleted.
+    event_retention_s: float = 7 * 86400.0
+    event_store_bytes: int = 512 << 20
 
     def resolved(self) -> dict[str, Any]:
         reg = self.registration
@@ -107,6 +111,8 @@ class EngineOptions:
             "faults_enabled": self.faults_enabled,
             "fs_concurrency": self.fs_concurrency,
             "fetch_timeout_s": self.fetch_timeout_s,
+            "event_retention_s": self.event_retention_s,
+            "event_store_bytes": self.event_store_bytes,
         }
 
 
@@ -323,6 +329,7 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
                 "port": opts.port,
                 "admin": (opts.admin_limits or {})
                 | {"allowed_hosts": sorted(opts.allowed_hosts), "open_metrics": opts.open_metrics},
+                "events": {"max_age_s": settings["event_retention_s"], "max_bytes": settings["event_store_bytes"]},
             }
             _write_json(state / "engine.json", engine_cfg)
             (state / "ready.json").unlink(missing_ok=True)

@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from bsr_cli.api.ranks import (
@@ -46,6 +47,7 @@ from bsr_cli.api.ranks import (
     dispatch,
 )
 from bsr_cli.core.events import Event
+from bsr_cli.runtime import failure_log
 from bsr_cli.runtime.kv_ops import KVOps
 
 STORE_BATCH = 16  # objects per put call
@@ -58,14 +60,25 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     send_lock = threading.Lock()
+    # This rank's own failures as JSON lines in the state directory's logs/bsr-rank<N>.log (rotated).
+    log = None
+    if cfg.get("log_dir"):
+        log = failure_log.open_log(Path(cfg["log_dir"]) / f"bsr-rank{int(cfg['rank'])}.log", f"rank{cfg['rank']}")
 
     def send(msg: Any) -> None:
         with send_lock:
             conn.send(msg)
 
+    def emit(ev: Event) -> None:
+        if log is not None:
+            failure_log.log_failure_event(log, ev)
+        send({"event": ev})
+
     try:
-        rank = Rank(cfg, lambda ev: send({"event": ev}))
+        rank = Rank(cfg, emit)
     except Exception as e:  # noqa: BLE001 - reported to the coordinator, which fails start-up with it
+        if log is not None:
+            failure_log.log_failure(log, f"rank did not start: {type(e).__name__}: {e}", rank=int(cfg["rank"]))
         send({"ready": False, "error": f"{type(e).__name__}: {e}"})
         return
     send({"ready": True, "info": rank.info()})
@@ -89,6 +102,9 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
         except UnsupportedOp as e:
             send(Reply(call.id, error=str(e), refused=e))
         except Exception as e:  # noqa: BLE001 - every failure goes back to the caller as data
+            if log is not None:
+                op = type(call.request).__name__.removesuffix("Request").lower()
+                failure_log.log_failure(log, f"{op} failed: {type(e).__name__}: {e}", rank=rank.rank, op=op)
             send(Reply(call.id, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()))
 
     try:
@@ -108,6 +124,8 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
         stop_beat.set()
         rank.close()
         pool.shutdown(wait=False, cancel_futures=True)
+        if log is not None:
+            failure_log.close_log(log)
 
 
 class Rank(KVOps):

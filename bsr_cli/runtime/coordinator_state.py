@@ -102,6 +102,11 @@ class CoordinatorState:
         self._tier_views: dict[int, tuple[float, dict[str, Any]]] = {}
         self._tier_asks: set[int] = set()
 
+    def continue_request_ids(self, after: int) -> None:
+        """Number new requests after ``after``: an engine restarted over its own event store must never reuse a
+        request id its kept evidence already names."""
+        self._ids = itertools.count(max(0, after) + 1)
+
 
 __all__ = [
     "HEALTH_WAIT_S",

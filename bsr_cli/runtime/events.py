@@ -1,8 +1,14 @@
-"""The engine's event log: a bounded ring of events with sequence numbers, long-pollable.
+"""The engine's event log: sequence numbers, a bounded in-memory tail (long polls, listeners), and, where the host
+has a state directory, the durable event store behind it (`bsr_cli.runtime.event_store`).
 
 Writers append a typed event (`bsr_cli.core.events`); a wire dict is accepted too and is parsed, so a malformed
 event is refused where it is written rather than where it is read. The log stamps ``seq`` and ``time`` and holds
 the wire form (``type``, ``seq``, ``time`` and the event's fields).
+
+With a store, every event is also handed to it (in ``seq`` order), ``seq`` continues from the last one the store
+ever wrote (so a client's cursor survives a restart), and reads reach past the tail into the store: ``since`` a
+cursor older than the tail, and every filtered ``query``. Hosts without a state directory (the LMCache host, the
+vLLM worker admin, the unit fakes) keep only the tail.
 """
 
 from __future__ import annotations
@@ -14,21 +20,33 @@ from collections.abc import Callable
 from typing import Any
 
 from bsr_cli.core.events import Event, parse_event
+from bsr_cli.runtime.event_store import EventStore, Query
 
 Listener = Callable[[dict[str, Any]], None]
+TAIL = 2000  # events kept in memory: long polls and the live view read them without touching the store
 
 
 class EventLog:
-    def __init__(self, capacity: int = 2000) -> None:
+    def __init__(self, capacity: int = TAIL, store: EventStore | None = None) -> None:
         self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
-        self._seq = 0
+        self._store = store
+        self._seq = store.last_seq if store is not None else 0
         self._cond = threading.Condition()
         self._listeners: dict[str, list[Listener]] = {}
-        self._observers: list[Listener] = []  # every event, whatever its request (metrics)
+        self._observers: list[Listener] = []  # every event, whatever its request (metrics, the failure log)
 
     @property
     def last_seq(self) -> int:
         return self._seq
+
+    @property
+    def store(self) -> EventStore | None:
+        return self._store
+
+    @property
+    def durable(self) -> bool:
+        """Whether events outlive the tail (and a restart)."""
+        return self._store is not None
 
     def append(self, event: Event | dict[str, Any]) -> dict[str, Any]:
         typed = event if isinstance(event, Event) else parse_event(event)
@@ -36,6 +54,8 @@ class EventLog:
             self._seq += 1
             ev = typed.stamped(self._seq, time.time()).to_wire()
             self._events.append(ev)
+            if self._store is not None:
+                self._store.put(ev)  # under the lock: the store receives events in seq order
             listeners = list(self._listeners.get(str(ev.get("request", "")), ())) + self._observers
             self._cond.notify_all()
         for fn in listeners:
@@ -43,6 +63,8 @@ class EventLog:
         return ev
 
     def since(self, seq: int, *, wait_s: float = 0.0, limit: int = 500) -> list[dict[str, Any]]:
+        """Events after ``seq``, oldest first, waiting up to ``wait_s`` for one; from the store when the tail no
+        longer reaches back to ``seq``."""
         deadline = time.monotonic() + max(0.0, wait_s)
         with self._cond:
             while self._seq <= seq:
@@ -50,7 +72,18 @@ class EventLog:
                 if left <= 0:
                     return []
                 self._cond.wait(left)
-            return [e for e in self._events if e["seq"] > seq][:limit]
+            oldest = self._events[0]["seq"] if self._events else self._seq + 1
+            if self._store is None or seq + 1 >= oldest:
+                return [e for e in self._events if e["seq"] > seq][:limit]
+        return self._store.query(Query(after_seq=seq, limit=limit))
+
+    def query(self, q: Query) -> list[dict[str, Any]]:
+        """Every event matching ``q`` that this log still holds (the store's, or the tail's without one)."""
+        if self._store is not None:
+            return self._store.query(q)
+        with self._cond:
+            found = [e for e in self._events if q.matches(e)]
+        return found[-q.limit :] if q.newest else found[: q.limit]
 
     def recent(self, n: int = 50) -> list[dict[str, Any]]:
         with self._cond:
@@ -76,3 +109,8 @@ class EventLog:
                     self._listeners.pop(request, None)
 
         return stop
+
+    def close(self) -> None:
+        """Commit every event to the store and close it (nothing to do without one)."""
+        if self._store is not None:
+            self._store.close()

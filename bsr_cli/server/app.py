@@ -22,9 +22,11 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
 
 from bsr_cli import API_VERSION
+from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
+from bsr_cli.runtime.event_store import Query as EventQuery
 from bsr_cli.server import models as m
 from bsr_cli.server.guard import Route, route
 
@@ -35,6 +37,8 @@ PREFIX = f"/bsr/{API_VERSION}"
 NDJSON = "application/x-ndjson"
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Flag = Literal["0", "1"]
+MAX_EVENTS_PAGE = 10_000  # events in one /events answer; a client pages on with ?since=
+MAX_SEQ = 2**63 - 1  # the largest sequence number the event store can hold (SQLite INTEGER)
 
 
 def status_for(e: BsrError) -> int:
@@ -355,16 +359,51 @@ def create_app(admin: AdminServer | None) -> FastAPI:
 
     @app.get(f"{PREFIX}/events", **_op(m.Events, auth=True))
     def events(
-        since: Annotated[int, Query(ge=0)] = 0,
+        since: Annotated[
+            int, Query(ge=0, le=MAX_SEQ, description="only events after this sequence number (a cursor)")
+        ] = 0,
         wait: Annotated[
             float,
             Query(ge=0, allow_inf_nan=False, description="seconds to wait for a new event; more than 30 waits 30"),
         ] = 0.0,
+        after: Annotated[
+            float | None,
+            Query(ge=0, allow_inf_nan=False, description="only events at or after this time (Unix seconds)"),
+        ] = None,
+        until: Annotated[
+            float | None,
+            Query(ge=0, allow_inf_nan=False, description="only events at or before this time (Unix seconds)"),
+        ] = None,
+        request: Annotated[
+            str | None, Query(min_length=1, max_length=200, description="only this request's events")
+        ] = None,
+        prompt: Annotated[
+            str | None, Query(min_length=1, max_length=200, description="only events naming this prompt hash")
+        ] = None,
+        kind: Annotated[list[EventKind] | None, Query(description="only events of these kinds (repeatable)")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE, description="at most this many events")] = 500,
+        newest: Annotated[Flag, Query(description="1: the last `limit` matches (still oldest first)")] = "0",
     ) -> Response:
-        """The event log after ?since=SEQ, long-polling up to ?wait=SECONDS (max 30)."""
+        """The event log (the engine's durable store where it has one): every filter combines; oldest first. With
+        only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event."""
         c = coord()
-        evs = c.events.since(since, wait_s=min(wait, 30.0))
-        return _json({"events": evs, "last_seq": c.events.last_seq})
+        log = c.events
+        filtered = any(x is not None for x in (after, until, request, prompt, kind)) or newest == "1"
+        if not filtered:
+            evs = log.since(since, wait_s=min(wait, 30.0), limit=limit)
+        else:
+            q = EventQuery(
+                after_seq=since,
+                since_time=after,
+                until_time=until,
+                request=request,
+                prompt=prompt,
+                kinds=tuple(k.value for k in kind or ()),
+                limit=limit,
+                newest=newest == "1",
+            )
+            evs = log.query(q)
+        return _json({"events": evs, "last_seq": log.last_seq, "durable": log.durable})
 
     @app.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))
     def faults_list() -> Response:

@@ -229,6 +229,7 @@ class Snapshot(_Response):
 class Events(_Response):
     events: list[dict[str, Any]]
     last_seq: int
+    durable: bool  # the engine keeps its events in a store that outlives its in-memory tail and a restart
 
 
 class Fault(_Response):

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bsr_cli.core import events as ev
+from bsr_cli.core.evidence import EventKind, FailureKind
 from bsr_cli.core.units import format_bytes
 
 STALL_S = 5.0  # a rank that releases no window for this long, while others wait on it, is marked stalled
@@ -261,96 +263,159 @@ def _info(raw: Mapping[str, Any]) -> EngineInfo:
     )
 
 
+_CATEGORY = {
+    EventKind.WINDOW_WAITING: "windows",
+    EventKind.WINDOW_FETCHED: "windows",
+    EventKind.WINDOW_INSTALLED: "windows",
+    EventKind.WINDOW_RELEASED: "windows",
+    EventKind.MARKER_SET: "markers",
+    EventKind.MARKER_CLEARED: "markers",
+    EventKind.FAULT_INJECTED: "faults",
+    EventKind.FAULT_FIRED: "faults",
+    EventKind.FAULTS_CLEARED: "faults",
+    EventKind.RESTORE_STARTED: "restores",
+    EventKind.RESTORE_FAILED: "restores",
+    EventKind.RESTORE_COMMITTED: "restores",
+    EventKind.RESTORE_FAILED_CLOSED: "restores",
+    EventKind.RESTORE_REFUSED: "restores",
+    EventKind.RESTORE_ABORTED: "restores",
+    EventKind.REQUEST_ADMITTED: "restores",
+    EventKind.REQUEST_FINISHED: "restores",
+    EventKind.ABORT_REQUESTED: "restores",
+    EventKind.STORE_FAILED: "restores",
+}
+# The events `bsr top` and a replay treat as a failure (the `f` key jumps to the next one).
+FAILURE_KINDS = frozenset({EventKind.RESTORE_FAILED, EventKind.RESTORE_FAILED_CLOSED})
+
+
 def event_category(kind: str) -> str:
-    if kind.startswith("window_"):
-        return "windows"
-    if kind.startswith("marker_"):
-        return "markers"
-    if kind.startswith("fault"):
-        return "faults"
-    if kind.startswith(("restore_", "request_", "abort_", "store_")):
-        return "restores"
-    return "other"
+    """The filter an event kind falls under (restores, windows, markers, faults, other)."""
+    try:
+        return _CATEGORY.get(EventKind(kind), "other")
+    except ValueError:
+        return "other"
+
+
+def parse_wire(raw: Mapping[str, Any]) -> ev.Event | None:
+    """The typed event of a wire event as an engine or a recording holds it, or None for a kind this bsr does not
+    know (a newer engine's: shown generically, never misread). Recordings made before failures carried their kind
+    are read as they were meant then: every failure was blamed on a tier."""
+    try:
+        return ev.parse_event(raw)
+    except ValueError:
+        pass
+    try:
+        return ev.parse_event(_legacy(raw))
+    except ValueError:
+        return None
+
+
+def _legacy(raw: Mapping[str, Any]) -> dict[str, Any]:
+    d = dict(raw)
+    tier = FailureKind.TIER.value
+    if d.get("type") == EventKind.RESTORE_FAILED:
+        d.setdefault("kind", tier)
+        d.setdefault("reason", "")
+    if isinstance(d.get("failures"), list):
+        d["failures"] = [{"kind": tier, **f} if isinstance(f, Mapping) else f for f in d["failures"]]
+    return d
+
+
+_typed = parse_wire
 
 
 def _event(raw: Mapping[str, Any]) -> Event:
-    kind = str(raw.get("type", "?"))
+    typed = _typed(raw)
+    kind = typed.kind.value if typed is not None else str(raw.get("type", "unknown"))
     ranks: set[int] = set()
-    if isinstance(raw.get("rank"), int):
-        ranks.add(raw["rank"])
-    for f in raw.get("failures") or ():
-        if isinstance(f, Mapping) and isinstance(f.get("rank"), int):
-            ranks.add(f["rank"])
+    if typed is not None and typed.rank_id is not None:
+        ranks.add(typed.rank_id)
+    if isinstance(typed, ev.RestoreEnded):
+        ranks.update(f.rank for f in typed.failures if f.rank is not None)
     return Event(
         seq=_int(raw.get("seq")),
         time=_float(raw.get("time")),
         type=kind,
         category=event_category(kind),
         ranks=tuple(sorted(ranks)),
-        request=str(raw.get("request") or ""),
+        request=(typed.request_id if typed is not None else None) or "",
         text=describe_event(raw),
     )
 
 
-# How a restore that committed nothing ended, as the event pane says it (a refusal or an abort is no fault).
-_NOT_COMMITTED = {"restore_failed_closed": "FAILED CLOSED", "restore_refused": "refused", "restore_aborted": "aborted"}
-
-
-def describe_event(ev: Mapping[str, Any]) -> str:
+def describe_event(raw: Mapping[str, Any]) -> str:
     """One line a person reads during an incident. Windows are shown 1-based, as `window j of K` is."""
-    kind = str(ev.get("type", "?"))
-    req = str(ev.get("request") or "")
-    win = ev.get("window")
-    w1 = f"window {win + 1}" if isinstance(win, int) else "window ?"
-    if kind == "window_fetched":
-        tiers = ",".join(ev.get("tiers") or ())
-        return f"{req} {w1} fetched {_fb(_int(ev.get('bytes')))} in {_float(ev.get('seconds')) * 1e3:.0f} ms ({tiers})"
-    if kind == "window_installed":
-        return f"{req} {w1} installed"
-    if kind == "window_released":
-        pool = ev.get("pool") or {}
-        of = f"/{ev['windows']}" if isinstance(ev.get("windows"), int) else ""
-        return f"{req} {w1}{of} released · pool {_fb(_int(pool.get('live_bytes')))}"
-    if kind == "restore_started":
-        tiers = ",".join(ev.get("tiers") or ())
-        n = _int(ev.get("tokens"))
-        return f"{req} started: {ev.get('windows')} windows of W={ev.get('W')}, {n:,} tok ({tiers})"
-    if kind == "restore_committed":
+    e = _typed(raw)
+    if e is None:
+        rest = {k: v for k, v in raw.items() if k not in ("seq", "time", "pool")}
+        return " ".join(f"{k}={v}" for k, v in rest.items())[:200]
+    req = e.request_id or ""
+    if isinstance(e, ev.WindowFetched):
+        return f"{req} {_win(e.window)} fetched {_fb(e.bytes)} in {e.seconds * 1e3:.0f} ms ({','.join(e.tiers)})"
+    if isinstance(e, ev.WindowInstalled):
+        return f"{req} {_win(e.window)} installed"
+    if isinstance(e, ev.WindowWaiting):
+        return f"{req} {_win(e.window)} waiting for room in the budget"
+    if isinstance(e, ev.WindowReleased):
+        of = f"/{e.windows}" if e.windows else ""
+        return f"{req} {_win(e.window)}{of} released · pool {_fb(_int(e.pool.get('live_bytes')))}"
+    if isinstance(e, ev.RestoreStarted):
+        return f"{req} started: {e.windows} windows of W={e.W}, {e.tokens:,} tok ({','.join(e.tiers)})"
+    if isinstance(e, ev.RestoreCommitted):
+        return f"{req} committed {e.committed_tokens:,}/{e.advertised_tokens:,} tok in {e.seconds:.2f} s"
+    if isinstance(e, ev.RestoreEnded):
+        first = e.failures[0] if e.failures else None
+        at = f" rank {first.rank} {_win(first.window)}" if first is not None and first.rank is not None else ""
+        why = f" {first.reason}" if first is not None else ""
+        label = {
+            ev.RestoreFailedClosed: "FAILED CLOSED",
+            ev.RestoreRefused: "refused",
+            ev.RestoreAborted: "aborted",
+        }.get(type(e), e.outcome.value)
+        return f"{req} {label}, 0/{e.advertised_tokens:,} tok:{at}{why}".rstrip(":")
+    if isinstance(e, ev.RestoreFailed):
+        stage = f" ({e.stage.value})" if e.stage else ""
+        return f"{req} rank {e.rank} failed at {_win(e.window)}{stage}: {e.reason}"
+    if isinstance(e, ev.MarkerSet):
+        why = f" ({e.reason})" if e.reason else ""
+        scope = f"exclude {','.join(e.excluded_tiers)}" if e.excluded_tiers else "recompute locally"
+        return f"force-local marker on {e.prompt[:12]}: {scope}{why}"
+    if isinstance(e, ev.MarkerCleared):
+        return f"marker cleared on {e.prompt[:12]}" + (f" ({e.why})" if e.why else "")
+    if isinstance(e, ev.FaultInjected):
+        return f"INJECTED FAULT {_fault(raw).describe()}"
+    if isinstance(e, ev.FaultFired):
+        return f"fault fired {_fault(raw).describe()}" + (f" in {e.request}" if e.request else "")
+    if isinstance(e, ev.FaultsCleared):
+        return f"faults cleared ({e.count})"
+    if isinstance(e, ev.RequestAdmitted):
+        return f"{req} admitted: {e.tokens:,} tok"
+    if isinstance(e, ev.RequestFinished):
         return (
-            f"{req} committed {_int(ev.get('committed_tokens')):,}/{_int(ev.get('advertised_tokens')):,} tok"
-            f" in {_float(ev.get('seconds')):.2f} s"
+            f"{req} finished: {e.external_tokens:,} restored from {e.source or 'no tier'},"
+            f" {e.computed_tokens:,} computed"
         )
-    if kind in _NOT_COMMITTED:
-        fails = [f for f in ev.get("failures") or () if isinstance(f, Mapping)]
-        first = fails[0] if fails else {}
-        at = f" rank {first.get('rank')} {_win(first.get('window'))}" if first.get("rank") is not None else ""
-        n = _int(ev.get("advertised_tokens"))
-        return f"{req} {_NOT_COMMITTED[kind]}, 0/{n:,} tok:{at} {first.get('reason', '')}".rstrip()
-    if kind == "restore_failed":
-        return f"{req} rank {ev.get('rank')} failed at {_win(win)}: {ev.get('reason', '')}"
-    if kind == "marker_set":
-        excl = ",".join(ev.get("excluded_tiers") or ())
-        return f"force-local marker on {str(ev.get('prompt', ''))[:12]}: exclude {excl} ({ev.get('reason', '')})"
-    if kind == "marker_cleared":
-        return f"marker cleared on {str(ev.get('prompt', ''))[:12]} ({ev.get('why', '')})"
-    if kind == "fault_injected":
-        f = _fault(ev)
-        return f"INJECTED FAULT {f.describe()}"
-    if kind == "faults_cleared":
-        return f"faults cleared ({_int(ev.get('count'))})"
-    if kind == "request_admitted":
-        return f"{req} admitted: {_int(ev.get('tokens')):,} tok"
-    if kind == "request_finished":
-        return (
-            f"{req} finished: {_int(ev.get('external_tokens')):,} restored from {ev.get('source', '?')},"
-            f" {_int(ev.get('computed_tokens')):,} computed"
-        )
-    if kind == "abort_requested":
+    if isinstance(e, ev.AbortRequested):
         return f"{req} abort requested"
-    if kind == "store_failed":
-        return f"store failed on rank {ev.get('rank')}: {ev.get('error', '')}"
-    rest = {k: v for k, v in ev.items() if k not in ("seq", "time", "type", "pool")}
-    return " ".join(f"{k}={v}" for k, v in rest.items())[:200]
+    if isinstance(e, ev.StoreFailed):
+        return f"store failed on rank {e.rank} (tier {e.tier}): {e.error}"
+    if isinstance(e, ev.RankUnresponsive):
+        return f"rank {e.rank} unresponsive: {e.reason}" + (f" (during {e.request})" if e.request else "")
+    if isinstance(e, ev.RankRestarted):
+        return f"rank {e.rank} restarted (pid {e.pid}, restart {e.restarts})" + (f": {e.reason}" if e.reason else "")
+    if isinstance(e, ev.EngineStarted):
+        if not e.restart:
+            return f"engine started (bsr {e.version}, pid {e.pid})"
+        how = {"clean": "after a clean stop", "crash": "after a crash (it stopped without saying so)"}
+        dropped = f"; {e.faults_dropped} armed fault(s) dropped" if e.faults_dropped else ""
+        return f"engine restarted {how.get(e.previous_stop, '')} (bsr {e.version}, pid {e.pid}){dropped}".replace(
+            "  ", " "
+        )
+    if isinstance(e, ev.EngineStopped):
+        return "engine stopped" + (f" ({e.reason})" if e.reason else "")
+    if isinstance(e, ev.SettingsChanged):
+        return "settings changed: " + ", ".join(f"{k}={v}" for k, v in sorted(e.changes.items()))
+    return e.kind.value
 
 
 def _win(index: Any) -> str:
@@ -374,10 +439,12 @@ def _high_water(events: Iterable[Mapping[str, Any]], after_seq: int) -> dict[int
     """Per rank, the most live pool bytes any window event reported after ``after_seq``: a restore can start and
     finish between two polls, and the gauge must still show how full the pool got."""
     out: dict[int, int] = {}
-    for ev in events:
-        pool = ev.get("pool")
-        if _int(ev.get("seq")) > after_seq and isinstance(pool, Mapping) and isinstance(ev.get("rank"), int):
-            out[ev["rank"]] = max(out.get(ev["rank"], 0), _int(pool.get("live_bytes")))
+    for raw in events:
+        if _int(raw.get("seq")) <= after_seq:
+            continue
+        e = _typed(raw)
+        if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool:
+            out[e.rank] = max(out.get(e.rank, 0), _int(e.pool.get("live_bytes")))
     return out
 
 
@@ -437,7 +504,7 @@ def fold(prev: View | None, frame: Frame) -> View:
     now = _float(snap.get("time"), frame.received_at)
     failed_by_request: dict[str, set[int]] = {}
     for e in events:
-        if e.type == "restore_failed" and e.request:
+        if e.type == EventKind.RESTORE_FAILED and e.request:
             failed_by_request.setdefault(e.request, set()).update(e.ranks)
     before_active = {a.request: a for a in prev.active} if prev is not None and same_engine else {}
     active = tuple(
@@ -540,7 +607,7 @@ def _restart_event(info: EngineInfo, at: float) -> Event:
     return Event(
         seq=0,
         time=at,
-        type="engine_restarted",
+        type=EventKind.ENGINE_STARTED.value,
         category="other",
         ranks=(),
         request="",

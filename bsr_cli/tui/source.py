@@ -26,7 +26,7 @@ from typing import Any
 from bsr_cli.client.admin import AdminClient, resolve_engine
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
 from bsr_cli.settings import Settings
-from bsr_cli.tui.model import Frame, View, fold
+from bsr_cli.tui.model import FAILURE_KINDS, Frame, View, fold
 
 FORMAT = "bsr.top-recording"
 FORMAT_VERSION = 1
@@ -230,8 +230,9 @@ def read_recording(path: Path) -> tuple[dict[str, Any], list[Item]]:
 
 
 def _with_bundle_events(path: Path, items: list[Item]) -> list[Item]:
-    """An incident bundle keeps its events in events.jsonl, not in the recorded frame: put them back (the newest
-    the view keeps) so a replay and `bsr describe --record` see them."""
+    """An incident bundle keeps its events in events.jsonl, not in the recorded frames: give each frame the events
+    up to its sequence number (after the previous frame's), so a replay shows them as they happened and
+    `bsr describe --record` sees them all."""
     from bsr_cli.incident_bundle import read_member
 
     raw = read_member(path, "events.jsonl") or b""
@@ -243,10 +244,23 @@ def _with_bundle_events(path: Path, items: list[Item]) -> list[Item]:
             continue
     if not events:
         return items
+    events.sort(key=lambda e: int(e.get("seq", 0)))
     out: list[Item] = []
-    for item in items:
+    taken = 0
+    last = (
+        max(i for i, item in enumerate(items) if isinstance(item, Frame))
+        if any(isinstance(i, Frame) for i in items)
+        else -1
+    )
+    for n, item in enumerate(items):
         if isinstance(item, Frame) and not item.snapshot.get("events"):
-            item = Frame({**item.snapshot, "events": events}, item.received_at, item.latency_s)
+            # The last frame takes the rest: events recorded after its snapshot was taken still belong in a replay.
+            upto = int(item.snapshot.get("seq") or 0) if n != last else int(events[-1].get("seq", 0))
+            mine = []
+            while taken < len(events) and int(events[taken].get("seq", 0)) <= upto:
+                mine.append(events[taken])
+                taken += 1
+            item = Frame({**item.snapshot, "events": mine}, item.received_at, item.latency_s)
         out.append(item)
     return out
 
@@ -364,7 +378,7 @@ class ReplaySource:
 def _failures(view: View | None) -> set[tuple[float, int]]:
     if view is None:
         return set()
-    return {(e.time, e.seq) for e in view.events if e.type in ("restore_failed_closed", "restore_failed")}
+    return {(e.time, e.seq) for e in view.events if e.type in FAILURE_KINDS}
 
 
 def _at(item: Item) -> float:

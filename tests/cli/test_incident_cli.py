@@ -3,6 +3,8 @@ reset-peak. Each asserts what the engine did, not only that the command printed 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bsr_cli.errors import ExitCode
@@ -39,11 +41,11 @@ def test_markers_list_events_and_describe_after_a_failed_restore(bsr, engine, tm
     assert len(markers) == 1 and markers[0]["excluded_tiers"] == ["mooncake"]
     assert "excludes mooncake" in bsr("markers", "list").out
 
-    evs = bsr("events", "--json", "-n", "500").json()["events"]
+    evs = _lines(bsr("events", "--json", "-n", "500").out)
     failed = [e for e in evs if e["type"] == "restore_failed_closed"]
     assert failed, evs
     request = failed[-1]["request"]
-    only = bsr("events", "--json", "--request", request).json()["events"]
+    only = _lines(bsr("events", "--json", "--request", request).out)
     assert only and all(e["request"] == request for e in only)
     text = bsr("events", "--request", request).out
     assert "FAILED CLOSED" in text
@@ -56,6 +58,11 @@ def test_markers_list_events_and_describe_after_a_failed_restore(bsr, engine, tm
     assert any(w["window"] == 1 and "installed" in w for w in rank1)
     assert not any(w["window"] == 2 and "installed" in w for w in rank1)
     assert bsr("describe", "no-such-request").code == ExitCode.INVALID_INPUT
+
+
+def _lines(out: str) -> list[dict]:
+    """`bsr events --json` prints JSON lines: one event per line."""
+    return [json.loads(line) for line in out.splitlines()]
 
 
 def test_abort_of_an_unknown_request_is_an_error(bsr, engine) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from bsr_cli.core.evidence import EventKind
 from bsr_cli.tui import model, panels
 from bsr_cli.tui.model import Frame
 from bsr_cli.tui.source import PollFailure, read_recording
@@ -112,11 +113,11 @@ def test_a_broken_snapshot_still_folds() -> None:
 def test_a_restart_is_marked_in_the_event_log(incident: Path) -> None:
     frames = _frames(incident)
     before = list(model.fold_all(frames))[-1]
-    assert not any(e.type == "engine_restarted" for e in before.events)
+    assert not any(e.type == EventKind.ENGINE_STARTED for e in before.events)
     restarted = copy.deepcopy(dict(frames[0].snapshot))
     restarted["info"]["started_at"] += 1000
     after = model.fold(before, Frame(restarted, frames[-1].received_at + 1, 0.01))
-    marks = [e for e in after.events if e.type == "engine_restarted"]
+    marks = [e for e in after.events if e.type == EventKind.ENGINE_STARTED]
     assert len(marks) == 1 and "engine restarted" in marks[0].text
     # The separator stands between the old engine's events and the new one's.
     i = after.events.index(marks[0])

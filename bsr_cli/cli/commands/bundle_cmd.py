@@ -28,23 +28,31 @@ def bundle(
     max_bytes: Annotated[
         str, typer.Option("--max-bytes", help="Size cap of the contents (log tails, then oldest events, are cut).")
     ] = "16MiB",
+    since: Annotated[
+        str, typer.Option("--since", help="Events from this far back (30m, 2h, 1d) or since an ISO time.")
+    ] = "1h",
     master_admin: Annotated[
         str | None,
         typer.Option("--master-admin", help="Mooncake master admin URL for its segments [default: the embedded one]."),
     ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
-    """Write an incident archive: status, settings, registration, markers, faults, events, pool history, master
-    segments, versions, engine log tails and `explain` of the prompts given; token ids and secrets redacted.
+    """Write an incident archive: status, settings, registration, markers, faults, the events of the last hour
+    (--since) from the engine's event store, pool history, master segments, versions, engine log tails (the
+    engine's and each rank's failure log included) and `explain` of the prompts given; token ids and secrets
+    redacted.
 
-    Read it back with `bsr top --replay BUNDLE`, `bsr describe REQ --record BUNDLE`, or `tar xzf BUNDLE`.
+    Read it back with `bsr top --replay BUNDLE` (the incident frame by frame), `bsr describe REQ --record BUNDLE`,
+    or `tar xzf BUNDLE`.
     """
     from bsr_cli import incident_bundle as ib
     from bsr_cli.client import AdminClient
     from bsr_cli.client.admin import resolve_engine
     from bsr_cli.core.units import parse_bytes
+    from bsr_cli.core.when import parse_since
 
     st = state(ctx, json_flag)
+    t_from = parse_since(since, time.time())
     cap = parse_bytes(max_bytes)
     if cap < 64 << 10:
         raise InvalidInput("--max-bytes must be at least 64KiB")
@@ -79,14 +87,20 @@ def bundle(
         b.json("registration.json", client.registration())
         b.json("markers.json", snap.get("markers") or [])
         b.json("faults.json", client.faults())
-        events, _ = client.held_events(0)  # the snapshot carries one page of them; the ticket gets all held
+        # The engine's events since --since, from its durable store (the snapshot carries only the newest).
+        events, _ = client.held_events(0, after=t_from)
         b.events("events.jsonl", events)
         b.json("pool-history.json", ib.pool_history(events))
-        # The recording's frame leaves the events to events.jsonl (read back into it with the bundle), so the size
-        # cap, which cuts events.jsonl, bounds both.
+        # The recording: the incident frame by frame rebuilt from those events, then the snapshot. Its frames leave
+        # the events to events.jsonl (read back into them with the bundle), so the size cap, which cuts
+        # events.jsonl, bounds both.
         frame = {k: v for k, v in snap.items() if k != "events"} | {"events": []}
-        clean = json.loads(ib.redact_text(json.dumps(ib.redact_tokens(frame), default=str), b.secrets))
-        b.raw(ib.RECORDING, ib.recording_bytes(clean, received, latency, url))
+
+        def clean(obj: Any) -> Any:
+            return json.loads(ib.redact_text(json.dumps(ib.redact_tokens(obj), default=str), b.secrets))
+
+        history = [clean(h) for h in ib.history_frames(frame, events)]
+        b.raw(ib.RECORDING, ib.recording_bytes(clean(frame), received, latency, url, history))
         for name, n_tok, s_seed, path in prompts:
             try:
                 b.json(f"explain/{name}.json", _explain(st, n_tok, s_seed, path))

@@ -63,15 +63,27 @@ def engine_up(
     restart: Annotated[
         bool, typer.Option("--restart", help="Restart a running engine whose options differ from these.")
     ] = False,
+    event_retention: Annotated[
+        str | None,
+        typer.Option("--event-retention", help="Keep events this long (e.g. 7d, 12h) [default: 7d or the config's]."),
+    ] = None,
+    event_store_max: Annotated[
+        str | None,
+        typer.Option("--event-store-max", help="Largest the event store may grow (oldest go first) [default: 512MiB]."),
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Start the embedded engine (idempotent: a healthy engine with the same options is reported, not restarted;
     one with other options is refused unless --restart)."""
     from bsr_cli import loaders
     from bsr_cli.engine import supervisor
+    from bsr_cli.settings import parse_event_retention, parse_event_store_bytes
 
     st = state(ctx, json_flag)
     reg = loaders.load_registration(registration or "demo")
+    settings = st.settings
+    retention = settings.event_retention_s if event_retention is None else parse_event_retention(event_retention)
+    store_max = settings.event_store_bytes if event_store_max is None else parse_event_store_bytes(event_store_max)
     opts = supervisor.EngineOptions(
         reg,
         w=w,
@@ -88,6 +100,8 @@ def engine_up(
         remote=not no_remote,
         allowed_hosts=tuple(allow_host or ()),
         open_metrics=open_metrics,
+        event_retention_s=retention,
+        event_store_bytes=store_max,
     )
     if host not in ("127.0.0.1", "localhost", "::1"):
         st.out.note(f"[yellow]warning:[/] the admin API will listen on {host}, beyond loopback")

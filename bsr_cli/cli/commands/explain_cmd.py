@@ -102,6 +102,7 @@ def _explain_prompt(
     flags: str,
 ) -> dict[str, Any]:
     from bsr_cli.client import AdminClient
+    from bsr_cli.core.evidence import EventKind
     from bsr_cli.core.explain import explain_engine, fold_restore
     from bsr_cli.core.keys import prompt_hash, synthetic_tokens
     from bsr_cli.prompts import prompt_body
@@ -124,14 +125,17 @@ def _explain_prompt(
             probe_error = e.message  # a rank is down: the probe cannot run, the verdict says why
         markers = client.markers()
         faults = client.faults().get("faults", [])
-        events, _ = client.held_events(0)
+        # The prompt's last restore, from the engine's event store: its start, then every event of that request.
+        starts = (EventKind.RESTORE_STARTED.value, EventKind.REQUEST_ADMITTED.value)
+        found = client.events(prompt=prompt, kinds=starts, limit=1, newest=True).get("events") or []
+        if not found:
+            # A vLLM worker's loads stand for a prefix of the prompt (their key hashes the first prefix_tokens
+            # tokens): look among the recent starts for one this prompt begins with.
+            recent = client.events(kinds=starts, limit=500, newest=True).get("events") or []
+            found = [e for e in recent if _covers(e, tokens, prompt)]
+        last_events = client.held_events(0, request=str(found[-1]["request"]))[0] if found else []
     markers = [dict(m, prompt=prompt) if _covers(m, tokens, prompt) else m for m in markers]
-    starts = ("restore_started", "request_admitted")
-    mine = [e for e in events if e.get("type") in starts and _covers(e, tokens, prompt)]
-    last = None
-    if mine:
-        req = mine[-1]["request"]
-        last = fold_restore([e for e in events if e.get("request") == req])
+    last = fold_restore(_typed(last_events)) if last_events else None
     result = explain_engine(
         prompt=prompt,
         prompt_flags=flags,
@@ -166,15 +170,23 @@ def _explain_request(st: AppState, request: str) -> dict[str, Any]:
     from bsr_cli.core.explain import explain_request
 
     with AdminClient.from_settings(st.settings) as client:
-        events, _ = client.held_events(0)
+        events, _ = client.held_events(0, request=request)
         health = client.health()
         markers = client.markers()
-    mine = [e for e in events if e.get("request") == request]
+    mine = _typed(events)
     if not mine:
         raise InvalidInput(
             f"no events of request {request!r} on {client.url}",
-            hint="the engine keeps its last events only; `bsr events` lists what it has",
+            hint="`bsr events --since 1d --kind restore_started` lists recent requests; the engine keeps events "
+            "for its retention (7 days / 512 MiB by default)",
         )
     result = explain_request(mine, health=health, markers=markers)
     result["url"] = client.url
     return result
+
+
+def _typed(wire: list[dict[str, Any]]) -> list[Any]:
+    """The events as types (`bsr_cli.core.events`); one this bsr does not know (a newer engine's) is left out."""
+    from bsr_cli.tui.model import parse_wire
+
+    return [e for e in map(parse_wire, wire) if e is not None]

@@ -11,8 +11,13 @@ import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.cli.output import Output
+from bsr_cli.core import events as ev
 from bsr_cli.core.commit import COMMITTED
+from bsr_cli.core.evidence import EventKind
 from bsr_cli.errors import InvalidInput
+
+DEFAULT_LIMIT = 50  # events `bsr events` shows without -n or --since
+MAX_LIMIT = 10_000  # the most one /events answer holds
 
 settings_app = typer.Typer(help="The engine's runtime settings: W, budget B, fs concurrency.", no_args_is_help=True)
 
@@ -119,59 +124,126 @@ def abort(
     st.out.result(result, lambda c, d: c.print(f"abort requested for {d['request']}: it will fail closed"))
 
 
+KindOpt = Annotated[
+    list[EventKind] | None,
+    typer.Option("--kind", "-k", help="Only events of this kind (repeatable: any of them).", case_sensitive=False),
+]
+
+
 def events(
     ctx: typer.Context,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")] = False,
-    since: Annotated[int, typer.Option("--since", help="Only events after this sequence number.", min=0)] = 0,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Only events since then: a duration back (30s, 15m, 2h, 1d) or an ISO time."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="Only events up to then (a duration back or an ISO time).")
+    ] = None,
     request: Annotated[str | None, typer.Option("--request", help="Only this request's events.")] = None,
+    kind: KindOpt = None,
+    after: Annotated[
+        int, typer.Option("--after", help="Only events after this sequence number (a cursor).", min=0)
+    ] = 0,
     limit: Annotated[
-        int, typer.Option("--limit", "-n", help="Show at most the last N events (without -f).", min=1)
-    ] = 50,
+        int | None,
+        typer.Option(
+            "--limit",
+            "-n",
+            help="Show the last N matching events [default: 50; every match with --since].",
+            min=1,
+            max=MAX_LIMIT,
+        ),
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
-    """The engine's event log: windows fetched/installed/released, failures, markers, faults.
+    """The engine's events: restores and their windows, failures, markers, faults, restarts. The embedded engine
+    keeps them in a durable store (by default 7 days, at most 512 MiB), across restarts.
 
-    With --json: one document {events, last_seq}; with --json -f, one JSON line per event (NDJSON).
+    Filters combine: `bsr events --since 2h --request R --kind restore_failed`. With --json, one JSON object per
+    line (JSON lines, for log shippers): `bsr events --since 1d --json > events.jsonl` exports a day.
     """
+    from bsr_cli.core.when import parse_since
+
     st = state(ctx, json_flag)
+    now = time.time()
+    try:
+        t_from = parse_since(since, now) if since is not None else None
+        t_to = parse_since(until, now, what="--until") if until is not None else None
+    except InvalidInput as e:
+        if since is not None and since.strip().isdigit():
+            raise InvalidInput(e.message, hint="--after SEQ takes a sequence number; " + (e.hint or "")) from None
+        raise
+    if t_from is not None and t_to is not None and t_to < t_from:
+        raise InvalidInput("--until is before --since")
+    kinds = [k.value for k in kind or ()]
     with _client(st) as client:
+        if limit is None and t_from is not None:
+            evs, last_seq = client.held_events(
+                after, after=t_from, until=t_to, request=request, kinds=kinds
+            )  # an export: every match
+        else:
+            got = client.events(
+                after,
+                after=t_from,
+                until=t_to,
+                request=request,
+                kinds=kinds,
+                limit=limit or DEFAULT_LIMIT,
+                newest=True,
+            )
+            evs, last_seq = list(got.get("events") or []), int(got.get("last_seq") or 0)
+        _print_events(st, evs)
         if not follow:
-            every, last_seq = client.held_events(since)
-            evs = [e for e in every if request is None or e.get("request") == request][-limit:]
-            if st.out.json_mode:
-                st.out.result({"events": evs, "last_seq": last_seq})
-            else:
-                _print_events(st, evs)
             return
-        seq = since
+        seq = max([last_seq, *(int(e.get("seq", 0)) for e in evs)])
+        wanted = _Filter(request, frozenset(kind or ()), t_to)
         while True:  # Ctrl-C ends it (exit 130 through the error boundary)
             got = client.events(since=seq, wait_s=10.0)
-            evs = got.get("events", [])
-            if evs:
-                seq = int(evs[-1].get("seq", seq))
-            elif int(got.get("last_seq") or 0) < seq:  # the engine restarted: its sequence starts again
+            new = got.get("events", [])
+            if new:
+                seq = int(new[-1].get("seq", seq))
+            elif int(got.get("last_seq") or 0) < seq:  # an engine without a store restarted: seq starts again
                 seq = 0
                 _say_restart(st)
                 continue
-            _print_events(st, [e for e in evs if request is None or e.get("request") == request])
+            _print_events(st, [e for e in new if wanted.matches(e)])
+
+
+class _Filter:
+    """What `bsr events -f` keeps of the live stream (the server filtered the backlog)."""
+
+    def __init__(self, request: str | None, kinds: frozenset[EventKind], until: float | None) -> None:
+        self.request, self.kinds, self.until = request, kinds, until
+
+    def matches(self, wire: dict[str, Any]) -> bool:
+        from bsr_cli.tui.model import parse_wire
+
+        e = parse_wire(wire)
+        if e is None:
+            return not self.kinds and self.request is None  # unknown to this bsr: shown only when unfiltered
+        return (
+            (self.request is None or e.request_id == self.request)
+            and (not self.kinds or e.kind in self.kinds)
+            and (self.until is None or e.time <= self.until)
+        )
 
 
 def _print_events(st: AppState, evs: list[dict[str, Any]]) -> None:
+    """JSON lines with --json (one event per line, as the engine recorded it), else one line a person reads."""
     import json
     import sys
 
     if st.out.json_mode:
         for e in evs:
-            sys.stdout.write(json.dumps(e) + "\n")
+            sys.stdout.write(json.dumps(e, separators=(",", ":")) + "\n")
         sys.stdout.flush()
         Output.result_written = True  # the error boundary adds no second document (e.g. on Ctrl-C)
         return
-    from bsr_cli.tui.model import describe_event
+    from bsr_cli.cli.render.ops import event_line
 
     for e in evs:
-        stamp = time.strftime("%H:%M:%S", time.localtime(float(e.get("time", 0))))
-        rank = f" r{e['rank']}" if isinstance(e.get("rank"), int) else ""
-        st.out.console.print(f"{e.get('seq', ''):>6} {stamp}{rank} {describe_event(e)}", highlight=False, markup=False)
+        st.out.console.print(event_line(e), highlight=False, markup=False)
 
 
 def _say_restart(st: AppState) -> None:
@@ -191,19 +263,27 @@ def describe(
     """One request's timeline: per rank and window, when it was fetched, installed and released, and how it ended."""
     st = state(ctx, json_flag)
     if record is not None:
-        evs = _recorded_events(record)
+        evs = [e for e in _recorded_events(record) if e.get("request") == request]
         where = str(record)
     else:
         with _client(st) as client:
-            evs, _ = client.held_events(0)
+            evs, _ = client.held_events(0, request=request)
             where = client.url
-    mine = [e for e in evs if e.get("request") == request]
+    mine = _typed(evs)
     if not mine:
         raise InvalidInput(
             f"no events of request {request!r} in {where}",
-            hint="the engine keeps its last events only; `bsr events` lists what it has",
+            hint="`bsr events --since 1d --kind restore_started` lists recent requests; the engine keeps events "
+            "for its retention (7 days / 512 MiB by default)",
         )
     st.out.result(timeline(request, mine), _render_timeline)
+
+
+def _typed(evs: list[dict[str, Any]]) -> list[ev.Event]:
+    """The events as types; one this bsr does not know (a newer engine's) is left out rather than misread."""
+    from bsr_cli.tui.model import parse_wire
+
+    return [e for e in map(parse_wire, evs) if e is not None]
 
 
 def _recorded_events(path: Path) -> list[dict[str, Any]]:
@@ -220,41 +300,58 @@ def _recorded_events(path: Path) -> list[dict[str, Any]]:
     return [seen[k] for k in sorted(seen)]
 
 
-def timeline(request: str, evs: list[dict[str, Any]]) -> dict[str, Any]:
+# How each way a restore ends reads in a timeline.
+_ENDED = {
+    ev.RestoreCommitted: COMMITTED,
+    ev.RestoreFailedClosed: "failed closed",
+    ev.RestoreRefused: "refused",
+    ev.RestoreAborted: "aborted",
+}
+
+
+# The column of a timeline row each window event fills.
+_WINDOW_STEP: dict[type[ev.Event], str] = {
+    ev.WindowWaiting: "waiting",
+    ev.WindowFetched: "fetched",
+    ev.WindowInstalled: "installed",
+    ev.WindowReleased: "released",
+}
+
+
+def timeline(request: str, evs: list[ev.Event]) -> dict[str, Any]:
     """Fold one request's events into per-(rank, window) rows and an outcome."""
-    t0 = min(float(e.get("time", 0)) for e in evs)
+    t0 = min(e.time for e in evs)
     windows: dict[tuple[int, int], dict[str, Any]] = {}
     outcome: dict[str, Any] = {"state": "in progress"}
     failures: list[dict[str, Any]] = []
-    for e in sorted(evs, key=lambda e: (float(e.get("time", 0)), int(e.get("seq", 0)))):
-        kind, at = str(e.get("type")), round(float(e.get("time", 0)) - t0, 6)
-        rank, win = e.get("rank"), e.get("window")
-        if isinstance(rank, int) and isinstance(win, int) and kind.startswith("window_"):
-            row = windows.setdefault((rank, win), {"rank": rank, "window": win + 1})
-            row[kind.removeprefix("window_")] = at
-            if kind == "window_fetched":
-                row["bytes"] = e.get("bytes")
-                row["tiers"] = e.get("tiers")
-                row["fetch_s"] = e.get("seconds")
-        elif kind == "restore_failed":
+    for e in sorted(evs, key=lambda e: (e.time, e.seq)):
+        at = round(e.time - t0, 6)
+        if isinstance(e, ev.WindowFetched | ev.WindowInstalled | ev.WindowReleased | ev.WindowWaiting):
+            row = windows.setdefault((e.rank, e.window), {"rank": e.rank, "window": e.window + 1})
+            row[_WINDOW_STEP[type(e)]] = at
+            if isinstance(e, ev.WindowFetched):
+                row["bytes"], row["tiers"], row["fetch_s"] = e.bytes, list(e.tiers), e.seconds
+        elif isinstance(e, ev.RestoreFailed):
             failures.append(
                 {
-                    "rank": rank,
-                    "window": (win + 1) if isinstance(win, int) else None,
+                    "rank": e.rank,
+                    "window": e.window + 1 if e.window is not None else None,
                     "at": at,
-                    "reason": e.get("reason"),
+                    "reason": e.reason,
+                    "kind": e.failure_kind.value,
+                    "stage": e.stage.value if e.stage else None,
+                    "tier": e.tier,
                 }
             )
-        elif kind == "restore_committed":
-            outcome = {"state": COMMITTED, "tokens": e.get("committed_tokens"), "at": at}
-        elif kind == "restore_failed_closed":
-            outcome = {"state": "failed closed", "tokens": 0, "at": at}
-        elif kind == "request_finished":
+        elif isinstance(e, ev.RestoreEnded):
+            tokens = e.committed_tokens if isinstance(e, ev.RestoreCommitted) else 0
+            outcome = {"state": _ENDED[type(e)], "tokens": tokens, "at": at}
+        elif isinstance(e, ev.RequestFinished):
             outcome = {
                 "state": "finished",
-                "source": e.get("source"),
-                "external_tokens": e.get("external_tokens"),
-                "computed_tokens": e.get("computed_tokens"),
+                "source": e.source,
+                "external_tokens": e.external_tokens,
+                "computed_tokens": e.computed_tokens,
                 "at": at,
             }
     rows = [windows[k] for k in sorted(windows)]
@@ -267,14 +364,15 @@ def _render_timeline(console: Any, d: dict[str, Any]) -> None:
     from bsr_cli.core.units import format_bytes
 
     o = d["outcome"]
-    when = time.strftime("%H:%M:%S", time.localtime(d["started_at"]))
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["started_at"]))
     console.print(
         f"request {d['request']}  started {when}  outcome: {o['state']}"
         + (f" ({o['tokens']:,} tokens)" if isinstance(o.get("tokens"), int) else "")
     )
     for f in d["failures"]:
         at = f"window {f['window']}" if f["window"] else "before any window"
-        console.print(f"[red]rank {f['rank']} failed at {at}[/] (+{f['at']:.3f} s): {f['reason']}")
+        stage = f" ({f['stage']})" if f.get("stage") else ""
+        console.print(f"[red]rank {f['rank']} failed at {at}{stage}[/] (+{f['at']:.3f} s): {f['reason']}")
     t = Table(title="windows (seconds from the first event)", title_justify="left")
     for col in ("rank", "window", "fetched", "installed", "released", "bytes", "tiers"):
         t.add_column(col, justify="left" if col == "tiers" else "right")

@@ -18,6 +18,7 @@ from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
 from bsr_cli.cli.render.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 from bsr_cli.cli.render.planning import b, first_break_line
 from bsr_cli.core.commit import COMMITTED, NOTHING_TO_RESTORE
+from bsr_cli.core.events import RestoreFailed, RestoreStarted, WindowReleased, parse_event
 from bsr_cli.core.units import format_bytes
 
 STRIP_FIXED_COLUMNS = 36  # what the probe table spends beside the strip: rank, group, held, borders
@@ -283,23 +284,37 @@ class RestoreProgress:
     def stop(self) -> None:
         self._progress.stop()
 
-    def update(self, ev: dict[str, Any]) -> None:
-        kind = ev.get("type")
-        if kind == "restore_started":
+    def update(self, wire: dict[str, Any]) -> None:
+        try:
+            e = parse_event(wire)
+        except ValueError:
+            return  # an event this bsr does not know (a newer engine) moves no bar
+        if isinstance(e, RestoreStarted):
             for task in self._tasks:
-                self._progress.update(task, total=ev["windows"])
-        elif kind == "window_released" and 0 <= ev.get("rank", -1) < len(self._tasks):
-            r = ev["rank"]
-            self._bytes[r] += ev.get("bytes", 0)
+                self._progress.update(task, total=e.windows)
+        elif isinstance(e, WindowReleased) and 0 <= e.rank < len(self._tasks):
+            r = e.rank
+            self._bytes[r] += e.bytes
             dt = max(time.monotonic() - self._t0, 1e-6)
             self._progress.update(
                 self._tasks[r],
-                completed=ev["window"] + 1,
-                total=ev["windows"],
+                completed=e.window + 1,
+                total=e.windows,
                 rate=f"{format_bytes(self._bytes[r])} {self._bytes[r] / dt / 1e9:.2f} GB/s",
             )
-        elif kind == "restore_failed":
-            self._progress.update(self._tasks[ev["rank"]], description=f"[red]rank {ev['rank']} failed[/]")
+        elif isinstance(e, RestoreFailed) and 0 <= e.rank < len(self._tasks):
+            self._progress.update(self._tasks[e.rank], description=f"[red]rank {e.rank} failed[/]")
+
+
+def event_line(wire: dict[str, Any]) -> str:
+    """One event as `bsr events` prints it: sequence number, local date and time, rank, what happened."""
+    from bsr_cli.tui.model import describe_event
+
+    at = float(wire.get("time", 0))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "-"
+    rank = wire.get("rank")
+    where = f" r{rank}" if isinstance(rank, int) and not isinstance(rank, bool) else ""
+    return f"{wire.get('seq', 0):>7} {stamp}{where} {describe_event(wire)}"
 
 
 def faults(console: Console, d: dict[str, Any]) -> None:

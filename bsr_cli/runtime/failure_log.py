@@ -1,0 +1,156 @@
+"""Structured failure logs: one JSON line per failure (time, level, request, rank, window, stage, reason), written by
+the engine and by every rank process to rotated files in the state directory's ``logs/`` (``bsr-engine.log``,
+``bsr-rank<N>.log``), so an incident's log says why, not only that, and `bsr bundle` carries it.
+
+What is a failure: a rank's part of a restore failing (``restore_failed``), a restore ending without committing
+(failed closed, refused, aborted), a rank unresponsive, a store to a tier failing, and the event store itself
+failing to write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bsr_cli.core.events import (
+    Event,
+    RankUnresponsive,
+    RestoreEnded,
+    RestoreFailed,
+    StoreFailed,
+    parse_event,
+)
+from bsr_cli.core.evidence import EventKind, Outcome
+
+MAX_BYTES = 10 << 20  # per file before it rotates
+BACKUPS = 3  # rotated files kept beside the current one
+FIELDS = ("request", "rank", "window", "stage", "reason")
+
+
+class JsonLineFormatter(logging.Formatter):
+    """A record as one JSON object: time (UTC, ISO 8601), level, the logger, the message, and the failure's
+    fields (request, rank, window, stage, reason, ...) when the record carries them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        line: dict[str, Any] = {"time": at, "level": record.levelname.lower(), "logger": record.name}
+        fields = getattr(record, "bsr", None)
+        if isinstance(fields, Mapping):
+            line.update(fields)
+        line["message"] = record.getMessage()
+        if record.exc_info:
+            line["trace"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def open_log(path: Path, name: str) -> logging.Logger:
+    """A logger writing JSON lines to ``path``, rotated at MAX_BYTES with BACKUPS kept; not propagated (the
+    engine's stdout log stays as it was)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger(f"bsr.failures.{name}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+        h.close()
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
+    handler.setFormatter(JsonLineFormatter())
+    logger.addHandler(handler)
+    return logger
+
+
+def close_log(logger: logging.Logger) -> None:
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+        h.close()
+
+
+def failure_fields(event: Event) -> dict[str, Any] | None:
+    """The log line's fields for a failure event, or None when the event is not a failure."""
+    base: dict[str, Any] = {"event": event.kind.value, "seq": event.seq or None}
+    if isinstance(event, RestoreFailed):
+        return base | {
+            "request": event.request,
+            "rank": event.rank,
+            "window": event.window,
+            "stage": event.stage.value if event.stage else None,
+            "reason": event.reason,
+            "failure_kind": event.failure_kind.value,
+            "tier": event.tier,
+        }
+    if isinstance(event, RestoreEnded):
+        if event.outcome is Outcome.COMMITTED:
+            return None
+        first = event.failures[0] if event.failures else None
+        return base | {
+            "request": event.request,
+            "outcome": event.outcome.value,
+            "rank": first.rank if first else None,
+            "window": first.window if first else None,
+            "stage": first.stage.value if first and first.stage else None,
+            "reason": first.reason if first else event.outcome.value.replace("_", " "),
+            "failure_kind": event.failure_kind.value if event.failure_kind else None,
+            "failures": len(event.failures),
+        }
+    if isinstance(event, RankUnresponsive):
+        return base | {"request": event.request, "rank": event.rank, "reason": event.reason}
+    if isinstance(event, StoreFailed):
+        return base | {"request": event.request, "rank": event.rank, "tier": event.tier, "reason": event.error}
+    return None
+
+
+# The kinds that may be failures (a committed restore ends too, and is not): anything else is not even parsed, so
+# the window events of a restore cost the log nothing.
+FAILURE_KINDS = frozenset(
+    {
+        EventKind.RESTORE_FAILED,
+        EventKind.RESTORE_FAILED_CLOSED,
+        EventKind.RESTORE_REFUSED,
+        EventKind.RESTORE_ABORTED,
+        EventKind.RANK_UNRESPONSIVE,
+        EventKind.STORE_FAILED,
+    }
+)
+
+
+def log_failure_event(logger: logging.Logger, wire: Event | Mapping[str, Any]) -> None:
+    """Log an event (typed, or its wire form) when it is a failure; anything else is ignored."""
+    if isinstance(wire, Event):
+        event = wire
+        if event.kind not in FAILURE_KINDS:
+            return
+    else:
+        if wire.get("type") not in FAILURE_KINDS:
+            return
+        try:
+            event = parse_event(wire)
+        except ValueError:
+            return
+    fields = failure_fields(event)
+    if fields is None:
+        return
+    fields = {k: v for k, v in fields.items() if v is not None}
+    level = logging.WARNING if fields.get("outcome") in (Outcome.REFUSED, Outcome.ABORTED) else logging.ERROR
+    logger.log(level, f"{event.kind.value}: {fields.get('reason', '')}", extra={"bsr": fields})
+
+
+def log_failure(logger: logging.Logger, reason: str, **fields: Any) -> None:
+    """A failure that is not an event (the event store failing, a rank's call raising)."""
+    logger.error(reason, extra={"bsr": {k: v for k, v in fields.items() if v is not None} | {"reason": reason}})
+
+
+__all__ = [
+    "FAILURE_KINDS",
+    "FIELDS",
+    "JsonLineFormatter",
+    "close_log",
+    "failure_fields",
+    "log_failure",
+    "log_failure_event",
+    "open_log",
+]
