@@ -49,7 +49,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr bundle -o incident.tar.gz",
         "bsr bundle --synthetic 65536 --seed 1 --max-bytes 4MiB -o ticket-1234.tar.gz",
     ),
-    "drill": ("bsr drill", "bsr drill --tokens 16384 --W 8"),
+    "drill": ("bsr drill --yes", "bsr drill --tokens 16384 --W 8 --yes"),
     "abort": ("bsr abort req-00012",),
     "events": ("bsr events -n 20", "bsr events -f --request req-00012", "bsr events --since 1200 --json"),
     "describe": ("bsr describe req-00012", "bsr describe req-00012 --record incident.bsrtop.gz"),
