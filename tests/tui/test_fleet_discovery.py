@@ -10,6 +10,7 @@ other work. What the stand-ins answer is what the real engine answered, so the f
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -46,7 +47,7 @@ class StandIn:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 snap = dict(owner.snapshot, stopping=owner.stopping)
                 if path == "/metrics":
@@ -103,10 +104,8 @@ def standins(live_engine: Any) -> Iterator[list[StandIn]]:
         yield out
     finally:
         for s in out:
-            try:
+            with contextlib.suppress(OSError):
                 s.stop()
-            except OSError:
-                pass
 
 
 @pytest.fixture
@@ -204,35 +203,47 @@ async def test_fleet_from_prometheus_in_status_and_top(
 
     # The TUI over the same discovered fleet, at both sizes: rows, drill-down into the real engine, help.
     for size in ((160, 45), (80, 24)):
-        app = FleetApp(fleet.discover(prometheus), interval=0.3, timeout_s=3)
-        async with app.run_test(size=size) as pilot:
-            await wait_until(pilot, lambda: app.result is not None, "the first round", timeout=60)
-            assert app.result is not None
-            assert len(app.result["engines"]) == 21
-            shown = screen(app)
-            assert "worst: down" in shown and "21 engines" in shown
-            if size == (160, 45):
-                assert all(t.name in shown for t in found), "all 21 engines on one screen"
-                assert "never seen up" in shown, shown
-            # Move to the real engine's row and open it.
-            order = [e["url"] for e in app.result["engines"]]
-            for _ in range(order.index(live_engine.url)):
-                await pilot.press("j")
-            await pilot.pause()
-            assert app.selected_url() == live_engine.url
-            await pilot.press("enter")
-            await wait_until(pilot, lambda: isinstance(app.screen, EngineScreen), "the engine view")
-            eng = app.screen
-            assert isinstance(eng, EngineScreen)
-            await wait_until(pilot, lambda: eng.view is not None, "the engine's first snapshot")
-            await pilot.pause()
-            shown = screen(app)
-            assert "Restore pool per rank" in shown and live_engine.url in shown
-            await pilot.press("escape")
-            await wait_until(pilot, lambda: not isinstance(app.screen, EngineScreen), "back to the fleet")
-            await pilot.press("question_mark")
-            await wait_until(pilot, lambda: isinstance(app.screen, FleetHelpScreen), "the help")
-            await pilot.pause()
-            assert "open the engine's own view" in screen(app)
-            await pilot.press("x")
-            await wait_until(pilot, lambda: not isinstance(app.screen, FleetHelpScreen), "help closed")
+        await _drill_down(
+            FleetApp(fleet.discover(prometheus), interval=0.3, timeout_s=3),
+            size,
+            found,
+            live_engine.url,
+            wait_until,
+            screen,
+        )
+
+
+async def _drill_down(
+    app: FleetApp, size: tuple[int, int], found: list[fleet.Target], real: str, wait_until: Any, screen: Any
+) -> None:
+    async with app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: app.result is not None, "the first round", timeout=60)
+        assert app.result is not None
+        assert len(app.result["engines"]) == 21
+        shown = screen(app)
+        assert "worst: down" in shown and "21 engines" in shown
+        if size == (160, 45):
+            assert all(t.name in shown for t in found), "all 21 engines on one screen"
+            assert "never seen up" in shown, shown
+        # Move to the real engine's row and open it.
+        order = [e["url"] for e in app.result["engines"]]
+        for _ in range(order.index(real)):
+            await pilot.press("j")
+        await pilot.pause()
+        assert app.selected_url() == real
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, EngineScreen), "the engine view")
+        eng = app.screen
+        assert isinstance(eng, EngineScreen)
+        await wait_until(pilot, lambda: eng.view is not None, "the engine's first snapshot")
+        await pilot.pause()
+        shown = screen(app)
+        assert "Restore pool per rank" in shown and real in shown
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, EngineScreen), "back to the fleet")
+        await pilot.press("question_mark")
+        await wait_until(pilot, lambda: isinstance(app.screen, FleetHelpScreen), "the help")
+        await pilot.pause()
+        assert "open the engine's own view" in screen(app)
+        await pilot.press("x")
+        await wait_until(pilot, lambda: not isinstance(app.screen, FleetHelpScreen), "help closed")
