@@ -63,10 +63,9 @@ class TopApp(App[None]):
     #gauges { height: auto; max-height: 50%; }
     #panels { layout: grid; grid-size: 2 2; grid-columns: 9fr 11fr; grid-rows: auto 1fr; height: 1fr; }
     #active, #health { height: auto; min-height: 4; max-height: 10; }
-    /* Under 100 columns the recent outcomes give way to a full-width event log (outcomes are events too). */
+    /* Under 100 columns the halves are even and the recent outcomes (with their "why") and the events go compact:
+       both stay on screen, as they are what an operator reads first in an incident. */
     .-narrow #panels { grid-columns: 1fr 1fr; }
-    .-narrow #recent { display: none; }
-    .-narrow #events { column-span: 2; }
     #status { height: 1; background: $panel; padding: 0 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -78,6 +77,11 @@ class TopApp(App[None]):
         Binding("f", "inject_fault", "inject fault"),
         Binding("c", "clear_faults", "clear faults"),
         Binding("e,enter", "event_log", "event log"),
+        Binding("down,j", "scroll_events(1)", "older events", show=False),
+        Binding("up", "scroll_events(-1)", "newer events", show=False),
+        Binding("pagedown", "scroll_events_page(1)", "older page", show=False),
+        Binding("pageup", "scroll_events_page(-1)", "newer page", show=False),
+        Binding("home", "scroll_events_home", "newest events", show=False),
         Binding("a", "abort", "abort a restore"),
         Binding("plus,equals_sign", "speed(2.0)", "faster", show=False),
         Binding("minus", "speed(0.5)", "slower", show=False),
@@ -115,6 +119,8 @@ class TopApp(App[None]):
         self._replay_timer: Timer | None = None
         self._replay_frame: ReplayFrame | None = None
         self._panels: dict[str, Static] = {}
+        self.events_back = 0  # how many of the newest matching events the event pane is scrolled past
+        self._events_matching = 0  # how many matched at the last draw (new ones keep a scrolled pane still)
 
     def _panel(self, name: str) -> Static:
         return self._panels[name]
@@ -291,11 +297,20 @@ class TopApp(App[None]):
         if self.shown is None or not self._drawable:
             return
         r = self._panel("recent")
-        r.border_title = panels.recent_title(self.shown)
+        r.border_title = panels.recent_title(self.shown, compact=_narrow(r))
         r.update(panels.recent(self.shown, limit=_rows(r), compact=_narrow(r)))
         e = self._panel("events")
-        e.border_title = panels.events_title(self.shown, self.rank, self.kind)
-        e.update(panels.events(self.shown, self.rank, self.kind, limit=_rows(e), compact=_narrow(e)))
+        matching = len(self.shown.filtered_events(self.rank, self.kind))
+        if self.events_back:  # scrolled back: events that arrived since stay above, the rows read stay put
+            self.events_back += max(0, matching - self._events_matching)
+        self._events_matching = matching
+        self.events_back = max(0, min(self.events_back, matching - 1))
+        e.border_title = panels.events_title(
+            self.shown, self.rank, self.kind, back=self.events_back, compact=_narrow(e)
+        )
+        e.update(
+            panels.events(self.shown, self.rank, self.kind, limit=_rows(e), compact=_narrow(e), back=self.events_back)
+        )
 
     def on_resize(self) -> None:
         # Sizes settle after the layout pass; draw with the new ones then.
@@ -376,13 +391,29 @@ class TopApp(App[None]):
     def action_cycle_rank(self) -> None:
         ranks = [g.rank for g in self.shown.gauges] if self.shown else []
         self.rank = model.next_rank(self.rank, ranks)
+        self.events_back = 0  # another filter: start again from the newest
         if self.shown is not None:
             self._panel("gauges").update(panels.gauges(self.shown, self.rank, dense=self._dense(self.shown)))
         self._draw_sized()
         self._draw_status()
 
+    def action_scroll_events(self, delta: int) -> None:
+        """Down (or j) shows older events, up newer ones: the pane lists the newest first."""
+        if isinstance(self.screen, ModalScreen):
+            return
+        self.events_back = max(0, self.events_back + delta)
+        self._draw_sized()
+
+    def action_scroll_events_page(self, pages: int) -> None:
+        self.action_scroll_events(pages * max(1, _rows(self._panel("events")) - 1))
+
+    def action_scroll_events_home(self) -> None:
+        self.events_back = 0
+        self._draw_sized()
+
     def action_cycle_kind(self) -> None:
         self.kind = model.next_kind(self.kind)
+        self.events_back = 0
         self._draw_sized()
         self._draw_status()
 
