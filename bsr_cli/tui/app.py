@@ -25,6 +25,7 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Static
 
+from bsr_cli.core.commit import FAILED_CLOSED
 from bsr_cli.tui import model, panels
 from bsr_cli.tui.messages import (
     ActionFailed,
@@ -120,6 +121,7 @@ class TopApp(App[None]):
         self._replay_frame: ReplayFrame | None = None
         self._panels: dict[str, Static] = {}
         self.events_back = 0  # how many of the newest matching events the event pane is scrolled past
+        self.aborts_pending: set[str] = set()  # abort sent, engine said aborting: its outcome is still to be told
         self._events_matching = 0  # how many matched at the last draw (new ones keep a scrolled pane still)
 
     def _panel(self, name: str) -> Static:
@@ -201,6 +203,8 @@ class TopApp(App[None]):
             return
         self.view = model.fold(self.view, message.frame)
         self.failure = None
+        if self.aborts_pending:
+            self._report_aborts(self.view)
         self._draw_banner()
         if not self.paused:
             self._draw(self.view)
@@ -485,8 +489,13 @@ class TopApp(App[None]):
                 return
 
             def answered(yes: bool | None) -> None:
-                if yes:
-                    self._abort_worker(request)
+                if not yes:
+                    return
+                # The restore may have finished while the question was open: say how, and send nothing.
+                if self.view is not None and not any(a.request == request for a in self.view.active):
+                    self._tell_finished(request, "did not abort it")
+                    return
+                self._abort_worker(request)
 
             self.push_screen(
                 ConfirmScreen(f"Abort {request}? It fails closed: nothing is committed.", "Abort"), answered
@@ -508,12 +517,35 @@ class TopApp(App[None]):
 
     def on_request_aborted(self, message: RequestAborted) -> None:
         r = message.result
+        request = str(r.get("request") or "")
         if r.get("aborting"):
-            self.notify(f"abort requested for {r.get('request')}: it fails closed", severity="warning")
+            # Not "aborted" yet: the restore may commit before the abort reaches it. Its outcome, when it lands in
+            # a snapshot, says which (`_report_aborts`).
+            self.aborts_pending.add(request)
+            self.notify(f"abort requested for {request}: waiting for its outcome", severity="warning")
         else:
-            self.notify(f"{r.get('request')} was no longer running", severity="information")
+            self._tell_finished(request, "the abort came too late")
         if self._drawable:
             self._start_poll()
+
+    def _tell_finished(self, request: str, what: str) -> None:
+        """A restore that finished before an abort reached it: its outcome, if a snapshot has it."""
+        done = next((o for o in (self.view.recent if self.view else ()) if o.request == request), None)
+        how = f": {done.outcome.replace('_', ' ')}" if done is not None else ""
+        self.notify(f"{request} had already finished{how}; {what}", severity="information", timeout=8)
+
+    def _report_aborts(self, view: View) -> None:
+        """Tell each pending abort's outcome once it is known: failed closed (the abort won) or committed (the
+        restore finished first, so nothing was aborted)."""
+        for o in view.recent:
+            if o.request not in self.aborts_pending:
+                continue
+            self.aborts_pending.discard(o.request)
+            if o.outcome == FAILED_CLOSED:
+                self.notify(f"{o.request} aborted: failed closed, nothing committed", severity="warning", timeout=8)
+            else:
+                outcome = o.outcome.replace("_", " ")
+                self.notify(f"{o.request} {outcome} before the abort reached it", severity="information", timeout=8)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="action")
     def _inject_worker(self, spec: dict[str, Any]) -> None:

@@ -323,7 +323,11 @@ class ChooseScreen(ModalScreen[str | None]):
                               background: $surface; }
     ChooseScreen OptionList { height: auto; max-height: 12; }
     """
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "cancel"),
+        # A `y` typed ahead (expecting the confirmation that follows) must not vanish without a word.
+        Binding("y,n", "hint", "hint", show=False),
+    ]
 
     def __init__(self, question: str, choices: list[tuple[str, str]]) -> None:
         super().__init__()
@@ -344,3 +348,6 @@ class ChooseScreen(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+    def action_hint(self) -> None:
+        self.notify("first pick one with ↑/↓ and Enter (Esc cancels); the confirmation comes next", timeout=5)
