@@ -38,6 +38,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr status",
         "bsr status --engine prod-node2 --json",
         "bsr status --engine http://10.0.0.5:8470,http://10.0.0.6:8470 --engine prod-node2",
+        "bsr status --engines-from prometheus://prom.lab:9090?job=bsr",
     ),
     "explain": (
         "bsr explain --synthetic 65536 --seed 1",
@@ -58,6 +59,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr top --record incident.bsrtop.gz",
         "bsr top --replay incident.bsrtop.gz",
         "bsr top --engine vllm-r0,vllm-r1,prod-node2",
+        "bsr top --engines-from dns://bsr-engines.lab:8470 --record fleet.gz",
     ),
     "config show": ("bsr config show", "bsr --engine prod config show --json"),
     "registration show": ("bsr registration show paper-mtp-off", "bsr registration show my-model.yaml --all-tensors"),

@@ -436,6 +436,7 @@ EnginesFromOpt = Annotated[
     str | None,
     typer.Option(
         "--engines-from",
+        metavar="SOURCE",
         help="Discover a fleet: prometheus://HOST:PORT?job=JOB (its active targets), dns://NAME:PORT (every "
         "address of NAME), or a file with one URL or profile per line.",
         show_default=False,

@@ -35,6 +35,7 @@ def top(
         str | None,
         typer.Option(
             "--engines-from",
+            metavar="SOURCE",
             help="Discover a fleet: prometheus://HOST:PORT?job=JOB, dns://NAME:PORT, or a file of engines.",
             show_default=False,
         ),
