@@ -278,6 +278,11 @@ def summarize(
     info = snap.get("info") or {}
     row["started_at"] = info.get("started_at")
     row["stopping"] = announces_stop(snap)
+    # A restarted engine's own word on how its previous run ended ("clean" or "crash", in its engine_started event):
+    # what no poller can see from outside, once the engine is back.
+    started = [e for e in snap.get("events") or [] if isinstance(e, dict) and e.get("type") == "engine_started"]
+    if started and started[-1].get("previous_stop"):
+        row["previous_stop"] = str(started[-1]["previous_stop"])
     budget = info.get("budget_bytes") or 0
     ranks = []
     for r in snap.get("ranks") or []:

@@ -128,6 +128,11 @@ def test_memory_tells_a_clean_stop_from_a_crash_and_a_hang(tmp_path: Path) -> No
     assert again[0]["down_since"] == 1010.0, "down since the first poll it missed, not the latest"
     back = at([_up("b", started=200.0)])
     assert back[0]["came_back"] == "crash" and back[0]["restarts"] == 1
+    # Back after a restart, the engine's own record of how its previous run ended is carried on its row.
+    started = {"type": "engine_started", "previous_stop": "clean"}
+    snap = {"info": {"started_at": 300.0}, "ranks": [], "events": [started]}
+    row = fleet.summarize(fleet.Target("b", "b", None), snap, None, 0.0, at=0.0)
+    assert row["previous_stop"] == "clean" and at([row])[0]["restarts"] == 2
 
 
 def test_drill_refuses_without_confirmation_when_not_on_a_terminal(bsr: Any) -> None:
