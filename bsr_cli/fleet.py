@@ -473,8 +473,10 @@ class Memory:
                     restarts=prev.restarts + int(restarted),
                 )
                 row = row | {"last_seen": at}
+                if now.restarts:
+                    row = row | {"restarts": now.restarts}
                 if restarted or (prev.down_since is not None and prev.departure):
-                    row = row | {"came_back": prev.departure or "restarted", "restarts": now.restarts}
+                    row = row | {"came_back": prev.departure or "restarted"}
             else:
                 if prev.down_since is not None and prev.departure is not None:
                     now = prev

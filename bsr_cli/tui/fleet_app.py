@@ -140,7 +140,13 @@ def row_cells(e: dict[str, Any], now: float) -> tuple[Text, ...]:
     pool = f"{format_bytes(live, compact=True)} / {format_bytes(budget, compact=True)}{pct}"
     lf = e.get("last_failure")
     last = Text("none", "dim") if not lf else Text(_cut(f"{lf['request']}: {lf['reason']}"), "red")
-    seen = Text(f"{_clock(e.get('last_seen'))}" + (f" · back ({e['came_back']})" if e.get("came_back") else ""))
+    seen = Text(_clock(e.get("last_seen")))
+    if e.get("restarts"):
+        seen.append(f" · restarted ×{e['restarts']}", "yellow")
+        if e.get("previous_stop"):
+            seen.append(f" (last stop: {e['previous_stop']})", "yellow")
+    elif e.get("came_back"):
+        seen.append(f" · back (it went: {e['came_back']})", "yellow")
     return (
         name,
         state,
