@@ -163,6 +163,8 @@ def test_top_json_prints_one_snapshot_or_a_json_error(bsr: Any) -> None:
     assert r.code == 3 and r.json()["fleet"] is True and len(r.json()["engines"]) == 2
     r = bsr("top", "--json", "--record", "x.gz")
     assert r.code == 2 and r.json()["error"] == "invalid-input"
+    r = bsr("top", "--replay", "x.gz", "--engines-from", "engines.txt")
+    assert r.code == 2 and "not both" in r.err
 
 
 def _complete(words: str, cword: int, cache: Path, **env: str) -> list[str]:

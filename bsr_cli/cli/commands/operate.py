@@ -453,7 +453,7 @@ def status(ctx: typer.Context, engines_from: EnginesFromOpt = None, json_flag: J
 
     many = fleet.targets(st.settings, engines_from)
     if many is not None:
-        return _fleet_status(st, many)
+        return fleet_status(st, many)
     with _client(st) as client:
         snap = client.snapshot(health=True)
         health = client.health()
@@ -467,7 +467,7 @@ def status(ctx: typer.Context, engines_from: EnginesFromOpt = None, json_flag: J
         )
 
 
-def _fleet_status(st: AppState, targets: list[Any]) -> None:
+def fleet_status(st: AppState, targets: list[Any]) -> None:
     """Every engine polled at once: one row per engine and per rank, worst first. The exit status is the worst
     engine's, as `bsr status` on it alone would exit (bsr_cli.fleet.exit_code): 3 when one does not answer, 9 when
     one is unhealthy; every row is printed first."""

@@ -50,6 +50,8 @@ def top(
     st = state(ctx, json_flag)
     if record is not None and replay is not None:
         raise InvalidInput("give --record or --replay, not both")
+    if replay is not None and engines_from is not None:
+        raise InvalidInput("give --replay or --engines-from, not both", hint="a recording names its own engines")
     from bsr_cli import fleet
 
     many = fleet.targets(st.settings, engines_from) if replay is None else None
@@ -93,9 +95,9 @@ def _top_json(ctx: typer.Context, st: AppState, many: Any, *, record: Path | Non
             hint="bsr top --record FILE on a terminal; read a recording back with bsr top --replay FILE",
         )
     if many is not None:
-        from bsr_cli.cli.commands.operate import _fleet_status
+        from bsr_cli.cli.commands.operate import fleet_status
 
-        _fleet_status(st, many)
+        fleet_status(st, many)
         return
     pool(ctx, once=True, interval=1.0, json_flag=True)
 
