@@ -87,9 +87,9 @@ def test_a_fleet_exits_as_its_worst_engine_would(rows: list[dict[str, Any]], cod
     assert fleet.exit_code(fleet.order(rows)) == code
 
 
-def test_fleet_status_with_one_engine_down_exits_3(bsr: Any) -> None:
+def test_fleet_status_with_no_engine_answering_exits_3(bsr: Any) -> None:
     r = bsr("status", "--engine", f"{NOWHERE},http://127.0.0.1:10", "--timeout", "2")
-    assert r.code == 3, "as for one unreachable engine"
+    assert r.code == 3 and "none of the 2 engines answered" in r.err, "as for one unreachable engine"
 
 
 def _up(url: str, *, stopping: bool = False, started: float = 100.0) -> dict[str, Any]:
