@@ -79,6 +79,33 @@ def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: i
     }
 
 
+def confirm_drill(engine: str, *, assume_yes: bool, ask: Callable[[str], str] | None = None) -> None:
+    """The drill breaks an engine on purpose, and workers may have faults enabled: it runs only on an explicit yes.
+    `--yes` is that yes; on a terminal the operator is asked; anywhere else (a script, a pipe) it is refused."""
+    if assume_yes:
+        return
+    import sys
+
+    from bsr_cli.errors import InvalidInput
+
+    if ask is None and not (sys.stdin.isatty() and sys.stderr.isatty()):
+        raise InvalidInput(
+            f"bsr drill injects faults into {engine}; refusing without confirmation",
+            hint="add --yes to run it from a script",
+        )
+    prompt = f"bsr drill injects faults into {engine} (its restores fail on purpose while it runs). Go on? [y/N] "
+    if ask is None:
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        answer = sys.stdin.readline()
+    else:
+        answer = ask(prompt)
+    if answer.strip().lower() not in ("y", "yes"):
+        from bsr_cli.errors import RestoreAborted
+
+        raise RestoreAborted("drill not run: not confirmed")
+
+
 def run_drill(
     client: AdminClient,
     *,

@@ -52,6 +52,7 @@ VALUES: dict[str, Callable[[], tuple[str, ...]]] = {
     "--dtype": _dtypes,
     "--registration": _registrations,
     "--engine": _profiles,
+    "-e": _profiles,
 }
 
 

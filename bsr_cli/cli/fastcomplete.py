@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 INDEX_FORMAT = 2
+VALUE_GLOBALS = ("--engine", "-e")  # global options whose values are a known set (engine profiles)
 
 
 def _cli_dir() -> Path:
@@ -128,19 +129,27 @@ def complete_bash() -> bool:
     """Answer a bash completion from the index; False to fall back to the full path."""
     if os.environ.get("_BSR_COMPLETE") != "complete_bash":
         return False
-    idx = _load_index()
-    if idx is None:
-        return False
     try:
         words = shlex.split(os.environ.get("COMP_WORDS", ""))
         cword = int(os.environ.get("COMP_CWORD", "0"))
     except ValueError:
         return False
     args, incomplete = words[1:cword], (words[cword] if cword < len(words) else "")
-    try:
-        found = candidates(idx, args, incomplete)
-    except (KeyError, TypeError):
-        return False
+    found: list[str] | None
+    if args and args[-1] in VALUE_GLOBALS:
+        # The value of a global option, wherever it stands (`bsr top -e <TAB>`), needs no index: the parser's own
+        # completion does not know global options after a subcommand and answers nothing, so bash offered file names.
+        from bsr_cli.cli.completion import VALUES
+
+        found = [v for v in VALUES[args[-1]]() if v.startswith(incomplete)]
+    else:
+        idx = _load_index()
+        if idx is None:
+            return False
+        try:
+            found = candidates(idx, args, incomplete)
+        except (KeyError, TypeError):
+            return False
     if found is None:
         return False
     sys.stdout.write("\n".join(found))

@@ -25,6 +25,7 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Static
 
+from bsr_cli.core.commit import FAILED_CLOSED
 from bsr_cli.tui import model, panels
 from bsr_cli.tui.messages import (
     ActionFailed,
@@ -63,10 +64,9 @@ class TopApp(App[None]):
     #gauges { height: auto; max-height: 50%; }
     #panels { layout: grid; grid-size: 2 2; grid-columns: 9fr 11fr; grid-rows: auto 1fr; height: 1fr; }
     #active, #health { height: auto; min-height: 4; max-height: 10; }
-    /* Under 100 columns the recent outcomes give way to a full-width event log (outcomes are events too). */
+    /* Under 100 columns the halves are even and the recent outcomes (with their "why") and the events go compact:
+       both stay on screen, as they are what an operator reads first in an incident. */
     .-narrow #panels { grid-columns: 1fr 1fr; }
-    .-narrow #recent { display: none; }
-    .-narrow #events { column-span: 2; }
     #status { height: 1; background: $panel; padding: 0 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -78,6 +78,11 @@ class TopApp(App[None]):
         Binding("f", "inject_fault", "inject fault"),
         Binding("c", "clear_faults", "clear faults"),
         Binding("e,enter", "event_log", "event log"),
+        Binding("down,j", "scroll_events(1)", "older events", show=False),
+        Binding("up", "scroll_events(-1)", "newer events", show=False),
+        Binding("pagedown", "scroll_events_page(1)", "older page", show=False),
+        Binding("pageup", "scroll_events_page(-1)", "newer page", show=False),
+        Binding("home", "scroll_events_home", "newest events", show=False),
         Binding("a", "abort", "abort a restore"),
         Binding("plus,equals_sign", "speed(2.0)", "faster", show=False),
         Binding("minus", "speed(0.5)", "slower", show=False),
@@ -115,6 +120,9 @@ class TopApp(App[None]):
         self._replay_timer: Timer | None = None
         self._replay_frame: ReplayFrame | None = None
         self._panels: dict[str, Static] = {}
+        self.events_back = 0  # how many of the newest matching events the event pane is scrolled past
+        self.aborts_pending: set[str] = set()  # abort sent, engine said aborting: its outcome is still to be told
+        self._events_matching = 0  # how many matched at the last draw (new ones keep a scrolled pane still)
 
     def _panel(self, name: str) -> Static:
         return self._panels[name]
@@ -195,6 +203,8 @@ class TopApp(App[None]):
             return
         self.view = model.fold(self.view, message.frame)
         self.failure = None
+        if self.aborts_pending:
+            self._report_aborts(self.view)
         self._draw_banner()
         if not self.paused:
             self._draw(self.view)
@@ -291,11 +301,20 @@ class TopApp(App[None]):
         if self.shown is None or not self._drawable:
             return
         r = self._panel("recent")
-        r.border_title = panels.recent_title(self.shown)
+        r.border_title = panels.recent_title(self.shown, compact=_narrow(r))
         r.update(panels.recent(self.shown, limit=_rows(r), compact=_narrow(r)))
         e = self._panel("events")
-        e.border_title = panels.events_title(self.shown, self.rank, self.kind)
-        e.update(panels.events(self.shown, self.rank, self.kind, limit=_rows(e), compact=_narrow(e)))
+        matching = len(self.shown.filtered_events(self.rank, self.kind))
+        if self.events_back:  # scrolled back: events that arrived since stay above, the rows read stay put
+            self.events_back += max(0, matching - self._events_matching)
+        self._events_matching = matching
+        self.events_back = max(0, min(self.events_back, matching - 1))
+        e.border_title = panels.events_title(
+            self.shown, self.rank, self.kind, back=self.events_back, compact=_narrow(e)
+        )
+        e.update(
+            panels.events(self.shown, self.rank, self.kind, limit=_rows(e), compact=_narrow(e), back=self.events_back)
+        )
 
     def on_resize(self) -> None:
         # Sizes settle after the layout pass; draw with the new ones then.
@@ -376,13 +395,29 @@ class TopApp(App[None]):
     def action_cycle_rank(self) -> None:
         ranks = [g.rank for g in self.shown.gauges] if self.shown else []
         self.rank = model.next_rank(self.rank, ranks)
+        self.events_back = 0  # another filter: start again from the newest
         if self.shown is not None:
             self._panel("gauges").update(panels.gauges(self.shown, self.rank, dense=self._dense(self.shown)))
         self._draw_sized()
         self._draw_status()
 
+    def action_scroll_events(self, delta: int) -> None:
+        """Down (or j) shows older events, up newer ones: the pane lists the newest first."""
+        if isinstance(self.screen, ModalScreen):
+            return
+        self.events_back = max(0, self.events_back + delta)
+        self._draw_sized()
+
+    def action_scroll_events_page(self, pages: int) -> None:
+        self.action_scroll_events(pages * max(1, _rows(self._panel("events")) - 1))
+
+    def action_scroll_events_home(self) -> None:
+        self.events_back = 0
+        self._draw_sized()
+
     def action_cycle_kind(self) -> None:
         self.kind = model.next_kind(self.kind)
+        self.events_back = 0
         self._draw_sized()
         self._draw_status()
 
@@ -454,8 +489,13 @@ class TopApp(App[None]):
                 return
 
             def answered(yes: bool | None) -> None:
-                if yes:
-                    self._abort_worker(request)
+                if not yes:
+                    return
+                # The restore may have finished while the question was open: say how, and send nothing.
+                if self.view is not None and not any(a.request == request for a in self.view.active):
+                    self._tell_finished(request, "did not abort it")
+                    return
+                self._abort_worker(request)
 
             self.push_screen(
                 ConfirmScreen(f"Abort {request}? It fails closed: nothing is committed.", "Abort"), answered
@@ -477,12 +517,35 @@ class TopApp(App[None]):
 
     def on_request_aborted(self, message: RequestAborted) -> None:
         r = message.result
+        request = str(r.get("request") or "")
         if r.get("aborting"):
-            self.notify(f"abort requested for {r.get('request')}: it fails closed", severity="warning")
+            # Not "aborted" yet: the restore may commit before the abort reaches it. Its outcome, when it lands in
+            # a snapshot, says which (`_report_aborts`).
+            self.aborts_pending.add(request)
+            self.notify(f"abort requested for {request}: waiting for its outcome", severity="warning")
         else:
-            self.notify(f"{r.get('request')} was no longer running", severity="information")
+            self._tell_finished(request, "the abort came too late")
         if self._drawable:
             self._start_poll()
+
+    def _tell_finished(self, request: str, what: str) -> None:
+        """A restore that finished before an abort reached it: its outcome, if a snapshot has it."""
+        done = next((o for o in (self.view.recent if self.view else ()) if o.request == request), None)
+        how = f": {done.outcome.replace('_', ' ')}" if done is not None else ""
+        self.notify(f"{request} had already finished{how}; {what}", severity="information", timeout=8)
+
+    def _report_aborts(self, view: View) -> None:
+        """Tell each pending abort's outcome once it is known: failed closed (the abort won) or committed (the
+        restore finished first, so nothing was aborted)."""
+        for o in view.recent:
+            if o.request not in self.aborts_pending:
+                continue
+            self.aborts_pending.discard(o.request)
+            if o.outcome == FAILED_CLOSED:
+                self.notify(f"{o.request} aborted: failed closed, nothing committed", severity="warning", timeout=8)
+            else:
+                outcome = o.outcome.replace("_", " ")
+                self.notify(f"{o.request} {outcome} before the abort reached it", severity="information", timeout=8)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="action")
     def _inject_worker(self, spec: dict[str, Any]) -> None:

@@ -1,27 +1,49 @@
-"""`bsr top` over several engines: one table of engines and their ranks, worst first, refreshed every interval.
+"""`bsr top` over several engines: one row per engine, worst first, refreshed every interval; Enter opens one
+engine's view, `?` the help.
 
 Every engine is polled concurrently in a thread worker, each bounded by its own deadline (bsr_cli.fleet), and the
 next round is armed only when the previous one was drawn, so a slow or stopped engine makes its own row say
-`down`, never the other rows stale or the screen blank.
+`down`, never the other rows stale or the screen blank. The fleet remembers each engine between rounds
+(`fleet.Memory`): a down row says since when and how the engine went away.
+
+`--record FILE` writes every round (the fleet as `bsr status --json` prints it) as gzip JSON lines, and
+`bsr top --replay FILE` plays it back here; an engine opened with Enter is polled live and not recorded.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
 from textual.message import Message
+from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
-from textual.widgets import Static
+from textual.widgets import DataTable, Static
 
 from bsr_cli import fleet
-from bsr_cli.cli.render.ops import fleet_table
+from bsr_cli.cli.render.palette import FLEET_STYLE
+from bsr_cli.core.units import format_bytes
+from bsr_cli.errors import BsrError, InvalidInput
+
+FLEET_FORMAT = "bsr-fleet-recording"
+FLEET_FORMAT_VERSION = 1
+
+# "seen" before "last failure": the failure text is the one that may be cut at the right edge.
+COLUMNS = ("engine", "state", "ranks", "pool (max rank) / B", "markers", "faults", "seen", "last failure")
+
+
+def _cut(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class FleetPolled(Message):
@@ -31,72 +53,377 @@ class FleetPolled(Message):
         self.latency_s = latency_s
 
 
+class EnginePolled(Message):
+    def __init__(self, view: Any, error: BsrError | None) -> None:
+        super().__init__()
+        self.view = view
+        self.error = error
+
+
+# -- recording --------------------------------------------------------------------------------------------------
+class FleetRecorder:
+    """Every fleet round as one gzip JSON line after a header; flushed per line, so a killed terminal keeps it."""
+
+    def __init__(self, path: Path, engines: int) -> None:
+        try:
+            self._fh = gzip.GzipFile(path, "wb")
+        except OSError as e:
+            raise InvalidInput(f"cannot record to {path}: {e.strerror or e}") from None
+        self.path = path
+        self.lines = 0
+        self._line(
+            {"format": FLEET_FORMAT, "version": FLEET_FORMAT_VERSION, "started": time.time(), "engines": engines}
+        )
+
+    def write(self, result: dict[str, Any], at: float) -> None:
+        self._line({"t": at, "fleet": result})
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(obj, separators=(",", ":"), default=str).encode() + b"\n")
+        self._fh.flush()
+        self.lines += 1
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def is_fleet_recording(path: Path) -> bool:
+    """Whether ``path`` is a fleet recording (its first line says so); anything else is left to the one-engine
+    replay, which reports what is wrong with it."""
+    try:
+        with gzip.GzipFile(path, "rb") as fh:
+            head = json.loads(fh.readline() or b"{}")
+    except (OSError, ValueError, EOFError):
+        return False
+    return isinstance(head, dict) and head.get("format") == FLEET_FORMAT
+
+
+def read_fleet_recording(path: Path) -> list[tuple[float, dict[str, Any]]]:
+    """The rounds of a fleet recording, oldest first; a truncated tail (a killed recorder) is dropped."""
+    rounds: list[tuple[float, dict[str, Any]]] = []
+    try:
+        with gzip.GzipFile(path, "rb") as fh:
+            fh.readline()
+            for line in fh:
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    break
+                rounds.append((float(d["t"]), dict(d["fleet"])))
+    except (OSError, EOFError, KeyError, TypeError):
+        pass  # a truncated gzip stream: keep what was read
+    if not rounds:
+        raise InvalidInput(f"{path}: a fleet recording with no round in it")
+    return rounds
+
+
+# -- cells ------------------------------------------------------------------------------------------------------
+def _clock(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "—"
+
+
+def row_cells(e: dict[str, Any], now: float) -> tuple[Text, ...]:
+    """One engine's cells: health, pool use, markers and the last failure; a down engine says since when and how
+    it went away instead."""
+    style = FLEET_STYLE.get(e["state"], "")
+    name = Text(str(e["engine"]), "bold")
+    state = Text(e["state"], style)
+    if e["state"] == "down":
+        seen = Text(e.get("down_text") or "down", "bold" if e.get("clean_stop") is False else "")
+        dash = Text("—", "dim")
+        return (name, state, dash, dash, dash, dash, seen, Text(_cut(e["problems"][0]), "red"))
+    ranks = e["ranks"]
+    up, total = int(e.get("ranks_up", len(ranks))), len(ranks)
+    budget = int(e.get("budget_bytes") or 0)
+    live = int(e.get("pool_live_bytes", 0))
+    pct = f" ({100 * live / budget:.0f}%)" if budget else ""
+    pool = f"{format_bytes(live, compact=True)} / {format_bytes(budget, compact=True)}{pct}"
+    lf = e.get("last_failure")
+    last = Text("none", "dim") if not lf else Text(_cut(f"{lf['request']}: {lf['reason']}"), "red")
+    seen = Text(_clock(e.get("last_seen")))
+    if e.get("restarts"):
+        seen.append(f" · restarted ×{e['restarts']}", "yellow")
+        if e.get("previous_stop"):
+            seen.append(f" (last stop: {e['previous_stop']})", "yellow")
+    elif e.get("came_back"):
+        seen.append(f" · back (it went: {e['came_back']})", "yellow")
+    return (
+        name,
+        state,
+        Text(f"{up}/{total}", "" if up == total else "bold red"),
+        Text(pool, "yellow" if budget and live >= budget else ""),
+        Text(str(e["markers"]), "magenta" if e["markers"] else "dim"),
+        Text(str(e["faults"]), "bold red" if e["faults"] else "dim"),
+        seen,
+        last,
+    )
+
+
+# -- screens ----------------------------------------------------------------------------------------------------
+FLEET_HELP = """\
+[b]bsr top[/b] over a fleet: one row per engine, worst first
+
+  [b]↑ / ↓[/b]  [b]j / k[/b]  move between engines      [b]enter[/b]  open the engine's own view (esc comes back)
+  [b]p[/b] / [b]space[/b]        pause the display (polling and recording go on)
+  [b]?[/b]                this help      [b]q[/b]  quit
+
+state: down (no answer), unhealthy (a rank down or failing), degraded (a tier unhealthy or a pool at B),
+       attention (markers, armed faults, a restore failed closed in the last 5 minutes), ok.
+seen:  when the engine last answered. A down engine says since when, and how it went away:
+       stopped cleanly (it said it was stopping), went away without a clean stop (nothing listens and it
+       never said so), stopped answering (hung: no answer within the deadline), never seen up.
+
+[dim]any key closes this[/dim]"""
+
+
+class FleetHelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    FleetHelpScreen { align: center middle; }
+    FleetHelpScreen > VerticalScroll { width: auto; max-width: 100%; height: auto; max-height: 100%;
+                                       border: round $accent; background: $surface; }
+    FleetHelpScreen Static { width: auto; padding: 0 1; }
+    """
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(FLEET_HELP)
+
+    def on_key(self) -> None:
+        self.dismiss(None)
+
+    def on_click(self) -> None:
+        self.dismiss(None)
+
+
+class EngineScreen(Screen[None]):
+    """One engine of the fleet, as `bsr pool` draws it (the same panels as the one-engine `bsr top`), polled live
+    while it is open. Esc goes back to the fleet."""
+
+    DEFAULT_CSS = """
+    EngineScreen #engine-header { height: 1; background: $boost; padding: 0 1; }
+    EngineScreen #engine-body { height: 1fr; }
+    EngineScreen #engine-status { height: 1; background: $panel; padding: 0 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,backspace,h", "back", "back to the fleet"),
+        Binding("question_mark", "app.help", "help"),
+    ]
+
+    def __init__(self, target: fleet.Target, *, interval: float, timeout_s: float) -> None:
+        super().__init__()
+        from bsr_cli.tui.source import LiveSource
+
+        self.target = target
+        self.interval = interval
+        self.source = LiveSource.for_url(target.url, target.token, timeout_s=timeout_s)
+        self.source.label = target.name
+        self.view: Any = None
+        self.error: BsrError | None = None
+        self.polls = 0
+        self._timer: Timer | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(
+            Text(f"{self.target.name} ({self.target.url}) · waiting for the first snapshot…"), id="engine-header"
+        )
+        with VerticalScroll(id="engine-body"):
+            yield Static(id="engine-view")
+        yield Static(Text("esc back to the fleet · ↑↓ PgUp PgDn scroll · ? help", "dim"), id="engine-status")
+
+    def on_mount(self) -> None:
+        self.query_one("#engine-body", VerticalScroll).focus()
+        self._poll()
+
+    def on_unmount(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        self.source.close()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
+    def _poll(self) -> None:
+        from bsr_cli.tui import model
+
+        try:
+            view = model.fold(self.view, self.source.poll())
+            self.post_message(EnginePolled(view, None))
+        except BsrError as e:
+            self.post_message(EnginePolled(self.view, e))
+
+    def on_engine_polled(self, message: EnginePolled) -> None:
+        if not self.is_attached:
+            return
+        from bsr_cli.tui import panels
+
+        self.polls += 1
+        self.view, self.error = message.view, message.error
+        header = Text(f"{self.target.name} ", "bold")
+        header.append(self.target.url)
+        if self.error is not None:
+            header.append(f" · ✖ {self.error.kind}: {self.error.message}", "bold red")
+        self.query_one("#engine-header", Static).update(header)
+        if self.view is not None:
+            self.query_one("#engine-view", Static).update(panels.render_text(self.view))
+        elif self.error is not None:
+            self.query_one("#engine-view", Static).update(Text(f"no snapshot: {self.error.message}", "red"))
+        self._timer = self.set_timer(self.interval, self._poll)
+
+    def action_back(self) -> None:
+        self.dismiss(None)
+
+
+# -- the app ----------------------------------------------------------------------------------------------------
 class FleetApp(App[None]):
     TITLE = "bsr top (fleet)"
     CSS = """
-    #header { height: 1; background: $boost; }
+    #header { height: 1; background: $boost; padding: 0 1; }
     #table { height: 1fr; }
-    #status { height: 1; background: $boost; }
+    #status { height: 1; background: $boost; padding: 0 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit"),
         Binding("p,space", "pause", "pause"),
+        Binding("question_mark", "help", "help"),
+        Binding("j", "cursor(1)", "down", show=False),
+        Binding("k", "cursor(-1)", "up", show=False),
     ]
 
     def __init__(
-        self, targets: Sequence[fleet.Target], *, interval: float = 1.0, timeout_s: float = 5.0, poll: Any = None
+        self,
+        targets: Sequence[fleet.Target],
+        *,
+        interval: float = 1.0,
+        timeout_s: float = 5.0,
+        poll: Any = None,
+        memory: fleet.Memory | None = None,
+        recorder: FleetRecorder | None = None,
+        replay: list[tuple[float, dict[str, Any]]] | None = None,
     ) -> None:
         super().__init__()
         self.targets = list(targets)
         self.interval = max(0.05, interval)
+        self.timeout_s = timeout_s
         self.poll = poll or fleet.http_poll(timeout_s)
+        self.memory = memory or fleet.Memory()
+        self.recorder = recorder
+        self.replay = replay
         self.result: dict[str, Any] | None = None  # the newest round
         self.rounds = 0
         self.paused = False
         self._timer: Timer | None = None
-        self._pool = ThreadPoolExecutor(max_workers=min(16, len(self.targets)), thread_name_prefix="bsr-fleet")
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(self.targets))), thread_name_prefix="bsr-fleet")
 
     def compose(self) -> ComposeResult:
-        yield Static(Text(f"bsr top: polling {len(self.targets)} engines…", "dim"), id="header")
-        yield Static(id="table")
+        what = f"replaying {len(self.replay)} rounds" if self.replay else f"polling {len(self.targets)} engines"
+        yield Static(Text(f"bsr top: {what}…", "dim"), id="header")
+        table: DataTable[Text] = DataTable(id="table", cursor_type="row", zebra_stripes=True)
+        table.add_columns(*COLUMNS)
+        yield table
         yield Static(id="status")
 
     def on_mount(self) -> None:
-        self._round()
+        self.query_one("#table", DataTable).focus()
+        if self.replay:
+            self._replay_step()
+        else:
+            self._round()
 
     def on_unmount(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.recorder is not None:
+            self.recorder.close()
+        self.memory.save()
 
+    # -- rounds -----------------------------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, exit_on_error=False, group="fleet")
     def _round(self) -> None:
         t0 = time.monotonic()
-        rows = fleet.poll_all(self.targets, self.poll, pool=self._pool)
-        self.post_message(FleetPolled(fleet.fleet_result(rows), time.monotonic() - t0))
+        rows = self.memory.observe(fleet.poll_all(self.targets, self.poll, pool=self._pool))
+        result = fleet.fleet_result(rows)
+        if self.recorder is not None:
+            self.recorder.write(result, time.time())
+        self.post_message(FleetPolled(result, time.monotonic() - t0))
+
+    def _replay_step(self) -> None:
+        assert self.replay is not None
+        _at, result = self.replay[min(self.rounds, len(self.replay) - 1)]
+        self.post_message(FleetPolled(result, 0.0))
 
     def on_fleet_polled(self, message: FleetPolled) -> None:
-        table = self.query("#table")
-        if not table or not table.first().is_attached:
+        if not self.query("#table") or not self.query_one("#table").is_attached:
             return
         self.result = message.result
         self.rounds += 1
         if not self.paused:
-            self.query_one("#table", Static).update(fleet_table(message.result))
+            self._draw(message.result)
         worst = message.result["worst"]
-        self.query_one("#header", Static).update(
-            Text(
-                f"bsr top · {len(self.targets)} engines · worst: {worst}"
-                + (" · PAUSED (p resumes)" if self.paused else ""),
-                "bold red" if worst in ("down", "unhealthy") else "bold",
-            )
-        )
-        self.query_one("#status", Static).update(
-            Text(
+        header = Text(f"bsr top · {len(message.result['engines'])} engines · worst: {worst}", "bold")
+        if worst in ("down", "unhealthy"):
+            header.stylize("bold red")
+        counts = ", ".join(f"{n} {k}" for k, n in message.result["counts"].items() if n)
+        header.append(f" · {counts}", "")
+        if self.paused:
+            header.append(" · PAUSED (p resumes)", "bold yellow")
+        self.query_one("#header", Static).update(header)
+        status = Text(no_wrap=True, overflow="ellipsis")
+        if self.replay:
+            status.append(f"▶ replay · round {min(self.rounds, len(self.replay))}/{len(self.replay)} · ", "bold")
+        else:
+            status.append(
                 f"round {self.rounds} at {time.strftime('%H:%M:%S')} took {message.latency_s * 1000:.0f} ms · "
-                "q quit · p pause",
-                "dim",
             )
-        )
+        if self.recorder is not None:
+            status.append(f"REC {self.recorder.path.name} · ", "bold red")
+        status.append("enter open · ? help · p pause · q quit", "dim")
+        self.query_one("#status", Static).update(status)
+        if self.replay:
+            if self.rounds < len(self.replay):
+                nxt = self.replay[self.rounds][0] - self.replay[self.rounds - 1][0]
+                self._timer = self.set_timer(max(0.001, min(nxt, 5.0)), self._replay_step)
+            return
         self._timer = self.set_timer(max(0.001, self.interval - message.latency_s), self._round)
 
+    def _draw(self, result: dict[str, Any]) -> None:
+        table: DataTable[Text] = self.query_one("#table", DataTable)
+        selected = self.selected_url()
+        now = time.time()
+        table.clear()
+        for e in result["engines"]:
+            table.add_row(*row_cells(e, now), key=e["url"])
+        if selected is not None:
+            urls = [e["url"] for e in result["engines"]]
+            if selected in urls:
+                table.move_cursor(row=urls.index(selected), animate=False)
+
+    def selected_url(self) -> str | None:
+        table: DataTable[Text] = self.query_one("#table", DataTable)
+        if not table.row_count:
+            return None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
+        except Exception:  # noqa: BLE001 - a cursor left outside a table just redrawn: no selection
+            return None
+        return str(key.value) if key.value is not None else None
+
+    # -- keys -------------------------------------------------------------------------------------------------------
     def action_pause(self) -> None:
         self.paused = not self.paused
+        if not self.paused and self.result is not None:
+            self._draw(self.result)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, ModalScreen):
+            self.push_screen(FleetHelpScreen())
+
+    def action_cursor(self, delta: int) -> None:
+        table: DataTable[Text] = self.query_one("#table", DataTable)
+        if self.screen is self.screen_stack[0]:
+            table.move_cursor(row=max(0, table.cursor_row + delta))
+
+    @on(DataTable.RowSelected, "#table")
+    def _open(self, event: DataTable.RowSelected) -> None:
+        url = str(event.row_key.value)
+        target = next((t for t in self.targets if t.url == url), None)
+        if target is None:  # a replay: the engine is named in the recording but not polled
+            self.notify("a replay shows the fleet only; open an engine from a live `bsr top`", severity="warning")
+            return
+        self.push_screen(EngineScreen(target, interval=self.interval, timeout_s=self.timeout_s))

@@ -200,14 +200,28 @@ def active(view: View, width: int | None = None) -> RenderableType:
     return t
 
 
-def recent_title(view: View) -> str:
+def recent_title(view: View, compact: bool = False) -> str:
     failed = sum(1 for o in view.recent if o.outcome == FAILED_CLOSED)
+    if compact:
+        return f"Recent ({len(view.recent)}, {failed} failed)"
     return f"Recent outcomes ({len(view.recent)}, {failed} failed closed)"
 
 
 def recent(view: View, limit: int = 8, compact: bool = False) -> RenderableType:
+    """Finished restores, newest first. Compact (a narrow panel): two lines each, so the "why" keeps a whole line."""
     if not view.recent:
         return Text("no restore finished yet", "dim")
+    if compact:
+        lines = Text(no_wrap=True, overflow="ellipsis")
+        for i, o in enumerate(view.recent[: max(1, limit // 2)]):
+            if i:
+                lines.append("\n")
+            lines.append(f"{o.request} ")
+            lines.append(o.outcome.replace("_", " "), OUTCOME_STYLE.get(o.outcome, ""))
+            lines.append(f" {ago(view.time - o.finished)} ago")
+            if o.reason:
+                lines.append(f"\n  {o.reason}")
+        return lines
     t = Table(box=None, padding=(0, 1), pad_edge=False, expand=True, show_edge=False, header_style="bold")
     t.add_column("request", no_wrap=True)
     t.add_column("outcome", no_wrap=True)
@@ -278,16 +292,21 @@ def health(view: View, compact: bool = False) -> RenderableType:
     return grid
 
 
-def events_title(view: View, rank: int | None = None, kind: str = "all") -> str:
+def events_title(view: View, rank: int | None = None, kind: str = "all", back: int = 0, compact: bool = False) -> str:
     who = "all ranks" if rank is None else f"rank {rank}"
+    if compact and back:  # a narrow pane: the scroll position must still show
+        who = "all" if rank is None else f"r{rank}"
     missed = f" · {view.events_missed} not seen (poll faster)" if view.events_missed else ""
-    return f"Events · {who} · {kind}{missed}"
+    scrolled = (f" · ↑{back} newer" if compact else f" · {back} newer above (Home)") if back else ""
+    return f"Events · {who} · {kind}{scrolled}{missed}"
 
 
 def events(
-    view: View, rank: int | None = None, kind: str = "all", limit: int = 200, compact: bool = False
+    view: View, rank: int | None = None, kind: str = "all", limit: int = 200, compact: bool = False, back: int = 0
 ) -> RenderableType:
-    shown = view.filtered_events(rank, kind)[-limit:]
+    """The newest ``limit`` events that match, newest first; ``back`` skips that many of the newest (scrolled)."""
+    matching = view.filtered_events(rank, kind)
+    shown = matching[: max(0, len(matching) - back)][-limit:]
     if not shown:
         return Text("no events match" if view.events else "no events yet", "dim")
     t = Table(box=None, padding=(0, 1), pad_edge=False, expand=True, show_edge=False, show_header=False)

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
@@ -24,23 +24,25 @@ FAULT_KINDS = {
 }
 
 
+# At most 76 columns and 20 lines: the whole help fits an 80x24 terminal (and scrolls, should a line wrap).
 HELP = """\
 [b]bsr top[/b]: restore-pool occupancy per rank, live or replayed
 
-  [b]p[/b] / [b]space[/b]  pause: freeze the display (a live session keeps polling and recording)
-  [b]r[/b]          cycle the rank filter (events; the gauge is marked)
-  [b]k[/b]          cycle the event-kind filter: all, restores, windows, markers, faults
-  [b]e[/b] / [b]enter[/b]  the event log in full: scroll, [b]/[/b] filter, [b]s[/b] sort, [b]enter[/b] details
-  [b]f[/b]          inject a fault: kind, rank, window, count, group (asks first; engines started with faults enabled)
-  [b]c[/b]          clear every injected fault (asks first)
-  [b]a[/b]          abort a restore in flight (asks first; it fails closed)
-  [b]← / →[/b]      replay: step one frame back / forward ([b]shift[/b]: ten)
-  [b]+ / -[/b]      replay: faster / slower      [b]n[/b]  replay: jump to the next failure
-  [b]?[/b]          this help      [b]q[/b]  quit
+ [b]p[/b] [b]space[/b]   pause the display (a live session keeps polling and recording)
+ [b]r[/b] / [b]k[/b]     cycle the rank / event-kind filter (the rank's gauge is marked)
+ [b]↓ j[/b] [b]↑[/b]     scroll the events back / forward  [b]PgDn PgUp[/b] a page  [b]Home[/b] newest
+ [b]e[/b] [b]enter[/b]   the event log in full: [b]/[/b] filter, [b]s[/b] sort, [b]enter[/b] details
+ [b]f[/b]         inject a fault: kind, rank, window, count, group (asks first;
+           only on engines started with faults enabled)
+ [b]c[/b]         clear every injected fault (asks first)
+ [b]a[/b]         abort a restore in flight (asks first; it fails closed)
+ [b]← →[/b]       replay: one frame back / forward ([b]shift[/b]: ten)
+ [b]+ -[/b]       replay: faster / slower     [b]n[/b]  replay: the next failure
+ [b]?[/b]         this help                   [b]q[/b]  quit
 
-Gauge: [b]█[/b] live now  [b]▓[/b] high water since the previous snapshot  [b]│[/b] RWS(W)  [b]┆[/b] budget B
-       [b]░[/b] admissible  [b]·[/b] beyond B.  Below it: the high water per snapshot, scaled to capacity.
-Status bar: how old the shown snapshot is, and how long the last poll took.
+Gauge: [b]█[/b] live  [b]▓[/b] high water since the last snapshot  [b]│[/b] RWS(W)  [b]┆[/b] budget B
+       [b]░[/b] admissible  [b]·[/b] beyond B; below it, the high water per snapshot.
+Status bar: the shown snapshot's age and the last poll's latency.
 
 [dim]any key closes this[/dim]"""
 
@@ -48,12 +50,14 @@ Status bar: how old the shown snapshot is, and how long the last poll took.
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Static { width: auto; max-width: 100%; height: auto; border: round $accent; padding: 0 1;
-                          background: $surface; }
+    HelpScreen > VerticalScroll { width: auto; max-width: 100%; height: auto; max-height: 100%;
+                                  border: round $accent; background: $surface; }
+    HelpScreen Static { width: auto; padding: 0 1; }
     """
 
     def compose(self) -> ComposeResult:
-        yield Static(HELP)
+        with VerticalScroll():
+            yield Static(HELP)
 
     def on_key(self) -> None:
         self.dismiss(None)
@@ -102,13 +106,15 @@ class FaultScreen(ModalScreen[dict[str, Any] | None]):
 
     DEFAULT_CSS = """
     FaultScreen { align: center middle; }
-    FaultScreen > Vertical { width: 90; max-width: 100%; height: auto; border: thick $error; padding: 0 1;
+    FaultScreen > Vertical { width: 100; max-width: 100%; height: auto; border: thick $error; padding: 0 1;
                              background: $surface; }
     FaultScreen Horizontal#pick { height: auto; }
     FaultScreen OptionList { height: auto; max-height: 8; }
     FaultScreen #kinds { width: 2fr; }
     FaultScreen #ranks { width: 1fr; }
     FaultScreen Horizontal#where { height: auto; }
+    FaultScreen Horizontal#where > Vertical { width: 1fr; height: auto; }
+    FaultScreen Horizontal#where Label { width: 1fr; color: $text-muted; }
     FaultScreen Input { width: 1fr; }
     FaultScreen Horizontal#buttons { height: auto; align-horizontal: right; }
     FaultScreen Button { margin-left: 1; }
@@ -134,11 +140,19 @@ class FaultScreen(ModalScreen[dict[str, Any] | None]):
                     *(Option(f"rank {r}", id=str(r)) for r in range(self.ranks)),
                     id="ranks",
                 )
+            # Each field says what it takes in a label above it (wrapping as the dialog narrows); the placeholder
+            # is only the default, short enough for the narrowest box.
             with Horizontal(id="where"):
-                yield Input(placeholder="window (1-based; blank = first)", id="window", type="integer")
-                yield Input(placeholder="count (1; 0 = until cleared)", id="count", type="integer")
-                groups = f" ({', '.join(self.groups)})" if self.groups else ""
-                yield Input(placeholder=f"group{groups}; blank = all", id="group")
+                with Vertical():
+                    yield Label("window (1-based; blank = first)")
+                    yield Input(placeholder="first", id="window", type="integer")
+                with Vertical():
+                    yield Label("count (0 = until cleared)")
+                    yield Input(placeholder="1", id="count", type="integer")
+                with Vertical():
+                    groups = f" ({', '.join(self.groups)})" if self.groups else ""
+                    yield Label(f"group{groups}")
+                    yield Input(placeholder="all", id="group")
             yield Label("", id="summary")
             with Horizontal(id="buttons"):
                 yield Button("Inject (y)", variant="error", id="inject")
@@ -309,7 +323,11 @@ class ChooseScreen(ModalScreen[str | None]):
                               background: $surface; }
     ChooseScreen OptionList { height: auto; max-height: 12; }
     """
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "cancel"),
+        # A `y` typed ahead (expecting the confirmation that follows) must not vanish without a word.
+        Binding("y,n", "hint", "hint", show=False),
+    ]
 
     def __init__(self, question: str, choices: list[tuple[str, str]]) -> None:
         super().__init__()
@@ -330,3 +348,6 @@ class ChooseScreen(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+    def action_hint(self) -> None:
+        self.notify("first pick one with ↑/↓ and Enter (Esc cancels); the confirmation comes next", timeout=5)

@@ -75,7 +75,7 @@ def test_fault_restore_marker_status_and_fallback(bsr, engine) -> None:
 
 
 def test_drill_passes(bsr, engine) -> None:
-    r = bsr("drill", "--tokens", "2048", "--json")
+    r = bsr("drill", "--tokens", "2048", "--yes", "--json")
     assert r.code == 0, r.err
     d = r.json()
     assert d["ok"] is True and [s["scenario"] for s in d["scenarios"]] == [

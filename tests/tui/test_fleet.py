@@ -132,11 +132,12 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
         assert all(len(e["ranks"]) == 2 for e in res["engines"] if e["engine"] != "c")
         shown = screen(app)
         assert "down" in shown and "unreachable" in shown
-        assert shown.count("r0") == 2 and shown.count("r1") == 2, "the live engines keep their rank rows"
+        assert shown.count(" 2/2 ") == 2, "the live engines keep their rows (both ranks up; Enter shows them)"
+        assert "down since" in shown and "last seen" in shown, "it was seen up in this session"
         assert "worst: down" in shown
 
     r = bsr("status", "--engine", "a,b,c", "--json")
-    assert r.code == 9, "an engine down: the fleet is unhealthy"
+    assert r.code == 3, "an engine down: 3, as `bsr status` on that engine alone (docs/fleet.md)"
     d = r.json()
     assert d["engines"][0]["url"] == url_c and d["engines"][0]["state"] == "down"
     assert [e["url"] for e in d["engines"][1:]] == [url_b, url_a]

@@ -83,12 +83,12 @@ async def test_gauges_history_and_events_follow_a_restore(
         assert app.rank == 1
         assert "Events · rank 1 · restores" in screen(app)
         await pilot.press("question_mark")
-        assert "cycle the rank filter" in screen(app)
+        assert "cycle the rank / event-kind filter" in screen(app)
         seen = app.polls
         # Snapshots keep arriving under a dialog and are drawn on the main screen behind it.
         await wait_until(pilot, lambda: app.polls >= seen + 3, "polls while the help is open")
         await pilot.press("escape")
-        assert "cycle the rank filter" not in screen(app)
+        assert "cycle the rank / event-kind filter" not in screen(app)
         polls = app.polls
     # Everything polled was recorded, and replays.
     _, items = read_recording(tmp_path / "live.jsonl.gz")

@@ -466,16 +466,28 @@ def markers_clear(
     )
 
 
-def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
+EnginesFromOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--engines-from",
+        metavar="SOURCE",
+        help="Discover a fleet: prometheus://HOST:PORT?job=JOB (its active targets), dns://NAME:PORT (every "
+        "address of NAME), or a file with one URL or profile per line.",
+        show_default=False,
+    ),
+]
+
+
+def status(ctx: typer.Context, engines_from: EnginesFromOpt = None, json_flag: JsonFlag = False) -> None:
     """Engine identity, ranks and their health, tiers, registration, pool and budget, markers, faults."""
     from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
     from bsr_cli import fleet
 
-    many = fleet.targets(st.settings)
+    many = fleet.targets(st.settings, engines_from)
     if many is not None:
-        return _fleet_status(st, many)
+        return fleet_status(st, many)
     with _client(st) as client:
         snap = client.snapshot(health=True)
         health = client.health()
@@ -489,38 +501,51 @@ def status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
         )
 
 
-def _fleet_status(st: AppState, targets: list[Any]) -> None:
-    """Every engine polled at once: one row per engine and per rank, worst first. Exit 9 when an engine is down or
-    unhealthy (after printing every row), 3 when none answered."""
+def fleet_status(st: AppState, targets: list[Any]) -> None:
+    """Every engine polled at once: one row per engine and per rank, worst first. The exit status is the worst
+    engine's, as `bsr status` on it alone would exit (bsr_cli.fleet.exit_code): 3 when one does not answer, 9 when
+    one is unhealthy; every row is printed first."""
     from bsr_cli import fleet
     from bsr_cli.cli.render import ops as render_ops
-    from bsr_cli.errors import EngineUnreachable, ServerError
+    from bsr_cli.errors import BsrError, ExitCode
 
-    rows = fleet.poll_all(targets, fleet.http_poll(min(st.settings.timeout_s, 10.0)))
+    memory = fleet.Memory.for_settings(st.settings)
+    rows = memory.observe(fleet.poll_all(targets, fleet.http_poll(min(st.settings.timeout_s, 10.0))))
+    memory.save()
     st.out.result(fleet.fleet_result(rows), render_ops.fleet)
+    code = fleet.exit_code(rows)
+    if code == ExitCode.OK:
+        return
     down = [r for r in rows if r["state"] == "down"]
-    if len(down) == len(rows):
-        raise EngineUnreachable(f"none of the {len(rows)} engines answered", hint=down[0]["problems"][0])
     bad = [r for r in rows if r["severity"] >= fleet.UNHEALTHY]
-    if bad:
-        raise ServerError(
-            "fleet unhealthy: " + "; ".join(f"{r['engine']} {r['state']} ({r['problems'][0]})" for r in bad),
-            hint="`bsr status --engine URL` on one of them for its details",
-        )
+    if len(down) == len(rows):
+        message = f"none of the {len(rows)} engines answered"
+    else:
+        message = "fleet unhealthy: " + "; ".join(f"{r['engine']} {r['state']} ({r['problems'][0]})" for r in bad)
+    err = BsrError(message, hint="`bsr status --engine URL` on one of them for its details")
+    err.exit_code = ExitCode(code)
+    err.kind = str(rows[0].get("error") or "server-error")
+    raise err
 
 
 def drill(
     ctx: typer.Context,
     tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prompt length per scenario.", min=1)] = 8192,
     w: WOpt = None,
+    yes: Annotated[
+        bool,
+        typer.Option("--yes", "-y", help="Inject the drill's faults without asking (needed when not on a terminal)."),
+    ] = False,
     json_flag: JsonFlag = False,
 ) -> None:
-    """The paper's failure matrix against a live engine. Exit 11 on any violated invariant."""
+    """The paper's failure matrix against a live engine: injects faults into it (asks first, or --yes). Exit 11 on
+    any violated invariant."""
     from bsr_cli.cli.render import ops as render_ops
-    from bsr_cli.drill import run_drill
+    from bsr_cli.drill import confirm_drill, run_drill
 
     st = state(ctx, json_flag)
     with _client(st) as client:
+        confirm_drill(client.url, assume_yes=yes)
         result = run_drill(
             client,
             tokens=tokens,

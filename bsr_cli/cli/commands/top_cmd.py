@@ -31,23 +31,75 @@ def top(
     replay: Annotated[
         Path | None, typer.Option("--replay", help="Replay a recording instead of polling an engine.")
     ] = None,
+    engines_from: Annotated[
+        str | None,
+        typer.Option(
+            "--engines-from",
+            metavar="SOURCE",
+            help="Discover a fleet: prometheus://HOST:PORT?job=JOB, dns://NAME:PORT, or a file of engines.",
+            show_default=False,
+        ),
+    ] = None,
+    json_flag: JsonFlag = False,
 ) -> None:
-    """Live restore-pool monitor: per-rank occupancy vs RWS(W), restores, outcomes, tiers, faults, events."""
-    st = state(ctx)
+    """Live restore-pool monitor: per-rank occupancy vs RWS(W), restores, outcomes, tiers, faults, events.
+
+    Over a fleet (several --engine, or --engines-from): one row per engine, Enter opens one. With --json: one
+    snapshot as JSON instead of the screen (the view `bsr pool --json` prints; over a fleet, `bsr status --json`'s).
+    """
+    st = state(ctx, json_flag)
     if record is not None and replay is not None:
         raise InvalidInput("give --record or --replay, not both")
+    if replay is not None and engines_from is not None:
+        raise InvalidInput("give --replay or --engines-from, not both", hint="a recording names its own engines")
     from bsr_cli import fleet
 
-    many = fleet.targets(st.settings) if replay is None else None
-    if many is not None:
-        if record is not None:
-            raise InvalidInput("--record takes one engine", hint="record each engine with its own `bsr top --record`")
-        _interactive_or_fail()
-        from bsr_cli.tui.fleet_app import FleetApp
+    many = fleet.targets(st.settings, engines_from) if replay is None else None
+    if st.out.json_mode:
+        _top_json(ctx, st, many, record=record, replay=replay)
+        return
+    if replay is not None:
+        from bsr_cli.tui.fleet_app import is_fleet_recording
 
-        FleetApp(many, interval=interval, timeout_s=min(st.settings.timeout_s, 5.0)).run()
+        if is_fleet_recording(replay):
+            from bsr_cli.tui.fleet_app import FleetApp, read_fleet_recording
+
+            rounds = read_fleet_recording(replay)
+            _interactive_or_fail()
+            FleetApp([], interval=interval, replay=rounds).run()
+            return
+    if many is not None:
+        _interactive_or_fail()
+        from bsr_cli.tui.fleet_app import FleetApp, FleetRecorder
+
+        recorder = FleetRecorder(record, len(many)) if record is not None else None
+        FleetApp(
+            many,
+            interval=interval,
+            timeout_s=min(st.settings.timeout_s, 5.0),
+            memory=fleet.Memory.for_settings(st.settings),
+            recorder=recorder,
+        ).run()
+        if recorder is not None:
+            st.out.note(f"recorded {recorder.lines - 1} rounds to {recorder.path} (replay: bsr top --replay {record})")
         return
     _run_tui(st, interval=interval, record=record, replay=replay)
+
+
+def _top_json(ctx: typer.Context, st: AppState, many: Any, *, record: Path | None, replay: Path | None) -> None:
+    """`bsr top --json`: a screen cannot be JSON, so it prints what the screen would show first, once: the view
+    model of one engine (as `bsr pool --json`), or a fleet's rows (as `bsr status --json`), with their exit codes."""
+    if record is not None or replay is not None:
+        raise InvalidInput(
+            "--json prints one snapshot; it does not record or replay",
+            hint="bsr top --record FILE on a terminal; read a recording back with bsr top --replay FILE",
+        )
+    if many is not None:
+        from bsr_cli.cli.commands.operate import fleet_status
+
+        fleet_status(st, many)
+        return
+    pool(ctx, once=True, interval=1.0, json_flag=True)
 
 
 pool_app = typer.Typer(help="Restore-pool occupancy per rank; `bsr pool reset-peak` restarts the peak.")

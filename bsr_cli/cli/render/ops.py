@@ -538,7 +538,10 @@ def fleet_table(d: dict[str, Any]) -> Table:
     for e in d["engines"]:
         style = FLEET_STYLE.get(e["state"], "")
         if e["state"] == "down":
-            t.add_row(e["engine"], Text(e["state"], style), "", "", "", "", "", "", "", e["problems"][0])
+            # One line each (the departure first, short enough never to wrap): how it went, since when, why.
+            why = "\n".join(x for x in (e.get("departure_text"), e.get("down_text", "").partition(": ")[2]) if x)
+            why += ("\n" if why else "") + e["problems"][0]
+            t.add_row(e["engine"], Text(e["state"], style), "", "", "", "", "", "", "", why)
             continue
         t.add_row(
             Text(e["engine"], "bold"),

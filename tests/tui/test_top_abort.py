@@ -1,0 +1,123 @@
+"""Aborting from `bsr top` against the real embedded engine, where it races the restore: a restore that finished
+while the question was open is not aborted and the operator is told how it finished; an abort that was sent is
+followed to its outcome (failed closed, or committed first), never left at "abort requested"."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from bsr_cli.tui.app import TopApp
+from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen
+from bsr_cli.tui.source import LiveSource
+
+PROMPT = {"synthetic": {"n": 30000, "seed": 26}}
+
+
+def _restore(engine: Any, out: dict[str, Any]) -> threading.Thread:
+    def run() -> None:
+        with engine.client() as c:
+            out["result"] = c.restore(PROMPT, w=2)
+
+    return threading.Thread(target=run, daemon=True)
+
+
+def _spy(source: LiveSource) -> list[str]:
+    calls: list[str] = []
+    real = source.abort
+
+    def abort(request: str) -> dict[str, Any]:  # the real call, counted
+        calls.append(request)
+        return real(request)
+
+    source.abort = abort  # type: ignore[method-assign]
+    return calls
+
+
+def _notes(app: TopApp) -> list[str]:
+    """What the app tells the operator (its notifications), as it tells it: a spy on the real `notify`."""
+    notes: list[str] = []
+    real = app.notify
+
+    def notify(message: str, **kw: Any) -> None:
+        notes.append(message)
+        real(message, **kw)
+
+    app.notify = notify  # type: ignore[method-assign]
+    return notes
+
+
+async def _ask_to_abort(app: TopApp, pilot: Any, wait_until: Any) -> str:
+    await wait_until(pilot, lambda: bool(app.view and app.view.active), "the restore in flight")
+    assert app.view is not None
+    request = app.view.active[0].request
+    await pilot.press("a")
+    if isinstance(app.screen, ChooseScreen):
+        await pilot.press("enter")
+    assert isinstance(app.screen, ConfirmScreen)
+    return request
+
+
+@pytest.mark.timeout(180)
+async def test_a_restore_that_finished_under_the_question_is_not_aborted(
+    engine: Any, wait_until: Any, screen: Callable[[Any], str]
+) -> None:
+    with engine.client() as c:
+        c.submit(PROMPT)
+    out: dict[str, Any] = {}
+    worker = _restore(engine, out)
+    source = LiveSource.for_url(engine.url, engine.token)
+    calls = _spy(source)
+    app = TopApp(source, interval=0.05)
+    notes = _notes(app)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.view is not None, "the first snapshot")
+        worker.start()
+        request = await _ask_to_abort(app, pilot, wait_until)
+        # The operator hesitates; the restore commits meanwhile (polls go on under the dialog).
+        await wait_until(
+            pilot,
+            lambda: app.view is not None and any(o.request == request for o in app.view.recent),
+            "the restore's outcome in a snapshot",
+            timeout=120,
+        )
+        await pilot.press("y")
+        await wait_until(pilot, lambda: any("had already finished" in n for n in notes), "the operator told")
+        assert any(f"{request} had already finished: committed" in n for n in notes), notes
+    assert calls == [], "nothing sent for a restore that is over"
+    worker.join(60)  # the engine published the outcome just before its HTTP answer reached the worker
+    assert out["result"]["outcome"] == "committed"
+
+
+@pytest.mark.timeout(180)
+async def test_an_abort_sent_is_followed_to_its_outcome(
+    engine: Any, wait_until: Any, screen: Callable[[Any], str]
+) -> None:
+    with engine.client() as c:
+        c.submit(PROMPT)
+        # A stall keeps the restore in flight long enough to abort it: the window's fetch waits for its deadline.
+        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1, "count": 1})
+    out: dict[str, Any] = {}
+    worker = _restore(engine, out)
+    source = LiveSource.for_url(engine.url, engine.token)
+    calls = _spy(source)
+    app = TopApp(source, interval=0.1)
+    notes = _notes(app)
+    told = ("aborted: failed closed", "before the abort reached it", "had already finished")
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.view is not None, "the first snapshot")
+        worker.start()
+        request = await _ask_to_abort(app, pilot, wait_until)
+        await pilot.press("y")
+        await wait_until(pilot, lambda: not worker.is_alive(), "the restore to end", timeout=120)
+        await wait_until(pilot, lambda: any(t in n for n in notes for t in told), "the abort's outcome told")
+        assert not app.aborts_pending
+    # The stalled window's deadline races the `y`: when it won, nothing was sent and the operator was told so.
+    assert calls in ([request], [])
+    worker.join(60)
+    outcome = out["result"]["outcome"].replace("_", " ")
+    assert any(f"{request} aborted: failed closed" in n or f"{request} had already finished: {outcome}" in n
+               or f"{request} {outcome} before the abort" in n for n in notes), notes  # fmt: skip
