@@ -4,9 +4,11 @@ The page's blocks are read from the markdown and run literally, with only the pl
 substituted (the test checks that it substitutes exactly those): vLLM is started with the page's
 ``--kv-transfer-config`` (and prefix caching off, as the page says); a prompt is stored in Mooncake; the page's
 rehearsal block arms a fault and the prompt's next load fails closed at window G2; then the page's four commands
-(and its "more" block) run in one shell, as a user types them, and must each exit 0 and show what the page says:
-the instance's endpoints (the printed `bsr probe --store` line equal to the page's), the scheduler's marker and
-`bsr explain`'s verdict on the failed prompt. A wrong command on the page fails this test.
+(and, at TP 1, its "more" block) run in one shell, as a user types them, and must each exit 0 and show what the
+page says: the instance's endpoints (every rank's admin URL; the printed `bsr probe --store` line equal to the
+page's), the scheduler's marker and `bsr explain`'s verdict on the failed prompt. Once at TP 1 and once at TP 2
+(rank 0's port answers for the instance; the printed all-ranks `bsr status` line shows both). A wrong command on
+the page fails this test.
 
 The `bsr` on PATH is a two-line script running ``python -m bsr_cli`` in the stage's venv: it stands in for the
 console script `pip install` makes (bsr is not installed in that venv; the stage puts the checkout on PYTHONPATH).
@@ -29,6 +31,7 @@ from vllmstage import (
     ROOT,
     Driver,
     chunk_prefix,
+    consecutive_free_ports,
     doc_blocks,
     doc_commands,
     doc_placeholders,
@@ -68,16 +71,21 @@ def bsr_on_path(bin_dir: Path) -> Path:
     return bin_dir
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def run(
-    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, plugin_site: Path, master: services.ServiceHandle
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    model_dir: Path,
+    plugin_site: Path,
+    master: services.ServiceHandle,
 ) -> dict[str, Any]:
-    from bsr_cli.mooncake.services import free_port
-
-    d = Driver(tmp_path_factory.mktemp("runbook"), model_dir, plugin_site)
+    tp = int(request.param)
+    d = Driver(tmp_path_factory.mktemp(f"runbook-tp{tp}"), model_dir, plugin_site)
     page = RUNBOOK.read_text()
+    port = consecutive_free_ports(tp)  # rank r serves on bsr_admin_port + r
+    rank_urls = [f"http://127.0.0.1:{port + r}" for r in range(tp)]
     values = {
-        "8470": str(free_port()),
+        "8470": str(port),
         "change-me": TOKEN,
         "/models/my-model": str(model_dir),
         "10.0.0.5:50051": master.rpc_address,
@@ -104,24 +112,33 @@ def run(
     # The rehearsal runs in the user's shell after step 1 (BSR_ENGINE, BSR_TOKEN), before the prompt is sent again.
     exports = [c for c in steps if c.startswith("export ")]
     p = {"tokens": N, "seed": SEED}
+    # At TP 2 the page's probe line (its shape for TP 1) is not this instance's; the line `engine endpoints` prints
+    # for all ranks is run instead, as the page says to.
+    commands = steps + (more if tp == 1 else [])
+    all_ranks = ["--token", TOKEN, "--engine", ",".join(rank_urls), "status"]
+    tp_env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "0|1"} if tp > 1 else {}
     res = d.run(
         {
             # The driver starts vLLM with prefix caching off; the connector and its config are the page's.
             "connector": "bsr",
+            "tp": tp,
             "extra": ktc["kv_connector_extra_config"],
             "scenarios": [
                 {"name": "store", **p, "settle_s": 1.5},  # LMCache's puts to Mooncake are asynchronous
                 {"name": "fault", "before": [{"sh": step_script(exports + rehearse), **shell}], **p},
-                {"name": "runbook", "before": [{"sh": step_script(steps + more), **shell}]},
+                {"name": "runbook", "before": [{"sh": step_script(commands), **shell}, {"cli": all_ranks}]},
             ],
         },
         lmcache=lmcache_yaml(d.root / "lmcache.yaml", None, master),
+        env={"MC_TCP_BIND_ADDRESS": "127.0.0.1", **tp_env},
     )
     res |= {
+        "tp": tp,
+        "rank_urls": rank_urls,
         "ktc": ktc,
         "values": values,
         "rehearsed": split_steps(exports + rehearse, res["by_name"]["fault"]["actions"][0]["stdout"]),
-        "steps": split_steps(steps + more, res["by_name"]["runbook"]["actions"][0]["stdout"]),
+        "steps": split_steps(commands, res["by_name"]["runbook"]["actions"][0]["stdout"]),
         "n_steps": len(steps),
         "doc_probe_line": next(c for c in more if c.startswith("bsr probe --store")),
     }
@@ -150,8 +167,9 @@ def test_every_command_on_the_page_runs_as_written(run: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(600)
 def test_explain_of_the_failed_prompt_within_five_commands(run: dict[str, Any]) -> None:
-    (load,) = events_of(run["by_name"]["fault"], "bsr_load")
-    assert not load["ok"] and load["failed_window"] == 1, load  # the rehearsal's fault failed the load at G2
+    # The rehearsal's fault (armed through rank 0, what BSR_ENGINE names) failed rank 0's load at G2.
+    failed = [e for e in events_of(run["by_name"]["fault"], "bsr_load") if not e["ok"]]
+    assert [(e["rank"], e["failed_window"]) for e in failed] == [(0, 1)], failed
     cmds = [s["cmd"] for s in run["steps"][: run["n_steps"]]]
     assert cmds[-1].startswith("bsr explain --tokens-file"), cmds
     assert len(cmds) <= MAX_COMMANDS_TO_EXPLAIN, cmds
@@ -159,18 +177,28 @@ def test_explain_of_the_failed_prompt_within_five_commands(run: dict[str, Any]) 
     assert PREFIX_HASH in markers and "window G2" in markers, markers
     explained = output_of(run, "bsr explain")
     assert "force-local" in explained and "window G2" in explained, explained
-    status = output_of(run, "bsr status")
-    assert f"force-local marker prompt {PREFIX_HASH}" in status, status
+    if run["tp"] == 1:
+        status = output_of(run, "bsr status")
+        assert f"force-local marker prompt {PREFIX_HASH}" in status, status
 
 
 @pytest.mark.timeout(600)
 def test_one_command_prints_every_endpoint_and_the_probe_store_line(run: dict[str, Any]) -> None:
     v = run["values"]
     shown = output_of(run, "bsr engine endpoints")
-    assert f"rank 0  http://127.0.0.1:{v['8470']}" in shown, shown
+    for r, url in enumerate(run["rank_urls"]):  # rank 0 is the page's port; rank r serves on port + r
+        assert f"rank {r}  {url}" in shown, shown
+    assert f"rank {run['tp']}  " not in shown, shown
     assert "token: accepted (from env BSR_TOKEN)" in shown, shown
     for endpoint in ("10.0.0.5:50051", "http://10.0.0.5:8080/metadata", "http://10.0.0.5:9003"):
         assert v[endpoint] in shown, (endpoint, shown)
+    # The line it prints for every rank at once works: one row per rank, each answering.
+    assert f"every rank at once: bsr status --engine {','.join(run['rank_urls'])}" in shown, shown
+    fleet = run["by_name"]["runbook"]["actions"][1]
+    assert fleet["rc"] == 0 and all(u.split("//")[1] in fleet["stdout"] for u in run["rank_urls"]), fleet
+    if run["tp"] > 1:
+        assert f"--world-size {run['tp']} " in shown, shown  # the printed probe line carries the instance's TP
+        return
     # The probe line it prints is the page's (placeholders substituted), and that line ran (above) and found the
     # prompt's full chunks in the store.
     assert f"probe the store: {run['doc_probe_line']}" in shown, shown
