@@ -4,9 +4,9 @@ One story for reaching a vLLM instance: point bsr at the admin API of its rank-0
 worker answers for the instance where the instance is one thing (the scheduler's markers, the forced-local
 admissions, a request whose load failed on any rank: vllm_bsr/board.py) and lists here the admin URL of every TP
 rank (``bsr_admin_port + r``, for what is per rank: the probe bitmap, that rank's own windows), the Mooncake
-endpoints ``bsr probe --store`` needs, and LMCache's key format (model, world size, dtype, chunk size, hash seed), so that
-``bsr engine endpoints`` prints everything in one command. Plain standard library; the engine is read, never
-changed. The token is never reported: the caller already holds it.
+endpoints ``bsr probe --store`` needs, and LMCache's key format (model, world size, dtype, chunk size, hash seed),
+so that ``bsr engine endpoints`` prints everything in one command. Plain standard library; the engine is read,
+never changed. The token is never reported: the caller already holds it.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ def test_a_vllm_instance_lists_its_ranks_mooncake_and_the_probe_store_line() -> 
     # The model name is quoted for the shell; an unknown master admin is left out of the line, with what to set.
     assert d["probe_store"] == (
         "bsr probe --store mooncake://10.0.0.5:50051 --metadata http://10.0.0.5:8080/metadata "
-        "--model 'my-org/my model' --world-size 2 --dtype bf16 --chunk-size 256 --vllm-hash-seed 0 --tokens-file prompt.json"
+        "--model 'my-org/my model' --world-size 2 --dtype bf16 --chunk-size 256 --vllm-hash-seed 0 "
+        "--tokens-file prompt.json"
     )
     assert "admin" not in d["mooncake"] and "bsr_mooncake_admin" in d["mooncake_admin_hint"]
     text = shown(d)
