@@ -130,6 +130,7 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             kv_tokens=int(blocks) * block if blocks and block else max_len,
             staging_bytes=int(gb * (1 << 30)),
             board=self.bsr_board,
+            mooncake_admin=(vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get("bsr_mooncake_admin"),
         )
 
     def _publish(self) -> None:

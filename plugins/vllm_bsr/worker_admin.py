@@ -21,6 +21,9 @@ next admission of a prompt starting with the marked prefix clears it).
 The coordinator is one-rank, so the bitmap and the events call this worker "rank 0"; ``info.engine`` and
 ``info.worker.tp_rank`` name the real TP rank.
 
+Every worker also reports its instance (``info.vllm_instance``, vllm_bsr/instance.py): the admin URLs of all its TP
+ranks, the Mooncake endpoints and LMCache's key format, which ``bsr engine endpoints`` prints.
+
 Bound to loopback; port ``bsr_admin_port + rank``; bearer token ``bsr_admin_token`` or ``$BSR_TOKEN``.
 Verified with real LMCache engines (tests/plugins/test_vllm_lookup.py) and inside real vLLM workers (tests/vllm).
 """
@@ -58,7 +61,7 @@ from bsr_cli.runtime.coordinator import EngineSettings
 from bsr_cli.runtime.events import EventLog
 from bsr_cli.server.admin import AdminServer
 
-from . import board
+from . import board, instance
 from .logic import load_events
 from .probe_lookup import EngineFn, RankProber
 
@@ -74,6 +77,7 @@ class WorkerLimits:
     kv_tokens: int  # vLLM's paged KV capacity in tokens (max_model_len when not known yet)
     staging_bytes: int  # LMCache's local CPU buffer (max_local_cpu_size), where a window is staged
     board: str | None = None  # where the scheduler-side connector publishes its markers (vllm_bsr/board.py)
+    mooncake_admin: str | None = None  # the Mooncake master's admin/metrics URL (bsr_mooncake_admin), for probe --store
 
 
 class Staging:
@@ -201,6 +205,7 @@ class WorkerCoordinator(LMCacheCoordinator):
         self.tp_rank = tp_rank
         self.limits = limits
         self._loads: dict[str, dict[str, Any]] = {}  # request -> its last load report (bounded by ``recent``)
+        self.instance: dict[str, Any] | None = None  # the vLLM instance's endpoints (vllm_bsr/instance.py)
 
     def _refuse(self, what: str) -> Any:
         raise BadRequest(
@@ -226,6 +231,8 @@ class WorkerCoordinator(LMCacheCoordinator):
 
     def info(self) -> dict[str, Any]:
         out = {**super().info(), "serves_restores": False}
+        if self.instance is not None:
+            out["vllm_instance"] = self.instance
         lim = self.limits
         if lim is not None:
             out["worker"] = {
@@ -380,6 +387,9 @@ class WorkerAdmin:
         )
         self.server = AdminServer(self.coordinator, token=token, host=host, port=port)
         self.server.start()
+        self.coordinator.instance = instance.describe(
+            eng, tp_rank=tp_rank, admin_url=self.url, master_admin=limits.mooncake_admin if limits else None
+        )
 
     def take_fault(self, window: int) -> Any:
         """The armed fault that fires in load window ``window`` (0-based) of this worker, if any; counts it as

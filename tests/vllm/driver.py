@@ -110,6 +110,17 @@ def run_action(act: dict[str, Any]) -> dict[str, Any]:
             out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
             return {"cli": act["cli"], "rc": None, "timed_out": True, "stdout": out[-4000:], "stderr": ""}
         return {"cli": act["cli"], "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-2000:]}
+    if "sh" in act:  # a shell script, as a user types it (tests/vllm/test_runbook.py: the runbook's blocks)
+        p = subprocess.run(
+            ["bash", "-c", act["sh"]],
+            cwd=act.get("cwd"),
+            env={**os.environ, **act.get("env", {})},
+            capture_output=True,
+            text=True,
+            timeout=float(act.get("timeout_s", 300)),
+            check=False,
+        )
+        return {"sh": act["sh"], "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-4000:]}
     if "corrupt_dir" in act:
         return {"corrupted_files": corrupt_files(Path(act["corrupt_dir"]))}
     if "mooncake_remove" in act:

@@ -188,3 +188,70 @@ def _kill_group(p: subprocess.Popen[bytes]) -> None:
 
 def events_of(result: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [e for e in result.get("events", []) if e["event"] == kind]
+
+
+# -- a page's command blocks, run as written (docs/runbook-vllm.md, tests/vllm/test_runbook.py) ---------------------
+STEP_BEGIN = "@@bsr-step-begin "
+STEP_END = "@@bsr-step-rc "
+
+
+def doc_blocks(text: str, mark: str) -> list[str]:
+    """The fenced code blocks that follow a ``<!-- runbook: MARK -->`` line, in page order."""
+    out = []
+    for part in text.split(f"<!-- runbook: {mark} -->")[1:]:
+        body = part.split("```", 2)
+        assert len(body) == 3, f"no code block after the runbook mark {mark!r}"
+        out.append(body[1].split("\n", 1)[1])  # drop the fence's language line
+    return out
+
+
+def doc_commands(block: str) -> list[str]:
+    """A block's commands: one per line (a trailing backslash continues it), blank lines and comments left out."""
+    cmds: list[str] = []
+    pending = ""
+    for line in block.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        pending += line
+        if pending.endswith("\\"):
+            pending = pending[:-1]
+            continue
+        cmds.append(pending.strip())
+        pending = ""
+    assert not pending, f"a command ends in a backslash: {pending!r}"
+    return cmds
+
+
+def doc_placeholders(text: str) -> list[str]:
+    """The placeholders a page documents: the first column (in backticks) of the table after its mark."""
+    table = text.split("<!-- runbook: placeholders -->", 1)[1].strip().split("\n\n", 1)[0]
+    return [row.split("|")[1].strip().strip("`") for row in table.splitlines()[2:]]
+
+
+def substitute(text: str, values: dict[str, str]) -> str:
+    """Each documented placeholder replaced by the test's value (longest first, so none eats another's part)."""
+    for key in sorted(values, key=len, reverse=True):
+        text = text.replace(key, values[key])
+    return text
+
+
+def step_script(commands: list[str]) -> str:
+    """One shell for all commands (an `export` carries on to the next, as in the user's terminal); each command's
+    output and exit status framed so that ``split_steps`` can tell them apart."""
+    lines = ["exec 2>&1"]
+    for i, cmd in enumerate(commands):
+        lines += [f"printf '\\n{STEP_BEGIN}{i}\\n'", cmd, f"printf '\\n{STEP_END}{i} %d\\n' $?"]
+    return "\n".join(lines) + "\n"
+
+
+def split_steps(commands: list[str], stdout: str) -> list[dict[str, Any]]:
+    """Per command: its text, exit status (None when the shell never got past it) and output."""
+    out = []
+    for i, cmd in enumerate(commands):
+        body = stdout.split(f"{STEP_BEGIN}{i}\n", 1)
+        text, rc = (body[1] if len(body) == 2 else ""), None
+        if f"{STEP_END}{i} " in text:
+            text, tail = text.split(f"{STEP_END}{i} ", 1)
+            rc = int(tail.split("\n", 1)[0])
+        out.append({"cmd": cmd, "rc": rc, "output": text.strip()})
+    return out

@@ -1,4 +1,5 @@
-"""`bsr engine up | down | status`: run the embedded reference engine on this machine."""
+"""`bsr engine up | down | status`: run the embedded reference engine on this machine; `bsr engine endpoints`:
+every endpoint bsr needs for an engine (a vLLM instance's ranks, Mooncake), endpoints_cmd.py."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from bsr_cli.cli.commands.endpoints_cmd import engine_endpoints
 from bsr_cli.cli.commands.planning import RegOpt, WOpt
 from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.core.units import parse_bytes
@@ -142,6 +144,9 @@ def engine_status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
             f"the embedded engine in {result['state_dir']} is " + ("unhealthy" if result["running"] else "not running"),
             hint="bsr engine up",
         )
+
+
+engine_app.command("endpoints")(engine_endpoints)
 
 
 def _render_status(console: Any, d: dict[str, Any]) -> None:
