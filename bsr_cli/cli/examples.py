@@ -68,6 +68,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "engine up": ("bsr engine up --enable-faults", "bsr engine up --W 16 --budget 64MiB --max-tokens 131072"),
     "engine down": ("bsr engine down",),
     "engine status": ("bsr engine status", "bsr engine status --json"),
+    "engine endpoints": ("bsr engine endpoints", "bsr engine endpoints --json"),
     "faults inject": ("bsr faults inject --rank 1 --kind timeout --window 2",),
     "faults list": ("bsr faults list",),
     "faults clear": ("bsr faults clear",),

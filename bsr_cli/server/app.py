@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import json
 import threading
+import types
+import typing
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -483,6 +485,14 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, default=str) + "\n").encode()
 
 
+def _takes_a_list(annotation: Any) -> bool:
+    """Whether a query parameter's type is a list (optional or not): it may then be given more than once."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_a_list(a) for a in typing.get_args(annotation))
+    return origin in (list, tuple, set, frozenset)
+
+
 def routes_of(app: FastAPI) -> list[Route]:
     """The guard's view of the app's routes: method, path, whether it needs the token and takes a JSON body."""
     out = []
@@ -490,6 +500,9 @@ def routes_of(app: FastAPI) -> list[Route]:
         if isinstance(r, APIRoute):
             auth = bool((r.openapi_extra or {}).get("security"))
             query = [q.alias for q in r.dependant.query_params]
+            lists = [q.alias for q in r.dependant.query_params if _takes_a_list(q.field_info.annotation)]
             for method in sorted(r.methods or ()):
-                out.append(route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query))
+                out.append(
+                    route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query, repeatable=lists)
+                )
     return out

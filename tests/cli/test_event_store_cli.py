@@ -99,7 +99,7 @@ def test_the_first_restores_evidence_outlives_the_old_ring_and_a_restart(
         d = bsr("explain", first, "--json")
         assert d.code == 0, d.err
         x = d.json()
-        assert x["verdict"] == "restore-failed-tier"
+        assert x["verdict"] == "restore-failed-rank"  # an install fault is the rank's, never a tier's
         last = x["last_restore"]
         assert last["windows"] == 64 and last["W"] == 1
         # Rank 0 went on through all 64 windows; rank 1 released windows 1 and 2, then failed in window 3.
