@@ -277,10 +277,11 @@ def health(view: View, compact: bool = False) -> RenderableType:
     if not view.markers:
         grid.add_row("markers", Text("none", "dim"))
     for m in view.markers:
-        excl = ",".join(m.excluded)
-        text = f"{m.prompt[:8]} exclude {excl}"
+        # A marker that excludes no tier (a rank failed at install) makes the next admission recompute locally.
+        excl = f"exclude {','.join(m.excluded)}" if m.excluded else "recompute locally"
+        text = f"{m.prompt[:8]} {excl}"
         if not compact:
-            text = f"{m.prompt[:12]} exclude {excl} · {m.request}: {m.reason}"
+            text = f"{m.prompt[:12]} {excl} · {m.request}: {m.reason}"
         grid.add_row("marker", Text(text, "magenta"))
     if not view.faults:
         grid.add_row("faults", Text("none injected", "dim"))

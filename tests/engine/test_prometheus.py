@@ -78,7 +78,9 @@ def prometheus(engine: Any, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     cfg.write_text(
         "global: {scrape_interval: 500ms, evaluation_interval: 500ms}\n"
         "rule_files: [bsr-alerts.yml]\n"
-        f"scrape_configs:\n  - job_name: bsr\n    static_configs: [{{targets: ['{target}']}}]\n"
+        # /metrics needs the engine's token, as every route but /health does (docs/monitoring.md).
+        f"scrape_configs:\n  - job_name: bsr\n    authorization: {{credentials: '{engine.token}'}}\n"
+        f"    static_configs: [{{targets: ['{target}']}}]\n"
     )
     port = _free_port()
     log = (tmp_path / "prometheus.log").open("w")

@@ -132,7 +132,7 @@ async def test_fault_injected_through_the_ui_then_a_restore_fails_closed(
         await wait_until(pilot, lambda: app.shown is not None and app.shown.markers, "the marker on screen")
         text = screen(app)
         assert "failed closed" in text and "FAILED CLOSED" in text
-        assert "exclude mooncake" in text
+        assert "recompute locally" in text  # an install fault is the rank's: the marker excludes no tier
 
         # c asks first; n keeps the faults, y clears them.
         with engine.client() as c:
