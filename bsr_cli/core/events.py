@@ -120,6 +120,9 @@ class RequestAdmitted(Event):
     request: str
     prompt: str = ""
     tokens: int = 0
+    queued_s: float = 0.0  # how long it waited for destination KV blocks (it arrived that long before this event)
+    # One id per 512-token block of the prompt (core.trace.block_ids): what `bsr events export --trace` writes.
+    block_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,6 +26,7 @@ Pure: parses plain data, does no I/O.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -225,3 +226,51 @@ def synthetic_token(salt: int, key: int, j: int) -> int:
     x = (x * 0xD6E8FEB86659FD93) & ((1 << 64) - 1)
     x ^= x >> 32
     return 1 + x % ((1 << 31) - 1)
+
+
+# -- bsr's own traffic as a trace (`bsr events export --trace`) ----------------------------------------------------
+BLOCK_ID_HEX = 12  # digits of a block id in a request_admitted event: 48 bits, a few bytes per 512 tokens
+
+
+def block_ids(chunk_hashes: Sequence[str], n_tokens: int, chunk_size: int) -> tuple[str, ...]:
+    """One id per 512-token block of a prompt, from its prefix-chained chunk hashes: the hash of the chunk holding
+    the block's last token, mixed with the block's index (so that with chunks longer than a block, two blocks
+    never share an id). Chained, like the chunk hashes: equal ids at block i mean an equal prefix up to the chunk
+    boundary that covers block i, which is what a store of chunks can restore."""
+    out = []
+    for i in range(-(-n_tokens // TRACE_BLOCK_TOKENS)):
+        last = min((i + 1) * TRACE_BLOCK_TOKENS, n_tokens) - 1
+        h = chunk_hashes[last // chunk_size]
+        out.append(hashlib.sha256(f"{h}:{i}".encode()).hexdigest()[:BLOCK_ID_HEX])
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SeenRequest:
+    """One past request as the engine's events recorded it."""
+
+    arrival_s: float  # Unix time it arrived (before any wait for destination blocks)
+    input_length: int
+    block_ids: tuple[str, ...]
+    output_length: int = 0  # the embedded engine generates nothing: 0
+
+
+def trace_records(requests: Iterable[SeenRequest]) -> list[dict[str, Any]]:
+    """The requests in the trace format, in arrival order: timestamps in ms from the first arrival, block ids
+    remapped to small integers in order of first appearance (as the published traces remap theirs)."""
+    ordered = sorted(requests, key=lambda r: r.arrival_s)
+    if not ordered:
+        return []
+    t0 = ordered[0].arrival_s
+    ids: dict[str, int] = {}
+    out = []
+    for r in ordered:
+        out.append(
+            {
+                "timestamp": round((r.arrival_s - t0) * 1000),
+                "input_length": r.input_length,
+                "output_length": r.output_length,
+                "hash_ids": [ids.setdefault(b, len(ids)) for b in r.block_ids],
+            }
+        )
+    return out

@@ -1,22 +1,30 @@
-"""The coordinator's allocation layer: destination blocks, and their quarantine while a stuck rank call may still
-write them.
+"""The coordinator's allocation layer: destination blocks, the queue of requests waiting for them, and their
+quarantine while a stuck rank call may still write them.
 
 Blocks are allocated per KV group for the whole prompt, with the same block ids on every rank (as vLLM's scheduler
-does). A restore that failed while a rank call was still running keeps its blocks out of the free pool until that
-call returns, so a late install can never land in another request's blocks.
+does). When the blocks are short, a request waits for them as a serving scheduler keeps it waiting: in arrival
+order (FIFO: the head of the queue is served first, so a large request is not starved by small ones), for at most
+``EngineSettings.kv_wait_s``. Only a request that can never fit (more blocks than its group has at all) is refused
+at once; one still waiting at its deadline is refused for capacity then. A restore that failed while a rank call was
+still running keeps its blocks out of the free pool until that call returns, so a late install can never land in
+another request's blocks.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 from bsr_cli.api.ranks import RankClient
+from bsr_cli.core.events import Failure
+from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage
 from bsr_cli.core.registration import Registration
-from bsr_cli.errors import CapacityError
+from bsr_cli.errors import CapacityError, RestoreAborted
 from bsr_cli.runtime.coordinator_state import EngineSettings
 from bsr_cli.runtime.events import EventLog
 from bsr_cli.runtime.observation import Observation
@@ -40,6 +48,13 @@ class BlockAllocator:
                 )
             return [self._free.popleft() for _ in range(n)]
 
+    def take(self, n: int) -> list[int] | None:
+        """``n`` blocks, or None when fewer are free (the caller waits)."""
+        with self._lock:
+            if n > len(self._free):
+                return None
+            return [self._free.popleft() for _ in range(n)]
+
     def free(self, ids: Sequence[int]) -> None:
         with self._lock:
             self._free.extend(ids)
@@ -50,27 +65,174 @@ class BlockAllocator:
             return len(self._free)
 
 
+@dataclass
+class BlockWaiter:
+    """One request in the queue for destination blocks."""
+
+    request: str
+    tokens: int
+    blocks: dict[str, int]  # per group, what it needs
+    since: float = field(default_factory=time.time)
+    waiting: bool = False  # it found the blocks short at least once (counted in the gauge)
+    aborted: bool = False
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        return {
+            "request": self.request,
+            "tokens": self.tokens,
+            "blocks": dict(self.blocks),
+            "since": self.since,
+            "waited_s": round(max(0.0, now - self.since), 3),
+        }
+
+
 class Allocation(Observation):
     def __init__(
         self, reg: Registration, ranks: Sequence[RankClient], settings: EngineSettings, events: EventLog
     ) -> None:
         super().__init__(reg, ranks, settings, events)
         self.allocators = {g.name: BlockAllocator(g.name, -(-settings.kv_tokens // g.block_size)) for g in reg.groups}
+        # Requests waiting for destination blocks, in arrival order; notified whenever blocks are freed or the
+        # queue changes. Its own lock: a free never waits on the coordinator's state.
+        self._blocks_changed = threading.Condition()
+        self._block_queue: deque[BlockWaiter] = deque()
 
-    def _allocate(self, n_tokens: int) -> dict[str, list[int]]:
-        """Blocks for ``n_tokens`` in every group (all or none)."""
+    def _allocate(self, n_tokens: int, request: str = "") -> tuple[dict[str, list[int]], float]:
+        """Blocks for ``n_tokens`` in every group (all or none), and the seconds the request waited for them.
+
+        Waits in FIFO order while the blocks are short, at most ``settings.kv_wait_s``; raises CapacityError (the
+        refusal recorded as a ``restore_refused`` event) at once when the request can never fit, or at the
+        deadline; RestoreAborted when the request is aborted while it waits."""
+        need = {g.name: -(-n_tokens // g.block_size) for g in self.reg.groups}
+        never = [(g, n) for g, n in need.items() if n > self.allocators[g].num_blocks]
+        if never:
+            g, n = never[0]
+            total = self.allocators[g].num_blocks
+            self._refuse_blocks(
+                request,
+                f"KV group {g}: {n} blocks needed, more than the {total} it has: this prompt can never fit",
+                "start the engine with more --kv-tokens (at least the prompt's length)",
+            )
+        me = BlockWaiter(request, n_tokens, need)
+        deadline = time.monotonic() + max(0.0, self.settings.kv_wait_s)
+        short: tuple[str, int, int] = ("", 0, 0)
+        with self._blocks_changed:
+            self._block_queue.append(me)
+            try:
+                while not me.aborted:
+                    if self._block_queue[0] is me:
+                        tables = self._take(need)
+                        if tables is not None:
+                            return tables, time.time() - me.since if me.waiting else 0.0
+                    if not me.waiting:
+                        me.waiting = True
+                        self._count_waiting()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        short = self._shortest(need)
+                        break
+                    self._blocks_changed.wait(left)
+            finally:
+                self._block_queue.remove(me)
+                self._count_waiting()
+                self._blocks_changed.notify_all()  # the next in line may be served now
+        if me.aborted:
+            raise RestoreAborted(f"request {request} was aborted while it waited for destination blocks")
+        self.counters.block_wait_gave_up.inc()
+        g, n, free = short
+        self._refuse_blocks(
+            request,
+            f"KV group {g}: {n} blocks needed, {free} free of {self.allocators[g].num_blocks} after waiting "
+            f"{self.settings.kv_wait_s:g}s for running requests to free them",
+            "the engine's destination KV stayed full for the whole wait: retry, or start the engine with more "
+            "--kv-tokens (or a longer kv_wait_s)",
+        )
+        raise AssertionError("unreachable")  # _refuse_blocks raises
+
+    def _take(self, need: dict[str, int]) -> dict[str, list[int]] | None:
+        """Every group's blocks, or none of them (called under ``_blocks_changed``)."""
         tables: dict[str, list[int]] = {}
-        try:
-            for g in self.reg.groups:
-                tables[g.name] = self.allocators[g.name].allocate(-(-n_tokens // g.block_size))
-        except CapacityError:
-            self._free(tables)
-            raise
+        for g, n in need.items():
+            ids = self.allocators[g].take(n)
+            if ids is None:
+                for got, taken in tables.items():
+                    self.allocators[got].free(taken)
+                return None
+            tables[g] = ids
         return tables
+
+    def _shortest(self, need: dict[str, int]) -> tuple[str, int, int]:
+        """The first group without enough free blocks: (group, needed, free)."""
+        for g, n in need.items():
+            free = self.allocators[g].free_blocks
+            if n > free:
+                return g, n, free
+        g, n = next(iter(need.items()))
+        return g, n, self.allocators[g].free_blocks
+
+    def _count_waiting(self) -> None:
+        self.counters.block_waiting.set(sum(1 for w in self._block_queue if w.waiting))
+
+    def _refuse_blocks(self, request: str, message: str, hint: str) -> None:
+        """A request refused for destination blocks: counted and logged as a refused restore, then raised."""
+        fail = Failure(
+            rank=None,
+            reason=message,
+            kind=FailureKind.CAPACITY,
+            stage=Stage.ADMISSION,
+            cause=CapacityCause.NO_DESTINATION_BLOCKS,
+        )
+        if request:
+            self._restore_ended(
+                request=request,
+                outcome=Outcome.REFUSED,
+                kind=FailureKind.CAPACITY,
+                fails=(fail,),
+                advertised=0,
+                committed=0,
+                seconds=0.0,
+                tokens=0,
+                w=self.settings.w,
+                tiers=(),
+            )
+        raise CapacityError(message, hint=hint)
+
+    def blocks_waiting(self) -> list[dict[str, Any]]:
+        """The requests waiting for destination blocks now, first in line first."""
+        now = time.time()
+        with self._blocks_changed:
+            return [w.to_dict(now) for w in self._block_queue if w.waiting]
+
+    def await_blocks_waiting(self, count: int, timeout_s: float) -> bool:
+        """Block until exactly ``count`` requests wait for destination blocks (True), or ``timeout_s`` passes: how a
+        test or a tool synchronises on the queue without sleeping."""
+        with self._blocks_changed:
+            return self._blocks_changed.wait_for(
+                lambda: sum(1 for w in self._block_queue if w.waiting) == count, timeout_s
+            )
+
+    def _abort_block_wait(self, request: str) -> bool:
+        """Wake ``request`` if it waits for blocks: it ends aborted (True when it was waiting)."""
+        with self._blocks_changed:
+            hit = [w for w in self._block_queue if w.request == request]
+            for w in hit:
+                w.aborted = True
+            self._blocks_changed.notify_all()
+        return bool(hit)
+
+    def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
+        snap = super().snapshot(health=health, events_since=events_since)
+        waiting = self.blocks_waiting()
+        snap["admission"]["waiting_for_blocks"] = len(waiting)
+        snap["admission"]["kv_wait_s"] = self.settings.kv_wait_s
+        snap["admission"]["blocks_waiting"] = waiting
+        return snap
 
     def _free(self, tables: dict[str, list[int]]) -> None:
         for g, ids in tables.items():
             self.allocators[g].free(ids)
+        with self._blocks_changed:
+            self._blocks_changed.notify_all()
 
     def _quarantine(self, request: str, rank: int, fut: Future[Any]) -> None:
         """A rank call still running after its restore was failed: the rank is unhealthy until it returns, and
@@ -106,4 +268,4 @@ class Allocation(Observation):
             f.add_done_callback(done)
 
 
-__all__ = ["Allocation", "BlockAllocator"]
+__all__ = ["Allocation", "BlockAllocator", "BlockWaiter"]

@@ -62,6 +62,9 @@ class EngineSettings:
     fetch_timeout_s: float = 10.0
     admit_timeout_s: float = 60.0
     call_timeout_s: float = 120.0
+    # How long a request waits for destination KV blocks held by running requests before it is refused (0: refuse
+    # at once, as before). A serving scheduler keeps such a request waiting; a minute covers a long restore.
+    kv_wait_s: float = 60.0
     faults_enabled: bool = False
     fs_concurrency: int = 1
     name: str = "embedded"

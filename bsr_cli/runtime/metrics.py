@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage
 
@@ -56,6 +56,15 @@ class RuntimeCounters:
             "bsr_rank_unresponsive", "Times a rank missed its heartbeat or a deadline", ["rank"], registry=r
         )
         self.submitted = Counter("bsr_requests_submitted", "Requests submitted for admission", registry=r)
+        # Destination KV blocks short: a request waits for them (FIFO, up to kv_wait_s) instead of being refused.
+        self.block_waiting = Gauge(
+            "bsr_requests_waiting_for_blocks", "Requests waiting now for destination KV blocks", registry=r
+        )
+        self.block_wait_gave_up = Counter(
+            "bsr_requests_gave_up_waiting_for_blocks",
+            "Requests refused after waiting their whole kv_wait_s for destination KV blocks",
+            registry=r,
+        )
         self.restores.labels(Outcome.COMMITTED.value, NONE, NONE)
         self.restores.labels(Outcome.NOTHING_TO_RESTORE.value, NONE, NONE)
         for kind, stages in STAGES_OF.items():

@@ -33,7 +33,7 @@ from bsr_cli.api.ranks import (
     StoreRequest,
     StoreResult,
 )
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, trace
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.commit import commit_prefix
 from bsr_cli.core.events import (
@@ -254,10 +254,23 @@ class Orchestration(Admission):
         w, request, prompt, hashes, stop = self._open(tokens, w, request, progress)
         started = time.monotonic()
         self.counters.submitted.inc()
-        tables = self._allocate(len(tokens))
+        try:
+            # Waits (FIFO, up to kv_wait_s) while running requests hold the destination blocks.
+            tables, queued_s = self._allocate(len(tokens), request)
+        except BaseException:
+            stop()
+            raise
         passes: list[dict[str, Any]] = []
         try:
-            self.events.append(RequestAdmitted(request=request, prompt=prompt, tokens=len(tokens)))
+            self.events.append(
+                RequestAdmitted(
+                    request=request,
+                    prompt=prompt,
+                    tokens=len(tokens),
+                    queued_s=round(queued_s, 6),
+                    block_ids=trace.block_ids(hashes, len(tokens), self.reg.chunk_size),
+                )
+            )
             marker = self._marker(prompt)
             exclude = set(marker.excluded) if marker else set()
             # A marker that excludes no tier says "recompute locally" (a rank failed to install it last time).
@@ -414,7 +427,7 @@ class Orchestration(Admission):
                     "committed_tokens": 0,
                     "advertised_tokens": 0,
                 }
-            tables = self._allocate(ext)
+            tables, _ = self._allocate(ext, request)
             try:
                 res = self._restore_external(request, bitmap, hashes, excl, w, tables, prompt)
                 out = base | res
@@ -484,6 +497,7 @@ class Orchestration(Admission):
             known = request in self.active or request in self._open_requests
         if not known:
             return False
+        self._abort_block_wait(request)  # one still waiting for destination blocks ends now
         for r in self.ranks:
             r.abort(request)
         self.events.append(AbortRequested(request=request))

@@ -143,6 +143,7 @@ class Admission:
     ranks: int
     live_bytes: int  # every rank together
     queued: int
+    waiting_for_blocks: int = 0  # requests waiting for destination KV blocks (before any restore budget)
 
     @property
     def budget_total(self) -> int:
@@ -530,6 +531,7 @@ def fold(prev: View | None, frame: Frame) -> View:
         ranks=len(gauges) or info.ranks,
         live_bytes=_int(adm.get("live_bytes")),
         queued=_int(adm.get("queued")),
+        waiting_for_blocks=_int(adm.get("waiting_for_blocks")),
     )
     tiers = tuple(
         TierHealth(str(name), bool(h.get("ok", False)), tuple(str(d) for d in h.get("detail") or ()))

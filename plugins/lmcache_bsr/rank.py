@@ -12,8 +12,14 @@ Mooncake transfers) releases the GIL. Inside vLLM each worker process already is
 ``LMCacheRank`` serves the rank-ops contract (bsr_cli.api.ranks.RankOps) as bsr_cli/engine/worker.py does, so
 bsr's Coordinator drives it unchanged; ``ThreadRank`` runs its typed requests on threads.
 
-Over 500 lines on purpose: the window step (fetch ahead, check, install, give back to L1) and the lock and
-cleanup that keep it fail-closed must be read together.
+Over 500 lines on purpose: the window step (admit, fetch ahead, check, install, give back to L1) and the budget,
+lock and cleanup that keep it fail-closed must be read together.
+
+Admission is per window, under the budget B (``L1Budget``): a window's bytes are admitted before its fetch is issued
+and given back once it is installed, first come first served across requests, so restores overlap window by window
+as they do in the embedded engine. The engine lock is held only around the LMCache calls that write through the
+connector (a window's install, a store), never across windows: a second request waits for one window, not for the
+whole first restore.
 """
 
 from __future__ import annotations
@@ -79,6 +85,67 @@ VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a fu
 # connector runs each get on its own thread, so the parts' transfers overlap each other's per-call latency.
 FETCH_STREAMS = 2
 RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache fetch may take to end
+
+
+class L1Budget:
+    """The admission budget B over a rank's LMCache L1, in bytes: a window is admitted before its fetch is issued
+    and given back once installed (or when its restore ends). Waiters are served in arrival order; a fetch issued
+    ahead (``try_admit``) never jumps the queue, so two restores under B = 2 RWS alternate window by window."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.live_bytes = 0
+        self.windows = 0
+        self._queue: deque[object] = deque()
+        self._cond = threading.Condition()
+
+    @property
+    def waiters(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def set_budget(self, budget_bytes: int) -> None:
+        with self._cond:
+            self.budget_bytes = budget_bytes
+            self._cond.notify_all()
+
+    def try_admit(self, nbytes: int) -> bool:
+        """Admit now if B has room and nobody waits (a fetch ahead); never waits."""
+        with self._cond:
+            if self._queue or self.live_bytes + nbytes > self.budget_bytes:
+                return False
+            self.live_bytes += nbytes
+            self.windows += 1
+            return True
+
+    def admit(self, nbytes: int, deadline: float, abort: threading.Event) -> bool:
+        """Wait in line until B has room for ``nbytes`` (True), the deadline passes or the restore is aborted
+        (False; ``abort.is_set()`` says which). ``wake`` ends the wait of an aborted one at once."""
+        ticket = object()
+        with self._cond:
+            self._queue.append(ticket)
+            try:
+                while not (self._queue[0] is ticket and self.live_bytes + nbytes <= self.budget_bytes):
+                    left = deadline - time.monotonic()
+                    if abort.is_set() or left <= 0:
+                        return False
+                    self._cond.wait(left)
+                self.live_bytes += nbytes
+                self.windows += 1
+                return True
+            finally:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
+
+    def release(self, nbytes: int) -> None:
+        with self._cond:
+            self.live_bytes -= nbytes
+            self.windows -= 1
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
 
 def _one_tier(objs: list[ObjectRef], win: WindowJob) -> str | None:
@@ -160,17 +227,21 @@ class LMCacheRank(KVOps):
         self.kvcaches = [self.kv.tensors[t.name] for t in reg.tensors]
         self.tiers = {name for name, be in lm.TIER_BACKENDS.items() if be in lm.backends(self.engine)}
         self.tiers.discard("cpu")  # L1 is staging only (hot cache off), never a tier
-        self.budget_bytes = budget_bytes or self.tracker.heap_bytes
-        self.lock = threading.Lock()  # one request's windows (or one store) at a time on this rank's LMCache
+        self.l1 = L1Budget(budget_bytes or self.tracker.heap_bytes)  # B: admission of windows across requests
+        self.lock = threading.Lock()  # one LMCache write through the connector (an install or a store) at a time
         self._waiters = 0  # threads waiting for ``lock`` (counted under ``_count_lock``: += is not atomic)
         self._count_lock = threading.Lock()
-        self._windows_live = 0
         self._aborts: dict[str, threading.Event] = {}
         self._written: set[str] = set()  # remote keys this rank stored: waited for before destroy
-        self._io = ThreadPoolExecutor(max_workers=FETCH_STREAMS, thread_name_prefix=f"bsr-lmc-io{rank}")
+        # Two restores' windows in flight at once (one each), each fetched as FETCH_STREAMS parts.
+        self._io = ThreadPoolExecutor(max_workers=2 * FETCH_STREAMS, thread_name_prefix=f"bsr-lmc-io{rank}")
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
 
     # -- helpers -----------------------------------------------------------------------------------------------
+    @property
+    def budget_bytes(self) -> int:
+        return self.l1.budget_bytes
+
     @property
     def chunk_bytes(self) -> int:
         return self.reg.bytes_per_chunk
@@ -188,8 +259,8 @@ class LMCacheRank(KVOps):
             "slot_bytes": self.chunk_bytes,
             "live_bytes": self.tracker.live,
             "peak_bytes": self.tracker.peak,
-            "windows_live": self._windows_live,
-            "waiters": self._waiters,
+            "windows_live": self.l1.windows,
+            "waiters": self.l1.waiters + self._waiters,
         }
 
     @contextlib.contextmanager
@@ -309,9 +380,9 @@ class LMCacheRank(KVOps):
         first = windows[0].index if windows else 0
         bounded = job.w > 0
         timeout_s = float(job.fetch_timeout_s)
-        # Fetches issued and not yet consumed, in window order: (window position, issue time, future).
-        ahead: deque[tuple[int, float, list[Future[list[Any]]]]] = deque()
-        held = [False]  # this restore holds the engine lock (across windows while a fetch runs ahead)
+        # Fetches issued and not yet consumed, in window order: (window position, issue time, futures, the bytes
+        # admitted under B for it).
+        ahead: deque[tuple[int, float, list[Future[list[Any]]], int]] = deque()
 
         def prepare() -> None:
             objs.extend(job.objects[self.group])
@@ -334,7 +405,7 @@ class LMCacheRank(KVOps):
         def window_bytes(win: WindowJob) -> int:
             return (win.chunk_end - win.chunk_start) * self.chunk_bytes
 
-        def issue(pos: int) -> None:
+        def issue(pos: int, admitted: int) -> None:
             win = windows[pos]
             hits = window_faults(faults, self.rank, win.index, first, KINDS, self.group)
             down = {t for f in hits for t in f.tiers_affected()}
@@ -352,7 +423,7 @@ class LMCacheRank(KVOps):
                 )
                 for a, b in itertools.pairwise(cuts)
             ]
-            ahead.append((pos, time.monotonic(), futs))
+            ahead.append((pos, time.monotonic(), futs, admitted))
 
         def may_run_ahead(pos: int) -> bool:
             # The next window's fetch overlaps this window's install when the budget holds both (B >= 2 windows);
@@ -385,16 +456,24 @@ class LMCacheRank(KVOps):
                     tier=_one_tier(objs, win),
                 )
             t0 = time.monotonic()
-            if not held[0]:
-                if self.lock.locked():
-                    # Another request's window holds LMCache: waiting for it is admission, not a stall.
-                    self.emit(WindowWaiting(request=request, rank=self.rank, window=idx))
-                self._acquire()
-                held[0] = True
             self.tracker.mark()
             if not ahead:
-                issue(pos)
-            _, issued_at, futs = ahead[0]
+                admitted = nbytes if bounded else 0  # W=0, the whole plan, is bounded by the pool, not B
+                if bounded and not self.l1.try_admit(nbytes):
+                    # Other restores' windows hold B: waiting for room is admission, not a stall.
+                    self.emit(WindowWaiting(request=request, rank=self.rank, window=idx))
+                    if not self.l1.admit(nbytes, time.monotonic() + float(job.admit_timeout_s), abort):
+                        if abort.is_set():
+                            raise RestoreFailed(
+                                "aborted by the operator", idx, kind=failures.ABORTED, stage=Stage.FETCH
+                            )
+                        raise failures.WindowRefused(
+                            f"window {idx} waited {job.admit_timeout_s:g}s for room in the budget B "
+                            f"({self.budget_bytes:,} bytes) held by other restores",
+                            cause=CapacityCause.ADMISSION_TIMEOUT,
+                        )
+                issue(pos, admitted)
+            _, issued_at, futs, admitted = ahead[0]
             got = self._await_fetch(futs, issued_at, timeout_s, idx)
             ahead.popleft()
             try:
@@ -420,20 +499,20 @@ class LMCacheRank(KVOps):
                         pool=self.pool_stats(),
                     )
                 )
-                if may_run_ahead(pos):
-                    issue(pos + 1)
-                self._windows_live = 1 + len(ahead)
+                if may_run_ahead(pos) and self.l1.try_admit(window_bytes(windows[pos + 1])):
+                    issue(pos + 1, window_bytes(windows[pos + 1]))
                 t1 = time.monotonic()
                 starts = list(range(s, e, cs))
                 try:
-                    lm.install_window(
-                        self.engine,
-                        got,
-                        starts,
-                        [x + cs for x in starts],
-                        kvcaches=self.kvcaches,
-                        slot_mapping=slots[0],
-                    )
+                    with self._engine_lock():  # the install writes through the connector: one at a time
+                        lm.install_window(
+                            self.engine,
+                            got,
+                            starts,
+                            [x + cs for x in starts],
+                            kvcaches=self.kvcaches,
+                            slot_mapping=slots[0],
+                        )
                 except Exception as e:
                     raise RestoreFailed(
                         f"install failed: {type(e).__name__}: {e}", idx, kind=failures.RANK, stage=Stage.INSTALL
@@ -441,6 +520,8 @@ class LMCacheRank(KVOps):
                 out.install_seconds += time.monotonic() - t1
             finally:
                 lm.release_objects(got)
+                if admitted:
+                    self.l1.release(admitted)
                 out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
             if any(f.kind == "restore-fault" for f in hits):
                 # The injected fault is in the rank's own install: the rank is blamed, never a tier.
@@ -450,24 +531,18 @@ class LMCacheRank(KVOps):
                     kind=failures.RANK,
                     stage=Stage.INSTALL,
                 )
-            if not ahead:
-                self._windows_live = 0
-                held[0] = False
-                self.lock.release()
             return nbytes
 
         def cleanup() -> None:
-            # A fetch issued ahead may still run: wait for it (with a grace) and give its objects back to L1, then
-            # let the next request in. Fetches only fill L1; nothing here writes the destination blocks.
+            # A fetch issued ahead may still run: wait for it (with a grace), give its objects back to L1 and its
+            # bytes back to B. Fetches only fill L1; nothing here writes the destination blocks.
             while ahead:
-                _, _, futs = ahead.popleft()
+                _, _, futs, admitted = ahead.popleft()
                 for fut in futs:
                     with contextlib.suppress(Exception):  # its failure is already subsumed by ours
                         lm.release_objects(fut.result(timeout=RETRIEVE_GRACE_S))
-            self._windows_live = 0
-            if held[0]:
-                held[0] = False
-                self.lock.release()
+                if admitted:
+                    self.l1.release(admitted)
 
         try:
             return run_windows(
@@ -541,7 +616,7 @@ class LMCacheRank(KVOps):
         return ResetPeakResult()
 
     def set_budget(self, req: SetBudgetRequest) -> SetBudgetResult:
-        self.budget_bytes = min(int(req.budget_bytes), self.tracker.heap_bytes)
+        self.l1.set_budget(min(int(req.budget_bytes), self.tracker.heap_bytes))
         return SetBudgetResult(self.pool_stats())
 
     def set_fs_concurrency(self, req: SetFsConcurrencyRequest) -> SetFsConcurrencyResult:
@@ -557,6 +632,7 @@ class LMCacheRank(KVOps):
     # -- lifetime ----------------------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
         self._aborts.setdefault(request_id, threading.Event()).set()
+        self.l1.wake()  # a restore waiting for room in B ends now
 
     def close(self) -> None:
         """Wait for remote puts, then destroy the engine (both guard LMCache crashes: segfault with puts in

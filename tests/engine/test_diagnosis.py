@@ -195,30 +195,51 @@ def _wait_healthy(client, deadline_s: float = 60.0) -> dict:
     return h
 
 
-def test_capacity_when_destination_blocks_run_out(bsr, own) -> None:
-    """kv_tokens = max_tokens: while one restore holds every block, another request is refused for capacity
-    (exit 12), not as a bad request (exit 7)."""
-    _, url, token = own
+def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr, own) -> None:
+    """kv_tokens = max_tokens: while a stopped rank's restore call still holds every block (quarantined until it
+    returns), another request waits for them, visible in `bsr status` and the metrics, instead of being refused;
+    once the rank runs again and its call returns, the waiting request proceeds and succeeds."""
+    state, url, token = own
     from bsr_cli.client import AdminClient
 
     n, seed = 4096, 950
     assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
-    started = threading.Event()
+    pid = _pid(state, "rank1")
+    stopped = threading.Event()
     out: dict = {}
     with AdminClient(url, token) as c:
-        c.inject_fault({"kind": "timeout", "rank": 0})  # holds the restore (and its blocks) for the fetch deadline
+        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1})  # rank 1 is mid-call when it is stopped
 
-        def run() -> None:
-            out["res"] = c.restore({"synthetic": {"n": n, "seed": seed}}, on_event=lambda ev: started.set())
+        def on_event(ev: dict) -> None:
+            if ev.get("type") == "window_released" and ev.get("rank") == 1 and not stopped.is_set():
+                os.kill(pid, signal.SIGSTOP)
+                stopped.set()
 
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        assert started.wait(30)
-        r = bsr("submit", "--synthetic", "1000", "--seed", "951")
-        t.join(60)
-    assert r.code == ExitCode.CAPACITY, (r.code, r.err)
-    assert "blocks needed" in r.err and "--kv-tokens" in r.err
-    assert out["res"]["failure_kind"] == "tier"  # the injected stall itself is a tier fault
+        try:
+            res = c.restore({"synthetic": {"n": n, "seed": seed}}, on_event=on_event)
+            assert stopped.is_set() and res["failure_kind"] == "rank"  # its blocks stay held: the call still runs
+
+            def run() -> None:
+                out["r"] = bsr("submit", "--synthetic", "1000", "--seed", "951")
+
+            t = threading.Thread(target=run, daemon=True)
+            t.start()
+            deadline = time.monotonic() + 60
+            while c.snapshot()["admission"].get("waiting_for_blocks") != 1 and time.monotonic() < deadline:
+                time.sleep(0.1)  # polls the engine's state, not a timing
+            code, st = _status(bsr)
+            text = bsr("status").out
+            metrics = c.metrics()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        t.join(120)
+        after = c.metrics()
+        healthy = _wait_healthy(c)["ok"]
+    assert st["admission"]["waiting_for_blocks"] == 1, (code, st["admission"])  # a stuck rank: status exits 9
+    assert "waiting for destination KV" in text
+    assert "bsr_requests_waiting_for_blocks 1.0" in metrics
+    assert out["r"].code == 0, (out["r"].code, out["r"].err)  # it proceeded once the blocks were freed
+    assert "bsr_requests_gave_up_waiting_for_blocks_total 0.0" in after and healthy
 
 
 def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -196,10 +197,10 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
     tables: list[dict[str, list[int]]] = []
     orig = c._allocate
 
-    def spy(n: int) -> dict[str, list[int]]:
-        t = orig(n)
-        tables.append(t)
-        return t
+    def spy(n: int, request: str = "") -> tuple[dict[str, list[int]], float]:
+        got = orig(n, request)
+        tables.append(got[0])
+        return got
 
     c._allocate = spy  # type: ignore[method-assign]
     try:
@@ -347,3 +348,68 @@ def test_dead_master_is_refused_before_lmcache_setup(tmp_path: Path) -> None:
     with pytest.raises(CapacityError, match="not healthy"):
         LMCacheHost(host_config(dead, tmp_path, tp=1))
     assert time.monotonic() - t0 < 10  # instead of LMCache's ~90 s setup stall
+
+
+def _released_on_rank0(events: list[dict[str, Any]]) -> list[int]:
+    """The sequence numbers of a request's window_released events on rank 0, in order."""
+    return [e["seq"] for e in events if e.get("type") == "window_released" and e.get("rank") == 0]
+
+
+@pytest.mark.timeout(240)
+def test_two_restores_overlap_inside_lmcache_under_b_2rws(stack: tuple[services.ServiceHandle, LMCacheHost]) -> None:
+    """Admission under B, not the engine lock, bounds restores inside LMCache: with B = 2 RWS a second restore
+    starts while the first is still running (its first window is released before the first restore's last), and
+    the pool never holds more than B. Synchronised on the restores' own window events: request 1's rank 0 waits
+    (at most 15 s) after its first window for request 2's first window; a rank that held LMCache for the whole
+    restore would keep request 2 out until request 1 ended."""
+    _, host = stack
+    c = host.coordinator
+    first = _stored_prompt(host, seed=21, n_tokens=CHUNKS * CS)
+    second = _stored_prompt(host, seed=22, n_tokens=CHUNKS * CS)
+    budget = 2 * W * CHUNK_BYTES
+    seen1: list[dict[str, Any]] = []
+    seen2: list[dict[str, Any]] = []
+    # The control of the measure itself: one restore after the other never overlaps.
+    a = c.restore(first, w=W, exclude=["fs"], progress=seen1.append)
+    b = c.restore(second, w=W, exclude=["fs"], progress=seen2.append)
+    assert a["outcome"] == b["outcome"] == "committed"
+    assert _released_on_rank0(seen2)[0] > _released_on_rank0(seen1)[-1]
+
+    seen1.clear()
+    seen2.clear()
+    second_released = threading.Event()
+    out: dict[str, Any] = {}
+
+    def on_second(ev: dict[str, Any]) -> None:
+        seen2.append(ev)
+        if ev.get("type") == "window_released" and ev.get("rank") == 0:
+            second_released.set()
+
+    def run_second() -> None:
+        out["second"] = c.restore(second, w=W, exclude=["fs"], progress=on_second)
+
+    runner = threading.Thread(target=run_second, daemon=True)
+
+    def on_first(ev: dict[str, Any]) -> None:
+        seen1.append(ev)
+        if ev.get("type") == "window_released" and ev.get("rank") == 0 and not runner.is_alive() and "t" not in out:
+            out["t"] = True
+            runner.start()  # request 2 arrives while request 1 is mid-restore (its rank 0 holds here)
+            second_released.wait(15)
+
+    try:
+        for r in (0, 1):
+            host.rank(r).set_budget(SetBudgetRequest(budget))
+        c.reset_peak()
+        out["first"] = c.restore(first, w=W, exclude=["fs"], progress=on_first)
+        runner.join(120)
+        peaks = [p["pool"]["peak_bytes"] for p in c.pool()]
+    finally:
+        for r in (0, 1):
+            host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
+    for res in (out["first"], out["second"]):
+        assert res["outcome"] == "committed" and res["hash_ok"] is True, res.get("failures")
+    first_released, second_first = _released_on_rank0(seen1), _released_on_rank0(seen2)
+    assert len(first_released) == len(second_first) == CHUNKS // W
+    assert second_first[0] < first_released[-1], (second_first, first_released)  # they overlapped in time
+    assert max(peaks) <= budget, peaks

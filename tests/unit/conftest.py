@@ -32,7 +32,14 @@ class FakeEngine:
 
 
 def build_engine(
-    *, w: int = 2, pool_chunks: int = 8, budget_chunks: int | None = None, fetch_timeout_s: float = 2.0, tp: int = 2
+    *,
+    w: int = 2,
+    pool_chunks: int = 8,
+    budget_chunks: int | None = None,
+    fetch_timeout_s: float = 2.0,
+    tp: int = 2,
+    kv_tokens: int = 8192,
+    kv_wait_s: float = 60.0,
 ) -> FakeEngine:
     reg = small_registration(tp)
     tiers = {"mooncake": FakeTier("mooncake"), "fs": FakeTier("fs")}
@@ -47,7 +54,8 @@ def build_engine(
     settings = EngineSettings(
         w=w,
         max_tokens=4096,
-        kv_tokens=8192,
+        kv_tokens=kv_tokens,
+        kv_wait_s=kv_wait_s,
         pool_bytes=pool_chunks * reg.bytes_per_chunk,
         budget_bytes=budget if budget is not None else pool_chunks * reg.bytes_per_chunk,
         fetch_timeout_s=fetch_timeout_s,

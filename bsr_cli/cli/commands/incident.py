@@ -155,10 +155,21 @@ def events(
             max=MAX_LIMIT,
         ),
     ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace",
+            help="Write the engine's past requests (within --since/--until) to FILE as a Mooncake-format trace "
+            "for `bsr plan --trace` ('-' for stdout).",
+        ),
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """The engine's events: restores and their windows, failures, markers, faults, restarts. The embedded engine
     keeps them in a durable store (by default 7 days, at most 512 MiB), across restarts.
+
+    `bsr events --trace FILE --since 1d` exports the requests the engine admitted as a trace (arrival, length,
+    one id per 512-token block), so `bsr plan --trace FILE` plans from the engine's own traffic.
 
     Filters combine: `bsr events --since 2h --request R --kind restore_failed`. With --json, one JSON object per
     line (JSON lines, for log shippers): `bsr events --since 1d --json > events.jsonl` exports a day.
@@ -177,6 +188,15 @@ def events(
     if t_from is not None and t_to is not None and t_to < t_from:
         raise InvalidInput("--until is before --since")
     kinds = [k.value for k in kind or ()]
+    if trace is not None:
+        if follow:
+            raise InvalidInput("--trace writes the requests seen so far: it cannot --follow")
+        with _client(st) as client:
+            held, _ = client.held_events(
+                after, after=t_from, until=t_to, request=request, kinds=[EventKind.REQUEST_ADMITTED.value]
+            )
+        _write_trace(st, trace, held)
+        return
     with _client(st) as client:
         if limit is None and t_from is not None:
             evs, last_seq = client.held_events(
@@ -208,6 +228,45 @@ def events(
                 _say_restart(st)
                 continue
             _print_events(st, [e for e in new if wanted.matches(e)])
+
+
+def _write_trace(st: AppState, path: Path, held: list[dict[str, Any]]) -> None:
+    """The admitted requests as trace lines; those from an engine too old to record block ids are counted, not
+    written (their prefixes are unknown)."""
+    import json
+    import sys
+
+    from bsr_cli.core.trace import SeenRequest, trace_records
+
+    seen, skipped = [], 0
+    for wire in held:
+        try:
+            admitted = ev.parse_event(wire)
+        except ValueError:
+            skipped += 1
+            continue
+        if not isinstance(admitted, ev.RequestAdmitted) or not admitted.block_ids:
+            skipped += 1
+            continue
+        seen.append(SeenRequest(admitted.time - admitted.queued_s, admitted.tokens, admitted.block_ids))
+    lines = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in trace_records(seen))
+    if str(path) == "-":
+        sys.stdout.write(lines)
+        sys.stdout.flush()
+        Output.result_written = True
+        return
+    try:
+        path.write_text(lines)
+    except OSError as e:
+        raise InvalidInput(f"cannot write {path}: {e.strerror or e}") from None
+    result = {"trace": str(path), "requests": len(seen), "skipped": skipped}
+    st.out.result(
+        result,
+        lambda c, d: c.print(
+            f"wrote {d['requests']} request(s) to {d['trace']}"
+            + (f"; {d['skipped']} without block ids (recorded by an older engine) left out" if d["skipped"] else "")
+        ),
+    )
 
 
 class _Filter:

@@ -384,6 +384,11 @@ def status(console: Console, d: dict[str, Any]) -> None:
             console.print(f"rank {r['rank']} recovered; last fault: {r['last_fault']['reason']}")
     for name, h in d["tiers"].items():
         console.print(f"tier {name}: " + ("[green]ok[/]" if h["ok"] else "[red]unhealthy[/] " + "; ".join(h["detail"])))
+    for w in (d.get("admission") or {}).get("blocks_waiting") or ():
+        console.print(
+            f"[yellow]waiting for destination KV[/] {w['request']}: {w['tokens']:,} tokens, "
+            f"{w['waited_s']:.1f}s of {d['admission']['kv_wait_s']:g}s"
+        )
     worker = info.get("worker")
     if worker:
         _worker_lines(console, d, worker)
