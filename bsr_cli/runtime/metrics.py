@@ -56,6 +56,12 @@ class RuntimeCounters:
             "bsr_rank_unresponsive", "Times a rank missed its heartbeat or a deadline", ["rank"], registry=r
         )
         self.submitted = Counter("bsr_requests_submitted", "Requests submitted for admission", registry=r)
+        self.quarantined = Counter(
+            "bsr_objects_quarantined",
+            "Stored objects a rank found damaged on a tier (checksum mismatch) and moved aside",
+            ["tier"],
+            registry=r,
+        )
         self.restores.labels(Outcome.COMMITTED.value, NONE, NONE)
         self.restores.labels(Outcome.NOTHING_TO_RESTORE.value, NONE, NONE)
         for kind, stages in STAGES_OF.items():
@@ -66,6 +72,7 @@ class RuntimeCounters:
             self.bytes.labels(str(rank))
             self.unresponsive.labels(str(rank))
             for tier in tiers:
+                self.quarantined.labels(tier)
                 self.fetch_bytes.labels(str(rank), tier)
                 self.fetch_seconds.labels(str(rank), tier)
 
@@ -80,6 +87,9 @@ class RuntimeCounters:
         tier = tiers[0] if len(tiers) == 1 else "+".join(sorted(tiers)) or "unknown"
         self.fetch_bytes.labels(str(rank), tier).inc(nbytes)
         self.fetch_seconds.labels(str(rank), tier).inc(max(0.0, seconds))
+
+    def object_quarantined(self, tier: str) -> None:
+        self.quarantined.labels(tier).inc()
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """One sample's value now (0 when the series does not exist): for tests and the CLI's own checks."""
