@@ -176,6 +176,9 @@ class Rank(KVOps):
         self.restorer = RankRestorer(self.rank, self.reg.group_names, offsets, self.pool, self.tiers, self.kv, emit)
         self._aborts: dict[str, threading.Event] = {}
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
+        # Bumped when a tier's state is known to have changed (a store refused, an object quarantined): an answer
+        # computed before that is not cached, so the next health call says it.
+        self._tier_epoch = 0
 
     def info(self) -> dict[str, Any]:
         import torch
@@ -239,6 +242,7 @@ class Rank(KVOps):
                         batch = []
             except Exception as e:  # noqa: BLE001 - reported per tier; the request itself is unaffected
                 errors[tier_name] = f"{type(e).__name__}: {e}"
+                self._tier_changed()
             stored[tier_name] = done
         return StoreResult(stored, errors)
 
@@ -280,6 +284,8 @@ class Rank(KVOps):
         except Exception:
             logging.getLogger(__name__).exception("rank %d: quarantine on tier %s failed", self.rank, out.tier)
             return
+        if moved:
+            self._tier_changed()
         for q in moved:
             chunk, group = where[q.key]
             self.emit(
@@ -295,6 +301,10 @@ class Rank(KVOps):
                 )
             )
 
+    def _tier_changed(self) -> None:
+        self._tier_epoch += 1
+        self._health_cache = (0.0, {})
+
     def stats(self, req: StatsRequest) -> StatsResult:
         from bsr_cli.runtime.tiers import RepairableTier
 
@@ -302,12 +312,14 @@ class Rank(KVOps):
         if req.health:
             at, cached = self._health_cache
             if time.monotonic() - at > 1.0:
+                epoch = self._tier_epoch
                 cached = {}
                 for name, tier in self.tiers.items():
                     h = tier.health()
                     shown, total = tier.quarantined(QUARANTINE_SHOWN) if isinstance(tier, RepairableTier) else ([], 0)
                     cached[name] = TierStatus(h.ok, h.detail, h.condition.value, shown, total)
-                self._health_cache = (time.monotonic(), cached)
+                if epoch == self._tier_epoch:
+                    self._health_cache = (time.monotonic(), cached)
             tiers = dict(cached)
         return StatsResult(self.rank, self.pool.stats().to_dict(), tiers)
 

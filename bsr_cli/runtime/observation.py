@@ -10,8 +10,9 @@ out the whole deadline. Tier health joins what each rank sees of its tiers with 
 from __future__ import annotations
 
 import functools
+import os
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, TypeVar
@@ -234,6 +235,7 @@ class Observation(CoordinatorState):
         joined with what the coordinator knows (armed faults, recent real failures). ``condition`` is the first
         reason it is unhealthy (``ok`` when none); ``conditions`` every one."""
         tiers: dict[str, Any] = {}
+        dirs: dict[str, dict[str, int]] = defaultdict(dict)  # per tier, its quarantine directories' totals
 
         def entry(name: str) -> dict[str, Any]:
             return tiers.setdefault(
@@ -249,8 +251,14 @@ class Observation(CoordinatorState):
                     cond = h.get("condition") or TierCondition.UNAVAILABLE.value
                     if cond != TierCondition.OK.value and cond not in t["conditions"]:
                         t["conditions"].append(cond)
-                t["quarantined"].extend({**q, "rank": r["rank"]} for q in h.get("quarantined") or [])
-                t["quarantined_total"] += int(h.get("quarantined_total") or 0)
+                # Ranks may share one directory (the embedded engine's fs tier): count each quarantine directory
+                # once, and each quarantined file once (its reason names the rank that found it).
+                listed = [
+                    q for q in h.get("quarantined") or [] if q["file"] not in {x["file"] for x in t["quarantined"]}
+                ]
+                t["quarantined"].extend(listed)
+                if h.get("quarantined"):
+                    dirs[name][os.path.dirname(h["quarantined"][0]["file"])] = int(h.get("quarantined_total") or 0)
         for name, flags in self._tier_flags().items():
             t = entry(name)
             for cond, why in flags:
@@ -258,7 +266,8 @@ class Observation(CoordinatorState):
                 t["detail"].append(why)
                 if cond.value not in t["conditions"]:
                     t["conditions"].append(cond.value)
-        for t in tiers.values():
+        for name, t in tiers.items():
+            t["quarantined_total"] = sum(dirs[name].values())
             t["condition"] = t["conditions"][0] if t["conditions"] else TierCondition.OK.value
             t["quarantined"].sort(key=lambda q: -float(q.get("at") or 0))
         return tiers

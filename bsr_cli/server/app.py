@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import json
 import threading
+import types
+import typing
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -483,6 +485,16 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, default=str) + "\n").encode()
 
 
+def _is_list(annotation: Any) -> bool:
+    """Whether a query parameter's type is a list (``list[X]``, ``list[X] | None``): it may be repeated."""
+    args = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
+    return any(typing.get_origin(a) in (list, tuple, set) for a in args)
+
+
 def routes_of(app: FastAPI) -> list[Route]:
     """The guard's view of the app's routes: method, path, whether it needs the token and takes a JSON body."""
     out = []
@@ -490,6 +502,9 @@ def routes_of(app: FastAPI) -> list[Route]:
         if isinstance(r, APIRoute):
             auth = bool((r.openapi_extra or {}).get("security"))
             query = [q.alias for q in r.dependant.query_params]
+            lists = [q.alias for q in r.dependant.query_params if _is_list(q.field_info.annotation)]
             for method in sorted(r.methods or ()):
-                out.append(route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query))
+                out.append(
+                    route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query, repeatable=lists)
+                )
     return out

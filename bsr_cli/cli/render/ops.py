@@ -390,7 +390,7 @@ def status(console: Console, d: dict[str, Any]) -> None:
                 "(moved aside, rewritten by the next store; `bsr bundle` lists them)"
             )
             for q in h.get("quarantined") or []:
-                console.print(f"  rank{q['rank']} {q['file']}: {q['reason']}")
+                console.print(f"  {q['file']}: {q['reason']}")
     worker = info.get("worker")
     if worker:
         _worker_lines(console, d, worker)
