@@ -86,6 +86,10 @@ class TierStatus:
     quarantined: list[QuarantinedObject] = field(default_factory=list)  # the newest objects it moved aside
     quarantined_total: int = 0  # how many lie in its quarantine directory
 
+    def __post_init__(self) -> None:
+        if not self.ok and self.condition == "ok":  # a host that names no reason: it cannot serve
+            object.__setattr__(self, "condition", "unavailable")
+
 
 @dataclass(frozen=True)
 class StatsResult:
