@@ -134,6 +134,10 @@ def test_a_full_fs_tier_is_unhealthy_and_submit_says_the_store_failed(bsr: Any, 
         assert r.code == 0, r.err  # the request was served: its KV is computed
         assert "bsr: warning: storing to tier fs failed on rank0" in r.err and "(ENOSPC)" in r.err, r.err
         request = r.json()["request"]
+        # `status` asks every rank and waits for the answers; /health (and /metrics) wait at most 0.5 s and
+        # otherwise use the freshest answer of the last 30 s, which this makes the one after the failed store.
+        text = bsr("status")
+        assert "tier fs: unhealthy (full)" in text.out, text.out
         with eng.client() as c:
             events = c.events(request=request, kinds=["store_failed"]).get("events") or []
             health = c.health()
@@ -145,8 +149,6 @@ def test_a_full_fs_tier_is_unhealthy_and_submit_says_the_store_failed(bsr: Any, 
         assert "fs" in health["degraded_tiers"]
         assert 'bsr_tier_healthy{tier="fs"} 0.0' in metrics
         assert 'bsr_tier_condition{condition="full",tier="fs"} 1.0' in metrics
-        text = bsr("status")
-        assert "tier fs: unhealthy (full)" in text.out, text.out
     finally:
         eng.tmpfs.unfill()
 
