@@ -163,3 +163,32 @@ def test_a_read_only_fs_tier_is_unhealthy_with_its_reason(bsr: Any, eng: FsEngin
         assert not fs["ok"] and fs["condition"] == "read_only" and "read_only" in fs["conditions"], fs
     finally:
         eng.tmpfs.remount("rw")
+
+
+def test_a_quarantined_fs_chunk_is_rewritten_from_mooncake(bsr: Any, engine: Any) -> None:
+    """On the shared engine (Mooncake and fs): the damaged fs chunk is set apart by an fs-only restore, the next
+    submit restores the prompt from Mooncake (a good source) and stores the chunk to fs again, and an fs-only
+    restore then commits the whole prompt with the canonical hash."""
+    from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
+    from bsr_cli.core.registration import Registration
+    from bsr_cli.tiers.fs import FilesystemTier
+
+    prompt = ("--synthetic", str(N), "--seed", "34")
+    assert bsr("submit", *prompt).code == 0
+    cfg = json.loads((engine.state_dir / "engine.json").read_text())
+    reg = Registration.from_dict(cfg["registration"])
+    h = chunk_hashes(synthetic_tokens(N, 34), reg.chunk_size)[2]
+    path = FilesystemTier(cfg["fs_dir"], create=False).path_for(object_key(reg, 1, "swa", h))
+    damaged = bytearray(path.read_bytes())
+    damaged[-7] ^= 0x01
+    path.write_bytes(damaged)
+
+    r = bsr("restore", *prompt, "--tier", "fs", "--json")
+    assert r.code != 0 and any(f["tier"] == "fs" and f["stage"] == "verify" for f in r.json()["failures"])
+    assert not path.exists()
+
+    s = bsr("submit", *prompt, "--json")
+    assert s.code == 0 and s.json()["external_tokens"] == N and s.json()["source"] == "mooncake", s.out
+    assert path.exists() and path.read_bytes() != bytes(damaged)
+    whole = bsr("restore", *prompt, "--tier", "fs", "--json")
+    assert whole.code == 0 and whole.json()["committed_tokens"] == N and whole.json()["hash_ok"], whole.out
