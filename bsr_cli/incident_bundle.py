@@ -2,8 +2,10 @@
 
 A gzip tar holding, from one engine: ``manifest.json`` (what is inside, what was redacted or cut, versions),
 ``status.json`` (snapshot with rank and tier health), ``health.json``, ``info.json`` (identity and settings),
-``registration.json``, ``markers.json``, ``faults.json``, ``events.jsonl`` (the engine's events of the last hour, or
-of ``--since``, from its durable event store, one JSON object per line), ``pool-history.json`` (per rank, the pool
+``registration.json``, ``markers.json``, ``faults.json``, ``quarantine.json`` (per tier, the damaged objects it
+set apart: key, file, reason, time, size, the newest few per rank and the total; never their bytes),
+``events.jsonl`` (the engine's events of the last hour, or of ``--since``, from its durable event store, one JSON
+object per line), ``pool-history.json`` (per rank, the pool
 occupancy every window event reported), ``segments.json`` (the Mooncake master's mounted segments, when its admin
 address is known), ``versions.json``, ``logs/*.log`` (the last lines of each engine log, the structured failure logs
 of the engine and each rank included, for an embedded engine whose state directory is here), ``explain/*.json``
@@ -94,6 +96,16 @@ def pool_history(events: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str
                     "peak_bytes": e.pool.get("peak_bytes"),
                 }
             )
+    return out
+
+
+def quarantine_list(health: Mapping[str, Any]) -> dict[str, Any]:
+    """Per tier, the objects it quarantined (as each rank reported them, newest first) and how many there are: the
+    list only, never the bytes (they stay in the tier's ``quarantine/`` directory for whoever looks into it)."""
+    out: dict[str, Any] = {}
+    for name, h in (health.get("tiers") or {}).items():
+        if isinstance(h, Mapping) and (h.get("quarantined_total") or h.get("quarantined")):
+            out[name] = {"total": int(h.get("quarantined_total") or 0), "newest": list(h.get("quarantined") or [])}
     return out
 
 

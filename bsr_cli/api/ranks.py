@@ -68,9 +68,27 @@ class StoreResult:
 
 
 @dataclass(frozen=True)
+class QuarantinedObject:
+    """A stored object a tier moved aside after its bytes failed their checksum (kept for the incident bundle)."""
+
+    key: str
+    file: str  # where it lies now, under the tier's quarantine directory
+    reason: str
+    at: float  # when it was moved aside (Unix time)
+    bytes: int
+
+
+@dataclass(frozen=True)
 class TierStatus:
     ok: bool
     detail: str
+    condition: str = "ok"  # bsr_cli.core.evidence.TierCondition: why it is (un)healthy
+    quarantined: list[QuarantinedObject] = field(default_factory=list)  # the newest objects it moved aside
+    quarantined_total: int = 0  # how many lie in its quarantine directory
+
+    def __post_init__(self) -> None:
+        if not self.ok and self.condition == "ok":  # a host that names no reason: it cannot serve
+            object.__setattr__(self, "condition", "unavailable")
 
 
 @dataclass(frozen=True)
@@ -427,6 +445,7 @@ __all__ = [
     "PrefillResult",
     "ProbeRequest",
     "ProbeResult",
+    "QuarantinedObject",
     "RankClient",
     "RankOps",
     "RankRequest",

@@ -85,6 +85,11 @@ class Output:
         if not self.json_mode:
             self.err_console.print(message, highlight=False)
 
+    def warn(self, message: str) -> None:
+        """One line on stderr in every mode (--json too): something went wrong beside a result that stands."""
+        self._stderr.write(f"bsr: warning: {message}\n")
+        self._stderr.flush()
+
     def error(self, message: str, hint: str | None = None) -> None:
         self._stderr.write(f"bsr: error: {message}\n")
         if hint:

@@ -272,6 +272,22 @@ class StoreFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ObjectQuarantined(Event):
+    """A rank re-read a stored object after a failed restore, found its bytes damaged on the tier, and moved it
+    aside (under the tier's ``quarantine/``); the tier no longer holds the chunk, so the next store rewrites it."""
+
+    kind = EventKind.OBJECT_QUARANTINED
+    rank: int
+    tier: str
+    chunk: int
+    group: str
+    key: str
+    file: str  # where the damaged object now lies
+    reason: str
+    request: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class AbortRequested(Event):
     kind = EventKind.ABORT_REQUESTED
     request: str
@@ -370,6 +386,7 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
         RestoreRefused,
         RestoreAborted,
         StoreFailed,
+        ObjectQuarantined,
         AbortRequested,
         MarkerSet,
         MarkerCleared,
@@ -499,6 +516,7 @@ __all__ = [
     "FaultsCleared",
     "MarkerCleared",
     "MarkerSet",
+    "ObjectQuarantined",
     "RankRestarted",
     "RankUnresponsive",
     "RequestAdmitted",

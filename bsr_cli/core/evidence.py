@@ -42,6 +42,7 @@ class EventKind(StrEnum):
     RESTORE_REFUSED = "restore_refused"  # capacity or settings refused it before any byte moved
     RESTORE_ABORTED = "restore_aborted"  # the operator (or a departed client) aborted it
     STORE_FAILED = "store_failed"
+    OBJECT_QUARANTINED = "object_quarantined"  # a stored object failed its checksum and was moved aside
     MARKER_SET = "marker_set"
     MARKER_CLEARED = "marker_cleared"
     FAULT_INJECTED = "fault_injected"
@@ -128,4 +129,17 @@ class Component(StrEnum):
     CAPACITY = "capacity"
 
 
-__all__ = ["CapacityCause", "Component", "EventKind", "FailureKind", "Outcome", "Stage"]
+class TierCondition(StrEnum):
+    """Why a tier is (un)healthy, as a rank sees it: the reason /health, `bsr status` and the metrics name."""
+
+    OK = "ok"
+    UNAVAILABLE = "unavailable"  # it cannot serve at all (master down, unreachable)
+    DIRECTORY_GONE = "directory_gone"  # the fs tier's directory does not exist
+    READ_ONLY = "read_only"  # writes fail with EROFS (a read-only mount)
+    FULL = "full"  # writes fail with ENOSPC or EDQUOT
+    NOT_WRITABLE = "not_writable"  # writes fail otherwise (permissions, I/O errors)
+    FAULT_ARMED = "fault_armed"  # the coordinator's: an injected fault that takes it down is armed
+    RESTORE_FAILED = "restore_failed"  # the coordinator's: a restore from it failed and none has committed since
+
+
+__all__ = ["CapacityCause", "Component", "EventKind", "FailureKind", "Outcome", "Stage", "TierCondition"]

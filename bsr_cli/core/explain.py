@@ -12,9 +12,12 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
     key-format-mismatch  the store holds this prompt under another key format (world size, dtype, tags, hash seed)
     never-stored         no tier holds any chunk of the prompt
     rank-skew            the prefix breaks on some ranks (or KV groups) only: the others hold the chunk
+    quarantined          the last restore found a chunk damaged on a tier (checksum mismatch) and moved it aside:
+                         the tier no longer holds it until the next submit rewrites it
     evicted              a chunk is missing in every tier while later chunks are held: it was evicted
     partial              the tiers hold a prefix and nothing after it (the rest was never stored, or evicted)
     restorable           every rank and group holds the whole prompt: it will be restored
+    repaired             a chunk the last restore quarantined has been stored again since (information)
     tier-unhealthy       a tier is unhealthy: the verdict when every tier holding the whole prompt is unhealthy
                          (the restore would likely fail closed), otherwise listed as information
 """
@@ -40,9 +43,11 @@ ORDER = (
     "key-format-mismatch",
     "never-stored",
     "rank-skew",
+    "quarantined",
     "evicted",
     "partial",
     "restorable",
+    "repaired",
     "tier-unhealthy",  # information, after `restorable`, unless every tier holding the whole prompt is unhealthy
 )
 
@@ -291,6 +296,7 @@ def explain_engine(
         findings.extend(content)
     elif not findings:
         raise ServerError(f"the engine's probe failed and nothing else explains it: {probe_error}")
+    findings.extend(_quarantined(bitmap, last_restore, prompt_flags))
     degraded = {t: h for t, h in (health.get("tiers") or {}).items() if not h.get("ok", True)}
     full = [t for t in bitmap.tiers if bitmap.tier_prefix_chunks(t) >= bitmap.chunks] if bitmap is not None else []
     for t, h in degraded.items():
@@ -308,6 +314,49 @@ def explain_engine(
         findings = [_on_worker(f, prompt_flags) for f in findings]
     source = {"engine": info.get("engine")} | ({"probe_error": probe_error} if probe_error else {})
     return _result(prompt, bitmap, findings, last_restore, source=source, n_tokens=n_tokens, chunk_size=reg.chunk_size)
+
+
+def _quarantined(
+    bitmap: HitBitmap | None, last_restore: Mapping[str, Any] | None, prompt_flags: str
+) -> list[dict[str, Any]]:
+    """The chunks the last restore found damaged on a tier and set apart: the cause of the gap they leave (until the
+    next submit stores them again), or, once they are held again, the repair."""
+    out = []
+    for q in (last_restore or {}).get("quarantined") or []:
+        where = f"chunk {q['chunk']} group {q['group']} on rank {q['rank']} in tier {q['tier']}"
+        evidence = [f"quarantined: {where}: {q['reason']}", f"moved to {q['file']}"]
+        held = (
+            bitmap is not None
+            and q["tier"] in bitmap.tiers
+            and q["group"] in bitmap.groups
+            and 0 <= q["rank"] < bitmap.ranks
+            and 0 <= q["chunk"] < bitmap.chunks
+            and bool(bitmap.mask(q["rank"], q["group"], q["chunk"]) >> bitmap.tiers.index(q["tier"]) & 1)
+        )
+        if held:
+            out.append(
+                _finding(
+                    "repaired",
+                    f"{where} was damaged (quarantined by restore {(last_restore or {}).get('request', '')}) and "
+                    "has been stored again since",
+                    evidence,
+                    "nothing to fix; keep the quarantined file for the incident (`bsr bundle` lists it)",
+                    "bsr status",
+                )
+            )
+        else:
+            out.append(
+                _finding(
+                    "quarantined",
+                    f"{where} was damaged on the tier (its checksum failed) and is quarantined: the tier no longer "
+                    "holds it, so restores stop before it until it is stored again",
+                    evidence,
+                    "submit the prompt: the chunk is computed (or restored from another tier) and rewritten; check "
+                    "the tier's disk if it happens again",
+                    f"bsr submit {prompt_flags}",
+                )
+            )
+    return out
 
 
 # On an engine that serves no restores (a vLLM worker: KV moves only through vLLM's scheduler and the BSR connector,
@@ -518,6 +567,10 @@ def fold_restore(events: Sequence[ev.Event]) -> dict[str, Any] | None:
             out["failure_kind"] = kind.value if kind is not None and e.outcome is not Outcome.COMMITTED else None
         elif isinstance(e, ev.MarkerSet):
             out["marker"] = {"excluded_tiers": list(e.excluded_tiers), "reason": e.reason}
+        elif isinstance(e, ev.ObjectQuarantined):
+            out.setdefault("quarantined", []).append(
+                {"rank": e.rank, "tier": e.tier, "chunk": e.chunk, "group": e.group, "file": e.file, "reason": e.reason}
+            )
     out["ranks"] = [ranks[r] for r in sorted(ranks)]
     return out
 

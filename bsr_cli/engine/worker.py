@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ from bsr_cli.api.ranks import (
     Reply,
     ResetPeakRequest,
     ResetPeakResult,
+    RestoreJob,
     RestoreRequest,
     RestoreResult,
     SetBudgetRequest,
@@ -46,11 +48,13 @@ from bsr_cli.api.ranks import (
     UnsupportedOp,
     dispatch,
 )
-from bsr_cli.core.events import Event
+from bsr_cli.core.events import Event, ObjectQuarantined
+from bsr_cli.core.evidence import Stage
 from bsr_cli.runtime import failure_log
 from bsr_cli.runtime.kv_ops import KVOps
 
 STORE_BATCH = 16  # objects per put call
+QUARANTINE_SHOWN = 5  # quarantined objects a tier's status names (the newest; the total is counted)
 HEARTBEAT_S = 0.25  # how often a rank tells the coordinator it is alive
 
 
@@ -172,6 +176,9 @@ class Rank(KVOps):
         self.restorer = RankRestorer(self.rank, self.reg.group_names, offsets, self.pool, self.tiers, self.kv, emit)
         self._aborts: dict[str, threading.Event] = {}
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
+        # Bumped when a tier's state is known to have changed (a store refused, an object quarantined): an answer
+        # computed before that is not cached, so the next health call says it.
+        self._tier_epoch = 0
 
     def info(self) -> dict[str, Any]:
         import torch
@@ -235,6 +242,7 @@ class Rank(KVOps):
                         batch = []
             except Exception as e:  # noqa: BLE001 - reported per tier; the request itself is unaffected
                 errors[tier_name] = f"{type(e).__name__}: {e}"
+                self._tier_changed()
             stored[tier_name] = done
         return StoreResult(stored, errors)
 
@@ -243,20 +251,75 @@ class Rank(KVOps):
         job.validate(self.reg.group_names)
         abort = self._aborts.setdefault(job.request_id, threading.Event())
         try:
-            return self.restorer.restore(job, abort)
+            out = self.restorer.restore(job, abort)
         finally:
             self._aborts.pop(job.request_id, None)
+        if not out.ok and out.tier and out.stage in (Stage.FETCH, Stage.VERIFY):
+            self._quarantine_window(job, out)
+        return out
+
+    def _quarantine_window(self, job: RestoreJob, out: RestoreResult) -> None:
+        """After a tier failed a restore: re-read the failed window's objects on that tier and move the damaged
+        ones aside, so the chunk counts as absent and the next store rewrites it (instead of the same chunk
+        failing every restore). Only a tier that can check its own bytes does this (the fs tier)."""
+        from bsr_cli.runtime.tiers import RepairableTier
+
+        tier = self.tiers.get(out.tier or "")
+        win = next((w for w in job.windows if w.index == out.failed_window), None)
+        if not isinstance(tier, RepairableTier) or win is None:
+            return
+        where = {
+            job.objects[g][c].key: (c, g)
+            for c in range(win.chunk_start, win.chunk_end)
+            for g in self.reg.group_names
+            if job.objects[g][c].tier == out.tier
+        }
+        try:
+            moved = tier.quarantine_damaged(
+                {
+                    key: f"chunk {c} group {g} on rank {self.rank}; restore of {job.request_id} failed: {out.reason}"
+                    for key, (c, g) in where.items()
+                }
+            )
+        except Exception:
+            logging.getLogger(__name__).exception("rank %d: quarantine on tier %s failed", self.rank, out.tier)
+            return
+        if moved:
+            self._tier_changed()
+        for q in moved:
+            chunk, group = where[q.key]
+            self.emit(
+                ObjectQuarantined(
+                    rank=self.rank,
+                    tier=out.tier or "",
+                    chunk=chunk,
+                    group=group,
+                    key=q.key,
+                    file=q.file,
+                    reason=q.reason,
+                    request=job.request_id,
+                )
+            )
+
+    def _tier_changed(self) -> None:
+        self._tier_epoch += 1
+        self._health_cache = (0.0, {})
 
     def stats(self, req: StatsRequest) -> StatsResult:
+        from bsr_cli.runtime.tiers import RepairableTier
+
         tiers: dict[str, TierStatus] | None = None
         if req.health:
             at, cached = self._health_cache
             if time.monotonic() - at > 1.0:
+                epoch = self._tier_epoch
                 cached = {}
                 for name, tier in self.tiers.items():
                     h = tier.health()
-                    cached[name] = TierStatus(h.ok, h.detail)
-                self._health_cache = (time.monotonic(), cached)
+                    shown, total = tier.quarantined(QUARANTINE_SHOWN) if isinstance(tier, RepairableTier) else ([], 0)
+                    cached[name] = TierStatus(h.ok, h.detail, h.condition.value, shown, total)
+                if epoch == self._tier_epoch:
+                    self._health_cache = (time.monotonic(), cached)
             tiers = dict(cached)
         return StatsResult(self.rank, self.pool.stats().to_dict(), tiers)
 

@@ -65,6 +65,12 @@ class RuntimeCounters:
             "Requests refused after waiting their whole kv_wait_s for destination KV blocks",
             registry=r,
         )
+        self.quarantined = Counter(
+            "bsr_objects_quarantined",
+            "Stored objects a rank found damaged on a tier (checksum mismatch) and moved aside",
+            ["tier"],
+            registry=r,
+        )
         self.restores.labels(Outcome.COMMITTED.value, NONE, NONE)
         self.restores.labels(Outcome.NOTHING_TO_RESTORE.value, NONE, NONE)
         for kind, stages in STAGES_OF.items():
@@ -75,6 +81,7 @@ class RuntimeCounters:
             self.bytes.labels(str(rank))
             self.unresponsive.labels(str(rank))
             for tier in tiers:
+                self.quarantined.labels(tier)
                 self.fetch_bytes.labels(str(rank), tier)
                 self.fetch_seconds.labels(str(rank), tier)
 
@@ -89,6 +96,9 @@ class RuntimeCounters:
         tier = tiers[0] if len(tiers) == 1 else "+".join(sorted(tiers)) or "unknown"
         self.fetch_bytes.labels(str(rank), tier).inc(nbytes)
         self.fetch_seconds.labels(str(rank), tier).inc(max(0.0, seconds))
+
+    def object_quarantined(self, tier: str) -> None:
+        self.quarantined.labels(tier).inc()
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """One sample's value now (0 when the series does not exist): for tests and the CLI's own checks."""

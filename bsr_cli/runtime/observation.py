@@ -10,8 +10,9 @@ out the whole deadline. Tier health joins what each rank sees of its tiers with 
 from __future__ import annotations
 
 import functools
+import os
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from bsr_cli.core.events import (
     PROGRESS,
     Event,
     Failure,
+    ObjectQuarantined,
     WindowFetched,
     WindowReleased,
     parse_event,
@@ -40,7 +42,7 @@ from bsr_cli.core.events import (
 from bsr_cli.core.events import (
     RankUnresponsive as RankUnresponsiveEvent,
 )
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import (
     HEALTH_WAIT_S,
@@ -228,36 +230,65 @@ class Observation(CoordinatorState):
                 self._tier_views[rank] = (time.monotonic(), dict(view.get("tiers") or {}))
 
     def _tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-        """Per tier ``{"ok", "detail"}``: what each rank sees of it (``pool(health=True)``) joined with what the
-        coordinator knows (armed faults, recent real failures)."""
+        """Per tier ``{"ok", "detail", "condition", "conditions", "quarantined", "quarantined_total"}``: what each
+        rank sees of it (``pool(health=True)``: its condition, e.g. full or read-only, and the objects it set apart)
+        joined with what the coordinator knows (armed faults, recent real failures). ``condition`` is the first
+        reason it is unhealthy (``ok`` when none); ``conditions`` every one."""
         tiers: dict[str, Any] = {}
+        dirs: dict[str, dict[str, int]] = defaultdict(dict)  # per tier, its quarantine directories' totals
+
+        def entry(name: str) -> dict[str, Any]:
+            return tiers.setdefault(
+                name, {"ok": True, "detail": [], "conditions": [], "quarantined": [], "quarantined_total": 0}
+            )
+
         for r in ranks:
             for name, h in (r.get("tiers") or {}).items():
-                t = tiers.setdefault(name, {"ok": True, "detail": []})
+                t = entry(name)
                 t["ok"] = t["ok"] and h["ok"]
                 if not h["ok"]:
                     t["detail"].append(f"rank{r['rank']}: {h['detail']}")
-        for name, why in self._tier_flags().items():
-            t = tiers.setdefault(name, {"ok": True, "detail": []})
-            if why:
+                    cond = h.get("condition") or TierCondition.UNAVAILABLE.value
+                    if cond != TierCondition.OK.value and cond not in t["conditions"]:
+                        t["conditions"].append(cond)
+                # Ranks may share one directory (the embedded engine's fs tier): count each quarantine directory
+                # once, and each quarantined file once (its reason names the rank that found it).
+                listed = [
+                    q for q in h.get("quarantined") or [] if q["file"] not in {x["file"] for x in t["quarantined"]}
+                ]
+                t["quarantined"].extend(listed)
+                if h.get("quarantined"):
+                    dirs[name][os.path.dirname(h["quarantined"][0]["file"])] = int(h.get("quarantined_total") or 0)
+        for name, flags in self._tier_flags().items():
+            t = entry(name)
+            for cond, why in flags:
                 t["ok"] = False
-                t["detail"].extend(why)
+                t["detail"].append(why)
+                if cond.value not in t["conditions"]:
+                    t["conditions"].append(cond.value)
+        for name, t in tiers.items():
+            t["quarantined_total"] = sum(dirs[name].values())
+            t["condition"] = t["conditions"][0] if t["conditions"] else TierCondition.OK.value
+            t["quarantined"].sort(key=lambda q: -float(q.get("at") or 0))
         return tiers
 
-    def _tier_flags(self) -> dict[str, list[str]]:
+    def _tier_flags(self) -> dict[str, list[tuple[TierCondition, str]]]:
         """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
         a recent real failure that no committed restore from it has cleared since."""
         now = time.time()
         with self._lock:
             armed = [f for f in self.faults if not f.exhausted()]
             recent = {t: dict(v) for t, v in self.tier_failures.items() if now - v["at"] <= TIER_FAILURE_TTL_S}
-        out: dict[str, list[str]] = {t: [] for t in self.settings.tiers}
+        out: dict[str, list[tuple[TierCondition, str]]] = {t: [] for t in self.settings.tiers}
         for f in armed:
             for t in f.tiers_affected():
-                out.setdefault(t, []).append(f"fault #{f.id} {f.kind} armed")
+                out.setdefault(t, []).append((TierCondition.FAULT_ARMED, f"fault #{f.id} {f.kind} armed"))
         for t, v in recent.items():
             out.setdefault(t, []).append(
-                f"restore from it failed {now - v['at']:.0f}s ago on rank {v['rank']}: {v['reason']}"
+                (
+                    TierCondition.RESTORE_FAILED,
+                    f"restore from it failed {now - v['at']:.0f}s ago on rank {v['rank']}: {v['reason']}",
+                )
             )
         return out
 
@@ -435,6 +466,8 @@ class Observation(CoordinatorState):
                 self._rate.setdefault(ev.rank, deque(maxlen=4096)).append((time.monotonic(), ev.bytes))
         elif isinstance(ev, WindowFetched):
             self.counters.window_fetched(ev.rank, ev.tiers, ev.bytes, ev.seconds)
+        elif isinstance(ev, ObjectQuarantined):
+            self.counters.object_quarantined(ev.tier)
         self.events.append(ev)
 
     # -- what a monitor draws ----------------------------------------------------------------------------------

@@ -322,6 +322,10 @@ class Orchestration(Admission):
             store_result: dict[str, Any] = {}
             if store and bitmap is not None:
                 store_result = self._store_missing(bitmap, hashes, len(tokens), tables)
+                for rank_name, per_tier in store_result["errors"].items():
+                    for tier, err in per_tier.items():
+                        rank = int(rank_name.removeprefix("rank"))
+                        self.events.append(StoreFailed(rank=rank, tier=tier, error=err, request=request))
             output_hash = self._output_hash(tables, len(tokens))
             canonical = self._canonical_hash(hashes, len(tokens)) if verify else None
             result = {
@@ -355,6 +359,10 @@ class Orchestration(Admission):
             stop()
 
     def _store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: dict[str, list[int]]) -> dict:
+        """Write the chunks each tier lacks (a chunk quarantined as damaged counts as lacking, so this rewrites it
+        from the KV just restored or computed). A tier that refuses writes does not fail the request, which has
+        its KV: submit records a ``store_failed`` event naming the request, the tier turns unhealthy with the
+        reason, and the CLI warns on stderr."""
         futures: list[Future[StoreResult]] = []
         for r in self.ranks:
             chunks: dict[str, list[int]] = {}
@@ -377,7 +385,6 @@ class Orchestration(Admission):
             objects[f"rank{r.rank}"] = dict(res.objects)
             for tier, err in res.errors.items():
                 errors.setdefault(f"rank{r.rank}", {})[tier] = err
-                self.events.append(StoreFailed(rank=r.rank, tier=tier, error=err))
         return {"objects": objects, "errors": errors}
 
     def restore(

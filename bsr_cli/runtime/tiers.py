@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from bsr_cli.api.ranks import ProbeResult
+from bsr_cli.api.ranks import ProbeResult, QuarantinedObject
 from bsr_cli.core.bitmap import encode_row
+from bsr_cli.core.evidence import TierCondition
 
 # Per-object result codes of Tier.get_into (>= 0 means the number of bytes written).
 MISSING = -1  # the tier does not hold the key
@@ -45,6 +46,11 @@ class StagingSlice:
 class TierHealth:
     ok: bool
     detail: str
+    condition: TierCondition = TierCondition.OK  # why; an unhealthy tier that names none is UNAVAILABLE
+
+    def __post_init__(self) -> None:
+        if not self.ok and self.condition is TierCondition.OK:
+            object.__setattr__(self, "condition", TierCondition.UNAVAILABLE)
 
 
 class Tier(Protocol):
@@ -69,6 +75,22 @@ class Tier(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class RepairableTier(Protocol):
+    """A tier that can check its own stored bytes and move a damaged object aside (HDFS-style: the bad replica is
+    set apart, the chunk counts as absent, and the next store writes it again from a good source)."""
+
+    def quarantine_damaged(self, suspects: Mapping[str, str]) -> list[QuarantinedObject]:
+        """Re-read each suspect object (key → what it is and why it is suspect) and move aside the ones whose
+        stored bytes fail their checksum (an object that reads back intact stays: its damage was in transit, not
+        on the tier). Returns what it moved."""
+        ...
+
+    def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:
+        """The newest ``limit`` objects set apart, and how many there are in all."""
+        ...
 
 
 def probe_tiers(

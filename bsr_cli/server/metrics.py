@@ -16,6 +16,11 @@ value carries that label (`rank`, `tier`, `group`).
     bsr_rank_heartbeat_age_seconds{rank}                          since the rank's last heartbeat
     bsr_tier_healthy{tier}                                        0 when any rank sees it down, a fault is armed
                                                                   on it or it failed recently
+    bsr_tier_condition{tier,condition}                            1 per reason it is unhealthy now (full,
+                                                                  read_only, directory_gone, not_writable,
+                                                                  unavailable, fault_armed, restore_failed)
+    bsr_tier_quarantined_objects{tier}                            damaged objects set apart under quarantine/
+    bsr_objects_quarantined_total{tier}                           objects quarantined since the engine started
     bsr_restores_total{outcome,kind,stage}                        restores ended: committed | failed_closed |
                                                                   refused | aborted | nothing_to_restore (kind:
                                                                   the failure taxonomy's; stage: where it failed;
@@ -144,6 +149,23 @@ class RuntimeCollector(Collector):
             "bsr_tier_healthy",
             "1 when every rank reaches the tier, no fault is armed on it and it has not failed recently",
             [({"tier": t}, bool(h.get("ok", True))) for t, h in sorted((health.get("tiers") or {}).items())],
+        )
+        tier_health: dict[str, Any] = health.get("tiers") or {}
+        yield _family(
+            "gauge",
+            "bsr_tier_condition",
+            "1 for each reason a tier is unhealthy now (the reason /health and bsr status give)",
+            [
+                ({"tier": t, "condition": cond}, 1)
+                for t, h in sorted(tier_health.items())
+                for cond in h.get("conditions") or []
+            ],
+        )
+        yield _family(
+            "gauge",
+            "bsr_tier_quarantined_objects",
+            "Damaged objects a tier holds set apart in its quarantine directory (summed over ranks)",
+            [({"tier": t}, int(h.get("quarantined_total") or 0)) for t, h in sorted(tier_health.items())],
         )
         yield _family("gauge", "bsr_force_local_markers", "Force-local markers standing now", [({}, len(c.markers))])
         yield _family(

@@ -12,6 +12,13 @@ File layout: a 24-byte header, the key (UTF-8), then the payload::
 IO_ERROR; damage to the payload is caught by the runtime comparing the returned payload CRC. Version 1 files (earlier
 builds, zlib CRC32) are evicted when read: that read fails closed, and the next pass recomputes and rewrites them.
 
+Health is what a write sees: ``health()`` writes (and removes) a small probe file, and remembers the last put's
+failure, so a full (ENOSPC) or read-only (EROFS) directory is reported with its reason even while it still lists.
+A damaged object is not just refused: after a failed restore the rank calls ``quarantine_damaged``, which re-reads
+the object and, when its stored bytes fail their checksum, moves it under ``<root>/quarantine/`` (with a small JSON
+note of key, reason and time) where the incident bundle finds it; the tier then no longer holds the chunk, and the
+next store writes it again from a good source.
+
 Reads go straight from the file into the staging slice (``os.preadv`` into its memoryview: no intermediate
 buffer), in chunks so the deadline is checked between chunks. Writes are atomic: a temporary file in the same
 directory, optionally fsync'ed, then ``os.replace``.
@@ -20,17 +27,22 @@ directory, optionally fsync'ed, then ``os.replace``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import json
 import logging
 import os
 import stat
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from bsr_cli.api.ranks import QuarantinedObject
+from bsr_cli.core.evidence import TierCondition
+from bsr_cli.core.units import format_bytes
 from bsr_cli.runtime.checksum import crc32c
 from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
 
@@ -48,6 +60,24 @@ _DEFAULT_CHUNK = 4 << 20
 # After the deadline, loads already running stop at their next chunk boundary; wait this long for them so that
 # no thread writes into a staging slice after get_into returned.
 _STRAGGLER_GRACE_S = 2.0
+QUARANTINE_DIR = "quarantine"
+_PROBE_BYTES = 4096  # one page: a full filesystem refuses even this
+
+
+def _write_condition(exc: OSError) -> TierCondition:
+    """What a failed write says about the directory."""
+    if exc.errno == errno.EROFS:
+        return TierCondition.READ_ONLY
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return TierCondition.FULL
+    return TierCondition.NOT_WRITABLE
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError as one line with its errno name: "No space left on device (ENOSPC)"."""
+    name = errno.errorcode.get(exc.errno or 0)
+    text = exc.strerror or str(exc)
+    return f"{text} ({name})" if name else text
 
 
 def _header_crc(header_with_zero_crc: bytes, key: bytes) -> int:
@@ -92,6 +122,9 @@ class FilesystemTier:
         self._pool_lock = threading.Lock()
         self._load_concurrency = 1
         self.load_concurrency = load_concurrency
+        # The last put's failure (None once a put succeeds): a directory with room for the health probe but not
+        # for an object is still full for the objects.
+        self._write_fault: tuple[TierCondition, str] | None = None
 
     # ------------------------------------------------------------------------------------------- knobs
 
@@ -153,10 +186,34 @@ class FilesystemTier:
 
     def health(self) -> TierHealth:
         if not self.root.is_dir():
-            return TierHealth(False, f"directory {self.root} does not exist")
-        if not os.access(self.root, os.W_OK | os.X_OK):
-            return TierHealth(False, f"directory {self.root} is not writable")
-        return TierHealth(True, f"directory {self.root} writable; load_concurrency={self._load_concurrency}")
+            return TierHealth(False, f"directory {self.root} does not exist", TierCondition.DIRECTORY_GONE)
+        probe = self.root / f".health.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, bytes(_PROBE_BYTES))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return TierHealth(
+                False, f"directory {self.root}: a write fails: {_os_error(exc)}{self._space()}", _write_condition(exc)
+            )
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+        fault = self._write_fault
+        if fault is not None:
+            return TierHealth(False, f"directory {self.root}: the last put failed: {fault[1]}{self._space()}", fault[0])
+        return TierHealth(
+            True, f"directory {self.root} writable{self._space()}; load_concurrency={self._load_concurrency}"
+        )
+
+    def _space(self) -> str:
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return ""
+        return f"; {format_bytes(st.f_bavail * st.f_frsize)} free of {format_bytes(st.f_blocks * st.f_frsize)}"
 
     def _evict_stale(self, path: Path, version: int) -> None:
         log.warning("fs tier: evicting %s, written by an earlier bsr (format v%d, now v%d)", path, version, _VERSION)
@@ -193,7 +250,10 @@ class FilesystemTier:
             try:
                 self._write_one(key, payload, crc)
             except OSError as exc:
-                raise OSError(f"fs put of {key!r} failed: {exc}") from exc
+                self._write_fault = (_write_condition(exc), _os_error(exc))
+                raise OSError(exc.errno, f"fs put of {key!r} failed: {_os_error(exc)}") from exc
+        if n:
+            self._write_fault = None
 
     def _write_one(self, key: str, payload: memoryview, crc: int) -> None:
         keyb = key.encode("utf-8")
@@ -319,6 +379,86 @@ class FilesystemTier:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+
+    # ------------------------------------------------------------------------------------------- repair
+
+    def _damage(self, path: Path, key: str) -> str | None:
+        """Why the object file at ``path`` is damaged, read whole from disk; None when it is intact."""
+        keyb = key.encode("utf-8")
+        with open(path, "rb") as f:
+            data = f.read()
+        if len(data) < HEADER_BYTES:
+            return "truncated header"
+        magic, version, key_len, crc, hcrc, length = _HEADER.unpack_from(data)
+        if magic != _MAGIC or version != _VERSION:
+            return "not a bsr object file of this format"
+        stored_key = data[HEADER_BYTES : HEADER_BYTES + key_len]
+        if hcrc != _header_crc(_HEADER.pack(magic, version, key_len, crc, 0, length), stored_key):
+            return "header checksum mismatch"
+        if stored_key != keyb:
+            return "the file holds another key"
+        payload = memoryview(data)[HEADER_BYTES + key_len :]
+        if len(payload) != length:
+            return f"payload is {len(payload)} bytes, its header says {length}"
+        if crc32c(payload) != crc:
+            return "payload checksum mismatch"
+        return None
+
+    def quarantine_damaged(self, suspects: Mapping[str, str]) -> list[QuarantinedObject]:
+        """Re-read each suspect object (key → what it is and why it is suspect); move the damaged ones under
+        ``quarantine/`` (kept, never served again). An object that reads back intact stays where it is: what
+        failed was the transfer, not the stored bytes."""
+        moved = []
+        for key, context in suspects.items():
+            path = self.path_for(key)
+            try:
+                why = self._damage(path, key)
+            except FileNotFoundError:
+                continue  # not held (or already set apart by a concurrent restore)
+            except OSError as exc:
+                why = f"unreadable: {_os_error(exc)}"
+            if why is None:
+                continue
+            qdir = self.root / QUARANTINE_DIR
+            at = time.time()
+            dest = qdir / f"{path.stem}.{time.time_ns()}{_SUFFIX}"
+            try:
+                qdir.mkdir(mode=0o700, exist_ok=True)
+                size = path.stat().st_size
+                os.replace(path, dest)
+            except OSError as exc:
+                # Could not set it apart (read-only directory): remove nothing, the restore already failed closed.
+                log.warning("fs tier: could not quarantine %s (%s): %s", path, why, exc)
+                continue
+            entry = QuarantinedObject(key=key, file=str(dest), reason=f"{why}: {context}", at=at, bytes=size)
+            with contextlib.suppress(OSError):  # the note is for people; the moved file is what matters
+                dest.with_suffix(".json").write_text(
+                    json.dumps({"key": key, "reason": entry.reason, "at": at, "bytes": size}) + "\n"
+                )
+            log.warning("fs tier: quarantined %s for key %s: %s", dest, key, entry.reason)
+            moved.append(entry)
+        return moved
+
+    def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:
+        """The newest ``limit`` quarantined objects, and how many there are."""
+        qdir = self.root / QUARANTINE_DIR
+        entries = []
+        for note in qdir.glob("*.json"):
+            try:
+                d = json.loads(note.read_text())
+                entries.append(
+                    QuarantinedObject(
+                        key=str(d["key"]),
+                        file=str(note.with_suffix(_SUFFIX)),
+                        reason=str(d["reason"]),
+                        at=float(d["at"]),
+                        bytes=int(d["bytes"]),
+                    )
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a note someone damaged or is writing: the object itself is still there
+        entries.sort(key=lambda e: e.at, reverse=True)
+        return entries[: max(limit, 0)], len(entries)
 
     # ------------------------------------------------------------------------------------------- extras
 

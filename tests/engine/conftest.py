@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine.tmpfs import Tmpfs, mount_tmpfs
 
 from bsr_cli.mooncake import services
 from bsr_cli.mooncake.services import ServiceHandle
@@ -70,3 +71,13 @@ def private_stack(tmp_path: Path) -> Iterator[MooncakeStack]:
         yield stack
     finally:
         stack.stop()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Tmpfs]:
+    """A 1 MiB tmpfs of this test's own."""
+    fs = mount_tmpfs(tmp_path / "tmpfs", "1m")
+    try:
+        yield fs
+    finally:
+        fs.unmount()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -502,3 +503,80 @@ def test_fs_directory_gone_is_unavailable(tmp_path: Path) -> None:
             tier.put(keys, [memoryview(b"z" * 10)], [0])
     with pytest.raises(TierUnavailable):
         FilesystemTier(root, create=False)
+
+
+# ----------------------------------------------------------------------------------------------- fs health and repair
+
+
+def test_fs_full_tier_is_unhealthy_with_its_reason_until_a_put_succeeds(small_tmpfs: Any) -> None:
+    from bsr_cli.core.evidence import TierCondition
+
+    view = memoryview(payloads([8192], seed=21)[0])
+    with FilesystemTier(small_tmpfs.path / "ssd") as tier:
+        assert tier.health().ok
+        small_tmpfs.fill()
+        h = tier.health()
+        assert not h.ok and h.condition is TierCondition.FULL, h
+        assert "No space left on device (ENOSPC)" in h.detail and "free of" in h.detail
+        with pytest.raises(OSError) as exc:
+            tier.put(fresh_keys(1), [view], [crc(view)])
+        assert exc.value.errno == errno.ENOSPC and "ENOSPC" in str(exc.value)
+        assert not list(tier.root.glob("??/.*.tmp"))  # the failed write left no temporary behind
+        small_tmpfs.unfill()
+        # Room for the probe again, but the last put failed: still full for objects until one is written.
+        assert tier.health().condition is TierCondition.FULL
+        tier.put(fresh_keys(1), [view], [crc(view)])
+        assert tier.health().ok and tier.health().condition is TierCondition.OK
+
+
+def test_fs_read_only_tier_is_unhealthy_and_still_serves_reads(small_tmpfs: Any) -> None:
+    from bsr_cli.core.evidence import TierCondition
+
+    view = memoryview(payloads([8192], seed=22)[0])
+    keys = fresh_keys(1)
+    with FilesystemTier(small_tmpfs.path / "ssd") as tier:
+        tier.put(keys, [view], [crc(view)])
+        small_tmpfs.remount("ro")
+        try:
+            h = tier.health()
+            assert not h.ok and h.condition is TierCondition.READ_ONLY and "(EROFS)" in h.detail, h
+            with pytest.raises(OSError) as exc:
+                tier.put(fresh_keys(1), [view], [crc(view)])
+            assert exc.value.errno == errno.EROFS
+            pool = Pool(MiB)
+            codes, sums = tier.get_into(keys, pool.slices([8192]), 5.0)
+            assert codes == [8192] and sums == [crc(view)]
+        finally:
+            small_tmpfs.remount("rw")
+
+
+def test_fs_damaged_objects_are_quarantined_intact_ones_stay(fs_tier: FilesystemTier) -> None:
+    keys = fresh_keys(4)
+    size = 64 * 1024
+    view = memoryview(payloads([size], seed=23)[0])
+    fs_tier.put(keys, [view] * 4, [crc(view)] * 4)
+    keylen = len(keys[0].encode())
+    with open(fs_tier.path_for(keys[0]), "r+b") as f:  # payload bit rot, on disk
+        f.seek(HEADER_BYTES + keylen + 1000)
+        f.write(b"\x5a")
+    with open(fs_tier.path_for(keys[1]), "r+b") as f:  # a damaged header
+        f.seek(16)
+        f.write(b"\x00\x00\x00\x00")
+    damaged = {p.name: p.read_bytes() for p in (fs_tier.path_for(keys[0]), fs_tier.path_for(keys[1]))}
+    moved = fs_tier.quarantine_damaged({k: f"chunk {i} group g" for i, k in enumerate(keys[:3])})
+    assert [q.key for q in moved] == keys[:2]  # keys[2] reads back intact (a transfer fault): it stays
+    assert moved[0].reason == "payload checksum mismatch: chunk 0 group g"
+    assert moved[1].reason.startswith("header checksum mismatch")
+    assert fs_tier.contains(keys, 1.0) == [False, False, True, True]
+    qdir = fs_tier.root / "quarantine"
+    for q in moved:  # kept, byte for byte, under the tier's quarantine directory, never served again
+        assert Path(q.file).parent == qdir and Path(q.file).read_bytes() in damaged.values()
+    assert sorted(fs_tier.keys()) == sorted(keys[2:])
+    listed, total = fs_tier.quarantined(1)
+    assert total == 2 and len(listed) == 1 and listed[0].key in keys[:2]
+    # The next store rewrites the chunk from a good source; the next read of it succeeds.
+    fs_tier.put(keys[:1], [view], [crc(view)])
+    pool = Pool(MiB)
+    codes, sums = fs_tier.get_into(keys[:1], pool.slices([size]), 5.0)
+    assert codes == [size] and sums == [crc(view)] and crc(pool.slices([size])[0].view) == crc(view)
+    assert fs_tier.quarantined(10)[1] == 2  # the quarantined copies stay for the incident bundle

@@ -87,6 +87,7 @@ def bundle(
         b.json("registration.json", client.registration())
         b.json("markers.json", snap.get("markers") or [])
         b.json("faults.json", client.faults())
+        b.json("quarantine.json", ib.quarantine_list(health))
         # The engine's events since --since, from its durable store (the snapshot carries only the newest).
         events, _ = client.held_events(0, after=t_from)
         b.events("events.jsonl", events)

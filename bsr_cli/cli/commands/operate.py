@@ -147,6 +147,11 @@ def submit(
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
         result = client.submit(body, w=w, verify=not no_verify)
     st.out.result(result, render_ops.submit)
+    # The request was served (its KV is computed), so the exit code stays 0; a tier that refused the writes is
+    # still said on stderr in every mode, so a script reading --json sees it too.
+    for rank, per_tier in ((result.get("stored") or {}).get("errors") or {}).items():
+        for tier, err in per_tier.items():
+            st.out.warn(f"storing to tier {tier} failed on {rank}: {err}")
 
 
 # How a manual restore can end without committing, other than finding nothing to restore (core.evidence.Outcome).

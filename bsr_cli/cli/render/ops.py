@@ -182,10 +182,7 @@ def submit(console: Console, d: dict[str, Any]) -> None:
         f"served: [bold]{d['external_tokens']:,}[/] external tokens from {d['source']}, "
         f"{d['computed_tokens']:,} computed locally in {d['seconds']:.2f}s"
     )
-    errs = d.get("stored", {}).get("errors") or {}
-    for rank, per_tier in errs.items():
-        for tier, e in per_tier.items():
-            console.print(f"[yellow]storing to {tier} failed on {rank}[/]: {e}")
+    # A store failure is said on stderr (`bsr: warning: ...`, in --json mode too), not here.
     _hash_line(console, d)
 
 
@@ -383,7 +380,17 @@ def status(console: Console, d: dict[str, Any]) -> None:
         elif r.get("last_fault"):
             console.print(f"rank {r['rank']} recovered; last fault: {r['last_fault']['reason']}")
     for name, h in d["tiers"].items():
-        console.print(f"tier {name}: " + ("[green]ok[/]" if h["ok"] else "[red]unhealthy[/] " + "; ".join(h["detail"])))
+        why = f"({h['condition'].replace('_', ' ')}) " if h.get("condition", "ok") != "ok" else ""
+        console.print(
+            f"tier {name}: " + ("[green]ok[/]" if h["ok"] else f"[red]unhealthy[/] {why}" + "; ".join(h["detail"]))
+        )
+        if h.get("quarantined_total"):
+            console.print(
+                f"[yellow]tier {name}: {h['quarantined_total']} damaged object(s) quarantined[/] "
+                "(moved aside, rewritten by the next store; `bsr bundle` lists them)"
+            )
+            for q in h.get("quarantined") or []:
+                console.print(f"  {q['file']}: {q['reason']}")
     for w in (d.get("admission") or {}).get("blocks_waiting") or ():
         console.print(
             f"[yellow]waiting for destination KV[/] {w['request']}: {w['tokens']:,} tokens, "
