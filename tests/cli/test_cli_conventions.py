@@ -97,6 +97,28 @@ def test_old_spellings_are_still_accepted(bsr, monkeypatch: pytest.MonkeyPatch, 
     assert a.json() == b.json()
 
 
+@pytest.mark.timeout(120)
+def test_tab_offers_only_the_canonical_spellings(tmp_path: Path) -> None:
+    """Both completion paths (the full one, then the fast one from its index) offer `--W` and `--world-size`, not
+    the old spellings."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), _BSR_COMPLETE="complete_bash")
+
+    def complete(words: str) -> list[str]:
+        e = dict(env, COMP_WORDS=words, COMP_CWORD=str(len(words.split()) - 1))
+        r = subprocess.run([sys.executable, "-m", "bsr_cli"], env=e, capture_output=True, text=True, timeout=60)
+        return r.stdout.split()
+
+    for _ in ("full", "fast"):
+        offered = complete("bsr plan --")
+        assert "--W" in offered and "--world-size" in offered, offered
+        assert not {"--window-size", "--tp", "-W", "-n"} & set(offered), offered
+        assert complete("bsr bench sweep --ou") == ["--output"]
+
+
 def test_events_n_is_the_limit(bsr) -> None:
     help_text = bsr("events", "--help").out
     assert re.search(r"-n, --limit", help_text)
