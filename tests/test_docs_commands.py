@@ -1,9 +1,9 @@
 """The README's commands, run literally as written, in order, against a real embedded engine: what a new user
 types from the page must work and exit as the page says (a comment that opens with `exit N` states the expected code).
 
-Files a reader brings (a Hugging Face `config.json`, a saved `probe.json`, a request trace `trace.jsonl`) are made
-in the working directory first; commands that cannot run unattended are named below with the reason, and nothing
-else is skipped."""
+The files the planning commands read (a Hugging Face `config.json`, a saved `probe.json`, a request trace
+`trace.jsonl`) ship in examples/, so those commands run from the repository root with nothing made first; commands
+that cannot run unattended are named below with the reason, and nothing else is skipped."""
 
 from __future__ import annotations
 
@@ -36,44 +36,22 @@ def split(line: str) -> tuple[list[str], int]:
     return shlex.split(cmd), int(m.group(1)) if m else 0
 
 
-def _hf_config(path: Path) -> None:
-    path.write_text(
-        json.dumps(
-            {
-                "hidden_size": 2048,
-                "num_attention_heads": 16,
-                "num_key_value_heads": 4,
-                "num_hidden_layers": 4,
-                "torch_dtype": "bfloat16",
-            }
-        )
-    )
-
-
-def _trace(path: Path) -> None:
-    """A request trace in the Mooncake format: three turns of one conversation, the later ones sharing a prefix."""
-    rows = [(0, 1500, [0, 1, 2]), (800, 2500, [0, 1, 2, 3, 4]), (900, 2100, [0, 1, 5, 6, 7])]
-    path.write_text(
-        "".join(
-            json.dumps({"timestamp": t, "input_length": n, "output_length": 64, "hash_ids": ids}) + "\n"
-            for t, n, ids in rows
-        )
-    )
-
-
 @pytest.mark.timeout(60)
-def test_readme_planning_commands_run_as_written(bsr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    _hf_config(tmp_path / "config.json")
-    _trace(tmp_path / "trace.jsonl")
+def test_readme_planning_commands_run_as_written(bsr, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the repository root, as a reader who cloned it: every file a planning line names is in the repository."""
+    monkeypatch.chdir(REPO)
     lines = sh_block(REPO / "README.md", "Planning")
-    assert len(lines) >= 4
+    assert len(lines) >= 5
+    named = [w for line in lines for w in split(line)[0] if w.endswith((".json", ".jsonl"))]
+    assert named and all((REPO / w).is_file() for w in named), named
     for line in lines:
         words, code = split(line)
-        if " ".join(words[:2]) in NOT_RUN or "--probe" in words:  # a saved probe needs an engine: run below
+        if " ".join(words[:2]) in NOT_RUN:
             continue
         r = bsr(*words[1:])
         assert r.code == code, f"{line}\n{r.err}"
+        if "--probe" in words:
+            assert "committable prefix" in r.out
 
 
 @pytest.mark.engine
@@ -114,13 +92,17 @@ def _top_page_snapshot(bsr) -> None:
 
 
 def _planning_from_a_saved_probe(bsr, tmp_path: Path) -> None:
-    """The Planning section's `--probe probe.json` lines, with probe.json saved from this engine as the page says."""
+    """The Planning section's `--probe` lines, with a probe saved from this engine as the page says, in place of the
+    shipped example; the example has the shape the engine saves today."""
     saved = bsr("probe", "--synthetic", "65536", "--seed", "1", "--json")
     assert saved.code == 0, saved.err
     (tmp_path / "probe.json").write_text(saved.out)
+    shipped = json.loads((REPO / "examples" / "probe.json").read_text())
+    assert set(shipped) == set(saved.json()) and shipped["registration_spec"] == saved.json()["registration_spec"]
     for line in sh_block(REPO / "README.md", "Planning"):
         words, code = split(line)
         if "--probe" in words:
+            words[words.index("--probe") + 1] = str(tmp_path / "probe.json")
             r = bsr(*words[1:])
             assert r.code == code, f"{line}\n{r.err}"
             assert "committable prefix" in r.out

@@ -15,7 +15,7 @@ import typer
 
 from bsr_cli import __version__
 from bsr_cli.cli.context import AppState
-from bsr_cli.cli.global_options import GLOBAL_HELP, GLOBAL_OPTIONS, hoist_global_options
+from bsr_cli.cli.global_options import GLOBAL_HELP, GLOBAL_OPTIONS, hidden_aliases, hoist_global_options
 from bsr_cli.cli.output import Output
 from bsr_cli.settings import load_settings
 
@@ -109,6 +109,9 @@ def _add_help_epilogs(cmd, *, path: str) -> None:
         complete = completer_for(list(param.opts))
         if complete is not None:
             param._custom_shell_complete = complete  # TAB offers the option's known values
+        aliases = hidden_aliases(list(param.opts))
+        if aliases:
+            _hide_aliases(param, aliases)
     if path:
         parts = [p for p in (cmd.epilog, examples_block(path), GLOBAL_HELP) if p]
         cmd.epilog = "\n\n".join(parts)
@@ -118,6 +121,23 @@ def _add_help_epilogs(cmd, *, path: str) -> None:
             param.display_type_rich = lambda ctx: None
     for name, sub in getattr(cmd, "commands", {}).items():
         _add_help_epilogs(sub, path=f"{path} {name}".strip())
+
+
+def _hide_aliases(param, aliases: list[str]) -> None:
+    """Keep accepting an option's old spellings while help, completion and error messages show only its canonical
+    name: the parser is the one place that reads the full list (global_options.HIDDEN_ALIASES)."""
+    param.opts = [o for o in param.opts if o not in aliases]
+    add_visible = param.add_to_parser
+
+    def add_to_parser(parser, ctx) -> None:
+        visible = param.opts
+        param.opts = [*visible, *aliases]
+        try:
+            add_visible(parser, ctx)
+        finally:
+            param.opts = visible
+
+    param.add_to_parser = add_to_parser
 
 
 _registered = False

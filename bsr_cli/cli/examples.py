@@ -8,11 +8,11 @@ from __future__ import annotations
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "rws": (
         "bsr rws -r paper-mtp-off --W 32 --tokens 262144",
-        "bsr rws --hf-config config.json --tp 2 --dtype fp8 --sweep 16,32,64",
+        "bsr rws --hf-config examples/config.json --world-size 2 --dtype fp8 --sweep 16,32,64",
     ),
     "plan": (
         "bsr plan --W 32 --tokens 524032 -r paper-mtp-on",
-        "bsr plan --W 16 --tokens 131072 --hf-config config.json --tp 2 --mtp --block-size 64",
+        "bsr plan --W 16 --tokens 131072 --hf-config examples/config.json --world-size 2 --block-size 64",
         "bsr probe --synthetic 65536 --json > probe.json && bsr plan --W 16 --probe probe.json",
         "bsr plan --trace conversation_trace.jsonl -r paper-mtp-off --W 32 --bandwidth 10.31GB/s --p99 1",
     ),
@@ -68,7 +68,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "engine up": ("bsr engine up --enable-faults", "bsr engine up --W 16 --budget 64MiB --max-tokens 131072"),
     "engine down": ("bsr engine down",),
     "engine status": ("bsr engine status", "bsr engine status --json"),
-    "engine endpoints": ("bsr engine endpoints", "bsr engine endpoints --json"),
+    "engine endpoints": ("bsr engine endpoints", "bsr --engine http://127.0.0.1:9100 engine endpoints --json"),
     "faults inject": ("bsr faults inject --rank 1 --kind timeout --window 2",),
     "faults list": ("bsr faults list",),
     "faults clear": ("bsr faults clear",),
@@ -94,7 +94,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr bench trace conversation_trace.jsonl --requests 500",
         "bsr bench trace conversation_trace.jsonl -n 200 --skip 3000 --speedup 2 --W 8 --budget-rws 4",
     ),
-    "bench plot": ("bsr bench plot --out bench-out",),
+    "bench plot": ("bsr bench plot --output bench-out",),
     "bench validate": ("bsr bench validate bench-out/br-*.json",),
     "bench schema": ("bsr bench schema > bench-schema.json",),
     "bench show": ("bsr bench show docs/evidence/br-e1-a6c2f9d328e2.json",),

@@ -23,6 +23,24 @@ GLOBAL_HELP = (
 )
 
 
+# Old spellings still accepted for one release, shown nowhere (help, completion, error messages): alias → the
+# canonical spelling it stands for. An alias is hidden on an option only where that option also has the canonical
+# name, so `-n` stays `--limit` where it counts results (`bsr events -n 20`) and is a hidden `--tokens` elsewhere.
+# CHANGELOG.md names each one; remove them in the release after.
+HIDDEN_ALIASES = {
+    "-W": "--W",
+    "--window-size": "--W",
+    "--tp": "--world-size",
+    "-n": "--tokens",
+    "--out": "--output",
+}
+
+
+def hidden_aliases(opts: list[str]) -> list[str]:
+    """The names among one option's `opts` that are old spellings of another of its names."""
+    return [o for o in opts if HIDDEN_ALIASES.get(o) in opts]
+
+
 def hoist_global_options(argv: list[str]) -> list[str]:
     """Move global options found after the subcommand to the front, where the parser expects them.
 

@@ -32,6 +32,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = hoist_global_options(list(sys.argv[1:] if argv is None else argv))
     Output.result_written = False
     Output.json_requested = _json_mode(args)
+    root = None
     try:
         root = build_command()
         if os.environ.get("_BSR_COMPLETE", "").startswith("complete_"):
@@ -56,21 +57,55 @@ def run(argv: Sequence[str] | None = None) -> int:
         if type(e).__name__ == "Abort":  # the parser's Ctrl-C / EOF at a prompt
             _report("interrupted", None, args, e)
             return int(ExitCode.INTERRUPTED)
-        show = getattr(e, "show", None)
         code = getattr(e, "exit_code", None)
-        if callable(show) and isinstance(code, int):  # usage errors raised by the argument parser
-            show(file=sys.stderr)
-            code = int(ExitCode.INVALID_INPUT) if code == 2 else code
-            if _json_mode(args) and not Output.result_written:
-                import json
-
-                fmt = getattr(e, "format_message", None)
-                message = fmt() if callable(fmt) else str(e)
-                doc = {"error": "usage", "message": message, "hint": "see `bsr COMMAND --help`", "exit_code": code}
-                sys.stdout.write(json.dumps(doc) + "\n")
-            return code
+        if callable(getattr(e, "format_message", None)) and isinstance(code, int):  # the argument parser's errors
+            return _parser_error(e, code, args, root)
         _report(f"internal error: {type(e).__name__}: {e}", "rerun with --traceback and report it", args, e)
         return int(ExitCode.INTERNAL)
+
+
+def _parser_error(e: Exception, code: int, args: Sequence[str], root: object) -> int:
+    """A usage error found by the argument parser, in bsr's one format: `bsr: error: <one line>`, a hint naming the
+    command's help, exit 2 (and the JSON error object with --json). A bare group (`bsr`, `bsr engine`) shows its
+    help instead: that is the answer to "what can I type here", not a mistake."""
+    from bsr_cli.cli.output import Output
+
+    ctx = getattr(e, "ctx", None)
+    path = getattr(ctx, "command_path", None) or _command_path(root, args)
+    hint = f"see `{path} --help`"
+    code = int(ExitCode.INVALID_INPUT) if code in (1, 2) else code  # 1: a file option the parser could not open
+    if type(e).__name__ == "NoArgsIsHelpError":
+        e.show(file=sys.stderr)  # type: ignore[attr-defined]
+        message = f"`{path}` needs a command"
+    else:
+        message = " ".join(line.strip() for line in e.format_message().splitlines() if line.strip())  # type: ignore[attr-defined]
+        _report(message, hint, args, e)
+    if _json_mode(args) and not Output.result_written:
+        import json
+
+        doc = {"error": "usage", "message": message, "hint": hint, "exit_code": code}
+        sys.stdout.write(json.dumps(doc) + "\n")
+    return code
+
+
+def _command_path(root: object, args: Sequence[str]) -> str:
+    """`bsr engine up` for the command words of `args` (for errors the parser raises without its context)."""
+    from bsr_cli.cli.global_options import GLOBAL_OPTIONS
+
+    words = ["bsr"]
+    commands = getattr(root, "commands", None) or {}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok.startswith("-"):  # global options stand before the command (hoist_global_options put them there)
+            i += 2 if GLOBAL_OPTIONS.get(tok) else 1
+            continue
+        if tok not in commands:
+            break
+        words.append(tok)
+        commands = getattr(commands[tok], "commands", None) or {}
+        i += 1
+    return " ".join(words)
 
 
 def _report(message: str, hint: str | None, argv: Sequence[str], exc: BaseException) -> None:

@@ -103,4 +103,4 @@ def test_chunk_hashes_are_prefix_chained(demo) -> None:
     assert chunk_hashes(a[:512], 256) == ha[:2]
     assert synthetic_tokens(1000, seed=1) == a
     key = object_key(demo, 1, "swa", ha[0])
-    assert key == f"bsr-demo:swa@2@1@{ha[0]}@bf16"
+    assert key == f"bsr-engine:swa@2@1@{ha[0]}@bf16"

@@ -24,7 +24,7 @@ RegOpt = Annotated[
     ),
 ]
 HfOpt = Annotated[Path | None, typer.Option("--hf-config", help="Derive the registration from a HF config.json.")]
-TpOpt = Annotated[int, typer.Option("--tp", "--world-size", help="TP world size (with --hf-config).", min=1)]
+TpOpt = Annotated[int, typer.Option("--world-size", "--tp", help="TP world size (with --hf-config).", min=1)]
 DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="KV cache dtype (with --hf-config), e.g. bf16, fp8.")]
 BlockOpt = Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block (with --hf-config).", min=1)]
 MtpOpt = Annotated[bool, typer.Option("--mtp", help="Add the config's MTP layers (with --hf-config).")]

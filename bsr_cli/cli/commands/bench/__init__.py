@@ -1,6 +1,6 @@
 """`bsr bench`: the paper's evaluation against an engine, one subcommand per experiment, and its bundles.
 
-Each experiment prints a table (or the bundle with --json), writes its evidence bundle to --out (validated against
+Each experiment prints a table (or the bundle with --json), writes its evidence bundle to --output (validated against
 docs/bench-schema.json) and redraws the plots the bundles there allow. By default it measures the engine the
 global options name (--engine, BSR_ENGINE, or the embedded engine of the state directory); --embedded starts a
 dedicated embedded engine sized for the experiment in a temporary directory and stops it afterwards. The ladder

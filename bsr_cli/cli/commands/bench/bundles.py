@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 def plot(
     ctx: typer.Context,
     out: OutOpt = DEFAULT_OUT,
-    to: Annotated[Path | None, typer.Option("--to", help="Directory for the PNGs [default: --out].")] = None,
+    to: Annotated[Path | None, typer.Option("--to", help="Directory for the PNGs [default: --output].")] = None,
     json_flag: JsonFlag = False,
 ) -> None:
-    """Redraw the plots from the latest bundle of each experiment in --out."""
+    """Redraw the plots from the latest bundle of each experiment in --output."""
     from bsr_cli.bench import bundle as bundles
     from bsr_cli.bench import plots as plotting
 
@@ -66,10 +66,11 @@ def validate(
         raise InvalidInput(f"{len(bad)} bundle(s) do not match the schema: {', '.join(bad)}")
 
 
-def schema(ctx: typer.Context) -> None:
+def schema(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Print the JSON Schema of evidence bundles."""
     from bsr_cli.bench import bundle as bundles
 
+    state(ctx, json_flag)  # the schema is JSON with or without --json (accepted as on every command)
     typer.echo(bundles.schema_json(), nl=False)
 
 

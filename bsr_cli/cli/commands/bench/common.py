@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
     from bsr_cli.engine.supervisor import EngineOptions
 
-OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for bundles and plots.")]
+OutOpt = Annotated[Path, typer.Option("--output", "-o", "--out", help="Directory for bundles and plots.")]
 EmbeddedOpt = Annotated[
     bool,
     typer.Option("--embedded", help="Start a dedicated embedded engine sized for this experiment, stop it after."),

@@ -282,7 +282,7 @@ def peer(
         str, typer.Option("--tokens", "-n", help="Comma-separated prefix lengths.")
     ] = "32768,65536,131072",
     w: WOpt = 32,
-    tp: Annotated[int, typer.Option("--tp", help="TP ranks (one LMCache engine each).", min=1)] = 1,
+    tp: Annotated[int, typer.Option("--world-size", "--tp", help="TP ranks (one LMCache engine each).", min=1)] = 1,
     below_rung: Annotated[
         str,
         typer.Option("--below-rung", help="Extra stock L1 sizes below its rung (bsr's own L1 is always tried)."),
