@@ -24,6 +24,23 @@ def _size(text: str | None) -> int | None:
     return None if text is None else parse_bytes(text)
 
 
+def _bit_rate(text: str) -> int:
+    """``200mbit`` / ``1gbit`` / ``500kbit`` / a plain number of bits per second, as bits per second."""
+    from bsr_cli.errors import InvalidInput
+
+    units = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
+    low = text.strip().lower()
+    suffix = next((u for u in units if low.endswith(u)), "bit")
+    number, scale = low.removesuffix(suffix), units[suffix]
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise InvalidInput(f"--link-rate {text!r} is not a rate", hint="e.g. 200mbit, 1gbit, 500kbit") from None
+    if value < 8_000:
+        raise InvalidInput(f"--link-rate {text!r} is below 8kbit", hint="e.g. 200mbit")
+    return int(value)
+
+
 @engine_app.command("up")
 def engine_up(
     ctx: typer.Context,
@@ -73,6 +90,18 @@ def engine_up(
         str | None,
         typer.Option("--event-store-max", help="Largest the event store may grow (oldest go first) [default: 512MiB]."),
     ] = None,
+    hosts: Annotated[
+        str,
+        typer.Option(
+            "--hosts",
+            help="local: every part on loopback; netns: the Mooncake master, the segment holder and each rank in a "
+            "Linux network namespace of their own, joined by veth links (needs root and iproute2).",
+        ),
+    ] = "local",
+    link_rate: Annotated[
+        str | None,
+        typer.Option("--link-rate", help="With --hosts netns: cap every link at this rate (tc tbf), e.g. 200mbit."),
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Start the embedded engine (idempotent: a healthy engine with the same options is reported, not restarted;
@@ -104,6 +133,8 @@ def engine_up(
         open_metrics=open_metrics,
         event_retention_s=retention,
         event_store_bytes=store_max,
+        hosts=hosts,
+        link_rate_bps=None if link_rate is None else _bit_rate(link_rate),
     )
     if host not in ("127.0.0.1", "localhost", "::1"):
         st.out.note(f"[yellow]warning:[/] the admin API will listen on {host}, beyond loopback")

@@ -1,0 +1,145 @@
+"""Partitions across real network interfaces: the multi-host engine (`--hosts netns`) puts the Mooncake master, the
+segment holder and each rank in a network namespace of its own, joined by veth links capped with `tc tbf`. Each
+test cuts one link (`ip link set DEV down`) in the middle of a restore, when the first window of the cut rank has
+been released, and checks that the restore fails closed (0 tokens committed) within the fetch deadline (the
+restore returns), that the failure blames the Mooncake tier at the fetch stage on that rank only and names the
+link, and that a restore commits again once the link is back.
+
+Needs root and iproute2 (`ip netns`); skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bsr_cli.engine import netns, supervisor
+from bsr_cli.loaders import builtin_registration
+
+pytestmark = pytest.mark.engine
+
+WHY_NOT = netns.unavailable()
+if WHY_NOT:
+    pytestmark = [pytest.mark.engine, pytest.mark.skip(reason=f"needs network namespaces: {WHY_NOT}")]
+
+# 50 Mbit/s per link: a 4 MiB window takes ~0.7 s, so a restore of 8 windows lasts seconds after its first window
+# (time to cut a link in the middle) while a whole test stays short.
+LINK_RATE_BPS = 50_000_000
+TOKENS = 8 * 4 * 256  # 8 windows of W=4 chunks of 256 tokens
+PROMPT = {"synthetic": {"n": TOKENS, "seed": 2401}}
+
+
+class MultiHost:
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        st = json.loads((state / "state.json").read_text())
+        self.topology = netns.Topology.from_dict(st["netns"])
+        from bsr_cli.client import local_engine
+
+        conn = local_engine.connection(state)
+        assert conn is not None
+        self.url, self.token = conn
+
+    def client(self):
+        from bsr_cli.client import AdminClient
+
+        return AdminClient(self.url, self.token)
+
+
+@pytest.fixture(scope="module")
+def multihost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
+    state = tmp_path_factory.mktemp("multihost")
+    opts = supervisor.EngineOptions(
+        builtin_registration("demo"),
+        w=4,
+        max_tokens=16_384,
+        fetch_timeout_s=2.0,
+        segment_bytes=512 << 20,
+        hosts=netns.MODE,
+        link_rate_bps=LINK_RATE_BPS,
+    )
+    prefix = netns.prefix_for(state)
+    try:
+        supervisor.up(state, opts)
+        engine = MultiHost(state)
+        with engine.client() as c:
+            assert c.submit(PROMPT)["hash_ok"] is True
+        yield engine
+    finally:
+        supervisor.down(state)
+        assert netns.leftovers(prefix) == [], "every namespace and veth of the engine is removed on down"
+
+
+def _restore_cutting(engine: MultiHost, rank: int, peer: str) -> dict:
+    """Restore PROMPT from Mooncake and cut rank↔peer once that rank has released its first window."""
+    cut: list[str] = []
+
+    def on_event(ev: dict) -> None:
+        if not cut and ev.get("type") == "window_released" and ev.get("rank") == rank:
+            cut.append(netns.cut(engine.topology, netns.rank_node(rank), peer).name)
+
+    with engine.client() as c:
+        res = c.restore(PROMPT, exclude_tiers=["fs"], on_event=on_event)
+    assert cut, "the link was cut during the restore"
+    return res
+
+
+def _until_no_call_in_flight(client, deadline_s: float = 120.0) -> None:
+    """Poll the ranks' tier health until no Mooncake call abandoned at a deadline is still running."""
+    end = time.monotonic() + deadline_s
+    while True:
+        details = [str((r.get("tiers") or {}).get("mooncake")) for r in client.pool(health=True)]
+        if not any("in flight" in d for d in details):
+            return
+        assert time.monotonic() < end, f"an abandoned Mooncake call is still running: {details}"
+        time.sleep(0.2)  # the poll's interval (the health is cached for 1 s in the rank)
+
+
+@pytest.mark.parametrize(("rank", "peer"), [(0, netns.HOLDER), (0, netns.MASTER), (1, netns.HOLDER)])
+def test_a_link_cut_mid_restore_fails_closed_names_the_link_and_recovers(
+    multihost: MultiHost, bsr, monkeypatch: pytest.MonkeyPatch, rank: int, peer: str
+) -> None:
+    link = multihost.topology.link(netns.rank_node(rank), peer).name
+    try:
+        res = _restore_cutting(multihost, rank, peer)
+    finally:
+        netns.heal(multihost.topology, netns.rank_node(rank), peer)
+    # Returned (the stall ended at the fetch deadline), failed closed, nothing committed.
+    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    assert res["failure_stage"] == "fetch" and res["blamed_tiers"] == ["mooncake"]
+    assert [f["rank"] for f in res["failures"]] == [rank], "only the rank behind the cut link fails"
+    failed = {r["rank"]: r for r in res["ranks"]}
+    assert failed[rank]["ok"] is False and failed[rank]["tier"] == "mooncake"
+    assert failed[rank]["failed_window"] is not None and failed[rank]["windows_done"] >= 1, "cut mid-restore"
+    assert f"link {link} down" in failed[rank]["reason"]
+    assert failed[1 - rank]["ok"] is True and "link" not in failed[1 - rank]["reason"]
+    # `bsr explain` of the request says which link.
+    monkeypatch.setenv("BSR_ENGINE", multihost.url)
+    monkeypatch.setenv("BSR_TOKEN", multihost.token)
+    explained = bsr("explain", res["request"])
+    assert explained.code == 0, explained.err
+    assert f"link {link} down" in explained.out
+    # The link is back. The fetch abandoned at the deadline still runs in the rank until its bytes arrive (the
+    # tier says so in its health); once it has, the next restore from Mooncake commits the whole prompt.
+    with multihost.client() as c:
+        _until_no_call_in_flight(c)
+        c.clear_markers()
+        again = c.restore(PROMPT, exclude_tiers=["fs"])
+    assert again["outcome"] == "committed" and again["committed_tokens"] == TOKENS, again["failures"]
+    assert again["tiers"] == ["mooncake"] and again["hash_ok"] is True
+
+
+def test_down_removes_namespaces_left_by_a_crashed_run(tmp_path: Path) -> None:
+    """A run that died without cleaning up leaves namespaces and veths: `down` (and the next `up`) remove them."""
+    topo = netns.create(netns.Topology.plan(netns.prefix_for(tmp_path), ranks=1, rate_bps=LINK_RATE_BPS))
+    try:
+        assert sorted(netns.leftovers(topo.prefix)) == sorted(topo.netns(n) for n in topo.nodes)
+        out = supervisor.down(tmp_path)  # no state.json: the crash happened before it was written
+        assert sorted(out["removed_netns"]) == sorted(topo.netns(n) for n in topo.nodes)
+        assert netns.leftovers(topo.prefix) == []
+    finally:
+        netns.destroy(topo.prefix)
