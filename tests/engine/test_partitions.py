@@ -143,3 +143,23 @@ def test_down_removes_namespaces_left_by_a_crashed_run(tmp_path: Path) -> None:
         assert netns.leftovers(topo.prefix) == []
     finally:
         netns.destroy(topo.prefix)
+
+
+def test_bench_store_shows_the_link_cap_as_the_ceiling(
+    multihost: MultiHost, bsr, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`bsr bench store` against the multi-host engine: the restores cross the capped links, and the cap is shown
+    as their ceiling (a restore cannot pass it: tbf's burst is 32 KiB against MiBs per window)."""
+    for key, value in (("BSR_ENGINE", multihost.url), ("BSR_TOKEN", multihost.token)):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("BSR_STATE_DIR", str(multihost.state))
+    args = ["bench", "store", "--tokens", "2048", "--W", "4", "--trials", "1", "--copy-bytes", "8MiB"]
+    res = bsr(*args, "--no-plots", "--out", str(tmp_path), "--json")
+    assert res.code == 0, res.err
+    summary = res.json()["summary"]
+    assert summary["link_ceiling_gbps"] == LINK_RATE_BPS / 8 / 1e9
+    below = summary["ratios"]["restore_W,B=RWS/link_ceiling"]
+    assert below is not None and 0 < below <= 1.05
+    text = bsr(*args, "--no-plots", "--out", str(tmp_path))
+    assert text.code == 0, text.err
+    assert "link ceiling (tc tbf)" in text.out and "restore_W,B=RWS/link_ceiling" in text.out
