@@ -23,8 +23,7 @@ from bsr_cli.loaders import builtin_registration
 pytestmark = pytest.mark.engine
 
 WHY_NOT = netns.unavailable()
-if WHY_NOT:
-    pytestmark = [pytest.mark.engine, pytest.mark.skip(reason=f"needs network namespaces: {WHY_NOT}")]
+needs_netns = pytest.mark.skipif(WHY_NOT is not None, reason=f"needs network namespaces: {WHY_NOT}")
 
 # 50 Mbit/s per link: a 4 MiB window takes ~0.7 s, so a restore of 8 windows lasts seconds after its first window
 # (time to cut a link in the middle) while a whole test stays short.
@@ -99,6 +98,7 @@ def _until_no_call_in_flight(client, deadline_s: float = 120.0) -> None:
         time.sleep(0.2)  # the poll's interval (the health is cached for 1 s in the rank)
 
 
+@needs_netns
 @pytest.mark.parametrize(("rank", "peer"), [(0, netns.HOLDER), (0, netns.MASTER), (1, netns.HOLDER)])
 def test_a_link_cut_mid_restore_fails_closed_names_the_link_and_recovers(
     multihost: MultiHost, bsr, monkeypatch: pytest.MonkeyPatch, rank: int, peer: str
@@ -133,6 +133,7 @@ def test_a_link_cut_mid_restore_fails_closed_names_the_link_and_recovers(
     assert again["tiers"] == ["mooncake"] and again["hash_ok"] is True
 
 
+@needs_netns
 def test_down_removes_namespaces_left_by_a_crashed_run(tmp_path: Path) -> None:
     """A run that died without cleaning up leaves namespaces and veths: `down` (and the next `up`) remove them."""
     topo = netns.create(netns.Topology.plan(netns.prefix_for(tmp_path), ranks=1, rate_bps=LINK_RATE_BPS))
@@ -145,6 +146,7 @@ def test_down_removes_namespaces_left_by_a_crashed_run(tmp_path: Path) -> None:
         netns.destroy(topo.prefix)
 
 
+@needs_netns
 def test_bench_store_shows_the_link_cap_as_the_ceiling(
     multihost: MultiHost, bsr, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -163,3 +165,24 @@ def test_bench_store_shows_the_link_cap_as_the_ceiling(
     text = bsr(*args, "--no-plots", "--out", str(tmp_path))
     assert text.code == 0, text.err
     assert "link ceiling (tc tbf)" in text.out and "restore_W,B=RWS/link_ceiling" in text.out
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["--hosts", "lan"], 2, "unknown --hosts 'lan'"),
+        (["--link-rate", "200mbit"], 2, "--link-rate caps the links between hosts: it needs --hosts netns"),
+        (["--hosts", "netns", "--link-rate", "fast"], 2, "--link-rate 'fast' is not a rate"),
+        (["--hosts", "netns", "--no-remote"], 2, "drop --no-remote"),
+    ],
+)
+def test_engine_up_refuses_a_multi_host_request_it_cannot_build(
+    bsr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], code: int, says: str
+) -> None:
+    """Refused in one line before anything starts (no state written, no namespace created)."""
+    monkeypatch.setenv("BSR_STATE_DIR", str(tmp_path))
+    res = bsr("engine", "up", "--max-tokens", "4096", *args)
+    assert res.code == code and says in res.err, res.err
+    assert "Traceback" not in res.err
+    assert not (tmp_path / "state.json").exists()
+    assert netns.leftovers(netns.prefix_for(tmp_path)) == []
