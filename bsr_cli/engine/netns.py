@@ -243,6 +243,26 @@ def heal(topo: Topology, x: str, y: str) -> Link:
     return link
 
 
+def link_states(topo: Topology) -> list[dict[str, Any]]:
+    """Each link with its state: ``up`` when both ends are up, else ``down`` naming the end(s) that are not (a
+    namespace that is gone reads as down)."""
+    up: dict[str, bool] = {}
+    for node in topo.nodes:
+        done = _ip("ip", "-n", topo.netns(node), "-o", "link", "show", check=False)
+        for row in done.stdout.splitlines():
+            parts = row.split(":", 2)
+            if len(parts) == 3:
+                name = parts[1].strip().split("@")[0]
+                flags = parts[2].split("<", 1)[-1].split(">", 1)[0].split(",")
+                up[name] = "UP" in flags  # administratively up (NO-CARRIER only says the other end is down)
+    out = []
+    for link in topo.links:
+        ends_down = [node for node, dev in ((link.a, link.dev_a), (link.b, link.dev_b)) if not up.get(dev, False)]
+        state = {"link": link.name, "state": "down" if ends_down else "up"}
+        out.append(state | ({"down_at": ends_down} if ends_down else {}))
+    return out
+
+
 # -- running inside a namespace --------------------------------------------------------------------------------------
 
 
@@ -303,6 +323,7 @@ __all__ = [
     "exec_argv",
     "heal",
     "leftovers",
+    "link_states",
     "prefix_for",
     "rank_node",
     "unavailable",

@@ -216,9 +216,19 @@ def status(state: Path) -> dict[str, Any]:
         procs.append(proc)
     healthy = all(p["alive"] for p in procs) and _http_ok(st["admin_url"] + "/bsr/v1/health")
     listening = services.listening_sockets((n, p) for n, p, t in found if services.is_alive(p, t))
+    hosts: dict[str, Any] = {"mode": "local"}
+    if st.get("netns"):
+        topo = netns.Topology.from_dict(st["netns"])
+        hosts = {
+            "mode": netns.MODE,
+            "namespaces": [topo.netns(n) for n in topo.nodes],
+            "link_rate_bps": topo.rate_bps,
+            "links": netns.link_states(topo),
+        }
     return {
         "state_dir": str(state),
         "running": any(p["alive"] for p in procs),
+        "hosts": hosts,
         "healthy": healthy,
         "admin_url": st["admin_url"],
         "processes": procs,

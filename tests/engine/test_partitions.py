@@ -106,8 +106,15 @@ def test_a_link_cut_mid_restore_fails_closed_names_the_link_and_recovers(
     link = multihost.topology.link(netns.rank_node(rank), peer).name
     try:
         res = _restore_cutting(multihost, rank, peer)
+        # `bsr engine status` shows the link down, at the end that was set down.
+        monkeypatch.setenv("BSR_STATE_DIR", str(multihost.state))
+        status = bsr("engine", "status", "--json").json()
+        assert [lk for lk in status["hosts"]["links"] if lk["state"] != "up"] == [
+            {"link": link, "state": "down", "down_at": [netns.rank_node(rank)]}
+        ]
     finally:
         netns.heal(multihost.topology, netns.rank_node(rank), peer)
+    assert all(lk["state"] == "up" for lk in supervisor.status(multihost.state)["hosts"]["links"])
     # Returned (the stall ended at the fetch deadline), failed closed, nothing committed.
     assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
     assert res["failure_stage"] == "fetch" and res["blamed_tiers"] == ["mooncake"]

@@ -205,10 +205,21 @@ def _render_status(console: Any, d: dict[str, Any]) -> None:
             f"W={s['w']}  pool {s['pool_bytes']:,} B/rank  budget {s['budget_bytes']:,} B/rank  "
             f"max prompt {s['max_tokens']:,} tokens  faults {'enabled' if s['faults_enabled'] else 'disabled'}"
         )
+    hosts = d.get("hosts") or {}
+    if hosts.get("mode") == "netns":
+        rate = f", each capped at {hosts['link_rate_bps'] / 1e6:g} Mbit/s" if hosts.get("link_rate_bps") else ""
+        down = [lk["link"] for lk in hosts.get("links") or [] if lk["state"] != "up"]
+        console.print(
+            f"hosts: {len(hosts['namespaces'])} network namespaces, {len(hosts.get('links') or [])} links{rate}; "
+            + (f"[red]down:[/] {', '.join(down)}" if down else "every link up")
+        )
     exposed = d.get("exposed") or []
     if exposed:
         ports = ", ".join(f"{e['process']} {e['address']}:{e['port']}" for e in exposed)
         console.print(f"[yellow]exposed beyond loopback:[/] {ports}")
+    elif hosts.get("mode") == "netns":
+        # Sockets inside the engine's namespaces are not this namespace's: they cannot be reached from outside.
+        console.print("every listening port in this network namespace is on loopback (the others are in the engine's)")
     else:
         console.print("every listening port is on loopback")
     console.print(f"state: {d['state_dir']}  logs: {d.get('logs')}")
