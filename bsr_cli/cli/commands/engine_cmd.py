@@ -15,7 +15,7 @@ from bsr_cli.core.units import parse_bytes
 
 engine_app = typer.Typer(
     help="Run the embedded reference engine: real mooncake_master, a segment holder, one process per TP rank, "
-    "and the admin API, all on loopback.",
+    "and the admin API, all on loopback (or, with --hosts netns, the store and each rank on hosts of their own).",
     no_args_is_help=True,
 )
 
