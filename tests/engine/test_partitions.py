@@ -146,6 +146,9 @@ def test_down_removes_namespaces_left_by_a_crashed_run(tmp_path: Path) -> None:
     topo = netns.create(netns.Topology.plan(netns.prefix_for(tmp_path), ranks=1, rate_bps=LINK_RATE_BPS))
     try:
         assert sorted(netns.leftovers(topo.prefix)) == sorted(topo.netns(n) for n in topo.nodes)
+        # A start over a crashed run's namespaces removes them first (the names would collide otherwise).
+        netns.create(topo)
+        assert sorted(netns.leftovers(topo.prefix)) == sorted(topo.netns(n) for n in topo.nodes)
         out = supervisor.down(tmp_path)  # no state.json: the crash happened before it was written
         assert sorted(out["removed_netns"]) == sorted(topo.netns(n) for n in topo.nodes)
         assert netns.leftovers(topo.prefix) == []
