@@ -30,7 +30,14 @@ from bsr_cli.bench.evidence import (
 from bsr_cli.bench.failures import run_failures
 from bsr_cli.bench.fs_concurrency import run_fs_concurrency
 from bsr_cli.bench.ladder import LADDER_PREFIXES, SCALED_LADDER, EngineFactory, run_ladder
-from bsr_cli.bench.lifecycle import embedded_engine, embedded_ladder_factory, embedded_options, fs_dir_of, mooncake_of
+from bsr_cli.bench.lifecycle import (
+    embedded_engine,
+    embedded_ladder_factory,
+    embedded_options,
+    fs_dir_of,
+    link_ceiling_of,
+    mooncake_of,
+)
 from bsr_cli.bench.store import run_store
 from bsr_cli.bench.sweep import E1_PREFIXES, run_sweep
 from bsr_cli.bench.wlaw import W_LAW, run_wlaw
@@ -50,6 +57,7 @@ __all__ = [
     "embedded_options",
     "fs_dir_of",
     "judge",
+    "link_ceiling_of",
     "machine_info",
     "mooncake_of",
     "new_run_id",

@@ -119,10 +119,24 @@ def mooncake_of(state_dir: Path, url: str) -> dict[str, str] | None:
     st = read_state(state_dir)
     if not st or str(st.get("admin_url", "")).rstrip("/") != url.rstrip("/"):
         return None
+    if st.get("netns"):
+        return None  # a multi-host engine's master is in a network namespace of its own: unreachable from here
     urls = (st.get("services", {}).get("mooncake_master") or {}).get("urls") or {}
     if not urls.get("rpc_address") or not urls.get("metadata_url"):
         return None
     return {"master_address": str(urls["rpc_address"]), "metadata_url": str(urls["metadata_url"])}
+
+
+def link_ceiling_of(state_dir: Path, url: str) -> int | None:
+    """The bandwidth cap (bits/s) on every link of the multi-host engine in ``state_dir`` when it serves ``url``
+    (`bsr engine up --hosts netns --link-rate`): the ceiling a restore across those links cannot pass."""
+    from bsr_cli.client.local_engine import read_state
+
+    st = read_state(state_dir)
+    if not st or str(st.get("admin_url", "")).rstrip("/") != url.rstrip("/"):
+        return None
+    rate = (st.get("netns") or {}).get("rate_bps")
+    return None if rate is None else int(rate)
 
 
 def fs_dir_of(state_dir: Path, url: str) -> Path | None:

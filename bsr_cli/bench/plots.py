@@ -227,6 +227,9 @@ def store_bars(store: dict[str, Any]) -> tuple[list[str], list[float]]:
         if g is not None:
             labels.append(f"mooncake {name}")
             values.append(float(g))
+    if s.get("link_ceiling_gbps"):
+        labels.append("link ceiling (tc tbf)")
+        values.append(float(s["link_ceiling_gbps"]))
     for name, r in s.get("restore", {}).items():
         if r.get("gbps_per_rank") is not None:
             labels.append(f"restore {name}")

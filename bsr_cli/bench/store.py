@@ -49,6 +49,7 @@ def run_store(
     salt: int | None = None,
     on_row: OnRow | None = None,
     engine_meta: dict[str, Any] | None = None,
+    link_bps: int | None = None,
 ) -> dict[str, Any]:
     """Tier bandwidth beside the machine's memory-copy ceiling, all in one run: the memcpy ceiling; GET/PUT per
     client through the tier class and the raw store (needs ``mooncake``: the engine's master address and
@@ -63,6 +64,8 @@ def run_store(
         "raw_bytes_per_client": raw_bytes,
         "copy_bytes": copy_bytes,
         "mooncake": mooncake,
+        # A multi-host engine's cap on each link (bits/s): every byte a rank restores crosses its link to the holder.
+        "link_ceiling_bps": link_bps,
     }
     run = Run("store", "store", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
@@ -206,6 +209,10 @@ def _store_summary(
         "restore_W,B=2RWS/restore_W0": ratio(bsr2, w0),
         "restore_W0/memcpy_1thread": ratio(w0, memcpy_1t),
     }
+    link_bps = run.bundle["params"].get("link_ceiling_bps")
+    link_gbps = None if link_bps is None else link_bps / 8 / 1e9
+    if link_gbps is not None:
+        ratios["restore_W,B=RWS/link_ceiling"] = ratio(bsr1, link_gbps)
     summary = {
         "memcpy_gbps": {str(m["threads"]): m["gbps"] for m in copies},
         "checksum_gbps": checksum,
@@ -214,6 +221,7 @@ def _store_summary(
             f"{m['path']} {m['op']}": m["aggregate_gbps"] for m in mc if m["mode"] == "concurrent"
         },
         "restore": restores,
+        "link_ceiling_gbps": link_gbps,
         "ratios": ratios,
         "completed": len(done),
         "interrupted": len(run.rows) - len(done),

@@ -32,7 +32,7 @@ from bsr_cli.core.events import (
 )
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.registration import Registration
-from bsr_cli.engine import lifecycle, supervisor
+from bsr_cli.engine import lifecycle, netns, supervisor
 from bsr_cli.engine.ranks import ProcessRank
 from bsr_cli.runtime import event_store, failure_log
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
@@ -123,6 +123,8 @@ def build(
             coord.on_rank_event(ev)
 
     blocks = {g.name: -(-settings.kv_tokens // g.block_size) for g in reg.groups}
+    hosts = cfg.get("hosts")
+    topo = netns.Topology.from_dict(hosts["topology"]) if hosts else None
 
     def start_rank(r: int) -> ProcessRank:
         coord = holder.get("c")
@@ -138,6 +140,15 @@ def build(
             "fs_concurrency": now.fs_concurrency,
             "log_dir": str(log_dir) if log_dir is not None else None,
         }
+        if topo is not None and hosts is not None:
+            # A multi-host engine: the rank runs in its own namespace and, when a fetch fails, checks its links.
+            node = netns.rank_node(r)
+            rank_cfg["netns"] = topo.netns(node)
+            rank_cfg["address"] = topo.address(node)
+            rank_cfg["links"] = [
+                {"link": topo.link(node, peer).name, "peer": peer, "address": hosts["endpoints"][peer]}
+                for peer in (netns.MASTER, netns.HOLDER)
+            ]
         return ProcessRank(r, rank_cfg, on_event)
 
     ranks: list[ProcessRank] = []
@@ -231,6 +242,9 @@ def main(argv: list[str]) -> int:
     stopped = lifecycle.stop_services(state)
     if stopped:
         print(f"bsr engine: stopped {', '.join(stopped)}", flush=True)
+    if cfg.get("hosts"):
+        removed = netns.destroy(netns.Topology.from_dict(cfg["hosts"]["topology"]).prefix)
+        print(f"bsr engine: removed network namespaces {', '.join(removed) or 'none'}", flush=True)
     events.close()
     failure_log.close_log(log)
     (state / "ready.json").unlink(missing_ok=True)

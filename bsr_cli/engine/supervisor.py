@@ -27,6 +27,7 @@ from bsr_cli.client.local_engine import read_json as _read_json
 from bsr_cli.client.local_engine import read_state
 from bsr_cli.core import accounting, limits
 from bsr_cli.core.registration import Registration
+from bsr_cli.engine import netns
 from bsr_cli.errors import CapacityError, InvalidInput, ServiceError
 from bsr_cli.mooncake import services
 
@@ -69,6 +70,11 @@ class EngineOptions:
     # are deleted.
     event_retention_s: float = 7 * 86400.0
     event_store_bytes: int = 512 << 20
+    # Where the parts run: "local" (one network namespace, loopback) or "netns" (the master, the segment holder and
+    # each rank in a network namespace of their own, joined by veth links: bsr_cli/engine/netns.py).
+    hosts: str = "local"
+    # A bandwidth cap on every link between those namespaces (bits/s; `tc tbf`), None for none.
+    link_rate_bps: int | None = None
 
     def resolved(self) -> dict[str, Any]:
         reg = self.registration
@@ -210,9 +216,19 @@ def status(state: Path) -> dict[str, Any]:
         procs.append(proc)
     healthy = all(p["alive"] for p in procs) and _http_ok(st["admin_url"] + "/bsr/v1/health")
     listening = services.listening_sockets((n, p) for n, p, t in found if services.is_alive(p, t))
+    hosts: dict[str, Any] = {"mode": "local"}
+    if st.get("netns"):
+        topo = netns.Topology.from_dict(st["netns"])
+        hosts = {
+            "mode": netns.MODE,
+            "namespaces": [topo.netns(n) for n in topo.nodes],
+            "link_rate_bps": topo.rate_bps,
+            "links": netns.link_states(topo),
+        }
     return {
         "state_dir": str(state),
         "running": any(p["alive"] for p in procs),
+        "hosts": hosts,
         "healthy": healthy,
         "admin_url": st["admin_url"],
         "processes": procs,
@@ -247,7 +263,23 @@ def _options_record(opts: EngineOptions, settings: dict[str, Any]) -> dict[str, 
         "remote": opts.remote,
         "allowed_hosts": sorted(opts.allowed_hosts),
         "open_metrics": opts.open_metrics,
+        "hosts": opts.hosts,
+        "link_rate_bps": opts.link_rate_bps,
     }
+
+
+def _hosts_check(opts: EngineOptions) -> None:
+    """Refuse a multi-host engine this machine cannot build, before anything starts."""
+    if opts.hosts not in ("local", netns.MODE):
+        raise InvalidInput(f"unknown --hosts {opts.hosts!r}", hint="use local or netns")
+    if opts.hosts == netns.MODE:
+        if not opts.remote:
+            raise InvalidInput("--hosts netns places the Mooncake services on hosts of their own: drop --no-remote")
+        why = netns.unavailable()
+        if why:
+            raise ServiceError(f"cannot run --hosts netns: {why}")
+    elif opts.link_rate_bps is not None:
+        raise InvalidInput("--link-rate caps the links between hosts: it needs --hosts netns")
 
 
 def _differences(running: dict[str, Any] | None, wanted: dict[str, Any]) -> list[str]:
@@ -267,6 +299,7 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
     """Start the engine in ``state``. A healthy engine started with the same options is reported, not restarted;
     one started with different options is refused (it would silently keep its old ones) unless ``restart``."""
     settings = opts.resolved()
+    _hosts_check(opts)
     wanted = _options_record(opts, settings)
     with _private(), _locked(state):
         make_private(state)
@@ -291,14 +324,28 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
         token_path.write_text(token + "\n")
         started: dict[str, services.ServiceHandle] = {}
         st: dict[str, Any] = {"services": {}, "ranks": [], "started_at": time.time()}
+        hosts: dict[str, Any] | None = None
         try:
             mooncake = None
+            placed: dict[str, dict[str, Any]] = {"master": {}, "holder": {}}
+            if opts.hosts == netns.MODE:
+                topo = netns.Topology.plan(netns.prefix_for(state), opts.registration.tp_size, opts.link_rate_bps)
+                st["netns"] = topo.to_dict()  # recorded first: `down` removes it even if the start fails below
+                _write_json(state / "state.json", st | {"admin_url": ""})
+                netns.create(topo)
+                for node in (netns.MASTER, netns.HOLDER):
+                    ns = topo.netns(node)
+                    placed[node] = {
+                        "host": topo.address(node),
+                        "exec_prefix": netns.exec_argv(ns),
+                        "probe_in": lambda fn, ns=ns: netns.call_in(ns, fn),
+                    }
             if opts.remote:
-                master = services.start_master(logs)
+                master = services.start_master(logs, **placed["master"])
                 started["master"] = master
                 st["services"]["mooncake_master"] = _record(master.pid, urls=master.urls, log=master.log_path)
                 _write_json(state / "state.json", st | {"admin_url": ""})
-                seg = services.start_segment_holder(logs, master, settings["segment_bytes"])
+                seg = services.start_segment_holder(logs, master, settings["segment_bytes"], **placed["holder"])
                 started["segment"] = seg
                 st["services"]["segment_holder"] = _record(seg.pid, urls=seg.urls, log=seg.log_path)
                 mooncake = {
@@ -307,6 +354,9 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
                     "health_url": master.health_url,
                     "admin_url": master.admin_url,
                 }
+                if "netns" in st:
+                    holder = f"{placed['holder']['host']}:{seg.ports['service']}"
+                    hosts = {"topology": st["netns"], "endpoints": {"master": master.rpc_address, "holder": holder}}
             engine_cfg = {
                 "registration": opts.registration.to_dict(),
                 "settings": {
@@ -324,6 +374,7 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
                 }
                 | {"tiers": ("mooncake", "fs") if opts.remote else ("fs",)},
                 "mooncake": mooncake,
+                "hosts": hosts,
                 "fs_dir": str(state / "fs-tier"),
                 "host": opts.host,
                 "port": opts.port,
@@ -391,7 +442,10 @@ def down(state: Path) -> dict[str, Any]:
 def _down_locked(state: Path) -> dict[str, Any]:
     st = read_state(state)
     if st is None:
-        return {"state_dir": str(state), "stopped": [], "was_running": False}
+        removed = netns.destroy(netns.prefix_for(state))  # left by a run that crashed before it recorded them
+        return {"state_dir": str(state), "stopped": [], "was_running": False} | (
+            {"removed_netns": removed} if removed else {}
+        )
     stopped = []
     # Engine first (it stops its ranks), then any rank left behind, then the store's segment holder and master.
     order = ["engine", "rank", "segment_holder", "mooncake_master"]
@@ -403,9 +457,12 @@ def _down_locked(state: Path) -> dict[str, Any]:
     left = [n for n, p, t in found if services.is_alive(p, t)]
     if left:
         raise ServiceError(f"could not stop: {', '.join(left)}")
+    # Then the namespaces, veths and qdiscs of a multi-host engine (this engine's prefix only; a crashed run's too).
+    removed = netns.destroy(netns.prefix_for(state))
     for name in ("state.json", "ready.json", "engine.json", "token"):
         (state / name).unlink(missing_ok=True)
-    return {"state_dir": str(state), "stopped": stopped, "was_running": bool(stopped)}
+    out = {"state_dir": str(state), "stopped": stopped, "was_running": bool(stopped)}
+    return out | ({"removed_netns": removed} if removed else {})
 
 
 __all__ = ["EngineOptions", "down", "record_rank", "status", "up"]

@@ -59,6 +59,13 @@ HEARTBEAT_S = 0.25  # how often a rank tells the coordinator it is alive
 
 
 def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
+    if cfg.get("netns"):
+        # A multi-host engine: this rank is a host of its own. Entered first, before any thread starts (every
+        # thread started later, Mooncake's included, inherits it); the pipe to the coordinator is unaffected.
+        from bsr_cli.engine import netns
+
+        netns.enter(str(cfg["netns"]))
+        os.environ["MC_TCP_BIND_ADDRESS"] = str(cfg["address"])
     # Each rank gets one intra-op thread: ranks are separate processes sharing the machine's cores.
     import torch
 
@@ -132,6 +139,19 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
             failure_log.close_log(log)
 
 
+LINK_PROBE_S = 0.5  # per link: a link that is up answers a TCP connect in well under a millisecond
+
+
+def _unreachable_links(links: list[dict[str, str]]) -> str:
+    """Which of this rank's links to the store's hosts do not carry a TCP connect now, e.g. ``link rank0↔holder
+    down: 10.213.0.2:15432 unreachable`` (empty when all answer): said with a failed fetch, so that the failure
+    names the link and not just the tier."""
+    from bsr_cli.mooncake.health import tcp_reachable
+
+    down = [f"link {lk['link']} down: {lk['address']} unreachable" for lk in links]
+    return "; ".join(d for d, lk in zip(down, links, strict=True) if not tcp_reachable(lk["address"], LINK_PROBE_S))
+
+
 class Rank(KVOps):
     def __init__(self, cfg: dict[str, Any], emit: Callable[[Event], None]) -> None:
         import torch
@@ -165,6 +185,7 @@ class Rank(KVOps):
                 health_url=mc.get("health_url"),
                 admin_url=mc.get("admin_url"),
                 deadline_s=30.0,
+                local_hostname=str(cfg.get("address") or "127.0.0.1"),
             )
             tier.register(ptr, self.pool_tensor.numel())
             self.tiers["mooncake"] = tier
@@ -174,6 +195,9 @@ class Rank(KVOps):
             offsets[g] = off
             off += self.reg.group_bytes_per_chunk(g)
         self.restorer = RankRestorer(self.rank, self.reg.group_names, offsets, self.pool, self.tiers, self.kv, emit)
+        links = list(cfg.get("links") or [])
+        if links:
+            self.restorer.diagnose = lambda tier: _unreachable_links(links) if tier == "mooncake" else ""
         self._aborts: dict[str, threading.Event] = {}
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
         # Bumped when a tier's state is known to have changed (a store refused, an object quarantined): an answer

@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -406,11 +406,20 @@ def _owns_ports(pid: int, ports: Iterable[int]) -> bool:
 
 # --------------------------------------------------------------------------------------------- services
 
+# Where a service runs on another (network) host than the caller: ``host`` is the address it binds and advertises,
+# ``exec_prefix`` the argv that runs it there (e.g. `ip netns exec NAME`), and ``probe_in`` runs the caller's health
+# probes from a place that reaches it (e.g. a thread inside that network namespace). Defaults: loopback, here.
+ProbeIn = Callable[[Callable[[], Any]], Any]
 
-def _master_ready(ports: MasterPorts, pid: int) -> bool:
-    if not master_healthy(f"http://{LOOPBACK}:{ports.http_metadata}/health", timeout=0.5):
+
+def _here(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def _master_ready(ports: MasterPorts, pid: int, host: str = LOOPBACK, probe_in: ProbeIn = _here) -> bool:
+    if not probe_in(lambda: master_healthy(f"http://{host}:{ports.http_metadata}/health", timeout=0.5)):
         return False
-    if not master_healthy(f"http://{LOOPBACK}:{ports.metrics}/health", timeout=0.5):
+    if not probe_in(lambda: master_healthy(f"http://{host}:{ports.metrics}/health", timeout=0.5)):
         return False  # the admin server (and the RPC service) come up ~1 s after the metadata server
     return _owns_ports(pid, (ports.rpc, ports.http_metadata, ports.metrics))
 
@@ -422,6 +431,9 @@ def start_master(
     deadline_s: float = 20.0,
     extra_args: Iterable[str] = (),
     attempts: int = 3,
+    host: str = LOOPBACK,
+    exec_prefix: Sequence[str] = (),
+    probe_in: ProbeIn = _here,
 ) -> ServiceHandle:
     """Start ``mooncake_master`` on loopback with its HTTP metadata server and wait until it is healthy.
 
@@ -438,13 +450,14 @@ def start_master(
         log_path = state / f"mooncake_master-{p.rpc}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
         argv = [
+            *exec_prefix,
             str(binary),
-            f"--rpc_address={LOOPBACK}",
+            f"--rpc_address={host}",
             f"--rpc_port={p.rpc}",
             "--enable_http_metadata_server=true",
-            f"--http_metadata_server_host={LOOPBACK}",
+            f"--http_metadata_server_host={host}",
             f"--http_metadata_server_port={p.http_metadata}",
-            f"--metrics_host={LOOPBACK}",
+            f"--metrics_host={host}",
             f"--metrics_port={p.metrics}",
             "--logtostderr",
             *extra_args,
@@ -460,7 +473,7 @@ def start_master(
                     "mooncake_master", f"exited with code {code} during start-up", log_path, offset
                 )
                 break
-            if _master_ready(p, pid):
+            if _master_ready(p, pid, host, probe_in):
                 return ServiceHandle(
                     kind="master",
                     pid=pid,
@@ -468,10 +481,10 @@ def start_master(
                     log_path=str(log_path),
                     ports={"rpc": p.rpc, "http_metadata": p.http_metadata, "metrics": p.metrics},
                     urls={
-                        "rpc_address": f"{LOOPBACK}:{p.rpc}",
-                        "metadata_url": f"http://{LOOPBACK}:{p.http_metadata}/metadata",
-                        "health_url": f"http://{LOOPBACK}:{p.http_metadata}/health",
-                        "admin_url": f"http://{LOOPBACK}:{p.metrics}",
+                        "rpc_address": f"{host}:{p.rpc}",
+                        "metadata_url": f"http://{host}:{p.http_metadata}/metadata",
+                        "health_url": f"http://{host}:{p.http_metadata}/health",
+                        "admin_url": f"http://{host}:{p.metrics}",
                     },
                     start_ticks=ticks,
                     started_at=started,
@@ -499,6 +512,9 @@ def start_segment_holder(
     port: int | None = None,
     protocol: str = "tcp",
     deadline_s: float = 20.0,
+    host: str = LOOPBACK,
+    exec_prefix: Sequence[str] = (),
+    probe_in: ProbeIn = _here,
 ) -> ServiceHandle:
     """Start the wheel's ``mooncake_client`` as a standalone segment holder contributing `segment_bytes` to the
     store, and wait until the master lists its segment (matched by client id) as mounted."""
@@ -511,8 +527,9 @@ def start_segment_holder(
     log_path = state / f"mooncake_client-{port}.log"
     offset = log_path.stat().st_size if log_path.exists() else 0
     argv = [
+        *exec_prefix,
         str(binary),
-        f"--host={LOOPBACK}",
+        f"--host={host}",
         f"--global_segment_size={segment_bytes}",
         f"--port={port}",
         f"--master_server_address={master.rpc_address}",
@@ -521,8 +538,8 @@ def start_segment_holder(
         "--logtostderr",
     ]
     started = time.time()
-    # Advertise the transfer endpoint on loopback (it would otherwise pick the first NIC's address).
-    pid = _spawn(argv, log_path, {"MC_TCP_BIND_ADDRESS": LOOPBACK})
+    # Advertise the transfer endpoint on `host` (it would otherwise pick the first NIC's address).
+    pid = _spawn(argv, log_path, {"MC_TCP_BIND_ADDRESS": host})
     ticks = start_ticks(pid)
     deadline = time.monotonic() + deadline_s
     client_id: str | None = None
@@ -535,7 +552,7 @@ def start_segment_holder(
             client_id = match.group(1) if match else None
         if client_id is not None:
             with contextlib.suppress(ServiceError):
-                for seg in segments(master.admin_url, timeout=0.5):
+                for seg in probe_in(lambda: segments(master.admin_url, timeout=0.5)):
                     if seg.get("client_id") == client_id and seg.get("status") == "OK":
                         return ServiceHandle(
                             kind="segment",

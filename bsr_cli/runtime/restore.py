@@ -221,6 +221,9 @@ class RankRestorer:
         self._fetcher = ThreadPoolExecutor(max_workers=_FETCH_AHEAD, thread_name_prefix=f"bsr-fetch-{rank}")
         self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-verify-{rank}")
         self._aborts: dict[str, threading.Event] = {}
+        # What a host knows about a tier's failure beyond its error codes (e.g. which network link is down):
+        # called with the tier's name when a fetch from it fails, its answer is added to the failure's reason.
+        self.diagnose: Callable[[str], str] | None = None
 
     # -- public ------------------------------------------------------------------------------------------------
     def restore(self, job: RestoreJob, abort: threading.Event) -> RankOutcome:
@@ -420,8 +423,14 @@ class RankRestorer:
             if g not in bad_groups:
                 bad_groups.append(g)
         if bad_groups:
+            found = self.diagnose(tier) if self.diagnose is not None else ""
             raise RestoreFailed(
-                first_reason, win.index, bad_groups, kind=failures.TIER, stage=Stage.FETCH, tier=tier or None
+                f"{first_reason} ({found})" if found else first_reason,
+                win.index,
+                bad_groups,
+                kind=failures.TIER,
+                stage=Stage.FETCH,
+                tier=tier or None,
             )
         return [(g, c, s, stored) for (g, c, s), stored in zip(items, sums, strict=True)]
 

@@ -15,13 +15,30 @@ from bsr_cli.core.units import parse_bytes
 
 engine_app = typer.Typer(
     help="Run the embedded reference engine: real mooncake_master, a segment holder, one process per TP rank, "
-    "and the admin API, all on loopback.",
+    "and the admin API, all on loopback (or, with --hosts netns, the store and each rank on hosts of their own).",
     no_args_is_help=True,
 )
 
 
 def _size(text: str | None) -> int | None:
     return None if text is None else parse_bytes(text)
+
+
+def _bit_rate(text: str) -> int:
+    """``200mbit`` / ``1gbit`` / ``500kbit`` / a plain number of bits per second, as bits per second."""
+    from bsr_cli.errors import InvalidInput
+
+    units = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
+    low = text.strip().lower()
+    suffix = next((u for u in units if low.endswith(u)), "bit")
+    number, scale = low.removesuffix(suffix), units[suffix]
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise InvalidInput(f"--link-rate {text!r} is not a rate", hint="e.g. 200mbit, 1gbit, 500kbit") from None
+    if value < 8_000:
+        raise InvalidInput(f"--link-rate {text!r} is below 8kbit", hint="e.g. 200mbit")
+    return int(value)
 
 
 @engine_app.command("up")
@@ -73,6 +90,18 @@ def engine_up(
         str | None,
         typer.Option("--event-store-max", help="Largest the event store may grow (oldest go first) [default: 512MiB]."),
     ] = None,
+    hosts: Annotated[
+        str,
+        typer.Option(
+            "--hosts",
+            help="local: every part on loopback; netns: the Mooncake master, the segment holder and each rank in a "
+            "Linux network namespace of their own, joined by veth links (needs root and iproute2).",
+        ),
+    ] = "local",
+    link_rate: Annotated[
+        str | None,
+        typer.Option("--link-rate", help="With --hosts netns: cap every link at this rate (tc tbf), e.g. 200mbit."),
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Start the embedded engine (idempotent: a healthy engine with the same options is reported, not restarted;
@@ -104,6 +133,8 @@ def engine_up(
         open_metrics=open_metrics,
         event_retention_s=retention,
         event_store_bytes=store_max,
+        hosts=hosts,
+        link_rate_bps=None if link_rate is None else _bit_rate(link_rate),
     )
     if host not in ("127.0.0.1", "localhost", "::1"):
         st.out.note(f"[yellow]warning:[/] the admin API will listen on {host}, beyond loopback")
@@ -174,10 +205,21 @@ def _render_status(console: Any, d: dict[str, Any]) -> None:
             f"W={s['w']}  pool {s['pool_bytes']:,} B/rank  budget {s['budget_bytes']:,} B/rank  "
             f"max prompt {s['max_tokens']:,} tokens  faults {'enabled' if s['faults_enabled'] else 'disabled'}"
         )
+    hosts = d.get("hosts") or {}
+    if hosts.get("mode") == "netns":
+        rate = f", each capped at {hosts['link_rate_bps'] / 1e6:g} Mbit/s" if hosts.get("link_rate_bps") else ""
+        down = [lk["link"] for lk in hosts.get("links") or [] if lk["state"] != "up"]
+        console.print(
+            f"hosts: {len(hosts['namespaces'])} network namespaces, {len(hosts.get('links') or [])} links{rate}; "
+            + (f"[red]down:[/] {', '.join(down)}" if down else "every link up")
+        )
     exposed = d.get("exposed") or []
     if exposed:
         ports = ", ".join(f"{e['process']} {e['address']}:{e['port']}" for e in exposed)
         console.print(f"[yellow]exposed beyond loopback:[/] {ports}")
+    elif hosts.get("mode") == "netns":
+        # Sockets inside the engine's namespaces are not this namespace's: they cannot be reached from outside.
+        console.print("every listening port in this network namespace is on loopback (the others are in the engine's)")
     else:
         console.print("every listening port is on loopback")
     console.print(f"state: {d['state_dir']}  logs: {d.get('logs')}")

@@ -242,6 +242,7 @@ def store(
             salt=salt,
             on_row=row_note(st, "store"),
             engine_meta=meta,
+            link_bps=ex.link_ceiling_of(state_dir, client.url) if state_dir is not None else None,
         )
 
     def options(reg: Any) -> EngineOptions:
