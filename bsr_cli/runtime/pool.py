@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from bsr_cli.core.evidence import CapacityCause
 from bsr_cli.runtime.failures import WindowRefused
@@ -41,14 +44,36 @@ class Lease:
         self._pool = pool
         self.slots = slots
         self.released = False
+        self._writers: list[Future[Any]] = []
 
     def slot(self, i: int, offset: int, size: int) -> StagingSlice:
         return self._pool.staging(self.slots[i], offset, size)
 
+    def hold_until(self, writers: Iterable[Future[Any]]) -> None:
+        """Transfers a tier abandoned at its deadline may still write these slots: once released, the slots go back
+        to the pool only after every one of them has returned (until then they stay live, and count against B)."""
+        self._writers.extend(w for w in writers if not w.done())
+
     def release(self) -> None:
-        if not self.released:
-            self.released = True
+        if self.released:
+            return
+        self.released = True
+        writers = [w for w in self._writers if not w.done()]
+        if not writers:
             self._pool._release(self.slots)
+            return
+        left = [len(writers)]
+        lock = threading.Lock()
+
+        def one_returned(_: Future[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._pool._release(self.slots)
+
+        for w in writers:
+            w.add_done_callback(one_returned)  # runs at once for a call that returned meanwhile
 
     def __enter__(self) -> Lease:
         return self

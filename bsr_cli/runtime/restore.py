@@ -37,7 +37,7 @@ from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import crc32c_at
 from bsr_cli.runtime.pool import Lease, RestorePool
-from bsr_cli.runtime.tiers import CODE_NAMES, TIMED_OUT, UNAVAILABLE, StagingSlice, Tier
+from bsr_cli.runtime.tiers import CODE_NAMES, TIMED_OUT, UNAVAILABLE, AbandoningTier, StagingSlice, Tier
 
 
 class Destination(Protocol):
@@ -374,6 +374,10 @@ class RankRestorer:
                     codes, sums = [UNAVAILABLE] * len(keys), [None] * len(keys)
                 else:
                     codes, sums = tier.get_into(keys, dests, left)
+                    if isinstance(tier, AbandoningTier) and any(c in (TIMED_OUT, UNAVAILABLE) for c in codes):
+                        # A transfer given up at the deadline may still land in these slots: keep them out of
+                        # the pool until it returns, so a late write can never reach another window's bytes.
+                        lease.hold_until(tier.pending_writes())
             if timeouts:
                 stalled = [i for i, (g, _, _) in enumerate(items) if _group_matches(timeouts, g)]
                 if stalled:

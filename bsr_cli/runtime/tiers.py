@@ -13,8 +13,9 @@ bytes, and the *runtime* verifies it (so an injected in-transit corruption is ca
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from bsr_cli.api.ranks import ProbeResult, QuarantinedObject
 from bsr_cli.core.bitmap import encode_row
@@ -90,6 +91,17 @@ class RepairableTier(Protocol):
 
     def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:
         """The newest ``limit`` objects set apart, and how many there are in all."""
+        ...
+
+
+@runtime_checkable
+class AbandoningTier(Protocol):
+    """A tier whose ``get_into`` may give up at its deadline while the transfer still runs (a Mooncake call on a
+    worker thread cannot be cancelled): the staging slices it was given may still be written after it returned."""
+
+    def pending_writes(self) -> list[Future[Any]]:
+        """The transfers abandoned at a deadline that have not returned yet: until each is done, the memory it was
+        given must not be reused."""
         ...
 
 

@@ -14,9 +14,10 @@ Failure behaviour of Mooncake 0.3.13 this module defends against (see docs/ecosy
     tier probes the master before each call and fails fast while it is down;
   * the store's own ``health_check()`` keeps answering 0 with the master dead, so `health()` probes HTTP.
 
-Caveat: an abandoned call keeps running in its worker until Mooncake returns. A timed-out ``get_into`` could in
-principle still write its staging slices later (with a dead master the calls block in the master RPC, before
-any data moves); `inflight()` tells whether any abandoned call is still running.
+Caveat: an abandoned call keeps running in its worker until Mooncake returns. A timed-out ``get_into`` can still
+write its staging slices later (seen when a cut link comes back mid-transfer), so `pending_writes()` hands the
+restore those calls and it keeps their pool slots out of use until each returns; `inflight()` counts every
+abandoned call still running.
 
 Over 500 lines on purpose: one class, and every call in it goes through the same deadline and master-probe guard.
 """
@@ -209,6 +210,7 @@ class MooncakeTier:
         self.call_timeout_s = call_timeout_s
         self._lock = threading.Lock()
         self._inflight = 0
+        self._abandoned: set[Future[Any]] = set()  # data calls given up at a deadline, still running
         self._suspect = False  # set after an RPC failure/timeout: probe the master before each call
         self._closed = False
         self._registered: dict[int, int] = {}
@@ -313,9 +315,17 @@ class MooncakeTier:
         try:
             return fut.result(timeout=max(timeout_s, 0.0))
         except FutureTimeout:
-            fut.cancel()  # only effective while still queued
+            if not fut.cancel() and data:  # cancel works only while still queued
+                # Abandoned while it runs: it may still write the caller's buffers (pending_writes()).
+                with self._lock:
+                    self._abandoned.add(fut)
+                fut.add_done_callback(self._forget_abandoned)
             self._suspect = True
             raise _CallTimedOut(what) from None
+
+    def _forget_abandoned(self, fut: Future[Any]) -> None:
+        with self._lock:
+            self._abandoned.discard(fut)
 
     def _fast_fail(self, budget_s: float = _PROBE_TIMEOUT_S) -> str | None:
         """After a failure, refuse quickly while the master is down instead of blocking ~4.3 s per call."""
@@ -507,6 +517,12 @@ class MooncakeTier:
         self._shutdown_workers()
 
     # ------------------------------------------------------------------------------------------- extras
+
+    def pending_writes(self) -> list[Future[Any]]:
+        """Data calls abandoned at their deadline that have not returned: they may still write the buffers they
+        were given (the restore keeps those pool slots out of use until each is done)."""
+        with self._lock:
+            return list(self._abandoned)
 
     def inflight(self) -> int:
         """Store calls currently running on workers (non-zero after a call was abandoned at its deadline)."""

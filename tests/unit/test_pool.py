@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from bsr_cli.errors import CapacityError
+from bsr_cli.runtime.pool import RestorePool
 from unit.fakes import make_pool
 
 
@@ -97,3 +98,38 @@ def test_budget_never_exceeds_capacity_and_staging_checks_the_slot() -> None:
     assert pool.budget_bytes == 20
     with pytest.raises(ValueError):
         pool.staging(0, 5, 6)
+
+
+def test_slots_a_tier_may_still_write_stay_out_of_the_pool_until_the_transfer_returns() -> None:
+    """A transfer abandoned at its deadline can land later (a cut link that comes back): its slots must not be
+    handed to the next window until it has returned, and they count as live (against B) until then."""
+    from concurrent.futures import Future
+
+    buf = bytearray(4 * 100)
+    pool = RestorePool(0, memoryview(buf), 100, budget_bytes=400)
+    lease = pool.acquire(2, timeout_s=1)
+    assert lease is not None
+    late: Future[None] = Future()
+    late.set_running_or_notify_cancel()
+    lease.hold_until([late])
+    lease.release()
+    assert pool.stats().live_bytes == 200, "still writable by the abandoned transfer: not free"
+    assert pool.acquire(3, timeout_s=0, wait=False) is None
+    late.set_result(None)  # the transfer returned
+    assert pool.stats().live_bytes == 0
+    again = pool.acquire(4, timeout_s=0, wait=False)
+    assert again is not None
+    again.release()
+
+
+def test_a_transfer_that_returned_before_the_release_holds_nothing() -> None:
+    from concurrent.futures import Future
+
+    pool = RestorePool(0, memoryview(bytearray(200)), 100)
+    lease = pool.acquire(1, timeout_s=1)
+    assert lease is not None
+    done: Future[None] = Future()
+    done.set_result(None)
+    lease.hold_until([done])
+    lease.release()
+    assert pool.stats().live_bytes == 0

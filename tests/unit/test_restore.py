@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from bsr_cli.core.plan import windows_for
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import crc32c
 from bsr_cli.runtime.restore import ObjectRef, RankRestorer, RestoreJob, WindowJob
+from bsr_cli.runtime.tiers import TIMED_OUT
 from unit.fakes import FakeDestination, FakeTier, make_pool, small_registration, synthetic
 
 REG = small_registration(tp=1)
@@ -245,3 +247,35 @@ def test_an_abort_before_the_first_window_installs_nothing(rig: Rig) -> None:
     out = rig.restorer.restore(rig.job(4), abort)
     assert not out.ok and out.kind == failures.ABORTED and not rig.dest.installs
     assert rig.tier.get_calls == 0
+
+
+class _AbandoningTier(FakeTier):
+    """A fake of a tier that gives up at its deadline while the transfer still runs (as a Mooncake call on a worker
+    thread does), for the one window ``late_window`` it serves: the transfer then lands after the restore failed."""
+
+    def __init__(self, name: str, objects: dict[str, tuple[bytes, int]]) -> None:
+        super().__init__(name)
+        self.objects = objects
+        self.late: Future[None] = Future()
+        self.late.set_running_or_notify_cancel()
+        self.abandoned = False
+
+    def get_into(self, keys, dests, timeout_s):  # type: ignore[no-untyped-def]
+        self.abandoned = True
+        return [TIMED_OUT] * len(keys), [None] * len(keys)
+
+    def pending_writes(self) -> list[Future[None]]:
+        return [self.late] if self.abandoned and not self.late.done() else []
+
+
+def test_a_transfer_abandoned_at_its_deadline_keeps_its_slots_until_it_returns(rig: Rig) -> None:
+    """The late write: a fetch given up at its deadline may still land in its pool slots; they are not handed to
+    another window (or request) until the transfer returns."""
+    slow = _AbandoningTier("mooncake", rig.tier.objects)
+    rig.restorer.tiers["mooncake"] = slow
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    assert not out.ok and out.kind == failures.TIER and "timeout" in out.reason
+    held = rig.pool.stats().live_bytes
+    assert held >= 4 * REG.bytes_per_chunk, "the windows's slots stay out of the pool while the transfer may write"
+    slow.late.set_result(None)
+    assert rig.pool.stats().live_bytes == 0
