@@ -14,7 +14,7 @@ import contextlib
 import json
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -483,6 +483,14 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, default=str) + "\n").encode()
 
 
+def _is_list(annotation: Any) -> bool:
+    """``list[X]``, also inside ``Optional``/``Annotated``."""
+    origin = get_origin(annotation)
+    if origin in (list, tuple, set, frozenset):
+        return True
+    return any(_is_list(a) for a in get_args(annotation)) if origin is not None else False
+
+
 def routes_of(app: FastAPI) -> list[Route]:
     """The guard's view of the app's routes: method, path, whether it needs the token and takes a JSON body."""
     out = []
@@ -490,6 +498,9 @@ def routes_of(app: FastAPI) -> list[Route]:
         if isinstance(r, APIRoute):
             auth = bool((r.openapi_extra or {}).get("security"))
             query = [q.alias for q in r.dependant.query_params]
+            # A list-typed parameter is meant to repeat (``kind=a&kind=b``); any other is refused twice.
+            lists = [q.alias for q in r.dependant.query_params if _is_list(q.field_info.annotation)]
             for method in sorted(r.methods or ()):
-                out.append(route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query))
+                body = r.body_field is not None
+                out.append(route(method, r.path, auth=auth, json_body=body, query=query, repeatable=lists))
     return out

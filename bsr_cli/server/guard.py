@@ -48,11 +48,14 @@ class Route:
     json_body: bool
     pattern: re.Pattern[str] = field(compare=False)
     query: frozenset[str] = frozenset()  # the query parameters it takes (any other is refused)
+    repeatable: frozenset[str] = frozenset()  # those of them that are lists (``kind=a&kind=b``)
 
 
-def route(method: str, path: str, *, auth: bool, json_body: bool, query: Iterable[str] = ()) -> Route:
+def route(
+    method: str, path: str, *, auth: bool, json_body: bool, query: Iterable[str] = (), repeatable: Iterable[str] = ()
+) -> Route:
     regex = re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(path))
-    return Route(method, path, auth, json_body, re.compile(regex, re.DOTALL), frozenset(query))
+    return Route(method, path, auth, json_body, re.compile(regex, re.DOTALL), frozenset(query), frozenset(repeatable))
 
 
 class Refusal(Exception):
@@ -246,7 +249,7 @@ class Guard:
                 raise Refusal(
                     400, "invalid-input", f"unknown query parameter {name[:40]!r} (this route takes: {known})"
                 )
-            if name in seen:
+            if name in seen and name not in r.repeatable:
                 raise Refusal(400, "invalid-input", f"the query parameter {name!r} is given more than once")
             seen.add(name)
 
