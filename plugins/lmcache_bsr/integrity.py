@@ -8,8 +8,9 @@ LMCache store and retrieve path: the vLLM connector's and the LMCache host's):
   object's key + ``CHECKSUM_SIDECAR_SUFFIX``, 4 bytes big-endian), written *before* the object, so a chunk that
   is present always has its checksum (a sidecar whose object never landed is harmless: the next put rewrites it);
 * get: every object that arrived is checked against its sidecar. A mismatch drops the object (LMCache's retrieve
-  then comes back short and bsr's windowed load fails closed: the request recomputes) and is recorded with its key
-  for the caller to name the chunk and the tier. An object without a sidecar (stored by stock LMCache) is
+  then comes back short and bsr's windowed load fails closed: the request recomputes), removes it and its sidecar
+  from the store (so the recompute stores the chunk afresh) and is recorded with its key for the caller to name
+  the chunk and the tier. An object without a sidecar (stored by stock LMCache) is
   *unverified*: dropped the same way unless ``load_unverified`` is set.
 
 Why the connector and not LMCache's metadata: LMCache's ``save_chunk_meta`` header holds shapes and dtypes only,
@@ -56,6 +57,7 @@ class Finding:
     verdict: Verdict
     dropped: bool
     tier: str = TIER
+    removed: bool = False  # a mismatching object (and its checksum) was removed from the store
 
 
 class ChecksumError(RuntimeError):
@@ -147,7 +149,10 @@ class Checksums:
             if v is Verdict.OK:
                 continue
             drop = v is Verdict.MISMATCH or not self.load_unverified
-            found.append(Finding(name, v, drop))
+            # A corrupted object is removed with its checksum: LMCache never overwrites a key it holds, so the
+            # recompute that follows could not store the chunk afresh, and every later load would fail again.
+            removed = v is Verdict.MISMATCH and self._remove(name)
+            found.append(Finding(name, v, drop, removed=removed))
             if drop:
                 objs[i].ref_count_down()
                 objs[i] = None
@@ -158,6 +163,15 @@ class Checksums:
                 if f.verdict is Verdict.MISMATCH:
                     log.error("bsr: checksum mismatch in %s (tier %s): not loaded", f.key, f.tier)
         return objs
+
+    def _remove(self, name: str) -> bool:
+        try:
+            rc = self.store.remove(name, True)
+            self.store.remove(sidecar_key(name), True)
+        except Exception as e:  # noqa: BLE001 - the load fails closed either way; removal only spares later ones
+            log.warning("bsr: corrupted object %s not removed: %s", name, e)
+            return False
+        return bool(rc == 0)
 
     def take(self, keys: Sequence[Any] | None = None) -> list[Finding]:
         """What did not verify since the last call: everything, or only the objects of ``keys`` (LMCache keys or

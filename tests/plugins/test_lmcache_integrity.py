@@ -110,6 +110,11 @@ def test_flipped_byte_in_a_stored_object_is_dropped_and_named(master, engines, t
     (f,) = cs.take()
     assert f.key == keys[1] and f.verdict is integrity.Verdict.MISMATCH and f.dropped and f.tier == "mooncake"
     assert cs.counts[integrity.Verdict.MISMATCH] == 1
+    # The corrupted object and its checksum are gone, so a store of the chunk writes both afresh.
+    assert f.removed and store.batch_is_exist([keys[1], integrity.sidecar_key(keys[1])]) == [0, 0]
+    assert _store(eng, tokens) == keys
+    assert store.batch_is_exist([integrity.sidecar_key(k) for k in keys]) == [1] * CHUNKS
+    assert _bytes_of(_fetch(eng, keys, tokens)) == clean and cs.take() == []
 
     # The store probe: every held chunk carries a checksum.
     d = _probe(master, tmp_path, tokens, "--model", "integrity/flip", "--dtype", "fp16")
@@ -144,3 +149,35 @@ def test_chunks_without_a_checksum_are_unverified(master, engines, tmp_path: Pat
     integrity.install(eng, load_unverified=True)
     assert all(b is not None for b in _bytes_of(_fetch(eng, keys, tokens)))
     assert [f.dropped for f in cs.take()] == [False] * CHUNKS
+
+
+# -- the LMCache host (python -m lmcache_bsr): the same checksums under bsr's own windowed restore ---------------
+@pytest.fixture(scope="module")
+def host(master: services.ServiceHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from lmcache_bsr.host import LMCacheHost
+    from test_lmcache_host import host_config
+
+    h = LMCacheHost(host_config(master, tmp_path_factory.mktemp("disk")))
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.mark.timeout(180)
+def test_host_restore_fails_closed_at_verify_naming_the_chunk_and_tier(host: Any) -> None:
+    from test_lmcache_host import CHUNKS as HOST_CHUNKS
+    from test_lmcache_host import W, _stored_prompt
+
+    c = host.coordinator
+    toks = _stored_prompt(host, seed=21, n_tokens=HOST_CHUNKS * CS)
+    ok = c.restore(toks, w=W, exclude=["fs"])
+    assert ok["outcome"] == "committed", ok
+    # Rank 1's stored chunk 5 gets a flipped byte in Mooncake.
+    _flip(host.rank(1).engine, lm.key_string(host.rank(1).keys(toks)[5]))
+    res = c.restore(toks, w=W, exclude=["fs"])
+    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    (f,) = res["failures"]
+    assert (f["rank"], f["stage"], f["tier"]) == (1, "verify", "mooncake"), f
+    assert f["reason"] == "checksum mismatch in chunk 5 (tier mooncake)"
+    assert res["failure_kind"] == "tier" and res["blamed_tiers"] == ["mooncake"]

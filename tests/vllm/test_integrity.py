@@ -6,6 +6,7 @@ recomputes and generates the real tokens (those of the first run, which computed
 without the connector), and `bsr explain` against the worker's admin names the chunk and the tier. The negative
 control runs the same with ``bsr_checksums: false``: the corrupted chunk is loaded and the output changes. The
 chunks that run stored carry no checksum, as stock LMCache's: `bsr probe --store` reports them unverified.
+The corrupted object is removed on detection, so the request after the recompute loads again, verified.
 One vLLM start-up per configuration; a fresh master per test.
 """
 
@@ -77,6 +78,9 @@ def _run(
                     ],
                     **p,
                 },
+                # Sent local by the marker: recomputed, and the chunk (removed as corrupt) stored afresh.
+                {"name": "marker", **p, "settle_s": 1.0},
+                {"name": "healed", **p},
             ],
         },
         lmcache=lmcache_yaml(d.root / "lmcache.yaml", None, master),
@@ -124,9 +128,19 @@ def test_flipped_byte_in_mooncake_recomputes_and_explain_names_chunk_and_tier(
     assert js["rc"] == 0 and text["rc"] == 0, (js, text)
     assert "Traceback" not in js["stderr"] + text["stderr"]
     fails = [f for f in _failures(json.loads(js["stdout"])) if f.get("stage") == "verify"]
-    assert fails and fails[0]["tier"] == "mooncake" and fails[0]["chunk"] == chunk, js["stdout"]
+    assert fails and fails[0]["tier"] == "mooncake", js["stdout"]
+    assert f"checksum mismatch in chunk {chunk} (tier mooncake" in fails[0]["reason"], js["stdout"]
     assert f"checksum mismatch in chunk {chunk}" in text["stdout"] and "mooncake" in text["stdout"], text["stdout"]
-    assert "verify" in text["stdout"], text["stdout"]
+    assert "failed_closed (tier)" in text["stdout"], text["stdout"]
+
+    # The corrupted object was removed: the next admission (forced local by the marker) stores the chunk afresh,
+    # and the one after loads every chunk, verified.
+    marker, healed = res["by_name"]["marker"], res["by_name"]["healed"]
+    (lk,) = events_of(marker, "bsr_lookup")
+    assert lk["force_local"] and marker["output"] == store["output"]
+    again = _load(healed)
+    assert again["ok"] and again["loaded"] == chunk_prefix(N) and again["integrity"] is None, again
+    assert healed["output"] == store["output"]
 
 
 @pytest.mark.timeout(420)
