@@ -181,3 +181,19 @@ def test_host_restore_fails_closed_at_verify_naming_the_chunk_and_tier(host: Any
     assert (f["rank"], f["stage"], f["tier"]) == (1, "verify", "mooncake"), f
     assert f["reason"] == "checksum mismatch in chunk 5 (tier mooncake)"
     assert res["failure_kind"] == "tier" and res["blamed_tiers"] == ["mooncake"]
+
+
+@pytest.mark.timeout(180)
+def test_host_refuses_a_chunk_without_a_checksum_by_default(host: Any) -> None:
+    from test_lmcache_host import CHUNKS as HOST_CHUNKS
+    from test_lmcache_host import W, _stored_prompt
+
+    toks = _stored_prompt(host, seed=22, n_tokens=HOST_CHUNKS * CS)
+    # Chunk 3 of rank 0 as stock LMCache would have stored it: the object without bsr's checksum.
+    key = lm.key_string(host.rank(0).keys(toks)[3])
+    assert lm.mooncake_store(host.rank(0).engine).remove(integrity.sidecar_key(key), True) == 0
+    res = host.coordinator.restore(toks, w=W, exclude=["fs"])
+    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    (f,) = res["failures"]
+    assert (f["rank"], f["stage"], f["tier"]) == (0, "verify", "mooncake"), f
+    assert f["reason"] == "no checksum (unverified) in chunk 3 (tier mooncake)"
