@@ -116,11 +116,13 @@ class Checksums:
         names = [k.to_string() for k in keys]
         held = self.store.batch_is_exist(names)
         # An object already held keeps the checksum it was stored with (its put is refused by Mooncake anyway).
-        for name, obj, h in zip(names, objs, held, strict=True):
-            if h != 1:
-                rc = self.store.upsert(sidecar_key(name), encode(crc_of(obj)))
-                if rc != 0:
-                    log.warning("bsr: checksum of %s not stored (Mooncake rc %s): it will load as unverified", name, rc)
+        new = [(name, obj) for name, obj, h in zip(names, objs, held, strict=True) if h != 1]
+        if not new:
+            return
+        # One batched call for the window's checksums (one per object would cost a master round trip each).
+        rc = self.store.upsert_batch([sidecar_key(n) for n, _ in new], [encode(crc_of(o)) for _, o in new])
+        if rc != 0:
+            log.warning("bsr: %d checksum(s) not stored (Mooncake rc %s): they will load as unverified", len(new), rc)
 
     async def _batched_put(self, keys: list[Any], memory_objs: list[Any]) -> Any:
         await asyncio.to_thread(self._write_sidecars, keys, memory_objs)
