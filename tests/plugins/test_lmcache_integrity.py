@@ -20,7 +20,7 @@ pytest.importorskip("lmcache")
 import torch
 from lmcache_bsr import _lmcache as lm
 from lmcache_bsr import integrity
-from test_lmcache_store_keys import CS, _destroy, _engine, _probe, _store
+from test_lmcache_store_keys import CS, _destroy, _engine, _explain, _probe, _store
 
 from bsr_cli.core.keys import CHECKSUM_SIDECAR_SUFFIX, synthetic_tokens
 from bsr_cli.mooncake import services
@@ -119,6 +119,8 @@ def test_flipped_byte_in_a_stored_object_is_dropped_and_named(master, engines, t
     # The store probe: every held chunk carries a checksum.
     d = _probe(master, tmp_path, tokens, "--model", "integrity/flip", "--dtype", "fp16")
     assert d["integrity"]["checksummed_chunks"] == CHUNKS and d["integrity"]["unverified_chunks"] == 0
+    e = _explain(master, tmp_path, tokens, "--model", "integrity/flip", "--dtype", "fp16")
+    assert not [f for f in e["findings"] if f["kind"] == "unverified"]
 
 
 def test_negative_control_without_checksums_the_flipped_byte_is_loaded(master, engines) -> None:
@@ -137,6 +139,11 @@ def test_chunks_without_a_checksum_are_unverified(master, engines, tmp_path: Pat
     d = _probe(master, tmp_path, tokens, "--model", "integrity/stock", "--dtype", "fp16")
     assert d["integrity"]["unverified_chunks"] == CHUNKS and d["integrity"]["checksummed_chunks"] == 0
     assert d["integrity"]["unverified"] == [{"rank": 0, "chunk": i} for i in range(CHUNKS)]
+    # `bsr explain --store` lists them (information: the verdict stays what the bitmap says).
+    e = _explain(master, tmp_path, tokens, "--model", "integrity/stock", "--dtype", "fp16")
+    (u,) = [f for f in e["findings"] if f["kind"] == "unverified"]
+    assert u["summary"].startswith(f"{CHUNKS} held chunk(s) carry no checksum") and e["verdict"] == "restorable"
+    assert u["evidence"][0] == "rank 0 chunk 0: no checksum"
 
     # Refused by default...
     cs = integrity.install(eng, load_unverified=False)
