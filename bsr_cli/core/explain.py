@@ -20,6 +20,8 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
     repaired             a chunk the last restore quarantined has been stored again since (information)
     tier-unhealthy       a tier is unhealthy: the verdict when every tier holding the whole prompt is unhealthy
                          (the restore would likely fail closed), otherwise listed as information
+    unverified           held chunks carry no checksum (stored by stock LMCache): bsr's connector refuses them
+                         unless told to load them (information)
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ ORDER = (
     "restorable",
     "repaired",
     "tier-unhealthy",  # information, after `restorable`, unless every tier holding the whole prompt is unhealthy
+    "unverified",  # information
 )
 
 
@@ -499,6 +502,20 @@ def explain_store(
                 else ""
             )
     findings.extend(content)
+    integrity = store.get("integrity") or {}
+    if integrity.get("unverified_chunks"):
+        first = integrity.get("unverified") or []
+        findings.append(
+            _finding(
+                "unverified",
+                f"{integrity['unverified_chunks']} held chunk(s) carry no checksum (stored by stock LMCache, not "
+                "through bsr's plugins): their bytes cannot be verified",
+                [f"rank {u['rank']} chunk {u['chunk']}: no checksum" for u in first[:8]],
+                "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; once they are evicted "
+                "or removed, bsr's plugins store them again with a checksum",
+                store_cmd("probe"),
+            )
+        )
     return _result(
         prompt, full, findings, None, source={"store": store.get("store")}, n_tokens=full.tokens, chunk_size=0
     )

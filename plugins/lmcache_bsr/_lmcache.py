@@ -132,15 +132,21 @@ def backends(eng: LMCacheEngine) -> dict[str, Any]:
     return dict(eng.storage_manager.storage_backends)
 
 
-def mooncake_store(eng: LMCacheEngine) -> Any | None:
-    """The MooncakeDistributedStore behind LMCache's RemoteBackend (through its instrumentation wrappers)."""
+def mooncake_connector(eng: LMCacheEngine) -> Any | None:
+    """LMCache's Mooncake connector behind its RemoteBackend (through its instrumentation wrappers): the object
+    whose ``batched_put``/``batched_get`` move the stored bytes (bsr's checksums wrap them: integrity.py)."""
     rb = backends(eng).get("RemoteBackend")
     conn = getattr(rb, "connection", None)
     for _ in range(8):
         if conn is None or hasattr(conn, "store"):
             break
         conn = getattr(conn, "real_connector", None) or getattr(conn, "_connector", None) or conn.connector
-    return getattr(conn, "store", None)
+    return conn if conn is not None and hasattr(conn, "store") else None
+
+
+def mooncake_store(eng: LMCacheEngine) -> Any | None:
+    """The MooncakeDistributedStore behind LMCache's RemoteBackend (through its instrumentation wrappers)."""
+    return getattr(mooncake_connector(eng), "store", None)
 
 
 def chunk_keys(eng: LMCacheEngine, tokens: Sequence[int]) -> list[tuple[int, int, Any]]:
@@ -408,6 +414,7 @@ __all__ = [
     "install_window",
     "lookup_rpc",
     "lower_transfer_priority",
+    "mooncake_connector",
     "mooncake_store",
     "release_objects",
     "remote_exists",

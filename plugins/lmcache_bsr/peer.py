@@ -74,6 +74,13 @@ class CpuMeter:
         return out
 
 
+def _checksums(case: dict[str, Any]) -> bool:
+    mode = case.get("mode")
+    if mode == "bsr":
+        return os.environ.get("BSR_PEER_CHECKSUMS", "on") != "off"
+    return mode == "store"  # the stored objects carry them; stock LMCache and the raw GET never look
+
+
 def host_config(case: dict[str, Any]) -> dict[str, Any]:
     m = dict(case["model"])
     mc = case["master"]
@@ -95,6 +102,9 @@ def host_config(case: dict[str, Any]) -> dict[str, Any]:
                 "mooncake_local_buffer_size": 64 << 20,
                 "save_chunk_meta": False,
                 "transfer_timeout": max(5, int(case.get("deadline_s", 10.0))),
+                # Stock LMCache stores and verifies nothing; bsr's store and restore carry a CRC32C per object
+                # (lmcache_bsr/integrity.py). BSR_PEER_CHECKSUMS=off restores without them: their cost, measured.
+                "bsr_checksums": _checksums(case),
             },
         },
         "settings": {

@@ -76,6 +76,7 @@ from bsr_cli.runtime.paged_kv import PagedKV
 from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, run_windows, window_faults
 
 from . import _lmcache as lm
+from . import integrity
 from .tokens import TokenRegistry, full_chunks
 
 Emit = Callable[[Event], None]
@@ -219,6 +220,12 @@ class LMCacheRank(KVOps):
             # The hot-cache write-back would keep every retrieved chunk in L1 (beyond the window bound).
             lm.disable_hot_cache(self.engine)
             self.tracker = lm.PeakTracker(self.engine)
+            # A CRC32C beside every chunk stored in Mooncake, verified on every load (lmcache_bsr/integrity.py).
+            self.checksums = (
+                integrity.install(self.engine, load_unverified=bool(extra.get("bsr_load_unverified", False)))
+                if extra.get("bsr_checksums", True)
+                else None
+            )
             blocks = {self.group: -(-kv_tokens // reg.groups[0].block_size)}
             self.kv = PagedKV(reg, rank, blocks, torch.device("cpu"))
         except BaseException:
@@ -479,6 +486,8 @@ class LMCacheRank(KVOps):
             try:
                 out.fetch_seconds += time.monotonic() - t0
                 loaded = sum(cs for o in got if o is not None)
+                if loaded != e - s and self.checksums is not None:
+                    self._verify_step(keys[win.chunk_start : win.chunk_end], win.chunk_start, idx)
                 if loaded != e - s:
                     tiers = sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)})
                     raise RestoreFailed(
@@ -561,6 +570,20 @@ class LMCacheRank(KVOps):
             )
         finally:
             self._aborts.pop(request, None)
+
+    def _verify_step(self, keys: list[Any], first_chunk: int, window: int) -> None:
+        """A window came back short: when a chunk of it failed its checksum (or had none, and unverified chunks are
+        refused), the tier is blamed at the verify stage, naming the chunk."""
+        assert self.checksums is not None
+        findings = self.checksums.take(keys)
+        bad = next((f for f in findings if f.dropped), None)
+        if bad is None:
+            return
+        chunk = first_chunk + integrity.chunk_of(keys, bad.key)  # type: ignore[operator]
+        what = "checksum mismatch" if bad.verdict is integrity.Verdict.MISMATCH else "no checksum (unverified)"
+        raise RestoreFailed(
+            f"{what} in chunk {chunk} (tier {bad.tier})", window, kind=failures.TIER, stage=Stage.VERIFY, tier=bad.tier
+        )
 
     def _acquire(self) -> None:
         with self._count_lock:

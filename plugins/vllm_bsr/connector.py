@@ -18,6 +18,10 @@ What it changes over LMCache's connector (everything else is LMCache's):
 * worker startup: a ``ProbeLookupServer`` next to LMCache's own lookup server, and (when ``bsr_admin_port`` is
   set) bsr's admin API on ``127.0.0.1:bsr_admin_port + rank`` (vllm_bsr/worker_admin.py);
 * on a CPU-only host: LMCache's missing CPU KV connector (plugins/lmcache_cpu) is installed on import;
+* worker: every chunk stored in Mooncake carries a CRC32C (a sidecar key, lmcache_bsr/integrity.py) and every
+  chunk loaded from it is verified; a mismatch (or, unless ``bsr_load_unverified`` is set, a chunk stored without
+  a checksum by stock LMCache) fails the load closed, blamed on the tier at the verify stage, naming the chunk.
+  ``bsr_checksums: false`` turns both off (LMCache's own behaviour: nothing checked);
 * worker: loads in windows of at most W chunks (LMCache's masked retrieve, one window at a time, so L1 staging is
   bounded by the window); on any short window or exception every block of the request in every KV group is
   reported by ``get_block_ids_with_load_errors``, so vLLM drops the whole external prefix and recomputes.
@@ -34,7 +38,8 @@ import time
 from typing import Any
 
 import torch
-from lmcache_bsr._lmcache import vllm_connector_base
+from lmcache_bsr import integrity
+from lmcache_bsr._lmcache import chunk_keys, vllm_connector_base
 from lmcache_bsr.events import emit
 from lmcache_cpu import install as install_cpu_connector
 
@@ -62,6 +67,11 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         self.bsr_admin: Any = None
         self.bsr_lmcache_lookups = 0  # LMCache's own (pinning) lookups served by this worker's engine
         self.bsr_fault_kind: str | None = None  # the injected fault that failed the current load, if one did
+        self.bsr_checksums: integrity.Checksums | None = None
+        self.bsr_checksums_wanted = False  # a worker with bsr_checksums on, until they are installed
+        self.bsr_load_unverified = False
+        self.bsr_integrity: dict[str, Any] | None = None  # the chunk that failed verification in the current load
+        self.bsr_unverified = 0  # chunks of the current load taken without a checksum (bsr_load_unverified)
         impl = self._lmcache_engine
         md = impl.lmcache_engine_metadata
         cfg = impl.config
@@ -98,6 +108,9 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         else:  # a worker
             rank = int(md.worker_id)
             self.bsr_rank = rank
+            # Installed on the first store or load: LMCache builds its storage backends after this constructor.
+            self.bsr_checksums_wanted = bool(extra.get("bsr_checksums", True))
+            self.bsr_load_unverified = bool(extra.get("bsr_load_unverified", False))
             self._count_lmcache_lookups()
             try:
                 self.bsr_probe_server = ProbeLookupServer(
@@ -227,7 +240,29 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         return super().request_finished(request, block_ids)  # type: ignore[no-any-return]
 
     # -- worker side -------------------------------------------------------------------------------------------
+    def _install_checksums(self) -> None:
+        """Wrap LMCache's Mooncake connector with bsr's checksums (lmcache_bsr/integrity.py), once LMCache's
+        storage backends exist (before the first store and the first load)."""
+        if not self.bsr_checksums_wanted:
+            return
+        engine = self._lmcache_engine.lmcache_engine
+        if engine is None or getattr(engine, "storage_manager", None) is None:
+            return
+        self.bsr_checksums_wanted = False
+        self.bsr_checksums = integrity.install(engine, load_unverified=self.bsr_load_unverified)
+        if self.bsr_checksums is not None:
+            log.info("bsr: CRC32C on every Mooncake chunk (load_unverified=%s)", self.bsr_load_unverified)
+
+    def save_kv_layer(self, *args: Any, **kwargs: Any) -> None:
+        self._install_checksums()
+        super().save_kv_layer(*args, **kwargs)
+
+    def wait_for_save(self) -> None:
+        self._install_checksums()
+        super().wait_for_save()
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._install_checksums()
         impl = self._lmcache_engine
         engine = impl.lmcache_engine
         if engine is None or forward_context.attn_metadata is None or impl.use_layerwise:
@@ -267,18 +302,26 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             wins = windows(spec.vllm_cached_tokens, end, cs, self.bsr_w)
             ran: list[tuple[int, int]] = []
 
-            def one_window(s: int, e: int, _ran: list[tuple[int, int]] = ran, _get: Any = retrieve) -> int:
+            def one_window(
+                s: int, e: int, _ran: list[tuple[int, int]] = ran, _get: Any = retrieve, _toks: Any = tokens
+            ) -> int:
                 _ran.append((s, e))
                 if staging is not None:
                     staging.begin((e - s) // cs * slot)
                 try:
                     self._maybe_fault(len(_ran) - 1)
-                    return int(_get(s, e))
+                    got = int(_get(s, e))
+                    self._verified(_toks, e)
+                    return got
                 finally:
                     if staging is not None:
                         staging.end()
 
             self.bsr_fault_kind = None
+            self.bsr_integrity = None
+            self.bsr_unverified = 0
+            if self.bsr_checksums is not None:
+                self.bsr_checksums.take()  # findings of an earlier load are not this one's
             t0 = time.monotonic()
             result = load_in_windows(one_window, wins)
             seconds = time.monotonic() - t0
@@ -294,6 +337,8 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
                 failed_window=result.failed_window,  # 0-based, as every window field of bsr's events
                 failed_window_label=failed_at,  # how the CLI and the log name it
                 reason=result.reason,
+                integrity=self.bsr_integrity,
+                unverified_chunks=self.bsr_unverified,
                 lmcache_lookups=self.bsr_lmcache_lookups,
                 probe_served=self.bsr_probe_server.served if self.bsr_probe_server is not None else None,
             )
@@ -337,10 +382,32 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
                 tiers=list(admin.coordinator.settings.tiers),
                 fault_kind=self.bsr_fault_kind,
                 seconds=seconds,
+                integrity=self.bsr_integrity,
+                unverified_chunks=self.bsr_unverified,
             )
             admin.record_load(report)
         except Exception as e:  # noqa: BLE001 - the admin API is for operators; serving must not depend on it
             log.warning("bsr: load of %s not recorded for the admin API: %s", req.req_id, e)
+
+    def _verified(self, tokens: Any, end: int) -> None:
+        """After a window's retrieve: raise (failing the load closed) when a chunk of it failed its checksum, or
+        had none while unverified chunks are refused; count the unverified chunks taken."""
+        if self.bsr_checksums is None:
+            return
+        findings = self.bsr_checksums.take()
+        self.bsr_unverified += sum(1 for f in findings if not f.dropped)
+        bad = next((f for f in findings if f.dropped), None)
+        if bad is None:
+            return
+        keys = [k for _, _, k in chunk_keys(self._lmcache_engine.lmcache_engine, list(tokens[:end]))]
+        chunk = integrity.chunk_of(keys, bad.key)
+        self.bsr_integrity = {"chunk": chunk, "tier": bad.tier, "key": bad.key, "verdict": bad.verdict.value}
+        if bad.verdict is integrity.Verdict.MISMATCH:
+            raise integrity.ChecksumError(f"checksum mismatch in chunk {chunk} (tier {bad.tier}, key {bad.key})")
+        raise integrity.ChecksumError(
+            f"chunk {chunk} has no checksum (tier {bad.tier}, key {bad.key}; stored without bsr, e.g. by stock "
+            "LMCache): not loaded, bsr_load_unverified is off"
+        )
 
     def _maybe_fault(self, window: int) -> None:
         """An operator-injected fault (``bsr --engine <worker admin URL> inject-fault``) fires here: the window

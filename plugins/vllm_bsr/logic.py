@@ -233,13 +233,19 @@ def load_report(
     tiers: Sequence[str],
     fault_kind: str | None = None,
     seconds: float = 0.0,
+    integrity: Mapping[str, Any] | None = None,
+    unverified_chunks: int = 0,
 ) -> dict[str, Any]:
     """One load as the connector saw it, in bsr's restore vocabulary (what `bsr status` and `explain` read).
 
     ``advertised_tokens``: what the scheduler told vLLM would come from the store; ``loaded_tokens``: what vLLM
     really took (all or nothing: a failed window fails the whole load); ``recomputed_tokens``: what vLLM computes
     again because the load failed (every block of the request is reported, so vLLM recomputes from token 0 up to
-    the end of the external prefix; vLLM's own ``num_cached_tokens`` may still count them as cached)."""
+    the end of the external prefix; vLLM's own ``num_cached_tokens`` may still count them as cached).
+
+    ``integrity``: the chunk that failed its checksum (or had none), when that failed the load: the tier is blamed
+    at the verify stage, and the failure names the chunk. ``unverified_chunks``: chunks loaded without a
+    checksum (only when the connector is told to load them)."""
     advertised = max(0, end_token - vllm_cached_tokens)
     done = len(wins) if result.ok else int(result.failed_window or 0)
     fails: list[dict[str, Any]] = []
@@ -250,10 +256,12 @@ def load_report(
         kind = FailureKind.RANK if install else FailureKind.TIER
         # LMCache's retrieve does not say which backend came back short; with one tier it can only be that one.
         tier = None if install else (tiers[0] if len(tiers) == 1 else "lmcache")
-        fails.append(
-            {"rank": 0, "window": result.failed_window, "stage": stage.value, "kind": kind.value}
-            | {"tier": tier, "reason": result.reason}
-        )
+        failure: dict[str, Any] = {"rank": 0, "window": result.failed_window}
+        if integrity is not None and not install:
+            # The bytes arrived but were wrong (or unprovable): the verifying tier's, at the verify stage.
+            stage, tier = Stage.VERIFY, str(integrity["tier"])
+            failure |= {"chunk": integrity["chunk"], "key": integrity["key"], "verdict": integrity["verdict"]}
+        fails.append(failure | {"stage": stage.value, "kind": kind.value, "tier": tier, "reason": result.reason})
     return {
         "request": request,
         "prompt": prompt,
@@ -273,6 +281,7 @@ def load_report(
         "failure_kind": kind.value if kind is not None else None,
         "tiers": list(tiers),
         "reason": result.reason,
+        "unverified_chunks": unverified_chunks,
         "seconds": seconds,
         # Bytes moved into vLLM's KV by the windows that completed (a failed load's are then recomputed over).
         "bytes": sum((e - s) // chunk_size for s, e in wins[:done]) * bytes_per_chunk,

@@ -277,6 +277,9 @@ def test_host_restore_of_real_lmcache_data_reports_hash_not_applicable(master, t
                 "mooncake_local_buffer_size": 64 << 20,
                 "save_chunk_meta": False,
                 "transfer_timeout": 5,
+                # Stock LMCache (the writers below) stores no checksum: the host refuses such chunks by default
+                # (tests/plugins/test_lmcache_integrity.py); this test is about the hash of real KV, so load them.
+                "bsr_load_unverified": True,
             },
         },
         "settings": {"w": 2, "tiers": ["mooncake", "fs"], "kv_tokens": 8192, "fetch_timeout_s": 10.0},

@@ -209,6 +209,24 @@ def test_a_failed_load_reports_loaded_0_and_the_recomputed_prefix_with_its_event
 
 
 @pytest.mark.timeout(10)
+def test_a_checksum_failure_blames_the_tier_at_verify_and_names_the_chunk() -> None:
+    wins = windows(0, 4 * CS, CS, 2)
+    kw = dict(request="q2", prompt="abc", vllm_cached_tokens=0, end_token=4 * CS, wins=wins, w=2, chunk_size=CS)
+    kw |= dict(bytes_per_chunk=1000, tiers=["mooncake"], seconds=0.1)
+    bad = LoadResult(False, 0, 1, "ChecksumError: checksum mismatch in chunk 3 (tier mooncake, key k3)")
+    seen = {"chunk": 3, "tier": "mooncake", "key": "k3", "verdict": "mismatch"}
+    r = load_report(windows_run=2, result=bad, integrity=seen, **kw)  # type: ignore[arg-type]
+    (f,) = r["failures"]
+    assert (f["stage"], f["kind"], f["tier"], f["chunk"], f["key"]) == ("verify", "tier", "mooncake", 3, "k3")
+    assert r["outcome"] == "failed_closed" and r["recomputed_tokens"] == 4 * CS
+    # Without the finding the same short window is a fetch failure (what LMCache alone can tell).
+    plain = load_report(windows_run=2, result=bad, **kw)  # type: ignore[arg-type]
+    assert plain["failures"][0]["stage"] == "fetch" and "chunk" not in plain["failures"][0]
+    ok = load_report(windows_run=2, result=LoadResult(True, 4 * CS), unverified_chunks=2, **kw)  # type: ignore[arg-type]
+    assert ok["unverified_chunks"] == 2 and ok["failures"] == []
+
+
+@pytest.mark.timeout(10)
 def test_explain_against_a_worker_reads_full_chunks_and_suggests_only_what_it_serves() -> None:
     """A vLLM worker serves no restores, submits, settings changes or marker clearing: every suggested next command
     is one it serves; the tail that does not fill a chunk is said to be always computed, not blamed on a store."""

@@ -276,6 +276,9 @@ def test_ambiguous_requests_are_refused(serve: Callable[..., tuple[FakeEngine, A
         r = http.get(f"{PREFIX}/snapshot?health=0&helth=1")
         assert r.status_code == 400 and "unknown query parameter 'helth'" in r.json()["message"]
         assert http.get(f"{PREFIX}/snapshot?health=0&events_since=0").status_code == 200
+        # A list parameter repeats by design (`bsr explain` asks for several event kinds at once).
+        r = http.get(f"{PREFIX}/events?since=0&kind=restore_started&kind=restore_committed")
+        assert r.status_code == 200, r.text
 
 
 _JSON = {"Content-Type": "application/json"}

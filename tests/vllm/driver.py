@@ -92,6 +92,39 @@ def mooncake_remove(admin: str, metadata: str, master: str, world: int, worker: 
     return {"removed": keys[0], "candidates": len(keys), "rc": rc, "gone": keys[0] not in left}
 
 
+def mooncake_corrupt(admin: str, metadata: str, master: str, world: int, worker: int) -> dict[str, Any]:
+    """Flip bytes of one stored object of TP rank ``worker`` in the Mooncake store (the first of its LMCache keys in
+    sorted order; never a checksum sidecar): read it through a client of the real master, flip every 97th byte from
+    byte 64, and write it back in place (``upsert``). A real corruption of the stored object."""
+    import urllib.request
+
+    from mooncake.store import MooncakeDistributedStore
+
+    with urllib.request.urlopen(admin + "/get_all_keys", timeout=10) as r:
+        listed = r.read().decode().split()
+    keys = sorted(k for k in listed if f"@{world}@{worker}@" in k and "#" not in k)
+    if not keys:
+        return {"corrupted": None, "candidates": 0}
+    store = MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master)
+    if rc != 0:
+        raise RuntimeError(f"Mooncake client setup failed: {rc}")
+    data = bytearray(store.get(keys[0]))
+    before = bytes(data)
+    for i in range(64, len(data), 97):
+        data[i] ^= 0x5A
+    rc = store.upsert(keys[0], bytes(data))
+    after = store.get(keys[0])
+    return {
+        "corrupted": keys[0],
+        "candidates": len(keys),
+        "bytes": len(data),
+        "rc": rc,
+        "changed": after != before and len(after) == len(before),
+        "sidecars": sum(1 for k in listed if k.endswith("#bsr-crc32c")),
+    }
+
+
 def run_action(act: dict[str, Any]) -> dict[str, Any]:
     """One step between requests: a bsr command (real CLI, real HTTP), a corrupted disk tier, a killed process."""
     import signal
@@ -123,6 +156,8 @@ def run_action(act: dict[str, Any]) -> dict[str, Any]:
         return {"sh": act["sh"], "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-4000:]}
     if "corrupt_dir" in act:
         return {"corrupted_files": corrupt_files(Path(act["corrupt_dir"]))}
+    if "mooncake_corrupt" in act:
+        return mooncake_corrupt(**act["mooncake_corrupt"])
     if "mooncake_remove" in act:
         return mooncake_remove(**act["mooncake_remove"])
     if "kill_pid" in act:

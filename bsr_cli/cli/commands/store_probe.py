@@ -35,6 +35,7 @@ from bsr_cli.cli import process_exit
 from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 from bsr_cli.cli.context import AppState
 from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.keys import CHECKSUM_SIDECAR_SUFFIX
 from bsr_cli.core.lmcache_keys import (
     DTYPE_FLAG,
     lmcache_chunk_hashes,
@@ -146,10 +147,13 @@ def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: i
             held_flags = session.exists(flat)
             held_keys = [k for k, h in zip(flat, held_flags, strict=True) if h]
             replicas = session.replicas(held_keys) if held_keys else {}
+            # bsr's plugins store each object's CRC32C beside it; stock LMCache stores none (unverified).
+            sums = session.exists([k + CHECKSUM_SIDECAR_SUFFIX for k in held_keys]) if held_keys else []
         finally:
             session.close()
 
     n_chunks = len(chain)
+    checksummed = dict(zip(held_keys, sums, strict=True))
     listed = {w: [held_flags[w * n_chunks + i] for i in range(n_chunks)] for w in range(world_size)}
     checked = holders()
     if isinstance(checked, BaseException):
@@ -198,6 +202,16 @@ def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: i
         },
         "key_example": rows[0][0] if chain else None,
         "liveness": live,
+        "integrity": {
+            "checksummed_chunks": sum(sums),
+            "unverified_chunks": len(sums) - sum(sums),
+            "unverified": [  # the first few, by rank and chunk
+                {"rank": w, "chunk": i}
+                for w in range(world_size)
+                for i in range(n_chunks)
+                if rows[w][i] in checksummed and not checksummed[rows[w][i]]
+            ][:64],
+        },
     }
     if tail is not None:
         data["tail"] = {"tokens": len(tokens) % chunk_size, "stored": tail_stored}

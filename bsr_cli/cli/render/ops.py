@@ -521,6 +521,16 @@ def store_probe(console: Console, d: dict[str, Any]) -> None:
             )
         if live.get("stale_chunks") or live.get("unknown_chunks"):
             console.print(f"the master's listing alone would give a prefix of {listed:,} chunk(s)")
+    integ = d.get("integrity") or {}
+    if integ.get("unverified_chunks"):
+        first = ", ".join(f"rank {u['rank']} chunk {u['chunk']}" for u in integ["unverified"][:4])
+        console.print(
+            f"[yellow]{integ['unverified_chunks']} held chunk(s) carry no checksum[/] (unverified: stored by stock "
+            f"LMCache, not through bsr's plugins; first: {first}); bsr's connector refuses them unless "
+            "bsr_load_unverified is set"
+        )
+    elif integ.get("checksummed_chunks"):
+        console.print(f"integrity: {integ['checksummed_chunks']} held chunk(s) carry bsr's CRC32C")
     diag = d.get("diagnosis")
     if diag:
         if not diag["available"]:

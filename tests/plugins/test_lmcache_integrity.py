@@ -1,0 +1,206 @@
+"""bsr's checksums on LMCache's Mooncake path (lmcache_bsr/integrity.py), against real LMCache 0.5.6 and a real
+Mooncake master and segment holder: every object stored through the wrapped connector gets a CRC32C sidecar; a
+load verifies each object; a flipped byte in the stored object, or an object without a checksum (stock LMCache),
+is dropped and named; without the wrapper the corrupted bytes come back (negative control). `bsr probe --store`
+counts the held chunks that carry no checksum.
+
+Run through scripts/test-plugins (a venv with LMCache); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lmcache")
+
+import torch
+from lmcache_bsr import _lmcache as lm
+from lmcache_bsr import integrity
+from test_lmcache_store_keys import CS, _destroy, _engine, _explain, _probe, _store
+
+from bsr_cli.core.keys import CHECKSUM_SIDECAR_SUFFIX, synthetic_tokens
+from bsr_cli.mooncake import services
+
+pytestmark = pytest.mark.timeout(240)
+CHUNKS = 3
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[services.ServiceHandle]:
+    state = tmp_path_factory.mktemp("mooncake")
+    m = services.start_master(state)
+    holder = None
+    try:
+        holder = services.start_segment_holder(state, m, 256 << 20)
+        yield m
+    finally:
+        if holder is not None:
+            services.stop(holder, timeout=5)
+        services.stop(m, timeout=5)
+
+
+@pytest.fixture
+def engines() -> Iterator[list[Any]]:
+    made: list[Any] = []
+    yield made
+    _destroy(made)
+
+
+def _fetch(eng: Any, keys: list[str], tokens: list[int]) -> list[Any]:
+    """The chunks' memory objects as LMCache's remote backend hands them to a load (verified when wrapped)."""
+    cek = [k for _, _, k in lm.chunk_keys(eng, tokens)]
+    assert [lm.key_string(k) for k in cek] == keys
+    return lm.fetch_window(eng, cek, ["RemoteBackend"] * len(cek))
+
+
+def _bytes_of(objs: list[Any]) -> list[bytes | None]:
+    out = [None if o is None else bytes(o.tensor.contiguous().view(torch.uint8).flatten().numpy()) for o in objs]
+    lm.release_objects(objs)
+    return out
+
+
+def _flip(eng: Any, key: str) -> None:
+    store = lm.mooncake_store(eng)
+    data = bytearray(store.get(key))
+    data[len(data) // 2] ^= 0x01
+    assert store.upsert(key, bytes(data)) == 0
+
+
+def _setup(
+    master: Any, engines: list[Any], model: str, *, wrap: Callable[[Any], Any] | None, seed: int
+) -> tuple[Any, list[int], list[str]]:
+    eng = _engine(master, model, torch.float16, 1, 0)
+    engines.append(eng)
+    if wrap is not None:
+        wrap(eng)
+    tokens = synthetic_tokens(CHUNKS * CS, seed=seed)
+    return eng, tokens, _store(eng, tokens)
+
+
+def test_crc_encoding_and_verdicts() -> None:
+    assert integrity.decode(integrity.encode(0xDEADBEEF)) == 0xDEADBEEF
+    assert integrity.decode(b"") is None and integrity.decode(None) is None and integrity.decode(b"abc") is None
+    assert integrity.verdict(None, 5) is integrity.Verdict.UNVERIFIED
+    assert integrity.verdict(5, 5) is integrity.Verdict.OK and integrity.verdict(5, 6) is integrity.Verdict.MISMATCH
+    assert integrity.sidecar_key("m@1@0@ab@half") == "m@1@0@ab@half" + CHECKSUM_SIDECAR_SUFFIX
+    assert integrity.chunk_of(["a", "b", "c"], "c") == 2 and integrity.chunk_of(["a"], "z") is None
+
+
+def test_flipped_byte_in_a_stored_object_is_dropped_and_named(master, engines, tmp_path: Path) -> None:
+    sums: list[Any] = []
+    eng, tokens, keys = _setup(
+        master, engines, "integrity/flip", wrap=lambda e: sums.append(integrity.install(e, load_unverified=False)),
+        seed=11,
+    )  # fmt: skip
+    (cs,) = sums
+    assert cs is not None
+    # Every stored object has its checksum beside it in the same store.
+    store = lm.mooncake_store(eng)
+    assert store.batch_is_exist([integrity.sidecar_key(k) for k in keys]) == [1] * CHUNKS
+    clean = _bytes_of(_fetch(eng, keys, tokens))
+    assert all(b is not None for b in clean) and cs.take() == []
+
+    _flip(eng, keys[1])
+    got = _bytes_of(_fetch(eng, keys, tokens))
+    assert got[0] == clean[0] and got[1] is None and got[2] == clean[2]
+    (f,) = cs.take()
+    assert f.key == keys[1] and f.verdict is integrity.Verdict.MISMATCH and f.dropped and f.tier == "mooncake"
+    assert cs.counts[integrity.Verdict.MISMATCH] == 1
+    # The corrupted object and its checksum are gone, so a store of the chunk writes both afresh.
+    assert f.removed and store.batch_is_exist([keys[1], integrity.sidecar_key(keys[1])]) == [0, 0]
+    assert _store(eng, tokens) == keys
+    assert store.batch_is_exist([integrity.sidecar_key(k) for k in keys]) == [1] * CHUNKS
+    assert _bytes_of(_fetch(eng, keys, tokens)) == clean and cs.take() == []
+
+    # The store probe: every held chunk carries a checksum.
+    d = _probe(master, tmp_path, tokens, "--model", "integrity/flip", "--dtype", "fp16")
+    assert d["integrity"]["checksummed_chunks"] == CHUNKS and d["integrity"]["unverified_chunks"] == 0
+    e = _explain(master, tmp_path, tokens, "--model", "integrity/flip", "--dtype", "fp16")
+    assert not [f for f in e["findings"] if f["kind"] == "unverified"]
+
+
+def test_negative_control_without_checksums_the_flipped_byte_is_loaded(master, engines) -> None:
+    eng, tokens, keys = _setup(master, engines, "integrity/none", wrap=None, seed=12)
+    clean = _bytes_of(_fetch(eng, keys, tokens))
+    _flip(eng, keys[1])
+    got = _bytes_of(_fetch(eng, keys, tokens))
+    assert got[1] is not None and got[1] != clean[1]  # LMCache alone hands the corrupted bytes on
+
+
+def test_chunks_without_a_checksum_are_unverified(master, engines, tmp_path: Path) -> None:
+    # Stored by stock LMCache (no wrapper): no sidecars.
+    eng, tokens, keys = _setup(master, engines, "integrity/stock", wrap=None, seed=13)
+    store = lm.mooncake_store(eng)
+    assert store.batch_is_exist([integrity.sidecar_key(k) for k in keys]) == [0] * CHUNKS
+    d = _probe(master, tmp_path, tokens, "--model", "integrity/stock", "--dtype", "fp16")
+    assert d["integrity"]["unverified_chunks"] == CHUNKS and d["integrity"]["checksummed_chunks"] == 0
+    assert d["integrity"]["unverified"] == [{"rank": 0, "chunk": i} for i in range(CHUNKS)]
+    # `bsr explain --store` lists them (information: the verdict stays what the bitmap says).
+    e = _explain(master, tmp_path, tokens, "--model", "integrity/stock", "--dtype", "fp16")
+    (u,) = [f for f in e["findings"] if f["kind"] == "unverified"]
+    assert u["summary"].startswith(f"{CHUNKS} held chunk(s) carry no checksum") and e["verdict"] == "restorable"
+    assert u["evidence"][0] == "rank 0 chunk 0: no checksum"
+
+    # Refused by default...
+    cs = integrity.install(eng, load_unverified=False)
+    assert cs is not None
+    assert _bytes_of(_fetch(eng, keys, tokens)) == [None] * CHUNKS
+    found = cs.take()
+    assert [f.key for f in found] == keys
+    assert all(f.verdict is integrity.Verdict.UNVERIFIED and f.dropped for f in found)
+    # ...loaded (and still reported) when the operator allows it.
+    integrity.install(eng, load_unverified=True)
+    assert all(b is not None for b in _bytes_of(_fetch(eng, keys, tokens)))
+    assert [f.dropped for f in cs.take()] == [False] * CHUNKS
+
+
+# -- the LMCache host (python -m lmcache_bsr): the same checksums under bsr's own windowed restore ---------------
+@pytest.fixture(scope="module")
+def host(master: services.ServiceHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from lmcache_bsr.host import LMCacheHost
+    from test_lmcache_host import host_config
+
+    h = LMCacheHost(host_config(master, tmp_path_factory.mktemp("disk")))
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.mark.timeout(180)
+def test_host_restore_fails_closed_at_verify_naming_the_chunk_and_tier(host: Any) -> None:
+    from test_lmcache_host import CHUNKS as HOST_CHUNKS
+    from test_lmcache_host import W, _stored_prompt
+
+    c = host.coordinator
+    toks = _stored_prompt(host, seed=21, n_tokens=HOST_CHUNKS * CS)
+    ok = c.restore(toks, w=W, exclude=["fs"])
+    assert ok["outcome"] == "committed", ok
+    # Rank 1's stored chunk 5 gets a flipped byte in Mooncake.
+    _flip(host.rank(1).engine, lm.key_string(host.rank(1).keys(toks)[5]))
+    res = c.restore(toks, w=W, exclude=["fs"])
+    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    (f,) = res["failures"]
+    assert (f["rank"], f["stage"], f["tier"]) == (1, "verify", "mooncake"), f
+    assert f["reason"] == "checksum mismatch in chunk 5 (tier mooncake)"
+    assert res["failure_kind"] == "tier" and res["blamed_tiers"] == ["mooncake"]
+
+
+@pytest.mark.timeout(180)
+def test_host_refuses_a_chunk_without_a_checksum_by_default(host: Any) -> None:
+    from test_lmcache_host import CHUNKS as HOST_CHUNKS
+    from test_lmcache_host import W, _stored_prompt
+
+    toks = _stored_prompt(host, seed=22, n_tokens=HOST_CHUNKS * CS)
+    # Chunk 3 of rank 0 as stock LMCache would have stored it: the object without bsr's checksum.
+    key = lm.key_string(host.rank(0).keys(toks)[3])
+    assert lm.mooncake_store(host.rank(0).engine).remove(integrity.sidecar_key(key), True) == 0
+    res = host.coordinator.restore(toks, w=W, exclude=["fs"])
+    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    (f,) = res["failures"]
+    assert (f["rank"], f["stage"], f["tier"]) == (0, "verify", "mooncake"), f
+    assert f["reason"] == "no checksum (unverified) in chunk 3 (tier mooncake)"
