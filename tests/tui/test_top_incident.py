@@ -162,8 +162,10 @@ async def test_abort_from_top_asks_first_and_fails_the_restore_closed(engine: An
         await wait_until(pilot, lambda: bool(answers) or bool(told), "the abort call, or why there was none")
     worker.join(60)
     res = out["result"]
-    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
+    # Aborted when the operator's `y` won the race, failed closed when the stalled window's deadline did.
+    assert res["outcome"] in ("aborted", "failed_closed") and res["committed_tokens"] == 0
     if not answers:
+        assert res["outcome"] == "failed_closed"
         assert any(f"{res['request']} had already finished: failed closed" in n for n in told), told
         return
     assert len(answers) == 1 and answers[0]["request"] == res["request"]
