@@ -79,7 +79,7 @@ def mooncake_remove(admin: str, metadata: str, master: str, world: int, worker: 
     from mooncake.store import MooncakeDistributedStore
 
     with urllib.request.urlopen(admin + "/get_all_keys", timeout=10) as r:
-        keys = sorted(k for k in r.read().decode().split() if f"@{world}@{worker}@" in k)
+        keys = sorted(k for k in r.read().decode().split() if f"@{world}@{worker}@" in k and "#" not in k)
     if not keys:
         return {"removed": None, "candidates": 0}
     store = MooncakeDistributedStore()

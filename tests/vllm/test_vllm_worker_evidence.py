@@ -193,7 +193,8 @@ def test_one_window_numbering_in_cli_log_and_events(run: dict[str, Any]) -> None
     assert f"load of {ev['req']} failed closed at window G2 of 3" in run["log"]
     assert "in window G2" in ev["reason"], ev
     assert ev["failed_window"] == 1 and ev["failed_window_label"] == "G2", ev
-    events = as_json(run["by_name"]["failed"]["actions"][6])["events"]
+    # `bsr events --json` prints JSON lines, one event a line (for log shippers).
+    events = [json.loads(line) for line in ok(run["by_name"]["failed"]["actions"][6]).splitlines() if line.strip()]
     (fired,) = [e for e in events if e["type"] == "fault_fired"]
     (closed,) = [e for e in events if e["type"] == "restore_failed_closed" and e["request"] == ev["req"]]
     assert fired["window"] == 1 and [f["window"] for f in closed["failures"]] == [1]
