@@ -188,12 +188,7 @@ class Allocation(Observation):
                 outcome=Outcome.REFUSED,
                 kind=FailureKind.CAPACITY,
                 fails=(fail,),
-                advertised=0,
-                committed=0,
-                seconds=0.0,
-                tokens=0,
                 w=self.settings.w,
-                tiers=(),
             )
         raise CapacityError(message, hint=hint)
 

@@ -408,15 +408,16 @@ class Observation(CoordinatorState):
         outcome: Outcome,
         kind: FailureKind | None,
         fails: Sequence[Failure],
-        advertised: int,
-        committed: int,
-        seconds: float,
-        tokens: int,
         w: int,
-        tiers: Sequence[str],
+        advertised: int = 0,
+        committed: int = 0,
+        seconds: float = 0.0,
+        tokens: int = 0,
+        tiers: Sequence[str] = (),
     ) -> None:
         """Every ended restore, once: counted, listed among the recent ones, then logged as its outcome's event (so
-        whoever sees the event finds the rest already recorded)."""
+        whoever sees the event finds the rest already recorded). The amounts default to a restore that ended before
+        any byte moved (nothing to restore, refused, a rank that stopped answering)."""
         deciding = next((f for f in fails if f.kind is kind), None)
         self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
         with self._lock:

@@ -422,12 +422,7 @@ class Orchestration(Admission):
                     outcome=Outcome.NOTHING_TO_RESTORE,
                     kind=None,
                     fails=(),
-                    advertised=0,
-                    committed=0,
-                    seconds=0.0,
-                    tokens=0,
                     w=w,
-                    tiers=(),
                 )
                 return base | {
                     "outcome": Outcome.NOTHING_TO_RESTORE.value,
@@ -466,12 +461,7 @@ class Orchestration(Admission):
             outcome=Outcome.FAILED_CLOSED,
             kind=FailureKind.RANK,
             fails=(fail,),
-            advertised=0,
-            committed=0,
-            seconds=0.0,
-            tokens=0,
             w=w,
-            tiers=(),
         )
         return {
             "request": request,

@@ -34,6 +34,7 @@ from bsr_cli import fleet
 from bsr_cli.cli.render.palette import FLEET_STYLE
 from bsr_cli.core.units import format_bytes
 from bsr_cli.errors import BsrError, InvalidInput
+from bsr_cli.tui.screens import HelpScreen
 
 FLEET_FORMAT = "bsr-fleet-recording"
 FLEET_FORMAT_VERSION = 1
@@ -176,23 +177,10 @@ seen:  when the engine last answered. A down engine says since when, and how it 
 [dim]any key closes this[/dim]"""
 
 
-class FleetHelpScreen(ModalScreen[None]):
-    DEFAULT_CSS = """
-    FleetHelpScreen { align: center middle; }
-    FleetHelpScreen > VerticalScroll { width: auto; max-width: 100%; height: auto; max-height: 100%;
-                                       border: round $accent; background: $surface; }
-    FleetHelpScreen Static { width: auto; padding: 0 1; }
-    """
+class FleetHelpScreen(HelpScreen):
+    """The fleet view's help: the one help screen, with the fleet's page."""
 
-    def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Static(FLEET_HELP)
-
-    def on_key(self) -> None:
-        self.dismiss(None)
-
-    def on_click(self) -> None:
-        self.dismiss(None)
+    text = FLEET_HELP
 
 
 class EngineScreen(Screen[None]):

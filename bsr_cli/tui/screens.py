@@ -48,6 +48,9 @@ Status bar: the shown snapshot's age and the last poll's latency.
 
 
 class HelpScreen(ModalScreen[None]):
+    """A page of help over the app; any key or click closes it. ``text`` is the page (rich markup)."""
+
+    text = HELP
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll { width: auto; max-width: 100%; height: auto; max-height: 100%;
@@ -57,7 +60,7 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(HELP)
+            yield Static(self.text)
 
     def on_key(self) -> None:
         self.dismiss(None)

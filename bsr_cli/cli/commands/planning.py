@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -178,6 +179,18 @@ def plan(
         "--p99": p99 is not None,
         "--plot": plot is not None,
     }
+    # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
+    flagged_registration = functools.partial(
+        resolve_registration,
+        registration,
+        hf_config,
+        tp=tp,
+        dtype=dtype,
+        block_size=block_size,
+        mtp=mtp,
+        chunk_size=chunk_size,
+        note=ctx,
+    )
     if trace is None and any(trace_only.values()):
         raise InvalidInput(f"{', '.join(k for k, v in trace_only.items() if v)} plan a trace: add --trace FILE")
     if trace is not None:
@@ -185,16 +198,7 @@ def plan(
             raise InvalidInput("--exclude-tier and --all-windows plan one prompt, not a trace")
         if bandwidth is None:
             raise InvalidInput("--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s)")
-        reg = resolve_registration(
-            registration,
-            hf_config,
-            tp=tp,
-            dtype=dtype,
-            block_size=block_size,
-            mtp=mtp,
-            chunk_size=chunk_size,
-            note=ctx,
-        )
+        reg = flagged_registration()
         _plan_trace(st, trace, reg, w, bandwidth, speedup, store_capacity, budgets, p99, plot)
         return
     bitmap = loaders.load_probe(probe) if probe else None
@@ -203,16 +207,7 @@ def plan(
         embedded = raw.get("registration_spec") if isinstance(raw, dict) else None
         reg = Registration.from_dict(embedded, source=str(probe)) if embedded else resolve_registration(None, None)
     else:
-        reg = resolve_registration(
-            registration,
-            hf_config,
-            tp=tp,
-            dtype=dtype,
-            block_size=block_size,
-            mtp=mtp,
-            chunk_size=chunk_size,
-            note=ctx,
-        )
+        reg = flagged_registration()
     result = plan_restore(reg, w, bitmap=bitmap, tokens=tokens, exclude_tiers=exclude_tier or ())
     from bsr_cli.cli.render import planning as render
 
