@@ -40,6 +40,7 @@ def build_engine(
     tp: int = 2,
     kv_tokens: int = 8192,
     kv_wait_s: float = 60.0,
+    call_timeout_s: float = 10.0,
 ) -> FakeEngine:
     reg = small_registration(tp)
     tiers = {"mooncake": FakeTier("mooncake"), "fs": FakeTier("fs")}
@@ -60,7 +61,7 @@ def build_engine(
         budget_bytes=budget if budget is not None else pool_chunks * reg.bytes_per_chunk,
         fetch_timeout_s=fetch_timeout_s,
         admit_timeout_s=2.0,
-        call_timeout_s=10.0,
+        call_timeout_s=call_timeout_s,
         faults_enabled=True,
     )
     coord = Coordinator(reg, ranks, settings, events)

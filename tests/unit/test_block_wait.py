@@ -20,14 +20,18 @@ from unit.conftest import FakeEngine, build_engine
 KV_TOKENS = 4096  # the "full" group has 1,024 blocks of 4 tokens, "swa" 512 of 8
 HOLDER = synthetic_tokens(3000, seed=1)  # holds 750 "full" blocks while its probe hangs
 WAITER = synthetic_tokens(2000, seed=2)  # needs 500: more than the 274 left
+HANG_DEADLINE_S = 120.0
 
 
 @pytest.fixture
 def engine(request: pytest.FixtureRequest) -> Iterator[FakeEngine]:
-    eng = build_engine(kv_tokens=KV_TOKENS, **getattr(request, "param", {}))
+    # The holder's probe hangs until the test releases it; the rank-call deadline stays far above any step of the
+    # test, so a busy machine cannot turn the hang into "rank not responding" before the release.
+    eng = build_engine(kv_tokens=KV_TOKENS, call_timeout_s=HANG_DEADLINE_S, **getattr(request, "param", {}))
     try:
         yield eng
     finally:
+        eng.ranks[0].release.set()
         for r in eng.ranks:
             r.close()
 
