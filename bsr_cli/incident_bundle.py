@@ -38,6 +38,10 @@ from bsr_cli import __version__
 FORMAT = "bsr.incident-bundle"
 FORMAT_VERSION = 1
 RECORDING = "top-recording.jsonl.gz"
+# The `bsr top --record` file format: a bundle writes one, and `bsr top` records and replays them
+# (bsr_cli.tui.source imports these; they live here, in the lower layer, so this module never imports the TUI).
+RECORDING_FORMAT = "bsr.top-recording"
+RECORDING_FORMAT_VERSION = 1
 LOG_LINES = 400
 _SECRET = re.compile(
     r"(?i)(authorization:\s*bearer\s+|\"?(?:token|password|secret|api[_-]?key)\"?\s*[:=]\s*\"?)([^\s\",}]+)"
@@ -302,13 +306,10 @@ def recording_bytes(
 ) -> bytes:
     """A `bsr top --record` file (the format `bsr top --replay` reads): the ``history`` frames (see
     history_frames), each stamped with its engine time, then the snapshot itself."""
-    from bsr_cli.tui.source import FORMAT as REC_FORMAT
-    from bsr_cli.tui.source import FORMAT_VERSION as REC_VERSION
-
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb") as fh:
         first = float(history[0]["time"]) if history else received_at
-        header = {"format": REC_FORMAT, "version": REC_VERSION, "started": first, "source": source}
+        header = {"format": RECORDING_FORMAT, "version": RECORDING_FORMAT_VERSION, "started": first, "source": source}
         lines: list[dict[str, Any]] = [header]
         lines += [{"t": float(h["time"]), "lat": 0.0, "snap": h} for h in history]
         lines.append({"t": received_at, "lat": round(latency_s, 6), "snap": snapshot})

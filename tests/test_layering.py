@@ -180,3 +180,21 @@ def test_the_cli_and_its_client_never_import_the_server_stack(tmp_path: Path) ->
     assert "bsr_cli.client.admin" in loaded  # the probe ran
     hits = {m for m in loaded if any(m == s or m.startswith(s + ".") for s in SERVER_STACK)}
     assert not hits, hits
+
+
+def test_no_two_top_level_modules_import_each_other() -> None:
+    """The static import graph (lazy imports included) has no cycle between two of bsr_cli's top-level modules:
+    what two layers share lives in the lower one. import-linter's `layers` contract states the order; this names the
+    cycle itself when one comes back."""
+    grimp = pytest.importorskip("grimp")  # ships with import-linter (the dev extra)
+    graph = grimp.build_graph("bsr_cli")
+    tops = sorted({".".join(m.split(".")[:2]) for m in graph.modules if m != "bsr_cli"})
+    assert {"bsr_cli.cli", "bsr_cli.tui", "bsr_cli.incident_bundle", "bsr_cli.core"} <= set(tops)
+    cycles = []
+    for n, a in enumerate(tops):
+        for b in tops[n + 1 :]:
+            there = graph.find_shortest_chains(importer=a, imported=b, as_packages=True)
+            back = graph.find_shortest_chains(importer=b, imported=a, as_packages=True)
+            if there and back:
+                cycles.append((sorted(there)[0], sorted(back)[0]))
+    assert not cycles, cycles

@@ -31,9 +31,9 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Static
 
 from bsr_cli import fleet
-from bsr_cli.cli.render.palette import FLEET_STYLE
 from bsr_cli.core.units import format_bytes
 from bsr_cli.errors import BsrError, InvalidInput
+from bsr_cli.tui.palette import FLEET_STYLE
 from bsr_cli.tui.screens import HelpScreen
 
 FLEET_FORMAT = "bsr-fleet-recording"

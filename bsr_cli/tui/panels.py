@@ -1,6 +1,6 @@
 """The rich renderers of the top view (`bsr_cli.tui.model.View`): the panels the Textual app lays out, and
 `render_text`, the whole view at once for `bsr pool --once` and pipes. Colours come from the one palette
-(`bsr_cli.cli.render.palette`), byte counts from the one formatter (`bsr_cli.core.units.format_bytes`).
+(`bsr_cli.tui.palette`), byte counts from the one formatter (`bsr_cli.core.units.format_bytes`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from bsr_cli.cli.render.palette import CATEGORY_STYLE, OUTCOME_STYLE, STATE_STYLE, tier_look
 from bsr_cli.core.commit import FAILED_CLOSED
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.model import SPARK, RankGauge, View, clock
+from bsr_cli.tui.palette import CATEGORY_STYLE, OUTCOME_STYLE, STATE_STYLE, tier_look
 
 # -- formatting ---------------------------------------------------------------------------------------------------
 

@@ -25,11 +25,12 @@ from typing import Any
 
 from bsr_cli.client.admin import AdminClient, resolve_engine
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
+from bsr_cli.incident_bundle import RECORDING, read_member
+from bsr_cli.incident_bundle import RECORDING_FORMAT as FORMAT
+from bsr_cli.incident_bundle import RECORDING_FORMAT_VERSION as FORMAT_VERSION
 from bsr_cli.settings import Settings
 from bsr_cli.tui.model import FAILURE_KINDS, Frame, View, fold
 
-FORMAT = "bsr.top-recording"
-FORMAT_VERSION = 1
 CHECKPOINT_EVERY = 32  # replay keeps every 32nd view so a seek folds at most 31 frames
 
 
@@ -193,8 +194,6 @@ class Recorder:
 def read_recording(path: Path) -> tuple[dict[str, Any], list[Item]]:
     """(header, items) of a recording; InvalidInput when it is not one. A truncated tail (the recorder was killed
     mid-write) is tolerated: everything before it is kept."""
-    from bsr_cli.incident_bundle import RECORDING, read_member
-
     member = read_member(path, RECORDING) if path.is_file() else None  # an incident bundle holds a recording
     try:
         with gzip.GzipFile(path, "rb") if member is None else gzip.GzipFile(fileobj=io.BytesIO(member)) as fh:
@@ -233,8 +232,6 @@ def _with_bundle_events(path: Path, items: list[Item]) -> list[Item]:
     """An incident bundle keeps its events in events.jsonl, not in the recorded frames: give each frame the events
     up to its sequence number (after the previous frame's), so a replay shows them as they happened and
     `bsr describe --record` sees them all."""
-    from bsr_cli.incident_bundle import read_member
-
     raw = read_member(path, "events.jsonl") or b""
     events = []
     for line in raw.splitlines():

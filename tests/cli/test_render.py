@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bsr_cli.cli.render.palette import BOTH_TIERS, TIER_STYLE, tier_look
 from bsr_cli.core.units import GiB, KiB, MiB, format_bytes
+from bsr_cli.tui.palette import BOTH_TIERS, TIER_STYLE, tier_look
 
 ROOT = Path(__file__).resolve().parents[2]
 

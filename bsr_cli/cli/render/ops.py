@@ -15,11 +15,11 @@ from rich.table import Table
 from rich.text import Text
 
 from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
-from bsr_cli.cli.render.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 from bsr_cli.cli.render.planning import b, first_break_line
 from bsr_cli.core.commit import COMMITTED, NOTHING_TO_RESTORE
 from bsr_cli.core.events import RestoreFailed, RestoreStarted, WindowReleased, parse_event
 from bsr_cli.core.units import format_bytes
+from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
 STRIP_FIXED_COLUMNS = 36  # what the probe table spends beside the strip: rank, group, held, borders
 

@@ -1,6 +1,7 @@
-"""The colours bsr draws with, one table each, shared by the CLI's tables and the TUI's panels.
+"""The colours bsr draws with, one table each, shared by the TUI's panels and the CLI's tables.
 
-Pure data (style names rich understands); importing it imports nothing else.
+It lives here, in the lower of the two layers, so the CLI's render layer imports it and the TUI never imports the
+CLI. Pure data (style names rich understands); importing it imports nothing else.
 """
 
 from __future__ import annotations
