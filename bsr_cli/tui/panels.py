@@ -254,6 +254,10 @@ def health(view: View, compact: bool = False) -> RenderableType:
         per_rank = f"(B {fb(a.budget_bytes)} × {a.ranks})"
         admit = f"{fb(a.live_bytes)} live of {fb(a.budget_total)} {per_rank} · {a.queued} queued"
     grid.add_row("admit" if compact else "admission", Text(admit, "yellow" if a.queued else ""))
+    if a.waiting_for_blocks:  # queued before the budget: no destination KV blocks are free for them yet
+        n = a.waiting_for_blocks
+        waiting = f"{n} request{'s' if n != 1 else ''} waiting{'' if compact else ' for destination KV blocks'}"
+        grid.add_row("blocks", Text(waiting, "yellow"))
     tiers = Text()
     if not view.tiers:
         tiers.append("not reported", "dim")
