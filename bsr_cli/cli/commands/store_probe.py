@@ -28,6 +28,7 @@ import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -80,102 +81,76 @@ def _render(console: Any, d: dict[str, Any]) -> None:
     render_ops.store_probe(console, d)
 
 
+@dataclass(frozen=True)
+class _KeyFormat:
+    """How LMCache names the prompt's chunks in the store: one key per worker and chunk hash."""
+
+    model: str
+    world_size: int
+    dtype: str
+    tags: tuple[tuple[str, str], ...]
+
+    def keys_of(self, hashes: Sequence[int]) -> list[list[str]]:
+        """The keys of ``hashes``, one row per worker."""
+        return [
+            [lmcache_key(self.model, self.world_size, w, h, self.dtype, self.tags) for h in hashes]
+            for w in range(self.world_size)
+        ]
+
+
+@dataclass(frozen=True)
+class _StoreRead:
+    """What one probe read from the store: the chain start it chose, the prompt's keys per worker (its full chunks,
+    then the partial tail's), which of them the master lists, their replicas and their checksum sidecars."""
+
+    chosen: str  # the chain start's label: "none" (no vLLM) or a vLLM hash seed
+    matched: dict[str, int]  # auto-detection: chunks held under each candidate start that held any
+    hashes: list[int]  # the full chunks' hashes
+    tail: int | None  # the partial last chunk's hash, when the prompt has one
+    rows: list[list[str]]  # the keys, per worker
+    held_flags: list[bool]  # per key of ``rows`` flattened: listed by the master
+    held_keys: list[str]
+    replicas: dict[str, list[str]]
+    sums: list[bool]  # per held key: its CRC32C sidecar is stored
+
+    @property
+    def chunks(self) -> int:
+        return len(self.rows[0]) if self.rows else 0
+
+
 def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: int | None) -> dict[str, Any]:
     """The store probe's result: bitmap (live holders only), key format, liveness and (on a miss) the diagnosis."""
-    store, model, world_size, chunk_size = opts.store, opts.model, opts.world_size, opts.chunk_size
-    url = urlsplit(store)
-    try:
-        port = url.port
-    except ValueError:
-        port = None  # not a number, or out of range
-    if url.scheme != "mooncake" or not url.hostname or not port:
-        raise InvalidInput(f"--store must look like mooncake://HOST:PORT (the master's RPC address), got {store!r}")
-    if not model:
+    host, port = _master_address(opts.store)
+    if not opts.model:
         raise InvalidInput("--store needs --model (the model name in LMCache's keys)")
-    if world_size < 1:
+    if opts.world_size < 1:
         raise InvalidInput("--world-size must be positive")
-    key_dtype = lmcache_dtype(opts.dtype)
-    tag_pairs = parse_tags(opts.tags)
+    fmt = _KeyFormat(opts.model, opts.world_size, lmcache_dtype(opts.dtype), parse_tags(opts.tags))
     starts = hash_starts(opts.vllm_hash_seed)
-    host = url.hostname
     meta = opts.metadata or f"http://{host}:8080/metadata"
     admin_url = opts.admin or f"http://{host}:9003"
-
-    def keys_of(hashes: Sequence[int]) -> list[list[str]]:
-        return [[lmcache_key(model, world_size, w, h, key_dtype, tag_pairs) for h in hashes] for w in range(world_size)]
-
     if not opts.verbose:
         os.environ.setdefault("GLOG_minloglevel", "3")  # Mooncake's glog: read when its library loads
     # Started first and waited for last: the master's segment listing and a check of every listed holder.
     holders = _background(lambda: _check_listed_holders(admin_url, meta))
     with _native_stderr_silenced(not opts.verbose):
-        # The client's set-up (~20 ms) runs while the prompt is read and hashed.
-        connecting = _background(lambda: _StoreSession(f"{host}:{port}", meta, st.settings.timeout_s, store))
-        try:
-            tokens = _tokens(prompt)
-            detect = (
-                {label: lmcache_chunk_hashes(tokens, chunk_size, s, limit=DETECT_CHUNKS) for label, s in starts}
-                if len(starts) > 1
-                else {}
-            )
-        except BaseException:
-            session = connecting()
-            if isinstance(session, _StoreSession):
-                session.close()
-            raise
-        session = connecting()
-        if isinstance(session, BaseException):
-            raise session
-        try:
-            chosen, matched = starts[0][0], {}
-            if detect:  # auto: one probe of every candidate's first chunks; the most hits wins
-                batch = {label: keys_of(hs) for label, hs in detect.items()}
-                held = session.exists([k for rows in batch.values() for row in rows for k in row])
-                counts, i = {}, 0
-                for label, rows in batch.items():
-                    n = sum(len(r) for r in rows)
-                    counts[label] = sum(held[i : i + n])
-                    i += n
-                matched = {label: c for label, c in counts.items() if c}
-                if matched:  # ties: the candidates' order (none, this process's seed, the usual seeds)
-                    chosen = max(matched, key=lambda label: (matched[label], -list(counts).index(label)))
-            hashes = lmcache_chunk_hashes(tokens, chunk_size, dict(starts)[chosen])
-            tail = lmcache_tail_hash(tokens, chunk_size, hashes[-1] if hashes else dict(starts)[chosen])
-            chain = hashes + ([tail] if tail is not None else [])
-            rows = keys_of(chain)
-            flat = [k for row in rows for k in row]
-            held_flags = session.exists(flat)
-            held_keys = [k for k, h in zip(flat, held_flags, strict=True) if h]
-            replicas = session.replicas(held_keys) if held_keys else {}
-            # bsr's plugins store each object's CRC32C beside it; stock LMCache stores none (unverified).
-            sums = session.exists([k + CHECKSUM_SIDECAR_SUFFIX for k in held_keys]) if held_keys else []
-        finally:
-            session.close()
-
-    n_chunks = len(chain)
-    checksummed = dict(zip(held_keys, sums, strict=True))
-    listed = {w: [held_flags[w * n_chunks + i] for i in range(n_chunks)] for w in range(world_size)}
+        tokens, read = _read_store(st, opts, prompt, f"{host}:{port}", meta, fmt, starts)
+    n_chunks, chunk_size = read.chunks, opts.chunk_size
+    listed = {w: read.held_flags[w * n_chunks : (w + 1) * n_chunks] for w in range(fmt.world_size)}
     checked = holders()
     if isinstance(checked, BaseException):
         raise checked
-    live = liveness(checked, meta, rows, listed, replicas, chunk_size)
-    tail_stored = tail is not None and any(listed[w][-1] for w in range(world_size))
-    storable = n_chunks if (tail is None or tail_stored) else len(hashes)
-    cells = {(w, GROUP): "".join("1" if c == LIVE else "0" for c in live["cells"][str(w)]) for w in range(world_size)}
-    bitmap = HitBitmap(("mooncake",), world_size, (GROUP,), len(tokens), chunk_size, cells, model=model)
+    live = liveness(checked, meta, read.rows, listed, read.replicas, chunk_size)
+    tail_stored = read.tail is not None and any(listed[w][-1] for w in range(fmt.world_size))
+    storable = n_chunks if (read.tail is None or tail_stored) else len(read.hashes)
+    cells = {
+        (w, GROUP): "".join("1" if c == LIVE else "0" for c in live["cells"][str(w)]) for w in range(fmt.world_size)
+    }
+    bitmap = HitBitmap(("mooncake",), fmt.world_size, (GROUP,), len(tokens), chunk_size, cells, model=fmt.model)
     k = bitmap.prefix_chunks()
-    brk = bitmap.first_break() if k < storable else None
-    brk_d = brk.to_dict() if brk else None
-    if brk_d is not None:
-        state = live["cells"][str(brk.rank)][brk.chunk]  # type: ignore[union-attr]
-        if state == STALE:
-            brk_d["reason"] = "listed by the master, but its holder is gone"
-        elif state == UNKNOWN:
-            brk_d["reason"] = "listed by the master, but no live holder is known (liveness unknown)"
-    start_value = dict(starts)[chosen]
     data: dict[str, Any] = {
         "kind": "bsr.store-probe",
-        "store": store,
+        "store": opts.store,
         "bitmap": bitmap.to_dict(),
         "prompt_tokens": len(tokens),
         "prompt_chunks": n_chunks,
@@ -183,57 +158,171 @@ def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: i
         "storable_tokens": min(storable * chunk_size, len(tokens)),
         "committable_chunks": k,
         "committable_tokens": bitmap.prefix_tokens(),
-        "first_break": brk_d,
+        "first_break": _first_break(bitmap, live) if k < storable else None,
         "tier_errors": {},
         "markers": [],
         "strip_width": width,
-        "key_format": {
-            "dtype": key_dtype,
-            "tags": [f"{k}%{v}" for k, v in tag_pairs],
-            "hash_start": {
-                "requested": opts.vllm_hash_seed,
-                "vllm_hash_seed": None if chosen == "none" else chosen,
-                "start": start_value,
-                "detected": bool(matched) if len(starts) > 1 else None,
-                "candidates_held": matched,
-                # More than one chain start matched (the same prompt stored by deployments with other seeds).
-                "chains_matched": [_seed_label(label) for label in matched],
-            },
-        },
-        "key_example": rows[0][0] if chain else None,
+        "key_format": _key_format(fmt, opts.vllm_hash_seed, starts, read),
+        "key_example": read.rows[0][0] if n_chunks else None,
         "liveness": live,
-        "integrity": {
-            "checksummed_chunks": sum(sums),
-            "unverified_chunks": len(sums) - sum(sums),
-            "unverified": [  # the first few, by rank and chunk
-                {"rank": w, "chunk": i}
-                for w in range(world_size)
-                for i in range(n_chunks)
-                if rows[w][i] in checksummed and not checksummed[rows[w][i]]
-            ][:64],
+        "integrity": _integrity(read),
+    }
+    if read.tail is not None:
+        data["tail"] = {"tokens": len(tokens) % chunk_size, "stored": tail_stored}
+    if n_chunks and not read.held_keys:
+        data["diagnosis"] = _diagnose_total_miss(admin_url, fmt, starts, read, tokens, chunk_size)
+    return data
+
+
+def _master_address(store: str) -> tuple[str, int]:
+    """(host, port) of --store mooncake://HOST:PORT, the master's RPC address; InvalidInput when it is not one."""
+    url = urlsplit(store)
+    try:
+        port = url.port
+    except ValueError:
+        port = None  # not a number, or out of range
+    if url.scheme != "mooncake" or not url.hostname or not port:
+        raise InvalidInput(f"--store must look like mooncake://HOST:PORT (the master's RPC address), got {store!r}")
+    return url.hostname, port
+
+
+def _read_store(
+    st: AppState,
+    opts: StoreProbeOptions,
+    prompt: PromptFlags,
+    rpc_address: str,
+    meta: str,
+    fmt: _KeyFormat,
+    starts: list[tuple[str, int]],
+) -> tuple[list[int], _StoreRead]:
+    """The prompt's tokens, and what the store holds of them: one session, every key asked in one batch."""
+    # The client's set-up (~20 ms) runs while the prompt is read and hashed.
+    connecting = _background(lambda: _StoreSession(rpc_address, meta, st.settings.timeout_s, opts.store))
+    try:
+        tokens = _tokens(prompt)
+        detect = (
+            {label: lmcache_chunk_hashes(tokens, opts.chunk_size, s, limit=DETECT_CHUNKS) for label, s in starts}
+            if len(starts) > 1
+            else {}
+        )
+    except BaseException:
+        session = connecting()
+        if isinstance(session, _StoreSession):
+            session.close()
+        raise
+    session = connecting()
+    if isinstance(session, BaseException):
+        raise session
+    try:
+        chosen, matched = _detect_start(session, fmt, starts, detect)
+        start = dict(starts)[chosen]
+        hashes = lmcache_chunk_hashes(tokens, opts.chunk_size, start)
+        tail = lmcache_tail_hash(tokens, opts.chunk_size, hashes[-1] if hashes else start)
+        rows = fmt.keys_of(hashes + ([tail] if tail is not None else []))
+        flat = [k for row in rows for k in row]
+        held_flags = session.exists(flat)
+        held_keys = [k for k, h in zip(flat, held_flags, strict=True) if h]
+        replicas = session.replicas(held_keys) if held_keys else {}
+        # bsr's plugins store each object's CRC32C beside it; stock LMCache stores none (unverified).
+        sums = session.exists([k + CHECKSUM_SIDECAR_SUFFIX for k in held_keys]) if held_keys else []
+    finally:
+        session.close()
+    return tokens, _StoreRead(chosen, matched, hashes, tail, rows, held_flags, held_keys, replicas, sums)
+
+
+def _detect_start(
+    session: _StoreSession, fmt: _KeyFormat, starts: list[tuple[str, int]], detect: dict[str, list[int]]
+) -> tuple[str, dict[str, int]]:
+    """(the chain start's label, chunks held per candidate that held any). Under auto (``detect`` holds each
+    candidate's first chunks), one probe of every candidate's keys; the most hits wins."""
+    if not detect:
+        return starts[0][0], {}
+    batch = {label: fmt.keys_of(hs) for label, hs in detect.items()}
+    held = session.exists([k for rows in batch.values() for row in rows for k in row])
+    counts, i = {}, 0
+    for label, rows in batch.items():
+        n = sum(len(r) for r in rows)
+        counts[label] = sum(held[i : i + n])
+        i += n
+    matched = {label: c for label, c in counts.items() if c}
+    if not matched:
+        return starts[0][0], matched
+    # Ties: the candidates' order (none, this process's seed, the usual seeds).
+    return max(matched, key=lambda label: (matched[label], -list(counts).index(label))), matched
+
+
+def _first_break(bitmap: HitBitmap, live: dict[str, Any]) -> dict[str, Any] | None:
+    """The first chunk that breaks the committable prefix, saying why when the master does list it."""
+    brk = bitmap.first_break()
+    if brk is None:
+        return None
+    out = brk.to_dict()
+    state = live["cells"][str(brk.rank)][brk.chunk]
+    if state == STALE:
+        out["reason"] = "listed by the master, but its holder is gone"
+    elif state == UNKNOWN:
+        out["reason"] = "listed by the master, but no live holder is known (liveness unknown)"
+    return out
+
+
+def _key_format(fmt: _KeyFormat, requested: str, starts: list[tuple[str, int]], read: _StoreRead) -> dict[str, Any]:
+    return {
+        "dtype": fmt.dtype,
+        "tags": [f"{k}%{v}" for k, v in fmt.tags],
+        "hash_start": {
+            "requested": requested,
+            "vllm_hash_seed": None if read.chosen == "none" else read.chosen,
+            "start": dict(starts)[read.chosen],
+            "detected": bool(read.matched) if len(starts) > 1 else None,
+            "candidates_held": read.matched,
+            # More than one chain start matched (the same prompt stored by deployments with other seeds).
+            "chains_matched": [_seed_label(label) for label in read.matched],
         },
     }
-    if tail is not None:
-        data["tail"] = {"tokens": len(tokens) % chunk_size, "stored": tail_stored}
-    if chain and not held_keys:
-        every = dict(starts) | dict(hash_starts("auto"))
-        hex_chains = {
-            label: {f"{h:x}" for h in (hashes if label == chosen else lmcache_chunk_hashes(tokens, chunk_size, s))}
-            for label, s in every.items()
+
+
+def _integrity(read: _StoreRead) -> dict[str, Any]:
+    checksummed = dict(zip(read.held_keys, read.sums, strict=True))
+    return {
+        "checksummed_chunks": sum(read.sums),
+        "unverified_chunks": len(read.sums) - sum(read.sums),
+        "unverified": [  # the first few, by rank and chunk
+            {"rank": w, "chunk": i}
+            for w, row in enumerate(read.rows)
+            for i, key in enumerate(row)
+            if key in checksummed and not checksummed[key]
+        ][:64],
+    }
+
+
+def _diagnose_total_miss(
+    admin_url: str,
+    fmt: _KeyFormat,
+    starts: list[tuple[str, int]],
+    read: _StoreRead,
+    tokens: list[int],
+    chunk_size: int,
+) -> dict[str, Any]:
+    """`diagnose` with this prompt's chunk hashes under every chain start bsr knows (the chosen one's reused)."""
+    every = dict(starts) | dict(hash_starts("auto"))
+    hex_chains = {
+        label: {
+            f"{h:x}" for h in (read.hashes if label == read.chosen else lmcache_chunk_hashes(tokens, chunk_size, s))
         }
-        data["diagnosis"] = diagnose(
-            admin_url,
-            model,
-            world_size,
-            key_dtype,
-            tag_pairs,
-            chosen,
-            hex_chains,
-            auto=len(starts) > 1,
-            tokens=tokens,
-            chunk_size=chunk_size,
-        )
-    return data
+        for label, s in every.items()
+    }
+    return diagnose(
+        admin_url,
+        fmt.model,
+        fmt.world_size,
+        fmt.dtype,
+        fmt.tags,
+        read.chosen,
+        hex_chains,
+        auto=len(starts) > 1,
+        tokens=tokens,
+        chunk_size=chunk_size,
+    )
 
 
 def _seed_label(label: str) -> str:
@@ -621,6 +710,10 @@ def _unknown_start_chunks(members: list[Any], tokens: Sequence[int], chunk_size:
     return 0
 
 
+# A group of the store's keys for the model: the fields LMCache puts in a key besides the chunk hash.
+_GroupKey = tuple[int, str, tuple[tuple[str, str], ...]]  # (world size, dtype, tags)
+
+
 def diagnose(
     admin_url: str,
     model: str,
@@ -662,82 +755,18 @@ def diagnose(
             + ", ".join(f"{m} ({n})" for m, n in models.most_common(5))
         )
     else:
-        groups: dict[tuple[int, str, tuple[tuple[str, str], ...]], list[Any]] = defaultdict(list)
+        groups: dict[_GroupKey, list[Any]] = defaultdict(list)
         for p in mine:
             groups[(p.world_size, p.dtype, p.tags)].append(p)
-        want = {"world_size": world_size, "dtype": dtype, "tags": tags}
-        scored: list[tuple[tuple[Any, ...], str, dict[str, Any]]] = []
-        for (ws, dt, tg), members in groups.items():
-            hexes = {p.chunk_hash for p in members}
-            hits = {label: len(hexes & chain) for label, chain in chains.items()}
-            best_label = max(hits, key=lambda lbl: (hits[lbl], lbl == start_label))
-            have = {"world_size": ws, "dtype": dt, "tags": tg}
-            diff = [f for f in ("world_size", "dtype", "tags") if want[f] != have[f]]
-            if hits[best_label] and best_label != start_label and not auto:
-                diff.append("hash_start")  # under auto, the start is found once the other fields fit
-            unknown_start = 0 if hits[best_label] else _unknown_start_chunks(members, tokens, chunk_size)
-            changes: dict[str, Any] = {}
-            for f in diff:
-                if f == "world_size":
-                    changes[f] = ws
-                elif f == "dtype":
-                    changes[f] = DTYPE_FLAG.get(dt, dt)
-                elif f == "tags":
-                    changes[f] = [f"{k}={v}" for k, v in tg]
-                else:
-                    changes["vllm_hash_seed"] = best_label
-            g = {
-                "world_size": ws,
-                "dtype": dt,
-                "tags": [f"{k}%{v}" for k, v in tg],
-                "keys": len(members),
-                "workers": sorted({p.worker_id for p in members}),
-                "prompt_chunks_held": hits[best_label],
-                "vllm_hash_seed": None if best_label == "none" or not hits[best_label] else best_label,
-                "unknown_start_chunks": unknown_start,
-                "differs_in": diff,
-                "changes": changes,
-                "flags": _changes_as_flags(changes),
-            }
-            desc = _describe(ws, dt, tg)
-            if hits[best_label] and best_label != "none":
-                desc += f", vLLM hash seed {best_label}"
-            held_any = hits[best_label] or unknown_start
-            rank = (bool(held_any), -len(diff), hits[best_label] or unknown_start, len(members), desc)
-            scored.append((rank, desc, g))
+        want: _GroupKey = (world_size, dtype, tags)
+        scored = [
+            _score_group(group, members, want, chains, start_label, auto, tokens, chunk_size)
+            for group, members in groups.items()
+        ]
         # The diagnosis's ranking (ties broken by the description, never by the master's listing order).
         scored.sort(key=lambda s: (not s[0][0], -s[0][1], -s[0][2], -s[0][3], s[0][4]))
         ranked = [g for _, _, g in scored]
-        desc, best = scored[0][1], scored[0][2]
-        if best["prompt_chunks_held"]:
-            if not best["differs_in"]:
-                causes.append(f"the keys match ({desc}) but none is held now")
-            else:
-                causes.append(
-                    f"closest group: {desc} holds {best['prompt_chunks_held']} chunk(s) of this prompt "
-                    f"({best['keys']} key(s)); pass {' and '.join(best['flags'])}"
-                )
-        elif best["unknown_start_chunks"]:
-            tried = ", ".join(sorted(x for x in chains if x != "none"))
-            causes.append(
-                f"{desc} holds {best['unknown_start_chunks']} chunk(s) of this prompt under a hash chain start that "
-                f"none of the vLLM hash seeds tried gives ({tried}; and no vLLM): vLLM ran with another "
-                "PYTHONHASHSEED (pass --vllm-hash-seed SEED with the seed it ran with) or with none (random: "
-                "unreproducible)" + (f", and {' and '.join(best['flags'])}" if best["flags"] else "")
-            )
-        else:
-            tried = ", ".join(sorted(chains))
-            causes.append(
-                f"{best['keys']} chunk(s) of {model!r} are stored ({desc}"
-                + (
-                    f"; differs in {', '.join(best['differs_in'])}: {', '.join(best['flags'])}"
-                    if best["differs_in"]
-                    else ""
-                )
-                + "), but none with this prompt's chunk hashes under any chain start tried (vLLM hash seeds: "
-                f"{tried}): a different prompt prefix, tokenizer or chunk size, or vLLM ran with another "
-                "PYTHONHASHSEED (pass --vllm-hash-seed SEED) or with none (random: unreproducible)"
-            )
+        causes.append(_closest_cause(scored[0][1], scored[0][2], model, chains))
         if len(groups) > 1:
             causes.append(
                 f"keys of {model!r} are mixed: {len(groups)} groups ("
@@ -752,6 +781,83 @@ def diagnose(
         "closest": 0 if ranked else None,
         "causes": causes,
     }
+
+
+def _score_group(
+    group: _GroupKey,
+    members: list[Any],
+    want: _GroupKey,
+    chains: dict[str, set[str]],
+    start_label: str,
+    auto: bool,
+    tokens: Sequence[int],
+    chunk_size: int,
+) -> tuple[tuple[Any, ...], str, dict[str, Any]]:
+    """(its rank, its description, the group as the diagnosis reports it): how many of the prompt's chunks the group
+    holds under its best chain start, and which flags would make the probe ask for its keys."""
+    ws, dt, tg = group
+    hexes = {p.chunk_hash for p in members}
+    hits = {label: len(hexes & chain) for label, chain in chains.items()}
+    best_label = max(hits, key=lambda lbl: (hits[lbl], lbl == start_label))
+    diff = [f for f, mine, theirs in zip(("world_size", "dtype", "tags"), want, group, strict=True) if mine != theirs]
+    if hits[best_label] and best_label != start_label and not auto:
+        diff.append("hash_start")  # under auto, the start is found once the other fields fit
+    unknown_start = 0 if hits[best_label] else _unknown_start_chunks(members, tokens, chunk_size)
+    changes: dict[str, Any] = {}
+    for f in diff:
+        if f == "world_size":
+            changes[f] = ws
+        elif f == "dtype":
+            changes[f] = DTYPE_FLAG.get(dt, dt)
+        elif f == "tags":
+            changes[f] = [f"{k}={v}" for k, v in tg]
+        else:
+            changes["vllm_hash_seed"] = best_label
+    g = {
+        "world_size": ws,
+        "dtype": dt,
+        "tags": [f"{k}%{v}" for k, v in tg],
+        "keys": len(members),
+        "workers": sorted({p.worker_id for p in members}),
+        "prompt_chunks_held": hits[best_label],
+        "vllm_hash_seed": None if best_label == "none" or not hits[best_label] else best_label,
+        "unknown_start_chunks": unknown_start,
+        "differs_in": diff,
+        "changes": changes,
+        "flags": _changes_as_flags(changes),
+    }
+    desc = _describe(ws, dt, tg)
+    if hits[best_label] and best_label != "none":
+        desc += f", vLLM hash seed {best_label}"
+    held_any = hits[best_label] or unknown_start
+    return (bool(held_any), -len(diff), hits[best_label] or unknown_start, len(members), desc), desc, g
+
+
+def _closest_cause(desc: str, best: dict[str, Any], model: str, chains: dict[str, set[str]]) -> str:
+    """Why the closest group (described by ``desc``) did not answer the probe, and the flags that would fix it."""
+    if best["prompt_chunks_held"]:
+        if not best["differs_in"]:
+            return f"the keys match ({desc}) but none is held now"
+        return (
+            f"closest group: {desc} holds {best['prompt_chunks_held']} chunk(s) of this prompt "
+            f"({best['keys']} key(s)); pass {' and '.join(best['flags'])}"
+        )
+    if best["unknown_start_chunks"]:
+        tried = ", ".join(sorted(x for x in chains if x != "none"))
+        return (
+            f"{desc} holds {best['unknown_start_chunks']} chunk(s) of this prompt under a hash chain start that "
+            f"none of the vLLM hash seeds tried gives ({tried}; and no vLLM): vLLM ran with another "
+            "PYTHONHASHSEED (pass --vllm-hash-seed SEED with the seed it ran with) or with none (random: "
+            "unreproducible)" + (f", and {' and '.join(best['flags'])}" if best["flags"] else "")
+        )
+    tried = ", ".join(sorted(chains))
+    return (
+        f"{best['keys']} chunk(s) of {model!r} are stored ({desc}"
+        + (f"; differs in {', '.join(best['differs_in'])}: {', '.join(best['flags'])}" if best["differs_in"] else "")
+        + "), but none with this prompt's chunk hashes under any chain start tried (vLLM hash seeds: "
+        f"{tried}): a different prompt prefix, tokenizer or chunk size, or vLLM ran with another "
+        "PYTHONHASHSEED (pass --vllm-hash-seed SEED) or with none (random: unreproducible)"
+    )
 
 
 __all__ = ["collect", "diagnose", "hash_starts", "liveness", "run"]
