@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.errors import BsrError, InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
+    from bsr_cli.incident_bundle import Builder
 
 
 def bundle(
@@ -56,12 +60,7 @@ def bundle(
     cap = parse_bytes(max_bytes)
     if cap < 64 << 10:
         raise InvalidInput("--max-bytes must be at least 64KiB")
-    seeds = list(seed or [])
-    prompts: list[tuple[str, int | None, int, Path | None]] = []
-    for i, n in enumerate(synthetic or []):
-        s_i = seeds[i] if i < len(seeds) else 0
-        prompts.append((f"synthetic-{n}-seed-{s_i}", n, s_i, None))
-    prompts += [(f"tokens-{p.stem}", None, 0, p) for p in tokens_file or []]
+    prompts = _prompts(synthetic or [], seed or [], tokens_file or [])
     out = output or Path(time.strftime("bsr-incident-%Y%m%d-%H%M%S.tar.gz"))
     url, token, how = resolve_engine(st.settings)
     b = ib.Builder([token or ""])
@@ -75,50 +74,14 @@ def bundle(
         "missing": {},
     }
     with AdminClient(url, token, timeout_s=st.settings.timeout_s) as client:
-        t0 = time.monotonic()
-        snap = client.snapshot(health=True, events_since=0)
-        latency = time.monotonic() - t0
-        received = time.time()
-        health = client.health()
-        info = snap.get("info") or client.info()
-        b.json("status.json", {k: v for k, v in snap.items() if k != "events"})
-        b.json("health.json", health)
-        b.json("info.json", info)
-        b.json("registration.json", client.registration())
-        b.json("markers.json", snap.get("markers") or [])
-        b.json("faults.json", client.faults())
-        b.json("quarantine.json", ib.quarantine_list(health))
-        # The engine's events since --since, from its durable store (the snapshot carries only the newest).
-        events, _ = client.held_events(0, after=t_from)
-        b.events("events.jsonl", events)
-        b.json("pool-history.json", ib.pool_history(events))
-        # The recording: the incident frame by frame rebuilt from those events, then the snapshot. Its frames leave
-        # the events to events.jsonl (read back into them with the bundle), so the size cap, which cuts
-        # events.jsonl, bounds both.
-        frame = {k: v for k, v in snap.items() if k != "events"} | {"events": []}
-
-        def clean(obj: Any) -> Any:
-            return json.loads(ib.redact_text(json.dumps(ib.redact_tokens(obj), default=str), b.secrets))
-
-        history = [clean(h) for h in ib.history_frames(frame, events)]
-        b.raw(ib.RECORDING, ib.recording_bytes(clean(frame), received, latency, url, history))
+        info = _add_engine_state(b, client, url, t_from)
         for name, n_tok, s_seed, path in prompts:
             try:
                 b.json(f"explain/{name}.json", _explain(st, n_tok, s_seed, path))
             except BsrError as e:
                 manifest["missing"][f"explain/{name}.json"] = e.message
     local = _local_engine(st, url)
-    admin = master_admin or ((local or {}).get("mooncake") or {}).get("admin_url")
-    if admin:
-        from bsr_cli.errors import ServiceError
-        from bsr_cli.mooncake import health as mooncake_health
-
-        try:
-            b.json("segments.json", mooncake_health.segments(admin))
-        except ServiceError as e:
-            manifest["missing"]["segments.json"] = str(e)
-    else:
-        manifest["missing"]["segments.json"] = "no Mooncake master admin address (pass --master-admin)"
+    _add_segments(b, manifest["missing"], master_admin or ((local or {}).get("mooncake") or {}).get("admin_url"))
     b.json("versions.json", ib.versions() | {"engine": info.get("version"), "api": info.get("api")})
     logs = Path(st.settings.state_dir) / "logs"
     if local is not None and logs.is_dir():
@@ -128,19 +91,80 @@ def bundle(
         manifest["missing"]["logs/"] = "the engine's logs are not on this machine (its state directory is elsewhere)"
     b.fit(cap)
     size = b.write(out, manifest)
-    data = {"bundle": str(out), "bytes": size, "files": sorted(b.files), "notes": b.notes, **manifest}
+    st.out.result({"bundle": str(out), "bytes": size, "files": sorted(b.files), "notes": b.notes, **manifest}, _render)
 
-    def render(console: Any, d: dict[str, Any]) -> None:
-        console.print(
-            f"wrote {d['bundle']} ({d['bytes']:,} bytes, {len(d['files']) + 1} files); redacted: token ids, secrets"
-        )
-        for n in d["notes"]:
-            console.print(f"  cut: {n}")
-        for name, why in d["missing"].items():
-            console.print(f"  [dim]not included: {name}: {why}[/]")
-        console.print(f"read it back: bsr top --replay {d['bundle']}  ·  bsr describe REQ --record {d['bundle']}")
 
-    st.out.result(data, render)
+# A prompt to explain: (its name in the bundle, synthetic tokens or None, seed, token file or None).
+_Prompt = tuple[str, int | None, int, Path | None]
+
+
+def _prompts(synthetic: list[int], seeds: list[int], tokens_files: list[Path]) -> list[_Prompt]:
+    """The prompts to explain: each --synthetic N with its --seed (0 when fewer seeds were given), then each file."""
+    prompts: list[_Prompt] = []
+    for i, n in enumerate(synthetic):
+        s_i = seeds[i] if i < len(seeds) else 0
+        prompts.append((f"synthetic-{n}-seed-{s_i}", n, s_i, None))
+    return prompts + [(f"tokens-{p.stem}", None, 0, p) for p in tokens_files]
+
+
+def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) -> dict[str, Any]:
+    """What the engine itself says: status, health, info, registration, markers, faults, quarantine, the events
+    since ``t_from`` with the pool history they give, and the recording rebuilt from them. Returns its info."""
+    from bsr_cli import incident_bundle as ib
+
+    t0 = time.monotonic()
+    snap = client.snapshot(health=True, events_since=0)
+    latency = time.monotonic() - t0
+    received = time.time()
+    health = client.health()
+    info: dict[str, Any] = snap.get("info") or client.info()
+    b.json("status.json", {k: v for k, v in snap.items() if k != "events"})
+    b.json("health.json", health)
+    b.json("info.json", info)
+    b.json("registration.json", client.registration())
+    b.json("markers.json", snap.get("markers") or [])
+    b.json("faults.json", client.faults())
+    b.json("quarantine.json", ib.quarantine_list(health))
+    # The engine's events since --since, from its durable store (the snapshot carries only the newest).
+    events, _ = client.held_events(0, after=t_from)
+    b.events("events.jsonl", events)
+    b.json("pool-history.json", ib.pool_history(events))
+    # The recording: the incident frame by frame rebuilt from those events, then the snapshot. Its frames leave
+    # the events to events.jsonl (read back into them with the bundle), so the size cap, which cuts
+    # events.jsonl, bounds both.
+    frame = {k: v for k, v in snap.items() if k != "events"} | {"events": []}
+
+    def clean(obj: Any) -> Any:
+        return json.loads(ib.redact_text(json.dumps(ib.redact_tokens(obj), default=str), b.secrets))
+
+    history = [clean(h) for h in ib.history_frames(frame, events)]
+    b.raw(ib.RECORDING, ib.recording_bytes(clean(frame), received, latency, url, history))
+    return info
+
+
+def _add_segments(b: Builder, missing: dict[str, str], admin: str | None) -> None:
+    """The Mooncake master's mounted segments, from its admin address; or why they are missing."""
+    if not admin:
+        missing["segments.json"] = "no Mooncake master admin address (pass --master-admin)"
+        return
+    from bsr_cli.errors import ServiceError
+    from bsr_cli.mooncake import health as mooncake_health
+
+    try:
+        b.json("segments.json", mooncake_health.segments(admin))
+    except ServiceError as e:
+        missing["segments.json"] = str(e)
+
+
+def _render(console: Any, d: dict[str, Any]) -> None:
+    console.print(
+        f"wrote {d['bundle']} ({d['bytes']:,} bytes, {len(d['files']) + 1} files); redacted: token ids, secrets"
+    )
+    for n in d["notes"]:
+        console.print(f"  cut: {n}")
+    for name, why in d["missing"].items():
+        console.print(f"  [dim]not included: {name}: {why}[/]")
+    console.print(f"read it back: bsr top --replay {d['bundle']}  ·  bsr describe REQ --record {d['bundle']}")
 
 
 def _explain(st: Any, n: int | None, seed: int, path: Path | None) -> dict[str, Any]:

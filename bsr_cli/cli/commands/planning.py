@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -165,20 +166,10 @@ def plan(
 ) -> None:
     """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace,
     L1 per rank and restore latency over a request trace, whole-plan against BSR budgets."""
-    from bsr_cli import loaders
-    from bsr_cli.core.plan import plan_restore
-
     st = state(ctx, json_flag)
     if sum(x is not None for x in (tokens, probe, trace)) != 1:
         raise InvalidInput("give exactly one of --tokens N, --probe FILE or --trace FILE")
-    trace_only = {
-        "--bandwidth": bandwidth is not None,
-        "--speedup": speedup != 1.0,
-        "--store-capacity": store_capacity is not None,
-        "--budgets": budgets != "1,2,4,8",
-        "--p99": p99 is not None,
-        "--plot": plot is not None,
-    }
+    trace_flags = _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot)
     # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
     flagged_registration = functools.partial(
         resolve_registration,
@@ -191,8 +182,8 @@ def plan(
         chunk_size=chunk_size,
         note=ctx,
     )
-    if trace is None and any(trace_only.values()):
-        raise InvalidInput(f"{', '.join(k for k, v in trace_only.items() if v)} plan a trace: add --trace FILE")
+    if trace is None and trace_flags:
+        raise InvalidInput(f"{', '.join(trace_flags)} plan a trace: add --trace FILE")
     if trace is not None:
         if exclude_tier or all_windows:
             raise InvalidInput("--exclude-tier and --all-windows plan one prompt, not a trace")
@@ -201,16 +192,54 @@ def plan(
         reg = flagged_registration()
         _plan_trace(st, trace, reg, w, bandwidth, speedup, store_capacity, budgets, p99, plot)
         return
+    named = registration is not None or hf_config is not None
+    _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
+
+
+def _trace_flags_given(
+    bandwidth: str | None,
+    speedup: float,
+    store_capacity: int | None,
+    budgets: str,
+    p99: float | None,
+    plot: Path | None,
+) -> list[str]:
+    """The flags given that only a trace plan reads (each away from its default)."""
+    given = {
+        "--bandwidth": bandwidth is not None,
+        "--speedup": speedup != 1.0,
+        "--store-capacity": store_capacity is not None,
+        "--budgets": budgets != "1,2,4,8",
+        "--p99": p99 is not None,
+        "--plot": plot is not None,
+    }
+    return [flag for flag, is_given in given.items() if is_given]
+
+
+def _plan_prompt(
+    st: AppState,
+    w: int,
+    tokens: int | None,
+    probe: Path | None,
+    flagged_registration: Callable[[], Registration],
+    registration_named: bool,
+    exclude_tiers: list[str],
+    all_windows: bool,
+) -> None:
+    """One prompt's window plan, every chunk a hit (--tokens) or as a saved probe found it (--probe). A probe
+    planned without --registration/--hf-config uses the registration it was saved with."""
+    from bsr_cli import loaders
+    from bsr_cli.cli.render import planning as render
+    from bsr_cli.core.plan import plan_restore
+
     bitmap = loaders.load_probe(probe) if probe else None
-    if bitmap is not None and registration is None and hf_config is None:
+    if bitmap is not None and not registration_named:
         raw = loaders.read_structured(probe) if probe else None
         embedded = raw.get("registration_spec") if isinstance(raw, dict) else None
         reg = Registration.from_dict(embedded, source=str(probe)) if embedded else resolve_registration(None, None)
     else:
         reg = flagged_registration()
-    result = plan_restore(reg, w, bitmap=bitmap, tokens=tokens, exclude_tiers=exclude_tier or ())
-    from bsr_cli.cli.render import planning as render
-
+    result = plan_restore(reg, w, bitmap=bitmap, tokens=tokens, exclude_tiers=exclude_tiers)
     data = result.to_dict()
     data["bytes_per_chunk"] = reg.bytes_per_chunk
     data["model"] = reg.model
