@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from bsr_cli.core.commit import FAILED_CLOSED
+from bsr_cli.core.evidence import EventKind, Outcome
 from bsr_cli.errors import BsrError, EngineUnreachable, ExitCode, InvalidInput
 from bsr_cli.settings import Settings
 
@@ -264,84 +264,28 @@ def summarize(
     """One engine's row: identity, severity, what is wrong, and its ranks worst first."""
     row: dict[str, Any] = {"engine": t.name, "url": t.url, "polled_at": at, "latency_s": round(latency_s, 4)}
     if snap is None:
-        kind = error.kind if isinstance(error, BsrError) else "internal"
-        msg = error.message if isinstance(error, BsrError) else f"{type(error).__name__}: {error}"
-        code = int(error.exit_code) if isinstance(error, BsrError) else int(ExitCode.INTERNAL)
-        return row | {
-            "severity": DOWN,
-            "state": "down",
-            "problems": [f"{kind}: {msg}"],
-            "ranks": [],
-            "error": kind,
-            "exit_code": code,
-        }
+        return row | _down(error)
     info = snap.get("info") or {}
     row["started_at"] = info.get("started_at")
     row["stopping"] = announces_stop(snap)
     # A restarted engine's own word on how its previous run ended ("clean" or "crash", in its engine_started event):
     # what no poller can see from outside, once the engine is back.
-    started = [e for e in snap.get("events") or [] if isinstance(e, dict) and e.get("type") == "engine_started"]
+    started = [e for e in snap.get("events") or [] if isinstance(e, dict) and e.get("type") == EventKind.ENGINE_STARTED]
     if started and started[-1].get("previous_stop"):
         row["previous_stop"] = str(started[-1]["previous_stop"])
     budget = info.get("budget_bytes") or 0
-    ranks = []
-    for r in snap.get("ranks") or []:
-        p = r.get("pool") or {}
-        live = int(p.get("live_bytes", 0))
-        healthy = bool(r.get("healthy", r.get("alive", False)))
-        alive = bool(r.get("alive", False))
-        sev = OK
-        why = ""
-        if not alive or not healthy:
-            sev, why = UNHEALTHY, str(r.get("reason") or ("down" if not alive else "unhealthy"))
-        elif budget and live >= budget:
-            sev, why = DEGRADED, "pool at budget B"
-        elif int(p.get("waiters", 0)):
-            sev, why = ATTENTION, f"{p.get('waiters')} waiting for pool"
-        ranks.append(
-            {
-                "rank": r.get("rank"),
-                "severity": sev,
-                "state": STATE[sev] if sev else ("up" if alive else "down"),
-                "reason": why,
-                "live_bytes": live,
-                "peak_bytes": int(p.get("peak_bytes", 0)),
-                "capacity_bytes": int(p.get("capacity_bytes", 0)),
-                "budget_bytes": budget,
-                "windows_live": int(p.get("windows_live", 0)),
-                "restore_bps": float(r.get("restore_bps", 0.0)),
-                "heartbeat_age_s": r.get("heartbeat_age_s"),
-            }
-        )
-    problems: list[str] = []
-    sev = max((r["severity"] for r in ranks), default=OK)
-    for r in ranks:
-        if r["severity"] >= DEGRADED:
-            problems.append(f"rank {r['rank']}: {r['reason']}")
-    bad_tiers = {n: h for n, h in (snap.get("tiers") or {}).items() if not h.get("ok", True)}
-    for n, h in bad_tiers.items():
-        problems.append(f"tier {n} unhealthy" + (f" ({'; '.join(h.get('detail') or [])})" if h.get("detail") else ""))
-    if bad_tiers:
-        sev = max(sev, DEGRADED)
+    ranks = [_rank_row(r, budget) for r in snap.get("ranks") or []]
+    tiers = snap.get("tiers") or {}
     markers = snap.get("markers") or []
     faults = [f for f in snap.get("faults") or [] if not f.get("exhausted")]
     now = float(snap.get("time") or at)
     failed = [
         o
         for o in snap.get("recent") or []
-        if o.get("outcome") == FAILED_CLOSED and now - float(o.get("finished") or now) <= RECENT_S
+        if o.get("outcome") == Outcome.FAILED_CLOSED and now - float(o.get("finished") or now) <= RECENT_S
     ]
-    last_failure = next((o for o in snap.get("recent") or [] if o.get("outcome") == FAILED_CLOSED), None)
-    if markers:
-        problems.append(f"{len(markers)} force-local marker(s)")
-    if faults:
-        problems.append(f"{len(faults)} fault(s) armed")
-    if failed:
-        problems.append(
-            f"{len(failed)} recent restore(s) failed closed (last: {failed[0].get('reason') or 'no reason'})"
-        )
-    if markers or faults or failed:
-        sev = max(sev, ATTENTION)
+    last_failure = next((o for o in snap.get("recent") or [] if o.get("outcome") == Outcome.FAILED_CLOSED), None)
+    sev, problems = _severity(ranks, tiers, markers, faults, failed)
     reg = info.get("registration") or {}
     return row | {
         "severity": sev,
@@ -352,7 +296,7 @@ def summarize(
         "W": info.get("W"),
         "rws_bytes": info.get("rws_bytes"),
         "budget_bytes": budget,
-        "tiers": {n: bool(h.get("ok", True)) for n, h in (snap.get("tiers") or {}).items()},
+        "tiers": {n: bool(h.get("ok", True)) for n, h in tiers.items()},
         "markers": len(markers),
         "faults": len(faults),
         "active": len(snap.get("active") or []),
@@ -373,6 +317,82 @@ def summarize(
     }
 
 
+def _down(error: BaseException | None) -> dict[str, Any]:
+    """The row of an engine that did not answer: the error's kind and message, and the exit code it maps to."""
+    kind = error.kind if isinstance(error, BsrError) else "internal"
+    msg = error.message if isinstance(error, BsrError) else f"{type(error).__name__}: {error}"
+    code = int(error.exit_code) if isinstance(error, BsrError) else int(ExitCode.INTERNAL)
+    return {
+        "severity": DOWN,
+        "state": "down",
+        "problems": [f"{kind}: {msg}"],
+        "ranks": [],
+        "error": kind,
+        "exit_code": code,
+    }
+
+
+def _rank_row(r: dict[str, Any], budget: int) -> dict[str, Any]:
+    """One rank's row: its severity (down or unhealthy, pool at B, restores waiting for pool) and its pool."""
+    p = r.get("pool") or {}
+    live = int(p.get("live_bytes", 0))
+    healthy = bool(r.get("healthy", r.get("alive", False)))
+    alive = bool(r.get("alive", False))
+    sev = OK
+    why = ""
+    if not alive or not healthy:
+        sev, why = UNHEALTHY, str(r.get("reason") or ("down" if not alive else "unhealthy"))
+    elif budget and live >= budget:
+        sev, why = DEGRADED, "pool at budget B"
+    elif int(p.get("waiters", 0)):
+        sev, why = ATTENTION, f"{p.get('waiters')} waiting for pool"
+    return {
+        "rank": r.get("rank"),
+        "severity": sev,
+        "state": STATE[sev] if sev else ("up" if alive else "down"),
+        "reason": why,
+        "live_bytes": live,
+        "peak_bytes": int(p.get("peak_bytes", 0)),
+        "capacity_bytes": int(p.get("capacity_bytes", 0)),
+        "budget_bytes": budget,
+        "windows_live": int(p.get("windows_live", 0)),
+        "restore_bps": float(r.get("restore_bps", 0.0)),
+        "heartbeat_age_s": r.get("heartbeat_age_s"),
+    }
+
+
+def _severity(
+    ranks: list[dict[str, Any]],
+    tiers: dict[str, Any],
+    markers: list[Any],
+    faults: list[Any],
+    failed: list[dict[str, Any]],
+) -> tuple[int, list[str]]:
+    """(the engine's severity, what is wrong): its worst rank, unhealthy tiers (degraded), then markers, armed
+    faults and recent restores that failed closed (attention)."""
+    problems: list[str] = []
+    sev = max((r["severity"] for r in ranks), default=OK)
+    for r in ranks:
+        if r["severity"] >= DEGRADED:
+            problems.append(f"rank {r['rank']}: {r['reason']}")
+    bad_tiers = {n: h for n, h in tiers.items() if not h.get("ok", True)}
+    for n, h in bad_tiers.items():
+        problems.append(f"tier {n} unhealthy" + (f" ({'; '.join(h.get('detail') or [])})" if h.get("detail") else ""))
+    if bad_tiers:
+        sev = max(sev, DEGRADED)
+    if markers:
+        problems.append(f"{len(markers)} force-local marker(s)")
+    if faults:
+        problems.append(f"{len(faults)} fault(s) armed")
+    if failed:
+        problems.append(
+            f"{len(failed)} recent restore(s) failed closed (last: {failed[0].get('reason') or 'no reason'})"
+        )
+    if markers or faults or failed:
+        sev = max(sev, ATTENTION)
+    return sev, problems
+
+
 def order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Worst first; among equals, in the order the operator named them (stable)."""
     return sorted(rows, key=lambda r: -int(r["severity"]))
@@ -390,7 +410,7 @@ def announces_stop(snap: dict[str, Any]) -> bool:
     health = snap.get("health") or {}
     if any(bool(d.get("stopping")) for d in (snap, info, health) if isinstance(d, dict)):
         return True
-    return any(isinstance(e, dict) and e.get("type") == "engine_stopped" for e in snap.get("events") or [])
+    return any(isinstance(e, dict) and e.get("type") == EventKind.ENGINE_STOPPED for e in snap.get("events") or [])
 
 
 # -- the one exit rule -------------------------------------------------------------------------------------------

@@ -461,19 +461,77 @@ def fold(prev: View | None, frame: Frame) -> View:
     # A different start time (or a sequence that went backwards) is a restarted engine: its events start over.
     same_engine = prev is not None and prev.info.started_at == info.started_at and seq >= prev.seq
     after = prev.seq if (prev is not None and same_engine) else 0
+    events, missed = _carry_events(prev, same_engine, raw_events, after, info, frame.received_at)
+    # Only events newer than the previous poll count toward the high water; on the first frame the live value is all
+    # this view can vouch for.
+    high = _high_water(raw_events, after) if prev is not None else {}
+    gauges = _gauges(snap, info, high, prev)
+    now = _float(snap.get("time"), frame.received_at)
+    failed_by_request: dict[str, set[int]] = {}
+    for e in events:
+        if e.type == EventKind.RESTORE_FAILED and e.request:
+            failed_by_request.setdefault(e.request, set()).update(e.ranks)
+    before_active = {a.request: a for a in prev.active} if prev is not None and same_engine else {}
+    active = tuple(
+        _active(a, now, failed_by_request, before_active) for a in snap.get("active") or () if isinstance(a, Mapping)
+    )
+    adm = snap.get("admission") or {}
+    admission = Admission(
+        budget_bytes=_int(adm.get("budget_bytes"), info.budget_bytes),
+        ranks=len(gauges) or info.ranks,
+        live_bytes=_int(adm.get("live_bytes")),
+        queued=_int(adm.get("queued")),
+        waiting_for_blocks=_int(adm.get("waiting_for_blocks")),
+    )
+    tiers = tuple(
+        TierHealth(str(name), bool(h.get("ok", False)), tuple(str(d) for d in h.get("detail") or ()))
+        for name, h in (snap.get("tiers") or {}).items()
+        if isinstance(h, Mapping)
+    )
+    return View(
+        info=info,
+        time=now,
+        seq=seq,
+        received_at=frame.received_at,
+        latency_s=frame.latency_s,
+        gauges=gauges,
+        active=active,
+        recent=tuple(_outcome(o) for o in snap.get("recent") or () if isinstance(o, Mapping)),
+        admission=admission,
+        tiers=tiers,
+        markers=tuple(_marker(m) for m in snap.get("markers") or () if isinstance(m, Mapping)),
+        faults=tuple(_fault(f) for f in snap.get("faults") or () if isinstance(f, Mapping)),
+        events=events,
+        events_missed=missed,
+        frames=(prev.frames + 1) if prev is not None else 1,
+    )
+
+
+def _carry_events(
+    prev: View | None,
+    same_engine: bool,
+    raw_events: Sequence[Mapping[str, Any]],
+    after: int,
+    info: EngineInfo,
+    received_at: float,
+) -> tuple[tuple[Event, ...], int]:
+    """(the events the view keeps: ``prev``'s then those after sequence ``after``, the newest EVENTS_KEPT; how many
+    events no poll saw, counted from the gaps in the sequence numbers)."""
     new_events = [_event(e) for e in raw_events if _int(e.get("seq")) > after]
     missed = prev.events_missed if prev is not None else 0
     if prev is not None and same_engine and new_events and new_events[0].seq > prev.seq + 1:
         missed += new_events[0].seq - prev.seq - 1
     if prev is not None and not same_engine:
         # Old and new request ids would interleave in the log: mark where the new engine's events begin.
-        new_events.insert(0, _restart_event(info, frame.received_at))
-    events = ((prev.events if prev is not None else ()) + tuple(new_events))[-EVENTS_KEPT:]
-    # Only events newer than the previous poll count toward the high water; on the first frame the live value is all
-    # this view can vouch for.
-    high = _high_water(raw_events, after) if prev is not None else {}
-    old = {g.rank: g for g in prev.gauges} if prev is not None else {}
+        new_events.insert(0, _restart_event(info, received_at))
+    return ((prev.events if prev is not None else ()) + tuple(new_events))[-EVENTS_KEPT:], missed
 
+
+def _gauges(
+    snap: Mapping[str, Any], info: EngineInfo, high: Mapping[int, int], prev: View | None
+) -> tuple[RankGauge, ...]:
+    """Each rank's pool gauge, its history carried over from ``prev``'s gauge of the same rank."""
+    old = {g.rank: g for g in prev.gauges} if prev is not None else {}
     gauges = []
     for r in snap.get("ranks") or ():
         if not isinstance(r, Mapping):
@@ -504,71 +562,29 @@ def fold(prev: View | None, frame: Frame) -> View:
                 bps_history=((before.bps_history if before else ()) + (bps,))[-HISTORY:],
             )
         )
+    return tuple(gauges)
 
-    now = _float(snap.get("time"), frame.received_at)
-    failed_by_request: dict[str, set[int]] = {}
-    for e in events:
-        if e.type == EventKind.RESTORE_FAILED and e.request:
-            failed_by_request.setdefault(e.request, set()).update(e.ranks)
-    before_active = {a.request: a for a in prev.active} if prev is not None and same_engine else {}
-    active = tuple(
-        _active(a, now, failed_by_request, before_active) for a in snap.get("active") or () if isinstance(a, Mapping)
+
+def _outcome(o: Mapping[str, Any]) -> Outcome:
+    return Outcome(
+        request=str(o.get("request", "")),
+        outcome=str(o.get("outcome", "?")),
+        tokens=_int(o.get("tokens")),
+        w=_int(o.get("W")),
+        tiers=tuple(o.get("tiers") or ()),
+        seconds=_float(o.get("seconds")),
+        finished=_float(o.get("finished")),
+        reason=str(o.get("reason", "")),
     )
-    recent = tuple(
-        Outcome(
-            request=str(o.get("request", "")),
-            outcome=str(o.get("outcome", "?")),
-            tokens=_int(o.get("tokens")),
-            w=_int(o.get("W")),
-            tiers=tuple(o.get("tiers") or ()),
-            seconds=_float(o.get("seconds")),
-            finished=_float(o.get("finished")),
-            reason=str(o.get("reason", "")),
-        )
-        for o in snap.get("recent") or ()
-        if isinstance(o, Mapping)
-    )
-    adm = snap.get("admission") or {}
-    admission = Admission(
-        budget_bytes=_int(adm.get("budget_bytes"), info.budget_bytes),
-        ranks=len(gauges) or info.ranks,
-        live_bytes=_int(adm.get("live_bytes")),
-        queued=_int(adm.get("queued")),
-        waiting_for_blocks=_int(adm.get("waiting_for_blocks")),
-    )
-    tiers = tuple(
-        TierHealth(str(name), bool(h.get("ok", False)), tuple(str(d) for d in h.get("detail") or ()))
-        for name, h in (snap.get("tiers") or {}).items()
-        if isinstance(h, Mapping)
-    )
-    markers = tuple(
-        MarkerView(
-            prompt=str(m.get("prompt", "")),
-            excluded=tuple(m.get("excluded_tiers") or ()),
-            reason=str(m.get("reason", "")),
-            request=str(m.get("request") or ""),
-            set_at=_float(m.get("set_at")),
-        )
-        for m in snap.get("markers") or ()
-        if isinstance(m, Mapping)
-    )
-    faults = tuple(_fault(f) for f in snap.get("faults") or () if isinstance(f, Mapping))
-    return View(
-        info=info,
-        time=now,
-        seq=seq,
-        received_at=frame.received_at,
-        latency_s=frame.latency_s,
-        gauges=tuple(gauges),
-        active=active,
-        recent=recent,
-        admission=admission,
-        tiers=tiers,
-        markers=markers,
-        faults=faults,
-        events=events,
-        events_missed=missed,
-        frames=(prev.frames + 1) if prev is not None else 1,
+
+
+def _marker(m: Mapping[str, Any]) -> MarkerView:
+    return MarkerView(
+        prompt=str(m.get("prompt", "")),
+        excluded=tuple(m.get("excluded_tiers") or ()),
+        reason=str(m.get("reason", "")),
+        request=str(m.get("request") or ""),
+        set_at=_float(m.get("set_at")),
     )
 
 
