@@ -25,7 +25,7 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Static
 
-from bsr_cli.core.commit import FAILED_CLOSED
+from bsr_cli.core.evidence import Outcome as RestoreOutcome
 from bsr_cli.tui import model, panels
 from bsr_cli.tui.messages import (
     ActionFailed,
@@ -541,7 +541,7 @@ class TopApp(App[None]):
             if o.request not in self.aborts_pending:
                 continue
             self.aborts_pending.discard(o.request)
-            if o.outcome == FAILED_CLOSED:
+            if o.outcome == RestoreOutcome.FAILED_CLOSED:
                 self.notify(f"{o.request} aborted: failed closed, nothing committed", severity="warning", timeout=8)
             else:
                 outcome = o.outcome.replace("_", " ")

@@ -369,11 +369,8 @@ def describe_event(raw: Mapping[str, Any]) -> str:
         first = e.failures[0] if e.failures else None
         at = f" rank {first.rank} {_win(first.window)}" if first is not None and first.rank is not None else ""
         why = f" {first.reason}" if first is not None else ""
-        label = {
-            ev.RestoreFailedClosed: "FAILED CLOSED",
-            ev.RestoreRefused: "refused",
-            ev.RestoreAborted: "aborted",
-        }.get(type(e), e.outcome.value)
+        # Shouted: failing closed is the one ending that is a fault (refused and aborted are not).
+        label = "FAILED CLOSED" if isinstance(e, ev.RestoreFailedClosed) else e.outcome.value
         return f"{req} {label}, 0/{e.advertised_tokens:,} tok:{at}{why}".rstrip(":")
     if isinstance(e, ev.RestoreFailed):
         stage = f" ({e.stage.value})" if e.stage else ""

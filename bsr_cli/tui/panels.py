@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from bsr_cli.core.commit import FAILED_CLOSED
+from bsr_cli.core.evidence import Outcome as RestoreOutcome
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.model import SPARK, RankGauge, View, clock
 from bsr_cli.tui.palette import CATEGORY_STYLE, OUTCOME_STYLE, STATE_STYLE, tier_look
@@ -201,7 +201,7 @@ def active(view: View, width: int | None = None) -> RenderableType:
 
 
 def recent_title(view: View, compact: bool = False) -> str:
-    failed = sum(1 for o in view.recent if o.outcome == FAILED_CLOSED)
+    failed = sum(1 for o in view.recent if o.outcome == RestoreOutcome.FAILED_CLOSED)
     if compact:
         return f"Recent ({len(view.recent)}, {failed} failed)"
     return f"Recent outcomes ({len(view.recent)}, {failed} failed closed)"

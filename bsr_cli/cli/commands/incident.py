@@ -12,7 +12,6 @@ import typer
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.cli.output import Output
 from bsr_cli.core import events as ev
-from bsr_cli.core.commit import COMMITTED
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.errors import InvalidInput
 
@@ -359,15 +358,6 @@ def _recorded_events(path: Path) -> list[dict[str, Any]]:
     return [seen[k] for k in sorted(seen)]
 
 
-# How each way a restore ends reads in a timeline.
-_ENDED = {
-    ev.RestoreCommitted: COMMITTED,
-    ev.RestoreFailedClosed: "failed closed",
-    ev.RestoreRefused: "refused",
-    ev.RestoreAborted: "aborted",
-}
-
-
 # The column of a timeline row each window event fills.
 _WINDOW_STEP: dict[type[ev.Event], str] = {
     ev.WindowWaiting: "waiting",
@@ -404,7 +394,7 @@ def timeline(request: str, evs: list[ev.Event]) -> dict[str, Any]:
             )
         elif isinstance(e, ev.RestoreEnded):
             tokens = e.committed_tokens if isinstance(e, ev.RestoreCommitted) else 0
-            outcome = {"state": _ENDED[type(e)], "tokens": tokens, "at": at}
+            outcome = {"state": e.outcome.value.replace("_", " "), "tokens": tokens, "at": at}
         elif isinstance(e, ev.RequestFinished):
             outcome = {
                 "state": "finished",

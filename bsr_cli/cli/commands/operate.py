@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
-from bsr_cli.core.commit import NOTHING_TO_RESTORE
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.errors import (
     CapacityError,
@@ -223,7 +222,7 @@ def restore(
         from bsr_cli.runtime import failures
 
         raise failures.restore_error(result)
-    if result.get("outcome") == NOTHING_TO_RESTORE:
+    if result.get("outcome") == Outcome.NOTHING_TO_RESTORE:
         br = result.get("first_break") or {}
         where = f" (rank {br['rank']} group {br['group']}: {br['reason']})" if br else ""
         raise NothingToRestore(

@@ -16,8 +16,8 @@ from rich.text import Text
 
 from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
 from bsr_cli.cli.render.planning import b, first_break_line
-from bsr_cli.core.commit import COMMITTED, NOTHING_TO_RESTORE
 from bsr_cli.core.events import RestoreFailed, RestoreStarted, WindowReleased, parse_event
+from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
@@ -127,7 +127,7 @@ def _failure_text(f: dict[str, Any]) -> str:
 
 
 def _restore_line(r: dict[str, Any]) -> str:
-    if r.get("outcome") == COMMITTED:
+    if r.get("outcome") == Outcome.COMMITTED:
         return (
             f"[green]committed[/] {r['committed_tokens']:,} tokens from {'+'.join(r['tiers'])} in {r['windows']} "
             f"window(s) of W={r['W']}, {r['seconds']:.2f}s, {r['gbps']:.2f} GB/s"
@@ -139,13 +139,13 @@ def _restore_line(r: dict[str, Any]) -> str:
     stage = f" at {r['failure_stage']}" if r.get("failure_stage") else ""
     tiers = ", ".join(r.get("blamed_tiers") or [])
     headline = {
-        "refused": "[yellow]refused[/], capacity (nothing moved, nothing blamed)",
-        "aborted": "[yellow]aborted[/] by the operator (nothing blamed)",
+        Outcome.REFUSED: "[yellow]refused[/], capacity (nothing moved, nothing blamed)",
+        Outcome.ABORTED: "[yellow]aborted[/] by the operator (nothing blamed)",
     }.get(str(r.get("outcome")))
     if headline is None:
         cause = {
-            "rank": f"{ranks or 'a rank'} failed{stage} (no tier blamed)",
-            "tier": f"tier {tiers} failed{stage}" if tiers else f"a tier failed{stage}",
+            FailureKind.RANK: f"{ranks or 'a rank'} failed{stage} (no tier blamed)",
+            FailureKind.TIER: f"tier {tiers} failed{stage}" if tiers else f"a tier failed{stage}",
         }.get(str(kind), "nothing valid to commit")
         headline = f"[red]failed closed[/], {cause}"
     return (
@@ -170,7 +170,7 @@ def submit(console: Console, d: dict[str, Any]) -> None:
     console.print(t)
     for p in d["passes"]:
         r = p.get("restore") or {}
-        if r.get("failure_kind") == "capacity" and r.get("hint"):
+        if r.get("failure_kind") == FailureKind.CAPACITY and r.get("hint"):
             console.print(f"[yellow]restore refused for capacity[/] (computed locally instead): {r['hint']}")
     hist = d["force_local"]["history"]
     if hist:
@@ -201,7 +201,7 @@ def _hash_line(console: Console, d: dict[str, Any]) -> None:
 
 def restore(console: Console, d: dict[str, Any]) -> None:
     console.print(f"request {d['request']}  prompt {d['prompt']}  {d['tokens']:,} tokens  W={d['W']}")
-    if d.get("outcome") == NOTHING_TO_RESTORE:
+    if d.get("outcome") == Outcome.NOTHING_TO_RESTORE:
         br = d.get("first_break")
         console.print(
             "[yellow]nothing to restore[/]: no tier holds the first chunk"
@@ -380,7 +380,8 @@ def status(console: Console, d: dict[str, Any]) -> None:
         elif r.get("last_fault"):
             console.print(f"rank {r['rank']} recovered; last fault: {r['last_fault']['reason']}")
     for name, h in d["tiers"].items():
-        why = f"({h['condition'].replace('_', ' ')}) " if h.get("condition", "ok") != "ok" else ""
+        condition = h.get("condition", TierCondition.OK)
+        why = f"({condition.replace('_', ' ')}) " if condition != TierCondition.OK else ""
         console.print(
             f"tier {name}: " + ("[green]ok[/]" if h["ok"] else f"[red]unhealthy[/] {why}" + "; ".join(h["detail"]))
         )
@@ -424,7 +425,7 @@ def _worker_lines(console: Console, d: dict[str, Any], worker: dict[str, Any]) -
         if "loaded_tokens" not in r:
             continue
         head = f"load {r['request']}"
-        if r["outcome"] == COMMITTED:
+        if r["outcome"] == Outcome.COMMITTED:
             console.print(
                 f"{head}: [green]committed[/] {r['loaded_tokens']:,} tokens in {r['windows']} window(s) of W={r['W']}"
             )
