@@ -138,15 +138,17 @@ def _restore_line(r: dict[str, Any]) -> str:
     ranks = ", ".join(f"rank {x}" for x in r.get("blamed_ranks") or [])
     stage = f" at {r['failure_stage']}" if r.get("failure_stage") else ""
     tiers = ", ".join(r.get("blamed_tiers") or [])
-    headline = {
+    headlines: dict[str, str] = {  # the endings that blame nothing
         Outcome.REFUSED: "[yellow]refused[/], capacity (nothing moved, nothing blamed)",
         Outcome.ABORTED: "[yellow]aborted[/] by the operator (nothing blamed)",
-    }.get(str(r.get("outcome")))
+    }
+    headline = headlines.get(str(r.get("outcome")))
     if headline is None:
-        cause = {
+        causes: dict[str, str] = {
             FailureKind.RANK: f"{ranks or 'a rank'} failed{stage} (no tier blamed)",
             FailureKind.TIER: f"tier {tiers} failed{stage}" if tiers else f"a tier failed{stage}",
-        }.get(str(kind), "nothing valid to commit")
+        }
+        cause = causes.get(str(kind), "nothing valid to commit")
         headline = f"[red]failed closed[/], {cause}"
     return (
         f"{headline}: advertised {r.get('advertised_tokens', 0):,} tokens, committed 0 "
