@@ -24,6 +24,7 @@ from typing import Any, ClassVar, TypeVar
 from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
 
 E = TypeVar("E", bound="Event")
+_D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -442,7 +443,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _from_fields(cls: type[Any], data: Mapping[str, Any]) -> Any:
+def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
