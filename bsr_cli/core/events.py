@@ -308,7 +308,7 @@ class MarkerSet(Event):
 class MarkerCleared(Event):
     kind = EventKind.MARKER_CLEARED
     prompt: str
-    why: str = ""  # "committed" (a later admission succeeded) or "operator"
+    why: str = ""  # Outcome.COMMITTED (a later admission succeeded) or Component.OPERATOR (an operator's clear)
     request: str | None = None
     scope: str = ""  # an operator's clear: "all", "prompt" or "tier" (core.markers.ScopeKind); "" otherwise
     tier: str | None = None  # the tier a tier-scoped clear took out
