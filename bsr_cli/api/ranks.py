@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from bsr_cli.api.codec import from_json, to_json
 from bsr_cli.api.jobs import ObjectRef, RestoreJob, RestoreResult, WindowJob
 from bsr_cli.api.pipe import Abort, Call, Reply, Shutdown
+from bsr_cli.core.evidence import TierCondition
 from bsr_cli.errors import BadRequest
 
 R = TypeVar("R")
@@ -82,13 +83,13 @@ class QuarantinedObject:
 class TierStatus:
     ok: bool
     detail: str
-    condition: str = "ok"  # bsr_cli.core.evidence.TierCondition: why it is (un)healthy
+    condition: str = TierCondition.OK.value  # a TierCondition's value: why it is (un)healthy
     quarantined: list[QuarantinedObject] = field(default_factory=list)  # the newest objects it moved aside
     quarantined_total: int = 0  # how many lie in its quarantine directory
 
     def __post_init__(self) -> None:
-        if not self.ok and self.condition == "ok":  # a host that names no reason: it cannot serve
-            object.__setattr__(self, "condition", "unavailable")
+        if not self.ok and self.condition == TierCondition.OK:  # a host that names no reason: it cannot serve
+            object.__setattr__(self, "condition", TierCondition.UNAVAILABLE.value)
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,7 @@ PAGE = 5000  # events asked for per /events page when filtering
 MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
 
 _KIND_TO_ERROR: dict[str, type[EngineError]] = {
-    "busy": EngineBusy,
-    "unauthorized": Unauthorized,
-    "version-mismatch": VersionMismatch,
-    "faults-disabled": FaultsDisabled,
+    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled)
 }
 
 
@@ -145,9 +142,9 @@ class AdminClient:
         kind = str(body.get("error", "")) if isinstance(body, dict) else ""
         message = (body.get("message") if isinstance(body, dict) else None) or f"HTTP {r.status_code}"
         hint = body.get("hint") if isinstance(body, dict) else None
-        if kind == "capacity":
+        if kind == CapacityError.kind:
             raise CapacityError(message, hint=hint)
-        if kind == "busy":
+        if kind == EngineBusy.kind:
             raise EngineBusy(
                 f"the engine is busy: {message}",
                 hint="retry shortly; if it stays busy, `bsr engine status` and the engine's log say who holds it",
@@ -235,7 +232,7 @@ class AdminClient:
                         return dict(msg["result"])
                     elif kind == "error":
                         status = int(msg.get("status", 500))
-                        if msg.get("error") == "capacity":
+                        if msg.get("error") == CapacityError.kind:
                             raise CapacityError(msg["message"], hint=msg.get("hint"))
                         err = _KIND_TO_ERROR.get(msg.get("error", ""))
                         if err:

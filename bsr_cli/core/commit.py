@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-# How a restore ended: the one spelling of each outcome, for every module that writes or reads one.
-COMMITTED = "committed"  # every (rank, group) valid: the advertised prefix is committed
-FAILED_CLOSED = "failed_closed"  # anything invalid: nothing committed, every destination block scrubbed
-NOTHING_TO_RESTORE = "nothing_to_restore"  # the probe found no external prefix
+from bsr_cli.core.evidence import Outcome
+
+# The outcomes the commit rule decides between, under the names their readers import (spelled once, in Outcome).
+COMMITTED = Outcome.COMMITTED  # every (rank, group) valid: the advertised prefix is committed
+FAILED_CLOSED = Outcome.FAILED_CLOSED  # anything invalid: nothing committed, every destination block scrubbed
+NOTHING_TO_RESTORE = Outcome.NOTHING_TO_RESTORE  # the probe found no external prefix
 OUTCOMES = (COMMITTED, FAILED_CLOSED, NOTHING_TO_RESTORE)
 
 

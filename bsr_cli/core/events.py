@@ -24,6 +24,7 @@ from typing import Any, ClassVar, TypeVar
 from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
 
 E = TypeVar("E", bound="Event")
+_D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,7 +308,7 @@ class MarkerSet(Event):
 class MarkerCleared(Event):
     kind = EventKind.MARKER_CLEARED
     prompt: str
-    why: str = ""  # "committed" (a later admission succeeded) or "operator"
+    why: str = ""  # Outcome.COMMITTED (a later admission succeeded) or Component.OPERATOR (an operator's clear)
     request: str | None = None
     scope: str = ""  # an operator's clear: "all", "prompt" or "tier" (core.markers.ScopeKind); "" otherwise
     tier: str | None = None  # the tier a tier-scoped clear took out
@@ -442,7 +443,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _from_fields(cls: type[Any], data: Mapping[str, Any]) -> Any:
+def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):

@@ -16,9 +16,9 @@ import threading
 import types
 import typing
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
@@ -28,12 +28,10 @@ from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
+from bsr_cli.runtime.coordinator import Coordinator
 from bsr_cli.runtime.event_store import Query as EventQuery
 from bsr_cli.server import models as m
 from bsr_cli.server.guard import Route, route
-
-if TYPE_CHECKING:
-    from bsr_cli.server.admin import AdminServer
 
 PREFIX = f"/bsr/{API_VERSION}"
 NDJSON = "application/x-ndjson"
@@ -140,8 +138,53 @@ def _op(model: type | None, *errors: int, auth: bool = False, stream: bool = Fal
     return extra
 
 
-def create_app(admin: AdminServer | None) -> FastAPI:
-    """The app over ``admin``'s coordinator (``None`` only to generate the document: every route then fails)."""
+class Host(Protocol):
+    """What the routes need of the server they run in (``AdminServer``): its coordinator, the engine's OpenAPI
+    document once built, the shutdown hook and the metrics text."""
+
+    coordinator: Coordinator
+    document: dict[str, Any] | None
+    on_shutdown: Callable[[], None] | None
+
+    def metrics_text(self) -> str: ...
+
+
+async def _host(request: Request) -> Host:
+    host: Host | None = request.app.state.host
+    if host is None:
+        raise RuntimeError("this app was built only to generate its document")
+    return host
+
+
+async def _coordinator(host: Annotated[Host, Depends(_host)]) -> Coordinator:
+    return host.coordinator
+
+
+# The routes' parameters for the server and its coordinator (FastAPI dependencies: no part of the document).
+HostDep = Annotated[Host, Depends(_host)]
+CoordinatorDep = Annotated[Coordinator, Depends(_coordinator)]
+
+
+# -- errors ------------------------------------------------------------------------------------------------------
+async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+    errs = exc.errors()
+    return _err(400, "invalid-input", _describe(errs[0]) if errs else "invalid request")
+
+
+async def _runtime_error(_: Request, exc: BsrError) -> Response:
+    return _err(status_for(exc), exc.kind, exc.message, exc.hint)
+
+
+async def _not_found(_: Request, exc: NotFound) -> Response:
+    return _err(404, exc.kind, exc.message)
+
+
+async def _server_error(_: Request, exc: Exception) -> Response:
+    return _err(500, "server-error", f"{type(exc).__name__}: {exc}")
+
+
+def create_app(host: Host | None) -> FastAPI:
+    """The app over ``host``'s coordinator (``None`` only to generate the document: every route then fails)."""
     app = FastAPI(
         title="bsr engine admin API",
         version=API_VERSION,
@@ -153,322 +196,327 @@ def create_app(admin: AdminServer | None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
-    )
-
-    def coord() -> Any:
-        assert admin is not None, "this app was built only to generate its document"
-        return admin.coordinator
-
-    # -- errors ------------------------------------------------------------------------------------------------
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> Response:
-        errs = exc.errors()
-        return _err(400, "invalid-input", _describe(errs[0]) if errs else "invalid request")
-
-    @app.exception_handler(BsrError)
-    async def runtime_error(_: Request, exc: BsrError) -> Response:
-        return _err(status_for(exc), exc.kind, exc.message, exc.hint)
-
-    @app.exception_handler(NotFound)
-    async def not_found(_: Request, exc: NotFound) -> Response:
-        return _err(404, exc.kind, exc.message)
-
-    @app.exception_handler(Exception)
-    async def server_error(_: Request, exc: Exception) -> Response:
-        return _err(500, "server-error", f"{type(exc).__name__}: {exc}")
-
-    # -- streaming ---------------------------------------------------------------------------------------------
-    def stream(request: str, work: Callable[[Callable[[dict[str, Any]], None]], dict[str, Any]]) -> Response:
-        """Run ``work`` in a thread, streaming its progress as NDJSON; a client that goes away aborts it."""
-
-        async def lines() -> AsyncIterator[bytes]:
-            loop = asyncio.get_running_loop()
-            q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-            def put(item: tuple[str, Any]) -> None:
-                with contextlib.suppress(RuntimeError):  # the server stopped: nobody reads any more
-                    loop.call_soon_threadsafe(q.put_nowait, item)
-
-            def run() -> None:
-                try:
-                    put(("result", work(lambda ev: put(("event", ev)))))
-                except BsrError as e:
-                    put(("error", {"error": e.kind, "message": e.message, "hint": e.hint, "status": status_for(e)}))
-                except Exception as e:  # noqa: BLE001 - reported in the stream
-                    put(("error", {"error": "server-error", "message": f"{type(e).__name__}: {e}", "status": 500}))
-
-            finished = False
-            # Abortable before the worker thread is even scheduled: if this client goes away at once, the abort
-            # below must find the request open, or the work would run to its end with nobody listening.
-            coord().open_request(request)
-            threading.Thread(target=run, name=f"bsr-{request}", daemon=True).start()
-            try:
-                yield _line({"type": "accepted", "request": request})
-                while True:
-                    kind, payload = await q.get()
-                    if kind == "event":
-                        yield _line({"type": "event", "event": payload})
-                        continue
-                    finished = True
-                    yield _line(
-                        {"type": "result", "result": payload} if kind == "result" else {"type": "error", **payload}
-                    )
-                    return
-            finally:
-                if not finished:
-                    # The operator went away mid-restore (Ctrl-C): end it fail-closed rather than leave it running.
-                    coord().abort(request)
-
-        return StreamingResponse(lines(), media_type=NDJSON, headers={"X-BSR-API": API_VERSION})
-
-    # -- routes ------------------------------------------------------------------------------------------------
-    @app.get(f"{PREFIX}/health", **_op(m.Health))
-    def health() -> Response:
-        h = coord().health()
-        return _json(h | {"api": API_VERSION}, 200 if h["ok"] else 503)
-
-    @app.get(f"{PREFIX}/openapi.json", **_op(m.OpenAPIDocument, auth=True))
-    def openapi_document() -> Response:
-        """This engine's OpenAPI document: the generic one with this engine's own bounds, so that a request valid
-        against it is accepted (a 409 still says the capacity in use now does not fit it)."""
-        assert admin is not None
-        if admin.document is None:
-            from bsr_cli.server import openapi
-
-            c = coord()
-            limits = openapi.EngineLimits(
-                max_tokens=c.settings.max_tokens,
-                ranks=len(c.ranks),
-                groups=tuple(c.reg.group_names),
-                tiers=tuple(c.settings.tiers),
-                chunk_size=c.reg.chunk_size,
-                slot_bytes=c.reg.bytes_per_chunk,
-                aux_bytes=c.reg.aux_bytes,
-                pool_bytes=c.settings.pool_bytes,
-            )
-            admin.document = openapi.narrow(openapi.build(), limits)
-        return _json(admin.document)
-
-    @app.get(f"{PREFIX}/info", **_op(m.Info, auth=True))
-    def info() -> Response:
-        return _json(coord().info())
-
-    @app.get(f"{PREFIX}/registration", **_op(m.Registration, auth=True))
-    def registration() -> Response:
-        return _json(coord().reg.to_dict())
-
-    @app.post(f"{PREFIX}/probe", **_op(m.Probe, 409, auth=True))
-    def probe(body: m.ProbeBody) -> Response:
-        """Probe-only lookup: the complete hit bitmap (rank x group x chunk x tier), committable prefix, first
-        break. Moves no object bytes; leaves nothing pinned."""
-        c = coord()
-        tokens = tokens_of(body, c.settings.max_tokens)
-        exclude = _exclude(body.exclude_tiers, c.settings.tiers)
-        bitmap, errors = c.probe(tokens)
-        brk = bitmap.first_break(exclude)
-        return _json(
-            {
-                "kind": "bsr.probe",
-                "bitmap": bitmap.to_dict(),
-                "registration_spec": c.reg.to_dict(),
-                "committable_chunks": bitmap.prefix_chunks(exclude),
-                "committable_tokens": bitmap.prefix_tokens(exclude),
-                "first_break": brk.to_dict() if brk else None,
-                "tier_errors": errors,
-                "markers": c.list_markers(),
-            }
-        )
-
-    @app.post(f"{PREFIX}/requests", **_op(m.RestoreResult, 409, auth=True, stream=True))
-    def submit(body: m.SubmitBody) -> Response:
-        """Submit a prompt for admission as the scheduler would: restore the external prefix in windows
-        (fail-closed, force-local marker, fallback to a lower tier or recompute), compute the rest, store it, hash
-        it. JSON by default; with stream=true NDJSON progress: {type: accepted, request}, {type: event, event}...,
-        then {type: result, result} or {type: error}."""
-        c = coord()
-        tokens = tokens_of(body, c.settings.max_tokens)
-        if body.stream:
-            rid = c.new_request_id()
-            return stream(
-                rid,
-                lambda emit: c.submit(
-                    tokens, w=body.W, verify=body.verify, store=body.store, progress=emit, request=rid
-                ),
-            )
-        return _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store))
-
-    @app.post(f"{PREFIX}/restore", **_op(m.RestoreResult, 409, auth=True, stream=True))
-    def restore(body: m.RestoreBody) -> Response:
-        """A manual windowed restore of a prompt's external prefix (no fallback). NDJSON by default, JSON with
-        stream=false. A client that disconnects aborts the restore (it ends fail-closed). As NDJSON: {type:
-        accepted, request}, {type: event, event}..., then {type: result, result} or {type: error}."""
-        c = coord()
-        tokens = tokens_of(body, c.settings.max_tokens)
-        exclude = _exclude(body.exclude_tiers, c.settings.tiers)
-        rid = c.new_request_id()
-
-        def work(emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-            res: dict[str, Any] = c.restore(
-                tokens, w=body.W, verify=body.verify, exclude=exclude, progress=emit, request=rid
-            )
-            return res
-
-        if body.stream:
-            return stream(rid, work)
-        return _json(work(lambda ev: None))
-
-    @app.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, auth=True))
-    def abort(id: Annotated[str, Path(min_length=1)]) -> Response:
-        """Abort a running restore; it ends fail-closed (404 when no such request is open)."""
-        if not coord().abort(id):
-            raise NotFound("unknown-request", f"no request {id} is open on this engine")
-        return _json({"request": id, "aborting": True})
-
-    @app.get(f"{PREFIX}/pool", **_op(m.Pool, auth=True))
-    def pool(health: Flag = "0") -> Response:
-        """Live, peak, capacity, budget and windows in flight of every rank's restore pool (?health=1 adds tier
-        health)."""
-        return _json({"ranks": with_draining(coord().pool(health=health == "1"))})
-
-    @app.post(f"{PREFIX}/pool/reset-peak", **_op(m.Ok, auth=True))
-    def reset_peak() -> Response:
-        """Reset every rank's peak counter to its live bytes."""
-        coord().reset_peak()
-        return _json({"ok": True})
-
-    @app.post(f"{PREFIX}/settings", **_op(m.Info, auth=True))
-    def settings(body: m.SettingsBody) -> Response:
-        """Change the admission budget B, filesystem load concurrency or default W at run time. The resulting set
-        is checked as `bsr engine up` checks it (one chunk slot <= B <= pool, RWS(W) <= pool, fs_concurrency <=
-        256) and applied whole or not at all. Answers the engine's info."""
-        c = coord()
-        c.update_settings(budget_bytes=body.budget_bytes, fs_concurrency=body.fs_concurrency, w=body.W)
-        return _json(c.info())
-
-    @app.get(f"{PREFIX}/snapshot", **_op(m.Snapshot, auth=True))
-    def snapshot(
-        health: Flag = "1",
-        events_since: Annotated[
-            int | None,
-            Query(ge=0, description="every event after this sequence number (up to 2,000) instead of the last 50"),
-        ] = None,
-    ) -> Response:
-        """Everything a monitor draws at once: info, ranks and pools, active and recent restores, admission,
-        tiers, markers, faults, recent events."""
-        snap = coord().snapshot(health=health == "1", events_since=events_since)
-        with_draining(snap.get("ranks") or [])
-        return _json(snap)
-
-    @app.get(f"{PREFIX}/events", **_op(m.Events, auth=True))
-    def events(
-        since: Annotated[
-            int, Query(ge=0, le=MAX_SEQ, description="only events after this sequence number (a cursor)")
-        ] = 0,
-        wait: Annotated[
-            float,
-            Query(ge=0, allow_inf_nan=False, description="seconds to wait for a new event; more than 30 waits 30"),
-        ] = 0.0,
-        after: Annotated[
-            float | None,
-            Query(ge=0, allow_inf_nan=False, description="only events at or after this time (Unix seconds)"),
-        ] = None,
-        until: Annotated[
-            float | None,
-            Query(ge=0, allow_inf_nan=False, description="only events at or before this time (Unix seconds)"),
-        ] = None,
-        request: Annotated[
-            str | None, Query(min_length=1, max_length=200, description="only this request's events")
-        ] = None,
-        prompt: Annotated[
-            str | None, Query(min_length=1, max_length=200, description="only events naming this prompt hash")
-        ] = None,
-        kind: Annotated[list[EventKind] | None, Query(description="only events of these kinds (repeatable)")] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE, description="at most this many events")] = 500,
-        newest: Annotated[Flag, Query(description="1: the last `limit` matches (still oldest first)")] = "0",
-    ) -> Response:
-        """The event log (the engine's durable store where it has one): every filter combines; oldest first. With
-        only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event."""
-        c = coord()
-        log = c.events
-        filtered = any(x is not None for x in (after, until, request, prompt, kind)) or newest == "1"
-        if not filtered:
-            evs = log.since(since, wait_s=min(wait, 30.0), limit=limit)
-        else:
-            q = EventQuery(
-                after_seq=since,
-                since_time=after,
-                until_time=until,
-                request=request,
-                prompt=prompt,
-                kinds=tuple(k.value for k in kind or ()),
-                limit=limit,
-                newest=newest == "1",
-            )
-            evs = log.query(q)
-        return _json({"events": evs, "last_seq": log.last_seq, "durable": log.durable})
-
-    @app.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))
-    def faults_list() -> Response:
-        """The armed faults."""
-        c = coord()
-        return _json({"enabled": c.settings.faults_enabled, "faults": c.list_faults()})
-
-    @app.post(f"{PREFIX}/faults", status_code=201, **_op(m.Fault, 403, auth=True))
-    def faults_inject(body: m.FaultBody) -> Response:
-        """Arm a fault ({kind, rank?, window?, group?, count?}); 403 faults-disabled unless the engine allows
-        faults. Answers 201 with the armed fault."""
-        return _json(coord().inject(body.model_dump(exclude_none=True)).to_dict(), 201)
-
-    @app.delete(f"{PREFIX}/faults", **_op(m.Cleared, auth=True))
-    def faults_clear() -> Response:
-        """Clear every armed fault."""
-        return _json({"cleared": coord().clear_faults()})
-
-    @app.get(f"{PREFIX}/markers", **_op(m.Markers, auth=True))
-    def markers_list() -> Response:
-        """The force-local markers."""
-        return _json({"markers": coord().list_markers()})
-
-    @app.delete(f"{PREFIX}/markers", **_op(m.Cleared, auth=True))
-    def markers_clear() -> Response:
-        """Clear every force-local marker; each is a marker_cleared event with scope "all"."""
-        return _json({"cleared": coord().clear_markers(ClearScope.all())})
-
-    @app.delete(f"{PREFIX}/markers/prompts/{{prompt}}", **_op(m.Cleared, auth=True))
-    def markers_clear_prompt(prompt: Annotated[str, Path(min_length=1, max_length=256)]) -> Response:
-        """Clear the marker of one prompt (its key as GET /markers lists it); cleared 0 when it has none."""
-        return _json({"cleared": coord().clear_markers(ClearScope.prompt(prompt))})
-
-    @app.delete(f"{PREFIX}/markers/tiers/{{tier}}", **_op(m.Cleared, auth=True))
-    def markers_clear_tier(tier: m.Tier) -> Response:
-        """Take one tier out of every marker's exclusions (a marker left excluding nothing is removed): the
-        remedy once that tier is fixed. Answers how many markers it touched."""
-        return _json({"cleared": coord().clear_markers(ClearScope.tier(tier))})
-
-    @app.post(f"{PREFIX}/shutdown", **_op(m.Ok, auth=True))
-    def shutdown() -> Response:
-        """Stop the engine."""
-        if admin is not None and admin.on_shutdown:
-            threading.Thread(target=admin.on_shutdown, daemon=True).start()
-        return _json({"ok": True})
-
-    @app.get(
-        "/metrics",
-        response_class=Response,
-        responses={
-            200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}},
-            **_errors(401),
+        # The router's own routes, not include_router (which newer FastAPI keeps as one entry that resolves its
+        # routes lazily): the guard reads every APIRoute (routes_of).
+        routes=router.routes,
+        exception_handlers={
+            RequestValidationError: _invalid,
+            BsrError: _runtime_error,
+            NotFound: _not_found,
+            Exception: _server_error,
         },
-        # The token is needed unless the engine serves /metrics openly (`bsr engine up --open-metrics`).
-        openapi_extra={"security": [{"bearer": []}]},
     )
-    def metrics() -> Response:
-        """Prometheus metrics: pool live/peak/capacity/budget per rank, rank up, restores by outcome, markers,
-        faults (docs/monitoring.md)."""
-        assert admin is not None
-        return Response(admin.metrics_text(), media_type=METRICS_TYPE)
-
+    app.state.host = host
     return app
+
+
+# -- streaming ---------------------------------------------------------------------------------------------------
+Work = Callable[[Callable[[dict[str, Any]], None]], dict[str, Any]]
+
+
+def _stream(c: Coordinator, request: str, work: Work) -> Response:
+    """Run ``work`` in a thread, streaming its progress as NDJSON; a client that goes away aborts it."""
+
+    async def lines() -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def put(item: tuple[str, Any]) -> None:
+            with contextlib.suppress(RuntimeError):  # the server stopped: nobody reads any more
+                loop.call_soon_threadsafe(q.put_nowait, item)
+
+        def run() -> None:
+            try:
+                put(("result", work(lambda ev: put(("event", ev)))))
+            except BsrError as e:
+                put(("error", {"error": e.kind, "message": e.message, "hint": e.hint, "status": status_for(e)}))
+            except Exception as e:  # noqa: BLE001 - reported in the stream
+                put(("error", {"error": "server-error", "message": f"{type(e).__name__}: {e}", "status": 500}))
+
+        finished = False
+        # Abortable before the worker thread is even scheduled: if this client goes away at once, the abort
+        # below must find the request open, or the work would run to its end with nobody listening.
+        c.open_request(request)
+        threading.Thread(target=run, name=f"bsr-{request}", daemon=True).start()
+        try:
+            yield _line({"type": "accepted", "request": request})
+            while True:
+                kind, payload = await q.get()
+                if kind == "event":
+                    yield _line({"type": "event", "event": payload})
+                    continue
+                finished = True
+                yield _line({"type": "result", "result": payload} if kind == "result" else {"type": "error", **payload})
+                return
+        finally:
+            if not finished:
+                # The operator went away mid-restore (Ctrl-C): end it fail-closed rather than leave it running.
+                c.abort(request)
+
+    return StreamingResponse(lines(), media_type=NDJSON, headers={"X-BSR-API": API_VERSION})
+
+
+# -- routes (in the document's order) ----------------------------------------------------------------------------
+router = APIRouter()
+
+
+@router.get(f"{PREFIX}/health", **_op(m.Health))
+def health(c: CoordinatorDep) -> Response:
+    h = c.health()
+    return _json(h | {"api": API_VERSION}, 200 if h["ok"] else 503)
+
+
+@router.get(f"{PREFIX}/openapi.json", **_op(m.OpenAPIDocument, auth=True))
+def openapi_document(host: HostDep) -> Response:
+    """This engine's OpenAPI document: the generic one with this engine's own bounds, so that a request valid
+    against it is accepted (a 409 still says the capacity in use now does not fit it)."""
+    if host.document is None:
+        from bsr_cli.server import openapi
+
+        c = host.coordinator
+        limits = openapi.EngineLimits(
+            max_tokens=c.settings.max_tokens,
+            ranks=len(c.ranks),
+            groups=tuple(c.reg.group_names),
+            tiers=tuple(c.settings.tiers),
+            chunk_size=c.reg.chunk_size,
+            slot_bytes=c.reg.bytes_per_chunk,
+            aux_bytes=c.reg.aux_bytes,
+            pool_bytes=c.settings.pool_bytes,
+        )
+        host.document = openapi.narrow(openapi.build(), limits)
+    return _json(host.document)
+
+
+@router.get(f"{PREFIX}/info", **_op(m.Info, auth=True))
+def info(c: CoordinatorDep) -> Response:
+    return _json(c.info())
+
+
+@router.get(f"{PREFIX}/registration", **_op(m.Registration, auth=True))
+def registration(c: CoordinatorDep) -> Response:
+    return _json(c.reg.to_dict())
+
+
+@router.post(f"{PREFIX}/probe", **_op(m.Probe, 409, auth=True))
+def probe(body: m.ProbeBody, c: CoordinatorDep) -> Response:
+    """Probe-only lookup: the complete hit bitmap (rank x group x chunk x tier), committable prefix, first
+    break. Moves no object bytes; leaves nothing pinned."""
+    tokens = tokens_of(body, c.settings.max_tokens)
+    exclude = _exclude(body.exclude_tiers, c.settings.tiers)
+    bitmap, errors = c.probe(tokens)
+    brk = bitmap.first_break(exclude)
+    return _json(
+        {
+            "kind": "bsr.probe",
+            "bitmap": bitmap.to_dict(),
+            "registration_spec": c.reg.to_dict(),
+            "committable_chunks": bitmap.prefix_chunks(exclude),
+            "committable_tokens": bitmap.prefix_tokens(exclude),
+            "first_break": brk.to_dict() if brk else None,
+            "tier_errors": errors,
+            "markers": c.list_markers(),
+        }
+    )
+
+
+@router.post(f"{PREFIX}/requests", **_op(m.RestoreResult, 409, auth=True, stream=True))
+def submit(body: m.SubmitBody, c: CoordinatorDep) -> Response:
+    """Submit a prompt for admission as the scheduler would: restore the external prefix in windows
+    (fail-closed, force-local marker, fallback to a lower tier or recompute), compute the rest, store it, hash
+    it. JSON by default; with stream=true NDJSON progress: {type: accepted, request}, {type: event, event}...,
+    then {type: result, result} or {type: error}."""
+    tokens = tokens_of(body, c.settings.max_tokens)
+    if body.stream:
+        rid = c.new_request_id()
+        return _stream(
+            c,
+            rid,
+            lambda emit: c.submit(tokens, w=body.W, verify=body.verify, store=body.store, progress=emit, request=rid),
+        )
+    return _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store))
+
+
+@router.post(f"{PREFIX}/restore", **_op(m.RestoreResult, 409, auth=True, stream=True))
+def restore(body: m.RestoreBody, c: CoordinatorDep) -> Response:
+    """A manual windowed restore of a prompt's external prefix (no fallback). NDJSON by default, JSON with
+    stream=false. A client that disconnects aborts the restore (it ends fail-closed). As NDJSON: {type:
+    accepted, request}, {type: event, event}..., then {type: result, result} or {type: error}."""
+    tokens = tokens_of(body, c.settings.max_tokens)
+    exclude = _exclude(body.exclude_tiers, c.settings.tiers)
+    rid = c.new_request_id()
+
+    def work(emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        res: dict[str, Any] = c.restore(
+            tokens, w=body.W, verify=body.verify, exclude=exclude, progress=emit, request=rid
+        )
+        return res
+
+    if body.stream:
+        return _stream(c, rid, work)
+    return _json(work(lambda ev: None))
+
+
+@router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, auth=True))
+def abort(id: Annotated[str, Path(min_length=1)], c: CoordinatorDep) -> Response:
+    """Abort a running restore; it ends fail-closed (404 when no such request is open)."""
+    if not c.abort(id):
+        raise NotFound("unknown-request", f"no request {id} is open on this engine")
+    return _json({"request": id, "aborting": True})
+
+
+@router.get(f"{PREFIX}/pool", **_op(m.Pool, auth=True))
+def pool(c: CoordinatorDep, health: Flag = "0") -> Response:
+    """Live, peak, capacity, budget and windows in flight of every rank's restore pool (?health=1 adds tier
+    health)."""
+    return _json({"ranks": with_draining(c.pool(health=health == "1"))})
+
+
+@router.post(f"{PREFIX}/pool/reset-peak", **_op(m.Ok, auth=True))
+def reset_peak(c: CoordinatorDep) -> Response:
+    """Reset every rank's peak counter to its live bytes."""
+    c.reset_peak()
+    return _json({"ok": True})
+
+
+@router.post(f"{PREFIX}/settings", **_op(m.Info, auth=True))
+def settings(body: m.SettingsBody, c: CoordinatorDep) -> Response:
+    """Change the admission budget B, filesystem load concurrency or default W at run time. The resulting set
+    is checked as `bsr engine up` checks it (one chunk slot <= B <= pool, RWS(W) <= pool, fs_concurrency <=
+    256) and applied whole or not at all. Answers the engine's info."""
+    c.update_settings(budget_bytes=body.budget_bytes, fs_concurrency=body.fs_concurrency, w=body.W)
+    return _json(c.info())
+
+
+@router.get(f"{PREFIX}/snapshot", **_op(m.Snapshot, auth=True))
+def snapshot(
+    c: CoordinatorDep,
+    health: Flag = "1",
+    events_since: Annotated[
+        int | None,
+        Query(ge=0, description="every event after this sequence number (up to 2,000) instead of the last 50"),
+    ] = None,
+) -> Response:
+    """Everything a monitor draws at once: info, ranks and pools, active and recent restores, admission,
+    tiers, markers, faults, recent events."""
+    snap = c.snapshot(health=health == "1", events_since=events_since)
+    with_draining(snap.get("ranks") or [])
+    return _json(snap)
+
+
+@router.get(f"{PREFIX}/events", **_op(m.Events, auth=True))
+def events(
+    c: CoordinatorDep,
+    since: Annotated[int, Query(ge=0, le=MAX_SEQ, description="only events after this sequence number (a cursor)")] = 0,
+    wait: Annotated[
+        float,
+        Query(ge=0, allow_inf_nan=False, description="seconds to wait for a new event; more than 30 waits 30"),
+    ] = 0.0,
+    after: Annotated[
+        float | None,
+        Query(ge=0, allow_inf_nan=False, description="only events at or after this time (Unix seconds)"),
+    ] = None,
+    until: Annotated[
+        float | None,
+        Query(ge=0, allow_inf_nan=False, description="only events at or before this time (Unix seconds)"),
+    ] = None,
+    request: Annotated[
+        str | None, Query(min_length=1, max_length=200, description="only this request's events")
+    ] = None,
+    prompt: Annotated[
+        str | None, Query(min_length=1, max_length=200, description="only events naming this prompt hash")
+    ] = None,
+    kind: Annotated[list[EventKind] | None, Query(description="only events of these kinds (repeatable)")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE, description="at most this many events")] = 500,
+    newest: Annotated[Flag, Query(description="1: the last `limit` matches (still oldest first)")] = "0",
+) -> Response:
+    """The event log (the engine's durable store where it has one): every filter combines; oldest first. With
+    only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event."""
+    log = c.events
+    filtered = any(x is not None for x in (after, until, request, prompt, kind)) or newest == "1"
+    if not filtered:
+        evs = log.since(since, wait_s=min(wait, 30.0), limit=limit)
+    else:
+        q = EventQuery(
+            after_seq=since,
+            since_time=after,
+            until_time=until,
+            request=request,
+            prompt=prompt,
+            kinds=tuple(k.value for k in kind or ()),
+            limit=limit,
+            newest=newest == "1",
+        )
+        evs = log.query(q)
+    return _json({"events": evs, "last_seq": log.last_seq, "durable": log.durable})
+
+
+@router.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))
+def faults_list(c: CoordinatorDep) -> Response:
+    """The armed faults."""
+    return _json({"enabled": c.settings.faults_enabled, "faults": c.list_faults()})
+
+
+@router.post(f"{PREFIX}/faults", status_code=201, **_op(m.Fault, 403, auth=True))
+def faults_inject(body: m.FaultBody, c: CoordinatorDep) -> Response:
+    """Arm a fault ({kind, rank?, window?, group?, count?}); 403 faults-disabled unless the engine allows
+    faults. Answers 201 with the armed fault."""
+    return _json(c.inject(body.model_dump(exclude_none=True)).to_dict(), 201)
+
+
+@router.delete(f"{PREFIX}/faults", **_op(m.Cleared, auth=True))
+def faults_clear(c: CoordinatorDep) -> Response:
+    """Clear every armed fault."""
+    return _json({"cleared": c.clear_faults()})
+
+
+@router.get(f"{PREFIX}/markers", **_op(m.Markers, auth=True))
+def markers_list(c: CoordinatorDep) -> Response:
+    """The force-local markers."""
+    return _json({"markers": c.list_markers()})
+
+
+@router.delete(f"{PREFIX}/markers", **_op(m.Cleared, auth=True))
+def markers_clear(c: CoordinatorDep) -> Response:
+    """Clear every force-local marker; each is a marker_cleared event with scope "all"."""
+    return _json({"cleared": c.clear_markers(ClearScope.all())})
+
+
+@router.delete(f"{PREFIX}/markers/prompts/{{prompt}}", **_op(m.Cleared, auth=True))
+def markers_clear_prompt(prompt: Annotated[str, Path(min_length=1, max_length=256)], c: CoordinatorDep) -> Response:
+    """Clear the marker of one prompt (its key as GET /markers lists it); cleared 0 when it has none."""
+    return _json({"cleared": c.clear_markers(ClearScope.prompt(prompt))})
+
+
+@router.delete(f"{PREFIX}/markers/tiers/{{tier}}", **_op(m.Cleared, auth=True))
+def markers_clear_tier(tier: m.Tier, c: CoordinatorDep) -> Response:
+    """Take one tier out of every marker's exclusions (a marker left excluding nothing is removed): the
+    remedy once that tier is fixed. Answers how many markers it touched."""
+    return _json({"cleared": c.clear_markers(ClearScope.tier(tier))})
+
+
+@router.post(f"{PREFIX}/shutdown", **_op(m.Ok, auth=True))
+def shutdown(host: HostDep) -> Response:
+    """Stop the engine."""
+    if host.on_shutdown:
+        threading.Thread(target=host.on_shutdown, daemon=True).start()
+    return _json({"ok": True})
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}},
+        **_errors(401),
+    },
+    # The token is needed unless the engine serves /metrics openly (`bsr engine up --open-metrics`).
+    openapi_extra={"security": [{"bearer": []}]},
+)
+def metrics(host: HostDep) -> Response:
+    """Prometheus metrics: pool live/peak/capacity/budget per rank, rank up, restores by outcome, markers,
+    faults (docs/monitoring.md)."""
+    return Response(host.metrics_text(), media_type=METRICS_TYPE)
 
 
 def with_draining(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:

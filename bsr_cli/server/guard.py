@@ -179,7 +179,8 @@ class Guard:
             self._check_query(r, scope.get("query_string") or b"")
             authed = self._authenticated(headers)
             if authed and scope.get("client"):
-                self.trusted.add(tuple(scope["client"]))  # type: ignore[arg-type]
+                host, port = scope["client"]
+                self.trusted.add((str(host), int(port)))
             if not authed and r.auth and scope["path"] not in self.open_paths:
                 raise Refusal(
                     401,

@@ -45,11 +45,14 @@ The CLI never imports this module (it reads /metrics as text).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
+
+if TYPE_CHECKING:
+    from bsr_cli.runtime.coordinator import Coordinator
 
 
 def _family(kind: str, name: str, help_: str, samples: Sequence[tuple[dict[str, Any], float]]) -> Metric:
@@ -64,24 +67,38 @@ def _family(kind: str, name: str, help_: str, samples: Sequence[tuple[dict[str, 
     return fam
 
 
+def _pool_value(rank: dict[str, Any], key: str) -> int:
+    return int((rank.get("pool") or {}).get(key, 0))
+
+
 class RuntimeCollector(Collector):
     """Every bsr family, read from one coordinator when Prometheus scrapes."""
 
-    def __init__(self, coordinator: Any) -> None:
+    def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
 
     def describe(self) -> list[Metric]:
         return []  # the families depend on the engine's ranks and tiers: nothing to register up front
 
     def collect(self) -> Iterator[Metric]:
+        c = self.coordinator
+        yield from self._engine()
+        yield from self._pools(c.pool(health=True))
+        yield from self._tiers(c.health().get("tiers") or {})
+        yield _family("gauge", "bsr_force_local_markers", "Force-local markers standing now", [({}, len(c.markers))])
+        yield _family(
+            "gauge",
+            "bsr_faults_armed",
+            "Injected faults still armed",
+            [({}, sum(1 for f in c.faults if not f.exhausted()))],
+        )
+
+    def _engine(self) -> Iterator[Metric]:
+        """Who the engine is, since when, and the window it restores in."""
         from bsr_cli.core import accounting
 
         c = self.coordinator
-        s = c.settings
-        reg = c.reg
-        info = c.info()
-        ranks = c.pool(health=True)
-        health = c.health()
+        s, reg, info = c.settings, c.reg, c.info()
         identity = {"engine": info.get("engine"), "version": info.get("version"), "model": reg.model}
         yield _family(
             "gauge", "bsr_engine_info", "Engine identity (always 1)", [(identity | {"registration": reg.identity}, 1)]
@@ -102,6 +119,10 @@ class RuntimeCollector(Collector):
             "Bytes of one chunk of one KV group on one rank (c_i)",
             [({"group": g}, reg.group_bytes_per_chunk(g)) for g in reg.group_names],
         )
+
+    @staticmethod
+    def _pools(ranks: list[dict[str, Any]]) -> Iterator[Metric]:
+        """Each rank's restore pool, and whether the rank runs and is healthy."""
         for key, help_ in (
             ("live_bytes", "Restore-pool bytes staged now"),
             ("peak_bytes", "Highest restore-pool bytes staged since start or the last reset"),
@@ -109,22 +130,19 @@ class RuntimeCollector(Collector):
             ("budget_bytes", "Admission budget B"),
         ):
             yield _family(
-                "gauge",
-                f"bsr_pool_{key}",
-                help_,
-                [({"rank": r["rank"]}, int((r.get("pool") or {}).get(key, 0))) for r in ranks],
+                "gauge", f"bsr_pool_{key}", help_, [({"rank": r["rank"]}, _pool_value(r, key)) for r in ranks]
             )
         yield _family(
             "gauge",
             "bsr_pool_windows_live",
             "Restore windows staged in the pool now",
-            [({"rank": r["rank"]}, int((r.get("pool") or {}).get("windows_live", 0))) for r in ranks],
+            [({"rank": r["rank"]}, _pool_value(r, "windows_live")) for r in ranks],
         )
         yield _family(
             "gauge",
             "bsr_pool_waiters",
             "Restores waiting for room in the pool",
-            [({"rank": r["rank"]}, int((r.get("pool") or {}).get("waiters", 0))) for r in ranks],
+            [({"rank": r["rank"]}, _pool_value(r, "waiters")) for r in ranks],
         )
         yield _family(
             "gauge",
@@ -144,42 +162,35 @@ class RuntimeCollector(Collector):
             "Seconds since the rank's last heartbeat",
             [({"rank": r["rank"]}, float(r["heartbeat_age_s"])) for r in ranks if r.get("heartbeat_age_s") is not None],
         )
+
+    @staticmethod
+    def _tiers(tier_health: dict[str, Any]) -> Iterator[Metric]:
+        """Each tier's health, the reasons it is unhealthy, and the objects it set apart."""
+        tiers = sorted(tier_health.items())
         yield _family(
             "gauge",
             "bsr_tier_healthy",
             "1 when every rank reaches the tier, no fault is armed on it and it has not failed recently",
-            [({"tier": t}, bool(h.get("ok", True))) for t, h in sorted((health.get("tiers") or {}).items())],
+            [({"tier": t}, bool(h.get("ok", True))) for t, h in tiers],
         )
-        tier_health: dict[str, Any] = health.get("tiers") or {}
         yield _family(
             "gauge",
             "bsr_tier_condition",
             "1 for each reason a tier is unhealthy now (the reason /health and bsr status give)",
-            [
-                ({"tier": t, "condition": cond}, 1)
-                for t, h in sorted(tier_health.items())
-                for cond in h.get("conditions") or []
-            ],
+            [({"tier": t, "condition": cond}, 1) for t, h in tiers for cond in h.get("conditions") or []],
         )
         yield _family(
             "gauge",
             "bsr_tier_quarantined_objects",
             "Damaged objects a tier holds set apart in its quarantine directory (summed over ranks)",
-            [({"tier": t}, int(h.get("quarantined_total") or 0)) for t, h in sorted(tier_health.items())],
-        )
-        yield _family("gauge", "bsr_force_local_markers", "Force-local markers standing now", [({}, len(c.markers))])
-        yield _family(
-            "gauge",
-            "bsr_faults_armed",
-            "Injected faults still armed",
-            [({}, sum(1 for f in c.faults if not f.exhausted()))],
+            [({"tier": t}, int(h.get("quarantined_total") or 0)) for t, h in tiers],
         )
 
 
 class _Counters(Collector):
     """The coordinator's own counter registry (``bsr_cli.runtime.metrics``), served beside the gauges."""
 
-    def __init__(self, coordinator: Any) -> None:
+    def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
 
     def describe(self) -> list[Metric]:
@@ -193,7 +204,7 @@ class Exposition:
     """A registry holding the gauges (RuntimeCollector) and the coordinator's counters: ``text()`` is what
     /metrics answers."""
 
-    def __init__(self, coordinator: Any) -> None:
+    def __init__(self, coordinator: Coordinator) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RuntimeCollector(coordinator))
         self.registry.register(_Counters(coordinator))
@@ -202,6 +213,6 @@ class Exposition:
         return generate_latest(self.registry).decode()
 
 
-def exposition(coordinator: Any) -> str:
+def exposition(coordinator: Coordinator) -> str:
     """The Prometheus text format (0.0.4) for one engine, read now (a host without an admin server uses this)."""
     return Exposition(coordinator).text()
