@@ -97,7 +97,7 @@ class Check:
         try:
             status, facts = fn()
             rec |= {"status": status, **facts}
-        except AssertionError as e:
+        except (AssertionError, wheels.WheelsError) as e:
             rec |= {"status": "fail", "reason": str(e) or "assertion failed"}
         except Exception as e:  # noqa: BLE001 - a broken step is reported, the others still run
             rec |= {"status": "fail", "reason": f"{type(e).__name__}: {e}"}
@@ -319,18 +319,20 @@ def main() -> int:
         return 2
     c = Check(py, out, a.dry_run, wheel_dir)
     print(f"gpu-check: bsr's Python {py}" + (f", installing from {wheel_dir}" if wheel_dir else ""), flush=True)
+    installed = True
     try:
         if wheel_dir is not None:
             c.step("install", c.install)
-            if c.steps[-1]["status"] != "pass":
-                c.finish()
-                return 2
-        for name in ("preflight", "engine", "sweep", "store", "vllm"):
-            c.step(name, getattr(c, name))
+            installed = c.steps[-1]["status"] == "pass"
+        if installed:
+            for name in ("preflight", "engine", "sweep", "store", "vllm"):
+                c.step(name, getattr(c, name))
     finally:
         # Nothing may outlive the check: stop an engine a failed step left behind.
-        _run([py, "-m", "bsr_cli", "engine", "down"], 60, c.env, c.cwd)
-    return c.finish()
+        if installed:
+            _run([py, "-m", "bsr_cli", "engine", "down"], 60, c.env, c.cwd)
+    rc = c.finish()
+    return rc if installed else 2
 
 
 def _python(dry: bool, installing: bool) -> str | None:

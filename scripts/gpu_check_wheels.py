@@ -18,6 +18,7 @@ else of bsr's, no network, and room for about 64 MiB of files beside the working
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -123,6 +124,16 @@ def missing_libraries(ldd_output: str) -> list[str]:
     return [line.split()[0] for line in ldd_output.splitlines() if "=> not found" in line]
 
 
+def source_digest(root: Path = ROOT) -> str:
+    """A digest of what bsr's wheel is built from (bsr_cli/ and pyproject.toml), so that a wheel folder made from
+    other sources is refused instead of checking stale code. Needs no git: the GPU machine has only the files."""
+    h = hashlib.sha256()
+    files = [root / "pyproject.toml", *(p for p in (root / "bsr_cli").rglob("*") if p.is_file())]
+    for path in sorted(f for f in files if "__pycache__" not in f.parts):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -196,6 +207,7 @@ def prepare(dest: Path, python: str = sys.executable) -> dict[str, Any]:
         wheels = sorted(p.name for p in work.glob("*.whl"))
         manifest: dict[str, Any] = {
             "python": TARGET_PYTHON,
+            "bsr_source": source_digest(),
             "platforms": list(PLATFORMS),
             "host_provides": sorted(HOST_PROVIDES),
             "wheels": wheels,
@@ -269,6 +281,12 @@ def install(wheels: Path, python: str, target: Path, use_all_carried: bool = Fal
     ``use_all_carried`` (the dry run) takes every carried copy instead, so that the copies are what is checked."""
     if not (wheels / MANIFEST).exists():
         raise WheelsError(f"{wheels} is no wheel folder (no {MANIFEST}); make it with scripts/gpu-check --prepare")
+    made_from = json.loads((wheels / MANIFEST).read_text()).get("bsr_source")
+    if made_from != source_digest():
+        raise WheelsError(
+            f"{wheels} holds a bsr built from other sources than this checkout's; make it again with "
+            "scripts/gpu-check --prepare"
+        )
     env = dict(os.environ, PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
     for var in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT", "PYTHONPATH"):
         env.pop(var, None)

@@ -5,6 +5,7 @@ by hand; these are the decisions it rests on."""
 
 from __future__ import annotations
 
+import json
 import sys
 import tomllib
 import zipfile
@@ -76,6 +77,24 @@ def test_install_refuses_a_folder_that_is_no_wheel_folder(tmp_path: Path) -> Non
     (tmp_path / "some.whl").write_bytes(b"")
     with pytest.raises(wheels.WheelsError, match="no wheel folder"):
         wheels.install(tmp_path, sys.executable, tmp_path / "site")
+
+
+def test_install_refuses_a_wheel_folder_made_from_other_sources(tmp_path: Path) -> None:
+    (tmp_path / wheels.MANIFEST).write_text(json.dumps({"bsr_source": "0" * 16}))
+    with pytest.raises(wheels.WheelsError, match="other sources than this checkout"):
+        wheels.install(tmp_path, sys.executable, tmp_path / "site")
+
+
+def test_the_source_digest_follows_bsrs_sources_and_nothing_else(tmp_path: Path) -> None:
+    (tmp_path / "bsr_cli" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    (tmp_path / "bsr_cli" / "a.py").write_text("x = 1\n")
+    first = wheels.source_digest(tmp_path)
+    (tmp_path / "bsr_cli" / "__pycache__" / "a.cpython-312.pyc").write_bytes(b"compiled")
+    (tmp_path / "notes.txt").write_text("not packaged")
+    assert wheels.source_digest(tmp_path) == first
+    (tmp_path / "bsr_cli" / "a.py").write_text("x = 2\n")
+    assert wheels.source_digest(tmp_path) != first
 
 
 @pytest.mark.parametrize(
