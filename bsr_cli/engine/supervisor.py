@@ -42,7 +42,10 @@ CLI_NAMES = {
     "kv_tokens": "--kv-tokens",
     "fs_concurrency": "--fs-concurrency",
     "fetch_timeout_s": "--fetch-timeout",
+    "kv_wait_s": "--kv-wait",
 }
+# The longest a request may wait for destination KV blocks held by running requests (`--kv-wait`).
+MAX_KV_WAIT_S = 3600.0
 
 
 @dataclass
@@ -57,6 +60,9 @@ class EngineOptions:
     faults_enabled: bool = False
     fs_concurrency: int = 1
     fetch_timeout_s: float = 10.0
+    # How long a request waits for destination KV blocks held by running requests before it is refused for
+    # capacity (0: refuse at once).
+    kv_wait_s: float = 60.0
     host: str = "127.0.0.1"
     port: int = 0
     remote: bool = True
@@ -94,6 +100,7 @@ class EngineOptions:
             fetch_timeout_s=self.fetch_timeout_s,
             names=CLI_NAMES,
         )
+        _check_kv_wait(self.kv_wait_s)
         per_rank_prompt = self.max_tokens * reg.bytes_per_token
         segment = self.segment_bytes or max(256 << 20, 2 * per_rank_prompt * reg.tp_size)
         need = reg.tp_size * (kv * reg.bytes_per_token + pool) + (segment if self.remote else 0)
@@ -117,9 +124,18 @@ class EngineOptions:
             "faults_enabled": self.faults_enabled,
             "fs_concurrency": self.fs_concurrency,
             "fetch_timeout_s": self.fetch_timeout_s,
+            "kv_wait_s": self.kv_wait_s,
             "event_retention_s": self.event_retention_s,
             "event_store_bytes": self.event_store_bytes,
         }
+
+
+def _check_kv_wait(seconds: float) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_KV_WAIT_S:
+        # NaN fails the range test too.
+        raise InvalidInput(
+            f"{CLI_NAMES['kv_wait_s']} must be a number of seconds in [0, {MAX_KV_WAIT_S:.0f}], got {seconds!r}"
+        )
 
 
 def _mem_available() -> int | None:
@@ -370,6 +386,7 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
                         "faults_enabled",
                         "fs_concurrency",
                         "fetch_timeout_s",
+                        "kv_wait_s",
                     )
                 }
                 | {"tiers": ("mooncake", "fs") if opts.remote else ("fs",)},

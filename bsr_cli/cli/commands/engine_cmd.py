@@ -66,6 +66,14 @@ def engine_up(
         int, typer.Option("--fs-concurrency", help="Filesystem tier load concurrency.", min=1)
     ] = 1,
     fetch_timeout: Annotated[float, typer.Option("--fetch-timeout", help="Per-window fetch deadline (s).")] = 10.0,
+    kv_wait: Annotated[
+        float,
+        typer.Option(
+            "--kv-wait",
+            help="How long a request waits for destination KV blocks held by running requests before it is "
+            "refused for capacity (s; 0 refuses at once).",
+        ),
+    ] = 60.0,
     host: Annotated[str, typer.Option("--host", help="Admin API bind address (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Admin API port (0 = a free one).", min=0)] = 0,
     allow_host: Annotated[
@@ -126,6 +134,7 @@ def engine_up(
         faults_enabled=enable_faults,
         fs_concurrency=fs_concurrency,
         fetch_timeout_s=fetch_timeout,
+        kv_wait_s=kv_wait,
         host=host,
         port=port,
         remote=not no_remote,
