@@ -686,6 +686,33 @@ def explain_request(
         kind = FailureKind.TIER.value
     evidence.extend(_failure_line(f) for f in fails)
     marker = next((m for m in markers if prompt and m.get("prompt") == prompt), None)
+    verdict, summary, fix, nxt = _request_verdict(req, restore, kind, fails, marker, finished, health)
+    return {
+        "kind": "bsr.explain",
+        "request": req,
+        "prompt": prompt,
+        "verdict": verdict,
+        "reusable": verdict in ("restore-committed", "admitted"),
+        "summary": summary,
+        "findings": [_finding(verdict, summary, evidence, fix, nxt)],
+        "tiers": [],
+        "last_restore": restore,
+        "next": nxt,
+    }
+
+
+def _request_verdict(
+    req: str,
+    restore: Mapping[str, Any] | None,
+    kind: str | None,
+    fails: Sequence[Mapping[str, Any]],
+    marker: Mapping[str, Any] | None,
+    finished: ev.RequestFinished | None,
+    health: Mapping[str, Any],
+) -> tuple[str, str, str, str]:
+    """How the request ended, as (verdict, summary, fix, next command): the failure taxonomy's kind decides whom
+    it blames."""
+    outcome = (restore or {}).get("outcome")
     if outcome == Outcome.COMMITTED:
         verdict, summary, fix, nxt = (
             "restore-committed",
@@ -746,15 +773,4 @@ def explain_request(
         fix, nxt = "nothing to fix", f"bsr describe {req}"
     else:
         verdict, summary, fix, nxt = "running", "the request has not finished", "wait", f"bsr events -f --request {req}"
-    return {
-        "kind": "bsr.explain",
-        "request": req,
-        "prompt": prompt,
-        "verdict": verdict,
-        "reusable": verdict in ("restore-committed", "admitted"),
-        "summary": summary,
-        "findings": [_finding(verdict, summary, evidence, fix, nxt)],
-        "tiers": [],
-        "last_restore": restore,
-        "next": nxt,
-    }
+    return verdict, summary, fix, nxt
