@@ -12,8 +12,8 @@ Mooncake transfers) releases the GIL. Inside vLLM each worker process already is
 ``LMCacheRank`` serves the rank-ops contract (bsr_cli.api.ranks.RankOps) as bsr_cli/engine/worker.py does, so
 bsr's Coordinator drives it unchanged; ``ThreadRank`` runs its typed requests on threads.
 
-Over 500 lines on purpose: the window step (admit, fetch ahead, check, install, give back to L1) and the budget,
-lock and cleanup that keep it fail-closed must be read together.
+Over 500 lines on purpose: a request's window steps (``_RestoreRun``: admit, fetch ahead, check, install, give back
+to L1) and the budget, lock and cleanup that keep it fail-closed must be read together.
 
 Admission is per window, under the budget B (``L1Budget``): a window's bytes are admitted before its fetch is issued
 and given back once it is installed, first come first served across requests, so restores overlap window by window
