@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bsr_cli.core.evidence import Component, Stage
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.plan import windows_for
 from bsr_cli.core.registration import Registration
@@ -41,6 +42,8 @@ from bsr_cli.runtime.tiers import MISSING, StagingSlice, TierHealth
 OnRow = Callable[[dict[str, Any]], None]
 TRANSPORTS_GBPS = (1.0, 10.3, 25.0)  # loopback TCP here, the paper's RDMA per rank, a 200 Gb/s NIC
 GB = 1e9
+# The restore's stages timed per window are the runtime's (Stage.FETCH, VERIFY, INSTALL); the rest of its CPU is this.
+OTHER = "other"
 
 
 class MemoryTier:
@@ -122,11 +125,11 @@ def _cpu_now() -> float:
 def predict_gbps(costs: dict[str, float], transport_gbps: float | None, cores: float) -> float:
     """What a rank sustains, GB/s, given per-GB CPU seconds per stage (see the module doc). ``transport_gbps``
     None: the transport is the CPU copy itself (``costs['fetch']``), as in the loopback run."""
-    total = costs["verify"] + costs["install"] + costs["other"]
-    limits = [1 / costs["verify"], 1 / costs["install"]]
+    total = costs[Stage.VERIFY] + costs[Stage.INSTALL] + costs[OTHER]
+    limits = [1 / costs[Stage.VERIFY], 1 / costs[Stage.INSTALL]]
     if transport_gbps is None:
-        total += costs["fetch"]
-        limits.append(1 / costs["fetch"])
+        total += costs[Stage.FETCH]
+        limits.append(1 / costs[Stage.FETCH])
     else:
         limits.append(transport_gbps)
     limits.append(cores / total)
@@ -148,10 +151,6 @@ def run_cpu_bound(
     import torch
 
     from bsr_cli.bench import evidence as ex
-    from bsr_cli.runtime.checksum import crc32c, crc32c_at
-    from bsr_cli.runtime.paged_kv import PagedKV
-    from bsr_cli.runtime.pool import RestorePool
-    from bsr_cli.runtime.restore import ObjectRef, RankRestorer, RestoreJob, WindowJob
 
     salt = ex.new_salt() if salt is None else salt
     run_id = ex.new_run_id("cpu")
@@ -161,124 +160,7 @@ def run_cpu_bound(
     # The cores this run can have: the machine's, less the other work running when it starts (1-minute load).
     load = machine.get("loadavg") or [0.0]
     free_cores = max(1.0, min(cores, round(cores - float(load[0]), 2)))
-    cs = reg.chunk_size
-    n = tokens // cs * cs
-    n_chunks = n // cs
-    rank = 0
-    toks = synthetic_tokens(n, seed=salt)
-    hashes = chunk_hashes(toks, cs)[:n_chunks]
-    blocks = {g.name: -(-n // g.block_size) for g in reg.groups}
-    kv = PagedKV(reg, rank, blocks, torch.device("cpu"))
-    tables = {g: list(range(nb)) for g, nb in blocks.items()}
-
-    # The stored objects: the synthetic model's KV of every chunk and group, with its CRC32C.
-    tier = MemoryTier()
-    objects: dict[str, list[ObjectRef]] = {g: [] for g in reg.group_names}
-    for g in reg.group_names:
-        for ch in hashes:
-            payload = kv.synthetic_object(ch, g, cs).numpy().tobytes()
-            key = object_key(reg, rank, g, ch)
-            tier.add(key, payload, crc32c(payload))
-            objects[g].append(ObjectRef(key, tier.name, len(payload)))
-    nbytes = n_chunks * reg.bytes_per_chunk
-    canonical = kv.canonical_hash(hashes, n)
-    windows = [
-        WindowJob(win.index, win.chunk_start, win.chunk_end, win.token_start, win.token_end,
-                  {b.group: (b.start, b.end) for b in win.blocks})
-        for win in windows_for(reg, w, n_chunks, n)
-    ]  # fmt: skip
-
-    # The baselines' buffers: one contiguous copy of every object, and a destination for memcpy.
-    flat = torch.empty(nbytes, dtype=torch.uint8)
-    off = 0
-    for g in reg.group_names:
-        for ref in objects[g]:
-            _buf, addr, _crc = tier.objects[ref.key]
-            ctypes.memmove(flat.data_ptr() + off, addr, ref.size)
-            off += ref.size
-    sink = torch.empty_like(flat).fill_(1)
-
-    offsets, o = {}, 0
-    for g in reg.group_names:
-        offsets[g] = o
-        o += reg.group_bytes_per_chunk(g)
-    pool_tensor = torch.zeros(max(budget_windows) * w * reg.bytes_per_chunk, dtype=torch.uint8)
-    pool_ptr = pool_tensor.data_ptr()
-    pool_view = memoryview((ctypes.c_ubyte * pool_tensor.numel()).from_address(pool_ptr)).cast("B")
-
-    rows: list[dict[str, Any]] = []
-
-    def add(row: dict[str, Any]) -> None:
-        rows.append(row)
-        if on_row:
-            on_row(row)
-
-    def baseline(kind: str, fn: Callable[[], object], trial: int) -> None:
-        c0, t0 = _cpu_now(), time.perf_counter()
-        fn()
-        wall, cpu = time.perf_counter() - t0, _cpu_now() - c0
-        add(
-            {
-                "kind": kind,
-                "trial": trial,
-                "bytes": nbytes,
-                "seconds": round(wall, 4),
-                "gbps": round(nbytes / wall / GB, 3),
-                "cpu_s_per_gb": round(cpu / (nbytes / GB), 4),
-                "checks": {},
-                "status": "pass",
-            }
-        )
-
-    def crc_all() -> None:
-        step = reg.bytes_per_chunk
-        for lo in range(0, nbytes, step):
-            crc32c_at(flat.data_ptr() + lo, min(step, nbytes - lo))
-
-    def restore(bw: int, trial: int) -> None:
-        budget = bw * w * reg.bytes_per_chunk
-        pool = RestorePool(pool_ptr, pool_view, reg.bytes_per_chunk, budget)
-        verify, install = _Meter(), _Meter()
-        restorer = RankRestorer(rank, reg.group_names, offsets, pool, {tier.name: tier}, kv, lambda ev: None)
-        restorer._verify = verify.timed(restorer._verify)  # type: ignore[method-assign]
-        restorer._install = install.timed(restorer._install)  # type: ignore[method-assign]
-        kv.invalidate(tables)
-        job = RestoreJob(f"cpu-{bw}-{trial}", w, windows, objects, tables, fetch_timeout_s=60.0, admit_timeout_s=60.0)
-        tier.cpu_seconds = 0.0
-        try:
-            c0, t0 = _cpu_now(), time.perf_counter()
-            out = restorer.restore(job, threading.Event())
-            wall, cpu = time.perf_counter() - t0, _cpu_now() - c0
-        finally:
-            restorer.close()
-        gb = nbytes / GB
-        stages = {"fetch": tier.cpu_seconds, "verify": verify.seconds, "install": install.seconds}
-        stages["other"] = max(0.0, cpu - sum(stages.values()))
-        hash_ok = out.ok and kv.output_hash(tables, n) == canonical
-        add(
-            {
-                "kind": "restore",
-                "trial": trial,
-                "budget_windows": bw,
-                "budget_bytes": budget,
-                "bytes": nbytes,
-                "windows": out.windows_done,
-                "seconds": round(wall, 4),
-                "gbps": round(nbytes / wall / GB, 3),
-                "cpu_s_per_gb": round(cpu / gb, 4),
-                "stage_cpu_s_per_gb": {k: round(v / gb, 4) for k, v in stages.items()},
-                "peak_live_bytes": out.peak_live_bytes,
-                "hash_ok": hash_ok,
-                "checks": {
-                    "committed": out.ok and out.windows_done == len(windows),
-                    "hash_ok": hash_ok,
-                    "peak_at_most_budget": 0 < out.peak_live_bytes <= budget,
-                },
-                "status": "pass" if hash_ok and 0 < out.peak_live_bytes <= budget else "fail",
-                **({} if out.ok else {"reason": out.reason}),
-            }
-        )
-
+    rig = _Rig(reg, tokens, w, max(budget_windows), salt, on_row)
     interrupted_by: str | None = None
     # One torch thread, as each rank process of the embedded engine runs: with torch's intra-op pool a copy's
     # CPU would land on pool threads that no stage's thread clock sees.
@@ -287,16 +169,16 @@ def run_cpu_bound(
     try:
         for trial in range(trials):
             # Interleaved: each trial runs every baseline and every restore once, back to back.
-            baseline("memcpy", lambda: sink.copy_(flat), trial)
-            baseline("crc32c", crc_all, trial)
+            rig.baseline("memcpy", rig.memcpy_all, trial)
+            rig.baseline("crc32c", rig.crc_all, trial)
             for bw in budget_windows:
-                restore(bw, trial)
+                rig.restore(bw, trial)
     except KeyboardInterrupt:
-        interrupted_by = "operator"
+        interrupted_by = Component.OPERATOR
     finally:
         torch.set_num_threads(torch_threads)
-        tier.close()
-    summary = summarize(rows, cores, free_cores)
+        rig.tier.close()
+    summary = summarize(rig.rows, cores, free_cores)
     return {
         "schema": ex.BUNDLE_SCHEMA,
         "kind": "bsr.bench",
@@ -314,15 +196,15 @@ def run_cpu_bound(
             "info": {
                 "api": "bsr_cli.runtime.restore",
                 "registration": reg.identity,
-                "chunk_size": cs,
-                "tiers": [tier.name],
-                "pool_bytes": pool_tensor.numel(),
-                "budget_bytes": pool_tensor.numel(),
+                "chunk_size": reg.chunk_size,
+                "tiers": [rig.tier.name],
+                "pool_bytes": rig.pool_bytes,
+                "budget_bytes": rig.pool_bytes,
             },
         },
         "machine": machine,
         "params": {
-            "tokens": n,
+            "tokens": rig.n,
             "W": w,
             "trials": trials,
             "budget_windows": list(budget_windows),
@@ -330,13 +212,158 @@ def run_cpu_bound(
             "free_cores": free_cores,
             "torch_threads": 1,
         },
-        "rows": rows,
+        "rows": rig.rows,
         "summary": summary,
         "targets": targets(summary),
         "interrupted": interrupted_by is not None,
         "interrupted_by": interrupted_by,
-        "ok": interrupted_by is None and all(r["status"] == "pass" for r in rows),
+        "ok": interrupted_by is None and all(r["status"] == "pass" for r in rig.rows),
     }
+
+
+class _Rig:
+    """The experiment's parts: rank 0's real paged KV, the memory tier holding every object of the prompt (the
+    synthetic model's KV, with its CRC32C), the baselines' buffers (one contiguous copy of every object and a
+    destination for memcpy) and a restore pool for the largest budget. Each row goes to ``rows`` and ``on_row``."""
+
+    def __init__(
+        self, reg: Registration, tokens: int, w: int, max_budget_windows: int, salt: int, on_row: OnRow | None
+    ):
+        import torch
+
+        from bsr_cli.runtime.checksum import crc32c
+        from bsr_cli.runtime.paged_kv import PagedKV
+        from bsr_cli.runtime.restore import ObjectRef, WindowJob
+
+        self.reg, self.w, self.on_row = reg, w, on_row
+        self.rows: list[dict[str, Any]] = []
+        cs = reg.chunk_size
+        self.n = tokens // cs * cs
+        n_chunks = self.n // cs
+        self.hashes = chunk_hashes(synthetic_tokens(self.n, seed=salt), cs)[:n_chunks]
+        blocks = {g.name: -(-self.n // g.block_size) for g in reg.groups}
+        self.kv = PagedKV(reg, 0, blocks, torch.device("cpu"))
+        self.tables = {g: list(range(nb)) for g, nb in blocks.items()}
+        self.tier = MemoryTier()
+        self.objects: dict[str, list[ObjectRef]] = {g: [] for g in reg.group_names}
+        for g in reg.group_names:
+            for ch in self.hashes:
+                payload = self.kv.synthetic_object(ch, g, cs).numpy().tobytes()
+                key = object_key(reg, 0, g, ch)
+                self.tier.add(key, payload, crc32c(payload))
+                self.objects[g].append(ObjectRef(key, self.tier.name, len(payload)))
+        self.nbytes = n_chunks * reg.bytes_per_chunk
+        self.canonical = self.kv.canonical_hash(self.hashes, self.n)
+        self.windows = [
+            WindowJob(win.index, win.chunk_start, win.chunk_end, win.token_start, win.token_end,
+                      {b.group: (b.start, b.end) for b in win.blocks})
+            for win in windows_for(reg, w, n_chunks, self.n)
+        ]  # fmt: skip
+        self.flat = torch.empty(self.nbytes, dtype=torch.uint8)
+        off = 0
+        for g in reg.group_names:
+            for ref in self.objects[g]:
+                _buf, addr, _crc = self.tier.objects[ref.key]
+                ctypes.memmove(self.flat.data_ptr() + off, addr, ref.size)
+                off += ref.size
+        self.sink = torch.empty_like(self.flat).fill_(1)
+        self.offsets, o = {}, 0
+        for g in reg.group_names:
+            self.offsets[g] = o
+            o += reg.group_bytes_per_chunk(g)
+        self.pool_tensor = torch.zeros(max_budget_windows * w * reg.bytes_per_chunk, dtype=torch.uint8)
+        self.pool_bytes = self.pool_tensor.numel()
+        pool_ptr = self.pool_tensor.data_ptr()
+        self.pool_view = memoryview((ctypes.c_ubyte * self.pool_bytes).from_address(pool_ptr)).cast("B")
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if self.on_row:
+            self.on_row(row)
+
+    def memcpy_all(self) -> None:
+        self.sink.copy_(self.flat)
+
+    def crc_all(self) -> None:
+        from bsr_cli.runtime.checksum import crc32c_at
+
+        step = self.reg.bytes_per_chunk
+        for lo in range(0, self.nbytes, step):
+            crc32c_at(self.flat.data_ptr() + lo, min(step, self.nbytes - lo))
+
+    def baseline(self, kind: str, fn: Callable[[], object], trial: int) -> None:
+        """The same bytes through one pass alone (memcpy, CRC32C): its rate and CPU per GB."""
+        c0, t0 = _cpu_now(), time.perf_counter()
+        fn()
+        wall, cpu = time.perf_counter() - t0, _cpu_now() - c0
+        self.add(
+            {
+                "kind": kind,
+                "trial": trial,
+                "bytes": self.nbytes,
+                "seconds": round(wall, 4),
+                "gbps": round(self.nbytes / wall / GB, 3),
+                "cpu_s_per_gb": round(cpu / (self.nbytes / GB), 4),
+                "checks": {},
+                "status": "pass",
+            }
+        )
+
+    def restore(self, bw: int, trial: int) -> None:
+        """One restore of the whole prompt under a budget of ``bw`` windows, each stage's thread CPU timed."""
+        from bsr_cli.runtime.pool import RestorePool
+        from bsr_cli.runtime.restore import RankRestorer, RestoreJob
+
+        reg, w = self.reg, self.w
+        budget = bw * w * reg.bytes_per_chunk
+        pool = RestorePool(self.pool_tensor.data_ptr(), self.pool_view, reg.bytes_per_chunk, budget)
+        verify, install = _Meter(), _Meter()
+        restorer = RankRestorer(0, reg.group_names, self.offsets, pool, {self.tier.name: self.tier}, self.kv, _drop)
+        restorer._verify = verify.timed(restorer._verify)  # type: ignore[method-assign]
+        restorer._install = install.timed(restorer._install)  # type: ignore[method-assign]
+        self.kv.invalidate(self.tables)
+        job = RestoreJob(
+            f"cpu-{bw}-{trial}", w, self.windows, self.objects, self.tables, fetch_timeout_s=60.0, admit_timeout_s=60.0
+        )
+        self.tier.cpu_seconds = 0.0
+        try:
+            c0, t0 = _cpu_now(), time.perf_counter()
+            out = restorer.restore(job, threading.Event())
+            wall, cpu = time.perf_counter() - t0, _cpu_now() - c0
+        finally:
+            restorer.close()
+        gb = self.nbytes / GB
+        stages = {Stage.FETCH: self.tier.cpu_seconds, Stage.VERIFY: verify.seconds, Stage.INSTALL: install.seconds}
+        stage_costs = {str(k): v for k, v in stages.items()} | {OTHER: max(0.0, cpu - sum(stages.values()))}
+        hash_ok = out.ok and self.kv.output_hash(self.tables, self.n) == self.canonical
+        peak_ok = 0 < out.peak_live_bytes <= budget
+        self.add(
+            {
+                "kind": "restore",
+                "trial": trial,
+                "budget_windows": bw,
+                "budget_bytes": budget,
+                "bytes": self.nbytes,
+                "windows": out.windows_done,
+                "seconds": round(wall, 4),
+                "gbps": round(self.nbytes / wall / GB, 3),
+                "cpu_s_per_gb": round(cpu / gb, 4),
+                "stage_cpu_s_per_gb": {k: round(v / gb, 4) for k, v in stage_costs.items()},
+                "peak_live_bytes": out.peak_live_bytes,
+                "hash_ok": hash_ok,
+                "checks": {
+                    "committed": out.ok and out.windows_done == len(self.windows),
+                    "hash_ok": hash_ok,
+                    "peak_at_most_budget": peak_ok,
+                },
+                "status": "pass" if hash_ok and peak_ok else "fail",
+                **({} if out.ok else {"reason": out.reason}),
+            }
+        )
+
+
+def _drop(_event: object) -> None:
+    """The experiment keeps no events."""
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -368,10 +395,10 @@ def summarize(rows: Sequence[dict[str, Any]], cores: float, free_cores: float | 
         predicted = (
             predict_gbps(costs, None, free)
             if bw > 1
-            else 1 / (costs["fetch"] + max(costs["verify"], costs["install"]) + costs["other"])
+            else 1 / (costs[Stage.FETCH] + max(costs[Stage.VERIFY], costs[Stage.INSTALL]) + costs[OTHER])
         )
         memcpy = out["memcpy"]["cpu_s_per_gb"] or 0.0
-        bsr_cpu = costs["verify"] + costs["install"] + costs["other"]
+        bsr_cpu = costs[Stage.VERIFY] + costs[Stage.INSTALL] + costs[OTHER]
         by_budget[str(bw)] = {
             "gbps": measured,
             "gbps_range": [min(r["gbps"] for r in rs), max(r["gbps"] for r in rs)],
@@ -388,7 +415,7 @@ def summarize(rows: Sequence[dict[str, Any]], cores: float, free_cores: float | 
                     "transport_gbps": t,
                     "sustained_gbps": round(predict_gbps(costs, t, cores), 2),
                     "sustained_gbps_one_core": round(predict_gbps(costs, t, 1.0), 2),
-                    "cores_needed": round(min(t, 1 / costs["verify"], 1 / costs["install"]) * bsr_cpu, 2),
+                    "cores_needed": round(min(t, 1 / costs[Stage.VERIFY], 1 / costs[Stage.INSTALL]) * bsr_cpu, 2),
                 }
                 for t in TRANSPORTS_GBPS
             ],

@@ -99,19 +99,44 @@ def run_fs_concurrency(
                 for c in conc:
                     if run.stopped:
                         break
-                    with run.row(kind="restore", concurrency=c, cache=cache, trial=trial, tokens=tokens, W=w) as row:
-                        client.update_settings(fs_concurrency=c)
-                        evicted = True
-                        if cache == "cold" and method:
-                            row["evicted"] = evict_page_cache(fs_dir, method)
-                            evicted = "error" not in row["evicted"]
-                        # Verify once per configuration; the restore's own seconds exclude the verification.
-                        ev = run.restore(prompt, tokens, w, exclude=exclude, verify=trial == 0)
-                        row |= ev
-                        checks = restore_checks(ev, tokens, peak=ev["predicted_peak_bytes"], verified=trial == 0)
-                        judge(row, checks | {"cache_evicted": evicted})
+                    _restore_row(run, prompt, tokens, w, exclude, c, cache, trial, fs_dir, method)
     finally:
         run.bundle["engine"]["settings_restored"] = put_back(client, original)
+    summary = _summary(run, reg, tokens, w, conc, caches, method)
+    targets = _targets(summary, conc, method, rws, bool(summary["completed"]))
+    return run.finish(summary, targets)
+
+
+def _restore_row(
+    run: Run,
+    prompt: dict[str, Any],
+    tokens: int,
+    w: int,
+    exclude: list[str],
+    c: int,
+    cache: str,
+    trial: int,
+    fs_dir: Path | None,
+    method: str | None,
+) -> None:
+    """One restore from the fs tier at load concurrency ``c``, its pages evicted first when ``cache`` is cold."""
+    with run.row(kind="restore", concurrency=c, cache=cache, trial=trial, tokens=tokens, W=w) as row:
+        run.client.update_settings(fs_concurrency=c)
+        evicted = True
+        if cache == "cold" and method:
+            row["evicted"] = evict_page_cache(fs_dir, method)
+            evicted = "error" not in row["evicted"]
+        # Verify once per configuration; the restore's own seconds exclude the verification.
+        ev = run.restore(prompt, tokens, w, exclude=exclude, verify=trial == 0)
+        row |= ev
+        checks = restore_checks(ev, tokens, peak=ev["predicted_peak_bytes"], verified=trial == 0)
+        judge(row, checks | {"cache_evicted": evicted})
+
+
+def _summary(
+    run: Run, reg: Registration, tokens: int, w: int, conc: Sequence[int], caches: Sequence[str], method: str | None
+) -> dict[str, Any]:
+    """Medians per cache state and concurrency, the speedups, the disk's own rates and the pool peaks."""
     done = [r for r in completed(run.rows) if r.get("kind") == "restore"]
     by: dict[str, dict[str, Any]] = {}
     for cache in caches:
@@ -136,7 +161,7 @@ def run_fs_concurrency(
     serial = (by.get(f"cold/c={conc[0]}") or {}).get("gbps")
     top = (by.get(f"cold/c={conc[-1]}") or {}).get("gbps")
     peaks = sorted({x["pool_peak_bytes"] for r in done for x in r["ranks"]})
-    summary = {
+    return {
         "by_config": by,
         "speedup": speedups,
         "disk_gbps": {str(c): v for c, v in disk_gbps.items()} if disk else {},
@@ -149,13 +174,20 @@ def run_fs_concurrency(
         "completed": len(done),
         "interrupted": sum(r["status"] == "interrupted" for r in run.rows),
     }
+
+
+def _targets(
+    summary: dict[str, Any], conc: Sequence[int], method: str | None, rws: int, any_done: bool
+) -> list[dict[str, Any]]:
+    speedups = summary["speedup"]
     basis = "cold" if "cold" in speedups else "warm"
     measured = speedups.get(basis)
     # "Where the disk allows it": the disk read alone (cold, same files) must reach 1.5x the serial restore's rate,
     # else no load concurrency could give 1.5x and the target does not apply.
     headroom = summary["disk_headroom"]
     disk_allows = None if headroom is None else headroom >= FS_SPEEDUP_TARGET
-    targets = [
+    peaks = summary["peak_pool_bytes_per_rank"]
+    return [
         target(
             f"fs load concurrency {conc[-1]} at least {FS_SPEEDUP_TARGET}x concurrency {conc[0]}, where the disk "
             "allows it",
@@ -171,7 +203,9 @@ def run_fs_concurrency(
             ),
         ),
         target(
-            "RWS unchanged across concurrencies", f"== {rws:,} bytes", peaks, summary["rws_unchanged"] if done else None
+            "RWS unchanged across concurrencies",
+            f"== {rws:,} bytes",
+            peaks,
+            summary["rws_unchanged"] if any_done else None,
         ),
     ]
-    return run.finish(summary, targets)

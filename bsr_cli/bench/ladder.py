@@ -20,6 +20,7 @@ from bsr_cli.bench.evidence import (
     warm_evidence,
 )
 from bsr_cli.core import accounting
+from bsr_cli.core.evidence import Component, Outcome
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import CapacityError, EngineError, InvalidInput, ServiceError
 
@@ -59,95 +60,19 @@ def run_ladder(
     steps = sorted(set(rungs))
     if not tokens or not steps:
         raise InvalidInput("the ladder needs prefix lengths and capacity rungs")
-    salt = new_salt() if salt is None else salt
-    state: dict[int, dict[str, Any]] = {n: {"attempts": [], "first": None, "evidence": None} for n in tokens}
-    pending = list(tokens)
-    engines: list[dict[str, Any]] = []
-    run: Run | None = None
-    stop_reason: str | None = None
+    climb = _Climb(tokens, warm_w, new_salt() if salt is None else salt)
     params = {"prefixes": tokens, "rungs": steps, "warm_W": warm_w}
     for rung in steps:
-        if not pending or stop_reason:
+        if not climb.pending or climb.stop_reason:
             break
         if on_rung:
             on_rung(rung)
-        current: int | None = None
-        try:
-            t0 = time.monotonic()
-            with factory(rung) as client:
-                startup = time.monotonic() - t0
-                if run is None:
-                    meta = {"restarted_per_rung": True} | (engine_meta or {})
-                    run = Run("ladder", "ladder", client, params, salt=salt, on_row=on_row, engine_meta=meta)
-                    require_tokens(run.info, tokens[-1])
-                else:
-                    run.client = client
-                engines.append(
-                    {"pool_bytes": rung, "startup_s": round(startup, 3), "url": client.url, "info": client.info()}
-                )
-                for n in list(pending):
-                    current = n
-                    att = _ladder_attempt(run, n, rung, warm_w, salt)
-                    state[n]["attempts"].append(att)
-                    if on_attempt:
-                        on_attempt(n, att)
-                    if att["passed"]:
-                        state[n]["first"], state[n]["evidence"] = rung, att
-                        pending.remove(n)
-                current = None
-        except KeyboardInterrupt:
-            if run is None:
-                raise
-            run.abort_inflight()
-            stop_reason = "interrupted by the operator (Ctrl-C)"
-            run.interrupt("operator")
-        except (EngineError, ServiceError, CapacityError) as e:
-            if run is None:
-                raise
-            stop_reason = f"{e.kind}: {e.message} (rung {rung:,} bytes, prefix {current})"
-            run.interrupt("error")
+        climb.rung(factory, rung, params, on_row, on_attempt, engine_meta)
+    run = climb.run
     assert run is not None  # the first rung either started an engine or raised
-    run.bundle["engine"]["rungs"] = engines
-    reg = run.reg
+    run.bundle["engine"]["rungs"] = climb.engines
     for n in tokens:
-        s = state[n]
-        chunks = accounting.chunks_for_tokens(n, reg.chunk_size)
-        need = accounting.whole_plan_bytes(reg, chunks)
-        predicted = accounting.ladder_rung(need, steps)
-        row: dict[str, Any] = {
-            "status": "interrupted",
-            "tokens": n,
-            "chunks": chunks,
-            "whole_plan_bytes": need,
-            "predicted_rung": predicted,
-            "first_passing_rung": s["first"],
-            "attempts": s["attempts"],
-        }
-        ev = s["evidence"]
-        if ev is None and stop_reason and n in pending:
-            row["reason"] = stop_reason
-        elif ev is None:
-            # The ladder topped out: consistent only when the core predicted that too.
-            judge(row, {"rung_matches_prediction": predicted is None})
-        else:
-            row |= {
-                "measured_peak_bytes": ev["peak_pool_bytes"],
-                "ranks": ev["ranks"],
-                "seconds": ev["seconds"],
-                "gbps": ev["gbps"],
-                "tiers": ev["tiers"],
-                "hash_ok": ev["hash_ok"],
-                "healthy": ev["healthy"],
-            }
-            judge(
-                row,
-                {
-                    "rung_matches_prediction": s["first"] == predicted,
-                    "peak_equals_whole_plan": all(r["pool_peak_bytes"] == need for r in ev["ranks"]),
-                    "hash_canonical": ev["hash_ok"] is True,
-                    "ranks_healthy": bool(ev["healthy"]),
-                },
-            )
+        row = _prefix_row(run, n, steps, climb)
         run.rows.append(row)
         if on_row:
             on_row(row)
@@ -156,7 +81,7 @@ def run_ladder(
         "first_passing_rung": {str(r["tokens"]): r["first_passing_rung"] for r in run.rows},
         "predicted_rung": {str(r["tokens"]): r["predicted_rung"] for r in run.rows},
         "measured_peak_bytes": {str(r["tokens"]): r.get("measured_peak_bytes") for r in done},
-        "engine_starts": len(engines),
+        "engine_starts": len(climb.engines),
         "completed": len(done),
         "interrupted": len(run.rows) - len(done),
     }
@@ -170,6 +95,108 @@ def run_ladder(
         )
     ]
     return run.finish(summary, targets)
+
+
+class _Climb:
+    """The ladder so far: per prefix its attempts and first passing rung (with that attempt's evidence), the
+    prefixes still failing, each rung's engine, and why the climb stopped early (None while it goes on)."""
+
+    def __init__(self, tokens: Sequence[int], warm_w: int, salt: int) -> None:
+        self.tokens, self.warm_w, self.salt = list(tokens), warm_w, salt
+        self.state: dict[int, dict[str, Any]] = {n: {"attempts": [], "first": None, "evidence": None} for n in tokens}
+        self.pending = list(tokens)
+        self.engines: list[dict[str, Any]] = []
+        self.run: Run | None = None
+        self.stop_reason: str | None = None
+
+    def rung(
+        self,
+        factory: EngineFactory,
+        rung: int,
+        params: dict[str, Any],
+        on_row: OnRow | None,
+        on_attempt: Callable[[int, dict[str, Any]], None] | None,
+        engine_meta: dict[str, Any] | None,
+    ) -> None:
+        """Start an engine with ``rung`` bytes of pool and try every still-failing prefix on it."""
+        current: int | None = None
+        try:
+            t0 = time.monotonic()
+            with factory(rung) as client:
+                startup = time.monotonic() - t0
+                if self.run is None:
+                    meta = {"restarted_per_rung": True} | (engine_meta or {})
+                    self.run = Run("ladder", "ladder", client, params, salt=self.salt, on_row=on_row, engine_meta=meta)
+                    require_tokens(self.run.info, self.tokens[-1])
+                else:
+                    self.run.client = client
+                self.engines.append(
+                    {"pool_bytes": rung, "startup_s": round(startup, 3), "url": client.url, "info": client.info()}
+                )
+                for n in list(self.pending):
+                    current = n
+                    att = _ladder_attempt(self.run, n, rung, self.warm_w, self.salt)
+                    self.state[n]["attempts"].append(att)
+                    if on_attempt:
+                        on_attempt(n, att)
+                    if att["passed"]:
+                        self.state[n]["first"], self.state[n]["evidence"] = rung, att
+                        self.pending.remove(n)
+                current = None
+        except KeyboardInterrupt:
+            if self.run is None:
+                raise
+            self.run.abort_inflight()
+            self.stop_reason = "interrupted by the operator (Ctrl-C)"
+            self.run.interrupt(Component.OPERATOR)
+        except (EngineError, ServiceError, CapacityError) as e:
+            if self.run is None:
+                raise
+            self.stop_reason = f"{e.kind}: {e.message} (rung {rung:,} bytes, prefix {current})"
+            self.run.interrupt("error")
+
+
+def _prefix_row(run: Run, n: int, steps: Sequence[int], climb: _Climb) -> dict[str, Any]:
+    """One prefix's row: its first passing rung and measured peak beside the core's prediction, judged."""
+    s = climb.state[n]
+    chunks = accounting.chunks_for_tokens(n, run.reg.chunk_size)
+    need = accounting.whole_plan_bytes(run.reg, chunks)
+    predicted = accounting.ladder_rung(need, steps)
+    row: dict[str, Any] = {
+        "status": "interrupted",
+        "tokens": n,
+        "chunks": chunks,
+        "whole_plan_bytes": need,
+        "predicted_rung": predicted,
+        "first_passing_rung": s["first"],
+        "attempts": s["attempts"],
+    }
+    ev = s["evidence"]
+    if ev is None and climb.stop_reason and n in climb.pending:
+        row["reason"] = climb.stop_reason
+    elif ev is None:
+        # The ladder topped out: consistent only when the core predicted that too.
+        judge(row, {"rung_matches_prediction": predicted is None})
+    else:
+        row |= {
+            "measured_peak_bytes": ev["peak_pool_bytes"],
+            "ranks": ev["ranks"],
+            "seconds": ev["seconds"],
+            "gbps": ev["gbps"],
+            "tiers": ev["tiers"],
+            "hash_ok": ev["hash_ok"],
+            "healthy": ev["healthy"],
+        }
+        judge(
+            row,
+            {
+                "rung_matches_prediction": s["first"] == predicted,
+                "peak_equals_whole_plan": all(r["pool_peak_bytes"] == need for r in ev["ranks"]),
+                "hash_canonical": ev["hash_ok"] is True,
+                "ranks_healthy": bool(ev["healthy"]),
+            },
+        )
+    return row
 
 
 def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> dict[str, Any]:
@@ -196,5 +223,5 @@ def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> dict
             "ranks",
         )
     }
-    att["passed"] = ev["outcome"] == "committed" and ev["committed_tokens"] == n
+    att["passed"] = ev["outcome"] == Outcome.COMMITTED and ev["committed_tokens"] == n
     return att

@@ -179,6 +179,31 @@ def explain_engine(
     """The verdict for a prompt on a live engine."""
     reg = Registration.from_dict(registration)
     bitmap = HitBitmap.from_dict(probe["bitmap"]) if probe is not None else None
+    findings = _unhealthy_ranks(health)
+    findings += _window_fit(reg, info, w, bitmap, n_tokens, prompt_flags)
+    findings += _markers(prompt, markers, bitmap)
+    findings += _armed_faults(faults)
+    if bitmap is not None:
+        content = _content(bitmap, (), prompt_flags)
+        if bitmap.tokens < n_tokens:  # the engine probes (and stores) full chunks only
+            for f in content:
+                f["evidence"].append(
+                    f"the last {n_tokens - bitmap.tokens:,} token(s) do not fill a chunk: they are never stored "
+                    "(only full chunks are) and are always computed"
+                )
+        findings.extend(content)
+    elif not findings:
+        raise ServerError(f"the engine's probe failed and nothing else explains it: {probe_error}")
+    findings.extend(_quarantined(bitmap, last_restore, prompt_flags))
+    findings.extend(_unhealthy_tiers(health, bitmap))
+    if info.get("serves_restores") is False:
+        findings = [_on_worker(f, prompt_flags) for f in findings]
+    source = {"engine": info.get("engine")} | ({"probe_error": probe_error} if probe_error else {})
+    return _result(prompt, bitmap, findings, last_restore, source=source, n_tokens=n_tokens, chunk_size=reg.chunk_size)
+
+
+def _unhealthy_ranks(health: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A rank down, stopped or stuck: every restore fails closed until it is back."""
     findings: list[dict[str, Any]] = []
     bad_ranks = [r for r in health.get("ranks") or [] if not r.get("healthy", r.get("alive", True))]
     if bad_ranks:
@@ -197,6 +222,19 @@ def explain_engine(
                 "bsr status",
             )
         )
+    return findings
+
+
+def _window_fit(
+    reg: Registration,
+    info: Mapping[str, Any],
+    w: int | None,
+    bitmap: HitBitmap | None,
+    n_tokens: int,
+    prompt_flags: str,
+) -> list[dict[str, Any]]:
+    """A window (W=0: the whole plan) that the budget B (the pool) can never admit."""
+    findings: list[dict[str, Any]] = []
     window = int(info["W"] if w is None else w)
     budget = int(info.get("budget_bytes") or 0)
     pool = int(info.get("pool_bytes") or 0)
@@ -228,6 +266,12 @@ def explain_engine(
                     f"bsr restore {prompt_flags} --W {max(1, budget // slot) if slot else 1}",
                 )
             )
+    return findings
+
+
+def _markers(prompt: str, markers: Sequence[Mapping[str, Any]], bitmap: HitBitmap | None) -> list[dict[str, Any]]:
+    """This prompt's force-local marker: what the next admission does because of it."""
+    findings: list[dict[str, Any]] = []
     mine = [m for m in markers if m.get("prompt") == prompt]
     exclude: list[str] = []
     for m in mine:
@@ -273,6 +317,11 @@ def explain_engine(
                     f"bsr markers clear --prompt {prompt}",
                 )
             )
+    return findings
+
+
+def _armed_faults(faults: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    findings: list[dict[str, Any]] = []
     armed = [f for f in faults if not f.get("exhausted")]
     if armed:
         findings.append(
@@ -288,18 +337,12 @@ def explain_engine(
                 "bsr faults clear",
             )
         )
-    if bitmap is not None:
-        content = _content(bitmap, (), prompt_flags)
-        if bitmap.tokens < n_tokens:  # the engine probes (and stores) full chunks only
-            for f in content:
-                f["evidence"].append(
-                    f"the last {n_tokens - bitmap.tokens:,} token(s) do not fill a chunk: they are never stored "
-                    "(only full chunks are) and are always computed"
-                )
-        findings.extend(content)
-    elif not findings:
-        raise ServerError(f"the engine's probe failed and nothing else explains it: {probe_error}")
-    findings.extend(_quarantined(bitmap, last_restore, prompt_flags))
+    return findings
+
+
+def _unhealthy_tiers(health: Mapping[str, Any], bitmap: HitBitmap | None) -> list[dict[str, Any]]:
+    """Unhealthy tiers: the verdict (``blocks``) when every tier holding the whole prompt is one of them."""
+    findings: list[dict[str, Any]] = []
     degraded = {t: h for t, h in (health.get("tiers") or {}).items() if not h.get("ok", True)}
     full = [t for t in bitmap.tiers if bitmap.tier_prefix_chunks(t) >= bitmap.chunks] if bitmap is not None else []
     for t, h in degraded.items():
@@ -313,10 +356,7 @@ def explain_engine(
                 "bsr status",
             )
         )
-    if info.get("serves_restores") is False:
-        findings = [_on_worker(f, prompt_flags) for f in findings]
-    source = {"engine": info.get("engine")} | ({"probe_error": probe_error} if probe_error else {})
-    return _result(prompt, bitmap, findings, last_restore, source=source, n_tokens=n_tokens, chunk_size=reg.chunk_size)
+    return findings
 
 
 def _quarantined(
@@ -432,59 +472,10 @@ def explain_store(
     listed_k = int((live.get("listed") or {}).get("committable_chunks") or k)
     stale, unknown = int(live.get("stale_chunks") or 0), int(live.get("unknown_chunks") or 0)
     if stale or unknown:
-        segs = live.get("segments") or []
-        gone = [s for s in segs if s.get("state") == "gone"]
-        unsure = [s for s in segs if s.get("state") == "unknown"]
-        unsure_text = f"{unknown} chunk(s) have no holder known to be alive (liveness unknown: not counted)"
-        if stale:
-            what = f"the master still lists {stale} chunk(s) of this prompt, but the process holding them is gone"
-            what += f", and {unsure_text}" if unknown else ""
-        else:
-            what = f"the master lists this prompt's chunks, but {unsure_text}"
-        findings.append(
-            _finding(
-                "holder-gone",
-                f"{what}: only {k} chunk(s) can really be read",
-                [f"segment {s.get('name')} at {s.get('endpoint')}: not answering" for s in gone]
-                + [f"segment {s.get('name')}: could not be checked" for s in unsure]
-                + [f"listed prefix {listed_k} chunks, live prefix {k}"],
-                "restart the segment holder (its data is lost) and let the prompt be stored again",
-                store_cmd("probe"),
-            )
-        )
+        findings.append(_holder_gone(live, stale, unknown, k, listed_k, store_cmd("probe")))
     diag = store.get("diagnosis") or {}
     if listed_k == 0 and diag.get("available"):
-        groups = diag.get("groups") or []
-        closest = diag.get("closest")
-        g = groups[int(closest)] if closest is not None and groups else None
-        if g is not None and g.get("prompt_chunks_held") and g.get("differs_in"):
-            fields = ", ".join(
-                {"world_size": "world size", "hash_start": "hash seed"}.get(f, f) for f in g["differs_in"]
-            )
-            findings.append(
-                _finding(
-                    "key-format-mismatch",
-                    f"the store holds {g['prompt_chunks_held']} chunk(s) of this prompt under another key format "
-                    f"(differs in {fields}): LMCache computed different keys than asked for",
-                    list(diag.get("causes") or []),
-                    f"ask with {' and '.join(g['flags'])} (or align the deployment's {fields})",
-                    store_cmd("explain", g.get("changes") or {}),
-                )
-            )
-        elif g is not None and g.get("unknown_start_chunks"):
-            other = [f for f in g.get("differs_in") or [] if f != "hash_start"]
-            findings.append(
-                _finding(
-                    "key-format-mismatch",
-                    f"key-format mismatch (hash seed unknown): the store holds {g['unknown_start_chunks']} chunk(s) "
-                    "of this prompt under a hash chain start none of the vLLM hash seeds tried gives: vLLM ran with "
-                    "another PYTHONHASHSEED",
-                    list(diag.get("causes") or []),
-                    "ask with --vllm-hash-seed SEED (the PYTHONHASHSEED the vLLM that stored it ran with)"
-                    + (f" and {' and '.join(g['flags'])}" if other else ""),
-                    store_cmd("explain", (g.get("changes") or {}) | {"vllm_hash_seed": "SEED"}),
-                )
-            )
+        findings.extend(_key_format_mismatch(diag, store_cmd))
     content = _content(bitmap, (), prompt_flags)
     if any(f["kind"] == "key-format-mismatch" for f in findings):
         content = [f for f in content if f["kind"] != "never-stored"]
@@ -502,7 +493,77 @@ def explain_store(
                 else ""
             )
     findings.extend(content)
+    findings.extend(_unverified(store, store_cmd("probe")))
+    return _result(
+        prompt, full, findings, None, source={"store": store.get("store")}, n_tokens=full.tokens, chunk_size=0
+    )
+
+
+def _holder_gone(
+    live: Mapping[str, Any], stale: int, unknown: int, k: int, listed_k: int, next_cmd: str
+) -> dict[str, Any]:
+    """The master lists chunks whose holder is gone (or cannot be checked): only ``k`` chunks can be read."""
+    segs = live.get("segments") or []
+    gone = [s for s in segs if s.get("state") == "gone"]
+    unsure = [s for s in segs if s.get("state") == "unknown"]
+    unsure_text = f"{unknown} chunk(s) have no holder known to be alive (liveness unknown: not counted)"
+    if stale:
+        what = f"the master still lists {stale} chunk(s) of this prompt, but the process holding them is gone"
+        what += f", and {unsure_text}" if unknown else ""
+    else:
+        what = f"the master lists this prompt's chunks, but {unsure_text}"
+    return _finding(
+        "holder-gone",
+        f"{what}: only {k} chunk(s) can really be read",
+        [f"segment {s.get('name')} at {s.get('endpoint')}: not answering" for s in gone]
+        + [f"segment {s.get('name')}: could not be checked" for s in unsure]
+        + [f"listed prefix {listed_k} chunks, live prefix {k}"],
+        "restart the segment holder (its data is lost) and let the prompt be stored again",
+        next_cmd,
+    )
+
+
+def _key_format_mismatch(
+    diag: Mapping[str, Any], store_cmd: Callable[[str, Mapping[str, Any] | None], str]
+) -> list[dict[str, Any]]:
+    """The store holds this prompt under another key format (the closest one the diagnosis found)."""
+    findings: list[dict[str, Any]] = []
+    groups = diag.get("groups") or []
+    closest = diag.get("closest")
+    g = groups[int(closest)] if closest is not None and groups else None
+    if g is not None and g.get("prompt_chunks_held") and g.get("differs_in"):
+        fields = ", ".join({"world_size": "world size", "hash_start": "hash seed"}.get(f, f) for f in g["differs_in"])
+        findings.append(
+            _finding(
+                "key-format-mismatch",
+                f"the store holds {g['prompt_chunks_held']} chunk(s) of this prompt under another key format "
+                f"(differs in {fields}): LMCache computed different keys than asked for",
+                list(diag.get("causes") or []),
+                f"ask with {' and '.join(g['flags'])} (or align the deployment's {fields})",
+                store_cmd("explain", g.get("changes") or {}),
+            )
+        )
+    elif g is not None and g.get("unknown_start_chunks"):
+        other = [f for f in g.get("differs_in") or [] if f != "hash_start"]
+        findings.append(
+            _finding(
+                "key-format-mismatch",
+                f"key-format mismatch (hash seed unknown): the store holds {g['unknown_start_chunks']} chunk(s) "
+                "of this prompt under a hash chain start none of the vLLM hash seeds tried gives: vLLM ran with "
+                "another PYTHONHASHSEED",
+                list(diag.get("causes") or []),
+                "ask with --vllm-hash-seed SEED (the PYTHONHASHSEED the vLLM that stored it ran with)"
+                + (f" and {' and '.join(g['flags'])}" if other else ""),
+                store_cmd("explain", (g.get("changes") or {}) | {"vllm_hash_seed": "SEED"}),
+            )
+        )
+    return findings
+
+
+def _unverified(store: Mapping[str, Any], next_cmd: str) -> list[dict[str, Any]]:
+    """Held chunks without a checksum (stored by stock LMCache)."""
     integrity = store.get("integrity") or {}
+    findings: list[dict[str, Any]] = []
     if integrity.get("unverified_chunks"):
         first = integrity.get("unverified") or []
         findings.append(
@@ -513,12 +574,10 @@ def explain_store(
                 [f"rank {u['rank']} chunk {u['chunk']}: no checksum" for u in first[:8]],
                 "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; once they are evicted "
                 "or removed, bsr's plugins store them again with a checksum",
-                store_cmd("probe"),
+                next_cmd,
             )
         )
-    return _result(
-        prompt, full, findings, None, source={"store": store.get("store")}, n_tokens=full.tokens, chunk_size=0
-    )
+    return findings
 
 
 def _result(
@@ -627,6 +686,33 @@ def explain_request(
         kind = FailureKind.TIER.value
     evidence.extend(_failure_line(f) for f in fails)
     marker = next((m for m in markers if prompt and m.get("prompt") == prompt), None)
+    verdict, summary, fix, nxt = _request_verdict(req, restore, kind, fails, marker, finished, health)
+    return {
+        "kind": "bsr.explain",
+        "request": req,
+        "prompt": prompt,
+        "verdict": verdict,
+        "reusable": verdict in ("restore-committed", "admitted"),
+        "summary": summary,
+        "findings": [_finding(verdict, summary, evidence, fix, nxt)],
+        "tiers": [],
+        "last_restore": restore,
+        "next": nxt,
+    }
+
+
+def _request_verdict(
+    req: str,
+    restore: Mapping[str, Any] | None,
+    kind: str | None,
+    fails: Sequence[Mapping[str, Any]],
+    marker: Mapping[str, Any] | None,
+    finished: ev.RequestFinished | None,
+    health: Mapping[str, Any],
+) -> tuple[str, str, str, str]:
+    """How the request ended, as (verdict, summary, fix, next command): the failure taxonomy's kind decides whom
+    it blames."""
+    outcome = (restore or {}).get("outcome")
     if outcome == Outcome.COMMITTED:
         verdict, summary, fix, nxt = (
             "restore-committed",
@@ -644,10 +730,10 @@ def explain_request(
     elif (
         outcome == Outcome.FAILED_CLOSED
         and kind == FailureKind.RANK
-        and any(f.get("kind") == "rank" and f.get("stage") for f in fails)
+        and any(f.get("kind") == FailureKind.RANK and f.get("stage") for f in fails)
     ):
         # The rank failed at its own stage (install, synchronize): the rank's fault, never a tier's.
-        f = next(f for f in fails if f.get("kind") == "rank" and f.get("stage"))
+        f = next(f for f in fails if f.get("kind") == FailureKind.RANK and f.get("stage"))
         win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
         verdict = "restore-failed-rank"
         summary = (
@@ -657,7 +743,9 @@ def explain_request(
         fix = f"check rank {f.get('rank')} (`bsr status` shows its last fault); restart it if it keeps failing"
         nxt = "bsr status"
     elif outcome == Outcome.FAILED_CLOSED and kind == FailureKind.RANK:
-        ranks = sorted({int(f["rank"]) for f in fails if f.get("kind") == "rank" and f.get("rank") is not None})
+        ranks = sorted(
+            {int(f["rank"]) for f in fails if f.get("kind") == FailureKind.RANK and f.get("rank") is not None}
+        )
         bad = [r for r in health.get("ranks") or [] if not r.get("healthy", True)]
         who = f"rank {', '.join(map(str, ranks))}" if ranks else "a rank"
         verdict = "restore-failed-rank"
@@ -685,15 +773,4 @@ def explain_request(
         fix, nxt = "nothing to fix", f"bsr describe {req}"
     else:
         verdict, summary, fix, nxt = "running", "the request has not finished", "wait", f"bsr events -f --request {req}"
-    return {
-        "kind": "bsr.explain",
-        "request": req,
-        "prompt": prompt,
-        "verdict": verdict,
-        "reusable": verdict in ("restore-committed", "admitted"),
-        "summary": summary,
-        "findings": [_finding(verdict, summary, evidence, fix, nxt)],
-        "tiers": [],
-        "last_restore": restore,
-        "next": nxt,
-    }
+    return verdict, summary, fix, nxt

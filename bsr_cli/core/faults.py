@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bsr_cli.errors import InvalidInput
 
 KINDS = ("remote-unavailable", "remote-and-ssd-absent", "restore-fault", "timeout", "corrupt")
+TIER_DOWN_KINDS = ("remote-unavailable", "remote-and-ssd-absent")  # a tier answers nothing
+STALL = "timeout"  # nothing arrives before the window's deadline
+CORRUPT = "corrupt"  # one byte flipped in transit
+INSTALL_FAULT = "restore-fault"  # the rank's own install fails
+FETCH_KINDS = (*TIER_DOWN_KINDS, STALL, CORRUPT)  # the faults that act on a window's fetch
 # Every fault has a bounded life: it fires on at most MAX_COUNT restores (count 0: until cleared or expired) and
 # expires TTL_S after it was armed (at most MAX_TTL_S), so one aimed at a window no prompt reaches cannot stay armed.
 MAX_COUNT = 1000
@@ -113,3 +119,23 @@ class FaultSpec:
 
     def tiers_affected(self) -> tuple[str, ...]:
         return {"remote-unavailable": ("mooncake",), "remote-and-ssd-absent": ("mooncake", "fs")}.get(self.kind, ())
+
+
+def window_faults(
+    faults: Sequence[FaultSpec], rank: int, window: int, first: int, kinds: Sequence[str], group: str | None = None
+) -> list[FaultSpec]:
+    """The armed faults of ``kinds`` that hit ``window`` on ``rank`` (and, when given, KV group ``group``): the one
+    targeting rule every host applies. ``first`` is the first window the restore reaches."""
+    return [
+        f
+        for f in faults
+        if f.kind in kinds
+        and f.applies_to_rank(rank)
+        and f.hits(window, first)
+        and (group is None or f.group is None or f.group == group)
+    ]
+
+
+def any_for_group(faults: Sequence[FaultSpec], group: str) -> bool:
+    """One of ``faults`` acts on KV group ``group`` (a fault that names no group acts on every group)."""
+    return any(f.group is None or f.group == group for f in faults)

@@ -42,7 +42,10 @@ CLI_NAMES = {
     "kv_tokens": "--kv-tokens",
     "fs_concurrency": "--fs-concurrency",
     "fetch_timeout_s": "--fetch-timeout",
+    "kv_wait_s": "--kv-wait",
 }
+# The longest a request may wait for destination KV blocks held by running requests (`--kv-wait`).
+MAX_KV_WAIT_S = 3600.0
 
 
 @dataclass
@@ -57,6 +60,9 @@ class EngineOptions:
     faults_enabled: bool = False
     fs_concurrency: int = 1
     fetch_timeout_s: float = 10.0
+    # How long a request waits for destination KV blocks held by running requests before it is refused for
+    # capacity (0: refuse at once).
+    kv_wait_s: float = 60.0
     host: str = "127.0.0.1"
     port: int = 0
     remote: bool = True
@@ -94,6 +100,7 @@ class EngineOptions:
             fetch_timeout_s=self.fetch_timeout_s,
             names=CLI_NAMES,
         )
+        _check_kv_wait(self.kv_wait_s)
         per_rank_prompt = self.max_tokens * reg.bytes_per_token
         segment = self.segment_bytes or max(256 << 20, 2 * per_rank_prompt * reg.tp_size)
         need = reg.tp_size * (kv * reg.bytes_per_token + pool) + (segment if self.remote else 0)
@@ -117,9 +124,18 @@ class EngineOptions:
             "faults_enabled": self.faults_enabled,
             "fs_concurrency": self.fs_concurrency,
             "fetch_timeout_s": self.fetch_timeout_s,
+            "kv_wait_s": self.kv_wait_s,
             "event_retention_s": self.event_retention_s,
             "event_store_bytes": self.event_store_bytes,
         }
+
+
+def _check_kv_wait(seconds: float) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_KV_WAIT_S:
+        # NaN fails the range test too.
+        raise InvalidInput(
+            f"{CLI_NAMES['kv_wait_s']} must be a number of seconds in [0, {MAX_KV_WAIT_S:.0f}], got {seconds!r}"
+        )
 
 
 def _mem_available() -> int | None:
@@ -317,87 +333,12 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
             _down_locked(state)
         logs = state / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_urlsafe(32)
-        token_path = state / "token"
-        token_path.touch(mode=0o600)
-        token_path.chmod(0o600)
-        token_path.write_text(token + "\n")
-        started: dict[str, services.ServiceHandle] = {}
+        token_path = _write_token(state)
         st: dict[str, Any] = {"services": {}, "ranks": [], "started_at": time.time()}
-        hosts: dict[str, Any] | None = None
         try:
-            mooncake = None
-            placed: dict[str, dict[str, Any]] = {"master": {}, "holder": {}}
-            if opts.hosts == netns.MODE:
-                topo = netns.Topology.plan(netns.prefix_for(state), opts.registration.tp_size, opts.link_rate_bps)
-                st["netns"] = topo.to_dict()  # recorded first: `down` removes it even if the start fails below
-                _write_json(state / "state.json", st | {"admin_url": ""})
-                netns.create(topo)
-                for node in (netns.MASTER, netns.HOLDER):
-                    ns = topo.netns(node)
-                    placed[node] = {
-                        "host": topo.address(node),
-                        "exec_prefix": netns.exec_argv(ns),
-                        "probe_in": lambda fn, ns=ns: netns.call_in(ns, fn),
-                    }
-            if opts.remote:
-                master = services.start_master(logs, **placed["master"])
-                started["master"] = master
-                st["services"]["mooncake_master"] = _record(master.pid, urls=master.urls, log=master.log_path)
-                _write_json(state / "state.json", st | {"admin_url": ""})
-                seg = services.start_segment_holder(logs, master, settings["segment_bytes"], **placed["holder"])
-                started["segment"] = seg
-                st["services"]["segment_holder"] = _record(seg.pid, urls=seg.urls, log=seg.log_path)
-                mooncake = {
-                    "master_address": master.rpc_address,
-                    "metadata_url": master.metadata_url,
-                    "health_url": master.health_url,
-                    "admin_url": master.admin_url,
-                }
-                if "netns" in st:
-                    holder = f"{placed['holder']['host']}:{seg.ports['service']}"
-                    hosts = {"topology": st["netns"], "endpoints": {"master": master.rpc_address, "holder": holder}}
-            engine_cfg = {
-                "registration": opts.registration.to_dict(),
-                "settings": {
-                    k: settings[k]
-                    for k in (
-                        "w",
-                        "pool_bytes",
-                        "budget_bytes",
-                        "max_tokens",
-                        "kv_tokens",
-                        "faults_enabled",
-                        "fs_concurrency",
-                        "fetch_timeout_s",
-                    )
-                }
-                | {"tiers": ("mooncake", "fs") if opts.remote else ("fs",)},
-                "mooncake": mooncake,
-                "hosts": hosts,
-                "fs_dir": str(state / "fs-tier"),
-                "host": opts.host,
-                "port": opts.port,
-                "admin": (opts.admin_limits or {})
-                | {"allowed_hosts": sorted(opts.allowed_hosts), "open_metrics": opts.open_metrics},
-                "events": {"max_age_s": settings["event_retention_s"], "max_bytes": settings["event_store_bytes"]},
-            }
-            _write_json(state / "engine.json", engine_cfg)
-            (state / "ready.json").unlink(missing_ok=True)
-            log_path = logs / "engine.log"
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "bsr_cli.engine.server", str(state)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                    umask=PRIVATE_UMASK,
-                )
-            st["services"]["engine"] = _record(proc.pid, log=str(log_path))
-            _write_json(state / "state.json", st | {"admin_url": ""})
-            ready = _wait_ready(state, proc, log_path)
+            mooncake, hosts = _start_store(state, opts, settings, st, logs)
+            _write_json(state / "engine.json", _engine_config(state, opts, settings, mooncake, hosts))
+            ready = _start_engine_process(state, st, logs)
             st["ranks"] = [_record(r["pid"], rank=r["rank"], device=r.get("device")) for r in ready["ranks"]]
             st["restored"] = ready.get("restored") or {}
             st["admin_url"] = ready["url"]
@@ -415,6 +356,110 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, 
             "token_file": str(token_path),
             "restored": (ready.get("restored") or {}).get("lines") or [],
         }
+
+
+def _write_token(state: Path) -> Path:
+    """A fresh admin bearer token, owner-only."""
+    token_path = state / "token"
+    token_path.touch(mode=0o600)
+    token_path.chmod(0o600)
+    token_path.write_text(secrets.token_urlsafe(32) + "\n")
+    return token_path
+
+
+def _start_store(
+    state: Path, opts: EngineOptions, settings: dict[str, Any], st: dict[str, Any], logs: Path
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The network namespaces (with --hosts netns), then the Mooncake master and segment holder (unless
+    --no-remote), each recorded in ``st`` as it starts so a failed start stops it. Returns the engine's Mooncake
+    endpoints and, with --hosts netns, its hosts."""
+    placed: dict[str, dict[str, Any]] = {"master": {}, "holder": {}}
+    if opts.hosts == netns.MODE:
+        topo = netns.Topology.plan(netns.prefix_for(state), opts.registration.tp_size, opts.link_rate_bps)
+        st["netns"] = topo.to_dict()  # recorded first: `down` removes it even if the start fails below
+        _write_json(state / "state.json", st | {"admin_url": ""})
+        netns.create(topo)
+        for node in (netns.MASTER, netns.HOLDER):
+            ns = topo.netns(node)
+            placed[node] = {
+                "host": topo.address(node),
+                "exec_prefix": netns.exec_argv(ns),
+                "probe_in": lambda fn, ns=ns: netns.call_in(ns, fn),
+            }
+    if not opts.remote:
+        return None, None
+    master = services.start_master(logs, **placed["master"])
+    st["services"]["mooncake_master"] = _record(master.pid, urls=master.urls, log=master.log_path)
+    _write_json(state / "state.json", st | {"admin_url": ""})
+    seg = services.start_segment_holder(logs, master, settings["segment_bytes"], **placed["holder"])
+    st["services"]["segment_holder"] = _record(seg.pid, urls=seg.urls, log=seg.log_path)
+    mooncake = {
+        "master_address": master.rpc_address,
+        "metadata_url": master.metadata_url,
+        "health_url": master.health_url,
+        "admin_url": master.admin_url,
+    }
+    hosts = None
+    if "netns" in st:
+        holder = f"{placed['holder']['host']}:{seg.ports['service']}"
+        hosts = {"topology": st["netns"], "endpoints": {"master": master.rpc_address, "holder": holder}}
+    return mooncake, hosts
+
+
+# The resolved settings the engine process runs with (engine.json's "settings": the runtime's EngineSettings).
+_ENGINE_SETTINGS = (
+    "w",
+    "pool_bytes",
+    "budget_bytes",
+    "max_tokens",
+    "kv_tokens",
+    "faults_enabled",
+    "fs_concurrency",
+    "fetch_timeout_s",
+    "kv_wait_s",
+)
+
+
+def _engine_config(
+    state: Path,
+    opts: EngineOptions,
+    settings: dict[str, Any],
+    mooncake: dict[str, Any] | None,
+    hosts: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """engine.json: everything the engine process (bsr_cli.engine.server) is built from."""
+    return {
+        "registration": opts.registration.to_dict(),
+        "settings": {k: settings[k] for k in _ENGINE_SETTINGS}
+        | {"tiers": ("mooncake", "fs") if opts.remote else ("fs",)},
+        "mooncake": mooncake,
+        "hosts": hosts,
+        "fs_dir": str(state / "fs-tier"),
+        "host": opts.host,
+        "port": opts.port,
+        "admin": (opts.admin_limits or {})
+        | {"allowed_hosts": sorted(opts.allowed_hosts), "open_metrics": opts.open_metrics},
+        "events": {"max_age_s": settings["event_retention_s"], "max_bytes": settings["event_store_bytes"]},
+    }
+
+
+def _start_engine_process(state: Path, st: dict[str, Any], logs: Path) -> dict[str, Any]:
+    """Start the engine process in a session of its own (it outlives the CLI) and wait until it serves."""
+    (state / "ready.json").unlink(missing_ok=True)
+    log_path = logs / "engine.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bsr_cli.engine.server", str(state)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            umask=PRIVATE_UMASK,
+        )
+    st["services"]["engine"] = _record(proc.pid, log=str(log_path))
+    _write_json(state / "state.json", st | {"admin_url": ""})
+    return _wait_ready(state, proc, log_path)
 
 
 def _wait_ready(state: Path, proc: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:

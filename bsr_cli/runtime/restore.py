@@ -9,6 +9,9 @@ its groups invalid, so the commit rule collapses the external prefix to zero.
 
 When the budget allows more than one window, the next windows' fetches (at most two in flight) overlap the current
 window's install and each other. With B = RWS(W) only one window is ever live: the paper's serialized behaviour.
+
+The loop knows nothing of injected faults: a job that carries armed ones runs over wrapped tiers and a wrapped
+install stage (``runtime/faulty.py``), exactly as it runs over the real ones.
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from bsr_cli.core.events import (
 from bsr_cli.core.events import (
     RestoreFailed as RestoreFailedEvent,
 )
-from bsr_cli.core.evidence import CapacityCause, FailureKind, Stage
-from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.evidence import CapacityCause, Stage
 from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import crc32c_at
+from bsr_cli.runtime.faulty import ArmedFaults
 from bsr_cli.runtime.pool import Lease, RestorePool
+from bsr_cli.runtime.restore_failed import RestoreFailed, aborted
 from bsr_cli.runtime.tiers import CODE_NAMES, TIMED_OUT, UNAVAILABLE, AbandoningTier, StagingSlice, Tier
 
 
@@ -62,51 +66,9 @@ class Destination(Protocol):
 RankOutcome = RestoreResult
 
 
-class RestoreFailed(Exception):
-    """One rank's retrieve failed at ``stage``: a fetch or verify failure is the tier's (``tier`` names it), an
-    install or synchronize failure the rank's own, an abort the operator's."""
-
-    def __init__(
-        self,
-        reason: str,
-        window: int | None,
-        groups: Sequence[str] | None = None,
-        *,
-        kind: FailureKind,
-        stage: Stage | None,
-        tier: str | None = None,
-    ) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.window = window
-        self.groups = groups  # None: every group of this rank
-        self.kind = kind
-        self.stage = stage
-        self.tier = tier
-
-
-def aborted(window: int | None, stage: Stage | None = None) -> RestoreFailed:
-    return RestoreFailed("aborted by the operator", window, kind=failures.ABORTED, stage=stage)
-
-
 Emit = Callable[[Event], None]
 # Most windows with a fetch in flight at once (the budget B bounds it further).
 _FETCH_AHEAD = 2
-
-
-def window_faults(
-    faults: Sequence[FaultSpec], rank: int, window: int, first: int, kinds: Sequence[str], group: str | None = None
-) -> list[FaultSpec]:
-    """The armed faults of ``kinds`` that hit ``window`` on ``rank`` (and, when given, KV group ``group``): the one
-    targeting rule every host applies."""
-    return [
-        f
-        for f in faults
-        if f.kind in kinds
-        and f.applies_to_rank(rank)
-        and f.hits(window, first)
-        and (group is None or f.group is None or f.group == group)
-    ]
 
 
 def run_windows(
@@ -122,7 +84,6 @@ def run_windows(
     pool_stats: Callable[[], dict[str, int]],
     prepare: Callable[[], None] | None = None,
     cleanup: Callable[[], None] | None = None,
-    fired: set[int] | None = None,
 ) -> RankOutcome:
     """The window loop of one rank's retrieve, shared by every host: the abort check before each window, the
     host's ``step`` (lease, fetch, check, install, sync, release: returns the window's bytes), the outcome's
@@ -134,7 +95,6 @@ def run_windows(
     failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead)."""
     started = time.monotonic()
     out = RankOutcome(rank, ok=False, valid=dict.fromkeys(groups, False))
-    fired = set() if fired is None else fired
     try:
         if prepare is not None:
             prepare()
@@ -174,7 +134,6 @@ def run_windows(
     finally:
         if cleanup is not None:
             cleanup()
-        out.fired_faults = sorted(fired)
         out.seconds = time.monotonic() - started
     if not out.ok:
         # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
@@ -196,6 +155,8 @@ def run_windows(
 
 
 Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
+# The install stage of one window: (job, window, the window's lease) -> None; raises RestoreFailed.
+_Install = Callable[[RestoreJob, WindowJob, Lease], None]
 
 
 class RankRestorer:
@@ -220,17 +181,19 @@ class RankRestorer:
         self.emit = emit
         self._fetcher = ThreadPoolExecutor(max_workers=_FETCH_AHEAD, thread_name_prefix=f"bsr-fetch-{rank}")
         self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bsr-verify-{rank}")
-        self._aborts: dict[str, threading.Event] = {}
         # What a host knows about a tier's failure beyond its error codes (e.g. which network link is down):
         # called with the tier's name when a fetch from it fails, its answer is added to the failure's reason.
         self.diagnose: Callable[[str], str] | None = None
 
     # -- public ------------------------------------------------------------------------------------------------
     def restore(self, job: RestoreJob, abort: threading.Event) -> RankOutcome:
-        self._aborts[job.request_id] = abort
-        fired: set[int] = set()
+        tiers: Mapping[str, Tier] = self.tiers
+        install: _Install = self._install
+        # Armed faults act through wrapped parts (runtime/faulty.py): the window loop runs them as the real ones.
+        armed = ArmedFaults.of(job, self.rank, abort)
+        if armed is not None:
+            tiers, install = armed.tiers(self.tiers, job, self.group_order), armed.install(install, self.group_order)
         windows = list(job.windows)
-        first = windows[0].index if windows else 0
         bounded = job.w > 0
         # Windows whose fetch has been issued, in window order; each holds its own lease.
         ahead: deque[Future[Fetched]] = deque()
@@ -247,7 +210,7 @@ class RankRestorer:
                 lease = self._lease(job, win, bounded, wait=block and not ahead)
                 if lease is None:
                     return
-                ahead.append(self._fetcher.submit(self._fetch_owned, job, win, lease, first, fired))
+                ahead.append(self._fetcher.submit(self._fetch_owned, job, win, lease, tiers))
                 issued += 1
                 if not bounded:
                     return  # the whole-plan path is one window
@@ -266,7 +229,7 @@ class RankRestorer:
                 fetch_ahead(block=False)
                 t0 = time.monotonic()
                 try:
-                    self._install(job, win, lease, first, fired)
+                    install(job, win, lease)
                 except RestoreFailed:
                     raise
                 except Exception as e:
@@ -288,9 +251,8 @@ class RankRestorer:
                     lease_p.release()
                 except Exception:  # noqa: BLE001 - its failure is already subsumed by ours
                     pass
-            self._aborts.pop(job.request_id, None)
 
-        return run_windows(
+        out = run_windows(
             rank=self.rank,
             groups=self.group_order,
             request=job.request_id,
@@ -301,8 +263,9 @@ class RankRestorer:
             emit=self.emit,
             pool_stats=lambda: self.pool.stats().to_dict(),
             cleanup=cleanup,
-            fired=fired,
         )
+        out.fired_faults = armed.fired if armed is not None else []
+        return out
 
     def close(self) -> None:
         self._fetcher.shutdown(wait=False, cancel_futures=True)
@@ -322,16 +285,13 @@ class RankRestorer:
         self.emit(WindowWaiting(request=job.request_id, rank=self.rank, window=win.index))
         return self.pool.acquire(n, timeout_s=job.admit_timeout_s, bounded=bounded, wait=True)
 
-    def _fetch_owned(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> Fetched:
+    def _fetch_owned(self, job: RestoreJob, win: WindowJob, lease: Lease, tiers: Mapping[str, Tier]) -> Fetched:
         try:
-            seconds, arrived = self._fetch(job, win, lease, first, fired)
+            seconds, arrived = self._fetch(job, win, lease, tiers)
             return lease, seconds, arrived
         except BaseException:
             lease.release()
             raise
-
-    def _faults(self, job: RestoreJob, win: WindowJob, first: int, kinds: Sequence[str]) -> list[FaultSpec]:
-        return window_faults(job.faults, self.rank, win.index, first, kinds)
 
     def _staging(self, job: RestoreJob, win: WindowJob, lease: Lease) -> list[tuple[str, int, StagingSlice]]:
         out = []
@@ -342,7 +302,7 @@ class RankRestorer:
         return out
 
     def _fetch(
-        self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]
+        self, job: RestoreJob, win: WindowJob, lease: Lease, tiers: Mapping[str, Tier]
     ) -> tuple[float, list[tuple[str, int, StagingSlice, int | None]]]:
         """Transfer every object of the window into its slots and require that each arrived whole in time.
         Returns the seconds taken and the objects with their stored checksums, for _verify."""
@@ -353,44 +313,23 @@ class RankRestorer:
         for g, c, s in staged:
             by_tier.setdefault(job.objects[g][c].tier, []).append((g, c, s))
         arrived: list[tuple[str, int, StagingSlice, int | None]] = []
-        tier_faults = self._faults(job, win, first, ("remote-unavailable", "remote-and-ssd-absent"))
-        down = {t for f in tier_faults for t in f.tiers_affected()}
-        timeouts = self._faults(job, win, first, ("timeout",))
-        corrupt = self._faults(job, win, first, ("corrupt",))
-        for f in self._faults(job, win, first, ("remote-unavailable", "remote-and-ssd-absent", "timeout", "corrupt")):
-            fired.add(f.id)
         for tier_name, items in by_tier.items():
             keys = [job.objects[g][c].key for g, c, _ in items]
             dests = [s for _, _, s in items]
             left = deadline - time.monotonic()
-            if tier_name in down:
-                codes: list[int] = [UNAVAILABLE] * len(keys)
-                sums: list[int | None] = [None] * len(keys)
-            elif left <= 0:
+            tier = tiers.get(tier_name)
+            codes: list[int]
+            sums: list[int | None]
+            if left <= 0:
                 codes, sums = [TIMED_OUT] * len(keys), [None] * len(keys)
+            elif tier is None:
+                codes, sums = [UNAVAILABLE] * len(keys), [None] * len(keys)
             else:
-                tier = self.tiers.get(tier_name)
-                if tier is None:
-                    codes, sums = [UNAVAILABLE] * len(keys), [None] * len(keys)
-                else:
-                    codes, sums = tier.get_into(keys, dests, left)
-                    if isinstance(tier, AbandoningTier) and any(c in (TIMED_OUT, UNAVAILABLE) for c in codes):
-                        # A transfer given up at the deadline may still land in these slots: keep them out of
-                        # the pool until it returns, so a late write can never reach another window's bytes.
-                        lease.hold_until(tier.pending_writes())
-            if timeouts:
-                stalled = [i for i, (g, _, _) in enumerate(items) if _group_matches(timeouts, g)]
-                if stalled:
-                    # The injected stall: nothing more arrives before the deadline (an abort cuts it short).
-                    abort = self._aborts.get(job.request_id)
-                    if abort is not None and abort.wait(max(0.0, deadline - time.monotonic())):
-                        raise aborted(win.index, Stage.FETCH)
-                    codes = [TIMED_OUT if i in stalled else code for i, code in enumerate(codes)]
-            for f in corrupt:
-                for (g, _, s), code in zip(items, codes, strict=True):
-                    if code > 0 and (f.group is None or f.group == g):
-                        s.view[len(s.view) // 2] ^= 0xFF  # one flipped byte in transit
-                        break
+                codes, sums = tier.get_into(keys, dests, left)
+                if isinstance(tier, AbandoningTier) and any(c in (TIMED_OUT, UNAVAILABLE) for c in codes):
+                    # A transfer given up at the deadline may still land in these slots: keep them out of
+                    # the pool until it returns, so a late write can never reach another window's bytes.
+                    lease.hold_until(tier.pending_writes())
             arrived.extend(self._check_arrival(win, tier_name, items, codes, sums))
         self.emit(
             WindowFetched(
@@ -454,20 +393,8 @@ class RankRestorer:
                 tier=job.objects[g][c].tier or None,
             )
 
-    def _install(self, job: RestoreJob, win: WindowJob, lease: Lease, first: int, fired: set[int]) -> None:
-        faults = self._faults(job, win, first, ("restore-fault",))
+    def _install(self, job: RestoreJob, win: WindowJob, lease: Lease) -> None:
         for g in self.group_order:
-            if _group_matches(faults, g):
-                for f in faults:
-                    fired.add(f.id)
-                # The injected fault is in the rank's own install (the H2D copy): the rank is blamed, never a tier.
-                raise RestoreFailed(
-                    f"injected restore fault while installing group {g}",
-                    win.index,
-                    [g],
-                    kind=failures.RANK,
-                    stage=Stage.INSTALL,
-                )
             b0, b1 = win.blocks[g]
             sources = [
                 lease.slot(i, self.group_offsets[g], job.objects[g][c].size)
@@ -483,10 +410,6 @@ class RankRestorer:
         self.emit(WindowInstalled(request=job.request_id, rank=self.rank, window=win.index))
 
 
-def _group_matches(faults: Sequence[FaultSpec], group: str) -> bool:
-    return any(f.group is None or f.group == group for f in faults)
-
-
 __all__ = [
     "Destination",
     "ObjectRef",
@@ -498,5 +421,4 @@ __all__ = [
     "WindowJob",
     "aborted",
     "run_windows",
-    "window_faults",
 ]

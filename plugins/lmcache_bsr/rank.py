@@ -12,8 +12,8 @@ Mooncake transfers) releases the GIL. Inside vLLM each worker process already is
 ``LMCacheRank`` serves the rank-ops contract (bsr_cli.api.ranks.RankOps) as bsr_cli/engine/worker.py does, so
 bsr's Coordinator drives it unchanged; ``ThreadRank`` runs its typed requests on threads.
 
-Over 500 lines on purpose: the window step (admit, fetch ahead, check, install, give back to L1) and the budget,
-lock and cleanup that keep it fail-closed must be read together.
+Over 500 lines on purpose: a request's window steps (``_RestoreRun``: admit, fetch ahead, check, install, give back
+to L1) and the budget, lock and cleanup that keep it fail-closed must be read together.
 
 Admission is per window, under the budget B (``L1Budget``): a window's bytes are admitted before its fetch is issued
 and given back once it is installed, first come first served across requests, so restores overlap window by window
@@ -47,6 +47,7 @@ from bsr_cli.api.ranks import (
     RemoveAllResult,
     ResetPeakRequest,
     ResetPeakResult,
+    RestoreJob,
     RestoreRequest,
     RestoreResult,
     SetBudgetRequest,
@@ -65,15 +66,15 @@ from bsr_cli.api.ranks import (
 from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.events import Event, WindowFetched, WindowWaiting
 from bsr_cli.core.evidence import CapacityCause, Stage
-from bsr_cli.core.faults import KINDS
 from bsr_cli.core.keys import parse_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import BadRequest, CapacityError
 from bsr_cli.mooncake.health import health_url_for, master_healthy
 from bsr_cli.runtime import failures
+from bsr_cli.runtime.faulty import ArmedFaults, WindowStage
 from bsr_cli.runtime.kv_ops import KVOps
 from bsr_cli.runtime.paged_kv import PagedKV
-from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, run_windows, window_faults
+from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, aborted, run_windows
 
 from . import _lmcache as lm
 from . import integrity
@@ -375,201 +376,11 @@ class LMCacheRank(KVOps):
     def restore(self, req: RestoreRequest) -> RestoreResult:
         job = req.job
         job.validate([self.group])
-        request = job.request_id
-        abort = self._aborts.setdefault(request, threading.Event())
-        windows = list(job.windows)
-        objs: list[ObjectRef] = []
-        keys: list[Any] = []  # LMCache's key of every planned chunk, computed once for the request
-        slots: list[torch.Tensor] = []
-        faults = [f for f in job.faults if f.applies_to_rank(self.rank)]
-        fired: set[int] = set()
-        cs = self.reg.chunk_size
-        first = windows[0].index if windows else 0
-        bounded = job.w > 0
-        timeout_s = float(job.fetch_timeout_s)
-        # Fetches issued and not yet consumed, in window order: (window position, issue time, futures, the bytes
-        # admitted under B for it).
-        ahead: deque[tuple[int, float, list[Future[list[Any]]], int]] = deque()
-
-        def prepare() -> None:
-            objs.extend(job.objects[self.group])
-            if not windows:
-                return
-            end_tokens = windows[-1].token_end
-            # The tokens behind the plan, from the last planned chunk's bsr hash (keys are LMCache's own).
-            tokens = self.registry.tokens_for_hash(parse_key(objs[-1].key)[3])
-            if len(tokens) < end_tokens or end_tokens % cs:
-                raise RestoreFailed(
-                    f"plan covers {end_tokens} tokens; only full chunks can come from LMCache",
-                    None,
-                    kind=failures.TIER,
-                    stage=Stage.FETCH,
-                )
-            keys.extend(self.keys(tokens[:end_tokens]))
-            lm.lower_transfer_priority(self.engine)  # once per engine: the transfer's completion poll yields
-            slots.append(self.slots(list(job.block_tables[self.group]), end_tokens))
-
-        def window_bytes(win: WindowJob) -> int:
-            return (win.chunk_end - win.chunk_start) * self.chunk_bytes
-
-        def issue(pos: int, admitted: int) -> None:
-            win = windows[pos]
-            hits = window_faults(faults, self.rank, win.index, first, KINDS, self.group)
-            down = {t for f in hits for t in f.tiers_affected()}
-            # The coordinator chose a tier per chunk from the probe bitmap (force-local exclusions included); an
-            # injected "tier down" reads from a location no backend has, LMCache's own failure path.
-            locations = [
-                lm.FAULT_LOCATION if objs[c].tier in down else lm.TIER_BACKENDS.get(objs[c].tier, lm.FAULT_LOCATION)
-                for c in range(win.chunk_start, win.chunk_end)
-            ]
-            n = win.chunk_end - win.chunk_start
-            cuts = sorted({n * i // FETCH_STREAMS for i in range(FETCH_STREAMS + 1)})
-            futs = [
-                self._io.submit(
-                    lm.fetch_window, self.engine, keys[win.chunk_start + a : win.chunk_start + b], locations[a:b]
-                )
-                for a, b in itertools.pairwise(cuts)
-            ]
-            ahead.append((pos, time.monotonic(), futs, admitted))
-
-        def may_run_ahead(pos: int) -> bool:
-            # The next window's fetch overlaps this window's install when the budget holds both (B >= 2 windows);
-            # with B = RWS(W) only one window is ever live, the paper's serialized restore.
-            if not bounded or pos + 1 >= len(windows):
-                return False
-            return window_bytes(windows[pos]) + window_bytes(windows[pos + 1]) <= self.budget_bytes
-
-        def step(win: WindowJob, out: RankOutcome) -> int:
-            pos = out.windows_done  # run_windows steps through the windows in order
-            idx, s, e = win.index, win.token_start, win.token_end
-            nbytes = window_bytes(win)
-            if bounded and nbytes > self.budget_bytes:
-                raise failures.WindowRefused(
-                    f"a window of {win.chunk_end - win.chunk_start} chunks needs {nbytes:,} bytes of L1; "
-                    f"the budget is {self.budget_bytes:,}",
-                    cause=CapacityCause.WINDOW_OVER_BUDGET,
-                )
-            hits = window_faults(faults, self.rank, idx, first, KINDS, self.group)
-            fired.update(f.id for f in hits)
-            if any(f.kind == "timeout" for f in hits):
-                # The injected stall: nothing arrives before the deadline (an abort cuts it short).
-                if abort.wait(timeout_s):
-                    raise RestoreFailed("aborted by the operator", idx, kind=failures.ABORTED, stage=Stage.FETCH)
-                raise RestoreFailed(
-                    f"timeout: window {idx} did not arrive within {timeout_s}s",
-                    idx,
-                    kind=failures.TIER,
-                    stage=Stage.FETCH,
-                    tier=_one_tier(objs, win),
-                )
-            t0 = time.monotonic()
-            self.tracker.mark()
-            if not ahead:
-                admitted = nbytes if bounded else 0  # W=0, the whole plan, is bounded by the pool, not B
-                if bounded and not self.l1.try_admit(nbytes):
-                    # Other restores' windows hold B: waiting for room is admission, not a stall.
-                    self.emit(WindowWaiting(request=request, rank=self.rank, window=idx))
-                    if not self.l1.admit(nbytes, time.monotonic() + float(job.admit_timeout_s), abort):
-                        if abort.is_set():
-                            raise RestoreFailed(
-                                "aborted by the operator", idx, kind=failures.ABORTED, stage=Stage.FETCH
-                            )
-                        raise failures.WindowRefused(
-                            f"window {idx} waited {job.admit_timeout_s:g}s for room in the budget B "
-                            f"({self.budget_bytes:,} bytes) held by other restores",
-                            cause=CapacityCause.ADMISSION_TIMEOUT,
-                        )
-                issue(pos, admitted)
-            _, issued_at, futs, admitted = ahead[0]
-            got = self._await_fetch(futs, issued_at, timeout_s, idx)
-            ahead.popleft()
-            try:
-                out.fetch_seconds += time.monotonic() - t0
-                loaded = sum(cs for o in got if o is not None)
-                if loaded != e - s and self.checksums is not None:
-                    self._verify_step(keys[win.chunk_start : win.chunk_end], win.chunk_start, idx)
-                if loaded != e - s:
-                    tiers = sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)})
-                    raise RestoreFailed(
-                        f"LMCache loaded {loaded} of {e - s} tokens of window {idx} (tiers {', '.join(tiers)})",
-                        idx,
-                        kind=failures.TIER,
-                        stage=Stage.FETCH,
-                        tier=tiers[0] if len(tiers) == 1 else None,
-                    )
-                self.emit(
-                    WindowFetched(
-                        request=request,
-                        rank=self.rank,
-                        window=idx,
-                        bytes=nbytes,
-                        seconds=time.monotonic() - t0,
-                        tiers=tuple(sorted({objs[c].tier for c in range(win.chunk_start, win.chunk_end)})),
-                        pool=self.pool_stats(),
-                    )
-                )
-                if may_run_ahead(pos) and self.l1.try_admit(window_bytes(windows[pos + 1])):
-                    issue(pos + 1, window_bytes(windows[pos + 1]))
-                t1 = time.monotonic()
-                starts = list(range(s, e, cs))
-                try:
-                    with self._engine_lock():  # the install writes through the connector: one at a time
-                        lm.install_window(
-                            self.engine,
-                            got,
-                            starts,
-                            [x + cs for x in starts],
-                            kvcaches=self.kvcaches,
-                            slot_mapping=slots[0],
-                        )
-                except Exception as e:
-                    raise RestoreFailed(
-                        f"install failed: {type(e).__name__}: {e}", idx, kind=failures.RANK, stage=Stage.INSTALL
-                    ) from e
-                out.install_seconds += time.monotonic() - t1
-            finally:
-                lm.release_objects(got)
-                if admitted:
-                    self.l1.release(admitted)
-                out.peak_live_bytes = max(out.peak_live_bytes, self.tracker.window_peak)
-            if any(f.kind == "restore-fault" for f in hits):
-                # The injected fault is in the rank's own install: the rank is blamed, never a tier.
-                raise RestoreFailed(
-                    f"injected restore fault while installing group {self.group}",
-                    idx,
-                    kind=failures.RANK,
-                    stage=Stage.INSTALL,
-                )
-            return nbytes
-
-        def cleanup() -> None:
-            # A fetch issued ahead may still run: wait for it (with a grace), give its objects back to L1 and its
-            # bytes back to B. Fetches only fill L1; nothing here writes the destination blocks.
-            while ahead:
-                _, _, futs, admitted = ahead.popleft()
-                for fut in futs:
-                    with contextlib.suppress(Exception):  # its failure is already subsumed by ours
-                        lm.release_objects(fut.result(timeout=RETRIEVE_GRACE_S))
-                if admitted:
-                    self.l1.release(admitted)
-
+        abort = self._aborts.setdefault(job.request_id, threading.Event())
         try:
-            return run_windows(
-                rank=self.rank,
-                groups=[self.group],
-                request=request,
-                windows=windows,
-                abort=abort,
-                step=step,
-                scrub=lambda: self.kv.invalidate(job.block_tables),
-                emit=self.emit,
-                pool_stats=self.pool_stats,
-                prepare=prepare,
-                cleanup=cleanup,
-                fired=fired,
-            )
+            return _RestoreRun(self, job, abort).run()
         finally:
-            self._aborts.pop(request, None)
+            self._aborts.pop(job.request_id, None)
 
     def _verify_step(self, keys: list[Any], first_chunk: int, window: int) -> None:
         """A window came back short: when a chunk of it failed its checksum (or had none, and unverified chunks are
@@ -670,6 +481,219 @@ class LMCacheRank(KVOps):
         if io is not None:
             io.shutdown(wait=True, cancel_futures=True)
         lm.destroy_engine(self.instance_id)
+
+
+# Fetches issued and not yet consumed, in window order: (window position, issue time, the fetch's parts, the bytes
+# admitted under B for it).
+_Ahead = tuple[int, float, list[Future[list[Any]]], int]
+
+
+class _RestoreRun:
+    """One request's restore on an LMCacheRank, window by window: admit a window under B, fetch it from LMCache (the
+    next window's fetch issued ahead when B holds both), check it loaded whole, install it through the connector,
+    give its objects back to L1 and its bytes back to B. Armed faults wrap its parts (bsr_cli/runtime/faulty.py)."""
+
+    def __init__(self, rank: LMCacheRank, job: RestoreJob, abort: threading.Event) -> None:
+        self.rank = rank
+        self.job = job
+        self.abort = abort
+        self.windows = list(job.windows)
+        self.objs: list[ObjectRef] = []
+        self.keys: list[Any] = []  # LMCache's key of every planned chunk, computed once for the request
+        self.slot_mapping: torch.Tensor | None = None
+        self.bounded = job.w > 0
+        self.timeout_s = float(job.fetch_timeout_s)
+        self.ahead: deque[_Ahead] = deque()
+        self.locate: Callable[[WindowJob, str], str] = lambda _win, tier: lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
+        self.window_stage: WindowStage = self._fetch_and_install
+        self.armed = ArmedFaults.of(job, rank.rank, abort)
+        if self.armed is not None:
+            # An injected "tier down" reads from a location no backend has, LMCache's own failure path.
+            self.locate = self.armed.locations(self.locate, lm.FAULT_LOCATION, rank.group)
+            self.window_stage = self.armed.window(
+                self.window_stage, rank.group, self.timeout_s, lambda win: _one_tier(self.objs, win)
+            )
+
+    def run(self) -> RankOutcome:
+        out = run_windows(
+            rank=self.rank.rank,
+            groups=[self.rank.group],
+            request=self.job.request_id,
+            windows=self.windows,
+            abort=self.abort,
+            step=self._step,
+            scrub=lambda: self.rank.kv.invalidate(self.job.block_tables),
+            emit=self.rank.emit,
+            pool_stats=self.rank.pool_stats,
+            prepare=self._prepare,
+            cleanup=self._cleanup,
+        )
+        out.fired_faults = self.armed.fired if self.armed is not None else []
+        return out
+
+    def _prepare(self) -> None:
+        rank, cs = self.rank, self.rank.reg.chunk_size
+        self.objs.extend(self.job.objects[rank.group])
+        if not self.windows:
+            return
+        end_tokens = self.windows[-1].token_end
+        # The tokens behind the plan, from the last planned chunk's bsr hash (keys are LMCache's own).
+        tokens = rank.registry.tokens_for_hash(parse_key(self.objs[-1].key)[3])
+        if len(tokens) < end_tokens or end_tokens % cs:
+            raise RestoreFailed(
+                f"plan covers {end_tokens} tokens; only full chunks can come from LMCache",
+                None,
+                kind=failures.TIER,
+                stage=Stage.FETCH,
+            )
+        self.keys.extend(rank.keys(tokens[:end_tokens]))
+        lm.lower_transfer_priority(rank.engine)  # once per engine: the transfer's completion poll yields
+        self.slot_mapping = rank.slots(list(self.job.block_tables[rank.group]), end_tokens)
+
+    def _window_bytes(self, win: WindowJob) -> int:
+        return (win.chunk_end - win.chunk_start) * self.rank.chunk_bytes
+
+    def _tiers(self, win: WindowJob) -> list[str]:
+        return sorted({self.objs[c].tier for c in range(win.chunk_start, win.chunk_end)})
+
+    def _step(self, win: WindowJob, out: RankOutcome) -> int:
+        nbytes = self._window_bytes(win)
+        if self.bounded and nbytes > self.rank.budget_bytes:
+            raise failures.WindowRefused(
+                f"a window of {win.chunk_end - win.chunk_start} chunks needs {nbytes:,} bytes of L1; "
+                f"the budget is {self.rank.budget_bytes:,}",
+                cause=CapacityCause.WINDOW_OVER_BUDGET,
+            )
+        return self.window_stage(win, out)
+
+    def _fetch_and_install(self, win: WindowJob, out: RankOutcome) -> int:
+        pos = out.windows_done  # run_windows steps through the windows in order
+        nbytes = self._window_bytes(win)
+        t0 = time.monotonic()
+        self.rank.tracker.mark()
+        if not self.ahead:
+            self._admit_and_issue(pos)
+        _, issued_at, futs, admitted = self.ahead[0]
+        got = self.rank._await_fetch(futs, issued_at, self.timeout_s, win.index)
+        self.ahead.popleft()
+        try:
+            out.fetch_seconds += time.monotonic() - t0
+            self._check_loaded(win, got)
+            self.rank.emit(
+                WindowFetched(
+                    request=self.job.request_id,
+                    rank=self.rank.rank,
+                    window=win.index,
+                    bytes=nbytes,
+                    seconds=time.monotonic() - t0,
+                    tiers=tuple(self._tiers(win)),
+                    pool=self.rank.pool_stats(),
+                )
+            )
+            if self._may_run_ahead(pos):
+                self._issue(pos + 1, self._window_bytes(self.windows[pos + 1]))
+            out.install_seconds += self._install(win, got)
+        finally:
+            lm.release_objects(got)
+            if admitted:
+                self.rank.l1.release(admitted)
+            out.peak_live_bytes = max(out.peak_live_bytes, self.rank.tracker.window_peak)
+        return nbytes
+
+    def _admit_and_issue(self, pos: int) -> None:
+        """Admit window ``pos`` under B (waiting in line for room) and issue its fetch."""
+        win, l1 = self.windows[pos], self.rank.l1
+        nbytes = self._window_bytes(win)
+        if self.bounded and not l1.try_admit(nbytes):
+            # Other restores' windows hold B: waiting for room is admission, not a stall.
+            self.rank.emit(WindowWaiting(request=self.job.request_id, rank=self.rank.rank, window=win.index))
+            if not l1.admit(nbytes, time.monotonic() + float(self.job.admit_timeout_s), self.abort):
+                if self.abort.is_set():
+                    raise aborted(win.index, Stage.FETCH)
+                raise failures.WindowRefused(
+                    f"window {win.index} waited {self.job.admit_timeout_s:g}s for room in the budget B "
+                    f"({self.rank.budget_bytes:,} bytes) held by other restores",
+                    cause=CapacityCause.ADMISSION_TIMEOUT,
+                )
+        self._issue(pos, nbytes if self.bounded else 0)  # W=0, the whole plan, is bounded by the pool, not B
+
+    def _issue(self, pos: int, admitted: int) -> None:
+        """Issue window ``pos``'s fetch as FETCH_STREAMS concurrent parts, from the tier the coordinator chose per
+        chunk (from the probe bitmap, force-local exclusions included)."""
+        win = self.windows[pos]
+        locations = [self.locate(win, self.objs[c].tier) for c in range(win.chunk_start, win.chunk_end)]
+        n = win.chunk_end - win.chunk_start
+        cuts = sorted({n * i // FETCH_STREAMS for i in range(FETCH_STREAMS + 1)})
+        futs = [
+            self.rank._io.submit(
+                lm.fetch_window,
+                self.rank.engine,
+                self.keys[win.chunk_start + a : win.chunk_start + b],
+                locations[a:b],
+            )
+            for a, b in itertools.pairwise(cuts)
+        ]
+        self.ahead.append((pos, time.monotonic(), futs, admitted))
+
+    def _may_run_ahead(self, pos: int) -> bool:
+        """Admit the next window now when the budget holds it beside this one (B >= 2 windows): its fetch then
+        overlaps this window's install. With B = RWS(W) only one window is ever live, the paper's serialized
+        restore."""
+        if not self.bounded or pos + 1 >= len(self.windows):
+            return False
+        nxt = self._window_bytes(self.windows[pos + 1])
+        if self._window_bytes(self.windows[pos]) + nxt > self.rank.budget_bytes:
+            return False
+        return self.rank.l1.try_admit(nxt)
+
+    def _check_loaded(self, win: WindowJob, got: list[Any]) -> None:
+        """Completeness: LMCache loaded every token of the window (a short load names the chunk that failed its
+        checksum, when that is why)."""
+        want = win.token_end - win.token_start
+        loaded = sum(self.rank.reg.chunk_size for o in got if o is not None)
+        if loaded == want:
+            return
+        if self.rank.checksums is not None:
+            self.rank._verify_step(self.keys[win.chunk_start : win.chunk_end], win.chunk_start, win.index)
+        tiers = self._tiers(win)
+        raise RestoreFailed(
+            f"LMCache loaded {loaded} of {want} tokens of window {win.index} (tiers {', '.join(tiers)})",
+            win.index,
+            kind=failures.TIER,
+            stage=Stage.FETCH,
+            tier=tiers[0] if len(tiers) == 1 else None,
+        )
+
+    def _install(self, win: WindowJob, got: list[Any]) -> float:
+        """Write the window through the connector into its destination blocks; returns the seconds it took."""
+        t1, cs = time.monotonic(), self.rank.reg.chunk_size
+        starts = list(range(win.token_start, win.token_end, cs))
+        try:
+            with self.rank._engine_lock():  # the install writes through the connector: one at a time
+                lm.install_window(
+                    self.rank.engine,
+                    got,
+                    starts,
+                    [x + cs for x in starts],
+                    kvcaches=self.rank.kvcaches,
+                    slot_mapping=self.slot_mapping,
+                )
+        except Exception as e:
+            raise RestoreFailed(
+                f"install failed: {type(e).__name__}: {e}", win.index, kind=failures.RANK, stage=Stage.INSTALL
+            ) from e
+        return time.monotonic() - t1
+
+    def _cleanup(self) -> None:
+        # A fetch issued ahead may still run: wait for it (with a grace), give its objects back to L1 and its
+        # bytes back to B. Fetches only fill L1; nothing here writes the destination blocks.
+        while self.ahead:
+            _, _, futs, admitted = self.ahead.popleft()
+            for fut in futs:
+                with contextlib.suppress(Exception):  # its failure is already subsumed by ours
+                    lm.release_objects(fut.result(timeout=RETRIEVE_GRACE_S))
+            if admitted:
+                self.rank.l1.release(admitted)
 
 
 class HostedRank(RankOps, Protocol):

@@ -37,6 +37,9 @@ def test_up_rejects_a_budget_below_one_window(bsr, tmp_path: Path, monkeypatch) 
         (["--W", "0", "--budget", "1"], "below one chunk slot"),
         (["--budget", "1000TiB"], "exceeds the pool"),
         (["--max-tokens", "4096", "--kv-tokens", "1024"], "--kv-tokens must be at least --max-tokens"),
+        (["--kv-wait", "-1"], "--kv-wait must be a number of seconds in [0, 3600]"),
+        (["--kv-wait", "nan"], "--kv-wait must be a number of seconds in [0, 3600]"),
+        (["--kv-wait", "3601"], "--kv-wait must be a number of seconds in [0, 3600]"),
     ],
 )
 @pytest.mark.timeout(60)
@@ -82,5 +85,25 @@ def test_up_with_other_options_refuses_then_restarts(bsr, tmp_path: Path, monkey
         out = restarted.json()
         assert out["already_running"] is False and out["settings"]["w"] == 4
         assert out["admin_url"] != first.json()["admin_url"] or out["started_at"] != first.json()["started_at"]
+    finally:
+        bsr("engine", "down")
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_kv_wait_reaches_the_running_engine(bsr, tmp_path: Path, monkeypatch) -> None:
+    """`--kv-wait` is the engine's kv_wait_s: the running engine reports it, and another value is another engine."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("BSR_STATE_DIR", str(tmp_path))
+    base = ["engine", "up", "--no-remote", "--max-tokens", "2048", "--W", "2"]
+    try:
+        up = bsr(*base, "--kv-wait", "7.5", "--json")
+        assert up.code == 0, up.err
+        assert up.json()["settings"]["kv_wait_s"] == 7.5
+        status = bsr("status", "--json")
+        assert status.code == 0, status.err
+        assert status.json()["admission"]["kv_wait_s"] == 7.5
+        other = bsr(*base, "--json")  # the default, 60 s, differs from the running engine's
+        assert other.code == ExitCode.INVALID_INPUT and "kv_wait_s 7.5 → 60.0" in other.err, other.err
     finally:
         bsr("engine", "down")

@@ -15,8 +15,9 @@ from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.plan import windows_for
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import crc32c
+from bsr_cli.runtime.faulty import ArmedFaults
 from bsr_cli.runtime.restore import ObjectRef, RankRestorer, RestoreJob, WindowJob
-from bsr_cli.runtime.tiers import TIMED_OUT
+from bsr_cli.runtime.tiers import TIMED_OUT, UNAVAILABLE, StagingSlice
 from unit.fakes import FakeDestination, FakeTier, make_pool, small_registration, synthetic
 
 REG = small_registration(tp=1)
@@ -279,3 +280,43 @@ def test_a_transfer_abandoned_at_its_deadline_keeps_its_slots_until_it_returns(r
     assert held >= 4 * REG.bytes_per_chunk, "the windows's slots stay out of the pool while the transfer may write"
     slow.late.set_result(None)
     assert rig.pool.stats().live_bytes == 0
+
+
+def _fetch_window(tiers: dict[str, Any], job: RestoreJob, window: int, group: str) -> tuple[list[int], list[bytes]]:
+    """Fetch one KV group's objects of one window through ``tiers`` into fresh buffers, as the loop does."""
+    win = job.windows[window]
+    refs = [job.objects[group][c] for c in range(win.chunk_start, win.chunk_end)]
+    bufs = [bytearray(ref.size) for ref in refs]
+    dests = [StagingSlice(0, memoryview(b)) for b in bufs]
+    codes, _ = tiers[refs[0].tier].get_into([r.key for r in refs], dests, 1.0)
+    return codes, [bytes(b) for b in bufs]
+
+
+def test_armed_faults_wrap_the_tiers_and_act_only_where_they_hit(rig: Rig) -> None:
+    """The fault wrapper on its own: the restore loop sees a tier that is down, or flips a byte, only in the windows
+    (and groups) an armed fault hits; elsewhere the tier itself answers. No armed fault: no wrapper at all."""
+    assert ArmedFaults.of(rig.job(4), 0, threading.Event()) is None
+    faults = [
+        FaultSpec(kind="remote-unavailable", window=1, id=1),
+        FaultSpec(kind="corrupt", window=2, group="swa", id=2),
+        FaultSpec(kind="restore-fault", rank=1, id=3),  # another rank's: never armed here
+    ]
+    job = rig.job(4, faults)
+    armed = ArmedFaults.of(job, 0, threading.Event())
+    assert armed is not None and [f.id for f in armed.faults] == [1, 2]
+    tiers = armed.tiers(rig.restorer.tiers, job, REG.group_names)
+
+    codes, got = _fetch_window(tiers, job, 0, "full")
+    assert all(c > 0 for c in codes) and armed.fired == []
+    calls = rig.tier.get_calls
+    codes, _ = _fetch_window(tiers, job, 1, "full")
+    assert codes == [UNAVAILABLE] * len(codes) and rig.tier.get_calls == calls  # down: the tier is never asked
+    assert armed.fired == [1]
+
+    stored = [rig.tier.objects[job.objects["swa"][c].key][0] for c in range(8, 11)]
+    codes, got = _fetch_window(tiers, job, 2, "swa")
+    assert all(c > 0 for c in codes)
+    assert [sum(a != b for a, b in zip(g, s, strict=True)) for g, s in zip(got, stored, strict=True)] == [1, 0, 0]
+    _, got_full = _fetch_window(tiers, job, 2, "full")  # the fault names swa only
+    assert got_full == [rig.tier.objects[job.objects["full"][c].key][0] for c in range(8, 11)]
+    assert armed.fired == [1, 2]

@@ -11,12 +11,12 @@ import pytest
 
 from bsr_cli.core.commit import COMMITTED, FAILED_CLOSED, OUTCOMES
 from bsr_cli.core.evidence import Stage
-from bsr_cli.core.faults import KINDS, FaultSpec
+from bsr_cli.core.faults import KINDS, FaultSpec, window_faults
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import chunk_spans, windows_for
 from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, run_windows, window_faults
+from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, run_windows
 from unit.fakes import small_registration
 
 

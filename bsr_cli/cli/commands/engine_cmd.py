@@ -41,67 +41,89 @@ def _bit_rate(text: str) -> int:
     return int(value)
 
 
+# The options of `bsr engine up`.
+PoolOpt = Annotated[str | None, typer.Option("--pool", help="Restore-pool capacity per rank [default: 2·RWS(W)].")]
+BudgetOpt = Annotated[
+    str | None, typer.Option("--budget", help="Admission budget B per rank [default: RWS(W), the paper's lock].")
+]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Longest prompt the engine accepts.", min=1)]
+KvTokensOpt = Annotated[
+    int | None, typer.Option("--kv-tokens", help="Destination KV capacity in tokens [default: 2·max-tokens].")
+]
+SegmentOpt = Annotated[str | None, typer.Option("--segment", help="Mooncake segment size (store capacity).")]
+EnableFaultsOpt = Annotated[bool, typer.Option("--enable-faults", help="Allow fault injection (off by default).")]
+FsConcurrencyOpt = Annotated[int, typer.Option("--fs-concurrency", help="Filesystem tier load concurrency.", min=1)]
+FetchTimeoutOpt = Annotated[float, typer.Option("--fetch-timeout", help="Per-window fetch deadline (s).")]
+KvWaitOpt = Annotated[
+    float,
+    typer.Option(
+        "--kv-wait",
+        help="How long a request waits for destination KV blocks held by running requests before it is "
+        "refused for capacity (s; 0 refuses at once).",
+    ),
+]
+HostOpt = Annotated[str, typer.Option("--host", help="Admin API bind address (loopback by default).")]
+PortOpt = Annotated[int, typer.Option("--port", help="Admin API port (0 = a free one).", min=0)]
+AllowHostOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-host",
+        help="A host name the admin API answers to besides loopback names and its bind address (repeatable).",
+    ),
+]
+OpenMetricsOpt = Annotated[
+    bool, typer.Option("--open-metrics", help="Serve /metrics without the token (for a scraper without one).")
+]
+NoRemoteOpt = Annotated[bool, typer.Option("--no-remote", help="Run without the Mooncake tier.")]
+RestartOpt = Annotated[
+    bool, typer.Option("--restart", help="Restart a running engine whose options differ from these.")
+]
+EventRetentionOpt = Annotated[
+    str | None,
+    typer.Option("--event-retention", help="Keep events this long (e.g. 7d, 12h) [default: 7d or the config's]."),
+]
+EventStoreMaxOpt = Annotated[
+    str | None,
+    typer.Option("--event-store-max", help="Largest the event store may grow (oldest go first) [default: 512MiB]."),
+]
+HostsOpt = Annotated[
+    str,
+    typer.Option(
+        "--hosts",
+        help="local: every part on loopback; netns: the Mooncake master, the segment holder and each rank in a "
+        "Linux network namespace of their own, joined by veth links (needs root and iproute2).",
+    ),
+]
+LinkRateOpt = Annotated[
+    str | None,
+    typer.Option("--link-rate", help="With --hosts netns: cap every link at this rate (tc tbf), e.g. 200mbit."),
+]
+
+
 @engine_app.command("up")
 def engine_up(
     ctx: typer.Context,
     registration: RegOpt = None,
     w: WOpt = 32,
-    pool: Annotated[
-        str | None, typer.Option("--pool", help="Restore-pool capacity per rank [default: 2·RWS(W)].")
-    ] = None,
-    budget: Annotated[
-        str | None, typer.Option("--budget", help="Admission budget B per rank [default: RWS(W), the paper's lock].")
-    ] = None,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", help="Longest prompt the engine accepts.", min=1)
-    ] = 131_072,
-    kv_tokens: Annotated[
-        int | None, typer.Option("--kv-tokens", help="Destination KV capacity in tokens [default: 2·max-tokens].")
-    ] = None,
-    segment: Annotated[str | None, typer.Option("--segment", help="Mooncake segment size (store capacity).")] = None,
-    enable_faults: Annotated[
-        bool, typer.Option("--enable-faults", help="Allow fault injection (off by default).")
-    ] = False,
-    fs_concurrency: Annotated[
-        int, typer.Option("--fs-concurrency", help="Filesystem tier load concurrency.", min=1)
-    ] = 1,
-    fetch_timeout: Annotated[float, typer.Option("--fetch-timeout", help="Per-window fetch deadline (s).")] = 10.0,
-    host: Annotated[str, typer.Option("--host", help="Admin API bind address (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Admin API port (0 = a free one).", min=0)] = 0,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allow-host",
-            help="A host name the admin API answers to besides loopback names and its bind address (repeatable).",
-        ),
-    ] = None,
-    open_metrics: Annotated[
-        bool, typer.Option("--open-metrics", help="Serve /metrics without the token (for a scraper without one).")
-    ] = False,
-    no_remote: Annotated[bool, typer.Option("--no-remote", help="Run without the Mooncake tier.")] = False,
-    restart: Annotated[
-        bool, typer.Option("--restart", help="Restart a running engine whose options differ from these.")
-    ] = False,
-    event_retention: Annotated[
-        str | None,
-        typer.Option("--event-retention", help="Keep events this long (e.g. 7d, 12h) [default: 7d or the config's]."),
-    ] = None,
-    event_store_max: Annotated[
-        str | None,
-        typer.Option("--event-store-max", help="Largest the event store may grow (oldest go first) [default: 512MiB]."),
-    ] = None,
-    hosts: Annotated[
-        str,
-        typer.Option(
-            "--hosts",
-            help="local: every part on loopback; netns: the Mooncake master, the segment holder and each rank in a "
-            "Linux network namespace of their own, joined by veth links (needs root and iproute2).",
-        ),
-    ] = "local",
-    link_rate: Annotated[
-        str | None,
-        typer.Option("--link-rate", help="With --hosts netns: cap every link at this rate (tc tbf), e.g. 200mbit."),
-    ] = None,
+    pool: PoolOpt = None,
+    budget: BudgetOpt = None,
+    max_tokens: MaxTokensOpt = 131_072,
+    kv_tokens: KvTokensOpt = None,
+    segment: SegmentOpt = None,
+    enable_faults: EnableFaultsOpt = False,
+    fs_concurrency: FsConcurrencyOpt = 1,
+    fetch_timeout: FetchTimeoutOpt = 10.0,
+    kv_wait: KvWaitOpt = 60.0,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 0,
+    allow_host: AllowHostOpt = None,
+    open_metrics: OpenMetricsOpt = False,
+    no_remote: NoRemoteOpt = False,
+    restart: RestartOpt = False,
+    event_retention: EventRetentionOpt = None,
+    event_store_max: EventStoreMaxOpt = None,
+    hosts: HostsOpt = "local",
+    link_rate: LinkRateOpt = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Start the embedded engine (idempotent: a healthy engine with the same options is reported, not restarted;
@@ -126,6 +148,7 @@ def engine_up(
         faults_enabled=enable_faults,
         fs_concurrency=fs_concurrency,
         fetch_timeout_s=fetch_timeout,
+        kv_wait_s=kv_wait,
         host=host,
         port=port,
         remote=not no_remote,
