@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -79,15 +81,12 @@ class LiveEngine:
 ENGINE_TEST_SETTINGS = dict(w=4, max_tokens=32_768, faults_enabled=True, fetch_timeout_s=2.0, segment_bytes=3 << 30)
 
 
-@pytest.fixture(scope="session")
-def live_engine(tmp_path_factory: pytest.TempPathFactory):
-    """One real embedded engine (mooncake_master, segment holder, 2 rank processes, admin API) for the session:
-    the demo registration (4 KiB/token/rank), W=4, faults enabled, a 2 s fetch deadline. Always torn down."""
+def _engine(tmp_path_factory: pytest.TempPathFactory, name: str, **settings: Any) -> Iterator[LiveEngine]:
     from bsr_cli.engine import supervisor
     from bsr_cli.loaders import builtin_registration
 
-    state = tmp_path_factory.mktemp("engine")
-    opts = supervisor.EngineOptions(builtin_registration("demo"), **ENGINE_TEST_SETTINGS)
+    state = tmp_path_factory.mktemp(name)
+    opts = supervisor.EngineOptions(builtin_registration("demo"), **settings)
     try:
         supervisor.up(state, opts)
         conn = local_engine.connection(state)
@@ -95,6 +94,38 @@ def live_engine(tmp_path_factory: pytest.TempPathFactory):
         yield LiveEngine(conn[0], conn[1], state)
     finally:
         supervisor.down(state)
+
+
+@pytest.fixture(scope="session")
+def live_engine(tmp_path_factory: pytest.TempPathFactory):
+    """One real embedded engine (mooncake_master, segment holder, 2 rank processes, admin API) for the session:
+    the demo registration (4 KiB/token/rank), W=4, faults enabled, a 2 s fetch deadline. Always torn down."""
+    yield from _engine(tmp_path_factory, "engine", **ENGINE_TEST_SETTINGS)
+
+
+# A fetch deadline far above any step of a test: an injected stall ("timeout" fault) then holds a restore in flight
+# until the test aborts it (an abort ends a stall at once), so a busy machine can never let the window's own deadline
+# end the restore before the operator acts.
+STALL_HOLDS_S = 150.0
+
+
+@pytest.fixture(scope="session")
+def stalling_engine(tmp_path_factory: pytest.TempPathFactory):
+    """A second real engine like ``live_engine`` whose injected stalls last until aborted (started on first use)."""
+    settings = {**ENGINE_TEST_SETTINGS, "fetch_timeout_s": STALL_HOLDS_S, "segment_bytes": 1 << 30}
+    yield from _engine(tmp_path_factory, "stalling-engine", **settings)
+
+
+@pytest.fixture
+def engine_that_stalls(stalling_engine: LiveEngine) -> Iterator[LiveEngine]:
+    """The stalling engine with no faults or markers left over."""
+    with stalling_engine.client() as c:
+        c.clear_faults()
+        c.clear_markers()
+    yield stalling_engine
+    with stalling_engine.client() as c:
+        c.clear_faults()
+        c.clear_markers()
 
 
 @pytest.fixture

@@ -535,13 +535,13 @@ class TopApp(App[None]):
         self.notify(f"{request} had already finished{how}; {what}", severity="information", timeout=8)
 
     def _report_aborts(self, view: View) -> None:
-        """Tell each pending abort's outcome once it is known: failed closed (the abort won) or committed (the
-        restore finished first, so nothing was aborted)."""
+        """Tell each pending abort's outcome once it is known: aborted (the abort won: failed closed, nothing
+        committed) or how the restore ended before the abort reached it (committed, or failed closed on a fault)."""
         for o in view.recent:
             if o.request not in self.aborts_pending:
                 continue
             self.aborts_pending.discard(o.request)
-            if o.outcome == RestoreOutcome.FAILED_CLOSED:
+            if o.outcome == RestoreOutcome.ABORTED:
                 self.notify(f"{o.request} aborted: failed closed, nothing committed", severity="warning", timeout=8)
             else:
                 outcome = o.outcome.replace("_", " ")
