@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, TypeVar
 
@@ -42,27 +43,57 @@ from bsr_cli.core.events import (
 from bsr_cli.core.events import (
     RankUnresponsive as RankUnresponsiveEvent,
 )
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
+from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage, TierCondition
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import (
     HEALTH_WAIT_S,
     POLL_S,
     TIER_FAILURE_TTL_S,
-    CoordinatorState,
+    CoordinatorContext,
     RankUnresponsive,
 )
 
 R = TypeVar("R")
 
 
-class Observation(CoordinatorState):
+class Observation:
+    """Owns what the coordinator observes of its ranks and restores: liveness (progress, rank faults, stuck calls),
+    tier health (each rank's view, real failures), the live view of running restores and the recent ones. Reads the
+    armed faults through ``armed_faults`` (an armed fault that takes a tier down makes it unhealthy)."""
+
+    def __init__(self, ctx: CoordinatorContext, armed_faults: Callable[[], list[FaultSpec]]) -> None:
+        self.reg = ctx.reg
+        self.ranks = ctx.ranks
+        self.settings = ctx.settings
+        self.events = ctx.events
+        self.counters = ctx.counters
+        self.started_at = time.time()
+        self._armed_faults = armed_faults
+        # Every mutable field below is read and written under ``_lock``.
+        self._lock = threading.Lock()
+        self._active: dict[str, dict[str, Any]] = {}  # the running restores, as a monitor draws them
+        self._recent: deque[dict[str, Any]] = deque(maxlen=50)
+        self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ctx.ranks}
+        # Liveness: per (request, rank) the time and kind of the last progress event of a running restore (None:
+        # it just started); the last fault seen on each rank; per rank the requests whose rank call is still
+        # running after the restore was failed (the rank is unhealthy until it returns).
+        self._progress: dict[tuple[str, int], tuple[float, EventKind | None]] = {}
+        self._rank_faults: dict[int, dict[str, Any]] = {}
+        self._stuck: dict[int, set[str]] = {}
+        # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
+        self._tier_failures: dict[str, dict[str, Any]] = {}
+        # Each rank's last answer about its tiers (for a quick /health), and the ranks asked and not answered yet.
+        self._tier_views: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._tier_asks: set[int] = set()
+
     # -- liveness ----------------------------------------------------------------------------------------------
     @property
     def stall_s(self) -> float:
         """A rank silent this long (no heartbeat) is stalled: derived from the fetch timeout, at least 1 s."""
         return max(1.0, float(self.settings.fetch_timeout_s))
 
-    def _silent(self, r: RankClient) -> str | None:
+    def silent(self, r: RankClient) -> str | None:
         """Why rank ``r`` cannot answer now (dead, or no heartbeat for longer than stall_s), or None."""
         if not r.alive():
             return "its process is not running"
@@ -72,10 +103,10 @@ class Observation(CoordinatorState):
             return f"no heartbeat for {age:.1f}s (process stopped or hung)"
         return None
 
-    def _rank_fault(self, rank: int, reason: str, request: str | None = None) -> None:
+    def rank_fault(self, rank: int, reason: str, request: str | None = None) -> None:
         """A rank stopped answering (no heartbeat, no progress): remembered, counted and logged."""
         with self._lock:
-            self.rank_faults[rank] = {"reason": reason, "request": request, "at": time.time(), "stage": None}
+            self._rank_faults[rank] = {"reason": reason, "request": request, "at": time.time(), "stage": None}
         self.counters.unresponsive.labels(str(rank)).inc()
         self.events.append(RankUnresponsiveEvent(rank=rank, reason=reason, request=request))
 
@@ -85,7 +116,7 @@ class Observation(CoordinatorState):
         with self._lock:
             for f in fails:
                 if f.kind is FailureKind.RANK and f.rank is not None and f.stage is not None:
-                    self.rank_faults[f.rank] = {
+                    self._rank_faults[f.rank] = {
                         "reason": failures.describe(f),
                         "request": request,
                         "at": time.time(),
@@ -102,18 +133,18 @@ class Observation(CoordinatorState):
             if left <= 0:
                 r = next(r for r, f in zip(self.ranks, futures, strict=True) if not f.done())
                 reason = f"did not answer {what} within {timeout_s:.0f}s"
-                self._rank_fault(r.rank, reason)
+                self.rank_fault(r.rank, reason)
                 raise RankUnresponsive(r.rank, reason)
             wait(pending, timeout=min(POLL_S, left), return_when=FIRST_COMPLETED)
             pending = [f for f in pending if not f.done()]
             for r, f in zip(self.ranks, futures, strict=True):
-                why = None if f.done() else self._silent(r)
+                why = None if f.done() else self.silent(r)
                 if why:
-                    self._rank_fault(r.rank, f"{why} during {what}")
+                    self.rank_fault(r.rank, f"{why} during {what}")
                     raise RankUnresponsive(r.rank, f"{why} during {what}")
         return [f.result() for f in futures]
 
-    def _call_all(self, request: RankRequest[R], timeout_s: float | None = None) -> list[R]:
+    def call_all(self, request: RankRequest[R], timeout_s: float | None = None) -> list[R]:
         """The same request on every rank; each rank's typed result, in rank order."""
         futures = [r.submit(request) for r in self.ranks]
         return self._gather(futures, timeout_s or self.settings.call_timeout_s, request.op)
@@ -147,25 +178,25 @@ class Observation(CoordinatorState):
 
     def set_budget(self, budget_bytes: int) -> None:
         """Every rank's admission budget B, then the engine's setting."""
-        self._call_all(SetBudgetRequest(budget_bytes))
+        self.call_all(SetBudgetRequest(budget_bytes))
         self.settings.budget_bytes = budget_bytes
 
     def set_fs_concurrency(self, value: int) -> None:
-        self._call_all(SetFsConcurrencyRequest(value))
+        self.call_all(SetFsConcurrencyRequest(value))
         self.settings.fs_concurrency = value
 
     def reset_peak(self) -> None:
-        self._call_all(ResetPeakRequest())
+        self.call_all(ResetPeakRequest())
 
     # -- rank and tier health --------------------------------------------------------------------------------------
     def rank_health(self) -> list[dict[str, Any]]:
         """Per rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline."""
         out = []
         for r in self.ranks:
-            why = self._silent(r)
+            why = self.silent(r)
             with self._lock:
                 stuck = sorted(self._stuck.get(r.rank, ()))
-                last = self.rank_faults.get(r.rank)
+                last = self._rank_faults.get(r.rank)
             if why is None and stuck:
                 why = f"restore of {', '.join(stuck)} still running past its deadline"
             age_fn = getattr(r, "heartbeat_age", None)
@@ -185,7 +216,7 @@ class Observation(CoordinatorState):
         """What /health answers: ``ok`` when every rank is healthy (the engine can serve); ``degraded`` names
         the tiers that are not (the engine still serves, from a lower tier or by recomputing)."""
         ranks = self.rank_health()
-        tiers = self._tier_health(self._rank_tier_views(HEALTH_WAIT_S))
+        tiers = self.tier_health(self._rank_tier_views(HEALTH_WAIT_S))
         return {
             "ok": all(r["healthy"] for r in ranks),
             "ranks_alive": [r["alive"] for r in ranks],
@@ -207,7 +238,7 @@ class Observation(CoordinatorState):
                     self._tier_asks.add(r.rank)
             if busy:
                 continue
-            if not r.alive() or self._silent(r) is not None:
+            if not r.alive() or self.silent(r) is not None:
                 with self._lock:
                     self._tier_asks.discard(r.rank)
                 continue
@@ -229,12 +260,12 @@ class Observation(CoordinatorState):
             if view is not None:
                 self._tier_views[rank] = (time.monotonic(), dict(view.get("tiers") or {}))
 
-    def _tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    def tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per tier ``{"ok", "detail", "condition", "conditions", "quarantined", "quarantined_total"}``: what each
         rank sees of it (``pool(health=True)``: its condition, e.g. full or read-only, and the objects it set apart)
         joined with what the coordinator knows (armed faults, recent real failures). ``condition`` is the first
         reason it is unhealthy (``ok`` when none); ``conditions`` every one."""
-        tiers: dict[str, Any] = {}
+        tiers: dict[str, dict[str, Any]] = {}
         dirs: dict[str, dict[str, int]] = defaultdict(dict)  # per tier, its quarantine directories' totals
 
         def entry(name: str) -> dict[str, Any]:
@@ -276,9 +307,9 @@ class Observation(CoordinatorState):
         """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
         a recent real failure that no committed restore from it has cleared since."""
         now = time.time()
+        armed = self._armed_faults()
         with self._lock:
-            armed = [f for f in self.faults if not f.exhausted()]
-            recent = {t: dict(v) for t, v in self.tier_failures.items() if now - v["at"] <= TIER_FAILURE_TTL_S}
+            recent = {t: dict(v) for t, v in self._tier_failures.items() if now - v["at"] <= TIER_FAILURE_TTL_S}
         out: dict[str, list[tuple[TierCondition, str]]] = {t: [] for t in self.settings.tiers}
         for f in armed:
             for t in f.tiers_affected():
@@ -304,11 +335,11 @@ class Observation(CoordinatorState):
         with self._lock:
             if committed:
                 for t in used:
-                    self.tier_failures.pop(t, None)
+                    self._tier_failures.pop(t, None)
                 return
             for t in blamed:
                 f = next((x for x in fails if x.tier == t), fails[0] if fails else None)
-                self.tier_failures[t] = {
+                self._tier_failures[t] = {
                     "reason": f.reason if f is not None else "",
                     "rank": f.rank if f is not None else None,
                     "request": request,
@@ -316,7 +347,7 @@ class Observation(CoordinatorState):
                     "injected": injected,  # an armed fault fired: forgotten when the operator clears faults
                 }
 
-    def _report_restore(
+    def report_restore(
         self,
         *,
         request: str,
@@ -387,7 +418,7 @@ class Observation(CoordinatorState):
             "whole_plan_bytes": accounting.whole_plan_bytes(self.reg, k),
             "fired_faults": sorted(fired),
         }
-        self._restore_ended(
+        self.restore_ended(
             request=request,
             outcome=outcome,
             kind=kind,
@@ -401,7 +432,7 @@ class Observation(CoordinatorState):
         )
         return result
 
-    def _restore_ended(
+    def restore_ended(
         self,
         *,
         request: str,
@@ -421,7 +452,7 @@ class Observation(CoordinatorState):
         deciding = next((f for f in fails if f.kind is kind), None)
         self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
         with self._lock:
-            self.recent.appendleft(
+            self._recent.appendleft(
                 {
                     "request": request,
                     "outcome": outcome.value,
@@ -456,11 +487,11 @@ class Observation(CoordinatorState):
             key = (ev.request_id or "", ev.rank_id if ev.rank_id is not None else -1)
             with self._lock:
                 if key in self._progress:
-                    self._progress[key] = (time.monotonic(), ev.kind.value)
+                    self._progress[key] = (time.monotonic(), ev.kind)
         if isinstance(ev, WindowReleased):
             self.counters.window_released(ev.rank, ev.bytes)
             with self._lock:
-                st = self.active.get(ev.request)
+                st = self._active.get(ev.request)
                 if st is not None:
                     st["done"][ev.rank] = st["done"].get(ev.rank, 0) + 1
                     st["bytes"][ev.rank] = st["bytes"].get(ev.rank, 0) + ev.bytes
@@ -507,7 +538,7 @@ class Observation(CoordinatorState):
         states = self.rank_health()
         for r in self.ranks:
             # A silent rank is not asked (it would only make the caller wait): its health says why.
-            asked = r.alive() and self._silent(r) is None
+            asked = r.alive() and self.silent(r) is None
             futures.append(r.submit(StatsRequest(health=health)) if asked else None)
         now = time.monotonic()
         for r, fut, h in zip(self.ranks, futures, states, strict=True):
@@ -536,8 +567,9 @@ class Observation(CoordinatorState):
         return out
 
     def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
-        """Everything a monitor draws at once. ``events_since``: every event after that sequence number (up to
-        2,000) instead of the last 50, so a poller sees bursts whole."""
+        """What a monitor draws of the ranks, the tiers and the restores at once (the coordinator adds the engine's
+        info, the markers, the faults and the queue for blocks). ``events_since``: every event after that sequence
+        number (up to 2,000) instead of the last 50, so a poller sees bursts whole."""
         ranks = self.pool(health=health)
         with self._lock:
             active = [
@@ -546,16 +578,13 @@ class Observation(CoordinatorState):
                     "done": {str(k): v for k, v in st["done"].items()},
                     "bytes": {str(k): v for k, v in st["bytes"].items()},
                 }
-                for st in self.active.values()
+                for st in self._active.values()
             ]
-            recent = list(self.recent)
-            markers = [m.to_dict() for m in self.markers.values()]  # under the lock, as list_markers
-            faults = [f.to_dict() for f in self.faults]
-        tiers = self._tier_health(ranks)
+            recent = list(self._recent)
+        tiers = self.tier_health(ranks)
         live = sum(r.get("pool", {}).get("live_bytes", 0) for r in ranks)
         return {
             "time": time.time(),
-            "info": self.info(),
             "ranks": ranks,
             "active": active,
             "recent": recent,
@@ -565,11 +594,66 @@ class Observation(CoordinatorState):
                 "queued": sum(r.get("pool", {}).get("waiters", 0) for r in ranks),
             },
             "tiers": tiers,
-            "markers": markers,
-            "faults": faults,
             "events": self.events.recent(50) if events_since is None else self.events.since(events_since, limit=2000),
             "seq": self.events.last_seq,
         }
+
+    # -- what the coordinator remembers --------------------------------------------------------------------------
+    def rank_faults(self) -> dict[int, dict[str, Any]]:
+        """Each rank's last fault (it stopped answering, or failed at its own stage)."""
+        with self._lock:
+            return {rank: dict(f) for rank, f in self._rank_faults.items()}
+
+    def recent(self) -> list[dict[str, Any]]:
+        """The recent restores, newest first."""
+        with self._lock:
+            return list(self._recent)
+
+    def remember(self, entry: dict[str, Any]) -> None:
+        """A restore a host ran itself (a vLLM worker's load), listed first among the recent ones."""
+        with self._lock:
+            self._recent.appendleft(entry)
+
+    def forget_injected_tier_failures(self) -> None:
+        """A tier that failed only because of an injected fault is not remembered as failing once faults are
+        cleared; a real failure stays until its TTL or the tier's next committed restore."""
+        with self._lock:
+            self._tier_failures = {t: v for t, v in self._tier_failures.items() if not v.get("injected")}
+
+    # -- the running restores ------------------------------------------------------------------------------------
+    def restore_began(self, request: str, state: dict[str, Any]) -> None:
+        """A restore started on every rank: shown live, and each rank's progress watched from now on."""
+        now = time.monotonic()
+        with self._lock:
+            self._active[request] = state
+            for r in self.ranks:
+                self._progress[(request, r.rank)] = (now, None)
+
+    def restore_over(self, request: str) -> None:
+        with self._lock:
+            self._active.pop(request, None)
+            for r in self.ranks:
+                self._progress.pop((request, r.rank), None)
+
+    def is_restoring(self, request: str) -> bool:
+        with self._lock:
+            return request in self._active
+
+    def last_progress(self, request: str, rank: int) -> tuple[float, EventKind | None] | None:
+        """When ``rank`` last made progress on ``request``'s restore, and what it was (None: it only started)."""
+        with self._lock:
+            return self._progress.get((request, rank))
+
+    def note_stuck(self, rank: int, request: str, fut: Future[Any]) -> None:
+        """A rank call still running after its restore was failed: the rank is unhealthy until it returns."""
+        with self._lock:
+            self._stuck.setdefault(rank, set()).add(request)
+
+        def done(_: Future[Any]) -> None:
+            with self._lock:
+                self._stuck.get(rank, set()).discard(request)
+
+        fut.add_done_callback(done)
 
 
 __all__ = ["Observation"]
