@@ -7,8 +7,10 @@ behind pipes, a plugin's ranks can be in-process objects) and never touches tens
 ``Coordinator`` is the facade the admin API, the plugins and the tests call. It composes one part per concern, each
 owning its own state under its own lock, built over the shared ``CoordinatorContext`` and usable alone:
 
-- ``observation`` (``Observation``): calls to every rank with liveness, rank/tier health, pool/stats aggregation,
-  the live view of running restores, each restore's recorded report;
+- ``calls`` (``RankCalls``): every rank asked at once with liveness (heartbeats, progress, stuck calls), rank
+  health, the settings every rank applies;
+- ``observation`` (``Observation``): tier health, pool/stats aggregation, the live view of running restores, each
+  restore's recorded report;
 - ``allocation`` (``Allocation``): destination blocks, and their quarantine while a stuck rank call may still
   write them;
 - ``admission`` (``Admission``): request ids, discovery (the probe-only lookup), force-local markers, the external
@@ -49,6 +51,7 @@ from bsr_cli.runtime.events import EventLog
 from bsr_cli.runtime.metrics import RuntimeCounters
 from bsr_cli.runtime.observation import Observation
 from bsr_cli.runtime.orchestration import Orchestration
+from bsr_cli.runtime.rank_calls import RankCalls
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -60,11 +63,13 @@ class Coordinator:
         ctx = CoordinatorContext.build(reg, ranks, settings, events)
         self.context = ctx
         self.armed_faults = ArmedFaults(ctx)
-        self.observation = Observation(ctx, armed_faults=self.armed_faults.armed)
+        self.calls = RankCalls(ctx)
+        self.observation = Observation(ctx, calls=self.calls, armed_faults=self.armed_faults.armed)
         self.allocation = Allocation(ctx, refusals=self.observation)
-        self.admission = Admission(ctx, ranks=self.observation)
+        self.admission = Admission(ctx, ranks=self.calls)
         self.orchestration = Orchestration(
             ctx,
+            calls=self.calls,
             observation=self.observation,
             allocation=self.allocation,
             admission=self.admission,
@@ -181,30 +186,30 @@ class Coordinator:
     def await_blocks_waiting(self, count: int, timeout_s: float) -> bool:
         return self.allocation.await_blocks_waiting(count, timeout_s)
 
-    # -- ranks, health and what a monitor draws (observation) ------------------------------------------------------
+    # -- ranks and their settings (calls), health and what a monitor draws (observation) ---------------------------
     def on_rank_event(self, event: Event | dict[str, Any]) -> None:
         self.observation.on_rank_event(event)
 
     def update_settings(
         self, *, budget_bytes: int | None = None, fs_concurrency: int | None = None, w: int | None = None
     ) -> None:
-        self.observation.update_settings(budget_bytes=budget_bytes, fs_concurrency=fs_concurrency, w=w)
+        self.calls.update_settings(budget_bytes=budget_bytes, fs_concurrency=fs_concurrency, w=w)
 
     def set_budget(self, budget_bytes: int) -> None:
-        self.observation.set_budget(budget_bytes)
+        self.calls.set_budget(budget_bytes)
 
     def set_fs_concurrency(self, value: int) -> None:
-        self.observation.set_fs_concurrency(value)
+        self.calls.set_fs_concurrency(value)
 
     def reset_peak(self) -> None:
-        self.observation.reset_peak()
+        self.calls.reset_peak()
 
     def rank_health(self) -> list[dict[str, Any]]:
-        return self.observation.rank_health()
+        return self.calls.rank_health()
 
     @property
     def rank_faults(self) -> dict[int, dict[str, Any]]:
-        return self.observation.rank_faults()
+        return self.calls.rank_faults()
 
     @property
     def recent(self) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 The coordinator (``bsr_cli.runtime.coordinator.Coordinator``, the facade the admin API and the plugins call) composes
 one part per concern, each owning its state under its own lock and constructed over a ``CoordinatorContext``:
 
-- ``observation``: rank calls with liveness (heartbeats, deadlines), health, pool/stats aggregation, snapshots;
+- ``rank_calls``: every rank asked at once with liveness (heartbeats, deadlines), rank health, rank settings;
+- ``observation``: tier health, pool/stats aggregation, the live view, each restore's report, snapshots;
 - ``allocation``: destination blocks and the quarantine of blocks a stuck rank call may still write;
 - ``admission``: discovery (probe-only lookup), the force-local markers, the external prefix's per-rank jobs;
 - ``orchestration``: a request's life (admission with fallback, the windowed restore across ranks, the commit rule);

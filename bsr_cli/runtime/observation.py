@@ -1,10 +1,8 @@
-"""The coordinator's observation layer: calls to every rank with liveness, rank and tier health, the pool/stats
-aggregation a monitor draws, the rank events that feed them, and each restore's recorded report.
+"""The coordinator's observation: rank and tier health, the pool/stats aggregation a monitor draws, the rank events
+that feed them, the live view of running restores, and each restore's recorded report.
 
-A rank is judged by its heartbeat (a rank in another process beats on its own) and, during a restore, by its
-progress events; a call to every rank fails fast (``RankUnresponsive``) when a rank stops beating instead of waiting
-out the whole deadline. Tier health joins what each rank sees of its tiers with what the coordinator knows
-(armed faults, recent real failures).
+Tier health joins what each rank sees of its tiers with what the coordinator knows (armed faults, recent real
+failures). Each rank's liveness (heartbeats, progress, stuck calls) is ``RankCalls``'s (``rank_calls.py``).
 """
 
 from __future__ import annotations
@@ -15,21 +13,12 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Any, TypeVar
+from concurrent.futures import Future, wait
+from typing import Any
 
 from bsr_cli import API_VERSION, __version__
-from bsr_cli.api.ranks import (
-    RankClient,
-    RankRequest,
-    ResetPeakRequest,
-    RestoreResult,
-    SetBudgetRequest,
-    SetFsConcurrencyRequest,
-    StatsRequest,
-    StatsResult,
-)
-from bsr_cli.core import accounting, limits
+from bsr_cli.api.ranks import RestoreResult, StatsRequest, StatsResult
+from bsr_cli.core import accounting
 from bsr_cli.core.events import (
     PROGRESS,
     Event,
@@ -40,182 +29,44 @@ from bsr_cli.core.events import (
     parse_event,
     restore_ended,
 )
-from bsr_cli.core.events import (
-    RankUnresponsive as RankUnresponsiveEvent,
-)
-from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage, TierCondition
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.coordinator_state import (
-    HEALTH_WAIT_S,
-    POLL_S,
-    TIER_FAILURE_TTL_S,
-    CoordinatorContext,
-    RankUnresponsive,
-)
-
-R = TypeVar("R")
+from bsr_cli.runtime.coordinator_state import HEALTH_WAIT_S, TIER_FAILURE_TTL_S, CoordinatorContext
+from bsr_cli.runtime.rank_calls import RankCalls
 
 
 class Observation:
-    """Owns what the coordinator observes of its ranks and restores: liveness (progress, rank faults, stuck calls),
-    tier health (each rank's view, real failures), the live view of running restores and the recent ones. Reads the
-    armed faults through ``armed_faults`` (an armed fault that takes a tier down makes it unhealthy)."""
+    """Owns what the coordinator observes of its ranks and restores: tier health (each rank's view, real failures),
+    the live view of running restores, the recent ones and their counters. Reads each rank's liveness from
+    ``calls`` (and feeds it the progress events) and the armed faults through ``armed_faults`` (an armed fault that
+    takes a tier down makes it unhealthy)."""
 
-    def __init__(self, ctx: CoordinatorContext, armed_faults: Callable[[], list[FaultSpec]]) -> None:
+    def __init__(self, ctx: CoordinatorContext, calls: RankCalls, armed_faults: Callable[[], list[FaultSpec]]) -> None:
         self.reg = ctx.reg
         self.ranks = ctx.ranks
         self.settings = ctx.settings
         self.events = ctx.events
         self.counters = ctx.counters
         self.started_at = time.time()
+        self._calls = calls
         self._armed_faults = armed_faults
         # Every mutable field below is read and written under ``_lock``.
         self._lock = threading.Lock()
         self._active: dict[str, dict[str, Any]] = {}  # the running restores, as a monitor draws them
         self._recent: deque[dict[str, Any]] = deque(maxlen=50)
         self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ctx.ranks}
-        # Liveness: per (request, rank) the time and kind of the last progress event of a running restore (None:
-        # it just started); the last fault seen on each rank; per rank the requests whose rank call is still
-        # running after the restore was failed (the rank is unhealthy until it returns).
-        self._progress: dict[tuple[str, int], tuple[float, EventKind | None]] = {}
-        self._rank_faults: dict[int, dict[str, Any]] = {}
-        self._stuck: dict[int, set[str]] = {}
         # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
         self._tier_failures: dict[str, dict[str, Any]] = {}
         # Each rank's last answer about its tiers (for a quick /health), and the ranks asked and not answered yet.
         self._tier_views: dict[int, tuple[float, dict[str, Any]]] = {}
         self._tier_asks: set[int] = set()
 
-    # -- liveness ----------------------------------------------------------------------------------------------
-    @property
-    def stall_s(self) -> float:
-        """A rank silent this long (no heartbeat) is stalled: derived from the fetch timeout, at least 1 s."""
-        return max(1.0, float(self.settings.fetch_timeout_s))
-
-    def silent(self, r: RankClient) -> str | None:
-        """Why rank ``r`` cannot answer now (dead, or no heartbeat for longer than stall_s), or None."""
-        if not r.alive():
-            return "its process is not running"
-        age_fn = getattr(r, "heartbeat_age", None)
-        age = age_fn() if age_fn is not None else None
-        if age is not None and age > self.stall_s:
-            return f"no heartbeat for {age:.1f}s (process stopped or hung)"
-        return None
-
-    def rank_fault(self, rank: int, reason: str, request: str | None = None) -> None:
-        """A rank stopped answering (no heartbeat, no progress): remembered, counted and logged."""
-        with self._lock:
-            self._rank_faults[rank] = {"reason": reason, "request": request, "at": time.time(), "stage": None}
-        self.counters.unresponsive.labels(str(rank)).inc()
-        self.events.append(RankUnresponsiveEvent(rank=rank, reason=reason, request=request))
-
-    def _note_rank_failures(self, fails: Sequence[Failure], request: str) -> None:
-        """A rank that failed at its own stage (install, synchronize) is remembered as that rank's last fault, so
-        `bsr status` says "rank N failed at install"; it still answers, so it stays healthy."""
-        with self._lock:
-            for f in fails:
-                if f.kind is FailureKind.RANK and f.rank is not None and f.stage is not None:
-                    self._rank_faults[f.rank] = {
-                        "reason": failures.describe(f),
-                        "request": request,
-                        "at": time.time(),
-                        "stage": f.stage.value,
-                    }
-
-    def _gather(self, futures: Sequence[Future[R]], timeout_s: float, what: str) -> list[R]:
-        """Every rank's answer to one call, failing fast (RankUnresponsive) when a rank stops beating instead of
-        waiting out the whole deadline."""
-        deadline = time.monotonic() + timeout_s
-        pending = [f for f in futures if not f.done()]
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                r = next(r for r, f in zip(self.ranks, futures, strict=True) if not f.done())
-                reason = f"did not answer {what} within {timeout_s:.0f}s"
-                self.rank_fault(r.rank, reason)
-                raise RankUnresponsive(r.rank, reason)
-            wait(pending, timeout=min(POLL_S, left), return_when=FIRST_COMPLETED)
-            pending = [f for f in pending if not f.done()]
-            for r, f in zip(self.ranks, futures, strict=True):
-                why = None if f.done() else self.silent(r)
-                if why:
-                    self.rank_fault(r.rank, f"{why} during {what}")
-                    raise RankUnresponsive(r.rank, f"{why} during {what}")
-        return [f.result() for f in futures]
-
-    def call_all(self, request: RankRequest[R], timeout_s: float | None = None) -> list[R]:
-        """The same request on every rank; each rank's typed result, in rank order."""
-        futures = [r.submit(request) for r in self.ranks]
-        return self._gather(futures, timeout_s or self.settings.call_timeout_s, request.op)
-
-    # -- settings every rank applies -------------------------------------------------------------------------------
-    def update_settings(
-        self, *, budget_bytes: int | None = None, fs_concurrency: int | None = None, w: int | None = None
-    ) -> None:
-        """Change B, the filesystem load concurrency and the default W at run time. The resulting set is checked
-        as `bsr engine up` checks it and applied whole or not at all (raises InvalidInput/CapacityError)."""
-        s = self.settings
-        budget = s.budget_bytes if budget_bytes is None else budget_bytes
-        fsc = s.fs_concurrency if fs_concurrency is None else fs_concurrency
-        new_w = s.w if w is None else w
-        limits.check_engine_settings(
-            self.reg,
-            w=new_w,
-            pool_bytes=s.pool_bytes or None,
-            budget_bytes=budget,
-            max_tokens=s.max_tokens,
-            kv_tokens=s.kv_tokens,
-            fs_concurrency=fsc,
-            fetch_timeout_s=s.fetch_timeout_s,
-            window_within_budget=False,  # B may be set for the W of particular requests (the benchmarks do)
-        )
-        if budget_bytes is not None:
-            self.set_budget(budget)
-        if fs_concurrency is not None:
-            self.set_fs_concurrency(fsc)
-        s.w = new_w
-
-    def set_budget(self, budget_bytes: int) -> None:
-        """Every rank's admission budget B, then the engine's setting."""
-        self.call_all(SetBudgetRequest(budget_bytes))
-        self.settings.budget_bytes = budget_bytes
-
-    def set_fs_concurrency(self, value: int) -> None:
-        self.call_all(SetFsConcurrencyRequest(value))
-        self.settings.fs_concurrency = value
-
-    def reset_peak(self) -> None:
-        self.call_all(ResetPeakRequest())
-
     # -- rank and tier health --------------------------------------------------------------------------------------
-    def rank_health(self) -> list[dict[str, Any]]:
-        """Per rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline."""
-        out = []
-        for r in self.ranks:
-            why = self.silent(r)
-            with self._lock:
-                stuck = sorted(self._stuck.get(r.rank, ()))
-                last = self._rank_faults.get(r.rank)
-            if why is None and stuck:
-                why = f"restore of {', '.join(stuck)} still running past its deadline"
-            age_fn = getattr(r, "heartbeat_age", None)
-            out.append(
-                {
-                    "rank": r.rank,
-                    "healthy": why is None,
-                    "alive": r.alive(),
-                    "heartbeat_age_s": round(age_fn(), 3) if age_fn is not None else None,
-                    "reason": why,
-                    "last_fault": last,
-                }
-            )
-        return out
-
     def health(self) -> dict[str, Any]:
         """What /health answers: ``ok`` when every rank is healthy (the engine can serve); ``degraded`` names
         the tiers that are not (the engine still serves, from a lower tier or by recomputing)."""
-        ranks = self.rank_health()
+        ranks = self._calls.rank_health()
         tiers = self.tier_health(self._rank_tier_views(HEALTH_WAIT_S))
         return {
             "ok": all(r["healthy"] for r in ranks),
@@ -238,7 +89,7 @@ class Observation:
                     self._tier_asks.add(r.rank)
             if busy:
                 continue
-            if not r.alive() or self.silent(r) is not None:
+            if not r.alive() or self._calls.silent(r) is not None:
                 with self._lock:
                     self._tier_asks.discard(r.rank)
                 continue
@@ -392,7 +243,7 @@ class Observation:
                 pool_bytes=self.settings.pool_bytes,
             )
         self._note_tier_health(committed_tokens > 0, tiers_used, blamed, fails, request, bool(fired))
-        self._note_rank_failures(fails, request)
+        self._calls.note_rank_failures(fails, request)
         wire_fails = [f.to_wire() for f in fails]
         result = {
             "request": request,
@@ -484,10 +335,7 @@ class Observation:
         them), then logged."""
         ev = event if isinstance(event, Event) else parse_event(event)
         if ev.kind in PROGRESS:
-            key = (ev.request_id or "", ev.rank_id if ev.rank_id is not None else -1)
-            with self._lock:
-                if key in self._progress:
-                    self._progress[key] = (time.monotonic(), ev.kind)
+            self._calls.progressed(ev.request_id or "", ev.rank_id if ev.rank_id is not None else -1, ev.kind)
         if isinstance(ev, WindowReleased):
             self.counters.window_released(ev.rank, ev.bytes)
             with self._lock:
@@ -535,10 +383,10 @@ class Observation:
     def pool(self, health: bool = False) -> list[dict[str, Any]]:
         out = []
         futures: list[Future[StatsResult] | None] = []
-        states = self.rank_health()
+        states = self._calls.rank_health()
         for r in self.ranks:
             # A silent rank is not asked (it would only make the caller wait): its health says why.
-            asked = r.alive() and self.silent(r) is None
+            asked = r.alive() and self._calls.silent(r) is None
             futures.append(r.submit(StatsRequest(health=health)) if asked else None)
         now = time.monotonic()
         for r, fut, h in zip(self.ranks, futures, states, strict=True):
@@ -599,11 +447,6 @@ class Observation:
         }
 
     # -- what the coordinator remembers --------------------------------------------------------------------------
-    def rank_faults(self) -> dict[int, dict[str, Any]]:
-        """Each rank's last fault (it stopped answering, or failed at its own stage)."""
-        with self._lock:
-            return {rank: dict(f) for rank, f in self._rank_faults.items()}
-
     def recent(self) -> list[dict[str, Any]]:
         """The recent restores, newest first."""
         with self._lock:
@@ -623,37 +466,18 @@ class Observation:
     # -- the running restores ------------------------------------------------------------------------------------
     def restore_began(self, request: str, state: dict[str, Any]) -> None:
         """A restore started on every rank: shown live, and each rank's progress watched from now on."""
-        now = time.monotonic()
         with self._lock:
             self._active[request] = state
-            for r in self.ranks:
-                self._progress[(request, r.rank)] = (now, None)
+        self._calls.watch(request)
 
     def restore_over(self, request: str) -> None:
+        self._calls.unwatch(request)
         with self._lock:
             self._active.pop(request, None)
-            for r in self.ranks:
-                self._progress.pop((request, r.rank), None)
 
     def is_restoring(self, request: str) -> bool:
         with self._lock:
             return request in self._active
-
-    def last_progress(self, request: str, rank: int) -> tuple[float, EventKind | None] | None:
-        """When ``rank`` last made progress on ``request``'s restore, and what it was (None: it only started)."""
-        with self._lock:
-            return self._progress.get((request, rank))
-
-    def note_stuck(self, rank: int, request: str, fut: Future[Any]) -> None:
-        """A rank call still running after its restore was failed: the rank is unhealthy until it returns."""
-        with self._lock:
-            self._stuck.setdefault(rank, set()).add(request)
-
-        def done(_: Future[Any]) -> None:
-            with self._lock:
-                self._stuck.get(rank, set()).discard(request)
-
-        fut.add_done_callback(done)
 
 
 __all__ = ["Observation"]

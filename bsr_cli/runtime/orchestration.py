@@ -55,10 +55,11 @@ from bsr_cli.runtime.allocation import Allocation
 from bsr_cli.runtime.armed_faults import ArmedFaults
 from bsr_cli.runtime.coordinator_state import MAX_PASSES, POLL_S, CoordinatorContext, RankUnresponsive
 from bsr_cli.runtime.observation import Observation
+from bsr_cli.runtime.rank_calls import RankCalls
 
 Tables = dict[str, list[int]]  # per KV group, a request's destination block ids (the same on every rank)
 # The probe-only lookup as the host runs it (a host may remember what each chunk hash stands for first).
-Probe = Callable[[Sequence[int], "list[str] | None"], tuple[HitBitmap, dict[str, Any]]]
+Probe = Callable[[Sequence[int], list[str] | None], tuple[HitBitmap, dict[str, Any]]]
 # Writing the chunks each tier lacks, as the host runs it (a host may vouch for what it stored afterwards).
 StoreMissing = Callable[[HitBitmap, list[str], int, Tables], dict[str, Any]]
 Progress = Callable[[dict[str, Any]], None]
@@ -87,15 +88,17 @@ class OpenRequest:
 
 
 class Orchestration:
-    """Runs a request's life over the other parts: ``observation`` (rank calls, liveness, the restore's report),
-    ``allocation`` (destination blocks), ``admission`` (probe, markers, per-rank jobs) and ``faults`` (the armed
-    ones each job carries). ``probe`` and ``store_missing`` are the host's (default: admission's probe and this
-    part's own store), so a host that wraps them is used on every path."""
+    """Runs a request's life over the other parts: ``calls`` (every rank asked at once, with liveness),
+    ``observation`` (the live view, the restore's report), ``allocation`` (destination blocks), ``admission``
+    (probe, markers, per-rank jobs) and ``faults`` (the armed ones each job carries). ``probe`` and
+    ``store_missing`` are the host's (default: admission's probe and this part's own store), so a host that wraps
+    them is used on every path."""
 
     def __init__(
         self,
         ctx: CoordinatorContext,
         *,
+        calls: RankCalls,
         observation: Observation,
         allocation: Allocation,
         admission: Admission,
@@ -108,6 +111,7 @@ class Orchestration:
         self.settings = ctx.settings
         self.events = ctx.events
         self.counters = ctx.counters
+        self.calls = calls
         self.observation = observation
         self.allocation = allocation
         self.admission = admission
@@ -185,7 +189,7 @@ class Orchestration:
         """Every rank's restore outcome, with liveness: a rank that stops beating, or makes no progress within
         its window deadline (derived from the fetch timeout), fails the restore as a rank fault within seconds.
         Then every rank is told to abort; a call that is still running keeps its blocks allocated (see
-        _release_tables)."""
+        ``Allocation.hold_until_done``)."""
         start = time.monotonic()
         by_rank = {r.rank: r for r in self.ranks}
         pending = {r.rank: f for r, f in zip(self.ranks, futures, strict=True)}
@@ -202,7 +206,7 @@ class Orchestration:
                         stalled[rk] = f"its restore call failed: {e}"
             now = time.monotonic()
             for rk in pending:
-                why = self.observation.silent(by_rank[rk]) or self._overdue(request, rk, now)
+                why = self.calls.silent(by_rank[rk]) or self._overdue(request, rk, now)
                 if why:
                     stalled[rk] = why
         if not stalled:
@@ -210,9 +214,9 @@ class Orchestration:
         for r in self.ranks:
             r.abort(request)
         for rk, why in stalled.items():
-            self.observation.rank_fault(rk, why, request)
+            self.calls.rank_fault(rk, why, request)
         # The healthy ranks end their own restore fail-closed (abort); give them a short grace to say so.
-        grace_end = time.monotonic() + min(5.0, self.observation.stall_s)
+        grace_end = time.monotonic() + min(5.0, self.calls.stall_s)
         for rk, f in list(pending.items()):
             if rk in stalled:
                 continue
@@ -225,7 +229,7 @@ class Orchestration:
                     stalled[rk] = f"its restore call failed: {e}"
         for rk, f in pending.items():
             # Still running: the rank is unhealthy and the request's blocks are not reused until it returns.
-            self.observation.note_stuck(rk, request, f)
+            self.calls.note_stuck(rk, request, f)
             self.allocation.hold_until_done(request, f)
         elapsed = time.monotonic() - start
         for rk in by_rank:
@@ -244,7 +248,7 @@ class Orchestration:
     def _overdue(self, request: str, rank: int, now: float) -> str | None:
         """The per-window progress deadline: 2 × the fetch timeout since the rank's last progress (plus the
         admission deadline while it waits for budget), else the rank is stalled."""
-        at, what = self.observation.last_progress(request, rank) or (now, None)
+        at, what = self.calls.last_progress(request, rank) or (now, None)
         waiting = what is EventKind.WINDOW_WAITING
         limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if waiting else 0)
         if now - at > limit:
@@ -260,12 +264,10 @@ class Orchestration:
         return h.hexdigest()[:32]
 
     def _output_hash(self, tables: dict[str, list[int]], n_tokens: int) -> str:
-        return self._combined_hash([a.groups for a in self.observation.call_all(OutputHashRequest(tables, n_tokens))])
+        return self._combined_hash([a.groups for a in self.calls.call_all(OutputHashRequest(tables, n_tokens))])
 
     def _canonical_hash(self, hashes: list[str], n_tokens: int) -> str:
-        return self._combined_hash(
-            [a.groups for a in self.observation.call_all(CanonicalHashRequest(hashes, n_tokens))]
-        )
+        return self._combined_hash([a.groups for a in self.calls.call_all(CanonicalHashRequest(hashes, n_tokens))])
 
     def _open(
         self, tokens: Sequence[int], w: int | None, request: str | None, progress: Progress | None
@@ -331,7 +333,7 @@ class Orchestration:
             computed = len(tokens) - admitted.committed
             if computed > 0:
                 first_chunk = admitted.committed // self.reg.chunk_size
-                self.observation.call_all(PrefillRequest(req.hashes, len(tokens), first_chunk, tables))
+                self.calls.call_all(PrefillRequest(req.hashes, len(tokens), first_chunk, tables))
             stored = self._store(admitted.bitmap, req, len(tokens), tables) if store else {}
             output_hash = self._output_hash(tables, len(tokens))
             canonical = self._canonical_hash(req.hashes, len(tokens)) if verify else None

@@ -1,5 +1,6 @@
-"""Each part of the coordinator on its own, over the in-memory fake ranks: observation, allocation, admission, the
-armed faults and orchestration, each built from the shared context and what it is handed (never the facade)."""
+"""Each part of the coordinator on its own, over the in-memory fake ranks: rank calls, observation, allocation,
+admission, the armed faults and orchestration, each built from the shared context and what it is handed (never the
+facade)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from bsr_cli.runtime.coordinator_state import CoordinatorContext, EngineSettings
 from bsr_cli.runtime.events import EventLog
 from bsr_cli.runtime.observation import Observation
 from bsr_cli.runtime.orchestration import Orchestration
+from bsr_cli.runtime.rank_calls import RankCalls
 from unit.fakes import FakeRankOps, FakeTier, InProcessRank, small_registration
 
 R = TypeVar("R")
@@ -147,29 +149,33 @@ def test_armed_faults_fire_out_and_refuse_when_disabled(parts: Parts) -> None:
         faults.inject({"kind": "timeout"})
 
 
-def test_observation_watches_a_restores_progress_and_a_stuck_rank_call(parts: Parts) -> None:
-    obs = Observation(parts.ctx, armed_faults=list)
-    obs.restore_began("req-1", {"request": "req-1", "done": {0: 0, 1: 0}, "bytes": {0: 0, 1: 0}})
-    assert obs.is_restoring("req-1") and obs.last_progress("req-1", 1)[1] is None  # type: ignore[index]
+def test_rank_calls_watch_a_restores_progress_and_a_stuck_rank_call(parts: Parts) -> None:
+    calls = RankCalls(parts.ctx)
+    obs = Observation(parts.ctx, calls=calls, armed_faults=list)  # where the ranks' progress events arrive
     obs.on_rank_event(WindowWaiting(request="req-1", rank=1, window=0))
-    assert obs.last_progress("req-1", 1)[1] is EventKind.WINDOW_WAITING  # type: ignore[index]
+    assert calls.last_progress("req-1", 1) is None  # a restore not watched is not tracked
+    obs.restore_began("req-1", {"request": "req-1", "done": {0: 0, 1: 0}, "bytes": {0: 0, 1: 0}})
+    assert obs.is_restoring("req-1") and calls.last_progress("req-1", 1)[1] is None  # type: ignore[index]
+    obs.on_rank_event(WindowWaiting(request="req-1", rank=1, window=0))
+    assert calls.last_progress("req-1", 1)[1] is EventKind.WINDOW_WAITING  # type: ignore[index]
     obs.restore_over("req-1")
-    assert not obs.is_restoring("req-1") and obs.last_progress("req-1", 1) is None
+    assert not obs.is_restoring("req-1") and calls.last_progress("req-1", 1) is None
 
     call: Future[None] = Future()
-    obs.note_stuck(1, "req-1", call)
-    health = {h["rank"]: h for h in obs.rank_health()}
+    calls.note_stuck(1, "req-1", call)
+    health = {h["rank"]: h for h in calls.rank_health()}
     assert health[0]["healthy"] and not health[1]["healthy"] and "req-1" in health[1]["reason"]
     call.set_result(None)
-    assert all(h["healthy"] for h in obs.rank_health())
+    assert all(h["healthy"] for h in calls.rank_health())
 
 
 def test_orchestration_probes_through_the_hosts_probe_on_every_path(parts: Parts) -> None:
     """A host's probe (the LMCache host remembers the tokens behind each hash there) runs for submit and restore."""
     faults = ArmedFaults(parts.ctx)
-    obs = Observation(parts.ctx, armed_faults=faults.armed)
+    calls = RankCalls(parts.ctx)
+    obs = Observation(parts.ctx, calls=calls, armed_faults=faults.armed)
     parts.on_event.append(obs.on_rank_event)
-    adm = Admission(parts.ctx, ranks=obs)
+    adm = Admission(parts.ctx, ranks=calls)
     probed: list[int] = []
 
     def host_probe(tokens: Sequence[int], hashes: list[str] | None) -> tuple[HitBitmap, dict[str, Any]]:
@@ -178,6 +184,7 @@ def test_orchestration_probes_through_the_hosts_probe_on_every_path(parts: Parts
 
     orch = Orchestration(
         parts.ctx,
+        calls=calls,
         observation=obs,
         allocation=Allocation(parts.ctx, refusals=obs),
         admission=adm,

@@ -11,6 +11,7 @@ def test_tier_health_joins_conditions_and_counts_a_shared_quarantine_once() -> N
     from bsr_cli.runtime.events import EventLog
     from bsr_cli.runtime.metrics import RuntimeCounters
     from bsr_cli.runtime.observation import Observation
+    from bsr_cli.runtime.rank_calls import RankCalls
     from unit.fakes import small_registration
 
     q = QuarantinedObject(
@@ -22,7 +23,7 @@ def test_tier_health_joins_conditions_and_counts_a_shared_quarantine_once() -> N
 
     # Only the join: no ranks, no armed faults, no recent failures.
     ctx = CoordinatorContext(small_registration(2), [], EngineSettings(), EventLog(), RuntimeCounters([], ("fs",)))
-    tiers = Observation(ctx, armed_faults=list).tier_health(ranks)
+    tiers = Observation(ctx, calls=RankCalls(ctx), armed_faults=list).tier_health(ranks)
     fs = tiers["fs"]
     assert not fs["ok"] and fs["condition"] == "full" and fs["conditions"] == ["full"]
     assert fs["quarantined_total"] == 1 and [x["file"] for x in fs["quarantined"]] == [q.file]
