@@ -94,16 +94,16 @@ def restore(state: Path, coord: Coordinator, base: dict[str, Any]) -> dict[str, 
         lines.append("the previous run's markers and settings were for another registration: not restored")
         return out
     markers = [m for m in kept.get("markers") or [] if isinstance(m, dict) and m.get("prompt")]
-    with coord._lock:
-        for m in markers:
-            tiers = {str(t) for t in m.get("excluded_tiers") or [] if str(t) in coord.settings.tiers}
-            coord.markers[str(m["prompt"])] = Marker(
-                str(m["prompt"]),
-                tiers,
-                str(m.get("reason") or "restored"),
-                str(m.get("request") or "previous run"),
-                float(m.get("set_at") or time.time()),
-            )
+    coord.restore_markers(
+        Marker(
+            str(m["prompt"]),
+            {str(t) for t in m.get("excluded_tiers") or [] if str(t) in coord.settings.tiers},
+            str(m.get("reason") or "restored"),
+            str(m.get("request") or "previous run"),
+            float(m.get("set_at") or time.time()),
+        )
+        for m in markers
+    )
     out["markers"] = len(markers)
     if markers:
         lines.append(f"restored {len(markers)} force-local marker(s) from the previous run")
@@ -177,8 +177,7 @@ class RankRestarter:
             self._next_try[i] = time.monotonic() + pause
             self.log(f"bsr engine: rank {i} did not start ({e}); next try in {pause:g}s")
             return
-        with self.coord._lock:
-            self.coord.ranks[i] = new  # type: ignore[call-overload]
+        self.coord.replace_rank(i, new)  # type: ignore[arg-type]
         pause = self.backoff[min(self._attempt[i], len(self.backoff) - 1)]
         self._attempt[i] += 1
         self._next_try[i] = time.monotonic() + pause  # a rank that dies again at once waits longer each time

@@ -2,17 +2,19 @@
 
 Discovery is the probe-only lookup on every rank (the complete hit bitmap; no object bytes move, nothing stays
 pinned). The external prefix is what every rank and group holds in a tier not excluded by the prompt's force-local
-marker; ``_restore_jobs`` turns it into one typed ``RestoreJob`` per rank (that rank's objects, the windows of at
+marker; ``restore_jobs`` turns it into one typed ``RestoreJob`` per rank (that rank's objects, the windows of at
 most W chunks, the request's blocks and the armed faults aimed at that rank).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+import itertools
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
-from bsr_cli.api.ranks import ObjectRef, ProbeRequest, RestoreJob, WindowJob
+from bsr_cli.api.ranks import ObjectRef, ProbeRequest, RankRequest, RestoreJob, WindowJob
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.events import MarkerCleared, MarkerSet
 from bsr_cli.core.faults import FaultSpec
@@ -21,10 +23,37 @@ from bsr_cli.core.markers import ClearScope, Marker, ScopeKind
 from bsr_cli.core.markers import clear as clear_markers_in
 from bsr_cli.core.plan import Window
 from bsr_cli.errors import BadRequest
-from bsr_cli.runtime.allocation import Allocation
+from bsr_cli.runtime.coordinator_state import CoordinatorContext
+
+R = TypeVar("R")
 
 
-class Admission(Allocation):
+class RankCaller(Protocol):
+    """How admission asks every rank at once (``Observation.call_all``: with liveness, failing fast)."""
+
+    def call_all(self, request: RankRequest[R], timeout_s: float | None = None) -> list[R]: ...
+
+
+class Admission:
+    """Owns what decides a request's admission: its id, the probe-only lookup, the per-rank jobs of the external
+    prefix, and the force-local markers (under ``_lock``)."""
+
+    def __init__(self, ctx: CoordinatorContext, ranks: RankCaller) -> None:
+        self.reg = ctx.reg
+        self.ranks = ctx.ranks
+        self.settings = ctx.settings
+        self.events = ctx.events
+        self.counters = ctx.counters
+        self._caller = ranks
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._markers: dict[str, Marker] = {}
+
+    def continue_request_ids(self, after: int) -> None:
+        """Number new requests after ``after``: an engine restarted over its own event store must never reuse a
+        request id its kept evidence already names."""
+        self._ids = itertools.count(max(0, after) + 1)
+
     def new_request_id(self) -> str:
         return f"req-{next(self._ids):05d}"
 
@@ -42,7 +71,7 @@ class Admission(Allocation):
         """Probe-only lookup on every rank: the complete hit bitmap; no object bytes move, nothing stays pinned."""
         self.check_tokens(tokens)
         hashes = hashes or chunk_hashes(tokens, self.reg.chunk_size)
-        answers = self._call_all(ProbeRequest(hashes=list(hashes), tiers=list(self.settings.tiers)))
+        answers = self._caller.call_all(ProbeRequest(hashes=list(hashes), tiers=list(self.settings.tiers)))
         rows = {(r.rank, g): a.rows[g] for r, a in zip(self.ranks, answers, strict=True) for g in self.reg.group_names}
         errors = {f"rank{r.rank}": dict(a.errors) for r, a in zip(self.ranks, answers, strict=True) if a.errors}
         bitmap = HitBitmap(
@@ -58,7 +87,7 @@ class Admission(Allocation):
         return bitmap, errors
 
     # -- the external prefix -----------------------------------------------------------------------------------
-    def _objects_for(
+    def objects_for(
         self, bitmap: HitBitmap, rank: int, k: int, exclude: set[str], hashes: list[str]
     ) -> dict[str, list[ObjectRef]]:
         """Rank ``rank``'s objects of the first ``k`` chunks, per group, each from the tier it is restored from."""
@@ -74,7 +103,7 @@ class Admission(Allocation):
             out[g] = objs
         return out
 
-    def _restore_jobs(
+    def restore_jobs(
         self,
         request: str,
         w: int,
@@ -110,20 +139,20 @@ class Admission(Allocation):
         }
 
     # -- force-local markers -----------------------------------------------------------------------------------
-    def _marker(self, prompt: str) -> Marker | None:
+    def marker(self, prompt: str) -> Marker | None:
         """A copy of the prompt's marker (taken under the lock, so a concurrent update cannot tear it)."""
         with self._lock:
-            m = self.markers.get(prompt)
+            m = self._markers.get(prompt)
             return None if m is None else dataclasses.replace(m, excluded=set(m.excluded))
 
-    def _set_marker(self, prompt: str, tiers: set[str], reason: str, request: str) -> Marker:
+    def set_marker(self, prompt: str, tiers: set[str], reason: str, request: str) -> Marker:
         """Mark the prompt: its next admission skips ``tiers`` (a tier's fetch or verify failed), or, with no tiers,
         recomputes it locally (a rank failed to install or synchronize: no tier is to blame, so none is excluded).
         Recomputing locally is the stronger of the two and is kept once set."""
         with self._lock:
-            m = self.markers.get(prompt)
+            m = self._markers.get(prompt)
             if m is None:
-                m = self.markers[prompt] = Marker(prompt, set(tiers), reason, request)
+                m = self._markers[prompt] = Marker(prompt, set(tiers), reason, request)
             elif m.excluded and tiers:
                 m.excluded |= tiers
                 m.reason, m.request = reason, request
@@ -137,25 +166,36 @@ class Admission(Allocation):
         )
         return snap
 
-    def _clear_marker(self, prompt: str, request: str, why: str) -> bool:
+    def clear_marker(self, prompt: str, request: str, why: str) -> bool:
         with self._lock:
-            m = self.markers.pop(prompt, None)
+            m = self._markers.pop(prompt, None)
         if m is not None:
             self.events.append(MarkerCleared(request=request, prompt=prompt, why=why))
         return m is not None
+
+    def markers(self) -> dict[str, Marker]:
+        """Every standing marker, each a copy (a concurrent update cannot tear it)."""
+        with self._lock:
+            return {p: dataclasses.replace(m, excluded=set(m.excluded)) for p, m in self._markers.items()}
+
+    def restore_markers(self, markers: Iterable[Marker]) -> None:
+        """Markers kept by a previous run of this engine, standing again as they were."""
+        with self._lock:
+            for m in markers:
+                self._markers[m.prompt] = m
 
     def list_markers(self) -> list[dict[str, Any]]:
         """Every standing marker, as plain data (taken under the lock: callers must not iterate ``markers``
         while a request may set or clear one)."""
         with self._lock:
-            return [m.to_dict() for m in self.markers.values()]
+            return [m.to_dict() for m in self._markers.values()]
 
     def clear_markers(self, scope: ClearScope | None = None) -> int:
         """The operator's clear: every marker, one prompt's, or one tier out of every marker (``ClearScope``).
         Each marker touched is a ``marker_cleared`` event naming the scope. Answers how many were touched."""
         scope = scope or ClearScope.all()
         with self._lock:
-            touched = clear_markers_in(self.markers, scope)
+            touched = clear_markers_in(self._markers, scope)
         for c in touched:
             self.events.append(
                 MarkerCleared(

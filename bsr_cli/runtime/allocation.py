@@ -18,16 +18,12 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
-from bsr_cli.api.ranks import RankClient
 from bsr_cli.core.events import Failure
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage
-from bsr_cli.core.registration import Registration
 from bsr_cli.errors import CapacityError, RestoreAborted
-from bsr_cli.runtime.coordinator_state import EngineSettings
-from bsr_cli.runtime.events import EventLog
-from bsr_cli.runtime.observation import Observation
+from bsr_cli.runtime.coordinator_state import CoordinatorContext
 
 
 class BlockAllocator:
@@ -86,18 +82,36 @@ class BlockWaiter:
         }
 
 
-class Allocation(Observation):
-    def __init__(
-        self, reg: Registration, ranks: Sequence[RankClient], settings: EngineSettings, events: EventLog
-    ) -> None:
-        super().__init__(reg, ranks, settings, events)
-        self.allocators = {g.name: BlockAllocator(g.name, -(-settings.kv_tokens // g.block_size)) for g in reg.groups}
+class RefusalRecorder(Protocol):
+    """Where a request refused for destination blocks is recorded (counted, listed, logged) as a refused restore:
+    ``Observation.restore_ended``."""
+
+    def restore_ended(
+        self, *, request: str, outcome: Outcome, kind: FailureKind | None, fails: Sequence[Failure], w: int
+    ) -> None: ...
+
+
+class Allocation:
+    """Owns the destination blocks: every group's pool, the FIFO queue of requests waiting for them, and the rank
+    calls that keep a failed request's blocks out of the pool until they return."""
+
+    def __init__(self, ctx: CoordinatorContext, refusals: RefusalRecorder) -> None:
+        self.reg = ctx.reg
+        self.settings = ctx.settings
+        self.counters = ctx.counters
+        self._refusals = refusals
+        self.allocators = {
+            g.name: BlockAllocator(g.name, -(-ctx.settings.kv_tokens // g.block_size)) for g in ctx.reg.groups
+        }
         # Requests waiting for destination blocks, in arrival order; notified whenever blocks are freed or the
-        # queue changes. Its own lock: a free never waits on the coordinator's state.
+        # queue changes.
         self._blocks_changed = threading.Condition()
         self._block_queue: deque[BlockWaiter] = deque()
+        # Per request, its rank calls still running after its restore was failed (under ``_lock``).
+        self._lock = threading.Lock()
+        self._outstanding: dict[str, list[Future[Any]]] = {}
 
-    def _allocate(self, n_tokens: int, request: str = "") -> tuple[dict[str, list[int]], float]:
+    def allocate(self, n_tokens: int, request: str = "") -> tuple[dict[str, list[int]], float]:
         """Blocks for ``n_tokens`` in every group (all or none), and the seconds the request waited for them.
 
         Waits in FIFO order while the blocks are short, at most ``settings.kv_wait_s``; raises CapacityError (the
@@ -147,7 +161,6 @@ class Allocation(Observation):
             "the engine's destination KV stayed full for the whole wait: retry, or start the engine with more "
             "--kv-tokens (or a longer kv_wait_s)",
         )
-        raise AssertionError("unreachable")  # _refuse_blocks raises
 
     def _take(self, need: dict[str, int]) -> dict[str, list[int]] | None:
         """Every group's blocks, or none of them (called under ``_blocks_changed``)."""
@@ -173,7 +186,7 @@ class Allocation(Observation):
     def _count_waiting(self) -> None:
         self.counters.block_waiting.set(sum(1 for w in self._block_queue if w.waiting))
 
-    def _refuse_blocks(self, request: str, message: str, hint: str) -> None:
+    def _refuse_blocks(self, request: str, message: str, hint: str) -> NoReturn:
         """A request refused for destination blocks: counted and logged as a refused restore, then raised."""
         fail = Failure(
             rank=None,
@@ -183,7 +196,7 @@ class Allocation(Observation):
             cause=CapacityCause.NO_DESTINATION_BLOCKS,
         )
         if request:
-            self._restore_ended(
+            self._refusals.restore_ended(
                 request=request,
                 outcome=Outcome.REFUSED,
                 kind=FailureKind.CAPACITY,
@@ -206,7 +219,7 @@ class Allocation(Observation):
                 lambda: sum(1 for w in self._block_queue if w.waiting) == count, timeout_s
             )
 
-    def _abort_block_wait(self, request: str) -> bool:
+    def abort_block_wait(self, request: str) -> bool:
         """Wake ``request`` if it waits for blocks: it ends aborted (True when it was waiting)."""
         with self._blocks_changed:
             hit = [w for w in self._block_queue if w.request == request]
@@ -215,34 +228,19 @@ class Allocation(Observation):
             self._blocks_changed.notify_all()
         return bool(hit)
 
-    def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
-        snap = super().snapshot(health=health, events_since=events_since)
-        waiting = self.blocks_waiting()
-        snap["admission"]["waiting_for_blocks"] = len(waiting)
-        snap["admission"]["kv_wait_s"] = self.settings.kv_wait_s
-        snap["admission"]["blocks_waiting"] = waiting
-        return snap
-
     def _free(self, tables: dict[str, list[int]]) -> None:
         for g, ids in tables.items():
             self.allocators[g].free(ids)
         with self._blocks_changed:
             self._blocks_changed.notify_all()
 
-    def _quarantine(self, request: str, rank: int, fut: Future[Any]) -> None:
-        """A rank call still running after its restore was failed: the rank is unhealthy until it returns, and
-        the request's blocks are not reused before then."""
+    def hold_until_done(self, request: str, fut: Future[Any]) -> None:
+        """A rank call still running after ``request``'s restore was failed: its blocks are not reused before the
+        call returns (a late install can never land in another request's blocks)."""
         with self._lock:
             self._outstanding.setdefault(request, []).append(fut)
-            self._stuck.setdefault(rank, set()).add(request)
 
-        def done(_: Future[Any]) -> None:
-            with self._lock:
-                self._stuck.get(rank, set()).discard(request)
-
-        fut.add_done_callback(done)
-
-    def _release_tables(self, request: str, tables: dict[str, list[int]]) -> None:
+    def release(self, request: str, tables: dict[str, list[int]]) -> None:
         """Free a request's blocks now, or once the last of its quarantined rank calls has returned."""
         with self._lock:
             left = [f for f in self._outstanding.pop(request, []) if not f.done()]
@@ -263,4 +261,4 @@ class Allocation(Observation):
             f.add_done_callback(done)
 
 
-__all__ = ["Allocation", "BlockAllocator", "BlockWaiter"]
+__all__ = ["Allocation", "BlockAllocator", "BlockWaiter", "RefusalRecorder"]

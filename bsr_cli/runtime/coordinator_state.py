@@ -1,31 +1,23 @@
-"""The coordinator's shared state: the settings, the ranks, and what the coordinator remembers between requests.
+"""What the coordinator's parts share: the settings, the context every part reads, and the limits they apply.
 
-The coordinator is one object (``bsr_cli.runtime.coordinator.Coordinator``, the facade the admin API and the
-plugins call) assembled from one module per concern, each a layer over this state:
+The coordinator (``bsr_cli.runtime.coordinator.Coordinator``, the facade the admin API and the plugins call) composes
+one part per concern, each owning its state under its own lock and constructed over a ``CoordinatorContext``:
 
-- ``observation``: rank calls with liveness (heartbeats, deadlines), health, pool/stats aggregation, snapshots;
+- ``rank_calls``: every rank asked at once with liveness (heartbeats, deadlines), rank health, rank settings;
+- ``observation``: tier health, pool/stats aggregation, the live view, each restore's report, snapshots;
 - ``allocation``: destination blocks and the quarantine of blocks a stuck rank call may still write;
 - ``admission``: discovery (probe-only lookup), the force-local markers, the external prefix's per-rank jobs;
-- ``orchestration``: a request's life (admission with fallback, the windowed restore across ranks, the commit rule).
-
-Every mutable field below is read and written under ``_lock``; the events log has its own.
+- ``orchestration``: a request's life (admission with fallback, the windowed restore across ranks, the commit rule);
+- ``armed_faults``: the operator's injected faults.
 """
 
 from __future__ import annotations
 
-import itertools
-import threading
-import time
-from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 from bsr_cli.api.ranks import RankClient
 from bsr_cli.core.events import PROGRESS
-from bsr_cli.core.faults import FaultSpec
-from bsr_cli.core.markers import Marker
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import InvalidInput, ServerError
 from bsr_cli.runtime.events import EventLog
@@ -71,44 +63,26 @@ class EngineSettings:
     tokenizer: str = "bytes"  # how the host turns text into token ids (reported so clients can match it)
 
 
-class CoordinatorState:
-    def __init__(
-        self, reg: Registration, ranks: Sequence[RankClient], settings: EngineSettings, events: EventLog
-    ) -> None:
+@dataclass(frozen=True)
+class CoordinatorContext:
+    """What every part of the coordinator reads and none of them owns: the registration, the ranks, the settings,
+    the event log and the counters. Each part keeps its own mutable state under its own lock."""
+
+    reg: Registration
+    # One list shared by every part: a restarted rank replaces its entry in place (``Coordinator.replace_rank``).
+    ranks: list[RankClient]
+    settings: EngineSettings
+    events: EventLog
+    # Counted where each thing happens, from now on (the engine's /metrics serves them).
+    counters: RuntimeCounters
+
+    @classmethod
+    def build(
+        cls, reg: Registration, ranks: Sequence[RankClient], settings: EngineSettings, events: EventLog
+    ) -> CoordinatorContext:
         if len(ranks) != reg.tp_size:
             raise InvalidInput(f"registration has tp_size {reg.tp_size} but {len(ranks)} ranks were given")
-        self.reg = reg
-        self.ranks = list(ranks)
-        self.settings = settings
-        self.events = events
-        # Counted where each thing happens, from now on (the engine's /metrics serves them).
-        self.counters = RuntimeCounters([r.rank for r in self.ranks], settings.tiers)
-        self.started_at = time.time()
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self.markers: dict[str, Marker] = {}
-        self.faults: list[FaultSpec] = []
-        self.active: dict[str, dict[str, Any]] = {}
-        self._open_requests: set[str] = set()  # accepted and not yet finished (abortable)
-        self.recent: deque[dict[str, Any]] = deque(maxlen=50)
-        self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ranks}
-        # Liveness: per (request, rank) the time and kind of the last progress event of a running restore; the
-        # last fault seen on each rank; per request the rank calls still running after it was failed (its blocks
-        # stay allocated until they return, so a late install can never land in another request's blocks).
-        self._progress: dict[tuple[str, int], tuple[float, str]] = {}
-        self.rank_faults: dict[int, dict[str, Any]] = {}
-        self._stuck: dict[int, set[str]] = {}
-        self._outstanding: dict[str, list[Future[Any]]] = {}
-        # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
-        self.tier_failures: dict[str, dict[str, Any]] = {}
-        # Each rank's last answer about its tiers (for a quick /health), and the ranks asked and not answered yet.
-        self._tier_views: dict[int, tuple[float, dict[str, Any]]] = {}
-        self._tier_asks: set[int] = set()
-
-    def continue_request_ids(self, after: int) -> None:
-        """Number new requests after ``after``: an engine restarted over its own event store must never reuse a
-        request id its kept evidence already names."""
-        self._ids = itertools.count(max(0, after) + 1)
+        return cls(reg, list(ranks), settings, events, RuntimeCounters([r.rank for r in ranks], settings.tiers))
 
 
 __all__ = [
@@ -117,7 +91,7 @@ __all__ = [
     "POLL_S",
     "PROGRESS_EVENTS",
     "TIER_FAILURE_TTL_S",
-    "CoordinatorState",
+    "CoordinatorContext",
     "EngineSettings",
     "RankUnresponsive",
 ]

@@ -1,34 +1,24 @@
-"""The coordinator's observation layer: calls to every rank with liveness, rank and tier health, the pool/stats
-aggregation a monitor draws, the rank events that feed them, and each restore's recorded report.
+"""The coordinator's observation: rank and tier health, the pool/stats aggregation a monitor draws, the rank events
+that feed them, the live view of running restores, and each restore's recorded report.
 
-A rank is judged by its heartbeat (a rank in another process beats on its own) and, during a restore, by its
-progress events; a call to every rank fails fast (``RankUnresponsive``) when a rank stops beating instead of waiting
-out the whole deadline. Tier health joins what each rank sees of its tiers with what the coordinator knows
-(armed faults, recent real failures).
+Tier health joins what each rank sees of its tiers with what the coordinator knows (armed faults, recent real
+failures). Each rank's liveness (heartbeats, progress, stuck calls) is ``RankCalls``'s (``rank_calls.py``).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
+from typing import Any
 
 from bsr_cli import API_VERSION, __version__
-from bsr_cli.api.ranks import (
-    RankClient,
-    RankRequest,
-    ResetPeakRequest,
-    RestoreResult,
-    SetBudgetRequest,
-    SetFsConcurrencyRequest,
-    StatsRequest,
-    StatsResult,
-)
-from bsr_cli.core import accounting, limits
+from bsr_cli.api.ranks import RestoreResult, StatsRequest, StatsResult
+from bsr_cli.core import accounting
 from bsr_cli.core.events import (
     PROGRESS,
     Event,
@@ -39,153 +29,45 @@ from bsr_cli.core.events import (
     parse_event,
     restore_ended,
 )
-from bsr_cli.core.events import (
-    RankUnresponsive as RankUnresponsiveEvent,
-)
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.coordinator_state import (
-    HEALTH_WAIT_S,
-    POLL_S,
-    TIER_FAILURE_TTL_S,
-    CoordinatorState,
-    RankUnresponsive,
-)
-
-R = TypeVar("R")
+from bsr_cli.runtime.coordinator_state import HEALTH_WAIT_S, TIER_FAILURE_TTL_S, CoordinatorContext
+from bsr_cli.runtime.rank_calls import RankCalls
 
 
-class Observation(CoordinatorState):
-    # -- liveness ----------------------------------------------------------------------------------------------
-    @property
-    def stall_s(self) -> float:
-        """A rank silent this long (no heartbeat) is stalled: derived from the fetch timeout, at least 1 s."""
-        return max(1.0, float(self.settings.fetch_timeout_s))
+class Observation:
+    """Owns what the coordinator observes of its ranks and restores: tier health (each rank's view, real failures),
+    the live view of running restores, the recent ones and their counters. Reads each rank's liveness from
+    ``calls`` (and feeds it the progress events) and the armed faults through ``armed_faults`` (an armed fault that
+    takes a tier down makes it unhealthy)."""
 
-    def _silent(self, r: RankClient) -> str | None:
-        """Why rank ``r`` cannot answer now (dead, or no heartbeat for longer than stall_s), or None."""
-        if not r.alive():
-            return "its process is not running"
-        age_fn = getattr(r, "heartbeat_age", None)
-        age = age_fn() if age_fn is not None else None
-        if age is not None and age > self.stall_s:
-            return f"no heartbeat for {age:.1f}s (process stopped or hung)"
-        return None
-
-    def _rank_fault(self, rank: int, reason: str, request: str | None = None) -> None:
-        """A rank stopped answering (no heartbeat, no progress): remembered, counted and logged."""
-        with self._lock:
-            self.rank_faults[rank] = {"reason": reason, "request": request, "at": time.time(), "stage": None}
-        self.counters.unresponsive.labels(str(rank)).inc()
-        self.events.append(RankUnresponsiveEvent(rank=rank, reason=reason, request=request))
-
-    def _note_rank_failures(self, fails: Sequence[Failure], request: str) -> None:
-        """A rank that failed at its own stage (install, synchronize) is remembered as that rank's last fault, so
-        `bsr status` says "rank N failed at install"; it still answers, so it stays healthy."""
-        with self._lock:
-            for f in fails:
-                if f.kind is FailureKind.RANK and f.rank is not None and f.stage is not None:
-                    self.rank_faults[f.rank] = {
-                        "reason": failures.describe(f),
-                        "request": request,
-                        "at": time.time(),
-                        "stage": f.stage.value,
-                    }
-
-    def _gather(self, futures: Sequence[Future[R]], timeout_s: float, what: str) -> list[R]:
-        """Every rank's answer to one call, failing fast (RankUnresponsive) when a rank stops beating instead of
-        waiting out the whole deadline."""
-        deadline = time.monotonic() + timeout_s
-        pending = [f for f in futures if not f.done()]
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                r = next(r for r, f in zip(self.ranks, futures, strict=True) if not f.done())
-                reason = f"did not answer {what} within {timeout_s:.0f}s"
-                self._rank_fault(r.rank, reason)
-                raise RankUnresponsive(r.rank, reason)
-            wait(pending, timeout=min(POLL_S, left), return_when=FIRST_COMPLETED)
-            pending = [f for f in pending if not f.done()]
-            for r, f in zip(self.ranks, futures, strict=True):
-                why = None if f.done() else self._silent(r)
-                if why:
-                    self._rank_fault(r.rank, f"{why} during {what}")
-                    raise RankUnresponsive(r.rank, f"{why} during {what}")
-        return [f.result() for f in futures]
-
-    def _call_all(self, request: RankRequest[R], timeout_s: float | None = None) -> list[R]:
-        """The same request on every rank; each rank's typed result, in rank order."""
-        futures = [r.submit(request) for r in self.ranks]
-        return self._gather(futures, timeout_s or self.settings.call_timeout_s, request.op)
-
-    # -- settings every rank applies -------------------------------------------------------------------------------
-    def update_settings(
-        self, *, budget_bytes: int | None = None, fs_concurrency: int | None = None, w: int | None = None
-    ) -> None:
-        """Change B, the filesystem load concurrency and the default W at run time. The resulting set is checked
-        as `bsr engine up` checks it and applied whole or not at all (raises InvalidInput/CapacityError)."""
-        s = self.settings
-        budget = s.budget_bytes if budget_bytes is None else budget_bytes
-        fsc = s.fs_concurrency if fs_concurrency is None else fs_concurrency
-        new_w = s.w if w is None else w
-        limits.check_engine_settings(
-            self.reg,
-            w=new_w,
-            pool_bytes=s.pool_bytes or None,
-            budget_bytes=budget,
-            max_tokens=s.max_tokens,
-            kv_tokens=s.kv_tokens,
-            fs_concurrency=fsc,
-            fetch_timeout_s=s.fetch_timeout_s,
-            window_within_budget=False,  # B may be set for the W of particular requests (the benchmarks do)
-        )
-        if budget_bytes is not None:
-            self.set_budget(budget)
-        if fs_concurrency is not None:
-            self.set_fs_concurrency(fsc)
-        s.w = new_w
-
-    def set_budget(self, budget_bytes: int) -> None:
-        """Every rank's admission budget B, then the engine's setting."""
-        self._call_all(SetBudgetRequest(budget_bytes))
-        self.settings.budget_bytes = budget_bytes
-
-    def set_fs_concurrency(self, value: int) -> None:
-        self._call_all(SetFsConcurrencyRequest(value))
-        self.settings.fs_concurrency = value
-
-    def reset_peak(self) -> None:
-        self._call_all(ResetPeakRequest())
+    def __init__(self, ctx: CoordinatorContext, calls: RankCalls, armed_faults: Callable[[], list[FaultSpec]]) -> None:
+        self.reg = ctx.reg
+        self.ranks = ctx.ranks
+        self.settings = ctx.settings
+        self.events = ctx.events
+        self.counters = ctx.counters
+        self.started_at = time.time()
+        self._calls = calls
+        self._armed_faults = armed_faults
+        # Every mutable field below is read and written under ``_lock``.
+        self._lock = threading.Lock()
+        self._active: dict[str, dict[str, Any]] = {}  # the running restores, as a monitor draws them
+        self._recent: deque[dict[str, Any]] = deque(maxlen=50)
+        self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ctx.ranks}
+        # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
+        self._tier_failures: dict[str, dict[str, Any]] = {}
+        # Each rank's last answer about its tiers (for a quick /health), and the ranks asked and not answered yet.
+        self._tier_views: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._tier_asks: set[int] = set()
 
     # -- rank and tier health --------------------------------------------------------------------------------------
-    def rank_health(self) -> list[dict[str, Any]]:
-        """Per rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline."""
-        out = []
-        for r in self.ranks:
-            why = self._silent(r)
-            with self._lock:
-                stuck = sorted(self._stuck.get(r.rank, ()))
-                last = self.rank_faults.get(r.rank)
-            if why is None and stuck:
-                why = f"restore of {', '.join(stuck)} still running past its deadline"
-            age_fn = getattr(r, "heartbeat_age", None)
-            out.append(
-                {
-                    "rank": r.rank,
-                    "healthy": why is None,
-                    "alive": r.alive(),
-                    "heartbeat_age_s": round(age_fn(), 3) if age_fn is not None else None,
-                    "reason": why,
-                    "last_fault": last,
-                }
-            )
-        return out
-
     def health(self) -> dict[str, Any]:
         """What /health answers: ``ok`` when every rank is healthy (the engine can serve); ``degraded`` names
         the tiers that are not (the engine still serves, from a lower tier or by recomputing)."""
-        ranks = self.rank_health()
-        tiers = self._tier_health(self._rank_tier_views(HEALTH_WAIT_S))
+        ranks = self._calls.rank_health()
+        tiers = self.tier_health(self._rank_tier_views(HEALTH_WAIT_S))
         return {
             "ok": all(r["healthy"] for r in ranks),
             "ranks_alive": [r["alive"] for r in ranks],
@@ -207,7 +89,7 @@ class Observation(CoordinatorState):
                     self._tier_asks.add(r.rank)
             if busy:
                 continue
-            if not r.alive() or self._silent(r) is not None:
+            if not r.alive() or self._calls.silent(r) is not None:
                 with self._lock:
                     self._tier_asks.discard(r.rank)
                 continue
@@ -229,12 +111,12 @@ class Observation(CoordinatorState):
             if view is not None:
                 self._tier_views[rank] = (time.monotonic(), dict(view.get("tiers") or {}))
 
-    def _tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    def tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per tier ``{"ok", "detail", "condition", "conditions", "quarantined", "quarantined_total"}``: what each
         rank sees of it (``pool(health=True)``: its condition, e.g. full or read-only, and the objects it set apart)
         joined with what the coordinator knows (armed faults, recent real failures). ``condition`` is the first
         reason it is unhealthy (``ok`` when none); ``conditions`` every one."""
-        tiers: dict[str, Any] = {}
+        tiers: dict[str, dict[str, Any]] = {}
         dirs: dict[str, dict[str, int]] = defaultdict(dict)  # per tier, its quarantine directories' totals
 
         def entry(name: str) -> dict[str, Any]:
@@ -276,9 +158,9 @@ class Observation(CoordinatorState):
         """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
         a recent real failure that no committed restore from it has cleared since."""
         now = time.time()
+        armed = self._armed_faults()
         with self._lock:
-            armed = [f for f in self.faults if not f.exhausted()]
-            recent = {t: dict(v) for t, v in self.tier_failures.items() if now - v["at"] <= TIER_FAILURE_TTL_S}
+            recent = {t: dict(v) for t, v in self._tier_failures.items() if now - v["at"] <= TIER_FAILURE_TTL_S}
         out: dict[str, list[tuple[TierCondition, str]]] = {t: [] for t in self.settings.tiers}
         for f in armed:
             for t in f.tiers_affected():
@@ -304,11 +186,11 @@ class Observation(CoordinatorState):
         with self._lock:
             if committed:
                 for t in used:
-                    self.tier_failures.pop(t, None)
+                    self._tier_failures.pop(t, None)
                 return
             for t in blamed:
                 f = next((x for x in fails if x.tier == t), fails[0] if fails else None)
-                self.tier_failures[t] = {
+                self._tier_failures[t] = {
                     "reason": f.reason if f is not None else "",
                     "rank": f.rank if f is not None else None,
                     "request": request,
@@ -316,7 +198,7 @@ class Observation(CoordinatorState):
                     "injected": injected,  # an armed fault fired: forgotten when the operator clears faults
                 }
 
-    def _report_restore(
+    def report_restore(
         self,
         *,
         request: str,
@@ -361,7 +243,7 @@ class Observation(CoordinatorState):
                 pool_bytes=self.settings.pool_bytes,
             )
         self._note_tier_health(committed_tokens > 0, tiers_used, blamed, fails, request, bool(fired))
-        self._note_rank_failures(fails, request)
+        self._calls.note_rank_failures(fails, request)
         wire_fails = [f.to_wire() for f in fails]
         result = {
             "request": request,
@@ -387,7 +269,7 @@ class Observation(CoordinatorState):
             "whole_plan_bytes": accounting.whole_plan_bytes(self.reg, k),
             "fired_faults": sorted(fired),
         }
-        self._restore_ended(
+        self.restore_ended(
             request=request,
             outcome=outcome,
             kind=kind,
@@ -401,7 +283,7 @@ class Observation(CoordinatorState):
         )
         return result
 
-    def _restore_ended(
+    def restore_ended(
         self,
         *,
         request: str,
@@ -421,7 +303,7 @@ class Observation(CoordinatorState):
         deciding = next((f for f in fails if f.kind is kind), None)
         self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
         with self._lock:
-            self.recent.appendleft(
+            self._recent.appendleft(
                 {
                     "request": request,
                     "outcome": outcome.value,
@@ -453,14 +335,11 @@ class Observation(CoordinatorState):
         them), then logged."""
         ev = event if isinstance(event, Event) else parse_event(event)
         if ev.kind in PROGRESS:
-            key = (ev.request_id or "", ev.rank_id if ev.rank_id is not None else -1)
-            with self._lock:
-                if key in self._progress:
-                    self._progress[key] = (time.monotonic(), ev.kind.value)
+            self._calls.progressed(ev.request_id or "", ev.rank_id if ev.rank_id is not None else -1, ev.kind)
         if isinstance(ev, WindowReleased):
             self.counters.window_released(ev.rank, ev.bytes)
             with self._lock:
-                st = self.active.get(ev.request)
+                st = self._active.get(ev.request)
                 if st is not None:
                     st["done"][ev.rank] = st["done"].get(ev.rank, 0) + 1
                     st["bytes"][ev.rank] = st["bytes"].get(ev.rank, 0) + ev.bytes
@@ -504,10 +383,10 @@ class Observation(CoordinatorState):
     def pool(self, health: bool = False) -> list[dict[str, Any]]:
         out = []
         futures: list[Future[StatsResult] | None] = []
-        states = self.rank_health()
+        states = self._calls.rank_health()
         for r in self.ranks:
             # A silent rank is not asked (it would only make the caller wait): its health says why.
-            asked = r.alive() and self._silent(r) is None
+            asked = r.alive() and self._calls.silent(r) is None
             futures.append(r.submit(StatsRequest(health=health)) if asked else None)
         now = time.monotonic()
         for r, fut, h in zip(self.ranks, futures, states, strict=True):
@@ -536,8 +415,9 @@ class Observation(CoordinatorState):
         return out
 
     def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
-        """Everything a monitor draws at once. ``events_since``: every event after that sequence number (up to
-        2,000) instead of the last 50, so a poller sees bursts whole."""
+        """What a monitor draws of the ranks, the tiers and the restores at once (the coordinator adds the engine's
+        info, the markers, the faults and the queue for blocks). ``events_since``: every event after that sequence
+        number (up to 2,000) instead of the last 50, so a poller sees bursts whole."""
         ranks = self.pool(health=health)
         with self._lock:
             active = [
@@ -546,16 +426,13 @@ class Observation(CoordinatorState):
                     "done": {str(k): v for k, v in st["done"].items()},
                     "bytes": {str(k): v for k, v in st["bytes"].items()},
                 }
-                for st in self.active.values()
+                for st in self._active.values()
             ]
-            recent = list(self.recent)
-            markers = [m.to_dict() for m in self.markers.values()]  # under the lock, as list_markers
-            faults = [f.to_dict() for f in self.faults]
-        tiers = self._tier_health(ranks)
+            recent = list(self._recent)
+        tiers = self.tier_health(ranks)
         live = sum(r.get("pool", {}).get("live_bytes", 0) for r in ranks)
         return {
             "time": time.time(),
-            "info": self.info(),
             "ranks": ranks,
             "active": active,
             "recent": recent,
@@ -565,11 +442,42 @@ class Observation(CoordinatorState):
                 "queued": sum(r.get("pool", {}).get("waiters", 0) for r in ranks),
             },
             "tiers": tiers,
-            "markers": markers,
-            "faults": faults,
             "events": self.events.recent(50) if events_since is None else self.events.since(events_since, limit=2000),
             "seq": self.events.last_seq,
         }
+
+    # -- what the coordinator remembers --------------------------------------------------------------------------
+    def recent(self) -> list[dict[str, Any]]:
+        """The recent restores, newest first."""
+        with self._lock:
+            return list(self._recent)
+
+    def remember(self, entry: dict[str, Any]) -> None:
+        """A restore a host ran itself (a vLLM worker's load), listed first among the recent ones."""
+        with self._lock:
+            self._recent.appendleft(entry)
+
+    def forget_injected_tier_failures(self) -> None:
+        """A tier that failed only because of an injected fault is not remembered as failing once faults are
+        cleared; a real failure stays until its TTL or the tier's next committed restore."""
+        with self._lock:
+            self._tier_failures = {t: v for t, v in self._tier_failures.items() if not v.get("injected")}
+
+    # -- the running restores ------------------------------------------------------------------------------------
+    def restore_began(self, request: str, state: dict[str, Any]) -> None:
+        """A restore started on every rank: shown live, and each rank's progress watched from now on."""
+        with self._lock:
+            self._active[request] = state
+        self._calls.watch(request)
+
+    def restore_over(self, request: str) -> None:
+        self._calls.unwatch(request)
+        with self._lock:
+            self._active.pop(request, None)
+
+    def is_restoring(self, request: str) -> bool:
+        with self._lock:
+            return request in self._active
 
 
 __all__ = ["Observation"]

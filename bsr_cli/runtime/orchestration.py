@@ -19,9 +19,11 @@ A request's life, as a scheduler admits it (``submit``):
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
 from typing import Any
 
 from bsr_cli.api.ranks import (
@@ -49,10 +51,76 @@ from bsr_cli.core.keys import chunk_hashes, prompt_hash
 from bsr_cli.core.plan import windows_for
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.admission import Admission
-from bsr_cli.runtime.coordinator_state import MAX_PASSES, POLL_S, RankUnresponsive
+from bsr_cli.runtime.allocation import Allocation
+from bsr_cli.runtime.armed_faults import ArmedFaults
+from bsr_cli.runtime.coordinator_state import MAX_PASSES, POLL_S, CoordinatorContext, RankUnresponsive
+from bsr_cli.runtime.observation import Observation
+from bsr_cli.runtime.rank_calls import RankCalls
+
+Tables = dict[str, list[int]]  # per KV group, a request's destination block ids (the same on every rank)
+# The probe-only lookup as the host runs it (a host may remember what each chunk hash stands for first).
+Probe = Callable[[Sequence[int], list[str] | None], tuple[HitBitmap, dict[str, Any]]]
+# Writing the chunks each tier lacks, as the host runs it (a host may vouch for what it stored afterwards).
+StoreMissing = Callable[[HitBitmap, list[str], int, Tables], dict[str, Any]]
+Progress = Callable[[dict[str, Any]], None]
 
 
-class Orchestration(Admission):
+@dataclass
+class Admitted:
+    """What ``submit``'s admission passes decided: the committed external prefix and where it came from."""
+
+    committed: int = 0
+    source: str = "recompute"
+    bitmap: HitBitmap | None = None
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    marker_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class OpenRequest:
+    """A request accepted and not yet finished: its W, id, prompt hash, chunk hashes, and ``close``."""
+
+    w: int
+    request: str
+    prompt: str
+    hashes: list[str]
+    close: Callable[[], None]
+
+
+class Orchestration:
+    """Runs a request's life over the other parts: ``calls`` (every rank asked at once, with liveness),
+    ``observation`` (the live view, the restore's report), ``allocation`` (destination blocks), ``admission``
+    (probe, markers, per-rank jobs) and ``faults`` (the armed ones each job carries). ``probe`` and
+    ``store_missing`` are the host's (default: admission's probe and this part's own store), so a host that wraps
+    them is used on every path."""
+
+    def __init__(
+        self,
+        ctx: CoordinatorContext,
+        *,
+        calls: RankCalls,
+        observation: Observation,
+        allocation: Allocation,
+        admission: Admission,
+        faults: ArmedFaults,
+        probe: Probe | None = None,
+        store_missing: StoreMissing | None = None,
+    ) -> None:
+        self.reg = ctx.reg
+        self.ranks = ctx.ranks
+        self.settings = ctx.settings
+        self.events = ctx.events
+        self.counters = ctx.counters
+        self.calls = calls
+        self.observation = observation
+        self.allocation = allocation
+        self.admission = admission
+        self.faults = faults
+        self._probe: Probe = probe or admission.probe
+        self._store_missing: StoreMissing = store_missing or self.store_missing
+        self._lock = threading.Lock()
+        self._open_requests: set[str] = set()  # accepted and not yet finished (abortable), under ``_lock``
+
     # -- one windowed restore across every rank ----------------------------------------------------------------
     def _restore_external(
         self,
@@ -61,30 +129,29 @@ class Orchestration(Admission):
         hashes: list[str],
         exclude: set[str],
         w: int,
-        block_tables: dict[str, list[int]],
+        block_tables: Tables,
         prompt: str = "",
     ) -> dict[str, Any]:
         k = bitmap.prefix_chunks(exclude)
         ext_tokens = bitmap.prefix_tokens(exclude)
         windows = windows_for(self.reg, w, k, ext_tokens)
-        objects = {r.rank: self._objects_for(bitmap, r.rank, k, exclude, hashes) for r in self.ranks}
+        objects = {r.rank: self.admission.objects_for(bitmap, r.rank, k, exclude, hashes) for r in self.ranks}
         tiers_used = {o.tier for objs in objects.values() for refs in objs.values() for o in refs}
-        with self._lock:
-            faults = [f for f in self.faults if not f.exhausted()]
-        jobs = self._restore_jobs(request, w, windows, objects, block_tables, faults)
+        jobs = self.admission.restore_jobs(request, w, windows, objects, block_tables, self.faults.armed())
         started = time.monotonic()
-        state = {
-            "request": request,
-            "W": w,
-            "windows": len(windows),
-            "tokens": ext_tokens,
-            "tiers": sorted(tiers_used),
-            "started": time.time(),
-            "done": {r.rank: 0 for r in self.ranks},
-            "bytes": {r.rank: 0 for r in self.ranks},
-        }
-        with self._lock:
-            self.active[request] = state
+        self.observation.restore_began(
+            request,
+            {
+                "request": request,
+                "W": w,
+                "windows": len(windows),
+                "tokens": ext_tokens,
+                "tiers": sorted(tiers_used),
+                "started": time.time(),
+                "done": {r.rank: 0 for r in self.ranks},
+                "bytes": {r.rank: 0 for r in self.ranks},
+            },
+        )
         self.events.append(
             RestoreStarted(
                 request=request,
@@ -99,18 +166,12 @@ class Orchestration(Admission):
         try:
             outcomes = self._await_restore(request, futures)
         finally:
-            with self._lock:
-                self.active.pop(request, None)
-                for r in self.ranks:
-                    self._progress.pop((request, r.rank), None)
+            self.observation.restore_over(request)
         validity = {(o.rank, g): v for o in outcomes for g, v in o.valid.items()}
         decision = commit_prefix(ext_tokens, validity, [r.rank for r in self.ranks], self.reg.group_names)
         fired = {fid for o in outcomes for fid in o.fired_faults}
-        if fired:
-            with self._lock:
-                self.faults = [f.after_firing() if f.id in fired else f for f in self.faults]
-                self.faults = [f for f in self.faults if not f.exhausted()]
-        return self._report_restore(
+        self.faults.record_fired(fired)
+        return self.observation.report_restore(
             request=request,
             w=w,
             k=k,
@@ -128,11 +189,8 @@ class Orchestration(Admission):
         """Every rank's restore outcome, with liveness: a rank that stops beating, or makes no progress within
         its window deadline (derived from the fetch timeout), fails the restore as a rank fault within seconds.
         Then every rank is told to abort; a call that is still running keeps its blocks allocated (see
-        _release_tables)."""
+        ``Allocation.hold_until_done``)."""
         start = time.monotonic()
-        with self._lock:
-            for r in self.ranks:
-                self._progress[(request, r.rank)] = (start, "started")
         by_rank = {r.rank: r for r in self.ranks}
         pending = {r.rank: f for r, f in zip(self.ranks, futures, strict=True)}
         outcomes: dict[int, RestoreResult] = {}
@@ -148,7 +206,7 @@ class Orchestration(Admission):
                         stalled[rk] = f"its restore call failed: {e}"
             now = time.monotonic()
             for rk in pending:
-                why = self._silent(by_rank[rk]) or self._overdue(request, rk, now)
+                why = self.calls.silent(by_rank[rk]) or self._overdue(request, rk, now)
                 if why:
                     stalled[rk] = why
         if not stalled:
@@ -156,9 +214,9 @@ class Orchestration(Admission):
         for r in self.ranks:
             r.abort(request)
         for rk, why in stalled.items():
-            self._rank_fault(rk, why, request)
+            self.calls.rank_fault(rk, why, request)
         # The healthy ranks end their own restore fail-closed (abort); give them a short grace to say so.
-        grace_end = time.monotonic() + min(5.0, self.stall_s)
+        grace_end = time.monotonic() + min(5.0, self.calls.stall_s)
         for rk, f in list(pending.items()):
             if rk in stalled:
                 continue
@@ -170,7 +228,9 @@ class Orchestration(Admission):
                 except Exception as e:  # noqa: BLE001 - as above
                     stalled[rk] = f"its restore call failed: {e}"
         for rk, f in pending.items():
-            self._quarantine(request, rk, f)
+            # Still running: the rank is unhealthy and the request's blocks are not reused until it returns.
+            self.calls.note_stuck(rk, request, f)
+            self.allocation.hold_until_done(request, f)
         elapsed = time.monotonic() - start
         for rk in by_rank:
             if rk not in outcomes or rk in stalled:
@@ -181,16 +241,15 @@ class Orchestration(Admission):
                     valid=dict.fromkeys(self.reg.group_names, False),
                     seconds=elapsed,
                     reason=why,
-                    kind=failures.RANK if rk in stalled else failures.ABORTED,
+                    kind=FailureKind.RANK if rk in stalled else FailureKind.ABORTED,
                 )
         return [outcomes[r.rank] for r in self.ranks]
 
     def _overdue(self, request: str, rank: int, now: float) -> str | None:
         """The per-window progress deadline: 2 × the fetch timeout since the rank's last progress (plus the
         admission deadline while it waits for budget), else the rank is stalled."""
-        with self._lock:
-            at, what = self._progress.get((request, rank), (now, ""))
-        waiting = what == EventKind.WINDOW_WAITING
+        at, what = self.calls.last_progress(request, rank) or (now, None)
+        waiting = what is EventKind.WINDOW_WAITING
         limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if waiting else 0)
         if now - at > limit:
             return f"no restore progress for {now - at:.1f}s (window deadline {limit:g}s)"
@@ -205,40 +264,38 @@ class Orchestration(Admission):
         return h.hexdigest()[:32]
 
     def _output_hash(self, tables: dict[str, list[int]], n_tokens: int) -> str:
-        return self._combined_hash([a.groups for a in self._call_all(OutputHashRequest(tables, n_tokens))])
+        return self._combined_hash([a.groups for a in self.calls.call_all(OutputHashRequest(tables, n_tokens))])
 
     def _canonical_hash(self, hashes: list[str], n_tokens: int) -> str:
-        return self._combined_hash([a.groups for a in self._call_all(CanonicalHashRequest(hashes, n_tokens))])
+        return self._combined_hash([a.groups for a in self.calls.call_all(CanonicalHashRequest(hashes, n_tokens))])
 
     def _open(
-        self,
-        tokens: Sequence[int],
-        w: int | None,
-        request: str | None,
-        progress: Callable[[dict[str, Any]], None] | None,
-    ) -> tuple[int, str, str, list[str], Callable[[], None]]:
+        self, tokens: Sequence[int], w: int | None, request: str | None, progress: Progress | None
+    ) -> OpenRequest:
         """What every request starts with: a checked prompt, its W, id, prompt hash, chunk hashes, and the
-        progress listener (with the function that removes it)."""
-        request = request or self.new_request_id()
+        progress listener (``close`` removes it and ends the request)."""
+        request = request or self.admission.new_request_id()
         # Open from acceptance (the client learns the id then; the admin API opens a streamed request before its
         # work starts, see ``open_request``) to the end: an abort in between, before its windows start, still ends
         # it fail-closed (each rank keeps the abort for the job that follows).
         self.open_request(request)
         try:
-            self.check_tokens(tokens)
+            self.admission.check_tokens(tokens)
             w = self.settings.w if w is None else accounting.check_window(w)
         except BaseException:
-            with self._lock:
-                self._open_requests.discard(request)
+            self._close_request(request)
             raise
         unlisten = self.events.listen(request, progress) if progress else (lambda: None)
 
-        def stop() -> None:
+        def close() -> None:
             unlisten()
-            with self._lock:
-                self._open_requests.discard(request)
+            self._close_request(request)
 
-        return w, request, prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size), stop
+        return OpenRequest(w, request, prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size), close)
+
+    def _close_request(self, request: str) -> None:
+        with self._lock:
+            self._open_requests.discard(request)
 
     def submit(
         self,
@@ -247,118 +304,136 @@ class Orchestration(Admission):
         w: int | None = None,
         verify: bool = True,
         store: bool = True,
-        progress: Callable[[dict[str, Any]], None] | None = None,
+        progress: Progress | None = None,
         request: str | None = None,
     ) -> dict[str, Any]:
         """Admit a prompt as the scheduler would: restore the external prefix (with fallback), compute the rest."""
-        w, request, prompt, hashes, stop = self._open(tokens, w, request, progress)
+        req = self._open(tokens, w, request, progress)
         started = time.monotonic()
         self.counters.submitted.inc()
         try:
             # Waits (FIFO, up to kv_wait_s) while running requests hold the destination blocks.
-            tables, queued_s = self._allocate(len(tokens), request)
+            tables, queued_s = self.allocation.allocate(len(tokens), req.request)
         except BaseException:
-            stop()
+            req.close()
             raise
-        passes: list[dict[str, Any]] = []
         try:
             self.events.append(
                 RequestAdmitted(
-                    request=request,
-                    prompt=prompt,
+                    request=req.request,
+                    prompt=req.prompt,
                     tokens=len(tokens),
                     queued_s=round(queued_s, 6),
-                    block_ids=trace.block_ids(hashes, len(tokens), self.reg.chunk_size),
+                    block_ids=trace.block_ids(req.hashes, len(tokens), self.reg.chunk_size),
                 )
             )
-            marker = self._marker(prompt)
-            exclude = set(marker.excluded) if marker else set()
-            # A marker that excludes no tier says "recompute locally" (a rank failed to install it last time).
-            local = marker is not None and not marker.excluded
-            marker_history = [{"pass": 0, "marker": marker.to_dict()}] if marker else []
-            committed, source = 0, "recompute"
-            bitmap: HitBitmap | None = None
-            for pass_no in range(1, MAX_PASSES + 1):
-                bitmap, tier_errors = self.probe(tokens, hashes)
-                ext = 0 if local else bitmap.prefix_tokens(exclude)
-                entry: dict[str, Any] = {
-                    "pass": pass_no,
-                    "excluded_tiers": sorted(exclude),
-                    "external_tokens": ext,
-                    "tier_errors": tier_errors,
-                }
-                passes.append(entry)
-                if ext == 0:
-                    break
-                res = self._restore_external(request, bitmap, hashes, exclude, w, tables, prompt)
-                entry["restore"] = res
-                if res["committed_tokens"]:
-                    committed, source = res["committed_tokens"], "+".join(res["tiers"])
-                    break
-                # Fail closed: every block of the request is invalid now (each rank scrubbed its own). A tier fault
-                # sets a marker excluding that tier (the next pass skips it); a rank that failed to install or
-                # synchronize sets one that excludes no tier (the prompt is recomputed locally); a stalled rank ends
-                # the request; a capacity refusal or an abort blames nobody: the rest is computed locally.
-                entry["failure_kind"] = res["failure_kind"]
-                kind = FailureKind(res["failure_kind"])
-                if kind is FailureKind.RANK:
-                    bad = next(Failure.from_wire(f) for f in res["failures"] if f["kind"] == FailureKind.RANK)
-                    if bad.stage is None and bad.rank is not None:  # it stopped answering: nothing can run
-                        raise RankUnresponsive(bad.rank, bad.reason)
-                    m = self._set_marker(prompt, set(), failures.summary(res), request)
-                    marker_history.append({"pass": pass_no, "marker": m.to_dict()})
-                    break
-                if kind is not FailureKind.TIER:
-                    break
-                m = self._set_marker(prompt, set(res["blamed_tiers"]), failures.summary(res), request)
-                exclude = set(m.excluded)
-                marker_history.append({"pass": pass_no, "marker": m.to_dict()})
+            admitted = self._admit(tokens, req, tables)
             # Successful admission (RUNNING): the marker has served its purpose.
-            cleared = self._clear_marker(prompt, request, "admitted")
-            computed = len(tokens) - committed
-            first_chunk = committed // self.reg.chunk_size
+            cleared = self.admission.clear_marker(req.prompt, req.request, "admitted")
+            computed = len(tokens) - admitted.committed
             if computed > 0:
-                self._call_all(PrefillRequest(hashes, len(tokens), first_chunk, tables))
-            store_result: dict[str, Any] = {}
-            if store and bitmap is not None:
-                store_result = self._store_missing(bitmap, hashes, len(tokens), tables)
-                for rank_name, per_tier in store_result["errors"].items():
-                    for tier, err in per_tier.items():
-                        rank = int(rank_name.removeprefix("rank"))
-                        self.events.append(StoreFailed(rank=rank, tier=tier, error=err, request=request))
+                first_chunk = admitted.committed // self.reg.chunk_size
+                self.calls.call_all(PrefillRequest(req.hashes, len(tokens), first_chunk, tables))
+            stored = self._store(admitted.bitmap, req, len(tokens), tables) if store else {}
             output_hash = self._output_hash(tables, len(tokens))
-            canonical = self._canonical_hash(hashes, len(tokens)) if verify else None
-            result = {
-                "request": request,
-                "prompt": prompt,
-                "tokens": len(tokens),
-                "W": w,
-                "external_tokens": committed,
-                "computed_tokens": computed,
-                "source": source if committed else "recompute",
-                "passes": passes,
-                "force_local": {"history": marker_history, "cleared": cleared},
-                "stored": store_result,
-                "output_hash": output_hash,
-                "canonical_hash": canonical,
-                "hash_ok": None if canonical is None else canonical == output_hash,
-                "seconds": time.monotonic() - started,
-            }
+            canonical = self._canonical_hash(req.hashes, len(tokens)) if verify else None
+            hash_ok = None if canonical is None else canonical == output_hash
+            source = admitted.source if admitted.committed else "recompute"
             self.events.append(
                 RequestFinished(
-                    request=request,
-                    external_tokens=committed,
+                    request=req.request,
+                    external_tokens=admitted.committed,
                     computed_tokens=computed,
-                    source=source if committed else "recompute",
-                    hash_ok=None if canonical is None else canonical == output_hash,
+                    source=source,
+                    hash_ok=hash_ok,
                 )
             )
-            return result
+            return {
+                "request": req.request,
+                "prompt": req.prompt,
+                "tokens": len(tokens),
+                "W": req.w,
+                "external_tokens": admitted.committed,
+                "computed_tokens": computed,
+                "source": source,
+                "passes": admitted.passes,
+                "force_local": {"history": admitted.marker_history, "cleared": cleared},
+                "stored": stored,
+                "output_hash": output_hash,
+                "canonical_hash": canonical,
+                "hash_ok": hash_ok,
+                "seconds": time.monotonic() - started,
+            }
         finally:
-            self._release_tables(request, tables)  # teardown
-            stop()
+            self.allocation.release(req.request, tables)  # teardown
+            req.close()
 
-    def _store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: dict[str, list[int]]) -> dict:
+    def _admit(self, tokens: Sequence[int], req: OpenRequest, tables: Tables) -> Admitted:
+        """Up to MAX_PASSES admissions of the prompt, each without the tiers the last one blamed, until one commits
+        its external prefix or there is nothing left to restore (the rest is computed locally)."""
+        marker = self.admission.marker(req.prompt)
+        exclude = set(marker.excluded) if marker else set()
+        # A marker that excludes no tier says "recompute locally" (a rank failed to install it last time).
+        local = marker is not None and not marker.excluded
+        out = Admitted(marker_history=[{"pass": 0, "marker": marker.to_dict()}] if marker else [])
+        for pass_no in range(1, MAX_PASSES + 1):
+            out.bitmap, tier_errors = self._probe(tokens, req.hashes)
+            ext = 0 if local else out.bitmap.prefix_tokens(exclude)
+            entry: dict[str, Any] = {
+                "pass": pass_no,
+                "excluded_tiers": sorted(exclude),
+                "external_tokens": ext,
+                "tier_errors": tier_errors,
+            }
+            out.passes.append(entry)
+            if ext == 0:
+                break
+            res = self._restore_external(req.request, out.bitmap, req.hashes, exclude, req.w, tables, req.prompt)
+            entry["restore"] = res
+            if res["committed_tokens"]:
+                out.committed, out.source = res["committed_tokens"], "+".join(res["tiers"])
+                break
+            entry["failure_kind"] = res["failure_kind"]
+            next_exclude = self._after_failed_pass(req, res, pass_no, out)
+            if next_exclude is None:
+                break
+            exclude = next_exclude
+        return out
+
+    def _after_failed_pass(
+        self, req: OpenRequest, res: dict[str, Any], pass_no: int, admitted: Admitted
+    ) -> set[str] | None:
+        """Fail closed: every block of the request is invalid now (each rank scrubbed its own). A tier fault sets a
+        marker excluding that tier (answered: the next pass skips what it excludes); a rank that failed to install
+        or synchronize sets one that excludes no tier (the prompt is recomputed locally); a stalled rank ends the
+        request (raises); a capacity refusal or an abort blames nobody. None: no further pass, the rest is
+        computed locally."""
+        kind = FailureKind(res["failure_kind"])
+        if kind is FailureKind.RANK:
+            bad = next(Failure.from_wire(f) for f in res["failures"] if f["kind"] == FailureKind.RANK)
+            if bad.stage is None and bad.rank is not None:  # it stopped answering: nothing can run
+                raise RankUnresponsive(bad.rank, bad.reason)
+            m = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
+            admitted.marker_history.append({"pass": pass_no, "marker": m.to_dict()})
+            return None
+        if kind is not FailureKind.TIER:
+            return None
+        m = self.admission.set_marker(req.prompt, set(res["blamed_tiers"]), failures.summary(res), req.request)
+        admitted.marker_history.append({"pass": pass_no, "marker": m.to_dict()})
+        return set(m.excluded)
+
+    def _store(self, bitmap: HitBitmap | None, req: OpenRequest, n_tokens: int, tables: Tables) -> dict[str, Any]:
+        """The chunks each tier lacks written back; a tier that refused is a ``store_failed`` event."""
+        if bitmap is None:
+            return {}
+        stored = self._store_missing(bitmap, req.hashes, n_tokens, tables)
+        for rank_name, per_tier in stored["errors"].items():
+            for tier, err in per_tier.items():
+                rank = int(rank_name.removeprefix("rank"))
+                self.events.append(StoreFailed(rank=rank, tier=tier, error=err, request=req.request))
+        return stored
+
+    def store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: Tables) -> dict[str, Any]:
         """Write the chunks each tier lacks (a chunk quarantined as damaged counts as lacking, so this rewrites it
         from the KV just restored or computed). A tier that refuses writes does not fail the request, which has
         its KV: submit records a ``store_failed`` event naming the request, the tier turns unhealthy with the
@@ -394,80 +469,77 @@ class Orchestration(Admission):
         w: int | None = None,
         verify: bool = True,
         exclude: Sequence[str] = (),
-        progress: Callable[[dict[str, Any]], None] | None = None,
+        progress: Progress | None = None,
         request: str | None = None,
     ) -> dict[str, Any]:
         """A manual windowed restore of a prompt's external prefix (no fallback, nothing computed)."""
-        w, request, prompt, hashes, stop = self._open(tokens, w, request, progress)
+        req = self._open(tokens, w, request, progress)
         try:
             try:
-                bitmap, tier_errors = self.probe(tokens, hashes)
+                bitmap, tier_errors = self._probe(tokens, req.hashes)
             except RankUnresponsive as e:
-                return self._rank_failed(request, prompt, len(tokens), w, e)
+                return self._rank_failed(req, len(tokens), e)
             excl = set(exclude)
             ext = bitmap.prefix_tokens(excl)
             brk = bitmap.first_break(excl)
             base = {
-                "request": request,
-                "prompt": prompt,
+                "request": req.request,
+                "prompt": req.prompt,
                 "tokens": len(tokens),
-                "W": w,
+                "W": req.w,
                 "tier_errors": tier_errors,
                 "first_break": brk.to_dict() if brk else None,
                 "bitmap": bitmap.to_dict(),
             }
             if ext == 0:
-                self._restore_ended(
-                    request=request,
-                    outcome=Outcome.NOTHING_TO_RESTORE,
-                    kind=None,
-                    fails=(),
-                    w=w,
+                self.observation.restore_ended(
+                    request=req.request, outcome=Outcome.NOTHING_TO_RESTORE, kind=None, fails=(), w=req.w
                 )
                 return base | {
                     "outcome": Outcome.NOTHING_TO_RESTORE.value,
                     "committed_tokens": 0,
                     "advertised_tokens": 0,
                 }
-            tables, _ = self._allocate(ext, request)
+            tables, _ = self.allocation.allocate(ext, req.request)
             try:
-                res = self._restore_external(request, bitmap, hashes, excl, w, tables, prompt)
-                out = base | res
-                if res["committed_tokens"]:
-                    out["output_hash"] = self._output_hash(tables, ext)
-                    if verify:
-                        out["canonical_hash"] = self._canonical_hash(hashes[: -(-ext // self.reg.chunk_size)], ext)
-                        out["hash_ok"] = out["canonical_hash"] == out["output_hash"]
-                elif res["failure_kind"] == FailureKind.TIER:
-                    marker = self._set_marker(prompt, set(res["blamed_tiers"]), failures.summary(res), request)
-                    out["marker"] = marker.to_dict()
-                elif res["failure_kind"] == FailureKind.RANK and res.get("failure_stage"):
-                    # The rank failed at its own stage: the next admission recomputes the prompt locally, and no
-                    # tier is excluded (none is to blame).
-                    marker = self._set_marker(prompt, set(), failures.summary(res), request)
-                    out["marker"] = marker.to_dict()
-                return out
+                res = self._restore_external(req.request, bitmap, req.hashes, excl, req.w, tables, req.prompt)
+                return base | res | self._after_manual_restore(req, res, ext, tables, verify)
             finally:
-                self._release_tables(request, tables)
+                self.allocation.release(req.request, tables)
         finally:
-            stop()
+            req.close()
 
-    def _rank_failed(self, request: str, prompt: str, n_tokens: int, w: int, e: RankUnresponsive) -> dict[str, Any]:
+    def _after_manual_restore(
+        self, req: OpenRequest, res: dict[str, Any], ext: int, tables: Tables, verify: bool
+    ) -> dict[str, Any]:
+        """A committed restore's hashes; a failed one's marker (a tier's fault excludes that tier; a rank that
+        failed at its own stage has the next admission recompute the prompt, no tier excluded: none is to blame)."""
+        out: dict[str, Any] = {}
+        if res["committed_tokens"]:
+            out["output_hash"] = self._output_hash(tables, ext)
+            if verify:
+                out["canonical_hash"] = self._canonical_hash(req.hashes[: -(-ext // self.reg.chunk_size)], ext)
+                out["hash_ok"] = out["canonical_hash"] == out["output_hash"]
+        elif res["failure_kind"] == FailureKind.TIER:
+            marker = self.admission.set_marker(req.prompt, set(res["blamed_tiers"]), failures.summary(res), req.request)
+            out["marker"] = marker.to_dict()
+        elif res["failure_kind"] == FailureKind.RANK and res.get("failure_stage"):
+            marker = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
+            out["marker"] = marker.to_dict()
+        return out
+
+    def _rank_failed(self, req: OpenRequest, n_tokens: int, e: RankUnresponsive) -> dict[str, Any]:
         """A manual restore that could not start because a rank stopped answering: failed closed (nothing was
         restored or committed), blamed on the rank, no marker."""
         fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.RANK)  # no stage: it stopped answering
-        self._restore_ended(
-            request=request,
-            outcome=Outcome.FAILED_CLOSED,
-            kind=FailureKind.RANK,
-            fails=(fail,),
-            w=w,
+        self.observation.restore_ended(
+            request=req.request, outcome=Outcome.FAILED_CLOSED, kind=FailureKind.RANK, fails=(fail,), w=req.w
         )
         return {
-            "request": request,
-            "prompt": prompt,
+            "request": req.request,
+            "prompt": req.prompt,
             "tokens": n_tokens,
-            "W": w,
+            "W": req.w,
             "outcome": Outcome.FAILED_CLOSED.value,
             "advertised_tokens": 0,
             "committed_tokens": 0,
@@ -491,10 +563,10 @@ class Orchestration(Admission):
 
     def abort(self, request: str) -> bool:
         with self._lock:
-            known = request in self.active or request in self._open_requests
-        if not known:
+            known = request in self._open_requests
+        if not known and not self.observation.is_restoring(request):
             return False
-        self._abort_block_wait(request)  # one still waiting for destination blocks ends now
+        self.allocation.abort_block_wait(request)  # one still waiting for destination blocks ends now
         for r in self.ranks:
             r.abort(request)
         self.events.append(AbortRequested(request=request))

@@ -205,6 +205,7 @@ class WorkerCoordinator(LMCacheCoordinator):
         self.tp_rank = tp_rank
         self.limits = limits
         self._loads: dict[str, dict[str, Any]] = {}  # request -> its last load report (bounded by ``recent``)
+        self._loads_lock = threading.Lock()
         self.instance: dict[str, Any] | None = None  # the vLLM instance's endpoints (vllm_bsr/instance.py)
 
     def _refuse(self, what: str) -> Any:
@@ -264,7 +265,7 @@ class WorkerCoordinator(LMCacheCoordinator):
         """The force-local markers vLLM's scheduler holds now, as it published them. A vLLM marker sends the next
         admission of any prompt starting with its prefix to local compute: every tier is excluded."""
         doc = self.scheduler_state() or {}
-        with self._lock:
+        with self._loads_lock:
             loads = dict(self._loads)
         out = []
         for m in doc.get("markers") or []:
@@ -340,10 +341,10 @@ class WorkerCoordinator(LMCacheCoordinator):
             "failure_kind": report["failure_kind"],
             "tp_rank": self.tp_rank,
         }
-        with self._lock:
-            self.recent.appendleft(entry)
+        self.observation.remember(entry)
+        keep = {str(e["request"]) for e in self.observation.recent()}
+        with self._loads_lock:
             self._loads[report["request"]] = report
-            keep = {str(e["request"]) for e in self.recent}
             self._loads = {k: v for k, v in self._loads.items() if k in keep}
 
 
@@ -395,17 +396,9 @@ class WorkerAdmin:
         """The armed fault that fires in load window ``window`` (0-based) of this worker, if any; counts it as
         fired (and drops it once its count is spent). Called by the BSR connector inside every window."""
         c = self.coordinator
-        with c._lock:
-            for i, f in enumerate(c.faults):
-                if f.applies_to_rank(0) and f.hits(window, 0):
-                    fired = f.after_firing()
-                    if fired.exhausted():
-                        del c.faults[i]
-                    else:
-                        c.faults[i] = fired
-                    break
-            else:
-                return None
+        fired = c.armed_faults.fire(rank=0, window=window)
+        if fired is None:
+            return None
         c.events.append({"type": "fault_fired", "window": window, **fired.to_dict()})
         return fired
 

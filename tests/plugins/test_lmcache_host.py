@@ -195,14 +195,14 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
     c = host.coordinator
     toks = _stored_prompt(host, seed=13, n_tokens=CHUNKS * CS)
     tables: list[dict[str, list[int]]] = []
-    orig = c._allocate
+    orig = c.allocation.allocate
 
     def spy(n: int, request: str = "") -> tuple[dict[str, list[int]], float]:
         got = orig(n, request)
         tables.append(got[0])
         return got
 
-    c._allocate = spy  # type: ignore[method-assign]
+    c.allocation.allocate = spy  # type: ignore[method-assign]
     try:
         for r in (0, 1):  # a sentinel in every block: scrubbing must show
             for t in host.rank(r).kvcaches:
@@ -212,7 +212,7 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
         c.inject({"kind": "remote-unavailable", "rank": 1, "window": 3})
         res = c.restore(toks, w=W, exclude=["fs"])
     finally:
-        c._allocate = orig  # type: ignore[method-assign]
+        c.allocation.allocate = orig  # type: ignore[method-assign]
     assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
     assert {(f["rank"], f["window"]) for f in res["failures"]} == {(1, 3)}
     assert "LMCache loaded 0 of 512 tokens" in res["failures"][0]["reason"]

@@ -41,10 +41,11 @@ def build_engine(
     kv_tokens: int = 8192,
     kv_wait_s: float = 60.0,
     call_timeout_s: float = 10.0,
+    events: EventLog | None = None,
 ) -> FakeEngine:
     reg = small_registration(tp)
     tiers = {"mooncake": FakeTier("mooncake"), "fs": FakeTier("fs")}
-    events = EventLog()
+    events = events or EventLog()
     holder: list[Coordinator] = []
     budget = None if budget_chunks is None else budget_chunks * reg.bytes_per_chunk
 

@@ -26,9 +26,9 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngine]:
     monkeypatch.setenv("BSR_ENGINE", server.url)
     monkeypatch.setenv("BSR_TOKEN", TOKEN)
     c = eng.coordinator
-    c._set_marker("p-moon", {"mooncake"}, "checksum mismatch", "req-1")
-    c._set_marker("p-both", {"mooncake", "fs"}, "timeout", "req-2")
-    c._set_marker("p-fs", {"fs"}, "missing object", "req-3")
+    c.admission.set_marker("p-moon", {"mooncake"}, "checksum mismatch", "req-1")
+    c.admission.set_marker("p-both", {"mooncake", "fs"}, "timeout", "req-2")
+    c.admission.set_marker("p-fs", {"fs"}, "missing object", "req-3")
     try:
         yield eng
     finally:

@@ -67,17 +67,21 @@ def test_every_released_window_is_counted_on_its_rank_in_whatever_order_it_arriv
     assert rose == {'rank="0"': released[0], 'rank="1"': released[1]}
 
 
-def test_counters_count_from_the_start_not_from_the_first_scrape(engine: FakeEngine) -> None:
+def test_counters_count_from_the_start_not_from_the_first_scrape() -> None:
     """Restores that ended before anyone scraped, and events the log no longer holds, are still counted."""
     from bsr_cli.server.metrics import exposition
 
-    c = engine.coordinator
-    c.events = EventLog(capacity=10)  # a log that forgets almost everything at once
-    p = synthetic_tokens(TOKENS, 7)
-    c.submit(p)
-    for _ in range(3):
-        assert c.restore(p, w=1)["outcome"] == "committed"
-    text = exposition(c)
+    engine = build_engine(pool_chunks=8, events=EventLog(capacity=10))  # a log that forgets almost everything
+    try:
+        c = engine.coordinator
+        p = synthetic_tokens(TOKENS, 7)
+        c.submit(p)
+        for _ in range(3):
+            assert c.restore(p, w=1)["outcome"] == "committed"
+        text = exposition(c)
+    finally:
+        for r in engine.ranks:
+            r.close()
     assert _scrape(text, "bsr_restores_total")['kind="none",outcome="committed",stage="none"'] == 3
     assert _scrape(text, "bsr_restore_windows_total") == {'rank="0"': 3 * 64, 'rank="1"': 3 * 64}
     assert _scrape(text, "bsr_requests_submitted_total") == {} and "bsr_requests_submitted_total 1.0" in text

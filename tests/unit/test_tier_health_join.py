@@ -3,13 +3,16 @@ none is "unavailable" when down), and a quarantine directory the ranks share cou
 
 from __future__ import annotations
 
-from typing import Any
-
 
 def test_tier_health_joins_conditions_and_counts_a_shared_quarantine_once() -> None:
     from bsr_cli.api.codec import to_json
     from bsr_cli.api.ranks import QuarantinedObject, TierStatus
+    from bsr_cli.runtime.coordinator_state import CoordinatorContext, EngineSettings
+    from bsr_cli.runtime.events import EventLog
+    from bsr_cli.runtime.metrics import RuntimeCounters
     from bsr_cli.runtime.observation import Observation
+    from bsr_cli.runtime.rank_calls import RankCalls
+    from unit.fakes import small_registration
 
     q = QuarantinedObject(
         key="k", file="/t/fs-tier/quarantine/x.1.bsr", reason="payload checksum mismatch", at=5.0, bytes=9
@@ -18,14 +21,9 @@ def test_tier_health_joins_conditions_and_counts_a_shared_quarantine_once() -> N
     down = TierStatus(False, "master down")  # a host that names no reason
     ranks = [{"rank": r, "tiers": {"fs": to_json(full), "mooncake": to_json(down)}} for r in (0, 1)]
 
-    class Bare(Observation):  # only the join: no ranks, no faults, no recent failures
-        def __init__(self) -> None:
-            pass
-
-        def _tier_flags(self) -> dict[str, Any]:
-            return {}
-
-    tiers = Bare()._tier_health(ranks)
+    # Only the join: no ranks, no armed faults, no recent failures.
+    ctx = CoordinatorContext(small_registration(2), [], EngineSettings(), EventLog(), RuntimeCounters([], ("fs",)))
+    tiers = Observation(ctx, calls=RankCalls(ctx), armed_faults=list).tier_health(ranks)
     fs = tiers["fs"]
     assert not fs["ok"] and fs["condition"] == "full" and fs["conditions"] == ["full"]
     assert fs["quarantined_total"] == 1 and [x["file"] for x in fs["quarantined"]] == [q.file]
