@@ -337,6 +337,7 @@ class StockRun:
     elapsed_s: float
     setup_s: float
     lmcache_version: str
+    serial: bool = False
 
 
 @dataclass(frozen=True)
@@ -357,6 +358,7 @@ class StockCase:
     segment_bytes: int
     deadline_s: float = STOCK_DEADLINE_S
     max_clients: int = MAX_CLIENTS
+    serial: bool = False  # each rank's engine serves one request at a time (vLLM's worker), else calls overlap
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -398,6 +400,7 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
             "kv_tokens": case.kv_tokens,
             "deadline_s": case.deadline_s,
             "max_clients": case.max_clients,
+            "serial": case.serial,
             "salt": case.salt,
             "speedup": case.speedup,
             "block_tokens": case.trace.block_tokens,
@@ -454,6 +457,7 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
         elapsed_s=float(result["elapsed_s"]),
         setup_s=float(result.get("setup_seconds") or 0.0),
         lmcache_version=str(result.get("lmcache_version") or ""),
+        serial=case.serial,
     )
 
 
@@ -494,6 +498,7 @@ def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: fl
     return {
         "run": True,
         "lmcache": run.lmcache_version,
+        "calls": "serial" if run.serial else "concurrent",
         "l1_bytes": run.l1_bytes,
         "deadline_s": deadline_s,
         "restores": sum(1 for v in loaded.values() if v > 0),

@@ -14,13 +14,15 @@ arrival time, at most ``max_clients`` in flight, its tokens synthesized from its
 Stock LMCache is not changed: no checksums, no bsr retrieve, no lower transfer priority; hot-cache write-back is
 off and ``local_cpu`` is off (L1 is staging, every hit read from Mooncake), as in `bsr bench peer`. Measured: the
 loaded tokens and seconds of each retrieve per rank, and LMCache's L1 allocator high-water per rank over the whole
-replay (``PeakTracker``: retrieves and stores both stage there).
+replay (``PeakTracker``: retrieves and stores both stage there). With ``serial`` each rank's engine serves one
+request at a time, as vLLM's worker thread calls LMCache; by default every client calls the engines itself.
 
 Prints progress lines (``BSR-TRACE-PROGRESS <done>``) and one result line prefixed ``BSR-TRACE-RESULT``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -111,9 +113,18 @@ def replay(host: Any, case: dict[str, Any]) -> dict[str, Any]:
     done = [0]
     done_lock = threading.Lock()
 
+    # ``serial``: each rank's engine serves one request at a time (retrieve, compute, store), as vLLM's worker
+    # thread drives LMCache; the wait for the rank counts in the retrieve's seconds. Otherwise every client calls
+    # the engines itself and retrieves overlap.
+    rank_locks = {rk.rank: threading.Lock() if case.get("serial") else contextlib.nullcontext() for rk in ranks}
+
     def on_rank(rk: Any, toks: list[int], table: list[int], into: dict[str, Any]) -> None:
-        n = len(toks)
         t0 = time.perf_counter()
+        with rank_locks[rk.rank]:
+            work(rk, toks, table, into, t0)
+
+    def work(rk: Any, toks: list[int], table: list[int], into: dict[str, Any], t0: float) -> None:
+        n = len(toks)
         try:
             ret = lm.stock_retrieve(rk.engine, toks, kvcaches=rk.kvcaches, slot_mapping=rk.slots(table, n))
             loaded = int(ret.sum())

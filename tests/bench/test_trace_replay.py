@@ -77,6 +77,7 @@ def test_bad_replay_options_are_refused_before_any_engine_starts(bsr, tmp_path: 
         (("--block-tokens", "600"), "tokens per block"),
         (("--bandwidth", "slow"), "cannot read a positive rate"),
         (("--stock-l1", "lots"), "--stock-l1: cannot read a size"),
+        (("--no-stock", "--stock-serial"), "drop --no-stock"),
     ):
         r = bsr("bench", "trace", str(f), *args)
         assert r.code == ExitCode.INVALID_INPUT, (args, r.err)

@@ -37,10 +37,12 @@ def _conversations(n_conv: int, turns: int, shared: bool = True) -> Trace:
     return build_trace(rows).scale_tokens(64)
 
 
-def _replay(trace: Trace, tmp: Path) -> tuple[dict, list[int], dict[int, int]]:
+def _replay(trace: Trace, tmp: Path, clients: int = 1, serial: bool = False) -> tuple[dict, list[int], dict[int, int]]:
     reg = bt.replay_registration()
     size = bt.sizing(trace, reg)
-    case = bt.StockCase(trace, reg, 50.0, 7, 64 << 20, size.kv_tokens, size.segment_bytes, max_clients=1)
+    case = bt.StockCase(
+        trace, reg, 50.0, 7, 64 << 20, size.kv_tokens, size.segment_bytes, max_clients=clients, serial=serial
+    )
     run = bt.replay_stock(case, tmp)
     full = [w // reg.chunk_size * reg.chunk_size for w in bt.expected_hits(trace, reg)]
     return bt.stock_summary(trace, reg, run), full, {r["index"]: r["loaded_tokens"] for r in run.requests}
@@ -65,3 +67,18 @@ def test_stock_lmcache_loads_the_hits_the_trace_shares(tmp_path: Path, monkeypat
     s, full, loaded = _replay(_conversations(3, 3, shared=False), tmp_path / "unshared")
     assert sum(full) == 0 and sum(loaded.values()) == 0
     assert s["restores"] == 0 and s["committed"]["exact"] == 9 and s["failed"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_stock_lmcache_called_one_request_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--stock-serial: with three clients, each rank's engine still serves one request at a time: its L1 holds one
+    request's whole plan, plus at most the chunks of the previous store whose put LMCache has not yet released
+    (visible in Mooncake a moment before LMCache frees its staging), whatever the timing."""
+    monkeypatch.setenv("BSR_LMCACHE_PYTHON", sys.executable)
+    trace = _conversations(3, 3)
+    s, full, loaded = _replay(trace, tmp_path / "serial", clients=3, serial=True)
+    assert s["calls"] == "serial" and s["failed"] == 0 and s["committed"]["more"] == 0
+    # A turn served before its previous turn's store is readable loads less (counted apart), never more.
+    assert all(loaded[i] <= full[i] for i in range(len(trace)))
+    largest = max(r.input_length for r in trace.requests) // 64 * (64 << 10)  # full chunks of the longest prompt
+    assert all(0 < v <= 2 * largest for v in s["l1_peak_by_rank"].values()), s["l1_peak_by_rank"]

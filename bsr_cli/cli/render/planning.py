@@ -410,7 +410,12 @@ def trace_replay(console: Console, d: dict[str, Any]) -> None:
         sp = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in stock["l1_peak_by_rank"].items())
         console.print(
             f"stock LMCache: L1 high-water per rank {sp} (L1 {format_bytes(stock['l1_bytes'])}, staging only; "
-            "retrieves stage their whole plan, stores their chunks)"
+            "retrieves stage their whole plan, stores their chunks); "
+            + (
+                "one request at a time per rank, as vLLM's worker calls it"
+                if stock.get("calls") == "serial"
+                else "every client calls it, retrieves overlap"
+            )
         )
         console.print(
             f"stock LMCache loaded exactly the hit's full chunks: {sc['exact']:,} of {d['requests']:,} requests; "

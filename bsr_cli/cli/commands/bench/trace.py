@@ -49,6 +49,14 @@ def trace(
             "--stock-l1", help="Stock LMCache's L1 per rank [default: a rung over twice the whole-plan peak]."
         ),
     ] = None,
+    stock_serial: Annotated[
+        bool,
+        typer.Option(
+            "--stock-serial",
+            help="Stock LMCache serves one request at a time per rank, as vLLM's worker calls it "
+            "[default: every client calls it, retrieves overlap].",
+        ),
+    ] = False,
     json_flag: JsonFlag = False,
 ) -> None:
     """Replay a slice of a request trace at its arrival times against a dedicated embedded engine (time and
@@ -83,6 +91,8 @@ def trace(
             raise InvalidInput(f"--stock-l1: {e.message}", hint=e.hint) from None
         if stock_l1_bytes <= 0:
             raise InvalidInput(f"--stock-l1 must be a positive size, got {stock_l1}")
+    if not stock and (stock_l1 is not None or stock_serial):
+        raise InvalidInput("--stock-l1 and --stock-serial set up stock LMCache's replay: drop --no-stock")
     stock_reason = "skipped with --no-stock" if not stock else bt.stock_available()
     if stock_reason is None:
         try:
@@ -137,9 +147,9 @@ def trace(
         l1 = stock_l1_bytes or bt.stock_l1_bytes(sliced, reg, int(data["predicted"]["whole_plan_peak_bytes_per_rank"]))
         st.out.note(
             f"replaying the same {len(sliced):,} requests through stock LMCache (L1 {format_bytes(l1)} per rank, "
-            "whole-plan retrieve)"
+            f"whole-plan retrieve, {'one request at a time per rank' if stock_serial else 'calls overlapping'})"
         )
-        case = bt.StockCase(sliced, reg, speedup, seed, l1, size.kv_tokens, size.segment_bytes)
+        case = bt.StockCase(sliced, reg, speedup, seed, l1, size.kv_tokens, size.segment_bytes, serial=stock_serial)
 
         def stock_progress(n: int) -> None:
             if n % 50 == 0:
