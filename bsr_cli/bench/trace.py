@@ -15,15 +15,24 @@ alone (or given).
 The engine stores a request's blocks after its own restore and prefill, where the planner's model stores them at
 arrival: a request that shares a prefix with one still in flight can commit less than predicted. Those requests
 are counted apart.
+
+Stock LMCache replays the same scaled slice afterwards (``replay_stock``): the same synthesized prompts (same salt),
+the same arrival times and number of clients, the same bytes per token and chunk size, through LMCache 0.5.6's own
+retrieve and store in a process of the plugin venv (plugins/lmcache_bsr/trace_replay.py) against a Mooncake master
+and segment of its own. Its L1 is sized from the planner's whole-plan peak (``stock_l1_bytes``); what it measures
+is the allocator's high-water, not that size.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.core import accounting
@@ -37,7 +46,7 @@ from bsr_cli.core.trace import (
     synthetic_token,
 )
 from bsr_cli.core.trace_sim import nearest_rank, percentiles, plan_trace
-from bsr_cli.errors import BsrError, InvalidInput
+from bsr_cli.errors import BsrError, CapacityError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
@@ -274,4 +283,241 @@ def compare(
             p: (nearest_rank(latencies, q) / getattr(predicted.latency, p) if getattr(predicted.latency, p) else None)
             for p, q in (("p50", 50), ("p99", 99))
         },
+    }
+
+
+# -- stock LMCache on the same slice -------------------------------------------------------------------------------
+STOCK_RESULT_PREFIX = "BSR-TRACE-RESULT "
+STOCK_PROGRESS_PREFIX = "BSR-TRACE-PROGRESS "
+# LMCache's blocking_timeout_secs for the stock replay: a retrieve that cannot get L1 for its whole plan gives up
+# after this long and loads nothing (counted as a failure).
+STOCK_DEADLINE_S = 30.0
+STOCK_MIN_L1 = 64 << 20
+
+
+def stock_model(reg: Registration) -> dict[str, Any]:
+    """The plugin host's model for this registration (the same bytes per token, chunk and block size), or
+    CapacityError naming why LMCache cannot hold it (LMCache keeps one [2, heads, head_size] layout per engine)."""
+    shapes = {t.shape for t in reg.tensors}
+    dtypes = {t.dtype for t in reg.tensors}
+    if len(reg.groups) != 1 or len(shapes) != 1 or len(dtypes) != 1:
+        raise CapacityError("LMCache keeps one KV layout per engine; this registration has several")
+    (shape,) = shapes
+    if len(shape) != 3 or shape[0] != 2:
+        raise CapacityError(f"LMCache's paged layout needs [2, kv_heads, head_size] tensors, not {list(shape)}")
+    return {
+        "name": reg.model,
+        "layers": len(reg.tensors),
+        "kv_heads": int(shape[1]),
+        "head_size": int(shape[2]),
+        "dtype": next(iter(dtypes)),
+        "block_size": reg.groups[0].block_size,
+        "chunk_size": reg.chunk_size,
+        "tp_size": reg.tp_size,
+    }
+
+
+def stock_l1_bytes(trace: Trace, reg: Registration, whole_plan_peak: int) -> int:
+    """Stock LMCache's L1 per rank: the power-of-two rung over twice the planner's whole-plan peak plus the
+    largest prompt (a store stages its chunks there too), at least 64 MiB. Generous on purpose: what is compared is
+    the allocator's measured high-water, and an L1 too small would make stock's retrieves fail, not its peak drop."""
+    from bsr_cli.bench.peer import rung_for
+
+    largest = max(r.input_length for r in trace.requests) * reg.bytes_per_token
+    return max(STOCK_MIN_L1, rung_for(2 * (whole_plan_peak + largest)))
+
+
+@dataclass(frozen=True)
+class StockRun:
+    """What the stock replay process reported."""
+
+    requests: list[dict[str, Any]]
+    l1_peak_by_rank: dict[int, int]
+    l1_bytes: int
+    elapsed_s: float
+    setup_s: float
+    lmcache_version: str
+    serial: bool = False
+
+
+@dataclass(frozen=True)
+class StockSkipped:
+    reason: str
+
+
+@dataclass
+class StockCase:
+    """Everything the stock replay process needs (written as its case file)."""
+
+    trace: Trace
+    reg: Registration
+    speedup: float
+    salt: int
+    l1_bytes: int
+    kv_tokens: int
+    segment_bytes: int
+    deadline_s: float = STOCK_DEADLINE_S
+    max_clients: int = MAX_CLIENTS
+    serial: bool = False  # each rank's engine serves one request at a time (vLLM's worker), else calls overlap
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def stock_available() -> str | None:
+    """None when the plugin venv with LMCache is there; else the one-line reason stock cannot run."""
+    from bsr_cli.bench.peer import plugin_python
+
+    try:
+        plugin_python()
+    except BsrError as e:
+        return e.message
+    return None
+
+
+def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], None] | None = None) -> StockRun:
+    """Replay the slice through stock LMCache in a process of the plugin venv, against a Mooncake master and
+    segment holder started here for it (stopped afterwards). ServiceError/CapacityError with one line on failure."""
+    from bsr_cli.bench.peer import CASE_SETUP_S, _kill_group, case_env, mem_available, plugin_python
+    from bsr_cli.mooncake import services
+
+    python, plugins = plugin_python()
+    reg = case.reg
+    model = stock_model(reg)
+    need = reg.tp_size * (case.l1_bytes + case.kv_tokens * reg.bytes_per_token + (600 << 20)) + case.segment_bytes
+    avail = mem_available()
+    if avail and need > avail:
+        raise CapacityError(f"stock LMCache's replay needs ~{need >> 20:,} MiB, {avail >> 20:,} MiB available")
+    workdir.mkdir(parents=True, exist_ok=True)
+    t_first = case.trace.requests[0].arrival_ms
+    deadline = CASE_SETUP_S + case.trace.span_ms / 1000 / case.speedup + 600.0
+    master = holder = None
+    try:
+        master = services.start_master(workdir / "mooncake")
+        holder = services.start_segment_holder(workdir / "mooncake", master, case.segment_bytes)
+        spec = {
+            "model": model,
+            "master": {"rpc_address": master.rpc_address, "metadata_url": master.metadata_url},
+            "l1_bytes": case.l1_bytes,
+            "kv_tokens": case.kv_tokens,
+            "deadline_s": case.deadline_s,
+            "max_clients": case.max_clients,
+            "serial": case.serial,
+            "salt": case.salt,
+            "speedup": case.speedup,
+            "block_tokens": case.trace.block_tokens,
+            "requests": [
+                {"arrival_ms": r.arrival_ms - t_first, "input_length": r.input_length, "hash_ids": list(r.hash_ids)}
+                for r in case.trace.requests
+            ],
+        } | case.extra
+        path = workdir / "stock-trace-case.json"
+        path.write_text(json.dumps(spec))
+        log = workdir / "stock-trace-case.log"
+        result: dict[str, Any] | None = None
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                [str(python), "-m", "lmcache_bsr.trace_replay", str(path)],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=case_env(plugins),
+                cwd=str(workdir),
+                start_new_session=True,
+                text=True,
+            )
+            # The replay's deadline: its process group is killed when it passes (the read below then ends).
+            timer = threading.Timer(deadline, _kill_group, args=(proc,))
+            timer.start()
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    if line.startswith(STOCK_PROGRESS_PREFIX) and on_progress is not None:
+                        on_progress(int(line[len(STOCK_PROGRESS_PREFIX) :]))
+                    elif line.startswith(STOCK_RESULT_PREFIX):
+                        result = dict(json.loads(line[len(STOCK_RESULT_PREFIX) :]))
+            finally:
+                timer.cancel()
+                _kill_group(proc)  # nothing it started may outlive it (it runs in its own session)
+        if result is None:
+            tail = [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-1:]
+            raise ServiceError(
+                f"stock LMCache's replay exited {proc.returncode} without a result"
+                + (f" within {deadline:.0f}s" if proc.returncode and proc.returncode < 0 else "")
+                + (f": {tail[0]}" if tail else "")
+            )
+        if not result.get("ok"):
+            raise ServiceError(f"stock LMCache's replay failed: {result.get('error')}")
+    finally:
+        if holder is not None:
+            services.stop(holder, timeout=10)
+        if master is not None:
+            services.stop(master, timeout=10)
+    return StockRun(
+        requests=list(result["requests"]),
+        l1_peak_by_rank={int(k): int(v) for k, v in result["l1_peak_by_rank"].items()},
+        l1_bytes=int(result["l1_capacity_bytes"]),
+        elapsed_s=float(result["elapsed_s"]),
+        setup_s=float(result.get("setup_seconds") or 0.0),
+        lmcache_version=str(result.get("lmcache_version") or ""),
+        serial=case.serial,
+    )
+
+
+def expected_hits(trace: Trace, reg: Registration) -> list[int]:
+    """Per request, the tokens the trace's shared prefix lets a restore commit (the planner's hit)."""
+    blocks = prefix_hits(trace).blocks
+    return [
+        restored_tokens(r, hit_chunks(r, b, reg.chunk_size, trace.block_tokens), reg.chunk_size)
+        for r, b in zip(trace.requests, blocks, strict=True)
+    ]
+
+
+def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: float = STOCK_DEADLINE_S) -> dict:
+    """Stock LMCache's replay against the simulated hits. LMCache stores full chunks only (``save_unfull_chunk`` is
+    off by default), so a request whose whole input is a hit can load at most its full chunks: that is what it is
+    held to (``expected_hit_tokens``), and the partial chunks it cannot load are counted apart."""
+    cs = reg.chunk_size
+    want = expected_hits(trace, reg)
+    full = [w // cs * cs for w in want]
+    rows = run.requests
+    # Failed: LMCache raised, or its retrieve ran into the blocking timeout (no L1 for the whole plan) short of the hit.
+    failed = [
+        r
+        for r in rows
+        if r.get("error")
+        or (
+            float(r.get("restore_seconds") or 0.0) >= deadline_s and int(r.get("loaded_tokens") or 0) < full[r["index"]]
+        )
+    ]
+    failed_ids = {r["index"] for r in failed}
+    ok = [r for r in rows if r["index"] not in failed_ids]
+    loaded = {r["index"]: int(r.get("loaded_tokens") or 0) for r in rows}
+    # A retrieve counts as a restore when LMCache loaded something or the trace says there was a prefix to load.
+    latencies = sorted(
+        float(r.get("restore_seconds") or 0.0) for r in rows if loaded[r["index"]] > 0 or full[r["index"]] > 0
+    )
+    disagree = sum(1 for r in rows if len(set(r.get("loaded_by_rank") or [0])) > 1)
+    return {
+        "run": True,
+        "lmcache": run.lmcache_version,
+        "calls": "serial" if run.serial else "concurrent",
+        "l1_bytes": run.l1_bytes,
+        "deadline_s": deadline_s,
+        "restores": sum(1 for v in loaded.values() if v > 0),
+        "hit_tokens": sum(loaded.values()),
+        "expected_hit_tokens": sum(full[r["index"]] for r in rows),
+        "partial_chunk_tokens": sum(want[r["index"]] - full[r["index"]] for r in rows),
+        "peak_bytes_per_rank": max(run.l1_peak_by_rank.values(), default=0),
+        "l1_peak_by_rank": {str(k): v for k, v in sorted(run.l1_peak_by_rank.items())},
+        "latency_s": percentiles(latencies).to_dict(),
+        "failed": len(failed),
+        "first_failure": str(failed[0].get("error") or f"no L1 for its whole plan within {deadline_s:g}s")
+        if failed
+        else "",
+        "ranks_disagree": disagree,
+        "committed": {
+            "exact": sum(1 for r in ok if loaded[r["index"]] == full[r["index"]]),
+            "fewer": sum(1 for r in ok if loaded[r["index"]] < full[r["index"]]),
+            "more": sum(1 for r in ok if loaded[r["index"]] > full[r["index"]]),
+        },
+        "elapsed_s": run.elapsed_s,
+        "setup_s": run.setup_s,
     }

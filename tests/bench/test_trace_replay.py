@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from bsr_cli.bench import trace as bt
+from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import TraceRequest, build_trace
-from bsr_cli.errors import ExitCode, InvalidInput
+from bsr_cli.errors import CapacityError, ExitCode, InvalidInput
 
 
 def _conversations(n_conv: int = 6, turns: int = 4) -> list[dict]:
@@ -31,12 +32,17 @@ def _conversations(n_conv: int = 6, turns: int = 4) -> list[dict]:
 
 @pytest.mark.engine
 @pytest.mark.timeout(420)
-def test_replay_against_the_embedded_engine(bsr, tmp_path: Path) -> None:
+def test_replay_against_the_embedded_engine(bsr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "trace.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in _conversations()))
+    # No LMCache here: the stock side says so in one line and the engine's side is still reported.
+    monkeypatch.setenv("BSR_LMCACHE_PYTHON", str(tmp_path / "no-such-python"))
     r = bsr("bench", "trace", str(f), "-n", "24", "--speedup", "4", "--W", "2", "--budget-rws", "2", "--json")
     assert r.code == 0, r.err
     d = r.json()
+    assert d["stock"]["run"] is False and "no Python with LMCache 0.5.6" in d["stock"]["reason"]
+    warned = "bsr: warning: stock LMCache: not run (no Python with LMCache"
+    assert [x for x in r.err.splitlines() if x.startswith(warned)], r.err
     assert (d["requests"], d["block_tokens"], d["W"], d["budget_rws"]) == (24, 64, 2, 2)
     m, p = d["measured"], d["predicted"]
     # Pool within B on every rank, nothing failed, never more committed than the prefix the trace shares.
@@ -70,7 +76,97 @@ def test_bad_replay_options_are_refused_before_any_engine_starts(bsr, tmp_path: 
         (("--skip", "5"), "leaves nothing"),
         (("--block-tokens", "600"), "tokens per block"),
         (("--bandwidth", "slow"), "cannot read a positive rate"),
+        (("--stock-l1", "lots"), "--stock-l1: cannot read a size"),
+        (("--no-stock", "--stock-serial"), "drop --no-stock"),
     ):
         r = bsr("bench", "trace", str(f), *args)
         assert r.code == ExitCode.INVALID_INPUT, (args, r.err)
         assert needle in r.err and "Traceback" not in r.err
+
+
+def _stock_run(trace_rows: list[dict], loaded: list[int], **by_index: dict) -> tuple:
+    """A stock replay's report as the plugin process writes it (LMCache itself runs in tests/plugins)."""
+    trace = build_trace(
+        (f"line {i}", TraceRequest(r["timestamp"], r["input_length"], 8, tuple(r["hash_ids"])))
+        for i, r in enumerate(trace_rows)
+    ).scale_tokens(64)
+    reqs = [
+        {"index": i, "loaded_tokens": n, "loaded_by_rank": [n, n], "restore_seconds": 0.01 * (i + 1)}
+        | by_index.get(f"r{i}", {})
+        for i, n in enumerate(loaded)
+    ]
+    run = bt.StockRun(reqs, {0: 3 << 20, 1: 2 << 20}, 64 << 20, 1.0, 1.0, "0.5.6")
+    return trace, run
+
+
+def test_stock_is_held_to_the_simulated_hits_in_full_chunks() -> None:
+    reg = bt.replay_registration()
+    # Two turns of one conversation, then the second turn again with a partial last block: its whole input is a hit.
+    again = {"timestamp": 9000, "input_length": 1500, "output_length": 8, "hash_ids": [1000, 1001, 1002]}
+    rows = [*_conversations(1, 2), again]
+    trace, run = _stock_run(rows, [0, 192, 128])
+    want = bt.expected_hits(trace, reg)
+    assert want == [0, 192, 188]  # the planner counts the partial chunk of a whole-input hit
+    s = bt.stock_summary(trace, reg, run)
+    assert (s["expected_hit_tokens"], s["hit_tokens"], s["partial_chunk_tokens"]) == (320, 320, 60)
+    assert s["committed"] == {"exact": 3, "fewer": 0, "more": 0} and s["failed"] == 0 and s["first_failure"] == ""
+    assert s["restores"] == 2 and s["peak_bytes_per_rank"] == 3 << 20
+
+    # The negative control: one request short, one that ran into LMCache's blocking timeout, one that raised.
+    trace, run = _stock_run(rows, [0, 64, 0], r2={"restore_seconds": bt.STOCK_DEADLINE_S})
+    s = bt.stock_summary(trace, reg, run)
+    assert s["committed"] == {"exact": 1, "fewer": 1, "more": 0} and s["failed"] == 1
+    assert "no L1 for its whole plan" in s["first_failure"]
+    trace, run = _stock_run(rows, [0, 192, 128], r0={"error": "RuntimeError: store: boom"})
+    s = bt.stock_summary(trace, reg, run)
+    assert s["failed"] == 1 and s["first_failure"] == "RuntimeError: store: boom"
+
+
+def test_the_report_puts_stock_beside_the_engine_in_text_and_json() -> None:
+    import io
+
+    from rich.console import Console
+
+    from bsr_cli.cli.render import planning as render
+
+    reg = bt.replay_registration()
+    rows = _conversations(1, 2)
+    trace, run = _stock_run(rows, [0, 192])
+    measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.02, 0.05)]
+    d = bt.compare(trace, reg, measured, w=2, budget_rws=2, bandwidth=1e8, speedup=1.0, pool_peaks={0: 1, 1: 1})
+    d |= {"skip": 0, "salt": 1}
+    for stock, needles in (
+        (
+            bt.stock_summary(trace, reg, run),
+            ("stock LMCache 0.5.6", "3.00 MiB", "whole-plan peak per rank", "the hit's full chunks: 2 of 2"),
+        ),
+        ({"run": False, "reason": "skipped with --no-stock"}, ("stock LMCache: not run (skipped with --no-stock)",)),
+    ):
+        d["stock"] = stock
+        buf = io.StringIO()
+        render.trace_replay(Console(file=buf, width=200, color_system=None), d)
+        text = buf.getvalue()
+        for needle in needles:
+            assert needle in text, text
+        assert "None" not in text and "?" not in text
+        json.dumps(d)  # the --json side of the same result
+
+
+def test_stock_needs_one_paged_kv_layout() -> None:
+    reg = bt.replay_registration()
+    assert bt.stock_model(reg) == {
+        "name": "bsr-trace-replay",
+        "layers": 2,
+        "kv_heads": 1,
+        "head_size": 128,
+        "dtype": "bf16",
+        "block_size": 16,
+        "chunk_size": 64,
+        "tp_size": 2,
+    }
+    two = dict(bt.REPLAY_REGISTRATION)
+    two["groups"] = [{"name": "kv", "block_size": 16}, {"name": "win", "block_size": 16}]
+    two["tensors"] = [dict(t) for t in two["tensors"]]
+    two["tensors"][1]["group"] = "win"
+    with pytest.raises(CapacityError, match="one KV layout"):
+        bt.stock_model(Registration.from_dict(two, source="test"))

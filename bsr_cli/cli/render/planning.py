@@ -364,16 +364,36 @@ def trace_replay(console: Console, d: dict[str, Any]) -> None:
             f"{seconds(cal['one_chunk_restore_s'])} (a fixed cost per restore the planner leaves out)"
         )
     p, m = d["predicted"], d["measured"]
-    t = Table(title="planner against engine", title_justify="left")
+    stock = d.get("stock") or {"run": False, "reason": "not recorded"}
+    ran = bool(stock.get("run"))
+    t = Table(title="planner against engine" + (" and stock LMCache" if ran else ""), title_justify="left")
     t.add_column("")
     t.add_column("predicted", justify="right")
-    t.add_column("measured", justify="right")
-    t.add_row("restores", f"{p['restores']:,}", f"{m['restores']:,}")
-    t.add_row("restored tokens", f"{p['hit_tokens']:,}", f"{m['hit_tokens']:,}")
-    t.add_row("peak pool per rank", format_bytes(p["peak_bytes_per_rank"]), format_bytes(m["peak_bytes_per_rank"]))
+    t.add_column("engine (bsr)", justify="right")
+    if ran:
+        t.add_column(f"stock LMCache {stock['lmcache']}", justify="right")
+
+    def row(label: str, predicted: str, engine: str, stock_cell: str) -> None:
+        t.add_row(label, predicted, engine, *([stock_cell] if ran else []))
+
+    row("restores", f"{p['restores']:,}", f"{m['restores']:,}", f"{stock.get('restores', 0):,}")
+    row("restored tokens", f"{p['hit_tokens']:,}", f"{m['hit_tokens']:,}", f"{stock.get('hit_tokens', 0):,}")
+    row(
+        "peak host memory per rank",
+        format_bytes(p["peak_bytes_per_rank"]),
+        format_bytes(m["peak_bytes_per_rank"]),
+        format_bytes(stock.get("peak_bytes_per_rank", 0)),
+    )
+    # Stock LMCache stages every restore's whole plan: the planner's model of that is the whole-plan peak.
+    row("whole-plan peak per rank", format_bytes(p["whole_plan_peak_bytes_per_rank"]), "", "")
     for q in ("p50", "p95", "p99"):
-        t.add_row(f"restore latency {q}", seconds(p["latency_s"][q]), seconds(m["latency_s"][q]))
-    t.add_row("failed requests", "0", f"{m['failed']:,}")
+        row(
+            f"restore latency {q}",
+            seconds(p["latency_s"][q]),
+            seconds(m["latency_s"][q]),
+            seconds(stock["latency_s"][q]) if ran else "",
+        )
+    row("failed requests", "0", f"{m['failed']:,}", f"{stock.get('failed', 0):,}")
     console.print(t)
     c = d["committed"]
     console.print(
@@ -385,5 +405,27 @@ def trace_replay(console: Console, d: dict[str, Any]) -> None:
     console.print(f"pool peak per rank: {peaks} (B {format_bytes(d['budget_bytes'])})")
     if m["first_failure"]:
         console.print(f"[red]first failure[/]: {m['first_failure']}")
+    if ran:
+        sc = stock["committed"]
+        sp = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in stock["l1_peak_by_rank"].items())
+        console.print(
+            f"stock LMCache: L1 high-water per rank {sp} (L1 {format_bytes(stock['l1_bytes'])}, staging only; "
+            "retrieves stage their whole plan, stores their chunks); "
+            + (
+                "one request at a time per rank, as vLLM's worker calls it"
+                if stock.get("calls") == "serial"
+                else "every client calls it, retrieves overlap"
+            )
+        )
+        console.print(
+            f"stock LMCache loaded exactly the hit's full chunks: {sc['exact']:,} of {d['requests']:,} requests; "
+            f"fewer: {sc['fewer']:,}; more: {sc['more']:,}; {stock['hit_tokens']:,} of "
+            f"{stock['expected_hit_tokens']:,} tokens ({stock['partial_chunk_tokens']:,} more sit in partial chunks "
+            "LMCache does not store by default)"
+        )
+        if stock["first_failure"]:
+            console.print(f"[red]stock LMCache's first failure[/]: {stock['first_failure']}")
+    else:
+        console.print(f"stock LMCache: not run ({stock['reason']})")
     for name, ok in d["checks"].items():
         console.print(f"{'[green]pass[/]' if ok else '[red]FAIL[/]'} {name.replace('_', ' ')}")

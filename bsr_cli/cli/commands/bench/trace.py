@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from bsr_cli.cli.context import JsonFlag, state
-from bsr_cli.errors import DrillViolation, InvalidInput
+from bsr_cli.errors import BsrError, DrillViolation, InvalidInput
 
 
 def trace(
@@ -36,11 +36,32 @@ def trace(
     salt: Annotated[
         int | None, typer.Option("--salt", help="Seed of the synthesized tokens [default: random].")
     ] = None,
+    stock: Annotated[
+        bool,
+        typer.Option(
+            "--stock/--no-stock",
+            help="Replay the same slice through stock LMCache 0.5.6 afterwards (needs the plugin venv .venv-lmcache).",
+        ),
+    ] = True,
+    stock_l1: Annotated[
+        str | None,
+        typer.Option(
+            "--stock-l1", help="Stock LMCache's L1 per rank [default: a rung over twice the whole-plan peak]."
+        ),
+    ] = None,
+    stock_serial: Annotated[
+        bool,
+        typer.Option(
+            "--stock-serial",
+            help="Stock LMCache serves one request at a time per rank, as vLLM's worker calls it "
+            "[default: every client calls it, retrieves overlap].",
+        ),
+    ] = False,
     json_flag: JsonFlag = False,
 ) -> None:
     """Replay a slice of a request trace at its arrival times against a dedicated embedded engine (time and
     tokens scaled, both printed): measured pool peak per rank, committed tokens and restore latency, beside the
-    planner's prediction for the same slice."""
+    planner's prediction for the same slice, and beside stock LMCache replaying the same slice."""
     import tempfile
     import threading
 
@@ -49,7 +70,7 @@ def trace(
     from bsr_cli.bench.evidence import new_salt
     from bsr_cli.bench.lifecycle import embedded_engine
     from bsr_cli.core.trace_sim import check_rate
-    from bsr_cli.core.units import format_bytes, parse_rate
+    from bsr_cli.core.units import format_bytes, parse_bytes, parse_rate
 
     st = state(ctx, json_flag)
     check_rate(1.0, speedup)
@@ -62,6 +83,24 @@ def trace(
     size = bt.sizing(sliced, reg)
     opts = bt.engine_options(reg, w, budget_rws, size)
     seed = new_salt() if salt is None else salt
+    stock_l1_bytes = None
+    if stock_l1 is not None:
+        try:
+            stock_l1_bytes = parse_bytes(stock_l1)
+        except InvalidInput as e:
+            raise InvalidInput(f"--stock-l1: {e.message}", hint=e.hint) from None
+        if stock_l1_bytes <= 0:
+            raise InvalidInput(f"--stock-l1 must be a positive size, got {stock_l1}")
+    if not stock and (stock_l1 is not None or stock_serial):
+        raise InvalidInput("--stock-l1 and --stock-serial set up stock LMCache's replay: drop --no-stock")
+    stock_reason = "skipped with --no-stock" if not stock else bt.stock_available()
+    if stock_reason is None:
+        try:
+            bt.stock_model(reg)
+        except BsrError as e:
+            stock_reason = e.message
+    if stock_reason is not None and stock:
+        st.out.warn(f"stock LMCache: not run ({stock_reason})")
     st.out.note(
         f"replaying {len(sliced):,} requests of {trace_file} from #{skip}: time ×{speedup:g}, "
         f"tokens ×{block_tokens}/512 ({block_tokens} per block); W={w}, "
@@ -104,6 +143,28 @@ def trace(
     )
     data["skip"] = skip
     data["salt"] = seed
+    if stock_reason is None:
+        l1 = stock_l1_bytes or bt.stock_l1_bytes(sliced, reg, int(data["predicted"]["whole_plan_peak_bytes_per_rank"]))
+        st.out.note(
+            f"replaying the same {len(sliced):,} requests through stock LMCache (L1 {format_bytes(l1)} per rank, "
+            f"whole-plan retrieve, {'one request at a time per rank' if stock_serial else 'calls overlapping'})"
+        )
+        case = bt.StockCase(sliced, reg, speedup, seed, l1, size.kv_tokens, size.segment_bytes, serial=stock_serial)
+
+        def stock_progress(n: int) -> None:
+            if n % 50 == 0:
+                st.out.note(f"stock: {n:,} of {len(sliced):,} requests done")
+
+        try:
+            with tempfile.TemporaryDirectory(prefix="bsr-bench-trace-stock-") as tmp:
+                run = bt.replay_stock(case, Path(tmp), on_progress=stock_progress)
+        except BsrError as e:
+            stock_reason = e.message
+            st.out.warn(f"stock LMCache: not run ({stock_reason})")
+        else:
+            data["stock"] = bt.stock_summary(sliced, reg, run)
+    if stock_reason is not None:
+        data["stock"] = {"run": False, "reason": stock_reason}
     from bsr_cli.cli.render import planning as render
 
     st.out.result(data, render.trace_replay)

@@ -1,0 +1,224 @@
+"""Stock LMCache's side of `bsr bench trace`, run in the LMCache venv: a trace slice replayed through LMCache 0.5.6.
+
+``python -m lmcache_bsr.trace_replay CASE.json`` builds the plugin host's ranks (one real LMCache engine per TP rank,
+Mooncake as its remote backend, L1 of ``l1_bytes`` per rank, staging only) and replays the slice the way the
+embedded engine's replay does (bsr_cli/bench/trace.py): every request from its own client thread at its sped-up
+arrival time, at most ``max_clients`` in flight, its tokens synthesized from its block ids by the same function
+(``core.trace.prompt_tokens``, same salt). Per request and on every rank at once, as the scheduler's path:
+
+1. LMCache's own ``retrieve`` of the prompt (its lookup, then the whole found prefix staged in L1 and installed);
+2. the rest of the prompt computed into the destination KV (bsr's synthetic model);
+3. LMCache's ``store`` of the full chunks it did not load (the loaded prefix masked out, as vLLM's adapter
+   does), waited for until Mooncake serves them, so a later request finds them.
+
+Stock LMCache is not changed: no checksums, no bsr retrieve, no lower transfer priority; hot-cache write-back is
+off and ``local_cpu`` is off (L1 is staging, every hit read from Mooncake), as in `bsr bench peer`. Measured: the
+loaded tokens and seconds of each retrieve per rank, and LMCache's L1 allocator high-water per rank over the whole
+replay (``PeakTracker``: retrieves and stores both stage there). With ``serial`` each rank's engine serves one
+request at a time, as vLLM's worker thread calls LMCache; by default every client calls the engines itself.
+
+Prints progress lines (``BSR-TRACE-PROGRESS <done>``) and one result line prefixed ``BSR-TRACE-RESULT``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # keep Mooncake's transfer endpoint on loopback
+
+RESULT_PREFIX = "BSR-TRACE-RESULT "
+PROGRESS_PREFIX = "BSR-TRACE-PROGRESS "
+
+
+def host_config(case: dict[str, Any]) -> dict[str, Any]:
+    mc = case["master"]
+    deadline = float(case["deadline_s"])
+    return {
+        "model": dict(case["model"]),
+        "lmcache": {
+            "local_cpu": False,  # L1 is staging only, as in `bsr bench peer`: every hit is read from Mooncake
+            "max_local_cpu_size": int(case["l1_bytes"]) / 2**30,  # GB in LMCache's config means GiB
+            "blocking_timeout_secs": deadline,
+            "remote_url": f"mooncakestore://{mc['rpc_address']}/",
+            "remote_serde": "naive",
+            "extra_config": {
+                "mooncake_local_hostname": "127.0.0.1",
+                "mooncake_metadata_server": mc["metadata_url"],
+                "mooncake_master_server_addr": mc["rpc_address"],
+                "mooncake_protocol": "tcp",
+                "mooncake_global_segment_size": 0,  # the segment holder holds the objects
+                "mooncake_local_buffer_size": 64 << 20,
+                "save_chunk_meta": False,
+                "transfer_timeout": max(5, int(deadline)),
+                "bsr_checksums": False,  # stock LMCache stores and verifies no checksum
+            },
+        },
+        "settings": {
+            "w": 1,
+            "tiers": ["mooncake"],
+            "kv_tokens": int(case["kv_tokens"]),
+            "faults_enabled": False,
+        },
+    }
+
+
+class Blocks:
+    """The destination KV's blocks, shared by the requests in flight (a request waits for its blocks, FIFO by
+    nothing more than the condition's wake-up order; the wait is counted in its seconds, not its retrieve's)."""
+
+    def __init__(self, n: int) -> None:
+        self.free = list(range(n))
+        self.cond = threading.Condition()
+
+    def take(self, n: int) -> list[int]:
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.free) >= n)
+            out, self.free = self.free[:n], self.free[n:]
+            return out
+
+    def give(self, blocks: list[int]) -> None:
+        with self.cond:
+            self.free.extend(blocks)
+            self.cond.notify_all()
+
+
+def replay(host: Any, case: dict[str, Any]) -> dict[str, Any]:
+    from bsr_cli.core.keys import chunk_hashes
+    from bsr_cli.core.trace import TraceRequest, prompt_tokens
+    from lmcache_bsr import _lmcache as lm
+    from lmcache_bsr.peer import prefault
+
+    ranks = [host.rank(r) for r in range(len(host.ranks))]
+    for rk in ranks:
+        prefault(rk)
+    cs = host.reg.chunk_size
+    bs = host.reg.groups[0].block_size
+    salt, block_tokens, speedup = int(case["salt"]), int(case["block_tokens"]), float(case["speedup"])
+    reqs = [
+        TraceRequest(int(r["arrival_ms"]), int(r["input_length"]), 0, tuple(int(x) for x in r["hash_ids"]))
+        for r in case["requests"]
+    ]
+    prompts = [prompt_tokens(r, block_tokens, salt, i) for i, r in enumerate(reqs)]
+    t_first = reqs[0].arrival_ms
+    blocks = Blocks(int(case["kv_tokens"]) // bs)
+    out: list[dict[str, Any]] = [{"index": i} for i in range(len(reqs))]
+    done = [0]
+    done_lock = threading.Lock()
+
+    # ``serial``: each rank's engine serves one request at a time (retrieve, compute, store), as vLLM's worker
+    # thread drives LMCache; the wait for the rank counts in the retrieve's seconds. Otherwise every client calls
+    # the engines itself and retrieves overlap.
+    rank_locks = {rk.rank: threading.Lock() if case.get("serial") else contextlib.nullcontext() for rk in ranks}
+
+    def on_rank(rk: Any, toks: list[int], table: list[int], into: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        with rank_locks[rk.rank]:
+            work(rk, toks, table, into, t0)
+
+    def work(rk: Any, toks: list[int], table: list[int], into: dict[str, Any], t0: float) -> None:
+        n = len(toks)
+        try:
+            ret = lm.stock_retrieve(rk.engine, toks, kvcaches=rk.kvcaches, slot_mapping=rk.slots(table, n))
+            loaded = int(ret.sum())
+        except Exception as e:  # noqa: BLE001 - LMCache's failure is the measurement
+            into.update(loaded=0, seconds=round(time.perf_counter() - t0, 4), error=f"{type(e).__name__}: {e}")
+            return
+        into.update(loaded=loaded, seconds=round(time.perf_counter() - t0, 4))
+        try:
+            hashes = chunk_hashes(toks, cs)
+            rk.kv.prefill(hashes, n, loaded // cs, {rk.group: table})  # the rest, computed
+            rk.store_tokens(toks, table, skip_chunks=loaded // cs)  # full chunks only: LMCache's default
+        except Exception as e:  # noqa: BLE001 - a failed store is reported with the request
+            into["error"] = f"store: {type(e).__name__}: {e}"
+
+    def one(i: int) -> None:
+        toks = prompts[i]
+        m = out[i]
+        m["started_s"] = round(time.monotonic() - origin, 4)
+        table = blocks.take(-(-len(toks) // bs))
+        try:
+            per_rank: list[dict[str, Any]] = [{} for _ in ranks]
+            threads = [
+                threading.Thread(target=on_rank, args=(rk, toks, table, per_rank[k]), daemon=True)
+                for k, rk in enumerate(ranks)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            m["loaded_by_rank"] = [int(p.get("loaded") or 0) for p in per_rank]
+            m["loaded_tokens"] = min(m["loaded_by_rank"])
+            m["restore_seconds"] = max(float(p.get("seconds") or 0.0) for p in per_rank)
+            errors = [str(p["error"]) for p in per_rank if p.get("error")]
+            if errors:
+                m["error"] = errors[0]
+        finally:
+            blocks.give(table)
+            m["seconds"] = round(time.monotonic() - origin - m["started_s"], 4)
+        with done_lock:
+            done[0] += 1
+            print(f"{PROGRESS_PREFIX}{done[0]}", flush=True)
+
+    for rk in ranks:
+        rk.tracker.reset()
+    origin = time.monotonic()
+    futures: list[Future[None]] = []
+    with ThreadPoolExecutor(max_workers=int(case["max_clients"]), thread_name_prefix="stock-client") as pool:
+        for i, r in enumerate(reqs):
+            due = (r.arrival_ms - t_first) / 1000 / speedup
+            delay = due - (time.monotonic() - origin)
+            if delay > 0:
+                time.sleep(delay)  # pacing the arrivals, not synchronisation
+            out[i]["arrival_s"] = round(due, 4)
+            futures.append(pool.submit(one, i))
+        for f in futures:
+            f.result()
+    return {
+        "ok": True,
+        "requests": out,
+        "l1_peak_by_rank": {str(rk.rank): int(rk.tracker.peak) for rk in ranks},
+        "l1_capacity_bytes": int(ranks[0].tracker.heap_bytes),
+        "elapsed_s": round(time.monotonic() - origin, 3),
+        "lmcache_version": lm.LMCACHE_VERSION,
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m lmcache_bsr.trace_replay CASE.json", file=sys.stderr)
+        return 2
+    case = json.loads(Path(argv[0]).read_text())
+    host = None
+    clean = True
+    try:
+        from lmcache_bsr.host import LMCacheHost
+
+        t0 = time.perf_counter()
+        host = LMCacheHost(host_config(case))
+        setup_s = round(time.perf_counter() - t0, 3)
+        res = replay(host, case) | {"setup_seconds": setup_s}
+        # A retrieve that ran into LMCache's blocking timeout leaves its storage loop spinning on the allocator:
+        # destroying that engine would wait forever, so such a process ends with os._exit after reporting.
+        deadline = float(case["deadline_s"])
+        clean = not any(float(r.get("restore_seconds") or 0.0) >= deadline for r in res["requests"])
+    except Exception as e:  # noqa: BLE001 - reported to the parent as the replay's error
+        res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    print(RESULT_PREFIX + json.dumps(res), flush=True)
+    if not clean:
+        sys.stderr.flush()
+        os._exit(0)
+    if host is not None:
+        host.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
