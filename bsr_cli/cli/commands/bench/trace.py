@@ -4,12 +4,41 @@ prediction for the same slice beside the measurement (bsr_cli/bench/trace.py).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.errors import BsrError, DrillViolation, InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.bench.trace import Calibration, Measured, StockCase
+    from bsr_cli.cli.context import AppState
+    from bsr_cli.core.registration import Registration
+    from bsr_cli.core.trace import Trace
+    from bsr_cli.engine.supervisor import EngineOptions
+
+
+# The stock LMCache side of the replay (bsr_cli/bench/trace.py, plugins/lmcache_bsr/trace_replay.py).
+StockOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stock/--no-stock",
+        help="Replay the same slice through stock LMCache 0.5.6 afterwards (needs the plugin venv .venv-lmcache).",
+    ),
+]
+StockL1Opt = Annotated[
+    str | None,
+    typer.Option("--stock-l1", help="Stock LMCache's L1 per rank [default: a rung over twice the whole-plan peak]."),
+]
+StockSerialOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stock-serial",
+        help="Stock LMCache serves one request at a time per rank, as vLLM's worker calls it "
+        "[default: every client calls it, retrieves overlap].",
+    ),
+]
 
 
 def trace(
@@ -36,41 +65,19 @@ def trace(
     salt: Annotated[
         int | None, typer.Option("--salt", help="Seed of the synthesized tokens [default: random].")
     ] = None,
-    stock: Annotated[
-        bool,
-        typer.Option(
-            "--stock/--no-stock",
-            help="Replay the same slice through stock LMCache 0.5.6 afterwards (needs the plugin venv .venv-lmcache).",
-        ),
-    ] = True,
-    stock_l1: Annotated[
-        str | None,
-        typer.Option(
-            "--stock-l1", help="Stock LMCache's L1 per rank [default: a rung over twice the whole-plan peak]."
-        ),
-    ] = None,
-    stock_serial: Annotated[
-        bool,
-        typer.Option(
-            "--stock-serial",
-            help="Stock LMCache serves one request at a time per rank, as vLLM's worker calls it "
-            "[default: every client calls it, retrieves overlap].",
-        ),
-    ] = False,
+    stock: StockOpt = True,
+    stock_l1: StockL1Opt = None,
+    stock_serial: StockSerialOpt = False,
     json_flag: JsonFlag = False,
 ) -> None:
     """Replay a slice of a request trace at its arrival times against a dedicated embedded engine (time and
     tokens scaled, both printed): measured pool peak per rank, committed tokens and restore latency, beside the
     planner's prediction for the same slice, and beside stock LMCache replaying the same slice."""
-    import tempfile
-    import threading
-
     from bsr_cli import loaders
     from bsr_cli.bench import trace as bt
     from bsr_cli.bench.evidence import new_salt
-    from bsr_cli.bench.lifecycle import embedded_engine
     from bsr_cli.core.trace_sim import check_rate
-    from bsr_cli.core.units import format_bytes, parse_bytes, parse_rate
+    from bsr_cli.core.units import format_bytes, parse_rate
 
     st = state(ctx, json_flag)
     check_rate(1.0, speedup)
@@ -83,6 +90,47 @@ def trace(
     size = bt.sizing(sliced, reg)
     opts = bt.engine_options(reg, w, budget_rws, size)
     seed = new_salt() if salt is None else salt
+    stock_l1_bytes, stock_reason = _stock_setup(st, reg, stock, stock_l1, stock_serial)
+    st.out.note(
+        f"replaying {len(sliced):,} requests of {trace_file} from #{skip}: time ×{speedup:g}, "
+        f"tokens ×{block_tokens}/512 ({block_tokens} per block); W={w}, "
+        f"B = {budget_rws}·RWS = {format_bytes(opts.budget_bytes)} per rank"
+    )
+    measured, peaks, cal, rate = _replay_engine(st, sliced, reg, opts, w=w, speedup=speedup, seed=seed, rate=rate)
+    data = bt.compare(
+        sliced,
+        reg,
+        measured,
+        w=w,
+        budget_rws=budget_rws,
+        bandwidth=rate,
+        speedup=speedup,
+        pool_peaks=peaks,
+        calibration=cal,
+    )
+    data["skip"] = skip
+    data["salt"] = seed
+    if stock_reason is None:
+        l1 = stock_l1_bytes or bt.stock_l1_bytes(sliced, reg, int(data["predicted"]["whole_plan_peak_bytes_per_rank"]))
+        case = bt.StockCase(sliced, reg, speedup, seed, l1, size.kv_tokens, size.segment_bytes, serial=stock_serial)
+        stock_reason = _replay_stock(st, case, data)
+    if stock_reason is not None:
+        data["stock"] = {"run": False, "reason": stock_reason}
+    from bsr_cli.cli.render import planning as render
+
+    st.out.result(data, render.trace_replay)
+    broken = [k for k, ok in data["checks"].items() if not ok]
+    if broken:
+        raise DrillViolation(f"the replay broke {', '.join(broken)}")
+
+
+def _stock_setup(
+    st: AppState, reg: Registration, stock: bool, stock_l1: str | None, stock_serial: bool
+) -> tuple[int | None, str | None]:
+    """Stock LMCache's L1 (when given) and why its replay will not run (None: it will)."""
+    from bsr_cli.bench import trace as bt
+    from bsr_cli.core.units import parse_bytes
+
     stock_l1_bytes = None
     if stock_l1 is not None:
         try:
@@ -101,11 +149,28 @@ def trace(
             stock_reason = e.message
     if stock_reason is not None and stock:
         st.out.warn(f"stock LMCache: not run ({stock_reason})")
-    st.out.note(
-        f"replaying {len(sliced):,} requests of {trace_file} from #{skip}: time ×{speedup:g}, "
-        f"tokens ×{block_tokens}/512 ({block_tokens} per block); W={w}, "
-        f"B = {budget_rws}·RWS = {format_bytes(opts.budget_bytes)} per rank"
-    )
+    return stock_l1_bytes, stock_reason
+
+
+def _replay_engine(
+    st: AppState,
+    sliced: Trace,
+    reg: Registration,
+    opts: EngineOptions,
+    *,
+    w: int,
+    speedup: float,
+    seed: int,
+    rate: float | None,
+) -> tuple[list[Measured], dict[int, int], Calibration | None, float]:
+    """The slice against a dedicated embedded engine: what each request measured, each rank's pool peak, the
+    calibration (when the bandwidth was measured here) and the planner's bandwidth."""
+    import tempfile
+    import threading
+
+    from bsr_cli.bench import trace as bt
+    from bsr_cli.bench.lifecycle import embedded_engine
+
     stop = threading.Event()
     with tempfile.TemporaryDirectory(prefix="bsr-bench-trace-") as tmp, embedded_engine(Path(tmp), opts) as client:
         cal = None
@@ -130,44 +195,31 @@ def trace(
             stop.set()
             raise
         peaks = {int(r["rank"]): int(r["pool"]["peak_bytes"]) for r in client.pool()}
-    data = bt.compare(
-        sliced,
-        reg,
-        measured,
-        w=w,
-        budget_rws=budget_rws,
-        bandwidth=rate,
-        speedup=speedup,
-        pool_peaks=peaks,
-        calibration=cal,
+    return measured, peaks, cal, rate
+
+
+def _replay_stock(st: AppState, case: StockCase, data: dict[str, Any]) -> str | None:
+    """The same slice through stock LMCache, its summary put in ``data``; why it did not run, if it did not."""
+    import tempfile
+
+    from bsr_cli.bench import trace as bt
+    from bsr_cli.core.units import format_bytes
+
+    n = len(case.trace)
+    st.out.note(
+        f"replaying the same {n:,} requests through stock LMCache (L1 {format_bytes(case.l1_bytes)} per rank, "
+        f"whole-plan retrieve, {'one request at a time per rank' if case.serial else 'calls overlapping'})"
     )
-    data["skip"] = skip
-    data["salt"] = seed
-    if stock_reason is None:
-        l1 = stock_l1_bytes or bt.stock_l1_bytes(sliced, reg, int(data["predicted"]["whole_plan_peak_bytes_per_rank"]))
-        st.out.note(
-            f"replaying the same {len(sliced):,} requests through stock LMCache (L1 {format_bytes(l1)} per rank, "
-            f"whole-plan retrieve, {'one request at a time per rank' if stock_serial else 'calls overlapping'})"
-        )
-        case = bt.StockCase(sliced, reg, speedup, seed, l1, size.kv_tokens, size.segment_bytes, serial=stock_serial)
 
-        def stock_progress(n: int) -> None:
-            if n % 50 == 0:
-                st.out.note(f"stock: {n:,} of {len(sliced):,} requests done")
+    def stock_progress(done: int) -> None:
+        if done % 50 == 0:
+            st.out.note(f"stock: {done:,} of {n:,} requests done")
 
-        try:
-            with tempfile.TemporaryDirectory(prefix="bsr-bench-trace-stock-") as tmp:
-                run = bt.replay_stock(case, Path(tmp), on_progress=stock_progress)
-        except BsrError as e:
-            stock_reason = e.message
-            st.out.warn(f"stock LMCache: not run ({stock_reason})")
-        else:
-            data["stock"] = bt.stock_summary(sliced, reg, run)
-    if stock_reason is not None:
-        data["stock"] = {"run": False, "reason": stock_reason}
-    from bsr_cli.cli.render import planning as render
-
-    st.out.result(data, render.trace_replay)
-    broken = [k for k, ok in data["checks"].items() if not ok]
-    if broken:
-        raise DrillViolation(f"the replay broke {', '.join(broken)}")
+    try:
+        with tempfile.TemporaryDirectory(prefix="bsr-bench-trace-stock-") as tmp:
+            run = bt.replay_stock(case, Path(tmp), on_progress=stock_progress)
+    except BsrError as e:
+        st.out.warn(f"stock LMCache: not run ({e.message})")
+        return e.message
+    data["stock"] = bt.stock_summary(case.trace, case.reg, run)
+    return None
