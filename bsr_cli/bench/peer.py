@@ -10,9 +10,9 @@ LMCache, then runs every measurement as its own process in the plugin venv's int
   whole plan, and again with smaller L1s (below the rung stock LMCache returns 0 tokens after its
   ``blocking_timeout_secs``, with a thread left spinning: reported as "0 tokens, timed out", the process killed if
   it does not end in time);
-* ``stock_contiguous``: the same retrieve after an untimed ``lookup``, into one contiguous buffer in LMCache's own
-  object layout (a plain copy per chunk): the most favourable setup for stock, so bsr's ratio is also stated
-  against it;
+* ``stock_contiguous``: the same retrieve after an untimed ``lookup``, its transfer threads at bsr's lower priority,
+  into one contiguous buffer in LMCache's own object layout (a plain copy per chunk): the most favourable setup
+  for stock, so bsr's ratio is also stated against it;
 * ``bsr``: the plugin host's windowed restore (W chunks per window) with L1 = B = ``bsr_windows`` * RWS(W): at 2
   (the default) the next window's fetch overlaps this window's install; at 1 the restore is serialized.
 
@@ -322,7 +322,7 @@ def run_peer(
     python, plugins = plugin_python()
     plan = _Plan(tokens, w, tp, below_rung, trials, bsr_windows, model)
     salt = ex.new_salt() if salt is None else salt
-    head = {"run_id": ex.new_run_id("peer"), "started_at": ex.now(), "machine": ex.machine_info()}
+    head: dict[str, Any] = {"run_id": ex.new_run_id("peer"), "started_at": ex.now(), "machine": ex.machine_info()}
     t_start = time.monotonic()
     rows: list[dict[str, Any]] = []
     interrupted_by: str | None = None
