@@ -287,7 +287,7 @@ def render_store(console: Console, d: dict[str, Any]) -> None:
     _footer(console, d)
 
 
-def _f(x: float | None, digits: int = 2) -> str:
+def _peer_num(x: float | None, digits: int = 2) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
@@ -332,17 +332,17 @@ def _peer_throughput(console: Console, by: dict[str, Any]) -> None:
         t.add_row(
             f"{v['tokens']:,}",
             _mib(v["stock"]["l1_peak_bytes"]),
-            _f(v["stock"]["gbps_per_rank"], 3),
-            _f(contig.get("gbps_per_rank"), 3),
+            _peer_num(v["stock"]["gbps_per_rank"], 3),
+            _peer_num(contig.get("gbps_per_rank"), 3),
             _mib(v["bsr"]["l1_peak_bytes"]),
-            _f(v["bsr"]["gbps_per_rank"], 3),
-            _f(v["raw"]["gbps_per_rank"], 3),
-            _f(v["bsr_vs_stock_gbps"]),
-            _f(v.get("bsr_vs_stock_contiguous_gbps")),
-            _f(v["bsr_vs_raw_gbps"]),
-            _f(v["stock_vs_raw_gbps"]),
-            _f(v.get("stock_contiguous_vs_raw_gbps")),
-            _f(v["bsr_vs_stock_staging"], 4),
+            _peer_num(v["bsr"]["gbps_per_rank"], 3),
+            _peer_num(v["raw"]["gbps_per_rank"], 3),
+            _peer_num(v["bsr_vs_stock_gbps"]),
+            _peer_num(v.get("bsr_vs_stock_contiguous_gbps")),
+            _peer_num(v["bsr_vs_raw_gbps"]),
+            _peer_num(v["stock_vs_raw_gbps"]),
+            _peer_num(v.get("stock_contiguous_vs_raw_gbps")),
+            _peer_num(v["bsr_vs_stock_staging"], 4),
         )
     console.print(t)
 
@@ -378,10 +378,10 @@ def _peer_stock_stages(console: Console, by: dict[str, Any]) -> None:
         t.add_row(
             f"{n:,}",
             name,
-            _f(side["seconds"], 3),
-            *(_f(x, 3) for x in parts),
-            _f(other, 3),
-            _f(raw_s, 3),
+            _peer_num(side["seconds"], 3),
+            *(_peer_num(x, 3) for x in parts),
+            _peer_num(other, 3),
+            _peer_num(raw_s, 3),
         )
     console.print(t)
 
@@ -405,13 +405,13 @@ def _peer_cpu(console: Console, by: dict[str, Any]) -> None:
     for v in by.values():
         c.add_row(
             f"{v['tokens']:,}",
-            _f(v["raw"]["cpu_s_per_gb"], 3),
-            _f(v["stock"]["cpu_s_per_gb"], 3),
-            _f((v.get("stock_contiguous") or {}).get("cpu_s_per_gb"), 3),
-            _f(v["bsr"]["cpu_s_per_gb"], 3),
-            _f(v["bsr"]["install_cpu_s_per_gb"], 3),
-            _f(v["bsr_vs_raw_cpu"]),
-            _f(v["stock_vs_raw_cpu"]),
+            _peer_num(v["raw"]["cpu_s_per_gb"], 3),
+            _peer_num(v["stock"]["cpu_s_per_gb"], 3),
+            _peer_num((v.get("stock_contiguous") or {}).get("cpu_s_per_gb"), 3),
+            _peer_num(v["bsr"]["cpu_s_per_gb"], 3),
+            _peer_num(v["bsr"]["install_cpu_s_per_gb"], 3),
+            _peer_num(v["bsr_vs_raw_cpu"]),
+            _peer_num(v["stock_vs_raw_cpu"]),
             bar(v["bsr"]["gbps_per_rank"] or 0, top or 1.0, 16),
         )
     console.print(c)
