@@ -123,3 +123,19 @@ def test_stock_contiguous_is_summarized_and_the_target_holds_against_the_faster_
     # Where bsr is ahead of both, the target is met.
     ahead = pe.summarize(trial(0, 1.5, 1.9), REG, w)["by_prefix"][str(n)]
     assert pe.targets({"by_prefix": {str(n): ahead}})[0]["met"] is True
+
+
+@pytest.mark.timeout(60)
+def test_show_renders_both_stock_installs_and_stocks_stages(bsr: Any) -> None:
+    evidence = Path(__file__).resolve().parents[2] / "docs" / "evidence"
+    res = bsr("bench", "show", str(evidence / "br-peer-432b3b25ed0b.json"))
+    assert res.code == 0, res.err
+    assert "contig GB/s" in res.out and "bsr/contig" in res.out
+    stages = [
+        x.split() for x in res.out.splitlines() if x.split()[:2] in (["131,072", "paged"], ["131,072", "contiguous"])
+    ]
+    assert [s[1] for s in stages] == ["paged", "contiguous"] and all(len(s) == 8 for s in stages)
+    assert "None" not in res.out and "?" not in res.out
+    # A bundle from before the contiguous row renders with a dash there and no stage table.
+    old = bsr("bench", "show", str(evidence / "br-peer-5478bdec7f7d.json"))
+    assert old.code == 0 and "stock LMCache's retrieve by stage" not in old.out and "None" not in old.out
