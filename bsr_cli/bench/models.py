@@ -134,7 +134,7 @@ class StoreRestoreRow(_Completed, Restore):
 
 
 class PeerRow(_Completed):
-    kind: Literal["raw", "stock", "bsr", "store", "setup"]
+    kind: Literal["raw", "stock", "stock_contiguous", "bsr", "store", "setup"]
     tokens: PosInt
     l1_bytes: NonNegInt
     trial: NonNegInt

@@ -6,9 +6,13 @@ LMCache, then runs every measurement as its own process in the plugin venv's int
 (``python -m lmcache_bsr.peer CASE.json``, see plugins/lmcache_bsr/peer.py), on the same objects in the same store:
 
 * ``raw``: a raw Mooncake ``batch_get_into`` of exactly the objects LMCache stored (the transport's rate);
-* ``stock``: LMCache's own retrieve of the whole prefix with its L1 at the rung that holds the whole plan, and
-  again with smaller L1s (below the rung stock LMCache returns 0 tokens after its ``blocking_timeout_secs``, with a
-  thread left spinning: reported as "0 tokens, timed out", the process killed if it does not end in time);
+* ``stock``: LMCache's own retrieve of the whole prefix into the paged KV with its L1 at the rung that holds the
+  whole plan, and again with smaller L1s (below the rung stock LMCache returns 0 tokens after its
+  ``blocking_timeout_secs``, with a thread left spinning: reported as "0 tokens, timed out", the process killed if
+  it does not end in time);
+* ``stock_contiguous``: the same retrieve after an untimed ``lookup``, its transfer threads at bsr's lower priority,
+  into one contiguous buffer in LMCache's own object layout (a plain copy per chunk): the most favourable setup
+  for stock, so bsr's ratio is also stated against it;
 * ``bsr``: the plugin host's windowed restore (W chunks per window) with L1 = B = ``bsr_windows`` * RWS(W): at 2
   (the default) the next window's fetch overlaps this window's install; at 1 the restore is serialized.
 
@@ -38,6 +42,7 @@ from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import CapacityError, ServiceError
 
 OnRow = Callable[[dict[str, Any]], None]
+STOCK_CONTIGUOUS = "stock_contiguous"  # stock LMCache's retrieve into a contiguous destination, after its lookup
 
 RESULT_PREFIX = "BSR-PEER-RESULT "
 ENV_PYTHON = "BSR_LMCACHE_PYTHON"
@@ -140,7 +145,9 @@ class CaseRunner:
         tokens = int(case["tokens"]) + reg.chunk_size
         kv = tokens * reg.bytes_per_token * reg.tp_size  # the destination KV of every rank
         l1 = int(case["l1_bytes"]) * reg.tp_size
-        raw = tokens * reg.bytes_per_token * reg.tp_size if case["mode"] == "raw" else 0
+        # The raw GET's buffer, or stock's contiguous destination beside the paged KV.
+        extra = case["mode"] == "raw" or case.get("destination") == "contiguous"
+        raw = tokens * reg.bytes_per_token * reg.tp_size if extra else 0
         return kv + l1 + raw + (600 << 20) * reg.tp_size  # + LMCache, torch and Mooncake per engine
 
     def run(self, case: dict[str, Any], reg: Registration) -> dict[str, Any]:
@@ -223,8 +230,16 @@ def _row(kind: str, n: int, l1: int, trial: int, res: dict[str, Any], reg: Regis
         "timed_out": timed_out,
         "windows": int(res.get("windows") or 0),
         "setup_seconds": res.get("setup_seconds"),
+        "nice": res.get("nice"),
         "ranks": res.get("ranks") or [],
     }
+    if res.get("stage_seconds"):
+        # Stock's retrieve by stage (wall seconds, summed over ranks): lookup, fetch (L1 allocation + transfer),
+        # install (the connector's copies); what is left of the call is key hashing and bookkeeping.
+        row["stage_seconds"] = dict(res["stage_seconds"])
+        row["destination"] = res.get("destination")
+        if res.get("untimed_lookup_seconds") is not None:
+            row["untimed_lookup_seconds"] = res["untimed_lookup_seconds"]
     if res.get("cpu") and loaded == n:
         cpu = dict(res["cpu"])
         row["cpu_seconds"] = cpu
@@ -256,6 +271,36 @@ def _row(kind: str, n: int, l1: int, trial: int, res: dict[str, Any], reg: Regis
     return row
 
 
+class _Plan:
+    """What one run measures: the prefixes, W, bsr's budget and the L1 sizes tried, fixed before anything runs."""
+
+    def __init__(
+        self,
+        tokens: Sequence[int],
+        w: int,
+        tp: int,
+        below_rung: Sequence[int],
+        trials: int,
+        bsr_windows: int,
+        model: dict[str, Any] | None,
+    ) -> None:
+        self.model = dict(model or DEFAULT_MODEL)
+        self.reg = registration(self.model, tp)
+        self.tokens = sorted({int(n) // self.reg.chunk_size * self.reg.chunk_size for n in tokens})
+        if not self.tokens or self.tokens[0] <= 0:
+            raise CapacityError(f"every prefix must hold at least one {self.reg.chunk_size}-token chunk")
+        if bsr_windows < 1:
+            raise CapacityError("bsr's L1 must hold at least one window (bsr_windows >= 1)")
+        self.w, self.tp, self.trials, self.bsr_windows = w, tp, trials, bsr_windows
+        self.rws = w * self.reg.bytes_per_chunk
+        self.budget = bsr_windows * self.rws  # bsr's L1: B
+        self.below_rung = sorted({*below_rung, self.budget})
+        self.largest = self.tokens[-1] * self.reg.bytes_per_token
+
+    def whole(self, n: int) -> int:
+        return -(-n // self.reg.chunk_size) * self.reg.bytes_per_chunk
+
+
 def run_peer(
     *,
     tokens: Sequence[int],
@@ -275,108 +320,103 @@ def run_peer(
     from bsr_cli.mooncake import services
 
     python, plugins = plugin_python()
-    model = dict(model or DEFAULT_MODEL)
-    reg = registration(model, tp)
-    tokens = sorted({int(n) // reg.chunk_size * reg.chunk_size for n in tokens})
-    if not tokens or tokens[0] <= 0:
-        raise CapacityError(f"every prefix must hold at least one {reg.chunk_size}-token chunk")
+    plan = _Plan(tokens, w, tp, below_rung, trials, bsr_windows, model)
     salt = ex.new_salt() if salt is None else salt
-    run_id = ex.new_run_id("peer")
-    started_at, t_start = ex.now(), time.monotonic()
-    machine = ex.machine_info()
-    rws = w * reg.bytes_per_chunk
-    if bsr_windows < 1:
-        raise CapacityError("bsr's L1 must hold at least one window (bsr_windows >= 1)")
-    budget = bsr_windows * rws  # bsr's L1: B
-    largest = tokens[-1] * reg.bytes_per_token
+    head: dict[str, Any] = {"run_id": ex.new_run_id("peer"), "started_at": ex.now(), "machine": ex.machine_info()}
+    t_start = time.monotonic()
     rows: list[dict[str, Any]] = []
     interrupted_by: str | None = None
-    model_cfg = {**model, "tp_size": tp}
+
+    def add(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
     workdir.mkdir(parents=True, exist_ok=True)
     master = holder = None
     try:
         master = services.start_master(workdir / "mooncake")
-        holder = services.start_segment_holder(workdir / "mooncake", master, int(largest * tp * 1.1) + (64 << 20))
-        runner = CaseRunner(
-            python,
-            plugins,
-            workdir,
-            {
-                "model": model_cfg,
-                "master": {"rpc_address": master.rpc_address, "metadata_url": master.metadata_url},
-                "seed": salt,
-                "deadline_s": deadline_s,
-                "watch_pids": {"master": master.pid, "segment_holder": holder.pid},
-            },
-        )
-
-        def add(row: dict[str, Any]) -> None:
-            rows.append(row)
-            if on_row:
-                on_row(row)
-
-        # The longest prompt once: synthetic prompts of one seed are prefixes of each other, so every shorter
-        # prefix's chunks are the same objects.
-        store_l1 = min(rung_for(largest + reg.bytes_per_chunk), 256 << 20)
-        res = runner.run({"mode": "store", "tokens": tokens[-1], "l1_bytes": store_l1, "W": w}, reg)
-        if not res.get("ok"):
-            add({"kind": "store", "tokens": tokens[-1], "status": "interrupted", "reason": f"storing: {res}"})
-            raise ServiceError(f"storing the prompt through LMCache failed: {res.get('error') or res}")
-        for n in tokens:
-            whole = -(-n // reg.chunk_size) * reg.bytes_per_chunk
-            rung = rung_for(whole)
-            for trial in range(trials):
-                # Raw, stock and bsr back to back: the machine's load drifts; pairs seconds apart compare fairly.
-                add(
-                    _row(
-                        "raw",
-                        n,
-                        0,
-                        trial,
-                        runner.run({"mode": "raw", "tokens": n, "l1_bytes": reg.bytes_per_chunk}, reg),
-                        reg,
-                        None,
-                    )
-                )
-                add(
-                    _row(
-                        "stock",
-                        n,
-                        rung,
-                        trial,
-                        runner.run({"mode": "stock", "tokens": n, "l1_bytes": rung}, reg),
-                        reg,
-                        None,
-                    )
-                )
-                res = runner.run({"mode": "bsr", "tokens": n, "l1_bytes": budget, "W": w}, reg)
-                add(_row("bsr", n, budget, trial, res, reg, w))
-            for l1 in sorted({*below_rung, budget}):
-                if l1 < whole:
-                    res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": l1}, reg)
-                    add(_row("stock", n, l1, 0, res, reg, None))
+        holder = services.start_segment_holder(workdir / "mooncake", master, int(plan.largest * tp * 1.1) + (64 << 20))
+        base = {
+            "model": {**plan.model, "tp_size": tp},
+            "master": {"rpc_address": master.rpc_address, "metadata_url": master.metadata_url},
+            "seed": salt,
+            "deadline_s": deadline_s,
+            "watch_pids": {"master": master.pid, "segment_holder": holder.pid},
+        }
+        runner = CaseRunner(python, plugins, workdir, base)
+        _store_prompt(runner, plan, add)
+        for n in plan.tokens:
+            _measure_prefix(runner, plan, n, add)
     except KeyboardInterrupt:
         interrupted_by = "operator"
     except (ServiceError, CapacityError) as e:
         interrupted_by = "error"
         if not rows or rows[-1].get("status") != "interrupted":
-            rows.append({"kind": "setup", "tokens": tokens[-1], "status": "interrupted", "reason": e.message})
+            rows.append({"kind": "setup", "tokens": plan.tokens[-1], "status": "interrupted", "reason": e.message})
     finally:
         if holder is not None:
             services.stop(holder, timeout=10)
         if master is not None:
             services.stop(master, timeout=10)
-    summary = summarize(rows, reg, w)
+    head["elapsed_s"] = round(time.monotonic() - t_start, 3)
+    return _bundle(plan, head, salt, deadline_s, python, rows, interrupted_by)
+
+
+def _store_prompt(runner: CaseRunner, plan: _Plan, add: Callable[[dict[str, Any]], None]) -> None:
+    """The longest prompt once: synthetic prompts of one seed are prefixes of each other, so every shorter
+    prefix's chunks are the same objects."""
+    reg, n = plan.reg, plan.tokens[-1]
+    store_l1 = min(rung_for(plan.largest + reg.bytes_per_chunk), 256 << 20)
+    res = runner.run({"mode": "store", "tokens": n, "l1_bytes": store_l1, "W": plan.w}, reg)
+    if not res.get("ok"):
+        add({"kind": "store", "tokens": n, "status": "interrupted", "reason": f"storing: {res}"})
+        raise ServiceError(f"storing the prompt through LMCache failed: {res.get('error') or res}")
+
+
+def _measure_prefix(runner: CaseRunner, plan: _Plan, n: int, add: Callable[[dict[str, Any]], None]) -> None:
+    """Per trial raw, stock (paged), stock into a contiguous destination and bsr, back to back: the machine's load
+    drifts, and pairs seconds apart compare fairly. Then stock below its rung, once per L1 size."""
+    reg = plan.reg
+    rung = rung_for(plan.whole(n))
+    for trial in range(plan.trials):
+        res = runner.run({"mode": "raw", "tokens": n, "l1_bytes": reg.bytes_per_chunk}, reg)
+        add(_row("raw", n, 0, trial, res, reg, None))
+        res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": rung}, reg)
+        add(_row("stock", n, rung, trial, res, reg, None))
+        res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": rung, "destination": "contiguous"}, reg)
+        add(_row(STOCK_CONTIGUOUS, n, rung, trial, res, reg, None))
+        res = runner.run({"mode": "bsr", "tokens": n, "l1_bytes": plan.budget, "W": plan.w}, reg)
+        add(_row("bsr", n, plan.budget, trial, res, reg, plan.w))
+    for l1 in plan.below_rung:
+        if l1 < plan.whole(n):
+            res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": l1}, reg)
+            add(_row("stock", n, l1, 0, res, reg, None))
+
+
+def _bundle(
+    plan: _Plan,
+    head: dict[str, Any],
+    salt: int,
+    deadline_s: float,
+    python: Path,
+    rows: list[dict[str, Any]],
+    interrupted_by: str | None,
+) -> dict[str, Any]:
+    from bsr_cli.bench import evidence as ex
+
+    reg = plan.reg
+    summary = summarize(rows, reg, plan.w)
     return {
         "schema": ex.BUNDLE_SCHEMA,
         "kind": "bsr.bench",
         "experiment": "peer",
-        "run_id": run_id,
+        "run_id": head["run_id"],
         "salt": salt,
         "bsr_version": __version__,
-        "started_at": started_at,
+        "started_at": head["started_at"],
         "finished_at": ex.now(),
-        "elapsed_s": round(time.monotonic() - t_start, 3),
+        "elapsed_s": head["elapsed_s"],
         "registration": ex.registration_identity(reg),
         "engine": {
             "url": "lmcache-host (one process per case, plugin venv)",
@@ -387,23 +427,23 @@ def run_peer(
                 "registration": reg.identity,
                 "chunk_size": reg.chunk_size,
                 "tiers": ["mooncake"],
-                "pool_bytes": budget,
-                "budget_bytes": budget,
+                "pool_bytes": plan.budget,
+                "budget_bytes": plan.budget,
                 "lmcache_python": _shown(python),
             },
         },
-        "machine": machine,
+        "machine": head["machine"],
         "params": {
-            "tokens": list(tokens),
-            "W": w,
-            "tp": tp,
-            "trials": trials,
+            "tokens": list(plan.tokens),
+            "W": plan.w,
+            "tp": plan.tp,
+            "trials": plan.trials,
             "deadline_s": deadline_s,
-            "below_rung_l1_bytes": sorted({*below_rung, budget}),
-            "bsr_windows": bsr_windows,
-            "bsr_l1_bytes": budget,
-            "model": model_cfg,
-            "rws_bytes": rws,
+            "below_rung_l1_bytes": plan.below_rung,
+            "bsr_windows": plan.bsr_windows,
+            "bsr_l1_bytes": plan.budget,
+            "model": {**plan.model, "tp_size": plan.tp},
+            "rws_bytes": plan.rws,
         },
         "rows": rows,
         "summary": summary,
@@ -427,50 +467,83 @@ def _med(values: Sequence[float]) -> float | None:
     return round(statistics.median(vals), 4) if vals else None
 
 
+def _side(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of one kind's rows at one prefix (stage seconds only where the case reported them: stock)."""
+    staged = [r["stage_seconds"] for r in rs if r.get("stage_seconds")]
+    return {
+        "gbps_per_rank": _med([r["gbps_per_rank"] for r in rs]),
+        "seconds": _med([r["seconds"] for r in rs]),
+        "l1_peak_bytes": max((r["l1_peak_bytes"] for r in rs), default=None),
+        "loaded_tokens": min((r["loaded_tokens"] for r in rs), default=None),
+        "cpu_s_per_gb": _med([r["cpu_s_per_gb"]["total"] for r in rs if r.get("cpu_s_per_gb")]),
+        "install_cpu_s_per_gb": _med([r["install_cpu_s_per_gb"] for r in rs if "install_cpu_s_per_gb" in r]),
+        "cpu_s_per_gb_by_process": {
+            k: _med([r["cpu_s_per_gb"].get(k) for r in rs if r.get("cpu_s_per_gb")])
+            for k in ("process", "master", "segment_holder")
+        },
+        "stage_seconds": {k: _med([st.get(k) for st in staged]) for k in ("lookup", "fetch", "install")}
+        if staged
+        else None,
+    }
+
+
+def _ratio(a: float | None, b: float | None, digits: int = 4) -> float | None:
+    return round(a / b, digits) if a is not None and b else None
+
+
+def _per_trial_ratios(mine: list[dict[str, Any]], a: str, b: str) -> list[float]:
+    """a's GB/s over b's within each trial (the pairs measured seconds apart), in trial order."""
+    out = []
+    for t in sorted({r["trial"] for r in mine}):
+        x = next((r["gbps_per_rank"] for r in mine if r["kind"] == a and r["trial"] == t), None)
+        y = next((r["gbps_per_rank"] for r in mine if r["kind"] == b and r["trial"] == t), None)
+        if x and y:
+            out.append(round(x / y, 4))
+    return out
+
+
 def summarize(rows: Sequence[dict[str, Any]], reg: Registration, w: int) -> dict[str, Any]:
-    """Per prefix: medians of raw, stock at its rung and bsr; ratios from the same run; below-rung outcomes."""
-    done = [r for r in rows if r.get("status") != "interrupted" and r.get("kind") in ("raw", "stock", "bsr")]
+    """Per prefix: medians of raw, both stock installs at their rung and bsr; ratios from the same run (of the
+    medians, and per trial); below-rung outcomes."""
+    kinds = ("raw", "stock", STOCK_CONTIGUOUS, "bsr")
+    done = [r for r in rows if r.get("status") != "interrupted" and r.get("kind") in kinds]
     by_prefix: dict[str, Any] = {}
     for n in sorted({int(r["tokens"]) for r in done}):
         whole = -(-n // reg.chunk_size) * reg.bytes_per_chunk
-        mine = [r for r in done if r["tokens"] == n]
-        raw = [r for r in mine if r["kind"] == "raw"]
-        stock = [r for r in mine if r["kind"] == "stock" and r["l1_bytes"] >= whole]
+        mine = [
+            r
+            for r in done
+            if r["tokens"] == n and (r["kind"] not in ("stock", STOCK_CONTIGUOUS) or r["l1_bytes"] >= whole)
+        ]
+        below = [r for r in done if r["tokens"] == n and r["kind"] == "stock" and r["l1_bytes"] < whole]
+        sides = {k: _side([r for r in mine if r["kind"] == k]) for k in kinds}
+        gb = {k: v["gbps_per_rank"] for k, v in sides.items()}
+        cpu = {k: v["cpu_s_per_gb"] for k, v in sides.items()}
         bsr = [r for r in mine if r["kind"] == "bsr"]
-        below = [r for r in mine if r["kind"] == "stock" and r["l1_bytes"] < whole]
-
-        def side(rs: list[dict[str, Any]]) -> dict[str, Any]:
-            return {
-                "gbps_per_rank": _med([r["gbps_per_rank"] for r in rs]),
-                "seconds": _med([r["seconds"] for r in rs]),
-                "l1_peak_bytes": max((r["l1_peak_bytes"] for r in rs), default=None),
-                "loaded_tokens": min((r["loaded_tokens"] for r in rs), default=None),
-                "cpu_s_per_gb": _med([r["cpu_s_per_gb"]["total"] for r in rs if r.get("cpu_s_per_gb")]),
-                "install_cpu_s_per_gb": _med([r["install_cpu_s_per_gb"] for r in rs if "install_cpu_s_per_gb" in r]),
-                "cpu_s_per_gb_by_process": {
-                    k: _med([r["cpu_s_per_gb"].get(k) for r in rs if r.get("cpu_s_per_gb")])
-                    for k in ("process", "master", "segment_holder")
-                },
-            }
-
-        s_raw, s_stock, s_bsr = side(raw), side(stock), side(bsr)
-
-        def ratio(a: float | None, b: float | None, digits: int = 4) -> float | None:
-            return round(a / b, digits) if a is not None and b else None
-
         by_prefix[str(n)] = {
             "tokens": n,
             "whole_plan_bytes": whole,
             "stock_rung_bytes": rung_for(whole),
-            "raw": s_raw,
-            "stock": s_stock,
-            "bsr": s_bsr,
-            "bsr_vs_stock_gbps": ratio(s_bsr["gbps_per_rank"], s_stock["gbps_per_rank"]),
-            "bsr_vs_raw_gbps": ratio(s_bsr["gbps_per_rank"], s_raw["gbps_per_rank"]),
-            "stock_vs_raw_gbps": ratio(s_stock["gbps_per_rank"], s_raw["gbps_per_rank"]),
-            "bsr_vs_stock_staging": ratio(s_bsr["l1_peak_bytes"], s_stock["l1_peak_bytes"], 6),
-            "bsr_vs_raw_cpu": ratio(s_bsr["cpu_s_per_gb"], s_raw["cpu_s_per_gb"]),
-            "stock_vs_raw_cpu": ratio(s_stock["cpu_s_per_gb"], s_raw["cpu_s_per_gb"]),
+            "raw": sides["raw"],
+            "stock": sides["stock"],
+            "stock_contiguous": sides[STOCK_CONTIGUOUS],
+            "bsr": sides["bsr"],
+            "bsr_vs_stock_gbps": _ratio(gb["bsr"], gb["stock"]),
+            "bsr_vs_stock_contiguous_gbps": _ratio(gb["bsr"], gb[STOCK_CONTIGUOUS]),
+            "bsr_vs_raw_gbps": _ratio(gb["bsr"], gb["raw"]),
+            "stock_vs_raw_gbps": _ratio(gb["stock"], gb["raw"]),
+            "stock_contiguous_vs_raw_gbps": _ratio(gb[STOCK_CONTIGUOUS], gb["raw"]),
+            "per_trial": {
+                "bsr_vs_stock": _per_trial_ratios(mine, "bsr", "stock"),
+                "bsr_vs_stock_contiguous": _per_trial_ratios(mine, "bsr", STOCK_CONTIGUOUS),
+                "stock_vs_raw": _per_trial_ratios(mine, "stock", "raw"),
+                "stock_contiguous_vs_raw": _per_trial_ratios(mine, STOCK_CONTIGUOUS, "raw"),
+                "bsr_vs_raw": _per_trial_ratios(mine, "bsr", "raw"),
+            },
+            "bsr_vs_stock_staging": _ratio(sides["bsr"]["l1_peak_bytes"], sides["stock"]["l1_peak_bytes"], 6),
+            "bsr_vs_raw_cpu": _ratio(cpu["bsr"], cpu["raw"]),
+            "stock_vs_raw_cpu": _ratio(cpu["stock"], cpu["raw"]),
+            "stock_contiguous_vs_raw_cpu": _ratio(cpu[STOCK_CONTIGUOUS], cpu["raw"]),
             "below_rung": [
                 {
                     "l1_bytes": r["l1_bytes"],
@@ -494,12 +567,21 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     if not by:
         return out
     top = by[max(by, key=int)]
-    tp_ratio, st_ratio = top["bsr_vs_stock_gbps"], top["bsr_vs_stock_staging"]
+    # Against the faster of stock's two installs (paged, or contiguous after its lookup): the claim is not
+    # allowed to rest on stock's slower destination.
+    ratios = [r for r in (top["bsr_vs_stock_gbps"], top.get("bsr_vs_stock_contiguous_gbps")) if r is not None]
+    tp_ratio, st_ratio = (min(ratios) if ratios else None), top["bsr_vs_stock_staging"]
     out.append(
         {
             "name": f"bsr against stock LMCache at {top['tokens']:,} tokens",
-            "target": f">= {THROUGHPUT_TARGET}x stock GB/s at <= 1/{round(1 / STAGING_TARGET)} of its L1 peak",
-            "measured": f"{tp_ratio}x GB/s at {st_ratio} of the L1 peak",
+            "target": f">= {THROUGHPUT_TARGET}x stock GB/s (its faster install) at <= 1/{round(1 / STAGING_TARGET)}"
+            " of its L1 peak",
+            "measured": f"{tp_ratio}x GB/s at {st_ratio} of the L1 peak"
+            + (
+                f" (paged {top['bsr_vs_stock_gbps']}x, contiguous {top['bsr_vs_stock_contiguous_gbps']}x)"
+                if top.get("bsr_vs_stock_contiguous_gbps") is not None
+                else ""
+            ),
             "met": None
             if tp_ratio is None or st_ratio is None
             else (tp_ratio >= THROUGHPUT_TARGET and st_ratio <= STAGING_TARGET),

@@ -287,51 +287,114 @@ def render_store(console: Console, d: dict[str, Any]) -> None:
     _footer(console, d)
 
 
-def render_peer(console: Console, d: dict[str, Any]) -> None:
-    from bsr_cli.bench.plots import bar
+def _peer_num(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
 
+
+def render_peer(console: Console, d: dict[str, Any]) -> None:
     p = d["params"]
     _header(console, d, f"bsr inside LMCache against stock LMCache 0.5.6, from Mooncake, W={p['W']}, TP {p['tp']}")
     la = d["machine"].get("loadavg") or []
     if la:
         console.print(f"[dim]load average at the start: {', '.join(str(x) for x in la)}[/]")
+    by = d["summary"].get("by_prefix") or {}
+    _peer_throughput(console, by)
+    _peer_stock_stages(console, by)
+    _peer_cpu(console, by)
+    for v in by.values():
+        for b in v["below_rung"]:
+            what = f"{b['loaded_tokens']:,} tokens" + (", timed out" if b["timed_out"] else "")
+            bsr = "bsr committed at this L1 or less" if b["bsr_committed_at_this_l1"] else "bsr did not commit"
+            console.print(f"below the rung: {v['tokens']:,} tokens, stock L1 {_mib(b['l1_bytes'])} MiB: {what}; {bsr}")
+    _footer(console, d)
+
+
+def _peer_throughput(console: Console, by: dict[str, Any]) -> None:
     t = _table(
         "tokens",
         "stock L1 MiB",
         "stock GB/s",
+        "contig GB/s",
         "bsr L1 MiB",
         "bsr GB/s",
         "raw GB/s",
         "bsr/stock",
+        "bsr/contig",
         "bsr/raw",
         "stock/raw",
+        "contig/raw",
         "L1 bsr/stock",
-        title="throughput per rank (median of trials) and measured L1 peaks per rank",
+        title="throughput per rank (median of trials) and measured L1 peaks per rank; stock into the paged KV, "
+        "and contig: stock after its lookup into a contiguous destination",
     )
-    by = d["summary"].get("by_prefix") or {}
-    top = max((v["bsr"]["gbps_per_rank"] or 0 for v in by.values()), default=1.0)
-
-    def f(x: float | None, digits: int = 2) -> str:
-        return "—" if x is None else f"{x:.{digits}f}"
-
     for v in by.values():
+        contig = v.get("stock_contiguous") or {}
         t.add_row(
             f"{v['tokens']:,}",
             _mib(v["stock"]["l1_peak_bytes"]),
-            f(v["stock"]["gbps_per_rank"], 3),
+            _peer_num(v["stock"]["gbps_per_rank"], 3),
+            _peer_num(contig.get("gbps_per_rank"), 3),
             _mib(v["bsr"]["l1_peak_bytes"]),
-            f(v["bsr"]["gbps_per_rank"], 3),
-            f(v["raw"]["gbps_per_rank"], 3),
-            f(v["bsr_vs_stock_gbps"]),
-            f(v["bsr_vs_raw_gbps"]),
-            f(v["stock_vs_raw_gbps"]),
-            f(v["bsr_vs_stock_staging"], 4),
+            _peer_num(v["bsr"]["gbps_per_rank"], 3),
+            _peer_num(v["raw"]["gbps_per_rank"], 3),
+            _peer_num(v["bsr_vs_stock_gbps"]),
+            _peer_num(v.get("bsr_vs_stock_contiguous_gbps")),
+            _peer_num(v["bsr_vs_raw_gbps"]),
+            _peer_num(v["stock_vs_raw_gbps"]),
+            _peer_num(v.get("stock_contiguous_vs_raw_gbps")),
+            _peer_num(v["bsr_vs_stock_staging"], 4),
         )
     console.print(t)
+
+
+def _peer_stock_stages(console: Console, by: dict[str, Any]) -> None:
+    """Where stock's time goes: its retrieve by stage, for both installs, beside the raw GET of the same bytes."""
+    rows = [
+        (v["tokens"], name, side, v["raw"]["seconds"])
+        for v in by.values()
+        for name, side in (("paged", v["stock"]), ("contiguous", v.get("stock_contiguous") or {}))
+        if side.get("stage_seconds")
+    ]
+    if not rows:
+        return
+    t = _table(
+        "tokens",
+        "stock install",
+        "call s",
+        "lookup s",
+        "fetch s",
+        "install s",
+        "other s",
+        "raw GET s",
+        title="stock LMCache's retrieve by stage (wall seconds, medians): lookup (which tier holds each chunk), "
+        "fetch (L1 allocation + transfer), install (the connector's copies)",
+    )
+    for n, name, side, raw_s in rows:
+        st = side["stage_seconds"]
+        parts: list[float | None] = [st.get(k) for k in ("lookup", "fetch", "install")]
+        known = [x for x in parts if x is not None]
+        # What is left of the call: LMCache's key hashing and bookkeeping (TP 1: the stages add up per rank).
+        other = side["seconds"] - sum(known) if side["seconds"] is not None and len(known) == len(parts) else None
+        t.add_row(
+            f"{n:,}",
+            name,
+            _peer_num(side["seconds"], 3),
+            *(_peer_num(x, 3) for x in parts),
+            _peer_num(other, 3),
+            _peer_num(raw_s, 3),
+        )
+    console.print(t)
+
+
+def _peer_cpu(console: Console, by: dict[str, Any]) -> None:
+    from bsr_cli.bench.plots import bar
+
+    top = max((v["bsr"]["gbps_per_rank"] or 0 for v in by.values()), default=1.0)
     c = _table(
         "tokens",
         "raw GET",
         "stock",
+        "contig",
         "bsr",
         "bsr install",
         "bsr/raw",
@@ -342,21 +405,16 @@ def render_peer(console: Console, d: dict[str, Any]) -> None:
     for v in by.values():
         c.add_row(
             f"{v['tokens']:,}",
-            f(v["raw"]["cpu_s_per_gb"], 3),
-            f(v["stock"]["cpu_s_per_gb"], 3),
-            f(v["bsr"]["cpu_s_per_gb"], 3),
-            f(v["bsr"]["install_cpu_s_per_gb"], 3),
-            f(v["bsr_vs_raw_cpu"]),
-            f(v["stock_vs_raw_cpu"]),
+            _peer_num(v["raw"]["cpu_s_per_gb"], 3),
+            _peer_num(v["stock"]["cpu_s_per_gb"], 3),
+            _peer_num((v.get("stock_contiguous") or {}).get("cpu_s_per_gb"), 3),
+            _peer_num(v["bsr"]["cpu_s_per_gb"], 3),
+            _peer_num(v["bsr"]["install_cpu_s_per_gb"], 3),
+            _peer_num(v["bsr_vs_raw_cpu"]),
+            _peer_num(v["stock_vs_raw_cpu"]),
             bar(v["bsr"]["gbps_per_rank"] or 0, top or 1.0, 16),
         )
     console.print(c)
-    for v in by.values():
-        for b in v["below_rung"]:
-            what = f"{b['loaded_tokens']:,} tokens" + (", timed out" if b["timed_out"] else "")
-            bsr = "bsr committed at this L1 or less" if b["bsr_committed_at_this_l1"] else "bsr did not commit"
-            console.print(f"below the rung: {v['tokens']:,} tokens, stock L1 {_mib(b['l1_bytes'])} MiB: {what}; {bsr}")
-    _footer(console, d)
 
 
 def render_failures(console: Console, d: dict[str, Any]) -> None:
