@@ -23,6 +23,12 @@ from enum import StrEnum
 from bsr_cli.errors import ExitCode
 
 
+def window_label(index: int) -> str:
+    """How a person reads window ``index`` (0-based, as JSON and events carry it): ``G1`` is the first, as plans,
+    the CLI, the TUI, logs' text and error lines all show it."""
+    return f"G{index + 1}"
+
+
 class EventKind(StrEnum):
     """Every event the engine (or a plugin host) records."""
 

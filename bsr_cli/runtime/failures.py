@@ -29,7 +29,7 @@ from typing import Any
 
 from bsr_cli.api.jobs import RestoreResult
 from bsr_cli.core.events import Failure
-from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage, window_label
 from bsr_cli.errors import BsrError, CapacityError, ExitCode, RestoreAborted, RestoreFailedClosed
 
 CAPACITY = FailureKind.CAPACITY
@@ -126,7 +126,7 @@ def capacity_hint(cause: CapacityCause | None, *, w: int, slot_bytes: int, budge
 def describe(f: Failure) -> str:
     """One line for one failure: who failed, at which stage and window, and why. Never prints an absent field."""
     where = f" at {f.stage.value}" if f.stage is not None else ""
-    win = f" (window {f.window})" if f.window is not None else ""
+    win = f" (window {window_label(f.window)})" if f.window is not None else ""
     if f.kind is TIER:
         tier = f"tier {f.tier}" if f.tier else "a tier"
         on = f" on rank {f.rank}" if f.rank is not None else ""

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage, window_label
 from bsr_cli.core.keys import prompt_hash
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import chunk_spans
@@ -37,11 +37,6 @@ from bsr_cli.core.plan import chunk_spans
 MAX_MARKERS = 4096
 MAX_FORCED = 16  # forced-local admissions kept for the admin API (the newest)
 MARKER_REASON = "a worker reported load errors on its blocks: vLLM recomputed the request"
-
-
-def window_label(index: int) -> str:
-    """How a person reads window ``index`` (0-based): ``G1`` is the first, as bsr's plans, CLI and TUI show it."""
-    return f"G{index + 1}"
 
 
 def prefix_keys(tokens: Sequence[int], chunk_size: int, n_chunks: int) -> list[str]:

@@ -92,7 +92,7 @@ def test_summary_names_the_rank_and_its_stage_or_the_tier() -> None:
     }
     assert failures.summary(stall) == "rank 1 stopped responding: no heartbeat for 2.3s"
     install = {"failure_kind": "rank", "failures": [_f(failures.RANK, Stage.INSTALL, rank=1).to_wire() | {"window": 3}]}
-    assert failures.summary(install) == "rank 1 failed at install (window 3): rank failure"
+    assert failures.summary(install) == "rank 1 failed at install (window G4): rank failure"  # window 3 in JSON
     tier = {
         "failure_kind": "tier",
         "failures": [{"rank": 0, "kind": "tier", "stage": "fetch", "tier": "fs", "reason": "missing"}],
