@@ -144,11 +144,10 @@ class FakeTier:
 
 def make_pool(slots: int, slot_bytes: int, budget_bytes: int | None = None) -> RestorePool:
     """A RestorePool over a ctypes buffer: the fake of the host's preallocated (pinned) torch tensor. A real
-    address is needed because the runtime checksums staged objects by pointer."""
+    address is needed because the runtime checksums staged objects by pointer. The pool's ``view`` references the
+    buffer (a memoryview holds its exporter), so the memory lives as long as the pool."""
     buf = (ctypes.c_ubyte * (slots * slot_bytes))()
-    pool = RestorePool(ctypes.addressof(buf), memoryview(buf).cast("B"), slot_bytes, budget_bytes)
-    pool._fake_buffer = buf  # type: ignore[attr-defined]  # keeps the memory alive as long as the pool
-    return pool
+    return RestorePool(ctypes.addressof(buf), memoryview(buf).cast("B"), slot_bytes, budget_bytes)
 
 
 class FakeDestination:
