@@ -211,7 +211,9 @@ def _cpu_per_gb(cpu: dict[str, float], nbytes_total: int) -> dict[str, float]:
     return out
 
 
-def _row(kind: str, n: int, l1: int, trial: int, res: dict[str, Any], reg: Registration, w: int | None) -> dict:
+def case_row(kind: str, n: int, l1: int, trial: int, res: dict[str, Any], reg: Registration, w: int | None) -> dict:
+    """The bundle row of one case process's result ``res`` (a ``kind`` of restore of ``n`` tokens with ``l1`` bytes
+    of L1): its measurements and the checks its kind must pass, with ``status`` pass, fail or interrupted."""
     per_rank = n * reg.bytes_per_token
     row: dict[str, Any] = {"kind": kind, "tokens": n, "l1_bytes": l1, "trial": trial, "W": w}
     if res.get("error") and not res.get("killed"):
@@ -381,17 +383,17 @@ def _measure_prefix(runner: CaseRunner, plan: _Plan, n: int, add: Callable[[dict
     rung = rung_for(plan.whole(n))
     for trial in range(plan.trials):
         res = runner.run({"mode": "raw", "tokens": n, "l1_bytes": reg.bytes_per_chunk}, reg)
-        add(_row("raw", n, 0, trial, res, reg, None))
+        add(case_row("raw", n, 0, trial, res, reg, None))
         res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": rung}, reg)
-        add(_row("stock", n, rung, trial, res, reg, None))
+        add(case_row("stock", n, rung, trial, res, reg, None))
         res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": rung, "destination": "contiguous"}, reg)
-        add(_row(STOCK_CONTIGUOUS, n, rung, trial, res, reg, None))
+        add(case_row(STOCK_CONTIGUOUS, n, rung, trial, res, reg, None))
         res = runner.run({"mode": "bsr", "tokens": n, "l1_bytes": plan.budget, "W": plan.w}, reg)
-        add(_row("bsr", n, plan.budget, trial, res, reg, plan.w))
+        add(case_row("bsr", n, plan.budget, trial, res, reg, plan.w))
     for l1 in plan.below_rung:
         if l1 < plan.whole(n):
             res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": l1}, reg)
-            add(_row("stock", n, l1, 0, res, reg, None))
+            add(case_row("stock", n, l1, 0, res, reg, None))
 
 
 def _bundle(

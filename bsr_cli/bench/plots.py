@@ -251,7 +251,7 @@ def fs_concurrency(fs: dict[str, Any], path: Path) -> Path:
     s = fs["summary"]
     by = s.get("by_config", {})
     labels = list(by)
-    spread = _fs_spread(fs)
+    spread = fs_spread(fs)
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(labels) + 1.8))
     medians = [by[k]["gbps"] for k in labels]
     lo = [max(0.0, m - spread.get(k, (m, m))[0]) for k, m in zip(labels, medians, strict=True)]
@@ -281,7 +281,7 @@ def fs_concurrency(fs: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _fs_spread(fs: dict[str, Any]) -> dict[str, tuple[float, float]]:
+def fs_spread(fs: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """(min, max) GB/s of each configuration's trials, from the bundle's rows."""
     out: dict[str, list[float]] = {}
     for r in _done(fs["rows"]):

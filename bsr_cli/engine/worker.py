@@ -25,6 +25,14 @@ from typing import Any
 from bsr_cli.api.ranks import (
     Abort,
     Call,
+    CanonicalHashRequest,
+    CanonicalHashResult,
+    InvalidateRequest,
+    InvalidateResult,
+    OutputHashRequest,
+    OutputHashResult,
+    PrefillRequest,
+    PrefillResult,
     ProbeRequest,
     ProbeResult,
     RemoveAllRequest,
@@ -152,7 +160,7 @@ def _unreachable_links(links: list[dict[str, str]]) -> str:
     return "; ".join(d for d, lk in zip(down, links, strict=True) if not tcp_reachable(lk["address"], LINK_PROBE_S))
 
 
-class Rank(KVOps):
+class Rank:
     def __init__(self, cfg: dict[str, Any], emit: Callable[[Event], None]) -> None:
         import torch
 
@@ -167,6 +175,7 @@ class Rank(KVOps):
         self.reg = Registration.from_dict(cfg["registration"])
         self.device = pick_device(self.rank)
         self.kv = PagedKV(self.reg, self.rank, cfg["blocks"], self.device)
+        self.kv_ops = KVOps(self.kv)
         self.emit = emit
         # The restore pool: allocated once, pinned when installs go to a GPU, never grown.
         pin = self.device.type == "cuda"
@@ -363,3 +372,16 @@ class Rank(KVOps):
     def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult:
         t = self.tiers[req.tier]
         return RemoveAllResult(int(t.remove_all()))  # type: ignore[attr-defined]
+
+    # -- destination-KV ops: served by the KVOps over this rank's KV ------------------------------------------------
+    def prefill(self, req: PrefillRequest) -> PrefillResult:
+        return self.kv_ops.prefill(req)
+
+    def output_hash(self, req: OutputHashRequest) -> OutputHashResult:
+        return self.kv_ops.output_hash(req)
+
+    def canonical_hash(self, req: CanonicalHashRequest) -> CanonicalHashResult:
+        return self.kv_ops.canonical_hash(req)
+
+    def invalidate(self, req: InvalidateRequest) -> InvalidateResult:
+        return self.kv_ops.invalidate(req)

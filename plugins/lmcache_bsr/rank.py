@@ -39,6 +39,14 @@ import torch
 
 from bsr_cli.api.jobs import ObjectRef
 from bsr_cli.api.ranks import (
+    CanonicalHashRequest,
+    CanonicalHashResult,
+    InvalidateRequest,
+    InvalidateResult,
+    OutputHashRequest,
+    OutputHashResult,
+    PrefillRequest,
+    PrefillResult,
     ProbeRequest,
     ProbeResult,
     RankOps,
@@ -156,7 +164,7 @@ def _one_tier(objs: list[ObjectRef], win: WindowJob) -> str | None:
     return next(iter(tiers)) if len(tiers) == 1 else None
 
 
-class LMCacheRank(KVOps):
+class LMCacheRank:
     def __init__(
         self,
         rank: int,
@@ -229,6 +237,7 @@ class LMCacheRank(KVOps):
             )
             blocks = {self.group: -(-kv_tokens // reg.groups[0].block_size)}
             self.kv = PagedKV(reg, rank, blocks, torch.device("cpu"))
+            self.kv_ops = KVOps(self.kv)
         except BaseException:
             self.close()
             raise
@@ -462,6 +471,19 @@ class LMCacheRank(KVOps):
 
     def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult:
         raise UnsupportedOp(req.op, "removing objects is not supported over LMCache from bsr; use LMCache's own tools")
+
+    # -- destination-KV ops: served by the KVOps over this rank's KV ------------------------------------------------
+    def prefill(self, req: PrefillRequest) -> PrefillResult:
+        return self.kv_ops.prefill(req)
+
+    def output_hash(self, req: OutputHashRequest) -> OutputHashResult:
+        return self.kv_ops.output_hash(req)
+
+    def canonical_hash(self, req: CanonicalHashRequest) -> CanonicalHashResult:
+        return self.kv_ops.canonical_hash(req)
+
+    def invalidate(self, req: InvalidateRequest) -> InvalidateResult:
+        return self.kv_ops.invalidate(req)
 
     # -- lifetime ----------------------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:

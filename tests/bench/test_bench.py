@@ -319,7 +319,7 @@ def test_benchmarks_page_and_evidence_agree() -> None:
     assert not set(files) - set(re.findall(r"br-[a-z0-9]+-[0-9a-f]{12}", listed)), "kept but not in the list"
 
 
-def test_plots_carry_the_ratio_the_spread_and_the_ceiling(tmp_path: Path) -> None:
+def test_plots_carry_the_ratio_the_spread_and_the_ceiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store plot labels restores with × paired raw GET; the fs plot draws trial spread and the disk-alone
     ceiling; the peak plot is on a log axis (the BSR line would sit on zero on a linear one)."""
     pytest.importorskip("matplotlib")
@@ -335,7 +335,7 @@ def test_plots_carry_the_ratio_the_spread_and_the_ceiling(tmp_path: Path) -> Non
     ratios = plots.store_ratios(store)
     assert ratios["restore W=32,B=2RWS"] == store["summary"]["restore"]["W=32,B=2RWS"]["vs_paired_raw"]
     fs = json.loads((docs / "br-fs-a2c08f441e1a.json").read_text())
-    spread = plots._fs_spread(fs)
+    spread = plots.fs_spread(fs)
     assert set(spread) == set(fs["summary"]["by_config"]) and all(lo <= hi for lo, hi in spread.values())
 
     captured: list = []
@@ -345,14 +345,11 @@ def test_plots_carry_the_ratio_the_spread_and_the_ceiling(tmp_path: Path) -> Non
         captured.append(fig)
         return real_save(fig, path)
 
-    plots._save = keep  # type: ignore[assignment]
-    try:
-        sweep = json.loads((docs / "br-e1-a6c2f9d328e2.json").read_text())
-        plots.peak_vs_prefix(sweep, None, tmp_path / "peak.png")
-        plots.fs_concurrency(fs, tmp_path / "fs.png")
-        plots.store_bandwidth(store, tmp_path / "store.png")
-    finally:
-        plots._save = real_save  # type: ignore[assignment]
+    monkeypatch.setattr(plots, "_save", keep)  # every plot saves through it: the figures, captured
+    sweep = json.loads((docs / "br-e1-a6c2f9d328e2.json").read_text())
+    plots.peak_vs_prefix(sweep, None, tmp_path / "peak.png")
+    plots.fs_concurrency(fs, tmp_path / "fs.png")
+    plots.store_bandwidth(store, tmp_path / "store.png")
     peak, fsfig, storefig = (f.axes[0] for f in captured)
     assert peak.get_yscale() == "log"
     assert any("," in t.get_text() for t in peak.get_xticklabels())

@@ -46,10 +46,10 @@ def test_summary_ratios_and_targets_from_one_run() -> None:
     whole = n // 256 * CHUNK  # 2 GiB at 16 KiB per token
     w = 16
     rows = [
-        pe._row("raw", n, 0, 0, _case(n, 2.0, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
-        pe._row("stock", n, whole, 0, _case(n, 4.0, whole, 2.0), REG, None),
-        pe._row("bsr", n, w * CHUNK, 0, _case(n, 3.2, w * CHUNK, 1.2), REG, w),
-        pe._row("stock", n, w * CHUNK, 0, _case(0, 10.0, w * CHUNK, 0.5, timed_out=True), REG, None),
+        pe.case_row("raw", n, 0, 0, _case(n, 2.0, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
+        pe.case_row("stock", n, whole, 0, _case(n, 4.0, whole, 2.0), REG, None),
+        pe.case_row("bsr", n, w * CHUNK, 0, _case(n, 3.2, w * CHUNK, 1.2), REG, w),
+        pe.case_row("stock", n, w * CHUNK, 0, _case(0, 10.0, w * CHUNK, 0.5, timed_out=True), REG, None),
     ]
     assert [r["status"] for r in rows] == ["pass"] * 4
     s = pe.summarize(rows, REG, w)["by_prefix"][str(n)]
@@ -73,12 +73,12 @@ def test_summary_ratios_and_targets_from_one_run() -> None:
         "CPU seconds per GB restored": True,
     }
     # A bsr restore whose L1 peak exceeds its budget (its case's L1) fails its row, whatever its speed.
-    over = pe._row("bsr", n, w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
+    over = pe.case_row("bsr", n, w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
     assert over["status"] == "fail" and over["checks"]["l1_peak_at_most_budget"] is False
     # Two windows within a budget of two pass; a peak that is not whole chunks does not.
-    two = pe._row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
+    two = pe.case_row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
     assert two["status"] == "pass"
-    odd = pe._row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK - 4096, 1.0), REG, w)
+    odd = pe.case_row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK - 4096, 1.0), REG, w)
     assert odd["status"] == "fail" and odd["checks"]["l1_peak_whole_chunks"] is False
 
 
@@ -91,9 +91,9 @@ def test_stock_contiguous_is_summarized_and_the_target_holds_against_the_faster_
 
     def trial(t: int, bsr_s: float, contig_s: float) -> list[dict[str, Any]]:
         return [
-            pe._row("raw", n, 0, t, _case(n, 1.6, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
-            pe._row("stock", n, whole, t, _case(n, 2.2, whole, 2.0) | {"stage_seconds": staged}, REG, None),
-            pe._row(
+            pe.case_row("raw", n, 0, t, _case(n, 1.6, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
+            pe.case_row("stock", n, whole, t, _case(n, 2.2, whole, 2.0) | {"stage_seconds": staged}, REG, None),
+            pe.case_row(
                 pe.STOCK_CONTIGUOUS,
                 n,
                 whole,
@@ -102,7 +102,7 @@ def test_stock_contiguous_is_summarized_and_the_target_holds_against_the_faster_
                 REG,
                 None,
             ),
-            pe._row("bsr", n, 2 * w * CHUNK, t, _case(n, bsr_s, 2 * w * CHUNK, 1.2), REG, w),
+            pe.case_row("bsr", n, 2 * w * CHUNK, t, _case(n, bsr_s, 2 * w * CHUNK, 1.2), REG, w),
         ]
 
     # bsr beats stock into the paged KV in every trial, but not stock into a contiguous destination.

@@ -66,7 +66,7 @@ async def test_replay_speed_and_jump_to_the_next_failure(incident: Path, screen:
         # The frame it stopped at is the first one showing a failure that the previous frame did not.
         assert app.view is not None
         fails = [e for e in app.view.events if e.type in ("restore_failed_closed", "restore_failed")]
-        before = source._view_at(jumped - 1)
+        before = source.frame(jumped - 1).view
         kinds = ("restore_failed_closed", "restore_failed")
         fails_before = [e for e in before.events if e.type in kinds] if before else []
         assert len(fails) > len(fails_before) or "ENGINE UNREACHABLE" in screen(app)

@@ -18,6 +18,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from bsr_cli.api.ranks import (
+    CanonicalHashRequest,
+    CanonicalHashResult,
+    InvalidateRequest,
+    InvalidateResult,
+    OutputHashRequest,
+    OutputHashResult,
+    PrefillRequest,
+    PrefillResult,
     ProbeRequest,
     ProbeResult,
     RankRequest,
@@ -136,11 +144,10 @@ class FakeTier:
 
 def make_pool(slots: int, slot_bytes: int, budget_bytes: int | None = None) -> RestorePool:
     """A RestorePool over a ctypes buffer: the fake of the host's preallocated (pinned) torch tensor. A real
-    address is needed because the runtime checksums staged objects by pointer."""
+    address is needed because the runtime checksums staged objects by pointer. The pool's ``view`` references the
+    buffer (a memoryview holds its exporter), so the memory lives as long as the pool."""
     buf = (ctypes.c_ubyte * (slots * slot_bytes))()
-    pool = RestorePool(ctypes.addressof(buf), memoryview(buf).cast("B"), slot_bytes, budget_bytes)
-    pool._fake_buffer = buf  # type: ignore[attr-defined]  # keeps the memory alive as long as the pool
-    return pool
+    return RestorePool(ctypes.addressof(buf), memoryview(buf).cast("B"), slot_bytes, budget_bytes)
 
 
 class FakeDestination:
@@ -226,7 +233,7 @@ class FakeDestination:
         return out
 
 
-class FakeRankOps(KVOps, UnsupportedOps):  # KVOps: the synthetic-model ops, over the fake destination
+class FakeRankOps(UnsupportedOps):
     """The ops of one rank (the RankOps contract), in-process: the same runtime pieces as the embedded engine's
     rank process (RestorePool, RankRestorer) over the fakes above. A fake host because the real one is a torch
     process."""
@@ -244,6 +251,7 @@ class FakeRankOps(KVOps, UnsupportedOps):  # KVOps: the synthetic-model ops, ove
     ) -> None:
         self.reg, self.rank, self.tiers = reg, rank, dict(tiers)
         self.kv = FakeDestination(reg, rank)
+        self.kv_ops = KVOps(self.kv)  # the synthetic-model ops, over the fake destination
         self.pool = make_pool(pool_slots, reg.bytes_per_chunk, budget_bytes)
         offsets, off = {}, 0
         for g in reg.group_names:
@@ -304,6 +312,19 @@ class FakeRankOps(KVOps, UnsupportedOps):  # KVOps: the synthetic-model ops, ove
         return SetBudgetResult(self.pool.stats().to_dict())
 
     # set_fs_concurrency and remove_all: not served by this fake (it has no filesystem tier): UnsupportedOp.
+
+    # -- destination-KV ops: served by the KVOps over this rank's KV ------------------------------------------------
+    def prefill(self, req: PrefillRequest) -> PrefillResult:
+        return self.kv_ops.prefill(req)
+
+    def output_hash(self, req: OutputHashRequest) -> OutputHashResult:
+        return self.kv_ops.output_hash(req)
+
+    def canonical_hash(self, req: CanonicalHashRequest) -> CanonicalHashResult:
+        return self.kv_ops.canonical_hash(req)
+
+    def invalidate(self, req: InvalidateRequest) -> InvalidateResult:
+        return self.kv_ops.invalidate(req)
 
     def abort(self, request_id: str) -> None:
         self.aborts.setdefault(request_id, threading.Event()).set()

@@ -16,7 +16,7 @@ pytest.importorskip("fastapi")  # the admin API is the engine extra's
 from bsr_cli.client import AdminClient
 from bsr_cli.errors import BsrError
 from bsr_cli.server.admin import PREFIX, AdminServer
-from unit.conftest import FakeEngine, build_engine
+from unit.fixtures import FakeEngine, build_engine
 
 TOKEN = "unit-token"
 PROMPT = {"synthetic": {"n": 200, "seed": 5}}

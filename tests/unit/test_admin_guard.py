@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")  # the admin API is the engine extra's
 
 from bsr_cli.errors import ExitCode
 from bsr_cli.server.admin import PREFIX, AdminServer
-from unit.conftest import FakeEngine, build_engine
+from unit.fixtures import FakeEngine, build_engine
 
 TOKEN = "guard-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")  # the admin API is the engine extra's
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.errors import ExitCode
 from bsr_cli.server.admin import PREFIX, AdminServer
-from unit.conftest import FakeEngine, build_engine
+from unit.fixtures import FakeEngine, build_engine
 
 TOKEN = "limits-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -15,7 +15,7 @@ from bsr_cli.core.evidence import CapacityCause, EventKind, FailureKind, Outcome
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import CapacityError, RestoreAborted
 from bsr_cli.tui.model import Frame, fold
-from unit.conftest import FakeEngine, build_engine
+from unit.fixtures import FakeEngine, build_engine
 
 KV_TOKENS = 4096  # the "full" group has 1,024 blocks of 4 tokens, "swa" 512 of 8
 HOLDER = synthetic_tokens(3000, seed=1)  # holds 750 "full" blocks while its probe hangs

@@ -12,7 +12,7 @@ import pytest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import ServerError
 from bsr_cli.runtime import failures
-from unit.conftest import FakeEngine, build_engine
+from unit.fixtures import FakeEngine, build_engine
 
 PROMPT = synthetic_tokens(9 * 16 + 3, seed=11)  # 10 chunks, the last partial
 

@@ -13,7 +13,7 @@ pytest.importorskip("fastapi")  # the admin API is the engine extra's
 from bsr_cli.core.markers import ClearScope, Marker, clear
 from bsr_cli.errors import ExitCode
 from bsr_cli.server.admin import AdminServer
-from unit.conftest import FakeEngine, build_engine
+from unit.fixtures import FakeEngine, build_engine
 
 TOKEN = "markers-token"
 

@@ -17,7 +17,7 @@ pytest.importorskip("prometheus_client")  # the engine extra's, as the server's
 
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.runtime.events import EventLog
-from unit.conftest import FakeEngine, build_engine
+from unit.fixtures import FakeEngine, build_engine
 
 TOKENS = 1024  # 64 chunks of 16 tokens: 64 windows per rank at W=1
 

@@ -56,7 +56,7 @@ from bsr_cli.api.ranks import (
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import BadRequest, ExitCode
-from unit.conftest import FakeEngine
+from unit.fixtures import FakeEngine
 
 TABLES = {"full": [3, 4, 5], "swa": [7, 8]}
 JOB = RestoreJob(

@@ -1,0 +1,60 @@
+"""The fast lane's engine over in-memory fakes: a real Coordinator driving in-process fake ranks (tests/unit/fakes.py)
+that share fake tiers. Importable helpers live here; tests/unit/conftest.py keeps only pytest hooks and fixtures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bsr_cli.core.events import Event
+from bsr_cli.core.registration import Registration
+from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
+from bsr_cli.runtime.events import EventLog
+from unit.fakes import FakeRankOps, FakeTier, InProcessRank, small_registration
+
+
+@dataclass
+class FakeEngine:
+    reg: Registration
+    coordinator: Coordinator
+    ranks: list[InProcessRank]
+    tiers: dict[str, FakeTier]  # shared by every rank, as a Mooncake store is
+    events: EventLog
+
+
+def build_engine(
+    *,
+    w: int = 2,
+    pool_chunks: int = 8,
+    budget_chunks: int | None = None,
+    fetch_timeout_s: float = 2.0,
+    tp: int = 2,
+    kv_tokens: int = 8192,
+    kv_wait_s: float = 60.0,
+    call_timeout_s: float = 10.0,
+    events: EventLog | None = None,
+) -> FakeEngine:
+    reg = small_registration(tp)
+    tiers = {"mooncake": FakeTier("mooncake"), "fs": FakeTier("fs")}
+    events = events or EventLog()
+    holder: list[Coordinator] = []
+    budget = None if budget_chunks is None else budget_chunks * reg.bytes_per_chunk
+
+    def emit(ev: Event) -> None:
+        holder[0].on_rank_event(ev)
+
+    ranks = [InProcessRank(FakeRankOps(reg, r, tiers, pool_chunks, budget, emit)) for r in range(tp)]
+    settings = EngineSettings(
+        w=w,
+        max_tokens=4096,
+        kv_tokens=kv_tokens,
+        kv_wait_s=kv_wait_s,
+        pool_bytes=pool_chunks * reg.bytes_per_chunk,
+        budget_bytes=budget if budget is not None else pool_chunks * reg.bytes_per_chunk,
+        fetch_timeout_s=fetch_timeout_s,
+        admit_timeout_s=2.0,
+        call_timeout_s=call_timeout_s,
+        faults_enabled=True,
+    )
+    coord = Coordinator(reg, ranks, settings, events)
+    holder.append(coord)
+    return FakeEngine(reg, coord, ranks, tiers, events)
