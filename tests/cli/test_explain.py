@@ -54,17 +54,18 @@ def _evict(engine: Any, seed: int, chunk: int, ranks: tuple[int, ...] = (0, 1)) 
 
 
 def test_never_stored_then_restorable(bsr: Any, engine: Any) -> None:
-    d = _explain(bsr, "--synthetic", str(N), "--seed", "901")
+    # Seed 7901: a prompt no other test stores (the session's engine keeps every prompt any test stored).
+    d = _explain(bsr, "--synthetic", str(N), "--seed", "7901")
     assert d["verdict"] == "never-stored" and not d["reusable"]
-    assert d["next"] == f"bsr submit --synthetic {N} --seed 901"
+    assert d["next"] == f"bsr submit --synthetic {N} --seed 7901"
     assert all(t["held_chunks"] == 0 for t in d["tiers"])
-    assert bsr("submit", "--synthetic", str(N), "--seed", "901").code == 0
-    d = _explain(bsr, "--synthetic", str(N), "--seed", "901")
+    assert bsr("submit", "--synthetic", str(N), "--seed", "7901").code == 0
+    d = _explain(bsr, "--synthetic", str(N), "--seed", "7901")
     assert d["verdict"] == "restorable" and d["reusable"]
     assert {(t["tier"], t["rank"], t["prefix_chunks"]) for t in d["tiers"]} == {
         (tier, r, 20) for tier in ("mooncake", "fs") for r in (0, 1)
     }
-    text = bsr("explain", "--synthetic", str(N), "--seed", "901")
+    text = bsr("explain", "--synthetic", str(N), "--seed", "7901")
     assert text.code == 0 and "restorable" in text.out and "next: bsr restore" in text.out
 
 
