@@ -87,32 +87,38 @@ def _checksums(case: dict[str, Any]) -> bool:
     return mode == "store"  # the stored objects carry them; stock LMCache and the raw GET never look
 
 
+def lmcache_config(mc: dict[str, Any], l1_bytes: int, deadline_s: float, checksums: bool) -> dict[str, Any]:
+    """LMCache's configuration over the case's Mooncake master: L1 is staging only (no hot-cache write-back, so
+    every hit is read from Mooncake), the segment holder holds the objects, TCP on loopback."""
+    return {
+        "local_cpu": False,
+        "max_local_cpu_size": l1_bytes / 2**30,  # GB in LMCache's config means GiB
+        "blocking_timeout_secs": deadline_s,
+        "remote_url": f"mooncakestore://{mc['rpc_address']}/",
+        "remote_serde": "naive",
+        "extra_config": {
+            "mooncake_local_hostname": "127.0.0.1",
+            "mooncake_metadata_server": mc["metadata_url"],
+            "mooncake_master_server_addr": mc["rpc_address"],
+            "mooncake_protocol": "tcp",
+            "mooncake_global_segment_size": 0,  # the segment holder holds the objects
+            "mooncake_local_buffer_size": 64 << 20,
+            "save_chunk_meta": False,
+            "transfer_timeout": max(5, int(deadline_s)),
+            "bsr_checksums": checksums,
+        },
+    }
+
+
 def host_config(case: dict[str, Any]) -> dict[str, Any]:
     m = dict(case["model"])
     mc = case["master"]
     n = int(case["tokens"])
     return {
         "model": m,
-        "lmcache": {
-            "local_cpu": False,  # L1 is staging only: no hot-cache write-back, so every trial reads Mooncake
-            "max_local_cpu_size": int(case["l1_bytes"]) / 2**30,  # GB in LMCache's config means GiB
-            "blocking_timeout_secs": float(case.get("deadline_s", 10.0)),
-            "remote_url": f"mooncakestore://{mc['rpc_address']}/",
-            "remote_serde": "naive",
-            "extra_config": {
-                "mooncake_local_hostname": "127.0.0.1",
-                "mooncake_metadata_server": mc["metadata_url"],
-                "mooncake_master_server_addr": mc["rpc_address"],
-                "mooncake_protocol": "tcp",
-                "mooncake_global_segment_size": 0,  # the segment holder holds the objects
-                "mooncake_local_buffer_size": 64 << 20,
-                "save_chunk_meta": False,
-                "transfer_timeout": max(5, int(case.get("deadline_s", 10.0))),
-                # Stock LMCache stores and verifies nothing; bsr's store and restore carry a CRC32C per object
-                # (lmcache_bsr/integrity.py). BSR_PEER_CHECKSUMS=off restores without them: their cost, measured.
-                "bsr_checksums": _checksums(case),
-            },
-        },
+        # Stock LMCache stores and verifies nothing; bsr's store and restore carry a CRC32C per object
+        # (lmcache_bsr/integrity.py). BSR_PEER_CHECKSUMS=off restores without them: their cost, measured.
+        "lmcache": lmcache_config(mc, int(case["l1_bytes"]), float(case.get("deadline_s", 10.0)), _checksums(case)),
         "settings": {
             "w": int(case.get("W") or 1),
             "tiers": ["mooncake"],

@@ -32,6 +32,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from lmcache_bsr.peer import lmcache_config
+
 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # keep Mooncake's transfer endpoint on loopback
 
 RESULT_PREFIX = "BSR-TRACE-RESULT "
@@ -43,24 +45,8 @@ def host_config(case: dict[str, Any]) -> dict[str, Any]:
     deadline = float(case["deadline_s"])
     return {
         "model": dict(case["model"]),
-        "lmcache": {
-            "local_cpu": False,  # L1 is staging only, as in `bsr bench peer`: every hit is read from Mooncake
-            "max_local_cpu_size": int(case["l1_bytes"]) / 2**30,  # GB in LMCache's config means GiB
-            "blocking_timeout_secs": deadline,
-            "remote_url": f"mooncakestore://{mc['rpc_address']}/",
-            "remote_serde": "naive",
-            "extra_config": {
-                "mooncake_local_hostname": "127.0.0.1",
-                "mooncake_metadata_server": mc["metadata_url"],
-                "mooncake_master_server_addr": mc["rpc_address"],
-                "mooncake_protocol": "tcp",
-                "mooncake_global_segment_size": 0,  # the segment holder holds the objects
-                "mooncake_local_buffer_size": 64 << 20,
-                "save_chunk_meta": False,
-                "transfer_timeout": max(5, int(deadline)),
-                "bsr_checksums": False,  # stock LMCache stores and verifies no checksum
-            },
-        },
+        # As in `bsr bench peer`; stock LMCache stores and verifies no checksum.
+        "lmcache": lmcache_config(mc, int(case["l1_bytes"]), deadline, checksums=False),
         "settings": {
             "w": 1,
             "tiers": ["mooncake"],
