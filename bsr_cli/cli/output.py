@@ -1,6 +1,6 @@
 """The one output layer: stdout is data, stderr is diagnostics.
 
-Commands build a plain-data result (dicts/lists of JSON types) and hand it here with a renderer. With ``--json``
+Commands build a result (a typed result with ``to_wire()``, or plain JSON data) and hand it here with a renderer. With ``--json``
 the result is printed as JSON and the renderer is never called (rich is not even imported); otherwise the renderer
 draws rich tables to stdout.
 """
@@ -98,6 +98,8 @@ class Output:
 
 
 def _json_default(o: Any) -> Any:
+    if hasattr(o, "to_wire"):  # a typed result: its wire form is its JSON
+        return o.to_wire()
     if hasattr(o, "to_dict"):
         return o.to_dict()
     if isinstance(o, set | frozenset | tuple):
