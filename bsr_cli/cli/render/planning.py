@@ -167,7 +167,15 @@ class RegistrationDiffReport:
     rws_b: int | None
 
     def to_wire(self) -> dict[str, Any]:
-        return self.diff.to_dict() | {
+        d = self.diff
+        ca, cb = d.bytes_per_chunk
+        return {
+            "identical": d.identical,
+            "added": [t.to_dict() for t in d.added],
+            "removed": [t.to_dict() for t in d.removed],
+            "changed": [{"a": x.to_dict(), "b": y.to_dict()} for x, y in d.changed],
+            "settings": [{"field": f, "a": x, "b": y} for f, x, y in d.settings],
+            "bytes_per_chunk": {"a": ca, "b": cb, "delta": cb - ca},
             "a": {"source": self.a_source, "identity": self.a.identity, "tensors": len(self.a.tensors)},
             "b": {"source": self.b_source, "identity": self.b.identity, "tensors": len(self.b.tensors)},
             "W": self.w,
