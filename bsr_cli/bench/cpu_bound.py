@@ -31,19 +31,117 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from bsr_cli.api.codec import to_json
+from bsr_cli.bench.evidence import OnRow
 from bsr_cli.core.evidence import Component, Stage
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.plan import windows_for
 from bsr_cli.core.registration import Registration
 from bsr_cli.runtime.tiers import MISSING, StagingSlice, TierHealth
 
-OnRow = Callable[[dict[str, Any]], None]
 TRANSPORTS_GBPS = (1.0, 10.3, 25.0)  # loopback TCP here, the paper's RDMA per rank, a 200 Gb/s NIC
 GB = 1e9
 # The restore's stages timed per window are the runtime's (Stage.FETCH, VERIFY, INSTALL); the rest of its CPU is this.
 OTHER = "other"
+
+
+# -- the evidence (fields in the order of its keys) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaselineRow:
+    """The same bytes through one pass alone (memcpy or CRC32C)."""
+
+    kind: str  # "memcpy" or "crc32c"
+    trial: int
+    bytes: int
+    seconds: float
+    gbps: float
+    cpu_s_per_gb: float
+    checks: dict[str, bool]
+    status: str  # a baseline always passes: it has nothing to check
+
+    def to_wire(self) -> dict[str, Any]:
+        return dict(to_json(self))
+
+
+@dataclass(frozen=True)
+class RestoreRow:
+    """One restore of the whole prompt under a budget of ``budget_windows`` windows."""
+
+    trial: int
+    budget_windows: int
+    budget_bytes: int
+    bytes: int
+    windows: int
+    seconds: float
+    gbps: float
+    cpu_s_per_gb: float
+    stage_cpu_s_per_gb: dict[str, float]  # fetch, verify, install, other
+    peak_live_bytes: int
+    hash_ok: bool
+    checks: dict[str, bool]
+    status: str  # "pass" or "fail"
+    reason: str | None  # why the restore failed closed; None when it committed
+
+    kind = "restore"
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = {"kind": self.kind, **to_json(self)}
+        if self.reason is None:
+            del wire["reason"]  # said only when the restore failed
+        return wire
+
+
+Row = BaselineRow | RestoreRow
+
+
+@dataclass(frozen=True)
+class PassStats:
+    """Medians of one baseline pass over its trials."""
+
+    gbps: float | None
+    gbps_range: list[float] | None
+    cpu_s_per_gb: float | None
+
+
+@dataclass(frozen=True)
+class RdmaPoint:
+    """What a rank sustains on a transport of ``transport_gbps``, by the model."""
+
+    transport_gbps: float
+    sustained_gbps: float
+    sustained_gbps_one_core: float
+    cores_needed: float
+
+
+@dataclass(frozen=True)
+class BudgetStats:
+    """The passing restores under one budget: medians, the model's prediction and the RDMA model."""
+
+    gbps: float
+    gbps_range: list[float]
+    cpu_s_per_gb: float | None
+    stage_cpu_s_per_gb: dict[str, float]
+    predicted_gbps: float
+    predicted_gbps_all_cores: float
+    measured_over_predicted: float | None
+    # bsr's own CPU per GB (everything but the transport's copy) against one memcpy pass over the bytes.
+    bsr_cpu_s_per_gb: float
+    bsr_cpu_in_memcpy_passes: float | None
+    rdma_model: list[RdmaPoint]
+
+
+@dataclass(frozen=True)
+class CpuBoundSummary:
+    cores: float
+    free_cores: float
+    memcpy: PassStats
+    crc32c: PassStats
+    by_budget_windows: dict[str, BudgetStats]
 
 
 class MemoryTier:
@@ -212,12 +310,12 @@ def run_cpu_bound(
             "free_cores": free_cores,
             "torch_threads": 1,
         },
-        "rows": rig.rows,
-        "summary": summary,
+        "rows": [r.to_wire() for r in rig.rows],
+        "summary": to_json(summary),
         "targets": targets(summary),
         "interrupted": interrupted_by is not None,
         "interrupted_by": interrupted_by,
-        "ok": interrupted_by is None and all(r["status"] == "pass" for r in rig.rows),
+        "ok": interrupted_by is None and all(r.status == "pass" for r in rig.rows),
     }
 
 
@@ -236,7 +334,7 @@ class _Rig:
         from bsr_cli.runtime.restore import ObjectRef, WindowJob
 
         self.reg, self.w, self.on_row = reg, w, on_row
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[Row] = []
         cs = reg.chunk_size
         self.n = tokens // cs * cs
         n_chunks = self.n // cs
@@ -276,10 +374,10 @@ class _Rig:
         pool_ptr = self.pool_tensor.data_ptr()
         self.pool_view = memoryview((ctypes.c_ubyte * self.pool_bytes).from_address(pool_ptr)).cast("B")
 
-    def add(self, row: dict[str, Any]) -> None:
+    def add(self, row: Row) -> None:
         self.rows.append(row)
         if self.on_row:
-            self.on_row(row)
+            self.on_row(row.to_wire())
 
     def memcpy_all(self) -> None:
         self.sink.copy_(self.flat)
@@ -297,16 +395,16 @@ class _Rig:
         fn()
         wall, cpu = time.perf_counter() - t0, _cpu_now() - c0
         self.add(
-            {
-                "kind": kind,
-                "trial": trial,
-                "bytes": self.nbytes,
-                "seconds": round(wall, 4),
-                "gbps": round(self.nbytes / wall / GB, 3),
-                "cpu_s_per_gb": round(cpu / (self.nbytes / GB), 4),
-                "checks": {},
-                "status": "pass",
-            }
+            BaselineRow(
+                kind=kind,
+                trial=trial,
+                bytes=self.nbytes,
+                seconds=round(wall, 4),
+                gbps=round(self.nbytes / wall / GB, 3),
+                cpu_s_per_gb=round(cpu / (self.nbytes / GB), 4),
+                checks={},
+                status="pass",
+            )
         )
 
     def restore(self, bw: int, trial: int) -> None:
@@ -338,27 +436,26 @@ class _Rig:
         hash_ok = out.ok and self.kv.output_hash(self.tables, self.n) == self.canonical
         peak_ok = 0 < out.peak_live_bytes <= budget
         self.add(
-            {
-                "kind": "restore",
-                "trial": trial,
-                "budget_windows": bw,
-                "budget_bytes": budget,
-                "bytes": self.nbytes,
-                "windows": out.windows_done,
-                "seconds": round(wall, 4),
-                "gbps": round(self.nbytes / wall / GB, 3),
-                "cpu_s_per_gb": round(cpu / gb, 4),
-                "stage_cpu_s_per_gb": {k: round(v / gb, 4) for k, v in stage_costs.items()},
-                "peak_live_bytes": out.peak_live_bytes,
-                "hash_ok": hash_ok,
-                "checks": {
+            RestoreRow(
+                trial=trial,
+                budget_windows=bw,
+                budget_bytes=budget,
+                bytes=self.nbytes,
+                windows=out.windows_done,
+                seconds=round(wall, 4),
+                gbps=round(self.nbytes / wall / GB, 3),
+                cpu_s_per_gb=round(cpu / gb, 4),
+                stage_cpu_s_per_gb={k: round(v / gb, 4) for k, v in stage_costs.items()},
+                peak_live_bytes=out.peak_live_bytes,
+                hash_ok=hash_ok,
+                checks={
                     "committed": out.ok and out.windows_done == len(self.windows),
                     "hash_ok": hash_ok,
                     "peak_at_most_budget": peak_ok,
                 },
-                "status": "pass" if hash_ok and peak_ok else "fail",
-                **({} if out.ok else {"reason": out.reason}),
-            }
+                status="pass" if hash_ok and peak_ok else "fail",
+                reason=None if out.ok else out.reason,
+            )
         )
 
 
@@ -370,63 +467,65 @@ def _median(xs: Sequence[float]) -> float | None:
     return round(statistics.median(xs), 4) if xs else None
 
 
-def summarize(rows: Sequence[dict[str, Any]], cores: float, free_cores: float | None = None) -> dict[str, Any]:
+def summarize(rows: Sequence[Row], cores: float, free_cores: float | None = None) -> CpuBoundSummary:
     """Medians per kind and budget; the loopback check predicts with ``free_cores`` (the cores not busy with other
     work at the start), the RDMA model with ``cores``."""
     free = cores if free_cores is None else free_cores
-    out: dict[str, Any] = {"cores": cores, "free_cores": free}
-    for kind in ("memcpy", "crc32c"):
-        rs = [r for r in rows if r["kind"] == kind]
-        out[kind] = {
-            "gbps": _median([r["gbps"] for r in rs]),
-            "gbps_range": [min(r["gbps"] for r in rs), max(r["gbps"] for r in rs)] if rs else None,
-            "cpu_s_per_gb": _median([r["cpu_s_per_gb"] for r in rs]),
-        }
-    by_budget: dict[str, Any] = {}
-    for bw in sorted({r["budget_windows"] for r in rows if r["kind"] == "restore"}):
-        rs = [r for r in rows if r["kind"] == "restore" and r["budget_windows"] == bw and r["status"] == "pass"]
-        if not rs:
-            continue
-        costs = {
-            k: float(_median([r["stage_cpu_s_per_gb"][k] for r in rs]) or 0.0) for k in rs[0]["stage_cpu_s_per_gb"]
-        }
-        measured = float(_median([r["gbps"] for r in rs]) or 0.0)
-        # Serialized (one window live): a window's fetch does not overlap anything but the previous one's verify.
-        predicted = (
-            predict_gbps(costs, None, free)
-            if bw > 1
-            else 1 / (costs[Stage.FETCH] + max(costs[Stage.VERIFY], costs[Stage.INSTALL]) + costs[OTHER])
-        )
-        memcpy = out["memcpy"]["cpu_s_per_gb"] or 0.0
-        bsr_cpu = costs[Stage.VERIFY] + costs[Stage.INSTALL] + costs[OTHER]
-        by_budget[str(bw)] = {
-            "gbps": measured,
-            "gbps_range": [min(r["gbps"] for r in rs), max(r["gbps"] for r in rs)],
-            "cpu_s_per_gb": _median([r["cpu_s_per_gb"] for r in rs]),
-            "stage_cpu_s_per_gb": {k: round(v, 4) for k, v in costs.items()},
-            "predicted_gbps": round(predicted, 3),
-            "predicted_gbps_all_cores": round(predict_gbps(costs, None, cores), 3) if bw > 1 else round(predicted, 3),
-            "measured_over_predicted": round(measured / predicted, 3) if predicted else None,
-            # bsr's own CPU per GB (everything but the transport's copy) against one memcpy pass over the bytes.
-            "bsr_cpu_s_per_gb": round(bsr_cpu, 4),
-            "bsr_cpu_in_memcpy_passes": round(bsr_cpu / memcpy, 2) if memcpy else None,
-            "rdma_model": [
-                {
-                    "transport_gbps": t,
-                    "sustained_gbps": round(predict_gbps(costs, t, cores), 2),
-                    "sustained_gbps_one_core": round(predict_gbps(costs, t, 1.0), 2),
-                    "cores_needed": round(min(t, 1 / costs[Stage.VERIFY], 1 / costs[Stage.INSTALL]) * bsr_cpu, 2),
-                }
-                for t in TRANSPORTS_GBPS
-            ],
-        }
-    out["by_budget_windows"] = by_budget
-    return out
+    passes = {kind: _pass_stats([r for r in rows if isinstance(r, BaselineRow) and r.kind == kind]) for kind in
+              ("memcpy", "crc32c")}  # fmt: skip
+    restores = [r for r in rows if isinstance(r, RestoreRow)]
+    memcpy = passes["memcpy"].cpu_s_per_gb or 0.0
+    by_budget: dict[str, BudgetStats] = {}
+    for bw in sorted({r.budget_windows for r in restores}):
+        rs = [r for r in restores if r.budget_windows == bw and r.status == "pass"]
+        if rs:
+            by_budget[str(bw)] = _budget_stats(rs, bw, memcpy, cores, free)
+    return CpuBoundSummary(cores, free, passes["memcpy"], passes["crc32c"], by_budget)
 
 
-def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    two = summary["by_budget_windows"].get("2") or {}
-    ratio = two.get("measured_over_predicted")
+def _pass_stats(rs: Sequence[BaselineRow]) -> PassStats:
+    return PassStats(
+        gbps=_median([r.gbps for r in rs]),
+        gbps_range=[min(r.gbps for r in rs), max(r.gbps for r in rs)] if rs else None,
+        cpu_s_per_gb=_median([r.cpu_s_per_gb for r in rs]),
+    )
+
+
+def _budget_stats(rs: Sequence[RestoreRow], bw: int, memcpy: float, cores: float, free: float) -> BudgetStats:
+    costs = {k: float(_median([r.stage_cpu_s_per_gb[k] for r in rs]) or 0.0) for k in rs[0].stage_cpu_s_per_gb}
+    measured = float(_median([r.gbps for r in rs]) or 0.0)
+    # Serialized (one window live): a window's fetch does not overlap anything but the previous one's verify.
+    predicted = (
+        predict_gbps(costs, None, free)
+        if bw > 1
+        else 1 / (costs[Stage.FETCH] + max(costs[Stage.VERIFY], costs[Stage.INSTALL]) + costs[OTHER])
+    )
+    bsr_cpu = costs[Stage.VERIFY] + costs[Stage.INSTALL] + costs[OTHER]
+    return BudgetStats(
+        gbps=measured,
+        gbps_range=[min(r.gbps for r in rs), max(r.gbps for r in rs)],
+        cpu_s_per_gb=_median([r.cpu_s_per_gb for r in rs]),
+        stage_cpu_s_per_gb={k: round(v, 4) for k, v in costs.items()},
+        predicted_gbps=round(predicted, 3),
+        predicted_gbps_all_cores=round(predict_gbps(costs, None, cores), 3) if bw > 1 else round(predicted, 3),
+        measured_over_predicted=round(measured / predicted, 3) if predicted else None,
+        bsr_cpu_s_per_gb=round(bsr_cpu, 4),
+        bsr_cpu_in_memcpy_passes=round(bsr_cpu / memcpy, 2) if memcpy else None,
+        rdma_model=[
+            RdmaPoint(
+                transport_gbps=t,
+                sustained_gbps=round(predict_gbps(costs, t, cores), 2),
+                sustained_gbps_one_core=round(predict_gbps(costs, t, 1.0), 2),
+                cores_needed=round(min(t, 1 / costs[Stage.VERIFY], 1 / costs[Stage.INSTALL]) * bsr_cpu, 2),
+            )
+            for t in TRANSPORTS_GBPS
+        ],
+    )
+
+
+def targets(summary: CpuBoundSummary) -> list[dict[str, Any]]:
+    two = summary.by_budget_windows.get("2")
+    ratio = two.measured_over_predicted if two else None
     return [
         {
             "name": "model_checked_against_cpu_bound_run",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
@@ -33,6 +35,35 @@ if TYPE_CHECKING:
 
 
 FS_SPEEDUP_TARGET = 1.5  # fs load concurrency 4 against 1
+
+
+# -- the summary (fields in the order of its evidence keys) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FsConfigStats:
+    """Medians over the restores of one cache state and load concurrency."""
+
+    gbps: float | None
+    seconds: float | None
+    fetch_seconds: float | None  # per rank
+    install_seconds: float | None  # per rank
+    runs: int
+
+
+@dataclass(frozen=True)
+class FsSummary:
+    by_config: dict[str, FsConfigStats]  # "cold/c=1", "warm/c=4", ...
+    speedup: dict[str, float | None]  # per cache state: the highest concurrency against the lowest
+    disk_gbps: dict[str, float | None]  # the disk alone, per concurrency
+    # How far the disk itself lets the serial (c=1) cold restore speed up, and how much of it c=max uses.
+    disk_headroom: float | None
+    restore_share_of_disk: float | None
+    peak_pool_bytes_per_rank: list[int]
+    rws_unchanged: bool
+    cold_method: str | None
+    completed: int
+    interrupted: int
 
 
 def _prompt_files(fs_dir: Path, reg: Registration, tokens: int, salt: int) -> list[Path]:
@@ -93,8 +124,9 @@ def run_fs_concurrency(
                     break
                 # The disk alone at the same total concurrency (every rank loads c objects at once).
                 with run.row(kind="disk", concurrency=c, threads=c * reg.tp_size, trial=trial) as row:
-                    row |= disk_read_rate(files, c * reg.tp_size)
-                    judge(row, {"read_whole": row["error"] is None and row["bytes"] > 0})
+                    disk = disk_read_rate(files, c * reg.tp_size)
+                    row |= to_json(disk)
+                    judge(row, {"read_whole": disk.error is None and disk.bytes > 0})
             for cache in caches:
                 for c in conc:
                     if run.stopped:
@@ -103,8 +135,8 @@ def run_fs_concurrency(
     finally:
         run.bundle["engine"]["settings_restored"] = put_back(client, original)
     summary = _summary(run, reg, tokens, w, conc, caches, method)
-    targets = _targets(summary, conc, method, rws, bool(summary["completed"]))
-    return run.finish(summary, targets)
+    targets = _targets(summary, conc, method, rws, bool(summary.completed))
+    return run.finish(to_json(summary), targets)
 
 
 def _restore_row(
@@ -124,8 +156,9 @@ def _restore_row(
         run.client.update_settings(fs_concurrency=c)
         evicted = True
         if cache == "cold" and method:
-            row["evicted"] = evict_page_cache(fs_dir, method)
-            evicted = "error" not in row["evicted"]
+            eviction = evict_page_cache(fs_dir, method)
+            row["evicted"] = eviction.to_wire()
+            evicted = eviction.ok
         # Verify once per configuration; the restore's own seconds exclude the verification.
         ev = run.restore(prompt, tokens, w, exclude=exclude, verify=trial == 0)
         row |= ev
@@ -135,58 +168,58 @@ def _restore_row(
 
 def _summary(
     run: Run, reg: Registration, tokens: int, w: int, conc: Sequence[int], caches: Sequence[str], method: str | None
-) -> dict[str, Any]:
+) -> FsSummary:
     """Medians per cache state and concurrency, the speedups, the disk's own rates and the pool peaks."""
     done = [r for r in completed(run.rows) if r.get("kind") == "restore"]
-    by: dict[str, dict[str, Any]] = {}
+    by: dict[str, FsConfigStats] = {}
     for cache in caches:
         for c in conc:
             sel = [r for r in done if r["cache"] == cache and r["concurrency"] == c]
             if sel:
-                by[f"{cache}/c={c}"] = {
-                    "gbps": median([r["gbps"] for r in sel]),
-                    "seconds": median([r["seconds"] for r in sel]),
-                    "fetch_seconds": median([x["fetch_seconds"] for r in sel for x in r["ranks"]]),
-                    "install_seconds": median([x["install_seconds"] for r in sel for x in r["ranks"]]),
-                    "runs": len(sel),
-                }
-    speedups = {}
+                by[f"{cache}/c={c}"] = FsConfigStats(
+                    gbps=median([r["gbps"] for r in sel]),
+                    seconds=median([r["seconds"] for r in sel]),
+                    fetch_seconds=median([x["fetch_seconds"] for r in sel for x in r["ranks"]]),
+                    install_seconds=median([x["install_seconds"] for r in sel for x in r["ranks"]]),
+                    runs=len(sel),
+                )
+    speedups: dict[str, float | None] = {}
     for cache in caches:
         lo, hi = by.get(f"{cache}/c={conc[0]}"), by.get(f"{cache}/c={conc[-1]}")
         if lo and hi:
-            speedups[cache] = ratio(hi["gbps"], lo["gbps"])
+            speedups[cache] = ratio(hi.gbps, lo.gbps)
     disk = [r for r in completed(run.rows) if r.get("kind") == "disk"]
     disk_gbps = {c: median([r["gbps"] for r in disk if r["concurrency"] == c]) for c in conc}
     disk_ceiling = max((v for v in disk_gbps.values() if v is not None), default=None)
-    serial = (by.get(f"cold/c={conc[0]}") or {}).get("gbps")
-    top = (by.get(f"cold/c={conc[-1]}") or {}).get("gbps")
+    serial_cold, top_cold = by.get(f"cold/c={conc[0]}"), by.get(f"cold/c={conc[-1]}")
+    serial = serial_cold.gbps if serial_cold else None
+    top = top_cold.gbps if top_cold else None
     peaks = sorted({x["pool_peak_bytes"] for r in done for x in r["ranks"]})
-    return {
-        "by_config": by,
-        "speedup": speedups,
-        "disk_gbps": {str(c): v for c, v in disk_gbps.items()} if disk else {},
-        # How far the disk itself lets the serial (c=1) cold restore speed up, and how much of it c=max uses.
-        "disk_headroom": ratio(disk_ceiling, serial),
-        "restore_share_of_disk": ratio(top, disk_ceiling),
-        "peak_pool_bytes_per_rank": peaks,
-        "rws_unchanged": peaks == [accounting.peak_bytes(reg, w, accounting.chunks_for_tokens(tokens, reg.chunk_size))],
-        "cold_method": method,
-        "completed": len(done),
-        "interrupted": sum(r["status"] == "interrupted" for r in run.rows),
-    }
+    return FsSummary(
+        by_config=by,
+        speedup=speedups,
+        disk_gbps={str(c): v for c, v in disk_gbps.items()} if disk else {},
+        disk_headroom=ratio(disk_ceiling, serial),
+        restore_share_of_disk=ratio(top, disk_ceiling),
+        peak_pool_bytes_per_rank=peaks,
+        rws_unchanged=peaks == [accounting.peak_bytes(reg, w, accounting.chunks_for_tokens(tokens, reg.chunk_size))],
+        cold_method=method,
+        completed=len(done),
+        interrupted=sum(r["status"] == "interrupted" for r in run.rows),
+    )
 
 
 def _targets(
-    summary: dict[str, Any], conc: Sequence[int], method: str | None, rws: int, any_done: bool
+    summary: FsSummary, conc: Sequence[int], method: str | None, rws: int, any_done: bool
 ) -> list[dict[str, Any]]:
-    speedups = summary["speedup"]
+    speedups = summary.speedup
     basis = "cold" if "cold" in speedups else "warm"
     measured = speedups.get(basis)
     # "Where the disk allows it": the disk read alone (cold, same files) must reach 1.5x the serial restore's rate,
     # else no load concurrency could give 1.5x and the target does not apply.
-    headroom = summary["disk_headroom"]
+    headroom = summary.disk_headroom
     disk_allows = None if headroom is None else headroom >= FS_SPEEDUP_TARGET
-    peaks = summary["peak_pool_bytes_per_rank"]
+    peaks = summary.peak_pool_bytes_per_rank
     return [
         target(
             f"fs load concurrency {conc[-1]} at least {FS_SPEEDUP_TARGET}x concurrency {conc[0]}, where the disk "
@@ -206,6 +239,6 @@ def _targets(
             "RWS unchanged across concurrencies",
             f"== {rws:,} bytes",
             peaks,
-            summary["rws_unchanged"] if any_done else None,
+            summary.rws_unchanged if any_done else None,
         ),
     ]

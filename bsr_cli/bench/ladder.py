@@ -6,8 +6,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
@@ -38,6 +40,64 @@ EngineFactory = Callable[[int], AbstractContextManager["AdminClient"]]
 of it, and stops it on exit."""
 
 
+# -- what the ladder measures (fields in the order of their evidence keys) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class LadderAttempt:
+    """One prefix restored whole-plan (W=0) on one rung's engine."""
+
+    rung: int  # pool capacity per rank, bytes
+    warm: dict[str, Any] | None  # the warming submit's evidence; None when a tier already held the whole prompt
+    outcome: str  # an Outcome, or "unknown" when the engine said none
+    committed_tokens: int
+    failure: str | None
+    peak_pool_bytes: int
+    seconds: float
+    gbps: float
+    tiers: list[str]
+    hash_ok: bool | None
+    healthy: bool
+    ranks: list[dict[str, Any]]  # per rank: pool peak, bytes, seconds (the shared restore evidence)
+    passed: bool
+
+
+@dataclass(frozen=True)
+class LadderParams:
+    prefixes: list[int]
+    rungs: list[int]
+    warm_W: int
+
+
+@dataclass(frozen=True)
+class LadderSummary:
+    first_passing_rung: dict[str, int | None]  # by prefix length
+    predicted_rung: dict[str, int | None]
+    measured_peak_bytes: dict[str, int | None]  # completed rows only
+    engine_starts: int
+    completed: int
+    interrupted: int
+
+
+@dataclass(frozen=True)
+class RungEngine:
+    """The engine one rung started."""
+
+    pool_bytes: int
+    startup_s: float
+    url: str
+    info: dict[str, Any]  # its /info
+
+
+@dataclass
+class _PrefixClimb:
+    """One prefix so far: its attempts, and the first rung that passed with that attempt (None while it fails)."""
+
+    attempts: list[LadderAttempt] = field(default_factory=list)
+    first: int | None = None
+    evidence: LadderAttempt | None = None
+
+
 # -- whole-plan ladder ---------------------------------------------------------------------------------------------
 
 
@@ -50,7 +110,7 @@ def run_ladder(
     salt: int | None = None,
     on_row: OnRow | None = None,
     on_rung: Callable[[int], None] | None = None,
-    on_attempt: Callable[[int, dict[str, Any]], None] | None = None,
+    on_attempt: Callable[[int, LadderAttempt], None] | None = None,
     engine_meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole-plan path (W=0): raise the pool capacity through ``rungs`` (one engine start per rung, every
@@ -61,7 +121,7 @@ def run_ladder(
     if not tokens or not steps:
         raise InvalidInput("the ladder needs prefix lengths and capacity rungs")
     climb = _Climb(tokens, warm_w, new_salt() if salt is None else salt)
-    params = {"prefixes": tokens, "rungs": steps, "warm_W": warm_w}
+    params = LadderParams(prefixes=tokens, rungs=steps, warm_W=warm_w)
     for rung in steps:
         if not climb.pending or climb.stop_reason:
             break
@@ -70,31 +130,31 @@ def run_ladder(
         climb.rung(factory, rung, params, on_row, on_attempt, engine_meta)
     run = climb.run
     assert run is not None  # the first rung either started an engine or raised
-    run.bundle["engine"]["rungs"] = climb.engines
+    run.bundle["engine"]["rungs"] = to_json(climb.engines)
     for n in tokens:
         row = _prefix_row(run, n, steps, climb)
         run.rows.append(row)
         if on_row:
             on_row(row)
     done = completed(run.rows)
-    summary = {
-        "first_passing_rung": {str(r["tokens"]): r["first_passing_rung"] for r in run.rows},
-        "predicted_rung": {str(r["tokens"]): r["predicted_rung"] for r in run.rows},
-        "measured_peak_bytes": {str(r["tokens"]): r.get("measured_peak_bytes") for r in done},
-        "engine_starts": len(climb.engines),
-        "completed": len(done),
-        "interrupted": len(run.rows) - len(done),
-    }
+    summary = LadderSummary(
+        first_passing_rung={str(r["tokens"]): r["first_passing_rung"] for r in run.rows},
+        predicted_rung={str(r["tokens"]): r["predicted_rung"] for r in run.rows},
+        measured_peak_bytes={str(r["tokens"]): r.get("measured_peak_bytes") for r in done},
+        engine_starts=len(climb.engines),
+        completed=len(done),
+        interrupted=len(run.rows) - len(done),
+    )
     match = all(r["checks"]["rung_matches_prediction"] for r in done) if done else None
     targets = [
         target(
             "first passing rung equals the core's prediction (ladder_rung of the whole-plan need)",
             "equal for every prefix",
-            summary["first_passing_rung"],
+            summary.first_passing_rung,
             match,
         )
     ]
-    return run.finish(summary, targets)
+    return run.finish(to_json(summary), targets)
 
 
 class _Climb:
@@ -103,9 +163,9 @@ class _Climb:
 
     def __init__(self, tokens: Sequence[int], warm_w: int, salt: int) -> None:
         self.tokens, self.warm_w, self.salt = list(tokens), warm_w, salt
-        self.state: dict[int, dict[str, Any]] = {n: {"attempts": [], "first": None, "evidence": None} for n in tokens}
+        self.state = {n: _PrefixClimb() for n in tokens}
         self.pending = list(tokens)
-        self.engines: list[dict[str, Any]] = []
+        self.engines: list[RungEngine] = []
         self.run: Run | None = None
         self.stop_reason: str | None = None
 
@@ -113,9 +173,9 @@ class _Climb:
         self,
         factory: EngineFactory,
         rung: int,
-        params: dict[str, Any],
+        params: LadderParams,
         on_row: OnRow | None,
-        on_attempt: Callable[[int, dict[str, Any]], None] | None,
+        on_attempt: Callable[[int, LadderAttempt], None] | None,
         engine_meta: dict[str, Any] | None,
     ) -> None:
         """Start an engine with ``rung`` bytes of pool and try every still-failing prefix on it."""
@@ -126,21 +186,22 @@ class _Climb:
                 startup = time.monotonic() - t0
                 if self.run is None:
                     meta = {"restarted_per_rung": True} | (engine_meta or {})
-                    self.run = Run("ladder", "ladder", client, params, salt=self.salt, on_row=on_row, engine_meta=meta)
+                    self.run = Run(
+                        "ladder", "ladder", client, to_json(params), salt=self.salt, on_row=on_row, engine_meta=meta
+                    )
                     require_tokens(self.run.info, self.tokens[-1])
                 else:
                     self.run.client = client
-                self.engines.append(
-                    {"pool_bytes": rung, "startup_s": round(startup, 3), "url": client.url, "info": client.info()}
-                )
+                self.engines.append(RungEngine(rung, round(startup, 3), client.url, client.info()))
                 for n in list(self.pending):
                     current = n
                     att = _ladder_attempt(self.run, n, rung, self.warm_w, self.salt)
-                    self.state[n]["attempts"].append(att)
+                    state = self.state[n]
+                    state.attempts.append(att)
                     if on_attempt:
                         on_attempt(n, att)
-                    if att["passed"]:
-                        self.state[n]["first"], self.state[n]["evidence"] = rung, att
+                    if att.passed:
+                        state.first, state.evidence = rung, att
                         self.pending.remove(n)
                 current = None
         except KeyboardInterrupt:
@@ -157,21 +218,21 @@ class _Climb:
 
 
 def _prefix_row(run: Run, n: int, steps: Sequence[int], climb: _Climb) -> dict[str, Any]:
-    """One prefix's row: its first passing rung and measured peak beside the core's prediction, judged."""
+    """One prefix's evidence row: its first passing rung and measured peak beside the core's prediction, judged."""
     s = climb.state[n]
     chunks = accounting.chunks_for_tokens(n, run.reg.chunk_size)
     need = accounting.whole_plan_bytes(run.reg, chunks)
     predicted = accounting.ladder_rung(need, steps)
-    row: dict[str, Any] = {
+    row = {
         "status": "interrupted",
         "tokens": n,
         "chunks": chunks,
         "whole_plan_bytes": need,
         "predicted_rung": predicted,
-        "first_passing_rung": s["first"],
-        "attempts": s["attempts"],
+        "first_passing_rung": s.first,
+        "attempts": to_json(s.attempts),
     }
-    ev = s["evidence"]
+    ev = s.evidence
     if ev is None and climb.stop_reason and n in climb.pending:
         row["reason"] = climb.stop_reason
     elif ev is None:
@@ -179,49 +240,47 @@ def _prefix_row(run: Run, n: int, steps: Sequence[int], climb: _Climb) -> dict[s
         judge(row, {"rung_matches_prediction": predicted is None})
     else:
         row |= {
-            "measured_peak_bytes": ev["peak_pool_bytes"],
-            "ranks": ev["ranks"],
-            "seconds": ev["seconds"],
-            "gbps": ev["gbps"],
-            "tiers": ev["tiers"],
-            "hash_ok": ev["hash_ok"],
-            "healthy": ev["healthy"],
+            "measured_peak_bytes": ev.peak_pool_bytes,
+            "ranks": ev.ranks,
+            "seconds": ev.seconds,
+            "gbps": ev.gbps,
+            "tiers": ev.tiers,
+            "hash_ok": ev.hash_ok,
+            "healthy": ev.healthy,
         }
         judge(
             row,
             {
-                "rung_matches_prediction": s["first"] == predicted,
-                "peak_equals_whole_plan": all(r["pool_peak_bytes"] == need for r in ev["ranks"]),
-                "hash_canonical": ev["hash_ok"] is True,
-                "ranks_healthy": bool(ev["healthy"]),
+                "rung_matches_prediction": s.first == predicted,
+                "peak_equals_whole_plan": all(r["pool_peak_bytes"] == need for r in ev.ranks),
+                "hash_canonical": ev.hash_ok is True,
+                "ranks_healthy": bool(ev.healthy),
             },
         )
     return row
 
 
-def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> dict[str, Any]:
+def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> LadderAttempt:
     c, reg = run.client, run.reg
     prompt = prompt_of(n, salt)
-    att: dict[str, Any] = {"rung": rung, "warm": None}
+    warm = None
     # The fs tier outlives engine restarts: warm only when no tier holds the whole prompt yet.
     if int(c.probe(prompt).get("committable_tokens", 0)) < n:
         w = max(1, min(warm_w, rung // reg.bytes_per_chunk))
-        att["warm"] = warm_evidence(c.submit(prompt, w=w))
+        warm = warm_evidence(c.submit(prompt, w=w))
     ev = run.restore(prompt, n, 0)
-    att |= {
-        k: ev[k]
-        for k in (
-            "outcome",
-            "committed_tokens",
-            "failure",
-            "peak_pool_bytes",
-            "seconds",
-            "gbps",
-            "tiers",
-            "hash_ok",
-            "healthy",
-            "ranks",
-        )
-    }
-    att["passed"] = ev["outcome"] == Outcome.COMMITTED and ev["committed_tokens"] == n
-    return att
+    return LadderAttempt(
+        rung=rung,
+        warm=warm,
+        outcome=ev["outcome"],
+        committed_tokens=ev["committed_tokens"],
+        failure=ev["failure"],
+        peak_pool_bytes=ev["peak_pool_bytes"],
+        seconds=ev["seconds"],
+        gbps=ev["gbps"],
+        tiers=ev["tiers"],
+        hash_ok=ev["hash_ok"],
+        healthy=ev["healthy"],
+        ranks=ev["ranks"],
+        passed=ev["outcome"] == Outcome.COMMITTED and ev["committed_tokens"] == n,
+    )

@@ -8,11 +8,11 @@ matplotlib is imported only when a PNG is drawn, with the Agg backend (no displa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bsr_cli.bench import bundle as bundles
+from bsr_cli.bench.evidence import completed
 from bsr_cli.core.units import MiB, format_bytes
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -37,10 +37,6 @@ def _plt() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _done(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r.get("status") != "interrupted"]
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -74,7 +70,7 @@ def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, 
         rows = [r for r in ladder["rows"] if r.get("whole_plan_bytes")]
         xs = [r["tokens"] for r in rows]
         ax.plot(xs, [r["whole_plan_bytes"] / MiB for r in rows], "k--", label="whole-plan need (core: N·Σc_i + aux)")
-        passed = [r for r in _done(rows) if r.get("first_passing_rung")]
+        passed = [r for r in completed(rows) if r.get("first_passing_rung")]
         # Markers only: the ladder measures a rung at each prefix, nothing in between.
         ax.plot(
             [r["tokens"] for r in passed],
@@ -95,7 +91,7 @@ def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, 
             label="W=0: measured peak pool",
         )
     if sweep:
-        rows = _done(sweep["rows"])
+        rows = completed(sweep["rows"])
         if not ladder:
             ax.plot(
                 [r["tokens"] for r in rows],
@@ -115,7 +111,7 @@ def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, 
         if rws:
             label = f"RWS({w}) = {format_bytes(rws, compact=True)}"
             ax.axhline(rws / MiB, color="tab:blue", linestyle=":", label=label)
-        for r in _done(sweep.get("repeat", {}).get("rows", [])):
+        for r in completed(sweep.get("repeat", {}).get("rows", [])):
             ax.plot([r["tokens"]], [r["peak_pool_bytes"] / MiB], "D", color="tab:green", label="fresh-salt repeat")
     ax.set_xlabel("prefix length (tokens)")
     # Log scale: the whole plan grows to GiB while BSR stays at RWS(W); on a linear axis the BSR line sits on zero.
@@ -137,7 +133,7 @@ def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, 
 
 def time_vs_prefix(sweep: dict[str, Any], path: Path) -> Path:
     plt = _plt()
-    rows = _done(sweep["rows"])
+    rows = completed(sweep["rows"])
     xs = [r["tokens"] for r in rows]
 
     def mean(r: dict[str, Any], key: str) -> float:
@@ -165,7 +161,7 @@ def time_vs_prefix(sweep: dict[str, Any], path: Path) -> Path:
 
 def rws_vs_w(wlaw: dict[str, Any], path: Path) -> Path:
     plt = _plt()
-    rows = _done(wlaw["rows"])
+    rows = completed(wlaw["rows"])
     reg = wlaw["registration"]
     ws = [r["W"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -284,7 +280,7 @@ def fs_concurrency(fs: dict[str, Any], path: Path) -> Path:
 def fs_spread(fs: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """(min, max) GB/s of each configuration's trials, from the bundle's rows."""
     out: dict[str, list[float]] = {}
-    for r in _done(fs["rows"]):
+    for r in completed(fs["rows"]):
         if r.get("kind") == "restore" and r.get("gbps") is not None:
             out.setdefault(f"{r.get('cache')}/c={r.get('concurrency')}", []).append(float(r["gbps"]))
     return {k: (min(v), max(v)) for k, v in out.items()}
@@ -299,9 +295,9 @@ def render_all(out_dir: Path, to: Path | None = None, found: dict[str, dict[str,
     sweep, ladder = found.get("sweep"), found.get("ladder")
     if sweep or ladder:
         made.append(peak_vs_prefix(sweep, ladder, dest / "peak-vs-prefix.png"))
-    if sweep and _done(sweep["rows"]):
+    if sweep and completed(sweep["rows"]):
         made.append(time_vs_prefix(sweep, dest / "restore-time-vs-prefix.png"))
-    if "wlaw" in found and _done(found["wlaw"]["rows"]):
+    if "wlaw" in found and completed(found["wlaw"]["rows"]):
         made.append(rws_vs_w(found["wlaw"], dest / "rws-vs-w.png"))
     if "store" in found and store_bars(found["store"])[0]:
         made.append(store_bandwidth(found["store"], dest / "store-bandwidth.png"))

@@ -10,18 +10,94 @@ import statistics
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import ServiceError
 
-if TYPE_CHECKING:
-    pass
-
-
 _MOONCAKE_BATCH = 1024  # keys per raw batch call (the tier issues the same)
+
+
+# -- what the probes measure (fields in the order of their evidence keys: bsr_cli.api.codec.to_json writes them) --
+
+
+@dataclass(frozen=True)
+class PageEviction:
+    """How the fs tier's pages were evicted before a cold restore, and whether that failed."""
+
+    method: str
+    files: int | None = None  # files reached (posix_fadvise only)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_wire(self) -> dict[str, Any]:
+        # Only what happened: files when posix_fadvise reached some, error when it failed; no null keys.
+        said = (("method", self.method), ("files", self.files), ("error", self.error))
+        return {key: value for key, value in said if value is not None}
+
+
+@dataclass(frozen=True)
+class DiskReadRate:
+    """The disk alone: ``threads`` threads reading whole files after their pages were evicted."""
+
+    threads: int
+    files: int
+    bytes: int
+    seconds: float
+    gbps: float
+    evicted_files: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class CopyCeiling:
+    """One memory-bound operation over a buffer (a torch copy at a thread count, or the object checksum)."""
+
+    op: str
+    threads: int
+    bytes: int
+    gbps_trials: list[float]
+    gbps: float
+
+
+@dataclass(frozen=True)
+class RawGetRate:
+    """The paired raw GET measured right before a restore."""
+
+    gbps_per_client: float
+    gbps_median_client: float
+    bytes_per_client: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class MooncakeRate:
+    """GET or PUT per client through the tier class or the raw store, isolated or concurrent."""
+
+    kind: str  # always "mooncake": the evidence row's kind
+    path: str  # "tier" or "raw"
+    op: str  # "get" or "put"
+    mode: str  # "isolated" or "concurrent"
+    clients: int
+    objects_per_client: int
+    object_bytes: list[int]
+    bytes_per_client: int
+    gbps_per_client: float
+    gbps_trials: list[float]
+    aggregate_gbps: float | None  # concurrent only
+    error: str | None
+    checks: dict[str, bool]
+    status: str
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None
 
 
 # -- filesystem load concurrency --------------------------------------------------------------------------------
@@ -37,19 +113,19 @@ def cold_cache_method(fs_dir: Path | None) -> str | None:
     return None
 
 
-def evict_page_cache(fs_dir: Path | None, method: str) -> dict[str, Any]:
+def evict_page_cache(fs_dir: Path | None, method: str) -> PageEviction:
     os.sync()  # only clean pages can be dropped
     try:
         return _evict(fs_dir, method)
     except OSError as e:
-        return {"method": method, "error": str(e)}
+        return PageEviction(method, error=str(e))
 
 
-def _evict(fs_dir: Path | None, method: str) -> dict[str, Any]:
+def _evict(fs_dir: Path | None, method: str) -> PageEviction:
     if method == "posix_fadvise" and fs_dir is not None:
-        return {"method": method, "files": _drop_pages(fs_dir.rglob("*.bsr"))}
+        return PageEviction(method, files=_drop_pages(fs_dir.rglob("*.bsr")))
     Path("/proc/sys/vm/drop_caches").write_text("1\n")
-    return {"method": "drop_caches"}
+    return PageEviction("drop_caches")
 
 
 def _drop_pages(files: Iterable[Path]) -> int:
@@ -66,7 +142,7 @@ def _drop_pages(files: Iterable[Path]) -> int:
     return done
 
 
-def disk_read_rate(files: Sequence[Path], threads: int, chunk_bytes: int = 4 * MiB) -> dict[str, Any]:
+def disk_read_rate(files: Sequence[Path], threads: int, chunk_bytes: int = 4 * MiB) -> DiskReadRate:
     """The disk's own rate at a concurrency, without bsr: ``threads`` threads read whole files (``preadv`` in
     chunks into one reused buffer each, as the fs tier reads), after their pages were evicted. Its best rate is the
     ceiling a restore's concurrency speedup can approach: where that ceiling is under 1.5x the serial restore's
@@ -105,21 +181,21 @@ def disk_read_rate(files: Sequence[Path], threads: int, chunk_bytes: int = 4 * M
     for t in pool:
         t.join()
     secs = time.perf_counter() - t0
-    return {
-        "threads": threads,
-        "files": len(files),
-        "bytes": sum(moved),
-        "seconds": round(secs, 4),
-        "gbps": round(sum(moved) / secs / 1e9, 4) if secs > 0 else 0.0,
-        "evicted_files": evicted,
-        "error": errors[0] if errors else None,
-    }
+    return DiskReadRate(
+        threads=threads,
+        files=len(files),
+        bytes=sum(moved),
+        seconds=round(secs, 4),
+        gbps=round(sum(moved) / secs / 1e9, 4) if secs > 0 else 0.0,
+        evicted_files=evicted,
+        error=errors[0] if errors else None,
+    )
 
 
 # -- store bandwidth -------------------------------------------------------------------------------------------
 
 
-def memcpy_ceiling(nbytes: int, trials: int, threads: Sequence[int] | None = None) -> list[dict[str, Any]]:
+def memcpy_ceiling(nbytes: int, trials: int, threads: Sequence[int] | None = None) -> list[CopyCeiling]:
     """The machine's memory-copy ceiling: torch copies of an ``nbytes`` buffer (median of ``trials``), and the
     rate of the object checksum (CRC32C) over it."""
     import torch
@@ -153,14 +229,14 @@ def memcpy_ceiling(nbytes: int, trials: int, threads: Sequence[int] | None = Non
     return out
 
 
-def _ceiling(op: str, threads: int, nbytes: int, times: list[float]) -> dict[str, Any]:
-    return {
-        "op": op,
-        "threads": threads,
-        "bytes": nbytes,
-        "gbps_trials": [round(nbytes / t / 1e9, 4) for t in times],
-        "gbps": round(nbytes / statistics.median(times) / 1e9, 4),
-    }
+def _ceiling(op: str, threads: int, nbytes: int, times: list[float]) -> CopyCeiling:
+    return CopyCeiling(
+        op=op,
+        threads=threads,
+        bytes=nbytes,
+        gbps_trials=[round(nbytes / t / 1e9, 4) for t in times],
+        gbps=round(nbytes / statistics.median(times) / 1e9, 4),
+    )
 
 
 @contextlib.contextmanager
@@ -312,17 +388,17 @@ class PairedRawGet:
         if any(errs):
             raise ServiceError(f"storing the paired raw reference failed: {next(e for e in errs if e)}")
 
-    def measure(self) -> dict[str, Any]:
+    def measure(self) -> RawGetRate:
         """GB/s per client until *every* client is done, as a restore's request-level rate per rank runs until
         its slowest rank is done; the median client's own rate is kept beside it."""
         secs, wall, errs = _timed_parallel(self.clients, "raw", "get", self.keys)
         total = self.clients[0].total
-        return {
-            "gbps_per_client": round(total / wall / 1e9, 4),
-            "gbps_median_client": round(total / statistics.median(secs) / 1e9, 4),
-            "bytes_per_client": total,
-            "error": next((e for e in errs if e), None),
-        }
+        return RawGetRate(
+            gbps_per_client=round(total / wall / 1e9, 4),
+            gbps_median_client=round(total / statistics.median(secs) / 1e9, 4),
+            bytes_per_client=total,
+            error=next((e for e in errs if e), None),
+        )
 
     def remove(self) -> None:
         for c, k in zip(self.clients, self.keys, strict=True):
@@ -331,7 +407,7 @@ class PairedRawGet:
 
 def mooncake_bandwidth(
     reg: Registration, made: Sequence[StoreClient], *, trials: int, run_id: str
-) -> list[dict[str, Any]]:
+) -> list[MooncakeRate]:
     """GET and PUT per client through the engine's tier class and through the raw store, isolated (one client at
     a time) and concurrent (all at once, as TP ranks restore), after one discarded warm-up round."""
     clients = len(made)
@@ -368,29 +444,30 @@ def mooncake_bandwidth(
                 finally:
                     for i, c in zip(group, who, strict=True):
                         c.remove(keys["tier"][group.index(i)] + keys["raw"][group.index(i)])
-    rows: list[dict[str, Any]] = []
+    rows: list[MooncakeRate] = []
     for (path, kind, mode), per_trial in samples.items():
         flat = [s for trial in per_trial for s in trial]
-        row = {
-            "kind": "mooncake",
-            "path": path,
-            "op": kind,
-            "mode": mode,
-            "clients": clients,
-            "objects_per_client": len(sizes),
-            "object_bytes": per_chunk,
-            "bytes_per_client": total,
-            "gbps_per_client": round(total / statistics.median(flat) / 1e9, 4),
-            "gbps_trials": [round(total / s / 1e9, 4) for s in flat],
-            "aggregate_gbps": (
-                round(clients * total / statistics.median(walls[(path, kind, mode)]) / 1e9, 4)
-                if mode == "concurrent"
-                else None
-            ),
-        }
         err = errors.get((path, kind, mode))
-        row["error"] = err or None
-        row["checks"] = {"every_object_whole": not err}
-        row["status"] = "fail" if err else "pass"
-        rows.append(row)
+        rows.append(
+            MooncakeRate(
+                kind="mooncake",
+                path=path,
+                op=kind,
+                mode=mode,
+                clients=clients,
+                objects_per_client=len(sizes),
+                object_bytes=per_chunk,
+                bytes_per_client=total,
+                gbps_per_client=round(total / statistics.median(flat) / 1e9, 4),
+                gbps_trials=[round(total / s / 1e9, 4) for s in flat],
+                aggregate_gbps=(
+                    round(clients * total / statistics.median(walls[(path, kind, mode)]) / 1e9, 4)
+                    if mode == "concurrent"
+                    else None
+                ),
+                error=err or None,
+                checks={"every_object_whole": not err},
+                status="fail" if err else "pass",
+            )
+        )
     return rows

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
@@ -24,7 +26,15 @@ from bsr_cli.bench.evidence import (
     target,
     warm_evidence,
 )
-from bsr_cli.bench.probes import PairedRawGet, memcpy_ceiling, mooncake_bandwidth, object_sizes, store_clients
+from bsr_cli.bench.probes import (
+    CopyCeiling,
+    MooncakeRate,
+    PairedRawGet,
+    memcpy_ceiling,
+    mooncake_bandwidth,
+    object_sizes,
+    store_clients,
+)
 from bsr_cli.core import accounting
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import InvalidInput, ServiceError
@@ -35,6 +45,38 @@ if TYPE_CHECKING:
 
 OVERLAP_TARGET = 0.9  # W=32 (B = 2·RWS) restore throughput against the whole-plan path
 RAW_TARGET = 0.8  # Mooncake restore against raw batch_get_into
+
+
+# -- the summary (fields in the order of its evidence keys) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreRestoreStats:
+    """One restore configuration (W=0, or W with B = RWS or 2·RWS): medians over its trials."""
+
+    gbps_per_rank: float | None  # request-level
+    rank_gbps: float | None
+    seconds: float | None
+    fetch_seconds: float | None
+    install_seconds: float | None
+    peak_pool_bytes: int
+    runs: int
+    # Each restore against the raw GET measured just before it (median of the per-restore ratios).
+    paired_raw_gbps_per_client: float | None
+    vs_paired_raw: float | None
+
+
+@dataclass(frozen=True)
+class StoreSummary:
+    memcpy_gbps: dict[str, float]  # per thread count
+    checksum_gbps: float | None
+    mooncake_gbps_per_client: dict[str, float]  # "raw get concurrent", ...
+    mooncake_aggregate_gbps: dict[str, float | None]  # concurrent only: "raw get", ...
+    restore: dict[str, StoreRestoreStats]  # "W=0", "W=32,B=RWS", "W=32,B=2RWS"
+    link_ceiling_gbps: float | None
+    ratios: dict[str, float | None]
+    completed: int
+    interrupted: int
 
 
 def run_store(
@@ -80,9 +122,14 @@ def run_store(
     params["tokens_restored"] = n_tokens
     require_tokens(info, n_tokens)
 
+    # What the summary reads: measured in rows that finished (an interrupted row leaves its list empty).
+    ceilings: list[CopyCeiling] = []
+    rates: list[MooncakeRate] = []
     with run.row(kind="memcpy") as row:
-        row["results"] = memcpy_ceiling(copy_bytes, max(trials, 3))
-        judge(row, {"measured": bool(row["results"])})
+        measured = memcpy_ceiling(copy_bytes, max(trials, 3))
+        row["results"] = to_json(measured)
+        judge(row, {"measured": bool(measured)})
+        ceilings = measured
     with contextlib.ExitStack() as stack:
         paired: PairedRawGet | None = None
         if mooncake and not run.stopped:
@@ -99,13 +146,15 @@ def run_store(
                 raise ServiceError(f"cannot load the Mooncake client here: {e}") from None
             with run.row(kind="mooncake-set") as row:
                 mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.bundle["run_id"])
-                row["results"] = mc_rows
-                judge(row, {"every_object_whole": all(r["status"] == "pass" for r in mc_rows)})
+                row["results"] = to_json(mc_rows)
+                judge(row, {"every_object_whole": all(r.passed for r in mc_rows)})
+                rates = mc_rows
             if not run.stopped:
                 paired = PairedRawGet(clients, run.bundle["run_id"])
                 stack.callback(paired.remove)
         configs = _store_restores(run, client, n_tokens, w, rws, cap, exclude, trials, paired)
-    return run.finish(*_store_summary(run, configs, rws))
+    summary, targets = _store_summary(run, configs, rws, ceilings, rates)
+    return run.finish(to_json(summary), targets)
 
 
 def _store_restores(
@@ -141,12 +190,12 @@ def _store_restores(
                     raw = paired.measure() if paired else None
                     ev = run.restore(prompt, n_tokens, cw, exclude=exclude, verify=trial == 0)
                     row |= ev
-                    row["paired_raw_get"] = raw
-                    row["vs_paired_raw"] = ratio(ev["gbps_per_rank"], raw["gbps_per_client"]) if raw else None
+                    row["paired_raw_get"] = to_json(raw) if raw else None
+                    row["vs_paired_raw"] = ratio(ev["gbps_per_rank"], raw.gbps_per_client) if raw else None
                     bound = ev["predicted_peak_bytes"] if budget is None or budget == rws else None
                     checks = restore_checks(ev, n_tokens, peak=bound, verified=trial == 0)
                     if raw:
-                        checks["paired_raw_whole"] = raw["error"] is None
+                        checks["paired_raw_whole"] = raw.error is None
                     judge(row, checks)
     finally:
         run.bundle["engine"]["settings_restored"] = put_back(client, original)
@@ -154,44 +203,46 @@ def _store_restores(
 
 
 def _store_summary(
-    run: Run, configs: list[tuple[int, int | None]], rws: int
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    run: Run,
+    configs: list[tuple[int, int | None]],
+    rws: int,
+    memcpy: Sequence[CopyCeiling],
+    mc: Sequence[MooncakeRate],
+) -> tuple[StoreSummary, list[dict[str, Any]]]:
     done = completed(run.rows)
-    memcpy: list[dict[str, Any]] = next((r["results"] for r in done if r.get("kind") == "memcpy"), [])
-    copies = [m for m in memcpy if m.get("op", "copy") == "copy"]
-    memcpy_1t = next((m["gbps"] for m in copies if m["threads"] == 1), None)
-    checksum = next((m["gbps"] for m in memcpy if m.get("op", "copy") != "copy"), None)
-    mc: list[dict[str, Any]] = next((r["results"] for r in done if r.get("kind") == "mooncake-set"), [])
+    copies = [m for m in memcpy if m.op == "copy"]
+    memcpy_1t = next((m.gbps for m in copies if m.threads == 1), None)
+    checksum = next((m.gbps for m in memcpy if m.op != "copy"), None)
 
     def mc_gbps(path: str, op: str, mode: str) -> float | None:
-        return next((m["gbps_per_client"] for m in mc if (m["path"], m["op"], m["mode"]) == (path, op, mode)), None)
+        return next((m.gbps_per_client for m in mc if (m.path, m.op, m.mode) == (path, op, mode)), None)
 
-    restores: dict[str, Any] = {}
+    restores: dict[str, StoreRestoreStats] = {}
     for cw, budget in configs:
         sel = [r for r in done if r.get("kind") == "restore" and r["W"] == cw and r["budget_bytes"] == budget]
         if not sel:
             continue
         label = "W=0" if cw == 0 else f"W={cw},B={'RWS' if budget == rws else '2RWS'}"
-        restores[label] = {
-            "gbps_per_rank": median([r["gbps_per_rank"] for r in sel]),
-            "rank_gbps": median([x["gbps"] for r in sel for x in r["ranks"]]),
-            "seconds": median([r["seconds"] for r in sel]),
-            "fetch_seconds": median([x["fetch_seconds"] for r in sel for x in r["ranks"]]),
-            "install_seconds": median([x["install_seconds"] for r in sel for x in r["ranks"]]),
-            "peak_pool_bytes": max(r["peak_pool_bytes"] for r in sel),
-            "runs": len(sel),
-            # Each restore against the raw GET measured just before it (median of the per-restore ratios).
-            "paired_raw_gbps_per_client": median(
+        restores[label] = StoreRestoreStats(
+            gbps_per_rank=median([r["gbps_per_rank"] for r in sel]),
+            rank_gbps=median([x["gbps"] for r in sel for x in r["ranks"]]),
+            seconds=median([r["seconds"] for r in sel]),
+            fetch_seconds=median([x["fetch_seconds"] for r in sel for x in r["ranks"]]),
+            install_seconds=median([x["install_seconds"] for r in sel for x in r["ranks"]]),
+            peak_pool_bytes=max(r["peak_pool_bytes"] for r in sel),
+            runs=len(sel),
+            paired_raw_gbps_per_client=median(
                 [r["paired_raw_get"]["gbps_per_client"] for r in sel if r.get("paired_raw_get")]
             ),
-            "vs_paired_raw": median([r["vs_paired_raw"] for r in sel if r.get("vs_paired_raw") is not None]),
-        }
-    w0 = (restores.get("W=0") or {}).get("gbps_per_rank")
-    bsr1 = next((v["gbps_per_rank"] for k, v in restores.items() if k.endswith("B=RWS")), None)
-    bsr2 = next((v["gbps_per_rank"] for k, v in restores.items() if k.endswith("B=2RWS")), None)
+            vs_paired_raw=median([r["vs_paired_raw"] for r in sel if r.get("vs_paired_raw") is not None]),
+        )
+    whole = restores.get("W=0")
+    w0 = whole.gbps_per_rank if whole else None
+    bsr1 = next((v.gbps_per_rank for k, v in restores.items() if k.endswith("B=RWS")), None)
+    bsr2 = next((v.gbps_per_rank for k, v in restores.items() if k.endswith("B=2RWS")), None)
 
     def paired(label_end: str) -> float | None:
-        return next((v["vs_paired_raw"] for k, v in restores.items() if k.endswith(label_end)), None)
+        return next((v.vs_paired_raw for k, v in restores.items() if k.endswith(label_end)), None)
 
     raw_get_c = mc_gbps("raw", "get", "concurrent")
     ratios = {
@@ -213,19 +264,17 @@ def _store_summary(
     link_gbps = None if link_bps is None else link_bps / 8 / 1e9
     if link_gbps is not None:
         ratios["restore_W,B=RWS/link_ceiling"] = ratio(bsr1, link_gbps)
-    summary = {
-        "memcpy_gbps": {str(m["threads"]): m["gbps"] for m in copies},
-        "checksum_gbps": checksum,
-        "mooncake_gbps_per_client": {f"{m['path']} {m['op']} {m['mode']}": m["gbps_per_client"] for m in mc},
-        "mooncake_aggregate_gbps": {
-            f"{m['path']} {m['op']}": m["aggregate_gbps"] for m in mc if m["mode"] == "concurrent"
-        },
-        "restore": restores,
-        "link_ceiling_gbps": link_gbps,
-        "ratios": ratios,
-        "completed": len(done),
-        "interrupted": len(run.rows) - len(done),
-    }
+    summary = StoreSummary(
+        memcpy_gbps={str(m.threads): m.gbps for m in copies},
+        checksum_gbps=checksum,
+        mooncake_gbps_per_client={f"{m.path} {m.op} {m.mode}": m.gbps_per_client for m in mc},
+        mooncake_aggregate_gbps={f"{m.path} {m.op}": m.aggregate_gbps for m in mc if m.mode == "concurrent"},
+        restore=restores,
+        link_ceiling_gbps=link_gbps,
+        ratios=ratios,
+        completed=len(done),
+        interrupted=len(run.rows) - len(done),
+    )
     best = ratios["restore_W,B=2RWS/restore_W0"]
     raw_ratio = ratios["restore_W,B=2RWS/raw_get (paired)"]
     targets = [

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
@@ -32,6 +34,25 @@ if TYPE_CHECKING:
 E1_PREFIXES: tuple[int, ...] = (32_768, 65_536, 131_072, 262_144, 393_216, 524_032)
 
 SWEEP_TIME_TARGET_S = 600.0
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """The main rows' results (the repeat only by its status and in the peaks), fields in the evidence's order."""
+
+    rows: int
+    completed: int
+    interrupted: int
+    passed: int
+    repeat_status: str | None  # None when there was no repeat
+    rws_bytes: int
+    peak_pool_bytes_per_rank: list[int]  # distinct peaks over every rank of every completed row, repeat included
+    peak_identical: bool
+    peak_equals_rws: bool
+    whole_plan_bytes: dict[str, int]  # by prefix length
+    restore_seconds: dict[str, float]
+    gbps: dict[str, float]
+    block_seconds: float
 
 
 # -- sweep (E1) ------------------------------------------------------------------------------------------------
@@ -88,21 +109,21 @@ def run_sweep(
     done = completed(every)
     peaks = sorted({r["pool_peak_bytes"] for row in done for r in row["ranks"]})
     main_done = completed(run.rows)
-    summary = {
-        "rows": len(run.rows),
-        "completed": len(main_done),
-        "interrupted": len(run.rows) - len(main_done),
-        "passed": sum(r["status"] == "pass" for r in main_done),
-        "repeat_status": repeat_rows[0]["status"] if repeat_rows else None,
-        "rws_bytes": rws,
-        "peak_pool_bytes_per_rank": peaks,
-        "peak_identical": len(peaks) == 1,
-        "peak_equals_rws": peaks == [rws],
-        "whole_plan_bytes": {str(r["tokens"]): r["whole_plan_bytes"] for r in main_done},
-        "restore_seconds": {str(r["tokens"]): r["seconds"] for r in main_done},
-        "gbps": {str(r["tokens"]): r["gbps"] for r in main_done},
-        "block_seconds": round(block_s, 3),
-    }
+    summary = SweepSummary(
+        rows=len(run.rows),
+        completed=len(main_done),
+        interrupted=len(run.rows) - len(main_done),
+        passed=sum(r["status"] == "pass" for r in main_done),
+        repeat_status=repeat_rows[0]["status"] if repeat_rows else None,
+        rws_bytes=rws,
+        peak_pool_bytes_per_rank=peaks,
+        peak_identical=len(peaks) == 1,
+        peak_equals_rws=peaks == [rws],
+        whole_plan_bytes={str(r["tokens"]): r["whole_plan_bytes"] for r in main_done},
+        restore_seconds={str(r["tokens"]): r["seconds"] for r in main_done},
+        gbps={str(r["tokens"]): r["gbps"] for r in main_done},
+        block_seconds=round(block_s, 3),
+    )
     full = tuple(rows_in) == E1_PREFIXES
     targets = [
         target(
@@ -119,7 +140,7 @@ def run_sweep(
             "" if full else "reduced sweep: the time target applies to the paper's six rows only",
         ),
     ]
-    return run.finish(summary, targets, every)
+    return run.finish(to_json(summary), targets, every)
 
 
 def _sweep_row(run: Run, n: int, salt: int, w: int, exclude: Sequence[str]) -> dict[str, Any]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
@@ -29,6 +31,23 @@ if TYPE_CHECKING:
 
 
 W_LAW: tuple[int, ...] = accounting.DEFAULT_W_SWEEP
+
+
+@dataclass(frozen=True)
+class WLawSummary:
+    """Measured peak per W against the law, and the least-squares line through the measurements (fields in the
+    evidence's order, named as its keys)."""
+
+    tokens: int
+    coefficient_bytes: int  # Σc_i
+    aux_bytes: int
+    measured: dict[str, int]  # by W: the largest rank's pool peak
+    predicted: dict[str, int]  # by W: W·Σc_i + aux
+    fit_slope_bytes_per_W: float | None  # None with fewer than two distinct W measured
+    fit_intercept_bytes: float | None
+    law_holds: bool | None  # None when no row completed
+    completed: int
+    interrupted: int
 
 
 # -- W law -------------------------------------------------------------------------------------------------------
@@ -81,18 +100,18 @@ def run_wlaw(
         fit = statistics.linear_regression(xs, ys)
         slope, intercept = round(fit.slope, 3), round(fit.intercept, 3)
     law = all(r["checks"].get("peak_equals_bound") for r in done) if done else None
-    summary = {
-        "tokens": tokens,
-        "coefficient_bytes": reg.bytes_per_chunk,
-        "aux_bytes": reg.aux_bytes,
-        "measured": {str(r["W"]): max((x["pool_peak_bytes"] for x in r["ranks"]), default=0) for r in done},
-        "predicted": {str(r["W"]): r["law_bytes"] for r in done},
-        "fit_slope_bytes_per_W": slope,
-        "fit_intercept_bytes": intercept,
-        "law_holds": law,
-        "completed": len(done),
-        "interrupted": len(run.rows) - len(done),
-    }
+    summary = WLawSummary(
+        tokens=tokens,
+        coefficient_bytes=reg.bytes_per_chunk,
+        aux_bytes=reg.aux_bytes,
+        measured={str(r["W"]): max((x["pool_peak_bytes"] for x in r["ranks"]), default=0) for r in done},
+        predicted={str(r["W"]): r["law_bytes"] for r in done},
+        fit_slope_bytes_per_W=slope,
+        fit_intercept_bytes=intercept,
+        law_holds=law,
+        completed=len(done),
+        interrupted=len(run.rows) - len(done),
+    )
     targets = [
         target(
             "measured RWS equals W·Σc_i + aux for every W",
@@ -101,4 +120,4 @@ def run_wlaw(
             law,
         )
     ]
-    return run.finish(summary, targets)
+    return run.finish(to_json(summary), targets)

@@ -36,6 +36,13 @@ class Break:
             "reason": self.reason,
         }
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any] | None) -> Break | None:
+        """A break as a probe's JSON carries it (``first_break``: an object or null)."""
+        if not d:
+            return None
+        return cls(int(d["chunk"]), int(d["rank"]), str(d["group"]), tuple(d["held_by"]), str(d["reason"]))
+
 
 @dataclass(frozen=True)
 class HitBitmap:

@@ -40,15 +40,6 @@ class Window:
     def chunks(self) -> int:
         return self.chunk_end - self.chunk_start
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "chunks": [self.chunk_start, self.chunk_end],
-            "tokens": [self.token_start, self.token_end],
-            "bytes_per_rank": self.bytes_per_rank,
-            "blocks": {b.group: [b.start, b.end] for b in self.blocks},
-        }
-
 
 @dataclass(frozen=True)
 class RestorePlan:
@@ -84,7 +75,16 @@ class RestorePlan:
             "first_break": self.first_break.to_dict() if self.first_break else None,
             "excluded_tiers": list(self.excluded_tiers),
             "objects_by_tier": self.objects_by_tier,
-            "windows": [w.to_dict() for w in self.windows],
+            "windows": [
+                {
+                    "index": w.index,
+                    "chunks": [w.chunk_start, w.chunk_end],
+                    "tokens": [w.token_start, w.token_end],
+                    "bytes_per_rank": w.bytes_per_rank,
+                    "blocks": {b.group: [b.start, b.end] for b in w.blocks},
+                }
+                for w in self.windows
+            ],
         }
 
 

@@ -276,17 +276,6 @@ class RegistrationDiff:
     def identical(self) -> bool:
         return not (self.added or self.removed or self.changed or self.settings)
 
-    def to_dict(self) -> dict[str, Any]:
-        a, b = self.bytes_per_chunk
-        return {
-            "identical": self.identical,
-            "added": [t.to_dict() for t in self.added],
-            "removed": [t.to_dict() for t in self.removed],
-            "changed": [{"a": x.to_dict(), "b": y.to_dict()} for x, y in self.changed],
-            "settings": [{"field": f, "a": x, "b": y} for f, x, y in self.settings],
-            "bytes_per_chunk": {"a": a, "b": b, "delta": b - a},
-        }
-
 
 def diff_registrations(a: Registration, b: Registration) -> RegistrationDiff:
     by_a = {t.name: t for t in a.tensors}

@@ -299,3 +299,20 @@ def test_plan_the_conversation_trace(bsr) -> None:
     for row in d["bsr"]:
         assert row["peak_bytes_per_rank"] <= row["budget_bytes"]
     assert d["bsr"][0]["peak_bytes_per_rank"] < 0.6 * gib
+
+
+def test_a_dry_run_says_why_only_when_the_plan_does_not_fit() -> None:
+    """`bsr restore --dry-run`'s capacity: message and hint are keys only when the windows cannot be admitted."""
+    from bsr_cli.cli.render.planning import CapacityFit, PlanReport
+    from bsr_cli.core.plan import plan_restore
+    from bsr_cli.loaders import load_registration
+
+    reg = load_registration("demo")
+    plan = plan_restore(reg, 2, tokens=1024)
+    fits = PlanReport(plan, reg.bytes_per_chunk, reg.model, False, capacity=CapacityFit(True, 2, 4, 8)).to_wire()
+    assert list(fits)[-1] == "capacity"
+    assert fits["capacity"] == {"fits": True, "window_bytes": 2, "budget_bytes": 4, "pool_bytes": 8}
+    refused = CapacityFit(False, 8, 4, 8, message="W=2: too big", hint="raise --budget")
+    capacity = PlanReport(plan, reg.bytes_per_chunk, reg.model, False, capacity=refused).to_wire()["capacity"]
+    assert list(capacity) == ["fits", "window_bytes", "budget_bytes", "pool_bytes", "message", "hint"]
+    assert "capacity" not in PlanReport(plan, reg.bytes_per_chunk, reg.model, False).to_wire()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,6 +17,9 @@ from bsr_cli.errors import (
     NothingToRestore,
     ServerError,
 )
+
+if TYPE_CHECKING:
+    from bsr_cli.cli.render.planning import CapacityFit
 
 TokensFileOpt = Annotated[
     Path | None, typer.Option("--tokens-file", help="Token ids (JSON list or whitespace separated).")
@@ -202,18 +205,12 @@ def restore(
             plan = plan_restore(
                 reg, window, bitmap=HitBitmap.from_dict(probe["bitmap"]), exclude_tiers=exclude_tier or ()
             )
-            fit = _capacity_check(window, plan.committable_chunks, reg.bytes_per_chunk, info)
-            data = plan.to_dict() | {
-                "bytes_per_chunk": reg.bytes_per_chunk,
-                "model": reg.model,
-                "show_all_windows": False,
-                "capacity": fit,
-            }
             from bsr_cli.cli.render import planning as render
 
-            st.out.result(data, render.plan)
-            if not fit["fits"]:
-                raise CapacityError(fit["message"], hint=fit["hint"])
+            fit = _capacity_check(window, plan.committable_chunks, reg.bytes_per_chunk, info)
+            st.out.result(render.PlanReport(plan, reg.bytes_per_chunk, reg.model, False, capacity=fit), render.plan)
+            if not fit.fits:
+                raise CapacityError(fit.message, hint=fit.hint)
             return
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
         result.setdefault("budget_bytes", info.get("budget_bytes"))  # the bound the peak is held to
@@ -231,7 +228,7 @@ def restore(
         )
 
 
-def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) -> dict[str, Any]:
+def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) -> CapacityFit:
     """Whether the planned windows can ever be admitted on this engine: a window of min(W, K) chunks against the
     budget B (the whole-plan path, W=0, against the pool). The engine would refuse it the same way."""
     from bsr_cli.runtime import failures
@@ -242,17 +239,22 @@ def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) 
     what = "pool" if w == 0 else "budget B"
     need = need_chunks * slot_bytes
     fits = need == 0 or not limit or need <= (limit // slot_bytes) * slot_bytes
-    out: dict[str, Any] = {"fits": fits, "window_bytes": need, "budget_bytes": budget, "pool_bytes": pool}
-    if not fits:
-        out["message"] = (
-            f"W={w}: a window of {need_chunks} chunk(s) needs {need:,} bytes per rank; the engine's {what} is "
-            f"{limit:,} bytes, so the restore would be refused"
-        )
-        from bsr_cli.core.evidence import CapacityCause
+    from bsr_cli.cli.render.planning import CapacityFit
 
-        cause = CapacityCause.WINDOW_OVER_POOL if w == 0 else CapacityCause.WINDOW_OVER_BUDGET
-        out["hint"] = failures.capacity_hint(cause, w=w, slot_bytes=slot_bytes, budget_bytes=budget, pool_bytes=pool)
-    return out
+    if fits:
+        return CapacityFit(fits, need, budget, pool)
+    from bsr_cli.core.evidence import CapacityCause
+
+    cause = CapacityCause.WINDOW_OVER_POOL if w == 0 else CapacityCause.WINDOW_OVER_BUDGET
+    return CapacityFit(
+        fits,
+        need,
+        budget,
+        pool,
+        message=f"W={w}: a window of {need_chunks} chunk(s) needs {need:,} bytes per rank; the engine's {what} is "
+        f"{limit:,} bytes, so the restore would be refused",
+        hint=failures.capacity_hint(cause, w=w, slot_bytes=slot_bytes, budget_bytes=budget, pool_bytes=pool),
+    )
 
 
 def _run_restore(

@@ -109,9 +109,8 @@ def rws(
     )
     from bsr_cli.cli.render import planning as render
 
-    data = {"registration": render.registration_summary(reg), **acc.to_dict()}
-    data["tensors"] = render.tensor_rows(reg, all_tensors)
-    st.out.result(data, render.rws)
+    report = render.RwsReport(render.registration_summary(reg), acc, render.tensor_rows(reg, all_tensors))
+    st.out.result(report, render.rws)
 
 
 def plan(
@@ -240,11 +239,7 @@ def _plan_prompt(
     else:
         reg = flagged_registration()
     result = plan_restore(reg, w, bitmap=bitmap, tokens=tokens, exclude_tiers=exclude_tiers)
-    data = result.to_dict()
-    data["bytes_per_chunk"] = reg.bytes_per_chunk
-    data["model"] = reg.model
-    data["show_all_windows"] = all_windows
-    st.out.result(data, render.plan)
+    st.out.result(render.PlanReport(result, reg.bytes_per_chunk, reg.model, all_windows), render.plan)
 
 
 def _parse_budgets(text: str) -> tuple[int, ...]:
@@ -286,14 +281,14 @@ def _plan_trace(
         store_capacity=store_capacity,
         p99_target_s=p99,
     )
-    data = result.to_dict()
+    plots = None
     if plot is not None:
         from bsr_cli.bench import trace_plots
 
-        data["plots"] = [str(p) for p in trace_plots.write_plots(result, plot)]
+        plots = tuple(str(p) for p in trace_plots.write_plots(result, plot))
     from bsr_cli.cli.render import planning as render
 
-    st.out.result(data, render.trace_plan)
+    st.out.result(render.TracePlanReport(result, plots), render.trace_plan)
 
 
 registration_app = typer.Typer(help="Inspect and compare registrations.", no_args_is_help=True)
@@ -312,9 +307,8 @@ def registration_show(
 
     st = state(ctx, json_flag)
     reg = loaders.load_registration(spec)
-    data = {**render.registration_summary(reg), "registration": reg.to_dict()}
-    data["tensor_rows"] = render.tensor_rows(reg, all_tensors)
-    st.out.result(data, render.registration)
+    report = render.RegistrationReport(render.registration_summary(reg), reg, render.tensor_rows(reg, all_tensors))
+    st.out.result(report, render.registration)
 
 
 @registration_app.command("diff")
@@ -331,11 +325,14 @@ def registration_diff(
 
     st = state(ctx, json_flag)
     ra, rb = loaders.load_registration(a), loaders.load_registration(b)
-    d = diff_registrations(ra, rb)
-    data = d.to_dict() | {
-        "a": {"source": a, "identity": ra.identity, "tensors": len(ra.tensors)},
-        "b": {"source": b, "identity": rb.identity, "tensors": len(rb.tensors)},
-        "W": w,
-        "rws_bytes": {"a": accounting.rws_bytes(ra, w), "b": accounting.rws_bytes(rb, w)} if w else None,
-    }
-    st.out.result(data, render.registration_diff)
+    report = render.RegistrationDiffReport(
+        diff_registrations(ra, rb),
+        a,
+        b,
+        ra,
+        rb,
+        w,
+        rws_a=accounting.rws_bytes(ra, w) if w else None,
+        rws_b=accounting.rws_bytes(rb, w) if w else None,
+    )
+    st.out.result(report, render.registration_diff)

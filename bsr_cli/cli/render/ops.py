@@ -16,6 +16,7 @@ from rich.text import Text
 
 from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
 from bsr_cli.cli.render.planning import b, first_break_line
+from bsr_cli.core.bitmap import Break
 from bsr_cli.core.events import RestoreFailed, RestoreStarted, WindowReleased, parse_event
 from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition
 from bsr_cli.core.units import format_bytes
@@ -102,7 +103,7 @@ def probe(console: Console, d: dict[str, Any]) -> None:
     console.print(
         f"committable prefix: [bold]{d['committable_tokens']:,} tokens[/] ({d['committable_chunks']:,} chunks)"
     )
-    console.print(first_break_line(d.get("first_break")))
+    console.print(first_break_line(Break.from_wire(d.get("first_break"))))
     for rank, errs in (d.get("tier_errors") or {}).items():
         for tier, msg in errs.items():
             console.print(f"[red]{rank} {tier} unreachable during probe[/]: {msg}")

@@ -1,9 +1,12 @@
-"""The planning commands' tables (rws, plan, registration), and the registration summaries they also print as data."""
+"""The planning commands' tables (rws, plan, registration), and the typed reports they print (as data with --json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -11,75 +14,225 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from bsr_cli.core.registration import Registration
+from bsr_cli.core.accounting import Accounting
+from bsr_cli.core.bitmap import Break
+from bsr_cli.core.plan import RestorePlan
+from bsr_cli.core.registration import Registration, RegistrationDiff
+from bsr_cli.core.trace_sim import PathRun, RestorePath, TracePlan
 from bsr_cli.core.units import format_bytes
 
 # Exact bytes and the binary-unit reading, as operators quote them: 525,074,432 (500.75 MiB). The one formatter.
 b = partial(format_bytes, exact=True)
 
 
-def first_break_line(br: dict[str, Any] | None) -> str:
+# -- the reports (their fields are the wire keys, in the wire's order) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    name: str
+    block_size: int
+    tensors: int
+    bytes_per_chunk: int
+
+
+@dataclass(frozen=True)
+class RegistrationSummary:
+    model: str
+    identity: str
+    source: str
+    tp_size: int
+    chunk_size: int
+    tensors_count: int
+    bytes_per_token: int
+    bytes_per_chunk: int
+    aux_bytes: int
+    groups: tuple[GroupSummary, ...]
+
+    @classmethod
+    def of(cls, reg: Registration) -> RegistrationSummary:
+        return cls(
+            model=reg.model,
+            identity=reg.identity,
+            source=reg.source,
+            tp_size=reg.tp_size,
+            chunk_size=reg.chunk_size,
+            tensors_count=len(reg.tensors),
+            bytes_per_token=reg.bytes_per_token,
+            bytes_per_chunk=reg.bytes_per_chunk,
+            aux_bytes=reg.aux_bytes,
+            groups=tuple(
+                GroupSummary(g.name, g.block_size, len(reg.tensors_of(g.name)), reg.group_bytes_per_chunk(g.name))
+                for g in reg.groups
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One tensor, or one (group, dtype, shape) with how many tensors share it."""
+
+    count: int
+    name: str
+    group: str
+    dtype: str
+    shape: tuple[int, ...]
+    bytes_per_chunk: int
+
+
+@dataclass(frozen=True)
+class RegistrationReport:
+    """`bsr registration show`."""
+
+    summary: RegistrationSummary
+    registration: Registration
+    tensor_rows: tuple[TensorRow, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.summary) | {
+            "registration": self.registration.to_dict(),
+            "tensor_rows": _rows_wire(self.tensor_rows),
+        }
+
+
+@dataclass(frozen=True)
+class RwsReport:
+    """`bsr rws`."""
+
+    registration: RegistrationSummary
+    accounting: Accounting
+    tensors: tuple[TensorRow, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return (
+            {"registration": dataclasses.asdict(self.registration)}
+            | self.accounting.to_dict()
+            | {"tensors": _rows_wire(self.tensors)}
+        )
+
+
+@dataclass(frozen=True)
+class CapacityFit:
+    """A dry run against a live engine: whether its budget B (W=0: its pool) can admit the planned windows."""
+
+    fits: bool
+    window_bytes: int
+    budget_bytes: int
+    pool_bytes: int
+    message: str = ""  # why not, when it does not fit
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """`bsr plan` (and `bsr restore --dry-run`, with the engine's capacity)."""
+
+    plan: RestorePlan
+    bytes_per_chunk: int
+    model: str
+    show_all_windows: bool
+    capacity: CapacityFit | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out = self.plan.to_dict() | {
+            "bytes_per_chunk": self.bytes_per_chunk,
+            "model": self.model,
+            "show_all_windows": self.show_all_windows,
+        }
+        fit = self.capacity
+        if fit is not None:
+            capacity: dict[str, object] = {
+                "fits": fit.fits,
+                "window_bytes": fit.window_bytes,
+                "budget_bytes": fit.budget_bytes,
+                "pool_bytes": fit.pool_bytes,
+            }
+            if not fit.fits:  # why not, and what to do: said only when it does not fit
+                capacity |= {"message": fit.message, "hint": fit.hint}
+            out["capacity"] = capacity
+        return out
+
+
+@dataclass(frozen=True)
+class RegistrationDiffReport:
+    """`bsr registration diff A B`: what changed, and RWS(W) on both sides (W > 0)."""
+
+    diff: RegistrationDiff
+    a_source: str
+    b_source: str
+    a: Registration
+    b: Registration
+    w: int
+    rws_a: int | None
+    rws_b: int | None
+
+    def to_wire(self) -> dict[str, Any]:
+        d = self.diff
+        ca, cb = d.bytes_per_chunk
+        return {
+            "identical": d.identical,
+            "added": [t.to_dict() for t in d.added],
+            "removed": [t.to_dict() for t in d.removed],
+            "changed": [{"a": x.to_dict(), "b": y.to_dict()} for x, y in d.changed],
+            "settings": [{"field": f, "a": x, "b": y} for f, x, y in d.settings],
+            "bytes_per_chunk": {"a": ca, "b": cb, "delta": cb - ca},
+            "a": {"source": self.a_source, "identity": self.a.identity, "tensors": len(self.a.tensors)},
+            "b": {"source": self.b_source, "identity": self.b.identity, "tensors": len(self.b.tensors)},
+            "W": self.w,
+            "rws_bytes": None if self.rws_a is None else {"a": self.rws_a, "b": self.rws_b},
+        }
+
+
+@dataclass(frozen=True)
+class TracePlanReport:
+    """`bsr plan --trace`: the replay through the planning model, and the plots written (with --plot)."""
+
+    result: TracePlan
+    plots: tuple[str, ...] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out = self.result.to_dict()
+        if self.plots is not None:
+            out["plots"] = list(self.plots)
+        return out
+
+
+def _rows_wire(rows: Sequence[TensorRow]) -> list[Any]:
+    return [dataclasses.asdict(r) | {"shape": list(r.shape)} for r in rows]
+
+
+# -- building them ---------------------------------------------------------------------------------------------
+
+
+def first_break_line(br: Break | None) -> str:
     """Where the committable prefix ends, in one line (probe and plan say it the same way)."""
     if not br:
         return "[green]no break[/]: every rank and group holds the whole prompt"
-    held = f" (held only by excluded {', '.join(br['held_by'])})" if br["held_by"] else ""
-    return f"[yellow]first break[/]: chunk {br['chunk']} rank {br['rank']} group {br['group']}: {br['reason']}{held}"
+    held = f" (held only by excluded {', '.join(br.held_by)})" if br.held_by else ""
+    return f"[yellow]first break[/]: chunk {br.chunk} rank {br.rank} group {br.group}: {br.reason}{held}"
 
 
-def registration_summary(reg: Registration) -> dict[str, Any]:
-    return {
-        "model": reg.model,
-        "identity": reg.identity,
-        "source": reg.source,
-        "tp_size": reg.tp_size,
-        "chunk_size": reg.chunk_size,
-        "tensors_count": len(reg.tensors),
-        "bytes_per_token": reg.bytes_per_token,
-        "bytes_per_chunk": reg.bytes_per_chunk,
-        "aux_bytes": reg.aux_bytes,
-        "groups": [
-            {
-                "name": g.name,
-                "block_size": g.block_size,
-                "tensors": len(reg.tensors_of(g.name)),
-                "bytes_per_chunk": reg.group_bytes_per_chunk(g.name),
-            }
-            for g in reg.groups
-        ],
-    }
+def registration_summary(reg: Registration) -> RegistrationSummary:
+    return RegistrationSummary.of(reg)
 
 
-def tensor_rows(reg: Registration, every: bool) -> list[dict[str, Any]]:
+def tensor_rows(reg: Registration, every: bool) -> tuple[TensorRow, ...]:
     """One row per tensor, or one row per (group, dtype, shape) with a count (167 rows help nobody)."""
     if every:
-        return [
-            {
-                "count": 1,
-                "name": t.name,
-                "group": t.group,
-                "dtype": t.dtype,
-                "shape": list(t.shape),
-                "bytes_per_chunk": t.bytes_per_token * reg.chunk_size,
-            }
+        return tuple(
+            TensorRow(1, t.name, t.group, t.dtype, tuple(t.shape), t.bytes_per_token * reg.chunk_size)
             for t in reg.tensors
-        ]
+        )
     counts = Counter((t.group, t.dtype, t.shape) for t in reg.tensors)
     first: dict[tuple[str, str, tuple[int, ...]], str] = {}
     for t in reg.tensors:
         key = (t.group, t.dtype, t.shape)
         # layers.0.attn / layers.1.attn / ... -> layers.*.attn
         first[key] = t.name if key not in first else _merge_names(first[key], t.name)
-    return [
-        {
-            "count": n,
-            "name": first[k],
-            "group": k[0],
-            "dtype": k[1],
-            "shape": list(k[2]),
-            "bytes_per_chunk": n * reg.chunk_size * _prod_bytes(reg, k[0], k[1], k[2]),
-        }
+    return tuple(
+        TensorRow(n, first[k], k[0], k[1], tuple(k[2]), n * reg.chunk_size * _prod_bytes(reg, k[0], k[1], k[2]))
         for k, n in counts.items()
-    ]
+    )
 
 
 def _merge_names(a: str, b: str) -> str:
@@ -96,175 +249,164 @@ def _prod_bytes(reg: Registration, group: str, dtype: str, shape: tuple[int, ...
     return 0
 
 
-def _registration_tables(console: Console, s: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def _registration_tables(console: Console, s: RegistrationSummary, rows: Sequence[TensorRow]) -> None:
     console.print(
-        f"[bold]{s['model']}[/]  {s['identity']}  tp={s['tp_size']}  chunk={s['chunk_size']} tokens  "
-        f"{s['tensors_count']} tensors" + (f"  [dim]{s['source']}[/]" if s.get("source") else "")
+        f"[bold]{s.model}[/]  {s.identity}  tp={s.tp_size}  chunk={s.chunk_size} tokens  "
+        f"{s.tensors_count} tensors" + (f"  [dim]{s.source}[/]" if s.source else "")
     )
     t = Table(title="tensors (per rank)", title_justify="left")
     for col in ("count", "tensor", "group", "dtype", "shape/token"):
         t.add_column(col)
     t.add_column("bytes/chunk", justify="right")
     for r in rows:
-        name = r["name"]
-        t.add_row(
-            str(r["count"]),
-            name,
-            r["group"],
-            r["dtype"],
-            "×".join(map(str, r["shape"])),
-            f"{r['bytes_per_chunk']:,}",
-        )
+        t.add_row(str(r.count), r.name, r.group, r.dtype, "×".join(map(str, r.shape)), f"{r.bytes_per_chunk:,}")
     console.print(t)
     g = Table(title="KV groups", title_justify="left")
     for col in ("group", "block size", "tensors"):
         g.add_column(col)
     g.add_column("bytes/chunk", justify="right")
-    for grp in s["groups"]:
-        g.add_row(grp["name"], str(grp["block_size"]), str(grp["tensors"]), f"{grp['bytes_per_chunk']:,}")
-    g.add_row("[bold]Σ c_i[/]", "", str(s["tensors_count"]), f"[bold]{b(s['bytes_per_chunk'])}[/]")
+    for grp in s.groups:
+        g.add_row(grp.name, str(grp.block_size), str(grp.tensors), f"{grp.bytes_per_chunk:,}")
+    g.add_row("[bold]Σ c_i[/]", "", str(s.tensors_count), f"[bold]{b(s.bytes_per_chunk)}[/]")
     console.print(g)
 
 
-def registration(console: Console, d: dict[str, Any]) -> None:
-    _registration_tables(console, d, d["tensor_rows"])
+def registration(console: Console, r: RegistrationReport) -> None:
+    _registration_tables(console, r.summary, r.tensor_rows)
 
 
-def rws(console: Console, d: dict[str, Any]) -> None:
-    _registration_tables(console, d["registration"], d["tensors"])
-    w = d["W"]
+def rws(console: Console, r: RwsReport) -> None:
+    _registration_tables(console, r.registration, r.tensors)
+    acc = r.accounting
+    w = acc.w
     if w:
         console.print(
-            f"RWS(W={w}) = {w} · {d['bytes_per_chunk']:,} + {d['aux_bytes']:,} = [bold]{b(d['rws_bytes'])}[/] per rank"
+            f"RWS(W={w}) = {w} · {acc.bytes_per_chunk:,} + {acc.aux_bytes:,} = [bold]{b(acc.rws_bytes)}[/] per rank"
         )
     else:
         console.print("W=0: the whole-plan path; its staging grows with the prompt (see below)")
     sw = Table(title="window sweep", title_justify="left")
     sw.add_column("W", justify="right")
     sw.add_column("RWS per rank", justify="right")
-    if d["tokens"]:
-        sw.add_column(f"windows for {d['tokens']:,} tokens", justify="right")
-    for row in d["sweep"]:
-        cells = [str(row["W"]), b(row["rws_bytes"])]
-        if d["tokens"]:
-            cells.append(str(row["windows"]))
-        sw.add_row(*cells, style="bold" if row["W"] == w else None)
+    if acc.tokens:
+        sw.add_column(f"windows for {acc.tokens:,} tokens", justify="right")
+    for cost in acc.sweep:
+        cells = [str(cost.w), b(cost.rws_bytes)]
+        if acc.tokens:
+            cells.append(str(cost.windows))
+        sw.add_row(*cells, style="bold" if cost.w == w else None)
     console.print(sw)
-    if d["tokens"]:
-        rung = d["whole_plan_ladder_rung"]
+    if acc.tokens:
+        rung = acc.ladder_rung
         console.print(
-            f"{d['tokens']:,} tokens = {d['chunks']:,} chunks → {d['windows']} window(s) at W={w}; "
-            f"whole-plan (W=0) staging {b(d['whole_plan_bytes'])} per rank → "
+            f"{acc.tokens:,} tokens = {acc.chunks:,} chunks → {acc.windows} window(s) at W={w}; "
+            f"whole-plan (W=0) staging {b(acc.whole_plan_bytes)} per rank → "
             + (f"first ladder rung {format_bytes(rung)}" if rung else "[red]above the largest ladder rung[/]")
         )
-    if d["l1_bytes"] is not None:
-        fit = d["max_W_for_l1"]
+    if acc.l1_bytes is not None:
+        fit = acc.max_w_for_l1
         console.print(
-            f"L1 {b(d['l1_bytes'])} per rank holds W ≤ [bold]{fit}[/]"
+            f"L1 {b(acc.l1_bytes)} per rank holds W ≤ [bold]{fit}[/]"
             + ("" if fit else " [red](not even one chunk fits)[/]")
         )
 
 
-def plan(console: Console, d: dict[str, Any]) -> None:
-    w = d["W"]
+def plan(console: Console, r: PlanReport) -> None:
+    p = r.plan
+    w = p.w
     console.print(
-        f"[bold]{d['model']}[/] {d['registration']}  W={w}{' (whole-plan path)' if w == 0 else ''}  "
-        f"prompt {d['prompt_tokens']:,} tokens = {d['prompt_chunks']:,} chunks"
+        f"[bold]{r.model}[/] {p.registration}  W={w}{' (whole-plan path)' if w == 0 else ''}  "
+        f"prompt {p.prompt_tokens:,} tokens = {p.prompt_chunks:,} chunks"
     )
-    committed = d["committable_tokens"]
     console.print(
-        f"committable prefix: [bold]{committed:,} tokens[/] ({d['committable_chunks']:,} chunks) "
-        f"in {d['windows_count']} window(s)"
+        f"committable prefix: [bold]{p.committable_tokens:,} tokens[/] ({p.committable_chunks:,} chunks) "
+        f"in {len(p.windows)} window(s)"
         + (
-            f"; objects by tier: {', '.join(f'{k} {v:,}' for k, v in d['objects_by_tier'].items())}"
-            if d["objects_by_tier"]
+            f"; objects by tier: {', '.join(f'{k} {v:,}' for k, v in p.objects_by_tier.items())}"
+            if p.objects_by_tier
             else ""
         )
     )
-    console.print(first_break_line(d["first_break"]))
-    windows = d["windows"]
+    console.print(first_break_line(p.first_break))
+    windows = p.windows
     if windows:
         t = Table(title="window schedule", title_justify="left")
         for col in ("window", "chunks", "tokens"):
             t.add_column(col, justify="right")
-        groups = list(windows[0]["blocks"])
+        groups = [s.group for s in windows[0].blocks]
         for g in groups:
             t.add_column(f"{g} blocks", justify="right")
         t.add_column("bytes/rank", justify="right")
-        shown = windows if d.get("show_all_windows") or len(windows) <= 10 else [*windows[:6], None, *windows[-2:]]
+        shown = windows if r.show_all_windows or len(windows) <= 10 else [*windows[:6], None, *windows[-2:]]
         for win in shown:
             if win is None:
                 t.add_row("…", f"{len(windows) - 8} more", *([""] * (len(groups) + 2)))
                 continue
-            c0, c1 = win["chunks"]
-            t0, t1 = win["tokens"]
             t.add_row(
-                f"G{win['index'] + 1}",
-                f"{c0}–{c1}",
-                f"{t0:,}–{t1:,}",
-                *(f"{win['blocks'][g][0]}–{win['blocks'][g][1]}" for g in groups),
-                f"{win['bytes_per_rank']:,}",
+                f"G{win.index + 1}",
+                f"{win.chunk_start}–{win.chunk_end}",
+                f"{win.token_start:,}–{win.token_end:,}",
+                *(f"{s.start}–{s.end}" for s in win.blocks),
+                f"{win.bytes_per_rank:,}",
             )
         console.print(t)
     cmp = Table(title="restore staging per rank", title_justify="left")
     cmp.add_column("path")
     cmp.add_column("peak live bytes", justify="right")
     cmp.add_column("ladder rung", justify="right")
-    rung = d["whole_plan_rung"]
+    rung = p.whole_plan_rung
     if w:
-        cmp.add_row(f"BSR, W={w}", b(d["peak_bytes_per_rank"]), "")
+        cmp.add_row(f"BSR, W={w}", b(p.peak_bytes_per_rank), "")
     cmp.add_row(
         "whole plan (W=0)",
-        b(d["whole_plan_bytes"]),
-        format_bytes(rung) if rung else ("—" if not d["committable_chunks"] else "beyond ladder"),
+        b(p.whole_plan_bytes),
+        format_bytes(rung) if rung else ("—" if not p.committable_chunks else "beyond ladder"),
     )
     console.print(cmp)
-    if w and d["whole_plan_bytes"] and d["peak_bytes_per_rank"]:
-        ratio = d["whole_plan_bytes"] / d["peak_bytes_per_rank"]
+    if w and p.whole_plan_bytes and p.peak_bytes_per_rank:
+        ratio = p.whole_plan_bytes / p.peak_bytes_per_rank
         console.print(f"BSR stages {ratio:,.1f}× less than the whole-plan path for this prompt.")
-    fit = d.get("capacity")
+    fit = r.capacity
     if fit:  # a dry run against a live engine: can its budget B (W=0: its pool) admit these windows?
-        if fit["fits"]:
+        if fit.fits:
             console.print(
-                f"[green]fits[/] this engine: a window stages {b(fit['window_bytes'])} per rank; budget B "
-                f"{b(fit['budget_bytes'])}, pool {b(fit['pool_bytes'])}"
+                f"[green]fits[/] this engine: a window stages {b(fit.window_bytes)} per rank; budget B "
+                f"{b(fit.budget_bytes)}, pool {b(fit.pool_bytes)}"
             )
         else:
-            console.print(f"[red]does not fit[/] this engine: {fit['message']}")
+            console.print(f"[red]does not fit[/] this engine: {fit.message}")
 
 
-def registration_diff(console: Console, d: dict[str, Any]) -> None:
-    a, bb = d["a"], d["b"]
-    console.print(f"A: {a['source']} ({a['tensors']} tensors, {a['identity']})")
-    console.print(f"B: {bb['source']} ({bb['tensors']} tensors, {bb['identity']})")
-    if d["identical"]:
+def registration_diff(console: Console, r: RegistrationDiffReport) -> None:
+    d = r.diff
+    console.print(f"A: {r.a_source} ({len(r.a.tensors)} tensors, {r.a.identity})")
+    console.print(f"B: {r.b_source} ({len(r.b.tensors)} tensors, {r.b.identity})")
+    if d.identical:
         console.print("[green]identical[/]")
         return
     t = Table()
     for col in ("change", "tensor", "group", "dtype", "shape/token"):
         t.add_column(col)
-    for x in d["added"]:
-        t.add_row(Text("+ added", style="green"), x["name"], x["group"], x["dtype"], "×".join(map(str, x["shape"])))
-    for x in d["removed"]:
-        t.add_row(Text("- removed", style="red"), x["name"], x["group"], x["dtype"], "×".join(map(str, x["shape"])))
-    for ch in d["changed"]:
-        x, y = ch["a"], ch["b"]
+    for x in d.added:
+        t.add_row(Text("+ added", style="green"), x.name, x.group, x.dtype, "×".join(map(str, x.shape)))
+    for x in d.removed:
+        t.add_row(Text("- removed", style="red"), x.name, x.group, x.dtype, "×".join(map(str, x.shape)))
+    for x, y in d.changed:
         t.add_row(
             Text("~ changed", style="yellow"),
-            x["name"],
-            f"{x['group']}→{y['group']}",
-            f"{x['dtype']}→{y['dtype']}",
-            f"{'×'.join(map(str, x['shape']))}→{'×'.join(map(str, y['shape']))}",
+            x.name,
+            f"{x.group}→{y.group}",
+            f"{x.dtype}→{y.dtype}",
+            f"{'×'.join(map(str, x.shape))}→{'×'.join(map(str, y.shape))}",
         )
     if t.row_count:
         console.print(t)
-    for s in d["settings"]:
-        console.print(f"{s['field']}: {s['a']} → {s['b']}")
-    bpc = d["bytes_per_chunk"]
-    console.print(f"Σ c_i: {bpc['a']:,} → {bpc['b']:,} bytes per chunk ({bpc['delta']:+,})")
-    if d.get("rws_bytes"):
-        r = d["rws_bytes"]
-        console.print(f"RWS(W={d['W']}): {b(r['a'])} → {b(r['b'])} per rank")
+    for field, a, bb in d.settings:
+        console.print(f"{field}: {a} → {bb}")
+    ca, cb = d.bytes_per_chunk
+    console.print(f"Σ c_i: {ca:,} → {cb:,} bytes per chunk ({cb - ca:+,})")
+    if r.rws_a is not None and r.rws_b is not None:
+        console.print(f"RWS(W={r.w}): {b(r.rws_a)} → {b(r.rws_b)} per rank")
 
 
 def seconds(x: float) -> str:
@@ -272,30 +414,30 @@ def seconds(x: float) -> str:
     return f"{x * 1000:,.0f} ms" if x < 1 else f"{x:,.2f} s"
 
 
-def trace_plan(console: Console, d: dict[str, Any]) -> None:
+def trace_plan(console: Console, report: TracePlanReport) -> None:
     """`bsr plan --trace`: the trace, its hits, then one row per restore path (whole plan, each budget B)."""
-    span = d["span_s"]
-    pace = "its own pace" if d["speedup"] == 1 else f"{d['speedup']:g}× its pace"
-    share = d["hit_tokens"] / d["input_tokens"] if d["input_tokens"] else 0.0
+    d = report.result
+    pace = "its own pace" if d.speedup == 1 else f"{d.speedup:g}× its pace"
+    share = d.hit_tokens / d.input_tokens if d.input_tokens else 0.0
     console.print(
-        f"[bold]{d['trace']}[/]: {d['requests']:,} requests over {span:,.1f} s at {pace}; "
-        f"{d['restores']:,} restore a hit, {d['hit_tokens']:,} of {d['input_tokens']:,} input tokens ({share:.1%})"
+        f"[bold]{d.source}[/]: {d.requests:,} requests over {d.span_s:,.1f} s at {pace}; "
+        f"{d.restores:,} restore a hit, {d.hit_tokens:,} of {d.input_tokens:,} input tokens ({share:.1%})"
     )
     store = (
-        f"LRU store of {d['store_capacity_blocks']:,} blocks ({d['evicted_blocks']:,} evicted)"
-        if d["store_capacity_blocks"] is not None
+        f"LRU store of {d.store_capacity:,} blocks ({d.evicted_blocks:,} evicted)"
+        if d.store_capacity is not None
         else "store keeps every block"
     )
     console.print(
-        f"{d['model']} {d['registration']}  chunk {d['chunk_size']} tokens = {b(d['bytes_per_chunk'])} per rank; "
-        f"W={d['W']}: RWS {b(d['rws_bytes'])}; bandwidth {d['bandwidth_bytes_per_s'] / 1e9:,.2f} GB/s per rank; "
+        f"{d.model} {d.registration}  chunk {d.chunk_size} tokens = {b(d.bytes_per_chunk)} per rank; "
+        f"W={d.w}: RWS {b(d.rws_bytes)}; bandwidth {d.bandwidth / 1e9:,.2f} GB/s per rank; "
         f"{store}"
     )
-    big = d["largest_hit"]
+    big = d.largest
     if big:
         console.print(
-            f"largest single hit: {big['tokens']:,} tokens = {big['chunks']:,} chunks = "
-            f"{b(big['bytes_per_rank'])} per rank (request #{big['request']}, counting from 0)"
+            f"largest single hit: {big.tokens:,} tokens = {big.chunks:,} chunks = "
+            f"{b(big.bytes_per_rank)} per rank (request #{big.request}, counting from 0)"
         )
     t = Table(title="restore L1 and latency per rank", title_justify="left")
     t.add_column("path")
@@ -305,48 +447,50 @@ def trace_plan(console: Console, d: dict[str, Any]) -> None:
         t.add_column(col, justify="right")
     t.add_column("in flight (peak)", justify="right")
     t.add_column("queued (peak)", justify="right")
-    best = d["smallest_budget_meeting_p99"]
-    for row in [d["whole_plan"], *d["bsr"]]:
-        whole = row["path"] == "whole_plan"
-        lat, wait = row["latency_s"], row["wait_s"]
-        label = "whole plan (W=0)" if whole else f"BSR, B = {row['budget_rws']}·RWS"
-        style = "bold" if best and row.get("budget_rws") == best["budget_rws"] and not whole else None
-        t.add_row(
-            label,
-            "unbounded" if whole else format_bytes(row["budget_bytes"]),
-            format_bytes(row["peak_bytes_per_rank"]),
-            *(seconds(lat[p]) for p in ("p50", "p95", "p99")),
-            *(seconds(wait[p]) for p in ("p50", "p95", "p99")),
-            f"{row['peak_in_flight']:,}",
-            f"{row['peak_queued']:,}",
-            style=style,
-        )
+    best = d.smallest_meeting
+    for row in [d.whole_plan, *d.bsr]:
+        bold = best is not None and row.path is RestorePath.BSR and row.budget_rws == best.budget_rws
+        t.add_row(*_path_cells(row), style="bold" if bold else None)
     console.print(t)
-    whole = d["whole_plan"]
-    target = d["p99_target_s"]
+    whole = d.whole_plan
+    target = d.p99_target_s
     if target is None:
         console.print("[dim]--p99 SECONDS names the smallest B that meets a p99 restore-latency target[/]")
     elif best:
         console.print(
-            f"smallest B with p99 restore latency ≤ {seconds(target)}: [bold]{best['budget_rws']}·RWS = "
-            f"{b(best['budget_bytes'])}[/] per rank, against {format_bytes(whole['peak_bytes_per_rank'])} "
+            f"smallest B with p99 restore latency ≤ {seconds(target)}: [bold]{best.budget_rws}·RWS = "
+            f"{b(best.budget_bytes)}[/] per rank, against {format_bytes(whole.peak_bytes)} "
             "for the whole plan"
         )
     else:
-        tried = ", ".join(f"{r['budget_rws']}·RWS" for r in d["bsr"])
-        wp99 = seconds(whole["latency_s"]["p99"])
-        if whole["meets_p99"]:
-            need = format_bytes(whole["peak_bytes_per_rank"])
+        tried = ", ".join(f"{r.budget_rws}·RWS" for r in d.bsr)
+        wp99 = seconds(whole.latency.p99)
+        if whole.meets_p99:
+            need = format_bytes(whole.peak_bytes)
             why = f"the whole plan meets it (p99 {wp99}) with {need}: try larger --budgets"
         else:
             why = f"neither does the whole plan (p99 {wp99}): the bandwidth, not B, limits latency here"
         console.print(f"[red]no budget B ({tried}) meets p99 ≤ {seconds(target)}[/]; {why}")
-    for p in d.get("plots", []):
-        console.print(f"plot: {p}")
+    for plot in report.plots or ():
+        console.print(f"plot: {plot}")
     console.print(
         "[dim]model: transfer only, the per-rank bandwidth shared equally by the restores in flight, FIFO "
         "admission under B; see docs/capacity-planning.md[/]"
     )
+
+
+def _path_cells(row: PathRun) -> list[str]:
+    whole = row.path is RestorePath.WHOLE_PLAN
+    lat, wait = row.latency, row.wait
+    return [
+        "whole plan (W=0)" if whole else f"BSR, B = {row.budget_rws}·RWS",
+        "unbounded" if whole or row.budget_bytes is None else format_bytes(row.budget_bytes),
+        format_bytes(row.peak_bytes),
+        *(seconds(x) for x in (lat.p50, lat.p95, lat.p99)),
+        *(seconds(x) for x in (wait.p50, wait.p95, wait.p99)),
+        f"{row.peak_in_flight:,}",
+        f"{row.peak_queued:,}",
+    ]
 
 
 def trace_replay(console: Console, d: dict[str, Any]) -> None:

@@ -109,8 +109,8 @@ def ladder(
             on_row=row_note(st, "ladder"),
             on_rung=lambda r: st.out.note(f"rung {format_bytes(r)}/rank: starting the embedded engine…"),
             on_attempt=lambda n, a: st.out.note(
-                f"ladder {n:,} tokens at {format_bytes(a['rung'])}: {a['outcome']}"
-                + (f" ({a['failure']})" if a.get("failure") else f", peak {format_bytes(a['peak_pool_bytes'])}/rank")
+                f"ladder {n:,} tokens at {format_bytes(a.rung)}: {a.outcome}"
+                + (f" ({a.failure})" if a.failure else f", peak {format_bytes(a.peak_pool_bytes)}/rank")
             ),
             engine_meta={"embedded": True},
         )
