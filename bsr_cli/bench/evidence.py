@@ -26,12 +26,16 @@ import platform
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli import __version__
+from bsr_cli.api.codec import to_json
 from bsr_cli.core import accounting
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
 
@@ -42,6 +46,22 @@ if TYPE_CHECKING:
 BUNDLE_SCHEMA = "bsr.bench/1"
 
 OnRow = Callable[[dict[str, Any]], None]
+UNKNOWN_OUTCOME = "unknown"  # a restore answer without an outcome (bench/models.py spells it in the schema too)
+
+
+class RowStatus(StrEnum):
+    """A bundle row's status: only completed rows (pass or fail) are evidence a summary may count."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INTERRUPTED = "interrupted"  # Ctrl-C or an engine error: kept in the bundle, marked, never counted
+
+
+class Interruption(StrEnum):
+    """Why an experiment block stopped early."""
+
+    OPERATOR = "operator"  # Ctrl-C
+    ERROR = "error"  # an engine or service error
 
 
 # -- small helpers ---------------------------------------------------------------------------------------------
@@ -66,8 +86,23 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def machine_info() -> dict[str, Any]:
+@dataclass(frozen=True)
+class MachineInfo:
     """Facts about the machine running the benchmark (the engine's, when it is the embedded one)."""
+
+    cpu_count: int
+    memory_bytes: int
+    python: str
+    torch: str | None
+    mooncake: str | None
+    platform: str
+    loadavg: list[float]  # other work on the machine skews timings: how busy it was at the start
+
+    def to_wire(self) -> dict[str, int | str | list[float] | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def machine_info() -> MachineInfo:
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -76,29 +111,45 @@ def machine_info() -> dict[str, Any]:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = []
-    return {
-        "cpu_count": os.cpu_count() or 0,
-        "memory_bytes": int(memory),
-        "python": platform.python_version(),
-        "torch": _dist_version("torch"),
-        "mooncake": _dist_version("mooncake-transfer-engine-non-cuda") or _dist_version("mooncake-transfer-engine"),
-        "platform": platform.platform(),
-        # Other work on the machine skews timings; the load average at the start says how busy it was.
-        "loadavg": load,
-    }
+    return MachineInfo(
+        cpu_count=os.cpu_count() or 0,
+        memory_bytes=int(memory),
+        python=platform.python_version(),
+        torch=_dist_version("torch"),
+        mooncake=_dist_version("mooncake-transfer-engine-non-cuda") or _dist_version("mooncake-transfer-engine"),
+        platform=platform.platform(),
+        loadavg=load,
+    )
 
 
-def registration_identity(reg: Registration) -> dict[str, Any]:
-    return {
-        "identity": reg.identity,
-        "model": reg.model,
-        "tp_size": reg.tp_size,
-        "chunk_size": reg.chunk_size,
-        "bytes_per_token": reg.bytes_per_token,
-        "bytes_per_chunk": reg.bytes_per_chunk,
-        "aux_bytes": reg.aux_bytes,
-        "groups": {g: reg.group_bytes_per_chunk(g) for g in reg.group_names},
-    }
+@dataclass(frozen=True)
+class RegistrationIdentity:
+    """The registration a bundle was measured with: its identity and the sizes every byte count derives from."""
+
+    identity: str
+    model: str
+    tp_size: int
+    chunk_size: int
+    bytes_per_token: int
+    bytes_per_chunk: int
+    aux_bytes: int
+    groups: dict[str, int]  # bytes per chunk per rank, by KV group
+
+    def to_wire(self) -> dict[str, str | int | dict[str, int]]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def registration_identity(reg: Registration) -> RegistrationIdentity:
+    return RegistrationIdentity(
+        identity=reg.identity,
+        model=reg.model,
+        tp_size=reg.tp_size,
+        chunk_size=reg.chunk_size,
+        bytes_per_token=reg.bytes_per_token,
+        bytes_per_chunk=reg.bytes_per_chunk,
+        aux_bytes=reg.aux_bytes,
+        groups={g: reg.group_bytes_per_chunk(g) for g in reg.group_names},
+    )
 
 
 def completed(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,8 +162,31 @@ def judge(row: dict[str, Any], checks: dict[str, bool]) -> None:
     row["status"] = "pass" if all(checks.values()) else "fail"
 
 
-def target(name: str, wanted: str, measured: Any, met: bool | None, note: str = "") -> dict[str, Any]:
-    return {"name": name, "target": wanted, "measured": measured, "met": met, "note": note}
+# What a target reports as measured: a number, a phrase, or a few of them by name.
+Measurement = str | int | float | bool | None | Sequence[int | float | str] | Mapping[str, int | float | str | None]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target a bundle was measured against, and whether it was met (None: not applicable this run)."""
+
+    name: str
+    target: str
+    measured: Measurement
+    met: bool | None
+    note: str | None = None  # None: the bundle has no note key (bench peer's targets)
+
+    def to_wire(self) -> dict[str, Any]:
+        out = {"name": self.name, "target": self.target, "measured": to_json(self.measured), "met": self.met}
+        return out if self.note is None else out | {"note": self.note}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Target:
+        return cls(str(d["name"]), str(d["target"]), d.get("measured"), d.get("met"), d.get("note"))
+
+
+def target(name: str, wanted: str, measured: Measurement, met: bool | None, note: str = "") -> Target:
+    return Target(name, wanted, measured, met, note)
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -222,9 +296,9 @@ class Run:
             "started_at": now(),
             "finished_at": None,
             "elapsed_s": None,
-            "registration": registration_identity(self.reg),
+            "registration": registration_identity(self.reg).to_wire(),
             "engine": {"url": client.url, "info": self.info} | (engine_meta or {}),
-            "machine": machine_info(),
+            "machine": machine_info().to_wire(),
             "params": params,
             "rows": [],
             "summary": {},
@@ -276,7 +350,7 @@ class Run:
     def finish(
         self,
         summary: dict[str, Any],
-        targets: list[dict[str, Any]],
+        targets: Sequence[Target],
         rows: Sequence[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         b = self.bundle
@@ -284,7 +358,7 @@ class Run:
         b["finished_at"] = now()
         b["elapsed_s"] = round(time.monotonic() - self._t0, 3)
         b["summary"] = summary
-        b["targets"] = targets
+        b["targets"] = [t.to_wire() for t in targets]
         b["ok"] = bool(every) and not b["interrupted"] and all(r["status"] == "pass" for r in every)
         return b
 
@@ -324,7 +398,7 @@ class Run:
         failures = res.get("failures") or []
         return {
             "request": res.get("request"),
-            "outcome": res.get("outcome", "unknown"),
+            "outcome": res.get("outcome", UNKNOWN_OUTCOME),
             "tiers": list(res.get("tiers") or []),
             "excluded_tiers": list(exclude),
             "advertised_tokens": int(res.get("advertised_tokens", 0)),
@@ -352,7 +426,7 @@ class Run:
 
 def restore_checks(ev: dict[str, Any], tokens: int, *, peak: int | None, verified: bool = True) -> dict[str, bool]:
     checks = {
-        "committed_all": ev["outcome"] == "committed" and ev["committed_tokens"] == tokens,
+        "committed_all": ev["outcome"] == Outcome.COMMITTED and ev["committed_tokens"] == tokens,
         "windows": ev["windows"] == ev["expected_windows"],
         "ranks_healthy": ev["healthy"],
     }

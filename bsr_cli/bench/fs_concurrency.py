@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
+    Target,
     completed,
     isolate,
     judge,
@@ -178,7 +179,7 @@ def _summary(
 
 def _targets(
     summary: dict[str, Any], conc: Sequence[int], method: str | None, rws: int, any_done: bool
-) -> list[dict[str, Any]]:
+) -> list[Target]:
     speedups = summary["speedup"]
     basis = "cold" if "cold" in speedups else "warm"
     measured = speedups.get(basis)

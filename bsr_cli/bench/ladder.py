@@ -77,8 +77,9 @@ def run_ladder(
         if on_row:
             on_row(row)
     done = completed(run.rows)
+    first_passing = {str(r["tokens"]): r["first_passing_rung"] for r in run.rows}
     summary = {
-        "first_passing_rung": {str(r["tokens"]): r["first_passing_rung"] for r in run.rows},
+        "first_passing_rung": first_passing,
         "predicted_rung": {str(r["tokens"]): r["predicted_rung"] for r in run.rows},
         "measured_peak_bytes": {str(r["tokens"]): r.get("measured_peak_bytes") for r in done},
         "engine_starts": len(climb.engines),
@@ -90,7 +91,7 @@ def run_ladder(
         target(
             "first passing rung equals the core's prediction (ladder_rung of the whole-plan need)",
             "equal for every prefix",
-            summary["first_passing_rung"],
+            first_passing,
             match,
         )
     ]

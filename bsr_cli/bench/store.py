@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
+    Target,
     completed,
     isolate,
     judge,
@@ -153,9 +154,7 @@ def _store_restores(
     return configs
 
 
-def _store_summary(
-    run: Run, configs: list[tuple[int, int | None]], rws: int
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _store_summary(run: Run, configs: list[tuple[int, int | None]], rws: int) -> tuple[dict[str, Any], list[Target]]:
     done = completed(run.rows)
     memcpy: list[dict[str, Any]] = next((r["results"] for r in done if r.get("kind") == "memcpy"), [])
     copies = [m for m in memcpy if m.get("op", "copy") == "copy"]

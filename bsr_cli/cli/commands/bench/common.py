@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import typer
 
@@ -111,10 +111,17 @@ def execute(
     publish(st, result, out, no_plots)
 
 
-def publish(st: AppState, result: dict[str, Any], out: Path, no_plots: bool) -> None:
+class TypedBundle(Protocol):
+    """An experiment's bundle as a typed result (bench peer's): its wire form is what is written and printed."""
+
+    def to_wire(self) -> dict[str, Any]: ...
+
+
+def publish(st: AppState, bundle: dict[str, Any] | TypedBundle, out: Path, no_plots: bool) -> None:
     """Write the bundle, redraw the plots, print the experiment's table (or the bundle with --json), exit by it."""
     from bsr_cli.bench import bundle as bundles
 
+    result = bundle if isinstance(bundle, dict) else bundle.to_wire()
     path = bundles.write(result, out)
     plots: list[str] = []
     if not no_plots:
