@@ -45,7 +45,7 @@ from bsr_cli.core.trace import (
     restored_tokens,
     synthetic_token,
 )
-from bsr_cli.core.trace_sim import nearest_rank, percentiles, plan_trace
+from bsr_cli.core.trace_sim import Percentiles, nearest_rank, percentiles, plan_trace
 from bsr_cli.errors import BsrError, CapacityError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
@@ -295,7 +295,7 @@ STOCK_DEADLINE_S = 30.0
 STOCK_MIN_L1 = 64 << 20
 
 
-def stock_model(reg: Registration) -> dict[str, Any]:
+def stock_model(reg: Registration) -> dict[str, str | int]:
     """The plugin host's model for this registration (the same bytes per token, chunk and block size), or
     CapacityError naming why LMCache cannot hold it (LMCache keeps one [2, heads, head_size] layout per engine)."""
     shapes = {t.shape for t in reg.tensors}
@@ -328,10 +328,32 @@ def stock_l1_bytes(trace: Trace, reg: Registration, whole_plan_peak: int) -> int
 
 
 @dataclass(frozen=True)
+class StockRequest:
+    """One request of the stock replay, as its process reported it."""
+
+    index: int
+    loaded_tokens: int = 0
+    loaded_by_rank: tuple[int, ...] = ()
+    restore_seconds: float = 0.0
+    error: str | None = None  # LMCache raised
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> StockRequest:
+        """A request of the process's JSON; what it reports beyond these is ignored."""
+        return cls(
+            index=int(d["index"]),
+            loaded_tokens=int(d.get("loaded_tokens") or 0),
+            loaded_by_rank=tuple(int(x) for x in d.get("loaded_by_rank") or ()),
+            restore_seconds=float(d.get("restore_seconds") or 0.0),
+            error=str(d["error"]) if d.get("error") else None,
+        )
+
+
+@dataclass(frozen=True)
 class StockRun:
     """What the stock replay process reported."""
 
-    requests: list[dict[str, Any]]
+    requests: tuple[StockRequest, ...]
     l1_peak_by_rank: dict[int, int]
     l1_bytes: int
     elapsed_s: float
@@ -451,7 +473,7 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
         if master is not None:
             services.stop(master, timeout=10)
     return StockRun(
-        requests=list(result["requests"]),
+        requests=tuple(StockRequest.from_wire(r) for r in result["requests"]),
         l1_peak_by_rank={int(k): int(v) for k, v in result["l1_peak_by_rank"].items()},
         l1_bytes=int(result["l1_capacity_bytes"]),
         elapsed_s=float(result["elapsed_s"]),
@@ -470,7 +492,60 @@ def expected_hits(trace: Trace, reg: Registration) -> list[int]:
     ]
 
 
-def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: float = STOCK_DEADLINE_S) -> dict:
+@dataclass(frozen=True)
+class CommittedCounts:
+    """Requests that loaded exactly the tokens the trace lets them, fewer, or more."""
+
+    exact: int
+    fewer: int
+    more: int
+
+
+@dataclass(frozen=True)
+class StockSummary:
+    """Stock LMCache's replay of the slice against the simulated hits (``stock`` in the report)."""
+
+    lmcache: str
+    serial: bool  # each rank's engine served one request at a time
+    l1_bytes: int
+    deadline_s: float
+    restores: int
+    hit_tokens: int
+    expected_hit_tokens: int  # the hits' full chunks: what LMCache can load
+    partial_chunk_tokens: int  # hit tokens in partial chunks, which LMCache does not store by default
+    l1_peak_by_rank: dict[int, int]
+    latency_s: Percentiles
+    failed: int
+    first_failure: str  # "" when none failed
+    ranks_disagree: int
+    committed: CommittedCounts
+    elapsed_s: float
+    setup_s: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "run": True,
+            "lmcache": self.lmcache,
+            "calls": "serial" if self.serial else "concurrent",
+            "l1_bytes": self.l1_bytes,
+            "deadline_s": self.deadline_s,
+            "restores": self.restores,
+            "hit_tokens": self.hit_tokens,
+            "expected_hit_tokens": self.expected_hit_tokens,
+            "partial_chunk_tokens": self.partial_chunk_tokens,
+            "peak_bytes_per_rank": max(self.l1_peak_by_rank.values(), default=0),
+            "l1_peak_by_rank": {str(k): v for k, v in sorted(self.l1_peak_by_rank.items())},
+            "latency_s": self.latency_s.to_dict(),
+            "failed": self.failed,
+            "first_failure": self.first_failure,
+            "ranks_disagree": self.ranks_disagree,
+            "committed": {"exact": self.committed.exact, "fewer": self.committed.fewer, "more": self.committed.more},
+            "elapsed_s": self.elapsed_s,
+            "setup_s": self.setup_s,
+        }
+
+
+def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: float = STOCK_DEADLINE_S) -> StockSummary:
     """Stock LMCache's replay against the simulated hits. LMCache stores full chunks only (``save_unfull_chunk`` is
     off by default), so a request whose whole input is a hit can load at most its full chunks: that is what it is
     held to (``expected_hit_tokens``), and the partial chunks it cannot load are counted apart."""
@@ -479,45 +554,32 @@ def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: fl
     full = [w // cs * cs for w in want]
     rows = run.requests
     # Failed: LMCache raised, or its retrieve ran into the blocking timeout (no L1 for the whole plan) short of the hit.
-    failed = [
-        r
-        for r in rows
-        if r.get("error")
-        or (
-            float(r.get("restore_seconds") or 0.0) >= deadline_s and int(r.get("loaded_tokens") or 0) < full[r["index"]]
-        )
-    ]
-    failed_ids = {r["index"] for r in failed}
-    ok = [r for r in rows if r["index"] not in failed_ids]
-    loaded = {r["index"]: int(r.get("loaded_tokens") or 0) for r in rows}
+    failed = [r for r in rows if r.error or (r.restore_seconds >= deadline_s and r.loaded_tokens < full[r.index])]
+    failed_ids = {r.index for r in failed}
+    ok = [r for r in rows if r.index not in failed_ids]
+    loaded = {r.index: r.loaded_tokens for r in rows}
     # A retrieve counts as a restore when LMCache loaded something or the trace says there was a prefix to load.
-    latencies = sorted(
-        float(r.get("restore_seconds") or 0.0) for r in rows if loaded[r["index"]] > 0 or full[r["index"]] > 0
+    latencies = sorted(r.restore_seconds for r in rows if loaded[r.index] > 0 or full[r.index] > 0)
+    disagree = sum(1 for r in rows if len(set(r.loaded_by_rank or (0,))) > 1)
+    return StockSummary(
+        lmcache=run.lmcache_version,
+        serial=run.serial,
+        l1_bytes=run.l1_bytes,
+        deadline_s=deadline_s,
+        restores=sum(1 for v in loaded.values() if v > 0),
+        hit_tokens=sum(loaded.values()),
+        expected_hit_tokens=sum(full[r.index] for r in rows),
+        partial_chunk_tokens=sum(want[r.index] - full[r.index] for r in rows),
+        l1_peak_by_rank=dict(run.l1_peak_by_rank),
+        latency_s=percentiles(latencies),
+        failed=len(failed),
+        first_failure=str(failed[0].error or f"no L1 for its whole plan within {deadline_s:g}s") if failed else "",
+        ranks_disagree=disagree,
+        committed=CommittedCounts(
+            exact=sum(1 for r in ok if loaded[r.index] == full[r.index]),
+            fewer=sum(1 for r in ok if loaded[r.index] < full[r.index]),
+            more=sum(1 for r in ok if loaded[r.index] > full[r.index]),
+        ),
+        elapsed_s=run.elapsed_s,
+        setup_s=run.setup_s,
     )
-    disagree = sum(1 for r in rows if len(set(r.get("loaded_by_rank") or [0])) > 1)
-    return {
-        "run": True,
-        "lmcache": run.lmcache_version,
-        "calls": "serial" if run.serial else "concurrent",
-        "l1_bytes": run.l1_bytes,
-        "deadline_s": deadline_s,
-        "restores": sum(1 for v in loaded.values() if v > 0),
-        "hit_tokens": sum(loaded.values()),
-        "expected_hit_tokens": sum(full[r["index"]] for r in rows),
-        "partial_chunk_tokens": sum(want[r["index"]] - full[r["index"]] for r in rows),
-        "peak_bytes_per_rank": max(run.l1_peak_by_rank.values(), default=0),
-        "l1_peak_by_rank": {str(k): v for k, v in sorted(run.l1_peak_by_rank.items())},
-        "latency_s": percentiles(latencies).to_dict(),
-        "failed": len(failed),
-        "first_failure": str(failed[0].get("error") or f"no L1 for its whole plan within {deadline_s:g}s")
-        if failed
-        else "",
-        "ranks_disagree": disagree,
-        "committed": {
-            "exact": sum(1 for r in ok if loaded[r["index"]] == full[r["index"]]),
-            "fewer": sum(1 for r in ok if loaded[r["index"]] < full[r["index"]]),
-            "more": sum(1 for r in ok if loaded[r["index"]] > full[r["index"]]),
-        },
-        "elapsed_s": run.elapsed_s,
-        "setup_s": run.setup_s,
-    }

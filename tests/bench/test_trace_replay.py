@@ -95,7 +95,8 @@ def _stock_run(trace_rows: list[dict], loaded: list[int], **by_index: dict) -> t
         | by_index.get(f"r{i}", {})
         for i, n in enumerate(loaded)
     ]
-    run = bt.StockRun(reqs, {0: 3 << 20, 1: 2 << 20}, 64 << 20, 1.0, 1.0, "0.5.6")
+    requests = tuple(bt.StockRequest.from_wire(r) for r in reqs)
+    run = bt.StockRun(requests, {0: 3 << 20, 1: 2 << 20}, 64 << 20, 1.0, 1.0, "0.5.6")
     return trace, run
 
 
@@ -108,18 +109,18 @@ def test_stock_is_held_to_the_simulated_hits_in_full_chunks() -> None:
     want = bt.expected_hits(trace, reg)
     assert want == [0, 192, 188]  # the planner counts the partial chunk of a whole-input hit
     s = bt.stock_summary(trace, reg, run)
-    assert (s["expected_hit_tokens"], s["hit_tokens"], s["partial_chunk_tokens"]) == (320, 320, 60)
-    assert s["committed"] == {"exact": 3, "fewer": 0, "more": 0} and s["failed"] == 0 and s["first_failure"] == ""
-    assert s["restores"] == 2 and s["peak_bytes_per_rank"] == 3 << 20
+    assert (s.expected_hit_tokens, s.hit_tokens, s.partial_chunk_tokens) == (320, 320, 60)
+    assert s.committed == bt.CommittedCounts(3, 0, 0) and s.failed == 0 and s.first_failure == ""
+    assert s.restores == 2 and s.to_wire()["peak_bytes_per_rank"] == 3 << 20
 
     # The negative control: one request short, one that ran into LMCache's blocking timeout, one that raised.
     trace, run = _stock_run(rows, [0, 64, 0], r2={"restore_seconds": bt.STOCK_DEADLINE_S})
     s = bt.stock_summary(trace, reg, run)
-    assert s["committed"] == {"exact": 1, "fewer": 1, "more": 0} and s["failed"] == 1
-    assert "no L1 for its whole plan" in s["first_failure"]
+    assert s.committed == bt.CommittedCounts(1, 1, 0) and s.failed == 1
+    assert "no L1 for its whole plan" in s.first_failure
     trace, run = _stock_run(rows, [0, 192, 128], r0={"error": "RuntimeError: store: boom"})
     s = bt.stock_summary(trace, reg, run)
-    assert s["failed"] == 1 and s["first_failure"] == "RuntimeError: store: boom"
+    assert s.failed == 1 and s.first_failure == "RuntimeError: store: boom"
 
 
 def test_the_report_puts_stock_beside_the_engine_in_text_and_json() -> None:
@@ -137,7 +138,7 @@ def test_the_report_puts_stock_beside_the_engine_in_text_and_json() -> None:
     d |= {"skip": 0, "salt": 1}
     for stock, needles in (
         (
-            bt.stock_summary(trace, reg, run),
+            bt.stock_summary(trace, reg, run).to_wire(),
             ("stock LMCache 0.5.6", "3.00 MiB", "whole-plan peak per rank", "the hit's full chunks: 2 of 2"),
         ),
         ({"run": False, "reason": "skipped with --no-stock"}, ("stock LMCache: not run (skipped with --no-stock)",)),

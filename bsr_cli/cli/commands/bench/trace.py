@@ -221,5 +221,5 @@ def _replay_stock(st: AppState, case: StockCase, data: dict[str, Any]) -> str | 
     except BsrError as e:
         st.out.warn(f"stock LMCache: not run ({e.message})")
         return e.message
-    data["stock"] = bt.stock_summary(case.trace, case.reg, run)
+    data["stock"] = bt.stock_summary(case.trace, case.reg, run).to_wire()
     return None
