@@ -245,21 +245,94 @@ def put_back(client: AdminClient, original: dict[str, Any]) -> bool:
         return False
 
 
-def prompt_of(tokens: int, salt: int) -> dict[str, Any]:
+def prompt_of(tokens: int, salt: int) -> dict[str, dict[str, int]]:
     # Synthetic prompts with one seed are prefixes of each other, so rows of one salt share their leading chunks.
     return {"synthetic": {"n": tokens, "seed": salt}}
 
 
-def warm_evidence(res: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WarmEvidence:
+    """The submit that stored the prompt before it was restored (a row's ``warm``)."""
+
+    request: str | None
+    seconds: float
+    external_tokens: int
+    computed_tokens: int
+    hash_ok: bool | None
+    store_errors: dict[str, dict[str, str]]  # by rank, by tier: why a tier did not take the chunks
+
+    def to_wire(self) -> dict[str, Any]:
+        return {f.name: to_json(getattr(self, f.name)) for f in fields(self)}
+
+
+def warm_evidence(res: dict[str, Any]) -> WarmEvidence:
+    """The evidence of the engine's answer ``res`` to a submit."""
     stored = res.get("stored") or {}
-    return {
-        "request": res.get("request"),
-        "seconds": round(float(res.get("seconds", 0.0)), 4),
-        "external_tokens": int(res.get("external_tokens", 0)),
-        "computed_tokens": int(res.get("computed_tokens", 0)),
-        "hash_ok": res.get("hash_ok"),
-        "store_errors": stored.get("errors") or {},
-    }
+    return WarmEvidence(
+        request=res.get("request"),
+        seconds=round(float(res.get("seconds", 0.0)), 4),
+        external_tokens=int(res.get("external_tokens", 0)),
+        computed_tokens=int(res.get("computed_tokens", 0)),
+        hash_ok=res.get("hash_ok"),
+        store_errors=stored.get("errors") or {},
+    )
+
+
+@dataclass(frozen=True)
+class RankEvidence:
+    """One rank's part of a restore: its pool peak (what the bound is judged on) and its times."""
+
+    rank: int
+    pool_peak_bytes: int
+    peak_live_bytes: int
+    bytes_restored: int
+    seconds: float
+    fetch_seconds: float
+    install_seconds: float
+    gbps: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class RestoreEvidence:
+    """The evidence of one restore (`Run.restore`): what was committed, in how many windows, and every rank's pool
+    peak against the bound. Fields in the bundle's key order."""
+
+    request: str | None
+    outcome: Outcome | None  # None: the answer named none ("unknown" in the bundle)
+    tiers: list[str]
+    excluded_tiers: list[str]
+    advertised_tokens: int
+    committed_tokens: int
+    chunks: int
+    windows: int
+    expected_windows: int
+    seconds: float
+    total_bytes: int  # "bytes" in the bundle
+    gbps: float
+    gbps_per_rank: float  # request-level: what one rank receives over the whole request's time
+    peak_pool_bytes: int
+    predicted_peak_bytes: int
+    rws_bytes: int | None  # None for the whole-plan path (W=0)
+    whole_plan_bytes: int
+    ranks: tuple[RankEvidence, ...]
+    output_hash: str | None
+    canonical_hash: str | None
+    hash_ok: bool | None
+    healthy: bool
+    failure: str | None  # the first failure's reason
+
+    def to_wire(self) -> dict[str, Any]:
+        out = {("bytes" if f.name == "total_bytes" else f.name): to_json(getattr(self, f.name)) for f in fields(self)}
+        out["outcome"] = self.outcome or UNKNOWN_OUTCOME
+        return out
+
+
+def _outcome(value: object) -> Outcome | None:
+    try:
+        return Outcome(str(value))
+    except ValueError:
+        return None
 
 
 # -- one experiment block ----------------------------------------------------------------------------------------
@@ -364,8 +437,14 @@ class Run:
 
     # -- the measurement every experiment shares ---------------------------------------------------------------
     def restore(
-        self, prompt: dict[str, Any], tokens: int, w: int, *, exclude: Sequence[str] = (), verify: bool = True
-    ) -> dict[str, Any]:
+        self,
+        prompt: dict[str, dict[str, int]],
+        tokens: int,
+        w: int,
+        *,
+        exclude: Sequence[str] = (),
+        verify: bool = True,
+    ) -> RestoreEvidence:
         """reset the pool peak, restore, read the pool and health: the evidence of one restore."""
         c, reg = self.client, self.reg
         c.reset_peak()
@@ -381,57 +460,56 @@ class Run:
             secs = float(o.get("seconds", 0.0))
             nbytes = int(o.get("bytes_restored", 0))
             ranks.append(
-                {
-                    "rank": int(p["rank"]),
-                    "pool_peak_bytes": int(p.get("pool", {}).get("peak_bytes", 0)),
-                    "peak_live_bytes": int(o.get("peak_live_bytes", 0)),
-                    "bytes_restored": nbytes,
-                    "seconds": round(secs, 4),
-                    "fetch_seconds": round(float(o.get("fetch_seconds", 0.0)), 4),
-                    "install_seconds": round(float(o.get("install_seconds", 0.0)), 4),
-                    "gbps": round(nbytes / secs / 1e9, 4) if secs > 0 else 0.0,
-                    "ok": bool(o.get("ok", False)),
-                }
+                RankEvidence(
+                    rank=int(p["rank"]),
+                    pool_peak_bytes=int(p.get("pool", {}).get("peak_bytes", 0)),
+                    peak_live_bytes=int(o.get("peak_live_bytes", 0)),
+                    bytes_restored=nbytes,
+                    seconds=round(secs, 4),
+                    fetch_seconds=round(float(o.get("fetch_seconds", 0.0)), 4),
+                    install_seconds=round(float(o.get("install_seconds", 0.0)), 4),
+                    gbps=round(nbytes / secs / 1e9, 4) if secs > 0 else 0.0,
+                    ok=bool(o.get("ok", False)),
+                )
             )
         seconds = float(res.get("seconds", 0.0))
         total = int(res.get("bytes", 0))
         failures = res.get("failures") or []
-        return {
-            "request": res.get("request"),
-            "outcome": res.get("outcome", UNKNOWN_OUTCOME),
-            "tiers": list(res.get("tiers") or []),
-            "excluded_tiers": list(exclude),
-            "advertised_tokens": int(res.get("advertised_tokens", 0)),
-            "committed_tokens": int(res.get("committed_tokens", 0)),
-            "chunks": chunks,
-            "windows": int(res.get("windows", 0)),
-            "expected_windows": accounting.num_windows(chunks, w),
-            "seconds": round(seconds, 4),
-            "bytes": total,
-            "gbps": round(total / seconds / 1e9, 4) if seconds > 0 else 0.0,
-            # Request-level throughput per rank: what one rank receives over the whole request's time.
-            "gbps_per_rank": round(total / max(len(ranks), 1) / seconds / 1e9, 4) if seconds > 0 else 0.0,
-            "peak_pool_bytes": max((r["pool_peak_bytes"] for r in ranks), default=0),
-            "predicted_peak_bytes": accounting.peak_bytes(reg, w, chunks),
-            "rws_bytes": accounting.rws_bytes(reg, w) if w else None,
-            "whole_plan_bytes": accounting.whole_plan_bytes(reg, chunks),
-            "ranks": ranks,
-            "output_hash": res.get("output_hash"),
-            "canonical_hash": res.get("canonical_hash"),
-            "hash_ok": res.get("hash_ok"),
-            "healthy": bool(health.get("ok")),
-            "failure": failures[0]["reason"] if failures else None,
-        }
+        return RestoreEvidence(
+            request=res.get("request"),
+            outcome=_outcome(res.get("outcome")),
+            tiers=list(res.get("tiers") or []),
+            excluded_tiers=list(exclude),
+            advertised_tokens=int(res.get("advertised_tokens", 0)),
+            committed_tokens=int(res.get("committed_tokens", 0)),
+            chunks=chunks,
+            windows=int(res.get("windows", 0)),
+            expected_windows=accounting.num_windows(chunks, w),
+            seconds=round(seconds, 4),
+            total_bytes=total,
+            gbps=round(total / seconds / 1e9, 4) if seconds > 0 else 0.0,
+            gbps_per_rank=round(total / max(len(ranks), 1) / seconds / 1e9, 4) if seconds > 0 else 0.0,
+            peak_pool_bytes=max((r.pool_peak_bytes for r in ranks), default=0),
+            predicted_peak_bytes=accounting.peak_bytes(reg, w, chunks),
+            rws_bytes=accounting.rws_bytes(reg, w) if w else None,
+            whole_plan_bytes=accounting.whole_plan_bytes(reg, chunks),
+            ranks=tuple(ranks),
+            output_hash=res.get("output_hash"),
+            canonical_hash=res.get("canonical_hash"),
+            hash_ok=res.get("hash_ok"),
+            healthy=bool(health.get("ok")),
+            failure=failures[0]["reason"] if failures else None,
+        )
 
 
-def restore_checks(ev: dict[str, Any], tokens: int, *, peak: int | None, verified: bool = True) -> dict[str, bool]:
+def restore_checks(ev: RestoreEvidence, tokens: int, *, peak: int | None, verified: bool = True) -> dict[str, bool]:
     checks = {
-        "committed_all": ev["outcome"] == Outcome.COMMITTED and ev["committed_tokens"] == tokens,
-        "windows": ev["windows"] == ev["expected_windows"],
-        "ranks_healthy": ev["healthy"],
+        "committed_all": ev.outcome == Outcome.COMMITTED and ev.committed_tokens == tokens,
+        "windows": ev.windows == ev.expected_windows,
+        "ranks_healthy": ev.healthy,
     }
     if peak is not None:
-        checks["peak_equals_bound"] = bool(ev["ranks"]) and all(r["pool_peak_bytes"] == peak for r in ev["ranks"])
+        checks["peak_equals_bound"] = bool(ev.ranks) and all(r.pool_peak_bytes == peak for r in ev.ranks)
     if verified:
-        checks["hash_canonical"] = ev["hash_ok"] is True
+        checks["hash_canonical"] = ev.hash_ok is True
     return checks

@@ -85,8 +85,9 @@ def run_fs_concurrency(
     try:
         client.update_settings(budget_bytes=rws)
         with run.row(kind="warm", tokens=tokens, W=w) as row:
-            row["warm"] = warm_evidence(client.submit(prompt, w=w))
-            judge(row, {"warm_hash_ok": row["warm"]["hash_ok"] is True})
+            warm = warm_evidence(client.submit(prompt, w=w))
+            row["warm"] = warm.to_wire()
+            judge(row, {"warm_hash_ok": warm.hash_ok is True})
         files = _prompt_files(fs_dir, reg, tokens, salt) if method == "posix_fadvise" and fs_dir else []
         for trial in range(trials):
             for c in conc if files else ():
@@ -129,8 +130,8 @@ def _restore_row(
             evicted = "error" not in row["evicted"]
         # Verify once per configuration; the restore's own seconds exclude the verification.
         ev = run.restore(prompt, tokens, w, exclude=exclude, verify=trial == 0)
-        row |= ev
-        checks = restore_checks(ev, tokens, peak=ev["predicted_peak_bytes"], verified=trial == 0)
+        row |= ev.to_wire()
+        checks = restore_checks(ev, tokens, peak=ev.predicted_peak_bytes, verified=trial == 0)
         judge(row, checks | {"cache_evicted": evicted})
 
 

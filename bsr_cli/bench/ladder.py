@@ -207,10 +207,11 @@ def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> dict
     # The fs tier outlives engine restarts: warm only when no tier holds the whole prompt yet.
     if int(c.probe(prompt).get("committable_tokens", 0)) < n:
         w = max(1, min(warm_w, rung // reg.bytes_per_chunk))
-        att["warm"] = warm_evidence(c.submit(prompt, w=w))
+        att["warm"] = warm_evidence(c.submit(prompt, w=w)).to_wire()
     ev = run.restore(prompt, n, 0)
+    wire = ev.to_wire()
     att |= {
-        k: ev[k]
+        k: wire[k]
         for k in (
             "outcome",
             "committed_tokens",
@@ -224,5 +225,5 @@ def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> dict
             "ranks",
         )
     }
-    att["passed"] = ev["outcome"] == Outcome.COMMITTED and ev["committed_tokens"] == n
+    att["passed"] = ev.outcome == Outcome.COMMITTED and ev.committed_tokens == n
     return att
