@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -211,6 +211,124 @@ def replay(
     return out[: len(futures)]
 
 
+@dataclass(frozen=True)
+class PredictedReplay:
+    """The planner's model of the replayed requests (``core.trace_sim.plan_trace``)."""
+
+    restores: int
+    hit_tokens: int
+    peak_bytes_per_rank: int
+    latency_s: Percentiles
+    wait_s: Percentiles
+    whole_plan_peak_bytes_per_rank: int  # stock LMCache stages every restore's whole plan: this is its model
+
+
+@dataclass(frozen=True)
+class MeasuredReplay:
+    """What the engine did with the replayed requests."""
+
+    restores: int
+    hit_tokens: int
+    pool_peak_by_rank: dict[int, int]
+    latency_s: Percentiles
+    failed: int
+    first_failure: str | None
+
+
+@dataclass(frozen=True)
+class CommittedCounts:
+    """Requests that loaded exactly the tokens the trace lets them, fewer, or more."""
+
+    exact: int
+    fewer: int
+    more: int
+
+    def to_wire(self) -> dict[str, int]:
+        return {"exact": self.exact, "fewer": self.fewer, "more": self.more}
+
+
+@dataclass(frozen=True)
+class StockNotRun:
+    """Why stock LMCache's replay of the slice did not run."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """`bsr bench trace`: the planner's prediction beside the engine's measurement for the same slice, and stock
+    LMCache's replay of it (``stock``, set once it ran or was skipped)."""
+
+    trace: str
+    requests: int
+    speedup: float
+    block_tokens: int
+    registration: str
+    model: str
+    bytes_per_chunk: int
+    w: int
+    budget_rws: int
+    budget_bytes: int
+    bandwidth_bytes_per_s: float
+    calibration: Calibration | None  # None: the bandwidth was given, not measured here
+    predicted: PredictedReplay
+    measured: MeasuredReplay
+    committed: CommittedCounts
+    checks: dict[str, bool]
+    latency_ratio: dict[str, float | None]  # measured over predicted, by percentile
+    skip: int | None = None
+    salt: int | None = None
+    stock: StockSummary | StockNotRun | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        p, m, cal = self.predicted, self.measured, self.calibration
+        out = {
+            "kind": "bsr.bench.trace",
+            "trace": self.trace,
+            "requests": self.requests,
+            "speedup": self.speedup,
+            "block_tokens": self.block_tokens,
+            "token_scale": self.block_tokens / 512,
+            "registration": self.registration,
+            "model": self.model,
+            "bytes_per_chunk": self.bytes_per_chunk,
+            "W": self.w,
+            "budget_rws": self.budget_rws,
+            "budget_bytes": self.budget_bytes,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "calibration": None if cal is None else {"chunks": cal.chunks, "one_chunk_restore_s": cal.one_chunk_s},
+            "predicted": {
+                "restores": p.restores,
+                "hit_tokens": p.hit_tokens,
+                "peak_bytes_per_rank": p.peak_bytes_per_rank,
+                "latency_s": p.latency_s.to_dict(),
+                "wait_s": p.wait_s.to_dict(),
+                "whole_plan_peak_bytes_per_rank": p.whole_plan_peak_bytes_per_rank,
+            },
+            "measured": {
+                "restores": m.restores,
+                "hit_tokens": m.hit_tokens,
+                "peak_bytes_per_rank": max(m.pool_peak_by_rank.values(), default=0),
+                "pool_peak_by_rank": {str(r): v for r, v in sorted(m.pool_peak_by_rank.items())},
+                "latency_s": m.latency_s.to_dict(),
+                "failed": m.failed,
+                "first_failure": m.first_failure,
+            },
+            "committed": self.committed.to_wire(),
+            "checks": self.checks,
+            "latency_ratio": self.latency_ratio,
+        }
+        if self.skip is not None:
+            out["skip"] = self.skip
+        if self.salt is not None:
+            out["salt"] = self.salt
+        if isinstance(self.stock, StockNotRun):
+            out["stock"] = {"run": False, "reason": self.stock.reason}
+        elif self.stock is not None:
+            out["stock"] = self.stock.to_wire()
+        return out
+
+
 def compare(
     trace: Trace,
     reg: Registration,
@@ -222,7 +340,7 @@ def compare(
     speedup: float,
     pool_peaks: dict[int, int],
     calibration: Calibration | None = None,
-) -> dict[str, Any]:
+) -> TraceReplay:
     """The planner's prediction for the replayed requests beside what the engine did."""
     done = trace.head(len(measured))
     plan = plan_trace(done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(budget_rws,))
@@ -238,52 +356,46 @@ def compare(
     failed = [m for m in measured if m.error is not None]
     latencies = sorted(m.restore_seconds for m in measured if m.restore_seconds is not None)
     budget = predicted.budget_bytes or 0
-    lat = percentiles(latencies)
-    return {
-        "kind": "bsr.bench.trace",
-        "trace": trace.source,
-        "requests": len(measured),
-        "speedup": speedup,
-        "block_tokens": done.block_tokens,
-        "token_scale": done.block_tokens / 512,
-        "registration": reg.identity,
-        "model": reg.model,
-        "bytes_per_chunk": reg.bytes_per_chunk,
-        "W": w,
-        "budget_rws": budget_rws,
-        "budget_bytes": budget,
-        "bandwidth_bytes_per_s": bandwidth,
-        "calibration": None
-        if calibration is None
-        else {"chunks": calibration.chunks, "one_chunk_restore_s": calibration.one_chunk_s},
-        "predicted": {
-            "restores": plan.restores,
-            "hit_tokens": plan.hit_tokens,
-            "peak_bytes_per_rank": predicted.peak_bytes,
-            "latency_s": predicted.latency.to_dict(),
-            "wait_s": predicted.wait.to_dict(),
-            "whole_plan_peak_bytes_per_rank": plan.whole_plan.peak_bytes,
-        },
-        "measured": {
-            "restores": len(latencies),
-            "hit_tokens": sum(m.committed_tokens for m in measured),
-            "peak_bytes_per_rank": max(pool_peaks.values(), default=0),
-            "pool_peak_by_rank": {str(r): v for r, v in sorted(pool_peaks.items())},
-            "latency_s": lat.to_dict(),
-            "failed": len(failed),
-            "first_failure": failed[0].error if failed else None,
-        },
-        "committed": {"exact": exact, "fewer": len(fewer), "more": len(more)},
-        "checks": {
+    return TraceReplay(
+        trace=trace.source,
+        requests=len(measured),
+        speedup=speedup,
+        block_tokens=done.block_tokens,
+        registration=reg.identity,
+        model=reg.model,
+        bytes_per_chunk=reg.bytes_per_chunk,
+        w=w,
+        budget_rws=budget_rws,
+        budget_bytes=budget,
+        bandwidth_bytes_per_s=bandwidth,
+        calibration=calibration,
+        predicted=PredictedReplay(
+            restores=plan.restores,
+            hit_tokens=plan.hit_tokens,
+            peak_bytes_per_rank=predicted.peak_bytes,
+            latency_s=predicted.latency,
+            wait_s=predicted.wait,
+            whole_plan_peak_bytes_per_rank=plan.whole_plan.peak_bytes,
+        ),
+        measured=MeasuredReplay(
+            restores=len(latencies),
+            hit_tokens=sum(m.committed_tokens for m in measured),
+            pool_peak_by_rank=dict(pool_peaks),
+            latency_s=percentiles(latencies),
+            failed=len(failed),
+            first_failure=failed[0].error if failed else None,
+        ),
+        committed=CommittedCounts(exact=exact, fewer=len(fewer), more=len(more)),
+        checks={
             "pool_within_budget": all(v <= budget for v in pool_peaks.values()),
             "no_failures": not failed,
             "no_more_than_predicted": not more,
         },
-        "latency_ratio": {
+        latency_ratio={
             p: (nearest_rank(latencies, q) / getattr(predicted.latency, p) if getattr(predicted.latency, p) else None)
             for p, q in (("p50", 50), ("p99", 99))
         },
-    }
+    )
 
 
 # -- stock LMCache on the same slice -------------------------------------------------------------------------------
@@ -381,7 +493,6 @@ class StockCase:
     deadline_s: float = STOCK_DEADLINE_S
     max_clients: int = MAX_CLIENTS
     serial: bool = False  # each rank's engine serves one request at a time (vLLM's worker), else calls overlap
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def stock_available() -> str | None:
@@ -430,7 +541,7 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
                 {"arrival_ms": r.arrival_ms - t_first, "input_length": r.input_length, "hash_ids": list(r.hash_ids)}
                 for r in case.trace.requests
             ],
-        } | case.extra
+        }
         path = workdir / "stock-trace-case.json"
         path.write_text(json.dumps(spec))
         log = workdir / "stock-trace-case.log"
@@ -493,15 +604,6 @@ def expected_hits(trace: Trace, reg: Registration) -> list[int]:
 
 
 @dataclass(frozen=True)
-class CommittedCounts:
-    """Requests that loaded exactly the tokens the trace lets them, fewer, or more."""
-
-    exact: int
-    fewer: int
-    more: int
-
-
-@dataclass(frozen=True)
 class StockSummary:
     """Stock LMCache's replay of the slice against the simulated hits (``stock`` in the report)."""
 
@@ -539,7 +641,7 @@ class StockSummary:
             "failed": self.failed,
             "first_failure": self.first_failure,
             "ranks_disagree": self.ranks_disagree,
-            "committed": {"exact": self.committed.exact, "fewer": self.committed.fewer, "more": self.committed.more},
+            "committed": self.committed.to_wire(),
             "elapsed_s": self.elapsed_s,
             "setup_s": self.setup_s,
         }
