@@ -103,7 +103,7 @@ def test_stock_contiguous_is_summarized_and_the_target_holds_against_the_faster_
             _row("raw", n, 0, t, _case(n, 1.6, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
             _row("stock", n, whole, t, _case(n, 2.2, whole, 2.0) | {"stage_seconds": staged}, REG, None),
             _row(
-                pe.STOCK_CONTIGUOUS,
+                pe.PeerKind.STOCK_CONTIGUOUS,
                 n,
                 whole,
                 t,

@@ -11,7 +11,7 @@ from bsr_cli.errors import InvalidInput
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from bsr_cli.bench.peer import PeerPrefix
+    from bsr_cli.bench.peer_results import PeerPrefix
 
 
 def _mib(n: int | None) -> str:
@@ -294,7 +294,7 @@ def _peer_num(x: float | None, digits: int = 2) -> str:
 
 
 def render_peer(console: Console, d: dict[str, Any]) -> None:
-    from bsr_cli.bench.peer import PeerSummary
+    from bsr_cli.bench.peer_results import PeerSummary
 
     p = d["params"]
     _header(console, d, f"bsr inside LMCache against stock LMCache 0.5.6, from Mooncake, W={p['W']}, TP {p['tp']}")
