@@ -79,10 +79,12 @@ def _plain(value: Any) -> str:
 
 
 def _footer(console: Console, d: dict[str, Any]) -> None:
-    for t in d["targets"]:
-        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "[dim]n/a[/]"}[t["met"]]
-        note = f"  [dim]({t['note']})[/]" if t.get("note") else ""
-        console.print(f"target: {t['name']} {t['target']}: measured {_plain(t['measured'])} → {mark}{note}")
+    from bsr_cli.bench.evidence import Target
+
+    for t in (Target.from_wire(x) for x in d["targets"]):
+        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "[dim]n/a[/]"}[t.met]
+        note = f"  [dim]({t.note})[/]" if t.note else ""
+        console.print(f"target: {t.name} {t.target}: measured {_plain(t.measured)} → {mark}{note}")
     files = d.get("files", {})
     console.print(
         f"[dim]bundle {files.get('bundle')}"
