@@ -237,7 +237,8 @@ def isolate(info: dict[str, Any], tier: str | None) -> tuple[str, list[str]]:
     return chosen, [t for t in tiers if t != chosen]
 
 
-def put_back(client: AdminClient, original: dict[str, Any]) -> bool:
+def put_back(client: AdminClient, original: dict[str, int]) -> bool:
+    """Put back the engine settings an experiment changed (by name); False when the engine refused."""
     try:
         client.update_settings(**original)
         return True
@@ -350,7 +351,7 @@ class Run:
         *,
         salt: int | None = None,
         on_row: OnRow | None = None,
-        engine_meta: dict[str, Any] | None = None,
+        engine_meta: dict[str, bool | float | None] | None = None,  # embedded, startup_s, restarted_per_rung
     ) -> None:
         self.client = client
         self.on_row = on_row

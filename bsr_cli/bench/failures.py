@@ -27,7 +27,7 @@ def run_failures(
     tokens: int = 8192,
     w: int | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
+    engine_meta: dict[str, bool | float | None] | None = None,
 ) -> dict[str, Any]:
     """The paper's failure matrix (the scenarios of `bsr drill`), one row per scenario."""
     from bsr_cli.drill import SCENARIOS, run_drill

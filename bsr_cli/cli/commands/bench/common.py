@@ -32,7 +32,8 @@ NoPlotsOpt = Annotated[bool, typer.Option("--no-plots", help="Write the bundle o
 WOpt = Annotated[int, typer.Option("--W", "-W", "--window-size", help="Window size in chunks.", min=1)]
 DEFAULT_OUT = Path("bench-out")
 
-Experiment = Callable[["AdminClient", dict[str, Any], Path | None], dict[str, Any]]
+# An experiment run against a client, given the engine's facts (embedded, startup_s) and its state directory.
+Experiment = Callable[["AdminClient", dict[str, bool | float | None], Path | None], dict[str, Any]]
 
 
 def ints(text: str, what: str, *, sizes: bool = False) -> list[int]:
@@ -102,8 +103,9 @@ def execute(
         with tempfile.TemporaryDirectory(prefix="bsr-bench-") as tmp:
             t0 = time.monotonic()
             with ex.embedded_engine(Path(tmp), opts) as client:
-                meta = {"embedded": True, "startup_s": round(time.monotonic() - t0, 3)}
-                st.out.note(f"engine up in {meta['startup_s']:.1f} s at {client.url}")
+                startup_s = round(time.monotonic() - t0, 3)
+                meta: dict[str, bool | float | None] = {"embedded": True, "startup_s": startup_s}
+                st.out.note(f"engine up in {startup_s:.1f} s at {client.url}")
                 result = run(client, meta, Path(tmp))
     else:
         with engine_client(st) as client:
