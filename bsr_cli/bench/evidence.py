@@ -154,12 +154,12 @@ def registration_identity(reg: Registration) -> RegistrationIdentity:
 
 def completed(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows that produced evidence: the only ones a summary may count."""
-    return [r for r in rows if r.get("status") != "interrupted"]
+    return [r for r in rows if r.get("status") != RowStatus.INTERRUPTED]
 
 
 def judge(row: dict[str, Any], checks: dict[str, bool]) -> None:
     row["checks"] = checks
-    row["status"] = "pass" if all(checks.values()) else "fail"
+    row["status"] = RowStatus.PASS if all(checks.values()) else RowStatus.FAIL
 
 
 # What a target reports as measured: a number, a phrase, or a few of them by name.
@@ -403,17 +403,17 @@ class Run:
     @contextlib.contextmanager
     def row(self, rows: list[dict[str, Any]] | None = None, **base: Any) -> Iterator[dict[str, Any]]:
         """Collect one row. Ctrl-C or an engine error inside marks it interrupted and stops the block."""
-        row: dict[str, Any] = {"status": "interrupted", **base, "started_at": now()}
+        row: dict[str, Any] = {"status": RowStatus.INTERRUPTED, **base, "started_at": now()}
         t0 = time.monotonic()
         try:
             yield row
         except KeyboardInterrupt:
             self.abort_inflight()
-            row |= {"status": "interrupted", "reason": "interrupted by the operator (Ctrl-C)"}
-            self.interrupt("operator")
+            row |= {"status": RowStatus.INTERRUPTED, "reason": "interrupted by the operator (Ctrl-C)"}
+            self.interrupt(Interruption.OPERATOR)
         except (EngineError, ServiceError, CapacityError) as e:
-            row |= {"status": "interrupted", "reason": f"{e.kind}: {e.message}"}
-            self.interrupt("error")
+            row |= {"status": RowStatus.INTERRUPTED, "reason": f"{e.kind}: {e.message}"}
+            self.interrupt(Interruption.ERROR)
         finally:
             row["elapsed_s"] = round(time.monotonic() - t0, 3)
             self.request = None
@@ -433,7 +433,7 @@ class Run:
         b["elapsed_s"] = round(time.monotonic() - self._t0, 3)
         b["summary"] = summary
         b["targets"] = [t.to_wire() for t in targets]
-        b["ok"] = bool(every) and not b["interrupted"] and all(r["status"] == "pass" for r in every)
+        b["ok"] = bool(every) and not b["interrupted"] and all(r["status"] == RowStatus.PASS for r in every)
         return b
 
     # -- the measurement every experiment shares ---------------------------------------------------------------

@@ -25,7 +25,11 @@ def _short(n: int) -> str:
 
 
 def _status(s: str) -> str:
-    return {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]"}.get(s, "[yellow]interrupted[/]")
+    from bsr_cli.bench.evidence import RowStatus
+
+    if s == RowStatus.PASS:
+        return "[green]PASS[/]"
+    return "[red]FAIL[/]" if s == RowStatus.FAIL else "[yellow]interrupted[/]"
 
 
 def _yes(v: Any) -> str:
@@ -422,11 +426,12 @@ def _peer_cpu(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
 
 
 def render_failures(console: Console, d: dict[str, Any]) -> None:
+    from bsr_cli.bench.evidence import RowStatus
 
     _header(console, d, f"Failure matrix ({d['params']['tokens']:,} tokens)")
     t = _table("scenario", "first pass", "fallback", "hash = canonical", "ranks healthy", "status")
     for r in d["rows"]:
-        if r["status"] == "interrupted":
+        if r["status"] == RowStatus.INTERRUPTED:
             t.add_row(r["scenario"], "", "", "", r.get("reason", ""), _status(r["status"]))
             continue
         fp, c = r["first_pass"], r["checks"]

@@ -47,8 +47,12 @@ def ints(text: str, what: str, *, sizes: bool = False) -> list[int]:
 
 
 def row_note(st: AppState, experiment: str) -> Callable[[dict[str, Any]], None]:
+    from bsr_cli.bench.evidence import RowStatus
+
     def note(r: dict[str, Any]) -> None:
-        status = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]"}.get(r["status"], "[yellow]interrupted[/]")
+        status = {RowStatus.PASS: "[green]pass[/]", RowStatus.FAIL: "[red]FAIL[/]"}.get(
+            r["status"], "[yellow]interrupted[/]"
+        )
         what = ", ".join(
             f"{k}={r[k]:,}" if isinstance(r[k], int) else f"{k}={r[k]}"
             for k in ("kind", "scenario", "tokens", "W", "concurrency", "cache", "trial")
@@ -140,13 +144,15 @@ def publish(st: AppState, bundle: dict[str, Any] | TypedBundle, out: Path, no_pl
 
 
 def exit_for(result: dict[str, Any], path: Path) -> None:
+    from bsr_cli.bench.evidence import Interruption, RowStatus
+
     rows = list(result["rows"]) + list(result.get("repeat", {}).get("rows", []))
-    if result.get("interrupted_by") == "operator":
+    if result.get("interrupted_by") == Interruption.OPERATOR:
         raise KeyboardInterrupt
     if result.get("interrupted"):
-        reason = next((r.get("reason") for r in rows if r["status"] == "interrupted"), "unknown")
+        reason = next((r.get("reason") for r in rows if r["status"] == RowStatus.INTERRUPTED), "unknown")
         raise ServerError(f"the experiment stopped early: {reason}", hint=f"the partial bundle is {path}")
-    failed = [r for r in rows if r["status"] == "fail"]
+    failed = [r for r in rows if r["status"] == RowStatus.FAIL]
     if failed:
         what = sorted({k for r in failed for k, ok in r.get("checks", {}).items() if not ok})
         raise DrillViolation(
