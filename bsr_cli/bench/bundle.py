@@ -9,6 +9,7 @@ Errors come back one line each, naming the JSON path (``$.rows[2].seconds: ...``
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ __all__ = [
     "validation_errors",
     "write",
 ]
+
+
+_ENUM_REPR = re.compile(r"<\w+\.\w+: ('[^']*')>")
 
 
 class _Generator(GenerateJsonSchema):
@@ -76,7 +80,10 @@ def _line(error: Any, bundle: Any) -> str:
         allowed = [t.strip().strip(chr(39)) for t in str(error["ctx"]["expected_tags"]).split(",")]
         return f"{where}.{key}: {error['ctx']['tag']!r} is not one of {allowed}"
     got = "" if isinstance(value, dict | list) else f", got {value!r}"
-    return f"{where}: {error['msg'][0].lower()}{error['msg'][1:]}{got}"
+    # pydantic names an enum member of a Literal by its repr (<Outcome.COMMITTED: 'committed'>): name its value,
+    # which is what a bundle holds.
+    msg = _ENUM_REPR.sub(r"\1", error["msg"])
+    return f"{where}: {msg[0].lower()}{msg[1:]}{got}"
 
 
 def validation_errors(bundle: Any) -> list[str]:

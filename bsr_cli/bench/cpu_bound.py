@@ -256,7 +256,7 @@ def run_cpu_bound(
     machine = ex.machine_info()
     cores = float(cores or os.cpu_count() or 1)
     # The cores this run can have: the machine's, less the other work running when it starts (1-minute load).
-    load = machine.get("loadavg") or [0.0]
+    load = machine.loadavg or [0.0]
     free_cores = max(1.0, min(cores, round(cores - float(load[0]), 2)))
     rig = _Rig(reg, tokens, w, max(budget_windows), salt, on_row)
     interrupted_by: str | None = None
@@ -286,7 +286,7 @@ def run_cpu_bound(
         "started_at": started_at,
         "finished_at": ex.now(),
         "elapsed_s": round(time.monotonic() - t_start, 3),
-        "registration": ex.registration_identity(reg),
+        "registration": ex.registration_identity(reg).to_wire(),
         "engine": {
             "url": "in-process RankRestorer (memory tier)",
             "embedded": False,
@@ -300,7 +300,7 @@ def run_cpu_bound(
                 "budget_bytes": rig.pool_bytes,
             },
         },
-        "machine": machine,
+        "machine": machine.to_wire(),
         "params": {
             "tokens": rig.n,
             "W": w,

@@ -26,12 +26,16 @@ import platform
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli import __version__
+from bsr_cli.api.codec import to_json
 from bsr_cli.core import accounting
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
 
@@ -42,6 +46,22 @@ if TYPE_CHECKING:
 BUNDLE_SCHEMA = "bsr.bench/1"
 
 OnRow = Callable[[dict[str, Any]], None]
+UNKNOWN_OUTCOME = "unknown"  # a restore answer without an outcome (bench/models.py spells it in the schema too)
+
+
+class RowStatus(StrEnum):
+    """A bundle row's status: only completed rows (pass or fail) are evidence a summary may count."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INTERRUPTED = "interrupted"  # Ctrl-C or an engine error: kept in the bundle, marked, never counted
+
+
+class Interruption(StrEnum):
+    """Why an experiment block stopped early."""
+
+    OPERATOR = "operator"  # Ctrl-C
+    ERROR = "error"  # an engine or service error
 
 
 # -- small helpers ---------------------------------------------------------------------------------------------
@@ -66,8 +86,23 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def machine_info() -> dict[str, Any]:
+@dataclass(frozen=True)
+class MachineInfo:
     """Facts about the machine running the benchmark (the engine's, when it is the embedded one)."""
+
+    cpu_count: int
+    memory_bytes: int
+    python: str
+    torch: str | None
+    mooncake: str | None
+    platform: str
+    loadavg: list[float]  # other work on the machine skews timings: how busy it was at the start
+
+    def to_wire(self) -> dict[str, int | str | list[float] | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def machine_info() -> MachineInfo:
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -76,43 +111,82 @@ def machine_info() -> dict[str, Any]:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = []
-    return {
-        "cpu_count": os.cpu_count() or 0,
-        "memory_bytes": int(memory),
-        "python": platform.python_version(),
-        "torch": _dist_version("torch"),
-        "mooncake": _dist_version("mooncake-transfer-engine-non-cuda") or _dist_version("mooncake-transfer-engine"),
-        "platform": platform.platform(),
-        # Other work on the machine skews timings; the load average at the start says how busy it was.
-        "loadavg": load,
-    }
+    return MachineInfo(
+        cpu_count=os.cpu_count() or 0,
+        memory_bytes=int(memory),
+        python=platform.python_version(),
+        torch=_dist_version("torch"),
+        mooncake=_dist_version("mooncake-transfer-engine-non-cuda") or _dist_version("mooncake-transfer-engine"),
+        platform=platform.platform(),
+        loadavg=load,
+    )
 
 
-def registration_identity(reg: Registration) -> dict[str, Any]:
-    return {
-        "identity": reg.identity,
-        "model": reg.model,
-        "tp_size": reg.tp_size,
-        "chunk_size": reg.chunk_size,
-        "bytes_per_token": reg.bytes_per_token,
-        "bytes_per_chunk": reg.bytes_per_chunk,
-        "aux_bytes": reg.aux_bytes,
-        "groups": {g: reg.group_bytes_per_chunk(g) for g in reg.group_names},
-    }
+@dataclass(frozen=True)
+class RegistrationIdentity:
+    """The registration a bundle was measured with: its identity and the sizes every byte count derives from."""
+
+    identity: str
+    model: str
+    tp_size: int
+    chunk_size: int
+    bytes_per_token: int
+    bytes_per_chunk: int
+    aux_bytes: int
+    groups: dict[str, int]  # bytes per chunk per rank, by KV group
+
+    def to_wire(self) -> dict[str, str | int | dict[str, int]]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def registration_identity(reg: Registration) -> RegistrationIdentity:
+    return RegistrationIdentity(
+        identity=reg.identity,
+        model=reg.model,
+        tp_size=reg.tp_size,
+        chunk_size=reg.chunk_size,
+        bytes_per_token=reg.bytes_per_token,
+        bytes_per_chunk=reg.bytes_per_chunk,
+        aux_bytes=reg.aux_bytes,
+        groups={g: reg.group_bytes_per_chunk(g) for g in reg.group_names},
+    )
 
 
 def completed(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows that produced evidence: the only ones a summary may count."""
-    return [r for r in rows if r.get("status") != "interrupted"]
+    return [r for r in rows if r.get("status") != RowStatus.INTERRUPTED]
 
 
 def judge(row: dict[str, Any], checks: dict[str, bool]) -> None:
     row["checks"] = checks
-    row["status"] = "pass" if all(checks.values()) else "fail"
+    row["status"] = RowStatus.PASS if all(checks.values()) else RowStatus.FAIL
 
 
-def target(name: str, wanted: str, measured: Any, met: bool | None, note: str = "") -> dict[str, Any]:
-    return {"name": name, "target": wanted, "measured": measured, "met": met, "note": note}
+# What a target reports as measured: a number, a phrase, or a few of them by name.
+Measurement = str | int | float | bool | None | Sequence[int | float | str] | Mapping[str, int | float | str | None]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target a bundle was measured against, and whether it was met (None: not applicable this run)."""
+
+    name: str
+    target: str
+    measured: Measurement
+    met: bool | None
+    note: str | None = None  # None: the bundle has no note key (bench peer's targets)
+
+    def to_wire(self) -> dict[str, Any]:
+        out = {"name": self.name, "target": self.target, "measured": to_json(self.measured), "met": self.met}
+        return out if self.note is None else out | {"note": self.note}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Target:
+        return cls(str(d["name"]), str(d["target"]), d.get("measured"), d.get("met"), d.get("note"))
+
+
+def target(name: str, wanted: str, measured: Measurement, met: bool | None, note: str = "") -> Target:
+    return Target(name, wanted, measured, met, note)
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -163,7 +237,8 @@ def isolate(info: dict[str, Any], tier: str | None) -> tuple[str, list[str]]:
     return chosen, [t for t in tiers if t != chosen]
 
 
-def put_back(client: AdminClient, original: dict[str, Any]) -> bool:
+def put_back(client: AdminClient, original: dict[str, int]) -> bool:
+    """Put back the engine settings an experiment changed (by name); False when the engine refused."""
     try:
         client.update_settings(**original)
         return True
@@ -171,21 +246,94 @@ def put_back(client: AdminClient, original: dict[str, Any]) -> bool:
         return False
 
 
-def prompt_of(tokens: int, salt: int) -> dict[str, Any]:
+def prompt_of(tokens: int, salt: int) -> dict[str, dict[str, int]]:
     # Synthetic prompts with one seed are prefixes of each other, so rows of one salt share their leading chunks.
     return {"synthetic": {"n": tokens, "seed": salt}}
 
 
-def warm_evidence(res: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WarmEvidence:
+    """The submit that stored the prompt before it was restored (a row's ``warm``)."""
+
+    request: str | None
+    seconds: float
+    external_tokens: int
+    computed_tokens: int
+    hash_ok: bool | None
+    store_errors: dict[str, dict[str, str]]  # by rank, by tier: why a tier did not take the chunks
+
+    def to_wire(self) -> dict[str, Any]:
+        return {f.name: to_json(getattr(self, f.name)) for f in fields(self)}
+
+
+def warm_evidence(res: dict[str, Any]) -> WarmEvidence:
+    """The evidence of the engine's answer ``res`` to a submit."""
     stored = res.get("stored") or {}
-    return {
-        "request": res.get("request"),
-        "seconds": round(float(res.get("seconds", 0.0)), 4),
-        "external_tokens": int(res.get("external_tokens", 0)),
-        "computed_tokens": int(res.get("computed_tokens", 0)),
-        "hash_ok": res.get("hash_ok"),
-        "store_errors": stored.get("errors") or {},
-    }
+    return WarmEvidence(
+        request=res.get("request"),
+        seconds=round(float(res.get("seconds", 0.0)), 4),
+        external_tokens=int(res.get("external_tokens", 0)),
+        computed_tokens=int(res.get("computed_tokens", 0)),
+        hash_ok=res.get("hash_ok"),
+        store_errors=stored.get("errors") or {},
+    )
+
+
+@dataclass(frozen=True)
+class RankEvidence:
+    """One rank's part of a restore: its pool peak (what the bound is judged on) and its times."""
+
+    rank: int
+    pool_peak_bytes: int
+    peak_live_bytes: int
+    bytes_restored: int
+    seconds: float
+    fetch_seconds: float
+    install_seconds: float
+    gbps: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class RestoreEvidence:
+    """The evidence of one restore (`Run.restore`): what was committed, in how many windows, and every rank's pool
+    peak against the bound. Fields in the bundle's key order."""
+
+    request: str | None
+    outcome: Outcome | None  # None: the answer named none ("unknown" in the bundle)
+    tiers: list[str]
+    excluded_tiers: list[str]
+    advertised_tokens: int
+    committed_tokens: int
+    chunks: int
+    windows: int
+    expected_windows: int
+    seconds: float
+    total_bytes: int  # "bytes" in the bundle
+    gbps: float
+    gbps_per_rank: float  # request-level: what one rank receives over the whole request's time
+    peak_pool_bytes: int
+    predicted_peak_bytes: int
+    rws_bytes: int | None  # None for the whole-plan path (W=0)
+    whole_plan_bytes: int
+    ranks: tuple[RankEvidence, ...]
+    output_hash: str | None
+    canonical_hash: str | None
+    hash_ok: bool | None
+    healthy: bool
+    failure: str | None  # the first failure's reason
+
+    def to_wire(self) -> dict[str, Any]:
+        out = {("bytes" if f.name == "total_bytes" else f.name): to_json(getattr(self, f.name)) for f in fields(self)}
+        out["outcome"] = self.outcome or UNKNOWN_OUTCOME
+        return out
+
+
+def _outcome(value: object) -> Outcome | None:
+    try:
+        return Outcome(str(value))
+    except ValueError:
+        return None
 
 
 # -- one experiment block ----------------------------------------------------------------------------------------
@@ -203,7 +351,7 @@ class Run:
         *,
         salt: int | None = None,
         on_row: OnRow | None = None,
-        engine_meta: dict[str, Any] | None = None,
+        engine_meta: dict[str, bool | float | None] | None = None,  # embedded, startup_s, restarted_per_rung
     ) -> None:
         self.client = client
         self.on_row = on_row
@@ -222,9 +370,9 @@ class Run:
             "started_at": now(),
             "finished_at": None,
             "elapsed_s": None,
-            "registration": registration_identity(self.reg),
+            "registration": registration_identity(self.reg).to_wire(),
             "engine": {"url": client.url, "info": self.info} | (engine_meta or {}),
-            "machine": machine_info(),
+            "machine": machine_info().to_wire(),
             "params": params,
             "rows": [],
             "summary": {},
@@ -255,17 +403,17 @@ class Run:
     @contextlib.contextmanager
     def row(self, rows: list[dict[str, Any]] | None = None, **base: Any) -> Iterator[dict[str, Any]]:
         """Collect one row. Ctrl-C or an engine error inside marks it interrupted and stops the block."""
-        row: dict[str, Any] = {"status": "interrupted", **base, "started_at": now()}
+        row: dict[str, Any] = {"status": RowStatus.INTERRUPTED, **base, "started_at": now()}
         t0 = time.monotonic()
         try:
             yield row
         except KeyboardInterrupt:
             self.abort_inflight()
-            row |= {"status": "interrupted", "reason": "interrupted by the operator (Ctrl-C)"}
-            self.interrupt("operator")
+            row |= {"status": RowStatus.INTERRUPTED, "reason": "interrupted by the operator (Ctrl-C)"}
+            self.interrupt(Interruption.OPERATOR)
         except (EngineError, ServiceError, CapacityError) as e:
-            row |= {"status": "interrupted", "reason": f"{e.kind}: {e.message}"}
-            self.interrupt("error")
+            row |= {"status": RowStatus.INTERRUPTED, "reason": f"{e.kind}: {e.message}"}
+            self.interrupt(Interruption.ERROR)
         finally:
             row["elapsed_s"] = round(time.monotonic() - t0, 3)
             self.request = None
@@ -276,7 +424,7 @@ class Run:
     def finish(
         self,
         summary: dict[str, Any],
-        targets: list[dict[str, Any]],
+        targets: Sequence[Target],
         rows: Sequence[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         b = self.bundle
@@ -284,14 +432,20 @@ class Run:
         b["finished_at"] = now()
         b["elapsed_s"] = round(time.monotonic() - self._t0, 3)
         b["summary"] = summary
-        b["targets"] = targets
-        b["ok"] = bool(every) and not b["interrupted"] and all(r["status"] == "pass" for r in every)
+        b["targets"] = [t.to_wire() for t in targets]
+        b["ok"] = bool(every) and not b["interrupted"] and all(r["status"] == RowStatus.PASS for r in every)
         return b
 
     # -- the measurement every experiment shares ---------------------------------------------------------------
     def restore(
-        self, prompt: dict[str, Any], tokens: int, w: int, *, exclude: Sequence[str] = (), verify: bool = True
-    ) -> dict[str, Any]:
+        self,
+        prompt: dict[str, dict[str, int]],
+        tokens: int,
+        w: int,
+        *,
+        exclude: Sequence[str] = (),
+        verify: bool = True,
+    ) -> RestoreEvidence:
         """reset the pool peak, restore, read the pool and health: the evidence of one restore."""
         c, reg = self.client, self.reg
         c.reset_peak()
@@ -307,57 +461,56 @@ class Run:
             secs = float(o.get("seconds", 0.0))
             nbytes = int(o.get("bytes_restored", 0))
             ranks.append(
-                {
-                    "rank": int(p["rank"]),
-                    "pool_peak_bytes": int(p.get("pool", {}).get("peak_bytes", 0)),
-                    "peak_live_bytes": int(o.get("peak_live_bytes", 0)),
-                    "bytes_restored": nbytes,
-                    "seconds": round(secs, 4),
-                    "fetch_seconds": round(float(o.get("fetch_seconds", 0.0)), 4),
-                    "install_seconds": round(float(o.get("install_seconds", 0.0)), 4),
-                    "gbps": round(nbytes / secs / 1e9, 4) if secs > 0 else 0.0,
-                    "ok": bool(o.get("ok", False)),
-                }
+                RankEvidence(
+                    rank=int(p["rank"]),
+                    pool_peak_bytes=int(p.get("pool", {}).get("peak_bytes", 0)),
+                    peak_live_bytes=int(o.get("peak_live_bytes", 0)),
+                    bytes_restored=nbytes,
+                    seconds=round(secs, 4),
+                    fetch_seconds=round(float(o.get("fetch_seconds", 0.0)), 4),
+                    install_seconds=round(float(o.get("install_seconds", 0.0)), 4),
+                    gbps=round(nbytes / secs / 1e9, 4) if secs > 0 else 0.0,
+                    ok=bool(o.get("ok", False)),
+                )
             )
         seconds = float(res.get("seconds", 0.0))
         total = int(res.get("bytes", 0))
         failures = res.get("failures") or []
-        return {
-            "request": res.get("request"),
-            "outcome": res.get("outcome", "unknown"),
-            "tiers": list(res.get("tiers") or []),
-            "excluded_tiers": list(exclude),
-            "advertised_tokens": int(res.get("advertised_tokens", 0)),
-            "committed_tokens": int(res.get("committed_tokens", 0)),
-            "chunks": chunks,
-            "windows": int(res.get("windows", 0)),
-            "expected_windows": accounting.num_windows(chunks, w),
-            "seconds": round(seconds, 4),
-            "bytes": total,
-            "gbps": round(total / seconds / 1e9, 4) if seconds > 0 else 0.0,
-            # Request-level throughput per rank: what one rank receives over the whole request's time.
-            "gbps_per_rank": round(total / max(len(ranks), 1) / seconds / 1e9, 4) if seconds > 0 else 0.0,
-            "peak_pool_bytes": max((r["pool_peak_bytes"] for r in ranks), default=0),
-            "predicted_peak_bytes": accounting.peak_bytes(reg, w, chunks),
-            "rws_bytes": accounting.rws_bytes(reg, w) if w else None,
-            "whole_plan_bytes": accounting.whole_plan_bytes(reg, chunks),
-            "ranks": ranks,
-            "output_hash": res.get("output_hash"),
-            "canonical_hash": res.get("canonical_hash"),
-            "hash_ok": res.get("hash_ok"),
-            "healthy": bool(health.get("ok")),
-            "failure": failures[0]["reason"] if failures else None,
-        }
+        return RestoreEvidence(
+            request=res.get("request"),
+            outcome=_outcome(res.get("outcome")),
+            tiers=list(res.get("tiers") or []),
+            excluded_tiers=list(exclude),
+            advertised_tokens=int(res.get("advertised_tokens", 0)),
+            committed_tokens=int(res.get("committed_tokens", 0)),
+            chunks=chunks,
+            windows=int(res.get("windows", 0)),
+            expected_windows=accounting.num_windows(chunks, w),
+            seconds=round(seconds, 4),
+            total_bytes=total,
+            gbps=round(total / seconds / 1e9, 4) if seconds > 0 else 0.0,
+            gbps_per_rank=round(total / max(len(ranks), 1) / seconds / 1e9, 4) if seconds > 0 else 0.0,
+            peak_pool_bytes=max((r.pool_peak_bytes for r in ranks), default=0),
+            predicted_peak_bytes=accounting.peak_bytes(reg, w, chunks),
+            rws_bytes=accounting.rws_bytes(reg, w) if w else None,
+            whole_plan_bytes=accounting.whole_plan_bytes(reg, chunks),
+            ranks=tuple(ranks),
+            output_hash=res.get("output_hash"),
+            canonical_hash=res.get("canonical_hash"),
+            hash_ok=res.get("hash_ok"),
+            healthy=bool(health.get("ok")),
+            failure=failures[0]["reason"] if failures else None,
+        )
 
 
-def restore_checks(ev: dict[str, Any], tokens: int, *, peak: int | None, verified: bool = True) -> dict[str, bool]:
+def restore_checks(ev: RestoreEvidence, tokens: int, *, peak: int | None, verified: bool = True) -> dict[str, bool]:
     checks = {
-        "committed_all": ev["outcome"] == "committed" and ev["committed_tokens"] == tokens,
-        "windows": ev["windows"] == ev["expected_windows"],
-        "ranks_healthy": ev["healthy"],
+        "committed_all": ev.outcome == Outcome.COMMITTED and ev.committed_tokens == tokens,
+        "windows": ev.windows == ev.expected_windows,
+        "ranks_healthy": ev.healthy,
     }
     if peak is not None:
-        checks["peak_equals_bound"] = bool(ev["ranks"]) and all(r["pool_peak_bytes"] == peak for r in ev["ranks"])
+        checks["peak_equals_bound"] = bool(ev.ranks) and all(r.pool_peak_bytes == peak for r in ev.ranks)
     if verified:
-        checks["hash_canonical"] = ev["hash_ok"] is True
+        checks["hash_canonical"] = ev.hash_ok is True
     return checks

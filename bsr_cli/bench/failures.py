@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from bsr_cli.bench.evidence import (
     OnRow,
+    RowStatus,
     Run,
     completed,
     judge,
@@ -27,7 +28,7 @@ def run_failures(
     tokens: int = 8192,
     w: int | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
+    engine_meta: dict[str, bool | float | None] | None = None,
 ) -> dict[str, Any]:
     """The paper's failure matrix (the scenarios of `bsr drill`), one row per scenario."""
     from bsr_cli.drill import SCENARIOS, run_drill
@@ -51,10 +52,10 @@ def run_failures(
     done = completed(run.rows)
     summary = {
         "scenarios": {r["scenario"]: r["status"] for r in run.rows},
-        "passed": sum(r["status"] == "pass" for r in done),
+        "passed": sum(r["status"] == RowStatus.PASS for r in done),
         "completed": len(done),
         "interrupted": len(run.rows) - len(done),
     }
-    ok = bool(done) and all(r["status"] == "pass" for r in done) and len(done) == len(SCENARIOS)
+    ok = bool(done) and all(r["status"] == RowStatus.PASS for r in done) and len(done) == len(SCENARIOS)
     targets = [target("every failure scenario fails closed and recovers", "all PASS", summary["scenarios"], ok)]
     return run.finish(summary, targets)

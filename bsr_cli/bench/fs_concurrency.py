@@ -11,6 +11,7 @@ from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
+    Target,
     completed,
     isolate,
     judge,
@@ -115,8 +116,9 @@ def run_fs_concurrency(
     try:
         client.update_settings(budget_bytes=rws)
         with run.row(kind="warm", tokens=tokens, W=w) as row:
-            row["warm"] = warm_evidence(client.submit(prompt, w=w))
-            judge(row, {"warm_hash_ok": row["warm"]["hash_ok"] is True})
+            warm = warm_evidence(client.submit(prompt, w=w))
+            row["warm"] = warm.to_wire()
+            judge(row, {"warm_hash_ok": warm.hash_ok is True})
         files = _prompt_files(fs_dir, reg, tokens, salt) if method == "posix_fadvise" and fs_dir else []
         for trial in range(trials):
             for c in conc if files else ():
@@ -161,8 +163,8 @@ def _restore_row(
             evicted = eviction.ok
         # Verify once per configuration; the restore's own seconds exclude the verification.
         ev = run.restore(prompt, tokens, w, exclude=exclude, verify=trial == 0)
-        row |= ev
-        checks = restore_checks(ev, tokens, peak=ev["predicted_peak_bytes"], verified=trial == 0)
+        row |= ev.to_wire()
+        checks = restore_checks(ev, tokens, peak=ev.predicted_peak_bytes, verified=trial == 0)
         judge(row, checks | {"cache_evicted": evicted})
 
 
@@ -209,9 +211,7 @@ def _summary(
     )
 
 
-def _targets(
-    summary: FsSummary, conc: Sequence[int], method: str | None, rws: int, any_done: bool
-) -> list[dict[str, Any]]:
+def _targets(summary: FsSummary, conc: Sequence[int], method: str | None, rws: int, any_done: bool) -> list[Target]:
     speedups = summary.speedup
     basis = "cold" if "cold" in speedups else "warm"
     measured = speedups.get(basis)

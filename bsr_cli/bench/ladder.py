@@ -11,8 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    UNKNOWN_OUTCOME,
     OnRow,
+    RankEvidence,
     Run,
+    WarmEvidence,
     completed,
     judge,
     new_salt,
@@ -48,7 +51,7 @@ class LadderAttempt:
     """One prefix restored whole-plan (W=0) on one rung's engine."""
 
     rung: int  # pool capacity per rank, bytes
-    warm: dict[str, Any] | None  # the warming submit's evidence; None when a tier already held the whole prompt
+    warm: WarmEvidence | None  # the warming submit's evidence; None when a tier already held the whole prompt
     outcome: str  # an Outcome, or "unknown" when the engine said none
     committed_tokens: int
     failure: str | None
@@ -58,7 +61,7 @@ class LadderAttempt:
     tiers: list[str]
     hash_ok: bool | None
     healthy: bool
-    ranks: list[dict[str, Any]]  # per rank: pool peak, bytes, seconds (the shared restore evidence)
+    ranks: tuple[RankEvidence, ...]  # per rank: pool peak, bytes, seconds (the shared restore evidence)
     passed: bool
 
 
@@ -241,7 +244,7 @@ def _prefix_row(run: Run, n: int, steps: Sequence[int], climb: _Climb) -> dict[s
     else:
         row |= {
             "measured_peak_bytes": ev.peak_pool_bytes,
-            "ranks": ev.ranks,
+            "ranks": to_json(ev.ranks),
             "seconds": ev.seconds,
             "gbps": ev.gbps,
             "tiers": ev.tiers,
@@ -252,7 +255,7 @@ def _prefix_row(run: Run, n: int, steps: Sequence[int], climb: _Climb) -> dict[s
             row,
             {
                 "rung_matches_prediction": s.first == predicted,
-                "peak_equals_whole_plan": all(r["pool_peak_bytes"] == need for r in ev.ranks),
+                "peak_equals_whole_plan": all(r.pool_peak_bytes == need for r in ev.ranks),
                 "hash_canonical": ev.hash_ok is True,
                 "ranks_healthy": bool(ev.healthy),
             },
@@ -272,15 +275,15 @@ def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> Ladd
     return LadderAttempt(
         rung=rung,
         warm=warm,
-        outcome=ev["outcome"],
-        committed_tokens=ev["committed_tokens"],
-        failure=ev["failure"],
-        peak_pool_bytes=ev["peak_pool_bytes"],
-        seconds=ev["seconds"],
-        gbps=ev["gbps"],
-        tiers=ev["tiers"],
-        hash_ok=ev["hash_ok"],
-        healthy=ev["healthy"],
-        ranks=ev["ranks"],
-        passed=ev["outcome"] == Outcome.COMMITTED and ev["committed_tokens"] == n,
+        outcome=ev.outcome or UNKNOWN_OUTCOME,
+        committed_tokens=ev.committed_tokens,
+        failure=ev.failure,
+        peak_pool_bytes=ev.peak_pool_bytes,
+        seconds=ev.seconds,
+        gbps=ev.gbps,
+        tiers=ev.tiers,
+        hash_ok=ev.hash_ok,
+        healthy=ev.healthy,
+        ranks=ev.ranks,
+        passed=ev.outcome == Outcome.COMMITTED and ev.committed_tokens == n,
     )

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter
 
+from bsr_cli.core.evidence import Outcome
+
 SCHEMA_ID = "bsr.bench/1"
 EXPERIMENTS = ("ladder", "sweep", "wlaw", "fs-concurrency", "store", "failures", "peer", "cpu-bound")
 
@@ -66,7 +68,15 @@ class Rank(_Obj):
 class Restore(_Obj):
     """One restore's evidence: what was committed, in how many windows, and the pool's peak against the bound."""
 
-    outcome: Literal["committed", "failed_closed", "refused", "aborted", "nothing_to_restore", "unknown"]
+    # Every Outcome, or "unknown" when the engine's answer named none (bench/evidence.py UNKNOWN_OUTCOME).
+    outcome: Literal[
+        Outcome.COMMITTED,
+        Outcome.FAILED_CLOSED,
+        Outcome.REFUSED,
+        Outcome.ABORTED,
+        Outcome.NOTHING_TO_RESTORE,
+        "unknown",
+    ]
     tiers: list[StrictStr] = _absent()
     committed_tokens: NonNegInt
     chunks: NonNegInt

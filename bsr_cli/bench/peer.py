@@ -20,7 +20,8 @@ Throughput is GB/s per rank; staging bytes are LMCache's L1 allocator high-water
 from /proc for the case process, the master and the segment holder, around the operation only.
 
 Over 500 lines on purpose: the store, the cases and the summary all follow one run's objects, and reading them in
-one place is how a reader checks that stock and bsr were measured on the same bytes.
+one place is how a reader checks that stock and bsr were measured on the same bytes. The result types they build
+are in bsr_cli/bench/peer_results.py.
 """
 
 from __future__ import annotations
@@ -29,20 +30,33 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bsr_cli import __version__
+from bsr_cli.bench.evidence import Interruption, OnRow, RowStatus, Target
+from bsr_cli.bench.peer_results import (
+    MEASURED_KINDS,
+    BelowRung,
+    CaseResult,
+    CpuCost,
+    PeerBundle,
+    PeerKind,
+    PeerMeasurement,
+    PeerModel,
+    PeerParams,
+    PeerPrefix,
+    PeerRow,
+    PeerSide,
+    PeerSummary,
+    StockStages,
+)
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import CapacityError, ServiceError
-
-OnRow = Callable[[dict[str, Any]], None]
-STOCK_CONTIGUOUS = "stock_contiguous"  # stock LMCache's retrieve into a contiguous destination, after its lookup
 
 RESULT_PREFIX = "BSR-PEER-RESULT "
 ENV_PYTHON = "BSR_LMCACHE_PYTHON"
@@ -53,16 +67,10 @@ CASE_SETUP_S = 180.0  # LMCache import, engine build and KV allocation of one ca
 THROUGHPUT_TARGET = 1.0  # bsr against stock LMCache, GB/s per rank
 STAGING_TARGET = 1 / 8  # bsr's L1 peak against stock's at the largest prefix
 CPU_TARGET = 1.25  # CPU seconds per GB restored against a raw GET's
-DEFAULT_MODEL = {
-    # 16 KiB per token per rank (bf16): 4 MiB per 256-token chunk, 2 GiB at 131,072 tokens.
-    "name": "bsr/peer-16k",
-    "layers": 8,
-    "kv_heads": 4,
-    "head_size": 128,
-    "dtype": "bf16",
-    "block_size": 16,
-    "chunk_size": 256,
-}
+
+
+# 16 KiB per token per rank (bf16): 4 MiB per 256-token chunk, 2 GiB at 131,072 tokens.
+DEFAULT_MODEL = PeerModel("bsr/peer-16k", layers=8, kv_heads=4, head_size=128)
 
 
 # -- where LMCache is --------------------------------------------------------------------------------------------
@@ -101,16 +109,15 @@ def case_env(plugins: Path) -> dict[str, str]:
 # -- the registration ----------------------------------------------------------------------------------------------
 
 
-def registration(model: dict[str, Any], tp: int) -> Registration:
+def registration(model: PeerModel, tp: int) -> Registration:
     """The plugin host's registration for this model (lmcache_bsr.host.registration_from builds the same)."""
-    layers, heads, head = int(model["layers"]), int(model["kv_heads"]), int(model["head_size"])
-    dtype = str(model.get("dtype", "bf16"))
+    shape = (2, model.kv_heads, model.head_size)
     return Registration(
-        model=str(model["name"]),
+        model=model.name,
         tp_size=tp,
-        groups=(KVGroup("attn", int(model.get("block_size", 16))),),
-        tensors=tuple(TensorSpec(f"layers.{i}.kv", dtype, (2, heads, head), "attn") for i in range(layers)),
-        chunk_size=int(model.get("chunk_size", 256)),
+        groups=(KVGroup("attn", model.block_size),),
+        tensors=tuple(TensorSpec(f"layers.{i}.kv", model.dtype, shape, "attn") for i in range(model.layers)),
+        chunk_size=model.chunk_size,
         source="lmcache-host",
     )
 
@@ -137,30 +144,29 @@ def mem_available() -> int:
 
 
 class CaseRunner:
-    def __init__(self, python: Path, plugins: Path, workdir: Path, base: dict[str, Any]) -> None:
+    def __init__(self, python: Path, plugins: Path, workdir: Path, base: CaseBase) -> None:
         self.python, self.plugins, self.workdir, self.base = python, plugins, workdir, base
         self.n = 0
 
-    def need_bytes(self, case: dict[str, Any], reg: Registration) -> int:
-        tokens = int(case["tokens"]) + reg.chunk_size
+    def need_bytes(self, case: Case, reg: Registration) -> int:
+        tokens = case.tokens + reg.chunk_size
         kv = tokens * reg.bytes_per_token * reg.tp_size  # the destination KV of every rank
-        l1 = int(case["l1_bytes"]) * reg.tp_size
+        l1 = case.l1_bytes * reg.tp_size
         # The raw GET's buffer, or stock's contiguous destination beside the paged KV.
-        extra = case["mode"] == "raw" or case.get("destination") == "contiguous"
+        extra = case.mode == "raw" or case.destination == "contiguous"
         raw = tokens * reg.bytes_per_token * reg.tp_size if extra else 0
         return kv + l1 + raw + (600 << 20) * reg.tp_size  # + LMCache, torch and Mooncake per engine
 
-    def run(self, case: dict[str, Any], reg: Registration) -> dict[str, Any]:
+    def run(self, case: Case, reg: Registration) -> CaseResult:
         """The case's result (``error`` set when the process failed); killed at its deadline."""
-        case = self.base | case
         need, avail = self.need_bytes(case, reg), mem_available()
         if avail and need > avail:
-            return {"ok": False, "error": f"capacity: needs ~{need >> 20:,} MiB, {avail >> 20:,} MiB available"}
+            return CaseResult(error=f"capacity: needs ~{need >> 20:,} MiB, {avail >> 20:,} MiB available")
         self.n += 1
-        path = self.workdir / f"case-{self.n:03d}-{case['mode']}.json"
-        path.write_text(json.dumps(case))
+        path = self.workdir / f"case-{self.n:03d}-{case.mode}.json"
+        path.write_text(json.dumps(self.base.to_wire() | case.to_wire()))
         log = path.with_suffix(".log")
-        deadline = CASE_SETUP_S + float(case.get("deadline_s", 10.0)) * 4 + 60.0
+        deadline = CASE_SETUP_S + self.base.deadline_s * 4 + 60.0
         with log.open("w") as err:
             proc = subprocess.Popen(
                 [str(self.python), "-m", "lmcache_bsr.peer", str(path)],
@@ -175,7 +181,7 @@ class CaseRunner:
                 out, _ = proc.communicate(timeout=deadline)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                return {"ok": False, "killed": True, "error": f"the case did not end within {deadline:.0f}s"}
+                return CaseResult(killed=True, error=f"the case did not end within {deadline:.0f}s")
             except BaseException:
                 _kill_group(proc)
                 raise
@@ -183,9 +189,9 @@ class CaseRunner:
                 _kill_group(proc)  # nothing it started may outlive it (it runs in its own session)
         for line in reversed(out.splitlines()):
             if line.startswith(RESULT_PREFIX):
-                return dict(json.loads(line[len(RESULT_PREFIX) :]))
+                return CaseResult.from_wire(json.loads(line[len(RESULT_PREFIX) :]))
         tail = [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-1:]
-        return {"ok": False, "error": f"the case exited {proc.returncode} without a result: {' '.join(tail)}"}
+        return CaseResult(error=f"the case exited {proc.returncode} without a result: {' '.join(tail)}")
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
@@ -193,6 +199,48 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class CaseBase:
+    """What every case of one run shares: the model, the store, the prompt's seed and the retrieve deadline."""
+
+    model: PeerModel
+    tp: int
+    rpc_address: str
+    metadata_url: str
+    seed: int
+    deadline_s: float
+    master_pid: int
+    segment_holder_pid: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "model": self.model.to_wire() | {"tp_size": self.tp},
+            "master": {"rpc_address": self.rpc_address, "metadata_url": self.metadata_url},
+            "seed": self.seed,
+            "deadline_s": self.deadline_s,
+            "watch_pids": {"master": self.master_pid, "segment_holder": self.segment_holder_pid},
+        }
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement for a case process: its mode, the prefix, its L1 (and W for the windowed modes)."""
+
+    mode: str  # store, raw, stock or bsr (plugins/lmcache_bsr/peer.py)
+    tokens: int
+    l1_bytes: int
+    w: int | None = None
+    destination: str | None = None  # stock only: "contiguous" after an untimed lookup, else the paged KV
+
+    def to_wire(self) -> dict[str, int | str]:
+        out: dict[str, int | str] = {"mode": self.mode, "tokens": self.tokens, "l1_bytes": self.l1_bytes}
+        if self.destination is not None:
+            out["destination"] = self.destination
+        if self.w is not None:
+            out["W"] = self.w
+        return out
 
 
 # -- the experiment ----------------------------------------------------------------------------------------------
@@ -211,66 +259,57 @@ def _cpu_per_gb(cpu: dict[str, float], nbytes_total: int) -> dict[str, float]:
     return out
 
 
-def case_row(kind: str, n: int, l1: int, trial: int, res: dict[str, Any], reg: Registration, w: int | None) -> dict:
+def case_row(kind: PeerKind, n: int, l1: int, trial: int, res: CaseResult, reg: Registration, w: int | None) -> PeerRow:
     """The bundle row of one case process's result ``res`` (a ``kind`` of restore of ``n`` tokens with ``l1`` bytes
     of L1): its measurements and the checks its kind must pass, with ``status`` pass, fail or interrupted."""
     per_rank = n * reg.bytes_per_token
-    row: dict[str, Any] = {"kind": kind, "tokens": n, "l1_bytes": l1, "trial": trial, "W": w}
-    if res.get("error") and not res.get("killed"):
-        return row | {"status": "interrupted", "reason": str(res["error"])}
-    loaded = int(res.get("loaded_tokens") or 0)
-    seconds = float(res.get("seconds") or 0.0)
-    timed_out = bool(res.get("timed_out") or res.get("killed"))
-    row |= {
-        "outcome": res.get("outcome") or ("timed_out" if timed_out else "error"),
-        "loaded_tokens": loaded,
-        "seconds": round(seconds, 4),
-        "gbps_per_rank": _gbps(per_rank, seconds) if loaded == n else 0.0,
-        "l1_peak_bytes": int(res.get("l1_peak_bytes") or 0),
-        "l1_capacity_bytes": int(res.get("l1_capacity_bytes") or l1),
-        "hash_ok": res.get("hash_ok"),
-        "timed_out": timed_out,
-        "windows": int(res.get("windows") or 0),
-        "setup_seconds": res.get("setup_seconds"),
-        "nice": res.get("nice"),
-        "ranks": res.get("ranks") or [],
-    }
-    if res.get("stage_seconds"):
-        # Stock's retrieve by stage (wall seconds, summed over ranks): lookup, fetch (L1 allocation + transfer),
-        # install (the connector's copies); what is left of the call is key hashing and bookkeeping.
-        row["stage_seconds"] = dict(res["stage_seconds"])
-        row["destination"] = res.get("destination")
-        if res.get("untimed_lookup_seconds") is not None:
-            row["untimed_lookup_seconds"] = res["untimed_lookup_seconds"]
-    if res.get("cpu") and loaded == n:
-        cpu = dict(res["cpu"])
-        row["cpu_seconds"] = cpu
-        row["cpu_s_per_gb"] = _cpu_per_gb(cpu, per_rank * reg.tp_size)
-        row["install_cpu_s_per_gb"] = round(
-            float(res.get("install_cpu_seconds") or 0.0) / (per_rank * reg.tp_size / 1e9), 4
+    if res.error and not res.killed:
+        return PeerRow(kind, n, RowStatus.INTERRUPTED, l1, trial, w, reason=res.error)
+    loaded = res.loaded_tokens
+    timed_out = res.timed_out or res.killed
+    stages = StockStages(res.stage_seconds, res.destination, res.untimed_lookup_seconds) if res.stage_seconds else None
+    cpu = None
+    if res.cpu and loaded == n:
+        cpu = CpuCost(
+            res.cpu,
+            _cpu_per_gb(res.cpu, per_rank * reg.tp_size),
+            round(res.install_cpu_seconds / (per_rank * reg.tp_size / 1e9), 4),
         )
-    if res.get("killed"):
-        row["reason"] = str(res.get("error"))
+    m = PeerMeasurement(
+        outcome=res.outcome or ("timed_out" if timed_out else "error"),
+        loaded_tokens=loaded,
+        seconds=round(res.seconds, 4),
+        gbps_per_rank=_gbps(per_rank, res.seconds) if loaded == n else 0.0,
+        l1_peak_bytes=res.l1_peak_bytes,
+        l1_capacity_bytes=res.l1_capacity_bytes or l1,
+        hash_ok=res.hash_ok,
+        timed_out=timed_out,
+        windows=res.windows,
+        setup_seconds=res.setup_seconds,
+        nice=res.nice,
+        ranks=res.ranks,
+        stages=stages,
+        cpu=cpu,
+    )
     whole = -(-n // reg.chunk_size) * reg.bytes_per_chunk
-    if kind == "raw":
+    if kind == PeerKind.RAW:
         checks = {"every_object_read": loaded == n}
-    elif kind == "bsr":
+    elif kind == PeerKind.BSR:
         rws = int(w or 0) * reg.bytes_per_chunk
         checks = {
             "committed_all": loaded == n,
-            "hash_ok": res.get("hash_ok") is True,
+            "hash_ok": res.hash_ok is True,
             # L1 = B: never more than the budget, in whole windows' worth of chunks.
-            "l1_peak_at_most_budget": 0 < row["l1_peak_bytes"] <= l1,
-            "l1_peak_whole_chunks": rws > 0 and row["l1_peak_bytes"] % reg.bytes_per_chunk == 0,
+            "l1_peak_at_most_budget": 0 < m.l1_peak_bytes <= l1,
+            "l1_peak_whole_chunks": rws > 0 and m.l1_peak_bytes % reg.bytes_per_chunk == 0,
         }
     elif l1 >= whole:
-        checks = {"loaded_all": loaded == n, "hash_ok": res.get("hash_ok") is True}
+        checks = {"loaded_all": loaded == n, "hash_ok": res.hash_ok is True}
     else:
         # Below the rung the finding is stock LMCache's own behaviour; what must hold is that it was bounded.
         checks = {"bounded_by_deadline": True, "not_partially_reported_as_loaded": loaded in (0, n)}
-    row["checks"] = checks
-    row["status"] = "pass" if all(checks.values()) else "fail"
-    return row
+    status = RowStatus.PASS if all(checks.values()) else RowStatus.FAIL
+    return PeerRow(kind, n, status, l1, trial, w, m, res.error if res.killed else None, checks)
 
 
 class _Plan:
@@ -284,9 +323,9 @@ class _Plan:
         below_rung: Sequence[int],
         trials: int,
         bsr_windows: int,
-        model: dict[str, Any] | None,
+        model: PeerModel | None,
     ) -> None:
-        self.model = dict(model or DEFAULT_MODEL)
+        self.model = model or DEFAULT_MODEL
         self.reg = registration(self.model, tp)
         self.tokens = sorted({int(n) // self.reg.chunk_size * self.reg.chunk_size for n in tokens})
         if not self.tokens or self.tokens[0] <= 0:
@@ -313,10 +352,10 @@ def run_peer(
     deadline_s: float = 10.0,
     bsr_windows: int = 2,
     salt: int | None = None,
-    model: dict[str, Any] | None = None,
+    model: PeerModel | None = None,
     workdir: Path,
     on_row: OnRow | None = None,
-) -> dict[str, Any]:
+) -> PeerBundle:
     """Run the whole comparison and return its evidence bundle (see docs/benchmarks.md)."""
     from bsr_cli.bench import evidence as ex
     from bsr_cli.mooncake import services
@@ -324,136 +363,98 @@ def run_peer(
     python, plugins = plugin_python()
     plan = _Plan(tokens, w, tp, below_rung, trials, bsr_windows, model)
     salt = ex.new_salt() if salt is None else salt
-    head: dict[str, Any] = {"run_id": ex.new_run_id("peer"), "started_at": ex.now(), "machine": ex.machine_info()}
+    run_id, started_at, machine = ex.new_run_id("peer"), ex.now(), ex.machine_info()
     t_start = time.monotonic()
-    rows: list[dict[str, Any]] = []
-    interrupted_by: str | None = None
+    rows: list[PeerRow] = []
+    interrupted_by: Interruption | None = None
 
-    def add(row: dict[str, Any]) -> None:
+    def add(row: PeerRow) -> None:
         rows.append(row)
         if on_row:
-            on_row(row)
+            on_row(row.to_wire())
 
     workdir.mkdir(parents=True, exist_ok=True)
     master = holder = None
     try:
         master = services.start_master(workdir / "mooncake")
         holder = services.start_segment_holder(workdir / "mooncake", master, int(plan.largest * tp * 1.1) + (64 << 20))
-        base = {
-            "model": {**plan.model, "tp_size": tp},
-            "master": {"rpc_address": master.rpc_address, "metadata_url": master.metadata_url},
-            "seed": salt,
-            "deadline_s": deadline_s,
-            "watch_pids": {"master": master.pid, "segment_holder": holder.pid},
-        }
+        base = CaseBase(
+            plan.model, tp, master.rpc_address, master.metadata_url, salt, deadline_s, master.pid, holder.pid
+        )
         runner = CaseRunner(python, plugins, workdir, base)
         _store_prompt(runner, plan, add)
         for n in plan.tokens:
             _measure_prefix(runner, plan, n, add)
     except KeyboardInterrupt:
-        interrupted_by = "operator"
+        interrupted_by = Interruption.OPERATOR
     except (ServiceError, CapacityError) as e:
-        interrupted_by = "error"
-        if not rows or rows[-1].get("status") != "interrupted":
-            rows.append({"kind": "setup", "tokens": plan.tokens[-1], "status": "interrupted", "reason": e.message})
+        interrupted_by = Interruption.ERROR
+        if not rows or rows[-1].status != RowStatus.INTERRUPTED:
+            rows.append(PeerRow(PeerKind.SETUP, plan.tokens[-1], RowStatus.INTERRUPTED, reason=e.message))
     finally:
         if holder is not None:
             services.stop(holder, timeout=10)
         if master is not None:
             services.stop(master, timeout=10)
-    head["elapsed_s"] = round(time.monotonic() - t_start, 3)
-    return _bundle(plan, head, salt, deadline_s, python, rows, interrupted_by)
+    summary = summarize(rows, plan.reg, plan.w)
+    return PeerBundle(
+        run_id=run_id,
+        salt=salt,
+        started_at=started_at,
+        finished_at=ex.now(),
+        elapsed_s=round(time.monotonic() - t_start, 3),
+        registration=ex.registration_identity(plan.reg),
+        lmcache_python=_shown(python),
+        machine=machine,
+        params=PeerParams(
+            tuple(plan.tokens),
+            plan.w,
+            plan.tp,
+            plan.trials,
+            deadline_s,
+            tuple(plan.below_rung),
+            plan.bsr_windows,
+            plan.budget,
+            plan.model,
+            plan.rws,
+        ),
+        rows=tuple(rows),
+        summary=summary,
+        targets=tuple(targets(summary)),
+        interrupted_by=interrupted_by,
+    )
 
 
-def _store_prompt(runner: CaseRunner, plan: _Plan, add: Callable[[dict[str, Any]], None]) -> None:
+def _store_prompt(runner: CaseRunner, plan: _Plan, add: Callable[[PeerRow], None]) -> None:
     """The longest prompt once: synthetic prompts of one seed are prefixes of each other, so every shorter
     prefix's chunks are the same objects."""
     reg, n = plan.reg, plan.tokens[-1]
     store_l1 = min(rung_for(plan.largest + reg.bytes_per_chunk), 256 << 20)
-    res = runner.run({"mode": "store", "tokens": n, "l1_bytes": store_l1, "W": plan.w}, reg)
-    if not res.get("ok"):
-        add({"kind": "store", "tokens": n, "status": "interrupted", "reason": f"storing: {res}"})
-        raise ServiceError(f"storing the prompt through LMCache failed: {res.get('error') or res}")
+    res = runner.run(Case("store", n, store_l1, plan.w), reg)
+    if not res.ok:
+        why = res.error or "the case reported no success"
+        add(PeerRow(PeerKind.STORE, n, RowStatus.INTERRUPTED, reason=f"storing: {why}"))
+        raise ServiceError(f"storing the prompt through LMCache failed: {why}")
 
 
-def _measure_prefix(runner: CaseRunner, plan: _Plan, n: int, add: Callable[[dict[str, Any]], None]) -> None:
+def _measure_prefix(runner: CaseRunner, plan: _Plan, n: int, add: Callable[[PeerRow], None]) -> None:
     """Per trial raw, stock (paged), stock into a contiguous destination and bsr, back to back: the machine's load
     drifts, and pairs seconds apart compare fairly. Then stock below its rung, once per L1 size."""
     reg = plan.reg
     rung = rung_for(plan.whole(n))
     for trial in range(plan.trials):
-        res = runner.run({"mode": "raw", "tokens": n, "l1_bytes": reg.bytes_per_chunk}, reg)
-        add(case_row("raw", n, 0, trial, res, reg, None))
-        res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": rung}, reg)
-        add(case_row("stock", n, rung, trial, res, reg, None))
-        res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": rung, "destination": "contiguous"}, reg)
-        add(case_row(STOCK_CONTIGUOUS, n, rung, trial, res, reg, None))
-        res = runner.run({"mode": "bsr", "tokens": n, "l1_bytes": plan.budget, "W": plan.w}, reg)
-        add(case_row("bsr", n, plan.budget, trial, res, reg, plan.w))
+        res = runner.run(Case("raw", n, reg.bytes_per_chunk), reg)
+        add(case_row(PeerKind.RAW, n, 0, trial, res, reg, None))
+        res = runner.run(Case("stock", n, rung), reg)
+        add(case_row(PeerKind.STOCK, n, rung, trial, res, reg, None))
+        res = runner.run(Case("stock", n, rung, destination="contiguous"), reg)
+        add(case_row(PeerKind.STOCK_CONTIGUOUS, n, rung, trial, res, reg, None))
+        res = runner.run(Case("bsr", n, plan.budget, plan.w), reg)
+        add(case_row(PeerKind.BSR, n, plan.budget, trial, res, reg, plan.w))
     for l1 in plan.below_rung:
         if l1 < plan.whole(n):
-            res = runner.run({"mode": "stock", "tokens": n, "l1_bytes": l1}, reg)
-            add(case_row("stock", n, l1, 0, res, reg, None))
-
-
-def _bundle(
-    plan: _Plan,
-    head: dict[str, Any],
-    salt: int,
-    deadline_s: float,
-    python: Path,
-    rows: list[dict[str, Any]],
-    interrupted_by: str | None,
-) -> dict[str, Any]:
-    from bsr_cli.bench import evidence as ex
-
-    reg = plan.reg
-    summary = summarize(rows, reg, plan.w)
-    return {
-        "schema": ex.BUNDLE_SCHEMA,
-        "kind": "bsr.bench",
-        "experiment": "peer",
-        "run_id": head["run_id"],
-        "salt": salt,
-        "bsr_version": __version__,
-        "started_at": head["started_at"],
-        "finished_at": ex.now(),
-        "elapsed_s": head["elapsed_s"],
-        "registration": ex.registration_identity(reg),
-        "engine": {
-            "url": "lmcache-host (one process per case, plugin venv)",
-            "embedded": False,
-            "startup_s": None,
-            "info": {
-                "api": "lmcache_bsr.peer",
-                "registration": reg.identity,
-                "chunk_size": reg.chunk_size,
-                "tiers": ["mooncake"],
-                "pool_bytes": plan.budget,
-                "budget_bytes": plan.budget,
-                "lmcache_python": _shown(python),
-            },
-        },
-        "machine": head["machine"],
-        "params": {
-            "tokens": list(plan.tokens),
-            "W": plan.w,
-            "tp": plan.tp,
-            "trials": plan.trials,
-            "deadline_s": deadline_s,
-            "below_rung_l1_bytes": plan.below_rung,
-            "bsr_windows": plan.bsr_windows,
-            "bsr_l1_bytes": plan.budget,
-            "model": {**plan.model, "tp_size": plan.tp},
-            "rws_bytes": plan.rws,
-        },
-        "rows": rows,
-        "summary": summary,
-        "targets": targets(summary),
-        "interrupted": interrupted_by is not None,
-        "interrupted_by": interrupted_by,
-        "ok": interrupted_by is None and all(r["status"] == "pass" for r in rows),
-    }
+            res = runner.run(Case("stock", n, l1), reg)
+            add(case_row(PeerKind.STOCK, n, l1, 0, res, reg, None))
 
 
 def _shown(path: Path) -> str:
@@ -464,156 +465,128 @@ def _shown(path: Path) -> str:
         return path.name
 
 
-def _med(values: Sequence[float]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return round(statistics.median(vals), 4) if vals else None
-
-
-def _side(rs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians of one kind's rows at one prefix (stage seconds only where the case reported them: stock)."""
-    staged = [r["stage_seconds"] for r in rs if r.get("stage_seconds")]
-    return {
-        "gbps_per_rank": _med([r["gbps_per_rank"] for r in rs]),
-        "seconds": _med([r["seconds"] for r in rs]),
-        "l1_peak_bytes": max((r["l1_peak_bytes"] for r in rs), default=None),
-        "loaded_tokens": min((r["loaded_tokens"] for r in rs), default=None),
-        "cpu_s_per_gb": _med([r["cpu_s_per_gb"]["total"] for r in rs if r.get("cpu_s_per_gb")]),
-        "install_cpu_s_per_gb": _med([r["install_cpu_s_per_gb"] for r in rs if "install_cpu_s_per_gb" in r]),
-        "cpu_s_per_gb_by_process": {
-            k: _med([r["cpu_s_per_gb"].get(k) for r in rs if r.get("cpu_s_per_gb")])
-            for k in ("process", "master", "segment_holder")
-        },
-        "stage_seconds": {k: _med([st.get(k) for st in staged]) for k in ("lookup", "fetch", "install")}
-        if staged
-        else None,
-    }
-
-
 def _ratio(a: float | None, b: float | None, digits: int = 4) -> float | None:
     return round(a / b, digits) if a is not None and b else None
 
 
-def _per_trial_ratios(mine: list[dict[str, Any]], a: str, b: str) -> list[float]:
+def _per_trial_ratios(mine: Sequence[PeerRow], a: PeerKind, b: PeerKind) -> list[float]:
     """a's GB/s over b's within each trial (the pairs measured seconds apart), in trial order."""
+    gbps = {(r.kind, r.trial): r.measured.gbps_per_rank for r in mine if r.measured is not None}
     out = []
-    for t in sorted({r["trial"] for r in mine}):
-        x = next((r["gbps_per_rank"] for r in mine if r["kind"] == a and r["trial"] == t), None)
-        y = next((r["gbps_per_rank"] for r in mine if r["kind"] == b and r["trial"] == t), None)
+    for t in sorted({r.trial for r in mine}):
+        x, y = gbps.get((a, t)), gbps.get((b, t))
         if x and y:
             out.append(round(x / y, 4))
     return out
 
 
-def summarize(rows: Sequence[dict[str, Any]], reg: Registration, w: int) -> dict[str, Any]:
+def summarize(rows: Sequence[PeerRow], reg: Registration, w: int) -> PeerSummary:
     """Per prefix: medians of raw, both stock installs at their rung and bsr; ratios from the same run (of the
     medians, and per trial); below-rung outcomes."""
-    kinds = ("raw", "stock", STOCK_CONTIGUOUS, "bsr")
-    done = [r for r in rows if r.get("status") != "interrupted" and r.get("kind") in kinds]
-    by_prefix: dict[str, Any] = {}
-    for n in sorted({int(r["tokens"]) for r in done}):
+    done = [r for r in rows if r.measured is not None and r.kind in MEASURED_KINDS]
+    by_prefix: dict[str, PeerPrefix] = {}
+    for n in sorted({r.tokens for r in done}):
         whole = -(-n // reg.chunk_size) * reg.bytes_per_chunk
-        mine = [
-            r
-            for r in done
-            if r["tokens"] == n and (r["kind"] not in ("stock", STOCK_CONTIGUOUS) or r["l1_bytes"] >= whole)
-        ]
-        below = [r for r in done if r["tokens"] == n and r["kind"] == "stock" and r["l1_bytes"] < whole]
-        sides = {k: _side([r for r in mine if r["kind"] == k]) for k in kinds}
-        gb = {k: v["gbps_per_rank"] for k, v in sides.items()}
-        cpu = {k: v["cpu_s_per_gb"] for k, v in sides.items()}
-        bsr = [r for r in mine if r["kind"] == "bsr"]
-        by_prefix[str(n)] = {
-            "tokens": n,
-            "whole_plan_bytes": whole,
-            "stock_rung_bytes": rung_for(whole),
-            "raw": sides["raw"],
-            "stock": sides["stock"],
-            "stock_contiguous": sides[STOCK_CONTIGUOUS],
-            "bsr": sides["bsr"],
-            "bsr_vs_stock_gbps": _ratio(gb["bsr"], gb["stock"]),
-            "bsr_vs_stock_contiguous_gbps": _ratio(gb["bsr"], gb[STOCK_CONTIGUOUS]),
-            "bsr_vs_raw_gbps": _ratio(gb["bsr"], gb["raw"]),
-            "stock_vs_raw_gbps": _ratio(gb["stock"], gb["raw"]),
-            "stock_contiguous_vs_raw_gbps": _ratio(gb[STOCK_CONTIGUOUS], gb["raw"]),
-            "per_trial": {
-                "bsr_vs_stock": _per_trial_ratios(mine, "bsr", "stock"),
-                "bsr_vs_stock_contiguous": _per_trial_ratios(mine, "bsr", STOCK_CONTIGUOUS),
-                "stock_vs_raw": _per_trial_ratios(mine, "stock", "raw"),
-                "stock_contiguous_vs_raw": _per_trial_ratios(mine, STOCK_CONTIGUOUS, "raw"),
-                "bsr_vs_raw": _per_trial_ratios(mine, "bsr", "raw"),
+        stocks = (PeerKind.STOCK, PeerKind.STOCK_CONTIGUOUS)
+        mine = [r for r in done if r.tokens == n and (r.kind not in stocks or (r.l1_bytes or 0) >= whole)]
+        below = [r for r in done if r.tokens == n and r.kind == PeerKind.STOCK and (r.l1_bytes or 0) < whole]
+        sides = {k: PeerSide.of([r.measured for r in mine if r.kind == k and r.measured]) for k in MEASURED_KINDS}
+        gb = {k: v.gbps_per_rank for k, v in sides.items()}
+        cpu = {k: v.cpu_s_per_gb for k, v in sides.items()}
+        bsr = [r for r in mine if r.kind == PeerKind.BSR and r.measured]
+        raw, stock, contig = PeerKind.RAW, PeerKind.STOCK, PeerKind.STOCK_CONTIGUOUS
+        by_prefix[str(n)] = PeerPrefix(
+            tokens=n,
+            whole_plan_bytes=whole,
+            stock_rung_bytes=rung_for(whole),
+            raw=sides[raw],
+            stock=sides[stock],
+            stock_contiguous=sides[contig],
+            bsr=sides[PeerKind.BSR],
+            bsr_vs_stock_gbps=_ratio(gb[PeerKind.BSR], gb[stock]),
+            bsr_vs_stock_contiguous_gbps=_ratio(gb[PeerKind.BSR], gb[contig]),
+            bsr_vs_raw_gbps=_ratio(gb[PeerKind.BSR], gb[raw]),
+            stock_vs_raw_gbps=_ratio(gb[stock], gb[raw]),
+            stock_contiguous_vs_raw_gbps=_ratio(gb[contig], gb[raw]),
+            per_trial={
+                "bsr_vs_stock": _per_trial_ratios(mine, PeerKind.BSR, stock),
+                "bsr_vs_stock_contiguous": _per_trial_ratios(mine, PeerKind.BSR, contig),
+                "stock_vs_raw": _per_trial_ratios(mine, stock, raw),
+                "stock_contiguous_vs_raw": _per_trial_ratios(mine, contig, raw),
+                "bsr_vs_raw": _per_trial_ratios(mine, PeerKind.BSR, raw),
             },
-            "bsr_vs_stock_staging": _ratio(sides["bsr"]["l1_peak_bytes"], sides["stock"]["l1_peak_bytes"], 6),
-            "bsr_vs_raw_cpu": _ratio(cpu["bsr"], cpu["raw"]),
-            "stock_vs_raw_cpu": _ratio(cpu["stock"], cpu["raw"]),
-            "stock_contiguous_vs_raw_cpu": _ratio(cpu[STOCK_CONTIGUOUS], cpu["raw"]),
-            "below_rung": [
-                {
-                    "l1_bytes": r["l1_bytes"],
-                    "loaded_tokens": r["loaded_tokens"],
-                    "outcome": r["outcome"],
-                    "timed_out": r["timed_out"],
-                    "seconds": r["seconds"],
-                    "bsr_committed_at_this_l1": any(
-                        b["loaded_tokens"] == n and b["l1_bytes"] <= r["l1_bytes"] for b in bsr
+            bsr_vs_stock_staging=_ratio(sides[PeerKind.BSR].l1_peak_bytes, sides[stock].l1_peak_bytes, 6),
+            bsr_vs_raw_cpu=_ratio(cpu[PeerKind.BSR], cpu[raw]),
+            stock_vs_raw_cpu=_ratio(cpu[stock], cpu[raw]),
+            stock_contiguous_vs_raw_cpu=_ratio(cpu[contig], cpu[raw]),
+            below_rung=tuple(
+                BelowRung(
+                    l1_bytes=r.l1_bytes or 0,
+                    loaded_tokens=r.measured.loaded_tokens,
+                    outcome=r.measured.outcome,
+                    timed_out=r.measured.timed_out,
+                    seconds=r.measured.seconds,
+                    bsr_committed_at_this_l1=any(
+                        b.measured is not None
+                        and b.measured.loaded_tokens == n
+                        and (b.l1_bytes or 0) <= (r.l1_bytes or 0)
+                        for b in bsr
                     ),
-                }
+                )
                 for r in below
-            ],
-        }
-    return {"by_prefix": by_prefix, "W": w, "rws_bytes": w * reg.bytes_per_chunk}
+                if r.measured is not None
+            ),
+        )
+    return PeerSummary(by_prefix, w, w * reg.bytes_per_chunk)
 
 
-def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    by = summary.get("by_prefix") or {}
-    out: list[dict[str, Any]] = []
-    if not by:
-        return out
-    top = by[max(by, key=int)]
+def targets(summary: PeerSummary) -> list[Target]:
+    top = summary.top
+    if top is None:
+        return []
     # Against the faster of stock's two installs (paged, or contiguous after its lookup): the claim is not
     # allowed to rest on stock's slower destination.
-    ratios = [r for r in (top["bsr_vs_stock_gbps"], top.get("bsr_vs_stock_contiguous_gbps")) if r is not None]
-    tp_ratio, st_ratio = (min(ratios) if ratios else None), top["bsr_vs_stock_staging"]
-    out.append(
-        {
-            "name": f"bsr against stock LMCache at {top['tokens']:,} tokens",
-            "target": f">= {THROUGHPUT_TARGET}x stock GB/s (its faster install) at <= 1/{round(1 / STAGING_TARGET)}"
+    ratios = [r for r in (top.bsr_vs_stock_gbps, top.bsr_vs_stock_contiguous_gbps) if r is not None]
+    tp_ratio, st_ratio = (min(ratios) if ratios else None), top.bsr_vs_stock_staging
+    out = [
+        Target(
+            f"bsr against stock LMCache at {top.tokens:,} tokens",
+            f">= {THROUGHPUT_TARGET}x stock GB/s (its faster install) at <= 1/{round(1 / STAGING_TARGET)}"
             " of its L1 peak",
-            "measured": f"{tp_ratio}x GB/s at {st_ratio} of the L1 peak"
+            f"{tp_ratio}x GB/s at {st_ratio} of the L1 peak"
             + (
-                f" (paged {top['bsr_vs_stock_gbps']}x, contiguous {top['bsr_vs_stock_contiguous_gbps']}x)"
-                if top.get("bsr_vs_stock_contiguous_gbps") is not None
+                f" (paged {top.bsr_vs_stock_gbps}x, contiguous {top.bsr_vs_stock_contiguous_gbps}x)"
+                if top.bsr_vs_stock_contiguous_gbps is not None
                 else ""
             ),
-            "met": None
+            None
             if tp_ratio is None or st_ratio is None
             else (tp_ratio >= THROUGHPUT_TARGET and st_ratio <= STAGING_TARGET),
-        }
-    )
-    below = [(p["tokens"], b) for p in by.values() for b in p["below_rung"]]
+        )
+    ]
+    below = [(p.tokens, b) for p in summary.by_prefix.values() for b in p.below_rung]
     out.append(
-        {
-            "name": "bsr commits where stock LMCache returns 0 tokens",
-            "target": "every below-rung L1 where stock loads nothing, bsr commits at that L1 or less",
-            "measured": ", ".join(
-                f"{n:,} tok @ {b['l1_bytes'] >> 20} MiB: stock {b['loaded_tokens']} tokens"
-                + (" (timed out)" if b["timed_out"] else "")
-                + (", bsr committed" if b["bsr_committed_at_this_l1"] else ", bsr did not commit")
+        Target(
+            "bsr commits where stock LMCache returns 0 tokens",
+            "every below-rung L1 where stock loads nothing, bsr commits at that L1 or less",
+            ", ".join(
+                f"{n:,} tok @ {b.l1_bytes >> 20} MiB: stock {b.loaded_tokens} tokens"
+                + (" (timed out)" if b.timed_out else "")
+                + (", bsr committed" if b.bsr_committed_at_this_l1 else ", bsr did not commit")
                 for n, b in below
             )
             or "no below-rung case run",
-            "met": None
-            if not below
-            else all(b["bsr_committed_at_this_l1"] for _, b in below if b["loaded_tokens"] == 0),
-        }
+            None if not below else all(b.bsr_committed_at_this_l1 for _, b in below if b.loaded_tokens == 0),
+        )
     )
-    cpu = top["bsr_vs_raw_cpu"]
+    cpu = top.bsr_vs_raw_cpu
     out.append(
-        {
-            "name": f"CPU seconds per GB restored against a raw GET's, at {top['tokens']:,} tokens",
-            "target": f"<= {CPU_TARGET}x",
-            "measured": f"{cpu}x (stock LMCache {top['stock_vs_raw_cpu']}x)",
-            "met": None if cpu is None else cpu <= CPU_TARGET,
-        }
+        Target(
+            f"CPU seconds per GB restored against a raw GET's, at {top.tokens:,} tokens",
+            f"<= {CPU_TARGET}x",
+            f"{cpu}x (stock LMCache {top.stock_vs_raw_cpu}x)",
+            None if cpu is None else cpu <= CPU_TARGET,
+        )
     )
     return out
 

@@ -12,6 +12,7 @@ from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
+    Target,
     completed,
     isolate,
     judge,
@@ -178,8 +179,9 @@ def _store_restores(
         if not run.stopped:
             client.update_settings(budget_bytes=rws)
             with run.row(kind="warm", tokens=n_tokens) as row:
-                row["warm"] = warm_evidence(client.submit(prompt, w=w))
-                judge(row, {"warm_hash_ok": row["warm"]["hash_ok"] is True})
+                warm = warm_evidence(client.submit(prompt, w=w))
+                row["warm"] = warm.to_wire()
+                judge(row, {"warm_hash_ok": warm.hash_ok is True})
         for trial in range(trials):
             for cw, budget in configs:
                 if run.stopped:
@@ -189,10 +191,10 @@ def _store_restores(
                         client.update_settings(budget_bytes=budget)
                     raw = paired.measure() if paired else None
                     ev = run.restore(prompt, n_tokens, cw, exclude=exclude, verify=trial == 0)
-                    row |= ev
+                    row |= ev.to_wire()
                     row["paired_raw_get"] = to_json(raw) if raw else None
-                    row["vs_paired_raw"] = ratio(ev["gbps_per_rank"], raw.gbps_per_client) if raw else None
-                    bound = ev["predicted_peak_bytes"] if budget is None or budget == rws else None
+                    row["vs_paired_raw"] = ratio(ev.gbps_per_rank, raw.gbps_per_client) if raw else None
+                    bound = ev.predicted_peak_bytes if budget is None or budget == rws else None
                     checks = restore_checks(ev, n_tokens, peak=bound, verified=trial == 0)
                     if raw:
                         checks["paired_raw_whole"] = raw.error is None
@@ -208,7 +210,7 @@ def _store_summary(
     rws: int,
     memcpy: Sequence[CopyCeiling],
     mc: Sequence[MooncakeRate],
-) -> tuple[StoreSummary, list[dict[str, Any]]]:
+) -> tuple[StoreSummary, list[Target]]:
     done = completed(run.rows)
     copies = [m for m in memcpy if m.op == "copy"]
     memcpy_1t = next((m.gbps for m in copies if m.threads == 1), None)

@@ -147,6 +147,6 @@ def _sweep_row(run: Run, n: int, salt: int, w: int, exclude: Sequence[str]) -> d
     prompt = prompt_of(n, salt)
     warm = warm_evidence(run.client.submit(prompt, w=w))
     ev = run.restore(prompt, n, w, exclude=exclude)
-    row = {"warm": warm, **ev}
-    judge(row, {"warm_hash_ok": warm["hash_ok"] is True} | restore_checks(ev, n, peak=ev["predicted_peak_bytes"]))
+    row = {"warm": warm.to_wire(), **ev.to_wire()}
+    judge(row, {"warm_hash_ok": warm.hash_ok is True} | restore_checks(ev, n, peak=ev.predicted_peak_bytes))
     return row

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from bsr_cli.core.trace import (
     restored_tokens,
     synthetic_token,
 )
-from bsr_cli.core.trace_sim import nearest_rank, percentiles, plan_trace
+from bsr_cli.core.trace_sim import Percentiles, nearest_rank, percentiles, plan_trace
 from bsr_cli.errors import BsrError, CapacityError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
@@ -211,6 +211,124 @@ def replay(
     return out[: len(futures)]
 
 
+@dataclass(frozen=True)
+class PredictedReplay:
+    """The planner's model of the replayed requests (``core.trace_sim.plan_trace``)."""
+
+    restores: int
+    hit_tokens: int
+    peak_bytes_per_rank: int
+    latency_s: Percentiles
+    wait_s: Percentiles
+    whole_plan_peak_bytes_per_rank: int  # stock LMCache stages every restore's whole plan: this is its model
+
+
+@dataclass(frozen=True)
+class MeasuredReplay:
+    """What the engine did with the replayed requests."""
+
+    restores: int
+    hit_tokens: int
+    pool_peak_by_rank: dict[int, int]
+    latency_s: Percentiles
+    failed: int
+    first_failure: str | None
+
+
+@dataclass(frozen=True)
+class CommittedCounts:
+    """Requests that loaded exactly the tokens the trace lets them, fewer, or more."""
+
+    exact: int
+    fewer: int
+    more: int
+
+    def to_wire(self) -> dict[str, int]:
+        return {"exact": self.exact, "fewer": self.fewer, "more": self.more}
+
+
+@dataclass(frozen=True)
+class StockNotRun:
+    """Why stock LMCache's replay of the slice did not run."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """`bsr bench trace`: the planner's prediction beside the engine's measurement for the same slice, and stock
+    LMCache's replay of it (``stock``, set once it ran or was skipped)."""
+
+    trace: str
+    requests: int
+    speedup: float
+    block_tokens: int
+    registration: str
+    model: str
+    bytes_per_chunk: int
+    w: int
+    budget_rws: int
+    budget_bytes: int
+    bandwidth_bytes_per_s: float
+    calibration: Calibration | None  # None: the bandwidth was given, not measured here
+    predicted: PredictedReplay
+    measured: MeasuredReplay
+    committed: CommittedCounts
+    checks: dict[str, bool]
+    latency_ratio: dict[str, float | None]  # measured over predicted, by percentile
+    skip: int | None = None
+    salt: int | None = None
+    stock: StockSummary | StockNotRun | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        p, m, cal = self.predicted, self.measured, self.calibration
+        out = {
+            "kind": "bsr.bench.trace",
+            "trace": self.trace,
+            "requests": self.requests,
+            "speedup": self.speedup,
+            "block_tokens": self.block_tokens,
+            "token_scale": self.block_tokens / 512,
+            "registration": self.registration,
+            "model": self.model,
+            "bytes_per_chunk": self.bytes_per_chunk,
+            "W": self.w,
+            "budget_rws": self.budget_rws,
+            "budget_bytes": self.budget_bytes,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "calibration": None if cal is None else {"chunks": cal.chunks, "one_chunk_restore_s": cal.one_chunk_s},
+            "predicted": {
+                "restores": p.restores,
+                "hit_tokens": p.hit_tokens,
+                "peak_bytes_per_rank": p.peak_bytes_per_rank,
+                "latency_s": p.latency_s.to_dict(),
+                "wait_s": p.wait_s.to_dict(),
+                "whole_plan_peak_bytes_per_rank": p.whole_plan_peak_bytes_per_rank,
+            },
+            "measured": {
+                "restores": m.restores,
+                "hit_tokens": m.hit_tokens,
+                "peak_bytes_per_rank": max(m.pool_peak_by_rank.values(), default=0),
+                "pool_peak_by_rank": {str(r): v for r, v in sorted(m.pool_peak_by_rank.items())},
+                "latency_s": m.latency_s.to_dict(),
+                "failed": m.failed,
+                "first_failure": m.first_failure,
+            },
+            "committed": self.committed.to_wire(),
+            "checks": self.checks,
+            "latency_ratio": self.latency_ratio,
+        }
+        if self.skip is not None:
+            out["skip"] = self.skip
+        if self.salt is not None:
+            out["salt"] = self.salt
+        if isinstance(self.stock, StockNotRun):
+            out["stock"] = {"run": False, "reason": self.stock.reason}
+        elif self.stock is not None:
+            out["stock"] = self.stock.to_wire()
+        return out
+
+
 def compare(
     trace: Trace,
     reg: Registration,
@@ -222,7 +340,7 @@ def compare(
     speedup: float,
     pool_peaks: dict[int, int],
     calibration: Calibration | None = None,
-) -> dict[str, Any]:
+) -> TraceReplay:
     """The planner's prediction for the replayed requests beside what the engine did."""
     done = trace.head(len(measured))
     plan = plan_trace(done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(budget_rws,))
@@ -238,52 +356,46 @@ def compare(
     failed = [m for m in measured if m.error is not None]
     latencies = sorted(m.restore_seconds for m in measured if m.restore_seconds is not None)
     budget = predicted.budget_bytes or 0
-    lat = percentiles(latencies)
-    return {
-        "kind": "bsr.bench.trace",
-        "trace": trace.source,
-        "requests": len(measured),
-        "speedup": speedup,
-        "block_tokens": done.block_tokens,
-        "token_scale": done.block_tokens / 512,
-        "registration": reg.identity,
-        "model": reg.model,
-        "bytes_per_chunk": reg.bytes_per_chunk,
-        "W": w,
-        "budget_rws": budget_rws,
-        "budget_bytes": budget,
-        "bandwidth_bytes_per_s": bandwidth,
-        "calibration": None
-        if calibration is None
-        else {"chunks": calibration.chunks, "one_chunk_restore_s": calibration.one_chunk_s},
-        "predicted": {
-            "restores": plan.restores,
-            "hit_tokens": plan.hit_tokens,
-            "peak_bytes_per_rank": predicted.peak_bytes,
-            "latency_s": predicted.latency.to_dict(),
-            "wait_s": predicted.wait.to_dict(),
-            "whole_plan_peak_bytes_per_rank": plan.whole_plan.peak_bytes,
-        },
-        "measured": {
-            "restores": len(latencies),
-            "hit_tokens": sum(m.committed_tokens for m in measured),
-            "peak_bytes_per_rank": max(pool_peaks.values(), default=0),
-            "pool_peak_by_rank": {str(r): v for r, v in sorted(pool_peaks.items())},
-            "latency_s": lat.to_dict(),
-            "failed": len(failed),
-            "first_failure": failed[0].error if failed else None,
-        },
-        "committed": {"exact": exact, "fewer": len(fewer), "more": len(more)},
-        "checks": {
+    return TraceReplay(
+        trace=trace.source,
+        requests=len(measured),
+        speedup=speedup,
+        block_tokens=done.block_tokens,
+        registration=reg.identity,
+        model=reg.model,
+        bytes_per_chunk=reg.bytes_per_chunk,
+        w=w,
+        budget_rws=budget_rws,
+        budget_bytes=budget,
+        bandwidth_bytes_per_s=bandwidth,
+        calibration=calibration,
+        predicted=PredictedReplay(
+            restores=plan.restores,
+            hit_tokens=plan.hit_tokens,
+            peak_bytes_per_rank=predicted.peak_bytes,
+            latency_s=predicted.latency,
+            wait_s=predicted.wait,
+            whole_plan_peak_bytes_per_rank=plan.whole_plan.peak_bytes,
+        ),
+        measured=MeasuredReplay(
+            restores=len(latencies),
+            hit_tokens=sum(m.committed_tokens for m in measured),
+            pool_peak_by_rank=dict(pool_peaks),
+            latency_s=percentiles(latencies),
+            failed=len(failed),
+            first_failure=failed[0].error if failed else None,
+        ),
+        committed=CommittedCounts(exact=exact, fewer=len(fewer), more=len(more)),
+        checks={
             "pool_within_budget": all(v <= budget for v in pool_peaks.values()),
             "no_failures": not failed,
             "no_more_than_predicted": not more,
         },
-        "latency_ratio": {
+        latency_ratio={
             p: (nearest_rank(latencies, q) / getattr(predicted.latency, p) if getattr(predicted.latency, p) else None)
             for p, q in (("p50", 50), ("p99", 99))
         },
-    }
+    )
 
 
 # -- stock LMCache on the same slice -------------------------------------------------------------------------------
@@ -295,7 +407,7 @@ STOCK_DEADLINE_S = 30.0
 STOCK_MIN_L1 = 64 << 20
 
 
-def stock_model(reg: Registration) -> dict[str, Any]:
+def stock_model(reg: Registration) -> dict[str, str | int]:
     """The plugin host's model for this registration (the same bytes per token, chunk and block size), or
     CapacityError naming why LMCache cannot hold it (LMCache keeps one [2, heads, head_size] layout per engine)."""
     shapes = {t.shape for t in reg.tensors}
@@ -328,10 +440,32 @@ def stock_l1_bytes(trace: Trace, reg: Registration, whole_plan_peak: int) -> int
 
 
 @dataclass(frozen=True)
+class StockRequest:
+    """One request of the stock replay, as its process reported it."""
+
+    index: int
+    loaded_tokens: int = 0
+    loaded_by_rank: tuple[int, ...] = ()
+    restore_seconds: float = 0.0
+    error: str | None = None  # LMCache raised
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> StockRequest:
+        """A request of the process's JSON; what it reports beyond these is ignored."""
+        return cls(
+            index=int(d["index"]),
+            loaded_tokens=int(d.get("loaded_tokens") or 0),
+            loaded_by_rank=tuple(int(x) for x in d.get("loaded_by_rank") or ()),
+            restore_seconds=float(d.get("restore_seconds") or 0.0),
+            error=str(d["error"]) if d.get("error") else None,
+        )
+
+
+@dataclass(frozen=True)
 class StockRun:
     """What the stock replay process reported."""
 
-    requests: list[dict[str, Any]]
+    requests: tuple[StockRequest, ...]
     l1_peak_by_rank: dict[int, int]
     l1_bytes: int
     elapsed_s: float
@@ -359,7 +493,6 @@ class StockCase:
     deadline_s: float = STOCK_DEADLINE_S
     max_clients: int = MAX_CLIENTS
     serial: bool = False  # each rank's engine serves one request at a time (vLLM's worker), else calls overlap
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def stock_available() -> str | None:
@@ -408,7 +541,7 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
                 {"arrival_ms": r.arrival_ms - t_first, "input_length": r.input_length, "hash_ids": list(r.hash_ids)}
                 for r in case.trace.requests
             ],
-        } | case.extra
+        }
         path = workdir / "stock-trace-case.json"
         path.write_text(json.dumps(spec))
         log = workdir / "stock-trace-case.log"
@@ -451,7 +584,7 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
         if master is not None:
             services.stop(master, timeout=10)
     return StockRun(
-        requests=list(result["requests"]),
+        requests=tuple(StockRequest.from_wire(r) for r in result["requests"]),
         l1_peak_by_rank={int(k): int(v) for k, v in result["l1_peak_by_rank"].items()},
         l1_bytes=int(result["l1_capacity_bytes"]),
         elapsed_s=float(result["elapsed_s"]),
@@ -470,7 +603,51 @@ def expected_hits(trace: Trace, reg: Registration) -> list[int]:
     ]
 
 
-def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: float = STOCK_DEADLINE_S) -> dict:
+@dataclass(frozen=True)
+class StockSummary:
+    """Stock LMCache's replay of the slice against the simulated hits (``stock`` in the report)."""
+
+    lmcache: str
+    serial: bool  # each rank's engine served one request at a time
+    l1_bytes: int
+    deadline_s: float
+    restores: int
+    hit_tokens: int
+    expected_hit_tokens: int  # the hits' full chunks: what LMCache can load
+    partial_chunk_tokens: int  # hit tokens in partial chunks, which LMCache does not store by default
+    l1_peak_by_rank: dict[int, int]
+    latency_s: Percentiles
+    failed: int
+    first_failure: str  # "" when none failed
+    ranks_disagree: int
+    committed: CommittedCounts
+    elapsed_s: float
+    setup_s: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "run": True,
+            "lmcache": self.lmcache,
+            "calls": "serial" if self.serial else "concurrent",
+            "l1_bytes": self.l1_bytes,
+            "deadline_s": self.deadline_s,
+            "restores": self.restores,
+            "hit_tokens": self.hit_tokens,
+            "expected_hit_tokens": self.expected_hit_tokens,
+            "partial_chunk_tokens": self.partial_chunk_tokens,
+            "peak_bytes_per_rank": max(self.l1_peak_by_rank.values(), default=0),
+            "l1_peak_by_rank": {str(k): v for k, v in sorted(self.l1_peak_by_rank.items())},
+            "latency_s": self.latency_s.to_dict(),
+            "failed": self.failed,
+            "first_failure": self.first_failure,
+            "ranks_disagree": self.ranks_disagree,
+            "committed": self.committed.to_wire(),
+            "elapsed_s": self.elapsed_s,
+            "setup_s": self.setup_s,
+        }
+
+
+def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: float = STOCK_DEADLINE_S) -> StockSummary:
     """Stock LMCache's replay against the simulated hits. LMCache stores full chunks only (``save_unfull_chunk`` is
     off by default), so a request whose whole input is a hit can load at most its full chunks: that is what it is
     held to (``expected_hit_tokens``), and the partial chunks it cannot load are counted apart."""
@@ -479,45 +656,32 @@ def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: fl
     full = [w // cs * cs for w in want]
     rows = run.requests
     # Failed: LMCache raised, or its retrieve ran into the blocking timeout (no L1 for the whole plan) short of the hit.
-    failed = [
-        r
-        for r in rows
-        if r.get("error")
-        or (
-            float(r.get("restore_seconds") or 0.0) >= deadline_s and int(r.get("loaded_tokens") or 0) < full[r["index"]]
-        )
-    ]
-    failed_ids = {r["index"] for r in failed}
-    ok = [r for r in rows if r["index"] not in failed_ids]
-    loaded = {r["index"]: int(r.get("loaded_tokens") or 0) for r in rows}
+    failed = [r for r in rows if r.error or (r.restore_seconds >= deadline_s and r.loaded_tokens < full[r.index])]
+    failed_ids = {r.index for r in failed}
+    ok = [r for r in rows if r.index not in failed_ids]
+    loaded = {r.index: r.loaded_tokens for r in rows}
     # A retrieve counts as a restore when LMCache loaded something or the trace says there was a prefix to load.
-    latencies = sorted(
-        float(r.get("restore_seconds") or 0.0) for r in rows if loaded[r["index"]] > 0 or full[r["index"]] > 0
+    latencies = sorted(r.restore_seconds for r in rows if loaded[r.index] > 0 or full[r.index] > 0)
+    disagree = sum(1 for r in rows if len(set(r.loaded_by_rank or (0,))) > 1)
+    return StockSummary(
+        lmcache=run.lmcache_version,
+        serial=run.serial,
+        l1_bytes=run.l1_bytes,
+        deadline_s=deadline_s,
+        restores=sum(1 for v in loaded.values() if v > 0),
+        hit_tokens=sum(loaded.values()),
+        expected_hit_tokens=sum(full[r.index] for r in rows),
+        partial_chunk_tokens=sum(want[r.index] - full[r.index] for r in rows),
+        l1_peak_by_rank=dict(run.l1_peak_by_rank),
+        latency_s=percentiles(latencies),
+        failed=len(failed),
+        first_failure=str(failed[0].error or f"no L1 for its whole plan within {deadline_s:g}s") if failed else "",
+        ranks_disagree=disagree,
+        committed=CommittedCounts(
+            exact=sum(1 for r in ok if loaded[r.index] == full[r.index]),
+            fewer=sum(1 for r in ok if loaded[r.index] < full[r.index]),
+            more=sum(1 for r in ok if loaded[r.index] > full[r.index]),
+        ),
+        elapsed_s=run.elapsed_s,
+        setup_s=run.setup_s,
     )
-    disagree = sum(1 for r in rows if len(set(r.get("loaded_by_rank") or [0])) > 1)
-    return {
-        "run": True,
-        "lmcache": run.lmcache_version,
-        "calls": "serial" if run.serial else "concurrent",
-        "l1_bytes": run.l1_bytes,
-        "deadline_s": deadline_s,
-        "restores": sum(1 for v in loaded.values() if v > 0),
-        "hit_tokens": sum(loaded.values()),
-        "expected_hit_tokens": sum(full[r["index"]] for r in rows),
-        "partial_chunk_tokens": sum(want[r["index"]] - full[r["index"]] for r in rows),
-        "peak_bytes_per_rank": max(run.l1_peak_by_rank.values(), default=0),
-        "l1_peak_by_rank": {str(k): v for k, v in sorted(run.l1_peak_by_rank.items())},
-        "latency_s": percentiles(latencies).to_dict(),
-        "failed": len(failed),
-        "first_failure": str(failed[0].get("error") or f"no L1 for its whole plan within {deadline_s:g}s")
-        if failed
-        else "",
-        "ranks_disagree": disagree,
-        "committed": {
-            "exact": sum(1 for r in ok if loaded[r["index"]] == full[r["index"]]),
-            "fewer": sum(1 for r in ok if loaded[r["index"]] < full[r["index"]]),
-            "more": sum(1 for r in ok if loaded[r["index"]] > full[r["index"]]),
-        },
-        "elapsed_s": run.elapsed_s,
-        "setup_s": run.setup_s,
-    }

@@ -11,6 +11,7 @@ from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     OnRow,
     Run,
+    WarmEvidence,
     completed,
     isolate,
     judge,
@@ -78,16 +79,17 @@ def run_wlaw(
     original = {"budget_bytes": info["budget_bytes"]}
     prompt = prompt_of(tokens, salt)
     try:
-        warm: dict[str, Any] | None = None
+        warm: WarmEvidence | None = None
         for w in w_list:
             with run.row(W=w, tokens=tokens) as row:
                 rws = accounting.rws_bytes(reg, w)
                 client.update_settings(budget_bytes=rws)
                 if warm is None:
-                    warm = row["warm"] = warm_evidence(client.submit(prompt, w=w))
+                    warm = warm_evidence(client.submit(prompt, w=w))
+                    row["warm"] = warm.to_wire()
                 ev = run.restore(prompt, tokens, w, exclude=exclude)
-                row |= ev | {"law_bytes": rws}
-                judge(row, restore_checks(ev, tokens, peak=ev["predicted_peak_bytes"]))
+                row |= ev.to_wire() | {"law_bytes": rws}
+                judge(row, restore_checks(ev, tokens, peak=ev.predicted_peak_bytes))
             if run.stopped:
                 break
     finally:

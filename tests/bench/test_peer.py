@@ -40,46 +40,55 @@ def _case(loaded: int, seconds: float, peak: int, cpu: float, *, timed_out: bool
     }
 
 
+def _row(kind: str, n: int, l1: int, trial: int, case: dict[str, Any], reg: Any, w: int | None) -> pe.PeerRow:
+    """The row of a case whose process printed ``case`` (its JSON line)."""
+    return pe.case_row(pe.PeerKind(kind), n, l1, trial, pe.CaseResult.from_wire(case), reg, w)
+
+
+def _targets(s: pe.PeerPrefix, w: int) -> list:
+    return pe.targets(pe.PeerSummary({str(s.tokens): s}, w, w * CHUNK))
+
+
 @pytest.mark.timeout(30)
 def test_summary_ratios_and_targets_from_one_run() -> None:
     n = 131_072
     whole = n // 256 * CHUNK  # 2 GiB at 16 KiB per token
     w = 16
     rows = [
-        pe.case_row("raw", n, 0, 0, _case(n, 2.0, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
-        pe.case_row("stock", n, whole, 0, _case(n, 4.0, whole, 2.0), REG, None),
-        pe.case_row("bsr", n, w * CHUNK, 0, _case(n, 3.2, w * CHUNK, 1.2), REG, w),
-        pe.case_row("stock", n, w * CHUNK, 0, _case(0, 10.0, w * CHUNK, 0.5, timed_out=True), REG, None),
+        _row("raw", n, 0, 0, _case(n, 2.0, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
+        _row("stock", n, whole, 0, _case(n, 4.0, whole, 2.0), REG, None),
+        _row("bsr", n, w * CHUNK, 0, _case(n, 3.2, w * CHUNK, 1.2), REG, w),
+        _row("stock", n, w * CHUNK, 0, _case(0, 10.0, w * CHUNK, 0.5, timed_out=True), REG, None),
     ]
-    assert [r["status"] for r in rows] == ["pass"] * 4
-    s = pe.summarize(rows, REG, w)["by_prefix"][str(n)]
-    assert s["bsr_vs_stock_gbps"] == 1.25 and s["stock_vs_raw_gbps"] == 0.5
-    assert s["bsr_vs_stock_staging"] == w * CHUNK / whole == 1 / 32
-    assert s["bsr_vs_raw_cpu"] == pytest.approx(1.2, abs=1e-3) and s["stock_vs_raw_cpu"] == pytest.approx(2.0, abs=1e-3)
-    assert s["below_rung"] == [
-        {
-            "l1_bytes": w * CHUNK,
-            "loaded_tokens": 0,
-            "outcome": "timed_out",
-            "timed_out": True,
-            "seconds": 10.0,
-            "bsr_committed_at_this_l1": True,
-        }
-    ]
-    met = {t["name"].split(" at ")[0].split(" against a")[0]: t["met"] for t in pe.targets({"by_prefix": {str(n): s}})}
+    assert [r.status for r in rows] == ["pass"] * 4
+    s = pe.summarize(rows, REG, w).by_prefix[str(n)]
+    assert s.bsr_vs_stock_gbps == 1.25 and s.stock_vs_raw_gbps == 0.5
+    assert s.bsr_vs_stock_staging == w * CHUNK / whole == 1 / 32
+    assert s.bsr_vs_raw_cpu == pytest.approx(1.2, abs=1e-3) and s.stock_vs_raw_cpu == pytest.approx(2.0, abs=1e-3)
+    assert s.below_rung == (
+        pe.BelowRung(
+            l1_bytes=w * CHUNK,
+            loaded_tokens=0,
+            outcome="timed_out",
+            timed_out=True,
+            seconds=10.0,
+            bsr_committed_at_this_l1=True,
+        ),
+    )
+    met = {t.name.split(" at ")[0].split(" against a")[0]: t.met for t in _targets(s, w)}
     assert met == {
         "bsr against stock LMCache": True,
         "bsr commits where stock LMCache returns 0 tokens": True,
         "CPU seconds per GB restored": True,
     }
     # A bsr restore whose L1 peak exceeds its budget (its case's L1) fails its row, whatever its speed.
-    over = pe.case_row("bsr", n, w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
-    assert over["status"] == "fail" and over["checks"]["l1_peak_at_most_budget"] is False
+    over = _row("bsr", n, w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
+    assert over.status == "fail" and over.checks["l1_peak_at_most_budget"] is False
     # Two windows within a budget of two pass; a peak that is not whole chunks does not.
-    two = pe.case_row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
-    assert two["status"] == "pass"
-    odd = pe.case_row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK - 4096, 1.0), REG, w)
-    assert odd["status"] == "fail" and odd["checks"]["l1_peak_whole_chunks"] is False
+    two = _row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
+    assert two.status == "pass"
+    odd = _row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK - 4096, 1.0), REG, w)
+    assert odd.status == "fail" and odd.checks["l1_peak_whole_chunks"] is False
 
 
 @pytest.mark.timeout(30)
@@ -89,12 +98,12 @@ def test_stock_contiguous_is_summarized_and_the_target_holds_against_the_faster_
     w = 32
     staged = {"lookup": 0.05, "fetch": 1.6, "install": 0.4}
 
-    def trial(t: int, bsr_s: float, contig_s: float) -> list[dict[str, Any]]:
+    def trial(t: int, bsr_s: float, contig_s: float) -> list[pe.PeerRow]:
         return [
-            pe.case_row("raw", n, 0, t, _case(n, 1.6, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
-            pe.case_row("stock", n, whole, t, _case(n, 2.2, whole, 2.0) | {"stage_seconds": staged}, REG, None),
-            pe.case_row(
-                pe.STOCK_CONTIGUOUS,
+            _row("raw", n, 0, t, _case(n, 1.6, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None),
+            _row("stock", n, whole, t, _case(n, 2.2, whole, 2.0) | {"stage_seconds": staged}, REG, None),
+            _row(
+                pe.PeerKind.STOCK_CONTIGUOUS,
                 n,
                 whole,
                 t,
@@ -102,27 +111,27 @@ def test_stock_contiguous_is_summarized_and_the_target_holds_against_the_faster_
                 REG,
                 None,
             ),
-            pe.case_row("bsr", n, 2 * w * CHUNK, t, _case(n, bsr_s, 2 * w * CHUNK, 1.2), REG, w),
+            _row("bsr", n, 2 * w * CHUNK, t, _case(n, bsr_s, 2 * w * CHUNK, 1.2), REG, w),
         ]
 
     # bsr beats stock into the paged KV in every trial, but not stock into a contiguous destination.
     rows = trial(0, 2.0, 1.9) + trial(1, 2.0, 1.9) + trial(2, 2.0, 1.9)
-    assert all(r["status"] == "pass" for r in rows)
-    assert rows[1]["stage_seconds"] == staged and "stage_seconds" not in rows[0]
-    s = pe.summarize(rows, REG, w)["by_prefix"][str(n)]
-    assert s["bsr_vs_stock_gbps"] == pytest.approx(1.1, abs=1e-3)
-    assert s["bsr_vs_stock_contiguous_gbps"] == pytest.approx(0.95, abs=1e-3)
-    assert s["stock_contiguous_vs_raw_gbps"] == pytest.approx(1.6 / 1.9, abs=1e-3)
-    assert s["per_trial"]["bsr_vs_stock"] == pytest.approx([1.1, 1.1, 1.1], abs=1e-3)
-    assert s["per_trial"]["bsr_vs_stock_contiguous"] == pytest.approx([0.95, 0.95, 0.95], abs=1e-3)
-    assert s["stock_contiguous"]["stage_seconds"] == {"lookup": 0.05, "fetch": 1.6, "install": 0.1}
-    assert s["bsr"]["stage_seconds"] is None
-    first = pe.targets({"by_prefix": {str(n): s}})[0]
+    assert all(r.status == "pass" for r in rows)
+    assert rows[1].to_wire()["stage_seconds"] == staged and "stage_seconds" not in rows[0].to_wire()
+    s = pe.summarize(rows, REG, w).by_prefix[str(n)]
+    assert s.bsr_vs_stock_gbps == pytest.approx(1.1, abs=1e-3)
+    assert s.bsr_vs_stock_contiguous_gbps == pytest.approx(0.95, abs=1e-3)
+    assert s.stock_contiguous_vs_raw_gbps == pytest.approx(1.6 / 1.9, abs=1e-3)
+    assert s.per_trial["bsr_vs_stock"] == pytest.approx([1.1, 1.1, 1.1], abs=1e-3)
+    assert s.per_trial["bsr_vs_stock_contiguous"] == pytest.approx([0.95, 0.95, 0.95], abs=1e-3)
+    assert s.stock_contiguous.stage_seconds == {"lookup": 0.05, "fetch": 1.6, "install": 0.1}
+    assert s.bsr.stage_seconds is None
+    first = _targets(s, w)[0]
     # Ahead of the paged install alone would have met the target; against the faster install it is not met.
-    assert first["met"] is False and "contiguous 0.9" in first["measured"] and first["measured"].startswith("0.9")
+    assert first.met is False and "contiguous 0.9" in str(first.measured) and str(first.measured).startswith("0.9")
     # Where bsr is ahead of both, the target is met.
-    ahead = pe.summarize(trial(0, 1.5, 1.9), REG, w)["by_prefix"][str(n)]
-    assert pe.targets({"by_prefix": {str(n): ahead}})[0]["met"] is True
+    ahead = pe.summarize(trial(0, 1.5, 1.9), REG, w).by_prefix[str(n)]
+    assert _targets(ahead, w)[0].met is True
 
 
 @pytest.mark.timeout(60)

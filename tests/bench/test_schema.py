@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.bench import bundle as bundles
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.errors import ExitCode, InvalidInput
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
@@ -68,6 +69,18 @@ def test_a_negative_number_is_refused() -> None:
     assert f"$.rows[{i}].ranks[0].fetch_seconds: input should be greater than or equal to 0, got -0.25" in errors
     assert f"$.rows[{i}].peak_pool_bytes: input should be greater than or equal to 0, got -1" in errors
     assert len(errors) == 2
+
+
+@pytest.mark.timeout(30)
+def test_an_unknown_outcome_names_every_outcome_by_its_value() -> None:
+    """The schema's outcomes are the Outcome enum's: the error line names them as a bundle spells them."""
+    data = _first("sweep")
+    i, row = _row(data)
+    row["outcome"] = "partly"
+    wanted = ", ".join(f"'{o.value}'" for o in Outcome) + " or 'unknown'"
+    assert bundles.validation_errors(data) == [f"$.rows[{i}].outcome: input should be {wanted}, got 'partly'"]
+    row["outcome"] = "unknown"  # a restore answer without an outcome
+    assert bundles.validation_errors(data) == []
 
 
 @pytest.mark.timeout(30)

@@ -5,6 +5,7 @@ fit."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,28 @@ from bsr_cli.bench import trace as bt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import TraceRequest, build_trace
 from bsr_cli.errors import CapacityError, ExitCode, InvalidInput
+
+REPORT_KEYS = (
+    "kind",
+    "trace",
+    "requests",
+    "speedup",
+    "block_tokens",
+    "token_scale",
+    "registration",
+    "model",
+    "bytes_per_chunk",
+    "W",
+    "budget_rws",
+    "budget_bytes",
+    "bandwidth_bytes_per_s",
+    "calibration",
+    "predicted",
+    "measured",
+    "committed",
+    "checks",
+    "latency_ratio",
+)
 
 
 def _conversations(n_conv: int = 6, turns: int = 4) -> list[dict]:
@@ -95,7 +118,8 @@ def _stock_run(trace_rows: list[dict], loaded: list[int], **by_index: dict) -> t
         | by_index.get(f"r{i}", {})
         for i, n in enumerate(loaded)
     ]
-    run = bt.StockRun(reqs, {0: 3 << 20, 1: 2 << 20}, 64 << 20, 1.0, 1.0, "0.5.6")
+    requests = tuple(bt.StockRequest.from_wire(r) for r in reqs)
+    run = bt.StockRun(requests, {0: 3 << 20, 1: 2 << 20}, 64 << 20, 1.0, 1.0, "0.5.6")
     return trace, run
 
 
@@ -108,18 +132,18 @@ def test_stock_is_held_to_the_simulated_hits_in_full_chunks() -> None:
     want = bt.expected_hits(trace, reg)
     assert want == [0, 192, 188]  # the planner counts the partial chunk of a whole-input hit
     s = bt.stock_summary(trace, reg, run)
-    assert (s["expected_hit_tokens"], s["hit_tokens"], s["partial_chunk_tokens"]) == (320, 320, 60)
-    assert s["committed"] == {"exact": 3, "fewer": 0, "more": 0} and s["failed"] == 0 and s["first_failure"] == ""
-    assert s["restores"] == 2 and s["peak_bytes_per_rank"] == 3 << 20
+    assert (s.expected_hit_tokens, s.hit_tokens, s.partial_chunk_tokens) == (320, 320, 60)
+    assert s.committed == bt.CommittedCounts(3, 0, 0) and s.failed == 0 and s.first_failure == ""
+    assert s.restores == 2 and s.to_wire()["peak_bytes_per_rank"] == 3 << 20
 
     # The negative control: one request short, one that ran into LMCache's blocking timeout, one that raised.
     trace, run = _stock_run(rows, [0, 64, 0], r2={"restore_seconds": bt.STOCK_DEADLINE_S})
     s = bt.stock_summary(trace, reg, run)
-    assert s["committed"] == {"exact": 1, "fewer": 1, "more": 0} and s["failed"] == 1
-    assert "no L1 for its whole plan" in s["first_failure"]
+    assert s.committed == bt.CommittedCounts(1, 1, 0) and s.failed == 1
+    assert "no L1 for its whole plan" in s.first_failure
     trace, run = _stock_run(rows, [0, 192, 128], r0={"error": "RuntimeError: store: boom"})
     s = bt.stock_summary(trace, reg, run)
-    assert s["failed"] == 1 and s["first_failure"] == "RuntimeError: store: boom"
+    assert s.failed == 1 and s.first_failure == "RuntimeError: store: boom"
 
 
 def test_the_report_puts_stock_beside_the_engine_in_text_and_json() -> None:
@@ -134,22 +158,23 @@ def test_the_report_puts_stock_beside_the_engine_in_text_and_json() -> None:
     trace, run = _stock_run(rows, [0, 192])
     measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.02, 0.05)]
     d = bt.compare(trace, reg, measured, w=2, budget_rws=2, bandwidth=1e8, speedup=1.0, pool_peaks={0: 1, 1: 1})
-    d |= {"skip": 0, "salt": 1}
+    d = replace(d, skip=0, salt=1)
     for stock, needles in (
         (
             bt.stock_summary(trace, reg, run),
             ("stock LMCache 0.5.6", "3.00 MiB", "whole-plan peak per rank", "the hit's full chunks: 2 of 2"),
         ),
-        ({"run": False, "reason": "skipped with --no-stock"}, ("stock LMCache: not run (skipped with --no-stock)",)),
+        (bt.StockNotRun("skipped with --no-stock"), ("stock LMCache: not run (skipped with --no-stock)",)),
     ):
-        d["stock"] = stock
+        wire = replace(d, stock=stock).to_wire()
         buf = io.StringIO()
-        render.trace_replay(Console(file=buf, width=200, color_system=None), d)
+        render.trace_replay(Console(file=buf, width=200, color_system=None), wire)
         text = buf.getvalue()
         for needle in needles:
             assert needle in text, text
         assert "None" not in text and "?" not in text
-        json.dumps(d)  # the --json side of the same result
+        # The --json side of the same result: the report's keys, in order, stock last.
+        assert list(json.loads(json.dumps(wire))) == [*REPORT_KEYS, "skip", "salt", "stock"]
 
 
 def test_stock_needs_one_paged_kv_layout() -> None:

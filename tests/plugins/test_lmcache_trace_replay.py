@@ -37,7 +37,9 @@ def _conversations(n_conv: int, turns: int, shared: bool = True) -> Trace:
     return build_trace(rows).scale_tokens(64)
 
 
-def _replay(trace: Trace, tmp: Path, clients: int = 1, serial: bool = False) -> tuple[dict, list[int], dict[int, int]]:
+def _replay(
+    trace: Trace, tmp: Path, clients: int = 1, serial: bool = False
+) -> tuple[bt.StockSummary, list[int], dict[int, int]]:
     reg = bt.replay_registration()
     size = bt.sizing(trace, reg)
     case = bt.StockCase(
@@ -45,7 +47,7 @@ def _replay(trace: Trace, tmp: Path, clients: int = 1, serial: bool = False) -> 
     )
     run = bt.replay_stock(case, tmp)
     full = [w // reg.chunk_size * reg.chunk_size for w in bt.expected_hits(trace, reg)]
-    return bt.stock_summary(trace, reg, run), full, {r["index"]: r["loaded_tokens"] for r in run.requests}
+    return bt.stock_summary(trace, reg, run), full, {r.index: r.loaded_tokens for r in run.requests}
 
 
 @pytest.mark.timeout(300)
@@ -56,17 +58,17 @@ def test_stock_lmcache_loads_the_hits_the_trace_shares(tmp_path: Path, monkeypat
     # Every turn after the first finds its conversation's earlier blocks: 3 + 5 chunks per conversation.
     assert [loaded[i] for i in range(len(trace))] == full
     assert sum(full) == 3 * (3 + 5) * 64
-    assert s["hit_tokens"] == s["expected_hit_tokens"] == sum(full) and s["restores"] == 6
-    assert s["committed"] == {"exact": 9, "fewer": 0, "more": 0} and s["failed"] == 0 and s["ranks_disagree"] == 0
+    assert s.hit_tokens == s.expected_hit_tokens == sum(full) and s.restores == 6
+    assert s.committed == bt.CommittedCounts(9, 0, 0) and s.failed == 0 and s.ranks_disagree == 0
     # LMCache's L1 held at least the largest whole plan (5 chunks of 64 KiB) on both ranks, within its size.
-    assert set(s["l1_peak_by_rank"]) == {"0", "1"}
-    assert all(5 * (64 << 10) <= v <= s["l1_bytes"] for v in s["l1_peak_by_rank"].values())
+    assert set(s.l1_peak_by_rank) == {0, 1}
+    assert all(5 * (64 << 10) <= v <= s.l1_bytes for v in s.l1_peak_by_rank.values())
 
     # The negative control: the same shape with every block id new. Nothing is shared, so LMCache loads nothing:
     # the hits above came from the stored prefixes, not from the replay.
     s, full, loaded = _replay(_conversations(3, 3, shared=False), tmp_path / "unshared")
     assert sum(full) == 0 and sum(loaded.values()) == 0
-    assert s["restores"] == 0 and s["committed"]["exact"] == 9 and s["failed"] == 0
+    assert s.restores == 0 and s.committed.exact == 9 and s.failed == 0
 
 
 @pytest.mark.timeout(300)
@@ -77,8 +79,8 @@ def test_stock_lmcache_called_one_request_at_a_time(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("BSR_LMCACHE_PYTHON", sys.executable)
     trace = _conversations(3, 3)
     s, full, loaded = _replay(trace, tmp_path / "serial", clients=3, serial=True)
-    assert s["calls"] == "serial" and s["failed"] == 0 and s["committed"]["more"] == 0
+    assert s.serial and s.failed == 0 and s.committed.more == 0
     # A turn served before its previous turn's store is readable loads less (counted apart), never more.
     assert all(loaded[i] <= full[i] for i in range(len(trace)))
     largest = max(r.input_length for r in trace.requests) // 64 * (64 << 10)  # full chunks of the longest prompt
-    assert all(0 < v <= 2 * largest for v in s["l1_peak_by_rank"].values()), s["l1_peak_by_rank"]
+    assert all(0 < v <= 2 * largest for v in s.l1_peak_by_rank.values()), s.l1_peak_by_rank

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.core.units import format_bytes
@@ -10,6 +10,8 @@ from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from bsr_cli.bench.peer_results import PeerPrefix
 
 
 def _mib(n: int | None) -> str:
@@ -23,7 +25,11 @@ def _short(n: int) -> str:
 
 
 def _status(s: str) -> str:
-    return {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]"}.get(s, "[yellow]interrupted[/]")
+    from bsr_cli.bench.evidence import RowStatus
+
+    if s == RowStatus.PASS:
+        return "[green]PASS[/]"
+    return "[red]FAIL[/]" if s == RowStatus.FAIL else "[yellow]interrupted[/]"
 
 
 def _yes(v: Any) -> str:
@@ -77,10 +83,12 @@ def _plain(value: Any) -> str:
 
 
 def _footer(console: Console, d: dict[str, Any]) -> None:
-    for t in d["targets"]:
-        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "[dim]n/a[/]"}[t["met"]]
-        note = f"  [dim]({t['note']})[/]" if t.get("note") else ""
-        console.print(f"target: {t['name']} {t['target']}: measured {_plain(t['measured'])} → {mark}{note}")
+    from bsr_cli.bench.evidence import Target
+
+    for t in (Target.from_wire(x) for x in d["targets"]):
+        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "[dim]n/a[/]"}[t.met]
+        note = f"  [dim]({t.note})[/]" if t.note else ""
+        console.print(f"target: {t.name} {t.target}: measured {_plain(t.measured)} → {mark}{note}")
     files = d.get("files", {})
     console.print(
         f"[dim]bundle {files.get('bundle')}"
@@ -292,24 +300,26 @@ def _peer_num(x: float | None, digits: int = 2) -> str:
 
 
 def render_peer(console: Console, d: dict[str, Any]) -> None:
+    from bsr_cli.bench.peer_results import PeerSummary
+
     p = d["params"]
     _header(console, d, f"bsr inside LMCache against stock LMCache 0.5.6, from Mooncake, W={p['W']}, TP {p['tp']}")
     la = d["machine"].get("loadavg") or []
     if la:
         console.print(f"[dim]load average at the start: {', '.join(str(x) for x in la)}[/]")
-    by = d["summary"].get("by_prefix") or {}
-    _peer_throughput(console, by)
-    _peer_stock_stages(console, by)
-    _peer_cpu(console, by)
-    for v in by.values():
-        for b in v["below_rung"]:
-            what = f"{b['loaded_tokens']:,} tokens" + (", timed out" if b["timed_out"] else "")
-            bsr = "bsr committed at this L1 or less" if b["bsr_committed_at_this_l1"] else "bsr did not commit"
-            console.print(f"below the rung: {v['tokens']:,} tokens, stock L1 {_mib(b['l1_bytes'])} MiB: {what}; {bsr}")
+    prefixes = list(PeerSummary.from_wire(d["summary"]).by_prefix.values())
+    _peer_throughput(console, prefixes)
+    _peer_stock_stages(console, prefixes)
+    _peer_cpu(console, prefixes)
+    for v in prefixes:
+        for b in v.below_rung:
+            what = f"{b.loaded_tokens:,} tokens" + (", timed out" if b.timed_out else "")
+            bsr = "bsr committed at this L1 or less" if b.bsr_committed_at_this_l1 else "bsr did not commit"
+            console.print(f"below the rung: {v.tokens:,} tokens, stock L1 {_mib(b.l1_bytes)} MiB: {what}; {bsr}")
     _footer(console, d)
 
 
-def _peer_throughput(console: Console, by: dict[str, Any]) -> None:
+def _peer_throughput(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
     t = _table(
         "tokens",
         "stock L1 MiB",
@@ -327,33 +337,32 @@ def _peer_throughput(console: Console, by: dict[str, Any]) -> None:
         title="throughput per rank (median of trials) and measured L1 peaks per rank; stock into the paged KV, "
         "and contig: stock after its lookup into a contiguous destination",
     )
-    for v in by.values():
-        contig = v.get("stock_contiguous") or {}
+    for v in prefixes:
         t.add_row(
-            f"{v['tokens']:,}",
-            _mib(v["stock"]["l1_peak_bytes"]),
-            _peer_num(v["stock"]["gbps_per_rank"], 3),
-            _peer_num(contig.get("gbps_per_rank"), 3),
-            _mib(v["bsr"]["l1_peak_bytes"]),
-            _peer_num(v["bsr"]["gbps_per_rank"], 3),
-            _peer_num(v["raw"]["gbps_per_rank"], 3),
-            _peer_num(v["bsr_vs_stock_gbps"]),
-            _peer_num(v.get("bsr_vs_stock_contiguous_gbps")),
-            _peer_num(v["bsr_vs_raw_gbps"]),
-            _peer_num(v["stock_vs_raw_gbps"]),
-            _peer_num(v.get("stock_contiguous_vs_raw_gbps")),
-            _peer_num(v["bsr_vs_stock_staging"], 4),
+            f"{v.tokens:,}",
+            _mib(v.stock.l1_peak_bytes),
+            _peer_num(v.stock.gbps_per_rank, 3),
+            _peer_num(v.stock_contiguous.gbps_per_rank if v.stock_contiguous else None, 3),
+            _mib(v.bsr.l1_peak_bytes),
+            _peer_num(v.bsr.gbps_per_rank, 3),
+            _peer_num(v.raw.gbps_per_rank, 3),
+            _peer_num(v.bsr_vs_stock_gbps),
+            _peer_num(v.bsr_vs_stock_contiguous_gbps),
+            _peer_num(v.bsr_vs_raw_gbps),
+            _peer_num(v.stock_vs_raw_gbps),
+            _peer_num(v.stock_contiguous_vs_raw_gbps),
+            _peer_num(v.bsr_vs_stock_staging, 4),
         )
     console.print(t)
 
 
-def _peer_stock_stages(console: Console, by: dict[str, Any]) -> None:
+def _peer_stock_stages(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
     """Where stock's time goes: its retrieve by stage, for both installs, beside the raw GET of the same bytes."""
     rows = [
-        (v["tokens"], name, side, v["raw"]["seconds"])
-        for v in by.values()
-        for name, side in (("paged", v["stock"]), ("contiguous", v.get("stock_contiguous") or {}))
-        if side.get("stage_seconds")
+        (v.tokens, name, side, side.stage_seconds, v.raw.seconds)
+        for v in prefixes
+        for name, side in (("paged", v.stock), ("contiguous", v.stock_contiguous))
+        if side is not None and side.stage_seconds
     ]
     if not rows:
         return
@@ -369,16 +378,15 @@ def _peer_stock_stages(console: Console, by: dict[str, Any]) -> None:
         title="stock LMCache's retrieve by stage (wall seconds, medians): lookup (which tier holds each chunk), "
         "fetch (L1 allocation + transfer), install (the connector's copies)",
     )
-    for n, name, side, raw_s in rows:
-        st = side["stage_seconds"]
-        parts: list[float | None] = [st.get(k) for k in ("lookup", "fetch", "install")]
+    for n, name, side, st, raw_s in rows:
+        parts: list[float | None] = [(st or {}).get(k) for k in ("lookup", "fetch", "install")]
         known = [x for x in parts if x is not None]
         # What is left of the call: LMCache's key hashing and bookkeeping (TP 1: the stages add up per rank).
-        other = side["seconds"] - sum(known) if side["seconds"] is not None and len(known) == len(parts) else None
+        other = side.seconds - sum(known) if side.seconds is not None and len(known) == len(parts) else None
         t.add_row(
             f"{n:,}",
             name,
-            _peer_num(side["seconds"], 3),
+            _peer_num(side.seconds, 3),
             *(_peer_num(x, 3) for x in parts),
             _peer_num(other, 3),
             _peer_num(raw_s, 3),
@@ -386,10 +394,10 @@ def _peer_stock_stages(console: Console, by: dict[str, Any]) -> None:
     console.print(t)
 
 
-def _peer_cpu(console: Console, by: dict[str, Any]) -> None:
+def _peer_cpu(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
     from bsr_cli.bench.plots import bar
 
-    top = max((v["bsr"]["gbps_per_rank"] or 0 for v in by.values()), default=1.0)
+    top = max((v.bsr.gbps_per_rank or 0 for v in prefixes), default=1.0)
     c = _table(
         "tokens",
         "raw GET",
@@ -402,27 +410,28 @@ def _peer_cpu(console: Console, by: dict[str, Any]) -> None:
         "",
         title="CPU seconds per GB restored (case process + Mooncake master + segment holder, from /proc)",
     )
-    for v in by.values():
+    for v in prefixes:
         c.add_row(
-            f"{v['tokens']:,}",
-            _peer_num(v["raw"]["cpu_s_per_gb"], 3),
-            _peer_num(v["stock"]["cpu_s_per_gb"], 3),
-            _peer_num((v.get("stock_contiguous") or {}).get("cpu_s_per_gb"), 3),
-            _peer_num(v["bsr"]["cpu_s_per_gb"], 3),
-            _peer_num(v["bsr"]["install_cpu_s_per_gb"], 3),
-            _peer_num(v["bsr_vs_raw_cpu"]),
-            _peer_num(v["stock_vs_raw_cpu"]),
-            bar(v["bsr"]["gbps_per_rank"] or 0, top or 1.0, 16),
+            f"{v.tokens:,}",
+            _peer_num(v.raw.cpu_s_per_gb, 3),
+            _peer_num(v.stock.cpu_s_per_gb, 3),
+            _peer_num(v.stock_contiguous.cpu_s_per_gb if v.stock_contiguous else None, 3),
+            _peer_num(v.bsr.cpu_s_per_gb, 3),
+            _peer_num(v.bsr.install_cpu_s_per_gb, 3),
+            _peer_num(v.bsr_vs_raw_cpu),
+            _peer_num(v.stock_vs_raw_cpu),
+            bar(v.bsr.gbps_per_rank or 0, top or 1.0, 16),
         )
     console.print(c)
 
 
 def render_failures(console: Console, d: dict[str, Any]) -> None:
+    from bsr_cli.bench.evidence import RowStatus
 
     _header(console, d, f"Failure matrix ({d['params']['tokens']:,} tokens)")
     t = _table("scenario", "first pass", "fallback", "hash = canonical", "ranks healthy", "status")
     for r in d["rows"]:
-        if r["status"] == "interrupted":
+        if r["status"] == RowStatus.INTERRUPTED:
             t.add_row(r["scenario"], "", "", "", r.get("reason", ""), _status(r["status"]))
             continue
         fp, c = r["first_pass"], r["checks"]

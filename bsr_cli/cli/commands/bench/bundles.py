@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -56,7 +56,7 @@ def validate(
     st = state(ctx, json_flag)
     report = {str(f): bundles.validation_errors(bundles.load(f)) for f in files}
 
-    def render(console: Console, d: dict[str, Any]) -> None:
+    def render(console: Console, d: dict[str, list[str]]) -> None:
         for f, errs in d.items():
             console.print(f"{f}: " + ("[green]valid[/]" if not errs else "[red]invalid[/]\n  " + "\n  ".join(errs)))
 

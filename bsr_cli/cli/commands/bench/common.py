@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import typer
 
@@ -32,7 +32,8 @@ NoPlotsOpt = Annotated[bool, typer.Option("--no-plots", help="Write the bundle o
 WOpt = Annotated[int, typer.Option("--W", "-W", "--window-size", help="Window size in chunks.", min=1)]
 DEFAULT_OUT = Path("bench-out")
 
-Experiment = Callable[["AdminClient", dict[str, Any], Path | None], dict[str, Any]]
+# An experiment run against a client, given the engine's facts (embedded, startup_s) and its state directory.
+Experiment = Callable[["AdminClient", dict[str, bool | float | None], Path | None], dict[str, Any]]
 
 
 def ints(text: str, what: str, *, sizes: bool = False) -> list[int]:
@@ -46,8 +47,12 @@ def ints(text: str, what: str, *, sizes: bool = False) -> list[int]:
 
 
 def row_note(st: AppState, experiment: str) -> Callable[[dict[str, Any]], None]:
+    from bsr_cli.bench.evidence import RowStatus
+
     def note(r: dict[str, Any]) -> None:
-        status = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]"}.get(r["status"], "[yellow]interrupted[/]")
+        status = {RowStatus.PASS: "[green]pass[/]", RowStatus.FAIL: "[red]FAIL[/]"}.get(
+            r["status"], "[yellow]interrupted[/]"
+        )
         what = ", ".join(
             f"{k}={r[k]:,}" if isinstance(r[k], int) else f"{k}={r[k]}"
             for k in ("kind", "scenario", "tokens", "W", "concurrency", "cache", "trial")
@@ -102,8 +107,9 @@ def execute(
         with tempfile.TemporaryDirectory(prefix="bsr-bench-") as tmp:
             t0 = time.monotonic()
             with ex.embedded_engine(Path(tmp), opts) as client:
-                meta = {"embedded": True, "startup_s": round(time.monotonic() - t0, 3)}
-                st.out.note(f"engine up in {meta['startup_s']:.1f} s at {client.url}")
+                startup_s = round(time.monotonic() - t0, 3)
+                meta: dict[str, bool | float | None] = {"embedded": True, "startup_s": startup_s}
+                st.out.note(f"engine up in {startup_s:.1f} s at {client.url}")
                 result = run(client, meta, Path(tmp))
     else:
         with engine_client(st) as client:
@@ -111,10 +117,17 @@ def execute(
     publish(st, result, out, no_plots)
 
 
-def publish(st: AppState, result: dict[str, Any], out: Path, no_plots: bool) -> None:
+class TypedBundle(Protocol):
+    """An experiment's bundle as a typed result (bench peer's): its wire form is what is written and printed."""
+
+    def to_wire(self) -> dict[str, Any]: ...
+
+
+def publish(st: AppState, bundle: dict[str, Any] | TypedBundle, out: Path, no_plots: bool) -> None:
     """Write the bundle, redraw the plots, print the experiment's table (or the bundle with --json), exit by it."""
     from bsr_cli.bench import bundle as bundles
 
+    result = bundle if isinstance(bundle, dict) else bundle.to_wire()
     path = bundles.write(result, out)
     plots: list[str] = []
     if not no_plots:
@@ -131,13 +144,15 @@ def publish(st: AppState, result: dict[str, Any], out: Path, no_plots: bool) -> 
 
 
 def exit_for(result: dict[str, Any], path: Path) -> None:
+    from bsr_cli.bench.evidence import Interruption, RowStatus
+
     rows = list(result["rows"]) + list(result.get("repeat", {}).get("rows", []))
-    if result.get("interrupted_by") == "operator":
+    if result.get("interrupted_by") == Interruption.OPERATOR:
         raise KeyboardInterrupt
     if result.get("interrupted"):
-        reason = next((r.get("reason") for r in rows if r["status"] == "interrupted"), "unknown")
+        reason = next((r.get("reason") for r in rows if r["status"] == RowStatus.INTERRUPTED), "unknown")
         raise ServerError(f"the experiment stopped early: {reason}", hint=f"the partial bundle is {path}")
-    failed = [r for r in rows if r["status"] == "fail"]
+    failed = [r for r in rows if r["status"] == RowStatus.FAIL]
     if failed:
         what = sorted({k for r in failed for k, ok in r.get("checks", {}).items() if not ok})
         raise DrillViolation(

@@ -3,8 +3,9 @@ prediction for the same slice beside the measurement (bsr_cli/bench/trace.py).""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,7 +13,7 @@ from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.errors import BsrError, DrillViolation, InvalidInput
 
 if TYPE_CHECKING:
-    from bsr_cli.bench.trace import Calibration, Measured, StockCase
+    from bsr_cli.bench.trace import Calibration, Measured, StockCase, StockNotRun, StockSummary
     from bsr_cli.cli.context import AppState
     from bsr_cli.core.registration import Registration
     from bsr_cli.core.trace import Trace
@@ -97,7 +98,7 @@ def trace(
         f"B = {budget_rws}·RWS = {format_bytes(opts.budget_bytes)} per rank"
     )
     measured, peaks, cal, rate = _replay_engine(st, sliced, reg, opts, w=w, speedup=speedup, seed=seed, rate=rate)
-    data = bt.compare(
+    replayed = bt.compare(
         sliced,
         reg,
         measured,
@@ -108,18 +109,20 @@ def trace(
         pool_peaks=peaks,
         calibration=cal,
     )
-    data["skip"] = skip
-    data["salt"] = seed
+    stock_run: bt.StockSummary | bt.StockNotRun
     if stock_reason is None:
-        l1 = stock_l1_bytes or bt.stock_l1_bytes(sliced, reg, int(data["predicted"]["whole_plan_peak_bytes_per_rank"]))
+        whole_plan_peak = replayed.predicted.whole_plan_peak_bytes_per_rank
+        l1 = stock_l1_bytes or bt.stock_l1_bytes(sliced, reg, whole_plan_peak)
         case = bt.StockCase(sliced, reg, speedup, seed, l1, size.kv_tokens, size.segment_bytes, serial=stock_serial)
-        stock_reason = _replay_stock(st, case, data)
-    if stock_reason is not None:
-        data["stock"] = {"run": False, "reason": stock_reason}
+        stock_run = _replay_stock(st, case)
+    else:
+        stock_run = bt.StockNotRun(stock_reason)
+    data = replace(replayed, skip=skip, salt=seed, stock=stock_run)
     from bsr_cli.cli.render import planning as render
 
-    st.out.result(data, render.trace_replay)
-    broken = [k for k, ok in data["checks"].items() if not ok]
+    # The report's renderer reads its wire form (the same keys --json prints).
+    st.out.result(data, lambda console, d: render.trace_replay(console, d.to_wire()))
+    broken = [k for k, ok in data.checks.items() if not ok]
     if broken:
         raise DrillViolation(f"the replay broke {', '.join(broken)}")
 
@@ -198,8 +201,8 @@ def _replay_engine(
     return measured, peaks, cal, rate
 
 
-def _replay_stock(st: AppState, case: StockCase, data: dict[str, Any]) -> str | None:
-    """The same slice through stock LMCache, its summary put in ``data``; why it did not run, if it did not."""
+def _replay_stock(st: AppState, case: StockCase) -> StockSummary | StockNotRun:
+    """The same slice through stock LMCache: its summary, or why it did not run."""
     import tempfile
 
     from bsr_cli.bench import trace as bt
@@ -220,6 +223,5 @@ def _replay_stock(st: AppState, case: StockCase, data: dict[str, Any]) -> str | 
             run = bt.replay_stock(case, Path(tmp), on_progress=stock_progress)
     except BsrError as e:
         st.out.warn(f"stock LMCache: not run ({e.message})")
-        return e.message
-    data["stock"] = bt.stock_summary(case.trace, case.reg, run)
-    return None
+        return bt.StockNotRun(e.message)
+    return bt.stock_summary(case.trace, case.reg, run)

@@ -1,0 +1,408 @@
+"""The results of `bsr bench peer` (bsr_cli/bench/peer.py runs it): what a case process reported, each row,
+the summary per prefix and the bundle. Each type that reaches the bundle file writes its JSON once (``to_wire``,
+the keys in the order bundles have always had them); the summary reads older bundles back (``from_wire``) for
+`bsr bench show`."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+from bsr_cli import __version__
+from bsr_cli.api.codec import to_json
+from bsr_cli.bench.evidence import BUNDLE_SCHEMA, Interruption, MachineInfo, RegistrationIdentity, RowStatus, Target
+
+
+@dataclass(frozen=True)
+class PeerModel:
+    """The model every case process builds its KV for (16 KiB per token per rank by default)."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_size: int
+    dtype: str = "bf16"
+    block_size: int = 16
+    chunk_size: int = 256
+
+    def to_wire(self) -> dict[str, str | int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class PeerKind(StrEnum):
+    """What a row of the comparison measured."""
+
+    RAW = "raw"  # a raw Mooncake batch_get_into of the objects LMCache stored
+    STOCK = "stock"  # LMCache's own retrieve into the paged KV
+    STOCK_CONTIGUOUS = "stock_contiguous"  # stock's retrieve into a contiguous destination, after its lookup
+    BSR = "bsr"  # bsr's windowed restore inside LMCache
+    STORE = "store"  # storing the prompt once (a row only when it failed)
+    SETUP = "setup"  # the services around the cases (a row only when they failed)
+
+
+MEASURED_KINDS = (PeerKind.RAW, PeerKind.STOCK, PeerKind.STOCK_CONTIGUOUS, PeerKind.BSR)
+
+# One rank's figures as a case process reports them (flat JSON values; stock and bsr report different ones).
+RankReport = dict[str, int | float | str | bool | None]
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """What one case process reported (plugins/lmcache_bsr/peer.py prints it as JSON), or why it reported nothing."""
+
+    ok: bool = False
+    error: str | None = None
+    killed: bool = False  # passed its deadline: its process group was killed
+    outcome: str | None = None
+    loaded_tokens: int = 0
+    seconds: float = 0.0
+    l1_peak_bytes: int = 0
+    l1_capacity_bytes: int = 0  # 0: not reported (the row shows the case's L1 then)
+    hash_ok: bool | None = None
+    timed_out: bool = False
+    windows: int = 0
+    setup_seconds: float | None = None
+    nice: int | None = None
+    ranks: tuple[RankReport, ...] = ()
+    stage_seconds: dict[str, float] | None = None  # stock's retrieve by stage
+    destination: str | None = None
+    untimed_lookup_seconds: float | None = None
+    cpu: dict[str, float] | None = None  # CPU seconds by process, from /proc
+    install_cpu_seconds: float = 0.0
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> CaseResult:
+        """The case's JSON line; fields it does not report keep their defaults, ones added later are ignored."""
+        return cls(
+            ok=bool(d.get("ok")),
+            error=None if d.get("error") is None else str(d["error"]),
+            killed=bool(d.get("killed")),
+            outcome=d.get("outcome") or None,
+            loaded_tokens=int(d.get("loaded_tokens") or 0),
+            seconds=float(d.get("seconds") or 0.0),
+            l1_peak_bytes=int(d.get("l1_peak_bytes") or 0),
+            l1_capacity_bytes=int(d.get("l1_capacity_bytes") or 0),
+            hash_ok=d.get("hash_ok"),
+            timed_out=bool(d.get("timed_out")),
+            windows=int(d.get("windows") or 0),
+            setup_seconds=d.get("setup_seconds"),
+            nice=d.get("nice"),
+            ranks=tuple(d.get("ranks") or ()),
+            stage_seconds=dict(d["stage_seconds"]) if d.get("stage_seconds") else None,
+            destination=d.get("destination"),
+            untimed_lookup_seconds=d.get("untimed_lookup_seconds"),
+            cpu=dict(d["cpu"]) if d.get("cpu") else None,
+            install_cpu_seconds=float(d.get("install_cpu_seconds") or 0.0),
+        )
+
+
+@dataclass(frozen=True)
+class StockStages:
+    """Stock's retrieve by stage (wall seconds, summed over ranks): lookup, fetch (L1 allocation + transfer),
+    install (the connector's copies); what is left of the call is key hashing and bookkeeping."""
+
+    seconds: dict[str, float]
+    destination: str | None
+    untimed_lookup_seconds: float | None  # the lookup before the clock (the contiguous case only)
+
+
+@dataclass(frozen=True)
+class CpuCost:
+    """CPU seconds of a restore (case process, master, segment holder) and per GB restored."""
+
+    seconds: dict[str, float]
+    per_gb: dict[str, float]  # by process, and "total"
+    install_per_gb: float
+
+
+@dataclass(frozen=True)
+class PeerMeasurement:
+    """What a completed case measured, as its row keeps it."""
+
+    outcome: str
+    loaded_tokens: int
+    seconds: float
+    gbps_per_rank: float
+    l1_peak_bytes: int
+    l1_capacity_bytes: int
+    hash_ok: bool | None
+    timed_out: bool
+    windows: int
+    setup_seconds: float | None
+    nice: int | None
+    ranks: tuple[RankReport, ...]
+    stages: StockStages | None
+    cpu: CpuCost | None  # only when the whole prefix was loaded
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """One row of the comparison: a case (kind, prefix, L1, trial, W) and what it measured, or why it did not;
+    a store or setup row (no L1) only says why the run stopped."""
+
+    kind: PeerKind
+    tokens: int
+    status: RowStatus
+    l1_bytes: int | None = None
+    trial: int = 0
+    w: int | None = None
+    measured: PeerMeasurement | None = None
+    reason: str | None = None
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "tokens": self.tokens}
+        if self.l1_bytes is not None:
+            out |= {"l1_bytes": self.l1_bytes, "trial": self.trial, "W": self.w}
+        m = self.measured
+        if m is None:
+            return out | {"status": self.status, "reason": self.reason}
+        out |= {
+            "outcome": m.outcome,
+            "loaded_tokens": m.loaded_tokens,
+            "seconds": m.seconds,
+            "gbps_per_rank": m.gbps_per_rank,
+            "l1_peak_bytes": m.l1_peak_bytes,
+            "l1_capacity_bytes": m.l1_capacity_bytes,
+            "hash_ok": m.hash_ok,
+            "timed_out": m.timed_out,
+            "windows": m.windows,
+            "setup_seconds": m.setup_seconds,
+            "nice": m.nice,
+            "ranks": list(m.ranks),
+        }
+        if m.stages is not None:
+            out |= {"stage_seconds": m.stages.seconds, "destination": m.stages.destination}
+            if m.stages.untimed_lookup_seconds is not None:
+                out["untimed_lookup_seconds"] = m.stages.untimed_lookup_seconds
+        if m.cpu is not None:
+            out |= {
+                "cpu_seconds": m.cpu.seconds,
+                "cpu_s_per_gb": m.cpu.per_gb,
+                "install_cpu_s_per_gb": m.cpu.install_per_gb,
+            }
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out | {"checks": self.checks, "status": self.status}
+
+
+@dataclass(frozen=True)
+class PeerParams:
+    """What the run was asked to measure."""
+
+    tokens: tuple[int, ...]
+    w: int
+    tp: int
+    trials: int
+    deadline_s: float
+    below_rung_l1_bytes: tuple[int, ...]
+    bsr_windows: int
+    bsr_l1_bytes: int
+    model: PeerModel
+    rws_bytes: int
+
+
+@dataclass(frozen=True)
+class PeerBundle:
+    """The evidence bundle of one `bsr bench peer` run (validated against docs/bench-schema.json when written)."""
+
+    run_id: str
+    salt: int
+    started_at: str
+    finished_at: str
+    elapsed_s: float
+    registration: RegistrationIdentity
+    lmcache_python: str  # the plugin venv's interpreter, shown relative to the checkout
+    machine: MachineInfo
+    params: PeerParams
+    rows: tuple[PeerRow, ...]
+    summary: PeerSummary
+    targets: tuple[Target, ...]
+    interrupted_by: Interruption | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.interrupted_by is None and all(r.status == RowStatus.PASS for r in self.rows)
+
+    def to_wire(self) -> dict[str, Any]:
+        p, reg = self.params, self.registration
+        return {
+            "schema": BUNDLE_SCHEMA,
+            "kind": "bsr.bench",
+            "experiment": "peer",
+            "run_id": self.run_id,
+            "salt": self.salt,
+            "bsr_version": __version__,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "elapsed_s": self.elapsed_s,
+            "registration": reg.to_wire(),
+            "engine": {
+                "url": "lmcache-host (one process per case, plugin venv)",
+                "embedded": False,
+                "startup_s": None,
+                "info": {
+                    "api": "lmcache_bsr.peer",
+                    "registration": reg.identity,
+                    "chunk_size": reg.chunk_size,
+                    "tiers": ["mooncake"],
+                    "pool_bytes": p.bsr_l1_bytes,
+                    "budget_bytes": p.bsr_l1_bytes,
+                    "lmcache_python": self.lmcache_python,
+                },
+            },
+            "machine": self.machine.to_wire(),
+            "params": {
+                "tokens": list(p.tokens),
+                "W": p.w,
+                "tp": p.tp,
+                "trials": p.trials,
+                "deadline_s": p.deadline_s,
+                "below_rung_l1_bytes": list(p.below_rung_l1_bytes),
+                "bsr_windows": p.bsr_windows,
+                "bsr_l1_bytes": p.bsr_l1_bytes,
+                "model": p.model.to_wire() | {"tp_size": p.tp},
+                "rws_bytes": p.rws_bytes,
+            },
+            "rows": [r.to_wire() for r in self.rows],
+            "summary": self.summary.to_wire(),
+            "targets": [t.to_wire() for t in self.targets],
+            "interrupted": self.interrupted_by is not None,
+            "interrupted_by": self.interrupted_by,
+            "ok": self.ok,
+        }
+
+
+def _med(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return round(statistics.median(vals), 4) if vals else None
+
+
+@dataclass(frozen=True)
+class PeerSide:
+    """Medians of one kind's rows at one prefix (stage seconds only where the case reported them: stock)."""
+
+    gbps_per_rank: float | None
+    seconds: float | None
+    l1_peak_bytes: int | None
+    loaded_tokens: int | None
+    cpu_s_per_gb: float | None
+    install_cpu_s_per_gb: float | None
+    cpu_s_per_gb_by_process: dict[str, float | None]
+    stage_seconds: dict[str, float | None] | None = None  # absent from bundles before the stock stages
+
+    @classmethod
+    def of(cls, rs: Sequence[PeerMeasurement]) -> PeerSide:
+        staged = [r.stages.seconds for r in rs if r.stages is not None]
+        costs = [r.cpu for r in rs if r.cpu is not None and r.cpu.per_gb]
+        return cls(
+            gbps_per_rank=_med([r.gbps_per_rank for r in rs]),
+            seconds=_med([r.seconds for r in rs]),
+            l1_peak_bytes=max((r.l1_peak_bytes for r in rs), default=None),
+            loaded_tokens=min((r.loaded_tokens for r in rs), default=None),
+            cpu_s_per_gb=_med([c.per_gb["total"] for c in costs]),
+            install_cpu_s_per_gb=_med([r.cpu.install_per_gb for r in rs if r.cpu is not None]),
+            cpu_s_per_gb_by_process={
+                k: _med([c.per_gb.get(k) for c in costs]) for k in ("process", "master", "segment_holder")
+            },
+            stage_seconds={k: _med([st.get(k) for st in staged]) for k in ("lookup", "fetch", "install")}
+            if staged
+            else None,
+        )
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> PeerSide:
+        """A side as a bundle holds it (older bundles lack the stage seconds)."""
+        return cls(
+            gbps_per_rank=d.get("gbps_per_rank"),
+            seconds=d.get("seconds"),
+            l1_peak_bytes=d.get("l1_peak_bytes"),
+            loaded_tokens=d.get("loaded_tokens"),
+            cpu_s_per_gb=d.get("cpu_s_per_gb"),
+            install_cpu_s_per_gb=d.get("install_cpu_s_per_gb"),
+            cpu_s_per_gb_by_process=dict(d.get("cpu_s_per_gb_by_process") or {}),
+            stage_seconds=d.get("stage_seconds"),
+        )
+
+
+@dataclass(frozen=True)
+class BelowRung:
+    """Stock LMCache at an L1 below its rung, and whether bsr committed with that L1 or less."""
+
+    l1_bytes: int
+    loaded_tokens: int
+    outcome: str
+    timed_out: bool
+    seconds: float
+    bsr_committed_at_this_l1: bool
+
+
+@dataclass(frozen=True)
+class PeerPrefix:
+    """One prefix: medians of raw, both stock installs at their rung and bsr; ratios from the same run (of the
+    medians, and per trial); below-rung outcomes. Fields in the bundle's key order."""
+
+    tokens: int
+    whole_plan_bytes: int
+    stock_rung_bytes: int
+    raw: PeerSide
+    stock: PeerSide
+    stock_contiguous: PeerSide | None  # None: a bundle from before the contiguous case
+    bsr: PeerSide
+    bsr_vs_stock_gbps: float | None
+    bsr_vs_stock_contiguous_gbps: float | None
+    bsr_vs_raw_gbps: float | None
+    stock_vs_raw_gbps: float | None
+    stock_contiguous_vs_raw_gbps: float | None
+    per_trial: dict[str, list[float]] | None  # ratios within each trial, by pair
+    bsr_vs_stock_staging: float | None
+    bsr_vs_raw_cpu: float | None
+    stock_vs_raw_cpu: float | None
+    stock_contiguous_vs_raw_cpu: float | None
+    below_rung: tuple[BelowRung, ...]
+
+
+@dataclass(frozen=True)
+class PeerSummary:
+    by_prefix: dict[str, PeerPrefix]  # by the prefix's tokens, as a string (a JSON key)
+    w: int
+    rws_bytes: int
+
+    @property
+    def top(self) -> PeerPrefix | None:
+        """The largest prefix measured: what the targets are judged at."""
+        return self.by_prefix[max(self.by_prefix, key=int)] if self.by_prefix else None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"by_prefix": to_json(self.by_prefix), "W": self.w, "rws_bytes": self.rws_bytes}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> PeerSummary:
+        """A bundle's summary, older ones included (no contiguous case, no per-trial ratios)."""
+        by = {}
+        for key, v in (d.get("by_prefix") or {}).items():
+            contig = v.get("stock_contiguous")
+            by[key] = PeerPrefix(
+                tokens=int(v["tokens"]),
+                whole_plan_bytes=int(v["whole_plan_bytes"]),
+                stock_rung_bytes=int(v["stock_rung_bytes"]),
+                raw=PeerSide.from_wire(v["raw"]),
+                stock=PeerSide.from_wire(v["stock"]),
+                stock_contiguous=PeerSide.from_wire(contig) if contig else None,
+                bsr=PeerSide.from_wire(v["bsr"]),
+                bsr_vs_stock_gbps=v.get("bsr_vs_stock_gbps"),
+                bsr_vs_stock_contiguous_gbps=v.get("bsr_vs_stock_contiguous_gbps"),
+                bsr_vs_raw_gbps=v.get("bsr_vs_raw_gbps"),
+                stock_vs_raw_gbps=v.get("stock_vs_raw_gbps"),
+                stock_contiguous_vs_raw_gbps=v.get("stock_contiguous_vs_raw_gbps"),
+                per_trial=v.get("per_trial"),
+                bsr_vs_stock_staging=v.get("bsr_vs_stock_staging"),
+                bsr_vs_raw_cpu=v.get("bsr_vs_raw_cpu"),
+                stock_vs_raw_cpu=v.get("stock_vs_raw_cpu"),
+                stock_contiguous_vs_raw_cpu=v.get("stock_contiguous_vs_raw_cpu"),
+                below_rung=tuple(BelowRung(**b) for b in v.get("below_rung") or ()),
+            )
+        return cls(by, int(d.get("W") or 0), int(d.get("rws_bytes") or 0))
