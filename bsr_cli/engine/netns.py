@@ -253,8 +253,8 @@ class LinkState:
     down_at: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"link": self.link, "state": "up" if self.up else "down"}
-        return out | ({"down_at": list(self.down_at)} if self.down_at else {})
+        state = {"link": self.link, "state": "up" if self.up else "down"}
+        return state | ({"down_at": list(self.down_at)} if self.down_at else {})
 
 
 def link_states(topo: Topology) -> list[LinkState]:

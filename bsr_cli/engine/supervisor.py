@@ -374,8 +374,8 @@ class EngineRecord:
             started_at=None if started is None else float(started),
             netns=netns.Topology.from_dict(topo) if topo else None,
             restored=None if restored is None else Restored.from_wire(restored),
-            settings=_optional(ResolvedSettings.from_wire, d.get("settings")),
-            options=_optional(RecordedOptions.from_wire, d.get("options")),
+            settings=_parsed(lambda: ResolvedSettings.from_wire(d["settings"])),
+            options=_parsed(lambda: RecordedOptions.from_wire(d["options"])),
             registration_identity=None if d.get("registration_identity") is None else str(d["registration_identity"]),
             logs=None if d.get("logs") is None else str(d["logs"]),
         )
@@ -390,13 +390,11 @@ class EngineRecord:
 T = TypeVar("T")
 
 
-def _optional(parse: Callable[[dict[str, Any]], T], d: object) -> T | None:
-    """``parse(d)``, or None when ``d`` is absent or not in the form this bsr records (an older bsr's)."""
-    if not isinstance(d, dict):
-        return None
+def _parsed(parse: Callable[[], T]) -> T | None:
+    """``parse()``, or None when what it reads is absent or not in the form this bsr records (an older bsr's)."""
     try:
-        return parse(d)
-    except (KeyError, TypeError, ValueError):
+        return parse()
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
@@ -411,12 +409,12 @@ def read_record(state: Path) -> EngineRecord | None:
 
 
 def _write_record(state: Path, record: EngineRecord) -> None:
-    _write_json(state / "state.json", record.to_wire())
+    _write_json(state / "state.json", record)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def _write_json(path: Path, doc: EngineRecord | EngineConfig) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    tmp.write_text(json.dumps(doc.to_wire(), indent=1))
     tmp.replace(path)
 
 
@@ -607,7 +605,7 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> EngineStat
         starting = _Starting(state, rec)
         try:
             mooncake, hosts = _start_store(state, opts, settings, starting, logs)
-            _write_json(state / "engine.json", _engine_config(state, opts, settings, mooncake, hosts).to_wire())
+            _write_json(state / "engine.json", _engine_config(state, opts, settings, mooncake, hosts))
             ready = _start_engine_process(state, starting, logs)
             restored = ready.restored or Restored()
             starting.record = replace(
