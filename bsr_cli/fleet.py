@@ -282,20 +282,39 @@ class EngineAnswer:
     @classmethod
     def from_wire(cls, snap: dict[str, Any]) -> EngineAnswer:
         info = snap.get("info") or {}
+        health = snap.get("health") or {}
         events = [e for e in snap.get("events") or [] if isinstance(e, dict)]
         started = [e for e in events if e.get("type") == EventKind.ENGINE_STARTED]
+        # Shutting down: ``stopping: true`` in its snapshot, info or health, or an `engine_stopped` event among the
+        # events it returned. A crash says nothing: that is how the two are told apart.
+        said_stopping = any(bool(x.get("stopping")) for x in (snap, info, health) if isinstance(x, dict))
         tiers = snap.get("tiers") or {}
         return cls(
             time=float(snap["time"]) if snap.get("time") else None,
             started_at=info.get("started_at"),
-            stopping=announces_stop(snap),
+            stopping=said_stopping or any(e.get("type") == EventKind.ENGINE_STOPPED for e in events),
             previous_stop=str(started[-1]["previous_stop"]) if started and started[-1].get("previous_stop") else None,
             engine_name=info.get("engine"),
             model=(info.get("registration") or {}).get("model"),
             W=info.get("W"),
             rws_bytes=info.get("rws_bytes"),
             budget_bytes=info.get("budget_bytes") or 0,
-            ranks=tuple(_rank_answer(r) for r in snap.get("ranks") or []),
+            ranks=tuple(
+                RankAnswer(
+                    rank=r.get("rank"),
+                    alive=bool(r.get("alive", False)),
+                    healthy=bool(r.get("healthy", r.get("alive", False))),
+                    reason=str(r.get("reason") or ""),
+                    live_bytes=int((r.get("pool") or {}).get("live_bytes", 0)),
+                    peak_bytes=int((r.get("pool") or {}).get("peak_bytes", 0)),
+                    capacity_bytes=int((r.get("pool") or {}).get("capacity_bytes", 0)),
+                    windows_live=int((r.get("pool") or {}).get("windows_live", 0)),
+                    waiters=int((r.get("pool") or {}).get("waiters", 0)),
+                    restore_bps=float(r.get("restore_bps", 0.0)),
+                    heartbeat_age_s=r.get("heartbeat_age_s"),
+                )
+                for r in snap.get("ranks") or []
+            ),
             tiers={
                 str(n): None if h.get("ok", True) else tuple(str(x) for x in h.get("detail") or [])
                 for n, h in tiers.items()
@@ -313,34 +332,6 @@ class EngineAnswer:
                 for o in snap.get("recent") or []
             ),
         )
-
-
-def _rank_answer(r: dict[str, Any]) -> RankAnswer:
-    p = r.get("pool") or {}
-    alive = bool(r.get("alive", False))
-    return RankAnswer(
-        rank=r.get("rank"),
-        alive=alive,
-        healthy=bool(r.get("healthy", alive)),
-        reason=str(r.get("reason") or ""),
-        live_bytes=int(p.get("live_bytes", 0)),
-        peak_bytes=int(p.get("peak_bytes", 0)),
-        capacity_bytes=int(p.get("capacity_bytes", 0)),
-        windows_live=int(p.get("windows_live", 0)),
-        waiters=int(p.get("waiters", 0)),
-        restore_bps=float(r.get("restore_bps", 0.0)),
-        heartbeat_age_s=r.get("heartbeat_age_s"),
-    )
-
-
-def announces_stop(snap: dict[str, Any]) -> bool:
-    """Whether an engine's answer says it is shutting down: ``stopping: true`` in its snapshot, info or health, or an
-    `engine_stopped` event in the events it returned. A crash says nothing: that is how the two are told apart."""
-    info = snap.get("info") or {}
-    health = snap.get("health") or {}
-    if any(bool(d.get("stopping")) for d in (snap, info, health) if isinstance(d, dict)):
-        return True
-    return any(isinstance(e, dict) and e.get("type") == EventKind.ENGINE_STOPPED for e in snap.get("events") or [])
 
 
 # -- polling ------------------------------------------------------------------------------------------------------
@@ -397,22 +388,6 @@ class RankRow:
     windows_live: int
     restore_bps: float
     heartbeat_age_s: float | None
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RankRow:
-        return cls(
-            d.get("rank"),
-            Severity(int(d.get("severity") or 0)),
-            str(d.get("state") or ""),
-            str(d.get("reason") or ""),
-            int(d.get("live_bytes") or 0),
-            int(d.get("peak_bytes") or 0),
-            int(d.get("capacity_bytes") or 0),
-            int(d.get("budget_bytes") or 0),
-            int(d.get("windows_live") or 0),
-            float(d.get("restore_bps") or 0.0),
-            d.get("heartbeat_age_s"),
-        )
 
 
 @dataclass(frozen=True)
@@ -530,7 +505,22 @@ class EngineRow:
             latency_s=float(d.get("latency_s") or 0.0),
             severity=Severity(int(d["severity"])),
             problems=tuple(str(p) for p in d.get("problems") or []),
-            ranks=tuple(RankRow.from_wire(r) for r in d.get("ranks") or []),
+            ranks=tuple(
+                RankRow(
+                    r.get("rank"),
+                    Severity(int(r.get("severity") or 0)),
+                    str(r.get("state") or ""),
+                    str(r.get("reason") or ""),
+                    int(r.get("live_bytes") or 0),
+                    int(r.get("peak_bytes") or 0),
+                    int(r.get("capacity_bytes") or 0),
+                    int(r.get("budget_bytes") or 0),
+                    int(r.get("windows_live") or 0),
+                    float(r.get("restore_bps") or 0.0),
+                    r.get("heartbeat_age_s"),
+                )
+                for r in d.get("ranks") or []
+            ),
             started_at=d.get("started_at"),
             stopping=bool(d.get("stopping")),
             previous_stop=d.get("previous_stop"),

@@ -4,7 +4,6 @@ types are how the supervisor writes it and the engine reads it back."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -146,22 +145,14 @@ class Restored:
     dropped_faults: int = 0
     lines: tuple[str, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "markers": self.markers,
-            "settings": self.settings,
-            "dropped_faults": self.dropped_faults,
-            "lines": list(self.lines),
-        }
-
     @classmethod
-    def from_wire(cls, d: Mapping[str, object]) -> Restored:
+    def from_wire(cls, d: dict[str, Any]) -> Restored:
         settings = d.get("settings")
         lines = d.get("lines")
         return cls(
-            int(str(d.get("markers") or 0)),
+            int(d.get("markers") or 0),
             {str(k): int(v) for k, v in settings.items()} if isinstance(settings, dict) else {},
-            int(str(d.get("dropped_faults") or 0)),
+            int(d.get("dropped_faults") or 0),
             tuple(str(x) for x in lines) if isinstance(lines, list) else (),
         )
 
@@ -206,21 +197,6 @@ class RankInfo:
     pool: PoolStats
     tiers: tuple[str, ...]
 
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self) | {"tiers": list(self.tiers)}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RankInfo:
-        return cls(
-            int(d["rank"]),
-            int(d["pid"]),
-            str(d["device"]),
-            str(d["torch"]),
-            int(d["kv_bytes"]),
-            PoolStats(**{k: int(v) for k, v in dict(d["pool"]).items()}),
-            tuple(str(t) for t in d["tiers"]),
-        )
-
 
 @dataclass(frozen=True)
 class EngineReady:
@@ -236,9 +212,9 @@ class EngineReady:
         return {
             "url": self.url,
             "pid": self.pid,
-            "ranks": [r.to_wire() for r in self.ranks],
+            "ranks": [asdict(r) for r in self.ranks],
             "started_at": self.started_at,
-            "restored": self.restored.to_wire(),
+            "restored": asdict(self.restored),
         }
 
     @classmethod
@@ -246,7 +222,18 @@ class EngineReady:
         return cls(
             str(d["url"]),
             int(d["pid"]),
-            tuple(RankInfo.from_wire(r) for r in d["ranks"]),
+            tuple(
+                RankInfo(
+                    int(r["rank"]),
+                    int(r["pid"]),
+                    str(r["device"]),
+                    str(r["torch"]),
+                    int(r["kv_bytes"]),
+                    PoolStats(**{k: int(v) for k, v in dict(r["pool"]).items()}),
+                    tuple(str(t) for t in r["tiers"]),
+                )
+                for r in d["ranks"]
+            ),
             float(d["started_at"]),
             Restored.from_wire(d.get("restored") or {}),
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,12 +60,6 @@ class KeptSettings:
     def to_wire(self) -> dict[str, int | None]:
         return {k: getattr(self, k) for k in _KEPT_SETTINGS}
 
-    @classmethod
-    def of(cls, values: Mapping[str, object]) -> KeptSettings:
-        """The kept settings among ``values`` (a settings object's wire form, a kept file's), those that are ints."""
-        picked = {k: v for k in _KEPT_SETTINGS if isinstance(v := values.get(k), int) and not isinstance(v, bool)}
-        return cls(**picked)
-
 
 @dataclass(frozen=True)
 class KeptState:
@@ -87,16 +81,14 @@ class KeptState:
         }
 
 
-def _marker(m: Mapping[str, object], tiers: Collection[str]) -> Marker:
+def _marker(m: dict[str, Any], tiers: Collection[str]) -> Marker:
     """A marker as `list_markers` (and the kept file) writes it; tiers this engine does not have are left out."""
-    excluded = m.get("excluded_tiers")
-    set_at = m.get("set_at")
     return Marker(
         str(m["prompt"]),
-        {str(t) for t in (excluded if isinstance(excluded, list) else []) if str(t) in tiers},
+        {str(t) for t in m.get("excluded_tiers") or [] if str(t) in tiers},
         str(m.get("reason") or "restored"),
         str(m.get("request") or "previous run"),
-        float(set_at) if isinstance(set_at, int | float) and set_at else time.time(),
+        float(m.get("set_at") or time.time()),
     )
 
 

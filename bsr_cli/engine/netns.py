@@ -250,11 +250,7 @@ class LinkState:
 
     link: str
     up: bool
-    down_at: tuple[str, ...] = ()
-
-    def to_wire(self) -> dict[str, Any]:
-        state = {"link": self.link, "state": "up" if self.up else "down"}
-        return state | ({"down_at": list(self.down_at)} if self.down_at else {})
+    down_at: tuple[str, ...] = ()  # the nodes whose end of the link is down
 
 
 def link_states(topo: Topology) -> list[LinkState]:

@@ -158,13 +158,6 @@ class ResolvedSettings:
     event_retention_s: float
     event_store_bytes: int
 
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ResolvedSettings:
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
-
 
 def _check_kv_wait(seconds: float) -> None:
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_KV_WAIT_S:
@@ -231,49 +224,16 @@ class ServiceRecord:
     log: str | None = None
     urls: dict[str, str] | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        return (
-            {"pid": self.pid, "start_ticks": self.start_ticks}
-            | ({"urls": self.urls} if self.urls is not None else {})
-            | ({"log": self.log} if self.log is not None else {})
-        )
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ServiceRecord:
-        urls = d.get("urls")
-        return cls(
-            int(d["pid"]),
-            _ticks(d.get("start_ticks")),
-            None if d.get("log") is None else str(d["log"]),
-            None if urls is None else {str(k): str(v) for k, v in dict(urls).items()},
-        )
-
 
 @dataclass(frozen=True)
 class RankRecord:
     """A rank process; ``restarts`` once the engine has restarted it."""
 
     rank: int
-    pid: int
+    pid: int  # 0: a rank recorded before its process started
     start_ticks: int | None
     device: str | None = None
     restarts: int | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        d = {"pid": self.pid, "start_ticks": self.start_ticks, "rank": self.rank, "device": self.device}
-        return d | ({"restarts": self.restarts} if self.restarts is not None else {})
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RankRecord:
-        restarts = d.get("restarts")
-        device = d.get("device")
-        return cls(
-            int(d["rank"]),
-            int(d.get("pid") or 0),  # 0: a rank recorded before its process started
-            _ticks(d.get("start_ticks")),
-            None if device is None else str(device),
-            None if restarts is None else int(restarts),
-        )
 
 
 @dataclass(frozen=True)
@@ -305,7 +265,7 @@ class RecordedOptions:
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return self.settings.to_wire() | {
+        return asdict(self.settings) | {
             "registration": self.registration,
             "host": self.host,
             "port": self.port,
@@ -315,21 +275,6 @@ class RecordedOptions:
             "hosts": self.hosts,
             "link_rate_bps": self.link_rate_bps,
         }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RecordedOptions:
-        rate = d["link_rate_bps"]
-        return cls(
-            ResolvedSettings.from_wire(d),
-            str(d["registration"]),
-            str(d["host"]),
-            int(d["port"]),
-            bool(d["remote"]),
-            tuple(str(h) for h in d["allowed_hosts"]),
-            bool(d["open_metrics"]),
-            str(d["hosts"]),
-            None if rate is None else int(rate),
-        )
 
 
 @dataclass(frozen=True)
@@ -348,14 +293,24 @@ class EngineRecord:
     logs: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
+        services = {
+            name: {"pid": svc.pid, "start_ticks": svc.start_ticks}
+            | ({"urls": svc.urls} if svc.urls is not None else {})
+            | ({"log": svc.log} if svc.log is not None else {})
+            for name, svc in self.services.items()
+        }
+        ranks = [
+            {"pid": r.pid, "start_ticks": r.start_ticks, "rank": r.rank, "device": r.device}
+            | ({"restarts": r.restarts} if r.restarts is not None else {})
+            for r in self.ranks
+        ]
         return (
-            {"services": {n: svc.to_wire() for n, svc in self.services.items()}}
-            | {"ranks": [r.to_wire() for r in self.ranks]}
+            {"services": services, "ranks": ranks}
             | ({"started_at": self.started_at} if self.started_at is not None else {})
             | ({"netns": self.netns.to_dict()} if self.netns is not None else {})
-            | ({"restored": self.restored.to_wire()} if self.restored is not None else {})
+            | ({"restored": asdict(self.restored)} if self.restored is not None else {})
             | {"admin_url": self.admin_url}
-            | ({"settings": self.settings.to_wire()} if self.settings is not None else {})
+            | ({"settings": asdict(self.settings)} if self.settings is not None else {})
             | ({"options": self.options.to_wire()} if self.options is not None else {})
             | ({"registration_identity": self.registration_identity} if self.registration_identity else {})
             | ({"logs": self.logs} if self.logs is not None else {})
@@ -367,15 +322,50 @@ class EngineRecord:
         topo = d.get("netns")
         restored = d.get("restored")
         started = d.get("started_at")
+
+        # The settings and options as this bsr records them (an older bsr's that differ read as absent).
+        s, o = d.get("settings") or {}, d.get("options") or {}
+        names = [f.name for f in fields(ResolvedSettings)]
+        settings = _parsed(lambda: ResolvedSettings(**{k: s[k] for k in names}))
+        options = _parsed(
+            lambda: RecordedOptions(
+                ResolvedSettings(**{k: o[k] for k in names}),
+                str(o["registration"]),
+                str(o["host"]),
+                int(o["port"]),
+                bool(o["remote"]),
+                tuple(str(h) for h in o["allowed_hosts"]),
+                bool(o["open_metrics"]),
+                str(o["hosts"]),
+                None if o["link_rate_bps"] is None else int(o["link_rate_bps"]),
+            )
+        )
         return cls(
             admin_url=str(d.get("admin_url") or ""),
-            services={str(n): ServiceRecord.from_wire(svc) for n, svc in (d.get("services") or {}).items()},
-            ranks=tuple(RankRecord.from_wire(r) for r in d.get("ranks") or []),
+            services={
+                str(n): ServiceRecord(
+                    int(svc["pid"]),
+                    _ticks(svc.get("start_ticks")),
+                    None if svc.get("log") is None else str(svc["log"]),
+                    None if svc.get("urls") is None else {str(k): str(v) for k, v in dict(svc["urls"]).items()},
+                )
+                for n, svc in (d.get("services") or {}).items()
+            },
+            ranks=tuple(
+                RankRecord(
+                    int(r["rank"]),
+                    int(r.get("pid") or 0),
+                    _ticks(r.get("start_ticks")),
+                    None if r.get("device") is None else str(r["device"]),
+                    None if r.get("restarts") is None else int(r["restarts"]),
+                )
+                for r in d.get("ranks") or []
+            ),
             started_at=None if started is None else float(started),
             netns=netns.Topology.from_dict(topo) if topo else None,
             restored=None if restored is None else Restored.from_wire(restored),
-            settings=_parsed(lambda: ResolvedSettings.from_wire(d["settings"])),
-            options=_parsed(lambda: RecordedOptions.from_wire(d["options"])),
+            settings=settings,
+            options=options,
             registration_identity=None if d.get("registration_identity") is None else str(d["registration_identity"]),
             logs=None if d.get("logs") is None else str(d["logs"]),
         )
@@ -436,11 +426,6 @@ class ProcessState:
     alive: bool
     restarts: int = 0  # how often the engine restarted it (a rank)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"name": self.name, "pid": self.pid, "alive": self.alive} | (
-            {"restarts": self.restarts} if self.restarts else {}
-        )
-
 
 @dataclass(frozen=True)
 class EngineHosts:
@@ -448,17 +433,6 @@ class EngineHosts:
 
     topology: netns.Topology | None = None
     links: tuple[netns.LinkState, ...] = ()
-
-    def to_wire(self) -> dict[str, Any]:
-        topo = self.topology
-        if topo is None:
-            return {"mode": "local"}
-        return {
-            "mode": netns.MODE,
-            "namespaces": [topo.netns(n) for n in topo.nodes],
-            "link_rate_bps": topo.rate_bps,
-            "links": [lk.to_wire() for lk in self.links],
-        }
 
 
 @dataclass(frozen=True)
@@ -487,19 +461,37 @@ class EngineStatus:
         return self.record.admin_url if self.record is not None else ""
 
     def to_wire(self) -> dict[str, Any]:
-        procs = [p.to_wire() for p in self.processes]
-        listening = [s.to_wire() for s in self.listening]
-        exposed = [s.to_wire() for s in self.exposed]
+        procs = [
+            {"name": p.name, "pid": p.pid, "alive": p.alive} | ({"restarts": p.restarts} if p.restarts else {})
+            for p in self.processes
+        ]
+        listening = [asdict(s) for s in self.listening]
+        exposed = [asdict(s) for s in self.exposed]
+        topo = self.hosts.topology
+        hosts = (
+            {"mode": "local"}
+            if topo is None
+            else {
+                "mode": netns.MODE,
+                "namespaces": [topo.netns(n) for n in topo.nodes],
+                "link_rate_bps": topo.rate_bps,
+                "links": [
+                    {"link": lk.link, "state": "up" if lk.up else "down"}
+                    | ({"down_at": list(lk.down_at)} if lk.down_at else {})
+                    for lk in self.hosts.links
+                ],
+            }
+        )
         rec = self.record
         if rec is None:
             out = {"state_dir": self.state_dir, "running": self.running, "healthy": self.healthy}
             out |= {"processes": procs, "listening": listening, "exposed": exposed}
         else:
-            out = {"state_dir": self.state_dir, "running": self.running, "hosts": self.hosts.to_wire()}
+            out = {"state_dir": self.state_dir, "running": self.running, "hosts": hosts}
             out |= {"healthy": self.healthy, "admin_url": rec.admin_url, "processes": procs}
             out |= {
                 "started_at": rec.started_at,
-                "settings": None if rec.settings is None else rec.settings.to_wire(),
+                "settings": None if rec.settings is None else asdict(rec.settings),
                 "registration": rec.registration_identity,
                 "logs": rec.logs,
                 "listening": listening,

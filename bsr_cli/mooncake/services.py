@@ -209,9 +209,6 @@ class ListeningSocket:
     port: int
     exposed: bool
 
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def listening_sockets(processes: Iterable[tuple[str, int]]) -> list[ListeningSocket]:
     """TCP sockets in LISTEN state held by the given (name, pid) processes, read from /proc (Linux only; empty

@@ -5,6 +5,7 @@ them, and owner-only files."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -260,7 +261,7 @@ def test_status_shows_exposed_ports(hard: Hard, bsr, monkeypatch: pytest.MonkeyP
     # Mooncake's transfer engine binds wildcard addresses (the segment holder's): status says so, not hides it.
     assert any(d.process == "segment_holder" and d.exposed for d in st.listening)
     assert all(d.exposed == (not d.address.startswith("127.") and d.address != "::1") for d in st.listening)
-    assert st.to_wire()["exposed"] == [d.to_wire() for d in st.listening if d.exposed]
+    assert st.to_wire()["exposed"] == [dataclasses.asdict(d) for d in st.listening if d.exposed]
     monkeypatch.setenv("BSR_STATE_DIR", str(hard.state))
     r = bsr("engine", "status")
     assert r.code == 0 and "exposed beyond loopback:" in r.out and "segment_holder" in r.out, r.out
