@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -81,17 +81,6 @@ class KeptState:
         }
 
 
-def _marker(m: dict[str, Any], tiers: Collection[str]) -> Marker:
-    """A marker as `list_markers` (and the kept file) writes it; tiers this engine does not have are left out."""
-    return Marker(
-        str(m["prompt"]),
-        {str(t) for t in m.get("excluded_tiers") or [] if str(t) in tiers},
-        str(m.get("reason") or "restored"),
-        str(m.get("request") or "previous run"),
-        float(m.get("set_at") or time.time()),
-    )
-
-
 def kept_state(coord: Coordinator, base: KeptSettings) -> KeptState:
     """What a restart should find: markers, the settings now and the start-up settings they were changed from."""
     s = coord.settings
@@ -139,7 +128,16 @@ def restore(state: Path, coord: Coordinator, base: KeptSettings) -> Restored:
         lines.append("the previous run's markers and settings were for another registration: not restored")
         return Restored(lines=tuple(lines))
     markers = [m for m in kept.get("markers") or [] if isinstance(m, dict) and m.get("prompt")]
-    coord.restore_markers(_marker(m, coord.settings.tiers) for m in markers)
+    coord.restore_markers(
+        Marker(
+            str(m["prompt"]),
+            {str(t) for t in m.get("excluded_tiers") or [] if str(t) in coord.settings.tiers},
+            str(m.get("reason") or "restored"),
+            str(m.get("request") or "previous run"),
+            float(m.get("set_at") or time.time()),
+        )
+        for m in markers
+    )
     if markers:
         lines.append(f"restored {len(markers)} force-local marker(s) from the previous run")
     saved = kept.get("settings") or {}
