@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, astuple, dataclass
 from typing import Any
 
 from bsr_cli.client import AdminClient
@@ -21,7 +21,7 @@ from bsr_cli.core.commit import FAILED_CLOSED
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    fault: dict[str, Any]
+    fault: dict[str, str | int]  # the fault as POST /faults takes it
     expected_fallback: str  # the tier the second pass restores from, or "recompute"
 
 
@@ -34,10 +34,78 @@ SCENARIOS = (
 )
 
 
-def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: int | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class InvalidChunk:
+    """A (rank, layer group) whose restored data was found invalid."""
+
+    rank: int
+    group: str
+
+
+@dataclass(frozen=True)
+class FirstPass:
+    """The restore of the pass that met the fault, as the engine reported it."""
+
+    advertised_tokens: int | None
+    committed_tokens: int | None
+    invalid: tuple[InvalidChunk, ...] | None
+    failures: list[dict[str, Any]] | None  # the engine's failure records, as it sent them
+
+
+@dataclass(frozen=True)
+class DrillChecks:
+    """The categorical outcome of one scenario: each invariant, held or not."""
+
+    warmed: bool
+    prefix_collapsed: bool
+    force_local_set: bool
+    force_local_cleared: bool
+    fallback: bool
+    hash_canonical: bool
+    ranks_healthy: bool
+
+    @property
+    def all_held(self) -> bool:
+        return all(astuple(self))
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """One scenario of the drill (fields in the order of its wire form)."""
+
+    scenario: str
+    fault: dict[str, str | int]
+    tokens: int
+    first_pass: FirstPass
+    fallback: str
+    expected_fallback: str
+    external_tokens: int
+    computed_tokens: int
+    output_hash: str
+    canonical_hash: str
+    checks: DrillChecks
+    ok: bool
+    request: str
+
+
+@dataclass(frozen=True)
+class DrillResult:
+    """`bsr drill`: every scenario against one engine, and whether every invariant held."""
+
+    engine: str
+    tokens: int
+    W: int | None
+    scenarios: tuple[ScenarioResult, ...]
+    ok: bool
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: int | None) -> ScenarioResult:
     prompt = {"synthetic": {"n": tokens, "seed": seed}}
     warm = client.submit(prompt, w=w)
-    client.inject_fault(sc.fault)
+    client.inject_fault(dict(sc.fault))
     try:
         res = client.submit(prompt, w=w)
     finally:
@@ -47,36 +115,36 @@ def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: i
     history = res["force_local"]["history"]
     fallback = res["source"] if res["external_tokens"] else "recompute"
     health = client.health()
-    checks = {
-        "warmed": warm["hash_ok"] is True and len(res["passes"]) >= 1 and first["external_tokens"] == tokens,
-        "prefix_collapsed": first_restore.get("outcome") == FAILED_CLOSED
-        and first_restore.get("committed_tokens") == 0,
-        "force_local_set": any(h["pass"] >= 1 for h in history),
-        "force_local_cleared": res["force_local"]["cleared"] is True,
-        "fallback": fallback == sc.expected_fallback,
-        "hash_canonical": res["hash_ok"] is True,
-        "ranks_healthy": bool(health.get("ok")),
-    }
-    return {
-        "scenario": sc.name,
-        "fault": sc.fault,
-        "tokens": tokens,
-        "first_pass": {
-            "advertised_tokens": first_restore.get("advertised_tokens"),
-            "committed_tokens": first_restore.get("committed_tokens"),
-            "invalid": first_restore.get("invalid"),
-            "failures": first_restore.get("failures"),
-        },
-        "fallback": fallback,
-        "expected_fallback": sc.expected_fallback,
-        "external_tokens": res["external_tokens"],
-        "computed_tokens": res["computed_tokens"],
-        "output_hash": res["output_hash"],
-        "canonical_hash": res["canonical_hash"],
-        "checks": checks,
-        "ok": all(checks.values()),
-        "request": res["request"],
-    }
+    checks = DrillChecks(
+        warmed=warm["hash_ok"] is True and len(res["passes"]) >= 1 and first["external_tokens"] == tokens,
+        prefix_collapsed=first_restore.get("outcome") == FAILED_CLOSED and first_restore.get("committed_tokens") == 0,
+        force_local_set=any(h["pass"] >= 1 for h in history),
+        force_local_cleared=res["force_local"]["cleared"] is True,
+        fallback=fallback == sc.expected_fallback,
+        hash_canonical=res["hash_ok"] is True,
+        ranks_healthy=bool(health.get("ok")),
+    )
+    invalid = first_restore.get("invalid")
+    return ScenarioResult(
+        scenario=sc.name,
+        fault=sc.fault,
+        tokens=tokens,
+        first_pass=FirstPass(
+            advertised_tokens=first_restore.get("advertised_tokens"),
+            committed_tokens=first_restore.get("committed_tokens"),
+            invalid=None if invalid is None else tuple(InvalidChunk(int(i["rank"]), str(i["group"])) for i in invalid),
+            failures=first_restore.get("failures"),
+        ),
+        fallback=fallback,
+        expected_fallback=sc.expected_fallback,
+        external_tokens=res["external_tokens"],
+        computed_tokens=res["computed_tokens"],
+        output_hash=res["output_hash"],
+        canonical_hash=res["canonical_hash"],
+        checks=checks,
+        ok=checks.all_held,
+        request=res["request"],
+    )
 
 
 def confirm_drill(engine: str, *, assume_yes: bool, ask: Callable[[str], str] | None = None) -> None:
@@ -112,8 +180,8 @@ def run_drill(
     tokens: int = 8192,
     w: int | None = None,
     scenarios: tuple[Scenario, ...] = SCENARIOS,
-    on_result: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
+    on_result: Callable[[ScenarioResult], None] | None = None,
+) -> DrillResult:
     info = client.info()
     if not info.get("faults_enabled"):
         from bsr_cli.errors import FaultsDisabled
@@ -131,10 +199,10 @@ def run_drill(
                 on_result(r)
     finally:
         client.clear_faults()
-    return {
-        "engine": client.url,
-        "tokens": tokens,
-        "W": w if w is not None else info.get("W"),
-        "scenarios": results,
-        "ok": all(r["ok"] for r in results),
-    }
+    return DrillResult(
+        engine=client.url,
+        tokens=tokens,
+        W=w if w is not None else info.get("W"),
+        scenarios=tuple(results),
+        ok=all(r.ok for r in results),
+    )

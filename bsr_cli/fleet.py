@@ -27,8 +27,8 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
-from enum import StrEnum
+from dataclasses import asdict, dataclass, field, replace
+from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -37,13 +37,25 @@ from bsr_cli.core.evidence import EventKind, Outcome
 from bsr_cli.errors import BsrError, EngineUnreachable, ExitCode, InvalidInput
 from bsr_cli.settings import Settings
 
-# Severity, worst first.
-DOWN = 4  # the engine did not answer
-UNHEALTHY = 3  # a rank is down, stopped or failing its heartbeat: the engine cannot serve
-DEGRADED = 2  # a tier is unhealthy or a rank's pool is at the admission budget
-ATTENTION = 1  # force-local markers, armed faults, recent failed-closed restores
-OK = 0
+
+class Severity(IntEnum):
+    """How bad an engine (or a rank) is, worst highest."""
+
+    OK = 0
+    ATTENTION = 1  # force-local markers, armed faults, recent failed-closed restores
+    DEGRADED = 2  # a tier is unhealthy or a rank's pool is at the admission budget
+    UNHEALTHY = 3  # a rank is down, stopped or failing its heartbeat: the engine cannot serve
+    DOWN = 4  # the engine did not answer
+
+    @property
+    def state(self) -> str:
+        return STATE[self]
+
+
+DOWN, UNHEALTHY, DEGRADED = Severity.DOWN, Severity.UNHEALTHY, Severity.DEGRADED
+ATTENTION, OK = Severity.ATTENTION, Severity.OK
 RECENT_S = 300.0  # a failed-closed restore counts against its engine for five minutes
+# Each severity's name, worst first.
 STATE = {DOWN: "down", UNHEALTHY: "unhealthy", DEGRADED: "degraded", ATTENTION: "attention", OK: "ok"}
 
 
@@ -219,25 +231,128 @@ def _from_prometheus(spec: str, token: str | None, *, timeout_s: float) -> list[
     return sorted(out, key=lambda t: t.name)
 
 
+# -- what an engine answers ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RankAnswer:
+    """One rank as the engine's snapshot reports it."""
+
+    rank: int | None
+    alive: bool
+    healthy: bool
+    reason: str  # why it is not healthy, when it says
+    live_bytes: int
+    peak_bytes: int
+    capacity_bytes: int
+    windows_live: int
+    waiters: int  # restores waiting for pool room
+    restore_bps: float
+    heartbeat_age_s: float | None
+
+
+@dataclass(frozen=True)
+class RecentOutcome:
+    """One finished restore among the snapshot's recent ones, as far as the fleet looks at it."""
+
+    failed_closed: bool
+    finished: float | None
+    reason: str
+    request: str
+
+
+@dataclass(frozen=True)
+class EngineAnswer:
+    """What the fleet reads of one engine's snapshot (`GET /snapshot?health=1`)."""
+
+    time: float | None = None
+    started_at: float | None = None
+    stopping: bool = False  # its snapshot, info or health says it is shutting down, or an engine_stopped event does
+    previous_stop: str | None = None  # how its previous run ended, as its newest engine_started event says
+    engine_name: str | None = None
+    model: str | None = None
+    W: int | None = None
+    rws_bytes: int | None = None
+    budget_bytes: int = 0
+    ranks: tuple[RankAnswer, ...] = ()
+    tiers: dict[str, tuple[str, ...] | None] = field(default_factory=dict)  # unhealthy tiers' details; None: ok
+    markers: int = 0
+    armed_faults: int = 0
+    active: int = 0
+    recent: tuple[RecentOutcome, ...] = ()
+
+    @classmethod
+    def from_wire(cls, snap: dict[str, Any]) -> EngineAnswer:
+        info = snap.get("info") or {}
+        health = snap.get("health") or {}
+        events = [e for e in snap.get("events") or [] if isinstance(e, dict)]
+        started = [e for e in events if e.get("type") == EventKind.ENGINE_STARTED]
+        # Shutting down: ``stopping: true`` in its snapshot, info or health, or an `engine_stopped` event among the
+        # events it returned. A crash says nothing: that is how the two are told apart.
+        said_stopping = any(bool(x.get("stopping")) for x in (snap, info, health) if isinstance(x, dict))
+        tiers = snap.get("tiers") or {}
+        return cls(
+            time=float(snap["time"]) if snap.get("time") else None,
+            started_at=info.get("started_at"),
+            stopping=said_stopping or any(e.get("type") == EventKind.ENGINE_STOPPED for e in events),
+            previous_stop=str(started[-1]["previous_stop"]) if started and started[-1].get("previous_stop") else None,
+            engine_name=info.get("engine"),
+            model=(info.get("registration") or {}).get("model"),
+            W=info.get("W"),
+            rws_bytes=info.get("rws_bytes"),
+            budget_bytes=info.get("budget_bytes") or 0,
+            ranks=tuple(
+                RankAnswer(
+                    rank=r.get("rank"),
+                    alive=bool(r.get("alive", False)),
+                    healthy=bool(r.get("healthy", r.get("alive", False))),
+                    reason=str(r.get("reason") or ""),
+                    live_bytes=int((r.get("pool") or {}).get("live_bytes", 0)),
+                    peak_bytes=int((r.get("pool") or {}).get("peak_bytes", 0)),
+                    capacity_bytes=int((r.get("pool") or {}).get("capacity_bytes", 0)),
+                    windows_live=int((r.get("pool") or {}).get("windows_live", 0)),
+                    waiters=int((r.get("pool") or {}).get("waiters", 0)),
+                    restore_bps=float(r.get("restore_bps", 0.0)),
+                    heartbeat_age_s=r.get("heartbeat_age_s"),
+                )
+                for r in snap.get("ranks") or []
+            ),
+            tiers={
+                str(n): None if h.get("ok", True) else tuple(str(x) for x in h.get("detail") or [])
+                for n, h in tiers.items()
+            },
+            markers=len(snap.get("markers") or []),
+            armed_faults=sum(1 for f in snap.get("faults") or [] if not f.get("exhausted")),
+            active=len(snap.get("active") or []),
+            recent=tuple(
+                RecentOutcome(
+                    o.get("outcome") == Outcome.FAILED_CLOSED,
+                    float(o["finished"]) if o.get("finished") else None,
+                    str(o.get("reason") or ""),
+                    str(o.get("request") or ""),
+                )
+                for o in snap.get("recent") or []
+            ),
+        )
+
+
 # -- polling ------------------------------------------------------------------------------------------------------
-Poll = Callable[[Target], dict[str, Any]]
+Poll = Callable[[Target], EngineAnswer]
 
 
 def http_poll(timeout_s: float) -> Poll:
     """One snapshot of one engine through the one admin client, bounded by ``timeout_s``."""
 
-    def poll(t: Target) -> dict[str, Any]:
+    def poll(t: Target) -> EngineAnswer:
         from bsr_cli.client import AdminClient
 
         with AdminClient(t.url, t.token, timeout_s=timeout_s) as c:
-            return c.snapshot(health=True, timeout=timeout_s)
+            return EngineAnswer.from_wire(c.snapshot(health=True, timeout=timeout_s))
 
     return poll
 
 
 def poll_all(
     ts: Sequence[Target], poll: Poll, *, pool: ThreadPoolExecutor | None = None, clock: Callable[[], float] = time.time
-) -> list[dict[str, Any]]:
+) -> list[EngineRow]:
     """Every engine's row, polled concurrently; an engine that fails is a `down` row with the reason."""
     own = pool is None
     ex = pool or ThreadPoolExecutor(max_workers=min(16, len(ts)), thread_name_prefix="bsr-fleet")
@@ -249,7 +364,7 @@ def poll_all(
             ex.shutdown(wait=False, cancel_futures=True)
 
 
-def _timed(poll: Poll, t: Target) -> tuple[dict[str, Any] | None, BaseException | None, float]:
+def _timed(poll: Poll, t: Target) -> tuple[EngineAnswer | None, BaseException | None, float]:
     t0 = time.monotonic()
     try:
         return poll(t), None, time.monotonic() - t0
@@ -257,173 +372,338 @@ def _timed(poll: Poll, t: Target) -> tuple[dict[str, Any] | None, BaseException 
         return None, e, time.monotonic() - t0
 
 
+# -- rows ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RankRow:
+    """One rank's row: its severity (down or unhealthy, pool at B, restores waiting for pool) and its pool."""
+
+    rank: int | None
+    severity: Severity
+    state: str
+    reason: str
+    live_bytes: int
+    peak_bytes: int
+    capacity_bytes: int
+    budget_bytes: int
+    windows_live: int
+    restore_bps: float
+    heartbeat_age_s: float | None
+
+
+@dataclass(frozen=True)
+class LastFailure:
+    """The newest restore of an engine that failed closed."""
+
+    request: str
+    reason: str
+    finished: float
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    """One engine's row: identity, severity, what is wrong, and its ranks worst first. An engine that answered has
+    its figures; one that did not (``DOWN``) has the error's kind and the exit code it maps to. What the fleet
+    remembers of it (`Memory.observe`) comes last."""
+
+    engine: str
+    url: str
+    polled_at: float
+    latency_s: float
+    severity: Severity
+    problems: tuple[str, ...]
+    ranks: tuple[RankRow, ...] = ()
+    # An engine that answered.
+    started_at: float | None = None
+    stopping: bool = False
+    previous_stop: str | None = None  # a restarted engine's own word on how its previous run ended
+    engine_name: str | None = None
+    model: str | None = None
+    W: int | None = None
+    rws_bytes: int | None = None
+    budget_bytes: int = 0
+    tiers: dict[str, bool] = field(default_factory=dict)
+    markers: int = 0
+    faults: int = 0
+    active: int = 0
+    failed_recent: int = 0
+    restore_bps: float = 0.0
+    pool_live_bytes: int = 0
+    ranks_up: int = 0
+    last_failure: LastFailure | None = None
+    # An engine that did not answer.
+    error: str | None = None
+    exit_code: int | None = None
+    # What the fleet remembers (Memory.observe).
+    last_seen: float | None = None
+    restarts: int = 0
+    came_back: str | None = None  # how it went away before it came back (a Departure, or "restarted")
+    departure: Departure | None = None
+    down_since: float | None = None
+    departure_text: str | None = None
+    down_text: str | None = None
+
+    @property
+    def state(self) -> str:
+        return self.severity.state
+
+    @property
+    def down(self) -> bool:
+        return self.severity is Severity.DOWN
+
+    @property
+    def clean_stop(self) -> bool | None:
+        """Whether a down engine stopped cleanly, when that is known."""
+        if self.departure is None or self.departure is Departure.UNKNOWN:
+            return None
+        return self.departure is Departure.CLEAN
+
+    def to_wire(self) -> dict[str, Any]:
+        ident = {"engine": self.engine, "url": self.url, "polled_at": self.polled_at, "latency_s": self.latency_s}
+        ranks = [asdict(r) for r in self.ranks]
+        head = {"severity": self.severity, "state": self.state, "problems": list(self.problems)}
+        if self.down:
+            out = ident | head | {"ranks": ranks, "error": self.error, "exit_code": self.exit_code}
+            if self.departure is not None:
+                out |= {"departure": self.departure.value, "down_since": self.down_since}
+                out |= {"last_seen": self.last_seen} if self.last_seen is not None else {}
+                out |= {"clean_stop": self.clean_stop} if self.clean_stop is not None else {}
+                out |= {"departure_text": self.departure_text, "down_text": self.down_text}
+            return out
+        out = ident | {"started_at": self.started_at, "stopping": self.stopping}
+        out |= {"previous_stop": self.previous_stop} if self.previous_stop is not None else {}
+        out |= head | {
+            "engine_name": self.engine_name,
+            "model": self.model,
+            "W": self.W,
+            "rws_bytes": self.rws_bytes,
+            "budget_bytes": self.budget_bytes,
+            "tiers": self.tiers,
+            "markers": self.markers,
+            "faults": self.faults,
+            "active": self.active,
+            "failed_recent": self.failed_recent,
+            "restore_bps": self.restore_bps,
+            "pool_live_bytes": self.pool_live_bytes,
+            "ranks_up": self.ranks_up,
+            "last_failure": None if self.last_failure is None else asdict(self.last_failure),
+            "ranks": ranks,
+        }
+        out |= {"last_seen": self.last_seen} if self.last_seen is not None else {}
+        out |= {"restarts": self.restarts} if self.restarts else {}
+        out |= {"came_back": self.came_back} if self.came_back is not None else {}
+        return out
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> EngineRow:
+        """A row as `bsr status --json` prints it and a fleet recording keeps it; what it lacks reads as absent."""
+        lf = d.get("last_failure")
+        departure = d.get("departure")
+        return cls(
+            engine=str(d["engine"]),
+            url=str(d["url"]),
+            polled_at=float(d.get("polled_at") or 0.0),
+            latency_s=float(d.get("latency_s") or 0.0),
+            severity=Severity(int(d["severity"])),
+            problems=tuple(str(p) for p in d.get("problems") or []),
+            ranks=tuple(
+                RankRow(
+                    r.get("rank"),
+                    Severity(int(r.get("severity") or 0)),
+                    str(r.get("state") or ""),
+                    str(r.get("reason") or ""),
+                    int(r.get("live_bytes") or 0),
+                    int(r.get("peak_bytes") or 0),
+                    int(r.get("capacity_bytes") or 0),
+                    int(r.get("budget_bytes") or 0),
+                    int(r.get("windows_live") or 0),
+                    float(r.get("restore_bps") or 0.0),
+                    r.get("heartbeat_age_s"),
+                )
+                for r in d.get("ranks") or []
+            ),
+            started_at=d.get("started_at"),
+            stopping=bool(d.get("stopping")),
+            previous_stop=d.get("previous_stop"),
+            engine_name=d.get("engine_name"),
+            model=d.get("model"),
+            W=d.get("W"),
+            rws_bytes=d.get("rws_bytes"),
+            budget_bytes=int(d.get("budget_bytes") or 0),
+            tiers={str(n): bool(ok) for n, ok in (d.get("tiers") or {}).items()},
+            markers=int(d.get("markers") or 0),
+            faults=int(d.get("faults") or 0),
+            active=int(d.get("active") or 0),
+            failed_recent=int(d.get("failed_recent") or 0),
+            restore_bps=float(d.get("restore_bps") or 0.0),
+            pool_live_bytes=int(d.get("pool_live_bytes") or 0),
+            ranks_up=int(d.get("ranks_up") or 0),
+            last_failure=None
+            if not lf
+            else LastFailure(str(lf.get("request") or ""), str(lf.get("reason") or ""), float(lf.get("finished") or 0)),
+            error=d.get("error"),
+            exit_code=d.get("exit_code"),
+            last_seen=d.get("last_seen"),
+            restarts=int(d.get("restarts") or 0),
+            came_back=d.get("came_back"),
+            departure=Departure(departure) if departure else None,
+            down_since=d.get("down_since"),
+            departure_text=d.get("departure_text"),
+            down_text=d.get("down_text"),
+        )
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """Every engine's row, worst first, with how many are in each state and the worst state."""
+
+    engines: tuple[EngineRow, ...]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {name: sum(1 for r in self.engines if r.state == name) for name in STATE.values()}
+
+    @property
+    def worst(self) -> str:
+        return self.engines[0].state if self.engines else "ok"
+
+    def to_wire(self) -> dict[str, Any]:
+        engines = [e.to_wire() for e in self.engines]
+        return {"fleet": True, "engines": engines, "counts": self.counts, "worst": self.worst}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> FleetView:
+        return cls(tuple(EngineRow.from_wire(e) for e in d.get("engines") or []))
+
+
 # -- folding ------------------------------------------------------------------------------------------------------
 def summarize(
-    t: Target, snap: dict[str, Any] | None, error: BaseException | None, latency_s: float, *, at: float
-) -> dict[str, Any]:
+    t: Target, answer: EngineAnswer | None, error: BaseException | None, latency_s: float, *, at: float
+) -> EngineRow:
     """One engine's row: identity, severity, what is wrong, and its ranks worst first."""
-    row: dict[str, Any] = {"engine": t.name, "url": t.url, "polled_at": at, "latency_s": round(latency_s, 4)}
-    if snap is None:
-        return row | _down(error)
-    info = snap.get("info") or {}
-    row["started_at"] = info.get("started_at")
-    row["stopping"] = announces_stop(snap)
-    # A restarted engine's own word on how its previous run ended ("clean" or "crash", in its engine_started event):
-    # what no poller can see from outside, once the engine is back.
-    started = [e for e in snap.get("events") or [] if isinstance(e, dict) and e.get("type") == EventKind.ENGINE_STARTED]
-    if started and started[-1].get("previous_stop"):
-        row["previous_stop"] = str(started[-1]["previous_stop"])
-    budget = info.get("budget_bytes") or 0
-    ranks = [_rank_row(r, budget) for r in snap.get("ranks") or []]
-    tiers = snap.get("tiers") or {}
-    markers = snap.get("markers") or []
-    faults = [f for f in snap.get("faults") or [] if not f.get("exhausted")]
-    now = float(snap.get("time") or at)
-    failed = [
-        o
-        for o in snap.get("recent") or []
-        if o.get("outcome") == Outcome.FAILED_CLOSED and now - float(o.get("finished") or now) <= RECENT_S
-    ]
-    last_failure = next((o for o in snap.get("recent") or [] if o.get("outcome") == Outcome.FAILED_CLOSED), None)
-    sev, problems = _severity(ranks, tiers, markers, faults, failed)
-    reg = info.get("registration") or {}
-    return row | {
-        "severity": sev,
-        "state": STATE[sev],
-        "problems": problems,
-        "engine_name": info.get("engine"),
-        "model": reg.get("model"),
-        "W": info.get("W"),
-        "rws_bytes": info.get("rws_bytes"),
-        "budget_bytes": budget,
-        "tiers": {n: bool(h.get("ok", True)) for n, h in tiers.items()},
-        "markers": len(markers),
-        "faults": len(faults),
-        "active": len(snap.get("active") or []),
-        "failed_recent": len(failed),
-        "restore_bps": sum(r["restore_bps"] for r in ranks),
-        "pool_live_bytes": max((r["live_bytes"] for r in ranks), default=0),
-        "ranks_up": sum(1 for r in ranks if r["severity"] < UNHEALTHY),
-        "last_failure": (
-            {
-                "request": str(last_failure.get("request") or ""),
-                "reason": str(last_failure.get("reason") or "failed closed"),
-                "finished": float(last_failure.get("finished") or now),
-            }
+    latency = round(latency_s, 4)
+    if answer is None:
+        return _down(t, at, latency, error)
+    budget = answer.budget_bytes
+    ranks = [_rank_row(r, budget) for r in answer.ranks]
+    now = answer.time or at
+    failed = [o for o in answer.recent if o.failed_closed and now - (o.finished or now) <= RECENT_S]
+    last_failure = next((o for o in answer.recent if o.failed_closed), None)
+    sev, problems = _severity(ranks, answer.tiers, answer.markers, answer.armed_faults, failed)
+    return EngineRow(
+        t.name,
+        t.url,
+        at,
+        latency,
+        severity=sev,
+        problems=tuple(problems),
+        started_at=answer.started_at,
+        stopping=answer.stopping,
+        previous_stop=answer.previous_stop,
+        engine_name=answer.engine_name,
+        model=answer.model,
+        W=answer.W,
+        rws_bytes=answer.rws_bytes,
+        budget_bytes=budget,
+        tiers={n: detail is None for n, detail in answer.tiers.items()},
+        markers=answer.markers,
+        faults=answer.armed_faults,
+        active=answer.active,
+        failed_recent=len(failed),
+        restore_bps=sum(r.restore_bps for r in ranks),
+        pool_live_bytes=max((r.live_bytes for r in ranks), default=0),
+        ranks_up=sum(1 for r in ranks if r.severity < UNHEALTHY),
+        last_failure=(
+            LastFailure(last_failure.request, last_failure.reason or "failed closed", last_failure.finished or now)
             if last_failure
             else None
         ),
-        "ranks": sorted(ranks, key=lambda r: (-r["severity"], r["rank"] if r["rank"] is not None else 0)),
-    }
+        ranks=tuple(sorted(ranks, key=lambda r: (-r.severity, r.rank if r.rank is not None else 0))),
+    )
 
 
-def _down(error: BaseException | None) -> dict[str, Any]:
+def _down(t: Target, at: float, latency_s: float, error: BaseException | None) -> EngineRow:
     """The row of an engine that did not answer: the error's kind and message, and the exit code it maps to."""
     kind = error.kind if isinstance(error, BsrError) else "internal"
     msg = error.message if isinstance(error, BsrError) else f"{type(error).__name__}: {error}"
     code = int(error.exit_code) if isinstance(error, BsrError) else int(ExitCode.INTERNAL)
-    return {
-        "severity": DOWN,
-        "state": "down",
-        "problems": [f"{kind}: {msg}"],
-        "ranks": [],
-        "error": kind,
-        "exit_code": code,
-    }
+    return EngineRow(t.name, t.url, at, latency_s, Severity.DOWN, (f"{kind}: {msg}",), error=kind, exit_code=code)
 
 
-def _rank_row(r: dict[str, Any], budget: int) -> dict[str, Any]:
+def _rank_row(r: RankAnswer, budget: int) -> RankRow:
     """One rank's row: its severity (down or unhealthy, pool at B, restores waiting for pool) and its pool."""
-    p = r.get("pool") or {}
-    live = int(p.get("live_bytes", 0))
-    healthy = bool(r.get("healthy", r.get("alive", False)))
-    alive = bool(r.get("alive", False))
-    sev = OK
+    sev = Severity.OK
     why = ""
-    if not alive or not healthy:
-        sev, why = UNHEALTHY, str(r.get("reason") or ("down" if not alive else "unhealthy"))
-    elif budget and live >= budget:
-        sev, why = DEGRADED, "pool at budget B"
-    elif int(p.get("waiters", 0)):
-        sev, why = ATTENTION, f"{p.get('waiters')} waiting for pool"
-    return {
-        "rank": r.get("rank"),
-        "severity": sev,
-        "state": STATE[sev] if sev else ("up" if alive else "down"),
-        "reason": why,
-        "live_bytes": live,
-        "peak_bytes": int(p.get("peak_bytes", 0)),
-        "capacity_bytes": int(p.get("capacity_bytes", 0)),
-        "budget_bytes": budget,
-        "windows_live": int(p.get("windows_live", 0)),
-        "restore_bps": float(r.get("restore_bps", 0.0)),
-        "heartbeat_age_s": r.get("heartbeat_age_s"),
-    }
+    if not r.alive or not r.healthy:
+        sev, why = Severity.UNHEALTHY, r.reason or ("down" if not r.alive else "unhealthy")
+    elif budget and r.live_bytes >= budget:
+        sev, why = Severity.DEGRADED, "pool at budget B"
+    elif r.waiters:
+        sev, why = Severity.ATTENTION, f"{r.waiters} waiting for pool"
+    return RankRow(
+        rank=r.rank,
+        severity=sev,
+        state=STATE[sev] if sev else ("up" if r.alive else "down"),
+        reason=why,
+        live_bytes=r.live_bytes,
+        peak_bytes=r.peak_bytes,
+        capacity_bytes=r.capacity_bytes,
+        budget_bytes=budget,
+        windows_live=r.windows_live,
+        restore_bps=r.restore_bps,
+        heartbeat_age_s=r.heartbeat_age_s,
+    )
 
 
 def _severity(
-    ranks: list[dict[str, Any]],
-    tiers: dict[str, Any],
-    markers: list[Any],
-    faults: list[Any],
-    failed: list[dict[str, Any]],
-) -> tuple[int, list[str]]:
+    ranks: list[RankRow],
+    tiers: dict[str, tuple[str, ...] | None],
+    markers: int,
+    faults: int,
+    failed: list[RecentOutcome],
+) -> tuple[Severity, list[str]]:
     """(the engine's severity, what is wrong): its worst rank, unhealthy tiers (degraded), then markers, armed
     faults and recent restores that failed closed (attention)."""
     problems: list[str] = []
-    sev = max((r["severity"] for r in ranks), default=OK)
+    sev = max((r.severity for r in ranks), default=Severity.OK)
     for r in ranks:
-        if r["severity"] >= DEGRADED:
-            problems.append(f"rank {r['rank']}: {r['reason']}")
-    bad_tiers = {n: h for n, h in tiers.items() if not h.get("ok", True)}
-    for n, h in bad_tiers.items():
-        problems.append(f"tier {n} unhealthy" + (f" ({'; '.join(h.get('detail') or [])})" if h.get("detail") else ""))
+        if r.severity >= DEGRADED:
+            problems.append(f"rank {r.rank}: {r.reason}")
+    bad_tiers = {n: detail for n, detail in tiers.items() if detail is not None}
+    for n, detail in bad_tiers.items():
+        problems.append(f"tier {n} unhealthy" + (f" ({'; '.join(detail)})" if detail else ""))
     if bad_tiers:
-        sev = max(sev, DEGRADED)
+        sev = max(sev, Severity.DEGRADED)
     if markers:
-        problems.append(f"{len(markers)} force-local marker(s)")
+        problems.append(f"{markers} force-local marker(s)")
     if faults:
-        problems.append(f"{len(faults)} fault(s) armed")
+        problems.append(f"{faults} fault(s) armed")
     if failed:
-        problems.append(
-            f"{len(failed)} recent restore(s) failed closed (last: {failed[0].get('reason') or 'no reason'})"
-        )
+        problems.append(f"{len(failed)} recent restore(s) failed closed (last: {failed[0].reason or 'no reason'})")
     if markers or faults or failed:
-        sev = max(sev, ATTENTION)
+        sev = max(sev, Severity.ATTENTION)
     return sev, problems
 
 
-def order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def order(rows: list[EngineRow]) -> list[EngineRow]:
     """Worst first; among equals, in the order the operator named them (stable)."""
-    return sorted(rows, key=lambda r: -int(r["severity"]))
+    return sorted(rows, key=lambda r: -int(r.severity))
 
 
-def fleet_result(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    counts = {name: sum(1 for r in rows if r["state"] == name) for name in STATE.values()}
-    return {"fleet": True, "engines": rows, "counts": counts, "worst": rows[0]["state"] if rows else "ok"}
-
-
-def announces_stop(snap: dict[str, Any]) -> bool:
-    """Whether an engine's answer says it is shutting down: ``stopping: true`` in its snapshot, info or health, or an
-    `engine_stopped` event in the events it returned. A crash says nothing: that is how the two are told apart."""
-    info = snap.get("info") or {}
-    health = snap.get("health") or {}
-    if any(bool(d.get("stopping")) for d in (snap, info, health) if isinstance(d, dict)):
-        return True
-    return any(isinstance(e, dict) and e.get("type") == EventKind.ENGINE_STOPPED for e in snap.get("events") or [])
+def fleet_result(rows: list[EngineRow]) -> FleetView:
+    return FleetView(tuple(rows))
 
 
 # -- the one exit rule -------------------------------------------------------------------------------------------
-def exit_code(rows: Sequence[dict[str, Any]]) -> int:
+def exit_code(rows: Sequence[EngineRow]) -> int:
     """A fleet exits as its worst engine would on its own with `bsr status`: an engine that does not answer exits
     with its error's code (3 unreachable, 4 timeout, 5 unauthorized, 6 API version mismatch), an unhealthy one with 9,
     anything else 0. Rows are worst first, and down engines in the order named, so the first row decides."""
     if not rows:
         return int(ExitCode.OK)
     worst = rows[0]
-    if worst["severity"] >= DOWN:
-        return int(worst.get("exit_code") or ExitCode.ENGINE_UNREACHABLE)
-    if worst["severity"] >= UNHEALTHY:
+    if worst.severity >= DOWN:
+        return int(worst.exit_code or ExitCode.ENGINE_UNREACHABLE)
+    if worst.severity >= UNHEALTHY:
         return int(ExitCode.SERVER_ERROR)
     return int(ExitCode.OK)
 
@@ -476,59 +756,58 @@ class Memory:
     def for_settings(cls, settings: Settings) -> Memory:
         return cls(settings.state_dir / "fleet-seen.json")
 
-    def observe(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def observe(self, rows: list[EngineRow]) -> list[EngineRow]:
         """Fold one round into the memory; each row gains `last_seen`, and a down row `down_since` and
         `departure` (with `clean_stop`: whether it stopped cleanly, when that is known)."""
         out = []
         for row in rows:
-            url, at = row["url"], float(row.get("polled_at") or self._clock())
+            url, at = row.url, row.polled_at or self._clock()
             prev = self.seen.get(url, Seen())
-            if row["state"] != "down":
-                started = row.get("started_at")
+            if not row.down:
+                started = row.started_at
                 restarted = prev.started_at is not None and started is not None and started != prev.started_at
                 now = Seen(
                     last_seen=at,
                     started_at=started,
-                    stopping=bool(row.get("stopping")),
+                    stopping=row.stopping,
                     restarts=prev.restarts + int(restarted),
                 )
-                row = row | {"last_seen": at}
-                if now.restarts:
-                    row = row | {"restarts": now.restarts}
+                came_back = None
                 if restarted or (prev.down_since is not None and prev.departure):
-                    row = row | {"came_back": prev.departure or "restarted"}
+                    came_back = prev.departure or "restarted"
+                row = replace(row, last_seen=at, restarts=now.restarts, came_back=came_back)
             else:
                 if prev.down_since is not None and prev.departure is not None:
                     now = prev
                 else:
                     now = replace(prev, down_since=at, departure=self._departure(prev, row).value)
-                row = row | self._down_fields(now)
+                row = self._down_fields(row, now)
             self.seen[url] = now
             out.append(row)
         return out
 
     @staticmethod
-    def _departure(prev: Seen, row: dict[str, Any]) -> Departure:
+    def _departure(prev: Seen, row: EngineRow) -> Departure:
         if prev.last_seen is None:
             return Departure.UNKNOWN
         if prev.stopping:
             return Departure.CLEAN
-        if row.get("error") == "timeout":
+        if row.error == "timeout":
             return Departure.HUNG
         return Departure.CRASH
 
-    def _down_fields(self, s: Seen) -> dict[str, Any]:
+    def _down_fields(self, row: EngineRow, s: Seen) -> EngineRow:
         d = Departure(s.departure or Departure.UNKNOWN)
-        fields: dict[str, Any] = {"departure": d.value, "down_since": s.down_since}
-        if s.last_seen is not None:
-            fields["last_seen"] = s.last_seen
-        if d is not Departure.UNKNOWN:
-            fields["clean_stop"] = d is Departure.CLEAN
         since = time.strftime("%H:%M:%S", time.localtime(s.down_since or self._clock()))
         last = f", last seen {time.strftime('%H:%M:%S', time.localtime(s.last_seen))}" if s.last_seen else ""
-        fields["departure_text"] = d.describe
-        fields["down_text"] = f"{d.describe}: down since {since}{last}"
-        return fields
+        return replace(
+            row,
+            departure=d,
+            down_since=s.down_since,
+            last_seen=s.last_seen,
+            departure_text=d.describe,
+            down_text=f"{d.describe}: down since {since}{last}",
+        )
 
     def save(self) -> None:
         """Best effort: a fleet view never fails because its memory could not be written."""

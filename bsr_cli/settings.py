@@ -77,28 +77,48 @@ class Settings:
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "engine": {"value": self.engine, "source": self.sources.get("engine", "default")},
-            "token": {"value": "***" if self.token else None, "source": self.sources.get("token", "default")},
-            "state_dir": {"value": str(self.state_dir), "source": self.sources.get("state_dir", "default")},
-            "config": {"value": str(self.config_path), "source": self.sources.get("config", "default")},
-            "json": {"value": self.json, "source": self.sources.get("json", "default")},
-            "traceback": {"value": self.traceback, "source": self.sources.get("traceback", "default")},
-            "timeout_s": {"value": self.timeout_s, "source": self.sources.get("timeout_s", "default")},
-            "event_retention_s": {
-                "value": self.event_retention_s,
-                "source": self.sources.get("event_retention_s", "default"),
-            },
-            "event_store_bytes": {
-                "value": self.event_store_bytes,
-                "source": self.sources.get("event_store_bytes", "default"),
-            },
-            "profiles": sorted(self.profiles),
+    def sourced(self) -> dict[str, SourcedValue]:
+        """Every setting with where its value came from (the token's value masked), as `bsr config show` lists
+        them."""
+        shown: dict[str, str | float | bool | None] = {
+            "engine": self.engine,
+            "token": "***" if self.token else None,
+            "state_dir": str(self.state_dir),
+            "config": str(self.config_path),
+            "json": self.json,
+            "traceback": self.traceback,
+            "timeout_s": self.timeout_s,
+            "event_retention_s": self.event_retention_s,
+            "event_store_bytes": self.event_store_bytes,
         }
+        return {k: SourcedValue(v, self.sources.get(k, "default")) for k, v in shown.items()}
 
 
-def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
+@dataclass(frozen=True)
+class SourcedValue:
+    """A setting's value and where it came from (a flag, an environment variable, the config file, the default)."""
+
+    value: str | float | bool | None
+    source: str
+
+
+@dataclass(frozen=True)
+class SettingFlags:
+    """The global options as given on the command line (None: not given)."""
+
+    engine: str | None = None
+    token: str | None = None
+    state_dir: str | Path | None = None
+    config: str | Path | None = None
+    timeout_s: float | None = None
+    json: bool | None = None
+    traceback: bool | None = None
+    # Not global options (the environment and the config file set them; `bsr engine up` has its own flags).
+    event_retention_s: str | None = None
+    event_store_bytes: str | None = None
+
+
+def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) -> Settings:
     """Resolve settings from flags (None = not given), the environment and the config file."""
     env = dict(os.environ if environ is None else environ)
     s = Settings()
@@ -112,7 +132,7 @@ def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) 
             return file_value, f"config {s.config_path}"
         return None
 
-    cfg_flag = flags.get("config")
+    cfg_flag = flags.config
     if cfg_flag is not None:
         s.config_path, s.sources["config"] = Path(cfg_flag), "flag"
     elif env.get(ENV["config"]):
@@ -144,7 +164,7 @@ def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) 
         ("event_retention_s", "event_retention", parse_event_retention),
         ("event_store_bytes", "event_store_max", parse_event_store_bytes),
     ):
-        got = pick(name, flags.get(name), ENV[key], file_cfg.get(key))
+        got = pick(name, getattr(flags, name), ENV[key], file_cfg.get(key))
         if got is not None:
             try:
                 setattr(s, name, conv(got[0]))
@@ -154,7 +174,7 @@ def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) 
                 raise InvalidInput(f"bad value for {name} ({got[1]}): {e.message}", hint=e.hint) from None
             s.sources[name] = got[1]
     for name in ("json", "traceback"):
-        flag = flags.get(name)
+        flag = getattr(flags, name)
         if flag:
             setattr(s, name, True)
             s.sources[name] = "flag"

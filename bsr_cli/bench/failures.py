@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.bench.evidence import (
@@ -44,9 +45,9 @@ def run_failures(
     for sc in SCENARIOS:
         with run.row(scenario=sc.name) as row:
             # One scenario per drill call, so an interruption marks just the scenario it hit.
-            res = run_drill(client, tokens=tokens, w=w, scenarios=(sc,))["scenarios"][0]
-            row |= res
-            judge(row, dict(res["checks"]))
+            res = run_drill(client, tokens=tokens, w=w, scenarios=(sc,)).scenarios[0]
+            row |= asdict(res)
+            judge(row, asdict(res.checks))
         if run.stopped:
             break
     done = completed(run.rows)

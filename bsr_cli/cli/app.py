@@ -17,7 +17,7 @@ from bsr_cli import __version__
 from bsr_cli.cli.context import AppState
 from bsr_cli.cli.global_options import GLOBAL_HELP, GLOBAL_OPTIONS, hidden_aliases, hoist_global_options
 from bsr_cli.cli.output import Output
-from bsr_cli.settings import load_settings
+from bsr_cli.settings import SettingFlags, load_settings
 
 __all__ = ["GLOBAL_OPTIONS", "app", "build_command", "hoist_global_options", "register_commands"]
 
@@ -75,15 +75,15 @@ def _global(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
     ] = False,
 ) -> None:
-    flags = {
-        "json": json_flag or None,
-        "traceback": traceback or None,
-        "engine": engine,
-        "token": token,
-        "state_dir": state_dir,
-        "config": config,
-        "timeout_s": timeout,
-    }
+    flags = SettingFlags(
+        json=json_flag or None,
+        traceback=traceback or None,
+        engine=engine,
+        token=token,
+        state_dir=state_dir,
+        config=config,
+        timeout_s=timeout,
+    )
     # The error boundary needs --traceback even if settings fail to load.
     ctx.meta["bsr.traceback"] = traceback
     settings = load_settings(flags)

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from bsr_cli.cli.output import Output
-from bsr_cli.settings import Settings, load_settings
+from bsr_cli.settings import SettingFlags, Settings, load_settings
 
 __all__ = ["AppState", "JsonFlag", "state"]
 
@@ -31,7 +31,7 @@ def state(ctx: typer.Context, json_flag: bool = False) -> AppState:
     root = ctx.find_root()
     st: AppState | None = root.obj if isinstance(root.obj, AppState) else None
     if st is None:  # invoked without the global callback (tests calling a command directly)
-        st = AppState(load_settings({}), Output(json_mode=False))
+        st = AppState(load_settings(SettingFlags()), Output(json_mode=False))
         root.obj = st
     if json_flag and not st.out.json_mode:
         st.settings.json = True

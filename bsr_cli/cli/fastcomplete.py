@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,24 +43,64 @@ def index_path() -> Path:
     return Path(base) / "bsr" / "completion-index.json"
 
 
-def build_index(root: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CommandNode:
+    """One command as the completion needs it: its options (each name -> whether it takes a value, and every name
+    of that option) and its subcommands."""
+
+    options: dict[str, tuple[bool, tuple[str, ...]]]
+    subcommands: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CompletionIndex:
+    """The command tree by path (`""` the root, `"engine up"`, ...), stamped with what it was built from."""
+
+    stamp: str
+    commands: dict[str, CommandNode]
+
+    def to_wire(self) -> dict[str, Any]:
+        commands = {
+            path: {
+                "options": {name: [takes, list(names)] for name, (takes, names) in node.options.items()},
+                "subcommands": list(node.subcommands),
+            }
+            for path, node in self.commands.items()
+        }
+        return {"format": INDEX_FORMAT, "stamp": self.stamp, "commands": commands}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> CompletionIndex:
+        return cls(
+            str(d["stamp"]),
+            {
+                str(path): CommandNode(
+                    {str(n): (bool(o[0]), tuple(str(x) for x in o[1])) for n, o in node["options"].items()},
+                    tuple(str(x) for x in node["subcommands"]),
+                )
+                for path, node in d["commands"].items()
+            },
+        )
+
+
+def build_index(root: Any) -> CompletionIndex:
     """The command tree as the completion needs it, from the CLI's root command."""
-    commands: dict[str, Any] = {}
+    commands: dict[str, CommandNode] = {}
 
     def walk(cmd: Any, path: str) -> None:
-        opts: dict[str, list[Any]] = {}  # name -> [takes a value, every name of that option]
+        opts: dict[str, tuple[bool, tuple[str, ...]]] = {}
         for p in getattr(cmd, "params", []):
             if getattr(p, "param_type_name", "") == "option" and not getattr(p, "hidden", False):
-                names = [*p.opts, *p.secondary_opts]
+                names = (*p.opts, *p.secondary_opts)
                 for name in names:
-                    opts[name] = [not (p.is_flag or p.count), names]
+                    opts[name] = (not (p.is_flag or p.count), names)
         subs = {n: s for n, s in (getattr(cmd, "commands", None) or {}).items() if not getattr(s, "hidden", False)}
-        commands[path] = {"options": opts, "subcommands": list(subs)}
+        commands[path] = CommandNode(opts, tuple(subs))
         for name, sub in subs.items():
             walk(sub, f"{path} {name}".strip())
 
     walk(root, "")
-    return {"format": INDEX_FORMAT, "stamp": _stamp(), "commands": commands}
+    return CompletionIndex(_stamp(), commands)
 
 
 def write_index(root: Any) -> None:
@@ -68,28 +109,31 @@ def write_index(root: Any) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(build_index(root)))
+        tmp.write_text(json.dumps(build_index(root).to_wire()))
         tmp.replace(path)
     except OSError:
         pass
 
 
-def _load_index() -> dict[str, Any] | None:
+def _load_index() -> CompletionIndex | None:
     try:
         idx = json.loads(index_path().read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(idx, dict) or idx.get("format") != INDEX_FORMAT or idx.get("stamp") != _stamp():
         return None
-    return idx
+    try:
+        return CompletionIndex.from_wire(idx)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None  # a damaged index: the full path answers (and writes a new one)
 
 
-def candidates(idx: dict[str, Any], args: list[str], incomplete: str) -> list[str] | None:
+def candidates(idx: CompletionIndex, args: list[str], incomplete: str) -> list[str] | None:
     """What bash should offer after ``args`` for the word ``incomplete``; None when the index cannot tell."""
     from bsr_cli.cli.completion import VALUES
     from bsr_cli.cli.global_options import GLOBAL_OPTIONS
 
-    commands = idx["commands"]
+    commands = idx.commands
     path = ""
     expecting: str | None = None
     for word in args:
@@ -100,29 +144,29 @@ def candidates(idx: dict[str, Any], args: list[str], incomplete: str) -> list[st
             return None
         if word.startswith("-"):
             name = word.split("=", 1)[0]
-            known = commands[path]["options"].get(name)
+            known = commands[path].options.get(name)
             takes = known[0] if known is not None else GLOBAL_OPTIONS.get(name)
             if takes is None:
                 return None  # an option this index does not know: let the full path decide
             if takes and "=" not in word:
                 expecting = name
             continue
-        subs = commands[path]["subcommands"]
+        subs = commands[path].subcommands
         if word in subs:
             path = f"{path} {word}".strip()
         elif subs:
             return None  # not a command name: the full path reports it
     if expecting is not None:
-        known = commands[path]["options"].get(expecting)
-        names = known[1] if known is not None else [expecting]
+        known = commands[path].options.get(expecting)
+        names = known[1] if known is not None else (expecting,)
         source = next((VALUES[n] for n in names if n in VALUES), None)
         if source is None:
             return None  # a free value (a path, a number): the shell's own default completion
         return [v for v in source() if v.startswith(incomplete)]
     node = commands[path]
     if incomplete.startswith("-"):
-        return [o for o in node["options"] if o.startswith(incomplete)]
-    return [s for s in node["subcommands"] if s.startswith(incomplete)]
+        return [o for o in node.options if o.startswith(incomplete)]
+    return [s for s in node.subcommands if s.startswith(incomplete)]
 
 
 def complete_bash() -> bool:

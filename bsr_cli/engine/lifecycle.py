@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from bsr_cli.core.events import RankRestarted
 from bsr_cli.core.markers import Marker
+from bsr_cli.engine.config import Restored
 from bsr_cli.mooncake import services
 from bsr_cli.runtime.coordinator import Coordinator
 
@@ -47,52 +49,84 @@ class Rank(Protocol):
 # -- kept state ------------------------------------------------------------------------------------------------
 
 
-def _armed(faults: list[dict[str, Any]]) -> int:
-    return sum(1 for f in faults if int(f.get("count") or 0) == 0 or int(f.get("fired") or 0) < int(f["count"]))
+@dataclass(frozen=True)
+class KeptSettings:
+    """The settings an engine may change at run time (`bsr settings set`); None where one was not given."""
+
+    w: int | None = None
+    budget_bytes: int | None = None
+    fs_concurrency: int | None = None
+
+    def to_wire(self) -> dict[str, int | None]:
+        return {k: getattr(self, k) for k in _KEPT_SETTINGS}
 
 
-def kept_state(coord: Coordinator, base: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class KeptState:
+    """What a restart should find: markers, the settings now and the start-up settings they were changed from."""
+
+    registration: str
+    base: KeptSettings
+    settings: KeptSettings
+    markers: tuple[Marker, ...]
+    armed_faults: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "registration": self.registration,
+            "base": self.base.to_wire(),
+            "settings": self.settings.to_wire(),
+            "markers": [m.to_dict() for m in self.markers],
+            "armed_faults": self.armed_faults,
+        }
+
+
+def kept_state(coord: Coordinator, base: KeptSettings) -> KeptState:
     """What a restart should find: markers, the settings now and the start-up settings they were changed from."""
     s = coord.settings
-    return {
-        "registration": coord.reg.identity,
-        "base": {k: base.get(k) for k in _KEPT_SETTINGS},
-        "settings": {"w": s.w, "budget_bytes": s.budget_bytes, "fs_concurrency": s.fs_concurrency},
-        "markers": sorted(coord.list_markers(), key=lambda m: str(m["prompt"])),
-        "armed_faults": _armed(coord.list_faults()),
-    }
+    faults = coord.list_faults()
+    armed = sum(1 for f in faults if int(f.get("count") or 0) == 0 or int(f.get("fired") or 0) < int(f["count"]))
+    return KeptState(
+        registration=coord.reg.identity,
+        base=base,
+        settings=KeptSettings(s.w, s.budget_bytes, s.fs_concurrency),
+        markers=tuple(
+            Marker(str(m["prompt"]), set(m["excluded_tiers"]), str(m["reason"]), str(m["request"]), m["set_at"])
+            for m in sorted(coord.list_markers(), key=lambda m: str(m["prompt"]))
+        ),
+        armed_faults=armed,
+    )
 
 
 class Keeper:
     """Writes the kept state when it changes (``save`` is cheap to call often: it compares first)."""
 
-    def __init__(self, state: Path, coord: Coordinator, base: dict[str, Any]) -> None:
+    def __init__(self, state: Path, coord: Coordinator, base: KeptSettings) -> None:
         self.path, self.coord, self.base = state / PERSISTED, coord, base
-        self._last: dict[str, Any] | None = None
+        self._last: KeptState | None = None
 
     def save(self) -> None:
         now = kept_state(self.coord, self.base)
         if now == self._last:
             return
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(now | {"saved_at": time.time()}, indent=1))
+        tmp.write_text(json.dumps(now.to_wire() | {"saved_at": time.time()}, indent=1))
         tmp.replace(self.path)
         self._last = now
 
 
-def restore(state: Path, coord: Coordinator, base: dict[str, Any]) -> dict[str, Any]:
+def restore(state: Path, coord: Coordinator, base: KeptSettings) -> Restored:
     """Bring back what the last run kept; what was restored and what was dropped, with one line per fact."""
-    out: dict[str, Any] = {"markers": 0, "settings": {}, "dropped_faults": 0, "lines": []}
     try:
         kept = json.loads((state / PERSISTED).read_text())
     except (OSError, ValueError):
-        return out
+        return Restored()
     if not isinstance(kept, dict):
-        return out
-    lines: list[str] = out["lines"]
+        return Restored()
+    lines: list[str] = []
     if kept.get("registration") != coord.reg.identity:
         lines.append("the previous run's markers and settings were for another registration: not restored")
-        return out
+        return Restored(lines=tuple(lines))
     markers = [m for m in kept.get("markers") or [] if isinstance(m, dict) and m.get("prompt")]
     coord.restore_markers(
         Marker(
@@ -104,19 +138,20 @@ def restore(state: Path, coord: Coordinator, base: dict[str, Any]) -> dict[str, 
         )
         for m in markers
     )
-    out["markers"] = len(markers)
     if markers:
         lines.append(f"restored {len(markers)} force-local marker(s) from the previous run")
     saved = kept.get("settings") or {}
-    changed = {k: saved[k] for k in _KEPT_SETTINGS if k in saved and saved[k] != base.get(k)}
-    if changed and (kept.get("base") or {}) == {k: base.get(k) for k in _KEPT_SETTINGS}:
+    base_wire = base.to_wire()
+    changed = {k: saved[k] for k in _KEPT_SETTINGS if k in saved and saved[k] != base_wire[k]}
+    restored_settings: dict[str, int] = {}
+    if changed and (kept.get("base") or {}) == base_wire:
         try:
             coord.update_settings(
                 budget_bytes=changed.get("budget_bytes"),
                 fs_concurrency=changed.get("fs_concurrency"),
                 w=changed.get("w"),
             )
-            out["settings"] = changed
+            restored_settings = changed
             lines.append(
                 "restored the settings changed at run time: "
                 + ", ".join(f"{k} {v}" for k, v in sorted(changed.items()))
@@ -127,9 +162,8 @@ def restore(state: Path, coord: Coordinator, base: dict[str, Any]) -> dict[str, 
         lines.append("the settings changed in the previous run were dropped: this engine starts with other options")
     dropped = int(kept.get("armed_faults") or 0)
     if dropped:
-        out["dropped_faults"] = dropped
         lines.append(f"dropped {dropped} armed fault(s) of the previous run (faults never survive a restart)")
-    return out
+    return Restored(len(markers), restored_settings, dropped, tuple(lines))
 
 
 # -- dead ranks --------------------------------------------------------------------------------------------------
@@ -211,4 +245,14 @@ def stop_services(state: Path) -> list[str]:
     return stopped
 
 
-__all__ = ["PERSISTED", "Keeper", "RankRestarter", "kept_state", "restore", "stop_services"]
+__all__ = [
+    "PERSISTED",
+    "Keeper",
+    "KeptSettings",
+    "KeptState",
+    "RankRestarter",
+    "Restored",
+    "kept_state",
+    "restore",
+    "stop_services",
+]

@@ -243,7 +243,17 @@ def heal(topo: Topology, x: str, y: str) -> Link:
     return link
 
 
-def link_states(topo: Topology) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class LinkState:
+    """One link of a multi-host engine: ``up`` when both ends are up, else ``down`` with the node(s) whose end is
+    not."""
+
+    link: str
+    up: bool
+    down_at: tuple[str, ...] = ()  # the nodes whose end of the link is down
+
+
+def link_states(topo: Topology) -> list[LinkState]:
     """Each link with its state: ``up`` when both ends are up, else ``down`` naming the end(s) that are not (a
     namespace that is gone reads as down)."""
     up: dict[str, bool] = {}
@@ -258,8 +268,7 @@ def link_states(topo: Topology) -> list[dict[str, Any]]:
     out = []
     for link in topo.links:
         ends_down = [node for node, dev in ((link.a, link.dev_a), (link.b, link.dev_b)) if not up.get(dev, False)]
-        state = {"link": link.name, "state": "down" if ends_down else "up"}
-        out.append(state | ({"down_at": ends_down} if ends_down else {}))
+        out.append(LinkState(link.name, not ends_down, tuple(ends_down)))
     return out
 
 
@@ -292,21 +301,22 @@ def call_in(netns: str | None, fn: Callable[[], T]) -> T:
     ``netns`` is None. Used for the health probes the supervisor makes of services in their namespaces."""
     if netns is None:
         return fn()
-    box: dict[str, Any] = {}
+    value: list[T] = []
+    error: list[BaseException] = []
 
     def run() -> None:
         try:
             enter(netns)
-            box["value"] = fn()
+            value.append(fn())
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
+            error.append(e)
 
     thread = threading.Thread(target=run, name=f"netns-{netns}", daemon=True)
     thread.start()
     thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    if error:
+        raise error[0]
+    return value[0]
 
 
 __all__ = [
@@ -314,6 +324,7 @@ __all__ = [
     "MASTER",
     "MODE",
     "Link",
+    "LinkState",
     "Topology",
     "call_in",
     "create",

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from bsr_cli.api.ranks import Abort, Call, RankRequest, Reply, Shutdown
 from bsr_cli.core.events import Event
+from bsr_cli.engine.config import RankConfig, RankInfo
 from bsr_cli.engine.worker import worker_main
 from bsr_cli.errors import ServerError, ServiceError
 
@@ -28,7 +29,7 @@ class RankDied(ServerError):
 class ProcessRank:
     """One rank process behind a pipe. Calls return futures; a reader thread matches replies and forwards events."""
 
-    def __init__(self, rank: int, cfg: dict[str, Any], on_event: Callable[[Event], None]) -> None:
+    def __init__(self, rank: int, cfg: RankConfig, on_event: Callable[[Event], None]) -> None:
         self.rank = rank
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or CUDA state
         self._conn, child = ctx.Pipe()
@@ -50,7 +51,7 @@ class ProcessRank:
         if not hello.get("ready"):
             self.process.join(5)
             raise ServiceError(f"rank {rank} failed to start: {hello.get('error')}")
-        self.info: dict[str, Any] = hello["info"]
+        self.info: RankInfo = hello["info"]
         self._last_heard = time.monotonic()
         self._reader = threading.Thread(target=self._read, name=f"bsr-rank{rank}-reader", daemon=True)
         self._reader.start()

@@ -16,8 +16,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from bsr_cli import __version__
 from bsr_cli.core import limits
@@ -31,11 +31,11 @@ from bsr_cli.core.events import (
     parse_event,
 )
 from bsr_cli.core.evidence import EventKind
-from bsr_cli.core.registration import Registration
 from bsr_cli.engine import lifecycle, netns, supervisor
+from bsr_cli.engine.config import EngineConfig, EngineReady, EventRetention, RankConfig, RankLink
 from bsr_cli.engine.ranks import ProcessRank
 from bsr_cli.runtime import event_store, failure_log
-from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
+from bsr_cli.runtime.coordinator import Coordinator
 from bsr_cli.runtime.events import EventLog
 from bsr_cli.server import admin as admin_server
 from bsr_cli.server.admin import AdminServer
@@ -45,14 +45,14 @@ REQUEST_PREFIX = "req-"
 STOP_ANNOUNCE_S = 1.0  # the coordinator's request ids: req-00001, req-00002, ...
 
 
-def open_events(state: Path, cfg: dict[str, Any], log: logging.Logger | None = None) -> EventLog:
+def open_events(state: Path, cfg: EngineConfig, log: logging.Logger | None = None) -> EventLog:
     """The engine's event log over its durable store in ``state`` (retention from engine.json's ``events``), with
     the start recorded as an event: whether an earlier engine wrote here, how it stopped, the faults it lost."""
-    opts = cfg.get("events") or {}
+    retention = cfg.events or EventRetention(event_store.DEFAULT_MAX_AGE_S, event_store.DEFAULT_MAX_BYTES)
     store = event_store.EventStore(
         state / event_store.FILE_NAME,
-        max_age_s=float(opts.get("max_age_s", event_store.DEFAULT_MAX_AGE_S)),
-        max_bytes=int(opts.get("max_bytes", event_store.DEFAULT_MAX_BYTES)),
+        max_age_s=float(retention.max_age_s),
+        max_bytes=int(retention.max_bytes),
         on_error=(lambda why: failure_log.log_failure(log, why, component="event-store")) if log else None,
     )
     prev = store.previous
@@ -98,10 +98,10 @@ def _last_request_number(store: event_store.EventStore) -> int:
 
 
 def build(
-    cfg: dict[str, Any], events: EventLog | None = None, log_dir: Path | None = None
+    cfg: EngineConfig, events: EventLog | None = None, log_dir: Path | None = None
 ) -> tuple[Coordinator, list[ProcessRank], Callable[[int], ProcessRank]]:
-    reg = Registration.from_dict(cfg["registration"])
-    settings = EngineSettings(**cfg["settings"])
+    reg = cfg.registration
+    settings = cfg.settings
     # The same bounds `bsr engine up` and POST /settings apply: a hand-edited engine.json cannot start a broken engine.
     limits.check_engine_settings(
         reg,
@@ -123,32 +123,34 @@ def build(
             coord.on_rank_event(ev)
 
     blocks = {g.name: -(-settings.kv_tokens // g.block_size) for g in reg.groups}
-    hosts = cfg.get("hosts")
-    topo = netns.Topology.from_dict(hosts["topology"]) if hosts else None
+    hosts = cfg.hosts
 
     def start_rank(r: int) -> ProcessRank:
         coord = holder.get("c")
         now = coord.settings if coord is not None else settings  # a restarted rank gets today's B and fs load
-        rank_cfg = {
-            "rank": r,
-            "registration": reg.to_dict(),
-            "blocks": blocks,
-            "pool_bytes": now.pool_bytes,
-            "budget_bytes": now.budget_bytes,
-            "mooncake": cfg.get("mooncake"),
-            "fs_dir": cfg["fs_dir"],
-            "fs_concurrency": now.fs_concurrency,
-            "log_dir": str(log_dir) if log_dir is not None else None,
-        }
-        if topo is not None and hosts is not None:
+        rank_cfg = RankConfig(
+            rank=r,
+            registration=reg,
+            blocks=blocks,
+            pool_bytes=now.pool_bytes,
+            budget_bytes=now.budget_bytes,
+            mooncake=cfg.mooncake,
+            fs_dir=cfg.fs_dir,
+            fs_concurrency=now.fs_concurrency,
+            log_dir=str(log_dir) if log_dir is not None else None,
+        )
+        if hosts is not None:
             # A multi-host engine: the rank runs in its own namespace and, when a fetch fails, checks its links.
-            node = netns.rank_node(r)
-            rank_cfg["netns"] = topo.netns(node)
-            rank_cfg["address"] = topo.address(node)
-            rank_cfg["links"] = [
-                {"link": topo.link(node, peer).name, "peer": peer, "address": hosts["endpoints"][peer]}
-                for peer in (netns.MASTER, netns.HOLDER)
-            ]
+            topo, node = hosts.topology, netns.rank_node(r)
+            rank_cfg = replace(
+                rank_cfg,
+                netns=topo.netns(node),
+                address=topo.address(node),
+                links=tuple(
+                    RankLink(topo.link(node, peer).name, peer, hosts.endpoint(peer))
+                    for peer in (netns.MASTER, netns.HOLDER)
+                ),
+            )
         return ProcessRank(r, rank_cfg, on_event)
 
     ranks: list[ProcessRank] = []
@@ -169,7 +171,7 @@ def build(
 def main(argv: list[str]) -> int:
     os.umask(0o077)  # logs, state and the filesystem tier's objects (prompts' KV) are owner-only
     state = Path(argv[0])
-    cfg = json.loads((state / "engine.json").read_text())
+    cfg = EngineConfig.from_wire(json.loads((state / "engine.json").read_text()))
     token = (state / "token").read_text().strip()
     log = failure_log.open_log(state / "logs" / "bsr-engine.log", "engine")
     events = open_events(state, cfg, log)
@@ -181,42 +183,36 @@ def main(argv: list[str]) -> int:
         events.append(EngineStopped(reason="start-up failed"))
         events.close()
         raise
-    base = {k: cfg["settings"].get(k) for k in ("w", "budget_bytes", "fs_concurrency")}
+    base = lifecycle.KeptSettings(cfg.settings.w, cfg.settings.budget_bytes, cfg.settings.fs_concurrency)
     restored = lifecycle.restore(state, coord, base)
-    for line in restored["lines"]:
+    for line in restored.lines:
         print(f"bsr engine: {line}", flush=True)
     keeper = lifecycle.Keeper(state, coord, base)
     keeper.save()
     done = threading.Event()
-    limits_cfg = cfg.get("admin") or {}
+    limit = cfg.admin.limit
     admin = AdminServer(
         coord,
         token=token,
-        host=cfg.get("host", "127.0.0.1"),
-        port=int(cfg.get("port", 0)),
+        host=cfg.host,
+        port=cfg.port,
         on_shutdown=done.set,
-        max_connections=int(limits_cfg.get("max_connections", admin_server.MAX_CONNECTIONS)),
-        request_deadline_s=float(limits_cfg.get("request_deadline_s", admin_server.REQUEST_DEADLINE_S)),
-        idle_timeout_s=float(limits_cfg.get("idle_timeout_s", admin_server.IDLE_TIMEOUT_S)),
-        head_deadline_s=float(limits_cfg.get("head_deadline_s", admin_server.HEAD_DEADLINE_S)),
-        max_anonymous=int(limits_cfg.get("max_anonymous", admin_server.MAX_ANONYMOUS)),
-        max_waiting=int(limits_cfg.get("max_waiting", admin_server.MAX_WAITING)),
-        max_waiting_per_client=int(limits_cfg.get("max_waiting_per_client", admin_server.MAX_WAITING_PER_CLIENT)),
-        allowed_hosts=[str(h) for h in limits_cfg.get("allowed_hosts", ())],
-        open_metrics=bool(limits_cfg.get("open_metrics", False)),
+        max_connections=int(limit("max_connections", admin_server.MAX_CONNECTIONS)),
+        request_deadline_s=float(limit("request_deadline_s", admin_server.REQUEST_DEADLINE_S)),
+        idle_timeout_s=float(limit("idle_timeout_s", admin_server.IDLE_TIMEOUT_S)),
+        head_deadline_s=float(limit("head_deadline_s", admin_server.HEAD_DEADLINE_S)),
+        max_anonymous=int(limit("max_anonymous", admin_server.MAX_ANONYMOUS)),
+        max_waiting=int(limit("max_waiting", admin_server.MAX_WAITING)),
+        max_waiting_per_client=int(limit("max_waiting_per_client", admin_server.MAX_WAITING_PER_CLIENT)),
+        allowed_hosts=list(cfg.admin.allowed_hosts),
+        open_metrics=cfg.admin.open_metrics,
     )
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     admin.start()
-    ready = {
-        "url": admin.url,
-        "pid": os.getpid(),
-        "ranks": [{"rank": r.rank, "pid": r.pid, **r.info} for r in ranks],
-        "started_at": time.time(),
-        "restored": restored,
-    }
+    ready = EngineReady(admin.url, os.getpid(), tuple(r.info for r in ranks), time.time(), restored)
     tmp = state / "ready.json.tmp"
-    tmp.write_text(json.dumps(ready, indent=1))
+    tmp.write_text(json.dumps(ready.to_wire(), indent=1))
     tmp.replace(state / "ready.json")
     print(f"bsr engine serving {admin.url} with {len(ranks)} ranks", flush=True)
 
@@ -242,8 +238,8 @@ def main(argv: list[str]) -> int:
     stopped = lifecycle.stop_services(state)
     if stopped:
         print(f"bsr engine: stopped {', '.join(stopped)}", flush=True)
-    if cfg.get("hosts"):
-        removed = netns.destroy(netns.Topology.from_dict(cfg["hosts"]["topology"]).prefix)
+    if cfg.hosts is not None:
+        removed = netns.destroy(cfg.hosts.topology.prefix)
         print(f"bsr engine: removed network namespaces {', '.join(removed) or 'none'}", flush=True)
     events.close()
     failure_log.close_log(log)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import secrets
@@ -18,18 +19,28 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bsr_cli.client.local_engine import read_json as _read_json
 from bsr_cli.client.local_engine import read_state
 from bsr_cli.core import accounting, limits
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import netns
+from bsr_cli.engine.config import (
+    AdminConfig,
+    EngineConfig,
+    EngineReady,
+    EventRetention,
+    MooncakeEndpoints,
+    Restored,
+    StoreHosts,
+)
 from bsr_cli.errors import CapacityError, InvalidInput, ServiceError
 from bsr_cli.mooncake import services
+from bsr_cli.runtime.coordinator_state import EngineSettings
 
 SERVER_START_TIMEOUT_S = 240.0
 PRIVATE_UMASK = 0o077
@@ -82,7 +93,7 @@ class EngineOptions:
     # A bandwidth cap on every link between those namespaces (bits/s; `tc tbf`), None for none.
     link_rate_bps: int | None = None
 
-    def resolved(self) -> dict[str, Any]:
+    def resolved(self) -> ResolvedSettings:
         reg = self.registration
         rws = accounting.rws_bytes(reg, self.w) if self.w else reg.bytes_per_chunk
         # Default pool: room for two windows, so a larger budget can overlap fetch and install.
@@ -114,20 +125,38 @@ class EngineOptions:
                 hint="lower --max-tokens / --kv-tokens / --segment / --pool (2·RWS(W) by default, so --W too), "
                 "or use a smaller registration",
             )
-        return {
-            "w": self.w,
-            "pool_bytes": pool,
-            "budget_bytes": budget,
-            "max_tokens": self.max_tokens,
-            "kv_tokens": kv,
-            "segment_bytes": segment,
-            "faults_enabled": self.faults_enabled,
-            "fs_concurrency": self.fs_concurrency,
-            "fetch_timeout_s": self.fetch_timeout_s,
-            "kv_wait_s": self.kv_wait_s,
-            "event_retention_s": self.event_retention_s,
-            "event_store_bytes": self.event_store_bytes,
-        }
+        return ResolvedSettings(
+            w=self.w,
+            pool_bytes=pool,
+            budget_bytes=budget,
+            max_tokens=self.max_tokens,
+            kv_tokens=kv,
+            segment_bytes=segment,
+            faults_enabled=self.faults_enabled,
+            fs_concurrency=self.fs_concurrency,
+            fetch_timeout_s=self.fetch_timeout_s,
+            kv_wait_s=self.kv_wait_s,
+            event_retention_s=self.event_retention_s,
+            event_store_bytes=self.event_store_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedSettings:
+    """An engine's settings with every default filled in and checked (`EngineOptions.resolved`)."""
+
+    w: int
+    pool_bytes: int
+    budget_bytes: int
+    max_tokens: int
+    kv_tokens: int
+    segment_bytes: int
+    faults_enabled: bool
+    fs_concurrency: int
+    fetch_timeout_s: float
+    kv_wait_s: float
+    event_retention_s: float
+    event_store_bytes: int
 
 
 def _check_kv_wait(seconds: float) -> None:
@@ -181,9 +210,201 @@ def _locked(state: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+# -- state.json ----------------------------------------------------------------------------------------------------
+# The record of a running engine. Its layout (keys, their order, which are absent) stays as it is: an engine started
+# by an older bsr is still found, reported and stopped, and a newer one by an older bsr.
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    """A service process of the engine (the engine process itself, the Mooncake master, the segment holder)."""
+
+    pid: int
+    start_ticks: int | None
+    log: str | None = None
+    urls: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """A rank process; ``restarts`` once the engine has restarted it."""
+
+    rank: int
+    pid: int  # 0: a rank recorded before its process started
+    start_ticks: int | None
+    device: str | None = None
+    restarts: int | None = None
+
+
+@dataclass(frozen=True)
+class RecordedOptions:
+    """What decides an engine's behaviour, as recorded in state.json: compared when `up` finds one running."""
+
+    settings: ResolvedSettings
+    registration: str
+    host: str
+    port: int
+    remote: bool
+    allowed_hosts: tuple[str, ...]
+    open_metrics: bool
+    hosts: str
+    link_rate_bps: int | None
+
+    @classmethod
+    def of(cls, opts: EngineOptions, settings: ResolvedSettings) -> RecordedOptions:
+        return cls(
+            settings,
+            opts.registration.identity,
+            opts.host,
+            opts.port,
+            opts.remote,
+            tuple(sorted(opts.allowed_hosts)),
+            opts.open_metrics,
+            opts.hosts,
+            opts.link_rate_bps,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self.settings) | {
+            "registration": self.registration,
+            "host": self.host,
+            "port": self.port,
+            "remote": self.remote,
+            "allowed_hosts": list(self.allowed_hosts),
+            "open_metrics": self.open_metrics,
+            "hosts": self.hosts,
+            "link_rate_bps": self.link_rate_bps,
+        }
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """state.json. ``restored`` and what follows it are absent until the engine serves."""
+
+    admin_url: str = ""
+    services: dict[str, ServiceRecord] = field(default_factory=dict)
+    ranks: tuple[RankRecord, ...] = ()
+    started_at: float | None = None
+    netns: netns.Topology | None = None
+    restored: Restored | None = None
+    settings: ResolvedSettings | None = None
+    options: RecordedOptions | None = None
+    registration_identity: str | None = None
+    logs: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        services = {
+            name: {"pid": svc.pid, "start_ticks": svc.start_ticks}
+            | ({"urls": svc.urls} if svc.urls is not None else {})
+            | ({"log": svc.log} if svc.log is not None else {})
+            for name, svc in self.services.items()
+        }
+        ranks = [
+            {"pid": r.pid, "start_ticks": r.start_ticks, "rank": r.rank, "device": r.device}
+            | ({"restarts": r.restarts} if r.restarts is not None else {})
+            for r in self.ranks
+        ]
+        return (
+            {"services": services, "ranks": ranks}
+            | ({"started_at": self.started_at} if self.started_at is not None else {})
+            | ({"netns": self.netns.to_dict()} if self.netns is not None else {})
+            | ({"restored": asdict(self.restored)} if self.restored is not None else {})
+            | {"admin_url": self.admin_url}
+            | ({"settings": asdict(self.settings)} if self.settings is not None else {})
+            | ({"options": self.options.to_wire()} if self.options is not None else {})
+            | ({"registration_identity": self.registration_identity} if self.registration_identity else {})
+            | ({"logs": self.logs} if self.logs is not None else {})
+        )
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> EngineRecord:
+        """A state file as any bsr wrote it; parts it lacks, or an older bsr wrote otherwise, read as absent."""
+        topo = d.get("netns")
+        restored = d.get("restored")
+        started = d.get("started_at")
+
+        # The settings and options as this bsr records them (an older bsr's that differ read as absent).
+        s, o = d.get("settings") or {}, d.get("options") or {}
+        names = [f.name for f in fields(ResolvedSettings)]
+        settings = _parsed(lambda: ResolvedSettings(**{k: s[k] for k in names}))
+        options = _parsed(
+            lambda: RecordedOptions(
+                ResolvedSettings(**{k: o[k] for k in names}),
+                str(o["registration"]),
+                str(o["host"]),
+                int(o["port"]),
+                bool(o["remote"]),
+                tuple(str(h) for h in o["allowed_hosts"]),
+                bool(o["open_metrics"]),
+                str(o["hosts"]),
+                None if o["link_rate_bps"] is None else int(o["link_rate_bps"]),
+            )
+        )
+        return cls(
+            admin_url=str(d.get("admin_url") or ""),
+            services={
+                str(n): ServiceRecord(
+                    int(svc["pid"]),
+                    _ticks(svc.get("start_ticks")),
+                    None if svc.get("log") is None else str(svc["log"]),
+                    None if svc.get("urls") is None else {str(k): str(v) for k, v in dict(svc["urls"]).items()},
+                )
+                for n, svc in (d.get("services") or {}).items()
+            },
+            ranks=tuple(
+                RankRecord(
+                    int(r["rank"]),
+                    int(r.get("pid") or 0),
+                    _ticks(r.get("start_ticks")),
+                    None if r.get("device") is None else str(r["device"]),
+                    None if r.get("restarts") is None else int(r["restarts"]),
+                )
+                for r in d.get("ranks") or []
+            ),
+            started_at=None if started is None else float(started),
+            netns=netns.Topology.from_dict(topo) if topo else None,
+            restored=None if restored is None else Restored.from_wire(restored),
+            settings=settings,
+            options=options,
+            registration_identity=None if d.get("registration_identity") is None else str(d["registration_identity"]),
+            logs=None if d.get("logs") is None else str(d["logs"]),
+        )
+
+    def processes(self) -> list[tuple[str, int, int | None]]:
+        """(name, pid, start ticks) of every process recorded. The start ticks make a pid that the kernel handed to
+        another process after ours died read as dead, and keep `down` from signalling it."""
+        out = [(name, svc.pid, svc.start_ticks) for name, svc in self.services.items()]
+        return out + [(f"rank{r.rank}", r.pid, r.start_ticks) for r in self.ranks if r.pid]
+
+
+T = TypeVar("T")
+
+
+def _parsed(parse: Callable[[], T]) -> T | None:
+    """``parse()``, or None when what it reads is absent or not in the form this bsr records (an older bsr's)."""
+    try:
+        return parse()
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _ticks(value: object) -> int | None:
+    return None if value is None else int(str(value))
+
+
+def read_record(state: Path) -> EngineRecord | None:
+    """The engine's state record, or None when no engine was started in ``state``."""
+    st = read_state(state)
+    return None if st is None else EngineRecord.from_wire(st)
+
+
+def _write_record(state: Path, record: EngineRecord) -> None:
+    _write_json(state / "state.json", record)
+
+
+def _write_json(path: Path, doc: EngineRecord | EngineConfig) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    tmp.write_text(json.dumps(doc.to_wire(), indent=1))
     tmp.replace(path)
 
 
@@ -195,93 +416,130 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _processes(st: dict[str, Any]) -> list[tuple[str, int, int | None]]:
-    """(name, pid, start ticks) of every process the state file records. The start ticks make a pid that the
-    kernel handed to another process after ours died read as dead, and keep `down` from signalling it."""
-
-    def ticks(rec: dict[str, Any]) -> int | None:
-        return None if rec.get("start_ticks") is None else int(rec["start_ticks"])
-
-    out = [(name, int(svc["pid"]), ticks(svc)) for name, svc in st.get("services", {}).items()]
-    out += [(f"rank{r['rank']}", int(r["pid"]), ticks(r)) for r in st.get("ranks", []) if r.get("pid")]
-    return out
+# -- `bsr engine status | up | down` ---------------------------------------------------------------------------
 
 
-def _record(pid: int, **fields: Any) -> dict[str, Any]:
-    return {"pid": pid, "start_ticks": services.start_ticks(pid)} | fields
+@dataclass(frozen=True)
+class ProcessState:
+    name: str
+    pid: int
+    alive: bool
+    restarts: int = 0  # how often the engine restarted it (a rank)
 
 
-def status(state: Path) -> dict[str, Any]:
-    st = read_state(state)
-    if st is None:
-        return {
-            "state_dir": str(state),
-            "running": False,
-            "healthy": False,
-            "processes": [],
-            "listening": [],
-            "exposed": [],
-        }
-    found = _processes(st)
-    restarts = {f"rank{r['rank']}": int(r.get("restarts") or 0) for r in st.get("ranks", [])}
-    procs: list[dict[str, Any]] = []
-    for n, p, t in found:
-        proc: dict[str, Any] = {"name": n, "pid": p, "alive": services.is_alive(p, t)}
-        if restarts.get(n):
-            proc["restarts"] = restarts[n]
-        procs.append(proc)
-    healthy = all(p["alive"] for p in procs) and _http_ok(st["admin_url"] + "/bsr/v1/health")
+@dataclass(frozen=True)
+class EngineHosts:
+    """Where the engine's parts run: all on loopback (no topology), or in network namespaces joined by links."""
+
+    topology: netns.Topology | None = None
+    links: tuple[netns.LinkState, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """`bsr engine status` (and `up`, which adds how the start went). With no engine recorded in the state
+    directory only ``state_dir`` and the empty lists say anything."""
+
+    state_dir: str
+    running: bool = False
+    healthy: bool = False
+    processes: tuple[ProcessState, ...] = ()
+    listening: tuple[services.ListeningSocket, ...] = ()
+    record: EngineRecord | None = None  # None: no engine recorded
+    hosts: EngineHosts = field(default_factory=EngineHosts)
+    # From `up`: whether it found the engine already running, the token file and the restored state's lines.
+    already_running: bool | None = None
+    token_file: str | None = None
+    restored: tuple[str, ...] | None = None
+
+    @property
+    def exposed(self) -> list[services.ListeningSocket]:
+        return [s for s in self.listening if s.exposed]
+
+    @property
+    def admin_url(self) -> str:
+        return self.record.admin_url if self.record is not None else ""
+
+    def to_wire(self) -> dict[str, Any]:
+        procs = [
+            {"name": p.name, "pid": p.pid, "alive": p.alive} | ({"restarts": p.restarts} if p.restarts else {})
+            for p in self.processes
+        ]
+        listening = [asdict(s) for s in self.listening]
+        exposed = [asdict(s) for s in self.exposed]
+        topo = self.hosts.topology
+        hosts = (
+            {"mode": "local"}
+            if topo is None
+            else {
+                "mode": netns.MODE,
+                "namespaces": [topo.netns(n) for n in topo.nodes],
+                "link_rate_bps": topo.rate_bps,
+                "links": [
+                    {"link": lk.link, "state": "up" if lk.up else "down"}
+                    | ({"down_at": list(lk.down_at)} if lk.down_at else {})
+                    for lk in self.hosts.links
+                ],
+            }
+        )
+        rec = self.record
+        if rec is None:
+            out = {"state_dir": self.state_dir, "running": self.running, "healthy": self.healthy}
+            out |= {"processes": procs, "listening": listening, "exposed": exposed}
+        else:
+            out = {"state_dir": self.state_dir, "running": self.running, "hosts": hosts}
+            out |= {"healthy": self.healthy, "admin_url": rec.admin_url, "processes": procs}
+            out |= {
+                "started_at": rec.started_at,
+                "settings": None if rec.settings is None else asdict(rec.settings),
+                "registration": rec.registration_identity,
+                "logs": rec.logs,
+                "listening": listening,
+                "exposed": exposed,
+            }
+        if self.already_running is not None:
+            out["already_running"] = self.already_running
+        if self.token_file is not None:
+            out["token_file"] = self.token_file
+        if self.restored is not None:
+            out["restored"] = list(self.restored)
+        return out
+
+
+def status(state: Path) -> EngineStatus:
+    rec = read_record(state)
+    if rec is None:
+        return EngineStatus(str(state))
+    found = rec.processes()
+    restarts = {f"rank{r.rank}": r.restarts or 0 for r in rec.ranks}
+    procs = tuple(ProcessState(n, p, services.is_alive(p, t), restarts.get(n, 0)) for n, p, t in found)
+    healthy = all(p.alive for p in procs) and _http_ok(rec.admin_url + "/bsr/v1/health")
     listening = services.listening_sockets((n, p) for n, p, t in found if services.is_alive(p, t))
-    hosts: dict[str, Any] = {"mode": "local"}
-    if st.get("netns"):
-        topo = netns.Topology.from_dict(st["netns"])
-        hosts = {
-            "mode": netns.MODE,
-            "namespaces": [topo.netns(n) for n in topo.nodes],
-            "link_rate_bps": topo.rate_bps,
-            "links": netns.link_states(topo),
-        }
-    return {
-        "state_dir": str(state),
-        "running": any(p["alive"] for p in procs),
-        "hosts": hosts,
-        "healthy": healthy,
-        "admin_url": st["admin_url"],
-        "processes": procs,
-        "started_at": st.get("started_at"),
-        "settings": st.get("settings"),
-        "registration": st.get("registration_identity"),
-        "logs": st.get("logs"),
-        "listening": listening,
-        "exposed": [d for d in listening if d["exposed"]],
-    }
+    hosts = EngineHosts()
+    if rec.netns is not None:
+        hosts = EngineHosts(rec.netns, tuple(netns.link_states(rec.netns)))
+    return EngineStatus(
+        str(state),
+        running=any(p.alive for p in procs),
+        healthy=healthy,
+        processes=procs,
+        listening=tuple(listening),
+        record=rec,
+        hosts=hosts,
+    )
 
 
 def record_rank(state: Path, rank: int, pid: int, restarts: int) -> None:
     """The engine restarted ``rank`` as ``pid``: record it so `status` and `down` know the new process."""
     with _locked(state):
-        st = read_state(state)
-        if st is None:
+        rec = read_record(state)
+        if rec is None:
             return
-        for rec in st.get("ranks", []):
-            if rec.get("rank") == rank:
-                rec.update(_record(pid, rank=rank, device=rec.get("device"), restarts=restarts))
-        _write_json(state / "state.json", st)
-
-
-def _options_record(opts: EngineOptions, settings: dict[str, Any]) -> dict[str, Any]:
-    """What decides an engine's behaviour, as recorded in state.json: compared when `up` finds one running."""
-    return {
-        **settings,
-        "registration": opts.registration.identity,
-        "host": opts.host,
-        "port": opts.port,
-        "remote": opts.remote,
-        "allowed_hosts": sorted(opts.allowed_hosts),
-        "open_metrics": opts.open_metrics,
-        "hosts": opts.hosts,
-        "link_rate_bps": opts.link_rate_bps,
-    }
+        ranks = tuple(
+            RankRecord(rank, pid, services.start_ticks(pid), r.device, restarts) if r.rank == rank else r
+            for r in rec.ranks
+        )
+        _write_record(state, replace(rec, ranks=ranks))
 
 
 def _hosts_check(opts: EngineOptions) -> None:
@@ -298,12 +556,13 @@ def _hosts_check(opts: EngineOptions) -> None:
         raise InvalidInput("--link-rate caps the links between hosts: it needs --hosts netns")
 
 
-def _differences(running: dict[str, Any] | None, wanted: dict[str, Any]) -> list[str]:
+def _differences(running: RecordedOptions | None, wanted: RecordedOptions) -> list[str]:
     if running is None:
         return ["the running engine recorded no options (started by an older bsr)"]
+    have_all = running.to_wire()
     out = []
-    for key, want in wanted.items():
-        have = running.get(key)
+    for key, want in wanted.to_wire().items():
+        have = have_all.get(key)
         if key == "port" and want == 0:
             continue  # 0 asks for any free port: whatever it got matches
         if have != want:
@@ -311,51 +570,66 @@ def _differences(running: dict[str, Any] | None, wanted: dict[str, Any]) -> list
     return out
 
 
-def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> dict[str, Any]:
+def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> EngineStatus:
     """Start the engine in ``state``. A healthy engine started with the same options is reported, not restarted;
     one started with different options is refused (it would silently keep its old ones) unless ``restart``."""
     settings = opts.resolved()
     _hosts_check(opts)
-    wanted = _options_record(opts, settings)
+    wanted = RecordedOptions.of(opts, settings)
     with _private(), _locked(state):
         make_private(state)
         current = status(state)
-        if current["healthy"]:
-            diff = _differences((read_state(state) or {}).get("options"), wanted)
+        if current.healthy:
+            diff = _differences(current.record.options if current.record else None, wanted)
             if not diff:
-                return current | {"already_running": True}
+                return replace(current, already_running=True)
             if not restart:
                 raise InvalidInput(
                     f"an engine is already running in {state} with other options: {'; '.join(diff)}",
                     hint="add --restart to stop it and start one with these options, or `bsr engine down` first",
                 )
-        if current["running"] or read_state(state):
+        if current.running or read_state(state):
             _down_locked(state)
         logs = state / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         token_path = _write_token(state)
-        st: dict[str, Any] = {"services": {}, "ranks": [], "started_at": time.time()}
+        rec = EngineRecord(started_at=time.time())
+        starting = _Starting(state, rec)
         try:
-            mooncake, hosts = _start_store(state, opts, settings, st, logs)
+            mooncake, hosts = _start_store(state, opts, settings, starting, logs)
             _write_json(state / "engine.json", _engine_config(state, opts, settings, mooncake, hosts))
-            ready = _start_engine_process(state, st, logs)
-            st["ranks"] = [_record(r["pid"], rank=r["rank"], device=r.get("device")) for r in ready["ranks"]]
-            st["restored"] = ready.get("restored") or {}
-            st["admin_url"] = ready["url"]
-            st["settings"] = settings
-            st["options"] = wanted
-            st["registration_identity"] = opts.registration.identity
-            st["logs"] = str(logs)
-            _write_json(state / "state.json", st)
+            ready = _start_engine_process(state, starting, logs)
+            restored = ready.restored or Restored()
+            starting.record = replace(
+                starting.record,
+                ranks=tuple(RankRecord(r.rank, r.pid, services.start_ticks(r.pid), r.device) for r in ready.ranks),
+                restored=restored,
+                admin_url=ready.url,
+                settings=settings,
+                options=wanted,
+                registration_identity=opts.registration.identity,
+                logs=str(logs),
+            )
+            _write_record(state, starting.record)
         except BaseException:
-            _write_json(state / "state.json", st | {"admin_url": st.get("admin_url", "")})
+            _write_record(state, starting.record)
             _down_locked(state)
             raise
-        return status(state) | {
-            "already_running": False,
-            "token_file": str(token_path),
-            "restored": (ready.get("restored") or {}).get("lines") or [],
-        }
+        return replace(status(state), already_running=False, token_file=str(token_path), restored=restored.lines)
+
+
+class _Starting:
+    """The record of an engine being started, written after each part starts so a failed start stops it."""
+
+    def __init__(self, state: Path, record: EngineRecord) -> None:
+        self.state, self.record = state, record
+
+    def add(self, **changes: Any) -> None:
+        self.record = replace(self.record, **changes)
+        _write_record(self.state, self.record)
+
+    def add_service(self, name: str, service: ServiceRecord) -> None:
+        self.add(services=self.record.services | {name: service})
 
 
 def _write_token(state: Path) -> Path:
@@ -367,83 +641,90 @@ def _write_token(state: Path) -> Path:
     return token_path
 
 
+def _in_place(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Where a Mooncake service runs: its address, and how to start and probe it there (a multi-host engine's
+    service in its own network namespace; by default here, on loopback)."""
+
+    host: str = services.LOOPBACK
+    exec_prefix: tuple[str, ...] = ()
+    probe_in: services.ProbeIn = _in_place
+
+
 def _start_store(
-    state: Path, opts: EngineOptions, settings: dict[str, Any], st: dict[str, Any], logs: Path
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    state: Path, opts: EngineOptions, settings: ResolvedSettings, starting: _Starting, logs: Path
+) -> tuple[MooncakeEndpoints | None, StoreHosts | None]:
     """The network namespaces (with --hosts netns), then the Mooncake master and segment holder (unless
-    --no-remote), each recorded in ``st`` as it starts so a failed start stops it. Returns the engine's Mooncake
-    endpoints and, with --hosts netns, its hosts."""
-    placed: dict[str, dict[str, Any]] = {"master": {}, "holder": {}}
+    --no-remote), each recorded as it starts so a failed start stops it. Returns the engine's Mooncake endpoints and,
+    with --hosts netns, its hosts."""
+    placed = {netns.MASTER: _Placement(), netns.HOLDER: _Placement()}
+    topo: netns.Topology | None = None
     if opts.hosts == netns.MODE:
         topo = netns.Topology.plan(netns.prefix_for(state), opts.registration.tp_size, opts.link_rate_bps)
-        st["netns"] = topo.to_dict()  # recorded first: `down` removes it even if the start fails below
-        _write_json(state / "state.json", st | {"admin_url": ""})
+        starting.add(netns=topo)  # recorded first: `down` removes it even if the start fails below
         netns.create(topo)
         for node in (netns.MASTER, netns.HOLDER):
             ns = topo.netns(node)
-            placed[node] = {
-                "host": topo.address(node),
-                "exec_prefix": netns.exec_argv(ns),
-                "probe_in": lambda fn, ns=ns: netns.call_in(ns, fn),
-            }
+            placed[node] = _Placement(
+                topo.address(node), tuple(netns.exec_argv(ns)), functools.partial(netns.call_in, ns)
+            )
     if not opts.remote:
         return None, None
-    master = services.start_master(logs, **placed["master"])
-    st["services"]["mooncake_master"] = _record(master.pid, urls=master.urls, log=master.log_path)
-    _write_json(state / "state.json", st | {"admin_url": ""})
-    seg = services.start_segment_holder(logs, master, settings["segment_bytes"], **placed["holder"])
-    st["services"]["segment_holder"] = _record(seg.pid, urls=seg.urls, log=seg.log_path)
-    mooncake = {
-        "master_address": master.rpc_address,
-        "metadata_url": master.metadata_url,
-        "health_url": master.health_url,
-        "admin_url": master.admin_url,
-    }
+    pm, ph = placed[netns.MASTER], placed[netns.HOLDER]
+    master = services.start_master(logs, host=pm.host, exec_prefix=pm.exec_prefix, probe_in=pm.probe_in)
+    starting.add_service(
+        "mooncake_master", ServiceRecord(master.pid, services.start_ticks(master.pid), master.log_path, master.urls)
+    )
+    seg = services.start_segment_holder(
+        logs, master, settings.segment_bytes, host=ph.host, exec_prefix=ph.exec_prefix, probe_in=ph.probe_in
+    )
+    starting.add_service(
+        "segment_holder", ServiceRecord(seg.pid, services.start_ticks(seg.pid), seg.log_path, seg.urls)
+    )
+    mooncake = MooncakeEndpoints(master.rpc_address, master.metadata_url, master.health_url, master.admin_url)
     hosts = None
-    if "netns" in st:
-        holder = f"{placed['holder']['host']}:{seg.ports['service']}"
-        hosts = {"topology": st["netns"], "endpoints": {"master": master.rpc_address, "holder": holder}}
+    if topo is not None:
+        hosts = StoreHosts(topo, master.rpc_address, f"{ph.host}:{seg.ports['service']}")
     return mooncake, hosts
-
-
-# The resolved settings the engine process runs with (engine.json's "settings": the runtime's EngineSettings).
-_ENGINE_SETTINGS = (
-    "w",
-    "pool_bytes",
-    "budget_bytes",
-    "max_tokens",
-    "kv_tokens",
-    "faults_enabled",
-    "fs_concurrency",
-    "fetch_timeout_s",
-    "kv_wait_s",
-)
 
 
 def _engine_config(
     state: Path,
     opts: EngineOptions,
-    settings: dict[str, Any],
-    mooncake: dict[str, Any] | None,
-    hosts: dict[str, Any] | None,
-) -> dict[str, Any]:
+    settings: ResolvedSettings,
+    mooncake: MooncakeEndpoints | None,
+    hosts: StoreHosts | None,
+) -> EngineConfig:
     """engine.json: everything the engine process (bsr_cli.engine.server) is built from."""
-    return {
-        "registration": opts.registration.to_dict(),
-        "settings": {k: settings[k] for k in _ENGINE_SETTINGS}
-        | {"tiers": ("mooncake", "fs") if opts.remote else ("fs",)},
-        "mooncake": mooncake,
-        "hosts": hosts,
-        "fs_dir": str(state / "fs-tier"),
-        "host": opts.host,
-        "port": opts.port,
-        "admin": (opts.admin_limits or {})
-        | {"allowed_hosts": sorted(opts.allowed_hosts), "open_metrics": opts.open_metrics},
-        "events": {"max_age_s": settings["event_retention_s"], "max_bytes": settings["event_store_bytes"]},
-    }
+    return EngineConfig(
+        registration=opts.registration,
+        settings=EngineSettings(
+            w=settings.w,
+            pool_bytes=settings.pool_bytes,
+            budget_bytes=settings.budget_bytes,
+            max_tokens=settings.max_tokens,
+            kv_tokens=settings.kv_tokens,
+            faults_enabled=settings.faults_enabled,
+            fs_concurrency=settings.fs_concurrency,
+            fetch_timeout_s=settings.fetch_timeout_s,
+            kv_wait_s=settings.kv_wait_s,
+            tiers=("mooncake", "fs") if opts.remote else ("fs",),
+        ),
+        mooncake=mooncake,
+        hosts=hosts,
+        fs_dir=str(state / "fs-tier"),
+        host=opts.host,
+        port=opts.port,
+        admin=AdminConfig(dict(opts.admin_limits or {}), tuple(sorted(opts.allowed_hosts)), opts.open_metrics),
+        events=EventRetention(settings.event_retention_s, settings.event_store_bytes),
+    )
 
 
-def _start_engine_process(state: Path, st: dict[str, Any], logs: Path) -> dict[str, Any]:
+def _start_engine_process(state: Path, starting: _Starting, logs: Path) -> EngineReady:
     """Start the engine process in a session of its own (it outlives the CLI) and wait until it serves."""
     (state / "ready.json").unlink(missing_ok=True)
     log_path = logs / "engine.log"
@@ -457,12 +738,11 @@ def _start_engine_process(state: Path, st: dict[str, Any], logs: Path) -> dict[s
             close_fds=True,
             umask=PRIVATE_UMASK,
         )
-    st["services"]["engine"] = _record(proc.pid, log=str(log_path))
-    _write_json(state / "state.json", st | {"admin_url": ""})
+    starting.add_service("engine", ServiceRecord(proc.pid, services.start_ticks(proc.pid), str(log_path)))
     return _wait_ready(state, proc, log_path)
 
 
-def _wait_ready(state: Path, proc: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
+def _wait_ready(state: Path, proc: subprocess.Popen[bytes], log_path: Path) -> EngineReady:
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while time.monotonic() < deadline:
         code = proc.poll()
@@ -474,31 +754,50 @@ def _wait_ready(state: Path, proc: subprocess.Popen[bytes], log_path: Path) -> d
             )
         ready = _read_json(state / "ready.json")
         if ready and _http_ok(ready["url"] + "/bsr/v1/health"):
-            return ready
+            return EngineReady.from_wire(ready)
         time.sleep(0.2)
     raise ServiceError(f"the engine did not come up within {SERVER_START_TIMEOUT_S:.0f}s", hint=f"see {log_path}")
 
 
-def down(state: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StoppedEngine:
+    """`bsr engine down`: what it stopped, and the network namespaces it removed."""
+
+    state_dir: str
+    stopped: tuple[tuple[str, int], ...] = ()  # (name, pid)
+    removed_netns: tuple[str, ...] = ()
+
+    @property
+    def was_running(self) -> bool:
+        return bool(self.stopped)
+
+    def to_wire(self) -> dict[str, Any]:
+        out = {
+            "state_dir": self.state_dir,
+            "stopped": [{"name": n, "pid": p} for n, p in self.stopped],
+            "was_running": self.was_running,
+        }
+        return out | ({"removed_netns": list(self.removed_netns)} if self.removed_netns else {})
+
+
+def down(state: Path) -> StoppedEngine:
     with _locked(state):
         return _down_locked(state)
 
 
-def _down_locked(state: Path) -> dict[str, Any]:
-    st = read_state(state)
-    if st is None:
+def _down_locked(state: Path) -> StoppedEngine:
+    rec = read_record(state)
+    if rec is None:
         removed = netns.destroy(netns.prefix_for(state))  # left by a run that crashed before it recorded them
-        return {"state_dir": str(state), "stopped": [], "was_running": False} | (
-            {"removed_netns": removed} if removed else {}
-        )
+        return StoppedEngine(str(state), removed_netns=tuple(removed))
     stopped = []
     # Engine first (it stops its ranks), then any rank left behind, then the store's segment holder and master.
     order = ["engine", "rank", "segment_holder", "mooncake_master"]
-    found = sorted(_processes(st), key=lambda p: next((i for i, o in enumerate(order) if p[0].startswith(o)), 9))
+    found = sorted(rec.processes(), key=lambda p: next((i for i, o in enumerate(order) if p[0].startswith(o)), 9))
     for name, pid, ticks in found:
         if services.is_alive(pid, ticks):
             services.stop(pid, timeout=15.0, start_ticks=ticks)
-            stopped.append({"name": name, "pid": pid})
+            stopped.append((name, pid))
     left = [n for n, p, t in found if services.is_alive(p, t)]
     if left:
         raise ServiceError(f"could not stop: {', '.join(left)}")
@@ -506,8 +805,18 @@ def _down_locked(state: Path) -> dict[str, Any]:
     removed = netns.destroy(netns.prefix_for(state))
     for name in ("state.json", "ready.json", "engine.json", "token"):
         (state / name).unlink(missing_ok=True)
-    out = {"state_dir": str(state), "stopped": stopped, "was_running": bool(stopped)}
-    return out | ({"removed_netns": removed} if removed else {})
+    return StoppedEngine(str(state), tuple(stopped), tuple(removed))
 
 
-__all__ = ["EngineOptions", "down", "record_rank", "status", "up"]
+__all__ = [
+    "EngineOptions",
+    "EngineRecord",
+    "EngineStatus",
+    "ResolvedSettings",
+    "StoppedEngine",
+    "down",
+    "read_record",
+    "record_rank",
+    "status",
+    "up",
+]

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -58,6 +58,7 @@ from bsr_cli.api.ranks import (
 )
 from bsr_cli.core.events import Event, ObjectQuarantined
 from bsr_cli.core.evidence import Stage
+from bsr_cli.engine.config import RankConfig, RankInfo, RankLink
 from bsr_cli.runtime import failure_log
 from bsr_cli.runtime.kv_ops import KVOps
 
@@ -66,14 +67,14 @@ QUARANTINE_SHOWN = 5  # quarantined objects a tier's status names (the newest; t
 HEARTBEAT_S = 0.25  # how often a rank tells the coordinator it is alive
 
 
-def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
-    if cfg.get("netns"):
+def worker_main(conn: Connection, cfg: RankConfig) -> None:
+    if cfg.netns:
         # A multi-host engine: this rank is a host of its own. Entered first, before any thread starts (every
         # thread started later, Mooncake's included, inherits it); the pipe to the coordinator is unaffected.
         from bsr_cli.engine import netns
 
-        netns.enter(str(cfg["netns"]))
-        os.environ["MC_TCP_BIND_ADDRESS"] = str(cfg["address"])
+        netns.enter(cfg.netns)
+        os.environ["MC_TCP_BIND_ADDRESS"] = str(cfg.address)
     # Each rank gets one intra-op thread: ranks are separate processes sharing the machine's cores.
     import torch
 
@@ -81,8 +82,8 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
     send_lock = threading.Lock()
     # This rank's own failures as JSON lines in the state directory's logs/bsr-rank<N>.log (rotated).
     log = None
-    if cfg.get("log_dir"):
-        log = failure_log.open_log(Path(cfg["log_dir"]) / f"bsr-rank{int(cfg['rank'])}.log", f"rank{cfg['rank']}")
+    if cfg.log_dir:
+        log = failure_log.open_log(Path(cfg.log_dir) / f"bsr-rank{cfg.rank}.log", f"rank{cfg.rank}")
 
     def send(msg: Any) -> None:
         with send_lock:
@@ -97,7 +98,7 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
         rank = Rank(cfg, emit)
     except Exception as e:  # noqa: BLE001 - reported to the coordinator, which fails start-up with it
         if log is not None:
-            failure_log.log_failure(log, f"rank did not start: {type(e).__name__}: {e}", rank=int(cfg["rank"]))
+            failure_log.log_failure(log, f"rank did not start: {type(e).__name__}: {e}", rank=cfg.rank)
         send({"ready": False, "error": f"{type(e).__name__}: {e}"})
         return
     send({"ready": True, "info": rank.info()})
@@ -150,61 +151,61 @@ def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
 LINK_PROBE_S = 0.5  # per link: a link that is up answers a TCP connect in well under a millisecond
 
 
-def _unreachable_links(links: list[dict[str, str]]) -> str:
+def _unreachable_links(links: Sequence[RankLink]) -> str:
     """Which of this rank's links to the store's hosts do not carry a TCP connect now, e.g. ``link rank0↔holder
     down: 10.213.0.2:15432 unreachable`` (empty when all answer): said with a failed fetch, so that the failure
     names the link and not just the tier."""
     from bsr_cli.mooncake.health import tcp_reachable
 
-    down = [f"link {lk['link']} down: {lk['address']} unreachable" for lk in links]
-    return "; ".join(d for d, lk in zip(down, links, strict=True) if not tcp_reachable(lk["address"], LINK_PROBE_S))
+    return "; ".join(
+        f"link {lk.link} down: {lk.address} unreachable" for lk in links if not tcp_reachable(lk.address, LINK_PROBE_S)
+    )
 
 
 class Rank:
-    def __init__(self, cfg: dict[str, Any], emit: Callable[[Event], None]) -> None:
+    def __init__(self, cfg: RankConfig, emit: Callable[[Event], None]) -> None:
         import torch
 
-        from bsr_cli.core.registration import Registration
         from bsr_cli.runtime.paged_kv import PagedKV, pick_device
         from bsr_cli.runtime.pool import RestorePool
         from bsr_cli.runtime.restore import RankRestorer
         from bsr_cli.runtime.tiers import Tier
         from bsr_cli.tiers.fs import FilesystemTier
 
-        self.rank = int(cfg["rank"])
-        self.reg = Registration.from_dict(cfg["registration"])
+        self.rank = cfg.rank
+        self.reg = cfg.registration
         self.device = pick_device(self.rank)
-        self.kv = PagedKV(self.reg, self.rank, cfg["blocks"], self.device)
+        self.kv = PagedKV(self.reg, self.rank, cfg.blocks, self.device)
         self.kv_ops = KVOps(self.kv)
         self.emit = emit
         # The restore pool: allocated once, pinned when installs go to a GPU, never grown.
         pin = self.device.type == "cuda"
-        self.pool_tensor = torch.zeros(int(cfg["pool_bytes"]), dtype=torch.uint8, pin_memory=pin)
+        self.pool_tensor = torch.zeros(cfg.pool_bytes, dtype=torch.uint8, pin_memory=pin)
         ptr = self.pool_tensor.data_ptr()
         view = memoryview((ctypes.c_ubyte * self.pool_tensor.numel()).from_address(ptr)).cast("B")
-        self.pool = RestorePool(ptr, view, self.reg.bytes_per_chunk, int(cfg["budget_bytes"]))
+        self.pool = RestorePool(ptr, view, self.reg.bytes_per_chunk, cfg.budget_bytes)
         self.tiers: dict[str, Tier] = {}
-        mc = cfg.get("mooncake")
-        if mc:
+        mc = cfg.mooncake
+        if mc is not None:
             from bsr_cli.tiers.mooncake import MooncakeTier
 
             tier = MooncakeTier(
-                mc["master_address"],
-                mc["metadata_url"],
-                health_url=mc.get("health_url"),
-                admin_url=mc.get("admin_url"),
+                mc.master_address,
+                mc.metadata_url,
+                health_url=mc.health_url,
+                admin_url=mc.admin_url,
                 deadline_s=30.0,
-                local_hostname=str(cfg.get("address") or "127.0.0.1"),
+                local_hostname=cfg.address or "127.0.0.1",
             )
             tier.register(ptr, self.pool_tensor.numel())
             self.tiers["mooncake"] = tier
-        self.tiers["fs"] = FilesystemTier(cfg["fs_dir"], load_concurrency=int(cfg.get("fs_concurrency", 1)))
+        self.tiers["fs"] = FilesystemTier(cfg.fs_dir, load_concurrency=cfg.fs_concurrency)
         offsets, off = {}, 0
         for g in self.reg.group_names:
             offsets[g] = off
             off += self.reg.group_bytes_per_chunk(g)
         self.restorer = RankRestorer(self.rank, self.reg.group_names, offsets, self.pool, self.tiers, self.kv, emit)
-        links = list(cfg.get("links") or [])
+        links = cfg.links
         if links:
             self.restorer.diagnose = lambda tier: _unreachable_links(links) if tier == "mooncake" else ""
         self._aborts: dict[str, threading.Event] = {}
@@ -213,18 +214,18 @@ class Rank:
         # computed before that is not cached, so the next health call says it.
         self._tier_epoch = 0
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> RankInfo:
         import torch
 
-        return {
-            "rank": self.rank,
-            "pid": os.getpid(),
-            "device": str(self.device),
-            "torch": torch.__version__,
-            "kv_bytes": self.kv.nbytes,
-            "pool": self.pool.stats().to_dict(),
-            "tiers": list(self.tiers),
-        }
+        return RankInfo(
+            rank=self.rank,
+            pid=os.getpid(),
+            device=str(self.device),
+            torch=str(torch.__version__),
+            kv_bytes=self.kv.nbytes,
+            pool=self.pool.stats(),
+            tiers=tuple(self.tiers),
+        )
 
     def abort(self, request_id: str) -> None:
         self._aborts.setdefault(request_id, threading.Event()).set()

@@ -199,14 +199,25 @@ def _is_loopback(address: str) -> bool:
     return address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1") or address.startswith("::ffff:127.")
 
 
-def listening_sockets(processes: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ListeningSocket:
+    """A TCP socket in LISTEN state and the process holding it; ``exposed`` when bound beyond loopback."""
+
+    process: str
+    pid: int
+    address: str
+    port: int
+    exposed: bool
+
+
+def listening_sockets(processes: Iterable[tuple[str, int]]) -> list[ListeningSocket]:
     """TCP sockets in LISTEN state held by the given (name, pid) processes, read from /proc (Linux only; empty
     elsewhere). ``exposed`` marks those bound beyond loopback (a wildcard address included)."""
     owners: dict[int, tuple[str, int]] = {}
     for name, pid in processes:
         for inode in _socket_inodes(pid):
             owners.setdefault(inode, (name, pid))
-    out: list[dict[str, Any]] = []
+    out: list[ListeningSocket] = []
     if not owners:
         return out
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -223,10 +234,8 @@ def listening_sockets(processes: Iterable[tuple[str, int]]) -> list[dict[str, An
                 continue
             address, port = _hex_address(f[1])
             name, pid = owners[inode]
-            out.append(
-                {"process": name, "pid": pid, "address": address, "port": port, "exposed": not _is_loopback(address)}
-            )
-    return sorted(out, key=lambda d: (d["process"], d["port"], d["address"]))
+            out.append(ListeningSocket(name, pid, address, port, exposed=not _is_loopback(address)))
+    return sorted(out, key=lambda s: (s.process, s.port, s.address))
 
 
 def _proc_stat(pid: int) -> list[str] | None:

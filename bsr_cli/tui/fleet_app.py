@@ -48,7 +48,7 @@ def _cut(text: str, width: int = 60) -> str:
 
 
 class FleetPolled(Message):
-    def __init__(self, result: dict[str, Any], latency_s: float) -> None:
+    def __init__(self, result: fleet.FleetView, latency_s: float) -> None:
         super().__init__()
         self.result = result
         self.latency_s = latency_s
@@ -72,15 +72,14 @@ class FleetRecorder:
             raise InvalidInput(f"cannot record to {path}: {e.strerror or e}") from None
         self.path = path
         self.lines = 0
-        self._line(
-            {"format": FLEET_FORMAT, "version": FLEET_FORMAT_VERSION, "started": time.time(), "engines": engines}
-        )
+        header = {"format": FLEET_FORMAT, "version": FLEET_FORMAT_VERSION, "started": time.time(), "engines": engines}
+        self._line(json.dumps(header, separators=(",", ":")))
 
-    def write(self, result: dict[str, Any], at: float) -> None:
-        self._line({"t": at, "fleet": result})
+    def write(self, result: fleet.FleetView, at: float) -> None:
+        self._line(json.dumps({"t": at, "fleet": result.to_wire()}, separators=(",", ":"), default=str))
 
-    def _line(self, obj: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(obj, separators=(",", ":"), default=str).encode() + b"\n")
+    def _line(self, text: str) -> None:
+        self._fh.write(text.encode() + b"\n")
         self._fh.flush()
         self.lines += 1
 
@@ -99,9 +98,9 @@ def is_fleet_recording(path: Path) -> bool:
     return isinstance(head, dict) and head.get("format") == FLEET_FORMAT
 
 
-def read_fleet_recording(path: Path) -> list[tuple[float, dict[str, Any]]]:
+def read_fleet_recording(path: Path) -> list[tuple[float, fleet.FleetView]]:
     """The rounds of a fleet recording, oldest first; a truncated tail (a killed recorder) is dropped."""
-    rounds: list[tuple[float, dict[str, Any]]] = []
+    rounds: list[tuple[float, fleet.FleetView]] = []
     try:
         with gzip.GzipFile(path, "rb") as fh:
             fh.readline()
@@ -110,8 +109,8 @@ def read_fleet_recording(path: Path) -> list[tuple[float, dict[str, Any]]]:
                     d = json.loads(line)
                 except ValueError:
                     break
-                rounds.append((float(d["t"]), dict(d["fleet"])))
-    except (OSError, EOFError, KeyError, TypeError):
+                rounds.append((float(d["t"]), fleet.FleetView.from_wire(d["fleet"])))
+    except (OSError, EOFError, KeyError, TypeError, ValueError, AttributeError):
         pass  # a truncated gzip stream: keep what was read
     if not rounds:
         raise InvalidInput(f"{path}: a fleet recording with no round in it")
@@ -123,38 +122,36 @@ def _clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "—"
 
 
-def row_cells(e: dict[str, Any], now: float) -> tuple[Text, ...]:
+def row_cells(e: fleet.EngineRow, now: float) -> tuple[Text, ...]:
     """One engine's cells: health, pool use, markers and the last failure; a down engine says since when and how
     it went away instead."""
-    style = FLEET_STYLE.get(e["state"], "")
-    name = Text(str(e["engine"]), "bold")
-    state = Text(e["state"], style)
-    if e["state"] == "down":
-        seen = Text(e.get("down_text") or "down", "bold" if e.get("clean_stop") is False else "")
+    style = FLEET_STYLE.get(e.state, "")
+    name = Text(e.engine, "bold")
+    state = Text(e.state, style)
+    if e.down:
+        seen = Text(e.down_text or "down", "bold" if e.clean_stop is False else "")
         dash = Text("—", "dim")
-        return (name, state, dash, dash, dash, dash, seen, Text(_cut(e["problems"][0]), "red"))
-    ranks = e["ranks"]
-    up, total = int(e.get("ranks_up", len(ranks))), len(ranks)
-    budget = int(e.get("budget_bytes") or 0)
-    live = int(e.get("pool_live_bytes", 0))
+        return (name, state, dash, dash, dash, dash, seen, Text(_cut(e.problems[0]), "red"))
+    up, total = e.ranks_up, len(e.ranks)
+    budget, live = e.budget_bytes, e.pool_live_bytes
     pct = f" ({100 * live / budget:.0f}%)" if budget else ""
     pool = f"{format_bytes(live, compact=True)} / {format_bytes(budget, compact=True)}{pct}"
-    lf = e.get("last_failure")
-    last = Text("none", "dim") if not lf else Text(_cut(f"{lf['request']}: {lf['reason']}"), "red")
-    seen = Text(_clock(e.get("last_seen")))
-    if e.get("restarts"):
-        seen.append(f" · restarted ×{e['restarts']}", "yellow")
-        if e.get("previous_stop"):
-            seen.append(f" (last stop: {e['previous_stop']})", "yellow")
-    elif e.get("came_back"):
-        seen.append(f" · back (it went: {e['came_back']})", "yellow")
+    lf = e.last_failure
+    last = Text("none", "dim") if not lf else Text(_cut(f"{lf.request}: {lf.reason}"), "red")
+    seen = Text(_clock(e.last_seen))
+    if e.restarts:
+        seen.append(f" · restarted ×{e.restarts}", "yellow")
+        if e.previous_stop:
+            seen.append(f" (last stop: {e.previous_stop})", "yellow")
+    elif e.came_back:
+        seen.append(f" · back (it went: {e.came_back})", "yellow")
     return (
         name,
         state,
         Text(f"{up}/{total}", "" if up == total else "bold red"),
         Text(pool, "yellow" if budget and live >= budget else ""),
-        Text(str(e["markers"]), "magenta" if e["markers"] else "dim"),
-        Text(str(e["faults"]), "bold red" if e["faults"] else "dim"),
+        Text(str(e.markers), "magenta" if e.markers else "dim"),
+        Text(str(e.faults), "bold red" if e.faults else "dim"),
         seen,
         last,
     )
@@ -284,7 +281,7 @@ class FleetApp(App[None]):
         poll: Any = None,
         memory: fleet.Memory | None = None,
         recorder: FleetRecorder | None = None,
-        replay: list[tuple[float, dict[str, Any]]] | None = None,
+        replay: list[tuple[float, fleet.FleetView]] | None = None,
     ) -> None:
         super().__init__()
         self.targets = list(targets)
@@ -294,7 +291,7 @@ class FleetApp(App[None]):
         self.memory = memory or fleet.Memory()
         self.recorder = recorder
         self.replay = replay
-        self.result: dict[str, Any] | None = None  # the newest round
+        self.result: fleet.FleetView | None = None  # the newest round
         self.rounds = 0
         self.paused = False
         self._timer: Timer | None = None
@@ -343,11 +340,11 @@ class FleetApp(App[None]):
         self.rounds += 1
         if not self.paused:
             self._draw(message.result)
-        worst = message.result["worst"]
-        header = Text(f"bsr top · {len(message.result['engines'])} engines · worst: {worst}", "bold")
+        worst = message.result.worst
+        header = Text(f"bsr top · {len(message.result.engines)} engines · worst: {worst}", "bold")
         if worst in ("down", "unhealthy"):
             header.stylize("bold red")
-        counts = ", ".join(f"{n} {k}" for k, n in message.result["counts"].items() if n)
+        counts = ", ".join(f"{n} {k}" for k, n in message.result.counts.items() if n)
         header.append(f" · {counts}", "")
         if self.paused:
             header.append(" · PAUSED (p resumes)", "bold yellow")
@@ -370,15 +367,15 @@ class FleetApp(App[None]):
             return
         self._timer = self.set_timer(max(0.001, self.interval - message.latency_s), self._round)
 
-    def _draw(self, result: dict[str, Any]) -> None:
+    def _draw(self, result: fleet.FleetView) -> None:
         table: DataTable[Text] = self.query_one("#table", DataTable)
         selected = self.selected_url()
         now = time.time()
         table.clear()
-        for e in result["engines"]:
-            table.add_row(*row_cells(e, now), key=e["url"])
+        for e in result.engines:
+            table.add_row(*row_cells(e, now), key=e.url)
         if selected is not None:
-            urls = [e["url"] for e in result["engines"]]
+            urls = [e.url for e in result.engines]
             if selected in urls:
                 table.move_cursor(row=urls.index(selected), animate=False)
 

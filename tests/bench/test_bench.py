@@ -290,7 +290,7 @@ def test_ladder_first_passing_rung_is_the_predicted_one(tmp_path: Path) -> None:
     finally:
         supervisor.down(state)
     assert bundles.validation_errors(b) == []
-    assert not supervisor.status(state)["running"]  # every rung's engine was stopped
+    assert not supervisor.status(state).running  # every rung's engine was stopped
     assert b["summary"]["engine_starts"] == 2
     for row in b["rows"]:
         need = accounting.whole_plan_bytes(REG, row["chunks"])

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from bsr_cli.cli.commands.endpoints_cmd import endpoints_of, render
+from bsr_cli.cli.commands.endpoints_cmd import EngineEndpoints, endpoints_of, render
 from bsr_cli.errors import ExitCode
 
 WORKER_INFO: dict[str, Any] = {
@@ -32,7 +32,7 @@ WORKER_INFO: dict[str, Any] = {
 }
 
 
-def shown(d: dict[str, Any]) -> str:
+def shown(d: EngineEndpoints) -> str:
     console = Console(width=400, record=True)
     render(console, d)
     return console.export_text()
@@ -40,7 +40,8 @@ def shown(d: dict[str, Any]) -> str:
 
 @pytest.mark.timeout(30)
 def test_a_vllm_instance_lists_its_ranks_mooncake_and_the_probe_store_line() -> None:
-    d = endpoints_of("http://127.0.0.1:8470", "env BSR_TOKEN", WORKER_INFO)
+    found = endpoints_of("http://127.0.0.1:8470", "env BSR_TOKEN", WORKER_INFO)
+    d = found.to_wire()
     assert d["kind"] == "vllm" and d["rank_urls"] == ["http://127.0.0.1:8470", "http://127.0.0.1:8471"]
     # The model name is quoted for the shell; an unknown master admin is left out of the line, with what to set.
     assert d["probe_store"] == (
@@ -49,7 +50,7 @@ def test_a_vllm_instance_lists_its_ranks_mooncake_and_the_probe_store_line() -> 
         "--tokens-file prompt.json"
     )
     assert "admin" not in d["mooncake"] and "bsr_mooncake_admin" in d["mooncake_admin_hint"]
-    text = shown(d)
+    text = shown(found)
     assert "rank 1  http://127.0.0.1:8471" in text and "token: accepted (from env BSR_TOKEN)" in text
     assert "bsr status --engine http://127.0.0.1:8470,http://127.0.0.1:8471" in text
     assert "None" not in text and "None" not in str(d)
@@ -59,10 +60,10 @@ def test_a_vllm_instance_lists_its_ranks_mooncake_and_the_probe_store_line() -> 
 def test_an_unseeded_vllm_gets_no_hash_seed_flag_and_no_mooncake_no_probe_line() -> None:
     inst = dict(WORKER_INFO["vllm_instance"])
     inst["key_format"] = dict(inst["key_format"], hash_seed=None)
-    d = endpoints_of("http://127.0.0.1:8470", "flag", {"vllm_instance": inst})
+    d = endpoints_of("http://127.0.0.1:8470", "flag", {"vllm_instance": inst}).to_wire()
     assert "--vllm-hash-seed" not in d["probe_store"] and "hash_seed" not in d["key_format"]
-    d = endpoints_of("http://127.0.0.1:8470", "flag", {"vllm_instance": inst | {"mooncake": None}})
-    assert "probe_store" not in d and "no `bsr probe --store`" in shown(d)
+    found = endpoints_of("http://127.0.0.1:8470", "flag", {"vllm_instance": inst | {"mooncake": None}})
+    assert "probe_store" not in found.to_wire() and "no `bsr probe --store`" in shown(found)
 
 
 @pytest.mark.engine

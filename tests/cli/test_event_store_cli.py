@@ -227,11 +227,11 @@ def test_retention_settings_are_checked_before_anything_starts(bsr: Any, tmp_pat
     assert not (state / "engine.json").exists()
     cfg = tmp_path / "config.toml"
     cfg.write_text('event_retention = "2d"\nevent_store_max = "64MiB"\n')
-    from bsr_cli.settings import load_settings
+    from bsr_cli.settings import SettingFlags, load_settings
 
-    s = load_settings({"config": str(cfg)})
+    s = load_settings(SettingFlags(config=str(cfg)))
     assert (s.event_retention_s, s.event_store_bytes) == (2 * 86400.0, 64 << 20)
     assert s.sources["event_retention_s"].startswith("config")
     cfg.write_text('event_retention = "1s"\n')
     with pytest.raises(InvalidInput, match="at least 1m"):
-        load_settings({"config": str(cfg)})
+        load_settings(SettingFlags(config=str(cfg)))

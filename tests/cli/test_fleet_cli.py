@@ -3,6 +3,7 @@ remembers of an engine that went away; and `bsr drill`'s confirmation, `bsr top 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -65,10 +66,12 @@ def test_engines_from_bad_sources(bsr: Any) -> None:
     assert r.code == 3 and r.json()["error"] == "unreachable" and "Prometheus" in r.json()["message"]
 
 
-def _row(state: str, severity: int, error: BaseException | None = None) -> dict[str, Any]:
+def _row(state: str, severity: fleet.Severity, error: BaseException | None = None) -> fleet.EngineRow:
     if error is not None:
         return fleet.summarize(fleet.Target("x", "http://x", None), None, error, 0.0, at=1.0)
-    return {"state": state, "severity": severity}
+    row = fleet.EngineRow(state, f"http://{state}", 1.0, 0.0, severity, ())
+    assert row.state == state
+    return row
 
 
 @pytest.mark.parametrize(
@@ -83,7 +86,7 @@ def _row(state: str, severity: int, error: BaseException | None = None) -> dict[
         ([_row("down", fleet.DOWN, Unauthorized("token"))], 5),
     ],
 )
-def test_a_fleet_exits_as_its_worst_engine_would(rows: list[dict[str, Any]], code: int) -> None:
+def test_a_fleet_exits_as_its_worst_engine_would(rows: list[fleet.EngineRow], code: int) -> None:
     assert fleet.exit_code(fleet.order(rows)) == code
 
 
@@ -92,12 +95,12 @@ def test_fleet_status_with_no_engine_answering_exits_3(bsr: Any) -> None:
     assert r.code == 3 and "none of the 2 engines answered" in r.err, "as for one unreachable engine"
 
 
-def _up(url: str, *, stopping: bool = False, started: float = 100.0) -> dict[str, Any]:
+def _up(url: str, *, stopping: bool = False, started: float = 100.0) -> fleet.EngineRow:
     snap = {"time": 0.0, "info": {"started_at": started}, "ranks": [], "stopping": stopping}
-    return fleet.summarize(fleet.Target(url, url, None), snap, None, 0.0, at=0.0)
+    return fleet.summarize(fleet.Target(url, url, None), fleet.EngineAnswer.from_wire(snap), None, 0.0, at=0.0)
 
 
-def _down(url: str, error: BaseException) -> dict[str, Any]:
+def _down(url: str, error: BaseException) -> fleet.EngineRow:
     return fleet.summarize(fleet.Target(url, url, None), None, error, 0.0, at=0.0)
 
 
@@ -106,8 +109,8 @@ def test_memory_tells_a_clean_stop_from_a_crash_and_a_hang(tmp_path: Path) -> No
     path = tmp_path / "fleet-seen.json"
     mem = fleet.Memory(path, clock=lambda: now[0])
 
-    def at(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return mem.observe([r | {"polled_at": now[0]} for r in rows])
+    def at(rows: list[fleet.EngineRow]) -> list[fleet.EngineRow]:
+        return mem.observe([dataclasses.replace(r, polled_at=now[0]) for r in rows])
 
     at([_up("a", stopping=True), _up("b"), _up("c")])
     mem.save()
@@ -115,24 +118,24 @@ def test_memory_tells_a_clean_stop_from_a_crash_and_a_hang(tmp_path: Path) -> No
     mem = fleet.Memory(path, clock=lambda: now[0])  # a later invocation remembers
     refused, slow = EngineUnreachable("refused"), EngineTimeout("slow")
     rows = at([_down("a", refused), _down("b", refused), _down("c", slow), _down("d", refused)])
-    got = {r["url"]: (r["departure"], r.get("clean_stop"), r.get("last_seen"), r["down_since"]) for r in rows}
+    got = {r.url: (r.departure, r.clean_stop, r.last_seen, r.down_since) for r in rows}
     assert got == {
         "a": ("clean", True, 1000.0, 1010.0),
         "b": ("crash", False, 1000.0, 1010.0),
         "c": ("hung", False, 1000.0, 1010.0),
         "d": ("unknown", None, None, 1010.0),
     }
-    assert rows[0]["down_text"].startswith("stopped cleanly: down since ")
+    assert (rows[0].down_text or "").startswith("stopped cleanly: down since ")
     now[0] = 1020.0
     again = at([_down("b", EngineUnreachable("refused"))])
-    assert again[0]["down_since"] == 1010.0, "down since the first poll it missed, not the latest"
+    assert again[0].down_since == 1010.0, "down since the first poll it missed, not the latest"
     back = at([_up("b", started=200.0)])
-    assert back[0]["came_back"] == "crash" and back[0]["restarts"] == 1
+    assert back[0].came_back == "crash" and back[0].restarts == 1
     # Back after a restart, the engine's own record of how its previous run ended is carried on its row.
     started = {"type": "engine_started", "previous_stop": "clean"}
     snap = {"info": {"started_at": 300.0}, "ranks": [], "events": [started]}
-    row = fleet.summarize(fleet.Target("b", "b", None), snap, None, 0.0, at=0.0)
-    assert row["previous_stop"] == "clean" and at([row])[0]["restarts"] == 2
+    row = fleet.summarize(fleet.Target("b", "b", None), fleet.EngineAnswer.from_wire(snap), None, 0.0, at=0.0)
+    assert row.previous_stop == "clean" and at([row])[0].restarts == 2
 
 
 def test_drill_refuses_without_confirmation_when_not_on_a_terminal(bsr: Any) -> None:

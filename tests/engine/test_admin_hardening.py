@@ -5,6 +5,7 @@ them, and owner-only files."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -256,11 +257,11 @@ def test_status_shows_exposed_ports(hard: Hard, bsr, monkeypatch: pytest.MonkeyP
 
     st = supervisor.status(hard.state)
     admin_port = int(hard.url.rsplit(":", 1)[1])
-    assert any(d["process"] == "engine" and d["port"] == admin_port and not d["exposed"] for d in st["listening"])
+    assert any(d.process == "engine" and d.port == admin_port and not d.exposed for d in st.listening)
     # Mooncake's transfer engine binds wildcard addresses (the segment holder's): status says so, not hides it.
-    assert any(d["process"] == "segment_holder" and d["exposed"] for d in st["listening"])
-    assert all(d["exposed"] == (not d["address"].startswith("127.") and d["address"] != "::1") for d in st["listening"])
-    assert st["exposed"] == [d for d in st["listening"] if d["exposed"]]
+    assert any(d.process == "segment_holder" and d.exposed for d in st.listening)
+    assert all(d.exposed == (not d.address.startswith("127.") and d.address != "::1") for d in st.listening)
+    assert st.to_wire()["exposed"] == [dataclasses.asdict(d) for d in st.listening if d.exposed]
     monkeypatch.setenv("BSR_STATE_DIR", str(hard.state))
     r = bsr("engine", "status")
     assert r.code == 0 and "exposed beyond loopback:" in r.out and "segment_holder" in r.out, r.out
@@ -273,7 +274,7 @@ def test_up_refuses_other_options_on_a_running_engine(hard: Hard) -> None:
     same = supervisor.EngineOptions(
         REG, w=2, max_tokens=MAX_TOKENS, faults_enabled=True, fetch_timeout_s=2.0, admin_limits=LIMITS
     )
-    assert supervisor.up(hard.state, same)["already_running"] is True
+    assert supervisor.up(hard.state, same).already_running is True
     other = supervisor.EngineOptions(REG, w=2, max_tokens=MAX_TOKENS, faults_enabled=True, fetch_timeout_s=5.0)
     with pytest.raises(InvalidInput, match=r"other options: fetch_timeout_s 2\.0 → 5\.0") as e:
         supervisor.up(hard.state, other)
@@ -356,13 +357,13 @@ def test_fuzzing_every_operation_finds_no_server_error_and_no_drift(hard: Hard) 
 
     # The engine stops its ranks and every service started for it (Mooncake's master and segment holder), then
     # exits (bounded: 60 s); nothing it started is left running.
-    procs = supervisor.status(hard.state)["processes"]
-    assert {p["name"] for p in procs} >= {"engine", "rank0", "rank1", "mooncake_master", "segment_holder"}
+    procs = supervisor.status(hard.state).processes
+    assert {p.name for p in procs} >= {"engine", "rank0", "rank1", "mooncake_master", "segment_holder"}
     for _ in range(600):
-        if not any(p["alive"] for p in supervisor.status(hard.state)["processes"]):
+        if not any(p.alive for p in supervisor.status(hard.state).processes):
             break
         time.sleep(0.1)
-    left = [p for p in supervisor.status(hard.state)["processes"] if p["alive"]]
+    left = [p for p in supervisor.status(hard.state).processes if p.alive]
     assert not left, f"still running after /shutdown: {left}"
 
 

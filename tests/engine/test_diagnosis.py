@@ -364,7 +364,7 @@ def test_a_stopped_master_shows_the_tier_unhealthy_while_health_stays_quick(bsr,
     assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"], h
     assert any("health probe" in d or "refuses" in d for d in h["tiers"]["mooncake"]["detail"]), h
     assert again["ok"] is True and quick < 2.0  # generous: the wait is 0.5 s, the client's own timeout is 5 s
-    assert engine["healthy"] is True  # so `bsr engine up` does not restart an engine whose remote tier is down
+    assert engine.healthy is True  # so `bsr engine up` does not restart an engine whose remote tier is down
     with AdminClient(own[1], own[2]) as c:  # resumed, the master serves again and the tier turns healthy
         end = time.monotonic() + 60
         h = c.health()

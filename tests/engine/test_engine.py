@@ -237,9 +237,9 @@ def test_engine_without_faults_refuses_them(tmp_path) -> None:
     opts = supervisor.EngineOptions(REG, w=4, max_tokens=4096, remote=False)
     try:
         up = supervisor.up(tmp_path, opts)
-        assert up["healthy"]
+        assert up.healthy
         again = supervisor.up(tmp_path, opts)
-        assert again["already_running"] is True  # idempotent
+        assert again.already_running is True  # idempotent
         url, token = local_engine.connection(tmp_path)
         from bsr_cli.client import AdminClient
 
@@ -249,5 +249,5 @@ def test_engine_without_faults_refuses_them(tmp_path) -> None:
         down = supervisor.down(tmp_path)
     from bsr_cli.mooncake import services
 
-    assert down["stopped"] and all(not services.is_alive(p["pid"]) for p in down["stopped"])
-    assert supervisor.status(tmp_path)["running"] is False
+    assert down.stopped and all(not services.is_alive(pid) for _name, pid in down.stopped)
+    assert supervisor.status(tmp_path).running is False

@@ -58,7 +58,7 @@ def _until(cond: Callable[[], bool], what: str, limit_s: float = 240.0) -> None:
 def test_a_killed_rank_is_restarted_and_reported(own: Path, bsr, monkeypatch: pytest.MonkeyPatch) -> None:
     from bsr_cli.engine import supervisor
 
-    before = {p["name"]: p["pid"] for p in supervisor.status(own)["processes"]}
+    before = {p.name: p.pid for p in supervisor.status(own).processes}
     os.kill(before["rank1"], signal.SIGKILL)
     with _client(own) as c:
         _, seq = c.held_events()
@@ -74,9 +74,9 @@ def test_a_killed_rank_is_restarted_and_reported(own: Path, bsr, monkeypatch: py
         done = c.submit(PROMPT)
         assert done["hash_ok"] is True
     st = supervisor.status(own)
-    rank1 = next(p for p in st["processes"] if p["name"] == "rank1")
-    assert rank1["alive"] and rank1["pid"] == event["pid"] and rank1["restarts"] == 1
-    assert st["healthy"]
+    rank1 = next(p for p in st.processes if p.name == "rank1")
+    assert rank1.alive and rank1.pid == event["pid"] and rank1.restarts == 1
+    assert st.healthy
     monkeypatch.setenv("BSR_STATE_DIR", str(own))
     out = bsr("engine", "status")
     assert out.code == 0 and "restarted 1×" in out.out, out.out
@@ -96,7 +96,7 @@ def test_markers_and_settings_survive_a_restart_and_faults_do_not(own: Path) -> 
         c.inject_fault({"kind": "timeout", "rank": 0, "count": 0})  # armed until cleared: must not survive
     supervisor.down(own)
     started = supervisor.up(own, _options())
-    lines = started["restored"]
+    lines = started.restored or ()
     assert "restored 1 force-local marker(s) from the previous run" in lines, lines
     assert "restored the settings changed at run time: fs_concurrency 3" in lines, lines
     assert any(line.startswith("dropped 1 armed fault(s)") for line in lines), lines
@@ -115,12 +115,12 @@ def test_shutdown_leaves_nothing_running(own: Path) -> None:
 
     conn = local_engine.connection(own)
     assert conn is not None
-    names = {p["name"] for p in supervisor.status(own)["processes"]}
+    names = {p.name for p in supervisor.status(own).processes}
     assert names >= {"engine", "rank0", "rank1", "mooncake_master", "segment_holder"}
     r = httpx.post(conn[0] + "/bsr/v1/shutdown", headers={"Authorization": f"Bearer {conn[1]}"}, timeout=10)
     assert r.status_code == 200
     _until(
-        lambda: not any(p["alive"] for p in supervisor.status(own)["processes"]),
-        f"still running after /shutdown: {[p for p in supervisor.status(own)['processes'] if p['alive']]}",
+        lambda: not any(p.alive for p in supervisor.status(own).processes),
+        f"still running after /shutdown: {[p for p in supervisor.status(own).processes if p.alive]}",
         limit_s=60,
     )

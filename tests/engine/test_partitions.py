@@ -114,7 +114,7 @@ def test_a_link_cut_mid_restore_fails_closed_names_the_link_and_recovers(
         ]
     finally:
         netns.heal(multihost.topology, netns.rank_node(rank), peer)
-    assert all(lk["state"] == "up" for lk in supervisor.status(multihost.state)["hosts"]["links"])
+    assert all(lk.up for lk in supervisor.status(multihost.state).hosts.links)
     # Returned (the stall ended at the fetch deadline), failed closed, nothing committed.
     assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
     assert res["failure_stage"] == "fetch" and res["blamed_tiers"] == ["mooncake"]
@@ -150,7 +150,7 @@ def test_down_removes_namespaces_left_by_a_crashed_run(tmp_path: Path) -> None:
         netns.create(topo)
         assert sorted(netns.leftovers(topo.prefix)) == sorted(topo.netns(n) for n in topo.nodes)
         out = supervisor.down(tmp_path)  # no state.json: the crash happened before it was written
-        assert sorted(out["removed_netns"]) == sorted(topo.netns(n) for n in topo.nodes)
+        assert sorted(out.removed_netns) == sorted(topo.netns(n) for n in topo.nodes)
         assert netns.leftovers(topo.prefix) == []
     finally:
         netns.destroy(topo.prefix)

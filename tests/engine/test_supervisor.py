@@ -28,16 +28,16 @@ def test_a_pid_reused_by_another_process_reads_dead_and_is_never_signalled(tmp_p
         assert ticks is not None
         _write_state(tmp_path, other.pid, ticks + 1)
         st = supervisor.status(tmp_path)
-        assert st["processes"] == [{"name": "engine", "pid": other.pid, "alive": False}]
-        assert st["running"] is False
+        assert st.processes == (supervisor.ProcessState("engine", other.pid, alive=False),)
+        assert st.running is False
         down = supervisor.down(tmp_path)
-        assert down["stopped"] == [] and other.poll() is None  # left alone
+        assert down.stopped == () and other.poll() is None  # left alone
 
         # Control: recorded with its true start time, the same process is ours and `down` stops it.
         _write_state(tmp_path, other.pid, ticks)
-        assert supervisor.status(tmp_path)["processes"][0]["alive"] is True
+        assert supervisor.status(tmp_path).processes[0].alive is True
         down = supervisor.down(tmp_path)
-        assert [p["name"] for p in down["stopped"]] == ["engine"]
+        assert [name for name, _pid in down.stopped] == ["engine"]
         assert other.wait(timeout=30) is not None
     finally:
         other.kill()

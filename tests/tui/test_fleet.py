@@ -116,20 +116,20 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     async with app.run_test(size=(160, 30)) as pilot:
         await wait_until(pilot, lambda: app.result is not None, "the first round")
         assert app.result is not None
-        assert [e["state"] for e in app.result["engines"]] == ["degraded", "ok", "ok"]
+        assert [e.state for e in app.result.engines] == ["degraded", "ok", "ok"]
         supervisor.down(state_c)  # engine C goes away mid-session
 
         def c_down() -> bool:
-            res = app.result or {}
-            return any(e["url"] == url_c and e["state"] == "down" for e in res.get("engines", []))
+            res = app.result
+            return res is not None and any(e.url == url_c and e.down for e in res.engines)
 
         await wait_until(pilot, c_down, "engine c shown down", timeout=60)
         rounds = app.rounds
         await wait_until(pilot, lambda: app.rounds >= rounds + 2, "two more rounds after the stop")
         res = app.result
         assert res is not None
-        assert [e["engine"] for e in res["engines"]] == ["c", "b", "a"], "the down engine first"
-        assert all(len(e["ranks"]) == 2 for e in res["engines"] if e["engine"] != "c")
+        assert [e.engine for e in res.engines] == ["c", "b", "a"], "the down engine first"
+        assert all(len(e.ranks) == 2 for e in res.engines if e.engine != "c")
         shown = screen(app)
         assert "down" in shown and "unreachable" in shown
         assert shown.count(" 2/2 ") == 2, "the live engines keep their rows (both ranks up; Enter shows them)"
@@ -168,7 +168,7 @@ def test_fleet_profile_lists_engines(bsr: Any, tmp_path: Path) -> None:
 
 def test_summarize_pool_at_budget_and_waiters() -> None:
     """Pure: a rank whose pool is at B is degraded; one with restores waiting for room needs attention."""
-    from bsr_cli.fleet import summarize
+    from bsr_cli.fleet import EngineAnswer, summarize
 
     snap = {
         "time": 1000.0,
@@ -180,7 +180,7 @@ def test_summarize_pool_at_budget_and_waiters() -> None:
         "tiers": {"mooncake": {"ok": True}},
         "recent": [{"outcome": "failed_closed", "finished": 500.0, "reason": "old"}],  # too old to count
     }
-    row = summarize(Target("e", "http://e", None), snap, None, 0.01, at=1000.0)
-    assert row["state"] == "degraded" and row["problems"] == ["rank 0: pool at budget B"]
-    assert [(r["rank"], r["state"]) for r in row["ranks"]] == [(0, "degraded"), (1, "attention")]
-    assert row["failed_recent"] == 0
+    row = summarize(Target("e", "http://e", None), EngineAnswer.from_wire(snap), None, 0.01, at=1000.0)
+    assert row.state == "degraded" and row.problems == ("rank 0: pool at budget B",)
+    assert [(r.rank, r.state) for r in row.ranks] == [(0, "degraded"), (1, "attention")]
+    assert row.failed_recent == 0

@@ -239,14 +239,14 @@ async def _drill_down(
     async with app.run_test(size=size) as pilot:
         await wait_until(pilot, lambda: app.result is not None, "the first round", timeout=60)
         assert app.result is not None
-        assert len(app.result["engines"]) == 21
+        assert len(app.result.engines) == 21
         shown = screen(app)
         assert "worst: down" in shown and "21 engines" in shown
         if size == (160, 45):
             assert all(t.name in shown for t in found), "all 21 engines on one screen"
             assert "never seen up" in shown, shown
         # Move to the real engine's row and open it.
-        order = [e["url"] for e in app.result["engines"]]
+        order = [e.url for e in app.result.engines]
         for _ in range(order.index(real)):
             await pilot.press("j")
         await pilot.pause()

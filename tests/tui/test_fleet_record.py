@@ -28,8 +28,8 @@ async def test_a_fleet_is_recorded_and_replayed(
     assert is_fleet_recording(path) and not is_fleet_recording(incident)
     rounds = read_fleet_recording(path)
     assert len(rounds) >= 3
-    assert all([e["engine"] for e in r["engines"]] == ["gone", "real"] for _, r in rounds), "worst first"
-    assert all(r["engines"][0]["state"] == "down" for _, r in rounds)
+    assert all([e.engine for e in r.engines] == ["gone", "real"] for _, r in rounds), "worst first"
+    assert all(r.engines[0].state == "down" for _, r in rounds)
     assert [t for t, _ in rounds] == sorted(t for t, _ in rounds)
 
     replay = FleetApp([], replay=rounds)

@@ -2,40 +2,55 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import typer
 
 from bsr_cli.cli.context import JsonFlag, state
+from bsr_cli.settings import Settings, SourcedValue
 
 config_app = typer.Typer(
     help="Show resolved settings (flag > BSR_* env > config file > default).", no_args_is_help=True
 )
 
 
+@dataclass(frozen=True)
+class ConfigView:
+    """`bsr config show`: every setting with its source, the profiles, and the engine a command would use now."""
+
+    settings: Settings
+    engine_url: SourcedValue
+
+    def rows(self) -> dict[str, SourcedValue]:
+        return self.settings.sourced() | {"engine_url": self.engine_url}
+
+    def to_wire(self) -> dict[str, Any]:
+        values = {k: asdict(v) for k, v in self.settings.sourced().items()}
+        return values | {"profiles": sorted(self.settings.profiles), "engine_url": asdict(self.engine_url)}
+
+
 @config_app.command("show")
 def config_show(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Every setting, its value and where it came from."""
     st = state(ctx, json_flag)
-    data = st.settings.to_dict()
-    data["engine_url"] = _engine_in_use(st)
+    view = ConfigView(st.settings, _engine_in_use(st))
 
-    def render(console: Any, data: dict[str, Any]) -> None:
+    def render(console: Any, data: ConfigView) -> None:
         from rich.table import Table
 
         t = Table()
         for col in ("setting", "value", "source"):
             t.add_column(col)
-        for k, v in data.items():
-            if isinstance(v, dict):
-                t.add_row(k, _show(v["value"]), v["source"])
-        t.add_row("profiles", ", ".join(data["profiles"]) or "—", "")
+        for k, v in data.rows().items():
+            t.add_row(k, _show(v.value), v.source)
+        t.add_row("profiles", ", ".join(sorted(data.settings.profiles)) or "—", "")
         console.print(t)
 
-    st.out.result(data, render)
+    st.out.result(view, render)
 
 
-def _engine_in_use(st: Any) -> dict[str, Any]:
+def _engine_in_use(st: Any) -> SourcedValue:
     """The admin URL a command would talk to now, and how it was found (or why there is none)."""
     from bsr_cli.client.admin import resolve_engine
     from bsr_cli.errors import BsrError
@@ -43,8 +58,8 @@ def _engine_in_use(st: Any) -> dict[str, Any]:
     try:
         url, _, how = resolve_engine(st.settings)
     except BsrError as e:
-        return {"value": None, "source": e.message}
-    return {"value": url, "source": how}
+        return SourcedValue(None, e.message)
+    return SourcedValue(url, how)
 
 
 def _show(value: Any) -> str:

@@ -9,6 +9,7 @@ reports all of it (plugins/vllm_bsr/instance.py). Against bsr's own engines, one
 from __future__ import annotations
 
 import shlex
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import typer
@@ -18,71 +19,131 @@ from bsr_cli.cli.context import JsonFlag, state
 PROMPT_PLACEHOLDER = "prompt.json"
 
 
-def probe_store_line(mooncake: dict[str, Any], key_format: dict[str, Any]) -> str:
+@dataclass(frozen=True)
+class KeyFormat:
+    """How LMCache names this instance's objects in the store (what `bsr probe --store` needs to find them)."""
+
+    model: str
+    world_size: int
+    dtype: str
+    chunk_size: int | None = None
+    hash_seed: str | None = None  # vLLM's PYTHONHASHSEED; None or "random" when unseeded
+
+
+@dataclass(frozen=True)
+class StoreEndpoints:
+    """The Mooncake master an instance's LMCache uses: its store URL, metadata server and admin (metrics) URL."""
+
+    store: str
+    metadata: str | None = None
+    admin: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineEndpoints:
+    """`bsr engine endpoints`: every endpoint bsr needs for one engine. A vLLM instance (``key_format`` set) has
+    one admin URL per TP rank and, with Mooncake configured, the store's; bsr's own engines one admin URL."""
+
+    engine: str
+    token_source: str  # where the accepted token came from
+    tp_size: int
+    rank_urls: tuple[str, ...]
+    rank0_url: str | None = None
+    key_format: KeyFormat | None = None
+    mooncake: StoreEndpoints | None = None
+
+    @property
+    def all_ranks(self) -> str:
+        return ",".join(self.rank_urls)
+
+    @property
+    def probe_store(self) -> str | None:
+        if self.mooncake is None or self.key_format is None:
+            return None
+        return probe_store_line(self.mooncake, self.key_format)
+
+    def to_wire(self) -> dict[str, Any]:
+        head = {"engine": self.engine, "token": {"accepted": True, "source": self.token_source}}
+        kf = self.key_format
+        if kf is None:
+            return head | {"kind": "bsr", "tp_size": self.tp_size, "rank_urls": list(self.rank_urls)}
+        out = head | {
+            "kind": "vllm",
+            "tp_size": self.tp_size,
+            "rank0_url": self.rank0_url,
+            "rank_urls": list(self.rank_urls),
+            "all_ranks": self.all_ranks,
+            "key_format": {k: v for k, v in asdict(kf).items() if v is not None},
+        }
+        mc = self.mooncake
+        if mc is not None:
+            out["mooncake"] = {k: v for k, v in asdict(mc).items() if v}
+            out["probe_store"] = self.probe_store
+            if not mc.admin:
+                out["mooncake_admin_hint"] = MOONCAKE_ADMIN_HINT
+        return out
+
+
+MOONCAKE_ADMIN_HINT = "set kv_connector_extra_config.bsr_mooncake_admin to the master's metrics URL for liveness"
+
+
+def probe_store_line(mooncake: StoreEndpoints, key_format: KeyFormat) -> str:
     """The `bsr probe --store` command for this instance's store and key format (the prompt file left to fill)."""
-    words = ["bsr", "probe", "--store", mooncake["store"]]
-    if mooncake.get("metadata"):
-        words += ["--metadata", mooncake["metadata"]]
-    if mooncake.get("admin"):
-        words += ["--master-admin", mooncake["admin"]]
-    words += ["--model", key_format["model"], "--world-size", str(key_format["world_size"])]
-    words += ["--dtype", key_format["dtype"]]
-    if key_format.get("chunk_size"):
-        words += ["--chunk-size", str(key_format["chunk_size"])]
-    if key_format.get("hash_seed") not in (None, "", "random"):
-        words += ["--vllm-hash-seed", str(key_format["hash_seed"])]
+    words = ["bsr", "probe", "--store", mooncake.store]
+    if mooncake.metadata:
+        words += ["--metadata", mooncake.metadata]
+    if mooncake.admin:
+        words += ["--master-admin", mooncake.admin]
+    words += ["--model", key_format.model, "--world-size", str(key_format.world_size)]
+    words += ["--dtype", key_format.dtype]
+    if key_format.chunk_size:
+        words += ["--chunk-size", str(key_format.chunk_size)]
+    if key_format.hash_seed not in (None, "", "random"):
+        words += ["--vllm-hash-seed", str(key_format.hash_seed)]
     return shlex.join([*words, "--tokens-file", PROMPT_PLACEHOLDER])
 
 
-def endpoints_of(url: str, token_source: str, info: dict[str, Any]) -> dict[str, Any]:
-    """The endpoints, from the admin API's `info` (wire dict in, plain result out; only known keys kept)."""
+def endpoints_of(url: str, token_source: str, info: dict[str, Any]) -> EngineEndpoints:
+    """The endpoints, from the admin API's `info` (its answer in, only the keys known here read)."""
     inst = info.get("vllm_instance")
-    out: dict[str, Any] = {"engine": url, "token": {"accepted": True, "source": token_source}}
     if not isinstance(inst, dict):
-        out |= {"kind": "bsr", "tp_size": int(info.get("tp_size") or 1), "rank_urls": [url]}
-        return out
-    out |= {
-        "kind": "vllm",
-        "tp_size": int(inst["tp_size"]),
-        "rank0_url": inst["rank0_url"],
-        "rank_urls": list(inst["rank_urls"]),
-        "all_ranks": ",".join(inst["rank_urls"]),
-        "key_format": {k: v for k, v in dict(inst["key_format"]).items() if v is not None},
-    }
+        return EngineEndpoints(url, token_source, int(info.get("tp_size") or 1), (url,))
+    kf = dict(inst["key_format"])
     mc = inst.get("mooncake")
-    if isinstance(mc, dict):
-        out["mooncake"] = {k: v for k, v in mc.items() if v}
-        out["probe_store"] = probe_store_line(mc, inst["key_format"])
-        if not mc.get("admin"):
-            out["mooncake_admin_hint"] = (
-                "set kv_connector_extra_config.bsr_mooncake_admin to the master's metrics URL for liveness"
-            )
-    return out
+    return EngineEndpoints(
+        url,
+        token_source,
+        int(inst["tp_size"]),
+        tuple(inst["rank_urls"]),
+        rank0_url=inst["rank0_url"],
+        key_format=KeyFormat(kf["model"], kf["world_size"], kf["dtype"], kf.get("chunk_size"), kf.get("hash_seed")),
+        mooncake=StoreEndpoints(mc["store"], mc.get("metadata"), mc.get("admin")) if isinstance(mc, dict) else None,
+    )
 
 
-def render(console: Any, d: dict[str, Any]) -> None:
-    tok = d["token"]
-    if d["kind"] != "vllm":
-        console.print(f"bsr engine at {d['engine']}: one admin API serves all {d['tp_size']} rank(s)")
-        console.print(f"token: accepted (from {tok['source']})")
+def render(console: Any, d: EngineEndpoints) -> None:
+    kf = d.key_format
+    if kf is None:
+        console.print(f"bsr engine at {d.engine}: one admin API serves all {d.tp_size} rank(s)")
+        console.print(f"token: accepted (from {d.token_source})")
         return
-    console.print(f"vLLM instance behind {d['engine']}: TP {d['tp_size']}, model {d['key_format']['model']}")
+    console.print(f"vLLM instance behind {d.engine}: TP {d.tp_size}, model {kf.model}")
     console.print(
         "admin API, one per TP rank (rank 0 answers for the instance: markers, failed loads, status, explain):"
     )
-    for r, url in enumerate(d["rank_urls"]):
+    for r, url in enumerate(d.rank_urls):
         console.print(f"  rank {r}  {url}")
-    console.print(f"token: accepted (from {tok['source']})")
-    console.print(f"every rank at once: bsr status --engine {d['all_ranks']}")
-    mc = d.get("mooncake")
-    if not mc:
+    console.print(f"token: accepted (from {d.token_source})")
+    console.print(f"every rank at once: bsr status --engine {d.all_ranks}")
+    mc = d.mooncake
+    if mc is None:
         console.print("Mooncake: not configured in LMCache (no `bsr probe --store`)")
         return
-    parts = [f"store {mc['store']}"] + [f"{k} {mc[k]}" for k in ("metadata", "admin") if k in mc]
+    parts = [f"store {mc.store}"] + [f"{k} {v}" for k, v in (("metadata", mc.metadata), ("admin", mc.admin)) if v]
     console.print("Mooncake: " + "  ".join(parts))
-    if "mooncake_admin_hint" in d:
-        console.print(f"  master admin unknown: {d['mooncake_admin_hint']}")
-    console.print(f"probe the store: {d['probe_store']}")
+    if not mc.admin:
+        console.print(f"  master admin unknown: {MOONCAKE_ADMIN_HINT}")
+    console.print(f"probe the store: {d.probe_store}")
 
 
 def engine_endpoints(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
@@ -100,4 +161,12 @@ def engine_endpoints(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     st.out.result(endpoints_of(url, source, info), render)
 
 
-__all__ = ["endpoints_of", "engine_endpoints", "probe_store_line", "render"]
+__all__ = [
+    "EngineEndpoints",
+    "KeyFormat",
+    "StoreEndpoints",
+    "endpoints_of",
+    "engine_endpoints",
+    "probe_store_line",
+    "render",
+]

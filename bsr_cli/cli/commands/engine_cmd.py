@@ -4,7 +4,7 @@ every endpoint bsr needs for an engine (a vLLM instance's ranks, Mooncake), endp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,6 +12,9 @@ from bsr_cli.cli.commands.endpoints_cmd import engine_endpoints
 from bsr_cli.cli.commands.planning import RegOpt, WOpt
 from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.core.units import parse_bytes
+
+if TYPE_CHECKING:
+    from bsr_cli.engine.supervisor import EngineStatus, StoppedEngine
 
 engine_app = typer.Typer(
     help="Run the embedded reference engine: real mooncake_master, a segment holder, one process per TP rank, "
@@ -175,11 +178,11 @@ def engine_down(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     st = state(ctx, json_flag)
     result = supervisor.down(Path(st.settings.state_dir))
 
-    def render(console: Any, d: dict[str, Any]) -> None:
-        if not d["was_running"]:
-            console.print(f"no engine running in {d['state_dir']}")
+    def render(console: Any, d: StoppedEngine) -> None:
+        if not d.was_running:
+            console.print(f"no engine running in {d.state_dir}")
         else:
-            console.print("stopped " + ", ".join(f"{p['name']} ({p['pid']})" for p in d["stopped"]))
+            console.print("stopped " + ", ".join(f"{name} ({pid})" for name, pid in d.stopped))
 
     st.out.result(result, render)
 
@@ -193,9 +196,9 @@ def engine_status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     st = state(ctx, json_flag)
     result = supervisor.status(Path(st.settings.state_dir))
     st.out.result(result, _render_status)
-    if not result["healthy"]:
+    if not result.healthy:
         raise EngineUnreachable(
-            f"the embedded engine in {result['state_dir']} is " + ("unhealthy" if result["running"] else "not running"),
+            f"the embedded engine in {result.state_dir} is " + ("unhealthy" if result.running else "not running"),
             hint="bsr engine up",
         )
 
@@ -203,46 +206,47 @@ def engine_status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
 engine_app.command("endpoints")(engine_endpoints)
 
 
-def _render_status(console: Any, d: dict[str, Any]) -> None:
+def _render_status(console: Any, d: EngineStatus) -> None:
     from rich.table import Table
 
-    if not d.get("running"):
+    rec = d.record
+    if not d.running or rec is None:
         return  # the error line (exit 3) says it once
-    verdict = "[green]healthy[/]" if d["healthy"] else "[red]unhealthy[/]"
-    again = " (already running)" if d.get("already_running") else ""
-    console.print(f"engine {verdict}{again} at [bold]{d['admin_url']}[/]  registration {d.get('registration')}")
+    verdict = "[green]healthy[/]" if d.healthy else "[red]unhealthy[/]"
+    again = " (already running)" if d.already_running else ""
+    console.print(f"engine {verdict}{again} at [bold]{rec.admin_url}[/]  registration {rec.registration_identity}")
     t = Table()
     for col in ("process", "pid", "state"):
         t.add_column(col)
-    for p in d["processes"]:
-        state = "[green]running[/]" if p["alive"] else "[red]gone[/]"
-        if p.get("restarts"):
-            state += f" (restarted {p['restarts']}×)"
-        t.add_row(p["name"], str(p["pid"]), state)
+    for p in d.processes:
+        state = "[green]running[/]" if p.alive else "[red]gone[/]"
+        if p.restarts:
+            state += f" (restarted {p.restarts}×)"
+        t.add_row(p.name, str(p.pid), state)
     console.print(t)
-    for line in d.get("restored") or []:
+    for line in d.restored or ():
         console.print(line)
-    s = d.get("settings") or {}
-    if s:
+    s = rec.settings
+    if s is not None:
         console.print(
-            f"W={s['w']}  pool {s['pool_bytes']:,} B/rank  budget {s['budget_bytes']:,} B/rank  "
-            f"max prompt {s['max_tokens']:,} tokens  faults {'enabled' if s['faults_enabled'] else 'disabled'}"
+            f"W={s.w}  pool {s.pool_bytes:,} B/rank  budget {s.budget_bytes:,} B/rank  "
+            f"max prompt {s.max_tokens:,} tokens  faults {'enabled' if s.faults_enabled else 'disabled'}"
         )
-    hosts = d.get("hosts") or {}
-    if hosts.get("mode") == "netns":
-        rate = f", each capped at {hosts['link_rate_bps'] / 1e6:g} Mbit/s" if hosts.get("link_rate_bps") else ""
-        down = [lk["link"] for lk in hosts.get("links") or [] if lk["state"] != "up"]
+    topo = d.hosts.topology
+    if topo is not None:
+        rate = f", each capped at {topo.rate_bps / 1e6:g} Mbit/s" if topo.rate_bps else ""
+        down = [lk.link for lk in d.hosts.links if not lk.up]
         console.print(
-            f"hosts: {len(hosts['namespaces'])} network namespaces, {len(hosts.get('links') or [])} links{rate}; "
+            f"hosts: {len(topo.nodes)} network namespaces, {len(d.hosts.links)} links{rate}; "
             + (f"[red]down:[/] {', '.join(down)}" if down else "every link up")
         )
-    exposed = d.get("exposed") or []
+    exposed = d.exposed
     if exposed:
-        ports = ", ".join(f"{e['process']} {e['address']}:{e['port']}" for e in exposed)
+        ports = ", ".join(f"{e.process} {e.address}:{e.port}" for e in exposed)
         console.print(f"[yellow]exposed beyond loopback:[/] {ports}")
-    elif hosts.get("mode") == "netns":
+    elif topo is not None:
         # Sockets inside the engine's namespaces are not this namespace's: they cannot be reached from outside.
         console.print("every listening port in this network namespace is on loopback (the others are in the engine's)")
     else:
         console.print("every listening port is on loopback")
-    console.print(f"state: {d['state_dir']}  logs: {d.get('logs')}")
+    console.print(f"state: {d.state_dir}  logs: {rec.logs}")

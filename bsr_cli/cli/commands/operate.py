@@ -522,15 +522,15 @@ def fleet_status(st: AppState, targets: list[Any]) -> None:
     code = fleet.exit_code(rows)
     if code == ExitCode.OK:
         return
-    down = [r for r in rows if r["state"] == "down"]
-    bad = [r for r in rows if r["severity"] >= fleet.UNHEALTHY]
+    down = [r for r in rows if r.down]
+    bad = [r for r in rows if r.severity >= fleet.UNHEALTHY]
     if len(down) == len(rows):
         message = f"none of the {len(rows)} engines answered"
     else:
-        message = "fleet unhealthy: " + "; ".join(f"{r['engine']} {r['state']} ({r['problems'][0]})" for r in bad)
+        message = "fleet unhealthy: " + "; ".join(f"{r.engine} {r.state} ({r.problems[0]})" for r in bad)
     err = BsrError(message, hint="`bsr status --engine URL` on one of them for its details")
     err.exit_code = ExitCode(code)
-    err.kind = str(rows[0].get("error") or "server-error")
+    err.kind = str(rows[0].error or "server-error")
     raise err
 
 
@@ -556,9 +556,9 @@ def drill(
             client,
             tokens=tokens,
             w=w,
-            on_result=(lambda r: st.out.note(f"{r['scenario']}: {'PASS' if r['ok'] else 'FAIL'}")),
+            on_result=(lambda r: st.out.note(f"{r.scenario}: {'PASS' if r.ok else 'FAIL'}")),
         )
     st.out.result(result, render_ops.drill)
-    if not result["ok"]:
-        bad = [s["scenario"] for s in result["scenarios"] if not s["ok"]]
+    if not result.ok:
+        bad = [s.scenario for s in result.scenarios if not s.ok]
         raise DrillViolation(f"drill found violated invariants in: {', '.join(bad)}")

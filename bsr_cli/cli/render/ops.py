@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -21,6 +21,10 @@ from bsr_cli.core.events import RestoreFailed, RestoreStarted, WindowReleased, p
 from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
+
+if TYPE_CHECKING:
+    from bsr_cli.drill import DrillResult
+    from bsr_cli.fleet import FleetView
 
 STRIP_FIXED_COLUMNS = 36  # what the probe table spends beside the strip: rank, group, held, borders
 
@@ -445,25 +449,25 @@ def _worker_lines(console: Console, d: dict[str, Any], worker: dict[str, Any]) -
         )
 
 
-def drill(console: Console, d: dict[str, Any]) -> None:
-    t = Table(title=f"failure drill against {d['engine']} ({d['tokens']:,} tokens, W={d['W']})", title_justify="left")
+def drill(console: Console, d: DrillResult) -> None:
+    t = Table(title=f"failure drill against {d.engine} ({d.tokens:,} tokens, W={d.W})", title_justify="left")
     for col in ("scenario", "first pass", "force-local", "fallback", "hash = canonical", "ranks healthy", "verdict"):
         t.add_column(col)
-    for s in d["scenarios"]:
-        c = s["checks"]
-        fp = s["first_pass"]
+    for s in d.scenarios:
+        c = s.checks
+        fp = s.first_pass
 
         def mark(v: bool) -> str:
             return "[green]yes[/]" if v else "[red]no[/]"
 
         t.add_row(
-            s["scenario"],
-            (f"collapsed {fp['advertised_tokens']:,}→0" if c["prefix_collapsed"] else "[red]not collapsed[/]"),
-            ("set, cleared" if c["force_local_set"] and c["force_local_cleared"] else "[red]wrong[/]"),
-            (s["fallback"] if c["fallback"] else f"[red]{s['fallback']} (want {s['expected_fallback']})[/]"),
-            mark(c["hash_canonical"]),
-            mark(c["ranks_healthy"]),
-            "[green]PASS[/]" if s["ok"] else "[red]FAIL[/]",
+            s.scenario,
+            (f"collapsed {fp.advertised_tokens:,}→0" if c.prefix_collapsed else "[red]not collapsed[/]"),
+            ("set, cleared" if c.force_local_set and c.force_local_cleared else "[red]wrong[/]"),
+            (s.fallback if c.fallback else f"[red]{s.fallback} (want {s.expected_fallback})[/]"),
+            mark(c.hash_canonical),
+            mark(c.ranks_healthy),
+            "[green]PASS[/]" if s.ok else "[red]FAIL[/]",
         )
     console.print(t)
 
@@ -543,11 +547,10 @@ def store_probe(console: Console, d: dict[str, Any]) -> None:
             console.print(f"[yellow]likely cause[/]: {cause}")
 
 
-def fleet_table(d: dict[str, Any]) -> Table:
+def fleet_table(d: FleetView) -> Table:
     """Engines and their ranks, worst first: one row per engine, then one per rank under it."""
-    c = d["counts"]
-    summary = ", ".join(f"{n} {k}" for k, n in c.items() if n)
-    t = Table(title=f"fleet: {len(d['engines'])} engines ({summary})", title_justify="left")
+    summary = ", ".join(f"{n} {k}" for k, n in d.counts.items() if n)
+    t = Table(title=f"fleet: {len(d.engines)} engines ({summary})", title_justify="left")
     for col, just in (
         ("engine", "left"),
         ("state", "left"),
@@ -561,43 +564,43 @@ def fleet_table(d: dict[str, Any]) -> Table:
         ("why", "left"),
     ):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
-    for e in d["engines"]:
-        style = FLEET_STYLE.get(e["state"], "")
-        if e["state"] == "down":
+    for e in d.engines:
+        style = FLEET_STYLE.get(e.state, "")
+        if e.down:
             # One line each (the departure first, short enough never to wrap): how it went, since when, why.
-            why = "\n".join(x for x in (e.get("departure_text"), e.get("down_text", "").partition(": ")[2]) if x)
-            why += ("\n" if why else "") + e["problems"][0]
-            t.add_row(e["engine"], Text(e["state"], style), "", "", "", "", "", "", "", why)
+            why = "\n".join(x for x in (e.departure_text, (e.down_text or "").partition(": ")[2]) if x)
+            why += ("\n" if why else "") + e.problems[0]
+            t.add_row(e.engine, Text(e.state, style), "", "", "", "", "", "", "", why)
             continue
         t.add_row(
-            Text(e["engine"], "bold"),
-            Text(e["state"], style),
-            f"{len(e['ranks'])} ranks",
-            format_bytes(sum(r["live_bytes"] for r in e["ranks"])),
-            format_bytes(e.get("budget_bytes")),
-            format_bytes(max((r["peak_bytes"] for r in e["ranks"]), default=0)),
-            str(sum(r["windows_live"] for r in e["ranks"])),
-            f"{e['restore_bps'] / 1e9:.2f} GB/s",
-            str(e["markers"]),
-            "; ".join(e["problems"]) or f"W={e.get('W')} {e.get('model') or ''}".strip(),
+            Text(e.engine, "bold"),
+            Text(e.state, style),
+            f"{len(e.ranks)} ranks",
+            format_bytes(sum(r.live_bytes for r in e.ranks)),
+            format_bytes(e.budget_bytes),
+            format_bytes(max((r.peak_bytes for r in e.ranks), default=0)),
+            str(sum(r.windows_live for r in e.ranks)),
+            f"{e.restore_bps / 1e9:.2f} GB/s",
+            str(e.markers),
+            "; ".join(e.problems) or f"W={e.W} {e.model or ''}".strip(),
         )
-        for r in e["ranks"]:
+        for r in e.ranks:
             t.add_row(
                 "",
-                Text(r["state"], FLEET_STYLE.get(r["state"], "")),
-                f"r{r['rank']}",
-                format_bytes(r["live_bytes"]),
-                format_bytes(r["budget_bytes"]),
-                format_bytes(r["peak_bytes"]),
-                str(r["windows_live"]),
-                f"{r['restore_bps'] / 1e9:.2f} GB/s",
+                Text(r.state, FLEET_STYLE.get(r.state, "")),
+                f"r{r.rank}",
+                format_bytes(r.live_bytes),
+                format_bytes(r.budget_bytes),
+                format_bytes(r.peak_bytes),
+                str(r.windows_live),
+                f"{r.restore_bps / 1e9:.2f} GB/s",
                 "",
-                r["reason"],
+                r.reason,
             )
     return t
 
 
-def fleet(console: Console, d: dict[str, Any]) -> None:
+def fleet(console: Console, d: FleetView) -> None:
     console.print(fleet_table(d))
 
 

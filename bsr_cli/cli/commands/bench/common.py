@@ -102,7 +102,7 @@ def execute(
 
         reg = loaders.load_registration(registration or "demo")
         opts = options(reg)
-        pool = format_bytes(opts.resolved()["pool_bytes"])
+        pool = format_bytes(opts.resolved().pool_bytes)
         st.out.note(f"starting a dedicated embedded engine for {experiment} (pool {pool}/rank)…")
         with tempfile.TemporaryDirectory(prefix="bsr-bench-") as tmp:
             t0 = time.monotonic()

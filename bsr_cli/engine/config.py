@@ -1,0 +1,253 @@
+"""``engine.json``: everything the engine process (bsr_cli.engine.server) is built from, as `bsr engine up` writes
+it into the state directory. The file keeps its layout (key order included: `bsr bundle` copies it as it is); these
+types are how the supervisor writes it and the engine reads it back."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bsr_cli.core.registration import Registration
+from bsr_cli.engine import netns
+from bsr_cli.runtime.coordinator_state import EngineSettings
+from bsr_cli.runtime.pool import PoolStats
+
+# The resolved settings the engine process runs with (engine.json's "settings": the runtime's EngineSettings).
+ENGINE_SETTINGS = (
+    "w",
+    "pool_bytes",
+    "budget_bytes",
+    "max_tokens",
+    "kv_tokens",
+    "faults_enabled",
+    "fs_concurrency",
+    "fetch_timeout_s",
+    "kv_wait_s",
+)
+
+
+@dataclass(frozen=True)
+class MooncakeEndpoints:
+    """Where the engine's Mooncake master answers (RPC, metadata, health, admin)."""
+
+    master_address: str
+    metadata_url: str
+    health_url: str | None = None
+    admin_url: str | None = None
+
+
+@dataclass(frozen=True)
+class StoreHosts:
+    """A multi-host engine (`--hosts netns`): its namespaces and links, and the store's addresses on them."""
+
+    topology: netns.Topology
+    master: str  # the master's RPC address, host:port
+    holder: str  # the segment holder's service address, host:port
+
+    def endpoint(self, node: str) -> str:
+        return self.master if node == netns.MASTER else self.holder
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """The admin server's self-defence (bsr_cli/server/admin.py; an absent limit keeps the server's default), the
+    host names it answers to besides loopback and its bind address, and whether /metrics needs the token."""
+
+    limits: dict[str, float] = field(default_factory=dict)
+    allowed_hosts: tuple[str, ...] = ()
+    open_metrics: bool = False
+
+    def limit(self, name: str, default: float) -> float:
+        return self.limits.get(name, default)
+
+
+@dataclass(frozen=True)
+class EventRetention:
+    """How long the durable event store keeps events, and the size beyond which the oldest go."""
+
+    max_age_s: float
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    registration: Registration
+    settings: EngineSettings
+    mooncake: MooncakeEndpoints | None
+    hosts: StoreHosts | None
+    fs_dir: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    events: EventRetention | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "registration": self.registration.to_dict(),
+            "settings": {k: getattr(s, k) for k in ENGINE_SETTINGS} | {"tiers": s.tiers},
+            "mooncake": None if self.mooncake is None else asdict(self.mooncake),
+            "hosts": None
+            if self.hosts is None
+            else {
+                "topology": self.hosts.topology.to_dict(),
+                "endpoints": {"master": self.hosts.master, "holder": self.hosts.holder},
+            },
+            "fs_dir": self.fs_dir,
+            "host": self.host,
+            "port": self.port,
+            "admin": self.admin.limits
+            | {"allowed_hosts": list(self.admin.allowed_hosts), "open_metrics": self.admin.open_metrics},
+            "events": None if self.events is None else asdict(self.events),
+        }
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> EngineConfig:
+        """engine.json as written by `bsr engine up`; what it leaves out takes the engine's defaults."""
+        settings = dict(d["settings"])
+        if "tiers" in settings:
+            settings["tiers"] = tuple(settings["tiers"])
+        mc = d.get("mooncake")
+        hosts = d.get("hosts")
+        admin = dict(d.get("admin") or {})
+        allowed = admin.pop("allowed_hosts", ())
+        open_metrics = bool(admin.pop("open_metrics", False))
+        events = d.get("events")
+        return cls(
+            registration=Registration.from_dict(d["registration"]),
+            settings=EngineSettings(**settings),
+            mooncake=None
+            if not mc
+            else MooncakeEndpoints(
+                str(mc["master_address"]), str(mc["metadata_url"]), mc.get("health_url"), mc.get("admin_url")
+            ),
+            hosts=None
+            if not hosts
+            else StoreHosts(
+                netns.Topology.from_dict(hosts["topology"]),
+                str(hosts["endpoints"][netns.MASTER]),
+                str(hosts["endpoints"][netns.HOLDER]),
+            ),
+            fs_dir=str(d["fs_dir"]),
+            host=str(d.get("host", "127.0.0.1")),
+            port=int(d.get("port", 0)),
+            admin=AdminConfig({str(k): v for k, v in admin.items()}, tuple(str(h) for h in allowed), open_metrics),
+            events=None if not events else EventRetention(events["max_age_s"], events["max_bytes"]),
+        )
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What an engine brought back from the previous run (and dropped), with one line per fact."""
+
+    markers: int = 0
+    settings: dict[str, int] = field(default_factory=dict)
+    dropped_faults: int = 0
+    lines: tuple[str, ...] = ()
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Restored:
+        settings = d.get("settings")
+        lines = d.get("lines")
+        return cls(
+            int(d.get("markers") or 0),
+            {str(k): int(v) for k, v in settings.items()} if isinstance(settings, dict) else {},
+            int(d.get("dropped_faults") or 0),
+            tuple(str(x) for x in lines) if isinstance(lines, list) else (),
+        )
+
+
+@dataclass(frozen=True)
+class RankLink:
+    """A link from a rank's host to the store's: checked when a fetch fails, so the failure names the link."""
+
+    link: str
+    peer: str
+    address: str  # the peer's address, host:port
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    """What one rank process is started with (it crosses the pipe to the new process as it is)."""
+
+    rank: int
+    registration: Registration
+    blocks: dict[str, int]  # destination KV blocks per layer group
+    pool_bytes: int
+    budget_bytes: int
+    mooncake: MooncakeEndpoints | None
+    fs_dir: str
+    fs_concurrency: int = 1
+    log_dir: str | None = None
+    # A multi-host engine's rank: its network namespace, its address there and its links to the store.
+    netns: str | None = None
+    address: str | None = None
+    links: tuple[RankLink, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What a rank process says about itself once it has started."""
+
+    rank: int
+    pid: int
+    device: str
+    torch: str
+    kv_bytes: int
+    pool: PoolStats
+    tiers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EngineReady:
+    """ready.json: written by the engine once it serves, read by `bsr engine up` waiting for it."""
+
+    url: str
+    pid: int
+    ranks: tuple[RankInfo, ...]
+    started_at: float
+    restored: Restored
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "pid": self.pid,
+            "ranks": [asdict(r) for r in self.ranks],
+            "started_at": self.started_at,
+            "restored": asdict(self.restored),
+        }
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> EngineReady:
+        return cls(
+            str(d["url"]),
+            int(d["pid"]),
+            tuple(
+                RankInfo(
+                    int(r["rank"]),
+                    int(r["pid"]),
+                    str(r["device"]),
+                    str(r["torch"]),
+                    int(r["kv_bytes"]),
+                    PoolStats(**{k: int(v) for k, v in dict(r["pool"]).items()}),
+                    tuple(str(t) for t in r["tiers"]),
+                )
+                for r in d["ranks"]
+            ),
+            float(d["started_at"]),
+            Restored.from_wire(d.get("restored") or {}),
+        )
+
+
+__all__ = [
+    "AdminConfig",
+    "EngineConfig",
+    "EngineReady",
+    "EventRetention",
+    "MooncakeEndpoints",
+    "RankConfig",
+    "RankInfo",
+    "RankLink",
+    "Restored",
+    "StoreHosts",
+]
