@@ -14,6 +14,7 @@ from bsr_cli.errors import BsrError, InvalidInput
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
+    from bsr_cli.core.explain import Explanation
     from bsr_cli.incident_bundle import Builder
 
 
@@ -77,7 +78,7 @@ def bundle(
         info = _add_engine_state(b, client, url, t_from)
         for name, n_tok, s_seed, path in prompts:
             try:
-                b.json(f"explain/{name}.json", _explain(st, n_tok, s_seed, path))
+                b.json(f"explain/{name}.json", _explain(st, n_tok, s_seed, path).to_wire())
             except BsrError as e:
                 manifest["missing"][f"explain/{name}.json"] = e.message
     local = _local_engine(st, url)
@@ -167,7 +168,7 @@ def _render(console: Any, d: dict[str, Any]) -> None:
     console.print(f"read it back: bsr top --replay {d['bundle']}  ·  bsr describe REQ --record {d['bundle']}")
 
 
-def _explain(st: Any, n: int | None, seed: int, path: Path | None) -> dict[str, Any]:
+def _explain(st: Any, n: int | None, seed: int, path: Path | None) -> Explanation:
     from bsr_cli.cli.commands.explain_cmd import _explain_prompt
     from bsr_cli.cli.commands.probe_options import PromptFlags
 

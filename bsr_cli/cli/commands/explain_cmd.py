@@ -3,8 +3,9 @@ evidence chain and the next command to run. The facts are gathered here; bsr_cli
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,6 +13,10 @@ from bsr_cli.cli.commands.operate import PromptFileOpt, SeedOpt, SyntheticOpt, T
 from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.errors import EngineError, InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.core.events import Event
+    from bsr_cli.core.explain import Explanation
 
 
 def explain(
@@ -100,7 +105,7 @@ def _explain_prompt(
     seed: int,
     w: int | None,
     flags: str,
-) -> dict[str, Any]:
+) -> Explanation:
     from bsr_cli.client import AdminClient
     from bsr_cli.core.evidence import EventKind
     from bsr_cli.core.explain import explain_engine, fold_restore
@@ -150,8 +155,7 @@ def _explain_prompt(
         w=w,
         last_restore=last,
     )
-    result["url"] = client.url
-    return result
+    return dataclasses.replace(result, url=client.url)
 
 
 def _covers(entry: dict[str, Any], tokens: list[int], prompt: str) -> bool:
@@ -165,7 +169,7 @@ def _covers(entry: dict[str, Any], tokens: list[int], prompt: str) -> bool:
     return isinstance(n, int) and 0 < n <= len(tokens) and prompt_hash(tokens[:n]) == entry.get("prompt")
 
 
-def _explain_request(st: AppState, request: str) -> dict[str, Any]:
+def _explain_request(st: AppState, request: str) -> Explanation:
     from bsr_cli.client import AdminClient
     from bsr_cli.core.explain import explain_request
 
@@ -181,11 +185,10 @@ def _explain_request(st: AppState, request: str) -> dict[str, Any]:
             "for its retention (7 days / 512 MiB by default)",
         )
     result = explain_request(mine, health=health, markers=markers)
-    result["url"] = client.url
-    return result
+    return dataclasses.replace(result, url=client.url)
 
 
-def _typed(wire: list[dict[str, Any]]) -> list[Any]:
+def _typed(wire: list[dict[str, Any]]) -> list[Event]:
     """The events as types (`bsr_cli.core.events`); one this bsr does not know (a newer engine's) is left out."""
     from bsr_cli.tui.model import parse_wire
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +20,9 @@ from bsr_cli.core.events import RestoreFailed, RestoreStarted, WindowReleased, p
 from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
+
+if TYPE_CHECKING:
+    from bsr_cli.core.explain import Explanation
 
 STRIP_FIXED_COLUMNS = 36  # what the probe table spends beside the strip: rank, group, held, borders
 
@@ -600,39 +603,39 @@ def fleet(console: Console, d: dict[str, Any]) -> None:
     console.print(fleet_table(d))
 
 
-def explain(console: Console, d: dict[str, Any]) -> None:
+def explain(console: Console, d: Explanation) -> None:
     """The verdict first, then its evidence chain, the other findings, where each tier's prefix ends per rank, the
     last restore per rank and window, and the next command."""
-    v = d["findings"][0]
-    style = "green" if d.get("reusable") else "red"
-    subject = f"request {d['request']}" if d.get("request") else f"prompt {d.get('prompt') or ''}".strip()
-    console.print(f"[bold]{subject}[/]: [{style}]{d['verdict']}[/]")
-    console.print(f"  {v['summary']}")
-    for line in v["evidence"]:
+    v = d.findings[0]
+    style = "green" if d.reusable else "red"
+    subject = f"request {d.request}" if d.request else f"prompt {d.prompt}".strip()
+    console.print(f"[bold]{subject}[/]: [{style}]{d.verdict.value}[/]")
+    console.print(f"  {v.summary}")
+    for line in v.evidence:
         console.print(f"  [dim]·[/] {line}")
-    console.print(f"  fix: {v['fix']}")
-    others = d["findings"][1:]
+    console.print(f"  fix: {v.fix}")
+    others = d.findings[1:]
     if others:
         console.print("also:")
         for f in others:
-            console.print(f"  [yellow]{f['kind']}[/]: {f['summary']}")
-    if d.get("tiers"):
+            console.print(f"  [yellow]{f.kind.value}[/]: {f.summary}")
+    if d.tiers:
         t = Table(title="prefix per tier and rank (chunks)", title_justify="left")
         for col in ("tier", "rank", "prefix", "held"):
             t.add_column(col, justify="right")
-        for row in d["tiers"]:
-            t.add_row(row["tier"], str(row["rank"]), f"{row['prefix_chunks']}/{d['chunks']}", str(row["held_chunks"]))
+        for row in d.tiers:
+            t.add_row(row.tier, str(row.rank), f"{row.prefix_chunks}/{d.chunks}", str(row.held_chunks))
         console.print(t)
-    last = d.get("last_restore")
-    if last and d.get("verdict") and not d.get("request"):
+    last = d.last_restore
+    if last and not d.request:
         console.print(
-            f"last restore {last['request']}: {last['outcome']}"
-            + (f" ({last.get('failure_kind')})" if last.get("failure_kind") else "")
-            + (f", {last['windows']} window(s) of W={last['W']}" if last.get("windows") is not None else "")
+            f"last restore {last.request}: {last.outcome.value if last.outcome is not None else 'running'}"
+            + (f" ({last.failure_kind.value})" if last.failure_kind else "")
+            + (f", {last.windows} window(s) of W={last.W}" if last.windows is not None else "")
         )
-        for r in last.get("ranks") or []:
-            console.print(f"  rank {r['rank']}: {r['windows_released']} window(s) released, {format_bytes(r['bytes'])}")
-        for f in last.get("failures") or []:
-            win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
-            console.print(f"  [red]failed[/] rank {f.get('rank')}{win}: {f.get('reason')}")
-    console.print(f"next: [bold]{d['next']}[/]")
+        for r in last.ranks:
+            console.print(f"  rank {r.rank}: {r.windows_released} window(s) released, {format_bytes(r.bytes)}")
+        for fail in last.failures:
+            win = f" window G{fail.window + 1}" if fail.window is not None else ""
+            console.print(f"  [red]failed[/] rank {fail.rank}{win}: {fail.reason}")
+    console.print(f"next: [bold]{d.next}[/]")
