@@ -27,7 +27,7 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -106,9 +106,6 @@ class TierPrefix:
     prefix_chunks: int
     held_chunks: int
 
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
 class RankWindows:
@@ -117,9 +114,6 @@ class RankWindows:
     rank: int
     windows_released: int = 0
     bytes: int = 0
-
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -133,9 +127,6 @@ class QuarantinedChunk:
     file: str
     reason: str
 
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
 class RestoreMarker:
@@ -143,9 +134,6 @@ class RestoreMarker:
 
     excluded_tiers: tuple[str, ...]
     reason: str
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"excluded_tiers": list(self.excluded_tiers), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -177,38 +165,41 @@ class FoldedRestore:
         return "ended" in self.arrived
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "request": self.request,
-            "outcome": self.outcome.value if self.outcome is not None else "running",
-            "windows": self.windows,
-            "W": self.W,
-            "failures": [_failure_wire(f) for f in self.failures],
-        }
+        return (
+            {
+                "request": self.request,
+                "outcome": self.outcome.value if self.outcome is not None else "running",
+                "windows": self.windows,
+                "W": self.W,
+                # A failure as a folded restore names it: its kind, stage and tier, not its cause.
+                "failures": [
+                    {
+                        "rank": f.rank,
+                        "window": f.window,
+                        "kind": f.kind.value,
+                        "stage": f.stage.value if f.stage else None,
+                        "tier": f.tier,
+                        "reason": f.reason,
+                    }
+                    for f in self.failures
+                ],
+            }
+            | dict(self._optional_facts())
+            | {"ranks": [dataclasses.asdict(r) for r in self.ranks]}
+        )
+
+    def _optional_facts(self) -> Iterator[tuple[str, Any]]:
+        """The wire's optional facts, named only once seen, in the order they first came in (as it always had)."""
         for section in self.arrived:
             if section == "started":
-                out |= {"tiers": list(self.tiers), "tokens": self.tokens}
+                yield from (("tiers", list(self.tiers)), ("tokens", self.tokens))
             elif section == "ended":
-                kind = self.failure_kind.value if self.failure_kind is not None else None
-                out |= {"committed_tokens": self.committed_tokens, "failure_kind": kind}
+                yield "committed_tokens", self.committed_tokens
+                yield "failure_kind", self.failure_kind.value if self.failure_kind is not None else None
             elif section == "marker" and self.marker is not None:
-                out["marker"] = self.marker.to_wire()
+                yield "marker", {"excluded_tiers": list(self.marker.excluded_tiers), "reason": self.marker.reason}
             elif section == "quarantined":
-                out["quarantined"] = [q.to_wire() for q in self.quarantined]
-        out["ranks"] = [r.to_wire() for r in self.ranks]
-        return out
-
-
-def _failure_wire(f: ev.Failure) -> dict[str, Any]:
-    """A failure as a folded restore names it (its kind, stage and tier; not its cause)."""
-    stage = f.stage.value if f.stage else None
-    return {
-        "rank": f.rank,
-        "window": f.window,
-        "kind": f.kind.value,
-        "stage": stage,
-        "tier": f.tier,
-        "reason": f.reason,
-    }
+                yield "quarantined", [dataclasses.asdict(q) for q in self.quarantined]
 
 
 class Subject(StrEnum):
@@ -241,26 +232,30 @@ class Explanation:
     url: str | None = None  # the engine asked, when the command asked one
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": "bsr.explain"}
+        return (
+            {"kind": "bsr.explain"}
+            | dict(self._subject_facts())
+            | {
+                "verdict": self.verdict.value,
+                "reusable": self.reusable,
+                "summary": self.summary,
+                "findings": [f.to_wire() for f in self.findings],
+                "tiers": [dataclasses.asdict(t) for t in self.tiers],
+                "last_restore": self.last_restore.to_wire() if self.last_restore is not None else None,
+                "next": self.next,
+            }
+            | ({"url": self.url} if self.url is not None else {})
+        )
+
+    def _subject_facts(self) -> Iterator[tuple[str, Any]]:
+        """What the wire says of the subject: a request and its prompt, or a prompt with the engine or store."""
         if self.subject is Subject.REQUEST:
-            out |= {"request": self.request, "prompt": self.prompt}
-        else:
-            out |= {"prompt": self.prompt, "tokens": self.tokens, "chunks": self.chunks}
-            out[self.subject.value] = self.source
-            if self.probe_error:
-                out["probe_error"] = self.probe_error
-        out |= {
-            "verdict": self.verdict.value,
-            "reusable": self.reusable,
-            "summary": self.summary,
-            "findings": [f.to_wire() for f in self.findings],
-            "tiers": [t.to_wire() for t in self.tiers],
-            "last_restore": self.last_restore.to_wire() if self.last_restore is not None else None,
-            "next": self.next,
-        }
-        if self.url is not None:
-            out["url"] = self.url
-        return out
+            yield from (("request", self.request), ("prompt", self.prompt))
+            return
+        yield from (("prompt", self.prompt), ("tokens", self.tokens), ("chunks", self.chunks))
+        yield self.subject.value, self.source
+        if self.probe_error:
+            yield "probe_error", self.probe_error
 
 
 def tier_prefixes(bitmap: HitBitmap) -> list[TierPrefix]:
