@@ -87,7 +87,7 @@ def explain(
         result = explain_store(
             prompt="",
             prompt_flags=flags,
-            store=data,
+            store=data.to_wire(),
             command=lambda verb, changes: opts.command(verb, prompt, changes),
         )
     elif request is not None:
