@@ -110,19 +110,9 @@ class PoolSample:
     peak_bytes: int | None
 
 
-@dataclass(frozen=True)
-class PoolHistory:
-    """``pool-history.json``: per rank (as a string, the file's key), the pool occupancy each window event
-    reported."""
-
-    ranks: dict[str, list[PoolSample]]
-
-    def to_wire(self) -> dict[str, list[dict[str, Any]]]:
-        return {rank: [asdict(s) for s in samples] for rank, samples in self.ranks.items()}
-
-
-def pool_history(events: Iterable[Mapping[str, Any]]) -> PoolHistory:
-    """Per rank, the pool occupancy each window event reported (time, event, live and peak bytes)."""
+def pool_history(events: Iterable[Mapping[str, Any]]) -> dict[str, list[PoolSample]]:
+    """``pool-history.json``: per rank (a string, the file's key), the pool occupancy each window event reported
+    (time, event, live and peak bytes)."""
     from bsr_cli.core import events as ev
 
     out: dict[str, list[PoolSample]] = {}
@@ -131,7 +121,7 @@ def pool_history(events: Iterable[Mapping[str, Any]]) -> PoolHistory:
         if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool:
             sample = PoolSample(e.time, e.kind.value, e.request, e.pool.get("live_bytes"), e.pool.get("peak_bytes"))
             out.setdefault(str(e.rank), []).append(sample)
-    return PoolHistory(out)
+    return out
 
 
 @dataclass(frozen=True)
@@ -146,7 +136,7 @@ class TierQuarantine:
 def quarantine_list(health: Mapping[str, Any]) -> dict[str, TierQuarantine]:
     """Per tier, the objects it quarantined (as each rank reported them, newest first) and how many there are: the
     list only, never the bytes (they stay in the tier's ``quarantine/`` directory for whoever looks into it).
-    ``health`` is the engine's health answer (wire form); the result's asdict is ``quarantine.json``."""
+    ``health`` is the engine's health answer (wire form); the result is ``quarantine.json``."""
     out: dict[str, TierQuarantine] = {}
     for name, h in (health.get("tiers") or {}).items():
         if isinstance(h, Mapping) and (h.get("quarantined_total") or h.get("quarantined")):
@@ -154,33 +144,36 @@ def quarantine_list(health: Mapping[str, Any]) -> dict[str, TierQuarantine]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Manifest:
-    """``manifest.json``: what the bundle is, where it came from, what was redacted, and what is missing (file ->
-    why). Writing adds the files with their sizes and the notes of what was cut."""
+    """``manifest.json`` (its fields are the file's keys, in order): what the bundle is, where it came from, what
+    was redacted, and what is missing (file -> why). Writing adds the files with their sizes and the notes of what
+    was cut."""
 
+    format: str = FORMAT
+    version: int = FORMAT_VERSION
     created: float
     engine: str
     found_via: str
-    missing: dict[str, str] = field(default_factory=dict)
-    format: str = FORMAT
-    version: int = FORMAT_VERSION
-    redacted: tuple[str, ...] = (
-        "token ids (every `tokens` list)",
-        "the admin token",
-        "bearer headers and secret-like values",
+    redacted: list[str] = field(
+        default_factory=lambda: [
+            "token ids (every `tokens` list)",
+            "the admin token",
+            "bearer headers and secret-like values",
+        ]
     )
+    missing: dict[str, str] = field(default_factory=dict)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "version": self.version,
-            "created": self.created,
-            "engine": self.engine,
-            "found_via": self.found_via,
-            "redacted": list(self.redacted),
-            "missing": dict(self.missing),
-        }
+
+def _plain(obj: Any) -> Any:
+    """JSON data for a file: a typed part as its fields (dataclasses.asdict, nested ones too), the rest as it is."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    return obj
 
 
 def tail(path: Path, lines: int = LOG_LINES) -> str:
@@ -204,12 +197,9 @@ class Builder:
         self.notes: list[str] = []
 
     def json(self, name: str, obj: Any) -> None:
-        """``obj`` as JSON: plain data, or a typed result (its ``to_wire()``, or a dataclass's fields as they are)."""
-        if hasattr(obj, "to_wire"):
-            obj = obj.to_wire()
-        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            obj = asdict(obj)
-        text = json.dumps(redact_tokens(obj), indent=2, default=str, sort_keys=False)
+        """``obj`` as JSON: plain data, or typed parts (their fields as they are; a result with ``to_wire()`` is
+        handed in as its wire form)."""
+        text = json.dumps(redact_tokens(_plain(obj)), indent=2, default=str, sort_keys=False)
         self.files[name] = redact_text(text, self.secrets).encode() + b"\n"
 
     def text(self, name: str, text: str) -> None:
@@ -259,7 +249,7 @@ class Builder:
 
     def write(self, path: Path, manifest: Manifest) -> int:
         files = {n: len(d) for n, d in sorted(self.files.items())}
-        text = json.dumps(manifest.to_wire() | {"files": files, "notes": self.notes}, indent=2, default=str)
+        text = json.dumps(asdict(manifest) | {"files": files, "notes": self.notes}, indent=2, default=str)
         data = text.encode() + b"\n"
         now = time.time()
         with tarfile.open(path, "w:gz") as tar:

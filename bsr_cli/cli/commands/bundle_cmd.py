@@ -101,7 +101,7 @@ class BundleWritten:
 
     def to_wire(self) -> dict[str, Any]:
         head = {"bundle": str(self.bundle), "bytes": self.bytes, "files": list(self.files), "notes": list(self.notes)}
-        return head | self.manifest.to_wire()
+        return head | asdict(self.manifest)
 
 
 # A prompt to explain: (its name in the bundle, synthetic tokens or None, seed, token file or None).
@@ -134,7 +134,7 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
     b.json("registration.json", client.registration())
     b.json("markers.json", snap.get("markers") or [])
     b.json("faults.json", client.faults())
-    b.json("quarantine.json", {tier: asdict(q) for tier, q in ib.quarantine_list(health).items()})
+    b.json("quarantine.json", ib.quarantine_list(health))
     # The engine's events since --since, from its durable store (the snapshot carries only the newest).
     events, _ = client.held_events(0, after=t_from)
     b.events("events.jsonl", events)
