@@ -68,7 +68,7 @@ def bundle(
     b = ib.Builder([token or ""])
     manifest = ib.Manifest(created=time.time(), engine=url, found_via=how)
     with AdminClient(url, token, timeout_s=st.settings.timeout_s) as client:
-        info = _add_engine_state(b, client, url, t_from)
+        _add_engine_state(b, client, url, t_from)
         for name, n_tok, s_seed, path in prompts:
             try:
                 b.json(f"explain/{name}.json", _explain(st, n_tok, s_seed, path).to_wire())
@@ -76,7 +76,6 @@ def bundle(
                 manifest.missing[f"explain/{name}.json"] = e.message
     local = _local_engine(st, url)
     _add_segments(b, manifest.missing, master_admin or (local.mooncake_admin_url if local is not None else None))
-    b.json("versions.json", asdict(ib.versions()) | {"engine": info.get("version"), "api": info.get("api")})
     logs = Path(st.settings.state_dir) / "logs"
     if local is not None and logs.is_dir():
         for p in sorted(logs.glob("*.log")):
@@ -117,9 +116,10 @@ def _prompts(synthetic: list[int], seeds: list[int], tokens_files: list[Path]) -
     return prompts + [(f"tokens-{p.stem}", None, 0, p) for p in tokens_files]
 
 
-def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) -> dict[str, Any]:
+def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) -> None:
     """What the engine itself says: status, health, info, registration, markers, faults, quarantine, the events
-    since ``t_from`` with the pool history they give, and the recording rebuilt from them. Returns its info."""
+    since ``t_from`` with the pool history they give, the recording rebuilt from them, and the versions (this
+    bsr's, its packages' and the engine's)."""
     from bsr_cli import incident_bundle as ib
 
     t0 = time.monotonic()
@@ -131,6 +131,7 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
     b.json("status.json", {k: v for k, v in snap.items() if k != "events"})
     b.json("health.json", health)
     b.json("info.json", info)
+    b.json("versions.json", asdict(ib.versions()) | {"engine": info.get("version"), "api": info.get("api")})
     b.json("registration.json", client.registration())
     b.json("markers.json", snap.get("markers") or [])
     b.json("faults.json", client.faults())
@@ -149,7 +150,6 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
 
     history = [clean(h) for h in ib.history_frames(frame, events)]
     b.raw(ib.RECORDING, ib.recording_bytes(clean(frame), received, latency, url, history))
-    return info
 
 
 def _add_segments(b: Builder, missing: dict[str, str], admin: str | None) -> None:

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from bsr_cli.cli.commands.incident import typed_events
 from bsr_cli.cli.commands.operate import PromptFileOpt, SeedOpt, SyntheticOpt, TokensFileOpt, WOpt
 from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.errors import EngineError, InvalidInput
 
 if TYPE_CHECKING:
-    from bsr_cli.core.events import Event
     from bsr_cli.core.explain import Explanation
 
 
@@ -140,7 +140,7 @@ def _explain_prompt(
             found = [e for e in recent if _covers(e, tokens, prompt)]
         last_events = client.held_events(0, request=str(found[-1]["request"]))[0] if found else []
     markers = [dict(m, prompt=prompt) if _covers(m, tokens, prompt) else m for m in markers]
-    last = fold_restore(_typed(last_events)) if last_events else None
+    last = fold_restore(typed_events(last_events)) if last_events else None
     result = explain_engine(
         prompt=prompt,
         prompt_flags=flags,
@@ -177,7 +177,7 @@ def _explain_request(st: AppState, request: str) -> Explanation:
         events, _ = client.held_events(0, request=request)
         health = client.health()
         markers = client.markers()
-    mine = _typed(events)
+    mine = typed_events(events)
     if not mine:
         raise InvalidInput(
             f"no events of request {request!r} on {client.url}",
@@ -187,9 +187,3 @@ def _explain_request(st: AppState, request: str) -> Explanation:
     result = explain_request(mine, health=health, markers=markers)
     return dataclasses.replace(result, url=client.url)
 
-
-def _typed(wire: list[dict[str, Any]]) -> list[Event]:
-    """The events as types (`bsr_cli.core.events`); one this bsr does not know (a newer engine's) is left out."""
-    from bsr_cli.tui.model import parse_wire
-
-    return [e for e in map(parse_wire, wire) if e is not None]

@@ -356,7 +356,7 @@ def describe(
         with _client(st) as client:
             evs, _ = client.held_events(0, request=request)
             where = client.url
-        mine = _typed(evs)
+        mine = typed_events(evs)
     if not mine:
         raise InvalidInput(
             f"no events of request {request!r} in {where}",
@@ -366,7 +366,7 @@ def describe(
     st.out.result(timeline(request, mine), _render_timeline)
 
 
-def _typed(evs: list[dict[str, Any]]) -> list[ev.Event]:
+def typed_events(evs: list[dict[str, Any]]) -> list[ev.Event]:
     """The events as types; one this bsr does not know (a newer engine's) is left out rather than misread."""
     from bsr_cli.tui.model import parse_wire
 
