@@ -186,4 +186,3 @@ def _explain_request(st: AppState, request: str) -> Explanation:
         )
     result = explain_request(mine, health=health, markers=markers)
     return dataclasses.replace(result, url=client.url)
-
