@@ -37,6 +37,7 @@ from bsr_cli.core import events as ev
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.registration import Registration
+from bsr_cli.core.store_probe import Diagnosis, HolderState, KeyFormatValue, Liveness, StoreProbe
 from bsr_cli.errors import ServerError
 
 
@@ -655,8 +656,8 @@ def explain_store(
     *,
     prompt: str,
     prompt_flags: str,
-    store: Mapping[str, Any],
-    command: Callable[[str, Mapping[str, Any]], str],
+    store: StoreProbe,
+    command: Callable[[str, Mapping[str, KeyFormatValue]], str],
 ) -> Explanation:
     """The verdict for a prompt from a Mooncake store LMCache wrote (no engine): `bsr probe --store`'s result.
 
@@ -665,12 +666,12 @@ def explain_store(
     the key-format fields in `changes` replaced (the caller parses options; this module stays pure). The store's
     top-level bitmap counts live holders only; chunks listed on gone or unknown holders are findings here."""
 
-    def store_cmd(verb: str, changes: Mapping[str, Any] | None = None) -> str:
+    def store_cmd(verb: str, changes: Mapping[str, KeyFormatValue] | None = None) -> str:
         return command(verb, dict(changes or {}))
 
-    full = HitBitmap.from_dict(store["bitmap"])
+    full = store.bitmap
     # LMCache stores a partial last chunk only with save_unfull_chunk: without it, the tail is never a miss.
-    storable = int(store.get("storable_chunks") or full.chunks)
+    storable = store.storable_chunks or full.chunks
     bitmap = full
     if storable < full.chunks:
         bitmap = HitBitmap(
@@ -679,24 +680,24 @@ def explain_store(
             full.groups,
             storable * full.chunk_size,
             full.chunk_size,
-            {(r["rank"], r["group"]): r["cells"][:storable] for r in store["bitmap"]["rows"]},
+            {where: cells[:storable] for where, cells in full.rows.items()},
             model=full.model,
         )
     findings: list[Finding] = []
-    live = store.get("liveness") or {}
-    k = int(store.get("committable_chunks") or 0)
-    listed_k = int((live.get("listed") or {}).get("committable_chunks") or k)
-    stale, unknown = int(live.get("stale_chunks") or 0), int(live.get("unknown_chunks") or 0)
+    live = store.liveness
+    k = store.committable_chunks
+    listed_k = live.listed_committable_chunks or k
+    stale, unknown = live.stale_chunks, live.unknown_chunks
     if stale or unknown:
-        findings.append(_holder_gone(live, stale, unknown, k, listed_k, store_cmd("probe")))
-    diag = store.get("diagnosis") or {}
-    if listed_k == 0 and diag.get("available"):
+        findings.append(_holder_gone(live, k, listed_k, store_cmd("probe")))
+    diag = store.diagnosis if isinstance(store.diagnosis, Diagnosis) else None
+    if listed_k == 0 and diag is not None:
         findings.extend(_key_format_mismatch(diag, store_cmd))
     content = _content(bitmap, (), prompt_flags)
     if any(f.kind is FindingKind.KEY_FORMAT_MISMATCH for f in findings):
         content = [f for f in content if f.kind is not FindingKind.NEVER_STORED]
-    elif content and content[0].kind is FindingKind.NEVER_STORED and diag.get("causes"):
-        content[0] = dataclasses.replace(content[0], evidence=(*content[0].evidence, *diag["causes"]))
+    elif content and content[0].kind is FindingKind.NEVER_STORED and diag is not None and diag.causes:
+        content[0] = dataclasses.replace(content[0], evidence=(*content[0].evidence, *diag.causes))
     if stale or unknown:  # listed, but not readable: holder-gone
         content = [f for f in content if f.kind is not FindingKind.NEVER_STORED]
     for i, f in enumerate(content):
@@ -720,17 +721,17 @@ def explain_store(
         findings,
         None,
         subject=Subject.STORE,
-        source=store.get("store"),
+        source=store.store,
         n_tokens=full.tokens,
         chunk_size=0,
     )
 
 
-def _holder_gone(live: Mapping[str, Any], stale: int, unknown: int, k: int, listed_k: int, next_cmd: str) -> Finding:
+def _holder_gone(live: Liveness, k: int, listed_k: int, next_cmd: str) -> Finding:
     """The master lists chunks whose holder is gone (or cannot be checked): only ``k`` chunks can be read."""
-    segs = live.get("segments") or []
-    gone = [s for s in segs if s.get("state") == "gone"]
-    unsure = [s for s in segs if s.get("state") == "unknown"]
+    stale, unknown = live.stale_chunks, live.unknown_chunks
+    gone = [s for s in live.segments if s.state is HolderState.GONE]
+    unsure = [s for s in live.segments if s.state is HolderState.UNKNOWN]
     unsure_text = f"{unknown} chunk(s) have no holder known to be alive (liveness unknown: not counted)"
     if stale:
         what = f"the master still lists {stale} chunk(s) of this prompt, but the process holding them is gone"
@@ -740,8 +741,8 @@ def _holder_gone(live: Mapping[str, Any], stale: int, unknown: int, k: int, list
     return _finding(
         FindingKind.HOLDER_GONE,
         f"{what}: only {k} chunk(s) can really be read",
-        [f"segment {s.get('name')} at {s.get('endpoint')}: not answering" for s in gone]
-        + [f"segment {s.get('name')}: could not be checked" for s in unsure]
+        [f"segment {s.name} at {s.endpoint}: not answering" for s in gone]
+        + [f"segment {s.name}: could not be checked" for s in unsure]
         + [f"listed prefix {listed_k} chunks, live prefix {k}"],
         "restart the segment holder (its data is lost) and let the prompt be stored again",
         next_cmd,
@@ -749,54 +750,51 @@ def _holder_gone(live: Mapping[str, Any], stale: int, unknown: int, k: int, list
 
 
 def _key_format_mismatch(
-    diag: Mapping[str, Any], store_cmd: Callable[[str, Mapping[str, Any] | None], str]
+    diag: Diagnosis, store_cmd: Callable[[str, Mapping[str, KeyFormatValue] | None], str]
 ) -> list[Finding]:
     """The store holds this prompt under another key format (the closest one the diagnosis found)."""
     findings: list[Finding] = []
-    groups = diag.get("groups") or []
-    closest = diag.get("closest")
-    g = groups[int(closest)] if closest is not None and groups else None
-    if g is not None and g.get("prompt_chunks_held") and g.get("differs_in"):
-        fields = ", ".join({"world_size": "world size", "hash_start": "hash seed"}.get(f, f) for f in g["differs_in"])
+    g = diag.groups[diag.closest] if diag.closest is not None and diag.groups else None
+    if g is not None and g.prompt_chunks_held and g.differs_in:
+        fields = ", ".join({"world_size": "world size", "hash_start": "hash seed"}.get(f, f) for f in g.differs_in)
         findings.append(
             _finding(
                 FindingKind.KEY_FORMAT_MISMATCH,
-                f"the store holds {g['prompt_chunks_held']} chunk(s) of this prompt under another key format "
+                f"the store holds {g.prompt_chunks_held} chunk(s) of this prompt under another key format "
                 f"(differs in {fields}): LMCache computed different keys than asked for",
-                list(diag.get("causes") or []),
-                f"ask with {' and '.join(g['flags'])} (or align the deployment's {fields})",
-                store_cmd("explain", g.get("changes") or {}),
+                list(diag.causes),
+                f"ask with {' and '.join(g.flags)} (or align the deployment's {fields})",
+                store_cmd("explain", g.changes),
             )
         )
-    elif g is not None and g.get("unknown_start_chunks"):
-        other = [f for f in g.get("differs_in") or [] if f != "hash_start"]
+    elif g is not None and g.unknown_start_chunks:
+        other = [f for f in g.differs_in if f != "hash_start"]
         findings.append(
             _finding(
                 FindingKind.KEY_FORMAT_MISMATCH,
-                f"key-format mismatch (hash seed unknown): the store holds {g['unknown_start_chunks']} chunk(s) "
+                f"key-format mismatch (hash seed unknown): the store holds {g.unknown_start_chunks} chunk(s) "
                 "of this prompt under a hash chain start none of the vLLM hash seeds tried gives: vLLM ran with "
                 "another PYTHONHASHSEED",
-                list(diag.get("causes") or []),
+                list(diag.causes),
                 "ask with --vllm-hash-seed SEED (the PYTHONHASHSEED the vLLM that stored it ran with)"
-                + (f" and {' and '.join(g['flags'])}" if other else ""),
-                store_cmd("explain", (g.get("changes") or {}) | {"vllm_hash_seed": "SEED"}),
+                + (f" and {' and '.join(g.flags)}" if other else ""),
+                store_cmd("explain", g.changes | {"vllm_hash_seed": "SEED"}),
             )
         )
     return findings
 
 
-def _unverified(store: Mapping[str, Any], next_cmd: str) -> list[Finding]:
+def _unverified(store: StoreProbe, next_cmd: str) -> list[Finding]:
     """Held chunks without a checksum (stored by stock LMCache)."""
-    integrity = store.get("integrity") or {}
+    integrity = store.integrity
     findings: list[Finding] = []
-    if integrity.get("unverified_chunks"):
-        first = integrity.get("unverified") or []
+    if integrity.unverified_chunks:
         findings.append(
             _finding(
                 FindingKind.UNVERIFIED,
-                f"{integrity['unverified_chunks']} held chunk(s) carry no checksum (stored by stock LMCache, not "
+                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, not "
                 "through bsr's plugins): their bytes cannot be verified",
-                [f"rank {u['rank']} chunk {u['chunk']}: no checksum" for u in first[:8]],
+                [f"rank {u.rank} chunk {u.chunk}: no checksum" for u in integrity.unverified[:8]],
                 "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; once they are evicted "
                 "or removed, bsr's plugins store them again with a checksum",
                 next_cmd,

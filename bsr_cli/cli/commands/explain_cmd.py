@@ -87,7 +87,7 @@ def explain(
         result = explain_store(
             prompt="",
             prompt_flags=flags,
-            store=data.to_wire(),
+            store=data,
             command=lambda verb, changes: opts.command(verb, prompt, changes),
         )
     elif request is not None:

@@ -22,8 +22,8 @@ from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
 if TYPE_CHECKING:
-    from bsr_cli.cli.commands.store_probe import StoreProbe
     from bsr_cli.core.explain import Explanation
+    from bsr_cli.core.store_probe import StoreProbe
 
 STRIP_FIXED_COLUMNS = 36  # what the probe table spends beside the strip: rank, group, held, borders
 
@@ -472,7 +472,7 @@ def drill(console: Console, d: dict[str, Any]) -> None:
 
 
 def store_probe(console: Console, d: StoreProbe) -> None:
-    from bsr_cli.cli.commands.store_probe import NoDiagnosis
+    from bsr_cli.core.store_probe import NoDiagnosis
 
     probe(console, d.to_wire())
     tail = d.tail
