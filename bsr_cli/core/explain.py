@@ -365,7 +365,7 @@ def explain_engine(
     *,
     prompt: str,
     prompt_flags: str,
-    registration: Mapping[str, Any],
+    registration: Registration,
     probe: Mapping[str, Any] | None,
     probe_error: str | None = None,
     n_tokens: int,
@@ -378,10 +378,9 @@ def explain_engine(
 ) -> Explanation:
     """The verdict for a prompt on a live engine. Its inputs other than the last restore are the admin API's
     answers as the client returns them (wire form)."""
-    reg = Registration.from_dict(registration)
     bitmap = HitBitmap.from_dict(probe["bitmap"]) if probe is not None else None
     findings = _unhealthy_ranks(health)
-    findings += _window_fit(reg, info, w, bitmap, n_tokens, prompt_flags)
+    findings += _window_fit(registration, info, w, bitmap, n_tokens, prompt_flags)
     findings += _markers(prompt, markers, bitmap)
     findings += _armed_faults(faults)
     if bitmap is not None:
@@ -408,7 +407,7 @@ def explain_engine(
         source=info.get("engine"),
         probe_error=probe_error,
         n_tokens=n_tokens,
-        chunk_size=reg.chunk_size,
+        chunk_size=registration.chunk_size,
     )
 
 

@@ -201,7 +201,7 @@ def test_an_unhealthy_tier_is_the_verdict_only_when_it_is_the_only_full_holder()
     }
     info = {"W": 4, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "t"}
     health = {"ranks": [], "tiers": {"mooncake": {"ok": False, "detail": ["holder gone"]}, "fs": {"ok": True}}}
-    kw = dict(prompt="p", prompt_flags="--synthetic 1", registration=reg.to_dict(), n_tokens=n, info=info)
+    kw = dict(prompt="p", prompt_flags="--synthetic 1", registration=reg, n_tokens=n, info=info)
     kw |= dict(markers=[], faults=[], w=None, last_restore=None)
     d = explain_engine(probe={"bitmap": bitmap}, health=health, **kw)  # type: ignore[arg-type]
     assert d.verdict is FindingKind.TIER_UNHEALTHY and not d.reusable

@@ -22,7 +22,7 @@ def _explain(cells: str, last: FoldedRestore | None) -> Explanation:
     return explain_engine(
         prompt="p",
         prompt_flags="--synthetic 1024",
-        registration=reg.to_dict(),
+        registration=reg,
         probe={"bitmap": bitmap},
         n_tokens=n,
         info=info,

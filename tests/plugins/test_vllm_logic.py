@@ -238,7 +238,7 @@ def test_explain_against_a_worker_reads_full_chunks_and_suggests_only_what_it_se
     rows = [{"rank": r, "group": g, "cells": "1111"} for r in range(2) for g in reg.group_names]
     bitmap = {"tokens": 4 * cs, "chunk_size": cs, "tiers": ["fs"], "ranks": 2, "groups": list(reg.group_names)}
     info = {"W": 2, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "w"}
-    kw: dict = dict(prompt="p", prompt_flags="--tokens-file t.json", registration=reg.to_dict(), n_tokens=4 * cs + 9)
+    kw: dict = dict(prompt="p", prompt_flags="--tokens-file t.json", registration=reg, n_tokens=4 * cs + 9)
     kw |= dict(health={"ranks": [], "tiers": {}}, faults=[], w=None, last_restore=None)
     marker = {"prompt": "p", "excluded_tiers": ["fs"], "reason": "load failed", "request": "q1"}
     for served in (True, False):

@@ -110,6 +110,7 @@ def _explain_prompt(
     from bsr_cli.core.evidence import EventKind
     from bsr_cli.core.explain import explain_engine, fold_restore
     from bsr_cli.core.keys import prompt_hash, synthetic_tokens
+    from bsr_cli.core.registration import Registration
     from bsr_cli.prompts import prompt_body
 
     with AdminClient.from_settings(st.settings) as client:
@@ -119,7 +120,7 @@ def _explain_prompt(
         tokens = body["tokens"] if "tokens" in body else synthetic_tokens(body["synthetic"]["n"], seed)
         prompt = prompt_hash(tokens)
         health = client.health()
-        registration = client.registration()
+        registration = Registration.from_dict(client.registration())
         probe: dict[str, Any] | None = None
         probe_error = None
         try:
