@@ -234,6 +234,8 @@ def events(
         if not follow:
             return
         seq = max([last_seq, *(int(e.get("seq", 0)) for e in evs)])
+        from bsr_cli.tui.model import parse_wire  # only when following: the live stream is filtered here
+
         wanted = _Filter(request, frozenset(kind or ()), t_to)
         while True:  # Ctrl-C ends it (exit 130 through the error boundary)
             got = client.events(since=seq, wait_s=10.0)
@@ -244,7 +246,7 @@ def events(
                 seq = 0
                 _say_restart(st)
                 continue
-            _print_events(st, [e for e in new if wanted.matches(e)])
+            _print_events(st, [e for e in new if wanted.matches(parse_wire(e))])
 
 
 def _write_trace(st: AppState, path: Path, held: list[dict[str, Any]]) -> None:
@@ -303,10 +305,8 @@ class _Filter:
     def __init__(self, request: str | None, kinds: frozenset[EventKind], until: float | None) -> None:
         self.request, self.kinds, self.until = request, kinds, until
 
-    def matches(self, wire: dict[str, Any]) -> bool:
-        from bsr_cli.tui.model import parse_wire
-
-        e = parse_wire(wire)
+    def matches(self, e: ev.Event | None) -> bool:
+        """Whether to show an event (None: one of a kind this bsr does not know)."""
         if e is None:
             return not self.kinds and self.request is None  # unknown to this bsr: shown only when unfiltered
         return (
