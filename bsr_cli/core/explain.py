@@ -70,6 +70,7 @@ class FindingKind(StrEnum):
     RUNNING = "running"
 
 
+# A prompt's findings, in the order the verdict picks them (a request's verdicts are never sorted).
 ORDER = tuple(FindingKind)[: list(FindingKind).index(FindingKind.UNVERIFIED) + 1]
 
 
