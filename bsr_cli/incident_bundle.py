@@ -22,6 +22,7 @@ was cut.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -30,10 +31,14 @@ import re
 import tarfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bsr_cli import __version__
+
+if TYPE_CHECKING:
+    from bsr_cli.core.events import Event
 
 FORMAT = "bsr.incident-bundle"
 FORMAT_VERSION = 1
@@ -71,7 +76,18 @@ def redact_text(text: str, secrets: Iterable[str]) -> str:
     return _SECRET.sub(lambda m: m.group(1) + "***", text)
 
 
-def versions() -> dict[str, Any]:
+@dataclass(frozen=True)
+class Versions:
+    """``versions.json``: bsr's, Python's and the platform's versions, and those of the packages bsr works with
+    (None: not installed). Its fields are the file's keys (the engine's own are added beside them)."""
+
+    bsr: str
+    python: str
+    platform: str
+    packages: dict[str, str | None]
+
+
+def versions() -> Versions:
     from importlib import metadata
 
     pkgs: dict[str, str | None] = {}
@@ -80,37 +96,84 @@ def versions() -> dict[str, Any]:
             pkgs[p] = metadata.version(p)
         except metadata.PackageNotFoundError:
             pkgs[p] = None
-    return {"bsr": __version__, "python": platform.python_version(), "platform": platform.platform(), "packages": pkgs}
+    return Versions(__version__, platform.python_version(), platform.platform(), pkgs)
 
 
-def pool_history(events: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per rank, the pool occupancy each window event reported (time, event, live and peak bytes)."""
+@dataclass(frozen=True)
+class PoolSample:
+    """A rank's pool as one window event reported it."""
+
+    time: float
+    event: str  # the event's kind
+    request: str
+    live_bytes: int | None
+    peak_bytes: int | None
+
+
+def pool_history(events: Iterable[Mapping[str, Any]]) -> dict[str, list[PoolSample]]:
+    """``pool-history.json``: per rank (a string, the file's key), the pool occupancy each window event reported
+    (time, event, live and peak bytes)."""
     from bsr_cli.core import events as ev
 
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[PoolSample]] = {}
     for wire in events:
         e = _parse(wire)
         if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool:
-            out.setdefault(str(e.rank), []).append(
-                {
-                    "time": e.time,
-                    "event": e.kind.value,
-                    "request": e.request,
-                    "live_bytes": e.pool.get("live_bytes"),
-                    "peak_bytes": e.pool.get("peak_bytes"),
-                }
-            )
+            sample = PoolSample(e.time, e.kind.value, e.request, e.pool.get("live_bytes"), e.pool.get("peak_bytes"))
+            out.setdefault(str(e.rank), []).append(sample)
     return out
 
 
-def quarantine_list(health: Mapping[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TierQuarantine:
+    """One tier's quarantined objects: how many, and the newest as each rank reported them (the health answer's
+    entries, kept as they are)."""
+
+    total: int
+    newest: list[dict[str, Any]]
+
+
+def quarantine_list(health: Mapping[str, Any]) -> dict[str, TierQuarantine]:
     """Per tier, the objects it quarantined (as each rank reported them, newest first) and how many there are: the
-    list only, never the bytes (they stay in the tier's ``quarantine/`` directory for whoever looks into it)."""
-    out: dict[str, Any] = {}
+    list only, never the bytes (they stay in the tier's ``quarantine/`` directory for whoever looks into it).
+    ``health`` is the engine's health answer (wire form); the result is ``quarantine.json``."""
+    out: dict[str, TierQuarantine] = {}
     for name, h in (health.get("tiers") or {}).items():
         if isinstance(h, Mapping) and (h.get("quarantined_total") or h.get("quarantined")):
-            out[name] = {"total": int(h.get("quarantined_total") or 0), "newest": list(h.get("quarantined") or [])}
+            out[name] = TierQuarantine(int(h.get("quarantined_total") or 0), list(h.get("quarantined") or []))
     return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """``manifest.json`` (its fields are the file's keys, in order): what the bundle is, where it came from, what
+    was redacted, and what is missing (file -> why). Writing adds the files with their sizes and the notes of what
+    was cut."""
+
+    format: str = FORMAT
+    version: int = FORMAT_VERSION
+    created: float
+    engine: str
+    found_via: str
+    redacted: list[str] = field(
+        default_factory=lambda: [
+            "token ids (every `tokens` list)",
+            "the admin token",
+            "bearer headers and secret-like values",
+        ]
+    )
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+def _plain(obj: Any) -> Any:
+    """JSON data for a file: a typed part as its fields (dataclasses.asdict, nested ones too), the rest as it is."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    return obj
 
 
 def tail(path: Path, lines: int = LOG_LINES) -> str:
@@ -134,7 +197,9 @@ class Builder:
         self.notes: list[str] = []
 
     def json(self, name: str, obj: Any) -> None:
-        text = json.dumps(redact_tokens(obj), indent=2, default=str, sort_keys=False)
+        """``obj`` as JSON: plain data, or typed parts (their fields as they are; a result with ``to_wire()`` is
+        handed in as its wire form)."""
+        text = json.dumps(redact_tokens(_plain(obj)), indent=2, default=str, sort_keys=False)
         self.files[name] = redact_text(text, self.secrets).encode() + b"\n"
 
     def text(self, name: str, text: str) -> None:
@@ -182,9 +247,10 @@ class Builder:
             keep_newest(lo)
             self.notes.append(f"events.jsonl: the {len(lines) - lo:,} oldest events dropped to fit the size cap")
 
-    def write(self, path: Path, manifest: dict[str, Any]) -> int:
-        manifest = manifest | {"files": {n: len(d) for n, d in sorted(self.files.items())}, "notes": self.notes}
-        data = json.dumps(manifest, indent=2, default=str).encode() + b"\n"
+    def write(self, path: Path, manifest: Manifest) -> int:
+        files = {n: len(d) for n, d in sorted(self.files.items())}
+        text = json.dumps(asdict(manifest) | {"files": files, "notes": self.notes}, indent=2, default=str)
+        data = text.encode() + b"\n"
         now = time.time()
         with tarfile.open(path, "w:gz") as tar:
             for name, blob in [("manifest.json", data), *sorted(self.files.items())]:
@@ -197,6 +263,42 @@ class Builder:
 
 
 MAX_FRAMES = 240  # frames a bundle's recording rebuilds from the events (besides the snapshot itself)
+
+
+# What a rebuilt frame holds besides the ranks, as `bsr top` reads a snapshot: each is written as it is (asdict).
+@dataclass(frozen=True)
+class _ActiveRestore:
+    """A restore in flight: its windows released and bytes so far, per rank (as a string)."""
+
+    request: str
+    W: int
+    windows: int
+    tokens: int
+    tiers: list[str]
+    started: float
+    done: dict[str, int]
+    bytes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class _RecentRestore:
+    request: str
+    outcome: str
+    tokens: int
+    W: int
+    tiers: list[str]
+    seconds: float
+    finished: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class _StandingMarker:
+    prompt: str
+    excluded_tiers: list[str]
+    reason: str
+    request: str
+    set_at: float
 
 
 def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -212,10 +314,10 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, An
     pooled = sum(1 for _, e in typed if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool)
     every = max(1, -(-pooled // MAX_FRAMES))
     ranks = {int(r.get("rank", -1)): dict(r) for r in snapshot.get("ranks") or () if isinstance(r, Mapping)}
-    active: dict[str, dict[str, Any]] = {}
-    markers: dict[str, dict[str, Any]] = {}
-    faults: dict[int, dict[str, Any]] = {}
-    recent: list[dict[str, Any]] = []
+    active: dict[str, _ActiveRestore] = {}
+    markers: dict[str, _StandingMarker] = {}
+    faults: dict[int, dict[str, Any]] = {}  # the fault's event as the engine recorded it, less type, seq and time
+    recent: list[_RecentRestore] = []
     frames: list[dict[str, Any]] = []
     since_frame = 0
     for wire, e in typed:
@@ -224,46 +326,40 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, An
             ranks[e.rank] = {**ranks[e.rank], "pool": {**(ranks[e.rank].get("pool") or {}), **e.pool}}
             since_frame += 1
         if isinstance(e, ev.RestoreStarted):
-            active[e.request] = {
-                "request": e.request,
-                "W": e.W,
-                "windows": e.windows,
-                "tokens": e.tokens,
-                "tiers": list(e.tiers),
-                "started": e.time,
-                "done": {str(r): 0 for r in ranks},
-                "bytes": {str(r): 0 for r in ranks},
-            }
+            active[e.request] = _ActiveRestore(
+                request=e.request,
+                W=e.W,
+                windows=e.windows,
+                tokens=e.tokens,
+                tiers=list(e.tiers),
+                started=e.time,
+                done={str(r): 0 for r in ranks},
+                bytes={str(r): 0 for r in ranks},
+            )
         elif isinstance(e, ev.WindowReleased) and e.request in active:
             a = active[e.request]
-            a["done"][str(e.rank)] = a["done"].get(str(e.rank), 0) + 1
-            a["bytes"][str(e.rank)] = a["bytes"].get(str(e.rank), 0) + e.bytes
+            a.done[str(e.rank)] = a.done.get(str(e.rank), 0) + 1
+            a.bytes[str(e.rank)] = a.bytes.get(str(e.rank), 0) + e.bytes
         elif isinstance(e, ev.RestoreFailed):
             boundary = True
         elif isinstance(e, ev.RestoreEnded):
-            started = active.pop(e.request, None) or {}
+            started = active.pop(e.request, None)
             first = e.failures[0] if e.failures else None
             recent.append(
-                {
-                    "request": e.request,
-                    "outcome": e.outcome.value,
-                    "tokens": e.committed_tokens or e.advertised_tokens,
-                    "W": started.get("W", 0),
-                    "tiers": started.get("tiers", []),
-                    "seconds": e.seconds,
-                    "finished": e.time,
-                    "reason": first.reason if first else "",
-                }
+                _RecentRestore(
+                    request=e.request,
+                    outcome=e.outcome.value,
+                    tokens=e.committed_tokens or e.advertised_tokens,
+                    W=started.W if started is not None else 0,
+                    tiers=started.tiers if started is not None else [],
+                    seconds=e.seconds,
+                    finished=e.time,
+                    reason=first.reason if first else "",
+                )
             )
             boundary = True
         elif isinstance(e, ev.MarkerSet):
-            markers[e.prompt] = {
-                "prompt": e.prompt,
-                "excluded_tiers": list(e.excluded_tiers),
-                "reason": e.reason,
-                "request": e.request or "",
-                "set_at": e.time,
-            }
+            markers[e.prompt] = _StandingMarker(e.prompt, list(e.excluded_tiers), e.reason, e.request or "", e.time)
         elif isinstance(e, ev.MarkerCleared):
             markers.pop(e.prompt, None)
         elif isinstance(e, ev.FaultInjected):
@@ -278,9 +374,9 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, An
                     "time": e.time,
                     "seq": e.seq,
                     "ranks": [ranks[r] for r in sorted(ranks)],
-                    "active": [json.loads(json.dumps(a)) for a in active.values()],
-                    "recent": list(recent[-50:]),
-                    "markers": list(markers.values()),
+                    "active": [asdict(a) for a in active.values()],  # a copy: the restore goes on
+                    "recent": [asdict(r) for r in recent[-50:]],
+                    "markers": [asdict(m) for m in markers.values()],
                     "faults": list(faults.values()),
                     "events": [],
                 }
@@ -288,7 +384,7 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, An
     return frames
 
 
-def _parse(wire: Mapping[str, Any]) -> Any:
+def _parse(wire: Mapping[str, Any]) -> Event | None:
     from bsr_cli.core.events import parse_event
 
     try:

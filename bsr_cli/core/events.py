@@ -111,7 +111,8 @@ class EngineStopped(Event):
 @dataclass(frozen=True, kw_only=True)
 class SettingsChanged(Event):
     kind = EventKind.SETTINGS_CHANGED
-    changes: dict[str, Any] = field(default_factory=dict)  # setting -> new value, as the admin API spells them
+    # setting -> new value, as the admin API spells them
+    changes: dict[str, int | float | str | bool | None] = field(default_factory=dict)
 
 
 # -- a request and its restore ---------------------------------------------------------------------------------
@@ -434,22 +435,20 @@ def _wire_fields(obj: Any) -> dict[str, Any]:
     return {f.name: _wire_value(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+_FIELD_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
+def _field_hints(cls: type) -> tuple[tuple[str, Any], ...]:
+    """Each field of a dataclass of this module with its resolved type hint, worked out once per class."""
+    if cls not in _FIELD_HINTS:
+        hints = typing.get_type_hints(cls)
+        _FIELD_HINTS[cls] = tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+    return _FIELD_HINTS[cls]
 
 
 def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
-    hints = _hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
-            continue  # an older writer: the field's default applies (a required one fails below)
-        kwargs[f.name] = _coerce(f.name, hints[f.name], data[f.name])
+    # A field the data lacks (an older writer) takes its default; a required one fails below.
+    kwargs = {name: _coerce(name, hint, data[name]) for name, hint in _field_hints(cls) if name in data}
     try:
         return cls(**kwargs)
     except TypeError as e:  # a required field missing

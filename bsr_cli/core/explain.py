@@ -26,7 +26,10 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from bsr_cli.core import accounting
@@ -34,32 +37,230 @@ from bsr_cli.core import events as ev
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.registration import Registration
+from bsr_cli.core.store_probe import Diagnosis, HolderState, KeyFormatValue, Liveness, StoreProbe
 from bsr_cli.errors import ServerError
 
-ORDER = (
-    "rank-unhealthy",
-    "window-over-budget",
-    "force-local-marker",
-    "fault-armed",
-    "holder-gone",
-    "key-format-mismatch",
-    "never-stored",
-    "rank-skew",
-    "quarantined",
-    "evicted",
-    "partial",
-    "restorable",
-    "repaired",
-    "tier-unhealthy",  # information, after `restorable`, unless every tier holding the whole prompt is unhealthy
-    "unverified",  # information
-)
+
+class FindingKind(StrEnum):
+    """What a finding says (and, for the first finding, the verdict). A prompt's findings come first, in the order
+    the verdict picks them; a request's verdicts follow."""
+
+    RANK_UNHEALTHY = "rank-unhealthy"
+    WINDOW_OVER_BUDGET = "window-over-budget"
+    FORCE_LOCAL_MARKER = "force-local-marker"
+    FAULT_ARMED = "fault-armed"
+    HOLDER_GONE = "holder-gone"
+    KEY_FORMAT_MISMATCH = "key-format-mismatch"
+    NEVER_STORED = "never-stored"
+    RANK_SKEW = "rank-skew"
+    QUARANTINED = "quarantined"
+    EVICTED = "evicted"
+    PARTIAL = "partial"
+    RESTORABLE = "restorable"
+    REPAIRED = "repaired"
+    TIER_UNHEALTHY = "tier-unhealthy"  # information, after `restorable`, unless every tier holding it is unhealthy
+    UNVERIFIED = "unverified"  # information
+    # How a request ended (`bsr explain REQ`).
+    RESTORE_COMMITTED = "restore-committed"
+    RESTORE_ABORTED = "restore-aborted"
+    RESTORE_FAILED_CAPACITY = "restore-failed-capacity"
+    RESTORE_FAILED_RANK = "restore-failed-rank"
+    RESTORE_FAILED_TIER = "restore-failed-tier"
+    ADMITTED = "admitted"
+    RUNNING = "running"
 
 
-def _finding(kind: str, summary: str, evidence: Sequence[str], fix: str, next_cmd: str) -> dict[str, Any]:
-    return {"kind": kind, "summary": summary, "evidence": list(evidence), "fix": fix, "next": next_cmd}
+# A prompt's findings, in the order the verdict picks them (a request's verdicts are never sorted).
+ORDER = tuple(FindingKind)[: list(FindingKind).index(FindingKind.UNVERIFIED) + 1]
 
 
-def tier_prefixes(bitmap: HitBitmap) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Finding:
+    """One thing that explains (or blocks) reuse: what it is, the evidence for it, the fix and the next command."""
+
+    kind: FindingKind
+    summary: str
+    evidence: tuple[str, ...]
+    fix: str
+    next: str
+    blocks: bool | None = None  # a tier-unhealthy finding's: whether it is the verdict (every full tier unhealthy)
+
+    def to_wire(self) -> dict[str, Any]:
+        return ({} if self.blocks is None else {"blocks": self.blocks}) | {
+            "kind": self.kind.value,
+            "summary": self.summary,
+            "evidence": list(self.evidence),
+            "fix": self.fix,
+            "next": self.next,
+        }
+
+
+def _finding(kind: FindingKind, summary: str, evidence: Sequence[str], fix: str, next_cmd: str) -> Finding:
+    return Finding(kind, summary, tuple(evidence), fix, next_cmd)
+
+
+@dataclass(frozen=True)
+class TierPrefix:
+    """On one tier and rank: the leading chunks that tier alone holds for every group, and the chunks it holds."""
+
+    tier: str
+    rank: int
+    prefix_chunks: int
+    held_chunks: int
+
+
+@dataclass(frozen=True)
+class RankWindows:
+    """One rank's part of a restore: the windows it released and their bytes."""
+
+    rank: int
+    windows_released: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class QuarantinedChunk:
+    """A chunk a restore found damaged on a tier and moved aside."""
+
+    rank: int
+    tier: str
+    chunk: int
+    group: str
+    file: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RestoreMarker:
+    """The force-local marker a failed restore left."""
+
+    excluded_tiers: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class FoldedRestore:
+    """One restore's events folded into per-rank, per-window facts (`fold_restore`). ``outcome`` None: running.
+    ``started``/``ended``: whether its start and end were seen (the wire names their facts only then);
+    ``arrived`` keeps the order the optional facts first came in, which the wire form keeps."""
+
+    request: str
+    outcome: Outcome | None = None
+    windows: int | None = None
+    W: int | None = None
+    failures: tuple[ev.Failure, ...] = ()
+    tiers: tuple[str, ...] = ()
+    tokens: int = 0
+    committed_tokens: int = 0
+    failure_kind: FailureKind | None = None
+    marker: RestoreMarker | None = None
+    quarantined: tuple[QuarantinedChunk, ...] = ()
+    ranks: tuple[RankWindows, ...] = ()
+    arrived: tuple[str, ...] = ()  # of "started", "ended", "marker", "quarantined"
+
+    @property
+    def started(self) -> bool:
+        return "started" in self.arrived
+
+    @property
+    def ended(self) -> bool:
+        return "ended" in self.arrived
+
+    def to_wire(self) -> dict[str, Any]:
+        return (
+            {
+                "request": self.request,
+                "outcome": self.outcome.value if self.outcome is not None else "running",
+                "windows": self.windows,
+                "W": self.W,
+                # A failure as a folded restore names it: its kind, stage and tier, not its cause.
+                "failures": [
+                    {
+                        "rank": f.rank,
+                        "window": f.window,
+                        "kind": f.kind.value,
+                        "stage": f.stage.value if f.stage else None,
+                        "tier": f.tier,
+                        "reason": f.reason,
+                    }
+                    for f in self.failures
+                ],
+            }
+            | dict(self._optional_facts())
+            | {"ranks": [dataclasses.asdict(r) for r in self.ranks]}
+        )
+
+    def _optional_facts(self) -> Iterator[tuple[str, Any]]:
+        """The wire's optional facts, named only once seen, in the order they first came in (as it always had)."""
+        for section in self.arrived:
+            if section == "started":
+                yield from (("tiers", list(self.tiers)), ("tokens", self.tokens))
+            elif section == "ended":
+                yield "committed_tokens", self.committed_tokens
+                yield "failure_kind", self.failure_kind.value if self.failure_kind is not None else None
+            elif section == "marker" and self.marker is not None:
+                yield "marker", {"excluded_tiers": list(self.marker.excluded_tiers), "reason": self.marker.reason}
+            elif section == "quarantined":
+                yield "quarantined", [dataclasses.asdict(q) for q in self.quarantined]
+
+
+class Subject(StrEnum):
+    """What an explanation is about: a prompt on an engine, a prompt in a Mooncake store, or a request."""
+
+    ENGINE = "engine"
+    STORE = "store"
+    REQUEST = "request"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """`bsr explain`'s answer: the verdict (the first finding), every finding, where each tier's prefix ends per
+    rank, and the last restore of the prompt (or the request's own restore)."""
+
+    subject: Subject
+    prompt: str
+    verdict: FindingKind
+    reusable: bool
+    summary: str
+    findings: tuple[Finding, ...]
+    next: str
+    tokens: int = 0
+    chunks: int = 0
+    source: str | None = None  # the engine's name, or the store's address
+    probe_error: str | None = None
+    request: str = ""
+    tiers: tuple[TierPrefix, ...] = ()
+    last_restore: FoldedRestore | None = None
+    url: str | None = None  # the engine asked, when the command asked one
+
+    def to_wire(self) -> dict[str, Any]:
+        return (
+            {"kind": "bsr.explain"}
+            | dict(self._subject_facts())
+            | {
+                "verdict": self.verdict.value,
+                "reusable": self.reusable,
+                "summary": self.summary,
+                "findings": [f.to_wire() for f in self.findings],
+                "tiers": [dataclasses.asdict(t) for t in self.tiers],
+                "last_restore": self.last_restore.to_wire() if self.last_restore is not None else None,
+                "next": self.next,
+            }
+            | ({"url": self.url} if self.url is not None else {})
+        )
+
+    def _subject_facts(self) -> Iterator[tuple[str, Any]]:
+        """What the wire says of the subject: a request and its prompt, or a prompt with the engine or store."""
+        if self.subject is Subject.REQUEST:
+            yield from (("request", self.request), ("prompt", self.prompt))
+            return
+        yield from (("prompt", self.prompt), ("tokens", self.tokens), ("chunks", self.chunks))
+        yield self.subject.value, self.source
+        if self.probe_error:
+            yield "probe_error", self.probe_error
+
+
+def tier_prefixes(bitmap: HitBitmap) -> list[TierPrefix]:
     """Per tier and rank: how many leading chunks that tier alone holds for every group of the rank, and how many
     chunks it holds at all."""
     out = []
@@ -69,11 +270,11 @@ def tier_prefixes(bitmap: HitBitmap) -> list[dict[str, Any]]:
             while prefix < bitmap.chunks and all(bitmap.mask(r, g, prefix) >> i & 1 for g in bitmap.groups):
                 prefix += 1
             held = sum(1 for c in range(bitmap.chunks) if all(bitmap.mask(r, g, c) >> i & 1 for g in bitmap.groups))
-            out.append({"tier": tier, "rank": r, "prefix_chunks": prefix, "held_chunks": held})
+            out.append(TierPrefix(tier, r, prefix, held))
     return out
 
 
-def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> list[dict[str, Any]]:
+def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> list[Finding]:
     """What the bitmap alone says: never stored, skew, eviction, partial, or restorable."""
     n = bitmap.chunks
     k = bitmap.prefix_chunks(exclude)
@@ -81,7 +282,7 @@ def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> li
     if not any_held:
         return [
             _finding(
-                "never-stored",
+                FindingKind.NEVER_STORED,
                 "no tier holds any chunk of this prompt: it was never stored (or everything was evicted)",
                 [f"probe: 0 of {n} chunks held on any rank, group or tier ({', '.join(bitmap.tiers)})"],
                 "admit it once so it is computed and stored",
@@ -91,7 +292,7 @@ def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> li
     if k >= n:
         return [
             _finding(
-                "restorable",
+                FindingKind.RESTORABLE,
                 f"every rank and group holds all {n} chunks: the prompt will be restored ({bitmap.tokens:,} tokens)",
                 [f"probe: committable prefix {k}/{n} chunks"],
                 "nothing to fix",
@@ -117,7 +318,7 @@ def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> li
         ev.append("held at chunk {} by {}".format(k, ", ".join(f"rank {r} group {g}" for r, g in holders)))
         return [
             _finding(
-                "rank-skew",
+                FindingKind.RANK_SKEW,
                 f"the prefix breaks at chunk {k} on {where} only: the other ranks/groups hold it (TP-rank skew: "
                 "that rank's store failed or its copy was evicted)",
                 ev,
@@ -129,7 +330,7 @@ def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> li
         ev.append(f"held after the break: chunks {_ranges(later)}")
         return [
             _finding(
-                "evicted",
+                FindingKind.EVICTED,
                 f"chunk {k} is missing in every tier while {len(later)} later chunk(s) are held: it was evicted "
                 "from the store (a middle chunk cannot be skipped, so the prefix ends there)",
                 ev,
@@ -139,7 +340,7 @@ def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> li
         ]
     return [
         _finding(
-            "partial",
+            FindingKind.PARTIAL,
             f"the tiers hold chunks 0..{k - 1} and nothing after: the rest was never stored or was evicted",
             ev,
             "re-store the prompt; if this repeats, the store is evicting tails (raise its capacity)",
@@ -165,7 +366,7 @@ def explain_engine(
     *,
     prompt: str,
     prompt_flags: str,
-    registration: Mapping[str, Any],
+    registration: Registration,
     probe: Mapping[str, Any] | None,
     probe_error: str | None = None,
     n_tokens: int,
@@ -174,23 +375,23 @@ def explain_engine(
     markers: Sequence[Mapping[str, Any]],
     faults: Sequence[Mapping[str, Any]],
     w: int | None,
-    last_restore: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """The verdict for a prompt on a live engine."""
-    reg = Registration.from_dict(registration)
+    last_restore: FoldedRestore | None,
+) -> Explanation:
+    """The verdict for a prompt on a live engine. Its inputs other than the last restore are the admin API's
+    answers as the client returns them (wire form)."""
     bitmap = HitBitmap.from_dict(probe["bitmap"]) if probe is not None else None
     findings = _unhealthy_ranks(health)
-    findings += _window_fit(reg, info, w, bitmap, n_tokens, prompt_flags)
+    findings += _window_fit(registration, info, w, bitmap, n_tokens, prompt_flags)
     findings += _markers(prompt, markers, bitmap)
     findings += _armed_faults(faults)
     if bitmap is not None:
         content = _content(bitmap, (), prompt_flags)
         if bitmap.tokens < n_tokens:  # the engine probes (and stores) full chunks only
-            for f in content:
-                f["evidence"].append(
-                    f"the last {n_tokens - bitmap.tokens:,} token(s) do not fill a chunk: they are never stored "
-                    "(only full chunks are) and are always computed"
-                )
+            tail = (
+                f"the last {n_tokens - bitmap.tokens:,} token(s) do not fill a chunk: they are never stored "
+                "(only full chunks are) and are always computed"
+            )
+            content = [dataclasses.replace(f, evidence=(*f.evidence, tail)) for f in content]
         findings.extend(content)
     elif not findings:
         raise ServerError(f"the engine's probe failed and nothing else explains it: {probe_error}")
@@ -198,18 +399,27 @@ def explain_engine(
     findings.extend(_unhealthy_tiers(health, bitmap))
     if info.get("serves_restores") is False:
         findings = [_on_worker(f, prompt_flags) for f in findings]
-    source = {"engine": info.get("engine")} | ({"probe_error": probe_error} if probe_error else {})
-    return _result(prompt, bitmap, findings, last_restore, source=source, n_tokens=n_tokens, chunk_size=reg.chunk_size)
+    return _result(
+        prompt,
+        bitmap,
+        findings,
+        last_restore,
+        subject=Subject.ENGINE,
+        source=info.get("engine"),
+        probe_error=probe_error,
+        n_tokens=n_tokens,
+        chunk_size=registration.chunk_size,
+    )
 
 
-def _unhealthy_ranks(health: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _unhealthy_ranks(health: Mapping[str, Any]) -> list[Finding]:
     """A rank down, stopped or stuck: every restore fails closed until it is back."""
-    findings: list[dict[str, Any]] = []
+    findings: list[Finding] = []
     bad_ranks = [r for r in health.get("ranks") or [] if not r.get("healthy", r.get("alive", True))]
     if bad_ranks:
         findings.append(
             _finding(
-                "rank-unhealthy",
+                FindingKind.RANK_UNHEALTHY,
                 "; ".join(f"rank {r['rank']} {r.get('reason') or 'unhealthy'}" for r in bad_ranks)
                 + ": every restore fails closed until it is back (the prefix is held, but no rank can install "
                 "without all of them)",
@@ -232,9 +442,9 @@ def _window_fit(
     bitmap: HitBitmap | None,
     n_tokens: int,
     prompt_flags: str,
-) -> list[dict[str, Any]]:
+) -> list[Finding]:
     """A window (W=0: the whole plan) that the budget B (the pool) can never admit."""
-    findings: list[dict[str, Any]] = []
+    findings: list[Finding] = []
     window = int(info["W"] if w is None else w)
     budget = int(info.get("budget_bytes") or 0)
     pool = int(info.get("pool_bytes") or 0)
@@ -245,7 +455,7 @@ def _window_fit(
             fit = max(1, budget // slot) if slot else 1
             findings.append(
                 _finding(
-                    "window-over-budget",
+                    FindingKind.WINDOW_OVER_BUDGET,
                     f"W={window} needs RWS(W) = {need:,} bytes per rank but the budget B is {budget:,}: no window "
                     "could be admitted (a capacity refusal, no tier is at fault)",
                     [f"RWS(W={window}) = {window} × {slot:,} B/chunk = {need:,} B > B = {budget:,} B"],
@@ -259,7 +469,7 @@ def _window_fit(
         if pool and whole > pool:
             findings.append(
                 _finding(
-                    "window-over-budget",
+                    FindingKind.WINDOW_OVER_BUDGET,
                     f"W=0 stages the whole prefix at once ({whole:,} bytes per rank) and the pool holds {pool:,}",
                     [f"whole plan {k_all} chunks × {slot:,} B = {whole:,} B > pool {pool:,} B"],
                     "use a bounded window (--W)",
@@ -269,9 +479,9 @@ def _window_fit(
     return findings
 
 
-def _markers(prompt: str, markers: Sequence[Mapping[str, Any]], bitmap: HitBitmap | None) -> list[dict[str, Any]]:
+def _markers(prompt: str, markers: Sequence[Mapping[str, Any]], bitmap: HitBitmap | None) -> list[Finding]:
     """This prompt's force-local marker: what the next admission does because of it."""
-    findings: list[dict[str, Any]] = []
+    findings: list[Finding] = []
     mine = [m for m in markers if m.get("prompt") == prompt]
     exclude: list[str] = []
     for m in mine:
@@ -286,7 +496,7 @@ def _markers(prompt: str, markers: Sequence[Mapping[str, Any]], bitmap: HitBitma
             # next admission recomputes the prompt locally. The remedy is the rank's, then this prompt's marker.
             findings.append(
                 _finding(
-                    "force-local-marker",
+                    FindingKind.FORCE_LOCAL_MARKER,
                     f"a force-local marker makes the next admission recompute this prompt locally ({when}: "
                     f"{reason}); no tier is blamed",
                     [f"marker: prompt {prompt} excludes no tier (recompute locally)"]
@@ -308,7 +518,7 @@ def _markers(prompt: str, markers: Sequence[Mapping[str, Any]], bitmap: HitBitma
                 then = "the next admission recomputes it (no other tier holds its prefix)"
             findings.append(
                 _finding(
-                    "force-local-marker",
+                    FindingKind.FORCE_LOCAL_MARKER,
                     f"a force-local marker excludes {', '.join(exclude)} for this prompt, {when} ({reason}): {then}",
                     [f"marker: prompt {prompt} excludes {', '.join(exclude)}"]
                     + ([f"request: {request}"] if request else []),
@@ -320,13 +530,13 @@ def _markers(prompt: str, markers: Sequence[Mapping[str, Any]], bitmap: HitBitma
     return findings
 
 
-def _armed_faults(faults: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    findings: list[dict[str, Any]] = []
+def _armed_faults(faults: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    findings: list[Finding] = []
     armed = [f for f in faults if not f.get("exhausted")]
     if armed:
         findings.append(
             _finding(
-                "fault-armed",
+                FindingKind.FAULT_ARMED,
                 f"{len(armed)} injected fault(s) armed: the next restore fails on purpose",
                 [
                     f"fault #{f.get('id')} {f.get('kind')} on "
@@ -340,47 +550,45 @@ def _armed_faults(faults: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return findings
 
 
-def _unhealthy_tiers(health: Mapping[str, Any], bitmap: HitBitmap | None) -> list[dict[str, Any]]:
+def _unhealthy_tiers(health: Mapping[str, Any], bitmap: HitBitmap | None) -> list[Finding]:
     """Unhealthy tiers: the verdict (``blocks``) when every tier holding the whole prompt is one of them."""
-    findings: list[dict[str, Any]] = []
+    findings: list[Finding] = []
     degraded = {t: h for t, h in (health.get("tiers") or {}).items() if not h.get("ok", True)}
     full = [t for t in bitmap.tiers if bitmap.tier_prefix_chunks(t) >= bitmap.chunks] if bitmap is not None else []
     for t, h in degraded.items():
-        findings.append(
-            {"blocks": t in full and set(full) <= set(degraded)}
-            | _finding(
-                "tier-unhealthy",
-                f"tier {t} is unhealthy: a restore from it may fail closed and set a marker",
-                [f"tier {t}: {'; '.join(h.get('detail') or []) or 'unhealthy'}"],
-                "see `bsr status`; a lower tier or recompute serves meanwhile",
-                "bsr status",
-            )
+        finding = _finding(
+            FindingKind.TIER_UNHEALTHY,
+            f"tier {t} is unhealthy: a restore from it may fail closed and set a marker",
+            [f"tier {t}: {'; '.join(h.get('detail') or []) or 'unhealthy'}"],
+            "see `bsr status`; a lower tier or recompute serves meanwhile",
+            "bsr status",
         )
+        findings.append(dataclasses.replace(finding, blocks=t in full and set(full) <= set(degraded)))
     return findings
 
 
-def _quarantined(
-    bitmap: HitBitmap | None, last_restore: Mapping[str, Any] | None, prompt_flags: str
-) -> list[dict[str, Any]]:
+def _quarantined(bitmap: HitBitmap | None, last_restore: FoldedRestore | None, prompt_flags: str) -> list[Finding]:
     """The chunks the last restore found damaged on a tier and set apart: the cause of the gap they leave (until the
     next submit stores them again), or, once they are held again, the repair."""
-    out = []
-    for q in (last_restore or {}).get("quarantined") or []:
-        where = f"chunk {q['chunk']} group {q['group']} on rank {q['rank']} in tier {q['tier']}"
-        evidence = [f"quarantined: {where}: {q['reason']}", f"moved to {q['file']}"]
+    out: list[Finding] = []
+    if last_restore is None:
+        return out
+    for q in last_restore.quarantined:
+        where = f"chunk {q.chunk} group {q.group} on rank {q.rank} in tier {q.tier}"
+        evidence = [f"quarantined: {where}: {q.reason}", f"moved to {q.file}"]
         held = (
             bitmap is not None
-            and q["tier"] in bitmap.tiers
-            and q["group"] in bitmap.groups
-            and 0 <= q["rank"] < bitmap.ranks
-            and 0 <= q["chunk"] < bitmap.chunks
-            and bool(bitmap.mask(q["rank"], q["group"], q["chunk"]) >> bitmap.tiers.index(q["tier"]) & 1)
+            and q.tier in bitmap.tiers
+            and q.group in bitmap.groups
+            and 0 <= q.rank < bitmap.ranks
+            and 0 <= q.chunk < bitmap.chunks
+            and bool(bitmap.mask(q.rank, q.group, q.chunk) >> bitmap.tiers.index(q.tier) & 1)
         )
         if held:
             out.append(
                 _finding(
-                    "repaired",
-                    f"{where} was damaged (quarantined by restore {(last_restore or {}).get('request', '')}) and "
+                    FindingKind.REPAIRED,
+                    f"{where} was damaged (quarantined by restore {last_restore.request}) and "
                     "has been stored again since",
                     evidence,
                     "nothing to fix; keep the quarantined file for the incident (`bsr bundle` lists it)",
@@ -390,7 +598,7 @@ def _quarantined(
         else:
             out.append(
                 _finding(
-                    "quarantined",
+                    FindingKind.QUARANTINED,
                     f"{where} was damaged on the tier (its checksum failed) and is quarantined: the tier no longer "
                     "holds it, so restores stop before it until it is stored again",
                     evidence,
@@ -405,43 +613,52 @@ def _quarantined(
 # On an engine that serves no restores (a vLLM worker: KV moves only through vLLM's scheduler and the BSR connector,
 # configured by vLLM's kv_connector_extra_config, and its markers live in the scheduler), the fix and the next
 # command of each finding, in what that engine serves.
-_WORKER_REMEDY = {
-    "never-stored": ("send the prompt through vLLM once: it is computed and LMCache stores its full chunks", "probe"),
-    "partial": ("send the prompt through vLLM: the chunks LMCache lacks are computed and stored again", "probe"),
-    "evicted": (
+_WORKER_REMEDY: dict[FindingKind, tuple[str, str]] = {
+    FindingKind.NEVER_STORED: (
+        "send the prompt through vLLM once: it is computed and LMCache stores its full chunks",
+        "probe",
+    ),
+    FindingKind.PARTIAL: (
+        "send the prompt through vLLM: the chunks LMCache lacks are computed and stored again",
+        "probe",
+    ),
+    FindingKind.EVICTED: (
         "give LMCache's tier more room (max_local_disk_size, Mooncake's segment size); sending the prompt through "
         "vLLM stores the evicted chunk again",
         "probe",
     ),
-    "rank-skew": (
+    FindingKind.RANK_SKEW: (
         "check that TP rank's LMCache store errors in the vLLM log; sending the prompt through vLLM stores it again",
         "probe",
     ),
-    "restorable": ("nothing to fix: vLLM's next admission of it loads the prefix through the BSR connector", "status"),
-    "force-local-marker": (
+    FindingKind.RESTORABLE: (
+        "nothing to fix: vLLM's next admission of it loads the prefix through the BSR connector",
+        "status",
+    ),
+    FindingKind.FORCE_LOCAL_MARKER: (
         "nothing to clear by hand: vLLM's scheduler holds the marker and the next admission of a prompt starting "
         "with this prefix computes it locally and clears it",
         "markers list",
     ),
-    "window-over-budget": ("lower the connector's bsr_window_chunks (kv_connector_extra_config)", "status"),
+    FindingKind.WINDOW_OVER_BUDGET: ("lower the connector's bsr_window_chunks (kv_connector_extra_config)", "status"),
 }
 
 
-def _on_worker(f: dict[str, Any], prompt_flags: str) -> dict[str, Any]:
-    remedy = _WORKER_REMEDY.get(f["kind"])
+def _on_worker(f: Finding, prompt_flags: str) -> Finding:
+    remedy = _WORKER_REMEDY.get(f.kind)
     if remedy is None:  # rank/tier health and armed faults: `bsr status` / `bsr faults clear` are served there
         return f
     fix, cmd = remedy
-    return f | {"fix": fix, "next": f"bsr probe {prompt_flags}" if cmd == "probe" else f"bsr {cmd}"}
+    return dataclasses.replace(f, fix=fix, next=f"bsr probe {prompt_flags}" if cmd == "probe" else f"bsr {cmd}")
 
 
 def explain_store(
     *,
     prompt: str,
     prompt_flags: str,
-    store: Mapping[str, Any],
-    command: Callable[[str, Mapping[str, Any]], str],
-) -> dict[str, Any]:
+    store: StoreProbe,
+    command: Callable[[str, Mapping[str, KeyFormatValue]], str],
+) -> Explanation:
     """The verdict for a prompt from a Mooncake store LMCache wrote (no engine): `bsr probe --store`'s result.
 
     `prompt_flags` name the prompt alone (for `bsr submit`/`restore`, which know no --store flags); `command(verb,
@@ -449,12 +666,12 @@ def explain_store(
     the key-format fields in `changes` replaced (the caller parses options; this module stays pure). The store's
     top-level bitmap counts live holders only; chunks listed on gone or unknown holders are findings here."""
 
-    def store_cmd(verb: str, changes: Mapping[str, Any] | None = None) -> str:
+    def store_cmd(verb: str, changes: Mapping[str, KeyFormatValue] | None = None) -> str:
         return command(verb, dict(changes or {}))
 
-    full = HitBitmap.from_dict(store["bitmap"])
+    full = store.bitmap
     # LMCache stores a partial last chunk only with save_unfull_chunk: without it, the tail is never a miss.
-    storable = int(store.get("storable_chunks") or full.chunks)
+    storable = store.storable_chunks or full.chunks
     bitmap = full
     if storable < full.chunks:
         bitmap = HitBitmap(
@@ -463,49 +680,58 @@ def explain_store(
             full.groups,
             storable * full.chunk_size,
             full.chunk_size,
-            {(r["rank"], r["group"]): r["cells"][:storable] for r in store["bitmap"]["rows"]},
+            {where: cells[:storable] for where, cells in full.rows.items()},
             model=full.model,
         )
-    findings: list[dict[str, Any]] = []
-    live = store.get("liveness") or {}
-    k = int(store.get("committable_chunks") or 0)
-    listed_k = int((live.get("listed") or {}).get("committable_chunks") or k)
-    stale, unknown = int(live.get("stale_chunks") or 0), int(live.get("unknown_chunks") or 0)
+    findings: list[Finding] = []
+    live = store.liveness
+    k = store.committable_chunks
+    listed_k = live.listed_committable_chunks or k
+    stale, unknown = live.stale_chunks, live.unknown_chunks
     if stale or unknown:
-        findings.append(_holder_gone(live, stale, unknown, k, listed_k, store_cmd("probe")))
-    diag = store.get("diagnosis") or {}
-    if listed_k == 0 and diag.get("available"):
+        findings.append(_holder_gone(live, k, listed_k, store_cmd("probe")))
+    diag = store.diagnosis if isinstance(store.diagnosis, Diagnosis) else None
+    if listed_k == 0 and diag is not None:
         findings.extend(_key_format_mismatch(diag, store_cmd))
     content = _content(bitmap, (), prompt_flags)
-    if any(f["kind"] == "key-format-mismatch" for f in findings):
-        content = [f for f in content if f["kind"] != "never-stored"]
-    elif content and content[0]["kind"] == "never-stored" and diag.get("causes"):
-        content[0]["evidence"].extend(diag["causes"])
-    if stale or unknown:
-        content = [f for f in content if f["kind"] != "never-stored"]  # listed, but not readable: holder-gone
-    for f in content:
-        if f["kind"] == "restorable":
-            f["next"] = store_cmd("probe")  # the store's bitmap; `bsr restore` asks a bsr engine, not this store
-            f["summary"] += (
-                f"; its partial last chunk ({full.tokens - bitmap.tokens:,} tokens) is not stored: LMCache stores "
-                "it only with save_unfull_chunk"
-                if bitmap.tokens < full.tokens
-                else ""
+    if any(f.kind is FindingKind.KEY_FORMAT_MISMATCH for f in findings):
+        content = [f for f in content if f.kind is not FindingKind.NEVER_STORED]
+    elif content and content[0].kind is FindingKind.NEVER_STORED and diag is not None and diag.causes:
+        content[0] = dataclasses.replace(content[0], evidence=(*content[0].evidence, *diag.causes))
+    if stale or unknown:  # listed, but not readable: holder-gone
+        content = [f for f in content if f.kind is not FindingKind.NEVER_STORED]
+    for i, f in enumerate(content):
+        if f.kind is FindingKind.RESTORABLE:
+            content[i] = dataclasses.replace(
+                f,
+                next=store_cmd("probe"),  # the store's bitmap; `bsr restore` asks a bsr engine, not this store
+                summary=f.summary
+                + (
+                    f"; its partial last chunk ({full.tokens - bitmap.tokens:,} tokens) is not stored: LMCache "
+                    "stores it only with save_unfull_chunk"
+                    if bitmap.tokens < full.tokens
+                    else ""
+                ),
             )
     findings.extend(content)
     findings.extend(_unverified(store, store_cmd("probe")))
     return _result(
-        prompt, full, findings, None, source={"store": store.get("store")}, n_tokens=full.tokens, chunk_size=0
+        prompt,
+        full,
+        findings,
+        None,
+        subject=Subject.STORE,
+        source=store.store,
+        n_tokens=full.tokens,
+        chunk_size=0,
     )
 
 
-def _holder_gone(
-    live: Mapping[str, Any], stale: int, unknown: int, k: int, listed_k: int, next_cmd: str
-) -> dict[str, Any]:
+def _holder_gone(live: Liveness, k: int, listed_k: int, next_cmd: str) -> Finding:
     """The master lists chunks whose holder is gone (or cannot be checked): only ``k`` chunks can be read."""
-    segs = live.get("segments") or []
-    gone = [s for s in segs if s.get("state") == "gone"]
-    unsure = [s for s in segs if s.get("state") == "unknown"]
+    stale, unknown = live.stale_chunks, live.unknown_chunks
+    gone = [s for s in live.segments if s.state is HolderState.GONE]
+    unsure = [s for s in live.segments if s.state is HolderState.UNKNOWN]
     unsure_text = f"{unknown} chunk(s) have no holder known to be alive (liveness unknown: not counted)"
     if stale:
         what = f"the master still lists {stale} chunk(s) of this prompt, but the process holding them is gone"
@@ -513,10 +739,10 @@ def _holder_gone(
     else:
         what = f"the master lists this prompt's chunks, but {unsure_text}"
     return _finding(
-        "holder-gone",
+        FindingKind.HOLDER_GONE,
         f"{what}: only {k} chunk(s) can really be read",
-        [f"segment {s.get('name')} at {s.get('endpoint')}: not answering" for s in gone]
-        + [f"segment {s.get('name')}: could not be checked" for s in unsure]
+        [f"segment {s.name} at {s.endpoint}: not answering" for s in gone]
+        + [f"segment {s.name}: could not be checked" for s in unsure]
         + [f"listed prefix {listed_k} chunks, live prefix {k}"],
         "restart the segment holder (its data is lost) and let the prompt be stored again",
         next_cmd,
@@ -524,54 +750,51 @@ def _holder_gone(
 
 
 def _key_format_mismatch(
-    diag: Mapping[str, Any], store_cmd: Callable[[str, Mapping[str, Any] | None], str]
-) -> list[dict[str, Any]]:
+    diag: Diagnosis, store_cmd: Callable[[str, Mapping[str, KeyFormatValue] | None], str]
+) -> list[Finding]:
     """The store holds this prompt under another key format (the closest one the diagnosis found)."""
-    findings: list[dict[str, Any]] = []
-    groups = diag.get("groups") or []
-    closest = diag.get("closest")
-    g = groups[int(closest)] if closest is not None and groups else None
-    if g is not None and g.get("prompt_chunks_held") and g.get("differs_in"):
-        fields = ", ".join({"world_size": "world size", "hash_start": "hash seed"}.get(f, f) for f in g["differs_in"])
+    findings: list[Finding] = []
+    g = diag.groups[diag.closest] if diag.closest is not None and diag.groups else None
+    if g is not None and g.prompt_chunks_held and g.differs_in:
+        fields = ", ".join({"world_size": "world size", "hash_start": "hash seed"}.get(f, f) for f in g.differs_in)
         findings.append(
             _finding(
-                "key-format-mismatch",
-                f"the store holds {g['prompt_chunks_held']} chunk(s) of this prompt under another key format "
+                FindingKind.KEY_FORMAT_MISMATCH,
+                f"the store holds {g.prompt_chunks_held} chunk(s) of this prompt under another key format "
                 f"(differs in {fields}): LMCache computed different keys than asked for",
-                list(diag.get("causes") or []),
-                f"ask with {' and '.join(g['flags'])} (or align the deployment's {fields})",
-                store_cmd("explain", g.get("changes") or {}),
+                list(diag.causes),
+                f"ask with {' and '.join(g.flags)} (or align the deployment's {fields})",
+                store_cmd("explain", g.changes),
             )
         )
-    elif g is not None and g.get("unknown_start_chunks"):
-        other = [f for f in g.get("differs_in") or [] if f != "hash_start"]
+    elif g is not None and g.unknown_start_chunks:
+        other = [f for f in g.differs_in if f != "hash_start"]
         findings.append(
             _finding(
-                "key-format-mismatch",
-                f"key-format mismatch (hash seed unknown): the store holds {g['unknown_start_chunks']} chunk(s) "
+                FindingKind.KEY_FORMAT_MISMATCH,
+                f"key-format mismatch (hash seed unknown): the store holds {g.unknown_start_chunks} chunk(s) "
                 "of this prompt under a hash chain start none of the vLLM hash seeds tried gives: vLLM ran with "
                 "another PYTHONHASHSEED",
-                list(diag.get("causes") or []),
+                list(diag.causes),
                 "ask with --vllm-hash-seed SEED (the PYTHONHASHSEED the vLLM that stored it ran with)"
-                + (f" and {' and '.join(g['flags'])}" if other else ""),
-                store_cmd("explain", (g.get("changes") or {}) | {"vllm_hash_seed": "SEED"}),
+                + (f" and {' and '.join(g.flags)}" if other else ""),
+                store_cmd("explain", g.changes | {"vllm_hash_seed": "SEED"}),
             )
         )
     return findings
 
 
-def _unverified(store: Mapping[str, Any], next_cmd: str) -> list[dict[str, Any]]:
+def _unverified(store: StoreProbe, next_cmd: str) -> list[Finding]:
     """Held chunks without a checksum (stored by stock LMCache)."""
-    integrity = store.get("integrity") or {}
-    findings: list[dict[str, Any]] = []
-    if integrity.get("unverified_chunks"):
-        first = integrity.get("unverified") or []
+    integrity = store.integrity
+    findings: list[Finding] = []
+    if integrity.unverified_chunks:
         findings.append(
             _finding(
-                "unverified",
-                f"{integrity['unverified_chunks']} held chunk(s) carry no checksum (stored by stock LMCache, not "
+                FindingKind.UNVERIFIED,
+                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, not "
                 "through bsr's plugins): their bytes cannot be verified",
-                [f"rank {u['rank']} chunk {u['chunk']}: no checksum" for u in first[:8]],
+                [f"rank {u.rank} chunk {u.chunk}: no checksum" for u in integrity.unverified[:8]],
                 "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; once they are evicted "
                 "or removed, bsr's plugins store them again with a checksum",
                 next_cmd,
@@ -583,179 +806,182 @@ def _unverified(store: Mapping[str, Any], next_cmd: str) -> list[dict[str, Any]]
 def _result(
     prompt: str,
     bitmap: HitBitmap | None,
-    findings: list[dict[str, Any]],
-    last_restore: Mapping[str, Any] | None,
+    findings: list[Finding],
+    last_restore: FoldedRestore | None,
     *,
-    source: dict[str, Any],
+    subject: Subject,
+    source: str | None,
+    probe_error: str | None = None,
     n_tokens: int,
     chunk_size: int,
-) -> dict[str, Any]:
-    findings.sort(key=lambda f: ORDER.index("partial") + 0.5 if f.get("blocks") else ORDER.index(f["kind"]))
+) -> Explanation:
+    findings.sort(key=lambda f: ORDER.index(FindingKind.PARTIAL) + 0.5 if f.blocks else ORDER.index(f.kind))
     verdict = findings[0]
-    return {
-        "kind": "bsr.explain",
-        "prompt": prompt,
-        "tokens": bitmap.tokens if bitmap is not None else n_tokens,
-        "chunks": bitmap.chunks if bitmap is not None else accounting.chunks_for_tokens(n_tokens, chunk_size),
-        **source,
-        "verdict": verdict["kind"],
-        "reusable": verdict["kind"] == "restorable",
-        "summary": verdict["summary"],
-        "findings": findings,
-        "tiers": tier_prefixes(bitmap) if bitmap is not None else [],
-        "last_restore": dict(last_restore) if last_restore else None,
-        "next": verdict["next"],
-    }
+    return Explanation(
+        subject=subject,
+        prompt=prompt,
+        tokens=bitmap.tokens if bitmap is not None else n_tokens,
+        chunks=bitmap.chunks if bitmap is not None else accounting.chunks_for_tokens(n_tokens, chunk_size),
+        source=source,
+        probe_error=probe_error,
+        verdict=verdict.kind,
+        reusable=verdict.kind is FindingKind.RESTORABLE,
+        summary=verdict.summary,
+        findings=tuple(findings),
+        tiers=tuple(tier_prefixes(bitmap)) if bitmap is not None else (),
+        last_restore=last_restore,
+        next=verdict.next,
+    )
 
 
-def fold_restore(events: Sequence[ev.Event]) -> dict[str, Any] | None:
+def fold_restore(events: Sequence[ev.Event]) -> FoldedRestore | None:
     """One restore's events (one request) as per-rank, per-window facts: windows released, the failures with their
     rank, window, stage and kind, and the outcome."""
     mine = [e for e in events if e.request_id]
     if not mine:
         return None
-    req = str(mine[0].request_id)
-    ranks: dict[int, dict[str, Any]] = {}
-    out: dict[str, Any] = {"request": req, "outcome": "running", "windows": None, "W": None, "failures": []}
+    out = FoldedRestore(request=str(mine[0].request_id))
+    ranks: dict[int, RankWindows] = {}
+    arrived: list[str] = []
+    quarantined: list[QuarantinedChunk] = []
+
+    def seen(section: str) -> None:
+        if section not in arrived:
+            arrived.append(section)
+
     for e in mine:
         if isinstance(e, ev.RestoreStarted):
-            out["windows"], out["W"], out["tiers"], out["tokens"] = e.windows, e.W, list(e.tiers), e.tokens
+            out = dataclasses.replace(out, windows=e.windows, W=e.W, tiers=tuple(e.tiers), tokens=e.tokens)
+            seen("started")
         elif isinstance(e, ev.WindowReleased):
-            r = ranks.setdefault(e.rank, {"rank": e.rank, "windows_released": 0, "bytes": 0})
-            r["windows_released"] += 1
-            r["bytes"] += e.bytes
+            r = ranks.get(e.rank) or RankWindows(e.rank)
+            ranks[e.rank] = dataclasses.replace(r, windows_released=r.windows_released + 1, bytes=r.bytes + e.bytes)
         elif isinstance(e, ev.RestoreEnded):
-            out["outcome"] = e.outcome.value
-            out["committed_tokens"] = e.committed_tokens
-            out["failures"] = [
-                {
-                    "rank": f.rank,
-                    "window": f.window,
-                    "kind": f.kind.value,
-                    "stage": f.stage.value if f.stage else None,
-                    "tier": f.tier,
-                    "reason": f.reason,
-                }
-                for f in e.failures
-            ]
             # A restore that could not start (a silent rank) logs no failure_kind: its failures carry it.
             kind = e.failure_kind or (e.failures[0].kind if e.failures else None)
-            out["failure_kind"] = kind.value if kind is not None and e.outcome is not Outcome.COMMITTED else None
-        elif isinstance(e, ev.MarkerSet):
-            out["marker"] = {"excluded_tiers": list(e.excluded_tiers), "reason": e.reason}
-        elif isinstance(e, ev.ObjectQuarantined):
-            out.setdefault("quarantined", []).append(
-                {"rank": e.rank, "tier": e.tier, "chunk": e.chunk, "group": e.group, "file": e.file, "reason": e.reason}
+            out = dataclasses.replace(
+                out,
+                outcome=e.outcome,
+                committed_tokens=e.committed_tokens,
+                failures=tuple(e.failures),
+                failure_kind=kind if e.outcome is not Outcome.COMMITTED else None,
             )
-    out["ranks"] = [ranks[r] for r in sorted(ranks)]
-    return out
+            seen("ended")
+        elif isinstance(e, ev.MarkerSet):
+            out = dataclasses.replace(out, marker=RestoreMarker(tuple(e.excluded_tiers), e.reason))
+            seen("marker")
+        elif isinstance(e, ev.ObjectQuarantined):
+            quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason))
+            seen("quarantined")
+    return dataclasses.replace(
+        out, quarantined=tuple(quarantined), ranks=tuple(ranks[r] for r in sorted(ranks)), arrived=tuple(arrived)
+    )
 
 
-def _failure_line(f: Mapping[str, Any]) -> str:
+def _failure_line(f: ev.Failure) -> str:
     """One failure as evidence, naming only what is known (never a None)."""
-    where = f"rank {f['rank']}" if f.get("rank") is not None else "before any rank answered"
-    if f.get("window") is not None:
-        where += f" window G{int(f['window']) + 1}"
-    blame = [f"kind {f['kind']}"] if f.get("kind") else []
-    if f.get("stage"):
-        blame.append(f"stage {f['stage']}")
-    if f.get("tier"):
-        blame.append(f"tier {f['tier']}")
-    return f"failed: {where}: {f.get('reason') or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
+    where = f"rank {f.rank}" if f.rank is not None else "before any rank answered"
+    if f.window is not None:
+        where += f" window G{f.window + 1}"
+    blame = [f"kind {f.kind.value}"]
+    if f.stage:
+        blame.append(f"stage {f.stage.value}")
+    if f.tier:
+        blame.append(f"tier {f.tier}")
+    return f"failed: {where}: {f.reason or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
 
 
 def explain_request(
     events: Sequence[ev.Event], *, health: Mapping[str, Any], markers: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
+) -> Explanation:
     """How one request ended and why: its restore per rank and window, the failure's kind (the failure taxonomy:
-    tier, rank, capacity, aborted), the marker it left, and what to do."""
+    tier, rank, capacity, aborted), the marker it left, and what to do. ``health`` and ``markers`` are the admin
+    API's answers (wire form)."""
     req = str(next((e.request_id for e in events if e.request_id), ""))
     restore = fold_restore([e for e in events if not isinstance(e, ev.RequestAdmitted)])
     finished = next((e for e in events if isinstance(e, ev.RequestFinished)), None)
     prompt = next((str(p) for e in events if (p := getattr(e, "prompt", None))), "")
     evidence: list[str] = []
-    if restore and restore.get("windows") is not None:
-        source = ", ".join(restore.get("tiers") or ()) or "no tier"
-        evidence.append(f"restore: {restore['windows']} window(s) of W={restore['W']} from {source}")
-        for r in restore["ranks"]:
-            evidence.append(f"rank {r['rank']}: {r['windows_released']} window(s) released, {r['bytes']:,} bytes")
-    outcome = (restore or {}).get("outcome")
-    fails = (restore or {}).get("failures") or []
-    kind = (restore or {}).get("failure_kind")
-    if kind is None and outcome == Outcome.FAILED_CLOSED:
-        kind = FailureKind.TIER.value
+    if restore is not None and restore.windows is not None:
+        source = ", ".join(restore.tiers) or "no tier"
+        evidence.append(f"restore: {restore.windows} window(s) of W={restore.W} from {source}")
+        for r in restore.ranks:
+            evidence.append(f"rank {r.rank}: {r.windows_released} window(s) released, {r.bytes:,} bytes")
+    outcome = restore.outcome if restore is not None else None
+    fails = restore.failures if restore is not None else ()
+    kind = restore.failure_kind if restore is not None else None
+    if kind is None and outcome is Outcome.FAILED_CLOSED:
+        kind = FailureKind.TIER
     evidence.extend(_failure_line(f) for f in fails)
     marker = next((m for m in markers if prompt and m.get("prompt") == prompt), None)
     verdict, summary, fix, nxt = _request_verdict(req, restore, kind, fails, marker, finished, health)
-    return {
-        "kind": "bsr.explain",
-        "request": req,
-        "prompt": prompt,
-        "verdict": verdict,
-        "reusable": verdict in ("restore-committed", "admitted"),
-        "summary": summary,
-        "findings": [_finding(verdict, summary, evidence, fix, nxt)],
-        "tiers": [],
-        "last_restore": restore,
-        "next": nxt,
-    }
+    return Explanation(
+        subject=Subject.REQUEST,
+        request=req,
+        prompt=prompt,
+        verdict=verdict,
+        reusable=verdict in (FindingKind.RESTORE_COMMITTED, FindingKind.ADMITTED),
+        summary=summary,
+        findings=(_finding(verdict, summary, evidence, fix, nxt),),
+        last_restore=restore,
+        next=nxt,
+    )
 
 
 def _request_verdict(
     req: str,
-    restore: Mapping[str, Any] | None,
-    kind: str | None,
-    fails: Sequence[Mapping[str, Any]],
+    restore: FoldedRestore | None,
+    kind: FailureKind | None,
+    fails: Sequence[ev.Failure],
     marker: Mapping[str, Any] | None,
     finished: ev.RequestFinished | None,
     health: Mapping[str, Any],
-) -> tuple[str, str, str, str]:
+) -> tuple[FindingKind, str, str, str]:
     """How the request ended, as (verdict, summary, fix, next command): the failure taxonomy's kind decides whom
     it blames."""
-    outcome = (restore or {}).get("outcome")
-    if outcome == Outcome.COMMITTED:
+    outcome = restore.outcome if restore is not None else None
+    staged_rank_failure = next((f for f in fails if f.kind is FailureKind.RANK and f.stage), None)
+    if restore is not None and outcome is Outcome.COMMITTED:
         verdict, summary, fix, nxt = (
-            "restore-committed",
-            f"the restore committed {restore.get('committed_tokens') or 0:,} tokens on every rank",  # type: ignore[union-attr]
+            FindingKind.RESTORE_COMMITTED,
+            f"the restore committed {restore.committed_tokens or 0:,} tokens on every rank",
             "nothing to fix",
             f"bsr describe {req}",
         )
-    elif outcome == Outcome.ABORTED or kind == FailureKind.ABORTED:
-        verdict, summary = "restore-aborted", "an operator aborted it; it failed closed, nothing was committed"
+    elif outcome is Outcome.ABORTED or kind is FailureKind.ABORTED:
+        verdict, summary = (
+            FindingKind.RESTORE_ABORTED,
+            "an operator aborted it; it failed closed, nothing was committed",
+        )
         fix, nxt = "nothing to fix", f"bsr describe {req}"
-    elif outcome == Outcome.REFUSED or kind == FailureKind.CAPACITY:
-        verdict = "restore-failed-capacity"
+    elif outcome is Outcome.REFUSED or kind is FailureKind.CAPACITY:
+        verdict = FindingKind.RESTORE_FAILED_CAPACITY
         summary = "refused for capacity: the window did not fit the budget B or the pool (no tier is blamed)"
         fix, nxt = "lower W or raise B (see the reason)", "bsr settings show"
-    elif (
-        outcome == Outcome.FAILED_CLOSED
-        and kind == FailureKind.RANK
-        and any(f.get("kind") == FailureKind.RANK and f.get("stage") for f in fails)
-    ):
+    elif outcome is Outcome.FAILED_CLOSED and kind is FailureKind.RANK and staged_rank_failure is not None:
         # The rank failed at its own stage (install, synchronize): the rank's fault, never a tier's.
-        f = next(f for f in fails if f.get("kind") == FailureKind.RANK and f.get("stage"))
-        win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
-        verdict = "restore-failed-rank"
+        f = staged_rank_failure
+        win = f" window G{f.window + 1}" if f.window is not None else ""
+        stage = f.stage.value if f.stage else ""
+        verdict = FindingKind.RESTORE_FAILED_RANK
         summary = (
-            f"failed closed because rank {f.get('rank')} failed at {f['stage']}{win}: {f.get('reason')} (no tier is "
+            f"failed closed because rank {f.rank} failed at {stage}{win}: {f.reason} (no tier is "
             "blamed; the prompt's marker makes its next admission recompute it locally)"
         )
-        fix = f"check rank {f.get('rank')} (`bsr status` shows its last fault); restart it if it keeps failing"
+        fix = f"check rank {f.rank} (`bsr status` shows its last fault); restart it if it keeps failing"
         nxt = "bsr status"
-    elif outcome == Outcome.FAILED_CLOSED and kind == FailureKind.RANK:
-        ranks = sorted(
-            {int(f["rank"]) for f in fails if f.get("kind") == FailureKind.RANK and f.get("rank") is not None}
-        )
+    elif outcome is Outcome.FAILED_CLOSED and kind is FailureKind.RANK:
+        ranks = sorted({f.rank for f in fails if f.kind is FailureKind.RANK and f.rank is not None})
         bad = [r for r in health.get("ranks") or [] if not r.get("healthy", True)]
         who = f"rank {', '.join(map(str, ranks))}" if ranks else "a rank"
-        verdict = "restore-failed-rank"
+        verdict = FindingKind.RESTORE_FAILED_RANK
         summary = f"failed closed because {who} stopped making progress (no tier is blamed, no marker)" + (
             f"; still unhealthy: {bad[0].get('reason')}" if bad and bad[0].get("reason") else ""
         )
         fix, nxt = "resume or restart the rank; then retry", "bsr status"
-    elif outcome == Outcome.FAILED_CLOSED:
-        tiers = sorted({str(f.get("tier")) for f in fails if f.get("tier")})
-        verdict = "restore-failed-tier"
+    elif outcome is Outcome.FAILED_CLOSED:
+        tiers = sorted({f.tier for f in fails if f.tier})
+        verdict = FindingKind.RESTORE_FAILED_TIER
         which = f"tier {', '.join(tiers)}" if tiers else "a tier"
         summary = f"failed closed because {which} failed: nothing was committed" + (
             f"; a force-local marker now excludes {', '.join(marker['excluded_tiers'])} for this prompt"
@@ -765,12 +991,13 @@ def _request_verdict(
         fix = "fix the tier (`bsr status`); the next admission of the prompt uses a lower tier or recomputes"
         nxt = "bsr markers list" if marker else "bsr status"
     elif finished is not None:
-        verdict = "admitted"
+        verdict = FindingKind.ADMITTED
         summary = (
             f"admitted: {finished.external_tokens:,} tokens from {finished.source or 'no tier'}, "
             f"{finished.computed_tokens:,} computed"
         )
         fix, nxt = "nothing to fix", f"bsr describe {req}"
     else:
-        verdict, summary, fix, nxt = "running", "the request has not finished", "wait", f"bsr events -f --request {req}"
+        verdict, summary = FindingKind.RUNNING, "the request has not finished"
+        fix, nxt = "wait", f"bsr events -f --request {req}"
     return verdict, summary, fix, nxt

@@ -185,7 +185,7 @@ def test_request_verdicts_committed_capacity_admitted_aborted(bsr: Any, engine: 
 
 def test_an_unhealthy_tier_is_the_verdict_only_when_it_is_the_only_full_holder() -> None:
     """Pure: the same probe, with the only tier that holds the prompt unhealthy, and with a healthy copy elsewhere."""
-    from bsr_cli.core.explain import explain_engine
+    from bsr_cli.core.explain import FindingKind, explain_engine
     from bsr_cli.loaders import builtin_registration
 
     reg = builtin_registration("demo")
@@ -201,13 +201,14 @@ def test_an_unhealthy_tier_is_the_verdict_only_when_it_is_the_only_full_holder()
     }
     info = {"W": 4, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "t"}
     health = {"ranks": [], "tiers": {"mooncake": {"ok": False, "detail": ["holder gone"]}, "fs": {"ok": True}}}
-    kw = dict(prompt="p", prompt_flags="--synthetic 1", registration=reg.to_dict(), n_tokens=n, info=info)
+    kw = dict(prompt="p", prompt_flags="--synthetic 1", registration=reg, n_tokens=n, info=info)
     kw |= dict(markers=[], faults=[], w=None, last_restore=None)
     d = explain_engine(probe={"bitmap": bitmap}, health=health, **kw)  # type: ignore[arg-type]
-    assert d["verdict"] == "tier-unhealthy" and not d["reusable"]
+    assert d.verdict is FindingKind.TIER_UNHEALTHY and not d.reusable
     both = [{"rank": r, "group": g, "cells": "3333"} for r in range(2) for g in reg.group_names]  # and fs
     d = explain_engine(probe={"bitmap": bitmap | {"rows": both}}, health=health, **kw)  # type: ignore[arg-type]
-    assert d["verdict"] == "restorable" and [f["kind"] for f in d["findings"]] == ["restorable", "tier-unhealthy"]
+    assert d.verdict is FindingKind.RESTORABLE
+    assert [f.kind for f in d.findings] == [FindingKind.RESTORABLE, FindingKind.TIER_UNHEALTHY]
 
 
 def _pid(state: Path, rank: int) -> int:

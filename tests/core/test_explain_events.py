@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from bsr_cli.cli.commands.incident import timeline
+from bsr_cli.cli.commands.incident import TimelineFailure, WindowStep, timeline
 from bsr_cli.core import events as ev
 from bsr_cli.core.evidence import FailureKind, Stage
-from bsr_cli.core.explain import explain_request, fold_restore
+from bsr_cli.core.explain import FindingKind, explain_request, fold_restore
 
 REQ = "req-00007"
 
@@ -71,17 +71,17 @@ CASES = [
 def test_every_ending_folds_into_its_verdict_and_timeline(ended: ev.Event, verdict: str, state: str) -> None:
     events = _restore(ended)
     d = explain_request(events, health={"ranks": []}, markers=[])
-    assert d["verdict"] == verdict and d["request"] == REQ and d["prompt"] == "abc"
+    assert d.verdict is FindingKind(verdict) and d.request == REQ and d.prompt == "abc"
     last = fold_restore(events)
-    assert last is not None and {r["rank"]: r["windows_released"] for r in last["ranks"]} == {0: 3, 1: 1}
-    text = json.dumps(d)
+    assert last is not None and {r.rank: r.windows_released for r in last.ranks} == {0: 3, 1: 1}
+    text = json.dumps(d.to_wire())
     for bad in ("None", "?", "['", "{'"):
-        assert bad not in d["summary"] and all(bad not in e for e in d["findings"][0]["evidence"]), (bad, text)
-    assert "from mooncake" in d["findings"][0]["evidence"][0]
+        assert bad not in d.summary and all(bad not in e for e in d.findings[0].evidence), (bad, text)
+    assert "from mooncake" in d.findings[0].evidence[0]
     t = timeline(REQ, events)
-    assert t["outcome"]["state"] == state
-    assert [(w["rank"], w["window"]) for w in t["windows"]] == [(0, 1), (0, 2), (0, 3), (1, 1)]
-    assert all("released" in w for w in t["windows"]) and t["windows"][0]["tiers"] == ["mooncake"]
+    assert t.outcome.state == state
+    assert [(w.rank, w.window) for w in t.windows] == [(0, 1), (0, 2), (0, 3), (1, 1)]
+    assert all(WindowStep.RELEASED in w.steps for w in t.windows) and t.windows[0].tiers == ("mooncake",)
 
 
 def test_a_failure_names_its_stage_and_tier_and_a_ranks_part_shows_in_the_timeline() -> None:
@@ -95,10 +95,11 @@ def test_a_failure_names_its_stage_and_tier_and_a_ranks_part_shows_in_the_timeli
     )
     events = _restore(failed, closed)
     d = explain_request(events, health={"ranks": []}, markers=[])
-    line = d["findings"][0]["evidence"][-1]
+    line = d.findings[0].evidence[-1]
     assert line == "failed: rank 1 window G2: it broke (kind tier, stage verify, tier mooncake)"
-    assert "tier mooncake failed" in d["summary"]
+    assert "tier mooncake failed" in d.summary
     t = timeline(REQ, events)
-    assert t["failures"] == [
+    assert t.failures == (TimelineFailure(1, 2, 8.0, "crc mismatch", FailureKind.TIER, Stage.VERIFY, None),)
+    assert t.to_wire()["failures"] == [
         {"rank": 1, "window": 2, "at": 8.0, "reason": "crc mismatch", "kind": "tier", "stage": "verify", "tier": None}
     ]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from bsr_cli.core import events as ev
-from bsr_cli.core.explain import explain_engine, fold_restore
+from bsr_cli.core.explain import Explanation, FindingKind, FoldedRestore, explain_engine, fold_restore
 from bsr_cli.loaders import builtin_registration
 
 
-def _explain(cells: str, last: dict[str, Any] | None) -> dict[str, Any]:
+def _explain(cells: str, last: FoldedRestore | None) -> Explanation:
     reg = builtin_registration("demo")
     n = 4 * reg.chunk_size
     bitmap = {
@@ -24,7 +22,7 @@ def _explain(cells: str, last: dict[str, Any] | None) -> dict[str, Any]:
     return explain_engine(
         prompt="p",
         prompt_flags="--synthetic 1024",
-        registration=reg.to_dict(),
+        registration=reg,
         probe={"bitmap": bitmap},
         n_tokens=n,
         info=info,
@@ -36,7 +34,7 @@ def _explain(cells: str, last: dict[str, Any] | None) -> dict[str, Any]:
     )
 
 
-def _last_restore() -> dict[str, Any] | None:
+def _last_restore() -> FoldedRestore | None:
     return fold_restore(
         [
             ev.ObjectQuarantined(
@@ -55,16 +53,19 @@ def _last_restore() -> dict[str, Any] | None:
 
 def test_a_quarantined_chunk_is_named_as_the_cause_of_the_gap_then_as_repaired() -> None:
     last = _last_restore()
-    assert last is not None and last["quarantined"][0]["chunk"] == 2
+    assert last is not None and last.quarantined[0].chunk == 2
     # The tier lost chunk 2 on every rank and group (rank 0 quarantined it; here both miss it): the cause is named.
     d = _explain("1101", last)
-    q = [f for f in d["findings"] if f["kind"] == "quarantined"]
-    assert d["verdict"] == "quarantined" and len(q) == 1, d["findings"]
-    assert "chunk 2 group full on rank 0 in tier fs" in q[0]["summary"]
-    assert q[0]["next"] == "bsr submit --synthetic 1024"
-    assert "moved to /t/fs-tier/quarantine/x.1.bsr" in q[0]["evidence"]
+    q = [f for f in d.findings if f.kind is FindingKind.QUARANTINED]
+    assert d.verdict is FindingKind.QUARANTINED and len(q) == 1, d.findings
+    assert "chunk 2 group full on rank 0 in tier fs" in q[0].summary
+    assert q[0].next == "bsr submit --synthetic 1024"
+    assert "moved to /t/fs-tier/quarantine/x.1.bsr" in q[0].evidence
     # Held again (the next submit rewrote it): restorable, with the repair listed after it.
     d = _explain("1111", last)
-    assert d["verdict"] == "restorable" and [f["kind"] for f in d["findings"]] == ["restorable", "repaired"]
+    assert d.verdict is FindingKind.RESTORABLE and [f.kind for f in d.findings] == [
+        FindingKind.RESTORABLE,
+        FindingKind.REPAIRED,
+    ]
     # No quarantine in the last restore: neither finding.
-    assert [f["kind"] for f in _explain("1111", None)["findings"]] == ["restorable"]
+    assert [f.kind for f in _explain("1111", None).findings] == [FindingKind.RESTORABLE]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,7 +15,8 @@ from bsr_cli.errors import BsrError, InvalidInput
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
-    from bsr_cli.incident_bundle import Builder
+    from bsr_cli.core.explain import Explanation
+    from bsr_cli.incident_bundle import Builder, Manifest
 
 
 def bundle(
@@ -64,34 +66,41 @@ def bundle(
     out = output or Path(time.strftime("bsr-incident-%Y%m%d-%H%M%S.tar.gz"))
     url, token, how = resolve_engine(st.settings)
     b = ib.Builder([token or ""])
-    manifest: dict[str, Any] = {
-        "format": ib.FORMAT,
-        "version": ib.FORMAT_VERSION,
-        "created": time.time(),
-        "engine": url,
-        "found_via": how,
-        "redacted": ["token ids (every `tokens` list)", "the admin token", "bearer headers and secret-like values"],
-        "missing": {},
-    }
+    manifest = ib.Manifest(created=time.time(), engine=url, found_via=how)
     with AdminClient(url, token, timeout_s=st.settings.timeout_s) as client:
-        info = _add_engine_state(b, client, url, t_from)
+        _add_engine_state(b, client, url, t_from)
         for name, n_tok, s_seed, path in prompts:
             try:
-                b.json(f"explain/{name}.json", _explain(st, n_tok, s_seed, path))
+                b.json(f"explain/{name}.json", _explain(st, n_tok, s_seed, path).to_wire())
             except BsrError as e:
-                manifest["missing"][f"explain/{name}.json"] = e.message
+                manifest.missing[f"explain/{name}.json"] = e.message
     local = _local_engine(st, url)
-    _add_segments(b, manifest["missing"], master_admin or ((local or {}).get("mooncake") or {}).get("admin_url"))
-    b.json("versions.json", ib.versions() | {"engine": info.get("version"), "api": info.get("api")})
+    _add_segments(b, manifest.missing, master_admin or (local.mooncake_admin_url if local is not None else None))
     logs = Path(st.settings.state_dir) / "logs"
     if local is not None and logs.is_dir():
         for p in sorted(logs.glob("*.log")):
             b.text(f"logs/{p.name}", ib.tail(p))
     else:
-        manifest["missing"]["logs/"] = "the engine's logs are not on this machine (its state directory is elsewhere)"
+        manifest.missing["logs/"] = "the engine's logs are not on this machine (its state directory is elsewhere)"
     b.fit(cap)
     size = b.write(out, manifest)
-    st.out.result({"bundle": str(out), "bytes": size, "files": sorted(b.files), "notes": b.notes, **manifest}, _render)
+    st.out.result(BundleWritten(out, size, tuple(sorted(b.files)), tuple(b.notes), manifest), _render)
+
+
+@dataclass(frozen=True)
+class BundleWritten:
+    """`bsr bundle`'s result: the archive, its size, the files in it (besides the manifest), what was cut to fit
+    the size cap, and the manifest."""
+
+    bundle: Path
+    bytes: int
+    files: tuple[str, ...]
+    notes: tuple[str, ...]
+    manifest: Manifest
+
+    def to_wire(self) -> dict[str, Any]:
+        head = {"bundle": str(self.bundle), "bytes": self.bytes, "files": list(self.files), "notes": list(self.notes)}
+        return head | asdict(self.manifest)
 
 
 # A prompt to explain: (its name in the bundle, synthetic tokens or None, seed, token file or None).
@@ -107,9 +116,10 @@ def _prompts(synthetic: list[int], seeds: list[int], tokens_files: list[Path]) -
     return prompts + [(f"tokens-{p.stem}", None, 0, p) for p in tokens_files]
 
 
-def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) -> dict[str, Any]:
+def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) -> None:
     """What the engine itself says: status, health, info, registration, markers, faults, quarantine, the events
-    since ``t_from`` with the pool history they give, and the recording rebuilt from them. Returns its info."""
+    since ``t_from`` with the pool history they give, the recording rebuilt from them, and the versions (this
+    bsr's, its packages' and the engine's)."""
     from bsr_cli import incident_bundle as ib
 
     t0 = time.monotonic()
@@ -121,6 +131,7 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
     b.json("status.json", {k: v for k, v in snap.items() if k != "events"})
     b.json("health.json", health)
     b.json("info.json", info)
+    b.json("versions.json", asdict(ib.versions()) | {"engine": info.get("version"), "api": info.get("api")})
     b.json("registration.json", client.registration())
     b.json("markers.json", snap.get("markers") or [])
     b.json("faults.json", client.faults())
@@ -139,7 +150,6 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
 
     history = [clean(h) for h in ib.history_frames(frame, events)]
     b.raw(ib.RECORDING, ib.recording_bytes(clean(frame), received, latency, url, history))
-    return info
 
 
 def _add_segments(b: Builder, missing: dict[str, str], admin: str | None) -> None:
@@ -156,26 +166,31 @@ def _add_segments(b: Builder, missing: dict[str, str], admin: str | None) -> Non
         missing["segments.json"] = str(e)
 
 
-def _render(console: Any, d: dict[str, Any]) -> None:
-    console.print(
-        f"wrote {d['bundle']} ({d['bytes']:,} bytes, {len(d['files']) + 1} files); redacted: token ids, secrets"
-    )
-    for n in d["notes"]:
+def _render(console: Any, d: BundleWritten) -> None:
+    console.print(f"wrote {d.bundle} ({d.bytes:,} bytes, {len(d.files) + 1} files); redacted: token ids, secrets")
+    for n in d.notes:
         console.print(f"  cut: {n}")
-    for name, why in d["missing"].items():
+    for name, why in d.manifest.missing.items():
         console.print(f"  [dim]not included: {name}: {why}[/]")
-    console.print(f"read it back: bsr top --replay {d['bundle']}  ·  bsr describe REQ --record {d['bundle']}")
+    console.print(f"read it back: bsr top --replay {d.bundle}  ·  bsr describe REQ --record {d.bundle}")
 
 
-def _explain(st: Any, n: int | None, seed: int, path: Path | None) -> dict[str, Any]:
+def _explain(st: Any, n: int | None, seed: int, path: Path | None) -> Explanation:
     from bsr_cli.cli.commands.explain_cmd import _explain_prompt
     from bsr_cli.cli.commands.probe_options import PromptFlags
 
     return _explain_prompt(st, path, None, n, seed, None, PromptFlags(path, None, n, seed).as_flags())
 
 
-def _local_engine(st: Any, url: str) -> dict[str, Any] | None:
-    """The embedded engine's configuration when ``url`` is the engine recorded in this state directory."""
+@dataclass(frozen=True)
+class _LocalEngine:
+    """What the bundle needs of the embedded engine's configuration (``engine.json``)."""
+
+    mooncake_admin_url: str | None
+
+
+def _local_engine(st: Any, url: str) -> _LocalEngine | None:
+    """The embedded engine recorded in this state directory, when ``url`` is that engine."""
     from bsr_cli.client.local_engine import connection
 
     state_dir = Path(st.settings.state_dir)
@@ -183,6 +198,7 @@ def _local_engine(st: Any, url: str) -> dict[str, Any] | None:
     if found is None or found[0].rstrip("/") != url.rstrip("/"):
         return None
     try:
-        return dict(json.loads((state_dir / "engine.json").read_text()))
+        config = dict(json.loads((state_dir / "engine.json").read_text()))
     except (OSError, ValueError):
         return None
+    return _LocalEngine((config.get("mooncake") or {}).get("admin_url"))

@@ -3,15 +3,20 @@ evidence chain and the next command to run. The facts are gathered here; bsr_cli
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from bsr_cli.cli.commands.incident import typed_events
 from bsr_cli.cli.commands.operate import PromptFileOpt, SeedOpt, SyntheticOpt, TokensFileOpt, WOpt
 from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.errors import EngineError, InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.core.explain import Explanation
 
 
 def explain(
@@ -100,11 +105,12 @@ def _explain_prompt(
     seed: int,
     w: int | None,
     flags: str,
-) -> dict[str, Any]:
+) -> Explanation:
     from bsr_cli.client import AdminClient
     from bsr_cli.core.evidence import EventKind
     from bsr_cli.core.explain import explain_engine, fold_restore
     from bsr_cli.core.keys import prompt_hash, synthetic_tokens
+    from bsr_cli.core.registration import Registration
     from bsr_cli.prompts import prompt_body
 
     with AdminClient.from_settings(st.settings) as client:
@@ -114,7 +120,7 @@ def _explain_prompt(
         tokens = body["tokens"] if "tokens" in body else synthetic_tokens(body["synthetic"]["n"], seed)
         prompt = prompt_hash(tokens)
         health = client.health()
-        registration = client.registration()
+        registration = Registration.from_dict(client.registration())
         probe: dict[str, Any] | None = None
         probe_error = None
         try:
@@ -135,7 +141,7 @@ def _explain_prompt(
             found = [e for e in recent if _covers(e, tokens, prompt)]
         last_events = client.held_events(0, request=str(found[-1]["request"]))[0] if found else []
     markers = [dict(m, prompt=prompt) if _covers(m, tokens, prompt) else m for m in markers]
-    last = fold_restore(_typed(last_events)) if last_events else None
+    last = fold_restore(typed_events(last_events)) if last_events else None
     result = explain_engine(
         prompt=prompt,
         prompt_flags=flags,
@@ -150,8 +156,7 @@ def _explain_prompt(
         w=w,
         last_restore=last,
     )
-    result["url"] = client.url
-    return result
+    return dataclasses.replace(result, url=client.url)
 
 
 def _covers(entry: dict[str, Any], tokens: list[int], prompt: str) -> bool:
@@ -165,7 +170,7 @@ def _covers(entry: dict[str, Any], tokens: list[int], prompt: str) -> bool:
     return isinstance(n, int) and 0 < n <= len(tokens) and prompt_hash(tokens[:n]) == entry.get("prompt")
 
 
-def _explain_request(st: AppState, request: str) -> dict[str, Any]:
+def _explain_request(st: AppState, request: str) -> Explanation:
     from bsr_cli.client import AdminClient
     from bsr_cli.core.explain import explain_request
 
@@ -173,7 +178,7 @@ def _explain_request(st: AppState, request: str) -> dict[str, Any]:
         events, _ = client.held_events(0, request=request)
         health = client.health()
         markers = client.markers()
-    mine = _typed(events)
+    mine = typed_events(events)
     if not mine:
         raise InvalidInput(
             f"no events of request {request!r} on {client.url}",
@@ -181,12 +186,4 @@ def _explain_request(st: AppState, request: str) -> dict[str, Any]:
             "for its retention (7 days / 512 MiB by default)",
         )
     result = explain_request(mine, health=health, markers=markers)
-    result["url"] = client.url
-    return result
-
-
-def _typed(wire: list[dict[str, Any]]) -> list[Any]:
-    """The events as types (`bsr_cli.core.events`); one this bsr does not know (a newer engine's) is left out."""
-    from bsr_cli.tui.model import parse_wire
-
-    return [e for e in map(parse_wire, wire) if e is not None]
+    return dataclasses.replace(result, url=client.url)

@@ -4,6 +4,9 @@ request, the event log (tail and follow), and one request's per-rank, per-window
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,11 +44,26 @@ def _client(st: AppState) -> Any:
     return AdminClient.from_settings(st.settings)
 
 
-def _settings_of(info: dict[str, Any]) -> dict[str, Any]:
-    return {k: info.get(k) for k in SETTING_KEYS if k in info}
+@dataclass(frozen=True)
+class SettingsView:
+    """`bsr settings show|set`: the engine's settings as they stand (those it reports, in SETTING_KEYS' order), and
+    which ones `set` changed."""
+
+    url: str
+    settings: dict[str, int | float | str | bool | list[str] | None]
+    changed: tuple[str, ...] | None = None  # `set` only
+
+    def to_wire(self) -> dict[str, Any]:
+        changed = {"changed": list(self.changed)} if self.changed is not None else {}
+        return {"url": self.url} | changed | {"settings": dict(self.settings)}
 
 
-def _render_settings(console: Any, d: dict[str, Any]) -> None:
+def _settings_view(url: str, info: dict[str, Any], changed: tuple[str, ...] | None = None) -> SettingsView:
+    """The settings of the engine's info answer (wire form)."""
+    return SettingsView(url, {k: info.get(k) for k in SETTING_KEYS if k in info}, changed)
+
+
+def _render_settings(console: Any, d: SettingsView) -> None:
     from rich.table import Table
 
     from bsr_cli.core.units import format_bytes
@@ -53,7 +71,7 @@ def _render_settings(console: Any, d: dict[str, Any]) -> None:
     t = Table()
     t.add_column("setting")
     t.add_column("value")
-    for k, v in d["settings"].items():
+    for k, v in d.settings.items():
         if k.endswith("_bytes") and isinstance(v, int):
             shown = f"{format_bytes(v)} ({v:,} B)"
         elif isinstance(v, list):
@@ -74,7 +92,7 @@ def settings_show(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     st = state(ctx, json_flag)
     with _client(st) as client:
         info = client.info()
-    st.out.result({"url": client.url, "settings": _settings_of(info)}, _render_settings)
+    st.out.result(_settings_view(client.url, info), _render_settings)
 
 
 @settings_app.command("set")
@@ -95,7 +113,7 @@ def settings_set(
     from bsr_cli.core.units import parse_bytes
 
     st = state(ctx, json_flag)
-    changes: dict[str, Any] = {}
+    changes: dict[str, int] = {}
     if w is not None:
         changes["W"] = w
     if budget is not None:
@@ -106,7 +124,7 @@ def settings_set(
         raise InvalidInput("nothing to set", hint="give --W, --budget or --fs-concurrency")
     with _client(st) as client:
         info = client.update_settings(**changes)
-    st.out.result({"url": client.url, "changed": sorted(changes), "settings": _settings_of(info)}, _render_settings)
+    st.out.result(_settings_view(client.url, info, tuple(sorted(changes))), _render_settings)
 
 
 def abort(
@@ -216,6 +234,8 @@ def events(
         if not follow:
             return
         seq = max([last_seq, *(int(e.get("seq", 0)) for e in evs)])
+        from bsr_cli.tui.model import parse_wire  # only when following: the live stream is filtered here
+
         wanted = _Filter(request, frozenset(kind or ()), t_to)
         while True:  # Ctrl-C ends it (exit 130 through the error boundary)
             got = client.events(since=seq, wait_s=10.0)
@@ -226,7 +246,7 @@ def events(
                 seq = 0
                 _say_restart(st)
                 continue
-            _print_events(st, [e for e in new if wanted.matches(e)])
+            _print_events(st, [e for e in new if wanted.matches(parse_wire(e))])
 
 
 def _write_trace(st: AppState, path: Path, held: list[dict[str, Any]]) -> None:
@@ -258,14 +278,25 @@ def _write_trace(st: AppState, path: Path, held: list[dict[str, Any]]) -> None:
         path.write_text(lines)
     except OSError as e:
         raise InvalidInput(f"cannot write {path}: {e.strerror or e}") from None
-    result = {"trace": str(path), "requests": len(seen), "skipped": skipped}
     st.out.result(
-        result,
+        TraceWritten(str(path), len(seen), skipped),
         lambda c, d: c.print(
-            f"wrote {d['requests']} request(s) to {d['trace']}"
-            + (f"; {d['skipped']} without block ids (recorded by an older engine) left out" if d["skipped"] else "")
+            f"wrote {d.requests} request(s) to {d.trace}"
+            + (f"; {d.skipped} without block ids (recorded by an older engine) left out" if d.skipped else "")
         ),
     )
+
+
+@dataclass(frozen=True)
+class TraceWritten:
+    """`bsr events --trace FILE`: the file, the requests written to it, and those left out (no block ids)."""
+
+    trace: str
+    requests: int
+    skipped: int
+
+    def to_wire(self) -> dict[str, int | str]:
+        return {"trace": self.trace, "requests": self.requests, "skipped": self.skipped}
 
 
 class _Filter:
@@ -274,10 +305,8 @@ class _Filter:
     def __init__(self, request: str | None, kinds: frozenset[EventKind], until: float | None) -> None:
         self.request, self.kinds, self.until = request, kinds, until
 
-    def matches(self, wire: dict[str, Any]) -> bool:
-        from bsr_cli.tui.model import parse_wire
-
-        e = parse_wire(wire)
+    def matches(self, e: ev.Event | None) -> bool:
+        """Whether to show an event (None: one of a kind this bsr does not know)."""
         if e is None:
             return not self.kinds and self.request is None  # unknown to this bsr: shown only when unfiltered
         return (
@@ -321,13 +350,13 @@ def describe(
     """One request's timeline: per rank and window, when it was fetched, installed and released, and how it ended."""
     st = state(ctx, json_flag)
     if record is not None:
-        evs = [e for e in _recorded_events(record) if e.get("request") == request]
+        mine = [e for e in _recorded_events(record) if e.request_id == request]
         where = str(record)
     else:
         with _client(st) as client:
             evs, _ = client.held_events(0, request=request)
             where = client.url
-    mine = _typed(evs)
+        mine = typed_events(evs)
     if not mine:
         raise InvalidInput(
             f"no events of request {request!r} in {where}",
@@ -337,107 +366,195 @@ def describe(
     st.out.result(timeline(request, mine), _render_timeline)
 
 
-def _typed(evs: list[dict[str, Any]]) -> list[ev.Event]:
+def typed_events(evs: list[dict[str, Any]]) -> list[ev.Event]:
     """The events as types; one this bsr does not know (a newer engine's) is left out rather than misread."""
     from bsr_cli.tui.model import parse_wire
 
     return [e for e in map(parse_wire, evs) if e is not None]
 
 
-def _recorded_events(path: Path) -> list[dict[str, Any]]:
-    from bsr_cli.tui.model import Frame
+def _recorded_events(path: Path) -> list[ev.Event]:
+    """The events a recording holds, once each, oldest first (as types; a kind this bsr does not know is left out)."""
+    from bsr_cli.tui.model import Frame, parse_wire
     from bsr_cli.tui.source import read_recording
 
     _, items = read_recording(path)
-    seen: dict[tuple[float, int], dict[str, Any]] = {}
+    seen: dict[tuple[float, int], ev.Event | None] = {}
     for item in items:
         if isinstance(item, Frame):
             for e in item.snapshot.get("events") or ():
                 # Frames overlap; an engine restart reuses sequence numbers, so key by (started_at, seq).
-                seen[(float(item.snapshot.get("started_at") or 0), int(e.get("seq", 0)))] = dict(e)
-    return [seen[k] for k in sorted(seen)]
+                seen[(float(item.snapshot.get("started_at") or 0), int(e.get("seq", 0)))] = parse_wire(e)
+    return [e for k in sorted(seen) if (e := seen[k]) is not None]
+
+
+class WindowStep(StrEnum):
+    """A step of one window on one rank, as a timeline row's column names it."""
+
+    WAITING = "waiting"
+    FETCHED = "fetched"
+    INSTALLED = "installed"
+    RELEASED = "released"
 
 
 # The column of a timeline row each window event fills.
-_WINDOW_STEP: dict[type[ev.Event], str] = {
-    ev.WindowWaiting: "waiting",
-    ev.WindowFetched: "fetched",
-    ev.WindowInstalled: "installed",
-    ev.WindowReleased: "released",
+_WINDOW_STEP: dict[type[ev.Event], WindowStep] = {
+    ev.WindowWaiting: WindowStep.WAITING,
+    ev.WindowFetched: WindowStep.FETCHED,
+    ev.WindowInstalled: WindowStep.INSTALLED,
+    ev.WindowReleased: WindowStep.RELEASED,
 }
 
 
-def timeline(request: str, evs: list[ev.Event]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WindowRow:
+    """One window on one rank: when (seconds from the request's first event) each step happened, in the order
+    they did, and what its fetch moved. ``window`` counts from 1."""
+
+    rank: int
+    window: int
+    steps: dict[WindowStep, float] = field(default_factory=dict)
+    bytes: int | None = None  # these three: once it was fetched
+    tiers: tuple[str, ...] = ()
+    fetch_s: float | None = None
+
+    def facts(self) -> Iterator[tuple[str, Any]]:
+        """The row's wire fields, in the order the steps happened (the fetch's numbers right after it)."""
+        yield from (("rank", self.rank), ("window", self.window))
+        for step, at in self.steps.items():
+            yield step.value, at
+            if step is WindowStep.FETCHED:
+                yield from (("bytes", self.bytes), ("tiers", list(self.tiers)), ("fetch_s", self.fetch_s))
+
+
+@dataclass(frozen=True)
+class TimelineFailure:
+    """One rank's part of the restore that failed. ``window`` counts from 1 (None: before any window)."""
+
+    rank: int
+    window: int | None
+    at: float
+    reason: str
+    kind: ev.FailureKind
+    stage: ev.Stage | None
+    tier: str | None
+
+
+@dataclass(frozen=True)
+class TimelineOutcome:
+    """How the request stands: in progress, how its restore ended (with the tokens committed), or finished (with
+    where its tokens came from)."""
+
+    state: str
+    at: float | None = None
+    tokens: int | None = None  # a restore's end
+    source: str | None = None  # these three: a finished request
+    external_tokens: int | None = None
+    computed_tokens: int | None = None
+
+    def facts(self) -> Iterator[tuple[str, Any]]:
+        yield "state", self.state
+        if self.source is not None:
+            yield from (("source", self.source), ("external_tokens", self.external_tokens))
+            yield "computed_tokens", self.computed_tokens
+        elif self.tokens is not None:
+            yield "tokens", self.tokens
+        if self.at is not None:
+            yield "at", self.at
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """`bsr describe`: one request's windows per rank, its failures, and its outcome."""
+
+    request: str
+    started_at: float
+    outcome: TimelineOutcome
+    failures: tuple[TimelineFailure, ...]
+    windows: tuple[WindowRow, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "request": self.request,
+            "started_at": self.started_at,
+            "outcome": dict(self.outcome.facts()),
+            "failures": [
+                {
+                    "rank": f.rank,
+                    "window": f.window,
+                    "at": f.at,
+                    "reason": f.reason,
+                    "kind": f.kind.value,
+                    "stage": f.stage.value if f.stage else None,
+                    "tier": f.tier,
+                }
+                for f in self.failures
+            ],
+            "windows": [dict(r.facts()) for r in self.windows],
+        }
+
+
+def timeline(request: str, evs: list[ev.Event]) -> Timeline:
     """Fold one request's events into per-(rank, window) rows and an outcome."""
     t0 = min(e.time for e in evs)
-    windows: dict[tuple[int, int], dict[str, Any]] = {}
-    outcome: dict[str, Any] = {"state": "in progress"}
-    failures: list[dict[str, Any]] = []
+    windows: dict[tuple[int, int], WindowRow] = {}
+    outcome = TimelineOutcome("in progress")
+    failures: list[TimelineFailure] = []
     for e in sorted(evs, key=lambda e: (e.time, e.seq)):
         at = round(e.time - t0, 6)
         if isinstance(e, ev.WindowFetched | ev.WindowInstalled | ev.WindowReleased | ev.WindowWaiting):
-            row = windows.setdefault((e.rank, e.window), {"rank": e.rank, "window": e.window + 1})
-            row[_WINDOW_STEP[type(e)]] = at
+            row = windows.setdefault((e.rank, e.window), WindowRow(e.rank, e.window + 1))
+            row.steps[_WINDOW_STEP[type(e)]] = at
             if isinstance(e, ev.WindowFetched):
-                row["bytes"], row["tiers"], row["fetch_s"] = e.bytes, list(e.tiers), e.seconds
+                windows[(e.rank, e.window)] = replace(row, bytes=e.bytes, tiers=tuple(e.tiers), fetch_s=e.seconds)
         elif isinstance(e, ev.RestoreFailed):
-            failures.append(
-                {
-                    "rank": e.rank,
-                    "window": e.window + 1 if e.window is not None else None,
-                    "at": at,
-                    "reason": e.reason,
-                    "kind": e.failure_kind.value,
-                    "stage": e.stage.value if e.stage else None,
-                    "tier": e.tier,
-                }
-            )
+            window = e.window + 1 if e.window is not None else None
+            failures.append(TimelineFailure(e.rank, window, at, e.reason, e.failure_kind, e.stage, e.tier))
         elif isinstance(e, ev.RestoreEnded):
             tokens = e.committed_tokens if isinstance(e, ev.RestoreCommitted) else 0
-            outcome = {"state": e.outcome.value.replace("_", " "), "tokens": tokens, "at": at}
+            outcome = TimelineOutcome(e.outcome.value.replace("_", " "), at=at, tokens=tokens)
         elif isinstance(e, ev.RequestFinished):
-            outcome = {
-                "state": "finished",
-                "source": e.source,
-                "external_tokens": e.external_tokens,
-                "computed_tokens": e.computed_tokens,
-                "at": at,
-            }
-    rows = [windows[k] for k in sorted(windows)]
-    return {"request": request, "started_at": t0, "outcome": outcome, "failures": failures, "windows": rows}
+            outcome = TimelineOutcome(
+                "finished",
+                at=at,
+                source=e.source,
+                external_tokens=e.external_tokens,
+                computed_tokens=e.computed_tokens,
+            )
+    rows = tuple(windows[k] for k in sorted(windows))
+    return Timeline(request, t0, outcome, tuple(failures), rows)
 
 
-def _render_timeline(console: Any, d: dict[str, Any]) -> None:
+def _render_timeline(console: Any, d: Timeline) -> None:
     from rich.table import Table
 
     from bsr_cli.core.units import format_bytes
 
-    o = d["outcome"]
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["started_at"]))
+    o = d.outcome
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.started_at))
     console.print(
-        f"request {d['request']}  started {when}  outcome: {o['state']}"
-        + (f" ({o['tokens']:,} tokens)" if isinstance(o.get("tokens"), int) else "")
+        f"request {d.request}  started {when}  outcome: {o.state}"
+        + (f" ({o.tokens:,} tokens)" if o.tokens is not None else "")
     )
-    for f in d["failures"]:
-        at = f"window {f['window']}" if f["window"] else "before any window"
-        stage = f" ({f['stage']})" if f.get("stage") else ""
-        console.print(f"[red]rank {f['rank']} failed at {at}{stage}[/] (+{f['at']:.3f} s): {f['reason']}")
+    for f in d.failures:
+        at = f"window {f.window}" if f.window else "before any window"
+        stage = f" ({f.stage.value})" if f.stage else ""
+        console.print(f"[red]rank {f.rank} failed at {at}{stage}[/] (+{f.at:.3f} s): {f.reason}")
     t = Table(title="windows (seconds from the first event)", title_justify="left")
     for col in ("rank", "window", "fetched", "installed", "released", "bytes", "tiers"):
         t.add_column(col, justify="left" if col == "tiers" else "right")
 
-    def s(v: Any) -> str:
-        return f"{v:.3f}" if isinstance(v, int | float) else "[red]—[/]"
+    def s(v: float | None) -> str:
+        return f"{v:.3f}" if v is not None else "[red]—[/]"
 
-    for r in d["windows"]:
-        b = r.get("bytes")
+    for r in d.windows:
         t.add_row(
-            str(r["rank"]),
-            str(r["window"]),
-            s(r.get("fetched")),
-            s(r.get("installed")),
-            s(r.get("released")),
-            format_bytes(b) if isinstance(b, int) else "",
-            ",".join(r.get("tiers") or ()),
+            str(r.rank),
+            str(r.window),
+            s(r.steps.get(WindowStep.FETCHED)),
+            s(r.steps.get(WindowStep.INSTALLED)),
+            s(r.steps.get(WindowStep.RELEASED)),
+            format_bytes(r.bytes) if r.bytes is not None else "",
+            ",".join(r.tiers),
         )
     console.print(t)

@@ -28,14 +28,14 @@ import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from bsr_cli.cli import process_exit
 from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 from bsr_cli.cli.context import AppState
-from bsr_cli.core.bitmap import HitBitmap
+from bsr_cli.core.bitmap import Break, HitBitmap
 from bsr_cli.core.keys import CHECKSUM_SIDECAR_SUFFIX
 from bsr_cli.core.lmcache_keys import (
     DTYPE_FLAG,
@@ -47,6 +47,25 @@ from bsr_cli.core.lmcache_keys import (
     parse_lmcache_key,
     parse_tags,
     vllm_seeded_start,
+)
+from bsr_cli.core.store_probe import (
+    ABSENT,
+    LIVE,
+    STALE,
+    UNKNOWN,
+    ChunkRef,
+    Diagnosis,
+    HashStart,
+    HolderState,
+    Integrity,
+    KeyFormatReport,
+    KeyFormatValue,
+    KeyGroup,
+    Liveness,
+    NoDiagnosis,
+    SegmentHolder,
+    StoreProbe,
+    Tail,
 )
 from bsr_cli.errors import EngineUnreachable, InvalidInput
 from bsr_cli.loaders import read_tokens_file
@@ -64,9 +83,6 @@ BATCH_KEYS = 16384
 LIVENESS_THREADS = 8
 LIVENESS_DEADLINE_S = 3.0
 
-# Each cell's state in `liveness.cells`: not listed, listed on a live holder, listed only on gone holders, listed
-# but no live holder is known (the replica listing or the holder check did not answer).
-ABSENT, LIVE, STALE, UNKNOWN = "0", "1", "s", "u"
 
 T = TypeVar("T")
 
@@ -75,7 +91,7 @@ def run(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: int |
     st.out.result(collect(st, opts, prompt, width), _render)
 
 
-def _render(console: Any, d: dict[str, Any]) -> None:
+def _render(console: Any, d: StoreProbe) -> None:
     from bsr_cli.cli.render import ops as render_ops  # rich: only for text output
 
     render_ops.store_probe(console, d)
@@ -118,7 +134,7 @@ class _StoreRead:
         return len(self.rows[0]) if self.rows else 0
 
 
-def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: int | None) -> dict[str, Any]:
+def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: int | None) -> StoreProbe:
     """The store probe's result: bitmap (live holders only), key format, liveness and (on a miss) the diagnosis."""
     host, port = _master_address(opts.store)
     if not opts.model:
@@ -143,35 +159,27 @@ def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: i
     live = liveness(checked, meta, read.rows, listed, read.replicas, chunk_size)
     tail_stored = read.tail is not None and any(listed[w][-1] for w in range(fmt.world_size))
     storable = n_chunks if (read.tail is None or tail_stored) else len(read.hashes)
-    cells = {
-        (w, GROUP): "".join("1" if c == LIVE else "0" for c in live["cells"][str(w)]) for w in range(fmt.world_size)
-    }
+    cells = {(w, GROUP): "".join("1" if c == LIVE else "0" for c in live.cells[w]) for w in range(fmt.world_size)}
     bitmap = HitBitmap(("mooncake",), fmt.world_size, (GROUP,), len(tokens), chunk_size, cells, model=fmt.model)
     k = bitmap.prefix_chunks()
-    data: dict[str, Any] = {
-        "kind": "bsr.store-probe",
-        "store": opts.store,
-        "bitmap": bitmap.to_dict(),
-        "prompt_tokens": len(tokens),
-        "prompt_chunks": n_chunks,
-        "storable_chunks": storable,
-        "storable_tokens": min(storable * chunk_size, len(tokens)),
-        "committable_chunks": k,
-        "committable_tokens": bitmap.prefix_tokens(),
-        "first_break": _first_break(bitmap, live) if k < storable else None,
-        "tier_errors": {},
-        "markers": [],
-        "strip_width": width,
-        "key_format": _key_format(fmt, opts.vllm_hash_seed, starts, read),
-        "key_example": read.rows[0][0] if n_chunks else None,
-        "liveness": live,
-        "integrity": _integrity(read),
-    }
-    if read.tail is not None:
-        data["tail"] = {"tokens": len(tokens) % chunk_size, "stored": tail_stored}
-    if n_chunks and not read.held_keys:
-        data["diagnosis"] = _diagnose_total_miss(admin_url, fmt, starts, read, tokens, chunk_size)
-    return data
+    return StoreProbe(
+        store=opts.store,
+        bitmap=bitmap,
+        prompt_tokens=len(tokens),
+        prompt_chunks=n_chunks,
+        storable_chunks=storable,
+        committable_chunks=k,
+        first_break=_first_break(bitmap, live) if k < storable else None,
+        strip_width=width,
+        key_format=_key_format(fmt, opts.vllm_hash_seed, starts, read),
+        key_example=read.rows[0][0] if n_chunks else None,
+        liveness=live,
+        integrity=_integrity(read),
+        tail=Tail(len(tokens) % chunk_size, tail_stored) if read.tail is not None else None,
+        diagnosis=_diagnose_total_miss(admin_url, fmt, starts, read, tokens, chunk_size)
+        if n_chunks and not read.held_keys
+        else None,
+    )
 
 
 def _master_address(store: str) -> tuple[str, int]:
@@ -251,48 +259,44 @@ def _detect_start(
     return max(matched, key=lambda label: (matched[label], -list(counts).index(label))), matched
 
 
-def _first_break(bitmap: HitBitmap, live: dict[str, Any]) -> dict[str, Any] | None:
+def _first_break(bitmap: HitBitmap, live: Liveness) -> Break | None:
     """The first chunk that breaks the committable prefix, saying why when the master does list it."""
     brk = bitmap.first_break()
     if brk is None:
         return None
-    out = brk.to_dict()
-    state = live["cells"][str(brk.rank)][brk.chunk]
+    state = live.cells[brk.rank][brk.chunk]
     if state == STALE:
-        out["reason"] = "listed by the master, but its holder is gone"
-    elif state == UNKNOWN:
-        out["reason"] = "listed by the master, but no live holder is known (liveness unknown)"
-    return out
+        return replace(brk, reason="listed by the master, but its holder is gone")
+    if state == UNKNOWN:
+        return replace(brk, reason="listed by the master, but no live holder is known (liveness unknown)")
+    return brk
 
 
-def _key_format(fmt: _KeyFormat, requested: str, starts: list[tuple[str, int]], read: _StoreRead) -> dict[str, Any]:
-    return {
-        "dtype": fmt.dtype,
-        "tags": [f"{k}%{v}" for k, v in fmt.tags],
-        "hash_start": {
-            "requested": requested,
-            "vllm_hash_seed": None if read.chosen == "none" else read.chosen,
-            "start": dict(starts)[read.chosen],
-            "detected": bool(read.matched) if len(starts) > 1 else None,
-            "candidates_held": read.matched,
+def _key_format(fmt: _KeyFormat, requested: str, starts: list[tuple[str, int]], read: _StoreRead) -> KeyFormatReport:
+    return KeyFormatReport(
+        dtype=fmt.dtype,
+        tags=[f"{k}%{v}" for k, v in fmt.tags],
+        hash_start=HashStart(
+            requested=requested,
+            vllm_hash_seed=None if read.chosen == "none" else read.chosen,
+            start=dict(starts)[read.chosen],
+            detected=bool(read.matched) if len(starts) > 1 else None,
+            candidates_held=read.matched,
             # More than one chain start matched (the same prompt stored by deployments with other seeds).
-            "chains_matched": [_seed_label(label) for label in read.matched],
-        },
-    }
+            chains_matched=[_seed_label(label) for label in read.matched],
+        ),
+    )
 
 
-def _integrity(read: _StoreRead) -> dict[str, Any]:
+def _integrity(read: _StoreRead) -> Integrity:
     checksummed = dict(zip(read.held_keys, read.sums, strict=True))
-    return {
-        "checksummed_chunks": sum(read.sums),
-        "unverified_chunks": len(read.sums) - sum(read.sums),
-        "unverified": [  # the first few, by rank and chunk
-            {"rank": w, "chunk": i}
-            for w, row in enumerate(read.rows)
-            for i, key in enumerate(row)
-            if key in checksummed and not checksummed[key]
-        ][:64],
-    }
+    unverified = [  # the first few, by rank and chunk
+        ChunkRef(w, i)
+        for w, row in enumerate(read.rows)
+        for i, key in enumerate(row)
+        if key in checksummed and not checksummed[key]
+    ][:64]
+    return Integrity(sum(read.sums), len(read.sums) - sum(read.sums), unverified)
 
 
 def _diagnose_total_miss(
@@ -302,7 +306,7 @@ def _diagnose_total_miss(
     read: _StoreRead,
     tokens: list[int],
     chunk_size: int,
-) -> dict[str, Any]:
+) -> Diagnosis | NoDiagnosis:
     """`diagnose` with this prompt's chunk hashes under every chain start bsr knows (the chosen one's reused)."""
     every = dict(starts) | dict(hash_starts("auto"))
     hex_chains = {
@@ -538,19 +542,28 @@ def _check_holder(metadata_url: str, name: str, te_endpoint: str) -> tuple[str, 
     return ep, health.tcp_reachable(ep, timeout=0.5)
 
 
+@dataclass(frozen=True)
+class ListedSegment:
+    """A segment as the master's listing names it: its name, its transfer engine endpoint, its size (if given)."""
+
+    name: str
+    te_endpoint: str
+    size_bytes: int | None = None
+
+
 class _Holders:
     """Segment holders and whether each answers now: from the master's segment listing, plus any holder a replica
     names that the listing lacked. Holders are checked in parallel (at most LIVENESS_THREADS at once, all within
     LIVENESS_DEADLINE_S); one that could not be checked in time is unknown."""
 
-    def __init__(self, segments: list[dict[str, Any]] | None, listing_error: str | None) -> None:
-        self.segments = segments or []
+    def __init__(self, segments: Sequence[ListedSegment], listing_error: str | None) -> None:
+        self.segments = list(segments)
         self.listing_error = listing_error
         self.te: dict[str, str] = {}  # segment name -> te_endpoint
         for seg in self.segments:
-            name = str(seg.get("segment_name") or seg.get("te_endpoint") or "")
+            name = seg.name or seg.te_endpoint
             if name:
-                self.te[name] = str(seg.get("te_endpoint") or name)
+                self.te[name] = seg.te_endpoint or name
         self.alive: dict[str, bool | None] = {}  # None: could not be checked (unknown)
         self.endpoint: dict[str, str] = {}
 
@@ -573,9 +586,16 @@ def _check_listed_holders(admin_url: str, metadata_url: str) -> _Holders:
     from bsr_cli.errors import ServiceError
 
     try:
-        found = _Holders(health.segments(admin_url, timeout=LIVENESS_DEADLINE_S), None)
+        listing = health.segments(admin_url, timeout=LIVENESS_DEADLINE_S)
     except ServiceError as e:
-        return _Holders(None, e.message)
+        return _Holders((), e.message)
+    found = _Holders(
+        [
+            ListedSegment(str(seg.get("segment_name") or ""), str(seg.get("te_endpoint") or ""), seg.get("size_bytes"))
+            for seg in listing
+        ],
+        None,
+    )
     found.check(metadata_url, list(found.te))
     return found
 
@@ -587,25 +607,26 @@ def liveness(
     listed: dict[int, list[bool]],
     replicas: dict[str, list[str]],
     chunk_size: int,
-) -> dict[str, Any]:
+) -> Liveness:
     """Whether each listed chunk can really be read: the master names its replicas' holders (one batched replica
     query), and each holder is asked directly (a TCP connect to its data endpoint; the master's listings keep a dead
     holder's entries until its client TTL runs out, ~10 s). A chunk is live only when a live holder is known to hold
     it; a chunk whose replicas the master did not name, or whose holders could not be checked, is unknown."""
     holders.check(metadata_url, [ep for eps in replicas.values() for ep in eps])
     alive = holders.alive
-    by_size = {str(seg.get("segment_name") or ""): seg.get("size_bytes") for seg in holders.segments}
-    segs_out = [
-        {
-            "name": name,
-            "endpoint": holders.endpoint.get(name, te),
-            "alive": bool(alive.get(name)),
-            "state": "alive" if alive.get(name) else ("gone" if alive.get(name) is False else "unknown"),
-        }
-        | ({"bytes": by_size[name]} if by_size.get(name) is not None else {})
+    by_size = {seg.name: seg.size_bytes for seg in holders.segments}
+    segments = tuple(
+        SegmentHolder(
+            name,
+            holders.endpoint.get(name, te),
+            HolderState.ALIVE
+            if alive.get(name)
+            else (HolderState.GONE if alive.get(name) is False else HolderState.UNKNOWN),
+            by_size.get(name),
+        )
         for name, te in holders.te.items()
-    ]
-    cells: dict[str, str] = {}
+    )
+    cells: list[str] = []
     for w, row in enumerate(rows):
         out = []
         for i, key in enumerate(row):
@@ -621,39 +642,23 @@ def liveness(
                 out.append(STALE)
             else:
                 out.append(UNKNOWN)
-        cells[str(w)] = "".join(out)
+        cells.append("".join(out))
     n = len(rows[0]) if rows else 0
 
     def prefix(ok: Callable[[str], bool]) -> int:
         k = 0
-        while k < n and all(ok(c[k]) for c in cells.values()):
+        while k < n and all(ok(c[k]) for c in cells):
             k += 1
         return k
 
-    listed_prefix = prefix(lambda c: c != ABSENT)
-    live_prefix = prefix(lambda c: c == LIVE)
-    counts = Counter(c for row in cells.values() for c in row)
-    listing = {"segment_listing_error": holders.listing_error} if holders.listing_error else {}
-    return listing | {
-        "available": True,
-        "segments": segs_out,
-        "segments_alive": sum(1 for s in segs_out if s["alive"]),
-        "segments_unknown": sum(1 for s in segs_out if s["state"] == "unknown"),
-        "held_chunks": counts[LIVE] + counts[STALE] + counts[UNKNOWN],
-        "live_chunks": counts[LIVE],
-        "stale_chunks": counts[STALE],
-        "unknown_chunks": counts[UNKNOWN],
-        "cells": cells,
-        "cells_legend": {ABSENT: "not listed", LIVE: "live", STALE: "holder gone", UNKNOWN: "liveness unknown"},
-        "live_rows": {w: "".join("1" if c == LIVE else "0" for c in row) for w, row in cells.items()},
-        "live_committable_chunks": live_prefix,
-        "live_committable_tokens": live_prefix * chunk_size,
-        # The master's own listing (what a probe without liveness would have said).
-        "listed": {
-            "rows": {w: "".join("0" if c == ABSENT else "1" for c in row) for w, row in cells.items()},
-            "committable_chunks": listed_prefix,
-        },
-    }
+    return Liveness(
+        segments=segments,
+        cells=tuple(cells),
+        chunk_size=chunk_size,
+        listed_committable_chunks=prefix(lambda c: c != ABSENT),
+        live_committable_chunks=prefix(lambda c: c == LIVE),
+        segment_listing_error=holders.listing_error,
+    )
 
 
 def _list_keys(admin_url: str) -> list[str]:
@@ -665,7 +670,7 @@ def _list_keys(admin_url: str) -> list[str]:
         return [line.strip() for line in text.replace(",", "\n").splitlines() if "@" in line]
 
 
-def _changes_as_flags(changes: dict[str, Any]) -> list[str]:
+def _changes_as_flags(changes: dict[str, KeyFormatValue]) -> list[str]:
     """The flags a diagnosis tells the user to pass (for its text; `explain` builds whole commands from them)."""
     out = []
     for field, value in changes.items():
@@ -673,7 +678,7 @@ def _changes_as_flags(changes: dict[str, Any]) -> list[str]:
             out.append(f"--world-size {value}")
         elif field == "dtype":
             out.append(f"--dtype {value}")
-        elif field == "tags":
+        elif field == "tags" and isinstance(value, list):
             out.append(" ".join(f"--tag {shlex.quote(t)}" for t in value) if value else "drop --tag")
         else:
             out.append(f"--vllm-hash-seed {value}")
@@ -726,7 +731,7 @@ def diagnose(
     auto: bool = False,
     tokens: Sequence[int] = (),
     chunk_size: int = 256,
-) -> dict[str, Any]:
+) -> Diagnosis | NoDiagnosis:
     """Explain a total miss from what the store does hold (the master's key listing): group the model's keys by
     (world size, dtype, tag set), count in each how many of this prompt's chunk hashes it holds under each candidate
     chain start (and whether it holds the prompt under a start no candidate gives), and rank the groups: the
@@ -734,16 +739,15 @@ def diagnose(
     try:
         keys = _list_keys(admin_url)
     except OSError as e:
-        return {
-            "available": False,
-            "why": f"could not list the store's keys at {admin_url}: {e}",
-            "hint": "pass --master-admin http://HOST:PORT (the master's metrics/admin port)",
-        }
+        return NoDiagnosis(
+            why=f"could not list the store's keys at {admin_url}: {e}",
+            hint="pass --master-admin http://HOST:PORT (the master's metrics/admin port)",
+        )
     parsed = [p for p in (parse_lmcache_key(k) for k in keys) if p is not None and p.layer_id is None]
     mine = [p for p in parsed if p.model == model]
     models = Counter(p.model for p in parsed)
     causes: list[str] = []
-    ranked: list[dict[str, Any]] = []
+    ranked: list[KeyGroup] = []
     if not parsed:
         causes.append(
             "the store holds no LMCache-format keys at all (nothing was stored, or the master restarted: "
@@ -770,17 +774,16 @@ def diagnose(
         if len(groups) > 1:
             causes.append(
                 f"keys of {model!r} are mixed: {len(groups)} groups ("
-                + "; ".join(f"{d}: {g['keys']} key(s)" for _, d, g in scored)
+                + "; ".join(f"{d}: {g.keys} key(s)" for _, d, g in scored)
                 + ")"
             )
-    return {
-        "available": True,
-        "keys_listed": len(keys),
-        "keys_for_model": len(mine),
-        "groups": ranked,
-        "closest": 0 if ranked else None,
-        "causes": causes,
-    }
+    return Diagnosis(
+        keys_listed=len(keys),
+        keys_for_model=len(mine),
+        groups=ranked,
+        closest=0 if ranked else None,
+        causes=causes,
+    )
 
 
 def _score_group(
@@ -792,7 +795,7 @@ def _score_group(
     auto: bool,
     tokens: Sequence[int],
     chunk_size: int,
-) -> tuple[tuple[Any, ...], str, dict[str, Any]]:
+) -> tuple[tuple[Any, ...], str, KeyGroup]:
     """(its rank, its description, the group as the diagnosis reports it): how many of the prompt's chunks the group
     holds under its best chain start, and which flags would make the probe ask for its keys."""
     ws, dt, tg = group
@@ -803,7 +806,7 @@ def _score_group(
     if hits[best_label] and best_label != start_label and not auto:
         diff.append("hash_start")  # under auto, the start is found once the other fields fit
     unknown_start = 0 if hits[best_label] else _unknown_start_chunks(members, tokens, chunk_size)
-    changes: dict[str, Any] = {}
+    changes: dict[str, KeyFormatValue] = {}
     for f in diff:
         if f == "world_size":
             changes[f] = ws
@@ -813,19 +816,19 @@ def _score_group(
             changes[f] = [f"{k}={v}" for k, v in tg]
         else:
             changes["vllm_hash_seed"] = best_label
-    g = {
-        "world_size": ws,
-        "dtype": dt,
-        "tags": [f"{k}%{v}" for k, v in tg],
-        "keys": len(members),
-        "workers": sorted({p.worker_id for p in members}),
-        "prompt_chunks_held": hits[best_label],
-        "vllm_hash_seed": None if best_label == "none" or not hits[best_label] else best_label,
-        "unknown_start_chunks": unknown_start,
-        "differs_in": diff,
-        "changes": changes,
-        "flags": _changes_as_flags(changes),
-    }
+    g = KeyGroup(
+        world_size=ws,
+        dtype=dt,
+        tags=[f"{k}%{v}" for k, v in tg],
+        keys=len(members),
+        workers=sorted({p.worker_id for p in members}),
+        prompt_chunks_held=hits[best_label],
+        vllm_hash_seed=None if best_label == "none" or not hits[best_label] else best_label,
+        unknown_start_chunks=unknown_start,
+        differs_in=diff,
+        changes=changes,
+        flags=_changes_as_flags(changes),
+    )
     desc = _describe(ws, dt, tg)
     if hits[best_label] and best_label != "none":
         desc += f", vLLM hash seed {best_label}"
@@ -833,27 +836,27 @@ def _score_group(
     return (bool(held_any), -len(diff), hits[best_label] or unknown_start, len(members), desc), desc, g
 
 
-def _closest_cause(desc: str, best: dict[str, Any], model: str, chains: dict[str, set[str]]) -> str:
+def _closest_cause(desc: str, best: KeyGroup, model: str, chains: dict[str, set[str]]) -> str:
     """Why the closest group (described by ``desc``) did not answer the probe, and the flags that would fix it."""
-    if best["prompt_chunks_held"]:
-        if not best["differs_in"]:
+    if best.prompt_chunks_held:
+        if not best.differs_in:
             return f"the keys match ({desc}) but none is held now"
         return (
-            f"closest group: {desc} holds {best['prompt_chunks_held']} chunk(s) of this prompt "
-            f"({best['keys']} key(s)); pass {' and '.join(best['flags'])}"
+            f"closest group: {desc} holds {best.prompt_chunks_held} chunk(s) of this prompt "
+            f"({best.keys} key(s)); pass {' and '.join(best.flags)}"
         )
-    if best["unknown_start_chunks"]:
+    if best.unknown_start_chunks:
         tried = ", ".join(sorted(x for x in chains if x != "none"))
         return (
-            f"{desc} holds {best['unknown_start_chunks']} chunk(s) of this prompt under a hash chain start that "
+            f"{desc} holds {best.unknown_start_chunks} chunk(s) of this prompt under a hash chain start that "
             f"none of the vLLM hash seeds tried gives ({tried}; and no vLLM): vLLM ran with another "
             "PYTHONHASHSEED (pass --vllm-hash-seed SEED with the seed it ran with) or with none (random: "
-            "unreproducible)" + (f", and {' and '.join(best['flags'])}" if best["flags"] else "")
+            "unreproducible)" + (f", and {' and '.join(best.flags)}" if best.flags else "")
         )
     tried = ", ".join(sorted(chains))
     return (
-        f"{best['keys']} chunk(s) of {model!r} are stored ({desc}"
-        + (f"; differs in {', '.join(best['differs_in'])}: {', '.join(best['flags'])}" if best["differs_in"] else "")
+        f"{best.keys} chunk(s) of {model!r} are stored ({desc}"
+        + (f"; differs in {', '.join(best.differs_in)}: {', '.join(best.flags)}" if best.differs_in else "")
         + "), but none with this prompt's chunk hashes under any chain start tried (vLLM hash seeds: "
         f"{tried}): a different prompt prefix, tokenizer or chunk size, or vLLM ran with another "
         "PYTHONHASHSEED (pass --vllm-hash-seed SEED) or with none (random: unreproducible)"

@@ -23,6 +23,8 @@ from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
 if TYPE_CHECKING:
+    from bsr_cli.core.explain import Explanation
+    from bsr_cli.core.store_probe import StoreProbe
     from bsr_cli.drill import DrillResult
     from bsr_cli.fleet import FleetView
 
@@ -472,78 +474,78 @@ def drill(console: Console, d: DrillResult) -> None:
     console.print(t)
 
 
-def store_probe(console: Console, d: dict[str, Any]) -> None:
-    probe(console, d)
-    tail = d.get("tail")
+def store_probe(console: Console, d: StoreProbe) -> None:
+    from bsr_cli.core.store_probe import NoDiagnosis
+
+    probe(console, d.to_wire())
+    tail = d.tail
     if tail:
-        if tail["stored"]:
+        if tail.stored:
             console.print(
-                f"storable: all {d['prompt_chunks']:,} chunks (the partial last chunk of {tail['tokens']:,} tokens "
+                f"storable: all {d.prompt_chunks:,} chunks (the partial last chunk of {tail.tokens:,} tokens "
                 "is stored too: save_unfull_chunk)"
             )
         else:
             console.print(
-                f"storable: {d['storable_chunks']:,} of {d['prompt_chunks']:,} chunks ({d['storable_tokens']:,} "
-                f"tokens); the partial last chunk of {tail['tokens']:,} tokens is not stored (LMCache stores it only "
+                f"storable: {d.storable_chunks:,} of {d.prompt_chunks:,} chunks ({d.storable_tokens:,} "
+                f"tokens); the partial last chunk of {tail.tokens:,} tokens is not stored (LMCache stores it only "
                 "with save_unfull_chunk)"
             )
-    hs = (d.get("key_format") or {}).get("hash_start") or {}
-    if hs:
-        seed = hs.get("vllm_hash_seed")
-        how = f"vLLM's start for PYTHONHASHSEED={seed}" if seed is not None else "0 (LMCache without vLLM)"
-        if hs.get("detected") is True:
-            how += " [dim](detected from the store)[/]"
-        elif hs.get("detected") is False:
-            how += " [dim](auto: no candidate start matched these keys)[/]"
-        console.print(f"hash chain start: {how}")
-        matched = hs.get("chains_matched") or []
-        if len(matched) > 1:
-            held = hs.get("candidates_held") or {}
-            console.print(
-                f"[yellow]{len(matched)} hash chains matched[/] (the prompt is stored under several chain starts): "
-                + ", ".join(f"{m} ({n:,} of the first chunks)" for m, n in zip(matched, held.values(), strict=True))
-                + "; showing the one with the most; pass --vllm-hash-seed to choose"
-            )
-    if d.get("key_example"):
-        console.print(f"[dim]keys look like {d['key_example']}[/]")
-    live = d.get("liveness") or {}
-    if live.get("available"):
-        segs = live.get("segments") or []
-        state = {"alive": "[green]up[/]", "gone": "[red]gone[/]", "unknown": "[yellow]unknown[/]"}
+    hs = d.key_format.hash_start
+    seed = hs.vllm_hash_seed
+    how = f"vLLM's start for PYTHONHASHSEED={seed}" if seed is not None else "0 (LMCache without vLLM)"
+    if hs.detected is True:
+        how += " [dim](detected from the store)[/]"
+    elif hs.detected is False:
+        how += " [dim](auto: no candidate start matched these keys)[/]"
+    console.print(f"hash chain start: {how}")
+    matched = hs.chains_matched
+    if len(matched) > 1:
         console.print(
-            f"segments: {live['segments_alive']}/{len(segs)} holder(s) alive"
-            + "".join(f"  {s['endpoint']} {state[s['state']]}" for s in segs)
+            f"[yellow]{len(matched)} hash chains matched[/] (the prompt is stored under several chain starts): "
+            + ", ".join(
+                f"{m} ({n:,} of the first chunks)" for m, n in zip(matched, hs.candidates_held.values(), strict=True)
+            )
+            + "; showing the one with the most; pass --vllm-hash-seed to choose"
         )
-        if live.get("segment_listing_error"):
-            console.print(f"[yellow]the master's segment listing failed[/]: {live['segment_listing_error']}")
-        listed = (live.get("listed") or {}).get("committable_chunks", 0)
-        if live.get("stale_chunks"):
-            console.print(
-                f"[red]{live['stale_chunks']} listed chunk(s) sit only on holders that are gone[/]: the master still "
-                "lists them (until its client TTL, ~10 s) but they cannot be read"
-            )
-        if live.get("unknown_chunks"):
-            console.print(
-                f"[yellow]{live['unknown_chunks']} listed chunk(s) have no holder known to be alive[/] (liveness "
-                "unknown): not counted"
-            )
-        if live.get("stale_chunks") or live.get("unknown_chunks"):
-            console.print(f"the master's listing alone would give a prefix of {listed:,} chunk(s)")
-    integ = d.get("integrity") or {}
-    if integ.get("unverified_chunks"):
-        first = ", ".join(f"rank {u['rank']} chunk {u['chunk']}" for u in integ["unverified"][:4])
+    if d.key_example:
+        console.print(f"[dim]keys look like {d.key_example}[/]")
+    live = d.liveness
+    segs = live.segments
+    state = {"alive": "[green]up[/]", "gone": "[red]gone[/]", "unknown": "[yellow]unknown[/]"}
+    console.print(
+        f"segments: {live.segments_alive}/{len(segs)} holder(s) alive"
+        + "".join(f"  {s.endpoint} {state[s.state.value]}" for s in segs)
+    )
+    if live.segment_listing_error:
+        console.print(f"[yellow]the master's segment listing failed[/]: {live.segment_listing_error}")
+    if live.stale_chunks:
         console.print(
-            f"[yellow]{integ['unverified_chunks']} held chunk(s) carry no checksum[/] (unverified: stored by stock "
+            f"[red]{live.stale_chunks} listed chunk(s) sit only on holders that are gone[/]: the master still "
+            "lists them (until its client TTL, ~10 s) but they cannot be read"
+        )
+    if live.unknown_chunks:
+        console.print(
+            f"[yellow]{live.unknown_chunks} listed chunk(s) have no holder known to be alive[/] (liveness "
+            "unknown): not counted"
+        )
+    if live.stale_chunks or live.unknown_chunks:
+        console.print(f"the master's listing alone would give a prefix of {live.listed_committable_chunks:,} chunk(s)")
+    integ = d.integrity
+    if integ.unverified_chunks:
+        first = ", ".join(f"rank {u.rank} chunk {u.chunk}" for u in integ.unverified[:4])
+        console.print(
+            f"[yellow]{integ.unverified_chunks} held chunk(s) carry no checksum[/] (unverified: stored by stock "
             f"LMCache, not through bsr's plugins; first: {first}); bsr's connector refuses them unless "
             "bsr_load_unverified is set"
         )
-    elif integ.get("checksummed_chunks"):
-        console.print(f"integrity: {integ['checksummed_chunks']} held chunk(s) carry bsr's CRC32C")
-    diag = d.get("diagnosis")
-    if diag:
-        if not diag["available"]:
-            console.print(f"[yellow]no chunk matched[/]; {diag['why']} ({diag['hint']})")
-        for cause in diag.get("causes", []):
+    elif integ.checksummed_chunks:
+        console.print(f"integrity: {integ.checksummed_chunks} held chunk(s) carry bsr's CRC32C")
+    diag = d.diagnosis
+    if isinstance(diag, NoDiagnosis):
+        console.print(f"[yellow]no chunk matched[/]; {diag.why} ({diag.hint})")
+    elif diag is not None:
+        for cause in diag.causes:
             console.print(f"[yellow]likely cause[/]: {cause}")
 
 
@@ -604,39 +606,39 @@ def fleet(console: Console, d: FleetView) -> None:
     console.print(fleet_table(d))
 
 
-def explain(console: Console, d: dict[str, Any]) -> None:
+def explain(console: Console, d: Explanation) -> None:
     """The verdict first, then its evidence chain, the other findings, where each tier's prefix ends per rank, the
     last restore per rank and window, and the next command."""
-    v = d["findings"][0]
-    style = "green" if d.get("reusable") else "red"
-    subject = f"request {d['request']}" if d.get("request") else f"prompt {d.get('prompt') or ''}".strip()
-    console.print(f"[bold]{subject}[/]: [{style}]{d['verdict']}[/]")
-    console.print(f"  {v['summary']}")
-    for line in v["evidence"]:
+    v = d.findings[0]
+    style = "green" if d.reusable else "red"
+    subject = f"request {d.request}" if d.request else f"prompt {d.prompt}".strip()
+    console.print(f"[bold]{subject}[/]: [{style}]{d.verdict.value}[/]")
+    console.print(f"  {v.summary}")
+    for line in v.evidence:
         console.print(f"  [dim]·[/] {line}")
-    console.print(f"  fix: {v['fix']}")
-    others = d["findings"][1:]
+    console.print(f"  fix: {v.fix}")
+    others = d.findings[1:]
     if others:
         console.print("also:")
         for f in others:
-            console.print(f"  [yellow]{f['kind']}[/]: {f['summary']}")
-    if d.get("tiers"):
+            console.print(f"  [yellow]{f.kind.value}[/]: {f.summary}")
+    if d.tiers:
         t = Table(title="prefix per tier and rank (chunks)", title_justify="left")
         for col in ("tier", "rank", "prefix", "held"):
             t.add_column(col, justify="right")
-        for row in d["tiers"]:
-            t.add_row(row["tier"], str(row["rank"]), f"{row['prefix_chunks']}/{d['chunks']}", str(row["held_chunks"]))
+        for row in d.tiers:
+            t.add_row(row.tier, str(row.rank), f"{row.prefix_chunks}/{d.chunks}", str(row.held_chunks))
         console.print(t)
-    last = d.get("last_restore")
-    if last and d.get("verdict") and not d.get("request"):
+    last = d.last_restore
+    if last and not d.request:
         console.print(
-            f"last restore {last['request']}: {last['outcome']}"
-            + (f" ({last.get('failure_kind')})" if last.get("failure_kind") else "")
-            + (f", {last['windows']} window(s) of W={last['W']}" if last.get("windows") is not None else "")
+            f"last restore {last.request}: {last.outcome.value if last.outcome is not None else 'running'}"
+            + (f" ({last.failure_kind.value})" if last.failure_kind else "")
+            + (f", {last.windows} window(s) of W={last.W}" if last.windows is not None else "")
         )
-        for r in last.get("ranks") or []:
-            console.print(f"  rank {r['rank']}: {r['windows_released']} window(s) released, {format_bytes(r['bytes'])}")
-        for f in last.get("failures") or []:
-            win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
-            console.print(f"  [red]failed[/] rank {f.get('rank')}{win}: {f.get('reason')}")
-    console.print(f"next: [bold]{d['next']}[/]")
+        for r in last.ranks:
+            console.print(f"  rank {r.rank}: {r.windows_released} window(s) released, {format_bytes(r.bytes)}")
+        for fail in last.failures:
+            win = f" window G{fail.window + 1}" if fail.window is not None else ""
+            console.print(f"  [red]failed[/] rank {fail.rank}{win}: {fail.reason}")
+    console.print(f"next: [bold]{d.next}[/]")
