@@ -177,11 +177,12 @@ def test_mooncake_data_calls_poll_at_low_priority(mc_tier: Any, mc_pool: Pool) -
     data = [tid for name, tid in by_name.items() if "-ctl-" not in name]
     control = [tid for name, tid in by_name.items() if "-ctl-" in name]
     assert data and control
-    assert all(nice_of(tid) == 10 for tid in data if tid is not None)
-    assert all(nice_of(tid) == 0 for tid in control if tid is not None)
+    base = nice_of(threading.main_thread().native_id)  # the suite itself may run niced (`nice pytest`)
+    assert all(nice_of(tid) == max(base, 10) for tid in data if tid is not None)
+    assert all(nice_of(tid) == base for tid in control if tid is not None)
     # Every other thread of the process, Mooncake's own transfer threads included, keeps normal priority.
     others = [int(t.name) for t in Path("/proc/self/task").iterdir() if int(t.name) not in data]
-    assert len(others) > len(control) + 1 and all(nice_of(tid) == 0 for tid in others)
+    assert len(others) > len(control) + 1 and all(nice_of(tid) == base for tid in others)
 
 
 def test_mooncake_missing_keys_and_mixed_batch(mc_tier: Any, mc_pool: Pool) -> None:
