@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from bsr_cli import __version__
 from bsr_cli.core import accounting
 from bsr_cli.core.registration import Registration
+from bsr_cli.core.results import SubmitResult
 from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
@@ -176,15 +177,14 @@ def prompt_of(tokens: int, salt: int) -> dict[str, Any]:
     return {"synthetic": {"n": tokens, "seed": salt}}
 
 
-def warm_evidence(res: dict[str, Any]) -> dict[str, Any]:
-    stored = res.get("stored") or {}
+def warm_evidence(res: SubmitResult) -> dict[str, Any]:
     return {
-        "request": res.get("request"),
-        "seconds": round(float(res.get("seconds", 0.0)), 4),
-        "external_tokens": int(res.get("external_tokens", 0)),
-        "computed_tokens": int(res.get("computed_tokens", 0)),
-        "hash_ok": res.get("hash_ok"),
-        "store_errors": stored.get("errors") or {},
+        "request": res.request,
+        "seconds": round(float(res.seconds), 4),
+        "external_tokens": res.external_tokens,
+        "computed_tokens": res.computed_tokens,
+        "hash_ok": res.hash_ok,
+        "store_errors": res.stored.errors if res.stored is not None else {},
     }
 
 
@@ -295,7 +295,9 @@ class Run:
         """reset the pool peak, restore, read the pool and health: the evidence of one restore."""
         c, reg = self.client, self.reg
         c.reset_peak()
-        res = c.restore(prompt, w=w, verify=verify, exclude_tiers=list(exclude) or None, on_accepted=self.accepted)
+        res = c.restore(
+            prompt, w=w, verify=verify, exclude_tiers=list(exclude) or None, on_accepted=self.accepted
+        ).to_wire()
         self.request = None
         pool = c.pool()
         health = c.health()

@@ -10,6 +10,7 @@ import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.results import ManualRestoreResult
 from bsr_cli.errors import (
     CapacityError,
     DrillViolation,
@@ -124,8 +125,7 @@ def probe(
     with _client(st) as client:
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
         result = client.probe(body)
-    result["strip_width"] = width
-    st.out.result(result, render_ops.probe)
+    st.out.result(render_ops.ProbeView(result, width), render_ops.probe)
 
 
 def submit(
@@ -148,13 +148,13 @@ def submit(
     st.out.result(result, render_ops.submit)
     # The request was served (its KV is computed), so the exit code stays 0; a tier that refused the writes is
     # still said on stderr in every mode, so a script reading --json sees it too.
-    for rank, per_tier in ((result.get("stored") or {}).get("errors") or {}).items():
+    for rank, per_tier in (result.stored.errors if result.stored is not None else {}).items():
         for tier, err in per_tier.items():
             st.out.warn(f"storing to tier {tier} failed on {rank}: {err}")
 
 
 # How a manual restore can end without committing, other than finding nothing to restore (core.evidence.Outcome).
-_FAILED_OUTCOMES = tuple(o.value for o in (Outcome.FAILED_CLOSED, Outcome.REFUSED, Outcome.ABORTED))
+_FAILED_OUTCOMES = (Outcome.FAILED_CLOSED, Outcome.REFUSED, Outcome.ABORTED)
 
 
 def restore(
@@ -193,15 +193,11 @@ def restore(
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
         window = info["W"] if w is None else w
         if dry_run:
-            from bsr_cli.core.bitmap import HitBitmap
             from bsr_cli.core.plan import plan_restore
-            from bsr_cli.core.registration import Registration
 
             probe = client.probe(body)
-            reg = Registration.from_dict(probe["registration_spec"])
-            plan = plan_restore(
-                reg, window, bitmap=HitBitmap.from_dict(probe["bitmap"]), exclude_tiers=exclude_tier or ()
-            )
+            reg = probe.registration
+            plan = plan_restore(reg, window, bitmap=probe.bitmap, exclude_tiers=exclude_tier or ())
             fit = _capacity_check(window, plan.committable_chunks, reg.bytes_per_chunk, info)
             data = plan.to_dict() | {
                 "bytes_per_chunk": reg.bytes_per_chunk,
@@ -216,15 +212,15 @@ def restore(
                 raise CapacityError(fit["message"], hint=fit["hint"])
             return
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
-        result.setdefault("budget_bytes", info.get("budget_bytes"))  # the bound the peak is held to
-    st.out.result(result, render_ops.restore)
-    if result.get("outcome") in _FAILED_OUTCOMES:
+    # The engine's budget B is the bound the peak is held to.
+    st.out.result(render_ops.RestoreView(result, info.get("budget_bytes")), render_ops.restore)
+    if result.outcome in _FAILED_OUTCOMES:
         from bsr_cli.runtime import failures
 
         raise failures.restore_error(result)
-    if result.get("outcome") == Outcome.NOTHING_TO_RESTORE:
-        br = result.get("first_break") or {}
-        where = f" (rank {br['rank']} group {br['group']}: {br['reason']})" if br else ""
+    if result.outcome is Outcome.NOTHING_TO_RESTORE:
+        br = result.first_break
+        where = f" (rank {br.rank} group {br.group}: {br.reason})" if br else ""
         raise NothingToRestore(
             f"nothing to restore: no tier holds the prompt's first chunk{where}",
             hint="`bsr probe` shows which tier holds what; `bsr submit` computes and stores the prompt",
@@ -257,7 +253,7 @@ def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) 
 
 def _run_restore(
     st: AppState, client: Any, body: dict, w: int | None, exclude: list[str], verify: bool, info: dict
-) -> dict[str, Any]:
+) -> ManualRestoreResult:
     """Stream the restore in a worker thread so Ctrl-C reaches us: then ask the engine to abort (it ends
     fail-closed) and still report its final result."""
     from bsr_cli.cli.render import ops as render_ops
@@ -306,12 +302,13 @@ def _run_restore(
                     with AdminClient(client.url, client.token, timeout_s=5.0) as c2:
                         c2.abort(box["request"])
         if interrupted:
-            res = box.get("result", {})
+            res: ManualRestoreResult | None = box.get("result")
             if progress:
                 progress.stop()
             st.out.note(
-                f"restore {box.get('request', 'not yet accepted')} aborted: outcome {res.get('outcome', 'unknown')}, "
-                f"{res.get('committed_tokens', 0)} tokens committed"
+                f"restore {box.get('request', 'not yet accepted')} aborted: "
+                f"outcome {res.outcome if res is not None else 'unknown'}, "
+                f"{res.committed_tokens if res is not None else 0} tokens committed"
             )
             raise KeyboardInterrupt
     finally:
@@ -319,7 +316,8 @@ def _run_restore(
             progress.stop()
     if "error" in box:
         raise box["error"]
-    return dict(box["result"])
+    result: ManualRestoreResult = box["result"]
+    return result
 
 
 def inject_fault(
