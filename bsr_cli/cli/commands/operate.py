@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -203,13 +204,13 @@ def restore(
                 "bytes_per_chunk": reg.bytes_per_chunk,
                 "model": reg.model,
                 "show_all_windows": False,
-                "capacity": fit,
+                "capacity": fit.to_wire(),
             }
             from bsr_cli.cli.render import planning as render
 
             st.out.result(data, render.plan)
-            if not fit["fits"]:
-                raise CapacityError(fit["message"], hint=fit["hint"])
+            if fit.refusal is not None:
+                raise CapacityError(fit.refusal, hint=fit.hint)
             return
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
     # The engine's budget B is the bound the peak is held to.
@@ -227,7 +228,29 @@ def restore(
         )
 
 
-def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _CapacityFit:
+    """Whether a planned restore's window fits the engine's budget B (the pool for W=0); why not, and the fix."""
+
+    window_bytes: int
+    budget_bytes: int
+    pool_bytes: int
+    refusal: str | None = None  # None: it fits
+    hint: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "fits": self.refusal is None,
+            "window_bytes": self.window_bytes,
+            "budget_bytes": self.budget_bytes,
+            "pool_bytes": self.pool_bytes,
+        }
+        if self.refusal is not None:
+            out |= {"message": self.refusal, "hint": self.hint}
+        return out
+
+
+def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) -> _CapacityFit:
     """Whether the planned windows can ever be admitted on this engine: a window of min(W, K) chunks against the
     budget B (the whole-plan path, W=0, against the pool). The engine would refuse it the same way."""
     from bsr_cli.runtime import failures
@@ -238,17 +261,29 @@ def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) 
     what = "pool" if w == 0 else "budget B"
     need = need_chunks * slot_bytes
     fits = need == 0 or not limit or need <= (limit // slot_bytes) * slot_bytes
-    out: dict[str, Any] = {"fits": fits, "window_bytes": need, "budget_bytes": budget, "pool_bytes": pool}
-    if not fits:
-        out["message"] = (
-            f"W={w}: a window of {need_chunks} chunk(s) needs {need:,} bytes per rank; the engine's {what} is "
-            f"{limit:,} bytes, so the restore would be refused"
-        )
-        from bsr_cli.core.evidence import CapacityCause
+    if fits:
+        return _CapacityFit(need, budget, pool)
+    from bsr_cli.core.evidence import CapacityCause
 
-        cause = CapacityCause.WINDOW_OVER_POOL if w == 0 else CapacityCause.WINDOW_OVER_BUDGET
-        out["hint"] = failures.capacity_hint(cause, w=w, slot_bytes=slot_bytes, budget_bytes=budget, pool_bytes=pool)
-    return out
+    cause = CapacityCause.WINDOW_OVER_POOL if w == 0 else CapacityCause.WINDOW_OVER_BUDGET
+    return _CapacityFit(
+        need,
+        budget,
+        pool,
+        refusal=f"W={w}: a window of {need_chunks} chunk(s) needs {need:,} bytes per rank; the engine's {what} is "
+        f"{limit:,} bytes, so the restore would be refused",
+        hint=failures.capacity_hint(cause, w=w, slot_bytes=slot_bytes, budget_bytes=budget, pool_bytes=pool),
+    )
+
+
+@dataclass
+class _StreamedRestore:
+    """What the restore's worker thread hands the main thread: the request id once accepted, then its result or
+    the error it raised."""
+
+    request: str | None = None
+    result: ManualRestoreResult | None = None
+    error: BaseException | None = None
 
 
 def _run_restore(
@@ -259,17 +294,17 @@ def _run_restore(
     from bsr_cli.cli.render import ops as render_ops
 
     progress = render_ops.RestoreProgress(st.out, ranks=info["ranks"]) if st.out.interactive else None
-    box: dict[str, Any] = {}
+    box = _StreamedRestore()
     accepted = threading.Event()
     finished = threading.Event()  # not Thread.join: an interrupted join() can leave is_alive() wrong
 
     def on_accepted(rid: str) -> None:
-        box["request"] = rid
+        box.request = rid
         accepted.set()
 
     def work() -> None:
         try:
-            box["result"] = client.restore(
+            box.result = client.restore(
                 body,
                 w=w,
                 verify=verify,
@@ -278,7 +313,7 @@ def _run_restore(
                 on_accepted=on_accepted,
             )
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
-            box["error"] = e
+            box.error = e
         finally:
             finished.set()
 
@@ -296,17 +331,17 @@ def _run_restore(
                     raise
                 interrupted = True
                 st.out.note("[yellow]interrupted: asking the engine to abort the restore (it ends fail-closed)…[/]")
-                if accepted.wait(5) and "request" in box:
+                if accepted.wait(5) and box.request is not None:
                     from bsr_cli.client import AdminClient
 
                     with AdminClient(client.url, client.token, timeout_s=5.0) as c2:
-                        c2.abort(box["request"])
+                        c2.abort(box.request)
         if interrupted:
-            res: ManualRestoreResult | None = box.get("result")
+            res = box.result
             if progress:
                 progress.stop()
             st.out.note(
-                f"restore {box.get('request', 'not yet accepted')} aborted: "
+                f"restore {box.request or 'not yet accepted'} aborted: "
                 f"outcome {res.outcome if res is not None else 'unknown'}, "
                 f"{res.committed_tokens if res is not None else 0} tokens committed"
             )
@@ -314,10 +349,11 @@ def _run_restore(
     finally:
         if progress:
             progress.stop()
-    if "error" in box:
-        raise box["error"]
-    result: ManualRestoreResult = box["result"]
-    return result
+    if box.error is not None:
+        raise box.error
+    if box.result is None:
+        raise ServerError("the engine ended the restore without a result")
+    return box.result
 
 
 def inject_fault(
