@@ -82,7 +82,7 @@ class ScenarioResult:
     external_tokens: int
     computed_tokens: int
     output_hash: str
-    canonical_hash: str
+    canonical_hash: str | None
     checks: DrillChecks
     ok: bool
     request: str
@@ -110,40 +110,43 @@ def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: i
         res = client.submit(prompt, w=w)
     finally:
         client.clear_faults()
-    first = res["passes"][0]
-    first_restore = first.get("restore") or {}
-    history = res["force_local"]["history"]
-    fallback = res["source"] if res["external_tokens"] else "recompute"
+    first = res.passes[0]
+    first_restore = first.restore
+    fallback = res.source if res.external_tokens else "recompute"
     health = client.health()
     checks = DrillChecks(
-        warmed=warm["hash_ok"] is True and len(res["passes"]) >= 1 and first["external_tokens"] == tokens,
-        prefix_collapsed=first_restore.get("outcome") == FAILED_CLOSED and first_restore.get("committed_tokens") == 0,
-        force_local_set=any(h["pass"] >= 1 for h in history),
-        force_local_cleared=res["force_local"]["cleared"] is True,
+        warmed=warm.hash_ok is True and len(res.passes) >= 1 and first.external_tokens == tokens,
+        prefix_collapsed=first_restore is not None
+        and first_restore.outcome == FAILED_CLOSED
+        and first_restore.committed_tokens == 0,
+        force_local_set=any(h.pass_no >= 1 for h in res.marker_history),
+        force_local_cleared=res.marker_cleared is True,
         fallback=fallback == sc.expected_fallback,
-        hash_canonical=res["hash_ok"] is True,
+        hash_canonical=res.hash_ok is True,
         ranks_healthy=bool(health.get("ok")),
     )
-    invalid = first_restore.get("invalid")
+    # The failed pass as the engine reported it (absent fields stay absent: a pass that restored nothing has none).
+    first_pass = first_restore.to_wire() if first_restore is not None else {}
+    invalid = first_pass.get("invalid")
     return ScenarioResult(
         scenario=sc.name,
         fault=sc.fault,
         tokens=tokens,
         first_pass=FirstPass(
-            advertised_tokens=first_restore.get("advertised_tokens"),
-            committed_tokens=first_restore.get("committed_tokens"),
+            advertised_tokens=first_pass.get("advertised_tokens"),
+            committed_tokens=first_pass.get("committed_tokens"),
             invalid=None if invalid is None else tuple(InvalidChunk(int(i["rank"]), str(i["group"])) for i in invalid),
-            failures=first_restore.get("failures"),
+            failures=first_pass.get("failures"),
         ),
         fallback=fallback,
         expected_fallback=sc.expected_fallback,
-        external_tokens=res["external_tokens"],
-        computed_tokens=res["computed_tokens"],
-        output_hash=res["output_hash"],
-        canonical_hash=res["canonical_hash"],
+        external_tokens=res.external_tokens,
+        computed_tokens=res.computed_tokens,
+        output_hash=res.output_hash,
+        canonical_hash=res.canonical_hash,
         checks=checks,
         ok=checks.all_held,
-        request=res["request"],
+        request=res.request,
     )
 
 

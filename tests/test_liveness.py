@@ -27,6 +27,7 @@ from bsr_cli.api.ranks import (
     dispatch,
 )
 from bsr_cli.core.bitmap import encode_row
+from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.errors import ServerError
 from bsr_cli.loaders import builtin_registration
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
@@ -85,12 +86,14 @@ def test_a_restore_without_progress_fails_as_a_rank_fault_and_keeps_its_blocks_u
         t0 = time.monotonic()
         res = coord.restore(list(range(2048)), verify=False)
         elapsed = time.monotonic() - t0
-        assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
-        assert res["failure_kind"] == "rank" and res["blamed_tiers"] == [] and "marker" not in res
-        bad = [f for f in res["failures"] if f["kind"] == "rank"]
-        assert [f["rank"] for f in bad] == [1] and "no restore progress" in bad[0]["reason"]
+        report = res.report
+        assert report is not None
+        assert res.outcome is Outcome.FAILED_CLOSED and res.committed_tokens == 0
+        assert report.failure_kind is FailureKind.RANK and report.blamed_tiers == () and res.marker is None
+        bad = [f for f in report.failures if f.kind is FailureKind.RANK]
+        assert [f.rank for f in bad] == [1] and "no restore progress" in bad[0].reason
         assert elapsed < 20  # the window deadline (2 × 0.5 s), not a multi-minute budget
-        assert ranks[0].aborted == ranks[1].aborted == [res["request"]]
+        assert ranks[0].aborted == ranks[1].aborted == [res.request]
         health = coord.health()
         assert health["ok"] is False and health["unhealthy_ranks"] == [1]
         assert "still running past its deadline" in health["ranks"][1]["reason"]

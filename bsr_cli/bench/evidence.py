@@ -37,6 +37,7 @@ from bsr_cli.api.codec import to_json
 from bsr_cli.core import accounting
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.registration import Registration
+from bsr_cli.core.results import SubmitResult
 from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
@@ -266,16 +267,15 @@ class WarmEvidence:
         return {f.name: to_json(getattr(self, f.name)) for f in fields(self)}
 
 
-def warm_evidence(res: dict[str, Any]) -> WarmEvidence:
+def warm_evidence(res: SubmitResult) -> WarmEvidence:
     """The evidence of the engine's answer ``res`` to a submit."""
-    stored = res.get("stored") or {}
     return WarmEvidence(
-        request=res.get("request"),
-        seconds=round(float(res.get("seconds", 0.0)), 4),
-        external_tokens=int(res.get("external_tokens", 0)),
-        computed_tokens=int(res.get("computed_tokens", 0)),
-        hash_ok=res.get("hash_ok"),
-        store_errors=stored.get("errors") or {},
+        request=res.request,
+        seconds=round(float(res.seconds), 4),
+        external_tokens=res.external_tokens,
+        computed_tokens=res.computed_tokens,
+        hash_ok=res.hash_ok,
+        store_errors=res.stored.errors if res.stored is not None else {},
     )
 
 
@@ -449,7 +449,9 @@ class Run:
         """reset the pool peak, restore, read the pool and health: the evidence of one restore."""
         c, reg = self.client, self.reg
         c.reset_peak()
-        res = c.restore(prompt, w=w, verify=verify, exclude_tiers=list(exclude) or None, on_accepted=self.accepted)
+        res = c.restore(
+            prompt, w=w, verify=verify, exclude_tiers=list(exclude) or None, on_accepted=self.accepted
+        ).to_wire()
         self.request = None
         pool = c.pool()
         health = c.health()

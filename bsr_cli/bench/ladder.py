@@ -268,7 +268,7 @@ def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> Ladd
     prompt = prompt_of(n, salt)
     warm = None
     # The fs tier outlives engine restarts: warm only when no tier holds the whole prompt yet.
-    if int(c.probe(prompt).get("committable_tokens", 0)) < n:
+    if c.probe(prompt).committable_tokens < n:
         w = max(1, min(warm_w, rung // reg.bytes_per_chunk))
         warm = warm_evidence(c.submit(prompt, w=w))
     ev = run.restore(prompt, n, 0)

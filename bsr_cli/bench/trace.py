@@ -156,10 +156,10 @@ def calibrate(
         out = []
         for _ in range(3):
             res = client.submit({"tokens": tokens}, w=w, verify=False, timeout=600)
-            restore = next((p["restore"] for p in res["passes"] if p.get("restore")), None)
-            if not restore or not restore["committed_tokens"] or restore["seconds"] <= 0:
+            restore = next((p.restore for p in res.passes if p.restore), None)
+            if not restore or not restore.committed_tokens or restore.seconds <= 0:
                 raise BsrError("the calibration restore committed nothing: the engine cannot restore from its store")
-            out.append((int(restore["chunks"]), float(restore["seconds"])))
+            out.append((restore.chunks, float(restore.seconds)))
         return sorted(out, key=lambda x: x[1])
 
     big = restore_seconds(chunks, -7)[1]
@@ -191,11 +191,11 @@ def replay(
         except BsrError as e:
             m.error = e.message
         else:
-            m.committed_tokens = int(res["external_tokens"])
-            restores = [p["restore"] for p in res["passes"] if p.get("restore")]
+            m.committed_tokens = res.external_tokens
+            restores = [p.restore for p in res.passes if p.restore]
             if restores:
-                m.restore_seconds = sum(float(r["seconds"]) for r in restores)
-            m.seconds = float(res["seconds"])
+                m.restore_seconds = sum(float(r.seconds) for r in restores)
+            m.seconds = float(res.seconds)
         if on_done is not None:
             on_done(m)
 

@@ -18,12 +18,13 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from bsr_cli import API_VERSION
+from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
 from bsr_cli.errors import (
     BadRequest,
     CapacityError,
@@ -38,6 +39,9 @@ from bsr_cli.errors import (
     VersionMismatch,
 )
 from bsr_cli.settings import Settings
+
+T = TypeVar("T")
+OnEvent = Callable[[dict[str, Any]], None]  # a progress event, in its wire form as the engine streams it
 
 PAGE = 5000  # events asked for per /events page when filtering
 MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
@@ -207,10 +211,13 @@ class AdminClient:
         self,
         path: str,
         body: dict[str, Any],
-        on_event: Callable[[dict[str, Any]], None] | None,
+        read: Callable[[dict[str, Any]], T],
+        on_event: OnEvent | None,
         on_accepted: Callable[[str], None] | None,
         timeout: float,
-    ) -> dict[str, Any]:
+    ) -> T:
+        """POST ``body`` and follow its NDJSON stream: ``on_accepted`` gets the request id, ``on_event`` each
+        progress event (its wire form), and the result line is read into its type by ``read``."""
         try:
             with self._http.stream(
                 "POST",
@@ -229,7 +236,7 @@ class AdminClient:
                     elif kind == "event" and on_event:
                         on_event(msg["event"])
                     elif kind == "result":
-                        return dict(msg["result"])
+                        return read(msg["result"])
                     elif kind == "error":
                         status = int(msg.get("status", 500))
                         if msg.get("error") == CapacityError.kind:
@@ -280,9 +287,9 @@ class AdminClient:
     def registration(self) -> dict[str, Any]:
         return dict(self._call("GET", "/registration"))
 
-    def probe(self, prompt: dict[str, Any], exclude_tiers: list[str] | None = None) -> dict[str, Any]:
+    def probe(self, prompt: dict[str, Any], exclude_tiers: list[str] | None = None) -> ProbeResult:
         body = dict(prompt) | ({"exclude_tiers": exclude_tiers} if exclude_tiers else {})
-        return dict(self._call("POST", "/probe", body))
+        return ProbeResult.from_wire(self._call("POST", "/probe", body))
 
     def submit(
         self,
@@ -290,11 +297,11 @@ class AdminClient:
         *,
         w: int | None = None,
         verify: bool = True,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: OnEvent | None = None,
         timeout: float = 1800,
-    ) -> dict[str, Any]:
+    ) -> SubmitResult:
         body = dict(prompt) | {"verify": verify, "stream": True} | ({"W": w} if w is not None else {})
-        return self._stream("/requests", body, on_event, None, timeout)
+        return self._stream("/requests", body, SubmitResult.from_wire, on_event, None, timeout)
 
     def restore(
         self,
@@ -303,22 +310,22 @@ class AdminClient:
         w: int | None = None,
         verify: bool = True,
         exclude_tiers: list[str] | None = None,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: OnEvent | None = None,
         on_accepted: Callable[[str], None] | None = None,
         timeout: float = 1800,
-    ) -> dict[str, Any]:
+    ) -> ManualRestoreResult:
         body = dict(prompt) | {"verify": verify, "stream": True}
         if w is not None:
             body["W"] = w
         if exclude_tiers:
             body["exclude_tiers"] = exclude_tiers
-        return self._stream("/restore", body, on_event, on_accepted, timeout)
+        return self._stream("/restore", body, ManualRestoreResult.from_wire, on_event, on_accepted, timeout)
 
-    def abort(self, request: str) -> dict[str, Any]:
+    def abort(self, request: str) -> AbortAnswer:
         try:
-            return dict(self._call("POST", f"/restores/{request}/abort", {}, timeout=5.0))
+            return AbortAnswer.from_wire(self._call("POST", f"/restores/{request}/abort", {}, timeout=5.0))
         except BadRequest:
-            return {"request": request, "aborting": False}
+            return AbortAnswer(request=request, aborting=False)
 
     def pool(self, health: bool = False) -> list[dict[str, Any]]:
         return list(self._call("GET", "/pool", params={"health": "1" if health else "0"})["ranks"])

@@ -41,7 +41,9 @@ class Break:
         """A break as a probe's JSON carries it (``first_break``: an object or null)."""
         if not d:
             return None
-        return cls(int(d["chunk"]), int(d["rank"]), str(d["group"]), tuple(d["held_by"]), str(d["reason"]))
+        return cls(
+            int(d["chunk"]), int(d["rank"]), str(d["group"]), tuple(d.get("held_by") or ()), str(d.get("reason") or "")
+        )
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from bsr_cli.core.keys import chunk_hashes, object_key
 from bsr_cli.core.markers import ClearScope, Marker, ScopeKind
 from bsr_cli.core.markers import clear as clear_markers_in
 from bsr_cli.core.plan import Window
+from bsr_cli.core.results import TierErrors
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.coordinator_state import CoordinatorContext
 
@@ -67,7 +68,7 @@ class Admission:
             )
 
     # -- discovery ---------------------------------------------------------------------------------------------
-    def probe(self, tokens: Sequence[int], hashes: list[str] | None = None) -> tuple[HitBitmap, dict[str, Any]]:
+    def probe(self, tokens: Sequence[int], hashes: list[str] | None = None) -> tuple[HitBitmap, TierErrors]:
         """Probe-only lookup on every rank: the complete hit bitmap; no object bytes move, nothing stays pinned."""
         self.check_tokens(tokens)
         hashes = hashes or chunk_hashes(tokens, self.reg.chunk_size)

@@ -34,6 +34,7 @@ from bsr_cli.core.events import Event, FaultsCleared
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import ClearScope, Marker
 from bsr_cli.core.registration import Registration
+from bsr_cli.core.results import ManualRestoreResult, StoreReport, SubmitResult, TierErrors
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation, BlockAllocator
 from bsr_cli.runtime.armed_faults import ArmedFaults
@@ -53,7 +54,7 @@ from bsr_cli.runtime.observation import Observation
 from bsr_cli.runtime.orchestration import Orchestration
 from bsr_cli.runtime.rank_calls import RankCalls
 
-Progress = Callable[[dict[str, Any]], None]
+Progress = Callable[[dict[str, Any]], None]  # a progress event's wire form, as the admin API streams it
 
 
 class Coordinator:
@@ -117,7 +118,7 @@ class Coordinator:
         store: bool = True,
         progress: Progress | None = None,
         request: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> SubmitResult:
         """Admit a prompt as the scheduler would: restore the external prefix (with fallback), compute the rest."""
         return self.orchestration.submit(tokens, w=w, verify=verify, store=store, progress=progress, request=request)
 
@@ -130,7 +131,7 @@ class Coordinator:
         exclude: Sequence[str] = (),
         progress: Progress | None = None,
         request: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ManualRestoreResult:
         """A manual windowed restore of a prompt's external prefix (no fallback, nothing computed)."""
         return self.orchestration.restore(
             tokens, w=w, verify=verify, exclude=exclude, progress=progress, request=request
@@ -144,11 +145,11 @@ class Coordinator:
 
     def _store_missing(
         self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: dict[str, list[int]]
-    ) -> dict[str, Any]:
+    ) -> StoreReport:
         return self.orchestration.store_missing(bitmap, hashes, n_tokens, tables)
 
     # -- admission -------------------------------------------------------------------------------------------------
-    def probe(self, tokens: Sequence[int], hashes: list[str] | None = None) -> tuple[HitBitmap, dict[str, Any]]:
+    def probe(self, tokens: Sequence[int], hashes: list[str] | None = None) -> tuple[HitBitmap, TierErrors]:
         """Probe-only lookup on every rank: the complete hit bitmap; no object bytes move, nothing stays pinned."""
         return self.admission.probe(tokens, hashes)
 
@@ -270,6 +271,7 @@ __all__ = [
     "BlockAllocator",
     "Coordinator",
     "EngineSettings",
+    "Progress",
     "RankClient",
     "RankUnresponsive",
 ]

@@ -24,12 +24,12 @@ Pure: no I/O, so the CLI uses the same rules (``FailureKind.exit_code``) to pick
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from bsr_cli.api.jobs import RestoreResult
 from bsr_cli.core.events import Failure
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage, window_label
+from bsr_cli.core.results import ManualRestoreResult, RestoreReport
 from bsr_cli.errors import BsrError, CapacityError, ExitCode, RestoreAborted, RestoreFailedClosed
 
 CAPACITY = FailureKind.CAPACITY
@@ -139,13 +139,12 @@ def describe(f: Failure) -> str:
     return f.reason
 
 
-def summary(result: Mapping[str, Any]) -> str:
-    """One line naming the cause of a failed restore result (its ``failure_kind`` and the failure that decided it),
-    from the result's wire form."""
-    fails = [Failure.from_wire(f) for f in result.get("failures") or []]
+def summary(report: RestoreReport) -> str:
+    """One line naming the cause of a failed restore (its ``failure_kind`` and the failure that decided it)."""
+    fails = list(report.failures)
     if not fails:
         return "invalid group"
-    kind = FailureKind(result["failure_kind"]) if result.get("failure_kind") else classify(fails)
+    kind = report.failure_kind or classify(fails)
     first = next((f for f in fails if f.kind is kind), fails[0])
     return describe(first)
 
@@ -157,34 +156,33 @@ _ERROR_FOR_EXIT: dict[ExitCode, type[BsrError]] = {
 }
 
 
-def restore_error(result: Mapping[str, Any]) -> BsrError:
+def restore_error(result: ManualRestoreResult) -> BsrError:
     """The one-line error a failed restore result ends the CLI with; its exit code is the failure kind's
     (``FailureKind.exit_code``: refused 12, failed closed 10, aborted 130)."""
-    fails = [Failure.from_wire(f) for f in result.get("failures") or []]
-    if result.get("failure_kind"):
-        kind = FailureKind(result["failure_kind"])
-    else:
-        found = classify(fails)
-        if found is None:
-            raise ValueError("a failed restore result names no failure kind and lists no failure")
-        kind = found
-    why = summary(result)
+    report = result.report
+    if report is None:
+        raise ValueError("a restore that found nothing to restore did not fail")
+    fails = list(report.failures)
+    found = report.failure_kind or classify(fails)
+    if found is None:
+        raise ValueError("a failed restore result names no failure kind and lists no failure")
+    kind = found
+    why = summary(report)
     error = _ERROR_FOR_EXIT[kind.exit_code]
     if kind is CAPACITY:
-        return error(f"restore refused for capacity, nothing moved, no tier blamed: {why}", hint=result.get("hint"))
+        return error(f"restore refused for capacity, nothing moved, no tier blamed: {why}", hint=report.hint)
     if kind is ABORTED:
         return error(f"restore aborted, nothing committed, no tier blamed: {why}")
     if kind is RANK:
         ranks = blamed_ranks(fails)
         who = ", ".join(f"rank {r}" for r in ranks) or "the rank"
-        marker = result.get("marker")
-        then = "; the next admission recomputes the prompt locally" if marker else ""
+        then = "; the next admission recomputes the prompt locally" if result.marker is not None else ""
         return error(
             f"restore failed closed: {why}; nothing was committed, no tier blamed{then}",
             hint=f"`bsr status` shows {who}'s health and last fault; a stopped or hung rank must be resumed or "
             "restarted",
         )
-    tiers = ", ".join(result.get("blamed_tiers") or result.get("tiers") or [])
+    tiers = ", ".join(report.blamed_tiers or report.tiers)
     return error(
         f"restore failed closed: {why}; nothing was committed and a force-local marker excludes "
         f"{tiers or 'the failing tier'}",

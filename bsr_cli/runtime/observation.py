@@ -31,6 +31,7 @@ from bsr_cli.core.events import (
 )
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.results import InvalidCell, RankRestore, RestoreReport
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import HEALTH_WAIT_S, TIER_FAILURE_TTL_S, CoordinatorContext
 from bsr_cli.runtime.rank_calls import RankCalls
@@ -212,7 +213,7 @@ class Observation:
         tiers_used: set[str],
         fired: set[int],
         seconds: float,
-    ) -> dict[str, Any]:
+    ) -> RestoreReport:
         """One restore's report (what the CLI shows), recorded: the failures classified and blamed by stage, tier
         and rank health noted, the outcome counted and logged, and the recent-restores entry."""
         total_bytes = sum(o.bytes_restored for o in outcomes)
@@ -244,31 +245,30 @@ class Observation:
             )
         self._note_tier_health(committed_tokens > 0, tiers_used, blamed, fails, request, bool(fired))
         self._calls.note_rank_failures(fails, request)
-        wire_fails = [f.to_wire() for f in fails]
-        result = {
-            "request": request,
-            "W": w,
-            "tiers": sorted(tiers_used),
-            "advertised_tokens": ext_tokens,
-            "committed_tokens": committed_tokens,
-            "outcome": outcome.value,
-            "invalid": [{"rank": r, "group": g} for r, g in invalid],
-            "failures": wire_fails,
-            "failure_kind": kind.value if kind else None,
-            "failure_stage": deciding.stage.value if deciding is not None and deciding.stage else None,
-            "blamed_tiers": sorted(blamed),
-            "blamed_ranks": failures.blamed_ranks(fails),
-            "hint": hint,
-            "windows": windows,
-            "chunks": k,
-            "seconds": seconds,
-            "bytes": total_bytes,
-            "gbps": total_bytes / seconds / 1e9 if seconds > 0 else 0.0,
-            "ranks": [o.to_dict() for o in outcomes],
-            "rws_bytes": accounting.rws_bytes(self.reg, w) if w else None,
-            "whole_plan_bytes": accounting.whole_plan_bytes(self.reg, k),
-            "fired_faults": sorted(fired),
-        }
+        result = RestoreReport(
+            request=request,
+            w=w,
+            tiers=tuple(sorted(tiers_used)),
+            advertised_tokens=ext_tokens,
+            committed_tokens=committed_tokens,
+            outcome=outcome,
+            invalid=tuple(InvalidCell(r, g) for r, g in invalid),
+            failures=tuple(fails),
+            failure_kind=kind,
+            failure_stage=deciding.stage if deciding is not None else None,
+            blamed_tiers=tuple(sorted(blamed)),
+            blamed_ranks=tuple(failures.blamed_ranks(fails)),
+            hint=hint,
+            windows=windows,
+            chunks=k,
+            seconds=seconds,
+            bytes=total_bytes,
+            gbps=total_bytes / seconds / 1e9 if seconds > 0 else 0.0,
+            ranks=tuple(RankRestore.from_wire(o.to_dict()) for o in outcomes),
+            rws_bytes=accounting.rws_bytes(self.reg, w) if w else None,
+            whole_plan_bytes=accounting.whole_plan_bytes(self.reg, k),
+            fired_faults=tuple(sorted(fired)),
+        )
         self.restore_ended(
             request=request,
             outcome=outcome,

@@ -18,6 +18,7 @@ A request's life, as a scheduler admits it (``submit``):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
@@ -49,6 +50,17 @@ from bsr_cli.core.events import (
 from bsr_cli.core.evidence import EventKind, FailureKind, Outcome
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
 from bsr_cli.core.plan import windows_for
+from bsr_cli.core.results import (
+    AdmissionPass,
+    ManualRestoreResult,
+    MarkerStep,
+    OutputHashes,
+    PrefixLookup,
+    RestoreReport,
+    StoreReport,
+    SubmitResult,
+    TierErrors,
+)
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation
@@ -59,10 +71,10 @@ from bsr_cli.runtime.rank_calls import RankCalls
 
 Tables = dict[str, list[int]]  # per KV group, a request's destination block ids (the same on every rank)
 # The probe-only lookup as the host runs it (a host may remember what each chunk hash stands for first).
-Probe = Callable[[Sequence[int], list[str] | None], tuple[HitBitmap, dict[str, Any]]]
+Probe = Callable[[Sequence[int], list[str] | None], tuple[HitBitmap, TierErrors]]
 # Writing the chunks each tier lacks, as the host runs it (a host may vouch for what it stored afterwards).
-StoreMissing = Callable[[HitBitmap, list[str], int, Tables], dict[str, Any]]
-Progress = Callable[[dict[str, Any]], None]
+StoreMissing = Callable[[HitBitmap, list[str], int, Tables], StoreReport]
+Progress = Callable[[dict[str, Any]], None]  # a progress event's wire form, as the admin API streams it
 
 
 @dataclass
@@ -72,8 +84,8 @@ class Admitted:
     committed: int = 0
     source: str = "recompute"
     bitmap: HitBitmap | None = None
-    passes: list[dict[str, Any]] = field(default_factory=list)
-    marker_history: list[dict[str, Any]] = field(default_factory=list)
+    passes: list[AdmissionPass] = field(default_factory=list)
+    marker_history: list[MarkerStep] = field(default_factory=list)
 
 
 @dataclass
@@ -131,7 +143,7 @@ class Orchestration:
         w: int,
         block_tables: Tables,
         prompt: str = "",
-    ) -> dict[str, Any]:
+    ) -> RestoreReport:
         k = bitmap.prefix_chunks(exclude)
         ext_tokens = bitmap.prefix_tokens(exclude)
         windows = windows_for(self.reg, w, k, ext_tokens)
@@ -306,7 +318,7 @@ class Orchestration:
         store: bool = True,
         progress: Progress | None = None,
         request: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> SubmitResult:
         """Admit a prompt as the scheduler would: restore the external prefix (with fallback), compute the rest."""
         req = self._open(tokens, w, request, progress)
         started = time.monotonic()
@@ -334,7 +346,7 @@ class Orchestration:
             if computed > 0:
                 first_chunk = admitted.committed // self.reg.chunk_size
                 self.calls.call_all(PrefillRequest(req.hashes, len(tokens), first_chunk, tables))
-            stored = self._store(admitted.bitmap, req, len(tokens), tables) if store else {}
+            stored = self._store(admitted.bitmap, req, len(tokens), tables) if store else None
             output_hash = self._output_hash(tables, len(tokens))
             canonical = self._canonical_hash(req.hashes, len(tokens)) if verify else None
             hash_ok = None if canonical is None else canonical == output_hash
@@ -348,22 +360,23 @@ class Orchestration:
                     hash_ok=hash_ok,
                 )
             )
-            return {
-                "request": req.request,
-                "prompt": req.prompt,
-                "tokens": len(tokens),
-                "W": req.w,
-                "external_tokens": admitted.committed,
-                "computed_tokens": computed,
-                "source": source,
-                "passes": admitted.passes,
-                "force_local": {"history": admitted.marker_history, "cleared": cleared},
-                "stored": stored,
-                "output_hash": output_hash,
-                "canonical_hash": canonical,
-                "hash_ok": hash_ok,
-                "seconds": time.monotonic() - started,
-            }
+            return SubmitResult(
+                request=req.request,
+                prompt=req.prompt,
+                tokens=len(tokens),
+                w=req.w,
+                external_tokens=admitted.committed,
+                computed_tokens=computed,
+                source=source,
+                passes=tuple(admitted.passes),
+                marker_history=tuple(admitted.marker_history),
+                marker_cleared=cleared,
+                stored=stored,
+                output_hash=output_hash,
+                canonical_hash=canonical,
+                hash_ok=hash_ok,
+                seconds=time.monotonic() - started,
+            )
         finally:
             self.allocation.release(req.request, tables)  # teardown
             req.close()
@@ -375,25 +388,19 @@ class Orchestration:
         exclude = set(marker.excluded) if marker else set()
         # A marker that excludes no tier says "recompute locally" (a rank failed to install it last time).
         local = marker is not None and not marker.excluded
-        out = Admitted(marker_history=[{"pass": 0, "marker": marker.to_dict()}] if marker else [])
+        out = Admitted(marker_history=[MarkerStep(0, marker)] if marker else [])
         for pass_no in range(1, MAX_PASSES + 1):
             out.bitmap, tier_errors = self._probe(tokens, req.hashes)
             ext = 0 if local else out.bitmap.prefix_tokens(exclude)
-            entry: dict[str, Any] = {
-                "pass": pass_no,
-                "excluded_tiers": sorted(exclude),
-                "external_tokens": ext,
-                "tier_errors": tier_errors,
-            }
-            out.passes.append(entry)
+            entry = AdmissionPass(pass_no, tuple(sorted(exclude)), ext, tier_errors)
             if ext == 0:
+                out.passes.append(entry)
                 break
             res = self._restore_external(req.request, out.bitmap, req.hashes, exclude, req.w, tables, req.prompt)
-            entry["restore"] = res
-            if res["committed_tokens"]:
-                out.committed, out.source = res["committed_tokens"], "+".join(res["tiers"])
+            out.passes.append(dataclasses.replace(entry, restore=res))
+            if res.committed_tokens:
+                out.committed, out.source = res.committed_tokens, "+".join(res.tiers)
                 break
-            entry["failure_kind"] = res["failure_kind"]
             next_exclude = self._after_failed_pass(req, res, pass_no, out)
             if next_exclude is None:
                 break
@@ -401,39 +408,39 @@ class Orchestration:
         return out
 
     def _after_failed_pass(
-        self, req: OpenRequest, res: dict[str, Any], pass_no: int, admitted: Admitted
+        self, req: OpenRequest, res: RestoreReport, pass_no: int, admitted: Admitted
     ) -> set[str] | None:
         """Fail closed: every block of the request is invalid now (each rank scrubbed its own). A tier fault sets a
         marker excluding that tier (answered: the next pass skips what it excludes); a rank that failed to install
         or synchronize sets one that excludes no tier (the prompt is recomputed locally); a stalled rank ends the
         request (raises); a capacity refusal or an abort blames nobody. None: no further pass, the rest is
         computed locally."""
-        kind = FailureKind(res["failure_kind"])
+        kind = res.failure_kind
         if kind is FailureKind.RANK:
-            bad = next(Failure.from_wire(f) for f in res["failures"] if f["kind"] == FailureKind.RANK)
+            bad = next(f for f in res.failures if f.kind is FailureKind.RANK)
             if bad.stage is None and bad.rank is not None:  # it stopped answering: nothing can run
                 raise RankUnresponsive(bad.rank, bad.reason)
             m = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
-            admitted.marker_history.append({"pass": pass_no, "marker": m.to_dict()})
+            admitted.marker_history.append(MarkerStep(pass_no, m))
             return None
         if kind is not FailureKind.TIER:
             return None
-        m = self.admission.set_marker(req.prompt, set(res["blamed_tiers"]), failures.summary(res), req.request)
-        admitted.marker_history.append({"pass": pass_no, "marker": m.to_dict()})
+        m = self.admission.set_marker(req.prompt, set(res.blamed_tiers), failures.summary(res), req.request)
+        admitted.marker_history.append(MarkerStep(pass_no, m))
         return set(m.excluded)
 
-    def _store(self, bitmap: HitBitmap | None, req: OpenRequest, n_tokens: int, tables: Tables) -> dict[str, Any]:
+    def _store(self, bitmap: HitBitmap | None, req: OpenRequest, n_tokens: int, tables: Tables) -> StoreReport | None:
         """The chunks each tier lacks written back; a tier that refused is a ``store_failed`` event."""
         if bitmap is None:
-            return {}
+            return None
         stored = self._store_missing(bitmap, req.hashes, n_tokens, tables)
-        for rank_name, per_tier in stored["errors"].items():
+        for rank_name, per_tier in stored.errors.items():
             for tier, err in per_tier.items():
                 rank = int(rank_name.removeprefix("rank"))
                 self.events.append(StoreFailed(rank=rank, tier=tier, error=err, request=req.request))
         return stored
 
-    def store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: Tables) -> dict[str, Any]:
+    def store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: Tables) -> StoreReport:
         """Write the chunks each tier lacks (a chunk quarantined as damaged counts as lacking, so this rewrites it
         from the KV just restored or computed). A tier that refuses writes does not fail the request, which has
         its KV: submit records a ``store_failed`` event naming the request, the tier turns unhealthy with the
@@ -451,7 +458,7 @@ class Orchestration:
                     chunks[tier] = lacking
             futures.append(r.submit(StoreRequest(hashes, n_tokens, tables, chunks)))
         errors: dict[str, dict[str, str]] = {}
-        objects: dict[str, Any] = {}
+        objects: dict[str, dict[str, int]] = {}
         for r, fut in zip(self.ranks, futures, strict=True):
             try:
                 res = fut.result(timeout=self.settings.call_timeout_s)
@@ -460,7 +467,7 @@ class Orchestration:
             objects[f"rank{r.rank}"] = dict(res.objects)
             for tier, err in res.errors.items():
                 errors.setdefault(f"rank{r.rank}", {})[tier] = err
-        return {"objects": objects, "errors": errors}
+        return StoreReport(objects=objects, errors=errors)
 
     def restore(
         self,
@@ -471,7 +478,7 @@ class Orchestration:
         exclude: Sequence[str] = (),
         progress: Progress | None = None,
         request: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ManualRestoreResult:
         """A manual windowed restore of a prompt's external prefix (no fallback, nothing computed)."""
         req = self._open(tokens, w, request, progress)
         try:
@@ -481,79 +488,75 @@ class Orchestration:
                 return self._rank_failed(req, len(tokens), e)
             excl = set(exclude)
             ext = bitmap.prefix_tokens(excl)
-            brk = bitmap.first_break(excl)
-            base = {
-                "request": req.request,
-                "prompt": req.prompt,
-                "tokens": len(tokens),
-                "W": req.w,
-                "tier_errors": tier_errors,
-                "first_break": brk.to_dict() if brk else None,
-                "bitmap": bitmap.to_dict(),
-            }
+            base = ManualRestoreResult(
+                request=req.request,
+                prompt=req.prompt,
+                tokens=len(tokens),
+                w=req.w,
+                lookup=PrefixLookup(tier_errors, bitmap.first_break(excl), bitmap),
+                report=None,
+            )
             if ext == 0:
                 self.observation.restore_ended(
                     request=req.request, outcome=Outcome.NOTHING_TO_RESTORE, kind=None, fails=(), w=req.w
                 )
-                return base | {
-                    "outcome": Outcome.NOTHING_TO_RESTORE.value,
-                    "committed_tokens": 0,
-                    "advertised_tokens": 0,
-                }
+                return base
             tables, _ = self.allocation.allocate(ext, req.request)
             try:
                 res = self._restore_external(req.request, bitmap, req.hashes, excl, req.w, tables, req.prompt)
-                return base | res | self._after_manual_restore(req, res, ext, tables, verify)
+                return self._after_manual_restore(req, dataclasses.replace(base, report=res), ext, tables, verify)
             finally:
                 self.allocation.release(req.request, tables)
         finally:
             req.close()
 
     def _after_manual_restore(
-        self, req: OpenRequest, res: dict[str, Any], ext: int, tables: Tables, verify: bool
-    ) -> dict[str, Any]:
+        self, req: OpenRequest, result: ManualRestoreResult, ext: int, tables: Tables, verify: bool
+    ) -> ManualRestoreResult:
         """A committed restore's hashes; a failed one's marker (a tier's fault excludes that tier; a rank that
         failed at its own stage has the next admission recompute the prompt, no tier excluded: none is to blame)."""
-        out: dict[str, Any] = {}
-        if res["committed_tokens"]:
-            out["output_hash"] = self._output_hash(tables, ext)
-            if verify:
-                out["canonical_hash"] = self._canonical_hash(req.hashes[: -(-ext // self.reg.chunk_size)], ext)
-                out["hash_ok"] = out["canonical_hash"] == out["output_hash"]
-        elif res["failure_kind"] == FailureKind.TIER:
-            marker = self.admission.set_marker(req.prompt, set(res["blamed_tiers"]), failures.summary(res), req.request)
-            out["marker"] = marker.to_dict()
-        elif res["failure_kind"] == FailureKind.RANK and res.get("failure_stage"):
+        res = result.report
+        if res is None:
+            return result
+        if res.committed_tokens:
+            output_hash = self._output_hash(tables, ext)
+            if not verify:
+                return dataclasses.replace(result, hashes=OutputHashes(output_hash))
+            canonical = self._canonical_hash(req.hashes[: -(-ext // self.reg.chunk_size)], ext)
+            return dataclasses.replace(result, hashes=OutputHashes(output_hash, canonical, canonical == output_hash))
+        if res.failure_kind is FailureKind.TIER:
+            marker = self.admission.set_marker(req.prompt, set(res.blamed_tiers), failures.summary(res), req.request)
+            return dataclasses.replace(result, marker=marker)
+        if res.failure_kind is FailureKind.RANK and res.failure_stage is not None:
             marker = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
-            out["marker"] = marker.to_dict()
-        return out
+            return dataclasses.replace(result, marker=marker)
+        return result
 
-    def _rank_failed(self, req: OpenRequest, n_tokens: int, e: RankUnresponsive) -> dict[str, Any]:
+    def _rank_failed(self, req: OpenRequest, n_tokens: int, e: RankUnresponsive) -> ManualRestoreResult:
         """A manual restore that could not start because a rank stopped answering: failed closed (nothing was
         restored or committed), blamed on the rank, no marker."""
         fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.RANK)  # no stage: it stopped answering
         self.observation.restore_ended(
             request=req.request, outcome=Outcome.FAILED_CLOSED, kind=FailureKind.RANK, fails=(fail,), w=req.w
         )
-        return {
-            "request": req.request,
-            "prompt": req.prompt,
-            "tokens": n_tokens,
-            "W": req.w,
-            "outcome": Outcome.FAILED_CLOSED.value,
-            "advertised_tokens": 0,
-            "committed_tokens": 0,
-            "failures": [fail.to_wire()],
-            "failure_kind": FailureKind.RANK.value,
-            "failure_stage": None,
-            "blamed_tiers": [],
-            "blamed_ranks": [e.rank],
-            "invalid": [],
-            "tiers": [],
-            "ranks": [],
-            "windows": 0,
-            "hint": e.hint,
-        }
+        report = RestoreReport(
+            request=req.request,
+            w=req.w,
+            tiers=(),
+            advertised_tokens=0,
+            committed_tokens=0,
+            outcome=Outcome.FAILED_CLOSED,
+            invalid=(),
+            failures=(fail,),
+            failure_kind=FailureKind.RANK,
+            failure_stage=None,
+            blamed_tiers=(),
+            blamed_ranks=(e.rank,),
+            hint=e.hint,
+            windows=0,
+            ranks=(),
+        )
+        return ManualRestoreResult(req.request, req.prompt, n_tokens, req.w, lookup=None, report=report)
 
     def open_request(self, request: str) -> None:
         """Make ``request`` abortable from now on. The admin API calls it when it hands the id to a streaming

@@ -27,6 +27,7 @@ from bsr_cli import API_VERSION
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
+from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
 from bsr_cli.runtime.coordinator import Coordinator
 from bsr_cli.runtime.event_store import Query as EventQuery
@@ -211,7 +212,8 @@ def create_app(host: Host | None) -> FastAPI:
 
 
 # -- streaming ---------------------------------------------------------------------------------------------------
-Work = Callable[[Callable[[dict[str, Any]], None]], dict[str, Any]]
+Emit = Callable[[dict[str, Any]], None]  # one progress event's wire form, streamed as it happens
+Work = Callable[[Emit], SubmitResult | ManualRestoreResult]
 
 
 def _stream(c: Coordinator, request: str, work: Work) -> Response:
@@ -227,7 +229,7 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
 
         def run() -> None:
             try:
-                put(("result", work(lambda ev: put(("event", ev)))))
+                put(("result", work(lambda ev: put(("event", ev))).to_wire()))
             except BsrError as e:
                 put(("error", {"error": e.kind, "message": e.message, "hint": e.hint, "status": status_for(e)}))
             except Exception as e:  # noqa: BLE001 - reported in the stream
@@ -305,19 +307,16 @@ def probe(body: m.ProbeBody, c: CoordinatorDep) -> Response:
     tokens = tokens_of(body, c.settings.max_tokens)
     exclude = _exclude(body.exclude_tiers, c.settings.tiers)
     bitmap, errors = c.probe(tokens)
-    brk = bitmap.first_break(exclude)
-    return _json(
-        {
-            "kind": "bsr.probe",
-            "bitmap": bitmap.to_dict(),
-            "registration_spec": c.reg.to_dict(),
-            "committable_chunks": bitmap.prefix_chunks(exclude),
-            "committable_tokens": bitmap.prefix_tokens(exclude),
-            "first_break": brk.to_dict() if brk else None,
-            "tier_errors": errors,
-            "markers": c.list_markers(),
-        }
+    result = ProbeResult(
+        bitmap=bitmap,
+        registration=c.reg,
+        committable_chunks=bitmap.prefix_chunks(exclude),
+        committable_tokens=bitmap.prefix_tokens(exclude),
+        first_break=bitmap.first_break(exclude),
+        tier_errors=errors,
+        markers=tuple(c.list_markers()),
     )
+    return _json(result.to_wire())
 
 
 @router.post(f"{PREFIX}/requests", **_op(m.RestoreResult, 409, auth=True, stream=True))
@@ -334,7 +333,7 @@ def submit(body: m.SubmitBody, c: CoordinatorDep) -> Response:
             rid,
             lambda emit: c.submit(tokens, w=body.W, verify=body.verify, store=body.store, progress=emit, request=rid),
         )
-    return _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store))
+    return _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire())
 
 
 @router.post(f"{PREFIX}/restore", **_op(m.RestoreResult, 409, auth=True, stream=True))
@@ -346,15 +345,12 @@ def restore(body: m.RestoreBody, c: CoordinatorDep) -> Response:
     exclude = _exclude(body.exclude_tiers, c.settings.tiers)
     rid = c.new_request_id()
 
-    def work(emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-        res: dict[str, Any] = c.restore(
-            tokens, w=body.W, verify=body.verify, exclude=exclude, progress=emit, request=rid
-        )
-        return res
+    def work(emit: Emit) -> ManualRestoreResult:
+        return c.restore(tokens, w=body.W, verify=body.verify, exclude=exclude, progress=emit, request=rid)
 
     if body.stream:
         return _stream(c, rid, work)
-    return _json(work(lambda ev: None))
+    return _json(work(lambda ev: None).to_wire())
 
 
 @router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, auth=True))
@@ -362,7 +358,7 @@ def abort(id: Annotated[str, Path(min_length=1)], c: CoordinatorDep) -> Response
     """Abort a running restore; it ends fail-closed (404 when no such request is open)."""
     if not c.abort(id):
         raise NotFound("unknown-request", f"no request {id} is open on this engine")
-    return _json({"request": id, "aborting": True})
+    return _json(AbortAnswer(request=id, aborting=True).to_wire())
 
 
 @router.get(f"{PREFIX}/pool", **_op(m.Pool, auth=True))

@@ -136,7 +136,7 @@ class LiveSource:
     def abort(self, request: str) -> dict[str, Any]:
         """Ask the engine to abort a restore (it fails closed); ``aborting`` is False when it is no longer running."""
         with self._connect() as c:
-            return c.abort(request)
+            return c.abort(request).to_wire()
 
     def _drop(self) -> None:
         self._last_seq = None

@@ -13,6 +13,7 @@ Run one from a config file (YAML or JSON; see docs/deployment.md)::
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import secrets
 import signal
@@ -28,8 +29,9 @@ from bsr_cli.core.events import Event
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
+from bsr_cli.core.results import ManualRestoreResult, OutputHashes, StoreReport, SubmitResult, TierErrors
 from bsr_cli.errors import InvalidInput
-from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
+from bsr_cli.runtime.coordinator import Coordinator, EngineSettings, Progress
 from bsr_cli.runtime.events import EventLog
 from bsr_cli.server.admin import AdminServer
 
@@ -61,7 +63,9 @@ class LMCacheCoordinator(Coordinator):
         self._own: OrderedDict[str, None] = OrderedDict()  # chunk hashes whose KV this host computed and stored
         self._own_lock = threading.Lock()
 
-    def _store_missing(self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: dict[str, list[int]]) -> dict:
+    def _store_missing(
+        self, bitmap: HitBitmap, hashes: list[str], n_tokens: int, tables: dict[str, list[int]]
+    ) -> StoreReport:
         res = super()._store_missing(bitmap, hashes, n_tokens, tables)
         self.vouch_for(hashes[: n_tokens // self.reg.chunk_size])
         return res
@@ -86,30 +90,40 @@ class LMCacheCoordinator(Coordinator):
         with self._own_lock:
             return all(h in self._own for h in hashes[:n])
 
-    @staticmethod
-    def _report_hash(out: dict[str, Any], applies: bool) -> dict[str, Any]:
-        if not applies and out.get("output_hash") is not None:
-            out |= {
-                "hash": "not applicable",
-                "hash_note": NOT_APPLICABLE,
-                "kv_checksum": out["output_hash"],
-                "canonical_hash": None,
-                "hash_ok": None,
-            }
-        return out
-
-    def submit(self, tokens: Sequence[int], *, verify: bool = True, **kw: Any) -> dict[str, Any]:
+    def submit(
+        self,
+        tokens: Sequence[int],
+        *,
+        w: int | None = None,
+        verify: bool = True,
+        store: bool = True,
+        progress: Progress | None = None,
+        request: str | None = None,
+    ) -> SubmitResult:
         applies = not verify or self._canonical_applies(tokens)
-        return self._report_hash(super().submit(tokens, verify=verify and applies, **kw), applies)
+        out = super().submit(tokens, w=w, verify=verify and applies, store=store, progress=progress, request=request)
+        # The output hash of KV this host did not compute is only a checksum of the installed bytes.
+        return out if applies else dataclasses.replace(out, canonical_hash=None, hash_ok=None, hash_note=NOT_APPLICABLE)
 
     def restore(
-        self, tokens: Sequence[int], *, verify: bool = True, exclude: Sequence[str] = (), **kw: Any
-    ) -> dict[str, Any]:
+        self,
+        tokens: Sequence[int],
+        *,
+        w: int | None = None,
+        verify: bool = True,
+        exclude: Sequence[str] = (),
+        progress: Progress | None = None,
+        request: str | None = None,
+    ) -> ManualRestoreResult:
         applies = not verify or self._canonical_applies(tokens, exclude)
-        out = super().restore(tokens, verify=verify and applies, exclude=exclude, **kw)
-        return self._report_hash(out, applies)
+        out = super().restore(
+            tokens, w=w, verify=verify and applies, exclude=exclude, progress=progress, request=request
+        )
+        if applies or out.hashes is None:
+            return out
+        return dataclasses.replace(out, hashes=OutputHashes(out.hashes.output_hash), hash_note=NOT_APPLICABLE)
 
-    def probe(self, tokens: Sequence[int], hashes: list[str] | None = None) -> Any:
+    def probe(self, tokens: Sequence[int], hashes: list[str] | None = None) -> tuple[HitBitmap, TierErrors]:
         # Every admission path probes first with the tokens in hand: remember which tokens each hash stands for.
         self.check_tokens(tokens)
         hashes = hashes or chunk_hashes(tokens, self.reg.chunk_size)

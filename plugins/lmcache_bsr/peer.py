@@ -245,7 +245,9 @@ def run_store(host: Any, case: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMeter) -> dict[str, Any]:
+    from bsr_cli.core.evidence import Outcome
     from bsr_cli.core.keys import chunk_hashes
+    from bsr_cli.core.results import ManualRestoreResult
 
     toks = _tokens(case)
     c = host.coordinator
@@ -264,38 +266,39 @@ def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMe
 
     meter.start()
     t0 = time.perf_counter()
-    res = c.restore(toks, w=int(case["W"]), progress=progress)
+    res: ManualRestoreResult = c.restore(toks, w=int(case["W"]), progress=progress)
     wall = (decided[0] if decided else time.perf_counter()) - t0
     if not cpu:
         cpu.update(meter.stop())
-    hashes = res.get("hash_ok")
+    hashes = res.hashes.hash_ok if res.hashes is not None else None
+    report = res.report
     ranks = [
         {
-            "rank": int(o["rank"]),
-            "ok": bool(o.get("ok")),
-            "l1_peak_bytes": int(o.get("peak_live_bytes") or 0),
-            "bytes": int(o.get("bytes_restored") or 0),
-            "fetch_seconds": round(float(o.get("fetch_seconds") or 0.0), 4),
-            "seconds": round(float(o.get("seconds") or 0.0), 4),
+            "rank": o.rank,
+            "ok": o.ok,
+            "l1_peak_bytes": o.peak_live_bytes,
+            "bytes": o.bytes_restored,
+            "fetch_seconds": round(float(o.fetch_seconds), 4),
+            "seconds": round(float(o.seconds), 4),
         }
-        for o in res.get("ranks") or []
+        for o in (report.ranks if report is not None else ())
     ]
     return {
-        "outcome": res.get("outcome"),
-        "loaded_tokens": int(res.get("committed_tokens") or 0),
-        "windows": int(res.get("windows") or 0),
+        "outcome": res.outcome.value,
+        "loaded_tokens": res.committed_tokens,
+        "windows": report.windows if report is not None else 0,
         # From the call (probe included, as stock's retrieve includes its own lookup) to the commit decision.
         "seconds": round(wall, 4),
-        "windows_seconds": round(float(res.get("seconds") or 0.0), 4),
+        "windows_seconds": round(float(report.seconds), 4) if report is not None else 0.0,
         "l1_peak_bytes": max((r["l1_peak_bytes"] for r in ranks), default=0),
         "l1_capacity_bytes": host.rank(0).tracker.heap_bytes,
         "ranks": ranks,
-        "failures": res.get("failures") or [],
+        "failures": [f.to_wire() for f in report.failures] if report is not None else [],
         "hash_ok": hashes,
         "cpu": cpu,
         "install_cpu_seconds": round(install.seconds, 4),
         "timed_out": False,
-        "ok": res.get("outcome") == "committed" and hashes is True,
+        "ok": res.outcome is Outcome.COMMITTED and hashes is True,
     }
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from lmcache_bsr import _lmcache as lm
@@ -56,6 +56,7 @@ from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import HitBitmap, encode_row
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
+from bsr_cli.core.results import ManualRestoreResult, SubmitResult, TierErrors
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.coordinator import EngineSettings
 from bsr_cli.runtime.events import EventLog
@@ -208,27 +209,27 @@ class WorkerCoordinator(LMCacheCoordinator):
         self._loads_lock = threading.Lock()
         self.instance: dict[str, Any] | None = None  # the vLLM instance's endpoints (vllm_bsr/instance.py)
 
-    def _refuse(self, what: str) -> Any:
+    def _refuse(self, what: str) -> NoReturn:
         raise BadRequest(
             f"{what} is not served from a vLLM worker: KV moves only through vLLM's scheduler and the BSR connector",
             hint="send the prompt to vLLM; use `bsr probe` / `bsr status` against the workers",
         )
 
-    def submit(self, tokens: Any, **kw: Any) -> dict[str, Any]:
-        return self._refuse("submit")  # type: ignore[no-any-return]
+    def submit(self, tokens: Any, **kw: Any) -> SubmitResult:
+        self._refuse("submit")
 
-    def restore(self, tokens: Any, **kw: Any) -> dict[str, Any]:
-        return self._refuse("restore")  # type: ignore[no-any-return]
+    def restore(self, tokens: Any, **kw: Any) -> ManualRestoreResult:
+        self._refuse("restore")
 
-    def probe(self, tokens: Any, hashes: list[str] | None = None) -> tuple[HitBitmap, dict[str, Any]]:
+    def probe(self, tokens: Any, hashes: list[str] | None = None) -> tuple[HitBitmap, TierErrors]:
         """The bitmap over the prompt's full chunks: LMCache never stores a partial last chunk (vLLM always computes
         that tail), so probing it would report a miss no store could ever fill."""
         cs = self.reg.chunk_size
         full = len(tokens) // cs
         if full == 0:
-            return super().probe(tokens, hashes)  # type: ignore[no-any-return]
+            return super().probe(tokens, hashes)
         hashes = (hashes or chunk_hashes(tokens, cs))[:full]
-        return super().probe(tokens[: full * cs], hashes)  # type: ignore[no-any-return]
+        return super().probe(tokens[: full * cs], hashes)
 
     def info(self) -> dict[str, Any]:
         out = {**super().info(), "serves_restores": False}

@@ -14,6 +14,8 @@ import pytest
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench import experiments as ex
 from bsr_cli.core import accounting
+from bsr_cli.core.bitmap import full_hit_bitmap
+from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, SubmitResult
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import EngineTimeout
 from bsr_cli.loaders import builtin_registration
@@ -95,8 +97,23 @@ class FakeEngine:
         self.settings |= kw
         return self.info()
 
-    def submit(self, prompt: dict[str, Any], **kw: Any) -> dict[str, Any]:
-        return {"request": "req-w", "seconds": 0.1, "hash_ok": True, "stored": {}}
+    def submit(self, prompt: dict[str, Any], **kw: Any) -> SubmitResult:
+        n = prompt["synthetic"]["n"]
+        return SubmitResult.from_wire(
+            {
+                "request": "req-w",
+                "prompt": "p",
+                "tokens": n,
+                "W": 4,
+                "external_tokens": 0,
+                "computed_tokens": n,
+                "source": "recompute",
+                "output_hash": "h",
+                "seconds": 0.1,
+                "hash_ok": True,
+                "stored": {},
+            }
+        )
 
     def reset_peak(self) -> None:
         pass
@@ -104,11 +121,11 @@ class FakeEngine:
     def health(self) -> dict[str, Any]:
         return {"ok": True}
 
-    def abort(self, request: str) -> dict[str, Any]:
+    def abort(self, request: str) -> AbortAnswer:
         self.aborted.append(request)
-        return {}
+        return AbortAnswer(request, aborting=True)
 
-    def restore(self, prompt: dict[str, Any], *, w: int, on_accepted: Any = None, **kw: Any) -> dict[str, Any]:
+    def restore(self, prompt: dict[str, Any], *, w: int, on_accepted: Any = None, **kw: Any) -> ManualRestoreResult:
         self.restores += 1
         n = prompt["synthetic"]["n"]
         on_accepted(f"req-{self.restores}")
@@ -118,18 +135,28 @@ class FakeEngine:
             {"rank": r, "ok": True, "seconds": 0.5, "bytes_restored": n * 4096, "peak_live_bytes": RWS4}
             for r in range(2)
         ]
-        return {
-            "request": f"req-{self.restores}",
-            "outcome": "committed",
-            "tiers": ["mooncake"],
-            "advertised_tokens": n,
-            "committed_tokens": n,
-            "windows": -(-n // (256 * w)),
-            "seconds": 0.5,
-            "bytes": 2 * n * 4096,
-            "ranks": ranks,
-            "hash_ok": True,
-        }
+        return ManualRestoreResult.from_wire(
+            {
+                "request": f"req-{self.restores}",
+                "prompt": "p",
+                "tokens": n,
+                "W": w,
+                "tier_errors": {},
+                "first_break": None,
+                "bitmap": full_hit_bitmap(("mooncake", "fs"), 2, REG.group_names, n, 256).to_dict(),
+                "outcome": "committed",
+                "tiers": ["mooncake"],
+                "advertised_tokens": n,
+                "committed_tokens": n,
+                "windows": -(-n // (256 * w)),
+                "seconds": 0.5,
+                "bytes": 2 * n * 4096,
+                "ranks": ranks,
+                "output_hash": "h",
+                "canonical_hash": "h",
+                "hash_ok": True,
+            }
+        )
 
 
 @pytest.mark.timeout(30)

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from bsr_cli.core.evidence import FailureKind, Outcome
+
 pytestmark = [pytest.mark.timeout(300)]
 
 N = 3000
@@ -160,8 +162,9 @@ def test_a_refused_window_and_an_abort_are_not_failed_closed(bsr: Any, engine: A
             c2.abort(box["request"])
         worker.join(60)
         assert not worker.is_alive()
-    assert box["result"]["outcome"] == "aborted" and box["result"]["failure_kind"] == "aborted"
-    for path, s in _strings(box["result"]):
+    result = box["result"]
+    assert result.outcome is Outcome.ABORTED and result.report.failure_kind is FailureKind.ABORTED
+    for path, s in _strings(result.to_wire()):
         _clean(f"an aborted restore's result at {path}", s)
     _scan_all(bsr, prompt)
     with engine.client() as c:

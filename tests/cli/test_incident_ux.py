@@ -146,8 +146,8 @@ def test_probe_map_follows_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     from bsr_cli.cli.render.ops import STRIP_FIXED_COLUMNS, strip_width
 
     monkeypatch.setenv("COLUMNS", "100")
-    assert strip_width(Console(width=100), {}) == 100 - STRIP_FIXED_COLUMNS
-    assert strip_width(Console(width=100), {"strip_width": 20}) == 20
+    assert strip_width(Console(width=100), None) == 100 - STRIP_FIXED_COLUMNS
+    assert strip_width(Console(width=100), 20) == 20
 
 
 def test_bench_targets_read_as_text_not_python() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bsr_cli.client import local_engine
+from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.errors import CapacityError, ExitCode
 from bsr_cli.loaders import builtin_registration
 from bsr_cli.runtime.pool import RestorePool
@@ -217,7 +218,8 @@ def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr,
 
         try:
             res = c.restore({"synthetic": {"n": n, "seed": seed}}, on_event=on_event)
-            assert stopped.is_set() and res["failure_kind"] == "rank"  # its blocks stay held: the call still runs
+            assert stopped.is_set() and res.report is not None
+            assert res.report.failure_kind is FailureKind.RANK  # its blocks stay held: the call still runs
 
             def run() -> None:
                 out["r"] = bsr("submit", "--synthetic", "1000", "--seed", "951")
@@ -274,9 +276,11 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
             probe_s = time.monotonic() - t1
         finally:
             os.kill(pid, signal.SIGCONT)
-        assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
-        assert res["failure_kind"] == "rank" and res["blamed_tiers"] == []
-        assert any(f["rank"] == 1 and f["kind"] == "rank" and "heartbeat" in f["reason"] for f in res["failures"])
+        report = res.report
+        assert report is not None
+        assert res.outcome is Outcome.FAILED_CLOSED and res.committed_tokens == 0
+        assert report.failure_kind is FailureKind.RANK and report.blamed_tiers == ()
+        assert any(f.rank == 1 and f.kind is FailureKind.RANK and "heartbeat" in f.reason for f in report.failures)
         assert elapsed < 60  # bounded by the heartbeat (2 s here), not the old multi-minute restore budget
         assert h["ok"] is False and h["unhealthy_ranks"] == [1]
         assert 'bsr_rank_healthy{rank="1"} 0' in metrics and 'bsr_rank_healthy{rank="0"} 1' in metrics
@@ -291,7 +295,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
         assert c.markers() == []
         c.clear_faults()  # the injected stall never got to report that it fired
         again = c.restore({"synthetic": {"n": n, "seed": seed}})
-    assert again["outcome"] == "committed" and again["hash_ok"] is True
+    assert again.outcome is Outcome.COMMITTED and again.hashes is not None and again.hashes.hash_ok is True
 
 
 def test_client_honours_timeout(bsr) -> None:

@@ -11,7 +11,9 @@ import httpx
 import pytest
 
 from bsr_cli.client import local_engine
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
+from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, RestoreReport, SubmitResult
 from bsr_cli.errors import BadRequest, FaultsDisabled, Unauthorized, VersionMismatch
 from bsr_cli.loaders import builtin_registration
 
@@ -22,23 +24,28 @@ W = 4  # the session engine's window
 RWS = W * REG.bytes_per_chunk
 
 
-def _warm(c, n: int, seed: int) -> dict:
+def _warm(c, n: int, seed: int) -> SubmitResult:
     res = c.submit({"synthetic": {"n": n, "seed": seed}})
-    assert res["hash_ok"] is True
+    assert res.hash_ok is True
     return res
+
+
+def _report(res: ManualRestoreResult) -> RestoreReport:
+    assert res.report is not None, res
+    return res.report
 
 
 def test_probe_matches_what_was_stored_and_the_masters_key_list(engine) -> None:
     with engine.client() as c:
         n, seed = 3 * 256 + 10, 101
         before = c.probe({"synthetic": {"n": n, "seed": seed}})
-        assert before["committable_tokens"] == 0
-        assert before["first_break"]["reason"] == "missing in every tier"
+        assert before.committable_tokens == 0
+        assert before.first_break is not None and before.first_break.reason == "missing in every tier"
         _warm(c, n, seed)
         after = c.probe({"synthetic": {"n": n, "seed": seed}})
-    bm = after["bitmap"]
-    assert after["committable_tokens"] == n and after["first_break"] is None
-    assert {row["cells"] for row in bm["rows"]} == {"3333"}  # 4 chunks, each on both tiers (bits 0 and 1)
+    bm = after.bitmap
+    assert after.committable_tokens == n and after.first_break is None
+    assert set(bm.rows.values()) == {"3333"}  # 4 chunks, each on both tiers (bits 0 and 1)
     # The store's own key listing agrees, key for key.
     state = json.loads((engine.state_dir / "state.json").read_text())
     admin = state["services"]["mooncake_master"]["urls"]["admin_url"]
@@ -54,14 +61,15 @@ def test_probe_matches_what_was_stored_and_the_masters_key_list(engine) -> None:
 def test_restore_is_bit_exact_and_bounded_by_rws(engine) -> None:
     with engine.client() as c:
         first = _warm(c, 30 * 256, 102)
-        assert first["external_tokens"] == 0  # a cold prompt is computed locally ...
+        assert first.external_tokens == 0  # a cold prompt is computed locally ...
         res = c.restore({"synthetic": {"n": 30 * 256, "seed": 102}})
         again = c.submit({"synthetic": {"n": 30 * 256, "seed": 102}})
-    assert res["outcome"] == "committed" and res["committed_tokens"] == 30 * 256
-    assert res["windows"] == 8  # ceil(30 / 4)
-    assert res["hash_ok"] is True and res["output_hash"] == first["output_hash"]  # restore == recompute
-    assert [r["peak_live_bytes"] for r in res["ranks"]] == [RWS, RWS]
-    assert again["external_tokens"] == 30 * 256 and again["source"] == "mooncake"  # ... and reused after
+    assert res.outcome is Outcome.COMMITTED and res.committed_tokens == 30 * 256
+    assert _report(res).windows == 8  # ceil(30 / 4)
+    assert res.hashes is not None
+    assert res.hashes.hash_ok is True and res.hashes.output_hash == first.output_hash  # restore == recompute
+    assert [r.peak_live_bytes for r in _report(res).ranks] == [RWS, RWS]
+    assert again.external_tokens == 30 * 256 and again.source == "mooncake"  # ... and reused after
 
 
 @pytest.mark.parametrize("chunks", [3, 17, 120])
@@ -72,8 +80,8 @@ def test_peak_pool_equals_rws_whatever_the_prefix(engine, chunks: int) -> None:
         res = c.restore({"synthetic": {"n": chunks * 256, "seed": 200 + chunks}})
         pool = c.pool()
     expected = min(chunks, W) * REG.bytes_per_chunk
-    assert res["outcome"] == "committed"
-    assert all(r["peak_live_bytes"] == expected for r in res["ranks"])
+    assert res.outcome is Outcome.COMMITTED
+    assert all(r.peak_live_bytes == expected for r in _report(res).ranks)
     assert all(p["pool"]["peak_bytes"] == expected for p in pool)
     assert all(p["pool"]["live_bytes"] == 0 for p in pool)  # every window released
 
@@ -86,10 +94,10 @@ def test_whole_plan_path_needs_the_whole_prefix(engine) -> None:
         _warm(c, 12 * 256, 302)
         too_big = c.restore({"synthetic": {"n": 12 * 256, "seed": 302}}, w=0)
         pool = c.pool()
-    assert ok["outcome"] == "committed"
-    assert [r["peak_live_bytes"] for r in ok["ranks"]] == [6 * REG.bytes_per_chunk] * 2
-    assert too_big["outcome"] == "refused" and too_big["committed_tokens"] == 0  # capacity: no fault
-    assert "capacity" in too_big["failures"][0]["reason"]
+    assert ok.outcome is Outcome.COMMITTED
+    assert [r.peak_live_bytes for r in _report(ok).ranks] == [6 * REG.bytes_per_chunk] * 2
+    assert too_big.outcome is Outcome.REFUSED and too_big.committed_tokens == 0  # capacity: no fault
+    assert "capacity" in _report(too_big).failures[0].reason
     assert all(p["pool"]["live_bytes"] == 0 for p in pool)
 
 
@@ -113,13 +121,14 @@ def test_every_fault_fails_closed_then_falls_back_canonically(engine, seed: int,
         res = c.submit({"synthetic": {"n": n, "seed": seed}})
         pool = c.pool()
         health = c.health()
-    first = res["passes"][0]["restore"]
-    assert first["outcome"] == "failed_closed" and first["committed_tokens"] == 0
-    assert first["advertised_tokens"] == n
-    assert first["invalid"], "the failing rank/group is reported invalid"
-    assert res["force_local"]["history"] and res["force_local"]["cleared"] is True
-    assert (res["source"] if res["external_tokens"] else "recompute") == fallback
-    assert res["hash_ok"] is True
+    first = res.passes[0].restore
+    assert first is not None
+    assert first.outcome is Outcome.FAILED_CLOSED and first.committed_tokens == 0
+    assert first.advertised_tokens == n
+    assert first.invalid, "the failing rank/group is reported invalid"
+    assert res.marker_history and res.marker_cleared is True
+    assert (res.source if res.external_tokens else "recompute") == fallback
+    assert res.hash_ok is True
     assert health["ok"] is True
     assert all(p["pool"]["live_bytes"] == 0 for p in pool)
 
@@ -133,10 +142,11 @@ def test_a_failed_manual_restore_leaves_a_marker_the_next_admission_uses(engine)
         markers = c.markers()
         nxt = c.submit({"synthetic": {"n": n, "seed": seed}})
         after = c.markers()
-    assert res["outcome"] == "failed_closed" and res["marker"]["excluded_tiers"] == ["mooncake"]
-    assert [m["prompt"] for m in markers] == [res["prompt"]]
-    assert nxt["passes"][0]["excluded_tiers"] == ["mooncake"]  # the marker keeps it off the faulty tier
-    assert nxt["source"] == "fs" and nxt["hash_ok"] is True
+    assert res.outcome is Outcome.FAILED_CLOSED
+    assert res.marker is not None and res.marker.excluded == {"mooncake"}
+    assert [m["prompt"] for m in markers] == [res.prompt]
+    assert nxt.passes[0].excluded_tiers == ("mooncake",)  # the marker keeps it off the faulty tier
+    assert nxt.source == "fs" and nxt.hash_ok is True
     assert after == []  # cleared by the successful admission
 
 
@@ -148,7 +158,7 @@ def test_budget_is_never_exceeded_by_concurrent_restores(engine) -> None:
         c.update_settings(budget_bytes=2 * RWS)
         try:
             c.reset_peak()
-            results: list[dict] = []
+            results: list[ManualRestoreResult] = []
 
             def run(p: dict) -> None:
                 with engine.client() as c2:
@@ -162,7 +172,7 @@ def test_budget_is_never_exceeded_by_concurrent_restores(engine) -> None:
             pool = c.pool()
         finally:
             c.update_settings(budget_bytes=RWS)
-    assert len(results) == 3 and all(r["outcome"] == "committed" for r in results)
+    assert len(results) == 3 and all(r.outcome is Outcome.COMMITTED for r in results)
     assert all(p["pool"]["peak_bytes"] <= 2 * RWS for p in pool)
     assert max(p["pool"]["peak_bytes"] for p in pool) == 2 * RWS  # the budget was actually used
 
@@ -179,7 +189,7 @@ def test_abort_ends_a_restore_fail_closed(engine) -> None:
             rid.append(r)
             accepted.set()
 
-        out: list[dict] = []
+        out: list[ManualRestoreResult] = []
         t = threading.Thread(
             target=lambda: out.append(c.restore({"synthetic": {"n": n, "seed": seed}}, on_accepted=on_accepted))
         )
@@ -188,8 +198,8 @@ def test_abort_ends_a_restore_fail_closed(engine) -> None:
         with engine.client() as c2:
             c2.abort(rid[0])
         t.join(60)
-    assert out and out[0]["outcome"] == "aborted" and out[0]["committed_tokens"] == 0
-    assert any("aborted" in f["reason"] for f in out[0]["failures"])
+    assert out and out[0].outcome is Outcome.ABORTED and out[0].committed_tokens == 0
+    assert any("aborted" in f.reason for f in _report(out[0]).failures)
 
 
 def test_admin_api_guards(engine) -> None:
@@ -209,7 +219,7 @@ def test_admin_api_guards(engine) -> None:
             c.inject_fault({"kind": "meteor"})
         with pytest.raises(BadRequest, match="unknown field"):
             c.probe({"synthetic": {"n": 10, "seed": 1}, "bogus": 1})
-        assert c.abort("req-never-opened") == {"request": "req-never-opened", "aborting": False}
+        assert c.abort("req-never-opened") == AbortAnswer(request="req-never-opened", aborting=False)
     r = httpx.get(engine.url + "/bsr/v2/info", timeout=10)
     assert r.status_code == 404 and r.json()["error"] == "version-mismatch"
     metrics = httpx.get(engine.url + "/metrics", headers={"Authorization": f"Bearer {engine.token}"}, timeout=10).text

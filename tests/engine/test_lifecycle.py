@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from bsr_cli.client import AdminClient, local_engine
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.loaders import builtin_registration
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -72,7 +73,7 @@ def test_a_killed_rank_is_restarted_and_reported(own: Path, bsr, monkeypatch: py
         assert event["restarts"] == 1 and event["pid"] != before["rank1"]
         _until(lambda: bool(c.health()["ok"]), "the engine did not turn healthy after the restart")
         done = c.submit(PROMPT)
-        assert done["hash_ok"] is True
+        assert done.hash_ok is True
     st = supervisor.status(own)
     rank1 = next(p for p in st.processes if p.name == "rank1")
     assert rank1.alive and rank1.pid == event["pid"] and rank1.restarts == 1
@@ -89,7 +90,7 @@ def test_markers_and_settings_survive_a_restart_and_faults_do_not(own: Path) -> 
         c.submit(PROMPT)  # both tiers hold it now
         c.inject_fault({"kind": "corrupt", "count": 1})
         failed = c.restore(PROMPT)
-        assert failed["outcome"] == "failed_closed"
+        assert failed.outcome is Outcome.FAILED_CLOSED
         markers = c.markers()
         assert [m["excluded_tiers"] for m in markers] == [["mooncake"]]
         c.update_settings(fs_concurrency=3)

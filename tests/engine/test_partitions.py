@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bsr_cli.core.evidence import Outcome, Stage
 from bsr_cli.engine import netns, supervisor
 from bsr_cli.loaders import builtin_registration
 
@@ -66,7 +67,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
         supervisor.up(state, opts)
         engine = MultiHost(state)
         with engine.client() as c:
-            assert c.submit(PROMPT)["hash_ok"] is True
+            assert c.submit(PROMPT).hash_ok is True
         yield engine
     finally:
         supervisor.down(state)
@@ -116,18 +117,20 @@ def test_a_link_cut_mid_restore_fails_closed_names_the_link_and_recovers(
         netns.heal(multihost.topology, netns.rank_node(rank), peer)
     assert all(lk.up for lk in supervisor.status(multihost.state).hosts.links)
     # Returned (the stall ended at the fetch deadline), failed closed, nothing committed.
-    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
-    assert res["failure_stage"] == "fetch" and res["blamed_tiers"] == ["mooncake"]
-    assert [f["rank"] for f in res["failures"]] == [rank], "only the rank behind the cut link fails"
-    failed = {r["rank"]: r for r in res["ranks"]}
-    assert failed[rank]["ok"] is False and failed[rank]["tier"] == "mooncake"
-    assert failed[rank]["failed_window"] is not None and failed[rank]["windows_done"] >= 1, "cut mid-restore"
-    assert f"link {link} down" in failed[rank]["reason"]
-    assert failed[1 - rank]["ok"] is True and "link" not in failed[1 - rank]["reason"]
+    report = res.report
+    assert report is not None
+    assert res.outcome is Outcome.FAILED_CLOSED and res.committed_tokens == 0
+    assert report.failure_stage is Stage.FETCH and report.blamed_tiers == ("mooncake",)
+    assert [f.rank for f in report.failures] == [rank], "only the rank behind the cut link fails"
+    failed = {r.rank: r for r in report.ranks}
+    assert failed[rank].ok is False and failed[rank].tier == "mooncake"
+    assert failed[rank].failed_window is not None and failed[rank].windows_done >= 1, "cut mid-restore"
+    assert f"link {link} down" in failed[rank].reason
+    assert failed[1 - rank].ok is True and "link" not in failed[1 - rank].reason
     # `bsr explain` of the request says which link.
     monkeypatch.setenv("BSR_ENGINE", multihost.url)
     monkeypatch.setenv("BSR_TOKEN", multihost.token)
-    explained = bsr("explain", res["request"])
+    explained = bsr("explain", res.request)
     assert explained.code == 0, explained.err
     assert f"link {link} down" in explained.out
     # The link is back. The fetch abandoned at the deadline still runs in the rank until its bytes arrive (the
@@ -136,8 +139,9 @@ def test_a_link_cut_mid_restore_fails_closed_names_the_link_and_recovers(
         _until_no_call_in_flight(c)
         c.clear_markers()
         again = c.restore(PROMPT, exclude_tiers=["fs"])
-    assert again["outcome"] == "committed" and again["committed_tokens"] == TOKENS, again["failures"]
-    assert again["tiers"] == ["mooncake"] and again["hash_ok"] is True
+    assert again.report is not None and again.hashes is not None
+    assert again.outcome is Outcome.COMMITTED and again.committed_tokens == TOKENS, again.report.failures
+    assert again.report.tiers == ("mooncake",) and again.hashes.hash_ok is True
 
 
 @needs_netns

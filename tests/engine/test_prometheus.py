@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bsr_cli.core.evidence import FailureKind, Outcome
+
 ROOT = Path(__file__).resolve().parents[2]
 MON = ROOT / "docs" / "monitoring"
 RULES = MON / "bsr-alerts.yml"
@@ -47,7 +49,7 @@ def test_promtool_validates_and_unit_tests_the_rules() -> None:
 def test_live_metrics_follow_prometheus_conventions(engine: Any) -> None:
     with engine.client() as c:
         c.submit({"synthetic": {"n": 3000, "seed": 31}})
-        assert c.restore({"synthetic": {"n": 3000, "seed": 31}}, w=4)["outcome"] == "committed"
+        assert c.restore({"synthetic": {"n": 3000, "seed": 31}}, w=4).outcome is Outcome.COMMITTED
         text = c.metrics()
     r = _promtool("check", "metrics", stdin=text)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
@@ -158,7 +160,8 @@ def test_a_real_prometheus_scrapes_the_engine_and_fires_the_fail_closed_alert(
         c.submit(prompt)
         c.inject_fault({"kind": "remote-unavailable", "rank": 1, "count": 1})  # a fetch from Mooncake fails
         res = c.restore(prompt, w=4)
-    assert res["outcome"] == "failed_closed" and res["failure_kind"] == "tier"
+    assert res.report is not None
+    assert res.outcome is Outcome.FAILED_CLOSED and res.report.failure_kind is FailureKind.TIER
 
     def firing() -> list[dict[str, Any]]:
         return [

@@ -7,6 +7,7 @@ import pytest
 
 from bsr_cli.client import local_engine
 from bsr_cli.core import accounting
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import supervisor
 
@@ -41,7 +42,7 @@ def test_peak_is_rws_from_thousands_to_half_a_million_tokens(tmp_path) -> None:
         with AdminClient(url, token, timeout_s=300) as c:
             for n in (12_288, 131_072, 524_032):
                 warm = c.submit({"synthetic": {"n": n, "seed": n}})
-                assert warm["hash_ok"] is True
+                assert warm.hash_ok is True
                 c.reset_peak()
                 res = c.restore({"synthetic": {"n": n, "seed": n}}, w=W)
                 pool = c.pool()
@@ -50,10 +51,12 @@ def test_peak_is_rws_from_thousands_to_half_a_million_tokens(tmp_path) -> None:
         supervisor.down(tmp_path)
     for n, res, pool in rows:
         chunks = accounting.chunks_for_tokens(n, 256)
-        assert res["outcome"] == "committed" and res["committed_tokens"] == n
-        assert res["windows"] == accounting.num_windows(chunks, W)
-        assert res["hash_ok"] is True
-        assert [r["peak_live_bytes"] for r in res["ranks"]] == [rws, rws]
+        report = res.report
+        assert report is not None and res.hashes is not None
+        assert res.outcome is Outcome.COMMITTED and res.committed_tokens == n
+        assert report.windows == accounting.num_windows(chunks, W)
+        assert res.hashes.hash_ok is True
+        assert [r.peak_live_bytes for r in report.ranks] == [rws, rws]
         assert [p["pool"]["peak_bytes"] for p in pool] == [rws, rws]
-        assert res["whole_plan_bytes"] == chunks * SMALL.bytes_per_chunk  # what W=0 would have staged
-    assert rows[-1][1]["windows"] == 64  # 2,047 chunks in 64 windows, peak still RWS(32)
+        assert report.whole_plan_bytes == chunks * SMALL.bytes_per_chunk  # what W=0 would have staged
+    assert rows[-1][1].report.windows == 64  # 2,047 chunks in 64 windows, peak still RWS(32)

@@ -25,7 +25,9 @@ from lmcache_bsr import _lmcache as lm
 from lmcache_bsr.host import LMCacheHost
 
 from bsr_cli.api.ranks import SetBudgetRequest
+from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.keys import chunk_hashes, synthetic_tokens
+from bsr_cli.core.results import InvalidCell
 from bsr_cli.errors import CapacityError, InvalidInput
 from bsr_cli.mooncake import services
 
@@ -95,7 +97,7 @@ def _stored_prompt(host: LMCacheHost, seed: int, n_tokens: int) -> list[int]:
     """A prompt computed once through the host (prefill + LMCache store to both tiers)."""
     toks = synthetic_tokens(n_tokens, seed=seed)
     res = host.coordinator.submit(toks, w=W)
-    assert res["hash_ok"] and not res["stored"]["errors"], res["stored"]
+    assert res.hash_ok and res.stored is not None and not res.stored.errors, res.stored
     return toks
 
 
@@ -157,12 +159,14 @@ def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services
         finally:
             for r in (0, 1):
                 host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
-        assert res["outcome"] == "committed" and res["committed_tokens"] == CHUNKS * CS, res.get("failures")
-        assert res["tiers"] == [tier] and res["windows"] == CHUNKS // W
-        assert res["hash_ok"] is True  # SHA-256 of every installed byte equals the canonical KV: bit-exact
-        for o in res["ranks"]:
-            assert o["peak_live_bytes"] == budget, (tier, budget, o)
-            assert o["windows_done"] == CHUNKS // W and o["install_seconds"] > 0
+        report = res.report
+        assert report is not None and res.hashes is not None
+        assert res.outcome is Outcome.COMMITTED and res.committed_tokens == CHUNKS * CS, report.failures
+        assert report.tiers == (tier,) and report.windows == CHUNKS // W
+        assert res.hashes.hash_ok is True  # SHA-256 of every installed byte equals the canonical KV: bit-exact
+        for o in report.ranks:
+            assert o.peak_live_bytes == budget, (tier, budget, o)
+            assert o.windows_done == CHUNKS // W and o.install_seconds > 0
         peaks[tier] = max(p["pool"]["peak_bytes"] for p in c.pool())
         assert peaks[tier] == budget
 
@@ -181,11 +185,13 @@ def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services
     # W = 0 through the host is the same whole-plan path.
     c.reset_peak()
     whole = c.restore(toks, w=0, exclude=["fs"])
-    assert whole["outcome"] == "committed" and all(o["peak_live_bytes"] == CHUNKS * CHUNK_BYTES for o in whole["ranks"])
+    assert whole.report is not None
+    assert whole.outcome is Outcome.COMMITTED
+    assert all(o.peak_live_bytes == CHUNKS * CHUNK_BYTES for o in whole.report.ranks)
     print(
         f"\nL1 peak per rank, {CHUNKS} chunks of {CHUNK_BYTES} B: windowed W={W}: mooncake {peaks['mooncake']} B, "
         f"fs {peaks['fs']} B; stock LMCache retrieve {stock_peak} B; W=0 via host "
-        f"{whole['ranks'][0]['peak_live_bytes']} B"
+        f"{whole.report.ranks[0].peak_live_bytes} B"
     )
 
 
@@ -213,14 +219,16 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
         res = c.restore(toks, w=W, exclude=["fs"])
     finally:
         c.allocation.allocate = orig  # type: ignore[method-assign]
-    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
-    assert {(f["rank"], f["window"]) for f in res["failures"]} == {(1, 3)}
-    assert "LMCache loaded 0 of 512 tokens" in res["failures"][0]["reason"]
-    by_rank = {o["rank"]: o for o in res["ranks"]}
-    assert by_rank[0]["ok"] and not by_rank[1]["ok"] and by_rank[1]["windows_done"] == 3
-    assert res["invalid"] == [{"rank": 1, "group": "attn"}]  # one invalid cell collapses every rank's prefix
-    assert res["marker"]["excluded_tiers"] == ["mooncake"]
-    assert res["failure_kind"] == "tier" and res["blamed_tiers"] == ["mooncake"]  # a tier fault blames the tier
+    report = res.report
+    assert report is not None
+    assert res.outcome is Outcome.FAILED_CLOSED and res.committed_tokens == 0
+    assert {(f.rank, f.window) for f in report.failures} == {(1, 3)}
+    assert "LMCache loaded 0 of 512 tokens" in report.failures[0].reason
+    by_rank = {o.rank: o for o in report.ranks}
+    assert by_rank[0].ok and not by_rank[1].ok and by_rank[1].windows_done == 3
+    assert report.invalid == (InvalidCell(1, "attn"),)  # one invalid cell collapses every rank's prefix
+    assert res.marker is not None and res.marker.excluded == {"mooncake"}
+    assert report.failure_kind is FailureKind.TIER and report.blamed_tiers == ("mooncake",)  # blames the tier
     blocks = tables[0]["attn"]
     # Rank 1 failed: every block of the request is scrubbed (including the 3 windows it had installed).
     rows1 = host.rank(1).kv.rows("attn", blocks, len(blocks) * 16)
@@ -229,8 +237,8 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
     # Rank 0's own windows were valid, but the commit rule commits 0 tokens, so none of them is used. The next
     # submit skips the marked tier and is served from disk, verified.
     again = c.submit(toks, w=W)
-    assert again["external_tokens"] == CHUNKS * CS and again["source"] == "fs" and again["hash_ok"] is True
-    assert again["force_local"]["cleared"] is True and c.markers == {}
+    assert again.external_tokens == CHUNKS * CS and again.source == "fs" and again.hash_ok is True
+    assert again.marker_cleared is True and c.markers == {}
 
 
 @pytest.mark.timeout(180)
@@ -256,13 +264,14 @@ def test_a_fetch_part_that_raises_fails_closed_and_gives_l1_back(
         monkeypatch.setattr(lm, "fetch_window", flaky)
         res = c.restore(toks, w=W, exclude=["fs"])
         monkeypatch.setattr(lm, "fetch_window", orig)
-        assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
-        assert [(f["rank"], f["window"]) for f in res["failures"]] == [(1, None)]
-        assert "transfer broke mid-window" in res["failures"][0]["reason"]
+        assert res.report is not None
+        assert res.outcome is Outcome.FAILED_CLOSED and res.committed_tokens == 0
+        assert [(f.rank, f.window) for f in res.report.failures] == [(1, None)]
+        assert "transfer broke mid-window" in res.report.failures[0].reason
         for r in (0, 1):
             assert host.rank(r).tracker.live == 0, r  # every fetched object given back to L1
         again = c.restore(toks, w=W, exclude=["fs"])
-        assert again["outcome"] == "committed" and again["hash_ok"] is True
+        assert again.outcome is Outcome.COMMITTED and again.hashes is not None and again.hashes.hash_ok is True
     finally:
         c.clear_markers()  # the failure marked mooncake for this prompt; the stack is shared by the module
         for r in (0, 1):
@@ -282,11 +291,12 @@ def test_a_window_over_the_budget_is_capacity_and_blames_no_tier(
     finally:
         for r in (0, 1):
             host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
-    assert res["outcome"] == "refused" and res["committed_tokens"] == 0
-    assert res["failure_kind"] == "capacity" and res["blamed_tiers"] == [] and res["hint"]
-    assert "marker" not in res and c.markers == {}
+    assert res.report is not None
+    assert res.outcome is Outcome.REFUSED and res.committed_tokens == 0
+    assert res.report.failure_kind is FailureKind.CAPACITY and res.report.blamed_tiers == () and res.report.hint
+    assert res.marker is None and c.markers == {}
     again = c.restore(toks, w=W, exclude=["fs"])
-    assert again["outcome"] == "committed" and again["hash_ok"] is True
+    assert again.outcome is Outcome.COMMITTED and again.hashes is not None and again.hashes.hash_ok is True
 
 
 @pytest.mark.timeout(120)
@@ -372,7 +382,7 @@ def test_two_restores_overlap_inside_lmcache_under_b_2rws(stack: tuple[services.
     # The control of the measure itself: one restore after the other never overlaps.
     a = c.restore(first, w=W, exclude=["fs"], progress=seen1.append)
     b = c.restore(second, w=W, exclude=["fs"], progress=seen2.append)
-    assert a["outcome"] == b["outcome"] == "committed"
+    assert a.outcome is b.outcome is Outcome.COMMITTED
     assert _released_on_rank0(seen2)[0] > _released_on_rank0(seen1)[-1]
 
     seen1.clear()
@@ -408,7 +418,8 @@ def test_two_restores_overlap_inside_lmcache_under_b_2rws(stack: tuple[services.
         for r in (0, 1):
             host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
     for res in (out["first"], out["second"]):
-        assert res["outcome"] == "committed" and res["hash_ok"] is True, res.get("failures")
+        assert res.outcome is Outcome.COMMITTED and res.hashes is not None, res.report
+        assert res.hashes.hash_ok is True, res.report
     first_released, second_first = _released_on_rank0(seen1), _released_on_rank0(seen2)
     assert len(first_released) == len(second_first) == CHUNKS // W
     assert second_first[0] < first_released[-1], (second_first, first_released)  # they overlapped in time

@@ -22,6 +22,7 @@ from lmcache_bsr import _lmcache as lm
 from lmcache_bsr import integrity
 from test_lmcache_store_keys import CS, _destroy, _engine, _explain, _probe, _store
 
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage
 from bsr_cli.core.keys import CHECKSUM_SIDECAR_SUFFIX, synthetic_tokens
 from bsr_cli.mooncake import services
 
@@ -179,15 +180,16 @@ def test_host_restore_fails_closed_at_verify_naming_the_chunk_and_tier(host: Any
     c = host.coordinator
     toks = _stored_prompt(host, seed=21, n_tokens=HOST_CHUNKS * CS)
     ok = c.restore(toks, w=W, exclude=["fs"])
-    assert ok["outcome"] == "committed", ok
+    assert ok.outcome is Outcome.COMMITTED, ok
     # Rank 1's stored chunk 5 gets a flipped byte in Mooncake.
     _flip(host.rank(1).engine, lm.key_string(host.rank(1).keys(toks)[5]))
     res = c.restore(toks, w=W, exclude=["fs"])
-    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
-    (f,) = res["failures"]
-    assert (f["rank"], f["stage"], f["tier"]) == (1, "verify", "mooncake"), f
-    assert f["reason"] == "checksum mismatch in chunk 5 (tier mooncake)"
-    assert res["failure_kind"] == "tier" and res["blamed_tiers"] == ["mooncake"]
+    assert res.report is not None
+    assert res.outcome is Outcome.FAILED_CLOSED and res.committed_tokens == 0
+    (f,) = res.report.failures
+    assert (f.rank, f.stage, f.tier) == (1, Stage.VERIFY, "mooncake"), f
+    assert f.reason == "checksum mismatch in chunk 5 (tier mooncake)"
+    assert res.report.failure_kind is FailureKind.TIER and res.report.blamed_tiers == ("mooncake",)
 
 
 @pytest.mark.timeout(180)
@@ -200,7 +202,8 @@ def test_host_refuses_a_chunk_without_a_checksum_by_default(host: Any) -> None:
     key = lm.key_string(host.rank(0).keys(toks)[3])
     assert lm.mooncake_store(host.rank(0).engine).remove(integrity.sidecar_key(key), True) == 0
     res = host.coordinator.restore(toks, w=W, exclude=["fs"])
-    assert res["outcome"] == "failed_closed" and res["committed_tokens"] == 0
-    (f,) = res["failures"]
-    assert (f["rank"], f["stage"], f["tier"]) == (0, "verify", "mooncake"), f
-    assert f["reason"] == "no checksum (unverified) in chunk 3 (tier mooncake)"
+    assert res.report is not None
+    assert res.outcome is Outcome.FAILED_CLOSED and res.committed_tokens == 0
+    (f,) = res.report.failures
+    assert (f.rank, f.stage, f.tier) == (0, Stage.VERIFY, "mooncake"), f
+    assert f.reason == "no checksum (unverified) in chunk 3 (tier mooncake)"

@@ -32,6 +32,7 @@ from lmcache.v1.metadata import LMCacheMetadata
 from lmcache_bsr import _lmcache as lm
 
 from bsr_cli.cli.main import run
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.mooncake import health, services
 
@@ -295,17 +296,23 @@ def test_host_restore_of_real_lmcache_data_reports_hash_not_applicable(master, t
     try:
         c = host.coordinator
         res = c.restore(real, w=2)
-        assert res["outcome"] == "committed" and res["committed_tokens"] == 4 * CS and res["tiers"] == ["mooncake"]
-        assert res["hash_ok"] is None and res["hash"] == "not applicable" and res["canonical_hash"] is None
-        assert res["kv_checksum"] == res["output_hash"]
+        assert res.report is not None and res.hashes is not None
+        assert res.outcome is Outcome.COMMITTED and res.committed_tokens == 4 * CS
+        assert res.report.tiers == ("mooncake",) and res.hash_note is not None
+        assert res.hashes.hash_ok is None and res.hashes.canonical_hash is None
+        wire = res.to_wire()
+        assert wire["hash_ok"] is None and wire["hash"] == "not applicable" and wire["canonical_hash"] is None
+        assert wire["kv_checksum"] == wire["output_hash"]
         sub = c.submit(real + synthetic_tokens(100, seed=92), w=2)
-        assert sub["external_tokens"] == 4 * CS and sub["hash"] == "not applicable" and sub["hash_ok"] is None
+        assert sub.external_tokens == 4 * CS and sub.hash_note is not None and sub.hash_ok is None
+        assert sub.to_wire()["hash"] == "not applicable"
         # KV the host computes and stores itself keeps its canonical check.
         own = synthetic_tokens(3 * CS, seed=93)
         first = c.submit(own, w=2)
-        assert first["hash_ok"] is True and "hash" not in first
+        assert first.hash_ok is True and first.hash_note is None and "hash" not in first.to_wire()
         again = c.restore(own, w=2)
-        assert again["committed_tokens"] == 3 * CS and again["hash_ok"] is True and "hash" not in again
+        assert again.committed_tokens == 3 * CS and again.hashes is not None and again.hashes.hash_ok is True
+        assert again.hash_note is None and "hash" not in again.to_wire()
         # The host's /metrics: the same families as the embedded engine, counted where each thing happens.
         from bsr_cli.server import metrics
 

@@ -72,7 +72,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LMCacheHo
         host = LMCacheHost(_config(master, tmp_path_factory.mktemp("disk")))
         toks = synthetic_tokens(CHUNKS * CS + 40, seed=31)  # the 40-token tail is never stored
         res = host.coordinator.submit(toks, w=2)
-        assert res["hash_ok"] and not res["stored"]["errors"], res["stored"]
+        assert res.hash_ok and res.stored is not None and not res.stored.errors, res.stored
         r1 = host.rank(1)
         k = r1.keys(toks)[HOLE]
         lm.mooncake_store(r1.engine).remove(lm.key_string(k), True)

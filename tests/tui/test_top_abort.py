@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen
 from bsr_cli.tui.source import LiveSource
@@ -89,7 +90,7 @@ async def test_a_restore_that_finished_under_the_question_is_not_aborted(
         assert any(f"{request} had already finished: committed" in n for n in notes), notes
     assert calls == [], "nothing sent for a restore that is over"
     worker.join(60)  # the engine published the outcome just before its HTTP answer reached the worker
-    assert out["result"]["outcome"] == "committed"
+    assert out["result"].outcome is Outcome.COMMITTED
 
 
 @pytest.mark.timeout(180)
@@ -117,7 +118,7 @@ async def test_an_abort_sent_is_followed_to_its_outcome(
         assert not app.aborts_pending
     assert calls == [request]
     worker.join(60)
-    assert out["result"]["outcome"] == "aborted" and out["result"]["committed_tokens"] == 0
+    assert out["result"].outcome is Outcome.ABORTED and out["result"].committed_tokens == 0
     assert any(f"abort requested for {request}" in n for n in notes), notes
     assert any(f"{request} aborted: failed closed, nothing committed" in n for n in notes), notes
     assert not any("before the abort reached it" in n for n in notes), notes

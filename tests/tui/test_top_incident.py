@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from textual.widgets import Input, OptionList, Static
 
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen
 from bsr_cli.tui.source import LiveSource, ReplaySource
@@ -160,6 +161,7 @@ async def test_abort_from_top_asks_first_and_fails_the_restore_closed(engine_tha
         await wait_until(pilot, lambda: not worker.is_alive(), "the restore to end", timeout=120)
     worker.join(60)
     res = out["result"]
-    assert res["outcome"] == "aborted" and res["committed_tokens"] == 0
-    assert len(answers) == 1 and answers[0]["request"] == res["request"] and answers[0]["aborting"] is True
-    assert any("abort" in str(f.get("reason", "")) for f in res.get("failures", [])), res.get("failures")
+    assert res.outcome is Outcome.ABORTED and res.committed_tokens == 0
+    assert len(answers) == 1 and answers[0]["request"] == res.request and answers[0]["aborting"] is True
+    assert res.report is not None
+    assert any("abort" in f.reason for f in res.report.failures), res.report.failures

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.client import AdminClient
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.model import Frame, View
 from bsr_cli.tui.screens import ConfirmScreen, FaultScreen
@@ -51,8 +52,8 @@ async def test_gauges_history_and_events_follow_a_restore(
         worker = _restore_in_background(engine, out)
 
         await wait_until(pilot, lambda: not worker.is_alive(), "the restore to finish", timeout=120)
-        request = out["result"]["request"]
-        assert out["result"]["outcome"] == "committed"
+        request = out["result"].request
+        assert out["result"].outcome is Outcome.COMMITTED
         await wait_until(pilot, lambda: _seen(app, request, "restore_committed"), "restore_committed in the log")
         await wait_until(pilot, lambda: app.shown is not None and any(o.request == request for o in app.shown.recent),
                          "the outcome on screen")  # fmt: skip
@@ -122,8 +123,8 @@ async def test_fault_injected_through_the_ui_then_a_restore_fails_closed(
         out: dict[str, Any] = {}
         worker = _restore_in_background(engine, out)
         await wait_until(pilot, lambda: not worker.is_alive(), "the restore to finish", timeout=120)
-        request = out["result"]["request"]
-        assert out["result"]["outcome"] == "failed_closed"
+        request = out["result"].request
+        assert out["result"].outcome is Outcome.FAILED_CLOSED
         await wait_until(pilot, lambda: _seen(app, request, "marker_set"), "the marker event")
         await wait_until(pilot, lambda: app.shown is not None and app.shown.markers, "the marker on screen")
         text = screen(app)

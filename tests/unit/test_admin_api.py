@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("fastapi")  # the admin API is the engine extra's
 
 from bsr_cli.client import AdminClient
+from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.errors import BsrError
 from bsr_cli.server.admin import PREFIX, AdminServer
 from unit.fixtures import FakeEngine, build_engine
@@ -71,11 +72,12 @@ def test_a_streamed_restore_reports_its_windows_and_commits(served: tuple[FakeEn
     eng, server = served
     with AdminClient(server.url, TOKEN, timeout_s=20) as client:
         first = client.submit(PROMPT)
-        assert first["source"] == "recompute"
+        assert first.source == "recompute"
         events: list[dict[str, Any]] = []
         out = client.restore(PROMPT, w=4, on_event=events.append)
-    assert out["outcome"] == "committed" and out["committed_tokens"] == 200  # 13 chunks, the last partial
-    assert out["hash_ok"] is True and out["windows"] == 4  # W=4
+    assert out.report is not None and out.hashes is not None
+    assert out.outcome is Outcome.COMMITTED and out.committed_tokens == 200  # 13 chunks, the last partial
+    assert out.hashes.hash_ok is True and out.report.windows == 4  # W=4
     assert sum(e.get("type") == "window_released" for e in events) == 4 * len(eng.ranks)
 
 
@@ -88,8 +90,9 @@ def test_faults_and_markers_round_trip(served: tuple[FakeEngine, AdminServer]) -
         client.inject_fault({"kind": "corrupt", "group": "full"})
         assert [f["kind"] for f in client.faults()["faults"]] == ["corrupt"]
         out = client.restore(PROMPT)
-        assert out["outcome"] == "failed_closed" and out["failure_kind"] == "tier"
-        assert "checksum mismatch" in out["failures"][0]["reason"]
+        assert out.report is not None
+        assert out.outcome is Outcome.FAILED_CLOSED and out.report.failure_kind is FailureKind.TIER
+        assert "checksum mismatch" in out.report.failures[0].reason
         assert [m["excluded_tiers"] for m in client.markers()] == [["mooncake"]]
         assert client.clear_markers() == 1 and client.markers() == []
         metrics = client.metrics()

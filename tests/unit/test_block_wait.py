@@ -92,9 +92,9 @@ def test_a_request_waits_for_blocks_held_by_another_and_proceeds_when_they_free(
     engine.ranks[0].release.set()  # the holder finishes and frees its blocks
     for t in (holder, waiter, small):
         t.join(20)
-    assert held["res"]["computed_tokens"] == len(HOLDER)
-    assert out["req-waiter"]["computed_tokens"] == len(WAITER) and out["req-waiter"]["hash_ok"] is True
-    assert out["req-small"]["hash_ok"] is True
+    assert held["res"].computed_tokens == len(HOLDER)
+    assert out["req-waiter"].computed_tokens == len(WAITER) and out["req-waiter"].hash_ok is True
+    assert out["req-small"].hash_ok is True
     admitted = {e["request"]: e for e in engine.events.recent(200) if e["type"] == EventKind.REQUEST_ADMITTED}
     assert admitted["req-waiter"]["queued_s"] > 0 and admitted["req-holder"]["queued_s"] == 0
     assert _gauge(engine) == 0 and _gave_up(engine) == 0 and coord.blocks_waiting() == []

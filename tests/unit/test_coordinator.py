@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from bsr_cli.core.evidence import Outcome, Stage
 from bsr_cli.core.keys import synthetic_tokens
+from bsr_cli.core.results import InvalidCell, ManualRestoreResult, RestoreReport
 from bsr_cli.errors import ServerError
 from bsr_cli.runtime import failures
 from unit.fixtures import FakeEngine, build_engine
@@ -17,11 +19,17 @@ from unit.fixtures import FakeEngine, build_engine
 PROMPT = synthetic_tokens(9 * 16 + 3, seed=11)  # 10 chunks, the last partial
 
 
+def _report(out: ManualRestoreResult) -> RestoreReport:
+    """The restore report of a manual restore that ran (or failed before it could)."""
+    assert out.report is not None, out
+    return out.report
+
+
 def _warm(fake_engine: FakeEngine) -> None:
     """Compute the prompt once and store its chunks in both tiers."""
     out = fake_engine.coordinator.submit(PROMPT)
-    assert out["external_tokens"] == 0 and out["source"] == "recompute"
-    assert out["stored"]["objects"]
+    assert out.external_tokens == 0 and out.source == "recompute"
+    assert out.stored is not None and out.stored.objects
 
 
 def test_probe_moves_no_bytes_and_reports_every_rank_and_group(fake_engine: FakeEngine) -> None:
@@ -39,13 +47,14 @@ def test_a_warm_admission_restores_the_prefix_in_windows_and_matches_the_recompu
     _warm(fake_engine)
     seen: list[dict[str, Any]] = []
     out = fake_engine.coordinator.submit(PROMPT, progress=seen.append)
-    assert out["source"] == "mooncake"
-    assert (out["external_tokens"], out["computed_tokens"]) == (len(PROMPT), 0)
-    assert out["hash_ok"] is True  # restored + computed KV equals a full recompute, byte for byte
-    restore = out["passes"][0]["restore"]
-    assert restore["outcome"] == "committed" and restore["windows"] == 5  # 10 chunks, W=2
+    assert out.source == "mooncake"
+    assert (out.external_tokens, out.computed_tokens) == (len(PROMPT), 0)
+    assert out.hash_ok is True  # restored + computed KV equals a full recompute, byte for byte
+    restore = out.passes[0].restore
+    assert restore is not None
+    assert restore.outcome is Outcome.COMMITTED and restore.windows == 5  # 10 chunks, W=2
     released = [e for e in seen if e["type"] == "window_released"]
-    assert len(released) == restore["windows"] * len(fake_engine.ranks)  # every rank ran every window
+    assert len(released) == restore.windows * len(fake_engine.ranks)  # every rank ran every window
     assert fake_engine.tiers["fs"].get_calls == 0
 
 
@@ -53,12 +62,14 @@ def test_a_tier_fault_sets_a_marker_and_the_next_pass_restores_from_the_lower_ti
     _warm(fake_engine)
     fake_engine.coordinator.inject({"kind": "remote-unavailable"})
     out = fake_engine.coordinator.submit(PROMPT)
-    first, second = out["passes"][0], out["passes"][1]
-    assert first["restore"]["outcome"] == "failed_closed" and first["failure_kind"] == failures.TIER
-    assert first["restore"]["blamed_tiers"] == ["mooncake"] and first["restore"]["committed_tokens"] == 0
-    assert second["excluded_tiers"] == ["mooncake"] and second["restore"]["outcome"] == "committed"
-    assert out["source"] == "fs" and out["hash_ok"] is True
-    assert out["force_local"]["cleared"] is True and fake_engine.coordinator.markers == {}
+    first, second = out.passes[0], out.passes[1]
+    assert first.restore is not None and second.restore is not None
+    assert first.restore.outcome is Outcome.FAILED_CLOSED and first.restore.failure_kind is failures.TIER
+    assert first.to_wire()["failure_kind"] == failures.TIER
+    assert first.restore.blamed_tiers == ("mooncake",) and first.restore.committed_tokens == 0
+    assert second.excluded_tiers == ("mooncake",) and second.restore.outcome is Outcome.COMMITTED
+    assert out.source == "fs" and out.hash_ok is True
+    assert out.marker_cleared is True and fake_engine.coordinator.markers == {}
     types = [e["type"] for e in fake_engine.events.recent(500)]
     assert types.index("marker_set") < types.index("marker_cleared")
     assert fake_engine.coordinator.list_faults() == []  # count=1: it fired once and is gone
@@ -68,13 +79,14 @@ def test_one_invalid_group_on_one_rank_collapses_the_whole_prefix(fake_engine: F
     _warm(fake_engine)
     fake_engine.coordinator.inject({"kind": "restore-fault", "rank": 1, "group": "swa", "window": 1})
     out = fake_engine.coordinator.restore(PROMPT)
-    assert out["outcome"] == "failed_closed" and out["committed_tokens"] == 0
-    assert out["advertised_tokens"] > 0
-    assert out["invalid"] == [{"rank": 1, "group": "swa"}]
+    report = _report(out)
+    assert out.outcome is Outcome.FAILED_CLOSED and out.committed_tokens == 0
+    assert report.advertised_tokens > 0
+    assert report.invalid == (InvalidCell(1, "swa"),)
     # The fault is in rank 1's install: the rank is blamed, never the tier it restored from.
-    assert out["failure_kind"] == failures.RANK and out["failure_stage"] == "install"
-    assert out["blamed_tiers"] == [] and out["blamed_ranks"] == [1]
-    assert out["marker"]["excluded_tiers"] == []  # a marker that excludes no tier: recompute the prompt locally
+    assert report.failure_kind is failures.RANK and report.failure_stage is Stage.INSTALL
+    assert report.blamed_tiers == () and report.blamed_ranks == (1,)
+    assert out.marker is not None and out.marker.excluded == set()  # no tier excluded: recompute it locally
     # Rank 1 scrubbed every block of the request, including the window it had installed before the fault.
     assert fake_engine.ranks[1].ops.kv.invalidated
     assert not fake_engine.ranks[0].ops.kv.invalidated  # rank 0 restored its part; the commit rule still says no
@@ -88,9 +100,10 @@ def test_a_window_over_the_budget_is_a_capacity_failure_without_a_marker() -> No
     try:
         _warm(eng)
         out = eng.coordinator.restore(PROMPT, w=3)
-        assert out["outcome"] == "refused" and out["failure_kind"] == failures.CAPACITY
-        assert out["blamed_tiers"] == [] and "marker" not in out
-        assert "--W 2" in out["hint"]
+        report = _report(out)
+        assert out.outcome is Outcome.REFUSED and report.failure_kind is failures.CAPACITY
+        assert report.blamed_tiers == () and out.marker is None and "marker" not in out.to_wire()
+        assert "--W 2" in (report.hint or "")
         assert eng.coordinator.markers == {}
     finally:
         for r in eng.ranks:
@@ -104,10 +117,11 @@ def test_a_rank_that_stops_making_progress_fails_the_restore_as_a_rank_fault() -
         free_before = eng.coordinator.allocators["full"].free_blocks
         eng.ranks[1].hang.add("restore")
         out = eng.coordinator.restore(PROMPT)
-        assert out["outcome"] == "failed_closed" and out["failure_kind"] == failures.RANK
-        assert out["committed_tokens"] == 0 and "marker" not in out
+        report = _report(out)
+        assert out.outcome is Outcome.FAILED_CLOSED and report.failure_kind is failures.RANK
+        assert out.committed_tokens == 0 and out.marker is None
         assert 1 in eng.coordinator.rank_faults
-        assert any(f["rank"] == 1 and f["kind"] == failures.RANK for f in out["failures"])
+        assert any(f.rank == 1 and f.kind is failures.RANK for f in report.failures)
         assert "no restore progress" in eng.coordinator.rank_faults[1]["reason"]
         # The stalled rank's call still runs: the request's blocks stay allocated until it returns, so a late
         # install can never land in another request's blocks.
@@ -156,8 +170,9 @@ def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(fake_engin
     t.join(10)
     assert not t.is_alive()
     out = result[0]
-    assert out["outcome"] == "aborted" and out["failure_kind"] == failures.ABORTED
-    assert out["blamed_tiers"] == [] and "marker" not in out
+    report = _report(out)
+    assert out.outcome is Outcome.ABORTED and report.failure_kind is failures.ABORTED
+    assert report.blamed_tiers == () and out.marker is None
     assert fake_engine.coordinator.abort("r-abort") is False  # finished: nothing left to abort
 
 
@@ -177,5 +192,6 @@ def test_a_request_aborted_before_its_work_starts_still_ends_aborted(fake_engine
     c.open_request("r-early")
     assert c.abort("r-early") is True  # known although nothing has run yet
     out = c.restore(PROMPT, request="r-early")
-    assert out["outcome"] == "aborted" and out["committed_tokens"] == 0 and out["failure_kind"] == failures.ABORTED
+    assert out.outcome is Outcome.ABORTED and out.committed_tokens == 0
+    assert _report(out).failure_kind is failures.ABORTED
     assert c.abort("r-early") is False  # finished: nothing left to abort

@@ -193,7 +193,7 @@ def test_orchestration_probes_through_the_hosts_probe_on_every_path(parts: Parts
     )
     tokens = synthetic_tokens(96, 3)
     first = orch.submit(tokens)
-    assert first["source"] == "recompute" and first["hash_ok"] is True
+    assert first.source == "recompute" and first.hash_ok is True
     again = orch.restore(tokens)
-    assert again["outcome"] == Outcome.COMMITTED and again["committed_tokens"] == 96
+    assert again.outcome is Outcome.COMMITTED and again.committed_tokens == 96
     assert probed == [96, 96]

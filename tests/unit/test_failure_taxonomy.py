@@ -8,6 +8,7 @@ import pytest
 from bsr_cli.api.jobs import RestoreResult
 from bsr_cli.core.events import Failure
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage
+from bsr_cli.core.results import ManualRestoreResult, RestoreReport
 from bsr_cli.errors import ExitCode
 from bsr_cli.runtime import failures
 
@@ -16,6 +17,16 @@ pytestmark = pytest.mark.fast
 
 def _f(kind: FailureKind, stage: Stage | None = None, tier: str | None = None, rank: int = 0) -> Failure:
     return Failure(rank=rank, reason=f"{kind.value} failure", kind=kind, stage=stage, tier=tier)
+
+
+def _report(wire: dict) -> RestoreReport:
+    """A failed restore's report read from the wire form the admin API answers."""
+    kind = FailureKind(wire["failure_kind"])
+    return RestoreReport.from_wire({"request": "req-1", "W": 4, "outcome": kind.outcome.value} | wire)
+
+
+def _manual(wire: dict) -> ManualRestoreResult:
+    return ManualRestoreResult("req-1", "p", 1024, 4, lookup=None, report=_report(wire))
 
 
 def test_the_most_specific_kind_wins() -> None:
@@ -55,9 +66,9 @@ def test_outcomes_and_exit_codes_follow_the_kind() -> None:
     refused = {"failure_kind": "capacity", "failures": [_f(failures.CAPACITY, Stage.ADMISSION).to_wire()]}
     aborted = {"failure_kind": "aborted", "failures": [_f(failures.ABORTED).to_wire()]}
     rank = {"failure_kind": "rank", "failures": [_f(failures.RANK, Stage.INSTALL, rank=1).to_wire()]}
-    assert failures.restore_error(refused).exit_code == ExitCode.CAPACITY == 12
-    assert failures.restore_error(aborted).exit_code == ExitCode.INTERRUPTED == 130
-    err = failures.restore_error(rank)
+    assert failures.restore_error(_manual(refused)).exit_code == ExitCode.CAPACITY == 12
+    assert failures.restore_error(_manual(aborted)).exit_code == ExitCode.INTERRUPTED == 130
+    err = failures.restore_error(_manual(rank))
     assert err.exit_code == ExitCode.FAILED_CLOSED and "rank 1 failed at install" in err.message
     assert "no tier blamed" in err.message and "rank 1" in (err.hint or "")
 
@@ -90,13 +101,15 @@ def test_summary_names_the_rank_and_its_stage_or_the_tier() -> None:
             {"rank": 1, "kind": "rank", "reason": "no heartbeat for 2.3s"},
         ],
     }
-    assert failures.summary(stall) == "rank 1 stopped responding: no heartbeat for 2.3s"
+    assert failures.summary(_report(stall)) == "rank 1 stopped responding: no heartbeat for 2.3s"
     install = {"failure_kind": "rank", "failures": [_f(failures.RANK, Stage.INSTALL, rank=1).to_wire() | {"window": 3}]}
-    assert failures.summary(install) == "rank 1 failed at install (window G4): rank failure"  # window 3 in JSON
+    assert (
+        failures.summary(_report(install)) == "rank 1 failed at install (window G4): rank failure"
+    )  # window 3 in JSON
     tier = {
         "failure_kind": "tier",
         "failures": [{"rank": 0, "kind": "tier", "stage": "fetch", "tier": "fs", "reason": "missing"}],
     }
-    assert failures.summary(tier) == "tier fs failed at fetch on rank 0: missing"
+    assert failures.summary(_report(tier)) == "tier fs failed at fetch on rank 0: missing"
     no_tier = {"failure_kind": "tier", "failures": [{"rank": 0, "kind": "tier", "reason": "missing"}]}
-    assert failures.summary(no_tier) == "a tier failed on rank 0: missing"  # never "tier None" or "tier ?"
+    assert failures.summary(_report(no_tier)) == "a tier failed on rank 0: missing"  # never "tier None" or "tier ?"

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("prometheus_client")  # the engine extra's, as the server's
 
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.runtime.events import EventLog
 from unit.fixtures import FakeEngine, build_engine
@@ -59,8 +60,9 @@ def test_every_released_window_is_counted_on_its_rank_in_whatever_order_it_arriv
             held.append(rank1_released.wait(10))
 
     result = c.restore(prompt, w=1, progress=progress)
-    assert result["outcome"] == "committed" and held == [True]
-    released = {rank["rank"]: rank["windows_done"] for rank in result["ranks"]}
+    assert result.report is not None
+    assert result.outcome is Outcome.COMMITTED and held == [True]
+    released = {rank.rank: rank.windows_done for rank in result.report.ranks}
     assert released == {0: TOKENS // 16, 1: TOKENS // 16}
     after = _scrape(exposition(c), "bsr_restore_windows_total")
     rose = {lbl: after[lbl] - before.get(lbl, 0.0) for lbl in after}
@@ -77,7 +79,7 @@ def test_counters_count_from_the_start_not_from_the_first_scrape() -> None:
         p = synthetic_tokens(TOKENS, 7)
         c.submit(p)
         for _ in range(3):
-            assert c.restore(p, w=1)["outcome"] == "committed"
+            assert c.restore(p, w=1).outcome is Outcome.COMMITTED
         text = exposition(c)
     finally:
         for r in engine.ranks:

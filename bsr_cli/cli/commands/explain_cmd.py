@@ -124,7 +124,7 @@ def _explain_prompt(
         probe: dict[str, Any] | None = None
         probe_error = None
         try:
-            probe = client.probe(body)
+            probe = client.probe(body).to_wire()  # explain reads the probe's wire form
         except EngineError as e:
             if not [r for r in health.get("ranks") or [] if not r.get("healthy", True)]:
                 raise

@@ -136,9 +136,9 @@ def abort(
     st = state(ctx, json_flag)
     with _client(st) as client:
         result = client.abort(request)
-    if not result.get("aborting"):
+    if not result.aborting:
         raise InvalidInput(f"no running request {request!r} on this engine", hint="`bsr events` lists recent ones")
-    st.out.result(result, lambda c, d: c.print(f"abort requested for {d['request']}: it will fail closed"))
+    st.out.result(result, lambda c, d: c.print(f"abort requested for {d.request}: it will fail closed"))
 
 
 KindOpt = Annotated[

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -10,6 +11,7 @@ import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.results import ManualRestoreResult
 from bsr_cli.errors import (
     CapacityError,
     DrillViolation,
@@ -127,8 +129,7 @@ def probe(
     with _client(st) as client:
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
         result = client.probe(body)
-    result["strip_width"] = width
-    st.out.result(result, render_ops.probe)
+    st.out.result(render_ops.ProbeView(result, width), render_ops.probe)
 
 
 def submit(
@@ -151,13 +152,13 @@ def submit(
     st.out.result(result, render_ops.submit)
     # The request was served (its KV is computed), so the exit code stays 0; a tier that refused the writes is
     # still said on stderr in every mode, so a script reading --json sees it too.
-    for rank, per_tier in ((result.get("stored") or {}).get("errors") or {}).items():
+    for rank, per_tier in (result.stored.errors if result.stored is not None else {}).items():
         for tier, err in per_tier.items():
             st.out.warn(f"storing to tier {tier} failed on {rank}: {err}")
 
 
 # How a manual restore can end without committing, other than finding nothing to restore (core.evidence.Outcome).
-_FAILED_OUTCOMES = tuple(o.value for o in (Outcome.FAILED_CLOSED, Outcome.REFUSED, Outcome.ABORTED))
+_FAILED_OUTCOMES = (Outcome.FAILED_CLOSED, Outcome.REFUSED, Outcome.ABORTED)
 
 
 def restore(
@@ -196,15 +197,11 @@ def restore(
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
         window = info["W"] if w is None else w
         if dry_run:
-            from bsr_cli.core.bitmap import HitBitmap
             from bsr_cli.core.plan import plan_restore
-            from bsr_cli.core.registration import Registration
 
             probe = client.probe(body)
-            reg = Registration.from_dict(probe["registration_spec"])
-            plan = plan_restore(
-                reg, window, bitmap=HitBitmap.from_dict(probe["bitmap"]), exclude_tiers=exclude_tier or ()
-            )
+            reg = probe.registration
+            plan = plan_restore(reg, window, bitmap=probe.bitmap, exclude_tiers=exclude_tier or ())
             from bsr_cli.cli.render import planning as render
 
             fit = _capacity_check(window, plan.committable_chunks, reg.bytes_per_chunk, info)
@@ -213,15 +210,15 @@ def restore(
                 raise CapacityError(fit.message, hint=fit.hint)
             return
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
-        result.setdefault("budget_bytes", info.get("budget_bytes"))  # the bound the peak is held to
-    st.out.result(result, render_ops.restore)
-    if result.get("outcome") in _FAILED_OUTCOMES:
+    # The engine's budget B is the bound the peak is held to.
+    st.out.result(render_ops.RestoreView(result, info.get("budget_bytes")), render_ops.restore)
+    if result.outcome in _FAILED_OUTCOMES:
         from bsr_cli.runtime import failures
 
         raise failures.restore_error(result)
-    if result.get("outcome") == Outcome.NOTHING_TO_RESTORE:
-        br = result.get("first_break") or {}
-        where = f" (rank {br['rank']} group {br['group']}: {br['reason']})" if br else ""
+    if result.outcome is Outcome.NOTHING_TO_RESTORE:
+        br = result.first_break
+        where = f" (rank {br.rank} group {br.group}: {br.reason})" if br else ""
         raise NothingToRestore(
             f"nothing to restore: no tier holds the prompt's first chunk{where}",
             hint="`bsr probe` shows which tier holds what; `bsr submit` computes and stores the prompt",
@@ -257,25 +254,35 @@ def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) 
     )
 
 
+@dataclass
+class _StreamedRestore:
+    """What the restore's worker thread hands the main thread: the request id once accepted, then its result or
+    the error it raised."""
+
+    request: str | None = None
+    result: ManualRestoreResult | None = None
+    error: BaseException | None = None
+
+
 def _run_restore(
     st: AppState, client: Any, body: dict, w: int | None, exclude: list[str], verify: bool, info: dict
-) -> dict[str, Any]:
+) -> ManualRestoreResult:
     """Stream the restore in a worker thread so Ctrl-C reaches us: then ask the engine to abort (it ends
     fail-closed) and still report its final result."""
     from bsr_cli.cli.render import ops as render_ops
 
     progress = render_ops.RestoreProgress(st.out, ranks=info["ranks"]) if st.out.interactive else None
-    box: dict[str, Any] = {}
+    box = _StreamedRestore()
     accepted = threading.Event()
     finished = threading.Event()  # not Thread.join: an interrupted join() can leave is_alive() wrong
 
     def on_accepted(rid: str) -> None:
-        box["request"] = rid
+        box.request = rid
         accepted.set()
 
     def work() -> None:
         try:
-            box["result"] = client.restore(
+            box.result = client.restore(
                 body,
                 w=w,
                 verify=verify,
@@ -284,7 +291,7 @@ def _run_restore(
                 on_accepted=on_accepted,
             )
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
-            box["error"] = e
+            box.error = e
         finally:
             finished.set()
 
@@ -302,26 +309,29 @@ def _run_restore(
                     raise
                 interrupted = True
                 st.out.note("[yellow]interrupted: asking the engine to abort the restore (it ends fail-closed)…[/]")
-                if accepted.wait(5) and "request" in box:
+                if accepted.wait(5) and box.request is not None:
                     from bsr_cli.client import AdminClient
 
                     with AdminClient(client.url, client.token, timeout_s=5.0) as c2:
-                        c2.abort(box["request"])
+                        c2.abort(box.request)
         if interrupted:
-            res = box.get("result", {})
+            res = box.result
             if progress:
                 progress.stop()
             st.out.note(
-                f"restore {box.get('request', 'not yet accepted')} aborted: outcome {res.get('outcome', 'unknown')}, "
-                f"{res.get('committed_tokens', 0)} tokens committed"
+                f"restore {box.request or 'not yet accepted'} aborted: "
+                f"outcome {res.outcome if res is not None else 'unknown'}, "
+                f"{res.committed_tokens if res is not None else 0} tokens committed"
             )
             raise KeyboardInterrupt
     finally:
         if progress:
             progress.stop()
-    if "error" in box:
-        raise box["error"]
-    return dict(box["result"])
+    if box.error is not None:
+        raise box.error
+    if box.result is None:
+        raise ServerError("the engine ended the restore without a result")
+    return box.result
 
 
 def inject_fault(

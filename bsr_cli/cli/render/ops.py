@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -16,9 +18,16 @@ from rich.text import Text
 
 from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
 from bsr_cli.cli.render.planning import b, first_break_line
-from bsr_cli.core.bitmap import Break
-from bsr_cli.core.events import RestoreFailed, RestoreStarted, WindowReleased, parse_event
-from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition
+from bsr_cli.core.bitmap import Break, HitBitmap
+from bsr_cli.core.events import Failure, RestoreFailed, RestoreStarted, WindowReleased, parse_event
+from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition, window_label
+from bsr_cli.core.results import (
+    ManualRestoreResult,
+    OutputHashes,
+    ProbeResult,
+    RestoreReport,
+    SubmitResult,
+)
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
@@ -61,9 +70,8 @@ def strip(cells: str, tiers: list[str], width: int) -> Text:
     return out
 
 
-def strip_width(console: Console, d: dict[str, Any]) -> int:
+def strip_width(console: Console, given: int | None) -> int:
     """The strip's cells: --width when given, else what the console has left beside the table's other columns."""
-    given = d.get("strip_width")
     if given:
         return int(given)
     # Piped without COLUMNS the console is unbounded (nothing wraps); the strip then keeps a page width.
@@ -84,170 +92,200 @@ def legend(tiers: list[str], chunks: int, width: int) -> str:
     return text
 
 
-def probe(console: Console, d: dict[str, Any]) -> None:
-    bm = d["bitmap"]
-    tiers = bm["tiers"]
-    width = strip_width(console, d)
+@dataclass(frozen=True)
+class ProbeView:
+    """`bsr probe`'s result: the engine's answer and the strip width asked for (--width; None: fit the terminal)."""
+
+    result: ProbeResult
+    strip_width: int | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.result.to_wire() | {"strip_width": self.strip_width}
+
+
+def probe(console: Console, view: ProbeView) -> None:
+    d = view.result
+    bitmap_lines(console, d.bitmap, d.committable_tokens, d.committable_chunks, d.first_break, view.strip_width)
+    for rank, errs in d.tier_errors.items():
+        for tier, msg in errs.items():
+            console.print(f"[red]{rank} {tier} unreachable during probe[/]: {msg}")
+    for m in d.markers:
+        scope = marker_scope(m.get("excluded_tiers"))
+        console.print(f"[magenta]force-local marker[/] on prompt {m['prompt']}: {scope}")
+
+
+def bitmap_lines(
+    console: Console,
+    bm: HitBitmap,
+    committable_tokens: int,
+    committable_chunks: int,
+    first_break: Break | None,
+    width_given: int | None,
+) -> None:
+    """The hit bitmap as a table of strips (one per rank and group), the committable prefix and where it breaks."""
+    width = strip_width(console, width_given)
     console.print(
-        f"[bold]{bm['model']}[/] {bm['registration']}  prompt {bm['tokens']:,} tokens = {bm['chunks']:,} chunks  "
-        + legend(tiers, bm["chunks"], width)
+        f"[bold]{bm.model}[/] {bm.registration}  prompt {bm.tokens:,} tokens = {bm.chunks:,} chunks  "
+        + legend(list(bm.tiers), bm.chunks, width)
     )
     t = Table(show_header=True)
     t.add_column("rank", justify="right")
     t.add_column("group")
-    t.add_column(f"chunks 0…{bm['chunks'] - 1}" if bm["chunks"] else "chunks")
+    t.add_column(f"chunks 0…{bm.chunks - 1}" if bm.chunks else "chunks")
     t.add_column("held", justify="right")
-    for row in bm["rows"]:
-        held = sum(1 for c in row["cells"] if c != "0")
-        t.add_row(
-            str(row["rank"]),
-            row["group"],
-            strip(row["cells"], tiers, width),
-            f"{held}/{len(row['cells'])}",
-        )
+    for r in range(bm.ranks):
+        for g in bm.groups:
+            cells = bm.rows[(r, g)]
+            held = sum(1 for c in cells if c != "0")
+            t.add_row(str(r), g, strip(cells, list(bm.tiers), width), f"{held}/{len(cells)}")
     console.print(t)
-    console.print(
-        f"committable prefix: [bold]{d['committable_tokens']:,} tokens[/] ({d['committable_chunks']:,} chunks)"
-    )
-    console.print(first_break_line(Break.from_wire(d.get("first_break"))))
-    for rank, errs in (d.get("tier_errors") or {}).items():
-        for tier, msg in errs.items():
-            console.print(f"[red]{rank} {tier} unreachable during probe[/]: {msg}")
-    for m in d.get("markers") or []:
-        console.print(f"[magenta]force-local marker[/] on prompt {m['prompt']}: {marker_scope(m)}")
+    console.print(f"committable prefix: [bold]{committable_tokens:,} tokens[/] ({committable_chunks:,} chunks)")
+    console.print(first_break_line(first_break))
 
 
-def marker_scope(m: dict[str, Any]) -> str:
+def marker_scope(excluded_tiers: Sequence[str] | None) -> str:
     """What a marker makes the next admission do: skip the tiers it excludes, or (none excluded, a rank failed)
     recompute the prompt locally."""
-    tiers = m.get("excluded_tiers") or []
+    tiers = list(excluded_tiers or ())
     return f"excludes {', '.join(tiers)}" if tiers else "recompute locally (no tier excluded)"
 
 
-def _failure_text(f: dict[str, Any]) -> str:
+def _failure_text(f: Failure) -> str:
     """One failure of a restore result, as `bsr restore` and `bsr submit` print it: never an absent field."""
-    who = f"rank {f['rank']}" if f.get("rank") is not None else "a rank"
-    where = f" at {f['stage']}" if f.get("stage") else ""
-    win = f" window G{int(f['window']) + 1}" if f.get("window") is not None else ""
-    tier = f" from tier {f['tier']}" if f.get("tier") else ""
-    return f"{who}{win}{where}{tier}: {f.get('reason') or 'no reason given'}"
+    who = f"rank {f.rank}" if f.rank is not None else "a rank"
+    where = f" at {f.stage.value}" if f.stage else ""
+    win = f" window {window_label(f.window)}" if f.window is not None else ""
+    tier = f" from tier {f.tier}" if f.tier else ""
+    return f"{who}{win}{where}{tier}: {f.reason or 'no reason given'}"
 
 
-def _restore_line(r: dict[str, Any]) -> str:
-    if r.get("outcome") == Outcome.COMMITTED:
+def _restore_line(r: RestoreReport) -> str:
+    if r.outcome is Outcome.COMMITTED:
         return (
-            f"[green]committed[/] {r['committed_tokens']:,} tokens from {'+'.join(r['tiers'])} in {r['windows']} "
-            f"window(s) of W={r['W']}, {r['seconds']:.2f}s, {r['gbps']:.2f} GB/s"
+            f"[green]committed[/] {r.committed_tokens:,} tokens from {'+'.join(r.tiers)} in {r.windows} "
+            f"window(s) of W={r.w}, {r.seconds:.2f}s, {r.gbps:.2f} GB/s"
         )
-    fails = "; ".join(_failure_text(f) for f in r.get("failures", []))
-    invalid = ", ".join(f"rank {x['rank']}/{x['group']}" for x in r.get("invalid", []))
-    kind = r.get("failure_kind")
-    ranks = ", ".join(f"rank {x}" for x in r.get("blamed_ranks") or [])
-    stage = f" at {r['failure_stage']}" if r.get("failure_stage") else ""
-    tiers = ", ".join(r.get("blamed_tiers") or [])
-    headlines: dict[str, str] = {  # the endings that blame nothing
+    fails = "; ".join(_failure_text(f) for f in r.failures)
+    invalid = ", ".join(f"rank {x.rank}/{x.group}" for x in r.invalid)
+    ranks = ", ".join(f"rank {x}" for x in r.blamed_ranks)
+    stage = f" at {r.failure_stage.value}" if r.failure_stage else ""
+    tiers = ", ".join(r.blamed_tiers)
+    headlines = {  # the endings that blame nothing
         Outcome.REFUSED: "[yellow]refused[/], capacity (nothing moved, nothing blamed)",
         Outcome.ABORTED: "[yellow]aborted[/] by the operator (nothing blamed)",
     }
-    headline = headlines.get(str(r.get("outcome")))
+    headline = headlines.get(r.outcome)
     if headline is None:
-        causes: dict[str, str] = {
+        causes = {
             FailureKind.RANK: f"{ranks or 'a rank'} failed{stage} (no tier blamed)",
             FailureKind.TIER: f"tier {tiers} failed{stage}" if tiers else f"a tier failed{stage}",
         }
-        cause = causes.get(str(kind), "nothing valid to commit")
+        cause = causes.get(r.failure_kind, "nothing valid to commit") if r.failure_kind else "nothing valid to commit"
         headline = f"[red]failed closed[/], {cause}"
     return (
-        f"{headline}: advertised {r.get('advertised_tokens', 0):,} tokens, committed 0 "
+        f"{headline}: advertised {r.advertised_tokens:,} tokens, committed 0 "
         f"(invalid: {invalid or '—'}) — {fails or 'no failure reported'}"
     )
 
 
-def submit(console: Console, d: dict[str, Any]) -> None:
-    console.print(f"request {d['request']}  prompt {d['prompt']}  {d['tokens']:,} tokens  W={d['W']}")
+def submit(console: Console, d: SubmitResult) -> None:
+    console.print(f"request {d.request}  prompt {d.prompt}  {d.tokens:,} tokens  W={d.w}")
     t = Table(title="admission passes", title_justify="left")
     for col in ("pass", "excluded tiers", "external tokens", "outcome"):
         t.add_column(col)
-    for p in d["passes"]:
-        r = p.get("restore")
+    for p in d.passes:
         t.add_row(
-            str(p["pass"]),
-            ", ".join(p["excluded_tiers"]) or "—",
-            f"{p['external_tokens']:,}",
-            _restore_line(r) if r else "no external hit: local prefill",
+            str(p.pass_no),
+            ", ".join(p.excluded_tiers) or "—",
+            f"{p.external_tokens:,}",
+            _restore_line(p.restore) if p.restore else "no external hit: local prefill",
         )
     console.print(t)
-    for p in d["passes"]:
-        r = p.get("restore") or {}
-        if r.get("failure_kind") == FailureKind.CAPACITY and r.get("hint"):
-            console.print(f"[yellow]restore refused for capacity[/] (computed locally instead): {r['hint']}")
-    hist = d["force_local"]["history"]
-    if hist:
+    for p in d.passes:
+        r = p.restore
+        if r is not None and r.failure_kind is FailureKind.CAPACITY and r.hint:
+            console.print(f"[yellow]restore refused for capacity[/] (computed locally instead): {r.hint}")
+    if d.marker_history:
         console.print(
-            f"force-local marker: set ({marker_scope(hist[-1]['marker'])}), "
-            f"{'cleared on admission' if d['force_local']['cleared'] else 'still set'}"
+            f"force-local marker: set ({marker_scope(sorted(d.marker_history[-1].marker.excluded))}), "
+            f"{'cleared on admission' if d.marker_cleared else 'still set'}"
         )
     console.print(
-        f"served: [bold]{d['external_tokens']:,}[/] external tokens from {d['source']}, "
-        f"{d['computed_tokens']:,} computed locally in {d['seconds']:.2f}s"
+        f"served: [bold]{d.external_tokens:,}[/] external tokens from {d.source}, "
+        f"{d.computed_tokens:,} computed locally in {d.seconds:.2f}s"
     )
     # A store failure is said on stderr (`bsr: warning: ...`, in --json mode too), not here.
-    _hash_line(console, d)
+    _hash_line(console, OutputHashes(d.output_hash, d.canonical_hash, d.hash_ok), d.hash_note)
 
 
-def _hash_line(console: Console, d: dict[str, Any]) -> None:
-    if d.get("output_hash") is None:
+def _hash_line(console: Console, h: OutputHashes | None, hash_note: str | None) -> None:
+    if h is None:
         return
-    if d.get("hash") == "not applicable":
-        console.print(f"output hash {d['output_hash']} [dim](canonical hash: not applicable, real KV data)[/]")
-    elif d.get("hash_ok") is None:
-        console.print(f"output hash {d['output_hash']}")
-    elif d["hash_ok"]:
-        console.print(f"output hash {d['output_hash']} [green]= canonical[/]")
+    if hash_note is not None:
+        console.print(f"output hash {h.output_hash} [dim](canonical hash: not applicable, real KV data)[/]")
+    elif h.hash_ok is None:
+        console.print(f"output hash {h.output_hash}")
+    elif h.hash_ok:
+        console.print(f"output hash {h.output_hash} [green]= canonical[/]")
     else:
-        console.print(f"[red]output hash {d['output_hash']} ≠ canonical {d['canonical_hash']}[/]")
+        console.print(f"[red]output hash {h.output_hash} ≠ canonical {h.canonical_hash}[/]")
 
 
-def restore(console: Console, d: dict[str, Any]) -> None:
-    console.print(f"request {d['request']}  prompt {d['prompt']}  {d['tokens']:,} tokens  W={d['W']}")
-    if d.get("outcome") == Outcome.NOTHING_TO_RESTORE:
-        br = d.get("first_break")
+@dataclass(frozen=True)
+class RestoreView:
+    """`bsr restore`'s result: the engine's answer and the budget B its peak is held to (the engine's info)."""
+
+    result: ManualRestoreResult
+    budget_bytes: int | None
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = self.result.to_wire()
+        wire.setdefault("budget_bytes", self.budget_bytes)
+        return wire
+
+
+def restore(console: Console, view: RestoreView) -> None:
+    d = view.result
+    console.print(f"request {d.request}  prompt {d.prompt}  {d.tokens:,} tokens  W={d.w}")
+    r = d.report
+    if r is None:
+        br = d.first_break
         console.print(
             "[yellow]nothing to restore[/]: no tier holds the first chunk"
-            + (f" (rank {br['rank']} group {br['group']}: {br['reason']})" if br else "")
+            + (f" (rank {br.rank} group {br.group}: {br.reason})" if br else "")
         )
         return
-    console.print(_restore_line(d))
+    console.print(_restore_line(r))
     t = Table(title="per rank", title_justify="left")
     for col in ("rank", "windows", "bytes", "wall s", "Σ fetch s", "Σ install s", "peak pool", "bound"):
         t.add_column(col, justify="right")
-    rws, budget = d.get("rws_bytes"), d.get("budget_bytes")
+    rws, budget = r.rws_bytes, view.budget_bytes
     # W>0: the peak is held to the admission budget B; with B ≥ 2·RWS(W) the next window's fetch overlaps this
     # window's install, so a peak above RWS(W) (up to B) is by design. W=0 (whole plan) is bounded by the pool.
-    bound = (budget or rws) if d.get("W") else d.get("whole_plan_bytes")
+    bound = (budget or rws) if d.w else r.whole_plan_bytes
     over_rws = False
-    for r in d.get("ranks", []):
-        peak = r["peak_live_bytes"]
+    for rank in r.ranks:
+        peak = rank.peak_live_bytes
         over_rws = over_rws or bool(rws and peak > rws)
         ok = bound is None or peak <= bound
         mark = (
             "—" if not bound else (f"[green]≤ {format_bytes(bound)}[/]" if ok else f"[red]> {format_bytes(bound)}[/]")
         )
         t.add_row(
-            str(r["rank"]),
-            f"{r['windows_done']}/{d['windows']}",
-            format_bytes(r["bytes_restored"]),
-            f"{r.get('seconds', 0.0):.2f}",
-            f"{r['fetch_seconds']:.2f}",
-            f"{r['install_seconds']:.2f}",
+            str(rank.rank),
+            f"{rank.windows_done}/{r.windows}",
+            format_bytes(rank.bytes_restored),
+            f"{rank.seconds:.2f}",
+            f"{rank.fetch_seconds:.2f}",
+            f"{rank.install_seconds:.2f}",
             b(peak),
             mark,
         )
     console.print(t)
-    if d.get("W") and rws:
-        what = f"bound = budget B {format_bytes(budget)}" if budget else f"bound = RWS(W={d['W']})"
+    if d.w and rws:
+        what = f"bound = budget B {format_bytes(budget)}" if budget else f"bound = RWS(W={d.w})"
         console.print(
-            f"RWS(W={d['W']}) = {format_bytes(rws)} per rank; {what}"
+            f"RWS(W={d.w}) = {format_bytes(rws)} per rank; {what}"
             + (
                 f"; B holds {budget // rws} window(s), so up to {min(2, budget // rws)} are in flight"
                 " (the next fetch overlaps this install)"
@@ -255,12 +293,12 @@ def restore(console: Console, d: dict[str, Any]) -> None:
                 else ""
             )
         )
-    if d.get("W") and d.get("whole_plan_bytes"):
-        console.print(f"whole-plan (W=0) would stage {b(d.get('whole_plan_bytes'))} per rank")
+    if d.w and r.whole_plan_bytes:
+        console.print(f"whole-plan (W=0) would stage {b(r.whole_plan_bytes)} per rank")
     console.print("[dim]Σ fetch/install s add up each window's time; windows overlap, so they can exceed wall s[/]")
-    _hash_line(console, d)
-    if d.get("marker"):
-        tiers = d["marker"].get("excluded_tiers") or []
+    _hash_line(console, d.hashes, d.hash_note)
+    if d.marker is not None:
+        tiers = sorted(d.marker.excluded)
         then = f"skips {', '.join(tiers)}" if tiers else "recomputes it locally (no tier is excluded)"
         console.print(f"[magenta]force-local marker set[/]: the next admission of this prompt {then}")
 
@@ -413,7 +451,8 @@ def status(console: Console, d: dict[str, Any]) -> None:
         for m in d["markers"]:
             prefix = f" (prefix of {m['prefix_tokens']:,} tokens)" if m.get("prefix_tokens") else ""
             console.print(
-                f"[magenta]force-local marker[/] prompt {m['prompt']}{prefix} {marker_scope(m)}: {m['reason']}"
+                f"[magenta]force-local marker[/] prompt {m['prompt']}{prefix} "
+                f"{marker_scope(m.get('excluded_tiers'))}: {m['reason']}"
             )
     elif worker and not (d.get("scheduler") or {}).get("published"):
         console.print("[yellow]markers unknown[/]: vLLM's scheduler has not published its state to this worker")
@@ -477,7 +516,7 @@ def drill(console: Console, d: DrillResult) -> None:
 def store_probe(console: Console, d: StoreProbe) -> None:
     from bsr_cli.core.store_probe import NoDiagnosis
 
-    probe(console, d.to_wire())
+    bitmap_lines(console, d.bitmap, d.bitmap.prefix_tokens(), d.committable_chunks, d.first_break, d.strip_width)
     tail = d.tail
     if tail:
         if tail.stored:
