@@ -15,6 +15,7 @@ from typing import Any
 
 from bsr_cli.core.evidence import Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.markers import Marker
 
 
 def _host_fields(d: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
@@ -568,6 +569,16 @@ class MarkerView:
             "set_at": self.set_at,
             **self.host_fields,
         }
+
+    @classmethod
+    def of(cls, marker: Marker) -> MarkerView:
+        return cls(
+            prompt=marker.prompt,
+            excluded_tiers=tuple(sorted(marker.excluded)),
+            reason=marker.reason,
+            request=marker.request,
+            set_at=marker.set_at,
+        )
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> MarkerView:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bsr_cli.core.events import RankRestarted
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
 from bsr_cli.mooncake import services
 from bsr_cli.runtime.coordinator import Coordinator
@@ -47,8 +48,8 @@ class Rank(Protocol):
 # -- kept state ------------------------------------------------------------------------------------------------
 
 
-def _armed(faults: list[dict[str, Any]]) -> int:
-    return sum(1 for f in faults if int(f.get("count") or 0) == 0 or int(f.get("fired") or 0) < int(f["count"]))
+def _armed(faults: list[FaultSpec]) -> int:
+    return sum(1 for f in faults if f.count == 0 or f.fired < f.count)
 
 
 def kept_state(coord: Coordinator, base: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def kept_state(coord: Coordinator, base: dict[str, Any]) -> dict[str, Any]:
         "registration": coord.reg.identity,
         "base": {k: base.get(k) for k in _KEPT_SETTINGS},
         "settings": {"w": s.w, "budget_bytes": s.budget_bytes, "fs_concurrency": s.fs_concurrency},
-        "markers": sorted(coord.list_markers(), key=lambda m: str(m["prompt"])),
+        "markers": [m.to_wire() for m in sorted(coord.list_markers(), key=lambda m: m.prompt)],
         "armed_faults": _armed(coord.list_faults()),
     }
 

@@ -131,7 +131,7 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_restore_fail_closed(
     ended = _wait_for_event(c, seq, rid, "restore_aborted")
     assert ended["failure_kind"] == "aborted", ended
     assert [r["outcome"] for r in c.recent if r["request"] == rid] == ["aborted"]
-    assert all(rk["pool"]["live_bytes"] == 0 for rk in c.pool())
+    assert all(rk.live_bytes == 0 for rk in c.pool())
 
 
 def _wait_for_event(c: Any, seq: int, request: str, kind: str, timeout_s: float = 20.0) -> dict[str, Any]:
