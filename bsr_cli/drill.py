@@ -55,7 +55,7 @@ def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: i
         "force_local_cleared": res["force_local"]["cleared"] is True,
         "fallback": fallback == sc.expected_fallback,
         "hash_canonical": res["hash_ok"] is True,
-        "ranks_healthy": bool(health.get("ok")),
+        "ranks_healthy": health.ok,
     }
     return {
         "scenario": sc.name,
@@ -115,7 +115,7 @@ def run_drill(
     on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     info = client.info()
-    if not info.get("faults_enabled"):
+    if not info.faults_enabled:
         from bsr_cli.errors import FaultsDisabled
 
         raise FaultsDisabled(
@@ -134,7 +134,7 @@ def run_drill(
     return {
         "engine": client.url,
         "tokens": tokens,
-        "W": w if w is not None else info.get("W"),
+        "W": w if w is not None else info.w,
         "scenarios": results,
         "ok": all(r["ok"] for r in results),
     }

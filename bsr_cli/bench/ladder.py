@@ -131,7 +131,12 @@ class _Climb:
                 else:
                     self.run.client = client
                 self.engines.append(
-                    {"pool_bytes": rung, "startup_s": round(startup, 3), "url": client.url, "info": client.info()}
+                    {
+                        "pool_bytes": rung,
+                        "startup_s": round(startup, 3),
+                        "url": client.url,
+                        "info": client.info().to_wire(),
+                    }
                 )
                 for n in list(self.pending):
                     current = n

@@ -24,6 +24,8 @@ from urllib.parse import quote
 import httpx
 
 from bsr_cli import API_VERSION
+from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot, fault_from_wire
 from bsr_cli.errors import (
     BadRequest,
     CapacityError,
@@ -249,7 +251,7 @@ class AdminClient:
         raise ServerError(f"the engine closed {path} without a result")
 
     # -- API ---------------------------------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         pauses = iter(READ_RETRY_PAUSES_S)
         while True:
             try:
@@ -269,13 +271,13 @@ class AdminClient:
             break
         if r.status_code not in (200, 503):
             self._raise_for(r)
-        return dict(r.json())
+        return Health.from_wire(r.json())
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         info = self._call("GET", "/info")
         if info.get("api") != API_VERSION:
             raise VersionMismatch(f"engine speaks admin API {info.get('api')!r}, bsr speaks {API_VERSION!r}")
-        return dict(info)
+        return EngineInfo.from_wire(info)
 
     def registration(self) -> dict[str, Any]:
         return dict(self._call("GET", "/registration"))
@@ -320,22 +322,24 @@ class AdminClient:
         except BadRequest:
             return {"request": request, "aborting": False}
 
-    def pool(self, health: bool = False) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/pool", params={"health": "1" if health else "0"})["ranks"])
+    def pool(self, health: bool = False) -> list[PoolEntry]:
+        ranks = self._call("GET", "/pool", params={"health": "1" if health else "0"})["ranks"]
+        return [PoolEntry.from_wire(r) for r in ranks]
 
     def reset_peak(self) -> None:
         self._call("POST", "/pool/reset-peak", {})
 
-    def update_settings(self, **changes: Any) -> dict[str, Any]:
-        return dict(self._call("POST", "/settings", changes))
+    def update_settings(self, **changes: Any) -> EngineInfo:
+        """Change B, the filesystem load concurrency or the default W; the engine's info with the new settings."""
+        return EngineInfo.from_wire(self._call("POST", "/settings", changes))
 
     def snapshot(
         self, *, health: bool = True, timeout: float | None = None, events_since: int | None = None
-    ) -> dict[str, Any]:
+    ) -> Snapshot:
         params: dict[str, Any] = {"health": "1" if health else "0"}
         if events_since is not None:
             params["events_since"] = events_since
-        return dict(self._call("GET", "/snapshot", params=params, timeout=timeout))
+        return Snapshot.from_wire(self._call("GET", "/snapshot", params=params, timeout=timeout))
 
     def events(
         self,
@@ -397,17 +401,18 @@ class AdminClient:
             seq = int(page[-1]["seq"])
         return out, last
 
-    def faults(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/faults"))
+    def faults(self) -> FaultListing:
+        return FaultListing.from_wire(self._call("GET", "/faults"))
 
-    def inject_fault(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return dict(self._call("POST", "/faults", spec))
+    def inject_fault(self, spec: dict[str, Any]) -> FaultSpec:
+        """Arm the fault ``spec`` describes (the admin API's fault body); the fault as the engine armed it."""
+        return fault_from_wire(self._call("POST", "/faults", spec))
 
     def clear_faults(self) -> int:
         return int(self._call("DELETE", "/faults")["cleared"])
 
-    def markers(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/markers")["markers"])
+    def markers(self) -> list[MarkerView]:
+        return [MarkerView.from_wire(m) for m in self._call("GET", "/markers")["markers"]]
 
     def clear_markers(self, *, prompt: str | None = None, tier: str | None = None) -> int:
         """Clear every marker, or only ``prompt``'s, or take ``tier`` out of every marker; how many it touched."""

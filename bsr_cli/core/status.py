@@ -23,6 +23,11 @@ def _host_fields(d: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in known}
 
 
+def _objects(v: Any) -> list[dict[str, Any]]:
+    """The JSON objects of a wire list (anything else in it, which no engine sends, is passed over)."""
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
+
+
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
 
@@ -305,7 +310,7 @@ class TierHealth:
     def from_wire(cls, d: dict[str, Any]) -> TierHealth:
         conditions = tuple(TierCondition(c) for c in d.get("conditions") or ())
         return cls(
-            ok=bool(d.get("ok", True)),
+            ok=bool(d.get("ok", False)),
             detail=tuple(str(x) for x in d.get("detail") or ()),
             conditions=conditions,
             quarantined=tuple(QuarantinedFile.from_wire(q) for q in d.get("quarantined") or ()),
@@ -318,8 +323,9 @@ def tiers_to_wire(tiers: dict[str, TierHealth]) -> dict[str, Any]:
     return {name: t.to_wire() for name, t in tiers.items()}
 
 
-def tiers_from_wire(d: dict[str, Any] | None) -> dict[str, TierHealth]:
-    return {name: TierHealth.from_wire(t) for name, t in (d or {}).items()}
+def tiers_from_wire(d: Any) -> dict[str, TierHealth]:
+    tiers = d if isinstance(d, dict) else {}
+    return {str(name): TierHealth.from_wire(t) for name, t in tiers.items() if isinstance(t, dict)}
 
 
 @dataclass(frozen=True)
@@ -429,7 +435,7 @@ class PoolEntry:
         last, pool, tiers = d.get("last_fault"), d.get("pool"), d.get("tiers")
         return cls(
             rank=int(d.get("rank") or 0),
-            alive=bool(d.get("alive", True)),
+            alive=bool(d.get("alive", False)),  # a rank whose entry does not say is not known to run
             healthy=bool(d.get("healthy", True)),
             reason=d.get("reason"),
             heartbeat_age_s=_opt_float(d.get("heartbeat_age_s")),
@@ -593,6 +599,16 @@ class MarkerView:
 
 
 @dataclass(frozen=True)
+class MarkerList:
+    """What ``GET /markers`` answers (and `bsr markers list --json` prints): the standing force-local markers."""
+
+    markers: tuple[MarkerView, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"markers": [m.to_wire() for m in self.markers]}
+
+
+@dataclass(frozen=True)
 class FaultListing:
     """What ``GET /faults`` answers: whether the engine allows faults, and the armed ones."""
 
@@ -604,7 +620,7 @@ class FaultListing:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> FaultListing:
-        return cls(enabled=bool(d.get("enabled")), faults=tuple(fault_from_wire(f) for f in d.get("faults") or ()))
+        return cls(enabled=bool(d.get("enabled")), faults=tuple(fault_from_wire(f) for f in _objects(d.get("faults"))))
 
 
 def fault_from_wire(d: dict[str, Any]) -> FaultSpec:
@@ -614,7 +630,7 @@ def fault_from_wire(d: dict[str, Any]) -> FaultSpec:
         rank=_opt_int(d.get("rank")),
         window=_opt_int(d.get("window")),
         group=d.get("group"),
-        count=int(d.get("count") or 0),
+        count=int(d.get("count", 1)),
         id=int(d.get("id") or 0),
         fired=int(d.get("fired") or 0),
         expires_at=_opt_float(d.get("expires_at")),
@@ -678,17 +694,29 @@ class Snapshot:
         return cls(
             time=float(d.get("time") or 0.0),
             info=EngineInfo.from_wire(d.get("info") or {}),
-            ranks=tuple(PoolEntry.from_wire(r) for r in d.get("ranks") or ()),
-            active=tuple(ActiveRestore.from_wire(a) for a in d.get("active") or ()),
-            recent=list(d.get("recent") or ()),
+            ranks=tuple(PoolEntry.from_wire(r) for r in _objects(d.get("ranks"))),
+            active=tuple(ActiveRestore.from_wire(a) for a in _objects(d.get("active"))),
+            recent=_objects(d.get("recent")),
             admission=Admission.from_wire(d.get("admission") or {}),
             tiers=tiers_from_wire(d.get("tiers")),
-            events=list(d.get("events") or ()),
+            events=_objects(d.get("events")),
             seq=int(d.get("seq") or 0),
-            markers=tuple(MarkerView.from_wire(m) for m in d.get("markers") or ()),
-            faults=tuple(fault_from_wire(f) for f in d.get("faults") or ()),
+            markers=tuple(MarkerView.from_wire(m) for m in _objects(d.get("markers"))),
+            faults=tuple(fault_from_wire(f) for f in _objects(d.get("faults"))),
             host_fields=_host_fields(d, _SNAPSHOT_FIELDS),
         )
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """What `bsr status` reports of one engine: where it is, its health, and its snapshot."""
+
+    url: str
+    health: Health
+    snapshot: Snapshot
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"url": self.url, "health": self.health.to_wire(), **self.snapshot.to_wire()}
 
 
 __all__ = [
@@ -696,8 +724,10 @@ __all__ = [
     "Admission",
     "BlockWait",
     "EngineInfo",
+    "EngineStatus",
     "FaultListing",
     "Health",
+    "MarkerList",
     "MarkerView",
     "PoolEntry",
     "QuarantinedFile",

@@ -28,7 +28,7 @@ from bsr_cli import API_VERSION
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
-from bsr_cli.core.status import FaultListing
+from bsr_cli.core.status import FaultListing, MarkerList
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
 from bsr_cli.runtime.coordinator import Coordinator
 from bsr_cli.runtime.event_store import Query as EventQuery
@@ -474,7 +474,7 @@ def faults_clear(c: CoordinatorDep) -> Response:
 @router.get(f"{PREFIX}/markers", **_op(m.Markers, auth=True))
 def markers_list(c: CoordinatorDep) -> Response:
     """The force-local markers."""
-    return _json({"markers": [m.to_wire() for m in c.list_markers()]})
+    return _json(MarkerList(tuple(c.list_markers())).to_wire())
 
 
 @router.delete(f"{PREFIX}/markers", **_op(m.Cleared, auth=True))

@@ -132,9 +132,7 @@ class RuntimeCollector(Collector):
             ("capacity_bytes", "Restore-pool capacity"),
             ("budget_bytes", "Admission budget B"),
         ):
-            yield _family(
-                "gauge", f"bsr_pool_{key}", help_, [({"rank": r.rank}, _pool_value(r, key)) for r in ranks]
-            )
+            yield _family("gauge", f"bsr_pool_{key}", help_, [({"rank": r.rank}, _pool_value(r, key)) for r in ranks])
         yield _family(
             "gauge",
             "bsr_pool_windows_live",

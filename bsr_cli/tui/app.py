@@ -564,15 +564,7 @@ class TopApp(App[None]):
             self.post_message(ActionFailed("clear faults", PollFailure.from_error(e, self._clock(), 0.0)))
 
     def on_fault_injected(self, message: FaultInjected) -> None:
-        f = model.FaultView(
-            id=int(message.fault.get("id", 0)),
-            kind=str(message.fault.get("kind", "?")),
-            rank=message.fault.get("rank"),
-            window=message.fault.get("window"),
-            group=message.fault.get("group"),
-            count=int(message.fault.get("count", 1)),
-            fired=int(message.fault.get("fired", 0)),
-        )
+        f = model.fault_view(message.fault)
         self.notify(f"injected {f.describe()}", severity="warning", timeout=6)
         if self._drawable:
             self._start_poll()  # show it now rather than at the next tick

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bsr_cli.client import local_engine
+from bsr_cli.core.status import Health
 from bsr_cli.errors import CapacityError, ExitCode
 from bsr_cli.loaders import builtin_registration
 from bsr_cli.runtime.pool import RestorePool
@@ -112,9 +113,9 @@ def test_an_operator_abort_exits_130_and_blames_no_tier(bsr, engine) -> None:
         with engine.client() as c:
             end = time.monotonic() + 60
             while time.monotonic() < end and not aborted:
-                for a in c.snapshot(health=False)["active"]:
-                    c.abort(a["request"])
-                    aborted.append(a["request"])
+                for a in c.snapshot(health=False).active:
+                    c.abort(a.request)
+                    aborted.append(a.request)
                 time.sleep(0.05)
 
     t = threading.Thread(target=abort_it, daemon=True)
@@ -186,10 +187,10 @@ def _stopped(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-def _wait_healthy(client, deadline_s: float = 60.0) -> dict:
+def _wait_healthy(client, deadline_s: float = 60.0) -> Health:
     end = time.monotonic() + deadline_s
     h = client.health()
-    while not h["ok"] and time.monotonic() < end:
+    while not h.ok and time.monotonic() < end:
         time.sleep(0.2)
         h = client.health()
     return h
@@ -225,7 +226,7 @@ def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr,
             t = threading.Thread(target=run, daemon=True)
             t.start()
             deadline = time.monotonic() + 60
-            while c.snapshot()["admission"].get("waiting_for_blocks") != 1 and time.monotonic() < deadline:
+            while c.snapshot().admission.waiting_for_blocks != 1 and time.monotonic() < deadline:
                 time.sleep(0.1)  # polls the engine's state, not a timing
             code, st = _status(bsr)
             text = bsr("status").out
@@ -278,7 +279,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
         assert res["failure_kind"] == "rank" and res["blamed_tiers"] == []
         assert any(f["rank"] == 1 and f["kind"] == "rank" and "heartbeat" in f["reason"] for f in res["failures"])
         assert elapsed < 60  # bounded by the heartbeat (2 s here), not the old multi-minute restore budget
-        assert h["ok"] is False and h["unhealthy_ranks"] == [1]
+        assert h.ok is False and h.unhealthy_ranks == [1]
         assert 'bsr_rank_healthy{rank="1"} 0' in metrics and 'bsr_rank_healthy{rank="0"} 1' in metrics
         assert code == ExitCode.SERVER_ERROR and text.code == ExitCode.SERVER_ERROR
         assert "rank 1" in text.err and "rank 1 unhealthy" in text.out
@@ -287,7 +288,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
         assert p.code == ExitCode.SERVER_ERROR and "rank 1" in p.err and probe_s < 25
         # Resumed, the rank beats again, finishes its aborted restore (its blocks come back) and serves.
         h2 = _wait_healthy(c)
-        assert h2["ok"] is True, h2
+        assert h2.ok is True, h2
         assert c.markers() == []
         c.clear_faults()  # the injected stall never got to report that it fired
         again = c.restore({"synthetic": {"n": n, "seed": seed}})
@@ -331,7 +332,7 @@ def test_armed_and_recent_tier_faults_show_the_tier_unhealthy(bsr, own) -> None:
     from bsr_cli.client import AdminClient
 
     with AdminClient(own[1], own[2]) as c:
-        assert c.health()["degraded_tiers"] == ["mooncake"]
+        assert c.health().degraded_tiers == ["mooncake"]
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
     assert r.code == ExitCode.FAILED_CLOSED and r.json()["blamed_tiers"] == ["mooncake"]
     assert bsr("faults", "list", "--json").json()["faults"] == []  # fired once and spent: no longer armed
@@ -354,24 +355,24 @@ def test_a_stopped_master_shows_the_tier_unhealthy_while_health_stays_quick(bsr,
     with _stopped(pid), AdminClient(own[1], own[2]) as c:
         end = time.monotonic() + 60
         h = c.health()
-        while "mooncake" not in h["degraded_tiers"] and time.monotonic() < end:
+        while "mooncake" not in h.degraded_tiers and time.monotonic() < end:
             time.sleep(0.5)
             h = c.health()
         t0 = time.monotonic()
         again = c.health()
         quick = time.monotonic() - t0
         engine = supervisor.status(state)
-    assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"], h
-    assert any("health probe" in d or "refuses" in d for d in h["tiers"]["mooncake"]["detail"]), h
-    assert again["ok"] is True and quick < 2.0  # generous: the wait is 0.5 s, the client's own timeout is 5 s
+    assert h.ok is True and h.degraded_tiers == ["mooncake"], h
+    assert any("health probe" in d or "refuses" in d for d in h.tiers["mooncake"].detail), h
+    assert again.ok is True and quick < 2.0  # generous: the wait is 0.5 s, the client's own timeout is 5 s
     assert engine["healthy"] is True  # so `bsr engine up` does not restart an engine whose remote tier is down
     with AdminClient(own[1], own[2]) as c:  # resumed, the master serves again and the tier turns healthy
         end = time.monotonic() + 60
         h = c.health()
-        while h["degraded_tiers"] and time.monotonic() < end:
+        while h.degraded_tiers and time.monotonic() < end:
             time.sleep(0.5)
             h = c.health()
-    assert h["degraded_tiers"] == [], h
+    assert h.degraded_tiers == [], h
 
 
 def test_a_dead_segment_holder_shows_the_tier_unhealthy(bsr, own) -> None:
@@ -394,7 +395,7 @@ def test_a_dead_segment_holder_shows_the_tier_unhealthy(bsr, own) -> None:
 
     with AdminClient(own[1], own[2]) as c:
         h = c.health()
-    assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"] and h["tiers"]["fs"]["ok"] is True
+    assert h.ok is True and h.degraded_tiers == ["mooncake"] and h.tiers["fs"].ok is True
 
 
 def test_a_failure_from_an_injected_fault_is_forgotten_when_faults_are_cleared(bsr, engine) -> None:

@@ -74,8 +74,8 @@ def test_peak_pool_equals_rws_whatever_the_prefix(engine, chunks: int) -> None:
     expected = min(chunks, W) * REG.bytes_per_chunk
     assert res["outcome"] == "committed"
     assert all(r["peak_live_bytes"] == expected for r in res["ranks"])
-    assert all(p["pool"]["peak_bytes"] == expected for p in pool)
-    assert all(p["pool"]["live_bytes"] == 0 for p in pool)  # every window released
+    assert all(p.pool["peak_bytes"] == expected for p in pool)
+    assert all(p.pool["live_bytes"] == 0 for p in pool)  # every window released
 
 
 def test_whole_plan_path_needs_the_whole_prefix(engine) -> None:
@@ -90,7 +90,7 @@ def test_whole_plan_path_needs_the_whole_prefix(engine) -> None:
     assert [r["peak_live_bytes"] for r in ok["ranks"]] == [6 * REG.bytes_per_chunk] * 2
     assert too_big["outcome"] == "refused" and too_big["committed_tokens"] == 0  # capacity: no fault
     assert "capacity" in too_big["failures"][0]["reason"]
-    assert all(p["pool"]["live_bytes"] == 0 for p in pool)
+    assert all(p.pool["live_bytes"] == 0 for p in pool)
 
 
 @pytest.mark.parametrize(
@@ -120,8 +120,8 @@ def test_every_fault_fails_closed_then_falls_back_canonically(engine, seed: int,
     assert res["force_local"]["history"] and res["force_local"]["cleared"] is True
     assert (res["source"] if res["external_tokens"] else "recompute") == fallback
     assert res["hash_ok"] is True
-    assert health["ok"] is True
-    assert all(p["pool"]["live_bytes"] == 0 for p in pool)
+    assert health.ok is True
+    assert all(p.pool["live_bytes"] == 0 for p in pool)
 
 
 def test_a_failed_manual_restore_leaves_a_marker_the_next_admission_uses(engine) -> None:
@@ -134,7 +134,7 @@ def test_a_failed_manual_restore_leaves_a_marker_the_next_admission_uses(engine)
         nxt = c.submit({"synthetic": {"n": n, "seed": seed}})
         after = c.markers()
     assert res["outcome"] == "failed_closed" and res["marker"]["excluded_tiers"] == ["mooncake"]
-    assert [m["prompt"] for m in markers] == [res["prompt"]]
+    assert [m.prompt for m in markers] == [res["prompt"]]
     assert nxt["passes"][0]["excluded_tiers"] == ["mooncake"]  # the marker keeps it off the faulty tier
     assert nxt["source"] == "fs" and nxt["hash_ok"] is True
     assert after == []  # cleared by the successful admission
@@ -163,8 +163,8 @@ def test_budget_is_never_exceeded_by_concurrent_restores(engine) -> None:
         finally:
             c.update_settings(budget_bytes=RWS)
     assert len(results) == 3 and all(r["outcome"] == "committed" for r in results)
-    assert all(p["pool"]["peak_bytes"] <= 2 * RWS for p in pool)
-    assert max(p["pool"]["peak_bytes"] for p in pool) == 2 * RWS  # the budget was actually used
+    assert all(p.pool["peak_bytes"] <= 2 * RWS for p in pool)
+    assert max(p.pool["peak_bytes"] for p in pool) == 2 * RWS  # the budget was actually used
 
 
 def test_abort_ends_a_restore_fail_closed(engine) -> None:
@@ -195,7 +195,7 @@ def test_abort_ends_a_restore_fail_closed(engine) -> None:
 def test_admin_api_guards(engine) -> None:
     with engine.client() as c:
         info = c.info()
-        assert info["api"] == "v1" and info["ranks"] == 2 and info["registration"]["identity"] == REG.identity
+        assert info.api == "v1" and info.ranks == 2 and info.registration.identity == REG.identity
     from bsr_cli.client import AdminClient
 
     with AdminClient(engine.url, None) as no_token, pytest.raises(Unauthorized):

@@ -70,7 +70,7 @@ def test_a_killed_rank_is_restarted_and_reported(own: Path, bsr, monkeypatch: py
         _until(restarted, "no rank_restarted event for rank 1")
         event = next(e for e in c.held_events(since=seq)[0] if e["type"] == "rank_restarted")
         assert event["restarts"] == 1 and event["pid"] != before["rank1"]
-        _until(lambda: bool(c.health()["ok"]), "the engine did not turn healthy after the restart")
+        _until(lambda: bool(c.health().ok), "the engine did not turn healthy after the restart")
         done = c.submit(PROMPT)
         assert done["hash_ok"] is True
     st = supervisor.status(own)
@@ -91,7 +91,7 @@ def test_markers_and_settings_survive_a_restart_and_faults_do_not(own: Path) -> 
         failed = c.restore(PROMPT)
         assert failed["outcome"] == "failed_closed"
         markers = c.markers()
-        assert [m["excluded_tiers"] for m in markers] == [["mooncake"]]
+        assert [m.excluded_tiers for m in markers] == [("mooncake",)]
         c.update_settings(fs_concurrency=3)
         c.inject_fault({"kind": "timeout", "rank": 0, "count": 0})  # armed until cleared: must not survive
     supervisor.down(own)
@@ -101,11 +101,9 @@ def test_markers_and_settings_survive_a_restart_and_faults_do_not(own: Path) -> 
     assert "restored the settings changed at run time: fs_concurrency 3" in lines, lines
     assert any(line.startswith("dropped 1 armed fault(s)") for line in lines), lines
     with _client(own) as c:
-        assert [(m["prompt"], m["excluded_tiers"]) for m in c.markers()] == [
-            (m["prompt"], m["excluded_tiers"]) for m in markers
-        ]
-        assert c.info()["fs_concurrency"] == 3
-        assert c.faults()["faults"] == []
+        assert [(m.prompt, m.excluded_tiers) for m in c.markers()] == [(m.prompt, m.excluded_tiers) for m in markers]
+        assert c.info().fs_concurrency == 3
+        assert c.faults().faults == ()
     log = (own / "logs" / "engine.log").read_text()
     assert "bsr engine: dropped 1 armed fault(s)" in log
 

@@ -103,10 +103,10 @@ async def test_fault_dialog_sets_window_count_and_group(engine: Any, wait_until:
         await pilot.click("#inject")
         await wait_until(pilot, lambda: bool(app.view and app.view.faults), "the fault on screen")
     with engine.client() as c:
-        faults = c.faults()["faults"]
+        faults = c.faults().faults
     assert len(faults) == 1
     f = faults[0]
-    assert f["window"] == 2 and f["count"] == 0 and f["group"] == app.view.info.groups[0]
+    assert f.window == 2 and f.count == 0 and f.group == app.view.info.groups[0]
 
 
 @pytest.mark.timeout(180)

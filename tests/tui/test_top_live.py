@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,7 @@ async def test_fault_injected_through_the_ui_then_a_restore_fails_closed(
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
         with engine.client() as c:
-            assert c.faults()["faults"], "cancel must not clear"
+            assert c.faults().faults, "cancel must not clear"
         await pilot.press("c", "y")
         await wait_until(pilot, lambda: app.shown is not None and not app.shown.faults, "the faults cleared")
         assert "none injected" in screen(app)
@@ -190,7 +191,7 @@ class _CannedSource(LiveSource):
 async def test_fault_keys_respect_a_disabled_engine_and_a_replay(incident: Path) -> None:
     item = read_recording(incident)[1][-1]
     assert isinstance(item, Frame)
-    snap = dict(item.snapshot) | {"info": dict(item.snapshot["info"]) | {"faults_enabled": False}}
+    snap = replace(item.snapshot, info=replace(item.snapshot.info, faults_enabled=False))
     app = TopApp(_CannedSource(Frame(snap, item.received_at, 0.01)), interval=0.05)
     notified: list[str] = []
     notify = app.notify

@@ -86,11 +86,11 @@ def test_faults_and_markers_round_trip(served: tuple[FakeEngine, AdminServer]) -
         with pytest.raises(BsrError, match="unknown fault kind"):
             client.inject_fault({"kind": "meteor"})
         client.inject_fault({"kind": "corrupt", "group": "full"})
-        assert [f["kind"] for f in client.faults()["faults"]] == ["corrupt"]
+        assert [f.kind for f in client.faults().faults] == ["corrupt"]
         out = client.restore(PROMPT)
         assert out["outcome"] == "failed_closed" and out["failure_kind"] == "tier"
         assert "checksum mismatch" in out["failures"][0]["reason"]
-        assert [m["excluded_tiers"] for m in client.markers()] == [["mooncake"]]
+        assert [m.excluded_tiers for m in client.markers()] == [("mooncake",)]
         assert client.clear_markers() == 1 and client.markers() == []
         metrics = client.metrics()
     assert "bsr_" in metrics and "failed" in metrics

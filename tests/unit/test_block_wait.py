@@ -83,7 +83,7 @@ def test_a_request_waits_for_blocks_held_by_another_and_proceeds_when_they_free(
     assert adm.waiting_for_blocks == 1 and adm.blocks_waiting[0].request == "req-waiter"
     assert adm.blocks_waiting[0].blocks == {"full": 500, "swa": 250}
     assert _gauge(engine) == 1
-    view = fold(None, Frame(coord.snapshot(health=False).to_wire(), received_at=0.0, latency_s=0.0))  # what `bsr top` draws
+    view = fold(None, Frame(coord.snapshot(health=False), received_at=0.0, latency_s=0.0))  # what `bsr top` draws
     assert view.admission.waiting_for_blocks == 1
     # FIFO: a small request that would fit the free blocks now still queues behind the first in line.
     small = _submit_in_thread(engine, synthetic_tokens(100, seed=3), "req-small", out)

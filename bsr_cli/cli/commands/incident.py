@@ -73,7 +73,7 @@ def settings_show(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """The engine's settings as it runs now."""
     st = state(ctx, json_flag)
     with _client(st) as client:
-        info = client.info()
+        info = client.info().to_wire()
     st.out.result({"url": client.url, "settings": _settings_of(info)}, _render_settings)
 
 
@@ -105,7 +105,7 @@ def settings_set(
     if not changes:
         raise InvalidInput("nothing to set", hint="give --W, --budget or --fs-concurrency")
     with _client(st) as client:
-        info = client.update_settings(**changes)
+        info = client.update_settings(**changes).to_wire()
     st.out.result({"url": client.url, "changed": sorted(changes), "settings": _settings_of(info)}, _render_settings)
 
 
@@ -352,9 +352,10 @@ def _recorded_events(path: Path) -> list[dict[str, Any]]:
     seen: dict[tuple[float, int], dict[str, Any]] = {}
     for item in items:
         if isinstance(item, Frame):
-            for e in item.snapshot.get("events") or ():
+            snap = item.snapshot.to_wire()
+            for e in snap.get("events") or ():
                 # Frames overlap; an engine restart reuses sequence numbers, so key by (started_at, seq).
-                seen[(float(item.snapshot.get("started_at") or 0), int(e.get("seq", 0)))] = dict(e)
+                seen[(float(snap.get("started_at") or 0), int(e.get("seq", 0)))] = dict(e)
     return [seen[k] for k in sorted(seen)]
 
 
