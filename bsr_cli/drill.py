@@ -16,21 +16,22 @@ from typing import Any
 
 from bsr_cli.client import AdminClient
 from bsr_cli.core.commit import FAILED_CLOSED
+from bsr_cli.core.faults import FaultRequest
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    fault: dict[str, Any]
+    fault: FaultRequest
     expected_fallback: str  # the tier the second pass restores from, or "recompute"
 
 
 SCENARIOS = (
-    Scenario("remote-unavailable", {"kind": "remote-unavailable", "count": 1}, "fs"),
+    Scenario("remote-unavailable", FaultRequest("remote-unavailable", count=1), "fs"),
     # Remote and SSD both gone: the fault must outlive the first (remote) and the second (fs) pass.
-    Scenario("remote-and-ssd-absent", {"kind": "remote-and-ssd-absent", "count": 0}, "recompute"),
+    Scenario("remote-and-ssd-absent", FaultRequest("remote-and-ssd-absent", count=0), "recompute"),
     # A rank that fails its own install blames no tier: the prompt is recomputed locally.
-    Scenario("one-rank-restore-fault", {"kind": "restore-fault", "rank": 1, "count": 1}, "recompute"),
+    Scenario("one-rank-restore-fault", FaultRequest("restore-fault", rank=1, count=1), "recompute"),
 )
 
 
@@ -59,7 +60,7 @@ def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: i
     }
     return {
         "scenario": sc.name,
-        "fault": sc.fault,
+        "fault": sc.fault.to_wire(),
         "tokens": tokens,
         "first_pass": {
             "advertised_tokens": first_restore.get("advertised_tokens"),

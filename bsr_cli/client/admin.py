@@ -24,7 +24,7 @@ from urllib.parse import quote
 import httpx
 
 from bsr_cli import API_VERSION
-from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot, fault_from_wire
 from bsr_cli.errors import (
     BadRequest,
@@ -171,7 +171,7 @@ class AdminClient:
         body: dict[str, Any] | None = None,
         *,
         timeout: float | None = None,
-        params: dict[str, Any] | None = None,
+        params: dict[str, str | int | float | list[str]] | None = None,
     ) -> Any:
         pauses = iter(READ_RETRY_PAUSES_S if method == "GET" or path == "/probe" else ())
         while True:
@@ -336,7 +336,7 @@ class AdminClient:
     def snapshot(
         self, *, health: bool = True, timeout: float | None = None, events_since: int | None = None
     ) -> Snapshot:
-        params: dict[str, Any] = {"health": "1" if health else "0"}
+        params: dict[str, str | int | float | list[str]] = {"health": "1" if health else "0"}
         if events_since is not None:
             params["events_since"] = events_since
         return Snapshot.from_wire(self._call("GET", "/snapshot", params=params, timeout=timeout))
@@ -357,7 +357,7 @@ class AdminClient:
         """One page of ``GET /events``: events after the cursor ``since``, filtered (every filter combines:
         ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for the last ``limit``
         matches instead of the first."""
-        params: dict[str, Any] = {"since": since, "wait": wait_s}
+        params: dict[str, str | int | float | list[str]] = {"since": since, "wait": wait_s}
         for key, value in (("after", after), ("until", until), ("request", request), ("prompt", prompt)):
             if value is not None:
                 params[key] = value
@@ -404,9 +404,9 @@ class AdminClient:
     def faults(self) -> FaultListing:
         return FaultListing.from_wire(self._call("GET", "/faults"))
 
-    def inject_fault(self, spec: dict[str, Any]) -> FaultSpec:
-        """Arm the fault ``spec`` describes (the admin API's fault body); the fault as the engine armed it."""
-        return fault_from_wire(self._call("POST", "/faults", spec))
+    def inject_fault(self, fault: FaultRequest) -> FaultSpec:
+        """Arm ``fault``; the fault as the engine armed it (its id, its expiry)."""
+        return fault_from_wire(self._call("POST", "/faults", fault.to_wire()))
 
     def clear_faults(self) -> int:
         return int(self._call("DELETE", "/faults")["cleared"])

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.client.admin import AdminClient, resolve_engine
-from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
 from bsr_cli.incident_bundle import RECORDING, read_member
 from bsr_cli.incident_bundle import RECORDING_FORMAT as FORMAT
@@ -126,9 +126,9 @@ class LiveSource:
             self._drop()
             raise
 
-    def inject_fault(self, spec: dict[str, Any]) -> FaultSpec:
+    def inject_fault(self, fault: FaultRequest) -> FaultSpec:
         with self._connect() as c:  # its own connection: an operator's action never queues behind a poll
-            return c.inject_fault(spec)
+            return c.inject_fault(fault)
 
     def clear_faults(self) -> int:
         with self._connect() as c:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bsr_cli.client import local_engine
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.status import Health
 from bsr_cli.errors import CapacityError, ExitCode
 from bsr_cli.loaders import builtin_registration
@@ -209,7 +210,7 @@ def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr,
     stopped = threading.Event()
     out: dict = {}
     with AdminClient(url, token) as c:
-        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1})  # rank 1 is mid-call when it is stopped
+        c.inject_fault(FaultRequest("timeout", rank=1, window=1))  # rank 1 is mid-call when it is stopped
 
         def on_event(ev: dict) -> None:
             if ev.get("type") == "window_released" and ev.get("rank") == 1 and not stopped.is_set():
@@ -251,7 +252,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
     assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
     with AdminClient(url, token) as c:
         # Rank 1 stalls in its second window; the moment its first window is released, freeze the process.
-        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1})
+        c.inject_fault(FaultRequest("timeout", rank=1, window=1))
         pid = _pid(state, "rank1")
         stopped = threading.Event()
 

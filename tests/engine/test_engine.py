@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from bsr_cli.client import local_engine
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.errors import BadRequest, FaultsDisabled, Unauthorized, VersionMismatch
 from bsr_cli.loaders import builtin_registration
@@ -96,16 +97,18 @@ def test_whole_plan_path_needs_the_whole_prefix(engine) -> None:
 @pytest.mark.parametrize(
     ("seed", "fault", "fallback"),
     [
-        (401, {"kind": "remote-unavailable"}, "fs"),
-        (402, {"kind": "remote-and-ssd-absent", "count": 0}, "recompute"),
+        (401, FaultRequest("remote-unavailable"), "fs"),
+        (402, FaultRequest("remote-and-ssd-absent", count=0), "recompute"),
         # A rank's own install fault blames no tier: the prompt is recomputed locally.
-        (403, {"kind": "restore-fault", "rank": 1, "window": 1}, "recompute"),
-        (404, {"kind": "restore-fault", "rank": 0, "group": "swa"}, "recompute"),
-        (405, {"kind": "timeout", "rank": 1}, "fs"),
-        (406, {"kind": "corrupt", "rank": 0, "window": 2}, "fs"),
+        (403, FaultRequest("restore-fault", rank=1, window=1), "recompute"),
+        (404, FaultRequest("restore-fault", rank=0, group="swa"), "recompute"),
+        (405, FaultRequest("timeout", rank=1), "fs"),
+        (406, FaultRequest("corrupt", rank=0, window=2), "fs"),
     ],
 )
-def test_every_fault_fails_closed_then_falls_back_canonically(engine, seed: int, fault: dict, fallback: str) -> None:
+def test_every_fault_fails_closed_then_falls_back_canonically(
+    engine, seed: int, fault: FaultRequest, fallback: str
+) -> None:
     n = 12 * 256
     with engine.client() as c:
         _warm(c, n, seed)
@@ -128,7 +131,7 @@ def test_a_failed_manual_restore_leaves_a_marker_the_next_admission_uses(engine)
     n, seed = 8 * 256, 501
     with engine.client() as c:
         _warm(c, n, seed)
-        c.inject_fault({"kind": "remote-unavailable", "rank": 1, "window": 1})  # a fetch from Mooncake fails
+        c.inject_fault(FaultRequest("remote-unavailable", rank=1, window=1))  # a fetch from Mooncake fails
         res = c.restore({"synthetic": {"n": n, "seed": seed}})
         markers = c.markers()
         nxt = c.submit({"synthetic": {"n": n, "seed": seed}})
@@ -171,7 +174,7 @@ def test_abort_ends_a_restore_fail_closed(engine) -> None:
     n, seed = 120 * 256, 700
     with engine.client() as c:
         _warm(c, n, seed)
-        c.inject_fault({"kind": "timeout", "rank": 0, "window": 5})  # holds the restore long enough to abort it
+        c.inject_fault(FaultRequest("timeout", rank=0, window=5))  # holds the restore long enough to abort it
         accepted = threading.Event()
         rid: list[str] = []
 
@@ -199,14 +202,14 @@ def test_admin_api_guards(engine) -> None:
     from bsr_cli.client import AdminClient
 
     with AdminClient(engine.url, None) as no_token, pytest.raises(Unauthorized):
-        no_token.inject_fault({"kind": "timeout"})
+        no_token.inject_fault(FaultRequest("timeout"))
     with AdminClient(engine.url, "wrong") as bad, pytest.raises(Unauthorized):
         bad.submit({"synthetic": {"n": 10, "seed": 1}})
     with engine.client() as c:
         with pytest.raises(BadRequest, match="exceeds this engine's limit"):
             c.probe({"synthetic": {"n": 10**6, "seed": 1}})
         with pytest.raises(BadRequest, match="unknown fault kind"):
-            c.inject_fault({"kind": "meteor"})
+            c.inject_fault(FaultRequest("meteor"))
         with pytest.raises(BadRequest, match="unknown field"):
             c.probe({"synthetic": {"n": 10, "seed": 1}, "bogus": 1})
         assert c.abort("req-never-opened") == {"request": "req-never-opened", "aborting": False}
@@ -244,7 +247,7 @@ def test_engine_without_faults_refuses_them(tmp_path) -> None:
         from bsr_cli.client import AdminClient
 
         with AdminClient(url, token) as c, pytest.raises(FaultsDisabled):
-            c.inject_fault({"kind": "timeout"})
+            c.inject_fault(FaultRequest("timeout"))
     finally:
         down = supervisor.down(tmp_path)
     from bsr_cli.mooncake import services

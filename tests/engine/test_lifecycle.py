@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from bsr_cli.client import AdminClient, local_engine
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.loaders import builtin_registration
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -87,13 +88,13 @@ def test_markers_and_settings_survive_a_restart_and_faults_do_not(own: Path) -> 
 
     with _client(own) as c:
         c.submit(PROMPT)  # both tiers hold it now
-        c.inject_fault({"kind": "corrupt", "count": 1})
+        c.inject_fault(FaultRequest("corrupt", count=1))
         failed = c.restore(PROMPT)
         assert failed["outcome"] == "failed_closed"
         markers = c.markers()
         assert [m.excluded_tiers for m in markers] == [("mooncake",)]
         c.update_settings(fs_concurrency=3)
-        c.inject_fault({"kind": "timeout", "rank": 0, "count": 0})  # armed until cleared: must not survive
+        c.inject_fault(FaultRequest("timeout", rank=0, count=0))  # armed until cleared: must not survive
     supervisor.down(own)
     started = supervisor.up(own, _options())
     lines = started["restored"]

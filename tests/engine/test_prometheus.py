@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bsr_cli.core.faults import FaultRequest
+
 ROOT = Path(__file__).resolve().parents[2]
 MON = ROOT / "docs" / "monitoring"
 RULES = MON / "bsr-alerts.yml"
@@ -156,7 +158,7 @@ def test_a_real_prometheus_scrapes_the_engine_and_fires_the_fail_closed_alert(
     prompt = {"synthetic": {"n": 3000, "seed": 32}}
     with engine.client() as c:
         c.submit(prompt)
-        c.inject_fault({"kind": "remote-unavailable", "rank": 1, "count": 1})  # a fetch from Mooncake fails
+        c.inject_fault(FaultRequest("remote-unavailable", rank=1, count=1))  # a fetch from Mooncake fails
         res = c.restore(prompt, w=4)
     assert res["outcome"] == "failed_closed" and res["failure_kind"] == "tier"
 

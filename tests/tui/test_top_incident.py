@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from textual.widgets import Input, OptionList, Static
 
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen
 from bsr_cli.tui.source import LiveSource, ReplaySource
@@ -115,7 +116,7 @@ async def test_abort_from_top_asks_first_and_fails_the_restore_closed(engine_tha
     with engine.client() as c:
         c.submit(PROMPT)
         # The stall holds the restore in flight until the abort ends it: this engine's fetch deadline is far away.
-        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1, "count": 1})
+        c.inject_fault(FaultRequest("timeout", rank=1, window=1, count=1))
     out: dict[str, Any] = {}
 
     def run() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.client import AdminClient
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.model import Frame, View
 from bsr_cli.tui.screens import ConfirmScreen, FaultScreen
@@ -111,7 +112,7 @@ async def test_fault_injected_through_the_ui_then_a_restore_fails_closed(
         await pilot.press("f")  # app keys still arrive under a dialog: no second dialog on top
         assert app.screen is picker and len(app.screen_stack) == 2
         await pilot.press("tab", "down", "down")  # to the rank list: every rank → rank 0 → rank 1
-        assert picker.spec() == {"kind": "restore-fault", "count": 1, "rank": 1}
+        assert picker.spec() == FaultRequest("restore-fault", rank=1, count=1)
         assert "restore-fault on rank 1" in screen(app)
         await pilot.press("y")
         await wait_until(pilot, lambda: app.shown is not None and app.shown.faults, "the injected fault on screen")
@@ -133,7 +134,7 @@ async def test_fault_injected_through_the_ui_then_a_restore_fails_closed(
 
         # c asks first; n keeps the faults, y clears them.
         with engine.client() as c:
-            c.inject_fault({"kind": "timeout", "rank": 0, "count": 0})
+            c.inject_fault(FaultRequest("timeout", rank=0, count=0))
         await wait_until(pilot, lambda: app.shown is not None and app.shown.faults, "a second fault")
         await pilot.press("c")
         assert isinstance(app.screen, ConfirmScreen)

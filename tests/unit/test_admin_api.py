@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("fastapi")  # the admin API is the engine extra's
 
 from bsr_cli.client import AdminClient
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.errors import BsrError
 from bsr_cli.server.admin import PREFIX, AdminServer
 from unit.fixtures import FakeEngine, build_engine
@@ -84,8 +85,8 @@ def test_faults_and_markers_round_trip(served: tuple[FakeEngine, AdminServer]) -
     with AdminClient(server.url, TOKEN, timeout_s=20) as client:
         client.submit(PROMPT)
         with pytest.raises(BsrError, match="unknown fault kind"):
-            client.inject_fault({"kind": "meteor"})
-        client.inject_fault({"kind": "corrupt", "group": "full"})
+            client.inject_fault(FaultRequest("meteor"))
+        client.inject_fault(FaultRequest("corrupt", group="full"))
         assert [f.kind for f in client.faults().faults] == ["corrupt"]
         out = client.restore(PROMPT)
         assert out["outcome"] == "failed_closed" and out["failure_kind"] == "tier"
@@ -108,7 +109,7 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_restore_fail_closed(
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with AdminClient(server.url, TOKEN, timeout_s=20) as client:
         client.submit(PROMPT)
-        client.inject_fault({"kind": "timeout", "rank": 0, "window": 1})
+        client.inject_fault(FaultRequest("timeout", rank=0, window=1))
     c = eng.coordinator
     seq = c.events.last_seq
     with (

@@ -10,7 +10,7 @@ import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.evidence import Outcome
-from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.status import EngineInfo, EngineStatus, MarkerList
 from bsr_cli.errors import (
     CapacityError,
@@ -340,16 +340,10 @@ def inject_fault(
 ) -> None:
     """Arm a fault for the next restores. Refused unless the engine was started with faults enabled."""
     st = state(ctx, json_flag)
-    spec: dict[str, Any] = {"kind": kind, "count": count}
-    if rank is not None:
-        spec["rank"] = rank
-    if window is not None:
-        spec["window"] = window - 1
-    if group is not None:
-        spec["group"] = group
+    fault = FaultRequest(kind, rank=rank, window=None if window is None else window - 1, group=group, count=count)
     with _client(st) as client:
         _check_fault_target(client.info(), rank=rank, window=window)
-        result = client.inject_fault(spec)
+        result = client.inject_fault(fault)
 
     def render(console: Any, f: FaultSpec) -> None:
         where = f"rank {f.rank}" if f.rank is not None else "every rank"
