@@ -171,3 +171,17 @@ def test_draining_marks_a_pool_above_its_budget_only() -> None:
     within = PoolEntry.from_wire(POOL | {"pool": {"live_bytes": 5, "budget_bytes": 5}})
     assert within.with_draining().to_wire()["pool"]["draining"] is False
     assert PoolEntry.from_wire(SILENT).with_draining().to_wire() == SILENT
+
+
+def test_a_fault_request_sends_only_what_was_given_window_zero_included() -> None:
+    from bsr_cli.core.faults import FaultRequest
+
+    assert json.dumps(FaultRequest("restore-fault", rank=1).to_wire()) == json.dumps(
+        {"kind": "restore-fault", "rank": 1, "count": 1}
+    )
+    assert FaultRequest("timeout", window=0, count=0, ttl_s=60).to_wire() == {
+        "kind": "timeout",
+        "window": 0,  # G1: a real window, not "none given"
+        "count": 0,
+        "ttl_s": 60,
+    }

@@ -236,7 +236,7 @@ def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr,
             os.kill(pid, signal.SIGCONT)
         t.join(120)
         after = c.metrics()
-        healthy = _wait_healthy(c)["ok"]
+        healthy = _wait_healthy(c).ok
     assert st["admission"]["waiting_for_blocks"] == 1, (code, st["admission"])  # a stuck rank: status exits 9
     assert "waiting for destination KV" in text
     assert "bsr_requests_waiting_for_blocks 1.0" in metrics
