@@ -16,21 +16,22 @@ from typing import Any
 
 from bsr_cli.client import AdminClient
 from bsr_cli.core.commit import FAILED_CLOSED
+from bsr_cli.core.faults import FaultRequest
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    fault: dict[str, str | int]  # the fault as POST /faults takes it
+    fault: FaultRequest
     expected_fallback: str  # the tier the second pass restores from, or "recompute"
 
 
 SCENARIOS = (
-    Scenario("remote-unavailable", {"kind": "remote-unavailable", "count": 1}, "fs"),
+    Scenario("remote-unavailable", FaultRequest("remote-unavailable", count=1), "fs"),
     # Remote and SSD both gone: the fault must outlive the first (remote) and the second (fs) pass.
-    Scenario("remote-and-ssd-absent", {"kind": "remote-and-ssd-absent", "count": 0}, "recompute"),
+    Scenario("remote-and-ssd-absent", FaultRequest("remote-and-ssd-absent", count=0), "recompute"),
     # A rank that fails its own install blames no tier: the prompt is recomputed locally.
-    Scenario("one-rank-restore-fault", {"kind": "restore-fault", "rank": 1, "count": 1}, "recompute"),
+    Scenario("one-rank-restore-fault", FaultRequest("restore-fault", rank=1, count=1), "recompute"),
 )
 
 
@@ -105,7 +106,7 @@ class DrillResult:
 def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: int | None) -> ScenarioResult:
     prompt = {"synthetic": {"n": tokens, "seed": seed}}
     warm = client.submit(prompt, w=w)
-    client.inject_fault(dict(sc.fault))
+    client.inject_fault(sc.fault)
     try:
         res = client.submit(prompt, w=w)
     finally:
@@ -123,14 +124,14 @@ def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: i
         force_local_cleared=res.marker_cleared is True,
         fallback=fallback == sc.expected_fallback,
         hash_canonical=res.hash_ok is True,
-        ranks_healthy=bool(health.get("ok")),
+        ranks_healthy=health.ok,
     )
     # The failed pass as the engine reported it (absent fields stay absent: a pass that restored nothing has none).
     first_pass = first_restore.to_wire() if first_restore is not None else {}
     invalid = first_pass.get("invalid")
     return ScenarioResult(
         scenario=sc.name,
-        fault=sc.fault,
+        fault=sc.fault.to_wire(),
         tokens=tokens,
         first_pass=FirstPass(
             advertised_tokens=first_pass.get("advertised_tokens"),
@@ -186,7 +187,7 @@ def run_drill(
     on_result: Callable[[ScenarioResult], None] | None = None,
 ) -> DrillResult:
     info = client.info()
-    if not info.get("faults_enabled"):
+    if not info.faults_enabled:
         from bsr_cli.errors import FaultsDisabled
 
         raise FaultsDisabled(
@@ -205,7 +206,7 @@ def run_drill(
     return DrillResult(
         engine=client.url,
         tokens=tokens,
-        W=w if w is not None else info.get("W"),
+        W=w if w is not None else info.w,
         scenarios=tuple(results),
         ok=all(r.ok for r in results),
     )

@@ -345,7 +345,7 @@ def http_poll(timeout_s: float) -> Poll:
         from bsr_cli.client import AdminClient
 
         with AdminClient(t.url, t.token, timeout_s=timeout_s) as c:
-            return EngineAnswer.from_wire(c.snapshot(health=True, timeout=timeout_s))
+            return EngineAnswer.from_wire(c.snapshot(health=True, timeout=timeout_s).to_wire())
 
     return poll
 

@@ -110,11 +110,11 @@ def test_json_views_import_no_renderer(tmp_path: Path) -> None:
     from bsr_cli.tui.source import read_recording
 
     _, items = read_recording(RECORDING)
-    frame = next(i for i in items if isinstance(i, Frame) and i.snapshot.get("events"))
-    events = [e for i in items if isinstance(i, Frame) for e in i.snapshot.get("events") or ()]
+    frame = next(i for i in items if isinstance(i, Frame) and i.snapshot.events)
+    events = [e for i in items if isinstance(i, Frame) for e in i.snapshot.events]
     request = next(e["request"] for e in events if e.get("request"))
     snap = tmp_path / "snapshot.json"
-    snap.write_text(json.dumps(frame.snapshot))
+    snap.write_text(json.dumps(frame.snapshot.to_wire()))
     out = subprocess.run(
         [
             sys.executable,

@@ -95,15 +95,15 @@ def test_a_restore_without_progress_fails_as_a_rank_fault_and_keeps_its_blocks_u
         assert elapsed < 20  # the window deadline (2 × 0.5 s), not a multi-minute budget
         assert ranks[0].aborted == ranks[1].aborted == [res.request]
         health = coord.health()
-        assert health["ok"] is False and health["unhealthy_ranks"] == [1]
-        assert "still running past its deadline" in health["ranks"][1]["reason"]
+        assert health.ok is False and health.unhealthy_ranks == [1]
+        assert "still running past its deadline" in (health.ranks[1].reason or "")
         # The hung call still holds the request's blocks: none may be handed to another request yet.
         assert any(coord.allocators[g].free_blocks < free_before[g] for g in free_before)
         ranks[1].release.set()
         end = time.monotonic() + 20
-        while time.monotonic() < end and not coord.health()["ok"]:
+        while time.monotonic() < end and not coord.health().ok:
             time.sleep(0.05)
-        assert coord.health()["ok"] is True
+        assert coord.health().ok is True
         assert {g: a.free_blocks for g, a in coord.allocators.items()} == free_before
     finally:
         for r in ranks:
@@ -129,8 +129,8 @@ def test_other_calls_on_a_silent_rank_fail_at_once_naming_it() -> None:
         with pytest.raises(ServerError, match="rank 1 is not responding: no heartbeat"):
             coord.probe(list(range(512)))
         assert time.monotonic() - t0 < 20
-        assert coord.rank_health()[1]["healthy"] is False
-        assert coord.rank_faults[1]["reason"].startswith("no heartbeat")
+        assert coord.rank_health()[1].healthy is False
+        assert coord.rank_faults[1].reason.startswith("no heartbeat")
     finally:
         for r in ranks:
             r.close()

@@ -199,8 +199,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def pool_capacity(client: AdminClient) -> int:
-    ranks = client.pool()
-    caps = [int(r.get("pool", {}).get("capacity_bytes", 0)) for r in ranks]
+    caps = [int((r.pool or {}).get("capacity_bytes", 0)) for r in client.pool()]
     return min(caps) if caps else 0
 
 
@@ -358,7 +357,7 @@ class Run:
         self.request: str | None = None
         self.stopped = False
         self._t0 = time.monotonic()
-        self.info = client.info()
+        self.info = client.info().to_wire()
         self.reg = Registration.from_dict(client.registration(), source="engine")
         self.bundle: dict[str, Any] = {
             "schema": BUNDLE_SCHEMA,
@@ -459,13 +458,13 @@ class Run:
         outcomes = {int(o["rank"]): o for o in res.get("ranks", [])}
         ranks = []
         for p in pool:
-            o = outcomes.get(int(p["rank"]), {})
+            o = outcomes.get(p.rank, {})
             secs = float(o.get("seconds", 0.0))
             nbytes = int(o.get("bytes_restored", 0))
             ranks.append(
                 RankEvidence(
-                    rank=int(p["rank"]),
-                    pool_peak_bytes=int(p.get("pool", {}).get("peak_bytes", 0)),
+                    rank=p.rank,
+                    pool_peak_bytes=int((p.pool or {}).get("peak_bytes", 0)),
                     peak_live_bytes=int(o.get("peak_live_bytes", 0)),
                     bytes_restored=nbytes,
                     seconds=round(secs, 4),
@@ -500,7 +499,7 @@ class Run:
             output_hash=res.get("output_hash"),
             canonical_hash=res.get("canonical_hash"),
             hash_ok=res.get("hash_ok"),
-            healthy=bool(health.get("ok")),
+            healthy=health.ok,
             failure=failures[0]["reason"] if failures else None,
         )
 

@@ -195,7 +195,7 @@ class _Climb:
                     require_tokens(self.run.info, self.tokens[-1])
                 else:
                     self.run.client = client
-                self.engines.append(RungEngine(rung, round(startup, 3), client.url, client.info()))
+                self.engines.append(RungEngine(rung, round(startup, 3), client.url, client.info().to_wire()))
                 for n in list(self.pending):
                     current = n
                     att = _ladder_attempt(self.run, n, rung, self.warm_w, self.salt)

@@ -1,8 +1,8 @@
 """The one output layer: stdout is data, stderr is diagnostics.
 
 Commands build a result (a typed result with ``to_wire()``, or plain JSON data) and hand it here with a renderer.
-With ``--json`` the result is printed as JSON (a typed result as its wire form) and the renderer is never called
-(rich is not even imported); otherwise the renderer draws rich tables to stdout.
+With ``--json`` the result is printed as JSON and the renderer is never called (rich is not even imported); otherwise
+the renderer draws rich tables to stdout.
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ from urllib.parse import quote
 import httpx
 
 from bsr_cli import API_VERSION
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot, fault_from_wire
 from bsr_cli.errors import (
     BadRequest,
     CapacityError,
@@ -173,7 +175,7 @@ class AdminClient:
         body: dict[str, Any] | None = None,
         *,
         timeout: float | None = None,
-        params: dict[str, Any] | None = None,
+        params: dict[str, str | int | float | list[str]] | None = None,
     ) -> Any:
         pauses = iter(READ_RETRY_PAUSES_S if method == "GET" or path == "/probe" else ())
         while True:
@@ -256,7 +258,7 @@ class AdminClient:
         raise ServerError(f"the engine closed {path} without a result")
 
     # -- API ---------------------------------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         pauses = iter(READ_RETRY_PAUSES_S)
         while True:
             try:
@@ -276,13 +278,13 @@ class AdminClient:
             break
         if r.status_code not in (200, 503):
             self._raise_for(r)
-        return dict(r.json())
+        return Health.from_wire(r.json())
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         info = self._call("GET", "/info")
         if info.get("api") != API_VERSION:
             raise VersionMismatch(f"engine speaks admin API {info.get('api')!r}, bsr speaks {API_VERSION!r}")
-        return dict(info)
+        return EngineInfo.from_wire(info)
 
     def registration(self) -> dict[str, Any]:
         return dict(self._call("GET", "/registration"))
@@ -327,22 +329,24 @@ class AdminClient:
         except BadRequest:
             return AbortAnswer(request=request, aborting=False)
 
-    def pool(self, health: bool = False) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/pool", params={"health": "1" if health else "0"})["ranks"])
+    def pool(self, health: bool = False) -> list[PoolEntry]:
+        ranks = self._call("GET", "/pool", params={"health": "1" if health else "0"})["ranks"]
+        return [PoolEntry.from_wire(r) for r in ranks]
 
     def reset_peak(self) -> None:
         self._call("POST", "/pool/reset-peak", {})
 
-    def update_settings(self, **changes: Any) -> dict[str, Any]:
-        return dict(self._call("POST", "/settings", changes))
+    def update_settings(self, **changes: Any) -> EngineInfo:
+        """Change B, the filesystem load concurrency or the default W; the engine's info with the new settings."""
+        return EngineInfo.from_wire(self._call("POST", "/settings", changes))
 
     def snapshot(
         self, *, health: bool = True, timeout: float | None = None, events_since: int | None = None
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {"health": "1" if health else "0"}
+    ) -> Snapshot:
+        params: dict[str, str | int | float | list[str]] = {"health": "1" if health else "0"}
         if events_since is not None:
             params["events_since"] = events_since
-        return dict(self._call("GET", "/snapshot", params=params, timeout=timeout))
+        return Snapshot.from_wire(self._call("GET", "/snapshot", params=params, timeout=timeout))
 
     def events(
         self,
@@ -360,7 +364,7 @@ class AdminClient:
         """One page of ``GET /events``: events after the cursor ``since``, filtered (every filter combines:
         ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for the last ``limit``
         matches instead of the first."""
-        params: dict[str, Any] = {"since": since, "wait": wait_s}
+        params: dict[str, str | int | float | list[str]] = {"since": since, "wait": wait_s}
         for key, value in (("after", after), ("until", until), ("request", request), ("prompt", prompt)):
             if value is not None:
                 params[key] = value
@@ -404,17 +408,18 @@ class AdminClient:
             seq = int(page[-1]["seq"])
         return out, last
 
-    def faults(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/faults"))
+    def faults(self) -> FaultListing:
+        return FaultListing.from_wire(self._call("GET", "/faults"))
 
-    def inject_fault(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return dict(self._call("POST", "/faults", spec))
+    def inject_fault(self, fault: FaultRequest) -> FaultSpec:
+        """Arm ``fault``; the fault as the engine armed it (its id, its expiry)."""
+        return fault_from_wire(self._call("POST", "/faults", fault.to_wire()))
 
     def clear_faults(self) -> int:
         return int(self._call("DELETE", "/faults")["cleared"])
 
-    def markers(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/markers")["markers"])
+    def markers(self) -> list[MarkerView]:
+        return [MarkerView.from_wire(m) for m in self._call("GET", "/markers")["markers"]]
 
     def clear_markers(self, *, prompt: str | None = None, tier: str | None = None) -> int:
         """Clear every marker, or only ``prompt``'s, or take ``tier`` out of every marker; how many it touched."""

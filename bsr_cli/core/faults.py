@@ -35,6 +35,28 @@ _ids = itertools.count(1)
 
 
 @dataclass(frozen=True)
+class FaultRequest:
+    """A fault an operator asks an engine to arm (`bsr inject-fault`, `bsr top`'s f key, the admin API's fault body):
+    the engine checks it against its ranks, groups and windows (``FaultSpec.parse``) and arms it."""
+
+    kind: str
+    rank: int | None = None  # None: every rank
+    window: int | None = None  # 0-based (G1 = 0); None: the first window a restore reaches
+    group: str | None = None  # None: every KV group
+    count: int = 1  # restores it fires on; 0 = until cleared (or expired)
+    ttl_s: int | None = None  # None: the engine's default life (TTL_S)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The admin API's fault body: the fields given, nothing for those left to the engine."""
+        given = (("rank", self.rank), ("window", self.window), ("group", self.group))
+        out: dict[str, Any] = {"kind": self.kind} | {k: v for k, v in given if v is not None}
+        out["count"] = self.count
+        if self.ttl_s is not None:
+            out["ttl_s"] = self.ttl_s
+        return out
+
+
+@dataclass(frozen=True)
 class FaultSpec:
     kind: str
     rank: int | None = None  # None: every rank

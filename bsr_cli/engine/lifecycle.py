@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bsr_cli.core.events import RankRestarted
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
 from bsr_cli.engine.config import Restored
 from bsr_cli.mooncake import services
@@ -61,6 +62,10 @@ class KeptSettings:
         return {k: getattr(self, k) for k in _KEPT_SETTINGS}
 
 
+def _armed(faults: list[FaultSpec]) -> int:
+    return sum(1 for f in faults if f.count == 0 or f.fired < f.count)
+
+
 @dataclass(frozen=True)
 class KeptState:
     """What a restart should find: markers, the settings now and the start-up settings they were changed from."""
@@ -84,17 +89,15 @@ class KeptState:
 def kept_state(coord: Coordinator, base: KeptSettings) -> KeptState:
     """What a restart should find: markers, the settings now and the start-up settings they were changed from."""
     s = coord.settings
-    faults = coord.list_faults()
-    armed = sum(1 for f in faults if int(f.get("count") or 0) == 0 or int(f.get("fired") or 0) < int(f["count"]))
     return KeptState(
         registration=coord.reg.identity,
         base=base,
         settings=KeptSettings(s.w, s.budget_bytes, s.fs_concurrency),
         markers=tuple(
-            Marker(str(m["prompt"]), set(m["excluded_tiers"]), str(m["reason"]), str(m["request"]), m["set_at"])
-            for m in sorted(coord.list_markers(), key=lambda m: str(m["prompt"]))
+            Marker(m.prompt, set(m.excluded_tiers), m.reason, m.request, m.set_at)
+            for m in sorted(coord.list_markers(), key=lambda m: m.prompt)
         ),
-        armed_faults=armed,
+        armed_faults=_armed(coord.list_faults()),
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, NoReturn, Protocol
 
 from bsr_cli.core.events import Failure
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage
+from bsr_cli.core.status import BlockWait
 from bsr_cli.errors import CapacityError, RestoreAborted
 from bsr_cli.runtime.coordinator_state import CoordinatorContext
 
@@ -72,14 +73,14 @@ class BlockWaiter:
     waiting: bool = False  # it found the blocks short at least once (counted in the gauge)
     aborted: bool = False
 
-    def to_dict(self, now: float) -> dict[str, Any]:
-        return {
-            "request": self.request,
-            "tokens": self.tokens,
-            "blocks": dict(self.blocks),
-            "since": self.since,
-            "waited_s": round(max(0.0, now - self.since), 3),
-        }
+    def view(self, now: float) -> BlockWait:
+        return BlockWait(
+            request=self.request,
+            tokens=self.tokens,
+            blocks=dict(self.blocks),
+            since=self.since,
+            waited_s=round(max(0.0, now - self.since), 3),
+        )
 
 
 class RefusalRecorder(Protocol):
@@ -205,11 +206,11 @@ class Allocation:
             )
         raise CapacityError(message, hint=hint)
 
-    def blocks_waiting(self) -> list[dict[str, Any]]:
+    def blocks_waiting(self) -> list[BlockWait]:
         """The requests waiting for destination blocks now, first in line first."""
         now = time.time()
         with self._blocks_changed:
-            return [w.to_dict(now) for w in self._block_queue if w.waiting]
+            return [w.view(now) for w in self._block_queue if w.waiting]
 
     def await_blocks_waiting(self, count: int, timeout_s: float) -> bool:
         """Block until exactly ``count`` requests wait for destination blocks (True), or ``timeout_s`` passes: how a

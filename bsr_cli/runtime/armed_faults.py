@@ -53,11 +53,11 @@ class ArmedFaults:
         with self._lock:
             return [f for f in self._faults if not f.exhausted()]
 
-    def listed(self) -> list[dict[str, Any]]:
-        """The armed faults as plain data; expired ones are dropped, as fired-out ones are."""
+    def listed(self) -> list[FaultSpec]:
+        """The armed faults; expired ones are dropped, as fired-out ones are."""
         with self._lock:
             self._faults = [f for f in self._faults if not f.exhausted()]
-            return [f.to_dict() for f in self._faults]
+            return list(self._faults)
 
     def clear(self) -> int:
         """Disarm every fault; answers how many there were."""

@@ -26,6 +26,7 @@ orchestration calls back, so a host's version runs on every path.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from bsr_cli.api.ranks import RankClient
@@ -35,6 +36,7 @@ from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import ClearScope, Marker
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import ManualRestoreResult, StoreReport, SubmitResult, TierErrors
+from bsr_cli.core.status import BlockWait, EngineInfo, Health, MarkerView, PoolEntry, RankFault, RankHealth, Snapshot
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation, BlockAllocator
 from bsr_cli.runtime.armed_faults import ArmedFaults
@@ -170,8 +172,9 @@ class Coordinator:
     def restore_markers(self, markers: Iterable[Marker]) -> None:
         self.admission.restore_markers(markers)
 
-    def list_markers(self) -> list[dict[str, Any]]:
-        return self.admission.list_markers()
+    def list_markers(self) -> list[MarkerView]:
+        """Every standing marker, as the engine lists it."""
+        return [MarkerView.of(m) for m in self.admission.markers().values()]
 
     def clear_markers(self, scope: ClearScope | None = None) -> int:
         return self.admission.clear_markers(scope)
@@ -181,7 +184,7 @@ class Coordinator:
     def allocators(self) -> dict[str, BlockAllocator]:
         return self.allocation.allocators
 
-    def blocks_waiting(self) -> list[dict[str, Any]]:
+    def blocks_waiting(self) -> list[BlockWait]:
         return self.allocation.blocks_waiting()
 
     def await_blocks_waiting(self, count: int, timeout_s: float) -> bool:
@@ -205,43 +208,44 @@ class Coordinator:
     def reset_peak(self) -> None:
         self.calls.reset_peak()
 
-    def rank_health(self) -> list[dict[str, Any]]:
+    def rank_health(self) -> list[RankHealth]:
         return self.calls.rank_health()
 
     @property
-    def rank_faults(self) -> dict[int, dict[str, Any]]:
+    def rank_faults(self) -> dict[int, RankFault]:
         return self.calls.rank_faults()
 
     @property
     def recent(self) -> list[dict[str, Any]]:
         return self.observation.recent()
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         return self.observation.health()
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         return self.observation.info()
 
-    def pool(self, health: bool = False) -> list[dict[str, Any]]:
+    def pool(self, health: bool = False) -> list[PoolEntry]:
         return self.observation.pool(health=health)
 
-    def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
-        """Everything a monitor draws at once: the observation's view, with the engine's info, the markers, the
-        armed faults and the queue for destination blocks."""
+    def snapshot(self, health: bool = True, events_since: int | None = None) -> Snapshot:
+        """Everything a monitor draws at once: the observation's view, with the engine's info (as this host tells
+        it), the markers, the armed faults and the queue for destination blocks."""
         snap = self.observation.snapshot(health=health, events_since=events_since)
         waiting = self.allocation.blocks_waiting()
-        snap["admission"] |= {
-            "waiting_for_blocks": len(waiting),
-            "kv_wait_s": self.settings.kv_wait_s,
-            "blocks_waiting": waiting,
-        }
-        return {
-            "time": snap.pop("time"),
-            "info": self.info(),
-            **snap,
-            "markers": self.admission.list_markers(),
-            "faults": [f.to_dict() for f in self.armed_faults.current()],
-        }
+        admission = replace(
+            snap.admission,
+            waiting_for_blocks=len(waiting),
+            kv_wait_s=self.settings.kv_wait_s,
+            blocks_waiting=tuple(waiting),
+        )
+        return replace(
+            snap,
+            info=self.info(),
+            admission=admission,
+            markers=tuple(self.list_markers()),
+            faults=tuple(self.armed_faults.current()),
+        )
 
     # -- faults ----------------------------------------------------------------------------------------------------
     @property
@@ -252,7 +256,7 @@ class Coordinator:
     def inject(self, spec: dict[str, Any]) -> FaultSpec:
         return self.armed_faults.inject(spec)
 
-    def list_faults(self) -> list[dict[str, Any]]:
+    def list_faults(self) -> list[FaultSpec]:
         return self.armed_faults.listed()
 
     def clear_faults(self) -> int:

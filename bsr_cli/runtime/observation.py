@@ -14,10 +14,11 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bsr_cli import API_VERSION, __version__
-from bsr_cli.api.ranks import RestoreResult, StatsRequest, StatsResult
+from bsr_cli.api.ranks import RestoreResult, StatsRequest, StatsResult, TierStatus
 from bsr_cli.core import accounting
 from bsr_cli.core.events import (
     PROGRESS,
@@ -32,9 +33,76 @@ from bsr_cli.core.events import (
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.results import InvalidCell, RankRestore, RestoreReport
+from bsr_cli.core.status import (
+    ActiveRestore,
+    Admission,
+    EngineInfo,
+    Health,
+    PoolEntry,
+    QuarantinedFile,
+    RankTierStatus,
+    RegistrationSummary,
+    Snapshot,
+    TierHealth,
+)
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import HEALTH_WAIT_S, TIER_FAILURE_TTL_S, CoordinatorContext
 from bsr_cli.runtime.rank_calls import RankCalls
+
+
+@dataclass(frozen=True)
+class _TierFailure:
+    """A tier's last real failure, until a committed restore from it (or its TTL) clears it."""
+
+    reason: str
+    rank: int | None
+    request: str
+    at: float
+    injected: bool  # an armed fault fired: forgotten when the operator clears faults
+
+
+def _rank_tier(status: TierStatus) -> RankTierStatus:
+    """A rank's answer about one tier, as the engine reports it."""
+    return RankTierStatus(
+        ok=status.ok,
+        detail=status.detail,
+        condition=TierCondition(status.condition),
+        quarantined=tuple(
+            QuarantinedFile(key=q.key, file=q.file, reason=q.reason, at=q.at, bytes=q.bytes) for q in status.quarantined
+        ),
+        quarantined_total=status.quarantined_total,
+    )
+
+
+def _rank_tiers(stats: StatsResult) -> dict[str, RankTierStatus] | None:
+    return None if stats.tiers is None else {name: _rank_tier(t) for name, t in stats.tiers.items()}
+
+
+class _TierJoin:
+    """One tier's health while ``tier_health`` joins what every rank and the coordinator know of it."""
+
+    def __init__(self) -> None:
+        self.ok = True
+        self.detail: list[str] = []
+        self.conditions: list[TierCondition] = []
+        self.quarantined: list[QuarantinedFile] = []
+        self.dirs: dict[str, int] = {}  # its quarantine directories' totals
+
+    def unhealthy(self, condition: TierCondition, why: str) -> None:
+        self.ok = False
+        self.detail.append(why)
+        if condition is not TierCondition.OK and condition not in self.conditions:
+            self.conditions.append(condition)
+
+    def health(self) -> TierHealth:
+        return TierHealth(
+            ok=self.ok,
+            detail=tuple(self.detail),
+            conditions=tuple(self.conditions),
+            quarantined=tuple(sorted(self.quarantined, key=lambda q: -q.at)),
+            quarantined_total=sum(self.dirs.values()),
+            condition=self.conditions[0] if self.conditions else TierCondition.OK,
+        )
 
 
 class Observation:
@@ -54,31 +122,23 @@ class Observation:
         self._armed_faults = armed_faults
         # Every mutable field below is read and written under ``_lock``.
         self._lock = threading.Lock()
-        self._active: dict[str, dict[str, Any]] = {}  # the running restores, as a monitor draws them
+        self._active: dict[str, ActiveRestore] = {}  # the running restores, as a monitor draws them
         self._recent: deque[dict[str, Any]] = deque(maxlen=50)
         self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ctx.ranks}
         # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
-        self._tier_failures: dict[str, dict[str, Any]] = {}
+        self._tier_failures: dict[str, _TierFailure] = {}
         # Each rank's last answer about its tiers (for a quick /health), and the ranks asked and not answered yet.
-        self._tier_views: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._tier_views: dict[int, tuple[float, dict[str, RankTierStatus]]] = {}
         self._tier_asks: set[int] = set()
 
     # -- rank and tier health --------------------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         """What /health answers: ``ok`` when every rank is healthy (the engine can serve); ``degraded`` names
         the tiers that are not (the engine still serves, from a lower tier or by recomputing)."""
         ranks = self._calls.rank_health()
-        tiers = self.tier_health(self._rank_tier_views(HEALTH_WAIT_S))
-        return {
-            "ok": all(r["healthy"] for r in ranks),
-            "ranks_alive": [r["alive"] for r in ranks],
-            "ranks": ranks,
-            "unhealthy_ranks": [r["rank"] for r in ranks if not r["healthy"]],
-            "tiers": tiers,
-            "degraded_tiers": sorted(t for t, v in tiers.items() if not v["ok"]),
-        }
+        return Health(ranks=tuple(ranks), tiers=self.tier_health(self._rank_tier_views(HEALTH_WAIT_S)))
 
-    def _rank_tier_views(self, wait_s: float) -> list[dict[str, Any]]:
+    def _rank_tier_views(self, wait_s: float) -> list[tuple[int, dict[str, RankTierStatus]]]:
         """Each rank's own view of its tiers, for /health, which must stay quick: ask every rank that beats (one
         question in flight per rank), wait at most ``wait_s``, and use the freshest answer from the last 30 s
         (a slow answer lands in the cache for the next call)."""
@@ -101,59 +161,37 @@ class Observation:
             wait(futures, timeout=wait_s)
         now = time.monotonic()
         with self._lock:
-            return [
-                {"rank": rk, "tiers": tiers} for rk, (at, tiers) in sorted(self._tier_views.items()) if now - at <= 30
-            ]
+            return [(rk, tiers) for rk, (at, tiers) in sorted(self._tier_views.items()) if now - at <= 30]
 
     def _keep_tier_view(self, rank: int, fut: Future[StatsResult]) -> None:
-        view = fut.result().view() if fut.exception() is None else None
+        tiers = (_rank_tiers(fut.result()) or {}) if fut.exception() is None else None
         with self._lock:
             self._tier_asks.discard(rank)
-            if view is not None:
-                self._tier_views[rank] = (time.monotonic(), dict(view.get("tiers") or {}))
+            if tiers is not None:
+                self._tier_views[rank] = (time.monotonic(), tiers)
 
-    def tier_health(self, ranks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Per tier ``{"ok", "detail", "condition", "conditions", "quarantined", "quarantined_total"}``: what each
-        rank sees of it (``pool(health=True)``: its condition, e.g. full or read-only, and the objects it set apart)
-        joined with what the coordinator knows (armed faults, recent real failures). ``condition`` is the first
-        reason it is unhealthy (``ok`` when none); ``conditions`` every one."""
-        tiers: dict[str, dict[str, Any]] = {}
-        dirs: dict[str, dict[str, int]] = defaultdict(dict)  # per tier, its quarantine directories' totals
-
-        def entry(name: str) -> dict[str, Any]:
-            return tiers.setdefault(
-                name, {"ok": True, "detail": [], "conditions": [], "quarantined": [], "quarantined_total": 0}
-            )
-
-        for r in ranks:
-            for name, h in (r.get("tiers") or {}).items():
-                t = entry(name)
-                t["ok"] = t["ok"] and h["ok"]
-                if not h["ok"]:
-                    t["detail"].append(f"rank{r['rank']}: {h['detail']}")
-                    cond = h.get("condition") or TierCondition.UNAVAILABLE.value
-                    if cond != TierCondition.OK.value and cond not in t["conditions"]:
-                        t["conditions"].append(cond)
+    def tier_health(self, ranks: Sequence[tuple[int, dict[str, RankTierStatus]]]) -> dict[str, TierHealth]:
+        """Per tier: what each rank (``(rank, its tiers)``, as ``pool(health=True)`` answers: its condition, e.g.
+        full or read-only, and the objects it set apart) sees of it joined with what the coordinator knows (armed
+        faults, recent real failures). ``condition`` is the first reason it is unhealthy (``ok`` when none);
+        ``conditions`` every one."""
+        tiers: dict[str, _TierJoin] = defaultdict(_TierJoin)
+        for rank, rank_tiers in ranks:
+            for name, h in rank_tiers.items():
+                t = tiers[name]
+                if not h.ok:
+                    t.unhealthy(h.condition, f"rank{rank}: {h.detail}")
                 # Ranks may share one directory (the embedded engine's fs tier): count each quarantine directory
                 # once, and each quarantined file once (its reason names the rank that found it).
-                listed = [
-                    q for q in h.get("quarantined") or [] if q["file"] not in {x["file"] for x in t["quarantined"]}
-                ]
-                t["quarantined"].extend(listed)
-                if h.get("quarantined"):
-                    dirs[name][os.path.dirname(h["quarantined"][0]["file"])] = int(h.get("quarantined_total") or 0)
+                known = {x.file for x in t.quarantined}
+                t.quarantined.extend(q for q in h.quarantined if q.file not in known)
+                if h.quarantined:
+                    t.dirs[os.path.dirname(h.quarantined[0].file)] = h.quarantined_total
         for name, flags in self._tier_flags().items():
-            t = entry(name)
+            t = tiers[name]
             for cond, why in flags:
-                t["ok"] = False
-                t["detail"].append(why)
-                if cond.value not in t["conditions"]:
-                    t["conditions"].append(cond.value)
-        for name, t in tiers.items():
-            t["quarantined_total"] = sum(dirs[name].values())
-            t["condition"] = t["conditions"][0] if t["conditions"] else TierCondition.OK.value
-            t["quarantined"].sort(key=lambda q: -float(q.get("at") or 0))
-        return tiers
+                t.unhealthy(cond, why)
+        return {name: t.health() for name, t in tiers.items()}
 
     def _tier_flags(self) -> dict[str, list[tuple[TierCondition, str]]]:
         """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
@@ -161,7 +199,7 @@ class Observation:
         now = time.time()
         armed = self._armed_faults()
         with self._lock:
-            recent = {t: dict(v) for t, v in self._tier_failures.items() if now - v["at"] <= TIER_FAILURE_TTL_S}
+            recent = {t: v for t, v in self._tier_failures.items() if now - v.at <= TIER_FAILURE_TTL_S}
         out: dict[str, list[tuple[TierCondition, str]]] = {t: [] for t in self.settings.tiers}
         for f in armed:
             for t in f.tiers_affected():
@@ -170,7 +208,7 @@ class Observation:
             out.setdefault(t, []).append(
                 (
                     TierCondition.RESTORE_FAILED,
-                    f"restore from it failed {now - v['at']:.0f}s ago on rank {v['rank']}: {v['reason']}",
+                    f"restore from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}",
                 )
             )
         return out
@@ -191,13 +229,13 @@ class Observation:
                 return
             for t in blamed:
                 f = next((x for x in fails if x.tier == t), fails[0] if fails else None)
-                self._tier_failures[t] = {
-                    "reason": f.reason if f is not None else "",
-                    "rank": f.rank if f is not None else None,
-                    "request": request,
-                    "at": time.time(),
-                    "injected": injected,  # an armed fault fired: forgotten when the operator clears faults
-                }
+                self._tier_failures[t] = _TierFailure(
+                    reason=f.reason if f is not None else "",
+                    rank=f.rank if f is not None else None,
+                    request=request,
+                    at=time.time(),
+                    injected=injected,
+                )
 
     def report_restore(
         self,
@@ -341,8 +379,11 @@ class Observation:
             with self._lock:
                 st = self._active.get(ev.request)
                 if st is not None:
-                    st["done"][ev.rank] = st["done"].get(ev.rank, 0) + 1
-                    st["bytes"][ev.rank] = st["bytes"].get(ev.rank, 0) + ev.bytes
+                    self._active[ev.request] = replace(
+                        st,
+                        done=st.done | {ev.rank: st.done.get(ev.rank, 0) + 1},
+                        bytes=st.bytes | {ev.rank: st.bytes.get(ev.rank, 0) + ev.bytes},
+                    )
                 self._rate.setdefault(ev.rank, deque(maxlen=4096)).append((time.monotonic(), ev.bytes))
         elif isinstance(ev, WindowFetched):
             self.counters.window_fetched(ev.rank, ev.tiers, ev.bytes, ev.seconds)
@@ -351,36 +392,36 @@ class Observation:
         self.events.append(ev)
 
     # -- what a monitor draws ----------------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         s = self.settings
-        return {
-            "api": API_VERSION,
-            "version": __version__,
-            "engine": s.name,
-            "started_at": self.started_at,
-            "ranks": len(self.ranks),
-            "registration": {
-                "identity": self.reg.identity,
-                "model": self.reg.model,
-                "tensors": len(self.reg.tensors),
-                "bytes_per_chunk": self.reg.bytes_per_chunk,
-                "groups": list(self.reg.group_names),
-            },
-            "chunk_size": self.reg.chunk_size,
-            "tiers": list(s.tiers),
-            "W": s.w,
-            "rws_bytes": accounting.rws_bytes(self.reg, s.w) if s.w else None,
-            "pool_bytes": s.pool_bytes,
-            "budget_bytes": s.budget_bytes,
-            "max_tokens": s.max_tokens,
-            "kv_tokens": s.kv_tokens,
-            "fetch_timeout_s": s.fetch_timeout_s,
-            "faults_enabled": s.faults_enabled,
-            "fs_concurrency": s.fs_concurrency,
-            "tokenizer": s.tokenizer,
-        }
+        return EngineInfo(
+            api=API_VERSION,
+            version=__version__,
+            engine=s.name,
+            started_at=self.started_at,
+            ranks=len(self.ranks),
+            registration=RegistrationSummary(
+                identity=self.reg.identity,
+                model=self.reg.model,
+                tensors=len(self.reg.tensors),
+                bytes_per_chunk=self.reg.bytes_per_chunk,
+                groups=tuple(self.reg.group_names),
+            ),
+            chunk_size=self.reg.chunk_size,
+            tiers=tuple(s.tiers),
+            w=s.w,
+            rws_bytes=accounting.rws_bytes(self.reg, s.w) if s.w else None,
+            pool_bytes=s.pool_bytes,
+            budget_bytes=s.budget_bytes,
+            max_tokens=s.max_tokens,
+            kv_tokens=s.kv_tokens,
+            fetch_timeout_s=s.fetch_timeout_s,
+            faults_enabled=s.faults_enabled,
+            fs_concurrency=s.fs_concurrency,
+            tokenizer=s.tokenizer,
+        )
 
-    def pool(self, health: bool = False) -> list[dict[str, Any]]:
+    def pool(self, health: bool = False) -> list[PoolEntry]:
         out = []
         futures: list[Future[StatsResult] | None] = []
         states = self._calls.rank_health()
@@ -390,61 +431,54 @@ class Observation:
             futures.append(r.submit(StatsRequest(health=health)) if asked else None)
         now = time.monotonic()
         for r, fut, h in zip(self.ranks, futures, states, strict=True):
-            entry: dict[str, Any] = {
-                "rank": r.rank,
-                "alive": r.alive(),
-                "healthy": h["healthy"],
-                "reason": h["reason"],
-                "heartbeat_age_s": h["heartbeat_age_s"],
-                "last_fault": h["last_fault"],
-            }
+            entry = PoolEntry(
+                rank=r.rank,
+                alive=r.alive(),
+                healthy=h.healthy,
+                reason=h.reason,
+                heartbeat_age_s=h.heartbeat_age_s,
+                last_fault=h.last_fault,
+            )
             if fut is not None:
                 try:
-                    entry |= fut.result(timeout=5.0).view()
+                    stats = fut.result(timeout=5.0)
+                    tiers = _rank_tiers(stats)
+                    entry = replace(entry, rank=stats.rank, pool=dict(stats.pool), tiers=tiers, tp_rank=stats.tp_rank)
                     if health:
                         with self._lock:
-                            self._tier_views[r.rank] = (time.monotonic(), dict(entry.get("tiers") or {}))
+                            self._tier_views[r.rank] = (time.monotonic(), dict(tiers or {}))
                 except Exception as e:  # noqa: BLE001 - a rank that cannot answer is shown as such
-                    entry["alive"] = False
-                    entry["healthy"] = False
-                    entry["error"] = entry["reason"] = str(e) or "no answer to stats within 5s"
+                    why = str(e) or "no answer to stats within 5s"
+                    entry = replace(entry, alive=False, healthy=False, reason=why, error=why)
             with self._lock:
                 recent = [(t, b) for t, b in self._rate.get(r.rank, ()) if now - t <= 5.0]
-            entry["restore_bps"] = sum(b for _, b in recent) / 5.0
-            out.append(entry)
+            out.append(replace(entry, restore_bps=sum(b for _, b in recent) / 5.0))
         return out
 
-    def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
-        """What a monitor draws of the ranks, the tiers and the restores at once (the coordinator adds the engine's
-        info, the markers, the faults and the queue for blocks). ``events_since``: every event after that sequence
-        number (up to 2,000) instead of the last 50, so a poller sees bursts whole."""
+    def snapshot(self, health: bool = True, events_since: int | None = None) -> Snapshot:
+        """What a monitor draws of the ranks, the tiers and the restores at once, with the engine's info (the
+        coordinator adds the markers, the faults and the queue for blocks). ``events_since``: every event after
+        that sequence number (up to 2,000) instead of the last 50, so a poller sees bursts whole."""
         ranks = self.pool(health=health)
         with self._lock:
-            active = [
-                {
-                    **st,
-                    "done": {str(k): v for k, v in st["done"].items()},
-                    "bytes": {str(k): v for k, v in st["bytes"].items()},
-                }
-                for st in self._active.values()
-            ]
+            active = tuple(self._active.values())
             recent = list(self._recent)
-        tiers = self.tier_health(ranks)
-        live = sum(r.get("pool", {}).get("live_bytes", 0) for r in ranks)
-        return {
-            "time": time.time(),
-            "ranks": ranks,
-            "active": active,
-            "recent": recent,
-            "admission": {
-                "budget_bytes": self.settings.budget_bytes,
-                "live_bytes": live,
-                "queued": sum(r.get("pool", {}).get("waiters", 0) for r in ranks),
-            },
-            "tiers": tiers,
-            "events": self.events.recent(50) if events_since is None else self.events.since(events_since, limit=2000),
-            "seq": self.events.last_seq,
-        }
+        tiers = self.tier_health([(r.rank, r.tiers) for r in ranks if r.tiers is not None])
+        return Snapshot(
+            time=time.time(),
+            info=self.info(),
+            ranks=tuple(ranks),
+            active=active,
+            recent=recent,
+            admission=Admission(
+                budget_bytes=self.settings.budget_bytes,
+                live_bytes=sum(r.live_bytes for r in ranks),
+                queued=sum(r.waiters for r in ranks),
+            ),
+            tiers=tiers,
+            events=self.events.recent(50) if events_since is None else self.events.since(events_since, limit=2000),
+            seq=self.events.last_seq,
+        )
 
     # -- what the coordinator remembers --------------------------------------------------------------------------
     def recent(self) -> list[dict[str, Any]]:
@@ -461,10 +495,10 @@ class Observation:
         """A tier that failed only because of an injected fault is not remembered as failing once faults are
         cleared; a real failure stays until its TTL or the tier's next committed restore."""
         with self._lock:
-            self._tier_failures = {t: v for t, v in self._tier_failures.items() if not v.get("injected")}
+            self._tier_failures = {t: v for t, v in self._tier_failures.items() if not v.injected}
 
     # -- the running restores ------------------------------------------------------------------------------------
-    def restore_began(self, request: str, state: dict[str, Any]) -> None:
+    def restore_began(self, request: str, state: ActiveRestore) -> None:
         """A restore started on every rank: shown live, and each rank's progress watched from now on."""
         with self._lock:
             self._active[request] = state

@@ -61,6 +61,7 @@ from bsr_cli.core.results import (
     SubmitResult,
     TierErrors,
 )
+from bsr_cli.core.status import ActiveRestore
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation
@@ -153,16 +154,16 @@ class Orchestration:
         started = time.monotonic()
         self.observation.restore_began(
             request,
-            {
-                "request": request,
-                "W": w,
-                "windows": len(windows),
-                "tokens": ext_tokens,
-                "tiers": sorted(tiers_used),
-                "started": time.time(),
-                "done": {r.rank: 0 for r in self.ranks},
-                "bytes": {r.rank: 0 for r in self.ranks},
-            },
+            ActiveRestore(
+                request=request,
+                w=w,
+                windows=len(windows),
+                tokens=ext_tokens,
+                tiers=tuple(sorted(tiers_used)),
+                started=time.time(),
+                done={r.rank: 0 for r in self.ranks},
+                bytes={r.rank: 0 for r in self.ranks},
+            ),
         )
         self.events.append(
             RestoreStarted(

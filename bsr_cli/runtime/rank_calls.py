@@ -26,6 +26,7 @@ from bsr_cli.core import limits
 from bsr_cli.core.events import Failure
 from bsr_cli.core.events import RankUnresponsive as RankUnresponsiveEvent
 from bsr_cli.core.evidence import EventKind, FailureKind
+from bsr_cli.core.status import RankFault, RankHealth
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import POLL_S, CoordinatorContext, RankUnresponsive
 
@@ -47,7 +48,7 @@ class RankCalls:
         # started); the last fault seen on each rank; per rank the requests whose rank call is still running after
         # the restore was failed.
         self._progress: dict[tuple[str, int], tuple[float, EventKind | None]] = {}
-        self._rank_faults: dict[int, dict[str, Any]] = {}
+        self._rank_faults: dict[int, RankFault] = {}
         self._stuck: dict[int, set[str]] = {}
 
     # -- liveness ----------------------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ class RankCalls:
     def rank_fault(self, rank: int, reason: str, request: str | None = None) -> None:
         """A rank stopped answering (no heartbeat, no progress): remembered, counted and logged."""
         with self._lock:
-            self._rank_faults[rank] = {"reason": reason, "request": request, "at": time.time(), "stage": None}
+            self._rank_faults[rank] = RankFault(reason=reason, request=request, at=time.time())
         self.counters.unresponsive.labels(str(rank)).inc()
         self.events.append(RankUnresponsiveEvent(rank=rank, reason=reason, request=request))
 
@@ -79,12 +80,9 @@ class RankCalls:
         with self._lock:
             for f in fails:
                 if f.kind is FailureKind.RANK and f.rank is not None and f.stage is not None:
-                    self._rank_faults[f.rank] = {
-                        "reason": failures.describe(f),
-                        "request": request,
-                        "at": time.time(),
-                        "stage": f.stage.value,
-                    }
+                    self._rank_faults[f.rank] = RankFault(
+                        reason=failures.describe(f), request=request, at=time.time(), stage=f.stage
+                    )
 
     def _gather(self, futures: Sequence[Future[R]], timeout_s: float, what: str) -> list[R]:
         """Every rank's answer to one call, failing fast (RankUnresponsive) when a rank stops beating instead of
@@ -152,7 +150,7 @@ class RankCalls:
         self.call_all(ResetPeakRequest())
 
     # -- rank health ----------------------------------------------------------------------------------------
-    def rank_health(self) -> list[dict[str, Any]]:
+    def rank_health(self) -> list[RankHealth]:
         """Per rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline."""
         out = []
         for r in self.ranks:
@@ -164,21 +162,21 @@ class RankCalls:
                 why = f"restore of {', '.join(stuck)} still running past its deadline"
             age_fn = getattr(r, "heartbeat_age", None)
             out.append(
-                {
-                    "rank": r.rank,
-                    "healthy": why is None,
-                    "alive": r.alive(),
-                    "heartbeat_age_s": round(age_fn(), 3) if age_fn is not None else None,
-                    "reason": why,
-                    "last_fault": last,
-                }
+                RankHealth(
+                    rank=r.rank,
+                    healthy=why is None,
+                    alive=r.alive(),
+                    heartbeat_age_s=round(age_fn(), 3) if age_fn is not None else None,
+                    reason=why,
+                    last_fault=last,
+                )
             )
         return out
 
-    def rank_faults(self) -> dict[int, dict[str, Any]]:
+    def rank_faults(self) -> dict[int, RankFault]:
         """Each rank's last fault (it stopped answering, or failed at its own stage)."""
         with self._lock:
-            return {rank: dict(f) for rank, f in self._rank_faults.items()}
+            return dict(self._rank_faults)
 
     # -- a restore's progress -----------------------------------------------------------------------------------
     def watch(self, request: str) -> None:

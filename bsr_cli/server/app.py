@@ -16,6 +16,7 @@ import threading
 import types
 import typing
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
@@ -28,6 +29,7 @@ from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.status import FaultListing, MarkerList
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
 from bsr_cli.runtime.coordinator import Coordinator
 from bsr_cli.runtime.event_store import Query as EventQuery
@@ -264,8 +266,8 @@ router = APIRouter()
 
 @router.get(f"{PREFIX}/health", **_op(m.Health))
 def health(c: CoordinatorDep) -> Response:
-    h = c.health()
-    return _json(h | {"api": API_VERSION}, 200 if h["ok"] else 503)
+    h = replace(c.health(), api=API_VERSION)
+    return _json(h.to_wire(), 200 if h.ok else 503)
 
 
 @router.get(f"{PREFIX}/openapi.json", **_op(m.OpenAPIDocument, auth=True))
@@ -292,7 +294,7 @@ def openapi_document(host: HostDep) -> Response:
 
 @router.get(f"{PREFIX}/info", **_op(m.Info, auth=True))
 def info(c: CoordinatorDep) -> Response:
-    return _json(c.info())
+    return _json(c.info().to_wire())
 
 
 @router.get(f"{PREFIX}/registration", **_op(m.Registration, auth=True))
@@ -314,7 +316,7 @@ def probe(body: m.ProbeBody, c: CoordinatorDep) -> Response:
         committable_tokens=bitmap.prefix_tokens(exclude),
         first_break=bitmap.first_break(exclude),
         tier_errors=errors,
-        markers=tuple(c.list_markers()),
+        markers=tuple(m.to_wire() for m in c.list_markers()),
     )
     return _json(result.to_wire())
 
@@ -365,7 +367,7 @@ def abort(id: Annotated[str, Path(min_length=1)], c: CoordinatorDep) -> Response
 def pool(c: CoordinatorDep, health: Flag = "0") -> Response:
     """Live, peak, capacity, budget and windows in flight of every rank's restore pool (?health=1 adds tier
     health)."""
-    return _json({"ranks": with_draining(c.pool(health=health == "1"))})
+    return _json({"ranks": [r.with_draining().to_wire() for r in c.pool(health=health == "1")]})
 
 
 @router.post(f"{PREFIX}/pool/reset-peak", **_op(m.Ok, auth=True))
@@ -381,7 +383,7 @@ def settings(body: m.SettingsBody, c: CoordinatorDep) -> Response:
     is checked as `bsr engine up` checks it (one chunk slot <= B <= pool, RWS(W) <= pool, fs_concurrency <=
     256) and applied whole or not at all. Answers the engine's info."""
     c.update_settings(budget_bytes=body.budget_bytes, fs_concurrency=body.fs_concurrency, w=body.W)
-    return _json(c.info())
+    return _json(c.info().to_wire())
 
 
 @router.get(f"{PREFIX}/snapshot", **_op(m.Snapshot, auth=True))
@@ -396,8 +398,7 @@ def snapshot(
     """Everything a monitor draws at once: info, ranks and pools, active and recent restores, admission,
     tiers, markers, faults, recent events."""
     snap = c.snapshot(health=health == "1", events_since=events_since)
-    with_draining(snap.get("ranks") or [])
-    return _json(snap)
+    return _json(replace(snap, ranks=tuple(r.with_draining() for r in snap.ranks)).to_wire())
 
 
 @router.get(f"{PREFIX}/events", **_op(m.Events, auth=True))
@@ -450,7 +451,7 @@ def events(
 @router.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))
 def faults_list(c: CoordinatorDep) -> Response:
     """The armed faults."""
-    return _json({"enabled": c.settings.faults_enabled, "faults": c.list_faults()})
+    return _json(FaultListing(enabled=c.settings.faults_enabled, faults=tuple(c.list_faults())).to_wire())
 
 
 @router.post(f"{PREFIX}/faults", status_code=201, **_op(m.Fault, 403, auth=True))
@@ -469,7 +470,7 @@ def faults_clear(c: CoordinatorDep) -> Response:
 @router.get(f"{PREFIX}/markers", **_op(m.Markers, auth=True))
 def markers_list(c: CoordinatorDep) -> Response:
     """The force-local markers."""
-    return _json({"markers": c.list_markers()})
+    return _json(MarkerList(tuple(c.list_markers())).to_wire())
 
 
 @router.delete(f"{PREFIX}/markers", **_op(m.Cleared, auth=True))
@@ -513,16 +514,6 @@ def metrics(host: HostDep) -> Response:
     """Prometheus metrics: pool live/peak/capacity/budget per rank, rank up, restores by outcome, markers,
     faults (docs/monitoring.md)."""
     return Response(host.metrics_text(), media_type=METRICS_TYPE)
-
-
-def with_draining(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mark each rank's pool ``draining`` while its live bytes are above B: after a budget cut, windows already in
-    flight finish (new ones are admitted only within the new B at once), and the pool says so until live ≤ B."""
-    for r in ranks:
-        p = r.get("pool")
-        if isinstance(p, dict) and "live_bytes" in p and "budget_bytes" in p:
-            p["draining"] = p["live_bytes"] > p["budget_bytes"]
-    return ranks
 
 
 def _line(obj: dict[str, Any]) -> bytes:

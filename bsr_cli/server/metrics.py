@@ -45,17 +45,20 @@ The CLI never imports this module (it reads /metrics as text).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 if TYPE_CHECKING:
+    from bsr_cli.core.status import PoolEntry, TierHealth
     from bsr_cli.runtime.coordinator import Coordinator
 
+Labels = dict[str, str | int | None]  # a sample's label values (each written as text)
 
-def _family(kind: str, name: str, help_: str, samples: Sequence[tuple[dict[str, Any], float]]) -> Metric:
+
+def _family(kind: str, name: str, help_: str, samples: Sequence[tuple[Labels, float]]) -> Metric:
     labels = list(samples[0][0]) if samples else []
     fam: Metric = (
         CounterMetricFamily(name, help_, labels=labels)
@@ -67,8 +70,8 @@ def _family(kind: str, name: str, help_: str, samples: Sequence[tuple[dict[str, 
     return fam
 
 
-def _pool_value(rank: dict[str, Any], key: str) -> int:
-    return int((rank.get("pool") or {}).get(key, 0))
+def _pool_value(rank: PoolEntry, key: str) -> int:
+    return int((rank.pool or {}).get(key, 0))
 
 
 class RuntimeCollector(Collector):
@@ -84,7 +87,7 @@ class RuntimeCollector(Collector):
         c = self.coordinator
         yield from self._engine()
         yield from self._pools(c.pool(health=True))
-        yield from self._tiers(c.health().get("tiers") or {})
+        yield from self._tiers(c.health().tiers)
         yield _family("gauge", "bsr_force_local_markers", "Force-local markers standing now", [({}, len(c.markers))])
         yield _family(
             "gauge",
@@ -99,7 +102,7 @@ class RuntimeCollector(Collector):
 
         c = self.coordinator
         s, reg, info = c.settings, c.reg, c.info()
-        identity = {"engine": info.get("engine"), "version": info.get("version"), "model": reg.model}
+        identity: Labels = {"engine": info.engine, "version": info.version, "model": reg.model}
         yield _family(
             "gauge", "bsr_engine_info", "Engine identity (always 1)", [(identity | {"registration": reg.identity}, 1)]
         )
@@ -121,7 +124,7 @@ class RuntimeCollector(Collector):
         )
 
     @staticmethod
-    def _pools(ranks: list[dict[str, Any]]) -> Iterator[Metric]:
+    def _pools(ranks: list[PoolEntry]) -> Iterator[Metric]:
         """Each rank's restore pool, and whether the rank runs and is healthy."""
         for key, help_ in (
             ("live_bytes", "Restore-pool bytes staged now"),
@@ -129,61 +132,59 @@ class RuntimeCollector(Collector):
             ("capacity_bytes", "Restore-pool capacity"),
             ("budget_bytes", "Admission budget B"),
         ):
-            yield _family(
-                "gauge", f"bsr_pool_{key}", help_, [({"rank": r["rank"]}, _pool_value(r, key)) for r in ranks]
-            )
+            yield _family("gauge", f"bsr_pool_{key}", help_, [({"rank": r.rank}, _pool_value(r, key)) for r in ranks])
         yield _family(
             "gauge",
             "bsr_pool_windows_live",
             "Restore windows staged in the pool now",
-            [({"rank": r["rank"]}, _pool_value(r, "windows_live")) for r in ranks],
+            [({"rank": r.rank}, _pool_value(r, "windows_live")) for r in ranks],
         )
         yield _family(
             "gauge",
             "bsr_pool_waiters",
             "Restores waiting for room in the pool",
-            [({"rank": r["rank"]}, _pool_value(r, "waiters")) for r in ranks],
+            [({"rank": r.rank}, _pool_value(r, "waiters")) for r in ranks],
         )
         yield _family(
             "gauge",
             "bsr_rank_up",
             "1 when the rank process runs",
-            [({"rank": r["rank"]}, bool(r["alive"])) for r in ranks],
+            [({"rank": r.rank}, r.alive) for r in ranks],
         )
         yield _family(
             "gauge",
             "bsr_rank_healthy",
             "1 when the rank runs, beats and has no call stuck past its deadline",
-            [({"rank": r["rank"]}, bool(r.get("healthy", r["alive"]))) for r in ranks],
+            [({"rank": r.rank}, r.healthy) for r in ranks],
         )
         yield _family(
             "gauge",
             "bsr_rank_heartbeat_age_seconds",
             "Seconds since the rank's last heartbeat",
-            [({"rank": r["rank"]}, float(r["heartbeat_age_s"])) for r in ranks if r.get("heartbeat_age_s") is not None],
+            [({"rank": r.rank}, r.heartbeat_age_s) for r in ranks if r.heartbeat_age_s is not None],
         )
 
     @staticmethod
-    def _tiers(tier_health: dict[str, Any]) -> Iterator[Metric]:
+    def _tiers(tier_health: dict[str, TierHealth]) -> Iterator[Metric]:
         """Each tier's health, the reasons it is unhealthy, and the objects it set apart."""
         tiers = sorted(tier_health.items())
         yield _family(
             "gauge",
             "bsr_tier_healthy",
             "1 when every rank reaches the tier, no fault is armed on it and it has not failed recently",
-            [({"tier": t}, bool(h.get("ok", True))) for t, h in tiers],
+            [({"tier": t}, h.ok) for t, h in tiers],
         )
         yield _family(
             "gauge",
             "bsr_tier_condition",
             "1 for each reason a tier is unhealthy now (the reason /health and bsr status give)",
-            [({"tier": t, "condition": cond}, 1) for t, h in tiers for cond in h.get("conditions") or []],
+            [({"tier": t, "condition": cond}, 1) for t, h in tiers for cond in h.conditions],
         )
         yield _family(
             "gauge",
             "bsr_tier_quarantined_objects",
             "Damaged objects a tier holds set apart in its quarantine directory (summed over ranks)",
-            [({"tier": t}, int(h.get("quarantined_total") or 0)) for t, h in tiers],
+            [({"tier": t}, h.quarantined_total) for t, h in tiers],
         )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import work
@@ -26,6 +26,7 @@ from textual.timer import Timer
 from textual.widgets import Static
 
 from bsr_cli.core.evidence import Outcome as RestoreOutcome
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.tui import model, panels
 from bsr_cli.tui.messages import (
     ActionFailed,
@@ -447,9 +448,9 @@ class TopApp(App[None]):
             )
             return
 
-        def chosen(spec: dict[str, Any] | None) -> None:
-            if spec:
-                self._inject_worker(spec)
+        def chosen(fault: FaultRequest | None) -> None:
+            if fault is not None:
+                self._inject_worker(fault)
 
         ranks = len(self.view.gauges) or self.view.info.ranks
         self.push_screen(FaultScreen(self.source.label, ranks, self.view.info.groups), chosen)
@@ -548,10 +549,10 @@ class TopApp(App[None]):
                 self.notify(f"{o.request} {outcome} before the abort reached it", severity="information", timeout=8)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="action")
-    def _inject_worker(self, spec: dict[str, Any]) -> None:
+    def _inject_worker(self, fault: FaultRequest) -> None:
         assert isinstance(self.source, LiveSource)
         try:
-            self.post_message(FaultInjected(self.source.inject_fault(spec)))
+            self.post_message(FaultInjected(self.source.inject_fault(fault)))
         except Exception as e:  # noqa: BLE001 - shown to the operator, who decides what next
             self.post_message(ActionFailed("inject fault", PollFailure.from_error(e, self._clock(), 0.0)))
 
@@ -564,15 +565,7 @@ class TopApp(App[None]):
             self.post_message(ActionFailed("clear faults", PollFailure.from_error(e, self._clock(), 0.0)))
 
     def on_fault_injected(self, message: FaultInjected) -> None:
-        f = model.FaultView(
-            id=int(message.fault.get("id", 0)),
-            kind=str(message.fault.get("kind", "?")),
-            rank=message.fault.get("rank"),
-            window=message.fault.get("window"),
-            group=message.fault.get("group"),
-            count=int(message.fault.get("count", 1)),
-            fired=int(message.fault.get("fired", 0)),
-        )
+        f = model.fault_view(message.fault)
         self.notify(f"injected {f.describe()}", severity="warning", timeout=6)
         if self._drawable:
             self._start_poll()  # show it now rather than at the next tick

@@ -6,6 +6,7 @@ from typing import Any
 
 from textual.message import Message
 
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.tui.model import Frame
 from bsr_cli.tui.source import PollFailure
 
@@ -23,7 +24,7 @@ class PollFailed(Message):
 
 
 class FaultInjected(Message):
-    def __init__(self, fault: dict[str, Any]) -> None:
+    def __init__(self, fault: FaultSpec) -> None:
         super().__init__()
         self.fault = fault
 

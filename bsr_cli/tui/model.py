@@ -1,4 +1,5 @@
-"""The top view model: a raw engine snapshot in, an immutable `View` out. Pure data: no rich, no textual, no I/O.
+"""The top view model: an engine's snapshot (``bsr_cli.core.status.Snapshot``) in, an immutable `View` out. Pure
+data: no rich, no textual, no I/O.
 
 Whatever collects snapshots hands the UI immutable values, and one view renders two ways
 (`bsr_cli.tui.panels`): panel by panel in the Textual app, and once as text (`bsr pool --once`, a pipe). With
@@ -20,7 +21,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bsr_cli.core import events as ev
+from bsr_cli.core import status
 from bsr_cli.core.evidence import EventKind, FailureKind
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.units import format_bytes
 
 STALL_S = 5.0  # a rank that releases no window for this long, while others wait on it, is marked stalled
@@ -35,16 +38,19 @@ SPARK = "▁▂▃▄▅▆▇█"
 class Frame:
     """One poll's answer as it arrived: what a recording stores and a replay feeds back."""
 
-    snapshot: Mapping[str, Any]  # the engine's JSON, never mutated after it arrives
+    snapshot: status.Snapshot  # the engine's answer
     received_at: float  # local wall clock when the answer arrived
     latency_s: float  # how long the poll took
 
     def to_record(self) -> dict[str, Any]:
-        return {"t": self.received_at, "lat": round(self.latency_s, 6), "snap": self.snapshot}
+        return {"t": self.received_at, "lat": round(self.latency_s, 6), "snap": self.snapshot.to_wire()}
 
     @classmethod
     def from_record(cls, d: Mapping[str, Any]) -> Frame:
-        return cls(dict(d["snap"]), float(d["t"]), float(d.get("lat", 0.0)))
+        snap = d["snap"]
+        if not isinstance(snap, dict):
+            raise TypeError("a recorded snapshot is a JSON object")
+        return cls(status.Snapshot.from_wire(snap), float(d["t"]), float(d.get("lat", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -243,24 +249,23 @@ def _float(v: Any, default: float = 0.0) -> float:
         return default
 
 
-def _info(raw: Mapping[str, Any]) -> EngineInfo:
-    reg = raw.get("registration") or {}
-    rws = raw.get("rws_bytes")
+def _info(info: status.EngineInfo) -> EngineInfo:
+    reg = info.registration
     return EngineInfo(
-        name=str(raw.get("engine", "?")),
-        version=str(raw.get("version", "?")),
-        model=str(reg.get("model", "?")),
-        registration=str(reg.get("identity", "")),
-        ranks=_int(raw.get("ranks")),
-        w=_int(raw.get("W")),
-        rws_bytes=None if rws is None else _int(rws),
-        pool_bytes=_int(raw.get("pool_bytes")),
-        budget_bytes=_int(raw.get("budget_bytes")),
-        chunk_size=_int(raw.get("chunk_size")),
-        tiers=tuple(str(t) for t in raw.get("tiers") or ()),
-        faults_enabled=bool(raw.get("faults_enabled", False)),
-        started_at=_float(raw.get("started_at")),
-        groups=tuple(str(g) for g in reg.get("groups") or ()),
+        name=info.engine if info.engine is not None else "?",
+        version=info.version or "?",
+        model=reg.model or "?",
+        registration=reg.identity,
+        ranks=info.ranks,
+        w=info.w,
+        rws_bytes=info.rws_bytes,
+        pool_bytes=info.pool_bytes,
+        budget_bytes=info.budget_bytes,
+        chunk_size=info.chunk_size,
+        tiers=tuple(str(t) for t in info.tiers),
+        faults_enabled=info.faults_enabled,
+        started_at=info.started_at,
+        groups=tuple(str(g) for g in reg.groups),
     )
 
 
@@ -423,6 +428,11 @@ def _win(index: Any) -> str:
     return f"window {index + 1}" if isinstance(index, int) else "before any window"
 
 
+def fault_view(f: FaultSpec) -> FaultView:
+    """An armed fault as the view shows it."""
+    return FaultView(id=f.id, kind=f.kind, rank=f.rank, window=f.window, group=f.group, count=f.count, fired=f.fired)
+
+
 def _fault(d: Mapping[str, Any]) -> FaultView:
     rank, window, group = d.get("rank"), d.get("window"), d.get("group")
     return FaultView(
@@ -452,9 +462,9 @@ def _high_water(events: Iterable[Mapping[str, Any]], after_seq: int) -> dict[int
 def fold(prev: View | None, frame: Frame) -> View:
     """The next view: ``frame``'s snapshot, with history and events carried over from ``prev``."""
     snap = frame.snapshot
-    info = _info(snap.get("info") or {})
-    raw_events = [e for e in snap.get("events") or () if isinstance(e, Mapping)]
-    seq = _int(snap.get("seq"))
+    info = _info(snap.info)
+    raw_events = snap.events
+    seq = snap.seq
     # A different start time (or a sequence that went backwards) is a restarted engine: its events start over.
     same_engine = prev is not None and prev.info.started_at == info.started_at and seq >= prev.seq
     after = prev.seq if (prev is not None and same_engine) else 0
@@ -463,28 +473,22 @@ def fold(prev: View | None, frame: Frame) -> View:
     # this view can vouch for.
     high = _high_water(raw_events, after) if prev is not None else {}
     gauges = _gauges(snap, info, high, prev)
-    now = _float(snap.get("time"), frame.received_at)
+    now = snap.time or frame.received_at
     failed_by_request: dict[str, set[int]] = {}
     for e in events:
         if e.type == EventKind.RESTORE_FAILED and e.request:
             failed_by_request.setdefault(e.request, set()).update(e.ranks)
     before_active = {a.request: a for a in prev.active} if prev is not None and same_engine else {}
-    active = tuple(
-        _active(a, now, failed_by_request, before_active) for a in snap.get("active") or () if isinstance(a, Mapping)
-    )
-    adm = snap.get("admission") or {}
+    active = tuple(_active(a, now, failed_by_request, before_active) for a in snap.active)
+    adm = snap.admission
     admission = Admission(
-        budget_bytes=_int(adm.get("budget_bytes"), info.budget_bytes),
+        budget_bytes=adm.budget_bytes,
         ranks=len(gauges) or info.ranks,
-        live_bytes=_int(adm.get("live_bytes")),
-        queued=_int(adm.get("queued")),
-        waiting_for_blocks=_int(adm.get("waiting_for_blocks")),
+        live_bytes=adm.live_bytes,
+        queued=adm.queued,
+        waiting_for_blocks=adm.waiting_for_blocks,
     )
-    tiers = tuple(
-        TierHealth(str(name), bool(h.get("ok", False)), tuple(str(d) for d in h.get("detail") or ()))
-        for name, h in (snap.get("tiers") or {}).items()
-        if isinstance(h, Mapping)
-    )
+    tiers = tuple(TierHealth(name, h.ok, h.detail) for name, h in snap.tiers.items())
     return View(
         info=info,
         time=now,
@@ -493,11 +497,11 @@ def fold(prev: View | None, frame: Frame) -> View:
         latency_s=frame.latency_s,
         gauges=gauges,
         active=active,
-        recent=tuple(_outcome(o) for o in snap.get("recent") or () if isinstance(o, Mapping)),
+        recent=tuple(_outcome(o) for o in snap.recent),
         admission=admission,
         tiers=tiers,
-        markers=tuple(_marker(m) for m in snap.get("markers") or () if isinstance(m, Mapping)),
-        faults=tuple(_fault(f) for f in snap.get("faults") or () if isinstance(f, Mapping)),
+        markers=tuple(_marker(m) for m in snap.markers),
+        faults=tuple(fault_view(f) for f in snap.faults),
         events=events,
         events_missed=missed,
         frames=(prev.frames + 1) if prev is not None else 1,
@@ -525,25 +529,23 @@ def _carry_events(
 
 
 def _gauges(
-    snap: Mapping[str, Any], info: EngineInfo, high: Mapping[int, int], prev: View | None
+    snap: status.Snapshot, info: EngineInfo, high: Mapping[int, int], prev: View | None
 ) -> tuple[RankGauge, ...]:
     """Each rank's pool gauge, its history carried over from ``prev``'s gauge of the same rank."""
     old = {g.rank: g for g in prev.gauges} if prev is not None else {}
     gauges = []
-    for r in snap.get("ranks") or ():
-        if not isinstance(r, Mapping):
-            continue
-        rank = _int(r.get("rank"))
-        pool = r.get("pool") or {}
+    for r in snap.ranks:
+        rank = r.rank
+        pool = r.pool or {}
         live = _int(pool.get("live_bytes"))
         hw = max(live, high.get(rank, 0))
-        bps = _float(r.get("restore_bps"))
+        bps = _float(r.restore_bps)
         before = old.get(rank)
         gauges.append(
             RankGauge(
                 rank=rank,
-                alive=bool(r.get("alive", False)),
-                error=str(r.get("error", "")),
+                alive=r.alive,
+                error=r.error or "",
                 capacity_bytes=_int(pool.get("capacity_bytes"), info.pool_bytes),
                 budget_bytes=_int(pool.get("budget_bytes"), info.budget_bytes),
                 rws_bytes=info.rws_bytes,
@@ -575,22 +577,19 @@ def _outcome(o: Mapping[str, Any]) -> Outcome:
     )
 
 
-def _marker(m: Mapping[str, Any]) -> MarkerView:
-    return MarkerView(
-        prompt=str(m.get("prompt", "")),
-        excluded=tuple(m.get("excluded_tiers") or ()),
-        reason=str(m.get("reason", "")),
-        request=str(m.get("request") or ""),
-        set_at=_float(m.get("set_at")),
-    )
+def _marker(m: status.MarkerView) -> MarkerView:
+    return MarkerView(prompt=m.prompt, excluded=m.excluded_tiers, reason=m.reason, request=m.request, set_at=m.set_at)
 
 
 def _active(
-    a: Mapping[str, Any], now: float, failed_by_request: Mapping[str, set[int]], before: Mapping[str, ActiveRestore]
+    a: status.ActiveRestore,
+    now: float,
+    failed_by_request: Mapping[str, set[int]],
+    before: Mapping[str, ActiveRestore],
 ) -> ActiveRestore:
-    request = str(a.get("request", ""))
-    done = tuple(sorted((_int(k), _int(v)) for k, v in (a.get("done") or {}).items()))
-    windows = _int(a.get("windows"))
+    request = a.request
+    done = tuple(sorted(a.done.items()))
+    windows = a.windows
     failed = tuple(sorted(failed_by_request.get(request, ())))
     # When each rank's window count last moved, on the engine's clock (carried while the count stands still).
     seen = {r: (d, t) for r, d, t in before[request].progress_seen} if request in before else {}
@@ -607,13 +606,13 @@ def _active(
     stalled = tuple(r for r, d, since in progress if is_stalled(r, d, since))
     return ActiveRestore(
         request=request,
-        w=_int(a.get("W")),
+        w=a.w,
         windows=windows,
-        tokens=_int(a.get("tokens")),
-        tiers=tuple(a.get("tiers") or ()),
-        elapsed_s=max(0.0, now - _float(a.get("started"), now)),
+        tokens=a.tokens,
+        tiers=a.tiers,
+        elapsed_s=max(0.0, now - (a.started or now)),
         done=done,
-        bytes_done=sum(_int(v) for v in (a.get("bytes") or {}).values()),
+        bytes_done=sum(a.bytes.values()),
         failed=failed,
         stalled=stalled,
         progress_seen=progress,

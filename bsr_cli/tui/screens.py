@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on
@@ -13,6 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.tui import model
 
 FAULT_KINDS = {
@@ -104,7 +105,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(event.button.id == "yes")
 
 
-class FaultScreen(ModalScreen[dict[str, Any] | None]):
+class FaultScreen(ModalScreen[FaultRequest | None]):
     """Pick a fault kind and a rank, and confirm: the choice is shown in full before anything is sent."""
 
     DEFAULT_CSS = """
@@ -166,43 +167,40 @@ class FaultScreen(ModalScreen[dict[str, Any] | None]):
         self.query_one("#ranks", OptionList).highlighted = 0
         self._show()
 
-    def spec(self) -> dict[str, Any]:
-        """The fault as the engine's API takes it (window 0-based); ValueError names a field that does not parse."""
+    def spec(self) -> FaultRequest:
+        """The fault as the operator chose it (window 0-based); ValueError names a field that does not parse."""
         kinds, ranks = self.query_one("#kinds", OptionList), self.query_one("#ranks", OptionList)
         kind = kinds.get_option_at_index(kinds.highlighted or 0).id or "restore-fault"
         rank = ranks.get_option_at_index(ranks.highlighted or 0).id
-        spec: dict[str, Any] = {"kind": kind, "count": 1}
-        if rank not in (None, "all"):
-            spec["rank"] = int(rank)
         window = self.query_one("#window", Input).value.strip()
-        if window:
-            if not window.isdigit() or int(window) < 1:
-                raise ValueError("window must be a number from 1")
-            spec["window"] = int(window) - 1
+        if window and (not window.isdigit() or int(window) < 1):
+            raise ValueError("window must be a number from 1")
         count = self.query_one("#count", Input).value.strip()
-        if count:
-            if not count.isdigit():
-                raise ValueError("count must be 0 (until cleared) or more")
-            spec["count"] = int(count)
+        if count and not count.isdigit():
+            raise ValueError("count must be 0 (until cleared) or more")
         group = self.query_one("#group", Input).value.strip()
-        if group:
-            if self.groups and group not in self.groups:
-                raise ValueError(f"group must be one of {', '.join(self.groups)}")
-            spec["group"] = group
-        return spec
+        if group and self.groups and group not in self.groups:
+            raise ValueError(f"group must be one of {', '.join(self.groups)}")
+        return FaultRequest(
+            kind,
+            rank=None if rank in (None, "all") else int(rank),
+            window=int(window) - 1 if window else None,
+            group=group or None,
+            count=int(count) if count else 1,
+        )
 
     def _show(self) -> None:
         summary = self.query_one("#summary", Label)
         try:
-            s = self.spec()
+            f = self.spec()
         except ValueError as e:
             summary.update(f"[b red]✖ {e}[/]")
             return
-        where = f"rank {s['rank']}" if "rank" in s else "every rank"
-        win = f"window {s['window'] + 1}" if "window" in s else "the first window"
-        grp = f", group {s['group']}" if "group" in s else ""
-        times = "until cleared" if s["count"] == 0 else ("once" if s["count"] == 1 else f"{s['count']} restores")
-        summary.update(f"→ [b red]{s['kind']}[/] on [b]{where}[/], {win}{grp}, {times}")
+        where = f"rank {f.rank}" if f.rank is not None else "every rank"
+        win = f"window {f.window + 1}" if f.window is not None else "the first window"
+        grp = f", group {f.group}" if f.group is not None else ""
+        times = "until cleared" if f.count == 0 else ("once" if f.count == 1 else f"{f.count} restores")
+        summary.update(f"→ [b red]{f.kind}[/] on [b]{where}[/], {win}{grp}, {times}")
 
     @on(OptionList.OptionHighlighted)
     @on(Input.Changed)

@@ -19,11 +19,12 @@ import json
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bsr_cli.client.admin import AdminClient, resolve_engine
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
 from bsr_cli.incident_bundle import RECORDING, read_member
 from bsr_cli.incident_bundle import RECORDING_FORMAT as FORMAT
@@ -118,16 +119,16 @@ class LiveSource:
             t0 = time.monotonic()
             # Ask for every event since the last one seen on this connection, so a burst between polls arrives
             # whole (a fresh connection may be a restarted engine, whose sequence numbers start again).
-            raw = self._client.snapshot(timeout=self.timeout_s, events_since=self._last_seq)
-            self._last_seq = int(raw.get("seq") or 0)
-            return Frame(raw, self._clock(), time.monotonic() - t0)
+            snap = self._client.snapshot(timeout=self.timeout_s, events_since=self._last_seq)
+            self._last_seq = snap.seq
+            return Frame(snap, self._clock(), time.monotonic() - t0)
         except EngineError:
             self._drop()
             raise
 
-    def inject_fault(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def inject_fault(self, fault: FaultRequest) -> FaultSpec:
         with self._connect() as c:  # its own connection: an operator's action never queues behind a poll
-            return c.inject_fault(spec)
+            return c.inject_fault(fault)
 
     def clear_faults(self) -> int:
         with self._connect() as c:
@@ -172,13 +173,12 @@ class Recorder:
         if isinstance(item, PollFailure):
             self._line(item.to_record())
             return
-        snap = dict(item.snapshot)
-        started = float((snap.get("info") or {}).get("started_at") or 0.0)
-        seq = int(snap.get("seq") or 0)
+        snap = item.snapshot
+        started, seq = snap.info.started_at, snap.seq
         last_started, last_seq = self._seen
         if started == last_started and seq >= last_seq:
             # fold() uses only events newer than the previous snapshot, so the ones already on file are dropped.
-            snap["events"] = [e for e in snap.get("events") or () if int(e.get("seq", 0)) > last_seq]
+            snap = replace(snap, events=[e for e in snap.events if int(e.get("seq", 0)) > last_seq])
         self._seen = (started, seq)
         self._line(Frame(snap, item.received_at, item.latency_s).to_record())
 
@@ -250,14 +250,14 @@ def _with_bundle_events(path: Path, items: list[Item]) -> list[Item]:
         else -1
     )
     for n, item in enumerate(items):
-        if isinstance(item, Frame) and not item.snapshot.get("events"):
+        if isinstance(item, Frame) and not item.snapshot.events:
             # The last frame takes the rest: events recorded after its snapshot was taken still belong in a replay.
-            upto = int(item.snapshot.get("seq") or 0) if n != last else int(events[-1].get("seq", 0))
+            upto = item.snapshot.seq if n != last else int(events[-1].get("seq", 0))
             mine = []
             while taken < len(events) and int(events[taken].get("seq", 0)) <= upto:
                 mine.append(events[taken])
                 taken += 1
-            item = Frame({**item.snapshot, "events": mine}, item.received_at, item.latency_s)
+            item = Frame(replace(item.snapshot, events=mine), item.received_at, item.latency_s)
         out.append(item)
     return out
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 import torch
@@ -57,6 +57,7 @@ from bsr_cli.core.bitmap import HitBitmap, encode_row
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.core.results import ManualRestoreResult, SubmitResult, TierErrors
+from bsr_cli.core.status import EngineInfo, MarkerView, Snapshot
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.coordinator import EngineSettings
 from bsr_cli.runtime.events import EventLog
@@ -231,8 +232,8 @@ class WorkerCoordinator(LMCacheCoordinator):
         hashes = (hashes or chunk_hashes(tokens, cs))[:full]
         return super().probe(tokens[: full * cs], hashes)
 
-    def info(self) -> dict[str, Any]:
-        out = {**super().info(), "serves_restores": False}
+    def info(self) -> EngineInfo:
+        out: dict[str, Any] = {"serves_restores": False}  # what a worker adds to the engine's info
         if self.instance is not None:
             out["vllm_instance"] = self.instance
         lim = self.limits
@@ -248,7 +249,7 @@ class WorkerCoordinator(LMCacheCoordinator):
                 "stores": "full chunks only (LMCache's save_unfull_chunk is off)",
                 "window_numbering": "0-based in JSON and events (window: 1); G1..GK in text (window G2)",
             }
-        return out
+        return super().info().with_host_fields(**out)
 
     def update_settings(self, **changes: Any) -> None:
         # W is the connector's bsr_window_chunks, fixed when vLLM starts; B and the fs concurrency govern bsr's own
@@ -262,7 +263,7 @@ class WorkerCoordinator(LMCacheCoordinator):
     def scheduler_state(self) -> dict[str, Any] | None:
         return board.read(self.limits.board) if self.limits is not None and self.limits.board else None
 
-    def list_markers(self) -> list[dict[str, Any]]:
+    def list_markers(self) -> list[MarkerView]:
         """The force-local markers vLLM's scheduler holds now, as it published them. A vLLM marker sends the next
         admission of any prompt starting with its prefix to local compute: every tier is excluded."""
         doc = self.scheduler_state() or {}
@@ -279,7 +280,7 @@ class WorkerCoordinator(LMCacheCoordinator):
                     f"tp-rank {self.tp_rank} ({f['reason']}); vLLM recomputed them"
                 )
                 m["failed_window"] = f["window"]
-            out.append(m)
+            out.append(MarkerView.from_wire(m))
         return out
 
     def clear_markers(self, *a: Any, **kw: Any) -> int:
@@ -289,18 +290,20 @@ class WorkerCoordinator(LMCacheCoordinator):
             hint="`bsr markers list` shows them; send the prompt to vLLM again to clear its marker",
         )
 
-    def snapshot(self, health: bool = True, events_since: int | None = None) -> dict[str, Any]:
-        snap = super().snapshot(health=health, events_since=events_since)
+    def snapshot(self, health: bool = True, events_since: int | None = None) -> Snapshot:
+        snap = super().snapshot(health=health, events_since=events_since)  # the markers are this host's already
         doc = self.scheduler_state()
-        snap["markers"] = self.list_markers()
         failed = {str(f.get("request")): f for f in (doc or {}).get("load_failed") or []}
-        snap["recent"] = [self._request_level(r, failed) for r in snap.get("recent") or []]
-        snap["scheduler"] = {
+        scheduler = {
             "published": doc is not None,
             "updated_at": (doc or {}).get("updated_at"),
             "forced_local": list((doc or {}).get("forced") or []),
         }
-        return snap
+        return replace(
+            snap,
+            recent=[self._request_level(r, failed) for r in snap.recent],
+            host_fields={**snap.host_fields, "scheduler": scheduler},
+        )
 
     @staticmethod
     def _request_level(entry: dict[str, Any], failed: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from bsr_cli.bench import experiments as ex
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import full_hit_bitmap
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, SubmitResult
+from bsr_cli.core.status import EngineInfo, Health, PoolEntry
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import EngineTimeout
 from bsr_cli.loaders import builtin_registration
@@ -42,7 +43,7 @@ def _bench(bsr: Any, experiment: str, out: Path, *args: str) -> dict[str, Any]:
 def _settings_back(engine) -> None:
     with engine.client() as c:
         info = c.info()
-    assert info["budget_bytes"] == RWS4 and info["fs_concurrency"] == 1
+    assert info.budget_bytes == RWS4 and info.fs_concurrency == 1
 
 
 # -- schema and bookkeeping (no engine) --------------------------------------------------------------------------
@@ -75,25 +76,30 @@ class FakeEngine:
         self.settings: dict[str, Any] = {"budget_bytes": 123, "fs_concurrency": 1}
         self.aborted: list[str] = []
 
-    def info(self) -> dict[str, Any]:
-        return {
-            "api": "v1",
-            "registration": {"identity": REG.identity},
-            "chunk_size": 256,
-            "tiers": ["mooncake", "fs"],
-            "pool_bytes": 2 * RWS4,
-            "max_tokens": 1 << 20,
-            "kv_tokens": 1 << 20,
-            **self.settings,
-        }
+    def info(self) -> EngineInfo:
+        return EngineInfo.from_wire(
+            {
+                "api": "v1",
+                "registration": {"identity": REG.identity},
+                "chunk_size": 256,
+                "tiers": ["mooncake", "fs"],
+                "pool_bytes": 2 * RWS4,
+                "max_tokens": 1 << 20,
+                "kv_tokens": 1 << 20,
+                **self.settings,
+            }
+        )
 
     def registration(self) -> dict[str, Any]:
         return REG.to_dict()
 
-    def pool(self) -> list[dict[str, Any]]:
-        return [{"rank": r, "pool": {"capacity_bytes": 2 * RWS4, "peak_bytes": RWS4}} for r in range(2)]
+    def pool(self) -> list[PoolEntry]:
+        entries = [
+            {"rank": r, "alive": True, "pool": {"capacity_bytes": 2 * RWS4, "peak_bytes": RWS4}} for r in range(2)
+        ]
+        return [PoolEntry.from_wire(e) for e in entries]
 
-    def update_settings(self, **kw: Any) -> dict[str, Any]:
+    def update_settings(self, **kw: Any) -> EngineInfo:
         self.settings |= kw
         return self.info()
 
@@ -118,8 +124,8 @@ class FakeEngine:
     def reset_peak(self) -> None:
         pass
 
-    def health(self) -> dict[str, Any]:
-        return {"ok": True}
+    def health(self) -> Health:
+        return Health(ranks=(), tiers={})
 
     def abort(self, request: str) -> AbortAnswer:
         self.aborted.append(request)

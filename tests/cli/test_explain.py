@@ -167,9 +167,9 @@ def test_request_verdicts_committed_capacity_admitted_aborted(bsr: Any, engine: 
         with engine.client() as c:
             end = time.monotonic() + 60
             while time.monotonic() < end and not aborted:
-                for a in c.snapshot(health=False)["active"]:
-                    c.abort(a["request"])
-                    aborted.append(a["request"])
+                for a in c.snapshot(health=False).active:
+                    c.abort(a.request)
+                    aborted.append(a.request)
                 time.sleep(0.05)
 
     t = threading.Thread(target=abort_it, daemon=True)
@@ -230,7 +230,7 @@ def test_frozen_rank(bsr: Any, engine: Any) -> None:
     with engine.client() as c:
         with _frozen(_pid(engine.state_dir, 1)):
             deadline = time.monotonic() + 60
-            while c.health()["ok"]:
+            while c.health().ok:
                 assert time.monotonic() < deadline, "the frozen rank was never reported"
                 time.sleep(0.2)
             d = _explain(bsr, "--synthetic", str(N), "--seed", "906")
@@ -238,7 +238,7 @@ def test_frozen_rank(bsr: Any, engine: Any) -> None:
             req = _request_of(r)
             by_req = _explain(bsr, req)
         deadline = time.monotonic() + 60
-        while not c.health()["ok"]:
+        while not c.health().ok:
             assert time.monotonic() < deadline, "the rank did not come back"
             time.sleep(0.2)
     assert d["verdict"] == "rank-unhealthy", d["summary"]

@@ -23,7 +23,7 @@ def test_settings_show_and_set_change_the_running_engine(bsr, engine) -> None:
         # The engine itself now reports it (not only the command's echo).
         with engine.client() as c:
             info = c.info()
-        assert info["W"] == 2 and info["budget_bytes"] == 2 << 20
+        assert info.w == 2 and info.budget_bytes == 2 << 20
         assert bsr("settings", "set").code == ExitCode.INVALID_INPUT
     finally:
         with engine.client() as c:
@@ -74,7 +74,7 @@ def test_pool_reset_peak_restarts_the_measurement(bsr, engine) -> None:
     assert bsr("submit", "--synthetic", "2048", "--seed", "32").code == 0
     assert bsr("restore", "--synthetic", "2048", "--seed", "32").code == 0
     with engine.client() as c:
-        assert max(r["pool"]["peak_bytes"] for r in c.pool()) > 0
+        assert max(r.pool["peak_bytes"] for r in c.pool()) > 0
     r = bsr("pool", "reset-peak", "--json")
     assert r.code == 0, r.err
     assert all(x["peak_bytes"] == 0 for x in r.json()["ranks"])

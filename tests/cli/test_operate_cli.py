@@ -128,7 +128,7 @@ def test_ctrl_c_during_restore_aborts_it_fail_closed(engine, bsr) -> None:
         started = False
         with engine.client() as c:
             while time.monotonic() < deadline and proc.poll() is None:
-                if c.snapshot(health=False)["active"]:
+                if c.snapshot(health=False).active:
                     started = True
                     break
                 time.sleep(0.1)
@@ -145,9 +145,9 @@ def test_ctrl_c_during_restore_aborts_it_fail_closed(engine, bsr) -> None:
     assert proc.returncode == ExitCode.INTERRUPTED, err
     assert "aborted: outcome aborted" in err, err
     with engine.client() as c:
-        recent = c.snapshot(health=False)["recent"][0]
+        recent = c.snapshot(health=False).recent[0]
         assert recent["outcome"] == "aborted"
-        assert all(p["pool"]["live_bytes"] == 0 for p in c.pool())
+        assert all(p.pool["live_bytes"] == 0 for p in c.pool())
 
 
 def test_a_server_that_is_not_a_bsr_engine_is_a_version_mismatch(bsr, engine, monkeypatch) -> None:

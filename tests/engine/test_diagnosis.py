@@ -18,6 +18,8 @@ import pytest
 
 from bsr_cli.client import local_engine
 from bsr_cli.core.evidence import FailureKind, Outcome
+from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.status import Health
 from bsr_cli.errors import CapacityError, ExitCode
 from bsr_cli.loaders import builtin_registration
 from bsr_cli.runtime.pool import RestorePool
@@ -113,9 +115,9 @@ def test_an_operator_abort_exits_130_and_blames_no_tier(bsr, engine) -> None:
         with engine.client() as c:
             end = time.monotonic() + 60
             while time.monotonic() < end and not aborted:
-                for a in c.snapshot(health=False)["active"]:
-                    c.abort(a["request"])
-                    aborted.append(a["request"])
+                for a in c.snapshot(health=False).active:
+                    c.abort(a.request)
+                    aborted.append(a.request)
                 time.sleep(0.05)
 
     t = threading.Thread(target=abort_it, daemon=True)
@@ -187,10 +189,10 @@ def _stopped(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-def _wait_healthy(client, deadline_s: float = 60.0) -> dict:
+def _wait_healthy(client, deadline_s: float = 60.0) -> Health:
     end = time.monotonic() + deadline_s
     h = client.health()
-    while not h["ok"] and time.monotonic() < end:
+    while not h.ok and time.monotonic() < end:
         time.sleep(0.2)
         h = client.health()
     return h
@@ -209,7 +211,7 @@ def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr,
     stopped = threading.Event()
     out: dict = {}
     with AdminClient(url, token) as c:
-        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1})  # rank 1 is mid-call when it is stopped
+        c.inject_fault(FaultRequest("timeout", rank=1, window=1))  # rank 1 is mid-call when it is stopped
 
         def on_event(ev: dict) -> None:
             if ev.get("type") == "window_released" and ev.get("rank") == 1 and not stopped.is_set():
@@ -227,7 +229,7 @@ def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr,
             t = threading.Thread(target=run, daemon=True)
             t.start()
             deadline = time.monotonic() + 60
-            while c.snapshot()["admission"].get("waiting_for_blocks") != 1 and time.monotonic() < deadline:
+            while c.snapshot().admission.waiting_for_blocks != 1 and time.monotonic() < deadline:
                 time.sleep(0.1)  # polls the engine's state, not a timing
             code, st = _status(bsr)
             text = bsr("status").out
@@ -236,7 +238,7 @@ def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr,
             os.kill(pid, signal.SIGCONT)
         t.join(120)
         after = c.metrics()
-        healthy = _wait_healthy(c)["ok"]
+        healthy = _wait_healthy(c).ok
     assert st["admission"]["waiting_for_blocks"] == 1, (code, st["admission"])  # a stuck rank: status exits 9
     assert "waiting for destination KV" in text
     assert "bsr_requests_waiting_for_blocks 1.0" in metrics
@@ -252,7 +254,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
     assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
     with AdminClient(url, token) as c:
         # Rank 1 stalls in its second window; the moment its first window is released, freeze the process.
-        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1})
+        c.inject_fault(FaultRequest("timeout", rank=1, window=1))
         pid = _pid(state, "rank1")
         stopped = threading.Event()
 
@@ -282,7 +284,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
         assert report.failure_kind is FailureKind.RANK and report.blamed_tiers == ()
         assert any(f.rank == 1 and f.kind is FailureKind.RANK and "heartbeat" in f.reason for f in report.failures)
         assert elapsed < 60  # bounded by the heartbeat (2 s here), not the old multi-minute restore budget
-        assert h["ok"] is False and h["unhealthy_ranks"] == [1]
+        assert h.ok is False and h.unhealthy_ranks == [1]
         assert 'bsr_rank_healthy{rank="1"} 0' in metrics and 'bsr_rank_healthy{rank="0"} 1' in metrics
         assert code == ExitCode.SERVER_ERROR and text.code == ExitCode.SERVER_ERROR
         assert "rank 1" in text.err and "rank 1 unhealthy" in text.out
@@ -291,7 +293,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
         assert p.code == ExitCode.SERVER_ERROR and "rank 1" in p.err and probe_s < 25
         # Resumed, the rank beats again, finishes its aborted restore (its blocks come back) and serves.
         h2 = _wait_healthy(c)
-        assert h2["ok"] is True, h2
+        assert h2.ok is True, h2
         assert c.markers() == []
         c.clear_faults()  # the injected stall never got to report that it fired
         again = c.restore({"synthetic": {"n": n, "seed": seed}})
@@ -335,7 +337,7 @@ def test_armed_and_recent_tier_faults_show_the_tier_unhealthy(bsr, own) -> None:
     from bsr_cli.client import AdminClient
 
     with AdminClient(own[1], own[2]) as c:
-        assert c.health()["degraded_tiers"] == ["mooncake"]
+        assert c.health().degraded_tiers == ["mooncake"]
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
     assert r.code == ExitCode.FAILED_CLOSED and r.json()["blamed_tiers"] == ["mooncake"]
     assert bsr("faults", "list", "--json").json()["faults"] == []  # fired once and spent: no longer armed
@@ -358,24 +360,24 @@ def test_a_stopped_master_shows_the_tier_unhealthy_while_health_stays_quick(bsr,
     with _stopped(pid), AdminClient(own[1], own[2]) as c:
         end = time.monotonic() + 60
         h = c.health()
-        while "mooncake" not in h["degraded_tiers"] and time.monotonic() < end:
+        while "mooncake" not in h.degraded_tiers and time.monotonic() < end:
             time.sleep(0.5)
             h = c.health()
         t0 = time.monotonic()
         again = c.health()
         quick = time.monotonic() - t0
         engine = supervisor.status(state)
-    assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"], h
-    assert any("health probe" in d or "refuses" in d for d in h["tiers"]["mooncake"]["detail"]), h
-    assert again["ok"] is True and quick < 2.0  # generous: the wait is 0.5 s, the client's own timeout is 5 s
+    assert h.ok is True and h.degraded_tiers == ["mooncake"], h
+    assert any("health probe" in d or "refuses" in d for d in h.tiers["mooncake"].detail), h
+    assert again.ok is True and quick < 2.0  # generous: the wait is 0.5 s, the client's own timeout is 5 s
     assert engine.healthy is True  # so `bsr engine up` does not restart an engine whose remote tier is down
     with AdminClient(own[1], own[2]) as c:  # resumed, the master serves again and the tier turns healthy
         end = time.monotonic() + 60
         h = c.health()
-        while h["degraded_tiers"] and time.monotonic() < end:
+        while h.degraded_tiers and time.monotonic() < end:
             time.sleep(0.5)
             h = c.health()
-    assert h["degraded_tiers"] == [], h
+    assert h.degraded_tiers == [], h
 
 
 def test_a_dead_segment_holder_shows_the_tier_unhealthy(bsr, own) -> None:
@@ -398,7 +400,7 @@ def test_a_dead_segment_holder_shows_the_tier_unhealthy(bsr, own) -> None:
 
     with AdminClient(own[1], own[2]) as c:
         h = c.health()
-    assert h["ok"] is True and h["degraded_tiers"] == ["mooncake"] and h["tiers"]["fs"]["ok"] is True
+    assert h.ok is True and h.degraded_tiers == ["mooncake"] and h.tiers["fs"].ok is True
 
 
 def test_a_failure_from_an_injected_fault_is_forgotten_when_faults_are_cleared(bsr, engine) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from bsr_cli.client import local_engine
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, RestoreReport, SubmitResult
 from bsr_cli.errors import BadRequest, FaultsDisabled, Unauthorized, VersionMismatch
@@ -82,8 +83,8 @@ def test_peak_pool_equals_rws_whatever_the_prefix(engine, chunks: int) -> None:
     expected = min(chunks, W) * REG.bytes_per_chunk
     assert res.outcome is Outcome.COMMITTED
     assert all(r.peak_live_bytes == expected for r in _report(res).ranks)
-    assert all(p["pool"]["peak_bytes"] == expected for p in pool)
-    assert all(p["pool"]["live_bytes"] == 0 for p in pool)  # every window released
+    assert all(p.pool["peak_bytes"] == expected for p in pool)
+    assert all(p.pool["live_bytes"] == 0 for p in pool)  # every window released
 
 
 def test_whole_plan_path_needs_the_whole_prefix(engine) -> None:
@@ -98,22 +99,24 @@ def test_whole_plan_path_needs_the_whole_prefix(engine) -> None:
     assert [r.peak_live_bytes for r in _report(ok).ranks] == [6 * REG.bytes_per_chunk] * 2
     assert too_big.outcome is Outcome.REFUSED and too_big.committed_tokens == 0  # capacity: no fault
     assert "capacity" in _report(too_big).failures[0].reason
-    assert all(p["pool"]["live_bytes"] == 0 for p in pool)
+    assert all(p.pool["live_bytes"] == 0 for p in pool)
 
 
 @pytest.mark.parametrize(
     ("seed", "fault", "fallback"),
     [
-        (401, {"kind": "remote-unavailable"}, "fs"),
-        (402, {"kind": "remote-and-ssd-absent", "count": 0}, "recompute"),
+        (401, FaultRequest("remote-unavailable"), "fs"),
+        (402, FaultRequest("remote-and-ssd-absent", count=0), "recompute"),
         # A rank's own install fault blames no tier: the prompt is recomputed locally.
-        (403, {"kind": "restore-fault", "rank": 1, "window": 1}, "recompute"),
-        (404, {"kind": "restore-fault", "rank": 0, "group": "swa"}, "recompute"),
-        (405, {"kind": "timeout", "rank": 1}, "fs"),
-        (406, {"kind": "corrupt", "rank": 0, "window": 2}, "fs"),
+        (403, FaultRequest("restore-fault", rank=1, window=1), "recompute"),
+        (404, FaultRequest("restore-fault", rank=0, group="swa"), "recompute"),
+        (405, FaultRequest("timeout", rank=1), "fs"),
+        (406, FaultRequest("corrupt", rank=0, window=2), "fs"),
     ],
 )
-def test_every_fault_fails_closed_then_falls_back_canonically(engine, seed: int, fault: dict, fallback: str) -> None:
+def test_every_fault_fails_closed_then_falls_back_canonically(
+    engine, seed: int, fault: FaultRequest, fallback: str
+) -> None:
     n = 12 * 256
     with engine.client() as c:
         _warm(c, n, seed)
@@ -129,22 +132,22 @@ def test_every_fault_fails_closed_then_falls_back_canonically(engine, seed: int,
     assert res.marker_history and res.marker_cleared is True
     assert (res.source if res.external_tokens else "recompute") == fallback
     assert res.hash_ok is True
-    assert health["ok"] is True
-    assert all(p["pool"]["live_bytes"] == 0 for p in pool)
+    assert health.ok is True
+    assert all(p.pool["live_bytes"] == 0 for p in pool)
 
 
 def test_a_failed_manual_restore_leaves_a_marker_the_next_admission_uses(engine) -> None:
     n, seed = 8 * 256, 501
     with engine.client() as c:
         _warm(c, n, seed)
-        c.inject_fault({"kind": "remote-unavailable", "rank": 1, "window": 1})  # a fetch from Mooncake fails
+        c.inject_fault(FaultRequest("remote-unavailable", rank=1, window=1))  # a fetch from Mooncake fails
         res = c.restore({"synthetic": {"n": n, "seed": seed}})
         markers = c.markers()
         nxt = c.submit({"synthetic": {"n": n, "seed": seed}})
         after = c.markers()
     assert res.outcome is Outcome.FAILED_CLOSED
     assert res.marker is not None and res.marker.excluded == {"mooncake"}
-    assert [m["prompt"] for m in markers] == [res.prompt]
+    assert [m.prompt for m in markers] == [res.prompt]
     assert nxt.passes[0].excluded_tiers == ("mooncake",)  # the marker keeps it off the faulty tier
     assert nxt.source == "fs" and nxt.hash_ok is True
     assert after == []  # cleared by the successful admission
@@ -173,15 +176,15 @@ def test_budget_is_never_exceeded_by_concurrent_restores(engine) -> None:
         finally:
             c.update_settings(budget_bytes=RWS)
     assert len(results) == 3 and all(r.outcome is Outcome.COMMITTED for r in results)
-    assert all(p["pool"]["peak_bytes"] <= 2 * RWS for p in pool)
-    assert max(p["pool"]["peak_bytes"] for p in pool) == 2 * RWS  # the budget was actually used
+    assert all(p.pool["peak_bytes"] <= 2 * RWS for p in pool)
+    assert max(p.pool["peak_bytes"] for p in pool) == 2 * RWS  # the budget was actually used
 
 
 def test_abort_ends_a_restore_fail_closed(engine) -> None:
     n, seed = 120 * 256, 700
     with engine.client() as c:
         _warm(c, n, seed)
-        c.inject_fault({"kind": "timeout", "rank": 0, "window": 5})  # holds the restore long enough to abort it
+        c.inject_fault(FaultRequest("timeout", rank=0, window=5))  # holds the restore long enough to abort it
         accepted = threading.Event()
         rid: list[str] = []
 
@@ -205,18 +208,18 @@ def test_abort_ends_a_restore_fail_closed(engine) -> None:
 def test_admin_api_guards(engine) -> None:
     with engine.client() as c:
         info = c.info()
-        assert info["api"] == "v1" and info["ranks"] == 2 and info["registration"]["identity"] == REG.identity
+        assert info.api == "v1" and info.ranks == 2 and info.registration.identity == REG.identity
     from bsr_cli.client import AdminClient
 
     with AdminClient(engine.url, None) as no_token, pytest.raises(Unauthorized):
-        no_token.inject_fault({"kind": "timeout"})
+        no_token.inject_fault(FaultRequest("timeout"))
     with AdminClient(engine.url, "wrong") as bad, pytest.raises(Unauthorized):
         bad.submit({"synthetic": {"n": 10, "seed": 1}})
     with engine.client() as c:
         with pytest.raises(BadRequest, match="exceeds this engine's limit"):
             c.probe({"synthetic": {"n": 10**6, "seed": 1}})
         with pytest.raises(BadRequest, match="unknown fault kind"):
-            c.inject_fault({"kind": "meteor"})
+            c.inject_fault(FaultRequest("meteor"))
         with pytest.raises(BadRequest, match="unknown field"):
             c.probe({"synthetic": {"n": 10, "seed": 1}, "bogus": 1})
         assert c.abort("req-never-opened") == AbortAnswer(request="req-never-opened", aborting=False)
@@ -254,7 +257,7 @@ def test_engine_without_faults_refuses_them(tmp_path) -> None:
         from bsr_cli.client import AdminClient
 
         with AdminClient(url, token) as c, pytest.raises(FaultsDisabled):
-            c.inject_fault({"kind": "timeout"})
+            c.inject_fault(FaultRequest("timeout"))
     finally:
         down = supervisor.down(tmp_path)
     from bsr_cli.mooncake import services

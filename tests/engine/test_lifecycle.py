@@ -15,6 +15,7 @@ import pytest
 
 from bsr_cli.client import AdminClient, local_engine
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.loaders import builtin_registration
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -71,7 +72,7 @@ def test_a_killed_rank_is_restarted_and_reported(own: Path, bsr, monkeypatch: py
         _until(restarted, "no rank_restarted event for rank 1")
         event = next(e for e in c.held_events(since=seq)[0] if e["type"] == "rank_restarted")
         assert event["restarts"] == 1 and event["pid"] != before["rank1"]
-        _until(lambda: bool(c.health()["ok"]), "the engine did not turn healthy after the restart")
+        _until(lambda: bool(c.health().ok), "the engine did not turn healthy after the restart")
         done = c.submit(PROMPT)
         assert done.hash_ok is True
     st = supervisor.status(own)
@@ -88,13 +89,13 @@ def test_markers_and_settings_survive_a_restart_and_faults_do_not(own: Path) -> 
 
     with _client(own) as c:
         c.submit(PROMPT)  # both tiers hold it now
-        c.inject_fault({"kind": "corrupt", "count": 1})
+        c.inject_fault(FaultRequest("corrupt", count=1))
         failed = c.restore(PROMPT)
         assert failed.outcome is Outcome.FAILED_CLOSED
         markers = c.markers()
-        assert [m["excluded_tiers"] for m in markers] == [["mooncake"]]
+        assert [m.excluded_tiers for m in markers] == [("mooncake",)]
         c.update_settings(fs_concurrency=3)
-        c.inject_fault({"kind": "timeout", "rank": 0, "count": 0})  # armed until cleared: must not survive
+        c.inject_fault(FaultRequest("timeout", rank=0, count=0))  # armed until cleared: must not survive
     supervisor.down(own)
     started = supervisor.up(own, _options())
     lines = started.restored or ()
@@ -102,11 +103,9 @@ def test_markers_and_settings_survive_a_restart_and_faults_do_not(own: Path) -> 
     assert "restored the settings changed at run time: fs_concurrency 3" in lines, lines
     assert any(line.startswith("dropped 1 armed fault(s)") for line in lines), lines
     with _client(own) as c:
-        assert [(m["prompt"], m["excluded_tiers"]) for m in c.markers()] == [
-            (m["prompt"], m["excluded_tiers"]) for m in markers
-        ]
-        assert c.info()["fs_concurrency"] == 3
-        assert c.faults()["faults"] == []
+        assert [(m.prompt, m.excluded_tiers) for m in c.markers()] == [(m.prompt, m.excluded_tiers) for m in markers]
+        assert c.info().fs_concurrency == 3
+        assert c.faults().faults == ()
     log = (own / "logs" / "engine.log").read_text()
     assert "bsr engine: dropped 1 armed fault(s)" in log
 

@@ -68,9 +68,7 @@ def test_every_operation_answers_as_documented(engine) -> None:
     check("GET", v1 + "/info", v1 + "/info", want=200)
     check("GET", v1 + "/registration", v1 + "/registration", want=200)
     own = check("GET", v1 + "/openapi.json", v1 + "/openapi.json", want=200).json()
-    assert (
-        own["components"]["schemas"]["Synthetic"]["properties"]["n"]["maximum"] == engine.client().info()["max_tokens"]
-    )
+    assert own["components"]["schemas"]["Synthetic"]["properties"]["n"]["maximum"] == engine.client().info().max_tokens
     body = {"synthetic": {"n": 700, "seed": 4242}}
     check("POST", v1 + "/requests", v1 + "/requests", want=200, json=body, headers=auth)
     streamed = check("POST", v1 + "/requests", v1 + "/requests", want=200, json=body | {"stream": True}, headers=auth)

@@ -92,7 +92,7 @@ def _until_no_call_in_flight(client, deadline_s: float = 120.0) -> None:
     """Poll the ranks' tier health until no Mooncake call abandoned at a deadline is still running."""
     end = time.monotonic() + deadline_s
     while True:
-        details = [str((r.get("tiers") or {}).get("mooncake")) for r in client.pool(health=True)]
+        details = [t.detail for r in client.pool(health=True) if (t := (r.tiers or {}).get("mooncake")) is not None]
         if not any("in flight" in d for d in details):
             return
         assert time.monotonic() < end, f"an abandoned Mooncake call is still running: {details}"

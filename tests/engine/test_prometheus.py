@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from bsr_cli.core.evidence import FailureKind, Outcome
+from bsr_cli.core.faults import FaultRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 MON = ROOT / "docs" / "monitoring"
@@ -158,7 +159,7 @@ def test_a_real_prometheus_scrapes_the_engine_and_fires_the_fail_closed_alert(
     prompt = {"synthetic": {"n": 3000, "seed": 32}}
     with engine.client() as c:
         c.submit(prompt)
-        c.inject_fault({"kind": "remote-unavailable", "rank": 1, "count": 1})  # a fetch from Mooncake fails
+        c.inject_fault(FaultRequest("remote-unavailable", rank=1, count=1))  # a fetch from Mooncake fails
         res = c.restore(prompt, w=4)
     assert res.report is not None
     assert res.outcome is Outcome.FAILED_CLOSED and res.report.failure_kind is FailureKind.TIER

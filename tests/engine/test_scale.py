@@ -57,6 +57,6 @@ def test_peak_is_rws_from_thousands_to_half_a_million_tokens(tmp_path) -> None:
         assert report.windows == accounting.num_windows(chunks, W)
         assert res.hashes.hash_ok is True
         assert [r.peak_live_bytes for r in report.ranks] == [rws, rws]
-        assert [p["pool"]["peak_bytes"] for p in pool] == [rws, rws]
+        assert [p.pool["peak_bytes"] for p in pool] == [rws, rws]
         assert report.whole_plan_bytes == chunks * SMALL.bytes_per_chunk  # what W=0 would have staged
     assert rows[-1][1].report.windows == 64  # 2,047 chunks in 64 windows, peak still RWS(32)

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from engine.tmpfs import Tmpfs, mount_tmpfs
 
+from bsr_cli.core.evidence import TierCondition
+
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(300)
 
@@ -143,10 +145,10 @@ def test_a_full_fs_tier_is_unhealthy_and_submit_says_the_store_failed(bsr: Any, 
             health = c.health()
             metrics = c.metrics()
         assert {e["rank"] for e in events} == {0, 1} and all(e["tier"] == "fs" for e in events)
-        fs = health["tiers"]["fs"]
-        assert not fs["ok"] and "full" in fs["conditions"], fs
-        assert any("No space left on device (ENOSPC)" in d for d in fs["detail"])
-        assert "fs" in health["degraded_tiers"]
+        fs = health.tiers["fs"]
+        assert not fs.ok and TierCondition.FULL in fs.conditions, fs
+        assert any("No space left on device (ENOSPC)" in d for d in fs.detail)
+        assert "fs" in health.degraded_tiers
         assert 'bsr_tier_healthy{tier="fs"} 0.0' in metrics
         assert 'bsr_tier_condition{condition="full",tier="fs"} 1.0' in metrics
     finally:

@@ -167,7 +167,7 @@ def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services
         for o in report.ranks:
             assert o.peak_live_bytes == budget, (tier, budget, o)
             assert o.windows_done == CHUNKS // W and o.install_seconds > 0
-        peaks[tier] = max(p["pool"]["peak_bytes"] for p in c.pool())
+        peaks[tier] = max(p.pool["peak_bytes"] for p in c.pool())
         assert peaks[tier] == budget
 
     # Stock LMCache retrieve of the same prefix on rank 0: the whole plan staged in L1 at once. Bit-exact too.
@@ -413,7 +413,7 @@ def test_two_restores_overlap_inside_lmcache_under_b_2rws(stack: tuple[services.
         c.reset_peak()
         out["first"] = c.restore(first, w=W, exclude=["fs"], progress=on_first)
         runner.join(120)
-        peaks = [p["pool"]["peak_bytes"] for p in c.pool()]
+        peaks = [p.pool["peak_bytes"] for p in c.pool()]
     finally:
         for r in (0, 1):
             host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))

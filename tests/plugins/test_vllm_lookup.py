@@ -162,7 +162,7 @@ def test_per_worker_admin_server_answers_probe_for_its_rank(stored: tuple[LMCach
             )
             with urllib.request.urlopen(req, timeout=10) as resp:
                 got[r] = json.loads(resp.read())
-            assert admin.coordinator.info()["engine"] == f"vllm-lmcache tp-rank {r}"
+            assert admin.coordinator.info().engine == f"vllm-lmcache tp-rank {r}"
         assert got[0]["committable_tokens"] == CHUNKS * CS
         assert got[1]["committable_tokens"] == HOLE * CS
         row1 = got[1]["bitmap"]["rows"][0]["cells"]

@@ -18,6 +18,7 @@ from bsr_cli.client import (
     AdminClient,
     local_engine,
 )
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.engine import supervisor
 from bsr_cli.loaders import builtin_registration
 from bsr_cli.tui.source import LiveSource, Recorder
@@ -50,7 +51,7 @@ def main() -> None:
 
         rec.write(source.poll())
         poll_while(threading.Thread(target=lambda: AdminClient(url, token).restore(PROMPT, w=4)))
-        client.inject_fault({"kind": "restore-fault", "rank": 1, "count": 2})
+        client.inject_fault(FaultRequest("restore-fault", rank=1, count=2))
         rec.write(source.poll())
         poll_while(threading.Thread(target=lambda: AdminClient(url, token).restore(PROMPT, w=4)))
         rec.write(source.poll())

@@ -19,6 +19,7 @@ from bsr_cli.client import (
     local_engine,
 )
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.engine import supervisor
 from bsr_cli.fleet import Target
 from bsr_cli.loaders import builtin_registration
@@ -67,7 +68,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     # Engine B: a restore fails closed under an injected fault and leaves a force-local marker.
     with AdminClient(url_b, tok_b) as c:
         c.submit(PROMPT)
-        c.inject_fault({"kind": "remote-unavailable", "rank": 1, "count": 1})  # Mooncake's fetch fails: a tier fault
+        c.inject_fault(FaultRequest("remote-unavailable", rank=1, count=1))  # Mooncake's fetch fails: a tier fault
         assert c.restore(PROMPT, w=4).outcome is Outcome.FAILED_CLOSED
 
     r = bsr("status", "--engine", "a", "--engine", "b,c", "--json")
@@ -107,7 +108,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     ] == "unhealthy"
     with AdminClient(url_a, tok_a) as c:
         deadline = time.monotonic() + 60
-        while not c.health()["ok"]:
+        while not c.health().ok:
             assert time.monotonic() < deadline, "rank 1 of engine A did not come back"
             time.sleep(0.2)
 

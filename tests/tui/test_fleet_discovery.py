@@ -93,7 +93,7 @@ def _free_port() -> int:
 @pytest.fixture
 def standins(live_engine: Any) -> Iterator[list[StandIn]]:
     with live_engine.client() as c:
-        real = c.snapshot(health=True)
+        real = c.snapshot(health=True).to_wire()
     out = []
     try:
         for i in range(STANDINS):

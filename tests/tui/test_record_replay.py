@@ -93,7 +93,7 @@ def test_recording_is_compact_and_survives_a_killed_recorder(incident: Path, tmp
     _, items = read_recording(incident)
     frames = [i for i in items if isinstance(i, Frame)]
     # Events already on file are not written again: each is stored once across the whole recording.
-    seqs = [e["seq"] for f in frames for e in f.snapshot.get("events", ())]
+    seqs = [e["seq"] for f in frames for e in f.snapshot.events]
     assert len(seqs) == len(set(seqs))
     # A recorder killed mid-line leaves a truncated gzip stream: every complete line before it still replays.
     raw = gzip.decompress(incident.read_bytes())

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen
 from bsr_cli.tui.source import LiveSource
@@ -101,7 +102,7 @@ async def test_an_abort_sent_is_followed_to_its_outcome(
     with engine.client() as c:
         c.submit(PROMPT)
         # The stall holds the restore in flight until the abort ends it: this engine's fetch deadline is far away.
-        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1, "count": 1})
+        c.inject_fault(FaultRequest("timeout", rank=1, window=1, count=1))
     out: dict[str, Any] = {}
     worker = _restore(engine, out)
     source = LiveSource.for_url(engine.url, engine.token)

@@ -3,7 +3,6 @@ recorded snapshot, its admission's `waiting_for_blocks` set, replayed into the r
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ def _recording_waiting(incident: Path, tmp_path: Path, waiting: int) -> Path:
     """The fixture's last snapshot, with ``waiting`` requests waiting for destination KV blocks."""
     _, items = read_recording(incident)
     frame = [i for i in items if isinstance(i, Frame)][-1]
-    snap = copy.deepcopy(frame.snapshot)
+    snap = frame.snapshot.to_wire()
     snap["admission"]["waiting_for_blocks"] = waiting
     path = tmp_path / f"waiting-{waiting}.jsonl.gz"
     path.write_bytes(recording_bytes(snap, frame.received_at, frame.latency_s, "test"))

@@ -13,6 +13,7 @@ import pytest
 from textual.widgets import Input, OptionList, Static
 
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen
 from bsr_cli.tui.source import LiveSource, ReplaySource
@@ -104,10 +105,10 @@ async def test_fault_dialog_sets_window_count_and_group(engine: Any, wait_until:
         await pilot.click("#inject")
         await wait_until(pilot, lambda: bool(app.view and app.view.faults), "the fault on screen")
     with engine.client() as c:
-        faults = c.faults()["faults"]
+        faults = c.faults().faults
     assert len(faults) == 1
     f = faults[0]
-    assert f["window"] == 2 and f["count"] == 0 and f["group"] == app.view.info.groups[0]
+    assert f.window == 2 and f.count == 0 and f.group == app.view.info.groups[0]
 
 
 @pytest.mark.timeout(180)
@@ -116,7 +117,7 @@ async def test_abort_from_top_asks_first_and_fails_the_restore_closed(engine_tha
     with engine.client() as c:
         c.submit(PROMPT)
         # The stall holds the restore in flight until the abort ends it: this engine's fetch deadline is far away.
-        c.inject_fault({"kind": "timeout", "rank": 1, "window": 1, "count": 1})
+        c.inject_fault(FaultRequest("timeout", rank=1, window=1, count=1))
     out: dict[str, Any] = {}
 
     def run() -> None:

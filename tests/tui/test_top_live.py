@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from bsr_cli.client import AdminClient
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.model import Frame, View
 from bsr_cli.tui.screens import ConfirmScreen, FaultScreen
@@ -111,7 +113,7 @@ async def test_fault_injected_through_the_ui_then_a_restore_fails_closed(
         await pilot.press("f")  # app keys still arrive under a dialog: no second dialog on top
         assert app.screen is picker and len(app.screen_stack) == 2
         await pilot.press("tab", "down", "down")  # to the rank list: every rank → rank 0 → rank 1
-        assert picker.spec() == {"kind": "restore-fault", "count": 1, "rank": 1}
+        assert picker.spec() == FaultRequest("restore-fault", rank=1, count=1)
         assert "restore-fault on rank 1" in screen(app)
         await pilot.press("y")
         await wait_until(pilot, lambda: app.shown is not None and app.shown.faults, "the injected fault on screen")
@@ -133,13 +135,13 @@ async def test_fault_injected_through_the_ui_then_a_restore_fails_closed(
 
         # c asks first; n keeps the faults, y clears them.
         with engine.client() as c:
-            c.inject_fault({"kind": "timeout", "rank": 0, "count": 0})
+            c.inject_fault(FaultRequest("timeout", rank=0, count=0))
         await wait_until(pilot, lambda: app.shown is not None and app.shown.faults, "a second fault")
         await pilot.press("c")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
         with engine.client() as c:
-            assert c.faults()["faults"], "cancel must not clear"
+            assert c.faults().faults, "cancel must not clear"
         await pilot.press("c", "y")
         await wait_until(pilot, lambda: app.shown is not None and not app.shown.faults, "the faults cleared")
         assert "none injected" in screen(app)
@@ -191,7 +193,7 @@ class _CannedSource(LiveSource):
 async def test_fault_keys_respect_a_disabled_engine_and_a_replay(incident: Path) -> None:
     item = read_recording(incident)[1][-1]
     assert isinstance(item, Frame)
-    snap = dict(item.snapshot) | {"info": dict(item.snapshot["info"]) | {"faults_enabled": False}}
+    snap = replace(item.snapshot, info=replace(item.snapshot.info, faults_enabled=False))
     app = TopApp(_CannedSource(Frame(snap, item.received_at, 0.01)), interval=0.05)
     notified: list[str] = []
     notify = app.notify

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import io
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.status import Snapshot
 from bsr_cli.tui import model, panels
 from bsr_cli.tui.model import Frame
 from bsr_cli.tui.source import PollFailure, read_recording
@@ -62,18 +62,18 @@ def test_filters_cycle_and_select(incident: Path) -> None:
 @pytest.mark.timeout(30)
 def test_high_water_sees_windows_between_polls_and_gaps_are_counted(incident: Path) -> None:
     frames = _frames(incident)
-    i = next(k for k, f in enumerate(frames) if f.snapshot.get("active"))
+    i = next(k for k, f in enumerate(frames) if f.snapshot.active)
     prev = model.fold(None, frames[i - 1])
-    drained = copy.deepcopy(dict(frames[i].snapshot))
+    drained = frames[i].snapshot.to_wire()
     for r in drained["ranks"]:
         r["pool"]["live_bytes"] = 0  # the poll landed between two windows
-    view = model.fold(prev, Frame(drained, frames[i].received_at, 0.01))
+    view = model.fold(prev, _frame(drained, frames[i].received_at))
     assert all(g.live_bytes == 0 for g in view.gauges)
     assert max(g.high_water_bytes for g in view.gauges) > 0, "window events since the last poll still count"
     # Events the engine already dropped before this poll are reported as missed, not silently lost.
-    gap = copy.deepcopy(dict(frames[i].snapshot))
+    gap = frames[i].snapshot.to_wire()
     gap["events"] = gap["events"][-5:]
-    missed = model.fold(prev, Frame(gap, frames[i].received_at, 0.01))
+    missed = model.fold(prev, _frame(gap, frames[i].received_at))
     assert missed.events_missed == gap["events"][0]["seq"] - prev.seq - 1 > 0
 
 
@@ -81,9 +81,9 @@ def test_high_water_sees_windows_between_polls_and_gaps_are_counted(incident: Pa
 def test_restarted_engine_starts_a_new_event_stream(incident: Path) -> None:
     frames = _frames(incident)
     before = list(model.fold_all(frames))[-1]
-    restarted = copy.deepcopy(dict(frames[0].snapshot))
+    restarted = frames[0].snapshot.to_wire()
     restarted["info"]["started_at"] += 1000
-    after = model.fold(before, Frame(restarted, frames[-1].received_at + 1, 0.01))
+    after = model.fold(before, _frame(restarted, frames[-1].received_at + 1))
     assert after.seq < before.seq and after.events_missed == before.events_missed
     assert after.gauges[0].history[:-1] == before.gauges[0].history[-(model.HISTORY - 1) :]
 
@@ -103,7 +103,8 @@ def test_render_text_reads_at_80_and_120_columns(incident: Path) -> None:
 
 @pytest.mark.timeout(30)
 def test_a_broken_snapshot_still_folds() -> None:
-    view = model.fold(None, Frame({"ranks": [{"rank": 0, "alive": False, "error": "pipe closed"}, "junk"]}, 1.0, 0.0))
+    broken = {"ranks": [{"rank": 0, "alive": False, "error": "pipe closed"}, "junk"]}
+    view = model.fold(None, Frame(Snapshot.from_wire(broken), 1.0, 0.0))
     assert view.gauges[0].state == "down"
     assert "DOWN" in _text(panels.render_text(view))
     assert PollFailure.from_error(ValueError("x"), 0.0, 0.0).kind == "internal"
@@ -114,9 +115,9 @@ def test_a_restart_is_marked_in_the_event_log(incident: Path) -> None:
     frames = _frames(incident)
     before = list(model.fold_all(frames))[-1]
     assert not any(e.type == EventKind.ENGINE_STARTED for e in before.events)
-    restarted = copy.deepcopy(dict(frames[0].snapshot))
+    restarted = frames[0].snapshot.to_wire()
     restarted["info"]["started_at"] += 1000
-    after = model.fold(before, Frame(restarted, frames[-1].received_at + 1, 0.01))
+    after = model.fold(before, _frame(restarted, frames[-1].received_at + 1))
     marks = [e for e in after.events if e.type == EventKind.ENGINE_STARTED]
     assert len(marks) == 1 and "engine restarted" in marks[0].text
     # The separator stands between the old engine's events and the new one's.
@@ -134,7 +135,12 @@ def _snap(t: float, done: dict[str, int], events: list[dict] | None = None, seq:
         "active": [{"request": "req-7", "W": 2, "windows": 8, "tokens": 4096, "started": 100.0, "done": done}],
         "events": events or [],
     }
-    return Frame(snap, t, 0.01)
+    return _frame(snap, t)
+
+
+def _frame(snap: dict, t: float) -> Frame:
+    """A frame of a snapshot as an engine would answer it (``snap``, its wire form)."""
+    return Frame(Snapshot.from_wire(snap), t, 0.01)
 
 
 @pytest.mark.timeout(30)

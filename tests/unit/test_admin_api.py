@@ -15,6 +15,7 @@ pytest.importorskip("fastapi")  # the admin API is the engine extra's
 
 from bsr_cli.client import AdminClient
 from bsr_cli.core.evidence import FailureKind, Outcome
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.errors import BsrError
 from bsr_cli.server.admin import PREFIX, AdminServer
 from unit.fixtures import FakeEngine, build_engine
@@ -86,14 +87,14 @@ def test_faults_and_markers_round_trip(served: tuple[FakeEngine, AdminServer]) -
     with AdminClient(server.url, TOKEN, timeout_s=20) as client:
         client.submit(PROMPT)
         with pytest.raises(BsrError, match="unknown fault kind"):
-            client.inject_fault({"kind": "meteor"})
-        client.inject_fault({"kind": "corrupt", "group": "full"})
-        assert [f["kind"] for f in client.faults()["faults"]] == ["corrupt"]
+            client.inject_fault(FaultRequest("meteor"))
+        client.inject_fault(FaultRequest("corrupt", group="full"))
+        assert [f.kind for f in client.faults().faults] == ["corrupt"]
         out = client.restore(PROMPT)
         assert out.report is not None
         assert out.outcome is Outcome.FAILED_CLOSED and out.report.failure_kind is FailureKind.TIER
         assert "checksum mismatch" in out.report.failures[0].reason
-        assert [m["excluded_tiers"] for m in client.markers()] == [["mooncake"]]
+        assert [m.excluded_tiers for m in client.markers()] == [("mooncake",)]
         assert client.clear_markers() == 1 and client.markers() == []
         metrics = client.metrics()
     assert "bsr_" in metrics and "failed" in metrics
@@ -111,7 +112,7 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_restore_fail_closed(
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with AdminClient(server.url, TOKEN, timeout_s=20) as client:
         client.submit(PROMPT)
-        client.inject_fault({"kind": "timeout", "rank": 0, "window": 1})
+        client.inject_fault(FaultRequest("timeout", rank=0, window=1))
     c = eng.coordinator
     seq = c.events.last_seq
     with (
@@ -134,7 +135,7 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_restore_fail_closed(
     ended = _wait_for_event(c, seq, rid, "restore_aborted")
     assert ended["failure_kind"] == "aborted", ended
     assert [r["outcome"] for r in c.recent if r["request"] == rid] == ["aborted"]
-    assert all(rk["pool"]["live_bytes"] == 0 for rk in c.pool())
+    assert all(rk.live_bytes == 0 for rk in c.pool())
 
 
 def _wait_for_event(c: Any, seq: int, request: str, kind: str, timeout_s: float = 20.0) -> dict[str, Any]:

@@ -79,16 +79,16 @@ def test_a_request_waits_for_blocks_held_by_another_and_proceeds_when_they_free(
     waiter = _submit_in_thread(engine, WAITER, "req-waiter", out)
     assert coord.await_blocks_waiting(1, 10), "the request did not wait for the blocks"
     # Visible where an operator looks: the snapshot (`bsr status`, `bsr top`) and the gauge.
-    adm = coord.snapshot(health=False)["admission"]
-    assert adm["waiting_for_blocks"] == 1 and adm["blocks_waiting"][0]["request"] == "req-waiter"
-    assert adm["blocks_waiting"][0]["blocks"] == {"full": 500, "swa": 250}
+    adm = coord.snapshot(health=False).admission
+    assert adm.waiting_for_blocks == 1 and adm.blocks_waiting[0].request == "req-waiter"
+    assert adm.blocks_waiting[0].blocks == {"full": 500, "swa": 250}
     assert _gauge(engine) == 1
     view = fold(None, Frame(coord.snapshot(health=False), received_at=0.0, latency_s=0.0))  # what `bsr top` draws
     assert view.admission.waiting_for_blocks == 1
     # FIFO: a small request that would fit the free blocks now still queues behind the first in line.
     small = _submit_in_thread(engine, synthetic_tokens(100, seed=3), "req-small", out)
     assert coord.await_blocks_waiting(2, 10)
-    assert [w["request"] for w in coord.blocks_waiting()] == ["req-waiter", "req-small"]
+    assert [w.request for w in coord.blocks_waiting()] == ["req-waiter", "req-small"]
     engine.ranks[0].release.set()  # the holder finishes and frees its blocks
     for t in (holder, waiter, small):
         t.join(20)
@@ -130,7 +130,7 @@ def test_a_request_still_waiting_at_its_deadline_is_refused_for_capacity(engine:
         )
         == 1
     )
-    recent = engine.coordinator.snapshot(health=False)["recent"]
+    recent = engine.coordinator.snapshot(health=False).recent
     assert any(r["request"] == "req-late" and r["outcome"] == Outcome.REFUSED for r in recent)
 
 

@@ -90,7 +90,7 @@ def test_one_invalid_group_on_one_rank_collapses_the_whole_prefix(fake_engine: F
     # Rank 1 scrubbed every block of the request, including the window it had installed before the fault.
     assert fake_engine.ranks[1].ops.kv.invalidated
     assert not fake_engine.ranks[0].ops.kv.invalidated  # rank 0 restored its part; the commit rule still says no
-    assert [m["excluded_tiers"] for m in fake_engine.coordinator.list_markers()] == [[]]
+    assert [m.excluded_tiers for m in fake_engine.coordinator.list_markers()] == [()]
     fake_engine.coordinator.clear_markers()
     assert fake_engine.coordinator.markers == {} and fake_engine.coordinator.list_markers() == []
 
@@ -122,7 +122,7 @@ def test_a_rank_that_stops_making_progress_fails_the_restore_as_a_rank_fault() -
         assert out.committed_tokens == 0 and out.marker is None
         assert 1 in eng.coordinator.rank_faults
         assert any(f.rank == 1 and f.kind is failures.RANK for f in report.failures)
-        assert "no restore progress" in eng.coordinator.rank_faults[1]["reason"]
+        assert "no restore progress" in eng.coordinator.rank_faults[1].reason
         # The stalled rank's call still runs: the request's blocks stay allocated until it returns, so a late
         # install can never land in another request's blocks.
         alloc = eng.coordinator.allocators["full"]

@@ -16,6 +16,7 @@ from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.events import Event, Failure, WindowWaiting
 from bsr_cli.core.evidence import CapacityCause, EventKind, FailureKind, Outcome, Stage
 from bsr_cli.core.keys import synthetic_tokens
+from bsr_cli.core.status import ActiveRestore
 from bsr_cli.errors import BadRequest, CapacityError, FaultsDisabled
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation
@@ -154,7 +155,7 @@ def test_rank_calls_watch_a_restores_progress_and_a_stuck_rank_call(parts: Parts
     obs = Observation(parts.ctx, calls=calls, armed_faults=list)  # where the ranks' progress events arrive
     obs.on_rank_event(WindowWaiting(request="req-1", rank=1, window=0))
     assert calls.last_progress("req-1", 1) is None  # a restore not watched is not tracked
-    obs.restore_began("req-1", {"request": "req-1", "done": {0: 0, 1: 0}, "bytes": {0: 0, 1: 0}})
+    obs.restore_began("req-1", ActiveRestore("req-1", 2, 1, 256, ("fs",), 0.0, {0: 0, 1: 0}, {0: 0, 1: 0}))
     assert obs.is_restoring("req-1") and calls.last_progress("req-1", 1)[1] is None  # type: ignore[index]
     obs.on_rank_event(WindowWaiting(request="req-1", rank=1, window=0))
     assert calls.last_progress("req-1", 1)[1] is EventKind.WINDOW_WAITING  # type: ignore[index]
@@ -163,10 +164,10 @@ def test_rank_calls_watch_a_restores_progress_and_a_stuck_rank_call(parts: Parts
 
     call: Future[None] = Future()
     calls.note_stuck(1, "req-1", call)
-    health = {h["rank"]: h for h in calls.rank_health()}
-    assert health[0]["healthy"] and not health[1]["healthy"] and "req-1" in health[1]["reason"]
+    health = {h.rank: h for h in calls.rank_health()}
+    assert health[0].healthy and not health[1].healthy and "req-1" in (health[1].reason or "")
     call.set_result(None)
-    assert all(h["healthy"] for h in calls.rank_health())
+    assert all(h.healthy for h in calls.rank_health())
 
 
 def test_orchestration_probes_through_the_hosts_probe_on_every_path(parts: Parts) -> None:

@@ -38,7 +38,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngine]:
 
 
 def _excluded(eng: FakeEngine) -> dict[str, list[str]]:
-    return {m["prompt"]: m["excluded_tiers"] for m in eng.coordinator.list_markers()}
+    return {m.prompt: list(m.excluded_tiers) for m in eng.coordinator.list_markers()}
 
 
 def _cleared_events(eng: FakeEngine) -> list[dict]:

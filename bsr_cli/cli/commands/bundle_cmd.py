@@ -123,18 +123,18 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
     from bsr_cli import incident_bundle as ib
 
     t0 = time.monotonic()
-    snap = client.snapshot(health=True, events_since=0)
+    snap = client.snapshot(health=True, events_since=0).to_wire()
     latency = time.monotonic() - t0
     received = time.time()
-    health = client.health()
-    info: dict[str, Any] = snap.get("info") or client.info()
+    health = client.health().to_wire()
+    info: dict[str, Any] = snap.get("info") or client.info().to_wire()
     b.json("status.json", {k: v for k, v in snap.items() if k != "events"})
     b.json("health.json", health)
     b.json("info.json", info)
     b.json("versions.json", asdict(ib.versions()) | {"engine": info.get("version"), "api": info.get("api")})
     b.json("registration.json", client.registration())
     b.json("markers.json", snap.get("markers") or [])
-    b.json("faults.json", client.faults())
+    b.json("faults.json", client.faults().to_wire())
     b.json("quarantine.json", ib.quarantine_list(health))
     # The engine's events since --since, from its durable store (the snapshot carries only the newest).
     events, _ = client.held_events(0, after=t_from)

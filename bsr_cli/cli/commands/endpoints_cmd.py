@@ -156,7 +156,7 @@ def engine_endpoints(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     st = state(ctx, json_flag)
     url, _token, how = resolve_engine(st.settings)
     with AdminClient.from_settings(st.settings) as client:
-        info = client.info()  # authenticated: an answer means the token was accepted
+        info = client.info().to_wire()  # authenticated: an answer means the token was accepted
     source = st.settings.sources.get("token", how) if st.settings.token else how
     st.out.result(endpoints_of(url, source, info), render)
 

@@ -114,12 +114,12 @@ def _explain_prompt(
     from bsr_cli.prompts import prompt_body
 
     with AdminClient.from_settings(st.settings) as client:
-        info = client.info()
+        info = client.info().to_wire()
         tokenizer = info.get("tokenizer") if prompt_file is not None else None
         body = prompt_body(tokens_file, prompt_file, synthetic, seed, tokenizer)
         tokens = body["tokens"] if "tokens" in body else synthetic_tokens(body["synthetic"]["n"], seed)
         prompt = prompt_hash(tokens)
-        health = client.health()
+        health = client.health().to_wire()
         registration = Registration.from_dict(client.registration())
         probe: dict[str, Any] | None = None
         probe_error = None
@@ -129,8 +129,8 @@ def _explain_prompt(
             if not [r for r in health.get("ranks") or [] if not r.get("healthy", True)]:
                 raise
             probe_error = e.message  # a rank is down: the probe cannot run, the verdict says why
-        markers = client.markers()
-        faults = client.faults().get("faults", [])
+        markers = [m.to_wire() for m in client.markers()]
+        faults = client.faults().to_wire().get("faults", [])
         # The prompt's last restore, from the engine's event store: its start, then every event of that request.
         starts = (EventKind.RESTORE_STARTED.value, EventKind.REQUEST_ADMITTED.value)
         found = client.events(prompt=prompt, kinds=starts, limit=1, newest=True).get("events") or []
@@ -176,8 +176,8 @@ def _explain_request(st: AppState, request: str) -> Explanation:
 
     with AdminClient.from_settings(st.settings) as client:
         events, _ = client.held_events(0, request=request)
-        health = client.health()
-        markers = client.markers()
+        health = client.health().to_wire()
+        markers = [m.to_wire() for m in client.markers()]
     mine = typed_events(events)
     if not mine:
         raise InvalidInput(

@@ -91,7 +91,7 @@ def settings_show(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """The engine's settings as it runs now."""
     st = state(ctx, json_flag)
     with _client(st) as client:
-        info = client.info()
+        info = client.info().to_wire()
     st.out.result(_settings_view(client.url, info), _render_settings)
 
 
@@ -123,7 +123,7 @@ def settings_set(
     if not changes:
         raise InvalidInput("nothing to set", hint="give --W, --budget or --fs-concurrency")
     with _client(st) as client:
-        info = client.update_settings(**changes)
+        info = client.update_settings(**changes).to_wire()
     st.out.result(_settings_view(client.url, info, tuple(sorted(changes))), _render_settings)
 
 
@@ -382,9 +382,10 @@ def _recorded_events(path: Path) -> list[ev.Event]:
     seen: dict[tuple[float, int], ev.Event | None] = {}
     for item in items:
         if isinstance(item, Frame):
-            for e in item.snapshot.get("events") or ():
+            snap = item.snapshot.to_wire()
+            for e in snap.get("events") or ():
                 # Frames overlap; an engine restart reuses sequence numbers, so key by (started_at, seq).
-                seen[(float(item.snapshot.get("started_at") or 0), int(e.get("seq", 0)))] = parse_wire(e)
+                seen[(float(item.snapshot.info.started_at), int(e.get("seq", 0)))] = parse_wire(e)
     return [e for k in sorted(seen) if (e := seen[k]) is not None]
 
 

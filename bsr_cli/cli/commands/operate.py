@@ -11,7 +11,9 @@ import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.results import ManualRestoreResult
+from bsr_cli.core.status import EngineInfo, EngineStatus, MarkerList
 from bsr_cli.errors import (
     CapacityError,
     DrillViolation,
@@ -43,7 +45,7 @@ def _client(st: AppState) -> Any:
 def _prompt(client: Any, tokens_file: Path | None, prompt_file: Path | None, synthetic: int | None, seed: int) -> dict:
     from bsr_cli.prompts import prompt_body
 
-    tokenizer = client.info().get("tokenizer") if prompt_file is not None else None
+    tokenizer = client.info().tokenizer if prompt_file is not None else None
     return prompt_body(tokens_file, prompt_file, synthetic, seed, tokenizer)
 
 
@@ -188,7 +190,7 @@ def restore(
     if tier is not None and exclude_tier:
         raise InvalidInput("give --tier or --exclude-tier, not both")
     with _client(st) as client:
-        info = client.info()
+        info = client.info().to_wire()
         if tier is not None:
             tiers = list(info.get("tiers") or [])
             if tier not in tiers:
@@ -350,35 +352,29 @@ def inject_fault(
 ) -> None:
     """Arm a fault for the next restores. Refused unless the engine was started with faults enabled."""
     st = state(ctx, json_flag)
-    spec: dict[str, Any] = {"kind": kind, "count": count}
-    if rank is not None:
-        spec["rank"] = rank
-    if window is not None:
-        spec["window"] = window - 1
-    if group is not None:
-        spec["group"] = group
+    fault = FaultRequest(kind, rank=rank, window=None if window is None else window - 1, group=group, count=count)
     with _client(st) as client:
         _check_fault_target(client.info(), rank=rank, window=window)
-        result = client.inject_fault(spec)
+        result = client.inject_fault(fault)
 
-    def render(console: Any, d: dict[str, Any]) -> None:
-        where = f"rank {d['rank']}" if d["rank"] is not None else "every rank"
-        win = f"window G{d['window'] + 1}" if d["window"] is not None else "the first window"
-        times = "until cleared" if d["count"] == 0 else f"for {d['count']} restore(s)"
-        grp = f", group {d['group']}" if d["group"] else ""
-        console.print(f"[red]armed[/] fault #{d['id']} {d['kind']} on {where}, {win}{grp}, {times}")
+    def render(console: Any, f: FaultSpec) -> None:
+        where = f"rank {f.rank}" if f.rank is not None else "every rank"
+        win = f"window G{f.window + 1}" if f.window is not None else "the first window"
+        times = "until cleared" if f.count == 0 else f"for {f.count} restore(s)"
+        grp = f", group {f.group}" if f.group else ""
+        console.print(f"[red]armed[/] fault #{f.id} {f.kind} on {where}, {win}{grp}, {times}")
 
     st.out.result(result, render)
 
 
-def _check_fault_target(info: dict[str, Any], *, rank: int | None, window: int | None) -> None:
+def _check_fault_target(info: EngineInfo, *, rank: int | None, window: int | None) -> None:
     """A rank the engine does not have, or a window past its longest prompt, is invalid input (exit 2)."""
-    ranks = int(info.get("ranks") or 0)
+    ranks = info.ranks
     if rank is not None and ranks and rank >= ranks:
         raise InvalidInput(f"--rank {rank}: this engine has {ranks} rank(s), 0..{ranks - 1}")
-    chunk = int(info.get("chunk_size") or 0)
+    chunk = info.chunk_size
     if window is not None and chunk:
-        last = max(1, -(-int(info.get("max_tokens") or 0) // chunk))
+        last = max(1, -(-info.max_tokens // chunk))
         if window > last:
             raise InvalidInput(
                 f"--window {window}: this engine's longest prompt has at most {last} windows (at W=1)",
@@ -422,20 +418,20 @@ def markers_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     with _client(st) as client:
         markers = client.markers()
 
-    def render(console: Any, d: dict[str, Any]) -> None:
+    def render(console: Any, listed: MarkerList) -> None:
         import time
 
-        if not d["markers"]:
+        if not listed.markers:
             console.print("no force-local markers")
             return
-        for m in d["markers"]:
-            since = time.strftime("%H:%M:%S", time.localtime(m["set_at"]))
+        for m in listed.markers:
+            since = time.strftime("%H:%M:%S", time.localtime(m.set_at))
             console.print(
-                f"prompt {m['prompt']}  excludes {', '.join(m['excluded_tiers'])}  since {since}"
-                f"  (request {m['request']}: {m['reason']})"
+                f"prompt {m.prompt}  excludes {', '.join(m.excluded_tiers)}  since {since}"
+                f"  (request {m.request}: {m.reason})"
             )
 
-    st.out.result({"markers": markers}, render)
+    st.out.result(MarkerList(tuple(markers)), render)
 
 
 @markers_app.command("clear")
@@ -507,12 +503,11 @@ def status(ctx: typer.Context, engines_from: EnginesFromOpt = None, json_flag: J
     with _client(st) as client:
         snap = client.snapshot(health=True)
         health = client.health()
-    data = {"url": client.url, "health": health, **snap}
-    st.out.result(data, render_ops.status)
-    bad = [r for r in health.get("ranks", []) if not r.get("healthy", True)]
+    st.out.result(EngineStatus(url=client.url, health=health, snapshot=snap), render_ops.status)
+    bad = [r for r in health.ranks if not r.healthy]
     if bad:
         raise ServerError(
-            "unhealthy: " + "; ".join(f"rank {r['rank']} {r.get('reason') or 'unhealthy'}" for r in bad),
+            "unhealthy: " + "; ".join(f"rank {r.rank} {r.reason or 'unhealthy'}" for r in bad),
             hint="resume the stopped rank process, or restart the engine (bsr engine down; bsr engine up)",
         )
 

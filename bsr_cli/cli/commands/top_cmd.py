@@ -114,7 +114,7 @@ def pool_reset_peak(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     with AdminClient.from_settings(st.settings) as client:
         client.reset_peak()
         ranks = client.pool()
-    data = {"ranks": [{"rank": r.get("rank"), "peak_bytes": (r.get("pool") or {}).get("peak_bytes")} for r in ranks]}
+    data = {"ranks": [{"rank": r.rank, "peak_bytes": (r.pool or {}).get("peak_bytes")} for r in ranks]}
     st.out.result(data, lambda c, d: c.print(f"peak reset on {len(d['ranks'])} rank(s)"))
 
 

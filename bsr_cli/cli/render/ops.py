@@ -28,6 +28,7 @@ from bsr_cli.core.results import (
     RestoreReport,
     SubmitResult,
 )
+from bsr_cli.core.status import EngineStatus, FaultListing
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
@@ -361,115 +362,114 @@ def event_line(wire: dict[str, Any]) -> str:
     return f"{wire.get('seq', 0):>7} {stamp}{where} {describe_event(wire)}"
 
 
-def faults(console: Console, d: dict[str, Any]) -> None:
-    if not d["enabled"]:
+def faults(console: Console, d: FaultListing) -> None:
+    if not d.enabled:
         console.print("fault injection is [bold]disabled[/] on this engine")
-    if not d["faults"]:
+    if not d.faults:
         console.print("no faults armed")
         return
     t = Table()
     for col in ("id", "kind", "rank", "window", "group", "fired/count", "expires"):
         t.add_column(col)
-    for f in d["faults"]:
-        expires = f.get("expires_at")
+    for f in d.faults:
         t.add_row(
-            str(f["id"]),
-            Text(f["kind"], style="red"),
-            "all" if f["rank"] is None else str(f["rank"]),
-            "first" if f["window"] is None else f"G{f['window'] + 1}",
-            f["group"] or "all",
-            f"{f['fired']}/{f['count'] or '∞'}",
-            time.strftime("%H:%M:%S", time.localtime(expires)) if expires else "never",
+            str(f.id),
+            Text(f.kind, style="red"),
+            "all" if f.rank is None else str(f.rank),
+            "first" if f.window is None else f"G{f.window + 1}",
+            f.group or "all",
+            f"{f.fired}/{f.count or '∞'}",
+            time.strftime("%H:%M:%S", time.localtime(f.expires_at)) if f.expires_at else "never",
         )
     console.print(t)
 
 
-def status(console: Console, d: dict[str, Any]) -> None:
-    info = d["info"]
-    reg = info["registration"]
-    ok = d["health"].get("ok")
+def status(console: Console, d: EngineStatus) -> None:
+    snap = d.snapshot
+    info = snap.info
+    reg = info.registration
     console.print(
-        f"engine [bold]{info['engine']}[/] {d['url']}  bsr {info['version']} api {info['api']}  "
-        + ("[green]healthy[/]" if ok else "[red]unhealthy[/]")
+        f"engine [bold]{info.engine}[/] {d.url}  bsr {info.version} api {info.api}  "
+        + ("[green]healthy[/]" if d.health.ok else "[red]unhealthy[/]")
     )
     console.print(
-        f"registration {reg['identity']} ({reg['model']}, {reg['tensors']} tensors, "
-        f"{reg['bytes_per_chunk']:,} B/chunk, groups {', '.join(reg['groups'])}); chunk {info['chunk_size']} tokens"
+        f"registration {reg.identity} ({reg.model}, {reg.tensors} tensors, "
+        f"{reg.bytes_per_chunk:,} B/chunk, groups {', '.join(reg.groups)}); chunk {info.chunk_size} tokens"
     )
     console.print(
-        f"W={info['W']}  RWS {b(info['rws_bytes'])}  budget B {b(info['budget_bytes'])}  "
-        f"pool {b(info['pool_bytes'])} per rank  max prompt {info['max_tokens']:,} tokens  "
-        f"faults {'[red]enabled[/]' if info['faults_enabled'] else 'disabled'}"
+        f"W={info.w}  RWS {b(info.rws_bytes)}  budget B {b(info.budget_bytes)}  "
+        f"pool {b(info.pool_bytes)} per rank  max prompt {info.max_tokens:,} tokens  "
+        f"faults {'[red]enabled[/]' if info.faults_enabled else 'disabled'}"
     )
     t = Table(title="ranks", title_justify="left")
     for col in ("rank", "state", "live", "peak", "capacity", "windows live", "restore rate"):
         t.add_column(col, justify="right")
-    for r in d["ranks"]:
-        p = r.get("pool", {})
-        healthy = r.get("healthy", r["alive"])
+    for r in snap.ranks:
+        p = r.pool or {}
         t.add_row(
-            str(r["rank"]),
+            str(r.rank),
             ("[yellow]up, draining to B[/]" if p.get("draining") else "[green]up[/]")
-            if healthy
-            else ("[red]unhealthy[/]" if r["alive"] else "[red]down[/]"),
+            if r.healthy
+            else ("[red]unhealthy[/]" if r.alive else "[red]down[/]"),
             format_bytes(p.get("live_bytes", 0)),
             format_bytes(p.get("peak_bytes", 0)),
             format_bytes(p.get("capacity_bytes", 0)),
             str(p.get("windows_live", 0)),
-            f"{r.get('restore_bps', 0) / 1e9:.2f} GB/s",
+            f"{r.restore_bps / 1e9:.2f} GB/s",
         )
     console.print(t)
-    for r in d["ranks"]:
-        if not r.get("healthy", r["alive"]):
-            console.print(f"[red]rank {r['rank']} unhealthy[/]: {r.get('reason') or r.get('error') or 'not running'}")
-        elif (r.get("last_fault") or {}).get("stage"):  # it failed at its own stage (install, ...) and still answers
-            console.print(f"[yellow]rank {r['rank']} last fault[/]: {r['last_fault']['reason']}")
-        elif r.get("last_fault"):
-            console.print(f"rank {r['rank']} recovered; last fault: {r['last_fault']['reason']}")
-    for name, h in d["tiers"].items():
-        condition = h.get("condition", TierCondition.OK)
-        why = f"({condition.replace('_', ' ')}) " if condition != TierCondition.OK else ""
-        console.print(
-            f"tier {name}: " + ("[green]ok[/]" if h["ok"] else f"[red]unhealthy[/] {why}" + "; ".join(h["detail"]))
-        )
-        if h.get("quarantined_total"):
+    for r in snap.ranks:
+        if not r.healthy:
+            console.print(f"[red]rank {r.rank} unhealthy[/]: {r.reason or r.error or 'not running'}")
+        elif r.last_fault is not None and r.last_fault.stage:  # it failed at its own stage and still answers
+            console.print(f"[yellow]rank {r.rank} last fault[/]: {r.last_fault.reason}")
+        elif r.last_fault is not None:
+            console.print(f"rank {r.rank} recovered; last fault: {r.last_fault.reason}")
+    for name, h in snap.tiers.items():
+        why = f"({h.condition.replace('_', ' ')}) " if h.condition != TierCondition.OK else ""
+        console.print(f"tier {name}: " + ("[green]ok[/]" if h.ok else f"[red]unhealthy[/] {why}" + "; ".join(h.detail)))
+        if h.quarantined_total:
             console.print(
-                f"[yellow]tier {name}: {h['quarantined_total']} damaged object(s) quarantined[/] "
+                f"[yellow]tier {name}: {h.quarantined_total} damaged object(s) quarantined[/] "
                 "(moved aside, rewritten by the next store; `bsr bundle` lists them)"
             )
-            for q in h.get("quarantined") or []:
-                console.print(f"  {q['file']}: {q['reason']}")
-    for w in (d.get("admission") or {}).get("blocks_waiting") or ():
+            for q in h.quarantined:
+                console.print(f"  {q.file}: {q.reason}")
+    for w in snap.admission.blocks_waiting:
         console.print(
-            f"[yellow]waiting for destination KV[/] {w['request']}: {w['tokens']:,} tokens, "
-            f"{w['waited_s']:.1f}s of {d['admission']['kv_wait_s']:g}s"
+            f"[yellow]waiting for destination KV[/] {w.request}: {w.tokens:,} tokens, "
+            f"{w.waited_s:.1f}s of {snap.admission.kv_wait_s:g}s"
         )
-    worker = info.get("worker")
+    worker = info.host_fields.get("worker")
+    scheduler = snap.host_fields.get("scheduler") or {}
     if worker:
-        _worker_lines(console, d, worker)
-    if d["markers"]:
-        for m in d["markers"]:
-            prefix = f" (prefix of {m['prefix_tokens']:,} tokens)" if m.get("prefix_tokens") else ""
+        _worker_lines(console, snap.recent, scheduler, worker)
+    if snap.markers:
+        for m in snap.markers:
+            prefix_tokens = m.host_fields.get("prefix_tokens")
+            prefix = f" (prefix of {prefix_tokens:,} tokens)" if prefix_tokens else ""
             console.print(
-                f"[magenta]force-local marker[/] prompt {m['prompt']}{prefix} "
-                f"{marker_scope(m.get('excluded_tiers'))}: {m['reason']}"
+                f"[magenta]force-local marker[/] prompt {m.prompt}{prefix} {marker_scope(m.excluded_tiers)}: {m.reason}"
             )
-    elif worker and not (d.get("scheduler") or {}).get("published"):
+    elif worker and not scheduler.get("published"):
         console.print("[yellow]markers unknown[/]: vLLM's scheduler has not published its state to this worker")
     else:
         console.print("no force-local markers")
-    if d["faults"]:
-        faults(console, {"enabled": info["faults_enabled"], "faults": d["faults"]})
+    if snap.faults:
+        faults(console, FaultListing(enabled=info.faults_enabled, faults=snap.faults))
 
 
-def _worker_lines(console: Console, d: dict[str, Any], worker: dict[str, Any]) -> None:
-    """A vLLM worker: where its numbers come from, and its last loads as the BSR connector saw them."""
+def _worker_lines(
+    console: Console, recent: Sequence[dict[str, Any]], scheduler: dict[str, Any], worker: dict[str, Any]
+) -> None:
+    """A vLLM worker (what it adds to the engine's info and snapshot): where its numbers come from, and its last
+    loads as the BSR connector saw them."""
     console.print(
         f"vLLM worker tp-rank {worker['tp_rank']}: W = the connector's bsr_window_chunks ({worker['window_chunks']}), "
         f"one window loaded at a time (B = RWS(W)); max prompt = vLLM's max_model_len "
         f"({worker['max_model_len']:,}); KV {worker['kv_tokens']:,} tokens; LMCache stores full chunks only"
     )
-    for r in d.get("recent") or []:
+    for r in recent:
         if "loaded_tokens" not in r:
             continue
         head = f"load {r['request']}"
@@ -484,7 +484,7 @@ def _worker_lines(console: Console, d: dict[str, Any], worker: dict[str, Any]) -
             f"loaded {r['loaded_tokens']:,}, recomputed {r['recomputed_tokens']:,} (vLLM may still count them as "
             f"cached) — {r['reason']}"
         )
-    for f in (d.get("scheduler") or {}).get("forced_local") or []:
+    for f in scheduler.get("forced_local") or []:
         console.print(
             f"admission {f['request']}: forced local by the marker on prompt {f['marker']} (no load; vLLM computed it)"
         )

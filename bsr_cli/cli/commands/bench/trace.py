@@ -197,7 +197,7 @@ def _replay_engine(
         except KeyboardInterrupt:
             stop.set()
             raise
-        peaks = {int(r["rank"]): int(r["pool"]["peak_bytes"]) for r in client.pool()}
+        peaks = {r.rank: int((r.pool or {})["peak_bytes"]) for r in client.pool()}
     return measured, peaks, cal, rate
 
 

@@ -1,0 +1,187 @@
+"""The engine's self-description types: each reads its wire form back and writes it again unchanged (keys, their
+order, which are present), and keeps what a host or a newer engine adds."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from bsr_cli.core.evidence import Stage, TierCondition
+from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
+
+pytestmark = pytest.mark.timeout(30)
+
+INFO: dict[str, Any] = {
+    "api": "v1",
+    "version": "0.9.0",
+    "engine": None,
+    "started_at": 1700000000.5,
+    "ranks": 2,
+    "registration": {"identity": "abc", "model": "m", "tensors": 4, "bytes_per_chunk": 1024, "groups": ["full"]},
+    "chunk_size": 256,
+    "tiers": ["mooncake", "fs"],
+    "W": 2,
+    "rws_bytes": 2048,
+    "pool_bytes": 1 << 20,
+    "budget_bytes": 1 << 19,
+    "max_tokens": 8192,
+    "kv_tokens": 16384,
+    "fetch_timeout_s": 5,
+    "faults_enabled": True,
+    "fs_concurrency": 4,
+    "tokenizer": None,
+}
+LAST_FAULT = {"reason": "rank 1 failed at install", "request": "r-3", "at": 1700000001.0, "stage": "install"}
+RANK_OK = {"rank": 0, "healthy": True, "alive": True, "heartbeat_age_s": 0.12, "reason": None, "last_fault": None}
+RANK_BAD = {
+    "rank": 1,
+    "healthy": False,
+    "alive": True,
+    "heartbeat_age_s": 9.5,
+    "reason": "no heartbeat for 9.5s",
+    "last_fault": LAST_FAULT,
+}
+QUARANTINED = {"key": "k", "file": "/q/k.bin", "reason": "checksum", "at": 1700000002.0, "bytes": 1024}
+TIER_BAD = {
+    "ok": False,
+    "detail": ["rank0: read-only", "fault #3 remote-unavailable armed"],
+    "conditions": ["read_only", "fault_armed"],
+    "quarantined": [QUARANTINED],
+    "quarantined_total": 1,
+    "condition": "read_only",
+}
+TIER_OK = {"ok": True, "detail": [], "conditions": [], "quarantined": [], "quarantined_total": 0, "condition": "ok"}
+HEALTH = {
+    "ok": False,
+    "ranks_alive": [True, True],
+    "ranks": [RANK_OK, RANK_BAD],
+    "unhealthy_ranks": [1],
+    "tiers": {"mooncake": TIER_BAD, "fs": TIER_OK},
+    "degraded_tiers": ["mooncake"],
+    "api": "v1",
+}
+POOL = {
+    "rank": 0,
+    "alive": True,
+    "healthy": True,
+    "reason": None,
+    "heartbeat_age_s": 0.12,
+    "last_fault": None,
+    "pool": {"live_bytes": 10, "peak_bytes": 20, "budget_bytes": 5, "waiters": 1, "draining": True},
+    "tiers": {"fs": {"ok": True, "detail": "", "condition": "ok", "quarantined": [], "quarantined_total": 0}},
+    "tp_rank": 3,
+    "restore_bps": 1.5,
+}
+SILENT = {
+    "rank": 1,
+    "alive": False,
+    "healthy": False,
+    "reason": "no answer to stats within 5s",
+    "heartbeat_age_s": 9.5,
+    "last_fault": LAST_FAULT,
+    "error": "no answer to stats within 5s",
+    "restore_bps": 0.0,
+}
+FAULT = {
+    "id": 3,
+    "kind": "remote-unavailable",
+    "rank": None,
+    "window": 1,
+    "group": None,
+    "count": 1,
+    "fired": 0,
+    "expires_at": 1700003600.0,
+}
+MARKER = {"prompt": "p1", "excluded_tiers": ["mooncake"], "reason": "tier failed", "request": "r-3", "set_at": 1.0}
+SNAPSHOT = {
+    "time": 1700000003.0,
+    "info": INFO,
+    "ranks": [POOL, SILENT],
+    "active": [
+        {
+            "request": "r-4",
+            "W": 2,
+            "windows": 3,
+            "tokens": 768,
+            "tiers": ["fs"],
+            "started": 1700000002.5,
+            "done": {"0": 1, "1": 0},
+            "bytes": {"0": 2048, "1": 0},
+        }
+    ],
+    "recent": [{"request": "r-3", "outcome": "failed_closed", "anything": "as recorded"}],
+    "admission": {
+        "budget_bytes": 5,
+        "live_bytes": 10,
+        "queued": 1,
+        "waiting_for_blocks": 1,
+        "kv_wait_s": 30.0,
+        "blocks_waiting": [{"request": "r-5", "tokens": 512, "blocks": {"full": 2}, "since": 1.0, "waited_s": 0.25}],
+    },
+    "tiers": {"mooncake": TIER_BAD},
+    "events": [{"seq": 7, "kind": "restore_started", "request": "r-4"}],
+    "seq": 7,
+    "markers": [MARKER],
+    "faults": [FAULT],
+}
+
+
+def _same(wire: dict[str, Any], again: dict[str, Any]) -> None:
+    assert json.dumps(again) == json.dumps(wire)  # the same keys, in the same order, with the same values
+
+
+@pytest.mark.parametrize(
+    ("cls", "wire"),
+    [
+        (EngineInfo, INFO),
+        (Health, HEALTH),
+        (PoolEntry, POOL),
+        (PoolEntry, SILENT),
+        (MarkerView, MARKER),
+        (FaultListing, {"enabled": True, "faults": [FAULT]}),
+        (Snapshot, SNAPSHOT),
+    ],
+)
+def test_the_wire_form_reads_back_and_writes_again_unchanged(cls: Any, wire: dict[str, Any]) -> None:
+    _same(wire, cls.from_wire(wire).to_wire())
+
+
+def test_what_a_host_adds_is_kept_after_the_standard_fields() -> None:
+    info = INFO | {"serves_restores": False, "worker": {"tp_rank": 1}}
+    marker = MARKER | {"prefix_tokens": None, "force_local": True}
+    snap = SNAPSHOT | {"info": info, "markers": [marker], "scheduler": {"published": True}}
+    _same(snap, Snapshot.from_wire(snap).to_wire())
+    assert EngineInfo.from_wire(info).host_fields == {"serves_restores": False, "worker": {"tp_rank": 1}}
+
+
+def test_the_types_carry_the_closed_sets_and_derive_the_summaries() -> None:
+    health = Health.from_wire(HEALTH)
+    assert health.ranks[1].last_fault is not None and health.ranks[1].last_fault.stage is Stage.INSTALL
+    assert health.tiers["mooncake"].conditions == (TierCondition.READ_ONLY, TierCondition.FAULT_ARMED)
+    assert (health.ok, health.unhealthy_ranks, health.degraded_tiers) == (False, [1], ["mooncake"])
+    snap = Snapshot.from_wire(SNAPSHOT)
+    assert snap.active[0].done == {0: 1, 1: 0} and snap.info.w == 2 and snap.faults[0].window == 1
+
+
+def test_draining_marks_a_pool_above_its_budget_only() -> None:
+    entry = PoolEntry.from_wire(POOL | {"pool": {"live_bytes": 10, "budget_bytes": 5}})
+    assert entry.with_draining().to_wire()["pool"] == {"live_bytes": 10, "budget_bytes": 5, "draining": True}
+    within = PoolEntry.from_wire(POOL | {"pool": {"live_bytes": 5, "budget_bytes": 5}})
+    assert within.with_draining().to_wire()["pool"]["draining"] is False
+    assert PoolEntry.from_wire(SILENT).with_draining().to_wire() == SILENT
+
+
+def test_a_fault_request_sends_only_what_was_given_window_zero_included() -> None:
+    from bsr_cli.core.faults import FaultRequest
+
+    assert json.dumps(FaultRequest("restore-fault", rank=1).to_wire()) == json.dumps(
+        {"kind": "restore-fault", "rank": 1, "count": 1}
+    )
+    assert FaultRequest("timeout", window=0, count=0, ttl_s=60).to_wire() == {
+        "kind": "timeout",
+        "window": 0,  # G1: a real window, not "none given"
+        "count": 0,
+        "ttl_s": 60,
+    }
