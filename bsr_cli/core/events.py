@@ -309,7 +309,7 @@ class MarkerSet(Event):
 class MarkerCleared(Event):
     kind = EventKind.MARKER_CLEARED
     prompt: str
-    why: str = ""  # Outcome.COMMITTED (a later admission succeeded) or Component.OPERATOR (an operator's clear)
+    why: str = ""  # a MarkerClearCause's value: a later admission succeeded, or an operator cleared it
     request: str | None = None
     scope: str = ""  # an operator's clear: "all", "prompt" or "tier" (core.markers.ScopeKind); "" otherwise
     tier: str | None = None  # the tier a tier-scoped clear took out

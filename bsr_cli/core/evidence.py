@@ -135,6 +135,13 @@ class Component(StrEnum):
     CAPACITY = "capacity"
 
 
+class MarkerClearCause(StrEnum):
+    """Why a force-local marker was cleared (a ``marker_cleared`` event's ``why``)."""
+
+    ADMITTED = "admitted"  # a later admission of the prompt succeeded: the marker served its purpose
+    OPERATOR = "operator"  # an operator cleared it (`bsr markers clear`)
+
+
 class TierCondition(StrEnum):
     """Why a tier is (un)healthy, as a rank sees it: the reason /health, `bsr status` and the metrics name."""
 

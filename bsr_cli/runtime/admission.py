@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from bsr_cli.api.ranks import ObjectRef, ProbeRequest, RankRequest, RestoreJob, WindowJob
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.events import MarkerCleared, MarkerSet
+from bsr_cli.core.evidence import MarkerClearCause
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes, object_key
 from bsr_cli.core.markers import ClearScope, Marker, ScopeKind
@@ -167,11 +168,11 @@ class Admission:
         )
         return snap
 
-    def clear_marker(self, prompt: str, request: str, why: str) -> bool:
+    def clear_marker(self, prompt: str, request: str, why: MarkerClearCause) -> bool:
         with self._lock:
             m = self._markers.pop(prompt, None)
         if m is not None:
-            self.events.append(MarkerCleared(request=request, prompt=prompt, why=why))
+            self.events.append(MarkerCleared(request=request, prompt=prompt, why=why.value))
         return m is not None
 
     def markers(self) -> dict[str, Marker]:
@@ -201,7 +202,7 @@ class Admission:
             self.events.append(
                 MarkerCleared(
                     prompt=c.prompt,
-                    why="operator",
+                    why=MarkerClearCause.OPERATOR.value,
                     scope=scope.kind.value,
                     tier=scope.value if scope.kind is ScopeKind.TIER else None,
                     # The tier was taken out and the rest still stands: say what the marker still excludes.

@@ -47,7 +47,7 @@ from bsr_cli.core.events import (
     RestoreStarted,
     StoreFailed,
 )
-from bsr_cli.core.evidence import EventKind, FailureKind, Outcome
+from bsr_cli.core.evidence import EventKind, FailureKind, MarkerClearCause, Outcome
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
 from bsr_cli.core.plan import windows_for
 from bsr_cli.core.results import (
@@ -342,7 +342,7 @@ class Orchestration:
             )
             admitted = self._admit(tokens, req, tables)
             # Successful admission (RUNNING): the marker has served its purpose.
-            cleared = self.admission.clear_marker(req.prompt, req.request, "admitted")
+            cleared = self.admission.clear_marker(req.prompt, req.request, MarkerClearCause.ADMITTED)
             computed = len(tokens) - admitted.committed
             if computed > 0:
                 first_chunk = admitted.committed // self.reg.chunk_size

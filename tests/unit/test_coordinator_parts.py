@@ -14,7 +14,7 @@ import pytest
 from bsr_cli.api.ranks import ProbeRequest, RankRequest
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.events import Event, Failure, WindowWaiting
-from bsr_cli.core.evidence import CapacityCause, EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import CapacityCause, EventKind, FailureKind, MarkerClearCause, Outcome, Stage
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.status import ActiveRestore
 from bsr_cli.errors import BadRequest, CapacityError, FaultsDisabled
@@ -134,7 +134,7 @@ def test_admission_probes_through_its_rank_caller_and_keeps_its_markers(parts: P
     assert adm.marker("p").excluded == set()  # type: ignore[union-attr]
     kinds = [e["type"] for e in parts.ctx.events.recent(10)]
     assert kinds.count(EventKind.MARKER_SET) == 3
-    assert adm.clear_marker("p", "req-4", "admitted") and adm.markers() == {}
+    assert adm.clear_marker("p", "req-4", MarkerClearCause.ADMITTED) and adm.markers() == {}
 
 
 def test_armed_faults_fire_out_and_refuse_when_disabled(parts: Parts) -> None:
