@@ -101,6 +101,18 @@ class MachineInfo:
     def to_wire(self) -> dict[str, int | str | list[float] | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> MachineInfo:
+        return cls(
+            cpu_count=int(d.get("cpu_count", 0)),
+            memory_bytes=int(d.get("memory_bytes", 0)),
+            python=str(d.get("python", "")),
+            torch=d.get("torch"),
+            mooncake=d.get("mooncake"),
+            platform=str(d.get("platform", "")),
+            loadavg=list(d.get("loadavg") or []),
+        )
+
 
 def machine_info() -> MachineInfo:
     try:
@@ -137,6 +149,19 @@ class RegistrationIdentity:
 
     def to_wire(self) -> dict[str, str | int | dict[str, int]]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RegistrationIdentity:
+        return cls(
+            identity=str(d["identity"]),
+            model=str(d["model"]),
+            tp_size=int(d["tp_size"]),
+            chunk_size=int(d["chunk_size"]),
+            bytes_per_token=int(d["bytes_per_token"]),
+            bytes_per_chunk=int(d["bytes_per_chunk"]),
+            aux_bytes=int(d["aux_bytes"]),
+            groups={str(k): int(v) for k, v in (d.get("groups") or {}).items()},
+        )
 
 
 def registration_identity(reg: Registration) -> RegistrationIdentity:
@@ -187,6 +212,117 @@ class Target:
 
 def target(name: str, wanted: str, measured: Measurement, met: bool | None, note: str = "") -> Target:
     return Target(name, wanted, measured, met, note)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """The sweep's repeat of its largest row with a fresh salt: a block of its own, with its own run id."""
+
+    run_id: str
+    salt: int
+    rows: list[dict[str, Any]]  # the rows' wire form, as the main rows'
+
+    def to_wire(self) -> dict[str, str | int | list[dict[str, Any]]]:
+        return {"run_id": self.run_id, "salt": self.salt, "rows": self.rows}
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One experiment block's evidence bundle (docs/bench-schema.json), fields in the bundle's key order.
+
+    Rows and the summary are each experiment's own records in their wire form; ``engine`` is the engine's /info
+    and the facts the experiment adds about it (embedded, start-up time, settings put back), in the order written.
+    """
+
+    experiment: str
+    run_id: str
+    salt: int | None
+    bsr_version: str | None  # None: the bundle has no bsr_version key (cpu-bound's)
+    started_at: str
+    finished_at: str
+    elapsed_s: float
+    registration: RegistrationIdentity
+    engine: dict[str, Any]
+    machine: MachineInfo
+    params: dict[str, Any]
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+    targets: tuple[Target, ...]
+    interrupted: bool
+    interrupted_by: Interruption | None
+    ok: bool
+    repeat: Repeat | None = None  # the sweep's
+
+    def every_row(self) -> list[dict[str, Any]]:
+        """The main rows, then the repeat's."""
+        return self.rows + (self.repeat.rows if self.repeat else [])
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {
+            "schema": BUNDLE_SCHEMA,
+            "kind": "bsr.bench",
+            "experiment": self.experiment,
+            "run_id": self.run_id,
+            "salt": self.salt,
+        }
+        if self.bsr_version is not None:
+            out["bsr_version"] = self.bsr_version
+        out |= {
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "elapsed_s": self.elapsed_s,
+            "registration": self.registration.to_wire(),
+            "engine": self.engine,
+            "machine": self.machine.to_wire(),
+            "params": self.params,
+            "rows": self.rows,
+            "summary": self.summary,
+            "targets": [t.to_wire() for t in self.targets],
+            "interrupted": self.interrupted,
+            "interrupted_by": self.interrupted_by,
+            "ok": self.ok,
+        }
+        if self.repeat is not None:
+            out["repeat"] = self.repeat.to_wire()
+        return out
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Bundle:
+        """A bundle read back from its file (validated against the schema first: `bundle.read`)."""
+        rep = d.get("repeat")
+        by = d.get("interrupted_by")
+        return cls(
+            experiment=str(d["experiment"]),
+            run_id=str(d["run_id"]),
+            salt=d.get("salt"),
+            bsr_version=d.get("bsr_version"),
+            started_at=str(d["started_at"]),
+            finished_at=str(d["finished_at"]),
+            elapsed_s=d["elapsed_s"],
+            registration=RegistrationIdentity.from_wire(d["registration"]),
+            engine=d["engine"],
+            machine=MachineInfo.from_wire(d["machine"]),
+            params=d.get("params") or {},
+            rows=list(d.get("rows") or []),
+            summary=d.get("summary") or {},
+            targets=tuple(Target.from_wire(t) for t in d.get("targets") or []),
+            interrupted=bool(d.get("interrupted")),
+            interrupted_by=None if by is None else Interruption(by),
+            ok=bool(d.get("ok")),
+            repeat=None if rep is None else Repeat(str(rep["run_id"]), int(rep["salt"]), list(rep.get("rows") or [])),
+        )
+
+
+@dataclass(frozen=True)
+class PublishedBundle:
+    """A bundle as `bsr bench` prints it: with the files it was written to and the plots drawn from it."""
+
+    bundle: Bundle
+    path: str
+    plots: list[str]
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.bundle.to_wire() | {"files": {"bundle": self.path, "plots": self.plots}}
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -360,40 +496,24 @@ class Run:
         self._t0 = time.monotonic()
         self.info = client.info()
         self.reg = Registration.from_dict(client.registration(), source="engine")
-        self.bundle: dict[str, Any] = {
-            "schema": BUNDLE_SCHEMA,
-            "kind": "bsr.bench",
-            "experiment": experiment,
-            "run_id": new_run_id(tag),
-            "salt": salt,
-            "bsr_version": __version__,
-            "started_at": now(),
-            "finished_at": None,
-            "elapsed_s": None,
-            "registration": registration_identity(self.reg).to_wire(),
-            "engine": {"url": client.url, "info": self.info} | (engine_meta or {}),
-            "machine": machine_info().to_wire(),
-            "params": params,
-            "rows": [],
-            "summary": {},
-            "targets": [],
-            "interrupted": False,
-            "interrupted_by": None,
-            "ok": False,
-        }
-
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.bundle["rows"]
-        return rows
+        self.experiment = experiment
+        self.run_id = new_run_id(tag)
+        self.salt = salt
+        self.params = params
+        self.started_at = now()
+        # The engine's facts in the bundle: experiments add to them (settings_restored, the ladder's rungs).
+        self.engine: dict[str, Any] = {"url": client.url, "info": self.info} | (engine_meta or {})
+        self.machine = machine_info()
+        self.rows: list[dict[str, Any]] = []
+        self.repeat: Repeat | None = None
+        self.interrupted_by: Interruption | None = None
 
     def accepted(self, request: str) -> None:
         self.request = request
 
-    def interrupt(self, by: str) -> None:
+    def interrupt(self, by: Interruption) -> None:
         self.stopped = True
-        self.bundle["interrupted"] = True
-        self.bundle["interrupted_by"] = self.bundle["interrupted_by"] or by
+        self.interrupted_by = self.interrupted_by or by
 
     def abort_inflight(self) -> None:
         if self.request:
@@ -426,15 +546,29 @@ class Run:
         summary: dict[str, Any],
         targets: Sequence[Target],
         rows: Sequence[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
-        b = self.bundle
+    ) -> Bundle:
+        """The block's bundle; ``rows`` are the rows its ``ok`` is judged on (default: the main rows)."""
         every = list(self.rows if rows is None else rows)
-        b["finished_at"] = now()
-        b["elapsed_s"] = round(time.monotonic() - self._t0, 3)
-        b["summary"] = summary
-        b["targets"] = [t.to_wire() for t in targets]
-        b["ok"] = bool(every) and not b["interrupted"] and all(r["status"] == RowStatus.PASS for r in every)
-        return b
+        return Bundle(
+            experiment=self.experiment,
+            run_id=self.run_id,
+            salt=self.salt,
+            bsr_version=__version__,
+            started_at=self.started_at,
+            finished_at=now(),
+            elapsed_s=round(time.monotonic() - self._t0, 3),
+            registration=registration_identity(self.reg),
+            engine=self.engine,
+            machine=self.machine,
+            params=self.params,
+            rows=self.rows,
+            summary=summary,
+            targets=tuple(targets),
+            interrupted=self.interrupted_by is not None,
+            interrupted_by=self.interrupted_by,
+            ok=bool(every) and self.interrupted_by is None and all(r["status"] == RowStatus.PASS for r in every),
+            repeat=self.repeat,
+        )
 
     # -- the measurement every experiment shares ---------------------------------------------------------------
     def restore(

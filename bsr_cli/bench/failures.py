@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
     RowStatus,
     Run,
@@ -30,7 +31,7 @@ def run_failures(
     w: int | None = None,
     on_row: OnRow | None = None,
     engine_meta: dict[str, bool | float | None] | None = None,
-) -> dict[str, Any]:
+) -> Bundle:
     """The paper's failure matrix (the scenarios of `bsr drill`), one row per scenario."""
     from bsr_cli.drill import SCENARIOS, run_drill
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
     Run,
     Target,
@@ -94,8 +95,8 @@ def run_fs_concurrency(
     cold: bool = True,
     salt: int | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    engine_meta: dict[str, bool | float | None] | None = None,
+) -> Bundle:
     """Restore from the filesystem tier only (the others excluded), load concurrency 1 against 4 at the same W and
     B = RWS(W): throughput may change, the pool peak must not. Cold rows evict the tier's pages first."""
     conc = sorted(set(concurrencies))
@@ -135,7 +136,7 @@ def run_fs_concurrency(
                         break
                     _restore_row(run, prompt, tokens, w, exclude, c, cache, trial, fs_dir, method)
     finally:
-        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+        run.engine["settings_restored"] = put_back(client, original)
     summary = _summary(run, reg, tokens, w, conc, caches, method)
     targets = _targets(summary, conc, method, rws, bool(summary.completed))
     return run.finish(to_json(summary), targets)
@@ -143,7 +144,7 @@ def run_fs_concurrency(
 
 def _restore_row(
     run: Run,
-    prompt: dict[str, Any],
+    prompt: dict[str, dict[str, int]],
     tokens: int,
     w: int,
     exclude: list[str],

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     UNKNOWN_OUTCOME,
+    Bundle,
+    Interruption,
     OnRow,
     RankEvidence,
     Run,
@@ -25,7 +27,7 @@ from bsr_cli.bench.evidence import (
     warm_evidence,
 )
 from bsr_cli.core import accounting
-from bsr_cli.core.evidence import Component, Outcome
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import CapacityError, EngineError, InvalidInput, ServiceError
 
@@ -114,8 +116,8 @@ def run_ladder(
     on_row: OnRow | None = None,
     on_rung: Callable[[int], None] | None = None,
     on_attempt: Callable[[int, LadderAttempt], None] | None = None,
-    engine_meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    engine_meta: dict[str, bool | float | None] | None = None,
+) -> Bundle:
     """The whole-plan path (W=0): raise the pool capacity through ``rungs`` (one engine start per rung, every
     still-failing prefix tried at each) until full reuse succeeds. Each prefix's row reports its first passing
     rung and measured peak beside the core's prediction, ``ladder_rung(whole_plan_bytes)``."""
@@ -133,7 +135,7 @@ def run_ladder(
         climb.rung(factory, rung, params, on_row, on_attempt, engine_meta)
     run = climb.run
     assert run is not None  # the first rung either started an engine or raised
-    run.bundle["engine"]["rungs"] = to_json(climb.engines)
+    run.engine["rungs"] = to_json(climb.engines)
     for n in tokens:
         row = _prefix_row(run, n, steps, climb)
         run.rows.append(row)
@@ -179,7 +181,7 @@ class _Climb:
         params: LadderParams,
         on_row: OnRow | None,
         on_attempt: Callable[[int, LadderAttempt], None] | None,
-        engine_meta: dict[str, Any] | None,
+        engine_meta: dict[str, bool | float | None] | None,
     ) -> None:
         """Start an engine with ``rung`` bytes of pool and try every still-failing prefix on it."""
         current: int | None = None
@@ -212,12 +214,12 @@ class _Climb:
                 raise
             self.run.abort_inflight()
             self.stop_reason = "interrupted by the operator (Ctrl-C)"
-            self.run.interrupt(Component.OPERATOR)
+            self.run.interrupt(Interruption.OPERATOR)
         except (EngineError, ServiceError, CapacityError) as e:
             if self.run is None:
                 raise
             self.stop_reason = f"{e.kind}: {e.message} (rung {rung:,} bytes, prefix {current})"
-            self.run.interrupt("error")
+            self.run.interrupt(Interruption.ERROR)
 
 
 def _prefix_row(run: Run, n: int, steps: Sequence[int], climb: _Climb) -> dict[str, Any]:

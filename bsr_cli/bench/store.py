@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
     Run,
     Target,
@@ -91,9 +92,9 @@ def run_store(
     mooncake: dict[str, str] | None = None,
     salt: int | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
+    engine_meta: dict[str, bool | float | None] | None = None,
     link_bps: int | None = None,
-) -> dict[str, Any]:
+) -> Bundle:
     """Tier bandwidth beside the machine's memory-copy ceiling, all in one run: the memcpy ceiling; GET/PUT per
     client through the tier class and the raw store (needs ``mooncake``: the engine's master address and
     metadata URL), isolated and concurrent; restores through the engine from Mooncake only, whole-plan (W=0)
@@ -146,14 +147,14 @@ def run_store(
             except ImportError as e:
                 raise ServiceError(f"cannot load the Mooncake client here: {e}") from None
             with run.row(kind="mooncake-set") as row:
-                mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.bundle["run_id"])
+                mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.run_id)
                 row["results"] = to_json(mc_rows)
                 judge(row, {"every_object_whole": all(r.passed for r in mc_rows)})
                 rates = mc_rows
             if not run.stopped:
-                paired = PairedRawGet(clients, run.bundle["run_id"])
+                paired = PairedRawGet(clients, run.run_id)
                 stack.callback(paired.remove)
-        configs = _store_restores(run, client, n_tokens, w, rws, cap, exclude, trials, paired)
+        configs = _store_restores(run, client, n_tokens, salt, w, rws, cap, exclude, trials, paired)
     summary, targets = _store_summary(run, configs, rws, ceilings, rates)
     return run.finish(to_json(summary), targets)
 
@@ -162,6 +163,7 @@ def _store_restores(
     run: Run,
     client: AdminClient,
     n_tokens: int,
+    salt: int,
     w: int,
     rws: int,
     cap: int,
@@ -171,7 +173,7 @@ def _store_restores(
 ) -> list[tuple[int, int | None]]:
     """Warm the prompt, then per trial restore it whole-plan and windowed, each beside its paired raw GET."""
     original = {"budget_bytes": run.info["budget_bytes"]}
-    prompt = prompt_of(n_tokens, run.bundle["salt"])
+    prompt = prompt_of(n_tokens, salt)
     configs: list[tuple[int, int | None]] = [(0, None), (w, rws)]
     if cap >= 2 * rws:
         configs.append((w, 2 * rws))
@@ -200,7 +202,7 @@ def _store_restores(
                         checks["paired_raw_whole"] = raw.error is None
                     judge(row, checks)
     finally:
-        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+        run.engine["settings_restored"] = put_back(client, original)
     return configs
 
 
@@ -262,7 +264,7 @@ def _store_summary(
         "restore_W,B=2RWS/restore_W0": ratio(bsr2, w0),
         "restore_W0/memcpy_1thread": ratio(w0, memcpy_1t),
     }
-    link_bps = run.bundle["params"].get("link_ceiling_bps")
+    link_bps = run.params.get("link_ceiling_bps")
     link_gbps = None if link_bps is None else link_bps / 8 / 1e9
     if link_gbps is not None:
         ratios["restore_W,B=RWS/link_ceiling"] = ratio(bsr1, link_gbps)

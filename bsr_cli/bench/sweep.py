@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
+    Repeat,
     Run,
     completed,
     isolate,
@@ -67,8 +69,8 @@ def run_sweep(
     salt: int | None = None,
     tier: str | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    engine_meta: dict[str, bool | float | None] | None = None,
+) -> Bundle:
     """The paper's E1: one block on one running engine (no restart), rows in ascending prefix length at W with
     B = RWS(W); then a fresh salt repeats the largest row. Each row warms its prompt (submit), resets the pool
     peak and restores from one tier only."""
@@ -99,12 +101,12 @@ def run_sweep(
                 break
         if repeat and not run.stopped:
             salt2 = new_salt()
-            run.bundle["repeat"] = {"run_id": new_run_id("e1"), "salt": salt2, "rows": repeat_rows}
+            run.repeat = Repeat(new_run_id("e1"), salt2, repeat_rows)
             with run.row(rows=repeat_rows, tokens=rows_in[-1], W=w, salt=salt2) as row:
                 row |= _sweep_row(run, rows_in[-1], salt2, w, exclude)
     finally:
         block_s = time.monotonic() - t0
-        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+        run.engine["settings_restored"] = put_back(client, original)
     every = run.rows + repeat_rows
     done = completed(every)
     peaks = sorted({r["pool_peak_bytes"] for row in done for r in row["ranks"]})

@@ -5,10 +5,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
     Run,
     WarmEvidence,
@@ -62,8 +63,8 @@ def run_wlaw(
     salt: int | None = None,
     tier: str | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    engine_meta: dict[str, bool | float | None] | None = None,
+) -> Bundle:
     """Measured RWS against W·Σc_i + aux at one prefix, B = RWS(W) for each W."""
     w_list = sorted(set(ws))
     if not w_list or w_list[0] <= 0:
@@ -93,7 +94,7 @@ def run_wlaw(
             if run.stopped:
                 break
     finally:
-        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+        run.engine["settings_restored"] = put_back(client, original)
     done = completed(run.rows)
     xs = [float(r["W"]) for r in done]
     ys = [float(max(x["pool_peak_bytes"] for x in r["ranks"])) for r in done if r["ranks"]]
