@@ -1,7 +1,7 @@
 """The evidence bundle every experiment writes, and the measurement they share.
 
 Every experiment takes an `AdminClient` (the ladder takes an engine factory instead: it must change the pool
-capacity, which only an engine restart can do) and returns a plain dict that validates against
+capacity, which only an engine restart can do) and returns a `Bundle` whose wire form validates against
 docs/bench-schema.json (`bsr_cli.bench.bundle`): a run id (``br-<tag>-`` + 12 hex), the salt (the synthetic
 prompt seed), the registration identity, the engine's settings (``/info``), machine facts, timestamps, one row
 per measurement, a summary and the targets it was measured against.
@@ -26,11 +26,12 @@ import platform
 import secrets
 import statistics
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from bsr_cli import __version__
 from bsr_cli.api.codec import to_json
@@ -177,14 +178,50 @@ def registration_identity(reg: Registration) -> RegistrationIdentity:
     )
 
 
-def completed(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True)
+class Row(ABC):
+    """What every bench row carries around its measurement: its status, when it started, its acceptance checks,
+    why it stopped and how long it took. Each experiment's row type adds what it measured and writes its wire form
+    (``to_wire``): the status, the row's labels, ``started_at``, the measurement, then `ending`'s keys."""
+
+    status: RowStatus = RowStatus.INTERRUPTED  # until the row is judged
+    started_at: str | None = None  # None only for the ladder's rows: each gathers attempts made at several rungs
+    checks: dict[str, bool] | None = None  # None: not judged (no "checks" key)
+    reason: str | None = None  # why it was interrupted (no "reason" key when None)
+    elapsed_s: float | None = None  # None: no "elapsed_s" key (the ladder's rows)
+
+    def judged(self, checks: dict[str, bool]) -> Self:
+        return replace(self, checks=checks, status=RowStatus.PASS if all(checks.values()) else RowStatus.FAIL)
+
+    def stopped(self, reason: str) -> Self:
+        return replace(self, status=RowStatus.INTERRUPTED, reason=reason)
+
+    def timed(self, elapsed_s: float) -> Self:
+        return replace(self, elapsed_s=elapsed_s)
+
+    def ending(self) -> dict[str, dict[str, bool] | str | float]:
+        out: dict[str, dict[str, bool] | str | float] = {} if self.checks is None else {"checks": self.checks}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.elapsed_s is not None:
+            out["elapsed_s"] = self.elapsed_s
+        return out
+
+    @abstractmethod
+    def to_wire(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Row)
+
+
+def completed(rows: Sequence[R]) -> list[R]:
     """Rows that produced evidence: the only ones a summary may count."""
+    return [r for r in rows if r.status != RowStatus.INTERRUPTED]
+
+
+def completed_wire(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`completed` over rows read back from a bundle (tables and plots)."""
     return [r for r in rows if r.get("status") != RowStatus.INTERRUPTED]
-
-
-def judge(row: dict[str, Any], checks: dict[str, bool]) -> None:
-    row["checks"] = checks
-    row["status"] = RowStatus.PASS if all(checks.values()) else RowStatus.FAIL
 
 
 # What a target reports as measured: a number, a phrase, or a few of them by name.
@@ -415,6 +452,29 @@ def warm_evidence(res: dict[str, Any]) -> WarmEvidence:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class WarmRow(Row):
+    """The submit that stores an experiment's prompt before its restores (fs-concurrency and store rows)."""
+
+    kind: str = "warm"
+    tokens: int
+    W: int | None = None  # None: no "W" key (store's warm row)
+    warm: WarmEvidence | None = None  # None: interrupted before the engine answered
+
+    @classmethod
+    def begun(cls, tokens: int, w: int | None = None) -> Callable[[str], WarmRow]:
+        return lambda started_at: cls(tokens=tokens, W=w, started_at=started_at)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "kind": self.kind, "tokens": self.tokens}
+        if self.W is not None:
+            out["W"] = self.W
+        out["started_at"] = self.started_at
+        if self.warm is not None:
+            out["warm"] = self.warm.to_wire()
+        return out | self.ending()
+
+
 @dataclass(frozen=True)
 class RankEvidence:
     """One rank's part of a restore: its pool peak (what the bound is judged on) and its times."""
@@ -475,8 +535,16 @@ def _outcome(value: object) -> Outcome | None:
 # -- one experiment block ----------------------------------------------------------------------------------------
 
 
-class Run:
-    """One experiment block: its envelope and rows, and the restore in flight (aborted on Ctrl-C)."""
+@dataclass
+class RowSlot(Generic[R]):
+    """The row being measured: the body replaces ``row`` as it goes (partial evidence survives an interruption)."""
+
+    row: R
+
+
+class Run(Generic[R]):
+    """One experiment block: its envelope and rows (of the experiment's row type), and the restore in flight
+    (aborted on Ctrl-C)."""
 
     def __init__(
         self,
@@ -504,7 +572,7 @@ class Run:
         # The engine's facts in the bundle: experiments add to them (settings_restored, the ladder's rungs).
         self.engine: dict[str, Any] = {"url": client.url, "info": self.info} | (engine_meta or {})
         self.machine = machine_info()
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[R] = []
         self.repeat: Repeat | None = None
         self.interrupted_by: Interruption | None = None
 
@@ -521,31 +589,37 @@ class Run:
                 self.client.abort(self.request)
 
     @contextlib.contextmanager
-    def row(self, rows: list[dict[str, Any]] | None = None, **base: Any) -> Iterator[dict[str, Any]]:
-        """Collect one row. Ctrl-C or an engine error inside marks it interrupted and stops the block."""
-        row: dict[str, Any] = {"status": RowStatus.INTERRUPTED, **base, "started_at": now()}
+    def row(self, start: Callable[[str], R], rows: list[R] | None = None) -> Iterator[RowSlot[R]]:
+        """Collect one row, begun as ``start(started_at)`` (interrupted until the body judges it). Ctrl-C or an
+        engine error inside marks it interrupted, with the evidence gathered so far, and stops the block."""
+        started_at = now()
+        slot = RowSlot(start(started_at))
         t0 = time.monotonic()
         try:
-            yield row
+            yield slot
         except KeyboardInterrupt:
             self.abort_inflight()
-            row |= {"status": RowStatus.INTERRUPTED, "reason": "interrupted by the operator (Ctrl-C)"}
+            slot.row = slot.row.stopped("interrupted by the operator (Ctrl-C)")
             self.interrupt(Interruption.OPERATOR)
         except (EngineError, ServiceError, CapacityError) as e:
-            row |= {"status": RowStatus.INTERRUPTED, "reason": f"{e.kind}: {e.message}"}
+            slot.row = slot.row.stopped(f"{e.kind}: {e.message}")
             self.interrupt(Interruption.ERROR)
         finally:
-            row["elapsed_s"] = round(time.monotonic() - t0, 3)
+            row = slot.row.timed(round(time.monotonic() - t0, 3))
             self.request = None
-            (self.rows if rows is None else rows).append(row)
-            if self.on_row:
-                self.on_row(row)
+            self.add(row, rows)
+
+    def add(self, row: R, rows: list[R] | None = None) -> None:
+        """Keep a finished row (in ``rows``, default the block's) and report it."""
+        (self.rows if rows is None else rows).append(row)
+        if self.on_row:
+            self.on_row(row.to_wire())
 
     def finish(
         self,
         summary: dict[str, Any],
         targets: Sequence[Target],
-        rows: Sequence[dict[str, Any]] | None = None,
+        rows: Sequence[R] | None = None,
     ) -> Bundle:
         """The block's bundle; ``rows`` are the rows its ``ok`` is judged on (default: the main rows)."""
         every = list(self.rows if rows is None else rows)
@@ -561,12 +635,12 @@ class Run:
             engine=self.engine,
             machine=self.machine,
             params=self.params,
-            rows=self.rows,
+            rows=[r.to_wire() for r in self.rows],
             summary=summary,
             targets=tuple(targets),
             interrupted=self.interrupted_by is not None,
             interrupted_by=self.interrupted_by,
-            ok=bool(every) and self.interrupted_by is None and all(r["status"] == RowStatus.PASS for r in every),
+            ok=bool(every) and self.interrupted_by is None and all(r.status == RowStatus.PASS for r in every),
             repeat=self.repeat,
         )
 

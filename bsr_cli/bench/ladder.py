@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
@@ -16,10 +16,10 @@ from bsr_cli.bench.evidence import (
     Interruption,
     OnRow,
     RankEvidence,
+    Row,
     Run,
     WarmEvidence,
     completed,
-    judge,
     new_salt,
     prompt_of,
     require_tokens,
@@ -65,6 +65,36 @@ class LadderAttempt:
     healthy: bool
     ranks: tuple[RankEvidence, ...]  # per rank: pool peak, bytes, seconds (the shared restore evidence)
     passed: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class LadderRow(Row):
+    """One prefix's climb: every attempt, its first passing rung and measured peak beside the core's prediction.
+    It gathers attempts made on several engines, so it has no start time or duration of its own."""
+
+    tokens: int
+    chunks: int
+    whole_plan_bytes: int
+    predicted_rung: int | None  # None: the core predicts no rung of the ladder holds it
+    first_passing_rung: int | None
+    attempts: tuple[LadderAttempt, ...]
+    passing: LadderAttempt | None = None  # the first passing attempt's evidence
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "tokens": self.tokens, "chunks": self.chunks}
+        out |= {"whole_plan_bytes": self.whole_plan_bytes, "predicted_rung": self.predicted_rung}
+        out |= {"first_passing_rung": self.first_passing_rung, "attempts": to_json(self.attempts)}
+        if (ev := self.passing) is not None:
+            out |= {
+                "measured_peak_bytes": ev.peak_pool_bytes,
+                "ranks": to_json(ev.ranks),
+                "seconds": ev.seconds,
+                "gbps": ev.gbps,
+                "tiers": ev.tiers,
+                "hash_ok": ev.hash_ok,
+                "healthy": ev.healthy,
+            }
+        return out | self.ending()
 
 
 @dataclass(frozen=True)
@@ -137,20 +167,17 @@ def run_ladder(
     assert run is not None  # the first rung either started an engine or raised
     run.engine["rungs"] = to_json(climb.engines)
     for n in tokens:
-        row = _prefix_row(run, n, steps, climb)
-        run.rows.append(row)
-        if on_row:
-            on_row(row)
+        run.add(_prefix_row(run, n, steps, climb))
     done = completed(run.rows)
     summary = LadderSummary(
-        first_passing_rung={str(r["tokens"]): r["first_passing_rung"] for r in run.rows},
-        predicted_rung={str(r["tokens"]): r["predicted_rung"] for r in run.rows},
-        measured_peak_bytes={str(r["tokens"]): r.get("measured_peak_bytes") for r in done},
+        first_passing_rung={str(r.tokens): r.first_passing_rung for r in run.rows},
+        predicted_rung={str(r.tokens): r.predicted_rung for r in run.rows},
+        measured_peak_bytes={str(r.tokens): r.passing.peak_pool_bytes if r.passing else None for r in done},
         engine_starts=len(climb.engines),
         completed=len(done),
         interrupted=len(run.rows) - len(done),
     )
-    match = all(r["checks"]["rung_matches_prediction"] for r in done) if done else None
+    match = all((r.checks or {}).get("rung_matches_prediction") for r in done) if done else None
     targets = [
         target(
             "first passing rung equals the core's prediction (ladder_rung of the whole-plan need)",
@@ -171,7 +198,7 @@ class _Climb:
         self.state = {n: _PrefixClimb() for n in tokens}
         self.pending = list(tokens)
         self.engines: list[RungEngine] = []
-        self.run: Run | None = None
+        self.run: Run[LadderRow] | None = None
         self.stop_reason: str | None = None
 
     def rung(
@@ -222,47 +249,34 @@ class _Climb:
             self.run.interrupt(Interruption.ERROR)
 
 
-def _prefix_row(run: Run, n: int, steps: Sequence[int], climb: _Climb) -> dict[str, Any]:
+def _prefix_row(run: Run[LadderRow], n: int, steps: Sequence[int], climb: _Climb) -> LadderRow:
     """One prefix's evidence row: its first passing rung and measured peak beside the core's prediction, judged."""
     s = climb.state[n]
     chunks = accounting.chunks_for_tokens(n, run.reg.chunk_size)
     need = accounting.whole_plan_bytes(run.reg, chunks)
     predicted = accounting.ladder_rung(need, steps)
-    row = {
-        "status": "interrupted",
-        "tokens": n,
-        "chunks": chunks,
-        "whole_plan_bytes": need,
-        "predicted_rung": predicted,
-        "first_passing_rung": s.first,
-        "attempts": to_json(s.attempts),
-    }
+    row = LadderRow(
+        tokens=n,
+        chunks=chunks,
+        whole_plan_bytes=need,
+        predicted_rung=predicted,
+        first_passing_rung=s.first,
+        attempts=tuple(s.attempts),
+    )
     ev = s.evidence
     if ev is None and climb.stop_reason and n in climb.pending:
-        row["reason"] = climb.stop_reason
-    elif ev is None:
+        return row.stopped(climb.stop_reason)
+    if ev is None:
         # The ladder topped out: consistent only when the core predicted that too.
-        judge(row, {"rung_matches_prediction": predicted is None})
-    else:
-        row |= {
-            "measured_peak_bytes": ev.peak_pool_bytes,
-            "ranks": to_json(ev.ranks),
-            "seconds": ev.seconds,
-            "gbps": ev.gbps,
-            "tiers": ev.tiers,
-            "hash_ok": ev.hash_ok,
-            "healthy": ev.healthy,
+        return row.judged({"rung_matches_prediction": predicted is None})
+    return replace(row, passing=ev).judged(
+        {
+            "rung_matches_prediction": s.first == predicted,
+            "peak_equals_whole_plan": all(r.pool_peak_bytes == need for r in ev.ranks),
+            "hash_canonical": ev.hash_ok is True,
+            "ranks_healthy": bool(ev.healthy),
         }
-        judge(
-            row,
-            {
-                "rung_matches_prediction": s.first == predicted,
-                "peak_equals_whole_plan": all(r.pool_peak_bytes == need for r in ev.ranks),
-                "hash_canonical": ev.hash_ok is True,
-                "ranks_healthy": bool(ev.healthy),
-            },
-        )
-    return row
+    )
 
 
 def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> LadderAttempt:

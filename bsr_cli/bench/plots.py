@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.bench.evidence import Bundle, completed
+from bsr_cli.bench.evidence import Bundle, completed_wire
 from bsr_cli.core.units import MiB, format_bytes
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -69,7 +69,7 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
         rows = [r for r in ladder.rows if r.get("whole_plan_bytes")]
         xs = [r["tokens"] for r in rows]
         ax.plot(xs, [r["whole_plan_bytes"] / MiB for r in rows], "k--", label="whole-plan need (core: N·Σc_i + aux)")
-        passed = [r for r in completed(rows) if r.get("first_passing_rung")]
+        passed = [r for r in completed_wire(rows) if r.get("first_passing_rung")]
         # Markers only: the ladder measures a rung at each prefix, nothing in between.
         ax.plot(
             [r["tokens"] for r in passed],
@@ -90,7 +90,7 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
             label="W=0: measured peak pool",
         )
     if sweep:
-        rows = completed(sweep.rows)
+        rows = completed_wire(sweep.rows)
         if not ladder:
             ax.plot(
                 [r["tokens"] for r in rows],
@@ -110,7 +110,7 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
         if rws:
             label = f"RWS({w}) = {format_bytes(rws, compact=True)}"
             ax.axhline(rws / MiB, color="tab:blue", linestyle=":", label=label)
-        for r in completed(sweep.repeat.rows if sweep.repeat else []):
+        for r in completed_wire(sweep.repeat.rows if sweep.repeat else []):
             ax.plot([r["tokens"]], [r["peak_pool_bytes"] / MiB], "D", color="tab:green", label="fresh-salt repeat")
     ax.set_xlabel("prefix length (tokens)")
     # Log scale: the whole plan grows to GiB while BSR stays at RWS(W); on a linear axis the BSR line sits on zero.
@@ -132,7 +132,7 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
 
 def time_vs_prefix(sweep: Bundle, path: Path) -> Path:
     plt = _plt()
-    rows = completed(sweep.rows)
+    rows = completed_wire(sweep.rows)
     xs = [r["tokens"] for r in rows]
 
     def mean(r: dict[str, Any], key: str) -> float:
@@ -160,7 +160,7 @@ def time_vs_prefix(sweep: Bundle, path: Path) -> Path:
 
 def rws_vs_w(wlaw: Bundle, path: Path) -> Path:
     plt = _plt()
-    rows = completed(wlaw.rows)
+    rows = completed_wire(wlaw.rows)
     reg = wlaw.registration
     ws = [r["W"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -279,7 +279,7 @@ def fs_concurrency(fs: Bundle, path: Path) -> Path:
 def fs_spread(fs: Bundle) -> dict[str, tuple[float, float]]:
     """(min, max) GB/s of each configuration's trials, from the bundle's rows."""
     out: dict[str, list[float]] = {}
-    for r in completed(fs.rows):
+    for r in completed_wire(fs.rows):
         if r.get("kind") == "restore" and r.get("gbps") is not None:
             out.setdefault(f"{r.get('cache')}/c={r.get('concurrency')}", []).append(float(r["gbps"]))
     return {k: (min(v), max(v)) for k, v in out.items()}
@@ -294,9 +294,9 @@ def render_all(out_dir: Path, to: Path | None = None, found: dict[str, Bundle] |
     sweep, ladder = found.get("sweep"), found.get("ladder")
     if sweep or ladder:
         made.append(peak_vs_prefix(sweep, ladder, dest / "peak-vs-prefix.png"))
-    if sweep and completed(sweep.rows):
+    if sweep and completed_wire(sweep.rows):
         made.append(time_vs_prefix(sweep, dest / "restore-time-vs-prefix.png"))
-    if "wlaw" in found and completed(found["wlaw"].rows):
+    if "wlaw" in found and completed_wire(found["wlaw"].rows):
         made.append(rws_vs_w(found["wlaw"], dest / "rws-vs-w.png"))
     if "store" in found and store_bars(found["store"])[0]:
         made.append(store_bandwidth(found["store"], dest / "store-bandwidth.png"))

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.bench import bundle as bundles
+from bsr_cli.bench.evidence import Bundle
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.errors import ExitCode, InvalidInput
 
@@ -40,6 +41,17 @@ def test_every_committed_bundle_validates() -> None:
     assert paths
     for path in paths:
         assert bundles.validation_errors(bundles.load(path)) == [], path.name
+
+
+@pytest.mark.timeout(60)
+def test_every_committed_bundle_reads_back_as_it_was_written() -> None:
+    """`bsr bench show` and `bsr bench plot` read a bundle as a `Bundle`: its wire form is the file's, every key
+    present or absent as there, in the same order (bsr_version, the sweep's repeat, each target's note)."""
+    paths = sorted(EVIDENCE.glob("br-*.json"))
+    assert paths
+    for path in paths:
+        data = bundles.load(path)
+        assert json.dumps(Bundle.from_wire(data).to_wire(), indent=1) == json.dumps(data, indent=1), path.name
 
 
 @pytest.mark.timeout(60)
