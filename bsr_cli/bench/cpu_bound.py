@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.api.codec import to_json
-from bsr_cli.bench.evidence import Bundle, OnRow, Target
+from bsr_cli.bench.evidence import Bundle, OnRow, RowStatus, Target
 from bsr_cli.core.evidence import Stage
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.plan import windows_for
@@ -62,7 +62,7 @@ class BaselineRow:
     gbps: float
     cpu_s_per_gb: float
     checks: dict[str, bool]
-    status: str  # a baseline always passes: it has nothing to check
+    status: RowStatus  # a baseline always passes: it has nothing to check
 
     def to_wire(self) -> dict[str, Any]:
         return dict(to_json(self))
@@ -84,7 +84,7 @@ class RestoreRow:
     peak_live_bytes: int
     hash_ok: bool
     checks: dict[str, bool]
-    status: str  # "pass" or "fail"
+    status: RowStatus  # pass or fail
     reason: str | None  # why the restore failed closed; None when it committed
 
     kind = "restore"
@@ -314,7 +314,7 @@ def run_cpu_bound(
         targets=tuple(targets(summary)),
         interrupted=interrupted_by is not None,
         interrupted_by=interrupted_by,
-        ok=interrupted_by is None and all(r.status == ex.RowStatus.PASS for r in rig.rows),
+        ok=interrupted_by is None and all(r.status == RowStatus.PASS for r in rig.rows),
     )
 
 
@@ -402,7 +402,7 @@ class _Rig:
                 gbps=round(self.nbytes / wall / GB, 3),
                 cpu_s_per_gb=round(cpu / (self.nbytes / GB), 4),
                 checks={},
-                status="pass",
+                status=RowStatus.PASS,
             )
         )
 
@@ -452,7 +452,7 @@ class _Rig:
                     "hash_ok": hash_ok,
                     "peak_at_most_budget": peak_ok,
                 },
-                status="pass" if hash_ok and peak_ok else "fail",
+                status=RowStatus.PASS if hash_ok and peak_ok else RowStatus.FAIL,
                 reason=None if out.ok else out.reason,
             )
         )
@@ -476,7 +476,7 @@ def summarize(rows: Sequence[Row], cores: float, free_cores: float | None = None
     memcpy = passes["memcpy"].cpu_s_per_gb or 0.0
     by_budget: dict[str, BudgetStats] = {}
     for bw in sorted({r.budget_windows for r in restores}):
-        rs = [r for r in restores if r.budget_windows == bw and r.status == "pass"]
+        rs = [r for r in restores if r.budget_windows == bw and r.status == RowStatus.PASS]
         if rs:
             by_budget[str(bw)] = _budget_stats(rs, bw, memcpy, cores, free)
     return CpuBoundSummary(cores, free, passes["memcpy"], passes["crc32c"], by_budget)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.bench.evidence import RowStatus
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import ServiceError
@@ -93,7 +94,7 @@ class MooncakeRate:
     aggregate_gbps: float | None  # concurrent only
     error: str | None
     checks: dict[str, bool]
-    status: str
+    status: RowStatus
 
     @property
     def passed(self) -> bool:
@@ -467,7 +468,7 @@ def mooncake_bandwidth(
                 ),
                 error=err or None,
                 checks={"every_object_whole": not err},
-                status="fail" if err else "pass",
+                status=RowStatus.FAIL if err else RowStatus.PASS,
             )
         )
     return rows
