@@ -438,6 +438,17 @@ class WarmEvidence:
     def to_wire(self) -> dict[str, Any]:
         return {f.name: to_json(getattr(self, f.name)) for f in fields(self)}
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> WarmEvidence:
+        return cls(
+            request=d.get("request"),
+            seconds=d.get("seconds", 0.0),
+            external_tokens=d.get("external_tokens", 0),
+            computed_tokens=d.get("computed_tokens", 0),
+            hash_ok=d.get("hash_ok"),
+            store_errors=d.get("store_errors") or {},
+        )
+
 
 def warm_evidence(res: dict[str, Any]) -> WarmEvidence:
     """The evidence of the engine's answer ``res`` to a submit."""
@@ -489,6 +500,20 @@ class RankEvidence:
     gbps: float
     ok: bool
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RankEvidence:
+        return cls(
+            rank=d.get("rank", 0),
+            pool_peak_bytes=d.get("pool_peak_bytes", 0),
+            peak_live_bytes=d.get("peak_live_bytes", 0),
+            bytes_restored=d.get("bytes_restored", 0),
+            seconds=d.get("seconds", 0.0),
+            fetch_seconds=d.get("fetch_seconds", 0.0),
+            install_seconds=d.get("install_seconds", 0.0),
+            gbps=d.get("gbps", 0.0),
+            ok=bool(d.get("ok")),
+        )
+
 
 @dataclass(frozen=True)
 class RestoreEvidence:
@@ -523,6 +548,35 @@ class RestoreEvidence:
         out = {("bytes" if f.name == "total_bytes" else f.name): to_json(getattr(self, f.name)) for f in fields(self)}
         out["outcome"] = self.outcome or UNKNOWN_OUTCOME
         return out
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RestoreEvidence:
+        """The evidence in a bundle's row (its keys beside the row's own)."""
+        return cls(
+            request=d.get("request"),
+            outcome=_outcome(d.get("outcome")),
+            tiers=list(d.get("tiers") or []),
+            excluded_tiers=list(d.get("excluded_tiers") or []),
+            advertised_tokens=d.get("advertised_tokens", 0),
+            committed_tokens=d.get("committed_tokens", 0),
+            chunks=d.get("chunks", 0),
+            windows=d.get("windows", 0),
+            expected_windows=d.get("expected_windows", 0),
+            seconds=d.get("seconds", 0.0),
+            total_bytes=d.get("bytes", 0),
+            gbps=d.get("gbps", 0.0),
+            gbps_per_rank=d.get("gbps_per_rank", 0.0),
+            peak_pool_bytes=d.get("peak_pool_bytes", 0),
+            predicted_peak_bytes=d.get("predicted_peak_bytes", 0),
+            rws_bytes=d.get("rws_bytes"),
+            whole_plan_bytes=d.get("whole_plan_bytes", 0),
+            ranks=tuple(RankEvidence.from_wire(r) for r in d.get("ranks") or []),
+            output_hash=d.get("output_hash"),
+            canonical_hash=d.get("canonical_hash"),
+            hash_ok=d.get("hash_ok"),
+            healthy=bool(d.get("healthy")),
+            failure=d.get("failure"),
+        )
 
 
 def _outcome(value: object) -> Outcome | None:

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.bench.evidence import Bundle, completed_wire
+from bsr_cli.bench.evidence import Bundle, RestoreEvidence, completed, completed_wire
+from bsr_cli.bench.sweep import SweepRow
+from bsr_cli.bench.wlaw import WLawRow
 from bsr_cli.core.units import MiB, format_bytes
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -62,6 +64,12 @@ def _subtitle(b: Bundle) -> str:
     )
 
 
+def _restored(rows: list[dict[str, Any]]) -> list[tuple[int, RestoreEvidence]]:
+    """The sweep's completed rows (read back from its bundle): each prefix length and its restore's evidence."""
+    done = completed([SweepRow.from_wire(r) for r in rows])
+    return [(r.tokens, r.restore) for r in done if r.restore]
+
+
 def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -90,18 +98,18 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
             label="W=0: measured peak pool",
         )
     if sweep:
-        rows = completed_wire(sweep.rows)
+        done = _restored(sweep.rows)
         if not ladder:
             ax.plot(
-                [r["tokens"] for r in rows],
-                [r["whole_plan_bytes"] / MiB for r in rows],
+                [n for n, _ in done],
+                [ev.whole_plan_bytes / MiB for _, ev in done],
                 "k--",
                 label="whole-plan need (core: N·Σc_i + aux)",
             )
         w = sweep.params["W"]
         ax.plot(
-            [r["tokens"] for r in rows],
-            [r["peak_pool_bytes"] / MiB for r in rows],
+            [n for n, _ in done],
+            [ev.peak_pool_bytes / MiB for _, ev in done],
             "o-",
             color="tab:blue",
             label=f"BSR W={w}: measured peak pool per rank",
@@ -110,8 +118,8 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
         if rws:
             label = f"RWS({w}) = {format_bytes(rws, compact=True)}"
             ax.axhline(rws / MiB, color="tab:blue", linestyle=":", label=label)
-        for r in completed_wire(sweep.repeat.rows if sweep.repeat else []):
-            ax.plot([r["tokens"]], [r["peak_pool_bytes"] / MiB], "D", color="tab:green", label="fresh-salt repeat")
+        for n, ev in _restored(sweep.repeat.rows if sweep.repeat else []):
+            ax.plot([n], [ev.peak_pool_bytes / MiB], "D", color="tab:green", label="fresh-salt repeat")
     ax.set_xlabel("prefix length (tokens)")
     # Log scale: the whole plan grows to GiB while BSR stays at RWS(W); on a linear axis the BSR line sits on zero.
     ax.set_yscale("log")
@@ -132,22 +140,22 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
 
 def time_vs_prefix(sweep: Bundle, path: Path) -> Path:
     plt = _plt()
-    rows = completed_wire(sweep.rows)
-    xs = [r["tokens"] for r in rows]
+    done = _restored(sweep.rows)
+    xs = [n for n, _ in done]
 
-    def mean(r: dict[str, Any], key: str) -> float:
-        return sum(x[key] for x in r["ranks"]) / max(len(r["ranks"]), 1)
+    def mean(values: list[float]) -> float:
+        return sum(values) / max(len(values), 1)
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    ax.plot(xs, [r["seconds"] for r in rows], "o-", label="restore (request)")
-    ax.plot(xs, [mean(r, "fetch_seconds") for r in rows], "s--", label="fetch (mean of ranks)")
-    ax.plot(xs, [mean(r, "install_seconds") for r in rows], "^--", label="install (mean of ranks)")
+    ax.plot(xs, [ev.seconds for _, ev in done], "o-", label="restore (request)")
+    ax.plot(xs, [mean([x.fetch_seconds for x in ev.ranks]) for _, ev in done], "s--", label="fetch (mean of ranks)")
+    ax.plot(xs, [mean([x.install_seconds for x in ev.ranks]) for _, ev in done], "^--", label="install (mean of ranks)")
     ax.set_xlabel("prefix length (tokens)")
     ax.set_ylabel("seconds")
     ax.set_title(f"Restore time against prefix length (W={sweep.params['W']}, B = RWS)", fontsize=11)
     _thousands(ax.xaxis)
     ax2 = ax.twinx()
-    ax2.plot(xs, [r["gbps"] for r in rows], ":", color="grey", label="GB/s (all ranks)")
+    ax2.plot(xs, [ev.gbps for _, ev in done], ":", color="grey", label="GB/s (all ranks)")
     ax2.set_ylabel("GB/s", color="grey")
     ax2.set_ylim(bottom=0)
     fig.suptitle(_subtitle(sweep), fontsize=7, y=0.01, va="bottom")
@@ -160,9 +168,9 @@ def time_vs_prefix(sweep: Bundle, path: Path) -> Path:
 
 def rws_vs_w(wlaw: Bundle, path: Path) -> Path:
     plt = _plt()
-    rows = completed_wire(wlaw.rows)
+    rows = [(r.W, r.restore) for r in completed([WLawRow.from_wire(x) for x in wlaw.rows]) if r.restore]
     reg = wlaw.registration
-    ws = [r["W"] for r in rows]
+    ws = [w for w, _ in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if ws:
         line = [0, max(ws) * 1.1]
@@ -172,7 +180,7 @@ def rws_vs_w(wlaw: Bundle, path: Path) -> Path:
             "k--",
             label="W·Σc_i + aux (core)",
         )
-    ax.plot(ws, [r["peak_pool_bytes"] / MiB for r in rows], "o", markersize=8, label="measured peak pool per rank")
+    ax.plot(ws, [ev.peak_pool_bytes / MiB for _, ev in rows], "o", markersize=8, label="measured peak pool per rank")
     ax.set_xlabel("W (chunks per window)")
     ax.set_ylabel("RWS per rank (MiB)")
     ax.set_title(f"Measured RWS against W at {wlaw.params['tokens']:,} tokens", fontsize=11)

@@ -79,6 +79,22 @@ class SweepRow(Row):
             out |= self.restore.to_wire()
         return out | self.ending()
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> SweepRow:
+        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
+        return cls(
+            status=RowStatus(d["status"]),
+            tokens=d["tokens"],
+            W=d["W"],
+            salt=d["salt"],
+            started_at=d.get("started_at"),
+            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
+            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
+
 
 # -- sweep (E1) ------------------------------------------------------------------------------------------------
 

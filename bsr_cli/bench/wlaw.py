@@ -13,6 +13,7 @@ from bsr_cli.bench.evidence import (
     OnRow,
     RestoreEvidence,
     Row,
+    RowStatus,
     Run,
     WarmEvidence,
     completed,
@@ -75,6 +76,22 @@ class WLawRow(Row):
         if self.restore is not None:
             out |= self.restore.to_wire() | {"law_bytes": self.law_bytes}
         return out | self.ending()
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> WLawRow:
+        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
+        return cls(
+            status=RowStatus(d["status"]),
+            W=d["W"],
+            tokens=d["tokens"],
+            started_at=d.get("started_at"),
+            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
+            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
+            law_bytes=d.get("law_bytes"),
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
 
 
 # -- W law -------------------------------------------------------------------------------------------------------

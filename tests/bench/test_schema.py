@@ -14,6 +14,8 @@ import pytest
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench.evidence import Bundle
+from bsr_cli.bench.sweep import SweepRow
+from bsr_cli.bench.wlaw import WLawRow
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.errors import ExitCode, InvalidInput
 
@@ -52,6 +54,21 @@ def test_every_committed_bundle_reads_back_as_it_was_written() -> None:
     for path in paths:
         data = bundles.load(path)
         assert json.dumps(Bundle.from_wire(data).to_wire(), indent=1) == json.dumps(data, indent=1), path.name
+
+
+@pytest.mark.timeout(60)
+def test_sweep_and_wlaw_rows_read_back_as_they_were_written() -> None:
+    """Their tables and plots read the rows as SweepRow / WLawRow: each row's wire form is the file's."""
+    row_type = {"sweep": SweepRow, "wlaw": WLawRow}
+    seen = 0
+    for path in sorted(EVIDENCE.glob("br-*.json")):
+        data = bundles.load(path)
+        if data["experiment"] in row_type:
+            for row in data["rows"] + data.get("repeat", {}).get("rows", []):
+                back = row_type[data["experiment"]].from_wire(row).to_wire()
+                assert json.dumps(back) == json.dumps(row), path.name
+                seen += 1
+    assert seen
 
 
 @pytest.mark.timeout(60)

@@ -37,9 +37,9 @@ def _yes(v: Any) -> str:
     return "[green]yes[/]" if v is True else ("—" if v is None else "[red]no[/]")
 
 
-def _mean(r: dict[str, Any], key: str) -> float:
-    ranks = r.get("ranks") or []
-    return sum(x[key] for x in ranks) / max(len(ranks), 1)
+def _mean(values: Sequence[float]) -> float:
+    """The mean over ranks (0 for none)."""
+    return sum(values) / max(len(values), 1)
 
 
 def _table(*columns: str, title: str | None = None) -> Any:
@@ -91,13 +91,15 @@ def _footer(console: Console, pub: PublishedBundle) -> None:
 
 
 def render_sweep(console: Console, pub: PublishedBundle) -> None:
-    d = pub.bundle
-
+    from bsr_cli.bench.evidence import RowStatus
     from bsr_cli.bench.plots import bar
+    from bsr_cli.bench.sweep import SweepRow
 
+    d = pub.bundle
     _header(console, d, f"E1 sweep, W={d.params['W']}, B = RWS(W), restored from {d.params['tier']} only")
-    rows = [("", r) for r in d.rows] + [("R ", r) for r in (d.repeat.rows if d.repeat else [])]
-    top_t = max((r.get("seconds", 0.0) for _, r in rows), default=0.0)
+    repeat = d.repeat.rows if d.repeat else []
+    rows = [("", SweepRow.from_wire(r)) for r in d.rows] + [("R ", SweepRow.from_wire(r)) for r in repeat]
+    top_t = max((r.restore.seconds if r.restore else 0.0 for _, r in rows), default=0.0)
     t = _table(
         "tokens",
         "K",
@@ -114,36 +116,35 @@ def render_sweep(console: Console, pub: PublishedBundle) -> None:
         "status",
     )
     for tag, r in rows:
-        if r["status"] == "interrupted":
-            t.add_row(f"{tag}{r['tokens']:,}", *[""] * 10, r.get("reason", ""), _status(r["status"]))
+        ev = r.restore
+        if r.status == RowStatus.INTERRUPTED or ev is None:
+            t.add_row(f"{tag}{r.tokens:,}", *[""] * 10, r.reason or "", _status(r.status))
             continue
         t.add_row(
-            f"{tag}{r['tokens']:,}",
-            f"{r['windows']:,}",
-            f"{r['committed_tokens']:,}",
-            _mib(r["peak_pool_bytes"]),
-            _mib(r["whole_plan_bytes"]),
-            f"{r['seconds']:.2f}",
-            f"{_mean(r, 'fetch_seconds'):.2f}",
-            f"{_mean(r, 'install_seconds'):.2f}",
-            f"{r['gbps']:.2f}",
-            _yes(r["hash_ok"]),
-            _yes(r["healthy"]),
-            bar(r["seconds"], top_t, 10),
-            _status(r["status"]),
+            f"{tag}{r.tokens:,}",
+            f"{ev.windows:,}",
+            f"{ev.committed_tokens:,}",
+            _mib(ev.peak_pool_bytes),
+            _mib(ev.whole_plan_bytes),
+            f"{ev.seconds:.2f}",
+            f"{_mean([x.fetch_seconds for x in ev.ranks]):.2f}",
+            f"{_mean([x.install_seconds for x in ev.ranks]):.2f}",
+            f"{ev.gbps:.2f}",
+            _yes(ev.hash_ok),
+            _yes(ev.healthy),
+            bar(ev.seconds, top_t, 10),
+            _status(r.status),
         )
     console.print(t)
     s = d.summary
     if d.repeat:
         console.print(f"R = the repeat with a fresh salt ({d.repeat.salt}), run {d.repeat.run_id}")
     console.print("fetch s, inst s: mean over ranks.  peak pool per rank against the whole-plan need (MiB):")
-    top = max([r.get("whole_plan_bytes", 0) for _, r in rows] + [1])
+    top = max([r.restore.whole_plan_bytes if r.restore else 0 for _, r in rows] + [1])
     for _, r in rows:
-        if r["status"] != "interrupted":
-            console.print(
-                f"  {r['tokens']:>8,}  BSR   {bar(r['peak_pool_bytes'], top, 40)} {_mib(r['peak_pool_bytes'])}"
-            )
-            console.print(f"  {'':>8}  whole {bar(r['whole_plan_bytes'], top, 40)} {_mib(r['whole_plan_bytes'])}")
+        if r.status != RowStatus.INTERRUPTED and (ev := r.restore) is not None:
+            console.print(f"  {r.tokens:>8,}  BSR   {bar(ev.peak_pool_bytes, top, 40)} {_mib(ev.peak_pool_bytes)}")
+            console.print(f"  {'':>8}  whole {bar(ev.whole_plan_bytes, top, 40)} {_mib(ev.whole_plan_bytes)}")
     peaks = ", ".join(_mib(p) for p in s["peak_pool_bytes_per_rank"])
     console.print(
         f"block {s['block_seconds']:.1f} s; distinct peaks per rank [{peaks}] MiB; RWS {_mib(s['rws_bytes'])} MiB"
@@ -185,27 +186,30 @@ def render_ladder(console: Console, pub: PublishedBundle) -> None:
 
 
 def render_wlaw(console: Console, pub: PublishedBundle) -> None:
-    d = pub.bundle
-
+    from bsr_cli.bench.evidence import RowStatus
     from bsr_cli.bench.plots import bar
+    from bsr_cli.bench.wlaw import WLawRow
 
+    d = pub.bundle
     _header(console, d, f"W law at {d.params['tokens']:,} tokens (B = RWS(W) for each W)")
     t = _table("W", "W·Σc_i + aux MiB", "measured MiB/rank", "K", "restore s", "GB/s", "hash", "", "status")
-    top = max((r.get("peak_pool_bytes", 0) for r in d.rows), default=1)
-    for r in d.rows:
-        if r["status"] == "interrupted":
-            t.add_row(str(r["W"]), *[""] * 6, r.get("reason", ""), _status(r["status"]))
+    rows = [WLawRow.from_wire(r) for r in d.rows]
+    top = max((r.restore.peak_pool_bytes if r.restore else 0 for r in rows), default=1)
+    for r in rows:
+        ev = r.restore
+        if r.status == RowStatus.INTERRUPTED or ev is None:
+            t.add_row(str(r.W), *[""] * 6, r.reason or "", _status(r.status))
             continue
         t.add_row(
-            str(r["W"]),
-            _mib(r["law_bytes"]),
-            _mib(r["peak_pool_bytes"]),
-            f"{r['windows']:,}",
-            f"{r['seconds']:.2f}",
-            f"{r['gbps']:.2f}",
-            _yes(r["hash_ok"]),
-            bar(r["peak_pool_bytes"], top, 20),
-            _status(r["status"]),
+            str(r.W),
+            _mib(r.law_bytes),
+            _mib(ev.peak_pool_bytes),
+            f"{ev.windows:,}",
+            f"{ev.seconds:.2f}",
+            f"{ev.gbps:.2f}",
+            _yes(ev.hash_ok),
+            bar(ev.peak_pool_bytes, top, 20),
+            _status(r.status),
         )
     console.print(t)
     s = d.summary
