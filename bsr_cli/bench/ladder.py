@@ -17,6 +17,7 @@ from bsr_cli.bench.evidence import (
     OnRow,
     RankEvidence,
     Row,
+    RowStatus,
     Run,
     WarmEvidence,
     completed,
@@ -66,6 +67,25 @@ class LadderAttempt:
     ranks: tuple[RankEvidence, ...]  # per rank: pool peak, bytes, seconds (the shared restore evidence)
     passed: bool
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> LadderAttempt:
+        warm = d.get("warm")
+        return cls(
+            rung=d["rung"],
+            warm=None if warm is None else WarmEvidence.from_wire(warm),
+            outcome=str(d.get("outcome", UNKNOWN_OUTCOME)),
+            committed_tokens=d.get("committed_tokens", 0),
+            failure=d.get("failure"),
+            peak_pool_bytes=d.get("peak_pool_bytes", 0),
+            seconds=d.get("seconds", 0.0),
+            gbps=d.get("gbps", 0.0),
+            tiers=list(d.get("tiers") or []),
+            hash_ok=d.get("hash_ok"),
+            healthy=bool(d.get("healthy")),
+            ranks=tuple(RankEvidence.from_wire(r) for r in d.get("ranks") or []),
+            passed=bool(d.get("passed")),
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class LadderRow(Row):
@@ -95,6 +115,25 @@ class LadderRow(Row):
                 "healthy": ev.healthy,
             }
         return out | self.ending()
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> LadderRow:
+        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
+        attempts = tuple(LadderAttempt.from_wire(a) for a in d.get("attempts") or [])
+        first = d.get("first_passing_rung")
+        passing = next((a for a in attempts if a.passed and a.rung == first), None)
+        return cls(
+            status=RowStatus(d["status"]),
+            tokens=d["tokens"],
+            chunks=d.get("chunks", 0),
+            whole_plan_bytes=d.get("whole_plan_bytes", 0),
+            predicted_rung=d.get("predicted_rung"),
+            first_passing_rung=first,
+            attempts=attempts,
+            passing=passing if "measured_peak_bytes" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+        )
 
 
 @dataclass(frozen=True)

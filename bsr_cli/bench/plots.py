@@ -13,6 +13,7 @@ from typing import Any
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench.evidence import Bundle, RestoreEvidence, completed, completed_wire
+from bsr_cli.bench.ladder import LadderRow
 from bsr_cli.bench.sweep import SweepRow
 from bsr_cli.bench.wlaw import WLawRow
 from bsr_cli.core.units import MiB, format_bytes
@@ -74,24 +75,24 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     if ladder:
-        rows = [r for r in ladder.rows if r.get("whole_plan_bytes")]
-        xs = [r["tokens"] for r in rows]
-        ax.plot(xs, [r["whole_plan_bytes"] / MiB for r in rows], "k--", label="whole-plan need (core: N·Σc_i + aux)")
-        passed = [r for r in completed_wire(rows) if r.get("first_passing_rung")]
+        rows = [r for r in (LadderRow.from_wire(x) for x in ladder.rows) if r.whole_plan_bytes]
+        xs = [r.tokens for r in rows]
+        ax.plot(xs, [r.whole_plan_bytes / MiB for r in rows], "k--", label="whole-plan need (core: N·Σc_i + aux)")
+        passed = [(r.tokens, r.first_passing_rung, r.passing) for r in completed(rows) if r.first_passing_rung]
         # Markers only: the ladder measures a rung at each prefix, nothing in between.
         ax.plot(
-            [r["tokens"] for r in passed],
-            [r["first_passing_rung"] / MiB for r in passed],
+            [n for n, _, _ in passed],
+            [rung / MiB for _, rung, _ in passed],
             "s",
             color="tab:red",
             markerfacecolor="none",
             markersize=10,
             label="W=0: first passing rung (measured)",
         )
-        peaks = [r for r in passed if r.get("measured_peak_bytes")]
+        peaks = [(n, ev.peak_pool_bytes) for n, _, ev in passed if ev and ev.peak_pool_bytes]
         ax.plot(
-            [r["tokens"] for r in peaks],
-            [r["measured_peak_bytes"] / MiB for r in peaks],
+            [n for n, _ in peaks],
+            [peak / MiB for _, peak in peaks],
             "x",
             color="tab:red",
             markersize=9,

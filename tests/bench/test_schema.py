@@ -14,6 +14,7 @@ import pytest
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench.evidence import Bundle
+from bsr_cli.bench.ladder import LadderRow
 from bsr_cli.bench.sweep import SweepRow
 from bsr_cli.bench.wlaw import WLawRow
 from bsr_cli.core.evidence import Outcome
@@ -57,9 +58,13 @@ def test_every_committed_bundle_reads_back_as_it_was_written() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_sweep_and_wlaw_rows_read_back_as_they_were_written() -> None:
-    """Their tables and plots read the rows as SweepRow / WLawRow: each row's wire form is the file's."""
-    row_type = {"sweep": SweepRow, "wlaw": WLawRow}
+def test_sweep_wlaw_and_ladder_rows_read_back_as_they_were_written() -> None:
+    """Their tables and plots read the rows as SweepRow / WLawRow / LadderRow: each row's wire form is the file's."""
+    row_type: dict[str, type[SweepRow | WLawRow | LadderRow]] = {
+        "sweep": SweepRow,
+        "wlaw": WLawRow,
+        "ladder": LadderRow,
+    }
     seen = 0
     for path in sorted(EVIDENCE.glob("br-*.json")):
         data = bundles.load(path)

@@ -155,6 +155,7 @@ def render_sweep(console: Console, pub: PublishedBundle) -> None:
 def render_ladder(console: Console, pub: PublishedBundle) -> None:
     d = pub.bundle
 
+    from bsr_cli.bench.ladder import LadderRow
     from bsr_cli.bench.plots import bar
 
     _header(console, d, "Whole-plan ladder (W=0), one engine start per rung")
@@ -168,18 +169,19 @@ def render_ladder(console: Console, pub: PublishedBundle) -> None:
         "",
         "status",
     )
-    top = max((r["whole_plan_bytes"] for r in d.rows), default=1)
-    for r in d.rows:
-        atts = " ".join(("✓" if a["passed"] else "✗") + _short(a["rung"]) for a in r.get("attempts", []))
+    rows = [LadderRow.from_wire(r) for r in d.rows]
+    top = max((r.whole_plan_bytes for r in rows), default=1)
+    for r in rows:
+        atts = " ".join(("✓" if a.passed else "✗") + _short(a.rung) for a in r.attempts)
         t.add_row(
-            f"{r['tokens']:,}",
-            _mib(r["whole_plan_bytes"]),
-            _short(r["predicted_rung"]) if r["predicted_rung"] else "beyond ladder",
-            _short(r["first_passing_rung"]) if r["first_passing_rung"] else "—",
-            _mib(r.get("measured_peak_bytes")),
+            f"{r.tokens:,}",
+            _mib(r.whole_plan_bytes),
+            _short(r.predicted_rung) if r.predicted_rung else "beyond ladder",
+            _short(r.first_passing_rung) if r.first_passing_rung else "—",
+            _mib(r.passing.peak_pool_bytes if r.passing else None),
             atts,
-            bar(r["whole_plan_bytes"], top, 12),
-            _status(r["status"]) + (f" {r['reason']}" if r.get("reason") else ""),
+            bar(r.whole_plan_bytes, top, 12),
+            _status(r.status) + (f" {r.reason}" if r.reason else ""),
         )
     console.print(t)
     _footer(console, pub)
