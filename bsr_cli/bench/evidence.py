@@ -485,6 +485,19 @@ class WarmRow(Row):
             out["warm"] = self.warm.to_wire()
         return out | self.ending()
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> WarmRow:
+        return cls(
+            status=RowStatus(d["status"]),
+            tokens=d["tokens"],
+            W=d.get("W"),
+            started_at=d.get("started_at"),
+            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
+
 
 @dataclass(frozen=True)
 class RankEvidence:

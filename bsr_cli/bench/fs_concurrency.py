@@ -104,6 +104,20 @@ class DiskRow(Row):
             out |= to_json(self.disk)
         return out | self.ending()
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> DiskRow:
+        return cls(
+            status=RowStatus(d["status"]),
+            concurrency=d["concurrency"],
+            threads=d["threads"],
+            trial=d["trial"],
+            started_at=d.get("started_at"),
+            disk=DiskReadRate.from_wire(d) if "gbps" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class FsRestoreRow(Row):
@@ -128,8 +142,34 @@ class FsRestoreRow(Row):
             out |= self.restore.to_wire()
         return out | self.ending()
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> FsRestoreRow:
+        return cls(
+            status=RowStatus(d["status"]),
+            concurrency=d["concurrency"],
+            cache=d["cache"],
+            trial=d["trial"],
+            tokens=d["tokens"],
+            W=d["W"],
+            started_at=d.get("started_at"),
+            evicted=PageEviction.from_wire(d["evicted"]) if "evicted" in d else None,
+            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
+
 
 FsRow = WarmRow | DiskRow | FsRestoreRow
+
+
+def fs_row_from_wire(d: dict[str, Any]) -> FsRow:
+    """An fs-concurrency row read back from a bundle, by its kind."""
+    if d.get("kind") == "disk":
+        return DiskRow.from_wire(d)
+    if d.get("kind") == "restore":
+        return FsRestoreRow.from_wire(d)
+    return WarmRow.from_wire(d)
 
 
 def run_fs_concurrency(

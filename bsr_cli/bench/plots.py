@@ -13,6 +13,7 @@ from typing import Any
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench.evidence import Bundle, RestoreEvidence, completed, completed_wire
+from bsr_cli.bench.fs_concurrency import FsRestoreRow, fs_row_from_wire
 from bsr_cli.bench.ladder import LadderRow
 from bsr_cli.bench.sweep import SweepRow
 from bsr_cli.bench.wlaw import WLawRow
@@ -288,9 +289,9 @@ def fs_concurrency(fs: Bundle, path: Path) -> Path:
 def fs_spread(fs: Bundle) -> dict[str, tuple[float, float]]:
     """(min, max) GB/s of each configuration's trials, from the bundle's rows."""
     out: dict[str, list[float]] = {}
-    for r in completed_wire(fs.rows):
-        if r.get("kind") == "restore" and r.get("gbps") is not None:
-            out.setdefault(f"{r.get('cache')}/c={r.get('concurrency')}", []).append(float(r["gbps"]))
+    for r in completed([fs_row_from_wire(x) for x in fs.rows]):
+        if isinstance(r, FsRestoreRow) and r.restore is not None:
+            out.setdefault(f"{r.cache}/c={r.concurrency}", []).append(float(r.restore.gbps))
     return {k: (min(v), max(v)) for k, v in out.items()}
 
 

@@ -42,6 +42,10 @@ class PageEviction:
         said = (("method", self.method), ("files", self.files), ("error", self.error))
         return {key: value for key, value in said if value is not None}
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> PageEviction:
+        return cls(method=str(d.get("method", "")), files=d.get("files"), error=d.get("error"))
+
 
 @dataclass(frozen=True)
 class DiskReadRate:
@@ -54,6 +58,18 @@ class DiskReadRate:
     gbps: float
     evicted_files: int
     error: str | None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> DiskReadRate:
+        return cls(
+            threads=d.get("threads", 0),
+            files=d.get("files", 0),
+            bytes=d.get("bytes", 0),
+            seconds=d.get("seconds", 0.0),
+            gbps=d.get("gbps", 0.0),
+            evicted_files=d.get("evicted_files", 0),
+            error=d.get("error"),
+        )
 
 
 @dataclass(frozen=True)

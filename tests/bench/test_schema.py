@@ -7,13 +7,15 @@ import copy
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.bench.evidence import Bundle
+from bsr_cli.bench.evidence import Bundle, Row
+from bsr_cli.bench.fs_concurrency import fs_row_from_wire
 from bsr_cli.bench.ladder import LadderRow
 from bsr_cli.bench.sweep import SweepRow
 from bsr_cli.bench.wlaw import WLawRow
@@ -58,19 +60,20 @@ def test_every_committed_bundle_reads_back_as_it_was_written() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_sweep_wlaw_and_ladder_rows_read_back_as_they_were_written() -> None:
-    """Their tables and plots read the rows as SweepRow / WLawRow / LadderRow: each row's wire form is the file's."""
-    row_type: dict[str, type[SweepRow | WLawRow | LadderRow]] = {
-        "sweep": SweepRow,
-        "wlaw": WLawRow,
-        "ladder": LadderRow,
+def test_rows_read_back_as_they_were_written() -> None:
+    """Tables and plots read the rows of these experiments as their row types: each row's wire form is the file's."""
+    row_type: dict[str, Callable[[dict[str, Any]], Row]] = {
+        "sweep": SweepRow.from_wire,
+        "wlaw": WLawRow.from_wire,
+        "ladder": LadderRow.from_wire,
+        "fs-concurrency": fs_row_from_wire,
     }
     seen = 0
     for path in sorted(EVIDENCE.glob("br-*.json")):
         data = bundles.load(path)
         if data["experiment"] in row_type:
             for row in data["rows"] + data.get("repeat", {}).get("rows", []):
-                back = row_type[data["experiment"]].from_wire(row).to_wire()
+                back = row_type[data["experiment"]](row).to_wire()
                 assert json.dumps(back) == json.dumps(row), path.name
                 seen += 1
     assert seen
