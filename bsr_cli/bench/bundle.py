@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 
+from bsr_cli.bench.evidence import Bundle
 from bsr_cli.bench.models import BUNDLE, EXPERIMENTS, SCHEMA_ID
 from bsr_cli.errors import InvalidInput
 
@@ -24,6 +25,7 @@ __all__ = [
     "SCHEMA_ID",
     "latest",
     "load",
+    "read",
     "schema",
     "schema_json",
     "validate",
@@ -105,13 +107,14 @@ def validate(bundle: Any) -> None:
 # -- files -------------------------------------------------------------------------------------------------------
 
 
-def write(bundle: dict[str, Any], out_dir: Path) -> Path:
+def write(bundle: Bundle, out_dir: Path) -> Path:
     """Validate and write ``<out_dir>/<run_id>.json``; returns the path."""
-    validate(bundle)
+    wire = bundle.to_wire()
+    validate(wire)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{bundle['run_id']}.json"
+    path = out_dir / f"{bundle.run_id}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(bundle, indent=1, default=str) + "\n")
+    tmp.write_text(json.dumps(wire, indent=1, default=str) + "\n")
     tmp.replace(path)
     return path
 
@@ -128,9 +131,16 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
-def latest(out_dir: Path) -> dict[str, dict[str, Any]]:
+def read(path: Path) -> Bundle:
+    """The bundle in ``path``, validated against the schema first (InvalidInput when it is not one)."""
+    data = load(path)
+    validate(data)
+    return Bundle.from_wire(data)
+
+
+def latest(out_dir: Path) -> dict[str, Bundle]:
     """The most recent valid bundle of each experiment in ``out_dir`` (by finish time)."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, Bundle] = {}
     for path in sorted(out_dir.glob("br-*.json")):
         try:
             data = load(path)
@@ -138,9 +148,9 @@ def latest(out_dir: Path) -> dict[str, dict[str, Any]]:
             continue
         if validation_errors(data):
             continue
-        exp = str(data["experiment"])
-        if exp not in found or str(data["finished_at"]) > str(found[exp]["finished_at"]):
-            found[exp] = data
+        b = Bundle.from_wire(data)
+        if b.experiment not in found or b.finished_at > found[b.experiment].finished_at:
+            found[b.experiment] = b
     return found
 
 

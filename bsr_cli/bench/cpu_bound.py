@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.api.codec import to_json
-from bsr_cli.bench.evidence import OnRow
-from bsr_cli.core.evidence import Component, Stage
+from bsr_cli.bench.evidence import Bundle, OnRow, RowStatus, Target
+from bsr_cli.core.evidence import Stage
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.plan import windows_for
 from bsr_cli.core.registration import Registration
@@ -62,7 +62,7 @@ class BaselineRow:
     gbps: float
     cpu_s_per_gb: float
     checks: dict[str, bool]
-    status: str  # a baseline always passes: it has nothing to check
+    status: RowStatus  # a baseline always passes: it has nothing to check
 
     def to_wire(self) -> dict[str, Any]:
         return dict(to_json(self))
@@ -84,7 +84,7 @@ class RestoreRow:
     peak_live_bytes: int
     hash_ok: bool
     checks: dict[str, bool]
-    status: str  # "pass" or "fail"
+    status: RowStatus  # pass or fail
     reason: str | None  # why the restore failed closed; None when it committed
 
     kind = "restore"
@@ -244,7 +244,7 @@ def run_cpu_bound(
     salt: int | None = None,
     cores: float | None = None,
     on_row: OnRow | None = None,
-) -> dict[str, Any]:
+) -> Bundle:
     """Run the experiment and return its evidence bundle."""
     import torch
 
@@ -259,7 +259,7 @@ def run_cpu_bound(
     load = machine.loadavg or [0.0]
     free_cores = max(1.0, min(cores, round(cores - float(load[0]), 2)))
     rig = _Rig(reg, tokens, w, max(budget_windows), salt, on_row)
-    interrupted_by: str | None = None
+    interrupted_by: ex.Interruption | None = None
     # One torch thread, as each rank process of the embedded engine runs: with torch's intra-op pool a copy's
     # CPU would land on pool threads that no stage's thread clock sees.
     torch_threads = torch.get_num_threads()
@@ -272,22 +272,21 @@ def run_cpu_bound(
             for bw in budget_windows:
                 rig.restore(bw, trial)
     except KeyboardInterrupt:
-        interrupted_by = Component.OPERATOR
+        interrupted_by = ex.Interruption.OPERATOR
     finally:
         torch.set_num_threads(torch_threads)
         rig.tier.close()
     summary = summarize(rig.rows, cores, free_cores)
-    return {
-        "schema": ex.BUNDLE_SCHEMA,
-        "kind": "bsr.bench",
-        "experiment": "cpu-bound",
-        "run_id": run_id,
-        "salt": salt,
-        "started_at": started_at,
-        "finished_at": ex.now(),
-        "elapsed_s": round(time.monotonic() - t_start, 3),
-        "registration": ex.registration_identity(reg).to_wire(),
-        "engine": {
+    return Bundle(
+        experiment="cpu-bound",
+        run_id=run_id,
+        salt=salt,
+        bsr_version=None,  # cpu-bound bundles have never named it
+        started_at=started_at,
+        finished_at=ex.now(),
+        elapsed_s=round(time.monotonic() - t_start, 3),
+        registration=ex.registration_identity(reg),
+        engine={
             "url": "in-process RankRestorer (memory tier)",
             "embedded": False,
             "startup_s": None,
@@ -300,8 +299,8 @@ def run_cpu_bound(
                 "budget_bytes": rig.pool_bytes,
             },
         },
-        "machine": machine.to_wire(),
-        "params": {
+        machine=machine,
+        params={
             "tokens": rig.n,
             "W": w,
             "trials": trials,
@@ -310,13 +309,13 @@ def run_cpu_bound(
             "free_cores": free_cores,
             "torch_threads": 1,
         },
-        "rows": [r.to_wire() for r in rig.rows],
-        "summary": to_json(summary),
-        "targets": targets(summary),
-        "interrupted": interrupted_by is not None,
-        "interrupted_by": interrupted_by,
-        "ok": interrupted_by is None and all(r.status == "pass" for r in rig.rows),
-    }
+        rows=[r.to_wire() for r in rig.rows],
+        summary=to_json(summary),
+        targets=tuple(targets(summary)),
+        interrupted=interrupted_by is not None,
+        interrupted_by=interrupted_by,
+        ok=interrupted_by is None and all(r.status == RowStatus.PASS for r in rig.rows),
+    )
 
 
 class _Rig:
@@ -403,7 +402,7 @@ class _Rig:
                 gbps=round(self.nbytes / wall / GB, 3),
                 cpu_s_per_gb=round(cpu / (self.nbytes / GB), 4),
                 checks={},
-                status="pass",
+                status=RowStatus.PASS,
             )
         )
 
@@ -453,7 +452,7 @@ class _Rig:
                     "hash_ok": hash_ok,
                     "peak_at_most_budget": peak_ok,
                 },
-                status="pass" if hash_ok and peak_ok else "fail",
+                status=RowStatus.PASS if hash_ok and peak_ok else RowStatus.FAIL,
                 reason=None if out.ok else out.reason,
             )
         )
@@ -477,7 +476,7 @@ def summarize(rows: Sequence[Row], cores: float, free_cores: float | None = None
     memcpy = passes["memcpy"].cpu_s_per_gb or 0.0
     by_budget: dict[str, BudgetStats] = {}
     for bw in sorted({r.budget_windows for r in restores}):
-        rs = [r for r in restores if r.budget_windows == bw and r.status == "pass"]
+        rs = [r for r in restores if r.budget_windows == bw and r.status == RowStatus.PASS]
         if rs:
             by_budget[str(bw)] = _budget_stats(rs, bw, memcpy, cores, free)
     return CpuBoundSummary(cores, free, passes["memcpy"], passes["crc32c"], by_budget)
@@ -523,16 +522,16 @@ def _budget_stats(rs: Sequence[RestoreRow], bw: int, memcpy: float, cores: float
     )
 
 
-def targets(summary: CpuBoundSummary) -> list[dict[str, Any]]:
+def targets(summary: CpuBoundSummary) -> list[Target]:
     two = summary.by_budget_windows.get("2")
     ratio = two.measured_over_predicted if two else None
     return [
-        {
-            "name": "model_checked_against_cpu_bound_run",
-            "target": "the per-stage model predicts the CPU-bound loopback run within 25 %",
-            "measured": f"measured / predicted = {ratio}" if ratio is not None else "no passing restore",
-            "met": None if ratio is None else bool(0.75 <= ratio <= 1.25),
-        }
+        Target(
+            name="model_checked_against_cpu_bound_run",
+            target="the per-stage model predicts the CPU-bound loopback run within 25 %",
+            measured=f"measured / predicted = {ratio}" if ratio is not None else "no passing restore",
+            met=None if ratio is None else bool(0.75 <= ratio <= 1.25),
+        )
     ]
 
 

@@ -1,7 +1,7 @@
 """The evidence bundle every experiment writes, and the measurement they share.
 
 Every experiment takes an `AdminClient` (the ladder takes an engine factory instead: it must change the pool
-capacity, which only an engine restart can do) and returns a plain dict that validates against
+capacity, which only an engine restart can do) and returns a `Bundle` whose wire form validates against
 docs/bench-schema.json (`bsr_cli.bench.bundle`): a run id (``br-<tag>-`` + 12 hex), the salt (the synthetic
 prompt seed), the registration identity, the engine's settings (``/info``), machine facts, timestamps, one row
 per measurement, a summary and the targets it was measured against.
@@ -26,11 +26,12 @@ import platform
 import secrets
 import statistics
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from bsr_cli import __version__
 from bsr_cli.api.codec import to_json
@@ -102,6 +103,18 @@ class MachineInfo:
     def to_wire(self) -> dict[str, int | str | list[float] | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> MachineInfo:
+        return cls(
+            cpu_count=int(d.get("cpu_count", 0)),
+            memory_bytes=int(d.get("memory_bytes", 0)),
+            python=str(d.get("python", "")),
+            torch=d.get("torch"),
+            mooncake=d.get("mooncake"),
+            platform=str(d.get("platform", "")),
+            loadavg=list(d.get("loadavg") or []),
+        )
+
 
 def machine_info() -> MachineInfo:
     try:
@@ -139,6 +152,19 @@ class RegistrationIdentity:
     def to_wire(self) -> dict[str, str | int | dict[str, int]]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RegistrationIdentity:
+        return cls(
+            identity=str(d["identity"]),
+            model=str(d["model"]),
+            tp_size=int(d["tp_size"]),
+            chunk_size=int(d["chunk_size"]),
+            bytes_per_token=int(d["bytes_per_token"]),
+            bytes_per_chunk=int(d["bytes_per_chunk"]),
+            aux_bytes=int(d["aux_bytes"]),
+            groups={str(k): int(v) for k, v in (d.get("groups") or {}).items()},
+        )
+
 
 def registration_identity(reg: Registration) -> RegistrationIdentity:
     return RegistrationIdentity(
@@ -153,14 +179,50 @@ def registration_identity(reg: Registration) -> RegistrationIdentity:
     )
 
 
-def completed(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True)
+class Row(ABC):
+    """What every bench row carries around its measurement: its status, when it started, its acceptance checks,
+    why it stopped and how long it took. Each experiment's row type adds what it measured and writes its wire form
+    (``to_wire``): the status, the row's labels, ``started_at``, the measurement, then `ending`'s keys."""
+
+    status: RowStatus = RowStatus.INTERRUPTED  # until the row is judged
+    started_at: str | None = None  # None only for the ladder's rows: each gathers attempts made at several rungs
+    checks: dict[str, bool] | None = None  # None: not judged (no "checks" key)
+    reason: str | None = None  # why it was interrupted (no "reason" key when None)
+    elapsed_s: float | None = None  # None: no "elapsed_s" key (the ladder's rows)
+
+    def judged(self, checks: dict[str, bool]) -> Self:
+        return replace(self, checks=checks, status=RowStatus.PASS if all(checks.values()) else RowStatus.FAIL)
+
+    def stopped(self, reason: str) -> Self:
+        return replace(self, status=RowStatus.INTERRUPTED, reason=reason)
+
+    def timed(self, elapsed_s: float) -> Self:
+        return replace(self, elapsed_s=elapsed_s)
+
+    def ending(self) -> dict[str, dict[str, bool] | str | float]:
+        out: dict[str, dict[str, bool] | str | float] = {} if self.checks is None else {"checks": self.checks}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.elapsed_s is not None:
+            out["elapsed_s"] = self.elapsed_s
+        return out
+
+    @abstractmethod
+    def to_wire(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Row)
+
+
+def completed(rows: Sequence[R]) -> list[R]:
     """Rows that produced evidence: the only ones a summary may count."""
+    return [r for r in rows if r.status != RowStatus.INTERRUPTED]
+
+
+def completed_wire(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`completed` over rows read back from a bundle (tables and plots)."""
     return [r for r in rows if r.get("status") != RowStatus.INTERRUPTED]
-
-
-def judge(row: dict[str, Any], checks: dict[str, bool]) -> None:
-    row["checks"] = checks
-    row["status"] = RowStatus.PASS if all(checks.values()) else RowStatus.FAIL
 
 
 # What a target reports as measured: a number, a phrase, or a few of them by name.
@@ -188,6 +250,117 @@ class Target:
 
 def target(name: str, wanted: str, measured: Measurement, met: bool | None, note: str = "") -> Target:
     return Target(name, wanted, measured, met, note)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """The sweep's repeat of its largest row with a fresh salt: a block of its own, with its own run id."""
+
+    run_id: str
+    salt: int
+    rows: list[dict[str, Any]]  # the rows' wire form, as the main rows'
+
+    def to_wire(self) -> dict[str, str | int | list[dict[str, Any]]]:
+        return {"run_id": self.run_id, "salt": self.salt, "rows": self.rows}
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One experiment block's evidence bundle (docs/bench-schema.json), fields in the bundle's key order.
+
+    Rows and the summary are each experiment's own records in their wire form; ``engine`` is the engine's /info
+    and the facts the experiment adds about it (embedded, start-up time, settings put back), in the order written.
+    """
+
+    experiment: str
+    run_id: str
+    salt: int | None
+    bsr_version: str | None  # None: the bundle has no bsr_version key (cpu-bound's)
+    started_at: str
+    finished_at: str
+    elapsed_s: float
+    registration: RegistrationIdentity
+    engine: dict[str, Any]
+    machine: MachineInfo
+    params: dict[str, Any]
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+    targets: tuple[Target, ...]
+    interrupted: bool
+    interrupted_by: Interruption | None
+    ok: bool
+    repeat: Repeat | None = None  # the sweep's
+
+    def every_row(self) -> list[dict[str, Any]]:
+        """The main rows, then the repeat's."""
+        return self.rows + (self.repeat.rows if self.repeat else [])
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {
+            "schema": BUNDLE_SCHEMA,
+            "kind": "bsr.bench",
+            "experiment": self.experiment,
+            "run_id": self.run_id,
+            "salt": self.salt,
+        }
+        if self.bsr_version is not None:
+            out["bsr_version"] = self.bsr_version
+        out |= {
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "elapsed_s": self.elapsed_s,
+            "registration": self.registration.to_wire(),
+            "engine": self.engine,
+            "machine": self.machine.to_wire(),
+            "params": self.params,
+            "rows": self.rows,
+            "summary": self.summary,
+            "targets": [t.to_wire() for t in self.targets],
+            "interrupted": self.interrupted,
+            "interrupted_by": self.interrupted_by,
+            "ok": self.ok,
+        }
+        if self.repeat is not None:
+            out["repeat"] = self.repeat.to_wire()
+        return out
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Bundle:
+        """A bundle read back from its file (validated against the schema first: `bundle.read`)."""
+        rep = d.get("repeat")
+        by = d.get("interrupted_by")
+        return cls(
+            experiment=str(d["experiment"]),
+            run_id=str(d["run_id"]),
+            salt=d.get("salt"),
+            bsr_version=d.get("bsr_version"),
+            started_at=str(d["started_at"]),
+            finished_at=str(d["finished_at"]),
+            elapsed_s=d["elapsed_s"],
+            registration=RegistrationIdentity.from_wire(d["registration"]),
+            engine=d["engine"],
+            machine=MachineInfo.from_wire(d["machine"]),
+            params=d.get("params") or {},
+            rows=list(d.get("rows") or []),
+            summary=d.get("summary") or {},
+            targets=tuple(Target.from_wire(t) for t in d.get("targets") or []),
+            interrupted=bool(d.get("interrupted")),
+            interrupted_by=None if by is None else Interruption(by),
+            ok=bool(d.get("ok")),
+            repeat=None if rep is None else Repeat(str(rep["run_id"]), int(rep["salt"]), list(rep.get("rows") or [])),
+        )
+
+
+@dataclass(frozen=True)
+class PublishedBundle:
+    """A bundle as `bsr bench` prints it: with the files it was written to and the plots drawn from it."""
+
+    bundle: Bundle
+    path: str
+    plots: list[str]
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.bundle.to_wire() | {"files": {"bundle": self.path, "plots": self.plots}}
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -265,6 +438,17 @@ class WarmEvidence:
     def to_wire(self) -> dict[str, Any]:
         return {f.name: to_json(getattr(self, f.name)) for f in fields(self)}
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> WarmEvidence:
+        return cls(
+            request=d.get("request"),
+            seconds=d.get("seconds", 0.0),
+            external_tokens=d.get("external_tokens", 0),
+            computed_tokens=d.get("computed_tokens", 0),
+            hash_ok=d.get("hash_ok"),
+            store_errors=d.get("store_errors") or {},
+        )
+
 
 def warm_evidence(res: SubmitResult) -> WarmEvidence:
     """The evidence of the engine's answer ``res`` to a submit."""
@@ -276,6 +460,42 @@ def warm_evidence(res: SubmitResult) -> WarmEvidence:
         hash_ok=res.hash_ok,
         store_errors=res.stored.errors if res.stored is not None else {},
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmRow(Row):
+    """The submit that stores an experiment's prompt before its restores (fs-concurrency and store rows)."""
+
+    kind: str = "warm"
+    tokens: int
+    W: int | None = None  # None: no "W" key (store's warm row)
+    warm: WarmEvidence | None = None  # None: interrupted before the engine answered
+
+    @classmethod
+    def begun(cls, tokens: int, w: int | None = None) -> Callable[[str], WarmRow]:
+        return lambda started_at: cls(tokens=tokens, W=w, started_at=started_at)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "kind": self.kind, "tokens": self.tokens}
+        if self.W is not None:
+            out["W"] = self.W
+        out["started_at"] = self.started_at
+        if self.warm is not None:
+            out["warm"] = self.warm.to_wire()
+        return out | self.ending()
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> WarmRow:
+        return cls(
+            status=RowStatus(d["status"]),
+            tokens=d["tokens"],
+            W=d.get("W"),
+            started_at=d.get("started_at"),
+            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
 
 
 @dataclass(frozen=True)
@@ -291,6 +511,20 @@ class RankEvidence:
     install_seconds: float
     gbps: float
     ok: bool
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RankEvidence:
+        return cls(
+            rank=d.get("rank", 0),
+            pool_peak_bytes=d.get("pool_peak_bytes", 0),
+            peak_live_bytes=d.get("peak_live_bytes", 0),
+            bytes_restored=d.get("bytes_restored", 0),
+            seconds=d.get("seconds", 0.0),
+            fetch_seconds=d.get("fetch_seconds", 0.0),
+            install_seconds=d.get("install_seconds", 0.0),
+            gbps=d.get("gbps", 0.0),
+            ok=bool(d.get("ok")),
+        )
 
 
 @dataclass(frozen=True)
@@ -327,6 +561,35 @@ class RestoreEvidence:
         out["outcome"] = self.outcome or UNKNOWN_OUTCOME
         return out
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RestoreEvidence:
+        """The evidence in a bundle's row (its keys beside the row's own)."""
+        return cls(
+            request=d.get("request"),
+            outcome=_outcome(d.get("outcome")),
+            tiers=list(d.get("tiers") or []),
+            excluded_tiers=list(d.get("excluded_tiers") or []),
+            advertised_tokens=d.get("advertised_tokens", 0),
+            committed_tokens=d.get("committed_tokens", 0),
+            chunks=d.get("chunks", 0),
+            windows=d.get("windows", 0),
+            expected_windows=d.get("expected_windows", 0),
+            seconds=d.get("seconds", 0.0),
+            total_bytes=d.get("bytes", 0),
+            gbps=d.get("gbps", 0.0),
+            gbps_per_rank=d.get("gbps_per_rank", 0.0),
+            peak_pool_bytes=d.get("peak_pool_bytes", 0),
+            predicted_peak_bytes=d.get("predicted_peak_bytes", 0),
+            rws_bytes=d.get("rws_bytes"),
+            whole_plan_bytes=d.get("whole_plan_bytes", 0),
+            ranks=tuple(RankEvidence.from_wire(r) for r in d.get("ranks") or []),
+            output_hash=d.get("output_hash"),
+            canonical_hash=d.get("canonical_hash"),
+            hash_ok=d.get("hash_ok"),
+            healthy=bool(d.get("healthy")),
+            failure=d.get("failure"),
+        )
+
 
 def _outcome(value: object) -> Outcome | None:
     try:
@@ -338,8 +601,16 @@ def _outcome(value: object) -> Outcome | None:
 # -- one experiment block ----------------------------------------------------------------------------------------
 
 
-class Run:
-    """One experiment block: its envelope and rows, and the restore in flight (aborted on Ctrl-C)."""
+@dataclass
+class RowSlot(Generic[R]):
+    """The row being measured: the body replaces ``row`` as it goes (partial evidence survives an interruption)."""
+
+    row: R
+
+
+class Run(Generic[R]):
+    """One experiment block: its envelope and rows (of the experiment's row type), and the restore in flight
+    (aborted on Ctrl-C)."""
 
     def __init__(
         self,
@@ -359,40 +630,24 @@ class Run:
         self._t0 = time.monotonic()
         self.info = client.info().to_wire()
         self.reg = Registration.from_dict(client.registration(), source="engine")
-        self.bundle: dict[str, Any] = {
-            "schema": BUNDLE_SCHEMA,
-            "kind": "bsr.bench",
-            "experiment": experiment,
-            "run_id": new_run_id(tag),
-            "salt": salt,
-            "bsr_version": __version__,
-            "started_at": now(),
-            "finished_at": None,
-            "elapsed_s": None,
-            "registration": registration_identity(self.reg).to_wire(),
-            "engine": {"url": client.url, "info": self.info} | (engine_meta or {}),
-            "machine": machine_info().to_wire(),
-            "params": params,
-            "rows": [],
-            "summary": {},
-            "targets": [],
-            "interrupted": False,
-            "interrupted_by": None,
-            "ok": False,
-        }
-
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.bundle["rows"]
-        return rows
+        self.experiment = experiment
+        self.run_id = new_run_id(tag)
+        self.salt = salt
+        self.params = params
+        self.started_at = now()
+        # The engine's facts in the bundle: experiments add to them (settings_restored, the ladder's rungs).
+        self.engine: dict[str, Any] = {"url": client.url, "info": self.info} | (engine_meta or {})
+        self.machine = machine_info()
+        self.rows: list[R] = []
+        self.repeat: Repeat | None = None
+        self.interrupted_by: Interruption | None = None
 
     def accepted(self, request: str) -> None:
         self.request = request
 
-    def interrupt(self, by: str) -> None:
+    def interrupt(self, by: Interruption) -> None:
         self.stopped = True
-        self.bundle["interrupted"] = True
-        self.bundle["interrupted_by"] = self.bundle["interrupted_by"] or by
+        self.interrupted_by = self.interrupted_by or by
 
     def abort_inflight(self) -> None:
         if self.request:
@@ -400,40 +655,60 @@ class Run:
                 self.client.abort(self.request)
 
     @contextlib.contextmanager
-    def row(self, rows: list[dict[str, Any]] | None = None, **base: Any) -> Iterator[dict[str, Any]]:
-        """Collect one row. Ctrl-C or an engine error inside marks it interrupted and stops the block."""
-        row: dict[str, Any] = {"status": RowStatus.INTERRUPTED, **base, "started_at": now()}
+    def row(self, start: Callable[[str], R], rows: list[R] | None = None) -> Iterator[RowSlot[R]]:
+        """Collect one row, begun as ``start(started_at)`` (interrupted until the body judges it). Ctrl-C or an
+        engine error inside marks it interrupted, with the evidence gathered so far, and stops the block."""
+        started_at = now()
+        slot = RowSlot(start(started_at))
         t0 = time.monotonic()
         try:
-            yield row
+            yield slot
         except KeyboardInterrupt:
             self.abort_inflight()
-            row |= {"status": RowStatus.INTERRUPTED, "reason": "interrupted by the operator (Ctrl-C)"}
+            slot.row = slot.row.stopped("interrupted by the operator (Ctrl-C)")
             self.interrupt(Interruption.OPERATOR)
         except (EngineError, ServiceError, CapacityError) as e:
-            row |= {"status": RowStatus.INTERRUPTED, "reason": f"{e.kind}: {e.message}"}
+            slot.row = slot.row.stopped(f"{e.kind}: {e.message}")
             self.interrupt(Interruption.ERROR)
         finally:
-            row["elapsed_s"] = round(time.monotonic() - t0, 3)
+            row = slot.row.timed(round(time.monotonic() - t0, 3))
             self.request = None
-            (self.rows if rows is None else rows).append(row)
-            if self.on_row:
-                self.on_row(row)
+            self.add(row, rows)
+
+    def add(self, row: R, rows: list[R] | None = None) -> None:
+        """Keep a finished row (in ``rows``, default the block's) and report it."""
+        (self.rows if rows is None else rows).append(row)
+        if self.on_row:
+            self.on_row(row.to_wire())
 
     def finish(
         self,
         summary: dict[str, Any],
         targets: Sequence[Target],
-        rows: Sequence[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
-        b = self.bundle
+        rows: Sequence[R] | None = None,
+    ) -> Bundle:
+        """The block's bundle; ``rows`` are the rows its ``ok`` is judged on (default: the main rows)."""
         every = list(self.rows if rows is None else rows)
-        b["finished_at"] = now()
-        b["elapsed_s"] = round(time.monotonic() - self._t0, 3)
-        b["summary"] = summary
-        b["targets"] = [t.to_wire() for t in targets]
-        b["ok"] = bool(every) and not b["interrupted"] and all(r["status"] == RowStatus.PASS for r in every)
-        return b
+        return Bundle(
+            experiment=self.experiment,
+            run_id=self.run_id,
+            salt=self.salt,
+            bsr_version=__version__,
+            started_at=self.started_at,
+            finished_at=now(),
+            elapsed_s=round(time.monotonic() - self._t0, 3),
+            registration=registration_identity(self.reg),
+            engine=self.engine,
+            machine=self.machine,
+            params=self.params,
+            rows=[r.to_wire() for r in self.rows],
+            summary=summary,
+            targets=tuple(targets),
+            interrupted=self.interrupted_by is not None,
+            interrupted_by=self.interrupted_by,
+            ok=bool(every) and self.interrupted_by is None and all(r.status == RowStatus.PASS for r in every),
+            repeat=self.repeat,
+        )
 
     # -- the measurement every experiment shares ---------------------------------------------------------------
     def restore(

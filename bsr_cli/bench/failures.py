@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
+    Row,
     RowStatus,
     Run,
     completed,
-    judge,
     require_tokens,
     target,
 )
@@ -18,6 +20,25 @@ from bsr_cli.errors import FaultsDisabled
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
+    from bsr_cli.drill import ScenarioResult
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureRow(Row):
+    """One `bsr drill` scenario: its result carries its own checks, written where the drill writes them."""
+
+    scenario: str
+    result: ScenarioResult | None = None  # None: interrupted before the drill answered
+
+    @classmethod
+    def begun(cls, scenario: str) -> Callable[[str], FailureRow]:
+        return lambda started_at: cls(scenario=scenario, started_at=started_at)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "scenario": self.scenario, "started_at": self.started_at}
+        if self.result is not None:
+            out |= asdict(self.result)
+        return out | self.ending()
 
 
 # -- failure matrix ----------------------------------------------------------------------------------------------
@@ -30,11 +51,12 @@ def run_failures(
     w: int | None = None,
     on_row: OnRow | None = None,
     engine_meta: dict[str, bool | float | None] | None = None,
-) -> dict[str, Any]:
+) -> Bundle:
     """The paper's failure matrix (the scenarios of `bsr drill`), one row per scenario."""
     from bsr_cli.drill import SCENARIOS, run_drill
 
-    run = Run("failures", "fail", client, {"tokens": tokens, "W": w}, on_row=on_row, engine_meta=engine_meta)
+    params = {"tokens": tokens, "W": w}
+    run: Run[FailureRow] = Run("failures", "fail", client, params, on_row=on_row, engine_meta=engine_meta)
     require_tokens(run.info, tokens)
     if not run.info.get("faults_enabled"):
         # Checked here: inside a row, the drill's refusal would read as an interrupted scenario.
@@ -43,20 +65,20 @@ def run_failures(
             hint="bsr engine up --enable-faults, or run the bench with --embedded",
         )
     for sc in SCENARIOS:
-        with run.row(scenario=sc.name) as row:
+        with run.row(FailureRow.begun(sc.name)) as slot:
             # One scenario per drill call, so an interruption marks just the scenario it hit.
             res = run_drill(client, tokens=tokens, w=w, scenarios=(sc,)).scenarios[0]
-            row |= asdict(res)
-            judge(row, asdict(res.checks))
+            slot.row = replace(slot.row, result=res).judged(asdict(res.checks))
         if run.stopped:
             break
     done = completed(run.rows)
+    scenarios = {r.scenario: str(r.status) for r in run.rows}
     summary = {
-        "scenarios": {r["scenario"]: r["status"] for r in run.rows},
-        "passed": sum(r["status"] == RowStatus.PASS for r in done),
+        "scenarios": scenarios,
+        "passed": sum(r.status == RowStatus.PASS for r in done),
         "completed": len(done),
         "interrupted": len(run.rows) - len(done),
     }
-    ok = bool(done) and all(r["status"] == RowStatus.PASS for r in done) and len(done) == len(SCENARIOS)
-    targets = [target("every failure scenario fails closed and recovers", "all PASS", summary["scenarios"], ok)]
+    ok = bool(done) and all(r.status == RowStatus.PASS for r in done) and len(done) == len(SCENARIOS)
+    targets = [target("every failure scenario fails closed and recovers", "all PASS", scenarios, ok)]
     return run.finish(summary, targets)

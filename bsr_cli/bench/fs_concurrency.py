@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
+    RestoreEvidence,
+    Row,
+    RowStatus,
     Run,
     Target,
+    WarmRow,
     completed,
     isolate,
-    judge,
     median,
     new_salt,
     prompt_of,
@@ -26,7 +30,7 @@ from bsr_cli.bench.evidence import (
     target,
     warm_evidence,
 )
-from bsr_cli.bench.probes import cold_cache_method, disk_read_rate, evict_page_cache
+from bsr_cli.bench.probes import DiskReadRate, PageEviction, cold_cache_method, disk_read_rate, evict_page_cache
 from bsr_cli.core import accounting
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import InvalidInput
@@ -83,6 +87,91 @@ def _prompt_files(fs_dir: Path, reg: Registration, tokens: int, salt: int) -> li
     return [p for p in paths if p.is_file()]
 
 
+@dataclass(frozen=True, kw_only=True)
+class DiskRow(Row):
+    """The disk alone, read at the same total concurrency as a restore (no bsr)."""
+
+    kind: str = "disk"
+    concurrency: int
+    threads: int
+    trial: int
+    disk: DiskReadRate | None = None  # None: interrupted before the read finished
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "kind": self.kind, "concurrency": self.concurrency}
+        out |= {"threads": self.threads, "trial": self.trial, "started_at": self.started_at}
+        if self.disk is not None:
+            out |= to_json(self.disk)
+        return out | self.ending()
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> DiskRow:
+        return cls(
+            status=RowStatus(d["status"]),
+            concurrency=d["concurrency"],
+            threads=d["threads"],
+            trial=d["trial"],
+            started_at=d.get("started_at"),
+            disk=DiskReadRate.from_wire(d) if "gbps" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FsRestoreRow(Row):
+    """One restore from the fs tier at a load concurrency, its pages evicted first when the cache is cold."""
+
+    kind: str = "restore"
+    concurrency: int
+    cache: str  # "cold" or "warm"
+    trial: int
+    tokens: int
+    W: int
+    evicted: PageEviction | None = None  # the cold rows' eviction
+    restore: RestoreEvidence | None = None  # None: interrupted before it finished
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "kind": self.kind, "concurrency": self.concurrency}
+        out |= {"cache": self.cache, "trial": self.trial, "tokens": self.tokens, "W": self.W}
+        out["started_at"] = self.started_at
+        if self.evicted is not None:
+            out["evicted"] = self.evicted.to_wire()
+        if self.restore is not None:
+            out |= self.restore.to_wire()
+        return out | self.ending()
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> FsRestoreRow:
+        return cls(
+            status=RowStatus(d["status"]),
+            concurrency=d["concurrency"],
+            cache=d["cache"],
+            trial=d["trial"],
+            tokens=d["tokens"],
+            W=d["W"],
+            started_at=d.get("started_at"),
+            evicted=PageEviction.from_wire(d["evicted"]) if "evicted" in d else None,
+            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
+
+
+FsRow = WarmRow | DiskRow | FsRestoreRow
+
+
+def fs_row_from_wire(d: dict[str, Any]) -> FsRow:
+    """An fs-concurrency row read back from a bundle, by its kind."""
+    if d.get("kind") == "disk":
+        return DiskRow.from_wire(d)
+    if d.get("kind") == "restore":
+        return FsRestoreRow.from_wire(d)
+    return WarmRow.from_wire(d)
+
+
 def run_fs_concurrency(
     client: AdminClient,
     *,
@@ -94,8 +183,8 @@ def run_fs_concurrency(
     cold: bool = True,
     salt: int | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    engine_meta: dict[str, bool | float | None] | None = None,
+) -> Bundle:
     """Restore from the filesystem tier only (the others excluded), load concurrency 1 against 4 at the same W and
     B = RWS(W): throughput may change, the pool peak must not. Cold rows evict the tier's pages first."""
     conc = sorted(set(concurrencies))
@@ -104,7 +193,7 @@ def run_fs_concurrency(
     salt = new_salt() if salt is None else salt
     method = cold_cache_method(fs_dir) if cold else None
     params = {"tokens": tokens, "W": w, "concurrencies": conc, "trials": trials, "cold_method": method}
-    run = Run("fs-concurrency", "fs", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
+    run: Run[FsRow] = Run("fs-concurrency", "fs", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     require_tokens(info, tokens)
     _, exclude = isolate(info, "fs")
@@ -115,35 +204,42 @@ def run_fs_concurrency(
     caches = ["cold", "warm"] if method else ["warm"]
     try:
         client.update_settings(budget_bytes=rws)
-        with run.row(kind="warm", tokens=tokens, W=w) as row:
+        with run.row(WarmRow.begun(tokens, w)) as slot:
             warm = warm_evidence(client.submit(prompt, w=w))
-            row["warm"] = warm.to_wire()
-            judge(row, {"warm_hash_ok": warm.hash_ok is True})
+            row = WarmRow(tokens=tokens, W=w, started_at=slot.row.started_at, warm=warm)
+            slot.row = row.judged({"warm_hash_ok": warm.hash_ok is True})
         files = _prompt_files(fs_dir, reg, tokens, salt) if method == "posix_fadvise" and fs_dir else []
         for trial in range(trials):
             for c in conc if files else ():
                 if run.stopped:
                     break
                 # The disk alone at the same total concurrency (every rank loads c objects at once).
-                with run.row(kind="disk", concurrency=c, threads=c * reg.tp_size, trial=trial) as row:
-                    disk = disk_read_rate(files, c * reg.tp_size)
-                    row |= to_json(disk)
-                    judge(row, {"read_whole": disk.error is None and disk.bytes > 0})
+                threads = c * reg.tp_size
+                with run.row(_disk_row(c, threads, trial)) as slot:
+                    disk = disk_read_rate(files, threads)
+                    read = DiskRow(
+                        concurrency=c, threads=threads, trial=trial, started_at=slot.row.started_at, disk=disk
+                    )
+                    slot.row = read.judged({"read_whole": disk.error is None and disk.bytes > 0})
             for cache in caches:
                 for c in conc:
                     if run.stopped:
                         break
                     _restore_row(run, prompt, tokens, w, exclude, c, cache, trial, fs_dir, method)
     finally:
-        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+        run.engine["settings_restored"] = put_back(client, original)
     summary = _summary(run, reg, tokens, w, conc, caches, method)
     targets = _targets(summary, conc, method, rws, bool(summary.completed))
     return run.finish(to_json(summary), targets)
 
 
+def _disk_row(c: int, threads: int, trial: int) -> Callable[[str], FsRow]:
+    return lambda started_at: DiskRow(concurrency=c, threads=threads, trial=trial, started_at=started_at)
+
+
 def _restore_row(
-    run: Run,
-    prompt: dict[str, Any],
+    run: Run[FsRow],
+    prompt: dict[str, dict[str, int]],
     tokens: int,
     w: int,
     exclude: list[str],
@@ -154,35 +250,46 @@ def _restore_row(
     method: str | None,
 ) -> None:
     """One restore from the fs tier at load concurrency ``c``, its pages evicted first when ``cache`` is cold."""
-    with run.row(kind="restore", concurrency=c, cache=cache, trial=trial, tokens=tokens, W=w) as row:
+
+    def begun(started_at: str | None) -> FsRestoreRow:
+        return FsRestoreRow(concurrency=c, cache=cache, trial=trial, tokens=tokens, W=w, started_at=started_at)
+
+    with run.row(begun) as slot:
+        row = begun(slot.row.started_at)  # the slot holds it as any fs row
         run.client.update_settings(fs_concurrency=c)
         evicted = True
         if cache == "cold" and method:
             eviction = evict_page_cache(fs_dir, method)
-            row["evicted"] = eviction.to_wire()
+            slot.row = row = replace(row, evicted=eviction)
             evicted = eviction.ok
         # Verify once per configuration; the restore's own seconds exclude the verification.
         ev = run.restore(prompt, tokens, w, exclude=exclude, verify=trial == 0)
-        row |= ev.to_wire()
         checks = restore_checks(ev, tokens, peak=ev.predicted_peak_bytes, verified=trial == 0)
-        judge(row, checks | {"cache_evicted": evicted})
+        slot.row = replace(row, restore=ev).judged(checks | {"cache_evicted": evicted})
 
 
 def _summary(
-    run: Run, reg: Registration, tokens: int, w: int, conc: Sequence[int], caches: Sequence[str], method: str | None
+    run: Run[FsRow],
+    reg: Registration,
+    tokens: int,
+    w: int,
+    conc: Sequence[int],
+    caches: Sequence[str],
+    method: str | None,
 ) -> FsSummary:
     """Medians per cache state and concurrency, the speedups, the disk's own rates and the pool peaks."""
-    done = [r for r in completed(run.rows) if r.get("kind") == "restore"]
+    done = [r.restore for r in completed(run.rows) if isinstance(r, FsRestoreRow) and r.restore]
+    done_at = [(r.cache, r.concurrency) for r in completed(run.rows) if isinstance(r, FsRestoreRow) and r.restore]
     by: dict[str, FsConfigStats] = {}
     for cache in caches:
         for c in conc:
-            sel = [r for r in done if r["cache"] == cache and r["concurrency"] == c]
+            sel = [ev for ev, at in zip(done, done_at, strict=True) if at == (cache, c)]
             if sel:
                 by[f"{cache}/c={c}"] = FsConfigStats(
-                    gbps=median([r["gbps"] for r in sel]),
-                    seconds=median([r["seconds"] for r in sel]),
-                    fetch_seconds=median([x["fetch_seconds"] for r in sel for x in r["ranks"]]),
-                    install_seconds=median([x["install_seconds"] for r in sel for x in r["ranks"]]),
+                    gbps=median([r.gbps for r in sel]),
+                    seconds=median([r.seconds for r in sel]),
+                    fetch_seconds=median([x.fetch_seconds for r in sel for x in r.ranks]),
+                    install_seconds=median([x.install_seconds for r in sel for x in r.ranks]),
                     runs=len(sel),
                 )
     speedups: dict[str, float | None] = {}
@@ -190,13 +297,13 @@ def _summary(
         lo, hi = by.get(f"{cache}/c={conc[0]}"), by.get(f"{cache}/c={conc[-1]}")
         if lo and hi:
             speedups[cache] = ratio(hi.gbps, lo.gbps)
-    disk = [r for r in completed(run.rows) if r.get("kind") == "disk"]
-    disk_gbps = {c: median([r["gbps"] for r in disk if r["concurrency"] == c]) for c in conc}
+    disk = [(r.concurrency, r.disk) for r in completed(run.rows) if isinstance(r, DiskRow) and r.disk]
+    disk_gbps = {c: median([d.gbps for at, d in disk if at == c]) for c in conc}
     disk_ceiling = max((v for v in disk_gbps.values() if v is not None), default=None)
     serial_cold, top_cold = by.get(f"cold/c={conc[0]}"), by.get(f"cold/c={conc[-1]}")
     serial = serial_cold.gbps if serial_cold else None
     top = top_cold.gbps if top_cold else None
-    peaks = sorted({x["pool_peak_bytes"] for r in done for x in r["ranks"]})
+    peaks = sorted({x.pool_peak_bytes for r in done for x in r.ranks})
     return FsSummary(
         by_config=by,
         speedup=speedups,
@@ -207,7 +314,7 @@ def _summary(
         rws_unchanged=peaks == [accounting.peak_bytes(reg, w, accounting.chunks_for_tokens(tokens, reg.chunk_size))],
         cold_method=method,
         completed=len(done),
-        interrupted=sum(r["status"] == "interrupted" for r in run.rows),
+        interrupted=sum(r.status == RowStatus.INTERRUPTED for r in run.rows),
     )
 
 

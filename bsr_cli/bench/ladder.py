@@ -6,18 +6,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     UNKNOWN_OUTCOME,
+    Bundle,
+    Interruption,
     OnRow,
     RankEvidence,
+    Row,
+    RowStatus,
     Run,
     WarmEvidence,
     completed,
-    judge,
     new_salt,
     prompt_of,
     require_tokens,
@@ -25,7 +28,7 @@ from bsr_cli.bench.evidence import (
     warm_evidence,
 )
 from bsr_cli.core import accounting
-from bsr_cli.core.evidence import Component, Outcome
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import CapacityError, EngineError, InvalidInput, ServiceError
 
@@ -63,6 +66,74 @@ class LadderAttempt:
     healthy: bool
     ranks: tuple[RankEvidence, ...]  # per rank: pool peak, bytes, seconds (the shared restore evidence)
     passed: bool
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> LadderAttempt:
+        warm = d.get("warm")
+        return cls(
+            rung=d["rung"],
+            warm=None if warm is None else WarmEvidence.from_wire(warm),
+            outcome=str(d.get("outcome", UNKNOWN_OUTCOME)),
+            committed_tokens=d.get("committed_tokens", 0),
+            failure=d.get("failure"),
+            peak_pool_bytes=d.get("peak_pool_bytes", 0),
+            seconds=d.get("seconds", 0.0),
+            gbps=d.get("gbps", 0.0),
+            tiers=list(d.get("tiers") or []),
+            hash_ok=d.get("hash_ok"),
+            healthy=bool(d.get("healthy")),
+            ranks=tuple(RankEvidence.from_wire(r) for r in d.get("ranks") or []),
+            passed=bool(d.get("passed")),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LadderRow(Row):
+    """One prefix's climb: every attempt, its first passing rung and measured peak beside the core's prediction.
+    It gathers attempts made on several engines, so it has no start time or duration of its own."""
+
+    tokens: int
+    chunks: int
+    whole_plan_bytes: int
+    predicted_rung: int | None  # None: the core predicts no rung of the ladder holds it
+    first_passing_rung: int | None
+    attempts: tuple[LadderAttempt, ...]
+    passing: LadderAttempt | None = None  # the first passing attempt's evidence
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "tokens": self.tokens, "chunks": self.chunks}
+        out |= {"whole_plan_bytes": self.whole_plan_bytes, "predicted_rung": self.predicted_rung}
+        out |= {"first_passing_rung": self.first_passing_rung, "attempts": to_json(self.attempts)}
+        if (ev := self.passing) is not None:
+            out |= {
+                "measured_peak_bytes": ev.peak_pool_bytes,
+                "ranks": to_json(ev.ranks),
+                "seconds": ev.seconds,
+                "gbps": ev.gbps,
+                "tiers": ev.tiers,
+                "hash_ok": ev.hash_ok,
+                "healthy": ev.healthy,
+            }
+        return out | self.ending()
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> LadderRow:
+        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
+        attempts = tuple(LadderAttempt.from_wire(a) for a in d.get("attempts") or [])
+        first = d.get("first_passing_rung")
+        passing = next((a for a in attempts if a.passed and a.rung == first), None)
+        return cls(
+            status=RowStatus(d["status"]),
+            tokens=d["tokens"],
+            chunks=d.get("chunks", 0),
+            whole_plan_bytes=d.get("whole_plan_bytes", 0),
+            predicted_rung=d.get("predicted_rung"),
+            first_passing_rung=first,
+            attempts=attempts,
+            passing=passing if "measured_peak_bytes" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+        )
 
 
 @dataclass(frozen=True)
@@ -114,8 +185,8 @@ def run_ladder(
     on_row: OnRow | None = None,
     on_rung: Callable[[int], None] | None = None,
     on_attempt: Callable[[int, LadderAttempt], None] | None = None,
-    engine_meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    engine_meta: dict[str, bool | float | None] | None = None,
+) -> Bundle:
     """The whole-plan path (W=0): raise the pool capacity through ``rungs`` (one engine start per rung, every
     still-failing prefix tried at each) until full reuse succeeds. Each prefix's row reports its first passing
     rung and measured peak beside the core's prediction, ``ladder_rung(whole_plan_bytes)``."""
@@ -133,22 +204,19 @@ def run_ladder(
         climb.rung(factory, rung, params, on_row, on_attempt, engine_meta)
     run = climb.run
     assert run is not None  # the first rung either started an engine or raised
-    run.bundle["engine"]["rungs"] = to_json(climb.engines)
+    run.engine["rungs"] = to_json(climb.engines)
     for n in tokens:
-        row = _prefix_row(run, n, steps, climb)
-        run.rows.append(row)
-        if on_row:
-            on_row(row)
+        run.add(_prefix_row(run, n, steps, climb))
     done = completed(run.rows)
     summary = LadderSummary(
-        first_passing_rung={str(r["tokens"]): r["first_passing_rung"] for r in run.rows},
-        predicted_rung={str(r["tokens"]): r["predicted_rung"] for r in run.rows},
-        measured_peak_bytes={str(r["tokens"]): r.get("measured_peak_bytes") for r in done},
+        first_passing_rung={str(r.tokens): r.first_passing_rung for r in run.rows},
+        predicted_rung={str(r.tokens): r.predicted_rung for r in run.rows},
+        measured_peak_bytes={str(r.tokens): r.passing.peak_pool_bytes if r.passing else None for r in done},
         engine_starts=len(climb.engines),
         completed=len(done),
         interrupted=len(run.rows) - len(done),
     )
-    match = all(r["checks"]["rung_matches_prediction"] for r in done) if done else None
+    match = all((r.checks or {}).get("rung_matches_prediction") for r in done) if done else None
     targets = [
         target(
             "first passing rung equals the core's prediction (ladder_rung of the whole-plan need)",
@@ -169,7 +237,7 @@ class _Climb:
         self.state = {n: _PrefixClimb() for n in tokens}
         self.pending = list(tokens)
         self.engines: list[RungEngine] = []
-        self.run: Run | None = None
+        self.run: Run[LadderRow] | None = None
         self.stop_reason: str | None = None
 
     def rung(
@@ -179,7 +247,7 @@ class _Climb:
         params: LadderParams,
         on_row: OnRow | None,
         on_attempt: Callable[[int, LadderAttempt], None] | None,
-        engine_meta: dict[str, Any] | None,
+        engine_meta: dict[str, bool | float | None] | None,
     ) -> None:
         """Start an engine with ``rung`` bytes of pool and try every still-failing prefix on it."""
         current: int | None = None
@@ -212,55 +280,42 @@ class _Climb:
                 raise
             self.run.abort_inflight()
             self.stop_reason = "interrupted by the operator (Ctrl-C)"
-            self.run.interrupt(Component.OPERATOR)
+            self.run.interrupt(Interruption.OPERATOR)
         except (EngineError, ServiceError, CapacityError) as e:
             if self.run is None:
                 raise
             self.stop_reason = f"{e.kind}: {e.message} (rung {rung:,} bytes, prefix {current})"
-            self.run.interrupt("error")
+            self.run.interrupt(Interruption.ERROR)
 
 
-def _prefix_row(run: Run, n: int, steps: Sequence[int], climb: _Climb) -> dict[str, Any]:
+def _prefix_row(run: Run[LadderRow], n: int, steps: Sequence[int], climb: _Climb) -> LadderRow:
     """One prefix's evidence row: its first passing rung and measured peak beside the core's prediction, judged."""
     s = climb.state[n]
     chunks = accounting.chunks_for_tokens(n, run.reg.chunk_size)
     need = accounting.whole_plan_bytes(run.reg, chunks)
     predicted = accounting.ladder_rung(need, steps)
-    row = {
-        "status": "interrupted",
-        "tokens": n,
-        "chunks": chunks,
-        "whole_plan_bytes": need,
-        "predicted_rung": predicted,
-        "first_passing_rung": s.first,
-        "attempts": to_json(s.attempts),
-    }
+    row = LadderRow(
+        tokens=n,
+        chunks=chunks,
+        whole_plan_bytes=need,
+        predicted_rung=predicted,
+        first_passing_rung=s.first,
+        attempts=tuple(s.attempts),
+    )
     ev = s.evidence
     if ev is None and climb.stop_reason and n in climb.pending:
-        row["reason"] = climb.stop_reason
-    elif ev is None:
+        return row.stopped(climb.stop_reason)
+    if ev is None:
         # The ladder topped out: consistent only when the core predicted that too.
-        judge(row, {"rung_matches_prediction": predicted is None})
-    else:
-        row |= {
-            "measured_peak_bytes": ev.peak_pool_bytes,
-            "ranks": to_json(ev.ranks),
-            "seconds": ev.seconds,
-            "gbps": ev.gbps,
-            "tiers": ev.tiers,
-            "hash_ok": ev.hash_ok,
-            "healthy": ev.healthy,
+        return row.judged({"rung_matches_prediction": predicted is None})
+    return replace(row, passing=ev).judged(
+        {
+            "rung_matches_prediction": s.first == predicted,
+            "peak_equals_whole_plan": all(r.pool_peak_bytes == need for r in ev.ranks),
+            "hash_canonical": ev.hash_ok is True,
+            "ranks_healthy": bool(ev.healthy),
         }
-        judge(
-            row,
-            {
-                "rung_matches_prediction": s.first == predicted,
-                "peak_equals_whole_plan": all(r.pool_peak_bytes == need for r in ev.ranks),
-                "hash_canonical": ev.hash_ok is True,
-                "ranks_healthy": bool(ev.healthy),
-            },
-        )
-    return row
+    )
 
 
 def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> LadderAttempt:

@@ -13,7 +13,7 @@ from typing import Any
 
 from bsr_cli import __version__
 from bsr_cli.api.codec import to_json
-from bsr_cli.bench.evidence import BUNDLE_SCHEMA, Interruption, MachineInfo, RegistrationIdentity, RowStatus, Target
+from bsr_cli.bench.evidence import Bundle, Interruption, MachineInfo, RegistrationIdentity, RowStatus, Target
 
 
 @dataclass(frozen=True)
@@ -227,20 +227,18 @@ class PeerBundle:
     def ok(self) -> bool:
         return self.interrupted_by is None and all(r.status == RowStatus.PASS for r in self.rows)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_bundle(self) -> Bundle:
         p, reg = self.params, self.registration
-        return {
-            "schema": BUNDLE_SCHEMA,
-            "kind": "bsr.bench",
-            "experiment": "peer",
-            "run_id": self.run_id,
-            "salt": self.salt,
-            "bsr_version": __version__,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "elapsed_s": self.elapsed_s,
-            "registration": reg.to_wire(),
-            "engine": {
+        return Bundle(
+            experiment="peer",
+            run_id=self.run_id,
+            salt=self.salt,
+            bsr_version=__version__,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            elapsed_s=self.elapsed_s,
+            registration=reg,
+            engine={
                 "url": "lmcache-host (one process per case, plugin venv)",
                 "embedded": False,
                 "startup_s": None,
@@ -254,8 +252,8 @@ class PeerBundle:
                     "lmcache_python": self.lmcache_python,
                 },
             },
-            "machine": self.machine.to_wire(),
-            "params": {
+            machine=self.machine,
+            params={
                 "tokens": list(p.tokens),
                 "W": p.w,
                 "tp": p.tp,
@@ -267,13 +265,16 @@ class PeerBundle:
                 "model": p.model.to_wire() | {"tp_size": p.tp},
                 "rws_bytes": p.rws_bytes,
             },
-            "rows": [r.to_wire() for r in self.rows],
-            "summary": self.summary.to_wire(),
-            "targets": [t.to_wire() for t in self.targets],
-            "interrupted": self.interrupted_by is not None,
-            "interrupted_by": self.interrupted_by,
-            "ok": self.ok,
-        }
+            rows=[r.to_wire() for r in self.rows],
+            summary=self.summary.to_wire(),
+            targets=self.targets,
+            interrupted=self.interrupted_by is not None,
+            interrupted_by=self.interrupted_by,
+            ok=self.ok,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.to_bundle().to_wire()
 
 
 def _med(values: Sequence[float | None]) -> float | None:

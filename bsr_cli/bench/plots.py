@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.bench.evidence import completed
+from bsr_cli.bench.evidence import Bundle, RestoreEvidence, completed, completed_wire
+from bsr_cli.bench.fs_concurrency import FsRestoreRow, fs_row_from_wire
+from bsr_cli.bench.ladder import LadderRow
+from bsr_cli.bench.sweep import SweepRow
+from bsr_cli.bench.wlaw import WLawRow
 from bsr_cli.core.units import MiB, format_bytes
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -54,65 +58,70 @@ def _thousands(axis: Any) -> None:
     axis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}" if x >= 1 or x == 0 else f"{x:g}"))
 
 
-def _subtitle(b: dict[str, Any]) -> str:
-    reg = b["registration"]
-    m = b["machine"]
+def _subtitle(b: Bundle) -> str:
+    reg, m = b.registration, b.machine
     return (
-        f"{b['run_id']}  ·  {reg['model']} {format_bytes(reg['bytes_per_chunk'], compact=True)}/chunk/rank, "
-        f"TP {reg['tp_size']}  ·  {m['cpu_count']} CPUs, {format_bytes(m['memory_bytes'], compact=True)}"
+        f"{b.run_id}  ·  {reg.model} {format_bytes(reg.bytes_per_chunk, compact=True)}/chunk/rank, "
+        f"TP {reg.tp_size}  ·  {m.cpu_count} CPUs, {format_bytes(m.memory_bytes, compact=True)}"
     )
 
 
-def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, path: Path) -> Path:
+def _restored(rows: list[dict[str, Any]]) -> list[tuple[int, RestoreEvidence]]:
+    """The sweep's completed rows (read back from its bundle): each prefix length and its restore's evidence."""
+    done = completed([SweepRow.from_wire(r) for r in rows])
+    return [(r.tokens, r.restore) for r in done if r.restore]
+
+
+def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     if ladder:
-        rows = [r for r in ladder["rows"] if r.get("whole_plan_bytes")]
-        xs = [r["tokens"] for r in rows]
-        ax.plot(xs, [r["whole_plan_bytes"] / MiB for r in rows], "k--", label="whole-plan need (core: N·Σc_i + aux)")
-        passed = [r for r in completed(rows) if r.get("first_passing_rung")]
+        rows = [r for r in (LadderRow.from_wire(x) for x in ladder.rows) if r.whole_plan_bytes]
+        xs = [r.tokens for r in rows]
+        ax.plot(xs, [r.whole_plan_bytes / MiB for r in rows], "k--", label="whole-plan need (core: N·Σc_i + aux)")
+        passed = [(r.tokens, r.first_passing_rung, r.passing) for r in completed(rows) if r.first_passing_rung]
         # Markers only: the ladder measures a rung at each prefix, nothing in between.
         ax.plot(
-            [r["tokens"] for r in passed],
-            [r["first_passing_rung"] / MiB for r in passed],
+            [n for n, _, _ in passed],
+            [rung / MiB for _, rung, _ in passed],
             "s",
             color="tab:red",
             markerfacecolor="none",
             markersize=10,
             label="W=0: first passing rung (measured)",
         )
-        peaks = [r for r in passed if r.get("measured_peak_bytes")]
+        peaks = [(n, ev.peak_pool_bytes) for n, _, ev in passed if ev and ev.peak_pool_bytes]
         ax.plot(
-            [r["tokens"] for r in peaks],
-            [r["measured_peak_bytes"] / MiB for r in peaks],
+            [n for n, _ in peaks],
+            [peak / MiB for _, peak in peaks],
             "x",
             color="tab:red",
             markersize=9,
             label="W=0: measured peak pool",
         )
     if sweep:
-        rows = completed(sweep["rows"])
+        done = _restored(sweep.rows)
         if not ladder:
             ax.plot(
-                [r["tokens"] for r in rows],
-                [r["whole_plan_bytes"] / MiB for r in rows],
+                [n for n, _ in done],
+                [ev.whole_plan_bytes / MiB for _, ev in done],
                 "k--",
                 label="whole-plan need (core: N·Σc_i + aux)",
             )
-        w = sweep["params"]["W"]
+        w = sweep.params["W"]
         ax.plot(
-            [r["tokens"] for r in rows],
-            [r["peak_pool_bytes"] / MiB for r in rows],
+            [n for n, _ in done],
+            [ev.peak_pool_bytes / MiB for _, ev in done],
             "o-",
             color="tab:blue",
             label=f"BSR W={w}: measured peak pool per rank",
         )
-        rws = sweep["summary"].get("rws_bytes")
+        rws = sweep.summary.get("rws_bytes")
         if rws:
             label = f"RWS({w}) = {format_bytes(rws, compact=True)}"
             ax.axhline(rws / MiB, color="tab:blue", linestyle=":", label=label)
-        for r in completed(sweep.get("repeat", {}).get("rows", [])):
-            ax.plot([r["tokens"]], [r["peak_pool_bytes"] / MiB], "D", color="tab:green", label="fresh-salt repeat")
+        for n, ev in _restored(sweep.repeat.rows if sweep.repeat else []):
+            ax.plot([n], [ev.peak_pool_bytes / MiB], "D", color="tab:green", label="fresh-salt repeat")
     ax.set_xlabel("prefix length (tokens)")
     # Log scale: the whole plan grows to GiB while BSR stays at RWS(W); on a linear axis the BSR line sits on zero.
     ax.set_yscale("log")
@@ -122,7 +131,7 @@ def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, 
     _thousands(ax.yaxis)
     source = sweep or ladder
     if source:
-        also = f"  ·  ladder {ladder['run_id']}" if sweep and ladder else ""
+        also = f"  ·  ladder {ladder.run_id}" if sweep and ladder else ""
         fig.suptitle(_subtitle(source) + also, fontsize=7, y=0.01, va="bottom")
     ax.grid(alpha=0.3, which="both")
     # Beside the axes, so no curve is covered.
@@ -131,24 +140,24 @@ def peak_vs_prefix(sweep: dict[str, Any] | None, ladder: dict[str, Any] | None, 
     return _save(fig, path)
 
 
-def time_vs_prefix(sweep: dict[str, Any], path: Path) -> Path:
+def time_vs_prefix(sweep: Bundle, path: Path) -> Path:
     plt = _plt()
-    rows = completed(sweep["rows"])
-    xs = [r["tokens"] for r in rows]
+    done = _restored(sweep.rows)
+    xs = [n for n, _ in done]
 
-    def mean(r: dict[str, Any], key: str) -> float:
-        return sum(x[key] for x in r["ranks"]) / max(len(r["ranks"]), 1)
+    def mean(values: list[float]) -> float:
+        return sum(values) / max(len(values), 1)
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    ax.plot(xs, [r["seconds"] for r in rows], "o-", label="restore (request)")
-    ax.plot(xs, [mean(r, "fetch_seconds") for r in rows], "s--", label="fetch (mean of ranks)")
-    ax.plot(xs, [mean(r, "install_seconds") for r in rows], "^--", label="install (mean of ranks)")
+    ax.plot(xs, [ev.seconds for _, ev in done], "o-", label="restore (request)")
+    ax.plot(xs, [mean([x.fetch_seconds for x in ev.ranks]) for _, ev in done], "s--", label="fetch (mean of ranks)")
+    ax.plot(xs, [mean([x.install_seconds for x in ev.ranks]) for _, ev in done], "^--", label="install (mean of ranks)")
     ax.set_xlabel("prefix length (tokens)")
     ax.set_ylabel("seconds")
-    ax.set_title(f"Restore time against prefix length (W={sweep['params']['W']}, B = RWS)", fontsize=11)
+    ax.set_title(f"Restore time against prefix length (W={sweep.params['W']}, B = RWS)", fontsize=11)
     _thousands(ax.xaxis)
     ax2 = ax.twinx()
-    ax2.plot(xs, [r["gbps"] for r in rows], ":", color="grey", label="GB/s (all ranks)")
+    ax2.plot(xs, [ev.gbps for _, ev in done], ":", color="grey", label="GB/s (all ranks)")
     ax2.set_ylabel("GB/s", color="grey")
     ax2.set_ylim(bottom=0)
     fig.suptitle(_subtitle(sweep), fontsize=7, y=0.01, va="bottom")
@@ -159,24 +168,24 @@ def time_vs_prefix(sweep: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def rws_vs_w(wlaw: dict[str, Any], path: Path) -> Path:
+def rws_vs_w(wlaw: Bundle, path: Path) -> Path:
     plt = _plt()
-    rows = completed(wlaw["rows"])
-    reg = wlaw["registration"]
-    ws = [r["W"] for r in rows]
+    rows = [(r.W, r.restore) for r in completed([WLawRow.from_wire(x) for x in wlaw.rows]) if r.restore]
+    reg = wlaw.registration
+    ws = [w for w, _ in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if ws:
         line = [0, max(ws) * 1.1]
         ax.plot(
             line,
-            [(w * reg["bytes_per_chunk"] + reg["aux_bytes"]) / MiB for w in line],
+            [(w * reg.bytes_per_chunk + reg.aux_bytes) / MiB for w in line],
             "k--",
             label="W·Σc_i + aux (core)",
         )
-    ax.plot(ws, [r["peak_pool_bytes"] / MiB for r in rows], "o", markersize=8, label="measured peak pool per rank")
+    ax.plot(ws, [ev.peak_pool_bytes / MiB for _, ev in rows], "o", markersize=8, label="measured peak pool per rank")
     ax.set_xlabel("W (chunks per window)")
     ax.set_ylabel("RWS per rank (MiB)")
-    ax.set_title(f"Measured RWS against W at {wlaw['params']['tokens']:,} tokens", fontsize=11)
+    ax.set_title(f"Measured RWS against W at {wlaw.params['tokens']:,} tokens", fontsize=11)
     _thousands(ax.yaxis)
     fig.suptitle(_subtitle(wlaw), fontsize=7, y=0.01, va="bottom")
     ax.grid(alpha=0.3)
@@ -184,7 +193,7 @@ def rws_vs_w(wlaw: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def store_bandwidth(store: dict[str, Any], path: Path) -> Path:
+def store_bandwidth(store: Bundle, path: Path) -> Path:
     plt = _plt()
     labels, values = store_bars(store)
     notes = store_ratios(store)
@@ -209,8 +218,8 @@ def store_bandwidth(store: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def store_bars(store: dict[str, Any]) -> tuple[list[str], list[float]]:
-    s = store["summary"]
+def store_bars(store: Bundle) -> tuple[list[str], list[float]]:
+    s = store.summary
     labels: list[str] = []
     values: list[float] = []
     for threads, g in s.get("memcpy_gbps", {}).items():
@@ -233,18 +242,18 @@ def store_bars(store: dict[str, Any]) -> tuple[list[str], list[float]]:
     return labels, values
 
 
-def store_ratios(store: dict[str, Any]) -> dict[str, float]:
+def store_ratios(store: Bundle) -> dict[str, float]:
     """Per restore bar label, its throughput as a multiple of the raw concurrent GET paired with it."""
     out: dict[str, float] = {}
-    for name, r in store["summary"].get("restore", {}).items():
+    for name, r in store.summary.get("restore", {}).items():
         if r.get("vs_paired_raw") is not None:
             out[f"restore {name}"] = float(r["vs_paired_raw"])
     return out
 
 
-def fs_concurrency(fs: dict[str, Any], path: Path) -> Path:
+def fs_concurrency(fs: Bundle, path: Path) -> Path:
     plt = _plt()
-    s = fs["summary"]
+    s = fs.summary
     by = s.get("by_config", {})
     labels = list(by)
     spread = fs_spread(fs)
@@ -272,21 +281,21 @@ def fs_concurrency(fs: dict[str, Any], path: Path) -> Path:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.set_size_inches(10.5, 0.4 * len(labels) + 1.8)
     ax.set_xlabel("restore GB/s (all ranks, median)")
-    ax.set_title(f"Filesystem tier: load concurrency at {fs['params']['tokens']:,} tokens", fontsize=11)
+    ax.set_title(f"Filesystem tier: load concurrency at {fs.params['tokens']:,} tokens", fontsize=11)
     fig.suptitle(_subtitle(fs), fontsize=7, y=0.01, va="bottom")
     return _save(fig, path)
 
 
-def fs_spread(fs: dict[str, Any]) -> dict[str, tuple[float, float]]:
+def fs_spread(fs: Bundle) -> dict[str, tuple[float, float]]:
     """(min, max) GB/s of each configuration's trials, from the bundle's rows."""
     out: dict[str, list[float]] = {}
-    for r in completed(fs["rows"]):
-        if r.get("kind") == "restore" and r.get("gbps") is not None:
-            out.setdefault(f"{r.get('cache')}/c={r.get('concurrency')}", []).append(float(r["gbps"]))
+    for r in completed([fs_row_from_wire(x) for x in fs.rows]):
+        if isinstance(r, FsRestoreRow) and r.restore is not None:
+            out.setdefault(f"{r.cache}/c={r.concurrency}", []).append(float(r.restore.gbps))
     return {k: (min(v), max(v)) for k, v in out.items()}
 
 
-def render_all(out_dir: Path, to: Path | None = None, found: dict[str, dict[str, Any]] | None = None) -> list[Path]:
+def render_all(out_dir: Path, to: Path | None = None, found: dict[str, Bundle] | None = None) -> list[Path]:
     """Draw every plot the latest bundles in ``out_dir`` (or those ``found`` there already) allow, into ``to``
     (default: ``out_dir``)."""
     found = bundles.latest(out_dir) if found is None else found
@@ -295,23 +304,23 @@ def render_all(out_dir: Path, to: Path | None = None, found: dict[str, dict[str,
     sweep, ladder = found.get("sweep"), found.get("ladder")
     if sweep or ladder:
         made.append(peak_vs_prefix(sweep, ladder, dest / "peak-vs-prefix.png"))
-    if sweep and completed(sweep["rows"]):
+    if sweep and completed_wire(sweep.rows):
         made.append(time_vs_prefix(sweep, dest / "restore-time-vs-prefix.png"))
-    if "wlaw" in found and completed(found["wlaw"]["rows"]):
+    if "wlaw" in found and completed_wire(found["wlaw"].rows):
         made.append(rws_vs_w(found["wlaw"], dest / "rws-vs-w.png"))
     if "store" in found and store_bars(found["store"])[0]:
         made.append(store_bandwidth(found["store"], dest / "store-bandwidth.png"))
-    if "fs-concurrency" in found and found["fs-concurrency"]["summary"].get("by_config"):
+    if "fs-concurrency" in found and found["fs-concurrency"].summary.get("by_config"):
         made.append(fs_concurrency(found["fs-concurrency"], dest / "fs-concurrency.png"))
-    if "peer" in found and found["peer"]["summary"].get("by_prefix"):
+    if "peer" in found and found["peer"].summary.get("by_prefix"):
         made.append(peer_plot(found["peer"], dest / "peer-lmcache.png"))
     return made
 
 
-def peer_plot(b: dict[str, Any], path: Path) -> Path:
+def peer_plot(b: Bundle, path: Path) -> Path:
     """bsr inside LMCache against stock LMCache: GB/s per rank beside raw GET, and the measured L1 peaks."""
     plt = _plt()
-    by = list(b["summary"]["by_prefix"].values())
+    by = list(b.summary["by_prefix"].values())
     x = list(range(len(by)))
     labels = [f"{v['tokens'] // 1024}K" for v in by]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -326,7 +335,7 @@ def peer_plot(b: dict[str, Any], path: Path) -> Path:
     ax1.set_ylabel("GB/s per rank")
     ax1.set_title("restore throughput")
     ax1.legend(fontsize=8)
-    for i, (key, name) in enumerate((("stock", "stock LMCache"), ("bsr", f"bsr W={b['params']['W']}"))):
+    for i, (key, name) in enumerate((("stock", "stock LMCache"), ("bsr", f"bsr W={b.params['W']}"))):
         vals = [(v[key]["l1_peak_bytes"] or 0) / MiB for v in by]
         ax2.bar([p + (i - 0.5) * width for p in x], vals, width, label=name)
     ax2.set_yscale("log")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.bench.evidence import RowStatus
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import ServiceError
@@ -41,6 +42,10 @@ class PageEviction:
         said = (("method", self.method), ("files", self.files), ("error", self.error))
         return {key: value for key, value in said if value is not None}
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> PageEviction:
+        return cls(method=str(d.get("method", "")), files=d.get("files"), error=d.get("error"))
+
 
 @dataclass(frozen=True)
 class DiskReadRate:
@@ -53,6 +58,18 @@ class DiskReadRate:
     gbps: float
     evicted_files: int
     error: str | None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> DiskReadRate:
+        return cls(
+            threads=d.get("threads", 0),
+            files=d.get("files", 0),
+            bytes=d.get("bytes", 0),
+            seconds=d.get("seconds", 0.0),
+            gbps=d.get("gbps", 0.0),
+            evicted_files=d.get("evicted_files", 0),
+            error=d.get("error"),
+        )
 
 
 @dataclass(frozen=True)
@@ -93,7 +110,7 @@ class MooncakeRate:
     aggregate_gbps: float | None  # concurrent only
     error: str | None
     checks: dict[str, bool]
-    status: str
+    status: RowStatus
 
     @property
     def passed(self) -> bool:
@@ -467,7 +484,7 @@ def mooncake_bandwidth(
                 ),
                 error=err or None,
                 checks={"every_object_whole": not err},
-                status="fail" if err else "pass",
+                status=RowStatus.FAIL if err else RowStatus.PASS,
             )
         )
     return rows

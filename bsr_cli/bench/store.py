@@ -4,18 +4,21 @@ each beside a paired raw GET."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
+    RestoreEvidence,
+    Row,
     Run,
     Target,
+    WarmRow,
     completed,
     isolate,
-    judge,
     median,
     new_salt,
     pool_capacity,
@@ -31,6 +34,7 @@ from bsr_cli.bench.probes import (
     CopyCeiling,
     MooncakeRate,
     PairedRawGet,
+    RawGetRate,
     memcpy_ceiling,
     mooncake_bandwidth,
     object_sizes,
@@ -80,6 +84,52 @@ class StoreSummary:
     interrupted: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class CeilingRow(Row):
+    """What the machine and the store sustain without the engine: the memory-copy ceiling ("memcpy") or the
+    Mooncake GET/PUT rates per client ("mooncake-set")."""
+
+    kind: str
+    results: tuple[CopyCeiling, ...] | tuple[MooncakeRate, ...] | None = None  # None: interrupted
+
+    @classmethod
+    def begun(cls, kind: str) -> Callable[[str], StoreRow]:
+        return lambda started_at: cls(kind=kind, started_at=started_at)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "kind": self.kind, "started_at": self.started_at}
+        if self.results is not None:
+            out["results"] = to_json(list(self.results))
+        return out | self.ending()
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreRestoreRow(Row):
+    """One restore from Mooncake (whole-plan or windowed), beside the raw GET measured right before it."""
+
+    kind: str = "restore"
+    W: int
+    budget_bytes: int | None  # None: the whole-plan path's (the engine's budget unchanged)
+    trial: int
+    tokens: int
+    restore: RestoreEvidence | None = None  # None: interrupted before it finished
+    paired_raw_get: RawGetRate | None = None
+    vs_paired_raw: float | None = None  # the restore's GB/s per rank over the raw GET's per client
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "kind": self.kind, "W": self.W}
+        out |= {"budget_bytes": self.budget_bytes, "trial": self.trial, "tokens": self.tokens}
+        out["started_at"] = self.started_at
+        if self.restore is not None:
+            raw = self.paired_raw_get
+            out |= self.restore.to_wire()
+            out |= {"paired_raw_get": to_json(raw) if raw else None, "vs_paired_raw": self.vs_paired_raw}
+        return out | self.ending()
+
+
+StoreRow = CeilingRow | WarmRow | StoreRestoreRow
+
+
 def run_store(
     client: AdminClient,
     *,
@@ -91,9 +141,9 @@ def run_store(
     mooncake: dict[str, str] | None = None,
     salt: int | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
+    engine_meta: dict[str, bool | float | None] | None = None,
     link_bps: int | None = None,
-) -> dict[str, Any]:
+) -> Bundle:
     """Tier bandwidth beside the machine's memory-copy ceiling, all in one run: the memcpy ceiling; GET/PUT per
     client through the tier class and the raw store (needs ``mooncake``: the engine's master address and
     metadata URL), isolated and concurrent; restores through the engine from Mooncake only, whole-plan (W=0)
@@ -110,7 +160,7 @@ def run_store(
         # A multi-host engine's cap on each link (bits/s): every byte a rank restores crosses its link to the holder.
         "link_ceiling_bps": link_bps,
     }
-    run = Run("store", "store", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
+    run: Run[StoreRow] = Run("store", "store", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     _, exclude = isolate(info, "mooncake")
     rws = accounting.rws_bytes(reg, w)
@@ -126,10 +176,10 @@ def run_store(
     # What the summary reads: measured in rows that finished (an interrupted row leaves its list empty).
     ceilings: list[CopyCeiling] = []
     rates: list[MooncakeRate] = []
-    with run.row(kind="memcpy") as row:
+    with run.row(CeilingRow.begun("memcpy")) as slot:
         measured = memcpy_ceiling(copy_bytes, max(trials, 3))
-        row["results"] = to_json(measured)
-        judge(row, {"measured": bool(measured)})
+        copy = CeilingRow(kind="memcpy", started_at=slot.row.started_at, results=tuple(measured))
+        slot.row = copy.judged({"measured": bool(measured)})
         ceilings = measured
     with contextlib.ExitStack() as stack:
         paired: PairedRawGet | None = None
@@ -145,23 +195,24 @@ def run_store(
                 )
             except ImportError as e:
                 raise ServiceError(f"cannot load the Mooncake client here: {e}") from None
-            with run.row(kind="mooncake-set") as row:
-                mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.bundle["run_id"])
-                row["results"] = to_json(mc_rows)
-                judge(row, {"every_object_whole": all(r.passed for r in mc_rows)})
+            with run.row(CeilingRow.begun("mooncake-set")) as slot:
+                mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.run_id)
+                mc = CeilingRow(kind="mooncake-set", started_at=slot.row.started_at, results=tuple(mc_rows))
+                slot.row = mc.judged({"every_object_whole": all(r.passed for r in mc_rows)})
                 rates = mc_rows
             if not run.stopped:
-                paired = PairedRawGet(clients, run.bundle["run_id"])
+                paired = PairedRawGet(clients, run.run_id)
                 stack.callback(paired.remove)
-        configs = _store_restores(run, client, n_tokens, w, rws, cap, exclude, trials, paired)
+        configs = _store_restores(run, client, n_tokens, salt, w, rws, cap, exclude, trials, paired)
     summary, targets = _store_summary(run, configs, rws, ceilings, rates)
     return run.finish(to_json(summary), targets)
 
 
 def _store_restores(
-    run: Run,
+    run: Run[StoreRow],
     client: AdminClient,
     n_tokens: int,
+    salt: int,
     w: int,
     rws: int,
     cap: int,
@@ -171,41 +222,45 @@ def _store_restores(
 ) -> list[tuple[int, int | None]]:
     """Warm the prompt, then per trial restore it whole-plan and windowed, each beside its paired raw GET."""
     original = {"budget_bytes": run.info["budget_bytes"]}
-    prompt = prompt_of(n_tokens, run.bundle["salt"])
+    prompt = prompt_of(n_tokens, salt)
     configs: list[tuple[int, int | None]] = [(0, None), (w, rws)]
     if cap >= 2 * rws:
         configs.append((w, 2 * rws))
     try:
         if not run.stopped:
             client.update_settings(budget_bytes=rws)
-            with run.row(kind="warm", tokens=n_tokens) as row:
+            with run.row(WarmRow.begun(n_tokens)) as slot:
                 warm = warm_evidence(client.submit(prompt, w=w))
-                row["warm"] = warm.to_wire()
-                judge(row, {"warm_hash_ok": warm.hash_ok is True})
+                done = WarmRow(tokens=n_tokens, started_at=slot.row.started_at, warm=warm)
+                slot.row = done.judged({"warm_hash_ok": warm.hash_ok is True})
         for trial in range(trials):
             for cw, budget in configs:
                 if run.stopped:
                     break
-                with run.row(kind="restore", W=cw, budget_bytes=budget, trial=trial, tokens=n_tokens) as row:
+                begun = _restore_begun(cw, budget, trial, n_tokens)
+                with run.row(begun) as slot:
                     if budget is not None:
                         client.update_settings(budget_bytes=budget)
                     raw = paired.measure() if paired else None
                     ev = run.restore(prompt, n_tokens, cw, exclude=exclude, verify=trial == 0)
-                    row |= ev.to_wire()
-                    row["paired_raw_get"] = to_json(raw) if raw else None
-                    row["vs_paired_raw"] = ratio(ev.gbps_per_rank, raw.gbps_per_client) if raw else None
+                    vs_raw = ratio(ev.gbps_per_rank, raw.gbps_per_client) if raw else None
                     bound = ev.predicted_peak_bytes if budget is None or budget == rws else None
                     checks = restore_checks(ev, n_tokens, peak=bound, verified=trial == 0)
                     if raw:
                         checks["paired_raw_whole"] = raw.error is None
-                    judge(row, checks)
+                    row = begun(slot.row.started_at)
+                    slot.row = replace(row, restore=ev, paired_raw_get=raw, vs_paired_raw=vs_raw).judged(checks)
     finally:
-        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+        run.engine["settings_restored"] = put_back(client, original)
     return configs
 
 
+def _restore_begun(w: int, budget: int | None, trial: int, tokens: int) -> Callable[[str | None], StoreRestoreRow]:
+    return lambda at: StoreRestoreRow(W=w, budget_bytes=budget, trial=trial, tokens=tokens, started_at=at)
+
+
 def _store_summary(
-    run: Run,
+    run: Run[StoreRow],
     configs: list[tuple[int, int | None]],
     rws: int,
     memcpy: Sequence[CopyCeiling],
@@ -221,22 +276,23 @@ def _store_summary(
 
     restores: dict[str, StoreRestoreStats] = {}
     for cw, budget in configs:
-        sel = [r for r in done if r.get("kind") == "restore" and r["W"] == cw and r["budget_bytes"] == budget]
+        sel = [
+            r for r in done if isinstance(r, StoreRestoreRow) and r.restore and (r.W, r.budget_bytes) == (cw, budget)
+        ]
+        evs = [r.restore for r in sel if r.restore]
         if not sel:
             continue
         label = "W=0" if cw == 0 else f"W={cw},B={'RWS' if budget == rws else '2RWS'}"
         restores[label] = StoreRestoreStats(
-            gbps_per_rank=median([r["gbps_per_rank"] for r in sel]),
-            rank_gbps=median([x["gbps"] for r in sel for x in r["ranks"]]),
-            seconds=median([r["seconds"] for r in sel]),
-            fetch_seconds=median([x["fetch_seconds"] for r in sel for x in r["ranks"]]),
-            install_seconds=median([x["install_seconds"] for r in sel for x in r["ranks"]]),
-            peak_pool_bytes=max(r["peak_pool_bytes"] for r in sel),
+            gbps_per_rank=median([ev.gbps_per_rank for ev in evs]),
+            rank_gbps=median([x.gbps for ev in evs for x in ev.ranks]),
+            seconds=median([ev.seconds for ev in evs]),
+            fetch_seconds=median([x.fetch_seconds for ev in evs for x in ev.ranks]),
+            install_seconds=median([x.install_seconds for ev in evs for x in ev.ranks]),
+            peak_pool_bytes=max(ev.peak_pool_bytes for ev in evs),
             runs=len(sel),
-            paired_raw_gbps_per_client=median(
-                [r["paired_raw_get"]["gbps_per_client"] for r in sel if r.get("paired_raw_get")]
-            ),
-            vs_paired_raw=median([r["vs_paired_raw"] for r in sel if r.get("vs_paired_raw") is not None]),
+            paired_raw_gbps_per_client=median([r.paired_raw_get.gbps_per_client for r in sel if r.paired_raw_get]),
+            vs_paired_raw=median([r.vs_paired_raw for r in sel if r.vs_paired_raw is not None]),
         )
     whole = restores.get("W=0")
     w0 = whole.gbps_per_rank if whole else None
@@ -262,7 +318,7 @@ def _store_summary(
         "restore_W,B=2RWS/restore_W0": ratio(bsr2, w0),
         "restore_W0/memcpy_1thread": ratio(w0, memcpy_1t),
     }
-    link_bps = run.bundle["params"].get("link_ceiling_bps")
+    link_bps = run.params.get("link_ceiling_bps")
     link_gbps = None if link_bps is None else link_bps / 8 / 1e9
     if link_gbps is not None:
         ratios["restore_W,B=RWS/link_ceiling"] = ratio(bsr1, link_gbps)

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
+    Repeat,
+    RestoreEvidence,
+    Row,
+    RowStatus,
     Run,
+    WarmEvidence,
     completed,
     isolate,
-    judge,
     new_run_id,
     new_salt,
     prompt_of,
@@ -55,6 +60,42 @@ class SweepSummary:
     block_seconds: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class SweepRow(Row):
+    """One prefix warmed and restored at W (a row of the sweep or of its repeat)."""
+
+    tokens: int
+    W: int
+    salt: int
+    warm: WarmEvidence | None = None  # None: interrupted before (neither key is written)
+    restore: RestoreEvidence | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "tokens": self.tokens, "W": self.W, "salt": self.salt}
+        out["started_at"] = self.started_at
+        if self.warm is not None:
+            out["warm"] = self.warm.to_wire()
+        if self.restore is not None:
+            out |= self.restore.to_wire()
+        return out | self.ending()
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> SweepRow:
+        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
+        return cls(
+            status=RowStatus(d["status"]),
+            tokens=d["tokens"],
+            W=d["W"],
+            salt=d["salt"],
+            started_at=d.get("started_at"),
+            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
+            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
+
+
 # -- sweep (E1) ------------------------------------------------------------------------------------------------
 
 
@@ -67,8 +108,8 @@ def run_sweep(
     salt: int | None = None,
     tier: str | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    engine_meta: dict[str, bool | float | None] | None = None,
+) -> Bundle:
     """The paper's E1: one block on one running engine (no restart), rows in ascending prefix length at W with
     B = RWS(W); then a fresh salt repeats the largest row. Each row warms its prompt (submit), resets the pool
     peak and restores from one tier only."""
@@ -79,7 +120,7 @@ def run_sweep(
         raise InvalidInput("the sweep needs at least one prefix length")
     salt = new_salt() if salt is None else salt
     params = {"prefixes": rows_in, "W": w, "repeat": repeat, "tier": tier}
-    run = Run("sweep", "e1", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
+    run: Run[SweepRow] = Run("sweep", "e1", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     require_tokens(info, rows_in[-1])
     chosen, exclude = isolate(info, tier)
@@ -89,39 +130,39 @@ def run_sweep(
     original = {"budget_bytes": info["budget_bytes"]}
     # B = RWS(W): one live window per rank, the paper's serialized restore.
     client.update_settings(budget_bytes=rws)
-    repeat_rows: list[dict[str, Any]] = []
+    repeat_rows: list[SweepRow] = []
     t0 = time.monotonic()
     try:
         for n in rows_in:
-            with run.row(tokens=n, W=w, salt=salt) as row:
-                row |= _sweep_row(run, n, salt, w, exclude)
+            _sweep_row(run, run.rows, n, salt, w, exclude)
             if run.stopped:
                 break
         if repeat and not run.stopped:
-            salt2 = new_salt()
-            run.bundle["repeat"] = {"run_id": new_run_id("e1"), "salt": salt2, "rows": repeat_rows}
-            with run.row(rows=repeat_rows, tokens=rows_in[-1], W=w, salt=salt2) as row:
-                row |= _sweep_row(run, rows_in[-1], salt2, w, exclude)
+            salt2, repeat_id = new_salt(), new_run_id("e1")
+            try:
+                _sweep_row(run, repeat_rows, rows_in[-1], salt2, w, exclude)
+            finally:
+                run.repeat = Repeat(repeat_id, salt2, [r.to_wire() for r in repeat_rows])
     finally:
         block_s = time.monotonic() - t0
-        run.bundle["engine"]["settings_restored"] = put_back(client, original)
+        run.engine["settings_restored"] = put_back(client, original)
     every = run.rows + repeat_rows
     done = completed(every)
-    peaks = sorted({r["pool_peak_bytes"] for row in done for r in row["ranks"]})
-    main_done = completed(run.rows)
+    peaks = sorted({r.pool_peak_bytes for row in done if row.restore for r in row.restore.ranks})
+    main_done = [r for r in completed(run.rows) if r.restore]
     summary = SweepSummary(
         rows=len(run.rows),
         completed=len(main_done),
         interrupted=len(run.rows) - len(main_done),
-        passed=sum(r["status"] == "pass" for r in main_done),
-        repeat_status=repeat_rows[0]["status"] if repeat_rows else None,
+        passed=sum(r.status == RowStatus.PASS for r in main_done),
+        repeat_status=repeat_rows[0].status if repeat_rows else None,
         rws_bytes=rws,
         peak_pool_bytes_per_rank=peaks,
         peak_identical=len(peaks) == 1,
         peak_equals_rws=peaks == [rws],
-        whole_plan_bytes={str(r["tokens"]): r["whole_plan_bytes"] for r in main_done},
-        restore_seconds={str(r["tokens"]): r["seconds"] for r in main_done},
-        gbps={str(r["tokens"]): r["gbps"] for r in main_done},
+        whole_plan_bytes={str(r.tokens): r.restore.whole_plan_bytes for r in main_done if r.restore},
+        restore_seconds={str(r.tokens): r.restore.seconds for r in main_done if r.restore},
+        gbps={str(r.tokens): r.restore.gbps for r in main_done if r.restore},
         block_seconds=round(block_s, 3),
     )
     full = tuple(rows_in) == E1_PREFIXES
@@ -143,10 +184,11 @@ def run_sweep(
     return run.finish(to_json(summary), targets, every)
 
 
-def _sweep_row(run: Run, n: int, salt: int, w: int, exclude: Sequence[str]) -> dict[str, Any]:
-    prompt = prompt_of(n, salt)
-    warm = warm_evidence(run.client.submit(prompt, w=w))
-    ev = run.restore(prompt, n, w, exclude=exclude)
-    row = {"warm": warm.to_wire(), **ev.to_wire()}
-    judge(row, {"warm_hash_ok": warm.hash_ok is True} | restore_checks(ev, n, peak=ev.predicted_peak_bytes))
-    return row
+def _sweep_row(run: Run[SweepRow], rows: list[SweepRow], n: int, salt: int, w: int, exclude: Sequence[str]) -> None:
+    """Warm the prompt of ``n`` tokens, then restore it at W: one row into ``rows``."""
+    with run.row(lambda at: SweepRow(tokens=n, W=w, salt=salt, started_at=at), rows) as slot:
+        prompt = prompt_of(n, salt)
+        warm = warm_evidence(run.client.submit(prompt, w=w))
+        ev = run.restore(prompt, n, w, exclude=exclude)
+        checks = {"warm_hash_ok": warm.hash_ok is True} | restore_checks(ev, n, peak=ev.predicted_peak_bytes)
+        slot.row = replace(slot.row, warm=warm, restore=ev).judged(checks)

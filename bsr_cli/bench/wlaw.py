@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    Bundle,
     OnRow,
+    RestoreEvidence,
+    Row,
+    RowStatus,
     Run,
     WarmEvidence,
     completed,
     isolate,
-    judge,
     new_salt,
     prompt_of,
     put_back,
@@ -51,6 +54,46 @@ class WLawSummary:
     interrupted: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class WLawRow(Row):
+    """One W: B = RWS(W), the prompt restored (the first row also warms it), its peak against the law."""
+
+    W: int
+    tokens: int
+    warm: WarmEvidence | None = None  # only the first row warms the prompt
+    restore: RestoreEvidence | None = None  # None: interrupted before it finished
+    law_bytes: int | None = None  # W·Σc_i + aux, written with the restore
+
+    @classmethod
+    def begun(cls, w: int, tokens: int) -> Callable[[str], WLawRow]:
+        return lambda started_at: cls(W=w, tokens=tokens, started_at=started_at)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, object] = {"status": self.status, "W": self.W, "tokens": self.tokens}
+        out["started_at"] = self.started_at
+        if self.warm is not None:
+            out["warm"] = self.warm.to_wire()
+        if self.restore is not None:
+            out |= self.restore.to_wire() | {"law_bytes": self.law_bytes}
+        return out | self.ending()
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> WLawRow:
+        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
+        return cls(
+            status=RowStatus(d["status"]),
+            W=d["W"],
+            tokens=d["tokens"],
+            started_at=d.get("started_at"),
+            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
+            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
+            law_bytes=d.get("law_bytes"),
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
+
+
 # -- W law -------------------------------------------------------------------------------------------------------
 
 
@@ -62,15 +105,15 @@ def run_wlaw(
     salt: int | None = None,
     tier: str | None = None,
     on_row: OnRow | None = None,
-    engine_meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    engine_meta: dict[str, bool | float | None] | None = None,
+) -> Bundle:
     """Measured RWS against W·Σc_i + aux at one prefix, B = RWS(W) for each W."""
     w_list = sorted(set(ws))
     if not w_list or w_list[0] <= 0:
         raise InvalidInput("the W law needs positive window sizes")
     salt = new_salt() if salt is None else salt
     params = {"tokens": tokens, "W": w_list, "tier": tier}
-    run = Run("wlaw", "wlaw", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
+    run: Run[WLawRow] = Run("wlaw", "wlaw", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     require_tokens(info, tokens)
     chosen, exclude = isolate(info, tier)
@@ -81,33 +124,34 @@ def run_wlaw(
     try:
         warm: WarmEvidence | None = None
         for w in w_list:
-            with run.row(W=w, tokens=tokens) as row:
+            with run.row(WLawRow.begun(w, tokens)) as slot:
                 rws = accounting.rws_bytes(reg, w)
                 client.update_settings(budget_bytes=rws)
                 if warm is None:
                     warm = warm_evidence(client.submit(prompt, w=w))
-                    row["warm"] = warm.to_wire()
+                    slot.row = replace(slot.row, warm=warm)
                 ev = run.restore(prompt, tokens, w, exclude=exclude)
-                row |= ev.to_wire() | {"law_bytes": rws}
-                judge(row, restore_checks(ev, tokens, peak=ev.predicted_peak_bytes))
+                checks = restore_checks(ev, tokens, peak=ev.predicted_peak_bytes)
+                slot.row = replace(slot.row, restore=ev, law_bytes=rws).judged(checks)
             if run.stopped:
                 break
     finally:
-        run.bundle["engine"]["settings_restored"] = put_back(client, original)
-    done = completed(run.rows)
-    xs = [float(r["W"]) for r in done]
-    ys = [float(max(x["pool_peak_bytes"] for x in r["ranks"])) for r in done if r["ranks"]]
+        run.engine["settings_restored"] = put_back(client, original)
+    done = [r for r in completed(run.rows) if r.restore]
+    peak = {r.W: max((x.pool_peak_bytes for x in r.restore.ranks), default=0) for r in done if r.restore}
+    xs = [float(r.W) for r in done]
+    ys = [float(peak[r.W]) for r in done if r.restore and r.restore.ranks]
     slope = intercept = None
     if len(xs) >= 2 and len(xs) == len(ys) and len(set(xs)) > 1:
         fit = statistics.linear_regression(xs, ys)
         slope, intercept = round(fit.slope, 3), round(fit.intercept, 3)
-    law = all(r["checks"].get("peak_equals_bound") for r in done) if done else None
+    law = all((r.checks or {}).get("peak_equals_bound") for r in done) if done else None
     summary = WLawSummary(
         tokens=tokens,
         coefficient_bytes=reg.bytes_per_chunk,
         aux_bytes=reg.aux_bytes,
-        measured={str(r["W"]): max((x["pool_peak_bytes"] for x in r["ranks"]), default=0) for r in done},
-        predicted={str(r["W"]): r["law_bytes"] for r in done},
+        measured={str(w): p for w, p in peak.items()},
+        predicted={str(r.W): r.law_bytes for r in done if r.law_bytes is not None},
         fit_slope_bytes_per_W=slope,
         fit_intercept_bytes=intercept,
         law_holds=law,

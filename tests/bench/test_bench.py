@@ -13,6 +13,7 @@ import pytest
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench import experiments as ex
+from bsr_cli.bench.evidence import Bundle
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import full_hit_bitmap
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, SubmitResult
@@ -170,13 +171,13 @@ class FakeEngine:
 def test_an_interrupted_row_is_marked_and_kept_out_of_the_summary(error: BaseException) -> None:
     fake = FakeEngine(interrupt_at=2, error=error)
     b = ex.run_sweep(fake, prefixes=[2048, 4096, 8192], w=4, salt=7)  # type: ignore[arg-type]
-    assert bundles.validation_errors(b) == []
-    assert [r["status"] for r in b["rows"]] == ["pass", "interrupted"]  # the block stops at the interruption
-    assert "repeat" not in b
-    assert b["interrupted"] is True and b["ok"] is False
-    assert b["interrupted_by"] == ("operator" if isinstance(error, KeyboardInterrupt) else "error")
-    assert b["summary"]["completed"] == 1 and b["summary"]["interrupted"] == 1
-    assert list(b["summary"]["restore_seconds"]) == ["2048"]  # only the completed row is aggregated
+    assert bundles.validation_errors(b.to_wire()) == []
+    assert [r["status"] for r in b.rows] == ["pass", "interrupted"]  # the block stops at the interruption
+    assert b.repeat is None and "repeat" not in b.to_wire()
+    assert b.interrupted is True and b.ok is False
+    assert b.interrupted_by == ("operator" if isinstance(error, KeyboardInterrupt) else "error")
+    assert b.summary["completed"] == 1 and b.summary["interrupted"] == 1
+    assert list(b.summary["restore_seconds"]) == ["2048"]  # only the completed row is aggregated
     assert fake.settings["budget_bytes"] == 123  # the budget the sweep changed is put back
     if isinstance(error, KeyboardInterrupt):
         assert fake.aborted == ["req-2"]  # the restore in flight is aborted on the engine
@@ -322,15 +323,15 @@ def test_ladder_first_passing_rung_is_the_predicted_one(tmp_path: Path) -> None:
         )
     finally:
         supervisor.down(state)
-    assert bundles.validation_errors(b) == []
+    assert bundles.validation_errors(b.to_wire()) == []
     assert not supervisor.status(state).running  # every rung's engine was stopped
-    assert b["summary"]["engine_starts"] == 2
-    for row in b["rows"]:
+    assert b.summary["engine_starts"] == 2
+    for row in b.rows:
         need = accounting.whole_plan_bytes(REG, row["chunks"])
         assert row["status"] == "pass", row.get("checks")
         assert row["first_passing_rung"] == row["predicted_rung"] == accounting.ladder_rung(need, rungs)
         assert [x["pool_peak_bytes"] for x in row["ranks"]] == [need, need]
-    small, large = b["rows"]
+    small, large = b.rows
     assert small["first_passing_rung"] == 8 * MiB and [a["passed"] for a in small["attempts"]] == [True]
     assert large["first_passing_rung"] == 16 * MiB and [a["passed"] for a in large["attempts"]] == [False, True]
     assert large["attempts"][0]["outcome"] == "refused" and "capacity" in large["attempts"][0]["failure"]
@@ -365,10 +366,10 @@ def test_plots_carry_the_ratio_the_spread_and_the_ceiling(tmp_path: Path, monkey
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "evidence"
     store = json.loads((docs / "br-store-4b9e3ecc9a54.json").read_text())
-    ratios = plots.store_ratios(store)
+    ratios = plots.store_ratios(Bundle.from_wire(store))
     assert ratios["restore W=32,B=2RWS"] == store["summary"]["restore"]["W=32,B=2RWS"]["vs_paired_raw"]
     fs = json.loads((docs / "br-fs-a2c08f441e1a.json").read_text())
-    spread = plots.fs_spread(fs)
+    spread = plots.fs_spread(Bundle.from_wire(fs))
     assert set(spread) == set(fs["summary"]["by_config"]) and all(lo <= hi for lo, hi in spread.values())
 
     captured: list = []
@@ -380,9 +381,9 @@ def test_plots_carry_the_ratio_the_spread_and_the_ceiling(tmp_path: Path, monkey
 
     monkeypatch.setattr(plots, "_save", keep)  # every plot saves through it: the figures, captured
     sweep = json.loads((docs / "br-e1-a6c2f9d328e2.json").read_text())
-    plots.peak_vs_prefix(sweep, None, tmp_path / "peak.png")
-    plots.fs_concurrency(fs, tmp_path / "fs.png")
-    plots.store_bandwidth(store, tmp_path / "store.png")
+    plots.peak_vs_prefix(Bundle.from_wire(sweep), None, tmp_path / "peak.png")
+    plots.fs_concurrency(Bundle.from_wire(fs), tmp_path / "fs.png")
+    plots.store_bandwidth(Bundle.from_wire(store), tmp_path / "store.png")
     peak, fsfig, storefig = (f.axes[0] for f in captured)
     assert peak.get_yscale() == "log"
     assert any("," in t.get_text() for t in peak.get_xticklabels())

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.bench import peer as pe
+from bsr_cli.bench.evidence import RowStatus
 
 REG = pe.registration(pe.DEFAULT_MODEL, 1)
 CHUNK = REG.bytes_per_chunk
@@ -83,12 +84,12 @@ def test_summary_ratios_and_targets_from_one_run() -> None:
     }
     # A bsr restore whose L1 peak exceeds its budget (its case's L1) fails its row, whatever its speed.
     over = _row("bsr", n, w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
-    assert over.status == "fail" and over.checks["l1_peak_at_most_budget"] is False
+    assert over.status == RowStatus.FAIL and over.checks["l1_peak_at_most_budget"] is False
     # Two windows within a budget of two pass; a peak that is not whole chunks does not.
     two = _row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
-    assert two.status == "pass"
+    assert two.status == RowStatus.PASS
     odd = _row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK - 4096, 1.0), REG, w)
-    assert odd.status == "fail" and odd.checks["l1_peak_whole_chunks"] is False
+    assert odd.status == RowStatus.FAIL and odd.checks["l1_peak_whole_chunks"] is False
 
 
 @pytest.mark.timeout(30)
@@ -116,7 +117,7 @@ def test_stock_contiguous_is_summarized_and_the_target_holds_against_the_faster_
 
     # bsr beats stock into the paged KV in every trial, but not stock into a contiguous destination.
     rows = trial(0, 2.0, 1.9) + trial(1, 2.0, 1.9) + trial(2, 2.0, 1.9)
-    assert all(r.status == "pass" for r in rows)
+    assert all(r.status == RowStatus.PASS for r in rows)
     assert rows[1].to_wire()["stage_seconds"] == staged and "stage_seconds" not in rows[0].to_wire()
     s = pe.summarize(rows, REG, w).by_prefix[str(n)]
     assert s.bsr_vs_stock_gbps == pytest.approx(1.1, abs=1e-3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bsr_cli.bench.cpu_bound import RestoreRow
+from bsr_cli.bench.evidence import RowStatus
 from bsr_cli.bench.probes import PageEviction
 
 
@@ -27,7 +28,7 @@ def _restore_row(reason: str | None) -> RestoreRow:
         peak_live_bytes=4096,
         hash_ok=reason is None,
         checks={"committed": reason is None},
-        status="pass" if reason is None else "fail",
+        status=RowStatus.PASS if reason is None else RowStatus.FAIL,
         reason=reason,
     )
 

@@ -7,12 +7,18 @@ import copy
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bsr_cli.bench import bundle as bundles
+from bsr_cli.bench.evidence import Bundle, Row
+from bsr_cli.bench.fs_concurrency import fs_row_from_wire
+from bsr_cli.bench.ladder import LadderRow
+from bsr_cli.bench.sweep import SweepRow
+from bsr_cli.bench.wlaw import WLawRow
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.errors import ExitCode, InvalidInput
 
@@ -40,6 +46,37 @@ def test_every_committed_bundle_validates() -> None:
     assert paths
     for path in paths:
         assert bundles.validation_errors(bundles.load(path)) == [], path.name
+
+
+@pytest.mark.timeout(60)
+def test_every_committed_bundle_reads_back_as_it_was_written() -> None:
+    """`bsr bench show` and `bsr bench plot` read a bundle as a `Bundle`: its wire form is the file's, every key
+    present or absent as there, in the same order (bsr_version, the sweep's repeat, each target's note)."""
+    paths = sorted(EVIDENCE.glob("br-*.json"))
+    assert paths
+    for path in paths:
+        data = bundles.load(path)
+        assert json.dumps(Bundle.from_wire(data).to_wire(), indent=1) == json.dumps(data, indent=1), path.name
+
+
+@pytest.mark.timeout(60)
+def test_rows_read_back_as_they_were_written() -> None:
+    """Tables and plots read the rows of these experiments as their row types: each row's wire form is the file's."""
+    row_type: dict[str, Callable[[dict[str, Any]], Row]] = {
+        "sweep": SweepRow.from_wire,
+        "wlaw": WLawRow.from_wire,
+        "ladder": LadderRow.from_wire,
+        "fs-concurrency": fs_row_from_wire,
+    }
+    seen = 0
+    for path in sorted(EVIDENCE.glob("br-*.json")):
+        data = bundles.load(path)
+        if data["experiment"] in row_type:
+            for row in data["rows"] + data.get("repeat", {}).get("rows", []):
+                back = row_type[data["experiment"]](row).to_wire()
+                assert json.dumps(back) == json.dumps(row), path.name
+                seen += 1
+    assert seen
 
 
 @pytest.mark.timeout(60)

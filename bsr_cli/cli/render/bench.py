@@ -11,6 +11,7 @@ from bsr_cli.errors import InvalidInput
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from bsr_cli.bench.evidence import Bundle, PublishedBundle
     from bsr_cli.bench.peer_results import PeerPrefix
 
 
@@ -36,9 +37,9 @@ def _yes(v: Any) -> str:
     return "[green]yes[/]" if v is True else ("—" if v is None else "[red]no[/]")
 
 
-def _mean(r: dict[str, Any], key: str) -> float:
-    ranks = r.get("ranks") or []
-    return sum(x[key] for x in ranks) / max(len(ranks), 1)
+def _mean(values: Sequence[float]) -> float:
+    """The mean over ranks (0 for none)."""
+    return sum(values) / max(len(values), 1)
 
 
 def _table(*columns: str, title: str | None = None) -> Any:
@@ -55,15 +56,14 @@ def _table(*columns: str, title: str | None = None) -> Any:
     return t
 
 
-def _header(console: Console, d: dict[str, Any], title: str) -> None:
-    reg, m = d["registration"], d["machine"]
-    eng = d["engine"]
-    where = "embedded (dedicated)" if eng.get("embedded") else eng["url"]
-    console.print(f"[bold]{title}[/]  run {d['run_id']}" + (f"  salt {d['salt']}" if d.get("salt") is not None else ""))
+def _header(console: Console, d: Bundle, title: str) -> None:
+    reg, m = d.registration, d.machine
+    where = "embedded (dedicated)" if d.engine.get("embedded") else d.engine["url"]
+    console.print(f"[bold]{title}[/]  run {d.run_id}" + (f"  salt {d.salt}" if d.salt is not None else ""))
     console.print(
-        f"[dim]engine {where}  registration {reg['identity']} ({reg['model']}, {format_bytes(reg['bytes_per_chunk'])}"
-        f"/chunk/rank, TP {reg['tp_size']})  machine {m['cpu_count']} CPUs {format_bytes(m['memory_bytes'])}"
-        f"  torch {m.get('torch')}  {d['elapsed_s']:.1f} s[/]"
+        f"[dim]engine {where}  registration {reg.identity} ({reg.model}, {format_bytes(reg.bytes_per_chunk)}"
+        f"/chunk/rank, TP {reg.tp_size})  machine {m.cpu_count} CPUs {format_bytes(m.memory_bytes)}"
+        f"  torch {m.torch}  {d.elapsed_s:.1f} s[/]"
     )
 
 
@@ -82,28 +82,24 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
-def _footer(console: Console, d: dict[str, Any]) -> None:
-    from bsr_cli.bench.evidence import Target
-
-    for t in (Target.from_wire(x) for x in d["targets"]):
+def _footer(console: Console, pub: PublishedBundle) -> None:
+    for t in pub.bundle.targets:
         mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "[dim]n/a[/]"}[t.met]
         note = f"  [dim]({t.note})[/]" if t.note else ""
         console.print(f"target: {t.name} {t.target}: measured {_plain(t.measured)} → {mark}{note}")
-    files = d.get("files", {})
-    console.print(
-        f"[dim]bundle {files.get('bundle')}"
-        + (f"; plots {', '.join(files['plots'])}" if files.get("plots") else "")
-        + "[/]"
-    )
+    console.print(f"[dim]bundle {pub.path}" + (f"; plots {', '.join(pub.plots)}" if pub.plots else "") + "[/]")
 
 
-def render_sweep(console: Console, d: dict[str, Any]) -> None:
-
+def render_sweep(console: Console, pub: PublishedBundle) -> None:
+    from bsr_cli.bench.evidence import RowStatus
     from bsr_cli.bench.plots import bar
+    from bsr_cli.bench.sweep import SweepRow
 
-    _header(console, d, f"E1 sweep, W={d['params']['W']}, B = RWS(W), restored from {d['params']['tier']} only")
-    rows = [("", r) for r in d["rows"]] + [("R ", r) for r in d.get("repeat", {}).get("rows", [])]
-    top_t = max((r.get("seconds", 0.0) for _, r in rows), default=0.0)
+    d = pub.bundle
+    _header(console, d, f"E1 sweep, W={d.params['W']}, B = RWS(W), restored from {d.params['tier']} only")
+    repeat = d.repeat.rows if d.repeat else []
+    rows = [("", SweepRow.from_wire(r)) for r in d.rows] + [("R ", SweepRow.from_wire(r)) for r in repeat]
+    top_t = max((r.restore.seconds if r.restore else 0.0 for _, r in rows), default=0.0)
     t = _table(
         "tokens",
         "K",
@@ -120,45 +116,46 @@ def render_sweep(console: Console, d: dict[str, Any]) -> None:
         "status",
     )
     for tag, r in rows:
-        if r["status"] == "interrupted":
-            t.add_row(f"{tag}{r['tokens']:,}", *[""] * 10, r.get("reason", ""), _status(r["status"]))
+        ev = r.restore
+        if r.status == RowStatus.INTERRUPTED or ev is None:
+            t.add_row(f"{tag}{r.tokens:,}", *[""] * 10, r.reason or "", _status(r.status))
             continue
         t.add_row(
-            f"{tag}{r['tokens']:,}",
-            f"{r['windows']:,}",
-            f"{r['committed_tokens']:,}",
-            _mib(r["peak_pool_bytes"]),
-            _mib(r["whole_plan_bytes"]),
-            f"{r['seconds']:.2f}",
-            f"{_mean(r, 'fetch_seconds'):.2f}",
-            f"{_mean(r, 'install_seconds'):.2f}",
-            f"{r['gbps']:.2f}",
-            _yes(r["hash_ok"]),
-            _yes(r["healthy"]),
-            bar(r["seconds"], top_t, 10),
-            _status(r["status"]),
+            f"{tag}{r.tokens:,}",
+            f"{ev.windows:,}",
+            f"{ev.committed_tokens:,}",
+            _mib(ev.peak_pool_bytes),
+            _mib(ev.whole_plan_bytes),
+            f"{ev.seconds:.2f}",
+            f"{_mean([x.fetch_seconds for x in ev.ranks]):.2f}",
+            f"{_mean([x.install_seconds for x in ev.ranks]):.2f}",
+            f"{ev.gbps:.2f}",
+            _yes(ev.hash_ok),
+            _yes(ev.healthy),
+            bar(ev.seconds, top_t, 10),
+            _status(r.status),
         )
     console.print(t)
-    s = d["summary"]
-    if d.get("repeat"):
-        console.print(f"R = the repeat with a fresh salt ({d['repeat']['salt']}), run {d['repeat']['run_id']}")
+    s = d.summary
+    if d.repeat:
+        console.print(f"R = the repeat with a fresh salt ({d.repeat.salt}), run {d.repeat.run_id}")
     console.print("fetch s, inst s: mean over ranks.  peak pool per rank against the whole-plan need (MiB):")
-    top = max([r.get("whole_plan_bytes", 0) for _, r in rows] + [1])
+    top = max([r.restore.whole_plan_bytes if r.restore else 0 for _, r in rows] + [1])
     for _, r in rows:
-        if r["status"] != "interrupted":
-            console.print(
-                f"  {r['tokens']:>8,}  BSR   {bar(r['peak_pool_bytes'], top, 40)} {_mib(r['peak_pool_bytes'])}"
-            )
-            console.print(f"  {'':>8}  whole {bar(r['whole_plan_bytes'], top, 40)} {_mib(r['whole_plan_bytes'])}")
+        if r.status != RowStatus.INTERRUPTED and (ev := r.restore) is not None:
+            console.print(f"  {r.tokens:>8,}  BSR   {bar(ev.peak_pool_bytes, top, 40)} {_mib(ev.peak_pool_bytes)}")
+            console.print(f"  {'':>8}  whole {bar(ev.whole_plan_bytes, top, 40)} {_mib(ev.whole_plan_bytes)}")
     peaks = ", ".join(_mib(p) for p in s["peak_pool_bytes_per_rank"])
     console.print(
         f"block {s['block_seconds']:.1f} s; distinct peaks per rank [{peaks}] MiB; RWS {_mib(s['rws_bytes'])} MiB"
     )
-    _footer(console, d)
+    _footer(console, pub)
 
 
-def render_ladder(console: Console, d: dict[str, Any]) -> None:
+def render_ladder(console: Console, pub: PublishedBundle) -> None:
+    d = pub.bundle
 
+    from bsr_cli.bench.ladder import LadderRow
     from bsr_cli.bench.plots import bar
 
     _header(console, d, "Whole-plan ladder (W=0), one engine start per rung")
@@ -172,63 +169,69 @@ def render_ladder(console: Console, d: dict[str, Any]) -> None:
         "",
         "status",
     )
-    top = max((r["whole_plan_bytes"] for r in d["rows"]), default=1)
-    for r in d["rows"]:
-        atts = " ".join(("✓" if a["passed"] else "✗") + _short(a["rung"]) for a in r.get("attempts", []))
+    rows = [LadderRow.from_wire(r) for r in d.rows]
+    top = max((r.whole_plan_bytes for r in rows), default=1)
+    for r in rows:
+        atts = " ".join(("✓" if a.passed else "✗") + _short(a.rung) for a in r.attempts)
         t.add_row(
-            f"{r['tokens']:,}",
-            _mib(r["whole_plan_bytes"]),
-            _short(r["predicted_rung"]) if r["predicted_rung"] else "beyond ladder",
-            _short(r["first_passing_rung"]) if r["first_passing_rung"] else "—",
-            _mib(r.get("measured_peak_bytes")),
+            f"{r.tokens:,}",
+            _mib(r.whole_plan_bytes),
+            _short(r.predicted_rung) if r.predicted_rung else "beyond ladder",
+            _short(r.first_passing_rung) if r.first_passing_rung else "—",
+            _mib(r.passing.peak_pool_bytes if r.passing else None),
             atts,
-            bar(r["whole_plan_bytes"], top, 12),
-            _status(r["status"]) + (f" {r['reason']}" if r.get("reason") else ""),
+            bar(r.whole_plan_bytes, top, 12),
+            _status(r.status) + (f" {r.reason}" if r.reason else ""),
         )
     console.print(t)
-    _footer(console, d)
+    _footer(console, pub)
 
 
-def render_wlaw(console: Console, d: dict[str, Any]) -> None:
-
+def render_wlaw(console: Console, pub: PublishedBundle) -> None:
+    from bsr_cli.bench.evidence import RowStatus
     from bsr_cli.bench.plots import bar
+    from bsr_cli.bench.wlaw import WLawRow
 
-    _header(console, d, f"W law at {d['params']['tokens']:,} tokens (B = RWS(W) for each W)")
+    d = pub.bundle
+    _header(console, d, f"W law at {d.params['tokens']:,} tokens (B = RWS(W) for each W)")
     t = _table("W", "W·Σc_i + aux MiB", "measured MiB/rank", "K", "restore s", "GB/s", "hash", "", "status")
-    top = max((r.get("peak_pool_bytes", 0) for r in d["rows"]), default=1)
-    for r in d["rows"]:
-        if r["status"] == "interrupted":
-            t.add_row(str(r["W"]), *[""] * 6, r.get("reason", ""), _status(r["status"]))
+    rows = [WLawRow.from_wire(r) for r in d.rows]
+    top = max((r.restore.peak_pool_bytes if r.restore else 0 for r in rows), default=1)
+    for r in rows:
+        ev = r.restore
+        if r.status == RowStatus.INTERRUPTED or ev is None:
+            t.add_row(str(r.W), *[""] * 6, r.reason or "", _status(r.status))
             continue
         t.add_row(
-            str(r["W"]),
-            _mib(r["law_bytes"]),
-            _mib(r["peak_pool_bytes"]),
-            f"{r['windows']:,}",
-            f"{r['seconds']:.2f}",
-            f"{r['gbps']:.2f}",
-            _yes(r["hash_ok"]),
-            bar(r["peak_pool_bytes"], top, 20),
-            _status(r["status"]),
+            str(r.W),
+            _mib(r.law_bytes),
+            _mib(ev.peak_pool_bytes),
+            f"{ev.windows:,}",
+            f"{ev.seconds:.2f}",
+            f"{ev.gbps:.2f}",
+            _yes(ev.hash_ok),
+            bar(ev.peak_pool_bytes, top, 20),
+            _status(r.status),
         )
     console.print(t)
-    s = d["summary"]
+    s = d.summary
     console.print(
         f"fit: {s['fit_slope_bytes_per_W']} bytes per W, intercept {s['fit_intercept_bytes']} "
         f"(core: {s['coefficient_bytes']:,}, aux {s['aux_bytes']:,})"
     )
-    _footer(console, d)
+    _footer(console, pub)
 
 
-def render_fs(console: Console, d: dict[str, Any]) -> None:
+def render_fs(console: Console, pub: PublishedBundle) -> None:
+    d = pub.bundle
 
     from bsr_cli.bench.plots import bar
 
-    p = d["params"]
+    p = d.params
     _header(
         console, d, f"Filesystem tier only, load concurrency {p['concurrencies']}, {p['tokens']:,} tokens, W={p['W']}"
     )
-    s = d["summary"]
+    s = d.summary
     t = _table("config", "runs", "GB/s (median)", "restore s", "fetch s/rank", "install s/rank", "")
     top = max((v["gbps"] for v in s["by_config"].values()), default=1.0)
     for name, v in s["by_config"].items():
@@ -251,14 +254,15 @@ def render_fs(console: Console, d: dict[str, Any]) -> None:
             f"the disk alone (cold, same files and total threads): {rates}; its ceiling is {s['disk_headroom']}x the "
             f"serial restore, and concurrency {max(s['disk_gbps'], key=int)} used {s['restore_share_of_disk']} of it"
         )
-    _footer(console, d)
+    _footer(console, pub)
 
 
-def render_store(console: Console, d: dict[str, Any]) -> None:
+def render_store(console: Console, pub: PublishedBundle) -> None:
+    d = pub.bundle
 
     from bsr_cli.bench.plots import bar, store_bars
 
-    p = d["params"]
+    p = d.params
     _header(console, d, f"Store bandwidth, restores of {p['tokens_restored']:,} tokens from Mooncake, W={p['W']}")
     labels, values = store_bars(d)
     top = max(values, default=1.0)
@@ -266,7 +270,7 @@ def render_store(console: Console, d: dict[str, Any]) -> None:
     for label, v in zip(labels, values, strict=True):
         t.add_row(label, f"{v:.3f}", bar(v, top, 30))
     console.print(t)
-    s = d["summary"]
+    s = d.summary
     if s.get("mooncake_aggregate_gbps"):
         console.print(
             "concurrent aggregate GB/s: " + ", ".join(f"{k} {v}" for k, v in s["mooncake_aggregate_gbps"].items())
@@ -292,22 +296,23 @@ def render_store(console: Console, d: dict[str, Any]) -> None:
         )
     console.print(r)
     console.print("ratios: " + ", ".join(f"{k} {v}" for k, v in s["ratios"].items() if v is not None))
-    _footer(console, d)
+    _footer(console, pub)
 
 
 def _peer_num(x: float | None, digits: int = 2) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
-def render_peer(console: Console, d: dict[str, Any]) -> None:
+def render_peer(console: Console, pub: PublishedBundle) -> None:
+    d = pub.bundle
     from bsr_cli.bench.peer_results import PeerSummary
 
-    p = d["params"]
+    p = d.params
     _header(console, d, f"bsr inside LMCache against stock LMCache 0.5.6, from Mooncake, W={p['W']}, TP {p['tp']}")
-    la = d["machine"].get("loadavg") or []
+    la = d.machine.loadavg or []
     if la:
         console.print(f"[dim]load average at the start: {', '.join(str(x) for x in la)}[/]")
-    prefixes = list(PeerSummary.from_wire(d["summary"]).by_prefix.values())
+    prefixes = list(PeerSummary.from_wire(d.summary).by_prefix.values())
     _peer_throughput(console, prefixes)
     _peer_stock_stages(console, prefixes)
     _peer_cpu(console, prefixes)
@@ -316,7 +321,7 @@ def render_peer(console: Console, d: dict[str, Any]) -> None:
             what = f"{b.loaded_tokens:,} tokens" + (", timed out" if b.timed_out else "")
             bsr = "bsr committed at this L1 or less" if b.bsr_committed_at_this_l1 else "bsr did not commit"
             console.print(f"below the rung: {v.tokens:,} tokens, stock L1 {_mib(b.l1_bytes)} MiB: {what}; {bsr}")
-    _footer(console, d)
+    _footer(console, pub)
 
 
 def _peer_throughput(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
@@ -425,12 +430,13 @@ def _peer_cpu(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
     console.print(c)
 
 
-def render_failures(console: Console, d: dict[str, Any]) -> None:
+def render_failures(console: Console, pub: PublishedBundle) -> None:
+    d = pub.bundle
     from bsr_cli.bench.evidence import RowStatus
 
-    _header(console, d, f"Failure matrix ({d['params']['tokens']:,} tokens)")
+    _header(console, d, f"Failure matrix ({d.params['tokens']:,} tokens)")
     t = _table("scenario", "first pass", "fallback", "hash = canonical", "ranks healthy", "status")
-    for r in d["rows"]:
+    for r in d.rows:
         if r["status"] == RowStatus.INTERRUPTED:
             t.add_row(r["scenario"], "", "", "", r.get("reason", ""), _status(r["status"]))
             continue
@@ -446,21 +452,20 @@ def render_failures(console: Console, d: dict[str, Any]) -> None:
             _status(r["status"]),
         )
     console.print(t)
-    _footer(console, d)
+    _footer(console, pub)
 
 
-def render_cpu_bound(console: Console, d: dict[str, Any]) -> None:
+def render_cpu_bound(console: Console, pub: PublishedBundle) -> None:
+    d = pub.bundle
     from rich.table import Table
 
-    s = d["summary"]
+    s = d.summary
     console.print(
         f"baselines: memcpy {s['memcpy']['gbps']} GB/s ({s['memcpy']['cpu_s_per_gb']} CPU s/GB), "
         f"CRC32C {s['crc32c']['gbps']} GB/s ({s['crc32c']['cpu_s_per_gb']} CPU s/GB); {s['cores']:g} cores, "
         f"{s.get('free_cores', s['cores']):g} free at the start"
     )
-    t = Table(
-        title=f"{d['run_id']}: restore from a memory tier, {d['params']['tokens']:,} tokens, W={d['params']['W']}"
-    )
+    t = Table(title=f"{d.run_id}: restore from a memory tier, {d.params['tokens']:,} tokens, W={d.params['W']}")
     for col in ("B", "GB/s", "CPU s/GB", "fetch", "verify", "install", "other", "predicted GB/s", "measured/pred."):
         t.add_column(col, justify="right")
     for bw, b in s["by_budget_windows"].items():
@@ -482,7 +487,7 @@ def render_cpu_bound(console: Console, d: dict[str, Any]) -> None:
         console.print(f"{bw}·RWS, RDMA model per rank: {model}")
 
 
-TABLES: dict[str, Callable[[Console, dict[str, Any]], None]] = {
+TABLES: dict[str, Callable[[Console, PublishedBundle], None]] = {
     "sweep": render_sweep,
     "ladder": render_ladder,
     "wlaw": render_wlaw,
@@ -495,7 +500,7 @@ TABLES: dict[str, Callable[[Console, dict[str, Any]], None]] = {
 """Each experiment's table, by the bundle's ``experiment``: a new experiment adds its renderer here."""
 
 
-def table_for(experiment: str) -> Callable[[Console, dict[str, Any]], None]:
+def table_for(experiment: str) -> Callable[[Console, PublishedBundle], None]:
     try:
         return TABLES[experiment]
     except KeyError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,6 +15,7 @@ from bsr_cli.core.units import format_bytes, parse_bytes
 from bsr_cli.errors import DrillViolation, InvalidInput, ServerError
 
 if TYPE_CHECKING:
+    from bsr_cli.bench.evidence import Bundle
     from bsr_cli.client import AdminClient
     from bsr_cli.engine.supervisor import EngineOptions
 
@@ -33,7 +34,7 @@ WOpt = Annotated[int, typer.Option("--W", "-W", "--window-size", help="Window si
 DEFAULT_OUT = Path("bench-out")
 
 # An experiment run against a client, given the engine's facts (embedded, startup_s) and its state directory.
-Experiment = Callable[["AdminClient", dict[str, bool | float | None], Path | None], dict[str, Any]]
+Experiment = Callable[["AdminClient", dict[str, bool | float | None], Path | None], "Bundle"]
 
 
 def ints(text: str, what: str, *, sizes: bool = False) -> list[int]:
@@ -117,18 +118,12 @@ def execute(
     publish(st, result, out, no_plots)
 
 
-class TypedBundle(Protocol):
-    """An experiment's bundle as a typed result (bench peer's): its wire form is what is written and printed."""
-
-    def to_wire(self) -> dict[str, Any]: ...
-
-
-def publish(st: AppState, bundle: dict[str, Any] | TypedBundle, out: Path, no_plots: bool) -> None:
+def publish(st: AppState, bundle: Bundle, out: Path, no_plots: bool) -> None:
     """Write the bundle, redraw the plots, print the experiment's table (or the bundle with --json), exit by it."""
     from bsr_cli.bench import bundle as bundles
+    from bsr_cli.bench.evidence import PublishedBundle
 
-    result = bundle if isinstance(bundle, dict) else bundle.to_wire()
-    path = bundles.write(result, out)
+    path = bundles.write(bundle, out)
     plots: list[str] = []
     if not no_plots:
         try:
@@ -139,17 +134,17 @@ def publish(st: AppState, bundle: dict[str, Any] | TypedBundle, out: Path, no_pl
             st.out.note(f"[yellow]no PNG plots:[/] {e}")
     from bsr_cli.cli.render.bench import table_for  # rich, only when a person reads the table
 
-    st.out.result(result | {"files": {"bundle": str(path), "plots": plots}}, table_for(result["experiment"]))
-    exit_for(result, path)
+    st.out.result(PublishedBundle(bundle, str(path), plots), table_for(bundle.experiment))
+    exit_for(bundle, path)
 
 
-def exit_for(result: dict[str, Any], path: Path) -> None:
+def exit_for(bundle: Bundle, path: Path) -> None:
     from bsr_cli.bench.evidence import Interruption, RowStatus
 
-    rows = list(result["rows"]) + list(result.get("repeat", {}).get("rows", []))
-    if result.get("interrupted_by") == Interruption.OPERATOR:
+    rows = bundle.every_row()
+    if bundle.interrupted_by == Interruption.OPERATOR:
         raise KeyboardInterrupt
-    if result.get("interrupted"):
+    if bundle.interrupted:
         reason = next((r.get("reason") for r in rows if r["status"] == RowStatus.INTERRUPTED), "unknown")
         raise ServerError(f"the experiment stopped early: {reason}", hint=f"the partial bundle is {path}")
     failed = [r for r in rows if r["status"] == RowStatus.FAIL]

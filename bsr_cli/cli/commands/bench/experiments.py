@@ -26,6 +26,7 @@ from bsr_cli.core.units import format_bytes, parse_bytes
 from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
+    from bsr_cli.bench.evidence import Bundle
     from bsr_cli.client import AdminClient
     from bsr_cli.engine.supervisor import EngineOptions
 
@@ -53,7 +54,7 @@ def sweep(
     st = state(ctx, json_flag)
     prefixes = ints(tokens, "--tokens")
 
-    def run(client: AdminClient, meta: dict[str, Any], _state: Path | None) -> dict[str, Any]:
+    def run(client: AdminClient, meta: dict[str, bool | float | None], _state: Path | None) -> Bundle:
         return ex.run_sweep(
             client,
             prefixes=prefixes,
@@ -135,7 +136,7 @@ def wlaw(
     st = state(ctx, json_flag)
     w_list = ints(ws, "--Ws")
 
-    def run(client: AdminClient, meta: dict[str, Any], _state: Path | None) -> dict[str, Any]:
+    def run(client: AdminClient, meta: dict[str, bool | float | None], _state: Path | None) -> Bundle:
         return ex.run_wlaw(
             client, tokens=tokens, ws=w_list, salt=salt, tier=tier, on_row=row_note(st, "wlaw"), engine_meta=meta
         )
@@ -169,7 +170,7 @@ def fs_concurrency(
     st = state(ctx, json_flag)
     conc = ints(concurrency, "--concurrency")
 
-    def run(client: AdminClient, meta: dict[str, Any], state_dir: Path | None) -> dict[str, Any]:
+    def run(client: AdminClient, meta: dict[str, bool | float | None], state_dir: Path | None) -> Bundle:
         where = fs_dir or (ex.fs_dir_of(state_dir, client.url) if state_dir else None)
         return ex.run_fs_concurrency(
             client,
@@ -223,7 +224,7 @@ def store(
     if (master is None) != (metadata is None):
         raise InvalidInput("give --mooncake-master and --mooncake-metadata together")
 
-    def run(client: AdminClient, meta: dict[str, Any], state_dir: Path | None) -> dict[str, Any]:
+    def run(client: AdminClient, meta: dict[str, bool | float | None], state_dir: Path | None) -> Bundle:
         mc = {"master_address": master, "metadata_url": metadata} if master and metadata else None
         if mc is None and state_dir is not None:
             mc = ex.mooncake_of(state_dir, client.url)
@@ -268,7 +269,7 @@ def failures(
 
     st = state(ctx, json_flag)
 
-    def run(client: AdminClient, meta: dict[str, Any], _state: Path | None) -> dict[str, Any]:
+    def run(client: AdminClient, meta: dict[str, bool | float | None], _state: Path | None) -> Bundle:
         return ex.run_failures(client, tokens=tokens, w=w, on_row=row_note(st, "failures"), engine_meta=meta)
 
     def options(reg: Any) -> EngineOptions:
@@ -325,4 +326,4 @@ def peer(
             workdir=Path(tmp),
             on_row=row_note(st, "peer"),
         )
-    publish(st, result, out, no_plots)
+    publish(st, result.to_bundle(), out, no_plots)
