@@ -4,6 +4,12 @@ reset-peak. Each asserts what the engine did, not only that the command printed 
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -115,3 +121,40 @@ def test_restore_tier_means_only_that_tier(bsr, engine) -> None:
     assert bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "nope").code == ExitCode.INVALID_INPUT
     both = bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "fs", "--exclude-tier", "mooncake")
     assert both.code == ExitCode.INVALID_INPUT
+
+
+def test_events_since_and_until_must_parse_and_not_cross(bsr, engine) -> None:
+    r = bsr("events", "--since", "10m", "--until", "1h")  # until (an hour ago) is before since (ten minutes ago)
+    assert r.code == ExitCode.INVALID_INPUT and "--until is before --since" in r.err
+    r = bsr("events", "--since", "42")
+    assert r.code == ExitCode.INVALID_INPUT and "--after SEQ takes a sequence number" in r.err
+
+
+def test_events_follow_prints_the_new_matching_events_until_ctrl_c(bsr, engine) -> None:
+    with engine.client() as c:
+        after = int(c.events(limit=1, newest=True).get("last_seq") or 0)
+    first = bsr("submit", "--synthetic", "600", "--seed", "977", "--json").json()["request"]
+    env = dict(os.environ, **engine.env(), PYTHONUNBUFFERED="1")
+    cmd = ["events", "-f", "--json", "--after", str(after), "--kind", "request_finished"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bsr_cli", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or ()], daemon=True).start()
+    seen: list[dict] = []
+
+    def wait_for(request: str) -> None:
+        while not any(e["request"] == request for e in seen):
+            seen.append(json.loads(lines.get(timeout=60)))  # a deadline, not a pause: the line comes when it comes
+
+    try:
+        wait_for(first)  # the listing of what was already there has been printed: it follows from here on
+        second = bsr("submit", "--synthetic", "600", "--seed", "978", "--json").json()["request"]
+        wait_for(second)  # printed by the follow loop
+        assert {e["type"] for e in seen} == {"request_finished"}  # the filter holds on the live stream
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.INTERRUPTED, err

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,6 +17,9 @@ from bsr_cli.cli.output import Output
 from bsr_cli.core import events as ev
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
 
 DEFAULT_LIMIT = 50  # events `bsr events` shows without -n or --since
 MAX_LIMIT = 10_000  # the most one /events answer holds
@@ -191,19 +194,8 @@ def events(
     Filters combine: `bsr events --since 2h --request R --kind restore_failed`. With --json, one JSON object per
     line (JSON lines, for log shippers): `bsr events --since 1d --json > events.jsonl` exports a day.
     """
-    from bsr_cli.core.when import parse_since
-
     st = state(ctx, json_flag)
-    now = time.time()
-    try:
-        t_from = parse_since(since, now) if since is not None else None
-        t_to = parse_since(until, now, what="--until") if until is not None else None
-    except InvalidInput as e:
-        if since is not None and since.strip().isdigit():
-            raise InvalidInput(e.message, hint="--after SEQ takes a sequence number; " + (e.hint or "")) from None
-        raise
-    if t_from is not None and t_to is not None and t_to < t_from:
-        raise InvalidInput("--until is before --since")
+    t_from, t_to = _time_window(since, until)
     kinds = [k.value for k in kind or ()]
     if trace is not None:
         if follow:
@@ -234,19 +226,41 @@ def events(
         if not follow:
             return
         seq = max([last_seq, *(int(e.get("seq", 0)) for e in evs)])
-        from bsr_cli.tui.model import parse_wire  # only when following: the live stream is filtered here
+        _follow(st, client, seq, _Filter(request, frozenset(kind or ()), t_to))
 
-        wanted = _Filter(request, frozenset(kind or ()), t_to)
-        while True:  # Ctrl-C ends it (exit 130 through the error boundary)
-            got = client.events(since=seq, wait_s=10.0)
-            new = got.get("events", [])
-            if new:
-                seq = int(new[-1].get("seq", seq))
-            elif int(got.get("last_seq") or 0) < seq:  # an engine without a store restarted: seq starts again
-                seq = 0
-                _say_restart(st)
-                continue
-            _print_events(st, [e for e in new if wanted.matches(parse_wire(e))])
+
+def _time_window(since: str | None, until: str | None) -> tuple[float | None, float | None]:
+    """--since and --until as Unix times (None: open); InvalidInput when either does not parse or they cross."""
+    from bsr_cli.core.when import parse_since
+
+    now = time.time()
+    try:
+        t_from = parse_since(since, now) if since is not None else None
+        t_to = parse_since(until, now, what="--until") if until is not None else None
+    except InvalidInput as e:
+        if since is not None and since.strip().isdigit():
+            raise InvalidInput(e.message, hint="--after SEQ takes a sequence number; " + (e.hint or "")) from None
+        raise
+    if t_from is not None and t_to is not None and t_to < t_from:
+        raise InvalidInput("--until is before --since")
+    return t_from, t_to
+
+
+def _follow(st: AppState, client: AdminClient, seq: int, wanted: _Filter) -> None:
+    """Print the events after ``seq`` that ``wanted`` matches as they come, until Ctrl-C (exit 130 through the error
+    boundary)."""
+    from bsr_cli.tui.model import parse_wire  # only when following: the live stream is filtered here
+
+    while True:
+        got = client.events(since=seq, wait_s=10.0)
+        new = got.get("events", [])
+        if new:
+            seq = int(new[-1].get("seq", seq))
+        elif int(got.get("last_seq") or 0) < seq:  # an engine without a store restarted: seq starts again
+            seq = 0
+            _say_restart(st)
+            continue
+        _print_events(st, [e for e in new if wanted.matches(parse_wire(e))])
 
 
 def _write_trace(st: AppState, path: Path, held: list[dict[str, Any]]) -> None:
