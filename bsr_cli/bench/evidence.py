@@ -26,12 +26,11 @@ import platform
 import secrets
 import statistics
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import Field, dataclass, fields, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from bsr_cli import __version__
 from bsr_cli.api.codec import to_json
@@ -180,10 +179,10 @@ def registration_identity(reg: Registration) -> RegistrationIdentity:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Row(ABC):
+class RowMeta:
     """What every bench row carries around its measurement: its status, when it started, its acceptance checks,
-    why it stopped and how long it took. Each experiment's row type adds what it measured and writes its wire form
-    (``to_wire``): the status, the row's labels, ``started_at``, the measurement, then `ending`'s keys."""
+    why it stopped and how long it took. A row holds one as ``meta``; each change gives a new value. Each row type
+    writes its wire form: the status, the row's labels, ``started_at``, the measurement, then `ending`'s keys."""
 
     status: RowStatus = RowStatus.INTERRUPTED  # until the row is judged
     started_at: str | None = None  # None only for the ladder's rows: each gathers attempts made at several rungs
@@ -191,13 +190,13 @@ class Row(ABC):
     reason: str | None = None  # why it was interrupted (no "reason" key when None)
     elapsed_s: float | None = None  # None: no "elapsed_s" key (the ladder's rows)
 
-    def judged(self, checks: dict[str, bool]) -> Self:
+    def judged(self, checks: dict[str, bool]) -> RowMeta:
         return replace(self, checks=checks, status=RowStatus.PASS if all(checks.values()) else RowStatus.FAIL)
 
-    def stopped(self, reason: str) -> Self:
+    def stopped(self, reason: str) -> RowMeta:
         return replace(self, status=RowStatus.INTERRUPTED, reason=reason)
 
-    def timed(self, elapsed_s: float) -> Self:
+    def timed(self, elapsed_s: float) -> RowMeta:
         return replace(self, elapsed_s=elapsed_s)
 
     def ending(self) -> dict[str, dict[str, bool] | str | float]:
@@ -208,7 +207,27 @@ class Row(ABC):
             out["elapsed_s"] = self.elapsed_s
         return out
 
-    @abstractmethod
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RowMeta:
+        """The meta of a row read back from a bundle (its keys beside the row's own)."""
+        return cls(
+            status=RowStatus(d["status"]),
+            started_at=d.get("started_at"),
+            checks=d.get("checks"),
+            reason=d.get("reason"),
+            elapsed_s=d.get("elapsed_s"),
+        )
+
+
+class Row(Protocol):
+    """What `Run` needs of an experiment's row: a frozen dataclass holding its `RowMeta` as ``meta`` (which `Run`
+    replaces when the row is stopped or timed), and its wire form."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass: `dataclasses.replace` applies
+
+    @property
+    def meta(self) -> RowMeta: ...
+
     def to_wire(self) -> dict[str, Any]: ...
 
 
@@ -217,7 +236,7 @@ R = TypeVar("R", bound=Row)
 
 def completed(rows: Sequence[R]) -> list[R]:
     """Rows that produced evidence: the only ones a summary may count."""
-    return [r for r in rows if r.status != RowStatus.INTERRUPTED]
+    return [r for r in rows if r.meta.status != RowStatus.INTERRUPTED]
 
 
 def completed_wire(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -463,38 +482,35 @@ def warm_evidence(res: SubmitResult) -> WarmEvidence:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WarmRow(Row):
+class WarmRow:
     """The submit that stores an experiment's prompt before its restores (fs-concurrency and store rows)."""
 
     kind: str = "warm"
     tokens: int
     W: int | None = None  # None: no "W" key (store's warm row)
     warm: WarmEvidence | None = None  # None: interrupted before the engine answered
+    meta: RowMeta
 
     @classmethod
     def begun(cls, tokens: int, w: int | None = None) -> Callable[[str], WarmRow]:
-        return lambda started_at: cls(tokens=tokens, W=w, started_at=started_at)
+        return lambda started_at: cls(tokens=tokens, W=w, meta=RowMeta(started_at=started_at))
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.status, "kind": self.kind, "tokens": self.tokens}
+        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "tokens": self.tokens}
         if self.W is not None:
             out["W"] = self.W
-        out["started_at"] = self.started_at
+        out["started_at"] = self.meta.started_at
         if self.warm is not None:
             out["warm"] = self.warm.to_wire()
-        return out | self.ending()
+        return out | self.meta.ending()
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> WarmRow:
         return cls(
-            status=RowStatus(d["status"]),
             tokens=d["tokens"],
             W=d.get("W"),
-            started_at=d.get("started_at"),
             warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
-            checks=d.get("checks"),
-            reason=d.get("reason"),
-            elapsed_s=d.get("elapsed_s"),
+            meta=RowMeta.from_wire(d),
         )
 
 
@@ -665,13 +681,13 @@ class Run(Generic[R]):
             yield slot
         except KeyboardInterrupt:
             self.abort_inflight()
-            slot.row = slot.row.stopped("interrupted by the operator (Ctrl-C)")
+            slot.row = replace(slot.row, meta=slot.row.meta.stopped("interrupted by the operator (Ctrl-C)"))
             self.interrupt(Interruption.OPERATOR)
         except (EngineError, ServiceError, CapacityError) as e:
-            slot.row = slot.row.stopped(f"{e.kind}: {e.message}")
+            slot.row = replace(slot.row, meta=slot.row.meta.stopped(f"{e.kind}: {e.message}"))
             self.interrupt(Interruption.ERROR)
         finally:
-            row = slot.row.timed(round(time.monotonic() - t0, 3))
+            row = replace(slot.row, meta=slot.row.meta.timed(round(time.monotonic() - t0, 3)))
             self.request = None
             self.add(row, rows)
 
@@ -706,7 +722,7 @@ class Run(Generic[R]):
             targets=tuple(targets),
             interrupted=self.interrupted_by is not None,
             interrupted_by=self.interrupted_by,
-            ok=bool(every) and self.interrupted_by is None and all(r.status == RowStatus.PASS for r in every),
+            ok=bool(every) and self.interrupted_by is None and all(r.meta.status == RowStatus.PASS for r in every),
             repeat=self.repeat,
         )
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from bsr_cli.bench.evidence import (
     Bundle,
     OnRow,
-    Row,
+    RowMeta,
     RowStatus,
     Run,
     completed,
@@ -24,21 +24,26 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FailureRow(Row):
+class FailureRow:
     """One `bsr drill` scenario: its result carries its own checks, written where the drill writes them."""
 
     scenario: str
     result: ScenarioResult | None = None  # None: interrupted before the drill answered
+    meta: RowMeta
 
     @classmethod
     def begun(cls, scenario: str) -> Callable[[str], FailureRow]:
-        return lambda started_at: cls(scenario=scenario, started_at=started_at)
+        return lambda started_at: cls(scenario=scenario, meta=RowMeta(started_at=started_at))
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.status, "scenario": self.scenario, "started_at": self.started_at}
+        out: dict[str, object] = {
+            "status": self.meta.status,
+            "scenario": self.scenario,
+            "started_at": self.meta.started_at,
+        }
         if self.result is not None:
             out |= asdict(self.result)
-        return out | self.ending()
+        return out | self.meta.ending()
 
 
 # -- failure matrix ----------------------------------------------------------------------------------------------
@@ -68,17 +73,17 @@ def run_failures(
         with run.row(FailureRow.begun(sc.name)) as slot:
             # One scenario per drill call, so an interruption marks just the scenario it hit.
             res = run_drill(client, tokens=tokens, w=w, scenarios=(sc,)).scenarios[0]
-            slot.row = replace(slot.row, result=res).judged(asdict(res.checks))
+            slot.row = replace(slot.row, result=res, meta=slot.row.meta.judged(asdict(res.checks)))
         if run.stopped:
             break
     done = completed(run.rows)
-    scenarios = {r.scenario: str(r.status) for r in run.rows}
+    scenarios = {r.scenario: str(r.meta.status) for r in run.rows}
     summary = {
         "scenarios": scenarios,
-        "passed": sum(r.status == RowStatus.PASS for r in done),
+        "passed": sum(r.meta.status == RowStatus.PASS for r in done),
         "completed": len(done),
         "interrupted": len(run.rows) - len(done),
     }
-    ok = bool(done) and all(r.status == RowStatus.PASS for r in done) and len(done) == len(SCENARIOS)
+    ok = bool(done) and all(r.meta.status == RowStatus.PASS for r in done) and len(done) == len(SCENARIOS)
     targets = [target("every failure scenario fails closed and recovers", "all PASS", scenarios, ok)]
     return run.finish(summary, targets)

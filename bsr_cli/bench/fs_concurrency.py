@@ -12,7 +12,7 @@ from bsr_cli.bench.evidence import (
     Bundle,
     OnRow,
     RestoreEvidence,
-    Row,
+    RowMeta,
     RowStatus,
     Run,
     Target,
@@ -88,7 +88,7 @@ def _prompt_files(fs_dir: Path, reg: Registration, tokens: int, salt: int) -> li
 
 
 @dataclass(frozen=True, kw_only=True)
-class DiskRow(Row):
+class DiskRow:
     """The disk alone, read at the same total concurrency as a restore (no bsr)."""
 
     kind: str = "disk"
@@ -96,31 +96,28 @@ class DiskRow(Row):
     threads: int
     trial: int
     disk: DiskReadRate | None = None  # None: interrupted before the read finished
+    meta: RowMeta
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.status, "kind": self.kind, "concurrency": self.concurrency}
-        out |= {"threads": self.threads, "trial": self.trial, "started_at": self.started_at}
+        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "concurrency": self.concurrency}
+        out |= {"threads": self.threads, "trial": self.trial, "started_at": self.meta.started_at}
         if self.disk is not None:
             out |= to_json(self.disk)
-        return out | self.ending()
+        return out | self.meta.ending()
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> DiskRow:
         return cls(
-            status=RowStatus(d["status"]),
             concurrency=d["concurrency"],
             threads=d["threads"],
             trial=d["trial"],
-            started_at=d.get("started_at"),
             disk=DiskReadRate.from_wire(d) if "gbps" in d else None,
-            checks=d.get("checks"),
-            reason=d.get("reason"),
-            elapsed_s=d.get("elapsed_s"),
+            meta=RowMeta.from_wire(d),
         )
 
 
 @dataclass(frozen=True, kw_only=True)
-class FsRestoreRow(Row):
+class FsRestoreRow:
     """One restore from the fs tier at a load concurrency, its pages evicted first when the cache is cold."""
 
     kind: str = "restore"
@@ -131,32 +128,29 @@ class FsRestoreRow(Row):
     W: int
     evicted: PageEviction | None = None  # the cold rows' eviction
     restore: RestoreEvidence | None = None  # None: interrupted before it finished
+    meta: RowMeta
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.status, "kind": self.kind, "concurrency": self.concurrency}
+        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "concurrency": self.concurrency}
         out |= {"cache": self.cache, "trial": self.trial, "tokens": self.tokens, "W": self.W}
-        out["started_at"] = self.started_at
+        out["started_at"] = self.meta.started_at
         if self.evicted is not None:
             out["evicted"] = self.evicted.to_wire()
         if self.restore is not None:
             out |= self.restore.to_wire()
-        return out | self.ending()
+        return out | self.meta.ending()
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> FsRestoreRow:
         return cls(
-            status=RowStatus(d["status"]),
             concurrency=d["concurrency"],
             cache=d["cache"],
             trial=d["trial"],
             tokens=d["tokens"],
             W=d["W"],
-            started_at=d.get("started_at"),
             evicted=PageEviction.from_wire(d["evicted"]) if "evicted" in d else None,
             restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
-            checks=d.get("checks"),
-            reason=d.get("reason"),
-            elapsed_s=d.get("elapsed_s"),
+            meta=RowMeta.from_wire(d),
         )
 
 
@@ -206,8 +200,8 @@ def run_fs_concurrency(
         client.update_settings(budget_bytes=rws)
         with run.row(WarmRow.begun(tokens, w)) as slot:
             warm = warm_evidence(client.submit(prompt, w=w))
-            row = WarmRow(tokens=tokens, W=w, started_at=slot.row.started_at, warm=warm)
-            slot.row = row.judged({"warm_hash_ok": warm.hash_ok is True})
+            checks = {"warm_hash_ok": warm.hash_ok is True}
+            slot.row = WarmRow(tokens=tokens, W=w, warm=warm, meta=slot.row.meta.judged(checks))
         files = _prompt_files(fs_dir, reg, tokens, salt) if method == "posix_fadvise" and fs_dir else []
         for trial in range(trials):
             for c in conc if files else ():
@@ -217,10 +211,10 @@ def run_fs_concurrency(
                 threads = c * reg.tp_size
                 with run.row(_disk_row(c, threads, trial)) as slot:
                     disk = disk_read_rate(files, threads)
-                    read = DiskRow(
-                        concurrency=c, threads=threads, trial=trial, started_at=slot.row.started_at, disk=disk
+                    checks = {"read_whole": disk.error is None and disk.bytes > 0}
+                    slot.row = DiskRow(
+                        concurrency=c, threads=threads, trial=trial, disk=disk, meta=slot.row.meta.judged(checks)
                     )
-                    slot.row = read.judged({"read_whole": disk.error is None and disk.bytes > 0})
             for cache in caches:
                 for c in conc:
                     if run.stopped:
@@ -234,7 +228,7 @@ def run_fs_concurrency(
 
 
 def _disk_row(c: int, threads: int, trial: int) -> Callable[[str], FsRow]:
-    return lambda started_at: DiskRow(concurrency=c, threads=threads, trial=trial, started_at=started_at)
+    return lambda started_at: DiskRow(concurrency=c, threads=threads, trial=trial, meta=RowMeta(started_at=started_at))
 
 
 def _restore_row(
@@ -252,10 +246,11 @@ def _restore_row(
     """One restore from the fs tier at load concurrency ``c``, its pages evicted first when ``cache`` is cold."""
 
     def begun(started_at: str | None) -> FsRestoreRow:
-        return FsRestoreRow(concurrency=c, cache=cache, trial=trial, tokens=tokens, W=w, started_at=started_at)
+        meta = RowMeta(started_at=started_at)
+        return FsRestoreRow(concurrency=c, cache=cache, trial=trial, tokens=tokens, W=w, meta=meta)
 
     with run.row(begun) as slot:
-        row = begun(slot.row.started_at)  # the slot holds it as any fs row
+        row = begun(slot.row.meta.started_at)  # the slot holds it as any fs row
         run.client.update_settings(fs_concurrency=c)
         evicted = True
         if cache == "cold" and method:
@@ -265,7 +260,7 @@ def _restore_row(
         # Verify once per configuration; the restore's own seconds exclude the verification.
         ev = run.restore(prompt, tokens, w, exclude=exclude, verify=trial == 0)
         checks = restore_checks(ev, tokens, peak=ev.predicted_peak_bytes, verified=trial == 0)
-        slot.row = replace(row, restore=ev).judged(checks | {"cache_evicted": evicted})
+        slot.row = replace(row, restore=ev, meta=row.meta.judged(checks | {"cache_evicted": evicted}))
 
 
 def _summary(
@@ -314,7 +309,7 @@ def _summary(
         rws_unchanged=peaks == [accounting.peak_bytes(reg, w, accounting.chunks_for_tokens(tokens, reg.chunk_size))],
         cold_method=method,
         completed=len(done),
-        interrupted=sum(r.status == RowStatus.INTERRUPTED for r in run.rows),
+        interrupted=sum(r.meta.status == RowStatus.INTERRUPTED for r in run.rows),
     )
 
 

@@ -16,8 +16,7 @@ from bsr_cli.bench.evidence import (
     Interruption,
     OnRow,
     RankEvidence,
-    Row,
-    RowStatus,
+    RowMeta,
     Run,
     WarmEvidence,
     completed,
@@ -88,7 +87,7 @@ class LadderAttempt:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LadderRow(Row):
+class LadderRow:
     """One prefix's climb: every attempt, its first passing rung and measured peak beside the core's prediction.
     It gathers attempts made on several engines, so it has no start time or duration of its own."""
 
@@ -99,9 +98,10 @@ class LadderRow(Row):
     first_passing_rung: int | None
     attempts: tuple[LadderAttempt, ...]
     passing: LadderAttempt | None = None  # the first passing attempt's evidence
+    meta: RowMeta  # no start time or duration
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.status, "tokens": self.tokens, "chunks": self.chunks}
+        out: dict[str, object] = {"status": self.meta.status, "tokens": self.tokens, "chunks": self.chunks}
         out |= {"whole_plan_bytes": self.whole_plan_bytes, "predicted_rung": self.predicted_rung}
         out |= {"first_passing_rung": self.first_passing_rung, "attempts": to_json(self.attempts)}
         if (ev := self.passing) is not None:
@@ -114,7 +114,7 @@ class LadderRow(Row):
                 "hash_ok": ev.hash_ok,
                 "healthy": ev.healthy,
             }
-        return out | self.ending()
+        return out | self.meta.ending()
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> LadderRow:
@@ -123,7 +123,6 @@ class LadderRow(Row):
         first = d.get("first_passing_rung")
         passing = next((a for a in attempts if a.passed and a.rung == first), None)
         return cls(
-            status=RowStatus(d["status"]),
             tokens=d["tokens"],
             chunks=d.get("chunks", 0),
             whole_plan_bytes=d.get("whole_plan_bytes", 0),
@@ -131,8 +130,7 @@ class LadderRow(Row):
             first_passing_rung=first,
             attempts=attempts,
             passing=passing if "measured_peak_bytes" in d else None,
-            checks=d.get("checks"),
-            reason=d.get("reason"),
+            meta=RowMeta.from_wire(d),
         )
 
 
@@ -216,7 +214,7 @@ def run_ladder(
         completed=len(done),
         interrupted=len(run.rows) - len(done),
     )
-    match = all((r.checks or {}).get("rung_matches_prediction") for r in done) if done else None
+    match = all((r.meta.checks or {}).get("rung_matches_prediction") for r in done) if done else None
     targets = [
         target(
             "first passing rung equals the core's prediction (ladder_rung of the whole-plan need)",
@@ -301,21 +299,21 @@ def _prefix_row(run: Run[LadderRow], n: int, steps: Sequence[int], climb: _Climb
         predicted_rung=predicted,
         first_passing_rung=s.first,
         attempts=tuple(s.attempts),
+        meta=RowMeta(),  # judged or stopped below
     )
     ev = s.evidence
     if ev is None and climb.stop_reason and n in climb.pending:
-        return row.stopped(climb.stop_reason)
+        return replace(row, meta=row.meta.stopped(climb.stop_reason))
     if ev is None:
         # The ladder topped out: consistent only when the core predicted that too.
-        return row.judged({"rung_matches_prediction": predicted is None})
-    return replace(row, passing=ev).judged(
-        {
-            "rung_matches_prediction": s.first == predicted,
-            "peak_equals_whole_plan": all(r.pool_peak_bytes == need for r in ev.ranks),
-            "hash_canonical": ev.hash_ok is True,
-            "ranks_healthy": bool(ev.healthy),
-        }
-    )
+        return replace(row, meta=row.meta.judged({"rung_matches_prediction": predicted is None}))
+    checks = {
+        "rung_matches_prediction": s.first == predicted,
+        "peak_equals_whole_plan": all(r.pool_peak_bytes == need for r in ev.ranks),
+        "hash_canonical": ev.hash_ok is True,
+        "ranks_healthy": bool(ev.healthy),
+    }
+    return replace(row, passing=ev, meta=row.meta.judged(checks))
 
 
 def _ladder_attempt(run: Run, n: int, rung: int, warm_w: int, salt: int) -> LadderAttempt:

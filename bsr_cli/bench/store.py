@@ -13,7 +13,7 @@ from bsr_cli.bench.evidence import (
     Bundle,
     OnRow,
     RestoreEvidence,
-    Row,
+    RowMeta,
     Run,
     Target,
     WarmRow,
@@ -85,26 +85,27 @@ class StoreSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CeilingRow(Row):
+class CeilingRow:
     """What the machine and the store sustain without the engine: the memory-copy ceiling ("memcpy") or the
     Mooncake GET/PUT rates per client ("mooncake-set")."""
 
     kind: str
     results: tuple[CopyCeiling, ...] | tuple[MooncakeRate, ...] | None = None  # None: interrupted
+    meta: RowMeta
 
     @classmethod
     def begun(cls, kind: str) -> Callable[[str], StoreRow]:
-        return lambda started_at: cls(kind=kind, started_at=started_at)
+        return lambda started_at: cls(kind=kind, meta=RowMeta(started_at=started_at))
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.status, "kind": self.kind, "started_at": self.started_at}
+        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "started_at": self.meta.started_at}
         if self.results is not None:
             out["results"] = to_json(list(self.results))
-        return out | self.ending()
+        return out | self.meta.ending()
 
 
 @dataclass(frozen=True, kw_only=True)
-class StoreRestoreRow(Row):
+class StoreRestoreRow:
     """One restore from Mooncake (whole-plan or windowed), beside the raw GET measured right before it."""
 
     kind: str = "restore"
@@ -115,16 +116,17 @@ class StoreRestoreRow(Row):
     restore: RestoreEvidence | None = None  # None: interrupted before it finished
     paired_raw_get: RawGetRate | None = None
     vs_paired_raw: float | None = None  # the restore's GB/s per rank over the raw GET's per client
+    meta: RowMeta
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.status, "kind": self.kind, "W": self.W}
+        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "W": self.W}
         out |= {"budget_bytes": self.budget_bytes, "trial": self.trial, "tokens": self.tokens}
-        out["started_at"] = self.started_at
+        out["started_at"] = self.meta.started_at
         if self.restore is not None:
             raw = self.paired_raw_get
             out |= self.restore.to_wire()
             out |= {"paired_raw_get": to_json(raw) if raw else None, "vs_paired_raw": self.vs_paired_raw}
-        return out | self.ending()
+        return out | self.meta.ending()
 
 
 StoreRow = CeilingRow | WarmRow | StoreRestoreRow
@@ -178,8 +180,8 @@ def run_store(
     rates: list[MooncakeRate] = []
     with run.row(CeilingRow.begun("memcpy")) as slot:
         measured = memcpy_ceiling(copy_bytes, max(trials, 3))
-        copy = CeilingRow(kind="memcpy", started_at=slot.row.started_at, results=tuple(measured))
-        slot.row = copy.judged({"measured": bool(measured)})
+        judged = slot.row.meta.judged({"measured": bool(measured)})
+        slot.row = CeilingRow(kind="memcpy", results=tuple(measured), meta=judged)
         ceilings = measured
     with contextlib.ExitStack() as stack:
         paired: PairedRawGet | None = None
@@ -197,8 +199,8 @@ def run_store(
                 raise ServiceError(f"cannot load the Mooncake client here: {e}") from None
             with run.row(CeilingRow.begun("mooncake-set")) as slot:
                 mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.run_id)
-                mc = CeilingRow(kind="mooncake-set", started_at=slot.row.started_at, results=tuple(mc_rows))
-                slot.row = mc.judged({"every_object_whole": all(r.passed for r in mc_rows)})
+                judged = slot.row.meta.judged({"every_object_whole": all(r.passed for r in mc_rows)})
+                slot.row = CeilingRow(kind="mooncake-set", results=tuple(mc_rows), meta=judged)
                 rates = mc_rows
             if not run.stopped:
                 paired = PairedRawGet(clients, run.run_id)
@@ -231,8 +233,8 @@ def _store_restores(
             client.update_settings(budget_bytes=rws)
             with run.row(WarmRow.begun(n_tokens)) as slot:
                 warm = warm_evidence(client.submit(prompt, w=w))
-                done = WarmRow(tokens=n_tokens, started_at=slot.row.started_at, warm=warm)
-                slot.row = done.judged({"warm_hash_ok": warm.hash_ok is True})
+                judged = slot.row.meta.judged({"warm_hash_ok": warm.hash_ok is True})
+                slot.row = WarmRow(tokens=n_tokens, warm=warm, meta=judged)
         for trial in range(trials):
             for cw, budget in configs:
                 if run.stopped:
@@ -248,15 +250,17 @@ def _store_restores(
                     checks = restore_checks(ev, n_tokens, peak=bound, verified=trial == 0)
                     if raw:
                         checks["paired_raw_whole"] = raw.error is None
-                    row = begun(slot.row.started_at)
-                    slot.row = replace(row, restore=ev, paired_raw_get=raw, vs_paired_raw=vs_raw).judged(checks)
+                    row = begun(slot.row.meta.started_at)
+                    slot.row = replace(
+                        row, restore=ev, paired_raw_get=raw, vs_paired_raw=vs_raw, meta=row.meta.judged(checks)
+                    )
     finally:
         run.engine["settings_restored"] = put_back(client, original)
     return configs
 
 
 def _restore_begun(w: int, budget: int | None, trial: int, tokens: int) -> Callable[[str | None], StoreRestoreRow]:
-    return lambda at: StoreRestoreRow(W=w, budget_bytes=budget, trial=trial, tokens=tokens, started_at=at)
+    return lambda at: StoreRestoreRow(W=w, budget_bytes=budget, trial=trial, tokens=tokens, meta=RowMeta(started_at=at))
 
 
 def _store_summary(

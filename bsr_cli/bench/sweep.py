@@ -13,7 +13,7 @@ from bsr_cli.bench.evidence import (
     OnRow,
     Repeat,
     RestoreEvidence,
-    Row,
+    RowMeta,
     RowStatus,
     Run,
     WarmEvidence,
@@ -61,7 +61,7 @@ class SweepSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SweepRow(Row):
+class SweepRow:
     """One prefix warmed and restored at W (a row of the sweep or of its repeat)."""
 
     tokens: int
@@ -69,30 +69,27 @@ class SweepRow(Row):
     salt: int
     warm: WarmEvidence | None = None  # None: interrupted before (neither key is written)
     restore: RestoreEvidence | None = None
+    meta: RowMeta
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.status, "tokens": self.tokens, "W": self.W, "salt": self.salt}
-        out["started_at"] = self.started_at
+        out: dict[str, object] = {"status": self.meta.status, "tokens": self.tokens, "W": self.W, "salt": self.salt}
+        out["started_at"] = self.meta.started_at
         if self.warm is not None:
             out["warm"] = self.warm.to_wire()
         if self.restore is not None:
             out |= self.restore.to_wire()
-        return out | self.ending()
+        return out | self.meta.ending()
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> SweepRow:
         """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
         return cls(
-            status=RowStatus(d["status"]),
             tokens=d["tokens"],
             W=d["W"],
             salt=d["salt"],
-            started_at=d.get("started_at"),
             warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
             restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
-            checks=d.get("checks"),
-            reason=d.get("reason"),
-            elapsed_s=d.get("elapsed_s"),
+            meta=RowMeta.from_wire(d),
         )
 
 
@@ -154,8 +151,8 @@ def run_sweep(
         rows=len(run.rows),
         completed=len(main_done),
         interrupted=len(run.rows) - len(main_done),
-        passed=sum(r.status == RowStatus.PASS for r in main_done),
-        repeat_status=repeat_rows[0].status if repeat_rows else None,
+        passed=sum(r.meta.status == RowStatus.PASS for r in main_done),
+        repeat_status=repeat_rows[0].meta.status if repeat_rows else None,
         rws_bytes=rws,
         peak_pool_bytes_per_rank=peaks,
         peak_identical=len(peaks) == 1,
@@ -186,9 +183,9 @@ def run_sweep(
 
 def _sweep_row(run: Run[SweepRow], rows: list[SweepRow], n: int, salt: int, w: int, exclude: Sequence[str]) -> None:
     """Warm the prompt of ``n`` tokens, then restore it at W: one row into ``rows``."""
-    with run.row(lambda at: SweepRow(tokens=n, W=w, salt=salt, started_at=at), rows) as slot:
+    with run.row(lambda at: SweepRow(tokens=n, W=w, salt=salt, meta=RowMeta(started_at=at)), rows) as slot:
         prompt = prompt_of(n, salt)
         warm = warm_evidence(run.client.submit(prompt, w=w))
         ev = run.restore(prompt, n, w, exclude=exclude)
         checks = {"warm_hash_ok": warm.hash_ok is True} | restore_checks(ev, n, peak=ev.predicted_peak_bytes)
-        slot.row = replace(slot.row, warm=warm, restore=ev).judged(checks)
+        slot.row = replace(slot.row, warm=warm, restore=ev, meta=slot.row.meta.judged(checks))

@@ -12,8 +12,7 @@ from bsr_cli.bench.evidence import (
     Bundle,
     OnRow,
     RestoreEvidence,
-    Row,
-    RowStatus,
+    RowMeta,
     Run,
     WarmEvidence,
     completed,
@@ -55,7 +54,7 @@ class WLawSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WLawRow(Row):
+class WLawRow:
     """One W: B = RWS(W), the prompt restored (the first row also warms it), its peak against the law."""
 
     W: int
@@ -63,34 +62,31 @@ class WLawRow(Row):
     warm: WarmEvidence | None = None  # only the first row warms the prompt
     restore: RestoreEvidence | None = None  # None: interrupted before it finished
     law_bytes: int | None = None  # W·Σc_i + aux, written with the restore
+    meta: RowMeta
 
     @classmethod
     def begun(cls, w: int, tokens: int) -> Callable[[str], WLawRow]:
-        return lambda started_at: cls(W=w, tokens=tokens, started_at=started_at)
+        return lambda started_at: cls(W=w, tokens=tokens, meta=RowMeta(started_at=started_at))
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.status, "W": self.W, "tokens": self.tokens}
-        out["started_at"] = self.started_at
+        out: dict[str, object] = {"status": self.meta.status, "W": self.W, "tokens": self.tokens}
+        out["started_at"] = self.meta.started_at
         if self.warm is not None:
             out["warm"] = self.warm.to_wire()
         if self.restore is not None:
             out |= self.restore.to_wire() | {"law_bytes": self.law_bytes}
-        return out | self.ending()
+        return out | self.meta.ending()
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> WLawRow:
         """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
         return cls(
-            status=RowStatus(d["status"]),
             W=d["W"],
             tokens=d["tokens"],
-            started_at=d.get("started_at"),
             warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
             restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
             law_bytes=d.get("law_bytes"),
-            checks=d.get("checks"),
-            reason=d.get("reason"),
-            elapsed_s=d.get("elapsed_s"),
+            meta=RowMeta.from_wire(d),
         )
 
 
@@ -132,7 +128,7 @@ def run_wlaw(
                     slot.row = replace(slot.row, warm=warm)
                 ev = run.restore(prompt, tokens, w, exclude=exclude)
                 checks = restore_checks(ev, tokens, peak=ev.predicted_peak_bytes)
-                slot.row = replace(slot.row, restore=ev, law_bytes=rws).judged(checks)
+                slot.row = replace(slot.row, restore=ev, law_bytes=rws, meta=slot.row.meta.judged(checks))
             if run.stopped:
                 break
     finally:
@@ -145,7 +141,7 @@ def run_wlaw(
     if len(xs) >= 2 and len(xs) == len(ys) and len(set(xs)) > 1:
         fit = statistics.linear_regression(xs, ys)
         slope, intercept = round(fit.slope, 3), round(fit.intercept, 3)
-    law = all((r.checks or {}).get("peak_equals_bound") for r in done) if done else None
+    law = all((r.meta.checks or {}).get("peak_equals_bound") for r in done) if done else None
     summary = WLawSummary(
         tokens=tokens,
         coefficient_bytes=reg.bytes_per_chunk,

@@ -117,8 +117,8 @@ def render_sweep(console: Console, pub: PublishedBundle) -> None:
     )
     for tag, r in rows:
         ev = r.restore
-        if r.status == RowStatus.INTERRUPTED or ev is None:
-            t.add_row(f"{tag}{r.tokens:,}", *[""] * 10, r.reason or "", _status(r.status))
+        if r.meta.status == RowStatus.INTERRUPTED or ev is None:
+            t.add_row(f"{tag}{r.tokens:,}", *[""] * 10, r.meta.reason or "", _status(r.meta.status))
             continue
         t.add_row(
             f"{tag}{r.tokens:,}",
@@ -133,7 +133,7 @@ def render_sweep(console: Console, pub: PublishedBundle) -> None:
             _yes(ev.hash_ok),
             _yes(ev.healthy),
             bar(ev.seconds, top_t, 10),
-            _status(r.status),
+            _status(r.meta.status),
         )
     console.print(t)
     s = d.summary
@@ -142,7 +142,7 @@ def render_sweep(console: Console, pub: PublishedBundle) -> None:
     console.print("fetch s, inst s: mean over ranks.  peak pool per rank against the whole-plan need (MiB):")
     top = max([r.restore.whole_plan_bytes if r.restore else 0 for _, r in rows] + [1])
     for _, r in rows:
-        if r.status != RowStatus.INTERRUPTED and (ev := r.restore) is not None:
+        if r.meta.status != RowStatus.INTERRUPTED and (ev := r.restore) is not None:
             console.print(f"  {r.tokens:>8,}  BSR   {bar(ev.peak_pool_bytes, top, 40)} {_mib(ev.peak_pool_bytes)}")
             console.print(f"  {'':>8}  whole {bar(ev.whole_plan_bytes, top, 40)} {_mib(ev.whole_plan_bytes)}")
     peaks = ", ".join(_mib(p) for p in s["peak_pool_bytes_per_rank"])
@@ -181,7 +181,7 @@ def render_ladder(console: Console, pub: PublishedBundle) -> None:
             _mib(r.passing.peak_pool_bytes if r.passing else None),
             atts,
             bar(r.whole_plan_bytes, top, 12),
-            _status(r.status) + (f" {r.reason}" if r.reason else ""),
+            _status(r.meta.status) + (f" {r.meta.reason}" if r.meta.reason else ""),
         )
     console.print(t)
     _footer(console, pub)
@@ -199,8 +199,8 @@ def render_wlaw(console: Console, pub: PublishedBundle) -> None:
     top = max((r.restore.peak_pool_bytes if r.restore else 0 for r in rows), default=1)
     for r in rows:
         ev = r.restore
-        if r.status == RowStatus.INTERRUPTED or ev is None:
-            t.add_row(str(r.W), *[""] * 6, r.reason or "", _status(r.status))
+        if r.meta.status == RowStatus.INTERRUPTED or ev is None:
+            t.add_row(str(r.W), *[""] * 6, r.meta.reason or "", _status(r.meta.status))
             continue
         t.add_row(
             str(r.W),
@@ -211,7 +211,7 @@ def render_wlaw(console: Console, pub: PublishedBundle) -> None:
             f"{ev.gbps:.2f}",
             _yes(ev.hash_ok),
             bar(ev.peak_pool_bytes, top, 20),
-            _status(r.status),
+            _status(r.meta.status),
         )
     console.print(t)
     s = d.summary
