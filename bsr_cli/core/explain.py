@@ -36,7 +36,9 @@ from bsr_cli.core import accounting
 from bsr_cli.core import events as ev
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.evidence import FailureKind, Outcome
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.registration import Registration
+from bsr_cli.core.status import EngineInfo, Health, MarkerView
 from bsr_cli.core.store_probe import Diagnosis, HolderState, KeyFormatValue, Liveness, StoreProbe
 from bsr_cli.errors import ServerError
 
@@ -367,19 +369,19 @@ def explain_engine(
     prompt: str,
     prompt_flags: str,
     registration: Registration,
-    probe: Mapping[str, Any] | None,
+    bitmap: HitBitmap | None,
     probe_error: str | None = None,
     n_tokens: int,
-    info: Mapping[str, Any],
-    health: Mapping[str, Any],
-    markers: Sequence[Mapping[str, Any]],
-    faults: Sequence[Mapping[str, Any]],
+    info: EngineInfo,
+    health: Health,
+    markers: Sequence[MarkerView],
+    faults: Sequence[FaultSpec],
     w: int | None,
     last_restore: FoldedRestore | None,
 ) -> Explanation:
-    """The verdict for a prompt on a live engine. Its inputs other than the last restore are the admin API's
-    answers as the client returns them (wire form)."""
-    bitmap = HitBitmap.from_dict(probe["bitmap"]) if probe is not None else None
+    """The verdict for a prompt on a live engine, from the admin API's typed answers: the probe's bitmap (None when
+    the probe could not run: ``probe_error`` says why), info, health, the markers (the prompt's own keyed by it) and
+    the armed faults, and the prompt's last restore."""
     findings = _unhealthy_ranks(health)
     findings += _window_fit(registration, info, w, bitmap, n_tokens, prompt_flags)
     findings += _markers(prompt, markers, bitmap)
@@ -397,7 +399,7 @@ def explain_engine(
         raise ServerError(f"the engine's probe failed and nothing else explains it: {probe_error}")
     findings.extend(_quarantined(bitmap, last_restore, prompt_flags))
     findings.extend(_unhealthy_tiers(health, bitmap))
-    if info.get("serves_restores") is False:
+    if info.host_fields.get("serves_restores") is False:
         findings = [_on_worker(f, prompt_flags) for f in findings]
     return _result(
         prompt,
@@ -405,27 +407,27 @@ def explain_engine(
         findings,
         last_restore,
         subject=Subject.ENGINE,
-        source=info.get("engine"),
+        source=info.engine,
         probe_error=probe_error,
         n_tokens=n_tokens,
         chunk_size=registration.chunk_size,
     )
 
 
-def _unhealthy_ranks(health: Mapping[str, Any]) -> list[Finding]:
+def _unhealthy_ranks(health: Health) -> list[Finding]:
     """A rank down, stopped or stuck: every restore fails closed until it is back."""
     findings: list[Finding] = []
-    bad_ranks = [r for r in health.get("ranks") or [] if not r.get("healthy", r.get("alive", True))]
+    bad_ranks = [r for r in health.ranks if not r.healthy]
     if bad_ranks:
         findings.append(
             _finding(
                 FindingKind.RANK_UNHEALTHY,
-                "; ".join(f"rank {r['rank']} {r.get('reason') or 'unhealthy'}" for r in bad_ranks)
+                "; ".join(f"rank {r.rank} {r.reason or 'unhealthy'}" for r in bad_ranks)
                 + ": every restore fails closed until it is back (the prefix is held, but no rank can install "
                 "without all of them)",
                 [
-                    f"health: rank {r['rank']} alive={r.get('alive')} healthy=False"
-                    + (f", heartbeat {r['heartbeat_age_s']} s ago" if r.get("heartbeat_age_s") is not None else "")
+                    f"health: rank {r.rank} alive={r.alive} healthy=False"
+                    + (f", heartbeat {r.heartbeat_age_s} s ago" if r.heartbeat_age_s is not None else "")
                     for r in bad_ranks
                 ],
                 "resume the stopped rank process (SIGCONT), or restart the engine",
@@ -437,7 +439,7 @@ def _unhealthy_ranks(health: Mapping[str, Any]) -> list[Finding]:
 
 def _window_fit(
     reg: Registration,
-    info: Mapping[str, Any],
+    info: EngineInfo,
     w: int | None,
     bitmap: HitBitmap | None,
     n_tokens: int,
@@ -445,9 +447,9 @@ def _window_fit(
 ) -> list[Finding]:
     """A window (W=0: the whole plan) that the budget B (the pool) can never admit."""
     findings: list[Finding] = []
-    window = int(info["W"] if w is None else w)
-    budget = int(info.get("budget_bytes") or 0)
-    pool = int(info.get("pool_bytes") or 0)
+    window = info.w if w is None else w
+    budget = info.budget_bytes
+    pool = info.pool_bytes
     slot = reg.bytes_per_chunk
     if window > 0:
         need = accounting.rws_bytes(reg, window)
@@ -479,17 +481,17 @@ def _window_fit(
     return findings
 
 
-def _markers(prompt: str, markers: Sequence[Mapping[str, Any]], bitmap: HitBitmap | None) -> list[Finding]:
+def _markers(prompt: str, markers: Sequence[MarkerView], bitmap: HitBitmap | None) -> list[Finding]:
     """This prompt's force-local marker: what the next admission does because of it."""
     findings: list[Finding] = []
-    mine = [m for m in markers if m.get("prompt") == prompt]
+    mine = [m for m in markers if m.prompt == prompt]
     exclude: list[str] = []
     for m in mine:
-        exclude = sorted(set(exclude) | set(m.get("excluded_tiers") or []))
+        exclude = sorted(set(exclude) | set(m.excluded_tiers))
     if mine:
         m = mine[0]
-        reason = str(m.get("reason") or "no reason recorded")
-        request = m.get("request")
+        reason = m.reason or "no reason recorded"
+        request = m.request
         when = f"set when restore {request} failed" if request else "set by a failed restore"
         if not exclude:
             # A marker that excludes no tier: a rank failed (install, synchronize), no tier is to blame, and the
@@ -530,17 +532,16 @@ def _markers(prompt: str, markers: Sequence[Mapping[str, Any]], bitmap: HitBitma
     return findings
 
 
-def _armed_faults(faults: Sequence[Mapping[str, Any]]) -> list[Finding]:
+def _armed_faults(faults: Sequence[FaultSpec]) -> list[Finding]:
     findings: list[Finding] = []
-    armed = [f for f in faults if not f.get("exhausted")]
+    armed = [f for f in faults if not f.exhausted()]
     if armed:
         findings.append(
             _finding(
                 FindingKind.FAULT_ARMED,
                 f"{len(armed)} injected fault(s) armed: the next restore fails on purpose",
                 [
-                    f"fault #{f.get('id')} {f.get('kind')} on "
-                    + (f"rank {f['rank']}" if f.get("rank") is not None else "every rank")
+                    f"fault #{f.id} {f.kind} on " + (f"rank {f.rank}" if f.rank is not None else "every rank")
                     for f in armed
                 ],
                 "clear the faults when the drill is over",
@@ -550,16 +551,16 @@ def _armed_faults(faults: Sequence[Mapping[str, Any]]) -> list[Finding]:
     return findings
 
 
-def _unhealthy_tiers(health: Mapping[str, Any], bitmap: HitBitmap | None) -> list[Finding]:
+def _unhealthy_tiers(health: Health, bitmap: HitBitmap | None) -> list[Finding]:
     """Unhealthy tiers: the verdict (``blocks``) when every tier holding the whole prompt is one of them."""
     findings: list[Finding] = []
-    degraded = {t: h for t, h in (health.get("tiers") or {}).items() if not h.get("ok", True)}
+    degraded = {t: h for t, h in health.tiers.items() if not h.ok}
     full = [t for t in bitmap.tiers if bitmap.tier_prefix_chunks(t) >= bitmap.chunks] if bitmap is not None else []
     for t, h in degraded.items():
         finding = _finding(
             FindingKind.TIER_UNHEALTHY,
             f"tier {t} is unhealthy: a restore from it may fail closed and set a marker",
-            [f"tier {t}: {'; '.join(h.get('detail') or []) or 'unhealthy'}"],
+            [f"tier {t}: {'; '.join(h.detail) or 'unhealthy'}"],
             "see `bsr status`; a lower tier or recompute serves meanwhile",
             "bsr status",
         )
@@ -891,9 +892,7 @@ def _failure_line(f: ev.Failure) -> str:
     return f"failed: {where}: {f.reason or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
 
 
-def explain_request(
-    events: Sequence[ev.Event], *, health: Mapping[str, Any], markers: Sequence[Mapping[str, Any]]
-) -> Explanation:
+def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequence[MarkerView]) -> Explanation:
     """How one request ended and why: its restore per rank and window, the failure's kind (the failure taxonomy:
     tier, rank, capacity, aborted), the marker it left, and what to do. ``health`` and ``markers`` are the admin
     API's answers (wire form)."""
@@ -913,7 +912,7 @@ def explain_request(
     if kind is None and outcome is Outcome.FAILED_CLOSED:
         kind = FailureKind.TIER
     evidence.extend(_failure_line(f) for f in fails)
-    marker = next((m for m in markers if prompt and m.get("prompt") == prompt), None)
+    marker = next((m for m in markers if prompt and m.prompt == prompt), None)
     verdict, summary, fix, nxt = _request_verdict(req, restore, kind, fails, marker, finished, health)
     return Explanation(
         subject=Subject.REQUEST,
@@ -933,9 +932,9 @@ def _request_verdict(
     restore: FoldedRestore | None,
     kind: FailureKind | None,
     fails: Sequence[ev.Failure],
-    marker: Mapping[str, Any] | None,
+    marker: MarkerView | None,
     finished: ev.RequestFinished | None,
-    health: Mapping[str, Any],
+    health: Health,
 ) -> tuple[FindingKind, str, str, str]:
     """How the request ended, as (verdict, summary, fix, next command): the failure taxonomy's kind decides whom
     it blames."""
@@ -972,11 +971,11 @@ def _request_verdict(
         nxt = "bsr status"
     elif outcome is Outcome.FAILED_CLOSED and kind is FailureKind.RANK:
         ranks = sorted({f.rank for f in fails if f.kind is FailureKind.RANK and f.rank is not None})
-        bad = [r for r in health.get("ranks") or [] if not r.get("healthy", True)]
+        bad = [r for r in health.ranks if not r.healthy]
         who = f"rank {', '.join(map(str, ranks))}" if ranks else "a rank"
         verdict = FindingKind.RESTORE_FAILED_RANK
         summary = f"failed closed because {who} stopped making progress (no tier is blamed, no marker)" + (
-            f"; still unhealthy: {bad[0].get('reason')}" if bad and bad[0].get("reason") else ""
+            f"; still unhealthy: {bad[0].reason}" if bad and bad[0].reason else ""
         )
         fix, nxt = "resume or restart the rank; then retry", "bsr status"
     elif outcome is Outcome.FAILED_CLOSED:
@@ -984,9 +983,7 @@ def _request_verdict(
         verdict = FindingKind.RESTORE_FAILED_TIER
         which = f"tier {', '.join(tiers)}" if tiers else "a tier"
         summary = f"failed closed because {which} failed: nothing was committed" + (
-            f"; a force-local marker now excludes {', '.join(marker['excluded_tiers'])} for this prompt"
-            if marker
-            else ""
+            f"; a force-local marker now excludes {', '.join(marker.excluded_tiers)} for this prompt" if marker else ""
         )
         fix = "fix the tier (`bsr status`); the next admission of the prompt uses a lower tier or recomputes"
         nxt = "bsr markers list" if marker else "bsr status"

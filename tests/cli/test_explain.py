@@ -185,7 +185,9 @@ def test_request_verdicts_committed_capacity_admitted_aborted(bsr: Any, engine: 
 
 def test_an_unhealthy_tier_is_the_verdict_only_when_it_is_the_only_full_holder() -> None:
     """Pure: the same probe, with the only tier that holds the prompt unhealthy, and with a healthy copy elsewhere."""
+    from bsr_cli.core.bitmap import HitBitmap
     from bsr_cli.core.explain import FindingKind, explain_engine
+    from bsr_cli.core.status import EngineInfo, Health
     from bsr_cli.loaders import builtin_registration
 
     reg = builtin_registration("demo")
@@ -199,14 +201,18 @@ def test_an_unhealthy_tier_is_the_verdict_only_when_it_is_the_only_full_holder()
         "groups": list(reg.group_names),
         "rows": rows,
     }
-    info = {"W": 4, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "t"}
-    health = {"ranks": [], "tiers": {"mooncake": {"ok": False, "detail": ["holder gone"]}, "fs": {"ok": True}}}
+    info = EngineInfo.from_wire(
+        {"W": 4, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "t"}
+    )
+    health = Health.from_wire(
+        {"ranks": [], "tiers": {"mooncake": {"ok": False, "detail": ["holder gone"]}, "fs": {"ok": True}}}
+    )
     kw = dict(prompt="p", prompt_flags="--synthetic 1", registration=reg, n_tokens=n, info=info)
     kw |= dict(markers=[], faults=[], w=None, last_restore=None)
-    d = explain_engine(probe={"bitmap": bitmap}, health=health, **kw)  # type: ignore[arg-type]
+    d = explain_engine(bitmap=HitBitmap.from_dict(bitmap), health=health, **kw)  # type: ignore[arg-type]
     assert d.verdict is FindingKind.TIER_UNHEALTHY and not d.reusable
     both = [{"rank": r, "group": g, "cells": "3333"} for r in range(2) for g in reg.group_names]  # and fs
-    d = explain_engine(probe={"bitmap": bitmap | {"rows": both}}, health=health, **kw)  # type: ignore[arg-type]
+    d = explain_engine(bitmap=HitBitmap.from_dict(bitmap | {"rows": both}), health=health, **kw)  # type: ignore[arg-type]
     assert d.verdict is FindingKind.RESTORABLE
     assert [f.kind for f in d.findings] == [FindingKind.RESTORABLE, FindingKind.TIER_UNHEALTHY]
 

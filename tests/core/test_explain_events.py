@@ -12,6 +12,7 @@ from bsr_cli.cli.commands.incident import TimelineFailure, WindowStep, timeline
 from bsr_cli.core import events as ev
 from bsr_cli.core.evidence import FailureKind, Stage
 from bsr_cli.core.explain import FindingKind, explain_request, fold_restore
+from bsr_cli.core.status import Health
 
 REQ = "req-00007"
 
@@ -70,7 +71,7 @@ CASES = [
 @pytest.mark.parametrize(("ended", "verdict", "state"), CASES, ids=[c[1] + "-" + c[2] for c in CASES])
 def test_every_ending_folds_into_its_verdict_and_timeline(ended: ev.Event, verdict: str, state: str) -> None:
     events = _restore(ended)
-    d = explain_request(events, health={"ranks": []}, markers=[])
+    d = explain_request(events, health=Health(ranks=(), tiers={}), markers=[])
     assert d.verdict is FindingKind(verdict) and d.request == REQ and d.prompt == "abc"
     last = fold_restore(events)
     assert last is not None and {r.rank: r.windows_released for r in last.ranks} == {0: 3, 1: 1}
@@ -94,7 +95,7 @@ def test_a_failure_names_its_stage_and_tier_and_a_ranks_part_shows_in_the_timeli
         failure_kind=FailureKind.TIER,
     )
     events = _restore(failed, closed)
-    d = explain_request(events, health={"ranks": []}, markers=[])
+    d = explain_request(events, health=Health(ranks=(), tiers={}), markers=[])
     line = d.findings[0].evidence[-1]
     assert line == "failed: rank 1 window G2: it broke (kind tier, stage verify, tier mooncake)"
     assert "tier mooncake failed" in d.summary

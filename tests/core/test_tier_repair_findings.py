@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from bsr_cli.core import events as ev
+from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.explain import Explanation, FindingKind, FoldedRestore, explain_engine, fold_restore
+from bsr_cli.core.status import EngineInfo, Health
 from bsr_cli.loaders import builtin_registration
 
 
@@ -18,15 +20,17 @@ def _explain(cells: str, last: FoldedRestore | None) -> Explanation:
         "groups": list(reg.group_names),
         "rows": [{"rank": r, "group": g, "cells": cells} for r in range(2) for g in reg.group_names],
     }
-    info = {"W": 4, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "t"}
+    info = EngineInfo.from_wire(
+        {"W": 4, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "t"}
+    )
     return explain_engine(
         prompt="p",
         prompt_flags="--synthetic 1024",
         registration=reg,
-        probe={"bitmap": bitmap},
+        bitmap=HitBitmap.from_dict(bitmap),
         n_tokens=n,
         info=info,
-        health={"ranks": [], "tiers": {"fs": {"ok": True}}},
+        health=Health.from_wire({"ranks": [], "tiers": {"fs": {"ok": True}}}),
         markers=[],
         faults=[],
         w=None,

@@ -230,7 +230,9 @@ def test_a_checksum_failure_blames_the_tier_at_verify_and_names_the_chunk() -> N
 def test_explain_against_a_worker_reads_full_chunks_and_suggests_only_what_it_serves() -> None:
     """A vLLM worker serves no restores, submits, settings changes or marker clearing: every suggested next command
     is one it serves; the tail that does not fill a chunk is said to be always computed, not blamed on a store."""
+    from bsr_cli.core.bitmap import HitBitmap
     from bsr_cli.core.explain import FindingKind, explain_engine
+    from bsr_cli.core.status import EngineInfo, Health, MarkerView
     from bsr_cli.loaders import builtin_registration
 
     reg = builtin_registration("demo")
@@ -239,18 +241,20 @@ def test_explain_against_a_worker_reads_full_chunks_and_suggests_only_what_it_se
     bitmap = {"tokens": 4 * cs, "chunk_size": cs, "tiers": ["fs"], "ranks": 2, "groups": list(reg.group_names)}
     info = {"W": 2, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "w"}
     kw: dict = dict(prompt="p", prompt_flags="--tokens-file t.json", registration=reg, n_tokens=4 * cs + 9)
-    kw |= dict(health={"ranks": [], "tiers": {}}, faults=[], w=None, last_restore=None)
+    kw |= dict(health=Health(ranks=(), tiers={}), faults=[], w=None, last_restore=None)
     marker = {"prompt": "p", "excluded_tiers": ["fs"], "reason": "load failed", "request": "q1"}
     for served in (True, False):
-        inf = info | ({} if served else {"serves_restores": False})
-        d = explain_engine(probe={"bitmap": bitmap | {"rows": rows}}, info=inf, markers=[], **kw)
+        inf = EngineInfo.from_wire(info | ({} if served else {"serves_restores": False}))
+        d = explain_engine(bitmap=HitBitmap.from_dict(bitmap | {"rows": rows}), info=inf, markers=[], **kw)
         assert d.verdict is FindingKind.RESTORABLE and any("last 9 token(s)" in e for e in d.findings[0].evidence)
         assert d.next.startswith("bsr restore") if served else d.next == "bsr status"
         holes = [x | {"cells": "1100"} for x in rows]
-        d = explain_engine(probe={"bitmap": bitmap | {"rows": holes}}, info=inf, markers=[], **kw)
+        d = explain_engine(bitmap=HitBitmap.from_dict(bitmap | {"rows": holes}), info=inf, markers=[], **kw)
         assert d.verdict is FindingKind.PARTIAL
         assert d.next.startswith("bsr submit") if served else d.next == "bsr probe --tokens-file t.json"
-        d = explain_engine(probe={"bitmap": bitmap | {"rows": rows}}, info=inf, markers=[marker], **kw)
+        d = explain_engine(
+            bitmap=HitBitmap.from_dict(bitmap | {"rows": rows}), info=inf, markers=[MarkerView.from_wire(marker)], **kw
+        )
         assert d.verdict is FindingKind.FORCE_LOCAL_MARKER
         assert d.next.startswith("bsr markers clear") if served else d.next == "bsr markers list"
 

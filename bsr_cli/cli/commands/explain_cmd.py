@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,6 +16,7 @@ from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.errors import EngineError, InvalidInput
 
 if TYPE_CHECKING:
+    from bsr_cli.core.bitmap import HitBitmap
     from bsr_cli.core.explain import Explanation
 
 
@@ -114,23 +115,23 @@ def _explain_prompt(
     from bsr_cli.prompts import prompt_body
 
     with AdminClient.from_settings(st.settings) as client:
-        info = client.info().to_wire()
-        tokenizer = info.get("tokenizer") if prompt_file is not None else None
+        info = client.info()
+        tokenizer = info.tokenizer if prompt_file is not None else None
         body = prompt_body(tokens_file, prompt_file, synthetic, seed, tokenizer)
         tokens = body["tokens"] if "tokens" in body else synthetic_tokens(body["synthetic"]["n"], seed)
         prompt = prompt_hash(tokens)
-        health = client.health().to_wire()
+        health = client.health()
         registration = Registration.from_dict(client.registration())
-        probe: dict[str, Any] | None = None
+        bitmap: HitBitmap | None = None
         probe_error = None
         try:
-            probe = client.probe(body).to_wire()  # explain reads the probe's wire form
+            bitmap = client.probe(body).bitmap
         except EngineError as e:
-            if not [r for r in health.get("ranks") or [] if not r.get("healthy", True)]:
+            if health.ok:
                 raise
             probe_error = e.message  # a rank is down: the probe cannot run, the verdict says why
-        markers = [m.to_wire() for m in client.markers()]
-        faults = client.faults().to_wire().get("faults", [])
+        markers = client.markers()
+        faults = client.faults().faults
         # The prompt's last restore, from the engine's event store: its start, then every event of that request.
         starts = (EventKind.RESTORE_STARTED.value, EventKind.REQUEST_ADMITTED.value)
         found = client.events(prompt=prompt, kinds=starts, limit=1, newest=True).get("events") or []
@@ -138,15 +139,21 @@ def _explain_prompt(
             # A vLLM worker's loads stand for a prefix of the prompt (their key hashes the first prefix_tokens
             # tokens): look among the recent starts for one this prompt begins with.
             recent = client.events(kinds=starts, limit=500, newest=True).get("events") or []
-            found = [e for e in recent if _covers(e, tokens, prompt)]
+            found = [e for e in recent if _covers(e.get("prompt"), e.get("prefix_tokens"), tokens, prompt)]
         last_events = client.held_events(0, request=str(found[-1]["request"]))[0] if found else []
-    markers = [dict(m, prompt=prompt) if _covers(m, tokens, prompt) else m for m in markers]
+    # A vLLM worker's marker stands for a prefix: one this prompt starts with is this prompt's marker.
+    markers = [
+        dataclasses.replace(m, prompt=prompt)
+        if _covers(m.prompt, m.host_fields.get("prefix_tokens"), tokens, prompt)
+        else m
+        for m in markers
+    ]
     last = fold_restore(typed_events(last_events)) if last_events else None
     result = explain_engine(
         prompt=prompt,
         prompt_flags=flags,
         registration=registration,
-        probe=probe,
+        bitmap=bitmap,
         probe_error=probe_error,
         n_tokens=len(tokens),
         info=info,
@@ -159,15 +166,16 @@ def _explain_prompt(
     return dataclasses.replace(result, url=client.url)
 
 
-def _covers(entry: dict[str, Any], tokens: list[int], prompt: str) -> bool:
-    """Whether a marker or a restore stands for this prompt: keyed by the whole prompt, or (a vLLM worker's, which
-    stand for a prefix: any prompt starting with it) by the hash of its first ``prefix_tokens`` tokens."""
+def _covers(key: object, prefix_tokens: object, tokens: list[int], prompt: str) -> bool:
+    """Whether a marker or a restore keyed by ``key`` stands for this prompt: keyed by the whole prompt, or (a vLLM
+    worker's, which stand for a prefix: any prompt starting with it) by the hash of its first ``prefix_tokens``
+    tokens."""
     from bsr_cli.core.keys import prompt_hash
 
-    if entry.get("prompt") == prompt:
+    if key == prompt:
         return True
-    n = entry.get("prefix_tokens")
-    return isinstance(n, int) and 0 < n <= len(tokens) and prompt_hash(tokens[:n]) == entry.get("prompt")
+    n = prefix_tokens
+    return isinstance(n, int) and 0 < n <= len(tokens) and prompt_hash(tokens[:n]) == key
 
 
 def _explain_request(st: AppState, request: str) -> Explanation:
@@ -176,8 +184,8 @@ def _explain_request(st: AppState, request: str) -> Explanation:
 
     with AdminClient.from_settings(st.settings) as client:
         events, _ = client.held_events(0, request=request)
-        health = client.health().to_wire()
-        markers = [m.to_wire() for m in client.markers()]
+        health = client.health()
+        markers = client.markers()
     mine = typed_events(events)
     if not mine:
         raise InvalidInput(
