@@ -28,6 +28,17 @@ class Marker:
             "set_at": self.set_at,
         }
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Marker:
+        """A marker as ``to_dict`` wrote it (a submit's answer carries it)."""
+        return cls(
+            prompt=str(d["prompt"]),
+            excluded=set(d.get("excluded_tiers") or ()),
+            reason=str(d.get("reason") or ""),
+            request=str(d.get("request") or ""),
+            set_at=float(d.get("set_at") or 0.0),
+        )
+
 
 class ScopeKind(StrEnum):
     """What an operator's `bsr markers clear` removes."""

@@ -35,17 +35,6 @@ def _tier_errors(value: Any) -> TierErrors:
     return {str(rank): {str(t): str(e) for t, e in per.items()} for rank, per in (value or {}).items()}
 
 
-def marker_from_wire(d: dict[str, Any]) -> Marker:
-    """A force-local marker as ``Marker.to_dict`` wrote it."""
-    return Marker(
-        prompt=str(d["prompt"]),
-        excluded=set(d.get("excluded_tiers") or ()),
-        reason=str(d.get("reason") or ""),
-        request=str(d.get("request") or ""),
-        set_at=float(d.get("set_at") or 0.0),
-    )
-
-
 # -- the probe -------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProbeResult:
@@ -358,7 +347,7 @@ class ManualRestoreResult:
             lookup=lookup,
             report=None if nothing else RestoreReport.from_wire(d),
             hashes=hashes,
-            marker=marker_from_wire(d["marker"]) if d.get("marker") else None,
+            marker=Marker.from_dict(d["marker"]) if d.get("marker") else None,
             hash_note=d.get("hash_note") if d.get("hash") == HASH_NOT_APPLICABLE else None,
         )
 
@@ -488,7 +477,7 @@ class SubmitResult:
             source=str(d["source"]),
             passes=tuple(AdmissionPass.from_wire(p) for p in d.get("passes") or ()),
             marker_history=tuple(
-                MarkerStep(int(h["pass"]), marker_from_wire(h["marker"])) for h in force_local.get("history") or ()
+                MarkerStep(int(h["pass"]), Marker.from_dict(h["marker"])) for h in force_local.get("history") or ()
             ),
             marker_cleared=bool(force_local.get("cleared")),
             stored=StoreReport.from_wire(d["stored"]) if d.get("stored") else None,
@@ -530,5 +519,4 @@ __all__ = [
     "RestoreReport",
     "StoreReport",
     "SubmitResult",
-    "marker_from_wire",
 ]
