@@ -11,14 +11,17 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, HitBitmap
 from bsr_cli.core.events import Failure
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.registration import Registration
+from bsr_cli.core.status import MarkerView
 
 # What a host says instead of a canonical hash when the restored KV is real model data it did not compute (the
 # LMCache host): the output hash is then only a checksum of the installed bytes.
@@ -27,52 +30,25 @@ HASH_NOT_APPLICABLE = "not applicable"
 TierErrors = dict[str, dict[str, str]]  # per rank ("rank0"), per tier that could not answer, why
 
 
-def _enum_or_none(value: Any) -> str | None:
-    return value.value if value is not None else None
-
-
-def _tier_errors(value: Any) -> TierErrors:
-    return {str(rank): {str(t): str(e) for t, e in per.items()} for rank, per in (value or {}).items()}
-
-
 # -- the probe -------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProbeResult:
     """The probe-only lookup of a prompt: the hit bitmap, the committable prefix without the excluded tiers, where
     it breaks, the tiers that could not answer and the standing markers."""
 
     bitmap: HitBitmap
-    registration: Registration
+    registration: Registration = wire.field(name="registration_spec")
     committable_chunks: int
     committable_tokens: int
     first_break: Break | None
     tier_errors: TierErrors
-    # The markers as the engine lists them (a vLLM worker adds its scheduler's fields): passed through unread.
-    markers: tuple[dict[str, Any], ...]
+    # The markers as the engine lists them, with what a host adds to each (a vLLM worker: its scheduler's fields).
+    markers: tuple[MarkerView, ...]
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "kind": "bsr.probe",
-            "bitmap": self.bitmap.to_dict(),
-            "registration_spec": self.registration.to_dict(),
-            "committable_chunks": self.committable_chunks,
-            "committable_tokens": self.committable_tokens,
-            "first_break": self.first_break.to_dict() if self.first_break else None,
-            "tier_errors": self.tier_errors,
-            "markers": list(self.markers),
-        }
+        return {"kind": "bsr.probe"} | wire.write(self)  # the bitmap's own kind, repeated first for a reader
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ProbeResult:
-        return cls(
-            bitmap=HitBitmap.from_dict(d["bitmap"]),
-            registration=Registration.from_dict(d["registration_spec"], source="probe"),
-            committable_chunks=int(d["committable_chunks"]),
-            committable_tokens=int(d["committable_tokens"]),
-            first_break=Break.from_wire(d.get("first_break")),
-            tier_errors=_tier_errors(d.get("tier_errors")),
-            markers=tuple(dict(m) for m in d.get("markers") or ()),
-        )
+    from_wire = wire.reader()
 
 
 # -- one windowed restore --------------------------------------------------------------------------------------------
@@ -83,8 +59,12 @@ class InvalidCell:
     rank: int
     group: str
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"rank": self.rank, "group": self.group}
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+# A rank writes an absent failure kind, stage or cause as "" (not null), and a reader takes "" for absent.
+_EMPTY_WHEN_NONE = ("kind", "stage", "cause")
 
 
 @dataclass(frozen=True)
@@ -109,54 +89,20 @@ class RankRestore:
     cause: CapacityCause | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "ok": self.ok,
-            "valid": dict(self.valid),
-            "windows_done": self.windows_done,
-            "bytes_restored": self.bytes_restored,
-            "seconds": self.seconds,
-            "reason": self.reason,
-            "failed_window": self.failed_window,
-            "fired_faults": list(self.fired_faults),
-            "fetch_seconds": self.fetch_seconds,
-            "install_seconds": self.install_seconds,
-            "peak_live_bytes": self.peak_live_bytes,
-            "kind": self.kind.value if self.kind else "",
-            "tier": self.tier,
-            "stage": self.stage.value if self.stage else "",
-            "cause": self.cause.value if self.cause else "",
-        }
+        return wire.write(self) | {key: "" for key in _EMPTY_WHEN_NONE if getattr(self, key) is None}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> RankRestore:
-        return cls(
-            rank=int(d["rank"]),
-            ok=bool(d["ok"]),
-            valid={str(g): bool(v) for g, v in (d.get("valid") or {}).items()},
-            windows_done=d.get("windows_done", 0),
-            bytes_restored=d.get("bytes_restored", 0),
-            seconds=d.get("seconds", 0.0),
-            reason=str(d.get("reason") or ""),
-            failed_window=d.get("failed_window"),
-            fired_faults=tuple(d.get("fired_faults") or ()),
-            fetch_seconds=d.get("fetch_seconds", 0.0),
-            install_seconds=d.get("install_seconds", 0.0),
-            peak_live_bytes=d.get("peak_live_bytes", 0),
-            kind=FailureKind(d["kind"]) if d.get("kind") else None,
-            tier=d.get("tier"),
-            stage=Stage(d["stage"]) if d.get("stage") else None,
-            cause=CapacityCause(d["cause"]) if d.get("cause") else None,
-        )
+        return wire.read(cls, d | {key: None for key in _EMPTY_WHEN_NONE if not d.get(key)})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RestoreReport:
     """One windowed restore of a prompt's external prefix across every rank, decided by the commit rule: what was
     advertised and committed, the failures classified and blamed by stage, each rank's part, the bounds."""
 
     request: str
-    w: int
+    w: int = wire.field(name="W")
     tiers: tuple[str, ...]  # the tiers it restored from
     advertised_tokens: int
     committed_tokens: int
@@ -169,86 +115,40 @@ class RestoreReport:
     blamed_ranks: tuple[int, ...]
     hint: str | None
     windows: int
-    ranks: tuple[RankRestore, ...]
     chunks: int = 0
     seconds: float = 0.0
     bytes: int = 0
     gbps: float = 0.0
+    ranks: tuple[RankRestore, ...]
     rws_bytes: int | None = None
     whole_plan_bytes: int = 0
     fired_faults: tuple[int, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "request": self.request,
-            "W": self.w,
-            "tiers": list(self.tiers),
-            "advertised_tokens": self.advertised_tokens,
-            "committed_tokens": self.committed_tokens,
-            "outcome": self.outcome.value,
-            "invalid": [c.to_wire() for c in self.invalid],
-            "failures": [f.to_wire() for f in self.failures],
-            "failure_kind": _enum_or_none(self.failure_kind),
-            "failure_stage": _enum_or_none(self.failure_stage),
-            "blamed_tiers": list(self.blamed_tiers),
-            "blamed_ranks": list(self.blamed_ranks),
-            "hint": self.hint,
-            "windows": self.windows,
-            "chunks": self.chunks,
-            "seconds": self.seconds,
-            "bytes": self.bytes,
-            "gbps": self.gbps,
-            "ranks": [r.to_wire() for r in self.ranks],
-            "rws_bytes": self.rws_bytes,
-            "whole_plan_bytes": self.whole_plan_bytes,
-            "fired_faults": list(self.fired_faults),
-        }
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     def unstarted_wire(self) -> dict[str, Any]:
         """The wire form of a restore that never started (a rank stopped answering the probe): its failure and
         the empty amounts, in the order that answer has always had."""
-        return {
-            "outcome": self.outcome.value,
-            "advertised_tokens": self.advertised_tokens,
-            "committed_tokens": self.committed_tokens,
-            "failures": [f.to_wire() for f in self.failures],
-            "failure_kind": _enum_or_none(self.failure_kind),
-            "failure_stage": _enum_or_none(self.failure_stage),
-            "blamed_tiers": list(self.blamed_tiers),
-            "blamed_ranks": list(self.blamed_ranks),
-            "invalid": [c.to_wire() for c in self.invalid],
-            "tiers": list(self.tiers),
-            "ranks": [r.to_wire() for r in self.ranks],
-            "windows": self.windows,
-            "hint": self.hint,
-        }
+        written = wire.write(self)
+        return {key: written[key] for key in _UNSTARTED_KEYS}
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RestoreReport:
-        return cls(
-            request=str(d["request"]),
-            w=int(d["W"]),
-            tiers=tuple(d.get("tiers") or ()),
-            advertised_tokens=int(d.get("advertised_tokens") or 0),
-            committed_tokens=int(d.get("committed_tokens") or 0),
-            outcome=Outcome(d["outcome"]),
-            invalid=tuple(InvalidCell(int(x["rank"]), str(x["group"])) for x in d.get("invalid") or ()),
-            failures=tuple(Failure.from_wire(f) for f in d.get("failures") or ()),
-            failure_kind=FailureKind(d["failure_kind"]) if d.get("failure_kind") else None,
-            failure_stage=Stage(d["failure_stage"]) if d.get("failure_stage") else None,
-            blamed_tiers=tuple(d.get("blamed_tiers") or ()),
-            blamed_ranks=tuple(d.get("blamed_ranks") or ()),
-            hint=d.get("hint"),
-            windows=int(d.get("windows") or 0),
-            ranks=tuple(RankRestore.from_wire(r) for r in d.get("ranks") or ()),
-            chunks=int(d.get("chunks") or 0),
-            seconds=d.get("seconds", 0.0),
-            bytes=int(d.get("bytes") or 0),
-            gbps=d.get("gbps", 0.0),
-            rws_bytes=d.get("rws_bytes"),
-            whole_plan_bytes=int(d.get("whole_plan_bytes") or 0),
-            fired_faults=tuple(d.get("fired_faults") or ()),
-        )
+
+_UNSTARTED_KEYS = (
+    "outcome",
+    "advertised_tokens",
+    "committed_tokens",
+    "failures",
+    "failure_kind",
+    "failure_stage",
+    "blamed_tiers",
+    "blamed_ranks",
+    "invalid",
+    "tiers",
+    "ranks",
+    "windows",
+    "hint",
+)
 
 
 # -- a manual restore ------------------------------------------------------------------------------------------------
@@ -260,12 +160,8 @@ class PrefixLookup:
     first_break: Break | None
     bitmap: HitBitmap
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "tier_errors": self.tier_errors,
-            "first_break": self.first_break.to_dict() if self.first_break else None,
-            "bitmap": self.bitmap.to_dict(),
-        }
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -281,7 +177,10 @@ class OutputHashes:
 class ManualRestoreResult:
     """A manual windowed restore (``bsr restore``): the probe it started from, the restore's report (None: nothing
     to restore), the hashes of a committed restore, the marker a failed one set, and the host's note when a
-    canonical hash does not apply (``hash_note``)."""
+    canonical hash does not apply (``hash_note``).
+
+    Its JSON is one flat object whose keys depend on how far the restore got (no probe, nothing to restore, a
+    report, hashes checked or not), so its two wire methods are written out around its parts' own."""
 
     request: str
     prompt: str
@@ -328,13 +227,6 @@ class ManualRestoreResult:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> ManualRestoreResult:
-        lookup = None
-        if "bitmap" in d:
-            lookup = PrefixLookup(
-                tier_errors=_tier_errors(d.get("tier_errors")),
-                first_break=Break.from_wire(d.get("first_break")),
-                bitmap=HitBitmap.from_dict(d["bitmap"]),
-            )
         nothing = d.get("outcome") == Outcome.NOTHING_TO_RESTORE
         hashes = None
         if d.get("output_hash") is not None:
@@ -344,7 +236,7 @@ class ManualRestoreResult:
             prompt=str(d["prompt"]),
             tokens=int(d["tokens"]),
             w=int(d["W"]),
-            lookup=lookup,
+            lookup=PrefixLookup.from_wire(d) if "bitmap" in d else None,
             report=None if nothing else RestoreReport.from_wire(d),
             hashes=hashes,
             marker=Marker.from_dict(d["marker"]) if d.get("marker") else None,
@@ -352,55 +244,40 @@ class ManualRestoreResult:
         )
 
 
-def _not_applicable(note: str, output_hash: str) -> dict[str, Any]:
+def _not_applicable(note: str, output_hash: str) -> dict[str, str]:
     return {"hash": HASH_NOT_APPLICABLE, "hash_note": note, "kv_checksum": output_hash}
 
 
 # -- a submitted prompt ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AdmissionPass:
     """One admission pass of a submitted prompt: the tiers it excluded, the external prefix it found, and the
     restore of that prefix (None: nothing external, computed locally)."""
 
-    pass_no: int
+    pass_no: int = wire.field(name="pass")
     excluded_tiers: tuple[str, ...]
     external_tokens: int
     tier_errors: TierErrors
-    restore: RestoreReport | None = None
+    restore: RestoreReport | None = wire.field(omit_none=True, default=None)  # None: nothing external
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "pass": self.pass_no,
-            "excluded_tiers": list(self.excluded_tiers),
-            "external_tokens": self.external_tokens,
-            "tier_errors": self.tier_errors,
-        }
-        if self.restore is not None:
-            out["restore"] = self.restore.to_wire()
-            if not self.restore.committed_tokens:
-                out["failure_kind"] = _enum_or_none(self.restore.failure_kind)
+        out = wire.write(self)
+        if self.restore is not None and not self.restore.committed_tokens:  # why this pass's restore failed
+            out["failure_kind"] = wire.value_to_wire(self.restore.failure_kind)
         return out
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> AdmissionPass:
-        return cls(
-            pass_no=int(d["pass"]),
-            excluded_tiers=tuple(d.get("excluded_tiers") or ()),
-            external_tokens=int(d.get("external_tokens") or 0),
-            tier_errors=_tier_errors(d.get("tier_errors")),
-            restore=RestoreReport.from_wire(d["restore"]) if d.get("restore") else None,
-        )
+    from_wire = wire.reader()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MarkerStep:
     """A force-local marker as it stood at an admission pass (0: before the first)."""
 
-    pass_no: int
+    pass_no: int = wire.field(name="pass")
     marker: Marker
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"pass": self.pass_no, "marker": self.marker.to_dict()}
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -408,28 +285,24 @@ class StoreReport:
     """What storing the chunks each tier lacked wrote, per rank ("rank0") and tier, and which tiers refused."""
 
     objects: dict[str, dict[str, int]]
-    errors: dict[str, dict[str, str]]
+    errors: TierErrors
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"objects": self.objects, "errors": self.errors}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> StoreReport:
-        return cls(
-            objects={str(r): {str(t): int(n) for t, n in per.items()} for r, per in (d.get("objects") or {}).items()},
-            errors=_tier_errors(d.get("errors")),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SubmitResult:
     """A prompt admitted as the scheduler would: its passes, the external prefix committed and where it came from,
-    what was computed locally, the marker's history, what was stored, the output hash."""
+    what was computed locally, the marker's history, what was stored, the output hash.
+
+    Its JSON nests the marker's history under ``force_local``, writes no store as ``{}`` and adds the host's
+    note only when there is one, so its two wire methods are written out around the codec's fields."""
 
     request: str
     prompt: str
     tokens: int
-    w: int
+    w: int = wire.field(name="W")
     external_tokens: int
     computed_tokens: int
     source: str  # the tiers the committed prefix came from ("fs+mooncake"), or "recompute"
@@ -444,22 +317,11 @@ class SubmitResult:
     hash_note: str | None = None  # the host's: why no canonical hash applies
 
     def to_wire(self) -> dict[str, Any]:
-        out = {
-            "request": self.request,
-            "prompt": self.prompt,
-            "tokens": self.tokens,
-            "W": self.w,
-            "external_tokens": self.external_tokens,
-            "computed_tokens": self.computed_tokens,
-            "source": self.source,
-            "passes": [p.to_wire() for p in self.passes],
-            "force_local": {"history": [h.to_wire() for h in self.marker_history], "cleared": self.marker_cleared},
-            "stored": self.stored.to_wire() if self.stored is not None else {},
-            "output_hash": self.output_hash,
-            "canonical_hash": self.canonical_hash,
-            "hash_ok": self.hash_ok,
-            "seconds": self.seconds,
-        }
+        fields = wire.write(self)
+        out = {key: fields[key] for key in _SUBMIT_HEAD}
+        out["force_local"] = {"history": fields["marker_history"], "cleared": fields["marker_cleared"]}
+        out["stored"] = fields["stored"] if self.stored is not None else {}
+        out |= {key: fields[key] for key in _SUBMIT_TAIL}
         if self.hash_note is not None:
             out |= _not_applicable(self.hash_note, self.output_hash)
         return out
@@ -467,26 +329,17 @@ class SubmitResult:
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> SubmitResult:
         force_local = d.get("force_local") or {}
-        return cls(
-            request=str(d["request"]),
-            prompt=str(d["prompt"]),
-            tokens=int(d["tokens"]),
-            w=int(d["W"]),
-            external_tokens=int(d["external_tokens"]),
-            computed_tokens=int(d["computed_tokens"]),
-            source=str(d["source"]),
-            passes=tuple(AdmissionPass.from_wire(p) for p in d.get("passes") or ()),
-            marker_history=tuple(
-                MarkerStep(int(h["pass"]), Marker.from_dict(h["marker"])) for h in force_local.get("history") or ()
-            ),
+        return dataclasses.replace(
+            wire.read(cls, {key: d[key] for key in (*_SUBMIT_HEAD, *_SUBMIT_TAIL) if key in d}),
+            marker_history=wire.value_from_wire(tuple[MarkerStep, ...], force_local.get("history")),
             marker_cleared=bool(force_local.get("cleared")),
             stored=StoreReport.from_wire(d["stored"]) if d.get("stored") else None,
-            output_hash=str(d["output_hash"]),
-            canonical_hash=d.get("canonical_hash"),
-            hash_ok=d.get("hash_ok"),
-            seconds=d.get("seconds", 0.0),
             hash_note=d.get("hash_note") if d.get("hash") == HASH_NOT_APPLICABLE else None,
         )
+
+
+_SUBMIT_HEAD = ("request", "prompt", "tokens", "W", "external_tokens", "computed_tokens", "source", "passes")
+_SUBMIT_TAIL = ("output_hash", "canonical_hash", "hash_ok", "seconds")
 
 
 # -- an abort --------------------------------------------------------------------------------------------------------
@@ -497,12 +350,8 @@ class AbortAnswer:
     request: str
     aborting: bool
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"request": self.request, "aborting": self.aborting}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> AbortAnswer:
-        return cls(request=str(d["request"]), aborting=bool(d.get("aborting")))
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 __all__ = [

@@ -14,7 +14,8 @@ codec as its two wire methods::
         from_wire = wire.reader()    # <- any JSON object, tolerant
 
 Writing turns enums into their values, tuples into lists, dict keys into strings, and a nested result into its
-own ``to_wire()`` (so a type with a hand-written form still nests). Reading is tolerant, as a client of a newer or
+own ``to_wire()`` (or ``to_dict()``, the older name some core types carry; so a type with a hand-written form
+still nests, and is read back with its ``from_wire``/``from_dict``). Reading is tolerant, as a client of a newer or
 older engine must be: a missing key takes the field's default (or ``absent``, or the empty value of its type: "",
 0, 0.0, False, (), {}, None), a null takes the empty value, a number stays the number that was sent, and keys the
 type does not name are kept only where a field asks for them (``extra``). A value of the wrong kind for a nested
@@ -137,7 +138,7 @@ def value_to_wire(value: Any) -> Any:
         return value.value
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
-    to_wire = getattr(value, "to_wire", None)
+    to_wire = getattr(value, "to_wire", None) or getattr(value, "to_dict", None)  # to_dict: a core type's older name
     if callable(to_wire):
         return to_wire()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -189,7 +190,7 @@ def value_from_wire(hint: Any, value: Any) -> Any:
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return hint(value)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        from_wire = getattr(hint, "from_wire", None)
+        from_wire = getattr(hint, "from_wire", None) or getattr(hint, "from_dict", None)
         source = value if isinstance(value, Mapping) else {}
         return from_wire(source) if callable(from_wire) else read(hint, source)
     if origin in (tuple, list) or hint in (tuple, list):

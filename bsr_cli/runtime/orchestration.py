@@ -389,11 +389,13 @@ class Orchestration:
         exclude = set(marker.excluded) if marker else set()
         # A marker that excludes no tier says "recompute locally" (a rank failed to install it last time).
         local = marker is not None and not marker.excluded
-        out = Admitted(marker_history=[MarkerStep(0, marker)] if marker else [])
+        out = Admitted(marker_history=[MarkerStep(pass_no=0, marker=marker)] if marker else [])
         for pass_no in range(1, MAX_PASSES + 1):
             out.bitmap, tier_errors = self._probe(tokens, req.hashes)
             ext = 0 if local else out.bitmap.prefix_tokens(exclude)
-            entry = AdmissionPass(pass_no, tuple(sorted(exclude)), ext, tier_errors)
+            entry = AdmissionPass(
+                pass_no=pass_no, excluded_tiers=tuple(sorted(exclude)), external_tokens=ext, tier_errors=tier_errors
+            )
             if ext == 0:
                 out.passes.append(entry)
                 break
@@ -422,12 +424,12 @@ class Orchestration:
             if bad.stage is None and bad.rank is not None:  # it stopped answering: nothing can run
                 raise RankUnresponsive(bad.rank, bad.reason)
             m = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
-            admitted.marker_history.append(MarkerStep(pass_no, m))
+            admitted.marker_history.append(MarkerStep(pass_no=pass_no, marker=m))
             return None
         if kind is not FailureKind.TIER:
             return None
         m = self.admission.set_marker(req.prompt, set(res.blamed_tiers), failures.summary(res), req.request)
-        admitted.marker_history.append(MarkerStep(pass_no, m))
+        admitted.marker_history.append(MarkerStep(pass_no=pass_no, marker=m))
         return set(m.excluded)
 
     def _store(self, bitmap: HitBitmap | None, req: OpenRequest, n_tokens: int, tables: Tables) -> StoreReport | None:

@@ -316,7 +316,7 @@ def probe(body: m.ProbeBody, c: CoordinatorDep) -> Response:
         committable_tokens=bitmap.prefix_tokens(exclude),
         first_break=bitmap.first_break(exclude),
         tier_errors=errors,
-        markers=tuple(m.to_wire() for m in c.list_markers()),
+        markers=tuple(c.list_markers()),
     )
     return _json(result.to_wire())
 

@@ -173,11 +173,13 @@ def _submit(hash_note: str | None = None) -> SubmitResult:
         computed_tokens=0,
         source="fs",
         passes=(
-            AdmissionPass(1, (), 64, {}, _report(0)),
-            AdmissionPass(2, ("mooncake",), 64, {}, _report()),
-            AdmissionPass(3, ("mooncake", "fs"), 0, {}),
+            AdmissionPass(pass_no=1, excluded_tiers=(), external_tokens=64, tier_errors={}, restore=_report(0)),
+            AdmissionPass(
+                pass_no=2, excluded_tiers=("mooncake",), external_tokens=64, tier_errors={}, restore=_report()
+            ),
+            AdmissionPass(pass_no=3, excluded_tiers=("mooncake", "fs"), external_tokens=0, tier_errors={}),
         ),
-        marker_history=(MarkerStep(1, marker),),
+        marker_history=(MarkerStep(pass_no=1, marker=marker),),
         marker_cleared=True,
         stored=StoreReport({"rank0": {"fs": 4}}, {"rank1": {"fs": "read-only"}}),
         output_hash="ab",

@@ -111,8 +111,7 @@ def probe(console: Console, view: ProbeView) -> None:
         for tier, msg in errs.items():
             console.print(f"[red]{rank} {tier} unreachable during probe[/]: {msg}")
     for m in d.markers:
-        scope = marker_scope(m.get("excluded_tiers"))
-        console.print(f"[magenta]force-local marker[/] on prompt {m['prompt']}: {scope}")
+        console.print(f"[magenta]force-local marker[/] on prompt {m.prompt}: {marker_scope(m.excluded_tiers)}")
 
 
 def bitmap_lines(
