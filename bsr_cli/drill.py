@@ -17,6 +17,7 @@ from typing import Any
 from bsr_cli.client import AdminClient
 from bsr_cli.core.commit import FAILED_CLOSED
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class DrillResult:
 
 
 def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: int | None) -> ScenarioResult:
-    prompt = {"synthetic": {"n": tokens, "seed": seed}}
+    prompt = Prompt.synthetic_of(tokens, seed)
     warm = client.submit(prompt, w=w)
     client.inject_fault(sc.fault)
     try:

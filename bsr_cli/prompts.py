@@ -4,8 +4,8 @@ prompt (which the engine generates itself, so nothing large crosses the wire).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.errors import InvalidInput
 from bsr_cli.loaders import read_tokens_file
 
@@ -19,16 +19,16 @@ def prompt_body(
     synthetic: int | None,
     seed: int,
     tokenizer: str | None = None,
-) -> dict[str, Any]:
+) -> Prompt:
     given = [x is not None for x in (tokens_file, prompt_file, synthetic)]
     if sum(given) != 1:
         raise InvalidInput("give exactly one of --tokens-file, --prompt-file or --synthetic N")
     if synthetic is not None:
         if synthetic <= 0:
             raise InvalidInput("--synthetic needs a positive token count")
-        return {"synthetic": {"n": synthetic, "seed": seed}}
+        return Prompt.synthetic_of(synthetic, seed)
     if tokens_file is not None:
-        return {"tokens": read_tokens_file(tokens_file)}
+        return Prompt.of_tokens(read_tokens_file(tokens_file))
     assert prompt_file is not None
     fn = TOKENIZERS.get(tokenizer or "")
     if fn is None:
@@ -42,4 +42,4 @@ def prompt_body(
         raise InvalidInput(f"cannot read prompt file {prompt_file}: {e}") from None
     if not text:
         raise InvalidInput(f"prompt file {prompt_file} is empty")
-    return {"tokens": fn(text)}
+    return Prompt.of_tokens(fn(text))

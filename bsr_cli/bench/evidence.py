@@ -36,6 +36,7 @@ from bsr_cli import __version__
 from bsr_cli.api.codec import to_json
 from bsr_cli.core import accounting
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import SubmitResult
 from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
@@ -438,9 +439,9 @@ def put_back(client: AdminClient, original: dict[str, int]) -> bool:
         return False
 
 
-def prompt_of(tokens: int, salt: int) -> dict[str, dict[str, int]]:
+def prompt_of(tokens: int, salt: int) -> Prompt:
     # Synthetic prompts with one seed are prefixes of each other, so rows of one salt share their leading chunks.
-    return {"synthetic": {"n": tokens, "seed": salt}}
+    return Prompt.synthetic_of(tokens, salt)
 
 
 @dataclass(frozen=True)
@@ -645,7 +646,7 @@ class Run(Generic[R]):
         self.stopped = False
         self._t0 = time.monotonic()
         self.info = client.info().to_wire()
-        self.reg = Registration.from_dict(client.registration(), source="engine")
+        self.reg = client.registration()
         self.experiment = experiment
         self.run_id = new_run_id(tag)
         self.salt = salt
@@ -729,7 +730,7 @@ class Run(Generic[R]):
     # -- the measurement every experiment shares ---------------------------------------------------------------
     def restore(
         self,
-        prompt: dict[str, dict[str, int]],
+        prompt: Prompt,
         tokens: int,
         w: int,
         *,

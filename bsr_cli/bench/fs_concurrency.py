@@ -32,6 +32,7 @@ from bsr_cli.bench.evidence import (
 )
 from bsr_cli.bench.probes import DiskReadRate, PageEviction, cold_cache_method, disk_read_rate, evict_page_cache
 from bsr_cli.core import accounting
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import InvalidInput
 
@@ -233,7 +234,7 @@ def _disk_row(c: int, threads: int, trial: int) -> Callable[[str], FsRow]:
 
 def _restore_row(
     run: Run[FsRow],
-    prompt: dict[str, dict[str, int]],
+    prompt: Prompt,
     tokens: int,
     w: int,
     exclude: list[str],

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.core import accounting
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import (
     Trace,
@@ -152,10 +153,10 @@ def calibrate(
 
     def restore_seconds(n: int, key: int) -> list[tuple[int, float]]:
         tokens = [synthetic_token(salt, key, j) for j in range(n * reg.chunk_size)]
-        client.submit({"tokens": tokens}, w=w, verify=False)
+        client.submit(Prompt.of_tokens(tokens), w=w, verify=False)
         out = []
         for _ in range(3):
-            res = client.submit({"tokens": tokens}, w=w, verify=False, timeout=600)
+            res = client.submit(Prompt.of_tokens(tokens), w=w, verify=False, timeout=600)
             restore = next((p.restore for p in res.passes if p.restore), None)
             if not restore or not restore.committed_tokens or restore.seconds <= 0:
                 raise BsrError("the calibration restore committed nothing: the engine cannot restore from its store")
@@ -187,7 +188,7 @@ def replay(
     def one(m: Measured) -> None:
         m.started_s = time.monotonic() - origin
         try:
-            res = client.submit({"tokens": prompts[m.index]}, w=w, verify=False, timeout=600)
+            res = client.submit(Prompt.of_tokens(prompts[m.index]), w=w, verify=False, timeout=600)
         except BsrError as e:
             m.error = e.message
         else:

@@ -25,6 +25,8 @@ import httpx
 
 from bsr_cli import API_VERSION
 from bsr_cli.core.faults import FaultRequest, FaultSpec
+from bsr_cli.core.prompt import Prompt
+from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
 from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot, fault_from_wire
 from bsr_cli.errors import (
@@ -286,28 +288,28 @@ class AdminClient:
             raise VersionMismatch(f"engine speaks admin API {info.get('api')!r}, bsr speaks {API_VERSION!r}")
         return EngineInfo.from_wire(info)
 
-    def registration(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/registration"))
+    def registration(self) -> Registration:
+        return Registration.from_dict(self._call("GET", "/registration"), source="engine")
 
-    def probe(self, prompt: dict[str, Any], exclude_tiers: list[str] | None = None) -> ProbeResult:
-        body = dict(prompt) | ({"exclude_tiers": exclude_tiers} if exclude_tiers else {})
+    def probe(self, prompt: Prompt, exclude_tiers: list[str] | None = None) -> ProbeResult:
+        body = prompt.to_wire() | ({"exclude_tiers": exclude_tiers} if exclude_tiers else {})
         return ProbeResult.from_wire(self._call("POST", "/probe", body))
 
     def submit(
         self,
-        prompt: dict[str, Any],
+        prompt: Prompt,
         *,
         w: int | None = None,
         verify: bool = True,
         on_event: OnEvent | None = None,
         timeout: float = 1800,
     ) -> SubmitResult:
-        body = dict(prompt) | {"verify": verify, "stream": True} | ({"W": w} if w is not None else {})
+        body = prompt.to_wire() | {"verify": verify, "stream": True} | ({"W": w} if w is not None else {})
         return self._stream("/requests", body, SubmitResult.from_wire, on_event, None, timeout)
 
     def restore(
         self,
-        prompt: dict[str, Any],
+        prompt: Prompt,
         *,
         w: int | None = None,
         verify: bool = True,
@@ -316,7 +318,7 @@ class AdminClient:
         on_accepted: Callable[[str], None] | None = None,
         timeout: float = 1800,
     ) -> ManualRestoreResult:
-        body = dict(prompt) | {"verify": verify, "stream": True}
+        body = prompt.to_wire() | {"verify": verify, "stream": True}
         if w is not None:
             body["W"] = w
         if exclude_tiers:

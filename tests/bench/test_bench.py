@@ -16,6 +16,8 @@ from bsr_cli.bench import experiments as ex
 from bsr_cli.bench.evidence import Bundle
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import full_hit_bitmap
+from bsr_cli.core.prompt import Prompt
+from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, SubmitResult
 from bsr_cli.core.status import EngineInfo, Health, PoolEntry
 from bsr_cli.core.units import MiB
@@ -91,8 +93,8 @@ class FakeEngine:
             }
         )
 
-    def registration(self) -> dict[str, Any]:
-        return REG.to_dict()
+    def registration(self) -> Registration:
+        return REG
 
     def pool(self) -> list[PoolEntry]:
         entries = [
@@ -104,8 +106,9 @@ class FakeEngine:
         self.settings |= kw
         return self.info()
 
-    def submit(self, prompt: dict[str, Any], **kw: Any) -> SubmitResult:
-        n = prompt["synthetic"]["n"]
+    def submit(self, prompt: Prompt, **kw: Any) -> SubmitResult:
+        assert prompt.synthetic is not None  # the benches ask for synthetic prompts
+        n = prompt.synthetic.n
         return SubmitResult.from_wire(
             {
                 "request": "req-w",
@@ -132,9 +135,10 @@ class FakeEngine:
         self.aborted.append(request)
         return AbortAnswer(request, aborting=True)
 
-    def restore(self, prompt: dict[str, Any], *, w: int, on_accepted: Any = None, **kw: Any) -> ManualRestoreResult:
+    def restore(self, prompt: Prompt, *, w: int, on_accepted: Any = None, **kw: Any) -> ManualRestoreResult:
         self.restores += 1
-        n = prompt["synthetic"]["n"]
+        assert prompt.synthetic is not None  # the benches ask for synthetic prompts
+        n = prompt.synthetic.n
         on_accepted(f"req-{self.restores}")
         if self.restores == self.interrupt_at:
             raise self.error

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.core.keys import synthetic_tokens
+from bsr_cli.core.prompt import Prompt
 
 
 def test_export_the_engines_requests_as_a_trace_and_plan_from_it(bsr: Any, engine: Any, tmp_path: Path) -> None:
@@ -17,7 +18,7 @@ def test_export_the_engines_requests_as_a_trace_and_plan_from_it(bsr: Any, engin
         shared = first[:1024] + synthetic_tokens(1024, seed=7302)  # the first two 512-token blocks of ``first``
         other = synthetic_tokens(1536, seed=7303)
         for tokens in (first, shared, other):
-            c.submit({"tokens": tokens})
+            c.submit(Prompt.of_tokens(tokens))
     out = tmp_path / "engine-trace.jsonl"
     r = bsr("events", "--after", str(after), "--trace", str(out), "--json")
     assert r.code == 0, r.err

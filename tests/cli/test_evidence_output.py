@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.core.evidence import FailureKind, Outcome
+from bsr_cli.core.prompt import Prompt
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -153,7 +154,7 @@ def test_a_refused_window_and_an_abort_are_not_failed_closed(bsr: Any, engine: A
     with engine.client(timeout_s=60) as c:
         worker = threading.Thread(
             target=lambda: box.setdefault(
-                "result", c.restore({"synthetic": {"n": N, "seed": 4103}}, w=4, on_accepted=on_accepted)
+                "result", c.restore(Prompt.synthetic_of(N, 4103), w=4, on_accepted=on_accepted)
             )
         )
         worker.start()

@@ -19,6 +19,7 @@ import pytest
 from bsr_cli.client import local_engine
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.status import Health
 from bsr_cli.errors import CapacityError, ExitCode
 from bsr_cli.loaders import builtin_registration
@@ -219,7 +220,7 @@ def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr,
                 stopped.set()
 
         try:
-            res = c.restore({"synthetic": {"n": n, "seed": seed}}, on_event=on_event)
+            res = c.restore(Prompt.synthetic_of(n, seed), on_event=on_event)
             assert stopped.is_set() and res.report is not None
             assert res.report.failure_kind is FailureKind.RANK  # its blocks stay held: the call still runs
 
@@ -265,7 +266,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
 
         try:
             t0 = time.monotonic()
-            res = c.restore({"synthetic": {"n": n, "seed": seed}}, on_event=on_event)
+            res = c.restore(Prompt.synthetic_of(n, seed), on_event=on_event)
             elapsed = time.monotonic() - t0
             assert stopped.is_set()
             h = c.health()
@@ -296,7 +297,7 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
         assert h2.ok is True, h2
         assert c.markers() == []
         c.clear_faults()  # the injected stall never got to report that it fired
-        again = c.restore({"synthetic": {"n": n, "seed": seed}})
+        again = c.restore(Prompt.synthetic_of(n, seed))
     assert again.outcome is Outcome.COMMITTED and again.hashes is not None and again.hashes.hash_ok is True
 
 

@@ -14,6 +14,7 @@ from bsr_cli.client import local_engine
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, RestoreReport, SubmitResult
 from bsr_cli.errors import BadRequest, FaultsDisabled, Unauthorized, VersionMismatch
 from bsr_cli.loaders import builtin_registration
@@ -26,7 +27,7 @@ RWS = W * REG.bytes_per_chunk
 
 
 def _warm(c, n: int, seed: int) -> SubmitResult:
-    res = c.submit({"synthetic": {"n": n, "seed": seed}})
+    res = c.submit(Prompt.synthetic_of(n, seed))
     assert res.hash_ok is True
     return res
 
@@ -39,11 +40,11 @@ def _report(res: ManualRestoreResult) -> RestoreReport:
 def test_probe_matches_what_was_stored_and_the_masters_key_list(engine) -> None:
     with engine.client() as c:
         n, seed = 3 * 256 + 10, 101
-        before = c.probe({"synthetic": {"n": n, "seed": seed}})
+        before = c.probe(Prompt.synthetic_of(n, seed))
         assert before.committable_tokens == 0
         assert before.first_break is not None and before.first_break.reason == "missing in every tier"
         _warm(c, n, seed)
-        after = c.probe({"synthetic": {"n": n, "seed": seed}})
+        after = c.probe(Prompt.synthetic_of(n, seed))
     bm = after.bitmap
     assert after.committable_tokens == n and after.first_break is None
     assert set(bm.rows.values()) == {"3333"}  # 4 chunks, each on both tiers (bits 0 and 1)
@@ -63,8 +64,8 @@ def test_restore_is_bit_exact_and_bounded_by_rws(engine) -> None:
     with engine.client() as c:
         first = _warm(c, 30 * 256, 102)
         assert first.external_tokens == 0  # a cold prompt is computed locally ...
-        res = c.restore({"synthetic": {"n": 30 * 256, "seed": 102}})
-        again = c.submit({"synthetic": {"n": 30 * 256, "seed": 102}})
+        res = c.restore(Prompt.synthetic_of(30 * 256, 102))
+        again = c.submit(Prompt.synthetic_of(30 * 256, 102))
     assert res.outcome is Outcome.COMMITTED and res.committed_tokens == 30 * 256
     assert _report(res).windows == 8  # ceil(30 / 4)
     assert res.hashes is not None
@@ -78,7 +79,7 @@ def test_peak_pool_equals_rws_whatever_the_prefix(engine, chunks: int) -> None:
     with engine.client() as c:
         _warm(c, chunks * 256, 200 + chunks)
         c.reset_peak()
-        res = c.restore({"synthetic": {"n": chunks * 256, "seed": 200 + chunks}})
+        res = c.restore(Prompt.synthetic_of(chunks * 256, 200 + chunks))
         pool = c.pool()
     expected = min(chunks, W) * REG.bytes_per_chunk
     assert res.outcome is Outcome.COMMITTED
@@ -91,9 +92,9 @@ def test_whole_plan_path_needs_the_whole_prefix(engine) -> None:
     """W=0 stages all N chunks: with a pool of 2·RWS(4) = 8 chunks, 6 chunks fit and 12 do not."""
     with engine.client() as c:
         _warm(c, 6 * 256, 301)
-        ok = c.restore({"synthetic": {"n": 6 * 256, "seed": 301}}, w=0)
+        ok = c.restore(Prompt.synthetic_of(6 * 256, 301), w=0)
         _warm(c, 12 * 256, 302)
-        too_big = c.restore({"synthetic": {"n": 12 * 256, "seed": 302}}, w=0)
+        too_big = c.restore(Prompt.synthetic_of(12 * 256, 302), w=0)
         pool = c.pool()
     assert ok.outcome is Outcome.COMMITTED
     assert [r.peak_live_bytes for r in _report(ok).ranks] == [6 * REG.bytes_per_chunk] * 2
@@ -121,7 +122,7 @@ def test_every_fault_fails_closed_then_falls_back_canonically(
     with engine.client() as c:
         _warm(c, n, seed)
         c.inject_fault(fault)
-        res = c.submit({"synthetic": {"n": n, "seed": seed}})
+        res = c.submit(Prompt.synthetic_of(n, seed))
         pool = c.pool()
         health = c.health()
     first = res.passes[0].restore
@@ -141,9 +142,9 @@ def test_a_failed_manual_restore_leaves_a_marker_the_next_admission_uses(engine)
     with engine.client() as c:
         _warm(c, n, seed)
         c.inject_fault(FaultRequest("remote-unavailable", rank=1, window=1))  # a fetch from Mooncake fails
-        res = c.restore({"synthetic": {"n": n, "seed": seed}})
+        res = c.restore(Prompt.synthetic_of(n, seed))
         markers = c.markers()
-        nxt = c.submit({"synthetic": {"n": n, "seed": seed}})
+        nxt = c.submit(Prompt.synthetic_of(n, seed))
         after = c.markers()
     assert res.outcome is Outcome.FAILED_CLOSED
     assert res.marker is not None and res.marker.excluded == {"mooncake"}
@@ -154,7 +155,7 @@ def test_a_failed_manual_restore_leaves_a_marker_the_next_admission_uses(engine)
 
 
 def test_budget_is_never_exceeded_by_concurrent_restores(engine) -> None:
-    prompts = [{"synthetic": {"n": 24 * 256, "seed": 600 + i}} for i in range(3)]
+    prompts = [Prompt.synthetic_of(24 * 256, 600 + i) for i in range(3)]
     with engine.client() as c:
         for p in prompts:
             c.submit(p)
@@ -194,7 +195,7 @@ def test_abort_ends_a_restore_fail_closed(engine) -> None:
 
         out: list[ManualRestoreResult] = []
         t = threading.Thread(
-            target=lambda: out.append(c.restore({"synthetic": {"n": n, "seed": seed}}, on_accepted=on_accepted))
+            target=lambda: out.append(c.restore(Prompt.synthetic_of(n, seed), on_accepted=on_accepted))
         )
         t.start()
         assert accepted.wait(30)
@@ -214,18 +215,20 @@ def test_admin_api_guards(engine) -> None:
     with AdminClient(engine.url, None) as no_token, pytest.raises(Unauthorized):
         no_token.inject_fault(FaultRequest("timeout"))
     with AdminClient(engine.url, "wrong") as bad, pytest.raises(Unauthorized):
-        bad.submit({"synthetic": {"n": 10, "seed": 1}})
+        bad.submit(Prompt.synthetic_of(10, 1))
     with engine.client() as c:
         with pytest.raises(BadRequest, match="exceeds this engine's limit"):
-            c.probe({"synthetic": {"n": 10**6, "seed": 1}})
+            c.probe(Prompt.synthetic_of(10**6, 1))
         with pytest.raises(BadRequest, match="unknown fault kind"):
             c.inject_fault(FaultRequest("meteor"))
-        with pytest.raises(BadRequest, match="unknown field"):
-            c.probe({"synthetic": {"n": 10, "seed": 1}, "bogus": 1})
         assert c.abort("req-never-opened") == AbortAnswer(request="req-never-opened", aborting=False)
+    auth = {"Authorization": f"Bearer {engine.token}"}
+    bogus = {"synthetic": {"n": 10, "seed": 1}, "bogus": 1}  # a body the typed client cannot send
+    r = httpx.post(engine.url + "/bsr/v1/probe", json=bogus, headers=auth, timeout=10)
+    assert r.status_code == 400 and "unknown field" in r.json()["message"]
     r = httpx.get(engine.url + "/bsr/v2/info", timeout=10)
     assert r.status_code == 404 and r.json()["error"] == "version-mismatch"
-    metrics = httpx.get(engine.url + "/metrics", headers={"Authorization": f"Bearer {engine.token}"}, timeout=10).text
+    metrics = httpx.get(engine.url + "/metrics", headers=auth, timeout=10).text
     assert 'bsr_pool_capacity_bytes{rank="0"}' in metrics
 
 

@@ -16,11 +16,12 @@ import pytest
 from bsr_cli.client import AdminClient, local_engine
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.loaders import builtin_registration
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 REG = builtin_registration("demo")
-PROMPT = {"synthetic": {"n": 600, "seed": 77}}
+PROMPT = Prompt.synthetic_of(600, 77)
 
 
 def _options():

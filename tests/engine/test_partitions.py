@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bsr_cli.core.evidence import Outcome, Stage
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.engine import netns, supervisor
 from bsr_cli.loaders import builtin_registration
 
@@ -30,7 +31,7 @@ needs_netns = pytest.mark.skipif(WHY_NOT is not None, reason=f"needs network nam
 # (time to cut a link in the middle) while a whole test stays short.
 LINK_RATE_BPS = 50_000_000
 TOKENS = 8 * 4 * 256  # 8 windows of W=4 chunks of 256 tokens
-PROMPT = {"synthetic": {"n": TOKENS, "seed": 2401}}
+PROMPT = Prompt.synthetic_of(TOKENS, 2401)
 
 
 class MultiHost:

@@ -20,6 +20,7 @@ import pytest
 
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 MON = ROOT / "docs" / "monitoring"
@@ -49,8 +50,8 @@ def test_promtool_validates_and_unit_tests_the_rules() -> None:
 @needs_promtool
 def test_live_metrics_follow_prometheus_conventions(engine: Any) -> None:
     with engine.client() as c:
-        c.submit({"synthetic": {"n": 3000, "seed": 31}})
-        assert c.restore({"synthetic": {"n": 3000, "seed": 31}}, w=4).outcome is Outcome.COMMITTED
+        c.submit(Prompt.synthetic_of(3000, 31))
+        assert c.restore(Prompt.synthetic_of(3000, 31), w=4).outcome is Outcome.COMMITTED
         text = c.metrics()
     r = _promtool("check", "metrics", stdin=text)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
@@ -156,7 +157,7 @@ def test_a_real_prometheus_scrapes_the_engine_and_fires_the_fail_closed_alert(
     # Let the rules see the counters at zero first, then fail a restore closed.
     _until(lambda: api("query", query='bsr_restores_total{outcome="failed_closed"}')["result"], "the counter")
     time.sleep(1.5)
-    prompt = {"synthetic": {"n": 3000, "seed": 32}}
+    prompt = Prompt.synthetic_of(3000, 32)
     with engine.client() as c:
         c.submit(prompt)
         c.inject_fault(FaultRequest("remote-unavailable", rank=1, count=1))  # a fetch from Mooncake fails

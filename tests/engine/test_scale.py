@@ -8,6 +8,7 @@ import pytest
 from bsr_cli.client import local_engine
 from bsr_cli.core import accounting
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import supervisor
 
@@ -41,10 +42,10 @@ def test_peak_is_rws_from_thousands_to_half_a_million_tokens(tmp_path) -> None:
         rows = []
         with AdminClient(url, token, timeout_s=300) as c:
             for n in (12_288, 131_072, 524_032):
-                warm = c.submit({"synthetic": {"n": n, "seed": n}})
+                warm = c.submit(Prompt.synthetic_of(n, n))
                 assert warm.hash_ok is True
                 c.reset_peak()
-                res = c.restore({"synthetic": {"n": n, "seed": n}}, w=W)
+                res = c.restore(Prompt.synthetic_of(n, n), w=W)
                 pool = c.pool()
                 rows.append((n, res, pool))
     finally:

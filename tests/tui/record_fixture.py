@@ -19,12 +19,13 @@ from bsr_cli.client import (
     local_engine,
 )
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.engine import supervisor
 from bsr_cli.loaders import builtin_registration
 from bsr_cli.tui.source import LiveSource, Recorder
 
 OUT = Path(__file__).parent / "data" / "incident.jsonl.gz"
-PROMPT = {"synthetic": {"n": 30000, "seed": 7}}
+PROMPT = Prompt.synthetic_of(30000, 7)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from bsr_cli.client import (
 )
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.engine import supervisor
 from bsr_cli.fleet import Target
 from bsr_cli.loaders import builtin_registration
@@ -27,7 +28,7 @@ from bsr_cli.tui.fleet_app import FleetApp
 
 # Small on purpose: three engines share the machine with everything else.
 SMALL = dict(w=4, max_tokens=4096, faults_enabled=True, fetch_timeout_s=2.0, segment_bytes=64 << 20)
-PROMPT = {"synthetic": {"n": 3000, "seed": 5}}
+PROMPT = Prompt.synthetic_of(3000, 5)
 
 
 @pytest.fixture(scope="module")

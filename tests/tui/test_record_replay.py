@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.errors import EngineUnreachable, InvalidInput
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.model import Frame
 from bsr_cli.tui.source import LiveSource, PollFailure, Recorder, ReplaySource, read_recording
 
-PROMPT = {"synthetic": {"n": 30000, "seed": 7}}
+PROMPT = Prompt.synthetic_of(30000, 7)
 
 
 def _record_live(engine: Any, path: Path) -> int:

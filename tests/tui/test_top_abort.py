@@ -12,11 +12,12 @@ import pytest
 
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen
 from bsr_cli.tui.source import LiveSource
 
-PROMPT = {"synthetic": {"n": 30000, "seed": 26}}
+PROMPT = Prompt.synthetic_of(30000, 26)
 
 
 def _restore(engine: Any, out: dict[str, Any]) -> threading.Thread:

@@ -14,6 +14,7 @@ from textual.widgets import Input, OptionList, Static
 
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen
 from bsr_cli.tui.source import LiveSource, ReplaySource
@@ -81,7 +82,7 @@ async def test_replay_speed_and_jump_to_the_next_failure(incident: Path, screen:
         assert source.position == here
 
 
-PROMPT = {"synthetic": {"n": 30000, "seed": 9}}
+PROMPT = Prompt.synthetic_of(30000, 9)
 
 
 @pytest.mark.timeout(180)

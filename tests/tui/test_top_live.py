@@ -16,12 +16,13 @@ import pytest
 from bsr_cli.client import AdminClient
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.model import Frame, View
 from bsr_cli.tui.screens import ConfirmScreen, FaultScreen
 from bsr_cli.tui.source import LiveSource, Recorder, ReplaySource, read_recording
 
-PROMPT = {"synthetic": {"n": 30000, "seed": 7}}
+PROMPT = Prompt.synthetic_of(30000, 7)
 
 
 def _restore_in_background(engine: Any, out: dict[str, Any]) -> threading.Thread:

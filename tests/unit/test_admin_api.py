@@ -16,12 +16,13 @@ pytest.importorskip("fastapi")  # the admin API is the engine extra's
 from bsr_cli.client import AdminClient
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.errors import BsrError
 from bsr_cli.server.admin import PREFIX, AdminServer
 from unit.fixtures import FakeEngine, build_engine
 
 TOKEN = "unit-token"
-PROMPT = {"synthetic": {"n": 200, "seed": 5}}
+PROMPT = Prompt.synthetic_of(200, 5)
 
 
 @pytest.fixture
@@ -41,9 +42,9 @@ def test_mutations_need_the_token_and_reads_do_not(served: tuple[FakeEngine, Adm
     _, server = served
     with httpx.Client(base_url=server.url, timeout=10) as http:
         assert http.get(f"{PREFIX}/health").status_code == 200
-        r = http.post(f"{PREFIX}/restore", json=PROMPT)
+        r = http.post(f"{PREFIX}/restore", json=PROMPT.to_wire())
         assert r.status_code == 401
-        r = http.post(f"{PREFIX}/restore", json=PROMPT, headers={"Authorization": "Bearer wrong"})
+        r = http.post(f"{PREFIX}/restore", json=PROMPT.to_wire(), headers={"Authorization": "Bearer wrong"})
         assert r.status_code in (401, 403)
 
 
@@ -117,7 +118,7 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_restore_fail_closed(
     seq = c.events.last_seq
     with (
         httpx.Client(base_url=server.url, timeout=20) as http,
-        http.stream("POST", f"{PREFIX}/restore", json=PROMPT | {"W": 4}, headers=auth) as resp,
+        http.stream("POST", f"{PREFIX}/restore", json=PROMPT.to_wire() | {"W": 4}, headers=auth) as resp,
     ):
         assert resp.status_code == 200
         lines = resp.iter_lines()

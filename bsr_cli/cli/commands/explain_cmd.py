@@ -110,18 +110,17 @@ def _explain_prompt(
     from bsr_cli.client import AdminClient
     from bsr_cli.core.evidence import EventKind
     from bsr_cli.core.explain import explain_engine, fold_restore
-    from bsr_cli.core.keys import prompt_hash, synthetic_tokens
-    from bsr_cli.core.registration import Registration
+    from bsr_cli.core.keys import prompt_hash
     from bsr_cli.prompts import prompt_body
 
     with AdminClient.from_settings(st.settings) as client:
         info = client.info()
         tokenizer = info.tokenizer if prompt_file is not None else None
         body = prompt_body(tokens_file, prompt_file, synthetic, seed, tokenizer)
-        tokens = body["tokens"] if "tokens" in body else synthetic_tokens(body["synthetic"]["n"], seed)
+        tokens = body.token_ids()
         prompt = prompt_hash(tokens)
         health = client.health()
-        registration = Registration.from_dict(client.registration())
+        registration = client.registration()
         bitmap: HitBitmap | None = None
         probe_error = None
         try:

@@ -12,6 +12,7 @@ import typer
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest, FaultSpec
+from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.results import ManualRestoreResult
 from bsr_cli.core.status import EngineInfo, EngineStatus, MarkerList
 from bsr_cli.errors import (
@@ -42,7 +43,9 @@ def _client(st: AppState) -> Any:
     return AdminClient.from_settings(st.settings)
 
 
-def _prompt(client: Any, tokens_file: Path | None, prompt_file: Path | None, synthetic: int | None, seed: int) -> dict:
+def _prompt(
+    client: Any, tokens_file: Path | None, prompt_file: Path | None, synthetic: int | None, seed: int
+) -> Prompt:
     from bsr_cli.prompts import prompt_body
 
     tokenizer = client.info().tokenizer if prompt_file is not None else None
@@ -267,7 +270,7 @@ class _StreamedRestore:
 
 
 def _run_restore(
-    st: AppState, client: Any, body: dict, w: int | None, exclude: list[str], verify: bool, info: dict
+    st: AppState, client: Any, body: Prompt, w: int | None, exclude: list[str], verify: bool, info: dict
 ) -> ManualRestoreResult:
     """Stream the restore in a worker thread so Ctrl-C reaches us: then ask the engine to abort (it ends
     fail-closed) and still report its final result."""
