@@ -99,10 +99,6 @@ class StatsResult:
     tiers: dict[str, TierStatus] | None = None  # only when asked for health
     tp_rank: int | None = None  # a vLLM worker's real TP rank (its coordinator calls it rank 0)
 
-    def view(self) -> dict[str, Any]:
-        """The fields a status entry shows (absent ones left out)."""
-        return {k: v for k, v in to_json(self).items() if v is not None}
-
 
 @dataclass(frozen=True)
 class ResetPeakResult:

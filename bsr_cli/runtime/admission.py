@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from bsr_cli.api.ranks import ObjectRef, ProbeRequest, RankRequest, RestoreJob, WindowJob
 from bsr_cli.core.bitmap import HitBitmap
@@ -24,6 +24,7 @@ from bsr_cli.core.markers import ClearScope, Marker, ScopeKind
 from bsr_cli.core.markers import clear as clear_markers_in
 from bsr_cli.core.plan import Window
 from bsr_cli.core.results import TierErrors
+from bsr_cli.core.status import MarkerView
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.coordinator_state import CoordinatorContext
 
@@ -186,11 +187,11 @@ class Admission:
             for m in markers:
                 self._markers[m.prompt] = m
 
-    def list_markers(self) -> list[dict[str, Any]]:
-        """Every standing marker, as plain data (taken under the lock: callers must not iterate ``markers``
-        while a request may set or clear one)."""
+    def list_markers(self) -> list[MarkerView]:
+        """Every standing marker, as the engine lists it (taken under the lock: callers must not iterate
+        ``markers`` while a request may set or clear one)."""
         with self._lock:
-            return [m.to_dict() for m in self._markers.values()]
+            return [MarkerView.of(m) for m in self._markers.values()]
 
     def clear_markers(self, scope: ClearScope | None = None) -> int:
         """The operator's clear: every marker, one prompt's, or one tier out of every marker (``ClearScope``).

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection
-from typing import Any
 
 from bsr_cli.core.events import FaultInjected
-from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.errors import FaultsDisabled
 from bsr_cli.runtime.coordinator_state import CoordinatorContext
 
@@ -20,8 +19,8 @@ class ArmedFaults:
         self._lock = threading.Lock()
         self._faults: list[FaultSpec] = []
 
-    def inject(self, spec: dict[str, Any]) -> FaultSpec:
-        """Arm the fault ``spec`` describes (checked against this engine's ranks, groups and windows)."""
+    def inject(self, request: FaultRequest) -> FaultSpec:
+        """Arm the fault an operator asked for (checked against this engine's ranks, groups and windows)."""
         settings, reg = self._ctx.settings, self._ctx.reg
         if not settings.faults_enabled:
             raise FaultsDisabled(
@@ -30,7 +29,9 @@ class ArmedFaults:
             )
         # The longest prompt at W=1 has one window per chunk: a window past its last can never fire.
         max_window = max(1, -(-settings.max_tokens // reg.chunk_size)) - 1
-        f = FaultSpec.parse(spec, ranks=len(self._ctx.ranks), groups=reg.group_names, max_window=max_window)
+        f = FaultSpec.parse(
+            request.to_wire(), ranks=len(self._ctx.ranks), groups=reg.group_names, max_window=max_window
+        )
         self.arm(f)
         self._ctx.events.append(
             FaultInjected(

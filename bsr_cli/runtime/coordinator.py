@@ -32,7 +32,7 @@ from typing import Any
 from bsr_cli.api.ranks import RankClient
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.events import Event, FaultsCleared
-from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.markers import ClearScope, Marker
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import ManualRestoreResult, StoreReport, SubmitResult, TierErrors
@@ -253,8 +253,8 @@ class Coordinator:
         """The faults held now (fired-out or expired ones until the next ``list_faults``)."""
         return self.armed_faults.current()
 
-    def inject(self, spec: dict[str, Any]) -> FaultSpec:
-        return self.armed_faults.inject(spec)
+    def inject(self, request: FaultRequest) -> FaultSpec:
+        return self.armed_faults.inject(request)
 
     def list_faults(self) -> list[FaultSpec]:
         return self.armed_faults.listed()

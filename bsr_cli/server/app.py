@@ -26,6 +26,7 @@ from fastapi.routing import APIRoute
 
 from bsr_cli import API_VERSION
 from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
@@ -458,7 +459,7 @@ def faults_list(c: CoordinatorDep) -> Response:
 def faults_inject(body: m.FaultBody, c: CoordinatorDep) -> Response:
     """Arm a fault ({kind, rank?, window?, group?, count?}); 403 faults-disabled unless the engine allows
     faults. Answers 201 with the armed fault."""
-    return _json(c.inject(body.model_dump(exclude_none=True)).to_dict(), 201)
+    return _json(c.inject(FaultRequest(**body.model_dump(exclude_none=True))).to_dict(), 201)
 
 
 @router.delete(f"{PREFIX}/faults", **_op(m.Cleared, auth=True))

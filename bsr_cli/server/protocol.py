@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import json
 from collections import OrderedDict
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -210,13 +210,14 @@ def protocol_class(
     max_waiting_per_client: int,
     trusted: set[tuple[str, int]],
 ) -> type[H11Protocol]:
-    attrs: dict[str, Any] = {
-        "request_deadline_s": request_deadline_s,
-        "idle_timeout_s": idle_timeout_s,
-        "head_deadline_s": min(head_deadline_s, request_deadline_s),
-        "max_waiting": max_waiting,
-        "max_waiting_per_client": max_waiting_per_client,
-        "waiting": OrderedDict(),
-        "trusted": trusted,
-    }
-    return type("BsrH11Protocol", (GuardedH11Protocol,), attrs)
+    class BsrH11Protocol(GuardedH11Protocol):
+        pass
+
+    BsrH11Protocol.request_deadline_s = request_deadline_s
+    BsrH11Protocol.idle_timeout_s = idle_timeout_s
+    BsrH11Protocol.head_deadline_s = min(head_deadline_s, request_deadline_s)
+    BsrH11Protocol.max_waiting = max_waiting
+    BsrH11Protocol.max_waiting_per_client = max_waiting_per_client
+    BsrH11Protocol.waiting = OrderedDict()  # this server's own, not shared with another's class
+    BsrH11Protocol.trusted = trusted
+    return BsrH11Protocol

@@ -517,9 +517,8 @@ class TopApp(App[None]):
             self.post_message(ActionFailed("abort", PollFailure.from_error(e, self._clock(), 0.0)))
 
     def on_request_aborted(self, message: RequestAborted) -> None:
-        r = message.result
-        request = str(r.get("request") or "")
-        if r.get("aborting"):
+        request = message.result.request
+        if message.result.aborting:
             # Not "aborted" yet: the restore may commit before the abort reaches it. Its outcome, when it lands in
             # a snapshot, says which (`_report_aborts`).
             self.aborts_pending.add(request)

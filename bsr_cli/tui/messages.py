@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.message import Message
 
 from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.results import AbortAnswer
 from bsr_cli.tui.model import Frame
 from bsr_cli.tui.source import PollFailure
 
@@ -36,7 +35,7 @@ class FaultsCleared(Message):
 
 
 class RequestAborted(Message):
-    def __init__(self, result: dict[str, Any]) -> None:
+    def __init__(self, result: AbortAnswer) -> None:
         super().__init__()
         self.result = result
 

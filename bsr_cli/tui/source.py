@@ -25,6 +25,7 @@ from typing import Any
 
 from bsr_cli.client.admin import AdminClient, resolve_engine
 from bsr_cli.core.faults import FaultRequest, FaultSpec
+from bsr_cli.core.results import AbortAnswer
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
 from bsr_cli.incident_bundle import RECORDING, read_member
 from bsr_cli.incident_bundle import RECORDING_FORMAT as FORMAT
@@ -134,10 +135,10 @@ class LiveSource:
         with self._connect() as c:
             return c.clear_faults()
 
-    def abort(self, request: str) -> dict[str, Any]:
+    def abort(self, request: str) -> AbortAnswer:
         """Ask the engine to abort a restore (it fails closed); ``aborting`` is False when it is no longer running."""
         with self._connect() as c:
-            return c.abort(request).to_wire()
+            return c.abort(request)
 
     def _drop(self) -> None:
         self._last_seq = None

@@ -26,7 +26,7 @@ from typing import Any
 
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.events import Event
-from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.core.results import ManualRestoreResult, OutputHashes, StoreReport, SubmitResult, TierErrors
@@ -130,11 +130,11 @@ class LMCacheCoordinator(Coordinator):
         self.registry.register(tokens, hashes)
         return super().probe(tokens, hashes)
 
-    def inject(self, spec: dict[str, Any]) -> FaultSpec:
-        kind = spec.get("kind")
-        if isinstance(kind, str) and kind in UNSUPPORTED_FAULTS:
+    def inject(self, request: FaultRequest) -> FaultSpec:
+        kind = request.kind
+        if kind in UNSUPPORTED_FAULTS:
             raise InvalidInput(f"fault kind {kind!r} is not supported by the LMCache host: {UNSUPPORTED_FAULTS[kind]}")
-        return super().inject(spec)
+        return super().inject(request)
 
 
 def registration_from(cfg: dict[str, Any]) -> Registration:

@@ -26,6 +26,7 @@ from lmcache_bsr.host import LMCacheHost
 
 from bsr_cli.api.ranks import SetBudgetRequest
 from bsr_cli.core.evidence import FailureKind, Outcome
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import chunk_hashes, synthetic_tokens
 from bsr_cli.core.results import InvalidCell
 from bsr_cli.errors import CapacityError, InvalidInput
@@ -215,7 +216,7 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
                 t.fill_(1.0)
         # Rank 1's Mooncake reads fail in window 3 (windows 0-2 already installed on both ranks); the fault goes
         # through LMCache's own failure path (its get returns None, retrieve returns a short mask).
-        c.inject({"kind": "remote-unavailable", "rank": 1, "window": 3})
+        c.inject(FaultRequest("remote-unavailable", rank=1, window=3))
         res = c.restore(toks, w=W, exclude=["fs"])
     finally:
         c.allocation.allocate = orig  # type: ignore[method-assign]
@@ -335,7 +336,7 @@ def test_admin_api_and_cli_against_the_lmcache_host(
         status = bsr("status")
         assert "ranks" in json.dumps(status)
         with pytest.raises(InvalidInput):
-            host.coordinator.inject({"kind": "corrupt"})
+            host.coordinator.inject(FaultRequest("corrupt"))
     finally:
         host.admin = None
         admin.stop()

@@ -13,6 +13,7 @@ import pytest
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.prompt import Prompt
+from bsr_cli.core.results import AbortAnswer
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen
 from bsr_cli.tui.source import LiveSource
@@ -32,7 +33,7 @@ def _spy(source: LiveSource) -> list[str]:
     calls: list[str] = []
     real = source.abort
 
-    def abort(request: str) -> dict[str, Any]:  # the real call, counted
+    def abort(request: str) -> AbortAnswer:  # the real call, counted
         calls.append(request)
         return real(request)
 

@@ -15,6 +15,7 @@ from textual.widgets import Input, OptionList, Static
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.prompt import Prompt
+from bsr_cli.core.results import AbortAnswer
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen
 from bsr_cli.tui.source import LiveSource, ReplaySource
@@ -127,10 +128,10 @@ async def test_abort_from_top_asks_first_and_fails_the_restore_closed(engine_tha
 
     worker = threading.Thread(target=run, daemon=True)
     source = LiveSource.for_url(engine.url, engine.token)
-    answers: list[dict[str, Any]] = []
+    answers: list[AbortAnswer] = []
     real_abort = source.abort
 
-    def abort(request: str) -> dict[str, Any]:  # the real call, with its answer kept for the asserts below
+    def abort(request: str) -> AbortAnswer:  # the real call, with its answer kept for the asserts below
         answers.append(real_abort(request))
         return answers[-1]
 
@@ -164,6 +165,6 @@ async def test_abort_from_top_asks_first_and_fails_the_restore_closed(engine_tha
     worker.join(60)
     res = out["result"]
     assert res.outcome is Outcome.ABORTED and res.committed_tokens == 0
-    assert len(answers) == 1 and answers[0]["request"] == res.request and answers[0]["aborting"] is True
+    assert len(answers) == 1 and answers[0] == AbortAnswer(request=res.request, aborting=True)
     assert res.report is not None
     assert any("abort" in f.reason for f in res.report.failures), res.report.failures

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.core.evidence import Outcome, Stage
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.results import InvalidCell, ManualRestoreResult, RestoreReport
 from bsr_cli.errors import ServerError
@@ -60,7 +61,7 @@ def test_a_warm_admission_restores_the_prefix_in_windows_and_matches_the_recompu
 
 def test_a_tier_fault_sets_a_marker_and_the_next_pass_restores_from_the_lower_tier(fake_engine: FakeEngine) -> None:
     _warm(fake_engine)
-    fake_engine.coordinator.inject({"kind": "remote-unavailable"})
+    fake_engine.coordinator.inject(FaultRequest("remote-unavailable"))
     out = fake_engine.coordinator.submit(PROMPT)
     first, second = out.passes[0], out.passes[1]
     assert first.restore is not None and second.restore is not None
@@ -77,7 +78,7 @@ def test_a_tier_fault_sets_a_marker_and_the_next_pass_restores_from_the_lower_ti
 
 def test_one_invalid_group_on_one_rank_collapses_the_whole_prefix(fake_engine: FakeEngine) -> None:
     _warm(fake_engine)
-    fake_engine.coordinator.inject({"kind": "restore-fault", "rank": 1, "group": "swa", "window": 1})
+    fake_engine.coordinator.inject(FaultRequest("restore-fault", rank=1, group="swa", window=1))
     out = fake_engine.coordinator.restore(PROMPT)
     report = _report(out)
     assert out.outcome is Outcome.FAILED_CLOSED and out.committed_tokens == 0
@@ -153,7 +154,7 @@ def test_a_dead_rank_refuses_the_restore_before_any_window() -> None:
 
 def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(fake_engine: FakeEngine) -> None:
     _warm(fake_engine)
-    fake_engine.coordinator.inject({"kind": "timeout", "window": 1})
+    fake_engine.coordinator.inject(FaultRequest("timeout", window=1))
     started = threading.Event()
 
     def progress(ev: dict[str, Any]) -> None:
@@ -179,7 +180,7 @@ def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(fake_engin
 def test_blocks_are_returned_after_every_request(fake_engine: FakeEngine) -> None:
     free = {g: a.free_blocks for g, a in fake_engine.coordinator.allocators.items()}
     _warm(fake_engine)
-    fake_engine.coordinator.inject({"kind": "corrupt"})
+    fake_engine.coordinator.inject(FaultRequest("corrupt"))
     fake_engine.coordinator.restore(PROMPT)
     assert {g: a.free_blocks for g, a in fake_engine.coordinator.allocators.items()} == free
 

@@ -15,6 +15,7 @@ from bsr_cli.api.ranks import ProbeRequest, RankRequest
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.events import Event, Failure, WindowWaiting
 from bsr_cli.core.evidence import CapacityCause, EventKind, FailureKind, MarkerClearCause, Outcome, Stage
+from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.status import ActiveRestore
 from bsr_cli.errors import BadRequest, CapacityError, FaultsDisabled
@@ -139,7 +140,7 @@ def test_admission_probes_through_its_rank_caller_and_keeps_its_markers(parts: P
 
 def test_armed_faults_fire_out_and_refuse_when_disabled(parts: Parts) -> None:
     faults = ArmedFaults(parts.ctx)
-    f = faults.inject({"kind": "timeout", "rank": 1, "window": 2, "count": 2})
+    f = faults.inject(FaultRequest("timeout", rank=1, window=2, count=2))
     assert [a.id for a in faults.armed()] == [f.id]
     assert faults.fire(rank=0, window=2) is None and faults.fire(rank=1, window=1) is None
     assert faults.fire(rank=1, window=2).fired == 1  # type: ignore[union-attr]
@@ -147,7 +148,7 @@ def test_armed_faults_fire_out_and_refuse_when_disabled(parts: Parts) -> None:
     assert faults.armed() == [] and faults.listed() == []  # its count is spent
     parts.ctx.settings.faults_enabled = False
     with pytest.raises(FaultsDisabled):
-        faults.inject({"kind": "timeout"})
+        faults.inject(FaultRequest("timeout"))
 
 
 def test_rank_calls_watch_a_restores_progress_and_a_stuck_rank_call(parts: Parts) -> None:
