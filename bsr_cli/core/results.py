@@ -46,7 +46,7 @@ class ProbeResult:
     markers: tuple[MarkerView, ...]
 
     def to_wire(self) -> dict[str, Any]:
-        return {"kind": "bsr.probe"} | wire.write(self)  # the bitmap's own kind, repeated first for a reader
+        return {"kind": "bsr.probe"} | wire.write(self)  # the document's kind first, as the bitmap's own
 
     from_wire = wire.reader()
 
@@ -93,7 +93,7 @@ class RankRestore:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> RankRestore:
-        return wire.read(cls, d | {key: None for key in _EMPTY_WHEN_NONE if not d.get(key)})
+        return wire.read(cls, {**d, **{key: None for key in _EMPTY_WHEN_NONE if not d.get(key)}})
 
 
 @dataclass(frozen=True, kw_only=True)
