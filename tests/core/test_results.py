@@ -4,6 +4,7 @@ answered (keys, order, which are absent) and reads it back, ignoring keys a newe
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from bsr_cli.core.bitmap import full_hit_bitmap
 from bsr_cli.core.events import Failure
@@ -17,6 +18,7 @@ from bsr_cli.core.results import (
     MarkerStep,
     OutputHashes,
     PrefixLookup,
+    ProbeResult,
     RankRestore,
     RestoreReport,
     StoreReport,
@@ -208,3 +210,16 @@ def test_a_submit_says_why_each_pass_failed_and_reads_back() -> None:
 def test_an_abort_answer_reads_back() -> None:
     assert AbortAnswer.from_wire({"request": "r", "aborting": True, "new": 1}) == AbortAnswer("r", True)
     assert list(AbortAnswer("r", False).to_wire()) == ["request", "aborting"]
+
+
+def test_a_probe_reads_back_typed_markers_and_writes_the_same_document() -> None:
+    doc = json.loads((Path(__file__).parents[2] / "examples" / "probe.json").read_text())
+    doc.pop("strip_width")  # `bsr probe --json` adds it; the engine's answer has no such key
+    doc["markers"] = [
+        {"prompt": "c27416f8", "excluded_tiers": ["mooncake"], "reason": "tier fault", "request": "req-1",
+         "set_at": 1.5, "prefix_tokens": 512},  # a vLLM worker's marker adds its prefix
+    ]  # fmt: skip
+    probe = ProbeResult.from_wire(doc)
+    assert probe.markers[0].excluded_tiers == ("mooncake",) and probe.markers[0].host_fields == {"prefix_tokens": 512}
+    assert probe.registration.tp_size == 2 and probe.first_break is None
+    assert json.dumps(probe.to_wire()) == json.dumps(doc)  # key for key, in order
