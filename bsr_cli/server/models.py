@@ -9,7 +9,7 @@ are, and a test validates live answers against the document.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
@@ -47,38 +47,53 @@ class Synthetic(_Request):
 _ONE_PROMPT: dict[str, Any] = {"oneOf": [{"required": ["tokens"]}, {"required": ["synthetic"]}]}
 
 
-class PromptBody(_Request):
-    """A prompt: exactly one of ``tokens`` or ``synthetic``."""
+# A prompt: exactly one of ``tokens`` or ``synthetic``. Neither is nullable: a field is given with a value or left
+# out. Each body that carries a prompt declares the two fields itself and checks them with `_exactly_one_prompt`.
+_PROMPT_CONFIG = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_PROMPT)
+PromptTokens = Annotated[list[TokenId], Field(min_length=1)]
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_PROMPT)
 
-    # Neither is nullable: a field is given with a value or left out.
-    tokens: Annotated[list[TokenId], Field(min_length=1)] = None  # type: ignore[assignment]
+def _exactly_one_prompt(body: _P) -> _P:
+    if (body.tokens is None) == (body.synthetic is None):
+        raise ValueError("give exactly one of 'tokens' or 'synthetic'")
+    return body
+
+
+class ProbeBody(_Request):
+    model_config = _PROMPT_CONFIG
+    tokens: PromptTokens = None  # type: ignore[assignment]
     synthetic: Synthetic = None  # type: ignore[assignment]
-
-    @model_validator(mode="after")
-    def _exactly_one_prompt(self) -> PromptBody:
-        if (self.tokens is None) == (self.synthetic is None):
-            raise ValueError("give exactly one of 'tokens' or 'synthetic'")
-        return self
-
-
-class ProbeBody(PromptBody):
     exclude_tiers: list[Tier] | None = None
 
+    _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
-class SubmitBody(PromptBody):
+
+class SubmitBody(_Request):
+    model_config = _PROMPT_CONFIG
+    tokens: PromptTokens = None  # type: ignore[assignment]
+    synthetic: Synthetic = None  # type: ignore[assignment]
     W: NonNegative | None = None
     verify: StrictBool = True
     store: StrictBool = True
     stream: StrictBool = False
 
+    _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
-class RestoreBody(PromptBody):
+
+class RestoreBody(_Request):
+    model_config = _PROMPT_CONFIG
+    tokens: PromptTokens = None  # type: ignore[assignment]
+    synthetic: Synthetic = None  # type: ignore[assignment]
     W: NonNegative | None = None
     verify: StrictBool = True
     exclude_tiers: list[Tier] | None = None
     stream: StrictBool = True
+
+    _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
+
+
+PromptBody = ProbeBody | SubmitBody | RestoreBody  # every body that carries a prompt
+_P = TypeVar("_P", ProbeBody, SubmitBody, RestoreBody)
 
 
 class SettingsBody(_Request):
