@@ -76,8 +76,11 @@ def test_against_the_embedded_engine_one_admin_url_serves_every_rank(bsr, engine
     assert r.code == 0, r.err
     d = r.json()
     assert d["kind"] == "bsr" and d["rank_urls"] == [engine.url] and d["token"]["accepted"] is True
+    with engine.client() as c:
+        ranks = c.info().ranks
+    assert ranks == 2 and d["tp_size"] == ranks  # the engine's own rank count (it once said 1 for any engine)
     text = bsr("engine", "endpoints")
-    assert text.code == 0 and f"bsr engine at {engine.url}" in text.out, text.out
+    assert text.code == 0 and f"bsr engine at {engine.url}: one admin API serves all 2 rank(s)" in text.out, text.out
 
 
 @pytest.mark.timeout(60)

@@ -122,7 +122,7 @@ def endpoints_of(url: str, token_source: str, info: EngineInfo) -> EngineEndpoin
     """The endpoints, from the admin API's `info`: a vLLM worker adds its instance, bsr's own engines do not."""
     inst = info.host_fields.get("vllm_instance")
     if not isinstance(inst, dict):
-        return EngineEndpoints(url, token_source, int(info.host_fields.get("tp_size") or 1), (url,))
+        return EngineEndpoints(url, token_source, info.ranks or 1, (url,))  # bsr's engine: one URL, every rank
     vllm = VllmInstance.from_wire(inst)
     return EngineEndpoints(
         url,
