@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
-from bsr_cli.core.wire import value_to_wire
+from bsr_cli.core.wire import write
 
 E = TypeVar("E", bound="Event")
 _D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
@@ -64,7 +64,7 @@ class Failure:
         }[self.kind]
 
     def to_wire(self) -> dict[str, Any]:
-        return {**_wire_fields(self), "component": self.component.value}
+        return {**write(self), "component": self.component.value}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Failure:
@@ -552,14 +552,10 @@ def rank_of(event: Event) -> int | None:
     return value if isinstance(value, int) else None
 
 
-# -- the one wire codec for these dataclasses --------------------------------------------------------------------
+# -- the wire form: written by core.wire (under the wire keys above), read strictly here -----------------------
 def _event_to_wire(event: Event) -> dict[str, Any]:
     keys = _FIELD_KEYS.get(type(event), {})
-    return {"type": event.kind.value, **{keys.get(k, k): v for k, v in _wire_fields(event).items()}}
-
-
-def _wire_fields(obj: Failure | Event) -> dict[str, Any]:
-    return {f.name: value_to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return {"type": event.kind.value, **{keys.get(k, k): v for k, v in write(event).items()}}
 
 
 _FIELD_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
