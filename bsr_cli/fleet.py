@@ -91,11 +91,9 @@ def targets(settings: Settings, engines_from: str | None = None) -> list[Target]
 def _resolve(settings: Settings, name: str) -> list[Target]:
     if name in settings.profiles:
         prof = settings.profiles[name]
-        token = settings.token or prof.get("token")
-        many = prof.get("urls")
+        token = settings.token or prof.token
+        many = prof.urls  # checked when the config file was read (bsr_cli/settings.py)
         if many is not None:
-            if not isinstance(many, list) or not all(isinstance(u, str) for u in many):
-                raise InvalidInput(f"profile {name!r}: urls must be a list of URLs or profile names")
             found: list[Target] = []
             for i, u in enumerate(many):
                 if u in settings.profiles and u != name:
@@ -105,7 +103,7 @@ def _resolve(settings: Settings, name: str) -> list[Target]:
                 else:
                     raise InvalidInput(f"profile {name!r}: {u!r} is neither a URL nor a profile")
             return found
-        url = str(prof.get("url", ""))
+        url = prof.url
         if not url:
             raise InvalidInput(f"profile {name!r} has no url")
         return [Target(name, url.rstrip("/"), token)]

@@ -63,6 +63,16 @@ def _truthy(value: str) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+@dataclass(frozen=True)
+class Profile:
+    """An engine profile of the config file (``[profiles.NAME]``): one engine (``url``) or several (``urls``, URLs
+    or other profiles' names, for `bsr status` and `bsr top`), and the token to send them."""
+
+    url: str = ""
+    urls: tuple[str, ...] | None = None
+    token: str | None = None
+
+
 @dataclass
 class Settings:
     engine: str | None = None
@@ -74,7 +84,7 @@ class Settings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     event_retention_s: float = DEFAULT_EVENT_RETENTION_S
     event_store_bytes: int = DEFAULT_EVENT_STORE_BYTES
-    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    profiles: dict[str, Profile] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
     def sourced(self) -> dict[str, SourcedValue]:
@@ -154,7 +164,14 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
                 f"{s.config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
                 hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
             )
-    s.profiles = profiles
+        urls, token = prof.get("urls"), prof.get("token")
+        if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
+            raise InvalidInput(f"profile {pname!r}: urls must be a list of URLs or profile names")
+        s.profiles[pname] = Profile(
+            url=str(prof.get("url", "")),
+            urls=None if urls is None else tuple(urls),
+            token=None if token is None else str(token),
+        )
 
     for name, key, conv in (
         ("engine", "engine", str),
@@ -211,6 +228,7 @@ def parse_event_store_bytes(value: Any) -> int:
     return n
 
 
+# The config file is read whole and checked key by key (load_settings): TOML of any shape until then.
 def _read_config(path: Path, *, required: bool) -> dict[str, Any]:
     try:
         with path.open("rb") as f:

@@ -1,8 +1,9 @@
 """The rank-ops contract: what the coordinator asks a TP rank, and what the rank answers. Plain data, no I/O.
 
-Every op is a request dataclass parametrized by its result dataclass (``ProbeRequest`` → ``ProbeResult``). A
-rank host implements ``RankOps`` (one typed method per op); ``dispatch(ops, request)`` runs a request on a host,
-keyed by the request's type (each request names its own method, so mypy checks every pair). The coordinator holds
+Every op is a request dataclass whose ``apply`` returns its result dataclass (``ProbeRequest`` → ``ProbeResult``),
+which makes it a ``RankRequest[ProbeResult]`` by its shape alone. A rank host implements ``RankOps`` (one typed
+method per op); ``dispatch(ops, request)`` runs one of the requests below on a host, keyed by the request's type
+(each request names its own method, so mypy checks every pair). The coordinator holds
 a ``RankClient`` per rank, whose ``submit(request)`` returns a ``Future`` of that request's result type; over the
 embedded engine's pipe the request object itself travels (``Call``), pickled, and the ``Reply`` carries the
 result object back.
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from bsr_cli.api.codec import from_json, to_json
 from bsr_cli.api.jobs import ObjectRef, RestoreJob, RestoreResult, WindowJob
@@ -46,13 +47,13 @@ def _unsupported(op: str, message: str, hint: str | None) -> UnsupportedOp:
     return UnsupportedOp(op, message, hint=hint)
 
 
-class RankRequest(Generic[R_co]):
-    """Base of every request; ``op`` is its name in the JSON form and in error messages."""
+class RankRequest(Protocol[R_co]):
+    """What every request is (the request dataclasses below have it without inheriting it): ``op``, its name in
+    the JSON form and in error messages, and ``apply``, which calls the host's method for it."""
 
     op: ClassVar[str]
 
-    def apply(self, ops: RankOps) -> R_co:
-        raise NotImplementedError
+    def apply(self, ops: RankOps) -> R_co: ...
 
 
 # -- results -------------------------------------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class InvalidateResult:
 
 # -- requests ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ProbeRequest(RankRequest[ProbeResult]):
+class ProbeRequest:
     """Probe-only lookup: which of ``tiers`` hold each chunk's object on this rank. Moves no bytes."""
 
     op: ClassVar[str] = "probe"
@@ -155,7 +156,7 @@ class ProbeRequest(RankRequest[ProbeResult]):
 
 
 @dataclass(frozen=True)
-class StoreRequest(RankRequest[StoreResult]):
+class StoreRequest:
     """Write the objects ``chunks[tier]`` (chunk indices that tier lacks) read back from the blocks."""
 
     op: ClassVar[str] = "store"
@@ -169,7 +170,7 @@ class StoreRequest(RankRequest[StoreResult]):
 
 
 @dataclass(frozen=True)
-class RestoreRequest(RankRequest[RestoreResult]):
+class RestoreRequest:
     op: ClassVar[str] = "restore"
     job: RestoreJob
 
@@ -178,7 +179,7 @@ class RestoreRequest(RankRequest[RestoreResult]):
 
 
 @dataclass(frozen=True)
-class StatsRequest(RankRequest[StatsResult]):
+class StatsRequest:
     op: ClassVar[str] = "stats"
     health: bool = False
 
@@ -187,7 +188,7 @@ class StatsRequest(RankRequest[StatsResult]):
 
 
 @dataclass(frozen=True)
-class ResetPeakRequest(RankRequest[ResetPeakResult]):
+class ResetPeakRequest:
     op: ClassVar[str] = "reset_peak"
 
     def apply(self, ops: RankOps) -> ResetPeakResult:
@@ -195,7 +196,7 @@ class ResetPeakRequest(RankRequest[ResetPeakResult]):
 
 
 @dataclass(frozen=True)
-class SetBudgetRequest(RankRequest[SetBudgetResult]):
+class SetBudgetRequest:
     op: ClassVar[str] = "set_budget"
     budget_bytes: int
 
@@ -204,7 +205,7 @@ class SetBudgetRequest(RankRequest[SetBudgetResult]):
 
 
 @dataclass(frozen=True)
-class SetFsConcurrencyRequest(RankRequest[SetFsConcurrencyResult]):
+class SetFsConcurrencyRequest:
     op: ClassVar[str] = "set_fs_concurrency"
     value: int
 
@@ -213,7 +214,7 @@ class SetFsConcurrencyRequest(RankRequest[SetFsConcurrencyResult]):
 
 
 @dataclass(frozen=True)
-class RemoveAllRequest(RankRequest[RemoveAllResult]):
+class RemoveAllRequest:
     op: ClassVar[str] = "remove_all"
     tier: str
 
@@ -223,7 +224,7 @@ class RemoveAllRequest(RankRequest[RemoveAllResult]):
 
 # The embedded engine's synthetic model (the test ops): compute KV, hash it, scrub it.
 @dataclass(frozen=True)
-class PrefillRequest(RankRequest[PrefillResult]):
+class PrefillRequest:
     op: ClassVar[str] = "prefill"
     hashes: list[str]
     n_tokens: int
@@ -235,7 +236,7 @@ class PrefillRequest(RankRequest[PrefillResult]):
 
 
 @dataclass(frozen=True)
-class OutputHashRequest(RankRequest[OutputHashResult]):
+class OutputHashRequest:
     op: ClassVar[str] = "output_hash"
     block_tables: dict[str, list[int]]
     n_tokens: int
@@ -245,7 +246,7 @@ class OutputHashRequest(RankRequest[OutputHashResult]):
 
 
 @dataclass(frozen=True)
-class CanonicalHashRequest(RankRequest[CanonicalHashResult]):
+class CanonicalHashRequest:
     op: ClassVar[str] = "canonical_hash"
     hashes: list[str]
     n_tokens: int
@@ -255,7 +256,7 @@ class CanonicalHashRequest(RankRequest[CanonicalHashResult]):
 
 
 @dataclass(frozen=True)
-class InvalidateRequest(RankRequest[InvalidateResult]):
+class InvalidateRequest:
     op: ClassVar[str] = "invalidate"
     block_tables: dict[str, list[int]]
 
@@ -280,6 +281,7 @@ REQUESTS: dict[str, type[RankRequest[Any]]] = {
         InvalidateRequest,
     )
 }
+_REQUEST_TYPES = frozenset(REQUESTS.values())
 RESULTS: dict[str, type] = {
     "probe": ProbeResult,
     "store": StoreResult,
@@ -395,7 +397,7 @@ class RankClient(Protocol):
 
 def dispatch(ops: RankOps, request: RankRequest[R]) -> R:
     """Run ``request`` on a host: the one dispatcher every host uses (keyed by the request's type)."""
-    if not isinstance(request, RankRequest):
+    if type(request) not in _REQUEST_TYPES:
         raise BadRequest(f"not a rank request: {type(request).__name__}")
     return request.apply(ops)
 

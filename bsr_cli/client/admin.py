@@ -73,15 +73,15 @@ def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
             )
         if engine in settings.profiles:
             prof = settings.profiles[engine]
-            url = str(prof.get("url", ""))
-            if not url and prof.get("urls"):
+            url = prof.url
+            if not url and prof.urls:
                 raise InvalidInput(
                     f"profile {engine!r} names several engines (urls); only `bsr status` and `bsr top` take a fleet",
                     hint="name one engine for this command",
                 )
             if not url:
                 raise InvalidInput(f"profile {engine!r} has no url")
-            return url.rstrip("/"), token or prof.get("token"), f"profile {engine}"
+            return url.rstrip("/"), token or prof.token, f"profile {engine}"
         if not engine.startswith(("http://", "https://")):
             raise InvalidInput(
                 f"--engine {engine!r} is neither a URL nor a profile",

@@ -2,10 +2,16 @@
 runtime, the rank hosts, the plugins) and every reader (the event store, the server, the client, the TUI, explain,
 metrics).
 
+Each class stands alone: it declares its kind, ``seq`` and ``time``, then its own fields. ``Event`` is the union
+of them all (a type for annotations, and for ``isinstance``); ``RestoreEnded`` is any of the four ways a restore
+ends and ``FaultEvent`` either fault event. What every event answers lives in functions here: ``request_of``,
+``rank_of``, ``stamped``.
+
 The wire form is a flat JSON object: ``{"type": kind, "seq": …, "time": …, <fields>}``, the same shape the event
-log has always served, so recordings and stores written earlier still read. ``to_wire()`` writes it;
-``parse_event()`` reads it back, refusing an unknown ``type`` and a field of the wrong kind (enums are checked by
-value), ignoring fields it does not know (a newer writer) and defaulting missing optional ones (an older writer).
+log has always served, so recordings and stores written earlier still read. ``to_wire()`` writes it (fields in
+declared order, a few under an older wire name); ``parse_event()`` reads it back, refusing an unknown ``type`` and
+a field of the wrong kind (enums are checked by value), ignoring fields it does not know (a newer writer) and
+defaulting missing optional ones (an older writer).
 
 ``seq`` and ``time`` are stamped by the event log when the event is recorded; writers leave them at 0.
 
@@ -15,16 +21,25 @@ Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.wire import write
 
 E = TypeVar("E", bound="Event")
 _D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
+
+
+class _EventWriter:
+    """``to_wire = _EventWriter()``: an event's ``to_wire()`` is its wire object (``_event_to_wire``)."""
+
+    def __get__(self, obj: Event, owner: type[Any]) -> Callable[[], dict[str, Any]]:
+        return functools.partial(_event_to_wire, obj)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,51 +64,20 @@ class Failure:
         }[self.kind]
 
     def to_wire(self) -> dict[str, Any]:
-        return {**_wire_fields(self), "component": self.component.value}
+        return {**write(self), "component": self.component.value}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Failure:
         return _from_fields(cls, data)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Event:
-    """The fields every event has. Subclasses add theirs and name their kind."""
-
-    kind: ClassVar[EventKind]
-    seq: int = 0
-    time: float = 0.0
-
-    def to_wire(self) -> dict[str, Any]:
-        fields = _wire_fields(self)
-        for wire_name, name in self._wire_aliases().items():
-            fields[wire_name] = fields.pop(name)
-        return {"type": self.kind.value, **fields}
-
-    def stamped(self: E, seq: int, at: float) -> E:
-        return dataclasses.replace(self, seq=seq, time=at)
-
-    @classmethod
-    def _wire_aliases(cls) -> dict[str, str]:
-        """Wire names that differ from the field names (read and written): wire name -> field name."""
-        return {}
-
-    @property
-    def request_id(self) -> str | None:
-        """The request the event belongs to, if any (the event store indexes it)."""
-        value = getattr(self, "request", None)
-        return value if isinstance(value, str) and value else None
-
-    @property
-    def rank_id(self) -> int | None:
-        value = getattr(self, "rank", None)
-        return value if isinstance(value, int) else None
-
-
 # -- the engine's life -------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class EngineStarted(Event):
-    kind = EventKind.ENGINE_STARTED
+class EngineStarted:
+    kind: ClassVar[EventKind] = EventKind.ENGINE_STARTED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     version: str = ""
     pid: int = 0
     restart: bool = False  # an earlier run of this engine left evidence in the same state directory
@@ -103,22 +87,31 @@ class EngineStarted(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EngineStopped(Event):
-    kind = EventKind.ENGINE_STOPPED
+class EngineStopped:
+    kind: ClassVar[EventKind] = EventKind.ENGINE_STOPPED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     reason: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
-class SettingsChanged(Event):
-    kind = EventKind.SETTINGS_CHANGED
+class SettingsChanged:
+    kind: ClassVar[EventKind] = EventKind.SETTINGS_CHANGED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     # setting -> new value, as the admin API spells them
     changes: dict[str, int | float | str | bool | None] = field(default_factory=dict)
 
 
 # -- a request and its restore ---------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class RequestAdmitted(Event):
-    kind = EventKind.REQUEST_ADMITTED
+class RequestAdmitted:
+    kind: ClassVar[EventKind] = EventKind.REQUEST_ADMITTED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
     prompt: str = ""
     tokens: int = 0
@@ -128,8 +121,11 @@ class RequestAdmitted(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RequestFinished(Event):
-    kind = EventKind.REQUEST_FINISHED
+class RequestFinished:
+    kind: ClassVar[EventKind] = EventKind.REQUEST_FINISHED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
     external_tokens: int = 0
     computed_tokens: int = 0
@@ -138,8 +134,11 @@ class RequestFinished(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestoreStarted(Event):
-    kind = EventKind.RESTORE_STARTED
+class RestoreStarted:
+    kind: ClassVar[EventKind] = EventKind.RESTORE_STARTED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
     prompt: str = ""
     prefix_tokens: int = 0  # a restore of a prefix of the prompt (a vLLM worker's load): ``prompt`` hashes that many
@@ -150,16 +149,22 @@ class RestoreStarted(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class WindowWaiting(Event):
-    kind = EventKind.WINDOW_WAITING
+class WindowWaiting:
+    kind: ClassVar[EventKind] = EventKind.WINDOW_WAITING
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
     rank: int
     window: int
 
 
 @dataclass(frozen=True, kw_only=True)
-class WindowFetched(Event):
-    kind = EventKind.WINDOW_FETCHED
+class WindowFetched:
+    kind: ClassVar[EventKind] = EventKind.WINDOW_FETCHED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
     rank: int
     window: int
@@ -170,16 +175,22 @@ class WindowFetched(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class WindowInstalled(Event):
-    kind = EventKind.WINDOW_INSTALLED
+class WindowInstalled:
+    kind: ClassVar[EventKind] = EventKind.WINDOW_INSTALLED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
     rank: int
     window: int
 
 
 @dataclass(frozen=True, kw_only=True)
-class WindowReleased(Event):
-    kind = EventKind.WINDOW_RELEASED
+class WindowReleased:
+    kind: ClassVar[EventKind] = EventKind.WINDOW_RELEASED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
     rank: int
     window: int
@@ -189,22 +200,21 @@ class WindowReleased(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestoreFailed(Event):
+class RestoreFailed:
     """One rank's part of a restore failed (the request's outcome follows as its own event)."""
 
-    kind = EventKind.RESTORE_FAILED
+    kind: ClassVar[EventKind] = EventKind.RESTORE_FAILED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
     rank: int
     reason: str
-    failure_kind: FailureKind
     stage: Stage | None = None
     window: int | None = None
     tier: str | None = None
     cause: CapacityCause | None = None
-
-    @classmethod
-    def _wire_aliases(cls) -> dict[str, str]:
-        return {"kind": "failure_kind"}  # the wire has always spelled it ``kind``
+    failure_kind: FailureKind  # on the wire ``kind``, the last key (as it has always been written)
 
     @property
     def failure(self) -> Failure:
@@ -220,10 +230,15 @@ class RestoreFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestoreEnded(Event):
-    """How a restore ended; one subclass per outcome."""
+class RestoreCommitted:
+    """A restore ended, and how: one class per outcome (``RestoreEnded`` names any of them). The four declare the
+    same fields (tests/core/test_event_types.py holds them to it)."""
 
-    outcome: ClassVar[Outcome]
+    kind: ClassVar[EventKind] = EventKind.RESTORE_COMMITTED
+    outcome: ClassVar[Outcome] = Outcome.COMMITTED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
     advertised_tokens: int = 0
     committed_tokens: int = 0
@@ -233,40 +248,74 @@ class RestoreEnded(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestoreCommitted(RestoreEnded):
-    kind = EventKind.RESTORE_COMMITTED
-    outcome = Outcome.COMMITTED
+class RestoreFailedClosed:
+    kind: ClassVar[EventKind] = EventKind.RESTORE_FAILED_CLOSED
+    outcome: ClassVar[Outcome] = Outcome.FAILED_CLOSED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
+    request: str
+    advertised_tokens: int = 0
+    committed_tokens: int = 0
+    seconds: float = 0.0
+    failures: tuple[Failure, ...] = ()
+    failure_kind: FailureKind | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestoreFailedClosed(RestoreEnded):
-    kind = EventKind.RESTORE_FAILED_CLOSED
-    outcome = Outcome.FAILED_CLOSED
+class RestoreRefused:
+    kind: ClassVar[EventKind] = EventKind.RESTORE_REFUSED
+    outcome: ClassVar[Outcome] = Outcome.REFUSED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
+    request: str
+    advertised_tokens: int = 0
+    committed_tokens: int = 0
+    seconds: float = 0.0
+    failures: tuple[Failure, ...] = ()
+    failure_kind: FailureKind | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestoreRefused(RestoreEnded):
-    kind = EventKind.RESTORE_REFUSED
-    outcome = Outcome.REFUSED
+class RestoreAborted:
+    kind: ClassVar[EventKind] = EventKind.RESTORE_ABORTED
+    outcome: ClassVar[Outcome] = Outcome.ABORTED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
+    request: str
+    advertised_tokens: int = 0
+    committed_tokens: int = 0
+    seconds: float = 0.0
+    failures: tuple[Failure, ...] = ()
+    failure_kind: FailureKind | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class RestoreAborted(RestoreEnded):
-    kind = EventKind.RESTORE_ABORTED
-    outcome = Outcome.ABORTED
+# A restore ended, whatever its outcome (``isinstance(e, RestoreEnded)``; ``e.outcome`` says which).
+RestoreEnded: TypeAlias = RestoreCommitted | RestoreFailedClosed | RestoreRefused | RestoreAborted
+_RESTORE_ENDINGS: tuple[type[RestoreEnded], ...] = (
+    RestoreCommitted,
+    RestoreFailedClosed,
+    RestoreRefused,
+    RestoreAborted,
+)
 
 
 def restore_ended(outcome: Outcome) -> type[RestoreEnded]:
     """The event class of a restore that ended with ``outcome``."""
-    for cls in (RestoreCommitted, RestoreFailedClosed, RestoreRefused, RestoreAborted):
+    for cls in _RESTORE_ENDINGS:
         if cls.outcome is outcome:
             return cls
     raise ValueError(f"no restore event for outcome {outcome.value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
-class StoreFailed(Event):
-    kind = EventKind.STORE_FAILED
+class StoreFailed:
+    kind: ClassVar[EventKind] = EventKind.STORE_FAILED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     rank: int
     tier: str
     error: str
@@ -274,11 +323,14 @@ class StoreFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ObjectQuarantined(Event):
+class ObjectQuarantined:
     """A rank re-read a stored object after a failed restore, found its bytes damaged on the tier, and moved it
     aside (under the tier's ``quarantine/``); the tier no longer holds the chunk, so the next store rewrites it."""
 
-    kind = EventKind.OBJECT_QUARANTINED
+    kind: ClassVar[EventKind] = EventKind.OBJECT_QUARANTINED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     rank: int
     tier: str
     chunk: int
@@ -290,15 +342,21 @@ class ObjectQuarantined(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AbortRequested(Event):
-    kind = EventKind.ABORT_REQUESTED
+class AbortRequested:
+    kind: ClassVar[EventKind] = EventKind.ABORT_REQUESTED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     request: str
 
 
 # -- markers and faults -----------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class MarkerSet(Event):
-    kind = EventKind.MARKER_SET
+class MarkerSet:
+    kind: ClassVar[EventKind] = EventKind.MARKER_SET
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     prompt: str
     request: str | None = None
     excluded_tiers: tuple[str, ...] = ()
@@ -306,8 +364,11 @@ class MarkerSet(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MarkerCleared(Event):
-    kind = EventKind.MARKER_CLEARED
+class MarkerCleared:
+    kind: ClassVar[EventKind] = EventKind.MARKER_CLEARED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     prompt: str
     why: str = ""  # a MarkerClearCause's value: a later admission succeeded, or an operator cleared it
     request: str | None = None
@@ -317,89 +378,144 @@ class MarkerCleared(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class FaultEvent(Event):
-    """A fault's own fields travel flat beside the event's, spelled as the fault's own wire form (``id``, and
-    ``kind`` for the fault's kind)."""
+class FaultInjected:
+    """A fault was armed. Its fields travel flat beside the event's (``FaultEvent`` names this or ``FaultFired``)."""
 
-    fault_id: int = 0
-    fault: str = ""  # the fault's kind (remote-unavailable, restore-fault, ...)
+    kind: ClassVar[EventKind] = EventKind.FAULT_INJECTED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     rank: int | None = None
     window: int | None = None
     group: str | None = None
     count: int = 1
     fired: int = 0
-
-    @classmethod
-    def _wire_aliases(cls) -> dict[str, str]:
-        return {"id": "fault_id", "kind": "fault"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class FaultInjected(FaultEvent):
-    kind = EventKind.FAULT_INJECTED
+    # The fault's own id and kind, last and spelled as the fault's wire form spells them (``id``, ``kind``).
+    fault_id: int = 0
+    fault: str = ""  # the fault's kind (remote-unavailable, restore-fault, ...)
 
 
 @dataclass(frozen=True, kw_only=True)
-class FaultFired(FaultEvent):
-    kind = EventKind.FAULT_FIRED
+class FaultFired:
+    """An armed fault fired: the fault's fields as ``FaultInjected`` has them, and the request it hit."""
+
+    kind: ClassVar[EventKind] = EventKind.FAULT_FIRED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
+    rank: int | None = None
+    window: int | None = None
+    group: str | None = None
+    count: int = 1
+    fired: int = 0
     request: str | None = None
+    # The fault's own id and kind, last and spelled as the fault's wire form spells them (``id``, ``kind``).
+    fault_id: int = 0
+    fault: str = ""  # the fault's kind (remote-unavailable, restore-fault, ...)
+
+
+FaultEvent: TypeAlias = FaultInjected | FaultFired
 
 
 @dataclass(frozen=True, kw_only=True)
-class FaultsCleared(Event):
-    kind = EventKind.FAULTS_CLEARED
+class FaultsCleared:
+    kind: ClassVar[EventKind] = EventKind.FAULTS_CLEARED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     count: int = 0
 
 
 # -- ranks ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class RankUnresponsive(Event):
-    kind = EventKind.RANK_UNRESPONSIVE
+class RankUnresponsive:
+    kind: ClassVar[EventKind] = EventKind.RANK_UNRESPONSIVE
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     rank: int
     reason: str
     request: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankRestarted(Event):
-    kind = EventKind.RANK_RESTARTED
+class RankRestarted:
+    kind: ClassVar[EventKind] = EventKind.RANK_RESTARTED
+    to_wire = _EventWriter()
+    seq: int = 0
+    time: float = 0.0
     rank: int
     pid: int = 0
     restarts: int = 1  # how many times this rank has been restarted since the engine started
     reason: str = ""
 
 
-EVENT_TYPES: dict[EventKind, type[Event]] = {
-    cls.kind: cls
-    for cls in (
-        EngineStarted,
-        EngineStopped,
-        SettingsChanged,
-        RequestAdmitted,
-        RequestFinished,
-        RestoreStarted,
-        WindowWaiting,
-        WindowFetched,
-        WindowInstalled,
-        WindowReleased,
-        RestoreFailed,
-        RestoreCommitted,
-        RestoreFailedClosed,
-        RestoreRefused,
-        RestoreAborted,
-        StoreFailed,
-        ObjectQuarantined,
-        AbortRequested,
-        MarkerSet,
-        MarkerCleared,
-        FaultInjected,
-        FaultFired,
-        FaultsCleared,
-        RankUnresponsive,
-        RankRestarted,
-    )
+Event: TypeAlias = (
+    EngineStarted
+    | EngineStopped
+    | SettingsChanged
+    | RequestAdmitted
+    | RequestFinished
+    | RestoreStarted
+    | WindowWaiting
+    | WindowFetched
+    | WindowInstalled
+    | WindowReleased
+    | RestoreFailed
+    | RestoreEnded
+    | StoreFailed
+    | ObjectQuarantined
+    | AbortRequested
+    | MarkerSet
+    | MarkerCleared
+    | FaultEvent
+    | FaultsCleared
+    | RankUnresponsive
+    | RankRestarted
+)
+_EVENT_CLASSES: tuple[type[Event], ...] = (
+    EngineStarted,
+    EngineStopped,
+    SettingsChanged,
+    RequestAdmitted,
+    RequestFinished,
+    RestoreStarted,
+    WindowWaiting,
+    WindowFetched,
+    WindowInstalled,
+    WindowReleased,
+    RestoreFailed,
+    RestoreCommitted,
+    RestoreFailedClosed,
+    RestoreRefused,
+    RestoreAborted,
+    StoreFailed,
+    ObjectQuarantined,
+    AbortRequested,
+    MarkerSet,
+    MarkerCleared,
+    FaultInjected,
+    FaultFired,
+    FaultsCleared,
+    RankUnresponsive,
+    RankRestarted,
+)
+EVENT_TYPES: dict[EventKind, type[Event]] = {cls.kind: cls for cls in _EVENT_CLASSES}
+assert len(EVENT_TYPES) == len(_EVENT_CLASSES) and set(EVENT_TYPES) == set(EventKind), (
+    "every EventKind has exactly one event class"
+)
+
+# Fields written and read under another wire name than their own: wire key -> field. The wire has always spelled
+# a failed rank's failure kind ``kind``, and a fault's id and kind as the fault's own wire form does.
+_FAULT_KEYS = {"id": "fault_id", "kind": "fault"}
+_WIRE_KEYS: dict[type[Event], dict[str, str]] = {
+    RestoreFailed: {"kind": "failure_kind"},
+    FaultInjected: _FAULT_KEYS,
+    FaultFired: _FAULT_KEYS,
 }
-assert set(EVENT_TYPES) == set(EventKind), "every EventKind has exactly one event class"
+_FIELD_KEYS: dict[type[Event], dict[str, str]] = {
+    cls: {name: key for key, name in keys.items()} for cls, keys in _WIRE_KEYS.items()
+}
 
 # The events that show a rank making progress through a restore (the liveness watch and the TUI read them).
 PROGRESS = frozenset(
@@ -414,25 +530,32 @@ def parse_event(wire: Mapping[str, Any]) -> Event:
     except ValueError:
         raise ValueError(f"unknown event type {wire.get('type')!r}") from None
     cls = EVENT_TYPES[kind]
-    aliases = cls._wire_aliases()
-    return _from_fields(cls, {aliases.get(k, k): v for k, v in wire.items() if k != "type"})
+    keys = _WIRE_KEYS.get(cls, {})
+    return _from_fields(cls, {keys.get(k, k): v for k, v in wire.items() if k != "type"})
 
 
-# -- the one wire codec for these dataclasses --------------------------------------------------------------------
-def _wire_value(value: Any) -> Any:
-    if isinstance(value, Failure):
-        return value.to_wire()
-    if isinstance(value, (EventKind, FailureKind, Outcome, Stage, Component, CapacityCause)):
-        return value.value
-    if isinstance(value, tuple):
-        return [_wire_value(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _wire_value(v) for k, v in value.items()}
-    return value
+# -- what every event answers ------------------------------------------------------------------------------------
+def stamped(event: E, seq: int, at: float) -> E:
+    """``event`` as the event log records it: numbered ``seq``, at time ``at``."""
+    return dataclasses.replace(event, seq=seq, time=at)
 
 
-def _wire_fields(obj: Any) -> dict[str, Any]:
-    return {f.name: _wire_value(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+def request_of(event: Event) -> str | None:
+    """The request the event belongs to, if any (the event store indexes it)."""
+    value = getattr(event, "request", None)
+    return value if isinstance(value, str) and value else None
+
+
+def rank_of(event: Event) -> int | None:
+    """The rank the event happened on, if any."""
+    value = getattr(event, "rank", None)
+    return value if isinstance(value, int) else None
+
+
+# -- the wire form: written by core.wire (under the wire keys above), read strictly here -----------------------
+def _event_to_wire(event: Event) -> dict[str, Any]:
+    keys = _FIELD_KEYS.get(type(event), {})
+    return {"type": event.kind.value, **{keys.get(k, k): v for k, v in write(event).items()}}
 
 
 _FIELD_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
@@ -535,5 +658,8 @@ __all__ = [
     "WindowReleased",
     "WindowWaiting",
     "parse_event",
+    "rank_of",
+    "request_of",
     "restore_ended",
+    "stamped",
 ]

@@ -838,10 +838,10 @@ def _result(
 def fold_restore(events: Sequence[ev.Event]) -> FoldedRestore | None:
     """One restore's events (one request) as per-rank, per-window facts: windows released, the failures with their
     rank, window, stage and kind, and the outcome."""
-    mine = [e for e in events if e.request_id]
+    mine = [e for e in events if ev.request_of(e)]
     if not mine:
         return None
-    out = FoldedRestore(request=str(mine[0].request_id))
+    out = FoldedRestore(request=str(ev.request_of(mine[0])))
     ranks: dict[int, RankWindows] = {}
     arrived: list[str] = []
     quarantined: list[QuarantinedChunk] = []
@@ -896,7 +896,7 @@ def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequ
     """How one request ended and why: its restore per rank and window, the failure's kind (the failure taxonomy:
     tier, rank, capacity, aborted), the marker it left, and what to do. ``health`` and ``markers`` are the admin
     API's answers (wire form)."""
-    req = str(next((e.request_id for e in events if e.request_id), ""))
+    req = next((r for r in map(ev.request_of, events) if r), "")
     restore = fold_restore([e for e in events if not isinstance(e, ev.RequestAdmitted)])
     finished = next((e for e in events if isinstance(e, ev.RequestFinished)), None)
     prompt = next((str(p) for e in events if (p := getattr(e, "prompt", None))), "")

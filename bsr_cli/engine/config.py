@@ -4,9 +4,10 @@ types are how the supervisor writes it and the engine reads it back."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import netns
 from bsr_cli.runtime.coordinator_state import EngineSettings
@@ -35,17 +36,30 @@ class MooncakeEndpoints:
     health_url: str | None = None
     admin_url: str | None = None
 
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True)
+class StoreAddresses:
+    """The store's service addresses on a multi-host engine's links (host:port)."""
+
+    master: str  # the master's RPC address
+    holder: str  # the segment holder's service address
+
 
 @dataclass(frozen=True)
 class StoreHosts:
     """A multi-host engine (`--hosts netns`): its namespaces and links, and the store's addresses on them."""
 
     topology: netns.Topology
-    master: str  # the master's RPC address, host:port
-    holder: str  # the segment holder's service address, host:port
+    endpoints: StoreAddresses
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     def endpoint(self, node: str) -> str:
-        return self.master if node == netns.MASTER else self.holder
+        return self.endpoints.master if node == netns.MASTER else self.endpoints.holder
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,9 @@ class EventRetention:
     max_age_s: float
     max_bytes: int
 
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -81,24 +98,21 @@ class EngineConfig:
     admin: AdminConfig = field(default_factory=AdminConfig)
     events: EventRetention | None = None
 
+    # Not the codec's: "settings" is the part of EngineSettings the engine runs with, and the admin limits come
+    # first in "admin", before its host names.
     def to_wire(self) -> dict[str, Any]:
         s = self.settings
         return {
             "registration": self.registration.to_dict(),
             "settings": {k: getattr(s, k) for k in ENGINE_SETTINGS} | {"tiers": s.tiers},
-            "mooncake": None if self.mooncake is None else asdict(self.mooncake),
-            "hosts": None
-            if self.hosts is None
-            else {
-                "topology": self.hosts.topology.to_dict(),
-                "endpoints": {"master": self.hosts.master, "holder": self.hosts.holder},
-            },
+            "mooncake": wire.value_to_wire(self.mooncake),
+            "hosts": wire.value_to_wire(self.hosts),
             "fs_dir": self.fs_dir,
             "host": self.host,
             "port": self.port,
             "admin": self.admin.limits
             | {"allowed_hosts": list(self.admin.allowed_hosts), "open_metrics": self.admin.open_metrics},
-            "events": None if self.events is None else asdict(self.events),
+            "events": wire.value_to_wire(self.events),
         }
 
     @classmethod
@@ -116,23 +130,13 @@ class EngineConfig:
         return cls(
             registration=Registration.from_dict(d["registration"]),
             settings=EngineSettings(**settings),
-            mooncake=None
-            if not mc
-            else MooncakeEndpoints(
-                str(mc["master_address"]), str(mc["metadata_url"]), mc.get("health_url"), mc.get("admin_url")
-            ),
-            hosts=None
-            if not hosts
-            else StoreHosts(
-                netns.Topology.from_dict(hosts["topology"]),
-                str(hosts["endpoints"][netns.MASTER]),
-                str(hosts["endpoints"][netns.HOLDER]),
-            ),
+            mooncake=MooncakeEndpoints.from_wire(mc) if mc else None,
+            hosts=StoreHosts.from_wire(hosts) if hosts else None,
             fs_dir=str(d["fs_dir"]),
             host=str(d.get("host", "127.0.0.1")),
             port=int(d.get("port", 0)),
             admin=AdminConfig({str(k): v for k, v in admin.items()}, tuple(str(h) for h in allowed), open_metrics),
-            events=None if not events else EventRetention(events["max_age_s"], events["max_bytes"]),
+            events=EventRetention.from_wire(events) if events else None,
         )
 
 
@@ -145,16 +149,8 @@ class Restored:
     dropped_faults: int = 0
     lines: tuple[str, ...] = ()
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> Restored:
-        settings = d.get("settings")
-        lines = d.get("lines")
-        return cls(
-            int(d.get("markers") or 0),
-            {str(k): int(v) for k, v in settings.items()} if isinstance(settings, dict) else {},
-            int(d.get("dropped_faults") or 0),
-            tuple(str(x) for x in lines) if isinstance(lines, list) else (),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -197,6 +193,9 @@ class RankInfo:
     pool: PoolStats
     tiers: tuple[str, ...]
 
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
 
 @dataclass(frozen=True)
 class EngineReady:
@@ -208,35 +207,8 @@ class EngineReady:
     started_at: float
     restored: Restored
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "url": self.url,
-            "pid": self.pid,
-            "ranks": [asdict(r) for r in self.ranks],
-            "started_at": self.started_at,
-            "restored": asdict(self.restored),
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> EngineReady:
-        return cls(
-            str(d["url"]),
-            int(d["pid"]),
-            tuple(
-                RankInfo(
-                    int(r["rank"]),
-                    int(r["pid"]),
-                    str(r["device"]),
-                    str(r["torch"]),
-                    int(r["kv_bytes"]),
-                    PoolStats(**{k: int(v) for k, v in dict(r["pool"]).items()}),
-                    tuple(str(t) for t in r["tiers"]),
-                )
-                for r in d["ranks"]
-            ),
-            float(d["started_at"]),
-            Restored.from_wire(d.get("restored") or {}),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 __all__ = [
@@ -249,5 +221,6 @@ __all__ = [
     "RankInfo",
     "RankLink",
     "Restored",
+    "StoreAddresses",
     "StoreHosts",
 ]

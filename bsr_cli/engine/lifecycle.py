@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from bsr_cli.core import wire
 from bsr_cli.core.events import RankRestarted
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
@@ -58,8 +59,7 @@ class KeptSettings:
     budget_bytes: int | None = None
     fs_concurrency: int | None = None
 
-    def to_wire(self) -> dict[str, int | None]:
-        return {k: getattr(self, k) for k in _KEPT_SETTINGS}
+    to_wire = wire.writer()
 
 
 def _armed(faults: list[FaultSpec]) -> int:

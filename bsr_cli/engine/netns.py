@@ -23,9 +23,10 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from bsr_cli.core import wire
 from bsr_cli.errors import ServiceError
 
 T = TypeVar("T")
@@ -83,10 +84,14 @@ class Link:
     def joins(self, x: str, y: str) -> bool:
         return {self.a, self.b} == {x, y}
 
+    def to_wire(self) -> list[str]:
+        """A link travels as its row: [a, b, dev_a, dev_b]."""
+        return [self.a, self.b, self.dev_a, self.dev_b]
+
 
 @dataclass(frozen=True)
 class Topology:
-    """One engine's namespaces and links; plain data (``to_dict``/``from_dict``) so it lives in engine.json."""
+    """One engine's namespaces and links; plain data (``to_wire``/``from_wire``) so it lives in engine.json."""
 
     prefix: str
     nodes: tuple[str, ...]
@@ -120,19 +125,13 @@ class Topology:
     def peers(self, node: str) -> list[str]:
         return [link.b if link.a == node else link.a for link in self.links if node in (link.a, link.b)]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "prefix": self.prefix,
-            "nodes": list(self.nodes),
-            "links": [[lk.a, lk.b, lk.dev_a, lk.dev_b] for lk in self.links],
-            "rate_bps": self.rate_bps,
-        }
+    to_wire = wire.writer()
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Topology:
-        links = tuple(Link(*(str(x) for x in row)) for row in d["links"])
-        rate = d.get("rate_bps")
-        return cls(str(d["prefix"]), tuple(str(n) for n in d["nodes"]), links, None if rate is None else int(rate))
+    def from_wire(cls, d: dict[str, Any]) -> Topology:
+        """Not the codec's alone: each link is read from its row (a list, which the codec reads only as objects)."""
+        links = tuple(Link(*(str(x) for x in row)) for row in d.get("links") or ())
+        return replace(wire.read(cls, d), links=links)
 
 
 # -- ip / tc -------------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from bsr_cli.client.local_engine import read_json as _read_json
 from bsr_cli.client.local_engine import read_state
-from bsr_cli.core import accounting, limits
+from bsr_cli.core import accounting, limits, wire
 from bsr_cli.core.registration import Registration
 from bsr_cli.engine import netns
 from bsr_cli.engine.config import (
@@ -36,6 +36,7 @@ from bsr_cli.engine.config import (
     EventRetention,
     MooncakeEndpoints,
     Restored,
+    StoreAddresses,
     StoreHosts,
 )
 from bsr_cli.errors import CapacityError, InvalidInput, ServiceError
@@ -158,6 +159,14 @@ class ResolvedSettings:
     event_retention_s: float
     event_store_bytes: int
 
+    @classmethod
+    def from_wire(cls, data: object) -> ResolvedSettings | None:
+        """As this bsr records them, values as written; an older bsr's, lacking one, read as absent (None)."""
+        if not isinstance(data, dict):
+            return None
+        names = [f.name for f in fields(cls)]
+        return _parsed(lambda: cls(**{n: data[n] for n in names}))
+
 
 def _check_kv_wait(seconds: float) -> None:
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_KV_WAIT_S:
@@ -221,19 +230,19 @@ class ServiceRecord:
 
     pid: int
     start_ticks: int | None
-    log: str | None = None
-    urls: dict[str, str] | None = None
+    urls: dict[str, str] | None = wire.field(omit_none=True, default=None)
+    log: str | None = wire.field(omit_none=True, default=None)
 
 
 @dataclass(frozen=True)
 class RankRecord:
     """A rank process; ``restarts`` once the engine has restarted it."""
 
-    rank: int
     pid: int  # 0: a rank recorded before its process started
     start_ticks: int | None
+    rank: int
     device: str | None = None
-    restarts: int | None = None
+    restarts: int | None = wire.field(omit_none=True, default=None)
 
 
 @dataclass(frozen=True)
@@ -264,72 +273,20 @@ class RecordedOptions:
             opts.link_rate_bps,
         )
 
+    # Not the codec's alone: the settings' keys come first, in the options' own object.
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self.settings) | {
-            "registration": self.registration,
-            "host": self.host,
-            "port": self.port,
-            "remote": self.remote,
-            "allowed_hosts": list(self.allowed_hosts),
-            "open_metrics": self.open_metrics,
-            "hosts": self.hosts,
-            "link_rate_bps": self.link_rate_bps,
-        }
-
-
-@dataclass(frozen=True)
-class EngineRecord:
-    """state.json. ``restored`` and what follows it are absent until the engine serves."""
-
-    admin_url: str = ""
-    services: dict[str, ServiceRecord] = field(default_factory=dict)
-    ranks: tuple[RankRecord, ...] = ()
-    started_at: float | None = None
-    netns: netns.Topology | None = None
-    restored: Restored | None = None
-    settings: ResolvedSettings | None = None
-    options: RecordedOptions | None = None
-    registration_identity: str | None = None
-    logs: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        services = {
-            name: {"pid": svc.pid, "start_ticks": svc.start_ticks}
-            | ({"urls": svc.urls} if svc.urls is not None else {})
-            | ({"log": svc.log} if svc.log is not None else {})
-            for name, svc in self.services.items()
-        }
-        ranks = [
-            {"pid": r.pid, "start_ticks": r.start_ticks, "rank": r.rank, "device": r.device}
-            | ({"restarts": r.restarts} if r.restarts is not None else {})
-            for r in self.ranks
-        ]
-        return (
-            {"services": services, "ranks": ranks}
-            | ({"started_at": self.started_at} if self.started_at is not None else {})
-            | ({"netns": self.netns.to_dict()} if self.netns is not None else {})
-            | ({"restored": asdict(self.restored)} if self.restored is not None else {})
-            | {"admin_url": self.admin_url}
-            | ({"settings": asdict(self.settings)} if self.settings is not None else {})
-            | ({"options": self.options.to_wire()} if self.options is not None else {})
-            | ({"registration_identity": self.registration_identity} if self.registration_identity else {})
-            | ({"logs": self.logs} if self.logs is not None else {})
-        )
+        return wire.write(self.settings) | {k: v for k, v in wire.write(self).items() if k != "settings"}
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> EngineRecord:
-        """A state file as any bsr wrote it; parts it lacks, or an older bsr wrote otherwise, read as absent."""
-        topo = d.get("netns")
-        restored = d.get("restored")
-        started = d.get("started_at")
-
-        # The settings and options as this bsr records them (an older bsr's that differ read as absent).
-        s, o = d.get("settings") or {}, d.get("options") or {}
-        names = [f.name for f in fields(ResolvedSettings)]
-        settings = _parsed(lambda: ResolvedSettings(**{k: s[k] for k in names}))
-        options = _parsed(
-            lambda: RecordedOptions(
-                ResolvedSettings(**{k: o[k] for k in names}),
+    def from_wire(cls, data: object) -> RecordedOptions | None:
+        """As this bsr records them; an older bsr's, lacking one, read as absent (None)."""
+        settings = ResolvedSettings.from_wire(data)
+        if settings is None or not isinstance(data, dict):
+            return None
+        o = data
+        return _parsed(
+            lambda: cls(
+                settings,
                 str(o["registration"]),
                 str(o["host"]),
                 int(o["port"]),
@@ -340,35 +297,26 @@ class EngineRecord:
                 None if o["link_rate_bps"] is None else int(o["link_rate_bps"]),
             )
         )
-        return cls(
-            admin_url=str(d.get("admin_url") or ""),
-            services={
-                str(n): ServiceRecord(
-                    int(svc["pid"]),
-                    _ticks(svc.get("start_ticks")),
-                    None if svc.get("log") is None else str(svc["log"]),
-                    None if svc.get("urls") is None else {str(k): str(v) for k, v in dict(svc["urls"]).items()},
-                )
-                for n, svc in (d.get("services") or {}).items()
-            },
-            ranks=tuple(
-                RankRecord(
-                    int(r["rank"]),
-                    int(r.get("pid") or 0),
-                    _ticks(r.get("start_ticks")),
-                    None if r.get("device") is None else str(r["device"]),
-                    None if r.get("restarts") is None else int(r["restarts"]),
-                )
-                for r in d.get("ranks") or []
-            ),
-            started_at=None if started is None else float(started),
-            netns=netns.Topology.from_dict(topo) if topo else None,
-            restored=None if restored is None else Restored.from_wire(restored),
-            settings=settings,
-            options=options,
-            registration_identity=None if d.get("registration_identity") is None else str(d["registration_identity"]),
-            logs=None if d.get("logs") is None else str(d["logs"]),
-        )
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """state.json. ``restored`` and what follows it are absent until the engine serves."""
+
+    services: dict[str, ServiceRecord] = field(default_factory=dict)
+    ranks: tuple[RankRecord, ...] = ()
+    started_at: float | None = wire.field(omit_none=True, default=None)
+    netns: netns.Topology | None = wire.field(omit_none=True, default=None)
+    restored: Restored | None = wire.field(omit_none=True, default=None)
+    admin_url: str = ""
+    # The settings and options as this bsr records them (an older bsr's that differ read as absent).
+    settings: ResolvedSettings | None = wire.field(omit_none=True, default=None)
+    options: RecordedOptions | None = wire.field(omit_none=True, default=None)
+    registration_identity: str | None = wire.field(omit_none=True, default=None)
+    logs: str | None = wire.field(omit_none=True, default=None)
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()  # a state file as any bsr wrote it; parts it lacks read as absent
 
     def processes(self) -> list[tuple[str, int, int | None]]:
         """(name, pid, start ticks) of every process recorded. The start ticks make a pid that the kernel handed to
@@ -386,10 +334,6 @@ def _parsed(parse: Callable[[], T]) -> T | None:
         return parse()
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-
-
-def _ticks(value: object) -> int | None:
-    return None if value is None else int(str(value))
 
 
 def read_record(state: Path) -> EngineRecord | None:
@@ -536,7 +480,7 @@ def record_rank(state: Path, rank: int, pid: int, restarts: int) -> None:
         if rec is None:
             return
         ranks = tuple(
-            RankRecord(rank, pid, services.start_ticks(pid), r.device, restarts) if r.rank == rank else r
+            RankRecord(pid, services.start_ticks(pid), rank, r.device, restarts) if r.rank == rank else r
             for r in rec.ranks
         )
         _write_record(state, replace(rec, ranks=ranks))
@@ -602,7 +546,7 @@ def up(state: Path, opts: EngineOptions, *, restart: bool = False) -> EngineStat
             restored = ready.restored or Restored()
             starting.record = replace(
                 starting.record,
-                ranks=tuple(RankRecord(r.rank, r.pid, services.start_ticks(r.pid), r.device) for r in ready.ranks),
+                ranks=tuple(RankRecord(r.pid, services.start_ticks(r.pid), r.rank, r.device) for r in ready.ranks),
                 restored=restored,
                 admin_url=ready.url,
                 settings=settings,
@@ -677,18 +621,18 @@ def _start_store(
     pm, ph = placed[netns.MASTER], placed[netns.HOLDER]
     master = services.start_master(logs, host=pm.host, exec_prefix=pm.exec_prefix, probe_in=pm.probe_in)
     starting.add_service(
-        "mooncake_master", ServiceRecord(master.pid, services.start_ticks(master.pid), master.log_path, master.urls)
+        "mooncake_master", ServiceRecord(master.pid, services.start_ticks(master.pid), master.urls, master.log_path)
     )
     seg = services.start_segment_holder(
         logs, master, settings.segment_bytes, host=ph.host, exec_prefix=ph.exec_prefix, probe_in=ph.probe_in
     )
     starting.add_service(
-        "segment_holder", ServiceRecord(seg.pid, services.start_ticks(seg.pid), seg.log_path, seg.urls)
+        "segment_holder", ServiceRecord(seg.pid, services.start_ticks(seg.pid), seg.urls, seg.log_path)
     )
     mooncake = MooncakeEndpoints(master.rpc_address, master.metadata_url, master.health_url, master.admin_url)
     hosts = None
     if topo is not None:
-        hosts = StoreHosts(topo, master.rpc_address, f"{ph.host}:{seg.ports['service']}")
+        hosts = StoreHosts(topo, StoreAddresses(master.rpc_address, f"{ph.host}:{seg.ports['service']}"))
     return mooncake, hosts
 
 
@@ -738,7 +682,7 @@ def _start_engine_process(state: Path, starting: _Starting, logs: Path) -> Engin
             close_fds=True,
             umask=PRIVATE_UMASK,
         )
-    starting.add_service("engine", ServiceRecord(proc.pid, services.start_ticks(proc.pid), str(log_path)))
+    starting.add_service("engine", ServiceRecord(proc.pid, services.start_ticks(proc.pid), log=str(log_path)))
     return _wait_ready(state, proc, log_path)
 
 

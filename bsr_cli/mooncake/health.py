@@ -9,8 +9,10 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.errors import ServiceError
 
 LOOPBACK = "127.0.0.1"
@@ -61,8 +63,26 @@ def tcp_reachable(address: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def segments(admin_url: str, timeout: float = 2.0) -> list[dict[str, Any]]:
-    """The master's mounted segments (``/get_segments_detail`` on its admin/metrics port). Raises ServiceError."""
+@dataclass(frozen=True)
+class MountedSegment:
+    """A segment in the master's listing, as far as bsr reads it (its other keys are left to `segment_listing`)."""
+
+    segment_name: str
+    client_id: str
+    status: str  # the master's word for it: "OK" once mounted
+    size_bytes: int | None  # None when the master does not say
+    te_endpoint: str  # its transfer engine's data endpoint, host:port
+
+    from_wire = wire.reader()
+
+    @property
+    def mounted(self) -> bool:
+        return self.status == "OK"
+
+
+def segment_listing(admin_url: str, timeout: float = 2.0) -> list[dict[str, Any]]:
+    """The master's segments (``/get_segments_detail`` on its admin/metrics port) as it sent them, every key kept
+    (`bsr bundle` copies them whole; `segments` reads them). Raises ServiceError."""
     got = _http_get(admin_url.rstrip("/") + "/get_segments_detail", timeout)
     if got is None or got[0] != 200:
         raise ServiceError(f"mooncake master admin API at {admin_url} did not answer")
@@ -72,3 +92,8 @@ def segments(admin_url: str, timeout: float = 2.0) -> list[dict[str, Any]]:
         raise ServiceError(f"mooncake master admin API at {admin_url} sent malformed JSON") from exc
     found = doc.get("segments", []) if isinstance(doc, dict) else []
     return [s for s in found if isinstance(s, dict)]
+
+
+def segments(admin_url: str, timeout: float = 2.0) -> list[MountedSegment]:
+    """The master's segments (``/get_segments_detail`` on its admin/metrics port). Raises ServiceError."""
+    return [MountedSegment.from_wire(s) for s in segment_listing(admin_url, timeout)]

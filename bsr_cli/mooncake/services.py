@@ -25,10 +25,11 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.errors import ServiceError
 from bsr_cli.mooncake.health import master_healthy, segments
 
@@ -81,7 +82,7 @@ class MasterPorts:
 
 @dataclass
 class ServiceHandle:
-    """A started service. JSON-serialisable (`to_dict` / `from_dict`) so it can live in a state file.
+    """A started service. JSON-serialisable (`to_wire` / `from_wire`) so it can live in a state file.
 
     ``start_ticks`` is the process start time from /proc (clock ticks since boot); `is_alive` and `stop` compare
     it so that a recycled pid is never mistaken for (or killed as) the service."""
@@ -96,25 +97,8 @@ class ServiceHandle:
     start_ticks: int | None = None
     started_at: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ServiceHandle:
-        try:
-            return cls(
-                kind=str(data["kind"]),
-                pid=int(data["pid"]),
-                argv=[str(a) for a in data.get("argv", [])],
-                log_path=str(data["log_path"]),
-                ports={str(k): int(v) for k, v in dict(data.get("ports", {})).items()},
-                urls={str(k): str(v) for k, v in dict(data.get("urls", {})).items()},
-                info={str(k): str(v) for k, v in dict(data.get("info", {})).items()},
-                start_ticks=None if data.get("start_ticks") is None else int(data["start_ticks"]),
-                started_at=float(data.get("started_at", 0.0)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ServiceError(f"malformed service handle in state file: {exc!r}") from exc
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     # Convenience accessors (KeyError on a handle of the wrong kind is a programming error).
     @property
@@ -562,7 +546,7 @@ def start_segment_holder(
         if client_id is not None:
             with contextlib.suppress(ServiceError):
                 for seg in probe_in(lambda: segments(master.admin_url, timeout=0.5)):
-                    if seg.get("client_id") == client_id and seg.get("status") == "OK":
+                    if seg.client_id == client_id and seg.mounted:
                         return ServiceHandle(
                             kind="segment",
                             pid=pid,
@@ -574,9 +558,9 @@ def start_segment_holder(
                                 "metadata_url": master.metadata_url,
                             },
                             info={
-                                "segment_name": str(seg.get("segment_name", "")),
+                                "segment_name": seg.segment_name,
                                 "client_id": client_id,
-                                "segment_bytes": str(seg.get("size_bytes", segment_bytes)),
+                                "segment_bytes": str(segment_bytes if seg.size_bytes is None else seg.size_bytes),
                             },
                             start_ticks=ticks,
                             started_at=started,

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from bsr_cli.core.events import Event, parse_event
+from bsr_cli.core.events import Event, parse_event, stamped
 from bsr_cli.runtime.event_store import EventStore, Query
 
 Listener = Callable[[dict[str, Any]], None]
@@ -52,7 +52,7 @@ class EventLog:
         typed = event if isinstance(event, Event) else parse_event(event)
         with self._cond:
             self._seq += 1
-            ev = typed.stamped(self._seq, time.time()).to_wire()
+            ev = stamped(typed, self._seq, time.time()).to_wire()
             self._events.append(ev)
             if self._store is not None:
                 self._store.put(ev)  # under the lock: the store receives events in seq order

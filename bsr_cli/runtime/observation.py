@@ -28,6 +28,8 @@ from bsr_cli.core.events import (
     WindowFetched,
     WindowReleased,
     parse_event,
+    rank_of,
+    request_of,
     restore_ended,
 )
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
@@ -373,7 +375,8 @@ class Observation:
         them), then logged."""
         ev = event if isinstance(event, Event) else parse_event(event)
         if ev.kind in PROGRESS:
-            self._calls.progressed(ev.request_id or "", ev.rank_id if ev.rank_id is not None else -1, ev.kind)
+            rank = rank_of(ev)
+            self._calls.progressed(request_of(ev) or "", rank if rank is not None else -1, ev.kind)
         if isinstance(ev, WindowReleased):
             self.counters.window_released(ev.rank, ev.bytes)
             with self._lock:

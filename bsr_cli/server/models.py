@@ -9,7 +9,7 @@ are, and a test validates live answers against the document.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
@@ -47,38 +47,53 @@ class Synthetic(_Request):
 _ONE_PROMPT: dict[str, Any] = {"oneOf": [{"required": ["tokens"]}, {"required": ["synthetic"]}]}
 
 
-class PromptBody(_Request):
-    """A prompt: exactly one of ``tokens`` or ``synthetic``."""
+# A prompt: exactly one of ``tokens`` or ``synthetic``. Neither is nullable: a field is given with a value or left
+# out. Each body that carries a prompt declares the two fields itself and checks them with `_exactly_one_prompt`.
+_PROMPT_CONFIG = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_PROMPT)
+PromptTokens = Annotated[list[TokenId], Field(min_length=1)]
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_PROMPT)
 
-    # Neither is nullable: a field is given with a value or left out.
-    tokens: Annotated[list[TokenId], Field(min_length=1)] = None  # type: ignore[assignment]
+def _exactly_one_prompt(body: _P) -> _P:
+    if (body.tokens is None) == (body.synthetic is None):
+        raise ValueError("give exactly one of 'tokens' or 'synthetic'")
+    return body
+
+
+class ProbeBody(_Request):
+    model_config = _PROMPT_CONFIG
+    tokens: PromptTokens = None  # type: ignore[assignment]
     synthetic: Synthetic = None  # type: ignore[assignment]
-
-    @model_validator(mode="after")
-    def _exactly_one_prompt(self) -> PromptBody:
-        if (self.tokens is None) == (self.synthetic is None):
-            raise ValueError("give exactly one of 'tokens' or 'synthetic'")
-        return self
-
-
-class ProbeBody(PromptBody):
     exclude_tiers: list[Tier] | None = None
 
+    _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
-class SubmitBody(PromptBody):
+
+class SubmitBody(_Request):
+    model_config = _PROMPT_CONFIG
+    tokens: PromptTokens = None  # type: ignore[assignment]
+    synthetic: Synthetic = None  # type: ignore[assignment]
     W: NonNegative | None = None
     verify: StrictBool = True
     store: StrictBool = True
     stream: StrictBool = False
 
+    _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
-class RestoreBody(PromptBody):
+
+class RestoreBody(_Request):
+    model_config = _PROMPT_CONFIG
+    tokens: PromptTokens = None  # type: ignore[assignment]
+    synthetic: Synthetic = None  # type: ignore[assignment]
     W: NonNegative | None = None
     verify: StrictBool = True
     exclude_tiers: list[Tier] | None = None
     stream: StrictBool = True
+
+    _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
+
+
+PromptBody = ProbeBody | SubmitBody | RestoreBody  # every body that carries a prompt
+_P = TypeVar("_P", ProbeBody, SubmitBody, RestoreBody)
 
 
 class SettingsBody(_Request):
@@ -112,6 +127,170 @@ class FaultBody(_Request):
 
 class _Response(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+# The parts of the answers, as the engine writes them (bsr_cli.core.status, core.results, core.bitmap,
+# core.registration, core.events). A host may add fields (``extra="allow"``).
+class RankFault(_Response):
+    reason: str
+    request: str | None
+    at: float
+    stage: str | None = Field(None, description="the stage the rank failed at; null: it stopped answering")
+
+
+class RankHealth(_Response):
+    rank: int
+    healthy: bool
+    alive: bool
+    heartbeat_age_s: float | None = Field(description="null: the rank does not beat (an in-process rank)")
+    reason: str | None
+    last_fault: RankFault | None
+
+
+class QuarantinedFile(_Response):
+    key: str
+    file: str
+    reason: str
+    at: float
+    bytes: int
+
+
+class TierHealth(_Response):
+    ok: bool
+    detail: list[str]
+    conditions: list[str]
+    quarantined: list[QuarantinedFile]
+    quarantined_total: int
+    condition: str
+
+
+class RankTier(_Response):
+    ok: bool
+    detail: str
+    condition: str
+    quarantined: list[QuarantinedFile]
+    quarantined_total: int
+
+
+class PoolStats(_Response):
+    capacity_bytes: int
+    budget_bytes: int
+    slot_bytes: int
+    live_bytes: int
+    peak_bytes: int
+    windows_live: int
+    waiters: int
+    draining: bool | None = Field(None, description="live bytes above the budget after a cut, windows finishing")
+
+
+class PoolRank(_Response):
+    rank: int
+    alive: bool
+    healthy: bool
+    reason: str | None
+    heartbeat_age_s: float | None
+    last_fault: RankFault | None
+    pool: PoolStats | None = Field(None, description="absent when the rank did not answer")
+    tiers: dict[str, RankTier] | None = Field(None, description="only when asked for health")
+    tp_rank: int | None = None
+    error: str | None = Field(None, description="why the rank did not answer")
+    restore_bps: float
+
+
+class ActiveRestore(_Response):
+    request: str
+    W: int
+    windows: int
+    tokens: int
+    tiers: list[str]
+    started: float
+    done: dict[str, int] = Field(description="per rank, windows released")
+    bytes: dict[str, int] = Field(description="per rank, bytes released")
+
+
+class BlockWait(_Response):
+    request: str
+    tokens: int
+    blocks: dict[str, int]
+    since: float
+    waited_s: float
+
+
+class Admission(_Response):
+    budget_bytes: int
+    live_bytes: int
+    queued: int
+    waiting_for_blocks: int
+    kv_wait_s: float
+    blocks_waiting: list[BlockWait]
+
+
+class Event(_Response):
+    """One event of the engine's log: its kind (``type``), its place in the log and its own fields."""
+
+    type: str
+    seq: int
+    time: float
+
+
+class Failure(_Response):
+    rank: int | None
+    reason: str
+    kind: str
+    stage: str | None
+    window: int | None
+    tier: str | None
+    cause: str | None
+    component: str
+
+
+class KVGroup(_Response):
+    name: str
+    block_size: int
+
+
+class Tensor(_Response):
+    name: str
+    dtype: str
+    shape: list[int]
+    group: str
+
+
+class RegistrationSpec(_Response):
+    schema_: int = Field(alias="schema")
+    model: str
+    tp_size: int
+    chunk_size: int
+    aux_bytes: int
+    groups: list[KVGroup]
+    tensors: list[Tensor]
+
+
+class BitmapRow(_Response):
+    rank: int
+    group: str
+    cells: str = Field(description="one character per chunk: the tiers that hold it")
+
+
+class HitBitmap(_Response):
+    kind: str
+    model: str
+    registration: str
+    tokens: int
+    chunk_size: int
+    chunks: int
+    tiers: list[str]
+    ranks: int
+    groups: list[str]
+    rows: list[BitmapRow]
+
+
+class Break(_Response):
+    chunk: int
+    rank: int
+    group: str
+    held_by: list[str]
+    reason: str
 
 
 class ErrorBody(_Response):
@@ -156,9 +335,9 @@ class Health(_Response):
     ok: bool
     api: str
     ranks_alive: list[Any]
-    ranks: list[dict[str, Any]]
+    ranks: list[RankHealth]
     unhealthy_ranks: list[Any]
-    tiers: dict[str, Any]
+    tiers: dict[str, TierHealth]
     degraded_tiers: list[str]
 
 
@@ -167,8 +346,8 @@ class Registration(_Response):
     model: str
     tp_size: int
     chunk_size: int
-    groups: list[dict[str, Any]]
-    tensors: list[dict[str, Any]]
+    groups: list[KVGroup]
+    tensors: list[Tensor]
 
 
 class Marker(_Response):
@@ -177,11 +356,11 @@ class Marker(_Response):
 
 class Probe(_Response):
     kind: str
-    bitmap: dict[str, Any]
-    registration_spec: dict[str, Any]
+    bitmap: HitBitmap
+    registration_spec: RegistrationSpec
     committable_chunks: int
     committable_tokens: int
-    first_break: dict[str, Any] | None
+    first_break: Break | None
     tier_errors: Any
     markers: list[Marker]
 
@@ -193,7 +372,7 @@ class RestoreResult(_Response):
     committed_tokens: int | None = None
     windows: int | None = None
     failure_kind: str | None = None
-    failures: list[dict[str, Any]] | None = None
+    failures: list[Failure] | None = None
     hash_ok: bool | None = None
     source: str | None = None
     external_tokens: int | None = None
@@ -205,7 +384,7 @@ class Aborting(_Response):
 
 
 class Pool(_Response):
-    ranks: list[dict[str, Any]]
+    ranks: list[PoolRank]
 
 
 class Ok(_Response):
@@ -215,19 +394,19 @@ class Ok(_Response):
 class Snapshot(_Response):
     time: float
     info: Info
-    ranks: list[dict[str, Any]]
-    active: list[dict[str, Any]]
-    recent: list[dict[str, Any]]
-    admission: dict[str, Any]
-    tiers: dict[str, Any]
+    ranks: list[PoolRank]
+    active: list[ActiveRestore]
+    recent: list[RestoreResult]
+    admission: Admission
+    tiers: dict[str, TierHealth]
     markers: list[Marker]
     faults: list[Fault]
-    events: list[dict[str, Any]]
+    events: list[Event]
     seq: int
 
 
 class Events(_Response):
-    events: list[dict[str, Any]]
+    events: list[Event]
     last_seq: int
     durable: bool  # the engine keeps its events in a store that outlives its in-memory tail and a restart
 

@@ -357,7 +357,7 @@ class MooncakeTier:
         detail = f"master {self.master_address} healthy"
         if self.admin_url:
             try:
-                mounted = [s for s in segments(self.admin_url, timeout=1.0) if s.get("status") == "OK"]
+                mounted = [s for s in segments(self.admin_url, timeout=1.0) if s.mounted]
             except ServiceError as e:
                 return TierHealth(False, f"cannot list segments: {e.message}")
             if not mounted:

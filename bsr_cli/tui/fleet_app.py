@@ -174,12 +174,6 @@ seen:  when the engine last answered. A down engine says since when, and how it 
 [dim]any key closes this[/dim]"""
 
 
-class FleetHelpScreen(HelpScreen):
-    """The fleet view's help: the one help screen, with the fleet's page."""
-
-    text = FLEET_HELP
-
-
 class EngineScreen(Screen[None]):
     """One engine of the fleet, as `bsr pool` draws it (the same panels as the one-engine `bsr top`), polled live
     while it is open. Esc goes back to the fleet."""
@@ -397,7 +391,7 @@ class FleetApp(App[None]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, ModalScreen):
-            self.push_screen(FleetHelpScreen())
+            self.push_screen(HelpScreen(FLEET_HELP))
 
     def action_cursor(self, delta: int) -> None:
         table: DataTable[Text] = self.query_one("#table", DataTable)

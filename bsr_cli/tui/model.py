@@ -335,8 +335,9 @@ def _event(raw: Mapping[str, Any]) -> Event:
     typed = _typed(raw)
     kind = typed.kind.value if typed is not None else str(raw.get("type", "unknown"))
     ranks: set[int] = set()
-    if typed is not None and typed.rank_id is not None:
-        ranks.add(typed.rank_id)
+    rank = ev.rank_of(typed) if typed is not None else None
+    if rank is not None:
+        ranks.add(rank)
     if isinstance(typed, ev.RestoreEnded):
         ranks.update(f.rank for f in typed.failures if f.rank is not None)
     return Event(
@@ -345,7 +346,7 @@ def _event(raw: Mapping[str, Any]) -> Event:
         type=kind,
         category=event_category(kind),
         ranks=tuple(sorted(ranks)),
-        request=(typed.request_id if typed is not None else None) or "",
+        request=(ev.request_of(typed) if typed is not None else None) or "",
         text=describe_event(raw),
     )
 
@@ -356,7 +357,7 @@ def describe_event(raw: Mapping[str, Any]) -> str:
     if e is None:
         rest = {k: v for k, v in raw.items() if k not in ("seq", "time", "pool")}
         return " ".join(f"{k}={v}" for k, v in rest.items())[:200]
-    req = e.request_id or ""
+    req = ev.request_of(e) or ""
     if isinstance(e, ev.WindowFetched):
         return f"{req} {_win(e.window)} fetched {_fb(e.bytes)} in {e.seconds * 1e3:.0f} ms ({','.join(e.tiers)})"
     if isinstance(e, ev.WindowInstalled):

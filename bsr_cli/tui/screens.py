@@ -49,15 +49,19 @@ Status bar: the shown snapshot's age and the last poll's latency.
 
 
 class HelpScreen(ModalScreen[None]):
-    """A page of help over the app; any key or click closes it. ``text`` is the page (rich markup)."""
+    """A page of help over the app; any key or click closes it. ``text`` is the page (rich markup): `bsr top`'s
+    unless the app passes its own (the fleet view does)."""
 
-    text = HELP
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll { width: auto; max-width: 100%; height: auto; max-height: 100%;
                                   border: round $accent; background: $surface; }
     HelpScreen Static { width: auto; padding: 0 1; }
     """
+
+    def __init__(self, text: str = HELP) -> None:
+        super().__init__()
+        self.text = text
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from bsr_cli.cli.commands.endpoints_cmd import EngineEndpoints, endpoints_of, render
+from bsr_cli.core.status import EngineInfo
 from bsr_cli.errors import ExitCode
 
 WORKER_INFO: dict[str, Any] = {
@@ -40,7 +41,7 @@ def shown(d: EngineEndpoints) -> str:
 
 @pytest.mark.timeout(30)
 def test_a_vllm_instance_lists_its_ranks_mooncake_and_the_probe_store_line() -> None:
-    found = endpoints_of("http://127.0.0.1:8470", "env BSR_TOKEN", WORKER_INFO)
+    found = endpoints_of("http://127.0.0.1:8470", "env BSR_TOKEN", EngineInfo.from_wire(WORKER_INFO))
     d = found.to_wire()
     assert d["kind"] == "vllm" and d["rank_urls"] == ["http://127.0.0.1:8470", "http://127.0.0.1:8471"]
     # The model name is quoted for the shell; an unknown master admin is left out of the line, with what to set.
@@ -60,9 +61,11 @@ def test_a_vllm_instance_lists_its_ranks_mooncake_and_the_probe_store_line() -> 
 def test_an_unseeded_vllm_gets_no_hash_seed_flag_and_no_mooncake_no_probe_line() -> None:
     inst = dict(WORKER_INFO["vllm_instance"])
     inst["key_format"] = dict(inst["key_format"], hash_seed=None)
-    d = endpoints_of("http://127.0.0.1:8470", "flag", {"vllm_instance": inst}).to_wire()
+    d = endpoints_of("http://127.0.0.1:8470", "flag", EngineInfo.from_wire({"vllm_instance": inst})).to_wire()
     assert "--vllm-hash-seed" not in d["probe_store"] and "hash_seed" not in d["key_format"]
-    found = endpoints_of("http://127.0.0.1:8470", "flag", {"vllm_instance": inst | {"mooncake": None}})
+    found = endpoints_of(
+        "http://127.0.0.1:8470", "flag", EngineInfo.from_wire({"vllm_instance": inst | {"mooncake": None}})
+    )
     assert "probe_store" not in found.to_wire() and "no `bsr probe --store`" in shown(found)
 
 
@@ -73,8 +76,11 @@ def test_against_the_embedded_engine_one_admin_url_serves_every_rank(bsr, engine
     assert r.code == 0, r.err
     d = r.json()
     assert d["kind"] == "bsr" and d["rank_urls"] == [engine.url] and d["token"]["accepted"] is True
+    with engine.client() as c:
+        ranks = c.info().ranks
+    assert ranks == 2 and d["tp_size"] == ranks  # the engine's own rank count (it once said 1 for any engine)
     text = bsr("engine", "endpoints")
-    assert text.code == 0 and f"bsr engine at {engine.url}" in text.out, text.out
+    assert text.code == 0 and f"bsr engine at {engine.url}: one admin API serves all 2 rank(s)" in text.out, text.out
 
 
 @pytest.mark.timeout(60)

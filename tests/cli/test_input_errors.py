@@ -1,6 +1,6 @@
 """Bad input anywhere in the CLI is one line and exit 2, never "internal error" (exit 1), and never silently
 accepted: non-finite timeouts, binary files, malformed store URLs, fractional token ids, registrations of another
-schema or with unknown fields, unknown config-file settings."""
+schema or with unknown fields, unknown config-file settings, a profile's malformed urls."""
 
 from __future__ import annotations
 
@@ -50,6 +50,16 @@ def test_unknown_config_settings_are_refused(bsr, tmp_path: Path) -> None:
     _one_error(bsr("--config", str(cfg), "config", "show"), "profile 'prod' has unknown setting(s) verify")
     cfg.write_text('engine = "prod"\ntimeout = 5\n[profiles.prod]\nurl = "http://127.0.0.1:1"\ntoken = "t"\n')
     assert bsr("--config", str(cfg), "config", "show").code == 0
+
+
+@pytest.mark.parametrize("urls", ['"http://127.0.0.1:1"', '["http://127.0.0.1:1", 2]'])
+def test_a_profile_whose_urls_are_not_a_list_of_strings_is_refused_when_the_config_is_read(
+    bsr, tmp_path: Path, urls: str
+) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f"[profiles.fleet]\nurls = {urls}\n")
+    for command in (("config", "show"), ("status", "--engine", "fleet")):
+        _one_error(bsr("--config", str(cfg), *command), "profile 'fleet': urls must be a list of URLs or profile names")
 
 
 def test_bench_validate_of_a_binary_file(bsr, binary: Path) -> None:

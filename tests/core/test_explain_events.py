@@ -28,7 +28,7 @@ def _restore(*ended: ev.Event) -> list[ev.Event]:
     out.append(ev.WindowReleased(request=REQ, rank=1, window=0, windows=3, bytes=100))
     out.extend(ended)
     # Stamped as the log stamps them, and through the wire and back, as the store hands them out.
-    return [ev.parse_event(e.stamped(i + 1, 100.0 + i).to_wire()) for i, e in enumerate(out)]
+    return [ev.parse_event(ev.stamped(e, i + 1, 100.0 + i).to_wire()) for i, e in enumerate(out)]
 
 
 def _fail(kind: FailureKind, stage: Stage | None, tier: str | None = None) -> ev.Failure:

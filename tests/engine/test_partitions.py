@@ -38,7 +38,7 @@ class MultiHost:
     def __init__(self, state: Path) -> None:
         self.state = state
         st = json.loads((state / "state.json").read_text())
-        self.topology = netns.Topology.from_dict(st["netns"])
+        self.topology = netns.Topology.from_wire(st["netns"])
         from bsr_cli.client import local_engine
 
         conn = local_engine.connection(state)

@@ -128,16 +128,16 @@ def mc_pool(mc_tier: Any) -> Pool:
 def test_services_handles_are_json_and_segment_is_mounted(mooncake_stack: Any) -> None:
     master, holder = mooncake_stack.master, mooncake_stack.holder
     for handle in (master, holder):
-        again = services.ServiceHandle.from_dict(json.loads(json.dumps(handle.to_dict())))
+        again = services.ServiceHandle.from_wire(json.loads(json.dumps(handle.to_wire())))
         assert again == handle
         assert services.is_alive(handle.pid, handle.start_ticks)
         assert Path(handle.log_path).is_file()
     assert health.master_healthy(master.health_url)
     assert health.master_healthy(master.admin_url)  # the admin /health (JSON) is accepted too
     assert health.tcp_reachable(master.rpc_address)
-    mounted = {s["segment_name"]: s for s in health.segments(master.admin_url)}
+    mounted = {s.segment_name: s for s in health.segments(master.admin_url)}
     assert holder.info["segment_name"] in mounted
-    assert mounted[holder.info["segment_name"]]["size_bytes"] == 512 << 20
+    assert mounted[holder.info["segment_name"]].size_bytes == 512 << 20
     assert not services.is_alive(master.pid, (master.start_ticks or 0) + 1)  # a recycled pid is not "alive"
 
 

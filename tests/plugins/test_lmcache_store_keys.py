@@ -431,7 +431,7 @@ def test_liveness_fails_closed_where_the_master_cannot_be_asked(tmp_path: Path) 
                 'note=a "b"#c&d')  # fmt: skip
         d = _probe(master, tmp_path, toks, *args)
         e = _explain(master, tmp_path, toks, *args)
-        still_listed = victim.info["segment_name"] in {s["segment_name"] for s in health.segments(master.admin_url)}
+        still_listed = victim.info["segment_name"] in {s.segment_name for s in health.segments(master.admin_url)}
         if len(d["liveness"]["segments"]) < 2 or not still_listed:
             pytest.skip("the master dropped the gone holder (its client TTL ran out) before the probes ended")
         truth = _readable(eng, keys)

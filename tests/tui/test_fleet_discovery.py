@@ -28,7 +28,8 @@ import httpx
 import pytest
 
 from bsr_cli import fleet
-from bsr_cli.tui.fleet_app import EngineScreen, FleetApp, FleetHelpScreen
+from bsr_cli.tui.fleet_app import FLEET_HELP, EngineScreen, FleetApp
+from bsr_cli.tui.screens import HelpScreen
 
 PROMETHEUS = shutil.which("prometheus")
 needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (scripts/setup does)")
@@ -262,8 +263,9 @@ async def _drill_down(
         await pilot.press("escape")
         await wait_until(pilot, lambda: not isinstance(app.screen, EngineScreen), "back to the fleet")
         await pilot.press("question_mark")
-        await wait_until(pilot, lambda: isinstance(app.screen, FleetHelpScreen), "the help")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
+        assert isinstance(app.screen, HelpScreen) and app.screen.text == FLEET_HELP
         await pilot.pause()
         assert "open the engine's own view" in screen(app)
         await pilot.press("x")
-        await wait_until(pilot, lambda: not isinstance(app.screen, FleetHelpScreen), "help closed")
+        await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen), "help closed")

@@ -19,6 +19,7 @@ from bsr_cli.core.events import (
     RestoreStarted,
     WindowReleased,
     parse_event,
+    stamped,
 )
 from bsr_cli.core.evidence import EventKind, FailureKind, Stage
 from bsr_cli.core.when import parse_duration, parse_since
@@ -102,7 +103,7 @@ def test_filters_combine(tmp_path: Path, durable: bool) -> None:
 
 
 def _wire(seq: int, at: float, request: str = "req-00001") -> dict:
-    return WindowReleased(request=request, rank=seq % 2, window=seq, bytes=4096).stamped(seq, at).to_wire()
+    return stamped(WindowReleased(request=request, rank=seq % 2, window=seq, bytes=4096), seq, at).to_wire()
 
 
 def test_retention_by_age(tmp_path: Path) -> None:

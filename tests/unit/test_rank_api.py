@@ -9,7 +9,7 @@ import json
 import pickle
 import subprocess
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -181,6 +181,21 @@ def test_rank_ops_names_every_op_and_each_request_reaches_its_own_method() -> No
             dispatch(UnsupportedOps(), req)
     with pytest.raises(BadRequest, match="not a rank request: dict"):
         dispatch(host, {"op": "probe"})  # type: ignore[arg-type]
+
+    # A request is one of the ops the contract names, not anything of a request's shape.
+    class LookAlike:
+        op: ClassVar[str] = "probe"
+
+        def apply(self, ops: RankOps) -> ProbeResult:
+            return ops.probe(ProbeRequest(hashes=[], tiers=[]))
+
+    with pytest.raises(BadRequest, match="not a rank request: LookAlike"):
+        dispatch(host, LookAlike())
+
+
+def test_each_request_stands_alone() -> None:
+    # The requests share no base: each is a RankRequest of its result by its shape (op and apply) alone.
+    assert all(cls.__bases__ == (object,) for cls in REQUESTS.values())
 
 
 def test_an_op_the_host_does_not_serve_is_refused_with_its_typed_error(fake_engine: FakeEngine) -> None:

@@ -123,15 +123,16 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
     from bsr_cli import incident_bundle as ib
 
     t0 = time.monotonic()
-    snap = client.snapshot(health=True, events_since=0).to_wire()
+    snapshot = client.snapshot(health=True, events_since=0)
     latency = time.monotonic() - t0
     received = time.time()
+    snap = snapshot.to_wire()
     health = client.health().to_wire()
-    info: dict[str, Any] = snap.get("info") or client.info().to_wire()
+    info = snapshot.info
     b.json("status.json", {k: v for k, v in snap.items() if k != "events"})
     b.json("health.json", health)
-    b.json("info.json", info)
-    b.json("versions.json", asdict(ib.versions()) | {"engine": info.get("version"), "api": info.get("api")})
+    b.json("info.json", info.to_wire())
+    b.json("versions.json", asdict(ib.versions()) | {"engine": info.version, "api": info.api})
     b.json("registration.json", client.registration().to_dict())
     b.json("markers.json", snap.get("markers") or [])
     b.json("faults.json", client.faults().to_wire())
@@ -161,7 +162,7 @@ def _add_segments(b: Builder, missing: dict[str, str], admin: str | None) -> Non
     from bsr_cli.mooncake import health as mooncake_health
 
     try:
-        b.json("segments.json", mooncake_health.segments(admin))
+        b.json("segments.json", mooncake_health.segment_listing(admin))
     except ServiceError as e:
         missing["segments.json"] = str(e)
 

@@ -15,6 +15,8 @@ from typing import Any
 import typer
 
 from bsr_cli.cli.context import JsonFlag, state
+from bsr_cli.core import wire
+from bsr_cli.core.status import EngineInfo
 
 PROMPT_PLACEHOLDER = "prompt.json"
 
@@ -103,21 +105,33 @@ def probe_store_line(mooncake: StoreEndpoints, key_format: KeyFormat) -> str:
     return shlex.join([*words, "--tokens-file", PROMPT_PLACEHOLDER])
 
 
-def endpoints_of(url: str, token_source: str, info: dict[str, Any]) -> EngineEndpoints:
-    """The endpoints, from the admin API's `info` (its answer in, only the keys known here read)."""
-    inst = info.get("vllm_instance")
+@dataclass(frozen=True)
+class VllmInstance:
+    """What a vLLM worker reports of its instance (its info's ``vllm_instance``, plugins/vllm_bsr/instance.py)."""
+
+    tp_size: int
+    rank0_url: str
+    rank_urls: tuple[str, ...]
+    key_format: KeyFormat
+    mooncake: StoreEndpoints | None = None
+
+    from_wire = wire.reader()
+
+
+def endpoints_of(url: str, token_source: str, info: EngineInfo) -> EngineEndpoints:
+    """The endpoints, from the admin API's `info`: a vLLM worker adds its instance, bsr's own engines do not."""
+    inst = info.host_fields.get("vllm_instance")
     if not isinstance(inst, dict):
-        return EngineEndpoints(url, token_source, int(info.get("tp_size") or 1), (url,))
-    kf = dict(inst["key_format"])
-    mc = inst.get("mooncake")
+        return EngineEndpoints(url, token_source, info.ranks or 1, (url,))  # bsr's engine: one URL, every rank
+    vllm = VllmInstance.from_wire(inst)
     return EngineEndpoints(
         url,
         token_source,
-        int(inst["tp_size"]),
-        tuple(inst["rank_urls"]),
-        rank0_url=inst["rank0_url"],
-        key_format=KeyFormat(kf["model"], kf["world_size"], kf["dtype"], kf.get("chunk_size"), kf.get("hash_seed")),
-        mooncake=StoreEndpoints(mc["store"], mc.get("metadata"), mc.get("admin")) if isinstance(mc, dict) else None,
+        vllm.tp_size,
+        vllm.rank_urls,
+        rank0_url=vllm.rank0_url,
+        key_format=vllm.key_format,
+        mooncake=vllm.mooncake,
     )
 
 
@@ -156,7 +170,7 @@ def engine_endpoints(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     st = state(ctx, json_flag)
     url, _token, how = resolve_engine(st.settings)
     with AdminClient.from_settings(st.settings) as client:
-        info = client.info().to_wire()  # authenticated: an answer means the token was accepted
+        info = client.info()  # authenticated: an answer means the token was accepted
     source = st.settings.sources.get("token", how) if st.settings.token else how
     st.out.result(endpoints_of(url, source, info), render)
 
@@ -165,6 +179,7 @@ __all__ = [
     "EngineEndpoints",
     "KeyFormat",
     "StoreEndpoints",
+    "VllmInstance",
     "endpoints_of",
     "engine_endpoints",
     "probe_store_line",

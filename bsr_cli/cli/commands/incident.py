@@ -324,7 +324,7 @@ class _Filter:
         if e is None:
             return not self.kinds and self.request is None  # unknown to this bsr: shown only when unfiltered
         return (
-            (self.request is None or e.request_id == self.request)
+            (self.request is None or ev.request_of(e) == self.request)
             and (not self.kinds or e.kind in self.kinds)
             and (self.until is None or e.time <= self.until)
         )
@@ -364,7 +364,7 @@ def describe(
     """One request's timeline: per rank and window, when it was fetched, installed and released, and how it ended."""
     st = state(ctx, json_flag)
     if record is not None:
-        mine = [e for e in _recorded_events(record) if e.request_id == request]
+        mine = [e for e in _recorded_events(record) if ev.request_of(e) == request]
         where = str(record)
     else:
         with _client(st) as client:

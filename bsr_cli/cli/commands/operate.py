@@ -193,14 +193,14 @@ def restore(
     if tier is not None and exclude_tier:
         raise InvalidInput("give --tier or --exclude-tier, not both")
     with _client(st) as client:
-        info = client.info().to_wire()
+        info = client.info()
         if tier is not None:
-            tiers = list(info.get("tiers") or [])
+            tiers = list(info.tiers)
             if tier not in tiers:
                 raise InvalidInput(f"this engine has no tier {tier!r}", hint=f"its tiers: {', '.join(tiers)}")
             exclude_tier = [t for t in tiers if t != tier]
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
-        window = info["W"] if w is None else w
+        window = info.w if w is None else w
         if dry_run:
             from bsr_cli.core.plan import plan_restore
 
@@ -216,7 +216,7 @@ def restore(
             return
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
     # The engine's budget B is the bound the peak is held to.
-    st.out.result(render_ops.RestoreView(result, info.get("budget_bytes")), render_ops.restore)
+    st.out.result(render_ops.RestoreView(result, info.budget_bytes), render_ops.restore)
     if result.outcome in _FAILED_OUTCOMES:
         from bsr_cli.runtime import failures
 
@@ -230,12 +230,12 @@ def restore(
         )
 
 
-def _capacity_check(w: int, chunks: int, slot_bytes: int, info: dict[str, Any]) -> CapacityFit:
+def _capacity_check(w: int, chunks: int, slot_bytes: int, info: EngineInfo) -> CapacityFit:
     """Whether the planned windows can ever be admitted on this engine: a window of min(W, K) chunks against the
     budget B (the whole-plan path, W=0, against the pool). The engine would refuse it the same way."""
     from bsr_cli.runtime import failures
 
-    budget, pool = int(info.get("budget_bytes") or 0), int(info.get("pool_bytes") or 0)
+    budget, pool = info.budget_bytes, info.pool_bytes
     need_chunks = chunks if w == 0 else min(w, chunks)
     limit = pool if w == 0 else budget
     what = "pool" if w == 0 else "budget B"
@@ -270,13 +270,13 @@ class _StreamedRestore:
 
 
 def _run_restore(
-    st: AppState, client: Any, body: Prompt, w: int | None, exclude: list[str], verify: bool, info: dict
+    st: AppState, client: Any, body: Prompt, w: int | None, exclude: list[str], verify: bool, info: EngineInfo
 ) -> ManualRestoreResult:
     """Stream the restore in a worker thread so Ctrl-C reaches us: then ask the engine to abort (it ends
     fail-closed) and still report its final result."""
     from bsr_cli.cli.render import ops as render_ops
 
-    progress = render_ops.RestoreProgress(st.out, ranks=info["ranks"]) if st.out.interactive else None
+    progress = render_ops.RestoreProgress(st.out, ranks=info.ranks) if st.out.interactive else None
     box = _StreamedRestore()
     accepted = threading.Event()
     finished = threading.Event()  # not Thread.join: an interrupted join() can leave is_alive() wrong

@@ -7,7 +7,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bsr_cli.core.store_probe import KeyFormatValue
 
 
 @dataclass(frozen=True)
@@ -52,17 +55,18 @@ class StoreProbeOptions:
     chunk_size: int = 256
     verbose: bool = False
 
-    def args(self, changes: Mapping[str, Any] | None = None) -> list[str]:
+    def args(self, changes: Mapping[str, KeyFormatValue] | None = None) -> list[str]:
         """Every --store flag as parsed, with the fields in `changes` replaced (world_size, dtype, tags as
         KEY=VALUE items, vllm_hash_seed, chunk_size): what a suggested command passes so that it asks the same
         store, through the same endpoints, with only the differing key-format fields changed."""
-        o: dict[str, Any] = {
+        parsed: dict[str, KeyFormatValue] = {
             "world_size": self.world_size,
             "dtype": self.dtype,
             "tags": list(self.tags),
             "vllm_hash_seed": self.vllm_hash_seed,
             "chunk_size": self.chunk_size,
-        } | dict(changes or {})
+        }
+        o = parsed | dict(changes or {})
         unknown = set(o) - {"world_size", "dtype", "tags", "vllm_hash_seed", "chunk_size"}
         if unknown:
             raise ValueError(f"not a key-format field: {sorted(unknown)}")
@@ -74,12 +78,13 @@ class StoreProbeOptions:
         if self.model:
             out += ["--model", self.model]
         out += ["--world-size", str(o["world_size"]), "--dtype", str(o["dtype"])]
-        for t in o["tags"]:
+        tags = o["tags"]
+        for t in tags if isinstance(tags, list) else [tags]:
             out += ["--tag", str(t)]
         out += ["--vllm-hash-seed", str(o["vllm_hash_seed"]), "--chunk-size", str(o["chunk_size"])]
         return out
 
-    def command(self, verb: str, prompt: PromptFlags, changes: Mapping[str, Any] | None = None) -> str:
+    def command(self, verb: str, prompt: PromptFlags, changes: Mapping[str, KeyFormatValue] | None = None) -> str:
         """A whole `bsr probe|explain --store ...` command line for this store and prompt (shell-quoted)."""
         if verb not in ("probe", "explain"):
             raise ValueError(f"--store is an option of `bsr probe` and `bsr explain`, not of `bsr {verb}`")

@@ -590,10 +590,7 @@ def _check_listed_holders(admin_url: str, metadata_url: str) -> _Holders:
     except ServiceError as e:
         return _Holders((), e.message)
     found = _Holders(
-        [
-            ListedSegment(str(seg.get("segment_name") or ""), str(seg.get("te_endpoint") or ""), seg.get("size_bytes"))
-            for seg in listing
-        ],
+        [ListedSegment(seg.segment_name, seg.te_endpoint, seg.size_bytes) for seg in listing],
         None,
     )
     found.check(metadata_url, list(found.te))

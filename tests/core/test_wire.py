@@ -1,0 +1,150 @@
+"""The one codec of bsr's result types (bsr_cli.core.wire): what it writes, what it reads back, and how it
+tolerates what an older or newer writer sends."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import pytest
+
+from bsr_cli.core import wire
+
+
+class Colour(Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclass(frozen=True)
+class Inner:
+    name: str
+    count: int
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True)
+class Custom:
+    """A type with a hand-written form still nests: the codec calls its own methods."""
+
+    value: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"v": self.value, "doubled": self.value * 2}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Custom:
+        return cls(value=int(d.get("v") or 0))
+
+
+@dataclass(frozen=True)
+class Outer:
+    request: str
+    w: int = wire.field(name="W")
+    colour: Colour = wire.field()
+    shades: tuple[Colour, ...] = wire.field()
+    inner: Inner = wire.field()
+    maybe: Inner | None = wire.field()
+    per_rank: dict[int, int] = wire.field()
+    custom: Custom = wire.field()
+    timeout_s: float = wire.field()
+    healthy: bool = wire.field(absent=True)
+    error: str | None = wire.field(default=None, omit_none=True)
+    tags: tuple[str, ...] = ()
+    host_fields: dict[str, Any] = wire.field(extra=True)
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+def _outer(**changes: Any) -> Outer:
+    base: dict[str, Any] = dict(
+        request="r1",
+        w=32,
+        colour=Colour.RED,
+        shades=(Colour.BLUE, Colour.RED),
+        inner=Inner("a", 3),
+        maybe=None,
+        per_rank={0: 5, 1: 7},
+        custom=Custom(4),
+        timeout_s=2.5,
+        healthy=False,
+        host_fields={"worker": {"pid": 9}},
+    )
+    base.update(changes)
+    return Outer(**base)
+
+
+def test_writes_fields_in_order_under_their_wire_names_with_host_keys_last() -> None:
+    out = _outer().to_wire()
+    assert list(out) == [
+        "request",
+        "W",
+        "colour",
+        "shades",
+        "inner",
+        "maybe",
+        "per_rank",
+        "custom",
+        "timeout_s",
+        "healthy",
+        "tags",
+        "worker",
+    ]
+    assert out["colour"] == "red" and out["shades"] == ["blue", "red"]
+    assert out["inner"] == {"name": "a", "count": 3}
+    assert out["per_rank"] == {"0": 5, "1": 7}  # JSON object keys are strings
+    assert out["custom"] == {"v": 4, "doubled": 8}
+    assert out["worker"] == {"pid": 9}
+    json.dumps(out)  # plain JSON data
+
+
+def test_omit_none_leaves_the_key_out_only_while_none() -> None:
+    assert "error" not in _outer().to_wire()
+    assert _outer(error="rank 1 died").to_wire()["error"] == "rank 1 died"
+
+
+def test_round_trip_gives_the_same_object_and_keeps_host_keys() -> None:
+    original = _outer(maybe=Inner("b", 1), error="x", tags=("t",))
+    again = Outer.from_wire(json.loads(json.dumps(original.to_wire())))
+    assert again == original
+    assert again.to_wire() == original.to_wire()
+
+
+def test_reads_an_older_writer_that_left_keys_out() -> None:
+    got = Outer.from_wire({"request": "r2", "colour": "blue"})
+    assert got.request == "r2" and got.colour is Colour.BLUE
+    assert got.w == 0 and got.timeout_s == 0.0 and got.tags == () and got.per_rank == {}
+    assert got.inner == Inner("", 0) and got.maybe is None and got.error is None
+    assert got.healthy is True  # the field's `absent`, not the empty value of bool
+    assert got.custom == Custom(0)  # through the nested type's own reader
+    assert got.host_fields == {}
+
+
+def test_reads_nulls_and_values_of_the_wrong_kind_as_empty() -> None:
+    got = Outer.from_wire(
+        {"request": None, "colour": "red", "inner": [1, 2], "per_rank": "x", "shades": None, "tags": None}
+    )
+    assert got.request == "" and got.inner == Inner("", 0) and got.per_rank == {} and got.shades == ()
+
+
+def test_numbers_stay_as_sent_and_map_keys_are_read_as_their_type() -> None:
+    got = Outer.from_wire({"colour": "red", "timeout_s": 10, "per_rank": {"2": "4"}})
+    assert got.timeout_s == 10 and isinstance(got.timeout_s, int)  # an integral timeout prints as one
+    assert got.per_rank == {2: 4}
+
+
+def test_an_enum_value_it_does_not_know_is_an_error_not_a_guess() -> None:
+    with pytest.raises(ValueError):
+        Outer.from_wire({"colour": "green"})
+    with pytest.raises(ValueError):  # a required enum the writer left out is not guessed either
+        Outer.from_wire({})
+
+
+def test_unknown_keys_are_kept_only_where_a_field_asks_for_them() -> None:
+    assert Inner.from_wire({"name": "a", "count": 1, "new": True}) == Inner("a", 1)
+    assert Outer.from_wire({"colour": "red", "new": True}).host_fields == {"new": True}
