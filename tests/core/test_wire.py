@@ -148,3 +148,32 @@ def test_an_enum_value_it_does_not_know_is_an_error_not_a_guess() -> None:
 def test_unknown_keys_are_kept_only_where_a_field_asks_for_them() -> None:
     assert Inner.from_wire({"name": "a", "count": 1, "new": True}) == Inner("a", 1)
     assert Outer.from_wire({"colour": "red", "new": True}).host_fields == {"new": True}
+
+
+@dataclass(frozen=True)
+class Legacy:
+    """A core type that still names its wire methods to_dict/from_dict (HitBitmap, Registration, Marker)."""
+
+    value: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "kind": "legacy"}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Legacy:
+        return cls(value=int(d["value"]))
+
+
+@dataclass(frozen=True)
+class HoldsLegacy:
+    legacy: Legacy
+    maybe: Legacy | None = None
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+def test_a_type_named_the_older_way_nests_through_its_to_dict_and_from_dict() -> None:
+    written = HoldsLegacy(Legacy(3)).to_wire()
+    assert json.dumps(written) == '{"legacy": {"value": 3, "kind": "legacy"}, "maybe": null}'
+    assert HoldsLegacy.from_wire(json.loads(json.dumps(written))) == HoldsLegacy(Legacy(3))
