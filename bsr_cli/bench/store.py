@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    BenchRow,
     Bundle,
     OnRow,
     RestoreEvidence,
@@ -18,6 +19,7 @@ from bsr_cli.bench.evidence import (
     Target,
     WarmRow,
     completed,
+    flat,
     isolate,
     median,
     new_salt,
@@ -29,6 +31,7 @@ from bsr_cli.bench.evidence import (
     restore_checks,
     target,
     warm_evidence,
+    written_with,
 )
 from bsr_cli.bench.probes import (
     CopyCeiling,
@@ -40,7 +43,7 @@ from bsr_cli.bench.probes import (
     object_sizes,
     store_clients,
 )
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import InvalidInput, ServiceError
 
@@ -85,27 +88,21 @@ class StoreSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CeilingRow:
+class CeilingRow(BenchRow):
     """What the machine and the store sustain without the engine: the memory-copy ceiling ("memcpy") or the
     Mooncake GET/PUT rates per client ("mooncake-set")."""
 
     kind: str
-    results: tuple[CopyCeiling, ...] | tuple[MooncakeRate, ...] | None = None  # None: interrupted
     meta: RowMeta
+    results: tuple[CopyCeiling, ...] | tuple[MooncakeRate, ...] | None = wire.field(omit_none=True, default=None)
 
     @classmethod
     def begun(cls, kind: str) -> Callable[[str], StoreRow]:
         return lambda started_at: cls(kind=kind, meta=RowMeta(started_at=started_at))
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "started_at": self.meta.started_at}
-        if self.results is not None:
-            out["results"] = to_json(list(self.results))
-        return out | self.meta.ending()
-
 
 @dataclass(frozen=True, kw_only=True)
-class StoreRestoreRow:
+class StoreRestoreRow(BenchRow):
     """One restore from Mooncake (whole-plan or windowed), beside the raw GET measured right before it."""
 
     kind: str = "restore"
@@ -113,20 +110,10 @@ class StoreRestoreRow:
     budget_bytes: int | None  # None: the whole-plan path's (the engine's budget unchanged)
     trial: int
     tokens: int
-    restore: RestoreEvidence | None = None  # None: interrupted before it finished
-    paired_raw_get: RawGetRate | None = None
-    vs_paired_raw: float | None = None  # the restore's GB/s per rank over the raw GET's per client
     meta: RowMeta
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "W": self.W}
-        out |= {"budget_bytes": self.budget_bytes, "trial": self.trial, "tokens": self.tokens}
-        out["started_at"] = self.meta.started_at
-        if self.restore is not None:
-            raw = self.paired_raw_get
-            out |= self.restore.to_wire()
-            out |= {"paired_raw_get": to_json(raw) if raw else None, "vs_paired_raw": self.vs_paired_raw}
-        return out | self.meta.ending()
+    restore: RestoreEvidence | None = flat(present="outcome")  # None: interrupted before it finished
+    paired_raw_get: RawGetRate | None = written_with("restore")
+    vs_paired_raw: float | None = written_with("restore")  # the restore's GB/s per rank over the raw GET's per client
 
 
 StoreRow = CeilingRow | WarmRow | StoreRestoreRow
@@ -223,7 +210,7 @@ def _store_restores(
     paired: PairedRawGet | None,
 ) -> list[tuple[int, int | None]]:
     """Warm the prompt, then per trial restore it whole-plan and windowed, each beside its paired raw GET."""
-    original = {"budget_bytes": run.info["budget_bytes"]}
+    original = {"budget_bytes": run.info.budget_bytes}
     prompt = prompt_of(n_tokens, salt)
     configs: list[tuple[int, int | None]] = [(0, None), (w, rws)]
     if cap >= 2 * rws:

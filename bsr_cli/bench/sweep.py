@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    BenchRow,
     Bundle,
     OnRow,
     Repeat,
@@ -18,6 +19,7 @@ from bsr_cli.bench.evidence import (
     Run,
     WarmEvidence,
     completed,
+    flat,
     isolate,
     new_run_id,
     new_salt,
@@ -29,7 +31,7 @@ from bsr_cli.bench.evidence import (
     target,
     warm_evidence,
 )
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -61,36 +63,15 @@ class SweepSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SweepRow:
+class SweepRow(BenchRow):
     """One prefix warmed and restored at W (a row of the sweep or of its repeat)."""
 
     tokens: int
     W: int
     salt: int
-    warm: WarmEvidence | None = None  # None: interrupted before (neither key is written)
-    restore: RestoreEvidence | None = None
     meta: RowMeta
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "tokens": self.tokens, "W": self.W, "salt": self.salt}
-        out["started_at"] = self.meta.started_at
-        if self.warm is not None:
-            out["warm"] = self.warm.to_wire()
-        if self.restore is not None:
-            out |= self.restore.to_wire()
-        return out | self.meta.ending()
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> SweepRow:
-        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
-        return cls(
-            tokens=d["tokens"],
-            W=d["W"],
-            salt=d["salt"],
-            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
-            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
-            meta=RowMeta.from_wire(d),
-        )
+    warm: WarmEvidence | None = wire.field(omit_none=True, default=None)  # None: interrupted before
+    restore: RestoreEvidence | None = flat(present="outcome")
 
 
 # -- sweep (E1) ------------------------------------------------------------------------------------------------
@@ -124,7 +105,7 @@ def run_sweep(
     params["tier"] = chosen
     rws = accounting.rws_bytes(reg, w)
     require_pool(client, rws, f"W={w}")
-    original = {"budget_bytes": info["budget_bytes"]}
+    original = {"budget_bytes": info.budget_bytes}
     # B = RWS(W): one live window per rank, the paper's serialized restore.
     client.update_settings(budget_bytes=rws)
     repeat_rows: list[SweepRow] = []
