@@ -31,6 +31,7 @@ from bsr_cli.bench.evidence import (
 )
 from bsr_cli.core import accounting, wire
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.status import EngineInfo
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import CapacityError, EngineError, InvalidInput, ServiceError
 
@@ -136,7 +137,7 @@ class RungEngine:
     pool_bytes: int
     startup_s: float
     url: str
-    info: dict[str, Any]  # its /info
+    info: EngineInfo  # its /info
 
 
 @dataclass
@@ -180,7 +181,7 @@ def run_ladder(
         climb.rung(factory, rung, params, on_row, on_attempt, engine_meta)
     run = climb.run
     assert run is not None  # the first rung either started an engine or raised
-    run.engine["rungs"] = to_json(climb.engines)
+    run.engine["rungs"] = wire.value_to_wire(climb.engines)
     for n in tokens:
         run.add(_prefix_row(run, n, steps, climb))
     done = completed(run.rows)
@@ -239,7 +240,7 @@ class _Climb:
                     require_tokens(self.run.info, self.tokens[-1])
                 else:
                     self.run.client = client
-                self.engines.append(RungEngine(rung, round(startup, 3), client.url, client.info().to_wire()))
+                self.engines.append(RungEngine(rung, round(startup, 3), client.url, client.info()))
                 for n in list(self.pending):
                     current = n
                     att = _ladder_attempt(self.run, n, rung, self.warm_w, self.salt)
