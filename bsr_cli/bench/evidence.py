@@ -42,6 +42,8 @@ from bsr_cli.core.status import EngineInfo
 from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from bsr_cli.client import AdminClient
 
 
@@ -537,7 +539,7 @@ class Run(Generic[R]):
         experiment: str,
         tag: str,
         client: AdminClient,
-        params: dict[str, Any],
+        params: DataclassInstance,  # the experiment's parameters, written into the bundle when it finishes
         *,
         salt: int | None = None,
         on_row: OnRow | None = None,
@@ -603,7 +605,7 @@ class Run(Generic[R]):
 
     def finish(
         self,
-        summary: dict[str, Any],
+        summary: DataclassInstance,
         targets: Sequence[Target],
         rows: Sequence[R] | None = None,
     ) -> Bundle:
@@ -620,9 +622,9 @@ class Run(Generic[R]):
             registration=registration_identity(self.reg),
             engine=self.engine,
             machine=self.machine,
-            params=self.params,
+            params=wire.write(self.params),
             rows=[r.to_wire() for r in self.rows],
-            summary=summary,
+            summary=wire.write(summary),
             targets=tuple(targets),
             interrupted=self.interrupted_by is not None,
             interrupted_by=self.interrupted_by,

@@ -38,6 +38,20 @@ class FailureRow(BenchRow):
         return lambda started_at: cls(scenario=scenario, meta=RowMeta(started_at=started_at))
 
 
+@dataclass(frozen=True)
+class FailuresParams:
+    tokens: int
+    W: int | None  # None: the drill's default
+
+
+@dataclass(frozen=True)
+class FailuresSummary:
+    scenarios: dict[str, str]  # each scenario's row status
+    passed: int
+    completed: int
+    interrupted: int
+
+
 # -- failure matrix ----------------------------------------------------------------------------------------------
 
 
@@ -52,7 +66,7 @@ def run_failures(
     """The paper's failure matrix (the scenarios of `bsr drill`), one row per scenario."""
     from bsr_cli.drill import SCENARIOS, run_drill
 
-    params = {"tokens": tokens, "W": w}
+    params = FailuresParams(tokens=tokens, W=w)
     run: Run[FailureRow] = Run("failures", "fail", client, params, on_row=on_row, engine_meta=engine_meta)
     require_tokens(run.info, tokens)
     if not run.info.faults_enabled:
@@ -70,12 +84,12 @@ def run_failures(
             break
     done = completed(run.rows)
     scenarios = {r.scenario: str(r.meta.status) for r in run.rows}
-    summary = {
-        "scenarios": scenarios,
-        "passed": sum(r.meta.status == RowStatus.PASS for r in done),
-        "completed": len(done),
-        "interrupted": len(run.rows) - len(done),
-    }
+    summary = FailuresSummary(
+        scenarios=scenarios,
+        passed=sum(r.meta.status == RowStatus.PASS for r in done),
+        completed=len(done),
+        interrupted=len(run.rows) - len(done),
+    )
     ok = bool(done) and all(r.meta.status == RowStatus.PASS for r in done) and len(done) == len(SCENARIOS)
     targets = [target("every failure scenario fails closed and recovers", "all PASS", scenarios, ok)]
     return run.finish(summary, targets)

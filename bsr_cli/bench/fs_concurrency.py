@@ -7,7 +7,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     BenchRow,
     Bundle,
@@ -45,6 +44,17 @@ FS_SPEEDUP_TARGET = 1.5  # fs load concurrency 4 against 1
 
 
 # -- the summary (fields in the order of its evidence keys) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FsParams:
+    """What fs-concurrency was asked to measure, and how it evicts the tier's pages (None: it cannot)."""
+
+    tokens: int
+    W: int
+    concurrencies: list[int]
+    trials: int
+    cold_method: str | None
 
 
 @dataclass(frozen=True)
@@ -148,7 +158,7 @@ def run_fs_concurrency(
         raise InvalidInput("concurrencies must be >= 1 and trials positive")
     salt = new_salt() if salt is None else salt
     method = cold_cache_method(fs_dir) if cold else None
-    params = {"tokens": tokens, "W": w, "concurrencies": conc, "trials": trials, "cold_method": method}
+    params = FsParams(tokens=tokens, W=w, concurrencies=conc, trials=trials, cold_method=method)
     run: Run[FsRow] = Run("fs-concurrency", "fs", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     require_tokens(info, tokens)
@@ -186,7 +196,7 @@ def run_fs_concurrency(
         run.engine["settings_restored"] = put_back(client, original)
     summary = _summary(run, reg, tokens, w, conc, caches, method)
     targets = _targets(summary, conc, method, rws, bool(summary.completed))
-    return run.finish(to_json(summary), targets)
+    return run.finish(summary, targets)
 
 
 def _disk_row(c: int, threads: int, trial: int) -> Callable[[str], FsRow]:

@@ -9,7 +9,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     UNKNOWN_OUTCOME,
     BenchRow,
@@ -202,7 +201,7 @@ def run_ladder(
             match,
         )
     ]
-    return run.finish(to_json(summary), targets)
+    return run.finish(summary, targets)
 
 
 class _Climb:
@@ -234,9 +233,7 @@ class _Climb:
                 startup = time.monotonic() - t0
                 if self.run is None:
                     meta = {"restarted_per_rung": True} | (engine_meta or {})
-                    self.run = Run(
-                        "ladder", "ladder", client, to_json(params), salt=self.salt, on_row=on_row, engine_meta=meta
-                    )
+                    self.run = Run("ladder", "ladder", client, params, salt=self.salt, on_row=on_row, engine_meta=meta)
                     require_tokens(self.run.info, self.tokens[-1])
                 else:
                     self.run.client = client

@@ -6,9 +6,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     BenchRow,
     Bundle,
@@ -56,6 +55,21 @@ RAW_TARGET = 0.8  # Mooncake restore against raw batch_get_into
 
 
 # -- the summary (fields in the order of its evidence keys) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreParams:
+    """What the store bench was asked to measure."""
+
+    tokens: int
+    W: int
+    trials: int
+    raw_bytes_per_client: int
+    copy_bytes: int
+    mooncake: dict[str, str] | None  # the engine's master address and metadata URL
+    # A multi-host engine's cap on each link (bits/s): every byte a rank restores crosses its link to the holder.
+    link_ceiling_bps: int | None
+    tokens_restored: int | None = wire.field(omit_none=True, default=None)  # the prefix clamped to the pool
 
 
 @dataclass(frozen=True)
@@ -139,16 +153,15 @@ def run_store(
     against W with B = RWS(W) and B = 2·RWS(W), each paired with a raw concurrent GET measured right before it.
     Reports ratios beside the absolute numbers."""
     salt = new_salt() if salt is None else salt
-    params: dict[str, Any] = {
-        "tokens": tokens,
-        "W": w,
-        "trials": trials,
-        "raw_bytes_per_client": raw_bytes,
-        "copy_bytes": copy_bytes,
-        "mooncake": mooncake,
-        # A multi-host engine's cap on each link (bits/s): every byte a rank restores crosses its link to the holder.
-        "link_ceiling_bps": link_bps,
-    }
+    params = StoreParams(
+        tokens=tokens,
+        W=w,
+        trials=trials,
+        raw_bytes_per_client=raw_bytes,
+        copy_bytes=copy_bytes,
+        mooncake=mooncake,
+        link_ceiling_bps=link_bps,
+    )
     run: Run[StoreRow] = Run("store", "store", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     _, exclude = isolate(info, "mooncake")
@@ -159,7 +172,7 @@ def run_store(
     n_tokens = min(tokens, fit_chunks * reg.chunk_size)
     if n_tokens <= 0:
         raise InvalidInput(f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk")
-    params["tokens_restored"] = n_tokens
+    run.params = replace(params, tokens_restored=n_tokens)
     require_tokens(info, n_tokens)
 
     # What the summary reads: measured in rows that finished (an interrupted row leaves its list empty).
@@ -193,8 +206,8 @@ def run_store(
                 paired = PairedRawGet(clients, run.run_id)
                 stack.callback(paired.remove)
         configs = _store_restores(run, client, n_tokens, salt, w, rws, cap, exclude, trials, paired)
-    summary, targets = _store_summary(run, configs, rws, ceilings, rates)
-    return run.finish(to_json(summary), targets)
+    summary, targets = _store_summary(run, configs, rws, ceilings, rates, link_bps)
+    return run.finish(summary, targets)
 
 
 def _store_restores(
@@ -256,6 +269,7 @@ def _store_summary(
     rws: int,
     memcpy: Sequence[CopyCeiling],
     mc: Sequence[MooncakeRate],
+    link_bps: int | None,
 ) -> tuple[StoreSummary, list[Target]]:
     done = completed(run.rows)
     copies = [m for m in memcpy if m.op == "copy"]
@@ -309,7 +323,6 @@ def _store_summary(
         "restore_W,B=2RWS/restore_W0": ratio(bsr2, w0),
         "restore_W0/memcpy_1thread": ratio(w0, memcpy_1t),
     }
-    link_bps = run.params.get("link_ceiling_bps")
     link_gbps = None if link_bps is None else link_bps / 8 / 1e9
     if link_gbps is not None:
         ratios["restore_W,B=RWS/link_ceiling"] = ratio(bsr1, link_gbps)

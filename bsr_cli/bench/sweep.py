@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     BenchRow,
     Bundle,
@@ -41,6 +40,16 @@ if TYPE_CHECKING:
 E1_PREFIXES: tuple[int, ...] = (32_768, 65_536, 131_072, 262_144, 393_216, 524_032)
 
 SWEEP_TIME_TARGET_S = 600.0
+
+
+@dataclass(frozen=True)
+class SweepParams:
+    """What the sweep was asked to measure (the tier: the one it restored from)."""
+
+    prefixes: list[int]
+    W: int
+    repeat: bool
+    tier: str | None
 
 
 @dataclass(frozen=True)
@@ -97,12 +106,12 @@ def run_sweep(
     if not rows_in:
         raise InvalidInput("the sweep needs at least one prefix length")
     salt = new_salt() if salt is None else salt
-    params = {"prefixes": rows_in, "W": w, "repeat": repeat, "tier": tier}
+    params = SweepParams(prefixes=rows_in, W=w, repeat=repeat, tier=tier)
     run: Run[SweepRow] = Run("sweep", "e1", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     require_tokens(info, rows_in[-1])
     chosen, exclude = isolate(info, tier)
-    params["tier"] = chosen
+    run.params = replace(params, tier=chosen)
     rws = accounting.rws_bytes(reg, w)
     require_pool(client, rws, f"W={w}")
     original = {"budget_bytes": info.budget_bytes}
@@ -159,7 +168,7 @@ def run_sweep(
             "" if full else "reduced sweep: the time target applies to the paper's six rows only",
         ),
     ]
-    return run.finish(to_json(summary), targets, every)
+    return run.finish(summary, targets, every)
 
 
 def _sweep_row(run: Run[SweepRow], rows: list[SweepRow], n: int, salt: int, w: int, exclude: Sequence[str]) -> None:

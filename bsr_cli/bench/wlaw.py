@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     BenchRow,
     Bundle,
@@ -37,6 +36,15 @@ if TYPE_CHECKING:
 
 
 W_LAW: tuple[int, ...] = accounting.DEFAULT_W_SWEEP
+
+
+@dataclass(frozen=True)
+class WLawParams:
+    """What the W law was asked to measure (the tier: the one it restored from)."""
+
+    tokens: int
+    W: list[int]
+    tier: str | None
 
 
 @dataclass(frozen=True)
@@ -90,12 +98,12 @@ def run_wlaw(
     if not w_list or w_list[0] <= 0:
         raise InvalidInput("the W law needs positive window sizes")
     salt = new_salt() if salt is None else salt
-    params = {"tokens": tokens, "W": w_list, "tier": tier}
+    params = WLawParams(tokens=tokens, W=w_list, tier=tier)
     run: Run[WLawRow] = Run("wlaw", "wlaw", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     require_tokens(info, tokens)
     chosen, exclude = isolate(info, tier)
-    params["tier"] = chosen
+    run.params = replace(params, tier=chosen)
     require_pool(client, accounting.rws_bytes(reg, w_list[-1]), f"W={w_list[-1]}")
     original = {"budget_bytes": info.budget_bytes}
     prompt = prompt_of(tokens, salt)
@@ -144,4 +152,4 @@ def run_wlaw(
             law,
         )
     ]
-    return run.finish(to_json(summary), targets)
+    return run.finish(summary, targets)
