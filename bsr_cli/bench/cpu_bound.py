@@ -36,6 +36,7 @@ from typing import Any
 
 from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import Bundle, OnRow, RowStatus, Target
+from bsr_cli.core import wire
 from bsr_cli.core.evidence import Stage
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.plan import windows_for
@@ -64,14 +65,14 @@ class BaselineRow:
     checks: dict[str, bool]
     status: RowStatus  # a baseline always passes: it has nothing to check
 
-    def to_wire(self) -> dict[str, Any]:
-        return dict(to_json(self))
+    to_wire = wire.writer()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RestoreRow:
     """One restore of the whole prompt under a budget of ``budget_windows`` windows."""
 
+    kind: str = "restore"
     trial: int
     budget_windows: int
     budget_bytes: int
@@ -85,15 +86,9 @@ class RestoreRow:
     hash_ok: bool
     checks: dict[str, bool]
     status: RowStatus  # pass or fail
-    reason: str | None  # why the restore failed closed; None when it committed
+    reason: str | None = wire.field(omit_none=True)  # why the restore failed closed; said only then
 
-    kind = "restore"
-
-    def to_wire(self) -> dict[str, Any]:
-        wire = {"kind": self.kind, **to_json(self)}
-        if self.reason is None:
-            del wire["reason"]  # said only when the restore failed
-        return wire
+    to_wire = wire.writer()
 
 
 Row = BaselineRow | RestoreRow

@@ -28,26 +28,30 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field, dataclass, fields, replace
+from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar, cast
 
 from bsr_cli import __version__
-from bsr_cli.api.codec import to_json
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import SubmitResult
+from bsr_cli.core.status import EngineInfo
 from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from bsr_cli.client import AdminClient
 
 
 BUNDLE_SCHEMA = "bsr.bench/1"
 
 OnRow = Callable[[dict[str, Any]], None]
+T = TypeVar("T")
 UNKNOWN_OUTCOME = "unknown"  # a restore answer without an outcome (bench/models.py spells it in the schema too)
 
 
@@ -100,20 +104,8 @@ class MachineInfo:
     platform: str
     loadavg: list[float]  # other work on the machine skews timings: how busy it was at the start
 
-    def to_wire(self) -> dict[str, int | str | list[float] | None]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> MachineInfo:
-        return cls(
-            cpu_count=int(d.get("cpu_count", 0)),
-            memory_bytes=int(d.get("memory_bytes", 0)),
-            python=str(d.get("python", "")),
-            torch=d.get("torch"),
-            mooncake=d.get("mooncake"),
-            platform=str(d.get("platform", "")),
-            loadavg=list(d.get("loadavg") or []),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 def machine_info() -> MachineInfo:
@@ -149,21 +141,8 @@ class RegistrationIdentity:
     aux_bytes: int
     groups: dict[str, int]  # bytes per chunk per rank, by KV group
 
-    def to_wire(self) -> dict[str, str | int | dict[str, int]]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RegistrationIdentity:
-        return cls(
-            identity=str(d["identity"]),
-            model=str(d["model"]),
-            tp_size=int(d["tp_size"]),
-            chunk_size=int(d["chunk_size"]),
-            bytes_per_token=int(d["bytes_per_token"]),
-            bytes_per_chunk=int(d["bytes_per_chunk"]),
-            aux_bytes=int(d["aux_bytes"]),
-            groups={str(k): int(v) for k, v in (d.get("groups") or {}).items()},
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 def registration_identity(reg: Registration) -> RegistrationIdentity:
@@ -182,14 +161,18 @@ def registration_identity(reg: Registration) -> RegistrationIdentity:
 @dataclass(frozen=True, kw_only=True)
 class RowMeta:
     """What every bench row carries around its measurement: its status, when it started, its acceptance checks,
-    why it stopped and how long it took. A row holds one as ``meta``; each change gives a new value. Each row type
-    writes its wire form: the status, the row's labels, ``started_at``, the measurement, then `ending`'s keys."""
+    why it stopped and how long it took. A row holds one as ``meta``; each change gives a new value. A row's wire
+    form (`write_row`) is its status, its labels, ``started_at``, its measurement, then the other keys of this."""
 
     status: RowStatus = RowStatus.INTERRUPTED  # until the row is judged
-    started_at: str | None = None  # None only for the ladder's rows: each gathers attempts made at several rungs
-    checks: dict[str, bool] | None = None  # None: not judged (no "checks" key)
-    reason: str | None = None  # why it was interrupted (no "reason" key when None)
-    elapsed_s: float | None = None  # None: no "elapsed_s" key (the ladder's rows)
+    # None only for the ladder's rows: each gathers attempts made at several rungs (no "started_at" key)
+    started_at: str | None = wire.field(omit_none=True, default=None)
+    checks: dict[str, bool] | None = wire.field(omit_none=True, default=None)  # None: not judged
+    reason: str | None = wire.field(omit_none=True, default=None)  # why it was interrupted
+    elapsed_s: float | None = wire.field(omit_none=True, default=None)  # None: the ladder's rows
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     def judged(self, checks: dict[str, bool]) -> RowMeta:
         return replace(self, checks=checks, status=RowStatus.PASS if all(checks.values()) else RowStatus.FAIL)
@@ -199,25 +182,6 @@ class RowMeta:
 
     def timed(self, elapsed_s: float) -> RowMeta:
         return replace(self, elapsed_s=elapsed_s)
-
-    def ending(self) -> dict[str, dict[str, bool] | str | float]:
-        out: dict[str, dict[str, bool] | str | float] = {} if self.checks is None else {"checks": self.checks}
-        if self.reason is not None:
-            out["reason"] = self.reason
-        if self.elapsed_s is not None:
-            out["elapsed_s"] = self.elapsed_s
-        return out
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RowMeta:
-        """The meta of a row read back from a bundle (its keys beside the row's own)."""
-        return cls(
-            status=RowStatus(d["status"]),
-            started_at=d.get("started_at"),
-            checks=d.get("checks"),
-            reason=d.get("reason"),
-            elapsed_s=d.get("elapsed_s"),
-        )
 
 
 class Row(Protocol):
@@ -230,6 +194,66 @@ class Row(Protocol):
     def meta(self) -> RowMeta: ...
 
     def to_wire(self) -> dict[str, Any]: ...
+
+
+# -- a row's wire form: its meta and its measurement flattened among its own keys ----------------------------------
+# The codec (bsr_cli.core.wire) writes a nested value under its field's key; a bench row instead writes its meta's
+# keys and its measurement's keys beside its own, as bundles always have. Two field kinds say how:
+_FLAT = "bench_flat"  # the key whose presence in a row says the flattened value was written
+_FLAT_WRITE = "bench_flat_write"  # how the value's keys are written (default: its own wire form)
+_WRITTEN_WITH = "bench_written_with"  # the field whose value being set decides whether this key is written
+
+
+def flat(*, present: str, write: Callable[[Any], dict[str, Any]] | None = None) -> Any:
+    """A row's measurement, None until measured: its keys are written beside the row's own when it is set and read
+    back (from the whole row) when the row holds the key ``present``."""
+    return dataclass_field(default=None, metadata={_FLAT: present, _FLAT_WRITE: write})
+
+
+def written_with(other: str) -> Any:
+    """A row's field written (null included) exactly when the field ``other`` is set (what the restore brings)."""
+    return dataclass_field(default=None, metadata={_WRITTEN_WITH: other})
+
+
+def write_row(row: Row) -> dict[str, Any]:
+    """A row's JSON: ``status``, the row's fields in order (``meta`` gives ``started_at`` where it stands, a `flat`
+    field its keys), then the meta's other keys (checks, reason, elapsed_s)."""
+    meta = row.meta.to_wire()
+    out = {"status": meta.pop("status")}
+    spec = {f.name: f.metadata for f in fields(row)}
+    for key, value in wire.write(row).items():
+        if key == "meta":
+            if "started_at" in meta:
+                out["started_at"] = meta.pop("started_at")
+        elif _FLAT in spec[key]:
+            measured = getattr(row, key)
+            if measured is not None:
+                out |= (spec[key][_FLAT_WRITE] or wire.value_to_wire)(measured)
+        elif _WRITTEN_WITH not in spec[key] or getattr(row, spec[key][_WRITTEN_WITH]) is not None:
+            out[key] = value
+    return out | meta
+
+
+def read_row(cls: type[T], data: object) -> T:
+    """A row read back from a bundle: its meta and each `flat` field read from the row's own keys."""
+    d = data if isinstance(data, Mapping) else {}
+    view = {**d, "meta": d}
+    for f in fields(cast(Any, cls)):
+        if (present := f.metadata.get(_FLAT)) is not None:
+            view[f.name] = d if present in d else None
+    return wire.read(cls, view)
+
+
+class BenchRow:
+    """A bench row's wire methods (`write_row`, `read_row`), for a frozen dataclass holding its `RowMeta` as
+    ``meta``."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return write_row(cast(Row, self))
+
+    @classmethod
+    def from_wire(cls, data: object) -> Self:
+        return read_row(cls, data)
 
 
 R = TypeVar("R", bound=Row)
@@ -245,8 +269,9 @@ def completed_wire(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("status") != RowStatus.INTERRUPTED]
 
 
-# What a target reports as measured: a number, a phrase, or a few of them by name.
-Measurement = str | int | float | bool | None | Sequence[int | float | str] | Mapping[str, int | float | str | None]
+# What a target reports as measured: a number, a phrase, or a few of them by name. The sequence comes first: the
+# codec reads a list or an object under it as sent (a number or a phrase matches its own type first).
+Measurement = Sequence[int | float | str] | Mapping[str, int | float | str | None] | str | int | float | bool | None
 
 
 @dataclass(frozen=True)
@@ -257,15 +282,10 @@ class Target:
     target: str
     measured: Measurement
     met: bool | None
-    note: str | None = None  # None: the bundle has no note key (bench peer's targets)
+    note: str | None = wire.field(omit_none=True, default=None)  # None: no note key (bench peer's targets)
 
-    def to_wire(self) -> dict[str, Any]:
-        out = {"name": self.name, "target": self.target, "measured": to_json(self.measured), "met": self.met}
-        return out if self.note is None else out | {"note": self.note}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> Target:
-        return cls(str(d["name"]), str(d["target"]), d.get("measured"), d.get("met"), d.get("note"))
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 def target(name: str, wanted: str, measured: Measurement, met: bool | None, note: str = "") -> Target:
@@ -280,11 +300,11 @@ class Repeat:
     salt: int
     rows: list[dict[str, Any]]  # the rows' wire form, as the main rows'
 
-    def to_wire(self) -> dict[str, str | int | list[dict[str, Any]]]:
-        return {"run_id": self.run_id, "salt": self.salt, "rows": self.rows}
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Bundle:
     """One experiment block's evidence bundle (docs/bench-schema.json), fields in the bundle's key order.
 
@@ -295,7 +315,7 @@ class Bundle:
     experiment: str
     run_id: str
     salt: int | None
-    bsr_version: str | None  # None: the bundle has no bsr_version key (cpu-bound's)
+    bsr_version: str | None = wire.field(omit_none=True)  # None: no bsr_version key (cpu-bound's)
     started_at: str
     finished_at: str
     elapsed_s: float
@@ -309,66 +329,17 @@ class Bundle:
     interrupted: bool
     interrupted_by: Interruption | None
     ok: bool
-    repeat: Repeat | None = None  # the sweep's
+    repeat: Repeat | None = wire.field(omit_none=True, default=None)  # the sweep's
 
     def every_row(self) -> list[dict[str, Any]]:
         """The main rows, then the repeat's."""
         return self.rows + (self.repeat.rows if self.repeat else [])
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {
-            "schema": BUNDLE_SCHEMA,
-            "kind": "bsr.bench",
-            "experiment": self.experiment,
-            "run_id": self.run_id,
-            "salt": self.salt,
-        }
-        if self.bsr_version is not None:
-            out["bsr_version"] = self.bsr_version
-        out |= {
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "elapsed_s": self.elapsed_s,
-            "registration": self.registration.to_wire(),
-            "engine": self.engine,
-            "machine": self.machine.to_wire(),
-            "params": self.params,
-            "rows": self.rows,
-            "summary": self.summary,
-            "targets": [t.to_wire() for t in self.targets],
-            "interrupted": self.interrupted,
-            "interrupted_by": self.interrupted_by,
-            "ok": self.ok,
-        }
-        if self.repeat is not None:
-            out["repeat"] = self.repeat.to_wire()
-        return out
+        """The bundle's JSON: its schema and kind, then its fields."""
+        return {"schema": BUNDLE_SCHEMA, "kind": "bsr.bench"} | wire.write(self)
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> Bundle:
-        """A bundle read back from its file (validated against the schema first: `bundle.read`)."""
-        rep = d.get("repeat")
-        by = d.get("interrupted_by")
-        return cls(
-            experiment=str(d["experiment"]),
-            run_id=str(d["run_id"]),
-            salt=d.get("salt"),
-            bsr_version=d.get("bsr_version"),
-            started_at=str(d["started_at"]),
-            finished_at=str(d["finished_at"]),
-            elapsed_s=d["elapsed_s"],
-            registration=RegistrationIdentity.from_wire(d["registration"]),
-            engine=d["engine"],
-            machine=MachineInfo.from_wire(d["machine"]),
-            params=d.get("params") or {},
-            rows=list(d.get("rows") or []),
-            summary=d.get("summary") or {},
-            targets=tuple(Target.from_wire(t) for t in d.get("targets") or []),
-            interrupted=bool(d.get("interrupted")),
-            interrupted_by=None if by is None else Interruption(by),
-            ok=bool(d.get("ok")),
-            repeat=None if rep is None else Repeat(str(rep["run_id"]), int(rep["salt"]), list(rep.get("rows") or [])),
-        )
+    from_wire = wire.reader()  # a bundle read back from its file (validated against the schema first: `bundle.read`)
 
 
 @dataclass(frozen=True)
@@ -396,16 +367,16 @@ def pool_capacity(client: AdminClient) -> int:
     return min(caps) if caps else 0
 
 
-def require_tokens(info: dict[str, Any], tokens: int) -> None:
-    if info.get("serves_restores", True) is False:  # e.g. a vLLM worker: KV moves only through vLLM there
+def require_tokens(info: EngineInfo, tokens: int) -> None:
+    if info.host_fields.get("serves_restores") is False:  # e.g. a vLLM worker: KV moves only through vLLM there
         raise BadRequest(
-            f"the bench is not served from {info.get('engine', 'this engine')}: it submits and restores, which this "
+            f"the bench is not served from {info.engine or 'this engine'}: it submits and restores, which this "
             "endpoint refuses (not served from a vLLM worker: KV moves only through vLLM's scheduler)",
             hint="run the bench against the embedded engine or the LMCache host (--embedded)",
         )
-    if tokens > int(info.get("max_tokens", 0)) or tokens > int(info.get("kv_tokens", 0)):
+    if tokens > info.max_tokens or tokens > info.kv_tokens:
         raise InvalidInput(
-            f"the engine accepts prompts up to {info.get('max_tokens'):,} tokens with {info.get('kv_tokens'):,} KV "
+            f"the engine accepts prompts up to {info.max_tokens:,} tokens with {info.kv_tokens:,} KV "
             f"tokens; this experiment needs {tokens:,}",
             hint=f"restart it with --max-tokens {tokens} --kv-tokens {tokens}, or run the bench with --embedded",
         )
@@ -421,9 +392,9 @@ def require_pool(client: AdminClient, need: int, what: str) -> int:
     return cap
 
 
-def isolate(info: dict[str, Any], tier: str | None) -> tuple[str, list[str]]:
+def isolate(info: EngineInfo, tier: str | None) -> tuple[str, list[str]]:
     """The tier to restore from and the tiers to exclude so nothing else can serve (tier isolation)."""
-    tiers = [str(t) for t in info.get("tiers", [])]
+    tiers = list(info.tiers)
     chosen = tier or (tiers[0] if tiers else "")
     if chosen not in tiers:
         raise InvalidInput(f"the engine has no tier {chosen!r} (it has {', '.join(tiers) or 'none'})")
@@ -455,19 +426,8 @@ class WarmEvidence:
     hash_ok: bool | None
     store_errors: dict[str, dict[str, str]]  # by rank, by tier: why a tier did not take the chunks
 
-    def to_wire(self) -> dict[str, Any]:
-        return {f.name: to_json(getattr(self, f.name)) for f in fields(self)}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> WarmEvidence:
-        return cls(
-            request=d.get("request"),
-            seconds=d.get("seconds", 0.0),
-            external_tokens=d.get("external_tokens", 0),
-            computed_tokens=d.get("computed_tokens", 0),
-            hash_ok=d.get("hash_ok"),
-            store_errors=d.get("store_errors") or {},
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 def warm_evidence(res: SubmitResult) -> WarmEvidence:
@@ -483,36 +443,18 @@ def warm_evidence(res: SubmitResult) -> WarmEvidence:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WarmRow:
+class WarmRow(BenchRow):
     """The submit that stores an experiment's prompt before its restores (fs-concurrency and store rows)."""
 
     kind: str = "warm"
     tokens: int
-    W: int | None = None  # None: no "W" key (store's warm row)
-    warm: WarmEvidence | None = None  # None: interrupted before the engine answered
+    W: int | None = wire.field(omit_none=True, default=None)  # None: no "W" key (store's warm row)
     meta: RowMeta
+    warm: WarmEvidence | None = wire.field(omit_none=True, default=None)  # None: interrupted before the answer
 
     @classmethod
     def begun(cls, tokens: int, w: int | None = None) -> Callable[[str], WarmRow]:
         return lambda started_at: cls(tokens=tokens, W=w, meta=RowMeta(started_at=started_at))
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "tokens": self.tokens}
-        if self.W is not None:
-            out["W"] = self.W
-        out["started_at"] = self.meta.started_at
-        if self.warm is not None:
-            out["warm"] = self.warm.to_wire()
-        return out | self.meta.ending()
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> WarmRow:
-        return cls(
-            tokens=d["tokens"],
-            W=d.get("W"),
-            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
-            meta=RowMeta.from_wire(d),
-        )
 
 
 @dataclass(frozen=True)
@@ -529,22 +471,11 @@ class RankEvidence:
     gbps: float
     ok: bool
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RankEvidence:
-        return cls(
-            rank=d.get("rank", 0),
-            pool_peak_bytes=d.get("pool_peak_bytes", 0),
-            peak_live_bytes=d.get("peak_live_bytes", 0),
-            bytes_restored=d.get("bytes_restored", 0),
-            seconds=d.get("seconds", 0.0),
-            fetch_seconds=d.get("fetch_seconds", 0.0),
-            install_seconds=d.get("install_seconds", 0.0),
-            gbps=d.get("gbps", 0.0),
-            ok=bool(d.get("ok")),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RestoreEvidence:
     """The evidence of one restore (`Run.restore`): what was committed, in how many windows, and every rank's pool
     peak against the bound. Fields in the bundle's key order."""
@@ -559,7 +490,7 @@ class RestoreEvidence:
     windows: int
     expected_windows: int
     seconds: float
-    total_bytes: int  # "bytes" in the bundle
+    total_bytes: int = wire.field(name="bytes")
     gbps: float
     gbps_per_rank: float  # request-level: what one rank receives over the whole request's time
     peak_pool_bytes: int
@@ -574,38 +505,13 @@ class RestoreEvidence:
     failure: str | None  # the first failure's reason
 
     def to_wire(self) -> dict[str, Any]:
-        out = {("bytes" if f.name == "total_bytes" else f.name): to_json(getattr(self, f.name)) for f in fields(self)}
-        out["outcome"] = self.outcome or UNKNOWN_OUTCOME
-        return out
+        return wire.write(self) | {"outcome": self.outcome or UNKNOWN_OUTCOME}
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RestoreEvidence:
-        """The evidence in a bundle's row (its keys beside the row's own)."""
-        return cls(
-            request=d.get("request"),
-            outcome=_outcome(d.get("outcome")),
-            tiers=list(d.get("tiers") or []),
-            excluded_tiers=list(d.get("excluded_tiers") or []),
-            advertised_tokens=d.get("advertised_tokens", 0),
-            committed_tokens=d.get("committed_tokens", 0),
-            chunks=d.get("chunks", 0),
-            windows=d.get("windows", 0),
-            expected_windows=d.get("expected_windows", 0),
-            seconds=d.get("seconds", 0.0),
-            total_bytes=d.get("bytes", 0),
-            gbps=d.get("gbps", 0.0),
-            gbps_per_rank=d.get("gbps_per_rank", 0.0),
-            peak_pool_bytes=d.get("peak_pool_bytes", 0),
-            predicted_peak_bytes=d.get("predicted_peak_bytes", 0),
-            rws_bytes=d.get("rws_bytes"),
-            whole_plan_bytes=d.get("whole_plan_bytes", 0),
-            ranks=tuple(RankEvidence.from_wire(r) for r in d.get("ranks") or []),
-            output_hash=d.get("output_hash"),
-            canonical_hash=d.get("canonical_hash"),
-            hash_ok=d.get("hash_ok"),
-            healthy=bool(d.get("healthy")),
-            failure=d.get("failure"),
-        )
+    def from_wire(cls, data: object) -> RestoreEvidence:
+        """The evidence in a bundle's row (its keys beside the row's own); an outcome it does not know reads None."""
+        d = data if isinstance(data, Mapping) else {}
+        return wire.read(cls, {**d, "outcome": _outcome(d.get("outcome"))})
 
 
 def _outcome(value: object) -> Outcome | None:
@@ -634,7 +540,7 @@ class Run(Generic[R]):
         experiment: str,
         tag: str,
         client: AdminClient,
-        params: dict[str, Any],
+        params: DataclassInstance,  # the experiment's parameters, written into the bundle when it finishes
         *,
         salt: int | None = None,
         on_row: OnRow | None = None,
@@ -645,7 +551,7 @@ class Run(Generic[R]):
         self.request: str | None = None
         self.stopped = False
         self._t0 = time.monotonic()
-        self.info = client.info().to_wire()
+        self.info = client.info()
         self.reg = client.registration()
         self.experiment = experiment
         self.run_id = new_run_id(tag)
@@ -653,7 +559,7 @@ class Run(Generic[R]):
         self.params = params
         self.started_at = now()
         # The engine's facts in the bundle: experiments add to them (settings_restored, the ladder's rungs).
-        self.engine: dict[str, Any] = {"url": client.url, "info": self.info} | (engine_meta or {})
+        self.engine: dict[str, Any] = {"url": client.url, "info": self.info.to_wire()} | (engine_meta or {})
         self.machine = machine_info()
         self.rows: list[R] = []
         self.repeat: Repeat | None = None
@@ -700,7 +606,7 @@ class Run(Generic[R]):
 
     def finish(
         self,
-        summary: dict[str, Any],
+        summary: DataclassInstance,
         targets: Sequence[Target],
         rows: Sequence[R] | None = None,
     ) -> Bundle:
@@ -717,9 +623,9 @@ class Run(Generic[R]):
             registration=registration_identity(self.reg),
             engine=self.engine,
             machine=self.machine,
-            params=self.params,
+            params=wire.write(self.params),
             rows=[r.to_wire() for r in self.rows],
-            summary=summary,
+            summary=wire.write(summary),
             targets=tuple(targets),
             interrupted=self.interrupted_by is not None,
             interrupted_by=self.interrupted_by,

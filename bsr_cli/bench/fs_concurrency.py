@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    BenchRow,
     Bundle,
     OnRow,
     RestoreEvidence,
@@ -18,6 +18,7 @@ from bsr_cli.bench.evidence import (
     Target,
     WarmRow,
     completed,
+    flat,
     isolate,
     median,
     new_salt,
@@ -31,7 +32,7 @@ from bsr_cli.bench.evidence import (
     warm_evidence,
 )
 from bsr_cli.bench.probes import DiskReadRate, PageEviction, cold_cache_method, disk_read_rate, evict_page_cache
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import InvalidInput
@@ -44,6 +45,17 @@ FS_SPEEDUP_TARGET = 1.5  # fs load concurrency 4 against 1
 
 
 # -- the summary (fields in the order of its evidence keys) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FsParams:
+    """What fs-concurrency was asked to measure, and how it evicts the tier's pages (None: it cannot)."""
+
+    tokens: int
+    W: int
+    concurrencies: list[int]
+    trials: int
+    cold_method: str | None
 
 
 @dataclass(frozen=True)
@@ -89,36 +101,19 @@ def _prompt_files(fs_dir: Path, reg: Registration, tokens: int, salt: int) -> li
 
 
 @dataclass(frozen=True, kw_only=True)
-class DiskRow:
+class DiskRow(BenchRow):
     """The disk alone, read at the same total concurrency as a restore (no bsr)."""
 
     kind: str = "disk"
     concurrency: int
     threads: int
     trial: int
-    disk: DiskReadRate | None = None  # None: interrupted before the read finished
     meta: RowMeta
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "concurrency": self.concurrency}
-        out |= {"threads": self.threads, "trial": self.trial, "started_at": self.meta.started_at}
-        if self.disk is not None:
-            out |= to_json(self.disk)
-        return out | self.meta.ending()
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> DiskRow:
-        return cls(
-            concurrency=d["concurrency"],
-            threads=d["threads"],
-            trial=d["trial"],
-            disk=DiskReadRate.from_wire(d) if "gbps" in d else None,
-            meta=RowMeta.from_wire(d),
-        )
+    disk: DiskReadRate | None = flat(present="gbps")  # None: interrupted before the read finished
 
 
 @dataclass(frozen=True, kw_only=True)
-class FsRestoreRow:
+class FsRestoreRow(BenchRow):
     """One restore from the fs tier at a load concurrency, its pages evicted first when the cache is cold."""
 
     kind: str = "restore"
@@ -127,32 +122,9 @@ class FsRestoreRow:
     trial: int
     tokens: int
     W: int
-    evicted: PageEviction | None = None  # the cold rows' eviction
-    restore: RestoreEvidence | None = None  # None: interrupted before it finished
     meta: RowMeta
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "concurrency": self.concurrency}
-        out |= {"cache": self.cache, "trial": self.trial, "tokens": self.tokens, "W": self.W}
-        out["started_at"] = self.meta.started_at
-        if self.evicted is not None:
-            out["evicted"] = self.evicted.to_wire()
-        if self.restore is not None:
-            out |= self.restore.to_wire()
-        return out | self.meta.ending()
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> FsRestoreRow:
-        return cls(
-            concurrency=d["concurrency"],
-            cache=d["cache"],
-            trial=d["trial"],
-            tokens=d["tokens"],
-            W=d["W"],
-            evicted=PageEviction.from_wire(d["evicted"]) if "evicted" in d else None,
-            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
-            meta=RowMeta.from_wire(d),
-        )
+    evicted: PageEviction | None = wire.field(omit_none=True, default=None)  # the cold rows' eviction
+    restore: RestoreEvidence | None = flat(present="outcome")  # None: interrupted before it finished
 
 
 FsRow = WarmRow | DiskRow | FsRestoreRow
@@ -187,14 +159,14 @@ def run_fs_concurrency(
         raise InvalidInput("concurrencies must be >= 1 and trials positive")
     salt = new_salt() if salt is None else salt
     method = cold_cache_method(fs_dir) if cold else None
-    params = {"tokens": tokens, "W": w, "concurrencies": conc, "trials": trials, "cold_method": method}
+    params = FsParams(tokens=tokens, W=w, concurrencies=conc, trials=trials, cold_method=method)
     run: Run[FsRow] = Run("fs-concurrency", "fs", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     require_tokens(info, tokens)
     _, exclude = isolate(info, "fs")
     rws = accounting.rws_bytes(reg, w)
     require_pool(client, rws, f"W={w}")
-    original = {"budget_bytes": info["budget_bytes"], "fs_concurrency": info["fs_concurrency"]}
+    original = {"budget_bytes": info.budget_bytes, "fs_concurrency": info.fs_concurrency}
     prompt = prompt_of(tokens, salt)
     caches = ["cold", "warm"] if method else ["warm"]
     try:
@@ -225,7 +197,7 @@ def run_fs_concurrency(
         run.engine["settings_restored"] = put_back(client, original)
     summary = _summary(run, reg, tokens, w, conc, caches, method)
     targets = _targets(summary, conc, method, rws, bool(summary.completed))
-    return run.finish(to_json(summary), targets)
+    return run.finish(summary, targets)
 
 
 def _disk_row(c: int, threads: int, trial: int) -> Callable[[str], FsRow]:

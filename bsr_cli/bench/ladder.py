@@ -9,9 +9,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
     UNKNOWN_OUTCOME,
+    BenchRow,
     Bundle,
     Interruption,
     OnRow,
@@ -20,14 +20,17 @@ from bsr_cli.bench.evidence import (
     Run,
     WarmEvidence,
     completed,
+    flat,
     new_salt,
     prompt_of,
+    read_row,
     require_tokens,
     target,
     warm_evidence,
 )
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.status import EngineInfo
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import CapacityError, EngineError, InvalidInput, ServiceError
 
@@ -48,13 +51,13 @@ of it, and stops it on exit."""
 # -- what the ladder measures (fields in the order of their evidence keys) -----------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LadderAttempt:
     """One prefix restored whole-plan (W=0) on one rung's engine."""
 
     rung: int  # pool capacity per rank, bytes
     warm: WarmEvidence | None  # the warming submit's evidence; None when a tier already held the whole prompt
-    outcome: str  # an Outcome, or "unknown" when the engine said none
+    outcome: str = wire.field(absent=UNKNOWN_OUTCOME)  # an Outcome, or "unknown" when the engine said none
     committed_tokens: int
     failure: str | None
     peak_pool_bytes: int
@@ -66,28 +69,25 @@ class LadderAttempt:
     ranks: tuple[RankEvidence, ...]  # per rank: pool peak, bytes, seconds (the shared restore evidence)
     passed: bool
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> LadderAttempt:
-        warm = d.get("warm")
-        return cls(
-            rung=d["rung"],
-            warm=None if warm is None else WarmEvidence.from_wire(warm),
-            outcome=str(d.get("outcome", UNKNOWN_OUTCOME)),
-            committed_tokens=d.get("committed_tokens", 0),
-            failure=d.get("failure"),
-            peak_pool_bytes=d.get("peak_pool_bytes", 0),
-            seconds=d.get("seconds", 0.0),
-            gbps=d.get("gbps", 0.0),
-            tiers=list(d.get("tiers") or []),
-            hash_ok=d.get("hash_ok"),
-            healthy=bool(d.get("healthy")),
-            ranks=tuple(RankEvidence.from_wire(r) for r in d.get("ranks") or []),
-            passed=bool(d.get("passed")),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+def _passing_wire(ev: LadderAttempt) -> dict[str, Any]:
+    """The first passing attempt's evidence as its row holds it."""
+    return {
+        "measured_peak_bytes": ev.peak_pool_bytes,
+        "ranks": wire.value_to_wire(ev.ranks),
+        "seconds": ev.seconds,
+        "gbps": ev.gbps,
+        "tiers": ev.tiers,
+        "hash_ok": ev.hash_ok,
+        "healthy": ev.healthy,
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
-class LadderRow:
+class LadderRow(BenchRow):
     """One prefix's climb: every attempt, its first passing rung and measured peak beside the core's prediction.
     It gathers attempts made on several engines, so it has no start time or duration of its own."""
 
@@ -97,41 +97,19 @@ class LadderRow:
     predicted_rung: int | None  # None: the core predicts no rung of the ladder holds it
     first_passing_rung: int | None
     attempts: tuple[LadderAttempt, ...]
-    passing: LadderAttempt | None = None  # the first passing attempt's evidence
+    # The first passing attempt's evidence, written beside the row's keys (``measured_peak_bytes``...).
+    passing: LadderAttempt | None = flat(present="measured_peak_bytes", write=_passing_wire)
     meta: RowMeta  # no start time or duration
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "tokens": self.tokens, "chunks": self.chunks}
-        out |= {"whole_plan_bytes": self.whole_plan_bytes, "predicted_rung": self.predicted_rung}
-        out |= {"first_passing_rung": self.first_passing_rung, "attempts": to_json(self.attempts)}
-        if (ev := self.passing) is not None:
-            out |= {
-                "measured_peak_bytes": ev.peak_pool_bytes,
-                "ranks": to_json(ev.ranks),
-                "seconds": ev.seconds,
-                "gbps": ev.gbps,
-                "tiers": ev.tiers,
-                "hash_ok": ev.hash_ok,
-                "healthy": ev.healthy,
-            }
-        return out | self.meta.ending()
-
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> LadderRow:
-        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
-        attempts = tuple(LadderAttempt.from_wire(a) for a in d.get("attempts") or [])
-        first = d.get("first_passing_rung")
-        passing = next((a for a in attempts if a.passed and a.rung == first), None)
-        return cls(
-            tokens=d["tokens"],
-            chunks=d.get("chunks", 0),
-            whole_plan_bytes=d.get("whole_plan_bytes", 0),
-            predicted_rung=d.get("predicted_rung"),
-            first_passing_rung=first,
-            attempts=attempts,
-            passing=passing if "measured_peak_bytes" in d else None,
-            meta=RowMeta.from_wire(d),
-        )
+    def from_wire(cls, data: object) -> LadderRow:
+        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`): the passing attempt is the one of
+        its attempts at the first passing rung."""
+        row = read_row(cls, data)
+        if row.passing is None:
+            return row
+        passing = next((a for a in row.attempts if a.passed and a.rung == row.first_passing_rung), None)
+        return replace(row, passing=passing)
 
 
 @dataclass(frozen=True)
@@ -158,7 +136,7 @@ class RungEngine:
     pool_bytes: int
     startup_s: float
     url: str
-    info: dict[str, Any]  # its /info
+    info: EngineInfo  # its /info
 
 
 @dataclass
@@ -202,7 +180,7 @@ def run_ladder(
         climb.rung(factory, rung, params, on_row, on_attempt, engine_meta)
     run = climb.run
     assert run is not None  # the first rung either started an engine or raised
-    run.engine["rungs"] = to_json(climb.engines)
+    run.engine["rungs"] = wire.value_to_wire(climb.engines)
     for n in tokens:
         run.add(_prefix_row(run, n, steps, climb))
     done = completed(run.rows)
@@ -223,7 +201,7 @@ def run_ladder(
             match,
         )
     ]
-    return run.finish(to_json(summary), targets)
+    return run.finish(summary, targets)
 
 
 class _Climb:
@@ -255,13 +233,11 @@ class _Climb:
                 startup = time.monotonic() - t0
                 if self.run is None:
                     meta = {"restarted_per_rung": True} | (engine_meta or {})
-                    self.run = Run(
-                        "ladder", "ladder", client, to_json(params), salt=self.salt, on_row=on_row, engine_meta=meta
-                    )
+                    self.run = Run("ladder", "ladder", client, params, salt=self.salt, on_row=on_row, engine_meta=meta)
                     require_tokens(self.run.info, self.tokens[-1])
                 else:
                     self.run.client = client
-                self.engines.append(RungEngine(rung, round(startup, 3), client.url, client.info().to_wire()))
+                self.engines.append(RungEngine(rung, round(startup, 3), client.url, client.info()))
                 for n in list(self.pending):
                     current = n
                     att = _ladder_attempt(self.run, n, rung, self.warm_w, self.salt)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from bsr_cli import __version__
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import Bundle, Interruption, MachineInfo, RegistrationIdentity, RowStatus, Target
+from bsr_cli.core import wire
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,7 @@ class PeerModel:
     block_size: int = 16
     chunk_size: int = 256
 
-    def to_wire(self) -> dict[str, str | int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    to_wire = wire.writer()
 
 
 class PeerKind(StrEnum):
@@ -74,28 +73,17 @@ class CaseResult:
     install_cpu_seconds: float = 0.0
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> CaseResult:
-        """The case's JSON line; fields it does not report keep their defaults, ones added later are ignored."""
-        return cls(
-            ok=bool(d.get("ok")),
-            error=None if d.get("error") is None else str(d["error"]),
-            killed=bool(d.get("killed")),
-            outcome=d.get("outcome") or None,
-            loaded_tokens=int(d.get("loaded_tokens") or 0),
-            seconds=float(d.get("seconds") or 0.0),
-            l1_peak_bytes=int(d.get("l1_peak_bytes") or 0),
-            l1_capacity_bytes=int(d.get("l1_capacity_bytes") or 0),
-            hash_ok=d.get("hash_ok"),
-            timed_out=bool(d.get("timed_out")),
-            windows=int(d.get("windows") or 0),
-            setup_seconds=d.get("setup_seconds"),
-            nice=d.get("nice"),
-            ranks=tuple(d.get("ranks") or ()),
-            stage_seconds=dict(d["stage_seconds"]) if d.get("stage_seconds") else None,
-            destination=d.get("destination"),
-            untimed_lookup_seconds=d.get("untimed_lookup_seconds"),
-            cpu=dict(d["cpu"]) if d.get("cpu") else None,
-            install_cpu_seconds=float(d.get("install_cpu_seconds") or 0.0),
+    def from_wire(cls, data: object) -> CaseResult:
+        """The case's JSON line; fields it does not report keep their defaults, ones added later are ignored. An
+        empty outcome, stage map or CPU map reads as not reported, and seconds read as floats."""
+        said = wire.read(cls, data)
+        return replace(
+            said,
+            outcome=said.outcome or None,
+            seconds=float(said.seconds),
+            stage_seconds=said.stage_seconds or None,
+            cpu=said.cpu or None,
+            install_cpu_seconds=float(said.install_cpu_seconds),
         )
 
 
@@ -104,18 +92,19 @@ class StockStages:
     """Stock's retrieve by stage (wall seconds, summed over ranks): lookup, fetch (L1 allocation + transfer),
     install (the connector's copies); what is left of the call is key hashing and bookkeeping."""
 
-    seconds: dict[str, float]
-    destination: str | None
-    untimed_lookup_seconds: float | None  # the lookup before the clock (the contiguous case only)
+    seconds: dict[str, float] = wire.field(name="stage_seconds")
+    destination: str | None = wire.field()
+    # the lookup before the clock (the contiguous case only; no key when None)
+    untimed_lookup_seconds: float | None = wire.field(omit_none=True)
 
 
 @dataclass(frozen=True)
 class CpuCost:
     """CPU seconds of a restore (case process, master, segment holder) and per GB restored."""
 
-    seconds: dict[str, float]
-    per_gb: dict[str, float]  # by process, and "total"
-    install_per_gb: float
+    seconds: dict[str, float] = wire.field(name="cpu_seconds")
+    per_gb: dict[str, float] = wire.field(name="cpu_s_per_gb")  # by process, and "total"
+    install_per_gb: float = wire.field(name="install_cpu_s_per_gb")
 
 
 @dataclass(frozen=True)
@@ -134,7 +123,7 @@ class PeerMeasurement:
     setup_seconds: float | None
     nice: int | None
     ranks: tuple[RankReport, ...]
-    stages: StockStages | None
+    stages: StockStages | None  # its keys are written beside the others (so are the CPU cost's)
     cpu: CpuCost | None  # only when the whole prefix was loaded
 
 
@@ -154,39 +143,16 @@ class PeerRow:
     checks: dict[str, bool] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "tokens": self.tokens}
-        if self.l1_bytes is not None:
-            out |= {"l1_bytes": self.l1_bytes, "trial": self.trial, "W": self.w}
-        m = self.measured
-        if m is None:
-            return out | {"status": self.status, "reason": self.reason}
-        out |= {
-            "outcome": m.outcome,
-            "loaded_tokens": m.loaded_tokens,
-            "seconds": m.seconds,
-            "gbps_per_rank": m.gbps_per_rank,
-            "l1_peak_bytes": m.l1_peak_bytes,
-            "l1_capacity_bytes": m.l1_capacity_bytes,
-            "hash_ok": m.hash_ok,
-            "timed_out": m.timed_out,
-            "windows": m.windows,
-            "setup_seconds": m.setup_seconds,
-            "nice": m.nice,
-            "ranks": list(m.ranks),
-        }
-        if m.stages is not None:
-            out |= {"stage_seconds": m.stages.seconds, "destination": m.stages.destination}
-            if m.stages.untimed_lookup_seconds is not None:
-                out["untimed_lookup_seconds"] = m.stages.untimed_lookup_seconds
-        if m.cpu is not None:
-            out |= {
-                "cpu_seconds": m.cpu.seconds,
-                "cpu_s_per_gb": m.cpu.per_gb,
-                "install_cpu_s_per_gb": m.cpu.install_per_gb,
-            }
-        if self.reason is not None:
-            out["reason"] = self.reason
-        return out | {"checks": self.checks, "status": self.status}
+        """The row's JSON: the case, then what it measured (the stages' and the CPU cost's keys among them) and its
+        checks, the status last; a row that measured nothing says only why."""
+        case = {"l1_bytes": self.l1_bytes, "trial": self.trial, "W": self.w} if self.l1_bytes is not None else {}
+        head = {"kind": self.kind.value, "tokens": self.tokens, **case}
+        if self.measured is None:
+            return head | {"status": self.status.value, "reason": self.reason}
+        measured = wire.write(self.measured)
+        stages, cpu = measured.pop("stages") or {}, measured.pop("cpu") or {}
+        why = {} if self.reason is None else {"reason": self.reason}
+        return head | measured | stages | cpu | why | {"checks": self.checks, "status": self.status.value}
 
 
 @dataclass(frozen=True)
@@ -295,6 +261,8 @@ class PeerSide:
     cpu_s_per_gb_by_process: dict[str, float | None]
     stage_seconds: dict[str, float | None] | None = None  # absent from bundles before the stock stages
 
+    from_wire = wire.reader()  # a side as a bundle holds it (older bundles lack the stage seconds)
+
     @classmethod
     def of(cls, rs: Sequence[PeerMeasurement]) -> PeerSide:
         staged = [r.stages.seconds for r in rs if r.stages is not None]
@@ -312,20 +280,6 @@ class PeerSide:
             stage_seconds={k: _med([st.get(k) for st in staged]) for k in ("lookup", "fetch", "install")}
             if staged
             else None,
-        )
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> PeerSide:
-        """A side as a bundle holds it (older bundles lack the stage seconds)."""
-        return cls(
-            gbps_per_rank=d.get("gbps_per_rank"),
-            seconds=d.get("seconds"),
-            l1_peak_bytes=d.get("l1_peak_bytes"),
-            loaded_tokens=d.get("loaded_tokens"),
-            cpu_s_per_gb=d.get("cpu_s_per_gb"),
-            install_cpu_s_per_gb=d.get("install_cpu_s_per_gb"),
-            cpu_s_per_gb_by_process=dict(d.get("cpu_s_per_gb_by_process") or {}),
-            stage_seconds=d.get("stage_seconds"),
         )
 
 
@@ -369,41 +323,13 @@ class PeerPrefix:
 @dataclass(frozen=True)
 class PeerSummary:
     by_prefix: dict[str, PeerPrefix]  # by the prefix's tokens, as a string (a JSON key)
-    w: int
-    rws_bytes: int
+    w: int = wire.field(name="W")
+    rws_bytes: int = wire.field()
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()  # a bundle's summary, older ones included (no contiguous case, no per-trial ratios)
 
     @property
     def top(self) -> PeerPrefix | None:
         """The largest prefix measured: what the targets are judged at."""
         return self.by_prefix[max(self.by_prefix, key=int)] if self.by_prefix else None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"by_prefix": to_json(self.by_prefix), "W": self.w, "rws_bytes": self.rws_bytes}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> PeerSummary:
-        """A bundle's summary, older ones included (no contiguous case, no per-trial ratios)."""
-        by = {}
-        for key, v in (d.get("by_prefix") or {}).items():
-            contig = v.get("stock_contiguous")
-            by[key] = PeerPrefix(
-                tokens=int(v["tokens"]),
-                whole_plan_bytes=int(v["whole_plan_bytes"]),
-                stock_rung_bytes=int(v["stock_rung_bytes"]),
-                raw=PeerSide.from_wire(v["raw"]),
-                stock=PeerSide.from_wire(v["stock"]),
-                stock_contiguous=PeerSide.from_wire(contig) if contig else None,
-                bsr=PeerSide.from_wire(v["bsr"]),
-                bsr_vs_stock_gbps=v.get("bsr_vs_stock_gbps"),
-                bsr_vs_stock_contiguous_gbps=v.get("bsr_vs_stock_contiguous_gbps"),
-                bsr_vs_raw_gbps=v.get("bsr_vs_raw_gbps"),
-                stock_vs_raw_gbps=v.get("stock_vs_raw_gbps"),
-                stock_contiguous_vs_raw_gbps=v.get("stock_contiguous_vs_raw_gbps"),
-                per_trial=v.get("per_trial"),
-                bsr_vs_stock_staging=v.get("bsr_vs_stock_staging"),
-                bsr_vs_raw_cpu=v.get("bsr_vs_raw_cpu"),
-                stock_vs_raw_cpu=v.get("stock_vs_raw_cpu"),
-                stock_contiguous_vs_raw_cpu=v.get("stock_contiguous_vs_raw_cpu"),
-                below_rung=tuple(BelowRung(**b) for b in v.get("below_rung") or ()),
-            )
-        return cls(by, int(d.get("W") or 0), int(d.get("rws_bytes") or 0))

@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bsr_cli.bench.evidence import RowStatus
+from bsr_cli.core import wire
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import ServiceError
@@ -30,21 +30,16 @@ class PageEviction:
     """How the fs tier's pages were evicted before a cold restore, and whether that failed."""
 
     method: str
-    files: int | None = None  # files reached (posix_fadvise only)
-    error: str | None = None
+    # Only what happened: files when posix_fadvise reached some, error when it failed; no null keys.
+    files: int | None = wire.field(omit_none=True, default=None)  # files reached (posix_fadvise only)
+    error: str | None = wire.field(omit_none=True, default=None)
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
-    def to_wire(self) -> dict[str, Any]:
-        # Only what happened: files when posix_fadvise reached some, error when it failed; no null keys.
-        said = (("method", self.method), ("files", self.files), ("error", self.error))
-        return {key: value for key, value in said if value is not None}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> PageEviction:
-        return cls(method=str(d.get("method", "")), files=d.get("files"), error=d.get("error"))
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -59,17 +54,8 @@ class DiskReadRate:
     evicted_files: int
     error: str | None
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> DiskReadRate:
-        return cls(
-            threads=d.get("threads", 0),
-            files=d.get("files", 0),
-            bytes=d.get("bytes", 0),
-            seconds=d.get("seconds", 0.0),
-            gbps=d.get("gbps", 0.0),
-            evicted_files=d.get("evicted_files", 0),
-            error=d.get("error"),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    BenchRow,
     Bundle,
     OnRow,
     RestoreEvidence,
@@ -18,6 +18,7 @@ from bsr_cli.bench.evidence import (
     Target,
     WarmRow,
     completed,
+    flat,
     isolate,
     median,
     new_salt,
@@ -29,6 +30,7 @@ from bsr_cli.bench.evidence import (
     restore_checks,
     target,
     warm_evidence,
+    written_with,
 )
 from bsr_cli.bench.probes import (
     CopyCeiling,
@@ -40,7 +42,7 @@ from bsr_cli.bench.probes import (
     object_sizes,
     store_clients,
 )
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import InvalidInput, ServiceError
 
@@ -53,6 +55,21 @@ RAW_TARGET = 0.8  # Mooncake restore against raw batch_get_into
 
 
 # -- the summary (fields in the order of its evidence keys) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreParams:
+    """What the store bench was asked to measure."""
+
+    tokens: int
+    W: int
+    trials: int
+    raw_bytes_per_client: int
+    copy_bytes: int
+    mooncake: dict[str, str] | None  # the engine's master address and metadata URL
+    # A multi-host engine's cap on each link (bits/s): every byte a rank restores crosses its link to the holder.
+    link_ceiling_bps: int | None
+    tokens_restored: int | None = wire.field(omit_none=True, default=None)  # the prefix clamped to the pool
 
 
 @dataclass(frozen=True)
@@ -85,27 +102,21 @@ class StoreSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CeilingRow:
+class CeilingRow(BenchRow):
     """What the machine and the store sustain without the engine: the memory-copy ceiling ("memcpy") or the
     Mooncake GET/PUT rates per client ("mooncake-set")."""
 
     kind: str
-    results: tuple[CopyCeiling, ...] | tuple[MooncakeRate, ...] | None = None  # None: interrupted
     meta: RowMeta
+    results: tuple[CopyCeiling, ...] | tuple[MooncakeRate, ...] | None = wire.field(omit_none=True, default=None)
 
     @classmethod
     def begun(cls, kind: str) -> Callable[[str], StoreRow]:
         return lambda started_at: cls(kind=kind, meta=RowMeta(started_at=started_at))
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "started_at": self.meta.started_at}
-        if self.results is not None:
-            out["results"] = to_json(list(self.results))
-        return out | self.meta.ending()
-
 
 @dataclass(frozen=True, kw_only=True)
-class StoreRestoreRow:
+class StoreRestoreRow(BenchRow):
     """One restore from Mooncake (whole-plan or windowed), beside the raw GET measured right before it."""
 
     kind: str = "restore"
@@ -113,20 +124,10 @@ class StoreRestoreRow:
     budget_bytes: int | None  # None: the whole-plan path's (the engine's budget unchanged)
     trial: int
     tokens: int
-    restore: RestoreEvidence | None = None  # None: interrupted before it finished
-    paired_raw_get: RawGetRate | None = None
-    vs_paired_raw: float | None = None  # the restore's GB/s per rank over the raw GET's per client
     meta: RowMeta
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "kind": self.kind, "W": self.W}
-        out |= {"budget_bytes": self.budget_bytes, "trial": self.trial, "tokens": self.tokens}
-        out["started_at"] = self.meta.started_at
-        if self.restore is not None:
-            raw = self.paired_raw_get
-            out |= self.restore.to_wire()
-            out |= {"paired_raw_get": to_json(raw) if raw else None, "vs_paired_raw": self.vs_paired_raw}
-        return out | self.meta.ending()
+    restore: RestoreEvidence | None = flat(present="outcome")  # None: interrupted before it finished
+    paired_raw_get: RawGetRate | None = written_with("restore")
+    vs_paired_raw: float | None = written_with("restore")  # the restore's GB/s per rank over the raw GET's per client
 
 
 StoreRow = CeilingRow | WarmRow | StoreRestoreRow
@@ -152,16 +153,15 @@ def run_store(
     against W with B = RWS(W) and B = 2·RWS(W), each paired with a raw concurrent GET measured right before it.
     Reports ratios beside the absolute numbers."""
     salt = new_salt() if salt is None else salt
-    params: dict[str, Any] = {
-        "tokens": tokens,
-        "W": w,
-        "trials": trials,
-        "raw_bytes_per_client": raw_bytes,
-        "copy_bytes": copy_bytes,
-        "mooncake": mooncake,
-        # A multi-host engine's cap on each link (bits/s): every byte a rank restores crosses its link to the holder.
-        "link_ceiling_bps": link_bps,
-    }
+    params = StoreParams(
+        tokens=tokens,
+        W=w,
+        trials=trials,
+        raw_bytes_per_client=raw_bytes,
+        copy_bytes=copy_bytes,
+        mooncake=mooncake,
+        link_ceiling_bps=link_bps,
+    )
     run: Run[StoreRow] = Run("store", "store", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     _, exclude = isolate(info, "mooncake")
@@ -172,7 +172,7 @@ def run_store(
     n_tokens = min(tokens, fit_chunks * reg.chunk_size)
     if n_tokens <= 0:
         raise InvalidInput(f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk")
-    params["tokens_restored"] = n_tokens
+    run.params = replace(params, tokens_restored=n_tokens)
     require_tokens(info, n_tokens)
 
     # What the summary reads: measured in rows that finished (an interrupted row leaves its list empty).
@@ -206,8 +206,8 @@ def run_store(
                 paired = PairedRawGet(clients, run.run_id)
                 stack.callback(paired.remove)
         configs = _store_restores(run, client, n_tokens, salt, w, rws, cap, exclude, trials, paired)
-    summary, targets = _store_summary(run, configs, rws, ceilings, rates)
-    return run.finish(to_json(summary), targets)
+    summary, targets = _store_summary(run, configs, rws, ceilings, rates, link_bps)
+    return run.finish(summary, targets)
 
 
 def _store_restores(
@@ -223,7 +223,7 @@ def _store_restores(
     paired: PairedRawGet | None,
 ) -> list[tuple[int, int | None]]:
     """Warm the prompt, then per trial restore it whole-plan and windowed, each beside its paired raw GET."""
-    original = {"budget_bytes": run.info["budget_bytes"]}
+    original = {"budget_bytes": run.info.budget_bytes}
     prompt = prompt_of(n_tokens, salt)
     configs: list[tuple[int, int | None]] = [(0, None), (w, rws)]
     if cap >= 2 * rws:
@@ -269,6 +269,7 @@ def _store_summary(
     rws: int,
     memcpy: Sequence[CopyCeiling],
     mc: Sequence[MooncakeRate],
+    link_bps: int | None,
 ) -> tuple[StoreSummary, list[Target]]:
     done = completed(run.rows)
     copies = [m for m in memcpy if m.op == "copy"]
@@ -322,7 +323,6 @@ def _store_summary(
         "restore_W,B=2RWS/restore_W0": ratio(bsr2, w0),
         "restore_W0/memcpy_1thread": ratio(w0, memcpy_1t),
     }
-    link_bps = run.params.get("link_ceiling_bps")
     link_gbps = None if link_bps is None else link_bps / 8 / 1e9
     if link_gbps is not None:
         ratios["restore_W,B=RWS/link_ceiling"] = ratio(bsr1, link_gbps)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    BenchRow,
     Bundle,
     OnRow,
     Repeat,
@@ -18,6 +18,7 @@ from bsr_cli.bench.evidence import (
     Run,
     WarmEvidence,
     completed,
+    flat,
     isolate,
     new_run_id,
     new_salt,
@@ -29,7 +30,7 @@ from bsr_cli.bench.evidence import (
     target,
     warm_evidence,
 )
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -39,6 +40,16 @@ if TYPE_CHECKING:
 E1_PREFIXES: tuple[int, ...] = (32_768, 65_536, 131_072, 262_144, 393_216, 524_032)
 
 SWEEP_TIME_TARGET_S = 600.0
+
+
+@dataclass(frozen=True)
+class SweepParams:
+    """What the sweep was asked to measure (the tier: the one it restored from)."""
+
+    prefixes: list[int]
+    W: int
+    repeat: bool
+    tier: str | None
 
 
 @dataclass(frozen=True)
@@ -61,36 +72,15 @@ class SweepSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SweepRow:
+class SweepRow(BenchRow):
     """One prefix warmed and restored at W (a row of the sweep or of its repeat)."""
 
     tokens: int
     W: int
     salt: int
-    warm: WarmEvidence | None = None  # None: interrupted before (neither key is written)
-    restore: RestoreEvidence | None = None
     meta: RowMeta
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "tokens": self.tokens, "W": self.W, "salt": self.salt}
-        out["started_at"] = self.meta.started_at
-        if self.warm is not None:
-            out["warm"] = self.warm.to_wire()
-        if self.restore is not None:
-            out |= self.restore.to_wire()
-        return out | self.meta.ending()
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> SweepRow:
-        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
-        return cls(
-            tokens=d["tokens"],
-            W=d["W"],
-            salt=d["salt"],
-            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
-            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
-            meta=RowMeta.from_wire(d),
-        )
+    warm: WarmEvidence | None = wire.field(omit_none=True, default=None)  # None: interrupted before
+    restore: RestoreEvidence | None = flat(present="outcome")
 
 
 # -- sweep (E1) ------------------------------------------------------------------------------------------------
@@ -116,15 +106,15 @@ def run_sweep(
     if not rows_in:
         raise InvalidInput("the sweep needs at least one prefix length")
     salt = new_salt() if salt is None else salt
-    params = {"prefixes": rows_in, "W": w, "repeat": repeat, "tier": tier}
+    params = SweepParams(prefixes=rows_in, W=w, repeat=repeat, tier=tier)
     run: Run[SweepRow] = Run("sweep", "e1", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     require_tokens(info, rows_in[-1])
     chosen, exclude = isolate(info, tier)
-    params["tier"] = chosen
+    run.params = replace(params, tier=chosen)
     rws = accounting.rws_bytes(reg, w)
     require_pool(client, rws, f"W={w}")
-    original = {"budget_bytes": info["budget_bytes"]}
+    original = {"budget_bytes": info.budget_bytes}
     # B = RWS(W): one live window per rank, the paper's serialized restore.
     client.update_settings(budget_bytes=rws)
     repeat_rows: list[SweepRow] = []
@@ -178,7 +168,7 @@ def run_sweep(
             "" if full else "reduced sweep: the time target applies to the paper's six rows only",
         ),
     ]
-    return run.finish(to_json(summary), targets, every)
+    return run.finish(summary, targets, every)
 
 
 def _sweep_row(run: Run[SweepRow], rows: list[SweepRow], n: int, salt: int, w: int, exclude: Sequence[str]) -> None:

@@ -31,11 +31,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import (
@@ -244,8 +244,7 @@ class CommittedCounts:
     fewer: int
     more: int
 
-    def to_wire(self) -> dict[str, int]:
-        return {"exact": self.exact, "fewer": self.fewer, "more": self.more}
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -451,28 +450,31 @@ class StockRequest:
     error: str | None = None  # LMCache raised
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> StockRequest:
-        """A request of the process's JSON; what it reports beyond these is ignored."""
-        return cls(
-            index=int(d["index"]),
-            loaded_tokens=int(d.get("loaded_tokens") or 0),
-            loaded_by_rank=tuple(int(x) for x in d.get("loaded_by_rank") or ()),
-            restore_seconds=float(d.get("restore_seconds") or 0.0),
-            error=str(d["error"]) if d.get("error") else None,
-        )
+    def from_wire(cls, data: object) -> StockRequest:
+        """A request of the process's JSON; what it reports beyond these is ignored (an empty error is none)."""
+        said = wire.read(cls, data)
+        return replace(said, restore_seconds=float(said.restore_seconds), error=said.error or None)
 
 
 @dataclass(frozen=True)
 class StockRun:
-    """What the stock replay process reported."""
+    """What the stock replay process reported (its result line), and whether it ran serially."""
 
     requests: tuple[StockRequest, ...]
     l1_peak_by_rank: dict[int, int]
-    l1_bytes: int
-    elapsed_s: float
-    setup_s: float
-    lmcache_version: str
-    serial: bool = False
+    l1_bytes: int = wire.field(name="l1_capacity_bytes")
+    elapsed_s: float = wire.field()
+    setup_s: float = wire.field(name="setup_seconds")
+    lmcache_version: str = wire.field()
+    serial: bool = False  # the case's: not reported by the process
+    ok: bool = False
+    error: str | None = None  # why it failed, when not ok
+
+    @classmethod
+    def from_wire(cls, data: object) -> StockRun:
+        """The process's result line; seconds read as floats."""
+        said = wire.read(cls, data)
+        return replace(said, elapsed_s=float(said.elapsed_s), setup_s=float(said.setup_s))
 
 
 @dataclass(frozen=True)
@@ -546,7 +548,7 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
         path = workdir / "stock-trace-case.json"
         path.write_text(json.dumps(spec))
         log = workdir / "stock-trace-case.log"
-        result: dict[str, Any] | None = None
+        result: StockRun | None = None
         with log.open("w") as err:
             proc = subprocess.Popen(
                 [str(python), "-m", "lmcache_bsr.trace_replay", str(path)],
@@ -566,7 +568,7 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
                     if line.startswith(STOCK_PROGRESS_PREFIX) and on_progress is not None:
                         on_progress(int(line[len(STOCK_PROGRESS_PREFIX) :]))
                     elif line.startswith(STOCK_RESULT_PREFIX):
-                        result = dict(json.loads(line[len(STOCK_RESULT_PREFIX) :]))
+                        result = StockRun.from_wire(json.loads(line[len(STOCK_RESULT_PREFIX) :]))
             finally:
                 timer.cancel()
                 _kill_group(proc)  # nothing it started may outlive it (it runs in its own session)
@@ -577,22 +579,14 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
                 + (f" within {deadline:.0f}s" if proc.returncode and proc.returncode < 0 else "")
                 + (f": {tail[0]}" if tail else "")
             )
-        if not result.get("ok"):
-            raise ServiceError(f"stock LMCache's replay failed: {result.get('error')}")
+        if not result.ok:
+            raise ServiceError(f"stock LMCache's replay failed: {result.error}")
     finally:
         if holder is not None:
             services.stop(holder, timeout=10)
         if master is not None:
             services.stop(master, timeout=10)
-    return StockRun(
-        requests=tuple(StockRequest.from_wire(r) for r in result["requests"]),
-        l1_peak_by_rank={int(k): int(v) for k, v in result["l1_peak_by_rank"].items()},
-        l1_bytes=int(result["l1_capacity_bytes"]),
-        elapsed_s=float(result["elapsed_s"]),
-        setup_s=float(result.get("setup_seconds") or 0.0),
-        lmcache_version=str(result.get("lmcache_version") or ""),
-        serial=case.serial,
-    )
+    return replace(result, serial=case.serial)
 
 
 def expected_hits(trace: Trace, reg: Registration) -> list[int]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bsr_cli.api.codec import to_json
 from bsr_cli.bench.evidence import (
+    BenchRow,
     Bundle,
     OnRow,
     RestoreEvidence,
@@ -16,6 +16,7 @@ from bsr_cli.bench.evidence import (
     Run,
     WarmEvidence,
     completed,
+    flat,
     isolate,
     new_salt,
     prompt_of,
@@ -25,8 +26,9 @@ from bsr_cli.bench.evidence import (
     restore_checks,
     target,
     warm_evidence,
+    written_with,
 )
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -34,6 +36,15 @@ if TYPE_CHECKING:
 
 
 W_LAW: tuple[int, ...] = accounting.DEFAULT_W_SWEEP
+
+
+@dataclass(frozen=True)
+class WLawParams:
+    """What the W law was asked to measure (the tier: the one it restored from)."""
+
+    tokens: int
+    W: list[int]
+    tier: str | None
 
 
 @dataclass(frozen=True)
@@ -54,40 +65,19 @@ class WLawSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WLawRow:
+class WLawRow(BenchRow):
     """One W: B = RWS(W), the prompt restored (the first row also warms it), its peak against the law."""
 
     W: int
     tokens: int
-    warm: WarmEvidence | None = None  # only the first row warms the prompt
-    restore: RestoreEvidence | None = None  # None: interrupted before it finished
-    law_bytes: int | None = None  # W·Σc_i + aux, written with the restore
     meta: RowMeta
+    warm: WarmEvidence | None = wire.field(omit_none=True, default=None)  # only the first row warms the prompt
+    restore: RestoreEvidence | None = flat(present="outcome")  # None: interrupted before it finished
+    law_bytes: int | None = written_with("restore")  # W·Σc_i + aux, written with the restore
 
     @classmethod
     def begun(cls, w: int, tokens: int) -> Callable[[str], WLawRow]:
         return lambda started_at: cls(W=w, tokens=tokens, meta=RowMeta(started_at=started_at))
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, object] = {"status": self.meta.status, "W": self.W, "tokens": self.tokens}
-        out["started_at"] = self.meta.started_at
-        if self.warm is not None:
-            out["warm"] = self.warm.to_wire()
-        if self.restore is not None:
-            out |= self.restore.to_wire() | {"law_bytes": self.law_bytes}
-        return out | self.meta.ending()
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> WLawRow:
-        """A row read back from a bundle (`bsr bench show`, `bsr bench plot`)."""
-        return cls(
-            W=d["W"],
-            tokens=d["tokens"],
-            warm=WarmEvidence.from_wire(d["warm"]) if "warm" in d else None,
-            restore=RestoreEvidence.from_wire(d) if "outcome" in d else None,
-            law_bytes=d.get("law_bytes"),
-            meta=RowMeta.from_wire(d),
-        )
 
 
 # -- W law -------------------------------------------------------------------------------------------------------
@@ -108,14 +98,14 @@ def run_wlaw(
     if not w_list or w_list[0] <= 0:
         raise InvalidInput("the W law needs positive window sizes")
     salt = new_salt() if salt is None else salt
-    params = {"tokens": tokens, "W": w_list, "tier": tier}
+    params = WLawParams(tokens=tokens, W=w_list, tier=tier)
     run: Run[WLawRow] = Run("wlaw", "wlaw", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)
     reg, info = run.reg, run.info
     require_tokens(info, tokens)
     chosen, exclude = isolate(info, tier)
-    params["tier"] = chosen
+    run.params = replace(params, tier=chosen)
     require_pool(client, accounting.rws_bytes(reg, w_list[-1]), f"W={w_list[-1]}")
-    original = {"budget_bytes": info["budget_bytes"]}
+    original = {"budget_bytes": info.budget_bytes}
     prompt = prompt_of(tokens, salt)
     try:
         warm: WarmEvidence | None = None
@@ -162,4 +152,4 @@ def run_wlaw(
             law,
         )
     ]
-    return run.finish(to_json(summary), targets)
+    return run.finish(summary, targets)

@@ -166,9 +166,10 @@ def test_the_report_puts_stock_beside_the_engine_in_text_and_json() -> None:
         ),
         (bt.StockNotRun("skipped with --no-stock"), ("stock LMCache: not run (skipped with --no-stock)",)),
     ):
-        wire = replace(d, stock=stock).to_wire()
+        report = replace(d, stock=stock)
+        wire = report.to_wire()
         buf = io.StringIO()
-        render.trace_replay(Console(file=buf, width=200, color_system=None), wire)
+        render.trace_replay(Console(file=buf, width=200, color_system=None), report)
         text = buf.getvalue()
         for needle in needles:
             assert needle in text, text

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +20,9 @@ from bsr_cli.core.plan import RestorePlan
 from bsr_cli.core.registration import Registration, RegistrationDiff
 from bsr_cli.core.trace_sim import PathRun, RestorePath, TracePlan
 from bsr_cli.core.units import format_bytes
+
+if TYPE_CHECKING:
+    from bsr_cli.bench.trace import TraceReplay
 
 # Exact bytes and the binary-unit reading, as operators quote them: 525,074,432 (500.75 MiB). The one formatter.
 b = partial(format_bytes, exact=True)
@@ -493,83 +496,86 @@ def _path_cells(row: PathRun) -> list[str]:
     ]
 
 
-def trace_replay(console: Console, d: dict[str, Any]) -> None:
+def trace_replay(console: Console, d: TraceReplay) -> None:
     """`bsr bench trace`: the planner's prediction beside the engine's measurement, for the same slice."""
+    from bsr_cli.bench.trace import StockSummary
+
     console.print(
-        f"[bold]{d['trace']}[/]: {d['requests']:,} requests from #{d['skip']}, time ×{d['speedup']:g}, tokens "
-        f"×{d['block_tokens']}/512; {d['model']} {d['registration']} ({b(d['bytes_per_chunk'])} per chunk per "
-        f"rank); W={d['W']}, B = {d['budget_rws']}·RWS = {b(d['budget_bytes'])} per rank; planner bandwidth "
-        f"{d['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s per rank"
+        f"[bold]{d.trace}[/]: {d.requests:,} requests from #{d.skip}, time ×{d.speedup:g}, tokens "
+        f"×{d.block_tokens}/512; {d.model} {d.registration} ({b(d.bytes_per_chunk)} per chunk per "
+        f"rank); W={d.w}, B = {d.budget_rws}·RWS = {b(d.budget_bytes)} per rank; planner bandwidth "
+        f"{d.bandwidth_bytes_per_s / 1e9:.3f} GB/s per rank"
     )
-    cal = d["calibration"]
-    if cal:
+    cal = d.calibration
+    if cal is not None:
         console.print(
-            f"bandwidth measured by one restore of {cal['chunks']} chunks alone; one chunk alone takes "
-            f"{seconds(cal['one_chunk_restore_s'])} (a fixed cost per restore the planner leaves out)"
+            f"bandwidth measured by one restore of {cal.chunks} chunks alone; one chunk alone takes "
+            f"{seconds(cal.one_chunk_s)} (a fixed cost per restore the planner leaves out)"
         )
-    p, m = d["predicted"], d["measured"]
-    stock = d.get("stock") or {"run": False, "reason": "not recorded"}
-    ran = bool(stock.get("run"))
+    p, m = d.predicted, d.measured
+    ran = isinstance(d.stock, StockSummary)
+    stock = d.stock if isinstance(d.stock, StockSummary) else None  # its cells, when it ran
     t = Table(title="planner against engine" + (" and stock LMCache" if ran else ""), title_justify="left")
     t.add_column("")
     t.add_column("predicted", justify="right")
     t.add_column("engine (bsr)", justify="right")
-    if ran:
-        t.add_column(f"stock LMCache {stock['lmcache']}", justify="right")
+    if stock is not None:
+        t.add_column(f"stock LMCache {stock.lmcache}", justify="right")
 
     def row(label: str, predicted: str, engine: str, stock_cell: str) -> None:
         t.add_row(label, predicted, engine, *([stock_cell] if ran else []))
 
-    row("restores", f"{p['restores']:,}", f"{m['restores']:,}", f"{stock.get('restores', 0):,}")
-    row("restored tokens", f"{p['hit_tokens']:,}", f"{m['hit_tokens']:,}", f"{stock.get('hit_tokens', 0):,}")
+    row("restores", f"{p.restores:,}", f"{m.restores:,}", f"{stock.restores:,}" if stock else "")
+    row("restored tokens", f"{p.hit_tokens:,}", f"{m.hit_tokens:,}", f"{stock.hit_tokens:,}" if stock else "")
     row(
         "peak host memory per rank",
-        format_bytes(p["peak_bytes_per_rank"]),
-        format_bytes(m["peak_bytes_per_rank"]),
-        format_bytes(stock.get("peak_bytes_per_rank", 0)),
+        format_bytes(p.peak_bytes_per_rank),
+        format_bytes(max(m.pool_peak_by_rank.values(), default=0)),
+        format_bytes(max(stock.l1_peak_by_rank.values(), default=0)) if stock else "",
     )
     # Stock LMCache stages every restore's whole plan: the planner's model of that is the whole-plan peak.
-    row("whole-plan peak per rank", format_bytes(p["whole_plan_peak_bytes_per_rank"]), "", "")
+    row("whole-plan peak per rank", format_bytes(p.whole_plan_peak_bytes_per_rank), "", "")
     for q in ("p50", "p95", "p99"):
         row(
             f"restore latency {q}",
-            seconds(p["latency_s"][q]),
-            seconds(m["latency_s"][q]),
-            seconds(stock["latency_s"][q]) if ran else "",
+            seconds(getattr(p.latency_s, q)),
+            seconds(getattr(m.latency_s, q)),
+            seconds(getattr(stock.latency_s, q)) if stock else "",
         )
-    row("failed requests", "0", f"{m['failed']:,}", f"{stock.get('failed', 0):,}")
+    row("failed requests", "0", f"{m.failed:,}", f"{stock.failed:,}" if stock else "")
     console.print(t)
-    c = d["committed"]
+    c = d.committed
     console.print(
-        f"committed exactly the predicted tokens: {c['exact']:,} of {d['requests']:,} requests; fewer: {c['fewer']:,} "
+        f"committed exactly the predicted tokens: {c.exact:,} of {d.requests:,} requests; fewer: {c.fewer:,} "
         "(a prefix still being stored by an earlier request in flight); more: "
-        f"{c['more']:,}"
+        f"{c.more:,}"
     )
-    peaks = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in m["pool_peak_by_rank"].items())
-    console.print(f"pool peak per rank: {peaks} (B {format_bytes(d['budget_bytes'])})")
-    if m["first_failure"]:
-        console.print(f"[red]first failure[/]: {m['first_failure']}")
-    if ran:
-        sc = stock["committed"]
-        sp = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in stock["l1_peak_by_rank"].items())
+    peaks = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in sorted(m.pool_peak_by_rank.items()))
+    console.print(f"pool peak per rank: {peaks} (B {format_bytes(d.budget_bytes)})")
+    if m.first_failure:
+        console.print(f"[red]first failure[/]: {m.first_failure}")
+    if stock is not None:
+        sc = stock.committed
+        sp = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in sorted(stock.l1_peak_by_rank.items()))
         console.print(
-            f"stock LMCache: L1 high-water per rank {sp} (L1 {format_bytes(stock['l1_bytes'])}, staging only; "
+            f"stock LMCache: L1 high-water per rank {sp} (L1 {format_bytes(stock.l1_bytes)}, staging only; "
             "retrieves stage their whole plan, stores their chunks); "
             + (
                 "one request at a time per rank, as vLLM's worker calls it"
-                if stock.get("calls") == "serial"
+                if stock.serial
                 else "every client calls it, retrieves overlap"
             )
         )
         console.print(
-            f"stock LMCache loaded exactly the hit's full chunks: {sc['exact']:,} of {d['requests']:,} requests; "
-            f"fewer: {sc['fewer']:,}; more: {sc['more']:,}; {stock['hit_tokens']:,} of "
-            f"{stock['expected_hit_tokens']:,} tokens ({stock['partial_chunk_tokens']:,} more sit in partial chunks "
+            f"stock LMCache loaded exactly the hit's full chunks: {sc.exact:,} of {d.requests:,} requests; "
+            f"fewer: {sc.fewer:,}; more: {sc.more:,}; {stock.hit_tokens:,} of "
+            f"{stock.expected_hit_tokens:,} tokens ({stock.partial_chunk_tokens:,} more sit in partial chunks "
             "LMCache does not store by default)"
         )
-        if stock["first_failure"]:
-            console.print(f"[red]stock LMCache's first failure[/]: {stock['first_failure']}")
+        if stock.first_failure:
+            console.print(f"[red]stock LMCache's first failure[/]: {stock.first_failure}")
     else:
-        console.print(f"stock LMCache: not run ({stock['reason']})")
-    for name, ok in d["checks"].items():
+        why = d.stock.reason if d.stock is not None and not isinstance(d.stock, StockSummary) else "not recorded"
+        console.print(f"stock LMCache: not run ({why})")
+    for name, ok in d.checks.items():
         console.print(f"{'[green]pass[/]' if ok else '[red]FAIL[/]'} {name.replace('_', ' ')}")

@@ -120,8 +120,7 @@ def trace(
     data = replace(replayed, skip=skip, salt=seed, stock=stock_run)
     from bsr_cli.cli.render import planning as render
 
-    # The report's renderer reads its wire form (the same keys --json prints).
-    st.out.result(data, lambda console, d: render.trace_replay(console, d.to_wire()))
+    st.out.result(data, render.trace_replay)
     broken = [k for k, ok in data.checks.items() if not ok]
     if broken:
         raise DrillViolation(f"the replay broke {', '.join(broken)}")
