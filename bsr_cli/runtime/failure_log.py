@@ -23,7 +23,6 @@ from bsr_cli.core.events import (
     RestoreEnded,
     RestoreFailed,
     StoreFailed,
-    parse_event,
 )
 from bsr_cli.core.evidence import EventKind, Outcome
 
@@ -118,19 +117,10 @@ FAILURE_KINDS = frozenset(
 )
 
 
-def log_failure_event(logger: logging.Logger, wire: Event | Mapping[str, Any]) -> None:
-    """Log an event (typed, or its wire form) when it is a failure; anything else is ignored."""
-    if isinstance(wire, Event):
-        event = wire
-        if event.kind not in FAILURE_KINDS:
-            return
-    else:
-        if wire.get("type") not in FAILURE_KINDS:
-            return
-        try:
-            event = parse_event(wire)
-        except ValueError:
-            return
+def log_failure_event(logger: logging.Logger, event: Event) -> None:
+    """Log an event when it is a failure; anything else is ignored."""
+    if event.kind not in FAILURE_KINDS:
+        return
     fields = failure_fields(event)
     if fields is None:
         return

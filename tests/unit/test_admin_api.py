@@ -17,6 +17,7 @@ from bsr_cli.client import AdminClient
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.errors import BsrError
+from bsr_cli.runtime.event_store import request_of
 from bsr_cli.server.admin import PREFIX, AdminServer
 from unit.fixtures import FakeEngine, build_engine
 
@@ -129,7 +130,7 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_restore_fail_closed(
             assert msg["type"] == "event", msg
             if msg["event"]["type"] == "restore_started":
                 break
-        kinds = [e["type"] for e in c.events.since(seq, limit=10_000) if e.get("request") == rid]
+        kinds = [e.kind for e in c.events.since(seq, limit=10_000) if request_of(e) == rid]
         assert "abort_requested" not in kinds, kinds
     # The connection is gone; the restore must end without anyone asking for it.
     ended = _wait_for_event(c, seq, rid, "restore_aborted")
@@ -143,7 +144,7 @@ def _wait_for_event(c: Any, seq: int, request: str, kind: str, timeout_s: float 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for e in c.events.since(seq, wait_s=min(1.0, max(0.0, deadline - time.monotonic())), limit=10_000):
-            seq = max(seq, int(e["seq"]))
-            if e.get("request") == request and e["type"] == kind:
-                return dict(e)
+            seq = max(seq, e.seq)
+            if request_of(e) == request and e.kind == kind:
+                return e.to_wire()
     raise AssertionError(f"no {kind} event for {request} within {timeout_s:g}s")
