@@ -128,10 +128,13 @@ def test_size_cap_keeps_the_newest_events_and_their_pool_history() -> None:
 
     events = [
         WindowReleased(
-            request=f"req-{i // 16:05d}", rank=i % 2, window=i % 16, pool={"live_bytes": 1 << 20, "peak_bytes": 2 << 20}
+            request=f"req-{i // 16:05d}",
+            rank=i % 2,
+            window=i % 16,
+            pool={"live_bytes": 1 << 20, "peak_bytes": 2 << 20},
+            seq=i,
+            time=float(i),
         )
-        .stamped(i, float(i))
-        .to_wire()
         for i in range(1, 3001)
     ]
     b = Builder([])

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("fastapi")  # the admin API is the engine extra's
 
 from bsr_cli.client import AdminClient
+from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.errors import BsrError
@@ -75,12 +76,12 @@ def test_a_streamed_restore_reports_its_windows_and_commits(served: tuple[FakeEn
     with AdminClient(server.url, TOKEN, timeout_s=20) as client:
         first = client.submit(PROMPT)
         assert first.source == "recompute"
-        events: list[dict[str, Any]] = []
+        events: list[Event] = []
         out = client.restore(PROMPT, w=4, on_event=events.append)
     assert out.report is not None and out.hashes is not None
     assert out.outcome is Outcome.COMMITTED and out.committed_tokens == 200  # 13 chunks, the last partial
     assert out.hashes.hash_ok is True and out.report.windows == 4  # W=4
-    assert sum(e.get("type") == "window_released" for e in events) == 4 * len(eng.ranks)
+    assert sum(isinstance(e, WindowReleased) for e in events) == 4 * len(eng.ranks)
 
 
 def test_faults_and_markers_round_trip(served: tuple[FakeEngine, AdminServer]) -> None:
