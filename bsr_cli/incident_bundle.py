@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli import __version__
+from bsr_cli.core import wire
 
 if TYPE_CHECKING:
     from bsr_cli.core.events import Event
@@ -47,6 +48,21 @@ RECORDING = "top-recording.jsonl.gz"
 # (bsr_cli.tui.source imports these; they live here, in the lower layer, so this module never imports the TUI).
 RECORDING_FORMAT = "bsr.top-recording"
 RECORDING_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RecordingHeader:
+    """The first line of a `bsr top --record` file: its format and version, when it started, what it recorded."""
+
+    format: str = RECORDING_FORMAT
+    version: int = RECORDING_FORMAT_VERSION
+    started: float = 0.0
+    source: str = ""
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
 LOG_LINES = 400
 _SECRET = re.compile(
     r"(?i)(authorization:\s*bearer\s+|\"?(?:token|password|secret|api[_-]?key)\"?\s*[:=]\s*\"?)([^\s\",}]+)"
@@ -408,8 +424,7 @@ def recording_bytes(
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb") as fh:
         first = float(history[0]["time"]) if history else received_at
-        header = {"format": RECORDING_FORMAT, "version": RECORDING_FORMAT_VERSION, "started": first, "source": source}
-        lines: list[dict[str, Any]] = [header]
+        lines = [RecordingHeader(started=first, source=source).to_wire()]
         lines += [{"t": float(h["time"]), "lat": 0.0, "snap": h} for h in history]
         lines.append({"t": received_at, "lat": round(latency_s, 6), "snap": snapshot})
         for obj in lines:
