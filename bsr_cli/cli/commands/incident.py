@@ -15,6 +15,7 @@ import typer
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.cli.output import Output
 from bsr_cli.core import events as ev
+from bsr_cli.core import wire
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.errors import InvalidInput
 
@@ -53,17 +54,15 @@ class SettingsView:
     which ones `set` changed."""
 
     url: str
-    settings: dict[str, int | float | str | bool | list[str] | None]
-    changed: tuple[str, ...] | None = None  # `set` only
+    changed: tuple[str, ...] | None = wire.field(omit_none=True, default=None)  # `set` only
+    settings: dict[str, int | float | str | bool | list[str] | None] = field(default_factory=dict)
 
-    def to_wire(self) -> dict[str, Any]:
-        changed = {"changed": list(self.changed)} if self.changed is not None else {}
-        return {"url": self.url} | changed | {"settings": dict(self.settings)}
+    to_wire = wire.writer()
 
 
 def _settings_view(url: str, info: dict[str, Any], changed: tuple[str, ...] | None = None) -> SettingsView:
     """The settings of the engine's info answer (wire form)."""
-    return SettingsView(url, {k: info.get(k) for k in SETTING_KEYS if k in info}, changed)
+    return SettingsView(url, changed, {k: info.get(k) for k in SETTING_KEYS if k in info})
 
 
 def _render_settings(console: Any, d: SettingsView) -> None:
