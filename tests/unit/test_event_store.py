@@ -13,6 +13,8 @@ import pytest
 
 from bsr_cli.core.events import (
     Failure,
+    FaultInjected,
+    MarkerCleared,
     RequestAdmitted,
     RestoreFailed,
     RestoreFailedClosed,
@@ -208,4 +210,19 @@ def test_events_read_back_from_the_store_parse_as_types(tmp_path: Path) -> None:
     _restore(log, "req-00001", windows=2)
     typed = log.query(Query(limit=100))  # read back from the rows as types
     assert isinstance(typed[0], RestoreStarted) and all(isinstance(e, WindowReleased) for e in typed[1:])
+    log.close()
+
+
+def test_the_store_reads_back_what_the_tail_holds_byte_for_byte(tmp_path: Path) -> None:
+    """The admin API writes an event's wire form from whichever the log reads it from (the tail or the store's
+    rows): both must give the same JSON, enums, optional fields, nested failures and pool maps included."""
+    log = EventLog(store=EventStore(tmp_path / "e.sqlite"))
+    _restore(log, "req-00001", windows=2)
+    fail = Failure(rank=1, reason="timeout", kind=FailureKind.TIER, stage=Stage.FETCH, window=0, tier="mooncake")
+    log.append(RestoreFailedClosed(request="req-00001", failures=(fail,), failure_kind=FailureKind.TIER, seconds=1.5))
+    log.append(FaultInjected(fault_id=3, fault="timeout", rank=1, window=None, group="full", count=2))
+    log.append(MarkerCleared(prompt="p", why="operator", scope="tier", tier="fs", excluded_tiers=("mooncake",)))
+    held = [json.dumps(e.to_wire()) for e in log.recent(100)]
+    assert [json.dumps(e.to_wire()) for e in log.query(Query(limit=100))] == held
+    assert [json.dumps(e.to_wire()) for e in log.store.query(Query(limit=100))] == held  # type: ignore[union-attr]
     log.close()
