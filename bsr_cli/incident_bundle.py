@@ -331,7 +331,7 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list
     ranks = {int(r.get("rank", -1)): dict(r) for r in snapshot.get("ranks") or () if isinstance(r, Mapping)}
     active: dict[str, _ActiveRestore] = {}
     markers: dict[str, _StandingMarker] = {}
-    faults: dict[int, dict[str, Any]] = {}  # the fault's event as the engine recorded it, less type, seq and time
+    faults: dict[int, ev.FaultInjected] = {}  # the armed faults, as their events recorded them
     recent: list[_RecentRestore] = []
     frames: list[dict[str, Any]] = []
     since_frame = 0
@@ -378,7 +378,7 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list
         elif isinstance(e, ev.MarkerCleared):
             markers.pop(e.prompt, None)
         elif isinstance(e, ev.FaultInjected):
-            faults[e.fault_id] = {k: v for k, v in e.to_wire().items() if k not in ("type", "seq", "time")}
+            faults[e.fault_id] = e
         elif isinstance(e, ev.FaultsCleared):
             faults.clear()
         if boundary or since_frame >= every:
@@ -392,7 +392,11 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list
                     "active": [asdict(a) for a in active.values()],  # a copy: the restore goes on
                     "recent": [asdict(r) for r in recent[-50:]],
                     "markers": [asdict(m) for m in markers.values()],
-                    "faults": list(faults.values()),
+                    # Each as its event recorded it, less type, seq and time.
+                    "faults": [
+                        {k: v for k, v in f.to_wire().items() if k not in ("type", "seq", "time")}
+                        for f in faults.values()
+                    ],
                     "events": [],
                 }
             )
