@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from bsr_cli.core import wire
 from bsr_cli.core.events import EngineStarted, EngineStopped, Event, parse_event
 from bsr_cli.core.evidence import EventKind, Outcome
 from bsr_cli.errors import BsrError, EngineUnreachable, ExitCode, InvalidInput
@@ -267,10 +268,10 @@ def _lifecycle_events(wire_events: Any) -> list[Event]:
     """The engine's starts and stops among the events of its snapshot (their wire form), as types; the others are
     not even parsed, and one this bsr cannot read is left out."""
     out: list[Event] = []
-    for wire in wire_events if isinstance(wire_events, list) else ():
-        if isinstance(wire, dict) and wire.get("type") in _LIFECYCLE:
+    for raw in wire_events if isinstance(wire_events, list) else ():
+        if isinstance(raw, dict) and raw.get("type") in _LIFECYCLE:
             with contextlib.suppress(ValueError):
-                out.append(parse_event(wire))
+                out.append(parse_event(raw))
     return out
 
 
@@ -585,9 +586,7 @@ class FleetView:
         engines = [e.to_wire() for e in self.engines]
         return {"fleet": True, "engines": engines, "counts": self.counts, "worst": self.worst}
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> FleetView:
-        return cls(tuple(EngineRow.from_wire(e) for e in d.get("engines") or []))
+    from_wire = wire.reader()
 
 
 # -- folding ------------------------------------------------------------------------------------------------------
