@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, astuple, dataclass
-from typing import Any
+from dataclasses import astuple, dataclass
 
 from bsr_cli.client import AdminClient
+from bsr_cli.core import wire
 from bsr_cli.core.commit import FAILED_CLOSED
+from bsr_cli.core.events import Failure
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.prompt import Prompt
 
@@ -51,7 +52,7 @@ class FirstPass:
     advertised_tokens: int | None
     committed_tokens: int | None
     invalid: tuple[InvalidChunk, ...] | None
-    failures: list[dict[str, Any]] | None  # the engine's failure records, as it sent them
+    failures: tuple[Failure, ...] | None  # the engine's failures, classified and blamed
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,7 @@ class DrillResult:
     scenarios: tuple[ScenarioResult, ...]
     ok: bool
 
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+    to_wire = wire.writer()
 
 
 def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: int | None) -> ScenarioResult:
@@ -127,18 +127,18 @@ def run_scenario(client: AdminClient, sc: Scenario, tokens: int, seed: int, w: i
         hash_canonical=res.hash_ok is True,
         ranks_healthy=health.ok,
     )
-    # The failed pass as the engine reported it (absent fields stay absent: a pass that restored nothing has none).
-    first_pass = first_restore.to_wire() if first_restore is not None else {}
-    invalid = first_pass.get("invalid")
+    # The failed pass as the engine reported it (a pass that restored nothing has none of it).
     return ScenarioResult(
         scenario=sc.name,
         fault=sc.fault.to_wire(),
         tokens=tokens,
-        first_pass=FirstPass(
-            advertised_tokens=first_pass.get("advertised_tokens"),
-            committed_tokens=first_pass.get("committed_tokens"),
-            invalid=None if invalid is None else tuple(InvalidChunk(int(i["rank"]), str(i["group"])) for i in invalid),
-            failures=first_pass.get("failures"),
+        first_pass=FirstPass(None, None, None, None)
+        if first_restore is None
+        else FirstPass(
+            advertised_tokens=first_restore.advertised_tokens,
+            committed_tokens=first_restore.committed_tokens,
+            invalid=tuple(InvalidChunk(c.rank, c.group) for c in first_restore.invalid),
+            failures=first_restore.failures,
         ),
         fallback=fallback,
         expected_fallback=sc.expected_fallback,

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from bsr_cli.core import wire
+from bsr_cli.core.events import EngineStarted, EngineStopped, Event, parse_event
 from bsr_cli.core.evidence import EventKind, Outcome
 from bsr_cli.errors import BsrError, EngineUnreachable, ExitCode, InvalidInput
 from bsr_cli.settings import Settings
@@ -257,6 +259,20 @@ class RecentOutcome:
     request: str
 
 
+_LIFECYCLE = (EventKind.ENGINE_STARTED, EventKind.ENGINE_STOPPED)
+
+
+def _lifecycle_events(wire_events: Any) -> list[Event]:
+    """The engine's starts and stops among the events of its snapshot (their wire form), as types; the others are
+    not even parsed, and one this bsr cannot read is left out."""
+    out: list[Event] = []
+    for raw in wire_events if isinstance(wire_events, list) else ():
+        if isinstance(raw, dict) and raw.get("type") in _LIFECYCLE:
+            with contextlib.suppress(ValueError):
+                out.append(parse_event(raw))
+    return out
+
+
 @dataclass(frozen=True)
 class EngineAnswer:
     """What the fleet reads of one engine's snapshot (`GET /snapshot?health=1`)."""
@@ -281,8 +297,8 @@ class EngineAnswer:
     def from_wire(cls, snap: dict[str, Any]) -> EngineAnswer:
         info = snap.get("info") or {}
         health = snap.get("health") or {}
-        events = [e for e in snap.get("events") or [] if isinstance(e, dict)]
-        started = [e for e in events if e.get("type") == EventKind.ENGINE_STARTED]
+        events = _lifecycle_events(snap.get("events"))
+        started = [e for e in events if isinstance(e, EngineStarted)]
         # Shutting down: ``stopping: true`` in its snapshot, info or health, or an `engine_stopped` event among the
         # events it returned. A crash says nothing: that is how the two are told apart.
         said_stopping = any(bool(x.get("stopping")) for x in (snap, info, health) if isinstance(x, dict))
@@ -290,8 +306,8 @@ class EngineAnswer:
         return cls(
             time=float(snap["time"]) if snap.get("time") else None,
             started_at=info.get("started_at"),
-            stopping=said_stopping or any(e.get("type") == EventKind.ENGINE_STOPPED for e in events),
-            previous_stop=str(started[-1]["previous_stop"]) if started and started[-1].get("previous_stop") else None,
+            stopping=said_stopping or any(isinstance(e, EngineStopped) for e in events),
+            previous_stop=(started[-1].previous_stop or None) if started else None,
             engine_name=info.get("engine"),
             model=(info.get("registration") or {}).get("model"),
             W=info.get("W"),
@@ -568,9 +584,7 @@ class FleetView:
         engines = [e.to_wire() for e in self.engines]
         return {"fleet": True, "engines": engines, "counts": self.counts, "worst": self.worst}
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> FleetView:
-        return cls(tuple(EngineRow.from_wire(e) for e in d.get("engines") or []))
+    from_wire = wire.reader()
 
 
 # -- folding ------------------------------------------------------------------------------------------------------

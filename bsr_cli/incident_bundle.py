@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli import __version__
+from bsr_cli.core import wire
 
 if TYPE_CHECKING:
     from bsr_cli.core.events import Event
@@ -47,6 +48,21 @@ RECORDING = "top-recording.jsonl.gz"
 # (bsr_cli.tui.source imports these; they live here, in the lower layer, so this module never imports the TUI).
 RECORDING_FORMAT = "bsr.top-recording"
 RECORDING_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RecordingHeader:
+    """The first line of a `bsr top --record` file: its format and version, when it started, what it recorded."""
+
+    format: str = RECORDING_FORMAT
+    version: int = RECORDING_FORMAT_VERSION
+    started: float = 0.0
+    source: str = ""
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
 LOG_LINES = 400
 _SECRET = re.compile(
     r"(?i)(authorization:\s*bearer\s+|\"?(?:token|password|secret|api[_-]?key)\"?\s*[:=]\s*\"?)([^\s\",}]+)"
@@ -110,14 +126,13 @@ class PoolSample:
     peak_bytes: int | None
 
 
-def pool_history(events: Iterable[Mapping[str, Any]]) -> dict[str, list[PoolSample]]:
+def pool_history(events: Iterable[Event]) -> dict[str, list[PoolSample]]:
     """``pool-history.json``: per rank (a string, the file's key), the pool occupancy each window event reported
     (time, event, live and peak bytes)."""
     from bsr_cli.core import events as ev
 
     out: dict[str, list[PoolSample]] = {}
-    for wire in events:
-        e = _parse(wire)
+    for e in events:
         if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool:
             sample = PoolSample(e.time, e.kind.value, e.request, e.pool.get("live_bytes"), e.pool.get("peak_bytes"))
             out.setdefault(str(e.rank), []).append(sample)
@@ -205,8 +220,9 @@ class Builder:
     def text(self, name: str, text: str) -> None:
         self.files[name] = redact_text(text, self.secrets).encode()
 
-    def events(self, name: str, events: list[dict[str, Any]]) -> None:
-        lines = [redact_text(json.dumps(redact_tokens(e), default=str), self.secrets) for e in events]
+    def events(self, name: str, events: list[Event]) -> None:
+        """``events`` as JSON lines, each the event's wire form as the engine served it."""
+        lines = [redact_text(json.dumps(redact_tokens(e.to_wire()), default=str), self.secrets) for e in events]
         self.files[name] = ("\n".join(lines) + "\n").encode() if lines else b""
 
     def raw(self, name: str, data: bytes) -> None:
@@ -228,13 +244,13 @@ class Builder:
             self.notes.append(f"{name}: cut to its last {keep:,} bytes to fit the size cap")
         if total() > max_bytes and "events.jsonl" in self.files:
             lines = self.files["events.jsonl"].splitlines(keepends=True)
-            parsed = [json.loads(line) for line in lines]
+            parsed = [_parse(json.loads(line)) for line in lines]
 
             def keep_newest(k: int) -> None:
                 # The pool history is derived from the events: it keeps to the same ones.
                 self.files["events.jsonl"] = b"".join(lines[len(lines) - k :])
                 if "pool-history.json" in self.files:
-                    self.json("pool-history.json", pool_history(parsed[len(parsed) - k :]))
+                    self.json("pool-history.json", pool_history(e for e in parsed[len(parsed) - k :] if e is not None))
 
             lo, hi = 0, len(lines)  # the most events that fit, by bisection (sizes grow with k)
             while lo < hi:
@@ -301,7 +317,7 @@ class _StandingMarker:
     set_at: float
 
 
-def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list[dict[str, Any]]:
     """The incident frame by frame, rebuilt from the engine's events: one snapshot per step (at most MAX_FRAMES,
     and always one at each restore's end or failure), each as the engine would have answered then: every rank's
     pool as the last window event reported it, the restores in flight with their windows released, the markers
@@ -310,17 +326,16 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, An
     the engine's identity and settings, its ranks, its tiers."""
     from bsr_cli.core import events as ev
 
-    typed = [(w, e) for w, e in ((w, _parse(w)) for w in events) if e is not None]
-    pooled = sum(1 for _, e in typed if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool)
+    pooled = sum(1 for e in events if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool)
     every = max(1, -(-pooled // MAX_FRAMES))
     ranks = {int(r.get("rank", -1)): dict(r) for r in snapshot.get("ranks") or () if isinstance(r, Mapping)}
     active: dict[str, _ActiveRestore] = {}
     markers: dict[str, _StandingMarker] = {}
-    faults: dict[int, dict[str, Any]] = {}  # the fault's event as the engine recorded it, less type, seq and time
+    faults: dict[int, ev.FaultInjected] = {}  # the armed faults, as their events recorded them
     recent: list[_RecentRestore] = []
     frames: list[dict[str, Any]] = []
     since_frame = 0
-    for wire, e in typed:
+    for e in events:
         boundary = False
         if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool and e.rank in ranks:
             ranks[e.rank] = {**ranks[e.rank], "pool": {**(ranks[e.rank].get("pool") or {}), **e.pool}}
@@ -363,7 +378,7 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, An
         elif isinstance(e, ev.MarkerCleared):
             markers.pop(e.prompt, None)
         elif isinstance(e, ev.FaultInjected):
-            faults[e.fault_id] = {k: v for k, v in wire.items() if k not in ("type", "seq", "time")}
+            faults[e.fault_id] = e
         elif isinstance(e, ev.FaultsCleared):
             faults.clear()
         if boundary or since_frame >= every:
@@ -377,15 +392,23 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Mapping[str, An
                     "active": [asdict(a) for a in active.values()],  # a copy: the restore goes on
                     "recent": [asdict(r) for r in recent[-50:]],
                     "markers": [asdict(m) for m in markers.values()],
-                    "faults": list(faults.values()),
+                    # Each as its event recorded it, less type, seq and time.
+                    "faults": [
+                        {k: v for k, v in f.to_wire().items() if k not in ("type", "seq", "time")}
+                        for f in faults.values()
+                    ],
                     "events": [],
                 }
             )
     return frames
 
 
-def _parse(wire: Mapping[str, Any]) -> Event | None:
+def _parse(wire: Any) -> Event | None:
+    """An event read back from a line of events.jsonl, or None for one this bsr cannot read."""
     from bsr_cli.core.events import parse_event
+
+    if not isinstance(wire, dict):
+        return None
 
     try:
         return parse_event(wire)
@@ -405,8 +428,7 @@ def recording_bytes(
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb") as fh:
         first = float(history[0]["time"]) if history else received_at
-        header = {"format": RECORDING_FORMAT, "version": RECORDING_FORMAT_VERSION, "started": first, "source": source}
-        lines: list[dict[str, Any]] = [header]
+        lines = [RecordingHeader(started=first, source=source).to_wire()]
         lines += [{"t": float(h["time"]), "lat": 0.0, "snap": h} for h in history]
         lines.append({"t": received_at, "lat": round(latency_s, 6), "snap": snapshot})
         for obj in lines:

@@ -24,6 +24,7 @@ from urllib.parse import quote
 import httpx
 
 from bsr_cli import API_VERSION
+from bsr_cli.core.events import Event, parse_event
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
@@ -45,7 +46,7 @@ from bsr_cli.errors import (
 from bsr_cli.settings import Settings
 
 T = TypeVar("T")
-OnEvent = Callable[[dict[str, Any]], None]  # a progress event, in its wire form as the engine streams it
+OnEvent = Callable[[Event], None]  # a progress event, read from the wire form the engine streams
 
 PAGE = 5000  # events asked for per /events page when filtering
 MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
@@ -221,7 +222,8 @@ class AdminClient:
         timeout: float,
     ) -> T:
         """POST ``body`` and follow its NDJSON stream: ``on_accepted`` gets the request id, ``on_event`` each
-        progress event (its wire form), and the result line is read into its type by ``read``."""
+        progress event this bsr knows (read into its type; a newer engine's kind is passed over), and the result
+        line is read into its type by ``read``."""
         try:
             with self._http.stream(
                 "POST",
@@ -238,7 +240,9 @@ class AdminClient:
                     if kind == "accepted" and on_accepted:
                         on_accepted(msg["request"])
                     elif kind == "event" and on_event:
-                        on_event(msg["event"])
+                        event = _known_event(msg["event"])
+                        if event is not None:
+                            on_event(event)
                     elif kind == "result":
                         return read(msg["result"])
                     elif kind == "error":
@@ -387,12 +391,13 @@ class AdminClient:
         request: str | None = None,
         prompt: str | None = None,
         kinds: Sequence[str] | None = None,
-    ) -> tuple[list[dict[str, Any]], int]:
-        """Every event the engine still holds after ``since`` that matches the filters, oldest first, and its last
-        sequence number. One `/events` answer is a page starting from the oldest, so this pages on until it has
-        the newest."""
+    ) -> tuple[list[Event], int]:
+        """Every event the engine still holds after ``since`` that matches the filters, oldest first, as types,
+        and its last sequence number. One `/events` answer is a page starting from the oldest, so this pages on
+        until it has the newest. An event of a kind this bsr does not know (a newer engine's) is left out rather
+        than misread."""
         filtered = any(x is not None for x in (after, until, request, prompt)) or bool(kinds)
-        out: list[dict[str, Any]] = []
+        out: list[Event] = []
         seq = since
         last = 0
         for _ in range(MAX_PAGES):
@@ -404,7 +409,7 @@ class AdminClient:
                 got = self.events(since=seq)
             page = got.get("events") or []
             last = int(got.get("last_seq") or 0)
-            out.extend(page)
+            out.extend(e for wire in page if (e := _known_event(wire)) is not None)
             if not page or int(page[-1].get("seq", last)) >= last or (filtered and len(page) < PAGE):
                 return out, last
             seq = int(page[-1]["seq"])
@@ -452,6 +457,16 @@ def _is_busy(r: httpx.Response) -> bool:
     except ValueError:
         return False
     return isinstance(body, dict) and body.get("error") == "busy"
+
+
+def _known_event(wire: object) -> Event | None:
+    """The typed event of one the engine sent, or None for one this bsr cannot read (a newer engine's kind)."""
+    if not isinstance(wire, dict):
+        return None
+    try:
+        return parse_event(wire)
+    except ValueError:
+        return None
 
 
 def _pause(pauses: Iterator[float]) -> bool:

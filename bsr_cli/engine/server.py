@@ -28,7 +28,6 @@ from bsr_cli.core.events import (
     FaultFired,
     FaultInjected,
     FaultsCleared,
-    parse_event,
 )
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.engine import lifecycle, netns, supervisor
@@ -77,10 +76,9 @@ def _faults_left_armed(store: event_store.EventStore) -> int:
         return int(recorded)
     started = store.query(event_store.Query(kinds=(EventKind.ENGINE_STARTED,), newest=True, limit=1))
     kinds = (EventKind.FAULT_INJECTED, EventKind.FAULT_FIRED, EventKind.FAULTS_CLEARED)
-    after = int(started[0]["seq"]) if started else 0
+    after = started[0].seq if started else 0
     armed: set[int] = set()
-    for wire in store.query(event_store.Query(after_seq=after, kinds=kinds, limit=1_000_000)):
-        ev = parse_event(wire)
+    for ev in store.query(event_store.Query(after_seq=after, kinds=kinds, limit=1_000_000)):
         if isinstance(ev, FaultsCleared):
             armed.clear()
         elif isinstance(ev, FaultInjected):

@@ -56,7 +56,7 @@ from bsr_cli.runtime.observation import Observation
 from bsr_cli.runtime.orchestration import Orchestration
 from bsr_cli.runtime.rank_calls import RankCalls
 
-Progress = Callable[[dict[str, Any]], None]  # a progress event's wire form, as the admin API streams it
+Progress = Callable[[Event], None]  # a progress event (the admin API streams its wire form)
 
 
 class Coordinator:
@@ -191,7 +191,7 @@ class Coordinator:
         return self.allocation.await_blocks_waiting(count, timeout_s)
 
     # -- ranks and their settings (calls), health and what a monitor draws (observation) ---------------------------
-    def on_rank_event(self, event: Event | dict[str, Any]) -> None:
+    def on_rank_event(self, event: Event) -> None:
         self.observation.on_rank_event(event)
 
     def update_settings(

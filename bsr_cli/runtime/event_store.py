@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.core.events import Event, parse_event
+from bsr_cli.core.evidence import EventKind
+
 DEFAULT_MAX_AGE_S = 7 * 86400.0
 DEFAULT_MAX_BYTES = 512 << 20
 BATCH_S = 0.05
@@ -88,20 +91,24 @@ class Query:
     until_time: float | None = None
     request: str | None = None
     prompt: str | None = None
-    kinds: tuple[str, ...] = ()
+    kinds: tuple[EventKind, ...] = ()
     limit: int = 500
     newest: bool = False  # the last ``limit`` matches (still returned oldest first) instead of the first
 
-    def matches(self, ev: Mapping[str, Any]) -> bool:
+    def matches(self, ev: Event) -> bool:
         """The same filter in memory (the event log's tail, a host without a store)."""
-        t = float(ev.get("time", 0.0))
-        return (
-            int(ev.get("seq", 0)) > self.after_seq
-            and (self.since_time is None or t >= self.since_time)
-            and (self.until_time is None or t <= self.until_time)
-            and (self.request is None or ev.get("request") == self.request)
-            and (self.prompt is None or ev.get("prompt") == self.prompt)
-            and (not self.kinds or ev.get("type") in self.kinds)
+        if not (
+            ev.seq > self.after_seq
+            and (self.since_time is None or ev.time >= self.since_time)
+            and (self.until_time is None or ev.time <= self.until_time)
+            and (not self.kinds or ev.kind in self.kinds)
+        ):
+            return False
+        if self.request is None and self.prompt is None:
+            return True
+        keys = _Keys.of(ev)
+        return (self.request is None or keys.request == self.request) and (
+            self.prompt is None or keys.prompt == self.prompt
         )
 
 
@@ -151,7 +158,7 @@ class EventStore:
         self._last_seq = last
         self._reader = self._connect()
         self._read_lock = threading.Lock()
-        self._queue: queue.SimpleQueue[dict[str, Any] | _Barrier | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Event | _Barrier | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="bsr-event-store", daemon=True)
         self._closed = False
         self._writer.start()
@@ -185,10 +192,11 @@ class EventStore:
         """The last sequence number ever written here (the event log continues from it)."""
         return self._last_seq
 
-    def put(self, event: Mapping[str, Any]) -> None:
-        """Queue one stamped wire event for the writer thread (in the order the event log numbered them)."""
+    def put(self, event: Event) -> None:
+        """Queue one stamped event for the writer thread (in the order the event log numbered them); the writer
+        turns it into its row."""
         if not self._closed:
-            self._queue.put(dict(event))
+            self._queue.put(event)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything put before this call is committed (False if the writer did not get there)."""
@@ -201,7 +209,7 @@ class EventStore:
     def _write_loop(self) -> None:
         while True:
             item = self._queue.get()
-            batch: list[dict[str, Any]] = []
+            batch: list[Event] = []
             waiters: list[_Barrier] = []
             stop = False
             deadline = time.monotonic() + BATCH_S
@@ -233,12 +241,12 @@ class EventStore:
             if stop:
                 return
 
-    def _commit(self, batch: Sequence[dict[str, Any]]) -> None:
+    def _commit(self, batch: Sequence[Event]) -> None:
         rows = []
         for ev in batch:
             try:
                 rows.append(_row(ev))
-            except (KeyError, TypeError, ValueError):  # the event log parses what it records: a writer's bug
+            except (TypeError, ValueError):  # a value JSON cannot hold (a writer's bug)
                 self._error(f"a malformed event was not written: {str(ev)[:200]}")
         if not rows:
             return
@@ -312,8 +320,9 @@ class EventStore:
         return (int(pages) - int(free)) * int(size)
 
     # -- reading -----------------------------------------------------------------------------------------------
-    def query(self, q: Query) -> list[dict[str, Any]]:
-        """The events matching ``q``, oldest first (with ``newest``, the last ``limit`` of them)."""
+    def query(self, q: Query) -> list[Event]:
+        """The events matching ``q``, oldest first (with ``newest``, the last ``limit`` of them). A row this bsr
+        cannot read back (a kind a newer engine wrote into the same state directory) is left out."""
         self.flush()
         where: list[str] = ["seq > ?"]
         args: list[Any] = [q.after_seq]
@@ -336,7 +345,7 @@ class EventStore:
         sql = f"SELECT body FROM events WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?"
         with self._read_lock:
             rows = self._reader.execute(sql, [*args, max(0, q.limit)]).fetchall()
-        out = [json.loads(body) for (body,) in rows]
+        out = [ev for (body,) in rows if (ev := _event(body)) is not None]
         return out[::-1] if q.newest else out
 
     def newest_request(self, prefix: str) -> str | None:
@@ -382,17 +391,45 @@ class EventStore:
             self._db.close()
 
 
-def _row(ev: Mapping[str, Any]) -> tuple[int, float, str, str | None, str | None, int | None, str]:
-    request, prompt, rank = ev.get("request"), ev.get("prompt"), ev.get("rank")
+@dataclass(frozen=True)
+class _Keys:
+    """What the store indexes an event by besides its seq, time and kind: the request, the prompt and the rank it
+    names (read from its wire form, where every event class spells them the same)."""
+
+    request: str | None
+    prompt: str | None
+    rank: int | None
+
+    @classmethod
+    def of(cls, ev: Event, wire: Mapping[str, Any] | None = None) -> _Keys:
+        w = ev.to_wire() if wire is None else wire
+        request, prompt, rank = w.get("request"), w.get("prompt"), w.get("rank")
+        return cls(
+            request if isinstance(request, str) and request else None,
+            prompt if isinstance(prompt, str) and prompt else None,
+            rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        )
+
+
+def _row(ev: Event) -> tuple[int, float, str, str | None, str | None, int | None, str]:
+    wire = ev.to_wire()
+    keys = _Keys.of(ev, wire)
     return (
-        int(ev["seq"]),
-        float(ev.get("time", 0.0)),
-        str(ev.get("type", "")),
-        request if isinstance(request, str) and request else None,
-        prompt if isinstance(prompt, str) and prompt else None,
-        rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-        json.dumps(ev, separators=(",", ":"), default=str),
+        ev.seq,
+        float(ev.time),
+        ev.kind.value,
+        keys.request,
+        keys.prompt,
+        keys.rank,
+        json.dumps(wire, separators=(",", ":"), default=str),
     )
+
+
+def _event(body: str) -> Event | None:
+    try:
+        return parse_event(json.loads(body))
+    except ValueError:
+        return None
 
 
 __all__ = [

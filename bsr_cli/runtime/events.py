@@ -1,9 +1,10 @@
 """The engine's event log: sequence numbers, a bounded in-memory tail (long polls, listeners), and, where the host
 has a state directory, the durable event store behind it (`bsr_cli.runtime.event_store`).
 
-Writers append a typed event (`bsr_cli.core.events`); a wire dict is accepted too and is parsed, so a malformed
-event is refused where it is written rather than where it is read. The log stamps ``seq`` and ``time`` and holds
-the wire form (``type``, ``seq``, ``time`` and the event's fields).
+Writers append a typed event (`bsr_cli.core.events`; a host that receives an event's wire form parses it where it
+arrives, with ``parse_event``). The log stamps ``seq`` and ``time`` and holds the typed events; listeners,
+observers and readers get them as types. Their wire form is written only where JSON is: by the store (its rows)
+and by the admin API (its answers).
 
 With a store, every event is also handed to it (in ``seq`` order), ``seq`` continues from the last one the store
 ever wrote (so a client's cursor survives a restart), and reads reach past the tail into the store: ``since`` a
@@ -13,22 +14,22 @@ vLLM worker admin, the unit fakes) keep only the tail.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
-from bsr_cli.core.events import Event, parse_event, stamped
+from bsr_cli.core.events import Event, request_of
 from bsr_cli.runtime.event_store import EventStore, Query
 
-Listener = Callable[[dict[str, Any]], None]
+Listener = Callable[[Event], None]
 TAIL = 2000  # events kept in memory: long polls and the live view read them without touching the store
 
 
 class EventLog:
     def __init__(self, capacity: int = TAIL, store: EventStore | None = None) -> None:
-        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._events: deque[Event] = deque(maxlen=capacity)
         self._store = store
         self._seq = store.last_seq if store is not None else 0
         self._cond = threading.Condition()
@@ -48,21 +49,23 @@ class EventLog:
         """Whether events outlive the tail (and a restart)."""
         return self._store is not None
 
-    def append(self, event: Event | dict[str, Any]) -> dict[str, Any]:
-        typed = event if isinstance(event, Event) else parse_event(event)
+    def append(self, event: Event) -> Event:
+        """Record ``event``: stamped with the next ``seq`` and the time, kept, stored, handed to the listeners of
+        its request and to every observer. Returns the stamped event."""
         with self._cond:
             self._seq += 1
-            ev = stamped(typed, self._seq, time.time()).to_wire()
+            ev = dataclasses.replace(event, seq=self._seq, time=time.time())
             self._events.append(ev)
             if self._store is not None:
                 self._store.put(ev)  # under the lock: the store receives events in seq order
-            listeners = list(self._listeners.get(str(ev.get("request", "")), ())) + self._observers
+            mine = self._listeners.get(request_of(ev) or "", []) if self._listeners else []
+            listeners = list(mine) + self._observers
             self._cond.notify_all()
         for fn in listeners:
             fn(ev)
         return ev
 
-    def since(self, seq: int, *, wait_s: float = 0.0, limit: int = 500) -> list[dict[str, Any]]:
+    def since(self, seq: int, *, wait_s: float = 0.0, limit: int = 500) -> list[Event]:
         """Events after ``seq``, oldest first, waiting up to ``wait_s`` for one; from the store when the tail no
         longer reaches back to ``seq``."""
         deadline = time.monotonic() + max(0.0, wait_s)
@@ -72,12 +75,12 @@ class EventLog:
                 if left <= 0:
                     return []
                 self._cond.wait(left)
-            oldest = self._events[0]["seq"] if self._events else self._seq + 1
+            oldest = self._events[0].seq if self._events else self._seq + 1
             if self._store is None or seq + 1 >= oldest:
-                return [e for e in self._events if e["seq"] > seq][:limit]
+                return [e for e in self._events if e.seq > seq][:limit]
         return self._store.query(Query(after_seq=seq, limit=limit))
 
-    def query(self, q: Query) -> list[dict[str, Any]]:
+    def query(self, q: Query) -> list[Event]:
         """Every event matching ``q`` that this log still holds (the store's, or the tail's without one)."""
         if self._store is not None:
             return self._store.query(q)
@@ -85,11 +88,11 @@ class EventLog:
             found = [e for e in self._events if q.matches(e)]
         return found[-q.limit :] if q.newest else found[: q.limit]
 
-    def recent(self, n: int = 50) -> list[dict[str, Any]]:
+    def recent(self, n: int = 50) -> list[Event]:
         with self._cond:
             return list(self._events)[-n:]
 
-    def observe(self, fn: Listener) -> list[dict[str, Any]]:
+    def observe(self, fn: Listener) -> list[Event]:
         """Call ``fn`` with every event from now on; returns the events already held, so an observer that starts
         late can count those too without counting any twice."""
         with self._cond:

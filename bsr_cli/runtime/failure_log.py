@@ -14,18 +14,19 @@ import logging
 import logging.handlers
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.core.events import (
     Event,
     RankUnresponsive,
     RestoreEnded,
     RestoreFailed,
     StoreFailed,
-    parse_event,
 )
-from bsr_cli.core.evidence import EventKind, Outcome
+from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage
 
 MAX_BYTES = 10 << 20  # per file before it rotates
 BACKUPS = 3  # rotated files kept beside the current one
@@ -70,37 +71,98 @@ def close_log(logger: logging.Logger) -> None:
         h.close()
 
 
-def failure_fields(event: Event) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class FailureRecord:
+    """The fields of one failure's log line (the line adds its time, level, logger and message): the event's
+    kind and sequence number, then what each kind of failure says, in that order. A field left None is left out."""
+
+    event: EventKind
+    seq: int | None = wire.field(omit_none=True, default=None)
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
+class RankFailedRecord(FailureRecord):
+    """A rank's part of a restore failed."""
+
+    request: str | None = wire.field(omit_none=True, default=None)
+    rank: int | None = wire.field(omit_none=True, default=None)
+    window: int | None = wire.field(omit_none=True, default=None)
+    stage: Stage | None = wire.field(omit_none=True, default=None)
+    reason: str | None = wire.field(omit_none=True, default=None)
+    failure_kind: FailureKind | None = wire.field(omit_none=True, default=None)
+    tier: str | None = wire.field(omit_none=True, default=None)
+
+
+@dataclass(frozen=True)
+class RestoreEndedRecord(FailureRecord):
+    """A restore ended without committing: its outcome, and the first failure's where and why."""
+
+    request: str | None = wire.field(omit_none=True, default=None)
+    outcome: Outcome | None = wire.field(omit_none=True, default=None)
+    rank: int | None = wire.field(omit_none=True, default=None)
+    window: int | None = wire.field(omit_none=True, default=None)
+    stage: Stage | None = wire.field(omit_none=True, default=None)
+    reason: str | None = wire.field(omit_none=True, default=None)
+    failure_kind: FailureKind | None = wire.field(omit_none=True, default=None)
+    failures: int | None = wire.field(omit_none=True, default=None)
+
+
+@dataclass(frozen=True)
+class RankUnresponsiveRecord(FailureRecord):
+    request: str | None = wire.field(omit_none=True, default=None)
+    rank: int | None = wire.field(omit_none=True, default=None)
+    reason: str | None = wire.field(omit_none=True, default=None)
+
+
+@dataclass(frozen=True)
+class StoreFailedRecord(FailureRecord):
+    request: str | None = wire.field(omit_none=True, default=None)
+    rank: int | None = wire.field(omit_none=True, default=None)
+    tier: str | None = wire.field(omit_none=True, default=None)
+    reason: str | None = wire.field(omit_none=True, default=None)
+
+
+def failure_record(event: Event) -> FailureRecord | None:
     """The log line's fields for a failure event, or None when the event is not a failure."""
-    base: dict[str, Any] = {"event": event.kind.value, "seq": event.seq or None}
+    seq = event.seq or None
     if isinstance(event, RestoreFailed):
-        return base | {
-            "request": event.request,
-            "rank": event.rank,
-            "window": event.window,
-            "stage": event.stage.value if event.stage else None,
-            "reason": event.reason,
-            "failure_kind": event.failure_kind.value,
-            "tier": event.tier,
-        }
+        return RankFailedRecord(
+            event=event.kind,
+            seq=seq,
+            request=event.request,
+            rank=event.rank,
+            window=event.window,
+            stage=event.stage,
+            reason=event.reason,
+            failure_kind=event.failure_kind,
+            tier=event.tier,
+        )
     if isinstance(event, RestoreEnded):
         if event.outcome is Outcome.COMMITTED:
             return None
         first = event.failures[0] if event.failures else None
-        return base | {
-            "request": event.request,
-            "outcome": event.outcome.value,
-            "rank": first.rank if first else None,
-            "window": first.window if first else None,
-            "stage": first.stage.value if first and first.stage else None,
-            "reason": first.reason if first else event.outcome.value.replace("_", " "),
-            "failure_kind": event.failure_kind.value if event.failure_kind else None,
-            "failures": len(event.failures),
-        }
+        return RestoreEndedRecord(
+            event=event.kind,
+            seq=seq,
+            request=event.request,
+            outcome=event.outcome,
+            rank=first.rank if first else None,
+            window=first.window if first else None,
+            stage=first.stage if first else None,
+            reason=first.reason if first else event.outcome.value.replace("_", " "),
+            failure_kind=event.failure_kind,
+            failures=len(event.failures),
+        )
     if isinstance(event, RankUnresponsive):
-        return base | {"request": event.request, "rank": event.rank, "reason": event.reason}
+        return RankUnresponsiveRecord(
+            event=event.kind, seq=seq, request=event.request, rank=event.rank, reason=event.reason
+        )
     if isinstance(event, StoreFailed):
-        return base | {"request": event.request, "rank": event.rank, "tier": event.tier, "reason": event.error}
+        return StoreFailedRecord(
+            event=event.kind, seq=seq, request=event.request, rank=event.rank, tier=event.tier, reason=event.error
+        )
     return None
 
 
@@ -118,24 +180,16 @@ FAILURE_KINDS = frozenset(
 )
 
 
-def log_failure_event(logger: logging.Logger, wire: Event | Mapping[str, Any]) -> None:
-    """Log an event (typed, or its wire form) when it is a failure; anything else is ignored."""
-    if isinstance(wire, Event):
-        event = wire
-        if event.kind not in FAILURE_KINDS:
-            return
-    else:
-        if wire.get("type") not in FAILURE_KINDS:
-            return
-        try:
-            event = parse_event(wire)
-        except ValueError:
-            return
-    fields = failure_fields(event)
-    if fields is None:
+def log_failure_event(logger: logging.Logger, event: Event) -> None:
+    """Log an event when it is a failure; anything else is ignored."""
+    if event.kind not in FAILURE_KINDS:
         return
-    fields = {k: v for k, v in fields.items() if v is not None}
-    level = logging.WARNING if fields.get("outcome") in (Outcome.REFUSED, Outcome.ABORTED) else logging.ERROR
+    record = failure_record(event)
+    if record is None:
+        return
+    quiet = isinstance(record, RestoreEndedRecord) and record.outcome in (Outcome.REFUSED, Outcome.ABORTED)
+    fields = record.to_wire()  # the line's JSON
+    level = logging.WARNING if quiet else logging.ERROR
     logger.log(level, f"{event.kind.value}: {fields.get('reason', '')}", extra={"bsr": fields})
 
 
@@ -147,9 +201,14 @@ def log_failure(logger: logging.Logger, reason: str, **fields: Any) -> None:
 __all__ = [
     "FAILURE_KINDS",
     "FIELDS",
+    "FailureRecord",
     "JsonLineFormatter",
+    "RankFailedRecord",
+    "RankUnresponsiveRecord",
+    "RestoreEndedRecord",
+    "StoreFailedRecord",
     "close_log",
-    "failure_fields",
+    "failure_record",
     "log_failure",
     "log_failure_event",
     "open_log",

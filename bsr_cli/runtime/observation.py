@@ -27,7 +27,6 @@ from bsr_cli.core.events import (
     ObjectQuarantined,
     WindowFetched,
     WindowReleased,
-    parse_event,
     rank_of,
     request_of,
     restore_ended,
@@ -369,11 +368,10 @@ class Observation:
                 )
             )
 
-    def on_rank_event(self, event: Event | dict[str, Any]) -> None:
+    def on_rank_event(self, ev: Event) -> None:
         """A rank's progress, as the coordinator receives it: the liveness watch and the live view updated, the
         window and fetch counters incremented (each event counted once, here, in whatever order ranks send
         them), then logged."""
-        ev = event if isinstance(event, Event) else parse_event(event)
         if ev.kind in PROGRESS:
             rank = rank_of(ev)
             self._calls.progressed(request_of(ev) or "", rank if rank is not None else -1, ev.kind)
@@ -479,9 +477,12 @@ class Observation:
                 queued=sum(r.waiters for r in ranks),
             ),
             tiers=tiers,
-            events=self.events.recent(50) if events_since is None else self.events.since(events_since, limit=2000),
+            events=[e.to_wire() for e in self._events_for(events_since)],
             seq=self.events.last_seq,
         )
+
+    def _events_for(self, events_since: int | None) -> list[Event]:
+        return self.events.recent(50) if events_since is None else self.events.since(events_since, limit=2000)
 
     # -- what the coordinator remembers --------------------------------------------------------------------------
     def recent(self) -> list[dict[str, Any]]:

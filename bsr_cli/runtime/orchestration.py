@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Any
 
 from bsr_cli.api.ranks import (
     CanonicalHashRequest,
@@ -41,6 +40,7 @@ from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.commit import commit_prefix
 from bsr_cli.core.events import (
     AbortRequested,
+    Event,
     Failure,
     RequestAdmitted,
     RequestFinished,
@@ -75,7 +75,7 @@ Tables = dict[str, list[int]]  # per KV group, a request's destination block ids
 Probe = Callable[[Sequence[int], list[str] | None], tuple[HitBitmap, TierErrors]]
 # Writing the chunks each tier lacks, as the host runs it (a host may vouch for what it stored afterwards).
 StoreMissing = Callable[[HitBitmap, list[str], int, Tables], StoreReport]
-Progress = Callable[[dict[str, Any]], None]  # a progress event's wire form, as the admin API streams it
+Progress = Callable[[Event], None]  # a progress event (the admin API streams its wire form)
 
 
 @dataclass

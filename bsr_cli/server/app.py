@@ -25,6 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
 
 from bsr_cli import API_VERSION
+from bsr_cli.core.events import Event
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
@@ -215,7 +216,7 @@ def create_app(host: Host | None) -> FastAPI:
 
 
 # -- streaming ---------------------------------------------------------------------------------------------------
-Emit = Callable[[dict[str, Any]], None]  # one progress event's wire form, streamed as it happens
+Emit = Callable[[Event], None]  # one progress event, streamed (in its wire form) as it happens
 Work = Callable[[Emit], SubmitResult | ManualRestoreResult]
 
 
@@ -232,7 +233,7 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
 
         def run() -> None:
             try:
-                put(("result", work(lambda ev: put(("event", ev))).to_wire()))
+                put(("result", work(lambda ev: put(("event", ev.to_wire()))).to_wire()))
             except BsrError as e:
                 put(("error", {"error": e.kind, "message": e.message, "hint": e.hint, "status": status_for(e)}))
             except Exception as e:  # noqa: BLE001 - reported in the stream
@@ -441,12 +442,12 @@ def events(
             until_time=until,
             request=request,
             prompt=prompt,
-            kinds=tuple(k.value for k in kind or ()),
+            kinds=tuple(kind or ()),
             limit=limit,
             newest=newest == "1",
         )
         evs = log.query(q)
-    return _json({"events": evs, "last_seq": log.last_seq, "durable": log.durable})
+    return _json({"events": [e.to_wire() for e in evs], "last_seq": log.last_seq, "durable": log.durable})
 
 
 @router.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))

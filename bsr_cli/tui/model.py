@@ -328,11 +328,8 @@ def _legacy(raw: Mapping[str, Any]) -> dict[str, Any]:
     return d
 
 
-_typed = parse_wire
-
-
 def _event(raw: Mapping[str, Any]) -> Event:
-    typed = _typed(raw)
+    typed = parse_wire(raw)
     kind = typed.kind.value if typed is not None else str(raw.get("type", "unknown"))
     ranks: set[int] = set()
     rank = ev.rank_of(typed) if typed is not None else None
@@ -347,16 +344,24 @@ def _event(raw: Mapping[str, Any]) -> Event:
         category=event_category(kind),
         ranks=tuple(sorted(ranks)),
         request=(ev.request_of(typed) if typed is not None else None) or "",
-        text=describe_event(raw),
+        text=describe(typed) if typed is not None else _describe_unknown(raw),
     )
 
 
 def describe_event(raw: Mapping[str, Any]) -> str:
+    """One line a person reads during an incident, of an event as the engine sent it (one of a kind this bsr does
+    not know is shown as its fields)."""
+    e = parse_wire(raw)
+    return describe(e) if e is not None else _describe_unknown(raw)
+
+
+def _describe_unknown(raw: Mapping[str, Any]) -> str:
+    rest = {k: v for k, v in raw.items() if k not in ("seq", "time", "pool")}
+    return " ".join(f"{k}={v}" for k, v in rest.items())[:200]
+
+
+def describe(e: ev.Event) -> str:
     """One line a person reads during an incident. Windows are shown 1-based, as `window j of K` is."""
-    e = _typed(raw)
-    if e is None:
-        rest = {k: v for k, v in raw.items() if k not in ("seq", "time", "pool")}
-        return " ".join(f"{k}={v}" for k, v in rest.items())[:200]
     req = ev.request_of(e) or ""
     if isinstance(e, ev.WindowFetched):
         return f"{req} {_win(e.window)} fetched {_fb(e.bytes)} in {e.seconds * 1e3:.0f} ms ({','.join(e.tiers)})"
@@ -388,9 +393,9 @@ def describe_event(raw: Mapping[str, Any]) -> str:
     if isinstance(e, ev.MarkerCleared):
         return f"marker cleared on {e.prompt[:12]}" + (f" ({e.why})" if e.why else "")
     if isinstance(e, ev.FaultInjected):
-        return f"INJECTED FAULT {_fault(raw).describe()}"
+        return f"INJECTED FAULT {_fault(e).describe()}"
     if isinstance(e, ev.FaultFired):
-        return f"fault fired {_fault(raw).describe()}" + (f" in {e.request}" if e.request else "")
+        return f"fault fired {_fault(e).describe()}" + (f" in {e.request}" if e.request else "")
     if isinstance(e, ev.FaultsCleared):
         return f"faults cleared ({e.count})"
     if isinstance(e, ev.RequestAdmitted):
@@ -434,30 +439,33 @@ def fault_view(f: FaultSpec) -> FaultView:
     return FaultView(id=f.id, kind=f.kind, rank=f.rank, window=f.window, group=f.group, count=f.count, fired=f.fired)
 
 
-def _fault(d: Mapping[str, Any]) -> FaultView:
-    rank, window, group = d.get("rank"), d.get("window"), d.get("group")
+def _fault(e: ev.FaultInjected | ev.FaultFired) -> FaultView:
     return FaultView(
-        id=_int(d.get("id")),
-        kind=str(d.get("kind", "?")),
-        rank=rank if isinstance(rank, int) else None,
-        window=window if isinstance(window, int) else None,
-        group=str(group) if group else None,
-        count=_int(d.get("count"), 1),
-        fired=_int(d.get("fired")),
+        id=e.fault_id,
+        kind=e.fault,
+        rank=e.rank,
+        window=e.window,
+        group=e.group or None,
+        count=e.count,
+        fired=e.fired,
     )
 
 
-def _high_water(events: Iterable[Mapping[str, Any]], after_seq: int) -> dict[int, int]:
+def _high_water(events: Iterable[ev.Event], after_seq: int) -> dict[int, int]:
     """Per rank, the most live pool bytes any window event reported after ``after_seq``: a restore can start and
     finish between two polls, and the gauge must still show how full the pool got."""
     out: dict[int, int] = {}
-    for raw in events:
-        if _int(raw.get("seq")) <= after_seq:
+    for e in events:
+        if e.seq <= after_seq:
             continue
-        e = _typed(raw)
         if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool:
             out[e.rank] = max(out.get(e.rank, 0), _int(e.pool.get("live_bytes")))
     return out
+
+
+def _known(raw_events: Iterable[Mapping[str, Any]]) -> list[ev.Event]:
+    """The snapshot's events (their wire form) that this bsr knows, as types."""
+    return [e for e in map(parse_wire, raw_events) if e is not None]
 
 
 def fold(prev: View | None, frame: Frame) -> View:
@@ -472,7 +480,7 @@ def fold(prev: View | None, frame: Frame) -> View:
     events, missed = _carry_events(prev, same_engine, raw_events, after, info, frame.received_at)
     # Only events newer than the previous poll count toward the high water; on the first frame the live value is all
     # this view can vouch for.
-    high = _high_water(raw_events, after) if prev is not None else {}
+    high = _high_water(_known(raw_events), after) if prev is not None else {}
     gauges = _gauges(snap, info, high, prev)
     now = snap.time or frame.received_at
     failed_by_request: dict[str, set[int]] = {}

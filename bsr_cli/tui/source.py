@@ -27,7 +27,7 @@ from bsr_cli.client.admin import AdminClient, resolve_engine
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.results import AbortAnswer
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
-from bsr_cli.incident_bundle import RECORDING, read_member
+from bsr_cli.incident_bundle import RECORDING, RecordingHeader, read_member
 from bsr_cli.incident_bundle import RECORDING_FORMAT as FORMAT
 from bsr_cli.incident_bundle import RECORDING_FORMAT_VERSION as FORMAT_VERSION
 from bsr_cli.settings import Settings
@@ -167,7 +167,7 @@ class Recorder:
         except OSError as e:
             raise InvalidInput(f"cannot record to {path}: {e.strerror or e}") from None
         rec = cls(fh, path)
-        rec._line({"format": FORMAT, "version": FORMAT_VERSION, "started": time.time(), "source": source})
+        rec._line(RecordingHeader(started=time.time(), source=source).to_wire())
         return rec
 
     def write(self, item: Item) -> None:
@@ -192,7 +192,7 @@ class Recorder:
         self._fh.close()
 
 
-def read_recording(path: Path) -> tuple[dict[str, Any], list[Item]]:
+def read_recording(path: Path) -> tuple[RecordingHeader, list[Item]]:
     """(header, items) of a recording; InvalidInput when it is not one. A truncated tail (the recorder was killed
     mid-write) is tolerated: everything before it is kept."""
     member = read_member(path, RECORDING) if path.is_file() else None  # an incident bundle holds a recording
@@ -226,7 +226,7 @@ def read_recording(path: Path) -> tuple[dict[str, Any], list[Item]]:
         raise InvalidInput(f"{path} holds no snapshots")
     if member is not None:
         items = _with_bundle_events(path, items)
-    return header, items
+    return RecordingHeader.from_wire(header), items
 
 
 def _with_bundle_events(path: Path, items: list[Item]) -> list[Item]:

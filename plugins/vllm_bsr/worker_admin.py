@@ -54,6 +54,7 @@ from bsr_cli.api.ranks import (
 )
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import HitBitmap, encode_row
+from bsr_cli.core.events import parse_event
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.core.results import ManualRestoreResult, SubmitResult, TierErrors
@@ -324,7 +325,7 @@ class WorkerCoordinator(LMCacheCoordinator):
     def record_load(self, report: dict[str, Any]) -> None:
         """One load as the connector saw it: its events (bsr's restore vocabulary) and a recent-restores entry."""
         for ev in load_events(report):
-            self.events.append(ev | {"tp_rank": self.tp_rank})
+            self.events.append(parse_event(ev | {"tp_rank": self.tp_rank}))
         entry = {
             "request": report["request"],
             "prompt": report["prompt"],
@@ -403,7 +404,7 @@ class WorkerAdmin:
         fired = c.armed_faults.fire(rank=0, window=window)
         if fired is None:
             return None
-        c.events.append({"type": "fault_fired", "window": window, **fired.to_dict()})
+        c.events.append(parse_event({"type": "fault_fired", "window": window, **fired.to_dict()}))
         return fired
 
     @property

@@ -123,20 +123,18 @@ def test_redaction_rules() -> None:
 def test_size_cap_keeps_the_newest_events_and_their_pool_history() -> None:
     """Many events (a long-lived engine): the cap drops the oldest events and the pool history derived from them,
     and what is left fits."""
-    from bsr_cli.core.events import WindowReleased, stamped
+    from bsr_cli.core.events import WindowReleased
     from bsr_cli.incident_bundle import Builder
 
     events = [
-        stamped(
-            WindowReleased(
-                request=f"req-{i // 16:05d}",
-                rank=i % 2,
-                window=i % 16,
-                pool={"live_bytes": 1 << 20, "peak_bytes": 2 << 20},
-            ),
-            i,
-            float(i),
-        ).to_wire()
+        WindowReleased(
+            request=f"req-{i // 16:05d}",
+            rank=i % 2,
+            window=i % 16,
+            pool={"live_bytes": 1 << 20, "peak_bytes": 2 << 20},
+            seq=i,
+            time=float(i),
+        )
         for i in range(1, 3001)
     ]
     b = Builder([])

@@ -270,8 +270,9 @@ def test_faults_inject_is_inject_fault(bsr) -> None:
 def test_events_are_paged_until_the_newest() -> None:
     """The engine answers the oldest page first; `bsr events` and `bsr describe` must reach the newest events."""
     from bsr_cli.client import AdminClient
+    from bsr_cli.core.events import WindowFetched
 
-    ring = [{"seq": i, "type": "window_fetched"} for i in range(1, 1201)]
+    ring = [WindowFetched(request="req-1", rank=0, window=i, seq=i).to_wire() for i in range(1, 1201)]
 
     class Engine(AdminClient):  # a fake of the /events contract: after `since`, oldest first, at most 500
         calls = 0
@@ -284,8 +285,30 @@ def test_events_are_paged_until_the_newest() -> None:
             return {"events": [e for e in ring if e["seq"] > since][:500], "last_seq": 1200}
 
     evs, last = Engine().held_events(0)
-    assert last == 1200 and [e["seq"] for e in evs] == list(range(1, 1201)) and Engine.calls == 3
-    assert Engine().held_events(1150)[0][0]["seq"] == 1151
+    assert last == 1200 and [e.seq for e in evs] == list(range(1, 1201)) and Engine.calls == 3
+    assert Engine().held_events(1150)[0][0].seq == 1151
+
+
+def test_held_events_are_types_and_leave_out_a_kind_this_bsr_does_not_know() -> None:
+    """A newer engine may hold kinds this bsr has no type for: they are left out rather than misread."""
+    from bsr_cli.client import AdminClient
+    from bsr_cli.core.events import WindowFetched
+
+    ring = [
+        WindowFetched(request="req-1", rank=0, window=0, seq=1).to_wire(),
+        {"type": "from_a_newer_engine", "seq": 2, "time": 0.0},
+        WindowFetched(request="req-1", rank=1, window=0, seq=3).to_wire(),
+    ]
+
+    class Engine(AdminClient):
+        def __init__(self) -> None:  # no connection: only `events` is answered
+            pass
+
+        def events(self, since: int = 0, wait_s: float = 0.0) -> dict:
+            return {"events": [e for e in ring if e["seq"] > since], "last_seq": 3}
+
+    evs, last = Engine().held_events(0)
+    assert last == 3 and [(type(e), e.seq) for e in evs] == [(WindowFetched, 1), (WindowFetched, 3)]
 
 
 FAST_CASES = [

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bsr_cli.client import local_engine
+from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.prompt import Prompt
@@ -214,8 +215,8 @@ def test_a_request_waits_for_destination_blocks_and_proceeds_when_they_free(bsr,
     with AdminClient(url, token) as c:
         c.inject_fault(FaultRequest("timeout", rank=1, window=1))  # rank 1 is mid-call when it is stopped
 
-        def on_event(ev: dict) -> None:
-            if ev.get("type") == "window_released" and ev.get("rank") == 1 and not stopped.is_set():
+        def on_event(ev: Event) -> None:
+            if isinstance(ev, WindowReleased) and ev.rank == 1 and not stopped.is_set():
                 os.kill(pid, signal.SIGSTOP)
                 stopped.set()
 
@@ -259,8 +260,8 @@ def test_a_stopped_rank_fails_a_restore_in_seconds_and_is_named(bsr, own) -> Non
         pid = _pid(state, "rank1")
         stopped = threading.Event()
 
-        def on_event(ev: dict) -> None:
-            if ev.get("type") == "window_released" and ev.get("rank") == 1 and not stopped.is_set():
+        def on_event(ev: Event) -> None:
+            if isinstance(ev, WindowReleased) and ev.rank == 1 and not stopped.is_set():
                 os.kill(pid, signal.SIGSTOP)
                 stopped.set()
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from bsr_cli.client import AdminClient, local_engine
+from bsr_cli.core.events import RankRestarted
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.prompt import Prompt
@@ -68,17 +69,17 @@ def test_a_killed_rank_is_restarted_and_reported(own: Path, bsr, monkeypatch: py
 
         def restarted() -> bool:
             got, _ = c.held_events(since=seq)
-            return any(e["type"] == "rank_restarted" and e["rank"] == 1 for e in got)
+            return any(isinstance(e, RankRestarted) and e.rank == 1 for e in got)
 
         _until(restarted, "no rank_restarted event for rank 1")
-        event = next(e for e in c.held_events(since=seq)[0] if e["type"] == "rank_restarted")
-        assert event["restarts"] == 1 and event["pid"] != before["rank1"]
+        event = next(e for e in c.held_events(since=seq)[0] if isinstance(e, RankRestarted))
+        assert event.restarts == 1 and event.pid != before["rank1"]
         _until(lambda: bool(c.health().ok), "the engine did not turn healthy after the restart")
         done = c.submit(PROMPT)
         assert done.hash_ok is True
     st = supervisor.status(own)
     rank1 = next(p for p in st.processes if p.name == "rank1")
-    assert rank1.alive and rank1.pid == event["pid"] and rank1.restarts == 1
+    assert rank1.alive and rank1.pid == event.pid and rank1.restarts == 1
     assert st.healthy
     monkeypatch.setenv("BSR_STATE_DIR", str(own))
     out = bsr("engine", "status")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import Outcome, Stage
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.engine import netns, supervisor
@@ -79,8 +80,8 @@ def _restore_cutting(engine: MultiHost, rank: int, peer: str) -> dict:
     """Restore PROMPT from Mooncake and cut rank↔peer once that rank has released its first window."""
     cut: list[str] = []
 
-    def on_event(ev: dict) -> None:
-        if not cut and ev.get("type") == "window_released" and ev.get("rank") == rank:
+    def on_event(ev: Event) -> None:
+        if not cut and isinstance(ev, WindowReleased) and ev.rank == rank:
             cut.append(netns.cut(engine.topology, netns.rank_node(rank), peer).name)
 
     with engine.client() as c:

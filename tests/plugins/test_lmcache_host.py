@@ -25,6 +25,7 @@ from lmcache_bsr import _lmcache as lm
 from lmcache_bsr.host import LMCacheHost
 
 from bsr_cli.api.ranks import SetBudgetRequest
+from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import chunk_hashes, synthetic_tokens
@@ -361,9 +362,9 @@ def test_dead_master_is_refused_before_lmcache_setup(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 10  # instead of LMCache's ~90 s setup stall
 
 
-def _released_on_rank0(events: list[dict[str, Any]]) -> list[int]:
+def _released_on_rank0(events: list[Event]) -> list[int]:
     """The sequence numbers of a request's window_released events on rank 0, in order."""
-    return [e["seq"] for e in events if e.get("type") == "window_released" and e.get("rank") == 0]
+    return [e.seq for e in events if isinstance(e, WindowReleased) and e.rank == 0]
 
 
 @pytest.mark.timeout(240)
@@ -378,8 +379,8 @@ def test_two_restores_overlap_inside_lmcache_under_b_2rws(stack: tuple[services.
     first = _stored_prompt(host, seed=21, n_tokens=CHUNKS * CS)
     second = _stored_prompt(host, seed=22, n_tokens=CHUNKS * CS)
     budget = 2 * W * CHUNK_BYTES
-    seen1: list[dict[str, Any]] = []
-    seen2: list[dict[str, Any]] = []
+    seen1: list[Event] = []
+    seen2: list[Event] = []
     # The control of the measure itself: one restore after the other never overlaps.
     a = c.restore(first, w=W, exclude=["fs"], progress=seen1.append)
     b = c.restore(second, w=W, exclude=["fs"], progress=seen2.append)
@@ -391,9 +392,9 @@ def test_two_restores_overlap_inside_lmcache_under_b_2rws(stack: tuple[services.
     second_released = threading.Event()
     out: dict[str, Any] = {}
 
-    def on_second(ev: dict[str, Any]) -> None:
+    def on_second(ev: Event) -> None:
         seen2.append(ev)
-        if ev.get("type") == "window_released" and ev.get("rank") == 0:
+        if isinstance(ev, WindowReleased) and ev.rank == 0:
             second_released.set()
 
     def run_second() -> None:
@@ -401,9 +402,9 @@ def test_two_restores_overlap_inside_lmcache_under_b_2rws(stack: tuple[services.
 
     runner = threading.Thread(target=run_second, daemon=True)
 
-    def on_first(ev: dict[str, Any]) -> None:
+    def on_first(ev: Event) -> None:
         seen1.append(ev)
-        if ev.get("type") == "window_released" and ev.get("rank") == 0 and not runner.is_alive() and "t" not in out:
+        if isinstance(ev, WindowReleased) and ev.rank == 0 and not runner.is_alive() and "t" not in out:
             out["t"] = True
             runner.start()  # request 2 arrives while request 1 is mid-restore (its rank 0 holds here)
             second_released.wait(15)

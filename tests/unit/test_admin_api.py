@@ -14,10 +14,12 @@ import pytest
 pytest.importorskip("fastapi")  # the admin API is the engine extra's
 
 from bsr_cli.client import AdminClient
+from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.errors import BsrError
+from bsr_cli.runtime.event_store import request_of
 from bsr_cli.server.admin import PREFIX, AdminServer
 from unit.fixtures import FakeEngine, build_engine
 
@@ -75,12 +77,12 @@ def test_a_streamed_restore_reports_its_windows_and_commits(served: tuple[FakeEn
     with AdminClient(server.url, TOKEN, timeout_s=20) as client:
         first = client.submit(PROMPT)
         assert first.source == "recompute"
-        events: list[dict[str, Any]] = []
+        events: list[Event] = []
         out = client.restore(PROMPT, w=4, on_event=events.append)
     assert out.report is not None and out.hashes is not None
     assert out.outcome is Outcome.COMMITTED and out.committed_tokens == 200  # 13 chunks, the last partial
     assert out.hashes.hash_ok is True and out.report.windows == 4  # W=4
-    assert sum(e.get("type") == "window_released" for e in events) == 4 * len(eng.ranks)
+    assert sum(isinstance(e, WindowReleased) for e in events) == 4 * len(eng.ranks)
 
 
 def test_faults_and_markers_round_trip(served: tuple[FakeEngine, AdminServer]) -> None:
@@ -130,7 +132,7 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_restore_fail_closed(
             assert msg["type"] == "event", msg
             if msg["event"]["type"] == "restore_started":
                 break
-        kinds = [e["type"] for e in c.events.since(seq, limit=10_000) if e.get("request") == rid]
+        kinds = [e.kind for e in c.events.since(seq, limit=10_000) if request_of(e) == rid]
         assert "abort_requested" not in kinds, kinds
     # The connection is gone; the restore must end without anyone asking for it.
     ended = _wait_for_event(c, seq, rid, "restore_aborted")
@@ -144,7 +146,7 @@ def _wait_for_event(c: Any, seq: int, request: str, kind: str, timeout_s: float 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for e in c.events.since(seq, wait_s=min(1.0, max(0.0, deadline - time.monotonic())), limit=10_000):
-            seq = max(seq, int(e["seq"]))
-            if e.get("request") == request and e["type"] == kind:
-                return dict(e)
+            seq = max(seq, e.seq)
+            if request_of(e) == request and e.kind == kind:
+                return e.to_wire()
     raise AssertionError(f"no {kind} event for {request} within {timeout_s:g}s")

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from bsr_cli.core.evidence import CapacityCause, EventKind, FailureKind, Outcome
+from bsr_cli.core.events import RequestAdmitted, RestoreRefused
+from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import CapacityError, RestoreAborted
 from bsr_cli.tui.model import Frame, fold
@@ -95,8 +96,8 @@ def test_a_request_waits_for_blocks_held_by_another_and_proceeds_when_they_free(
     assert held["res"].computed_tokens == len(HOLDER)
     assert out["req-waiter"].computed_tokens == len(WAITER) and out["req-waiter"].hash_ok is True
     assert out["req-small"].hash_ok is True
-    admitted = {e["request"]: e for e in engine.events.recent(200) if e["type"] == EventKind.REQUEST_ADMITTED}
-    assert admitted["req-waiter"]["queued_s"] > 0 and admitted["req-holder"]["queued_s"] == 0
+    admitted = {e.request: e for e in engine.events.recent(200) if isinstance(e, RequestAdmitted)}
+    assert admitted["req-waiter"].queued_s > 0 and admitted["req-holder"].queued_s == 0
     assert _gauge(engine) == 0 and _gave_up(engine) == 0 and coord.blocks_waiting() == []
 
 
@@ -107,9 +108,9 @@ def test_a_request_that_can_never_fit_is_refused_at_once(engine: FakeEngine) -> 
         engine.coordinator.submit(too_big, request="req-huge")
     assert "can never fit" in e.value.message and "--kv-tokens" in (e.value.hint or "")
     assert _gauge(engine) == 0 and _gave_up(engine) == 0  # it never queued
-    refused = [e for e in engine.events.recent(50) if e["type"] == EventKind.RESTORE_REFUSED]
-    assert refused and refused[-1]["request"] == "req-huge"
-    assert refused[-1]["failures"][0]["cause"] == CapacityCause.NO_DESTINATION_BLOCKS
+    refused = [e for e in engine.events.recent(50) if isinstance(e, RestoreRefused)]
+    assert refused and refused[-1].request == "req-huge"
+    assert refused[-1].failures[0].cause == CapacityCause.NO_DESTINATION_BLOCKS
 
 
 @pytest.mark.parametrize("engine", [{"kv_wait_s": 0.2}], indirect=True)

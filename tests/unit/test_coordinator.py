@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import Outcome, Stage
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
@@ -46,7 +47,7 @@ def test_probe_moves_no_bytes_and_reports_every_rank_and_group(fake_engine: Fake
 
 def test_a_warm_admission_restores_the_prefix_in_windows_and_matches_the_recompute(fake_engine: FakeEngine) -> None:
     _warm(fake_engine)
-    seen: list[dict[str, Any]] = []
+    seen: list[Event] = []
     out = fake_engine.coordinator.submit(PROMPT, progress=seen.append)
     assert out.source == "mooncake"
     assert (out.external_tokens, out.computed_tokens) == (len(PROMPT), 0)
@@ -54,7 +55,7 @@ def test_a_warm_admission_restores_the_prefix_in_windows_and_matches_the_recompu
     restore = out.passes[0].restore
     assert restore is not None
     assert restore.outcome is Outcome.COMMITTED and restore.windows == 5  # 10 chunks, W=2
-    released = [e for e in seen if e["type"] == "window_released"]
+    released = [e for e in seen if isinstance(e, WindowReleased)]
     assert len(released) == restore.windows * len(fake_engine.ranks)  # every rank ran every window
     assert fake_engine.tiers["fs"].get_calls == 0
 
@@ -71,7 +72,7 @@ def test_a_tier_fault_sets_a_marker_and_the_next_pass_restores_from_the_lower_ti
     assert second.excluded_tiers == ("mooncake",) and second.restore.outcome is Outcome.COMMITTED
     assert out.source == "fs" and out.hash_ok is True
     assert out.marker_cleared is True and fake_engine.coordinator.markers == {}
-    types = [e["type"] for e in fake_engine.events.recent(500)]
+    types = [e.kind for e in fake_engine.events.recent(500)]
     assert types.index("marker_set") < types.index("marker_cleared")
     assert fake_engine.coordinator.list_faults() == []  # count=1: it fired once and is gone
 
@@ -157,8 +158,8 @@ def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(fake_engin
     fake_engine.coordinator.inject(FaultRequest("timeout", window=1))
     started = threading.Event()
 
-    def progress(ev: dict[str, Any]) -> None:
-        if ev["type"] == "window_released":
+    def progress(ev: Event) -> None:
+        if isinstance(ev, WindowReleased):
             started.set()
 
     result: list[dict[str, Any]] = []

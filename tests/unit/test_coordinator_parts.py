@@ -133,7 +133,7 @@ def test_admission_probes_through_its_rank_caller_and_keeps_its_markers(parts: P
     adm.set_marker("p", set(), "rank 1 failed at install", "req-2")  # recompute locally: the stronger one
     adm.set_marker("p", {"fs"}, "timeout", "req-3")
     assert adm.marker("p").excluded == set()  # type: ignore[union-attr]
-    kinds = [e["type"] for e in parts.ctx.events.recent(10)]
+    kinds = [e.kind for e in parts.ctx.events.recent(10)]
     assert kinds.count(EventKind.MARKER_SET) == 3
     assert adm.clear_marker("p", "req-4", MarkerClearCause.ADMITTED) and adm.markers() == {}
 

@@ -13,19 +13,19 @@ import pytest
 
 from bsr_cli.core.events import (
     Failure,
+    FaultInjected,
+    MarkerCleared,
     RequestAdmitted,
     RestoreFailed,
     RestoreFailedClosed,
     RestoreStarted,
     WindowReleased,
-    parse_event,
-    stamped,
 )
 from bsr_cli.core.evidence import EventKind, FailureKind, Stage
 from bsr_cli.core.when import parse_duration, parse_since
 from bsr_cli.errors import InvalidInput
 from bsr_cli.runtime import failure_log
-from bsr_cli.runtime.event_store import EventStore, Query
+from bsr_cli.runtime.event_store import EventStore, Query, request_of
 from bsr_cli.runtime.events import EventLog
 
 DAY = 86400.0
@@ -46,16 +46,16 @@ def test_evidence_outlives_the_in_memory_tail_and_a_reopen(tmp_path: Path) -> No
     for i in range(2, 12):
         _restore(log, f"req-{i:05d}", windows=60)
     assert log.last_seq == 11 * 121
-    assert log.recent(1000)[0]["seq"] > 121  # the tail no longer holds the first restore
+    assert log.recent(1000)[0].seq > 121  # the tail no longer holds the first restore
     first = log.query(Query(request="req-00001", limit=10_000))
-    assert len(first) == 121 and first[0]["type"] == EventKind.RESTORE_STARTED
-    assert [e["seq"] for e in log.since(0, limit=5)] == [1, 2, 3, 4, 5]  # a cursor older than the tail: the store
+    assert len(first) == 121 and first[0].kind == EventKind.RESTORE_STARTED
+    assert [e.seq for e in log.since(0, limit=5)] == [1, 2, 3, 4, 5]  # a cursor older than the tail: the store
     log.close()
 
     again = EventStore(path)
     assert again.previous.existed and again.previous.clean and again.last_seq == 11 * 121
     log2 = EventLog(capacity=100, store=again)
-    assert log2.append(RequestAdmitted(request="req-00012"))["seq"] == 11 * 121 + 1  # seq continues
+    assert log2.append(RequestAdmitted(request="req-00012")).seq == 11 * 121 + 1  # seq continues
     assert len(log2.query(Query(request="req-00001", limit=10_000))) == 121
     log2.close()
 
@@ -87,23 +87,23 @@ def test_filters_combine(tmp_path: Path, durable: bool) -> None:
         RestoreFailed(request="req-00002", rank=1, reason="boom", failure_kind=FailureKind.TIER, stage=Stage.FETCH)
     )
     everything = log.query(Query(limit=1000))
-    mid = everything[8]["time"]
+    mid = everything[8].time
     released = EventKind.WINDOW_RELEASED.value
     got = log.query(Query(request="req-00002", kinds=(released,), limit=1000))
-    assert len(got) == 8 and {(e["request"], e["type"]) for e in got} == {("req-00002", released)}
+    assert len(got) == 8 and {(request_of(e), e.kind) for e in got} == {("req-00002", released)}
     got = log.query(Query(kinds=(EventKind.RESTORE_STARTED.value, EventKind.RESTORE_FAILED.value), limit=1000))
-    assert [e["type"] for e in got] == ["restore_started", "restore_started", "restore_failed"]
-    assert [e["request"] for e in log.query(Query(prompt="p-req-00002", limit=10))] == ["req-00002"]
+    assert [e.kind for e in got] == ["restore_started", "restore_started", "restore_failed"]
+    assert [request_of(e) for e in log.query(Query(prompt="p-req-00002", limit=10))] == ["req-00002"]
     since = log.query(Query(since_time=mid, limit=1000))
-    assert since and all(e["time"] >= mid for e in since) and since[-1]["type"] == "restore_failed"
+    assert since and all(e.time >= mid for e in since) and since[-1].kind == "restore_failed"
     newest = log.query(Query(request="req-00001", limit=2, newest=True))
-    assert [e["seq"] for e in newest] == [6, 7]  # the last two, oldest first
-    assert log.query(Query(after_seq=16, limit=1000))[0]["seq"] == 17
+    assert [e.seq for e in newest] == [6, 7]  # the last two, oldest first
+    assert log.query(Query(after_seq=16, limit=1000))[0].seq == 17
     log.close()
 
 
-def _wire(seq: int, at: float, request: str = "req-00001") -> dict:
-    return stamped(WindowReleased(request=request, rank=seq % 2, window=seq, bytes=4096), seq, at).to_wire()
+def _wire(seq: int, at: float, request: str = "req-00001") -> WindowReleased:
+    return WindowReleased(request=request, rank=seq % 2, window=seq, bytes=4096, seq=seq, time=at)
 
 
 def test_retention_by_age(tmp_path: Path) -> None:
@@ -114,11 +114,11 @@ def test_retention_by_age(tmp_path: Path) -> None:
     assert store.flush()
     kept = store.query(Query(limit=1000))
     # The writer pruned after its commit: everything older than 7 days is gone, the rest kept.
-    assert kept and min(e["time"] for e in kept) >= now[0] - 7 * DAY
-    assert [e["seq"] for e in kept] == list(range(100 - 84, 101))
+    assert kept and min(e.time for e in kept) >= now[0] - 7 * DAY
+    assert [e.seq for e in kept] == list(range(100 - 84, 101))
     now[0] += 3 * DAY  # three days later nothing new came: retention still applies
     assert store.prune() > 0
-    assert [e["seq"] for e in store.query(Query(limit=1000))] == list(range(100 - 48, 101))
+    assert [e.seq for e in store.query(Query(limit=1000))] == list(range(100 - 48, 101))
     store.close()
     again = EventStore(tmp_path / "e.sqlite")
     assert again.last_seq == 100  # seq survives even what retention removed
@@ -134,7 +134,7 @@ def test_retention_by_size_keeps_the_newest(tmp_path: Path) -> None:
     store.prune()
     stats = store.stats()
     assert stats.used_bytes <= cap and 0 < stats.events < 5000
-    kept = [e["seq"] for e in store.query(Query(limit=10_000))]
+    kept = [e.seq for e in store.query(Query(limit=10_000))]
     assert kept[-1] == 5000 and kept == list(range(kept[0], 5001))  # the oldest went first, nothing in between
     store.close()
 
@@ -208,6 +208,21 @@ def test_durations_and_times_an_operator_types() -> None:
 def test_events_read_back_from_the_store_parse_as_types(tmp_path: Path) -> None:
     log = EventLog(store=EventStore(tmp_path / "e.sqlite"))
     _restore(log, "req-00001", windows=2)
-    typed = [parse_event(e) for e in log.query(Query(limit=100))]
+    typed = log.query(Query(limit=100))  # read back from the rows as types
     assert isinstance(typed[0], RestoreStarted) and all(isinstance(e, WindowReleased) for e in typed[1:])
+    log.close()
+
+
+def test_the_store_reads_back_what_the_tail_holds_byte_for_byte(tmp_path: Path) -> None:
+    """The admin API writes an event's wire form from whichever the log reads it from (the tail or the store's
+    rows): both must give the same JSON, enums, optional fields, nested failures and pool maps included."""
+    log = EventLog(store=EventStore(tmp_path / "e.sqlite"))
+    _restore(log, "req-00001", windows=2)
+    fail = Failure(rank=1, reason="timeout", kind=FailureKind.TIER, stage=Stage.FETCH, window=0, tier="mooncake")
+    log.append(RestoreFailedClosed(request="req-00001", failures=(fail,), failure_kind=FailureKind.TIER, seconds=1.5))
+    log.append(FaultInjected(fault_id=3, fault="timeout", rank=1, window=None, group="full", count=2))
+    log.append(MarkerCleared(prompt="p", why="operator", scope="tier", tier="fs", excluded_tiers=("mooncake",)))
+    held = [json.dumps(e.to_wire()) for e in log.recent(100)]
+    assert [json.dumps(e.to_wire()) for e in log.query(Query(limit=100))] == held
+    assert [json.dumps(e.to_wire()) for e in log.store.query(Query(limit=100))] == held  # type: ignore[union-attr]
     log.close()

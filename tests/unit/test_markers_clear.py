@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("fastapi")  # the admin API is the engine extra's
 
+from bsr_cli.core.events import MarkerCleared
 from bsr_cli.core.markers import ClearScope, Marker, clear
 from bsr_cli.errors import ExitCode
 from bsr_cli.server.admin import AdminServer
@@ -41,15 +42,15 @@ def _excluded(eng: FakeEngine) -> dict[str, list[str]]:
     return {m.prompt: list(m.excluded_tiers) for m in eng.coordinator.list_markers()}
 
 
-def _cleared_events(eng: FakeEngine) -> list[dict]:
-    return [e for e in eng.events.since(0) if e["type"] == "marker_cleared"]
+def _cleared_events(eng: FakeEngine) -> list[MarkerCleared]:
+    return [e for e in eng.events.since(0) if isinstance(e, MarkerCleared)]
 
 
 def test_clear_one_prompt(served: FakeEngine, bsr) -> None:
     r = bsr("markers", "clear", "--prompt", "p-both", "--json")
     assert r.code == 0 and r.json() == {"cleared": 1, "scope": "prompt p-both"}
     assert _excluded(served) == {"p-moon": ["mooncake"], "p-fs": ["fs"]}
-    assert [(e["prompt"], e["scope"], e["prompt"]) for e in _cleared_events(served)] == [("p-both", "prompt", "p-both")]
+    assert [(e.prompt, e.scope, e.prompt) for e in _cleared_events(served)] == [("p-both", "prompt", "p-both")]
     assert bsr("markers", "clear", "--prompt", "p-none", "--json").json()["cleared"] == 0  # nothing of that prompt
     # Any key is a key (a newline or a non-ASCII character in the path is not "no route").
     assert bsr("markers", "clear", "--prompt", "p\nü", "--json").json()["cleared"] == 0
@@ -60,10 +61,10 @@ def test_clear_one_tier(served: FakeEngine, bsr) -> None:
     assert r.code == 0 and "cleared 2 marker(s) (tier mooncake)" in r.out
     # p-moon is gone; p-both still keeps fs off; p-fs is untouched.
     assert _excluded(served) == {"p-both": ["fs"], "p-fs": ["fs"]}
-    events = {e["prompt"]: e for e in _cleared_events(served)}
+    events = {e.prompt: e for e in _cleared_events(served)}
     assert set(events) == {"p-moon", "p-both"}
-    assert all(e["scope"] == "tier" and e["tier"] == "mooncake" for e in events.values())
-    assert events["p-both"]["excluded_tiers"] == ["fs"] and events["p-moon"]["excluded_tiers"] is None
+    assert all(e.scope == "tier" and e.tier == "mooncake" for e in events.values())
+    assert events["p-both"].excluded_tiers == ("fs",) and events["p-moon"].excluded_tiers is None
 
 
 def test_clearing_every_marker_needs_a_confirmation(served: FakeEngine, bsr) -> None:
@@ -72,7 +73,7 @@ def test_clearing_every_marker_needs_a_confirmation(served: FakeEngine, bsr) -> 
     assert len(_excluded(served)) == 3 and _cleared_events(served) == []
     r = bsr("markers", "clear", "--all", "--yes", "--json")
     assert r.code == 0 and r.json()["cleared"] == 3 and _excluded(served) == {}
-    assert sorted(e["scope"] for e in _cleared_events(served)) == ["all"] * 3
+    assert sorted(e.scope for e in _cleared_events(served)) == ["all"] * 3
 
 
 @pytest.mark.parametrize(

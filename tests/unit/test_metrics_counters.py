@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("prometheus_client")  # the engine extra's, as the server's
 
+from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.runtime.events import EventLog
@@ -51,10 +52,10 @@ def test_every_released_window_is_counted_on_its_rank_in_whatever_order_it_arriv
     rank1_released = threading.Event()
     held: list[bool] = []
 
-    def progress(ev: dict[str, Any]) -> None:  # runs on the releasing rank's thread, inside its emit
-        if ev["type"] != "window_released":
+    def progress(ev: Event) -> None:  # runs on the releasing rank's thread, inside its emit
+        if not isinstance(ev, WindowReleased):
             return
-        if ev["rank"] == 1:
+        if ev.rank == 1:
             rank1_released.set()
         elif not held:
             held.append(rank1_released.wait(10))

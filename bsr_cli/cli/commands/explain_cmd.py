@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from bsr_cli.cli.commands.incident import typed_events
 from bsr_cli.cli.commands.operate import PromptFileOpt, SeedOpt, SyntheticOpt, TokensFileOpt, WOpt
 from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 from bsr_cli.cli.context import AppState, JsonFlag, state
@@ -147,7 +146,7 @@ def _explain_prompt(
         else m
         for m in markers
     ]
-    last = fold_restore(typed_events(last_events)) if last_events else None
+    last = fold_restore(last_events) if last_events else None
     result = explain_engine(
         prompt=prompt,
         prompt_flags=flags,
@@ -185,7 +184,7 @@ def _explain_request(st: AppState, request: str) -> Explanation:
         events, _ = client.held_events(0, request=request)
         health = client.health()
         markers = client.markers()
-    mine = typed_events(events)
+    mine = events
     if not mine:
         raise InvalidInput(
             f"no events of request {request!r} on {client.url}",

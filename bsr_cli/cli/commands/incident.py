@@ -15,6 +15,7 @@ import typer
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.cli.output import Output
 from bsr_cli.core import events as ev
+from bsr_cli.core import wire
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.errors import InvalidInput
 
@@ -53,17 +54,15 @@ class SettingsView:
     which ones `set` changed."""
 
     url: str
-    settings: dict[str, int | float | str | bool | list[str] | None]
-    changed: tuple[str, ...] | None = None  # `set` only
+    changed: tuple[str, ...] | None = wire.field(omit_none=True, default=None)  # `set` only
+    settings: dict[str, int | float | str | bool | list[str] | None] = field(default_factory=dict)
 
-    def to_wire(self) -> dict[str, Any]:
-        changed = {"changed": list(self.changed)} if self.changed is not None else {}
-        return {"url": self.url} | changed | {"settings": dict(self.settings)}
+    to_wire = wire.writer()
 
 
 def _settings_view(url: str, info: dict[str, Any], changed: tuple[str, ...] | None = None) -> SettingsView:
     """The settings of the engine's info answer (wire form)."""
-    return SettingsView(url, {k: info.get(k) for k in SETTING_KEYS if k in info}, changed)
+    return SettingsView(url, changed, {k: info.get(k) for k in SETTING_KEYS if k in info})
 
 
 def _render_settings(console: Any, d: SettingsView) -> None:
@@ -208,9 +207,10 @@ def events(
         return
     with _client(st) as client:
         if limit is None and t_from is not None:
-            evs, last_seq = client.held_events(
+            held, last_seq = client.held_events(
                 after, after=t_from, until=t_to, request=request, kinds=kinds
             )  # an export: every match
+            evs = [e.to_wire() for e in held]
         else:
             got = client.events(
                 after,
@@ -263,7 +263,7 @@ def _follow(st: AppState, client: AdminClient, seq: int, wanted: _Filter) -> Non
         _print_events(st, [e for e in new if wanted.matches(parse_wire(e))])
 
 
-def _write_trace(st: AppState, path: Path, held: list[dict[str, Any]]) -> None:
+def _write_trace(st: AppState, path: Path, held: list[ev.Event]) -> None:
     """The admitted requests as trace lines; those from an engine too old to record block ids are counted, not
     written (their prefixes are unknown)."""
     import json
@@ -272,12 +272,7 @@ def _write_trace(st: AppState, path: Path, held: list[dict[str, Any]]) -> None:
     from bsr_cli.core.trace import SeenRequest, trace_records
 
     seen, skipped = [], 0
-    for wire in held:
-        try:
-            admitted = ev.parse_event(wire)
-        except ValueError:
-            skipped += 1
-            continue
+    for admitted in held:
         if not isinstance(admitted, ev.RequestAdmitted) or not admitted.block_ids:
             skipped += 1
             continue
@@ -368,9 +363,8 @@ def describe(
         where = str(record)
     else:
         with _client(st) as client:
-            evs, _ = client.held_events(0, request=request)
+            mine, _ = client.held_events(0, request=request)
             where = client.url
-        mine = typed_events(evs)
     if not mine:
         raise InvalidInput(
             f"no events of request {request!r} in {where}",
@@ -378,13 +372,6 @@ def describe(
             "for its retention (7 days / 512 MiB by default)",
         )
     st.out.result(timeline(request, mine), _render_timeline)
-
-
-def typed_events(evs: list[dict[str, Any]]) -> list[ev.Event]:
-    """The events as types; one this bsr does not know (a newer engine's) is left out rather than misread."""
-    from bsr_cli.tui.model import parse_wire
-
-    return [e for e in map(parse_wire, evs) if e is not None]
 
 
 def _recorded_events(path: Path) -> list[ev.Event]:

@@ -19,7 +19,7 @@ from rich.text import Text
 from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
 from bsr_cli.cli.render.planning import b, first_break_line
 from bsr_cli.core.bitmap import Break, HitBitmap
-from bsr_cli.core.events import Failure, RestoreFailed, RestoreStarted, WindowReleased, parse_event
+from bsr_cli.core.events import Event, Failure, RestoreFailed, RestoreStarted, WindowReleased
 from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition, window_label
 from bsr_cli.core.results import (
     ManualRestoreResult,
@@ -328,11 +328,7 @@ class RestoreProgress:
     def stop(self) -> None:
         self._progress.stop()
 
-    def update(self, wire: dict[str, Any]) -> None:
-        try:
-            e = parse_event(wire)
-        except ValueError:
-            return  # an event this bsr does not know (a newer engine) moves no bar
+    def update(self, e: Event) -> None:
         if isinstance(e, RestoreStarted):
             for task in self._tasks:
                 self._progress.update(task, total=e.windows)
