@@ -14,12 +14,11 @@ import pytest
 pytest.importorskip("fastapi")  # the admin API is the engine extra's
 
 from bsr_cli.client import AdminClient
-from bsr_cli.core.events import Event, WindowReleased
+from bsr_cli.core.events import Event, WindowReleased, request_of
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.errors import BsrError
-from bsr_cli.runtime.event_store import request_of
 from bsr_cli.server.admin import PREFIX, AdminServer
 from unit.fixtures import FakeEngine, build_engine
 

@@ -20,12 +20,13 @@ from bsr_cli.core.events import (
     RestoreFailedClosed,
     RestoreStarted,
     WindowReleased,
+    request_of,
 )
 from bsr_cli.core.evidence import EventKind, FailureKind, Stage
 from bsr_cli.core.when import parse_duration, parse_since
 from bsr_cli.errors import InvalidInput
 from bsr_cli.runtime import failure_log
-from bsr_cli.runtime.event_store import EventStore, Query, request_of
+from bsr_cli.runtime.event_store import EventStore, Query
 from bsr_cli.runtime.events import EventLog
 
 DAY = 86400.0
