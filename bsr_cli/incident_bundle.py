@@ -220,9 +220,9 @@ class Builder:
     def text(self, name: str, text: str) -> None:
         self.files[name] = redact_text(text, self.secrets).encode()
 
-    def events(self, name: str, events: list[Event]) -> None:
-        """``events`` as JSON lines, each the event's wire form as the engine served it."""
-        lines = [redact_text(json.dumps(redact_tokens(e.to_wire()), default=str), self.secrets) for e in events]
+    def events(self, name: str, events: Sequence[Mapping[str, Any]]) -> None:
+        """``events`` as JSON lines, each as the engine served it (a kind this bsr does not know included)."""
+        lines = [redact_text(json.dumps(redact_tokens(e), default=str), self.secrets) for e in events]
         self.files[name] = ("\n".join(lines) + "\n").encode() if lines else b""
 
     def raw(self, name: str, data: bytes) -> None:

@@ -24,7 +24,7 @@ from urllib.parse import quote
 import httpx
 
 from bsr_cli import API_VERSION
-from bsr_cli.core.events import Event, parse_event
+from bsr_cli.core.events import Event, known_event
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
@@ -240,7 +240,7 @@ class AdminClient:
                     if kind == "accepted" and on_accepted:
                         on_accepted(msg["request"])
                     elif kind == "event" and on_event:
-                        event = _known_event(msg["event"])
+                        event = known_event(msg["event"])
                         if event is not None:
                             on_event(event)
                     elif kind == "result":
@@ -392,12 +392,26 @@ class AdminClient:
         prompt: str | None = None,
         kinds: Sequence[str] | None = None,
     ) -> tuple[list[Event], int]:
-        """Every event the engine still holds after ``since`` that matches the filters, oldest first, as types,
-        and its last sequence number. One `/events` answer is a page starting from the oldest, so this pages on
-        until it has the newest. An event of a kind this bsr does not know (a newer engine's) is left out rather
-        than misread."""
+        """`held_wire` read as types. An event of a kind this bsr does not know (a newer engine's) is left out
+        rather than misread: what exports events (`bsr bundle`, `bsr events --json`) writes `held_wire` instead."""
+        wire, last = self.held_wire(since, after=after, until=until, request=request, prompt=prompt, kinds=kinds)
+        return [e for w in wire if (e := known_event(w)) is not None], last
+
+    def held_wire(
+        self,
+        since: int = 0,
+        *,
+        after: float | None = None,
+        until: float | None = None,
+        request: str | None = None,
+        prompt: str | None = None,
+        kinds: Sequence[str] | None = None,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Every event the engine still holds after ``since`` that matches the filters, oldest first, as the
+        engine sent them, and its last sequence number. One `/events` answer is a page starting from the oldest, so
+        this pages on until it has the newest."""
         filtered = any(x is not None for x in (after, until, request, prompt)) or bool(kinds)
-        out: list[Event] = []
+        out: list[dict[str, Any]] = []
         seq = since
         last = 0
         for _ in range(MAX_PAGES):
@@ -407,9 +421,9 @@ class AdminClient:
                 )
             else:
                 got = self.events(since=seq)
-            page = got.get("events") or []
+            page = [e for e in got.get("events") or [] if isinstance(e, dict)]
             last = int(got.get("last_seq") or 0)
-            out.extend(e for wire in page if (e := _known_event(wire)) is not None)
+            out.extend(page)
             if not page or int(page[-1].get("seq", last)) >= last or (filtered and len(page) < PAGE):
                 return out, last
             seq = int(page[-1]["seq"])
@@ -457,16 +471,6 @@ def _is_busy(r: httpx.Response) -> bool:
     except ValueError:
         return False
     return isinstance(body, dict) and body.get("error") == "busy"
-
-
-def _known_event(wire: object) -> Event | None:
-    """The typed event of one the engine sent, or None for one this bsr cannot read (a newer engine's kind)."""
-    if not isinstance(wire, dict):
-        return None
-    try:
-        return parse_event(wire)
-    except ValueError:
-        return None
 
 
 def _pause(pauses: Iterator[float]) -> bool:

@@ -540,6 +540,16 @@ def stamped(event: E, seq: int, at: float) -> E:
     return dataclasses.replace(event, seq=seq, time=at)
 
 
+def known_event(wire: object) -> Event | None:
+    """The typed event of a wire object, or None for one this bsr cannot read (a newer engine's kind)."""
+    if not isinstance(wire, Mapping):
+        return None
+    try:
+        return parse_event(wire)
+    except ValueError:
+        return None
+
+
 def request_of(event: Event) -> str | None:
     """The request the event belongs to, if any (the event store indexes it)."""
     value = getattr(event, "request", None)
@@ -657,6 +667,7 @@ __all__ = [
     "WindowInstalled",
     "WindowReleased",
     "WindowWaiting",
+    "known_event",
     "parse_event",
     "rank_of",
     "request_of",

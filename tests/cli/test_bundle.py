@@ -139,7 +139,7 @@ def test_size_cap_keeps_the_newest_events_and_their_pool_history() -> None:
     ]
     b = Builder([])
     b.json("status.json", {"ok": True})
-    b.events("events.jsonl", events)
+    b.events("events.jsonl", [e.to_wire() for e in events])  # as the engine serves them
     from bsr_cli.incident_bundle import pool_history
 
     b.json("pool-history.json", pool_history(events))

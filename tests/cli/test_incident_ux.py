@@ -290,7 +290,8 @@ def test_events_are_paged_until_the_newest() -> None:
 
 
 def test_held_events_are_types_and_leave_out_a_kind_this_bsr_does_not_know() -> None:
-    """A newer engine may hold kinds this bsr has no type for: they are left out rather than misread."""
+    """A newer engine may hold kinds this bsr has no type for: read as types they are left out rather than misread;
+    exported, they are kept."""
     from bsr_cli.client import AdminClient
     from bsr_cli.core.events import WindowFetched
 
@@ -309,6 +310,9 @@ def test_held_events_are_types_and_leave_out_a_kind_this_bsr_does_not_know() -> 
 
     evs, last = Engine().held_events(0)
     assert last == 3 and [(type(e), e.seq) for e in evs] == [(WindowFetched, 1), (WindowFetched, 3)]
+    # What exports events (`bsr bundle`, `bsr events --since --json`) keeps every one, as the engine sent it.
+    wire, last = Engine().held_wire(0)
+    assert last == 3 and wire == ring
 
 
 FAST_CASES = [

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from bsr_cli.cli.context import JsonFlag, state
+from bsr_cli.core.events import known_event
 from bsr_cli.errors import BsrError, InvalidInput
 
 if TYPE_CHECKING:
@@ -138,8 +139,9 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
     b.json("faults.json", client.faults().to_wire())
     b.json("quarantine.json", ib.quarantine_list(health))
     # The engine's events since --since, from its durable store (the snapshot carries only the newest).
-    events, _ = client.held_events(0, after=t_from)
-    b.events("events.jsonl", events)
+    held, _ = client.held_wire(0, after=t_from)
+    b.events("events.jsonl", held)  # as the engine sent them
+    events = [e for w in held if (e := known_event(w)) is not None]
     b.json("pool-history.json", ib.pool_history(events))
     # The recording: the incident frame by frame rebuilt from those events, then the snapshot. Its frames leave
     # the events to events.jsonl (read back into them with the bundle), so the size cap, which cuts

@@ -207,10 +207,8 @@ def events(
         return
     with _client(st) as client:
         if limit is None and t_from is not None:
-            held, last_seq = client.held_events(
-                after, after=t_from, until=t_to, request=request, kinds=kinds
-            )  # an export: every match
-            evs = [e.to_wire() for e in held]
+            # An export: every match, as the engine sent it (a newer engine's kinds included).
+            evs, last_seq = client.held_wire(after, after=t_from, until=t_to, request=request, kinds=kinds)
         else:
             got = client.events(
                 after,
