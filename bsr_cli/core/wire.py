@@ -2,8 +2,10 @@
 
 A result type declares its fields and, where the JSON differs from the field, says so in the field's metadata
 (``wire.field``): the key it travels under (``name="W"``), that it is left out while None (``omit_none``), what a
-reader assumes when an older writer leaves it out (``absent``), or that it holds the keys a host adds
-(``extra``: written after the standard keys, read back as every key the type does not name). It then takes the
+reader assumes when an older writer leaves it out (``absent``), that it is left out while empty (``omit_empty``:
+None, "", an empty list or map), that its value's own keys sit inline among the type's (``flatten``: a nested
+result written into the parent's object at the field's place, read back from it), or that it holds the keys a host
+adds (``extra``: written after the standard keys, read back as every key the type does not name). It then takes the
 codec as its two wire methods::
 
     @dataclass(frozen=True)
@@ -12,6 +14,10 @@ codec as its two wire methods::
         waited_s: float
         to_wire = wire.writer()      # -> the JSON object, keys in field order
         from_wire = wire.reader()    # <- any JSON object, tolerant
+
+Keys that are not fields (an ``ok`` derived from the ranks) are named by the writer: ``wire.writer(computed=("ok",
+"ranks_alive"))`` writes those attributes after the fields, or, with ``order=`` (attribute names, fields and
+computed ones), in the order given; a reader passes them over.
 
 Writing turns enums into their values, tuples into lists, dict keys into strings, and a nested result into its
 own ``to_wire()`` (or ``to_dict()``, the older name some core types carry; so a type with a hand-written form
@@ -40,12 +46,16 @@ _NAME = "wire_name"
 _OMIT_NONE = "wire_omit_none"
 _ABSENT = "wire_absent"
 _EXTRA = "wire_extra"
+_OMIT_EMPTY = "wire_omit_empty"
+_FLATTEN = "wire_flatten"
 
 
 def field(
     *,
     name: str | None = None,
     omit_none: bool = False,
+    omit_empty: bool = False,
+    flatten: bool = False,
     absent: Any = dataclasses.MISSING,
     extra: bool = False,
     default: Any = dataclasses.MISSING,
@@ -57,6 +67,10 @@ def field(
         meta[_NAME] = name
     if omit_none:
         meta[_OMIT_NONE] = True
+    if omit_empty:
+        meta[_OMIT_EMPTY] = True
+    if flatten:
+        meta[_FLATTEN] = True
     if absent is not dataclasses.MISSING:
         meta[_ABSENT] = absent
     if extra:
@@ -73,6 +87,8 @@ class _Field:
     key: str
     hint: Any
     omit_none: bool
+    omit_empty: bool
+    flatten: bool
     absent: Any  # dataclasses.MISSING: the field's default, else the empty value of its type
     extra: bool
 
@@ -101,6 +117,8 @@ def _plan_of(key: Hashable) -> tuple[_Field, ...]:
                 key=f.metadata.get(_NAME, f.name),
                 hint=hints[f.name],
                 omit_none=bool(f.metadata.get(_OMIT_NONE)),
+                omit_empty=bool(f.metadata.get(_OMIT_EMPTY)),
+                flatten=bool(f.metadata.get(_FLATTEN)),
                 absent=absent,
                 extra=bool(f.metadata.get(_EXTRA)),
             )
@@ -114,19 +132,61 @@ class _Factory:
 
 
 def _known(cls: type) -> frozenset[str]:
-    return frozenset(f.key for f in _plan(cls) if not f.extra)
+    """The keys a type's JSON names (its fields', its flattened parts', its computed ones): not a host's."""
+    keys: set[str] = set(_computed(cls))
+    for f in _plan(cls):
+        if f.flatten:
+            keys |= _known(_flat_type(f.hint))
+        elif not f.extra:
+            keys.add(f.key)
+    return frozenset(keys)
+
+
+def _flat_type(hint: Any) -> type:
+    members = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return typing.cast(type, members[0])
+
+
+def _layout(cls: type) -> writer:
+    """The writer a type took (what it computes, in which order); a plain one when it took none."""
+    found = cls.__dict__.get("to_wire")
+    return found if isinstance(found, writer) else _PLAIN
+
+
+def _computed(cls: type) -> tuple[str, ...]:
+    """The attributes a type's writer writes that are not fields."""
+    layout, fields = _layout(cls), {f.attr for f in _plan(cls)}
+    return (*layout.computed, *(n for n in layout.order if n not in fields and n not in layout.computed))
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (str, tuple, list, dict, set, frozenset)) and not value)
 
 
 # -- writing ----------------------------------------------------------------------------------------------------
 def write(obj: Any) -> dict[str, Any]:
-    """The JSON object of a result dataclass: its fields in order under their wire names, host keys last."""
+    """The JSON object of a result dataclass: its fields in order under their wire names (with what its writer
+    computes), host keys last."""
+    layout = _layout(type(obj))
+    fields = {f.attr: f for f in _plan(type(obj))}
+    names = layout.order or (*fields, *layout.computed)
+    if layout.order:
+        left_out = [n for n in (*fields, *layout.computed) if n not in layout.order]
+        if left_out:  # a field the order forgets would silently vanish from the JSON
+            raise TypeError(f"{type(obj).__name__}: the writer's order leaves out {', '.join(left_out)}")
     out: dict[str, Any] = {}
     extra: Mapping[str, Any] = {}
-    for f in _plan(type(obj)):
-        value = getattr(obj, f.attr)
-        if f.extra:
+    for name in names:
+        f = fields.get(name)
+        value = getattr(obj, name)
+        if f is None:  # computed
+            out[name] = value_to_wire(value)
+        elif f.extra:
             extra = value or {}
-        elif not (f.omit_none and value is None):
+        elif f.flatten:
+            if value is not None:
+                out.update(value_to_wire(value))
+        elif not ((f.omit_none and value is None) or (f.omit_empty and _is_empty(value))):
             out[f.key] = value_to_wire(value)
     out.update(extra)
     return out
@@ -163,6 +223,10 @@ def read(cls: type[T], data: Any) -> T:
         if f.extra:
             known = _known(cls)
             kwargs[f.attr] = {k: v for k, v in d.items() if k not in known}
+        elif f.flatten:
+            part = _flat_type(f.hint)
+            present = f.hint is part or any(k in d for k in _known(part))  # an optional part: there if its keys are
+            kwargs[f.attr] = value_from_wire(part, d) if present else None
         elif f.key in d:
             kwargs[f.attr] = value_from_wire(f.hint, d[f.key])
         elif isinstance(f.absent, _Factory):
@@ -236,10 +300,19 @@ def _empty(hint: Any) -> Any:
 
 # -- the two wire methods a result type takes -------------------------------------------------------------------
 class writer:
-    """``to_wire = wire.writer()``: the type's ``to_wire()`` is ``write(self)``."""
+    """``to_wire = wire.writer()``: the type's ``to_wire()`` is ``write(self)``. ``computed`` names attributes
+    that are not fields (properties) to write after the fields; ``order``, every attribute written (fields and
+    computed ones), in the order written."""
+
+    def __init__(self, *, computed: Sequence[str] = (), order: Sequence[str] = ()) -> None:
+        self.computed = tuple(computed)
+        self.order = tuple(order)
 
     def __get__(self, obj: object, owner: type[Any]) -> Callable[[], dict[str, Any]]:
         return functools.partial(write, obj)
+
+
+_PLAIN = writer()
 
 
 class reader:

@@ -177,3 +177,92 @@ def test_a_type_named_the_older_way_nests_through_its_to_dict_and_from_dict() ->
     written = HoldsLegacy(Legacy(3)).to_wire()
     assert json.dumps(written) == '{"legacy": {"value": 3, "kind": "legacy"}, "maybe": null}'
     assert HoldsLegacy.from_wire(json.loads(json.dumps(written))) == HoldsLegacy(Legacy(3))
+
+
+@dataclass(frozen=True)
+class Part:
+    fits: bool
+    budget_bytes: int
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True)
+class Why:
+    message: str
+    hint: str
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True)
+class Report:
+    """Flattened parts, a key left out while empty, and keys computed from the fields."""
+
+    chunks: tuple[int, ...]
+    part: Part = wire.field(flatten=True)
+    why: Why | None = wire.field(flatten=True, default=None)
+    note: str = wire.field(omit_empty=True, default="")
+    host_fields: dict[str, Any] = wire.field(extra=True)
+
+    @property
+    def total(self) -> int:
+        return sum(self.chunks)
+
+    @property
+    def ok(self) -> bool:
+        return self.part.fits
+
+    to_wire = wire.writer(order=("ok", "chunks", "total", "part", "why", "note", "host_fields"))
+    from_wire = wire.reader()
+
+
+def test_flattened_parts_sit_inline_and_read_back_from_the_same_object() -> None:
+    r = Report(chunks=(1, 2), part=Part(True, 7))
+    assert r.to_wire() == {"ok": True, "chunks": [1, 2], "total": 3, "fits": True, "budget_bytes": 7}
+    assert list(r.to_wire()) == ["ok", "chunks", "total", "fits", "budget_bytes"]
+    assert Report.from_wire(r.to_wire()) == r  # the computed keys are passed over, not kept as a host's
+    why = Report(chunks=(), part=Part(False, 0), why=Why("too big", "lower W"))
+    assert list(why.to_wire())[-2:] == ["message", "hint"]
+    assert Report.from_wire(why.to_wire()) == why
+
+
+def test_an_optional_flattened_part_is_none_when_none_of_its_keys_came() -> None:
+    assert Report.from_wire({"chunks": [], "other": 1}).why is None
+    assert Report.from_wire({"chunks": [], "hint": "h"}).why == Why("", "h")
+    assert Report.from_wire({"chunks": [], "other": 1}).host_fields == {"other": 1}
+
+
+def test_omit_empty_leaves_an_empty_value_out_and_writes_a_given_one() -> None:
+    assert "note" not in Report(chunks=(), part=Part(False, 0)).to_wire()
+    assert Report(chunks=(), part=Part(False, 0), note="why").to_wire()["note"] == "why"
+
+
+def test_computed_keys_come_after_the_fields_without_an_order() -> None:
+    @dataclass(frozen=True)
+    class Counted:
+        items: tuple[str, ...]
+
+        @property
+        def count(self) -> int:
+            return len(self.items)
+
+        to_wire = wire.writer(computed=("count",))
+        from_wire = wire.reader()
+
+    assert list(Counted(("a",)).to_wire().items()) == [("items", ["a"]), ("count", 1)]
+    assert Counted.from_wire({"items": ["a", "b"], "count": 9}) == Counted(("a", "b"))
+
+
+def test_an_order_that_leaves_a_field_out_is_refused_not_written_short() -> None:
+    @dataclass(frozen=True)
+    class Short:
+        a: int
+        b: int
+
+        to_wire = wire.writer(order=("b",))
+
+    with pytest.raises(TypeError, match="leaves out a"):
+        Short(1, 2).to_wire()
