@@ -403,7 +403,7 @@ class WorkerAdmin:
         fired = c.armed_faults.fire(rank=0, window=window)
         if fired is None:
             return None
-        c.events.append({"type": "fault_fired", "window": window, **fired.to_dict()})
+        c.events.append({"type": "fault_fired", "window": window, **fired.to_wire()})
         return fired
 
     @property
