@@ -57,7 +57,7 @@ class ProbeResult:
             "registration_spec": self.registration.to_dict(),
             "committable_chunks": self.committable_chunks,
             "committable_tokens": self.committable_tokens,
-            "first_break": self.first_break.to_dict() if self.first_break else None,
+            "first_break": self.first_break.to_wire() if self.first_break else None,
             "tier_errors": self.tier_errors,
             "markers": list(self.markers),
         }
@@ -263,7 +263,7 @@ class PrefixLookup:
     def to_wire(self) -> dict[str, Any]:
         return {
             "tier_errors": self.tier_errors,
-            "first_break": self.first_break.to_dict() if self.first_break else None,
+            "first_break": self.first_break.to_wire() if self.first_break else None,
             "bitmap": self.bitmap.to_dict(),
         }
 
