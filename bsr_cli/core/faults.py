@@ -41,13 +41,13 @@ class FaultRequest:
     the engine checks it against its ranks, groups and windows (``FaultSpec.parse``) and arms it."""
 
     kind: str
-    rank: int | None = field(default=None, metadata=wire.meta(omit_none=True))  # None: every rank
+    rank: int | None = wire.field(default=None, omit_none=True)  # None: every rank
     # 0-based (G1 = 0); None: the first window a restore reaches
-    window: int | None = field(default=None, metadata=wire.meta(omit_none=True))
-    group: str | None = field(default=None, metadata=wire.meta(omit_none=True))  # None: every KV group
+    window: int | None = wire.field(default=None, omit_none=True)
+    group: str | None = wire.field(default=None, omit_none=True)  # None: every KV group
     count: int = 1  # restores it fires on; 0 = until cleared (or expired)
     # None: the engine's default life (TTL_S)
-    ttl_s: int | None = field(default=None, metadata=wire.meta(omit_none=True))
+    ttl_s: int | None = wire.field(default=None, omit_none=True)
 
     to_wire = wire.writer()  # the admin API's fault body: the fields given, nothing for those left to the engine
 

@@ -58,7 +58,7 @@ class EngineInfo:
     fs_concurrency: int
     tokenizer: str | None
     # What a host adds (a vLLM worker's limits).
-    host_fields: dict[str, Any] = field(default_factory=dict, metadata=wire.meta(extra=True))
+    host_fields: dict[str, Any] = wire.field(extra=True)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -161,7 +161,7 @@ class Health:
     ranks: tuple[RankHealth, ...]
     tiers: dict[str, TierHealth]
     # the admin API version; the server adds it
-    api: str | None = field(default=None, metadata=wire.meta(omit_none=True))
+    api: str | None = wire.field(default=None, omit_none=True)
 
     @property
     def ok(self) -> bool:
@@ -209,12 +209,12 @@ class PoolEntry:
     heartbeat_age_s: float | None
     last_fault: RankFault | None
     # None: the rank was not asked (silent) or did not answer. Byte counts, and ``draining`` (``with_draining``).
-    pool: dict[str, int | bool] | None = field(default=None, metadata=wire.meta(omit_none=True))
+    pool: dict[str, int | bool] | None = wire.field(default=None, omit_none=True)
     # Only when asked for health.
-    tiers: dict[str, RankTierStatus] | None = field(default=None, metadata=wire.meta(omit_none=True))
+    tiers: dict[str, RankTierStatus] | None = wire.field(default=None, omit_none=True)
     # A vLLM worker's real TP rank (its coordinator calls it rank 0).
-    tp_rank: int | None = field(default=None, metadata=wire.meta(omit_none=True))
-    error: str | None = field(default=None, metadata=wire.meta(omit_none=True))  # why the rank did not answer
+    tp_rank: int | None = wire.field(default=None, omit_none=True)
+    error: str | None = wire.field(default=None, omit_none=True)  # why the rank did not answer
     restore_bps: float = 0.0  # bytes released per second over the last 5 s
 
     to_wire = wire.writer()
@@ -296,7 +296,7 @@ class MarkerView:
     request: str  # the request whose restore failed
     set_at: float  # Unix time
     # what a host adds (vLLM's prefix_tokens, ...)
-    host_fields: dict[str, Any] = field(default_factory=dict, metadata=wire.meta(extra=True))
+    host_fields: dict[str, Any] = wire.field(extra=True)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -353,7 +353,7 @@ class Snapshot:
     markers: tuple[MarkerView, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
     # what a host adds (a vLLM worker's scheduler)
-    host_fields: dict[str, Any] = field(default_factory=dict, metadata=wire.meta(extra=True))
+    host_fields: dict[str, Any] = wire.field(extra=True)
 
     to_wire = wire.writer()
     from_wire = wire.reader()

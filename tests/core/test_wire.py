@@ -3,6 +3,7 @@ tolerates what an older or newer writer sends."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from enum import Enum
@@ -148,3 +149,25 @@ def test_an_enum_value_it_does_not_know_is_an_error_not_a_guess() -> None:
 def test_unknown_keys_are_kept_only_where_a_field_asks_for_them() -> None:
     assert Inner.from_wire({"name": "a", "count": 1, "new": True}) == Inner("a", 1)
     assert Outer.from_wire({"colour": "red", "new": True}).host_fields == {"new": True}
+
+
+@dataclass(frozen=True)
+class Plain:
+    """Described fields without a default: they take ``wire.meta`` through ``dataclasses.field`` (a type checker
+    reads any other call as a default)."""
+
+    request: str
+    w: int = dataclasses.field(metadata=wire.meta(name="W"))
+    healthy: bool = dataclasses.field(metadata=wire.meta(absent=True))
+    tokens: int
+    error: str | None = dataclasses.field(default=None, metadata=wire.meta(omit_none=True))
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+def test_a_field_without_a_default_takes_its_wire_form_from_meta() -> None:
+    plain = Plain("r1", 4, False, 10)
+    assert json.dumps(plain.to_wire()) == json.dumps({"request": "r1", "W": 4, "healthy": False, "tokens": 10})
+    assert Plain.from_wire(plain.to_wire()) == plain
+    assert Plain.from_wire({"request": "r2"}) == Plain("r2", 0, True, 0)
