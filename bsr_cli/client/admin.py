@@ -29,7 +29,7 @@ from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
-from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot, fault_from_wire
+from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
 from bsr_cli.errors import (
     BadRequest,
     CapacityError,
@@ -434,7 +434,7 @@ class AdminClient:
 
     def inject_fault(self, fault: FaultRequest) -> FaultSpec:
         """Arm ``fault``; the fault as the engine armed it (its id, its expiry)."""
-        return fault_from_wire(self._call("POST", "/faults", fault.to_wire()))
+        return FaultSpec.from_wire(self._call("POST", "/faults", fault.to_wire()))
 
     def clear_faults(self) -> int:
         return int(self._call("DELETE", "/faults")["cleared"])

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.errors import InvalidInput
 
 MAX_TIERS = 4  # one hex digit per cell
@@ -27,23 +28,12 @@ class Break:
     held_by: tuple[str, ...]  # tiers that do hold it but are excluded (e.g. by a force-local marker)
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "chunk": self.chunk,
-            "rank": self.rank,
-            "group": self.group,
-            "held_by": list(self.held_by),
-            "reason": self.reason,
-        }
+    to_wire = wire.writer()
 
     @classmethod
     def from_wire(cls, d: dict[str, Any] | None) -> Break | None:
-        """A break as a probe's JSON carries it (``first_break``: an object or null)."""
-        if not d:
-            return None
-        return cls(
-            int(d["chunk"]), int(d["rank"]), str(d["group"]), tuple(d.get("held_by") or ()), str(d.get("reason") or "")
-        )
+        """A break as a probe's JSON carries it (``first_break``: an object, or null when nothing breaks)."""
+        return wire.read(cls, d) if d else None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.core import events as ev
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.evidence import FailureKind, Outcome
@@ -80,21 +80,16 @@ ORDER = tuple(FindingKind)[: list(FindingKind).index(FindingKind.UNVERIFIED) + 1
 class Finding:
     """One thing that explains (or blocks) reuse: what it is, the evidence for it, the fix and the next command."""
 
+    # A tier-unhealthy finding's: whether it is the verdict (every full tier unhealthy). First on the wire, when
+    # it is said; given by name.
+    blocks: bool | None = dataclasses.field(default=None, kw_only=True, metadata=wire.meta(omit_none=True))
     kind: FindingKind
     summary: str
     evidence: tuple[str, ...]
     fix: str
     next: str
-    blocks: bool | None = None  # a tier-unhealthy finding's: whether it is the verdict (every full tier unhealthy)
 
-    def to_wire(self) -> dict[str, Any]:
-        return ({} if self.blocks is None else {"blocks": self.blocks}) | {
-            "kind": self.kind.value,
-            "summary": self.summary,
-            "evidence": list(self.evidence),
-            "fix": self.fix,
-            "next": self.next,
-        }
+    to_wire = wire.writer()
 
 
 def _finding(kind: FindingKind, summary: str, evidence: Sequence[str], fix: str, next_cmd: str) -> Finding:

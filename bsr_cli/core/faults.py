@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.errors import InvalidInput
 
 KINDS = ("remote-unavailable", "remote-and-ssd-absent", "restore-fault", "timeout", "corrupt")
@@ -40,32 +41,33 @@ class FaultRequest:
     the engine checks it against its ranks, groups and windows (``FaultSpec.parse``) and arms it."""
 
     kind: str
-    rank: int | None = None  # None: every rank
-    window: int | None = None  # 0-based (G1 = 0); None: the first window a restore reaches
-    group: str | None = None  # None: every KV group
+    rank: int | None = wire.field(default=None, omit_none=True)  # None: every rank
+    # 0-based (G1 = 0); None: the first window a restore reaches
+    window: int | None = wire.field(default=None, omit_none=True)
+    group: str | None = wire.field(default=None, omit_none=True)  # None: every KV group
     count: int = 1  # restores it fires on; 0 = until cleared (or expired)
-    ttl_s: int | None = None  # None: the engine's default life (TTL_S)
+    # None: the engine's default life (TTL_S)
+    ttl_s: int | None = wire.field(default=None, omit_none=True)
 
-    def to_wire(self) -> dict[str, Any]:
-        """The admin API's fault body: the fields given, nothing for those left to the engine."""
-        given = (("rank", self.rank), ("window", self.window), ("group", self.group))
-        out: dict[str, Any] = {"kind": self.kind} | {k: v for k, v in given if v is not None}
-        out["count"] = self.count
-        if self.ttl_s is not None:
-            out["ttl_s"] = self.ttl_s
-        return out
+    to_wire = wire.writer()  # the admin API's fault body: the fields given, nothing for those left to the engine
 
 
 @dataclass(frozen=True)
 class FaultSpec:
+    """An armed fault, as an engine holds and lists it (its wire form: ``id`` first, every field, null included;
+    a reader takes what an engine sends, ``count`` 1 when it does not say)."""
+
+    id: int = field(default=0, kw_only=True)  # first on the wire; given by name (the engine numbers its faults)
     kind: str
     rank: int | None = None  # None: every rank
     window: int | None = None  # None: the first window a restore reaches (windows are 0-based here, G1 = 0)
     group: str | None = None  # None: every KV group
     count: int = 1  # how many restores it fires on; 0 = until cleared (or expired)
-    id: int = field(default=0)
     fired: int = 0
     expires_at: float | None = None  # wall-clock time after which it no longer fires
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     @classmethod
     def parse(
@@ -117,23 +119,6 @@ class FaultSpec:
 
     def after_firing(self) -> FaultSpec:
         return replace(self, fired=self.fired + 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "rank": self.rank,
-            "window": self.window,
-            "group": self.group,
-            "count": self.count,
-            "fired": self.fired,
-            "expires_at": self.expires_at,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FaultSpec:
-        kept = {k: d[k] for k in ("kind", "rank", "window", "group", "count", "id", "fired")}
-        return cls(**kept, expires_at=d.get("expires_at"))
 
     def hits(self, window: int, first_window: int) -> bool:
         target = first_window if self.window is None else self.window

@@ -72,7 +72,7 @@ class RestorePlan:
             "rws_bytes": self.rws_bytes,
             "whole_plan_bytes": self.whole_plan_bytes,
             "whole_plan_rung": self.whole_plan_rung,
-            "first_break": self.first_break.to_dict() if self.first_break else None,
+            "first_break": self.first_break.to_wire() if self.first_break else None,
             "excluded_tiers": list(self.excluded_tiers),
             "objects_by_tier": self.objects_by_tier,
             "windows": [

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.core.units import canonical_dtype, dtype_bytes
 from bsr_cli.errors import InvalidInput
 
@@ -43,6 +44,8 @@ class KVGroup:
     name: str
     block_size: int = 16
 
+    to_wire = wire.writer()
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -55,8 +58,7 @@ class TensorSpec:
     def bytes_per_token(self) -> int:
         return math.prod(self.shape) * dtype_bytes(self.dtype)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "group": self.group}
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,8 @@ class Registration:
             "tp_size": self.tp_size,
             "chunk_size": self.chunk_size,
             "aux_bytes": self.aux_bytes,
-            "groups": [{"name": g.name, "block_size": g.block_size} for g in self.groups],
-            "tensors": [t.to_dict() for t in self.tensors],
+            "groups": [g.to_wire() for g in self.groups],
+            "tensors": [t.to_wire() for t in self.tensors],
         }
 
     @property

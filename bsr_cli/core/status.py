@@ -5,7 +5,8 @@ The engine builds these, serializes each once (``to_wire``: the admin API's JSON
 docs/openapi.json documents and the tests check) and the admin client reads them back (``from_wire``: tolerant of
 fields a newer engine or a host adds). A host may add fields of its own (a vLLM worker adds ``serves_restores``,
 ``worker``, ``scheduler``, a marker's ``prefix_tokens``): the types that hosts extend keep them in ``host_fields``,
-as they came, written after the standard ones. Pure: no I/O.
+as they came, written after the standard ones. Each type's wire form is the one codec's (``bsr_cli.core.wire``);
+those whose JSON carries computed keys, or whose reader derives one field from another, say so. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -13,27 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.core.evidence import Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
-
-
-def _host_fields(d: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
-    """The fields of a wire object that its type does not name, in their order (what a host added)."""
-    return {k: v for k, v in d.items() if k not in known}
-
-
-def _objects(v: Any) -> list[dict[str, Any]]:
-    """The JSON objects of a wire list (anything else in it, which no engine sends, is passed over)."""
-    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
-def _opt_float(v: Any) -> float | None:
-    return None if v is None else float(v)
 
 
 # -- the engine's info ---------------------------------------------------------------------------------------------
@@ -47,46 +31,8 @@ class RegistrationSummary:
     bytes_per_chunk: int
     groups: tuple[str, ...]
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "identity": self.identity,
-            "model": self.model,
-            "tensors": self.tensors,
-            "bytes_per_chunk": self.bytes_per_chunk,
-            "groups": list(self.groups),
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RegistrationSummary:
-        return cls(
-            identity=str(d.get("identity") or ""),
-            model=str(d.get("model") or ""),
-            tensors=int(d.get("tensors") or 0),
-            bytes_per_chunk=int(d.get("bytes_per_chunk") or 0),
-            groups=tuple(d.get("groups") or ()),
-        )
-
-
-_INFO_FIELDS = (
-    "api",
-    "version",
-    "engine",
-    "started_at",
-    "ranks",
-    "registration",
-    "chunk_size",
-    "tiers",
-    "W",
-    "rws_bytes",
-    "pool_bytes",
-    "budget_bytes",
-    "max_tokens",
-    "kv_tokens",
-    "fetch_timeout_s",
-    "faults_enabled",
-    "fs_concurrency",
-    "tokenizer",
-)
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -101,64 +47,21 @@ class EngineInfo:
     registration: RegistrationSummary
     chunk_size: int
     tiers: tuple[str, ...]
-    w: int  # the default window W, in chunks (0: the whole plan at once)
+    w: int = field(metadata=wire.meta(name="W"))  # the default window W, in chunks (0: the whole plan at once)
     rws_bytes: int | None  # the restore working set of one window of W chunks (None when W is 0)
     pool_bytes: int
     budget_bytes: int
     max_tokens: int
     kv_tokens: int
-    fetch_timeout_s: float
+    fetch_timeout_s: float = field(metadata=wire.meta(absent=0))  # as sent: an integral timeout prints as one
     faults_enabled: bool
     fs_concurrency: int
     tokenizer: str | None
-    host_fields: dict[str, Any] = field(default_factory=dict)  # what a host adds (a vLLM worker's limits)
+    # What a host adds (a vLLM worker's limits).
+    host_fields: dict[str, Any] = wire.field(extra=True)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "api": self.api,
-            "version": self.version,
-            "engine": self.engine,
-            "started_at": self.started_at,
-            "ranks": self.ranks,
-            "registration": self.registration.to_wire(),
-            "chunk_size": self.chunk_size,
-            "tiers": list(self.tiers),
-            "W": self.w,
-            "rws_bytes": self.rws_bytes,
-            "pool_bytes": self.pool_bytes,
-            "budget_bytes": self.budget_bytes,
-            "max_tokens": self.max_tokens,
-            "kv_tokens": self.kv_tokens,
-            "fetch_timeout_s": self.fetch_timeout_s,
-            "faults_enabled": self.faults_enabled,
-            "fs_concurrency": self.fs_concurrency,
-            "tokenizer": self.tokenizer,
-            **self.host_fields,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> EngineInfo:
-        return cls(
-            api=str(d.get("api") or ""),
-            version=str(d.get("version") or ""),
-            engine=d.get("engine"),
-            started_at=float(d.get("started_at") or 0.0),
-            ranks=int(d.get("ranks") or 0),
-            registration=RegistrationSummary.from_wire(d.get("registration") or {}),
-            chunk_size=int(d.get("chunk_size") or 0),
-            tiers=tuple(d.get("tiers") or ()),
-            w=int(d.get("W") or 0),
-            rws_bytes=_opt_int(d.get("rws_bytes")),
-            pool_bytes=int(d.get("pool_bytes") or 0),
-            budget_bytes=int(d.get("budget_bytes") or 0),
-            max_tokens=int(d.get("max_tokens") or 0),
-            kv_tokens=int(d.get("kv_tokens") or 0),
-            fetch_timeout_s=d.get("fetch_timeout_s") or 0,  # as sent: an integral timeout prints as one
-            faults_enabled=bool(d.get("faults_enabled")),
-            fs_concurrency=int(d.get("fs_concurrency") or 0),
-            tokenizer=d.get("tokenizer"),
-            host_fields=_host_fields(d, _INFO_FIELDS),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     def with_host_fields(self, **fields: Any) -> EngineInfo:
         """This info with fields a host adds (after the standard ones, in the order given)."""
@@ -175,23 +78,8 @@ class RankFault:
     at: float  # when (Unix time)
     stage: Stage | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "request": self.request,
-            "at": self.at,
-            "stage": self.stage.value if self.stage is not None else None,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RankFault:
-        stage = d.get("stage")
-        return cls(
-            reason=str(d.get("reason") or ""),
-            request=d.get("request"),
-            at=float(d.get("at") or 0.0),
-            stage=Stage(stage) if stage else None,
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -199,33 +87,14 @@ class RankHealth:
     """One rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline."""
 
     rank: int
-    healthy: bool
-    alive: bool
+    healthy: bool = field(metadata=wire.meta(absent=True))
+    alive: bool = field(metadata=wire.meta(absent=True))
     heartbeat_age_s: float | None  # None: the rank does not beat (an in-process rank)
     reason: str | None  # why it is unhealthy (None when it is not)
     last_fault: RankFault | None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "healthy": self.healthy,
-            "alive": self.alive,
-            "heartbeat_age_s": self.heartbeat_age_s,
-            "reason": self.reason,
-            "last_fault": self.last_fault.to_wire() if self.last_fault is not None else None,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RankHealth:
-        last = d.get("last_fault")
-        return cls(
-            rank=int(d.get("rank") or 0),
-            healthy=bool(d.get("healthy", True)),
-            alive=bool(d.get("alive", True)),
-            heartbeat_age_s=_opt_float(d.get("heartbeat_age_s")),
-            reason=d.get("reason"),
-            last_fault=RankFault.from_wire(last) if isinstance(last, dict) else None,
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -238,18 +107,8 @@ class QuarantinedFile:
     at: float  # when it was moved aside (Unix time)
     bytes: int
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"key": self.key, "file": self.file, "reason": self.reason, "at": self.at, "bytes": self.bytes}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> QuarantinedFile:
-        return cls(
-            key=str(d.get("key") or ""),
-            file=str(d.get("file") or ""),
-            reason=str(d.get("reason") or ""),
-            at=float(d.get("at") or 0.0),
-            bytes=int(d.get("bytes") or 0),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -262,26 +121,13 @@ class RankTierStatus:
     quarantined: tuple[QuarantinedFile, ...] = ()  # the newest objects it moved aside
     quarantined_total: int = 0  # how many lie in its quarantine directory
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "detail": self.detail,
-            "condition": self.condition.value,
-            "quarantined": [q.to_wire() for q in self.quarantined],
-            "quarantined_total": self.quarantined_total,
-        }
+    to_wire = wire.writer()
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> RankTierStatus:
-        ok = bool(d.get("ok"))
-        cond = d.get("condition") or (TierCondition.OK if ok else TierCondition.UNAVAILABLE)
-        return cls(
-            ok=ok,
-            detail=str(d.get("detail") or ""),
-            condition=TierCondition(cond),
-            quarantined=tuple(QuarantinedFile.from_wire(q) for q in d.get("quarantined") or ()),
-            quarantined_total=int(d.get("quarantined_total") or 0),
-        )
+        """A rank whose answer names no condition (an older one) is ok or unavailable, as its ``ok`` says."""
+        named = d.get("condition") or (TierCondition.OK if d.get("ok") else TierCondition.UNAVAILABLE)
+        return wire.read(cls, {**d, "condition": named})
 
 
 @dataclass(frozen=True)
@@ -296,36 +142,15 @@ class TierHealth:
     quarantined_total: int
     condition: TierCondition
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "detail": list(self.detail),
-            "conditions": [c.value for c in self.conditions],
-            "quarantined": [q.to_wire() for q in self.quarantined],
-            "quarantined_total": self.quarantined_total,
-            "condition": self.condition.value,
-        }
+    to_wire = wire.writer()
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> TierHealth:
-        conditions = tuple(TierCondition(c) for c in d.get("conditions") or ())
-        return cls(
-            ok=bool(d.get("ok", False)),
-            detail=tuple(str(x) for x in d.get("detail") or ()),
-            conditions=conditions,
-            quarantined=tuple(QuarantinedFile.from_wire(q) for q in d.get("quarantined") or ()),
-            quarantined_total=int(d.get("quarantined_total") or 0),
-            condition=TierCondition(d.get("condition") or (conditions[0] if conditions else TierCondition.OK)),
-        )
-
-
-def tiers_to_wire(tiers: dict[str, TierHealth]) -> dict[str, Any]:
-    return {name: t.to_wire() for name, t in tiers.items()}
-
-
-def tiers_from_wire(d: Any) -> dict[str, TierHealth]:
-    tiers = d if isinstance(d, dict) else {}
-    return {str(name): TierHealth.from_wire(t) for name, t in tiers.items() if isinstance(t, dict)}
+        """A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok when
+        it has none)."""
+        conditions = wire.value_from_wire(tuple[TierCondition, ...], d.get("conditions"))
+        named = d.get("condition") or (conditions[0] if conditions else TierCondition.OK)
+        return wire.read(cls, {**d, "condition": named})
 
 
 @dataclass(frozen=True)
@@ -335,7 +160,8 @@ class Health:
 
     ranks: tuple[RankHealth, ...]
     tiers: dict[str, TierHealth]
-    api: str | None = None  # the admin API version; the server adds it (the coordinator's own answer has none)
+    # the admin API version; the server adds it
+    api: str | None = wire.field(default=None, omit_none=True)
 
     @property
     def ok(self) -> bool:
@@ -354,44 +180,45 @@ class Health:
         return sorted(name for name, t in self.tiers.items() if not t.ok)
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+        """The fields with what they imply (``ok``, the ranks alive, the unhealthy ranks, the degraded tiers)
+        beside them, in the order docs/openapi.json documents."""
+        plain = wire.write(self)
+        return {
             "ok": self.ok,
             "ranks_alive": self.ranks_alive,
-            "ranks": [r.to_wire() for r in self.ranks],
+            "ranks": plain.pop("ranks"),
             "unhealthy_ranks": self.unhealthy_ranks,
-            "tiers": tiers_to_wire(self.tiers),
+            "tiers": plain.pop("tiers"),
             "degraded_tiers": self.degraded_tiers,
-        }
-        if self.api is not None:
-            out["api"] = self.api
-        return out
+        } | plain
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> Health:
-        return cls(
-            ranks=tuple(RankHealth.from_wire(r) for r in d.get("ranks") or ()),
-            tiers=tiers_from_wire(d.get("tiers")),
-            api=d.get("api"),
-        )
+    from_wire = wire.reader()
 
 
 # -- pool ------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PoolEntry:
     """One rank's entry of ``GET /pool`` (and of a snapshot's ``ranks``): its health and, when it answered, its
-    restore pool (live, peak, capacity, budget bytes, windows in flight...) and, asked for health, its tiers."""
+    restore pool (live, peak, capacity, budget bytes, windows in flight, whether it drains...) and, asked for
+    health, its tiers."""
 
     rank: int
-    alive: bool
-    healthy: bool
+    alive: bool = field(metadata=wire.meta(absent=False))  # a rank whose entry does not say is not known to run
+    healthy: bool = field(metadata=wire.meta(absent=True))
     reason: str | None
     heartbeat_age_s: float | None
     last_fault: RankFault | None
-    pool: dict[str, int] | None = None  # None: the rank was not asked (silent) or did not answer
-    tiers: dict[str, RankTierStatus] | None = None  # only when asked for health
-    tp_rank: int | None = None  # a vLLM worker's real TP rank (its coordinator calls it rank 0)
-    error: str | None = None  # why the rank did not answer
+    # None: the rank was not asked (silent) or did not answer. Byte counts, and ``draining`` (``with_draining``).
+    pool: dict[str, int | bool] | None = wire.field(default=None, omit_none=True)
+    # Only when asked for health.
+    tiers: dict[str, RankTierStatus] | None = wire.field(default=None, omit_none=True)
+    # A vLLM worker's real TP rank (its coordinator calls it rank 0).
+    tp_rank: int | None = wire.field(default=None, omit_none=True)
+    error: str | None = wire.field(default=None, omit_none=True)  # why the rank did not answer
     restore_bps: float = 0.0  # bytes released per second over the last 5 s
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     @property
     def live_bytes(self) -> int:
@@ -406,46 +233,9 @@ class PoolEntry:
         flight finish (new ones are admitted only within the new B at once), and the pool says so until live ≤ B."""
         if self.pool is None or "live_bytes" not in self.pool or "budget_bytes" not in self.pool:
             return self
-        pool: dict[str, int] = dict(self.pool)
+        pool = dict(self.pool)
         pool["draining"] = pool["live_bytes"] > pool["budget_bytes"]
         return replace(self, pool=pool)
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rank": self.rank,
-            "alive": self.alive,
-            "healthy": self.healthy,
-            "reason": self.reason,
-            "heartbeat_age_s": self.heartbeat_age_s,
-            "last_fault": self.last_fault.to_wire() if self.last_fault is not None else None,
-        }
-        if self.pool is not None:
-            out["pool"] = dict(self.pool)
-        if self.tiers is not None:
-            out["tiers"] = {name: t.to_wire() for name, t in self.tiers.items()}
-        if self.tp_rank is not None:
-            out["tp_rank"] = self.tp_rank
-        if self.error is not None:
-            out["error"] = self.error
-        out["restore_bps"] = self.restore_bps
-        return out
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> PoolEntry:
-        last, pool, tiers = d.get("last_fault"), d.get("pool"), d.get("tiers")
-        return cls(
-            rank=int(d.get("rank") or 0),
-            alive=bool(d.get("alive", False)),  # a rank whose entry does not say is not known to run
-            healthy=bool(d.get("healthy", True)),
-            reason=d.get("reason"),
-            heartbeat_age_s=_opt_float(d.get("heartbeat_age_s")),
-            last_fault=RankFault.from_wire(last) if isinstance(last, dict) else None,
-            pool=dict(pool) if isinstance(pool, dict) else None,
-            tiers={k: RankTierStatus.from_wire(v) for k, v in tiers.items()} if isinstance(tiers, dict) else None,
-            tp_rank=_opt_int(d.get("tp_rank")),
-            error=d.get("error"),
-            restore_bps=d.get("restore_bps") or 0.0,
-        )
 
 
 # -- what a monitor draws ----------------------------------------------------------------------------------------
@@ -454,7 +244,7 @@ class ActiveRestore:
     """A restore running now, as a monitor draws it: per rank, the windows it released and their bytes."""
 
     request: str
-    w: int
+    w: int = field(metadata=wire.meta(name="W"))
     windows: int
     tokens: int
     tiers: tuple[str, ...]
@@ -462,30 +252,8 @@ class ActiveRestore:
     done: dict[int, int]  # per rank, windows released
     bytes: dict[int, int]  # per rank, bytes released
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "request": self.request,
-            "W": self.w,
-            "windows": self.windows,
-            "tokens": self.tokens,
-            "tiers": list(self.tiers),
-            "started": self.started,
-            "done": {str(k): v for k, v in self.done.items()},
-            "bytes": {str(k): v for k, v in self.bytes.items()},
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ActiveRestore:
-        return cls(
-            request=str(d.get("request") or ""),
-            w=int(d.get("W") or 0),
-            windows=int(d.get("windows") or 0),
-            tokens=int(d.get("tokens") or 0),
-            tiers=tuple(d.get("tiers") or ()),
-            started=float(d.get("started") or 0.0),
-            done={int(k): int(v) for k, v in (d.get("done") or {}).items()},
-            bytes={int(k): int(v) for k, v in (d.get("bytes") or {}).items()},
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -498,24 +266,8 @@ class BlockWait:
     since: float  # Unix time
     waited_s: float
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "request": self.request,
-            "tokens": self.tokens,
-            "blocks": dict(self.blocks),
-            "since": self.since,
-            "waited_s": self.waited_s,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> BlockWait:
-        return cls(
-            request=str(d.get("request") or ""),
-            tokens=int(d.get("tokens") or 0),
-            blocks={str(k): int(v) for k, v in (d.get("blocks") or {}).items()},
-            since=float(d.get("since") or 0.0),
-            waited_s=d.get("waited_s") or 0.0,
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -529,29 +281,8 @@ class Admission:
     kv_wait_s: float = 0.0  # how long a request waits for destination blocks before it is refused
     blocks_waiting: tuple[BlockWait, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "budget_bytes": self.budget_bytes,
-            "live_bytes": self.live_bytes,
-            "queued": self.queued,
-            "waiting_for_blocks": self.waiting_for_blocks,
-            "kv_wait_s": self.kv_wait_s,
-            "blocks_waiting": [b.to_wire() for b in self.blocks_waiting],
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> Admission:
-        return cls(
-            budget_bytes=int(d.get("budget_bytes") or 0),
-            live_bytes=int(d.get("live_bytes") or 0),
-            queued=int(d.get("queued") or 0),
-            waiting_for_blocks=int(d.get("waiting_for_blocks") or 0),
-            kv_wait_s=d.get("kv_wait_s") or 0.0,
-            blocks_waiting=tuple(BlockWait.from_wire(b) for b in d.get("blocks_waiting") or ()),
-        )
-
-
-_MARKER_FIELDS = ("prompt", "excluded_tiers", "reason", "request", "set_at")
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -564,17 +295,11 @@ class MarkerView:
     reason: str
     request: str  # the request whose restore failed
     set_at: float  # Unix time
-    host_fields: dict[str, Any] = field(default_factory=dict)  # what a host adds (vLLM's prefix_tokens, ...)
+    # what a host adds (vLLM's prefix_tokens, ...)
+    host_fields: dict[str, Any] = wire.field(extra=True)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "prompt": self.prompt,
-            "excluded_tiers": list(self.excluded_tiers),
-            "reason": self.reason,
-            "request": self.request,
-            "set_at": self.set_at,
-            **self.host_fields,
-        }
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     @classmethod
     def of(cls, marker: Marker) -> MarkerView:
@@ -586,17 +311,6 @@ class MarkerView:
             set_at=marker.set_at,
         )
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> MarkerView:
-        return cls(
-            prompt=str(d.get("prompt") or ""),
-            excluded_tiers=tuple(d.get("excluded_tiers") or ()),
-            reason=str(d.get("reason") or ""),
-            request=str(d.get("request") or ""),
-            set_at=float(d.get("set_at") or 0.0),
-            host_fields=_host_fields(d, _MARKER_FIELDS),
-        )
-
 
 @dataclass(frozen=True)
 class MarkerList:
@@ -604,8 +318,8 @@ class MarkerList:
 
     markers: tuple[MarkerView, ...]
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"markers": [m.to_wire() for m in self.markers]}
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -615,41 +329,8 @@ class FaultListing:
     enabled: bool
     faults: tuple[FaultSpec, ...]
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "faults": [f.to_dict() for f in self.faults]}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> FaultListing:
-        return cls(enabled=bool(d.get("enabled")), faults=tuple(fault_from_wire(f) for f in _objects(d.get("faults"))))
-
-
-def fault_from_wire(d: dict[str, Any]) -> FaultSpec:
-    """An armed fault as an engine lists it (fields it adds are ignored)."""
-    return FaultSpec(
-        kind=str(d.get("kind") or ""),
-        rank=_opt_int(d.get("rank")),
-        window=_opt_int(d.get("window")),
-        group=d.get("group"),
-        count=int(d.get("count", 1)),
-        id=int(d.get("id") or 0),
-        fired=int(d.get("fired") or 0),
-        expires_at=_opt_float(d.get("expires_at")),
-    )
-
-
-_SNAPSHOT_FIELDS = (
-    "time",
-    "info",
-    "ranks",
-    "active",
-    "recent",
-    "admission",
-    "tiers",
-    "events",
-    "seq",
-    "markers",
-    "faults",
-)
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -671,45 +352,17 @@ class Snapshot:
     seq: int  # the last event's sequence number: the next poll's cursor
     markers: tuple[MarkerView, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
-    host_fields: dict[str, Any] = field(default_factory=dict)  # what a host adds (a vLLM worker's scheduler)
+    # what a host adds (a vLLM worker's scheduler)
+    host_fields: dict[str, Any] = wire.field(extra=True)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "time": self.time,
-            "info": self.info.to_wire(),
-            "ranks": [r.to_wire() for r in self.ranks],
-            "active": [a.to_wire() for a in self.active],
-            "recent": list(self.recent),
-            "admission": self.admission.to_wire(),
-            "tiers": tiers_to_wire(self.tiers),
-            "events": list(self.events),
-            "seq": self.seq,
-            "markers": [m.to_wire() for m in self.markers],
-            "faults": [f.to_dict() for f in self.faults],
-            **self.host_fields,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> Snapshot:
-        return cls(
-            time=float(d.get("time") or 0.0),
-            info=EngineInfo.from_wire(d.get("info") or {}),
-            ranks=tuple(PoolEntry.from_wire(r) for r in _objects(d.get("ranks"))),
-            active=tuple(ActiveRestore.from_wire(a) for a in _objects(d.get("active"))),
-            recent=_objects(d.get("recent")),
-            admission=Admission.from_wire(d.get("admission") or {}),
-            tiers=tiers_from_wire(d.get("tiers")),
-            events=_objects(d.get("events")),
-            seq=int(d.get("seq") or 0),
-            markers=tuple(MarkerView.from_wire(m) for m in _objects(d.get("markers"))),
-            faults=tuple(fault_from_wire(f) for f in _objects(d.get("faults"))),
-            host_fields=_host_fields(d, _SNAPSHOT_FIELDS),
-        )
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
 class EngineStatus:
-    """What `bsr status` reports of one engine: where it is, its health, and its snapshot."""
+    """What `bsr status` reports of one engine: where it is, its health, and its snapshot (its keys beside the
+    url's and the health's, not nested)."""
 
     url: str
     health: Health
@@ -737,7 +390,4 @@ __all__ = [
     "RegistrationSummary",
     "Snapshot",
     "TierHealth",
-    "fault_from_wire",
-    "tiers_from_wire",
-    "tiers_to_wire",
 ]

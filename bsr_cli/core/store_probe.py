@@ -211,7 +211,7 @@ class StoreProbe:
             "storable_tokens": self.storable_tokens,
             "committable_chunks": self.committable_chunks,
             "committable_tokens": self.bitmap.prefix_tokens(),
-            "first_break": self.first_break.to_dict() if self.first_break is not None else None,
+            "first_break": self.first_break.to_wire() if self.first_break is not None else None,
             "tier_errors": {},
             "markers": [],
             "strip_width": self.strip_width,

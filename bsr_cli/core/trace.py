@@ -29,9 +29,10 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.errors import InvalidInput
 
 # Tokens per hashed block in the Mooncake trace format.
@@ -42,12 +43,15 @@ MAX_INPUT_TOKENS = 1 << 24
 
 @dataclass(frozen=True)
 class TraceRequest:
-    """One request of a trace: its arrival (ms from the start), lengths in tokens and prefix-block ids."""
+    """One request of a trace: its arrival (ms from the start), lengths in tokens and prefix-block ids. Its wire
+    form is the trace format's record (``to_wire``)."""
 
-    arrival_ms: int
+    arrival_ms: int = field(metadata=wire.meta(name="timestamp"))
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -255,8 +259,8 @@ class SeenRequest:
     output_length: int = 0  # the embedded engine generates nothing: 0
 
 
-def trace_records(requests: Iterable[SeenRequest]) -> list[dict[str, Any]]:
-    """The requests in the trace format, in arrival order: timestamps in ms from the first arrival, block ids
+def trace_records(requests: Iterable[SeenRequest]) -> list[TraceRequest]:
+    """The requests as a trace's records, in arrival order: timestamps in ms from the first arrival, block ids
     remapped to small integers in order of first appearance (as the published traces remap theirs)."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     if not ordered:
@@ -266,11 +270,11 @@ def trace_records(requests: Iterable[SeenRequest]) -> list[dict[str, Any]]:
     out = []
     for r in ordered:
         out.append(
-            {
-                "timestamp": round((r.arrival_s - t0) * 1000),
-                "input_length": r.input_length,
-                "output_length": r.output_length,
-                "hash_ids": [ids.setdefault(b, len(ids)) for b in r.block_ids],
-            }
+            TraceRequest(
+                arrival_ms=round((r.arrival_s - t0) * 1000),
+                input_length=r.input_length,
+                output_length=r.output_length,
+                hash_ids=tuple(ids.setdefault(b, len(ids)) for b in r.block_ids),
+            )
         )
     return out

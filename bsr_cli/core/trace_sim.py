@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import Trace, hit_chunks, prefix_hits, restored_tokens
 from bsr_cli.errors import InvalidInput
@@ -56,8 +56,7 @@ class Percentiles:
     p99: float
     max: float
 
-    def to_dict(self) -> dict[str, float]:
-        return {"p50": self.p50, "p95": self.p95, "p99": self.p99, "max": self.max}
+    to_wire = wire.writer()
 
 
 def nearest_rank(sorted_values: Sequence[float], p: float) -> float:
@@ -176,8 +175,8 @@ class PathRun:
             "budget_bytes": self.budget_bytes,
             "windows_held": self.windows_held,
             "peak_bytes_per_rank": self.peak_bytes,
-            "latency_s": self.latency.to_dict(),
-            "wait_s": self.wait.to_dict(),
+            "latency_s": self.latency.to_wire(),
+            "wait_s": self.wait.to_wire(),
             "peak_in_flight": self.peak_in_flight,
             "peak_queued": self.peak_queued,
             "meets_p99": self.meets_p99,
@@ -190,6 +189,8 @@ class LargestHit:
     tokens: int
     chunks: int
     bytes_per_rank: int
+
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -240,14 +241,7 @@ class TracePlan:
             "input_tokens": self.input_tokens,
             "hit_tokens": self.hit_tokens,
             "evicted_blocks": self.evicted_blocks,
-            "largest_hit": None
-            if self.largest is None
-            else {
-                "request": self.largest.request,
-                "tokens": self.largest.tokens,
-                "chunks": self.largest.chunks,
-                "bytes_per_rank": self.largest.bytes_per_rank,
-            },
+            "largest_hit": None if self.largest is None else self.largest.to_wire(),
             "whole_plan": self.whole_plan.to_dict(),
             "bsr": [r.to_dict() for r in self.bsr],
             "p99_target_s": self.p99_target_s,

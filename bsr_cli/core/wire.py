@@ -62,22 +62,38 @@ def field(
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field with its wire form described (see the module's docstring)."""
-    meta: dict[str, Any] = {}
+    if extra and default is dataclasses.MISSING and default_factory is dataclasses.MISSING:
+        default_factory = dict
+    described = meta(name=name, omit_none=omit_none, omit_empty=omit_empty, flatten=flatten, absent=absent, extra=extra)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=described)
+
+
+def meta(
+    *,
+    name: str | None = None,
+    omit_none: bool = False,
+    omit_empty: bool = False,
+    flatten: bool = False,
+    absent: Any = dataclasses.MISSING,
+    extra: bool = False,
+) -> dict[str, Any]:
+    """The wire form ``field`` describes, as metadata for a field that has no default:
+    ``dataclasses.field(metadata=wire.meta(name="W"))`` (a type checker takes any other call as a default, and
+    then refuses the fields without one that follow)."""
+    described: dict[str, Any] = {}
     if name is not None:
-        meta[_NAME] = name
+        described[_NAME] = name
     if omit_none:
-        meta[_OMIT_NONE] = True
+        described[_OMIT_NONE] = True
     if omit_empty:
-        meta[_OMIT_EMPTY] = True
+        described[_OMIT_EMPTY] = True
     if flatten:
-        meta[_FLATTEN] = True
+        described[_FLATTEN] = True
     if absent is not dataclasses.MISSING:
-        meta[_ABSENT] = absent
+        described[_ABSENT] = absent
     if extra:
-        meta[_EXTRA] = True
-        if default is dataclasses.MISSING and default_factory is dataclasses.MISSING:
-            default_factory = dict
-    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+        described[_EXTRA] = True
+    return described
 
 
 # -- the plan of a type, worked out once ----------------------------------------------------------------------
@@ -322,4 +338,4 @@ class reader:
         return functools.partial(read, owner)
 
 
-__all__ = ["field", "read", "reader", "value_from_wire", "value_to_wire", "write", "writer"]
+__all__ = ["field", "meta", "read", "reader", "value_from_wire", "value_to_wire", "write", "writer"]

@@ -460,7 +460,7 @@ def faults_list(c: CoordinatorDep) -> Response:
 def faults_inject(body: m.FaultBody, c: CoordinatorDep) -> Response:
     """Arm a fault ({kind, rank?, window?, group?, count?}); 403 faults-disabled unless the engine allows
     faults. Answers 201 with the armed fault."""
-    return _json(c.inject(FaultRequest(**body.model_dump(exclude_none=True))).to_dict(), 201)
+    return _json(c.inject(FaultRequest(**body.model_dump(exclude_none=True))).to_wire(), 201)
 
 
 @router.delete(f"{PREFIX}/faults", **_op(m.Cleared, auth=True))

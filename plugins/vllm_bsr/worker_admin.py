@@ -404,7 +404,7 @@ class WorkerAdmin:
         fired = c.armed_faults.fire(rank=0, window=window)
         if fired is None:
             return None
-        c.events.append(parse_event({"type": "fault_fired", "window": window, **fired.to_dict()}))
+        c.events.append(parse_event({"type": "fault_fired", "window": window, **fired.to_wire()}))
         return fired
 
     @property

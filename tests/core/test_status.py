@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from bsr_cli.core.evidence import Stage, TierCondition
-from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
+from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, RankTierStatus, Snapshot
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -163,6 +164,29 @@ def test_the_types_carry_the_closed_sets_and_derive_the_summaries() -> None:
     assert (health.ok, health.unhealthy_ranks, health.degraded_tiers) == (False, [1], ["mooncake"])
     snap = Snapshot.from_wire(SNAPSHOT)
     assert snap.active[0].done == {0: 1, 1: 0} and snap.info.w == 2 and snap.faults[0].window == 1
+
+
+def test_a_reader_assumes_what_an_older_engine_meant_by_the_keys_it_left_out() -> None:
+    entry = PoolEntry.from_wire({"rank": 2})  # an entry that does not say is healthy, but not known to run
+    assert (entry.alive, entry.healthy, entry.pool, entry.tiers, entry.restore_bps) == (False, True, None, None, 0.0)
+    rank = Health.from_wire({"ranks": [{"rank": 1}]}).ranks[0]  # a rank's health that does not say is good
+    assert (rank.alive, rank.healthy, rank.last_fault) == (True, True, None)
+    # A tier that names no condition: its first condition, else ok; a rank's: ok or unavailable, as its ok says.
+    tiers = Health.from_wire({"tiers": {"fs": {"conditions": ["full", "read_only"]}, "mooncake": {"ok": True}}}).tiers
+    assert (tiers["fs"].condition, tiers["mooncake"].condition) == (TierCondition.FULL, TierCondition.OK)
+    seen = PoolEntry.from_wire({"rank": 0, "tiers": {"fs": {"ok": False}, "mooncake": {"ok": True, "condition": None}}})
+    assert seen.tiers == {
+        "fs": RankTierStatus(ok=False, detail="", condition=TierCondition.UNAVAILABLE),
+        "mooncake": RankTierStatus(ok=True, detail="", condition=TierCondition.OK),
+    }
+    assert json.dumps(EngineInfo.from_wire({}).to_wire()["fetch_timeout_s"]) == "0"  # as the reader always had it
+    assert FaultSpec.from_wire({"kind": "timeout"}) == FaultSpec("timeout", count=1)
+
+
+def test_a_fault_lists_its_id_first_and_reads_back_as_it_was_armed() -> None:
+    fault = FaultSpec("corrupt", rank=1, group="swa", count=0, id=4, fired=2, expires_at=1700003600.5)
+    assert list(fault.to_wire()) == ["id", "kind", "rank", "window", "group", "count", "fired", "expires_at"]
+    assert FaultSpec.from_wire(json.loads(json.dumps(fault.to_wire()))) == fault
 
 
 def test_draining_marks_a_pool_above_its_budget_only() -> None:

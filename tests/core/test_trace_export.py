@@ -32,7 +32,7 @@ def test_records_remap_ids_in_arrival_order_and_plan_reads_them(tmp_path: Path) 
         SeenRequest(100.5, 1536, _ids(a, 256)),
         SeenRequest(100.0, 1024, _ids(a[:1024], 256)),  # arrived first
     ]
-    recs = trace_records(seen)
+    recs = [r.to_wire() for r in trace_records(seen)]
     assert recs == [
         {"timestamp": 0, "input_length": 1024, "output_length": 0, "hash_ids": [0, 1]},
         {"timestamp": 500, "input_length": 1536, "output_length": 0, "hash_ids": [0, 1, 2]},

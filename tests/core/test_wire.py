@@ -3,6 +3,7 @@ tolerates what an older or newer writer sends."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from enum import Enum
@@ -266,3 +267,25 @@ def test_an_order_that_leaves_a_field_out_is_refused_not_written_short() -> None
 
     with pytest.raises(TypeError, match="leaves out a"):
         Short(1, 2).to_wire()
+
+
+@dataclass(frozen=True)
+class Plain:
+    """Described fields without a default: they take ``wire.meta`` through ``dataclasses.field`` (a type checker
+    reads any other call as a default)."""
+
+    request: str
+    w: int = dataclasses.field(metadata=wire.meta(name="W"))
+    healthy: bool = dataclasses.field(metadata=wire.meta(absent=True))
+    tokens: int
+    error: str | None = dataclasses.field(default=None, metadata=wire.meta(omit_none=True))
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+def test_a_field_without_a_default_takes_its_wire_form_from_meta() -> None:
+    plain = Plain("r1", 4, False, 10)
+    assert json.dumps(plain.to_wire()) == json.dumps({"request": "r1", "W": 4, "healthy": False, "tokens": 10})
+    assert Plain.from_wire(plain.to_wire()) == plain
+    assert Plain.from_wire({"request": "r2"}) == Plain("r2", 0, True, 0)

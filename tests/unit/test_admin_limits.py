@@ -63,7 +63,7 @@ def test_every_fault_expires(served: tuple[FakeEngine, AdminServer]) -> None:
     assert armed["expires_at"] is not None and armed["expires_at"] - time.time() == pytest.approx(3600, abs=60)
     # Its life is over (set back, rather than waited for): it no longer fires, and is no longer listed.
     c = eng.coordinator
-    ended = [FaultSpec.from_dict(f.to_dict() | {"expires_at": time.time() - 1}) for f in c.faults]
+    ended = [FaultSpec.from_wire(f.to_wire() | {"expires_at": time.time() - 1}) for f in c.faults]
     c.armed_faults.clear()
     for f in ended:
         c.armed_faults.arm(f)

@@ -275,7 +275,7 @@ def _write_trace(st: AppState, path: Path, held: list[ev.Event]) -> None:
             skipped += 1
             continue
         seen.append(SeenRequest(admitted.time - admitted.queued_s, admitted.tokens, admitted.block_ids))
-    lines = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in trace_records(seen))
+    lines = "".join(json.dumps(r.to_wire(), separators=(",", ":")) + "\n" for r in trace_records(seen))
     if str(path) == "-":
         sys.stdout.write(lines)
         sys.stdout.flush()

@@ -174,9 +174,9 @@ class RegistrationDiffReport:
         ca, cb = d.bytes_per_chunk
         return {
             "identical": d.identical,
-            "added": [t.to_dict() for t in d.added],
-            "removed": [t.to_dict() for t in d.removed],
-            "changed": [{"a": x.to_dict(), "b": y.to_dict()} for x, y in d.changed],
+            "added": [t.to_wire() for t in d.added],
+            "removed": [t.to_wire() for t in d.removed],
+            "changed": [{"a": x.to_wire(), "b": y.to_wire()} for x, y in d.changed],
             "settings": [{"field": f, "a": x, "b": y} for f, x, y in d.settings],
             "bytes_per_chunk": {"a": ca, "b": cb, "delta": cb - ca},
             "a": {"source": self.a_source, "identity": self.a.identity, "tensors": len(self.a.tensors)},
