@@ -1,12 +1,17 @@
 """The one codec of bsr's result types: a frozen dataclass written to its JSON form and read back from its fields.
 
 A result type declares its fields and, where the JSON differs from the field, says so in the field's metadata
-(``wire.field``): the key it travels under (``name="W"``), that it is left out while None (``omit_none``), what a
-reader assumes when an older writer leaves it out (``absent``), that it is left out while empty (``omit_empty``:
-None, "", an empty list or map), that its value's own keys sit inline among the type's (``flatten``: a nested
-result written into the parent's object at the field's place, read back from it), or that it holds the keys a host
-adds (``extra``: written after the standard keys, read back as every key the type does not name). It then takes the
-codec as its two wire methods::
+(``wire.field``, or ``dataclasses.field(metadata=wire.meta(...))`` for a field without a default):
+
+- ``name="W"``: the key it travels under;
+- ``omit_none`` / ``omit_empty``: left out while None / while None, "", an empty list or map;
+- ``absent``: what a reader assumes when an older writer leaves the key out;
+- ``flatten``: a nested result whose keys sit inline in the parent's object at the field's place (read back from
+  it; an optional part reads as None when none of its keys came);
+- ``extra``: the keys a host adds (written after the standard keys, read back as every key the type does not name);
+- ``skip``: not on the wire at all (read back as its default).
+
+It then takes the codec as its two wire methods::
 
     @dataclass(frozen=True)
     class BlockWait:
@@ -19,13 +24,14 @@ Keys that are not fields (an ``ok`` derived from the ranks) are named by the wri
 "ranks_alive"))`` writes those attributes after the fields, or, with ``order=`` (attribute names, fields and
 computed ones), in the order given; a reader passes them over.
 
-Writing turns enums into their values, tuples into lists, dict keys into strings, and a nested result into its
-own ``to_wire()`` (or ``to_dict()``, the older name some core types carry; so a type with a hand-written form
-still nests, and is read back with its ``from_wire``/``from_dict``). Reading is tolerant, as a client of a newer or
-older engine must be: a missing key takes the field's default (or ``absent``, or the empty value of its type: "",
-0, 0.0, False, (), {}, None), a null takes the empty value, a number stays the number that was sent, and keys the
-type does not name are kept only where a field asks for them (``extra``). A value of the wrong kind for a nested
-object, list or map reads as empty; an enum value the type does not know is an error (``ValueError``).
+Writing turns enums into their values, tuples into lists, sets into sorted lists, dict keys into strings, and a
+nested result into its own ``to_wire()`` (or ``to_dict()``, the older name some core types carry; so a type with a
+hand-written form still nests, and is read back with its ``from_wire``/``from_dict``). Reading is tolerant, as a
+client of a newer or older engine must be: a missing key takes the field's default (or ``absent``, or the empty
+value of its type: "", 0, 0.0, False, (), {}, None), a null takes the empty value, a number stays the number that
+was sent, and keys the type does not name are kept only where a field asks for them (``extra``). A value of the
+wrong kind for a nested object, list or map reads as empty, and an item of a list of objects that is not an object
+is passed over; an enum value the type does not know is an error (``ValueError``).
 
 Pure: no I/O.
 """
@@ -48,6 +54,7 @@ _ABSENT = "wire_absent"
 _EXTRA = "wire_extra"
 _OMIT_EMPTY = "wire_omit_empty"
 _FLATTEN = "wire_flatten"
+_SKIP = "wire_skip"
 
 
 def field(
@@ -56,6 +63,7 @@ def field(
     omit_none: bool = False,
     omit_empty: bool = False,
     flatten: bool = False,
+    skip: bool = False,
     absent: Any = dataclasses.MISSING,
     extra: bool = False,
     default: Any = dataclasses.MISSING,
@@ -64,7 +72,9 @@ def field(
     """A dataclass field with its wire form described (see the module's docstring)."""
     if extra and default is dataclasses.MISSING and default_factory is dataclasses.MISSING:
         default_factory = dict
-    described = meta(name=name, omit_none=omit_none, omit_empty=omit_empty, flatten=flatten, absent=absent, extra=extra)
+    described = meta(
+        name=name, omit_none=omit_none, omit_empty=omit_empty, flatten=flatten, skip=skip, absent=absent, extra=extra
+    )
     return dataclasses.field(default=default, default_factory=default_factory, metadata=described)
 
 
@@ -74,6 +84,7 @@ def meta(
     omit_none: bool = False,
     omit_empty: bool = False,
     flatten: bool = False,
+    skip: bool = False,
     absent: Any = dataclasses.MISSING,
     extra: bool = False,
 ) -> dict[str, Any]:
@@ -89,6 +100,8 @@ def meta(
         described[_OMIT_EMPTY] = True
     if flatten:
         described[_FLATTEN] = True
+    if skip:
+        described[_SKIP] = True
     if absent is not dataclasses.MISSING:
         described[_ABSENT] = absent
     if extra:
@@ -119,7 +132,7 @@ def _plan_of(key: Hashable) -> tuple[_Field, ...]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        if not f.init:
+        if not f.init or f.metadata.get(_SKIP):  # skip: not on the wire (read back as its default)
             continue
         absent: Any = f.metadata.get(_ABSENT, dataclasses.MISSING)
         factory: Any = f.default_factory
@@ -219,7 +232,9 @@ def value_to_wire(value: Any) -> Any:
         return to_wire()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return write(value)
-    if isinstance(value, (tuple, list, set, frozenset)):
+    if isinstance(value, (set, frozenset)):  # no order of its own: written sorted, so the JSON is stable
+        return sorted(value_to_wire(v) for v in value)
+    if isinstance(value, (tuple, list)):
         return [value_to_wire(v) for v in value]
     if isinstance(value, Mapping):
         return {_key_to_wire(k): value_to_wire(v) for k, v in value.items()}
@@ -273,12 +288,17 @@ def value_from_wire(hint: Any, value: Any) -> Any:
         from_wire = getattr(hint, "from_wire", None) or getattr(hint, "from_dict", None)
         source = value if isinstance(value, Mapping) else {}
         return from_wire(source) if callable(from_wire) else read(hint, source)
-    if origin in (tuple, list) or hint in (tuple, list):
+    if origin in (tuple, list, set, frozenset) or hint in (tuple, list, set, frozenset):
         items: Sequence[Any] = value if isinstance(value, (list, tuple)) else ()
         item_hints = typing.get_args(hint)
         item = item_hints[0] if item_hints else Any
+        if isinstance(item, type) and dataclasses.is_dataclass(
+            item
+        ):  # a list of objects: what is not one is passed over
+            items = [v for v in items if isinstance(v, Mapping)]
         values = [value_from_wire(item, v) for v in items]
-        return values if origin is list or hint is list else tuple(values)
+        kind = origin or hint
+        return values if kind is list else tuple(values) if kind is tuple else kind(values)
     if origin in (dict, Mapping) or hint in (dict, Mapping):
         if not isinstance(value, Mapping):
             return {}
@@ -303,6 +323,8 @@ def _empty(hint: Any) -> Any:
         return None if type(None) in args else _empty(args[0])
     if origin in (tuple,) or hint is tuple:
         return ()
+    if origin in (set, frozenset) or hint in (set, frozenset):
+        return (origin or hint)()
     if origin in (list,) or hint is list:
         return []
     if origin in (dict, Mapping) or hint in (dict, Mapping):

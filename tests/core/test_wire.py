@@ -289,3 +289,31 @@ def test_a_field_without_a_default_takes_its_wire_form_from_meta() -> None:
     assert json.dumps(plain.to_wire()) == json.dumps({"request": "r1", "W": 4, "healthy": False, "tokens": 10})
     assert Plain.from_wire(plain.to_wire()) == plain
     assert Plain.from_wire({"request": "r2"}) == Plain("r2", 0, True, 0)
+
+
+@dataclass(frozen=True)
+class Kept:
+    prompt: str
+    excluded: frozenset[str] = frozenset()
+    parts: tuple[Inner, ...] = ()
+    series: tuple[float, ...] = wire.field(skip=True, default=())  # a working value, not on the wire
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+def test_a_skipped_field_is_not_written_and_reads_back_as_its_default() -> None:
+    k = Kept("p", series=(1.0, 2.0))
+    assert "series" not in k.to_wire()
+    assert Kept.from_wire({"prompt": "p", "series": [9.0]}).series == ()
+
+
+def test_a_set_is_written_sorted_and_read_back_as_a_set() -> None:
+    k = Kept("p", excluded=frozenset({"mooncake", "fs", "ssd", "cpu", "disk", "remote"}))
+    assert k.to_wire()["excluded"] == ["cpu", "disk", "fs", "mooncake", "remote", "ssd"]
+    assert Kept.from_wire(k.to_wire()) == k and isinstance(Kept.from_wire(k.to_wire()).excluded, frozenset)
+
+
+def test_an_item_of_a_list_of_objects_that_is_not_an_object_is_passed_over() -> None:
+    got = Kept.from_wire({"prompt": "p", "parts": [{"name": "a", "count": 1}, 7, None, "x"]})
+    assert got.parts == (Inner("a", 1),)
