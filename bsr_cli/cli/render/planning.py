@@ -194,7 +194,7 @@ class TracePlanReport:
     plots: tuple[str, ...] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        out = self.result.to_dict()
+        out = self.result.to_wire()
         if self.plots is not None:
             out["plots"] = list(self.plots)
         return out
