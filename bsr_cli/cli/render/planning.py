@@ -109,7 +109,7 @@ class RwsReport:
     def to_wire(self) -> dict[str, Any]:
         return (
             {"registration": dataclasses.asdict(self.registration)}
-            | self.accounting.to_dict()
+            | self.accounting.to_wire()
             | {"tensors": _rows_wire(self.tensors)}
         )
 
