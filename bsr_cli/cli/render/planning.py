@@ -137,7 +137,7 @@ class PlanReport:
     capacity: CapacityFit | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        out = self.plan.to_dict() | {
+        out = self.plan.to_wire() | {
             "bytes_per_chunk": self.bytes_per_chunk,
             "model": self.model,
             "show_all_windows": self.show_all_windows,
