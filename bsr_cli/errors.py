@@ -58,7 +58,7 @@ class BsrError(Exception):
         self.message = message
         self.hint = hint
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, str | int | None]:
         return {
             "error": self.kind,
             "message": self.message,

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from bsr_cli.api.codec import to_json
+from bsr_cli.core import wire
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.errors import BadRequest
 
@@ -86,8 +85,7 @@ class RestoreResult:
     stage: str = ""  # where it failed (bsr_cli.core.evidence.Stage): fetch | verify | install | synchronize | ...
     cause: str = ""  # for a capacity refusal, what did not fit (bsr_cli.core.evidence.CapacityCause)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(to_json(self))
+    to_wire = wire.writer()
 
 
 __all__ = ["ObjectRef", "RestoreJob", "RestoreResult", "WindowJob"]

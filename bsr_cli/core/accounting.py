@@ -8,8 +8,9 @@ K               = ceil(N / W)              windows for N chunks
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from bsr_cli.core import wire
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.units import GiB
 from bsr_cli.errors import InvalidInput
@@ -85,9 +86,11 @@ def ladder_rung(need: int, ladder: Sequence[int] = DEFAULT_LADDER) -> int | None
 
 @dataclass(frozen=True)
 class WindowCost:
-    w: int
+    w: int = field(metadata=wire.meta(name="W"))
     windows: int
     rws_bytes: int
+
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -96,32 +99,34 @@ class Accounting:
 
     bytes_per_chunk: int
     aux_bytes: int
-    w: int
+    w: int = field(metadata=wire.meta(name="W"))
     rws_bytes: int | None  # None for W=0
     tokens: int
     chunks: int
     windows: int
     whole_plan_bytes: int
-    ladder_rung: int | None
+    ladder_rung: int | None = field(metadata=wire.meta(name="whole_plan_ladder_rung"))
     sweep: tuple[WindowCost, ...]
-    max_w_for_l1: int | None
+    max_w_for_l1: int | None = field(metadata=wire.meta(name="max_W_for_l1"))
     l1_bytes: int | None
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "bytes_per_chunk": self.bytes_per_chunk,
-            "aux_bytes": self.aux_bytes,
-            "W": self.w,
-            "rws_bytes": self.rws_bytes,
-            "tokens": self.tokens,
-            "chunks": self.chunks,
-            "windows": self.windows,
-            "whole_plan_bytes": self.whole_plan_bytes,
-            "whole_plan_ladder_rung": self.ladder_rung,
-            "sweep": [{"W": c.w, "windows": c.windows, "rws_bytes": c.rws_bytes} for c in self.sweep],
-            "l1_bytes": self.l1_bytes,
-            "max_W_for_l1": self.max_w_for_l1,
-        }
+    # As `bsr rws --json` has always written it: the L1 bytes before the largest W they allow.
+    to_wire = wire.writer(
+        order=(
+            "bytes_per_chunk",
+            "aux_bytes",
+            "w",
+            "rws_bytes",
+            "tokens",
+            "chunks",
+            "windows",
+            "whole_plan_bytes",
+            "ladder_rung",
+            "sweep",
+            "l1_bytes",
+            "max_w_for_l1",
+        )
+    )
 
 
 def account(

@@ -26,13 +26,6 @@ class CommitDecision:
     collapsed: bool
     invalid: tuple[tuple[int, str], ...]  # (rank, group) cells that were not valid
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "committed_tokens": self.committed_tokens,
-            "collapsed": self.collapsed,
-            "invalid": [{"rank": r, "group": g} for r, g in self.invalid],
-        }
-
 
 def commit_prefix(
     advertised_tokens: int,

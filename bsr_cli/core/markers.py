@@ -8,36 +8,24 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+
+from bsr_cli.core import wire
 
 
 @dataclass
 class Marker:
     prompt: str  # the key the marker stands under (a prompt hash)
-    excluded: set[str]  # the tiers the next admission skips (empty: compute locally)
+    # the tiers the next admission skips (empty: compute locally); written sorted
+    excluded: set[str] = field(metadata=wire.meta(name="excluded_tiers"))
     reason: str
     request: str  # the request whose restore failed
-    set_at: float = field(default_factory=time.time)
+    set_at: float = wire.field(default_factory=time.time, absent=0.0)  # a marker read without it: set at 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "prompt": self.prompt,
-            "excluded_tiers": sorted(self.excluded),
-            "reason": self.reason,
-            "request": self.request,
-            "set_at": self.set_at,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Marker:
-        """A marker as ``to_dict`` wrote it (a submit's answer carries it)."""
-        return cls(
-            prompt=str(d["prompt"]),
-            excluded=set(d.get("excluded_tiers") or ()),
-            reason=str(d.get("reason") or ""),
-            request=str(d.get("request") or ""),
-            set_at=float(d.get("set_at") or 0.0),
-        )
+    # Its wire form, which a submit's answer carries; the older names stay for hosts that use them.
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+    to_dict = to_wire
+    from_dict = from_wire
 
 
 class ScopeKind(StrEnum):

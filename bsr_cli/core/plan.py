@@ -8,10 +8,9 @@ one window of every committable chunk.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
-from bsr_cli.core import accounting
+from bsr_cli.core import accounting, wire
 from bsr_cli.core.bitmap import Break, HitBitmap, full_hit_bitmap
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import InvalidInput
@@ -40,11 +39,22 @@ class Window:
     def chunks(self) -> int:
         return self.chunk_end - self.chunk_start
 
+    def to_wire(self) -> dict[str, int | list[int] | dict[str, list[int]]]:
+        """Its chunk and token ranges and each group's block slice as [start, end) pairs (``chunks`` on the wire
+        is the range, not the count this type calls ``chunks``)."""
+        return {
+            "index": self.index,
+            "chunks": [self.chunk_start, self.chunk_end],
+            "tokens": [self.token_start, self.token_end],
+            "bytes_per_rank": self.bytes_per_rank,
+            "blocks": {b.group: [b.start, b.end] for b in self.blocks},
+        }
+
 
 @dataclass(frozen=True)
 class RestorePlan:
     registration: str
-    w: int
+    w: int = field(metadata=wire.meta(name="W"))
     prompt_tokens: int
     prompt_chunks: int
     committable_chunks: int
@@ -58,34 +68,35 @@ class RestorePlan:
     excluded_tiers: tuple[str, ...]
     objects_by_tier: dict[str, int]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "bsr.plan",
-            "registration": self.registration,
-            "W": self.w,
-            "prompt_tokens": self.prompt_tokens,
-            "prompt_chunks": self.prompt_chunks,
-            "committable_chunks": self.committable_chunks,
-            "committable_tokens": self.committable_tokens,
-            "windows_count": len(self.windows),
-            "peak_bytes_per_rank": self.peak_bytes_per_rank,
-            "rws_bytes": self.rws_bytes,
-            "whole_plan_bytes": self.whole_plan_bytes,
-            "whole_plan_rung": self.whole_plan_rung,
-            "first_break": self.first_break.to_wire() if self.first_break else None,
-            "excluded_tiers": list(self.excluded_tiers),
-            "objects_by_tier": self.objects_by_tier,
-            "windows": [
-                {
-                    "index": w.index,
-                    "chunks": [w.chunk_start, w.chunk_end],
-                    "tokens": [w.token_start, w.token_end],
-                    "bytes_per_rank": w.bytes_per_rank,
-                    "blocks": {b.group: [b.start, b.end] for b in w.blocks},
-                }
-                for w in self.windows
-            ],
-        }
+    @property
+    def kind(self) -> str:
+        return "bsr.plan"
+
+    @property
+    def windows_count(self) -> int:
+        return len(self.windows)
+
+    # The summary first, the windows last.
+    to_wire = wire.writer(
+        order=(
+            "kind",
+            "registration",
+            "w",
+            "prompt_tokens",
+            "prompt_chunks",
+            "committable_chunks",
+            "committable_tokens",
+            "windows_count",
+            "peak_bytes_per_rank",
+            "rws_bytes",
+            "whole_plan_bytes",
+            "whole_plan_rung",
+            "first_break",
+            "excluded_tiers",
+            "objects_by_tier",
+            "windows",
+        )
+    )
 
 
 def check_bitmap_matches(reg: Registration, bitmap: HitBitmap) -> None:

@@ -71,7 +71,7 @@ class Registration:
     # Bytes the restore runtime stages besides chunk payloads (never proportional to the plan). 0 for bsr's own
     # runtime, whose per-window bookkeeping lives outside the pool; a host may declare its own.
     aux_bytes: int = 0
-    source: str = field(default="", compare=False)
+    source: str = field(default="", compare=False, metadata=wire.meta(skip=True))  # where it was read from
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -103,22 +103,20 @@ class Registration:
         raise InvalidInput(f"registration has no KV group {name!r}")
 
     # -- identity and serialisation ------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA_VERSION,
-            "model": self.model,
-            "tp_size": self.tp_size,
-            "chunk_size": self.chunk_size,
-            "aux_bytes": self.aux_bytes,
-            "groups": [g.to_wire() for g in self.groups],
-            "tensors": [t.to_wire() for t in self.tensors],
-        }
+    @property
+    def schema(self) -> int:
+        """The schema version this registration is written in (docs/registration.md)."""
+        return SCHEMA_VERSION
+
+    # The documented schema (what a registration file holds); ``from_dict`` reads it back, strictly.
+    to_wire = wire.writer(order=("schema", "model", "tp_size", "chunk_size", "aux_bytes", "groups", "tensors"))
+    to_dict = to_wire  # the older name, which hosts and tests use
 
     @property
     def identity(self) -> str:
         """A stable hash of everything that decides object layout: two registrations with the same identity
         stage and install identical bytes. The model name is included (it is part of every chunk key)."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(self.to_wire(), sort_keys=True, separators=(",", ":"))
         return "reg-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     @classmethod

@@ -179,19 +179,8 @@ class Health:
     def degraded_tiers(self) -> list[str]:
         return sorted(name for name, t in self.tiers.items() if not t.ok)
 
-    def to_wire(self) -> dict[str, Any]:
-        """The fields with what they imply (``ok``, the ranks alive, the unhealthy ranks, the degraded tiers)
-        beside them, in the order docs/openapi.json documents."""
-        plain = wire.write(self)
-        return {
-            "ok": self.ok,
-            "ranks_alive": self.ranks_alive,
-            "ranks": plain.pop("ranks"),
-            "unhealthy_ranks": self.unhealthy_ranks,
-            "tiers": plain.pop("tiers"),
-            "degraded_tiers": self.degraded_tiers,
-        } | plain
-
+    # The fields with what they imply beside them, in the order docs/openapi.json documents.
+    to_wire = wire.writer(order=("ok", "ranks_alive", "ranks", "unhealthy_ranks", "tiers", "degraded_tiers", "api"))
     from_wire = wire.reader()
 
 
@@ -366,10 +355,9 @@ class EngineStatus:
 
     url: str
     health: Health
-    snapshot: Snapshot
+    snapshot: Snapshot = field(metadata=wire.meta(flatten=True))
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"url": self.url, "health": self.health.to_wire(), **self.snapshot.to_wire()}
+    to_wire = wire.writer()
 
 
 __all__ = [

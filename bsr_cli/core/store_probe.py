@@ -6,11 +6,13 @@ why nothing matched when nothing did. The command (bsr_cli.cli.commands.store_pr
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, HitBitmap
+from bsr_cli.core.status import MarkerView
 
 # Each cell's state in `liveness.cells`: not listed, listed on a live holder, listed only on gone holders, listed
 # but no live holder is known (the replica listing or the holder check did not answer).
@@ -36,7 +38,13 @@ class SegmentHolder:
     name: str
     endpoint: str
     state: HolderState
-    size_bytes: int | None = None
+    size_bytes: int | None = wire.field(name="bytes", default=None, omit_none=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.state is HolderState.ALIVE
+
+    to_wire = wire.writer(order=("name", "endpoint", "alive", "state", "size_bytes"))
 
 
 @dataclass(frozen=True)
@@ -64,18 +72,14 @@ class Liveness:
 
     @property
     def segments_alive(self) -> int:
-        return sum(1 for s in self.segments if s.state is HolderState.ALIVE)
+        return sum(1 for s in self.segments if s.alive)
 
     def to_wire(self) -> dict[str, Any]:
         rows = {str(w): row for w, row in enumerate(self.cells)}
         listing = {"segment_listing_error": self.segment_listing_error} if self.segment_listing_error else {}
         return listing | {
             "available": True,
-            "segments": [
-                {"name": s.name, "endpoint": s.endpoint, "alive": s.state is HolderState.ALIVE, "state": s.state.value}
-                | ({"bytes": s.size_bytes} if s.size_bytes is not None else {})
-                for s in self.segments
-            ],
+            "segments": [s.to_wire() for s in self.segments],
             "segments_alive": self.segments_alive,
             "segments_unknown": sum(1 for s in self.segments if s.state is HolderState.UNKNOWN),
             "held_chunks": self.count(LIVE) + self.stale_chunks + self.unknown_chunks,
@@ -95,7 +99,7 @@ class Liveness:
         }
 
 
-# The parts of the result below are written as they are (dataclasses.asdict): their fields are the wire's.
+# The parts of the result below are written as they are: their fields are the wire's.
 @dataclass(frozen=True)
 class HashStart:
     """The hash chain start the probe used, and what auto-detection found."""
@@ -193,34 +197,51 @@ class StoreProbe:
     key_example: str | None
     liveness: Liveness
     integrity: Integrity
-    tail: Tail | None = None
-    diagnosis: Diagnosis | NoDiagnosis | None = None
+    tail: Tail | None = wire.field(default=None, omit_none=True)
+    diagnosis: Diagnosis | NoDiagnosis | None = wire.field(default=None, omit_none=True)
 
     @property
     def storable_tokens(self) -> int:
         return min(self.storable_chunks * self.bitmap.chunk_size, self.prompt_tokens)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "kind": "bsr.store-probe",
-            "store": self.store,
-            "bitmap": self.bitmap.to_dict(),
-            "prompt_tokens": self.prompt_tokens,
-            "prompt_chunks": self.prompt_chunks,
-            "storable_chunks": self.storable_chunks,
-            "storable_tokens": self.storable_tokens,
-            "committable_chunks": self.committable_chunks,
-            "committable_tokens": self.bitmap.prefix_tokens(),
-            "first_break": self.first_break.to_wire() if self.first_break is not None else None,
-            "tier_errors": {},
-            "markers": [],
-            "strip_width": self.strip_width,
-            "key_format": asdict(self.key_format),
-            "key_example": self.key_example,
-            "liveness": self.liveness.to_wire(),
-            "integrity": asdict(self.integrity),
-        } | {
-            name: asdict(part)
-            for name, part in (("tail", self.tail), ("diagnosis", self.diagnosis))
-            if part is not None
-        }
+    @property
+    def committable_tokens(self) -> int:
+        return self.bitmap.prefix_tokens()
+
+    # A store probe's JSON has the keys of an engine's probe (`bsr probe --json`): its kind, and no tier errors or
+    # markers (a store has neither).
+    @property
+    def kind(self) -> str:
+        return "bsr.store-probe"
+
+    @property
+    def tier_errors(self) -> dict[str, dict[str, str]]:
+        return {}
+
+    @property
+    def markers(self) -> tuple[MarkerView, ...]:
+        return ()
+
+    to_wire = wire.writer(
+        order=(
+            "kind",
+            "store",
+            "bitmap",
+            "prompt_tokens",
+            "prompt_chunks",
+            "storable_chunks",
+            "storable_tokens",
+            "committable_chunks",
+            "committable_tokens",
+            "first_break",
+            "tier_errors",
+            "markers",
+            "strip_width",
+            "key_format",
+            "key_example",
+            "liveness",
+            "integrity",
+            "tail",
+            "diagnosis",
+        )
+    )

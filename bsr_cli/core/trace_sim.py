@@ -30,9 +30,8 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from bsr_cli.core import accounting, wire
 from bsr_cli.core.registration import Registration
@@ -155,32 +154,31 @@ class PathRun:
     budget_rws: int | None  # B as a multiple of RWS(W); None on the whole-plan path
     budget_bytes: int | None
     windows_held: int | None  # a: windows one restore holds at most under this B
-    peak_bytes: int
-    latency: Percentiles
-    wait: Percentiles
+    peak_bytes: int = field(metadata=wire.meta(name="peak_bytes_per_rank"))
+    latency: Percentiles = field(metadata=wire.meta(name="latency_s"))
+    wait: Percentiles = field(metadata=wire.meta(name="wait_s"))
     peak_in_flight: int
     peak_queued: int
     meets_p99: bool | None  # against the target, when one was given
-    l1_series: tuple[tuple[float, int], ...]
-    latencies: tuple[float, ...]  # sorted, for a CDF
+    # For the plots only, not on the wire:
+    l1_series: tuple[tuple[float, int], ...] = field(metadata=wire.meta(skip=True))
+    latencies: tuple[float, ...] = field(metadata=wire.meta(skip=True))  # sorted, for a CDF
 
     @property
     def label(self) -> str:
         return "whole plan (W=0)" if self.path is RestorePath.WHOLE_PLAN else f"B = {self.budget_rws}·RWS"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path.value,
-            "budget_rws": self.budget_rws,
-            "budget_bytes": self.budget_bytes,
-            "windows_held": self.windows_held,
-            "peak_bytes_per_rank": self.peak_bytes,
-            "latency_s": self.latency.to_wire(),
-            "wait_s": self.wait.to_wire(),
-            "peak_in_flight": self.peak_in_flight,
-            "peak_queued": self.peak_queued,
-            "meets_p99": self.meets_p99,
-        }
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    """A budget, as a multiple of RWS(W) and in bytes."""
+
+    budget_rws: int | None
+    budget_bytes: int | None
+
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -195,23 +193,23 @@ class LargestHit:
 
 @dataclass(frozen=True)
 class TracePlan:
-    source: str
+    source: str = field(metadata=wire.meta(name="trace"))
     registration: str
     model: str
     chunk_size: int
     bytes_per_chunk: int
-    w: int
+    w: int = field(metadata=wire.meta(name="W"))
     rws_bytes: int
-    bandwidth: float
+    bandwidth: float = field(metadata=wire.meta(name="bandwidth_bytes_per_s"))
     speedup: float
-    store_capacity: int | None
+    store_capacity: int | None = field(metadata=wire.meta(name="store_capacity_blocks"))
     requests: int
     span_s: float  # arrival span after the speed-up
     restores: int  # requests with at least one chunk to restore
     input_tokens: int
     hit_tokens: int  # tokens restored (whole chunks of the hit)
     evicted_blocks: int
-    largest: LargestHit | None
+    largest: LargestHit | None = field(metadata=wire.meta(name="largest_hit"))
     whole_plan: PathRun
     bsr: tuple[PathRun, ...]
     p99_target_s: float | None
@@ -221,34 +219,42 @@ class TracePlan:
         """The smallest budget whose p99 restore latency meets the target (None: no target, or none meets it)."""
         return next((r for r in self.bsr if r.meets_p99), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def kind(self) -> str:
+        return "bsr.plan.trace"
+
+    @property
+    def smallest_budget_meeting_p99(self) -> BudgetChoice | None:
         best = self.smallest_meeting
-        return {
-            "kind": "bsr.plan.trace",
-            "trace": self.source,
-            "registration": self.registration,
-            "model": self.model,
-            "chunk_size": self.chunk_size,
-            "bytes_per_chunk": self.bytes_per_chunk,
-            "W": self.w,
-            "rws_bytes": self.rws_bytes,
-            "bandwidth_bytes_per_s": self.bandwidth,
-            "speedup": self.speedup,
-            "store_capacity_blocks": self.store_capacity,
-            "requests": self.requests,
-            "span_s": self.span_s,
-            "restores": self.restores,
-            "input_tokens": self.input_tokens,
-            "hit_tokens": self.hit_tokens,
-            "evicted_blocks": self.evicted_blocks,
-            "largest_hit": None if self.largest is None else self.largest.to_wire(),
-            "whole_plan": self.whole_plan.to_dict(),
-            "bsr": [r.to_dict() for r in self.bsr],
-            "p99_target_s": self.p99_target_s,
-            "smallest_budget_meeting_p99": None
-            if best is None
-            else {"budget_rws": best.budget_rws, "budget_bytes": best.budget_bytes},
-        }
+        return None if best is None else BudgetChoice(best.budget_rws, best.budget_bytes)
+
+    # Its kind first, then the fields, then the budget that meets the target.
+    to_wire = wire.writer(
+        order=(
+            "kind",
+            "source",
+            "registration",
+            "model",
+            "chunk_size",
+            "bytes_per_chunk",
+            "w",
+            "rws_bytes",
+            "bandwidth",
+            "speedup",
+            "store_capacity",
+            "requests",
+            "span_s",
+            "restores",
+            "input_tokens",
+            "hit_tokens",
+            "evicted_blocks",
+            "largest",
+            "whole_plan",
+            "bsr",
+            "p99_target_s",
+            "smallest_budget_meeting_p99",
+        )
+    )
 
 
 def windows_held(reg: Registration, w: int, budget: int) -> int:

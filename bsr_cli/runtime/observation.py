@@ -303,7 +303,7 @@ class Observation:
             seconds=seconds,
             bytes=total_bytes,
             gbps=total_bytes / seconds / 1e9 if seconds > 0 else 0.0,
-            ranks=tuple(RankRestore.from_wire(o.to_dict()) for o in outcomes),
+            ranks=tuple(RankRestore.from_wire(o.to_wire()) for o in outcomes),
             rws_bytes=accounting.rws_bytes(self.reg, w) if w else None,
             whole_plan_bytes=accounting.whole_plan_bytes(self.reg, k),
             fired_faults=tuple(sorted(fired)),

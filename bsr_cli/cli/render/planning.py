@@ -109,7 +109,7 @@ class RwsReport:
     def to_wire(self) -> dict[str, Any]:
         return (
             {"registration": dataclasses.asdict(self.registration)}
-            | self.accounting.to_dict()
+            | self.accounting.to_wire()
             | {"tensors": _rows_wire(self.tensors)}
         )
 
@@ -137,7 +137,7 @@ class PlanReport:
     capacity: CapacityFit | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        out = self.plan.to_dict() | {
+        out = self.plan.to_wire() | {
             "bytes_per_chunk": self.bytes_per_chunk,
             "model": self.model,
             "show_all_windows": self.show_all_windows,
@@ -194,7 +194,7 @@ class TracePlanReport:
     plots: tuple[str, ...] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        out = self.result.to_dict()
+        out = self.result.to_wire()
         if self.plots is not None:
             out["plots"] = list(self.plots)
         return out
