@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from bsr_cli.core import wire
 from bsr_cli.core.accounting import Accounting
 from bsr_cli.core.bitmap import Break
 from bsr_cli.core.plan import RestorePlan
@@ -83,35 +83,26 @@ class TensorRow:
     bytes_per_chunk: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RegistrationReport:
     """`bsr registration show`."""
 
-    summary: RegistrationSummary
+    summary: RegistrationSummary = wire.field(flatten=True)  # its keys first, beside the report's
     registration: Registration
     tensor_rows: tuple[TensorRow, ...]
 
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.summary) | {
-            "registration": self.registration.to_dict(),
-            "tensor_rows": _rows_wire(self.tensor_rows),
-        }
+    to_wire = wire.writer()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RwsReport:
     """`bsr rws`."""
 
     registration: RegistrationSummary
-    accounting: Accounting
+    accounting: Accounting = wire.field(flatten=True)  # the accounting's keys beside the report's
     tensors: tuple[TensorRow, ...]
 
-    def to_wire(self) -> dict[str, Any]:
-        return (
-            {"registration": dataclasses.asdict(self.registration)}
-            | self.accounting.to_dict()
-            | {"tensors": _rows_wire(self.tensors)}
-        )
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -122,38 +113,22 @@ class CapacityFit:
     window_bytes: int
     budget_bytes: int
     pool_bytes: int
-    message: str = ""  # why not, when it does not fit
-    hint: str = ""
+    # Why not, and what to do: keys only when it does not fit (the dry run always says both then, never when it fits).
+    message: str = wire.field(omit_empty=True, default="")
+    hint: str = wire.field(omit_empty=True, default="")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlanReport:
     """`bsr plan` (and `bsr restore --dry-run`, with the engine's capacity)."""
 
-    plan: RestorePlan
+    plan: RestorePlan = wire.field(flatten=True)  # the plan's keys first, beside the report's
     bytes_per_chunk: int
     model: str
     show_all_windows: bool
-    capacity: CapacityFit | None = None
+    capacity: CapacityFit | None = wire.field(omit_none=True, default=None)
 
-    def to_wire(self) -> dict[str, Any]:
-        out = self.plan.to_dict() | {
-            "bytes_per_chunk": self.bytes_per_chunk,
-            "model": self.model,
-            "show_all_windows": self.show_all_windows,
-        }
-        fit = self.capacity
-        if fit is not None:
-            capacity: dict[str, object] = {
-                "fits": fit.fits,
-                "window_bytes": fit.window_bytes,
-                "budget_bytes": fit.budget_bytes,
-                "pool_bytes": fit.pool_bytes,
-            }
-            if not fit.fits:  # why not, and what to do: said only when it does not fit
-                capacity |= {"message": fit.message, "hint": fit.hint}
-            out["capacity"] = capacity
-        return out
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -190,18 +165,10 @@ class RegistrationDiffReport:
 class TracePlanReport:
     """`bsr plan --trace`: the replay through the planning model, and the plots written (with --plot)."""
 
-    result: TracePlan
-    plots: tuple[str, ...] | None = None
+    result: TracePlan = wire.field(flatten=True)  # the replay's keys, then the plots
+    plots: tuple[str, ...] | None = wire.field(omit_none=True, default=None)  # None: drawn none (no --plot)
 
-    def to_wire(self) -> dict[str, Any]:
-        out = self.result.to_dict()
-        if self.plots is not None:
-            out["plots"] = list(self.plots)
-        return out
-
-
-def _rows_wire(rows: Sequence[TensorRow]) -> list[Any]:
-    return [dataclasses.asdict(r) | {"shape": list(r.shape)} for r in rows]
+    to_wire = wire.writer()
 
 
 # -- building them ---------------------------------------------------------------------------------------------
