@@ -334,7 +334,7 @@ def registration_diff(
 
     st = state(ctx, json_flag)
     ra, rb = loaders.load_registration(a), loaders.load_registration(b)
-    report = render.RegistrationDiffReport(
+    report = render.RegistrationDiffReport.of(
         diff_registrations(ra, rb),
         a,
         b,
