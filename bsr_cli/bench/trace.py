@@ -34,11 +34,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from bsr_cli.core import accounting, wire
 from bsr_cli.core.prompt import Prompt
-from bsr_cli.core.registration import Registration
+from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.core.trace import (
     Trace,
     hit_chunks,
@@ -57,17 +57,18 @@ if TYPE_CHECKING:
 # The replay's default registration: 1 KiB per token per rank in one KV group, 64-token chunks, so with the default
 # 64 tokens per block one chunk is one block of the trace (64 KiB per rank): 500 requests of the conversation trace
 # store about 1.8 GB.
-REPLAY_REGISTRATION: dict[str, Any] = {
-    "model": "bsr-trace-replay",
-    "tp_size": 2,
-    "chunk_size": 64,
-    "aux_bytes": 0,
-    "groups": [{"name": "kv", "block_size": 16}],
-    "tensors": [
-        {"name": "layers.0.attn.kv", "dtype": "bf16", "shape": [2, 1, 128], "group": "kv"},
-        {"name": "layers.1.attn.kv", "dtype": "bf16", "shape": [2, 1, 128], "group": "kv"},
-    ],
-}
+REPLAY_REGISTRATION = Registration(
+    model="bsr-trace-replay",
+    tp_size=2,
+    chunk_size=64,
+    aux_bytes=0,
+    groups=(KVGroup("kv", block_size=16),),
+    tensors=(
+        TensorSpec("layers.0.attn.kv", "bf16", (2, 1, 128), "kv"),
+        TensorSpec("layers.1.attn.kv", "bf16", (2, 1, 128), "kv"),
+    ),
+    source="bench trace",
+)
 DEFAULT_BLOCK_TOKENS = 64
 # Clients in flight at most (a burst beyond this waits for a free client: counted in its latency).
 MAX_CLIENTS = 48  # below the admin server's 64 connections, leaving room for the pool reads
@@ -78,7 +79,7 @@ MAX_SEGMENT = 8 << 30
 
 
 def replay_registration() -> Registration:
-    return Registration.from_dict(REPLAY_REGISTRATION, source="bench trace")
+    return REPLAY_REGISTRATION
 
 
 @dataclass(frozen=True)
