@@ -331,27 +331,59 @@ class Bundle:
     ok: bool
     repeat: Repeat | None = wire.field(omit_none=True, default=None)  # the sweep's
 
+    schema: ClassVar[str] = BUNDLE_SCHEMA
+    kind: ClassVar[str] = "bsr.bench"
+
     def every_row(self) -> list[dict[str, Any]]:
         """The main rows, then the repeat's."""
         return self.rows + (self.repeat.rows if self.repeat else [])
 
-    def to_wire(self) -> dict[str, Any]:
-        """The bundle's JSON: its schema and kind, then its fields."""
-        return {"schema": BUNDLE_SCHEMA, "kind": "bsr.bench"} | wire.write(self)
-
+    # The bundle's JSON: its schema and kind, then its fields.
+    to_wire = wire.writer(
+        order=(
+            "schema",
+            "kind",
+            "experiment",
+            "run_id",
+            "salt",
+            "bsr_version",
+            "started_at",
+            "finished_at",
+            "elapsed_s",
+            "registration",
+            "engine",
+            "machine",
+            "params",
+            "rows",
+            "summary",
+            "targets",
+            "interrupted",
+            "interrupted_by",
+            "ok",
+            "repeat",
+        )
+    )
     from_wire = wire.reader()  # a bundle read back from its file (validated against the schema first: `bundle.read`)
 
 
 @dataclass(frozen=True)
+class BundleFiles:
+    """The files a printed bundle was written to: the bundle and the plots drawn from it."""
+
+    bundle: str
+    plots: list[str]
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True, kw_only=True)
 class PublishedBundle:
     """A bundle as `bsr bench` prints it: with the files it was written to and the plots drawn from it."""
 
-    bundle: Bundle
-    path: str
-    plots: list[str]
+    bundle: Bundle = wire.field(flatten=True)  # the bundle's keys, then its files
+    files: BundleFiles
 
-    def to_wire(self) -> dict[str, Any]:
-        return self.bundle.to_wire() | {"files": {"bundle": self.path, "plots": self.plots}}
+    to_wire = wire.writer()
 
 
 def median(values: Sequence[float]) -> float | None:

@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bsr_cli.bench.evidence import Interruption, OnRow, RowStatus, Target
 from bsr_cli.bench.peer_results import (
@@ -44,6 +43,7 @@ from bsr_cli.bench.peer_results import (
     BelowRung,
     CaseResult,
     CpuCost,
+    ModelOnRanks,
     PeerBundle,
     PeerKind,
     PeerMeasurement,
@@ -55,6 +55,7 @@ from bsr_cli.bench.peer_results import (
     PeerSummary,
     StockStages,
 )
+from bsr_cli.core import wire
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.errors import CapacityError, ServiceError
 
@@ -202,26 +203,36 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 
 @dataclass(frozen=True)
+class MasterAddress:
+    """Where a case process reaches the Mooncake master."""
+
+    rpc_address: str
+    metadata_url: str
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
+class WatchPids:
+    """The service processes a case process watches (it gives up when one of them dies)."""
+
+    master: int
+    segment_holder: int
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
 class CaseBase:
     """What every case of one run shares: the model, the store, the prompt's seed and the retrieve deadline."""
 
-    model: PeerModel
-    tp: int
-    rpc_address: str
-    metadata_url: str
+    model: ModelOnRanks
+    master: MasterAddress
     seed: int
     deadline_s: float
-    master_pid: int
-    segment_holder_pid: int
+    watch_pids: WatchPids
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "model": self.model.to_wire() | {"tp_size": self.tp},
-            "master": {"rpc_address": self.rpc_address, "metadata_url": self.metadata_url},
-            "seed": self.seed,
-            "deadline_s": self.deadline_s,
-            "watch_pids": {"master": self.master_pid, "segment_holder": self.segment_holder_pid},
-        }
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -231,16 +242,11 @@ class Case:
     mode: str  # store, raw, stock or bsr (plugins/lmcache_bsr/peer.py)
     tokens: int
     l1_bytes: int
-    w: int | None = None
-    destination: str | None = None  # stock only: "contiguous" after an untimed lookup, else the paged KV
+    w: int | None = wire.field(name="W", omit_none=True, default=None)
+    # stock only: "contiguous" after an untimed lookup, else the paged KV (no key)
+    destination: str | None = wire.field(omit_none=True, default=None)
 
-    def to_wire(self) -> dict[str, int | str]:
-        out: dict[str, int | str] = {"mode": self.mode, "tokens": self.tokens, "l1_bytes": self.l1_bytes}
-        if self.destination is not None:
-            out["destination"] = self.destination
-        if self.w is not None:
-            out["W"] = self.w
-        return out
+    to_wire = wire.writer(order=("mode", "tokens", "l1_bytes", "destination", "w"))
 
 
 # -- the experiment ----------------------------------------------------------------------------------------------
@@ -379,7 +385,11 @@ def run_peer(
         master = services.start_master(workdir / "mooncake")
         holder = services.start_segment_holder(workdir / "mooncake", master, int(plan.largest * tp * 1.1) + (64 << 20))
         base = CaseBase(
-            plan.model, tp, master.rpc_address, master.metadata_url, salt, deadline_s, master.pid, holder.pid
+            ModelOnRanks(model=plan.model, tp_size=tp),
+            MasterAddress(master.rpc_address, master.metadata_url),
+            salt,
+            deadline_s,
+            WatchPids(master.pid, holder.pid),
         )
         runner = CaseRunner(python, plugins, workdir, base)
         _store_prompt(runner, plan, add)

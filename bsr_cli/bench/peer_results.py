@@ -31,6 +31,16 @@ class PeerModel:
     to_wire = wire.writer()
 
 
+@dataclass(frozen=True, kw_only=True)
+class ModelOnRanks:
+    """The model and the tensor-parallel size its KV is split over (a case's model, the run's params)."""
+
+    model: PeerModel = wire.field(flatten=True)  # the model's keys, then tp_size
+    tp_size: int
+
+    to_wire = wire.writer()
+
+
 class PeerKind(StrEnum):
     """What a row of the comparison measured."""
 
@@ -228,7 +238,7 @@ class PeerBundle:
                 "below_rung_l1_bytes": list(p.below_rung_l1_bytes),
                 "bsr_windows": p.bsr_windows,
                 "bsr_l1_bytes": p.bsr_l1_bytes,
-                "model": p.model.to_wire() | {"tp_size": p.tp},
+                "model": ModelOnRanks(model=p.model, tp_size=p.tp).to_wire(),
                 "rws_bytes": p.rws_bytes,
             },
             rows=[r.to_wire() for r in self.rows],

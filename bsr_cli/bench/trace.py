@@ -32,12 +32,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
 from bsr_cli.core import accounting, wire
 from bsr_cli.core.prompt import Prompt
-from bsr_cli.core.registration import Registration
+from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.core.trace import (
     Trace,
     hit_chunks,
@@ -56,17 +57,18 @@ if TYPE_CHECKING:
 # The replay's default registration: 1 KiB per token per rank in one KV group, 64-token chunks, so with the default
 # 64 tokens per block one chunk is one block of the trace (64 KiB per rank): 500 requests of the conversation trace
 # store about 1.8 GB.
-REPLAY_REGISTRATION: dict[str, Any] = {
-    "model": "bsr-trace-replay",
-    "tp_size": 2,
-    "chunk_size": 64,
-    "aux_bytes": 0,
-    "groups": [{"name": "kv", "block_size": 16}],
-    "tensors": [
-        {"name": "layers.0.attn.kv", "dtype": "bf16", "shape": [2, 1, 128], "group": "kv"},
-        {"name": "layers.1.attn.kv", "dtype": "bf16", "shape": [2, 1, 128], "group": "kv"},
-    ],
-}
+REPLAY_REGISTRATION = Registration(
+    model="bsr-trace-replay",
+    tp_size=2,
+    chunk_size=64,
+    aux_bytes=0,
+    groups=(KVGroup("kv", block_size=16),),
+    tensors=(
+        TensorSpec("layers.0.attn.kv", "bf16", (2, 1, 128), "kv"),
+        TensorSpec("layers.1.attn.kv", "bf16", (2, 1, 128), "kv"),
+    ),
+    source="bench trace",
+)
 DEFAULT_BLOCK_TOKENS = 64
 # Clients in flight at most (a burst beyond this waits for a free client: counted in its latency).
 MAX_CLIENTS = 48  # below the admin server's 64 connections, leaving room for the pool reads
@@ -77,7 +79,7 @@ MAX_SEGMENT = 8 << 30
 
 
 def replay_registration() -> Registration:
-    return Registration.from_dict(REPLAY_REGISTRATION, source="bench trace")
+    return REPLAY_REGISTRATION
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,21 @@ class Calibration:
     bandwidth: float  # bytes/s per rank of a restore of ``chunks`` chunks (median of three)
     chunks: int
     one_chunk_s: float  # seconds of a one-chunk restore (median of three): the fixed cost the model leaves out
+
+    @property
+    def cost(self) -> CalibrationCost:
+        """What the report says of the calibration besides the bandwidth (which it states on its own)."""
+        return CalibrationCost(self.chunks, self.one_chunk_s)
+
+
+@dataclass(frozen=True)
+class CalibrationCost:
+    """The calibration's restore (its chunks) and what a one-chunk restore costs (``calibration`` in the report)."""
+
+    chunks: int
+    one_chunk_s: float = wire.field(name="one_chunk_restore_s")
+
+    to_wire = wire.writer()
 
 
 def calibrate(
@@ -223,6 +240,8 @@ class PredictedReplay:
     wait_s: Percentiles
     whole_plan_peak_bytes_per_rank: int  # stock LMCache stages every restore's whole plan: this is its model
 
+    to_wire = wire.writer()
+
 
 @dataclass(frozen=True)
 class MeasuredReplay:
@@ -230,10 +249,26 @@ class MeasuredReplay:
 
     restores: int
     hit_tokens: int
-    pool_peak_by_rank: dict[int, int]
+    pool_peak_by_rank: dict[int, int]  # by rank, in rank order
     latency_s: Percentiles
     failed: int
     first_failure: str | None
+
+    @property
+    def peak_bytes_per_rank(self) -> int:
+        return max(self.pool_peak_by_rank.values(), default=0)
+
+    to_wire = wire.writer(
+        order=(
+            "restores",
+            "hit_tokens",
+            "peak_bytes_per_rank",
+            "pool_peak_by_rank",
+            "latency_s",
+            "failed",
+            "first_failure",
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -253,8 +288,12 @@ class StockNotRun:
 
     reason: str
 
+    run: ClassVar[bool] = False
 
-@dataclass(frozen=True)
+    to_wire = wire.writer(order=("run", "reason"))
+
+
+@dataclass(frozen=True, kw_only=True)
 class TraceReplay:
     """`bsr bench trace`: the planner's prediction beside the engine's measurement for the same slice, and stock
     LMCache's replay of it (``stock``, set once it ran or was skipped)."""
@@ -266,67 +305,52 @@ class TraceReplay:
     registration: str
     model: str
     bytes_per_chunk: int
-    w: int
+    w: int = wire.field(name="W")
     budget_rws: int
     budget_bytes: int
     bandwidth_bytes_per_s: float
-    calibration: Calibration | None  # None: the bandwidth was given, not measured here
+    calibration: CalibrationCost | None  # None: the bandwidth was given, not measured here
     predicted: PredictedReplay
     measured: MeasuredReplay
     committed: CommittedCounts
     checks: dict[str, bool]
     latency_ratio: dict[str, float | None]  # measured over predicted, by percentile
-    skip: int | None = None
-    salt: int | None = None
-    stock: StockSummary | StockNotRun | None = None
+    skip: int | None = wire.field(omit_none=True, default=None)
+    salt: int | None = wire.field(omit_none=True, default=None)
+    stock: StockSummary | StockNotRun | None = wire.field(omit_none=True, default=None)
 
-    def to_wire(self) -> dict[str, Any]:
-        p, m, cal = self.predicted, self.measured, self.calibration
-        out = {
-            "kind": "bsr.bench.trace",
-            "trace": self.trace,
-            "requests": self.requests,
-            "speedup": self.speedup,
-            "block_tokens": self.block_tokens,
-            "token_scale": self.block_tokens / 512,
-            "registration": self.registration,
-            "model": self.model,
-            "bytes_per_chunk": self.bytes_per_chunk,
-            "W": self.w,
-            "budget_rws": self.budget_rws,
-            "budget_bytes": self.budget_bytes,
-            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
-            "calibration": None if cal is None else {"chunks": cal.chunks, "one_chunk_restore_s": cal.one_chunk_s},
-            "predicted": {
-                "restores": p.restores,
-                "hit_tokens": p.hit_tokens,
-                "peak_bytes_per_rank": p.peak_bytes_per_rank,
-                "latency_s": p.latency_s.to_wire(),
-                "wait_s": p.wait_s.to_wire(),
-                "whole_plan_peak_bytes_per_rank": p.whole_plan_peak_bytes_per_rank,
-            },
-            "measured": {
-                "restores": m.restores,
-                "hit_tokens": m.hit_tokens,
-                "peak_bytes_per_rank": max(m.pool_peak_by_rank.values(), default=0),
-                "pool_peak_by_rank": {str(r): v for r, v in sorted(m.pool_peak_by_rank.items())},
-                "latency_s": m.latency_s.to_wire(),
-                "failed": m.failed,
-                "first_failure": m.first_failure,
-            },
-            "committed": self.committed.to_wire(),
-            "checks": self.checks,
-            "latency_ratio": self.latency_ratio,
-        }
-        if self.skip is not None:
-            out["skip"] = self.skip
-        if self.salt is not None:
-            out["salt"] = self.salt
-        if isinstance(self.stock, StockNotRun):
-            out["stock"] = {"run": False, "reason": self.stock.reason}
-        elif self.stock is not None:
-            out["stock"] = self.stock.to_wire()
-        return out
+    kind: ClassVar[str] = "bsr.bench.trace"
+
+    @property
+    def token_scale(self) -> float:
+        return self.block_tokens / 512
+
+    to_wire = wire.writer(
+        order=(
+            "kind",
+            "trace",
+            "requests",
+            "speedup",
+            "block_tokens",
+            "token_scale",
+            "registration",
+            "model",
+            "bytes_per_chunk",
+            "w",
+            "budget_rws",
+            "budget_bytes",
+            "bandwidth_bytes_per_s",
+            "calibration",
+            "predicted",
+            "measured",
+            "committed",
+            "checks",
+            "latency_ratio",
+            "skip",
+            "salt",
+            "stock",
+        )
+    )
 
 
 def compare(
@@ -368,7 +392,7 @@ def compare(
         budget_rws=budget_rws,
         budget_bytes=budget,
         bandwidth_bytes_per_s=bandwidth,
-        calibration=calibration,
+        calibration=calibration.cost if calibration is not None else None,
         predicted=PredictedReplay(
             restores=plan.restores,
             hit_tokens=plan.hit_tokens,
@@ -380,7 +404,7 @@ def compare(
         measured=MeasuredReplay(
             restores=len(latencies),
             hit_tokens=sum(m.committed_tokens for m in measured),
-            pool_peak_by_rank=dict(pool_peaks),
+            pool_peak_by_rank=dict(sorted(pool_peaks.items())),
             latency_s=percentiles(latencies),
             failed=len(failed),
             first_failure=failed[0].error if failed else None,
@@ -598,12 +622,19 @@ def expected_hits(trace: Trace, reg: Registration) -> list[int]:
     ]
 
 
+class StockCalls(StrEnum):
+    """How stock LMCache's replay called each rank's engine."""
+
+    SERIAL = "serial"  # one request at a time per rank, as vLLM's worker calls it
+    CONCURRENT = "concurrent"  # every client calls it, retrieves overlap
+
+
 @dataclass(frozen=True)
 class StockSummary:
     """Stock LMCache's replay of the slice against the simulated hits (``stock`` in the report)."""
 
     lmcache: str
-    serial: bool  # each rank's engine served one request at a time
+    calls: StockCalls
     l1_bytes: int
     deadline_s: float
     restores: int
@@ -619,27 +650,38 @@ class StockSummary:
     elapsed_s: float
     setup_s: float
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "run": True,
-            "lmcache": self.lmcache,
-            "calls": "serial" if self.serial else "concurrent",
-            "l1_bytes": self.l1_bytes,
-            "deadline_s": self.deadline_s,
-            "restores": self.restores,
-            "hit_tokens": self.hit_tokens,
-            "expected_hit_tokens": self.expected_hit_tokens,
-            "partial_chunk_tokens": self.partial_chunk_tokens,
-            "peak_bytes_per_rank": max(self.l1_peak_by_rank.values(), default=0),
-            "l1_peak_by_rank": {str(k): v for k, v in sorted(self.l1_peak_by_rank.items())},
-            "latency_s": self.latency_s.to_wire(),
-            "failed": self.failed,
-            "first_failure": self.first_failure,
-            "ranks_disagree": self.ranks_disagree,
-            "committed": self.committed.to_wire(),
-            "elapsed_s": self.elapsed_s,
-            "setup_s": self.setup_s,
-        }
+    run: ClassVar[bool] = True
+
+    @property
+    def serial(self) -> bool:
+        return self.calls is StockCalls.SERIAL
+
+    @property
+    def peak_bytes_per_rank(self) -> int:
+        return max(self.l1_peak_by_rank.values(), default=0)
+
+    to_wire = wire.writer(
+        order=(
+            "run",
+            "lmcache",
+            "calls",
+            "l1_bytes",
+            "deadline_s",
+            "restores",
+            "hit_tokens",
+            "expected_hit_tokens",
+            "partial_chunk_tokens",
+            "peak_bytes_per_rank",
+            "l1_peak_by_rank",
+            "latency_s",
+            "failed",
+            "first_failure",
+            "ranks_disagree",
+            "committed",
+            "elapsed_s",
+            "setup_s",
+        )
+    )
 
 
 def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: float = STOCK_DEADLINE_S) -> StockSummary:
@@ -660,14 +702,14 @@ def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: fl
     disagree = sum(1 for r in rows if len(set(r.loaded_by_rank or (0,))) > 1)
     return StockSummary(
         lmcache=run.lmcache_version,
-        serial=run.serial,
+        calls=StockCalls.SERIAL if run.serial else StockCalls.CONCURRENT,
         l1_bytes=run.l1_bytes,
         deadline_s=deadline_s,
         restores=sum(1 for v in loaded.values() if v > 0),
         hit_tokens=sum(loaded.values()),
         expected_hit_tokens=sum(full[r.index] for r in rows),
         partial_chunk_tokens=sum(want[r.index] - full[r.index] for r in rows),
-        l1_peak_by_rank=dict(run.l1_peak_by_rank),
+        l1_peak_by_rank=dict(sorted(run.l1_peak_by_rank.items())),
         latency_s=percentiles(latencies),
         failed=len(failed),
         first_failure=str(failed[0].error or f"no L1 for its whole plan within {deadline_s:g}s") if failed else "",

@@ -190,7 +190,7 @@ def test_stock_needs_one_paged_kv_layout() -> None:
         "chunk_size": 64,
         "tp_size": 2,
     }
-    two = dict(bt.REPLAY_REGISTRATION)
+    two = bt.REPLAY_REGISTRATION.to_dict()
     two["groups"] = [{"name": "kv", "block_size": 16}, {"name": "win", "block_size": 16}]
     two["tensors"] = [dict(t) for t in two["tensors"]]
     two["tensors"][1]["group"] = "win"

@@ -309,10 +309,11 @@ def test_a_dry_run_says_why_only_when_the_plan_does_not_fit() -> None:
 
     reg = load_registration("demo")
     plan = plan_restore(reg, 2, tokens=1024)
-    fits = PlanReport(plan, reg.bytes_per_chunk, reg.model, False, capacity=CapacityFit(True, 2, 4, 8)).to_wire()
+    report = {"plan": plan, "bytes_per_chunk": reg.bytes_per_chunk, "model": reg.model, "show_all_windows": False}
+    fits = PlanReport(**report, capacity=CapacityFit(True, 2, 4, 8)).to_wire()
     assert list(fits)[-1] == "capacity"
     assert fits["capacity"] == {"fits": True, "window_bytes": 2, "budget_bytes": 4, "pool_bytes": 8}
     refused = CapacityFit(False, 8, 4, 8, message="W=2: too big", hint="raise --budget")
-    capacity = PlanReport(plan, reg.bytes_per_chunk, reg.model, False, capacity=refused).to_wire()["capacity"]
+    capacity = PlanReport(**report, capacity=refused).to_wire()["capacity"]
     assert list(capacity) == ["fits", "window_bytes", "budget_bytes", "pool_bytes", "message", "hint"]
-    assert "capacity" not in PlanReport(plan, reg.bytes_per_chunk, reg.model, False).to_wire()
+    assert "capacity" not in PlanReport(**report).to_wire()

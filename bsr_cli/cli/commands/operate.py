@@ -210,7 +210,16 @@ def restore(
             from bsr_cli.cli.render import planning as render
 
             fit = _capacity_check(window, plan.committable_chunks, reg.bytes_per_chunk, info)
-            st.out.result(render.PlanReport(plan, reg.bytes_per_chunk, reg.model, False, capacity=fit), render.plan)
+            st.out.result(
+                render.PlanReport(
+                    plan=plan,
+                    bytes_per_chunk=reg.bytes_per_chunk,
+                    model=reg.model,
+                    show_all_windows=False,
+                    capacity=fit,
+                ),
+                render.plan,
+            )
             if not fit.fits:
                 raise CapacityError(fit.message, hint=fit.hint)
             return

@@ -109,7 +109,9 @@ def rws(
     )
     from bsr_cli.cli.render import planning as render
 
-    report = render.RwsReport(render.registration_summary(reg), acc, render.tensor_rows(reg, all_tensors))
+    report = render.RwsReport(
+        registration=render.registration_summary(reg), accounting=acc, tensors=render.tensor_rows(reg, all_tensors)
+    )
     st.out.result(report, render.rws)
 
 
@@ -239,7 +241,12 @@ def _plan_prompt(
     else:
         reg = flagged_registration()
     result = plan_restore(reg, w, bitmap=bitmap, tokens=tokens, exclude_tiers=exclude_tiers)
-    st.out.result(render.PlanReport(result, reg.bytes_per_chunk, reg.model, all_windows), render.plan)
+    st.out.result(
+        render.PlanReport(
+            plan=result, bytes_per_chunk=reg.bytes_per_chunk, model=reg.model, show_all_windows=all_windows
+        ),
+        render.plan,
+    )
 
 
 def _parse_budgets(text: str) -> tuple[int, ...]:
@@ -307,7 +314,9 @@ def registration_show(
 
     st = state(ctx, json_flag)
     reg = loaders.load_registration(spec)
-    report = render.RegistrationReport(render.registration_summary(reg), reg, render.tensor_rows(reg, all_tensors))
+    report = render.RegistrationReport(
+        summary=render.registration_summary(reg), registration=reg, tensor_rows=render.tensor_rows(reg, all_tensors)
+    )
     st.out.result(report, render.registration)
 
 
@@ -325,7 +334,7 @@ def registration_diff(
 
     st = state(ctx, json_flag)
     ra, rb = loaders.load_registration(a), loaders.load_registration(b)
-    report = render.RegistrationDiffReport(
+    report = render.RegistrationDiffReport.of(
         diff_registrations(ra, rb),
         a,
         b,

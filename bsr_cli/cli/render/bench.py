@@ -87,7 +87,8 @@ def _footer(console: Console, pub: PublishedBundle) -> None:
         mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "[dim]n/a[/]"}[t.met]
         note = f"  [dim]({t.note})[/]" if t.note else ""
         console.print(f"target: {t.name} {t.target}: measured {_plain(t.measured)} → {mark}{note}")
-    console.print(f"[dim]bundle {pub.path}" + (f"; plots {', '.join(pub.plots)}" if pub.plots else "") + "[/]")
+    files = pub.files
+    console.print(f"[dim]bundle {files.bundle}" + (f"; plots {', '.join(files.plots)}" if files.plots else "") + "[/]")
 
 
 def render_sweep(console: Console, pub: PublishedBundle) -> None:

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from bsr_cli.core import wire
 from bsr_cli.core.accounting import Accounting
 from bsr_cli.core.bitmap import Break
 from bsr_cli.core.plan import RestorePlan
-from bsr_cli.core.registration import Registration, RegistrationDiff
+from bsr_cli.core.registration import Registration, RegistrationDiff, TensorSpec
 from bsr_cli.core.trace_sim import PathRun, RestorePath, TracePlan
 from bsr_cli.core.units import format_bytes
 
@@ -83,35 +83,26 @@ class TensorRow:
     bytes_per_chunk: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RegistrationReport:
     """`bsr registration show`."""
 
-    summary: RegistrationSummary
+    summary: RegistrationSummary = wire.field(flatten=True)  # its keys first, beside the report's
     registration: Registration
     tensor_rows: tuple[TensorRow, ...]
 
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.summary) | {
-            "registration": self.registration.to_dict(),
-            "tensor_rows": _rows_wire(self.tensor_rows),
-        }
+    to_wire = wire.writer()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RwsReport:
     """`bsr rws`."""
 
     registration: RegistrationSummary
-    accounting: Accounting
+    accounting: Accounting = wire.field(flatten=True)  # the accounting's keys beside the report's
     tensors: tuple[TensorRow, ...]
 
-    def to_wire(self) -> dict[str, Any]:
-        return (
-            {"registration": dataclasses.asdict(self.registration)}
-            | self.accounting.to_wire()
-            | {"tensors": _rows_wire(self.tensors)}
-        )
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -122,86 +113,131 @@ class CapacityFit:
     window_bytes: int
     budget_bytes: int
     pool_bytes: int
-    message: str = ""  # why not, when it does not fit
-    hint: str = ""
+    # Why not, and what to do: keys only when it does not fit (the dry run always says both then, never when it fits).
+    message: str = wire.field(omit_empty=True, default="")
+    hint: str = wire.field(omit_empty=True, default="")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlanReport:
     """`bsr plan` (and `bsr restore --dry-run`, with the engine's capacity)."""
 
-    plan: RestorePlan
+    plan: RestorePlan = wire.field(flatten=True)  # the plan's keys first, beside the report's
     bytes_per_chunk: int
     model: str
     show_all_windows: bool
-    capacity: CapacityFit | None = None
+    capacity: CapacityFit | None = wire.field(omit_none=True, default=None)
 
-    def to_wire(self) -> dict[str, Any]:
-        out = self.plan.to_wire() | {
-            "bytes_per_chunk": self.bytes_per_chunk,
-            "model": self.model,
-            "show_all_windows": self.show_all_windows,
-        }
-        fit = self.capacity
-        if fit is not None:
-            capacity: dict[str, object] = {
-                "fits": fit.fits,
-                "window_bytes": fit.window_bytes,
-                "budget_bytes": fit.budget_bytes,
-                "pool_bytes": fit.pool_bytes,
-            }
-            if not fit.fits:  # why not, and what to do: said only when it does not fit
-                capacity |= {"message": fit.message, "hint": fit.hint}
-            out["capacity"] = capacity
-        return out
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
+class TensorChange:
+    """A tensor both registrations name, as each declares it."""
+
+    a: TensorSpec
+    b: TensorSpec
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """A registration setting (model, tp_size, chunk_size, aux_bytes, groups) that differs, on both sides."""
+
+    field: str
+    a: str | int | list[tuple[str, int]]
+    b: str | int | list[tuple[str, int]]
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
+class ChunkBytes:
+    """Σc_i on both sides, and what the change adds (negative: removes)."""
+
+    a: int
+    b: int
+
+    @property
+    def delta(self) -> int:
+        return self.b - self.a
+
+    to_wire = wire.writer(computed=("delta",))
+
+
+@dataclass(frozen=True)
+class DiffSide:
+    """One side of the diff: where it was read from, its identity and how many tensors it registers."""
+
+    source: str
+    identity: str
+    tensors: int
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
+class RwsPair:
+    """RWS(W) per rank on both sides."""
+
+    a: int
+    b: int
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True, kw_only=True)
 class RegistrationDiffReport:
     """`bsr registration diff A B`: what changed, and RWS(W) on both sides (W > 0)."""
 
-    diff: RegistrationDiff
-    a_source: str
-    b_source: str
-    a: Registration
-    b: Registration
-    w: int
-    rws_a: int | None
-    rws_b: int | None
+    identical: bool
+    added: tuple[TensorSpec, ...]
+    removed: tuple[TensorSpec, ...]
+    changed: tuple[TensorChange, ...]
+    settings: tuple[SettingChange, ...]
+    bytes_per_chunk: ChunkBytes
+    a: DiffSide
+    b: DiffSide
+    w: int = wire.field(name="W")
+    rws_bytes: RwsPair | None  # None: W=0, no window to size
 
-    def to_wire(self) -> dict[str, Any]:
-        d = self.diff
-        ca, cb = d.bytes_per_chunk
-        return {
-            "identical": d.identical,
-            "added": [t.to_wire() for t in d.added],
-            "removed": [t.to_wire() for t in d.removed],
-            "changed": [{"a": x.to_wire(), "b": y.to_wire()} for x, y in d.changed],
-            "settings": [{"field": f, "a": x, "b": y} for f, x, y in d.settings],
-            "bytes_per_chunk": {"a": ca, "b": cb, "delta": cb - ca},
-            "a": {"source": self.a_source, "identity": self.a.identity, "tensors": len(self.a.tensors)},
-            "b": {"source": self.b_source, "identity": self.b.identity, "tensors": len(self.b.tensors)},
-            "W": self.w,
-            "rws_bytes": None if self.rws_a is None else {"a": self.rws_a, "b": self.rws_b},
-        }
+    to_wire = wire.writer()
+
+    @classmethod
+    def of(
+        cls,
+        diff: RegistrationDiff,
+        a_source: str,
+        b_source: str,
+        a: Registration,
+        b: Registration,
+        w: int,
+        rws_a: int | None,
+        rws_b: int | None,
+    ) -> RegistrationDiffReport:
+        return cls(
+            identical=diff.identical,
+            added=diff.added,
+            removed=diff.removed,
+            changed=tuple(TensorChange(x, y) for x, y in diff.changed),
+            settings=tuple(SettingChange(f, x, y) for f, x, y in diff.settings),
+            bytes_per_chunk=ChunkBytes(*diff.bytes_per_chunk),
+            a=DiffSide(a_source, a.identity, len(a.tensors)),
+            b=DiffSide(b_source, b.identity, len(b.tensors)),
+            w=w,
+            rws_bytes=None if rws_a is None or rws_b is None else RwsPair(rws_a, rws_b),
+        )
 
 
 @dataclass(frozen=True)
 class TracePlanReport:
     """`bsr plan --trace`: the replay through the planning model, and the plots written (with --plot)."""
 
-    result: TracePlan
-    plots: tuple[str, ...] | None = None
+    result: TracePlan = wire.field(flatten=True)  # the replay's keys, then the plots
+    plots: tuple[str, ...] | None = wire.field(omit_none=True, default=None)  # None: drawn none (no --plot)
 
-    def to_wire(self) -> dict[str, Any]:
-        out = self.result.to_wire()
-        if self.plots is not None:
-            out["plots"] = list(self.plots)
-        return out
-
-
-def _rows_wire(rows: Sequence[TensorRow]) -> list[Any]:
-    return [dataclasses.asdict(r) | {"shape": list(r.shape)} for r in rows]
+    to_wire = wire.writer()
 
 
 # -- building them ---------------------------------------------------------------------------------------------
@@ -381,20 +417,20 @@ def plan(console: Console, r: PlanReport) -> None:
 
 
 def registration_diff(console: Console, r: RegistrationDiffReport) -> None:
-    d = r.diff
-    console.print(f"A: {r.a_source} ({len(r.a.tensors)} tensors, {r.a.identity})")
-    console.print(f"B: {r.b_source} ({len(r.b.tensors)} tensors, {r.b.identity})")
-    if d.identical:
+    console.print(f"A: {r.a.source} ({r.a.tensors} tensors, {r.a.identity})")
+    console.print(f"B: {r.b.source} ({r.b.tensors} tensors, {r.b.identity})")
+    if r.identical:
         console.print("[green]identical[/]")
         return
     t = Table()
     for col in ("change", "tensor", "group", "dtype", "shape/token"):
         t.add_column(col)
-    for x in d.added:
+    for x in r.added:
         t.add_row(Text("+ added", style="green"), x.name, x.group, x.dtype, "×".join(map(str, x.shape)))
-    for x in d.removed:
+    for x in r.removed:
         t.add_row(Text("- removed", style="red"), x.name, x.group, x.dtype, "×".join(map(str, x.shape)))
-    for x, y in d.changed:
+    for change in r.changed:
+        x, y = change.a, change.b
         t.add_row(
             Text("~ changed", style="yellow"),
             x.name,
@@ -404,12 +440,12 @@ def registration_diff(console: Console, r: RegistrationDiffReport) -> None:
         )
     if t.row_count:
         console.print(t)
-    for field, a, bb in d.settings:
-        console.print(f"{field}: {a} → {bb}")
-    ca, cb = d.bytes_per_chunk
-    console.print(f"Σ c_i: {ca:,} → {cb:,} bytes per chunk ({cb - ca:+,})")
-    if r.rws_a is not None and r.rws_b is not None:
-        console.print(f"RWS(W={r.w}): {b(r.rws_a)} → {b(r.rws_b)} per rank")
+    for s in r.settings:
+        console.print(f"{s.field}: {s.a} → {s.b}")
+    sums = r.bytes_per_chunk
+    console.print(f"Σ c_i: {sums.a:,} → {sums.b:,} bytes per chunk ({sums.delta:+,})")
+    if r.rws_bytes is not None:
+        console.print(f"RWS(W={r.w}): {b(r.rws_bytes.a)} → {b(r.rws_bytes.b)} per rank")
 
 
 def seconds(x: float) -> str:

@@ -81,10 +81,10 @@ def show(
 ) -> None:
     """Print a bundle's table again (validated against the schema first)."""
     from bsr_cli.bench import bundle as bundles
-    from bsr_cli.bench.evidence import PublishedBundle
+    from bsr_cli.bench.evidence import BundleFiles, PublishedBundle
 
     st = state(ctx, json_flag)
     bundle = bundles.read(file)
     from bsr_cli.cli.render.bench import table_for
 
-    st.out.result(PublishedBundle(bundle, str(file), []), table_for(bundle.experiment))
+    st.out.result(PublishedBundle(bundle=bundle, files=BundleFiles(str(file), [])), table_for(bundle.experiment))

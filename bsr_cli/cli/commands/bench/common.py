@@ -121,7 +121,7 @@ def execute(
 def publish(st: AppState, bundle: Bundle, out: Path, no_plots: bool) -> None:
     """Write the bundle, redraw the plots, print the experiment's table (or the bundle with --json), exit by it."""
     from bsr_cli.bench import bundle as bundles
-    from bsr_cli.bench.evidence import PublishedBundle
+    from bsr_cli.bench.evidence import BundleFiles, PublishedBundle
 
     path = bundles.write(bundle, out)
     plots: list[str] = []
@@ -134,7 +134,7 @@ def publish(st: AppState, bundle: Bundle, out: Path, no_plots: bool) -> None:
             st.out.note(f"[yellow]no PNG plots:[/] {e}")
     from bsr_cli.cli.render.bench import table_for  # rich, only when a person reads the table
 
-    st.out.result(PublishedBundle(bundle, str(path), plots), table_for(bundle.experiment))
+    st.out.result(PublishedBundle(bundle=bundle, files=BundleFiles(str(path), plots)), table_for(bundle.experiment))
     exit_for(bundle, path)
 
 
