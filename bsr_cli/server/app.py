@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
+from pydantic_core import ErrorDetails
 
 from bsr_cli import API_VERSION
 from bsr_cli.core.events import Event
@@ -71,7 +72,7 @@ def _err(status: int, kind: str, message: str, hint: str | None = None) -> Respo
     return _json({"error": kind, "message": message, "hint": hint}, status)
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: ErrorDetails) -> str:
     """One line for pydantic's first complaint, naming the field as the request spelled it."""
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
     where = ".".join(loc) or "body"
