@@ -580,9 +580,12 @@ class FleetView:
     def worst(self) -> str:
         return self.engines[0].state if self.engines else "ok"
 
-    def to_wire(self) -> dict[str, Any]:
-        engines = [e.to_wire() for e in self.engines]
-        return {"fleet": True, "engines": engines, "counts": self.counts, "worst": self.worst}
+    @property
+    def fleet(self) -> bool:
+        """Always true: the key that tells a fleet's JSON from one engine's."""
+        return True
+
+    to_wire = wire.writer(order=("fleet", "engines", "counts", "worst"))
 
     from_wire = wire.reader()
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.core import wire
+
 INDEX_FORMAT = 2
 VALUE_GLOBALS = ("--engine", "-e")  # global options whose values are a known set (engine profiles)
 
@@ -59,15 +61,11 @@ class CompletionIndex:
     stamp: str
     commands: dict[str, CommandNode]
 
-    def to_wire(self) -> dict[str, Any]:
-        commands = {
-            path: {
-                "options": {name: [takes, list(names)] for name, (takes, names) in node.options.items()},
-                "subcommands": list(node.subcommands),
-            }
-            for path, node in self.commands.items()
-        }
-        return {"format": INDEX_FORMAT, "stamp": self.stamp, "commands": commands}
+    @property
+    def format(self) -> int:
+        return INDEX_FORMAT
+
+    to_wire = wire.writer(order=("format", "stamp", "commands"))
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> CompletionIndex:

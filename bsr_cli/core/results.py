@@ -45,9 +45,22 @@ class ProbeResult:
     # The markers as the engine lists them, with what a host adds to each (a vLLM worker: its scheduler's fields).
     markers: tuple[MarkerView, ...]
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"kind": "bsr.probe"} | wire.write(self)  # the document's kind first, as the bitmap's own
+    @property
+    def kind(self) -> str:
+        return "bsr.probe"  # the document's kind, first, as the bitmap's own
 
+    to_wire = wire.writer(
+        order=(
+            "kind",
+            "bitmap",
+            "registration",
+            "committable_chunks",
+            "committable_tokens",
+            "first_break",
+            "tier_errors",
+            "markers",
+        )
+    )
     from_wire = wire.reader()
 
 

@@ -76,14 +76,7 @@ class KeptState:
     markers: tuple[Marker, ...]
     armed_faults: int
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "registration": self.registration,
-            "base": self.base.to_wire(),
-            "settings": self.settings.to_wire(),
-            "markers": [m.to_dict() for m in self.markers],
-            "armed_faults": self.armed_faults,
-        }
+    to_wire = wire.writer()
 
 
 def kept_state(coord: Coordinator, base: KeptSettings) -> KeptState:

@@ -245,11 +245,11 @@ class RankRecord:
     restarts: int | None = wire.field(omit_none=True, default=None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecordedOptions:
     """What decides an engine's behaviour, as recorded in state.json: compared when `up` finds one running."""
 
-    settings: ResolvedSettings
+    settings: ResolvedSettings = wire.field(flatten=True)  # its keys first, in the options' own object
     registration: str
     host: str
     port: int
@@ -262,20 +262,18 @@ class RecordedOptions:
     @classmethod
     def of(cls, opts: EngineOptions, settings: ResolvedSettings) -> RecordedOptions:
         return cls(
-            settings,
-            opts.registration.identity,
-            opts.host,
-            opts.port,
-            opts.remote,
-            tuple(sorted(opts.allowed_hosts)),
-            opts.open_metrics,
-            opts.hosts,
-            opts.link_rate_bps,
+            settings=settings,
+            registration=opts.registration.identity,
+            host=opts.host,
+            port=opts.port,
+            remote=opts.remote,
+            allowed_hosts=tuple(sorted(opts.allowed_hosts)),
+            open_metrics=opts.open_metrics,
+            hosts=opts.hosts,
+            link_rate_bps=opts.link_rate_bps,
         )
 
-    # Not the codec's alone: the settings' keys come first, in the options' own object.
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self.settings) | {k: v for k, v in wire.write(self).items() if k != "settings"}
+    to_wire = wire.writer()
 
     @classmethod
     def from_wire(cls, data: object) -> RecordedOptions | None:
@@ -286,15 +284,15 @@ class RecordedOptions:
         o = data
         return _parsed(
             lambda: cls(
-                settings,
-                str(o["registration"]),
-                str(o["host"]),
-                int(o["port"]),
-                bool(o["remote"]),
-                tuple(str(h) for h in o["allowed_hosts"]),
-                bool(o["open_metrics"]),
-                str(o["hosts"]),
-                None if o["link_rate_bps"] is None else int(o["link_rate_bps"]),
+                settings=settings,
+                registration=str(o["registration"]),
+                host=str(o["host"]),
+                port=int(o["port"]),
+                remote=bool(o["remote"]),
+                allowed_hosts=tuple(str(h) for h in o["allowed_hosts"]),
+                open_metrics=bool(o["open_metrics"]),
+                hosts=str(o["hosts"]),
+                link_rate_bps=None if o["link_rate_bps"] is None else int(o["link_rate_bps"]),
             )
         )
 
