@@ -291,6 +291,10 @@ def value_from_wire(hint: Any, value: Any) -> Any:
     if origin in (tuple, list, set, frozenset) or hint in (tuple, list, set, frozenset):
         items: Sequence[Any] = value if isinstance(value, (list, tuple)) else ()
         item_hints = typing.get_args(hint)
+        if origin is tuple and item_hints and item_hints[-1] is not Ellipsis:  # a fixed tuple: each item its type
+            given = list(items)[: len(item_hints)]
+            given += [None] * (len(item_hints) - len(given))
+            return tuple(value_from_wire(h, v) for h, v in zip(item_hints, given, strict=True))
         item = item_hints[0] if item_hints else Any
         if isinstance(item, type) and dataclasses.is_dataclass(
             item

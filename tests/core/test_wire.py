@@ -317,3 +317,8 @@ def test_a_set_is_written_sorted_and_read_back_as_a_set() -> None:
 def test_an_item_of_a_list_of_objects_that_is_not_an_object_is_passed_over() -> None:
     got = Kept.from_wire({"prompt": "p", "parts": [{"name": "a", "count": 1}, 7, None, "x"]})
     assert got.parts == (Inner("a", 1),)
+
+
+def test_a_fixed_tuple_reads_each_item_as_its_own_type() -> None:
+    assert wire.value_from_wire(tuple[bool, tuple[str, ...]], [1, ["a", "b"]]) == (True, ("a", "b"))
+    assert wire.value_from_wire(tuple[int, str], [3]) == (3, "")  # an item left out reads as empty
