@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import Stage, TierCondition
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
 
@@ -333,6 +333,39 @@ class FaultListing:
     from_wire = wire.reader()
 
 
+@dataclass(frozen=True, kw_only=True)
+class RecentRestore:
+    """One ended restore among the snapshot's recent ones: what it restored, how it ended and why. A host that runs
+    restores itself (a vLLM worker's loads) writes its own entries, with keys of its own (``host_fields``) in an
+    order of its own; such an entry keeps the keys it came with, in their order, so it is written back as it came."""
+
+    request: str
+    outcome: Outcome | None  # None only in an entry that came without one (a writer of its own may leave it out)
+    tokens: int = 0
+    w: int = wire.field(name="W", default=0)
+    tiers: tuple[str, ...] = ()
+    seconds: float = 0.0
+    finished: float = 0.0
+    reason: str = ""
+    failure_kind: FailureKind | None = None
+    failure_stage: Stage | None = None
+    host_fields: dict[str, Any] = wire.field(extra=True)
+    # The keys of the JSON object it was read from, in their order (None: built here, written in field order).
+    sent_keys: tuple[str, ...] | None = wire.field(skip=True, default=None)
+
+    def to_wire(self) -> dict[str, Any]:
+        # Hand-written: which keys an entry read from a host carries, and their order, are not a function of the
+        # fields (a vLLM worker leaves out failure_stage and puts its own keys between the standard ones).
+        written = wire.write(self)
+        if self.sent_keys is None:
+            return written
+        return {key: written[key] for key in self.sent_keys if key in written}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RecentRestore:
+        return replace(wire.read(cls, d), sent_keys=tuple(d))
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything a monitor draws at once (``GET /snapshot``, what `bsr top` polls): the engine's info, each
@@ -343,9 +376,7 @@ class Snapshot:
     info: EngineInfo
     ranks: tuple[PoolEntry, ...]
     active: tuple[ActiveRestore, ...]
-    # The recent restores, newest first, as the engine records them (their wire form: a restore's own type is
-    # the restore results').
-    recent: list[dict[str, Any]]
+    recent: tuple[RecentRestore, ...]  # newest first
     admission: Admission
     tiers: dict[str, TierHealth]
     events: list[dict[str, Any]]  # the events' wire form (bsr_cli.core.events.parse_event reads one)
@@ -387,6 +418,7 @@ __all__ = [
     "RankFault",
     "RankHealth",
     "RankTierStatus",
+    "RecentRestore",
     "RegistrationSummary",
     "Snapshot",
     "TierHealth",
