@@ -379,7 +379,10 @@ class Snapshot:
     recent: tuple[RecentRestore, ...]  # newest first
     admission: Admission
     tiers: dict[str, TierHealth]
-    events: list[dict[str, Any]]  # the events' wire form (bsr_cli.core.events.parse_event reads one)
+    # The events as the engine sent them, kept as JSON objects (bsr_cli.core.events.known_event types one): a kind
+    # a newer engine adds, or an event of an older recording, has no type here, yet `bsr top` shows it and
+    # `bsr status --json` writes it back whole.
+    events: list[dict[str, Any]]
     seq: int  # the last event's sequence number: the next poll's cursor
     markers: tuple[MarkerView, ...] = ()
     faults: tuple[FaultSpec, ...] = ()

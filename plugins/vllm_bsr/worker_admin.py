@@ -295,7 +295,7 @@ class WorkerCoordinator(LMCacheCoordinator):
     def snapshot(self, health: bool = True, events_since: int | None = None) -> Snapshot:
         snap = super().snapshot(health=health, events_since=events_since)  # the markers are this host's already
         doc = self.scheduler_state()
-        failed = {str(f.get("request")): f for f in (doc or {}).get("load_failed") or []}
+        failed = {str(f.get("request")) for f in (doc or {}).get("load_failed") or []}  # loads that failed on a rank
         scheduler = {
             "published": doc is not None,
             "updated_at": (doc or {}).get("updated_at"),
@@ -308,7 +308,7 @@ class WorkerCoordinator(LMCacheCoordinator):
         )
 
     @staticmethod
-    def _request_level(entry: RecentRestore, failed: dict[str, Any]) -> RecentRestore:
+    def _request_level(entry: RecentRestore, failed: set[str]) -> RecentRestore:
         """A load this rank completed, of a request whose load failed on another TP rank: vLLM recomputed the
         whole request (every rank's blocks), so nothing this rank loaded was used."""
         if entry.outcome is not Outcome.COMMITTED or entry.request not in failed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -18,6 +18,7 @@ from rich.text import Text
 
 from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
 from bsr_cli.cli.render.planning import b, first_break_line
+from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, HitBitmap
 from bsr_cli.core.events import Event, Failure, RestoreFailed, RestoreStarted, WindowReleased
 from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition, window_label
@@ -97,11 +98,10 @@ def legend(tiers: list[str], chunks: int, width: int) -> str:
 class ProbeView:
     """`bsr probe`'s result: the engine's answer and the strip width asked for (--width; None: fit the terminal)."""
 
-    result: ProbeResult
+    result: ProbeResult = field(metadata=wire.meta(flatten=True))  # the engine's answer's keys, then the width
     strip_width: int | None
 
-    def to_wire(self) -> dict[str, Any]:
-        return self.result.to_wire() | {"strip_width": self.strip_width}
+    to_wire = wire.writer()
 
 
 def probe(console: Console, view: ProbeView) -> None:
@@ -239,9 +239,9 @@ class RestoreView:
     budget_bytes: int | None
 
     def to_wire(self) -> dict[str, Any]:
-        wire = self.result.to_wire()
-        wire.setdefault("budget_bytes", self.budget_bytes)
-        return wire
+        written = self.result.to_wire()  # budget_bytes only where the answer has none: not a function of the fields
+        written.setdefault("budget_bytes", self.budget_bytes)
+        return written
 
 
 def restore(console: Console, view: RestoreView) -> None:
