@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -24,6 +25,7 @@ from urllib.parse import quote
 import httpx
 
 from bsr_cli import API_VERSION
+from bsr_cli.core import wire
 from bsr_cli.core.events import Event, known_event
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
@@ -50,6 +52,20 @@ OnEvent = Callable[[Event], None]  # a progress event, read from the wire form t
 
 PAGE = 5000  # events asked for per /events page when filtering
 MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
+
+
+@dataclass(frozen=True)
+class EventPage:
+    """One ``GET /events`` answer: its events as the engine sent them (kept as JSON objects: a newer engine's
+    kinds are printed and exported whole, and ``known_event`` types those this bsr knows), the engine's last
+    sequence number, and whether it keeps its events in a durable store."""
+
+    events: list[dict[str, Any]]
+    last_seq: int = 0
+    durable: bool = False
+
+    from_wire = wire.reader()
+
 
 _KIND_TO_ERROR: dict[str, type[EngineError]] = {
     cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled)
@@ -366,7 +382,7 @@ class AdminClient:
         kinds: Sequence[str] | None = None,
         limit: int | None = None,
         newest: bool = False,
-    ) -> dict[str, Any]:
+    ) -> EventPage:
         """One page of ``GET /events``: events after the cursor ``since``, filtered (every filter combines:
         ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for the last ``limit``
         matches instead of the first."""
@@ -380,7 +396,7 @@ class AdminClient:
             params["limit"] = limit
         if newest:
             params["newest"] = "1"
-        return dict(self._call("GET", "/events", params=params, timeout=wait_s + 10))
+        return EventPage.from_wire(self._call("GET", "/events", params=params, timeout=wait_s + 10))
 
     def held_events(
         self,
@@ -421,8 +437,8 @@ class AdminClient:
                 )
             else:
                 got = self.events(since=seq)
-            page = [e for e in got.get("events") or [] if isinstance(e, dict)]
-            last = int(got.get("last_seq") or 0)
+            page = [e for e in got.events if e]  # an item that was not an object reads as empty
+            last = got.last_seq
             out.extend(page)
             if not page or int(page[-1].get("seq", last)) >= last or (filtered and len(page) < PAGE):
                 return out, last

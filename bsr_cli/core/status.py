@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import Stage, TierCondition
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
 
@@ -322,6 +322,39 @@ class FaultListing:
     from_wire = wire.reader()
 
 
+@dataclass(frozen=True, kw_only=True)
+class RecentRestore:
+    """One ended restore among the snapshot's recent ones: what it restored, how it ended and why. A host that runs
+    restores itself (a vLLM worker's loads) writes its own entries, with keys of its own (``host_fields``) in an
+    order of its own; such an entry keeps the keys it came with, in their order, so it is written back as it came."""
+
+    request: str
+    outcome: Outcome | None  # None only in an entry that came without one (a writer of its own may leave it out)
+    tokens: int = 0
+    w: int = wire.field(name="W", default=0)
+    tiers: tuple[str, ...] = ()
+    seconds: float = 0.0
+    finished: float = 0.0
+    reason: str = ""
+    failure_kind: FailureKind | None = None
+    failure_stage: Stage | None = None
+    host_fields: dict[str, Any] = wire.field(extra=True)
+    # The keys of the JSON object it was read from, in their order (None: built here, written in field order).
+    sent_keys: tuple[str, ...] | None = wire.field(skip=True, default=None)
+
+    def to_wire(self) -> dict[str, Any]:
+        # Hand-written: which keys an entry read from a host carries, and their order, are not a function of the
+        # fields (a vLLM worker leaves out failure_stage and puts its own keys between the standard ones).
+        written = wire.write(self)
+        if self.sent_keys is None:
+            return written
+        return {key: written[key] for key in self.sent_keys if key in written}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RecentRestore:
+        return replace(wire.read(cls, d), sent_keys=tuple(d))
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything a monitor draws at once (``GET /snapshot``, what `bsr top` polls): the engine's info, each
@@ -332,12 +365,13 @@ class Snapshot:
     info: EngineInfo
     ranks: tuple[PoolEntry, ...]
     active: tuple[ActiveRestore, ...]
-    # The recent restores, newest first, as the engine records them (their wire form: a restore's own type is
-    # the restore results').
-    recent: list[dict[str, Any]]
+    recent: tuple[RecentRestore, ...]  # newest first
     admission: Admission
     tiers: dict[str, TierHealth]
-    events: list[dict[str, Any]]  # the events' wire form (bsr_cli.core.events.parse_event reads one)
+    # The events as the engine sent them, kept as JSON objects (bsr_cli.core.events.known_event types one): a kind
+    # a newer engine adds, or an event of an older recording, has no type here, yet `bsr top` shows it and
+    # `bsr status --json` writes it back whole.
+    events: list[dict[str, Any]]
     seq: int  # the last event's sequence number: the next poll's cursor
     markers: tuple[MarkerView, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
@@ -375,6 +409,7 @@ __all__ = [
     "RankFault",
     "RankHealth",
     "RankTierStatus",
+    "RecentRestore",
     "RegistrationSummary",
     "Snapshot",
     "TierHealth",

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from bsr_cli.api.ranks import RankClient
 from bsr_cli.core.bitmap import HitBitmap
@@ -36,7 +35,17 @@ from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.markers import ClearScope, Marker
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import ManualRestoreResult, StoreReport, SubmitResult, TierErrors
-from bsr_cli.core.status import BlockWait, EngineInfo, Health, MarkerView, PoolEntry, RankFault, RankHealth, Snapshot
+from bsr_cli.core.status import (
+    BlockWait,
+    EngineInfo,
+    Health,
+    MarkerView,
+    PoolEntry,
+    RankFault,
+    RankHealth,
+    RecentRestore,
+    Snapshot,
+)
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation, BlockAllocator
 from bsr_cli.runtime.armed_faults import ArmedFaults
@@ -216,7 +225,7 @@ class Coordinator:
         return self.calls.rank_faults()
 
     @property
-    def recent(self) -> list[dict[str, Any]]:
+    def recent(self) -> list[RecentRestore]:
         return self.observation.recent()
 
     def health(self) -> Health:

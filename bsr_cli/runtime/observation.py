@@ -15,7 +15,6 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
-from typing import Any
 
 from bsr_cli import API_VERSION, __version__
 from bsr_cli.api.ranks import RestoreResult, StatsRequest, StatsResult, TierStatus
@@ -42,6 +41,7 @@ from bsr_cli.core.status import (
     PoolEntry,
     QuarantinedFile,
     RankTierStatus,
+    RecentRestore,
     RegistrationSummary,
     Snapshot,
     TierHealth,
@@ -124,7 +124,7 @@ class Observation:
         # Every mutable field below is read and written under ``_lock``.
         self._lock = threading.Lock()
         self._active: dict[str, ActiveRestore] = {}  # the running restores, as a monitor draws them
-        self._recent: deque[dict[str, Any]] = deque(maxlen=50)
+        self._recent: deque[RecentRestore] = deque(maxlen=50)
         self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ctx.ranks}
         # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
         self._tier_failures: dict[str, _TierFailure] = {}
@@ -343,18 +343,18 @@ class Observation:
         self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
         with self._lock:
             self._recent.appendleft(
-                {
-                    "request": request,
-                    "outcome": outcome.value,
-                    "tokens": tokens,
-                    "W": w,
-                    "tiers": list(tiers),
-                    "seconds": seconds,
-                    "finished": time.time(),
-                    "reason": failures.describe(deciding) if deciding is not None else "",
-                    "failure_kind": kind.value if kind else None,
-                    "failure_stage": deciding.stage.value if deciding is not None and deciding.stage else None,
-                }
+                RecentRestore(
+                    request=request,
+                    outcome=outcome,
+                    tokens=tokens,
+                    w=w,
+                    tiers=tuple(tiers),
+                    seconds=seconds,
+                    finished=time.time(),
+                    reason=failures.describe(deciding) if deciding is not None else "",
+                    failure_kind=kind,
+                    failure_stage=deciding.stage if deciding is not None and deciding.stage else None,
+                )
             )
         if outcome is not Outcome.NOTHING_TO_RESTORE:
             self.events.append(
@@ -463,7 +463,7 @@ class Observation:
         ranks = self.pool(health=health)
         with self._lock:
             active = tuple(self._active.values())
-            recent = list(self._recent)
+            recent = tuple(self._recent)
         tiers = self.tier_health([(r.rank, r.tiers) for r in ranks if r.tiers is not None])
         return Snapshot(
             time=time.time(),
@@ -485,12 +485,12 @@ class Observation:
         return self.events.recent(50) if events_since is None else self.events.since(events_since, limit=2000)
 
     # -- what the coordinator remembers --------------------------------------------------------------------------
-    def recent(self) -> list[dict[str, Any]]:
+    def recent(self) -> list[RecentRestore]:
         """The recent restores, newest first."""
         with self._lock:
             return list(self._recent)
 
-    def remember(self, entry: dict[str, Any]) -> None:
+    def remember(self, entry: RecentRestore) -> None:
         """A restore a host ran itself (a vLLM worker's load), listed first among the recent ones."""
         with self._lock:
             self._recent.appendleft(entry)

@@ -573,16 +573,16 @@ def _gauges(
     return tuple(gauges)
 
 
-def _outcome(o: Mapping[str, Any]) -> Outcome:
+def _outcome(o: status.RecentRestore) -> Outcome:
     return Outcome(
-        request=str(o.get("request", "")),
-        outcome=str(o.get("outcome", "?")),
-        tokens=_int(o.get("tokens")),
-        w=_int(o.get("W")),
-        tiers=tuple(o.get("tiers") or ()),
-        seconds=_float(o.get("seconds")),
-        finished=_float(o.get("finished")),
-        reason=str(o.get("reason", "")),
+        request=o.request,
+        outcome=o.outcome.value if o.outcome is not None else "?",
+        tokens=o.tokens,
+        w=o.w,
+        tiers=o.tiers,
+        seconds=o.seconds,
+        finished=o.finished,
+        reason=o.reason,
     )
 
 

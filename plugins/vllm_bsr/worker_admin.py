@@ -55,10 +55,11 @@ from bsr_cli.api.ranks import (
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import HitBitmap, encode_row
 from bsr_cli.core.events import parse_event
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.core.results import ManualRestoreResult, SubmitResult, TierErrors
-from bsr_cli.core.status import EngineInfo, MarkerView, Snapshot
+from bsr_cli.core.status import EngineInfo, MarkerView, RecentRestore, Snapshot
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.coordinator import EngineSettings
 from bsr_cli.runtime.events import EventLog
@@ -294,7 +295,7 @@ class WorkerCoordinator(LMCacheCoordinator):
     def snapshot(self, health: bool = True, events_since: int | None = None) -> Snapshot:
         snap = super().snapshot(health=health, events_since=events_since)  # the markers are this host's already
         doc = self.scheduler_state()
-        failed = {str(f.get("request")): f for f in (doc or {}).get("load_failed") or []}
+        failed = {str(f.get("request")) for f in (doc or {}).get("load_failed") or []}  # loads that failed on a rank
         scheduler = {
             "published": doc is not None,
             "updated_at": (doc or {}).get("updated_at"),
@@ -302,30 +303,35 @@ class WorkerCoordinator(LMCacheCoordinator):
         }
         return replace(
             snap,
-            recent=[self._request_level(r, failed) for r in snap.recent],
+            recent=tuple(self._request_level(r, failed) for r in snap.recent),
             host_fields={**snap.host_fields, "scheduler": scheduler},
         )
 
     @staticmethod
-    def _request_level(entry: dict[str, Any], failed: dict[str, Any]) -> dict[str, Any]:
+    def _request_level(entry: RecentRestore, failed: set[str]) -> RecentRestore:
         """A load this rank completed, of a request whose load failed on another TP rank: vLLM recomputed the
         whole request (every rank's blocks), so nothing this rank loaded was used."""
-        if entry.get("outcome") != "committed" or str(entry.get("request")) not in failed:
+        if entry.outcome is not Outcome.COMMITTED or entry.request not in failed:
             return entry
-        return entry | {
-            "outcome": "failed_closed",
-            "loaded_tokens": 0,
-            "recomputed_tokens": entry.get("prefix_tokens", entry.get("advertised_tokens", 0)),
-            "this_rank": "committed",
-            "reason": "this rank's windows completed, but the load failed on another TP rank: vLLM recomputed the "
-            "whole request",
-        }
+        sent = entry.to_wire()
+        return RecentRestore.from_wire(
+            sent
+            | {
+                "outcome": Outcome.FAILED_CLOSED.value,
+                "loaded_tokens": 0,
+                "recomputed_tokens": sent.get("prefix_tokens", sent.get("advertised_tokens", 0)),
+                "this_rank": Outcome.COMMITTED.value,
+                "reason": "this rank's windows completed, but the load failed on another TP rank: vLLM recomputed "
+                "the whole request",
+            }
+        )
 
     # -- what this worker loaded ---------------------------------------------------------------------------------
     def record_load(self, report: dict[str, Any]) -> None:
         """One load as the connector saw it: its events (bsr's restore vocabulary) and a recent-restores entry."""
         for ev in load_events(report):
             self.events.append(parse_event(ev | {"tp_rank": self.tp_rank}))
+        # The worker's own entry (its keys, in its order): read back, it is written as it is built here.
         entry = {
             "request": report["request"],
             "prompt": report["prompt"],
@@ -346,8 +352,8 @@ class WorkerCoordinator(LMCacheCoordinator):
             "failure_kind": report["failure_kind"],
             "tp_rank": self.tp_rank,
         }
-        self.observation.remember(entry)
-        keep = {str(e["request"]) for e in self.observation.recent()}
+        self.observation.remember(RecentRestore.from_wire(entry))
+        keep = {e.request for e in self.observation.recent()}
         with self._loads_lock:
             self._loads[report["request"]] = report
             self._loads = {k: v for k, v in self._loads.items() if k in keep}

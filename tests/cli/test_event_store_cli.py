@@ -116,9 +116,9 @@ def test_the_first_restores_evidence_outlives_the_old_ring_and_a_restart(
     with own_engine.client() as c:
         c.clear_faults()
         c.clear_markers()
-        first_seq = c.events(request=first, newest=True, limit=1)["events"][-1]["seq"]
+        first_seq = c.events(request=first, newest=True, limit=1).events[-1]["seq"]
         restores = 0
-        while c.events()["last_seq"] - first_seq <= OLD_RING:
+        while c.events().last_seq - first_seq <= OLD_RING:
             assert bsr("restore", *prompt, "--W", "1").code == 0
             restores += 1
             assert restores <= 12, "each restore should add ~390 events"

@@ -13,7 +13,7 @@ from bsr_cli.core.prompt import Prompt
 
 def test_export_the_engines_requests_as_a_trace_and_plan_from_it(bsr: Any, engine: Any, tmp_path: Path) -> None:
     with engine.client() as c:
-        after = int(c.events(0, limit=1, newest=True).get("last_seq") or 0)  # only this test's requests
+        after = c.events(0, limit=1, newest=True).last_seq  # only this test's requests
         first = synthetic_tokens(2048, seed=7301)
         shared = first[:1024] + synthetic_tokens(1024, seed=7302)  # the first two 512-token blocks of ``first``
         other = synthetic_tokens(1536, seed=7303)

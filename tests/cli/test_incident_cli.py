@@ -132,7 +132,7 @@ def test_events_since_and_until_must_parse_and_not_cross(bsr, engine) -> None:
 
 def test_events_follow_prints_the_new_matching_events_until_ctrl_c(bsr, engine) -> None:
     with engine.client() as c:
-        after = int(c.events(limit=1, newest=True).get("last_seq") or 0)
+        after = c.events(limit=1, newest=True).last_seq
     first = bsr("submit", "--synthetic", "600", "--seed", "977", "--json").json()["request"]
     env = dict(os.environ, **engine.env(), PYTHONUNBUFFERED="1")
     cmd = ["events", "-f", "--json", "--after", str(after), "--kind", "request_finished"]

@@ -270,6 +270,7 @@ def test_faults_inject_is_inject_fault(bsr) -> None:
 def test_events_are_paged_until_the_newest() -> None:
     """The engine answers the oldest page first; `bsr events` and `bsr describe` must reach the newest events."""
     from bsr_cli.client import AdminClient
+    from bsr_cli.client.admin import EventPage
     from bsr_cli.core.events import WindowFetched
 
     ring = [WindowFetched(request="req-1", rank=0, window=i, seq=i).to_wire() for i in range(1, 1201)]
@@ -280,9 +281,9 @@ def test_events_are_paged_until_the_newest() -> None:
         def __init__(self) -> None:  # no connection: only `events` is answered
             pass
 
-        def events(self, since: int = 0, wait_s: float = 0.0) -> dict:
+        def events(self, since: int = 0, wait_s: float = 0.0) -> EventPage:
             Engine.calls += 1
-            return {"events": [e for e in ring if e["seq"] > since][:500], "last_seq": 1200}
+            return EventPage.from_wire({"events": [e for e in ring if e["seq"] > since][:500], "last_seq": 1200})
 
     evs, last = Engine().held_events(0)
     assert last == 1200 and [e.seq for e in evs] == list(range(1, 1201)) and Engine.calls == 3
@@ -293,6 +294,7 @@ def test_held_events_are_types_and_leave_out_a_kind_this_bsr_does_not_know() -> 
     """A newer engine may hold kinds this bsr has no type for: read as types they are left out rather than misread;
     exported, they are kept."""
     from bsr_cli.client import AdminClient
+    from bsr_cli.client.admin import EventPage
     from bsr_cli.core.events import WindowFetched
 
     ring = [
@@ -305,8 +307,8 @@ def test_held_events_are_types_and_leave_out_a_kind_this_bsr_does_not_know() -> 
         def __init__(self) -> None:  # no connection: only `events` is answered
             pass
 
-        def events(self, since: int = 0, wait_s: float = 0.0) -> dict:
-            return {"events": [e for e in ring if e["seq"] > since], "last_seq": 3}
+        def events(self, since: int = 0, wait_s: float = 0.0) -> EventPage:
+            return EventPage.from_wire({"events": [e for e in ring if e["seq"] > since], "last_seq": 3})
 
     evs, last = Engine().held_events(0)
     assert last == 3 and [(type(e), e.seq) for e in evs] == [(WindowFetched, 1), (WindowFetched, 3)]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.errors import ExitCode
 
 # Engine tests are marked by the fixtures they use (tests/conftest.py); the pure ones here run anywhere.
@@ -146,7 +147,7 @@ def test_ctrl_c_during_restore_aborts_it_fail_closed(engine, bsr) -> None:
     assert "aborted: outcome aborted" in err, err
     with engine.client() as c:
         recent = c.snapshot(health=False).recent[0]
-        assert recent["outcome"] == "aborted"
+        assert recent.outcome is Outcome.ABORTED
         assert all(p.pool["live_bytes"] == 0 for p in c.pool())
 
 

@@ -8,9 +8,18 @@ from typing import Any
 
 import pytest
 
-from bsr_cli.core.evidence import Stage, TierCondition
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
-from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, RankTierStatus, Snapshot
+from bsr_cli.core.status import (
+    EngineInfo,
+    FaultListing,
+    Health,
+    MarkerView,
+    PoolEntry,
+    RankTierStatus,
+    RecentRestore,
+    Snapshot,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -209,3 +218,59 @@ def test_a_fault_request_sends_only_what_was_given_window_zero_included() -> Non
         "count": 0,
         "ttl_s": 60,
     }
+
+
+def test_a_recent_restore_the_engine_records_is_written_in_field_order() -> None:
+    entry = RecentRestore(
+        request="r-1",
+        outcome=Outcome.FAILED_CLOSED,
+        tokens=4096,
+        w=4,
+        tiers=("mooncake", "fs"),
+        seconds=0.5,
+        finished=1700000000.25,
+        reason="tier fs: read failed",
+        failure_kind=FailureKind.TIER,
+        failure_stage=Stage.FETCH,
+    )
+    assert json.dumps(entry.to_wire()) == json.dumps(
+        {
+            "request": "r-1",
+            "outcome": "failed_closed",
+            "tokens": 4096,
+            "W": 4,
+            "tiers": ["mooncake", "fs"],
+            "seconds": 0.5,
+            "finished": 1700000000.25,
+            "reason": "tier fs: read failed",
+            "failure_kind": "tier",
+            "failure_stage": "fetch",
+        }
+    )
+
+
+def test_a_hosts_recent_restore_is_written_back_with_its_keys_in_its_order() -> None:
+    # A vLLM worker's load: keys of its own between the standard ones, no failure_stage, a null failed_window.
+    load = {
+        "request": "q1",
+        "prompt": "p-abc",
+        "prefix_tokens": 1024,
+        "outcome": "committed",
+        "tokens": 1024,
+        "loaded_tokens": 1024,
+        "failed_window": None,
+        "W": 2,
+        "tiers": ["mooncake"],
+        "seconds": 1,
+        "finished": 1700000000.5,
+        "reason": "",
+        "failure_kind": None,
+        "tp_rank": 1,
+    }
+    entry = RecentRestore.from_wire(load)
+    assert (entry.request, entry.outcome, entry.w, entry.tiers) == ("q1", Outcome.COMMITTED, 2, ("mooncake",))
+    assert entry.host_fields == {"prompt": "p-abc", "prefix_tokens": 1024, "loaded_tokens": 1024,
+                                 "failed_window": None, "tp_rank": 1}  # fmt: skip
+    assert json.dumps(entry.to_wire()) == json.dumps(load)
+    snap = Snapshot.from_wire(SNAPSHOT | {"recent": [load]})
+    assert json.dumps(snap.to_wire()["recent"]) == json.dumps([load])

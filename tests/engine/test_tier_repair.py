@@ -101,7 +101,7 @@ def test_a_corrupt_object_is_quarantined_named_and_rewritten(bsr: Any, eng: FsEn
     assert [p.read_bytes() for p in quarantine] == [bytes(damaged)]  # kept byte for byte, for the bundle
 
     with eng.client() as c:
-        events = c.events(request=first["request"], kinds=["object_quarantined"]).get("events") or []
+        events = c.events(request=first["request"], kinds=["object_quarantined"]).events
     assert [(e["rank"], e["tier"], e["chunk"], e["group"]) for e in events] == [(0, "fs", 3, "full")]
 
     st = bsr("status", "--json")
@@ -141,7 +141,7 @@ def test_a_full_fs_tier_is_unhealthy_and_submit_says_the_store_failed(bsr: Any, 
         text = bsr("status")
         assert "tier fs: unhealthy (full)" in text.out, text.out
         with eng.client() as c:
-            events = c.events(request=request, kinds=["store_failed"]).get("events") or []
+            events = c.events(request=request, kinds=["store_failed"]).events
             health = c.health()
             metrics = c.metrics()
         assert {e["rank"] for e in events} == {0, 1} and all(e["tier"] == "fs" for e in events)

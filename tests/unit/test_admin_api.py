@@ -136,7 +136,7 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_restore_fail_closed(
     # The connection is gone; the restore must end without anyone asking for it.
     ended = _wait_for_event(c, seq, rid, "restore_aborted")
     assert ended["failure_kind"] == "aborted", ended
-    assert [r["outcome"] for r in c.recent if r["request"] == rid] == ["aborted"]
+    assert [r.outcome for r in c.recent if r.request == rid] == [Outcome.ABORTED]
     assert all(rk.live_bytes == 0 for rk in c.pool())
 
 

@@ -132,7 +132,7 @@ def test_a_request_still_waiting_at_its_deadline_is_refused_for_capacity(engine:
         == 1
     )
     recent = engine.coordinator.snapshot(health=False).recent
-    assert any(r["request"] == "req-late" and r["outcome"] == Outcome.REFUSED for r in recent)
+    assert any(r.request == "req-late" and r.outcome is Outcome.REFUSED for r in recent)
 
 
 def test_an_abort_ends_a_request_waiting_for_blocks(engine: FakeEngine) -> None:

@@ -132,11 +132,11 @@ def _explain_prompt(
         faults = client.faults().faults
         # The prompt's last restore, from the engine's event store: its start, then every event of that request.
         starts = (EventKind.RESTORE_STARTED.value, EventKind.REQUEST_ADMITTED.value)
-        found = client.events(prompt=prompt, kinds=starts, limit=1, newest=True).get("events") or []
+        found = client.events(prompt=prompt, kinds=starts, limit=1, newest=True).events
         if not found:
             # A vLLM worker's loads stand for a prefix of the prompt (their key hashes the first prefix_tokens
             # tokens): look among the recent starts for one this prompt begins with.
-            recent = client.events(kinds=starts, limit=500, newest=True).get("events") or []
+            recent = client.events(kinds=starts, limit=500, newest=True).events
             found = [e for e in recent if _covers(e.get("prompt"), e.get("prefix_tokens"), tokens, prompt)]
         last_events = client.held_events(0, request=str(found[-1]["request"]))[0] if found else []
     # A vLLM worker's marker stands for a prefix: one this prompt starts with is this prompt's marker.

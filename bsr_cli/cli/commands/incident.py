@@ -21,6 +21,7 @@ from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
+    from bsr_cli.core.status import EngineInfo
 
 DEFAULT_LIMIT = 50  # events `bsr events` shows without -n or --since
 MAX_LIMIT = 10_000  # the most one /events answer holds
@@ -60,9 +61,10 @@ class SettingsView:
     to_wire = wire.writer()
 
 
-def _settings_view(url: str, info: dict[str, Any], changed: tuple[str, ...] | None = None) -> SettingsView:
-    """The settings of the engine's info answer (wire form)."""
-    return SettingsView(url, changed, {k: info.get(k) for k in SETTING_KEYS if k in info})
+def _settings_view(url: str, info: EngineInfo, changed: tuple[str, ...] | None = None) -> SettingsView:
+    """The settings of the engine's info answer, under their keys in it."""
+    sent = info.to_wire()
+    return SettingsView(url, changed, {k: sent.get(k) for k in SETTING_KEYS if k in sent})
 
 
 def _render_settings(console: Any, d: SettingsView) -> None:
@@ -93,7 +95,7 @@ def settings_show(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """The engine's settings as it runs now."""
     st = state(ctx, json_flag)
     with _client(st) as client:
-        info = client.info().to_wire()
+        info = client.info()
     st.out.result(_settings_view(client.url, info), _render_settings)
 
 
@@ -125,7 +127,7 @@ def settings_set(
     if not changes:
         raise InvalidInput("nothing to set", hint="give --W, --budget or --fs-concurrency")
     with _client(st) as client:
-        info = client.update_settings(**changes).to_wire()
+        info = client.update_settings(**changes)
     st.out.result(_settings_view(client.url, info, tuple(sorted(changes))), _render_settings)
 
 
@@ -219,7 +221,7 @@ def events(
                 limit=limit or DEFAULT_LIMIT,
                 newest=True,
             )
-            evs, last_seq = list(got.get("events") or []), int(got.get("last_seq") or 0)
+            evs, last_seq = got.events, got.last_seq
         _print_events(st, evs)
         if not follow:
             return
@@ -251,10 +253,10 @@ def _follow(st: AppState, client: AdminClient, seq: int, wanted: _Filter) -> Non
 
     while True:
         got = client.events(since=seq, wait_s=10.0)
-        new = got.get("events", [])
+        new = got.events
         if new:
             seq = int(new[-1].get("seq", seq))
-        elif int(got.get("last_seq") or 0) < seq:  # an engine without a store restarted: seq starts again
+        elif got.last_seq < seq:  # an engine without a store restarted: seq starts again
             seq = 0
             _say_restart(st)
             continue

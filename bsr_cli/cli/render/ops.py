@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -18,6 +18,7 @@ from rich.text import Text
 
 from bsr_cli.cli.output import PANEL_PIPE_WIDTH, Output
 from bsr_cli.cli.render.planning import b, first_break_line
+from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, HitBitmap
 from bsr_cli.core.events import Event, Failure, RestoreFailed, RestoreStarted, WindowReleased
 from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition, window_label
@@ -28,7 +29,7 @@ from bsr_cli.core.results import (
     RestoreReport,
     SubmitResult,
 )
-from bsr_cli.core.status import EngineStatus, FaultListing
+from bsr_cli.core.status import EngineStatus, FaultListing, RecentRestore
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
@@ -97,11 +98,10 @@ def legend(tiers: list[str], chunks: int, width: int) -> str:
 class ProbeView:
     """`bsr probe`'s result: the engine's answer and the strip width asked for (--width; None: fit the terminal)."""
 
-    result: ProbeResult
+    result: ProbeResult = field(metadata=wire.meta(flatten=True))  # the engine's answer's keys, then the width
     strip_width: int | None
 
-    def to_wire(self) -> dict[str, Any]:
-        return self.result.to_wire() | {"strip_width": self.strip_width}
+    to_wire = wire.writer()
 
 
 def probe(console: Console, view: ProbeView) -> None:
@@ -239,9 +239,9 @@ class RestoreView:
     budget_bytes: int | None
 
     def to_wire(self) -> dict[str, Any]:
-        wire = self.result.to_wire()
-        wire.setdefault("budget_bytes", self.budget_bytes)
-        return wire
+        written = self.result.to_wire()  # budget_bytes only where the answer has none: not a function of the fields
+        written.setdefault("budget_bytes", self.budget_bytes)
+        return written
 
 
 def restore(console: Console, view: RestoreView) -> None:
@@ -455,7 +455,7 @@ def status(console: Console, d: EngineStatus) -> None:
 
 
 def _worker_lines(
-    console: Console, recent: Sequence[dict[str, Any]], scheduler: dict[str, Any], worker: dict[str, Any]
+    console: Console, recent: Sequence[RecentRestore], scheduler: dict[str, Any], worker: dict[str, Any]
 ) -> None:
     """A vLLM worker (what it adds to the engine's info and snapshot): where its numbers come from, and its last
     loads as the BSR connector saw them."""
@@ -465,19 +465,22 @@ def _worker_lines(
         f"({worker['max_model_len']:,}); KV {worker['kv_tokens']:,} tokens; LMCache stores full chunks only"
     )
     for r in recent:
-        if "loaded_tokens" not in r:
+        load = r.host_fields  # the worker's own keys: what the connector loaded and recomputed
+        if "loaded_tokens" not in load:
             continue
-        head = f"load {r['request']}"
-        if r["outcome"] == Outcome.COMMITTED:
+        head = f"load {r.request}"
+        if r.outcome is Outcome.COMMITTED:
             console.print(
-                f"{head}: [green]committed[/] {r['loaded_tokens']:,} tokens in {r['windows']} window(s) of W={r['W']}"
+                f"{head}: [green]committed[/] {load['loaded_tokens']:,} tokens in {load['windows']} window(s) "
+                f"of W={r.w}"
             )
             continue
-        at = f" at window G{r['failed_window'] + 1} of {r['windows']}" if r.get("failed_window") is not None else ""
+        failed_window = load.get("failed_window")
+        at = f" at window G{failed_window + 1} of {load['windows']}" if failed_window is not None else ""
         console.print(
-            f"{head}: [red]failed closed[/]{at} (W={r['W']}): advertised {r['advertised_tokens']:,} tokens, "
-            f"loaded {r['loaded_tokens']:,}, recomputed {r['recomputed_tokens']:,} (vLLM may still count them as "
-            f"cached) — {r['reason']}"
+            f"{head}: [red]failed closed[/]{at} (W={r.w}): advertised {load['advertised_tokens']:,} tokens, "
+            f"loaded {load['loaded_tokens']:,}, recomputed {load['recomputed_tokens']:,} (vLLM may still count them "
+            f"as cached) — {r.reason}"
         )
     for f in scheduler.get("forced_local") or []:
         console.print(
