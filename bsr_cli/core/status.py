@@ -352,7 +352,24 @@ class RecentRestore:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> RecentRestore:
-        return replace(wire.read(cls, d), sent_keys=tuple(d))
+        # A value a newer engine has and this bsr does not know (an outcome, a failure kind or stage) reads as
+        # unknown (None) and is kept as sent, so the snapshot still reads and is written back whole.
+        unknown = {
+            k: d[k] for k, kind in _RECENT_ENUMS.items() if d.get(k) is not None and not _known_value(d[k], kind)
+        }
+        known = wire.read(cls, {k: v for k, v in d.items() if k not in unknown})
+        return replace(known, host_fields={**known.host_fields, **unknown}, sent_keys=tuple(d))
+
+
+def _known_value(value: Any, kind: frozenset[str]) -> bool:
+    return value is None or (isinstance(value, str) and value in kind)
+
+
+_RECENT_ENUMS: dict[str, frozenset[str]] = {
+    "outcome": frozenset(o.value for o in Outcome),
+    "failure_kind": frozenset(k.value for k in FailureKind),
+    "failure_stage": frozenset(s.value for s in Stage),
+}
 
 
 @dataclass(frozen=True)

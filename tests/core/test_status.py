@@ -274,3 +274,16 @@ def test_a_hosts_recent_restore_is_written_back_with_its_keys_in_its_order() -> 
     assert json.dumps(entry.to_wire()) == json.dumps(load)
     snap = Snapshot.from_wire(SNAPSHOT | {"recent": [load]})
     assert json.dumps(snap.to_wire()["recent"]) == json.dumps([load])
+
+
+def test_a_recent_restore_with_an_outcome_this_bsr_does_not_know_reads_as_unknown_and_is_kept() -> None:
+    """A newer engine's outcome (or failure kind) must not make the whole snapshot unreadable: the entry reads as
+    unknown (None) and is written back as it came."""
+    from bsr_cli.core.status import RecentRestore, Snapshot
+
+    sent = {"request": "r1", "outcome": "from_a_newer_engine", "tokens": 5, "W": 4, "failure_kind": ["odd"]}
+    snap = Snapshot.from_wire({"recent": [sent, {"request": "r2", "outcome": "committed"}]})
+    first, second = snap.recent
+    assert first.outcome is None and first.failure_kind is None and second.outcome is Outcome.COMMITTED
+    assert json.dumps(first.to_wire()) == json.dumps(sent)
+    assert RecentRestore.from_wire({"request": "r3", "outcome": None}).outcome is None
