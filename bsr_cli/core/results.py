@@ -77,9 +77,6 @@ class InvalidCell:
 
 
 # A rank writes an absent failure kind, stage or cause as "" (not null), and a reader takes "" for absent.
-_EMPTY_WHEN_NONE = ("kind", "stage", "cause")
-
-
 @dataclass(frozen=True)
 class RankRestore:
     """One rank's part of a restore, as the rank reported it (the wire form of the rank's restore result)."""
@@ -96,17 +93,14 @@ class RankRestore:
     fetch_seconds: float = 0.0
     install_seconds: float = 0.0
     peak_live_bytes: int = 0
-    kind: FailureKind | None = None
+    # A rank writes "" for a failure it does not have (its kind, stage, capacity cause).
+    kind: FailureKind | None = wire.field(default=None, none_as="")
     tier: str | None = None
-    stage: Stage | None = None
-    cause: CapacityCause | None = None
+    stage: Stage | None = wire.field(default=None, none_as="")
+    cause: CapacityCause | None = wire.field(default=None, none_as="")
 
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self) | {key: "" for key in _EMPTY_WHEN_NONE if getattr(self, key) is None}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RankRestore:
-        return wire.read(cls, {**d, **{key: None for key in _EMPTY_WHEN_NONE if not d.get(key)}})
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,7 @@ those whose JSON carries computed keys, or whose reader derives one field from a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -111,23 +112,28 @@ class QuarantinedFile:
     from_wire = wire.reader()
 
 
+def _ok_or_unavailable(d: Mapping[str, Any]) -> TierCondition:
+    return TierCondition.OK if d.get("ok") else TierCondition.UNAVAILABLE
+
+
+def _first_condition(d: Mapping[str, Any]) -> TierCondition:
+    conditions = d.get("conditions")
+    return TierCondition(conditions[0]) if isinstance(conditions, list) and conditions else TierCondition.OK
+
+
 @dataclass(frozen=True)
 class RankTierStatus:
     """One tier as one rank sees it (a pool entry's ``tiers`` when asked for health)."""
 
     ok: bool
     detail: str
-    condition: TierCondition = TierCondition.OK
+    # A rank whose answer names no condition (an older one) is ok or unavailable, as its ``ok`` says.
+    condition: TierCondition = wire.field(default=TierCondition.OK, absent_from=_ok_or_unavailable)
     quarantined: tuple[QuarantinedFile, ...] = ()  # the newest objects it moved aside
     quarantined_total: int = 0  # how many lie in its quarantine directory
 
     to_wire = wire.writer()
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RankTierStatus:
-        """A rank whose answer names no condition (an older one) is ok or unavailable, as its ``ok`` says."""
-        named = d.get("condition") or (TierCondition.OK if d.get("ok") else TierCondition.UNAVAILABLE)
-        return wire.read(cls, {**d, "condition": named})
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -140,17 +146,11 @@ class TierHealth:
     conditions: tuple[TierCondition, ...]  # every reason it is unhealthy
     quarantined: tuple[QuarantinedFile, ...]  # newest first
     quarantined_total: int
-    condition: TierCondition
+    # A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok: none).
+    condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
 
     to_wire = wire.writer()
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> TierHealth:
-        """A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok when
-        it has none)."""
-        conditions = wire.value_from_wire(tuple[TierCondition, ...], d.get("conditions"))
-        named = d.get("condition") or (conditions[0] if conditions else TierCondition.OK)
-        return wire.read(cls, {**d, "condition": named})
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ A result type declares its fields and, where the JSON differs from the field, sa
 - ``flatten``: a nested result whose keys sit inline in the parent's object at the field's place (read back from
   it; an optional part reads as None when none of its keys came);
 - ``extra``: the keys a host adds (written after the standard keys, read back as every key the type does not name);
-- ``skip``: not on the wire at all (read back as its default).
+- ``skip``: not on the wire at all (read back as its default);
+- ``none_as=""``: None travels as that value (written so, and read back as None);
+- ``absent_from=f``: what a reader assumes when the key is missing or null, worked out from the whole object
+  (``f(d)``: an older writer's answer implies it from its other keys).
 
 It then takes the codec as its two wire methods::
 
@@ -55,6 +58,8 @@ _EXTRA = "wire_extra"
 _OMIT_EMPTY = "wire_omit_empty"
 _FLATTEN = "wire_flatten"
 _SKIP = "wire_skip"
+_NONE_AS = "wire_none_as"
+_ABSENT_FROM = "wire_absent_from"
 
 
 def field(
@@ -64,7 +69,9 @@ def field(
     omit_empty: bool = False,
     flatten: bool = False,
     skip: bool = False,
+    none_as: Any = dataclasses.MISSING,
     absent: Any = dataclasses.MISSING,
+    absent_from: Callable[[Mapping[str, Any]], Any] | None = None,
     extra: bool = False,
     default: Any = dataclasses.MISSING,
     default_factory: Any = dataclasses.MISSING,
@@ -73,7 +80,15 @@ def field(
     if extra and default is dataclasses.MISSING and default_factory is dataclasses.MISSING:
         default_factory = dict
     described = meta(
-        name=name, omit_none=omit_none, omit_empty=omit_empty, flatten=flatten, skip=skip, absent=absent, extra=extra
+        name=name,
+        omit_none=omit_none,
+        omit_empty=omit_empty,
+        flatten=flatten,
+        skip=skip,
+        none_as=none_as,
+        absent=absent,
+        absent_from=absent_from,
+        extra=extra,
     )
     return dataclasses.field(default=default, default_factory=default_factory, metadata=described)
 
@@ -85,7 +100,9 @@ def meta(
     omit_empty: bool = False,
     flatten: bool = False,
     skip: bool = False,
+    none_as: Any = dataclasses.MISSING,
     absent: Any = dataclasses.MISSING,
+    absent_from: Callable[[Mapping[str, Any]], Any] | None = None,
     extra: bool = False,
 ) -> dict[str, Any]:
     """The wire form ``field`` describes, as metadata for a field that has no default:
@@ -102,6 +119,10 @@ def meta(
         described[_FLATTEN] = True
     if skip:
         described[_SKIP] = True
+    if none_as is not dataclasses.MISSING:
+        described[_NONE_AS] = none_as
+    if absent_from is not None:
+        described[_ABSENT_FROM] = absent_from
     if absent is not dataclasses.MISSING:
         described[_ABSENT] = absent
     if extra:
@@ -120,6 +141,8 @@ class _Field:
     flatten: bool
     absent: Any  # dataclasses.MISSING: the field's default, else the empty value of its type
     extra: bool
+    none_as: Any = dataclasses.MISSING  # what None travels as
+    absent_from: Callable[[Mapping[str, Any]], Any] | None = None
 
 
 def _plan(cls: type) -> tuple[_Field, ...]:
@@ -150,6 +173,8 @@ def _plan_of(key: Hashable) -> tuple[_Field, ...]:
                 flatten=bool(f.metadata.get(_FLATTEN)),
                 absent=absent,
                 extra=bool(f.metadata.get(_EXTRA)),
+                none_as=f.metadata.get(_NONE_AS, dataclasses.MISSING),
+                absent_from=f.metadata.get(_ABSENT_FROM),
             )
         )
     return tuple(out)
@@ -215,6 +240,8 @@ def write(obj: Any) -> dict[str, Any]:
         elif f.flatten:
             if value is not None:
                 out.update(value_to_wire(value))
+        elif value is None and f.none_as is not dataclasses.MISSING:
+            out[f.key] = f.none_as
         elif not ((f.omit_none and value is None) or (f.omit_empty and _is_empty(value))):
             out[f.key] = value_to_wire(value)
     out.update(extra)
@@ -258,6 +285,10 @@ def read(cls: type[T], data: Any) -> T:
             part = _flat_type(f.hint)
             present = f.hint is part or any(k in d for k in _known(part))  # an optional part: there if its keys are
             kwargs[f.attr] = value_from_wire(part, d) if present else None
+        elif f.none_as is not dataclasses.MISSING and d.get(f.key) in (None, f.none_as):
+            kwargs[f.attr] = None
+        elif f.absent_from is not None and d.get(f.key) is None:
+            kwargs[f.attr] = value_from_wire(f.hint, f.absent_from(d))
         elif f.key in d:
             kwargs[f.attr] = value_from_wire(f.hint, d[f.key])
         elif isinstance(f.absent, _Factory):

@@ -322,3 +322,34 @@ def test_an_item_of_a_list_of_objects_that_is_not_an_object_is_passed_over() -> 
 def test_a_fixed_tuple_reads_each_item_as_its_own_type() -> None:
     assert wire.value_from_wire(tuple[bool, tuple[str, ...]], [1, ["a", "b"]]) == (True, ("a", "b"))
     assert wire.value_from_wire(tuple[int, str], [3]) == (3, "")  # an item left out reads as empty
+
+
+class Tint(Enum):
+    OK = "ok"
+    DOWN = "down"
+
+
+def _tint_from_ok(d: Any) -> Tint:
+    return Tint.OK if d.get("ok") else Tint.DOWN
+
+
+@dataclass(frozen=True)
+class Older:
+    ok: bool
+    tint: Tint = wire.field(default=Tint.OK, absent_from=_tint_from_ok)  # an older writer implies it from `ok`
+    cause: Tint | None = wire.field(default=None, none_as="")  # a writer that says "" for none
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+def test_none_as_travels_as_its_value_and_reads_back_as_none() -> None:
+    assert Older(True).to_wire() == {"ok": True, "tint": "ok", "cause": ""}
+    assert Older.from_wire({"ok": True, "tint": "ok", "cause": ""}).cause is None
+    assert Older.from_wire({"ok": True, "tint": "ok", "cause": "down"}).cause is Tint.DOWN
+
+
+def test_absent_from_works_a_missing_or_null_key_out_from_the_others() -> None:
+    assert Older.from_wire({"ok": False}).tint is Tint.DOWN
+    assert Older.from_wire({"ok": True, "tint": None}).tint is Tint.OK
+    assert Older.from_wire({"ok": False, "tint": "ok"}).tint is Tint.OK  # a named one is taken as named
