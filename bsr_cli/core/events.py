@@ -21,25 +21,21 @@ Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
+from bsr_cli.core import wire
 from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
-from bsr_cli.core.wire import write
 
 E = TypeVar("E", bound="Event")
 _D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
 
 
-class _EventWriter:
-    """``to_wire = _EventWriter()``: an event's ``to_wire()`` is its wire object (``_event_to_wire``)."""
-
-    def __get__(self, obj: Event, owner: type[Any]) -> Callable[[], dict[str, Any]]:
-        return functools.partial(_event_to_wire, obj)
+# Every event's writer: its kind first, under ``type``, then its fields (a renamed one under its wire key).
+_EVENT_WRITER = wire.writer(lead={"type": "kind"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +59,7 @@ class Failure:
             FailureKind.ABORTED: Component.OPERATOR,
         }[self.kind]
 
-    def to_wire(self) -> dict[str, Any]:
-        return {**write(self), "component": self.component.value}
+    to_wire = wire.writer(computed=("component",))
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Failure:
@@ -75,7 +70,7 @@ class Failure:
 @dataclass(frozen=True, kw_only=True)
 class EngineStarted:
     kind: ClassVar[EventKind] = EventKind.ENGINE_STARTED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     version: str = ""
@@ -89,7 +84,7 @@ class EngineStarted:
 @dataclass(frozen=True, kw_only=True)
 class EngineStopped:
     kind: ClassVar[EventKind] = EventKind.ENGINE_STOPPED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     reason: str = ""
@@ -98,7 +93,7 @@ class EngineStopped:
 @dataclass(frozen=True, kw_only=True)
 class SettingsChanged:
     kind: ClassVar[EventKind] = EventKind.SETTINGS_CHANGED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     # setting -> new value, as the admin API spells them
@@ -109,7 +104,7 @@ class SettingsChanged:
 @dataclass(frozen=True, kw_only=True)
 class RequestAdmitted:
     kind: ClassVar[EventKind] = EventKind.REQUEST_ADMITTED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -123,7 +118,7 @@ class RequestAdmitted:
 @dataclass(frozen=True, kw_only=True)
 class RequestFinished:
     kind: ClassVar[EventKind] = EventKind.REQUEST_FINISHED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -136,7 +131,7 @@ class RequestFinished:
 @dataclass(frozen=True, kw_only=True)
 class RestoreStarted:
     kind: ClassVar[EventKind] = EventKind.RESTORE_STARTED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -151,7 +146,7 @@ class RestoreStarted:
 @dataclass(frozen=True, kw_only=True)
 class WindowWaiting:
     kind: ClassVar[EventKind] = EventKind.WINDOW_WAITING
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -162,7 +157,7 @@ class WindowWaiting:
 @dataclass(frozen=True, kw_only=True)
 class WindowFetched:
     kind: ClassVar[EventKind] = EventKind.WINDOW_FETCHED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -177,7 +172,7 @@ class WindowFetched:
 @dataclass(frozen=True, kw_only=True)
 class WindowInstalled:
     kind: ClassVar[EventKind] = EventKind.WINDOW_INSTALLED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -188,7 +183,7 @@ class WindowInstalled:
 @dataclass(frozen=True, kw_only=True)
 class WindowReleased:
     kind: ClassVar[EventKind] = EventKind.WINDOW_RELEASED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -204,7 +199,7 @@ class RestoreFailed:
     """One rank's part of a restore failed (the request's outcome follows as its own event)."""
 
     kind: ClassVar[EventKind] = EventKind.RESTORE_FAILED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -214,7 +209,7 @@ class RestoreFailed:
     window: int | None = None
     tier: str | None = None
     cause: CapacityCause | None = None
-    failure_kind: FailureKind  # on the wire ``kind``, the last key (as it has always been written)
+    failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
 
     @property
     def failure(self) -> Failure:
@@ -236,7 +231,7 @@ class RestoreCommitted:
 
     kind: ClassVar[EventKind] = EventKind.RESTORE_COMMITTED
     outcome: ClassVar[Outcome] = Outcome.COMMITTED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -251,7 +246,7 @@ class RestoreCommitted:
 class RestoreFailedClosed:
     kind: ClassVar[EventKind] = EventKind.RESTORE_FAILED_CLOSED
     outcome: ClassVar[Outcome] = Outcome.FAILED_CLOSED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -266,7 +261,7 @@ class RestoreFailedClosed:
 class RestoreRefused:
     kind: ClassVar[EventKind] = EventKind.RESTORE_REFUSED
     outcome: ClassVar[Outcome] = Outcome.REFUSED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -281,7 +276,7 @@ class RestoreRefused:
 class RestoreAborted:
     kind: ClassVar[EventKind] = EventKind.RESTORE_ABORTED
     outcome: ClassVar[Outcome] = Outcome.ABORTED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -313,7 +308,7 @@ def restore_ended(outcome: Outcome) -> type[RestoreEnded]:
 @dataclass(frozen=True, kw_only=True)
 class StoreFailed:
     kind: ClassVar[EventKind] = EventKind.STORE_FAILED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     rank: int
@@ -328,7 +323,7 @@ class ObjectQuarantined:
     aside (under the tier's ``quarantine/``); the tier no longer holds the chunk, so the next store rewrites it."""
 
     kind: ClassVar[EventKind] = EventKind.OBJECT_QUARANTINED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     rank: int
@@ -344,7 +339,7 @@ class ObjectQuarantined:
 @dataclass(frozen=True, kw_only=True)
 class AbortRequested:
     kind: ClassVar[EventKind] = EventKind.ABORT_REQUESTED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     request: str
@@ -354,7 +349,7 @@ class AbortRequested:
 @dataclass(frozen=True, kw_only=True)
 class MarkerSet:
     kind: ClassVar[EventKind] = EventKind.MARKER_SET
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     prompt: str
@@ -366,7 +361,7 @@ class MarkerSet:
 @dataclass(frozen=True, kw_only=True)
 class MarkerCleared:
     kind: ClassVar[EventKind] = EventKind.MARKER_CLEARED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     prompt: str
@@ -382,7 +377,7 @@ class FaultInjected:
     """A fault was armed. Its fields travel flat beside the event's (``FaultEvent`` names this or ``FaultFired``)."""
 
     kind: ClassVar[EventKind] = EventKind.FAULT_INJECTED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     rank: int | None = None
@@ -391,8 +386,8 @@ class FaultInjected:
     count: int = 1
     fired: int = 0
     # The fault's own id and kind, last and spelled as the fault's wire form spells them (``id``, ``kind``).
-    fault_id: int = 0
-    fault: str = ""  # the fault's kind (remote-unavailable, restore-fault, ...)
+    fault_id: int = wire.field(name="id", default=0)
+    fault: str = wire.field(name="kind", default="")  # the fault's kind (remote-unavailable, restore-fault, ...)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -400,7 +395,7 @@ class FaultFired:
     """An armed fault fired: the fault's fields as ``FaultInjected`` has them, and the request it hit."""
 
     kind: ClassVar[EventKind] = EventKind.FAULT_FIRED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     rank: int | None = None
@@ -410,8 +405,8 @@ class FaultFired:
     fired: int = 0
     request: str | None = None
     # The fault's own id and kind, last and spelled as the fault's wire form spells them (``id``, ``kind``).
-    fault_id: int = 0
-    fault: str = ""  # the fault's kind (remote-unavailable, restore-fault, ...)
+    fault_id: int = wire.field(name="id", default=0)
+    fault: str = wire.field(name="kind", default="")  # the fault's kind (remote-unavailable, restore-fault, ...)
 
 
 FaultEvent: TypeAlias = FaultInjected | FaultFired
@@ -420,7 +415,7 @@ FaultEvent: TypeAlias = FaultInjected | FaultFired
 @dataclass(frozen=True, kw_only=True)
 class FaultsCleared:
     kind: ClassVar[EventKind] = EventKind.FAULTS_CLEARED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     count: int = 0
@@ -430,7 +425,7 @@ class FaultsCleared:
 @dataclass(frozen=True, kw_only=True)
 class RankUnresponsive:
     kind: ClassVar[EventKind] = EventKind.RANK_UNRESPONSIVE
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     rank: int
@@ -441,7 +436,7 @@ class RankUnresponsive:
 @dataclass(frozen=True, kw_only=True)
 class RankRestarted:
     kind: ClassVar[EventKind] = EventKind.RANK_RESTARTED
-    to_wire = _EventWriter()
+    to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
     rank: int
@@ -505,17 +500,9 @@ assert len(EVENT_TYPES) == len(_EVENT_CLASSES) and set(EVENT_TYPES) == set(Event
     "every EventKind has exactly one event class"
 )
 
-# Fields written and read under another wire name than their own: wire key -> field. The wire has always spelled
+# Fields written and read under another wire name than their own (wire key -> field): the wire has always spelled
 # a failed rank's failure kind ``kind``, and a fault's id and kind as the fault's own wire form does.
-_FAULT_KEYS = {"id": "fault_id", "kind": "fault"}
-_WIRE_KEYS: dict[type[Event], dict[str, str]] = {
-    RestoreFailed: {"kind": "failure_kind"},
-    FaultInjected: _FAULT_KEYS,
-    FaultFired: _FAULT_KEYS,
-}
-_FIELD_KEYS: dict[type[Event], dict[str, str]] = {
-    cls: {name: key for key, name in keys.items()} for cls, keys in _WIRE_KEYS.items()
-}
+_WIRE_KEYS: dict[type[Event], dict[str, str]] = {cls: wire.keys(cls) for cls in _EVENT_CLASSES}
 
 # The events that show a rank making progress through a restore (the liveness watch and the TUI read them).
 PROGRESS = frozenset(
@@ -563,11 +550,6 @@ def rank_of(event: Event) -> int | None:
 
 
 # -- the wire form: written by core.wire (under the wire keys above), read strictly here -----------------------
-def _event_to_wire(event: Event) -> dict[str, Any]:
-    keys = _FIELD_KEYS.get(type(event), {})
-    return {"type": event.kind.value, **{keys.get(k, k): v for k, v in write(event).items()}}
-
-
 _FIELD_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
 
 

@@ -187,13 +187,18 @@ class _Factory:
 
 def _known(cls: type) -> frozenset[str]:
     """The keys a type's JSON names (its fields', its flattened parts', its computed ones): not a host's."""
-    keys: set[str] = set(_computed(cls))
+    keys: set[str] = {*_computed(cls), *_layout(cls).lead}
     for f in _plan(cls):
         if f.flatten:
             keys |= _known(_flat_type(f.hint))
         elif not f.extra:
             keys.add(f.key)
     return frozenset(keys)
+
+
+def keys(cls: type) -> dict[str, str]:
+    """The fields a type writes under another key than their name: wire key -> field name."""
+    return {f.key: f.attr for f in _plan(cls) if f.key != f.attr and not f.extra}
 
 
 def _flat_type(hint: Any) -> type:
@@ -228,7 +233,7 @@ def write(obj: Any) -> dict[str, Any]:
         left_out = [n for n in (*fields, *layout.computed) if n not in layout.order]
         if left_out:  # a field the order forgets would silently vanish from the JSON
             raise TypeError(f"{type(obj).__name__}: the writer's order leaves out {', '.join(left_out)}")
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {key: value_to_wire(getattr(obj, attr)) for key, attr in layout.lead.items()}
     extra: Mapping[str, Any] = {}
     for name in names:
         f = fields.get(name)
@@ -375,11 +380,15 @@ def _empty(hint: Any) -> Any:
 class writer:
     """``to_wire = wire.writer()``: the type's ``to_wire()`` is ``write(self)``. ``computed`` names attributes
     that are not fields (properties) to write after the fields; ``order``, every attribute written (fields and
-    computed ones), in the order written."""
+    computed ones), in the order written; ``lead``, keys written first from attributes under another name
+    (``{"type": "kind"}``: a class's kind)."""
 
-    def __init__(self, *, computed: Sequence[str] = (), order: Sequence[str] = ()) -> None:
+    def __init__(
+        self, *, computed: Sequence[str] = (), order: Sequence[str] = (), lead: Mapping[str, str] | None = None
+    ) -> None:
         self.computed = tuple(computed)
         self.order = tuple(order)
+        self.lead = dict(lead or {})  # wire key -> attribute, written before everything else (an event's type)
 
     def __get__(self, obj: object, owner: type[Any]) -> Callable[[], dict[str, Any]]:
         return functools.partial(write, obj)
@@ -395,4 +404,4 @@ class reader:
         return functools.partial(read, owner)
 
 
-__all__ = ["field", "meta", "read", "reader", "value_from_wire", "value_to_wire", "write", "writer"]
+__all__ = ["field", "keys", "meta", "read", "reader", "value_from_wire", "value_to_wire", "write", "writer"]

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -353,3 +353,19 @@ def test_absent_from_works_a_missing_or_null_key_out_from_the_others() -> None:
     assert Older.from_wire({"ok": False}).tint is Tint.DOWN
     assert Older.from_wire({"ok": True, "tint": None}).tint is Tint.OK
     assert Older.from_wire({"ok": False, "tint": "ok"}).tint is Tint.OK  # a named one is taken as named
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tagged:
+    """A type whose kind (a class attribute) leads its JSON, with a field renamed on the wire."""
+
+    kind: ClassVar[str] = "tagged"
+    seq: int = 0
+    fault_id: int = wire.field(name="id", default=0)
+
+    to_wire = wire.writer(lead={"type": "kind"})
+
+
+def test_lead_keys_come_first_and_keys_lists_the_renamed_fields() -> None:
+    assert list(Tagged(seq=2, fault_id=5).to_wire().items()) == [("type", "tagged"), ("seq", 2), ("id", 5)]
+    assert wire.keys(Tagged) == {"id": "fault_id"}
