@@ -18,7 +18,7 @@ from bsr_cli.errors import InvalidInput, ServiceError
 if TYPE_CHECKING:
     from bsr_cli.bench.ladder import EngineFactory
     from bsr_cli.client import AdminClient
-    from bsr_cli.engine.supervisor import EngineOptions
+    from bsr_cli.engine.supervisor import EngineOptions, EngineRecord
 
 
 # -- embedded engines sized for each experiment -----------------------------------------------------------------
@@ -112,39 +112,38 @@ def embedded_ladder_factory(state_dir: Path, reg: Registration, *, max_tokens: i
     return factory
 
 
+def _record_serving(state_dir: Path, url: str) -> EngineRecord | None:
+    """The state record of the embedded engine in ``state_dir`` when it is the one serving ``url``."""
+    from bsr_cli.engine.supervisor import read_record
+
+    record = read_record(state_dir)
+    if record is None or record.admin_url.rstrip("/") != url.rstrip("/"):
+        return None
+    return record
+
+
 def mooncake_of(state_dir: Path, url: str) -> dict[str, str] | None:
     """The Mooncake master of the embedded engine in ``state_dir`` when it is the one serving ``url``."""
-    from bsr_cli.client.local_engine import read_state
-
-    st = read_state(state_dir)
-    if not st or str(st.get("admin_url", "")).rstrip("/") != url.rstrip("/"):
-        return None
-    if st.get("netns"):
+    record = _record_serving(state_dir, url)
+    if record is None or record.netns is not None:
         return None  # a multi-host engine's master is in a network namespace of its own: unreachable from here
-    urls = (st.get("services", {}).get("mooncake_master") or {}).get("urls") or {}
+    master = record.services.get("mooncake_master")
+    urls = (master.urls if master else None) or {}
     if not urls.get("rpc_address") or not urls.get("metadata_url"):
         return None
-    return {"master_address": str(urls["rpc_address"]), "metadata_url": str(urls["metadata_url"])}
+    return {"master_address": urls["rpc_address"], "metadata_url": urls["metadata_url"]}
 
 
 def link_ceiling_of(state_dir: Path, url: str) -> int | None:
     """The bandwidth cap (bits/s) on every link of the multi-host engine in ``state_dir`` when it serves ``url``
     (`bsr engine up --hosts netns --link-rate`): the ceiling a restore across those links cannot pass."""
-    from bsr_cli.client.local_engine import read_state
-
-    st = read_state(state_dir)
-    if not st or str(st.get("admin_url", "")).rstrip("/") != url.rstrip("/"):
-        return None
-    rate = (st.get("netns") or {}).get("rate_bps")
-    return None if rate is None else int(rate)
+    record = _record_serving(state_dir, url)
+    return None if record is None or record.netns is None else record.netns.rate_bps
 
 
 def fs_dir_of(state_dir: Path, url: str) -> Path | None:
     """The filesystem tier directory of the embedded engine in ``state_dir`` when it serves ``url``."""
-    from bsr_cli.client.local_engine import read_state
-
-    st = read_state(state_dir)
-    if not st or str(st.get("admin_url", "")).rstrip("/") != url.rstrip("/"):
+    if _record_serving(state_dir, url) is None:
         return None
     path = state_dir / "fs-tier"
     return path if path.is_dir() else None
