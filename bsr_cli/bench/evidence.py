@@ -26,7 +26,7 @@ import platform
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import Field, dataclass, fields, replace
 from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
 BUNDLE_SCHEMA = "bsr.bench/1"
 
-OnRow = Callable[[dict[str, Any]], None]
 T = TypeVar("T")
 UNKNOWN_OUTCOME = "unknown"  # a restore answer without an outcome (bench/models.py spells it in the schema too)
 
@@ -196,6 +195,51 @@ class Row(Protocol):
     def to_wire(self) -> dict[str, Any]: ...
 
 
+OnRow = Callable[[Row], None]  # told of each finished row (the progress note)
+
+
+@dataclass(frozen=True)
+class SentRow:
+    """A row bsr reads no type for (an experiment it has no row reader for, or a newer bsr's): kept as sent and
+    written back byte for byte. Its keys are free-form JSON by definition; only its `RowMeta` part is read."""
+
+    fields: dict[str, Any]
+
+    @property
+    def meta(self) -> RowMeta:
+        return RowMeta.from_wire(self.fields)
+
+    def to_wire(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+    @classmethod
+    def from_wire(cls, data: object) -> SentRow:
+        return cls(dict(data) if isinstance(data, Mapping) else {})
+
+
+def row_reader(experiment: str) -> Callable[[object], Row]:
+    """How a bundle's rows of ``experiment`` are read back: its row type's reader (by the row's kind where an
+    experiment writes several), or `SentRow` for an experiment whose rows bsr keeps as sent (a new experiment adds
+    its reader here)."""
+    from bsr_cli.bench.fs_concurrency import fs_row_from_wire
+    from bsr_cli.bench.ladder import LadderRow
+    from bsr_cli.bench.sweep import SweepRow
+    from bsr_cli.bench.wlaw import WLawRow
+
+    readers: dict[str, Callable[[object], Row]] = {
+        "sweep": SweepRow.from_wire,
+        "wlaw": WLawRow.from_wire,
+        "ladder": LadderRow.from_wire,
+        "fs-concurrency": fs_row_from_wire,
+    }
+    return readers.get(experiment, SentRow.from_wire)
+
+
+def read_rows(experiment: str, rows: object) -> list[Row]:
+    read = row_reader(experiment)
+    return [read(r) for r in rows] if isinstance(rows, list) else []
+
+
 # -- a row's wire form: its meta and its measurement flattened among its own keys ----------------------------------
 # The codec (bsr_cli.core.wire) writes a nested value under its field's key; a bench row instead writes its meta's
 # keys and its measurement's keys beside its own, as bundles always have. Two field kinds say how:
@@ -264,9 +308,9 @@ def completed(rows: Sequence[R]) -> list[R]:
     return [r for r in rows if r.meta.status != RowStatus.INTERRUPTED]
 
 
-def completed_wire(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`completed` over rows read back from a bundle (tables and plots)."""
-    return [r for r in rows if r.get("status") != RowStatus.INTERRUPTED]
+def rows_of(cls: type[T], rows: Iterable[Row]) -> list[T]:
+    """The rows of one row type among ``rows`` (a bundle's, read by its experiment's `row_reader`)."""
+    return [r for r in rows if isinstance(r, cls)]
 
 
 # What a target reports as measured: a number, a phrase, or a few of them by name. The sequence comes first: the
@@ -298,17 +342,22 @@ class Repeat:
 
     run_id: str
     salt: int
-    rows: list[dict[str, Any]]  # the rows' wire form, as the main rows'
+    rows: list[Row]  # the sweep's rows, as the main rows
 
     to_wire = wire.writer()
-    from_wire = wire.reader()
+
+    @classmethod
+    def from_wire(cls, data: object, experiment: str = "sweep") -> Repeat:
+        d = data if isinstance(data, Mapping) else {}
+        return replace(wire.read(cls, {**d, "rows": []}), rows=read_rows(experiment, d.get("rows")))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Bundle:
     """One experiment block's evidence bundle (docs/bench-schema.json), fields in the bundle's key order.
 
-    Rows and the summary are each experiment's own records in their wire form; ``engine`` is the engine's /info
+    Rows are each experiment's row type (`row_reader`: the rows of an experiment bsr has no reader for are kept as
+    sent); the summary and params are each experiment's own records in their wire form; ``engine`` is the engine's /info
     and the facts the experiment adds about it (embedded, start-up time, settings put back), in the order written.
     """
 
@@ -323,7 +372,7 @@ class Bundle:
     engine: dict[str, Any]
     machine: MachineInfo
     params: dict[str, Any]
-    rows: list[dict[str, Any]]
+    rows: list[Row]
     summary: dict[str, Any]
     targets: tuple[Target, ...]
     interrupted: bool
@@ -334,7 +383,7 @@ class Bundle:
     schema: ClassVar[str] = BUNDLE_SCHEMA
     kind: ClassVar[str] = "bsr.bench"
 
-    def every_row(self) -> list[dict[str, Any]]:
+    def every_row(self) -> list[Row]:
         """The main rows, then the repeat's."""
         return self.rows + (self.repeat.rows if self.repeat else [])
 
@@ -363,7 +412,20 @@ class Bundle:
             "repeat",
         )
     )
-    from_wire = wire.reader()  # a bundle read back from its file (validated against the schema first: `bundle.read`)
+
+    @classmethod
+    def from_wire(cls, data: object) -> Bundle:
+        """A bundle read back from its file (validated against the schema first: `bundle.read`), its rows by the
+        experiment's row type."""
+        d = data if isinstance(data, Mapping) else {}
+        experiment = str(d.get("experiment", ""))
+        repeat = d.get("repeat")
+        plain = wire.read(cls, {**d, "rows": [], "repeat": None})
+        return replace(
+            plain,
+            rows=read_rows(experiment, d.get("rows")),
+            repeat=Repeat.from_wire(repeat, experiment) if isinstance(repeat, Mapping) else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -634,7 +696,7 @@ class Run(Generic[R]):
         """Keep a finished row (in ``rows``, default the block's) and report it."""
         (self.rows if rows is None else rows).append(row)
         if self.on_row:
-            self.on_row(row.to_wire())
+            self.on_row(row)
 
     def finish(
         self,
@@ -656,7 +718,7 @@ class Run(Generic[R]):
             engine=self.engine,
             machine=self.machine,
             params=wire.write(self.params),
-            rows=[r.to_wire() for r in self.rows],
+            rows=list(self.rows),
             summary=wire.write(summary),
             targets=tuple(targets),
             interrupted=self.interrupted_by is not None,

@@ -12,7 +12,15 @@ from enum import StrEnum
 from typing import Any
 
 from bsr_cli import __version__
-from bsr_cli.bench.evidence import Bundle, Interruption, MachineInfo, RegistrationIdentity, RowStatus, Target
+from bsr_cli.bench.evidence import (
+    Bundle,
+    Interruption,
+    MachineInfo,
+    RegistrationIdentity,
+    RowMeta,
+    RowStatus,
+    Target,
+)
 from bsr_cli.core import wire
 
 
@@ -152,6 +160,10 @@ class PeerRow:
     reason: str | None = None
     checks: dict[str, bool] = field(default_factory=dict)
 
+    @property
+    def meta(self) -> RowMeta:
+        return RowMeta(status=self.status, checks=self.checks, reason=self.reason)
+
     def to_wire(self) -> dict[str, Any]:
         """The row's JSON: the case, then what it measured (the stages' and the CPU cost's keys among them) and its
         checks, the status last; a row that measured nothing says only why."""
@@ -241,7 +253,7 @@ class PeerBundle:
                 "model": ModelOnRanks(model=p.model, tp_size=p.tp).to_wire(),
                 "rws_bytes": p.rws_bytes,
             },
-            rows=[r.to_wire() for r in self.rows],
+            rows=list(self.rows),
             summary=self.summary.to_wire(),
             targets=self.targets,
             interrupted=self.interrupted_by is not None,

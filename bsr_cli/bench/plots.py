@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.bench.evidence import Bundle, RestoreEvidence, completed, completed_wire
-from bsr_cli.bench.fs_concurrency import FsRestoreRow, fs_row_from_wire
+from bsr_cli.bench.evidence import Bundle, RestoreEvidence, Row, completed, rows_of
+from bsr_cli.bench.fs_concurrency import FsRestoreRow
 from bsr_cli.bench.ladder import LadderRow
 from bsr_cli.bench.sweep import SweepRow
 from bsr_cli.bench.wlaw import WLawRow
@@ -66,9 +66,9 @@ def _subtitle(b: Bundle) -> str:
     )
 
 
-def _restored(rows: list[dict[str, Any]]) -> list[tuple[int, RestoreEvidence]]:
-    """The sweep's completed rows (read back from its bundle): each prefix length and its restore's evidence."""
-    done = completed([SweepRow.from_wire(r) for r in rows])
+def _restored(rows: list[Row]) -> list[tuple[int, RestoreEvidence]]:
+    """The sweep's completed rows: each prefix length and its restore's evidence."""
+    done = completed(rows_of(SweepRow, rows))
     return [(r.tokens, r.restore) for r in done if r.restore]
 
 
@@ -76,7 +76,7 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     if ladder:
-        rows = [r for r in (LadderRow.from_wire(x) for x in ladder.rows) if r.whole_plan_bytes]
+        rows = [r for r in rows_of(LadderRow, ladder.rows) if r.whole_plan_bytes]
         xs = [r.tokens for r in rows]
         ax.plot(xs, [r.whole_plan_bytes / MiB for r in rows], "k--", label="whole-plan need (core: N·Σc_i + aux)")
         passed = [(r.tokens, r.first_passing_rung, r.passing) for r in completed(rows) if r.first_passing_rung]
@@ -170,7 +170,7 @@ def time_vs_prefix(sweep: Bundle, path: Path) -> Path:
 
 def rws_vs_w(wlaw: Bundle, path: Path) -> Path:
     plt = _plt()
-    rows = [(r.W, r.restore) for r in completed([WLawRow.from_wire(x) for x in wlaw.rows]) if r.restore]
+    rows = [(r.W, r.restore) for r in completed(rows_of(WLawRow, wlaw.rows)) if r.restore]
     reg = wlaw.registration
     ws = [w for w, _ in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -289,8 +289,8 @@ def fs_concurrency(fs: Bundle, path: Path) -> Path:
 def fs_spread(fs: Bundle) -> dict[str, tuple[float, float]]:
     """(min, max) GB/s of each configuration's trials, from the bundle's rows."""
     out: dict[str, list[float]] = {}
-    for r in completed([fs_row_from_wire(x) for x in fs.rows]):
-        if isinstance(r, FsRestoreRow) and r.restore is not None:
+    for r in completed(rows_of(FsRestoreRow, fs.rows)):
+        if r.restore is not None:
             out.setdefault(f"{r.cache}/c={r.concurrency}", []).append(float(r.restore.gbps))
     return {k: (min(v), max(v)) for k, v in out.items()}
 
@@ -304,9 +304,9 @@ def render_all(out_dir: Path, to: Path | None = None, found: dict[str, Bundle] |
     sweep, ladder = found.get("sweep"), found.get("ladder")
     if sweep or ladder:
         made.append(peak_vs_prefix(sweep, ladder, dest / "peak-vs-prefix.png"))
-    if sweep and completed_wire(sweep.rows):
+    if sweep and completed(sweep.rows):
         made.append(time_vs_prefix(sweep, dest / "restore-time-vs-prefix.png"))
-    if "wlaw" in found and completed_wire(found["wlaw"].rows):
+    if "wlaw" in found and completed(found["wlaw"].rows):
         made.append(rws_vs_w(found["wlaw"], dest / "rws-vs-w.png"))
     if "store" in found and store_bars(found["store"])[0]:
         made.append(store_bandwidth(found["store"], dest / "store-bandwidth.png"))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.bench.evidence import Bundle, Row
+from bsr_cli.bench.evidence import Bundle, Row, RowStatus, SentRow
 from bsr_cli.bench.fs_concurrency import fs_row_from_wire
 from bsr_cli.bench.ladder import LadderRow
 from bsr_cli.bench.sweep import SweepRow
@@ -77,6 +77,21 @@ def test_rows_read_back_as_they_were_written() -> None:
                 assert json.dumps(back) == json.dumps(row), path.name
                 seen += 1
     assert seen
+
+
+@pytest.mark.timeout(60)
+def test_a_bundle_reads_its_rows_by_its_experiment() -> None:
+    """A sweep bundle's rows (and its repeat's) come back as sweep rows; the rows of an experiment bsr reads no
+    row type for come back as sent, their status still read."""
+    data = _first("sweep")
+    data["repeat"] = {"run_id": "br-e1-000000000000", "salt": 1, "rows": [data["rows"][0]]}
+    b = Bundle.from_wire(data)
+    assert all(isinstance(r, SweepRow) for r in b.every_row()) and len(b.every_row()) == len(data["rows"]) + 1
+    data["experiment"] = "a-newer-experiment"
+    b = Bundle.from_wire(data)
+    assert [type(r) for r in b.every_row()] == [SentRow] * (len(data["rows"]) + 1)
+    assert [r.meta.status for r in b.rows] == [RowStatus(r["status"]) for r in data["rows"]]
+    assert json.dumps(b.to_wire()) == json.dumps({"schema": "bsr.bench/1", "kind": "bsr.bench", **data})
 
 
 @pytest.mark.timeout(60)

@@ -92,14 +92,14 @@ def _footer(console: Console, pub: PublishedBundle) -> None:
 
 
 def render_sweep(console: Console, pub: PublishedBundle) -> None:
-    from bsr_cli.bench.evidence import RowStatus
+    from bsr_cli.bench.evidence import RowStatus, rows_of
     from bsr_cli.bench.plots import bar
     from bsr_cli.bench.sweep import SweepRow
 
     d = pub.bundle
     _header(console, d, f"E1 sweep, W={d.params['W']}, B = RWS(W), restored from {d.params['tier']} only")
     repeat = d.repeat.rows if d.repeat else []
-    rows = [("", SweepRow.from_wire(r)) for r in d.rows] + [("R ", SweepRow.from_wire(r)) for r in repeat]
+    rows = [("", r) for r in rows_of(SweepRow, d.rows)] + [("R ", r) for r in rows_of(SweepRow, repeat)]
     top_t = max((r.restore.seconds if r.restore else 0.0 for _, r in rows), default=0.0)
     t = _table(
         "tokens",
@@ -156,6 +156,7 @@ def render_sweep(console: Console, pub: PublishedBundle) -> None:
 def render_ladder(console: Console, pub: PublishedBundle) -> None:
     d = pub.bundle
 
+    from bsr_cli.bench.evidence import rows_of
     from bsr_cli.bench.ladder import LadderRow
     from bsr_cli.bench.plots import bar
 
@@ -170,7 +171,7 @@ def render_ladder(console: Console, pub: PublishedBundle) -> None:
         "",
         "status",
     )
-    rows = [LadderRow.from_wire(r) for r in d.rows]
+    rows = rows_of(LadderRow, d.rows)
     top = max((r.whole_plan_bytes for r in rows), default=1)
     for r in rows:
         atts = " ".join(("✓" if a.passed else "✗") + _short(a.rung) for a in r.attempts)
@@ -189,14 +190,14 @@ def render_ladder(console: Console, pub: PublishedBundle) -> None:
 
 
 def render_wlaw(console: Console, pub: PublishedBundle) -> None:
-    from bsr_cli.bench.evidence import RowStatus
+    from bsr_cli.bench.evidence import RowStatus, rows_of
     from bsr_cli.bench.plots import bar
     from bsr_cli.bench.wlaw import WLawRow
 
     d = pub.bundle
     _header(console, d, f"W law at {d.params['tokens']:,} tokens (B = RWS(W) for each W)")
     t = _table("W", "W·Σc_i + aux MiB", "measured MiB/rank", "K", "restore s", "GB/s", "hash", "", "status")
-    rows = [WLawRow.from_wire(r) for r in d.rows]
+    rows = rows_of(WLawRow, d.rows)
     top = max((r.restore.peak_pool_bytes if r.restore else 0 for r in rows), default=1)
     for r in rows:
         ev = r.restore
@@ -437,7 +438,8 @@ def render_failures(console: Console, pub: PublishedBundle) -> None:
 
     _header(console, d, f"Failure matrix ({d.params['tokens']:,} tokens)")
     t = _table("scenario", "first pass", "fallback", "hash = canonical", "ranks healthy", "status")
-    for r in d.rows:
+    # Read as sent: failure rows of older bundles lack keys `FailureRow` needs (a first pass's failure kind).
+    for r in (row.to_wire() for row in d.rows):
         if r["status"] == RowStatus.INTERRUPTED:
             t.add_row(r["scenario"], "", "", "", r.get("reason", ""), _status(r["status"]))
             continue
