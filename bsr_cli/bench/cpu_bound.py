@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.api.codec import to_json
-from bsr_cli.bench.evidence import Bundle, OnRow, RowMeta, RowStatus, Target
+from bsr_cli.bench.evidence import Bundle, OnRow, RowMeta, RowStatus, SentRecord, Target
 from bsr_cli.core import wire
 from bsr_cli.core.evidence import Stage
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
@@ -303,17 +303,19 @@ def run_cpu_bound(
             },
         },
         machine=machine,
-        params={
-            "tokens": rig.n,
-            "W": w,
-            "trials": trials,
-            "budget_windows": list(budget_windows),
-            "cores": cores,
-            "free_cores": free_cores,
-            "torch_threads": 1,
-        },
+        params=SentRecord(  # what it was asked: no params type of its own yet
+            {
+                "tokens": rig.n,
+                "W": w,
+                "trials": trials,
+                "budget_windows": list(budget_windows),
+                "cores": cores,
+                "free_cores": free_cores,
+                "torch_threads": 1,
+            }
+        ),
         rows=list(rig.rows),
-        summary=to_json(summary),
+        summary=SentRecord(to_json(summary)),  # the api codec's JSON of its summary, as cpu-bound bundles have it
         targets=tuple(targets(summary)),
         interrupted=interrupted_by is not None,
         interrupted_by=interrupted_by,

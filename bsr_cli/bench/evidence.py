@@ -43,8 +43,6 @@ from bsr_cli.core.status import EngineInfo
 from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
     from bsr_cli.client import AdminClient
 
 
@@ -217,6 +215,62 @@ class SentRow:
         return cls(dict(data) if isinstance(data, Mapping) else {})
 
 
+class Record(Protocol):
+    """An experiment's params or summary: a dataclass the codec writes (or a `SentRecord`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+
+@dataclass(frozen=True)
+class SentRecord:
+    """Params or a summary bsr reads no type for (the experiment's type does not read every bundle back as it was
+    written, or bsr has none): kept as sent and written back byte for byte."""
+
+    fields: dict[str, Any]
+
+    def to_wire(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+
+def record_wire(record: Record) -> dict[str, Any]:
+    """A record's JSON, whatever its type: what a table reads of an experiment whose record is kept as sent."""
+    written: dict[str, Any] = wire.value_to_wire(record)
+    return written
+
+
+def record_of(cls: type[T], record: Record) -> T:
+    """``record`` as its experiment's type (`record_reader` reads it so from a bundle, an experiment writes it so)."""
+    if not isinstance(record, cls):
+        raise TypeError(f"a {type(record).__name__} where a {cls.__name__} belongs")
+    return record
+
+
+def record_reader(experiment: str) -> tuple[type | None, type | None]:
+    """The types a bundle's params and summary of ``experiment`` are read as (None: kept as sent). Only types whose
+    wire form is every committed bundle's (tests/bench/test_schema.py) are listed."""
+    from bsr_cli.bench.failures import FailuresParams, FailuresSummary
+    from bsr_cli.bench.fs_concurrency import FsParams
+    from bsr_cli.bench.ladder import LadderParams, LadderSummary
+    from bsr_cli.bench.sweep import SweepParams, SweepSummary
+    from bsr_cli.bench.wlaw import WLawParams, WLawSummary
+
+    readers: dict[str, tuple[type | None, type | None]] = {
+        "sweep": (SweepParams, SweepSummary),
+        "wlaw": (WLawParams, WLawSummary),
+        "ladder": (LadderParams, LadderSummary),
+        "failures": (FailuresParams, FailuresSummary),
+        "fs-concurrency": (FsParams, None),
+    }
+    return readers.get(experiment, (None, None))
+
+
+def read_record(cls: type | None, data: object) -> Record:
+    if cls is None:
+        return SentRecord(dict(data) if isinstance(data, Mapping) else {})
+    record: Record = wire.read(cls, data)
+    return record
+
+
 def row_reader(experiment: str) -> Callable[[object], Row]:
     """How a bundle's rows of ``experiment`` are read back: its row type's reader (by the row's kind where an
     experiment writes several), or `SentRow` for an experiment whose rows bsr keeps as sent (a new experiment adds
@@ -349,7 +403,7 @@ class Repeat:
     @classmethod
     def from_wire(cls, data: object, experiment: str = "sweep") -> Repeat:
         d = data if isinstance(data, Mapping) else {}
-        return replace(wire.read(cls, {**d, "rows": []}), rows=read_rows(experiment, d.get("rows")))
+        return wire.read(cls, {**d, "rows": read_rows(experiment, d.get("rows"))})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -371,9 +425,9 @@ class Bundle:
     registration: RegistrationIdentity
     engine: dict[str, Any]
     machine: MachineInfo
-    params: dict[str, Any]
+    params: Record
     rows: list[Row]
-    summary: dict[str, Any]
+    summary: Record
     targets: tuple[Target, ...]
     interrupted: bool
     interrupted_by: Interruption | None
@@ -420,12 +474,14 @@ class Bundle:
         d = data if isinstance(data, Mapping) else {}
         experiment = str(d.get("experiment", ""))
         repeat = d.get("repeat")
-        plain = wire.read(cls, {**d, "rows": [], "repeat": None})
-        return replace(
-            plain,
-            rows=read_rows(experiment, d.get("rows")),
-            repeat=Repeat.from_wire(repeat, experiment) if isinstance(repeat, Mapping) else None,
-        )
+        params, summary = record_reader(experiment)
+        read = {  # read by the experiment's types: the codec passes them on as they are
+            "params": read_record(params, d.get("params")),
+            "rows": read_rows(experiment, d.get("rows")),
+            "summary": read_record(summary, d.get("summary")),
+            "repeat": Repeat.from_wire(repeat, experiment) if isinstance(repeat, Mapping) else None,
+        }
+        return wire.read(cls, {**d, **read})
 
 
 @dataclass(frozen=True)
@@ -634,7 +690,7 @@ class Run(Generic[R]):
         experiment: str,
         tag: str,
         client: AdminClient,
-        params: DataclassInstance,  # the experiment's parameters, written into the bundle when it finishes
+        params: Record,  # the experiment's parameters, written into the bundle when it finishes
         *,
         salt: int | None = None,
         on_row: OnRow | None = None,
@@ -700,7 +756,7 @@ class Run(Generic[R]):
 
     def finish(
         self,
-        summary: DataclassInstance,
+        summary: Record,
         targets: Sequence[Target],
         rows: Sequence[R] | None = None,
     ) -> Bundle:
@@ -717,9 +773,9 @@ class Run(Generic[R]):
             registration=registration_identity(self.reg),
             engine=self.engine,
             machine=self.machine,
-            params=wire.write(self.params),
+            params=self.params,
             rows=list(self.rows),
-            summary=wire.write(summary),
+            summary=summary,
             targets=tuple(targets),
             interrupted=self.interrupted_by is not None,
             interrupted_by=self.interrupted_by,

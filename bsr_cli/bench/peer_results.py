@@ -19,6 +19,7 @@ from bsr_cli.bench.evidence import (
     RegistrationIdentity,
     RowMeta,
     RowStatus,
+    SentRecord,
     Target,
 )
 from bsr_cli.core import wire
@@ -241,20 +242,22 @@ class PeerBundle:
                 },
             },
             machine=self.machine,
-            params={
-                "tokens": list(p.tokens),
-                "W": p.w,
-                "tp": p.tp,
-                "trials": p.trials,
-                "deadline_s": p.deadline_s,
-                "below_rung_l1_bytes": list(p.below_rung_l1_bytes),
-                "bsr_windows": p.bsr_windows,
-                "bsr_l1_bytes": p.bsr_l1_bytes,
-                "model": ModelOnRanks(model=p.model, tp_size=p.tp).to_wire(),
-                "rws_bytes": p.rws_bytes,
-            },
+            params=SentRecord(  # the bundle's params: PeerParams with its model on the ranks
+                {
+                    "tokens": list(p.tokens),
+                    "W": p.w,
+                    "tp": p.tp,
+                    "trials": p.trials,
+                    "deadline_s": p.deadline_s,
+                    "below_rung_l1_bytes": list(p.below_rung_l1_bytes),
+                    "bsr_windows": p.bsr_windows,
+                    "bsr_l1_bytes": p.bsr_l1_bytes,
+                    "model": ModelOnRanks(model=p.model, tp_size=p.tp).to_wire(),
+                    "rws_bytes": p.rws_bytes,
+                }
+            ),
             rows=list(self.rows),
-            summary=self.summary.to_wire(),
+            summary=self.summary,
             targets=self.targets,
             interrupted=self.interrupted_by is not None,
             interrupted_by=self.interrupted_by,

@@ -10,6 +10,7 @@ import pytest
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench import cpu_bound as cb
+from bsr_cli.bench.evidence import record_wire
 from bsr_cli.loaders import builtin_registration
 
 N = 8192
@@ -41,7 +42,7 @@ def test_cpu_bound_restores_bit_exact_within_the_budget_and_models_rdma() -> Non
         # The pool's measured peak: one window at B = RWS, two at B = 2 RWS (the next fetch during the install).
         assert r["peak_live_bytes"] == r["budget_windows"] * W * reg.bytes_per_chunk
         assert all(v >= 0 for v in r["stage_cpu_s_per_gb"].values())
-    model = d.summary["by_budget_windows"]["2"]["rdma_model"]
+    model = record_wire(d.summary)["by_budget_windows"]["2"]["rdma_model"]
     assert [m["transport_gbps"] for m in model] == list(cb.TRANSPORTS_GBPS)
     assert all(m["sustained_gbps"] <= m["transport_gbps"] for m in model)
 

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.bench.evidence import Bundle, Row, RowStatus, SentRow
+from bsr_cli.bench.evidence import Bundle, Row, RowStatus, SentRecord, SentRow, record_reader
 from bsr_cli.bench.fs_concurrency import fs_row_from_wire
 from bsr_cli.bench.ladder import LadderRow
 from bsr_cli.bench.sweep import SweepRow
 from bsr_cli.bench.wlaw import WLawRow
+from bsr_cli.core import wire
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.errors import ExitCode, InvalidInput
 
@@ -92,6 +93,22 @@ def test_a_bundle_reads_its_rows_by_its_experiment() -> None:
     assert [type(r) for r in b.every_row()] == [SentRow] * (len(data["rows"]) + 1)
     assert [r.meta.status for r in b.rows] == [RowStatus(r["status"]) for r in data["rows"]]
     assert json.dumps(b.to_wire()) == json.dumps({"schema": "bsr.bench/1", "kind": "bsr.bench", **data})
+
+
+@pytest.mark.timeout(60)
+def test_a_bundle_reads_its_params_and_summary_by_its_experiment() -> None:
+    """Each committed bundle's params and summary come back as its experiment's types where bsr has them, and
+    written back as the file had them; an experiment without them keeps its records as sent."""
+    seen = set()
+    for path in sorted(EVIDENCE.glob("br-*.json")):
+        data = bundles.load(path)
+        b = Bundle.from_wire(data)
+        for key, cls in zip(("params", "summary"), record_reader(data["experiment"]), strict=True):
+            record = getattr(b, key)
+            assert isinstance(record, cls or SentRecord), (path.name, key)
+            assert json.dumps(wire.value_to_wire(record)) == json.dumps(data[key]), (path.name, key)
+            seen.add(type(record).__name__)
+    assert {"SweepParams", "SweepSummary", "WLawSummary", "LadderSummary", "FailuresParams", "SentRecord"} <= seen
 
 
 @pytest.mark.timeout(60)
