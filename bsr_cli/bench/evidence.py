@@ -196,25 +196,6 @@ class Row(Protocol):
 OnRow = Callable[[Row], None]  # told of each finished row (the progress note)
 
 
-@dataclass(frozen=True)
-class SentRow:
-    """A row bsr reads no type for (an experiment it has no row reader for, or a newer bsr's): kept as sent and
-    written back byte for byte. Its keys are free-form JSON by definition; only its `RowMeta` part is read."""
-
-    fields: dict[str, Any]
-
-    @property
-    def meta(self) -> RowMeta:
-        return RowMeta.from_wire(self.fields)
-
-    def to_wire(self) -> dict[str, Any]:
-        return dict(self.fields)
-
-    @classmethod
-    def from_wire(cls, data: object) -> SentRow:
-        return cls(dict(data) if isinstance(data, Mapping) else {})
-
-
 class Record(Protocol):
     """An experiment's params or summary: a dataclass the codec writes (or a `SentRecord`)."""
 
@@ -226,16 +207,29 @@ class SentRecord:
     """Params or a summary bsr reads no type for (the experiment's type does not read every bundle back as it was
     written, or bsr has none): kept as sent and written back byte for byte."""
 
-    fields: dict[str, Any]
+    fields: dict[str, Any]  # free-form JSON by definition: what bsr has no type for
 
     def to_wire(self) -> dict[str, Any]:
         return dict(self.fields)
 
+    @classmethod
+    def from_wire(cls, data: object) -> Self:
+        return cls(dict(data) if isinstance(data, Mapping) else {})
+
+
+@dataclass(frozen=True)
+class SentRow(SentRecord):
+    """A row bsr reads no type for (an experiment it has no row reader for, or a newer bsr's): kept as sent and
+    written back byte for byte; only its `RowMeta` part is read."""
+
+    @property
+    def meta(self) -> RowMeta:
+        return RowMeta.from_wire(self.fields)
+
 
 def record_wire(record: Record) -> dict[str, Any]:
     """A record's JSON, whatever its type: what a table reads of an experiment whose record is kept as sent."""
-    written: dict[str, Any] = wire.value_to_wire(record)
-    return written
+    return dict(wire.value_to_wire(record))
 
 
 def record_of(cls: type[T], record: Record) -> T:
@@ -266,7 +260,7 @@ def record_reader(experiment: str) -> tuple[type | None, type | None]:
 
 def read_record(cls: type | None, data: object) -> Record:
     if cls is None:
-        return SentRecord(dict(data) if isinstance(data, Mapping) else {})
+        return SentRecord.from_wire(data)
     record: Record = wire.read(cls, data)
     return record
 
