@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.api.codec import to_json
-from bsr_cli.bench.evidence import Bundle, OnRow, RowStatus, Target
+from bsr_cli.bench.evidence import Bundle, OnRow, RowMeta, RowStatus, SentRecord, Target
 from bsr_cli.core import wire
 from bsr_cli.core.evidence import Stage
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
@@ -67,6 +67,10 @@ class BaselineRow:
 
     to_wire = wire.writer()
 
+    @property
+    def meta(self) -> RowMeta:
+        return RowMeta(status=self.status, checks=self.checks)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RestoreRow:
@@ -89,6 +93,10 @@ class RestoreRow:
     reason: str | None = wire.field(omit_none=True)  # why the restore failed closed; said only then
 
     to_wire = wire.writer()
+
+    @property
+    def meta(self) -> RowMeta:
+        return RowMeta(status=self.status, checks=self.checks, reason=self.reason)
 
 
 Row = BaselineRow | RestoreRow
@@ -295,17 +303,19 @@ def run_cpu_bound(
             },
         },
         machine=machine,
-        params={
-            "tokens": rig.n,
-            "W": w,
-            "trials": trials,
-            "budget_windows": list(budget_windows),
-            "cores": cores,
-            "free_cores": free_cores,
-            "torch_threads": 1,
-        },
-        rows=[r.to_wire() for r in rig.rows],
-        summary=to_json(summary),
+        params=SentRecord(  # what it was asked: no params type of its own yet
+            {
+                "tokens": rig.n,
+                "W": w,
+                "trials": trials,
+                "budget_windows": list(budget_windows),
+                "cores": cores,
+                "free_cores": free_cores,
+                "torch_threads": 1,
+            }
+        ),
+        rows=list(rig.rows),
+        summary=SentRecord(to_json(summary)),  # the api codec's JSON of its summary, as cpu-bound bundles have it
         targets=tuple(targets(summary)),
         interrupted=interrupted_by is not None,
         interrupted_by=interrupted_by,
@@ -371,7 +381,7 @@ class _Rig:
     def add(self, row: Row) -> None:
         self.rows.append(row)
         if self.on_row:
-            self.on_row(row.to_wire())
+            self.on_row(row)
 
     def memcpy_all(self) -> None:
         self.sink.copy_(self.flat)

@@ -26,7 +26,7 @@ import platform
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import Field, dataclass, fields, replace
 from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
@@ -43,14 +43,11 @@ from bsr_cli.core.status import EngineInfo
 from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
     from bsr_cli.client import AdminClient
 
 
 BUNDLE_SCHEMA = "bsr.bench/1"
 
-OnRow = Callable[[dict[str, Any]], None]
 T = TypeVar("T")
 UNKNOWN_OUTCOME = "unknown"  # a restore answer without an outcome (bench/models.py spells it in the schema too)
 
@@ -196,6 +193,101 @@ class Row(Protocol):
     def to_wire(self) -> dict[str, Any]: ...
 
 
+OnRow = Callable[[Row], None]  # told of each finished row (the progress note)
+
+
+class Record(Protocol):
+    """An experiment's params or summary: a dataclass the codec writes (or a `SentRecord`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+
+@dataclass(frozen=True)
+class SentRecord:
+    """Params or a summary bsr reads no type for (the experiment's type does not read every bundle back as it was
+    written, or bsr has none): kept as sent and written back byte for byte."""
+
+    fields: dict[str, Any]  # free-form JSON by definition: what bsr has no type for
+
+    def to_wire(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+    @classmethod
+    def from_wire(cls, data: object) -> Self:
+        return cls(dict(data) if isinstance(data, Mapping) else {})
+
+
+@dataclass(frozen=True)
+class SentRow(SentRecord):
+    """A row bsr reads no type for (an experiment it has no row reader for, or a newer bsr's): kept as sent and
+    written back byte for byte; only its `RowMeta` part is read."""
+
+    @property
+    def meta(self) -> RowMeta:
+        return RowMeta.from_wire(self.fields)
+
+
+def record_wire(record: Record) -> dict[str, Any]:
+    """A record's JSON, whatever its type: what a table reads of an experiment whose record is kept as sent."""
+    return dict(wire.value_to_wire(record))
+
+
+def record_of(cls: type[T], record: Record) -> T:
+    """``record`` as its experiment's type (`record_reader` reads it so from a bundle, an experiment writes it so)."""
+    if not isinstance(record, cls):
+        raise TypeError(f"a {type(record).__name__} where a {cls.__name__} belongs")
+    return record
+
+
+def record_reader(experiment: str) -> tuple[type | None, type | None]:
+    """The types a bundle's params and summary of ``experiment`` are read as (None: kept as sent). Only types whose
+    wire form is every committed bundle's (tests/bench/test_schema.py) are listed."""
+    from bsr_cli.bench.failures import FailuresParams, FailuresSummary
+    from bsr_cli.bench.fs_concurrency import FsParams
+    from bsr_cli.bench.ladder import LadderParams, LadderSummary
+    from bsr_cli.bench.sweep import SweepParams, SweepSummary
+    from bsr_cli.bench.wlaw import WLawParams, WLawSummary
+
+    readers: dict[str, tuple[type | None, type | None]] = {
+        "sweep": (SweepParams, SweepSummary),
+        "wlaw": (WLawParams, WLawSummary),
+        "ladder": (LadderParams, LadderSummary),
+        "failures": (FailuresParams, FailuresSummary),
+        "fs-concurrency": (FsParams, None),
+    }
+    return readers.get(experiment, (None, None))
+
+
+def read_record(cls: type | None, data: object) -> Record:
+    if cls is None:
+        return SentRecord.from_wire(data)
+    record: Record = wire.read(cls, data)
+    return record
+
+
+def row_reader(experiment: str) -> Callable[[object], Row]:
+    """How a bundle's rows of ``experiment`` are read back: its row type's reader (by the row's kind where an
+    experiment writes several), or `SentRow` for an experiment whose rows bsr keeps as sent (a new experiment adds
+    its reader here)."""
+    from bsr_cli.bench.fs_concurrency import fs_row_from_wire
+    from bsr_cli.bench.ladder import LadderRow
+    from bsr_cli.bench.sweep import SweepRow
+    from bsr_cli.bench.wlaw import WLawRow
+
+    readers: dict[str, Callable[[object], Row]] = {
+        "sweep": SweepRow.from_wire,
+        "wlaw": WLawRow.from_wire,
+        "ladder": LadderRow.from_wire,
+        "fs-concurrency": fs_row_from_wire,
+    }
+    return readers.get(experiment, SentRow.from_wire)
+
+
+def read_rows(experiment: str, rows: object) -> list[Row]:
+    read = row_reader(experiment)
+    return [read(r) for r in rows] if isinstance(rows, list) else []
+
+
 # -- a row's wire form: its meta and its measurement flattened among its own keys ----------------------------------
 # The codec (bsr_cli.core.wire) writes a nested value under its field's key; a bench row instead writes its meta's
 # keys and its measurement's keys beside its own, as bundles always have. Two field kinds say how:
@@ -264,9 +356,9 @@ def completed(rows: Sequence[R]) -> list[R]:
     return [r for r in rows if r.meta.status != RowStatus.INTERRUPTED]
 
 
-def completed_wire(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`completed` over rows read back from a bundle (tables and plots)."""
-    return [r for r in rows if r.get("status") != RowStatus.INTERRUPTED]
+def rows_of(cls: type[T], rows: Iterable[Row]) -> list[T]:
+    """The rows of one row type among ``rows`` (a bundle's, read by its experiment's `row_reader`)."""
+    return [r for r in rows if isinstance(r, cls)]
 
 
 # What a target reports as measured: a number, a phrase, or a few of them by name. The sequence comes first: the
@@ -298,17 +390,22 @@ class Repeat:
 
     run_id: str
     salt: int
-    rows: list[dict[str, Any]]  # the rows' wire form, as the main rows'
+    rows: list[Row]  # the sweep's rows, as the main rows
 
     to_wire = wire.writer()
-    from_wire = wire.reader()
+
+    @classmethod
+    def from_wire(cls, data: object, experiment: str = "sweep") -> Repeat:
+        d = data if isinstance(data, Mapping) else {}
+        return wire.read(cls, {**d, "rows": read_rows(experiment, d.get("rows"))})
 
 
 @dataclass(frozen=True, kw_only=True)
 class Bundle:
     """One experiment block's evidence bundle (docs/bench-schema.json), fields in the bundle's key order.
 
-    Rows and the summary are each experiment's own records in their wire form; ``engine`` is the engine's /info
+    Rows are each experiment's row type (`row_reader`: the rows of an experiment bsr has no reader for are kept as
+    sent); the summary and params are each experiment's own records in their wire form; ``engine`` is the engine's /info
     and the facts the experiment adds about it (embedded, start-up time, settings put back), in the order written.
     """
 
@@ -322,9 +419,9 @@ class Bundle:
     registration: RegistrationIdentity
     engine: dict[str, Any]
     machine: MachineInfo
-    params: dict[str, Any]
-    rows: list[dict[str, Any]]
-    summary: dict[str, Any]
+    params: Record
+    rows: list[Row]
+    summary: Record
     targets: tuple[Target, ...]
     interrupted: bool
     interrupted_by: Interruption | None
@@ -334,7 +431,7 @@ class Bundle:
     schema: ClassVar[str] = BUNDLE_SCHEMA
     kind: ClassVar[str] = "bsr.bench"
 
-    def every_row(self) -> list[dict[str, Any]]:
+    def every_row(self) -> list[Row]:
         """The main rows, then the repeat's."""
         return self.rows + (self.repeat.rows if self.repeat else [])
 
@@ -363,7 +460,22 @@ class Bundle:
             "repeat",
         )
     )
-    from_wire = wire.reader()  # a bundle read back from its file (validated against the schema first: `bundle.read`)
+
+    @classmethod
+    def from_wire(cls, data: object) -> Bundle:
+        """A bundle read back from its file (validated against the schema first: `bundle.read`), its rows by the
+        experiment's row type."""
+        d = data if isinstance(data, Mapping) else {}
+        experiment = str(d.get("experiment", ""))
+        repeat = d.get("repeat")
+        params, summary = record_reader(experiment)
+        read = {  # read by the experiment's types: the codec passes them on as they are
+            "params": read_record(params, d.get("params")),
+            "rows": read_rows(experiment, d.get("rows")),
+            "summary": read_record(summary, d.get("summary")),
+            "repeat": Repeat.from_wire(repeat, experiment) if isinstance(repeat, Mapping) else None,
+        }
+        return wire.read(cls, {**d, **read})
 
 
 @dataclass(frozen=True)
@@ -572,7 +684,7 @@ class Run(Generic[R]):
         experiment: str,
         tag: str,
         client: AdminClient,
-        params: DataclassInstance,  # the experiment's parameters, written into the bundle when it finishes
+        params: Record,  # the experiment's parameters, written into the bundle when it finishes
         *,
         salt: int | None = None,
         on_row: OnRow | None = None,
@@ -634,11 +746,11 @@ class Run(Generic[R]):
         """Keep a finished row (in ``rows``, default the block's) and report it."""
         (self.rows if rows is None else rows).append(row)
         if self.on_row:
-            self.on_row(row.to_wire())
+            self.on_row(row)
 
     def finish(
         self,
-        summary: DataclassInstance,
+        summary: Record,
         targets: Sequence[Target],
         rows: Sequence[R] | None = None,
     ) -> Bundle:
@@ -655,9 +767,9 @@ class Run(Generic[R]):
             registration=registration_identity(self.reg),
             engine=self.engine,
             machine=self.machine,
-            params=wire.write(self.params),
-            rows=[r.to_wire() for r in self.rows],
-            summary=wire.write(summary),
+            params=self.params,
+            rows=list(self.rows),
+            summary=summary,
             targets=tuple(targets),
             interrupted=self.interrupted_by is not None,
             interrupted_by=self.interrupted_by,

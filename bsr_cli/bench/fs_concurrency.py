@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bsr_cli.bench.evidence import (
     BenchRow,
@@ -130,11 +130,12 @@ class FsRestoreRow(BenchRow):
 FsRow = WarmRow | DiskRow | FsRestoreRow
 
 
-def fs_row_from_wire(d: dict[str, Any]) -> FsRow:
+def fs_row_from_wire(d: object) -> FsRow:
     """An fs-concurrency row read back from a bundle, by its kind."""
-    if d.get("kind") == "disk":
+    kind = d.get("kind") if isinstance(d, Mapping) else None
+    if kind == "disk":
         return DiskRow.from_wire(d)
-    if d.get("kind") == "restore":
+    if kind == "restore":
         return FsRestoreRow.from_wire(d)
     return WarmRow.from_wire(d)
 

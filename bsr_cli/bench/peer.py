@@ -377,7 +377,7 @@ def run_peer(
     def add(row: PeerRow) -> None:
         rows.append(row)
         if on_row:
-            on_row(row.to_wire())
+            on_row(row)
 
     workdir.mkdir(parents=True, exist_ok=True)
     master = holder = None

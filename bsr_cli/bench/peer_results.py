@@ -12,7 +12,16 @@ from enum import StrEnum
 from typing import Any
 
 from bsr_cli import __version__
-from bsr_cli.bench.evidence import Bundle, Interruption, MachineInfo, RegistrationIdentity, RowStatus, Target
+from bsr_cli.bench.evidence import (
+    Bundle,
+    Interruption,
+    MachineInfo,
+    RegistrationIdentity,
+    RowMeta,
+    RowStatus,
+    SentRecord,
+    Target,
+)
 from bsr_cli.core import wire
 
 
@@ -152,6 +161,10 @@ class PeerRow:
     reason: str | None = None
     checks: dict[str, bool] = field(default_factory=dict)
 
+    @property
+    def meta(self) -> RowMeta:
+        return RowMeta(status=self.status, checks=self.checks, reason=self.reason)
+
     def to_wire(self) -> dict[str, Any]:
         """The row's JSON: the case, then what it measured (the stages' and the CPU cost's keys among them) and its
         checks, the status last; a row that measured nothing says only why."""
@@ -229,20 +242,22 @@ class PeerBundle:
                 },
             },
             machine=self.machine,
-            params={
-                "tokens": list(p.tokens),
-                "W": p.w,
-                "tp": p.tp,
-                "trials": p.trials,
-                "deadline_s": p.deadline_s,
-                "below_rung_l1_bytes": list(p.below_rung_l1_bytes),
-                "bsr_windows": p.bsr_windows,
-                "bsr_l1_bytes": p.bsr_l1_bytes,
-                "model": ModelOnRanks(model=p.model, tp_size=p.tp).to_wire(),
-                "rws_bytes": p.rws_bytes,
-            },
-            rows=[r.to_wire() for r in self.rows],
-            summary=self.summary.to_wire(),
+            params=SentRecord(  # the bundle's params: PeerParams with its model on the ranks
+                {
+                    "tokens": list(p.tokens),
+                    "W": p.w,
+                    "tp": p.tp,
+                    "trials": p.trials,
+                    "deadline_s": p.deadline_s,
+                    "below_rung_l1_bytes": list(p.below_rung_l1_bytes),
+                    "bsr_windows": p.bsr_windows,
+                    "bsr_l1_bytes": p.bsr_l1_bytes,
+                    "model": ModelOnRanks(model=p.model, tp_size=p.tp).to_wire(),
+                    "rws_bytes": p.rws_bytes,
+                }
+            ),
+            rows=list(self.rows),
+            summary=self.summary,
             targets=self.targets,
             interrupted=self.interrupted_by is not None,
             interrupted_by=self.interrupted_by,

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.bench.evidence import Bundle, RestoreEvidence, completed, completed_wire
-from bsr_cli.bench.fs_concurrency import FsRestoreRow, fs_row_from_wire
+from bsr_cli.bench.evidence import Bundle, RestoreEvidence, Row, completed, record_of, record_wire, rows_of
+from bsr_cli.bench.fs_concurrency import FsParams, FsRestoreRow
 from bsr_cli.bench.ladder import LadderRow
-from bsr_cli.bench.sweep import SweepRow
-from bsr_cli.bench.wlaw import WLawRow
+from bsr_cli.bench.sweep import SweepParams, SweepRow, SweepSummary
+from bsr_cli.bench.wlaw import WLawParams, WLawRow
 from bsr_cli.core.units import MiB, format_bytes
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -66,9 +66,9 @@ def _subtitle(b: Bundle) -> str:
     )
 
 
-def _restored(rows: list[dict[str, Any]]) -> list[tuple[int, RestoreEvidence]]:
-    """The sweep's completed rows (read back from its bundle): each prefix length and its restore's evidence."""
-    done = completed([SweepRow.from_wire(r) for r in rows])
+def _restored(rows: list[Row]) -> list[tuple[int, RestoreEvidence]]:
+    """The sweep's completed rows: each prefix length and its restore's evidence."""
+    done = completed(rows_of(SweepRow, rows))
     return [(r.tokens, r.restore) for r in done if r.restore]
 
 
@@ -76,7 +76,7 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     if ladder:
-        rows = [r for r in (LadderRow.from_wire(x) for x in ladder.rows) if r.whole_plan_bytes]
+        rows = [r for r in rows_of(LadderRow, ladder.rows) if r.whole_plan_bytes]
         xs = [r.tokens for r in rows]
         ax.plot(xs, [r.whole_plan_bytes / MiB for r in rows], "k--", label="whole-plan need (core: N·Σc_i + aux)")
         passed = [(r.tokens, r.first_passing_rung, r.passing) for r in completed(rows) if r.first_passing_rung]
@@ -108,7 +108,7 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
                 "k--",
                 label="whole-plan need (core: N·Σc_i + aux)",
             )
-        w = sweep.params["W"]
+        w = record_of(SweepParams, sweep.params).W
         ax.plot(
             [n for n, _ in done],
             [ev.peak_pool_bytes / MiB for _, ev in done],
@@ -116,7 +116,7 @@ def peak_vs_prefix(sweep: Bundle | None, ladder: Bundle | None, path: Path) -> P
             color="tab:blue",
             label=f"BSR W={w}: measured peak pool per rank",
         )
-        rws = sweep.summary.get("rws_bytes")
+        rws = record_of(SweepSummary, sweep.summary).rws_bytes
         if rws:
             label = f"RWS({w}) = {format_bytes(rws, compact=True)}"
             ax.axhline(rws / MiB, color="tab:blue", linestyle=":", label=label)
@@ -154,7 +154,9 @@ def time_vs_prefix(sweep: Bundle, path: Path) -> Path:
     ax.plot(xs, [mean([x.install_seconds for x in ev.ranks]) for _, ev in done], "^--", label="install (mean of ranks)")
     ax.set_xlabel("prefix length (tokens)")
     ax.set_ylabel("seconds")
-    ax.set_title(f"Restore time against prefix length (W={sweep.params['W']}, B = RWS)", fontsize=11)
+    ax.set_title(
+        f"Restore time against prefix length (W={record_of(SweepParams, sweep.params).W}, B = RWS)", fontsize=11
+    )
     _thousands(ax.xaxis)
     ax2 = ax.twinx()
     ax2.plot(xs, [ev.gbps for _, ev in done], ":", color="grey", label="GB/s (all ranks)")
@@ -170,7 +172,7 @@ def time_vs_prefix(sweep: Bundle, path: Path) -> Path:
 
 def rws_vs_w(wlaw: Bundle, path: Path) -> Path:
     plt = _plt()
-    rows = [(r.W, r.restore) for r in completed([WLawRow.from_wire(x) for x in wlaw.rows]) if r.restore]
+    rows = [(r.W, r.restore) for r in completed(rows_of(WLawRow, wlaw.rows)) if r.restore]
     reg = wlaw.registration
     ws = [w for w, _ in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -185,7 +187,7 @@ def rws_vs_w(wlaw: Bundle, path: Path) -> Path:
     ax.plot(ws, [ev.peak_pool_bytes / MiB for _, ev in rows], "o", markersize=8, label="measured peak pool per rank")
     ax.set_xlabel("W (chunks per window)")
     ax.set_ylabel("RWS per rank (MiB)")
-    ax.set_title(f"Measured RWS against W at {wlaw.params['tokens']:,} tokens", fontsize=11)
+    ax.set_title(f"Measured RWS against W at {record_of(WLawParams, wlaw.params).tokens:,} tokens", fontsize=11)
     _thousands(ax.yaxis)
     fig.suptitle(_subtitle(wlaw), fontsize=7, y=0.01, va="bottom")
     ax.grid(alpha=0.3)
@@ -219,7 +221,7 @@ def store_bandwidth(store: Bundle, path: Path) -> Path:
 
 
 def store_bars(store: Bundle) -> tuple[list[str], list[float]]:
-    s = store.summary
+    s = record_wire(store.summary)  # as sent: older store bundles have other keys than StoreSummary
     labels: list[str] = []
     values: list[float] = []
     for threads, g in s.get("memcpy_gbps", {}).items():
@@ -245,7 +247,7 @@ def store_bars(store: Bundle) -> tuple[list[str], list[float]]:
 def store_ratios(store: Bundle) -> dict[str, float]:
     """Per restore bar label, its throughput as a multiple of the raw concurrent GET paired with it."""
     out: dict[str, float] = {}
-    for name, r in store.summary.get("restore", {}).items():
+    for name, r in record_wire(store.summary).get("restore", {}).items():
         if r.get("vs_paired_raw") is not None:
             out[f"restore {name}"] = float(r["vs_paired_raw"])
     return out
@@ -253,7 +255,7 @@ def store_ratios(store: Bundle) -> dict[str, float]:
 
 def fs_concurrency(fs: Bundle, path: Path) -> Path:
     plt = _plt()
-    s = fs.summary
+    s = record_wire(fs.summary)  # as sent: FsSummary does not read every committed bundle back as written
     by = s.get("by_config", {})
     labels = list(by)
     spread = fs_spread(fs)
@@ -281,7 +283,7 @@ def fs_concurrency(fs: Bundle, path: Path) -> Path:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.set_size_inches(10.5, 0.4 * len(labels) + 1.8)
     ax.set_xlabel("restore GB/s (all ranks, median)")
-    ax.set_title(f"Filesystem tier: load concurrency at {fs.params['tokens']:,} tokens", fontsize=11)
+    ax.set_title(f"Filesystem tier: load concurrency at {record_of(FsParams, fs.params).tokens:,} tokens", fontsize=11)
     fig.suptitle(_subtitle(fs), fontsize=7, y=0.01, va="bottom")
     return _save(fig, path)
 
@@ -289,8 +291,8 @@ def fs_concurrency(fs: Bundle, path: Path) -> Path:
 def fs_spread(fs: Bundle) -> dict[str, tuple[float, float]]:
     """(min, max) GB/s of each configuration's trials, from the bundle's rows."""
     out: dict[str, list[float]] = {}
-    for r in completed([fs_row_from_wire(x) for x in fs.rows]):
-        if isinstance(r, FsRestoreRow) and r.restore is not None:
+    for r in completed(rows_of(FsRestoreRow, fs.rows)):
+        if r.restore is not None:
             out.setdefault(f"{r.cache}/c={r.concurrency}", []).append(float(r.restore.gbps))
     return {k: (min(v), max(v)) for k, v in out.items()}
 
@@ -304,15 +306,15 @@ def render_all(out_dir: Path, to: Path | None = None, found: dict[str, Bundle] |
     sweep, ladder = found.get("sweep"), found.get("ladder")
     if sweep or ladder:
         made.append(peak_vs_prefix(sweep, ladder, dest / "peak-vs-prefix.png"))
-    if sweep and completed_wire(sweep.rows):
+    if sweep and completed(sweep.rows):
         made.append(time_vs_prefix(sweep, dest / "restore-time-vs-prefix.png"))
-    if "wlaw" in found and completed_wire(found["wlaw"].rows):
+    if "wlaw" in found and completed(found["wlaw"].rows):
         made.append(rws_vs_w(found["wlaw"], dest / "rws-vs-w.png"))
     if "store" in found and store_bars(found["store"])[0]:
         made.append(store_bandwidth(found["store"], dest / "store-bandwidth.png"))
-    if "fs-concurrency" in found and found["fs-concurrency"].summary.get("by_config"):
+    if "fs-concurrency" in found and record_wire(found["fs-concurrency"].summary).get("by_config"):
         made.append(fs_concurrency(found["fs-concurrency"], dest / "fs-concurrency.png"))
-    if "peer" in found and found["peer"].summary.get("by_prefix"):
+    if "peer" in found and record_wire(found["peer"].summary).get("by_prefix"):
         made.append(peer_plot(found["peer"], dest / "peer-lmcache.png"))
     return made
 
@@ -320,7 +322,7 @@ def render_all(out_dir: Path, to: Path | None = None, found: dict[str, Bundle] |
 def peer_plot(b: Bundle, path: Path) -> Path:
     """bsr inside LMCache against stock LMCache: GB/s per rank beside raw GET, and the measured L1 peaks."""
     plt = _plt()
-    by = list(b.summary["by_prefix"].values())
+    by = list(record_wire(b.summary)["by_prefix"].values())
     x = list(range(len(by)))
     labels = [f"{v['tokens'] // 1024}K" for v in by]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -335,7 +337,7 @@ def peer_plot(b: Bundle, path: Path) -> Path:
     ax1.set_ylabel("GB/s per rank")
     ax1.set_title("restore throughput")
     ax1.legend(fontsize=8)
-    for i, (key, name) in enumerate((("stock", "stock LMCache"), ("bsr", f"bsr W={b.params['W']}"))):
+    for i, (key, name) in enumerate((("stock", "stock LMCache"), ("bsr", f"bsr W={record_wire(b.params)['W']}"))):
         vals = [(v[key]["l1_peak_bytes"] or 0) / MiB for v in by]
         ax2.bar([p + (i - 0.5) * width for p in x], vals, width, label=name)
     ax2.set_yscale("log")

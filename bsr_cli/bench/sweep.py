@@ -129,7 +129,7 @@ def run_sweep(
             try:
                 _sweep_row(run, repeat_rows, rows_in[-1], salt2, w, exclude)
             finally:
-                run.repeat = Repeat(repeat_id, salt2, [r.to_wire() for r in repeat_rows])
+                run.repeat = Repeat(repeat_id, salt2, list(repeat_rows))
     finally:
         block_s = time.monotonic() - t0
         run.engine["settings_restored"] = put_back(client, original)

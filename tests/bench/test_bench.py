@@ -13,7 +13,9 @@ import pytest
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench import experiments as ex
-from bsr_cli.bench.evidence import Bundle
+from bsr_cli.bench.evidence import Bundle, record_of
+from bsr_cli.bench.ladder import LadderSummary
+from bsr_cli.bench.sweep import SweepSummary
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import full_hit_bitmap
 from bsr_cli.core.prompt import Prompt
@@ -176,12 +178,13 @@ def test_an_interrupted_row_is_marked_and_kept_out_of_the_summary(error: BaseExc
     fake = FakeEngine(interrupt_at=2, error=error)
     b = ex.run_sweep(fake, prefixes=[2048, 4096, 8192], w=4, salt=7)  # type: ignore[arg-type]
     assert bundles.validation_errors(b.to_wire()) == []
-    assert [r["status"] for r in b.rows] == ["pass", "interrupted"]  # the block stops at the interruption
+    assert [r.meta.status for r in b.rows] == ["pass", "interrupted"]  # the block stops at the interruption
     assert b.repeat is None and "repeat" not in b.to_wire()
     assert b.interrupted is True and b.ok is False
     assert b.interrupted_by == ("operator" if isinstance(error, KeyboardInterrupt) else "error")
-    assert b.summary["completed"] == 1 and b.summary["interrupted"] == 1
-    assert list(b.summary["restore_seconds"]) == ["2048"]  # only the completed row is aggregated
+    summary = record_of(SweepSummary, b.summary)
+    assert summary.completed == 1 and summary.interrupted == 1
+    assert list(summary.restore_seconds) == ["2048"]  # only the completed row is aggregated
     assert fake.settings["budget_bytes"] == 123  # the budget the sweep changed is put back
     if isinstance(error, KeyboardInterrupt):
         assert fake.aborted == ["req-2"]  # the restore in flight is aborted on the engine
@@ -329,13 +332,14 @@ def test_ladder_first_passing_rung_is_the_predicted_one(tmp_path: Path) -> None:
         supervisor.down(state)
     assert bundles.validation_errors(b.to_wire()) == []
     assert not supervisor.status(state).running  # every rung's engine was stopped
-    assert b.summary["engine_starts"] == 2
-    for row in b.rows:
+    assert record_of(LadderSummary, b.summary).engine_starts == 2
+    rows = [r.to_wire() for r in b.rows]
+    for row in rows:
         need = accounting.whole_plan_bytes(REG, row["chunks"])
         assert row["status"] == "pass", row.get("checks")
         assert row["first_passing_rung"] == row["predicted_rung"] == accounting.ladder_rung(need, rungs)
         assert [x["pool_peak_bytes"] for x in row["ranks"]] == [need, need]
-    small, large = b.rows
+    small, large = rows
     assert small["first_passing_rung"] == 8 * MiB and [a["passed"] for a in small["attempts"]] == [True]
     assert large["first_passing_rung"] == 16 * MiB and [a["passed"] for a in large["attempts"]] == [False, True]
     assert large["attempts"][0]["outcome"] == "refused" and "capacity" in large["attempts"][0]["failure"]

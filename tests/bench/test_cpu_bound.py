@@ -10,6 +10,7 @@ import pytest
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench import cpu_bound as cb
+from bsr_cli.bench.evidence import record_wire
 from bsr_cli.loaders import builtin_registration
 
 N = 8192
@@ -34,14 +35,14 @@ def test_cpu_bound_restores_bit_exact_within_the_budget_and_models_rdma() -> Non
         cb.MemoryTier.get_into = orig  # type: ignore[method-assign]
     assert bundles.validation_errors(d.to_wire()) == [] and d.ok is True
     chunks = N // reg.chunk_size
-    restores = [r for r in d.rows if r["kind"] == "restore"]
+    restores = [r.to_wire() for r in d.rows if isinstance(r, cb.RestoreRow)]
     assert len(restores) == 2 and sum(served) == 2 * chunks * reg.bytes_per_chunk  # every byte, from the tier
     for r in restores:
         assert r["hash_ok"] is True and r["windows"] == chunks // W
         # The pool's measured peak: one window at B = RWS, two at B = 2 RWS (the next fetch during the install).
         assert r["peak_live_bytes"] == r["budget_windows"] * W * reg.bytes_per_chunk
         assert all(v >= 0 for v in r["stage_cpu_s_per_gb"].values())
-    model = d.summary["by_budget_windows"]["2"]["rdma_model"]
+    model = record_wire(d.summary)["by_budget_windows"]["2"]["rdma_model"]
     assert [m["transport_gbps"] for m in model] == list(cb.TRANSPORTS_GBPS)
     assert all(m["sustained_gbps"] <= m["transport_gbps"] for m in model)
 
@@ -62,7 +63,7 @@ def test_a_corrupt_object_in_the_memory_tier_fails_the_restore() -> None:
         d = cb.run_cpu_bound(reg=reg, tokens=N, w=W, budget_windows=(2,), trials=1, salt=3, cores=2)
     finally:
         cb.MemoryTier.add = orig  # type: ignore[method-assign]
-    (r,) = [r for r in d.rows if r["kind"] == "restore"]
+    (r,) = [r.to_wire() for r in d.rows if isinstance(r, cb.RestoreRow)]
     assert r["status"] == "fail" and r["checks"]["committed"] is False and "checksum mismatch" in r["reason"]
     assert d.ok is False
 

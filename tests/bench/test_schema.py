@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from bsr_cli.bench import bundle as bundles
-from bsr_cli.bench.evidence import Bundle, Row
+from bsr_cli.bench.evidence import Bundle, Row, RowStatus, SentRecord, SentRow, record_reader
 from bsr_cli.bench.fs_concurrency import fs_row_from_wire
 from bsr_cli.bench.ladder import LadderRow
 from bsr_cli.bench.sweep import SweepRow
 from bsr_cli.bench.wlaw import WLawRow
+from bsr_cli.core import wire
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.errors import ExitCode, InvalidInput
 
@@ -77,6 +78,37 @@ def test_rows_read_back_as_they_were_written() -> None:
                 assert json.dumps(back) == json.dumps(row), path.name
                 seen += 1
     assert seen
+
+
+@pytest.mark.timeout(60)
+def test_a_bundle_reads_its_rows_by_its_experiment() -> None:
+    """A sweep bundle's rows (and its repeat's) come back as sweep rows; the rows of an experiment bsr reads no
+    row type for come back as sent, their status still read."""
+    data = _first("sweep")
+    data["repeat"] = {"run_id": "br-e1-000000000000", "salt": 1, "rows": [data["rows"][0]]}
+    b = Bundle.from_wire(data)
+    assert all(isinstance(r, SweepRow) for r in b.every_row()) and len(b.every_row()) == len(data["rows"]) + 1
+    data["experiment"] = "a-newer-experiment"
+    b = Bundle.from_wire(data)
+    assert [type(r) for r in b.every_row()] == [SentRow] * (len(data["rows"]) + 1)
+    assert [r.meta.status for r in b.rows] == [RowStatus(r["status"]) for r in data["rows"]]
+    assert json.dumps(b.to_wire()) == json.dumps({"schema": "bsr.bench/1", "kind": "bsr.bench", **data})
+
+
+@pytest.mark.timeout(60)
+def test_a_bundle_reads_its_params_and_summary_by_its_experiment() -> None:
+    """Each committed bundle's params and summary come back as its experiment's types where bsr has them, and
+    written back as the file had them; an experiment without them keeps its records as sent."""
+    seen = set()
+    for path in sorted(EVIDENCE.glob("br-*.json")):
+        data = bundles.load(path)
+        b = Bundle.from_wire(data)
+        for key, cls in zip(("params", "summary"), record_reader(data["experiment"]), strict=True):
+            record = getattr(b, key)
+            assert isinstance(record, cls or SentRecord), (path.name, key)
+            assert json.dumps(wire.value_to_wire(record)) == json.dumps(data[key]), (path.name, key)
+            seen.add(type(record).__name__)
+    assert {"SweepParams", "SweepSummary", "WLawSummary", "LadderSummary", "FailuresParams", "SentRecord"} <= seen
 
 
 @pytest.mark.timeout(60)

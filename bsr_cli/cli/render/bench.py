@@ -92,14 +92,15 @@ def _footer(console: Console, pub: PublishedBundle) -> None:
 
 
 def render_sweep(console: Console, pub: PublishedBundle) -> None:
-    from bsr_cli.bench.evidence import RowStatus
+    from bsr_cli.bench.evidence import RowStatus, record_of, rows_of
     from bsr_cli.bench.plots import bar
-    from bsr_cli.bench.sweep import SweepRow
+    from bsr_cli.bench.sweep import SweepParams, SweepRow, SweepSummary
 
     d = pub.bundle
-    _header(console, d, f"E1 sweep, W={d.params['W']}, B = RWS(W), restored from {d.params['tier']} only")
+    p = record_of(SweepParams, d.params)
+    _header(console, d, f"E1 sweep, W={p.W}, B = RWS(W), restored from {p.tier} only")
     repeat = d.repeat.rows if d.repeat else []
-    rows = [("", SweepRow.from_wire(r)) for r in d.rows] + [("R ", SweepRow.from_wire(r)) for r in repeat]
+    rows = [("", r) for r in rows_of(SweepRow, d.rows)] + [("R ", r) for r in rows_of(SweepRow, repeat)]
     top_t = max((r.restore.seconds if r.restore else 0.0 for _, r in rows), default=0.0)
     t = _table(
         "tokens",
@@ -137,7 +138,7 @@ def render_sweep(console: Console, pub: PublishedBundle) -> None:
             _status(r.meta.status),
         )
     console.print(t)
-    s = d.summary
+    s = record_of(SweepSummary, d.summary)
     if d.repeat:
         console.print(f"R = the repeat with a fresh salt ({d.repeat.salt}), run {d.repeat.run_id}")
     console.print("fetch s, inst s: mean over ranks.  peak pool per rank against the whole-plan need (MiB):")
@@ -146,16 +147,15 @@ def render_sweep(console: Console, pub: PublishedBundle) -> None:
         if r.meta.status != RowStatus.INTERRUPTED and (ev := r.restore) is not None:
             console.print(f"  {r.tokens:>8,}  BSR   {bar(ev.peak_pool_bytes, top, 40)} {_mib(ev.peak_pool_bytes)}")
             console.print(f"  {'':>8}  whole {bar(ev.whole_plan_bytes, top, 40)} {_mib(ev.whole_plan_bytes)}")
-    peaks = ", ".join(_mib(p) for p in s["peak_pool_bytes_per_rank"])
-    console.print(
-        f"block {s['block_seconds']:.1f} s; distinct peaks per rank [{peaks}] MiB; RWS {_mib(s['rws_bytes'])} MiB"
-    )
+    peaks = ", ".join(_mib(peak) for peak in s.peak_pool_bytes_per_rank)
+    console.print(f"block {s.block_seconds:.1f} s; distinct peaks per rank [{peaks}] MiB; RWS {_mib(s.rws_bytes)} MiB")
     _footer(console, pub)
 
 
 def render_ladder(console: Console, pub: PublishedBundle) -> None:
     d = pub.bundle
 
+    from bsr_cli.bench.evidence import rows_of
     from bsr_cli.bench.ladder import LadderRow
     from bsr_cli.bench.plots import bar
 
@@ -170,7 +170,7 @@ def render_ladder(console: Console, pub: PublishedBundle) -> None:
         "",
         "status",
     )
-    rows = [LadderRow.from_wire(r) for r in d.rows]
+    rows = rows_of(LadderRow, d.rows)
     top = max((r.whole_plan_bytes for r in rows), default=1)
     for r in rows:
         atts = " ".join(("✓" if a.passed else "✗") + _short(a.rung) for a in r.attempts)
@@ -189,14 +189,14 @@ def render_ladder(console: Console, pub: PublishedBundle) -> None:
 
 
 def render_wlaw(console: Console, pub: PublishedBundle) -> None:
-    from bsr_cli.bench.evidence import RowStatus
+    from bsr_cli.bench.evidence import RowStatus, record_of, rows_of
     from bsr_cli.bench.plots import bar
-    from bsr_cli.bench.wlaw import WLawRow
+    from bsr_cli.bench.wlaw import WLawParams, WLawRow, WLawSummary
 
     d = pub.bundle
-    _header(console, d, f"W law at {d.params['tokens']:,} tokens (B = RWS(W) for each W)")
+    _header(console, d, f"W law at {record_of(WLawParams, d.params).tokens:,} tokens (B = RWS(W) for each W)")
     t = _table("W", "W·Σc_i + aux MiB", "measured MiB/rank", "K", "restore s", "GB/s", "hash", "", "status")
-    rows = [WLawRow.from_wire(r) for r in d.rows]
+    rows = rows_of(WLawRow, d.rows)
     top = max((r.restore.peak_pool_bytes if r.restore else 0 for r in rows), default=1)
     for r in rows:
         ev = r.restore
@@ -215,10 +215,10 @@ def render_wlaw(console: Console, pub: PublishedBundle) -> None:
             _status(r.meta.status),
         )
     console.print(t)
-    s = d.summary
+    s = record_of(WLawSummary, d.summary)
     console.print(
-        f"fit: {s['fit_slope_bytes_per_W']} bytes per W, intercept {s['fit_intercept_bytes']} "
-        f"(core: {s['coefficient_bytes']:,}, aux {s['aux_bytes']:,})"
+        f"fit: {s.fit_slope_bytes_per_W} bytes per W, intercept {s.fit_intercept_bytes} "
+        f"(core: {s.coefficient_bytes:,}, aux {s.aux_bytes:,})"
     )
     _footer(console, pub)
 
@@ -226,13 +226,13 @@ def render_wlaw(console: Console, pub: PublishedBundle) -> None:
 def render_fs(console: Console, pub: PublishedBundle) -> None:
     d = pub.bundle
 
+    from bsr_cli.bench.evidence import record_of, record_wire
+    from bsr_cli.bench.fs_concurrency import FsParams
     from bsr_cli.bench.plots import bar
 
-    p = d.params
-    _header(
-        console, d, f"Filesystem tier only, load concurrency {p['concurrencies']}, {p['tokens']:,} tokens, W={p['W']}"
-    )
-    s = d.summary
+    p = record_of(FsParams, d.params)
+    _header(console, d, f"Filesystem tier only, load concurrency {p.concurrencies}, {p.tokens:,} tokens, W={p.W}")
+    s = record_wire(d.summary)  # as sent: FsSummary does not read every committed bundle back as written
     t = _table("config", "runs", "GB/s (median)", "restore s", "fetch s/rank", "install s/rank", "")
     top = max((v["gbps"] for v in s["by_config"].values()), default=1.0)
     for name, v in s["by_config"].items():
@@ -261,9 +261,10 @@ def render_fs(console: Console, pub: PublishedBundle) -> None:
 def render_store(console: Console, pub: PublishedBundle) -> None:
     d = pub.bundle
 
+    from bsr_cli.bench.evidence import record_wire
     from bsr_cli.bench.plots import bar, store_bars
 
-    p = d.params
+    p = record_wire(d.params)  # as sent (and the summary): older store bundles have other keys
     _header(console, d, f"Store bandwidth, restores of {p['tokens_restored']:,} tokens from Mooncake, W={p['W']}")
     labels, values = store_bars(d)
     top = max(values, default=1.0)
@@ -271,7 +272,7 @@ def render_store(console: Console, pub: PublishedBundle) -> None:
     for label, v in zip(labels, values, strict=True):
         t.add_row(label, f"{v:.3f}", bar(v, top, 30))
     console.print(t)
-    s = d.summary
+    s = record_wire(d.summary)
     if s.get("mooncake_aggregate_gbps"):
         console.print(
             "concurrent aggregate GB/s: " + ", ".join(f"{k} {v}" for k, v in s["mooncake_aggregate_gbps"].items())
@@ -306,14 +307,15 @@ def _peer_num(x: float | None, digits: int = 2) -> str:
 
 def render_peer(console: Console, pub: PublishedBundle) -> None:
     d = pub.bundle
+    from bsr_cli.bench.evidence import record_wire
     from bsr_cli.bench.peer_results import PeerSummary
 
-    p = d.params
+    p = record_wire(d.params)  # as sent: peer bundles write PeerParams with its model on the ranks
     _header(console, d, f"bsr inside LMCache against stock LMCache 0.5.6, from Mooncake, W={p['W']}, TP {p['tp']}")
     la = d.machine.loadavg or []
     if la:
         console.print(f"[dim]load average at the start: {', '.join(str(x) for x in la)}[/]")
-    prefixes = list(PeerSummary.from_wire(d.summary).by_prefix.values())
+    prefixes = list(PeerSummary.from_wire(record_wire(d.summary)).by_prefix.values())
     _peer_throughput(console, prefixes)
     _peer_stock_stages(console, prefixes)
     _peer_cpu(console, prefixes)
@@ -433,11 +435,13 @@ def _peer_cpu(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
 
 def render_failures(console: Console, pub: PublishedBundle) -> None:
     d = pub.bundle
-    from bsr_cli.bench.evidence import RowStatus
+    from bsr_cli.bench.evidence import RowStatus, record_of
+    from bsr_cli.bench.failures import FailuresParams
 
-    _header(console, d, f"Failure matrix ({d.params['tokens']:,} tokens)")
+    _header(console, d, f"Failure matrix ({record_of(FailuresParams, d.params).tokens:,} tokens)")
     t = _table("scenario", "first pass", "fallback", "hash = canonical", "ranks healthy", "status")
-    for r in d.rows:
+    # Read as sent: failure rows of older bundles lack keys `FailureRow` needs (a first pass's failure kind).
+    for r in (row.to_wire() for row in d.rows):
         if r["status"] == RowStatus.INTERRUPTED:
             t.add_row(r["scenario"], "", "", "", r.get("reason", ""), _status(r["status"]))
             continue
@@ -460,13 +464,15 @@ def render_cpu_bound(console: Console, pub: PublishedBundle) -> None:
     d = pub.bundle
     from rich.table import Table
 
-    s = d.summary
+    from bsr_cli.bench.evidence import record_wire
+
+    s, p = record_wire(d.summary), record_wire(d.params)  # as sent: cpu-bound has no params or summary reader
     console.print(
         f"baselines: memcpy {s['memcpy']['gbps']} GB/s ({s['memcpy']['cpu_s_per_gb']} CPU s/GB), "
         f"CRC32C {s['crc32c']['gbps']} GB/s ({s['crc32c']['cpu_s_per_gb']} CPU s/GB); {s['cores']:g} cores, "
         f"{s.get('free_cores', s['cores']):g} free at the start"
     )
-    t = Table(title=f"{d.run_id}: restore from a memory tier, {d.params['tokens']:,} tokens, W={d.params['W']}")
+    t = Table(title=f"{d.run_id}: restore from a memory tier, {p['tokens']:,} tokens, W={p['W']}")
     for col in ("B", "GB/s", "CPU s/GB", "fetch", "verify", "install", "other", "predicted GB/s", "measured/pred."):
         t.add_column(col, justify="right")
     for bw, b in s["by_budget_windows"].items():

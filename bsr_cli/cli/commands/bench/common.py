@@ -15,7 +15,7 @@ from bsr_cli.core.units import format_bytes, parse_bytes
 from bsr_cli.errors import DrillViolation, InvalidInput, ServerError
 
 if TYPE_CHECKING:
-    from bsr_cli.bench.evidence import Bundle
+    from bsr_cli.bench.evidence import Bundle, OnRow, Row
     from bsr_cli.client import AdminClient
     from bsr_cli.engine.supervisor import EngineOptions
 
@@ -47,12 +47,14 @@ def ints(text: str, what: str, *, sizes: bool = False) -> list[int]:
     return values
 
 
-def row_note(st: AppState, experiment: str) -> Callable[[dict[str, Any]], None]:
+def row_note(st: AppState, experiment: str) -> OnRow:
     from bsr_cli.bench.evidence import RowStatus
 
-    def note(r: dict[str, Any]) -> None:
+    def note(row: Row) -> None:
+        # The row's labels and measurement by their JSON names: one line across every experiment's row types.
+        r, meta = row.to_wire(), row.meta
         status = {RowStatus.PASS: "[green]pass[/]", RowStatus.FAIL: "[red]FAIL[/]"}.get(
-            r["status"], "[yellow]interrupted[/]"
+            meta.status, "[yellow]interrupted[/]"
         )
         what = ", ".join(
             f"{k}={r[k]:,}" if isinstance(r[k], int) else f"{k}={r[k]}"
@@ -67,8 +69,8 @@ def row_note(st: AppState, experiment: str) -> Callable[[dict[str, Any]], None]:
                 f"  L1 {format_bytes(r['l1_bytes'])}: {r['loaded_tokens']:,} tokens, {r['gbps_per_rank']} GB/s/rank,"
                 f" L1 peak {format_bytes(r.get('l1_peak_bytes') or 0)}" + (" (timed out)" if r.get("timed_out") else "")
             )
-        if r.get("reason"):
-            extra += f"  ({r['reason']})"
+        if meta.reason:
+            extra += f"  ({meta.reason})"
         st.out.note(f"{experiment} {what}: {status}{extra}")
 
     return note
@@ -141,15 +143,15 @@ def publish(st: AppState, bundle: Bundle, out: Path, no_plots: bool) -> None:
 def exit_for(bundle: Bundle, path: Path) -> None:
     from bsr_cli.bench.evidence import Interruption, RowStatus
 
-    rows = bundle.every_row()
+    rows = [r.meta for r in bundle.every_row()]
     if bundle.interrupted_by == Interruption.OPERATOR:
         raise KeyboardInterrupt
     if bundle.interrupted:
-        reason = next((r.get("reason") for r in rows if r["status"] == RowStatus.INTERRUPTED), "unknown")
+        reason = next((r.reason for r in rows if r.status == RowStatus.INTERRUPTED), "unknown")
         raise ServerError(f"the experiment stopped early: {reason}", hint=f"the partial bundle is {path}")
-    failed = [r for r in rows if r["status"] == RowStatus.FAIL]
+    failed = [r for r in rows if r.status == RowStatus.FAIL]
     if failed:
-        what = sorted({k for r in failed for k, ok in r.get("checks", {}).items() if not ok})
+        what = sorted({k for r in failed for k, ok in (r.checks or {}).items() if not ok})
         raise DrillViolation(
             f"{len(failed)} row(s) failed their acceptance checks ({', '.join(what)})", hint=f"evidence: {path}"
         )
