@@ -207,20 +207,21 @@ class SentRecord:
     """Params or a summary bsr reads no type for (the experiment's type does not read every bundle back as it was
     written, or bsr has none): kept as sent and written back byte for byte."""
 
-    fields: dict[str, Any]  # free-form JSON by definition: what bsr has no type for
+    fields: dict[str, Any] = wire.field(extra=True)  # free-form JSON by definition: what bsr has no type for
 
-    def to_wire(self) -> dict[str, Any]:
-        return dict(self.fields)
-
-    @classmethod
-    def from_wire(cls, data: object) -> Self:
-        return cls(dict(data) if isinstance(data, Mapping) else {})
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
-class SentRow(SentRecord):
+class SentRow:
     """A row bsr reads no type for (an experiment it has no row reader for, or a newer bsr's): kept as sent and
     written back byte for byte; only its `RowMeta` part is read."""
+
+    fields: dict[str, Any] = wire.field(extra=True)
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     @property
     def meta(self) -> RowMeta:
