@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from bsr_cli.core import wire
 from bsr_cli.core.events import (
@@ -72,20 +72,11 @@ def close_log(logger: logging.Logger) -> None:
 
 
 @dataclass(frozen=True)
-class FailureRecord:
-    """The fields of one failure's log line (the line adds its time, level, logger and message): the event's
-    kind and sequence number, then what each kind of failure says, in that order. A field left None is left out."""
+class RankFailedRecord:
+    """A rank's part of a restore failed."""
 
     event: EventKind
     seq: int | None = wire.field(omit_none=True, default=None)
-
-    to_wire = wire.writer()
-
-
-@dataclass(frozen=True)
-class RankFailedRecord(FailureRecord):
-    """A rank's part of a restore failed."""
-
     request: str | None = wire.field(omit_none=True, default=None)
     rank: int | None = wire.field(omit_none=True, default=None)
     window: int | None = wire.field(omit_none=True, default=None)
@@ -94,11 +85,15 @@ class RankFailedRecord(FailureRecord):
     failure_kind: FailureKind | None = wire.field(omit_none=True, default=None)
     tier: str | None = wire.field(omit_none=True, default=None)
 
+    to_wire = wire.writer()
+
 
 @dataclass(frozen=True)
-class RestoreEndedRecord(FailureRecord):
+class RestoreEndedRecord:
     """A restore ended without committing: its outcome, and the first failure's where and why."""
 
+    event: EventKind
+    seq: int | None = wire.field(omit_none=True, default=None)
     request: str | None = wire.field(omit_none=True, default=None)
     outcome: Outcome | None = wire.field(omit_none=True, default=None)
     rank: int | None = wire.field(omit_none=True, default=None)
@@ -108,20 +103,35 @@ class RestoreEndedRecord(FailureRecord):
     failure_kind: FailureKind | None = wire.field(omit_none=True, default=None)
     failures: int | None = wire.field(omit_none=True, default=None)
 
+    to_wire = wire.writer()
+
 
 @dataclass(frozen=True)
-class RankUnresponsiveRecord(FailureRecord):
+class RankUnresponsiveRecord:
+    event: EventKind
+    seq: int | None = wire.field(omit_none=True, default=None)
     request: str | None = wire.field(omit_none=True, default=None)
     rank: int | None = wire.field(omit_none=True, default=None)
     reason: str | None = wire.field(omit_none=True, default=None)
 
+    to_wire = wire.writer()
+
 
 @dataclass(frozen=True)
-class StoreFailedRecord(FailureRecord):
+class StoreFailedRecord:
+    event: EventKind
+    seq: int | None = wire.field(omit_none=True, default=None)
     request: str | None = wire.field(omit_none=True, default=None)
     rank: int | None = wire.field(omit_none=True, default=None)
     tier: str | None = wire.field(omit_none=True, default=None)
     reason: str | None = wire.field(omit_none=True, default=None)
+
+    to_wire = wire.writer()
+
+
+# The fields of one failure's log line (the line adds its time, level, logger and message): the event's kind and
+# sequence number, then what each kind of failure says, in that order. A field left None is left out.
+FailureRecord: TypeAlias = RankFailedRecord | RestoreEndedRecord | RankUnresponsiveRecord | StoreFailedRecord
 
 
 def failure_record(event: Event) -> FailureRecord | None:
