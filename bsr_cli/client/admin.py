@@ -32,8 +32,10 @@ from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
 from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
+from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, read_line
 from bsr_cli.errors import (
     BadRequest,
+    BsrError,
     CapacityError,
     EngineBusy,
     EngineError,
@@ -250,26 +252,18 @@ class AdminClient:
                 if r.status_code >= 400:
                     r.read()
                     self._raise_for(r)
-                for line in _lines(r.iter_lines()):
-                    msg = json.loads(line)
-                    kind = msg.get("type")
-                    if kind == "accepted" and on_accepted:
-                        on_accepted(msg["request"])
-                    elif kind == "event" and on_event:
-                        event = known_event(msg["event"])
+                for text in _lines(r.iter_lines()):
+                    line = read_line(json.loads(text))
+                    if isinstance(line, AcceptedLine) and on_accepted:
+                        on_accepted(line.request)
+                    elif isinstance(line, EventLine) and on_event:
+                        event = known_event(line.event)
                         if event is not None:
                             on_event(event)
-                    elif kind == "result":
-                        return read(msg["result"])
-                    elif kind == "error":
-                        status = int(msg.get("status", 500))
-                        if msg.get("error") == CapacityError.kind:
-                            raise CapacityError(msg["message"], hint=msg.get("hint"))
-                        err = _KIND_TO_ERROR.get(msg.get("error", ""))
-                        if err:
-                            raise err(msg["message"], hint=msg.get("hint"))
-                        cls: type[EngineError] = ServerError if status >= 500 else BadRequest
-                        raise cls(msg["message"], hint=msg.get("hint"))
+                    elif isinstance(line, ResultLine):
+                        return read(line.result)
+                    elif isinstance(line, ErrorLine):
+                        raise _stream_error(line)
         except httpx.TimeoutException:
             raise EngineTimeout(
                 f"{self.url} sent no progress for {path} within {self.stream_timeout_s or timeout:g}s",
@@ -496,6 +490,17 @@ def _pause(pauses: Iterator[float]) -> bool:
         return False
     time.sleep(pause)
     return True
+
+
+def _stream_error(line: ErrorLine) -> BsrError:
+    """The error a streamed answer's error line stands for."""
+    if line.error == CapacityError.kind:
+        return CapacityError(line.message, hint=line.hint)
+    err = _KIND_TO_ERROR.get(line.error)
+    if err:
+        return err(line.message, hint=line.hint)
+    cls: type[EngineError] = ServerError if line.status >= 500 else BadRequest
+    return cls(line.message, hint=line.hint)
 
 
 def _lines(it: Iterator[str]) -> Iterator[str]:
