@@ -36,6 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 from bsr_cli.core import wire
 from bsr_cli.core.events import EngineStarted, EngineStopped, Event, parse_event
 from bsr_cli.core.evidence import EventKind, Outcome
+from bsr_cli.core.status import PoolEntry, Snapshot
 from bsr_cli.errors import BsrError, EngineUnreachable, ExitCode, InvalidInput
 from bsr_cli.settings import Settings
 
@@ -294,58 +295,54 @@ class EngineAnswer:
     recent: tuple[RecentOutcome, ...] = ()
 
     @classmethod
-    def from_wire(cls, snap: dict[str, Any]) -> EngineAnswer:
-        info = snap.get("info") or {}
-        health = snap.get("health") or {}
-        events = _lifecycle_events(snap.get("events"))
+    def of(cls, snap: Snapshot) -> EngineAnswer:
+        info = snap.info
+        events = _lifecycle_events(snap.events)
         started = [e for e in events if isinstance(e, EngineStarted)]
-        # Shutting down: ``stopping: true`` in its snapshot, info or health, or an `engine_stopped` event among the
-        # events it returned. A crash says nothing: that is how the two are told apart.
-        said_stopping = any(bool(x.get("stopping")) for x in (snap, info, health) if isinstance(x, dict))
-        tiers = snap.get("tiers") or {}
+        # Shutting down: ``stopping: true`` in its snapshot, info or health (keys a host adds, kept in their
+        # ``host_fields``), or an `engine_stopped` event among the events it returned. A crash says nothing: that
+        # is how the two are told apart.
+        health = snap.host_fields.get("health")
+        said = (snap.host_fields, info.host_fields, health if isinstance(health, dict) else {})
+        said_stopping = any(bool(fields.get("stopping")) for fields in said)
         return cls(
-            time=float(snap["time"]) if snap.get("time") else None,
-            started_at=info.get("started_at"),
+            time=snap.time or None,
+            started_at=info.started_at or None,
             stopping=said_stopping or any(isinstance(e, EngineStopped) for e in events),
             previous_stop=(started[-1].previous_stop or None) if started else None,
-            engine_name=info.get("engine"),
-            model=(info.get("registration") or {}).get("model"),
-            W=info.get("W"),
-            rws_bytes=info.get("rws_bytes"),
-            budget_bytes=info.get("budget_bytes") or 0,
-            ranks=tuple(
-                RankAnswer(
-                    rank=r.get("rank"),
-                    alive=bool(r.get("alive", False)),
-                    healthy=bool(r.get("healthy", r.get("alive", False))),
-                    reason=str(r.get("reason") or ""),
-                    live_bytes=int((r.get("pool") or {}).get("live_bytes", 0)),
-                    peak_bytes=int((r.get("pool") or {}).get("peak_bytes", 0)),
-                    capacity_bytes=int((r.get("pool") or {}).get("capacity_bytes", 0)),
-                    windows_live=int((r.get("pool") or {}).get("windows_live", 0)),
-                    waiters=int((r.get("pool") or {}).get("waiters", 0)),
-                    restore_bps=float(r.get("restore_bps", 0.0)),
-                    heartbeat_age_s=r.get("heartbeat_age_s"),
-                )
-                for r in snap.get("ranks") or []
-            ),
-            tiers={
-                str(n): None if h.get("ok", True) else tuple(str(x) for x in h.get("detail") or [])
-                for n, h in tiers.items()
-            },
-            markers=len(snap.get("markers") or []),
-            armed_faults=sum(1 for f in snap.get("faults") or [] if not f.get("exhausted")),
-            active=len(snap.get("active") or []),
+            engine_name=info.engine,
+            model=info.registration.model or None,
+            W=info.w,
+            rws_bytes=info.rws_bytes,
+            budget_bytes=info.budget_bytes,
+            ranks=tuple(_rank_answer(r) for r in snap.ranks),
+            tiers={name: None if t.ok else t.detail for name, t in snap.tiers.items()},
+            markers=len(snap.markers),
+            # Every fault a snapshot lists is armed (the engine lists those that have not run out).
+            armed_faults=len(snap.faults),
+            active=len(snap.active),
             recent=tuple(
-                RecentOutcome(
-                    o.get("outcome") == Outcome.FAILED_CLOSED,
-                    float(o["finished"]) if o.get("finished") else None,
-                    str(o.get("reason") or ""),
-                    str(o.get("request") or ""),
-                )
-                for o in snap.get("recent") or []
+                RecentOutcome(r.outcome is Outcome.FAILED_CLOSED, r.finished or None, r.reason, r.request)
+                for r in snap.recent
             ),
         )
+
+
+def _rank_answer(r: PoolEntry) -> RankAnswer:
+    pool = r.pool or {}
+    return RankAnswer(
+        rank=r.rank,
+        alive=r.alive,
+        healthy=r.healthy,
+        reason=r.reason or "",
+        live_bytes=int(pool.get("live_bytes", 0)),
+        peak_bytes=int(pool.get("peak_bytes", 0)),
+        capacity_bytes=int(pool.get("capacity_bytes", 0)),
+        windows_live=int(pool.get("windows_live", 0)),
+        waiters=int(pool.get("waiters", 0)),
+        restore_bps=r.restore_bps,
+        heartbeat_age_s=r.heartbeat_age_s,
+    )
 
 
 # -- polling ------------------------------------------------------------------------------------------------------
@@ -359,7 +356,7 @@ def http_poll(timeout_s: float) -> Poll:
         from bsr_cli.client import AdminClient
 
         with AdminClient(t.url, t.token, timeout_s=timeout_s) as c:
-            return EngineAnswer.from_wire(c.snapshot(health=True, timeout=timeout_s).to_wire())
+            return EngineAnswer.of(c.snapshot(health=True, timeout=timeout_s))
 
     return poll
 
