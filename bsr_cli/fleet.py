@@ -389,7 +389,7 @@ class RankRow:
     """One rank's row: its severity (down or unhealthy, pool at B, restores waiting for pool) and its pool."""
 
     rank: int | None
-    severity: Severity
+    severity: Severity = field(metadata=wire.meta(absent=Severity.OK))
     state: str
     reason: str
     live_bytes: int
@@ -400,6 +400,9 @@ class RankRow:
     restore_bps: float
     heartbeat_age_s: float | None
 
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
 
 @dataclass(frozen=True)
 class LastFailure:
@@ -408,6 +411,9 @@ class LastFailure:
     request: str
     reason: str
     finished: float
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -469,8 +475,10 @@ class EngineRow:
         return self.departure is Departure.CLEAN
 
     def to_wire(self) -> dict[str, Any]:
+        # Hand-written: which keys a row carries is not a function of its fields but of the engine's state (a down
+        # engine's row says its error and exit code, even when null, and none of the figures of one that answered).
         ident = {"engine": self.engine, "url": self.url, "polled_at": self.polled_at, "latency_s": self.latency_s}
-        ranks = [asdict(r) for r in self.ranks]
+        ranks = [r.to_wire() for r in self.ranks]
         head = {"severity": self.severity, "state": self.state, "problems": list(self.problems)}
         if self.down:
             out = ident | head | {"ranks": ranks, "error": self.error, "exit_code": self.exit_code}
@@ -496,7 +504,7 @@ class EngineRow:
             "restore_bps": self.restore_bps,
             "pool_live_bytes": self.pool_live_bytes,
             "ranks_up": self.ranks_up,
-            "last_failure": None if self.last_failure is None else asdict(self.last_failure),
+            "last_failure": None if self.last_failure is None else self.last_failure.to_wire(),
             "ranks": ranks,
         }
         out |= {"last_seen": self.last_seen} if self.last_seen is not None else {}
@@ -504,63 +512,8 @@ class EngineRow:
         out |= {"came_back": self.came_back} if self.came_back is not None else {}
         return out
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> EngineRow:
-        """A row as `bsr status --json` prints it and a fleet recording keeps it; what it lacks reads as absent."""
-        lf = d.get("last_failure")
-        departure = d.get("departure")
-        return cls(
-            engine=str(d["engine"]),
-            url=str(d["url"]),
-            polled_at=float(d.get("polled_at") or 0.0),
-            latency_s=float(d.get("latency_s") or 0.0),
-            severity=Severity(int(d["severity"])),
-            problems=tuple(str(p) for p in d.get("problems") or []),
-            ranks=tuple(
-                RankRow(
-                    r.get("rank"),
-                    Severity(int(r.get("severity") or 0)),
-                    str(r.get("state") or ""),
-                    str(r.get("reason") or ""),
-                    int(r.get("live_bytes") or 0),
-                    int(r.get("peak_bytes") or 0),
-                    int(r.get("capacity_bytes") or 0),
-                    int(r.get("budget_bytes") or 0),
-                    int(r.get("windows_live") or 0),
-                    float(r.get("restore_bps") or 0.0),
-                    r.get("heartbeat_age_s"),
-                )
-                for r in d.get("ranks") or []
-            ),
-            started_at=d.get("started_at"),
-            stopping=bool(d.get("stopping")),
-            previous_stop=d.get("previous_stop"),
-            engine_name=d.get("engine_name"),
-            model=d.get("model"),
-            W=d.get("W"),
-            rws_bytes=d.get("rws_bytes"),
-            budget_bytes=int(d.get("budget_bytes") or 0),
-            tiers={str(n): bool(ok) for n, ok in (d.get("tiers") or {}).items()},
-            markers=int(d.get("markers") or 0),
-            faults=int(d.get("faults") or 0),
-            active=int(d.get("active") or 0),
-            failed_recent=int(d.get("failed_recent") or 0),
-            restore_bps=float(d.get("restore_bps") or 0.0),
-            pool_live_bytes=int(d.get("pool_live_bytes") or 0),
-            ranks_up=int(d.get("ranks_up") or 0),
-            last_failure=None
-            if not lf
-            else LastFailure(str(lf.get("request") or ""), str(lf.get("reason") or ""), float(lf.get("finished") or 0)),
-            error=d.get("error"),
-            exit_code=d.get("exit_code"),
-            last_seen=d.get("last_seen"),
-            restarts=int(d.get("restarts") or 0),
-            came_back=d.get("came_back"),
-            departure=Departure(departure) if departure else None,
-            down_since=d.get("down_since"),
-            departure_text=d.get("departure_text"),
-            down_text=d.get("down_text"),
-        )
+    # A row as `bsr status --json` prints it and a fleet recording keeps it; what it lacks reads as absent.
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
