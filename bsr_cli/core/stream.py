@@ -16,6 +16,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.core import wire
+from bsr_cli.core.prompt import Prompt
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamedRequest:
+    """The body of a streamed ``POST /requests`` or ``POST /restore``: the prompt's keys, whether to verify, that the
+    answer is streamed, the window W when one is asked for, and (a restore's) the tiers to leave out."""
+
+    prompt: Prompt = wire.field(flatten=True)
+    verify: bool = True
+    stream: bool = True
+    w: int | None = wire.field(name="W", omit_none=True, default=None)
+    exclude_tiers: tuple[str, ...] = wire.field(omit_empty=True, default=())
+
+    to_wire = wire.writer()
 
 
 class LineKind(enum.StrEnum):
