@@ -36,6 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 from bsr_cli.core import wire
 from bsr_cli.core.events import EngineStarted, EngineStopped, Event, parse_event
 from bsr_cli.core.evidence import EventKind, Outcome
+from bsr_cli.core.status import PoolEntry, Snapshot
 from bsr_cli.errors import BsrError, EngineUnreachable, ExitCode, InvalidInput
 from bsr_cli.settings import Settings
 
@@ -294,58 +295,54 @@ class EngineAnswer:
     recent: tuple[RecentOutcome, ...] = ()
 
     @classmethod
-    def from_wire(cls, snap: dict[str, Any]) -> EngineAnswer:
-        info = snap.get("info") or {}
-        health = snap.get("health") or {}
-        events = _lifecycle_events(snap.get("events"))
+    def of(cls, snap: Snapshot) -> EngineAnswer:
+        info = snap.info
+        events = _lifecycle_events(snap.events)
         started = [e for e in events if isinstance(e, EngineStarted)]
-        # Shutting down: ``stopping: true`` in its snapshot, info or health, or an `engine_stopped` event among the
-        # events it returned. A crash says nothing: that is how the two are told apart.
-        said_stopping = any(bool(x.get("stopping")) for x in (snap, info, health) if isinstance(x, dict))
-        tiers = snap.get("tiers") or {}
+        # Shutting down: ``stopping: true`` in its snapshot, info or health (keys a host adds, kept in their
+        # ``host_fields``), or an `engine_stopped` event among the events it returned. A crash says nothing: that
+        # is how the two are told apart.
+        health = snap.host_fields.get("health")
+        said = (snap.host_fields, info.host_fields, health if isinstance(health, dict) else {})
+        said_stopping = any(bool(fields.get("stopping")) for fields in said)
         return cls(
-            time=float(snap["time"]) if snap.get("time") else None,
-            started_at=info.get("started_at"),
+            time=snap.time or None,
+            started_at=info.started_at or None,
             stopping=said_stopping or any(isinstance(e, EngineStopped) for e in events),
             previous_stop=(started[-1].previous_stop or None) if started else None,
-            engine_name=info.get("engine"),
-            model=(info.get("registration") or {}).get("model"),
-            W=info.get("W"),
-            rws_bytes=info.get("rws_bytes"),
-            budget_bytes=info.get("budget_bytes") or 0,
-            ranks=tuple(
-                RankAnswer(
-                    rank=r.get("rank"),
-                    alive=bool(r.get("alive", False)),
-                    healthy=bool(r.get("healthy", r.get("alive", False))),
-                    reason=str(r.get("reason") or ""),
-                    live_bytes=int((r.get("pool") or {}).get("live_bytes", 0)),
-                    peak_bytes=int((r.get("pool") or {}).get("peak_bytes", 0)),
-                    capacity_bytes=int((r.get("pool") or {}).get("capacity_bytes", 0)),
-                    windows_live=int((r.get("pool") or {}).get("windows_live", 0)),
-                    waiters=int((r.get("pool") or {}).get("waiters", 0)),
-                    restore_bps=float(r.get("restore_bps", 0.0)),
-                    heartbeat_age_s=r.get("heartbeat_age_s"),
-                )
-                for r in snap.get("ranks") or []
-            ),
-            tiers={
-                str(n): None if h.get("ok", True) else tuple(str(x) for x in h.get("detail") or [])
-                for n, h in tiers.items()
-            },
-            markers=len(snap.get("markers") or []),
-            armed_faults=sum(1 for f in snap.get("faults") or [] if not f.get("exhausted")),
-            active=len(snap.get("active") or []),
+            engine_name=info.engine,
+            model=info.registration.model or None,
+            W=info.w,
+            rws_bytes=info.rws_bytes,
+            budget_bytes=info.budget_bytes,
+            ranks=tuple(_rank_answer(r) for r in snap.ranks),
+            tiers={name: None if t.ok else t.detail for name, t in snap.tiers.items()},
+            markers=len(snap.markers),
+            # Every fault a snapshot lists is armed (the engine lists those that have not run out).
+            armed_faults=len(snap.faults),
+            active=len(snap.active),
             recent=tuple(
-                RecentOutcome(
-                    o.get("outcome") == Outcome.FAILED_CLOSED,
-                    float(o["finished"]) if o.get("finished") else None,
-                    str(o.get("reason") or ""),
-                    str(o.get("request") or ""),
-                )
-                for o in snap.get("recent") or []
+                RecentOutcome(r.outcome is Outcome.FAILED_CLOSED, r.finished or None, r.reason, r.request)
+                for r in snap.recent
             ),
         )
+
+
+def _rank_answer(r: PoolEntry) -> RankAnswer:
+    pool = r.pool or {}
+    return RankAnswer(
+        rank=r.rank,
+        alive=r.alive,
+        healthy=r.healthy,
+        reason=r.reason or "",
+        live_bytes=int(pool.get("live_bytes", 0)),
+        peak_bytes=int(pool.get("peak_bytes", 0)),
+        capacity_bytes=int(pool.get("capacity_bytes", 0)),
+        windows_live=int(pool.get("windows_live", 0)),
+        waiters=int(pool.get("waiters", 0)),
+        restore_bps=r.restore_bps,
+        heartbeat_age_s=r.heartbeat_age_s,
+    )
 
 
 # -- polling ------------------------------------------------------------------------------------------------------
@@ -359,7 +356,7 @@ def http_poll(timeout_s: float) -> Poll:
         from bsr_cli.client import AdminClient
 
         with AdminClient(t.url, t.token, timeout_s=timeout_s) as c:
-            return EngineAnswer.from_wire(c.snapshot(health=True, timeout=timeout_s).to_wire())
+            return EngineAnswer.of(c.snapshot(health=True, timeout=timeout_s))
 
     return poll
 
@@ -392,7 +389,7 @@ class RankRow:
     """One rank's row: its severity (down or unhealthy, pool at B, restores waiting for pool) and its pool."""
 
     rank: int | None
-    severity: Severity
+    severity: Severity = field(metadata=wire.meta(absent=Severity.OK))
     state: str
     reason: str
     live_bytes: int
@@ -403,6 +400,9 @@ class RankRow:
     restore_bps: float
     heartbeat_age_s: float | None
 
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
 
 @dataclass(frozen=True)
 class LastFailure:
@@ -411,6 +411,9 @@ class LastFailure:
     request: str
     reason: str
     finished: float
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)
@@ -472,8 +475,10 @@ class EngineRow:
         return self.departure is Departure.CLEAN
 
     def to_wire(self) -> dict[str, Any]:
+        # Hand-written: which keys a row carries is not a function of its fields but of the engine's state (a down
+        # engine's row says its error and exit code, even when null, and none of the figures of one that answered).
         ident = {"engine": self.engine, "url": self.url, "polled_at": self.polled_at, "latency_s": self.latency_s}
-        ranks = [asdict(r) for r in self.ranks]
+        ranks = [r.to_wire() for r in self.ranks]
         head = {"severity": self.severity, "state": self.state, "problems": list(self.problems)}
         if self.down:
             out = ident | head | {"ranks": ranks, "error": self.error, "exit_code": self.exit_code}
@@ -499,7 +504,7 @@ class EngineRow:
             "restore_bps": self.restore_bps,
             "pool_live_bytes": self.pool_live_bytes,
             "ranks_up": self.ranks_up,
-            "last_failure": None if self.last_failure is None else asdict(self.last_failure),
+            "last_failure": None if self.last_failure is None else self.last_failure.to_wire(),
             "ranks": ranks,
         }
         out |= {"last_seen": self.last_seen} if self.last_seen is not None else {}
@@ -507,63 +512,8 @@ class EngineRow:
         out |= {"came_back": self.came_back} if self.came_back is not None else {}
         return out
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> EngineRow:
-        """A row as `bsr status --json` prints it and a fleet recording keeps it; what it lacks reads as absent."""
-        lf = d.get("last_failure")
-        departure = d.get("departure")
-        return cls(
-            engine=str(d["engine"]),
-            url=str(d["url"]),
-            polled_at=float(d.get("polled_at") or 0.0),
-            latency_s=float(d.get("latency_s") or 0.0),
-            severity=Severity(int(d["severity"])),
-            problems=tuple(str(p) for p in d.get("problems") or []),
-            ranks=tuple(
-                RankRow(
-                    r.get("rank"),
-                    Severity(int(r.get("severity") or 0)),
-                    str(r.get("state") or ""),
-                    str(r.get("reason") or ""),
-                    int(r.get("live_bytes") or 0),
-                    int(r.get("peak_bytes") or 0),
-                    int(r.get("capacity_bytes") or 0),
-                    int(r.get("budget_bytes") or 0),
-                    int(r.get("windows_live") or 0),
-                    float(r.get("restore_bps") or 0.0),
-                    r.get("heartbeat_age_s"),
-                )
-                for r in d.get("ranks") or []
-            ),
-            started_at=d.get("started_at"),
-            stopping=bool(d.get("stopping")),
-            previous_stop=d.get("previous_stop"),
-            engine_name=d.get("engine_name"),
-            model=d.get("model"),
-            W=d.get("W"),
-            rws_bytes=d.get("rws_bytes"),
-            budget_bytes=int(d.get("budget_bytes") or 0),
-            tiers={str(n): bool(ok) for n, ok in (d.get("tiers") or {}).items()},
-            markers=int(d.get("markers") or 0),
-            faults=int(d.get("faults") or 0),
-            active=int(d.get("active") or 0),
-            failed_recent=int(d.get("failed_recent") or 0),
-            restore_bps=float(d.get("restore_bps") or 0.0),
-            pool_live_bytes=int(d.get("pool_live_bytes") or 0),
-            ranks_up=int(d.get("ranks_up") or 0),
-            last_failure=None
-            if not lf
-            else LastFailure(str(lf.get("request") or ""), str(lf.get("reason") or ""), float(lf.get("finished") or 0)),
-            error=d.get("error"),
-            exit_code=d.get("exit_code"),
-            last_seen=d.get("last_seen"),
-            restarts=int(d.get("restarts") or 0),
-            came_back=d.get("came_back"),
-            departure=Departure(departure) if departure else None,
-            down_since=d.get("down_since"),
-            departure_text=d.get("departure_text"),
-            down_text=d.get("down_text"),
-        )
+    # A row as `bsr status --json` prints it and a fleet recording keeps it; what it lacks reads as absent.
+    from_wire = wire.reader()
 
 
 @dataclass(frozen=True)

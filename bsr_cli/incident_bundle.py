@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from bsr_cli import __version__
 from bsr_cli.core import wire
+from bsr_cli.core.status import Health, QuarantinedFile
 
 if TYPE_CHECKING:
     from bsr_cli.core.events import Event
@@ -145,18 +146,18 @@ class TierQuarantine:
     entries, kept as they are)."""
 
     total: int
-    newest: list[dict[str, Any]]
+    newest: tuple[QuarantinedFile, ...]
 
 
-def quarantine_list(health: Mapping[str, Any]) -> dict[str, TierQuarantine]:
+def quarantine_list(health: Health) -> dict[str, TierQuarantine]:
     """Per tier, the objects it quarantined (as each rank reported them, newest first) and how many there are: the
     list only, never the bytes (they stay in the tier's ``quarantine/`` directory for whoever looks into it).
-    ``health`` is the engine's health answer (wire form); the result is ``quarantine.json``."""
-    out: dict[str, TierQuarantine] = {}
-    for name, h in (health.get("tiers") or {}).items():
-        if isinstance(h, Mapping) and (h.get("quarantined_total") or h.get("quarantined")):
-            out[name] = TierQuarantine(int(h.get("quarantined_total") or 0), list(h.get("quarantined") or []))
-    return out
+    ``health`` is the engine's health answer; the result is ``quarantine.json``."""
+    return {
+        name: TierQuarantine(tier.quarantined_total, tier.quarantined)
+        for name, tier in health.tiers.items()
+        if tier.quarantined_total or tier.quarantined
+    }
 
 
 @dataclass(frozen=True, kw_only=True)

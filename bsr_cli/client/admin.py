@@ -32,8 +32,10 @@ from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
 from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
+from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamedRequest, read_line
 from bsr_cli.errors import (
     BadRequest,
+    BsrError,
     CapacityError,
     EngineBusy,
     EngineError,
@@ -47,7 +49,7 @@ from bsr_cli.errors import (
 )
 from bsr_cli.settings import Settings
 
-T = TypeVar("T")
+R = TypeVar("R", SubmitResult, ManualRestoreResult)  # the result a streamed route answers
 OnEvent = Callable[[Event], None]  # a progress event, read from the wire form the engine streams
 
 PAGE = 5000  # events asked for per /events page when filtering
@@ -231,45 +233,37 @@ class AdminClient:
     def _stream(
         self,
         path: str,
-        body: dict[str, Any],
-        read: Callable[[dict[str, Any]], T],
+        body: StreamedRequest,
+        result: type[R],
         on_event: OnEvent | None,
         on_accepted: Callable[[str], None] | None,
         timeout: float,
-    ) -> T:
+    ) -> R:
         """POST ``body`` and follow its NDJSON stream: ``on_accepted`` gets the request id, ``on_event`` each
         progress event this bsr knows (read into its type; a newer engine's kind is passed over), and the result
-        line is read into its type by ``read``."""
+        line is read into the route's ``result`` type."""
         try:
             with self._http.stream(
                 "POST",
                 self._path(path),
-                json=body,
+                json=body.to_wire(),
                 timeout=httpx.Timeout(self.timeout_s, read=self.stream_timeout_s or timeout),
             ) as r:
                 if r.status_code >= 400:
                     r.read()
                     self._raise_for(r)
-                for line in _lines(r.iter_lines()):
-                    msg = json.loads(line)
-                    kind = msg.get("type")
-                    if kind == "accepted" and on_accepted:
-                        on_accepted(msg["request"])
-                    elif kind == "event" and on_event:
-                        event = known_event(msg["event"])
+                for text in _lines(r.iter_lines()):
+                    line = read_line(json.loads(text))
+                    if isinstance(line, AcceptedLine) and on_accepted:
+                        on_accepted(line.request)
+                    elif isinstance(line, EventLine) and on_event:
+                        event = known_event(line.event)
                         if event is not None:
                             on_event(event)
-                    elif kind == "result":
-                        return read(msg["result"])
-                    elif kind == "error":
-                        status = int(msg.get("status", 500))
-                        if msg.get("error") == CapacityError.kind:
-                            raise CapacityError(msg["message"], hint=msg.get("hint"))
-                        err = _KIND_TO_ERROR.get(msg.get("error", ""))
-                        if err:
-                            raise err(msg["message"], hint=msg.get("hint"))
-                        cls: type[EngineError] = ServerError if status >= 500 else BadRequest
-                        raise cls(msg["message"], hint=msg.get("hint"))
+                    elif isinstance(line, ResultLine):
+                        return result.from_wire(line.result)
+                    elif isinstance(line, ErrorLine):
+                        raise _stream_error(line)
         except httpx.TimeoutException:
             raise EngineTimeout(
                 f"{self.url} sent no progress for {path} within {self.stream_timeout_s or timeout:g}s",
@@ -324,8 +318,8 @@ class AdminClient:
         on_event: OnEvent | None = None,
         timeout: float = 1800,
     ) -> SubmitResult:
-        body = prompt.to_wire() | {"verify": verify, "stream": True} | ({"W": w} if w is not None else {})
-        return self._stream("/requests", body, SubmitResult.from_wire, on_event, None, timeout)
+        body = StreamedRequest(prompt=prompt, verify=verify, w=w)
+        return self._stream("/requests", body, SubmitResult, on_event, None, timeout)
 
     def restore(
         self,
@@ -338,12 +332,8 @@ class AdminClient:
         on_accepted: Callable[[str], None] | None = None,
         timeout: float = 1800,
     ) -> ManualRestoreResult:
-        body = prompt.to_wire() | {"verify": verify, "stream": True}
-        if w is not None:
-            body["W"] = w
-        if exclude_tiers:
-            body["exclude_tiers"] = exclude_tiers
-        return self._stream("/restore", body, ManualRestoreResult.from_wire, on_event, on_accepted, timeout)
+        body = StreamedRequest(prompt=prompt, verify=verify, w=w, exclude_tiers=tuple(exclude_tiers or ()))
+        return self._stream("/restore", body, ManualRestoreResult, on_event, on_accepted, timeout)
 
     def abort(self, request: str) -> AbortAnswer:
         try:
@@ -496,6 +486,17 @@ def _pause(pauses: Iterator[float]) -> bool:
         return False
     time.sleep(pause)
     return True
+
+
+def _stream_error(line: ErrorLine) -> BsrError:
+    """The error a streamed answer's error line stands for."""
+    if line.error == CapacityError.kind:
+        return CapacityError(line.message, hint=line.hint)
+    err = _KIND_TO_ERROR.get(line.error)
+    if err:
+        return err(line.message, hint=line.hint)
+    cls: type[EngineError] = ServerError if line.status >= 500 else BadRequest
+    return cls(line.message, hint=line.hint)
 
 
 def _lines(it: Iterator[str]) -> Iterator[str]:

@@ -33,6 +33,7 @@ from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
 from bsr_cli.core.status import FaultListing, MarkerList
+from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamLine
 from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
 from bsr_cli.runtime.coordinator import Coordinator
 from bsr_cli.runtime.event_store import Query as EventQuery
@@ -226,19 +227,20 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
 
     async def lines() -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        q: asyncio.Queue[StreamLine] = asyncio.Queue()
 
-        def put(item: tuple[str, Any]) -> None:
+        def put(line: StreamLine) -> None:
             with contextlib.suppress(RuntimeError):  # the server stopped: nobody reads any more
-                loop.call_soon_threadsafe(q.put_nowait, item)
+                loop.call_soon_threadsafe(q.put_nowait, line)
 
         def run() -> None:
             try:
-                put(("result", work(lambda ev: put(("event", ev.to_wire()))).to_wire()))
+                result = work(lambda ev: put(EventLine(event=ev.to_wire())))
+                put(ResultLine(result=result.to_wire()))
             except BsrError as e:
-                put(("error", {"error": e.kind, "message": e.message, "hint": e.hint, "status": status_for(e)}))
+                put(ErrorLine(error=e.kind, message=e.message, hint=e.hint, status=status_for(e)))
             except Exception as e:  # noqa: BLE001 - reported in the stream
-                put(("error", {"error": "server-error", "message": f"{type(e).__name__}: {e}", "status": 500}))
+                put(ErrorLine(error="server-error", message=f"{type(e).__name__}: {e}", says_hint=False))
 
         finished = False
         # Abortable before the worker thread is even scheduled: if this client goes away at once, the abort
@@ -246,14 +248,13 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
         c.open_request(request)
         threading.Thread(target=run, name=f"bsr-{request}", daemon=True).start()
         try:
-            yield _line({"type": "accepted", "request": request})
+            yield _line(AcceptedLine(request=request))
             while True:
-                kind, payload = await q.get()
-                if kind == "event":
-                    yield _line({"type": "event", "event": payload})
+                line = await q.get()
+                yield _line(line)
+                if isinstance(line, EventLine):
                     continue
                 finished = True
-                yield _line({"type": "result", "result": payload} if kind == "result" else {"type": "error", **payload})
                 return
         finally:
             if not finished:
@@ -519,8 +520,8 @@ def metrics(host: HostDep) -> Response:
     return Response(host.metrics_text(), media_type=METRICS_TYPE)
 
 
-def _line(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, default=str) + "\n").encode()
+def _line(line: StreamLine) -> bytes:
+    return (json.dumps(line.to_wire(), default=str) + "\n").encode()
 
 
 def _takes_a_list(annotation: Any) -> bool:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bsr_cli.core import events as ev
-from bsr_cli.core import status
+from bsr_cli.core import status, wire
 from bsr_cli.core.evidence import EventKind, FailureKind
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.units import format_bytes
@@ -38,19 +38,17 @@ SPARK = "▁▂▃▄▅▆▇█"
 class Frame:
     """One poll's answer as it arrived: what a recording stores and a replay feeds back."""
 
-    snapshot: status.Snapshot  # the engine's answer
-    received_at: float  # local wall clock when the answer arrived
-    latency_s: float  # how long the poll took
+    snapshot: status.Snapshot = field(metadata=wire.meta(name="snap"))  # the engine's answer
+    received_at: float = field(metadata=wire.meta(name="t"))  # local wall clock when the answer arrived
+    latency_s: float = field(metadata=wire.meta(name="lat", absent=0.0))  # how long the poll took
 
-    def to_record(self) -> dict[str, Any]:
-        return {"t": self.received_at, "lat": round(self.latency_s, 6), "snap": self.snapshot.to_wire()}
+    # A recording's line: {"t": ..., "lat": ..., "snap": {...}} (what `bsr top --replay` reads back).
+    to_wire = wire.writer(order=("received_at", "latency_s", "snapshot"))
+    from_wire = wire.reader()
 
-    @classmethod
-    def from_record(cls, d: Mapping[str, Any]) -> Frame:
-        snap = d["snap"]
-        if not isinstance(snap, dict):
-            raise TypeError("a recorded snapshot is a JSON object")
-        return cls(status.Snapshot.from_wire(snap), float(d["t"]), float(d.get("lat", 0.0)))
+    def for_record(self) -> Frame:
+        """This frame as a recording keeps it: its latency to the microsecond."""
+        return replace(self, latency_s=round(self.latency_s, 6))
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ import io
 import json
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from bsr_cli.client.admin import AdminClient, resolve_engine
+from bsr_cli.core import wire
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.results import AbortAnswer
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
@@ -40,34 +40,29 @@ CHECKPOINT_EVERY = 32  # replay keeps every 32nd view so a seek folds at most 31
 class PollFailure:
     """A poll that got no snapshot: what the banner says, and what a recording keeps of the outage."""
 
-    at: float
-    latency_s: float
-    kind: str  # the BsrError kind: unreachable, timeout, unauthorized, ...
+    at: float = field(metadata=wire.meta(name="t"))
+    latency_s: float = field(metadata=wire.meta(name="lat", absent=0.0))
+    kind: str = field(metadata=wire.meta(name="error"))  # the BsrError kind: unreachable, timeout, unauthorized, ...
     message: str
     hint: str | None = None
+
+    # A recording's line: {"t": ..., "lat": ..., "error": ..., "message": ..., "hint": ...}.
+    to_wire = wire.writer()
+    from_wire = wire.reader()
 
     @property
     def unreachable(self) -> bool:
         return self.kind in ("unreachable", "timeout")
 
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "t": self.at,
-            "lat": round(self.latency_s, 6),
-            "error": self.kind,
-            "message": self.message,
-            "hint": self.hint,
-        }
+    def for_record(self) -> PollFailure:
+        """This failure as a recording keeps it: its latency to the microsecond."""
+        return replace(self, latency_s=round(self.latency_s, 6))
 
     @classmethod
     def from_error(cls, e: BaseException, at: float, latency_s: float) -> PollFailure:
         if isinstance(e, BsrError):
             return cls(at, latency_s, e.kind, e.message, e.hint)
         return cls(at, latency_s, "internal", f"{type(e).__name__}: {e}", "rerun with BSR_DEBUG=1 and report it")
-
-    @classmethod
-    def from_record(cls, d: Mapping[str, Any]) -> PollFailure:
-        return cls(float(d["t"]), float(d.get("lat", 0.0)), str(d["error"]), str(d.get("message", "")), d.get("hint"))
 
 
 Item = Frame | PollFailure
@@ -167,12 +162,12 @@ class Recorder:
         except OSError as e:
             raise InvalidInput(f"cannot record to {path}: {e.strerror or e}") from None
         rec = cls(fh, path)
-        rec._line(RecordingHeader(started=time.time(), source=source).to_wire())
+        rec._line(RecordingHeader(started=time.time(), source=source))
         return rec
 
     def write(self, item: Item) -> None:
         if isinstance(item, PollFailure):
-            self._line(item.to_record())
+            self._line(item.for_record())
             return
         snap = item.snapshot
         started, seq = snap.info.started_at, snap.seq
@@ -181,10 +176,10 @@ class Recorder:
             # fold() uses only events newer than the previous snapshot, so the ones already on file are dropped.
             snap = replace(snap, events=[e for e in snap.events if int(e.get("seq", 0)) > last_seq])
         self._seen = (started, seq)
-        self._line(Frame(snap, item.received_at, item.latency_s).to_record())
+        self._line(Frame(snap, item.received_at, item.latency_s).for_record())
 
-    def _line(self, obj: Mapping[str, Any]) -> None:
-        self._fh.write(json.dumps(obj, separators=(",", ":"), default=str).encode() + b"\n")
+    def _line(self, line: RecordingHeader | Frame | PollFailure) -> None:
+        self._fh.write(json.dumps(line.to_wire(), separators=(",", ":"), default=str).encode() + b"\n")
         self._fh.flush()  # a sync flush per line: what was recorded survives a killed terminal
         self.lines += 1
 
@@ -218,8 +213,7 @@ def read_recording(path: Path) -> tuple[RecordingHeader, list[Item]]:
     items: list[Item] = []
     for n, line in enumerate(lines[1:], start=2):
         try:
-            d = json.loads(line)
-            items.append(PollFailure.from_record(d) if "error" in d else Frame.from_record(d))
+            items.append(_recorded_item(json.loads(line)))
         except (ValueError, KeyError, TypeError):
             raise InvalidInput(f"{path} line {n} is not a recorded snapshot") from None
     if not items:
@@ -227,6 +221,17 @@ def read_recording(path: Path) -> tuple[RecordingHeader, list[Item]]:
     if member is not None:
         items = _with_bundle_events(path, items)
     return RecordingHeader.from_wire(header), items
+
+
+def _recorded_item(d: object) -> Item:
+    """One recorded line: a failed poll (it names its error) or a frame; KeyError or TypeError when it is neither."""
+    if not isinstance(d, dict) or "t" not in d:
+        raise KeyError("t")
+    if "error" in d:
+        return PollFailure.from_wire(d)
+    if not isinstance(d.get("snap"), dict):
+        raise TypeError("a recorded snapshot is a JSON object")
+    return Frame.from_wire(d)
 
 
 def _with_bundle_events(path: Path, items: list[Item]) -> list[Item]:

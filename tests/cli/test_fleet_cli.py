@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bsr_cli import fleet
+from bsr_cli.core.status import Snapshot
 from bsr_cli.errors import EngineTimeout, EngineUnreachable, Unauthorized
 
 pytestmark = pytest.mark.timeout(60)
@@ -97,7 +98,9 @@ def test_fleet_status_with_no_engine_answering_exits_3(bsr: Any) -> None:
 
 def _up(url: str, *, stopping: bool = False, started: float = 100.0) -> fleet.EngineRow:
     snap = {"time": 0.0, "info": {"started_at": started}, "ranks": [], "stopping": stopping}
-    return fleet.summarize(fleet.Target(url, url, None), fleet.EngineAnswer.from_wire(snap), None, 0.0, at=0.0)
+    return fleet.summarize(
+        fleet.Target(url, url, None), fleet.EngineAnswer.of(Snapshot.from_wire(snap)), None, 0.0, at=0.0
+    )
 
 
 def _down(url: str, error: BaseException) -> fleet.EngineRow:
@@ -134,7 +137,9 @@ def test_memory_tells_a_clean_stop_from_a_crash_and_a_hang(tmp_path: Path) -> No
     # Back after a restart, the engine's own record of how its previous run ended is carried on its row.
     started = {"type": "engine_started", "previous_stop": "clean"}
     snap = {"info": {"started_at": 300.0}, "ranks": [], "events": [started]}
-    row = fleet.summarize(fleet.Target("b", "b", None), fleet.EngineAnswer.from_wire(snap), None, 0.0, at=0.0)
+    row = fleet.summarize(
+        fleet.Target("b", "b", None), fleet.EngineAnswer.of(Snapshot.from_wire(snap)), None, 0.0, at=0.0
+    )
     assert row.previous_stop == "clean" and at([row])[0].restarts == 2
 
 

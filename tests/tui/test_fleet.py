@@ -171,6 +171,7 @@ def test_fleet_profile_lists_engines(bsr: Any, tmp_path: Path) -> None:
 
 def test_summarize_pool_at_budget_and_waiters() -> None:
     """Pure: a rank whose pool is at B is degraded; one with restores waiting for room needs attention."""
+    from bsr_cli.core.status import Snapshot
     from bsr_cli.fleet import EngineAnswer, summarize
 
     snap = {
@@ -183,7 +184,7 @@ def test_summarize_pool_at_budget_and_waiters() -> None:
         "tiers": {"mooncake": {"ok": True}},
         "recent": [{"outcome": "failed_closed", "finished": 500.0, "reason": "old"}],  # too old to count
     }
-    row = summarize(Target("e", "http://e", None), EngineAnswer.from_wire(snap), None, 0.01, at=1000.0)
+    row = summarize(Target("e", "http://e", None), EngineAnswer.of(Snapshot.from_wire(snap)), None, 0.01, at=1000.0)
     assert row.state == "degraded" and row.problems == ("rank 0: pool at budget B",)
     assert [(r.rank, r.state) for r in row.ranks] == [(0, "degraded"), (1, "attention")]
     assert row.failed_recent == 0

@@ -128,7 +128,8 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
     latency = time.monotonic() - t0
     received = time.time()
     snap = snapshot.to_wire()
-    health = client.health().to_wire()
+    health_answer = client.health()
+    health = health_answer.to_wire()
     info = snapshot.info
     b.json("status.json", {k: v for k, v in snap.items() if k != "events"})
     b.json("health.json", health)
@@ -137,7 +138,7 @@ def _add_engine_state(b: Builder, client: AdminClient, url: str, t_from: float) 
     b.json("registration.json", client.registration().to_dict())
     b.json("markers.json", snap.get("markers") or [])
     b.json("faults.json", client.faults().to_wire())
-    b.json("quarantine.json", ib.quarantine_list(health))
+    b.json("quarantine.json", ib.quarantine_list(health_answer))
     # The engine's events since --since, from its durable store (the snapshot carries only the newest).
     held, _ = client.held_wire(0, after=t_from)
     b.events("events.jsonl", held)  # as the engine sent them
