@@ -20,6 +20,8 @@ FastAPI reads a request's body before any dependency runs, so these are checked 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import re
@@ -82,6 +84,29 @@ async def send_json(
         raw.append((b"Connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+DRAIN_BYTES = 64 << 10  # the most a refused request's body is read before the connection closes
+DRAIN_S = 2.0  # and how long a client sending it is waited for
+
+
+async def _drain(headers: dict[str, str], receive: Receive) -> None:
+    """Read and drop the body of a refused request when it is small (a declared length up to DRAIN_BYTES), within
+    DRAIN_S: what was sent is then read before the close, so the refusal reaches the client. A larger or chunked
+    body is not waited for."""
+    text = headers.get("content-length", "").strip()
+    if headers.get("transfer-encoding") or not text.isascii() or not text.isdigit() or int(text) > DRAIN_BYTES:
+        return
+    left = int(text)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(DRAIN_S):
+            while left > 0:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return
+                left -= len(msg.get("body", b""))
+                if not msg.get("more_body", False):
+                    return
 
 
 def _no_constant(name: str) -> Any:
@@ -173,6 +198,7 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
         has_body = bool(headers.get("transfer-encoding")) or headers.get("content-length", "0").strip() not in ("", "0")
         slot: bool | None = None
+        body_read = False
         try:
             self._check_head(scope, raw_headers, headers)
             r = self._route(scope["method"], scope["path"])
@@ -190,6 +216,7 @@ class Guard:
                 )
             slot = self._take_slot(authed)
             raw = await self._read_body(headers, receive)
+            body_read = True
             if raw is None:
                 return  # the client went away mid-body: nobody to answer
             if raw:
@@ -202,7 +229,11 @@ class Guard:
             ]
             await self.app(scope, _replay(raw, receive), send)
         except Refusal as e:
-            # An unread body must never be parsed as the next request: close the connection after answering.
+            # An unread body must never be parsed as the next request: close the connection after answering. A
+            # small body the client is sending is read (and dropped) first: closing with it unread would reset the
+            # connection, and the client could lose the answer.
+            if has_body and not body_read:
+                await _drain(headers, receive)
             extra_headers = {"Allow": ", ".join(e.extra["allowed"])} if e.status == 405 else None
             if e.status == 503:
                 extra_headers = {"Retry-After": "1"}
