@@ -245,6 +245,7 @@ def run_store(host: Any, case: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMeter) -> dict[str, Any]:
+    from bsr_cli.core.events import Event, RestoreCommitted, RestoreFailedClosed
     from bsr_cli.core.evidence import Outcome
     from bsr_cli.core.keys import chunk_hashes
     from bsr_cli.core.results import ManualRestoreResult
@@ -257,10 +258,10 @@ def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMe
     cpu: dict[str, float] = {}
     decided: list[float] = []
 
-    def progress(ev: dict[str, Any]) -> None:
+    def progress(ev: Event) -> None:
         # The commit decision: time and CPU up to here are the restore's (probe, plan, every window); the hashes
         # verified after it are not.
-        if ev.get("type") in ("restore_committed", "restore_failed_closed") and not decided:
+        if isinstance(ev, (RestoreCommitted, RestoreFailedClosed)) and not decided:
             decided.append(time.perf_counter())
             cpu.update(meter.stop())
 
