@@ -186,7 +186,14 @@ class _Factory:
 
 
 def _known(cls: type) -> frozenset[str]:
-    """The keys a type's JSON names (its fields', its flattened parts', its computed ones): not a host's."""
+    return _known_of(typing.cast(Hashable, cls))
+
+
+@functools.cache
+def _known_of(key: Hashable) -> frozenset[str]:
+    """The keys a type's JSON names (its fields', its flattened parts', its computed ones): not a host's. Worked
+    out once per type (every read of a type with host keys or flattened parts asks)."""
+    cls = typing.cast(type, key)
     keys: set[str] = {*_computed(cls), *_layout(cls).lead}
     for f in _plan(cls):
         if f.flatten:
@@ -227,12 +234,7 @@ def write(obj: Any) -> dict[str, Any]:
     """The JSON object of a result dataclass: its fields in order under their wire names (with what its writer
     computes), host keys last."""
     layout = _layout(type(obj))
-    fields = {f.attr: f for f in _plan(type(obj))}
-    names = layout.order or (*fields, *layout.computed)
-    if layout.order:
-        left_out = [n for n in (*fields, *layout.computed) if n not in layout.order]
-        if left_out:  # a field the order forgets would silently vanish from the JSON
-            raise TypeError(f"{type(obj).__name__}: the writer's order leaves out {', '.join(left_out)}")
+    names, fields = _write_plan(typing.cast(Hashable, type(obj)))
     out: dict[str, Any] = {key: value_to_wire(getattr(obj, attr)) for key, attr in layout.lead.items()}
     extra: Mapping[str, Any] = {}
     for name in names:
@@ -251,6 +253,20 @@ def write(obj: Any) -> dict[str, Any]:
             out[f.key] = value_to_wire(value)
     out.update(extra)
     return out
+
+
+@functools.cache
+def _write_plan(key: Hashable) -> tuple[tuple[str, ...], dict[str, _Field]]:
+    """The attributes a type writes, in order, and its fields by name: worked out (and the order checked) once per
+    type, not on every write (events are written on the restore path)."""
+    cls = typing.cast(type, key)
+    layout = _layout(cls)
+    fields = {f.attr: f for f in _plan(cls)}
+    if layout.order:
+        left_out = [n for n in (*fields, *layout.computed) if n not in layout.order]
+        if left_out:  # a field the order forgets would silently vanish from the JSON
+            raise TypeError(f"{cls.__name__}: the writer's order leaves out {', '.join(left_out)}")
+    return layout.order or (*fields, *layout.computed), fields
 
 
 def value_to_wire(value: Any) -> Any:
