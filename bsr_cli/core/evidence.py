@@ -3,7 +3,9 @@ why it failed (failure kinds, with their exit code), where it failed (stages) an
 
 Every module that writes or reads an event, an outcome or a failure uses these enums, never the bare strings.
 They are ``StrEnum``s so the wire form (JSON, Prometheus labels, the SQLite event store) is the plain value and a
-value read back from the wire converts with ``Kind(value)``, which refuses anything outside the set.
+value read back from the wire converts with ``Kind(value)``, which refuses anything outside the set. Two sets a
+monitor only shows, never acts on, keep a value a newer engine adds instead (``Stage``, ``TierCondition``: see
+``_kept_as_sent``): one new reason must not make `bsr status` or `bsr top` unable to read the engine at all.
 
 Blame follows the stage (the rule a restore debugger must not break):
 
@@ -19,8 +21,24 @@ Pure: no I/O.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
 
 from bsr_cli.errors import ExitCode
+
+_S = TypeVar("_S", bound=StrEnum)
+
+
+def _kept_as_sent(cls: type[_S], value: object) -> _S | None:
+    """A value of ``cls`` that a newer engine sends and this bsr does not know, kept as sent: it reads (the answer
+    around it still reads), it is shown and written back under its own name, and it equals no member, so nothing
+    takes it for a known one (an unknown condition is not ``ok``; an unknown stage blames no tier). Anything but a
+    non-empty string is still refused."""
+    if not isinstance(value, str) or not value:
+        return None
+    member = str.__new__(cls, value)
+    member._name_ = value
+    member._value_ = value
+    return member
 
 
 def window_label(index: int) -> str:
@@ -111,6 +129,10 @@ class Stage(StrEnum):
     SYNCHRONIZE = "synchronize"
     COMMIT = "commit"
 
+    @classmethod
+    def _missing_(cls, value: object) -> Stage | None:
+        return _kept_as_sent(cls, value)  # a newer engine's stage (a last fault's), shown as sent
+
     @property
     def blames_tier(self) -> bool:
         """A failure at this stage is the tier's (the bytes did not arrive, or arrived wrong)."""
@@ -153,6 +175,10 @@ class TierCondition(StrEnum):
     NOT_WRITABLE = "not_writable"  # writes fail otherwise (permissions, I/O errors)
     FAULT_ARMED = "fault_armed"  # the coordinator's: an injected fault that takes it down is armed
     RESTORE_FAILED = "restore_failed"  # the coordinator's: a restore from it failed and none has committed since
+
+    @classmethod
+    def _missing_(cls, value: object) -> TierCondition | None:
+        return _kept_as_sent(cls, value)  # a newer engine's reason, shown as sent
 
 
 __all__ = ["CapacityCause", "Component", "EventKind", "FailureKind", "Outcome", "Stage", "TierCondition"]

@@ -34,7 +34,8 @@ client of a newer or older engine must be: a missing key takes the field's defau
 value of its type: "", 0, 0.0, False, (), {}, None), a null takes the empty value, a number stays the number that
 was sent, and keys the type does not name are kept only where a field asks for them (``extra``). A value of the
 wrong kind for a nested object, list or map reads as empty, and an item of a list of objects that is not an object
-is passed over; an enum value the type does not know is an error (``ValueError``).
+is passed over; an enum value the type does not know is an error (``ValueError``), unless the enum itself keeps
+such values (``core.evidence``: a stage, a tier condition a newer engine adds).
 
 Pure: no I/O.
 """

@@ -287,3 +287,33 @@ def test_a_recent_restore_with_an_outcome_this_bsr_does_not_know_reads_as_unknow
     assert first.outcome is None and first.failure_kind is None and second.outcome is Outcome.COMMITTED
     assert json.dumps(first.to_wire()) == json.dumps(sent)
     assert RecentRestore.from_wire({"request": "r3", "outcome": None}).outcome is None
+
+
+def test_a_tier_condition_or_stage_a_newer_engine_adds_reads_as_sent_and_is_no_known_one() -> None:
+    """One new reason from a newer engine must not make the whole health or snapshot unreadable: it reads under its
+    own name, is written back as it came, and is taken for no member (not ``ok``; a stage that blames no tier)."""
+    new_tier = TIER_BAD | {"conditions": ["throttled", "read_only"], "condition": "throttled"}
+    new_fault = LAST_FAULT | {"stage": "decompress"}
+    rank_tier: dict[str, Any] = {"ok": False, "detail": "throttled", "condition": "throttled"}
+    rank_tier |= {"quarantined": [], "quarantined_total": 0}
+    sent = SNAPSHOT | {
+        "tiers": {"mooncake": new_tier},
+        "ranks": [POOL | {"tiers": {"fs": rank_tier}}, SILENT | {"last_fault": new_fault}],
+    }
+    snap = Snapshot.from_wire(sent)
+    tier = snap.tiers["mooncake"]
+    assert tier.condition == "throttled" and tier.conditions == ("throttled", TierCondition.READ_ONLY)
+    assert tier.condition not in list(TierCondition) and tier.condition != TierCondition.OK
+    assert snap.ranks[0].tiers is not None and snap.ranks[0].tiers["fs"].condition == "throttled"
+    stage = snap.ranks[1].last_fault.stage if snap.ranks[1].last_fault else None
+    assert stage == "decompress" and stage not in list(Stage) and not stage.blames_tier
+    assert json.dumps(snap.to_wire()["tiers"]) == json.dumps({"mooncake": new_tier})
+    assert snap.to_wire()["ranks"][1]["last_fault"] == new_fault
+    health = Health.from_wire(HEALTH | {"tiers": {"mooncake": new_tier, "fs": TIER_OK}})
+    assert health.tiers["mooncake"].condition == "throttled" and health.tiers["fs"].condition is TierCondition.OK
+    not_names: tuple[Any, ...] = ("", 3, ["x"])
+    for not_a_reason in not_names:  # what is not a name at all is still refused
+        with pytest.raises(ValueError):
+            TierCondition(not_a_reason)
+        with pytest.raises(ValueError):
+            Stage(not_a_reason)
