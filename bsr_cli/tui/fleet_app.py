@@ -28,6 +28,7 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
 from bsr_cli import fleet
@@ -200,6 +201,7 @@ class EngineScreen(Screen[None]):
         self.error: BsrError | None = None
         self.polls = 0
         self._timer: Timer | None = None
+        self._widgets: tuple[Widget, ...] = ()  # the header, the view and the status line, once mounted
 
     def compose(self) -> ComposeResult:
         yield Static(
@@ -210,6 +212,8 @@ class EngineScreen(Screen[None]):
         yield Static(Text("esc back to the fleet · ↑↓ PgUp PgDn scroll · ? help", "dim"), id="engine-status")
 
     def on_mount(self) -> None:
+        # Kept by reference, so that one already removed is noticed (`_drawable`).
+        self._widgets = tuple(self.query_one(f"#engine-{name}") for name in ("header", "view", "status"))
         self.query_one("#engine-body", VerticalScroll).focus()
         self._poll()
 
@@ -228,8 +232,12 @@ class EngineScreen(Screen[None]):
         except BsrError as e:
             self.post_message(EnginePolled(self.view, e))
 
+    def _drawable(self) -> bool:
+        """False once the screen is going: a poll's last message may arrive after some of its widgets are gone."""
+        return self.is_attached and bool(self._widgets) and all(w.is_attached for w in self._widgets)
+
     def on_engine_polled(self, message: EnginePolled) -> None:
-        if not self.is_attached:
+        if not self._drawable():
             return
         from bsr_cli.tui import panels
 
@@ -289,6 +297,7 @@ class FleetApp(App[None]):
         self.rounds = 0
         self.paused = False
         self._timer: Timer | None = None
+        self._widgets: tuple[Widget, ...] = ()  # the header, table and status line, once mounted
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(self.targets))), thread_name_prefix="bsr-fleet")
 
     def compose(self) -> ComposeResult:
@@ -300,6 +309,8 @@ class FleetApp(App[None]):
         yield Static(id="status")
 
     def on_mount(self) -> None:
+        # Kept by reference: drawn on every round, and still checkable (`_drawable`) once the app is exiting.
+        self._widgets = tuple(self.query_one(f"#{name}") for name in ("header", "table", "status"))
         self.query_one("#table", DataTable).focus()
         if self.replay:
             self._replay_step()
@@ -327,8 +338,13 @@ class FleetApp(App[None]):
         _at, result = self.replay[min(self.rounds, len(self.replay) - 1)]
         self.post_message(FleetPolled(result, 0.0))
 
+    def _drawable(self) -> bool:
+        """False once the app is exiting: a round's last message may arrive after some of the widgets are gone
+        (they are removed one by one)."""
+        return bool(self._widgets) and all(w.is_attached for w in self._widgets)
+
     def on_fleet_polled(self, message: FleetPolled) -> None:
-        if not self.query("#table") or not self.query_one("#table").is_attached:
+        if not self._drawable():
             return
         self.result = message.result
         self.rounds += 1

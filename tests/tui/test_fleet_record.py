@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from bsr_cli.fleet import Target
-from bsr_cli.tui.fleet_app import EngineScreen, FleetApp, FleetRecorder, is_fleet_recording, read_fleet_recording
+from bsr_cli.tui.fleet_app import (
+    EnginePolled,
+    EngineScreen,
+    FleetApp,
+    FleetPolled,
+    FleetRecorder,
+    is_fleet_recording,
+    read_fleet_recording,
+)
 
 NOWHERE = "http://127.0.0.1:9"
 
@@ -41,3 +49,36 @@ async def test_a_fleet_is_recorded_and_replayed(
         await pilot.press("enter")  # a replay has no live engine to open
         await pilot.pause()
         assert not isinstance(replay.screen, EngineScreen)
+
+
+@pytest.mark.timeout(60)
+async def test_a_round_that_lands_while_the_app_is_taken_down_is_dropped(wait_until: Any) -> None:
+    """An exiting app's widgets are removed one by one, and a round's message can land in between (the header gone,
+    the table still there): it is dropped, never drawn into a half-removed screen (that crashed the app on quit)."""
+    app = FleetApp([Target("gone", NOWHERE, None)], interval=0.05, timeout_s=1)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_until(pilot, lambda: app.result is not None, "the first round")
+        assert app.result is not None
+        await app.query_one("#header").remove()  # where teardown was when the round landed
+        rounds = app.rounds
+        app.post_message(FleetPolled(app.result, 0.0))
+        await pilot.pause()
+        assert app.rounds == rounds, "nothing drawn, and no next round armed, once the app is going"
+
+
+@pytest.mark.timeout(60)
+async def test_an_engine_view_going_away_drops_its_last_poll(wait_until: Any) -> None:
+    """The same for one engine's own view (Enter on a row): its last poll may land while the view is removed."""
+    app = FleetApp([Target("gone", NOWHERE, None)], interval=0.05, timeout_s=1)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_until(pilot, lambda: app.result is not None, "the first round")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, EngineScreen), "the engine view")
+        view = app.screen
+        assert isinstance(view, EngineScreen)
+        await wait_until(pilot, lambda: view.polls >= 1, "the engine view's first poll")
+        await view.query_one("#engine-header").remove()
+        polls = view.polls
+        view.post_message(EnginePolled(None, None))
+        await pilot.pause()
+        assert view.polls == polls
