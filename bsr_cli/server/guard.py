@@ -90,14 +90,20 @@ DRAIN_BYTES = 64 << 10  # the most a refused request's body is read before the c
 DRAIN_S = 2.0  # and how long a client sending it is waited for
 
 
+def _content_length(headers: dict[str, str]) -> int | None:
+    """The body length a request declares (0 when it declares none), or None when its Content-Length is not a
+    decimal number."""
+    text = headers.get("content-length", "0").strip() or "0"
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 async def _drain(headers: dict[str, str], receive: Receive) -> None:
     """Read and drop the body of a refused request when it is small (a declared length up to DRAIN_BYTES), within
     DRAIN_S: what was sent is then read before the close, so the refusal reaches the client. A larger or chunked
     body is not waited for."""
-    text = headers.get("content-length", "").strip()
-    if headers.get("transfer-encoding") or not text.isascii() or not text.isdigit() or int(text) > DRAIN_BYTES:
+    left = _content_length(headers)
+    if headers.get("transfer-encoding") or left is None or left > DRAIN_BYTES:
         return
-    left = int(text)
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(DRAIN_S):
             while left > 0:
@@ -337,10 +343,9 @@ class Guard:
         """The whole body, once the route and the token are known good: strangers cannot make the engine buffer."""
         if headers.get("transfer-encoding"):
             raise Refusal(411, "bad-request", "chunked bodies are not accepted: send Content-Length")
-        text = headers.get("content-length", "0").strip() or "0"
-        if not text.isascii() or not text.isdigit():
-            raise Refusal(400, "bad-request", f"bad Content-Length {text[:40]!r}")
-        length = int(text)
+        length = _content_length(headers)
+        if length is None:
+            raise Refusal(400, "bad-request", f"bad Content-Length {headers['content-length'].strip()[:40]!r}")
         if length > self.max_body:
             raise Refusal(
                 413,

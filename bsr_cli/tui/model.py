@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bsr_cli.core import events as ev
@@ -45,10 +45,6 @@ class Frame:
     # A recording's line: {"t": ..., "lat": ..., "snap": {...}} (what `bsr top --replay` reads back).
     to_wire = wire.writer(order=("received_at", "latency_s", "snapshot"))
     from_wire = wire.reader()
-
-    def for_record(self) -> Frame:
-        """This frame as a recording keeps it: its latency to the microsecond."""
-        return replace(self, latency_s=round(self.latency_s, 6))
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,6 @@ class PollFailure:
     def unreachable(self) -> bool:
         return self.kind in ("unreachable", "timeout")
 
-    def for_record(self) -> PollFailure:
-        """This failure as a recording keeps it: its latency to the microsecond."""
-        return replace(self, latency_s=round(self.latency_s, 6))
-
     @classmethod
     def from_error(cls, e: BaseException, at: float, latency_s: float) -> PollFailure:
         if isinstance(e, BsrError):
@@ -166,8 +162,9 @@ class Recorder:
         return rec
 
     def write(self, item: Item) -> None:
+        # A recording keeps each poll's latency to the microsecond.
         if isinstance(item, PollFailure):
-            self._line(item.for_record())
+            self._line(replace(item, latency_s=round(item.latency_s, 6)))
             return
         snap = item.snapshot
         started, seq = snap.info.started_at, snap.seq
@@ -176,7 +173,7 @@ class Recorder:
             # fold() uses only events newer than the previous snapshot, so the ones already on file are dropped.
             snap = replace(snap, events=[e for e in snap.events if int(e.get("seq", 0)) > last_seq])
         self._seen = (started, seq)
-        self._line(Frame(snap, item.received_at, item.latency_s).for_record())
+        self._line(Frame(snap, item.received_at, round(item.latency_s, 6)))
 
     def _line(self, line: RecordingHeader | Frame | PollFailure) -> None:
         self._fh.write(json.dumps(line.to_wire(), separators=(",", ":"), default=str).encode() + b"\n")

@@ -13,19 +13,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from answering_server import AnsweringServer, json_answer
 
 from bsr_cli import fleet
 from bsr_cli.tui.fleet_app import FLEET_HELP, EngineScreen, FleetApp
@@ -43,46 +41,23 @@ class StandIn:
         self.snapshot = snapshot
         self.snapshot["info"]["engine"] = name
         self.stopping = False
-        owner = self
+        self.http = AnsweringServer(self._answer)
+        self.url = self.http.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                snap = dict(owner.snapshot, stopping=owner.stopping)
-                if path == "/metrics":
-                    self._send(b"# TYPE bsr_standin_up gauge\nbsr_standin_up 1\n", "text/plain; version=0.0.4")
-                    return
-                body = {
-                    "/bsr/v1/snapshot": snap,
-                    "/bsr/v1/info": snap["info"],
-                    "/bsr/v1/health": {"ok": True, "stopping": owner.stopping, "ranks": snap["ranks"]},
-                }.get(path)
-                if body is None:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                self._send(json.dumps(body).encode(), "application/json")
-
-            def _send(self, data: bytes, ctype: str) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    def _answer(self, path: str) -> tuple[bytes, str] | None:
+        snap = dict(self.snapshot, stopping=self.stopping)
+        if path == "/metrics":
+            return b"# TYPE bsr_standin_up gauge\nbsr_standin_up 1\n", "text/plain; version=0.0.4"
+        body = {
+            "/bsr/v1/snapshot": snap,
+            "/bsr/v1/info": snap["info"],
+            "/bsr/v1/health": {"ok": True, "stopping": self.stopping, "ranks": snap["ranks"]},
+        }.get(path)
+        return json_answer(body)
 
     def stop(self) -> None:
         """The process is gone: the port refuses connections from now on."""
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.stop()
 
 
 def _free_port() -> int:

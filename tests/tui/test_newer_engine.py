@@ -11,45 +11,17 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from answering_server import AnsweringServer, json_answer
 
 from bsr_cli.tui.app import TopApp
 from bsr_cli.tui.source import LiveSource
 
 NEW_CONDITION = "throttled_by_the_store"  # no TierCondition of this bsr
 NEW_STAGE = "decompress"  # no Stage of this bsr
-
-
-class NewerEngine:
-    """A real HTTP server answering /snapshot, /health and /info with ``answers`` (path -> JSON)."""
-
-    def __init__(self, answers: dict[str, Any]) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                body = answers.get(self.path.split("?", 1)[0])
-                data = json.dumps(body).encode()
-                self.send_response(200 if body is not None else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _newer(tiers: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
@@ -62,21 +34,22 @@ def _newer(tiers: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture
-def newer_engine(live_engine: Any) -> Iterator[NewerEngine]:
+def newer_engine(live_engine: Any) -> Iterator[AnsweringServer]:
     with live_engine.client() as c:
         snap, health, info = c.snapshot(health=True).to_wire(), c.health().to_wire(), c.info().to_wire()
     snap = copy.deepcopy(snap)
     _newer(snap["tiers"], snap["ranks"])
     health = copy.deepcopy(health)
     _newer(health.setdefault("tiers", copy.deepcopy(snap["tiers"])), health["ranks"])
-    engine = NewerEngine({"/bsr/v1/snapshot": snap, "/bsr/v1/health": health, "/bsr/v1/info": info})
+    answers = {"/bsr/v1/snapshot": snap, "/bsr/v1/health": health, "/bsr/v1/info": info}
+    engine = AnsweringServer(lambda path: json_answer(answers.get(path)))
     try:
         yield engine
     finally:
         engine.stop()
 
 
-def test_status_reads_a_newer_engine_and_names_its_new_reason(bsr: Any, newer_engine: NewerEngine) -> None:
+def test_status_reads_a_newer_engine_and_names_its_new_reason(bsr: Any, newer_engine: AnsweringServer) -> None:
     r = bsr("status", "--engine", newer_engine.url)
     assert r.code == 0, r.err
     assert f"unhealthy ({NEW_CONDITION.replace('_', ' ')})" in r.out and "the store throttles" in r.out, r.out
@@ -91,7 +64,7 @@ def test_status_reads_a_newer_engine_and_names_its_new_reason(bsr: Any, newer_en
 
 @pytest.mark.timeout(120)
 async def test_top_reads_a_newer_engine_and_does_not_take_its_new_reason_for_ok(
-    newer_engine: NewerEngine, wait_until: Any, screen: Callable[[Any], str]
+    newer_engine: AnsweringServer, wait_until: Any, screen: Callable[[Any], str]
 ) -> None:
     app = TopApp(LiveSource.for_url(newer_engine.url), interval=0.05)
     async with app.run_test(size=(120, 36)) as pilot:
