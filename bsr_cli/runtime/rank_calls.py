@@ -127,26 +127,28 @@ class RankCalls:
                         reason=failures.describe(f), request=request, at=time.time(), stage=f.stage
                     )
 
-    def _gather(self, futures: Sequence[Future[R]], timeout_s: float, what: str) -> list[R]:
-        """Every rank's answer to one call, failing fast (RankUnresponsive) when a rank stops beating instead of
-        waiting out the whole deadline."""
+    def _gather(
+        self, ranks: Sequence[RankClient], futures: Sequence[Future[R]], timeout_s: float, what: str
+    ) -> list[R]:
+        """Every rank's answer to one call (``futures``: one per rank of ``ranks``, the ranks it was sent to),
+        failing fast (RankUnresponsive) when a rank stops beating instead of waiting out the whole deadline."""
         deadline = time.monotonic() + timeout_s
         pending = [f for f in futures if not f.done()]
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                r = next(r for r, f in zip(self.ranks, futures, strict=True) if not f.done())
+                r = next(r for r, f in zip(ranks, futures, strict=True) if not f.done())
                 reason = f"did not answer {what} within {timeout_s:.0f}s"
                 self.rank_fault(r.rank, reason)
                 raise RankUnresponsive(r.rank, reason)
             wait(pending, timeout=min(POLL_S, left), return_when=FIRST_COMPLETED)
             pending = [f for f in pending if not f.done()]
-            for r, f in zip(self.ranks, futures, strict=True):
+            for r, f in zip(ranks, futures, strict=True):
                 why = None if f.done() else self.silent(r)
                 if why:
                     self.rank_fault(r.rank, f"{why} during {what}")
                     raise self.unavailable(r, f"{why} during {what}")
-        return [self._answer(r, f, what) for r, f in zip(self.ranks, futures, strict=True)]
+        return [self._answer(r, f, what) for r, f in zip(ranks, futures, strict=True)]
 
     def _answer(self, r: RankClient, f: Future[R], what: str) -> R:
         """One rank's answer; a call that failed because the rank's process is gone is ``unavailable``."""
@@ -170,23 +172,27 @@ class RankCalls:
         when to retry, when its process is gone and the host starts it again; ``RankUnresponsive`` otherwise."""
         if r.alive() or self.restarts is None:
             return RankUnresponsive(r.rank, why)
-        if all(x is not r for x in self.ranks):
-            wait_s, when = 0.0, "it has been started again since"
-        else:
-            wait_s = max(0.0, self.restarts.restart_in(r.rank))
-            when = "the engine is starting it again" if wait_s < 1 else f"the engine starts it again in {wait_s:.0f}s"
+        replaced = all(x is not r for x in self.ranks)
+        wait_s = 0.0 if replaced else max(0.0, self.restarts.restart_in(r.rank))
         retry = max(1, math.ceil(wait_s))
+        if replaced:
+            when = "it has been started again since"
+        elif wait_s == 0:
+            when = "the engine is starting it again"
+        else:
+            when = f"the engine starts it again in {retry}s"
         return RankRestarting(
             f"rank {r.rank} is down ({why}): {when}",
-            hint=f"retry in {retry}s (nothing was committed or changed); `bsr engine status` shows its restarts",
+            hint=f"retry in {retry}s; `bsr engine status` shows the rank's restarts",
             rank=r.rank,
             retry_after_s=retry,
         )
 
     def call_all(self, request: RankRequest[R], timeout_s: float | None = None) -> list[R]:
         """The same request on every rank; each rank's typed result, in rank order."""
-        futures = [r.submit(request) for r in self.ranks]
-        return self._gather(futures, timeout_s or self.settings.call_timeout_s, request.op)
+        ranks = list(self.ranks)  # a rank started again meanwhile was not sent this call
+        futures = [r.submit(request) for r in ranks]
+        return self._gather(ranks, futures, timeout_s or self.settings.call_timeout_s, request.op)
 
     def restart_retry_after(self) -> int | None:
         """Seconds (at least 1) until the host next tries to start a dead rank again; None when none is down or
@@ -246,7 +252,7 @@ class RankCalls:
                 request = RANK_SETTINGS[name](value)
                 sent[name] = [r.submit(request) for r in ranks]
                 try:
-                    self._gather(sent[name], self.settings.call_timeout_s, request.op)
+                    self._gather(ranks, sent[name], self.settings.call_timeout_s, request.op)
                 except Exception as e:  # raised again, saying what each rank holds after the put-back
                     raise self._put_back(ranks, sent, changes, e) from e
             for name, value in changes.items():

@@ -149,7 +149,7 @@ def test_a_dead_rank_that_is_restarting_refuses_the_restore_before_any_window() 
         _warm(eng)
         eng.coordinator.restart_ranks_with(RestartSchedule(2.4))
         eng.ranks[0].dead = True
-        with pytest.raises(RankRestarting, match=r"rank 0 is down .*starts it again in 2s") as e:
+        with pytest.raises(RankRestarting, match=r"rank 0 is down .*starts it again in 3s") as e:
             eng.coordinator.restore(PROMPT)
         assert (e.value.rank, e.value.retry_after_s, e.value.exit_code) == (0, 3, ExitCode.RANK_RESTARTING)
         assert "restore" not in eng.ranks[1].calls and all(not r.ops.kv.installs for r in eng.ranks)

@@ -55,7 +55,7 @@ def test_every_call_that_meets_the_rank_answers_503_with_retry_after(restarting)
             assert r.status_code == 503 and r.headers["retry-after"] == "3", (path, r.status_code, r.text)
             err = r.json()
             assert (err["error"], err["rank"], err["retry_after_s"]) == ("rank-restarting", 1, 3), err
-            assert err["message"].startswith("rank 1 is down") and "starts it again in 2s" in err["message"], err
+            assert err["message"].startswith("rank 1 is down") and "starts it again in 3s" in err["message"], err
         line = http.post(PREFIX + "/restore", json=prompt).text.splitlines()[-1]
         assert '"status": 503' in line and '"retry_after_s": 3' in line, line
         health = http.get(PREFIX + "/health")
