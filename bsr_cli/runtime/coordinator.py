@@ -126,7 +126,7 @@ class Coordinator:
         self.calls.restarts = restarts
 
     def restart_retry_after(self) -> int | None:
-        """Seconds until a dead rank is next tried (None: none is down, or the host does not restart ranks)."""
+        """Seconds until a dead rank is next tried (None: the host does not restart ranks)."""
         return self.calls.restart_retry_after()
 
     def settle_settings(self) -> None:

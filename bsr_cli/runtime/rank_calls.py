@@ -195,12 +195,13 @@ class RankCalls:
         return self._gather(ranks, futures, timeout_s or self.settings.call_timeout_s, request.op)
 
     def restart_retry_after(self) -> int | None:
-        """Seconds (at least 1) until the host next tries to start a dead rank again; None when none is down or
-        the host does not restart ranks (what /health's 503 says in Retry-After)."""
+        """Seconds (at least 1) until the host next tries to start a dead rank again (1 when none is down any more:
+        it was just started again); None when the host does not restart ranks. What /health's 503 says in
+        Retry-After while it names a rank that is not running."""
         if self.restarts is None:
             return None
         waits = [self.restarts.restart_in(r.rank) for r in self.ranks if not r.alive()]
-        return max(1, math.ceil(min(waits))) if waits else None
+        return max(1, math.ceil(min(waits, default=0.0)))
 
     # -- settings every rank applies -------------------------------------------------------------------------------
     def update_settings(

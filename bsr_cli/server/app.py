@@ -325,7 +325,7 @@ def health(c: CoordinatorDep) -> Response:
     while a dead rank is being started again, Retry-After (seconds until its next try)."""
     h = replace(c.health(), api=API_VERSION)
     resp = _json(h.to_wire(), 200 if h.ok else 503)
-    retry = None if h.ok else c.restart_retry_after()
+    retry = c.restart_retry_after() if any(not r.alive for r in h.ranks) else None
     if retry is not None:
         resp.headers["Retry-After"] = str(retry)
     return resp
