@@ -14,6 +14,7 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     │   ├── BadRequest          the engine rejected the request (4xx)            (7)
     │   ├── FaultsDisabled      fault injection refused: engine started without it (8)
     │   ├── EngineBusy          every serving slot in use (503 busy), after retries (15)
+    │   ├── RankRestarting      a rank process died and the engine is starting it again (503) (16)
     │   └── ServerError         the engine failed (5xx)                           (9)
     ├── RestoreFailedClosed     a restore ended fail-closed (nothing committed)  (10)
     ├── DrillViolation          a drill found a broken invariant                 (11)
@@ -44,6 +45,7 @@ class ExitCode(IntEnum):
     SERVICE = 13
     NOTHING_TO_RESTORE = 14
     ENGINE_BUSY = 15
+    RANK_RESTARTING = 16
     INTERRUPTED = 130
 
 
@@ -117,6 +119,24 @@ class EngineBusy(EngineError):
 
     exit_code = ExitCode.ENGINE_BUSY
     kind = "busy"
+
+
+class RankRestarting(EngineError):
+    """A request met a rank whose process is gone while the engine starts it again (503 ``rank-restarting``): it
+    ended without changing anything; retry after ``retry_after_s`` (when the engine next tries to start the rank)."""
+
+    exit_code = ExitCode.RANK_RESTARTING
+    kind = "rank-restarting"
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, rank: int | None = None, retry_after_s: int | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.rank = rank
+        self.retry_after_s = retry_after_s
+
+    def to_dict(self) -> dict[str, str | int | None]:
+        return super().to_dict() | {"rank": self.rank, "retry_after_s": self.retry_after_s}
 
 
 class ServerError(EngineError):

@@ -7,6 +7,7 @@ the prompt limit:
     RWS(W) ≤ pool  (W > 0)          a larger window could never be staged, whatever the budget
     RWS(W) ≤ B  (W > 0, at start)   `bsr engine up` also refuses a default W its own budget never admits (at run
                                     time B may be set for the W of particular requests, as the benchmarks do)
+    W ≤ chunks of the longest prompt (a request's W, or one set at run time): a larger window holds nothing more
     1 ≤ fs_concurrency ≤ 256        loader threads per rank; more only adds threads, never bandwidth
     0 < fetch timeout ≤ 3600 s      finite: a NaN or negative deadline fails every restore
     1 ≤ max_tokens ≤ kv_tokens      the destination KV must hold the longest prompt
@@ -104,3 +105,22 @@ def check_engine_settings(
         raise InvalidInput(
             f"{n['fetch_timeout_s']} must be a number of seconds in (0, {MAX_FETCH_TIMEOUT_S:.0f}], got {t!r}"
         )
+
+
+def longest_prompt_chunks(reg: Registration, max_tokens: int) -> int:
+    """The chunks of the engine's longest prompt: the most one window can hold."""
+    return max(1, -(-max_tokens // reg.chunk_size))
+
+
+def check_request_window(reg: Registration, w: int, max_tokens: int, name: str = "W") -> int:
+    """A W given with a request or set at run time: at most the chunks of the engine's longest prompt (0: the whole
+    plan at once). Raises InvalidInput for a larger one, however many digits it has."""
+    most = longest_prompt_chunks(reg, max_tokens)
+    if w > most:
+        shown = f"{w:,}" if w.bit_length() <= 64 else f"a {w.bit_length()}-bit integer"
+        raise InvalidInput(
+            f"{name} {shown} is more than the {most:,} chunks of this engine's longest prompt ({max_tokens:,} "
+            "tokens): a window never holds more",
+            hint=f"give {name} at most {most:,} (0: the whole plan at once)",
+        )
+    return w

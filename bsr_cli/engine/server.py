@@ -222,6 +222,7 @@ def main(argv: list[str]) -> int:
     while not done.wait(0.5):
         keeper.save()
         restarter.check()
+        coord.settle_settings()
     keeper.save()
     # Say it before going: a monitor polling this engine sees the clean stop (an `engine_stopped` event) while the
     # admin API still answers, which is how a fleet tells a requested shutdown from a crash.

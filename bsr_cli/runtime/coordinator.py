@@ -57,6 +57,7 @@ from bsr_cli.runtime.coordinator_state import (
     TIER_FAILURE_TTL_S,
     CoordinatorContext,
     EngineSettings,
+    RankRestarts,
     RankUnresponsive,
 )
 from bsr_cli.runtime.events import EventLog
@@ -116,8 +117,21 @@ class Coordinator:
         return self.observation.started_at
 
     def replace_rank(self, index: int, rank: RankClient) -> None:
-        """A restarted rank takes its predecessor's place (every part sees the one list of ranks)."""
-        self.context.ranks[index] = rank
+        """A restarted rank takes its predecessor's place (every part sees the one list of ranks) once it holds the
+        engine's settings (raises when it does not confirm them)."""
+        self.calls.adopt(index, rank)
+
+    def restart_ranks_with(self, restarts: RankRestarts) -> None:
+        """The host starts dead ranks again: a request that meets one is refused with when to retry (503)."""
+        self.calls.restarts = restarts
+
+    def restart_retry_after(self) -> int | None:
+        """Seconds until a dead rank is next tried (None: the host does not restart ranks)."""
+        return self.calls.restart_retry_after()
+
+    def settle_settings(self) -> None:
+        """Put ranks out of step (one that did not confirm a settings change or its put-back) back in step."""
+        self.calls.settle()
 
     # -- requests (orchestration) ----------------------------------------------------------------------------------
     def submit(
@@ -286,5 +300,6 @@ __all__ = [
     "EngineSettings",
     "Progress",
     "RankClient",
+    "RankRestarts",
     "RankUnresponsive",
 ]

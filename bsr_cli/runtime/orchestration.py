@@ -30,12 +30,13 @@ from bsr_cli.api.ranks import (
     CanonicalHashRequest,
     OutputHashRequest,
     PrefillRequest,
+    RankClient,
     RestoreRequest,
     RestoreResult,
     StoreRequest,
     StoreResult,
 )
-from bsr_cli.core import accounting, trace
+from bsr_cli.core import accounting, limits, trace
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.commit import commit_prefix
 from bsr_cli.core.events import (
@@ -62,6 +63,7 @@ from bsr_cli.core.results import (
     TierErrors,
 )
 from bsr_cli.core.status import ActiveRestore
+from bsr_cli.errors import RankRestarting
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation
@@ -91,13 +93,15 @@ class Admitted:
 
 @dataclass
 class OpenRequest:
-    """A request accepted and not yet finished: its W, id, prompt hash, chunk hashes, and ``close``."""
+    """A request accepted and not yet finished: its W, id, prompt hash, chunk hashes, ``close``, and the ranks it
+    started with (a rank started again meanwhile holds none of its KV)."""
 
     w: int
     request: str
     prompt: str
     hashes: list[str]
     close: Callable[[], None]
+    ranks: tuple[RankClient, ...]
 
 
 class Orchestration:
@@ -294,7 +298,10 @@ class Orchestration:
         self.open_request(request)
         try:
             self.admission.check_tokens(tokens)
-            w = self.settings.w if w is None else accounting.check_window(w)
+            if w is None:
+                w = self.settings.w
+            else:
+                limits.check_request_window(self.reg, accounting.check_window(w), self.settings.max_tokens)
         except BaseException:
             self._close_request(request)
             raise
@@ -304,7 +311,24 @@ class Orchestration:
             unlisten()
             self._close_request(request)
 
-        return OpenRequest(w, request, prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size), close)
+        prompt, hashes = prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size)
+        return OpenRequest(w, request, prompt, hashes, close, tuple(self.ranks))
+
+    def _lost_rank(self, req: OpenRequest, res: RestoreReport) -> RankRestarting | RankUnresponsive | None:
+        """The error for a restore that lost a rank (it stopped answering: no stage), from the rank the request
+        used: ``RankRestarting`` (503, when to retry) when its process is gone and the host starts it again."""
+        for f in res.failures:
+            if f.kind is FailureKind.RANK and f.stage is None and f.rank is not None:
+                used = next((r for r in req.ranks if r.rank == f.rank), None)
+                return RankUnresponsive(f.rank, f.reason) if used is None else self.calls.unavailable(used, f.reason)
+        return None
+
+    def _keep_ranks(self, req: OpenRequest) -> None:
+        """A rank started again during the request holds none of the KV the request restored or computed there:
+        the request fails (503, retry) rather than answer with hashes of a fresh rank's KV."""
+        for used, now in zip(req.ranks, self.ranks, strict=True):
+            if used is not now:
+                raise self.calls.unavailable(used, "it was started again during this request")
 
     def _close_request(self, request: str) -> None:
         with self._lock:
@@ -350,6 +374,7 @@ class Orchestration:
             stored = self._store(admitted.bitmap, req, len(tokens), tables) if store else None
             output_hash = self._output_hash(tables, len(tokens))
             canonical = self._canonical_hash(req.hashes, len(tokens)) if verify else None
+            self._keep_ranks(req)
             hash_ok = None if canonical is None else canonical == output_hash
             source = admitted.source if admitted.committed else "recompute"
             self.events.append(
@@ -420,9 +445,9 @@ class Orchestration:
         computed locally."""
         kind = res.failure_kind
         if kind is FailureKind.RANK:
-            bad = next(f for f in res.failures if f.kind is FailureKind.RANK)
-            if bad.stage is None and bad.rank is not None:  # it stopped answering: nothing can run
-                raise RankUnresponsive(bad.rank, bad.reason)
+            lost = self._lost_rank(req, res)
+            if lost is not None:  # it stopped answering, or its process is gone: nothing can run
+                raise lost
             m = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
             admitted.marker_history.append(MarkerStep(pass_no=pass_no, marker=m))
             return None
@@ -489,6 +514,9 @@ class Orchestration:
                 bitmap, tier_errors = self._probe(tokens, req.hashes)
             except RankUnresponsive as e:
                 return self._rank_failed(req, len(tokens), e)
+            except RankRestarting as e:
+                self._rank_failed(req, len(tokens), e)  # recorded failed closed, naming the restart; then refused
+                raise
             excl = set(exclude)
             ext = bitmap.prefix_tokens(excl)
             base = ManualRestoreResult(
@@ -507,7 +535,12 @@ class Orchestration:
             tables, _ = self.allocation.allocate(ext, req.request)
             try:
                 res = self._restore_external(req.request, bitmap, req.hashes, excl, req.w, tables, req.prompt)
-                return self._after_manual_restore(req, dataclasses.replace(base, report=res), ext, tables, verify)
+                lost = self._lost_rank(req, res)
+                if isinstance(lost, RankRestarting):
+                    raise lost  # recorded failed closed; the caller is told when to retry
+                result = self._after_manual_restore(req, dataclasses.replace(base, report=res), ext, tables, verify)
+                self._keep_ranks(req)
+                return result
             finally:
                 self.allocation.release(req.request, tables)
         finally:
@@ -535,10 +568,13 @@ class Orchestration:
             return dataclasses.replace(result, marker=marker)
         return result
 
-    def _rank_failed(self, req: OpenRequest, n_tokens: int, e: RankUnresponsive) -> ManualRestoreResult:
-        """A manual restore that could not start because a rank stopped answering: failed closed (nothing was
-        restored or committed), blamed on the rank, no marker."""
-        fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.RANK)  # no stage: it stopped answering
+    def _rank_failed(
+        self, req: OpenRequest, n_tokens: int, e: RankUnresponsive | RankRestarting
+    ) -> ManualRestoreResult:
+        """A manual restore that could not start because a rank stopped answering (or its process is gone): failed
+        closed (nothing was restored or committed), blamed on the rank, no marker."""
+        reason = e.reason if isinstance(e, RankUnresponsive) else e.message
+        fail = Failure(rank=e.rank, reason=reason, kind=FailureKind.RANK)  # no stage: it stopped answering
         self.observation.restore_ended(
             request=req.request, outcome=Outcome.FAILED_CLOSED, kind=FailureKind.RANK, fails=(fail,), w=req.w
         )
@@ -554,7 +590,7 @@ class Orchestration:
             failure_kind=FailureKind.RANK,
             failure_stage=None,
             blamed_tiers=(),
-            blamed_ranks=(e.rank,),
+            blamed_ranks=() if e.rank is None else (e.rank,),
             hint=e.hint,
             windows=0,
             ranks=(),

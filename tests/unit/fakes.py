@@ -373,3 +373,15 @@ class InProcessRank:
         self.release.set()
         self.ops.restorer.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RestartSchedule:
+    """The host's restarts of dead ranks as the coordinator asks them (``RankRestarts``): a fake of the embedded
+    engine's ``lifecycle.RankRestarter``, whose real restarts start rank processes. Every rank is next tried in
+    ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def restart_in(self, rank: int) -> float:
+        return self.seconds

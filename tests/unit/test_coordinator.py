@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from bsr_cli.core.events import Event, WindowReleased
+from bsr_cli.core.events import Event, RestoreFailedClosed, WindowReleased
 from bsr_cli.core.evidence import Outcome, Stage
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.results import InvalidCell, ManualRestoreResult, RestoreReport
-from bsr_cli.errors import ServerError
+from bsr_cli.errors import ExitCode, RankRestarting
 from bsr_cli.runtime import failures
+from unit.fakes import RestartSchedule
 from unit.fixtures import FakeEngine, build_engine
 
 PROMPT = synthetic_tokens(9 * 16 + 3, seed=11)  # 10 chunks, the last partial
@@ -140,13 +141,34 @@ def test_a_rank_that_stops_making_progress_fails_the_restore_as_a_rank_fault() -
             r.close()
 
 
-def test_a_dead_rank_refuses_the_restore_before_any_window() -> None:
+def test_a_dead_rank_that_is_restarting_refuses_the_restore_before_any_window() -> None:
+    """A host that starts dead ranks again: the restore is recorded failed closed, naming the rank and its restart,
+    and refused with when to retry (503 rank-restarting in the admin API); no rank installs anything."""
+    eng = build_engine()
+    try:
+        _warm(eng)
+        eng.coordinator.restart_ranks_with(RestartSchedule(2.4))
+        eng.ranks[0].dead = True
+        with pytest.raises(RankRestarting, match=r"rank 0 is down .*starts it again in 3s") as e:
+            eng.coordinator.restore(PROMPT)
+        assert (e.value.rank, e.value.retry_after_s, e.value.exit_code) == (0, 3, ExitCode.RANK_RESTARTING)
+        assert "restore" not in eng.ranks[1].calls and all(not r.ops.kv.installs for r in eng.ranks)
+        ended = [ev for ev in eng.events.recent() if isinstance(ev, RestoreFailedClosed)]
+        assert ended and ended[-1].failures[0].rank == 0 and "starts it again" in ended[-1].failures[0].reason
+    finally:
+        for r in eng.ranks:
+            r.close()
+
+
+def test_a_dead_rank_nobody_restarts_fails_the_restore_closed_before_any_window() -> None:
     eng = build_engine()
     try:
         _warm(eng)
         eng.ranks[0].dead = True
-        with pytest.raises(ServerError, match="rank 0 is not running"):
-            eng.coordinator.restore(PROMPT)
+        out = eng.coordinator.restore(PROMPT)
+        report = _report(out)
+        assert out.outcome is Outcome.FAILED_CLOSED and report.blamed_ranks == (0,)
+        assert "its process is not running" in report.failures[0].reason
         assert "restore" not in eng.ranks[1].calls and all(not r.ops.kv.installs for r in eng.ranks)
     finally:
         for r in eng.ranks:

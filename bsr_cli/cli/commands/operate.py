@@ -186,7 +186,7 @@ def restore(
     json_flag: JsonFlag = False,
 ) -> None:
     """A manual windowed restore into the engine, with live progress. Exit 0 committed, 10 failed closed, 12
-    refused for capacity, 130 aborted."""
+    refused for capacity, 16 a rank is being restarted (retry), 130 aborted."""
     from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
