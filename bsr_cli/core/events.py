@@ -319,8 +319,9 @@ class StoreFailed:
 
 @dataclass(frozen=True, kw_only=True)
 class ObjectQuarantined:
-    """A rank re-read a stored object after a failed restore, found its bytes damaged on the tier, and moved it
-    aside (under the tier's ``quarantine/``); the tier no longer holds the chunk, so the next store rewrites it."""
+    """A rank re-read a stored object after a failed restore, found it damaged on the tier (its bytes, its length,
+    or the chunk its checksum is bound to), and set it apart: moved under the fs tier's ``quarantine/``, removed
+    from Mooncake; the tier no longer holds the chunk, so the next store rewrites it."""
 
     kind: ClassVar[EventKind] = EventKind.OBJECT_QUARANTINED
     to_wire = _EVENT_WRITER
@@ -331,7 +332,7 @@ class ObjectQuarantined:
     chunk: int
     group: str
     key: str
-    file: str  # where the damaged object now lies
+    file: str  # where the damaged object now lies; "" when the tier removed it (Mooncake)
     reason: str
     request: str | None = None
 

@@ -117,7 +117,7 @@ class RankWindows:
 
 @dataclass(frozen=True)
 class QuarantinedChunk:
-    """A chunk a restore found damaged on a tier and moved aside."""
+    """A chunk a restore found damaged on a tier and set apart (moved aside, or removed: ``file`` is then "")."""
 
     rank: int
     tier: str
@@ -125,6 +125,7 @@ class QuarantinedChunk:
     group: str
     file: str
     reason: str
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -571,7 +572,10 @@ def _quarantined(bitmap: HitBitmap | None, last_restore: FoldedRestore | None, p
         return out
     for q in last_restore.quarantined:
         where = f"chunk {q.chunk} group {q.group} on rank {q.rank} in tier {q.tier}"
-        evidence = [f"quarantined: {where}: {q.reason}", f"moved to {q.file}"]
+        evidence = [
+            f"quarantined: {where} (key {q.key}): {q.reason}",
+            f"moved to {q.file}" if q.file else "removed from the tier",
+        ]
         held = (
             bitmap is not None
             and q.tier in bitmap.tiers
@@ -867,7 +871,7 @@ def fold_restore(events: Sequence[ev.Event]) -> FoldedRestore | None:
             out = dataclasses.replace(out, marker=RestoreMarker(tuple(e.excluded_tiers), e.reason))
             seen("marker")
         elif isinstance(e, ev.ObjectQuarantined):
-            quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason))
+            quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason, e.key))
             seen("quarantined")
     return dataclasses.replace(
         out, quarantined=tuple(quarantined), ranks=tuple(ranks[r] for r in sorted(ranks)), arrived=tuple(arrived)

@@ -426,10 +426,10 @@ def status(console: Console, d: EngineStatus) -> None:
         if h.quarantined_total:
             console.print(
                 f"[yellow]tier {name}: {h.quarantined_total} damaged object(s) quarantined[/] "
-                "(moved aside, rewritten by the next store; `bsr bundle` lists them)"
+                "(moved aside or removed, rewritten by the next store; `bsr bundle` lists them)"
             )
             for q in h.quarantined:
-                console.print(f"  {q.file}: {q.reason}")
+                console.print(f"  {q.file or f'{q.key} (removed)'}: {q.reason}")
     for w in snap.admission.blocks_waiting:
         console.print(
             f"[yellow]waiting for destination KV[/] {w.request}: {w.tokens:,} tokens, "
