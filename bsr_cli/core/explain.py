@@ -20,8 +20,8 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
     repaired             a chunk the last restore quarantined has been stored again since (information)
     tier-unhealthy       a tier is unhealthy: the verdict when every tier holding the whole prompt is unhealthy
                          (the restore would likely fail closed), otherwise listed as information
-    unverified           held chunks carry no checksum (stored by stock LMCache): bsr's connector refuses them
-                         unless told to load them (information)
+    unverified           held chunks carry no checksum bound to their chunk (stored by stock LMCache, or an older
+                         bsr): bsr's connector refuses them unless told to load them (information)
 """
 
 from __future__ import annotations
@@ -785,18 +785,19 @@ def _key_format_mismatch(
 
 
 def _unverified(store: StoreProbe, next_cmd: str) -> list[Finding]:
-    """Held chunks without a checksum (stored by stock LMCache)."""
+    """Held chunks without a checksum bound to their chunk (stored by stock LMCache, or by an older bsr)."""
     integrity = store.integrity
     findings: list[Finding] = []
     if integrity.unverified_chunks:
         findings.append(
             _finding(
                 FindingKind.UNVERIFIED,
-                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, not "
-                "through bsr's plugins): their bytes cannot be verified",
+                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, or by an "
+                "older bsr whose checksum covers the bytes alone): their bytes cannot be verified",
                 [f"rank {u.rank} chunk {u.chunk}: no checksum" for u in integrity.unverified[:8]],
-                "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; once they are evicted "
-                "or removed, bsr's plugins store them again with a checksum",
+                "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; an older bsr's are "
+                "removed when refused and stored again with a checksum, stock LMCache's once they are evicted or "
+                "removed (docs/mixed-deployments.md)",
                 next_cmd,
             )
         )
