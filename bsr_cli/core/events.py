@@ -318,6 +318,26 @@ class StoreFailed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OutputMismatch:
+    """A request's KV hashed differently from the canonical KV of its prompt (after its restore committed, or its
+    compute finished): its destination blocks were invalidated, nothing of it was stored, and when part of it came
+    from a tier a force-local marker makes the next admission of the prompt recompute it."""
+
+    kind: ClassVar[EventKind] = EventKind.OUTPUT_MISMATCH
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    request: str
+    prompt: str = ""
+    tokens: int = 0  # the tokens hashed (and invalidated)
+    external_tokens: int = 0  # of them, restored from a tier
+    source: str = ""  # the tiers they came from ("fs+mooncake"), or "recompute"
+    output_hash: str = ""
+    canonical_hash: str = ""
+    marker: bool = False  # a force-local marker was set on the prompt
+
+
+@dataclass(frozen=True, kw_only=True)
 class ObjectQuarantined:
     """A rank re-read a stored object after a failed restore, found it damaged on the tier (its bytes, its length,
     or the chunk its checksum is bound to), and set it apart: moved under the fs tier's ``quarantine/``, removed
@@ -460,6 +480,7 @@ Event: TypeAlias = (
     | RestoreFailed
     | RestoreEnded
     | StoreFailed
+    | OutputMismatch
     | ObjectQuarantined
     | AbortRequested
     | MarkerSet
@@ -486,6 +507,7 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     RestoreRefused,
     RestoreAborted,
     StoreFailed,
+    OutputMismatch,
     ObjectQuarantined,
     AbortRequested,
     MarkerSet,

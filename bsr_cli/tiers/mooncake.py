@@ -202,6 +202,24 @@ def _as_bytes(view: memoryview) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
+class _RemovedObjects:
+    """The damaged objects a tier removed: the newest ``_REMOVED_KEPT`` (for `bsr status`) and how many in all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: list[QuarantinedObject] = []  # oldest first
+        self._total = 0
+
+    def add(self, removed: Sequence[QuarantinedObject]) -> None:
+        with self._lock:
+            self._kept = (self._kept + list(removed))[-_REMOVED_KEPT:]
+            self._total += len(removed)
+
+    def newest(self, limit: int) -> tuple[list[QuarantinedObject], int]:
+        with self._lock:
+            return list(reversed(self._kept))[: max(limit, 0)], self._total
+
+
 class MooncakeTier:
     """The `Tier` over a Mooncake store. Thread-safe; every store call is bounded by a deadline.
 
@@ -244,8 +262,7 @@ class MooncakeTier:
         self._suspect = False  # set after an RPC failure/timeout: probe the master before each call
         self._closed = False
         self._registered: dict[int, int] = {}
-        self._removed: list[QuarantinedObject] = []  # damaged objects removed, oldest first (the newest kept)
-        self._removed_total = 0
+        self._removed = _RemovedObjects()
         # One registered trailer region per worker: a worker runs one call at a time (an abandoned call keeps its
         # worker, hence its region, until it returns), and registering later could fail with the master down.
         workers = max(workers, 1)
@@ -589,16 +606,12 @@ class MooncakeTier:
             entry = QuarantinedObject(key=key, file="", reason=f"{why}: {context}", at=time.time(), bytes=len(data))
             log.warning("mooncake: removed damaged object %s: %s", key, entry.reason)
             removed.append(entry)
-        with self._lock:
-            self._removed = (self._removed + removed)[-_REMOVED_KEPT:]
-            self._removed_total += len(removed)
+        self._removed.add(removed)
         return removed
 
     def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:
         """The newest ``limit`` damaged objects this tier removed since it started, and how many in all."""
-        with self._lock:
-            newest = list(reversed(self._removed))
-            return newest[: max(limit, 0)], self._removed_total
+        return self._removed.newest(limit)
 
     # ------------------------------------------------------------------------------------------- extras
 
