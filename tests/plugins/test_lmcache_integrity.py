@@ -87,6 +87,17 @@ def _setup(
     return eng, tokens, _store(eng, tokens)
 
 
+def _verified(master: Any, engines: list[Any], model: str, seed: int) -> tuple[Any, list[int], list[str], Any]:
+    """A prompt stored through bsr's checksum wrapper (refusing unverified chunks): engine, tokens, keys, wrapper."""
+    sums: list[Any] = []
+    eng, tokens, keys = _setup(
+        master, engines, model, wrap=lambda e: sums.append(integrity.install(e, load_unverified=False)), seed=seed
+    )
+    (cs,) = sums
+    assert cs is not None
+    return eng, tokens, keys, cs
+
+
 def _sidecar(eng: Any, key: str) -> Sidecar:
     return decode_sidecar(lm.mooncake_store(eng).get(sidecar_key(key)))
 
@@ -107,13 +118,7 @@ def test_verdicts_judge_the_length_and_the_checksum_bound_to_the_key() -> None:
 
 
 def test_flipped_byte_in_a_stored_object_is_dropped_and_named(master, engines, tmp_path: Path) -> None:
-    sums: list[Any] = []
-    eng, tokens, keys = _setup(
-        master, engines, "integrity/flip", wrap=lambda e: sums.append(integrity.install(e, load_unverified=False)),
-        seed=11,
-    )  # fmt: skip
-    (cs,) = sums
-    assert cs is not None
+    eng, tokens, keys, cs = _verified(master, engines, "integrity/flip", seed=11)
     # Every stored object has its checksum beside it in the same store.
     store = lm.mooncake_store(eng)
     assert store.batch_is_exist([integrity.sidecar_key(k) for k in keys]) == [1] * CHUNKS
@@ -223,12 +228,7 @@ def _copy(eng: Any, src: str, dst: str) -> None:
 
 
 def test_another_prompts_chunk_copied_with_its_checksum_is_dropped_named_and_removed(master, engines) -> None:
-    sums: list[Any] = []
-    eng, tokens, keys = _setup(
-        master, engines, "integrity/copy", wrap=lambda e: sums.append(integrity.install(e, load_unverified=False)),
-        seed=14,
-    )  # fmt: skip
-    (cs,) = sums
+    eng, tokens, keys, cs = _verified(master, engines, "integrity/copy", seed=14)
     other = synthetic_tokens(CHUNKS * CS, seed=15)  # another prompt, the same shape
     other_keys = _store(eng, other)
     clean, theirs = _bytes_of(_fetch(eng, keys, tokens)), _bytes_of(_fetch(eng, other_keys, other))
@@ -250,12 +250,7 @@ def test_another_prompts_chunk_copied_with_its_checksum_is_dropped_named_and_rem
 
 
 def test_an_object_with_bytes_appended_is_named_and_removed_instead_of_failing_for_ever(master, engines) -> None:
-    sums: list[Any] = []
-    eng, tokens, keys = _setup(
-        master, engines, "integrity/grown", wrap=lambda e: sums.append(integrity.install(e, load_unverified=False)),
-        seed=17,
-    )  # fmt: skip
-    (cs,) = sums
+    eng, tokens, keys, cs = _verified(master, engines, "integrity/grown", seed=17)
     clean = _bytes_of(_fetch(eng, keys, tokens))
     store = lm.mooncake_store(eng)
     stored = store.get(keys[2])
