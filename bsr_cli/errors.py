@@ -20,6 +20,7 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     ├── DrillViolation          a drill found a broken invariant                 (11)
     ├── ServiceError            starting/stopping local services failed          (13)
     ├── NothingToRestore        no tier holds the prompt's first chunk: no restore ran (14)
+    ├── OutputHashMismatch      the request's KV hashed differently from the canonical KV: invalidated (19)
     └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
 """
 
@@ -46,6 +47,7 @@ class ExitCode(IntEnum):
     NOTHING_TO_RESTORE = 14
     ENGINE_BUSY = 15
     RANK_RESTARTING = 16
+    OUTPUT_MISMATCH = 19
     INTERRUPTED = 130
 
 
@@ -164,6 +166,14 @@ class NothingToRestore(BsrError):
 
     exit_code = ExitCode.NOTHING_TO_RESTORE
     kind = "nothing-to-restore"
+
+
+class OutputHashMismatch(BsrError):
+    """A request's KV (restored, or restored and computed) hashed differently from the canonical KV of its prompt:
+    the engine invalidated its blocks, stored nothing and set a force-local marker. Never exit 0."""
+
+    exit_code = ExitCode.OUTPUT_MISMATCH
+    kind = "output-mismatch"
 
 
 class RestoreAborted(BsrError):

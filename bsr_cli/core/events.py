@@ -318,9 +318,30 @@ class StoreFailed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OutputMismatch:
+    """A request's KV hashed differently from the canonical KV of its prompt (after its restore committed, or its
+    compute finished): its destination blocks were invalidated, nothing of it was stored, and when part of it came
+    from a tier a force-local marker makes the next admission of the prompt recompute it."""
+
+    kind: ClassVar[EventKind] = EventKind.OUTPUT_MISMATCH
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    request: str
+    prompt: str = ""
+    tokens: int = 0  # the tokens hashed (and invalidated)
+    external_tokens: int = 0  # of them, restored from a tier
+    source: str = ""  # the tiers they came from ("fs+mooncake"), or "recompute"
+    output_hash: str = ""
+    canonical_hash: str = ""
+    marker: bool = False  # a force-local marker was set on the prompt
+
+
+@dataclass(frozen=True, kw_only=True)
 class ObjectQuarantined:
-    """A rank re-read a stored object after a failed restore, found its bytes damaged on the tier, and moved it
-    aside (under the tier's ``quarantine/``); the tier no longer holds the chunk, so the next store rewrites it."""
+    """A rank re-read a stored object after a failed restore, found it damaged on the tier (its bytes, its length,
+    or the chunk its checksum is bound to), and set it apart: moved under the fs tier's ``quarantine/``, removed
+    from Mooncake; the tier no longer holds the chunk, so the next store rewrites it."""
 
     kind: ClassVar[EventKind] = EventKind.OBJECT_QUARANTINED
     to_wire = _EVENT_WRITER
@@ -331,7 +352,7 @@ class ObjectQuarantined:
     chunk: int
     group: str
     key: str
-    file: str  # where the damaged object now lies
+    file: str  # where the damaged object now lies; "" when the tier removed it (Mooncake)
     reason: str
     request: str | None = None
 
@@ -459,6 +480,7 @@ Event: TypeAlias = (
     | RestoreFailed
     | RestoreEnded
     | StoreFailed
+    | OutputMismatch
     | ObjectQuarantined
     | AbortRequested
     | MarkerSet
@@ -485,6 +507,7 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     RestoreRefused,
     RestoreAborted,
     StoreFailed,
+    OutputMismatch,
     ObjectQuarantined,
     AbortRequested,
     MarkerSet,

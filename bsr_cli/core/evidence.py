@@ -66,6 +66,7 @@ class EventKind(StrEnum):
     RESTORE_REFUSED = "restore_refused"  # capacity or settings refused it before any byte moved
     RESTORE_ABORTED = "restore_aborted"  # the operator (or a departed client) aborted it
     STORE_FAILED = "store_failed"
+    OUTPUT_MISMATCH = "output_mismatch"  # a request's KV hashed differently from the canonical: invalidated
     OBJECT_QUARANTINED = "object_quarantined"  # a stored object failed its checksum and was moved aside
     MARKER_SET = "marker_set"
     MARKER_CLEARED = "marker_cleared"

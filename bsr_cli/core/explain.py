@@ -20,8 +20,8 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
     repaired             a chunk the last restore quarantined has been stored again since (information)
     tier-unhealthy       a tier is unhealthy: the verdict when every tier holding the whole prompt is unhealthy
                          (the restore would likely fail closed), otherwise listed as information
-    unverified           held chunks carry no checksum (stored by stock LMCache): bsr's connector refuses them
-                         unless told to load them (information)
+    unverified           held chunks carry no checksum bound to their chunk (stored by stock LMCache, or an older
+                         bsr): bsr's connector refuses them unless told to load them (information)
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class RankWindows:
 
 @dataclass(frozen=True)
 class QuarantinedChunk:
-    """A chunk a restore found damaged on a tier and moved aside."""
+    """A chunk a restore found damaged on a tier and set apart (moved aside, or removed: ``file`` is then "")."""
 
     rank: int
     tier: str
@@ -125,6 +125,7 @@ class QuarantinedChunk:
     group: str
     file: str
     reason: str
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -571,7 +572,10 @@ def _quarantined(bitmap: HitBitmap | None, last_restore: FoldedRestore | None, p
         return out
     for q in last_restore.quarantined:
         where = f"chunk {q.chunk} group {q.group} on rank {q.rank} in tier {q.tier}"
-        evidence = [f"quarantined: {where}: {q.reason}", f"moved to {q.file}"]
+        evidence = [
+            f"quarantined: {where} (key {q.key}): {q.reason}",
+            f"moved to {q.file}" if q.file else "removed from the tier",
+        ]
         held = (
             bitmap is not None
             and q.tier in bitmap.tiers
@@ -781,18 +785,19 @@ def _key_format_mismatch(
 
 
 def _unverified(store: StoreProbe, next_cmd: str) -> list[Finding]:
-    """Held chunks without a checksum (stored by stock LMCache)."""
+    """Held chunks without a checksum bound to their chunk (stored by stock LMCache, or by an older bsr)."""
     integrity = store.integrity
     findings: list[Finding] = []
     if integrity.unverified_chunks:
         findings.append(
             _finding(
                 FindingKind.UNVERIFIED,
-                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, not "
-                "through bsr's plugins): their bytes cannot be verified",
+                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, or by an "
+                "older bsr whose checksum covers the bytes alone): their bytes cannot be verified",
                 [f"rank {u.rank} chunk {u.chunk}: no checksum" for u in integrity.unverified[:8]],
-                "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; once they are evicted "
-                "or removed, bsr's plugins store them again with a checksum",
+                "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; an older bsr's are "
+                "removed when refused and stored again with a checksum, stock LMCache's once they are evicted or "
+                "removed (docs/mixed-deployments.md)",
                 next_cmd,
             )
         )
@@ -867,7 +872,7 @@ def fold_restore(events: Sequence[ev.Event]) -> FoldedRestore | None:
             out = dataclasses.replace(out, marker=RestoreMarker(tuple(e.excluded_tiers), e.reason))
             seen("marker")
         elif isinstance(e, ev.ObjectQuarantined):
-            quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason))
+            quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason, e.key))
             seen("quarantined")
     return dataclasses.replace(
         out, quarantined=tuple(quarantined), ranks=tuple(ranks[r] for r in sorted(ranks)), arrived=tuple(arrived)

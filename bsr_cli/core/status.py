@@ -103,7 +103,7 @@ class QuarantinedFile:
     """A stored object a tier moved aside after its bytes failed their checksum."""
 
     key: str
-    file: str  # where it lies now, under the tier's quarantine directory
+    file: str  # where it lies now, under the tier's quarantine directory; "" when the tier removed it
     reason: str
     at: float  # when it was moved aside (Unix time)
     bytes: int

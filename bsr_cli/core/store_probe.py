@@ -127,7 +127,8 @@ class ChunkRef:
 
 @dataclass(frozen=True)
 class Integrity:
-    """Which held chunks carry bsr's CRC32C sidecar, and the first few that do not."""
+    """Which held chunks carry bsr's checksum sidecar (bound to the chunk: ``core.integrity``), and the first few
+    that do not (no sidecar: stock LMCache; an older bsr's bytes-only one)."""
 
     checksummed_chunks: int
     unverified_chunks: int

@@ -11,7 +11,10 @@ A request's life, as a scheduler admits it (``submit``):
    from the next pass;
 4. the next pass re-runs admission without those tiers: a lower tier that holds the whole prefix, else local
    recompute. A successful admission clears the marker;
-5. the rest of the prompt is computed locally and stored to the tiers that lack it; the output hash is taken.
+5. the rest of the prompt is computed locally; the output hash is taken (and checked against the canonical hash
+   when asked); the chunks the tiers lack are stored. A request whose output hash differs from the canonical one
+   ends failed: its blocks are invalidated, nothing is stored, a force-local marker makes the next admission of
+   the prompt recompute it, and an ``output_mismatch`` event names it (docs/architecture.md, "Output hash").
 
 ``restore`` is the manual variant: one windowed restore of the external prefix, no fallback, nothing computed.
 """
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 from bsr_cli.api.ranks import (
     CanonicalHashRequest,
+    InvalidateRequest,
     OutputHashRequest,
     PrefillRequest,
     RankClient,
@@ -43,6 +47,7 @@ from bsr_cli.core.events import (
     AbortRequested,
     Event,
     Failure,
+    OutputMismatch,
     RequestAdmitted,
     RequestFinished,
     RestoreStarted,
@@ -50,6 +55,7 @@ from bsr_cli.core.events import (
 )
 from bsr_cli.core.evidence import EventKind, FailureKind, MarkerClearCause, Outcome
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
+from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import windows_for
 from bsr_cli.core.results import (
     AdmissionPass,
@@ -371,12 +377,15 @@ class Orchestration:
             if computed > 0:
                 first_chunk = admitted.committed // self.reg.chunk_size
                 self.calls.call_all(PrefillRequest(req.hashes, len(tokens), first_chunk, tables))
-            stored = self._store(admitted.bitmap, req, len(tokens), tables) if store else None
             output_hash = self._output_hash(tables, len(tokens))
             canonical = self._canonical_hash(req.hashes, len(tokens)) if verify else None
             self._keep_ranks(req)
             hash_ok = None if canonical is None else canonical == output_hash
             source = admitted.source if admitted.committed else "recompute"
+            if hash_ok is False:  # checked before the store: KV known to be wrong is never written to a tier
+                checked = OutputHashes(output_hash, canonical, hash_ok)
+                self._output_mismatch(req, tables, len(tokens), admitted.committed, source, checked)
+            stored = self._store(admitted.bitmap, req, len(tokens), tables) if store and hash_ok is not False else None
             self.events.append(
                 RequestFinished(
                     request=req.request,
@@ -559,7 +568,12 @@ class Orchestration:
             if not verify:
                 return dataclasses.replace(result, hashes=OutputHashes(output_hash))
             canonical = self._canonical_hash(req.hashes[: -(-ext // self.reg.chunk_size)], ext)
-            return dataclasses.replace(result, hashes=OutputHashes(output_hash, canonical, canonical == output_hash))
+            hashes = OutputHashes(output_hash, canonical, canonical == output_hash)
+            result = dataclasses.replace(result, hashes=hashes)
+            if hashes.hash_ok:
+                return result
+            marker = self._output_mismatch(req, tables, ext, res.committed_tokens, "+".join(res.tiers), hashes)
+            return dataclasses.replace(result, marker=marker)
         if res.failure_kind is FailureKind.TIER:
             marker = self.admission.set_marker(req.prompt, set(res.blamed_tiers), failures.summary(res), req.request)
             return dataclasses.replace(result, marker=marker)
@@ -567,6 +581,36 @@ class Orchestration:
             marker = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
             return dataclasses.replace(result, marker=marker)
         return result
+
+    def _output_mismatch(
+        self, req: OpenRequest, tables: Tables, n_tokens: int, external: int, source: str, hashes: OutputHashes
+    ) -> Marker | None:
+        """A request whose KV hashed differently from the canonical KV of its prompt ends failed. Its commit has
+        happened (the hash is taken over committed blocks), so it is undone: every block of the request is
+        invalidated on every rank, and when part of the KV came from a tier a marker that excludes no tier makes
+        the next admission of the prompt recompute it (every object passed its checksum, so no tier is known to be
+        at fault: what was stored was wrong when it was written). The ``output_mismatch`` event names it."""
+        self.calls.call_all(InvalidateRequest(tables))
+        marker = None
+        if external:
+            why = (
+                f"output hash {hashes.output_hash} != canonical {hashes.canonical_hash} after {external:,} tokens "
+                f"from {source}: the request's KV was invalidated"
+            )
+            marker = self.admission.set_marker(req.prompt, set(), why, req.request)
+        self.events.append(
+            OutputMismatch(
+                request=req.request,
+                prompt=req.prompt,
+                tokens=n_tokens,
+                external_tokens=external,
+                source=source,
+                output_hash=hashes.output_hash,
+                canonical_hash=hashes.canonical_hash or "",
+                marker=marker is not None,
+            )
+        )
+        return marker
 
     def _rank_failed(
         self, req: OpenRequest, n_tokens: int, e: RankUnresponsive | RankRestarting

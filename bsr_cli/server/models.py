@@ -404,7 +404,8 @@ class RestoreResult(_Response):
     windows: int | None = None
     failure_kind: str | None = None
     failures: list[Failure] | None = None
-    hash_ok: bool | None = None
+    hash_ok: bool | None = None  # false: the output hash is not the canonical one, and the request failed
+    restored_tokens: int | None = None  # a restore whose output hash was not canonical: what it had committed
     source: str | None = None
     external_tokens: int | None = None
 

@@ -283,10 +283,11 @@ _CATEGORY = {
     EventKind.REQUEST_FINISHED: "restores",
     EventKind.ABORT_REQUESTED: "restores",
     EventKind.STORE_FAILED: "restores",
+    EventKind.OUTPUT_MISMATCH: "restores",
     EventKind.OBJECT_QUARANTINED: "restores",
 }
 # The events `bsr top` and a replay treat as a failure (the `f` key jumps to the next one).
-FAILURE_KINDS = frozenset({EventKind.RESTORE_FAILED, EventKind.RESTORE_FAILED_CLOSED})
+FAILURE_KINDS = frozenset({EventKind.RESTORE_FAILED, EventKind.RESTORE_FAILED_CLOSED, EventKind.OUTPUT_MISMATCH})
 
 
 def event_category(kind: str) -> str:

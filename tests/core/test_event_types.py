@@ -14,6 +14,7 @@ from bsr_cli.core.events import (
     FaultEvent,
     FaultFired,
     FaultInjected,
+    OutputMismatch,
     RankRestarted,
     RestoreAborted,
     RestoreCommitted,
@@ -90,6 +91,26 @@ def test_a_rank_failure_round_trips_with_its_stage_and_blame() -> None:
     assert ended.failures[0].component is Component.RANK
     # The per-rank event keeps the wire's old spelling of its failure kind.
     assert part.to_wire()["kind"] == "rank" and parse_event(part.to_wire()) == part
+
+
+def test_an_output_mismatch_round_trips_naming_the_request_and_its_hashes() -> None:
+    ev = stamped(
+        OutputMismatch(
+            request="req-7",
+            prompt="p7",
+            tokens=4096,
+            external_tokens=4096,
+            source="mooncake",
+            output_hash="ab",
+            canonical_hash="cd",
+            marker=True,
+        ),
+        9,
+        1.5,
+    )
+    wire = ev.to_wire()
+    assert wire["type"] == "output_mismatch" and list(wire)[:3] == ["type", "seq", "time"]
+    assert parse_event(wire) == ev and request_of(ev) == "req-7"
 
 
 def test_a_fault_event_keeps_the_faults_own_field_names() -> None:

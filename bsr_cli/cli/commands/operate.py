@@ -160,6 +160,12 @@ def submit(
     for rank, per_tier in (result.stored.errors if result.stored is not None else {}).items():
         for tier, err in per_tier.items():
             st.out.warn(f"storing to tier {tier} failed on {rank}: {err}")
+    if result.hash_ok is False:  # the engine invalidated the request's KV: it was not served
+        from bsr_cli.core.results import OutputHashes
+        from bsr_cli.runtime import failures
+
+        hashes = OutputHashes(result.output_hash, result.canonical_hash, result.hash_ok)
+        raise failures.output_mismatch_error(result.request, hashes, result.external_tokens, result.source)
 
 
 # How a manual restore can end without committing, other than finding nothing to restore (core.evidence.Outcome).
@@ -186,7 +192,8 @@ def restore(
     json_flag: JsonFlag = False,
 ) -> None:
     """A manual windowed restore into the engine, with live progress. Exit 0 committed, 10 failed closed, 12
-    refused for capacity, 16 a rank is being restarted (retry), 130 aborted."""
+    refused for capacity, 16 a rank is being restarted (retry), 19 output hash not canonical
+    (invalidated), 130 aborted."""
     from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
@@ -226,6 +233,11 @@ def restore(
         result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
     # The engine's budget B is the bound the peak is held to.
     st.out.result(render_ops.RestoreView(result, info.budget_bytes), render_ops.restore)
+    if result.output_mismatch and result.hashes is not None and result.report is not None:
+        from bsr_cli.runtime import failures
+
+        source = "+".join(result.report.tiers)
+        raise failures.output_mismatch_error(result.request, result.hashes, result.report.committed_tokens, source)
     if result.outcome in _FAILED_OUTCOMES:
         from bsr_cli.runtime import failures
 

@@ -228,7 +228,10 @@ def _hash_line(console: Console, h: OutputHashes | None, hash_note: str | None) 
     elif h.hash_ok:
         console.print(f"output hash {h.output_hash} [green]= canonical[/]")
     else:
-        console.print(f"[red]output hash {h.output_hash} ≠ canonical {h.canonical_hash}[/]")
+        console.print(
+            f"[red]output hash {h.output_hash} ≠ canonical {h.canonical_hash}[/]: the request failed, its KV was "
+            "invalidated and nothing was stored"
+        )
 
 
 @dataclass(frozen=True)
@@ -426,10 +429,10 @@ def status(console: Console, d: EngineStatus) -> None:
         if h.quarantined_total:
             console.print(
                 f"[yellow]tier {name}: {h.quarantined_total} damaged object(s) quarantined[/] "
-                "(moved aside, rewritten by the next store; `bsr bundle` lists them)"
+                "(moved aside or removed, rewritten by the next store; `bsr bundle` lists them)"
             )
             for q in h.quarantined:
-                console.print(f"  {q.file}: {q.reason}")
+                console.print(f"  {q.file or f'{q.key} (removed)'}: {q.reason}")
     for w in snap.admission.blocks_waiting:
         console.print(
             f"[yellow]waiting for destination KV[/] {w.request}: {w.tokens:,} tokens, "
@@ -573,11 +576,11 @@ def store_probe(console: Console, d: StoreProbe) -> None:
         first = ", ".join(f"rank {u.rank} chunk {u.chunk}" for u in integ.unverified[:4])
         console.print(
             f"[yellow]{integ.unverified_chunks} held chunk(s) carry no checksum[/] (unverified: stored by stock "
-            f"LMCache, not through bsr's plugins; first: {first}); bsr's connector refuses them unless "
-            "bsr_load_unverified is set"
+            f"LMCache, or by an older bsr whose checksum covers the bytes alone; first: {first}); bsr's connector "
+            "refuses them unless bsr_load_unverified is set"
         )
     elif integ.checksummed_chunks:
-        console.print(f"integrity: {integ.checksummed_chunks} held chunk(s) carry bsr's CRC32C")
+        console.print(f"integrity: {integ.checksummed_chunks} held chunk(s) carry bsr's checksum")
     diag = d.diagnosis
     if isinstance(diag, NoDiagnosis):
         console.print(f"[yellow]no chunk matched[/]; {diag.why} ({diag.hint})")
