@@ -24,6 +24,7 @@ from bsr_cli.core.events import (
     RankUnresponsive,
     RestoreEnded,
     RestoreFailed,
+    SegmentLost,
     StoreFailed,
 )
 from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage
@@ -129,9 +130,23 @@ class StoreFailedRecord:
     to_wire = wire.writer()
 
 
+@dataclass(frozen=True)
+class SegmentLostRecord:
+    event: EventKind
+    seq: int | None = wire.field(omit_none=True, default=None)
+    tier: str | None = wire.field(omit_none=True, default=None)
+    segment: str | None = wire.field(omit_none=True, default=None)
+    objects_lost: int | None = wire.field(omit_none=True, default=None)
+    reason: str | None = wire.field(omit_none=True, default=None)
+
+    to_wire = wire.writer()
+
+
 # The fields of one failure's log line (the line adds its time, level, logger and message): the event's kind and
 # sequence number, then what each kind of failure says, in that order. A field left None is left out.
-FailureRecord: TypeAlias = RankFailedRecord | RestoreEndedRecord | RankUnresponsiveRecord | StoreFailedRecord
+FailureRecord: TypeAlias = (
+    RankFailedRecord | RestoreEndedRecord | RankUnresponsiveRecord | StoreFailedRecord | SegmentLostRecord
+)
 
 
 def failure_record(event: Event) -> FailureRecord | None:
@@ -173,6 +188,16 @@ def failure_record(event: Event) -> FailureRecord | None:
         return StoreFailedRecord(
             event=event.kind, seq=seq, request=event.request, rank=event.rank, tier=event.tier, reason=event.error
         )
+    if isinstance(event, SegmentLost):
+        loss = event.loss
+        return SegmentLostRecord(
+            event=event.kind,
+            seq=seq,
+            tier=event.tier,
+            segment=loss.segment,
+            objects_lost=loss.objects_lost,
+            reason=loss.line(),
+        )
     return None
 
 
@@ -186,6 +211,7 @@ FAILURE_KINDS = frozenset(
         EventKind.RESTORE_ABORTED,
         EventKind.RANK_UNRESPONSIVE,
         EventKind.STORE_FAILED,
+        EventKind.SEGMENT_LOST,
     }
 )
 
@@ -216,6 +242,7 @@ __all__ = [
     "RankFailedRecord",
     "RankUnresponsiveRecord",
     "RestoreEndedRecord",
+    "SegmentLostRecord",
     "StoreFailedRecord",
     "close_log",
     "failure_record",
