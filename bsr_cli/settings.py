@@ -238,7 +238,7 @@ def parse_event_store_bytes(value: Any) -> int:
     return n
 
 
-def parse_client_ttl(value: Any) -> int:
+def parse_client_ttl(value: Any, name: str = "the store's client TTL") -> int:
     """A duration (120s, 2m) or a number of seconds: the Mooncake master's client TTL, whole seconds in [1, 1d]."""
     from bsr_cli.core.limits import check_client_ttl
     from bsr_cli.core.when import parse_duration
@@ -251,7 +251,12 @@ def parse_client_ttl(value: Any) -> int:
         text = str(value).strip()
         seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
     whole = int(seconds) if math.isfinite(seconds) and seconds == int(seconds) else value
-    return check_client_ttl(whole)
+    return check_client_ttl(whole, name)
+
+
+def resolve_store_client_ttl(flag: str | None, settings: Settings) -> int:
+    """``--store-client-ttl`` when given, else the settings' (environment, config file, default)."""
+    return settings.store_client_ttl_s if flag is None else parse_client_ttl(flag, "--store-client-ttl")
 
 
 # The config file is read whole and checked key by key (load_settings): TOML of any shape until then.

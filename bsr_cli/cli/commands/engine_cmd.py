@@ -142,14 +142,14 @@ def engine_up(
     one with other options is refused unless --restart)."""
     from bsr_cli import loaders
     from bsr_cli.engine import supervisor
-    from bsr_cli.settings import parse_client_ttl, parse_event_retention, parse_event_store_bytes
+    from bsr_cli.settings import parse_event_retention, parse_event_store_bytes, resolve_store_client_ttl
 
     st = state(ctx, json_flag)
     reg = loaders.load_registration(registration or "demo")
     settings = st.settings
     retention = settings.event_retention_s if event_retention is None else parse_event_retention(event_retention)
     store_max = settings.event_store_bytes if event_store_max is None else parse_event_store_bytes(event_store_max)
-    ttl = settings.store_client_ttl_s if store_client_ttl is None else parse_client_ttl(store_client_ttl)
+    ttl = resolve_store_client_ttl(store_client_ttl, settings)
     opts = supervisor.EngineOptions(
         reg,
         w=w,

@@ -316,10 +316,10 @@ def peer(
     import tempfile
 
     from bsr_cli.bench import peer as pe
-    from bsr_cli.settings import parse_client_ttl
+    from bsr_cli.settings import resolve_store_client_ttl
 
     st = state(ctx, json_flag)
-    ttl = st.settings.store_client_ttl_s if store_client_ttl is None else parse_client_ttl(store_client_ttl)
+    ttl = resolve_store_client_ttl(store_client_ttl, st.settings)
     prefixes = ints(tokens, "--tokens")
     extra = ints(below_rung, "--below-rung", sizes=True) if below_rung.strip() else []
     pe.plugin_python()  # fail at once, with the setup command, when LMCache is not there
