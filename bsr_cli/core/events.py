@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, SegmentLossCause, Stage
+from bsr_cli.core.store_loss import SegmentLoss
 
 E = TypeVar("E", bound="Event")
 _D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
@@ -358,6 +359,39 @@ class ObjectQuarantined:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SegmentLost:
+    """The store lost a holder's segment, and with it every object on it (the engine's store watch saw it): whose,
+    when, how, and how many objects and bytes, where the master said."""
+
+    kind: ClassVar[EventKind] = EventKind.SEGMENT_LOST
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    tier: str
+    segment: str
+    client_id: str = ""
+    cause: SegmentLossCause
+    lost_at: float = 0.0
+    last_seen_at: float | None = None
+    objects_lost: int | None = None
+    bytes_lost: int | None = None
+    holder: str = ""
+
+    @classmethod
+    def of(cls, tier: str, loss: SegmentLoss) -> SegmentLost:
+        return cls(tier=tier, **{name: getattr(loss, name) for name in _LOSS_FIELDS})
+
+    @property
+    def loss(self) -> SegmentLoss:
+        said = {name: getattr(self, name) for name in _LOSS_FIELDS}
+        return SegmentLoss(**said | {"lost_at": self.lost_at or self.time})
+
+
+# What a segment_lost event says of the loss: every field of it but when it was mounted again (a later fact).
+_LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(SegmentLoss) if f.name != "remounted_at")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AbortRequested:
     kind: ClassVar[EventKind] = EventKind.ABORT_REQUESTED
     to_wire = _EVENT_WRITER
@@ -482,6 +516,7 @@ Event: TypeAlias = (
     | StoreFailed
     | OutputMismatch
     | ObjectQuarantined
+    | SegmentLost
     | AbortRequested
     | MarkerSet
     | MarkerCleared
@@ -509,6 +544,7 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     StoreFailed,
     OutputMismatch,
     ObjectQuarantined,
+    SegmentLost,
     AbortRequested,
     MarkerSet,
     MarkerCleared,
@@ -593,7 +629,7 @@ def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
 
-_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause)
+_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause, SegmentLossCause)
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
@@ -666,6 +702,7 @@ __all__ = [
     "RestoreFailedClosed",
     "RestoreRefused",
     "RestoreStarted",
+    "SegmentLost",
     "SettingsChanged",
     "StoreFailed",
     "WindowFetched",

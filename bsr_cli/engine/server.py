@@ -30,7 +30,7 @@ from bsr_cli.core.events import (
     FaultsCleared,
 )
 from bsr_cli.core.evidence import EventKind
-from bsr_cli.engine import lifecycle, netns, supervisor
+from bsr_cli.engine import lifecycle, netns, store_watch, supervisor
 from bsr_cli.engine.config import EngineConfig, EngineReady, EventRetention, RankConfig, RankLink
 from bsr_cli.engine.ranks import ProcessRank
 from bsr_cli.runtime import event_store, failure_log
@@ -208,6 +208,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     admin.start()
+    watcher = store_watch.for_engine(state, cfg, coord, log)
+    if watcher is not None:
+        watcher.start()
     ready = EngineReady(admin.url, os.getpid(), tuple(r.info for r in ranks), time.time(), restored)
     tmp = state / "ready.json.tmp"
     tmp.write_text(json.dumps(ready.to_wire(), indent=1))
@@ -223,6 +226,8 @@ def main(argv: list[str]) -> int:
         keeper.save()
         restarter.check()
         coord.settle_settings()
+    if watcher is not None:
+        watcher.stop()  # before the store's services stop: their going is no loss
     keeper.save()
     # Say it before going: a monitor polling this engine sees the clean stop (an `engine_stopped` event) while the
     # admin API still answers, which is how a fleet tells a requested shutdown from a crash.

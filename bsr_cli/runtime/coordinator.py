@@ -46,6 +46,7 @@ from bsr_cli.core.status import (
     RecentRestore,
     Snapshot,
 )
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation, BlockAllocator
 from bsr_cli.runtime.armed_faults import ArmedFaults
@@ -216,6 +217,11 @@ class Coordinator:
     # -- ranks and their settings (calls), health and what a monitor draws (observation) ---------------------------
     def on_rank_event(self, event: Event) -> None:
         self.observation.on_rank_event(event)
+
+    def record_store_losses(self, tier: str, losses: Sequence[SegmentLoss]) -> list[SegmentLoss]:
+        """What a store watch knows of the segments ``tier``'s store lost (repeats welcome): each new one becomes a
+        ``segment_lost`` event, counts, and keeps the tier unhealthy (``segment_lost``). Returns the new ones."""
+        return self.observation.store_losses.record(tier, losses)
 
     def update_settings(
         self, *, budget_bytes: int | None = None, fs_concurrency: int | None = None, w: int | None = None

@@ -25,6 +25,7 @@ from bsr_cli.core.events import (
     RankUnresponsive,
     RestoreEnded,
     RestoreFailed,
+    SegmentLost,
     StoreFailed,
 )
 from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage
@@ -140,10 +141,27 @@ class OutputMismatchRecord:
     to_wire = wire.writer()
 
 
+@dataclass(frozen=True)
+class SegmentLostRecord:
+    event: EventKind
+    seq: int | None = wire.field(omit_none=True, default=None)
+    tier: str | None = wire.field(omit_none=True, default=None)
+    segment: str | None = wire.field(omit_none=True, default=None)
+    objects_lost: int | None = wire.field(omit_none=True, default=None)
+    reason: str | None = wire.field(omit_none=True, default=None)
+
+    to_wire = wire.writer()
+
+
 # The fields of one failure's log line (the line adds its time, level, logger and message): the event's kind and
 # sequence number, then what each kind of failure says, in that order. A field left None is left out.
 FailureRecord: TypeAlias = (
-    RankFailedRecord | RestoreEndedRecord | RankUnresponsiveRecord | StoreFailedRecord | OutputMismatchRecord
+    RankFailedRecord
+    | RestoreEndedRecord
+    | RankUnresponsiveRecord
+    | StoreFailedRecord
+    | OutputMismatchRecord
+    | SegmentLostRecord
 )
 
 
@@ -192,6 +210,16 @@ def failure_record(event: Event) -> FailureRecord | None:
             f"({event.external_tokens:,} of {event.tokens:,} tokens from {event.source}): invalidated"
         )
         return OutputMismatchRecord(event=event.kind, seq=seq, request=event.request, reason=why)
+    if isinstance(event, SegmentLost):
+        loss = event.loss
+        return SegmentLostRecord(
+            event=event.kind,
+            seq=seq,
+            tier=event.tier,
+            segment=loss.segment,
+            objects_lost=loss.objects_lost,
+            reason=loss.line(),
+        )
     return None
 
 
@@ -206,6 +234,7 @@ FAILURE_KINDS = frozenset(
         EventKind.RANK_UNRESPONSIVE,
         EventKind.STORE_FAILED,
         EventKind.OUTPUT_MISMATCH,
+        EventKind.SEGMENT_LOST,
     }
 )
 
@@ -237,6 +266,7 @@ __all__ = [
     "RankFailedRecord",
     "RankUnresponsiveRecord",
     "RestoreEndedRecord",
+    "SegmentLostRecord",
     "StoreFailedRecord",
     "close_log",
     "failure_record",

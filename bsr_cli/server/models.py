@@ -176,6 +176,21 @@ class QuarantinedFile(_Response):
     bytes: int
 
 
+class LostSegment(_Response):
+    """A segment the tier's store lost with every object on it (``cause``: holder_gone, unmounted,
+    remounted_empty); ``objects_lost`` and ``bytes_lost`` are null where the master did not say."""
+
+    segment: str
+    client_id: str
+    cause: str
+    lost_at: float
+    last_seen_at: float | None
+    objects_lost: int | None
+    bytes_lost: int | None
+    holder: str | None = Field(None, description="the holder process, where the engine knows it")
+    remounted_at: float | None = Field(None, description="absent until the segment is mounted again (empty)")
+
+
 class TierHealth(_Response):
     ok: bool
     detail: list[str]
@@ -183,6 +198,7 @@ class TierHealth(_Response):
     quarantined: list[QuarantinedFile]
     quarantined_total: int
     condition: str
+    lost_segments: list[LostSegment] | None = Field(None, description="absent unless segment_lost is a condition")
 
 
 class RankTier(_Response):

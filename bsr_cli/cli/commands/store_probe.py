@@ -526,33 +526,6 @@ def _get(url: str, timeout: float = 5.0) -> str:
         return str(r.read().decode(errors="replace"))
 
 
-def _data_endpoint(metadata_url: str, segment: str, fallback: str, timeout: float) -> str:
-    """Where the segment's holder serves its bytes: the transfer engine's TCP data port (or its RPC port) from the
-    segment descriptor on the metadata server; the master's te_endpoint when the descriptor cannot be read."""
-    if not metadata_url.startswith("http") or not segment:
-        return fallback
-    for key, host_f, port_f in (
-        (f"mooncake/ram/{segment}", "tcp_data_host", "tcp_data_port"),
-        (f"mooncake/rpc_meta/{segment}", "ip_or_host_name", "rpc_port"),
-    ):
-        try:
-            doc = json.loads(_get(f"{metadata_url}?key={urllib.parse.quote(key, safe='')}", timeout=timeout))
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get(host_f) and doc.get(port_f):
-            return f"{doc[host_f]}:{doc[port_f]}"
-    return fallback
-
-
-def _check_holder(metadata_url: str, name: str, te_endpoint: str) -> tuple[str, bool | None]:
-    """(data endpoint, whether it accepts a connection); None when no HOST:PORT to try is known (unknown)."""
-    ep = _data_endpoint(metadata_url, name, te_endpoint or name, timeout=1.0)
-    host, _, port = ep.rpartition(":")
-    if not host or not port.isdigit():
-        return ep, None
-    return ep, health.tcp_reachable(ep, timeout=0.5)
-
-
 @dataclass(frozen=True)
 class ListedSegment:
     """A segment as the master's listing names it: its name, its transfer engine endpoint, its size (if given)."""
@@ -583,7 +556,7 @@ class _Holders:
         if not todo:
             return
         pool = ThreadPoolExecutor(max_workers=min(LIVENESS_THREADS, len(todo)), thread_name_prefix="bsr-holder")
-        futs = {n: pool.submit(_check_holder, metadata_url, n, self.te.setdefault(n, n)) for n in todo}
+        futs = {n: pool.submit(health.check_holder, metadata_url, n, self.te.setdefault(n, n)) for n in todo}
         pool.shutdown(wait=False, cancel_futures=False)
         deadline = time.monotonic() + LIVENESS_DEADLINE_S
         for name, fut in futs.items():
