@@ -78,6 +78,8 @@ class ErrorLine:
     message: str = ""
     hint: str | None = None
     status: int = wire.field(default=500, absent=500)
+    # A refusal the same request may get past later says when to try again (the Retry-After it would have answered).
+    retry_after_s: float | None = wire.field(omit_none=True, default=None)
     # A bsr error always says its hint (null when it has none); an unexpected failure of the engine has none to say,
     # and its line has never carried the key.
     says_hint: bool = wire.field(skip=True, default=True)

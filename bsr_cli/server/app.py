@@ -179,7 +179,10 @@ async def _invalid(_: Request, exc: RequestValidationError) -> Response:
 
 
 async def _runtime_error(_: Request, exc: BsrError) -> Response:
-    return _err(status_for(exc), exc.kind, exc.message, exc.hint)
+    answer = _err(status_for(exc), exc.kind, exc.message, exc.hint)
+    if isinstance(exc, CapacityError) and exc.retry_after_s is not None:
+        answer.headers["Retry-After"] = f"{round(exc.retry_after_s)}"
+    return answer
 
 
 async def _not_found(_: Request, exc: NotFound) -> Response:
@@ -238,7 +241,8 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
                 result = work(lambda ev: put(EventLine(event=ev.to_wire())))
                 put(ResultLine(result=result.to_wire()))
             except BsrError as e:
-                put(ErrorLine(error=e.kind, message=e.message, hint=e.hint, status=status_for(e)))
+                retry = e.retry_after_s if isinstance(e, CapacityError) else None
+                put(ErrorLine(error=e.kind, message=e.message, hint=e.hint, status=status_for(e), retry_after_s=retry))
             except Exception as e:  # noqa: BLE001 - reported in the stream
                 put(ErrorLine(error="server-error", message=f"{type(e).__name__}: {e}", says_hint=False))
 
@@ -263,6 +267,43 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
 
     return StreamingResponse(lines(), media_type=NDJSON, headers={"X-BSR-API": API_VERSION})
 
+
+class _OwnThread(Response):
+    """An answer worked out on a thread of its own: a submit or restore may wait a long time for destination KV or
+    room in B, and must not hold one of the worker threads that answer every other route meanwhile."""
+
+    def __init__(self, work: Callable[[], Response]) -> None:
+        super().__init__()
+        self._work = work
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Response] = loop.create_future()
+
+        def settle(outcome: Callable[[], Response]) -> None:
+            try:
+                answer, error = outcome(), None
+            except BaseException as e:  # noqa: BLE001 - handed to the request's task, which raises it there
+                answer, error = None, e
+            with contextlib.suppress(RuntimeError):  # the server stopped: nobody waits for the answer any more
+                loop.call_soon_threadsafe(_settle, done, answer, error)
+
+        threading.Thread(target=settle, args=(self._work,), name="bsr-request", daemon=True).start()
+        await (await done)(scope, receive, send)
+
+
+def _settle(done: asyncio.Future[Response], answer: Response | None, error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    elif answer is not None:
+        done.set_result(answer)
+
+
+# The routes whose work may wait for engine capacity (destination KV, room in B): each takes a place in the
+# engine's request queue instead of a serving slot (guard.py), and its work runs on a thread of its own.
+QUEUED_PATHS = frozenset({f"{PREFIX}/requests", f"{PREFIX}/restore"})
 
 # -- routes (in the document's order) ----------------------------------------------------------------------------
 router = APIRouter()
@@ -339,7 +380,7 @@ def submit(body: m.SubmitBody, c: CoordinatorDep) -> Response:
             rid,
             lambda emit: c.submit(tokens, w=body.W, verify=body.verify, store=body.store, progress=emit, request=rid),
         )
-    return _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire())
+    return _OwnThread(lambda: _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire()))
 
 
 @router.post(f"{PREFIX}/restore", **_op(m.RestoreResult, 409, auth=True, stream=True))
@@ -356,7 +397,7 @@ def restore(body: m.RestoreBody, c: CoordinatorDep) -> Response:
 
     if body.stream:
         return _stream(c, rid, work)
-    return _json(work(lambda ev: None).to_wire())
+    return _OwnThread(lambda: _json(work(lambda ev: None).to_wire()))
 
 
 @router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, auth=True))
@@ -541,7 +582,9 @@ def routes_of(app: FastAPI) -> list[Route]:
             query = [q.alias for q in r.dependant.query_params]
             lists = [q.alias for q in r.dependant.query_params if _takes_a_list(q.field_info.annotation)]
             for method in sorted(r.methods or ()):
+                body = r.body_field is not None
+                queued = r.path in QUEUED_PATHS
                 out.append(
-                    route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query, repeatable=lists)
+                    route(method, r.path, auth=auth, json_body=body, query=query, repeatable=lists, queued=queued)
                 )
     return out
