@@ -43,7 +43,8 @@ MAX_QUEUED = 1024  # submits and restores held at once, running or waiting for d
 HEAD_DEADLINE_S = 5.0  # a request's line and headers must arrive within this (before anything is known of it)
 MAX_WAITING = 2048  # connections that have not sent a request head yet, all clients together...
 MAX_WAITING_PER_CLIENT = 16  # ...and from one client address; past either the oldest is closed
-MIN_WAITING = 16  # however few open files the process may have
+MIN_WAITING = 16  # however few open files the process may have (the same for the queue)
+MIN_QUEUED = 16
 LISTEN_BACKLOG = 4096  # connections the kernel queues before the server accepts them (clamped to somaxconn)
 FD_RESERVE = 512  # open files kept for the engine's own (logs, pipes to the ranks, the event store, tiers)
 START_TIMEOUT_S = 30.0
@@ -141,6 +142,12 @@ class AdminServer:
         app = create_app(self)
         self._max_anonymous = max_anonymous
         trusted: set[tuple[str, int]] = set()  # connections that showed the token (guard and protocol share it)
+        # Every connection the caps let in must find a descriptor: those being served, the queued requests' and the
+        # waiting ones up to their hard cap. Where the process cannot hold them all, fewer queue and fewer wait.
+        serving = max_connections + max_anonymous
+        left = room_for_connections(serving + max_queued + HARD_CAP_FACTOR * max_waiting) - serving
+        self.max_queued = max(MIN_QUEUED, min(max_queued, left // 2))
+        self.max_waiting = max(MIN_WAITING, min(max_waiting, (left - self.max_queued) // HARD_CAP_FACTOR))
         self.guard = Guard(
             app,
             routes_of(app),
@@ -151,15 +158,10 @@ class AdminServer:
             open_paths=frozenset({"/metrics"}) if open_metrics else frozenset(),
             max_serving=max_connections,
             max_anonymous=max_anonymous,
-            max_queued=max_queued,
+            max_queued=self.max_queued,
             trusted=trusted,
         )
         self.app = self.guard
-        # Every connection the caps let in must find a descriptor: the waiting ones up to their hard cap, and those
-        # being served. Where the process cannot hold them all, fewer wait.
-        serving = max_connections + max_anonymous + max_queued
-        room = room_for_connections(HARD_CAP_FACTOR * max_waiting + serving)
-        self.max_waiting = max(MIN_WAITING, min(max_waiting, (room - serving) // HARD_CAP_FACTOR))
         self._sock = _listen(host, port)
         self.host, self.port = str(self._sock.getsockname()[0]), int(self._sock.getsockname()[1])
         self._protocol = protocol_class(

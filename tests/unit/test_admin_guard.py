@@ -6,6 +6,7 @@ before anything else (host, origin, duplicated headers, size, media type, the to
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import subprocess
 import sys
@@ -457,3 +458,35 @@ def test_a_body_over_the_cap_is_answered_413_and_the_client_reads_it(
     ).encode()
     status, err = _send_whole_then_read(server, head, body)
     assert status == 401 and err["error"] == "unauthorized"
+
+
+def test_a_process_short_of_open_files_queues_and_waits_fewer() -> None:
+    """Where the hard limit on open files cannot hold every connection the caps let in, the request queue and the
+    waiting caps shrink to fit it (an accept that fails for want of a descriptor would stop every accept for a
+    second); where it can, the soft limit is raised to hold them. In a process of its own: the limit is per process."""
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, int(sys.argv[1])))\n"
+        "from bsr_cli.server.admin import AdminServer\n"
+        "from unit.fixtures import build_engine\n"
+        "eng = build_engine()\n"
+        "s = AdminServer(eng.coordinator, token='t')\n"
+        "print(s.max_queued, s.max_waiting, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "for r in eng.ranks: r.close()\n"
+    )
+    tests = str(Path(__file__).resolve().parents[1])
+
+    def caps(hard: int) -> list[int]:
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(hard)], capture_output=True, text=True, timeout=120, cwd=tests
+        )
+        assert out.returncode == 0, out.stderr
+        return [int(x) for x in out.stdout.split()]
+
+    queued, waiting, soft = caps(1024)
+    assert (queued, waiting, soft) == (220, 110, 1024)  # 1,024 - 512 kept for the engine - 72 slots = 440 to share
+    need = 72 + 1024 + 2 * 2048 + 512
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        queued, waiting, soft = caps(need if hard == resource.RLIM_INFINITY else hard)
+        assert (queued, waiting, soft) == (1024, 2048, need)  # raised from 256 to what the caps need
