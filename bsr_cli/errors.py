@@ -77,8 +77,21 @@ class InvalidInput(BsrError):
 
 
 class CapacityError(BsrError):
+    """The request does not fit the engine's capacity. ``retry_after_s``: when the same request may fit later (it
+    waited its whole deadline while running requests held what it needs), how long to wait before trying again."""
+
     exit_code = ExitCode.CAPACITY
     kind = "capacity"
+
+    def __init__(self, message: str, *, hint: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after_s = retry_after_s
+
+    def to_dict(self) -> dict[str, str | int | None]:
+        out = super().to_dict()
+        if self.retry_after_s is not None:
+            out["retry_after_s"] = round(self.retry_after_s)
+        return out
 
 
 class EngineError(BsrError):

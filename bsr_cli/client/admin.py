@@ -102,6 +102,10 @@ def _restarting(status: int, body: Any, retry_after: str | None = None) -> RankR
     )
 
 
+# Said of a busy engine whose answer gives no hint of its own (an older engine).
+BUSY_HINT = "retry shortly; if it stays busy, `bsr engine status` and the engine's log say who holds it"
+
+
 def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
     """(URL, token, how it was found): --engine/BSR_ENGINE/config (a URL or a profile), else the embedded engine
     recorded in the state directory."""
@@ -151,6 +155,7 @@ class AdminClient:
         timeout_s: float = 30.0,
         stream_timeout_s: float | None = None,
         transport: httpx.BaseTransport | None = None,
+        connections: int = 100,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -161,7 +166,11 @@ class AdminClient:
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+        # ``connections``: requests in flight at once through this client (httpx's pool; one more waits for one).
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=min(connections, 20))
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport, limits=limits
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AdminClient:
@@ -196,12 +205,9 @@ class AdminClient:
         if restarting is not None:
             raise restarting
         if kind == CapacityError.kind:
-            raise CapacityError(message, hint=hint)
+            raise CapacityError(message, hint=hint, retry_after_s=_retry_after(r))
         if kind == EngineBusy.kind:
-            raise EngineBusy(
-                f"the engine is busy: {message}",
-                hint="retry shortly; if it stays busy, `bsr engine status` and the engine's log say who holds it",
-            )
+            raise EngineBusy(f"the engine is busy: {message}", hint=hint or BUSY_HINT)
         if kind in _KIND_TO_ERROR:
             raise _KIND_TO_ERROR[kind](message, hint=hint)
         if r.status_code == 401:
@@ -536,13 +542,19 @@ def _pause(pauses: Iterator[float]) -> bool:
     return True
 
 
+def _retry_after(r: httpx.Response) -> float | None:
+    """The seconds a refusal's Retry-After says to wait (None when it says none, or not in seconds)."""
+    text = r.headers.get("retry-after", "").strip()
+    return float(text) if text.isdigit() else None
+
+
 def _stream_error(line: ErrorLine) -> BsrError:
     """The error a streamed answer's error line stands for."""
     restarting = _restarting(line.status, line.to_wire())
     if restarting is not None:
         return restarting
     if line.error == CapacityError.kind:
-        return CapacityError(line.message, hint=line.hint)
+        return CapacityError(line.message, hint=line.hint, retry_after_s=line.retry_after_s)
     err = _KIND_TO_ERROR.get(line.error)
     if err:
         return err(line.message, hint=line.hint)

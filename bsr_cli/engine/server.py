@@ -202,6 +202,7 @@ def main(argv: list[str]) -> int:
         max_anonymous=int(limit("max_anonymous", admin_server.MAX_ANONYMOUS)),
         max_waiting=int(limit("max_waiting", admin_server.MAX_WAITING)),
         max_waiting_per_client=int(limit("max_waiting_per_client", admin_server.MAX_WAITING_PER_CLIENT)),
+        max_queued=int(limit("max_queued", admin_server.MAX_QUEUED)),
         allowed_hosts=list(cfg.admin.allowed_hosts),
         open_metrics=cfg.admin.open_metrics,
     )

@@ -76,7 +76,13 @@ def _rank_of(e: BsrError) -> int | None:
 
 
 def _retry_after(e: BsrError) -> int | None:
-    return e.retry_after_s if isinstance(e, RankRestarting) else None
+    """When to try again (whole seconds, at least 1): a rank restarting, or a refusal the same request may get past
+    later (a capacity wait)."""
+    if isinstance(e, RankRestarting):
+        return e.retry_after_s
+    if isinstance(e, CapacityError) and e.retry_after_s is not None:
+        return max(1, round(e.retry_after_s))
+    return None
 
 
 class NotFound(Exception):
@@ -95,8 +101,8 @@ def _err(status: int, kind: str, message: str, hint: str | None = None) -> Respo
 
 
 def _bsr_error(e: BsrError) -> Response:
-    """A runtime error's answer: its status, kind, message and hint; the rank it names, and for a rank restarting
-    when to retry (also as Retry-After)."""
+    """A runtime error's answer: its status, kind, message and hint; the rank it names, and when to retry (also as
+    Retry-After) for a rank restarting or a capacity refusal that may fit later."""
     body: dict[str, Any] = {"error": e.kind, "message": e.message, "hint": e.hint}
     rank, retry = _rank_of(e), _retry_after(e)
     if rank is not None:
@@ -315,6 +321,43 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
     return StreamingResponse(lines(), media_type=NDJSON, headers={"X-BSR-API": API_VERSION})
 
 
+class _OwnThread(Response):
+    """An answer worked out on a thread of its own: a submit or restore may wait a long time for destination KV or
+    room in B, and must not hold one of the worker threads that answer every other route meanwhile."""
+
+    def __init__(self, work: Callable[[], Response]) -> None:
+        super().__init__()
+        self._work = work
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Response] = loop.create_future()
+
+        def settle(outcome: Callable[[], Response]) -> None:
+            try:
+                answer, error = outcome(), None
+            except BaseException as e:  # noqa: BLE001 - handed to the request's task, which raises it there
+                answer, error = None, e
+            with contextlib.suppress(RuntimeError):  # the server stopped: nobody waits for the answer any more
+                loop.call_soon_threadsafe(_settle, done, answer, error)
+
+        threading.Thread(target=settle, args=(self._work,), name="bsr-request", daemon=True).start()
+        await (await done)(scope, receive, send)
+
+
+def _settle(done: asyncio.Future[Response], answer: Response | None, error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    elif answer is not None:
+        done.set_result(answer)
+
+
+# The routes whose work may wait for engine capacity (destination KV, room in B): each takes a place in the
+# engine's request queue instead of a serving slot (guard.py), and its work runs on a thread of its own.
+QUEUED_PATHS = frozenset({f"{PREFIX}/requests", f"{PREFIX}/restore"})
+
 # -- routes (in the document's order) ----------------------------------------------------------------------------
 router = APIRouter()
 
@@ -396,7 +439,7 @@ def submit(body: m.SubmitBody, c: CoordinatorDep) -> Response:
             rid,
             lambda emit: c.submit(tokens, w=body.W, verify=body.verify, store=body.store, progress=emit, request=rid),
         )
-    return _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire())
+    return _OwnThread(lambda: _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire()))
 
 
 @router.post(f"{PREFIX}/restore", **_op(m.RestoreResult, 409, auth=True, stream=True))
@@ -413,7 +456,7 @@ def restore(body: m.RestoreBody, c: CoordinatorDep) -> Response:
 
     if body.stream:
         return _stream(c, rid, work)
-    return _json(work(lambda ev: None).to_wire())
+    return _OwnThread(lambda: _json(work(lambda ev: None).to_wire()))
 
 
 @router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, auth=True))
@@ -600,7 +643,9 @@ def routes_of(app: FastAPI) -> list[Route]:
             query = [q.alias for q in r.dependant.query_params]
             lists = [q.alias for q in r.dependant.query_params if _takes_a_list(q.field_info.annotation)]
             for method in sorted(r.methods or ()):
+                body = r.body_field is not None
+                queued = r.path in QUEUED_PATHS
                 out.append(
-                    route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query, repeatable=lists)
+                    route(method, r.path, auth=auth, json_body=body, query=query, repeatable=lists, queued=queued)
                 )
     return out
