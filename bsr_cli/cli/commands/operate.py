@@ -11,10 +11,6 @@ import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.evidence import Outcome
-from bsr_cli.core.faults import FaultRequest, FaultSpec
-from bsr_cli.core.prompt import Prompt
-from bsr_cli.core.results import ManualRestoreResult
-from bsr_cli.core.status import EngineInfo, EngineStatus, MarkerList
 from bsr_cli.errors import (
     CapacityError,
     DrillViolation,
@@ -23,8 +19,12 @@ from bsr_cli.errors import (
     ServerError,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the result types are imported where a command uses them: `bsr probe --help` needs none
     from bsr_cli.cli.render.planning import CapacityFit
+    from bsr_cli.core.faults import FaultSpec
+    from bsr_cli.core.prompt import Prompt
+    from bsr_cli.core.results import ManualRestoreResult
+    from bsr_cli.core.status import EngineInfo, MarkerList
 
 TokensFileOpt = Annotated[
     Path | None, typer.Option("--tokens-file", help="Token ids (JSON list or whitespace separated).")
@@ -363,6 +363,8 @@ def inject_fault(
     json_flag: JsonFlag = False,
 ) -> None:
     """Arm a fault for the next restores. Refused unless the engine was started with faults enabled."""
+    from bsr_cli.core.faults import FaultRequest
+
     st = state(ctx, json_flag)
     fault = FaultRequest(kind, rank=rank, window=None if window is None else window - 1, group=group, count=count)
     with _client(st) as client:
@@ -426,6 +428,8 @@ markers_app = typer.Typer(help="Force-local markers (set after a failed external
 @markers_app.command("list")
 def markers_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Force-local markers standing now: which prompt, which tiers they exclude, why, since when."""
+    from bsr_cli.core.status import MarkerList
+
     st = state(ctx, json_flag)
     with _client(st) as client:
         markers = client.markers()
@@ -505,6 +509,7 @@ EnginesFromOpt = Annotated[
 def status(ctx: typer.Context, engines_from: EnginesFromOpt = None, json_flag: JsonFlag = False) -> None:
     """Engine identity, ranks and their health, tiers, registration, pool and budget, markers, faults."""
     from bsr_cli.cli.render import ops as render_ops
+    from bsr_cli.core.status import EngineStatus
 
     st = state(ctx, json_flag)
     from bsr_cli import fleet
