@@ -112,7 +112,10 @@ if RuntimeParam is not None:
             object.__setattr__(self, "_typer_own", None)
 
         def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
-            got = plain_value(self.annotation, self.parameter_info, self._descriptor, value, param, ctx)
+            try:
+                got = plain_value(self.annotation, self.parameter_info, self._descriptor, value, param, ctx)
+            except TypeError:  # a typer whose path or choice helpers take other arguments: its adapter decides
+                got = NOT_PLAIN
             if got is not NOT_PLAIN:
                 return got
             if self._typer_own is None:
@@ -124,5 +127,9 @@ def install_plain_values(param: Any) -> None:
     """Have ``param`` (a parsed option or argument of a built command) convert plain values without pydantic."""
     if RuntimeParam is None or getattr(param, "type_descriptor", None) is None:
         return
-    if getattr(param, "_runtime_param", "absent") is None and param.type_descriptor.file_annotation is None:
+    if getattr(param, "_runtime_param", "absent") is not None or param.type_descriptor.file_annotation is not None:
+        return  # already converting, or a file typer opens: typer's own
+    try:
         param._runtime_param = _PlainFirst(param)
+    except TypeError:  # a typer whose conversion is built another way: it converts everything itself
+        return
