@@ -19,6 +19,8 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     ├── DrillViolation          a drill found a broken invariant                 (11)
     ├── ServiceError            starting/stopping local services failed          (13)
     ├── NothingToRestore        no tier holds the prompt's first chunk: no restore ran (14)
+    ├── DamagedObjects          a scrub found damaged objects (and set them aside) (16)
+    ├── ScrubIncomplete         a scrub stopped at its limit, failed or did not run (17)
     └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
 """
 
@@ -44,6 +46,8 @@ class ExitCode(IntEnum):
     SERVICE = 13
     NOTHING_TO_RESTORE = 14
     ENGINE_BUSY = 15
+    DAMAGED_OBJECTS = 16
+    SCRUB_INCOMPLETE = 17
     INTERRUPTED = 130
 
 
@@ -144,6 +148,21 @@ class NothingToRestore(BsrError):
 
     exit_code = ExitCode.NOTHING_TO_RESTORE
     kind = "nothing-to-restore"
+
+
+class DamagedObjects(BsrError):
+    """A scrub read a tier's objects back and found damaged ones (it set them aside: the next store rewrites them)."""
+
+    exit_code = ExitCode.DAMAGED_OBJECTS
+    kind = "damaged-objects"
+
+
+class ScrubIncomplete(BsrError):
+    """A scrub found nothing damaged but did not check its whole scope (a limit, a tier it could not read, or a
+    rank already running as many scrubs as it allows): clean is not proven."""
+
+    exit_code = ExitCode.SCRUB_INCOMPLETE
+    kind = "scrub-incomplete"
 
 
 class RestoreAborted(BsrError):

@@ -158,6 +158,7 @@ def register_commands() -> None:
         incident,
         operate,
         planning,
+        scrub_cmd,
         top_cmd,
     )
     from bsr_cli.cli.commands.bench import bench_app
@@ -175,6 +176,7 @@ def register_commands() -> None:
     app.command("events")(incident.events)
     app.command("describe")(incident.describe)
     app.command("explain")(explain_cmd.explain)
+    app.command("scrub")(scrub_cmd.scrub)
     app.command("bundle")(bundle_cmd.bundle)
     app.command("top")(top_cmd.top)
     # Groups.

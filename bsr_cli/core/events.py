@@ -28,7 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import (
+    CapacityCause,
+    Component,
+    EventKind,
+    FailureKind,
+    Outcome,
+    ScrubScope,
+    ScrubState,
+    Stage,
+)
 
 E = TypeVar("E", bound="Event")
 _D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
@@ -49,6 +58,7 @@ class Failure:
     window: int | None = None  # 0-based, as every window index in bsr's events
     tier: str | None = None  # the tier blamed, for a tier failure only
     cause: CapacityCause | None = None  # for a capacity refusal: what did not fit
+    chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
 
     @property
     def component(self) -> Component:
@@ -209,6 +219,7 @@ class RestoreFailed:
     window: int | None = None
     tier: str | None = None
     cause: CapacityCause | None = None
+    chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
     failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
 
     @property
@@ -221,6 +232,7 @@ class RestoreFailed:
             window=self.window,
             tier=self.tier,
             cause=self.cause,
+            chunks=self.chunks,
         )
 
 
@@ -328,12 +340,56 @@ class ObjectQuarantined:
     time: float = 0.0
     rank: int
     tier: str
-    chunk: int
-    group: str
     key: str
     file: str  # where the damaged object now lies
     reason: str
     request: str | None = None
+    chunk: int | None = None  # which chunk and group of the prompt: None when a scrub of a whole tier found it
+    group: str | None = None
+    scrub: str | None = None  # the scrub that found it (None: the re-read of a failed window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubStarted:
+    """A rank began reading a tier's objects back to check them: the rest of a prompt after a restore from the tier
+    failed (``request``), or an operator's `bsr scrub` (a prompt, or every object)."""
+
+    kind: ClassVar[EventKind] = EventKind.SCRUB_STARTED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    tier: str
+    scrub: str
+    scope: ScrubScope
+    prompt: str = ""
+    request: str | None = None
+    objects: int = 0  # in scope, when known up front (a prompt's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubFinished:
+    """A rank's scrub ended: what it read back and set apart, and whether it covered its whole scope."""
+
+    kind: ClassVar[EventKind] = EventKind.SCRUB_FINISHED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    tier: str
+    scrub: str
+    scope: ScrubScope
+    state: ScrubState
+    prompt: str = ""
+    request: str | None = None
+    objects: int = 0
+    checked: int = 0
+    bytes: int = 0
+    missing: int = 0
+    damaged: int = 0
+    quarantined: int = 0
+    seconds: float = 0.0
+    reason: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -460,6 +516,8 @@ Event: TypeAlias = (
     | RestoreEnded
     | StoreFailed
     | ObjectQuarantined
+    | ScrubStarted
+    | ScrubFinished
     | AbortRequested
     | MarkerSet
     | MarkerCleared
@@ -486,6 +544,8 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     RestoreAborted,
     StoreFailed,
     ObjectQuarantined,
+    ScrubStarted,
+    ScrubFinished,
     AbortRequested,
     MarkerSet,
     MarkerCleared,
@@ -570,7 +630,7 @@ def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
 
-_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause)
+_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause, ScrubScope, ScrubState)
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
@@ -643,6 +703,8 @@ __all__ = [
     "RestoreFailedClosed",
     "RestoreRefused",
     "RestoreStarted",
+    "ScrubFinished",
+    "ScrubStarted",
     "SettingsChanged",
     "StoreFailed",
     "WindowFetched",

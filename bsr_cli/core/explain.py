@@ -866,7 +866,7 @@ def fold_restore(events: Sequence[ev.Event]) -> FoldedRestore | None:
         elif isinstance(e, ev.MarkerSet):
             out = dataclasses.replace(out, marker=RestoreMarker(tuple(e.excluded_tiers), e.reason))
             seen("marker")
-        elif isinstance(e, ev.ObjectQuarantined):
+        elif isinstance(e, ev.ObjectQuarantined) and e.chunk is not None and e.group is not None:
             quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason))
             seen("quarantined")
     return dataclasses.replace(

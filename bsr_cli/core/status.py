@@ -19,6 +19,7 @@ from bsr_cli.core import wire
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
+from bsr_cli.core.scrub import QuarantinedFile, ScrubProgress
 
 
 # -- the engine's info ---------------------------------------------------------------------------------------------
@@ -98,20 +99,6 @@ class RankHealth:
     from_wire = wire.reader()
 
 
-@dataclass(frozen=True)
-class QuarantinedFile:
-    """A stored object a tier moved aside after its bytes failed their checksum."""
-
-    key: str
-    file: str  # where it lies now, under the tier's quarantine directory
-    reason: str
-    at: float  # when it was moved aside (Unix time)
-    bytes: int
-
-    to_wire = wire.writer()
-    from_wire = wire.reader()
-
-
 def _ok_or_unavailable(d: Mapping[str, Any]) -> TierCondition:
     return TierCondition.OK if d.get("ok") else TierCondition.UNAVAILABLE
 
@@ -131,6 +118,7 @@ class RankTierStatus:
     condition: TierCondition = wire.field(default=TierCondition.OK, absent_from=_ok_or_unavailable)
     quarantined: tuple[QuarantinedFile, ...] = ()  # the newest objects it moved aside
     quarantined_total: int = 0  # how many lie in its quarantine directory
+    scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # running, then the last ended
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -148,6 +136,7 @@ class TierHealth:
     quarantined_total: int
     # A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok: none).
     condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
+    scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # every rank's, running first
 
     to_wire = wire.writer()
     from_wire = wire.reader()

@@ -93,6 +93,8 @@ class EngineOptions:
     hosts: str = "local"
     # A bandwidth cap on every link between those namespaces (bits/s; `tc tbf`), None for none.
     link_rate_bps: int | None = None
+    # After a tier failed a restore at fetch or verify, scrub the rest of the prompt's objects on it (background).
+    scrub_after_failure: bool = True
 
     def resolved(self) -> ResolvedSettings:
         reg = self.registration
@@ -655,6 +657,7 @@ def _engine_config(
             fetch_timeout_s=settings.fetch_timeout_s,
             kv_wait_s=settings.kv_wait_s,
             tiers=("mooncake", "fs") if opts.remote else ("fs",),
+            scrub_after_failure=opts.scrub_after_failure,
         ),
         mooncake=mooncake,
         hosts=hosts,

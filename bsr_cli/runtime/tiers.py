@@ -12,7 +12,7 @@ bytes, and the *runtime* verifies it (so an injected in-transit corruption is ca
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -78,15 +78,44 @@ class Tier(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class StoredCheck:
+    """One stored object as its tier read it back whole and checked it (payload checksum, header, key, length)."""
+
+    ref: str  # where the tier holds it (the fs tier: its file): what ``set_aside`` moves
+    key: str | None  # the key it is stored under (None: its header could not be read)
+    held: bool = True  # False: the tier does not hold it (nothing was read)
+    bytes: int = 0  # bytes read back
+    damage: str | None = None  # why its stored bytes fail their check; None: intact (or not held)
+    # The stored version read (the fs tier: inode, size and mtime): ``set_aside`` leaves a newer one alone, so an
+    # object rewritten between the check and the move (the next store's) is never set apart.
+    version: str = ""
+
+
 @runtime_checkable
 class RepairableTier(Protocol):
     """A tier that can check its own stored bytes and move a damaged object aside (HDFS-style: the bad replica is
-    set apart, the chunk counts as absent, and the next store writes it again from a good source)."""
+    set apart, the chunk counts as absent, and the next store writes it again from a good source). A scrub
+    (``runtime/scrub.py``) reads a prompt's objects, or all of them, back through it; a tier that can verify its
+    objects plugs in by implementing these four methods (the fs tier does)."""
 
-    def quarantine_damaged(self, suspects: Mapping[str, str]) -> list[QuarantinedObject]:
-        """Re-read each suspect object (key → what it is and why it is suspect) and move aside the ones whose
-        stored bytes fail their checksum (an object that reads back intact stays: its damage was in transit, not
-        on the tier). Returns what it moved."""
+    name: str
+
+    def check_stored(self, key: str) -> StoredCheck:
+        """Read the object stored under ``key`` back whole and check it. Never raises for one object (an unreadable
+        one is damaged, an absent one is not held); raises ``TierUnavailable`` when the tier cannot be read at all."""
+        ...
+
+    def check_all(self, shard: int, shards: int) -> Iterator[StoredCheck]:
+        """Every object the tier holds in ``shard`` of ``shards`` (ranks sharing one store split it), each read back
+        and checked as it is reached (so a caller that stops early reads no more). Raises ``TierUnavailable`` when
+        the tier cannot be walked."""
+        ...
+
+    def set_aside(self, found: StoredCheck, reason: str) -> QuarantinedObject | None:
+        """Move a damaged object out of the tier's reach, kept for the incident (never served again), with
+        ``reason``; None when it could not be (gone already, rewritten since ``found`` was read, a read-only
+        store)."""
         ...
 
     def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:

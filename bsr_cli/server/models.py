@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from bsr_cli.core import faults
+from bsr_cli.core import faults, scrub
 
 Tier = Literal["mooncake", "fs"]
 
@@ -92,7 +92,18 @@ class RestoreBody(_Request):
     _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
 
-PromptBody = ProbeBody | SubmitBody | RestoreBody  # every body that carries a prompt
+class ScrubBody(_Request):
+    """A scrub of one tier: one prompt's objects (``tokens`` or ``synthetic``), or every object (``all``)."""
+
+    tier: Tier
+    tokens: PromptTokens | None = None
+    synthetic: Synthetic | None = None
+    all: StrictBool = False
+    max_objects: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_OBJECTS), _INTEGRAL] = scrub.MAX_OBJECTS
+    max_bytes: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_BYTES), _INTEGRAL] = scrub.MAX_BYTES
+
+
+PromptBody = ProbeBody | SubmitBody | RestoreBody | ScrubBody  # every body that carries a prompt
 _P = TypeVar("_P", ProbeBody, SubmitBody, RestoreBody)
 
 
@@ -155,6 +166,27 @@ class QuarantinedFile(_Response):
     bytes: int
 
 
+class ScrubProgress(_Response):
+    """One rank's scrub of a tier: running, or how it ended."""
+
+    scrub: str
+    rank: int
+    tier: str
+    scope: Literal["prompt", "all"]
+    state: Literal["running", "complete", "cut", "failed", "skipped"]
+    started_at: float
+    prompt: str
+    request: str | None = Field(None, description="the failed restore that started it; null: an operator's")
+    objects: int = Field(description="objects in scope when known up front (a prompt's); 0 otherwise")
+    checked: int
+    bytes: int
+    missing: int
+    damaged: int
+    quarantined: int
+    seconds: float
+    reason: str
+
+
 class TierHealth(_Response):
     ok: bool
     detail: list[str]
@@ -162,6 +194,7 @@ class TierHealth(_Response):
     quarantined: list[QuarantinedFile]
     quarantined_total: int
     condition: str
+    scrubs: list[ScrubProgress] = []
 
 
 class RankTier(_Response):
@@ -170,6 +203,7 @@ class RankTier(_Response):
     condition: str
     quarantined: list[QuarantinedFile]
     quarantined_total: int
+    scrubs: list[ScrubProgress] = []
 
 
 class PoolStats(_Response):
@@ -241,6 +275,7 @@ class Failure(_Response):
     window: int | None
     tier: str | None
     cause: str | None
+    chunks: list[int] | None = Field(None, description="the failed window's chunks [start, end)")
     component: str
 
 
@@ -439,6 +474,20 @@ class OpenAPIDocument(_Response):
 
 class Cleared(_Response):
     cleared: int
+
+
+class ScrubReport(_Response):
+    """Every rank's scrub of the tier, and what they set apart."""
+
+    tier: str
+    scope: Literal["prompt", "all"]
+    ranks: list[ScrubProgress]
+    prompt: str | None = None
+    quarantined: list[QuarantinedFile]
+    checked: int
+    damaged: int
+    missing: int
+    complete: bool
 
 
 class Markers(_Response):

@@ -18,7 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from bsr_cli.core.evidence import ScrubState  # noqa: E402
+from bsr_cli.core.scrub import ScrubLimits  # noqa: E402
 from bsr_cli.mooncake import health, services  # noqa: E402
+from bsr_cli.runtime.scrub import Scrubber, ScrubTarget, quarantine_damaged  # noqa: E402
 from bsr_cli.runtime.tiers import (  # noqa: E402
     IO_ERROR,
     MISSING,
@@ -564,7 +567,7 @@ def test_fs_damaged_objects_are_quarantined_intact_ones_stay(fs_tier: Filesystem
         f.seek(16)
         f.write(b"\x00\x00\x00\x00")
     damaged = {p.name: p.read_bytes() for p in (fs_tier.path_for(keys[0]), fs_tier.path_for(keys[1]))}
-    moved = fs_tier.quarantine_damaged({k: f"chunk {i} group g" for i, k in enumerate(keys[:3])})
+    moved = quarantine_damaged(fs_tier, {k: f"chunk {i} group g" for i, k in enumerate(keys[:3])})
     assert [q.key for q in moved] == keys[:2]  # keys[2] reads back intact (a transfer fault): it stays
     assert moved[0].reason == "payload checksum mismatch: chunk 0 group g"
     assert moved[1].reason.startswith("header checksum mismatch")
@@ -581,3 +584,86 @@ def test_fs_damaged_objects_are_quarantined_intact_ones_stay(fs_tier: Filesystem
     codes, sums = fs_tier.get_into(keys[:1], pool.slices([size]), 5.0)
     assert codes == [size] and sums == [crc(view)] and crc(pool.slices([size])[0].view) == crc(view)
     assert fs_tier.quarantined(10)[1] == 2  # the quarantined copies stay for the incident bundle
+
+
+def _rot(tier: FilesystemTier, key: str, at: int) -> None:
+    """One flipped byte ``at`` bytes into the object's file, on disk."""
+    with open(tier.path_for(key), "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def test_fs_scrub_of_every_object_finds_all_the_damage_in_shards(fs_tier: FilesystemTier) -> None:
+    """Two ranks sharing the directory split it by fan-out directory: together they read every object once, and
+    set apart every damaged one, a file whose header no longer names its key included."""
+    keys = fresh_keys(40)
+    view = memoryview(payloads([4096], seed=5)[0])
+    fs_tier.put(keys, [view] * len(keys), [crc(view)] * len(keys))
+    keylen = len(keys[0].encode())
+    for k in keys[3:40:9]:
+        _rot(fs_tier, k, HEADER_BYTES + keylen + 100)  # payload
+    _rot(fs_tier, keys[1], 20)  # the header's length field: the header checksum fails, its key is unreadable
+    bad = set(keys[3:40:9]) | {keys[1]}
+    events: list[Any] = []
+    scrubber = Scrubber(0, {"fs": fs_tier}, events.append)
+    results = [scrubber.scrub_all("fs", shards=2, limits=ScrubLimits(), scrub=f"s{r}") for r in (0, 1)]
+    # rank 1's share, read by the same scrubber with rank 1's shard index
+    one = Scrubber(1, {"fs": fs_tier}, events.append).scrub_all("fs", shards=2, limits=ScrubLimits())
+    assert [r.progress.state for r in (results[0], one)] == [ScrubState.COMPLETE] * 2
+    assert results[0].progress.checked + one.progress.checked == len(keys)
+    moved = results[0].quarantined + one.quarantined
+    assert len(moved) == len(bad) and fs_tier.contains(keys, 1.0) == [k not in bad for k in keys]
+    assert {q.key for q in moved} - bad == {q.key for q in moved if q.key.startswith("(unreadable header)")}
+    assert results[1].progress.damaged == 0  # rank 0's share again: every damaged object is set apart already
+    kinds = [type(e).__name__ for e in events]
+    assert kinds.count("ScrubStarted") == kinds.count("ScrubFinished") == 3
+    assert kinds.count("ObjectQuarantined") == len(bad)
+
+
+def test_fs_scrub_stops_at_its_limits_and_skips_beyond_its_concurrency(fs_tier: FilesystemTier) -> None:
+    keys = fresh_keys(10)
+    view = memoryview(payloads([4096], seed=6)[0])
+    fs_tier.put(keys, [view] * len(keys), [crc(view)] * len(keys))
+    targets = [ScrubTarget(k, i, "g") for i, k in enumerate(keys)]
+    scrubber = Scrubber(0, {"fs": fs_tier}, lambda ev: None, max_concurrent=1)
+    cut = scrubber.scrub_prompt("fs", targets, prompt="p", limits=ScrubLimits(max_objects=4))
+    assert cut is not None and cut.progress.state is ScrubState.CUT and cut.progress.checked == 4
+    assert "limit of 4 objects" in cut.progress.reason
+    by_bytes = scrubber.scrub_prompt("fs", targets, prompt="p", limits=ScrubLimits(max_bytes=3 * 4096))
+    assert by_bytes is not None and by_bytes.progress.state is ScrubState.CUT and by_bytes.progress.checked == 3
+    # A scrub runs while another is admitted: the rank's limit of one makes the second skip, and say why.
+    gate, release = threading.Event(), threading.Event()
+    real = fs_tier.check_stored
+
+    def slow(key: str) -> Any:
+        gate.set()
+        release.wait(10)
+        return real(key)
+
+    fs_tier.check_stored = slow  # type: ignore[method-assign]
+    try:
+        scrubber.scrub_prompt("fs", targets[:1], prompt="p", limits=ScrubLimits(), background=True)
+        assert gate.wait(10)
+        skipped = scrubber.scrub_prompt("fs", targets, prompt="q", limits=ScrubLimits())
+        assert skipped is not None and skipped.progress.state is ScrubState.SKIPPED
+        assert "already runs 1 scrub(s)" in skipped.progress.reason
+        assert [p.state for p in scrubber.progress("fs")][:1] == [ScrubState.RUNNING]
+    finally:
+        release.set()
+        fs_tier.check_stored = real  # type: ignore[method-assign]
+
+
+def test_fs_a_damaged_object_rewritten_before_it_is_moved_stays(fs_tier: FilesystemTier) -> None:
+    """The check and the move are not one step: a store that rewrote the object in between wins (the good copy is
+    never set apart)."""
+    (key,) = fresh_keys(1)
+    view = memoryview(payloads([4096], seed=7)[0])
+    fs_tier.put([key], [view], [crc(view)])
+    _rot(fs_tier, key, HEADER_BYTES + len(key.encode()) + 7)
+    found = fs_tier.check_stored(key)
+    assert found.damage == "payload checksum mismatch"
+    fs_tier.put([key], [view], [crc(view)])  # the next store's good copy
+    assert fs_tier.set_aside(found, "test") is None
+    assert fs_tier.check_stored(key).damage is None and fs_tier.quarantined(5)[1] == 0
