@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TypeVar
 
 from bsr_cli.core import wire
+from bsr_cli.core.events import ScrubFinished, ScrubStarted
 from bsr_cli.core.evidence import ScrubScope, ScrubState
 from bsr_cli.errors import ExitCode
+
+_E = TypeVar("_E", ScrubStarted, ScrubFinished)
 
 # A scrub's bounds by default: a rank reads at most this many objects and bytes per scrub, and runs at most this
 # many scrubs at once (each reads whole objects from the tier, beside the restores that read the same tier).
@@ -80,6 +84,16 @@ class ScrubProgress:
 
     def ended(self, state: ScrubState, seconds: float, reason: str = "") -> ScrubProgress:
         return dataclasses.replace(self, state=state, seconds=round(seconds, 6), reason=reason)
+
+    def started_event(self) -> ScrubStarted:
+        return self._event(ScrubStarted)
+
+    def finished_event(self) -> ScrubFinished:
+        return self._event(ScrubFinished)
+
+    def _event(self, cls: type[_E]) -> _E:
+        """The event of this scrub: its fields are the progress's own (stamped by the event log)."""
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls) if f.name not in ("seq", "time")})
 
     def describe(self) -> str:
         """One line a person reads: ``scrub of prompt 1a2b… on rank 0 (after req-7): 40/128 objects, 2 damaged``."""

@@ -24,12 +24,12 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from bsr_cli.api.ranks import QuarantinedObject, ScrubRequest, ScrubResult
-from bsr_cli.core.events import Event, ObjectQuarantined, ScrubFinished, ScrubStarted
+from bsr_cli.api.ranks import QuarantinedObject, ScrubRequest, ScrubResult, UnsupportedOp
+from bsr_cli.core.events import Event, ObjectQuarantined
 from bsr_cli.core.evidence import ScrubScope, ScrubState
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
 from bsr_cli.core.scrub import MAX_CONCURRENT, ScrubLimits, ScrubProgress, ScrubReport
-from bsr_cli.errors import BadRequest, InvalidInput
+from bsr_cli.errors import InvalidInput
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.rank_calls import RankCalls
 from bsr_cli.runtime.tiers import RepairableTier, StoredCheck, Tier, TierUnavailable
@@ -135,7 +135,8 @@ class Scrubber:
     def _repairable(self, tier_name: str) -> RepairableTier:
         tier = self.tiers.get(tier_name)
         if not isinstance(tier, RepairableTier):
-            raise BadRequest(
+            raise UnsupportedOp(
+                "scrub",
                 f"tier {tier_name!r} cannot check its own objects on rank {self.rank}"
                 if tier is not None
                 else f"rank {self.rank} has no tier {tier_name!r}",
@@ -184,17 +185,7 @@ class Scrubber:
         if why:
             self._end(run, ScrubState.SKIPPED, why, started=False)
             return False
-        self._send(
-            ScrubStarted(
-                rank=p.rank,
-                tier=p.tier,
-                scrub=p.scrub,
-                scope=p.scope,
-                prompt=p.prompt,
-                request=p.request,
-                objects=p.objects,
-            )
-        )
+        self._send(p.started_event())
         return True
 
     # -- running one -------------------------------------------------------------------------------------------------
@@ -272,25 +263,7 @@ class Scrubber:
             if started:
                 self._running.pop(p.scrub, None)
             self._ended.append(p)
-        self._send(
-            ScrubFinished(
-                rank=p.rank,
-                tier=p.tier,
-                scrub=p.scrub,
-                scope=p.scope,
-                state=p.state,
-                prompt=p.prompt,
-                request=p.request,
-                objects=p.objects,
-                checked=p.checked,
-                bytes=p.bytes,
-                missing=p.missing,
-                damaged=p.damaged,
-                quarantined=p.quarantined,
-                seconds=p.seconds,
-                reason=p.reason,
-            )
-        )
+        self._send(p.finished_event())
 
     def _send(self, event: Event) -> None:
         with contextlib.suppress(OSError, ValueError):  # the coordinator is gone (the rank is stopping)

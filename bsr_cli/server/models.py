@@ -92,12 +92,21 @@ class RestoreBody(_Request):
     _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
 
+# The tiers that can check their own objects (runtime.tiers.RepairableTier), so a scrub can run on them.
+ScrubbableTier = Literal["fs"]
+# Exactly one of a prompt's two forms or every object, said in the schema too.
+_ONE_SCOPE: dict[str, Any] = {
+    "oneOf": [*_ONE_PROMPT["oneOf"], {"required": ["all"], "properties": {"all": {"const": True}}}]
+}
+
+
 class ScrubBody(_Request):
     """A scrub of one tier: one prompt's objects (``tokens`` or ``synthetic``), or every object (``all``)."""
 
-    tier: Tier
-    tokens: PromptTokens | None = None
-    synthetic: Synthetic | None = None
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_SCOPE)
+    tier: ScrubbableTier
+    tokens: PromptTokens = None  # type: ignore[assignment]
+    synthetic: Synthetic = None  # type: ignore[assignment]
     all: StrictBool = False
     max_objects: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_OBJECTS), _INTEGRAL] = scrub.MAX_OBJECTS
     max_bytes: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_BYTES), _INTEGRAL] = scrub.MAX_BYTES

@@ -56,6 +56,9 @@ def scrub(
         )
     limits = _limits(max_objects, max_bytes)
     with _client(st) as client:
+        tiers = list(client.info().tiers)
+        if tier not in tiers:
+            raise InvalidInput(f"this engine has no tier {tier!r}", hint=f"its tiers: {', '.join(tiers)}")
         body = None if all_objects else _prompt(client, tokens_file, prompt_file, synthetic, seed)
         report = _run(st, client, lambda: client.scrub(tier, body, limits))
     st.out.result(report, render_ops.scrub)

@@ -496,7 +496,9 @@ def _worker_lines(
 def scrub(console: Console, d: ScrubReport) -> None:
     """`bsr scrub`: each rank's scrub, what it set apart, and the verdict."""
     what = f"prompt {d.prompt}" if d.prompt else "every object"
-    console.print(f"scrub of tier {d.tier}, {what}: {d.checked:,} object(s) read back, {d.damaged} damaged")
+    console.print(
+        f"scrub of tier {d.tier}, {what}: {d.checked:,} object(s) read back, {d.damaged} damaged, {d.missing} not held"
+    )
     for p in d.ranks:
         console.print(
             f"  rank {p.rank}: {p.state.value}, {p.checked:,} checked ({format_bytes(p.bytes)}), "
