@@ -19,8 +19,8 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     ├── DrillViolation          a drill found a broken invariant                 (11)
     ├── ServiceError            starting/stopping local services failed          (13)
     ├── NothingToRestore        no tier holds the prompt's first chunk: no restore ran (14)
-    ├── DamagedObjects          a scrub found damaged objects (and set them aside) (16)
-    ├── ScrubIncomplete         a scrub stopped at its limit, failed or did not run (17)
+    ├── DamagedObjects          a scrub found damaged objects (and set them aside) (20)
+    ├── ScrubIncomplete         a scrub stopped at its limit, failed or did not run (21)
     └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
 """
 
@@ -46,8 +46,8 @@ class ExitCode(IntEnum):
     SERVICE = 13
     NOTHING_TO_RESTORE = 14
     ENGINE_BUSY = 15
-    DAMAGED_OBJECTS = 16
-    SCRUB_INCOMPLETE = 17
+    DAMAGED_OBJECTS = 20
+    SCRUB_INCOMPLETE = 21
     INTERRUPTED = 130
 
 

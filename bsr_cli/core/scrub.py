@@ -96,13 +96,15 @@ class ScrubProgress:
         return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls) if f.name not in ("seq", "time")})
 
     def describe(self) -> str:
-        """One line a person reads: ``scrub of prompt 1a2b… on rank 0 (after req-7): 40/128 objects, 2 damaged``."""
+        """One line a person reads: ``scrub scrub-0-1 of prompt 1a2b… on rank 0 (after req-7 failed): 40/128 objects
+        looked at, 2 damaged (2 set aside), 0 not held — running``."""
         what = f"prompt {self.prompt}" if self.scope is ScrubScope.PROMPT else f"every {self.tier} object"
         after = f" (after {self.request} failed)" if self.request else ""
-        done = f"{self.checked}/{self.objects}" if self.objects else f"{self.checked}"
-        found = f"{self.damaged} damaged ({self.quarantined} set aside), {self.missing} missing"
+        seen = self.checked + self.missing
+        done = f"{seen}/{self.objects}" if self.objects else f"{seen}"
+        found = f"{self.damaged} damaged ({self.quarantined} set aside), {self.missing} not held"
         state = self.state.value + (f": {self.reason}" if self.reason else "")
-        return f"scrub {self.scrub} of {what} on rank {self.rank}{after}: {done} objects checked, {found} — {state}"
+        return f"scrub {self.scrub} of {what} on rank {self.rank}{after}: {done} objects looked at, {found} — {state}"
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,8 @@ class ScrubReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        """16 when damaged objects were found (set aside where they could be); else 0 when every rank read its
-        whole scope, 17 when one did not (a limit, a tier it could not read, a scrub it could not start)."""
+        """20 when damaged objects were found (set aside where they could be); else 0 when every rank read its
+        whole scope, 21 when one did not (a limit, a tier it could not read, a scrub it could not start)."""
         if self.damaged:
             return ExitCode.DAMAGED_OBJECTS
         return ExitCode.OK if self.complete else ExitCode.SCRUB_INCOMPLETE

@@ -217,7 +217,7 @@ def test_bsr_scrub_says_clean_then_finds_and_sets_apart_the_damage(
     paths = _object_files(healing, 44, ((0, 2, "full"), (1, 6, "swa")), SMALL)
     damaged = _rot(paths)
     found = bsr("scrub", "--tier", "fs", *prompt, "--json")
-    assert found.code == 16, found.out + found.err  # damaged objects found (the negative control of the above)
+    assert found.code == 20, found.out + found.err  # damaged objects found (the negative control of the above)
     d = found.json()
     assert (d["checked"], d["damaged"], len(d["quarantined"])) == (32, 2, 2), d
     assert {q["file"] for q in d["quarantined"]} == {
@@ -231,12 +231,12 @@ def test_bsr_scrub_says_clean_then_finds_and_sets_apart_the_damage(
     again = bsr("scrub", "--tier", "fs", *prompt)
     assert again.code == 0 and "2 not held" in again.out  # set apart: the tier no longer holds them
 
-    # Every object of the tier, split between the two ranks; a limit cuts it short (exit 17).
+    # Every object of the tier, split between the two ranks; a limit cuts it short (exit 21).
     _rot(_object_files(healing, 44, ((0, 5, "full"),), SMALL))
     whole = bsr("scrub", "--tier", "fs", "--all", "--json")
-    assert whole.code == 16 and whole.json()["scope"] == "all" and whole.json()["damaged"] == 1, whole.out
+    assert whole.code == 20 and whole.json()["scope"] == "all" and whole.json()["damaged"] == 1, whole.out
     cut = bsr("scrub", "--tier", "fs", "--all", "--max-objects", "1")
-    assert cut.code == 17 and "stopped at its limit of 1 objects" in cut.err, cut.err
+    assert cut.code == 21 and "stopped at its limit of 1 objects" in cut.err, cut.err
     for bad in (("--tier", "fs"), ("--tier", "fs", "--all", *prompt), ("--tier", "mooncake", "--all")):
         r = bsr("scrub", *bad)
         assert r.code == 2 and r.err.startswith("bsr: error:") and "bsr: hint:" in r.err, (bad, r.err)

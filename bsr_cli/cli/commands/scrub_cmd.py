@@ -2,7 +2,7 @@
 
 The engine does the reading (POST /scrub, each rank its own objects); while it runs, a person at a terminal sees
 each rank's progress (from the tier status the ranks report), then the summary. Exit 0: every object in scope read
-back intact; 16: damaged objects found (set aside, the next store rewrites them); 17: not everything was read (a
+back intact; 20: damaged objects found (set aside, the next store rewrites them); 21: not everything was read (a
 limit, a tier that could not be read, a rank already scrubbing).
 """
 
@@ -44,7 +44,7 @@ def scrub(
     json_flag: JsonFlag = False,
 ) -> None:
     """Read a tier's objects back whole and check them: one prompt's, or every object (--all). Damaged objects are
-    moved aside and the next store rewrites them. Exit 0 clean, 16 damaged objects found, 17 not everything read."""
+    moved aside and the next store rewrites them. Exit 0 clean, 20 damaged objects found, 21 not everything read."""
     from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
