@@ -70,8 +70,8 @@ class StoreResult:
     errors: dict[str, str] = field(default_factory=dict)  # per tier that refused, why
 
 
-# A stored object a tier moved aside after its bytes failed their check (kept for the incident bundle): the core's
-# type, which the engine reports as it is.
+# A stored object a tier set apart after it failed its checksum (moved aside and kept for the incident bundle, or
+# removed where the tier has nowhere to keep it): the core's type, which the engine reports as it is.
 QuarantinedObject = QuarantinedFile
 
 

@@ -33,10 +33,11 @@ MAX_CONCURRENT = 2
 
 @dataclass(frozen=True)
 class QuarantinedFile:
-    """A stored object a tier moved aside after its bytes failed their checksum."""
+    """A stored object a tier set apart after its bytes failed their checksum: moved aside and kept for the incident
+    bundle (the fs tier), or removed (the Mooncake tier, which has nowhere to keep it)."""
 
     key: str
-    file: str  # where it lies now, under the tier's quarantine directory
+    file: str  # where it lies now, under the tier's quarantine directory; "" when the tier removed it
     reason: str
     at: float  # when it was moved aside (Unix time)
     bytes: int

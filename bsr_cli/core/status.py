@@ -20,6 +20,7 @@ from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.scrub import QuarantinedFile, ScrubProgress
+from bsr_cli.core.store_loss import SegmentLoss
 
 
 # -- the engine's info ---------------------------------------------------------------------------------------------
@@ -136,6 +137,8 @@ class TierHealth:
     quarantined_total: int
     # A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok: none).
     condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
+    # The segments the store lost that keep it unhealthy (segment_lost): oldest first; absent when none.
+    lost_segments: tuple[SegmentLoss, ...] = wire.field(omit_empty=True, default=())
     scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # every rank's, running first
 
     to_wire = wire.writer()

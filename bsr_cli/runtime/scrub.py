@@ -140,7 +140,7 @@ class Scrubber:
                 f"tier {tier_name!r} cannot check its own objects on rank {self.rank}"
                 if tier is not None
                 else f"rank {self.rank} has no tier {tier_name!r}",
-                hint="scrub a tier that can verify its objects (the fs tier)",
+                hint="scrub a tier that can verify its objects (fs, mooncake)",
             )
         return tier
 

@@ -283,12 +283,14 @@ _CATEGORY = {
     EventKind.REQUEST_FINISHED: "restores",
     EventKind.ABORT_REQUESTED: "restores",
     EventKind.STORE_FAILED: "restores",
+    EventKind.OUTPUT_MISMATCH: "restores",
     EventKind.OBJECT_QUARANTINED: "restores",
     EventKind.SCRUB_STARTED: "restores",
     EventKind.SCRUB_FINISHED: "restores",
+    EventKind.SEGMENT_LOST: "restores",
 }
 # The events `bsr top` and a replay treat as a failure (the `f` key jumps to the next one).
-FAILURE_KINDS = frozenset({EventKind.RESTORE_FAILED, EventKind.RESTORE_FAILED_CLOSED})
+FAILURE_KINDS = frozenset({EventKind.RESTORE_FAILED, EventKind.RESTORE_FAILED_CLOSED, EventKind.OUTPUT_MISMATCH})
 
 
 def event_category(kind: str) -> str:
@@ -416,6 +418,8 @@ def describe(e: ev.Event) -> str:
             f"rank {e.rank} scrub {e.scrub} {e.state.value}: {e.checked} checked, {e.damaged} damaged, "
             f"{e.quarantined} quarantined" + (f" ({e.reason})" if e.reason else "")
         )
+    if isinstance(e, ev.SegmentLost):
+        return f"STORE LOST ({e.tier}): {e.loss.line()}"
     if isinstance(e, ev.RankUnresponsive):
         return f"rank {e.rank} unresponsive: {e.reason}" + (f" (during {e.request})" if e.request else "")
     if isinstance(e, ev.RankRestarted):

@@ -28,7 +28,10 @@ POLL_S = 1.0  # how often a person's progress lines are refreshed
 def scrub(
     ctx: typer.Context,
     tier: Annotated[
-        str, typer.Option("--tier", metavar="TIER", help="The tier to scrub: one that checks its own objects (fs).")
+        str,
+        typer.Option(
+            "--tier", metavar="TIER", help="The tier to scrub: one that checks its own objects (fs, mooncake)."
+        ),
     ],
     tokens_file: TokensFileOpt = None,
     prompt_file: PromptFileOpt = None,
