@@ -110,8 +110,6 @@ class RestoreBody(_Request):
     _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
 
-# The tiers that can check their own objects (runtime.tiers.RepairableTier), so a scrub can run on them.
-ScrubbableTier = Literal["fs"]
 # Exactly one of a prompt's two forms or every object, said in the schema too.
 _ONE_SCOPE: dict[str, Any] = {
     "oneOf": [*_ONE_PROMPT["oneOf"], {"required": ["all"], "properties": {"all": {"const": True}}}]
@@ -122,7 +120,7 @@ class ScrubBody(_Request):
     """A scrub of one tier: one prompt's objects (``tokens`` or ``synthetic``), or every object (``all``)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_SCOPE)
-    tier: ScrubbableTier
+    tier: Tier  # every tier of the embedded engine checks its own objects (runtime.tiers.RepairableTier)
     tokens: PromptTokens = None  # type: ignore[assignment]
     synthetic: Synthetic = None  # type: ignore[assignment]
     all: StrictBool = False

@@ -297,6 +297,62 @@ def test_mooncake_damaged_objects_are_removed_sound_ones_stay(mc_tier: Any, mc_p
     assert codes == [size] * 4 and sums == [obj_crc(k, v) for k, v in zip(keys[:4], views[:4], strict=True)]
 
 
+def _worker_keys(worker: int, n: int) -> list[str]:
+    run = uuid.uuid4().hex[:12]
+    return [f"test-model@1@{worker}@{run}{i:04x}@bfloat16" for i in range(n)]
+
+
+@pytest.mark.engine
+def test_mooncake_scrub_of_every_object_removes_the_damaged_ones_of_its_shard(mooncake_stack: Any) -> None:
+    """`bsr scrub --tier mooncake --all` on one rank: the master's key listing, split by the worker id in each key,
+    every object of the rank's shard read back whole and checked against its key-bound trailer; the damaged ones
+    (another chunk's object, bytes appended, an older bsr's trailer) are removed and named, the sound ones stay, and
+    another shard's damaged object is left to its own rank. The worker ids are this test's own (997 and 998 of
+    1,000 shards), so the other tests' objects in the shared store are not in its shard."""
+    from bsr_cli.tiers.mooncake import MooncakeTier
+
+    master = mooncake_stack.master
+    tier = MooncakeTier(master.rpc_address, master.metadata_url, admin_url=master.admin_url, deadline_s=10)
+    try:
+        keys, other = _worker_keys(997, 5), _worker_keys(998, 1)
+        size = 4096
+        views = [memoryview(p) for p in payloads([size] * 6, seed=37)]
+        tier.put(keys + other, views, [obj_crc(k, v) for k, v in zip(keys + other, views, strict=True)])
+        whole = [_stored(tier, k) for k in keys + other]
+        _replace(tier, keys[0], whole[4])  # chunk 4's object under chunk 0's key
+        _replace(tier, keys[1], whole[1] + b"\x00" * 64)  # grown
+        older = whole[2][:-16] + b"BSM2" + crc(views[2]).to_bytes(4, "little") + size.to_bytes(8, "little")
+        _replace(tier, keys[2], older)  # an older bsr's object
+        _replace(tier, other[0], whole[5] + b"\x00")  # damaged too, but another rank's
+        assert [tier.check_stored(k).damage is not None for k in keys + other] == [True] * 3 + [False] * 2 + [True]
+        events: list[Any] = []
+        done = Scrubber(997, {"mooncake": tier}, events.append).scrub_all("mooncake", shards=1000, limits=ScrubLimits())
+        p = done.progress
+        assert (p.state, p.checked, p.damaged, p.quarantined) == (ScrubState.COMPLETE, 5, 3, 3), p
+        why = {q.key: q.reason for q in done.quarantined}
+        assert set(why) == set(keys[:3]) and all(q.file == "" for q in done.quarantined)
+        assert why[keys[0]].startswith("checksum mismatch") and why[keys[2]].startswith("written by an older bsr")
+        assert tier.contains(keys + other, 2.0) == [False] * 3 + [True] * 3
+        assert {e.key for e in events if type(e).__name__ == "ObjectQuarantined"} == set(keys[:3])
+        assert tier.quarantined(3)[1] == 3  # `bsr status` lists what it removed
+        # The same prompt scrubbed again: what is gone is missing, what stays is sound.
+        again = Scrubber(997, {"mooncake": tier}, events.append).scrub_prompt(
+            "mooncake", [ScrubTarget(k, i, "g") for i, k in enumerate(keys)], prompt="p", limits=ScrubLimits()
+        )
+        assert again is not None and (again.progress.checked, again.progress.missing) == (2, 3)
+        assert again.progress.damaged == 0
+    finally:
+        tier.remove(keys + other)
+        tier.close()
+
+
+@pytest.mark.engine
+def test_mooncake_scrub_of_every_object_without_the_masters_listing_fails_saying_why(mc_tier: Any) -> None:
+    """A tier given no admin URL cannot list the store: the scrub ends failed (`bsr scrub` exits 21), never clean."""
+    done = Scrubber(0, {"mooncake": mc_tier}, lambda ev: None).scrub_all("mooncake", shards=1, limits=ScrubLimits())
+    assert done.progress.state is ScrubState.FAILED and "no admin URL" in done.progress.reason
+
+
 @pytest.mark.engine
 def test_mooncake_put_is_idempotent(mc_tier: Any, mc_pool: Pool) -> None:
     keys = fresh_keys(1)
@@ -727,6 +783,24 @@ def test_fs_a_damaged_object_rewritten_before_it_is_moved_stays(fs_tier: Filesys
     fs_tier.put([key], [view], [obj_crc(key, view)])  # the next store's good copy
     assert fs_tier.set_aside(found, "test") is None
     assert fs_tier.check_stored(key).damage is None and fs_tier.quarantined(5)[1] == 0
+
+
+def test_fs_scrub_evicts_an_older_formats_file_as_a_read_would(fs_tier: FilesystemTier) -> None:
+    """An older bsr's file (format 2: a checksum of the bytes alone) is not trusted: the scrub counts it damaged and
+    evicts it, as a read does (bsr wrote it, nothing is lost), instead of keeping it in quarantine."""
+    keys = fresh_keys(2)
+    view = memoryview(payloads([4096], seed=41)[0])
+    fs_tier.put(keys, [view] * 2, [obj_crc(k, view) for k in keys])
+    with open(fs_tier.path_for(keys[0]), "r+b") as f:
+        f.seek(4)  # the header's version
+        f.write((2).to_bytes(2, "little"))
+    done = Scrubber(0, {"fs": fs_tier}, lambda ev: None).scrub_prompt(
+        "fs", [ScrubTarget(k, i, "g") for i, k in enumerate(keys)], prompt="p", limits=ScrubLimits()
+    )
+    assert done is not None and (done.progress.damaged, done.progress.quarantined) == (1, 1)
+    (q,) = done.quarantined
+    assert q.key == keys[0] and q.file == "" and q.reason.startswith("written by an older bsr (format v2")
+    assert fs_tier.contains(keys, 1.0) == [False, True] and fs_tier.quarantined(5)[1] == 0
 
 
 def test_fs_another_chunks_object_under_this_key_is_quarantined(fs_tier: FilesystemTier) -> None:

@@ -70,7 +70,7 @@ def scrub(
         raise DamagedObjects(
             f"{report.damaged} damaged object(s) found on tier {tier} ({len(report.quarantined)} set aside)",
             hint="the next store rewrites them (`bsr submit` the prompt); `bsr bundle` keeps the quarantined files' "
-            "list for the incident, and the tier's disk deserves a look",
+            "list for the incident, and the tier's storage deserves a look",
         )
     if code is ExitCode.SCRUB_INCOMPLETE:
         why = "; ".join(f"rank {r.rank} {r.state.value}: {r.reason}" for r in report.ranks if r.reason)

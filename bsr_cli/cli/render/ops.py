@@ -532,7 +532,8 @@ def scrub(console: Console, d: ScrubReport) -> None:
             + (f" ({p.reason})" if p.reason else "")
         )
     for q in d.quarantined:
-        console.print(f"  [yellow]quarantined[/] {escape(q.file)}: {escape(q.reason)}")
+        where = f"[yellow]quarantined[/] {escape(q.file)}" if q.file else f"[yellow]removed[/] {escape(q.key)}"
+        console.print(f"  {where}: {escape(q.reason)}")
     if d.damaged:
         console.print(f"[red]{d.damaged} damaged object(s)[/]: set aside, rewritten by the next store")
     elif d.complete:
