@@ -33,6 +33,7 @@ from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.scrub import ScrubLimits, ScrubReport
 from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamedRequest, read_line
 from bsr_cli.errors import (
@@ -58,6 +59,8 @@ OnEvent = Callable[[Event], None]  # a progress event, read from the wire form t
 
 PAGE = 5000  # events asked for per /events page when filtering
 MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
+# How long a scrub's answer is waited for: the engine's own wait for its ranks (runtime/scrub.py), and a margin.
+SCRUB_WAIT_S = 630.0
 
 
 @dataclass(frozen=True)
@@ -344,6 +347,16 @@ class AdminClient:
     def probe(self, prompt: Prompt, exclude_tiers: list[str] | None = None) -> ProbeResult:
         body = prompt.to_wire() | ({"exclude_tiers": exclude_tiers} if exclude_tiers else {})
         return ProbeResult.from_wire(self._call("POST", "/probe", body))
+
+    def scrub(self, tier: str, prompt: Prompt | None, limits: ScrubLimits | None = None) -> ScrubReport:
+        """Scrub ``tier``: the prompt's objects, or (``prompt`` None) every object it holds. Answers when every rank
+        is done; a scrub is bounded by its limits, so its answer may take long: waits up to the engine's own
+        deadline for the ranks (or ``--timeout`` when one is given)."""
+        lim = limits or ScrubLimits()
+        body = {"tier": tier, "max_objects": lim.max_objects, "max_bytes": lim.max_bytes}
+        body |= prompt.to_wire() if prompt is not None else {"all": True}
+        timeout = self.stream_timeout_s or SCRUB_WAIT_S
+        return ScrubReport.from_wire(self._call("POST", "/scrub", body, timeout=timeout))
 
     def submit(
         self,

@@ -68,6 +68,8 @@ class EventKind(StrEnum):
     STORE_FAILED = "store_failed"
     OUTPUT_MISMATCH = "output_mismatch"  # a request's KV hashed differently from the canonical: invalidated
     OBJECT_QUARANTINED = "object_quarantined"  # a stored object failed its checksum and was moved aside
+    SCRUB_STARTED = "scrub_started"  # a rank began reading a tier's objects back to check them
+    SCRUB_FINISHED = "scrub_finished"  # ... and ended: what it checked and set aside, and how it ended
     SEGMENT_LOST = "segment_lost"  # the store dropped a holder's segment: every object on it is gone
     MARKER_SET = "marker_set"
     MARKER_CLEARED = "marker_cleared"
@@ -184,6 +186,27 @@ class TierCondition(StrEnum):
         return _kept_as_sent(cls, value)  # a newer engine's reason, shown as sent
 
 
+class ScrubScope(StrEnum):
+    """What a scrub reads back: one prompt's objects, or every object a tier holds."""
+
+    PROMPT = "prompt"
+    ALL = "all"
+
+
+class ScrubState(StrEnum):
+    """Where a scrub stands, or how it ended (`bsr scrub`'s exit code follows it)."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"  # every object in its scope was read back and checked
+    CUT = "cut"  # it stopped at its limit (objects or bytes) before the end of its scope
+    FAILED = "failed"  # the tier could not be read (its directory gone, an I/O error on the walk)
+    SKIPPED = "skipped"  # never ran: the rank already runs as many scrubs as it allows, or this one
+
+    @property
+    def finished(self) -> bool:
+        return self is not ScrubState.RUNNING
+
+
 class SegmentLossCause(StrEnum):
     """How a Mooncake segment (and every object on it) was lost, as the store's watch saw it."""
 
@@ -202,6 +225,8 @@ __all__ = [
     "EventKind",
     "FailureKind",
     "Outcome",
+    "ScrubScope",
+    "ScrubState",
     "SegmentLossCause",
     "Stage",
     "TierCondition",

@@ -33,6 +33,7 @@ from bsr_cli.core.events import (
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.results import InvalidCell, RankRestore, RestoreReport
+from bsr_cli.core.scrub import ScrubProgress
 from bsr_cli.core.status import (
     ActiveRestore,
     Admission,
@@ -70,10 +71,9 @@ def _rank_tier(status: TierStatus) -> RankTierStatus:
         ok=status.ok,
         detail=status.detail,
         condition=TierCondition(status.condition),
-        quarantined=tuple(
-            QuarantinedFile(key=q.key, file=q.file, reason=q.reason, at=q.at, bytes=q.bytes) for q in status.quarantined
-        ),
+        quarantined=tuple(status.quarantined),
         quarantined_total=status.quarantined_total,
+        scrubs=tuple(status.scrubs),
     )
 
 
@@ -90,6 +90,7 @@ class _TierJoin:
         self.conditions: list[TierCondition] = []
         self.quarantined: list[QuarantinedFile] = []
         self.dirs: dict[str, int] = {}  # its quarantine directories' totals
+        self.scrubs: list[ScrubProgress] = []
         self.lost: list[SegmentLoss] = []  # segments its store lost
 
     def unhealthy(self, condition: TierCondition, why: str) -> None:
@@ -106,6 +107,8 @@ class _TierJoin:
             quarantined=tuple(sorted(self.quarantined, key=lambda q: -q.at)),
             quarantined_total=sum(self.dirs.values()),
             condition=self.conditions[0] if self.conditions else TierCondition.OK,
+            # Every rank's, the running ones first.
+            scrubs=tuple(sorted(self.scrubs, key=lambda p: (p.state.finished, -p.started_at))),
             lost_segments=tuple(self.lost),
         )
 
@@ -200,6 +203,7 @@ class Observation:
                 t.quarantined.extend(q for q in h.quarantined if q.file not in known)
                 if h.quarantined:
                     t.dirs[os.path.dirname(h.quarantined[0].file)] = h.quarantined_total
+                t.scrubs.extend(h.scrubs)
         for name, flags in self._tier_flags().items():
             t = tiers[name]
             for cond, why in flags:

@@ -160,7 +160,9 @@ class Orchestration:
         windows = windows_for(self.reg, w, k, ext_tokens)
         objects = {r.rank: self.admission.objects_for(bitmap, r.rank, k, exclude, hashes) for r in self.ranks}
         tiers_used = {o.tier for objs in objects.values() for refs in objs.values() for o in refs}
-        jobs = self.admission.restore_jobs(request, w, windows, objects, block_tables, self.faults.armed())
+        jobs = self.admission.restore_jobs(
+            request, w, windows, objects, block_tables, self.faults.armed(), prompt=prompt, hashes=hashes
+        )
         started = time.monotonic()
         self.observation.restore_began(
             request,

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Protocol
 
 from bsr_cli.api.ranks import ObjectRef, RestoreJob, RestoreResult, WindowJob
 from bsr_cli.core.events import (
@@ -76,9 +76,9 @@ def run_windows(
     rank: int,
     groups: Sequence[str],
     request: str,
-    windows: Sequence[Any],
+    windows: Sequence[WindowJob],
     abort: threading.Event,
-    step: Callable[[Any, RankOutcome], int],
+    step: Callable[[WindowJob, RankOutcome], int],
     scrub: Callable[[], None],
     emit: Emit,
     pool_stats: Callable[[], dict[str, int]],
@@ -91,7 +91,7 @@ def run_windows(
     outcome (``RestoreFailed`` with its kind and tier, ``CapacityError`` as capacity, anything else as a tier
     transfer error), every destination block scrubbed, ``restore_failed`` emitted.
 
-    ``windows`` are the host's window objects, each with an ``index``; ``prepare`` runs first inside the same
+    ``windows`` are the job's windows; ``prepare`` runs first inside the same
     failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead)."""
     started = time.monotonic()
     out = RankOutcome(rank, ok=False, valid=dict.fromkeys(groups, False))
@@ -119,6 +119,7 @@ def run_windows(
     except RestoreFailed as e:
         out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
         out.stage = e.stage.value if e.stage is not None else ""
+        out.failed_chunks = next(((w.chunk_start, w.chunk_end) for w in windows if w.index == e.window), None)
         bad = set(e.groups or groups)
         out.valid = {g: g not in bad for g in groups}
     except CapacityError as e:
@@ -149,6 +150,7 @@ def run_windows(
                 window=failure.window,
                 tier=failure.tier,
                 cause=failure.cause,
+                chunks=failure.chunks,
             )
         )
     return out

@@ -58,6 +58,8 @@ from bsr_cli.api.ranks import (
     RestoreJob,
     RestoreRequest,
     RestoreResult,
+    ScrubRequest,
+    ScrubResult,
     SetBudgetRequest,
     SetBudgetResult,
     SetFsConcurrencyRequest,
@@ -468,6 +470,13 @@ class LMCacheRank:
 
     def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult:
         raise UnsupportedOp(req.op, "removing objects is not supported over LMCache from bsr; use LMCache's own tools")
+
+    def scrub(self, req: ScrubRequest) -> ScrubResult:
+        raise UnsupportedOp(
+            req.op,
+            "scrubbing is not served over LMCache: its backends cannot read an object back and check it for bsr",
+            hint="a load from LMCache's Mooncake tier is verified as it arrives (bsr_checksums)",
+        )
 
     # -- destination-KV ops: served by the KVOps over this rank's KV ------------------------------------------------
     def prefill(self, req: PrefillRequest) -> PrefillResult:
