@@ -156,6 +156,7 @@ def register_commands() -> None:
         engine_cmd,
         explain_cmd,
         incident,
+        monitoring_cmd,
         operate,
         planning,
         top_cmd,
@@ -185,4 +186,5 @@ def register_commands() -> None:
     app.add_typer(operate.markers_app, name="markers")
     app.add_typer(incident.settings_app, name="settings")
     app.add_typer(top_cmd.pool_app, name="pool")
+    app.add_typer(monitoring_cmd.monitoring_app, name="monitoring")
     app.add_typer(bench_app, name="bench")

@@ -209,7 +209,8 @@ class RestoreFailed:
     window: int | None = None
     tier: str | None = None
     cause: CapacityCause | None = None
-    failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
+    failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired on this rank in it
 
     @property
     def failure(self) -> Failure:
@@ -240,6 +241,7 @@ class RestoreCommitted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,6 +257,7 @@ class RestoreFailedClosed:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,6 +273,7 @@ class RestoreRefused:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,6 +289,7 @@ class RestoreAborted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 # A restore ended, whatever its outcome (``isinstance(e, RestoreEnded)``; ``e.outcome`` says which).
@@ -356,6 +361,7 @@ class MarkerSet:
     request: str | None = None
     excluded_tiers: tuple[str, ...] = ()
     reason: str = ""
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault failed the restore
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -84,13 +84,16 @@ class _TierJoin:
 
     def __init__(self) -> None:
         self.ok = True
+        self.real = False  # a reason it is unhealthy that no injected fault caused
         self.detail: list[str] = []
         self.conditions: list[TierCondition] = []
         self.quarantined: list[QuarantinedFile] = []
         self.dirs: dict[str, int] = {}  # its quarantine directories' totals
+        self.armed: list[str] = []  # faults armed against it: shown, never a reason it is unhealthy
 
-    def unhealthy(self, condition: TierCondition, why: str) -> None:
+    def unhealthy(self, condition: TierCondition, why: str, *, injected: bool = False) -> None:
         self.ok = False
+        self.real = self.real or not injected
         self.detail.append(why)
         if condition is not TierCondition.OK and condition not in self.conditions:
             self.conditions.append(condition)
@@ -103,6 +106,8 @@ class _TierJoin:
             quarantined=tuple(sorted(self.quarantined, key=lambda q: -q.at)),
             quarantined_total=sum(self.dirs.values()),
             condition=self.conditions[0] if self.conditions else TierCondition.OK,
+            injected=not self.ok and not self.real,
+            faults_armed=tuple(self.armed),
         )
 
 
@@ -188,31 +193,22 @@ class Observation:
                 t.quarantined.extend(q for q in h.quarantined if q.file not in known)
                 if h.quarantined:
                     t.dirs[os.path.dirname(h.quarantined[0].file)] = h.quarantined_total
-        for name, flags in self._tier_flags().items():
-            t = tiers[name]
-            for cond, why in flags:
-                t.unhealthy(cond, why)
-        return {name: t.health() for name, t in tiers.items()}
-
-    def _tier_flags(self) -> dict[str, list[tuple[TierCondition, str]]]:
-        """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
-        a recent real failure that no committed restore from it has cleared since."""
+        for name in self.settings.tiers:  # every configured tier is listed, healthy or not
+            tiers.setdefault(name, _TierJoin())
+        for f in self._armed_faults():
+            for name in f.tiers_affected():
+                tiers[name].armed.append(f"fault #{f.id} {f.kind} armed")
         now = time.time()
-        armed = self._armed_faults()
         with self._lock:
             recent = {t: v for t, v in self._tier_failures.items() if now - v.at <= TIER_FAILURE_TTL_S}
-        out: dict[str, list[tuple[TierCondition, str]]] = {t: [] for t in self.settings.tiers}
-        for f in armed:
-            for t in f.tiers_affected():
-                out.setdefault(t, []).append((TierCondition.FAULT_ARMED, f"fault #{f.id} {f.kind} armed"))
-        for t, v in recent.items():
-            out.setdefault(t, []).append(
-                (
-                    TierCondition.RESTORE_FAILED,
-                    f"restore from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}",
-                )
+        for name, v in recent.items():
+            # A recent failure that no committed restore from the tier has cleared since; one an injected fault
+            # caused (a drill's) is told apart, so that it pages nobody.
+            why = f"restore from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}"
+            tiers[name].unhealthy(
+                TierCondition.RESTORE_FAILED, why + (" (injected fault)" if v.injected else ""), injected=v.injected
             )
-        return out
+        return {name: t.health() for name, t in tiers.items()}
 
     def _note_tier_health(
         self,
@@ -319,6 +315,7 @@ class Observation:
             tokens=ext_tokens,
             w=w,
             tiers=sorted(tiers_used),
+            injected=bool(fired),
         )
         return result
 
@@ -335,12 +332,14 @@ class Observation:
         seconds: float = 0.0,
         tokens: int = 0,
         tiers: Sequence[str] = (),
+        injected: bool = False,
     ) -> None:
         """Every ended restore, once: counted, listed among the recent ones, then logged as its outcome's event (so
         whoever sees the event finds the rest already recorded). The amounts default to a restore that ended before
-        any byte moved (nothing to restore, refused, a rank that stopped answering)."""
+        any byte moved (nothing to restore, refused, a rank that stopped answering); ``injected``: an injected fault
+        fired in it (counted and logged as such, so that a drill pages nobody)."""
         deciding = next((f for f in fails if f.kind is kind), None)
-        self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
+        self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None, injected)
         with self._lock:
             self._recent.appendleft(
                 RecentRestore(
@@ -365,6 +364,7 @@ class Observation:
                     failures=tuple(fails),
                     failure_kind=kind,
                     seconds=seconds,
+                    injected=injected,
                 )
             )
 

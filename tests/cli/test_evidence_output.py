@@ -172,5 +172,5 @@ def test_a_refused_window_and_an_abort_are_not_failed_closed(bsr: Any, engine: A
         after = c.metrics()
     assert _failed_closed(after) == _failed_closed(before)
     rose = {k: v - _restores_total(before).get(k, 0.0) for k, v in _restores_total(after).items()}
-    assert rose['kind="capacity",outcome="refused",stage="admission"'] == 2
+    assert rose['injected="false",kind="capacity",outcome="refused",stage="admission"'] == 2
     assert sum(v for k, v in rose.items() if 'outcome="aborted"' in k) == 1

@@ -149,8 +149,8 @@ def test_a_full_fs_tier_is_unhealthy_and_submit_says_the_store_failed(bsr: Any, 
         assert not fs.ok and TierCondition.FULL in fs.conditions, fs
         assert any("No space left on device (ENOSPC)" in d for d in fs.detail)
         assert "fs" in health.degraded_tiers
-        assert 'bsr_tier_healthy{tier="fs"} 0.0' in metrics
-        assert 'bsr_tier_condition{condition="full",tier="fs"} 1.0' in metrics
+        assert 'bsr_tier_healthy{injected="false",tier="fs"} 0.0' in metrics
+        assert 'bsr_tier_condition{condition="full",injected="false",tier="fs"} 1.0' in metrics
     finally:
         eng.tmpfs.unfill()
 

@@ -127,7 +127,8 @@ def test_a_request_still_waiting_at_its_deadline_is_refused_for_capacity(engine:
     assert _gave_up(engine) == 1 and _gauge(engine) == 0
     assert (
         engine.coordinator.counters.value(
-            "bsr_restores_total", {"outcome": Outcome.REFUSED, "kind": FailureKind.CAPACITY, "stage": "admission"}
+            "bsr_restores_total",
+            {"outcome": Outcome.REFUSED, "kind": FailureKind.CAPACITY, "stage": "admission", "injected": "false"},
         )
         == 1
     )

@@ -421,8 +421,11 @@ def status(console: Console, d: EngineStatus) -> None:
         elif r.last_fault is not None:
             console.print(f"rank {r.rank} recovered; last fault: {r.last_fault.reason}")
     for name, h in snap.tiers.items():
-        why = f"({h.condition.replace('_', ' ')}) " if h.condition != TierCondition.OK else ""
-        console.print(f"tier {name}: " + ("[green]ok[/]" if h.ok else f"[red]unhealthy[/] {why}" + "; ".join(h.detail)))
+        why = f"({h.condition.replace('_', ' ')}{', injected' if h.injected else ''}) "
+        why = why if h.condition != TierCondition.OK else ""
+        state = "[yellow]unhealthy[/]" if h.injected else "[red]unhealthy[/]"  # a drill's failure, which pages nobody
+        line = f"tier {name}: " + ("[green]ok[/]" if h.ok else f"{state} {why}" + "; ".join(h.detail))
+        console.print(line + "".join(f" · [yellow]{armed}[/]" for armed in h.faults_armed))
         if h.quarantined_total:
             console.print(
                 f"[yellow]tier {name}: {h.quarantined_total} damaged object(s) quarantined[/] "
