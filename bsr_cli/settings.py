@@ -10,7 +10,7 @@ The config file is TOML at ``$BSR_CONFIG`` or ``~/.config/bsr/config.toml``::
 
     [profiles.prod]
     url = "http://10.0.0.5:8470"
-    token = "..."
+    token_file = "/etc/bsr/prod.token"   # or token = "..."
 
 `bsr config show` prints every value with its source.
 """
@@ -46,7 +46,7 @@ CONFIG_KEYS = frozenset({"engine", "token", "state_dir", "timeout", "profiles", 
 DEFAULT_EVENT_RETENTION_S = 7 * 86400.0  # the embedded engine's event store: events older than this are deleted
 DEFAULT_EVENT_STORE_BYTES = 512 << 20  # ... and the oldest, beyond this size
 MIN_EVENT_STORE_BYTES = 1 << 20
-PROFILE_KEYS = frozenset({"url", "urls", "token"})
+PROFILE_KEYS = frozenset({"url", "urls", "token", "token_file"})
 
 
 def default_config_path() -> Path:
@@ -66,11 +66,13 @@ def _truthy(value: str) -> bool:
 @dataclass(frozen=True)
 class Profile:
     """An engine profile of the config file (``[profiles.NAME]``): one engine (``url``) or several (``urls``, URLs
-    or other profiles' names, for `bsr status` and `bsr top`), and the token to send them."""
+    or other profiles' names, for `bsr status` and `bsr top`), and the token to send them: ``token``, or
+    ``token_file`` (read when it is used, relative to the config file's directory)."""
 
     url: str = ""
     urls: tuple[str, ...] | None = None
     token: str | None = None
+    token_file: Path | None = None
 
 
 @dataclass
@@ -164,13 +166,16 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
                 f"{s.config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
                 hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
             )
-        urls, token = prof.get("urls"), prof.get("token")
+        urls, token, token_file = prof.get("urls"), prof.get("token"), prof.get("token_file")
         if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
             raise InvalidInput(f"profile {pname!r}: urls must be a list of URLs or profile names")
+        if token_file is not None and (not isinstance(token_file, str) or not token_file or token is not None):
+            raise InvalidInput(f"profile {pname!r}: token_file must be a path, and given instead of token")
         s.profiles[pname] = Profile(
             url=str(prof.get("url", "")),
             urls=None if urls is None else tuple(urls),
             token=None if token is None else str(token),
+            token_file=None if token_file is None else s.config_path.parent / Path(token_file).expanduser(),
         )
 
     for name, key, conv in (

@@ -196,9 +196,11 @@ class RankRestarter:
             self._restart(i, rank)
 
     def _restart(self, i: int, old: Any) -> None:
-        why = getattr(old, "_dead", None) or "process exited"
-        self.log(f"bsr engine: rank {i} is not running ({why}): restarting it")
         old.close(timeout=2.0)
+        # Once it is reaped, how it went (a signal, an exit code): the reason its rank_restarted event carries.
+        exit_reason = getattr(old, "exit_reason", None)
+        why = exit_reason() if callable(exit_reason) else getattr(old, "_dead", None) or "process exited"
+        self.log(f"bsr engine: rank {i} is not running ({why}): restarting it")
         try:
             new = self.start(i)
         except Exception as e:  # noqa: BLE001 - retried after the backoff

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing as mp
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -117,6 +118,18 @@ class ProcessRank:
             pending, self._pending = self._pending, {}
         for fut in pending.values():
             fut.set_exception(RankDied(f"rank {self.rank} died ({self._dead})"))
+
+    def exit_reason(self) -> str:
+        """Why the process went, once it has (after ``close``): the signal that killed it, or its exit code."""
+        code = self.process.exitcode
+        if code is None:
+            return self._dead or "process exited"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with code {code}"
 
     def close(self, timeout: float = 10.0) -> None:
         with self._lock, contextlib.suppress(OSError, ValueError):

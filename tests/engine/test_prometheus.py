@@ -10,7 +10,6 @@ import contextlib
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -19,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import prometheus_server
 import pytest
 import yaml
+from own_engine import OwnEngine, own_engine
+from prometheus_server import needs_prometheus
 
 from bsr_cli.client import AdminClient
 from bsr_cli.core.evidence import FailureKind, Outcome
@@ -31,11 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MON = ROOT / "docs" / "monitoring"
 RULES = MON / "bsr-alerts.yml"
 DASHBOARD = MON / "grafana-bsr.json"
-PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/setup installs it)")
-needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (scripts/setup does)")
 
 
 def _promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -73,71 +73,28 @@ def test_live_metrics_follow_prometheus_conventions(engine: Any) -> None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _prometheus(url: str, token: str, tmp_path: Path, rules: str) -> Iterator[Callable[..., Any]]:
     """A real Prometheus server on loopback scraping the engine at ``url`` every 0.5 s with ``rules``, evaluating
     them every 0.5 s, always stopped. Yields a caller of its HTTP API (the answer's ``data``)."""
-    assert PROMETHEUS is not None
     target = url.removeprefix("http://")
-    cfg = tmp_path / "prometheus.yml"
     (tmp_path / "bsr-alerts.yml").write_text(rules)
-    cfg.write_text(
+    config = (
         "global: {scrape_interval: 500ms, evaluation_interval: 500ms}\n"
         "rule_files: [bsr-alerts.yml]\n"
         # /metrics needs the engine's token, as every route but /health does (docs/monitoring.md).
         f"scrape_configs:\n  - job_name: bsr\n    authorization: {{credentials: '{token}'}}\n"
         f"    static_configs: [{{targets: ['{target}']}}]\n"
     )
-    port = _free_port()
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={cfg}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=tmp_path,
-    )
-    base = f"http://127.0.0.1:{port}"
-    http = httpx.Client(base_url=base, timeout=5.0)
+    with prometheus_server.running(config, tmp_path) as base, httpx.Client(base_url=base, timeout=5.0) as http:
 
-    def api(path: str, **params: Any) -> Any:
-        r = http.get(f"/api/v1/{path}", params=params)
-        body = r.json()
-        assert body["status"] == "success", body
-        return body["data"]
+        def api(path: str, **params: Any) -> Any:
+            r = http.get(f"/api/v1/{path}", params=params)
+            body = r.json()
+            assert body["status"] == "success", body
+            return body["data"]
 
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
-            try:
-                if http.get("/-/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "prometheus not ready within 60 s"
-            time.sleep(0.2)
         yield api
-    finally:
-        http.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
 
 
 @pytest.fixture
@@ -224,29 +181,10 @@ def _fast_rules() -> str:
 
 
 @pytest.fixture(scope="module")
-def drill_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+def drill_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnEngine]:
     """An engine of this test's own (its fs tier gets a rotten object): both tiers, faults enabled."""
-    pytest.importorskip("mooncake.store")
-    from bsr_cli.client import local_engine
-    from bsr_cli.engine import supervisor
-    from bsr_cli.loaders import builtin_registration
-
-    state = tmp_path_factory.mktemp("drill-engine")
-    opts = supervisor.EngineOptions(
-        builtin_registration("demo"),
-        w=4,
-        max_tokens=4096,
-        faults_enabled=True,
-        fetch_timeout_s=2.0,
-        segment_bytes=256 << 20,
-    )
-    try:
-        supervisor.up(state, opts)
-        conn = local_engine.connection(state)
-        assert conn is not None
-        yield conn[0], conn[1], state
-    finally:
-        supervisor.down(state)
+    with own_engine(tmp_path_factory.mktemp("drill-engine"), segment_bytes=256 << 20) as eng:
+        yield eng
 
 
 def _value(api: Callable[..., Any], query: str) -> tuple[float, float] | None:
@@ -283,10 +221,10 @@ def _rot_fs_object(state: Path, seed: int) -> None:
 @needs_prometheus
 @pytest.mark.timeout(360)
 def test_a_drill_pages_nobody_and_the_same_failure_for_real_does(
-    drill_engine: tuple[str, str, Path], bsr: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    drill_engine: OwnEngine, bsr: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    url, token, state = drill_engine
-    for k, v in {"BSR_ENGINE": url, "BSR_TOKEN": token, "BSR_STATE_DIR": str(state)}.items():
+    url, token, state = drill_engine.url, drill_engine.token, drill_engine.state_dir
+    for k, v in drill_engine.env().items():
         monkeypatch.setenv(k, v)
     with _prometheus(url, token, tmp_path, _fast_rules()) as api:
         _until(lambda: [t for t in api("targets")["activeTargets"] if t["health"] == "up"], "the engine target up")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from engine.tmpfs import Tmpfs, mount_tmpfs
+from own_engine import own_engine
 
 from bsr_cli.core.evidence import TierCondition
 
@@ -42,23 +43,12 @@ class FsEngine:
 @pytest.fixture(scope="module")
 def fs_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FsEngine]:
     """An embedded engine without Mooncake whose fs tier directory is a 64 MiB tmpfs of its own."""
-    from bsr_cli.client import local_engine
-    from bsr_cli.engine import supervisor
-    from bsr_cli.loaders import builtin_registration
-
     state = tmp_path_factory.mktemp("fs-engine")
     tmpfs = mount_tmpfs(state / "fs-tier", "64m")
     try:
-        opts = supervisor.EngineOptions(
-            builtin_registration("demo"), w=4, max_tokens=8192, fetch_timeout_s=5.0, remote=False
-        )
-        try:
-            supervisor.up(state, opts)
-            conn = local_engine.connection(state)
-            assert conn is not None
-            yield FsEngine(conn[0], conn[1], state, tmpfs)
-        finally:
-            supervisor.down(state)
+        settings = dict(max_tokens=8192, fetch_timeout_s=5.0, remote=False, faults_enabled=False)
+        with own_engine(state, **settings) as eng:
+            yield FsEngine(eng.url, eng.token, state, tmpfs)
     finally:
         tmpfs.unmount()
 

@@ -644,6 +644,11 @@ def fleet_table(d: FleetView) -> Table:
 
 def fleet(console: Console, d: FleetView) -> None:
     console.print(fleet_table(d))
+    if d.timeline:
+        console.print("timeline (newest first):")
+        for i in d.timeline:
+            when = time.strftime("%H:%M:%S", time.localtime(i.time))
+            console.print(Text(f"  {when} {i.engine}: {i.text}"))
 
 
 def explain(console: Console, d: Explanation) -> None:
