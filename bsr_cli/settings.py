@@ -156,27 +156,7 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
             f"{s.config_path}: unknown setting(s) {', '.join(unknown)}",
             hint=f"the config file knows: {', '.join(sorted(CONFIG_KEYS))}",
         )
-    profiles = file_cfg.get("profiles", {})
-    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
-        raise InvalidInput(f"{s.config_path}: [profiles] must be a table of tables")
-    for pname, prof in profiles.items():
-        extra = sorted(set(prof) - PROFILE_KEYS)
-        if extra:
-            raise InvalidInput(
-                f"{s.config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
-                hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
-            )
-        urls, token, token_file = prof.get("urls"), prof.get("token"), prof.get("token_file")
-        if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
-            raise InvalidInput(f"profile {pname!r}: urls must be a list of URLs or profile names")
-        if token_file is not None and (not isinstance(token_file, str) or not token_file or token is not None):
-            raise InvalidInput(f"profile {pname!r}: token_file must be a path, and given instead of token")
-        s.profiles[pname] = Profile(
-            url=str(prof.get("url", "")),
-            urls=None if urls is None else tuple(urls),
-            token=None if token is None else str(token),
-            token_file=None if token_file is None else s.config_path.parent / Path(token_file).expanduser(),
-        )
+    s.profiles = _profiles(file_cfg.get("profiles", {}), s.config_path)
 
     for name, key, conv in (
         ("engine", "engine", str),
@@ -211,6 +191,35 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
             f"({s.sources.get('timeout_s', 'default')})"
         )
     return s
+
+
+def _profiles(profiles: Any, config_path: Path) -> dict[str, Profile]:
+    """The config file's ``[profiles.NAME]`` tables, each checked (a token file relative to the config file)."""
+    out: dict[str, Profile] = {}
+    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
+        raise InvalidInput(f"{config_path}: [profiles] must be a table of tables")
+    for pname, prof in profiles.items():
+        extra = sorted(set(prof) - PROFILE_KEYS)
+        if extra:
+            raise InvalidInput(
+                f"{config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
+                hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
+            )
+        urls, token, token_file = prof.get("urls"), prof.get("token"), prof.get("token_file")
+        if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
+            raise InvalidInput(f"profile {pname!r}: urls must be a list of URLs or profile names")
+        if token_file is not None and (not isinstance(token_file, str) or not token_file or token is not None):
+            raise InvalidInput(
+                f"profile {pname!r}: token_file must be a path, and given instead of token",
+                hint='a profile takes token = "..." or token_file = "PATH" (relative to the config file)',
+            )
+        out[pname] = Profile(
+            url=str(prof.get("url", "")),
+            urls=None if urls is None else tuple(urls),
+            token=None if token is None else str(token),
+            token_file=None if token_file is None else config_path.parent / Path(token_file).expanduser(),
+        )
+    return out
 
 
 def parse_event_retention(value: Any) -> float:

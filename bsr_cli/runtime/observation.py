@@ -79,6 +79,24 @@ def _rank_tiers(stats: StatsResult) -> dict[str, RankTierStatus] | None:
     return None if stats.tiers is None else {name: _rank_tier(t) for name, t in stats.tiers.items()}
 
 
+def _failures(outcomes: Sequence[RestoreResult], committed: int, invalid: Sequence[tuple[int, str]]) -> list[Failure]:
+    """Each failed rank's failure; when every rank said it succeeded yet nothing was committed, each invalid
+    (rank, group) cell: the rank did not report that group, which only the rank can explain (a host bug), never a
+    tier."""
+    fails = [failures.failure_of(o) for o in outcomes if not o.ok]
+    if committed or fails:
+        return fails
+    return [
+        Failure(
+            rank=r,
+            reason=f"rank {r} reported no valid install of KV group {g}",
+            kind=FailureKind.RANK,
+            stage=Stage.COMMIT,
+        )
+        for r, g in invalid
+    ]
+
+
 class _TierJoin:
     """One tier's health while ``tier_health`` joins what every rank and the coordinator know of it."""
 
@@ -252,19 +270,7 @@ class Observation:
         """One restore's report (what the CLI shows), recorded: the failures classified and blamed by stage, tier
         and rank health noted, the outcome counted and logged, and the recent-restores entry."""
         total_bytes = sum(o.bytes_restored for o in outcomes)
-        fails = [failures.failure_of(o) for o in outcomes if not o.ok]
-        if not committed_tokens and not fails:
-            # Every rank said it succeeded, yet a (rank, group) cell is invalid: the rank did not report that
-            # group, which only the rank can explain (a host bug), never a tier.
-            fails = [
-                Failure(
-                    rank=r,
-                    reason=f"rank {r} reported no valid install of KV group {g}",
-                    kind=FailureKind.RANK,
-                    stage=Stage.COMMIT,
-                )
-                for r, g in invalid
-            ]
+        fails = _failures(outcomes, committed_tokens, invalid)
         kind = None if committed_tokens else failures.classify(fails)
         outcome = failures.outcome(kind)
         deciding = next((f for f in fails if f.kind is kind), None)

@@ -142,21 +142,24 @@ def run_windows(
     if not out.ok:
         # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
         scrub()
-        failure = failures.failure_of(out)
-        emit(
-            RestoreFailedEvent(
-                request=request,
-                rank=rank,
-                reason=failure.reason,
-                failure_kind=failure.kind,
-                stage=failure.stage,
-                window=failure.window,
-                tier=failure.tier,
-                cause=failure.cause,
-                injected=bool(out.fired_faults),
-            )
-        )
+        emit(_failed_event(request, out))
     return out
+
+
+def _failed_event(request: str, out: RankOutcome) -> RestoreFailedEvent:
+    """The rank's ``restore_failed``: its failure as classified, marked injected when an injected fault fired."""
+    failure = failures.failure_of(out)
+    return RestoreFailedEvent(
+        request=request,
+        rank=out.rank,
+        reason=failure.reason,
+        failure_kind=failure.kind,
+        stage=failure.stage,
+        window=failure.window,
+        tier=failure.tier,
+        cause=failure.cause,
+        injected=bool(out.fired_faults),
+    )
 
 
 Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]

@@ -64,6 +64,22 @@ def test_an_engines_file_names_each_engines_token_file(bsr: Any, tmp_path: Path)
     assert r.code == 2 and row["error"] == "invalid-input" and "missing.token" in row["problems"][0], r.out
 
 
+def test_a_profile_names_its_token_file_relative_to_the_config_file(bsr: Any, tmp_path: Path) -> None:
+    from bsr_cli.settings import SettingFlags, load_settings
+
+    (tmp_path / "p.token").write_text("token-of-p\n")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        f'[profiles.p]\nurl = "{NOWHERE}"\ntoken_file = "p.token"\n[profiles.q]\nurl = "http://127.0.0.1:10"\n'
+    )
+    settings = load_settings(SettingFlags(config=cfg, engine="p,q", token="one-for-all"))
+    found = fleet.targets(settings)
+    assert found is not None and [fleet.credential(t).token for t in found] == ["token-of-p", "one-for-all"]
+    cfg.write_text(f'[profiles.p]\nurl = "{NOWHERE}"\ntoken = "x"\ntoken_file = "p.token"\n')
+    r = bsr("status", "--config", str(cfg), "--engine", "p")
+    assert r.code == 2 and "token_file must be a path, and given instead of token" in r.err and "hint" in r.err
+
+
 def test_one_engine_from_a_file_is_still_a_fleet(bsr: Any, tmp_path: Path) -> None:
     listing = tmp_path / "engines.txt"
     listing.write_text(f"{NOWHERE}\n")
