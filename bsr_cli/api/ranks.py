@@ -71,10 +71,11 @@ class StoreResult:
 
 @dataclass(frozen=True)
 class QuarantinedObject:
-    """A stored object a tier moved aside after its bytes failed their checksum (kept for the incident bundle)."""
+    """A stored object a tier set apart after it failed its checksum: moved aside and kept for the incident bundle
+    (the fs tier), or removed (the Mooncake tier, which has nowhere to keep it)."""
 
     key: str
-    file: str  # where it lies now, under the tier's quarantine directory
+    file: str  # where it lies now, under the tier's quarantine directory; "" when the tier removed it
     reason: str
     at: float  # when it was moved aside (Unix time)
     bytes: int

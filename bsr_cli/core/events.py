@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, SegmentLossCause, Stage
+from bsr_cli.core.store_loss import SegmentLoss
 
 E = TypeVar("E", bound="Event")
 _D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
@@ -323,9 +324,30 @@ class StoreFailed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OutputMismatch:
+    """A request's KV hashed differently from the canonical KV of its prompt (after its restore committed, or its
+    compute finished): its destination blocks were invalidated, nothing of it was stored, and when part of it came
+    from a tier a force-local marker makes the next admission of the prompt recompute it."""
+
+    kind: ClassVar[EventKind] = EventKind.OUTPUT_MISMATCH
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    request: str
+    prompt: str = ""
+    tokens: int = 0  # the tokens hashed (and invalidated)
+    external_tokens: int = 0  # of them, restored from a tier
+    source: str = ""  # the tiers they came from ("fs+mooncake"), or "recompute"
+    output_hash: str = ""
+    canonical_hash: str = ""
+    marker: bool = False  # a force-local marker was set on the prompt
+
+
+@dataclass(frozen=True, kw_only=True)
 class ObjectQuarantined:
-    """A rank re-read a stored object after a failed restore, found its bytes damaged on the tier, and moved it
-    aside (under the tier's ``quarantine/``); the tier no longer holds the chunk, so the next store rewrites it."""
+    """A rank re-read a stored object after a failed restore, found it damaged on the tier (its bytes, its length,
+    or the chunk its checksum is bound to), and set it apart: moved under the fs tier's ``quarantine/``, removed
+    from Mooncake; the tier no longer holds the chunk, so the next store rewrites it."""
 
     kind: ClassVar[EventKind] = EventKind.OBJECT_QUARANTINED
     to_wire = _EVENT_WRITER
@@ -336,9 +358,42 @@ class ObjectQuarantined:
     chunk: int
     group: str
     key: str
-    file: str  # where the damaged object now lies
+    file: str  # where the damaged object now lies; "" when the tier removed it (Mooncake)
     reason: str
     request: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentLost:
+    """The store lost a holder's segment, and with it every object on it (the engine's store watch saw it): whose,
+    when, how, and how many objects and bytes, where the master said."""
+
+    kind: ClassVar[EventKind] = EventKind.SEGMENT_LOST
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    tier: str
+    segment: str
+    client_id: str = ""
+    cause: SegmentLossCause
+    lost_at: float = 0.0
+    last_seen_at: float | None = None
+    objects_lost: int | None = None
+    bytes_lost: int | None = None
+    holder: str = ""
+
+    @classmethod
+    def of(cls, tier: str, loss: SegmentLoss) -> SegmentLost:
+        return cls(tier=tier, **{name: getattr(loss, name) for name in _LOSS_FIELDS})
+
+    @property
+    def loss(self) -> SegmentLoss:
+        said = {name: getattr(self, name) for name in _LOSS_FIELDS}
+        return SegmentLoss(**said | {"lost_at": self.lost_at or self.time})
+
+
+# What a segment_lost event says of the loss: every field of it but when it was mounted again (a later fact).
+_LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(SegmentLoss) if f.name != "remounted_at")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -465,7 +520,9 @@ Event: TypeAlias = (
     | RestoreFailed
     | RestoreEnded
     | StoreFailed
+    | OutputMismatch
     | ObjectQuarantined
+    | SegmentLost
     | AbortRequested
     | MarkerSet
     | MarkerCleared
@@ -491,7 +548,9 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     RestoreRefused,
     RestoreAborted,
     StoreFailed,
+    OutputMismatch,
     ObjectQuarantined,
+    SegmentLost,
     AbortRequested,
     MarkerSet,
     MarkerCleared,
@@ -576,7 +635,7 @@ def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
 
-_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause)
+_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause, SegmentLossCause)
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
@@ -649,6 +708,7 @@ __all__ = [
     "RestoreFailedClosed",
     "RestoreRefused",
     "RestoreStarted",
+    "SegmentLost",
     "SettingsChanged",
     "StoreFailed",
     "WindowFetched",

@@ -66,7 +66,9 @@ class EventKind(StrEnum):
     RESTORE_REFUSED = "restore_refused"  # capacity or settings refused it before any byte moved
     RESTORE_ABORTED = "restore_aborted"  # the operator (or a departed client) aborted it
     STORE_FAILED = "store_failed"
+    OUTPUT_MISMATCH = "output_mismatch"  # a request's KV hashed differently from the canonical: invalidated
     OBJECT_QUARANTINED = "object_quarantined"  # a stored object failed its checksum and was moved aside
+    SEGMENT_LOST = "segment_lost"  # the store dropped a holder's segment: every object on it is gone
     MARKER_SET = "marker_set"
     MARKER_CLEARED = "marker_cleared"
     FAULT_INJECTED = "fault_injected"
@@ -176,10 +178,32 @@ class TierCondition(StrEnum):
     # An older engine's: an armed fault that takes the tier down (an armed fault is now shown, never a reason).
     FAULT_ARMED = "fault_armed"
     RESTORE_FAILED = "restore_failed"  # the coordinator's: a restore from it failed and none has committed since
+    SEGMENT_LOST = "segment_lost"  # the engine's store watch: the store dropped a holder's segment and its objects
 
     @classmethod
     def _missing_(cls, value: object) -> TierCondition | None:
         return _kept_as_sent(cls, value)  # a newer engine's reason, shown as sent
 
 
-__all__ = ["CapacityCause", "Component", "EventKind", "FailureKind", "Outcome", "Stage", "TierCondition"]
+class SegmentLossCause(StrEnum):
+    """How a Mooncake segment (and every object on it) was lost, as the store's watch saw it."""
+
+    # Its holder stopped accepting connections (the process died): its memory is gone, though the master keeps
+    # listing the segment, and probing its objects as held, until the holder's client TTL runs out.
+    HOLDER_GONE = "holder_gone"
+    # The master no longer lists it: the holder missed its heartbeats for the client TTL (or it was unmounted).
+    UNMOUNTED = "unmounted"
+    # Between two looks the master dropped it and the holder mounted it again, empty.
+    REMOUNTED_EMPTY = "remounted_empty"
+
+
+__all__ = [
+    "CapacityCause",
+    "Component",
+    "EventKind",
+    "FailureKind",
+    "Outcome",
+    "SegmentLossCause",
+    "Stage",
+    "TierCondition",
+]

@@ -9,6 +9,8 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
     force-local-marker   a failed restore set a marker: the next admission skips the blamed tier(s)
     fault-armed          an injected fault will fail the next restore
     holder-gone          the store lists the chunks, but the process holding them is gone
+    segment-lost         the engine's store lost a holder's segment (its holder missed the master's client TTL, or
+                         died), and this prompt's chunks on that tier with it
     key-format-mismatch  the store holds this prompt under another key format (world size, dtype, tags, hash seed)
     never-stored         no tier holds any chunk of the prompt
     rank-skew            the prefix breaks on some ranks (or KV groups) only: the others hold the chunk
@@ -20,8 +22,8 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
     repaired             a chunk the last restore quarantined has been stored again since (information)
     tier-unhealthy       a tier is unhealthy: the verdict when every tier holding the whole prompt is unhealthy
                          (the restore would likely fail closed), otherwise listed as information
-    unverified           held chunks carry no checksum (stored by stock LMCache): bsr's connector refuses them
-                         unless told to load them (information)
+    unverified           held chunks carry no checksum bound to their chunk (stored by stock LMCache, or an older
+                         bsr): bsr's connector refuses them unless told to load them (information)
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from typing import Any
 from bsr_cli.core import accounting, wire
 from bsr_cli.core import events as ev
 from bsr_cli.core.bitmap import HitBitmap
-from bsr_cli.core.evidence import FailureKind, Outcome
+from bsr_cli.core.evidence import FailureKind, Outcome, SegmentLossCause
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.status import EngineInfo, Health, MarkerView
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.core.store_probe import Diagnosis, HolderState, KeyFormatValue, Liveness, StoreProbe
 from bsr_cli.errors import ServerError
 
@@ -52,6 +55,7 @@ class FindingKind(StrEnum):
     FORCE_LOCAL_MARKER = "force-local-marker"
     FAULT_ARMED = "fault-armed"
     HOLDER_GONE = "holder-gone"
+    SEGMENT_LOST = "segment-lost"
     KEY_FORMAT_MISMATCH = "key-format-mismatch"
     NEVER_STORED = "never-stored"
     RANK_SKEW = "rank-skew"
@@ -117,7 +121,7 @@ class RankWindows:
 
 @dataclass(frozen=True)
 class QuarantinedChunk:
-    """A chunk a restore found damaged on a tier and moved aside."""
+    """A chunk a restore found damaged on a tier and set apart (moved aside, or removed: ``file`` is then "")."""
 
     rank: int
     tier: str
@@ -125,6 +129,7 @@ class QuarantinedChunk:
     group: str
     file: str
     reason: str
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -381,6 +386,7 @@ def explain_engine(
     findings += _window_fit(registration, info, w, bitmap, n_tokens, prompt_flags)
     findings += _markers(prompt, markers, bitmap)
     findings += _armed_faults(faults)
+    findings += _lost_segments(health, bitmap, prompt_flags)
     if bitmap is not None:
         content = _content(bitmap, (), prompt_flags)
         if bitmap.tokens < n_tokens:  # the engine probes (and stores) full chunks only
@@ -546,6 +552,37 @@ def _armed_faults(faults: Sequence[FaultSpec]) -> list[Finding]:
     return findings
 
 
+def _lost_segments(health: Health, bitmap: HitBitmap | None, prompt_flags: str) -> list[Finding]:
+    """A segment the engine's store lost, when it explains this prompt: the tier no longer holds the whole prompt
+    (or lists chunks whose holder is gone) and no healthy tier holds it all."""
+    whole = [t for t in bitmap.tiers if bitmap.tier_prefix_chunks(t) >= bitmap.chunks] if bitmap is not None else []
+    if any(t not in health.tiers or health.tiers[t].ok for t in whole):
+        return []  # a tier no loss touches holds it all: the prompt is restored from there
+    findings: list[Finding] = []
+    for tier, h in health.tiers.items():
+        losses = [x for x in h.lost_segments if tier not in whole or _listed_but_gone(x)]
+        if not losses:
+            continue
+        held = f" (it holds {bitmap.tier_prefix_chunks(tier)}/{bitmap.chunks} of its chunks now)" if bitmap else ""
+        findings.append(
+            _finding(
+                FindingKind.SEGMENT_LOST,
+                f"{losses[-1].line()}: this prompt's chunks on tier {tier} went with it{held}",
+                [f"tier {tier}: {x.line()}" for x in losses],
+                "keep the segment holder from stalling past the master's client TTL (`bsr engine up "
+                "--store-client-ttl`; see what starved or stopped it), or restart a holder that died; the next "
+                "submit stores the prompt again",
+                f"bsr submit {prompt_flags}",
+            )
+        )
+    return findings
+
+
+def _listed_but_gone(loss: SegmentLoss) -> bool:
+    """The master still lists the segment's objects (probes call them held), but its holder is gone."""
+    return loss.cause is SegmentLossCause.HOLDER_GONE and loss.remounted_at is None
+
+
 def _unhealthy_tiers(health: Health, bitmap: HitBitmap | None) -> list[Finding]:
     """Unhealthy tiers: the verdict (``blocks``) when every tier holding the whole prompt is one of them."""
     findings: list[Finding] = []
@@ -571,7 +608,10 @@ def _quarantined(bitmap: HitBitmap | None, last_restore: FoldedRestore | None, p
         return out
     for q in last_restore.quarantined:
         where = f"chunk {q.chunk} group {q.group} on rank {q.rank} in tier {q.tier}"
-        evidence = [f"quarantined: {where}: {q.reason}", f"moved to {q.file}"]
+        evidence = [
+            f"quarantined: {where} (key {q.key}): {q.reason}",
+            f"moved to {q.file}" if q.file else "removed from the tier",
+        ]
         held = (
             bitmap is not None
             and q.tier in bitmap.tiers
@@ -781,18 +821,19 @@ def _key_format_mismatch(
 
 
 def _unverified(store: StoreProbe, next_cmd: str) -> list[Finding]:
-    """Held chunks without a checksum (stored by stock LMCache)."""
+    """Held chunks without a checksum bound to their chunk (stored by stock LMCache, or by an older bsr)."""
     integrity = store.integrity
     findings: list[Finding] = []
     if integrity.unverified_chunks:
         findings.append(
             _finding(
                 FindingKind.UNVERIFIED,
-                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, not "
-                "through bsr's plugins): their bytes cannot be verified",
+                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, or by an "
+                "older bsr whose checksum covers the bytes alone): their bytes cannot be verified",
                 [f"rank {u.rank} chunk {u.chunk}: no checksum" for u in integrity.unverified[:8]],
-                "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; once they are evicted "
-                "or removed, bsr's plugins store them again with a checksum",
+                "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; an older bsr's are "
+                "removed when refused and stored again with a checksum, stock LMCache's once they are evicted or "
+                "removed (docs/mixed-deployments.md)",
                 next_cmd,
             )
         )
@@ -867,7 +908,7 @@ def fold_restore(events: Sequence[ev.Event]) -> FoldedRestore | None:
             out = dataclasses.replace(out, marker=RestoreMarker(tuple(e.excluded_tiers), e.reason))
             seen("marker")
         elif isinstance(e, ev.ObjectQuarantined):
-            quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason))
+            quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason, e.key))
             seen("quarantined")
     return dataclasses.replace(
         out, quarantined=tuple(quarantined), ranks=tuple(ranks[r] for r in sorted(ranks)), arrived=tuple(arrived)
@@ -980,6 +1021,9 @@ def _request_verdict(
         summary = f"failed closed because {which} failed: nothing was committed" + (
             f"; a force-local marker now excludes {', '.join(marker.excluded_tiers)} for this prompt" if marker else ""
         )
+        lost = [x for t in tiers for x in (health.tiers[t].lost_segments if t in health.tiers else ())]
+        if lost:
+            summary += f"; {lost[-1].line()}"
         fix = "fix the tier (`bsr status`); the next admission of the prompt uses a lower tier or recomputes"
         nxt = "bsr markers list" if marker else "bsr status"
     elif finished is not None:

@@ -19,6 +19,7 @@ from bsr_cli.core import wire
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
+from bsr_cli.core.store_loss import SegmentLoss
 
 
 # -- the engine's info ---------------------------------------------------------------------------------------------
@@ -103,7 +104,7 @@ class QuarantinedFile:
     """A stored object a tier moved aside after its bytes failed their checksum."""
 
     key: str
-    file: str  # where it lies now, under the tier's quarantine directory
+    file: str  # where it lies now, under the tier's quarantine directory; "" when the tier removed it
     reason: str
     at: float  # when it was moved aside (Unix time)
     bytes: int
@@ -152,6 +153,8 @@ class TierHealth:
     condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
     injected: bool = wire.field(default=False, omit_false=True)
     faults_armed: tuple[str, ...] = wire.field(default=(), omit_empty=True)
+    # The segments the store lost that keep it unhealthy (segment_lost): oldest first; absent when none.
+    lost_segments: tuple[SegmentLoss, ...] = wire.field(omit_empty=True, default=())
 
     to_wire = wire.writer()
     from_wire = wire.reader()

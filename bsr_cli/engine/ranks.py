@@ -64,6 +64,14 @@ class ProcessRank:
     def alive(self) -> bool:
         return self._dead is None and self.process.is_alive()
 
+    @property
+    def down_reason(self) -> str | None:
+        """Why this rank no longer runs (``killed by SIGKILL``, ``exited with code 1``, ``pipe closed``); None while
+        it runs."""
+        if self.alive():
+            return None
+        return self.exit_reason()
+
     def heartbeat_age(self) -> float:
         """Seconds since this rank last said anything (it beats every few hundred ms while it runs)."""
         return time.monotonic() - self._last_heard
@@ -113,14 +121,15 @@ class ProcessRank:
                 fut.set_exception(ServerError(f"rank {self.rank}: {msg.error}"))
             else:
                 fut.set_result(msg.result)
-        self._dead = f"exit code {self.process.exitcode}" if not self.process.is_alive() else "pipe closed"
+        self._dead = "pipe closed" if self.process.is_alive() else self.exit_reason()
         with self._lock:
             pending, self._pending = self._pending, {}
         for fut in pending.values():
             fut.set_exception(RankDied(f"rank {self.rank} died ({self._dead})"))
 
     def exit_reason(self) -> str:
-        """Why the process went, once it has (after ``close``): the signal that killed it, or its exit code."""
+        """Why the process went, once it has: the signal that killed it, or its exit code (before it is reaped,
+        what the reader saw)."""
         code = self.process.exitcode
         if code is None:
             return self._dead or "process exited"

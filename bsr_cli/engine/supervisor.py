@@ -55,6 +55,7 @@ CLI_NAMES = {
     "fs_concurrency": "--fs-concurrency",
     "fetch_timeout_s": "--fetch-timeout",
     "kv_wait_s": "--kv-wait",
+    "store_client_ttl_s": "--store-client-ttl",
 }
 # The longest a request may wait for destination KV blocks held by running requests (`--kv-wait`).
 MAX_KV_WAIT_S = 3600.0
@@ -93,6 +94,9 @@ class EngineOptions:
     hosts: str = "local"
     # A bandwidth cap on every link between those namespaces (bits/s; `tc tbf`), None for none.
     link_rate_bps: int | None = None
+    # How long the Mooncake master keeps a silent segment holder before it drops its segment and every object on
+    # it (`mooncake_master --client_ttl`; core.limits.DEFAULT_STORE_CLIENT_TTL_S says why this default).
+    store_client_ttl_s: int = limits.DEFAULT_STORE_CLIENT_TTL_S
 
     def resolved(self) -> ResolvedSettings:
         reg = self.registration
@@ -113,6 +117,7 @@ class EngineOptions:
             names=CLI_NAMES,
         )
         _check_kv_wait(self.kv_wait_s)
+        limits.check_client_ttl(self.store_client_ttl_s, CLI_NAMES["store_client_ttl_s"])
         per_rank_prompt = self.max_tokens * reg.bytes_per_token
         segment = self.segment_bytes or max(256 << 20, 2 * per_rank_prompt * reg.tp_size)
         need = reg.tp_size * (kv * reg.bytes_per_token + pool) + (segment if self.remote else 0)
@@ -139,6 +144,7 @@ class EngineOptions:
             kv_wait_s=self.kv_wait_s,
             event_retention_s=self.event_retention_s,
             event_store_bytes=self.event_store_bytes,
+            store_client_ttl_s=self.store_client_ttl_s,
         )
 
 
@@ -158,14 +164,21 @@ class ResolvedSettings:
     kv_wait_s: float
     event_retention_s: float
     event_store_bytes: int
+    store_client_ttl_s: int
 
     @classmethod
     def from_wire(cls, data: object) -> ResolvedSettings | None:
-        """As this bsr records them, values as written; an older bsr's, lacking one, read as absent (None)."""
+        """As this bsr records them, values as written; an older bsr's, lacking one, read as absent (None), but for
+        what an older bsr ran with without recording it (``_UNRECORDED``)."""
         if not isinstance(data, dict):
             return None
         names = [f.name for f in fields(cls)]
-        return _parsed(lambda: cls(**{n: data[n] for n in names}))
+        return _parsed(lambda: cls(**{n: data[n] if n in data else _UNRECORDED[n] for n in names}))
+
+
+# What an engine started by an older bsr ran with, where it recorded nothing: its master had Mooncake's own client
+# TTL (so `up` names that difference instead of calling the whole record unreadable).
+_UNRECORDED: dict[str, Any] = {"store_client_ttl_s": limits.MOONCAKE_DEFAULT_CLIENT_TTL_S}
 
 
 def _check_kv_wait(seconds: float) -> None:
@@ -617,7 +630,13 @@ def _start_store(
     if not opts.remote:
         return None, None
     pm, ph = placed[netns.MASTER], placed[netns.HOLDER]
-    master = services.start_master(logs, host=pm.host, exec_prefix=pm.exec_prefix, probe_in=pm.probe_in)
+    master = services.start_master(
+        logs,
+        host=pm.host,
+        exec_prefix=pm.exec_prefix,
+        probe_in=pm.probe_in,
+        client_ttl_s=settings.store_client_ttl_s,
+    )
     starting.add_service(
         "mooncake_master", ServiceRecord(master.pid, services.start_ticks(master.pid), master.urls, master.log_path)
     )

@@ -251,7 +251,7 @@ class Rank:
     def store(self, req: StoreRequest) -> StoreResult:
         """Write objects read back from the blocks to each tier: chunks[tier] = chunk indices it lacks.
         Tiers are independent: one that refuses writes (full, down) does not keep the others from storing."""
-        from bsr_cli.runtime.checksum import crc32c
+        from bsr_cli.runtime.checksum import object_checksum
         from bsr_cli.runtime.paged_kv import byte_view
 
         keys = self._keys(req.hashes)
@@ -269,7 +269,7 @@ class Rank:
                     t0, t1 = c * cs, min((c + 1) * cs, req.n_tokens)
                     for g in self.reg.group_names:
                         payload = byte_view(self.kv.gather_object(g, req.block_tables[g], t0, t1 - t0))
-                        batch.append((keys[g][c], payload, crc32c(payload)))
+                        batch.append((keys[g][c], payload, object_checksum(keys[g][c], payload)))
                     if len(batch) >= STORE_BATCH or c == idx[-1]:
                         tier.put([b[0] for b in batch], [b[1] for b in batch], [b[2] for b in batch])
                         done += len(batch)
@@ -295,7 +295,7 @@ class Rank:
     def _quarantine_window(self, job: RestoreJob, out: RestoreResult) -> None:
         """After a tier failed a restore: re-read the failed window's objects on that tier and move the damaged
         ones aside, so the chunk counts as absent and the next store rewrites it (instead of the same chunk
-        failing every restore). Only a tier that can check its own bytes does this (the fs tier)."""
+        failing every restore). Only a tier that can check its own objects does this (fs and Mooncake)."""
         from bsr_cli.runtime.tiers import RepairableTier
 
         tier = self.tiers.get(out.tier or "")

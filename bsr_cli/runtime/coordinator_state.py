@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from bsr_cli.api.ranks import RankClient
 from bsr_cli.core.events import PROGRESS
@@ -32,7 +33,10 @@ PROGRESS_EVENTS = PROGRESS
 
 
 class RankUnresponsive(ServerError):
-    """A rank stopped answering: no heartbeat, or no progress on a call within its deadline."""
+    """A rank stopped answering: no heartbeat, or no progress on a call within its deadline (the admin API answers
+    503 ``rank-unresponsive``: the engine cannot serve the request now, and nothing says when it will)."""
+
+    kind = "rank-unresponsive"
 
     def __init__(self, rank: int, reason: str) -> None:
         super().__init__(
@@ -41,6 +45,15 @@ class RankUnresponsive(ServerError):
         )
         self.rank = rank
         self.reason = reason
+
+
+class RankRestarts(Protocol):
+    """A host that starts a dead rank's process again (the embedded engine's ``lifecycle.RankRestarter``): a call
+    that meets the dead rank is then refused with when to retry (``RankRestarting``) instead of failing."""
+
+    def restart_in(self, rank: int) -> float:
+        """Seconds until the host next tries to start ``rank`` again (0: it is starting it now, or will at once)."""
+        ...
 
 
 @dataclass
@@ -93,5 +106,6 @@ __all__ = [
     "TIER_FAILURE_TTL_S",
     "CoordinatorContext",
     "EngineSettings",
+    "RankRestarts",
     "RankUnresponsive",
 ]

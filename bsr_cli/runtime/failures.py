@@ -29,8 +29,15 @@ from collections.abc import Iterable, Sequence
 from bsr_cli.api.jobs import RestoreResult
 from bsr_cli.core.events import Failure
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage, window_label
-from bsr_cli.core.results import ManualRestoreResult, RestoreReport
-from bsr_cli.errors import BsrError, CapacityError, ExitCode, RestoreAborted, RestoreFailedClosed
+from bsr_cli.core.results import ManualRestoreResult, OutputHashes, RestoreReport
+from bsr_cli.errors import (
+    BsrError,
+    CapacityError,
+    ExitCode,
+    OutputHashMismatch,
+    RestoreAborted,
+    RestoreFailedClosed,
+)
 
 CAPACITY = FailureKind.CAPACITY
 TIER = FailureKind.TIER
@@ -149,6 +156,28 @@ def summary(report: RestoreReport) -> str:
     return describe(first)
 
 
+def output_mismatch_error(request: str, hashes: OutputHashes, external_tokens: int, source: str) -> BsrError:
+    """The one-line error a request whose KV hashed differently from the canonical ends the CLI with (exit 19): the
+    engine invalidated its blocks and stored nothing; a marker recomputes the prompt next time when part of it was
+    restored."""
+    then = (
+        f"; the {external_tokens:,} tokens restored from {source} were invalidated and the next admission of the "
+        "prompt recomputes it"
+        if external_tokens
+        else "; it was computed locally, so the engine's own compute is wrong"
+    )
+    return OutputHashMismatch(
+        f"request {request} failed: its output hash {hashes.output_hash} differs from the canonical "
+        f"{hashes.canonical_hash}{then}; nothing was stored",
+        hint=(
+            f"every restored object passed its checksum, so what {source} holds for this prompt was wrong when it "
+            f"was written: `bsr explain {request}` names the request; remove the prompt's objects from {source}"
+            if external_tokens
+            else "report it with `bsr bundle`: the canonical and computed KV of an engine must agree"
+        ),
+    )
+
+
 _ERROR_FOR_EXIT: dict[ExitCode, type[BsrError]] = {
     ExitCode.CAPACITY: CapacityError,
     ExitCode.FAILED_CLOSED: RestoreFailedClosed,
@@ -204,6 +233,7 @@ __all__ = [
     "describe",
     "failure_of",
     "outcome",
+    "output_mismatch_error",
     "restore_error",
     "summary",
 ]

@@ -46,9 +46,11 @@ from bsr_cli.core.status import (
     Snapshot,
     TierHealth,
 )
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import HEALTH_WAIT_S, TIER_FAILURE_TTL_S, CoordinatorContext
 from bsr_cli.runtime.rank_calls import RankCalls
+from bsr_cli.runtime.store_losses import StoreLosses
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class _TierJoin:
         self.quarantined: list[QuarantinedFile] = []
         self.dirs: dict[str, int] = {}  # its quarantine directories' totals
         self.armed: list[str] = []  # faults armed against it: shown, never a reason it is unhealthy
+        self.lost: list[SegmentLoss] = []  # segments its store lost
 
     def unhealthy(self, condition: TierCondition, why: str, *, injected: bool = False) -> None:
         self.ok = False
@@ -126,14 +129,15 @@ class _TierJoin:
             condition=self.conditions[0] if self.conditions else TierCondition.OK,
             injected=not self.ok and not self.real,
             faults_armed=tuple(self.armed),
+            lost_segments=tuple(self.lost),
         )
 
 
 class Observation:
     """Owns what the coordinator observes of its ranks and restores: tier health (each rank's view, real failures),
     the live view of running restores, the recent ones and their counters. Reads each rank's liveness from
-    ``calls`` (and feeds it the progress events) and the armed faults through ``armed_faults`` (an armed fault that
-    takes a tier down makes it unhealthy)."""
+    ``calls`` (and feeds it the progress events) and the armed faults through ``armed_faults`` (listed beside the
+    tier they act on; arming one changes no tier's health)."""
 
     def __init__(self, ctx: CoordinatorContext, calls: RankCalls, armed_faults: Callable[[], list[FaultSpec]]) -> None:
         self.reg = ctx.reg
@@ -154,6 +158,8 @@ class Observation:
         # Each rank's last answer about its tiers (for a quick /health), and the ranks asked and not answered yet.
         self._tier_views: dict[int, tuple[float, dict[str, RankTierStatus]]] = {}
         self._tier_asks: set[int] = set()
+        # The segments each tier's store lost (the engine's store watch reports them).
+        self.store_losses = StoreLosses(ctx.events, ctx.counters)
 
     # -- rank and tier health --------------------------------------------------------------------------------------
     def health(self) -> Health:
@@ -196,10 +202,16 @@ class Observation:
 
     def tier_health(self, ranks: Sequence[tuple[int, dict[str, RankTierStatus]]]) -> dict[str, TierHealth]:
         """Per tier: what each rank (``(rank, its tiers)``, as ``pool(health=True)`` answers: its condition, e.g.
-        full or read-only, and the objects it set apart) sees of it joined with what the coordinator knows (armed
-        faults, recent real failures). ``condition`` is the first reason it is unhealthy (``ok`` when none);
-        ``conditions`` every one."""
+        full or read-only, and the objects it set apart) sees of it joined with what the coordinator knows (segments
+        its store lost, armed faults, recent real failures). ``condition`` is the first reason it is unhealthy
+        (``ok`` when none); ``conditions`` every one."""
         tiers: dict[str, _TierJoin] = defaultdict(_TierJoin)
+        # A lost segment first: it is the cause of what the ranks see then (no segment mounted, objects missing).
+        for name, losses in self.store_losses.standing().items():
+            t = tiers[name]
+            for loss in losses:
+                t.unhealthy(TierCondition.SEGMENT_LOST, loss.line())
+                t.lost.append(loss)
         for rank, rank_tiers in ranks:
             for name, h in rank_tiers.items():
                 t = tiers[name]

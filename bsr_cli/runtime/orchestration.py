@@ -11,7 +11,10 @@ A request's life, as a scheduler admits it (``submit``):
    from the next pass;
 4. the next pass re-runs admission without those tiers: a lower tier that holds the whole prefix, else local
    recompute. A successful admission clears the marker;
-5. the rest of the prompt is computed locally and stored to the tiers that lack it; the output hash is taken.
+5. the rest of the prompt is computed locally; the output hash is taken (and checked against the canonical hash
+   when asked); the chunks the tiers lack are stored. A request whose output hash differs from the canonical one
+   ends failed: its blocks are invalidated, nothing is stored, a force-local marker makes the next admission of
+   the prompt recompute it, and an ``output_mismatch`` event names it (docs/architecture.md, "Output hash").
 
 ``restore`` is the manual variant: one windowed restore of the external prefix, no fallback, nothing computed.
 """
@@ -28,20 +31,23 @@ from dataclasses import dataclass, field
 
 from bsr_cli.api.ranks import (
     CanonicalHashRequest,
+    InvalidateRequest,
     OutputHashRequest,
     PrefillRequest,
+    RankClient,
     RestoreRequest,
     RestoreResult,
     StoreRequest,
     StoreResult,
 )
-from bsr_cli.core import accounting, trace
+from bsr_cli.core import accounting, limits, trace
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.commit import commit_prefix
 from bsr_cli.core.events import (
     AbortRequested,
     Event,
     Failure,
+    OutputMismatch,
     RequestAdmitted,
     RequestFinished,
     RestoreStarted,
@@ -63,6 +69,7 @@ from bsr_cli.core.results import (
     TierErrors,
 )
 from bsr_cli.core.status import ActiveRestore
+from bsr_cli.errors import RankRestarting
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation
@@ -92,13 +99,15 @@ class Admitted:
 
 @dataclass
 class OpenRequest:
-    """A request accepted and not yet finished: its W, id, prompt hash, chunk hashes, and ``close``."""
+    """A request accepted and not yet finished: its W, id, prompt hash, chunk hashes, ``close``, and the ranks it
+    started with (a rank started again meanwhile holds none of its KV)."""
 
     w: int
     request: str
     prompt: str
     hashes: list[str]
     close: Callable[[], None]
+    ranks: tuple[RankClient, ...]
 
 
 class Orchestration:
@@ -295,7 +304,10 @@ class Orchestration:
         self.open_request(request)
         try:
             self.admission.check_tokens(tokens)
-            w = self.settings.w if w is None else accounting.check_window(w)
+            if w is None:
+                w = self.settings.w
+            else:
+                limits.check_request_window(self.reg, accounting.check_window(w), self.settings.max_tokens)
         except BaseException:
             self._close_request(request)
             raise
@@ -305,7 +317,24 @@ class Orchestration:
             unlisten()
             self._close_request(request)
 
-        return OpenRequest(w, request, prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size), close)
+        prompt, hashes = prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size)
+        return OpenRequest(w, request, prompt, hashes, close, tuple(self.ranks))
+
+    def _lost_rank(self, req: OpenRequest, res: RestoreReport) -> RankRestarting | RankUnresponsive | None:
+        """The error for a restore that lost a rank (it stopped answering: no stage), from the rank the request
+        used: ``RankRestarting`` (503, when to retry) when its process is gone and the host starts it again."""
+        for f in res.failures:
+            if f.kind is FailureKind.RANK and f.stage is None and f.rank is not None:
+                used = next((r for r in req.ranks if r.rank == f.rank), None)
+                return RankUnresponsive(f.rank, f.reason) if used is None else self.calls.unavailable(used, f.reason)
+        return None
+
+    def _keep_ranks(self, req: OpenRequest) -> None:
+        """A rank started again during the request holds none of the KV the request restored or computed there:
+        the request fails (503, retry) rather than answer with hashes of a fresh rank's KV."""
+        for used, now in zip(req.ranks, self.ranks, strict=True):
+            if used is not now:
+                raise self.calls.unavailable(used, "it was started again during this request")
 
     def _close_request(self, request: str) -> None:
         with self._lock:
@@ -348,11 +377,15 @@ class Orchestration:
             if computed > 0:
                 first_chunk = admitted.committed // self.reg.chunk_size
                 self.calls.call_all(PrefillRequest(req.hashes, len(tokens), first_chunk, tables))
-            stored = self._store(admitted.bitmap, req, len(tokens), tables) if store else None
             output_hash = self._output_hash(tables, len(tokens))
             canonical = self._canonical_hash(req.hashes, len(tokens)) if verify else None
+            self._keep_ranks(req)
             hash_ok = None if canonical is None else canonical == output_hash
             source = admitted.source if admitted.committed else "recompute"
+            if hash_ok is False:  # checked before the store: KV known to be wrong is never written to a tier
+                checked = OutputHashes(output_hash, canonical, hash_ok)
+                self._output_mismatch(req, tables, len(tokens), admitted.committed, source, checked)
+            stored = self._store(admitted.bitmap, req, len(tokens), tables) if store and hash_ok is not False else None
             self.events.append(
                 RequestFinished(
                     request=req.request,
@@ -421,9 +454,9 @@ class Orchestration:
         computed locally."""
         kind = res.failure_kind
         if kind is FailureKind.RANK:
-            bad = next(f for f in res.failures if f.kind is FailureKind.RANK)
-            if bad.stage is None and bad.rank is not None:  # it stopped answering: nothing can run
-                raise RankUnresponsive(bad.rank, bad.reason)
+            lost = self._lost_rank(req, res)
+            if lost is not None:  # it stopped answering, or its process is gone: nothing can run
+                raise lost
             m = self._mark(req, set(), res)
             admitted.marker_history.append(MarkerStep(pass_no=pass_no, marker=m))
             return None
@@ -496,6 +529,9 @@ class Orchestration:
                 bitmap, tier_errors = self._probe(tokens, req.hashes)
             except RankUnresponsive as e:
                 return self._rank_failed(req, len(tokens), e)
+            except RankRestarting as e:
+                self._rank_failed(req, len(tokens), e)  # recorded failed closed, naming the restart; then refused
+                raise
             excl = set(exclude)
             ext = bitmap.prefix_tokens(excl)
             base = ManualRestoreResult(
@@ -514,7 +550,12 @@ class Orchestration:
             tables, _ = self.allocation.allocate(ext, req.request)
             try:
                 res = self._restore_external(req.request, bitmap, req.hashes, excl, req.w, tables, req.prompt)
-                return self._after_manual_restore(req, dataclasses.replace(base, report=res), ext, tables, verify)
+                lost = self._lost_rank(req, res)
+                if isinstance(lost, RankRestarting):
+                    raise lost  # recorded failed closed; the caller is told when to retry
+                result = self._after_manual_restore(req, dataclasses.replace(base, report=res), ext, tables, verify)
+                self._keep_ranks(req)
+                return result
             finally:
                 self.allocation.release(req.request, tables)
         finally:
@@ -533,7 +574,12 @@ class Orchestration:
             if not verify:
                 return dataclasses.replace(result, hashes=OutputHashes(output_hash))
             canonical = self._canonical_hash(req.hashes[: -(-ext // self.reg.chunk_size)], ext)
-            return dataclasses.replace(result, hashes=OutputHashes(output_hash, canonical, canonical == output_hash))
+            hashes = OutputHashes(output_hash, canonical, canonical == output_hash)
+            result = dataclasses.replace(result, hashes=hashes)
+            if hashes.hash_ok:
+                return result
+            marker = self._output_mismatch(req, tables, ext, res.committed_tokens, "+".join(res.tiers), hashes)
+            return dataclasses.replace(result, marker=marker)
         if res.failure_kind is FailureKind.TIER:
             marker = self._mark(req, set(res.blamed_tiers), res)
             return dataclasses.replace(result, marker=marker)
@@ -542,10 +588,43 @@ class Orchestration:
             return dataclasses.replace(result, marker=marker)
         return result
 
-    def _rank_failed(self, req: OpenRequest, n_tokens: int, e: RankUnresponsive) -> ManualRestoreResult:
-        """A manual restore that could not start because a rank stopped answering: failed closed (nothing was
-        restored or committed), blamed on the rank, no marker."""
-        fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.RANK)  # no stage: it stopped answering
+    def _output_mismatch(
+        self, req: OpenRequest, tables: Tables, n_tokens: int, external: int, source: str, hashes: OutputHashes
+    ) -> Marker | None:
+        """A request whose KV hashed differently from the canonical KV of its prompt ends failed. Its commit has
+        happened (the hash is taken over committed blocks), so it is undone: every block of the request is
+        invalidated on every rank, and when part of the KV came from a tier a marker that excludes no tier makes
+        the next admission of the prompt recompute it (every object passed its checksum, so no tier is known to be
+        at fault: what was stored was wrong when it was written). The ``output_mismatch`` event names it."""
+        self.calls.call_all(InvalidateRequest(tables))
+        marker = None
+        if external:
+            why = (
+                f"output hash {hashes.output_hash} != canonical {hashes.canonical_hash} after {external:,} tokens "
+                f"from {source}: the request's KV was invalidated"
+            )
+            marker = self.admission.set_marker(req.prompt, set(), why, req.request)
+        self.events.append(
+            OutputMismatch(
+                request=req.request,
+                prompt=req.prompt,
+                tokens=n_tokens,
+                external_tokens=external,
+                source=source,
+                output_hash=hashes.output_hash,
+                canonical_hash=hashes.canonical_hash or "",
+                marker=marker is not None,
+            )
+        )
+        return marker
+
+    def _rank_failed(
+        self, req: OpenRequest, n_tokens: int, e: RankUnresponsive | RankRestarting
+    ) -> ManualRestoreResult:
+        """A manual restore that could not start because a rank stopped answering (or its process is gone): failed
+        closed (nothing was restored or committed), blamed on the rank, no marker."""
+        reason = e.reason if isinstance(e, RankUnresponsive) else e.message
+        fail = Failure(rank=e.rank, reason=reason, kind=FailureKind.RANK)  # no stage: it stopped answering
         self.observation.restore_ended(
             request=req.request, outcome=Outcome.FAILED_CLOSED, kind=FailureKind.RANK, fails=(fail,), w=req.w
         )
@@ -561,7 +640,7 @@ class Orchestration:
             failure_kind=FailureKind.RANK,
             failure_stage=None,
             blamed_tiers=(),
-            blamed_ranks=(e.rank,),
+            blamed_ranks=() if e.rank is None else (e.rank,),
             hint=e.hint,
             windows=0,
             ranks=(),

@@ -37,7 +37,7 @@ from bsr_cli.core.events import (
 from bsr_cli.core.evidence import CapacityCause, Stage
 from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.checksum import crc32c_at
+from bsr_cli.runtime.checksum import object_checksum_at
 from bsr_cli.runtime.faulty import ArmedFaults
 from bsr_cli.runtime.pool import Lease, RestorePool
 from bsr_cli.runtime.restore_failed import RestoreFailed, aborted
@@ -388,17 +388,23 @@ class RankRestorer:
     def _verify(
         self, job: RestoreJob, win: WindowJob, arrived: Sequence[tuple[str, int, StagingSlice, int | None]]
     ) -> None:
-        """Integrity: each object's CRC32C equals the one stored with it."""
-        bad = [(g, c) for g, c, s, stored in arrived if stored is None or crc32c_at(s.ptr, len(s.view)) != stored]
+        """Integrity: each object's checksum, computed over the key it was asked for, its length and the bytes that
+        arrived, equals the one stored with it (so bytes stored under another chunk's key fail too)."""
+        bad = [
+            (g, c)
+            for g, c, s, stored in arrived
+            if stored is None or object_checksum_at(job.objects[g][c].key, s.ptr, len(s.view)) != stored
+        ]
         if bad:
             g, c = bad[0]
+            ref = job.objects[g][c]
             raise RestoreFailed(
-                f"checksum mismatch in chunk {c} group {g}",
+                f"checksum mismatch in chunk {c} group {g} (tier {ref.tier}, key {ref.key})",
                 win.index,
                 sorted({b[0] for b in bad}),
                 kind=failures.TIER,
                 stage=Stage.VERIFY,
-                tier=job.objects[g][c].tier or None,
+                tier=ref.tier or None,
             )
 
     def _install(self, job: RestoreJob, win: WindowJob, lease: Lease) -> None:

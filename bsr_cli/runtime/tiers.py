@@ -5,9 +5,11 @@ The runtime never imports a concrete tier: hosts (the embedded engine, the LMCac
 hand them in. Every call takes a deadline; a tier never blocks past it.
 
 Objects are immutable byte strings addressed by LMCache-style keys
-(``model@world_size@worker_id@<chunk hash hex>@<dtype>``). Each object is stored with a CRC32C of its payload
-(`bsr_cli.runtime.checksum`) so the runtime can detect corruption; the tier returns the stored checksum next to the
-bytes, and the *runtime* verifies it (so an injected in-transit corruption is caught by the same check as a real one).
+(``model@world_size@worker_id@<chunk hash hex>@<dtype>``). Each object is stored with its object checksum, a CRC32C
+over its key, its length and its payload (`bsr_cli.runtime.checksum.object_checksum`), so the runtime can detect
+corruption and an object stored under another chunk's key; the tier returns the stored checksum next to the bytes,
+and the *runtime* verifies it against the key it asked for (so an injected in-transit corruption is caught by the
+same check as a real one).
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ class Tier(Protocol):
         ...
 
     def put(self, keys: Sequence[str], payloads: Sequence[memoryview], checksums: Sequence[int]) -> None:
-        """Store objects (payload + its CRC32C). Raises TierUnavailable or OSError on failure; never half-reports."""
+        """Store objects (payload + its object checksum). Raises TierUnavailable or OSError on failure; never
+        half-reports."""
         ...
 
     def get_into(
@@ -80,8 +83,9 @@ class Tier(Protocol):
 
 @runtime_checkable
 class RepairableTier(Protocol):
-    """A tier that can check its own stored bytes and move a damaged object aside (HDFS-style: the bad replica is
-    set apart, the chunk counts as absent, and the next store writes it again from a good source)."""
+    """A tier that can check its own stored objects and set a damaged one apart (HDFS-style: the bad replica is
+    set apart, the chunk counts as absent, and the next store writes it again from a good source): the fs tier
+    moves it under ``quarantine/``, the Mooncake tier removes it."""
 
     def quarantine_damaged(self, suspects: Mapping[str, str]) -> list[QuarantinedObject]:
         """Re-read each suspect object (key → what it is and why it is suspect) and move aside the ones whose

@@ -15,12 +15,14 @@ value carries that label (`rank`, `tier`, `group`).
     bsr_rank_up{rank}, bsr_rank_healthy{rank}                     process alive; alive, beating, not stuck
     bsr_rank_heartbeat_age_seconds{rank}                          since the rank's last heartbeat
     bsr_tier_healthy{tier,injected}                               0 when any rank sees it down or cannot write
-                                                                  it, or it failed recently (an armed fault
-                                                                  alone changes nothing); injected="true" when
-                                                                  injected faults caused every reason (a drill)
+                                                                  it, it failed recently, or its store lost a
+                                                                  segment (an armed fault alone changes
+                                                                  nothing); injected="true" when injected
+                                                                  faults caused every reason (a drill; never a
+                                                                  lost segment: no fault loses one)
     bsr_tier_condition{tier,condition,injected}                   1 per reason it is unhealthy now (full,
                                                                   read_only, directory_gone, not_writable,
-                                                                  unavailable, restore_failed)
+                                                                  unavailable, restore_failed, segment_lost)
     bsr_tier_quarantined_objects{tier}                            damaged objects set apart under quarantine/
     bsr_objects_quarantined_total{tier}                           objects quarantined since the engine started
     bsr_restores_total{outcome,kind,stage,injected}               restores ended: committed | failed_closed |
@@ -38,6 +40,8 @@ value carries that label (`rank`, `tier`, `group`).
     bsr_force_local_markers_set_total{injected}                   markers set (injected: by a drill's failure)
     bsr_faults_armed                                              injected faults still armed
     bsr_rank_unresponsive_total{rank}                             a rank missed its heartbeat or deadline
+    bsr_store_segments_lost_total{tier,cause}                     segments the store lost with their objects
+    bsr_store_objects_lost_total{tier}                            the objects on them (where the master said)
     bsr_requests_submitted_total                                  requests submitted for admission
 
 prometheus_client also exposes a ``_created`` sample per counter series (when it started counting).

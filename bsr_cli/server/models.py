@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    RootModel,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 from bsr_cli.core import faults
 
@@ -31,7 +41,15 @@ def _json_integer(value: Any) -> Any:
 _INTEGRAL = BeforeValidator(_json_integer)
 JsonInt = Annotated[StrictInt, _INTEGRAL]
 TokenId = Annotated[StrictInt, Field(ge=0, le=(1 << 32) - 1), _INTEGRAL]
-NonNegative = Annotated[StrictInt, Field(ge=0), _INTEGRAL]
+# Bounds that hold on every engine; an engine's own document (GET /openapi.json) narrows them to its ranks, KV
+# groups, longest prompt and pool.
+MAX_RANK = 1023
+MAX_WINDOW = (1 << 20) - 1
+MAX_W = MAX_WINDOW + 1  # chunks in one window: never more than the windows of any prompt at W=1
+# W, in chunks (0: the whole plan at once); an engine refuses more than the chunks of its longest prompt.
+WindowChunks = Annotated[
+    StrictInt, Field(ge=0, le=MAX_W, description="chunks per window (0: the whole plan at once)"), _INTEGRAL
+]
 
 
 class _Request(BaseModel):
@@ -72,7 +90,7 @@ class SubmitBody(_Request):
     model_config = _PROMPT_CONFIG
     tokens: PromptTokens = None  # type: ignore[assignment]
     synthetic: Synthetic = None  # type: ignore[assignment]
-    W: NonNegative | None = None
+    W: WindowChunks | None = None
     verify: StrictBool = True
     store: StrictBool = True
     stream: StrictBool = False
@@ -84,7 +102,7 @@ class RestoreBody(_Request):
     model_config = _PROMPT_CONFIG
     tokens: PromptTokens = None  # type: ignore[assignment]
     synthetic: Synthetic = None  # type: ignore[assignment]
-    W: NonNegative | None = None
+    W: WindowChunks | None = None
     verify: StrictBool = True
     exclude_tiers: list[Tier] | None = None
     stream: StrictBool = True
@@ -97,15 +115,18 @@ _P = TypeVar("_P", ProbeBody, SubmitBody, RestoreBody)
 
 
 class SettingsBody(_Request):
-    budget_bytes: Annotated[StrictInt, Field(ge=1), _INTEGRAL] | None = None
-    fs_concurrency: Annotated[StrictInt, Field(ge=1, le=256), _INTEGRAL] | None = None
-    W: NonNegative | None = None
+    """At least one setting; a setting is given with a value or left out (none is nullable)."""
 
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"minProperties": 1})
+    budget_bytes: Annotated[StrictInt, Field(ge=1), _INTEGRAL] = None  # type: ignore[assignment]
+    fs_concurrency: Annotated[StrictInt, Field(ge=1, le=256), _INTEGRAL] = None  # type: ignore[assignment]
+    W: WindowChunks = None  # type: ignore[assignment]
 
-# Bounds that hold on every engine; an engine's own document (GET /openapi.json) narrows them to its ranks, KV
-# groups and longest prompt.
-MAX_RANK = 1023
-MAX_WINDOW = (1 << 20) - 1
+    @model_validator(mode="after")
+    def _something_to_set(self) -> SettingsBody:
+        if self.budget_bytes is None and self.fs_concurrency is None and self.W is None:
+            raise ValueError("give at least one of 'budget_bytes', 'fs_concurrency' or 'W'")
+        return self
 
 
 class FaultBody(_Request):
@@ -155,6 +176,21 @@ class QuarantinedFile(_Response):
     bytes: int
 
 
+class LostSegment(_Response):
+    """A segment the tier's store lost with every object on it (``cause``: holder_gone, unmounted,
+    remounted_empty); ``objects_lost`` and ``bytes_lost`` are null where the master did not say."""
+
+    segment: str
+    client_id: str
+    cause: str
+    lost_at: float
+    last_seen_at: float | None
+    objects_lost: int | None
+    bytes_lost: int | None
+    holder: str | None = Field(None, description="the holder process, where the engine knows it")
+    remounted_at: float | None = Field(None, description="absent until the segment is mounted again (empty)")
+
+
 class TierHealth(_Response):
     ok: bool
     detail: list[str]
@@ -168,6 +204,7 @@ class TierHealth(_Response):
     faults_armed: list[str] = Field(
         default=[], description="faults armed against it (absent when none): shown, never a reason it is unhealthy"
     )
+    lost_segments: list[LostSegment] | None = Field(None, description="absent unless segment_lost is a condition")
 
 
 class RankTier(_Response):
@@ -301,11 +338,16 @@ class Break(_Response):
 
 class ErrorBody(_Response):
     """Every error: ``error`` is one of unauthorized | version-mismatch | faults-disabled | bad-request |
-    invalid-input | capacity | not-found | unknown-request | method-not-allowed | busy | server-error."""
+    invalid-input | capacity | aborted | not-found | unknown-request | method-not-allowed | busy | rank-restarting |
+    rank-unresponsive | server-error."""
 
     error: str
     message: str
     hint: str | None = None
+    rank: int | None = Field(None, description="rank-restarting, rank-unresponsive: the rank that cannot answer")
+    retry_after_s: int | None = Field(
+        None, description="rank-restarting: seconds until the engine next tries to start the rank (Retry-After)"
+    )
 
 
 class RegistrationSummary(_Response):
@@ -347,6 +389,11 @@ class Health(_Response):
     degraded_tiers: list[str]
 
 
+class HealthUnavailable(RootModel[Health | ErrorBody]):
+    """GET /health's 503: the engine's health with ``ok`` false (a rank is unhealthy), or ``busy`` when every serving
+    slot for requests without the token is in use."""
+
+
 class Registration(_Response):
     schema_: int = Field(alias="schema")
     model: str
@@ -379,7 +426,8 @@ class RestoreResult(_Response):
     windows: int | None = None
     failure_kind: str | None = None
     failures: list[Failure] | None = None
-    hash_ok: bool | None = None
+    hash_ok: bool | None = None  # false: the output hash is not the canonical one, and the request failed
+    restored_tokens: int | None = None  # a restore whose output hash was not canonical: what it had committed
     source: str | None = None
     external_tokens: int | None = None
 

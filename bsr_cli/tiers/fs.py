@@ -6,11 +6,14 @@ key and a misplaced or colliding file is detected rather than served.
 
 File layout: a 24-byte header, the key (UTF-8), then the payload::
 
-    magic "BSRF" | version u16 | key length u16 | payload crc32c u32 | header crc32c u32 | payload length u64
+    magic "BSRF" | version u16 | key length u16 | object checksum u32 | header crc32c u32 | payload length u64
 
+The object checksum is CRC32C over the key, the payload length and the payload (``core.integrity``): the runtime
+verifies it against the key it asked for, so a payload that belongs to another chunk fails as a damaged one.
 ``header crc32c`` covers the header (with that field zero) and the key, so any damage to the header is reported as
-IO_ERROR; damage to the payload is caught by the runtime comparing the returned payload CRC. Version 1 files (earlier
-builds, zlib CRC32) are evicted when read: that read fails closed, and the next pass recomputes and rewrites them.
+IO_ERROR, as is a file holding another key or a payload length other than the one asked for. Files of earlier
+formats (version 1: zlib CRC32; version 2: a checksum of the payload alone) are evicted when read: that read fails
+closed, and the next pass recomputes and rewrites them (docs/mixed-deployments.md).
 
 Health is what a write sees: ``health()`` writes (and removes) a small probe file, and remembers the last put's
 failure, so a full (ENOSPC) or read-only (EROFS) directory is reported with its reason even while it still lists.
@@ -43,7 +46,7 @@ from pathlib import Path
 from bsr_cli.api.ranks import QuarantinedObject
 from bsr_cli.core.evidence import TierCondition
 from bsr_cli.core.units import format_bytes
-from bsr_cli.runtime.checksum import crc32c
+from bsr_cli.runtime.checksum import crc32c, object_checksum
 from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
 
 __all__ = ["HEADER_BYTES", "FilesystemTier"]
@@ -52,7 +55,7 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<4sHHIIQ")
 _MAGIC = b"BSRF"
-_VERSION = 2
+_VERSION = 3  # 3: the object checksum covers the key and the length (2: the payload alone)
 HEADER_BYTES = _HEADER.size  # 24
 _SUFFIX = ".bsr"
 _MAX_KEY_BYTES = 0xFFFF
@@ -256,6 +259,7 @@ class FilesystemTier:
             self._write_fault = None
 
     def _write_one(self, key: str, payload: memoryview, crc: int) -> None:
+        """One object file; ``crc`` is its object checksum (``runtime.checksum.object_checksum``)."""
         keyb = key.encode("utf-8")
         if len(keyb) > _MAX_KEY_BYTES:
             raise ValueError(f"key longer than {_MAX_KEY_BYTES} bytes")
@@ -331,7 +335,7 @@ class FilesystemTier:
         return codes, sums
 
     def _load_one(self, key: str, dest: StagingSlice, deadline: float) -> tuple[int, int | None]:
-        """Read one object into its slice: (bytes written, stored payload crc) or (negative code, None)."""
+        """Read one object into its slice: (bytes written, its stored object checksum) or (negative code, None)."""
         if time.monotonic() > deadline:
             return TIMED_OUT, None
         keyb = key.encode("utf-8")
@@ -400,8 +404,8 @@ class FilesystemTier:
         payload = memoryview(data)[HEADER_BYTES + key_len :]
         if len(payload) != length:
             return f"payload is {len(payload)} bytes, its header says {length}"
-        if crc32c(payload) != crc:
-            return "payload checksum mismatch"
+        if object_checksum(key, payload) != crc:
+            return "checksum mismatch (its bytes, or the chunk they belong to)"
         return None
 
     def quarantine_damaged(self, suspects: Mapping[str, str]) -> list[QuarantinedObject]:

@@ -1,10 +1,12 @@
 """`MooncakeTier`: the external tier over a real Mooncake store (``MooncakeDistributedStore``, TCP on loopback).
 
 Object layout: one Mooncake object per key holding ``payload || trailer``, where the 16-byte trailer is
-``magic "BSM2" | crc32c (u32 LE) | payload length (u64 LE)``. Keeping the checksum inside the object (instead of a
-companion ``<key>#crc`` object) costs no extra object, round trip or lease, and the payload and its checksum can
-never be out of step. The multi-buffer calls scatter/gather it: the payload goes straight from the caller's buffer
-and straight into the staging slice (zero copy), the trailer into a small per-worker side buffer.
+``magic "BSM3" | object checksum (u32 LE) | payload length (u64 LE)``; the object checksum is CRC32C over the key,
+the payload length and the payload (``core.integrity``), so an object put under another chunk's key fails as a
+damaged one. Keeping the checksum inside the object (instead of a companion ``<key>#crc`` object) costs no extra
+object, round trip or lease, and the payload and its checksum can never be out of step. The multi-buffer calls
+scatter/gather it: the payload goes straight from the caller's buffer and straight into the staging slice (zero
+copy), the trailer into a small per-worker side buffer.
 
 Failure behaviour of Mooncake 0.3.13 this module defends against (see docs/ecosystem notes):
   * ``setup()`` against a dead master blocks ~90 s, and calls on a store whose setup failed can segfault, so the
@@ -13,6 +15,12 @@ Failure behaviour of Mooncake 0.3.13 this module defends against (see docs/ecosy
     (the binding releases the GIL) and is abandoned at the caller's deadline; after an RPC failure or timeout the
     tier probes the master before each call and fails fast while it is down;
   * the store's own ``health_check()`` keeps answering 0 with the master dead, so `health()` probes HTTP.
+
+A damaged object is removed, not just refused: after a failed restore the rank calls ``quarantine_damaged``, which
+re-reads the object whole and removes it when its trailer, length or checksum is wrong (Mooncake has no place to
+set it apart; the tier remembers what it removed for ``bsr status``), so the next store writes it afresh.
+Objects an older bsr wrote ("BSM2": a checksum of the payload alone; "BSM1": zlib CRC32) are read as IO_ERROR and
+removed the same way (docs/mixed-deployments.md).
 
 Caveat: an abandoned call keeps running in its worker until Mooncake returns. A timed-out ``get_into`` can still
 write its staging slices later (seen when a cut link comes back mid-transfer), so `pending_writes()` hands the
@@ -33,13 +41,15 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
+from bsr_cli.api.ranks import QuarantinedObject
 from bsr_cli.errors import ServiceError
 from bsr_cli.mooncake.health import health_url_for, master_healthy, segments, tcp_reachable
+from bsr_cli.runtime.checksum import object_checksum
 from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
 
 __all__ = ["TRAILER_BYTES", "MooncakeTier", "mooncake_code_name"]
@@ -49,9 +59,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _TRAILER = struct.Struct("<4sIQ")
-# "BSM1" objects (earlier builds) carried zlib CRC32: they no longer match and read as IO_ERROR.
-_TRAILER_MAGIC = b"BSM2"
+_TRAILER_MAGIC = b"BSM3"
+# Trailers of earlier builds: "BSM1" carried zlib CRC32, "BSM2" a CRC32C of the payload alone (not bound to the key).
+_OLDER_MAGICS = (b"BSM1", b"BSM2")
 TRAILER_BYTES = _TRAILER.size  # 16
+_REMOVED_KEPT = 256  # removed objects the tier remembers for `bsr status` (the events keep them all)
 
 # Mooncake ErrorCode values (mooncake-store/include/types.h); the Python binding returns them as plain ints.
 _MC_CODES = {
@@ -91,6 +103,24 @@ _ABANDONED_STORES: list[Any] = []
 
 def mooncake_code_name(code: int) -> str:
     return _MC_CODES.get(code, f"code {code}")
+
+
+def object_damage(key: str, data: bytes) -> str | None:
+    """Why a whole stored object (payload and trailer, as read back) is not a sound object of ``key``; None when
+    it is."""
+    if len(data) < TRAILER_BYTES:
+        return f"{len(data)} bytes, shorter than its trailer"
+    end = len(data) - TRAILER_BYTES
+    magic, crc, length = _TRAILER.unpack_from(data, end)
+    if magic in _OLDER_MAGICS:
+        return f"written by an older bsr (trailer {magic.decode()}, its checksum covers the bytes alone)"
+    if magic != _TRAILER_MAGIC:
+        return f"no bsr trailer at its end ({len(data)} bytes: bytes appended or cut, or not written by bsr)"
+    if length != end:
+        return f"its trailer says {length} bytes of payload, the object holds {end}"
+    if object_checksum(key, memoryview(data)[:end]) != crc:
+        return "checksum mismatch (its bytes, or the chunk they belong to)"
+    return None
 
 
 def _map_get_code(rc: int) -> int:
@@ -172,6 +202,24 @@ def _as_bytes(view: memoryview) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
+class _RemovedObjects:
+    """The damaged objects a tier removed: the newest ``_REMOVED_KEPT`` (for `bsr status`) and how many in all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: list[QuarantinedObject] = []  # oldest first
+        self._total = 0
+
+    def add(self, removed: Sequence[QuarantinedObject]) -> None:
+        with self._lock:
+            self._kept = (self._kept + list(removed))[-_REMOVED_KEPT:]
+            self._total += len(removed)
+
+    def newest(self, limit: int) -> tuple[list[QuarantinedObject], int]:
+        with self._lock:
+            return list(reversed(self._kept))[: max(limit, 0)], self._total
+
+
 class MooncakeTier:
     """The `Tier` over a Mooncake store. Thread-safe; every store call is bounded by a deadline.
 
@@ -214,6 +262,7 @@ class MooncakeTier:
         self._suspect = False  # set after an RPC failure/timeout: probe the master before each call
         self._closed = False
         self._registered: dict[int, int] = {}
+        self._removed = _RemovedObjects()
         # One registered trailer region per worker: a worker runs one call at a time (an abandoned call keeps its
         # worker, hence its region, until it returns), and registering later could fail with the master down.
         workers = max(workers, 1)
@@ -387,10 +436,10 @@ class MooncakeTier:
         return [rc == 1 for rc in rcs]
 
     def put(self, keys: Sequence[str], payloads: Sequence[memoryview], checksums: Sequence[int]) -> None:
-        """Store each payload with its trailer (``batch_put_from_multi_buffers`` per 1024 keys, zero-copy from
-        writable payloads; read-only ones are copied once). A key that already exists counts as stored (objects
-        are immutable). Raises TierUnavailable when the master is down or the call times out, OSError naming the
-        failed keys otherwise."""
+        """Store each payload with its trailer holding its object checksum (``runtime.checksum.object_checksum``),
+        ``batch_put_from_multi_buffers`` per 1024 keys, zero-copy from writable payloads (read-only ones are copied
+        once). A key that already exists counts as stored (objects are immutable). Raises TierUnavailable when the
+        master is down or the call times out, OSError naming the failed keys otherwise."""
         n = len(keys)
         if len(payloads) != n or len(checksums) != n:
             raise ValueError(f"put: {n} keys, {len(payloads)} payloads, {len(checksums)} checksums")
@@ -441,8 +490,9 @@ class MooncakeTier:
         self, keys: Sequence[str], dests: Sequence[StagingSlice], timeout_s: float
     ) -> tuple[list[int], list[int | None]]:
         """``batch_get_into_multi_buffers`` (one call per 1024 keys): each payload lands directly in its slice, each
-        trailer in the worker's side buffer; the trailer's length must equal the slice length, and its CRC is
-        returned unverified. At the deadline: UNAVAILABLE if the master does not answer a probe, else TIMED_OUT."""
+        trailer in the worker's side buffer; the trailer's length must equal the slice length, and its object
+        checksum is returned unverified (the runtime verifies it against the key). At the deadline: UNAVAILABLE if
+        the master does not answer a probe, else TIMED_OUT."""
         n = len(keys)
         if len(dests) != n:
             raise ValueError(f"get_into: {n} keys but {len(dests)} destinations")
@@ -515,6 +565,53 @@ class MooncakeTier:
         else:
             self._store.close()
         self._shutdown_workers()
+
+    # ------------------------------------------------------------------------------------------- repair
+
+    def _read_whole(self, key: str) -> bytes | None:
+        """The stored object as it is (payload and trailer, whatever its size); None when the store does not hold
+        it or cannot answer (then nothing can be said about it)."""
+        size = self._call_checked("get_size", lambda: self._store.get_size(key))
+        if size < 0:
+            return None
+        buf = ctypes.create_string_buffer(max(size, 1))
+        ptr = ctypes.addressof(buf)
+        self.register(ptr, len(buf))
+        try:
+            try:
+                # The closure holds ``buf``: a call abandoned at its deadline still has memory to write into.
+                rc = self._run("get_into", lambda: self._store.get_into(key, ptr, size), self.call_timeout_s, data=True)
+            except _CallTimedOut:
+                return None
+        finally:
+            with contextlib.suppress(OSError, TierUnavailable):
+                self.unregister(ptr)
+        return buf.raw[:size] if rc == size else None
+
+    def quarantine_damaged(self, suspects: Mapping[str, str]) -> list[QuarantinedObject]:
+        """Re-read each suspect object (key → what it is and why it is suspect) and remove the damaged ones from
+        the store (a wrong trailer, length or checksum: ``object_damage``); Mooncake has nowhere to set them apart,
+        so their bytes are gone and the tier remembers what it removed. An object that reads back sound stays:
+        what failed was the transfer."""
+        removed: list[QuarantinedObject] = []
+        for key, context in suspects.items():
+            data = self._read_whole(key)
+            why = None if data is None else object_damage(key, data)
+            if data is None or why is None:
+                continue
+            rc = self.remove([key])[0]
+            if rc not in (0, _OBJECT_NOT_FOUND):
+                log.warning("mooncake: could not remove damaged object %s (%s): %s", key, why, mooncake_code_name(rc))
+                continue
+            entry = QuarantinedObject(key=key, file="", reason=f"{why}: {context}", at=time.time(), bytes=len(data))
+            log.warning("mooncake: removed damaged object %s: %s", key, entry.reason)
+            removed.append(entry)
+        self._removed.add(removed)
+        return removed
+
+    def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:
+        """The newest ``limit`` damaged objects this tier removed since it started, and how many in all."""
+        return self._removed.newest(limit)
 
     # ------------------------------------------------------------------------------------------- extras
 

@@ -283,10 +283,12 @@ _CATEGORY = {
     EventKind.REQUEST_FINISHED: "restores",
     EventKind.ABORT_REQUESTED: "restores",
     EventKind.STORE_FAILED: "restores",
+    EventKind.OUTPUT_MISMATCH: "restores",
     EventKind.OBJECT_QUARANTINED: "restores",
+    EventKind.SEGMENT_LOST: "restores",
 }
 # The events `bsr top` and a replay treat as a failure (the `f` key jumps to the next one).
-FAILURE_KINDS = frozenset({EventKind.RESTORE_FAILED, EventKind.RESTORE_FAILED_CLOSED})
+FAILURE_KINDS = frozenset({EventKind.RESTORE_FAILED, EventKind.RESTORE_FAILED_CLOSED, EventKind.OUTPUT_MISMATCH})
 
 
 def event_category(kind: str) -> str:
@@ -405,6 +407,8 @@ def describe(e: ev.Event) -> str:
         return f"store failed on rank {e.rank} (tier {e.tier}): {e.error}"
     if isinstance(e, ev.ObjectQuarantined):
         return f"rank {e.rank} quarantined chunk {e.chunk} group {e.group} of tier {e.tier}: {e.reason}"
+    if isinstance(e, ev.SegmentLost):
+        return f"STORE LOST ({e.tier}): {e.loss.line()}"
     if isinstance(e, ev.RankUnresponsive):
         return f"rank {e.rank} unresponsive: {e.reason}" + (f" (during {e.request})" if e.request else "")
     if isinstance(e, ev.RankRestarted):

@@ -229,7 +229,7 @@ class LMCacheRank:
             # The hot-cache write-back would keep every retrieved chunk in L1 (beyond the window bound).
             lm.disable_hot_cache(self.engine)
             self.tracker = lm.PeakTracker(self.engine)
-            # A CRC32C beside every chunk stored in Mooncake, verified on every load (lmcache_bsr/integrity.py).
+            # A checksum beside every chunk stored in Mooncake, verified on every load (lmcache_bsr/integrity.py).
             self.checksums = (
                 integrity.install(self.engine, load_unverified=bool(extra.get("bsr_load_unverified", False)))
                 if extra.get("bsr_checksums", True)
@@ -400,10 +400,7 @@ class LMCacheRank:
         if bad is None:
             return
         chunk = first_chunk + integrity.chunk_of(keys, bad.key)  # type: ignore[operator]
-        what = "checksum mismatch" if bad.verdict is integrity.Verdict.MISMATCH else "no checksum (unverified)"
-        raise RestoreFailed(
-            f"{what} in chunk {chunk} (tier {bad.tier})", window, kind=failures.TIER, stage=Stage.VERIFY, tier=bad.tier
-        )
+        raise RestoreFailed(bad.describe(chunk), window, kind=failures.TIER, stage=Stage.VERIFY, tier=bad.tier)
 
     def _acquire(self) -> None:
         with self._count_lock:

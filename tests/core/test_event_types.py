@@ -14,6 +14,7 @@ from bsr_cli.core.events import (
     FaultEvent,
     FaultFired,
     FaultInjected,
+    OutputMismatch,
     RankRestarted,
     RestoreAborted,
     RestoreCommitted,
@@ -21,6 +22,7 @@ from bsr_cli.core.events import (
     RestoreFailed,
     RestoreFailedClosed,
     RestoreRefused,
+    SegmentLost,
     WindowReleased,
     parse_event,
     rank_of,
@@ -28,7 +30,8 @@ from bsr_cli.core.events import (
     restore_ended,
     stamped,
 )
-from bsr_cli.core.evidence import Component, EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import Component, EventKind, FailureKind, Outcome, SegmentLossCause, Stage
+from bsr_cli.core.store_loss import SegmentLoss
 
 pytestmark = pytest.mark.fast
 
@@ -92,6 +95,26 @@ def test_a_rank_failure_round_trips_with_its_stage_and_blame() -> None:
     assert part.to_wire()["kind"] == "rank" and parse_event(part.to_wire()) == part
 
 
+def test_an_output_mismatch_round_trips_naming_the_request_and_its_hashes() -> None:
+    ev = stamped(
+        OutputMismatch(
+            request="req-7",
+            prompt="p7",
+            tokens=4096,
+            external_tokens=4096,
+            source="mooncake",
+            output_hash="ab",
+            canonical_hash="cd",
+            marker=True,
+        ),
+        9,
+        1.5,
+    )
+    wire = ev.to_wire()
+    assert wire["type"] == "output_mismatch" and list(wire)[:3] == ["type", "seq", "time"]
+    assert parse_event(wire) == ev and request_of(ev) == "req-7"
+
+
 def test_a_fault_event_keeps_the_faults_own_field_names() -> None:
     ev = FaultInjected(fault_id=4, fault="restore-fault", rank=1, window=2)
     wire = ev.to_wire()
@@ -115,10 +138,38 @@ def test_a_fault_event_keeps_the_faults_own_field_names() -> None:
     assert parse_event(fired.to_wire()) == fired
 
 
+def test_a_lost_segment_round_trips_with_its_holder_cause_and_what_went() -> None:
+    loss = SegmentLoss(
+        segment="127.0.0.1:12655",
+        client_id="1-2",
+        cause=SegmentLossCause.UNMOUNTED,
+        lost_at=1_800_000_000.0,
+        last_seen_at=1_799_999_999.0,
+        objects_lost=20,
+        bytes_lost=82_240,
+        holder="segment_holder pid 42",
+    )
+    ev = stamped(SegmentLost.of("mooncake", loss), 7, 1_800_000_000.5)
+    wire = ev.to_wire()
+    assert list(wire)[:5] == ["type", "seq", "time", "tier", "segment"]
+    assert (wire["type"], wire["cause"], wire["objects_lost"], wire["bytes_lost"]) == (
+        "segment_lost",
+        "unmounted",
+        20,
+        82_240,
+    )
+    back = parse_event(wire)
+    assert back == ev and isinstance(back, SegmentLost) and back.loss == loss
+    # Where the master did not say how many objects went, the event says so (null), never a guessed 0.
+    unknown = dataclasses.replace(ev, objects_lost=None, bytes_lost=None)
+    assert parse_event(unknown.to_wire()) == unknown and unknown.to_wire()["objects_lost"] is None
+
+
 @pytest.mark.parametrize(
     "wire, message",
     [
         ({"type": "no_such_event"}, "unknown event type"),
+        ({"type": "segment_lost", "tier": "mooncake", "segment": "s", "cause": "gremlins"}, "not a SegmentLossCause"),
         ({"type": "window_released", "request": "r", "rank": "1", "window": 0}, "'rank': expected an integer"),
         ({"type": "window_released", "request": "r", "rank": True, "window": 0}, "'rank': expected an integer"),
         ({"type": "window_released", "rank": 1, "window": 0}, "WindowReleased"),  # request missing

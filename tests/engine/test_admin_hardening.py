@@ -99,8 +99,19 @@ def hard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hard]:
         ("/bsr/v1/requests", b'{"synthetic": {"n": 10}, "verify": 1}', "verify"),
         ("/bsr/v1/settings", b'{"budget_bytes": 1}', "below one chunk slot"),
         ("/bsr/v1/settings", b'{"budget_bytes": 1000000000000000000000000000000}', "exceeds the pool"),
-        ("/bsr/v1/settings", b'{"W": 900000000000000000000000000000}', "more than the pool"),
+        ("/bsr/v1/settings", b'{"W": 6}', "more than the pool"),
         ("/bsr/v1/settings", b'{"fs_concurrency": 6000000000}', "at most 256"),
+        # W: at most the chunks of the longest prompt (2,048 tokens: 8 chunks of 256), never any integer.
+        ("/bsr/v1/restore", b'{"synthetic": {"n": 10}, "W": 18446744073709551621}', "'W' must be at most 1048576"),
+        ("/bsr/v1/requests", b'{"synthetic": {"n": 10}, "W": ' + b"9" * 4001 + b"}", "'W' must be at most"),
+        ("/bsr/v1/restore", b'{"synthetic": {"n": 10}, "W": 9, "stream": false}', "8 chunks of this engine's longest"),
+        ("/bsr/v1/requests", b'{"synthetic": {"n": 10}, "W": 9}', "8 chunks of this engine's longest prompt"),
+        ("/bsr/v1/settings", b'{"W": 9}', "8 chunks of this engine's longest prompt"),
+        ("/bsr/v1/settings", b'{"W": 18446744073709551621}', "'W' must be at most"),
+        # The body is required, with at least one setting; none is nullable.
+        ("/bsr/v1/settings", b"{}", "give at least one of"),
+        ("/bsr/v1/settings", b"", "give at least one of"),
+        ("/bsr/v1/settings", b'{"W": null}', "'W'"),
     ],
 )
 def test_malformed_bodies_get_400_json(hard: Hard, path: str, body: bytes, needle: str) -> None:

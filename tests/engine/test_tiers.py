@@ -83,9 +83,17 @@ def as_tensor(buf: bytearray) -> Any:
 
 
 def crc(data: Any) -> int:
+    """A checksum to store: tiers store and return it without checking (the runtime verifies)."""
     from bsr_cli.runtime.checksum import crc32c
 
     return crc32c(data)
+
+
+def obj_crc(key: str, data: Any) -> int:
+    """The checksum a tier's own repair checks: the object checksum, bound to the key and the length."""
+    from bsr_cli.runtime.checksum import object_checksum
+
+    return object_checksum(key, data)
 
 
 def wait_for_state(pid: int, state: str, timeout: float = 5.0) -> None:
@@ -233,6 +241,57 @@ def test_mooncake_remove_helpers(mc_tier: Any) -> None:
     assert mc_tier.contains(keys, 2.0) == [False, True]
     assert mc_tier.remove_all() >= 1
     assert mc_tier.contains(keys, 2.0) == [False, False]
+
+
+def _stored(tier: Any, key: str) -> bytes:
+    """The whole object as the store holds it (payload and trailer), read through the tier's own client."""
+    size = tier._store.get_size(key)
+    buf = torch.zeros(max(size, 1), dtype=torch.uint8)
+    assert tier._store.get_into(key, buf.data_ptr(), size) == size
+    return bytes(buf[:size].numpy())
+
+
+def _replace(tier: Any, key: str, data: bytes) -> None:
+    """Write ``data`` as the object of ``key`` in the real store, replacing what is there (a raw client's upsert)."""
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    assert tier._store.upsert_from(key, buf.data_ptr(), len(data)) == 0
+
+
+@pytest.mark.engine
+def test_mooncake_damaged_objects_are_removed_sound_ones_stay(mc_tier: Any, mc_pool: Pool) -> None:
+    """What the rank's repair does after a failed restore: every kind of wrong object is named and removed (another
+    chunk's object with its own trailer, bytes appended, bytes cut, an older bsr's trailer); a sound one stays."""
+    keys = fresh_keys(6)
+    size = 8192
+    views = [memoryview(p) for p in payloads([size] * 6, seed=31)]
+    mc_tier.put(keys, views, [obj_crc(k, v) for k, v in zip(keys, views, strict=True)])
+    whole = [_stored(mc_tier, k) for k in keys]
+    _replace(mc_tier, keys[0], whole[5])  # chunk 5's object, trailer and all, under chunk 0's key
+    _replace(mc_tier, keys[1], whole[1] + b"\x00" * 512)  # grown
+    _replace(mc_tier, keys[2], whole[2][:-100])  # truncated
+    older = whole[3][:-16] + b"BSM2" + crc(views[3]).to_bytes(4, "little") + size.to_bytes(8, "little")
+    _replace(mc_tier, keys[3], older)  # an older bsr's object: a CRC32C of the bytes alone
+    # The restore's fetch: the transplanted object arrives whole (only the runtime's check can tell), the others
+    # cannot arrive as objects of this size and format.
+    codes, sums = mc_tier.get_into(keys[:5], mc_pool.slices([size] * 5), 5.0)
+    assert codes == [size, IO_ERROR, IO_ERROR, IO_ERROR, size]
+    assert sums[0] == obj_crc(keys[5], views[5]) != obj_crc(keys[0], views[5])
+    removed = mc_tier.quarantine_damaged({k: f"chunk {i} group g" for i, k in enumerate(keys[:5])})
+    why = {q.key: q.reason for q in removed}
+    assert list(why) == keys[:4], why  # keys[4] reads back sound: what failed was the transfer, it stays
+    assert why[keys[0]] == "checksum mismatch (its bytes, or the chunk they belong to): chunk 0 group g"
+    assert why[keys[1]].startswith(f"no bsr trailer at its end ({size + 16 + 512} bytes")
+    assert why[keys[2]].startswith(f"no bsr trailer at its end ({size + 16 - 100} bytes")
+    assert why[keys[3]].startswith("written by an older bsr (trailer BSM2")
+    assert all(q.file == "" and q.bytes > 0 for q in removed)  # removed: nothing kept
+    assert mc_tier.contains(keys, 2.0) == [False] * 4 + [True, True]
+    listed, total = mc_tier.quarantined(2)
+    assert total >= 4 and [q.key for q in listed] == [keys[3], keys[2]]  # the newest first
+    # The next store writes them afresh; the tier's check then finds them sound.
+    mc_tier.put(keys[:4], views[:4], [obj_crc(k, v) for k, v in zip(keys[:4], views[:4], strict=True)])
+    assert mc_tier.quarantine_damaged({k: "again" for k in keys}) == []
+    codes, sums = mc_tier.get_into(keys[:4], mc_pool.slices([size] * 4), 5.0)
+    assert codes == [size] * 4 and sums == [obj_crc(k, v) for k, v in zip(keys[:4], views[:4], strict=True)]
 
 
 @pytest.mark.engine
@@ -442,14 +501,15 @@ def test_fs_corrupt_files_are_detected(fs_tier: FilesystemTier) -> None:
     assert codes == [IO_ERROR]
 
 
-def test_fs_object_from_an_earlier_format_fails_closed_and_is_evicted(fs_tier: FilesystemTier) -> None:
+@pytest.mark.parametrize("version", [1, 2])  # 1: zlib CRC32; 2: a CRC32C of the payload alone
+def test_fs_object_from_an_earlier_format_fails_closed_and_is_evicted(fs_tier: FilesystemTier, version: int) -> None:
     keys = fresh_keys(2)
     size = 4096
     view = memoryview(payloads([size], seed=15)[0])
     fs_tier.put(keys, [view] * 2, [crc(view)] * 2)
     with open(fs_tier.path_for(keys[0]), "r+b") as f:
         f.seek(4)
-        f.write((1).to_bytes(2, "little"))  # format v1: zlib CRC32, unreadable now
+        f.write(version.to_bytes(2, "little"))  # an earlier format: unreadable now
     pool = Pool(MiB)  # held: the tier writes into its memory
     codes, sums = fs_tier.get_into(keys, pool.slices([size, size]), 5.0)
     assert codes == [IO_ERROR, size] and sums == [None, crc(view)]
@@ -555,7 +615,7 @@ def test_fs_damaged_objects_are_quarantined_intact_ones_stay(fs_tier: Filesystem
     keys = fresh_keys(4)
     size = 64 * 1024
     view = memoryview(payloads([size], seed=23)[0])
-    fs_tier.put(keys, [view] * 4, [crc(view)] * 4)
+    fs_tier.put(keys, [view] * 4, [obj_crc(k, view) for k in keys])
     keylen = len(keys[0].encode())
     with open(fs_tier.path_for(keys[0]), "r+b") as f:  # payload bit rot, on disk
         f.seek(HEADER_BYTES + keylen + 1000)
@@ -566,7 +626,7 @@ def test_fs_damaged_objects_are_quarantined_intact_ones_stay(fs_tier: Filesystem
     damaged = {p.name: p.read_bytes() for p in (fs_tier.path_for(keys[0]), fs_tier.path_for(keys[1]))}
     moved = fs_tier.quarantine_damaged({k: f"chunk {i} group g" for i, k in enumerate(keys[:3])})
     assert [q.key for q in moved] == keys[:2]  # keys[2] reads back intact (a transfer fault): it stays
-    assert moved[0].reason == "payload checksum mismatch: chunk 0 group g"
+    assert moved[0].reason == "checksum mismatch (its bytes, or the chunk they belong to): chunk 0 group g"
     assert moved[1].reason.startswith("header checksum mismatch")
     assert fs_tier.contains(keys, 1.0) == [False, False, True, True]
     qdir = fs_tier.root / "quarantine"
@@ -576,8 +636,24 @@ def test_fs_damaged_objects_are_quarantined_intact_ones_stay(fs_tier: Filesystem
     listed, total = fs_tier.quarantined(1)
     assert total == 2 and len(listed) == 1 and listed[0].key in keys[:2]
     # The next store rewrites the chunk from a good source; the next read of it succeeds.
-    fs_tier.put(keys[:1], [view], [crc(view)])
+    fs_tier.put(keys[:1], [view], [obj_crc(keys[0], view)])
     pool = Pool(MiB)
     codes, sums = fs_tier.get_into(keys[:1], pool.slices([size]), 5.0)
-    assert codes == [size] and sums == [crc(view)] and crc(pool.slices([size])[0].view) == crc(view)
+    assert codes == [size] and sums == [obj_crc(keys[0], view)] == [obj_crc(keys[0], pool.slices([size])[0].view)]
     assert fs_tier.quarantined(10)[1] == 2  # the quarantined copies stay for the incident bundle
+
+
+def test_fs_another_chunks_object_under_this_key_is_quarantined(fs_tier: FilesystemTier) -> None:
+    """A file whose header names this key but whose payload and checksum are another chunk's (a writer that put
+    the wrong chunk under this key): the header is sound, the object checksum is bound to the other key."""
+    keys = fresh_keys(2)
+    size = 8192
+    mine, theirs = (memoryview(p) for p in payloads([size, size], seed=29))
+    fs_tier.put(keys[:1], [theirs], [obj_crc(keys[1], theirs)])
+    pool = Pool(MiB)
+    codes, sums = fs_tier.get_into(keys[:1], pool.slices([size]), 5.0)
+    assert codes == [size] and sums[0] != obj_crc(keys[0], pool.slices([size])[0].view)  # the runtime's check fails
+    (q,) = fs_tier.quarantine_damaged({keys[0]: "chunk 0 group g"})
+    assert q.reason.startswith("checksum mismatch") and fs_tier.contains(keys[:1], 1.0) == [False]
+    fs_tier.put(keys[:1], [mine], [obj_crc(keys[0], mine)])
+    assert fs_tier.quarantine_damaged({keys[0]: "chunk 0 group g"}) == []  # rewritten: sound

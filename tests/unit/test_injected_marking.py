@@ -6,13 +6,15 @@ that the marking follows the cause, not the failure."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
 from bsr_cli.core import events as ev
-from bsr_cli.core.evidence import EventKind, Outcome, TierCondition
+from bsr_cli.core.evidence import EventKind, Outcome, SegmentLossCause, TierCondition
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.server.metrics import exposition
 from unit.fixtures import FakeEngine, build_engine
 
@@ -108,3 +110,21 @@ def test_the_same_failure_not_injected_is_marked_nowhere(warm: FakeEngine) -> No
     real = sum(_sample(text, "bsr_restores_total", failed.format("false", s)) for s in ("fetch", "verify"))
     assert real == 1.0
     assert _sample(text, "bsr_tier_healthy", 'injected="false",tier="mooncake"') == 0.0
+
+
+def test_a_segment_lost_during_a_drill_still_pages(warm: FakeEngine) -> None:
+    """No fault can lose a segment (faults act on a restore's fetch, install and checksum), so a lost segment is a
+    real reason: a tier that a drill made unhealthy is no longer `injected` once its store lost a segment."""
+    c = warm.coordinator
+    c.inject(FaultRequest("remote-unavailable", count=1))
+    assert c.restore(PROMPT, request="r-drill").outcome is Outcome.FAILED_CLOSED
+    assert c.health().tiers["mooncake"].injected  # the control: the drill's failure alone is injected
+    loss = SegmentLoss("127.0.0.1:1001", "c-a", SegmentLossCause.UNMOUNTED, time.time(), time.time() - 1, 20, 80_000)
+    assert c.record_store_losses("mooncake", [loss]) == [loss]
+    tier = c.health().tiers["mooncake"]
+    assert not tier.ok and not tier.injected and "injected" not in tier.to_wire()
+    assert tier.conditions == (TierCondition.SEGMENT_LOST, TierCondition.RESTORE_FAILED)
+    text = exposition(c)
+    assert _sample(text, "bsr_tier_healthy", 'injected="false",tier="mooncake"') == 0.0
+    assert _sample(text, "bsr_tier_condition", 'condition="segment_lost",injected="false",tier="mooncake"') == 1.0
+    assert 'injected="true",tier="mooncake"' not in text
