@@ -316,6 +316,9 @@ COMMANDS = (
         group=True,
     ),
     CommandEntry(
+        "monitoring", "monitoring_cmd", "monitoring_app", "Prometheus alert rules for bsr engines.", group=True
+    ),
+    CommandEntry(
         "bench",
         "bench",
         "bench_app",

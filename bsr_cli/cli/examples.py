@@ -87,6 +87,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "settings set": ("bsr settings set --W 16", "bsr settings set --budget 128MiB --fs-concurrency 4"),
     "pool": ("bsr pool --once", "bsr pool --json"),
     "pool reset-peak": ("bsr pool reset-peak",),
+    "monitoring rules": (
+        "bsr monitoring rules --runbook-base https://wiki.example.com/bsr/runbooks -o /etc/prometheus/bsr-alerts.yml",
+        "bsr monitoring rules --runbook-base https://git.example.com/bsr/blob/main/docs/runbooks > bsr-alerts.yml",
+    ),
     "bench sweep": ("bsr bench sweep --embedded", "bsr bench sweep --tokens 32768,131072 --W 32"),
     "bench ladder": ("bsr bench ladder",),
     "bench wlaw": ("bsr bench wlaw --embedded --Ws 8,16,32",),

@@ -27,6 +27,7 @@ from urllib.parse import quote
 import httpx
 
 from bsr_cli import API_VERSION
+from bsr_cli.client.local_engine import connection, read_token_file, serving
 from bsr_cli.core import wire
 from bsr_cli.core.events import Event, known_event
 from bsr_cli.core.faults import FaultRequest, FaultSpec
@@ -130,15 +131,18 @@ def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
                 )
             if not url:
                 raise InvalidInput(f"profile {engine!r} has no url")
+            if not token and prof.token_file is not None:
+                token = read_token_file(prof.token_file)
             return url.rstrip("/"), token or prof.token, f"profile {engine}"
         if not engine.startswith(("http://", "https://")):
             raise InvalidInput(
                 f"--engine {engine!r} is neither a URL nor a profile",
                 hint=f"profiles in {settings.config_path}: {', '.join(settings.profiles) or 'none'}",
             )
+        if not token:  # an embedded engine on this machine: its own token, from its state directory
+            local = serving(engine)
+            token = local.token if local is not None else None
         return engine.rstrip("/"), token, settings.sources.get("engine", "flag")
-    from bsr_cli.client.local_engine import connection
-
     found = connection(Path(settings.state_dir))
     if found is None:
         raise EngineUnreachable(

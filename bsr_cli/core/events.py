@@ -223,6 +223,7 @@ class RestoreFailed:
     cause: CapacityCause | None = None
     chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
     failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired on this rank in it
 
     @property
     def failure(self) -> Failure:
@@ -254,6 +255,7 @@ class RestoreCommitted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,6 +271,7 @@ class RestoreFailedClosed:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,6 +287,7 @@ class RestoreRefused:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,6 +303,7 @@ class RestoreAborted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 # A restore ended, whatever its outcome (``isinstance(e, RestoreEnded)``; ``e.outcome`` says which).
@@ -468,6 +473,7 @@ class MarkerSet:
     request: str | None = None
     excluded_tiers: tuple[str, ...] = ()
     reason: str = ""
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault failed the restore
 
 
 @dataclass(frozen=True, kw_only=True)

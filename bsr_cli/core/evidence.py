@@ -177,7 +177,8 @@ class TierCondition(StrEnum):
     READ_ONLY = "read_only"  # writes fail with EROFS (a read-only mount)
     FULL = "full"  # writes fail with ENOSPC or EDQUOT
     NOT_WRITABLE = "not_writable"  # writes fail otherwise (permissions, I/O errors)
-    FAULT_ARMED = "fault_armed"  # the coordinator's: an injected fault that takes it down is armed
+    # An older engine's: an armed fault that takes the tier down (an armed fault is now shown, never a reason).
+    FAULT_ARMED = "fault_armed"
     RESTORE_FAILED = "restore_failed"  # the coordinator's: a restore from it failed and none has committed since
     SEGMENT_LOST = "segment_lost"  # the engine's store watch: the store dropped a holder's segment and its objects
 

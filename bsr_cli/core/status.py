@@ -127,8 +127,10 @@ class RankTierStatus:
 
 @dataclass(frozen=True)
 class TierHealth:
-    """One tier across the engine: what each rank sees of it joined with what the coordinator knows (armed faults,
-    recent real failures). ``condition`` is the first reason it is unhealthy (``ok`` when none)."""
+    """One tier across the engine: what each rank sees of it joined with what the coordinator knows (recent
+    failures, armed faults). ``condition`` is the first reason it is unhealthy (``ok`` when none); ``injected``: an
+    injected fault caused every one of them (a drill's failure); ``faults_armed``: faults armed against it, shown
+    but never a reason it is unhealthy (arming alone changes no health)."""
 
     ok: bool
     detail: tuple[str, ...]  # one line per reason, each naming who saw it
@@ -137,6 +139,8 @@ class TierHealth:
     quarantined_total: int
     # A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok: none).
     condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
+    injected: bool = wire.field(default=False, omit_false=True)
+    faults_armed: tuple[str, ...] = wire.field(default=(), omit_empty=True)
     # The segments the store lost that keep it unhealthy (segment_lost): oldest first; absent when none.
     lost_segments: tuple[SegmentLoss, ...] = wire.field(omit_empty=True, default=())
     scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # every rank's, running first

@@ -84,6 +84,7 @@ def run_windows(
     pool_stats: Callable[[], dict[str, int]],
     prepare: Callable[[], None] | None = None,
     cleanup: Callable[[], None] | None = None,
+    fired: Callable[[], list[int]] | None = None,
 ) -> RankOutcome:
     """The window loop of one rank's retrieve, shared by every host: the abort check before each window, the
     host's ``step`` (lease, fetch, check, install, sync, release: returns the window's bytes), the outcome's
@@ -91,8 +92,9 @@ def run_windows(
     outcome (``RestoreFailed`` with its kind and tier, ``CapacityError`` as capacity, anything else as a tier
     transfer error), every destination block scrubbed, ``restore_failed`` emitted.
 
-    ``windows`` are the job's windows; ``prepare`` runs first inside the same
-    failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead)."""
+    ``windows`` are the host's window objects, each with an ``index``; ``prepare`` runs first inside the same
+    failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead); ``fired`` names the
+    injected faults that fired (the outcome's ``fired_faults``; a failure with one is marked ``injected``)."""
     started = time.monotonic()
     out = RankOutcome(rank, ok=False, valid=dict.fromkeys(groups, False))
     try:
@@ -136,24 +138,30 @@ def run_windows(
         if cleanup is not None:
             cleanup()
         out.seconds = time.monotonic() - started
+    if fired is not None:
+        out.fired_faults = fired()
     if not out.ok:
         # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
         scrub()
-        failure = failures.failure_of(out)
-        emit(
-            RestoreFailedEvent(
-                request=request,
-                rank=rank,
-                reason=failure.reason,
-                failure_kind=failure.kind,
-                stage=failure.stage,
-                window=failure.window,
-                tier=failure.tier,
-                cause=failure.cause,
-                chunks=failure.chunks,
-            )
-        )
+        emit(_failed_event(request, out))
     return out
+
+
+def _failed_event(request: str, out: RankOutcome) -> RestoreFailedEvent:
+    """The rank's ``restore_failed``: its failure as classified, marked injected when an injected fault fired."""
+    failure = failures.failure_of(out)
+    return RestoreFailedEvent(
+        request=request,
+        rank=out.rank,
+        reason=failure.reason,
+        failure_kind=failure.kind,
+        stage=failure.stage,
+        window=failure.window,
+        tier=failure.tier,
+        cause=failure.cause,
+        chunks=failure.chunks,
+        injected=bool(out.fired_faults),
+    )
 
 
 Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
@@ -265,8 +273,8 @@ class RankRestorer:
             emit=self.emit,
             pool_stats=lambda: self.pool.stats().to_dict(),
             cleanup=cleanup,
+            fired=(lambda: armed.fired) if armed is not None else None,
         )
-        out.fired_faults = armed.fired if armed is not None else []
         return out
 
     def close(self) -> None:

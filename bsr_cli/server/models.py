@@ -237,6 +237,12 @@ class TierHealth(_Response):
     quarantined: list[QuarantinedFile]
     quarantined_total: int
     condition: str
+    injected: bool = Field(
+        default=False, description="true when injected faults caused every reason it is unhealthy (absent: false)"
+    )
+    faults_armed: list[str] = Field(
+        default=[], description="faults armed against it (absent when none): shown, never a reason it is unhealthy"
+    )
     lost_segments: list[LostSegment] | None = Field(None, description="absent unless segment_lost is a condition")
     scrubs: list[ScrubProgress] = []
 

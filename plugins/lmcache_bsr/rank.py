@@ -555,8 +555,8 @@ class _RestoreRun:
             pool_stats=self.rank.pool_stats,
             prepare=self._prepare,
             cleanup=self._cleanup,
+            fired=lambda: self.armed.fired if self.armed is not None else [],
         )
-        out.fired_faults = self.armed.fired if self.armed is not None else []
         return out
 
     def _prepare(self) -> None:

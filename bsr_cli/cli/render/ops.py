@@ -449,8 +449,11 @@ def status(console: Console, d: EngineStatus) -> None:
         elif r.last_fault is not None:
             console.print(f"rank {r.rank} recovered; last fault: {r.last_fault.reason}")
     for name, h in snap.tiers.items():
-        why = f"({h.condition.replace('_', ' ')}) " if h.condition != TierCondition.OK else ""
-        console.print(f"tier {name}: " + ("[green]ok[/]" if h.ok else f"[red]unhealthy[/] {why}" + "; ".join(h.detail)))
+        why = f"({h.condition.replace('_', ' ')}{', injected' if h.injected else ''}) "
+        why = why if h.condition != TierCondition.OK else ""
+        state = "[yellow]unhealthy[/]" if h.injected else "[red]unhealthy[/]"  # a drill's failure, which pages nobody
+        line = f"tier {name}: " + ("[green]ok[/]" if h.ok else f"{state} {why}" + "; ".join(h.detail))
+        console.print(line + "".join(f" · [yellow]{armed}[/]" for armed in h.faults_armed))
         if h.quarantined_total:
             console.print(
                 f"[yellow]tier {name}: {h.quarantined_total} damaged object(s) quarantined[/] "
@@ -695,6 +698,11 @@ def fleet_table(d: FleetView) -> Table:
 
 def fleet(console: Console, d: FleetView) -> None:
     console.print(fleet_table(d))
+    if d.timeline:
+        console.print("timeline (newest first):")
+        for i in d.timeline:
+            when = time.strftime("%H:%M:%S", time.localtime(i.time))
+            console.print(Text(f"  {when} {i.engine}: {i.text}"))
 
 
 def explain(console: Console, d: Explanation) -> None:
