@@ -21,6 +21,8 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     ├── ServiceError            starting/stopping local services failed          (13)
     ├── NothingToRestore        no tier holds the prompt's first chunk: no restore ran (14)
     ├── OutputHashMismatch      the request's KV hashed differently from the canonical KV: invalidated (19)
+    ├── DamagedObjects          a scrub found damaged objects (and set them aside) (20)
+    ├── ScrubIncomplete         a scrub stopped at its limit, failed or did not run (21)
     └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
 """
 
@@ -48,6 +50,8 @@ class ExitCode(IntEnum):
     ENGINE_BUSY = 15
     RANK_RESTARTING = 16
     OUTPUT_MISMATCH = 19
+    DAMAGED_OBJECTS = 20
+    SCRUB_INCOMPLETE = 21
     INTERRUPTED = 130
 
 
@@ -187,6 +191,21 @@ class OutputHashMismatch(BsrError):
 
     exit_code = ExitCode.OUTPUT_MISMATCH
     kind = "output-mismatch"
+
+
+class DamagedObjects(BsrError):
+    """A scrub read a tier's objects back and found damaged ones (it set them aside: the next store rewrites them)."""
+
+    exit_code = ExitCode.DAMAGED_OBJECTS
+    kind = "damaged-objects"
+
+
+class ScrubIncomplete(BsrError):
+    """A scrub found nothing damaged but did not check its whole scope (a limit, a tier it could not read, or a
+    rank already running as many scrubs as it allows): clean is not proven."""
+
+    exit_code = ExitCode.SCRUB_INCOMPLETE
+    kind = "scrub-incomplete"
 
 
 class RestoreAborted(BsrError):

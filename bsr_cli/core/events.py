@@ -28,7 +28,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, SegmentLossCause, Stage
+from bsr_cli.core.evidence import (
+    CapacityCause,
+    Component,
+    EventKind,
+    FailureKind,
+    Outcome,
+    ScrubScope,
+    ScrubState,
+    SegmentLossCause,
+    Stage,
+)
 from bsr_cli.core.store_loss import SegmentLoss
 
 E = TypeVar("E", bound="Event")
@@ -50,6 +60,7 @@ class Failure:
     window: int | None = None  # 0-based, as every window index in bsr's events
     tier: str | None = None  # the tier blamed, for a tier failure only
     cause: CapacityCause | None = None  # for a capacity refusal: what did not fit
+    chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
 
     @property
     def component(self) -> Component:
@@ -210,7 +221,9 @@ class RestoreFailed:
     window: int | None = None
     tier: str | None = None
     cause: CapacityCause | None = None
+    chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
     failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired on this rank in it
 
     @property
     def failure(self) -> Failure:
@@ -222,6 +235,7 @@ class RestoreFailed:
             window=self.window,
             tier=self.tier,
             cause=self.cause,
+            chunks=self.chunks,
         )
 
 
@@ -241,6 +255,7 @@ class RestoreCommitted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,6 +271,7 @@ class RestoreFailedClosed:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,6 +287,7 @@ class RestoreRefused:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,6 +303,7 @@ class RestoreAborted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 # A restore ended, whatever its outcome (``isinstance(e, RestoreEnded)``; ``e.outcome`` says which).
@@ -350,12 +368,56 @@ class ObjectQuarantined:
     time: float = 0.0
     rank: int
     tier: str
-    chunk: int
-    group: str
     key: str
     file: str  # where the damaged object now lies; "" when the tier removed it (Mooncake)
     reason: str
     request: str | None = None
+    chunk: int | None = None  # which chunk and group of the prompt: None when a scrub of a whole tier found it
+    group: str | None = None
+    scrub: str | None = None  # the scrub that found it (None: the re-read of a failed window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubStarted:
+    """A rank began reading a tier's objects back to check them: the rest of a prompt after a restore from the tier
+    failed (``request``), or an operator's `bsr scrub` (a prompt, or every object)."""
+
+    kind: ClassVar[EventKind] = EventKind.SCRUB_STARTED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    tier: str
+    scrub: str
+    scope: ScrubScope
+    prompt: str = ""
+    request: str | None = None
+    objects: int = 0  # in scope, when known up front (a prompt's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubFinished:
+    """A rank's scrub ended: what it read back and set apart, and whether it covered its whole scope."""
+
+    kind: ClassVar[EventKind] = EventKind.SCRUB_FINISHED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    tier: str
+    scrub: str
+    scope: ScrubScope
+    state: ScrubState
+    prompt: str = ""
+    request: str | None = None
+    objects: int = 0
+    checked: int = 0
+    bytes: int = 0
+    missing: int = 0
+    damaged: int = 0
+    quarantined: int = 0
+    seconds: float = 0.0
+    reason: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -411,6 +473,7 @@ class MarkerSet:
     request: str | None = None
     excluded_tiers: tuple[str, ...] = ()
     reason: str = ""
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault failed the restore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -516,6 +579,8 @@ Event: TypeAlias = (
     | StoreFailed
     | OutputMismatch
     | ObjectQuarantined
+    | ScrubStarted
+    | ScrubFinished
     | SegmentLost
     | AbortRequested
     | MarkerSet
@@ -544,6 +609,8 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     StoreFailed,
     OutputMismatch,
     ObjectQuarantined,
+    ScrubStarted,
+    ScrubFinished,
     SegmentLost,
     AbortRequested,
     MarkerSet,
@@ -629,7 +696,7 @@ def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
 
-_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause, SegmentLossCause)
+_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause, ScrubScope, ScrubState, SegmentLossCause)
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
@@ -702,6 +769,8 @@ __all__ = [
     "RestoreFailedClosed",
     "RestoreRefused",
     "RestoreStarted",
+    "ScrubFinished",
+    "ScrubStarted",
     "SegmentLost",
     "SettingsChanged",
     "StoreFailed",

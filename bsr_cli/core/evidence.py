@@ -68,6 +68,8 @@ class EventKind(StrEnum):
     STORE_FAILED = "store_failed"
     OUTPUT_MISMATCH = "output_mismatch"  # a request's KV hashed differently from the canonical: invalidated
     OBJECT_QUARANTINED = "object_quarantined"  # a stored object failed its checksum and was moved aside
+    SCRUB_STARTED = "scrub_started"  # a rank began reading a tier's objects back to check them
+    SCRUB_FINISHED = "scrub_finished"  # ... and ended: what it checked and set aside, and how it ended
     SEGMENT_LOST = "segment_lost"  # the store dropped a holder's segment: every object on it is gone
     MARKER_SET = "marker_set"
     MARKER_CLEARED = "marker_cleared"
@@ -175,13 +177,35 @@ class TierCondition(StrEnum):
     READ_ONLY = "read_only"  # writes fail with EROFS (a read-only mount)
     FULL = "full"  # writes fail with ENOSPC or EDQUOT
     NOT_WRITABLE = "not_writable"  # writes fail otherwise (permissions, I/O errors)
-    FAULT_ARMED = "fault_armed"  # the coordinator's: an injected fault that takes it down is armed
+    # An older engine's: an armed fault that takes the tier down (an armed fault is now shown, never a reason).
+    FAULT_ARMED = "fault_armed"
     RESTORE_FAILED = "restore_failed"  # the coordinator's: a restore from it failed and none has committed since
     SEGMENT_LOST = "segment_lost"  # the engine's store watch: the store dropped a holder's segment and its objects
 
     @classmethod
     def _missing_(cls, value: object) -> TierCondition | None:
         return _kept_as_sent(cls, value)  # a newer engine's reason, shown as sent
+
+
+class ScrubScope(StrEnum):
+    """What a scrub reads back: one prompt's objects, or every object a tier holds."""
+
+    PROMPT = "prompt"
+    ALL = "all"
+
+
+class ScrubState(StrEnum):
+    """Where a scrub stands, or how it ended (`bsr scrub`'s exit code follows it)."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"  # every object in its scope was read back and checked
+    CUT = "cut"  # it stopped at its limit (objects or bytes) before the end of its scope
+    FAILED = "failed"  # the tier could not be read (its directory gone, an I/O error on the walk)
+    SKIPPED = "skipped"  # never ran: the rank already runs as many scrubs as it allows, or this one
+
+    @property
+    def finished(self) -> bool:
+        return self is not ScrubState.RUNNING
 
 
 class SegmentLossCause(StrEnum):
@@ -202,6 +226,8 @@ __all__ = [
     "EventKind",
     "FailureKind",
     "Outcome",
+    "ScrubScope",
+    "ScrubState",
     "SegmentLossCause",
     "Stage",
     "TierCondition",

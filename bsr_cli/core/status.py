@@ -19,6 +19,7 @@ from bsr_cli.core import wire
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
+from bsr_cli.core.scrub import QuarantinedFile, ScrubProgress
 from bsr_cli.core.store_loss import SegmentLoss
 
 
@@ -99,20 +100,6 @@ class RankHealth:
     from_wire = wire.reader()
 
 
-@dataclass(frozen=True)
-class QuarantinedFile:
-    """A stored object a tier moved aside after its bytes failed their checksum."""
-
-    key: str
-    file: str  # where it lies now, under the tier's quarantine directory; "" when the tier removed it
-    reason: str
-    at: float  # when it was moved aside (Unix time)
-    bytes: int
-
-    to_wire = wire.writer()
-    from_wire = wire.reader()
-
-
 def _ok_or_unavailable(d: Mapping[str, Any]) -> TierCondition:
     return TierCondition.OK if d.get("ok") else TierCondition.UNAVAILABLE
 
@@ -132,6 +119,7 @@ class RankTierStatus:
     condition: TierCondition = wire.field(default=TierCondition.OK, absent_from=_ok_or_unavailable)
     quarantined: tuple[QuarantinedFile, ...] = ()  # the newest objects it moved aside
     quarantined_total: int = 0  # how many lie in its quarantine directory
+    scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # running, then the last ended
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -139,8 +127,10 @@ class RankTierStatus:
 
 @dataclass(frozen=True)
 class TierHealth:
-    """One tier across the engine: what each rank sees of it joined with what the coordinator knows (armed faults,
-    recent real failures). ``condition`` is the first reason it is unhealthy (``ok`` when none)."""
+    """One tier across the engine: what each rank sees of it joined with what the coordinator knows (recent
+    failures, armed faults). ``condition`` is the first reason it is unhealthy (``ok`` when none); ``injected``: an
+    injected fault caused every one of them (a drill's failure); ``faults_armed``: faults armed against it, shown
+    but never a reason it is unhealthy (arming alone changes no health)."""
 
     ok: bool
     detail: tuple[str, ...]  # one line per reason, each naming who saw it
@@ -149,8 +139,11 @@ class TierHealth:
     quarantined_total: int
     # A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok: none).
     condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
+    injected: bool = wire.field(default=False, omit_false=True)
+    faults_armed: tuple[str, ...] = wire.field(default=(), omit_empty=True)
     # The segments the store lost that keep it unhealthy (segment_lost): oldest first; absent when none.
     lost_segments: tuple[SegmentLoss, ...] = wire.field(omit_empty=True, default=())
+    scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # every rank's, running first
 
     to_wire = wire.writer()
     from_wire = wire.reader()

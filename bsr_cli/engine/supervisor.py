@@ -94,6 +94,8 @@ class EngineOptions:
     hosts: str = "local"
     # A bandwidth cap on every link between those namespaces (bits/s; `tc tbf`), None for none.
     link_rate_bps: int | None = None
+    # After a tier failed a restore at fetch or verify, scrub the rest of the prompt's objects on it (background).
+    scrub_after_failure: bool = True
     # How long the Mooncake master keeps a silent segment holder before it drops its segment and every object on
     # it (`mooncake_master --client_ttl`; core.limits.DEFAULT_STORE_CLIENT_TTL_S says why this default).
     store_client_ttl_s: int = limits.DEFAULT_STORE_CLIENT_TTL_S
@@ -674,6 +676,7 @@ def _engine_config(
             fetch_timeout_s=settings.fetch_timeout_s,
             kv_wait_s=settings.kv_wait_s,
             tiers=("mooncake", "fs") if opts.remote else ("fs",),
+            scrub_after_failure=opts.scrub_after_failure,
         ),
         mooncake=mooncake,
         hosts=hosts,

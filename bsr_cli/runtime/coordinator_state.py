@@ -74,6 +74,9 @@ class EngineSettings:
     fs_concurrency: int = 1
     name: str = "embedded"
     tokenizer: str = "bytes"  # how the host turns text into token ids (reported so clients can match it)
+    # After a tier failed a restore at fetch or verify, each rank scrubs the rest of the prompt's objects on that
+    # tier in the background (bsr_cli/runtime/scrub.py); off, only the failed window's objects are re-read.
+    scrub_after_failure: bool = True
 
 
 @dataclass(frozen=True)

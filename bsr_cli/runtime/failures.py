@@ -71,6 +71,7 @@ def failure_of(result: RestoreResult) -> Failure:
         window=result.failed_window,
         tier=result.tier or None,
         cause=CapacityCause(result.cause) if result.cause else None,
+        chunks=result.failed_chunks,
     )
 
 

@@ -160,7 +160,9 @@ class Orchestration:
         windows = windows_for(self.reg, w, k, ext_tokens)
         objects = {r.rank: self.admission.objects_for(bitmap, r.rank, k, exclude, hashes) for r in self.ranks}
         tiers_used = {o.tier for objs in objects.values() for refs in objs.values() for o in refs}
-        jobs = self.admission.restore_jobs(request, w, windows, objects, block_tables, self.faults.armed())
+        jobs = self.admission.restore_jobs(
+            request, w, windows, objects, block_tables, self.faults.armed(), prompt=prompt, hashes=hashes
+        )
         started = time.monotonic()
         self.observation.restore_began(
             request,
@@ -193,7 +195,7 @@ class Orchestration:
         validity = {(o.rank, g): v for o in outcomes for g, v in o.valid.items()}
         decision = commit_prefix(ext_tokens, validity, [r.rank for r in self.ranks], self.reg.group_names)
         fired = {fid for o in outcomes for fid in o.fired_faults}
-        self.faults.record_fired(fired)
+        self.faults.record_fired(fired, request)
         return self.observation.report_restore(
             request=request,
             w=w,
@@ -457,14 +459,20 @@ class Orchestration:
             lost = self._lost_rank(req, res)
             if lost is not None:  # it stopped answering, or its process is gone: nothing can run
                 raise lost
-            m = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
+            m = self._mark(req, set(), res)
             admitted.marker_history.append(MarkerStep(pass_no=pass_no, marker=m))
             return None
         if kind is not FailureKind.TIER:
             return None
-        m = self.admission.set_marker(req.prompt, set(res.blamed_tiers), failures.summary(res), req.request)
+        m = self._mark(req, set(res.blamed_tiers), res)
         admitted.marker_history.append(MarkerStep(pass_no=pass_no, marker=m))
         return set(m.excluded)
+
+    def _mark(self, req: OpenRequest, tiers: set[str], res: RestoreReport) -> Marker:
+        """The force-local marker a failed restore leaves on the prompt (excluding ``tiers``; none: recompute)."""
+        return self.admission.set_marker(
+            req.prompt, tiers, failures.summary(res), req.request, injected=bool(res.fired_faults)
+        )
 
     def _store(self, bitmap: HitBitmap | None, req: OpenRequest, n_tokens: int, tables: Tables) -> StoreReport | None:
         """The chunks each tier lacks written back; a tier that refused is a ``store_failed`` event."""
@@ -575,10 +583,10 @@ class Orchestration:
             marker = self._output_mismatch(req, tables, ext, res.committed_tokens, "+".join(res.tiers), hashes)
             return dataclasses.replace(result, marker=marker)
         if res.failure_kind is FailureKind.TIER:
-            marker = self.admission.set_marker(req.prompt, set(res.blamed_tiers), failures.summary(res), req.request)
+            marker = self._mark(req, set(res.blamed_tiers), res)
             return dataclasses.replace(result, marker=marker)
         if res.failure_kind is FailureKind.RANK and res.failure_stage is not None:
-            marker = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
+            marker = self._mark(req, set(), res)
             return dataclasses.replace(result, marker=marker)
         return result
 

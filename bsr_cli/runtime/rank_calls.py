@@ -163,7 +163,8 @@ class RankCalls:
 
     @staticmethod
     def _down(r: RankClient) -> str:
-        """Why rank ``r``'s process is gone, as its client says (``down_reason``, optional), e.g. ``exit code -9``."""
+        """Why rank ``r``'s process is gone, as its client says (``down_reason``, optional), e.g. ``killed by
+        SIGKILL``."""
         reason = getattr(r, "down_reason", None)
         return f"its process is not running ({reason})" if reason else "its process is not running"
 

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Protocol
 
 from bsr_cli.api.ranks import ObjectRef, RestoreJob, RestoreResult, WindowJob
 from bsr_cli.core.events import (
@@ -76,14 +76,15 @@ def run_windows(
     rank: int,
     groups: Sequence[str],
     request: str,
-    windows: Sequence[Any],
+    windows: Sequence[WindowJob],
     abort: threading.Event,
-    step: Callable[[Any, RankOutcome], int],
+    step: Callable[[WindowJob, RankOutcome], int],
     scrub: Callable[[], None],
     emit: Emit,
     pool_stats: Callable[[], dict[str, int]],
     prepare: Callable[[], None] | None = None,
     cleanup: Callable[[], None] | None = None,
+    fired: Callable[[], list[int]] | None = None,
 ) -> RankOutcome:
     """The window loop of one rank's retrieve, shared by every host: the abort check before each window, the
     host's ``step`` (lease, fetch, check, install, sync, release: returns the window's bytes), the outcome's
@@ -92,7 +93,8 @@ def run_windows(
     transfer error), every destination block scrubbed, ``restore_failed`` emitted.
 
     ``windows`` are the host's window objects, each with an ``index``; ``prepare`` runs first inside the same
-    failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead)."""
+    failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead); ``fired`` names the
+    injected faults that fired (the outcome's ``fired_faults``; a failure with one is marked ``injected``)."""
     started = time.monotonic()
     out = RankOutcome(rank, ok=False, valid=dict.fromkeys(groups, False))
     try:
@@ -119,6 +121,7 @@ def run_windows(
     except RestoreFailed as e:
         out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
         out.stage = e.stage.value if e.stage is not None else ""
+        out.failed_chunks = next(((w.chunk_start, w.chunk_end) for w in windows if w.index == e.window), None)
         bad = set(e.groups or groups)
         out.valid = {g: g not in bad for g in groups}
     except CapacityError as e:
@@ -135,23 +138,30 @@ def run_windows(
         if cleanup is not None:
             cleanup()
         out.seconds = time.monotonic() - started
+    if fired is not None:
+        out.fired_faults = fired()
     if not out.ok:
         # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
         scrub()
-        failure = failures.failure_of(out)
-        emit(
-            RestoreFailedEvent(
-                request=request,
-                rank=rank,
-                reason=failure.reason,
-                failure_kind=failure.kind,
-                stage=failure.stage,
-                window=failure.window,
-                tier=failure.tier,
-                cause=failure.cause,
-            )
-        )
+        emit(_failed_event(request, out))
     return out
+
+
+def _failed_event(request: str, out: RankOutcome) -> RestoreFailedEvent:
+    """The rank's ``restore_failed``: its failure as classified, marked injected when an injected fault fired."""
+    failure = failures.failure_of(out)
+    return RestoreFailedEvent(
+        request=request,
+        rank=out.rank,
+        reason=failure.reason,
+        failure_kind=failure.kind,
+        stage=failure.stage,
+        window=failure.window,
+        tier=failure.tier,
+        cause=failure.cause,
+        chunks=failure.chunks,
+        injected=bool(out.fired_faults),
+    )
 
 
 Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
@@ -263,8 +273,8 @@ class RankRestorer:
             emit=self.emit,
             pool_stats=lambda: self.pool.stats().to_dict(),
             cleanup=cleanup,
+            fired=(lambda: armed.fired) if armed is not None else None,
         )
-        out.fired_faults = armed.fired if armed is not None else []
         return out
 
     def close(self) -> None:

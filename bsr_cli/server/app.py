@@ -32,6 +32,7 @@ from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.scrub import ScrubLimits
 from bsr_cli.core.status import FaultListing, MarkerList
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamLine
 from bsr_cli.errors import (
@@ -596,6 +597,17 @@ def markers_clear_tier(tier: m.Tier, c: CoordinatorDep) -> Response:
     """Take one tier out of every marker's exclusions (a marker left excluding nothing is removed): the
     remedy once that tier is fixed. Answers how many markers it touched."""
     return _json({"cleared": c.clear_markers(ClearScope.tier(tier))})
+
+
+@router.post(f"{PREFIX}/scrub", **_op(m.ScrubReport, auth=True))
+def scrub(body: m.ScrubBody, c: CoordinatorDep) -> Response:
+    """Read a tier's objects back whole and check them (header, key, length, payload checksum): one prompt's
+    (tokens or synthetic) or every object (all), each rank its own, bounded by max_objects and max_bytes. Damaged
+    objects are moved aside (the next store rewrites them). Answers when every rank is done."""
+    if (body.tokens is not None) + (body.synthetic is not None) + body.all != 1:
+        raise InvalidInput("give exactly one of 'tokens', 'synthetic' or 'all'")
+    tokens = None if body.all else tokens_of(body, c.settings.max_tokens)
+    return _json(c.scrub(body.tier, tokens, ScrubLimits(body.max_objects, body.max_bytes)).to_wire())
 
 
 @router.post(f"{PREFIX}/shutdown", **_op(m.Ok, auth=True))

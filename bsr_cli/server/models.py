@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from bsr_cli.core import faults
+from bsr_cli.core import faults, scrub
 
 Tier = Literal["mooncake", "fs"]
 
@@ -110,7 +110,25 @@ class RestoreBody(_Request):
     _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
 
-PromptBody = ProbeBody | SubmitBody | RestoreBody  # every body that carries a prompt
+# Exactly one of a prompt's two forms or every object, said in the schema too.
+_ONE_SCOPE: dict[str, Any] = {
+    "oneOf": [*_ONE_PROMPT["oneOf"], {"required": ["all"], "properties": {"all": {"const": True}}}]
+}
+
+
+class ScrubBody(_Request):
+    """A scrub of one tier: one prompt's objects (``tokens`` or ``synthetic``), or every object (``all``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_SCOPE)
+    tier: Tier  # every tier of the embedded engine checks its own objects (runtime.tiers.RepairableTier)
+    tokens: PromptTokens = None  # type: ignore[assignment]
+    synthetic: Synthetic = None  # type: ignore[assignment]
+    all: StrictBool = False
+    max_objects: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_OBJECTS), _INTEGRAL] = scrub.MAX_OBJECTS
+    max_bytes: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_BYTES), _INTEGRAL] = scrub.MAX_BYTES
+
+
+PromptBody = ProbeBody | SubmitBody | RestoreBody | ScrubBody  # every body that carries a prompt
 _P = TypeVar("_P", ProbeBody, SubmitBody, RestoreBody)
 
 
@@ -176,6 +194,27 @@ class QuarantinedFile(_Response):
     bytes: int
 
 
+class ScrubProgress(_Response):
+    """One rank's scrub of a tier: running, or how it ended."""
+
+    scrub: str
+    rank: int
+    tier: str
+    scope: Literal["prompt", "all"]
+    state: Literal["running", "complete", "cut", "failed", "skipped"]
+    started_at: float
+    prompt: str
+    request: str | None = Field(None, description="the failed restore that started it; null: an operator's")
+    objects: int = Field(description="objects in scope when known up front (a prompt's); 0 otherwise")
+    checked: int
+    bytes: int
+    missing: int
+    damaged: int
+    quarantined: int
+    seconds: float
+    reason: str
+
+
 class LostSegment(_Response):
     """A segment the tier's store lost with every object on it (``cause``: holder_gone, unmounted,
     remounted_empty); ``objects_lost`` and ``bytes_lost`` are null where the master did not say."""
@@ -198,7 +237,14 @@ class TierHealth(_Response):
     quarantined: list[QuarantinedFile]
     quarantined_total: int
     condition: str
+    injected: bool = Field(
+        default=False, description="true when injected faults caused every reason it is unhealthy (absent: false)"
+    )
+    faults_armed: list[str] = Field(
+        default=[], description="faults armed against it (absent when none): shown, never a reason it is unhealthy"
+    )
     lost_segments: list[LostSegment] | None = Field(None, description="absent unless segment_lost is a condition")
+    scrubs: list[ScrubProgress] = []
 
 
 class RankTier(_Response):
@@ -207,6 +253,7 @@ class RankTier(_Response):
     condition: str
     quarantined: list[QuarantinedFile]
     quarantined_total: int
+    scrubs: list[ScrubProgress] = []
 
 
 class PoolStats(_Response):
@@ -278,6 +325,7 @@ class Failure(_Response):
     window: int | None
     tier: str | None
     cause: str | None
+    chunks: list[int] | None = Field(None, description="the failed window's chunks [start, end)")
     component: str
 
 
@@ -487,6 +535,20 @@ class OpenAPIDocument(_Response):
 
 class Cleared(_Response):
     cleared: int
+
+
+class ScrubReport(_Response):
+    """Every rank's scrub of the tier, and what they set apart."""
+
+    tier: str
+    scope: Literal["prompt", "all"]
+    ranks: list[ScrubProgress]
+    prompt: str | None = None
+    quarantined: list[QuarantinedFile]
+    checked: int
+    damaged: int
+    missing: int
+    complete: bool
 
 
 class Markers(_Response):

@@ -11,9 +11,11 @@ from bsr_cli.core.events import (
     AbortRequested,
     EngineStarted,
     Event,
+    Failure,
     FaultEvent,
     FaultFired,
     FaultInjected,
+    ObjectQuarantined,
     OutputMismatch,
     RankRestarted,
     RestoreAborted,
@@ -22,6 +24,8 @@ from bsr_cli.core.events import (
     RestoreFailed,
     RestoreFailedClosed,
     RestoreRefused,
+    ScrubFinished,
+    ScrubStarted,
     SegmentLost,
     WindowReleased,
     parse_event,
@@ -30,7 +34,16 @@ from bsr_cli.core.events import (
     restore_ended,
     stamped,
 )
-from bsr_cli.core.evidence import Component, EventKind, FailureKind, Outcome, SegmentLossCause, Stage
+from bsr_cli.core.evidence import (
+    Component,
+    EventKind,
+    FailureKind,
+    Outcome,
+    ScrubScope,
+    ScrubState,
+    SegmentLossCause,
+    Stage,
+)
 from bsr_cli.core.store_loss import SegmentLoss
 
 pytestmark = pytest.mark.fast
@@ -184,3 +197,37 @@ def test_malformed_wire_events_are_refused(wire: dict, message: str) -> None:
 def test_an_older_or_newer_writer_still_reads() -> None:
     ev = parse_event({"type": "window_released", "request": "r", "rank": 0, "window": 3, "new_field": 1})
     assert isinstance(ev, WindowReleased) and ev.window == 3 and ev.bytes == 0
+
+
+def test_a_scrub_and_what_it_set_apart_round_trip() -> None:
+    started = ScrubStarted(rank=1, tier="fs", scrub="scrub-1-1", scope=ScrubScope.PROMPT, prompt="p", request="r1")
+    ended = ScrubFinished(
+        rank=1,
+        tier="fs",
+        scrub="scrub-1-1",
+        scope=ScrubScope.PROMPT,
+        state=ScrubState.COMPLETE,
+        prompt="p",
+        request="r1",
+        objects=12,
+        checked=10,
+        bytes=4096,
+        missing=2,
+        damaged=3,
+        quarantined=3,
+    )
+    for ev in (started, ended):
+        assert parse_event(ev.to_wire()) == ev and request_of(ev) == "r1"
+    assert ended.to_wire()["state"] == "complete" and started.to_wire()["scope"] == "prompt"
+    # What a scrub of a whole tier finds names no chunk: its chunk and group are left out as None, and read back.
+    found = ObjectQuarantined(rank=0, tier="fs", key="k", file="/q/x.bsr", reason="payload", scrub="scrub-0-1")
+    assert found.to_wire()["chunk"] is None and parse_event(found.to_wire()) == found
+    with pytest.raises(ValueError, match="not a ScrubState"):
+        parse_event(ended.to_wire() | {"state": "half-done"})
+
+
+def test_a_failure_names_its_windows_chunks_only_when_known() -> None:
+    bare = Failure(rank=0, reason="x", kind=FailureKind.TIER, stage=Stage.VERIFY, window=1, tier="fs")
+    assert "chunks" not in bare.to_wire()
+    spanned = dataclasses.replace(bare, chunks=(4, 8))
+    assert spanned.to_wire()["chunks"] == [4, 8] and Failure.from_wire(spanned.to_wire()) == spanned

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -21,7 +22,7 @@ from bsr_cli.cli.render.planning import b, first_break_line
 from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, HitBitmap
 from bsr_cli.core.events import Event, Failure, RestoreFailed, RestoreStarted, WindowReleased
-from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition, window_label
+from bsr_cli.core.evidence import FailureKind, Outcome, ScrubState, TierCondition, window_label
 from bsr_cli.core.results import (
     ManualRestoreResult,
     OutputHashes,
@@ -35,6 +36,7 @@ from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
 if TYPE_CHECKING:
     from bsr_cli.core.explain import Explanation
+    from bsr_cli.core.scrub import ScrubReport
     from bsr_cli.core.store_probe import StoreProbe
     from bsr_cli.drill import DrillResult
     from bsr_cli.fleet import FleetView
@@ -447,8 +449,11 @@ def status(console: Console, d: EngineStatus) -> None:
         elif r.last_fault is not None:
             console.print(f"rank {r.rank} recovered; last fault: {r.last_fault.reason}")
     for name, h in snap.tiers.items():
-        why = f"({h.condition.replace('_', ' ')}) " if h.condition != TierCondition.OK else ""
-        console.print(f"tier {name}: " + ("[green]ok[/]" if h.ok else f"[red]unhealthy[/] {why}" + "; ".join(h.detail)))
+        why = f"({h.condition.replace('_', ' ')}{', injected' if h.injected else ''}) "
+        why = why if h.condition != TierCondition.OK else ""
+        state = "[yellow]unhealthy[/]" if h.injected else "[red]unhealthy[/]"  # a drill's failure, which pages nobody
+        line = f"tier {name}: " + ("[green]ok[/]" if h.ok else f"{state} {why}" + "; ".join(h.detail))
+        console.print(line + "".join(f" · [yellow]{armed}[/]" for armed in h.faults_armed))
         if h.quarantined_total:
             console.print(
                 f"[yellow]tier {name}: {h.quarantined_total} damaged object(s) quarantined[/] "
@@ -456,6 +461,9 @@ def status(console: Console, d: EngineStatus) -> None:
             )
             for q in h.quarantined:
                 console.print(f"  {q.file or f'{q.key} (removed)'}: {q.reason}")
+        for sp in h.scrubs:
+            line = escape(sp.describe())
+            console.print(f"[yellow]{line}[/]" if sp.state is ScrubState.RUNNING else line)
     for w in snap.admission.blocks_waiting:
         console.print(
             f"[yellow]waiting for destination KV[/] {w.request}: {w.tokens:,} tokens, "
@@ -512,6 +520,29 @@ def _worker_lines(
         console.print(
             f"admission {f['request']}: forced local by the marker on prompt {f['marker']} (no load; vLLM computed it)"
         )
+
+
+def scrub(console: Console, d: ScrubReport) -> None:
+    """`bsr scrub`: each rank's scrub, what it set apart, and the verdict."""
+    what = f"prompt {d.prompt}" if d.prompt else "every object"
+    console.print(
+        f"scrub of tier {d.tier}, {what}: {d.checked:,} object(s) read back, {d.damaged} damaged, {d.missing} not held"
+    )
+    for p in d.ranks:
+        console.print(
+            f"  rank {p.rank}: {p.state.value}, {p.checked:,} checked ({format_bytes(p.bytes)}), "
+            f"{p.damaged} damaged, {p.quarantined} set aside, {p.missing} not held"
+            + (f" ({p.reason})" if p.reason else "")
+        )
+    for q in d.quarantined:
+        where = f"[yellow]quarantined[/] {escape(q.file)}" if q.file else f"[yellow]removed[/] {escape(q.key)}"
+        console.print(f"  {where}: {escape(q.reason)}")
+    if d.damaged:
+        console.print(f"[red]{d.damaged} damaged object(s)[/]: set aside, rewritten by the next store")
+    elif d.complete:
+        console.print("[green]clean[/]: every object in scope read back intact")
+    else:
+        console.print("[yellow]incomplete[/]: not every object was read (see each rank's reason)")
 
 
 def drill(console: Console, d: DrillResult) -> None:
@@ -667,6 +698,11 @@ def fleet_table(d: FleetView) -> Table:
 
 def fleet(console: Console, d: FleetView) -> None:
     console.print(fleet_table(d))
+    if d.timeline:
+        console.print("timeline (newest first):")
+        for i in d.timeline:
+            when = time.strftime("%H:%M:%S", time.localtime(i.time))
+            console.print(Text(f"  {when} {i.engine}: {i.text}"))
 
 
 def explain(console: Console, d: Explanation) -> None:
