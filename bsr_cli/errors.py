@@ -14,6 +14,8 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     │   ├── BadRequest          the engine rejected the request (4xx)            (7)
     │   ├── FaultsDisabled      fault injection refused: engine started without it (8)
     │   ├── EngineBusy          every serving slot in use (503 busy), after retries (15)
+    │   ├── HostOverloaded      a deadline ran out while the host starved the engine: no rank  (16)
+    │   │                       or tier blamed (503)
     │   └── ServerError         the engine failed (5xx)                           (9)
     ├── RestoreFailedClosed     a restore ended fail-closed (nothing committed)  (10)
     ├── DrillViolation          a drill found a broken invariant                 (11)
@@ -44,6 +46,7 @@ class ExitCode(IntEnum):
     SERVICE = 13
     NOTHING_TO_RESTORE = 14
     ENGINE_BUSY = 15
+    HOST_OVERLOADED = 16
     INTERRUPTED = 130
 
 
@@ -117,6 +120,15 @@ class EngineBusy(EngineError):
 
     exit_code = ExitCode.ENGINE_BUSY
     kind = "busy"
+
+
+class HostOverloaded(EngineError):
+    """A deadline ran out while the host starved the engine (its ranks waited to run, the host was under CPU,
+    memory or I/O pressure, or the coordinator itself did not run on time): not a rank's or a tier's fault, so
+    neither is blamed; the request can be retried once the load drops."""
+
+    exit_code = ExitCode.HOST_OVERLOADED
+    kind = "host-overloaded"
 
 
 class ServerError(EngineError):

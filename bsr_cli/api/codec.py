@@ -9,6 +9,7 @@ job never reaches a rank's restore half-decoded.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import types
 import typing
@@ -109,6 +110,11 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
             key = _decode_key(kt, k, path)
             out[key] = _decode(vt, v, f"{path}[{k!r}]")
         return out
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(data)
+        except ValueError:
+            raise _bad(path, f"a {tp.__name__}", data) from None
     if tp is bool:
         if not isinstance(data, bool):
             raise _bad(path, "true or false", data)

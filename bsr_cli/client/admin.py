@@ -42,6 +42,7 @@ from bsr_cli.errors import (
     EngineTimeout,
     EngineUnreachable,
     FaultsDisabled,
+    HostOverloaded,
     InvalidInput,
     ServerError,
     Unauthorized,
@@ -70,7 +71,7 @@ class EventPage:
 
 
 _KIND_TO_ERROR: dict[str, type[EngineError]] = {
-    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled)
+    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled, HostOverloaded)
 }
 
 

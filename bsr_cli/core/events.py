@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, RankState, Stage
+from bsr_cli.core.overload import HostLoad
 
 E = TypeVar("E", bound="Event")
 _D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
@@ -49,6 +50,8 @@ class Failure:
     window: int | None = None  # 0-based, as every window index in bsr's events
     tier: str | None = None  # the tier blamed, for a tier failure only
     cause: CapacityCause | None = None  # for a capacity refusal: what did not fit
+    # For a host verdict (and a rank judged past a stretched deadline): the figures the judge read.
+    load: HostLoad | None = wire.field(default=None, omit_none=True)
 
     @property
     def component(self) -> Component:
@@ -57,6 +60,7 @@ class Failure:
             FailureKind.RANK: Component.RANK,
             FailureKind.CAPACITY: Component.CAPACITY,
             FailureKind.ABORTED: Component.OPERATOR,
+            FailureKind.HOST_OVERLOADED: Component.HOST,
         }[self.kind]
 
     to_wire = wire.writer(computed=("component",))
@@ -209,6 +213,7 @@ class RestoreFailed:
     window: int | None = None
     tier: str | None = None
     cause: CapacityCause | None = None
+    load: HostLoad | None = wire.field(default=None, omit_none=True)  # a host verdict's figures
     failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
 
     @property
@@ -221,6 +226,7 @@ class RestoreFailed:
             window=self.window,
             tier=self.tier,
             cause=self.cause,
+            load=self.load,
         )
 
 
@@ -434,6 +440,22 @@ class RankUnresponsive:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankStarved:
+    """A rank's deadline ran out while it (or the coordinator) waited to run: the deadline is stretched, up to the
+    engine's overload ceiling, and the rank is not blamed. ``load`` holds the figures the judge read."""
+
+    kind: ClassVar[EventKind] = EventKind.RANK_STARVED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    reason: str
+    request: str | None = None
+    state: RankState = RankState.STARVED
+    load: HostLoad | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class RankRestarted:
     kind: ClassVar[EventKind] = EventKind.RANK_RESTARTED
     to_wire = _EVENT_WRITER
@@ -466,6 +488,7 @@ Event: TypeAlias = (
     | FaultEvent
     | FaultsCleared
     | RankUnresponsive
+    | RankStarved
     | RankRestarted
 )
 _EVENT_CLASSES: tuple[type[Event], ...] = (
@@ -493,6 +516,7 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     FaultFired,
     FaultsCleared,
     RankUnresponsive,
+    RankStarved,
     RankRestarted,
 )
 EVENT_TYPES: dict[EventKind, type[Event]] = {cls.kind: cls for cls in _EVENT_CLASSES}
@@ -570,7 +594,7 @@ def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
 
-_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause)
+_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause, RankState)
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
@@ -585,10 +609,10 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
             return hint(value)
         except ValueError:
             raise ValueError(f"field {name!r}: {value!r} is not a {hint.__name__}") from None
-    if hint is Failure:
+    if hint is Failure or hint is HostLoad:
         if not isinstance(value, Mapping):
             raise ValueError(f"field {name!r}: expected an object")
-        return Failure.from_wire(value)
+        return hint.from_wire(value)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"field {name!r}: expected a list")
@@ -633,6 +657,7 @@ __all__ = [
     "MarkerSet",
     "ObjectQuarantined",
     "RankRestarted",
+    "RankStarved",
     "RankUnresponsive",
     "RequestAdmitted",
     "RequestFinished",

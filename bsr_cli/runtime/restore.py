@@ -39,6 +39,8 @@ from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import crc32c_at
 from bsr_cli.runtime.faulty import ArmedFaults
+from bsr_cli.runtime.judge import fetch_starved
+from bsr_cli.runtime.liveness import OwnRunDelays, RunDelays
 from bsr_cli.runtime.pool import Lease, RestorePool
 from bsr_cli.runtime.restore_failed import RestoreFailed, aborted
 from bsr_cli.runtime.tiers import CODE_NAMES, TIMED_OUT, UNAVAILABLE, AbandoningTier, StagingSlice, Tier
@@ -119,6 +121,7 @@ def run_windows(
     except RestoreFailed as e:
         out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
         out.stage = e.stage.value if e.stage is not None else ""
+        out.load = e.load
         bad = set(e.groups or groups)
         out.valid = {g: g not in bad for g in groups}
     except CapacityError as e:
@@ -149,6 +152,7 @@ def run_windows(
                 window=failure.window,
                 tier=failure.tier,
                 cause=failure.cause,
+                load=failure.load,
             )
         )
     return out
@@ -184,6 +188,9 @@ class RankRestorer:
         # What a host knows about a tier's failure beyond its error codes (e.g. which network link is down):
         # called with the tier's name when a fetch from it fails, its answer is added to the failure's reason.
         self.diagnose: Callable[[str], str] | None = None
+        # This process's threads' run-queue delays: a fetch deadline that runs out while the rank waited to run
+        # is the host's, not the tier's.
+        self.own_delays = OwnRunDelays()
 
     # -- public ------------------------------------------------------------------------------------------------
     def restore(self, job: RestoreJob, abort: threading.Event) -> RankOutcome:
@@ -308,6 +315,7 @@ class RankRestorer:
         Returns the seconds taken and the objects with their stored checksums, for _verify."""
         t0 = time.monotonic()
         deadline = t0 + job.fetch_timeout_s
+        began = self.own_delays.recent()
         staged = self._staging(job, win, lease)
         by_tier: dict[str, list[tuple[str, int, StagingSlice]]] = {}
         for g, c, s in staged:
@@ -330,7 +338,7 @@ class RankRestorer:
                     # A transfer given up at the deadline may still land in these slots: keep them out of
                     # the pool until it returns, so a late write can never reach another window's bytes.
                     lease.hold_until(tier.pending_writes())
-            arrived.extend(self._check_arrival(win, tier_name, items, codes, sums))
+            arrived.extend(self._check_arrival(win, tier_name, items, codes, sums, began))
         self.emit(
             WindowFetched(
                 request=job.request_id,
@@ -351,8 +359,10 @@ class RankRestorer:
         items: Sequence[tuple[str, int, StagingSlice]],
         codes: Sequence[int],
         sums: Sequence[int | None],
+        began: RunDelays | None = None,
     ) -> list[tuple[str, int, StagingSlice, int | None]]:
-        """Completeness: every object arrived, whole, before the deadline (else the retrieve fails)."""
+        """Completeness: every object arrived, whole, before the deadline (else the retrieve fails: the tier's
+        fault, or the host's when the deadline ran out while this rank waited to run)."""
         bad_groups: list[str] = []
         first_reason = ""
         for (g, c, s), code in zip(items, codes, strict=True):
@@ -366,6 +376,18 @@ class RankRestorer:
             if g not in bad_groups:
                 bad_groups.append(g)
         if bad_groups:
+            load = None
+            if TIMED_OUT in codes:
+                load = fetch_starved(self.rank, began, self.own_delays.now(), self.own_delays.reader.pressure())
+            if load is not None:
+                raise RestoreFailed(
+                    f"the fetch deadline ran out while this rank waited to run ({first_reason}): {load.describe()}",
+                    win.index,
+                    bad_groups,
+                    kind=failures.HOST,
+                    stage=Stage.FETCH,
+                    load=load,
+                )
             found = self.diagnose(tier) if self.diagnose is not None else ""
             raise RestoreFailed(
                 f"{first_reason} ({found})" if found else first_reason,

@@ -34,7 +34,7 @@ from bsr_cli.core.markers import ClearScope
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
 from bsr_cli.core.status import FaultListing, MarkerList
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamLine
-from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, InvalidInput
+from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, HostOverloaded, InvalidInput
 from bsr_cli.runtime.coordinator import Coordinator
 from bsr_cli.runtime.event_store import Query as EventQuery
 from bsr_cli.server import models as m
@@ -55,6 +55,8 @@ def status_for(e: BsrError) -> int:
         return 409
     if isinstance(e, InvalidInput | BadRequest):
         return 400
+    if isinstance(e, HostOverloaded):
+        return 503  # the host could not run the engine in time: retry later (no rank or tier is at fault)
     return 500
 
 
@@ -124,7 +126,7 @@ ERROR_TEXT = {
     415: "a body that is not application/json",
     431: "a request head over 16 KiB",
     500: "a server bug, reported rather than dropped",
-    503: "unavailable (a rank is down, or every serving slot is in use: busy, retry)",
+    503: "unavailable (a rank is down, the host is overloaded, or every serving slot is in use: busy, retry)",
 }
 COMMON_ERRORS = (400, 403, 411, 413, 415, 431, 500, 503)
 

@@ -14,6 +14,8 @@ value carries that label (`rank`, `tier`, `group`).
     bsr_pool_windows_live{rank}, bsr_pool_waiters{rank}           windows staged, restores waiting for room
     bsr_rank_up{rank}, bsr_rank_healthy{rank}                     process alive; alive, beating, not stuck
     bsr_rank_heartbeat_age_seconds{rank}                          since the rank's last heartbeat
+    bsr_rank_starved{rank}                                        1 while the host keeps the rank from running
+                                                                  (waiting to run: its deadlines stretch)
     bsr_tier_healthy{tier}                                        0 when any rank sees it down, a fault is armed
                                                                   on it or it failed recently
     bsr_tier_condition{tier,condition}                            1 per reason it is unhealthy now (full,
@@ -35,6 +37,9 @@ value carries that label (`rank`, `tier`, `group`).
     bsr_force_local_markers_set_total                             markers set
     bsr_faults_armed                                              injected faults still armed
     bsr_rank_unresponsive_total{rank}                             a rank missed its heartbeat or deadline
+                                                                  through its own fault (dead, stopped, hung)
+    bsr_rank_starved_total{rank}                                  a rank's deadline was stretched because the
+                                                                  host starved it
     bsr_requests_submitted_total                                  requests submitted for admission
 
 prometheus_client also exposes a ``_created`` sample per counter series (when it started counting).
@@ -50,6 +55,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from bsr_cli.core.evidence import RankState
 
 if TYPE_CHECKING:
     from bsr_cli.core.status import PoolEntry, TierHealth
@@ -156,6 +163,12 @@ class RuntimeCollector(Collector):
             "bsr_rank_healthy",
             "1 when the rank runs, beats and has no call stuck past its deadline",
             [({"rank": r.rank}, r.healthy) for r in ranks],
+        )
+        yield _family(
+            "gauge",
+            "bsr_rank_starved",
+            "1 while the host keeps the rank from running (its deadlines stretch; it is not blamed)",
+            [({"rank": r.rank}, r.state is RankState.STARVED) for r in ranks],
         )
         yield _family(
             "gauge",
