@@ -216,6 +216,21 @@ class RestoreFailed:
     load: HostLoad | None = wire.field(default=None, omit_none=True)  # a host verdict's figures
     failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
 
+    @classmethod
+    def of(cls, request: str, rank: int, f: Failure) -> RestoreFailed:
+        """The event of one rank's failure in ``request``'s restore."""
+        return cls(
+            request=request,
+            rank=rank,
+            reason=f.reason,
+            failure_kind=f.kind,
+            stage=f.stage,
+            window=f.window,
+            tier=f.tier,
+            cause=f.cause,
+            load=f.load,
+        )
+
     @property
     def failure(self) -> Failure:
         return Failure(

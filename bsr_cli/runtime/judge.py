@@ -280,16 +280,17 @@ class Judge:
         with self._lock:
             watch = self._watches.get(key)
         if watch is None:
-            watch = _Watch(now, self._delays(pid, now))
+            first = _Watch(now, self._delays(pid, now))
             with self._lock:
-                self._watches[key] = watch
+                watch = self._watches.setdefault(key, first)
         if watch.at and now - watch.at < EVIDENCE_EVERY_S and alive:
             return watch.verdict, False
         # The watch stays until the rank is heard again: a later look judges over a longer span, and a rank judged
         # hung stays hung.
         verdict = judge(self._evidence(r, pid, watch, what, now, last, judged, alive), deadline_s, ceiling_s)
-        fresh = not verdict.final and verdict.load is not None and not watch.announced
-        watch.verdict, watch.at, watch.announced = verdict, now, watch.announced or fresh
+        with self._lock:  # several callers judge the same rank (the restore's loop, /health): announce once
+            fresh = not verdict.final and verdict.load is not None and not watch.announced
+            watch.verdict, watch.at, watch.announced = verdict, now, watch.announced or fresh
         return verdict, fresh
 
     def forget(self, key: Hashable) -> None:

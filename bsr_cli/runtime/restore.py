@@ -119,9 +119,8 @@ def run_windows(
         out.ok = True
         out.valid = dict.fromkeys(groups, True)
     except RestoreFailed as e:
-        out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
+        out.reason, out.failed_window, out.kind, out.tier, out.load = e.reason, e.window, e.kind, e.tier, e.load
         out.stage = e.stage.value if e.stage is not None else ""
-        out.load = e.load
         bad = set(e.groups or groups)
         out.valid = {g: g not in bad for g in groups}
     except CapacityError as e:
@@ -141,20 +140,7 @@ def run_windows(
     if not out.ok:
         # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
         scrub()
-        failure = failures.failure_of(out)
-        emit(
-            RestoreFailedEvent(
-                request=request,
-                rank=rank,
-                reason=failure.reason,
-                failure_kind=failure.kind,
-                stage=failure.stage,
-                window=failure.window,
-                tier=failure.tier,
-                cause=failure.cause,
-                load=failure.load,
-            )
-        )
+        emit(RestoreFailedEvent.of(request, rank, failures.failure_of(out)))
     return out
 
 

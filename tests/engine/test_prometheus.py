@@ -42,7 +42,7 @@ def _promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProce
 def test_promtool_validates_and_unit_tests_the_rules() -> None:
     r = _promtool("check", "rules", str(RULES))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 8 rules found" in r.stdout
+    assert "SUCCESS: 9 rules found" in r.stdout
     r = _promtool("test", "rules", "bsr-alerts.test.yml")
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -183,7 +183,7 @@ def test_a_real_prometheus_scrapes_the_engine_and_fires_the_fail_closed_alert(
     assert pending[0]["state"] in ("pending", "firing")
     # Every rule evaluates without error against the live series.
     rules = [r for g in api("rules")["groups"] for r in g["rules"]]
-    assert len(rules) == 8
+    assert len(rules) == 9
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
     # No alert claims a rank or the engine is down.
     names = {a["labels"]["alertname"] for a in api("alerts")["alerts"]}
