@@ -33,14 +33,22 @@ class Psi:
 
 @dataclass(frozen=True)
 class RankDelay:
-    """One rank as the judge saw it: how long its most delayed thread waited in the run queue over the span."""
+    """One rank as the judge saw it: how long its threads waited in the run queue over the span, and how long they
+    ran, each summed over its threads (None: unknown, a rank without a process of its own, or no schedstat)."""
 
     rank: int
     state: RankState
-    run_delay_s: float | None = None  # None: unknown (a rank without a process of its own, or no schedstat)
+    run_delay_s: float | None = None
+    ran_s: float | None = None
 
     to_wire = wire.writer()
     from_wire = wire.reader()
+
+    def describe(self, span_s: float) -> str:
+        if self.run_delay_s is None:
+            return f"rank {self.rank} run delay unknown"
+        ran = f" and ran {self.ran_s:.1f} s" if self.ran_s is not None else ""
+        return f"rank {self.rank}'s threads waited {self.run_delay_s:.1f} s to run{ran} in {span_s:.1f} s"
 
 
 @dataclass(frozen=True)
@@ -61,14 +69,10 @@ class HostLoad:
     from_wire = wire.reader()
 
     def describe(self) -> str:
-        """One line of figures, e.g. ``rank 0 waited 7.9 s of 10.0 s to run; cpu pressure some 92%, full 31%
-        (avg10); memory unknown; io some 0%, full 0%; the coordinator ran 0.4 s late``."""
-        parts = [
-            f"rank {r.rank} waited {r.run_delay_s:.1f} s of {self.span_s:.1f} s to run"
-            if r.run_delay_s is not None
-            else f"rank {r.rank} run delay unknown"
-            for r in self.ranks
-        ]
+        """One line of figures, e.g. ``rank 0's threads waited 7.9 s to run and ran 0.1 s in 5.0 s; cpu pressure some
+        92%, full 31% (avg10); memory pressure unknown; io pressure some 0%, full 0% (avg10); the coordinator ran 0.4
+        s late``."""
+        parts = [r.describe(self.span_s) for r in self.ranks]
         for name, psi in (("cpu", self.cpu), ("memory", self.memory), ("io", self.io)):
             parts.append(f"{name} pressure {psi.describe()} (avg10)" if psi is not None else f"{name} pressure unknown")
         if self.coordinator_lag_s is not None:

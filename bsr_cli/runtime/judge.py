@@ -7,9 +7,10 @@ that stopped from one that waited to run. When a rank is past its deadline the j
 
     dead      no process (or a zombie)                                      the rank's fault, at once
     stopped   /proc/PID/stat state T or t (SIGSTOP, a debugger)             the rank's fault, at once
-    starved   it waited to run: its threads' run-queue delay grew by at     nobody's yet: the deadline stretches,
-              least half the span looked at, the coordinator itself ran     up to the engine's overload ceiling;
-              late by as much, or (where the rank's own delay cannot be     past it, the host's (host_overloaded)
+    starved   it waited to run: its threads waited in the run queue for     nobody's yet: the deadline stretches,
+              half the span looked at and got at most a quarter of the      up to the engine's overload ceiling;
+              CPU they asked for; or the coordinator itself ran late by     past it, the host's (host_overloaded)
+              half the span; or (where the rank's own figures cannot be
               read) the host is under pressure (PSI)
     hung      alive, able to run, the host has CPU, still no progress      the rank's fault
     unknown   the kernel cannot say which of starved and hung               stretched like starved; at the ceiling
@@ -32,9 +33,10 @@ from dataclasses import dataclass
 
 from bsr_cli.core.evidence import RankState
 from bsr_cli.core.overload import HostLoad, Psi, RankDelay
-from bsr_cli.runtime.liveness import Pressure, ProcReader, ProcState, RunDelays, max_run_delay_s
+from bsr_cli.runtime.liveness import CpuGrowth, Pressure, ProcReader, ProcState, RunDelays, cpu_growth
 
-STARVED_SHARE = 0.5  # waited to run for at least this share of the span looked at: starved
+STARVED_SHARE = 0.5  # waited to run for at least this share of the span looked at ...
+STARVED_GOT = 0.25  # ... and got at most this share of the CPU it asked for: starved
 PSI_CPU_STARVED = 50.0  # cpu "some" avg10 (%) at or above which the host starves runnable tasks
 PSI_STALL_STARVED = 20.0  # memory or io "full" avg10 (%): every task stalled for a fifth of the time
 MIN_SPAN_S = 1.0  # evidence is gathered over at least this long before a rank is judged hung
@@ -120,7 +122,7 @@ class Evidence:
     state: ProcState
     unread: bool  # the rank has said something the coordinator has not read yet
     span_s: float  # how long the figures below were gathered over
-    run_delay_s: float | None  # the rank's most delayed thread's run-queue wait over the span (None: unknown)
+    cpu: CpuGrowth | None  # what the rank's threads ran and waited to run over the span (None: unknown)
     coordinator_lag_s: float  # the coordinator's own lost time over the span
     pressure: Pressure
     in_process: bool = False  # the rank runs on the coordinator's threads: its delay is the coordinator's lag
@@ -148,22 +150,34 @@ class Verdict:
 LIVE = Verdict(RankState.LIVE)
 
 
-def starved(rank_share: float | None, coordinator_share: float, state: ProcState, pressure: Pressure) -> bool | None:
+def cpu_starved(cpu: CpuGrowth, span_s: float) -> bool:
+    """A process starved of CPU over a span: its threads waited to run for at least half of it, and got at most a
+    quarter of the CPU they asked for (a process merely sharing a busy host gets more: two CPU-bound loops beside a
+    polling thread on two cores leave it two thirds)."""
+    asked = cpu.ran_s + cpu.waited_s
+    return cpu.waited_s >= STARVED_SHARE * span_s and cpu.ran_s <= STARVED_GOT * asked
+
+
+def starved(
+    cpu: CpuGrowth | None, span_s: float, coordinator_lag_s: float, state: ProcState, pressure: Pressure
+) -> bool | None:
     """Whether a rank (or a fetch) was starved over a span: True, False, or None when the kernel cannot say.
-    ``rank_share``: its run-queue delay over the span (None: unknown); ``coordinator_share``: the coordinator's own
-    lost time over the span. The rank's own delay decides when it is known (a host under pressure need not have
-    starved a rank that slept in a deadlock); host pressure decides only where it is not."""
+    ``cpu``: what its threads ran and waited over the span (None: unknown); ``coordinator_lag_s``: the
+    coordinator's own lost time in it. The rank's own figures decide when they are known (a host under pressure
+    need not have starved a rank that slept in a deadlock); host pressure decides only where they are not."""
     mem, io = _full(pressure.memory), _full(pressure.io)
-    if coordinator_share >= STARVED_SHARE or (rank_share is not None and rank_share >= STARVED_SHARE):
+    if span_s > 0 and coordinator_lag_s >= STARVED_SHARE * span_s:
+        return True
+    if cpu is not None and span_s > 0 and cpu_starved(cpu, span_s):
         return True
     if state is ProcState.DISK and max(mem or 0.0, io or 0.0) >= PSI_STALL_STARVED:
         return True  # waiting on a page or a disk the whole host is stalled on
-    if rank_share is not None:
+    if cpu is not None:
         return False
-    cpu = pressure.cpu.some_avg10 if pressure.cpu is not None else None
-    if (cpu or 0.0) >= PSI_CPU_STARVED or max(mem or 0.0, io or 0.0) >= PSI_STALL_STARVED:
+    host_cpu = pressure.cpu.some_avg10 if pressure.cpu is not None else None
+    if (host_cpu or 0.0) >= PSI_CPU_STARVED or max(mem or 0.0, io or 0.0) >= PSI_STALL_STARVED:
         return True
-    return None if cpu is None or mem is None or io is None else False
+    return None if host_cpu is None or mem is None or io is None else False
 
 
 def fetch_starved(rank: int, before: RunDelays | None, after: RunDelays | None, pressure: Pressure) -> HostLoad | None:
@@ -171,12 +185,12 @@ def fetch_starved(rank: int, before: RunDelays | None, after: RunDelays | None, 
     share of the time since the fetch began (its threads' run-queue delay; the host's pressure where that cannot be
     read), so the failure is the host's and no tier is blamed; None when it could run (the tier was late)."""
     span = after.at - before.at if before is not None and after is not None else 0.0
-    delay = max_run_delay_s(before, after) if before is not None and after is not None and span > 0 else None
-    if not starved(None if delay is None else delay / span, 0.0, ProcState.RUNNING, pressure):
+    cpu = cpu_growth(before, after) if before is not None and after is not None and span > 0 else None
+    if not starved(cpu, span, 0.0, ProcState.RUNNING, pressure):
         return None
     return HostLoad(
         span_s=round(span, 3),
-        ranks=(RankDelay(rank, RankState.STARVED, None if delay is None else round(delay, 3)),),
+        ranks=(_rank_delay(rank, RankState.STARVED, cpu),),
         cpu=pressure.cpu,
         memory=pressure.memory,
         io=pressure.io,
@@ -189,12 +203,18 @@ def _full(psi: Psi | None) -> float | None:
     return psi.full_avg10 if psi.full_avg10 is not None else psi.some_avg10
 
 
+def _rank_delay(rank: int, state: RankState, cpu: CpuGrowth | None) -> RankDelay:
+    if cpu is None:
+        return RankDelay(rank, state)
+    return RankDelay(rank, state, run_delay_s=round(cpu.waited_s, 3), ran_s=round(cpu.ran_s, 3))
+
+
 def load_of(e: Evidence, state: RankState) -> HostLoad:
     p = e.pressure
     return HostLoad(
         span_s=round(e.span_s, 3),
         coordinator_lag_s=round(e.coordinator_lag_s, 3),
-        ranks=(RankDelay(e.rank, state, None if e.run_delay_s is None else round(e.run_delay_s, 3)),),
+        ranks=(_rank_delay(e.rank, state, e.cpu),),
         cpu=p.cpu,
         memory=p.memory,
         io=p.io,
@@ -220,10 +240,9 @@ def judge(e: Evidence, deadline_s: float, ceiling_s: float) -> Verdict:
         return Verdict(RankState.STOPPED, f"its process is stopped (state T): {silence}", final=True)
     if e.span_s < MIN_SPAN_S:
         return Verdict(RankState.UNKNOWN, f"{silence}; reading the kernel's figures")  # not final: look again
-    rank_share = e.coordinator_lag_s if e.in_process else e.run_delay_s
-    found = starved(
-        None if rank_share is None else rank_share / e.span_s, e.coordinator_lag_s / e.span_s, e.state, e.pressure
-    )
+    # A rank on the coordinator's threads waited as long as the coordinator did.
+    cpu = CpuGrowth(0.0, e.coordinator_lag_s) if e.in_process else e.cpu
+    found = starved(cpu, e.span_s, e.coordinator_lag_s, e.state, e.pressure)
     if found is False:
         load = load_of(e, RankState.HUNG)
         return Verdict(RankState.HUNG, f"{silence}, though the host let it run: {load.describe()}", True, load)
@@ -306,7 +325,7 @@ class Judge:
         rank = int(getattr(r, "rank", -1))
         state = self.reader.state(pid) if pid is not None else ProcState.UNKNOWN
         current = self._delays(pid, now)
-        delay = max_run_delay_s(watch.base, current) if watch.base is not None and current is not None else None
+        cpu = cpu_growth(watch.base, current) if watch.base is not None and current is not None else None
         unread_fn = getattr(r, "unread", None)
         return Evidence(
             rank=rank,
@@ -317,7 +336,7 @@ class Judge:
             state=state,
             unread=bool(unread_fn()) if callable(unread_fn) else False,
             span_s=now - watch.base_at,
-            run_delay_s=delay,
+            cpu=cpu,
             coordinator_lag_s=self.clock.lost(watch.base_at),
             pressure=self.reader.pressure(),
             in_process=pid is None,

@@ -2,7 +2,8 @@
 
 - ``/proc/PID/stat``: the process's state letter (``T``/``t`` stopped, ``Z``/``X`` dead, ``D`` waiting on I/O).
 - ``/proc/PID/task/TID/schedstat``: per thread, nanoseconds on a CPU and nanoseconds waiting in the run queue
-  (runnable, not running). A thread whose run-queue wait grows by most of an interval was starved of CPU in it.
+  (runnable, not running: a CPU quota's throttling included). A process whose threads waited to run for much of an
+  interval, and got little of the CPU they asked for, was starved in it.
 - ``/proc/pressure/{cpu,memory,io}``: pressure stall information (PSI), the share of the last 10 s in which
   tasks waited for the resource.
 
@@ -61,13 +62,13 @@ def parse_stat_state(text: str) -> ProcState:
     return _STATE_LETTERS.get(fields[0], ProcState.UNKNOWN)
 
 
-def parse_schedstat(text: str) -> int | None:
-    """Nanoseconds a thread has waited in the run queue, from ``/proc/PID/task/TID/schedstat``
+def parse_schedstat(text: str) -> tuple[int, int] | None:
+    """Nanoseconds a thread has run on a CPU and waited in the run queue, from ``/proc/PID/task/TID/schedstat``
     (``<on-cpu ns> <run-queue wait ns> <timeslices>``); None when the text is not that."""
     fields = text.split()
-    if len(fields) < 2 or not fields[1].isdigit():
+    if len(fields) < 2 or not fields[0].isdigit() or not fields[1].isdigit():
         return None
-    return int(fields[1])
+    return int(fields[0]), int(fields[1])
 
 
 def parse_pressure(text: str) -> Psi | None:
@@ -90,17 +91,32 @@ def parse_pressure(text: str) -> Psi | None:
 
 @dataclass(frozen=True)
 class RunDelays:
-    """Every thread's run-queue wait (ns) of one process at one moment (``at``: ``time.monotonic()``)."""
+    """Every thread's CPU time and run-queue wait (ns, since the thread started) of one process at one moment
+    (``at``: ``time.monotonic()``)."""
 
     at: float
-    waits: dict[int, int]  # thread id -> run-queue wait in ns since the thread started
+    threads: dict[int, tuple[int, int]]  # thread id -> (ns on a CPU, ns waiting in the run queue)
 
 
-def max_run_delay_s(before: RunDelays, after: RunDelays) -> float:
-    """How long the most delayed thread waited to run between the two readings, in seconds. A thread that started
-    in between counts its whole wait (all of it lies in the span); one that ended is not seen."""
-    grown = [w - before.waits.get(tid, 0) for tid, w in after.waits.items()]
-    return max([0, *grown]) * NS
+@dataclass(frozen=True)
+class CpuGrowth:
+    """What a process's threads did between two readings, in seconds, summed over its threads: ran on a CPU, and
+    waited in the run queue (runnable, not running). Summed, not the most delayed thread's: threads that take turns
+    at one lock (Python's GIL) each wait only part of the time, sleeping on the lock the rest, while at any moment
+    one of them is runnable and waiting."""
+
+    ran_s: float
+    waited_s: float
+
+
+def cpu_growth(before: RunDelays, after: RunDelays) -> CpuGrowth:
+    """A thread that started in between counts whole (all of it lies in the span); one that ended is not seen."""
+    ran = waited = 0
+    for tid, (r, w) in after.threads.items():
+        r0, w0 = before.threads.get(tid, (0, 0))
+        ran += max(0, r - r0)
+        waited += max(0, w - w0)
+    return CpuGrowth(ran * NS, waited * NS)
 
 
 @dataclass(frozen=True)
@@ -137,13 +153,13 @@ class ProcReader:
             tids = os.listdir(self.root / str(pid) / "task")
         except OSError:
             return None
-        waits: dict[int, int] = {}
+        threads: dict[int, tuple[int, int]] = {}
         for tid in tids:
             text = self._read(self.root / str(pid) / "task" / tid / "schedstat")
-            wait = parse_schedstat(text) if text is not None else None
-            if wait is not None and tid.isdigit():
-                waits[int(tid)] = wait
-        return RunDelays(at, waits) if waits else None
+            got = parse_schedstat(text) if text is not None else None
+            if got is not None and tid.isdigit():
+                threads[int(tid)] = got
+        return RunDelays(at, threads) if threads else None
 
     def pressure(self) -> Pressure:
         got = {}
@@ -182,12 +198,13 @@ class OwnRunDelays:
 
 __all__ = [
     "PRESSURE_RESOURCES",
+    "CpuGrowth",
     "OwnRunDelays",
     "Pressure",
     "ProcReader",
     "ProcState",
     "RunDelays",
-    "max_run_delay_s",
+    "cpu_growth",
     "parse_pressure",
     "parse_schedstat",
     "parse_stat_state",

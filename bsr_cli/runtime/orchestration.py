@@ -245,12 +245,15 @@ class Orchestration:
                 self.calls.note_stuck(rk, request, f, kind)
                 self.allocation.hold_until_done(request, f)
         elapsed = time.monotonic() - start
-        cause = "the host overloaded" if kind is FailureKind.HOST_OVERLOADED else "stopped responding"
         for rk in by_rank:
             if rk in stalled:
                 outcomes[rk] = self._stalled_result(rk, stalled[rk], elapsed)
             elif rk not in outcomes:
-                why = f"still running after rank(s) {sorted(stalled)} {cause}"
+                why = (
+                    f"still running when the host overloaded rank(s) {sorted(stalled)}"
+                    if kind is FailureKind.HOST_OVERLOADED
+                    else f"still running after rank(s) {sorted(stalled)} stopped responding"
+                )
                 outcomes[rk] = self._stalled_result(rk, Failure(rank=rk, reason=why, kind=FailureKind.ABORTED), elapsed)
         return [outcomes[r.rank] for r in self.ranks]
 

@@ -108,7 +108,7 @@ def test_a_host_verdict_round_trips_with_its_figures_and_blames_the_host() -> No
     )
     ended = RestoreFailedClosed(request="r2", failures=(part.failure,), failure_kind=FailureKind.HOST_OVERLOADED)
     wire = ended.to_wire()
-    assert wire["failures"][0]["load"]["ranks"] == [{"rank": 1, "state": "starved", "run_delay_s": 4.6}]
+    assert wire["failures"][0]["load"]["ranks"] == [{"rank": 1, "state": "starved", "run_delay_s": 4.6, "ran_s": None}]
     assert wire["failures"][0]["load"]["io"] is None and wire["failures"][0]["component"] == "host"
     assert parse_event(wire) == ended and parse_event(part.to_wire()) == part
     starved = RankStarved(rank=1, reason="waited to run", request="r2", load=load)

@@ -328,4 +328,6 @@ def test_starved_ranks_are_the_hosts_not_the_ranks(overload, overload_engine, bs
     assert _wait_healthy(overload).ok
     again_res = overload.restore(STARVED_PROMPT, w=1)
     assert again_res.outcome is Outcome.COMMITTED and again_res.hashes is not None and again_res.hashes.hash_ok
-    print(f"outcome {res.outcome.value}; health samples {len(seen)}, of which showed a rank starved {len(starved)}")
+    print(f"outcome {res.outcome.value}; {len(seen)} health samples, {len(starved)} showing a rank starved")
+    for f in report.failures:
+        print(f"  rank {f.rank} {f.kind.value} at {f.stage.value if f.stage else 'none'}: {f.reason}")

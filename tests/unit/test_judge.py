@@ -19,11 +19,12 @@ from bsr_cli.errors import ExitCode, HostOverloaded
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.judge import Evidence, Judge, JudgeClock, fetch_starved, judge, starved
 from bsr_cli.runtime.liveness import (
+    CpuGrowth,
     Pressure,
     ProcReader,
     ProcState,
     RunDelays,
-    max_run_delay_s,
+    cpu_growth,
     parse_pressure,
     parse_schedstat,
     parse_stat_state,
@@ -55,7 +56,7 @@ def test_stat_state_is_the_field_after_the_last_parenthesis() -> None:
 
 
 def test_schedstat_gives_the_run_queue_wait_and_refuses_anything_else() -> None:
-    assert parse_schedstat(SCHEDSTAT) == 9_876_543_210
+    assert parse_schedstat(SCHEDSTAT) == (812_345_678, 9_876_543_210)
     assert parse_schedstat("") is None and parse_schedstat("12 x 3") is None
 
 
@@ -67,14 +68,17 @@ def test_pressure_reads_avg10_and_a_missing_full_line_is_unknown_not_zero() -> N
     assert parse_pressure("some avg10=abc\n") is None
 
 
-def test_run_delay_is_the_most_delayed_threads_growth_and_a_new_thread_counts_whole() -> None:
-    before = RunDelays(10.0, {1: 1_000_000_000, 2: 5_000_000_000})
-    after = RunDelays(12.0, {1: 1_100_000_000, 2: 6_500_000_000, 3: 700_000_000})
-    assert max_run_delay_s(before, after) == pytest.approx(1.5)
-    assert max_run_delay_s(after, after) == 0.0
+def test_cpu_growth_is_summed_over_threads_and_a_new_thread_counts_whole() -> None:
+    """Threads taking turns at the GIL each wait part of the time; summed, the process waited the whole span."""
+    before = RunDelays(10.0, {1: (0, 1_000_000_000), 2: (10, 5_000_000_000)})
+    after = RunDelays(12.0, {1: (20_000_000, 1_100_000_000), 2: (10, 6_500_000_000), 3: (5_000_000, 700_000_000)})
+    growth = cpu_growth(before, after)
+    assert growth.waited_s == pytest.approx(0.1 + 1.5 + 0.7) and growth.ran_s == pytest.approx(0.025)
+    assert cpu_growth(after, after) == CpuGrowth(0.0, 0.0)
 
 
 def _fake_proc(root: Path, pid: int, stat: str, waits: dict[int, int], pressure: dict[str, str]) -> None:
+    """A directory laid out as /proc: one process, its threads' schedstat (100 ns on a CPU each), the PSI files."""
     (root / "self").mkdir(parents=True, exist_ok=True)
     (root / str(pid)).mkdir()
     (root / str(pid) / "stat").write_text(stat)
@@ -92,7 +96,7 @@ def test_the_reader_says_unknown_where_a_file_is_missing_and_dead_where_the_proc
     assert reader.state(4242) is ProcState.STOPPED
     assert reader.state(9999) is ProcState.DEAD  # no such process
     delays = reader.run_delays(4242, 1.0)
-    assert delays is not None and delays.waits == {4242: 10, 4250: 3_000_000_000}
+    assert delays is not None and delays.threads == {4242: (100, 10), 4250: (100, 3_000_000_000)}
     assert reader.run_delays(9999, 1.0) is None
     p = reader.pressure()
     assert p.cpu == Psi(92.41, 31.5) and p.memory is None and p.io is None  # missing: unknown, never 0
@@ -110,7 +114,7 @@ def _ev(**kw: object) -> Evidence:
         state=ProcState.SLEEPING,
         unread=False,
         span_s=6.0,
-        run_delay_s=0.05,
+        cpu=CpuGrowth(ran_s=1.2, waited_s=0.05),
         coordinator_lag_s=0.0,
         pressure=QUIET,
     )
@@ -136,32 +140,45 @@ def test_a_rank_the_host_lets_run_that_makes_no_progress_is_hung_even_on_a_loade
 
 
 def test_a_rank_that_waited_to_run_is_starved_its_deadline_stretches_then_the_host_is_named() -> None:
-    stretched = judge(_ev(run_delay_s=5.5), DEADLINE, CEILING)
+    waited = CpuGrowth(ran_s=0.1, waited_s=5.5)
+    stretched = judge(_ev(cpu=waited), DEADLINE, CEILING)
     assert stretched.state is RankState.STARVED and not stretched.final and not stretched.blames_rank
-    assert stretched.load is not None and stretched.load.ranks == (RankDelay(1, RankState.STARVED, 5.5),)
-    assert "waited 5.5 s of 6.0 s to run" in stretched.reason and "cpu pressure some 0.5%" in stretched.reason
-    past = judge(_ev(run_delay_s=5.5, silent_s=61.0, judged_s=61.0), DEADLINE, CEILING)
+    assert stretched.load is not None and stretched.load.ranks == (RankDelay(1, RankState.STARVED, 5.5, 0.1),)
+    assert "rank 1's threads waited 5.5 s to run and ran 0.1 s in 6.0 s" in stretched.reason
+    assert "cpu pressure some 0.5%" in stretched.reason
+    past = judge(_ev(cpu=waited, silent_s=61.0, judged_s=61.0), DEADLINE, CEILING)
     assert past.names_host and not past.blames_rank
     assert failures.quiet_rank_kind(past.state) is FailureKind.HOST_OVERLOADED
 
 
 def test_host_pressure_decides_only_where_the_ranks_own_delay_is_unknown() -> None:
-    assert judge(_ev(run_delay_s=None, pressure=LOADED), DEADLINE, CEILING).state is RankState.STARVED
-    assert judge(_ev(run_delay_s=None, pressure=QUIET), DEADLINE, CEILING).state is RankState.HUNG
+    assert judge(_ev(cpu=None, pressure=LOADED), DEADLINE, CEILING).state is RankState.STARVED
+    assert judge(_ev(cpu=None, pressure=QUIET), DEADLINE, CEILING).state is RankState.HUNG
     # No schedstat and no PSI: unknown, never "fine": stretched, and judged hung only at the ceiling.
-    unknown = judge(_ev(run_delay_s=None, pressure=UNKNOWN), DEADLINE, CEILING)
+    unknown = judge(_ev(cpu=None, pressure=UNKNOWN), DEADLINE, CEILING)
     assert unknown.state is RankState.UNKNOWN and not unknown.final
     assert "cpu pressure unknown" in unknown.reason and "0%" not in unknown.reason
-    at_ceiling = judge(_ev(run_delay_s=None, pressure=UNKNOWN, silent_s=60.5, judged_s=60.5), DEADLINE, CEILING)
+    at_ceiling = judge(_ev(cpu=None, pressure=UNKNOWN, silent_s=60.5, judged_s=60.5), DEADLINE, CEILING)
     assert at_ceiling.state is RankState.HUNG and at_ceiling.blames_rank
     # One resource unknown, another under pressure: the pressure that is known is evidence enough.
     partly = replace(UNKNOWN, memory=Psi(40.0, 25.0))
-    assert starved(None, 0.0, ProcState.RUNNING, partly) is True
+    assert starved(None, 6.0, 0.0, ProcState.RUNNING, partly) is True
+
+
+def test_a_rank_sharing_a_busy_host_is_not_starved_one_that_gets_little_of_what_it_asks_is() -> None:
+    """Two CPU-bound loops beside a polling thread on two cores: it waits a third of the time and runs two thirds
+    (not starved: a tier it polls is still the tier's fault); a quota of 0.5% of a CPU: it waits nearly all of it."""
+    sharing = CpuGrowth(ran_s=4.0, waited_s=2.0)
+    assert starved(sharing, 6.0, 0.0, ProcState.RUNNING, LOADED) is False
+    gil_turns = CpuGrowth(ran_s=0.6, waited_s=5.0)  # its threads took turns at the GIL on a host running 10 per core
+    assert starved(gil_turns, 6.0, 0.0, ProcState.RUNNING, QUIET) is True
+    many_threads_busy = CpuGrowth(ran_s=5.0, waited_s=7.0)  # waited long in total, but got most of what it asked
+    assert starved(many_threads_busy, 6.0, 0.0, ProcState.RUNNING, QUIET) is False
 
 
 def test_an_in_process_rank_is_judged_by_the_coordinators_own_lag() -> None:
-    assert judge(_ev(in_process=True, run_delay_s=None), DEADLINE, CEILING).state is RankState.HUNG
-    v = judge(_ev(in_process=True, run_delay_s=None, coordinator_lag_s=4.0), DEADLINE, CEILING)
+    assert judge(_ev(in_process=True, cpu=None), DEADLINE, CEILING).state is RankState.HUNG
+    v = judge(_ev(in_process=True, cpu=None, coordinator_lag_s=4.0), DEADLINE, CEILING)
     assert v.state is RankState.STARVED and not v.final
 
 
@@ -220,13 +237,14 @@ class FakeReader:
     def __init__(self) -> None:
         self.proc_state = ProcState.SLEEPING
         self.wait_ns = 0
+        self.ran_ns = 0
         self.psi = QUIET
 
     def state(self, pid: int) -> ProcState:
         return self.proc_state
 
     def run_delays(self, pid: int, at: float) -> RunDelays:
-        return RunDelays(at, {pid: self.wait_ns})
+        return RunDelays(at, {pid: (self.ran_ns, self.wait_ns)})
 
     def pressure(self) -> Pressure:
         return self.psi
@@ -254,7 +272,8 @@ def test_the_judge_gathers_evidence_from_half_the_deadline_and_announces_a_stret
     for _ in range(120):  # 12 s of a rank that says nothing, looked at every 0.1 s as the loops do
         t.advance(0.1, clock=clock)
         if starving:
-            reader.wait_ns += 90_000_000  # it waited 0.09 s of every 0.1 s to run
+            reader.wait_ns += 90_000_000  # it waited 0.09 s of every 0.1 s to run, and ran 0.001 s
+            reader.ran_ns += 1_000_000
         seen.append(j.judge(QuietRank(), "k", last, 10.0, 60.0, "no heartbeat"))
     verdicts = [v for v, _ in seen]
     assert all(v.state is RankState.LIVE for v in verdicts[:49])  # before half the deadline: nothing read
@@ -278,11 +297,11 @@ def test_a_stopped_rank_is_named_at_its_deadline_without_waiting_for_a_span() ->
 
 # -- a rank's own fetch deadline ----------------------------------------------------------------------------------
 def test_a_fetch_deadline_missed_while_the_rank_waited_to_run_is_the_hosts() -> None:
-    before = RunDelays(0.0, {10: 0, 11: 0})
-    starved_after = RunDelays(2.0, {10: 1_600_000_000, 11: 10})
+    before = RunDelays(0.0, {10: (0, 0), 11: (0, 0)})
+    starved_after = RunDelays(2.0, {10: (10_000_000, 1_600_000_000), 11: (0, 10)})
     load = fetch_starved(0, before, starved_after, QUIET)
     assert load is not None and load.ranks[0].run_delay_s == pytest.approx(1.6) and load.coordinator_lag_s is None
-    ran_after = RunDelays(2.0, {10: 20_000_000, 11: 10})
+    ran_after = RunDelays(2.0, {10: (1_500_000_000, 600_000_000), 11: (0, 10)})  # a poller sharing a busy host
     assert fetch_starved(0, before, ran_after, LOADED) is None  # it could run: the tier was late
     assert fetch_starved(0, None, None, LOADED) is not None  # its delay unknown: the host's pressure decides
     assert fetch_starved(0, None, None, UNKNOWN) is None  # nothing shows starvation: the tier's, as before
@@ -314,7 +333,7 @@ def test_a_host_verdict_blames_no_rank_and_no_tier_and_exits_16() -> None:
     assert report.failures[0].load == LOAD  # the figures travel with the failure
     err = failures.restore_error(ManualRestoreResult("req-1", "p", 1024, 1, lookup=None, report=report))
     assert isinstance(err, HostOverloaded) and err.exit_code is ExitCode.HOST_OVERLOADED == 16
-    assert "no rank or tier blamed" in err.message and "waited 5.5 s of 6.0 s" not in err.message
+    assert "no rank or tier blamed" in err.message and "the host was overloaded" in err.message
     assert err.hint and "--overload-ceiling" in err.hint
     # Negative control: the same rank judged hung is the rank's, as before.
     hung = failures.quiet_rank_failure(1, RankState.HUNG, "no heartbeat", LOAD)
