@@ -320,3 +320,45 @@ def test_armed_faults_wrap_the_tiers_and_act_only_where_they_hit(rig: Rig) -> No
     _, got_full = _fetch_window(tiers, job, 2, "full")  # the fault names swa only
     assert got_full == [rig.tier.objects[job.objects["full"][c].key][0] for c in range(8, 11)]
     assert armed.fired == [1, 2]
+
+
+class Delays:
+    """Stands in for this process's /proc figures (the fast lane's own process is not starved on demand): between
+    the fetch's start and its deadline the rank's threads ran ``ran_s`` and waited ``waited_s``."""
+
+    def __init__(self, ran_s: float, waited_s: float) -> None:
+        from bsr_cli.runtime.liveness import Pressure
+
+        self.ran_ns, self.waited_ns = int(ran_s * 1e9), int(waited_s * 1e9)
+        self.reader = type("Reader", (), {"pressure": lambda _self: Pressure(None, None, None)})()
+
+    def recent(self) -> Any:
+        from bsr_cli.runtime.liveness import RunDelays
+
+        return RunDelays(0.0, {1: (0, 0)})
+
+    def now(self) -> Any:
+        from bsr_cli.runtime.liveness import RunDelays
+
+        return RunDelays(1.0, {1: (self.ran_ns, self.waited_ns)})
+
+
+@pytest.mark.parametrize("starved", [True, False])
+def test_a_fetch_deadline_missed_while_the_rank_waited_to_run_blames_the_host_not_the_tier(
+    rig: Rig, starved: bool
+) -> None:
+    """The same fetch timing out (an injected stall): the rank's threads waited nearly all of it to run, so the host
+    is named and no tier is blamed; the control: they ran most of it, so the tier was late and is blamed."""
+    rig.restorer.own_delays = Delays(0.01, 0.95) if starved else Delays(0.6, 0.3)  # type: ignore[assignment]
+    out = rig.restorer.restore(
+        rig.job(4, [FaultSpec(kind="timeout", window=1, id=9)], timeout_s=0.3), threading.Event()
+    )
+    assert not out.ok and out.valid == {"full": False, "swa": False} and rig.dest.invalidated  # fail-closed either way
+    failure = failures.failure_of(out)
+    if starved:
+        assert failure.kind is failures.HOST and failure.tier is None and failure.stage is not None
+        assert failure.load is not None and failure.load.ranks[0].run_delay_s == pytest.approx(0.95)
+        assert "waited to run" in failure.reason and "cpu pressure unknown" in failure.reason
+        assert failures.blamed_tiers(failure.kind, [failure], ["mooncake"]) == set()
+    else:
+        assert failure.kind is failures.TIER and failure.tier == "mooncake" and failure.load is None
