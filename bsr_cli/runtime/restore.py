@@ -362,8 +362,10 @@ class RankRestorer:
             if g not in bad_groups:
                 bad_groups.append(g)
         if bad_groups:
+            # What the host knows of the tier (a link found down) is evidence of a fault: it outranks starvation.
+            found = self.diagnose(tier) if self.diagnose is not None else ""
             load = None
-            if TIMED_OUT in codes:
+            if TIMED_OUT in codes and not found:
                 load = fetch_starved(self.rank, began, self.own_delays.now(), self.own_delays.reader.pressure())
             if load is not None:
                 raise RestoreFailed(
@@ -374,7 +376,6 @@ class RankRestorer:
                     stage=Stage.FETCH,
                     load=load,
                 )
-            found = self.diagnose(tier) if self.diagnose is not None else ""
             raise RestoreFailed(
                 f"{first_reason} ({found})" if found else first_reason,
                 win.index,

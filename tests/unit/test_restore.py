@@ -343,22 +343,25 @@ class Delays:
         return RunDelays(1.0, {1: (self.ran_ns, self.waited_ns)})
 
 
-@pytest.mark.parametrize("starved", [True, False])
+@pytest.mark.parametrize(("starved", "link_down"), [(True, False), (False, False), (True, True)])
 def test_a_fetch_deadline_missed_while_the_rank_waited_to_run_blames_the_host_not_the_tier(
-    rig: Rig, starved: bool
+    rig: Rig, starved: bool, link_down: bool
 ) -> None:
     """The same fetch timing out (an injected stall): the rank's threads waited nearly all of it to run, so the host
-    is named and no tier is blamed; the control: they ran most of it, so the tier was late and is blamed."""
+    is named and no tier is blamed; the controls: they ran most of it, so the tier was late and is blamed; or they
+    waited, but the rank found a link to the tier down, which is evidence of the tier's fault and outranks it."""
     rig.restorer.own_delays = Delays(0.01, 0.95) if starved else Delays(0.6, 0.3)  # type: ignore[assignment]
-    out = rig.restorer.restore(
-        rig.job(4, [FaultSpec(kind="timeout", window=1, id=9)], timeout_s=0.3), threading.Event()
-    )
+    if link_down:
+        rig.restorer.diagnose = lambda tier: "link rank0↔holder down: 10.213.0.2:1234 unreachable"
+    stall = FaultSpec(kind="timeout", window=1, id=9)
+    out = rig.restorer.restore(rig.job(4, [stall], timeout_s=0.3), threading.Event())
     assert not out.ok and out.valid == {"full": False, "swa": False} and rig.dest.invalidated  # fail-closed either way
     failure = failures.failure_of(out)
-    if starved:
+    if starved and not link_down:
         assert failure.kind is failures.HOST and failure.tier is None and failure.stage is not None
         assert failure.load is not None and failure.load.ranks[0].run_delay_s == pytest.approx(0.95)
         assert "waited to run" in failure.reason and "cpu pressure unknown" in failure.reason
         assert failures.blamed_tiers(failure.kind, [failure], ["mooncake"]) == set()
     else:
         assert failure.kind is failures.TIER and failure.tier == "mooncake" and failure.load is None
+        assert ("link rank0↔holder down" in failure.reason) is link_down
