@@ -43,7 +43,15 @@ from bsr_cli.runtime.judge import fetch_starved
 from bsr_cli.runtime.liveness import OwnRunDelays, RunDelays
 from bsr_cli.runtime.pool import Lease, RestorePool
 from bsr_cli.runtime.restore_failed import RestoreFailed, aborted
-from bsr_cli.runtime.tiers import CODE_NAMES, TIMED_OUT, UNAVAILABLE, AbandoningTier, StagingSlice, Tier
+from bsr_cli.runtime.tiers import (
+    CODE_NAMES,
+    TIMED_OUT,
+    UNAVAILABLE,
+    AbandoningTier,
+    ExplainingTier,
+    StagingSlice,
+    Tier,
+)
 
 
 class Destination(Protocol):
@@ -324,7 +332,8 @@ class RankRestorer:
                     # A transfer given up at the deadline may still land in these slots: keep them out of
                     # the pool until it returns, so a late write can never reach another window's bytes.
                     lease.hold_until(tier.pending_writes())
-            arrived.extend(self._check_arrival(win, tier_name, items, codes, sums, began))
+            known = tier.known_fault(keys) if isinstance(tier, ExplainingTier) else ""
+            arrived.extend(self._check_arrival(win, tier_name, items, codes, sums, began if not known else None))
         self.emit(
             WindowFetched(
                 request=job.request_id,
@@ -348,7 +357,8 @@ class RankRestorer:
         began: RunDelays | None = None,
     ) -> list[tuple[str, int, StagingSlice, int | None]]:
         """Completeness: every object arrived, whole, before the deadline (else the retrieve fails: the tier's
-        fault, or the host's when the deadline ran out while this rank waited to run)."""
+        fault, or the host's when the deadline ran out while this rank waited to run since ``began``; None: a fault
+        the tier knows of explains it, or its start is not known)."""
         bad_groups: list[str] = []
         first_reason = ""
         for (g, c, s), code in zip(items, codes, strict=True):
@@ -365,7 +375,7 @@ class RankRestorer:
             # What the host knows of the tier (a link found down) is evidence of a fault: it outranks starvation.
             found = self.diagnose(tier) if self.diagnose is not None else ""
             load = None
-            if TIMED_OUT in codes and not found:
+            if TIMED_OUT in codes and not found and began is not None:
                 load = fetch_starved(self.rank, began, self.own_delays.now(), self.own_delays.reader.pressure())
             if load is not None:
                 raise RestoreFailed(
