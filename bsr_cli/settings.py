@@ -7,6 +7,7 @@ The config file is TOML at ``$BSR_CONFIG`` or ``~/.config/bsr/config.toml``::
     state_dir = "/var/lib/bsr"
     event_retention = "7d"           # how long `bsr engine up` keeps events (a duration)
     event_store_max = "512MiB"       # and how large its event store may grow (oldest events go first)
+    store_client_ttl = "120s"        # how long bsr's Mooncake masters keep a silent segment holder
 
     [profiles.prod]
     url = "http://10.0.0.5:8470"
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.core.limits import DEFAULT_STORE_CLIENT_TTL_S
 from bsr_cli.errors import InvalidInput
 
 ENV_PREFIX = "BSR_"
@@ -37,12 +39,15 @@ ENV = {
     "timeout": "BSR_TIMEOUT",
     "event_retention": "BSR_EVENT_RETENTION",
     "event_store_max": "BSR_EVENT_STORE_MAX",
+    "store_client_ttl": "BSR_STORE_CLIENT_TTL",
 }
 # BSR_DEBUG=1 is accepted as a synonym of BSR_TRACEBACK=1.
 DEBUG_ENV = "BSR_DEBUG"
 DEFAULT_TIMEOUT_S = 30.0
 # What a config file may set (anything else is a typo, refused rather than ignored).
-CONFIG_KEYS = frozenset({"engine", "token", "state_dir", "timeout", "profiles", "event_retention", "event_store_max"})
+CONFIG_KEYS = frozenset(
+    {"engine", "token", "state_dir", "timeout", "profiles", "event_retention", "event_store_max", "store_client_ttl"}
+)
 DEFAULT_EVENT_RETENTION_S = 7 * 86400.0  # the embedded engine's event store: events older than this are deleted
 DEFAULT_EVENT_STORE_BYTES = 512 << 20  # ... and the oldest, beyond this size
 MIN_EVENT_STORE_BYTES = 1 << 20
@@ -84,6 +89,8 @@ class Settings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     event_retention_s: float = DEFAULT_EVENT_RETENTION_S
     event_store_bytes: int = DEFAULT_EVENT_STORE_BYTES
+    # The client TTL of every Mooncake master bsr starts (`bsr engine up`, `bsr bench peer`; core.limits says why).
+    store_client_ttl_s: int = DEFAULT_STORE_CLIENT_TTL_S
     profiles: dict[str, Profile] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -100,6 +107,7 @@ class Settings:
             "timeout_s": self.timeout_s,
             "event_retention_s": self.event_retention_s,
             "event_store_bytes": self.event_store_bytes,
+            "store_client_ttl_s": self.store_client_ttl_s,
         }
         return {k: SourcedValue(v, self.sources.get(k, "default")) for k, v in shown.items()}
 
@@ -126,6 +134,7 @@ class SettingFlags:
     # Not global options (the environment and the config file set them; `bsr engine up` has its own flags).
     event_retention_s: str | None = None
     event_store_bytes: str | None = None
+    store_client_ttl_s: str | None = None
 
 
 def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) -> Settings:
@@ -180,6 +189,7 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
         ("timeout_s", "timeout", float),
         ("event_retention_s", "event_retention", parse_event_retention),
         ("event_store_bytes", "event_store_max", parse_event_store_bytes),
+        ("store_client_ttl_s", "store_client_ttl", parse_client_ttl),
     ):
         got = pick(name, getattr(flags, name), ENV[key], file_cfg.get(key))
         if got is not None:
@@ -226,6 +236,27 @@ def parse_event_store_bytes(value: Any) -> int:
     if n < MIN_EVENT_STORE_BYTES:
         raise InvalidInput(f"{value!r}: the event store must be allowed at least 1MiB")
     return n
+
+
+def parse_client_ttl(value: Any, name: str = "the store's client TTL") -> int:
+    """A duration (120s, 2m) or a number of seconds: the Mooncake master's client TTL, whole seconds in [1, 1d]."""
+    from bsr_cli.core.limits import check_client_ttl
+    from bsr_cli.core.when import parse_duration
+
+    if isinstance(value, bool):
+        seconds: float = math.nan
+    elif isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
+    whole = int(seconds) if math.isfinite(seconds) and seconds == int(seconds) else value
+    return check_client_ttl(whole, name)
+
+
+def resolve_store_client_ttl(flag: str | None, settings: Settings) -> int:
+    """``--store-client-ttl`` when given, else the settings' (environment, config file, default)."""
+    return settings.store_client_ttl_s if flag is None else parse_client_ttl(flag, "--store-client-ttl")
 
 
 # The config file is read whole and checked key by key (load_settings): TOML of any shape until then.

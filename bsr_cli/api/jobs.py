@@ -41,6 +41,10 @@ class RestoreJob:
     faults: Sequence[FaultSpec] = ()
     fetch_timeout_s: float = 10.0
     admit_timeout_s: float = 60.0
+    # The prompt's hash and every chunk hash of it (not only the restored prefix's): what a rank scrubs when a tier
+    # failed this restore, so that every damaged object of the prompt is found in one pass.
+    prompt: str = ""
+    chunk_hashes: Sequence[str] = ()
 
     def validate(self, groups: Sequence[str]) -> None:
         """Refuse a job that does not cover its own windows (``BadRequest``): every group must have an object for
@@ -77,6 +81,7 @@ class RestoreResult:
     seconds: float = 0.0
     reason: str = ""
     failed_window: int | None = None
+    failed_chunks: tuple[int, int] | None = None  # the failed window's chunks [start, end)
     fired_faults: list[int] = field(default_factory=list)
     fetch_seconds: float = 0.0
     install_seconds: float = 0.0

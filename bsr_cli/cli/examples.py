@@ -47,6 +47,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr explain --tokens-file prompt.json --W 64 --json",
         "bsr explain --store mooncake://10.0.0.5:50051 --model my-org/my-model --world-size 2 --tokens-file p.json",
     ),
+    "scrub": (
+        "bsr scrub --tier fs --synthetic 65536 --seed 1",
+        "bsr scrub --tier fs --tokens-file prompt.json --json",
+        "bsr scrub --tier fs --all --max-bytes 64GiB",
+    ),
     "bundle": (
         "bsr bundle -o incident.tar.gz",
         "bsr bundle --synthetic 65536 --seed 1 --max-bytes 4MiB -o ticket-1234.tar.gz",

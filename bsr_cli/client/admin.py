@@ -8,6 +8,9 @@ Every failure is raised as one of bsr_cli.errors' EngineError subclasses:
     VersionMismatch     the engine speaks another API version
     FaultsDisabled      403 on fault injection
     EngineBusy          503 busy (every serving slot in use), after reads were retried with backoff
+    RankRestarting      503 rank-restarting (a rank died and the engine starts it again), after reads waited for it
+    RestoreAborted      409 aborted (the request was aborted)
+    HostOverloaded      503 host-overloaded (the host starved the engine past its overload ceiling; not retried)
     BadRequest          other 4xx (the engine's message is kept)
     ServerError         5xx, or an answer that is not the API's JSON
 """
@@ -31,6 +34,7 @@ from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.scrub import ScrubLimits, ScrubReport
 from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamedRequest, read_line
 from bsr_cli.errors import (
@@ -44,6 +48,8 @@ from bsr_cli.errors import (
     FaultsDisabled,
     HostOverloaded,
     InvalidInput,
+    RankRestarting,
+    RestoreAborted,
     ServerError,
     Unauthorized,
     VersionMismatch,
@@ -55,6 +61,8 @@ OnEvent = Callable[[Event], None]  # a progress event, read from the wire form t
 
 PAGE = 5000  # events asked for per /events page when filtering
 MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
+# How long a scrub's answer is waited for: the engine's own wait for its ranks (runtime/scrub.py), and a margin.
+SCRUB_WAIT_S = 630.0
 
 
 @dataclass(frozen=True)
@@ -70,14 +78,37 @@ class EventPage:
     from_wire = wire.reader()
 
 
-_KIND_TO_ERROR: dict[str, type[EngineError]] = {
-    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled, HostOverloaded)
+_KIND_TO_ERROR: dict[str, type[BsrError]] = {
+    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled, RestoreAborted, HostOverloaded)
 }
 
 
 # A read the engine answered "busy" (or dropped before answering, as it does to the oldest waiting connections
 # when strangers hold many open) is retried after these pauses; a write is not (it may have been applied).
 READ_RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+# A read that met a rank the engine is starting again is retried after the engine's Retry-After, for this long in
+# all (the engine's longest pause between two starts of a rank); a write is not retried.
+RESTART_WAIT_S = 30.0
+
+
+def _restarting(status: int, body: Any, retry_after: str | None = None) -> RankRestarting | None:
+    """The error a 503 ``rank-restarting`` answer (or a stream's error line) stands for; None for any other."""
+    if status != 503 or not isinstance(body, dict) or body.get("error") != RankRestarting.kind:
+        return None
+    rank, retry = body.get("rank"), body.get("retry_after_s")
+    if not isinstance(retry, int) and retry_after is not None and retry_after.isdigit():
+        retry = int(retry_after)
+    retry = retry if isinstance(retry, int) and not isinstance(retry, bool) and retry >= 1 else 1
+    return RankRestarting(
+        str(body.get("message") or "a rank is restarting"),
+        hint=str(body.get("hint") or f"retry in {retry}s (`bsr engine status` shows the rank's restarts)"),
+        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        retry_after_s=retry,
+    )
+
+
+# Said of a busy engine whose answer gives no hint of its own (an older engine).
+BUSY_HINT = "retry shortly; if it stays busy, `bsr engine status` and the engine's log say who holds it"
 
 
 def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
@@ -129,6 +160,7 @@ class AdminClient:
         timeout_s: float = 30.0,
         stream_timeout_s: float | None = None,
         transport: httpx.BaseTransport | None = None,
+        connections: int = 100,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -139,7 +171,11 @@ class AdminClient:
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+        # ``connections``: requests in flight at once through this client (httpx's pool; one more waits for one).
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=min(connections, 20))
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport, limits=limits
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AdminClient:
@@ -170,13 +206,13 @@ class AdminClient:
         kind = str(body.get("error", "")) if isinstance(body, dict) else ""
         message = (body.get("message") if isinstance(body, dict) else None) or f"HTTP {r.status_code}"
         hint = body.get("hint") if isinstance(body, dict) else None
+        restarting = _restarting(r.status_code, body, r.headers.get("retry-after"))
+        if restarting is not None:
+            raise restarting
         if kind == CapacityError.kind:
-            raise CapacityError(message, hint=hint)
+            raise CapacityError(message, hint=hint, retry_after_s=_retry_after(r))
         if kind == EngineBusy.kind:
-            raise EngineBusy(
-                f"the engine is busy: {message}",
-                hint="retry shortly; if it stays busy, `bsr engine status` and the engine's log say who holds it",
-            )
+            raise EngineBusy(f"the engine is busy: {message}", hint=hint or BUSY_HINT)
         if kind in _KIND_TO_ERROR:
             raise _KIND_TO_ERROR[kind](message, hint=hint)
         if r.status_code == 401:
@@ -199,7 +235,9 @@ class AdminClient:
         timeout: float | None = None,
         params: dict[str, str | int | float | list[str]] | None = None,
     ) -> Any:
-        pauses = iter(READ_RETRY_PAUSES_S if method == "GET" or path == "/probe" else ())
+        read = method == "GET" or path == "/probe"
+        pauses = iter(READ_RETRY_PAUSES_S if read else ())
+        restart_deadline = time.monotonic() + (RESTART_WAIT_S if read else 0.0)
         while True:
             try:
                 r = self._http.request(
@@ -223,6 +261,8 @@ class AdminClient:
                     f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
                 ) from None
             if _is_busy(r) and _pause(pauses):
+                continue
+            if _wait_for_restart(r, restart_deadline):
                 continue
             break
         self._raise_for(r)
@@ -309,6 +349,16 @@ class AdminClient:
     def probe(self, prompt: Prompt, exclude_tiers: list[str] | None = None) -> ProbeResult:
         body = prompt.to_wire() | ({"exclude_tiers": exclude_tiers} if exclude_tiers else {})
         return ProbeResult.from_wire(self._call("POST", "/probe", body))
+
+    def scrub(self, tier: str, prompt: Prompt | None, limits: ScrubLimits | None = None) -> ScrubReport:
+        """Scrub ``tier``: the prompt's objects, or (``prompt`` None) every object it holds. Answers when every rank
+        is done; a scrub is bounded by its limits, so its answer may take long: waits up to the engine's own
+        deadline for the ranks (or ``--timeout`` when one is given)."""
+        lim = limits or ScrubLimits()
+        body = {"tier": tier, "max_objects": lim.max_objects, "max_bytes": lim.max_bytes}
+        body |= prompt.to_wire() if prompt is not None else {"all": True}
+        timeout = self.stream_timeout_s or SCRUB_WAIT_S
+        return ScrubReport.from_wire(self._call("POST", "/scrub", body, timeout=timeout))
 
     def submit(
         self,
@@ -480,6 +530,24 @@ def _is_busy(r: httpx.Response) -> bool:
     return isinstance(body, dict) and body.get("error") == "busy"
 
 
+def _wait_for_restart(r: httpx.Response, deadline: float) -> bool:
+    """For a read answered 503 ``rank-restarting``: sleep the engine's Retry-After if that ends before
+    ``deadline``; False (do not retry) for any other answer or once the deadline would pass."""
+    if r.status_code != 503:
+        return False
+    try:
+        restarting = _restarting(r.status_code, r.json(), r.headers.get("retry-after"))
+    except ValueError:
+        return False
+    if restarting is None or restarting.retry_after_s is None:
+        return False
+    pause = float(restarting.retry_after_s)
+    if time.monotonic() + pause > deadline:
+        return False
+    time.sleep(pause)
+    return True
+
+
 def _pause(pauses: Iterator[float]) -> bool:
     """Sleep for the next backoff pause; False once they are used up."""
     pause = next(pauses, None)
@@ -489,10 +557,19 @@ def _pause(pauses: Iterator[float]) -> bool:
     return True
 
 
+def _retry_after(r: httpx.Response) -> float | None:
+    """The seconds a refusal's Retry-After says to wait (None when it says none, or not in seconds)."""
+    text = r.headers.get("retry-after", "").strip()
+    return float(text) if text.isdigit() else None
+
+
 def _stream_error(line: ErrorLine) -> BsrError:
     """The error a streamed answer's error line stands for."""
+    restarting = _restarting(line.status, line.to_wire())
+    if restarting is not None:
+        return restarting
     if line.error == CapacityError.kind:
-        return CapacityError(line.message, hint=line.hint)
+        return CapacityError(line.message, hint=line.hint, retry_after_s=line.retry_after_s)
     err = _KIND_TO_ERROR.get(line.error)
     if err:
         return err(line.message, hint=line.hint)

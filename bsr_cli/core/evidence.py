@@ -67,7 +67,11 @@ class EventKind(StrEnum):
     RESTORE_REFUSED = "restore_refused"  # capacity or settings refused it before any byte moved
     RESTORE_ABORTED = "restore_aborted"  # the operator (or a departed client) aborted it
     STORE_FAILED = "store_failed"
+    OUTPUT_MISMATCH = "output_mismatch"  # a request's KV hashed differently from the canonical: invalidated
     OBJECT_QUARANTINED = "object_quarantined"  # a stored object failed its checksum and was moved aside
+    SCRUB_STARTED = "scrub_started"  # a rank began reading a tier's objects back to check them
+    SCRUB_FINISHED = "scrub_finished"  # ... and ended: what it checked and set aside, and how it ended
+    SEGMENT_LOST = "segment_lost"  # the store dropped a holder's segment: every object on it is gone
     MARKER_SET = "marker_set"
     MARKER_CLEARED = "marker_cleared"
     FAULT_INJECTED = "fault_injected"
@@ -204,10 +208,44 @@ class TierCondition(StrEnum):
     NOT_WRITABLE = "not_writable"  # writes fail otherwise (permissions, I/O errors)
     FAULT_ARMED = "fault_armed"  # the coordinator's: an injected fault that takes it down is armed
     RESTORE_FAILED = "restore_failed"  # the coordinator's: a restore from it failed and none has committed since
+    SEGMENT_LOST = "segment_lost"  # the engine's store watch: the store dropped a holder's segment and its objects
 
     @classmethod
     def _missing_(cls, value: object) -> TierCondition | None:
         return _kept_as_sent(cls, value)  # a newer engine's reason, shown as sent
+
+
+class ScrubScope(StrEnum):
+    """What a scrub reads back: one prompt's objects, or every object a tier holds."""
+
+    PROMPT = "prompt"
+    ALL = "all"
+
+
+class ScrubState(StrEnum):
+    """Where a scrub stands, or how it ended (`bsr scrub`'s exit code follows it)."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"  # every object in its scope was read back and checked
+    CUT = "cut"  # it stopped at its limit (objects or bytes) before the end of its scope
+    FAILED = "failed"  # the tier could not be read (its directory gone, an I/O error on the walk)
+    SKIPPED = "skipped"  # never ran: the rank already runs as many scrubs as it allows, or this one
+
+    @property
+    def finished(self) -> bool:
+        return self is not ScrubState.RUNNING
+
+
+class SegmentLossCause(StrEnum):
+    """How a Mooncake segment (and every object on it) was lost, as the store's watch saw it."""
+
+    # Its holder stopped accepting connections (the process died): its memory is gone, though the master keeps
+    # listing the segment, and probing its objects as held, until the holder's client TTL runs out.
+    HOLDER_GONE = "holder_gone"
+    # The master no longer lists it: the holder missed its heartbeats for the client TTL (or it was unmounted).
+    UNMOUNTED = "unmounted"
+    # Between two looks the master dropped it and the holder mounted it again, empty.
+    REMOUNTED_EMPTY = "remounted_empty"
 
 
 __all__ = [
@@ -217,6 +255,9 @@ __all__ = [
     "FailureKind",
     "Outcome",
     "RankState",
+    "ScrubScope",
+    "ScrubState",
+    "SegmentLossCause",
     "Stage",
     "TierCondition",
 ]

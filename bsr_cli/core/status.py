@@ -19,6 +19,8 @@ from bsr_cli.core import wire
 from bsr_cli.core.evidence import FailureKind, Outcome, RankState, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
+from bsr_cli.core.scrub import QuarantinedFile, ScrubProgress
+from bsr_cli.core.store_loss import SegmentLoss
 
 
 # -- the engine's info ---------------------------------------------------------------------------------------------
@@ -110,20 +112,6 @@ class RankHealth:
     from_wire = wire.reader()
 
 
-@dataclass(frozen=True)
-class QuarantinedFile:
-    """A stored object a tier moved aside after its bytes failed their checksum."""
-
-    key: str
-    file: str  # where it lies now, under the tier's quarantine directory
-    reason: str
-    at: float  # when it was moved aside (Unix time)
-    bytes: int
-
-    to_wire = wire.writer()
-    from_wire = wire.reader()
-
-
 def _ok_or_unavailable(d: Mapping[str, Any]) -> TierCondition:
     return TierCondition.OK if d.get("ok") else TierCondition.UNAVAILABLE
 
@@ -143,6 +131,7 @@ class RankTierStatus:
     condition: TierCondition = wire.field(default=TierCondition.OK, absent_from=_ok_or_unavailable)
     quarantined: tuple[QuarantinedFile, ...] = ()  # the newest objects it moved aside
     quarantined_total: int = 0  # how many lie in its quarantine directory
+    scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # running, then the last ended
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -160,6 +149,9 @@ class TierHealth:
     quarantined_total: int
     # A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok: none).
     condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
+    # The segments the store lost that keep it unhealthy (segment_lost): oldest first; absent when none.
+    lost_segments: tuple[SegmentLoss, ...] = wire.field(omit_empty=True, default=())
+    scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # every rank's, running first
 
     to_wire = wire.writer()
     from_wire = wire.reader()

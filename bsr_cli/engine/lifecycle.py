@@ -6,10 +6,12 @@ the services it stops on the way out.
   the registration is the same, the settings when the engine starts with the options they were changed from (new
   options given to `bsr engine up --restart` win). Armed faults are never carried over: the start says how many
   were dropped (in the engine's log and in `bsr engine up`'s output).
-- **Dead ranks.** A rank process that died is started again with backoff (1 s, 2 s, 4 s, ... 30 s), with the
-  engine's current budget and filesystem concurrency; each restart is a ``rank_restarted`` event and the new pid
-  is recorded in ``state.json`` (so `bsr engine status` and `down` know it). Requests that reached the dead rank
-  still fail (fail-closed); the next ones are served.
+- **Dead ranks.** A rank process that died is started again with backoff (1 s, 2 s, 4 s, ... 30 s); it takes the
+  engine's current budget and filesystem concurrency before it serves (settings changes are refused while it is
+  down, and wait for it to take them). Each restart is a ``rank_restarted`` event and the new pid is recorded in
+  ``state.json`` (so `bsr engine status` and `down` know it). A request that meets the dead rank fails closed and
+  is refused with 503 ``rank-restarting`` and when to retry (``restart_in``: until the next try); the next
+  requests after the restart are served.
 - **Leaving.** On ``POST /shutdown`` or SIGTERM the engine stops every process started for it: its ranks, the
   Mooncake segment holder and master recorded in ``state.json`` (a pid counts only with its recorded start time).
 """
@@ -167,7 +169,8 @@ def restore(state: Path, coord: Coordinator, base: KeptSettings) -> Restored:
 
 class RankRestarter:
     """Called from the engine's main loop: restarts dead ranks with backoff. ``start(i)`` builds rank ``i`` afresh
-    (blocking while the process starts); ``on_restart(rank, pid, restarts)`` records it."""
+    (blocking while the process starts); ``on_restart(rank, pid, restarts)`` records it. The coordinator asks it
+    when a dead rank is next tried (``restart_in``), to tell a request that met it when to retry."""
 
     def __init__(
         self,
@@ -183,6 +186,14 @@ class RankRestarter:
         self._attempt = [0] * n  # failures in a row since the rank last ran stably
         self._next_try = [0.0] * n
         self._since = [time.monotonic()] * n
+        self._starting: set[int] = set()  # ranks whose process is being started now
+        coord.restart_ranks_with(self)
+
+    def restart_in(self, rank: int) -> float:
+        """Seconds until rank ``rank`` is next tried (0: it is being started now, or is tried at the next check)."""
+        if rank in self._starting or not 0 <= rank < len(self._next_try):
+            return 0.0
+        return max(0.0, self._next_try[rank] - time.monotonic())
 
     def check(self) -> None:
         now = time.monotonic()
@@ -196,18 +207,24 @@ class RankRestarter:
             self._restart(i, rank)
 
     def _restart(self, i: int, old: Any) -> None:
-        why = getattr(old, "_dead", None) or "process exited"
+        why = getattr(old, "down_reason", None) or "process exited"
         self.log(f"bsr engine: rank {i} is not running ({why}): restarting it")
         old.close(timeout=2.0)
+        self._starting.add(i)
+        new = None
         try:
             new = self.start(i)
+            self.coord.replace_rank(i, new)  # type: ignore[arg-type]  # once it took the engine's settings
         except Exception as e:  # noqa: BLE001 - retried after the backoff
+            if new is not None:
+                new.close(timeout=2.0)
             pause = self.backoff[min(self._attempt[i], len(self.backoff) - 1)]
             self._attempt[i] += 1
             self._next_try[i] = time.monotonic() + pause
             self.log(f"bsr engine: rank {i} did not start ({e}); next try in {pause:g}s")
             return
-        self.coord.replace_rank(i, new)  # type: ignore[arg-type]
+        finally:
+            self._starting.discard(i)
         pause = self.backoff[min(self._attempt[i], len(self.backoff) - 1)]
         self._attempt[i] += 1
         self._next_try[i] = time.monotonic() + pause  # a rank that dies again at once waits longer each time

@@ -64,6 +64,13 @@ class ProcessRank:
     def alive(self) -> bool:
         return self._dead is None and self.process.is_alive()
 
+    @property
+    def down_reason(self) -> str | None:
+        """Why this rank no longer runs (``exit code -9``, ``pipe closed``); None while it runs."""
+        if self.alive():
+            return None
+        return self._dead or f"exit code {self.process.exitcode}"
+
     def heartbeat_age(self) -> float:
         """Seconds since this rank last said anything (it beats every few hundred ms while it runs)."""
         return time.monotonic() - self._last_heard

@@ -57,6 +57,7 @@ CLI_NAMES = {
     "fetch_timeout_s": "--fetch-timeout",
     "kv_wait_s": "--kv-wait",
     "overload_ceiling_s": "--overload-ceiling",
+    "store_client_ttl_s": "--store-client-ttl",
 }
 # The longest a request may wait for destination KV blocks held by running requests (`--kv-wait`).
 MAX_KV_WAIT_S = 3600.0
@@ -97,6 +98,11 @@ class EngineOptions:
     hosts: str = "local"
     # A bandwidth cap on every link between those namespaces (bits/s; `tc tbf`), None for none.
     link_rate_bps: int | None = None
+    # After a tier failed a restore at fetch or verify, scrub the rest of the prompt's objects on it (background).
+    scrub_after_failure: bool = True
+    # How long the Mooncake master keeps a silent segment holder before it drops its segment and every object on
+    # it (`mooncake_master --client_ttl`; core.limits.DEFAULT_STORE_CLIENT_TTL_S says why this default).
+    store_client_ttl_s: int = limits.DEFAULT_STORE_CLIENT_TTL_S
 
     def resolved(self) -> ResolvedSettings:
         reg = self.registration
@@ -118,6 +124,7 @@ class EngineOptions:
         )
         _check_kv_wait(self.kv_wait_s)
         _check_overload_ceiling(self.overload_ceiling_s)
+        limits.check_client_ttl(self.store_client_ttl_s, CLI_NAMES["store_client_ttl_s"])
         per_rank_prompt = self.max_tokens * reg.bytes_per_token
         segment = self.segment_bytes or max(256 << 20, 2 * per_rank_prompt * reg.tp_size)
         need = reg.tp_size * (kv * reg.bytes_per_token + pool) + (segment if self.remote else 0)
@@ -145,6 +152,7 @@ class EngineOptions:
             overload_ceiling_s=self.overload_ceiling_s,
             event_retention_s=self.event_retention_s,
             event_store_bytes=self.event_store_bytes,
+            store_client_ttl_s=self.store_client_ttl_s,
         )
 
 
@@ -165,14 +173,21 @@ class ResolvedSettings:
     overload_ceiling_s: float
     event_retention_s: float
     event_store_bytes: int
+    store_client_ttl_s: int
 
     @classmethod
     def from_wire(cls, data: object) -> ResolvedSettings | None:
-        """As this bsr records them, values as written; an older bsr's, lacking one, read as absent (None)."""
+        """As this bsr records them, values as written; an older bsr's, lacking one, read as absent (None), but for
+        what an older bsr ran with without recording it (``_UNRECORDED``)."""
         if not isinstance(data, dict):
             return None
         names = [f.name for f in fields(cls)]
-        return _parsed(lambda: cls(**{n: data[n] for n in names}))
+        return _parsed(lambda: cls(**{n: data[n] if n in data else _UNRECORDED[n] for n in names}))
+
+
+# What an engine started by an older bsr ran with, where it recorded nothing: its master had Mooncake's own client
+# TTL (so `up` names that difference instead of calling the whole record unreadable).
+_UNRECORDED: dict[str, Any] = {"store_client_ttl_s": limits.MOONCAKE_DEFAULT_CLIENT_TTL_S}
 
 
 def _check_kv_wait(seconds: float) -> None:
@@ -635,7 +650,13 @@ def _start_store(
     if not opts.remote:
         return None, None
     pm, ph = placed[netns.MASTER], placed[netns.HOLDER]
-    master = services.start_master(logs, host=pm.host, exec_prefix=pm.exec_prefix, probe_in=pm.probe_in)
+    master = services.start_master(
+        logs,
+        host=pm.host,
+        exec_prefix=pm.exec_prefix,
+        probe_in=pm.probe_in,
+        client_ttl_s=settings.store_client_ttl_s,
+    )
     starting.add_service(
         "mooncake_master", ServiceRecord(master.pid, services.start_ticks(master.pid), master.urls, master.log_path)
     )
@@ -674,6 +695,7 @@ def _engine_config(
             kv_wait_s=settings.kv_wait_s,
             overload_ceiling_s=settings.overload_ceiling_s,
             tiers=("mooncake", "fs") if opts.remote else ("fs",),
+            scrub_after_failure=opts.scrub_after_failure,
         ),
         mooncake=mooncake,
         hosts=hosts,

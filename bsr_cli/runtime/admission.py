@@ -114,8 +114,12 @@ class Admission:
         objects: dict[int, dict[str, list[ObjectRef]]],
         block_tables: dict[str, list[int]],
         faults: Sequence[FaultSpec],
+        *,
+        prompt: str = "",
+        hashes: Sequence[str] = (),
     ) -> dict[int, RestoreJob]:
-        """One typed job per rank: its own objects and the armed faults aimed at it (or at every rank)."""
+        """One typed job per rank: its own objects and the armed faults aimed at it (or at every rank), with the
+        prompt and all its chunk hashes (what a rank scrubs if a tier fails the restore)."""
         wins = [
             WindowJob(
                 index=win.index,
@@ -137,6 +141,8 @@ class Admission:
                 faults=[f for f in faults if f.applies_to_rank(r.rank)],
                 fetch_timeout_s=self.settings.fetch_timeout_s,
                 admit_timeout_s=self.settings.admit_timeout_s,
+                prompt=prompt,
+                chunk_hashes=tuple(hashes),
             )
             for r in self.ranks
         }

@@ -35,6 +35,7 @@ from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.markers import ClearScope, Marker
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import ManualRestoreResult, StoreReport, SubmitResult, TierErrors
+from bsr_cli.core.scrub import ScrubLimits, ScrubReport
 from bsr_cli.core.status import (
     BlockWait,
     EngineInfo,
@@ -46,6 +47,7 @@ from bsr_cli.core.status import (
     RecentRestore,
     Snapshot,
 )
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation, BlockAllocator
 from bsr_cli.runtime.armed_faults import ArmedFaults
@@ -57,6 +59,7 @@ from bsr_cli.runtime.coordinator_state import (
     TIER_FAILURE_TTL_S,
     CoordinatorContext,
     EngineSettings,
+    RankRestarts,
     RankUnresponsive,
 )
 from bsr_cli.runtime.events import EventLog
@@ -64,6 +67,7 @@ from bsr_cli.runtime.metrics import RuntimeCounters
 from bsr_cli.runtime.observation import Observation
 from bsr_cli.runtime.orchestration import Orchestration
 from bsr_cli.runtime.rank_calls import RankCalls
+from bsr_cli.runtime.scrub import scrub_ranks
 
 Progress = Callable[[Event], None]  # a progress event (the admin API streams its wire form)
 
@@ -116,8 +120,21 @@ class Coordinator:
         return self.observation.started_at
 
     def replace_rank(self, index: int, rank: RankClient) -> None:
-        """A restarted rank takes its predecessor's place (every part sees the one list of ranks)."""
-        self.context.ranks[index] = rank
+        """A restarted rank takes its predecessor's place (every part sees the one list of ranks) once it holds the
+        engine's settings (raises when it does not confirm them)."""
+        self.calls.adopt(index, rank)
+
+    def restart_ranks_with(self, restarts: RankRestarts) -> None:
+        """The host starts dead ranks again: a request that meets one is refused with when to retry (503)."""
+        self.calls.restarts = restarts
+
+    def restart_retry_after(self) -> int | None:
+        """Seconds until a dead rank is next tried (None: the host does not restart ranks)."""
+        return self.calls.restart_retry_after()
+
+    def settle_settings(self) -> None:
+        """Put ranks out of step (one that did not confirm a settings change or its put-back) back in step."""
+        self.calls.settle()
 
     # -- requests (orchestration) ----------------------------------------------------------------------------------
     def submit(
@@ -203,6 +220,11 @@ class Coordinator:
     def on_rank_event(self, event: Event) -> None:
         self.observation.on_rank_event(event)
 
+    def record_store_losses(self, tier: str, losses: Sequence[SegmentLoss]) -> list[SegmentLoss]:
+        """What a store watch knows of the segments ``tier``'s store lost (repeats welcome): each new one becomes a
+        ``segment_lost`` event, counts, and keeps the tier unhealthy (``segment_lost``). Returns the new ones."""
+        return self.observation.store_losses.record(tier, losses)
+
     def update_settings(
         self, *, budget_bytes: int | None = None, fs_concurrency: int | None = None, w: int | None = None
     ) -> None:
@@ -274,6 +296,12 @@ class Coordinator:
         self.events.append(FaultsCleared(count=n))
         return n
 
+    # -- scrubs ----------------------------------------------------------------------------------------------------
+    def scrub(self, tier: str, tokens: Sequence[int] | None, limits: ScrubLimits) -> ScrubReport:
+        """An operator's scrub of ``tier``: every rank reads its objects back whole (the prompt's, or with no
+        tokens its share of every object the tier holds), sets the damaged ones apart, and answers how it ended."""
+        return scrub_ranks(self.calls, self.admission, tier, tokens, limits)
+
 
 __all__ = [
     "HEALTH_WAIT_S",
@@ -286,5 +314,6 @@ __all__ = [
     "EngineSettings",
     "Progress",
     "RankClient",
+    "RankRestarts",
     "RankUnresponsive",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from bsr_cli.api.ranks import RankClient
 from bsr_cli.core.events import PROGRESS
@@ -35,7 +36,10 @@ PROGRESS_EVENTS = PROGRESS
 
 
 class RankUnresponsive(ServerError):
-    """A rank stopped answering: no heartbeat, or no progress on a call within its deadline."""
+    """A rank stopped answering: no heartbeat, or no progress on a call within its deadline (the admin API answers
+    503 ``rank-unresponsive``: the engine cannot serve the request now, and nothing says when it will)."""
+
+    kind = "rank-unresponsive"
 
     def __init__(self, rank: int, reason: str) -> None:
         super().__init__(
@@ -55,6 +59,15 @@ class HostStarved(HostOverloaded):
         self.rank = rank
         self.reason = reason
         self.load = load
+
+
+class RankRestarts(Protocol):
+    """A host that starts a dead rank's process again (the embedded engine's ``lifecycle.RankRestarter``): a call
+    that meets the dead rank is then refused with when to retry (``RankRestarting``) instead of failing."""
+
+    def restart_in(self, rank: int) -> float:
+        """Seconds until the host next tries to start ``rank`` again (0: it is starting it now, or will at once)."""
+        ...
 
 
 @dataclass
@@ -78,6 +91,9 @@ class EngineSettings:
     fs_concurrency: int = 1
     name: str = "embedded"
     tokenizer: str = "bytes"  # how the host turns text into token ids (reported so clients can match it)
+    # After a tier failed a restore at fetch or verify, each rank scrubs the rest of the prompt's objects on that
+    # tier in the background (bsr_cli/runtime/scrub.py); off, only the failed window's objects are re-read.
+    scrub_after_failure: bool = True
 
 
 @dataclass(frozen=True)
@@ -111,5 +127,6 @@ __all__ = [
     "CoordinatorContext",
     "EngineSettings",
     "HostStarved",
+    "RankRestarts",
     "RankUnresponsive",
 ]

@@ -20,7 +20,7 @@ Every failed restore still ends fail-closed (nothing committed, every destinatio
               synchronize (none:   a window (an injected restore-fault too);     prompt locally
               a stall)             a rank stopped answering or died              (no tier excluded)
     aborted   the stage it was in  the operator aborted the request              none              aborted        130
-    host_     fetch (a rank's own  a deadline ran out while the host starved     none              failed_closed  16
+    host_     fetch (a rank's own  a deadline ran out while the host starved     none              failed_closed  17
     overloaded  deadline), none    the engine: run-queue delay, PSI, the
               (the coordinator's)  coordinator's own lag (the figures ride
                                    on the failure)
@@ -36,8 +36,16 @@ from bsr_cli.api.jobs import RestoreResult
 from bsr_cli.core.events import Failure
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, RankState, Stage, window_label
 from bsr_cli.core.overload import HostLoad
-from bsr_cli.core.results import ManualRestoreResult, RestoreReport
-from bsr_cli.errors import BsrError, CapacityError, ExitCode, HostOverloaded, RestoreAborted, RestoreFailedClosed
+from bsr_cli.core.results import ManualRestoreResult, OutputHashes, RestoreReport
+from bsr_cli.errors import (
+    BsrError,
+    CapacityError,
+    ExitCode,
+    HostOverloaded,
+    OutputHashMismatch,
+    RestoreAborted,
+    RestoreFailedClosed,
+)
 
 CAPACITY = FailureKind.CAPACITY
 TIER = FailureKind.TIER
@@ -73,6 +81,7 @@ def failure_of(result: RestoreResult) -> Failure:
         window=result.failed_window,
         tier=result.tier or None,
         cause=CapacityCause(result.cause) if result.cause else None,
+        chunks=result.failed_chunks,
         load=result.load,
     )
 
@@ -173,6 +182,28 @@ def summary(report: RestoreReport) -> str:
     return describe(first)
 
 
+def output_mismatch_error(request: str, hashes: OutputHashes, external_tokens: int, source: str) -> BsrError:
+    """The one-line error a request whose KV hashed differently from the canonical ends the CLI with (exit 19): the
+    engine invalidated its blocks and stored nothing; a marker recomputes the prompt next time when part of it was
+    restored."""
+    then = (
+        f"; the {external_tokens:,} tokens restored from {source} were invalidated and the next admission of the "
+        "prompt recomputes it"
+        if external_tokens
+        else "; it was computed locally, so the engine's own compute is wrong"
+    )
+    return OutputHashMismatch(
+        f"request {request} failed: its output hash {hashes.output_hash} differs from the canonical "
+        f"{hashes.canonical_hash}{then}; nothing was stored",
+        hint=(
+            f"every restored object passed its checksum, so what {source} holds for this prompt was wrong when it "
+            f"was written: `bsr explain {request}` names the request; remove the prompt's objects from {source}"
+            if external_tokens
+            else "report it with `bsr bundle`: the canonical and computed KV of an engine must agree"
+        ),
+    )
+
+
 OVERLOADED_HINT = (
     "the host could not run the engine in time (the figures are above; `bsr explain REQ` repeats them): retry once "
     "the load drops, give the engine CPU, or raise its overload ceiling (`bsr engine up --overload-ceiling`)"
@@ -188,7 +219,7 @@ _ERROR_FOR_EXIT: dict[ExitCode, type[BsrError]] = {
 
 def restore_error(result: ManualRestoreResult) -> BsrError:
     """The one-line error a failed restore result ends the CLI with; its exit code is the failure kind's
-    (``FailureKind.exit_code``: refused 12, failed closed 10, aborted 130)."""
+    (``FailureKind.exit_code``: refused 12, failed closed 10, host overloaded 17, aborted 130)."""
     report = result.report
     if report is None:
         raise ValueError("a restore that found nothing to restore did not fail")
@@ -241,6 +272,7 @@ __all__ = [
     "describe",
     "failure_of",
     "outcome",
+    "output_mismatch_error",
     "quiet_rank_failure",
     "quiet_rank_kind",
     "restore_error",

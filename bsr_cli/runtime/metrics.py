@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import FailureKind, Outcome, SegmentLossCause, Stage
 
 NONE = "none"  # the label value of "no failure kind" / "no stage" (a committed restore)
 # The stages each failure kind is recorded at (NONE: a rank that stopped answering, an abort between windows): their
@@ -79,6 +79,19 @@ class RuntimeCounters:
             ["tier"],
             registry=r,
         )
+        # The store's watch: segments the store lost (each named once) and the objects on them.
+        self.segments_lost = Counter(
+            "bsr_store_segments_lost",
+            "Segments the store lost with every object on them (by how: holder_gone, unmounted, remounted_empty)",
+            ["tier", "cause"],
+            registry=r,
+        )
+        self.objects_lost = Counter(
+            "bsr_store_objects_lost",
+            "Objects on the segments the store lost (where the master said how many)",
+            ["tier"],
+            registry=r,
+        )
         self.restores.labels(Outcome.COMMITTED.value, NONE, NONE)
         self.restores.labels(Outcome.NOTHING_TO_RESTORE.value, NONE, NONE)
         for kind, stages in STAGES_OF.items():
@@ -93,6 +106,10 @@ class RuntimeCounters:
                 self.quarantined.labels(tier)
                 self.fetch_bytes.labels(str(rank), tier)
                 self.fetch_seconds.labels(str(rank), tier)
+        for tier in tiers:
+            self.objects_lost.labels(tier)
+            for cause in SegmentLossCause:
+                self.segments_lost.labels(tier, cause.value)
 
     def restore_ended(self, outcome: Outcome, kind: FailureKind | None, stage: Stage | None) -> None:
         self.restores.labels(outcome.value, kind.value if kind else NONE, stage.value if stage else NONE).inc()
@@ -108,6 +125,10 @@ class RuntimeCounters:
 
     def object_quarantined(self, tier: str) -> None:
         self.quarantined.labels(tier).inc()
+
+    def segment_lost(self, tier: str, cause: SegmentLossCause, objects: int | None) -> None:
+        self.segments_lost.labels(tier, cause.value).inc()
+        self.objects_lost.labels(tier).inc(objects or 0)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """One sample's value now (0 when the series does not exist): for tests and the CLI's own checks."""

@@ -33,6 +33,7 @@ from bsr_cli.core.events import (
 from bsr_cli.core.evidence import FailureKind, Outcome, RankState, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.results import InvalidCell, RankRestore, RestoreReport
+from bsr_cli.core.scrub import ScrubProgress
 from bsr_cli.core.status import (
     ActiveRestore,
     Admission,
@@ -46,9 +47,11 @@ from bsr_cli.core.status import (
     Snapshot,
     TierHealth,
 )
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import HEALTH_WAIT_S, TIER_FAILURE_TTL_S, CoordinatorContext
 from bsr_cli.runtime.rank_calls import RankCalls
+from bsr_cli.runtime.store_losses import StoreLosses
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,9 @@ def _rank_tier(status: TierStatus) -> RankTierStatus:
         ok=status.ok,
         detail=status.detail,
         condition=TierCondition(status.condition),
-        quarantined=tuple(
-            QuarantinedFile(key=q.key, file=q.file, reason=q.reason, at=q.at, bytes=q.bytes) for q in status.quarantined
-        ),
+        quarantined=tuple(status.quarantined),
         quarantined_total=status.quarantined_total,
+        scrubs=tuple(status.scrubs),
     )
 
 
@@ -88,6 +90,8 @@ class _TierJoin:
         self.conditions: list[TierCondition] = []
         self.quarantined: list[QuarantinedFile] = []
         self.dirs: dict[str, int] = {}  # its quarantine directories' totals
+        self.scrubs: list[ScrubProgress] = []
+        self.lost: list[SegmentLoss] = []  # segments its store lost
 
     def unhealthy(self, condition: TierCondition, why: str) -> None:
         self.ok = False
@@ -103,6 +107,9 @@ class _TierJoin:
             quarantined=tuple(sorted(self.quarantined, key=lambda q: -q.at)),
             quarantined_total=sum(self.dirs.values()),
             condition=self.conditions[0] if self.conditions else TierCondition.OK,
+            # Every rank's, the running ones first.
+            scrubs=tuple(sorted(self.scrubs, key=lambda p: (p.state.finished, -p.started_at))),
+            lost_segments=tuple(self.lost),
         )
 
 
@@ -131,6 +138,8 @@ class Observation:
         # Each rank's last answer about its tiers (for a quick /health), and the ranks asked and not answered yet.
         self._tier_views: dict[int, tuple[float, dict[str, RankTierStatus]]] = {}
         self._tier_asks: set[int] = set()
+        # The segments each tier's store lost (the engine's store watch reports them).
+        self.store_losses = StoreLosses(ctx.events, ctx.counters)
 
     # -- rank and tier health --------------------------------------------------------------------------------------
     def health(self) -> Health:
@@ -173,10 +182,16 @@ class Observation:
 
     def tier_health(self, ranks: Sequence[tuple[int, dict[str, RankTierStatus]]]) -> dict[str, TierHealth]:
         """Per tier: what each rank (``(rank, its tiers)``, as ``pool(health=True)`` answers: its condition, e.g.
-        full or read-only, and the objects it set apart) sees of it joined with what the coordinator knows (armed
-        faults, recent real failures). ``condition`` is the first reason it is unhealthy (``ok`` when none);
-        ``conditions`` every one."""
+        full or read-only, and the objects it set apart) sees of it joined with what the coordinator knows (segments
+        its store lost, armed faults, recent real failures). ``condition`` is the first reason it is unhealthy
+        (``ok`` when none); ``conditions`` every one."""
         tiers: dict[str, _TierJoin] = defaultdict(_TierJoin)
+        # A lost segment first: it is the cause of what the ranks see then (no segment mounted, objects missing).
+        for name, losses in self.store_losses.standing().items():
+            t = tiers[name]
+            for loss in losses:
+                t.unhealthy(TierCondition.SEGMENT_LOST, loss.line())
+                t.lost.append(loss)
         for rank, rank_tiers in ranks:
             for name, h in rank_tiers.items():
                 t = tiers[name]
@@ -188,6 +203,7 @@ class Observation:
                 t.quarantined.extend(q for q in h.quarantined if q.file not in known)
                 if h.quarantined:
                     t.dirs[os.path.dirname(h.quarantined[0].file)] = h.quarantined_total
+                t.scrubs.extend(h.scrubs)
         for name, flags in self._tier_flags().items():
             t = tiers[name]
             for cond, why in flags:

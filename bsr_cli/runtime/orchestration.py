@@ -11,7 +11,10 @@ A request's life, as a scheduler admits it (``submit``):
    from the next pass;
 4. the next pass re-runs admission without those tiers: a lower tier that holds the whole prefix, else local
    recompute. A successful admission clears the marker;
-5. the rest of the prompt is computed locally and stored to the tiers that lack it; the output hash is taken.
+5. the rest of the prompt is computed locally; the output hash is taken (and checked against the canonical hash
+   when asked); the chunks the tiers lack are stored. A request whose output hash differs from the canonical one
+   ends failed: its blocks are invalidated, nothing is stored, a force-local marker makes the next admission of
+   the prompt recompute it, and an ``output_mismatch`` event names it (docs/architecture.md, "Output hash").
 
 ``restore`` is the manual variant: one windowed restore of the external prefix, no fallback, nothing computed.
 """
@@ -28,20 +31,23 @@ from dataclasses import dataclass, field
 
 from bsr_cli.api.ranks import (
     CanonicalHashRequest,
+    InvalidateRequest,
     OutputHashRequest,
     PrefillRequest,
+    RankClient,
     RestoreRequest,
     RestoreResult,
     StoreRequest,
     StoreResult,
 )
-from bsr_cli.core import accounting, trace
+from bsr_cli.core import accounting, limits, trace
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.commit import commit_prefix
 from bsr_cli.core.events import (
     AbortRequested,
     Event,
     Failure,
+    OutputMismatch,
     RequestAdmitted,
     RequestFinished,
     RestoreStarted,
@@ -49,6 +55,7 @@ from bsr_cli.core.events import (
 )
 from bsr_cli.core.evidence import FailureKind, MarkerClearCause, Outcome
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
+from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import windows_for
 from bsr_cli.core.results import (
     AdmissionPass,
@@ -62,6 +69,7 @@ from bsr_cli.core.results import (
     TierErrors,
 )
 from bsr_cli.core.status import ActiveRestore
+from bsr_cli.errors import RankRestarting
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation
@@ -97,13 +105,15 @@ class Admitted:
 
 @dataclass
 class OpenRequest:
-    """A request accepted and not yet finished: its W, id, prompt hash, chunk hashes, and ``close``."""
+    """A request accepted and not yet finished: its W, id, prompt hash, chunk hashes, ``close``, and the ranks it
+    started with (a rank started again meanwhile holds none of its KV)."""
 
     w: int
     request: str
     prompt: str
     hashes: list[str]
     close: Callable[[], None]
+    ranks: tuple[RankClient, ...]
 
 
 class Orchestration:
@@ -156,7 +166,9 @@ class Orchestration:
         windows = windows_for(self.reg, w, k, ext_tokens)
         objects = {r.rank: self.admission.objects_for(bitmap, r.rank, k, exclude, hashes) for r in self.ranks}
         tiers_used = {o.tier for objs in objects.values() for refs in objs.values() for o in refs}
-        jobs = self.admission.restore_jobs(request, w, windows, objects, block_tables, self.faults.armed())
+        jobs = self.admission.restore_jobs(
+            request, w, windows, objects, block_tables, self.faults.armed(), prompt=prompt, hashes=hashes
+        )
         started = time.monotonic()
         self.observation.restore_began(
             request,
@@ -307,7 +319,10 @@ class Orchestration:
         self.open_request(request)
         try:
             self.admission.check_tokens(tokens)
-            w = self.settings.w if w is None else accounting.check_window(w)
+            if w is None:
+                w = self.settings.w
+            else:
+                limits.check_request_window(self.reg, accounting.check_window(w), self.settings.max_tokens)
         except BaseException:
             self._close_request(request)
             raise
@@ -317,7 +332,24 @@ class Orchestration:
             unlisten()
             self._close_request(request)
 
-        return OpenRequest(w, request, prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size), close)
+        prompt, hashes = prompt_hash(tokens), chunk_hashes(tokens, self.reg.chunk_size)
+        return OpenRequest(w, request, prompt, hashes, close, tuple(self.ranks))
+
+    def _lost_rank(self, req: OpenRequest, res: RestoreReport) -> RankRestarting | RankUnresponsive | None:
+        """The error for a restore that lost a rank (it stopped answering: no stage), from the rank the request
+        used: ``RankRestarting`` (503, when to retry) when its process is gone and the host starts it again."""
+        for f in res.failures:
+            if f.kind is FailureKind.RANK and f.stage is None and f.rank is not None:
+                used = next((r for r in req.ranks if r.rank == f.rank), None)
+                return RankUnresponsive(f.rank, f.reason) if used is None else self.calls.unavailable(used, f.reason)
+        return None
+
+    def _keep_ranks(self, req: OpenRequest) -> None:
+        """A rank started again during the request holds none of the KV the request restored or computed there:
+        the request fails (503, retry) rather than answer with hashes of a fresh rank's KV."""
+        for used, now in zip(req.ranks, self.ranks, strict=True):
+            if used is not now:
+                raise self.calls.unavailable(used, "it was started again during this request")
 
     def _close_request(self, request: str) -> None:
         with self._lock:
@@ -360,11 +392,15 @@ class Orchestration:
             if computed > 0:
                 first_chunk = admitted.committed // self.reg.chunk_size
                 self.calls.call_all(PrefillRequest(req.hashes, len(tokens), first_chunk, tables))
-            stored = self._store(admitted.bitmap, req, len(tokens), tables) if store else None
             output_hash = self._output_hash(tables, len(tokens))
             canonical = self._canonical_hash(req.hashes, len(tokens)) if verify else None
+            self._keep_ranks(req)
             hash_ok = None if canonical is None else canonical == output_hash
             source = admitted.source if admitted.committed else "recompute"
+            if hash_ok is False:  # checked before the store: KV known to be wrong is never written to a tier
+                checked = OutputHashes(output_hash, canonical, hash_ok)
+                self._output_mismatch(req, tables, len(tokens), admitted.committed, source, checked)
+            stored = self._store(admitted.bitmap, req, len(tokens), tables) if store and hash_ok is not False else None
             self.events.append(
                 RequestFinished(
                     request=req.request,
@@ -439,9 +475,9 @@ class Orchestration:
                 raise HostStarved(bad.rank, bad.reason, bad.load)
             return None  # a rank's own fetch deadline ran out while it was starved: no marker, computed locally
         if kind is FailureKind.RANK:
-            bad = next(f for f in res.failures if f.kind is FailureKind.RANK)
-            if bad.stage is None and bad.rank is not None:  # it stopped answering: nothing can run
-                raise RankUnresponsive(bad.rank, bad.reason)
+            lost = self._lost_rank(req, res)
+            if lost is not None:  # it stopped answering, or its process is gone: nothing can run
+                raise lost
             m = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
             admitted.marker_history.append(MarkerStep(pass_no=pass_no, marker=m))
             return None
@@ -512,6 +548,10 @@ class Orchestration:
             except HostStarved as e:
                 fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.HOST_OVERLOADED, load=e.load)
                 return self._probe_failed(req, len(tokens), fail, e.hint)
+            except RankRestarting as e:
+                fail = Failure(rank=e.rank, reason=e.message, kind=FailureKind.RANK)  # its process is gone
+                self._probe_failed(req, len(tokens), fail, e.hint)  # recorded failed closed, naming the restart
+                raise  # ... and refused: the admin API answers 503 rank-restarting with when to retry
             excl = set(exclude)
             ext = bitmap.prefix_tokens(excl)
             base = ManualRestoreResult(
@@ -530,7 +570,12 @@ class Orchestration:
             tables, _ = self.allocation.allocate(ext, req.request)
             try:
                 res = self._restore_external(req.request, bitmap, req.hashes, excl, req.w, tables, req.prompt)
-                return self._after_manual_restore(req, dataclasses.replace(base, report=res), ext, tables, verify)
+                lost = self._lost_rank(req, res)
+                if isinstance(lost, RankRestarting):
+                    raise lost  # recorded failed closed; the caller is told when to retry
+                result = self._after_manual_restore(req, dataclasses.replace(base, report=res), ext, tables, verify)
+                self._keep_ranks(req)
+                return result
             finally:
                 self.allocation.release(req.request, tables)
         finally:
@@ -549,7 +594,12 @@ class Orchestration:
             if not verify:
                 return dataclasses.replace(result, hashes=OutputHashes(output_hash))
             canonical = self._canonical_hash(req.hashes[: -(-ext // self.reg.chunk_size)], ext)
-            return dataclasses.replace(result, hashes=OutputHashes(output_hash, canonical, canonical == output_hash))
+            hashes = OutputHashes(output_hash, canonical, canonical == output_hash)
+            result = dataclasses.replace(result, hashes=hashes)
+            if hashes.hash_ok:
+                return result
+            marker = self._output_mismatch(req, tables, ext, res.committed_tokens, "+".join(res.tiers), hashes)
+            return dataclasses.replace(result, marker=marker)
         if res.failure_kind is FailureKind.TIER:
             marker = self.admission.set_marker(req.prompt, set(res.blamed_tiers), failures.summary(res), req.request)
             return dataclasses.replace(result, marker=marker)
@@ -558,10 +608,40 @@ class Orchestration:
             return dataclasses.replace(result, marker=marker)
         return result
 
+    def _output_mismatch(
+        self, req: OpenRequest, tables: Tables, n_tokens: int, external: int, source: str, hashes: OutputHashes
+    ) -> Marker | None:
+        """A request whose KV hashed differently from the canonical KV of its prompt ends failed. Its commit has
+        happened (the hash is taken over committed blocks), so it is undone: every block of the request is
+        invalidated on every rank, and when part of the KV came from a tier a marker that excludes no tier makes
+        the next admission of the prompt recompute it (every object passed its checksum, so no tier is known to be
+        at fault: what was stored was wrong when it was written). The ``output_mismatch`` event names it."""
+        self.calls.call_all(InvalidateRequest(tables))
+        marker = None
+        if external:
+            why = (
+                f"output hash {hashes.output_hash} != canonical {hashes.canonical_hash} after {external:,} tokens "
+                f"from {source}: the request's KV was invalidated"
+            )
+            marker = self.admission.set_marker(req.prompt, set(), why, req.request)
+        self.events.append(
+            OutputMismatch(
+                request=req.request,
+                prompt=req.prompt,
+                tokens=n_tokens,
+                external_tokens=external,
+                source=source,
+                output_hash=hashes.output_hash,
+                canonical_hash=hashes.canonical_hash or "",
+                marker=marker is not None,
+            )
+        )
+        return marker
+
     def _probe_failed(self, req: OpenRequest, n_tokens: int, fail: Failure, hint: str | None) -> ManualRestoreResult:
-        """A manual restore that could not start because a rank stopped answering (blamed on the rank) or the host
-        starved it past the overload ceiling (the host's): failed closed (nothing was restored or committed), no
-        marker."""
+        """A manual restore that could not start because a rank stopped answering or its process is gone (blamed on
+        the rank) or the host starved it past the overload ceiling (the host's): failed closed (nothing was restored
+        or committed), no marker."""
         self.observation.restore_ended(
             request=req.request, outcome=Outcome.FAILED_CLOSED, kind=fail.kind, fails=(fail,), w=req.w
         )

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Protocol
 
 from bsr_cli.api.ranks import ObjectRef, RestoreJob, RestoreResult, WindowJob
 from bsr_cli.core.events import (
@@ -37,7 +37,7 @@ from bsr_cli.core.events import (
 from bsr_cli.core.evidence import CapacityCause, Stage
 from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.checksum import crc32c_at
+from bsr_cli.runtime.checksum import object_checksum_at
 from bsr_cli.runtime.faulty import ArmedFaults
 from bsr_cli.runtime.judge import fetch_starved
 from bsr_cli.runtime.liveness import OwnRunDelays, RunDelays
@@ -86,9 +86,9 @@ def run_windows(
     rank: int,
     groups: Sequence[str],
     request: str,
-    windows: Sequence[Any],
+    windows: Sequence[WindowJob],
     abort: threading.Event,
-    step: Callable[[Any, RankOutcome], int],
+    step: Callable[[WindowJob, RankOutcome], int],
     scrub: Callable[[], None],
     emit: Emit,
     pool_stats: Callable[[], dict[str, int]],
@@ -101,7 +101,7 @@ def run_windows(
     outcome (``RestoreFailed`` with its kind and tier, ``CapacityError`` as capacity, anything else as a tier
     transfer error), every destination block scrubbed, ``restore_failed`` emitted.
 
-    ``windows`` are the host's window objects, each with an ``index``; ``prepare`` runs first inside the same
+    ``windows`` are the job's windows; ``prepare`` runs first inside the same
     failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead)."""
     started = time.monotonic()
     out = RankOutcome(rank, ok=False, valid=dict.fromkeys(groups, False))
@@ -129,6 +129,7 @@ def run_windows(
     except RestoreFailed as e:
         out.reason, out.failed_window, out.kind, out.tier, out.load = e.reason, e.window, e.kind, e.tier, e.load
         out.stage = e.stage.value if e.stage is not None else ""
+        out.failed_chunks = next(((w.chunk_start, w.chunk_end) for w in windows if w.index == e.window), None)
         bad = set(e.groups or groups)
         out.valid = {g: g not in bad for g in groups}
     except CapacityError as e:
@@ -399,17 +400,23 @@ class RankRestorer:
     def _verify(
         self, job: RestoreJob, win: WindowJob, arrived: Sequence[tuple[str, int, StagingSlice, int | None]]
     ) -> None:
-        """Integrity: each object's CRC32C equals the one stored with it."""
-        bad = [(g, c) for g, c, s, stored in arrived if stored is None or crc32c_at(s.ptr, len(s.view)) != stored]
+        """Integrity: each object's checksum, computed over the key it was asked for, its length and the bytes that
+        arrived, equals the one stored with it (so bytes stored under another chunk's key fail too)."""
+        bad = [
+            (g, c)
+            for g, c, s, stored in arrived
+            if stored is None or object_checksum_at(job.objects[g][c].key, s.ptr, len(s.view)) != stored
+        ]
         if bad:
             g, c = bad[0]
+            ref = job.objects[g][c]
             raise RestoreFailed(
-                f"checksum mismatch in chunk {c} group {g}",
+                f"checksum mismatch in chunk {c} group {g} (tier {ref.tier}, key {ref.key})",
                 win.index,
                 sorted({b[0] for b in bad}),
                 kind=failures.TIER,
                 stage=Stage.VERIFY,
-                tier=job.objects[g][c].tier or None,
+                tier=ref.tier or None,
             )
 
     def _install(self, job: RestoreJob, win: WindowJob, lease: Lease) -> None:

@@ -32,10 +32,20 @@ from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.scrub import ScrubLimits
 from bsr_cli.core.status import FaultListing, MarkerList
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamLine
-from bsr_cli.errors import BadRequest, BsrError, CapacityError, FaultsDisabled, HostOverloaded, InvalidInput
-from bsr_cli.runtime.coordinator import Coordinator
+from bsr_cli.errors import (
+    BadRequest,
+    BsrError,
+    CapacityError,
+    FaultsDisabled,
+    HostOverloaded,
+    InvalidInput,
+    RankRestarting,
+    RestoreAborted,
+)
+from bsr_cli.runtime.coordinator import Coordinator, RankUnresponsive
 from bsr_cli.runtime.event_store import Query as EventQuery
 from bsr_cli.server import models as m
 from bsr_cli.server.guard import Route, route
@@ -49,15 +59,35 @@ MAX_SEQ = 2**63 - 1  # the largest sequence number the event store can hold (SQL
 
 
 def status_for(e: BsrError) -> int:
+    """The HTTP status of a runtime error: what the request met, never a 500 for a condition of the engine (a rank
+    down or silent is 503, an aborted request 409); 500 only for an error that is a bug."""
     if isinstance(e, FaultsDisabled):
         return 403
-    if isinstance(e, CapacityError):
+    if isinstance(e, CapacityError | RestoreAborted):
         return 409
     if isinstance(e, InvalidInput | BadRequest):
         return 400
+    if isinstance(e, RankRestarting | RankUnresponsive):
+        return 503
     if isinstance(e, HostOverloaded):
         return 503  # the host could not run the engine in time: retry later (no rank or tier is at fault)
     return 500
+
+
+def _rank_of(e: BsrError) -> int | None:
+    """The rank an error is about, when it names one (a rank restarting or not responding)."""
+    return e.rank if isinstance(e, RankRestarting | RankUnresponsive) else None
+
+
+def _retry_after(e: BsrError) -> int | None:
+    """When to try again (whole seconds, at least 1): a rank restarting, or a refusal the same request may get past
+    later (a capacity wait). A host overloaded gives none: the engine cannot tell when the host's load will drop,
+    and a client retrying on a schedule would only add to it."""
+    if isinstance(e, RankRestarting):
+        return e.retry_after_s
+    if isinstance(e, CapacityError) and e.retry_after_s is not None:
+        return max(1, round(e.retry_after_s))
+    return None
 
 
 class NotFound(Exception):
@@ -73,6 +103,21 @@ def _json(data: Any, status: int = 200) -> Response:
 
 def _err(status: int, kind: str, message: str, hint: str | None = None) -> Response:
     return _json({"error": kind, "message": message, "hint": hint}, status)
+
+
+def _bsr_error(e: BsrError) -> Response:
+    """A runtime error's answer: its status, kind, message and hint; the rank it names, and when to retry (also as
+    Retry-After) for a rank restarting or a capacity refusal that may fit later."""
+    body: dict[str, Any] = {"error": e.kind, "message": e.message, "hint": e.hint}
+    rank, retry = _rank_of(e), _retry_after(e)
+    if rank is not None:
+        body["rank"] = rank
+    if retry is not None:
+        body["retry_after_s"] = retry
+    resp = _json(body, status_for(e))
+    if retry is not None:
+        resp.headers["Retry-After"] = str(retry)
+    return resp
 
 
 def _describe(err: ErrorDetails) -> str:
@@ -120,13 +165,14 @@ ERROR_TEXT = {
     401: "missing or wrong bearer token (checked before the body is read)",
     403: "a host name or web origin this engine does not serve (or, arming a fault, fault injection is disabled)",
     404: "no such request",
-    409: "the request does not fit this engine's capacity",
+    409: "the request does not fit this engine's capacity (capacity), or it was aborted (aborted)",
     411: "a chunked body (send Content-Length)",
     413: "a body over the cap that follows from the prompt limit",
     415: "a body that is not application/json",
     431: "a request head over 16 KiB",
     500: "a server bug, reported rather than dropped",
-    503: "unavailable (a rank is down, the host is overloaded, or every serving slot is in use: busy, retry)",
+    503: "unavailable: a rank is restarting (rank-restarting, with Retry-After) or not responding (rank-unresponsive), "
+    "the host is overloaded (host-overloaded), or every serving slot is in use (busy, Retry-After: 1)",
 }
 COMMON_ERRORS = (400, 403, 411, 413, 415, 431, 500, 503)
 
@@ -135,9 +181,14 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": m.ErrorBody, "description": ERROR_TEXT[s]} for s in sorted({*COMMON_ERRORS, *statuses})}
 
 
-def _op(model: type | None, *errors: int, auth: bool = False, stream: bool = False) -> dict[str, Any]:
-    """A route's documentation: its answer's model, its error statuses, its token."""
+def _op(
+    model: type | None, *errors: int, auth: bool = False, stream: bool = False, unavailable: type | None = None
+) -> dict[str, Any]:
+    """A route's documentation: its answer's model, its error statuses, its token (``unavailable``: the model of
+    its 503 when that is not an error body alone)."""
     extra: dict[str, Any] = {"responses": _errors(*errors, *((401,) if auth else ()))}
+    if unavailable is not None:
+        extra["responses"][503] = {"model": unavailable, "description": ERROR_TEXT[503]}
     if model is not None:
         extra["response_model"] = model
     if auth:
@@ -181,7 +232,7 @@ async def _invalid(_: Request, exc: RequestValidationError) -> Response:
 
 
 async def _runtime_error(_: Request, exc: BsrError) -> Response:
-    return _err(status_for(exc), exc.kind, exc.message, exc.hint)
+    return _bsr_error(exc)
 
 
 async def _not_found(_: Request, exc: NotFound) -> Response:
@@ -240,7 +291,16 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
                 result = work(lambda ev: put(EventLine(event=ev.to_wire())))
                 put(ResultLine(result=result.to_wire()))
             except BsrError as e:
-                put(ErrorLine(error=e.kind, message=e.message, hint=e.hint, status=status_for(e)))
+                put(
+                    ErrorLine(
+                        error=e.kind,
+                        message=e.message,
+                        hint=e.hint,
+                        status=status_for(e),
+                        rank=_rank_of(e),
+                        retry_after_s=_retry_after(e),
+                    )
+                )
             except Exception as e:  # noqa: BLE001 - reported in the stream
                 put(ErrorLine(error="server-error", message=f"{type(e).__name__}: {e}", says_hint=False))
 
@@ -266,14 +326,57 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
     return StreamingResponse(lines(), media_type=NDJSON, headers={"X-BSR-API": API_VERSION})
 
 
+class _OwnThread(Response):
+    """An answer worked out on a thread of its own: a submit or restore may wait a long time for destination KV or
+    room in B, and must not hold one of the worker threads that answer every other route meanwhile."""
+
+    def __init__(self, work: Callable[[], Response]) -> None:
+        super().__init__()
+        self._work = work
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Response] = loop.create_future()
+
+        def settle(outcome: Callable[[], Response]) -> None:
+            try:
+                answer, error = outcome(), None
+            except BaseException as e:  # noqa: BLE001 - handed to the request's task, which raises it there
+                answer, error = None, e
+            with contextlib.suppress(RuntimeError):  # the server stopped: nobody waits for the answer any more
+                loop.call_soon_threadsafe(_settle, done, answer, error)
+
+        threading.Thread(target=settle, args=(self._work,), name="bsr-request", daemon=True).start()
+        await (await done)(scope, receive, send)
+
+
+def _settle(done: asyncio.Future[Response], answer: Response | None, error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    elif answer is not None:
+        done.set_result(answer)
+
+
+# The routes whose work may wait for engine capacity (destination KV, room in B): each takes a place in the
+# engine's request queue instead of a serving slot (guard.py), and its work runs on a thread of its own.
+QUEUED_PATHS = frozenset({f"{PREFIX}/requests", f"{PREFIX}/restore"})
+
 # -- routes (in the document's order) ----------------------------------------------------------------------------
 router = APIRouter()
 
 
-@router.get(f"{PREFIX}/health", **_op(m.Health))
+@router.get(f"{PREFIX}/health", **_op(m.Health, unavailable=m.HealthUnavailable))
 def health(c: CoordinatorDep) -> Response:
+    """Every rank healthy: 200; a rank down, silent or out of step: 503 with the same body (``ok`` false), and
+    while a dead rank is being started again, Retry-After (seconds until its next try)."""
     h = replace(c.health(), api=API_VERSION)
-    return _json(h.to_wire(), 200 if h.ok else 503)
+    resp = _json(h.to_wire(), 200 if h.ok else 503)
+    retry = c.restart_retry_after() if any(not r.alive for r in h.ranks) else None
+    if retry is not None:
+        resp.headers["Retry-After"] = str(retry)
+    return resp
 
 
 @router.get(f"{PREFIX}/openapi.json", **_op(m.OpenAPIDocument, auth=True))
@@ -341,7 +444,7 @@ def submit(body: m.SubmitBody, c: CoordinatorDep) -> Response:
             rid,
             lambda emit: c.submit(tokens, w=body.W, verify=body.verify, store=body.store, progress=emit, request=rid),
         )
-    return _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire())
+    return _OwnThread(lambda: _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire()))
 
 
 @router.post(f"{PREFIX}/restore", **_op(m.RestoreResult, 409, auth=True, stream=True))
@@ -358,7 +461,7 @@ def restore(body: m.RestoreBody, c: CoordinatorDep) -> Response:
 
     if body.stream:
         return _stream(c, rid, work)
-    return _json(work(lambda ev: None).to_wire())
+    return _OwnThread(lambda: _json(work(lambda ev: None).to_wire()))
 
 
 @router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, auth=True))
@@ -385,9 +488,11 @@ def reset_peak(c: CoordinatorDep) -> Response:
 
 @router.post(f"{PREFIX}/settings", **_op(m.Info, auth=True))
 def settings(body: m.SettingsBody, c: CoordinatorDep) -> Response:
-    """Change the admission budget B, filesystem load concurrency or default W at run time. The resulting set
-    is checked as `bsr engine up` checks it (one chunk slot <= B <= pool, RWS(W) <= pool, fs_concurrency <=
-    256) and applied whole or not at all. Answers the engine's info."""
+    """Change the admission budget B, filesystem load concurrency or default W at run time (at least one). The
+    resulting set is checked as `bsr engine up` checks it (one chunk slot <= B <= pool, RWS(W) <= pool, W <= the
+    chunks of the longest prompt, fs_concurrency <= 256) and applied to every rank or to none: refused with 503
+    rank-restarting while a rank is down (it starts again with the engine's settings); a rank that fails the
+    change has the others put back. Answers the engine's info."""
     c.update_settings(budget_bytes=body.budget_bytes, fs_concurrency=body.fs_concurrency, w=body.W)
     return _json(c.info().to_wire())
 
@@ -498,6 +603,17 @@ def markers_clear_tier(tier: m.Tier, c: CoordinatorDep) -> Response:
     return _json({"cleared": c.clear_markers(ClearScope.tier(tier))})
 
 
+@router.post(f"{PREFIX}/scrub", **_op(m.ScrubReport, auth=True))
+def scrub(body: m.ScrubBody, c: CoordinatorDep) -> Response:
+    """Read a tier's objects back whole and check them (header, key, length, payload checksum): one prompt's
+    (tokens or synthetic) or every object (all), each rank its own, bounded by max_objects and max_bytes. Damaged
+    objects are moved aside (the next store rewrites them). Answers when every rank is done."""
+    if (body.tokens is not None) + (body.synthetic is not None) + body.all != 1:
+        raise InvalidInput("give exactly one of 'tokens', 'synthetic' or 'all'")
+    tokens = None if body.all else tokens_of(body, c.settings.max_tokens)
+    return _json(c.scrub(body.tier, tokens, ScrubLimits(body.max_objects, body.max_bytes)).to_wire())
+
+
 @router.post(f"{PREFIX}/shutdown", **_op(m.Ok, auth=True))
 def shutdown(host: HostDep) -> Response:
     """Stop the engine."""
@@ -543,7 +659,9 @@ def routes_of(app: FastAPI) -> list[Route]:
             query = [q.alias for q in r.dependant.query_params]
             lists = [q.alias for q in r.dependant.query_params if _takes_a_list(q.field_info.annotation)]
             for method in sorted(r.methods or ()):
+                body = r.body_field is not None
+                queued = r.path in QUEUED_PATHS
                 out.append(
-                    route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query, repeatable=lists)
+                    route(method, r.path, auth=auth, json_body=body, query=query, repeatable=lists, queued=queued)
                 )
     return out

@@ -11,9 +11,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    RootModel,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
-from bsr_cli.core import faults
+from bsr_cli.core import faults, scrub
 
 Tier = Literal["mooncake", "fs"]
 
@@ -31,7 +41,15 @@ def _json_integer(value: Any) -> Any:
 _INTEGRAL = BeforeValidator(_json_integer)
 JsonInt = Annotated[StrictInt, _INTEGRAL]
 TokenId = Annotated[StrictInt, Field(ge=0, le=(1 << 32) - 1), _INTEGRAL]
-NonNegative = Annotated[StrictInt, Field(ge=0), _INTEGRAL]
+# Bounds that hold on every engine; an engine's own document (GET /openapi.json) narrows them to its ranks, KV
+# groups, longest prompt and pool.
+MAX_RANK = 1023
+MAX_WINDOW = (1 << 20) - 1
+MAX_W = MAX_WINDOW + 1  # chunks in one window: never more than the windows of any prompt at W=1
+# W, in chunks (0: the whole plan at once); an engine refuses more than the chunks of its longest prompt.
+WindowChunks = Annotated[
+    StrictInt, Field(ge=0, le=MAX_W, description="chunks per window (0: the whole plan at once)"), _INTEGRAL
+]
 
 
 class _Request(BaseModel):
@@ -72,7 +90,7 @@ class SubmitBody(_Request):
     model_config = _PROMPT_CONFIG
     tokens: PromptTokens = None  # type: ignore[assignment]
     synthetic: Synthetic = None  # type: ignore[assignment]
-    W: NonNegative | None = None
+    W: WindowChunks | None = None
     verify: StrictBool = True
     store: StrictBool = True
     stream: StrictBool = False
@@ -84,7 +102,7 @@ class RestoreBody(_Request):
     model_config = _PROMPT_CONFIG
     tokens: PromptTokens = None  # type: ignore[assignment]
     synthetic: Synthetic = None  # type: ignore[assignment]
-    W: NonNegative | None = None
+    W: WindowChunks | None = None
     verify: StrictBool = True
     exclude_tiers: list[Tier] | None = None
     stream: StrictBool = True
@@ -92,20 +110,41 @@ class RestoreBody(_Request):
     _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
 
-PromptBody = ProbeBody | SubmitBody | RestoreBody  # every body that carries a prompt
+# Exactly one of a prompt's two forms or every object, said in the schema too.
+_ONE_SCOPE: dict[str, Any] = {
+    "oneOf": [*_ONE_PROMPT["oneOf"], {"required": ["all"], "properties": {"all": {"const": True}}}]
+}
+
+
+class ScrubBody(_Request):
+    """A scrub of one tier: one prompt's objects (``tokens`` or ``synthetic``), or every object (``all``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_SCOPE)
+    tier: Tier  # every tier of the embedded engine checks its own objects (runtime.tiers.RepairableTier)
+    tokens: PromptTokens = None  # type: ignore[assignment]
+    synthetic: Synthetic = None  # type: ignore[assignment]
+    all: StrictBool = False
+    max_objects: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_OBJECTS), _INTEGRAL] = scrub.MAX_OBJECTS
+    max_bytes: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_BYTES), _INTEGRAL] = scrub.MAX_BYTES
+
+
+PromptBody = ProbeBody | SubmitBody | RestoreBody | ScrubBody  # every body that carries a prompt
 _P = TypeVar("_P", ProbeBody, SubmitBody, RestoreBody)
 
 
 class SettingsBody(_Request):
-    budget_bytes: Annotated[StrictInt, Field(ge=1), _INTEGRAL] | None = None
-    fs_concurrency: Annotated[StrictInt, Field(ge=1, le=256), _INTEGRAL] | None = None
-    W: NonNegative | None = None
+    """At least one setting; a setting is given with a value or left out (none is nullable)."""
 
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"minProperties": 1})
+    budget_bytes: Annotated[StrictInt, Field(ge=1), _INTEGRAL] = None  # type: ignore[assignment]
+    fs_concurrency: Annotated[StrictInt, Field(ge=1, le=256), _INTEGRAL] = None  # type: ignore[assignment]
+    W: WindowChunks = None  # type: ignore[assignment]
 
-# Bounds that hold on every engine; an engine's own document (GET /openapi.json) narrows them to its ranks, KV
-# groups and longest prompt.
-MAX_RANK = 1023
-MAX_WINDOW = (1 << 20) - 1
+    @model_validator(mode="after")
+    def _something_to_set(self) -> SettingsBody:
+        if self.budget_bytes is None and self.fs_concurrency is None and self.W is None:
+            raise ValueError("give at least one of 'budget_bytes', 'fs_concurrency' or 'W'")
+        return self
 
 
 class FaultBody(_Request):
@@ -159,6 +198,42 @@ class QuarantinedFile(_Response):
     bytes: int
 
 
+class ScrubProgress(_Response):
+    """One rank's scrub of a tier: running, or how it ended."""
+
+    scrub: str
+    rank: int
+    tier: str
+    scope: Literal["prompt", "all"]
+    state: Literal["running", "complete", "cut", "failed", "skipped"]
+    started_at: float
+    prompt: str
+    request: str | None = Field(None, description="the failed restore that started it; null: an operator's")
+    objects: int = Field(description="objects in scope when known up front (a prompt's); 0 otherwise")
+    checked: int
+    bytes: int
+    missing: int
+    damaged: int
+    quarantined: int
+    seconds: float
+    reason: str
+
+
+class LostSegment(_Response):
+    """A segment the tier's store lost with every object on it (``cause``: holder_gone, unmounted,
+    remounted_empty); ``objects_lost`` and ``bytes_lost`` are null where the master did not say."""
+
+    segment: str
+    client_id: str
+    cause: str
+    lost_at: float
+    last_seen_at: float | None
+    objects_lost: int | None
+    bytes_lost: int | None
+    holder: str | None = Field(None, description="the holder process, where the engine knows it")
+    remounted_at: float | None = Field(None, description="absent until the segment is mounted again (empty)")
+
+
 class TierHealth(_Response):
     ok: bool
     detail: list[str]
@@ -166,6 +241,8 @@ class TierHealth(_Response):
     quarantined: list[QuarantinedFile]
     quarantined_total: int
     condition: str
+    lost_segments: list[LostSegment] | None = Field(None, description="absent unless segment_lost is a condition")
+    scrubs: list[ScrubProgress] = []
 
 
 class RankTier(_Response):
@@ -174,6 +251,7 @@ class RankTier(_Response):
     condition: str
     quarantined: list[QuarantinedFile]
     quarantined_total: int
+    scrubs: list[ScrubProgress] = []
 
 
 class PoolStats(_Response):
@@ -249,6 +327,7 @@ class Failure(_Response):
     window: int | None
     tier: str | None
     cause: str | None
+    chunks: list[int] | None = Field(None, description="the failed window's chunks [start, end)")
     component: str
 
 
@@ -303,11 +382,16 @@ class Break(_Response):
 
 class ErrorBody(_Response):
     """Every error: ``error`` is one of unauthorized | version-mismatch | faults-disabled | bad-request |
-    invalid-input | capacity | not-found | unknown-request | method-not-allowed | busy | server-error."""
+    invalid-input | capacity | aborted | not-found | unknown-request | method-not-allowed | busy | rank-restarting |
+    rank-unresponsive | server-error."""
 
     error: str
     message: str
     hint: str | None = None
+    rank: int | None = Field(None, description="rank-restarting, rank-unresponsive: the rank that cannot answer")
+    retry_after_s: int | None = Field(
+        None, description="rank-restarting: seconds until the engine next tries to start the rank (Retry-After)"
+    )
 
 
 class RegistrationSummary(_Response):
@@ -355,6 +439,11 @@ class Health(_Response):
     degraded_tiers: list[str]
 
 
+class HealthUnavailable(RootModel[Health | ErrorBody]):
+    """GET /health's 503: the engine's health with ``ok`` false (a rank is unhealthy), or ``busy`` when every serving
+    slot for requests without the token is in use."""
+
+
 class Registration(_Response):
     schema_: int = Field(alias="schema")
     model: str
@@ -387,7 +476,8 @@ class RestoreResult(_Response):
     windows: int | None = None
     failure_kind: str | None = None
     failures: list[Failure] | None = None
-    hash_ok: bool | None = None
+    hash_ok: bool | None = None  # false: the output hash is not the canonical one, and the request failed
+    restored_tokens: int | None = None  # a restore whose output hash was not canonical: what it had committed
     source: str | None = None
     external_tokens: int | None = None
 
@@ -453,6 +543,20 @@ class OpenAPIDocument(_Response):
 
 class Cleared(_Response):
     cleared: int
+
+
+class ScrubReport(_Response):
+    """Every rank's scrub of the tier, and what they set apart."""
+
+    tier: str
+    scope: Literal["prompt", "all"]
+    ranks: list[ScrubProgress]
+    prompt: str | None = None
+    quarantined: list[QuarantinedFile]
+    checked: int
+    damaged: int
+    missing: int
+    complete: bool
 
 
 class Markers(_Response):

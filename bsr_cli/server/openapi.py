@@ -39,9 +39,14 @@ class EngineLimits:
         return max(1, -(-self.max_tokens // self.chunk_size)) - 1
 
     @property
+    def max_chunks(self) -> int:
+        """The chunks of the longest prompt: the largest W a request may give."""
+        return self.max_window + 1
+
+    @property
     def max_w(self) -> int:
-        """The largest W whose RWS fits the pool."""
-        return max(0, (self.pool_bytes - self.aux_bytes) // self.slot_bytes)
+        """The largest default W: its RWS fits the pool, and it holds no more than the longest prompt."""
+        return min(self.max_chunks, max(0, (self.pool_bytes - self.aux_bytes) // self.slot_bytes))
 
 
 def build() -> dict[str, Any]:
@@ -78,6 +83,8 @@ def narrow(doc: dict[str, Any], limits: EngineLimits) -> dict[str, Any]:
             props["tokens"]["maxItems"] = limits.max_tokens
         if "exclude_tiers" in props:
             _value(props["exclude_tiers"])["items"]["enum"] = list(limits.tiers)
+        if name in ("SubmitBody", "RestoreBody"):
+            _value(props["W"])["maximum"] = limits.max_chunks
     fault = schemas["FaultBody"]["properties"]
     _value(fault["rank"])["maximum"] = limits.ranks - 1
     _value(fault["window"])["maximum"] = limits.max_window

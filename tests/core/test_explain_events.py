@@ -102,7 +102,17 @@ def test_a_failure_names_its_stage_and_tier_and_a_ranks_part_shows_in_the_timeli
     t = timeline(REQ, events)
     assert t.failures == (TimelineFailure(1, 2, 8.0, "crc mismatch", FailureKind.TIER, Stage.VERIFY, None),)
     assert t.to_wire()["failures"] == [
-        {"rank": 1, "window": 2, "at": 8.0, "reason": "crc mismatch", "kind": "tier", "stage": "verify", "tier": None}
+        {
+            "rank": 1,
+            "window": 2,
+            "label": "G2",
+            "chunks": None,
+            "at": 8.0,
+            "reason": "crc mismatch",
+            "kind": "tier",
+            "stage": "verify",
+            "tier": None,
+        }
     ]
 
 

@@ -99,8 +99,19 @@ def hard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hard]:
         ("/bsr/v1/requests", b'{"synthetic": {"n": 10}, "verify": 1}', "verify"),
         ("/bsr/v1/settings", b'{"budget_bytes": 1}', "below one chunk slot"),
         ("/bsr/v1/settings", b'{"budget_bytes": 1000000000000000000000000000000}', "exceeds the pool"),
-        ("/bsr/v1/settings", b'{"W": 900000000000000000000000000000}', "more than the pool"),
+        ("/bsr/v1/settings", b'{"W": 6}', "more than the pool"),
         ("/bsr/v1/settings", b'{"fs_concurrency": 6000000000}', "at most 256"),
+        # W: at most the chunks of the longest prompt (2,048 tokens: 8 chunks of 256), never any integer.
+        ("/bsr/v1/restore", b'{"synthetic": {"n": 10}, "W": 18446744073709551621}', "'W' must be at most 1048576"),
+        ("/bsr/v1/requests", b'{"synthetic": {"n": 10}, "W": ' + b"9" * 4001 + b"}", "'W' must be at most"),
+        ("/bsr/v1/restore", b'{"synthetic": {"n": 10}, "W": 9, "stream": false}', "8 chunks of this engine's longest"),
+        ("/bsr/v1/requests", b'{"synthetic": {"n": 10}, "W": 9}', "8 chunks of this engine's longest prompt"),
+        ("/bsr/v1/settings", b'{"W": 9}', "8 chunks of this engine's longest prompt"),
+        ("/bsr/v1/settings", b'{"W": 18446744073709551621}', "'W' must be at most"),
+        # The body is required, with at least one setting; none is nullable.
+        ("/bsr/v1/settings", b"{}", "give at least one of"),
+        ("/bsr/v1/settings", b"", "give at least one of"),
+        ("/bsr/v1/settings", b'{"W": null}', "'W'"),
     ],
 )
 def test_malformed_bodies_get_400_json(hard: Hard, path: str, body: bytes, needle: str) -> None:
@@ -339,7 +350,7 @@ def test_fuzzing_every_operation_finds_no_server_error_and_no_drift(hard: Hard) 
     with httpx.Client(timeout=10) as c:
         c.delete(hard.url + "/bsr/v1/faults", headers=hard.auth()).raise_for_status()
     positive = {k.removesuffix(" positive"): n for k, n in ran.items() if k.endswith("positive")}
-    assert len(positive) == 21, ran
+    assert len(positive) == 22, ran
     # Every operation with a body or a free-form parameter ran the full count; the others have fewer distinct
     # requests than that (GET /health has exactly one), and hypothesis stops once it has tried them all.
     free = [k for k in positive if k.startswith("POST") and "reset-peak" not in k] + [

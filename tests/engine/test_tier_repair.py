@@ -108,7 +108,10 @@ def test_a_corrupt_object_is_quarantined_named_and_rewritten(bsr: Any, eng: FsEn
     assert st.code == 0
     fs = st.json()["tiers"]["fs"]
     assert fs["quarantined_total"] == 1
-    assert "payload checksum mismatch: chunk 3 group full on rank 0" in fs["quarantined"][0]["reason"]
+    assert (
+        "checksum mismatch (its bytes, or the chunk they belong to): chunk 3 group full on rank 0"
+        in (fs["quarantined"][0]["reason"])
+    )
     text = bsr("status")
     assert "tier fs: 1 damaged object(s) quarantined" in text.out and "chunk 3 group full" in text.out
 

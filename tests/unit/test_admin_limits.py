@@ -98,8 +98,18 @@ def test_the_engines_document_says_its_own_limits(served: tuple[FakeEngine, Admi
     fault = s["FaultBody"]["properties"]
     assert fault["rank"]["anyOf"][0]["maximum"] == len(eng.ranks) - 1
     assert fault["group"]["anyOf"][0]["enum"] == list(eng.reg.group_names)
-    budget = s["SettingsBody"]["properties"]["budget_bytes"]["anyOf"][0]
+    budget = s["SettingsBody"]["properties"]["budget_bytes"]
     assert (budget["minimum"], budget["maximum"]) == (eng.reg.bytes_per_chunk, settings.pool_bytes)
+    # W: at most the chunks of the longest prompt in a request; the default W also within the pool.
+    chunks = -(-settings.max_tokens // eng.reg.chunk_size)
+    assert [s[b]["properties"]["W"]["anyOf"][0]["maximum"] for b in ("SubmitBody", "RestoreBody")] == [chunks] * 2
+    most_w = min(chunks, settings.pool_bytes // eng.reg.bytes_per_chunk)
+    assert s["SettingsBody"]["properties"]["W"]["maximum"] == most_w
+    restore = {"synthetic": {"n": 64}, "stream": False}
+    at_most = httpx.post(server.url + f"{PREFIX}/restore", json=restore | {"W": chunks}, headers=AUTH, timeout=20)
+    assert at_most.status_code == 200, at_most.text
+    past = httpx.post(server.url + f"{PREFIX}/restore", json=restore | {"W": chunks + 1}, headers=AUTH, timeout=20)
+    assert past.status_code == 400 and "chunks of this engine's longest prompt" in past.json()["message"], past.text
     # A valid value at each bound is accepted; one past it is refused.
     ok = httpx.post(server.url + f"{PREFIX}/settings", json={"budget_bytes": budget["maximum"]}, headers=AUTH)
     assert ok.status_code == 200

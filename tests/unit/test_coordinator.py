@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from bsr_cli.core.events import Event, WindowReleased
+from bsr_cli.core.events import Event, RestoreFailedClosed, WindowReleased
 from bsr_cli.core.evidence import Outcome, Stage
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.results import InvalidCell, ManualRestoreResult, RestoreReport
-from bsr_cli.errors import ServerError
+from bsr_cli.errors import ExitCode, RankRestarting
 from bsr_cli.runtime import failures
+from unit.fakes import RestartSchedule
 from unit.fixtures import FakeEngine, build_engine
 
 PROMPT = synthetic_tokens(9 * 16 + 3, seed=11)  # 10 chunks, the last partial
@@ -140,13 +141,34 @@ def test_a_rank_that_stops_making_progress_fails_the_restore_as_a_rank_fault() -
             r.close()
 
 
-def test_a_dead_rank_refuses_the_restore_before_any_window() -> None:
+def test_a_dead_rank_that_is_restarting_refuses_the_restore_before_any_window() -> None:
+    """A host that starts dead ranks again: the restore is recorded failed closed, naming the rank and its restart,
+    and refused with when to retry (503 rank-restarting in the admin API); no rank installs anything."""
+    eng = build_engine()
+    try:
+        _warm(eng)
+        eng.coordinator.restart_ranks_with(RestartSchedule(2.4))
+        eng.ranks[0].dead = True
+        with pytest.raises(RankRestarting, match=r"rank 0 is down .*starts it again in 3s") as e:
+            eng.coordinator.restore(PROMPT)
+        assert (e.value.rank, e.value.retry_after_s, e.value.exit_code) == (0, 3, ExitCode.RANK_RESTARTING)
+        assert "restore" not in eng.ranks[1].calls and all(not r.ops.kv.installs for r in eng.ranks)
+        ended = [ev for ev in eng.events.recent() if isinstance(ev, RestoreFailedClosed)]
+        assert ended and ended[-1].failures[0].rank == 0 and "starts it again" in ended[-1].failures[0].reason
+    finally:
+        for r in eng.ranks:
+            r.close()
+
+
+def test_a_dead_rank_nobody_restarts_fails_the_restore_closed_before_any_window() -> None:
     eng = build_engine()
     try:
         _warm(eng)
         eng.ranks[0].dead = True
-        with pytest.raises(ServerError, match="rank 0 is not running"):
-            eng.coordinator.restore(PROMPT)
+        out = eng.coordinator.restore(PROMPT)
+        report = _report(out)
+        assert out.outcome is Outcome.FAILED_CLOSED and report.blamed_ranks == (0,)
+        assert "its process is not running" in report.failures[0].reason
         assert "restore" not in eng.ranks[1].calls and all(not r.ops.kv.installs for r in eng.ranks)
     finally:
         for r in eng.ranks:
@@ -197,3 +219,51 @@ def test_a_request_aborted_before_its_work_starts_still_ends_aborted(fake_engine
     assert out.outcome is Outcome.ABORTED and out.committed_tokens == 0
     assert _report(out).failure_kind is failures.ABORTED
     assert c.abort("r-early") is False  # finished: nothing left to abort
+
+
+def _miswrite(fake_engine: FakeEngine, chunk: int) -> str:
+    """Rank 0's object of ``chunk`` (group full) in Mooncake replaced by another chunk's bytes with a checksum
+    computed for this key: what a writer that stored the wrong KV under the right key leaves. Every checksum holds,
+    so only the output hash can tell."""
+    from bsr_cli.core.keys import chunk_hashes, object_key
+    from bsr_cli.runtime.checksum import object_checksum
+
+    reg = fake_engine.reg
+    hashes = chunk_hashes(PROMPT, reg.chunk_size)
+    key = object_key(reg, 0, "full", hashes[chunk])
+    wrong, _ = fake_engine.tiers["mooncake"].objects[object_key(reg, 0, "full", hashes[chunk + 1])]
+    fake_engine.tiers["mooncake"].objects[key] = (wrong, object_checksum(key, wrong))
+    return key
+
+
+def test_a_restore_whose_output_hash_is_not_canonical_is_invalidated_and_marked(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    _miswrite(fake_engine, 3)
+    c = fake_engine.coordinator
+    invalidated_before = [len(r.ops.kv.invalidated) for r in fake_engine.ranks]
+    out = c.restore(PROMPT, exclude=["fs"])
+    report = _report(out)
+    assert report.outcome is Outcome.COMMITTED  # the commit rule passed: every checksum held...
+    assert out.hashes is not None and out.hashes.hash_ok is False  # ...but the KV is not the prompt's
+    assert out.output_mismatch and out.outcome is Outcome.FAILED_CLOSED and out.committed_tokens == 0
+    # Undone: every rank invalidated the request's blocks, and a marker recomputes the prompt next time.
+    assert [len(r.ops.kv.invalidated) for r in fake_engine.ranks] == [n + 1 for n in invalidated_before]
+    assert out.marker is not None and out.marker.excluded == set()
+    (ev,) = [e for e in fake_engine.events.recent(500) if e.kind == "output_mismatch"]
+    assert ev.request == out.request and ev.external_tokens == len(PROMPT) and ev.source == "mooncake" and ev.marker
+    # The next admission recomputes it (the marker), and its hash is the canonical one.
+    again = c.submit(PROMPT)
+    assert again.source == "recompute" and again.hash_ok is True and again.marker_cleared
+
+
+def test_a_submit_whose_output_hash_is_not_canonical_stores_nothing_and_is_marked(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    key = _miswrite(fake_engine, 3)
+    del fake_engine.tiers["fs"].objects[key]  # the fs tier lacks the chunk: a clean request would store it there
+    out = fake_engine.coordinator.submit(PROMPT)
+    assert out.source == "mooncake" and out.hash_ok is False
+    assert out.stored is None and key not in fake_engine.tiers["fs"].objects  # wrong KV is never written
+    mine = [e for e in fake_engine.events.recent(500) if getattr(e, "request", None) == out.request]
+    kinds = [e.kind for e in mine]
+    assert kinds.index("output_mismatch") < kinds.index("request_finished") == len(kinds) - 1
+    assert fake_engine.coordinator.markers  # the next admission recomputes it

@@ -311,7 +311,7 @@ def test_a_fetch_deadline_missed_while_the_rank_waited_to_run_is_the_hosts() -> 
 LOAD = HostLoad(span_s=6.0, coordinator_lag_s=0.0, ranks=(RankDelay(1, RankState.STARVED, 5.5),), cpu=Psi(92.0))
 
 
-def test_a_host_verdict_blames_no_rank_and_no_tier_and_exits_16() -> None:
+def test_a_host_verdict_blames_no_rank_and_no_tier_and_exits_17() -> None:
     host = Failure(rank=1, reason="starved", kind=FailureKind.HOST_OVERLOADED, load=LOAD)
     aborted = Failure(rank=0, reason="still running", kind=FailureKind.ABORTED)
     timeout = Failure(rank=0, reason="timeout", kind=FailureKind.TIER, stage=Stage.FETCH, tier="mooncake")
@@ -332,7 +332,7 @@ def test_a_host_verdict_blames_no_rank_and_no_tier_and_exits_16() -> None:
     )
     assert report.failures[0].load == LOAD  # the figures travel with the failure
     err = failures.restore_error(ManualRestoreResult("req-1", "p", 1024, 1, lookup=None, report=report))
-    assert isinstance(err, HostOverloaded) and err.exit_code is ExitCode.HOST_OVERLOADED == 16
+    assert isinstance(err, HostOverloaded) and err.exit_code is ExitCode.HOST_OVERLOADED == 17
     assert "no rank or tier blamed" in err.message and "the host was overloaded" in err.message
     assert err.hint and "--overload-ceiling" in err.hint
     # Negative control: the same rank judged hung is the rank's, as before.

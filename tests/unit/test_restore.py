@@ -14,7 +14,7 @@ from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
 from bsr_cli.core.plan import windows_for
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.checksum import crc32c
+from bsr_cli.runtime.checksum import object_checksum
 from bsr_cli.runtime.faulty import ArmedFaults
 from bsr_cli.runtime.restore import ObjectRef, RankRestorer, RestoreJob, WindowJob
 from bsr_cli.runtime.tiers import TIMED_OUT, UNAVAILABLE, StagingSlice
@@ -76,7 +76,8 @@ class Rig:
             n = min((c + 1) * REG.chunk_size, TOKENS) - c * REG.chunk_size
             for g in REG.group_names:
                 payload = synthetic(h, 0, g, n * self.dest.bpt[g])
-                self.tier.objects[object_key(REG, 0, g, h)] = (payload, crc32c(payload))
+                key = object_key(REG, 0, g, h)
+                self.tier.objects[key] = (payload, object_checksum(key, payload))
         self.tables = {g.name: list(range(100, 100 + -(-TOKENS // g.block_size))) for g in REG.groups}
 
     def job(self, w: int, faults: list[FaultSpec] = (), tier: str = "mooncake", timeout_s: float = 2.0) -> RestoreJob:  # type: ignore[assignment]
@@ -211,6 +212,17 @@ def test_a_corrupt_stored_object_is_caught_by_its_checksum(rig: Rig) -> None:
     assert not out.ok and out.kind == failures.TIER
     assert "checksum mismatch in chunk 5 group full" in out.reason and out.failed_window == 1
     assert rig.dest.invalidated == [rig.tables]
+
+
+def test_another_chunks_object_with_its_own_checksum_fails_verify_naming_chunk_key_and_tier(rig: Rig) -> None:
+    """An object written under the wrong key (chunk 2's bytes and checksum under chunk 6's key, both of full length)
+    matches its checksum as bytes but not as chunk 6: the checksum is bound to the key."""
+    here, there = object_key(REG, 0, "full", rig.hashes[6]), object_key(REG, 0, "full", rig.hashes[2])
+    rig.tier.objects[here] = rig.tier.objects[there]
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    assert not out.ok and out.kind == failures.TIER and out.stage == "verify" and out.tier == "mooncake"
+    assert out.reason == f"checksum mismatch in chunk 6 group full (tier mooncake, key {here})"
+    assert out.failed_window == 1 and rig.dest.invalidated == [rig.tables]
 
 
 def test_an_unavailable_tier_names_itself(rig: Rig) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -11,10 +13,6 @@ import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.evidence import Outcome
-from bsr_cli.core.faults import FaultRequest, FaultSpec
-from bsr_cli.core.prompt import Prompt
-from bsr_cli.core.results import ManualRestoreResult
-from bsr_cli.core.status import EngineInfo, EngineStatus, MarkerList
 from bsr_cli.errors import (
     CapacityError,
     DrillViolation,
@@ -23,8 +21,13 @@ from bsr_cli.errors import (
     ServerError,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the result types are imported where a command uses them: `bsr probe --help` needs none
     from bsr_cli.cli.render.planning import CapacityFit
+    from bsr_cli.core.events import Event
+    from bsr_cli.core.faults import FaultSpec
+    from bsr_cli.core.prompt import Prompt
+    from bsr_cli.core.results import ManualRestoreResult
+    from bsr_cli.core.status import EngineInfo, MarkerList
 
 TokensFileOpt = Annotated[
     Path | None, typer.Option("--tokens-file", help="Token ids (JSON list or whitespace separated).")
@@ -160,6 +163,12 @@ def submit(
     for rank, per_tier in (result.stored.errors if result.stored is not None else {}).items():
         for tier, err in per_tier.items():
             st.out.warn(f"storing to tier {tier} failed on {rank}: {err}")
+    if result.hash_ok is False:  # the engine invalidated the request's KV: it was not served
+        from bsr_cli.core.results import OutputHashes
+        from bsr_cli.runtime import failures
+
+        hashes = OutputHashes(result.output_hash, result.canonical_hash, result.hash_ok)
+        raise failures.output_mismatch_error(result.request, hashes, result.external_tokens, result.source)
 
 
 # How a manual restore can end without committing, other than finding nothing to restore (core.evidence.Outcome).
@@ -182,11 +191,17 @@ def restore(
         str | None,
         typer.Option("--tier", metavar="TIER", help="Restore from this tier only (as `bsr bench --tier`)."),
     ] = None,
-    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the canonical-hash check.")] = False,
+    no_verify: Annotated[
+        bool,
+        typer.Option("--no-verify", help="Skip the canonical-hash check after the commit (can outlast the restore)."),
+    ] = False,
     json_flag: JsonFlag = False,
 ) -> None:
-    """A manual windowed restore into the engine, with live progress. Exit 0 committed, 10 failed closed, 12
-    refused for capacity, 130 aborted."""
+    """A manual windowed restore into the engine, with live progress.
+
+    Exit 0 committed, 10 failed closed, 12 refused for capacity, 16 a rank is being restarted (retry), 17 the host
+    was overloaded (no rank or tier blamed; retry when the load drops), 19 output hash not canonical (invalidated),
+    130 aborted."""
     from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
@@ -223,9 +238,16 @@ def restore(
             if not fit.fits:
                 raise CapacityError(fit.message, hint=fit.hint)
             return
-        result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
+        streamed = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
+        result = streamed.result
+        assert result is not None  # _run_restore raised otherwise
     # The engine's budget B is the bound the peak is held to.
-    st.out.result(render_ops.RestoreView(result, info.budget_bytes), render_ops.restore)
+    st.out.result(render_ops.RestoreView(result, info.budget_bytes, streamed.hash_check_s), render_ops.restore)
+    if result.output_mismatch and result.hashes is not None and result.report is not None:
+        from bsr_cli.runtime import failures
+
+        source = "+".join(result.report.tiers)
+        raise failures.output_mismatch_error(result.request, result.hashes, result.report.committed_tokens, source)
     if result.outcome in _FAILED_OUTCOMES:
         from bsr_cli.runtime import failures
 
@@ -276,17 +298,46 @@ class _StreamedRestore:
     request: str | None = None
     result: ManualRestoreResult | None = None
     error: BaseException | None = None
+    committed_at: float | None = None  # when the engine said it committed: the output-hash check runs from then
+    answered_at: float | None = None
+
+    @property
+    def hash_check_s(self) -> float | None:
+        """Seconds from the commit to the answer: the output-hash check (and the answer's way back)."""
+        if self.committed_at is None or self.answered_at is None or self.result is None or not self.result.hashes:
+            return None
+        return max(self.answered_at - self.committed_at, 0.0)
+
+
+def _watch(st: AppState, box: _StreamedRestore, progress: Any, verify: bool) -> Callable[[Event], None]:
+    """The restore's event listener: the progress display, and the moment it committed. The output-hash check runs
+    from then until the answer, silently on the engine's side: the display (or, without one, a note) says so."""
+    from bsr_cli.cli.render import ops as render_ops
+    from bsr_cli.core.events import RestoreCommitted
+
+    def on_event(e: Event) -> None:
+        if isinstance(e, RestoreCommitted) and box.committed_at is None:
+            box.committed_at = time.monotonic()
+            if progress:
+                progress.check_started(verify)
+            else:
+                st.out.note(f"committed; {render_ops.HASH_CHECK if verify else render_ops.HASH_ONLY} …")
+        if progress:
+            progress.update(e)
+
+    return on_event
 
 
 def _run_restore(
     st: AppState, client: Any, body: Prompt, w: int | None, exclude: list[str], verify: bool, info: EngineInfo
-) -> ManualRestoreResult:
+) -> _StreamedRestore:
     """Stream the restore in a worker thread so Ctrl-C reaches us: then ask the engine to abort (it ends
-    fail-closed) and still report its final result."""
+    fail-closed) and still report its final result. The result comes with when the engine committed and answered."""
     from bsr_cli.cli.render import ops as render_ops
 
     progress = render_ops.RestoreProgress(st.out, ranks=info.ranks) if st.out.interactive else None
     box = _StreamedRestore()
+    on_event = _watch(st, box, progress, verify)
     accepted = threading.Event()
     finished = threading.Event()  # not Thread.join: an interrupted join() can leave is_alive() wrong
 
@@ -301,9 +352,10 @@ def _run_restore(
                 w=w,
                 verify=verify,
                 exclude_tiers=exclude,
-                on_event=progress.update if progress else None,
+                on_event=on_event,
                 on_accepted=on_accepted,
             )
+            box.answered_at = time.monotonic()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
             box.error = e
         finally:
@@ -345,7 +397,7 @@ def _run_restore(
         raise box.error
     if box.result is None:
         raise ServerError("the engine ended the restore without a result")
-    return box.result
+    return box
 
 
 def inject_fault(
@@ -363,6 +415,8 @@ def inject_fault(
     json_flag: JsonFlag = False,
 ) -> None:
     """Arm a fault for the next restores. Refused unless the engine was started with faults enabled."""
+    from bsr_cli.core.faults import FaultRequest
+
     st = state(ctx, json_flag)
     fault = FaultRequest(kind, rank=rank, window=None if window is None else window - 1, group=group, count=count)
     with _client(st) as client:
@@ -426,13 +480,13 @@ markers_app = typer.Typer(help="Force-local markers (set after a failed external
 @markers_app.command("list")
 def markers_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Force-local markers standing now: which prompt, which tiers they exclude, why, since when."""
+    from bsr_cli.core.status import MarkerList
+
     st = state(ctx, json_flag)
     with _client(st) as client:
         markers = client.markers()
 
     def render(console: Any, listed: MarkerList) -> None:
-        import time
-
         if not listed.markers:
             console.print("no force-local markers")
             return
@@ -505,6 +559,7 @@ EnginesFromOpt = Annotated[
 def status(ctx: typer.Context, engines_from: EnginesFromOpt = None, json_flag: JsonFlag = False) -> None:
     """Engine identity, ranks and their health, tiers, registration, pool and budget, markers, faults."""
     from bsr_cli.cli.render import ops as render_ops
+    from bsr_cli.core.status import EngineStatus
 
     st = state(ctx, json_flag)
     from bsr_cli import fleet
