@@ -10,6 +10,7 @@ Every failure is raised as one of bsr_cli.errors' EngineError subclasses:
     EngineBusy          503 busy (every serving slot in use), after reads were retried with backoff
     RankRestarting      503 rank-restarting (a rank died and the engine starts it again), after reads waited for it
     RestoreAborted      409 aborted (the request was aborted)
+    HostOverloaded      503 host-overloaded (the host starved the engine past its overload ceiling; not retried)
     BadRequest          other 4xx (the engine's message is kept)
     ServerError         5xx, or an answer that is not the API's JSON
 """
@@ -46,6 +47,7 @@ from bsr_cli.errors import (
     EngineTimeout,
     EngineUnreachable,
     FaultsDisabled,
+    HostOverloaded,
     InvalidInput,
     RankRestarting,
     RestoreAborted,
@@ -78,7 +80,7 @@ class EventPage:
 
 
 _KIND_TO_ERROR: dict[str, type[BsrError]] = {
-    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled, RestoreAborted)
+    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled, RestoreAborted, HostOverloaded)
 }
 
 

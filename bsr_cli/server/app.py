@@ -40,6 +40,7 @@ from bsr_cli.errors import (
     BsrError,
     CapacityError,
     FaultsDisabled,
+    HostOverloaded,
     InvalidInput,
     RankRestarting,
     RestoreAborted,
@@ -68,6 +69,8 @@ def status_for(e: BsrError) -> int:
         return 400
     if isinstance(e, RankRestarting | RankUnresponsive):
         return 503
+    if isinstance(e, HostOverloaded):
+        return 503  # the host could not run the engine in time: retry later (no rank or tier is at fault)
     return 500
 
 
@@ -78,7 +81,8 @@ def _rank_of(e: BsrError) -> int | None:
 
 def _retry_after(e: BsrError) -> int | None:
     """When to try again (whole seconds, at least 1): a rank restarting, or a refusal the same request may get past
-    later (a capacity wait)."""
+    later (a capacity wait). A host overloaded gives none: the engine cannot tell when the host's load will drop,
+    and a client retrying on a schedule would only add to it."""
     if isinstance(e, RankRestarting):
         return e.retry_after_s
     if isinstance(e, CapacityError) and e.retry_after_s is not None:
@@ -168,7 +172,7 @@ ERROR_TEXT = {
     431: "a request head over 16 KiB",
     500: "a server bug, reported rather than dropped",
     503: "unavailable: a rank is restarting (rank-restarting, with Retry-After) or not responding (rank-unresponsive), "
-    "or every serving slot is in use (busy, Retry-After: 1)",
+    "the host is overloaded (host-overloaded), or every serving slot is in use (busy, Retry-After: 1)",
 }
 COMMON_ERRORS = (400, 403, 411, 413, 415, 431, 500, 503)
 

@@ -422,6 +422,10 @@ def describe(e: ev.Event) -> str:
         return f"STORE LOST ({e.tier}): {e.loss.line()}"
     if isinstance(e, ev.RankUnresponsive):
         return f"rank {e.rank} unresponsive: {e.reason}" + (f" (during {e.request})" if e.request else "")
+    if isinstance(e, ev.RankStarved):
+        return f"rank {e.rank} starved (the host, not the rank): {e.reason}" + (
+            f" (during {e.request})" if e.request else ""
+        )
     if isinstance(e, ev.RankRestarted):
         return f"rank {e.rank} restarted (pid {e.pid}, restart {e.restarts})" + (f": {e.reason}" if e.reason else "")
     if isinstance(e, ev.EngineStarted):
