@@ -15,6 +15,8 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     │   ├── FaultsDisabled      fault injection refused: engine started without it (8)
     │   ├── EngineBusy          every serving slot in use (503 busy), after retries (15)
     │   ├── RankRestarting      a rank process died and the engine is starting it again (503) (16)
+    │   ├── HostOverloaded      a deadline ran out while the host starved the engine: no rank  (17)
+    │   │                       or tier blamed (503)
     │   └── ServerError         the engine failed (5xx)                           (9)
     ├── RestoreFailedClosed     a restore ended fail-closed (nothing committed)  (10)
     ├── DrillViolation          a drill found a broken invariant                 (11)
@@ -49,6 +51,7 @@ class ExitCode(IntEnum):
     NOTHING_TO_RESTORE = 14
     ENGINE_BUSY = 15
     RANK_RESTARTING = 16
+    HOST_OVERLOADED = 17
     OUTPUT_MISMATCH = 19
     DAMAGED_OBJECTS = 20
     SCRUB_INCOMPLETE = 21
@@ -156,6 +159,15 @@ class RankRestarting(EngineError):
 
     def to_dict(self) -> dict[str, str | int | None]:
         return super().to_dict() | {"rank": self.rank, "retry_after_s": self.retry_after_s}
+
+
+class HostOverloaded(EngineError):
+    """A deadline ran out while the host starved the engine (its ranks waited to run, the host was under CPU,
+    memory or I/O pressure, or the coordinator itself did not run on time): not a rank's or a tier's fault, so
+    neither is blamed; the request can be retried once the load drops."""
+
+    exit_code = ExitCode.HOST_OVERLOADED
+    kind = "host-overloaded"
 
 
 class ServerError(EngineError):

@@ -50,7 +50,7 @@ from bsr_cli.core.events import (
     known_event,
     parse_event,
 )
-from bsr_cli.core.evidence import EventKind, Outcome
+from bsr_cli.core.evidence import EventKind, Outcome, RankState
 from bsr_cli.core.status import PoolEntry, Snapshot
 from bsr_cli.errors import (
     BsrError,
@@ -69,7 +69,7 @@ class Severity(IntEnum):
     """How bad an engine (or a rank) is, worst highest."""
 
     OK = 0
-    ATTENTION = 1  # force-local markers, armed faults, recent failed-closed restores
+    ATTENTION = 1  # force-local markers, armed faults, recent failed-closed restores, a rank the host starves
     DEGRADED = 2  # a tier is unhealthy or a rank's pool is at the admission budget
     UNHEALTHY = 3  # a rank is down, stopped or failing its heartbeat: the engine cannot serve
     DOWN = 4  # the engine did not answer
@@ -354,6 +354,7 @@ class RankAnswer:
     waiters: int  # restores waiting for pool room
     restore_bps: float
     heartbeat_age_s: float | None
+    starved: bool = False  # the host keeps it from running (healthy: the host's doing, not the rank's)
 
 
 @dataclass(frozen=True)
@@ -511,6 +512,7 @@ def _rank_answer(r: PoolEntry) -> RankAnswer:
         waiters=int(pool.get("waiters", 0)),
         restore_bps=r.restore_bps,
         heartbeat_age_s=r.heartbeat_age_s,
+        starved=r.state is RankState.STARVED,
     )
 
 
@@ -810,6 +812,8 @@ def _rank_row(r: RankAnswer, budget: int) -> RankRow:
         sev, why = Severity.UNHEALTHY, r.reason or ("down" if not r.alive else "unhealthy")
     elif budget and r.live_bytes >= budget:
         sev, why = Severity.DEGRADED, "pool at budget B"
+    elif r.starved:
+        sev, why = Severity.ATTENTION, f"starved (the host, not the rank): {r.reason or 'waiting to run'}"
     elif r.waiters:
         sev, why = Severity.ATTENTION, f"{r.waiters} waiting for pool"
     return RankRow(

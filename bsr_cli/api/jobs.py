@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from bsr_cli.core import wire
 from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.overload import HostLoad
 from bsr_cli.errors import BadRequest
 
 
@@ -85,10 +86,14 @@ class RestoreResult:
     fetch_seconds: float = 0.0
     install_seconds: float = 0.0
     peak_live_bytes: int = 0  # the pool's live bytes at their highest while this restore held slots
-    kind: str = ""  # why it failed (bsr_cli.runtime.failures): capacity | tier | rank | aborted
+    kind: str = ""  # why it failed (bsr_cli.runtime.failures): capacity | tier | rank | aborted | host_overloaded
     tier: str | None = None  # the tier that failed, when a tier fault names one
     stage: str = ""  # where it failed (bsr_cli.core.evidence.Stage): fetch | verify | install | synchronize | ...
     cause: str = ""  # for a capacity refusal, what did not fit (bsr_cli.core.evidence.CapacityCause)
+    load: HostLoad | None = None  # for a host_overloaded failure: the figures (run-queue delay, pressure)
+    # A fetch failure where the tier answered none of the objects that failed (each timed out or found it down): no
+    # bytes came back, so there is nothing of the tier's to re-read for damage (a re-read would wait on the fault).
+    unanswered: bool = False
 
     to_wire = wire.writer()
 

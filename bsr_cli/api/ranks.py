@@ -421,7 +421,10 @@ class RankClient(Protocol):
     def alive(self) -> bool: ...
 
     # Optional: ``heartbeat_age() -> float``, seconds since the rank last showed a sign of life (a rank in another
-    # process beats on its own). Rank clients without it (in-process ranks) are judged by progress alone.
+    # process beats on its own), ``pid: int``, the rank's own process (the judge reads its state and run-queue delay
+    # from /proc), and ``unread() -> bool``, whether it said something not read yet. Rank clients without them
+    # (in-process ranks) are judged by progress alone, their run-queue delay being the coordinator's own
+    # (runtime/judge.py).
 
 
 def dispatch(ops: RankOps, request: RankRequest[R]) -> R:

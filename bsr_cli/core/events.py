@@ -34,11 +34,13 @@ from bsr_cli.core.evidence import (
     EventKind,
     FailureKind,
     Outcome,
+    RankState,
     ScrubScope,
     ScrubState,
     SegmentLossCause,
     Stage,
 )
+from bsr_cli.core.overload import HostLoad
 from bsr_cli.core.store_loss import SegmentLoss
 
 E = TypeVar("E", bound="Event")
@@ -61,6 +63,8 @@ class Failure:
     tier: str | None = None  # the tier blamed, for a tier failure only
     cause: CapacityCause | None = None  # for a capacity refusal: what did not fit
     chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
+    # For a host verdict (and a rank judged past a stretched deadline): the figures the judge read.
+    load: HostLoad | None = wire.field(default=None, omit_none=True)
 
     @property
     def component(self) -> Component:
@@ -69,6 +73,7 @@ class Failure:
             FailureKind.RANK: Component.RANK,
             FailureKind.CAPACITY: Component.CAPACITY,
             FailureKind.ABORTED: Component.OPERATOR,
+            FailureKind.HOST_OVERLOADED: Component.HOST,
         }[self.kind]
 
     to_wire = wire.writer(computed=("component",))
@@ -222,8 +227,25 @@ class RestoreFailed:
     tier: str | None = None
     cause: CapacityCause | None = None
     chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
+    load: HostLoad | None = wire.field(default=None, omit_none=True)  # a host verdict's figures
     failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
     injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired on this rank in it
+
+    @classmethod
+    def of(cls, request: str, rank: int, f: Failure) -> RestoreFailed:
+        """The event of one rank's failure in ``request``'s restore."""
+        return cls(
+            request=request,
+            rank=rank,
+            reason=f.reason,
+            failure_kind=f.kind,
+            stage=f.stage,
+            window=f.window,
+            tier=f.tier,
+            cause=f.cause,
+            chunks=f.chunks,
+            load=f.load,
+        )
 
     @property
     def failure(self) -> Failure:
@@ -236,6 +258,7 @@ class RestoreFailed:
             tier=self.tier,
             cause=self.cause,
             chunks=self.chunks,
+            load=self.load,
         )
 
 
@@ -552,6 +575,22 @@ class RankUnresponsive:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankStarved:
+    """A rank's deadline ran out while it (or the coordinator) waited to run: the deadline is stretched, up to the
+    engine's overload ceiling, and the rank is not blamed. ``load`` holds the figures the judge read."""
+
+    kind: ClassVar[EventKind] = EventKind.RANK_STARVED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    reason: str
+    request: str | None = None
+    state: RankState = RankState.STARVED
+    load: HostLoad | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class RankRestarted:
     kind: ClassVar[EventKind] = EventKind.RANK_RESTARTED
     to_wire = _EVENT_WRITER
@@ -588,6 +627,7 @@ Event: TypeAlias = (
     | FaultEvent
     | FaultsCleared
     | RankUnresponsive
+    | RankStarved
     | RankRestarted
 )
 _EVENT_CLASSES: tuple[type[Event], ...] = (
@@ -619,6 +659,7 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     FaultFired,
     FaultsCleared,
     RankUnresponsive,
+    RankStarved,
     RankRestarted,
 )
 EVENT_TYPES: dict[EventKind, type[Event]] = {cls.kind: cls for cls in _EVENT_CLASSES}
@@ -696,7 +737,18 @@ def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
 
-_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause, ScrubScope, ScrubState, SegmentLossCause)
+_ENUMS = (
+    FailureKind,
+    Stage,
+    Outcome,
+    Component,
+    EventKind,
+    CapacityCause,
+    RankState,
+    ScrubScope,
+    ScrubState,
+    SegmentLossCause,
+)
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
@@ -711,10 +763,10 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
             return hint(value)
         except ValueError:
             raise ValueError(f"field {name!r}: {value!r} is not a {hint.__name__}") from None
-    if hint is Failure:
+    if hint is Failure or hint is HostLoad:
         if not isinstance(value, Mapping):
             raise ValueError(f"field {name!r}: expected an object")
-        return Failure.from_wire(value)
+        return hint.from_wire(value)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"field {name!r}: expected a list")
@@ -759,6 +811,7 @@ __all__ = [
     "MarkerSet",
     "ObjectQuarantined",
     "RankRestarted",
+    "RankStarved",
     "RankUnresponsive",
     "RequestAdmitted",
     "RequestFinished",

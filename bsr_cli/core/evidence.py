@@ -12,6 +12,7 @@ Blame follows the stage (the rule a restore debugger must not break):
     stage                         blamed component      force-local marker
     probe, fetch, verify          the tier              excludes that tier
     install, synchronize, stall   the rank              none against a tier (the prompt recomputes locally)
+    a deadline while starved      the host              none (no rank, no tier: the host was overloaded)
     admission (W > B, no blocks)  capacity              none
     an operator abort             the operator          none
 
@@ -78,6 +79,7 @@ class EventKind(StrEnum):
     FAULTS_CLEARED = "faults_cleared"
     ABORT_REQUESTED = "abort_requested"
     RANK_UNRESPONSIVE = "rank_unresponsive"
+    RANK_STARVED = "rank_starved"  # a rank's deadline was stretched: the host starved it (or the coordinator)
     RANK_RESTARTED = "rank_restarted"
 
 
@@ -98,6 +100,7 @@ class FailureKind(StrEnum):
     TIER = "tier"
     RANK = "rank"
     ABORTED = "aborted"
+    HOST_OVERLOADED = "host_overloaded"  # a deadline ran out while the host starved the engine: nobody blamed
 
     @property
     def exit_code(self) -> ExitCode:
@@ -113,12 +116,14 @@ _EXIT = {
     FailureKind.TIER: ExitCode.FAILED_CLOSED,
     FailureKind.RANK: ExitCode.FAILED_CLOSED,
     FailureKind.ABORTED: ExitCode.INTERRUPTED,
+    FailureKind.HOST_OVERLOADED: ExitCode.HOST_OVERLOADED,
 }
 _OUTCOME = {
     FailureKind.CAPACITY: Outcome.REFUSED,
     FailureKind.TIER: Outcome.FAILED_CLOSED,
     FailureKind.RANK: Outcome.FAILED_CLOSED,
     FailureKind.ABORTED: Outcome.ABORTED,
+    FailureKind.HOST_OVERLOADED: Outcome.FAILED_CLOSED,
 }
 
 
@@ -159,6 +164,30 @@ class Component(StrEnum):
     RANK = "rank"
     OPERATOR = "operator"
     CAPACITY = "capacity"
+    HOST = "host"  # the machine the engine runs on (overloaded), not any part of bsr
+
+
+class RankState(StrEnum):
+    """What the kernel says of a rank that has been silent (or made no progress) past its deadline, as the
+    coordinator judges it (``runtime/judge.py``). Only dead, stopped and hung are the rank's fault; a starved rank
+    waits to run (its run-queue delay grows, the host is under pressure, or the coordinator itself runs late),
+    which is the host's; unknown: the kernel could not say which (starvation can neither be shown nor ruled out)."""
+
+    LIVE = "live"  # it answers within its deadline
+    STARVED = "starved"  # waiting to run: the host's doing, its deadline is stretched (up to a ceiling)
+    STOPPED = "stopped"  # its process is stopped (SIGSTOP, a debugger): /proc/PID/stat state T or t
+    HUNG = "hung"  # alive, able to run, the host has CPU, and still no progress
+    DEAD = "dead"  # no process
+    UNKNOWN = "unknown"  # past its deadline, and the kernel cannot tell starved from hung here
+
+    @classmethod
+    def _missing_(cls, value: object) -> RankState | None:
+        return _kept_as_sent(cls, value)  # a newer engine's state, shown as sent
+
+    @property
+    def rank_at_fault(self) -> bool:
+        """The rank itself is to blame (never for time it spent waiting to run)."""
+        return self in (RankState.STOPPED, RankState.HUNG, RankState.DEAD)
 
 
 class MarkerClearCause(StrEnum):
@@ -226,6 +255,7 @@ __all__ = [
     "EventKind",
     "FailureKind",
     "Outcome",
+    "RankState",
     "ScrubScope",
     "ScrubState",
     "SegmentLossCause",

@@ -72,6 +72,7 @@ class FindingKind(StrEnum):
     RESTORE_FAILED_CAPACITY = "restore-failed-capacity"
     RESTORE_FAILED_RANK = "restore-failed-rank"
     RESTORE_FAILED_TIER = "restore-failed-tier"
+    RESTORE_FAILED_HOST = "restore-failed-host"  # a deadline ran out while the host starved the engine
     ADMITTED = "admitted"
     RUNNING = "running"
 
@@ -937,7 +938,8 @@ def _failure_line(f: ev.Failure) -> str:
         blame.append(f"stage {f.stage.value}")
     if f.tier:
         blame.append(f"tier {f.tier}")
-    return f"failed: {where}: {f.reason or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
+    line = f"failed: {where}: {f.reason or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
+    return line + (f"; figures: {f.load.describe()}" if f.load is not None and f.load.describe() not in line else "")
 
 
 def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequence[MarkerView]) -> Explanation:
@@ -981,6 +983,19 @@ def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequ
     )
 
 
+def _host_verdict(fails: Sequence[ev.Failure]) -> tuple[FindingKind, str, str, str]:
+    """A restore the host made miss its deadline: nobody in bsr is blamed; the figures name the pressure."""
+    f = next(f for f in fails if f.kind is FailureKind.HOST_OVERLOADED)
+    figures = f.load.describe() if f.load is not None else "no figures recorded"
+    summary = (
+        "failed closed because the host was overloaded: a deadline ran out while "
+        + (f"rank {f.rank}" if f.rank is not None else "the engine")
+        + f" waited to run ({figures}); no rank or tier is blamed, no marker was set"
+    )
+    fix = "retry once the load drops; give the engine CPU, or raise `bsr engine up --overload-ceiling`"
+    return FindingKind.RESTORE_FAILED_HOST, summary, fix, "bsr status"
+
+
 def _marker_scope(excluded_tiers: Sequence[str]) -> str:
     return f"excludes {', '.join(excluded_tiers)}" if excluded_tiers else "excludes no tier (recompute locally)"
 
@@ -1015,6 +1030,8 @@ def _request_verdict(
         verdict = FindingKind.RESTORE_FAILED_CAPACITY
         summary = "refused for capacity: the window did not fit the budget B or the pool (no tier is blamed)"
         fix, nxt = "lower W or raise B (see the reason)", "bsr settings show"
+    elif outcome is Outcome.FAILED_CLOSED and kind is FailureKind.HOST_OVERLOADED:
+        verdict, summary, fix, nxt = _host_verdict(fails)
     elif outcome is Outcome.FAILED_CLOSED and kind is FailureKind.RANK and staged_rank_failure is not None:
         # The rank failed at its own stage (install, synchronize): the rank's fault, never a tier's.
         f = staged_rank_failure

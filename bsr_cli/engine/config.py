@@ -24,6 +24,7 @@ ENGINE_SETTINGS = (
     "fs_concurrency",
     "fetch_timeout_s",
     "kv_wait_s",
+    "overload_ceiling_s",
     "scrub_after_failure",
 )
 

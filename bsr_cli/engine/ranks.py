@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing as mp
+import select
 import signal
 import threading
 import time
@@ -75,6 +76,15 @@ class ProcessRank:
     def heartbeat_age(self) -> float:
         """Seconds since this rank last said anything (it beats every few hundred ms while it runs)."""
         return time.monotonic() - self._last_heard
+
+    def unread(self) -> bool:
+        """Whether the rank has said something this side has not read yet (heartbeats queued in the pipe while
+        the coordinator itself did not run): the rank is not silent, whatever ``heartbeat_age`` says."""
+        try:
+            ready, _, _ = select.select([self._conn.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return bool(ready)
 
     def submit(self, request: RankRequest[R]) -> Future[R]:
         fut: Future[R] = Future()

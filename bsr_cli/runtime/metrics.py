@@ -26,6 +26,8 @@ STAGES_OF: dict[FailureKind, tuple[str, ...]] = {
     FailureKind.TIER: (Stage.FETCH.value, Stage.VERIFY.value),
     FailureKind.RANK: (Stage.INSTALL.value, Stage.SYNCHRONIZE.value, Stage.COMMIT.value, Stage.PROBE.value, NONE),
     FailureKind.ABORTED: (NONE, Stage.FETCH.value),
+    # none: the coordinator named the host (a rank starved past the overload ceiling); fetch: a rank's own deadline
+    FailureKind.HOST_OVERLOADED: (NONE, Stage.FETCH.value),
 }
 
 
@@ -62,6 +64,12 @@ class RuntimeCounters:
         )
         self.unresponsive = Counter(
             "bsr_rank_unresponsive", "Times a rank missed its heartbeat or a deadline", ["rank"], registry=r
+        )
+        self.starved = Counter(
+            "bsr_rank_starved",
+            "Times a rank's deadline was stretched because the host starved it (it waited to run)",
+            ["rank"],
+            registry=r,
         )
         self.submitted = Counter("bsr_requests_submitted", "Requests submitted for admission", registry=r)
         # Destination KV blocks short: a request waits for them (FIFO, up to kv_wait_s) instead of being refused.
@@ -102,6 +110,7 @@ class RuntimeCounters:
             self.windows.labels(str(rank))
             self.bytes.labels(str(rank))
             self.unresponsive.labels(str(rank))
+            self.starved.labels(str(rank))
             for tier in tiers:
                 self.quarantined.labels(tier)
                 self.fetch_bytes.labels(str(rank), tier)

@@ -30,7 +30,7 @@ from bsr_cli.core.events import (
     request_of,
     restore_ended,
 )
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
+from bsr_cli.core.evidence import FailureKind, Outcome, RankState, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.results import InvalidCell, RankRestore, RestoreReport
 from bsr_cli.core.scrub import ScrubProgress
@@ -442,15 +442,16 @@ class Observation:
             faults_enabled=s.faults_enabled,
             fs_concurrency=s.fs_concurrency,
             tokenizer=s.tokenizer,
+            overload_ceiling_s=s.overload_ceiling_s,
         )
 
     def pool(self, health: bool = False) -> list[PoolEntry]:
         out = []
         futures: list[Future[StatsResult] | None] = []
         states = self._calls.rank_health()
-        for r in self.ranks:
-            # A silent rank is not asked (it would only make the caller wait): its health says why.
-            asked = r.alive() and self._calls.silent(r) is None
+        for r, h in zip(self.ranks, states, strict=True):
+            # A silent or starved rank is not asked (it would only make the caller wait): its health says why.
+            asked = r.alive() and h.state is RankState.LIVE
             futures.append(r.submit(StatsRequest(health=health)) if asked else None)
         now = time.monotonic()
         for r, fut, h in zip(self.ranks, futures, states, strict=True):
@@ -461,6 +462,7 @@ class Observation:
                 reason=h.reason,
                 heartbeat_age_s=h.heartbeat_age_s,
                 last_fault=h.last_fault,
+                state=h.state,
             )
             if fut is not None:
                 try:

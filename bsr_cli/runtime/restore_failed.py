@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bsr_cli.core.evidence import FailureKind, Stage
+from bsr_cli.core.overload import HostLoad
 
 
 class RestoreFailed(Exception):
     """One rank's retrieve failed at ``stage``: a fetch or verify failure is the tier's (``tier`` names it), an
-    install or synchronize failure the rank's own, an abort the operator's."""
+    install or synchronize failure the rank's own, an abort the operator's; a fetch deadline that ran out while the
+    rank waited to run is the host's (``load`` holds the figures). ``unanswered``: the tier answered none of the
+    window's objects that failed (each timed out, or found the tier unavailable), so no bytes came back to check."""
 
     def __init__(
         self,
@@ -22,6 +25,8 @@ class RestoreFailed(Exception):
         kind: FailureKind,
         stage: Stage | None,
         tier: str | None = None,
+        load: HostLoad | None = None,
+        unanswered: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -30,6 +35,8 @@ class RestoreFailed(Exception):
         self.kind = kind
         self.stage = stage
         self.tier = tier
+        self.load = load
+        self.unanswered = unanswered
 
 
 def aborted(window: int | None, stage: Stage | None = None) -> RestoreFailed:

@@ -141,6 +141,16 @@ class AbandoningTier(Protocol):
         ...
 
 
+@runtime_checkable
+class ExplainingTier(Protocol):
+    """A tier that knows a fault behind a fetch's failure besides its error codes (an injected fault): evidence of
+    the tier's fault, which outranks a rank's starvation when its deadline runs out."""
+
+    def known_fault(self, keys: Sequence[str]) -> str:
+        """Why a fetch of ``keys`` fails, as the tier knows it ("" when it knows of nothing)."""
+        ...
+
+
 def probe_tiers(
     tiers: Mapping[str, Tier], keys: Mapping[str, Sequence[str]], asked: Sequence[str], n_chunks: int, timeout_s: float
 ) -> ProbeResult:

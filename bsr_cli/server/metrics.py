@@ -14,6 +14,8 @@ value carries that label (`rank`, `tier`, `group`).
     bsr_pool_windows_live{rank}, bsr_pool_waiters{rank}           windows staged, restores waiting for room
     bsr_rank_up{rank}, bsr_rank_healthy{rank}                     process alive; alive, beating, not stuck
     bsr_rank_heartbeat_age_seconds{rank}                          since the rank's last heartbeat
+    bsr_rank_starved{rank}                                        1 while the host keeps the rank from running
+                                                                  (waiting to run: its deadlines stretch)
     bsr_tier_healthy{tier,injected}                               0 when any rank sees it down or cannot write
                                                                   it, it failed recently, or its store lost a
                                                                   segment (an armed fault alone changes
@@ -40,6 +42,9 @@ value carries that label (`rank`, `tier`, `group`).
     bsr_force_local_markers_set_total{injected}                   markers set (injected: by a drill's failure)
     bsr_faults_armed                                              injected faults still armed
     bsr_rank_unresponsive_total{rank}                             a rank missed its heartbeat or deadline
+                                                                  through its own fault (dead, stopped, hung)
+    bsr_rank_starved_total{rank}                                  a rank's deadline was stretched because the
+                                                                  host starved it
     bsr_store_segments_lost_total{tier,cause}                     segments the store lost with their objects
     bsr_store_objects_lost_total{tier}                            the objects on them (where the master said)
     bsr_requests_submitted_total                                  requests submitted for admission
@@ -60,6 +65,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from bsr_cli.core.evidence import RankState
 from bsr_cli.runtime.metrics import injected_label
 
 if TYPE_CHECKING:
@@ -167,6 +173,12 @@ class RuntimeCollector(Collector):
             "bsr_rank_healthy",
             "1 when the rank runs, beats and has no call stuck past its deadline",
             [({"rank": r.rank}, r.healthy) for r in ranks],
+        )
+        yield _family(
+            "gauge",
+            "bsr_rank_starved",
+            "1 while the host keeps the rank from running (its deadlines stretch; it is not blamed)",
+            [({"rank": r.rank}, r.state is RankState.STARVED) for r in ranks],
         )
         yield _family(
             "gauge",

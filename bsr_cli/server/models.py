@@ -182,8 +182,12 @@ class RankHealth(_Response):
     healthy: bool
     alive: bool
     heartbeat_age_s: float | None = Field(description="null: the rank does not beat (an in-process rank)")
-    reason: str | None
+    reason: str | None = Field(description="why it is unhealthy, or why it is starved")
     last_fault: RankFault | None
+    state: str = Field(
+        description="the coordinator's judgement: live, starved (the host keeps it from running: its deadlines "
+        "stretch, it is not blamed), stopped, hung, dead, or unknown (starved or hung cannot be told)"
+    )
 
 
 class QuarantinedFile(_Response):
@@ -279,6 +283,10 @@ class PoolRank(_Response):
     tp_rank: int | None = None
     error: str | None = Field(None, description="why the rank did not answer")
     restore_bps: float
+    state: str = Field(
+        description="the coordinator's judgement: live, starved (the host keeps it from running: its deadlines "
+        "stretch, it is not blamed), stopped, hung, dead, or unknown (starved or hung cannot be told)"
+    )
 
 
 class ActiveRestore(_Response):
@@ -419,6 +427,11 @@ class Info(_Response):
     faults_enabled: bool
     fs_concurrency: int
     tokenizer: str | None = None
+    overload_ceiling_s: float | None = Field(
+        default=None,
+        description="the longest a rank's deadline stretches while the host starves it (absent: a host that does "
+        "not judge starvation)",
+    )
 
 
 class Health(_Response):
@@ -427,6 +440,7 @@ class Health(_Response):
     ranks_alive: list[Any]
     ranks: list[RankHealth]
     unhealthy_ranks: list[Any]
+    starved_ranks: list[int] = Field(description="ranks the host keeps from running: healthy, their deadlines stretch")
     tiers: dict[str, TierHealth]
     degraded_tiers: list[str]
 
@@ -505,6 +519,8 @@ class Events(_Response):
     events: list[Event]
     last_seq: int
     durable: bool  # the engine keeps its events in a store that outlives its in-memory tail and a restart
+    held: int  # how many events the engine holds (its store, or its in-memory tail without one)
+    oldest_seq: int  # the sequence number of the oldest event it holds (0: none)
 
 
 class Fault(_Response):

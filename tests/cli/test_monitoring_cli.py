@@ -35,7 +35,7 @@ def test_rules_carry_absolute_runbook_links_under_the_base_given(bsr: Any, tmp_p
     r = bsr("monitoring", "rules", "--runbook-base", base + "/")
     assert r.code == 0, r.err
     links = _links(r.out)
-    assert len(links) == 8 and all(re.fullmatch(re.escape(base) + r"/[a-z-]+\.md", u) for u in links), links
+    assert len(links) == 9 and all(re.fullmatch(re.escape(base) + r"/[a-z-]+\.md", u) for u in links), links
     assert "placeholder" not in r.err
     # The default base says it is a placeholder, on stderr, and the rules still come out.
     r = bsr("monitoring", "rules")
@@ -45,11 +45,11 @@ def test_rules_carry_absolute_runbook_links_under_the_base_given(bsr: Any, tmp_p
     r = bsr("monitoring", "rules", "--runbook-base", base, "-o", str(out), "--json")
     assert r.code == 0, r.err
     d = r.json()
-    assert d["runbook_base"] == base and d["written"] == str(out) and len(d["alerts"]) == 8
+    assert d["runbook_base"] == base and d["written"] == str(out) and len(d["alerts"]) == 9
     assert out.read_text() == d["rules"] == alert_rules(base)
     if PROMTOOL is not None:
         check = subprocess.run([PROMTOOL, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
-        assert check.returncode == 0 and "SUCCESS: 8 rules found" in check.stdout, check.stdout + check.stderr
+        assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stdout + check.stderr
 
 
 @pytest.mark.parametrize("base", ["docs/runbooks", "wiki.example.com/runbooks", "ftp://x/y", "https://x/y?a=1"])

@@ -18,6 +18,7 @@ from bsr_cli.core.events import (
     ObjectQuarantined,
     OutputMismatch,
     RankRestarted,
+    RankStarved,
     RestoreAborted,
     RestoreCommitted,
     RestoreEnded,
@@ -39,11 +40,13 @@ from bsr_cli.core.evidence import (
     EventKind,
     FailureKind,
     Outcome,
+    RankState,
     ScrubScope,
     ScrubState,
     SegmentLossCause,
     Stage,
 )
+from bsr_cli.core.overload import HostLoad, Psi, RankDelay
 from bsr_cli.core.store_loss import SegmentLoss
 
 pytestmark = pytest.mark.fast
@@ -106,6 +109,29 @@ def test_a_rank_failure_round_trips_with_its_stage_and_blame() -> None:
     assert ended.failures[0].component is Component.RANK
     # The per-rank event keeps the wire's old spelling of its failure kind.
     assert part.to_wire()["kind"] == "rank" and parse_event(part.to_wire()) == part
+
+
+def test_a_host_verdict_round_trips_with_its_figures_and_blames_the_host() -> None:
+    load = HostLoad(
+        span_s=5.0,
+        coordinator_lag_s=0.2,
+        ranks=(RankDelay(1, RankState.STARVED, 4.6),),
+        cpu=Psi(91.0, 30.5),
+        memory=Psi(0.0, 0.0),
+        io=None,  # unknown here: stays unknown on the way back, never 0
+    )
+    part = RestoreFailed(
+        request="r2", rank=1, reason="starved", failure_kind=FailureKind.HOST_OVERLOADED, stage=Stage.FETCH, load=load
+    )
+    ended = RestoreFailedClosed(request="r2", failures=(part.failure,), failure_kind=FailureKind.HOST_OVERLOADED)
+    wire = ended.to_wire()
+    assert wire["failures"][0]["load"]["ranks"] == [{"rank": 1, "state": "starved", "run_delay_s": 4.6, "ran_s": None}]
+    assert wire["failures"][0]["load"]["io"] is None and wire["failures"][0]["component"] == "host"
+    assert parse_event(wire) == ended and parse_event(part.to_wire()) == part
+    starved = RankStarved(rank=1, reason="waited to run", request="r2", load=load)
+    assert parse_event(starved.to_wire()) == starved and starved.to_wire()["type"] == "rank_starved"
+    # A failure without figures writes none (older readers see the shape they know).
+    assert "load" not in RestoreFailed(request="r", rank=0, reason="x", failure_kind=FailureKind.TIER).to_wire()
 
 
 def test_an_output_mismatch_round_trips_naming_the_request_and_its_hashes() -> None:

@@ -47,7 +47,7 @@ def _promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProce
 def test_promtool_validates_and_unit_tests_the_rules() -> None:
     r = _promtool("check", "rules", str(RULES))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 8 rules found" in r.stdout
+    assert "SUCCESS: 9 rules found" in r.stdout
     r = _promtool("test", "rules", "bsr-alerts.test.yml")
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -142,7 +142,7 @@ def test_a_real_prometheus_scrapes_the_engine_and_evaluates_every_rule(
     assert not names & {"BsrRestoreFailedClosed", "BsrTierUnhealthy"}, names
     # Every rule evaluates without error against the live series.
     rules = [r for g in api("rules")["groups"] for r in g["rules"]]
-    assert len(rules) == 8
+    assert len(rules) == 9
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
     # No alert claims a rank or the engine is down.
     assert not names & {"BsrRankDown", "BsrRankHeartbeatLost", "BsrEngineDown"}

@@ -189,3 +189,21 @@ def test_summarize_pool_at_budget_and_waiters() -> None:
     assert row.state == "degraded" and row.problems == ("rank 0: pool at budget B",)
     assert [(r.rank, r.state) for r in row.ranks] == [(0, "degraded"), (1, "attention")]
     assert row.failed_recent == 0
+
+
+def test_summarize_a_starved_rank_needs_attention_and_is_not_unhealthy() -> None:
+    """Pure: a rank the host keeps from running is the host's doing: attention, never unhealthy; the control, a rank
+    the engine reports unhealthy (stopped), makes the engine unhealthy."""
+    from bsr_cli.core.status import Snapshot
+    from bsr_cli.fleet import EngineAnswer, summarize
+
+    def row(rank: dict[str, Any]) -> Any:
+        snap = {"time": 1000.0, "info": {"budget_bytes": 100}, "ranks": [rank], "tiers": {}, "recent": []}
+        answer = EngineAnswer.of(Snapshot.from_wire(snap))
+        return summarize(Target("e", "http://e", None), answer, None, 0.01, at=1000.0)
+
+    starved = row({"rank": 0, "alive": True, "healthy": True, "state": "starved", "reason": "waited 9 s to run"})
+    assert starved.state == "attention" and starved.ranks[0].state == "attention"
+    assert starved.ranks[0].reason == "starved (the host, not the rank): waited 9 s to run"
+    stopped = row({"rank": 0, "alive": True, "healthy": False, "state": "stopped", "reason": "its process is stopped"})
+    assert stopped.state == "unhealthy" and stopped.ranks[0].state == "unhealthy"

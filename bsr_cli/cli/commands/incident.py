@@ -36,6 +36,7 @@ SETTING_KEYS = (
     "pool_bytes",
     "fs_concurrency",
     "fetch_timeout_s",
+    "overload_ceiling_s",
     "tiers",
     "max_tokens",
     "kv_tokens",

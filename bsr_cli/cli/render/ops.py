@@ -22,7 +22,7 @@ from bsr_cli.cli.render.planning import b, first_break_line
 from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, HitBitmap
 from bsr_cli.core.events import Event, Failure, RestoreFailed, RestoreStarted, WindowReleased
-from bsr_cli.core.evidence import FailureKind, Outcome, ScrubState, TierCondition, window_label
+from bsr_cli.core.evidence import FailureKind, Outcome, RankState, ScrubState, TierCondition, window_label
 from bsr_cli.core.results import (
     ManualRestoreResult,
     OutputHashes,
@@ -30,7 +30,7 @@ from bsr_cli.core.results import (
     RestoreReport,
     SubmitResult,
 )
-from bsr_cli.core.status import EngineStatus, FaultListing, RecentRestore
+from bsr_cli.core.status import EngineStatus, FaultListing, PoolEntry, RecentRestore
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
@@ -181,6 +181,7 @@ def _restore_line(r: RestoreReport) -> str:
         causes = {
             FailureKind.RANK: f"{ranks or 'a rank'} failed{stage} (no tier blamed)",
             FailureKind.TIER: f"tier {tiers} failed{stage}" if tiers else f"a tier failed{stage}",
+            FailureKind.HOST_OVERLOADED: f"the host was overloaded{stage} (no rank or tier blamed)",
         }
         cause = causes.get(r.failure_kind, "nothing valid to commit") if r.failure_kind else "nothing valid to commit"
         headline = f"[red]failed closed[/], {cause}"
@@ -407,6 +408,15 @@ def faults(console: Console, d: FaultListing) -> None:
     console.print(t)
 
 
+def _rank_state(r: PoolEntry) -> str:
+    """A rank's state cell: up (draining to B), starved (the host keeps it from running), unhealthy or down."""
+    if not r.healthy:
+        return "[red]unhealthy[/]" if r.alive else "[red]down[/]"
+    if r.state is RankState.STARVED:
+        return "[yellow]up, starved[/]"
+    return "[yellow]up, draining to B[/]" if (r.pool or {}).get("draining") else "[green]up[/]"
+
+
 def status(console: Console, d: EngineStatus) -> None:
     snap = d.snapshot
     info = snap.info
@@ -431,9 +441,7 @@ def status(console: Console, d: EngineStatus) -> None:
         p = r.pool or {}
         t.add_row(
             str(r.rank),
-            ("[yellow]up, draining to B[/]" if p.get("draining") else "[green]up[/]")
-            if r.healthy
-            else ("[red]unhealthy[/]" if r.alive else "[red]down[/]"),
+            _rank_state(r),
             format_bytes(p.get("live_bytes", 0)),
             format_bytes(p.get("peak_bytes", 0)),
             format_bytes(p.get("capacity_bytes", 0)),
@@ -444,6 +452,8 @@ def status(console: Console, d: EngineStatus) -> None:
     for r in snap.ranks:
         if not r.healthy:
             console.print(f"[red]rank {r.rank} unhealthy[/]: {r.reason or r.error or 'not running'}")
+        elif r.state is RankState.STARVED:  # the host's doing: its deadlines stretch, it is not blamed
+            console.print(f"[yellow]rank {r.rank} starved[/] (the host, not the rank): {r.reason or 'waiting to run'}")
         elif r.last_fault is not None and r.last_fault.stage:  # it failed at its own stage and still answers
             console.print(f"[yellow]rank {r.rank} last fault[/]: {r.last_fault.reason}")
         elif r.last_fault is not None:
