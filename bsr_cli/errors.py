@@ -20,7 +20,11 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     ├── DrillViolation          a drill found a broken invariant                 (11)
     ├── ServiceError            starting/stopping local services failed          (13)
     ├── NothingToRestore        no tier holds the prompt's first chunk: no restore ran (14)
+    ├── AlreadyEnded            an abort came too late: the restore committed or ended (18)
     └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
+
+Under ``--json`` an error is one JSON object on stdout (``to_dict``); a command that has a result to show beside the
+error (a restore refused at capacity, a drill that found a violation) attaches it as ``report``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class ExitCode(IntEnum):
     ENGINE_BUSY = 15
     RANK_RESTARTING = 16
     INTERRUPTED = 130
+    ALREADY_ENDED = 18  # an abort that came after the restore committed or ended
 
 
 class BsrError(Exception):
@@ -59,14 +64,19 @@ class BsrError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # The command's result that came with the error, as JSON (``Output.fail`` sets it): written with the error.
+        self.report: object | None = None
 
-    def to_dict(self) -> dict[str, str | int | None]:
-        return {
+    def to_dict(self) -> dict[str, object]:
+        doc: dict[str, object] = {
             "error": self.kind,
             "message": self.message,
             "hint": self.hint,
             "exit_code": int(self.exit_code),
         }
+        if self.report is not None:
+            doc["report"] = self.report
+        return doc
 
 
 class InvalidInput(BsrError):
@@ -135,7 +145,7 @@ class RankRestarting(EngineError):
         self.rank = rank
         self.retry_after_s = retry_after_s
 
-    def to_dict(self) -> dict[str, str | int | None]:
+    def to_dict(self) -> dict[str, object]:
         return super().to_dict() | {"rank": self.rank, "retry_after_s": self.retry_after_s}
 
 
@@ -164,6 +174,21 @@ class NothingToRestore(BsrError):
 
     exit_code = ExitCode.NOTHING_TO_RESTORE
     kind = "nothing-to-restore"
+
+
+class AlreadyEnded(BsrError):
+    """An abort that lost the race: the restore had already committed (its KV stays), or the request had already
+    ended; ``outcome`` says how (a value of ``core.evidence.Outcome``)."""
+
+    exit_code = ExitCode.ALREADY_ENDED
+    kind = "already-ended"
+
+    def __init__(self, message: str, *, hint: str | None = None, outcome: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.outcome = outcome
+
+    def to_dict(self) -> dict[str, object]:
+        return super().to_dict() | {"outcome": self.outcome}
 
 
 class RestoreAborted(BsrError):

@@ -40,7 +40,7 @@ from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import SubmitResult
 from bsr_cli.core.status import EngineInfo
-from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
+from bsr_cli.errors import AlreadyEnded, BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
@@ -542,7 +542,10 @@ def isolate(info: EngineInfo, tier: str | None) -> tuple[str, list[str]]:
     tiers = list(info.tiers)
     chosen = tier or (tiers[0] if tiers else "")
     if chosen not in tiers:
-        raise InvalidInput(f"the engine has no tier {chosen!r} (it has {', '.join(tiers) or 'none'})")
+        raise InvalidInput(
+            f"the engine has no tier {chosen!r} (it has {', '.join(tiers) or 'none'})",
+            hint=f"pass --tier {' or --tier '.join(tiers) or 'TIER'}; `bsr settings show` lists the engine's tiers",
+        )
     return chosen, [t for t in tiers if t != chosen]
 
 
@@ -719,7 +722,7 @@ class Run(Generic[R]):
 
     def abort_inflight(self) -> None:
         if self.request:
-            with contextlib.suppress(EngineError):
+            with contextlib.suppress(EngineError, AlreadyEnded):
                 self.client.abort(self.request)
 
     @contextlib.contextmanager

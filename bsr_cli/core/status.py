@@ -148,6 +148,9 @@ class TierHealth:
     quarantined_total: int
     # A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok: none).
     condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
+    # When the restore from it that failed (``restore_failed``) failed: evidence is dated, so a later restore's
+    # can be told apart from it. Absent without such a failure.
+    failed_at: float | None = wire.field(default=None, omit_none=True)
 
     to_wire = wire.writer()
     from_wire = wire.reader()

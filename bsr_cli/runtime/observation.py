@@ -26,6 +26,7 @@ from bsr_cli.core.events import (
     ObjectQuarantined,
     WindowFetched,
     WindowReleased,
+    in_pass,
     rank_of,
     request_of,
     restore_ended,
@@ -88,6 +89,7 @@ class _TierJoin:
         self.conditions: list[TierCondition] = []
         self.quarantined: list[QuarantinedFile] = []
         self.dirs: dict[str, int] = {}  # its quarantine directories' totals
+        self.failed_at: float | None = None  # when a restore from it failed (the coordinator's own evidence)
 
     def unhealthy(self, condition: TierCondition, why: str) -> None:
         self.ok = False
@@ -103,6 +105,7 @@ class _TierJoin:
             quarantined=tuple(sorted(self.quarantined, key=lambda q: -q.at)),
             quarantined_total=sum(self.dirs.values()),
             condition=self.conditions[0] if self.conditions else TierCondition.OK,
+            failed_at=self.failed_at,
         )
 
 
@@ -124,6 +127,7 @@ class Observation:
         # Every mutable field below is read and written under ``_lock``.
         self._lock = threading.Lock()
         self._active: dict[str, ActiveRestore] = {}  # the running restores, as a monitor draws them
+        self._passes: dict[str, int] = {}  # each running restore's admission pass, until it ends
         self._recent: deque[RecentRestore] = deque(maxlen=50)
         self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ctx.ranks}
         # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
@@ -190,26 +194,28 @@ class Observation:
                     t.dirs[os.path.dirname(h.quarantined[0].file)] = h.quarantined_total
         for name, flags in self._tier_flags().items():
             t = tiers[name]
-            for cond, why in flags:
+            for cond, why, at in flags:
                 t.unhealthy(cond, why)
+                t.failed_at = at if cond is TierCondition.RESTORE_FAILED else t.failed_at
         return {name: t.health() for name, t in tiers.items()}
 
-    def _tier_flags(self) -> dict[str, list[tuple[TierCondition, str]]]:
-        """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
-        a recent real failure that no committed restore from it has cleared since."""
+    def _tier_flags(self) -> dict[str, list[tuple[TierCondition, str, float | None]]]:
+        """Per tier, what the coordinator itself knows makes it unhealthy, and since when where it is dated: armed
+        faults that take it down, and a recent real failure that no committed restore from it has cleared since."""
         now = time.time()
         armed = self._armed_faults()
         with self._lock:
             recent = {t: v for t, v in self._tier_failures.items() if now - v.at <= TIER_FAILURE_TTL_S}
-        out: dict[str, list[tuple[TierCondition, str]]] = {t: [] for t in self.settings.tiers}
+        out: dict[str, list[tuple[TierCondition, str, float | None]]] = {t: [] for t in self.settings.tiers}
         for f in armed:
             for t in f.tiers_affected():
-                out.setdefault(t, []).append((TierCondition.FAULT_ARMED, f"fault #{f.id} {f.kind} armed"))
+                out.setdefault(t, []).append((TierCondition.FAULT_ARMED, f"fault #{f.id} {f.kind} armed", None))
         for t, v in recent.items():
             out.setdefault(t, []).append(
                 (
                     TierCondition.RESTORE_FAILED,
-                    f"restore from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}",
+                    f"restore {v.request} from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}",
+                    v.at,
                 )
             )
         return out
@@ -342,6 +348,7 @@ class Observation:
         deciding = next((f for f in fails if f.kind is kind), None)
         self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
         with self._lock:
+            pass_no = self._passes.pop(request, None)
             self._recent.appendleft(
                 RecentRestore(
                     request=request,
@@ -365,6 +372,7 @@ class Observation:
                     failures=tuple(fails),
                     failure_kind=kind,
                     seconds=seconds,
+                    pass_no=pass_no,
                 )
             )
 
@@ -372,6 +380,9 @@ class Observation:
         """A rank's progress, as the coordinator receives it: the liveness watch and the live view updated, the
         window and fetch counters incremented (each event counted once, here, in whatever order ranks send
         them), then logged."""
+        with self._lock:
+            pass_no = self._passes.get(request_of(ev) or "")
+        ev = in_pass(ev, pass_no)
         if ev.kind in PROGRESS:
             rank = rank_of(ev)
             self._calls.progressed(request_of(ev) or "", rank if rank is not None else -1, ev.kind)
@@ -502,10 +513,13 @@ class Observation:
             self._tier_failures = {t: v for t, v in self._tier_failures.items() if not v.injected}
 
     # -- the running restores ------------------------------------------------------------------------------------
-    def restore_began(self, request: str, state: ActiveRestore) -> None:
-        """A restore started on every rank: shown live, and each rank's progress watched from now on."""
+    def restore_began(self, request: str, state: ActiveRestore, pass_no: int | None = None) -> None:
+        """A restore started on every rank: shown live, and each rank's progress watched from now on (its events
+        stamped with its admission pass ``pass_no``, until it ends)."""
         with self._lock:
             self._active[request] = state
+            if pass_no is not None:
+                self._passes[request] = pass_no
         self._calls.watch(request)
 
     def restore_over(self, request: str) -> None:

@@ -41,6 +41,8 @@ from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import POLL_S, CoordinatorContext, RankRestarts, RankUnresponsive
 
 R = TypeVar("R")
+# What a settings change that broke on a rank says to do next.
+_RETRY = "`bsr status` shows the ranks' health; the engine's log says what the rank raised, then retry"
 
 # The settings each rank holds itself, as the API names them, with the request that sets one (the default W is the
 # coordinator's alone).
@@ -311,10 +313,12 @@ class RankCalls:
                 o.calls.extend(calls)
                 o.why, o.resent = why, False
         if not held:
-            return cause if isinstance(cause, BsrError) else ServerError(f"{type(cause).__name__}: {cause}")
+            return (
+                cause if isinstance(cause, BsrError) else ServerError(f"{type(cause).__name__}: {cause}", hint=_RETRY)
+            )
         message = f"{', '.join(changes)} not changed: {getattr(cause, 'message', cause)}; {'; '.join(held)}"
         if not isinstance(cause, BsrError):
-            return ServerError(message)
+            return ServerError(message, hint=_RETRY)
         cause.message, cause.args = message, (message,)
         return cause
 
