@@ -171,7 +171,10 @@ def run_store(
     fit_chunks = accounting.max_window_for_capacity(reg, cap)
     n_tokens = min(tokens, fit_chunks * reg.chunk_size)
     if n_tokens <= 0:
-        raise InvalidInput(f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk")
+        raise InvalidInput(
+            f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk",
+            hint="raise the engine's pool (`bsr engine up --pool ...`) or use a smaller registration",
+        )
     run.params = replace(params, tokens_restored=n_tokens)
     require_tokens(info, n_tokens)
 
@@ -196,7 +199,10 @@ def run_store(
                     )
                 )
             except ImportError as e:
-                raise ServiceError(f"cannot load the Mooncake client here: {e}") from None
+                raise ServiceError(
+                    f"cannot load the Mooncake client here: {e}",
+                    hint="install the engine extra (./scripts/setup) or run without the Mooncake ceiling",
+                ) from None
             with run.row(CeilingRow.begun("mooncake-set")) as slot:
                 mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.run_id)
                 judged = slot.row.meta.judged({"every_object_whole": all(r.passed for r in mc_rows)})

@@ -176,7 +176,10 @@ def calibrate(
             res = client.submit(Prompt.of_tokens(tokens), w=w, verify=False, timeout=600)
             restore = next((p.restore for p in res.passes if p.restore), None)
             if not restore or not restore.committed_tokens or restore.seconds <= 0:
-                raise BsrError("the calibration restore committed nothing: the engine cannot restore from its store")
+                raise BsrError(
+                    "the calibration restore committed nothing: the engine cannot restore from its store",
+                    hint="`bsr explain --synthetic N` says why the engine does not restore it; `bsr status` its tiers",
+                )
             out.append((restore.chunks, float(restore.seconds)))
         return sorted(out, key=lambda x: x[1])
 
@@ -437,10 +440,16 @@ def stock_model(reg: Registration) -> dict[str, str | int]:
     shapes = {t.shape for t in reg.tensors}
     dtypes = {t.dtype for t in reg.tensors}
     if len(reg.groups) != 1 or len(shapes) != 1 or len(dtypes) != 1:
-        raise CapacityError("LMCache keeps one KV layout per engine; this registration has several")
+        raise CapacityError(
+            "LMCache keeps one KV layout per engine; this registration has several",
+            hint="replay with a registration of one KV group and one tensor shape (e.g. -r demo)",
+        )
     (shape,) = shapes
     if len(shape) != 3 or shape[0] != 2:
-        raise CapacityError(f"LMCache's paged layout needs [2, kv_heads, head_size] tensors, not {list(shape)}")
+        raise CapacityError(
+            f"LMCache's paged layout needs [2, kv_heads, head_size] tensors, not {list(shape)}",
+            hint="replay with a registration whose tensors are [2, kv_heads, head_size] (e.g. -r demo)",
+        )
     return {
         "name": reg.model,
         "layers": len(reg.tensors),
@@ -545,7 +554,10 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
     need = reg.tp_size * (case.l1_bytes + case.kv_tokens * reg.bytes_per_token + (600 << 20)) + case.segment_bytes
     avail = mem_available()
     if avail and need > avail:
-        raise CapacityError(f"stock LMCache's replay needs ~{need >> 20:,} MiB, {avail >> 20:,} MiB available")
+        raise CapacityError(
+            f"stock LMCache's replay needs ~{need >> 20:,} MiB, {avail >> 20:,} MiB available",
+            hint="replay fewer requests (-n) or skip the stock run (--no-stock)",
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     t_first = case.trace.requests[0].arrival_ms
     deadline = CASE_SETUP_S + case.trace.span_ms / 1000 / case.speedup + 600.0
@@ -601,10 +613,14 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
             raise ServiceError(
                 f"stock LMCache's replay exited {proc.returncode} without a result"
                 + (f" within {deadline:.0f}s" if proc.returncode and proc.returncode < 0 else "")
-                + (f": {tail[0]}" if tail else "")
+                + (f": {tail[0]}" if tail else ""),
+                hint=f"its log ({log}) says why; rerun with --no-stock to replay bsr alone",
             )
         if not result.ok:
-            raise ServiceError(f"stock LMCache's replay failed: {result.error}")
+            raise ServiceError(
+                f"stock LMCache's replay failed: {result.error}",
+                hint="rerun with --no-stock to replay bsr alone; the error names what stock LMCache refused",
+            )
     finally:
         if holder is not None:
             services.stop(holder, timeout=10)

@@ -102,7 +102,7 @@ def test_kv_wait_reaches_the_running_engine(bsr, tmp_path: Path, monkeypatch) ->
         assert up.json()["settings"]["kv_wait_s"] == 7.5
         status = bsr("status", "--json")
         assert status.code == 0, status.err
-        assert status.json()["admission"]["kv_wait_s"] == 7.5
+        assert status.report()["admission"]["kv_wait_s"] == 7.5
         other = bsr(*base, "--json")  # the default, 60 s, differs from the running engine's
         assert other.code == ExitCode.INVALID_INPUT and "kv_wait_s 7.5 → 60.0" in other.err, other.err
     finally:

@@ -95,7 +95,7 @@ def test_restore_explains_a_peak_above_rws_under_the_budget(bsr, engine) -> None
     assert bsr("submit", "--synthetic", "4096", "--seed", "33").code == 0
     r = bsr("restore", "--synthetic", "4096", "--seed", "33", "--W", "1", "--json")
     assert r.code == 0, r.err
-    d = r.json()
+    d = r.report()
     peaks = [x["peak_live_bytes"] for x in d["ranks"]]
     assert d["budget_bytes"] == 4 << 20 and max(peaks) <= d["budget_bytes"]
     text = bsr("restore", "--synthetic", "4096", "--seed", "33", "--W", "1").out
@@ -108,7 +108,9 @@ def test_restore_explains_a_peak_above_rws_under_the_budget(bsr, engine) -> None
 def test_restore_with_nothing_stored_is_its_own_exit_code(bsr, engine) -> None:
     r = bsr("restore", "--synthetic", "2048", "--seed", "990001", "--json")
     assert r.code == ExitCode.NOTHING_TO_RESTORE, r.err
-    assert r.json()["outcome"] == "nothing_to_restore"  # the result document, not a second error document
+    doc = r.json()  # one document: the error, carrying the restore's result
+    assert doc["error"] == "nothing-to-restore" and doc["exit_code"] == ExitCode.NOTHING_TO_RESTORE
+    assert doc["report"]["outcome"] == "nothing_to_restore"
     text = bsr("restore", "--synthetic", "2048", "--seed", "990001")
     assert text.code == ExitCode.NOTHING_TO_RESTORE and "nothing to restore" in text.err
 
@@ -117,7 +119,7 @@ def test_restore_tier_means_only_that_tier(bsr, engine) -> None:
     assert bsr("submit", "--synthetic", "2048", "--seed", "35").code == 0
     r = bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "fs", "--json")
     assert r.code == 0, r.err
-    assert r.json()["tiers"] == ["fs"]  # Mooncake, preferred otherwise, was not used
+    assert r.report()["tiers"] == ["fs"]  # Mooncake, preferred otherwise, was not used
     assert bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "nope").code == ExitCode.INVALID_INPUT
     both = bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "fs", "--exclude-tier", "mooncake")
     assert both.code == ExitCode.INVALID_INPUT

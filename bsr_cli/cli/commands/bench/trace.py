@@ -86,7 +86,10 @@ def trace(
     reg = loaders.load_registration(registration) if registration else bt.replay_registration()
     full = loaders.load_trace(trace_file)
     if skip >= len(full):
-        raise InvalidInput(f"--skip {skip} leaves nothing of the trace's {len(full):,} requests")
+        raise InvalidInput(
+            f"--skip {skip} leaves nothing of the trace's {len(full):,} requests",
+            hint="lower --skip, or replay another part of the trace",
+        )
     sliced = full.head(requests, skip).scale_tokens(block_tokens)
     size = bt.sizing(sliced, reg)
     opts = bt.engine_options(reg, w, budget_rws, size)
@@ -120,10 +123,14 @@ def trace(
     data = replace(replayed, skip=skip, salt=seed, stock=stock_run)
     from bsr_cli.cli.render import planning as render
 
-    st.out.result(data, render.trace_replay)
     broken = [k for k, ok in data.checks.items() if not ok]
     if broken:
-        raise DrillViolation(f"the replay broke {', '.join(broken)}")
+        error = DrillViolation(
+            f"the replay broke {', '.join(broken)}",
+            hint="the report's checks say what broke; rerun with --json to keep the measured numbers",
+        )
+        st.out.fail(data, render.trace_replay, error)
+    st.out.result(data, render.trace_replay)
 
 
 def _stock_setup(
@@ -140,9 +147,12 @@ def _stock_setup(
         except InvalidInput as e:
             raise InvalidInput(f"--stock-l1: {e.message}", hint=e.hint) from None
         if stock_l1_bytes <= 0:
-            raise InvalidInput(f"--stock-l1 must be a positive size, got {stock_l1}")
+            raise InvalidInput(f"--stock-l1 must be a positive size, got {stock_l1}", hint="give a size such as 4GiB")
     if not stock and (stock_l1 is not None or stock_serial):
-        raise InvalidInput("--stock-l1 and --stock-serial set up stock LMCache's replay: drop --no-stock")
+        raise InvalidInput(
+            "--stock-l1 and --stock-serial set up stock LMCache's replay: drop --no-stock",
+            hint="drop --no-stock to run stock LMCache's replay, or drop --stock-l1/--stock-serial",
+        )
     stock_reason = "skipped with --no-stock" if not stock else bt.stock_available()
     if stock_reason is None:
         try:
