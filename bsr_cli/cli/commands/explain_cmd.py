@@ -62,13 +62,22 @@ def explain(
     st = state(ctx, json_flag)
     prompt = PromptFlags(tokens_file, prompt_file, synthetic, seed)
     if request is not None and prompt.given():
-        raise InvalidInput("give a request id or a prompt (--tokens-file/--prompt-file/--synthetic), not both")
+        raise InvalidInput(
+            "give a request id or a prompt (--tokens-file/--prompt-file/--synthetic), not both",
+            hint="`bsr explain REQ`: how a request ended; `bsr explain --synthetic N`: why a prompt is (not) reused",
+        )
     if request is None and prompt.given() != 1:
-        raise InvalidInput("give a request id, or exactly one of --tokens-file, --prompt-file or --synthetic N")
+        raise InvalidInput(
+            "give a request id, or exactly one of --tokens-file, --prompt-file or --synthetic N",
+            hint="e.g. `bsr explain req-00012` or `bsr explain --synthetic 65536 --seed 1`",
+        )
     flags = prompt.as_flags()
     if store is not None:
         if request is not None:
-            raise InvalidInput("--store explains a prompt, not a request id")
+            raise InvalidInput(
+                "--store explains a prompt, not a request id",
+                hint="explain the prompt with --tokens-file, or drop --store to explain a request on an engine",
+            )
         from bsr_cli.cli.commands import store_probe
         from bsr_cli.core.explain import explain_store
 
