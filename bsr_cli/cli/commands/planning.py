@@ -50,7 +50,10 @@ def resolve_registration(
     from bsr_cli import loaders
 
     if registration and hf_config:
-        raise InvalidInput("give --registration or --hf-config, not both")
+        raise InvalidInput(
+            "give --registration or --hf-config, not both",
+            hint="--registration names a registration file or built-in; --hf-config derives one from a config.json",
+        )
     if hf_config:
         return loaders.load_hf_registration(
             hf_config, tp=tp, dtype=dtype, block_size=block_size, include_mtp=mtp, chunk_size=chunk_size
@@ -66,9 +69,11 @@ def _parse_sweep(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise InvalidInput(f"--sweep takes comma-separated window sizes, got {text!r}") from None
+        raise InvalidInput(
+            f"--sweep takes comma-separated window sizes, got {text!r}", hint="e.g. --sweep 8,16,32,64"
+        ) from None
     if not values or any(v <= 0 for v in values):
-        raise InvalidInput("--sweep window sizes must be positive")
+        raise InvalidInput("--sweep window sizes must be positive", hint="e.g. --sweep 8,16,32,64")
     return values
 
 
@@ -166,10 +171,15 @@ def plan(
     json_flag: JsonFlag = False,
 ) -> None:
     """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace,
-    L1 per rank and restore latency over a request trace, whole-plan against BSR budgets."""
+    L1 per rank and restore latency over a request trace, whole-plan against BSR budgets. Without a prompt
+    (`bsr plan --W 32`): the registration over a ladder of prompt lengths, 8K to 1M tokens, every chunk a hit."""
     st = state(ctx, json_flag)
-    if sum(x is not None for x in (tokens, probe, trace)) != 1:
-        raise InvalidInput("give exactly one of --tokens N, --probe FILE or --trace FILE")
+    given = [flag for flag, v in (("--tokens", tokens), ("--probe", probe), ("--trace", trace)) if v is not None]
+    if len(given) > 1:
+        raise InvalidInput(
+            f"give one of --tokens N, --probe FILE or --trace FILE, not {' and '.join(given)}",
+            hint="--tokens plans a prompt fully held, --probe one as a saved probe found it, --trace a request trace",
+        )
     trace_flags = _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot)
     # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
     flagged_registration = functools.partial(
@@ -184,17 +194,49 @@ def plan(
         note=ctx,
     )
     if trace is None and trace_flags:
-        raise InvalidInput(f"{', '.join(trace_flags)} plan a trace: add --trace FILE")
+        raise InvalidInput(
+            f"{', '.join(trace_flags)} plan a trace: add --trace FILE",
+            hint="a request trace in the Mooncake format, e.g. examples/trace.jsonl; `bsr events --trace` writes one",
+        )
+    if not given:
+        if exclude_tier or all_windows:
+            raise InvalidInput(
+                "--exclude-tier and --all-windows plan one prompt: add --tokens N or --probe FILE",
+                hint="without a prompt, `bsr plan --W N` plans a ladder of prompt lengths",
+            )
+        named = registration is not None or hf_config is not None
+        _plan_ladder(st, w, flagged_registration(note=None), named)
+        return
     if trace is not None:
         if exclude_tier or all_windows:
-            raise InvalidInput("--exclude-tier and --all-windows plan one prompt, not a trace")
+            raise InvalidInput(
+                "--exclude-tier and --all-windows plan one prompt, not a trace",
+                hint="plan one prompt with --tokens N or --probe FILE",
+            )
         if bandwidth is None:
-            raise InvalidInput("--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s)")
+            raise InvalidInput(
+                "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s)",
+                hint="`bsr bench store` measures it against an engine; the paper's tier reads 10.31GB/s",
+            )
         reg = flagged_registration()
         _plan_trace(st, trace, reg, w, bandwidth, speedup, store_capacity, budgets, p99, plot)
         return
     named = registration is not None or hf_config is not None
     _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
+
+
+def _plan_ladder(st: AppState, w: int, reg: Registration, registration_named: bool) -> None:
+    """`bsr plan --W N` with no prompt: what an operator asks first, how W bounds staging at every prompt length."""
+    from bsr_cli.cli.render import planning as render
+    from bsr_cli.core.plan import DEFAULT_PROMPT_LADDER, plan_ladder
+
+    lengths = DEFAULT_PROMPT_LADDER
+    which = f"registration {reg.source}" if registration_named else f"the built-in registration {reg.source} (-r)"
+    st.out.note(
+        f"[dim]no prompt given: planning {which} at {lengths[0]:,} to {lengths[-1]:,} tokens, every chunk a hit "
+        "(--tokens N, --probe FILE or --trace FILE plans one)[/]"
+    )
+    st.out.result(render.LadderReport(plan_ladder(reg, w, lengths), reg.model), render.plan_ladder)
 
 
 def _trace_flags_given(
@@ -253,9 +295,11 @@ def _parse_budgets(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise InvalidInput(f"--budgets takes comma-separated whole multiples of RWS(W), got {text!r}") from None
+        raise InvalidInput(
+            f"--budgets takes comma-separated whole multiples of RWS(W), got {text!r}", hint="e.g. --budgets 1,2,4,8"
+        ) from None
     if not values or any(v < 1 for v in values):
-        raise InvalidInput("--budgets multiples of RWS(W) must be at least 1")
+        raise InvalidInput("--budgets multiples of RWS(W) must be at least 1", hint="e.g. --budgets 1,2,4,8")
     return values
 
 
