@@ -134,13 +134,15 @@ def test_a_refused_window_and_an_abort_are_not_failed_closed(bsr: Any, engine: A
     assert bsr("submit", *prompt).code == 0
     with engine.client() as c:
         before = c.metrics()
-    refused = bsr("restore", *prompt, "--W", "999", "--json")
+    refused = bsr("restore", *prompt, "--W", "64", "--json")  # within the prompt limit, over the budget B
     assert refused.code == 12, refused.err
+    doc = refused.json()  # one document: the error, carrying the refused restore's result
+    assert doc["error"] == "capacity" and doc["exit_code"] == 12 and doc["hint"]
     assert refused.report()["outcome"] == "refused" and refused.report()["failure_kind"] == "capacity"
-    _clean("`bsr restore --W 999`", refused.err)
-    text = bsr("restore", *prompt, "--W", "999")
+    _clean("`bsr restore --W 64`", refused.err)
+    text = bsr("restore", *prompt, "--W", "64")
     assert text.code == 12 and "refused" in text.out + text.err
-    _clean("`bsr restore --W 999` (text)", text.out + text.err)
+    _clean("`bsr restore --W 64` (text)", text.out + text.err)
 
     # An operator abort of a restore held up by an injected stall in window 1.
     assert bsr("inject-fault", "--rank", "0", "--kind", "timeout", "--window", "1").code == 0

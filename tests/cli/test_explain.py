@@ -131,7 +131,7 @@ def test_marker_set_by_a_failed_tier_and_the_last_restore(bsr: Any, engine: Any)
 
 def _request_of(r: Any) -> str:
     """The request id of a `bsr restore --json` run, whatever its outcome."""
-    return str(r.json()["request"])
+    return str(r.report()["request"])
 
 
 def test_partial_tail(bsr: Any, engine: Any) -> None:

@@ -73,7 +73,22 @@ def _lines(out: str) -> list[dict]:
 
 def test_abort_of_an_unknown_request_is_an_error(bsr, engine) -> None:
     r = bsr("abort", "req-does-not-exist")
-    assert r.code == ExitCode.INVALID_INPUT and "no running request" in r.err
+    assert r.code == ExitCode.INVALID_INPUT and "no request 'req-does-not-exist' is running" in r.err
+
+
+def test_an_abort_after_the_restore_ended_says_it_came_too_late(bsr, engine) -> None:
+    """The operator's abort of a restore that already committed (its id still on the screen) changes nothing and
+    says so, with its own exit code, naming the outcome: not "abort requested ... it will fail closed"."""
+    assert bsr("submit", "--synthetic", "2048", "--seed", "34").code == 0
+    done = bsr("restore", "--synthetic", "2048", "--seed", "34", "--json")
+    assert done.code == 0, done.err
+    req = done.json()["request"]
+    r = bsr("abort", req)
+    assert r.code == ExitCode.ALREADY_ENDED, r.err
+    assert f"restore {req} already committed 2,048 tokens before the abort arrived" in r.err and "bsr: hint:" in r.err
+    j = bsr("abort", req, "--json")
+    assert j.code == ExitCode.ALREADY_ENDED and j.json()["error"] == "already-ended"
+    assert j.json()["outcome"] == "committed" and j.json()["exit_code"] == 18
 
 
 def test_pool_reset_peak_restarts_the_measurement(bsr, engine) -> None:
