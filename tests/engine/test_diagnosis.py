@@ -34,7 +34,7 @@ FETCH_TIMEOUT_S = 2.0
 
 def _status(bsr) -> tuple[int, dict]:
     r = bsr("status", "--json")
-    return r.code, json.loads(r.out)
+    return r.code, r.report()
 
 
 # -- finding 1: capacity and configuration are not tier faults ------------------------------------------------------
