@@ -154,30 +154,7 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
             f"{s.config_path}: unknown setting(s) {', '.join(unknown)}",
             hint=f"the config file knows: {', '.join(sorted(CONFIG_KEYS))}",
         )
-    profiles = file_cfg.get("profiles", {})
-    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
-        raise InvalidInput(
-            f"{s.config_path}: [profiles] must be a table of tables",
-            hint="each profile is a [profiles.NAME] table with url (and token)",
-        )
-    for pname, prof in profiles.items():
-        extra = sorted(set(prof) - PROFILE_KEYS)
-        if extra:
-            raise InvalidInput(
-                f"{s.config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
-                hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
-            )
-        urls, token = prof.get("urls"), prof.get("token")
-        if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
-            raise InvalidInput(
-                f"profile {pname!r}: urls must be a list of URLs or profile names",
-                hint='e.g. urls = ["http://10.0.0.5:8470", "prod-node2"]',
-            )
-        s.profiles[pname] = Profile(
-            url=str(prof.get("url", "")),
-            urls=None if urls is None else tuple(urls),
-            token=None if token is None else str(token),
-        )
+    s.profiles.update(_profiles(file_cfg.get("profiles", {}), s.config_path))
 
     for name, key, conv in (
         ("engine", "engine", str),
@@ -216,6 +193,35 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
             hint="e.g. --timeout 30",
         )
     return s
+
+
+def _profiles(profiles: Any, config_path: Path) -> dict[str, Profile]:
+    """The config file's [profiles.NAME] tables, checked."""
+    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
+        raise InvalidInput(
+            f"{config_path}: [profiles] must be a table of tables",
+            hint="each profile is a [profiles.NAME] table with url (and token)",
+        )
+    out: dict[str, Profile] = {}
+    for pname, prof in profiles.items():
+        extra = sorted(set(prof) - PROFILE_KEYS)
+        if extra:
+            raise InvalidInput(
+                f"{config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
+                hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
+            )
+        urls, token = prof.get("urls"), prof.get("token")
+        if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
+            raise InvalidInput(
+                f"profile {pname!r}: urls must be a list of URLs or profile names",
+                hint='e.g. urls = ["http://10.0.0.5:8470", "prod-node2"]',
+            )
+        out[pname] = Profile(
+            url=str(prof.get("url", "")),
+            urls=None if urls is None else tuple(urls),
+            token=None if token is None else str(token),
+        )
+    return out
 
 
 def parse_event_retention(value: Any) -> float:

@@ -79,19 +79,13 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
         fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
         unknown = sorted(set(data) - set(fields))
         if unknown:
-            raise BadRequest(
-                f"malformed {path}: unknown field(s) {', '.join(map(repr, unknown))}",
-                hint=_SKEW_HINT,
-            )
+            raise BadRequest(f"malformed {path}: unknown field(s) {', '.join(map(repr, unknown))}", hint=_SKEW_HINT)
         hints = _hints(tp)
         kwargs = {}
         for name, f in fields.items():
             if name not in data:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise BadRequest(
-                        f"malformed {path}: missing field {name!r}",
-                        hint=_SKEW_HINT,
-                    )
+                    raise BadRequest(f"malformed {path}: missing field {name!r}", hint=_SKEW_HINT)
                 continue
             kwargs[name] = _decode(hints[name], data[name], f"{path}.{name}")
         return tp(**kwargs)

@@ -77,6 +77,10 @@ CALIBRATION_CHUNKS = 64
 # The Mooncake segment must hold every object the slice stores (nothing is evicted during the replay).
 MAX_SEGMENT = 8 << 30
 
+# What to do when stock LMCache's side of a replay cannot run: a smaller replay, or the engine's side alone.
+_STOCK_TOO_BIG = "replay fewer requests (-n) or skip the stock run (--no-stock)"
+_STOCK_FAILED = "rerun with --no-stock to replay bsr alone; the error names what stock LMCache refused"
+
 
 def replay_registration() -> Registration:
     return REPLAY_REGISTRATION
@@ -554,10 +558,8 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
     need = reg.tp_size * (case.l1_bytes + case.kv_tokens * reg.bytes_per_token + (600 << 20)) + case.segment_bytes
     avail = mem_available()
     if avail and need > avail:
-        raise CapacityError(
-            f"stock LMCache's replay needs ~{need >> 20:,} MiB, {avail >> 20:,} MiB available",
-            hint="replay fewer requests (-n) or skip the stock run (--no-stock)",
-        )
+        needed = f"~{need >> 20:,} MiB, {avail >> 20:,} MiB available"
+        raise CapacityError(f"stock LMCache's replay needs {needed}", hint=_STOCK_TOO_BIG)
     workdir.mkdir(parents=True, exist_ok=True)
     t_first = case.trace.requests[0].arrival_ms
     deadline = CASE_SETUP_S + case.trace.span_ms / 1000 / case.speedup + 600.0
@@ -617,10 +619,7 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
                 hint=f"its log ({log}) says why; rerun with --no-stock to replay bsr alone",
             )
         if not result.ok:
-            raise ServiceError(
-                f"stock LMCache's replay failed: {result.error}",
-                hint="rerun with --no-stock to replay bsr alone; the error names what stock LMCache refused",
-            )
+            raise ServiceError(f"stock LMCache's replay failed: {result.error}", hint=_STOCK_FAILED)
     finally:
         if holder is not None:
             services.stop(holder, timeout=10)

@@ -175,12 +175,12 @@ def plan(
     (`bsr plan --W 32`): the registration over a ladder of prompt lengths, 8K to 1M tokens, every chunk a hit."""
     st = state(ctx, json_flag)
     given = [flag for flag, v in (("--tokens", tokens), ("--probe", probe), ("--trace", trace)) if v is not None]
-    if len(given) > 1:
+    _check_plan_flags(given, _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot))
+    if (exclude_tier or all_windows) and (not given or trace is not None):
         raise InvalidInput(
-            f"give one of --tokens N, --probe FILE or --trace FILE, not {' and '.join(given)}",
-            hint="--tokens plans a prompt fully held, --probe one as a saved probe found it, --trace a request trace",
+            "--exclude-tier and --all-windows plan one prompt, not a trace or a ladder: add --tokens N or --probe FILE",
+            hint="without a prompt `bsr plan --W N` plans a ladder of prompt lengths; --trace plans a trace",
         )
-    trace_flags = _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot)
     # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
     flagged_registration = functools.partial(
         resolve_registration,
@@ -193,36 +193,27 @@ def plan(
         chunk_size=chunk_size,
         note=ctx,
     )
-    if trace is None and trace_flags:
+    named = registration is not None or hf_config is not None
+    if not given:
+        _plan_ladder(st, w, flagged_registration(note=None), named)
+    elif trace is not None:
+        _plan_trace(st, trace, flagged_registration, w, bandwidth, speedup, store_capacity, budgets, p99, plot)
+    else:
+        _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
+
+
+def _check_plan_flags(given: list[str], trace_flags: list[str]) -> None:
+    """At most one prompt (or trace) flag, and the trace's own flags only with --trace."""
+    if len(given) > 1:
+        raise InvalidInput(
+            f"give one of --tokens N, --probe FILE or --trace FILE, not {' and '.join(given)}",
+            hint="--tokens plans a prompt fully held, --probe one as a saved probe found it, --trace a request trace",
+        )
+    if "--trace" not in given and trace_flags:
         raise InvalidInput(
             f"{', '.join(trace_flags)} plan a trace: add --trace FILE",
             hint="a request trace in the Mooncake format, e.g. examples/trace.jsonl; `bsr events --trace` writes one",
         )
-    if not given:
-        if exclude_tier or all_windows:
-            raise InvalidInput(
-                "--exclude-tier and --all-windows plan one prompt: add --tokens N or --probe FILE",
-                hint="without a prompt, `bsr plan --W N` plans a ladder of prompt lengths",
-            )
-        named = registration is not None or hf_config is not None
-        _plan_ladder(st, w, flagged_registration(note=None), named)
-        return
-    if trace is not None:
-        if exclude_tier or all_windows:
-            raise InvalidInput(
-                "--exclude-tier and --all-windows plan one prompt, not a trace",
-                hint="plan one prompt with --tokens N or --probe FILE",
-            )
-        if bandwidth is None:
-            raise InvalidInput(
-                "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s)",
-                hint="`bsr bench store` measures it against an engine; the paper's tier reads 10.31GB/s",
-            )
-        reg = flagged_registration()
-        _plan_trace(st, trace, reg, w, bandwidth, speedup, store_capacity, budgets, p99, plot)
-        return
-    named = registration is not None or hf_config is not None
-    _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
 
 
 def _plan_ladder(st: AppState, w: int, reg: Registration, registration_named: bool) -> None:
@@ -306,9 +297,9 @@ def _parse_budgets(text: str) -> tuple[int, ...]:
 def _plan_trace(
     st: AppState,
     trace_path: Path,
-    reg: Registration,
+    flagged_registration: Callable[[], Registration],
     w: int,
-    bandwidth: str,
+    bandwidth: str | None,
     speedup: float,
     store_capacity: int | None,
     budgets: str,
@@ -316,6 +307,12 @@ def _plan_trace(
     plot: Path | None,
 ) -> None:
     """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim)."""
+    if bandwidth is None:
+        raise InvalidInput(
+            "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s)",
+            hint="`bsr bench store` measures it against an engine; the paper's tier reads 10.31GB/s",
+        )
+    reg = flagged_registration()
     from bsr_cli import loaders
     from bsr_cli.core.trace_sim import plan_trace
     from bsr_cli.core.units import parse_rate

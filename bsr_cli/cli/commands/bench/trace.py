@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from bsr_cli.core.trace import Trace
     from bsr_cli.engine.supervisor import EngineOptions
 
+_BROKE = "the report's checks say what broke; rerun with --json to keep the measured numbers"
+_SKIP_HINT = "lower --skip, or replay another part of the trace"
+
 
 # The stock LMCache side of the replay (bsr_cli/bench/trace.py, plugins/lmcache_bsr/trace_replay.py).
 StockOpt = Annotated[
@@ -86,10 +89,7 @@ def trace(
     reg = loaders.load_registration(registration) if registration else bt.replay_registration()
     full = loaders.load_trace(trace_file)
     if skip >= len(full):
-        raise InvalidInput(
-            f"--skip {skip} leaves nothing of the trace's {len(full):,} requests",
-            hint="lower --skip, or replay another part of the trace",
-        )
+        raise InvalidInput(f"--skip {skip} leaves nothing of the trace's {len(full):,} requests", hint=_SKIP_HINT)
     sliced = full.head(requests, skip).scale_tokens(block_tokens)
     size = bt.sizing(sliced, reg)
     opts = bt.engine_options(reg, w, budget_rws, size)
@@ -125,11 +125,7 @@ def trace(
 
     broken = [k for k, ok in data.checks.items() if not ok]
     if broken:
-        error = DrillViolation(
-            f"the replay broke {', '.join(broken)}",
-            hint="the report's checks say what broke; rerun with --json to keep the measured numbers",
-        )
-        st.out.fail(data, render.trace_replay, error)
+        st.out.fail(data, render.trace_replay, DrillViolation(f"the replay broke {', '.join(broken)}", hint=_BROKE))
     st.out.result(data, render.trace_replay)
 
 
