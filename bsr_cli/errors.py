@@ -15,12 +15,17 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     │   ├── FaultsDisabled      fault injection refused: engine started without it (8)
     │   ├── EngineBusy          every serving slot in use (503 busy), after retries (15)
     │   ├── RankRestarting      a rank process died and the engine is starting it again (503) (16)
+    │   ├── HostOverloaded      a deadline ran out while the host starved the engine: no rank  (17)
+    │   │                       or tier blamed (503)
     │   └── ServerError         the engine failed (5xx)                           (9)
     ├── RestoreFailedClosed     a restore ended fail-closed (nothing committed)  (10)
     ├── DrillViolation          a drill found a broken invariant                 (11)
     ├── ServiceError            starting/stopping local services failed          (13)
     ├── NothingToRestore        no tier holds the prompt's first chunk: no restore ran (14)
     ├── AlreadyEnded            an abort came too late: the restore committed or ended (18)
+    ├── OutputHashMismatch      the request's KV hashed differently from the canonical KV: invalidated (19)
+    ├── DamagedObjects          a scrub found damaged objects (and set them aside) (20)
+    ├── ScrubIncomplete         a scrub stopped at its limit, failed or did not run (21)
     └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
 
 Under ``--json`` an error is one JSON object on stdout (``to_dict``); a command that has a result to show beside the
@@ -50,8 +55,12 @@ class ExitCode(IntEnum):
     NOTHING_TO_RESTORE = 14
     ENGINE_BUSY = 15
     RANK_RESTARTING = 16
-    INTERRUPTED = 130
+    HOST_OVERLOADED = 17
     ALREADY_ENDED = 18  # an abort that came after the restore committed or ended
+    OUTPUT_MISMATCH = 19
+    DAMAGED_OBJECTS = 20
+    SCRUB_INCOMPLETE = 21
+    INTERRUPTED = 130
 
 
 class BsrError(Exception):
@@ -85,8 +94,21 @@ class InvalidInput(BsrError):
 
 
 class CapacityError(BsrError):
+    """The request does not fit the engine's capacity. ``retry_after_s``: when the same request may fit later (it
+    waited its whole deadline while running requests held what it needs), how long to wait before trying again."""
+
     exit_code = ExitCode.CAPACITY
     kind = "capacity"
+
+    def __init__(self, message: str, *, hint: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after_s = retry_after_s
+
+    def to_dict(self) -> dict[str, object]:
+        out = super().to_dict()
+        if self.retry_after_s is not None:
+            out["retry_after_s"] = round(self.retry_after_s)
+        return out
 
 
 class EngineError(BsrError):
@@ -149,6 +171,15 @@ class RankRestarting(EngineError):
         return super().to_dict() | {"rank": self.rank, "retry_after_s": self.retry_after_s}
 
 
+class HostOverloaded(EngineError):
+    """A deadline ran out while the host starved the engine (its ranks waited to run, the host was under CPU,
+    memory or I/O pressure, or the coordinator itself did not run on time): not a rank's or a tier's fault, so
+    neither is blamed; the request can be retried once the load drops."""
+
+    exit_code = ExitCode.HOST_OVERLOADED
+    kind = "host-overloaded"
+
+
 class ServerError(EngineError):
     exit_code = ExitCode.SERVER_ERROR
     kind = "server-error"
@@ -189,6 +220,29 @@ class AlreadyEnded(BsrError):
 
     def to_dict(self) -> dict[str, object]:
         return super().to_dict() | {"outcome": self.outcome}
+
+
+class OutputHashMismatch(BsrError):
+    """A request's KV (restored, or restored and computed) hashed differently from the canonical KV of its prompt:
+    the engine invalidated its blocks, stored nothing and set a force-local marker. Never exit 0."""
+
+    exit_code = ExitCode.OUTPUT_MISMATCH
+    kind = "output-mismatch"
+
+
+class DamagedObjects(BsrError):
+    """A scrub read a tier's objects back and found damaged ones (it set them aside: the next store rewrites them)."""
+
+    exit_code = ExitCode.DAMAGED_OBJECTS
+    kind = "damaged-objects"
+
+
+class ScrubIncomplete(BsrError):
+    """A scrub found nothing damaged but did not check its whole scope (a limit, a tier it could not read, or a
+    rank already running as many scrubs as it allows): clean is not proven."""
+
+    exit_code = ExitCode.SCRUB_INCOMPLETE
+    kind = "scrub-incomplete"
 
 
 class RestoreAborted(BsrError):

@@ -7,10 +7,11 @@ The config file is TOML at ``$BSR_CONFIG`` or ``~/.config/bsr/config.toml``::
     state_dir = "/var/lib/bsr"
     event_retention = "7d"           # how long `bsr engine up` keeps events (a duration)
     event_store_max = "512MiB"       # and how large its event store may grow (oldest events go first)
+    store_client_ttl = "120s"        # how long bsr's Mooncake masters keep a silent segment holder
 
     [profiles.prod]
     url = "http://10.0.0.5:8470"
-    token = "..."
+    token_file = "/etc/bsr/prod.token"   # or token = "..."
 
 `bsr config show` prints every value with its source.
 """
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.core.limits import DEFAULT_STORE_CLIENT_TTL_S
 from bsr_cli.errors import InvalidInput
 
 ENV_PREFIX = "BSR_"
@@ -37,16 +39,19 @@ ENV = {
     "timeout": "BSR_TIMEOUT",
     "event_retention": "BSR_EVENT_RETENTION",
     "event_store_max": "BSR_EVENT_STORE_MAX",
+    "store_client_ttl": "BSR_STORE_CLIENT_TTL",
 }
 # BSR_DEBUG=1 is accepted as a synonym of BSR_TRACEBACK=1.
 DEBUG_ENV = "BSR_DEBUG"
 DEFAULT_TIMEOUT_S = 30.0
 # What a config file may set (anything else is a typo, refused rather than ignored).
-CONFIG_KEYS = frozenset({"engine", "token", "state_dir", "timeout", "profiles", "event_retention", "event_store_max"})
+CONFIG_KEYS = frozenset(
+    {"engine", "token", "state_dir", "timeout", "profiles", "event_retention", "event_store_max", "store_client_ttl"}
+)
 DEFAULT_EVENT_RETENTION_S = 7 * 86400.0  # the embedded engine's event store: events older than this are deleted
 DEFAULT_EVENT_STORE_BYTES = 512 << 20  # ... and the oldest, beyond this size
 MIN_EVENT_STORE_BYTES = 1 << 20
-PROFILE_KEYS = frozenset({"url", "urls", "token"})
+PROFILE_KEYS = frozenset({"url", "urls", "token", "token_file"})
 
 
 def default_config_path() -> Path:
@@ -66,11 +71,13 @@ def _truthy(value: str) -> bool:
 @dataclass(frozen=True)
 class Profile:
     """An engine profile of the config file (``[profiles.NAME]``): one engine (``url``) or several (``urls``, URLs
-    or other profiles' names, for `bsr status` and `bsr top`), and the token to send them."""
+    or other profiles' names, for `bsr status` and `bsr top`), and the token to send them: ``token``, or
+    ``token_file`` (read when it is used, relative to the config file's directory)."""
 
     url: str = ""
     urls: tuple[str, ...] | None = None
     token: str | None = None
+    token_file: Path | None = None
 
 
 @dataclass
@@ -84,6 +91,8 @@ class Settings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     event_retention_s: float = DEFAULT_EVENT_RETENTION_S
     event_store_bytes: int = DEFAULT_EVENT_STORE_BYTES
+    # The client TTL of every Mooncake master bsr starts (`bsr engine up`, `bsr bench peer`; core.limits says why).
+    store_client_ttl_s: int = DEFAULT_STORE_CLIENT_TTL_S
     profiles: dict[str, Profile] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -100,6 +109,7 @@ class Settings:
             "timeout_s": self.timeout_s,
             "event_retention_s": self.event_retention_s,
             "event_store_bytes": self.event_store_bytes,
+            "store_client_ttl_s": self.store_client_ttl_s,
         }
         return {k: SourcedValue(v, self.sources.get(k, "default")) for k, v in shown.items()}
 
@@ -126,6 +136,7 @@ class SettingFlags:
     # Not global options (the environment and the config file set them; `bsr engine up` has its own flags).
     event_retention_s: str | None = None
     event_store_bytes: str | None = None
+    store_client_ttl_s: str | None = None
 
 
 def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) -> Settings:
@@ -154,7 +165,7 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
             f"{s.config_path}: unknown setting(s) {', '.join(unknown)}",
             hint=f"the config file knows: {', '.join(sorted(CONFIG_KEYS))}",
         )
-    s.profiles.update(_profiles(file_cfg.get("profiles", {}), s.config_path))
+    s.profiles = _profiles(file_cfg.get("profiles", {}), s.config_path)
 
     for name, key, conv in (
         ("engine", "engine", str),
@@ -163,6 +174,7 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
         ("timeout_s", "timeout", float),
         ("event_retention_s", "event_retention", parse_event_retention),
         ("event_store_bytes", "event_store_max", parse_event_store_bytes),
+        ("store_client_ttl_s", "store_client_ttl", parse_client_ttl),
     ):
         got = pick(name, getattr(flags, name), ENV[key], file_cfg.get(key))
         if got is not None:
@@ -196,13 +208,13 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
 
 
 def _profiles(profiles: Any, config_path: Path) -> dict[str, Profile]:
-    """The config file's [profiles.NAME] tables, checked."""
+    """The config file's ``[profiles.NAME]`` tables, each checked (a token file relative to the config file)."""
+    out: dict[str, Profile] = {}
     if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
         raise InvalidInput(
             f"{config_path}: [profiles] must be a table of tables",
-            hint="each profile is a [profiles.NAME] table with url (and token)",
+            hint="each profile is a [profiles.NAME] table with url (and token or token_file)",
         )
-    out: dict[str, Profile] = {}
     for pname, prof in profiles.items():
         extra = sorted(set(prof) - PROFILE_KEYS)
         if extra:
@@ -210,16 +222,22 @@ def _profiles(profiles: Any, config_path: Path) -> dict[str, Profile]:
                 f"{config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
                 hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
             )
-        urls, token = prof.get("urls"), prof.get("token")
+        urls, token, token_file = prof.get("urls"), prof.get("token"), prof.get("token_file")
         if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
             raise InvalidInput(
                 f"profile {pname!r}: urls must be a list of URLs or profile names",
                 hint='e.g. urls = ["http://10.0.0.5:8470", "prod-node2"]',
             )
+        if token_file is not None and (not isinstance(token_file, str) or not token_file or token is not None):
+            raise InvalidInput(
+                f"profile {pname!r}: token_file must be a path, and given instead of token",
+                hint='a profile takes token = "..." or token_file = "PATH" (relative to the config file)',
+            )
         out[pname] = Profile(
             url=str(prof.get("url", "")),
             urls=None if urls is None else tuple(urls),
             token=None if token is None else str(token),
+            token_file=None if token_file is None else config_path.parent / Path(token_file).expanduser(),
         )
     return out
 
@@ -246,6 +264,27 @@ def parse_event_store_bytes(value: Any) -> int:
             f"{value!r}: the event store must be allowed at least 1MiB", hint="give at least 1MiB, e.g. 512MiB"
         )
     return n
+
+
+def parse_client_ttl(value: Any, name: str = "the store's client TTL") -> int:
+    """A duration (120s, 2m) or a number of seconds: the Mooncake master's client TTL, whole seconds in [1, 1d]."""
+    from bsr_cli.core.limits import check_client_ttl
+    from bsr_cli.core.when import parse_duration
+
+    if isinstance(value, bool):
+        seconds: float = math.nan
+    elif isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
+    whole = int(seconds) if math.isfinite(seconds) and seconds == int(seconds) else value
+    return check_client_ttl(whole, name)
+
+
+def resolve_store_client_ttl(flag: str | None, settings: Settings) -> int:
+    """``--store-client-ttl`` when given, else the settings' (environment, config file, default)."""
+    return settings.store_client_ttl_s if flag is None else parse_client_ttl(flag, "--store-client-ttl")
 
 
 # The config file is read whole and checked key by key (load_settings): TOML of any shape until then.

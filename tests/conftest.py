@@ -54,6 +54,7 @@ def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathF
         "BSR_JSON",
         "BSR_TRACEBACK",
         "BSR_DEBUG",
+        "BSR_STORE_CLIENT_TTL",
     ):
         monkeypatch.delenv(var, raising=False)
 

@@ -24,7 +24,7 @@ FORBIDDEN_IN_CORE = {
     "mooncake",
     "lmcache",
 }
-FORBIDDEN_AT_STARTUP = {"torch", "textual", "httpx", "mooncake", "lmcache"}
+FORBIDDEN_AT_STARTUP = {"torch", "textual", "httpx", "mooncake", "lmcache", "pydantic"}
 
 
 def _modules_after(code: str) -> set[str]:
@@ -57,6 +57,68 @@ def test_help_and_planning_import_nothing_heavy() -> None:
     )
     loaded = _modules_after(code)
     assert not (loaded & FORBIDDEN_AT_STARTUP), loaded & FORBIDDEN_AT_STARTUP
+
+
+# What no command's help needs: typer (and the click it bundles) is all `bsr X --help` should import beside bsr's
+# own modules. pydantic is here too: typer converts option values through it, bsr_cli/cli/coercion.py converts
+# plain ones without it, and a help page converts nothing but the global options.
+FORBIDDEN_FOR_HELP = {
+    "pydantic",
+    "httpx",
+    "yaml",
+    "numpy",
+    "rich",
+    "torch",
+    "textual",
+    "mooncake",
+    "lmcache",
+    "fastapi",
+    "uvicorn",
+}
+
+
+def _after_run(*argvs: list[str]) -> set[str]:
+    """The modules loaded after running each command line in one process, through the real entry point."""
+    runs = "".join(f"    assert run({argv!r}) == 0, {argv!r}\n" for argv in argvs)
+    code = "import io, contextlib\nfrom bsr_cli.cli.main import run\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+    return _full_modules_after(code + runs)
+
+
+def _heavy(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules} & FORBIDDEN_FOR_HELP
+
+
+def _command_modules(modules: set[str]) -> set[str]:
+    return {m for m in modules if m.startswith("bsr_cli.cli.commands.")}
+
+
+def test_bsr_help_loads_no_command() -> None:
+    """`bsr --help` lists the commands from the app's table: no command module, nothing heavy."""
+    loaded = _after_run(["--help"])
+    assert "bsr_cli.cli.app" in loaded
+    assert not _command_modules(loaded), _command_modules(loaded)
+    assert not _heavy(loaded), _heavy(loaded)
+
+
+def test_a_command_help_loads_that_command_alone() -> None:
+    """`bsr probe --help` loads the probe's module (and what it imports at the top), no other command's, no result
+    types of the engine's answers, and nothing heavy."""
+    loaded = _after_run(["probe", "--help"])
+    assert _command_modules(loaded) == {"bsr_cli.cli.commands.operate"}
+    assert not {"bsr_cli.core.results", "bsr_cli.core.status", "bsr_cli.client"} & loaded
+    assert not _heavy(loaded), _heavy(loaded)
+
+
+@pytest.mark.timeout(120)
+def test_no_command_help_imports_anything_heavy() -> None:
+    """Every command's and group's `--help`, all in one process: still nothing heavy (pydantic included)."""
+    from bsr_cli.cli.app import COMMANDS
+
+    loaded = _after_run(
+        *[[e.name, "--help"] for e in COMMANDS], ["engine", "up", "--help"], ["bench", "sweep", "--help"]
+    )
+    assert len(_command_modules(loaded)) >= 10
+    assert not _heavy(loaded), _heavy(loaded)
 
 
 RECORDING = Path(__file__).parent / "tui" / "data" / "incident.jsonl.gz"
@@ -148,8 +210,8 @@ def _full_modules_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-# pydantic is not in the list: it is a base dependency (the bench bundles' models), and typer itself imports it,
-# when it is installed, to coerce a command's options.
+# pydantic is not in the list: it is a base dependency (the bench bundles' models), and typer imports it to convert
+# an option value that is not plain (bsr_cli/cli/coercion.py).
 SERVER_STACK = {"fastapi", "starlette", "uvicorn", "prometheus_client", "bsr_cli.server"}
 
 

@@ -333,7 +333,7 @@ class _Rig:
     ):
         import torch
 
-        from bsr_cli.runtime.checksum import crc32c
+        from bsr_cli.runtime.checksum import object_checksum
         from bsr_cli.runtime.paged_kv import PagedKV
         from bsr_cli.runtime.restore import ObjectRef, WindowJob
 
@@ -352,7 +352,7 @@ class _Rig:
             for ch in self.hashes:
                 payload = self.kv.synthetic_object(ch, g, cs).numpy().tobytes()
                 key = object_key(reg, 0, g, ch)
-                self.tier.add(key, payload, crc32c(payload))
+                self.tier.add(key, payload, object_checksum(key, payload))
                 self.objects[g].append(ObjectRef(key, self.tier.name, len(payload)))
         self.nbytes = n_chunks * reg.bytes_per_chunk
         self.canonical = self.kv.canonical_hash(self.hashes, self.n)

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter
 
-from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.evidence import Outcome, SegmentLossCause
 
 SCHEMA_ID = "bsr.bench/1"
 EXPERIMENTS = ("ladder", "sweep", "wlaw", "fs-concurrency", "store", "failures", "peer", "cpu-bound")
@@ -42,11 +42,25 @@ class _Obj(BaseModel):
 # -- rows --------------------------------------------------------------------------------------------------------
 
 
+class StoreLost(_Obj):
+    """A segment the store lost with every object on it (bsr_cli/core/store_loss.py): whose, when, how, how much."""
+
+    segment: StrictStr
+    client_id: StrictStr
+    cause: Literal[SegmentLossCause.HOLDER_GONE, SegmentLossCause.UNMOUNTED, SegmentLossCause.REMOUNTED_EMPTY]
+    lost_at: NonNegNum
+    last_seen_at: NonNegNum | None
+    objects_lost: NonNegInt | None
+    bytes_lost: NonNegInt | None
+
+
 class Interrupted(_Obj):
-    """A row that produced no evidence (Ctrl-C, an engine error): excluded from the summary."""
+    """A row that produced no evidence (Ctrl-C, an engine error, the store lost the objects it would read):
+    excluded from the summary."""
 
     status: Literal["interrupted"]
     reason: StrictStr
+    store_lost: StoreLost = _absent()
 
 
 class _Completed(_Obj):

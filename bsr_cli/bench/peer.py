@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bsr_cli.bench.evidence import Interruption, OnRow, RowStatus, Target
@@ -56,8 +56,11 @@ from bsr_cli.bench.peer_results import (
     StockStages,
 )
 from bsr_cli.core import wire
+from bsr_cli.core.limits import DEFAULT_STORE_CLIENT_TTL_S
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.errors import CapacityError, ServiceError
+from bsr_cli.mooncake.segment_watch import SegmentWatch
 
 RESULT_PREFIX = "BSR-PEER-RESULT "
 ENV_PYTHON = "BSR_LMCACHE_PYTHON"
@@ -144,10 +147,28 @@ def mem_available() -> int:
 # -- running one case --------------------------------------------------------------------------------------------
 
 
+class StoreLost(Exception):
+    """The store lost the prompt's objects: every case after it would read nothing, so the run ends here."""
+
+    def __init__(self, loss: SegmentLoss) -> None:
+        super().__init__(loss.line())
+        self.loss = loss
+
+
 class CaseRunner:
-    def __init__(self, python: Path, plugins: Path, workdir: Path, base: CaseBase) -> None:
-        self.python, self.plugins, self.workdir, self.base = python, plugins, workdir, base
+    """Runs each case in its own process, and looks at the store before and after each one (``watch``): a case
+    the store's loss would fail is reported as that loss, never as the case's own 0 tokens."""
+
+    def __init__(
+        self, python: Path, plugins: Path, workdir: Path, base: CaseBase, watch: SegmentWatch | None = None
+    ) -> None:
+        self.python, self.plugins, self.workdir, self.base, self.watch = python, plugins, workdir, base, watch
         self.n = 0
+
+    def store_lost(self) -> SegmentLoss | None:
+        """A segment the store lost since the last look (the first, when several went at once)."""
+        lost = self.watch.poll() if self.watch is not None else []
+        return lost[0] if lost else None
 
     def need_bytes(self, case: Case, reg: Registration) -> int:
         tokens = case.tokens + reg.chunk_size
@@ -366,8 +387,11 @@ def run_peer(
     model: PeerModel | None = None,
     workdir: Path,
     on_row: OnRow | None = None,
+    store_client_ttl_s: int = DEFAULT_STORE_CLIENT_TTL_S,
 ) -> PeerBundle:
-    """Run the whole comparison and return its evidence bundle (see docs/benchmarks.md)."""
+    """Run the whole comparison and return its evidence bundle (see docs/benchmarks.md). The store's master keeps
+    a silent segment holder ``store_client_ttl_s`` seconds; a store that loses the prompt's objects anyway ends the
+    run with a row naming the loss (`StoreLost`)."""
     from bsr_cli.bench import evidence as ex
     from bsr_cli.mooncake import services
 
@@ -387,8 +411,10 @@ def run_peer(
     workdir.mkdir(parents=True, exist_ok=True)
     master = holder = None
     try:
-        master = services.start_master(workdir / "mooncake")
+        master = services.start_master(workdir / "mooncake", client_ttl_s=store_client_ttl_s)
         holder = services.start_segment_holder(workdir / "mooncake", master, int(plan.largest * tp * 1.1) + (64 << 20))
+        label = f"segment_holder pid {holder.pid}"
+        watch = SegmentWatch(master.admin_url, master.metadata_url, label=lambda _segment: label)
         base = CaseBase(
             ModelOnRanks(model=plan.model, tp_size=tp),
             MasterAddress(master.rpc_address, master.metadata_url),
@@ -396,12 +422,14 @@ def run_peer(
             deadline_s,
             WatchPids(master.pid, holder.pid),
         )
-        runner = CaseRunner(python, plugins, workdir, base)
+        runner = CaseRunner(python, plugins, workdir, base, watch)
         _store_prompt(runner, plan, add)
         for n in plan.tokens:
             _measure_prefix(runner, plan, n, add)
     except KeyboardInterrupt:
         interrupted_by = Interruption.OPERATOR
+    except StoreLost:
+        interrupted_by = Interruption.ERROR  # its row says what was lost
     except (ServiceError, CapacityError) as e:
         interrupted_by = Interruption.ERROR
         if not rows or rows[-1].status != RowStatus.INTERRUPTED:
@@ -445,7 +473,12 @@ def _store_prompt(runner: CaseRunner, plan: _Plan, add: Callable[[PeerRow], None
     prefix's chunks are the same objects."""
     reg, n = plan.reg, plan.tokens[-1]
     store_l1 = min(rung_for(plan.largest + reg.bytes_per_chunk), 256 << 20)
+    runner.store_lost()  # the store as it is before anything is stored
     res = runner.run(Case("store", n, store_l1, plan.w), reg)
+    lost = runner.store_lost()
+    if lost is not None:
+        add(PeerRow(PeerKind.STORE, n, RowStatus.INTERRUPTED, reason=f"storing: {lost.line()}", store_lost=lost))
+        raise StoreLost(lost)
     if not res.ok:
         why = res.error or "the case reported no success"
         add(PeerRow(PeerKind.STORE, n, RowStatus.INTERRUPTED, reason=f"storing: {why}"))
@@ -455,24 +488,38 @@ def _store_prompt(runner: CaseRunner, plan: _Plan, add: Callable[[PeerRow], None
         )
 
 
+def _measure(runner: CaseRunner, reg: Registration, add: Callable[[PeerRow], None], row: PeerRow, case: Case) -> None:
+    """One case and its row (``row`` says which: kind, prefix, L1, trial, W). A store that lost the prompt's
+    objects before the case or while it ran is the row's reason, and ends the run: the case's own result (0 tokens,
+    or bytes read as the segment went) is no measurement of LMCache or bsr."""
+    lost = runner.store_lost()
+    if lost is None:
+        res = runner.run(case, reg)
+        lost = runner.store_lost()
+        if lost is None:
+            add(case_row(row.kind, row.tokens, row.l1_bytes or 0, row.trial, res, reg, row.w))
+            return
+    add(replace(row, status=RowStatus.INTERRUPTED, reason=lost.line(), store_lost=lost))
+    raise StoreLost(lost)
+
+
 def _measure_prefix(runner: CaseRunner, plan: _Plan, n: int, add: Callable[[PeerRow], None]) -> None:
     """Per trial raw, stock (paged), stock into a contiguous destination and bsr, back to back: the machine's load
     drifts, and pairs seconds apart compare fairly. Then stock below its rung, once per L1 size."""
     reg = plan.reg
     rung = rung_for(plan.whole(n))
+
+    def measure(kind: PeerKind, l1: int, trial: int, w: int | None, case: Case) -> None:
+        _measure(runner, reg, add, PeerRow(kind, n, RowStatus.PASS, l1, trial, w), case)
+
     for trial in range(plan.trials):
-        res = runner.run(Case("raw", n, reg.bytes_per_chunk), reg)
-        add(case_row(PeerKind.RAW, n, 0, trial, res, reg, None))
-        res = runner.run(Case("stock", n, rung), reg)
-        add(case_row(PeerKind.STOCK, n, rung, trial, res, reg, None))
-        res = runner.run(Case("stock", n, rung, destination="contiguous"), reg)
-        add(case_row(PeerKind.STOCK_CONTIGUOUS, n, rung, trial, res, reg, None))
-        res = runner.run(Case("bsr", n, plan.budget, plan.w), reg)
-        add(case_row(PeerKind.BSR, n, plan.budget, trial, res, reg, plan.w))
+        measure(PeerKind.RAW, 0, trial, None, Case("raw", n, reg.bytes_per_chunk))
+        measure(PeerKind.STOCK, rung, trial, None, Case("stock", n, rung))
+        measure(PeerKind.STOCK_CONTIGUOUS, rung, trial, None, Case("stock", n, rung, destination="contiguous"))
+        measure(PeerKind.BSR, plan.budget, trial, plan.w, Case("bsr", n, plan.budget, plan.w))
     for l1 in plan.below_rung:
         if l1 < plan.whole(n):
-            res = runner.run(Case("stock", n, l1), reg)
-            add(case_row(PeerKind.STOCK, n, l1, 0, res, reg, None))
+            measure(PeerKind.STOCK, l1, 0, None, Case("stock", n, l1))
 
 
 def _shown(path: Path) -> str:

@@ -23,6 +23,7 @@ from bsr_cli.bench.evidence import (
     Target,
 )
 from bsr_cli.core import wire
+from bsr_cli.core.store_loss import SegmentLoss
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class PeerRow:
     measured: PeerMeasurement | None = None
     reason: str | None = None
     checks: dict[str, bool] = field(default_factory=dict)
+    store_lost: SegmentLoss | None = None  # the store lost the prompt's objects before this case could run
 
     @property
     def meta(self) -> RowMeta:
@@ -171,7 +173,8 @@ class PeerRow:
         case = {"l1_bytes": self.l1_bytes, "trial": self.trial, "W": self.w} if self.l1_bytes is not None else {}
         head = {"kind": self.kind.value, "tokens": self.tokens, **case}
         if self.measured is None:
-            return head | {"status": self.status.value, "reason": self.reason}
+            lost = {} if self.store_lost is None else {"store_lost": self.store_lost.to_wire()}
+            return head | {"status": self.status.value, "reason": self.reason} | lost
         measured = wire.write(self.measured)
         stages, cpu = measured.pop("stages") or {}, measured.pop("cpu") or {}
         why = {} if self.reason is None else {"reason": self.reason}

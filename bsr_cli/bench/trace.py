@@ -70,8 +70,12 @@ REPLAY_REGISTRATION = Registration(
     source="bench trace",
 )
 DEFAULT_BLOCK_TOKENS = 64
-# Clients in flight at most (a burst beyond this waits for a free client: counted in its latency).
-MAX_CLIENTS = 48  # below the admin server's 64 connections, leaving room for the pool reads
+# Clients in flight at most (a burst beyond this waits for a free client: counted in its latency): as many as the
+# engine's request queue holds (server/admin.py MAX_QUEUED), so every request is sent at its arrival; one that
+# finds the engine's destination KV full waits for it there, as it would in a serving engine.
+MAX_CLIENTS = 1024
+# Requests whose prompts the replay's destination KV holds at once (of the slice's mean length).
+KV_REQUESTS = 48
 # Chunks of the prompt restored alone to measure the planner's bandwidth.
 CALIBRATION_CHUNKS = 64
 # The Mooncake segment must hold every object the slice stores (nothing is evicted during the replay).
@@ -99,10 +103,10 @@ class Sizing:
 def sizing(trace: Trace, reg: Registration) -> Sizing:
     longest = max(max(r.input_length for r in trace.requests), CALIBRATION_CHUNKS * reg.chunk_size)
     max_tokens = -(-longest // reg.chunk_size) * reg.chunk_size
-    # Destination KV for the requests in flight at once: room for MAX_CLIENTS prompts of the slice's mean length,
-    # and at least two of its longest.
+    # Destination KV for the requests running at once: room for KV_REQUESTS prompts of the slice's mean length, and
+    # at least two of its longest (more requests in flight wait for room, FIFO).
     mean = sum(r.input_length for r in trace.requests) // len(trace)
-    kv = max(2 * max_tokens, MAX_CLIENTS * mean)
+    kv = max(2 * max_tokens, KV_REQUESTS * mean)
     kv = -(-kv // reg.chunk_size) * reg.chunk_size
     stored = sum(r.input_length for r in trace.requests) * reg.bytes_per_token * reg.tp_size
     segment = max(256 << 20, stored + stored // 2)  # headroom for the allocator
@@ -202,7 +206,10 @@ def replay(
     stop: threading.Event | None = None,
     on_done: Callable[[Measured], None] | None = None,
 ) -> list[Measured]:
-    """Send every request of ``trace`` at its (sped-up) arrival time, each from its own client thread."""
+    """Send every request of ``trace`` at its (sped-up) arrival time, each from its own client thread (with a
+    connection of its own: ``client``'s engine and token, MAX_CLIENTS connections)."""
+    from bsr_cli.client import AdminClient
+
     stop = stop or threading.Event()
     prompts = [prompt_tokens(r, trace.block_tokens, salt, i) for i, r in enumerate(trace.requests)]
     t_first = trace.requests[0].arrival_ms
@@ -212,7 +219,7 @@ def replay(
     def one(m: Measured) -> None:
         m.started_s = time.monotonic() - origin
         try:
-            res = client.submit(Prompt.of_tokens(prompts[m.index]), w=w, verify=False, timeout=600)
+            res = clients.submit(Prompt.of_tokens(prompts[m.index]), w=w, verify=False, timeout=600)
         except BsrError as e:
             m.error = e.message
         else:
@@ -225,7 +232,8 @@ def replay(
             on_done(m)
 
     futures: list[Future[None]] = []
-    with ThreadPoolExecutor(max_workers=MAX_CLIENTS, thread_name_prefix="bsr-trace-client") as pool:
+    clients = AdminClient(client.url, client.token, timeout_s=client.timeout_s, connections=MAX_CLIENTS)
+    with clients, ThreadPoolExecutor(max_workers=MAX_CLIENTS, thread_name_prefix="bsr-trace-client") as pool:
         for m in out:
             # Pacing the arrivals (not synchronisation): wait until this request's time, or until stopped.
             if stop.wait(max(0.0, m.arrival_s - (time.monotonic() - origin))):

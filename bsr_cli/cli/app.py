@@ -1,9 +1,10 @@
-"""The Typer application: global options, and every command registered explicitly (`register_commands`).
+"""The Typer application: global options, and every command in one table (`COMMANDS`), in help order.
 
 Command modules define plain functions (and their own sub-groups) and import only typer, the core and
-`bsr_cli.cli.context` at start-up; they never import this module, which imports them. Anything heavy (rich
-renderers, the HTTP client, torch, textual) is imported inside the command function that needs it, so `bsr --help`
-and the planning commands stay fast.
+`bsr_cli.cli.context` at start-up; they never import this module. The root imports a command's module only when
+that command runs or its help is asked (bsr_cli/cli/lazy.py): `bsr --help` lists the commands from the table's
+summaries, and `bsr probe --help` loads the probe's module alone. Anything heavy (rich renderers, the HTTP client,
+torch, textual) is imported inside the command function that needs it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import typer
 from bsr_cli import __version__
 from bsr_cli.cli.context import AppState
 from bsr_cli.cli.global_options import GLOBAL_HELP, GLOBAL_OPTIONS, hidden_aliases, hoist_global_options
+from bsr_cli.cli.lazy import CommandEntry, LazyCommands, LazyGroup
 from bsr_cli.cli.output import Output
 from bsr_cli.settings import SettingFlags, load_settings
 
-__all__ = ["GLOBAL_OPTIONS", "app", "build_command", "hoist_global_options", "register_commands"]
+__all__ = ["COMMANDS", "GLOBAL_OPTIONS", "app", "build_command", "hoist_global_options"]
 
 app = typer.Typer(
     name="bsr",
+    cls=LazyGroup,
     help="Operations CLI and restore debugger for bounded-state restoration (BSR) of LLM KV state.",
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion; generated copies live in completions/
@@ -91,13 +94,33 @@ def _global(
 
 
 def build_command():  # -> click.Command; typed loosely so this module does not import click at type-check time
-    """The root command with every command group attached, and the global options named in each command's help."""
+    """The root command: the global options, and every command of `COMMANDS`, each built on first use."""
     import typer.main
 
-    register_commands()
     root = typer.main.get_command(app)
+    assert isinstance(root, LazyGroup)
     _add_help_epilogs(root, path="")
+    root.commands = LazyCommands(COMMANDS, _build_entry)
     return root
+
+
+def _build_entry(entry: CommandEntry):  # -> click.Command
+    """One command or group as the parser sees it, built the way a Typer app builds its commands, with its help's
+    epilog (examples, global options) and its options' completions."""
+    import typer.main
+
+    host = typer.Typer(
+        rich_markup_mode=app.rich_markup_mode,
+        pretty_exceptions_short=app.pretty_exceptions_short,
+        suggest_commands=app.suggest_commands,
+    )
+    if entry.group:
+        host.add_typer(entry.target(), name=entry.name)
+    else:
+        host.command(entry.name)(entry.target())
+    cmd = typer.main.get_group(host).commands[entry.name]
+    _add_help_epilogs(cmd, path=entry.name)
+    return cmd
 
 
 def _add_help_epilogs(cmd, *, path: str) -> None:
@@ -105,6 +128,7 @@ def _add_help_epilogs(cmd, *, path: str) -> None:
     from bsr_cli.cli.completion import completer_for
     from bsr_cli.cli.examples import examples_block
 
+    _convert_plain_values(cmd)
     for param in getattr(cmd, "params", []):
         complete = completer_for(list(param.opts))
         if complete is not None:
@@ -121,6 +145,24 @@ def _add_help_epilogs(cmd, *, path: str) -> None:
             param.display_type_rich = lambda ctx: None
     for name, sub in getattr(cmd, "commands", {}).items():
         _add_help_epilogs(sub, path=f"{path} {name}".strip())
+
+
+def _convert_plain_values(cmd) -> None:
+    """A command's options, its help option included (the parser makes that one on first use), convert plain
+    values without importing pydantic (bsr_cli/cli/coercion.py)."""
+    from bsr_cli.cli.coercion import install_plain_values
+
+    for param in getattr(cmd, "params", []):
+        install_plain_values(param)
+    make_help_option = cmd.get_help_option
+
+    def get_help_option(ctx):
+        option = make_help_option(ctx)
+        if option is not None:
+            install_plain_values(option)
+        return option
+
+    cmd.get_help_option = get_help_option
 
 
 def _hide_aliases(param, aliases: list[str]) -> None:
@@ -140,49 +182,148 @@ def _hide_aliases(param, aliases: list[str]) -> None:
     param.add_to_parser = add_to_parser
 
 
-_registered = False
-
-
-def register_commands() -> None:
-    """Attach every command and command group, once. The order here is the order of `bsr --help` (commands,
-    then groups); a new command is one line in its place."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    from bsr_cli.cli.commands import (
-        bundle_cmd,
-        config_cmd,
-        engine_cmd,
-        explain_cmd,
-        incident,
-        operate,
-        planning,
-        top_cmd,
-    )
-    from bsr_cli.cli.commands.bench import bench_app
-
+# Every command and command group, in the order of `bsr --help` (commands, then groups): the module under
+# bsr_cli/cli/commands/ that defines it, its attribute there, and the first paragraph of its help (what `bsr --help`
+# lists without importing the module; tests/cli/test_lazy_commands.py checks it against the command's own help).
+COMMANDS = (
     # Commands.
-    app.command("rws")(planning.rws)
-    app.command("plan")(planning.plan)
-    app.command("probe")(operate.probe)
-    app.command("submit")(operate.submit)
-    app.command("restore")(operate.restore)
-    app.command("inject-fault")(operate.inject_fault)
-    app.command("status")(operate.status)
-    app.command("drill")(operate.drill)
-    app.command("abort")(incident.abort)
-    app.command("events")(incident.events)
-    app.command("describe")(incident.describe)
-    app.command("explain")(explain_cmd.explain)
-    app.command("bundle")(bundle_cmd.bundle)
-    app.command("top")(top_cmd.top)
+    CommandEntry("rws", "planning", "rws", "Restore working set RWS(W) = W·Σc_i + aux per rank, from a registration."),
+    CommandEntry(
+        "plan",
+        "planning",
+        "plan",
+        "Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace, "
+        "L1 per rank and restore latency over a request trace, whole-plan against BSR budgets.",
+    ),
+    CommandEntry(
+        "probe",
+        "operate",
+        "probe",
+        "Probe-only lookup: which rank, group and tier holds each chunk of a prompt. Changes nothing.",
+    ),
+    CommandEntry(
+        "submit",
+        "operate",
+        "submit",
+        "Submit a prompt as the scheduler would admit it: external hit, restore or local prefill, fallback.",
+    ),
+    CommandEntry(
+        "restore",
+        "operate",
+        "restore",
+        "A manual windowed restore into the engine, with live progress.",
+    ),
+    CommandEntry(
+        "inject-fault",
+        "operate",
+        "inject_fault",
+        "Arm a fault for the next restores. Refused unless the engine was started with faults enabled.",
+    ),
+    CommandEntry(
+        "status",
+        "operate",
+        "status",
+        "Engine identity, ranks and their health, tiers, registration, pool and budget, markers, faults.",
+    ),
+    CommandEntry(
+        "drill",
+        "operate",
+        "drill",
+        "The paper's failure matrix against a live engine: injects faults into it (asks first, or --yes). Exit 11 "
+        "on any violated invariant.",
+    ),
+    CommandEntry(
+        "abort",
+        "incident",
+        "abort",
+        "Abort a running restore: it fails closed (nothing committed). Exit 2 when no such request is running.",
+    ),
+    CommandEntry(
+        "events",
+        "incident",
+        "events",
+        "The engine's events: restores and their windows, failures, markers, faults, restarts. The embedded engine "
+        "keeps them in a durable store (by default 7 days, at most 512 MiB), across restarts.",
+    ),
+    CommandEntry(
+        "describe",
+        "incident",
+        "describe",
+        "One request's timeline: per rank and window, when it was fetched, installed and released; the window that "
+        "failed (its chunks, the tier and stage blamed, why), the marker it left, the scrubs it started; how it ended.",
+    ),
+    CommandEntry(
+        "explain",
+        "explain_cmd",
+        "explain",
+        "Why a prompt was not reused (or will be): one verdict, the evidence, the fix and the next command.",
+    ),
+    CommandEntry(
+        "scrub",
+        "scrub_cmd",
+        "scrub",
+        "Read a tier's objects back whole and check them: one prompt's, or every object (--all). Damaged objects are "
+        "moved aside and the next store rewrites them. Exit 0 clean, 20 damaged objects found, 21 not everything read.",
+    ),
+    CommandEntry(
+        "bundle",
+        "bundle_cmd",
+        "bundle",
+        "Write an incident archive: status, settings, registration, markers, faults, the events of the last hour "
+        "(--since) from the engine's event store, pool history, master segments, versions, engine log tails (the "
+        "engine's and each rank's failure log included) and `explain` of the prompts given; token ids and secrets "
+        "redacted.",
+    ),
+    CommandEntry(
+        "top",
+        "top_cmd",
+        "top",
+        "Live restore-pool monitor: per-rank occupancy vs RWS(W), restores, outcomes, tiers, faults, events.",
+    ),
     # Groups.
-    app.add_typer(config_cmd.config_app, name="config")
-    app.add_typer(planning.registration_app, name="registration")
-    app.add_typer(engine_cmd.engine_app, name="engine")
-    app.add_typer(operate.faults_app, name="faults")
-    app.add_typer(operate.markers_app, name="markers")
-    app.add_typer(incident.settings_app, name="settings")
-    app.add_typer(top_cmd.pool_app, name="pool")
-    app.add_typer(bench_app, name="bench")
+    CommandEntry(
+        "config",
+        "config_cmd",
+        "config_app",
+        "Show resolved settings (flag > BSR_* env > config file > default).",
+        group=True,
+    ),
+    CommandEntry("registration", "planning", "registration_app", "Inspect and compare registrations.", group=True),
+    CommandEntry(
+        "engine",
+        "engine_cmd",
+        "engine_app",
+        "Run the embedded reference engine: real mooncake_master, a segment holder, one process per TP rank, and "
+        "the admin API, all on loopback (or, with --hosts netns, the store and each rank on hosts of their own).",
+        group=True,
+    ),
+    CommandEntry("faults", "operate", "faults_app", "Inject, list or clear faults.", group=True),
+    CommandEntry(
+        "markers", "operate", "markers_app", "Force-local markers (set after a failed external restore).", group=True
+    ),
+    CommandEntry(
+        "settings",
+        "incident",
+        "settings_app",
+        "The engine's runtime settings: W, budget B, fs concurrency.",
+        group=True,
+    ),
+    CommandEntry(
+        "pool",
+        "top_cmd",
+        "pool_app",
+        "Restore-pool occupancy per rank; `bsr pool reset-peak` restarts the peak.",
+        group=True,
+    ),
+    CommandEntry(
+        "monitoring", "monitoring_cmd", "monitoring_app", "Prometheus alert rules for bsr engines.", group=True
+    ),
+    CommandEntry(
+        "bench",
+        "bench",
+        "bench_app",
+        "Reproduce the paper's evaluation: each experiment prints a table, writes a JSON evidence bundle and plots. "
+        "Against the configured engine, or a dedicated one with --embedded.",
+        group=True,
+    ),
+)

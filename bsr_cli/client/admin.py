@@ -10,6 +10,7 @@ Every failure is raised as one of bsr_cli.errors' EngineError subclasses:
     EngineBusy          503 busy (every serving slot in use), after reads were retried with backoff
     RankRestarting      503 rank-restarting (a rank died and the engine starts it again), after reads waited for it
     RestoreAborted      409 aborted (the request was aborted)
+    HostOverloaded      503 host-overloaded (the host starved the engine past its overload ceiling; not retried)
     AlreadyEnded        409 already-ended (an abort that came after the restore committed or ended)
     BadRequest          other 4xx (the engine's message is kept)
     ServerError         5xx, or an answer that is not the API's JSON
@@ -28,12 +29,14 @@ from urllib.parse import quote
 import httpx
 
 from bsr_cli import API_VERSION
+from bsr_cli.client.local_engine import connection, read_token_file, serving
 from bsr_cli.core import wire
 from bsr_cli.core.events import Event, known_event
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.scrub import ScrubLimits, ScrubReport
 from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamedRequest, read_line
 from bsr_cli.errors import (
@@ -46,6 +49,7 @@ from bsr_cli.errors import (
     EngineTimeout,
     EngineUnreachable,
     FaultsDisabled,
+    HostOverloaded,
     InvalidInput,
     RankRestarting,
     RestoreAborted,
@@ -60,23 +64,28 @@ OnEvent = Callable[[Event], None]  # a progress event, read from the wire form t
 
 PAGE = 5000  # events asked for per /events page when filtering
 MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
+# How long a scrub's answer is waited for: the engine's own wait for its ranks (runtime/scrub.py), and a margin.
+SCRUB_WAIT_S = 630.0
 
 
 @dataclass(frozen=True)
 class EventPage:
     """One ``GET /events`` answer: its events as the engine sent them (kept as JSON objects: a newer engine's
     kinds are printed and exported whole, and ``known_event`` types those this bsr knows), the engine's last
-    sequence number, and whether it keeps its events in a durable store."""
+    sequence number, whether it keeps its events in a durable store, and how many it holds from which sequence
+    number on (None from an engine that does not say)."""
 
     events: list[dict[str, Any]]
     last_seq: int = 0
     durable: bool = False
+    held: int | None = None
+    oldest_seq: int | None = None
 
     from_wire = wire.reader()
 
 
 _KIND_TO_ERROR: dict[str, type[BsrError]] = {
-    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled, RestoreAborted)
+    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled, RestoreAborted, HostOverloaded)
 }
 
 
@@ -104,6 +113,10 @@ def _restarting(status: int, body: Any, retry_after: str | None = None) -> RankR
     )
 
 
+# Said of a busy engine whose answer gives no hint of its own (an older engine).
+BUSY_HINT = "retry shortly; if it stays busy, `bsr engine status` and the engine's log say who holds it"
+
+
 def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
     """(URL, token, how it was found): --engine/BSR_ENGINE/config (a URL or a profile), else the embedded engine
     recorded in the state directory."""
@@ -128,15 +141,18 @@ def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
                     f"profile {engine!r} has no url",
                     hint=f'add url = "http://HOST:PORT" to profile {engine!r} in {settings.config_path}',
                 )
+            if not token and prof.token_file is not None:
+                token = read_token_file(prof.token_file)
             return url.rstrip("/"), token or prof.token, f"profile {engine}"
         if not engine.startswith(("http://", "https://")):
             raise InvalidInput(
                 f"--engine {engine!r} is neither a URL nor a profile",
                 hint=f"profiles in {settings.config_path}: {', '.join(settings.profiles) or 'none'}",
             )
+        if not token:  # an embedded engine on this machine: its own token, from its state directory
+            local = serving(engine)
+            token = local.token if local is not None else None
         return engine.rstrip("/"), token, settings.sources.get("engine", "flag")
-    from bsr_cli.client.local_engine import connection
-
     found = connection(Path(settings.state_dir))
     if found is None:
         raise EngineUnreachable(
@@ -156,6 +172,7 @@ class AdminClient:
         timeout_s: float = 30.0,
         stream_timeout_s: float | None = None,
         transport: httpx.BaseTransport | None = None,
+        connections: int = 100,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -166,7 +183,11 @@ class AdminClient:
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+        # ``connections``: requests in flight at once through this client (httpx's pool; one more waits for one).
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=min(connections, 20))
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport, limits=limits
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AdminClient:
@@ -201,15 +222,12 @@ class AdminClient:
         if restarting is not None:
             raise restarting
         if kind == CapacityError.kind:
-            raise CapacityError(message, hint=hint)
+            raise CapacityError(message, hint=hint, retry_after_s=_retry_after(r))
         if kind == AlreadyEnded.kind:
             outcome = body.get("outcome") if isinstance(body, dict) else None
             raise AlreadyEnded(message, hint=hint, outcome=outcome if isinstance(outcome, str) else None)
         if kind == EngineBusy.kind:
-            raise EngineBusy(
-                f"the engine is busy: {message}",
-                hint="retry shortly; if it stays busy, `bsr engine status` and the engine's log say who holds it",
-            )
+            raise EngineBusy(f"the engine is busy: {message}", hint=hint or BUSY_HINT)
         if kind in _KIND_TO_ERROR:
             raise _KIND_TO_ERROR[kind](message, hint=hint)
         if r.status_code == 401:
@@ -370,6 +388,16 @@ class AdminClient:
         body = prompt.to_wire() | ({"exclude_tiers": exclude_tiers} if exclude_tiers else {})
         return ProbeResult.from_wire(self._call("POST", "/probe", body))
 
+    def scrub(self, tier: str, prompt: Prompt | None, limits: ScrubLimits | None = None) -> ScrubReport:
+        """Scrub ``tier``: the prompt's objects, or (``prompt`` None) every object it holds. Answers when every rank
+        is done; a scrub is bounded by its limits, so its answer may take long: waits up to the engine's own
+        deadline for the ranks (or ``--timeout`` when one is given)."""
+        lim = limits or ScrubLimits()
+        body = {"tier": tier, "max_objects": lim.max_objects, "max_bytes": lim.max_bytes}
+        body |= prompt.to_wire() if prompt is not None else {"all": True}
+        timeout = self.stream_timeout_s or SCRUB_WAIT_S
+        return ScrubReport.from_wire(self._call("POST", "/scrub", body, timeout=timeout))
+
     def submit(
         self,
         prompt: Prompt,
@@ -435,12 +463,14 @@ class AdminClient:
         kinds: Sequence[str] | None = None,
         limit: int | None = None,
         newest: bool = False,
+        before: int | None = None,
     ) -> EventPage:
-        """One page of ``GET /events``: events after the cursor ``since``, filtered (every filter combines:
-        ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for the last ``limit``
-        matches instead of the first."""
+        """One page of ``GET /events``: events after the cursor ``since`` (and before ``before``), filtered (every
+        filter combines: ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for
+        the last ``limit`` matches instead of the first."""
         params: dict[str, str | int | float | list[str]] = {"since": since, "wait": wait_s}
-        for key, value in (("after", after), ("until", until), ("request", request), ("prompt", prompt)):
+        filters = (("before", before), ("after", after), ("until", until), ("request", request), ("prompt", prompt))
+        for key, value in filters:
             if value is not None:
                 params[key] = value
         if kinds:
@@ -585,6 +615,12 @@ def _hint_for(status: int) -> str:
     return "the engine refused the request as sent; `bsr status` shows what it serves"
 
 
+def _retry_after(r: httpx.Response) -> float | None:
+    """The seconds a refusal's Retry-After says to wait (None when it says none, or not in seconds)."""
+    text = r.headers.get("retry-after", "").strip()
+    return float(text) if text.isdigit() else None
+
+
 def _stream_error(line: ErrorLine) -> BsrError:
     """The error a streamed answer's error line stands for."""
     restarting = _restarting(line.status, line.to_wire())
@@ -592,7 +628,7 @@ def _stream_error(line: ErrorLine) -> BsrError:
         return restarting
     hint = line.hint or _hint_for(line.status)
     if line.error == CapacityError.kind:
-        return CapacityError(line.message, hint=hint)
+        return CapacityError(line.message, hint=hint, retry_after_s=line.retry_after_s)
     err = _KIND_TO_ERROR.get(line.error)
     if err:
         return err(line.message, hint=hint)

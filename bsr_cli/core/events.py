@@ -28,7 +28,20 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import (
+    CapacityCause,
+    Component,
+    EventKind,
+    FailureKind,
+    Outcome,
+    RankState,
+    ScrubScope,
+    ScrubState,
+    SegmentLossCause,
+    Stage,
+)
+from bsr_cli.core.overload import HostLoad
+from bsr_cli.core.store_loss import SegmentLoss
 
 E = TypeVar("E", bound="Event")
 _D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
@@ -49,6 +62,9 @@ class Failure:
     window: int | None = None  # 0-based, as every window index in bsr's events
     tier: str | None = None  # the tier blamed, for a tier failure only
     cause: CapacityCause | None = None  # for a capacity refusal: what did not fit
+    chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
+    # For a host verdict (and a rank judged past a stretched deadline): the figures the judge read.
+    load: HostLoad | None = wire.field(default=None, omit_none=True)
 
     @property
     def component(self) -> Component:
@@ -57,6 +73,7 @@ class Failure:
             FailureKind.RANK: Component.RANK,
             FailureKind.CAPACITY: Component.CAPACITY,
             FailureKind.ABORTED: Component.OPERATOR,
+            FailureKind.HOST_OVERLOADED: Component.HOST,
         }[self.kind]
 
     to_wire = wire.writer(computed=("component",))
@@ -221,7 +238,26 @@ class RestoreFailed:
     cause: CapacityCause | None = None
     # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
     pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
+    chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
+    load: HostLoad | None = wire.field(default=None, omit_none=True)  # a host verdict's figures
     failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired on this rank in it
+
+    @classmethod
+    def of(cls, request: str, rank: int, f: Failure) -> RestoreFailed:
+        """The event of one rank's failure in ``request``'s restore."""
+        return cls(
+            request=request,
+            rank=rank,
+            reason=f.reason,
+            failure_kind=f.kind,
+            stage=f.stage,
+            window=f.window,
+            tier=f.tier,
+            cause=f.cause,
+            chunks=f.chunks,
+            load=f.load,
+        )
 
     @property
     def failure(self) -> Failure:
@@ -233,6 +269,8 @@ class RestoreFailed:
             window=self.window,
             tier=self.tier,
             cause=self.cause,
+            chunks=self.chunks,
+            load=self.load,
         )
 
 
@@ -254,6 +292,7 @@ class RestoreCommitted:
     failure_kind: FailureKind | None = None
     # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
     pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,6 +310,7 @@ class RestoreFailedClosed:
     failure_kind: FailureKind | None = None
     # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
     pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +328,7 @@ class RestoreRefused:
     failure_kind: FailureKind | None = None
     # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
     pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,6 +346,7 @@ class RestoreAborted:
     failure_kind: FailureKind | None = None
     # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
     pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 # A restore ended, whatever its outcome (``isinstance(e, RestoreEnded)``; ``e.outcome`` says which).
@@ -338,9 +380,30 @@ class StoreFailed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OutputMismatch:
+    """A request's KV hashed differently from the canonical KV of its prompt (after its restore committed, or its
+    compute finished): its destination blocks were invalidated, nothing of it was stored, and when part of it came
+    from a tier a force-local marker makes the next admission of the prompt recompute it."""
+
+    kind: ClassVar[EventKind] = EventKind.OUTPUT_MISMATCH
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    request: str
+    prompt: str = ""
+    tokens: int = 0  # the tokens hashed (and invalidated)
+    external_tokens: int = 0  # of them, restored from a tier
+    source: str = ""  # the tiers they came from ("fs+mooncake"), or "recompute"
+    output_hash: str = ""
+    canonical_hash: str = ""
+    marker: bool = False  # a force-local marker was set on the prompt
+
+
+@dataclass(frozen=True, kw_only=True)
 class ObjectQuarantined:
-    """A rank re-read a stored object after a failed restore, found its bytes damaged on the tier, and moved it
-    aside (under the tier's ``quarantine/``); the tier no longer holds the chunk, so the next store rewrites it."""
+    """A rank re-read a stored object after a failed restore, found it damaged on the tier (its bytes, its length,
+    or the chunk its checksum is bound to), and set it apart: moved under the fs tier's ``quarantine/``, removed
+    from Mooncake; the tier no longer holds the chunk, so the next store rewrites it."""
 
     kind: ClassVar[EventKind] = EventKind.OBJECT_QUARANTINED
     to_wire = _EVENT_WRITER
@@ -348,12 +411,89 @@ class ObjectQuarantined:
     time: float = 0.0
     rank: int
     tier: str
-    chunk: int
-    group: str
     key: str
-    file: str  # where the damaged object now lies
+    file: str  # where the damaged object now lies; "" when the tier removed it (Mooncake)
     reason: str
     request: str | None = None
+    chunk: int | None = None  # which chunk and group of the prompt: None when a scrub of a whole tier found it
+    group: str | None = None
+    scrub: str | None = None  # the scrub that found it (None: the re-read of a failed window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubStarted:
+    """A rank began reading a tier's objects back to check them: the rest of a prompt after a restore from the tier
+    failed (``request``), or an operator's `bsr scrub` (a prompt, or every object)."""
+
+    kind: ClassVar[EventKind] = EventKind.SCRUB_STARTED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    tier: str
+    scrub: str
+    scope: ScrubScope
+    prompt: str = ""
+    request: str | None = None
+    objects: int = 0  # in scope, when known up front (a prompt's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubFinished:
+    """A rank's scrub ended: what it read back and set apart, and whether it covered its whole scope."""
+
+    kind: ClassVar[EventKind] = EventKind.SCRUB_FINISHED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    tier: str
+    scrub: str
+    scope: ScrubScope
+    state: ScrubState
+    prompt: str = ""
+    request: str | None = None
+    objects: int = 0
+    checked: int = 0
+    bytes: int = 0
+    missing: int = 0
+    damaged: int = 0
+    quarantined: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentLost:
+    """The store lost a holder's segment, and with it every object on it (the engine's store watch saw it): whose,
+    when, how, and how many objects and bytes, where the master said."""
+
+    kind: ClassVar[EventKind] = EventKind.SEGMENT_LOST
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    tier: str
+    segment: str
+    client_id: str = ""
+    cause: SegmentLossCause
+    lost_at: float = 0.0
+    last_seen_at: float | None = None
+    objects_lost: int | None = None
+    bytes_lost: int | None = None
+    holder: str = ""
+
+    @classmethod
+    def of(cls, tier: str, loss: SegmentLoss) -> SegmentLost:
+        return cls(tier=tier, **{name: getattr(loss, name) for name in _LOSS_FIELDS})
+
+    @property
+    def loss(self) -> SegmentLoss:
+        said = {name: getattr(self, name) for name in _LOSS_FIELDS}
+        return SegmentLoss(**said | {"lost_at": self.lost_at or self.time})
+
+
+# What a segment_lost event says of the loss: every field of it but when it was mounted again (a later fact).
+_LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(SegmentLoss) if f.name != "remounted_at")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -376,6 +516,7 @@ class MarkerSet:
     request: str | None = None
     excluded_tiers: tuple[str, ...] = ()
     reason: str = ""
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault failed the restore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -454,6 +595,22 @@ class RankUnresponsive:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankStarved:
+    """A rank's deadline ran out while it (or the coordinator) waited to run: the deadline is stretched, up to the
+    engine's overload ceiling, and the rank is not blamed. ``load`` holds the figures the judge read."""
+
+    kind: ClassVar[EventKind] = EventKind.RANK_STARVED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    reason: str
+    request: str | None = None
+    state: RankState = RankState.STARVED
+    load: HostLoad | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class RankRestarted:
     kind: ClassVar[EventKind] = EventKind.RANK_RESTARTED
     to_wire = _EVENT_WRITER
@@ -479,13 +636,18 @@ Event: TypeAlias = (
     | RestoreFailed
     | RestoreEnded
     | StoreFailed
+    | OutputMismatch
     | ObjectQuarantined
+    | ScrubStarted
+    | ScrubFinished
+    | SegmentLost
     | AbortRequested
     | MarkerSet
     | MarkerCleared
     | FaultEvent
     | FaultsCleared
     | RankUnresponsive
+    | RankStarved
     | RankRestarted
 )
 _EVENT_CLASSES: tuple[type[Event], ...] = (
@@ -505,7 +667,11 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     RestoreRefused,
     RestoreAborted,
     StoreFailed,
+    OutputMismatch,
     ObjectQuarantined,
+    ScrubStarted,
+    ScrubFinished,
+    SegmentLost,
     AbortRequested,
     MarkerSet,
     MarkerCleared,
@@ -513,6 +679,7 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     FaultFired,
     FaultsCleared,
     RankUnresponsive,
+    RankStarved,
     RankRestarted,
 )
 EVENT_TYPES: dict[EventKind, type[Event]] = {cls.kind: cls for cls in _EVENT_CLASSES}
@@ -603,7 +770,18 @@ def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
 
-_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause)
+_ENUMS = (
+    FailureKind,
+    Stage,
+    Outcome,
+    Component,
+    EventKind,
+    CapacityCause,
+    RankState,
+    ScrubScope,
+    ScrubState,
+    SegmentLossCause,
+)
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
@@ -618,10 +796,10 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
             return hint(value)
         except ValueError:
             raise ValueError(f"field {name!r}: {value!r} is not a {hint.__name__}") from None
-    if hint is Failure:
+    if hint is Failure or hint is HostLoad:
         if not isinstance(value, Mapping):
             raise ValueError(f"field {name!r}: expected an object")
-        return Failure.from_wire(value)
+        return hint.from_wire(value)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"field {name!r}: expected a list")
@@ -666,6 +844,7 @@ __all__ = [
     "MarkerSet",
     "ObjectQuarantined",
     "RankRestarted",
+    "RankStarved",
     "RankUnresponsive",
     "RequestAdmitted",
     "RequestFinished",
@@ -676,6 +855,9 @@ __all__ = [
     "RestoreFailedClosed",
     "RestoreRefused",
     "RestoreStarted",
+    "ScrubFinished",
+    "ScrubStarted",
+    "SegmentLost",
     "SettingsChanged",
     "StoreFailed",
     "WindowFetched",

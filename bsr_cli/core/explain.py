@@ -9,6 +9,8 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
     force-local-marker   a failed restore set a marker: the next admission skips the blamed tier(s)
     fault-armed          an injected fault will fail the next restore
     holder-gone          the store lists the chunks, but the process holding them is gone
+    segment-lost         the engine's store lost a holder's segment (its holder missed the master's client TTL, or
+                         died), and this prompt's chunks on that tier with it
     key-format-mismatch  the store holds this prompt under another key format (world size, dtype, tags, hash seed)
     never-stored         no tier holds any chunk of the prompt
     rank-skew            the prefix breaks on some ranks (or KV groups) only: the others hold the chunk
@@ -24,14 +26,14 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
                          (the restore would likely fail closed), otherwise listed as information; a restore failure
                          older than the prompt's last restore is dated, and dropped when that restore read the tier
                          without it failing
-    unverified           held chunks carry no checksum (stored by stock LMCache): bsr's connector refuses them
-                         unless told to load them (information)
+    unverified           held chunks carry no checksum bound to their chunk (stored by stock LMCache, or an older
+                         bsr): bsr's connector refuses them unless told to load them (information)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -39,10 +41,11 @@ from typing import Any
 from bsr_cli.core import accounting, wire
 from bsr_cli.core import events as ev
 from bsr_cli.core.bitmap import HitBitmap
-from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition
+from bsr_cli.core.evidence import FailureKind, Outcome, SegmentLossCause, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.status import EngineInfo, Health, MarkerView, TierHealth
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.core.store_probe import Diagnosis, HolderState, KeyFormatValue, Liveness, StoreProbe
 from bsr_cli.errors import ServerError
 
@@ -56,6 +59,7 @@ class FindingKind(StrEnum):
     FORCE_LOCAL_MARKER = "force-local-marker"
     FAULT_ARMED = "fault-armed"
     HOLDER_GONE = "holder-gone"
+    SEGMENT_LOST = "segment-lost"
     KEY_FORMAT_MISMATCH = "key-format-mismatch"
     NEVER_STORED = "never-stored"
     RANK_SKEW = "rank-skew"
@@ -73,6 +77,7 @@ class FindingKind(StrEnum):
     RESTORE_FAILED_CAPACITY = "restore-failed-capacity"
     RESTORE_FAILED_RANK = "restore-failed-rank"
     RESTORE_FAILED_TIER = "restore-failed-tier"
+    RESTORE_FAILED_HOST = "restore-failed-host"  # a deadline ran out while the host starved the engine
     ADMITTED = "admitted"
     RUNNING = "running"
 
@@ -122,7 +127,7 @@ class RankWindows:
 
 @dataclass(frozen=True)
 class QuarantinedChunk:
-    """A chunk a restore found damaged on a tier and moved aside."""
+    """A chunk a restore found damaged on a tier and set apart (moved aside, or removed: ``file`` is then "")."""
 
     rank: int
     tier: str
@@ -130,6 +135,7 @@ class QuarantinedChunk:
     group: str
     file: str
     reason: str
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -235,6 +241,9 @@ class Explanation:
     tiers: tuple[TierPrefix, ...] = ()
     last_restore: FoldedRestore | None = None
     url: str | None = None  # the engine asked, when the command asked one
+    # The id of the force-local marker that stands for the prompt (the request's), as `bsr markers list` shows it:
+    # the prompt's own hash, or a vLLM worker's for a prefix of it.
+    marker: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return (
@@ -249,6 +258,7 @@ class Explanation:
                 "last_restore": self.last_restore.to_wire() if self.last_restore is not None else None,
                 "next": self.next,
             }
+            | ({"marker": self.marker} if self.marker is not None else {})
             | ({"url": self.url} if self.url is not None else {})
         )
 
@@ -379,14 +389,18 @@ def explain_engine(
     faults: Sequence[FaultSpec],
     w: int | None,
     last_restore: FoldedRestore | None,
+    covering: Collection[str] = (),
 ) -> Explanation:
     """The verdict for a prompt on a live engine, from the admin API's typed answers: the probe's bitmap (None when
-    the probe could not run: ``probe_error`` says why), info, health, the markers (the prompt's own keyed by it) and
-    the armed faults, and the prompt's last restore."""
+    the probe could not run: ``probe_error`` says why), info, health, the markers (the prompt's own: keyed by its
+    hash, or by one of ``covering``, the ids of markers that stand for a prefix of it) and the armed faults, and
+    the prompt's last restore. A marker is named by its own id, as `bsr markers list` shows it."""
+    mine = [m for m in markers if m.prompt == prompt or m.prompt in covering]
     findings = _unhealthy_ranks(health)
     findings += _window_fit(registration, info, w, bitmap, n_tokens, prompt_flags)
-    findings += _markers(prompt, markers, bitmap)
+    findings += _markers(prompt, mine, bitmap)
     findings += _armed_faults(faults)
+    findings += _lost_segments(health, bitmap, prompt_flags)
     if bitmap is not None:
         content = _content(bitmap, (), prompt_flags)
         if bitmap.tokens < n_tokens:  # the engine probes (and stores) full chunks only
@@ -405,7 +419,7 @@ def explain_engine(
     findings.extend(_unhealthy_tiers(health, bitmap, last_restore))
     if info.host_fields.get("serves_restores") is False:
         findings = [_on_worker(f, prompt_flags) for f in findings]
-    return _result(
+    result = _result(
         prompt,
         bitmap,
         findings,
@@ -416,6 +430,7 @@ def explain_engine(
         n_tokens=n_tokens,
         chunk_size=registration.chunk_size,
     )
+    return dataclasses.replace(result, marker=mine[0].prompt) if mine else result
 
 
 def _unhealthy_ranks(health: Health) -> list[Finding]:
@@ -485,10 +500,10 @@ def _window_fit(
     return findings
 
 
-def _markers(prompt: str, markers: Sequence[MarkerView], bitmap: HitBitmap | None) -> list[Finding]:
-    """This prompt's force-local marker: what the next admission does because of it."""
+def _markers(prompt: str, mine: Sequence[MarkerView], bitmap: HitBitmap | None) -> list[Finding]:
+    """This prompt's force-local marker (``mine``: those that stand for it): what the next admission does because
+    of it. Named by its own id: a marker that stands for a prefix of the prompt says how long that prefix is."""
     findings: list[Finding] = []
-    mine = [m for m in markers if m.prompt == prompt]
     exclude: list[str] = []
     for m in mine:
         exclude = sorted(set(exclude) | set(m.excluded_tiers))
@@ -497,6 +512,8 @@ def _markers(prompt: str, markers: Sequence[MarkerView], bitmap: HitBitmap | Non
         reason = m.reason or "no reason recorded"
         request = m.request
         when = f"set when restore {request} failed" if request else "set by a failed restore"
+        n = m.host_fields.get("prefix_tokens")
+        stands = f" (it stands for this prompt's first {n:,} tokens)" if m.prompt != prompt and n else ""
         if not exclude:
             # A marker that excludes no tier: a rank failed (install, synchronize), no tier is to blame, and the
             # next admission recomputes the prompt locally. The remedy is the rank's, then this prompt's marker.
@@ -505,12 +522,12 @@ def _markers(prompt: str, markers: Sequence[MarkerView], bitmap: HitBitmap | Non
                     FindingKind.FORCE_LOCAL_MARKER,
                     f"a force-local marker makes the next admission recompute this prompt locally ({when}: "
                     f"{reason}); no tier is blamed",
-                    [f"marker: prompt {prompt} excludes no tier (recompute locally)"]
+                    [f"marker: prompt {m.prompt} excludes no tier (recompute locally){stands}"]
                     + ([f"request: {request}"] if request else []),
                     "check the rank (`bsr status` shows its last fault); a rank that keeps failing to install needs "
                     "its process or host looked at. Then clear this prompt's marker, or let a committed admission "
                     "clear it",
-                    f"bsr markers clear --prompt {prompt}",
+                    f"bsr markers clear --prompt {m.prompt}",
                 )
             )
         else:
@@ -526,11 +543,11 @@ def _markers(prompt: str, markers: Sequence[MarkerView], bitmap: HitBitmap | Non
                 _finding(
                     FindingKind.FORCE_LOCAL_MARKER,
                     f"a force-local marker excludes {', '.join(exclude)} for this prompt, {when} ({reason}): {then}",
-                    [f"marker: prompt {prompt} excludes {', '.join(exclude)}"]
+                    [f"marker: prompt {m.prompt} excludes {', '.join(exclude)}{stands}"]
                     + ([f"request: {request}"] if request else []),
                     f"fix tier {', '.join(exclude)} (`bsr status`); a committed admission clears the marker, or clear "
                     "this prompt's marker by hand",
-                    f"bsr markers clear --prompt {prompt}",
+                    f"bsr markers clear --prompt {m.prompt}",
                 )
             )
     return findings
@@ -553,6 +570,37 @@ def _armed_faults(faults: Sequence[FaultSpec]) -> list[Finding]:
             )
         )
     return findings
+
+
+def _lost_segments(health: Health, bitmap: HitBitmap | None, prompt_flags: str) -> list[Finding]:
+    """A segment the engine's store lost, when it explains this prompt: the tier no longer holds the whole prompt
+    (or lists chunks whose holder is gone) and no healthy tier holds it all."""
+    whole = [t for t in bitmap.tiers if bitmap.tier_prefix_chunks(t) >= bitmap.chunks] if bitmap is not None else []
+    if any(t not in health.tiers or health.tiers[t].ok for t in whole):
+        return []  # a tier no loss touches holds it all: the prompt is restored from there
+    findings: list[Finding] = []
+    for tier, h in health.tiers.items():
+        losses = [x for x in h.lost_segments if tier not in whole or _listed_but_gone(x)]
+        if not losses:
+            continue
+        held = f" (it holds {bitmap.tier_prefix_chunks(tier)}/{bitmap.chunks} of its chunks now)" if bitmap else ""
+        findings.append(
+            _finding(
+                FindingKind.SEGMENT_LOST,
+                f"{losses[-1].line()}: this prompt's chunks on tier {tier} went with it{held}",
+                [f"tier {tier}: {x.line()}" for x in losses],
+                "keep the segment holder from stalling past the master's client TTL (`bsr engine up "
+                "--store-client-ttl`; see what starved or stopped it), or restart a holder that died; the next "
+                "submit stores the prompt again",
+                f"bsr submit {prompt_flags}",
+            )
+        )
+    return findings
+
+
+def _listed_but_gone(loss: SegmentLoss) -> bool:
+    """The master still lists the segment's objects (probes call them held), but its holder is gone."""
+    return loss.cause is SegmentLossCause.HOLDER_GONE and loss.remounted_at is None
 
 
 def _unhealthy_tiers(health: Health, bitmap: HitBitmap | None, last: FoldedRestore | None) -> list[Finding]:
@@ -605,7 +653,10 @@ def _quarantined(bitmap: HitBitmap | None, last_restore: FoldedRestore | None, p
         return out
     for q in last_restore.quarantined:
         where = f"chunk {q.chunk} group {q.group} on rank {q.rank} in tier {q.tier}"
-        evidence = [f"quarantined: {where}: {q.reason}", f"moved to {q.file}"]
+        evidence = [
+            f"quarantined: {where} (key {q.key}): {q.reason}",
+            f"moved to {q.file}" if q.file else "removed from the tier",
+        ]
         held = (
             bitmap is not None
             and q.tier in bitmap.tiers
@@ -815,18 +866,19 @@ def _key_format_mismatch(
 
 
 def _unverified(store: StoreProbe, next_cmd: str) -> list[Finding]:
-    """Held chunks without a checksum (stored by stock LMCache)."""
+    """Held chunks without a checksum bound to their chunk (stored by stock LMCache, or by an older bsr)."""
     integrity = store.integrity
     findings: list[Finding] = []
     if integrity.unverified_chunks:
         findings.append(
             _finding(
                 FindingKind.UNVERIFIED,
-                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, not "
-                "through bsr's plugins): their bytes cannot be verified",
+                f"{integrity.unverified_chunks} held chunk(s) carry no checksum (stored by stock LMCache, or by an "
+                "older bsr whose checksum covers the bytes alone): their bytes cannot be verified",
                 [f"rank {u.rank} chunk {u.chunk}: no checksum" for u in integrity.unverified[:8]],
-                "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; once they are evicted "
-                "or removed, bsr's plugins store them again with a checksum",
+                "bsr's connector refuses them (recompute) unless bsr_load_unverified is set; an older bsr's are "
+                "removed when refused and stored again with a checksum, stock LMCache's once they are evicted or "
+                "removed (docs/mixed-deployments.md)",
                 next_cmd,
             )
         )
@@ -917,8 +969,8 @@ def fold_restore(events: Sequence[ev.Event]) -> FoldedRestore | None:
         elif isinstance(e, ev.MarkerSet):
             out = dataclasses.replace(out, marker=RestoreMarker(tuple(e.excluded_tiers), e.reason))
             seen("marker")
-        elif isinstance(e, ev.ObjectQuarantined):
-            quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason))
+        elif isinstance(e, ev.ObjectQuarantined) and e.chunk is not None and e.group is not None:
+            quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason, e.key))
             seen("quarantined")
     return dataclasses.replace(
         out, quarantined=tuple(quarantined), ranks=tuple(ranks[r] for r in sorted(ranks)), arrived=tuple(arrived)
@@ -930,12 +982,15 @@ def _failure_line(f: ev.Failure) -> str:
     where = f"rank {f.rank}" if f.rank is not None else "before any rank answered"
     if f.window is not None:
         where += f" window G{f.window + 1}"
+    if f.chunks is not None:
+        where += f" (chunks {f.chunks[0]}-{f.chunks[1] - 1})"
     blame = [f"kind {f.kind.value}"]
     if f.stage:
         blame.append(f"stage {f.stage.value}")
     if f.tier:
         blame.append(f"tier {f.tier}")
-    return f"failed: {where}: {f.reason or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
+    line = f"failed: {where}: {f.reason or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
+    return line + (f"; figures: {f.load.describe()}" if f.load is not None and f.load.describe() not in line else "")
 
 
 def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequence[MarkerView]) -> Explanation:
@@ -958,7 +1013,12 @@ def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequ
     if kind is None and outcome is Outcome.FAILED_CLOSED:
         kind = FailureKind.TIER
     evidence.extend(_failure_line(f) for f in fails)
-    marker = next((m for m in markers if prompt and m.prompt == prompt), None)
+    # The marker the request left: the one set for it (by request id), else the one standing for its prompt.
+    marker = next((m for m in markers if m.request == req), None) or next(
+        (m for m in markers if prompt and m.prompt == prompt), None
+    )
+    if marker is not None:
+        evidence.append(f"marker: prompt {marker.prompt} {_marker_scope(marker.excluded_tiers)}")
     verdict, summary, fix, nxt = _request_verdict(req, restore, kind, fails, marker, finished, health)
     return Explanation(
         subject=Subject.REQUEST,
@@ -970,7 +1030,25 @@ def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequ
         findings=(_finding(verdict, summary, evidence, fix, nxt),),
         last_restore=restore,
         next=nxt,
+        marker=marker.prompt if marker is not None else None,
     )
+
+
+def _host_verdict(fails: Sequence[ev.Failure]) -> tuple[FindingKind, str, str, str]:
+    """A restore the host made miss its deadline: nobody in bsr is blamed; the figures name the pressure."""
+    f = next(f for f in fails if f.kind is FailureKind.HOST_OVERLOADED)
+    figures = f.load.describe() if f.load is not None else "no figures recorded"
+    summary = (
+        "failed closed because the host was overloaded: a deadline ran out while "
+        + (f"rank {f.rank}" if f.rank is not None else "the engine")
+        + f" waited to run ({figures}); no rank or tier is blamed, no marker was set"
+    )
+    fix = "retry once the load drops; give the engine CPU, or raise `bsr engine up --overload-ceiling`"
+    return FindingKind.RESTORE_FAILED_HOST, summary, fix, "bsr status"
+
+
+def _marker_scope(excluded_tiers: Sequence[str]) -> str:
+    return f"excludes {', '.join(excluded_tiers)}" if excluded_tiers else "excludes no tier (recompute locally)"
 
 
 def _request_verdict(
@@ -1003,6 +1081,8 @@ def _request_verdict(
         verdict = FindingKind.RESTORE_FAILED_CAPACITY
         summary = "refused for capacity: the window did not fit the budget B or the pool (no tier is blamed)"
         fix, nxt = "lower W or raise B (see the reason)", "bsr settings show"
+    elif outcome is Outcome.FAILED_CLOSED and kind is FailureKind.HOST_OVERLOADED:
+        verdict, summary, fix, nxt = _host_verdict(fails)
     elif outcome is Outcome.FAILED_CLOSED and kind is FailureKind.RANK and staged_rank_failure is not None:
         # The rank failed at its own stage (install, synchronize): the rank's fault, never a tier's.
         f = staged_rank_failure
@@ -1031,6 +1111,9 @@ def _request_verdict(
         summary = f"failed closed because {which} failed: nothing was committed" + (
             f"; a force-local marker now excludes {', '.join(marker.excluded_tiers)} for this prompt" if marker else ""
         )
+        lost = [x for t in tiers for x in (health.tiers[t].lost_segments if t in health.tiers else ())]
+        if lost:
+            summary += f"; {lost[-1].line()}"
         fix = "fix the tier (`bsr status`); the next admission of the prompt uses a lower tier or recomputes"
         nxt = "bsr markers list" if marker else "bsr status"
     elif finished is not None:

@@ -21,8 +21,8 @@ from bsr_cli.errors import InvalidInput
 
 _SEED = hashlib.sha256(b"bsr-chunk-hash-v1").digest()
 DEFAULT_VOCAB = 32_000
-# The key of the CRC32C that bsr's LMCache plugins store next to each LMCache object in Mooncake (the object's key
-# plus this suffix; 4 bytes, big-endian). A held object without one was stored by stock LMCache: unverified.
+# The key of the checksum that bsr's LMCache plugins store next to each LMCache object in Mooncake (the object's key
+# plus this suffix; its layout: core/integrity.py). A held object without one was stored by stock LMCache: unverified.
 CHECKSUM_SIDECAR_SUFFIX = "#bsr-crc32c"
 
 

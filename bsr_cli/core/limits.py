@@ -11,6 +11,7 @@ the prompt limit:
     1 ≤ fs_concurrency ≤ 256        loader threads per rank; more only adds threads, never bandwidth
     0 < fetch timeout ≤ 3600 s      finite: a NaN or negative deadline fails every restore
     1 ≤ max_tokens ≤ kv_tokens      the destination KV must hold the longest prompt
+    1 ≤ store client TTL ≤ 1 day    whole seconds: how long the Mooncake master keeps a silent segment holder
 
 The caller names each setting the way its user spells it (``--budget`` on the command line, ``budget_bytes`` in
 the API), so the message names the thing to change.
@@ -28,6 +29,17 @@ from bsr_cli.errors import InvalidInput
 MAX_FS_CONCURRENCY = 256
 MAX_FETCH_TIMEOUT_S = 3600.0
 
+# How long the Mooncake master keeps a client (a segment holder among them) after its last heartbeat before it
+# unmounts the client's segment and forgets every object on it (`mooncake_master --client_ttl`; bsr starts every
+# master of its own with it). Mooncake's default, 10 s, is shorter than a holder starved of CPU or stopped on a busy
+# host can miss, and the loss is silent: the holder lives on and mounts its segment again, empty. Clients beat every
+# second and the master looks every second, so a holder stopped for N s survives a TTL above N + 2 s; 120 s covers a
+# host's bad minute twice over. The cost: a holder that dies without refusing connections (its host is gone) keeps
+# its segment listed, and its objects probed as held, for this long (docs/deployment.md, "The store's client TTL").
+DEFAULT_STORE_CLIENT_TTL_S = 120
+MOONCAKE_DEFAULT_CLIENT_TTL_S = 10  # the master's own, without --client_ttl
+MAX_STORE_CLIENT_TTL_S = 86_400
+
 # How the API spells each setting; the CLI passes its flag names instead.
 API_NAMES: dict[str, str] = {
     "w": "W",
@@ -38,6 +50,16 @@ API_NAMES: dict[str, str] = {
     "fs_concurrency": "fs_concurrency",
     "fetch_timeout_s": "fetch_timeout_s",
 }
+
+
+def check_client_ttl(seconds: Any, name: str = "the store's client TTL") -> int:
+    """A client TTL a Mooncake master takes: whole seconds in [1, MAX_STORE_CLIENT_TTL_S]. InvalidInput otherwise."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= MAX_STORE_CLIENT_TTL_S:
+        raise InvalidInput(
+            f"{name} must be whole seconds in [1, {MAX_STORE_CLIENT_TTL_S}], got {seconds!r}",
+            hint=f"e.g. {DEFAULT_STORE_CLIENT_TTL_S}s (a holder stopped for N s needs more than N + 2)",
+        )
+    return seconds
 
 
 def _int(value: Any, name: str, minimum: int) -> int:

@@ -186,6 +186,10 @@ class ManualRestoreResult:
     to restore), the hashes of a committed restore, the marker a failed one set, and the host's note when a
     canonical hash does not apply (``hash_note``).
 
+    A restore whose KV hashed differently from the canonical (``output_mismatch``) ended failed although its
+    report committed: the engine invalidated what it committed. Its JSON then says ``outcome: failed_closed`` and
+    ``committed_tokens: 0``, with ``restored_tokens`` the tokens the restore had committed.
+
     Its JSON is one flat object whose keys depend on how far the restore got (no probe, nothing to restore, a
     report, hashes checked or not), so its two wire methods are written out around its parts' own."""
 
@@ -200,11 +204,21 @@ class ManualRestoreResult:
     hash_note: str | None = None
 
     @property
+    def output_mismatch(self) -> bool:
+        """The restore committed, and its KV's output hash differs from the canonical one: the engine invalidated
+        it, so the request failed."""
+        return self.hashes is not None and self.hashes.hash_ok is False
+
+    @property
     def outcome(self) -> Outcome:
+        if self.output_mismatch:
+            return Outcome.FAILED_CLOSED
         return self.report.outcome if self.report is not None else Outcome.NOTHING_TO_RESTORE
 
     @property
     def committed_tokens(self) -> int:
+        if self.output_mismatch:
+            return 0
         return self.report.committed_tokens if self.report is not None else 0
 
     @property
@@ -230,11 +244,19 @@ class ManualRestoreResult:
             out["marker"] = self.marker.to_dict()
         if self.hash_note is not None and self.hashes is not None:
             out |= _not_applicable(self.hash_note, self.hashes.output_hash) | {"canonical_hash": None, "hash_ok": None}
+        if self.output_mismatch:  # what the report committed was invalidated
+            out |= {
+                "outcome": self.outcome.value,
+                "committed_tokens": 0,
+                "restored_tokens": self.report.committed_tokens,
+            }
         return out
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> ManualRestoreResult:
         nothing = d.get("outcome") == Outcome.NOTHING_TO_RESTORE
+        if "restored_tokens" in d:  # an output mismatch invalidated what the report committed
+            d = d | {"outcome": Outcome.COMMITTED.value, "committed_tokens": d["restored_tokens"]}
         hashes = None
         if d.get("output_hash") is not None:
             hashes = OutputHashes(str(d["output_hash"]), d.get("canonical_hash"), d.get("hash_ok"))

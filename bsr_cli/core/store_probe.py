@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, HitBitmap
-from bsr_cli.core.status import MarkerView
+
+if TYPE_CHECKING:  # a store probe has no markers; the engine's status types are not on `bsr probe --store`'s path
+    from bsr_cli.core.status import MarkerView
 
 # Each cell's state in `liveness.cells`: not listed, listed on a live holder, listed only on gone holders, listed
 # but no live holder is known (the replica listing or the holder check did not answer).
@@ -127,7 +129,8 @@ class ChunkRef:
 
 @dataclass(frozen=True)
 class Integrity:
-    """Which held chunks carry bsr's CRC32C sidecar, and the first few that do not."""
+    """Which held chunks carry bsr's checksum sidecar (bound to the chunk: ``core.integrity``), and the first few
+    that do not (no sidecar: stock LMCache; an older bsr's bytes-only one)."""
 
     checksummed_chunks: int
     unverified_chunks: int

@@ -78,7 +78,8 @@ class ErrorLine:
     message: str = ""
     hint: str | None = None
     status: int = wire.field(default=500, absent=500)
-    # A rank restarting or not responding: the rank, and when the engine next tries to start it (seconds).
+    # A rank restarting or not responding: the rank; and, for a rank restarting or a refusal the same request may get
+    # past later, when to try again (seconds, the Retry-After it would have answered).
     rank: int | None = wire.field(default=None, omit_none=True)
     retry_after_s: int | None = wire.field(default=None, omit_none=True)
     # A bsr error always says its hint (null when it has none); an unexpected failure of the engine has none to say,

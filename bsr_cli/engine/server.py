@@ -30,7 +30,7 @@ from bsr_cli.core.events import (
     FaultsCleared,
 )
 from bsr_cli.core.evidence import EventKind
-from bsr_cli.engine import lifecycle, netns, supervisor
+from bsr_cli.engine import lifecycle, netns, store_watch, supervisor
 from bsr_cli.engine.config import EngineConfig, EngineReady, EventRetention, RankConfig, RankLink
 from bsr_cli.engine.ranks import ProcessRank
 from bsr_cli.runtime import event_store, failure_log
@@ -136,6 +136,7 @@ def build(
             fs_dir=cfg.fs_dir,
             fs_concurrency=now.fs_concurrency,
             log_dir=str(log_dir) if log_dir is not None else None,
+            scrub_after_failure=now.scrub_after_failure,
         )
         if hosts is not None:
             # A multi-host engine: the rank runs in its own namespace and, when a fetch fails, checks its links.
@@ -202,12 +203,16 @@ def main(argv: list[str]) -> int:
         max_anonymous=int(limit("max_anonymous", admin_server.MAX_ANONYMOUS)),
         max_waiting=int(limit("max_waiting", admin_server.MAX_WAITING)),
         max_waiting_per_client=int(limit("max_waiting_per_client", admin_server.MAX_WAITING_PER_CLIENT)),
+        max_queued=int(limit("max_queued", admin_server.MAX_QUEUED)),
         allowed_hosts=list(cfg.admin.allowed_hosts),
         open_metrics=cfg.admin.open_metrics,
     )
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     admin.start()
+    watcher = store_watch.for_engine(state, cfg, coord, log)
+    if watcher is not None:
+        watcher.start()
     ready = EngineReady(admin.url, os.getpid(), tuple(r.info for r in ranks), time.time(), restored)
     tmp = state / "ready.json.tmp"
     tmp.write_text(json.dumps(ready.to_wire(), indent=1))
@@ -223,6 +228,8 @@ def main(argv: list[str]) -> int:
         keeper.save()
         restarter.check()
         coord.settle_settings()
+    if watcher is not None:
+        watcher.stop()  # before the store's services stop: their going is no loss
     keeper.save()
     # Say it before going: a monitor polling this engine sees the clean stop (an `engine_stopped` event) while the
     # admin API still answers, which is how a fleet tells a requested shutdown from a crash.

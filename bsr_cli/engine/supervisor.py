@@ -42,6 +42,7 @@ from bsr_cli.engine.config import (
 from bsr_cli.errors import CapacityError, InvalidInput, ServiceError
 from bsr_cli.mooncake import services
 from bsr_cli.runtime.coordinator_state import EngineSettings
+from bsr_cli.runtime.judge import DEFAULT_OVERLOAD_CEILING_S, MAX_OVERLOAD_CEILING_S
 
 SERVER_START_TIMEOUT_S = 240.0
 PRIVATE_UMASK = 0o077
@@ -55,6 +56,8 @@ CLI_NAMES = {
     "fs_concurrency": "--fs-concurrency",
     "fetch_timeout_s": "--fetch-timeout",
     "kv_wait_s": "--kv-wait",
+    "overload_ceiling_s": "--overload-ceiling",
+    "store_client_ttl_s": "--store-client-ttl",
 }
 # The longest a request may wait for destination KV blocks held by running requests (`--kv-wait`).
 MAX_KV_WAIT_S = 3600.0
@@ -75,6 +78,8 @@ class EngineOptions:
     # How long a request waits for destination KV blocks held by running requests before it is refused for
     # capacity (0: refuse at once).
     kv_wait_s: float = 60.0
+    # The longest a rank's deadline is stretched while the host starves it (runtime/judge.py).
+    overload_ceiling_s: float = DEFAULT_OVERLOAD_CEILING_S
     host: str = "127.0.0.1"
     port: int = 0
     remote: bool = True
@@ -93,6 +98,11 @@ class EngineOptions:
     hosts: str = "local"
     # A bandwidth cap on every link between those namespaces (bits/s; `tc tbf`), None for none.
     link_rate_bps: int | None = None
+    # After a tier failed a restore at fetch or verify, scrub the rest of the prompt's objects on it (background).
+    scrub_after_failure: bool = True
+    # How long the Mooncake master keeps a silent segment holder before it drops its segment and every object on
+    # it (`mooncake_master --client_ttl`; core.limits.DEFAULT_STORE_CLIENT_TTL_S says why this default).
+    store_client_ttl_s: int = limits.DEFAULT_STORE_CLIENT_TTL_S
 
     def resolved(self) -> ResolvedSettings:
         reg = self.registration
@@ -113,6 +123,8 @@ class EngineOptions:
             names=CLI_NAMES,
         )
         _check_kv_wait(self.kv_wait_s)
+        _check_overload_ceiling(self.overload_ceiling_s)
+        limits.check_client_ttl(self.store_client_ttl_s, CLI_NAMES["store_client_ttl_s"])
         per_rank_prompt = self.max_tokens * reg.bytes_per_token
         segment = self.segment_bytes or max(256 << 20, 2 * per_rank_prompt * reg.tp_size)
         need = reg.tp_size * (kv * reg.bytes_per_token + pool) + (segment if self.remote else 0)
@@ -137,8 +149,10 @@ class EngineOptions:
             fs_concurrency=self.fs_concurrency,
             fetch_timeout_s=self.fetch_timeout_s,
             kv_wait_s=self.kv_wait_s,
+            overload_ceiling_s=self.overload_ceiling_s,
             event_retention_s=self.event_retention_s,
             event_store_bytes=self.event_store_bytes,
+            store_client_ttl_s=self.store_client_ttl_s,
         )
 
 
@@ -156,16 +170,24 @@ class ResolvedSettings:
     fs_concurrency: int
     fetch_timeout_s: float
     kv_wait_s: float
+    overload_ceiling_s: float
     event_retention_s: float
     event_store_bytes: int
+    store_client_ttl_s: int
 
     @classmethod
     def from_wire(cls, data: object) -> ResolvedSettings | None:
-        """As this bsr records them, values as written; an older bsr's, lacking one, read as absent (None)."""
+        """As this bsr records them, values as written; an older bsr's, lacking one, read as absent (None), but for
+        what an older bsr ran with without recording it (``_UNRECORDED``)."""
         if not isinstance(data, dict):
             return None
         names = [f.name for f in fields(cls)]
-        return _parsed(lambda: cls(**{n: data[n] for n in names}))
+        return _parsed(lambda: cls(**{n: data[n] if n in data else _UNRECORDED[n] for n in names}))
+
+
+# What an engine started by an older bsr ran with, where it recorded nothing: its master had Mooncake's own client
+# TTL (so `up` names that difference instead of calling the whole record unreadable).
+_UNRECORDED: dict[str, Any] = {"store_client_ttl_s": limits.MOONCAKE_DEFAULT_CLIENT_TTL_S}
 
 
 def _check_kv_wait(seconds: float) -> None:
@@ -174,6 +196,17 @@ def _check_kv_wait(seconds: float) -> None:
         raise InvalidInput(
             f"{CLI_NAMES['kv_wait_s']} must be a number of seconds in [0, {MAX_KV_WAIT_S:.0f}], got {seconds!r}",
             hint="--kv-wait 60 waits a minute for destination KV blocks; 0 refuses at once",
+        )
+
+
+def _check_overload_ceiling(seconds: float) -> None:
+    bad = isinstance(seconds, bool) or not isinstance(seconds, int | float)
+    if bad or not 1 <= seconds <= MAX_OVERLOAD_CEILING_S:  # NaN fails the range test too
+        raise InvalidInput(
+            f"{CLI_NAMES['overload_ceiling_s']} must be a number of seconds in [1, {MAX_OVERLOAD_CEILING_S:.0f}], "
+            f"got {seconds!r}",
+            hint="the longest a rank's deadline may stretch while the host starves it (default "
+            f"{DEFAULT_OVERLOAD_CEILING_S:g})",
         )
 
 
@@ -627,7 +660,13 @@ def _start_store(
     if not opts.remote:
         return None, None
     pm, ph = placed[netns.MASTER], placed[netns.HOLDER]
-    master = services.start_master(logs, host=pm.host, exec_prefix=pm.exec_prefix, probe_in=pm.probe_in)
+    master = services.start_master(
+        logs,
+        host=pm.host,
+        exec_prefix=pm.exec_prefix,
+        probe_in=pm.probe_in,
+        client_ttl_s=settings.store_client_ttl_s,
+    )
     starting.add_service(
         "mooncake_master", ServiceRecord(master.pid, services.start_ticks(master.pid), master.urls, master.log_path)
     )
@@ -664,7 +703,9 @@ def _engine_config(
             fs_concurrency=settings.fs_concurrency,
             fetch_timeout_s=settings.fetch_timeout_s,
             kv_wait_s=settings.kv_wait_s,
+            overload_ceiling_s=settings.overload_ceiling_s,
             tiers=("mooncake", "fs") if opts.remote else ("fs",),
+            scrub_after_failure=opts.scrub_after_failure,
         ),
         mooncake=mooncake,
         hosts=hosts,

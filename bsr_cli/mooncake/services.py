@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bsr_cli.core import wire
+from bsr_cli.core.limits import DEFAULT_STORE_CLIENT_TTL_S, check_client_ttl
 from bsr_cli.errors import ServiceError
 from bsr_cli.mooncake.health import master_healthy, segments
 
@@ -430,13 +431,17 @@ def start_master(
     host: str = LOOPBACK,
     exec_prefix: Sequence[str] = (),
     probe_in: ProbeIn = _here,
+    client_ttl_s: int = DEFAULT_STORE_CLIENT_TTL_S,
 ) -> ServiceHandle:
     """Start ``mooncake_master`` on loopback with its HTTP metadata server and wait until it is healthy.
 
-    With ``ports=None`` free ports are picked, and a start that dies at once (a port taken in between) is retried
-    on new ports up to `attempts` times. Note: this Mooncake version binds the metadata HTTP port on 0.0.0.0 even
-    with a 127.0.0.1 host; the RPC and admin ports honour 127.0.0.1. Raises ServiceError (with the log tail in
-    ``.log_tail``)."""
+    ``client_ttl_s`` is how long the master keeps a silent client before it unmounts its segment (see
+    ``core.limits.DEFAULT_STORE_CLIENT_TTL_S``). With ``ports=None`` free ports are picked, and a start that dies
+    at once (a port taken in between) is retried on new ports up to `attempts` times. Note: this Mooncake version
+    binds the metadata HTTP port on 0.0.0.0 even with a 127.0.0.1 host; the RPC and admin ports honour 127.0.0.1.
+    Raises
+    ServiceError (with the log tail in ``.log_tail``)."""
+    check_client_ttl(client_ttl_s)
     binary = find_binary(MASTER_BINARY)
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
@@ -455,6 +460,7 @@ def start_master(
             f"--http_metadata_server_port={p.http_metadata}",
             f"--metrics_host={host}",
             f"--metrics_port={p.metrics}",
+            f"--client_ttl={client_ttl_s}",
             "--logtostderr",
             *extra_args,
         ]
@@ -482,6 +488,7 @@ def start_master(
                         "health_url": f"http://{host}:{p.http_metadata}/health",
                         "admin_url": f"http://{host}:{p.metrics}",
                     },
+                    info={"client_ttl_s": str(client_ttl_s)},
                     start_ticks=ticks,
                     started_at=started,
                 )

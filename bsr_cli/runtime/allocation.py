@@ -26,6 +26,10 @@ from bsr_cli.core.status import BlockWait
 from bsr_cli.errors import CapacityError, RestoreAborted
 from bsr_cli.runtime.coordinator_state import CoordinatorContext
 
+# How long a request refused after waiting its whole kv_wait_s is told to wait before it tries again (Retry-After):
+# the blocks it waited for are held by requests that have run at least that long already.
+RETRY_AFTER_S = 5.0
+
 
 class BlockAllocator:
     """One group's block pool: the same block ids are used on every rank, as vLLM's scheduler does."""
@@ -142,6 +146,7 @@ class Allocation:
                     if not me.waiting:
                         me.waiting = True
                         self._count_waiting()
+                        self._blocks_changed.notify_all()  # one more waits: await_blocks_waiting sees it at once
                     left = deadline - time.monotonic()
                     if left <= 0:
                         short = self._shortest(need)
@@ -162,8 +167,9 @@ class Allocation:
             request,
             f"KV group {g}: {n} blocks needed, {free} free of {self.allocators[g].num_blocks} after waiting "
             f"{self.settings.kv_wait_s:g}s for running requests to free them",
-            "the engine's destination KV stayed full for the whole wait: retry, or start the engine with more "
-            "--kv-tokens (or a longer kv_wait_s)",
+            f"the engine's destination KV stayed full for the whole wait: retry after {RETRY_AFTER_S:g}s, or start "
+            "the engine with more --kv-tokens or a longer --kv-wait",
+            retry_after_s=RETRY_AFTER_S,
         )
 
     def _take(self, need: dict[str, int]) -> dict[str, list[int]] | None:
@@ -190,7 +196,7 @@ class Allocation:
     def _count_waiting(self) -> None:
         self.counters.block_waiting.set(sum(1 for w in self._block_queue if w.waiting))
 
-    def _refuse_blocks(self, request: str, message: str, hint: str) -> NoReturn:
+    def _refuse_blocks(self, request: str, message: str, hint: str, retry_after_s: float | None = None) -> NoReturn:
         """A request refused for destination blocks: counted and logged as a refused restore, then raised."""
         fail = Failure(
             rank=None,
@@ -207,7 +213,7 @@ class Allocation:
                 fails=(fail,),
                 w=self.settings.w,
             )
-        raise CapacityError(message, hint=hint)
+        raise CapacityError(message, hint=hint, retry_after_s=retry_after_s)
 
     def blocks_waiting(self) -> list[BlockWait]:
         """The requests waiting for destination blocks now, first in line first."""

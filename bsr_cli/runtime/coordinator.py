@@ -35,6 +35,7 @@ from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.markers import ClearScope, Marker
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import ManualRestoreResult, StoreReport, SubmitResult, TierErrors
+from bsr_cli.core.scrub import ScrubLimits, ScrubReport
 from bsr_cli.core.status import (
     BlockWait,
     EngineInfo,
@@ -46,6 +47,7 @@ from bsr_cli.core.status import (
     RecentRestore,
     Snapshot,
 )
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation, BlockAllocator
 from bsr_cli.runtime.armed_faults import ArmedFaults
@@ -65,6 +67,7 @@ from bsr_cli.runtime.metrics import RuntimeCounters
 from bsr_cli.runtime.observation import Observation
 from bsr_cli.runtime.orchestration import Orchestration
 from bsr_cli.runtime.rank_calls import RankCalls
+from bsr_cli.runtime.scrub import scrub_ranks
 
 Progress = Callable[[Event], None]  # a progress event (the admin API streams its wire form)
 
@@ -217,6 +220,11 @@ class Coordinator:
     def on_rank_event(self, event: Event) -> None:
         self.observation.on_rank_event(event)
 
+    def record_store_losses(self, tier: str, losses: Sequence[SegmentLoss]) -> list[SegmentLoss]:
+        """What a store watch knows of the segments ``tier``'s store lost (repeats welcome): each new one becomes a
+        ``segment_lost`` event, counts, and keeps the tier unhealthy (``segment_lost``). Returns the new ones."""
+        return self.observation.store_losses.record(tier, losses)
+
     def update_settings(
         self, *, budget_bytes: int | None = None, fs_concurrency: int | None = None, w: int | None = None
     ) -> None:
@@ -287,6 +295,12 @@ class Coordinator:
         self.observation.forget_injected_tier_failures()
         self.events.append(FaultsCleared(count=n))
         return n
+
+    # -- scrubs ----------------------------------------------------------------------------------------------------
+    def scrub(self, tier: str, tokens: Sequence[int] | None, limits: ScrubLimits) -> ScrubReport:
+        """An operator's scrub of ``tier``: every rank reads its objects back whole (the prompt's, or with no
+        tokens its share of every object the tier holds), sets the damaged ones apart, and answers how it ended."""
+        return scrub_ranks(self.calls, self.admission, tier, tokens, limits)
 
 
 __all__ = [

@@ -3,8 +3,8 @@ the engine and by every rank process to rotated files in the state directory's `
 ``bsr-rank<N>.log``), so an incident's log says why, not only that, and `bsr bundle` carries it.
 
 What is a failure: a rank's part of a restore failing (``restore_failed``), a restore ending without committing
-(failed closed, refused, aborted), a rank unresponsive, a store to a tier failing, and the event store itself
-failing to write.
+(failed closed, refused, aborted), a request whose KV hashed differently from the canonical (``output_mismatch``),
+a rank unresponsive, a store to a tier failing, and the event store itself failing to write.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import Any, TypeAlias
 from bsr_cli.core import wire
 from bsr_cli.core.events import (
     Event,
+    OutputMismatch,
     RankUnresponsive,
     RestoreEnded,
     RestoreFailed,
+    SegmentLost,
     StoreFailed,
 )
 from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage
@@ -129,9 +131,38 @@ class StoreFailedRecord:
     to_wire = wire.writer()
 
 
+@dataclass(frozen=True)
+class OutputMismatchRecord:
+    event: EventKind
+    seq: int | None = wire.field(omit_none=True, default=None)
+    request: str | None = wire.field(omit_none=True, default=None)
+    reason: str | None = wire.field(omit_none=True, default=None)
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
+class SegmentLostRecord:
+    event: EventKind
+    seq: int | None = wire.field(omit_none=True, default=None)
+    tier: str | None = wire.field(omit_none=True, default=None)
+    segment: str | None = wire.field(omit_none=True, default=None)
+    objects_lost: int | None = wire.field(omit_none=True, default=None)
+    reason: str | None = wire.field(omit_none=True, default=None)
+
+    to_wire = wire.writer()
+
+
 # The fields of one failure's log line (the line adds its time, level, logger and message): the event's kind and
 # sequence number, then what each kind of failure says, in that order. A field left None is left out.
-FailureRecord: TypeAlias = RankFailedRecord | RestoreEndedRecord | RankUnresponsiveRecord | StoreFailedRecord
+FailureRecord: TypeAlias = (
+    RankFailedRecord
+    | RestoreEndedRecord
+    | RankUnresponsiveRecord
+    | StoreFailedRecord
+    | OutputMismatchRecord
+    | SegmentLostRecord
+)
 
 
 def failure_record(event: Event) -> FailureRecord | None:
@@ -173,6 +204,22 @@ def failure_record(event: Event) -> FailureRecord | None:
         return StoreFailedRecord(
             event=event.kind, seq=seq, request=event.request, rank=event.rank, tier=event.tier, reason=event.error
         )
+    if isinstance(event, OutputMismatch):
+        why = (
+            f"output hash {event.output_hash} != canonical {event.canonical_hash} "
+            f"({event.external_tokens:,} of {event.tokens:,} tokens from {event.source}): invalidated"
+        )
+        return OutputMismatchRecord(event=event.kind, seq=seq, request=event.request, reason=why)
+    if isinstance(event, SegmentLost):
+        loss = event.loss
+        return SegmentLostRecord(
+            event=event.kind,
+            seq=seq,
+            tier=event.tier,
+            segment=loss.segment,
+            objects_lost=loss.objects_lost,
+            reason=loss.line(),
+        )
     return None
 
 
@@ -186,6 +233,8 @@ FAILURE_KINDS = frozenset(
         EventKind.RESTORE_ABORTED,
         EventKind.RANK_UNRESPONSIVE,
         EventKind.STORE_FAILED,
+        EventKind.OUTPUT_MISMATCH,
+        EventKind.SEGMENT_LOST,
     }
 )
 
@@ -213,9 +262,11 @@ __all__ = [
     "FIELDS",
     "FailureRecord",
     "JsonLineFormatter",
+    "OutputMismatchRecord",
     "RankFailedRecord",
     "RankUnresponsiveRecord",
     "RestoreEndedRecord",
+    "SegmentLostRecord",
     "StoreFailedRecord",
     "close_log",
     "failure_record",

@@ -31,9 +31,10 @@ from bsr_cli.core.events import (
     request_of,
     restore_ended,
 )
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
+from bsr_cli.core.evidence import FailureKind, Outcome, RankState, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.results import InvalidCell, RankRestore, RestoreReport
+from bsr_cli.core.scrub import ScrubProgress
 from bsr_cli.core.status import (
     ActiveRestore,
     Admission,
@@ -47,9 +48,11 @@ from bsr_cli.core.status import (
     Snapshot,
     TierHealth,
 )
+from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import HEALTH_WAIT_S, TIER_FAILURE_TTL_S, CoordinatorContext
 from bsr_cli.runtime.rank_calls import RankCalls
+from bsr_cli.runtime.store_losses import StoreLosses
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,9 @@ def _rank_tier(status: TierStatus) -> RankTierStatus:
         ok=status.ok,
         detail=status.detail,
         condition=TierCondition(status.condition),
-        quarantined=tuple(
-            QuarantinedFile(key=q.key, file=q.file, reason=q.reason, at=q.at, bytes=q.bytes) for q in status.quarantined
-        ),
+        quarantined=tuple(status.quarantined),
         quarantined_total=status.quarantined_total,
+        scrubs=tuple(status.scrubs),
     )
 
 
@@ -80,19 +82,42 @@ def _rank_tiers(stats: StatsResult) -> dict[str, RankTierStatus] | None:
     return None if stats.tiers is None else {name: _rank_tier(t) for name, t in stats.tiers.items()}
 
 
+def _failures(outcomes: Sequence[RestoreResult], committed: int, invalid: Sequence[tuple[int, str]]) -> list[Failure]:
+    """Each failed rank's failure; when every rank said it succeeded yet nothing was committed, each invalid
+    (rank, group) cell: the rank did not report that group, which only the rank can explain (a host bug), never a
+    tier."""
+    fails = [failures.failure_of(o) for o in outcomes if not o.ok]
+    if committed or fails:
+        return fails
+    return [
+        Failure(
+            rank=r,
+            reason=f"rank {r} reported no valid install of KV group {g}",
+            kind=FailureKind.RANK,
+            stage=Stage.COMMIT,
+        )
+        for r, g in invalid
+    ]
+
+
 class _TierJoin:
     """One tier's health while ``tier_health`` joins what every rank and the coordinator know of it."""
 
     def __init__(self) -> None:
         self.ok = True
+        self.real = False  # a reason it is unhealthy that no injected fault caused
         self.detail: list[str] = []
         self.conditions: list[TierCondition] = []
         self.quarantined: list[QuarantinedFile] = []
         self.dirs: dict[str, int] = {}  # its quarantine directories' totals
         self.failed_at: float | None = None  # when a restore from it failed (the coordinator's own evidence)
+        self.scrubs: list[ScrubProgress] = []
+        self.armed: list[str] = []  # faults armed against it: shown, never a reason it is unhealthy
+        self.lost: list[SegmentLoss] = []  # segments its store lost
 
-    def unhealthy(self, condition: TierCondition, why: str) -> None:
+    def unhealthy(self, condition: TierCondition, why: str, *, injected: bool = False) -> None:
         self.ok = False
+        self.real = self.real or not injected
         self.detail.append(why)
         if condition is not TierCondition.OK and condition not in self.conditions:
             self.conditions.append(condition)
@@ -106,14 +131,19 @@ class _TierJoin:
             quarantined_total=sum(self.dirs.values()),
             condition=self.conditions[0] if self.conditions else TierCondition.OK,
             failed_at=self.failed_at,
+            # Every rank's, the running ones first.
+            scrubs=tuple(sorted(self.scrubs, key=lambda p: (p.state.finished, -p.started_at))),
+            injected=not self.ok and not self.real,
+            faults_armed=tuple(self.armed),
+            lost_segments=tuple(self.lost),
         )
 
 
 class Observation:
     """Owns what the coordinator observes of its ranks and restores: tier health (each rank's view, real failures),
     the live view of running restores, the recent ones and their counters. Reads each rank's liveness from
-    ``calls`` (and feeds it the progress events) and the armed faults through ``armed_faults`` (an armed fault that
-    takes a tier down makes it unhealthy)."""
+    ``calls`` (and feeds it the progress events) and the armed faults through ``armed_faults`` (listed beside the
+    tier they act on; arming one changes no tier's health)."""
 
     def __init__(self, ctx: CoordinatorContext, calls: RankCalls, armed_faults: Callable[[], list[FaultSpec]]) -> None:
         self.reg = ctx.reg
@@ -135,6 +165,8 @@ class Observation:
         # Each rank's last answer about its tiers (for a quick /health), and the ranks asked and not answered yet.
         self._tier_views: dict[int, tuple[float, dict[str, RankTierStatus]]] = {}
         self._tier_asks: set[int] = set()
+        # The segments each tier's store lost (the engine's store watch reports them).
+        self.store_losses = StoreLosses(ctx.events, ctx.counters)
 
     # -- rank and tier health --------------------------------------------------------------------------------------
     def health(self) -> Health:
@@ -177,10 +209,16 @@ class Observation:
 
     def tier_health(self, ranks: Sequence[tuple[int, dict[str, RankTierStatus]]]) -> dict[str, TierHealth]:
         """Per tier: what each rank (``(rank, its tiers)``, as ``pool(health=True)`` answers: its condition, e.g.
-        full or read-only, and the objects it set apart) sees of it joined with what the coordinator knows (armed
-        faults, recent real failures). ``condition`` is the first reason it is unhealthy (``ok`` when none);
-        ``conditions`` every one."""
+        full or read-only, and the objects it set apart) sees of it joined with what the coordinator knows (segments
+        its store lost, armed faults, recent real failures). ``condition`` is the first reason it is unhealthy
+        (``ok`` when none); ``conditions`` every one."""
         tiers: dict[str, _TierJoin] = defaultdict(_TierJoin)
+        # A lost segment first: it is the cause of what the ranks see then (no segment mounted, objects missing).
+        for name, losses in self.store_losses.standing().items():
+            t = tiers[name]
+            for loss in losses:
+                t.unhealthy(TierCondition.SEGMENT_LOST, loss.line())
+                t.lost.append(loss)
         for rank, rank_tiers in ranks:
             for name, h in rank_tiers.items():
                 t = tiers[name]
@@ -192,33 +230,25 @@ class Observation:
                 t.quarantined.extend(q for q in h.quarantined if q.file not in known)
                 if h.quarantined:
                     t.dirs[os.path.dirname(h.quarantined[0].file)] = h.quarantined_total
-        for name, flags in self._tier_flags().items():
-            t = tiers[name]
-            for cond, why, at in flags:
-                t.unhealthy(cond, why)
-                t.failed_at = at if cond is TierCondition.RESTORE_FAILED else t.failed_at
-        return {name: t.health() for name, t in tiers.items()}
-
-    def _tier_flags(self) -> dict[str, list[tuple[TierCondition, str, float | None]]]:
-        """Per tier, what the coordinator itself knows makes it unhealthy, and since when where it is dated: armed
-        faults that take it down, and a recent real failure that no committed restore from it has cleared since."""
+                t.scrubs.extend(h.scrubs)
+        for name in self.settings.tiers:  # every configured tier is listed, healthy or not
+            tiers.setdefault(name, _TierJoin())
+        for f in self._armed_faults():
+            for name in f.tiers_affected():
+                tiers[name].armed.append(f"fault #{f.id} {f.kind} armed")
         now = time.time()
-        armed = self._armed_faults()
         with self._lock:
             recent = {t: v for t, v in self._tier_failures.items() if now - v.at <= TIER_FAILURE_TTL_S}
-        out: dict[str, list[tuple[TierCondition, str, float | None]]] = {t: [] for t in self.settings.tiers}
-        for f in armed:
-            for t in f.tiers_affected():
-                out.setdefault(t, []).append((TierCondition.FAULT_ARMED, f"fault #{f.id} {f.kind} armed", None))
-        for t, v in recent.items():
-            out.setdefault(t, []).append(
-                (
-                    TierCondition.RESTORE_FAILED,
-                    f"restore {v.request} from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}",
-                    v.at,
-                )
+        for name, v in recent.items():
+            # A recent failure that no committed restore from the tier has cleared since, dated so that a later
+            # restore's evidence can be told apart from it; one an injected fault caused (a drill's) is told apart,
+            # so that it pages nobody.
+            why = f"restore {v.request} from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}"
+            tiers[name].failed_at = v.at
+            tiers[name].unhealthy(
+                TierCondition.RESTORE_FAILED, why + (" (injected fault)" if v.injected else ""), injected=v.injected
             )
-        return out
+        return {name: t.health() for name, t in tiers.items()}
 
     def _note_tier_health(
         self,
@@ -262,19 +292,7 @@ class Observation:
         """One restore's report (what the CLI shows), recorded: the failures classified and blamed by stage, tier
         and rank health noted, the outcome counted and logged, and the recent-restores entry."""
         total_bytes = sum(o.bytes_restored for o in outcomes)
-        fails = [failures.failure_of(o) for o in outcomes if not o.ok]
-        if not committed_tokens and not fails:
-            # Every rank said it succeeded, yet a (rank, group) cell is invalid: the rank did not report that
-            # group, which only the rank can explain (a host bug), never a tier.
-            fails = [
-                Failure(
-                    rank=r,
-                    reason=f"rank {r} reported no valid install of KV group {g}",
-                    kind=FailureKind.RANK,
-                    stage=Stage.COMMIT,
-                )
-                for r, g in invalid
-            ]
+        fails = _failures(outcomes, committed_tokens, invalid)
         kind = None if committed_tokens else failures.classify(fails)
         outcome = failures.outcome(kind)
         deciding = next((f for f in fails if f.kind is kind), None)
@@ -325,6 +343,7 @@ class Observation:
             tokens=ext_tokens,
             w=w,
             tiers=sorted(tiers_used),
+            injected=bool(fired),
         )
         return result
 
@@ -341,12 +360,14 @@ class Observation:
         seconds: float = 0.0,
         tokens: int = 0,
         tiers: Sequence[str] = (),
+        injected: bool = False,
     ) -> None:
         """Every ended restore, once: counted, listed among the recent ones, then logged as its outcome's event (so
         whoever sees the event finds the rest already recorded). The amounts default to a restore that ended before
-        any byte moved (nothing to restore, refused, a rank that stopped answering)."""
+        any byte moved (nothing to restore, refused, a rank that stopped answering); ``injected``: an injected fault
+        fired in it (counted and logged as such, so that a drill pages nobody)."""
         deciding = next((f for f in fails if f.kind is kind), None)
-        self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
+        self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None, injected)
         with self._lock:
             pass_no = self._passes.pop(request, None)
             self._recent.appendleft(
@@ -373,6 +394,7 @@ class Observation:
                     failure_kind=kind,
                     seconds=seconds,
                     pass_no=pass_no,
+                    injected=injected,
                 )
             )
 
@@ -431,15 +453,16 @@ class Observation:
             faults_enabled=s.faults_enabled,
             fs_concurrency=s.fs_concurrency,
             tokenizer=s.tokenizer,
+            overload_ceiling_s=s.overload_ceiling_s,
         )
 
     def pool(self, health: bool = False) -> list[PoolEntry]:
         out = []
         futures: list[Future[StatsResult] | None] = []
         states = self._calls.rank_health()
-        for r in self.ranks:
-            # A silent rank is not asked (it would only make the caller wait): its health says why.
-            asked = r.alive() and self._calls.silent(r) is None
+        for r, h in zip(self.ranks, states, strict=True):
+            # A silent or starved rank is not asked (it would only make the caller wait): its health says why.
+            asked = r.alive() and h.state is RankState.LIVE
             futures.append(r.submit(StatsRequest(health=health)) if asked else None)
         now = time.monotonic()
         for r, fut, h in zip(self.ranks, futures, states, strict=True):
@@ -450,6 +473,7 @@ class Observation:
                 reason=h.reason,
                 heartbeat_age_s=h.heartbeat_age_s,
                 last_fault=h.last_fault,
+                state=h.state,
             )
             if fut is not None:
                 try:

@@ -32,6 +32,7 @@ from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.scrub import ScrubLimits
 from bsr_cli.core.status import FaultListing, MarkerList
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamLine
 from bsr_cli.errors import (
@@ -40,6 +41,7 @@ from bsr_cli.errors import (
     BsrError,
     CapacityError,
     FaultsDisabled,
+    HostOverloaded,
     InvalidInput,
     RankRestarting,
     RestoreAborted,
@@ -68,6 +70,8 @@ def status_for(e: BsrError) -> int:
         return 400
     if isinstance(e, RankRestarting | RankUnresponsive):
         return 503
+    if isinstance(e, HostOverloaded):
+        return 503  # the host could not run the engine in time: retry later (no rank or tier is at fault)
     return 500
 
 
@@ -77,7 +81,14 @@ def _rank_of(e: BsrError) -> int | None:
 
 
 def _retry_after(e: BsrError) -> int | None:
-    return e.retry_after_s if isinstance(e, RankRestarting) else None
+    """When to try again (whole seconds, at least 1): a rank restarting, or a refusal the same request may get past
+    later (a capacity wait). A host overloaded gives none: the engine cannot tell when the host's load will drop,
+    and a client retrying on a schedule would only add to it."""
+    if isinstance(e, RankRestarting):
+        return e.retry_after_s
+    if isinstance(e, CapacityError) and e.retry_after_s is not None:
+        return max(1, round(e.retry_after_s))
+    return None
 
 
 class NotFound(Exception):
@@ -96,8 +107,8 @@ def _err(status: int, kind: str, message: str, hint: str | None = None) -> Respo
 
 
 def _bsr_error(e: BsrError) -> Response:
-    """A runtime error's answer: its status, kind, message and hint; the rank it names, and for a rank restarting
-    when to retry (also as Retry-After)."""
+    """A runtime error's answer: its status, kind, message and hint; the rank it names, and when to retry (also as
+    Retry-After) for a rank restarting or a capacity refusal that may fit later."""
     body: dict[str, Any] = {"error": e.kind, "message": e.message, "hint": e.hint}
     rank, retry = _rank_of(e), _retry_after(e)
     if rank is not None:
@@ -176,7 +187,7 @@ ERROR_TEXT = {
     431: "a request head over 16 KiB",
     500: "a server bug, reported rather than dropped",
     503: "unavailable: a rank is restarting (rank-restarting, with Retry-After) or not responding (rank-unresponsive), "
-    "or every serving slot is in use (busy, Retry-After: 1)",
+    "the host is overloaded (host-overloaded), or every serving slot is in use (busy, Retry-After: 1)",
 }
 COMMON_ERRORS = (400, 403, 411, 413, 415, 431, 500, 503)
 
@@ -332,6 +343,43 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
     return StreamingResponse(lines(), media_type=NDJSON, headers={"X-BSR-API": API_VERSION})
 
 
+class _OwnThread(Response):
+    """An answer worked out on a thread of its own: a submit or restore may wait a long time for destination KV or
+    room in B, and must not hold one of the worker threads that answer every other route meanwhile."""
+
+    def __init__(self, work: Callable[[], Response]) -> None:
+        super().__init__()
+        self._work = work
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Response] = loop.create_future()
+
+        def settle(outcome: Callable[[], Response]) -> None:
+            try:
+                answer, error = outcome(), None
+            except BaseException as e:  # noqa: BLE001 - handed to the request's task, which raises it there
+                answer, error = None, e
+            with contextlib.suppress(RuntimeError):  # the server stopped: nobody waits for the answer any more
+                loop.call_soon_threadsafe(_settle, done, answer, error)
+
+        threading.Thread(target=settle, args=(self._work,), name="bsr-request", daemon=True).start()
+        await (await done)(scope, receive, send)
+
+
+def _settle(done: asyncio.Future[Response], answer: Response | None, error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    elif answer is not None:
+        done.set_result(answer)
+
+
+# The routes whose work may wait for engine capacity (destination KV, room in B): each takes a place in the
+# engine's request queue instead of a serving slot (guard.py), and its work runs on a thread of its own.
+QUEUED_PATHS = frozenset({f"{PREFIX}/requests", f"{PREFIX}/restore"})
+
 # -- routes (in the document's order) ----------------------------------------------------------------------------
 router = APIRouter()
 
@@ -413,7 +461,7 @@ def submit(body: m.SubmitBody, c: CoordinatorDep) -> Response:
             rid,
             lambda emit: c.submit(tokens, w=body.W, verify=body.verify, store=body.store, progress=emit, request=rid),
         )
-    return _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire())
+    return _OwnThread(lambda: _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire()))
 
 
 @router.post(f"{PREFIX}/restore", **_op(m.RestoreResult, 409, auth=True, stream=True))
@@ -430,7 +478,7 @@ def restore(body: m.RestoreBody, c: CoordinatorDep) -> Response:
 
     if body.stream:
         return _stream(c, rid, work)
-    return _json(work(lambda ev: None).to_wire())
+    return _OwnThread(lambda: _json(work(lambda ev: None).to_wire()))
 
 
 @router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, 409, auth=True))
@@ -486,6 +534,10 @@ def snapshot(
 def events(
     c: CoordinatorDep,
     since: Annotated[int, Query(ge=0, le=MAX_SEQ, description="only events after this sequence number (a cursor)")] = 0,
+    before: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_SEQ, description="only events before this sequence number (with newest=1: the older page)"),
+    ] = None,
     wait: Annotated[
         float,
         Query(ge=0, allow_inf_nan=False, description="seconds to wait for a new event; more than 30 waits 30"),
@@ -509,14 +561,17 @@ def events(
     newest: Annotated[Flag, Query(description="1: the last `limit` matches (still oldest first)")] = "0",
 ) -> Response:
     """The event log (the engine's durable store where it has one): every filter combines; oldest first. With
-    only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event."""
+    only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event. Pages back from the newest with
+    ?newest=1&limit=N, then ?newest=1&before=<the oldest seq of the last page>. Each answer says how many events
+    the engine holds and the oldest one's seq."""
     log = c.events
-    filtered = any(x is not None for x in (after, until, request, prompt, kind)) or newest == "1"
+    filtered = any(x is not None for x in (before, after, until, request, prompt, kind)) or newest == "1"
     if not filtered:
         evs = log.since(since, wait_s=min(wait, 30.0), limit=limit)
     else:
         q = EventQuery(
             after_seq=since,
+            before_seq=before,
             since_time=after,
             until_time=until,
             request=request,
@@ -526,7 +581,16 @@ def events(
             newest=newest == "1",
         )
         evs = log.query(q)
-    return _json({"events": [e.to_wire() for e in evs], "last_seq": log.last_seq, "durable": log.durable})
+    held, oldest = log.extent()
+    return _json(
+        {
+            "events": [e.to_wire() for e in evs],
+            "last_seq": log.last_seq,
+            "durable": log.durable,
+            "held": held,
+            "oldest_seq": oldest,
+        }
+    )
 
 
 @router.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))
@@ -571,6 +635,17 @@ def markers_clear_tier(tier: m.Tier, c: CoordinatorDep) -> Response:
     """Take one tier out of every marker's exclusions (a marker left excluding nothing is removed): the
     remedy once that tier is fixed. Answers how many markers it touched."""
     return _json({"cleared": c.clear_markers(ClearScope.tier(tier))})
+
+
+@router.post(f"{PREFIX}/scrub", **_op(m.ScrubReport, auth=True))
+def scrub(body: m.ScrubBody, c: CoordinatorDep) -> Response:
+    """Read a tier's objects back whole and check them (header, key, length, payload checksum): one prompt's
+    (tokens or synthetic) or every object (all), each rank its own, bounded by max_objects and max_bytes. Damaged
+    objects are moved aside (the next store rewrites them). Answers when every rank is done."""
+    if (body.tokens is not None) + (body.synthetic is not None) + body.all != 1:
+        raise InvalidInput("give exactly one of 'tokens', 'synthetic' or 'all'")
+    tokens = None if body.all else tokens_of(body, c.settings.max_tokens)
+    return _json(c.scrub(body.tier, tokens, ScrubLimits(body.max_objects, body.max_bytes)).to_wire())
 
 
 @router.post(f"{PREFIX}/shutdown", **_op(m.Ok, auth=True))
@@ -618,7 +693,9 @@ def routes_of(app: FastAPI) -> list[Route]:
             query = [q.alias for q in r.dependant.query_params]
             lists = [q.alias for q in r.dependant.query_params if _takes_a_list(q.field_info.annotation)]
             for method in sorted(r.methods or ()):
+                body = r.body_field is not None
+                queued = r.path in QUEUED_PATHS
                 out.append(
-                    route(method, r.path, auth=auth, json_body=r.body_field is not None, query=query, repeatable=lists)
+                    route(method, r.path, auth=auth, json_body=body, query=query, repeatable=lists, queued=queued)
                 )
     return out

@@ -11,7 +11,10 @@ FastAPI reads a request's body before any dependency runs, so these are checked 
 - the token: every route but ``/health`` (and ``/metrics`` where the engine serves it openly) needs the bearer
   token, reads included (401);
 - capacity: requests without the token share a few serving slots, requests with it have their own (503 ``busy``
-  past either): strangers cannot use up what the operator needs;
+  past either): strangers cannot use up what the operator needs. A submit or a restore (a *queued* route: its
+  work may wait for destination KV or for room in B) takes no serving slot: it takes a place in the engine's
+  request queue (``max_queued``, 503 ``busy`` past it), whatever it then waits for, so requests waiting for
+  capacity never leave the operator's reads without a slot;
 - the body: a chunked body is a 411, one over the cap a 413, one that is not ``application/json`` a 415, all
   answered without reading it (and with ``Connection: close`` when one is left unread). Then it is read whole and
   checked to be a UTF-8 JSON object (no NaN, no absurd nesting or integers, no key given twice) and handed on;
@@ -20,8 +23,6 @@ FastAPI reads a request's body before any dependency runs, so these are checked 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import json
 import re
@@ -51,13 +52,22 @@ class Route:
     pattern: re.Pattern[str] = field(compare=False)
     query: frozenset[str] = frozenset()  # the query parameters it takes (any other is refused)
     repeatable: frozenset[str] = frozenset()  # those that take a list (`kind=a&kind=b`): given more than once
+    queued: bool = False  # its work may wait for engine capacity: a place in the request queue, not a slot
 
 
 def route(
-    method: str, path: str, *, auth: bool, json_body: bool, query: Iterable[str] = (), repeatable: Iterable[str] = ()
+    method: str,
+    path: str,
+    *,
+    auth: bool,
+    json_body: bool,
+    query: Iterable[str] = (),
+    repeatable: Iterable[str] = (),
+    queued: bool = False,
 ) -> Route:
     regex = re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(path))
-    return Route(method, path, auth, json_body, re.compile(regex, re.DOTALL), frozenset(query), frozenset(repeatable))
+    pattern = re.compile(regex, re.DOTALL)
+    return Route(method, path, auth, json_body, pattern, frozenset(query), frozenset(repeatable), queued)
 
 
 class Refusal(Exception):
@@ -86,33 +96,11 @@ async def send_json(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-DRAIN_BYTES = 64 << 10  # the most a refused request's body is read before the connection closes
-DRAIN_S = 2.0  # and how long a client sending it is waited for
-
-
 def _content_length(headers: dict[str, str]) -> int | None:
     """The body length a request declares (0 when it declares none), or None when its Content-Length is not a
     decimal number."""
     text = headers.get("content-length", "0").strip() or "0"
     return int(text) if text.isascii() and text.isdigit() else None
-
-
-async def _drain(headers: dict[str, str], receive: Receive) -> None:
-    """Read and drop the body of a refused request when it is small (a declared length up to DRAIN_BYTES), within
-    DRAIN_S: what was sent is then read before the close, so the refusal reaches the client. A larger or chunked
-    body is not waited for."""
-    left = _content_length(headers)
-    if headers.get("transfer-encoding") or left is None or left > DRAIN_BYTES:
-        return
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(DRAIN_S):
-            while left > 0:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    return
-                left -= len(msg.get("body", b""))
-                if not msg.get("more_body", False):
-                    return
 
 
 def _no_constant(name: str) -> Any:
@@ -146,6 +134,7 @@ def check_json(raw: bytes) -> None:
         raise Refusal(400, "bad-request", "body must be a JSON object")
 
 
+RETRY_AFTER_S = 1  # what a 503 busy says in Retry-After
 MAX_HEAD_BYTES = 16 * 1024  # the request line and headers together (docs/admin-api.md)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
@@ -173,7 +162,8 @@ def _host_name(value: str) -> str:
 class Guard:
     """Wraps the app. ``routes``: what it serves; ``token``: the bearer token; ``max_body``: the body cap;
     ``hosts``: the names ``Host`` and ``Origin`` may carry; ``open_paths``: paths served without the token;
-    ``max_serving``/``max_anonymous``: serving slots for requests with and without the token."""
+    ``max_serving``/``max_anonymous``: serving slots for requests with and without the token; ``max_queued``: places
+    in the request queue (submits and restores with the token, running or waiting)."""
 
     def __init__(
         self,
@@ -187,12 +177,15 @@ class Guard:
         open_paths: frozenset[str] = frozenset(),
         max_serving: int = 64,
         max_anonymous: int = 8,
+        max_queued: int = 1024,
         trusted: set[tuple[str, int]] | None = None,
     ) -> None:
         self.app, self.routes, self.token, self.max_body, self.on_request = app, routes, token, max_body, on_request
         self.hosts, self.open_paths = hosts, open_paths
         self.max_serving, self.max_anonymous = max_serving, max_anonymous
+        self.max_queued = max_queued
         self.serving = {True: 0, False: 0}  # requests being answered, by whether they showed the token
+        self.queued = 0  # submits and restores in the request queue (running or waiting for capacity)
         # Shared with the protocol (same event loop): connections that showed the token are kept between requests.
         self.trusted = trusted if trusted is not None else set()
 
@@ -204,7 +197,7 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
         has_body = bool(headers.get("transfer-encoding")) or headers.get("content-length", "0").strip() not in ("", "0")
         slot: bool | None = None
-        body_read = False
+        queued = False
         try:
             self._check_head(scope, raw_headers, headers)
             r = self._route(scope["method"], scope["path"])
@@ -220,9 +213,11 @@ class Guard:
                     "missing or wrong admin token",
                     hint="pass --token or BSR_TOKEN (the embedded engine's token is in its state directory)",
                 )
-            slot = self._take_slot(authed)
+            if r.queued and authed:
+                queued = self._take_queue_place()
+            else:
+                slot = self._take_slot(authed)
             raw = await self._read_body(headers, receive)
-            body_read = True
             if raw is None:
                 return  # the client went away mid-body: nobody to answer
             if raw:
@@ -235,20 +230,20 @@ class Guard:
             ]
             await self.app(scope, _replay(raw, receive), send)
         except Refusal as e:
-            # An unread body must never be parsed as the next request: close the connection after answering. A
-            # small body the client is sending is read (and dropped) first: closing with it unread would reset the
-            # connection, and the client could lose the answer.
-            if has_body and not body_read:
-                await _drain(headers, receive)
+            # An unread body must never be parsed as the next request: close the connection after answering (the
+            # protocol reads and drops what the client still sends after the answer, so the close does not reset
+            # the connection under the answer: protocol.Lingering).
             extra_headers = {"Allow": ", ".join(e.extra["allowed"])} if e.status == 405 else None
             if e.status == 503:
-                extra_headers = {"Retry-After": "1"}
+                extra_headers = {"Retry-After": f"{RETRY_AFTER_S}"}
             await send_json(
                 send, e.status, error_body(e.kind, e.message, e.hint, **e.extra), close=has_body, headers=extra_headers
             )
         finally:
             if slot is not None:
                 self.serving[slot] -= 1
+            if queued:
+                self.queued -= 1
 
     def _check_head(self, scope: Scope, raw: list[tuple[bytes, bytes]], headers: dict[str, str]) -> None:
         size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
@@ -306,11 +301,22 @@ class Guard:
         cap = self.max_serving if authed else self.max_anonymous
         if self.serving[authed] >= cap:
             who = "with" if authed else "without"
-            raise Refusal(
-                503, "busy", f"all {cap} serving slots for requests {who} the token are in use", "retry shortly"
-            )
+            hint = f"retry after {RETRY_AFTER_S}s, or keep fewer than {cap} requests in flight at once"
+            raise Refusal(503, "busy", f"all {cap} serving slots for requests {who} the token are in use", hint)
         self.serving[authed] += 1
         return authed
+
+    def _take_queue_place(self) -> bool:
+        if self.queued >= self.max_queued:
+            raise Refusal(
+                503,
+                "busy",
+                f"the engine's request queue is full: {self.max_queued} submits and restores are running or "
+                "waiting for capacity",
+                f"retry after {RETRY_AFTER_S}s, or keep fewer than {self.max_queued} submits and restores in flight",
+            )
+        self.queued += 1
+        return True
 
     def _route(self, method: str, path: str) -> Route:
         if path != "/metrics":

@@ -1,10 +1,12 @@
 """`MooncakeTier`: the external tier over a real Mooncake store (``MooncakeDistributedStore``, TCP on loopback).
 
 Object layout: one Mooncake object per key holding ``payload || trailer``, where the 16-byte trailer is
-``magic "BSM2" | crc32c (u32 LE) | payload length (u64 LE)``. Keeping the checksum inside the object (instead of a
-companion ``<key>#crc`` object) costs no extra object, round trip or lease, and the payload and its checksum can
-never be out of step. The multi-buffer calls scatter/gather it: the payload goes straight from the caller's buffer
-and straight into the staging slice (zero copy), the trailer into a small per-worker side buffer.
+``magic "BSM3" | object checksum (u32 LE) | payload length (u64 LE)``; the object checksum is CRC32C over the key,
+the payload length and the payload (``core.integrity``), so an object put under another chunk's key fails as a
+damaged one. Keeping the checksum inside the object (instead of a companion ``<key>#crc`` object) costs no extra
+object, round trip or lease, and the payload and its checksum can never be out of step. The multi-buffer calls
+scatter/gather it: the payload goes straight from the caller's buffer and straight into the staging slice (zero
+copy), the trailer into a small per-worker side buffer.
 
 Failure behaviour of Mooncake 0.3.13 this module defends against (see docs/ecosystem notes):
   * ``setup()`` against a dead master blocks ~90 s, and calls on a store whose setup failed can segfault, so the
@@ -13,6 +15,13 @@ Failure behaviour of Mooncake 0.3.13 this module defends against (see docs/ecosy
     (the binding releases the GIL) and is abandoned at the caller's deadline; after an RPC failure or timeout the
     tier probes the master before each call and fails fast while it is down;
   * the store's own ``health_check()`` keeps answering 0 with the master dead, so `health()` probes HTTP.
+
+A damaged object is removed, not just refused: the tier is a ``RepairableTier``. After a failed restore (and in a
+scrub, bsr_cli/runtime/scrub.py: the rest of that prompt, or `bsr scrub`) the rank reads objects back whole
+(``check_stored``; ``check_all`` walks the master's key listing) and removes one whose trailer, length or checksum
+is wrong (``set_aside``: Mooncake has no place to set it apart; the tier remembers what it removed for
+``bsr status``), so the next store writes it afresh. Objects an older bsr wrote ("BSM2": a checksum of the payload
+alone; "BSM1": zlib CRC32) are read as IO_ERROR and removed the same way (docs/mixed-deployments.md).
 
 Caveat: an abandoned call keeps running in its worker until Mooncake returns. A timed-out ``get_into`` can still
 write its staging slices later (seen when a cut link comes back mid-transfer), so `pending_writes()` hands the
@@ -33,14 +42,26 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from bsr_cli.errors import ServiceError
-from bsr_cli.mooncake.health import health_url_for, master_healthy, segments, tcp_reachable
-from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
+from bsr_cli.api.ranks import QuarantinedObject
+from bsr_cli.core.keys import parse_key
+from bsr_cli.errors import InvalidInput, ServiceError
+from bsr_cli.mooncake.health import all_keys, health_url_for, master_healthy, segments, tcp_reachable
+from bsr_cli.runtime.checksum import object_checksum
+from bsr_cli.runtime.tiers import (
+    IO_ERROR,
+    MISSING,
+    TIMED_OUT,
+    UNAVAILABLE,
+    StagingSlice,
+    StoredCheck,
+    TierHealth,
+    TierUnavailable,
+)
 
 __all__ = ["TRAILER_BYTES", "MooncakeTier", "mooncake_code_name"]
 
@@ -49,9 +70,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _TRAILER = struct.Struct("<4sIQ")
-# "BSM1" objects (earlier builds) carried zlib CRC32: they no longer match and read as IO_ERROR.
-_TRAILER_MAGIC = b"BSM2"
+_TRAILER_MAGIC = b"BSM3"
+# Trailers of earlier builds: "BSM1" carried zlib CRC32, "BSM2" a CRC32C of the payload alone (not bound to the key).
+_OLDER_MAGICS = (b"BSM1", b"BSM2")
 TRAILER_BYTES = _TRAILER.size  # 16
+_REMOVED_KEPT = 256  # removed objects the tier remembers for `bsr status` (the events keep them all)
 
 # Mooncake ErrorCode values (mooncake-store/include/types.h); the Python binding returns them as plain ints.
 _MC_CODES = {
@@ -91,6 +114,24 @@ _ABANDONED_STORES: list[Any] = []
 
 def mooncake_code_name(code: int) -> str:
     return _MC_CODES.get(code, f"code {code}")
+
+
+def object_damage(key: str, data: bytes) -> str | None:
+    """Why a whole stored object (payload and trailer, as read back) is not a sound object of ``key``; None when
+    it is."""
+    if len(data) < TRAILER_BYTES:
+        return f"{len(data)} bytes, shorter than its trailer"
+    end = len(data) - TRAILER_BYTES
+    magic, crc, length = _TRAILER.unpack_from(data, end)
+    if magic in _OLDER_MAGICS:
+        return f"written by an older bsr (trailer {magic.decode()}, its checksum covers the bytes alone)"
+    if magic != _TRAILER_MAGIC:
+        return f"no bsr trailer at its end ({len(data)} bytes: bytes appended or cut, or not written by bsr)"
+    if length != end:
+        return f"its trailer says {length} bytes of payload, the object holds {end}"
+    if object_checksum(key, memoryview(data)[:end]) != crc:
+        return "checksum mismatch (its bytes, or the chunk they belong to)"
+    return None
 
 
 def _map_get_code(rc: int) -> int:
@@ -172,6 +213,24 @@ def _as_bytes(view: memoryview) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
+class _RemovedObjects:
+    """The damaged objects a tier removed: the newest ``_REMOVED_KEPT`` (for `bsr status`) and how many in all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: list[QuarantinedObject] = []  # oldest first
+        self._total = 0
+
+    def add(self, removed: Sequence[QuarantinedObject]) -> None:
+        with self._lock:
+            self._kept = (self._kept + list(removed))[-_REMOVED_KEPT:]
+            self._total += len(removed)
+
+    def newest(self, limit: int) -> tuple[list[QuarantinedObject], int]:
+        with self._lock:
+            return list(reversed(self._kept))[: max(limit, 0)], self._total
+
+
 class MooncakeTier:
     """The `Tier` over a Mooncake store. Thread-safe; every store call is bounded by a deadline.
 
@@ -214,6 +273,7 @@ class MooncakeTier:
         self._suspect = False  # set after an RPC failure/timeout: probe the master before each call
         self._closed = False
         self._registered: dict[int, int] = {}
+        self._removed = _RemovedObjects()
         # One registered trailer region per worker: a worker runs one call at a time (an abandoned call keeps its
         # worker, hence its region, until it returns), and registering later could fail with the master down.
         workers = max(workers, 1)
@@ -387,10 +447,10 @@ class MooncakeTier:
         return [rc == 1 for rc in rcs]
 
     def put(self, keys: Sequence[str], payloads: Sequence[memoryview], checksums: Sequence[int]) -> None:
-        """Store each payload with its trailer (``batch_put_from_multi_buffers`` per 1024 keys, zero-copy from
-        writable payloads; read-only ones are copied once). A key that already exists counts as stored (objects
-        are immutable). Raises TierUnavailable when the master is down or the call times out, OSError naming the
-        failed keys otherwise."""
+        """Store each payload with its trailer holding its object checksum (``runtime.checksum.object_checksum``),
+        ``batch_put_from_multi_buffers`` per 1024 keys, zero-copy from writable payloads (read-only ones are copied
+        once). A key that already exists counts as stored (objects are immutable). Raises TierUnavailable when the
+        master is down or the call times out, OSError naming the failed keys otherwise."""
         n = len(keys)
         if len(payloads) != n or len(checksums) != n:
             raise ValueError(f"put: {n} keys, {len(payloads)} payloads, {len(checksums)} checksums")
@@ -441,8 +501,9 @@ class MooncakeTier:
         self, keys: Sequence[str], dests: Sequence[StagingSlice], timeout_s: float
     ) -> tuple[list[int], list[int | None]]:
         """``batch_get_into_multi_buffers`` (one call per 1024 keys): each payload lands directly in its slice, each
-        trailer in the worker's side buffer; the trailer's length must equal the slice length, and its CRC is
-        returned unverified. At the deadline: UNAVAILABLE if the master does not answer a probe, else TIMED_OUT."""
+        trailer in the worker's side buffer; the trailer's length must equal the slice length, and its object
+        checksum is returned unverified (the runtime verifies it against the key). At the deadline: UNAVAILABLE if
+        the master does not answer a probe, else TIMED_OUT."""
         n = len(keys)
         if len(dests) != n:
             raise ValueError(f"get_into: {n} keys but {len(dests)} destinations")
@@ -515,6 +576,84 @@ class MooncakeTier:
         else:
             self._store.close()
         self._shutdown_workers()
+
+    # ------------------------------------------------------------------------------------------- repair
+
+    def _read_whole(self, key: str) -> bytes | None:
+        """The stored object as it is (payload and trailer, whatever its size); None when the store does not hold
+        it. Raises TierUnavailable when the store cannot answer for it (then nothing can be said about it)."""
+        size = self._call_checked("get_size", lambda: self._store.get_size(key))
+        if size in _MASTER_DOWN:
+            self._suspect = True
+            raise TierUnavailable(f"mooncake get_size failed, master unavailable: {mooncake_code_name(size)}")
+        if size < 0:
+            return None
+        buf = ctypes.create_string_buffer(max(size, 1))
+        ptr = ctypes.addressof(buf)
+        self.register(ptr, len(buf))
+        try:
+            try:
+                # The closure holds ``buf``: a call abandoned at its deadline still has memory to write into.
+                rc = self._run("get_into", lambda: self._store.get_into(key, ptr, size), self.call_timeout_s, data=True)
+            except _CallTimedOut:
+                raise TierUnavailable(
+                    f"mooncake read of {key!r} did not finish within {self.call_timeout_s:g} s"
+                ) from None
+        finally:
+            with contextlib.suppress(OSError, TierUnavailable):
+                self.unregister(ptr)
+        if rc == size:
+            return buf.raw[:size]
+        if rc == _OBJECT_NOT_FOUND:
+            return None  # removed since its size was read
+        raise TierUnavailable(f"mooncake read of {key!r} ({size} bytes) failed: {mooncake_code_name(rc)}")
+
+    def check_stored(self, key: str) -> StoredCheck:
+        """The object of ``key`` read back whole and checked (its trailer, length, and the object checksum over key,
+        length and payload: ``object_damage``)."""
+        data = self._read_whole(key)
+        if data is None:
+            return StoredCheck(ref=key, key=key, held=False)
+        return StoredCheck(ref=key, key=key, bytes=len(data), damage=object_damage(key, data))
+
+    def check_all(self, shard: int, shards: int) -> Iterator[StoredCheck]:
+        """Every object the master lists (its admin API's key listing) whose key, in LMCache's form, names a worker
+        of ``shard`` (worker id modulo ``shards``: each rank reads back its own objects), each read back and checked
+        when reached. A key in no such form is not an object this tier wrote and is left alone. The embedded engine's
+        store is its own (`bsr engine up` starts its master), so every other listed key is one of its objects."""
+        if not self.admin_url:
+            raise TierUnavailable("cannot list the store's objects: no admin URL of its master was given")
+        try:
+            listed = all_keys(self.admin_url, timeout=self.call_timeout_s)
+        except OSError as exc:
+            raise TierUnavailable(f"cannot list the store's objects at {self.admin_url}: {exc}") from None
+        for key in sorted(listed):
+            try:
+                worker = parse_key(key)[2]
+            except InvalidInput:
+                continue
+            if worker % max(shards, 1) == shard and (found := self.check_stored(key)).held:
+                yield found
+
+    def set_aside(self, found: StoredCheck, reason: str) -> QuarantinedObject | None:
+        """Remove a damaged object from the store: Mooncake has nowhere to set it apart, so its bytes are gone and
+        the tier remembers what it removed (``quarantined``). bsr's put never replaces a held object, so what is
+        removed is what was checked, unless it was removed and stored again in between (a window of one call)."""
+        key = found.key or found.ref
+        rc = self.remove([found.ref])[0]
+        if rc == _OBJECT_NOT_FOUND:
+            return None  # removed already (by a concurrent check)
+        if rc != 0:
+            log.warning("mooncake: could not remove damaged object %s (%s): %s", key, reason, mooncake_code_name(rc))
+            return None
+        entry = QuarantinedObject(key=key, file="", reason=reason, at=time.time(), bytes=found.bytes)
+        log.warning("mooncake: removed damaged object %s: %s", key, reason)
+        self._removed.add([entry])
+        return entry
+
+    def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:
+        """The newest ``limit`` damaged objects this tier removed since it started, and how many in all."""
+        return self._removed.newest(limit)
 
     # ------------------------------------------------------------------------------------------- extras
 

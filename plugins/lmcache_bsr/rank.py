@@ -58,6 +58,8 @@ from bsr_cli.api.ranks import (
     RestoreJob,
     RestoreRequest,
     RestoreResult,
+    ScrubRequest,
+    ScrubResult,
     SetBudgetRequest,
     SetBudgetResult,
     SetFsConcurrencyRequest,
@@ -229,7 +231,7 @@ class LMCacheRank:
             # The hot-cache write-back would keep every retrieved chunk in L1 (beyond the window bound).
             lm.disable_hot_cache(self.engine)
             self.tracker = lm.PeakTracker(self.engine)
-            # A CRC32C beside every chunk stored in Mooncake, verified on every load (lmcache_bsr/integrity.py).
+            # A checksum beside every chunk stored in Mooncake, verified on every load (lmcache_bsr/integrity.py).
             self.checksums = (
                 integrity.install(self.engine, load_unverified=bool(extra.get("bsr_load_unverified", False)))
                 if extra.get("bsr_checksums", True)
@@ -400,10 +402,7 @@ class LMCacheRank:
         if bad is None:
             return
         chunk = first_chunk + integrity.chunk_of(keys, bad.key)  # type: ignore[operator]
-        what = "checksum mismatch" if bad.verdict is integrity.Verdict.MISMATCH else "no checksum (unverified)"
-        raise RestoreFailed(
-            f"{what} in chunk {chunk} (tier {bad.tier})", window, kind=failures.TIER, stage=Stage.VERIFY, tier=bad.tier
-        )
+        raise RestoreFailed(bad.describe(chunk), window, kind=failures.TIER, stage=Stage.VERIFY, tier=bad.tier)
 
     def _acquire(self) -> None:
         with self._count_lock:
@@ -471,6 +470,13 @@ class LMCacheRank:
 
     def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult:
         raise UnsupportedOp(req.op, "removing objects is not supported over LMCache from bsr; use LMCache's own tools")
+
+    def scrub(self, req: ScrubRequest) -> ScrubResult:
+        raise UnsupportedOp(
+            req.op,
+            "scrubbing is not served over LMCache: its backends cannot read an object back and check it for bsr",
+            hint="a load from LMCache's Mooncake tier is verified as it arrives (bsr_checksums)",
+        )
 
     # -- destination-KV ops: served by the KVOps over this rank's KV ------------------------------------------------
     def prefill(self, req: PrefillRequest) -> PrefillResult:
@@ -549,8 +555,8 @@ class _RestoreRun:
             pool_stats=self.rank.pool_stats,
             prepare=self._prepare,
             cleanup=self._cleanup,
+            fired=lambda: self.armed.fired if self.armed is not None else [],
         )
-        out.fired_faults = self.armed.fired if self.armed is not None else []
         return out
 
     def _prepare(self) -> None:

@@ -18,9 +18,10 @@ What it changes over LMCache's connector (everything else is LMCache's):
 * worker startup: a ``ProbeLookupServer`` next to LMCache's own lookup server, and (when ``bsr_admin_port`` is
   set) bsr's admin API on ``127.0.0.1:bsr_admin_port + rank`` (vllm_bsr/worker_admin.py);
 * on a CPU-only host: LMCache's missing CPU KV connector (plugins/lmcache_cpu) is installed on import;
-* worker: every chunk stored in Mooncake carries a CRC32C (a sidecar key, lmcache_bsr/integrity.py) and every
-  chunk loaded from it is verified; a mismatch (or, unless ``bsr_load_unverified`` is set, a chunk stored without
-  a checksum by stock LMCache) fails the load closed, blamed on the tier at the verify stage, naming the chunk.
+* worker: every chunk stored in Mooncake carries a checksum bound to its key and length (a sidecar key,
+  lmcache_bsr/integrity.py) and every chunk loaded from it is verified; a mismatch, a chunk held at another length
+  (or, unless ``bsr_load_unverified`` is set, a chunk stored without such a checksum: by stock LMCache or an older
+  bsr) fails the load closed, blamed on the tier at the verify stage, naming the chunk and its key.
   ``bsr_checksums: false`` turns both off (LMCache's own behaviour: nothing checked);
 * worker: loads in windows of at most W chunks (LMCache's masked retrieve, one window at a time, so L1 staging is
   bounded by the window); on any short window or exception every block of the request in every KV group is
@@ -401,13 +402,16 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             return
         keys = [k for _, _, k in chunk_keys(self._lmcache_engine.lmcache_engine, list(tokens[:end]))]
         chunk = integrity.chunk_of(keys, bad.key)
-        self.bsr_integrity = {"chunk": chunk, "tier": bad.tier, "key": bad.key, "verdict": bad.verdict.value}
-        if bad.verdict is integrity.Verdict.MISMATCH:
-            raise integrity.ChecksumError(f"checksum mismatch in chunk {chunk} (tier {bad.tier}, key {bad.key})")
-        raise integrity.ChecksumError(
-            f"chunk {chunk} has no checksum (tier {bad.tier}, key {bad.key}; stored without bsr, e.g. by stock "
-            "LMCache): not loaded, bsr_load_unverified is off"
-        )
+        self.bsr_integrity = {
+            "chunk": chunk,
+            "tier": bad.tier,
+            "key": bad.key,
+            "verdict": bad.verdict.value,
+            "detail": bad.detail,
+            "removed": bad.removed,
+        }
+        refused = "" if bad.verdict is integrity.Verdict.MISMATCH else ": not loaded, bsr_load_unverified is off"
+        raise integrity.ChecksumError(bad.describe(chunk) + refused)
 
     def _maybe_fault(self, window: int) -> None:
         """An operator-injected fault (``bsr --engine <worker admin URL> inject-fault``) fires here: the window

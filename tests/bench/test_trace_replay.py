@@ -1,6 +1,7 @@
 """`bsr bench trace`: a written trace replayed against a real embedded engine (Mooncake master and segment, rank
-processes), the planner's prediction printed beside the measurement; and the slice's sizing refused when it cannot
-fit."""
+processes), the planner's prediction printed beside the measurement; a slice of the shared conversation trace at 4×
+its pace queued, not refused, by an engine with fewer serving slots than requests in flight; and the slice's sizing
+refused when it cannot fit."""
 
 from __future__ import annotations
 
@@ -10,10 +11,23 @@ from pathlib import Path
 
 import pytest
 
+from bsr_cli import loaders
 from bsr_cli.bench import trace as bt
+from bsr_cli.bench.lifecycle import embedded_engine
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import TraceRequest, build_trace
 from bsr_cli.errors import CapacityError, ExitCode, InvalidInput
+
+# The Mooncake FAST'25 conversation trace, kept beside the repository (beside the worktrees' folder for a worktree).
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_TRACE = next(
+    (
+        p
+        for p in (d / "shared" / "traces" / "conversation_trace.jsonl" for d in (ROOT.parent, ROOT.parent.parent))
+        if p.exists()
+    ),
+    None,
+)
 
 REPORT_KEYS = (
     "kind",
@@ -83,6 +97,34 @@ def test_replay_against_the_embedded_engine(bsr, tmp_path: Path, monkeypatch: py
     assert 0 < m["hit_tokens"] <= p["hit_tokens"]
     assert p["latency_s"]["p99"] > 0 and m["latency_s"]["p99"] > 0
     assert d["bandwidth_bytes_per_s"] > 0  # measured by one restore alone first
+
+
+def _peak_in_flight(measured: list[bt.Measured]) -> int:
+    """The most requests the engine held at once: each from when its client sent it for as long as it took."""
+    spans = [(m.started_s, m.started_s + m.seconds) for m in measured if not m.error]
+    return max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(SHARED_TRACE is None, reason="the shared conversation trace is not beside the repository")
+def test_a_replay_at_four_times_its_pace_is_queued_not_refused(tmp_path: Path) -> None:
+    """The conversation trace's first 40 requests at 4× their pace, each sent at its arrival, against an engine with
+    4 serving slots and destination KV for two of the slice's longest prompts: more submits are in flight than the
+    engine has slots (or KV) for, and every one waits its turn within its deadline instead of being refused (from
+    the fifth in flight on, they used to be refused at once: 503 busy)."""
+    assert SHARED_TRACE is not None
+    reg = bt.replay_registration()
+    sliced = loaders.load_trace(SHARED_TRACE).head(40).scale_tokens(16)
+    size = bt.sizing(sliced, reg)
+    opts = replace(
+        bt.engine_options(reg, 2, 2, size), kv_tokens=2 * size.max_tokens, admin_limits={"max_connections": 4}
+    )
+    with embedded_engine(tmp_path / "engine", opts) as client:
+        measured = bt.replay(client, sliced, w=2, speedup=4.0, salt=11)
+    refused = [m.error for m in measured if m.error]
+    assert len(measured) == 40 and refused == [], refused[:3]
+    assert _peak_in_flight(measured) > 4  # the slots alone would have refused some
 
 
 def test_a_slice_too_large_for_the_segment_is_refused() -> None:

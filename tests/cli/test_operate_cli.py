@@ -39,6 +39,30 @@ def test_submit_probe_restore_walkthrough(bsr, engine, tmp_path: Path) -> None:
     assert dry["kind"] == "bsr.plan" and dry["committable_tokens"] == 3000
 
 
+def test_restore_says_what_its_hash_check_costs_and_how_to_skip_it(bsr, engine) -> None:
+    """After the commit the engine checks the output hash (recomputing the canonical KV on every rank) before it
+    answers: `bsr restore` says so when the engine reports the commit, then how long that took and that
+    --no-verify skips it. With --no-verify only the output hash is taken. The JSON stays the engine's answer."""
+    import re
+
+    assert bsr("submit", "--synthetic", "3000", "--seed", "21").code == 0
+    checked = bsr("restore", "--synthetic", "3000", "--seed", "21")
+    assert checked.code == 0, checked.err
+    assert "= canonical" in checked.out
+    cost = r"output-hash check: \d+\.\d\d s after the commit \(canonical KV recomputed; --no-verify skips it\)"
+    assert re.search(cost, checked.out), checked.out
+    assert "committed; output-hash check: the canonical KV is recomputed on every rank (--no-verify skips it)" in (
+        checked.err
+    )
+    skipped = bsr("restore", "--synthetic", "3000", "--seed", "21", "--no-verify")
+    assert skipped.code == 0 and "canonical" not in skipped.out, skipped.out
+    assert re.search(r"output hash: \d+\.\d\d s after the commit", skipped.out), skipped.out
+    assert "the canonical check is skipped: --no-verify" in skipped.err
+    as_json = bsr("restore", "--synthetic", "3000", "--seed", "21", "--json")
+    assert as_json.code == 0 and as_json.json()["hash_ok"] is True
+    assert not [k for k in as_json.json() if "check" in k] and as_json.err == ""
+
+
 def test_prompt_and_token_files(bsr, engine, tmp_path: Path) -> None:
     text = tmp_path / "prompt.txt"
     text.write_text("the quick brown fox " * 40)

@@ -53,3 +53,33 @@ def test_no_other_byte_formatter() -> None:
             if ('f"' in line or "f'" in line) and _HAND_FORMATTED.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{no}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.timeout(30)
+def test_restore_progress_shows_the_hash_check_after_the_commit() -> None:
+    """`bsr restore`'s live display: per-rank windows, then, once the engine reported the commit, a line for the
+    output-hash check that names how to skip it, ended (1/1) when the answer came."""
+    import io
+
+    from bsr_cli.cli.output import Output
+    from bsr_cli.cli.render.ops import HASH_CHECK, HASH_ONLY, RestoreProgress
+    from bsr_cli.core.events import RestoreStarted, WindowReleased
+
+    def shown(verify: bool | None) -> str:
+        err = io.StringIO()
+        progress = RestoreProgress(Output(json_mode=False, stderr=err), ranks=2)
+        progress.start()
+        progress.update(RestoreStarted(request="r", tokens=512, windows=1, W=4, tiers=("mooncake",)))
+        for rank in (0, 1):
+            progress.update(WindowReleased(request="r", rank=rank, window=0, windows=1, bytes=4096))
+        if verify is not None:
+            progress.check_started(verify)
+        progress.stop()
+        return err.getvalue()
+
+    checked = shown(True)
+    assert "rank 1 windows" in checked and HASH_CHECK in checked and "--no-verify skips it" in checked
+    line = next(s for s in checked.splitlines() if HASH_CHECK in s)
+    assert "1/1" in line  # the check ended with the answer
+    assert HASH_ONLY in shown(False) and HASH_CHECK not in shown(False)
+    assert "hash" not in shown(None)  # no commit (failed, refused, aborted): no check to show

@@ -367,7 +367,8 @@ def test_next_command_replaces_options_and_keeps_endpoints() -> None:
 
 def test_store_probe_imports_only_what_it_needs(store, tmp_path: Path) -> None:
     """The store probe's path (options, the Mooncake client, liveness, JSON output) imports no renderer, no engine
-    runtime or tier stack, no HTTP client library and no torch: a probe is typed during an incident."""
+    runtime or tier stack, no HTTP client library, no torch and no pydantic (its options are plain values): a probe
+    is typed during an incident."""
     toks = synthetic_tokens(2 * 256, 51)
     _write(store, [lmcache_key("imports/model", 1, 0, h, "bfloat16") for h in lmcache_chunk_hashes(toks)])
     tf = tmp_path / "t.json"
@@ -385,7 +386,7 @@ def test_store_probe_imports_only_what_it_needs(store, tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    heavy = {"rich", "torch", "httpx", "numpy", "textual", "yaml"}
+    heavy = {"rich", "torch", "httpx", "numpy", "textual", "yaml", "pydantic"}
     ours = ("bsr_cli.runtime", "bsr_cli.tiers", "bsr_cli.api", "bsr_cli.client", "bsr_cli.engine", "bsr_cli.server")
     assert not {m.split(".")[0] for m in loaded} & heavy, {m.split(".")[0] for m in loaded} & heavy
     assert not [m for m in loaded if m.startswith(ours)], [m for m in loaded if m.startswith(ours)]

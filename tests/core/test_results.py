@@ -109,6 +109,23 @@ def test_a_committed_restore_has_its_hashes_after_the_report() -> None:
     assert "canonical_hash" not in unchecked.to_wire()  # --no-verify: no canonical hash at all, not a null one
 
 
+def test_a_restore_whose_output_hash_is_not_canonical_reads_as_failed_and_keeps_what_it_restored() -> None:
+    marker = Marker("p1", set(), "output hash ab != canonical cd", "req-00002", set_at=12.5)
+    hashes = OutputHashes("ab", "cd", False)
+    res = ManualRestoreResult(
+        "req-00002", "p1", 64, 2, PrefixLookup({}, None, BITMAP), _report(), hashes, marker=marker
+    )
+    assert res.output_mismatch and res.outcome is Outcome.FAILED_CLOSED and res.committed_tokens == 0
+    wire = res.to_wire()
+    assert wire["outcome"] == "failed_closed" and wire["committed_tokens"] == 0 and wire["restored_tokens"] == 64
+    assert wire["hash_ok"] is False and wire["marker"]["excluded_tiers"] == []
+    back = ManualRestoreResult.from_wire(_json(wire))
+    assert back.output_mismatch and back.report is not None and back.report.committed_tokens == 64
+    assert back.to_wire() == _json(wire)
+    ok = ManualRestoreResult("r", "p", 64, 2, PrefixLookup({}, None, BITMAP), _report(), OutputHashes("ab", "ab", True))
+    assert not ok.output_mismatch and "restored_tokens" not in ok.to_wire()
+
+
 def test_a_failed_restore_names_its_marker_and_reads_back_typed() -> None:
     marker = Marker("p1", {"mooncake"}, "tier mooncake failed at fetch", "req-00002", set_at=12.5)
     res = ManualRestoreResult("req-00002", "p1", 64, 2, PrefixLookup({}, None, BITMAP), _report(0), marker=marker)

@@ -58,8 +58,10 @@ _SETTINGS = {
     "fs_concurrency": 2,
     "fetch_timeout_s": 10.0,
     "kv_wait_s": 60,
+    "overload_ceiling_s": 60.0,
     "event_retention_s": 86400.0,
     "event_store_bytes": 64 << 20,
+    "store_client_ttl_s": 120,
 }
 _RECORDED = {
     "services": {
@@ -122,3 +124,16 @@ def test_an_older_bsrs_settings_and_options_read_as_absent_the_rest_as_recorded(
         "engine",
         "rank0",
     ]
+
+
+def test_an_engine_started_before_the_client_ttl_was_recorded_reads_as_running_mooncakes_own(tmp_path: Path) -> None:
+    from bsr_cli.core.limits import MOONCAKE_DEFAULT_CLIENT_TTL_S
+
+    older = dict(_RECORDED)
+    older["settings"] = {k: v for k, v in _SETTINGS.items() if k != "store_client_ttl_s"}
+    older["options"] = {k: v for k, v in _RECORDED["options"].items() if k != "store_client_ttl_s"}
+    (tmp_path / "state.json").write_text(json.dumps(older))
+    rec = supervisor.read_record(tmp_path)
+    assert rec is not None and rec.settings is not None and rec.options is not None
+    # Its master ran without --client_ttl: `up` with today's options names that difference, not an unreadable record.
+    assert rec.settings.store_client_ttl_s == rec.options.settings.store_client_ttl_s == MOONCAKE_DEFAULT_CLIENT_TTL_S

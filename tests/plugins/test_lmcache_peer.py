@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +104,95 @@ def test_peer_bench_small_prefix(tmp_path: Path) -> None:
     # Nothing left running: the case processes were in their own sessions and the services are stopped.
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
+
+
+# -- the store through a bad minute: a segment holder stopped for 30 s between two cases -------------------------
+
+STOP_S = 30.0
+
+
+def _peer_with_a_stopped_holder(tmp_path: Path, ttl_s: int) -> tuple[Any, list[Any]]:
+    """`bench peer` in-process (this interpreter is its LMCache Python) at a small prefix, its segment holder
+    stopped (SIGSTOP) for 30 s as soon as the raw row is in, and always continued; (bundle, rows seen live)."""
+    from bsr_cli.bench.peer import run_peer
+
+    workdir = tmp_path / "work"
+    seen: list[Any] = []
+
+    def on_row(row: Any) -> None:
+        seen.append(row)
+        if len(seen) != 1:
+            return
+        store_case = json.loads(next(workdir.glob("case-*-store.json")).read_text())
+        holder = int(store_case["watch_pids"]["segment_holder"])
+        os.kill(holder, signal.SIGSTOP)
+        try:
+            end = time.monotonic() + STOP_S
+            while time.monotonic() < end:  # the stop itself is what is tested: no case runs meanwhile
+                time.sleep(0.5)
+        finally:
+            os.kill(holder, signal.SIGCONT)
+
+    result = run_peer(tokens=[N], w=W, deadline_s=2.0, salt=5, workdir=workdir, on_row=on_row, store_client_ttl_s=ttl_s)
+    return result, seen
+
+
+@pytest.mark.timeout(600)
+def test_peer_bench_survives_a_segment_holder_stopped_for_30s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bsr_cli.bench.evidence import RowStatus
+    from bsr_cli.core.limits import DEFAULT_STORE_CLIENT_TTL_S
+
+    monkeypatch.setenv("BSR_LMCACHE_PYTHON", sys.executable)
+    result, seen = _peer_with_a_stopped_holder(tmp_path, DEFAULT_STORE_CLIENT_TTL_S)
+    assert result.interrupted_by is None and seen[0].kind.value == "raw"
+    # Every case after the stop read the whole prefix from the same store, verified against the canonical KV.
+    rung = N // CS * CHUNK_BYTES
+    after = [r for r in result.rows if r.kind.value == "bsr" or (r.l1_bytes == rung and r.kind.value != "raw")]
+    assert sorted(r.kind.value for r in after) == ["bsr", "stock", "stock_contiguous"]
+    assert all(r.status is RowStatus.PASS and r.measured.loaded_tokens == N for r in after), after
+    assert all(r.measured.hash_ok is True for r in after)
+    assert all(r.status is not RowStatus.INTERRUPTED and r.store_lost is None for r in result.rows)
+
+
+@pytest.mark.timeout(600)
+def test_a_store_lost_in_the_stop_is_named_in_the_rows_not_a_zero_token_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control (Mooncake's own 10 s TTL): the master drops the stopped holder's segment, and the
+    bench says so instead of measuring stock LMCache and bsr at 0 tokens."""
+    from rich.console import Console
+
+    from bsr_cli.bench import bundle as bundles
+    from bsr_cli.bench.evidence import BundleFiles, Interruption, PublishedBundle, RowStatus
+    from bsr_cli.cli.commands.bench.common import exit_for
+    from bsr_cli.cli.render.bench import table_for
+    from bsr_cli.core.limits import MOONCAKE_DEFAULT_CLIENT_TTL_S
+    from bsr_cli.errors import ServerError
+
+    monkeypatch.setenv("BSR_LMCACHE_PYTHON", sys.executable)
+    result, seen = _peer_with_a_stopped_holder(tmp_path, MOONCAKE_DEFAULT_CLIENT_TTL_S)
+    assert result.interrupted_by is Interruption.ERROR
+    raw, lost = seen
+    assert raw.kind.value == "raw" and raw.status is RowStatus.PASS
+    # The next case never ran on an empty store: its row is the loss, with every object stored on the segment.
+    assert lost.kind.value == "stock" and lost.status is RowStatus.INTERRUPTED and lost.measured is None
+    loss = lost.store_lost
+    assert loss is not None and loss.cause.value in ("unmounted", "remounted_empty")
+    # Every object stored on the segment: per chunk (TP 1), its KV and the 4-byte checksum sidecar bsr writes beside it.
+    assert loss.objects_lost == 2 * (N // CS) and loss.bytes_lost == N // CS * (CHUNK_BYTES + 4)
+    assert lost.reason == loss.line() and lost.reason.startswith("the store dropped holder ")
+    assert f"{2 * (N // CS)} objects (64.00 MiB) lost" in lost.reason and "0 tokens" not in lost.reason
+    assert [r.kind.value for r in result.rows] == ["raw", "stock"]  # nothing measured on the empty store
+
+    # The bundle validates, keeps the loss on the row, and the table and the exit say it.
+    bundle = result.to_bundle()
+    path = bundles.write(bundle, tmp_path / "out")
+    saved = bundles.load(path)
+    assert bundles.validation_errors(saved) == []
+    assert saved["rows"][1]["store_lost"]["objects_lost"] == 2 * (N // CS)
+    console = Console(record=True, width=200, color_system=None)
+    table_for("peer")(console, PublishedBundle(bundle=bundle, files=BundleFiles(str(path), [])))
+    text = console.export_text()
+    assert f"store lost: stock at {N:,} tokens: the store dropped holder " in text and "FAIL" not in text
+    with pytest.raises(ServerError, match="the experiment stopped early: the store dropped holder "):
+        exit_for(bundle, path)

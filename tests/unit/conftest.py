@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from unit.fixtures import FakeEngine, build_engine
+from unit.fixtures import HANG_DEADLINE_S, KV_TOKENS, FakeEngine, build_engine
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -25,5 +25,18 @@ def fake_engine() -> Iterator[FakeEngine]:
     try:
         yield eng
     finally:
+        for r in eng.ranks:
+            r.close()
+
+
+@pytest.fixture
+def kv_engine(request: pytest.FixtureRequest) -> Iterator[FakeEngine]:
+    """An engine whose destination KV one request can fill (unit.fixtures.hold_blocks); parametrize indirectly to
+    pass build_engine more options."""
+    eng = build_engine(kv_tokens=KV_TOKENS, call_timeout_s=HANG_DEADLINE_S, **getattr(request, "param", {}))
+    try:
+        yield eng
+    finally:
+        eng.ranks[0].release.set()
         for r in eng.ranks:
             r.close()

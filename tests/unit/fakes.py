@@ -47,7 +47,7 @@ from bsr_cli.core.events import Event
 from bsr_cli.core.keys import object_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import ServerError
-from bsr_cli.runtime.checksum import crc32c
+from bsr_cli.runtime.checksum import object_checksum
 from bsr_cli.runtime.kv_ops import KVOps
 from bsr_cli.runtime.pool import RestorePool
 from bsr_cli.runtime.restore import RankRestorer, RestoreJob
@@ -280,7 +280,7 @@ class FakeRankOps(UnsupportedOps):
                     t0, t1 = c * cs, min((c + 1) * cs, req.n_tokens)
                     for g in self.reg.group_names:
                         payload = memoryview(self.kv.read(g, req.block_tables[g], t0, t1 - t0))
-                        tier.put([keys[g][c]], [payload], [crc32c(payload)])
+                        tier.put([keys[g][c]], [payload], [object_checksum(keys[g][c], payload)])
                 stored[name] = len(idx) * len(self.reg.group_names)
             except TierUnavailable as e:
                 errors[name] = str(e)

@@ -3,9 +3,12 @@ that share fake tiers. Importable helpers live here; tests/unit/conftest.py keep
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Any
 
 from bsr_cli.core.events import Event
+from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.registration import Registration
 from bsr_cli.runtime.coordinator import Coordinator, EngineSettings
 from bsr_cli.runtime.events import EventLog
@@ -58,3 +61,28 @@ def build_engine(
     coord = Coordinator(reg, ranks, settings, events)
     holder.append(coord)
     return FakeEngine(reg, coord, ranks, tiers, events)
+
+
+# An engine whose destination KV a request can fill (``kv_engine`` in conftest.py): the "full" group has 1,024 blocks
+# of 4 tokens, "swa" 512 of 8. The holder's probe hangs until the test releases it; the rank-call deadline stays far
+# above any step of a test, so a busy machine cannot turn the hang into "rank not responding" before the release.
+KV_TOKENS = 4096
+KV_HOLDER = synthetic_tokens(3000, seed=1)  # holds 750 "full" blocks while its probe hangs
+HANG_DEADLINE_S = 120.0
+
+
+def hold_blocks(eng: FakeEngine) -> tuple[threading.Thread, dict[str, Any]]:
+    """A request that has its blocks and then hangs in its probe on rank 0 until ``release`` is set (its result
+    lands in the dict's "res")."""
+    eng.ranks[0].hang.add("probe")
+    admitted = threading.Event()
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        out["res"] = eng.coordinator.submit(KV_HOLDER, request="req-holder", progress=lambda ev: admitted.set())
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    # Its blocks are allocated before its first event (request_admitted): from then on it holds them.
+    assert admitted.wait(10), "the holder was never admitted"
+    return t, out

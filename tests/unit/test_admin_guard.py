@@ -1,14 +1,21 @@
 """The admin server against hostile or careless clients, in-process: the real uvicorn-served app and the real CLI
-over fake ranks. Tokenless sockets cannot lock the operator out, serving slots with and without the token are kept
-apart, and the request head is checked before anything else (host, origin, duplicated headers, size, media type,
-the token on reads)."""
+over fake ranks. Tokenless sockets cannot lock the operator out (up to 1,500 of them from 150 addresses, held by a
+process of their own), serving slots with and without the token are kept apart, and the request head is checked
+before anything else (host, origin, duplicated headers, size, media type, the token on reads)."""
 
 from __future__ import annotations
 
 import json
+import resource
 import socket
+import subprocess
+import sys
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -130,6 +137,87 @@ def test_tokenless_slow_sockets_cannot_lock_out_an_authenticated_status(
     finally:
         loris.close()
     assert codes == [0] * 50, codes
+
+
+class Strangers:
+    """tests/unit/loris.py in a process of its own (the attack must not share this interpreter's lock with the
+    server it attacks): ``count`` slow tokenless sockets spread over ``addresses`` loopback source addresses, half of
+    them trickling a request head, half sending nothing, each reopened as soon as the server closes it."""
+
+    def __init__(self, server: AdminServer, count: int, addresses: int) -> None:
+        loris = Path(__file__).with_name("loris.py")
+        args = [sys.executable, str(loris), server.host, str(server.port), str(count), str(addresses)]
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready, self.churned = threading.Event(), threading.Event()
+        self.summary: dict[str, int] = {}
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("ready"):
+                self.ready.set()
+            elif line.startswith("churned"):
+                self.churned.set()
+            elif line.startswith("{"):
+                self.summary = json.loads(line)
+
+    def close(self) -> dict[str, int]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.reader.join(timeout=10)
+        return self.summary
+
+
+def _operator_reads(server: AdminServer, n: int) -> list[int | str]:
+    """``n`` authenticated GET /info at once, each on a connection of its own (as n CLI runs would): what each got."""
+
+    def one(_: int) -> int | str:
+        try:
+            return httpx.get(server.url + f"{PREFIX}/info", headers=AUTH, timeout=120).status_code
+        except httpx.HTTPError as e:
+            return type(e).__name__
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+@pytest.mark.timeout(420)  # 1,500 sockets opened, held and reopened on a two-core machine shared with other tests
+@pytest.mark.parametrize("caps", [{}, {"max_waiting": 128}], ids=["default-caps", "caps-below-the-crowd"])
+def test_the_operator_is_answered_past_1500_slow_sockets_from_150_addresses(
+    serve: Callable[..., tuple[FakeEngine, AdminServer]], caps: dict[str, int]
+) -> None:
+    """1,500 tokenless sockets from 127.0.0.2 ... 127.0.0.151 held open (the server holds them all by default; with
+    its cap at 128 it closes the oldest for every newcomer and the strangers reopen at once): every authenticated
+    GET /info, 19 at a time, is answered 200, while the crowd stands and while the server closes and the strangers
+    reopen as many sockets as they hold. None is dropped or answered 503 busy (the server used to close the
+    operator's own connection, whose head the flooded event loop had not read yet, as the oldest)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2500:
+        pytest.skip(f"1,500 sockets on each side need more open files than the hard limit of {hard}")
+    _, server = serve(**caps)  # it raises this process's soft limit to hold what its caps let in
+    strangers = Strangers(server, 1500, 150)
+    codes: list[int | str] = []
+    try:
+        assert strangers.ready.wait(120), "the 1,500 sockets never all connected"
+        codes += _operator_reads(server, 19)
+        deadline = time.monotonic() + 180
+        # On (19 at a time, a quarter second apart) until the server has closed as many of the strangers' sockets
+        # as they hold, at their head deadline or for newer ones past the cap, and they reopened them.
+        while not strangers.churned.wait(0.25) and time.monotonic() < deadline:
+            codes += _operator_reads(server, 19)
+        assert strangers.churned.is_set(), "the strangers' sockets were never closed and reopened"
+        codes += _operator_reads(server, 19)
+    finally:
+        summary = strangers.close()
+    assert summary["reopened"] >= 1500, summary
+    assert codes == [200] * len(codes), Counter(codes)
 
 
 def test_serving_slots_with_and_without_the_token_are_kept_apart(
@@ -327,3 +415,81 @@ def test_a_client_with_many_kept_alive_connections_is_served(
         with ThreadPoolExecutor(max_workers=16) as pool:
             codes = [c for batch in pool.map(calls, range(16)) for c in batch]
     assert codes == [200] * 80, sorted(set(codes))
+
+
+def _send_whole_then_read(server: AdminServer, head: bytes, body: bytes) -> tuple[int, dict]:
+    """Send a request's head and its whole body, as a client that reads only once it has sent everything does, then
+    read the answer. A server that closed without reading the body resets the connection: sendall or recv raises."""
+    with socket.create_connection(_addr(server), timeout=60) as s:
+        s.sendall(head + body)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while got := s.recv(65536):
+            out += got
+    head_out, _, body_out = out.partition(b"\r\n\r\n")
+    return int(head_out.split(b" ", 2)[1]), json.loads(body_out)
+
+
+@pytest.mark.timeout(120)
+def test_a_body_over_the_cap_is_answered_413_and_the_client_reads_it(
+    serve: Callable[..., tuple[FakeEngine, AdminServer]],
+) -> None:
+    """A 10 MB body (the cap is 160 KiB here) is answered 413 before it is read, and a client that sends all of it
+    before reading reads that answer: the server reads and drops the rest after answering instead of closing under
+    it (the connection used to be reset while the client was still sending). The same for a chunked body's 411."""
+    _, server = serve()
+    body = b'{"tokens": [' + b"1," * (5_000_000 - 1) + b"1]}"
+    assert len(body) > 60 * server.max_body
+    head = (
+        f"POST {PREFIX}/probe HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    status, err = _send_whole_then_read(server, head, body)
+    assert status == 413 and "over this engine's limit" in err["message"], err
+    chunk = b"x" * 65536
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(160)) + b"0\r\n\r\n"
+    head = (
+        f"POST {PREFIX}/probe HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    status, err = _send_whole_then_read(server, head, chunked)
+    assert status == 411 and "send Content-Length" in err["message"], err
+    # Without the token the same body is refused (401) just as cleanly.
+    head = (
+        f"POST {PREFIX}/probe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    status, err = _send_whole_then_read(server, head, body)
+    assert status == 401 and err["error"] == "unauthorized"
+
+
+def test_a_process_short_of_open_files_queues_and_waits_fewer() -> None:
+    """Where the hard limit on open files cannot hold every connection the caps let in, the request queue and the
+    waiting caps shrink to fit it (an accept that fails for want of a descriptor would stop every accept for a
+    second); where it can, the soft limit is raised to hold them. In a process of its own: the limit is per process."""
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, int(sys.argv[1])))\n"
+        "from bsr_cli.server.admin import AdminServer\n"
+        "from unit.fixtures import build_engine\n"
+        "eng = build_engine()\n"
+        "s = AdminServer(eng.coordinator, token='t')\n"
+        "print(s.max_queued, s.max_waiting, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "for r in eng.ranks: r.close()\n"
+    )
+    tests = str(Path(__file__).resolve().parents[1])
+
+    def caps(hard: int) -> list[int]:
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(hard)], capture_output=True, text=True, timeout=120, cwd=tests
+        )
+        assert out.returncode == 0, out.stderr
+        return [int(x) for x in out.stdout.split()]
+
+    queued, waiting, soft = caps(1024)
+    assert (queued, waiting, soft) == (220, 110, 1024)  # 1,024 - 512 kept for the engine - 72 slots = 440 to share
+    need = 72 + 1024 + 2 * 2048 + 512
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        queued, waiting, soft = caps(need if hard == resource.RLIM_INFINITY else hard)
+        assert (queued, waiting, soft) == (1024, 2048, need)  # raised from 256 to what the caps need

@@ -294,3 +294,51 @@ def test_a_fault_armed_for_a_tier_is_used_up_only_by_a_fetch_from_that_tier(fake
     assert [(e.fault_id, e.fault, e.fired, e.request) for e in fired] == [
         (armed.id, "remote-unavailable", 1, "r-mooncake")
     ]
+
+
+def _miswrite(fake_engine: FakeEngine, chunk: int) -> str:
+    """Rank 0's object of ``chunk`` (group full) in Mooncake replaced by another chunk's bytes with a checksum
+    computed for this key: what a writer that stored the wrong KV under the right key leaves. Every checksum holds,
+    so only the output hash can tell."""
+    from bsr_cli.core.keys import chunk_hashes, object_key
+    from bsr_cli.runtime.checksum import object_checksum
+
+    reg = fake_engine.reg
+    hashes = chunk_hashes(PROMPT, reg.chunk_size)
+    key = object_key(reg, 0, "full", hashes[chunk])
+    wrong, _ = fake_engine.tiers["mooncake"].objects[object_key(reg, 0, "full", hashes[chunk + 1])]
+    fake_engine.tiers["mooncake"].objects[key] = (wrong, object_checksum(key, wrong))
+    return key
+
+
+def test_a_restore_whose_output_hash_is_not_canonical_is_invalidated_and_marked(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    _miswrite(fake_engine, 3)
+    c = fake_engine.coordinator
+    invalidated_before = [len(r.ops.kv.invalidated) for r in fake_engine.ranks]
+    out = c.restore(PROMPT, exclude=["fs"])
+    report = _report(out)
+    assert report.outcome is Outcome.COMMITTED  # the commit rule passed: every checksum held...
+    assert out.hashes is not None and out.hashes.hash_ok is False  # ...but the KV is not the prompt's
+    assert out.output_mismatch and out.outcome is Outcome.FAILED_CLOSED and out.committed_tokens == 0
+    # Undone: every rank invalidated the request's blocks, and a marker recomputes the prompt next time.
+    assert [len(r.ops.kv.invalidated) for r in fake_engine.ranks] == [n + 1 for n in invalidated_before]
+    assert out.marker is not None and out.marker.excluded == set()
+    (ev,) = [e for e in fake_engine.events.recent(500) if e.kind == "output_mismatch"]
+    assert ev.request == out.request and ev.external_tokens == len(PROMPT) and ev.source == "mooncake" and ev.marker
+    # The next admission recomputes it (the marker), and its hash is the canonical one.
+    again = c.submit(PROMPT)
+    assert again.source == "recompute" and again.hash_ok is True and again.marker_cleared
+
+
+def test_a_submit_whose_output_hash_is_not_canonical_stores_nothing_and_is_marked(fake_engine: FakeEngine) -> None:
+    _warm(fake_engine)
+    key = _miswrite(fake_engine, 3)
+    del fake_engine.tiers["fs"].objects[key]  # the fs tier lacks the chunk: a clean request would store it there
+    out = fake_engine.coordinator.submit(PROMPT)
+    assert out.source == "mooncake" and out.hash_ok is False
+    assert out.stored is None and key not in fake_engine.tiers["fs"].objects  # wrong KV is never written
+    mine = [e for e in fake_engine.events.recent(500) if getattr(e, "request", None) == out.request]
+    kinds = [e.kind for e in mine]
+    assert kinds.index("output_mismatch") < kinds.index("request_finished") == len(kinds) - 1
+    assert fake_engine.coordinator.markers  # the next admission recomputes it

@@ -71,21 +71,26 @@ def corrupt_files(root: Path) -> int:
     return n
 
 
+def _mooncake_client(metadata: str, master: str) -> Any:
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master)
+    if rc != 0:
+        raise RuntimeError(f"Mooncake client setup failed: {rc}")
+    return store
+
+
 def mooncake_remove(admin: str, metadata: str, master: str, world: int, worker: int) -> dict[str, Any]:
     """Remove one object of TP rank ``worker`` from the Mooncake store (the first of its keys in sorted order),
     through a client of the real master: a hole on one rank only."""
     import urllib.request
 
-    from mooncake.store import MooncakeDistributedStore
-
     with urllib.request.urlopen(admin + "/get_all_keys", timeout=10) as r:
         keys = sorted(k for k in r.read().decode().split() if f"@{world}@{worker}@" in k and "#" not in k)
     if not keys:
         return {"removed": None, "candidates": 0}
-    store = MooncakeDistributedStore()
-    rc = store.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master)
-    if rc != 0:
-        raise RuntimeError(f"Mooncake client setup failed: {rc}")
+    store = _mooncake_client(metadata, master)
     rc = store.remove(keys[0], True)
     with urllib.request.urlopen(admin + "/get_all_keys", timeout=10) as r:
         left = set(r.read().decode().split())
@@ -98,17 +103,12 @@ def mooncake_corrupt(admin: str, metadata: str, master: str, world: int, worker:
     byte 64, and write it back in place (``upsert``). A real corruption of the stored object."""
     import urllib.request
 
-    from mooncake.store import MooncakeDistributedStore
-
     with urllib.request.urlopen(admin + "/get_all_keys", timeout=10) as r:
         listed = r.read().decode().split()
     keys = sorted(k for k in listed if f"@{world}@{worker}@" in k and "#" not in k)
     if not keys:
         return {"corrupted": None, "candidates": 0}
-    store = MooncakeDistributedStore()
-    rc = store.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master)
-    if rc != 0:
-        raise RuntimeError(f"Mooncake client setup failed: {rc}")
+    store = _mooncake_client(metadata, master)
     data = bytearray(store.get(keys[0]))
     before = bytes(data)
     for i in range(64, len(data), 97):
@@ -123,6 +123,34 @@ def mooncake_corrupt(admin: str, metadata: str, master: str, world: int, worker:
         "changed": after != before and len(after) == len(before),
         "sidecars": sum(1 for k in listed if k.endswith("#bsr-crc32c")),
     }
+
+
+def prompt_key(model: str, tokens: int, seed: int, chunk: int, chunk_size: int = 128) -> str:
+    """The LMCache key vLLM's worker 0 (TP 1, fp32, PYTHONHASHSEED=0) stores chunk ``chunk`` of a prompt under, as
+    bsr computes it (``bsr probe --store`` does the same)."""
+    from bsr_cli.core.lmcache_keys import lmcache_chunk_hashes, lmcache_key, vllm_seeded_start
+
+    hashes = lmcache_chunk_hashes(prompt(tokens, seed), chunk_size, vllm_seeded_start("0"))
+    return lmcache_key(model, 1, 0, hashes[chunk], "float")
+
+
+def mooncake_copy(metadata: str, master: str, src: str, dst: str) -> dict[str, Any]:
+    """Write ``src``'s object and its checksum sidecar under ``dst``'s key, byte for byte, through a client of the
+    real master (what a copy between deployments, a writer with the wrong key or a key collision leaves)."""
+    store = _mooncake_client(metadata, master)
+    held = store.batch_is_exist([src, dst, src + "#bsr-crc32c", dst + "#bsr-crc32c"])
+    data, side = store.get(src), store.get(src + "#bsr-crc32c")
+    before = store.get(dst)
+    rcs = [store.upsert(dst, data), store.upsert(dst + "#bsr-crc32c", side)]
+    return {"copied": dst, "from": src, "held": held, "rcs": rcs, "changed": store.get(dst) != before}
+
+
+def mooncake_grow(metadata: str, master: str, key: str, extra: int) -> dict[str, Any]:
+    """Append ``extra`` zero bytes to the stored object of ``key`` (its sidecar untouched)."""
+    store = _mooncake_client(metadata, master)
+    data = store.get(key)
+    rc = store.upsert(key, data + bytes(extra))
+    return {"grown": key, "bytes": len(data), "rc": rc, "now": len(store.get(key))}
 
 
 def run_action(act: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +188,10 @@ def run_action(act: dict[str, Any]) -> dict[str, Any]:
         return mooncake_corrupt(**act["mooncake_corrupt"])
     if "mooncake_remove" in act:
         return mooncake_remove(**act["mooncake_remove"])
+    if "mooncake_copy" in act:
+        return mooncake_copy(**act["mooncake_copy"])
+    if "mooncake_grow" in act:
+        return mooncake_grow(**act["mooncake_grow"])
     if "kill_pid" in act:
         pid = int(act["kill_pid"])
         os.kill(pid, signal.SIGKILL)

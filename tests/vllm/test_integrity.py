@@ -7,6 +7,10 @@ without the connector), and `bsr explain` against the worker's admin names the c
 control runs the same with ``bsr_checksums: false``: the corrupted chunk is loaded and the output changes. The
 chunks that run stored carry no checksum, as stock LMCache's: `bsr probe --store` reports them unverified.
 The corrupted object is removed on detection, so the request after the recompute loads again, verified.
+The checksum is bound to the chunk's key and length: another prompt's chunk copied under this prompt's key with its
+own checksum, and an object with bytes appended (which LMCache cannot load at all), each fail the load closed, are
+named (chunk, key, tier) and removed; the request the marker sends local stores the chunk again, and the next loads
+the whole prefix, verified, generating the cold run's tokens.
 One vLLM start-up per configuration; a fresh master per test.
 """
 
@@ -173,3 +177,101 @@ def _failures(doc: Any) -> list[dict[str, Any]]:
         for v in doc:
             out += _failures(v)
     return out
+
+
+# -- which chunk an object is: another prompt's chunk copied here, an object that grew ------------------------------
+OTHER_SEED = 8
+
+
+def _run_identity(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, plugin_site: Path, master: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """One vLLM: the prompt stored, another prompt of the same shape stored, then (1) the other prompt's chunk 2
+    with its checksum copied under this prompt's chunk 1 key, and (2) bytes appended to this prompt's chunk 2; after
+    each, the request that fails closed, the one the marker sends local (it stores the chunk again), and one that
+    loads the whole prefix."""
+    from driver import prompt, prompt_key
+
+    from bsr_cli.mooncake.services import free_port
+
+    d = Driver(tmp_path_factory.mktemp("bsr-identity"), model_dir, plugin_site)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    toks = d.root / "prompt.json"
+    toks.write_text(json.dumps(prompt(N, SEED)))
+    keys = [prompt_key(str(model_dir), N, SEED, c, CHUNK) for c in range(N // CHUNK)]
+    theirs = prompt_key(str(model_dir), N, OTHER_SEED, 2, CHUNK)
+    mc = {"metadata": master.metadata_url, "master": master.rpc_address}
+    explain = ["--engine", url, "--token", TOKEN, "--json", "explain", "--tokens-file", str(toks)]
+    p = {"tokens": N, "seed": SEED}
+    res = d.run(
+        {
+            "connector": "bsr",
+            "extra": {"bsr_window_chunks": 2, "bsr_admin_port": port, "bsr_admin_token": TOKEN},
+            "scenarios": [
+                {"name": "store", **p, "settle_s": 1.0},
+                {"name": "other", "tokens": N, "seed": OTHER_SEED, "settle_s": 1.0},
+                {"name": "load", **p},
+                {
+                    "name": "copied",
+                    "before": [{"mooncake_copy": {**mc, "src": theirs, "dst": keys[1]}}],
+                    "after": [{"cli": explain}],
+                    **p,
+                },
+                {"name": "copied-marker", **p, "settle_s": 1.0},
+                {"name": "copied-healed", **p},
+                {"name": "grown", "before": [{"mooncake_grow": {**mc, "key": keys[2], "extra": 4096}}], **p},
+                {"name": "grown-marker", **p, "settle_s": 1.0},
+                {"name": "grown-healed", **p},
+            ],
+        },
+        lmcache=lmcache_yaml(d.root / "lmcache.yaml", None, master),
+        env={"MC_TCP_BIND_ADDRESS": "127.0.0.1"},
+    )
+    return res, keys
+
+
+def _fails_closed_then_heals(res: dict[str, Any], name: str, key: str, chunk: int) -> dict[str, Any]:
+    """The load of ``name`` failed closed at verify naming ``chunk`` and ``key`` (removed), the output is the cold
+    run's; the marker's request recomputes; the next loads the whole prefix, verified, with the cold output."""
+    cold = res["by_name"]["store"]["output"]
+    sc = res["by_name"][name]
+    ev = _load(sc)
+    assert not ev["ok"] and ev["loaded"] == 0, ev
+    integ = ev["integrity"]
+    assert (integ["chunk"], integ["key"], integ["tier"], integ["verdict"]) == (chunk, key, "mooncake", "mismatch"), ev
+    assert integ["removed"] is True, ev
+    assert f"in chunk {chunk} (tier mooncake, key {key}); removed from the store" in ev["reason"], ev
+    assert sc["output"] == cold  # vLLM recomputed: the real tokens, not the copied chunk's
+    marker, healed = res["by_name"][f"{name}-marker"], res["by_name"][f"{name}-healed"]
+    (lk,) = events_of(marker, "bsr_lookup")
+    assert lk["force_local"] and marker["output"] == cold
+    again = _load(healed)
+    assert again["ok"] and again["loaded"] == chunk_prefix(N) and again["integrity"] is None, again
+    assert healed["output"] == cold
+    return integ
+
+
+@pytest.mark.timeout(480)
+def test_a_copied_chunk_and_a_grown_object_fail_closed_are_named_removed_and_the_prefix_heals(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, plugin_site: Path, master: services.ServiceHandle
+) -> None:
+    res, keys = _run_identity(tmp_path_factory, model_dir, plugin_site, master)
+    load = res["by_name"]["load"]
+    assert _load(load)["ok"] and load["output"] == res["by_name"]["store"]["output"]
+    assert res["by_name"]["other"]["output"] != load["output"]  # another prompt: other KV, other tokens
+
+    (copy,) = res["by_name"]["copied"]["actions"]
+    assert copy["held"] == [1, 1, 1, 1] and copy["rcs"] == [0, 0] and copy["changed"], copy
+    integ = _fails_closed_then_heals(res, "copied", keys[1], 1)
+    assert integ["detail"] == "checksum mismatch", integ
+    (js,) = res["by_name"]["copied"]["after"]
+    assert js["rc"] == 0 and "Traceback" not in js["stderr"], js
+    fails = [f for f in _failures(json.loads(js["stdout"])) if f.get("stage") == "verify"]
+    assert fails and fails[0]["tier"] == "mooncake", js["stdout"]
+    assert f"checksum mismatch in chunk 1 (tier mooncake, key {keys[1]})" in fails[0]["reason"], js["stdout"]
+
+    (grow,) = res["by_name"]["grown"]["actions"]
+    assert grow["rc"] == 0 and grow["now"] == grow["bytes"] + 4096, grow
+    integ = _fails_closed_then_heals(res, "grown", keys[2], 2)
+    assert integ["detail"].startswith("wrong length (") and "its checksum is for" in integ["detail"], integ

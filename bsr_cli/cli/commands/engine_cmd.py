@@ -65,6 +65,14 @@ KvWaitOpt = Annotated[
         "refused for capacity (s; 0 refuses at once).",
     ),
 ]
+OverloadCeilingOpt = Annotated[
+    float,
+    typer.Option(
+        "--overload-ceiling",
+        help="The longest a rank's deadline (heartbeat, window progress) is stretched while the host starves it; "
+        "past it the restore fails naming the host, never the rank (s).",
+    ),
+]
 HostOpt = Annotated[str, typer.Option("--host", help="Admin API bind address (loopback by default).")]
 PortOpt = Annotated[int, typer.Option("--port", help="Admin API port (0 = a free one).", min=0)]
 AllowHostOpt = Annotated[
@@ -97,6 +105,14 @@ HostsOpt = Annotated[
         "Linux network namespace of their own, joined by veth links (needs root and iproute2).",
     ),
 ]
+StoreClientTtlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store-client-ttl",
+        help="How long the Mooncake master keeps a silent segment holder before it drops its segment and every "
+        "object on it (e.g. 120s, 2m) [default: 120s or the config's].",
+    ),
+]
 LinkRateOpt = Annotated[
     str | None,
     typer.Option("--link-rate", help="With --hosts netns: cap every link at this rate (tc tbf), e.g. 200mbit."),
@@ -117,6 +133,7 @@ def engine_up(
     fs_concurrency: FsConcurrencyOpt = 1,
     fetch_timeout: FetchTimeoutOpt = 10.0,
     kv_wait: KvWaitOpt = 60.0,
+    overload_ceiling: OverloadCeilingOpt = 60.0,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 0,
     allow_host: AllowHostOpt = None,
@@ -127,19 +144,21 @@ def engine_up(
     event_store_max: EventStoreMaxOpt = None,
     hosts: HostsOpt = "local",
     link_rate: LinkRateOpt = None,
+    store_client_ttl: StoreClientTtlOpt = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Start the embedded engine (idempotent: a healthy engine with the same options is reported, not restarted;
     one with other options is refused unless --restart)."""
     from bsr_cli import loaders
     from bsr_cli.engine import supervisor
-    from bsr_cli.settings import parse_event_retention, parse_event_store_bytes
+    from bsr_cli.settings import parse_event_retention, parse_event_store_bytes, resolve_store_client_ttl
 
     st = state(ctx, json_flag)
     reg = loaders.load_registration(registration or "demo")
     settings = st.settings
     retention = settings.event_retention_s if event_retention is None else parse_event_retention(event_retention)
     store_max = settings.event_store_bytes if event_store_max is None else parse_event_store_bytes(event_store_max)
+    ttl = resolve_store_client_ttl(store_client_ttl, settings)
     opts = supervisor.EngineOptions(
         reg,
         w=w,
@@ -152,6 +171,7 @@ def engine_up(
         fs_concurrency=fs_concurrency,
         fetch_timeout_s=fetch_timeout,
         kv_wait_s=kv_wait,
+        overload_ceiling_s=overload_ceiling,
         host=host,
         port=port,
         remote=not no_remote,
@@ -161,6 +181,7 @@ def engine_up(
         event_store_bytes=store_max,
         hosts=hosts,
         link_rate_bps=None if link_rate is None else _bit_rate(link_rate),
+        store_client_ttl_s=ttl,
     )
     if host not in ("127.0.0.1", "localhost", "::1"):
         st.out.note(f"[yellow]warning:[/] the admin API will listen on {host}, beyond loopback")
@@ -232,6 +253,7 @@ def _render_status(console: Any, d: EngineStatus) -> None:
         console.print(
             f"W={s.w}  pool {s.pool_bytes:,} B/rank  budget {s.budget_bytes:,} B/rank  "
             f"max prompt {s.max_tokens:,} tokens  faults {'enabled' if s.faults_enabled else 'disabled'}"
+            + (f"  store client TTL {s.store_client_ttl_s} s" if "mooncake_master" in rec.services else "")
         )
     topo = d.hosts.topology
     if topo is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -11,10 +13,6 @@ import typer
 
 from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.core.evidence import Outcome
-from bsr_cli.core.faults import FaultRequest, FaultSpec
-from bsr_cli.core.prompt import Prompt
-from bsr_cli.core.results import ManualRestoreResult
-from bsr_cli.core.status import EngineInfo, EngineStatus, MarkerList
 from bsr_cli.errors import (
     CapacityError,
     DrillViolation,
@@ -23,8 +21,13 @@ from bsr_cli.errors import (
     ServerError,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the result types are imported where a command uses them: `bsr probe --help` needs none
     from bsr_cli.cli.render.planning import CapacityFit
+    from bsr_cli.core.events import Event
+    from bsr_cli.core.faults import FaultSpec
+    from bsr_cli.core.prompt import Prompt
+    from bsr_cli.core.results import ManualRestoreResult
+    from bsr_cli.core.status import EngineInfo, MarkerList
 
 TokensFileOpt = Annotated[
     Path | None, typer.Option("--tokens-file", help="Token ids (JSON list or whitespace separated).")
@@ -160,6 +163,12 @@ def submit(
     for rank, per_tier in (result.stored.errors if result.stored is not None else {}).items():
         for tier, err in per_tier.items():
             st.out.warn(f"storing to tier {tier} failed on {rank}: {err}")
+    if result.hash_ok is False:  # the engine invalidated the request's KV: it was not served
+        from bsr_cli.core.results import OutputHashes
+        from bsr_cli.runtime import failures
+
+        hashes = OutputHashes(result.output_hash, result.canonical_hash, result.hash_ok)
+        raise failures.output_mismatch_error(result.request, hashes, result.external_tokens, result.source)
 
 
 # How a manual restore can end without committing, other than finding nothing to restore (core.evidence.Outcome).
@@ -182,11 +191,17 @@ def restore(
         str | None,
         typer.Option("--tier", metavar="TIER", help="Restore from this tier only (as `bsr bench --tier`)."),
     ] = None,
-    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the canonical-hash check.")] = False,
+    no_verify: Annotated[
+        bool,
+        typer.Option("--no-verify", help="Skip the canonical-hash check after the commit (can outlast the restore)."),
+    ] = False,
     json_flag: JsonFlag = False,
 ) -> None:
-    """A manual windowed restore into the engine, with live progress. Exit 0 committed, 10 failed closed, 12
-    refused for capacity, 16 a rank is being restarted (retry), 130 aborted."""
+    """A manual windowed restore into the engine, with live progress.
+
+    Exit 0 committed, 10 failed closed, 12 refused for capacity, 16 a rank is being restarted (retry), 17 the host
+    was overloaded (no rank or tier blamed; retry when the load drops), 19 output hash not canonical (invalidated),
+    130 aborted."""
     from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
@@ -220,9 +235,17 @@ def restore(
                 st.out.fail(report, render.plan, CapacityError(fit.message, hint=fit.hint))
             st.out.result(report, render.plan)
             return
-        result = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
+        streamed = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
+        result = streamed.result
+        assert result is not None  # _run_restore raised otherwise
     # The engine's budget B is the bound the peak is held to.
-    view = render_ops.RestoreView(result, info.budget_bytes)
+    view = render_ops.RestoreView(result, info.budget_bytes, streamed.hash_check_s)
+    if result.output_mismatch and result.hashes is not None and result.report is not None:
+        from bsr_cli.runtime import failures
+
+        source = "+".join(result.report.tiers)
+        mismatch = failures.output_mismatch_error(result.request, result.hashes, result.report.committed_tokens, source)
+        st.out.fail(view, render_ops.restore, mismatch)
     if result.outcome in _FAILED_OUTCOMES:
         from bsr_cli.runtime import failures
 
@@ -275,17 +298,46 @@ class _StreamedRestore:
     request: str | None = None
     result: ManualRestoreResult | None = None
     error: BaseException | None = None
+    committed_at: float | None = None  # when the engine said it committed: the output-hash check runs from then
+    answered_at: float | None = None
+
+    @property
+    def hash_check_s(self) -> float | None:
+        """Seconds from the commit to the answer: the output-hash check (and the answer's way back)."""
+        if self.committed_at is None or self.answered_at is None or self.result is None or not self.result.hashes:
+            return None
+        return max(self.answered_at - self.committed_at, 0.0)
+
+
+def _watch(st: AppState, box: _StreamedRestore, progress: Any, verify: bool) -> Callable[[Event], None]:
+    """The restore's event listener: the progress display, and the moment it committed. The output-hash check runs
+    from then until the answer, silently on the engine's side: the display (or, without one, a note) says so."""
+    from bsr_cli.cli.render import ops as render_ops
+    from bsr_cli.core.events import RestoreCommitted
+
+    def on_event(e: Event) -> None:
+        if isinstance(e, RestoreCommitted) and box.committed_at is None:
+            box.committed_at = time.monotonic()
+            if progress:
+                progress.check_started(verify)
+            else:
+                st.out.note(f"committed; {render_ops.HASH_CHECK if verify else render_ops.HASH_ONLY} …")
+        if progress:
+            progress.update(e)
+
+    return on_event
 
 
 def _run_restore(
     st: AppState, client: Any, body: Prompt, w: int | None, exclude: list[str], verify: bool, info: EngineInfo
-) -> ManualRestoreResult:
+) -> _StreamedRestore:
     """Stream the restore in a worker thread so Ctrl-C reaches us: then ask the engine to abort (it ends
-    fail-closed) and still report its final result."""
+    fail-closed) and still report its final result. The result comes with when the engine committed and answered."""
     from bsr_cli.cli.render import ops as render_ops
 
     progress = render_ops.RestoreProgress(st.out, ranks=info.ranks) if st.out.interactive else None
     box = _StreamedRestore()
+    on_event = _watch(st, box, progress, verify)
     accepted = threading.Event()
     finished = threading.Event()  # not Thread.join: an interrupted join() can leave is_alive() wrong
 
@@ -300,9 +352,10 @@ def _run_restore(
                 w=w,
                 verify=verify,
                 exclude_tiers=exclude,
-                on_event=progress.update if progress else None,
+                on_event=on_event,
                 on_accepted=on_accepted,
             )
+            box.answered_at = time.monotonic()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
             box.error = e
         finally:
@@ -351,7 +404,7 @@ def _run_restore(
             "the engine ended the restore without a result",
             hint="`bsr events --request REQ` shows how far it got; the engine's log says why it stopped",
         )
-    return box.result
+    return box
 
 
 def inject_fault(
@@ -369,20 +422,31 @@ def inject_fault(
     json_flag: JsonFlag = False,
 ) -> None:
     """Arm a fault for the next restores. Refused unless the engine was started with faults enabled."""
+    from bsr_cli.core.faults import FaultRequest
+
     st = state(ctx, json_flag)
     fault = FaultRequest(kind, rank=rank, window=None if window is None else window - 1, group=group, count=count)
     with _client(st) as client:
-        _check_fault_target(client.info(), rank=rank, window=window)
+        info = client.info()
+        _check_fault_target(info, rank=rank, window=window)
         result = client.inject_fault(fault)
 
     def render(console: Any, f: FaultSpec) -> None:
-        where = f"rank {f.rank}" if f.rank is not None else "every rank"
+        where = _fault_scope(info, f)
         win = f"window G{f.window + 1}" if f.window is not None else "the first window"
         times = "until cleared" if f.count == 0 else f"for {f.count} restore(s)"
         grp = f", group {f.group}" if f.group else ""
         console.print(f"[red]armed[/] fault #{f.id} {f.kind} on {where}, {win}{grp}, {times}")
 
     st.out.result(result, render)
+
+
+def _fault_scope(info: EngineInfo, f: FaultSpec) -> str:
+    """Where the fault is armed. A vLLM worker's admin API serves its own TP rank only (another rank: its own URL)."""
+    worker = info.host_fields.get("worker")
+    if isinstance(worker, dict) and worker.get("tp_rank") is not None:
+        return f"tp-rank {worker['tp_rank']} (this worker only)"
+    return f"rank {f.rank}" if f.rank is not None else "every rank"
 
 
 def _check_fault_target(info: EngineInfo, *, rank: int | None, window: int | None) -> None:
@@ -435,13 +499,13 @@ markers_app = typer.Typer(help="Force-local markers (set after a failed external
 @markers_app.command("list")
 def markers_list(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     """Force-local markers standing now: which prompt, which tiers they exclude, why, since when."""
+    from bsr_cli.core.status import MarkerList
+
     st = state(ctx, json_flag)
     with _client(st) as client:
         markers = client.markers()
 
     def render(console: Any, listed: MarkerList) -> None:
-        import time
-
         if not listed.markers:
             console.print("no force-local markers")
             return
@@ -514,6 +578,7 @@ EnginesFromOpt = Annotated[
 def status(ctx: typer.Context, engines_from: EnginesFromOpt = None, json_flag: JsonFlag = False) -> None:
     """Engine identity, ranks and their health, tiers, registration, pool and budget, markers, faults."""
     from bsr_cli.cli.render import ops as render_ops
+    from bsr_cli.core.status import EngineStatus
 
     st = state(ctx, json_flag)
     from bsr_cli import fleet

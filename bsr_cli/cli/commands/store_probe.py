@@ -17,14 +17,11 @@ the store is asked once for every key (`batch_is_exist`) and once for every held
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import sys
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +33,7 @@ from bsr_cli.cli import process_exit
 from bsr_cli.cli.commands.probe_options import PromptFlags, StoreProbeOptions
 from bsr_cli.cli.context import AppState
 from bsr_cli.core.bitmap import Break, HitBitmap
-from bsr_cli.core.keys import CHECKSUM_SIDECAR_SUFFIX
+from bsr_cli.core.integrity import SIDECAR_BYTES, sidecar_key
 from bsr_cli.core.lmcache_keys import (
     DTYPE_FLAG,
     lmcache_chunk_hashes,
@@ -127,7 +124,7 @@ class _StoreRead:
     held_flags: list[bool]  # per key of ``rows`` flattened: listed by the master
     held_keys: list[str]
     replicas: dict[str, list[str]]
-    sums: list[bool]  # per held key: its CRC32C sidecar is stored
+    sums: list[bool]  # per held key: a checksum of this format is stored beside it
 
     @property
     def chunks(self) -> int:
@@ -240,8 +237,10 @@ def _read_store(
         held_flags = session.exists(flat)
         held_keys = [k for k, h in zip(flat, held_flags, strict=True) if h]
         replicas = session.replicas(held_keys) if held_keys else {}
-        # bsr's plugins store each object's CRC32C beside it; stock LMCache stores none (unverified).
-        sums = session.exists([k + CHECKSUM_SIDECAR_SUFFIX for k in held_keys]) if held_keys else []
+        # bsr's plugins store each object's checksum beside it; stock LMCache stores none, an older bsr one of the
+        # bytes alone (of another size): both are unverified (docs/mixed-deployments.md).
+        sidecars = session.sizes([sidecar_key(k) for k in held_keys]) if held_keys else {}
+        sums = [sidecars.get(sidecar_key(k)) == SIDECAR_BYTES for k in held_keys]
     finally:
         session.close()
     return tokens, _StoreRead(chosen, matched, hashes, tail, rows, held_flags, held_keys, replicas, sums)
@@ -476,10 +475,10 @@ class _StoreSession:
             out += [rc == 1 for rc in rcs]
         return out
 
-    def replicas(self, keys: list[str]) -> dict[str, list[str]]:
-        """The holders (transport endpoints) of each key's complete memory replicas, per the master. A key the
-        master did not answer for is absent: its liveness is unknown."""
-        out: dict[str, list[str]] = {}
+    def _complete_replicas(self, keys: list[str]) -> dict[str, list[Any]]:
+        """Each key's complete memory replicas' buffer descriptors, per the master. A key the master did not answer
+        for is absent: what it holds is unknown."""
+        out: dict[str, list[Any]] = {}
         for i in range(0, len(keys), BATCH_KEYS):
             part = keys[i : i + BATCH_KEYS]
             try:
@@ -487,13 +486,22 @@ class _StoreSession:
             except Exception:  # noqa: BLE001 - not answered (timed out, refused, an older client): unknown, never live
                 continue
             for key, descs in got.items():
-                eps = []
-                for d in descs:
-                    if d.is_memory_replica() and str(d.status).endswith("COMPLETE"):
-                        eps.append(str(d.get_memory_descriptor().buffer_descriptor.transport_endpoint))
-                if eps:
-                    out[key] = eps
+                complete = [
+                    d.get_memory_descriptor().buffer_descriptor
+                    for d in descs
+                    if d.is_memory_replica() and str(d.status).endswith("COMPLETE")
+                ]
+                if complete:
+                    out[key] = complete
         return out
+
+    def replicas(self, keys: list[str]) -> dict[str, list[str]]:
+        """The holders (transport endpoints) of each key's complete memory replicas; absent: liveness unknown."""
+        return {k: [str(b.transport_endpoint) for b in bufs] for k, bufs in self._complete_replicas(keys).items()}
+
+    def sizes(self, keys: list[str]) -> dict[str, int]:
+        """Each held key's size in bytes (its first complete replica's); absent: not held, or unknown."""
+        return {k: int(bufs[0].size) for k, bufs in self._complete_replicas(keys).items()}
 
     def close(self) -> None:
         """Close the client, or leave it to the process's exit where `bsr` ends without interpreter teardown
@@ -526,38 +534,6 @@ def _native_stderr_silenced(enabled: bool) -> Iterator[None]:
         os.close(saved)
 
 
-def _get(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return str(r.read().decode(errors="replace"))
-
-
-def _data_endpoint(metadata_url: str, segment: str, fallback: str, timeout: float) -> str:
-    """Where the segment's holder serves its bytes: the transfer engine's TCP data port (or its RPC port) from the
-    segment descriptor on the metadata server; the master's te_endpoint when the descriptor cannot be read."""
-    if not metadata_url.startswith("http") or not segment:
-        return fallback
-    for key, host_f, port_f in (
-        (f"mooncake/ram/{segment}", "tcp_data_host", "tcp_data_port"),
-        (f"mooncake/rpc_meta/{segment}", "ip_or_host_name", "rpc_port"),
-    ):
-        try:
-            doc = json.loads(_get(f"{metadata_url}?key={urllib.parse.quote(key, safe='')}", timeout=timeout))
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get(host_f) and doc.get(port_f):
-            return f"{doc[host_f]}:{doc[port_f]}"
-    return fallback
-
-
-def _check_holder(metadata_url: str, name: str, te_endpoint: str) -> tuple[str, bool | None]:
-    """(data endpoint, whether it accepts a connection); None when no HOST:PORT to try is known (unknown)."""
-    ep = _data_endpoint(metadata_url, name, te_endpoint or name, timeout=1.0)
-    host, _, port = ep.rpartition(":")
-    if not host or not port.isdigit():
-        return ep, None
-    return ep, health.tcp_reachable(ep, timeout=0.5)
-
-
 @dataclass(frozen=True)
 class ListedSegment:
     """A segment as the master's listing names it: its name, its transfer engine endpoint, its size (if given)."""
@@ -588,7 +564,7 @@ class _Holders:
         if not todo:
             return
         pool = ThreadPoolExecutor(max_workers=min(LIVENESS_THREADS, len(todo)), thread_name_prefix="bsr-holder")
-        futs = {n: pool.submit(_check_holder, metadata_url, n, self.te.setdefault(n, n)) for n in todo}
+        futs = {n: pool.submit(health.check_holder, metadata_url, n, self.te.setdefault(n, n)) for n in todo}
         pool.shutdown(wait=False, cancel_futures=False)
         deadline = time.monotonic() + LIVENESS_DEADLINE_S
         for name, fut in futs.items():
@@ -675,12 +651,7 @@ def liveness(
 
 
 def _list_keys(admin_url: str) -> list[str]:
-    text = _get(admin_url + "/get_all_keys", timeout=10)
-    try:
-        listed = json.loads(text)
-        return [str(k) for k in (listed if isinstance(listed, list) else listed.get("keys", []))]
-    except json.JSONDecodeError:
-        return [line.strip() for line in text.replace(",", "\n").splitlines() if "@" in line]
+    return health.all_keys(admin_url, timeout=10)
 
 
 def _changes_as_flags(changes: dict[str, KeyFormatValue]) -> list[str]:

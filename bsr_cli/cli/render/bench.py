@@ -324,6 +324,10 @@ def render_peer(console: Console, pub: PublishedBundle) -> None:
             what = f"{b.loaded_tokens:,} tokens" + (", timed out" if b.timed_out else "")
             bsr = "bsr committed at this L1 or less" if b.bsr_committed_at_this_l1 else "bsr did not commit"
             console.print(f"below the rung: {v.tokens:,} tokens, stock L1 {_mib(b.l1_bytes)} MiB: {what}; {bsr}")
+    for r in (record_wire(x) for x in d.rows):
+        if r.get("status") == "interrupted" and r.get("reason"):
+            lost = "[red]store lost[/]" if r.get("store_lost") else "[yellow]interrupted[/]"
+            console.print(f"{lost}: {r['kind']} at {r['tokens']:,} tokens: {r['reason']}")
     _footer(console, pub)
 
 

@@ -300,6 +300,14 @@ def peer(
         int,
         typer.Option("--bsr-windows", help="bsr's L1 in windows: 2 overlaps fetch and install, 1 serializes.", min=1),
     ] = 2,
+    store_client_ttl: Annotated[
+        str | None,
+        typer.Option(
+            "--store-client-ttl",
+            help="How long the store's master keeps a silent segment holder before it drops its segment and the "
+            "prompt's objects (e.g. 120s) [default: 120s or the config's].",
+        ),
+    ] = None,
     out: OutOpt = DEFAULT_OUT,
     salt: SaltOpt = None,
     no_plots: NoPlotsOpt = False,
@@ -311,8 +319,10 @@ def peer(
     import tempfile
 
     from bsr_cli.bench import peer as pe
+    from bsr_cli.settings import resolve_store_client_ttl
 
     st = state(ctx, json_flag)
+    ttl = resolve_store_client_ttl(store_client_ttl, st.settings)
     prefixes = ints(tokens, "--tokens")
     extra = ints(below_rung, "--below-rung", sizes=True) if below_rung.strip() else []
     pe.plugin_python()  # fail at once, with the setup command, when LMCache is not there
@@ -328,5 +338,6 @@ def peer(
             salt=salt,
             workdir=Path(tmp),
             on_row=row_note(st, "peer"),
+            store_client_ttl_s=ttl,
         )
     publish(st, result.to_bundle(), out, no_plots)
