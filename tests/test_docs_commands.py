@@ -9,6 +9,8 @@
   prompt it restores, the request it names, the file it archives).
 * A line chained or redirected in the shell runs in bash; a line that follows (`-f`) runs until it has printed and
   is then interrupted, exit 130, as an operator's Ctrl-C.
+* The alert runbooks' lines (docs/runbooks/*.md) run against the same engine with their placeholders filled as an
+  alert fills them: ENGINE the engine's URL, REQ a request it ran.
 * Commands that cannot run unattended here are listed in `NOT_RUN` with the reason and the test that exercises
   them; `test_every_documented_command_is_run_or_says_why_not` holds every line to one of these.
 
@@ -53,6 +55,11 @@ EXAMPLE_EXIT = {
 # Commands not run here: (what the line contains, why it cannot run unattended, where it is exercised instead).
 NOT_RUN: tuple[tuple[str, str, str], ...] = (
     ("bsr top", "an interactive terminal UI", "tests/tui (Textual's pilot: live, fleets, --record, --replay)"),
+    (
+        "-o /etc/prometheus/",
+        "writes into the Prometheus server's own configuration directory",
+        "tests/cli/test_monitoring_cli.py::test_rules_carry_absolute_runbook_links_under_the_base_given (-o, a base)",
+    ),
     (
         "10.0.0.",
         "an engine or a Mooncake store at a deployment's own address",
@@ -123,7 +130,15 @@ NOT_RUN: tuple[tuple[str, str, str], ...] = (
     ),
 )
 # Run by the offline test: they need no engine (the `bsr bench` lines here read and write bundles only).
-OFFLINE = ("bsr rws", "bsr plan", "bsr registration", "bsr config show", "bsr --engine prod config", "bsr bench")
+OFFLINE = (
+    "bsr rws",
+    "bsr plan",
+    "bsr registration",
+    "bsr config show",
+    "bsr --engine prod config",
+    "bsr bench",
+    "bsr monitoring",
+)
 # Offline lines that read what a live engine wrote first.
 READS_THE_ENGINE = ("seen.jsonl",)
 # The benchmarks short enough to run as written here (each its own engine or none).
@@ -162,6 +177,18 @@ def documented() -> list[Documented]:
                     out.append(Documented(where, cmd, int(m.group(1)) if m else 0))
     for path, lines in EXAMPLES.items():
         out.extend(Documented(f"bsr {path} --help", line, EXAMPLE_EXIT.get(line, 0)) for line in lines)
+    return out
+
+
+def runbook_lines() -> list[Documented]:
+    """Every `bsr` line of the shell blocks of the alert runbooks (docs/runbooks/*.md), placeholders and all."""
+    out: list[Documented] = []
+    for page in sorted((REPO / "docs" / "runbooks").glob("*.md")):
+        for block in re.findall(r"```(?:sh|bash)\n(.*?)```", page.read_text(), flags=re.S):
+            for line in block.splitlines():
+                cmd = line.strip().partition("  #")[0].strip()
+                if cmd.startswith("bsr "):
+                    out.append(Documented(str(page.relative_to(REPO)), cmd))
     return out
 
 
@@ -434,6 +461,9 @@ ENGINE_SCRIPT: tuple[tuple[str, int], ...] = (
     ("bsr restore --tokens-file prompt.json --dry-run --W 64", 0),
     ("bsr restore --synthetic 65536 --seed 1 --exclude-tier mooncake", 0),
     ("bsr restore --synthetic 65536 --seed 1 --tier fs", 0),
+    ("bsr scrub --tier fs --synthetic 65536 --seed 1", 0),
+    ("bsr scrub --tier fs --tokens-file prompt.json --json", 0),
+    ("bsr scrub --tier fs --all --max-bytes 64GiB", 0),
     ("bsr submit --prompt-file incident-prompt.txt --W 16", 0),
     ("bsr inject-fault --rank 1 --kind restore-fault --window 3", 0),
     ("bsr faults list", 0),
@@ -490,8 +520,10 @@ def test_every_engine_command_runs_as_written(bsr, tmp_path: Path, monkeypatch: 
     state = tmp_path / "state"
     monkeypatch.setenv("BSR_STATE_DIR", str(state))
     try:
-        for command, code in ENGINE_SCRIPT:
-            _before(command, bsr, tmp_path, state, monkeypatch)
+        for i, (command, code) in enumerate(ENGINE_SCRIPT):
+            if i == len(ENGINE_SCRIPT) - 1:  # before the last `bsr engine down`: the runbooks, on this engine
+                _run_runbooks(bsr, tmp_path)
+            _before(command, bsr, tmp_path)
             r = run_line(bsr, command, tmp_path)
             assert r.code == code, f"{command}\nexit {r.code}\n{r.err}\n{r.out[-2000:]}"
             _after(command, r, tmp_path)
@@ -500,12 +532,25 @@ def test_every_engine_command_runs_as_written(bsr, tmp_path: Path, monkeypatch: 
     assert bsr("engine", "status").code == 3  # nothing left running
 
 
-def _before(command: str, bsr, cwd: Path, state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _run_runbooks(bsr, cwd: Path) -> None:
+    """Each runbook line with its placeholders filled as the alert that links the page fills them: ENGINE the
+    engine's URL (its token found as docs/fleet.md says, none given), REQ a request the engine ran."""
+    url = bsr("engine", "status", "--json").json()["admin_url"]
+    lines = runbook_lines()
+    assert len(lines) >= 20 and "ENGINE" in lines[0].command
+    for d in lines:
+        command = re.sub(r"\bREQ\b", "req-00012", re.sub(r"\bENGINE\b", url, d.command))
+        assert not re.search(r"\b[A-Z]{2,}\b", command), f"{d.where}: a placeholder left unfilled: {command}"
+        r = run_line(bsr, command, cwd)
+        assert r.code == 0, f"{d.where}: {command}\nexit {r.code}\n{r.err}\n{r.out[-2000:]}"
+
+
+def _before(command: str, bsr, cwd: Path) -> None:
     """What a line counts on that the page says in prose: the engines list names the engine, with its token."""
     if command == "bsr status --engines-from engines.txt":
         url = bsr("engine", "status", "--json").json()["admin_url"]
+        # No token given: docs/fleet.md says bsr finds the token of an engine of mine on this machine.
         (cwd / "engines.txt").write_text(f"# the lab's engines\n{url}\n")
-        monkeypatch.setenv("BSR_TOKEN", (state / "token").read_text().strip())  # docs/fleet.md: the fleet's token
     elif "req-00012" in command and not (cwd / ".req-00012").exists():
         held = bsr("events", "--request", "req-00012", "--json")
         assert held.code == 0 and held.out.strip(), "the lines that name req-00012 need that many requests first"

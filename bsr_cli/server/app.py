@@ -643,7 +643,10 @@ def scrub(body: m.ScrubBody, c: CoordinatorDep) -> Response:
     (tokens or synthetic) or every object (all), each rank its own, bounded by max_objects and max_bytes. Damaged
     objects are moved aside (the next store rewrites them). Answers when every rank is done."""
     if (body.tokens is not None) + (body.synthetic is not None) + body.all != 1:
-        raise InvalidInput("give exactly one of 'tokens', 'synthetic' or 'all'")
+        raise InvalidInput(
+            "give exactly one of 'tokens', 'synthetic' or 'all'",
+            hint="one prompt's objects ('tokens' or 'synthetic'), or every object of the tier ('all': true)",
+        )
     tokens = None if body.all else tokens_of(body, c.settings.max_tokens)
     return _json(c.scrub(body.tier, tokens, ScrubLimits(body.max_objects, body.max_bytes)).to_wire())
 

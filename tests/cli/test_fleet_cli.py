@@ -60,8 +60,9 @@ def test_an_engines_file_names_each_engines_token_file(bsr: Any, tmp_path: Path)
         assert r.code == 2 and f"{listing}:2: {says}" in r.err and "bsr: hint:" in r.err, r.err
     listing.write_text(f"{NOWHERE} token_file=missing.token\n")
     r = bsr("status", "--engines-from", str(listing), "--json")
-    (row,) = r.json()["engines"]
+    (row,) = r.report()["engines"]  # the fleet's result, carried by the one error object
     assert r.code == 2 and row["error"] == "invalid-input" and "missing.token" in row["problems"][0], r.out
+    assert r.json()["exit_code"] == 2 and r.json()["hint"]
 
 
 def test_a_profile_names_its_token_file_relative_to_the_config_file(bsr: Any, tmp_path: Path) -> None:

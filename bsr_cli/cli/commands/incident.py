@@ -138,7 +138,9 @@ def abort(
     json_flag: JsonFlag = False,
 ) -> None:
     """Abort a running restore: it fails closed (nothing committed). Exit 2 when the engine knows no such request,
-    18 when the abort came too late: the restore already committed (its KV stays) or the request already ended."""
+    18 when the abort came too late.
+
+    Too late: the restore already committed (its KV stays) or the request already ended; the error says which."""
     st = state(ctx, json_flag)
     with _client(st) as client:
         result = client.abort(request)

@@ -157,7 +157,6 @@ def submit(
     with _client(st) as client:
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
         result = client.submit(body, w=w, verify=not no_verify)
-    st.out.result(result, render_ops.submit)
     # The request was served (its KV is computed), so the exit code stays 0; a tier that refused the writes is
     # still said on stderr in every mode, so a script reading --json sees it too.
     for rank, per_tier in (result.stored.errors if result.stored is not None else {}).items():
@@ -168,7 +167,9 @@ def submit(
         from bsr_cli.runtime import failures
 
         hashes = OutputHashes(result.output_hash, result.canonical_hash, result.hash_ok)
-        raise failures.output_mismatch_error(result.request, hashes, result.external_tokens, result.source)
+        mismatch = failures.output_mismatch_error(result.request, hashes, result.external_tokens, result.source)
+        st.out.fail(result, render_ops.submit, mismatch)
+    st.out.result(result, render_ops.submit)
 
 
 # How a manual restore can end without committing, other than finding nothing to restore (core.evidence.Outcome).

@@ -171,16 +171,14 @@ def plan(
     json_flag: JsonFlag = False,
 ) -> None:
     """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace,
-    L1 per rank and restore latency over a request trace, whole-plan against BSR budgets. Without a prompt
-    (`bsr plan --W 32`): the registration over a ladder of prompt lengths, 8K to 1M tokens, every chunk a hit."""
+    L1 per rank and restore latency over a request trace, whole-plan against BSR budgets.
+
+    Without a prompt (`bsr plan --W 32`): the registration over a ladder of prompt lengths, 8K to 1M tokens, every
+    chunk a hit."""
     st = state(ctx, json_flag)
     given = [flag for flag, v in (("--tokens", tokens), ("--probe", probe), ("--trace", trace)) if v is not None]
-    _check_plan_flags(given, _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot))
-    if (exclude_tier or all_windows) and (not given or trace is not None):
-        raise InvalidInput(
-            "--exclude-tier and --all-windows plan one prompt, not a trace or a ladder: add --tokens N or --probe FILE",
-            hint="without a prompt `bsr plan --W N` plans a ladder of prompt lengths; --trace plans a trace",
-        )
+    trace_flags = _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot)
+    _check_plan_flags(given, trace_flags, one_prompt_flags=bool(exclude_tier or all_windows))
     # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
     flagged_registration = functools.partial(
         resolve_registration,
@@ -202,8 +200,9 @@ def plan(
         _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
 
 
-def _check_plan_flags(given: list[str], trace_flags: list[str]) -> None:
-    """At most one prompt (or trace) flag, and the trace's own flags only with --trace."""
+def _check_plan_flags(given: list[str], trace_flags: list[str], *, one_prompt_flags: bool) -> None:
+    """At most one prompt (or trace) flag, the trace's own flags only with --trace, and the flags that plan one
+    prompt (--exclude-tier, --all-windows) only with --tokens or --probe."""
     if len(given) > 1:
         raise InvalidInput(
             f"give one of --tokens N, --probe FILE or --trace FILE, not {' and '.join(given)}",
@@ -213,6 +212,11 @@ def _check_plan_flags(given: list[str], trace_flags: list[str]) -> None:
         raise InvalidInput(
             f"{', '.join(trace_flags)} plan a trace: add --trace FILE",
             hint="a request trace in the Mooncake format, e.g. examples/trace.jsonl; `bsr events --trace` writes one",
+        )
+    if one_prompt_flags and given in ([], ["--trace"]):
+        raise InvalidInput(
+            "--exclude-tier and --all-windows plan one prompt, not a trace or a ladder: add --tokens N or --probe FILE",
+            hint="without a prompt `bsr plan --W N` plans a ladder of prompt lengths; --trace plans a trace",
         )
 
 
