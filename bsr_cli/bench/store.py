@@ -49,7 +49,7 @@ from bsr_cli.errors import InvalidInput, ServiceError
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
 
-_POOL_HINT = "raise the engine's pool (`bsr engine up --pool ...`) or use a smaller registration"
+_POOL_HINT = "restart the engine with a larger --pool, or run the bench with --embedded"
 _CLIENT_HINT = "install the engine extra (./scripts/setup) to measure the Mooncake ceiling"
 
 
