@@ -1,0 +1,400 @@
+"""Calibrating the trace planner's host model against a running embedded engine: a short run of a few seconds.
+
+It reads the engine's own processes (its server, its ranks, its Mooncake master and segment holder) from /proc:
+the kernel's on-CPU time of every thread (``schedstat``), and the host's run queue (``procs_running``). In turn:
+
+1. **The run queue beside bsr**, sampled for a second while the engine is idle: the host's runnable threads less
+   the engine's own (and the sampler's).
+2. **Restores alone**: prompts of 1 and of 64 chunks stored, then each restored whole (a manual restore) three
+   times, one at a time. The large one's rate is the planner's bandwidth (what its bytes take when nothing else
+   runs); its CPU over its wall time is what one restore keeps busy (``job_cores``); the two sizes' seconds, at
+   the cores a restore gets alone, give a restore's CPU: fixed, and per GB it moves.
+3. **Steady work**: clients computing prompts no tier holds, one after another, for two seconds. bsr then has more
+   work than it gets cores, and the CPU its processes got over the wall time is **the cores available to bsr**:
+   the host's state, as its scheduler shares the cores between bsr and the work beside it (``cores``; the run
+   queue is sampled meanwhile too).
+4. **Bursts**, as a trace's requests arrive: twice, a number of requests sent at once, each restoring the chunk they
+   share and computing chunks of its own, as the trace's typical burst does. Beside the requests' own work a
+   restore takes longer than alone: the factor its CPU figures are stretched by (``burst_stretch``) is the one with
+   which the model gives these restores, from when each began (the engine's ``restore_started`` events), the median
+   latency they had.
+
+Its CPU figures are the engine's and change little with the load; ``cores`` is the host's state and does: calibrate
+under the load the plan is for, or give ``bsr plan --trace --cores``. An engine on another host, or a kernel without
+schedstat, cannot be calibrated (CapacityError).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.host_model import (
+    GB,
+    CalibrationSample,
+    HostCalibration,
+    HostModel,
+    HostState,
+    SampleKind,
+    fit_stretch,
+    nearest_rank,
+    replay_on_host,
+)
+from bsr_cli.core.prompt import Prompt
+from bsr_cli.core.registration import Registration
+from bsr_cli.core.results import SubmitResult
+from bsr_cli.core.trace import synthetic_token
+from bsr_cli.errors import BsrError, CapacityError
+
+if TYPE_CHECKING:
+    from bsr_cli.client import AdminClient
+
+SMALL, LARGE = 1, 64  # chunks of the two prompts restored alone
+TRIALS = 3
+IDLE_SAMPLES = 20
+QUEUE_SAMPLE_S = 0.05  # between two samples of the run queue
+WORK_CLIENTS = 6
+WORK_S = 2.0
+WORK_MAX_REQUESTS = 48  # the steady work stops earlier after this many (what the store must hold stays bounded)
+BURST_REQUESTS_MAX, BURST_CHUNKS_MAX = 16, 64
+MAX_CROWDING, CROWDING_STEPS = 4.0, 20
+# Restores a rank serves at once: its fetch threads (runtime/restore.py), shared by every restore on the rank.
+RESTORE_SLOTS = 2
+SALT_OFFSET = 1_000_003  # added to a replay's salt for the calibration's prompts, so that none is a replay's
+# Keys of the synthetic prompts (negative: never a trace's block id).
+SMALL_KEY, LARGE_KEY = -100, -200
+_WORK_KEYS, _BURST_KEYS = -10_000, -1_000_000
+
+
+@dataclass(frozen=True)
+class BurstShape:
+    """The bursts the calibration sends: a small and a large one (requests at once), each request computing
+    ``chunks`` chunks of its own."""
+
+    small: int = 3
+    large: int = 12
+    chunks: int = 16
+
+
+class EngineCpu:
+    """The CPU seconds an engine's processes have run (every thread's, summed) and how many of their threads are
+    runnable now, from /proc."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = tuple(pids)
+        if not self.pids or not Path(f"/proc/{self.pids[0]}/schedstat").exists():
+            raise CapacityError(
+                "cannot read the engine's CPU time from /proc (schedstat)",
+                hint="calibrate on Linux against an engine on this host, or give the planner --cores and --cpu-per-gb",
+            )
+
+    def _threads(self) -> list[Path]:
+        out: list[Path] = []
+        for pid in self.pids:
+            try:
+                out.extend(Path(f"/proc/{pid}/task").iterdir())
+            except OSError:
+                continue  # a process that ended: its time is no longer counted
+        return out
+
+    def cpu_s(self) -> float:
+        total = 0
+        for task in self._threads():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+        return total / 1e9
+
+    def running(self) -> int:
+        n = 0
+        for task in self._threads():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            n += stat[stat.rindex(")") + 2 : stat.rindex(")") + 3] == "R"
+        return n
+
+
+def procs_running() -> int:
+    """The host's runnable threads now (``procs_running`` of /proc/stat)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("procs_running"):
+                return int(line.split()[1])
+    return 0
+
+
+class RunQueue:
+    """Samples, on a thread until the block ends: the run queue beside the engine (the host's runnable threads less
+    the engine's own and this sampler's) and the engine's CPU seconds so far, each with its monotonic time."""
+
+    def __init__(self, engine: EngineCpu, every_s: float = QUEUE_SAMPLE_S) -> None:
+        self.engine, self.every_s = engine, every_s
+        self.samples: list[int] = []
+        self.cpu: list[tuple[float, float]] = []  # (monotonic seconds, the engine's CPU seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bsr-run-queue", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.samples.append(max(0, procs_running() - self.engine.running() - 1))
+            self.cpu.append((time.monotonic(), self.engine.cpu_s()))
+
+    def __enter__(self) -> RunQueue:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples) if self.samples else 0.0
+
+    def cores_while(self, busy: Callable[[float], bool]) -> float | None:
+        """The engine's CPU over the sampled intervals for whose start ``busy`` (of the monotonic time) holds, per
+        second of them: the cores it got while it had that much work; None without such an interval."""
+        used = spent = 0.0
+        for (t0, c0), (t1, c1) in itertools.pairwise(self.cpu):
+            if busy(t0):
+                used, spent = used + c1 - c0, spent + t1 - t0
+        return used / spent if spent > 0 else None
+
+
+def stored_tokens(shape: BurstShape, chunk_size: int) -> int:
+    """The most tokens a calibration stores: its two prompts restored alone, the steady work, the bursts."""
+    chunks = (
+        SMALL + LARGE + (WORK_MAX_REQUESTS + WORK_CLIENTS) * shape.chunks + (shape.small + shape.large) * shape.chunks
+    )
+    return chunks * chunk_size
+
+
+def _tokens(salt: int, key: int, chunks: int, chunk_size: int) -> list[int]:
+    return [synthetic_token(salt, key, j) for j in range(chunks * chunk_size)]
+
+
+class _Calls:
+    """The engine calls a calibration makes."""
+
+    def __init__(self, client: AdminClient, cpu: EngineCpu, w: int, salt: int, chunk_size: int) -> None:
+        self.client, self.cpu, self.w, self.salt, self.chunk_size = client, cpu, w, salt, chunk_size
+
+    def compute(self, key: int, chunks: int) -> SubmitResult:
+        """Submit a prompt no tier holds: computed and stored whole."""
+        res = self.submit(_tokens(self.salt, key, chunks, self.chunk_size))
+        if res.external_tokens:
+            raise BsrError("the calibration's new prompt was found in a tier: the engine is not a fresh one")
+        return res
+
+    def submit(self, tokens: list[int]) -> SubmitResult:
+        return self.client.submit(Prompt.of_tokens(tokens), w=self.w, verify=False, timeout=600)
+
+    def restore(self, key: int, chunks: int) -> CalibrationSample:
+        """A manual restore of a stored prompt (its lookup, then its restore; nothing computed), alone."""
+        prompt = Prompt.of_tokens(_tokens(self.salt, key, chunks, self.chunk_size))
+        c0, t0 = self.cpu.cpu_s(), time.monotonic()
+        res = self.client.restore(prompt, w=self.w, verify=False, timeout=600)
+        c, t = self.cpu.cpu_s() - c0, time.monotonic() - t0
+        report = res.report
+        if report is None or report.committed_tokens < chunks * self.chunk_size:
+            raise BsrError("the calibration's restore committed less than its prompt: the engine cannot restore")
+        return CalibrationSample(SampleKind.RESTORE, 1, chunks, c, t, float(report.seconds))
+
+
+def _alone(calls: _Calls) -> list[CalibrationSample]:
+    out = []
+    for key, size in ((SMALL_KEY, SMALL), (LARGE_KEY, LARGE)):
+        calls.compute(key, size)
+        out += [calls.restore(key, size) for _ in range(TRIALS)]
+    return out
+
+
+def _steady_work(calls: _Calls, chunks: int) -> CalibrationSample:
+    """WORK_CLIENTS clients computing prompts of ``chunks`` chunks one after another for WORK_S seconds: the CPU
+    bsr's processes got meanwhile (every client still had a request in flight when it was read)."""
+    stop = threading.Event()
+    keys = itertools.count(_WORK_KEYS, -1)
+    started, done = itertools.count(), itertools.count()
+
+    def client_loop() -> None:
+        while not stop.is_set() and next(started) < WORK_MAX_REQUESTS:
+            calls.compute(next(keys), chunks)
+            next(done)
+
+    with ThreadPoolExecutor(WORK_CLIENTS, thread_name_prefix="bsr-calibration") as pool:
+        c0, t0 = calls.cpu.cpu_s(), time.monotonic()
+        loops = [pool.submit(client_loop) for _ in range(WORK_CLIENTS)]
+        stop.wait(WORK_S)  # the work runs this long (pacing, not synchronisation)
+        c, t = calls.cpu.cpu_s() - c0, time.monotonic() - t0
+        stop.set()
+        for f in loops:
+            f.result()
+    return CalibrationSample(SampleKind.WORK, WORK_CLIENTS, next(done) * chunks, c, t)
+
+
+def _burst(calls: _Calls, requests: int, chunks: int, number: int) -> list[CalibrationSample]:
+    """``requests`` submits sent at once, each restoring the small stored prompt's chunk and computing ``chunks``
+    chunks of its own; each sample's start is when its restore began after the burst was sent."""
+    shared = _tokens(calls.salt, SMALL_KEY, SMALL, calls.chunk_size)
+    first_key = _BURST_KEYS - 1000 * number
+    prompts = [shared + _tokens(calls.salt, first_key - i, chunks, calls.chunk_size) for i in range(requests)]
+    sent = time.time()
+    with ThreadPoolExecutor(requests, thread_name_prefix="bsr-calibration") as pool:
+        results = list(pool.map(calls.submit, prompts))
+    events, _ = calls.client.held_wire(kinds=[EventKind.RESTORE_STARTED.value], after=sent - 1)
+    began = {str(e.get("request")): float(e.get("time", 0.0)) for e in events}
+    out = []
+    for res in results:
+        restore = next((p.restore for p in res.passes if p.restore and p.restore.committed_tokens), None)
+        if restore is None or res.request not in began:
+            raise BsrError("a request of the calibration's burst restored nothing: the engine cannot restore")
+        start = max(0.0, began[res.request] - sent)
+        out.append(
+            CalibrationSample(
+                SampleKind.BURST,
+                requests,
+                SMALL + chunks,
+                0.0,
+                float(res.seconds),
+                float(restore.seconds),
+                number,
+                start,
+            )
+        )
+    return sorted(out, key=lambda s: s.start_s)
+
+
+def _median(samples: Sequence[CalibrationSample], chunks: int, attr: str) -> float:
+    return statistics.median(getattr(s, attr) for s in samples if s.what is SampleKind.RESTORE and s.chunks == chunks)
+
+
+def fit_host(samples: Sequence[CalibrationSample], bytes_per_chunk: int) -> tuple[HostModel, float, float]:
+    """The host model, the bandwidth and the burst stretch the samples give (see the module's steps)."""
+    work = next(s for s in samples if s.what is SampleKind.WORK)
+    cores = work.cpu_s / work.wall_s
+    large = [s for s in samples if s.what is SampleKind.RESTORE and s.chunks == LARGE]
+    job_cores = max(statistics.median(s.cpu_s / s.wall_s for s in large), 0.01)
+    # A restore's CPU in the model's terms: its seconds alone at the cores it gets alone, so that the model gives a
+    # restore alone the time it took (its many short steps wait for the cores as much as they use them).
+    alone = min(cores, job_cores)
+    seconds = [_median(samples, n, "restore_s") for n in (SMALL, LARGE)]
+    gb = [n * bytes_per_chunk / GB for n in (SMALL, LARGE)]
+    per_gb = max(0.0, (seconds[1] - seconds[0]) * alone / (gb[1] - gb[0]))
+    fixed = max(0.0, seconds[0] * alone - per_gb * gb[0])
+    bandwidth = LARGE * bytes_per_chunk / max(seconds[1], 1e-6)
+    base = HostModel(cores, job_cores, fixed, per_gb, RESTORE_SLOTS)
+    bursts = [s for s in samples if s.what is SampleKind.BURST]
+    small = [s for s in bursts if s.burst == 1]
+    large = [s for s in bursts if s.burst == 2]
+    stretch, crowding = fit_bursts(base, bandwidth, small, large, SMALL * bytes_per_chunk) if bursts else (1.0, 0.0)
+    host = HostModel(
+        cores=round(cores, 4),
+        job_cores=round(job_cores, 4),
+        restore_cpu_s=round(fixed * stretch, 6),
+        restore_cpu_s_per_gb=round(per_gb * stretch, 4),
+        restore_slots=RESTORE_SLOTS,
+        crowding=round(crowding, 4),
+    )
+    return host, bandwidth, round(stretch, 3)
+
+
+def _modelled_median(host: HostModel, bandwidth: float, burst: Sequence[CalibrationSample], size: int) -> float:
+    """The model's median latency of a burst's restores, each from when it began."""
+    starts = sorted(s.start_s for s in burst)
+    r = replay_on_host(starts, [size] * len(starts), [0] * len(starts), bandwidth, host)
+    return nearest_rank(sorted(f - a for f, a in zip(r.finishes, starts, strict=True)), 50)
+
+
+def _stretched(base: HostModel, m: float, crowding: float) -> HostModel:
+    return replace(
+        base,
+        restore_cpu_s=base.restore_cpu_s * m,
+        restore_cpu_s_per_gb=base.restore_cpu_s_per_gb * m,
+        crowding=crowding,
+    )
+
+
+def fit_bursts(
+    base: HostModel, bandwidth: float, small: Sequence[CalibrationSample], large: Sequence[CalibrationSample], size: int
+) -> tuple[float, float]:
+    """The stretch of ``base``'s CPU figures and the crowding with which the model gives both bursts their measured
+    median latency: for a crowding, the stretch that fits the large burst; the crowding found by bisection so that
+    the small burst fits too (more crowding, with the stretch fitted again, makes a small burst faster). No
+    crowding when even none makes the small burst fast enough."""
+    measured_small = nearest_rank(sorted(s.restore_s for s in small), 50)
+    measured_large = nearest_rank(sorted(s.restore_s for s in large), 50)
+
+    def stretch(crowding: float) -> float:
+        return fit_stretch(
+            lambda m: _modelled_median(_stretched(base, m, crowding), bandwidth, large, size), measured_large
+        )
+
+    def small_median(crowding: float) -> float:
+        return _modelled_median(_stretched(base, stretch(crowding), crowding), bandwidth, small, size)
+
+    lo, hi = 0.0, MAX_CROWDING
+    if small_median(lo) <= measured_small:
+        return stretch(lo), lo
+    if small_median(hi) >= measured_small:
+        return stretch(hi), hi
+    for _ in range(CROWDING_STEPS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if small_median(mid) > measured_small else (lo, mid)
+    crowding = (lo + hi) / 2
+    return stretch(crowding), crowding
+
+
+def calibrate_host(
+    client: AdminClient,
+    pids: Sequence[int],
+    reg: Registration,
+    *,
+    w: int,
+    salt: int,
+    measured_at: str,
+    burst: BurstShape = BurstShape(),
+) -> HostCalibration:
+    """Measure the engine behind ``client`` (its processes ``pids``, on this host): see the module's steps."""
+    cpu = EngineCpu(pids)
+    loadavg = tuple(round(x, 2) for x in os.getloadavg())
+    with RunQueue(cpu) as idle:
+        while len(idle.samples) < IDLE_SAMPLES:
+            time.sleep(QUEUE_SAMPLE_S)  # sampling the idle run queue (pacing, not synchronisation)
+    calls = _Calls(client, cpu, w, salt, reg.chunk_size)
+    samples = _alone(calls)
+    with RunQueue(cpu) as busy:
+        samples.append(_steady_work(calls, burst.chunks))
+    samples += _burst(calls, burst.small, burst.chunks, 1)
+    samples += _burst(calls, burst.large, burst.chunks, 2)
+    host, bandwidth, stretch = fit_host(samples, reg.bytes_per_chunk)
+    return HostCalibration(
+        measured_at=measured_at,
+        registration=reg.identity,
+        chunk_size=reg.chunk_size,
+        bytes_per_chunk=reg.bytes_per_chunk,
+        tp_size=reg.tp_size,
+        w=w,
+        bandwidth=bandwidth,
+        host=host,
+        burst_stretch=stretch,
+        host_state=HostState(
+            cpu_count=os.cpu_count() or 1,
+            loadavg=loadavg,
+            run_queue_beside=round(idle.mean, 2),
+            run_queue_busy=round(busy.mean, 2),
+            cores_available=host.cores,
+        ),
+        samples=tuple(samples),
+    )
