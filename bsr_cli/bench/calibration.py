@@ -65,8 +65,8 @@ QUEUE_SAMPLE_S = 0.05  # between two samples of the run queue
 WORK_CLIENTS = 6
 WORK_S = 2.0
 WORK_MAX_REQUESTS = 48  # the steady work stops earlier after this many (what the store must hold stays bounded)
+BURSTS = 2
 BURST_REQUESTS_MAX, BURST_CHUNKS_MAX = 16, 64
-MAX_CROWDING, CROWDING_STEPS = 4.0, 20
 # Restores a rank serves at once: its fetch threads (runtime/restore.py), shared by every restore on the rank.
 RESTORE_SLOTS = 2
 SALT_OFFSET = 1_000_003  # added to a replay's salt for the calibration's prompts, so that none is a replay's
@@ -77,11 +77,10 @@ _WORK_KEYS, _BURST_KEYS = -10_000, -1_000_000
 
 @dataclass(frozen=True)
 class BurstShape:
-    """The bursts the calibration sends: a small and a large one (requests at once), each request computing
+    """The bursts the calibration sends (BURSTS of them, one after the other): ``requests`` at once, each computing
     ``chunks`` chunks of its own."""
 
-    small: int = 3
-    large: int = 12
+    requests: int = 9
     chunks: int = 16
 
 
@@ -175,9 +174,7 @@ class RunQueue:
 
 def stored_tokens(shape: BurstShape, chunk_size: int) -> int:
     """The most tokens a calibration stores: its two prompts restored alone, the steady work, the bursts."""
-    chunks = (
-        SMALL + LARGE + (WORK_MAX_REQUESTS + WORK_CLIENTS) * shape.chunks + (shape.small + shape.large) * shape.chunks
-    )
+    chunks = SMALL + LARGE + (WORK_MAX_REQUESTS + WORK_CLIENTS + BURSTS * shape.requests) * shape.chunks
     return chunks * chunk_size
 
 
@@ -296,64 +293,31 @@ def fit_host(samples: Sequence[CalibrationSample], bytes_per_chunk: int) -> tupl
     bandwidth = LARGE * bytes_per_chunk / max(seconds[1], 1e-6)
     base = HostModel(cores, job_cores, fixed, per_gb, RESTORE_SLOTS)
     bursts = [s for s in samples if s.what is SampleKind.BURST]
-    small = [s for s in bursts if s.burst == 1]
-    large = [s for s in bursts if s.burst == 2]
-    stretch, crowding = fit_bursts(base, bandwidth, small, large, SMALL * bytes_per_chunk) if bursts else (1.0, 0.0)
+    stretch = burst_stretch(base, bandwidth, bursts, SMALL * bytes_per_chunk) if bursts else 1.0
     host = HostModel(
         cores=round(cores, 4),
         job_cores=round(job_cores, 4),
         restore_cpu_s=round(fixed * stretch, 6),
         restore_cpu_s_per_gb=round(per_gb * stretch, 4),
         restore_slots=RESTORE_SLOTS,
-        crowding=round(crowding, 4),
     )
     return host, bandwidth, round(stretch, 3)
 
 
-def _modelled_median(host: HostModel, bandwidth: float, burst: Sequence[CalibrationSample], size: int) -> float:
-    """The model's median latency of a burst's restores, each from when it began."""
-    starts = sorted(s.start_s for s in burst)
-    r = replay_on_host(starts, [size] * len(starts), [0] * len(starts), bandwidth, host)
-    return nearest_rank(sorted(f - a for f, a in zip(r.finishes, starts, strict=True)), 50)
+def burst_stretch(base: HostModel, bandwidth: float, bursts: Sequence[CalibrationSample], size: int) -> float:
+    """The factor on ``base``'s CPU figures with which the model gives the bursts' restores (each burst apart, each
+    restore from when it began) the median latency they had."""
 
+    def modelled(m: float) -> float:
+        host = replace(base, restore_cpu_s=base.restore_cpu_s * m, restore_cpu_s_per_gb=base.restore_cpu_s_per_gb * m)
+        latencies: list[float] = []
+        for number in sorted({s.burst for s in bursts}):
+            starts = sorted(s.start_s for s in bursts if s.burst == number)
+            r = replay_on_host(starts, [size] * len(starts), [0] * len(starts), bandwidth, host)
+            latencies += [f - a for f, a in zip(r.finishes, starts, strict=True)]
+        return nearest_rank(sorted(latencies), 50)
 
-def _stretched(base: HostModel, m: float, crowding: float) -> HostModel:
-    return replace(
-        base,
-        restore_cpu_s=base.restore_cpu_s * m,
-        restore_cpu_s_per_gb=base.restore_cpu_s_per_gb * m,
-        crowding=crowding,
-    )
-
-
-def fit_bursts(
-    base: HostModel, bandwidth: float, small: Sequence[CalibrationSample], large: Sequence[CalibrationSample], size: int
-) -> tuple[float, float]:
-    """The stretch of ``base``'s CPU figures and the crowding with which the model gives both bursts their measured
-    median latency: for a crowding, the stretch that fits the large burst; the crowding found by bisection so that
-    the small burst fits too (more crowding, with the stretch fitted again, makes a small burst faster). No
-    crowding when even none makes the small burst fast enough."""
-    measured_small = nearest_rank(sorted(s.restore_s for s in small), 50)
-    measured_large = nearest_rank(sorted(s.restore_s for s in large), 50)
-
-    def stretch(crowding: float) -> float:
-        return fit_stretch(
-            lambda m: _modelled_median(_stretched(base, m, crowding), bandwidth, large, size), measured_large
-        )
-
-    def small_median(crowding: float) -> float:
-        return _modelled_median(_stretched(base, stretch(crowding), crowding), bandwidth, small, size)
-
-    lo, hi = 0.0, MAX_CROWDING
-    if small_median(lo) <= measured_small:
-        return stretch(lo), lo
-    if small_median(hi) >= measured_small:
-        return stretch(hi), hi
-    for _ in range(CROWDING_STEPS):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if small_median(mid) > measured_small else (lo, mid)
-    crowding = (lo + hi) / 2
-    return stretch(crowding), crowding
+    return fit_stretch(modelled, nearest_rank(sorted(s.restore_s for s in bursts), 50))
 
 
 def calibrate_host(
@@ -376,8 +340,8 @@ def calibrate_host(
     samples = _alone(calls)
     with RunQueue(cpu) as busy:
         samples.append(_steady_work(calls, burst.chunks))
-    samples += _burst(calls, burst.small, burst.chunks, 1)
-    samples += _burst(calls, burst.large, burst.chunks, 2)
+    for number in range(1, BURSTS + 1):
+        samples += _burst(calls, burst.requests, burst.chunks, number)
     host, bandwidth, stretch = fit_host(samples, reg.bytes_per_chunk)
     return HostCalibration(
         measured_at=measured_at,

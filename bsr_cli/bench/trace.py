@@ -119,19 +119,17 @@ def sizing(trace: Trace, reg: Registration, replays: int = 1, calibration_tokens
 
 
 def burst_shape(trace: Trace, reg: Registration) -> BurstShape:
-    """The trace's bursts, for the calibration to send: a small and a large one (the 25th and 90th percentile of the
-    number of requests arriving together with a restoring request), each request computing the median chunks a
-    request of the trace computes (each within the calibration's bounds)."""
+    """The trace's typical burst, for the calibration to send: the median number of requests arriving together with
+    a restoring request, each computing the median chunks a request of the trace computes (each within the
+    calibration's bounds)."""
     from bsr_cli.bench.calibration import BURST_CHUNKS_MAX, BURST_REQUESTS_MAX, BurstShape
 
     hits = expected_hits(trace, reg)
     together = Counter(r.arrival_ms for r in trace.requests)
     sizes = sorted(together[r.arrival_ms] for r, hit in zip(trace.requests, hits, strict=True) if hit) or [1]
     computed = [-(-(r.input_length - hit) // reg.chunk_size) for r, hit in zip(trace.requests, hits, strict=True)]
-    large = max(4, min(BURST_REQUESTS_MAX, int(nearest_rank(sizes, 90))))
     return BurstShape(
-        small=max(2, min(large // 2, int(nearest_rank(sizes, 25)))),
-        large=large,
+        requests=max(2, min(BURST_REQUESTS_MAX, int(nearest_rank(sizes, 50)))),
         chunks=max(1, min(BURST_CHUNKS_MAX, int(statistics.median(computed)))),
     )
 

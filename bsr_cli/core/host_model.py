@@ -48,8 +48,6 @@ GB = 1e9
 _BOUND_ORDER = (RestoreBound.BANDWIDTH, RestoreBound.CPU, RestoreBound.BUDGET, RestoreBound.DESTINATION_KV)
 # A restore is done when less than this fraction of it is left (float drift at the instant it is due).
 _DONE = 1e-12
-# Restores arriving within this many seconds of each other are one burst (``HostModel.crowding``).
-CROWD_WINDOW_S = 0.5
 
 
 def _number(value: object, name: str, *, positive: bool) -> None:
@@ -68,9 +66,6 @@ class HostModel:
     restore_cpu_s: float  # CPU seconds of one restore whatever its size (its calls to each rank, each window's)
     restore_cpu_s_per_gb: float  # CPU seconds per GB a restore moves per rank (fetch, verify, install)
     restore_slots: int | None = wire.field(omit_none=True, default=None)  # restores served at once; None: all
-    # How much each other restore arriving with it (within CROWD_WINDOW_S) stretches a restore's CPU: in a burst of
-    # n it needs (1 + crowding · (n − 1)) times its CPU (every request of a burst brings its own work along).
-    crowding: float = 0.0
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -86,7 +81,6 @@ class HostModel:
         _number(self.job_cores, "job_cores", positive=True)
         _number(self.restore_cpu_s, "restore_cpu_s", positive=False)
         _number(self.restore_cpu_s_per_gb, "restore_cpu_s_per_gb", positive=False)
-        _number(self.crowding, "crowding", positive=False)
         slots = self.restore_slots
         if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
             raise InvalidInput(f"the host's restore_slots must be a whole number ≥ 1 (or absent), got {slots!r}")
@@ -121,19 +115,6 @@ def restore_bound(kv_wait_s: float, budget_wait_s: float, bandwidth_s: float, cp
         RestoreBound.DESTINATION_KV: kv_wait_s,
     }
     return max(_BOUND_ORDER, key=lambda b: (parts[b], -_BOUND_ORDER.index(b)))
-
-
-def crowd_sizes(arrivals: Sequence[float], window: float = CROWD_WINDOW_S) -> list[int]:
-    """Per restore, how many others arrived within ``window`` seconds of it (``arrivals`` non-decreasing)."""
-    out = []
-    lo = hi = 0
-    for a in arrivals:
-        while arrivals[lo] < a - window:
-            lo += 1
-        while hi < len(arrivals) and arrivals[hi] <= a + window:
-            hi += 1
-        out.append(hi - lo - 1)
-    return out
 
 
 def split_service(service_s: float, size: int, bandwidth: float) -> tuple[float, float]:
@@ -175,8 +156,7 @@ class _HostSim:
     ) -> None:
         self.arrivals, self.sizes, self.holds = arrivals, sizes, holds
         self.bandwidth, self.host, self.budget = bandwidth, host, budget
-        crowds = crowd_sizes(arrivals) if host.crowding else [0] * len(arrivals)
-        self.cpu = [host.restore_cpu(s) * (1 + host.crowding * c) for s, c in zip(sizes, crowds, strict=True)]
+        self.cpu = [host.restore_cpu(s) for s in sizes]
         n = len(arrivals)
         self.starts = [0.0] * n
         self.finishes = [0.0] * n

@@ -270,7 +270,7 @@ class _EngineRun:
 
         shape: BurstShape = burst_shape(self.sliced, self.reg)
         self.st.out.note(
-            f"calibrating the host model (restores alone, steady work, bursts of {shape.small} and {shape.large} "
+            f"calibrating the host model (restores alone, steady work, {cb.BURSTS} bursts of {shape.requests} "
             "requests)…"
         )
         salt = self.seed + cb.SALT_OFFSET  # prompts of its own, never a replay's
