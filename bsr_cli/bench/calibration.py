@@ -31,7 +31,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -135,20 +135,18 @@ def procs_running() -> int:
 
 
 class RunQueue:
-    """Samples, on a thread until the block ends: the run queue beside the engine (the host's runnable threads less
-    the engine's own and this sampler's) and the engine's CPU seconds so far, each with its monotonic time."""
+    """Samples the run queue beside the engine (the host's runnable threads less the engine's own and this
+    sampler's) on a thread until the block ends."""
 
     def __init__(self, engine: EngineCpu, every_s: float = QUEUE_SAMPLE_S) -> None:
         self.engine, self.every_s = engine, every_s
         self.samples: list[int] = []
-        self.cpu: list[tuple[float, float]] = []  # (monotonic seconds, the engine's CPU seconds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bsr-run-queue", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             self.samples.append(max(0, procs_running() - self.engine.running() - 1))
-            self.cpu.append((time.monotonic(), self.engine.cpu_s()))
 
     def __enter__(self) -> RunQueue:
         self._thread.start()
@@ -161,15 +159,6 @@ class RunQueue:
     @property
     def mean(self) -> float:
         return statistics.fmean(self.samples) if self.samples else 0.0
-
-    def cores_while(self, busy: Callable[[float], bool]) -> float | None:
-        """The engine's CPU over the sampled intervals for whose start ``busy`` (of the monotonic time) holds, per
-        second of them: the cores it got while it had that much work; None without such an interval."""
-        used = spent = 0.0
-        for (t0, c0), (t1, c1) in itertools.pairwise(self.cpu):
-            if busy(t0):
-                used, spent = used + c1 - c0, spent + t1 - t0
-        return used / spent if spent > 0 else None
 
 
 def stored_tokens(shape: BurstShape, chunk_size: int) -> int:

@@ -248,15 +248,6 @@ class TraceMeasured(_Obj):
     first_failure: StrictStr | None
 
 
-class TraceReplayState(_Obj):
-    """The host's state while the replay ran, and the prediction had the planner been given those cores."""
-
-    cores_available: NonNegNum | None
-    run_queue_beside: NonNegNum
-    latency_s: Latency = _absent()
-    latency_ratio: dict[str, NonNegNum | None] = _absent()
-
-
 class TraceBudgetRow(_Completed):
     """bench trace: one budget B's replay of the slice, the planner's prediction beside the engine's measurement."""
 
@@ -265,12 +256,12 @@ class TraceBudgetRow(_Completed):
     budget_bytes: NonNegInt
     salt: StrictInt
     loadavg: Annotated[list[NonNegNum], Field(min_length=2, max_length=2)]
+    run_queue_beside: NonNegNum | None
     predicted: TracePredicted
     measured: TraceMeasured
     committed: dict[str, NonNegInt]
     latency_ratio: dict[str, NonNegNum | None]
     agrees: dict[str, StrictBool | None]
-    replay_state: TraceReplayState = _absent()
 
 
 # A row is picked by its status (and, where an experiment mixes kinds, a completed one by its kind).

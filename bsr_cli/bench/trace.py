@@ -345,23 +345,6 @@ class StockNotRun:
 AGREEMENT = 0.25
 
 
-@dataclass(frozen=True)
-class ReplayState:
-    """The host's state while a replay ran (the engine's CPU per second while it had at least BUSY_REQUESTS requests
-    in flight, and the run queue beside it), and the planner's prediction had it been given those cores."""
-
-    cores_available: float | None  # None: never that busy
-    run_queue_beside: float
-    latency_s: Percentiles | None = wire.field(omit_none=True, default=None)  # None: no host model or no cores
-    latency_ratio: dict[str, float | None] = wire.field(omit_empty=True, default_factory=dict)
-
-    to_wire = wire.writer()
-
-
-# Requests in flight from which the engine has more work than the cores it gets (the replay's host state is read then).
-BUSY_REQUESTS = 3
-
-
 @dataclass(frozen=True, kw_only=True)
 class BudgetRun(BenchRow):
     """One budget B's replay of the slice: the planner's prediction beside what the engine did (a row of the
@@ -373,12 +356,12 @@ class BudgetRun(BenchRow):
     salt: int
     meta: RowMeta
     loadavg: tuple[float, float]  # the host's 1-minute load average as the replay began and as it ended
+    run_queue_beside: float | None  # runnable threads beside the engine's own while it replayed (None: not sampled)
     predicted: PredictedReplay
     measured: MeasuredReplay
     committed: CommittedCounts
     latency_ratio: dict[str, float | None]  # measured over predicted, by percentile
     agrees: dict[str, bool | None]  # measured within AGREEMENT of predicted, by percentile (None: none predicted)
-    replay_state: ReplayState | None = wire.field(omit_none=True, default=None)  # None: not sampled
 
     @property
     def checks(self) -> dict[str, bool]:
@@ -457,8 +440,7 @@ class BudgetReplayed:
     loadavg: tuple[float, float]
     started_at: str
     elapsed_s: float
-    cores_during: float | None = None  # the engine's cores while busy (``ReplayState``); None: not sampled
-    run_queue_during: float | None = None
+    run_queue_beside: float | None = None  # None: not sampled
 
 
 def _ratios(latencies: Sequence[float], predicted: Percentiles) -> dict[str, float | None]:
@@ -467,21 +449,6 @@ def _ratios(latencies: Sequence[float], predicted: Percentiles) -> dict[str, flo
         p: (nearest_rank(latencies, q) / getattr(predicted, p) if getattr(predicted, p) else None)
         for p, q in (("p50", 50), ("p99", 99))
     }
-
-
-def _replay_state(
-    replayed: BudgetReplayed,
-    predict: Callable[[HostModel], Percentiles],
-    host: HostModel | None,
-    latencies: list[float],
-) -> ReplayState | None:
-    if replayed.run_queue_during is None:
-        return None
-    cores = replayed.cores_during
-    if host is None or cores is None or cores <= 0:
-        return ReplayState(cores, replayed.run_queue_during)
-    predicted = predict(replace(host, cores=cores))
-    return ReplayState(cores, replayed.run_queue_during, predicted, _ratios(latencies, predicted))
 
 
 def compare(
@@ -517,12 +484,6 @@ def compare(
     budget = predicted.budget_bytes or 0
     ratio = _ratios(latencies, predicted.latency)
 
-    def predict(on: HostModel) -> Percentiles:
-        (run,) = plan_trace(
-            done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(replayed.budget_rws,), host=on
-        ).bsr
-        return run.latency
-
     checks = {
         "pool_within_budget": all(v <= budget for v in replayed.pool_peaks.values()),
         "no_failures": not failed,
@@ -534,6 +495,7 @@ def compare(
         salt=replayed.salt,
         meta=RowMeta(started_at=replayed.started_at, elapsed_s=replayed.elapsed_s).judged(checks),
         loadavg=replayed.loadavg,
+        run_queue_beside=replayed.run_queue_beside,
         predicted=PredictedReplay(
             restores=plan.restores,
             hit_tokens=plan.hit_tokens,
@@ -558,7 +520,6 @@ def compare(
         committed=counts,
         latency_ratio=ratio,
         agrees={p: None if r is None else abs(r - 1) <= AGREEMENT for p, r in ratio.items()},
-        replay_state=_replay_state(replayed, predict, host, latencies),
     )
 
 

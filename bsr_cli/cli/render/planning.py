@@ -593,7 +593,7 @@ def _bounds(counts: dict[RestoreBound, int] | None) -> str:
 
 def _runs_table(console: Console, d: TraceReplay) -> None:
     t = Table(title="restore latency: planner against engine, per budget", title_justify="left")
-    columns = ("B", "load", "predicted p50", "measured p50", "predicted p99", "measured p99", "at the replay's cores")
+    columns = ("B", "load", "run queue", "predicted p50", "measured p50", "predicted p99", "measured p99")
     for col in (*columns, "bandwidth alone"):
         t.add_column(col, justify="right")
     t.add_column("bound (predicted)")
@@ -604,27 +604,16 @@ def _runs_table(console: Console, d: TraceReplay) -> None:
         t.add_row(
             f"{run.budget_rws}·RWS",
             f"{run.loadavg[0]:.1f}→{run.loadavg[1]:.1f}",
+            f"{run.run_queue_beside:.1f}" if run.run_queue_beside is not None else "",
             seconds(p.latency_s.p50),
             _against(m.latency_s.p50, run.latency_ratio.get("p50"), run.agrees.get("p50")),
             seconds(p.latency_s.p99),
             _against(m.latency_s.p99, run.latency_ratio.get("p99"), run.agrees.get("p99")),
-            _at_replay_state(run),
             f"{seconds(alone.p50)} / {seconds(alone.p99)}" if alone is not None else "",
             _bounds(p.bound_by),
             _bounds(m.bound_by),
         )
     console.print(t)
-
-
-def _at_replay_state(run: BudgetRun) -> str:
-    """The prediction with the cores the replay had (p50 / p99), and those cores."""
-    state = run.replay_state
-    if state is None or state.cores_available is None:
-        return ""
-    if state.latency_s is None:
-        return f"{state.cores_available:.2f} cores"
-    lat = state.latency_s
-    return f"{seconds(lat.p50)} / {seconds(lat.p99)} at {state.cores_available:.2f} cores"
 
 
 def _against(measured: float, ratio: float | None, agrees: bool | None) -> str:

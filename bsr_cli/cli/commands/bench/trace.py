@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from bsr_cli.engine.supervisor import EngineOptions
 
 
-REPLAY_SAMPLE_S = 0.1  # between two samples of the host's state during a replay
+REPLAY_SAMPLE_S = 0.25  # between two samples of the run queue during a replay
 
 # The stock LMCache side of the replay (bsr_cli/bench/trace.py, plugins/lmcache_bsr/trace_replay.py).
 StockOpt = Annotated[
@@ -319,15 +319,9 @@ class _EngineRun:
         bt.read_waits(client, measured, since - 1)
         peaks = {r.rank: int((r.pool or {})["peak_bytes"]) for r in client.pool()}
         loads = (round(load0, 2), round(os.getloadavg()[0], 2))
-        cores = queue = None
-        if sampler is not None:
-            spans = [(t0 + m.started_s, t0 + m.started_s + m.seconds) for m in measured if m.error is None]
-            cores = sampler.cores_while(lambda t: sum(1 for a, b in spans if a <= t < b) >= bt.BUSY_REQUESTS)
-            queue = round(sampler.mean, 2)
+        queue = round(sampler.mean, 2) if sampler is not None else None
         elapsed = round(time.monotonic() - t0, 3)
-        return bt.BudgetReplayed(
-            budget_rws, salt, measured, peaks, loads, started_at, elapsed, round(cores, 4) if cores else None, queue
-        )
+        return bt.BudgetReplayed(budget_rws, salt, measured, peaks, loads, started_at, elapsed, queue)
 
     def write_bundle(self, report: TraceReplay, reg: Registration) -> Path:
         from bsr_cli.bench import bundle as bundles
