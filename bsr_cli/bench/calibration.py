@@ -207,9 +207,10 @@ def _alone(calls: _Calls) -> list[CalibrationSample]:
     return out
 
 
-def _steady_work(calls: _Calls, chunks: int) -> CalibrationSample:
+def _steady_work(calls: _Calls, chunks: int) -> list[CalibrationSample]:
     """WORK_CLIENTS clients computing prompts of ``chunks`` chunks one after another for WORK_S seconds: the CPU
-    bsr's processes got meanwhile (every client still had a request in flight when it was read)."""
+    bsr's processes got meanwhile (every client still had a request in flight when it was read); and, once every
+    request has finished, the CPU all of them took over the chunks they computed and stored."""
     stop = threading.Event()
     keys = itertools.count(_WORK_KEYS, -1)
     started, done = itertools.count(), itertools.count()
@@ -227,7 +228,12 @@ def _steady_work(calls: _Calls, chunks: int) -> CalibrationSample:
         stop.set()
         for f in loops:
             f.result()
-    return CalibrationSample(SampleKind.WORK, WORK_CLIENTS, next(done) * chunks, c, t)
+        total, wall = calls.cpu.cpu_s() - c0, time.monotonic() - t0
+    n = next(done)
+    return [
+        CalibrationSample(SampleKind.WORK, WORK_CLIENTS, n * chunks, c, t),
+        CalibrationSample(SampleKind.WORK_DONE, n, n * chunks, total, wall),
+    ]
 
 
 def _burst(calls: _Calls, requests: int, chunks: int, number: int) -> list[CalibrationSample]:
@@ -280,6 +286,8 @@ def fit_host(samples: Sequence[CalibrationSample], bytes_per_chunk: int) -> tupl
     per_gb = max(0.0, (seconds[1] - seconds[0]) * alone / (gb[1] - gb[0]))
     fixed = max(0.0, seconds[0] * alone - per_gb * gb[0])
     bandwidth = LARGE * bytes_per_chunk / max(seconds[1], 1e-6)
+    done = next((s for s in samples if s.what is SampleKind.WORK_DONE and s.chunks), None)
+    compute_per_gb = done.cpu_s / (done.chunks * bytes_per_chunk / GB) if done is not None else 0.0
     base = HostModel(cores, job_cores, fixed, per_gb, RESTORE_SLOTS)
     bursts = [s for s in samples if s.what is SampleKind.BURST]
     stretch = burst_stretch(base, bandwidth, bursts, SMALL * bytes_per_chunk) if bursts else 1.0
@@ -289,6 +297,7 @@ def fit_host(samples: Sequence[CalibrationSample], bytes_per_chunk: int) -> tupl
         restore_cpu_s=round(fixed * stretch, 6),
         restore_cpu_s_per_gb=round(per_gb * stretch, 4),
         restore_slots=RESTORE_SLOTS,
+        compute_cpu_s_per_gb=round(compute_per_gb, 4),
     )
     return host, bandwidth, round(stretch, 3)
 
@@ -328,7 +337,7 @@ def calibrate_host(
     calls = _Calls(client, cpu, w, salt, reg.chunk_size)
     samples = _alone(calls)
     with RunQueue(cpu) as busy:
-        samples.append(_steady_work(calls, burst.chunks))
+        samples += _steady_work(calls, burst.chunks)
     for number in range(1, BURSTS + 1):
         samples += _burst(calls, burst.requests, burst.chunks, number)
     host, bandwidth, stretch = fit_host(samples, reg.bytes_per_chunk)

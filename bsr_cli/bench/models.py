@@ -233,6 +233,7 @@ class TracePredicted(_Obj):
     whole_plan_peak_bytes_per_rank: NonNegInt
     bound_by: BoundCounts = _absent()
     bandwidth_only_latency_s: Latency = _absent()
+    cpu_load: NonNegNum = _absent()
 
 
 class TraceMeasured(_Obj):

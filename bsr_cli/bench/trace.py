@@ -281,6 +281,7 @@ class PredictedReplay:
     whole_plan_peak_bytes_per_rank: int  # stock LMCache stages every restore's whole plan: this is its model
     bound_by: dict[RestoreBound, int] | None = wire.field(omit_none=True, default=None)  # with a host model
     bandwidth_only_latency_s: Percentiles | None = wire.field(omit_none=True, default=None)  # with a host model
+    cpu_load: float | None = wire.field(omit_none=True, default=None)  # the share of bsr's cores the slice needs
 
     to_wire = wire.writer()
 
@@ -505,6 +506,7 @@ def compare(
             whole_plan_peak_bytes_per_rank=plan.whole_plan.peak_bytes,
             bound_by=predicted.bound_by,
             bandwidth_only_latency_s=alone.latency if alone is not None else None,
+            cpu_load=plan.cpu_load,
         ),
         measured=MeasuredReplay(
             restores=len(restored),

@@ -66,6 +66,9 @@ class HostModel:
     restore_cpu_s: float  # CPU seconds of one restore whatever its size (its calls to each rank, each window's)
     restore_cpu_s_per_gb: float  # CPU seconds per GB a restore moves per rank (fetch, verify, install)
     restore_slots: int | None = wire.field(omit_none=True, default=None)  # restores served at once; None: all
+    # CPU seconds per GB a request computes and stores per rank (its own work beside its restore: prefill, storing
+    # what the tiers lack). Not replayed: it says how much of the cores the trace's requests need (``cpu_load``).
+    compute_cpu_s_per_gb: float = 0.0
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -81,6 +84,7 @@ class HostModel:
         _number(self.job_cores, "job_cores", positive=True)
         _number(self.restore_cpu_s, "restore_cpu_s", positive=False)
         _number(self.restore_cpu_s_per_gb, "restore_cpu_s_per_gb", positive=False)
+        _number(self.compute_cpu_s_per_gb, "compute_cpu_s_per_gb", positive=False)
         slots = self.restore_slots
         if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
             raise InvalidInput(f"the host's restore_slots must be a whole number ≥ 1 (or absent), got {slots!r}")
@@ -115,6 +119,16 @@ def restore_bound(kv_wait_s: float, budget_wait_s: float, bandwidth_s: float, cp
         RestoreBound.DESTINATION_KV: kv_wait_s,
     }
     return max(_BOUND_ORDER, key=lambda b: (parts[b], -_BOUND_ORDER.index(b)))
+
+
+def cpu_load(host: HostModel, restored: Sequence[int], computed: int, span_s: float) -> float | None:
+    """The share of the cores available to bsr that restores of ``restored`` bytes (each) and requests computing
+    ``computed`` bytes in all need over ``span_s`` seconds, on average (None over no time). Near 1 the engine has no
+    cores to spare, and latency depends steeply on the host's state."""
+    if span_s <= 0:
+        return None
+    need = sum(host.restore_cpu(s) for s in restored) + host.compute_cpu_s_per_gb * computed / GB
+    return need / (span_s * host.cores)
 
 
 def split_service(service_s: float, size: int, bandwidth: float) -> tuple[float, float]:
@@ -287,6 +301,7 @@ class SampleKind(StrEnum):
 
     RESTORE = "restore"  # a manual restore of a prompt the tiers hold whole, alone
     WORK = "work"  # clients computing prompts no tier holds, one after another: bsr has more work than cores
+    WORK_DONE = "work_done"  # the same until every request of it had finished: its CPU over the chunks it computed
     BURST = "burst"  # one of several requests sent at once, each restoring a shared chunk and computing the rest
 
 

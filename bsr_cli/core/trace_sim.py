@@ -38,7 +38,7 @@ from enum import StrEnum
 
 from bsr_cli.core import accounting, wire
 from bsr_cli.core.evidence import RestoreBound
-from bsr_cli.core.host_model import HostModel, HostReplay, nearest_rank, replay_on_host, restore_bound
+from bsr_cli.core.host_model import HostModel, HostReplay, cpu_load, nearest_rank, replay_on_host, restore_bound
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import Trace, hit_chunks, prefix_hits, restored_tokens
 from bsr_cli.errors import InvalidInput
@@ -202,6 +202,8 @@ class TracePlan:
     rws_bytes: int
     bandwidth: float = field(metadata=wire.meta(name="bandwidth_bytes_per_s"))
     host: HostModel | None = field(metadata=wire.meta(omit_none=True))
+    # With a host model: the share of the cores available to bsr the trace's restores and requests need on average.
+    cpu_load: float | None = field(metadata=wire.meta(omit_none=True))
     speedup: float
     store_capacity: int | None = field(metadata=wire.meta(name="store_capacity_blocks"))
     requests: int
@@ -242,6 +244,7 @@ class TracePlan:
             "rws_bytes",
             "bandwidth",
             "host",
+            "cpu_load",
             "speedup",
             "store_capacity",
             "requests",
@@ -327,6 +330,20 @@ def _restores_of(trace: Trace, reg: Registration, chunks: Sequence[int], speedup
     )
 
 
+def _cpu_load(
+    trace: Trace, reg: Registration, chunks: Sequence[int], restores: _Restores, host: HostModel | None, speedup: float
+) -> float | None:
+    """The share of the host's cores for bsr the trace needs (``host_model.cpu_load``): its restores, and every
+    request computing and storing the chunks it does not restore."""
+    if host is None:
+        return None
+    computed = sum(
+        max(0, -(-r.input_length // reg.chunk_size) - c) for r, c in zip(trace.requests, chunks, strict=True)
+    )
+    load = cpu_load(host, restores.sizes, computed * reg.bytes_per_chunk, trace.span_ms / 1000 / speedup)
+    return None if load is None else round(load, 4)
+
+
 def check_rate(bandwidth: float, speedup: float) -> None:
     if not (math.isfinite(bandwidth) and bandwidth > 0):
         raise InvalidInput(f"the bandwidth must be a positive, finite rate, got {bandwidth!r}")
@@ -390,6 +407,7 @@ def plan_trace(
         rws_bytes=rws,
         bandwidth=bandwidth,
         host=host,
+        cpu_load=_cpu_load(trace, reg, chunks, restores, host, speedup),
         speedup=speedup,
         store_capacity=store_capacity,
         requests=len(trace),

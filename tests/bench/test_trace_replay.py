@@ -378,3 +378,42 @@ def test_stock_needs_one_paged_kv_layout() -> None:
     two["tensors"][1]["group"] = "win"
     with pytest.raises(CapacityError, match="one KV layout"):
         bt.stock_model(Registration.from_dict(two, source="test"))
+
+
+def test_the_report_says_when_the_host_changed_between_calibration_and_replay() -> None:
+    import io
+
+    from rich.console import Console
+
+    from bsr_cli.cli.render import planning as render
+    from bsr_cli.core.host_model import HostCalibration, HostModel, HostState
+
+    reg = bt.replay_registration()
+    trace, _ = _stock_run(_conversations(1, 2), [0, 192])
+    measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.02, 0.05, request="r1")]
+    host = HostModel(cores=0.5, job_cores=0.5, restore_cpu_s=0.01, restore_cpu_s_per_gb=50.0, restore_slots=2)
+    replayed = bt.BudgetReplayed(2, 1, measured, {0: 1, 1: 1}, (3.0, 4.0), "2025-01-01T00:00:00.000Z", 2.0, 9.5)
+    run = bt.compare(trace, reg, replayed, w=2, bandwidth=1e8, speedup=1.0, host=host)
+
+    def text(run_queue_at_calibration: float) -> str:
+        state = HostState(2, (3.0, 3.0, 3.0), run_queue_at_calibration, run_queue_at_calibration, 0.5)
+        cal = HostCalibration(
+            measured_at="2025-01-01T00:00:00.000Z",
+            registration=reg.identity,
+            chunk_size=reg.chunk_size,
+            bytes_per_chunk=reg.bytes_per_chunk,
+            tp_size=reg.tp_size,
+            w=2,
+            bandwidth=1e8,
+            host=host,
+            burst_stretch=2.0,
+            host_state=state,
+            samples=(),
+        )
+        report = replace(_report(trace, reg, run), calibration=cal, calibration_file="cal.json")
+        buf = io.StringIO()
+        render.trace_replay(Console(file=buf, width=240, color_system=None), report)
+        return buf.getvalue()
+
+    assert "the host changed: the run queue beside bsr was 4.0 at the calibration and 9.5 during" in text(4.0)
+    assert "the host changed" not in text(9.0)  # the negative control: the same host

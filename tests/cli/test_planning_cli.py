@@ -323,7 +323,10 @@ def test_plan_trace_on_a_host_model(bsr, tmp_path: Path) -> None:
         "job_cores": 1.0,
         "restore_cpu_s": 0.0,
         "restore_cpu_s_per_gb": pytest.approx(float(CPU_PER_GB)),
+        "compute_cpu_s_per_gb": 0.0,
     }
+    # 10 chunks restored at 2 CPU s each, over the trace's 1 s, on one core: it needs 20 times the cores it has.
+    assert d["cpu_load"] == pytest.approx(20.0)
     r = bsr("plan", "--trace", str(f), *TINY_ARGS, "--cores", "1", "--cpu-per-gb", CPU_PER_GB)
     text = " ".join(r.out.split())
     assert "host: cores available to bsr 1, at most 1 per restore" in text and "1907.35 s/GB of CPU" in text

@@ -15,6 +15,7 @@ from bsr_cli.core.host_model import (
     HostCalibration,
     HostModel,
     HostState,
+    cpu_load,
     fit_stretch,
     replay_on_host,
     restore_bound,
@@ -212,3 +213,11 @@ def test_a_calibration_round_trips_through_its_json() -> None:
     wire = cal.to_wire()
     assert list(wire)[:2] == ["kind", "measured_at"] and wire["kind"] == "bsr.calibration" and wire["W"] == 8
     assert HostCalibration.from_wire(wire) == cal
+
+
+def test_cpu_load_is_what_the_trace_needs_of_the_cores_available() -> None:
+    host = HostModel(cores=0.5, job_cores=0.5, restore_cpu_s=0.1, restore_cpu_s_per_gb=1.0, compute_cpu_s_per_gb=2.0)
+    # Restores of 1 GB and of 0.5 GB (0.1 CPU s each and 1 per GB) and 1 GB computed (2 CPU s), over 10 s on half a
+    # core: (1.1 + 0.6 + 2.0) / 5 = 0.74.
+    assert cpu_load(host, [1_000_000_000, 500_000_000], 1_000_000_000, 10.0) == pytest.approx(0.74)
+    assert cpu_load(host, [], 0, 0.0) is None

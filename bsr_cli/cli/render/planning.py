@@ -479,7 +479,7 @@ def trace_plan(console: Console, report: TracePlanReport) -> None:
         console.print(
             f"host: cores available to bsr {h.cores:g}, at most {h.job_cores:g} per restore; a restore needs "
             f"{h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:g} s/GB of CPU per rank's bytes; restores "
-            f"{slots}"
+            f"{slots}" + (f"; the trace needs {d.cpu_load:.0%} of those cores" if d.cpu_load is not None else "")
         )
     big = d.largest
     if big:
@@ -581,7 +581,12 @@ def _calibration_lines(console: Console, d: TraceReplay) -> None:
         f"host model ({d.calibration_file}): {h.cores:.2f} cores available to bsr of {s.cpu_count} (run queue "
         f"beside it {s.run_queue_beside:.1f} idle, {s.run_queue_busy:.1f} busy; load {s.loadavg[0]:.1f}); a "
         f"restore needs {h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:.1f} s/GB of CPU beside the "
-        f"requests' own work ({cal.burst_stretch:.1f}× alone), at most {h.job_cores:.2f} cores; {slots}"
+        f"requests' own work ({cal.burst_stretch:.1f}× alone), at most {h.job_cores:.2f} cores; {slots}; a request's "
+        f"own work {h.compute_cpu_s_per_gb:.1f} s/GB"
+    )
+    console.print(
+        "[dim]CPU needed: the share of the cores available to bsr the slice's restores and requests need on "
+        "average; near 100 % latency depends steeply on the host's state[/]"
     )
 
 
@@ -593,7 +598,7 @@ def _bounds(counts: dict[RestoreBound, int] | None) -> str:
 
 def _runs_table(console: Console, d: TraceReplay) -> None:
     t = Table(title="restore latency: planner against engine, per budget", title_justify="left")
-    columns = ("B", "load", "run queue", "predicted p50", "measured p50", "predicted p99", "measured p99")
+    columns = ("B", "load", "run queue", "CPU needed", "predicted p50", "measured p50", "predicted p99", "measured p99")
     for col in (*columns, "bandwidth alone"):
         t.add_column(col, justify="right")
     t.add_column("bound (predicted)")
@@ -605,6 +610,7 @@ def _runs_table(console: Console, d: TraceReplay) -> None:
             f"{run.budget_rws}·RWS",
             f"{run.loadavg[0]:.1f}→{run.loadavg[1]:.1f}",
             f"{run.run_queue_beside:.1f}" if run.run_queue_beside is not None else "",
+            f"{p.cpu_load:.0%}" if p.cpu_load is not None else "",
             seconds(p.latency_s.p50),
             _against(m.latency_s.p50, run.latency_ratio.get("p50"), run.agrees.get("p50")),
             seconds(p.latency_s.p99),
@@ -623,6 +629,10 @@ def _against(measured: float, ratio: float | None, agrees: bool | None) -> str:
     return f"{seconds(measured)} [{colour}]({ratio:.2f}×)[/]"
 
 
+# A run queue beside bsr during a replay further than this fraction from the calibration's: the host changed.
+HOST_CHANGED = 0.25
+
+
 def _run_lines(console: Console, d: TraceReplay, run: BudgetRun) -> None:
     p, m, c = run.predicted, run.measured, run.committed
     peaks = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in sorted(m.pool_peak_by_rank.items()))
@@ -634,6 +644,14 @@ def _run_lines(console: Console, d: TraceReplay, run: BudgetRun) -> None:
     )
     if m.first_failure:
         console.print(f"[red]first failure[/]: {m.first_failure}")
+    calibrated = d.calibration.host_state.run_queue_beside if d.calibration is not None else None
+    during = run.run_queue_beside
+    if calibrated is not None and during is not None and abs(during - calibrated) > HOST_CHANGED * max(calibrated, 1):
+        console.print(
+            f"[yellow]the host changed[/]: the run queue beside bsr was {calibrated:.1f} at the calibration and "
+            f"{during:.1f} during this replay; the prediction was for the calibration's host (calibrate again, or give "
+            "`bsr plan --trace --cores` for this one)"
+        )
 
 
 def _stock_lines(console: Console, d: TraceReplay, stock: StockSummary) -> None:
