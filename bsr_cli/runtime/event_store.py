@@ -432,6 +432,25 @@ def _event(body: str) -> Event | None:
         return None
 
 
+def stopped_cleanly(state_dir: Path) -> bool | None:
+    """Whether the engine whose store lies in ``state_dir`` recorded its stop: True when its newest lifecycle event
+    is ``engine_stopped`` (a requested shutdown says so before its admin API goes), False when it is
+    ``engine_started`` (still running, or gone without a word: killed, crashed), None when there is no store to
+    read. Read-only, for a monitor that saw an engine on this machine go away."""
+    path = Path(state_dir) / FILE_NAME
+    if not path.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=2.0)) as db:
+            row = db.execute(
+                "SELECT type FROM events WHERE type IN (?, ?) ORDER BY seq DESC LIMIT 1",
+                (EventKind.ENGINE_STARTED.value, EventKind.ENGINE_STOPPED.value),
+            ).fetchone()
+    except sqlite3.Error:
+        return None
+    return None if row is None else row[0] == EventKind.ENGINE_STOPPED.value
+
+
 __all__ = [
     "DEFAULT_MAX_AGE_S",
     "DEFAULT_MAX_BYTES",
@@ -441,4 +460,5 @@ __all__ = [
     "PreviousRun",
     "Query",
     "StoreStats",
+    "stopped_cleanly",
 ]

@@ -285,6 +285,8 @@ _CATEGORY = {
     EventKind.STORE_FAILED: "restores",
     EventKind.OUTPUT_MISMATCH: "restores",
     EventKind.OBJECT_QUARANTINED: "restores",
+    EventKind.SCRUB_STARTED: "restores",
+    EventKind.SCRUB_FINISHED: "restores",
     EventKind.SEGMENT_LOST: "restores",
 }
 # The events `bsr top` and a replay treat as a failure (the `f` key jumps to the next one).
@@ -406,11 +408,24 @@ def describe(e: ev.Event) -> str:
     if isinstance(e, ev.StoreFailed):
         return f"store failed on rank {e.rank} (tier {e.tier}): {e.error}"
     if isinstance(e, ev.ObjectQuarantined):
-        return f"rank {e.rank} quarantined chunk {e.chunk} group {e.group} of tier {e.tier}: {e.reason}"
+        what = f"chunk {e.chunk} group {e.group}" if e.chunk is not None else "an object"
+        return f"rank {e.rank} quarantined {what} of tier {e.tier}: {e.reason}"
+    if isinstance(e, ev.ScrubStarted):
+        what = f"prompt {e.prompt[:12]}" if e.prompt else f"every {e.tier} object"
+        return f"rank {e.rank} scrubbing {what} on tier {e.tier}" + (f" (after {e.request})" if e.request else "")
+    if isinstance(e, ev.ScrubFinished):
+        return (
+            f"rank {e.rank} scrub {e.scrub} {e.state.value}: {e.checked} checked, {e.damaged} damaged, "
+            f"{e.quarantined} quarantined" + (f" ({e.reason})" if e.reason else "")
+        )
     if isinstance(e, ev.SegmentLost):
         return f"STORE LOST ({e.tier}): {e.loss.line()}"
     if isinstance(e, ev.RankUnresponsive):
         return f"rank {e.rank} unresponsive: {e.reason}" + (f" (during {e.request})" if e.request else "")
+    if isinstance(e, ev.RankStarved):
+        return f"rank {e.rank} starved (the host, not the rank): {e.reason}" + (
+            f" (during {e.request})" if e.request else ""
+        )
     if isinstance(e, ev.RankRestarted):
         return f"rank {e.rank} restarted (pid {e.pid}, restart {e.restarts})" + (f": {e.reason}" if e.reason else "")
     if isinstance(e, ev.EngineStarted):

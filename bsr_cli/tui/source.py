@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from bsr_cli.client.admin import AdminClient, resolve_engine
 from bsr_cli.core import wire
@@ -117,6 +118,12 @@ class LiveSource:
         except EngineError:
             self._drop()
             raise
+
+    def events(self, *, kinds: Sequence[str], limit: int) -> list[dict[str, Any]]:
+        """The newest ``limit`` events of ``kinds`` the engine holds (its durable history where it keeps one), oldest
+        first, as it sent them."""
+        with self._connect() as c:  # its own connection, as an operator's action: a poll never queues behind it
+            return c.events(kinds=kinds, limit=limit, newest=True).events
 
     def inject_fault(self, fault: FaultRequest) -> FaultSpec:
         with self._connect() as c:  # its own connection: an operator's action never queues behind a poll

@@ -199,8 +199,9 @@ def restore(
 ) -> None:
     """A manual windowed restore into the engine, with live progress.
 
-    Exit 0 committed, 10 failed closed, 12 refused for capacity, 16 a rank is being restarted (retry), 19 output
-    hash not canonical (invalidated), 130 aborted."""
+    Exit 0 committed, 10 failed closed, 12 refused for capacity, 16 a rank is being restarted (retry), 17 the host
+    was overloaded (no rank or tier blamed; retry when the load drops), 19 output hash not canonical (invalidated),
+    130 aborted."""
     from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
