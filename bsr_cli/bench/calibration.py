@@ -1,7 +1,8 @@
 """Calibrating the trace planner's host model against a running embedded engine: a short run of a few seconds.
 
-It reads the engine's own processes (its server, its ranks, its Mooncake master and segment holder) from /proc:
-the kernel's on-CPU time of every thread (``schedstat``), and the host's run queue (``procs_running``). In turn:
+It reads the engine's own processes (its server, its ranks, its Mooncake master and segment holder) as the kernel
+counts them (bsr_cli.runtime.liveness): the on-CPU time of every thread (``schedstat``), and the host's run queue
+(``procs_running``) less the engine's runnable threads. In turn:
 
 1. **The run queue beside bsr**, sampled for a second while the engine is idle: the host's runnable threads less
    the engine's own (and the sampler's).
@@ -34,7 +35,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bsr_cli.core.evidence import EventKind
@@ -54,6 +54,7 @@ from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import SubmitResult
 from bsr_cli.core.trace import synthetic_token
 from bsr_cli.errors import BsrError, CapacityError
+from bsr_cli.runtime.liveness import NS, ProcReader, ProcState
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
@@ -86,52 +87,27 @@ class BurstShape:
 
 class EngineCpu:
     """The CPU seconds an engine's processes have run (every thread's, summed) and how many of their threads are
-    runnable now, from /proc."""
+    runnable now, as the kernel counts them (bsr_cli.runtime.liveness reads /proc)."""
 
-    def __init__(self, pids: Sequence[int]) -> None:
+    def __init__(self, pids: Sequence[int], reader: ProcReader | None = None) -> None:
         self.pids = tuple(pids)
-        if not self.pids or not Path(f"/proc/{self.pids[0]}/schedstat").exists():
+        self.reader = reader or ProcReader()
+        if not self.pids or self.reader.run_delays(self.pids[0], time.monotonic()) is None:
             raise CapacityError(
                 "cannot read the engine's CPU time from /proc (schedstat)",
                 hint="calibrate on Linux against an engine on this host, or give the planner --cores and --cpu-per-gb",
             )
 
-    def _threads(self) -> list[Path]:
-        out: list[Path] = []
-        for pid in self.pids:
-            try:
-                out.extend(Path(f"/proc/{pid}/task").iterdir())
-            except OSError:
-                continue  # a process that ended: its time is no longer counted
-        return out
-
     def cpu_s(self) -> float:
+        """Summed over the threads alive now (a process that ended no longer counts)."""
         total = 0
-        for task in self._threads():
-            try:
-                total += int((task / "schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue
-        return total / 1e9
+        for pid in self.pids:
+            delays = self.reader.run_delays(pid, time.monotonic())
+            total += sum(ran for ran, _ in delays.threads.values()) if delays is not None else 0
+        return total * NS
 
     def running(self) -> int:
-        n = 0
-        for task in self._threads():
-            try:
-                stat = (task / "stat").read_text()
-            except OSError:
-                continue
-            n += stat[stat.rindex(")") + 2 : stat.rindex(")") + 3] == "R"
-        return n
-
-
-def procs_running() -> int:
-    """The host's runnable threads now (``procs_running`` of /proc/stat)."""
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("procs_running"):
-                return int(line.split()[1])
-    return 0
+        return sum(state is ProcState.RUNNING for pid in self.pids for state in self.reader.thread_states(pid))
 
 
 class RunQueue:
@@ -146,7 +122,9 @@ class RunQueue:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.samples.append(max(0, procs_running() - self.engine.running() - 1))
+            host = self.engine.reader.procs_running()
+            if host is not None:
+                self.samples.append(max(0, host - self.engine.running() - 1))
 
     def __enter__(self) -> RunQueue:
         self._thread.start()
@@ -165,6 +143,12 @@ def stored_tokens(shape: BurstShape, chunk_size: int) -> int:
     """The most tokens a calibration stores: its two prompts restored alone, the steady work, the bursts."""
     chunks = SMALL + LARGE + (WORK_MAX_REQUESTS + WORK_CLIENTS + BURSTS * shape.requests) * shape.chunks
     return chunks * chunk_size
+
+
+def pressure(reader: ProcReader | None = None) -> dict[str, float | None]:
+    """The host's pressure now: per resource, the share of the last 10 s some task waited for it (%)."""
+    now = (reader or ProcReader()).pressure()
+    return {name: (psi.some_avg10 if psi is not None else None) for name, psi in vars(now).items()}
 
 
 def _tokens(salt: int, key: int, chunks: int, chunk_size: int) -> list[int]:
@@ -357,6 +341,7 @@ def calibrate_host(
             run_queue_beside=round(idle.mean, 2),
             run_queue_busy=round(busy.mean, 2),
             cores_available=host.cores,
+            pressure=pressure(cpu.reader),
         ),
         samples=tuple(samples),
     )

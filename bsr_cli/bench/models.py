@@ -258,6 +258,7 @@ class TraceBudgetRow(_Completed):
     salt: StrictInt
     loadavg: Annotated[list[NonNegNum], Field(min_length=2, max_length=2)]
     run_queue_beside: NonNegNum | None
+    pressure: dict[str, NonNegNum | None]
     predicted: TracePredicted
     measured: TraceMeasured
     committed: dict[str, NonNegInt]

@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -358,6 +358,7 @@ class BudgetRun(BenchRow):
     meta: RowMeta
     loadavg: tuple[float, float]  # the host's 1-minute load average as the replay began and as it ended
     run_queue_beside: float | None  # runnable threads beside the engine's own while it replayed (None: not sampled)
+    pressure: dict[str, float | None]  # the host's PSI (some avg10, %) per resource as the replay ended
     predicted: PredictedReplay
     measured: MeasuredReplay
     committed: CommittedCounts
@@ -442,6 +443,7 @@ class BudgetReplayed:
     started_at: str
     elapsed_s: float
     run_queue_beside: float | None = None  # None: not sampled
+    pressure: dict[str, float | None] = field(default_factory=dict)
 
 
 def _ratios(latencies: Sequence[float], predicted: Percentiles) -> dict[str, float | None]:
@@ -497,6 +499,7 @@ def compare(
         meta=RowMeta(started_at=replayed.started_at, elapsed_s=replayed.elapsed_s).judged(checks),
         loadavg=replayed.loadavg,
         run_queue_beside=replayed.run_queue_beside,
+        pressure=replayed.pressure,
         predicted=PredictedReplay(
             restores=plan.restores,
             hit_tokens=plan.hit_tokens,

@@ -333,6 +333,8 @@ class HostState:
     run_queue_beside: float  # runnable threads beside bsr's own while bsr was idle (mean of samples)
     run_queue_busy: float  # the same while bsr had more work than cores
     cores_available: float  # cores bsr's processes got meanwhile: the planner's ``cores``
+    # The share of the last 10 s some task waited for each resource (PSI ``some avg10``, %; None: unknown here).
+    pressure: dict[str, float | None] = field(default_factory=dict)
 
     to_wire = wire.writer()
     from_wire = wire.reader()

@@ -58,6 +58,7 @@ RUN_KEYS = (
     "started_at",
     "loadavg",
     "run_queue_beside",
+    "pressure",
     "predicted",
     "measured",
     "committed",

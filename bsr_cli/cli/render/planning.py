@@ -644,6 +644,9 @@ def _run_lines(console: Console, d: TraceReplay, run: BudgetRun) -> None:
     )
     if m.first_failure:
         console.print(f"[red]first failure[/]: {m.first_failure}")
+    psi = ", ".join(f"{name} {v:.0f} %" for name, v in run.pressure.items() if v is not None)
+    if psi:
+        console.print(f"host pressure as the replay ended (PSI, some avg10): {psi}")
     calibrated = d.calibration.host_state.run_queue_beside if d.calibration is not None else None
     during = run.run_queue_beside
     if calibrated is not None and during is not None and abs(during - calibrated) > HOST_CHANGED * max(calibrated, 1):

@@ -321,7 +321,9 @@ class _EngineRun:
         loads = (round(load0, 2), round(os.getloadavg()[0], 2))
         queue = round(sampler.mean, 2) if sampler is not None else None
         elapsed = round(time.monotonic() - t0, 3)
-        return bt.BudgetReplayed(budget_rws, salt, measured, peaks, loads, started_at, elapsed, queue)
+        from bsr_cli.bench.calibration import pressure
+
+        return bt.BudgetReplayed(budget_rws, salt, measured, peaks, loads, started_at, elapsed, queue, pressure())
 
     def write_bundle(self, report: TraceReplay, reg: Registration) -> Path:
         from bsr_cli.bench import bundle as bundles
