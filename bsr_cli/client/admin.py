@@ -70,11 +70,14 @@ SCRUB_WAIT_S = 630.0
 class EventPage:
     """One ``GET /events`` answer: its events as the engine sent them (kept as JSON objects: a newer engine's
     kinds are printed and exported whole, and ``known_event`` types those this bsr knows), the engine's last
-    sequence number, and whether it keeps its events in a durable store."""
+    sequence number, whether it keeps its events in a durable store, and how many it holds from which sequence
+    number on (None from an engine that does not say)."""
 
     events: list[dict[str, Any]]
     last_seq: int = 0
     durable: bool = False
+    held: int | None = None
+    oldest_seq: int | None = None
 
     from_wire = wire.reader()
 
@@ -427,12 +430,14 @@ class AdminClient:
         kinds: Sequence[str] | None = None,
         limit: int | None = None,
         newest: bool = False,
+        before: int | None = None,
     ) -> EventPage:
-        """One page of ``GET /events``: events after the cursor ``since``, filtered (every filter combines:
-        ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for the last ``limit``
-        matches instead of the first."""
+        """One page of ``GET /events``: events after the cursor ``since`` (and before ``before``), filtered (every
+        filter combines: ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for
+        the last ``limit`` matches instead of the first."""
         params: dict[str, str | int | float | list[str]] = {"since": since, "wait": wait_s}
-        for key, value in (("after", after), ("until", until), ("request", request), ("prompt", prompt)):
+        filters = (("before", before), ("after", after), ("until", until), ("request", request), ("prompt", prompt))
+        for key, value in filters:
             if value is not None:
                 params[key] = value
         if kinds:

@@ -516,6 +516,10 @@ def snapshot(
 def events(
     c: CoordinatorDep,
     since: Annotated[int, Query(ge=0, le=MAX_SEQ, description="only events after this sequence number (a cursor)")] = 0,
+    before: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_SEQ, description="only events before this sequence number (with newest=1: the older page)"),
+    ] = None,
     wait: Annotated[
         float,
         Query(ge=0, allow_inf_nan=False, description="seconds to wait for a new event; more than 30 waits 30"),
@@ -539,14 +543,17 @@ def events(
     newest: Annotated[Flag, Query(description="1: the last `limit` matches (still oldest first)")] = "0",
 ) -> Response:
     """The event log (the engine's durable store where it has one): every filter combines; oldest first. With
-    only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event."""
+    only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event. Pages back from the newest with
+    ?newest=1&limit=N, then ?newest=1&before=<the oldest seq of the last page>. Each answer says how many events
+    the engine holds and the oldest one's seq."""
     log = c.events
-    filtered = any(x is not None for x in (after, until, request, prompt, kind)) or newest == "1"
+    filtered = any(x is not None for x in (before, after, until, request, prompt, kind)) or newest == "1"
     if not filtered:
         evs = log.since(since, wait_s=min(wait, 30.0), limit=limit)
     else:
         q = EventQuery(
             after_seq=since,
+            before_seq=before,
             since_time=after,
             until_time=until,
             request=request,
@@ -556,7 +563,16 @@ def events(
             newest=newest == "1",
         )
         evs = log.query(q)
-    return _json({"events": [e.to_wire() for e in evs], "last_seq": log.last_seq, "durable": log.durable})
+    held, oldest = log.extent()
+    return _json(
+        {
+            "events": [e.to_wire() for e in evs],
+            "last_seq": log.last_seq,
+            "durable": log.durable,
+            "held": held,
+            "oldest_seq": oldest,
+        }
+    )
 
 
 @router.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))

@@ -519,6 +519,8 @@ class Events(_Response):
     events: list[Event]
     last_seq: int
     durable: bool  # the engine keeps its events in a store that outlives its in-memory tail and a restart
+    held: int  # how many events the engine holds (its store, or its in-memory tail without one)
+    oldest_seq: int  # the sequence number of the oldest event it holds (0: none)
 
 
 class Fault(_Response):
