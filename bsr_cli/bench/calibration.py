@@ -41,10 +41,12 @@ from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.host_model import (
     GB,
     CalibrationSample,
+    CpuSpan,
     HostCalibration,
     HostModel,
     HostState,
     SampleKind,
+    contended_cores,
     fit_stretch,
     nearest_rank,
     replay_on_host,
@@ -54,7 +56,7 @@ from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import SubmitResult
 from bsr_cli.core.trace import synthetic_token
 from bsr_cli.errors import BsrError, CapacityError
-from bsr_cli.runtime.liveness import NS, ProcReader, ProcState
+from bsr_cli.runtime.liveness import NS, ProcReader, ProcState, RunDelays, cpu_growth
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
@@ -109,22 +111,45 @@ class EngineCpu:
     def running(self) -> int:
         return sum(state is ProcState.RUNNING for pid in self.pids for state in self.reader.thread_states(pid))
 
+    def delays(self) -> dict[int, RunDelays]:
+        """Every thread's CPU time and run-queue wait now, per process (those gone are left out)."""
+        now = time.monotonic()
+        read = {pid: self.reader.run_delays(pid, now) for pid in self.pids}
+        return {pid: d for pid, d in read.items() if d is not None}
+
+    @staticmethod
+    def span(before: dict[int, RunDelays], after: dict[int, RunDelays], seconds: float) -> CpuSpan:
+        """What the processes' threads did between two ``delays()`` readings ``seconds`` apart."""
+        grown = [cpu_growth(before.get(pid, RunDelays(d.at, {})), d) for pid, d in after.items()]
+        return CpuSpan(seconds, sum(g.ran_s for g in grown), sum(g.waited_s for g in grown))
+
 
 class RunQueue:
     """Samples the run queue beside the engine (the host's runnable threads less the engine's own and this
-    sampler's) on a thread until the block ends."""
+    sampler's) on a thread until the block ends; and between two samples, what the engine's threads ran and waited
+    for a CPU (``spans``: the cores it got whenever it had more work than cores, ``cores_contended``)."""
 
     def __init__(self, engine: EngineCpu, every_s: float = QUEUE_SAMPLE_S) -> None:
         self.engine, self.every_s = engine, every_s
         self.samples: list[int] = []
+        self.spans: list[CpuSpan] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bsr-run-queue", daemon=True)
 
     def _run(self) -> None:
+        last, at = self.engine.delays(), time.monotonic()
         while not self._stop.wait(self.every_s):
             host = self.engine.reader.procs_running()
             if host is not None:
                 self.samples.append(max(0, host - self.engine.running() - 1))
+            now, now_at = self.engine.delays(), time.monotonic()
+            self.spans.append(self.engine.span(last, now, now_at - at))
+            last, at = now, now_at
+
+    @property
+    def cores_contended(self) -> float | None:
+        """The cores the engine got while it had more work than cores (None: it never had)."""
+        return contended_cores(self.spans)
 
     def __enter__(self) -> RunQueue:
         self._thread.start()
@@ -342,6 +367,7 @@ def calibrate_host(
             run_queue_busy=round(busy.mean, 2),
             cores_available=host.cores,
             pressure=pressure(cpu.reader),
+            cores_contended=round(c, 4) if (c := busy.cores_contended) is not None else None,
         ),
         samples=tuple(samples),
     )

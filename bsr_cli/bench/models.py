@@ -249,6 +249,15 @@ class TraceMeasured(_Obj):
     first_failure: StrictStr | None
 
 
+class TraceAtReplayCores(_Obj):
+    """The prediction again at the cores the engine got during the replay while it had more work than cores."""
+
+    cores: Annotated[StrictFloat, Field(gt=0)]
+    latency_s: Latency
+    latency_ratio: dict[str, NonNegNum | None]
+    agrees: dict[str, StrictBool | None]
+
+
 class TraceBudgetRow(_Completed):
     """bench trace: one budget B's replay of the slice, the planner's prediction beside the engine's measurement."""
 
@@ -264,6 +273,7 @@ class TraceBudgetRow(_Completed):
     committed: dict[str, NonNegInt]
     latency_ratio: dict[str, NonNegNum | None]
     agrees: dict[str, StrictBool | None]
+    at_replay_cores: TraceAtReplayCores = _absent()
 
 
 # A row is picked by its status (and, where an experiment mixes kinds, a completed one by its kind).

@@ -48,7 +48,7 @@ from bsr_cli.core.host_model import HostCalibration, HostModel, nearest_rank, re
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.core.trace import Trace, hit_chunks, prefix_hits, prompt_tokens, restored_tokens
-from bsr_cli.core.trace_sim import Percentiles, percentiles, plan_trace
+from bsr_cli.core.trace_sim import PathRun, Percentiles, percentiles, plan_trace
 from bsr_cli.errors import BsrError, CapacityError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
@@ -346,6 +346,20 @@ class StockNotRun:
 AGREEMENT = 0.25
 
 
+@dataclass(frozen=True)
+class AtReplayCores:
+    """The planner's prediction on the calibration's host model with one figure changed: the cores available to
+    bsr, as the engine got them during the replay whenever it had more work than cores. The host's state is the
+    model's input; this is the model given the host the replay actually had."""
+
+    cores: float
+    latency_s: Percentiles
+    latency_ratio: dict[str, float | None]  # measured over this prediction, by percentile
+    agrees: dict[str, bool | None]
+
+    to_wire = wire.writer()
+
+
 @dataclass(frozen=True, kw_only=True)
 class BudgetRun(BenchRow):
     """One budget B's replay of the slice: the planner's prediction beside what the engine did (a row of the
@@ -364,6 +378,9 @@ class BudgetRun(BenchRow):
     committed: CommittedCounts
     latency_ratio: dict[str, float | None]  # measured over predicted, by percentile
     agrees: dict[str, bool | None]  # measured within AGREEMENT of predicted, by percentile (None: none predicted)
+    # The prediction again on the host model with the cores the engine got during this replay (None: no host model,
+    # or the engine never had more work than cores while it replayed).
+    at_replay_cores: AtReplayCores | None = wire.field(omit_none=True, default=None)
 
     @property
     def checks(self) -> dict[str, bool]:
@@ -444,6 +461,7 @@ class BudgetReplayed:
     elapsed_s: float
     run_queue_beside: float | None = None  # None: not sampled
     pressure: dict[str, float | None] = field(default_factory=dict)
+    cores_contended: float | None = None  # the cores the engine got while it had more work than cores (None: never)
 
 
 def _ratios(latencies: Sequence[float], predicted: Percentiles) -> dict[str, float | None]:
@@ -469,11 +487,16 @@ def compare(
     done = trace.head(len(measured))
     plan = plan_trace(done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(replayed.budget_rws,), host=host)
     (predicted,) = plan.bsr
-    alone = None
+    alone = at_replay = None
     if host is not None:
         (alone,) = plan_trace(
             done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(replayed.budget_rws,)
         ).bsr
+        if replayed.cores_contended:
+            at_host = replace(host, cores=replayed.cores_contended)
+            (at_replay,) = plan_trace(
+                done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(replayed.budget_rws,), host=at_host
+            ).bsr
     want = expected_hits(done, reg)
     counts = CommittedCounts(
         exact=sum(1 for m in measured if m.error is None and m.committed_tokens == want[m.index]),
@@ -524,8 +547,20 @@ def compare(
         ),
         committed=counts,
         latency_ratio=ratio,
-        agrees={p: None if r is None else abs(r - 1) <= AGREEMENT for p, r in ratio.items()},
+        agrees=_agrees(ratio),
+        at_replay_cores=_at_replay_cores(replayed.cores_contended, at_replay, latencies),
     )
+
+
+def _agrees(ratio: dict[str, float | None]) -> dict[str, bool | None]:
+    return {p: None if r is None else abs(r - 1) <= AGREEMENT for p, r in ratio.items()}
+
+
+def _at_replay_cores(cores: float | None, predicted: PathRun | None, latencies: list[float]) -> AtReplayCores | None:
+    if cores is None or predicted is None:
+        return None
+    ratio = _ratios(latencies, predicted.latency)
+    return AtReplayCores(round(cores, 4), predicted.latency, ratio, _agrees(ratio))
 
 
 # -- stock LMCache on the same slice -------------------------------------------------------------------------------

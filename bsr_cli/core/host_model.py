@@ -131,6 +131,31 @@ def cpu_load(host: HostModel, restored: Sequence[int], computed: int, span_s: fl
     return need / (span_s * host.cores)
 
 
+# An interval counts as contended when the engine's threads waited in the run queue this many thread-seconds per
+# second on average: it had more work than it got cores.
+CONTENDED_WAITING = 0.5
+
+
+@dataclass(frozen=True)
+class CpuSpan:
+    """What an engine's threads did over an interval of ``seconds``: ran on a CPU and waited in the run queue
+    (thread-seconds, summed over its threads)."""
+
+    seconds: float
+    ran_s: float
+    waited_s: float
+
+
+def contended_cores(spans: Sequence[CpuSpan]) -> float | None:
+    """The cores an engine got while it had more work than cores (a calibration's ``cores``, read from intervals
+    of a run): its CPU over the seconds of the intervals in which its threads waited at least CONTENDED_WAITING
+    thread-seconds per second for a CPU; None when none did (what it got then was all it asked for, not what the
+    host had to give)."""
+    busy = [s for s in spans if s.seconds > 0 and s.waited_s >= CONTENDED_WAITING * s.seconds]
+    seconds = sum(s.seconds for s in busy)
+    return sum(s.ran_s for s in busy) / seconds if seconds > 0 else None
+
+
 def split_service(service_s: float, size: int, bandwidth: float) -> tuple[float, float]:
     """A measured restore's service (its seconds less its wait for B) as (bound by bandwidth, bound by CPU): what its
     ``size`` bytes take at ``bandwidth`` (at most the service), and the rest."""
@@ -335,6 +360,9 @@ class HostState:
     cores_available: float  # cores bsr's processes got meanwhile: the planner's ``cores``
     # The share of the last 10 s some task waited for each resource (PSI ``some avg10``, %; None: unknown here).
     pressure: dict[str, float | None] = field(default_factory=dict)
+    # The cores bsr got meanwhile read as a replay reads them (``contended_cores``): beside ``cores_available``,
+    # what a replay's figure is to be compared with. None: not read (an older calibration) or never contended.
+    cores_contended: float | None = wire.field(omit_none=True, default=None)
 
     to_wire = wire.writer()
     from_wire = wire.reader()

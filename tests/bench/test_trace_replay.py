@@ -7,6 +7,7 @@ fewer serving slots than requests in flight; and the slice's sizing refused when
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -107,12 +108,16 @@ def test_replay_against_the_embedded_engine(bsr, tmp_path: Path, monkeypatch: py
     assert cal["kind"] == "bsr.calibration" and Path(d["calibration_file"]).is_file()
     assert json.loads(Path(d["calibration_file"]).read_text()) == cal
     assert cal["host"]["cores"] > 0 and cal["host_state"]["cpu_count"] >= 1 and cal["bandwidth_bytes_per_s"] > 0
-    assert {s["what"] for s in cal["samples"]} == {"restore", "work", "burst"}
+    assert {s["what"] for s in cal["samples"]} == {"restore", "work", "work_done", "burst"}
+    # The steady work had six clients on this host's cores: the cores it got, read as a replay reads them, are there
+    # (absent only where the engine never waited for a CPU, which a host with more cores than the work allows).
+    contended = cal["host_state"].get("cores_contended")
+    assert contended is None or 0 < contended <= cal["host_state"]["cpu_count"]
     assert d["bandwidth_bytes_per_s"] == cal["bandwidth_bytes_per_s"]
     # One run per budget, each with predicted and measured side by side and what bound its restores.
     assert [run["budget_rws"] for run in d["runs"]] == [1, 2]
     for run in d["runs"]:
-        assert list(run) == list(RUN_KEYS)
+        assert [k for k in run if k != "at_replay_cores"] == list(RUN_KEYS)
         p, m = run["predicted"], run["measured"]
         # Every turn after the first restores its conversation's earlier blocks: 18 restores are predicted. A turn
         # whose previous turn is still being stored commits less (counted apart), never more.
@@ -126,6 +131,8 @@ def test_replay_against_the_embedded_engine(bsr, tmp_path: Path, monkeypatch: py
         assert run["checks"] == {"pool_within_budget": True, "no_failures": True, "no_more_than_predicted": True}
         assert set(run["latency_ratio"]) == set(run["agrees"]) == {"p50", "p99"}
         assert len(run["loadavg"]) == 2
+        at = run.get("at_replay_cores")  # present when the engine was short of cores while it replayed
+        assert at is None or (at["cores"] > 0 and at["latency_s"]["p99"] > 0 and set(at["agrees"]) == {"p50", "p99"})
     # The bundle: written, valid, one row per budget.
     bundle = bundles.load(Path(d["bundle"]))
     assert bundles.validation_errors(bundle) == []
@@ -418,3 +425,42 @@ def test_the_report_says_when_the_host_changed_between_calibration_and_replay() 
 
     assert "the host changed: the run queue beside bsr was 4.0 at the calibration and 9.5 during" in text(4.0)
     assert "the host changed" not in text(9.0)  # the negative control: the same host
+
+
+def test_the_prediction_is_made_again_at_the_cores_the_engine_got_during_the_replay() -> None:
+    """The host's state is the model's input: a replay during which the engine got fewer cores than at the
+    calibration is predicted again on the same host model at those cores, slower for CPU-bound restores, and the
+    measurement is set against both. The negative control: a replay that was never short of cores (no figure) gets
+    no second prediction, in text or JSON."""
+    import io
+
+    from rich.console import Console
+
+    from bsr_cli.cli.render import planning as render
+    from bsr_cli.core.host_model import HostModel
+
+    reg = bt.replay_registration()
+    trace, _ = _stock_run(_conversations(1, 2), [0, 192])
+    measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.4, 0.5, request="r1")]
+    # CPU-bound: 3 chunks (192 KiB) need 0.01 + 1,000 s/GB × 196,608 B ≈ 0.21 CPU s, where the bytes take 2 ms.
+    host = HostModel(cores=1.0, job_cores=1.0, restore_cpu_s=0.01, restore_cpu_s_per_gb=1000.0, restore_slots=2)
+    replayed = bt.BudgetReplayed(2, 1, measured, {0: 1, 1: 1}, (3.0, 4.0), "2025-01-01T00:00:00.000Z", 2.0, 9.5)
+    busy = bt.compare(trace, reg, replace(replayed, cores_contended=0.5), w=2, bandwidth=1e8, speedup=1.0, host=host)
+    at = busy.at_replay_cores
+    assert at is not None and at.cores == 0.5
+    # Half the cores: the restore's CPU takes twice as long.
+    assert at.latency_s.p50 == pytest.approx(2 * busy.predicted.latency_s.p50, rel=1e-6)
+    assert at.latency_ratio["p50"] == pytest.approx(0.4 / at.latency_s.p50)
+    assert busy.latency_ratio["p50"] == pytest.approx(0.4 / busy.predicted.latency_s.p50)
+    wire = json.loads(json.dumps(busy.to_wire()))
+    assert wire["at_replay_cores"]["cores"] == 0.5 and set(wire["at_replay_cores"]["agrees"]) == {"p50", "p99"}
+    text = io.StringIO()
+    report = replace(_report(trace, reg, busy), stock=bt.StockNotRun("skipped with --no-stock"))
+    render.trace_replay(Console(file=text, width=300, color_system=None), report)
+    assert "at the replay's cores" in text.getvalue() and "0.50 cores:" in text.getvalue()
+
+    calm = bt.compare(trace, reg, replayed, w=2, bandwidth=1e8, speedup=1.0, host=host)
+    assert calm.at_replay_cores is None and "at_replay_cores" not in calm.to_wire()
+    text = io.StringIO()
+    render.trace_replay(Console(file=text, width=300, color_system=None), replace(report, runs=(calm,)))
+    assert not re.search(r"\d cores: ", text.getvalue())  # the column is there, empty

@@ -12,9 +12,11 @@ import pytest
 
 from bsr_cli.core.evidence import RestoreBound
 from bsr_cli.core.host_model import (
+    CpuSpan,
     HostCalibration,
     HostModel,
     HostState,
+    contended_cores,
     cpu_load,
     fit_stretch,
     replay_on_host,
@@ -221,3 +223,21 @@ def test_cpu_load_is_what_the_trace_needs_of_the_cores_available() -> None:
     # core: (1.1 + 0.6 + 2.0) / 5 = 0.74.
     assert cpu_load(host, [1_000_000_000, 500_000_000], 1_000_000_000, 10.0) == pytest.approx(0.74)
     assert cpu_load(host, [], 0, 0.0) is None
+
+
+def test_the_cores_an_engine_got_are_read_where_it_had_more_work_than_cores() -> None:
+    # Four quarter-second intervals: in two the engine's threads waited for a CPU (1 and 0.5 thread-seconds per
+    # second: contended) and got 0.3 and 0.5 cores; in the other two it got all it asked for (0.1 core, no wait).
+    spans = [
+        CpuSpan(0.25, 0.075, 0.25),
+        CpuSpan(0.25, 0.025, 0.0),
+        CpuSpan(0.25, 0.125, 0.125),
+        CpuSpan(0.25, 0.025, 0.01),
+    ]
+    assert contended_cores(spans) == pytest.approx(0.4)
+    # The negative control: the engine's CPU over the whole run (what an engine that was not always short of cores
+    # used, not what the host had to give it) reads lower.
+    assert sum(s.ran_s for s in spans) / sum(s.seconds for s in spans) == pytest.approx(0.25)
+    # Never short of cores, or no time at all: unknown, not a figure.
+    assert contended_cores(spans[1::2]) is None
+    assert contended_cores([CpuSpan(0.0, 0.0, 0.0)]) is None and contended_cores([]) is None

@@ -23,7 +23,7 @@ from bsr_cli.core.trace_sim import PathRun, RestorePath, TracePlan
 from bsr_cli.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from bsr_cli.bench.trace import BudgetRun, StockSummary, TraceReplay
+    from bsr_cli.bench.trace import AtReplayCores, BudgetRun, StockSummary, TraceReplay
 
 # Exact bytes and the binary-unit reading, as operators quote them: 525,074,432 (500.75 MiB). The one formatter.
 b = partial(format_bytes, exact=True)
@@ -577,9 +577,10 @@ def _calibration_lines(console: Console, d: TraceReplay) -> None:
         return
     h, s = cal.host, cal.host_state
     slots = f"{h.restore_slots} restores served at once" if h.restore_slots else "every restore served at once"
+    contended = f", {s.cores_contended:.2f} read as a replay reads them" if s.cores_contended is not None else ""
     console.print(
-        f"host model ({d.calibration_file}): {h.cores:.2f} cores available to bsr of {s.cpu_count} (run queue "
-        f"beside it {s.run_queue_beside:.1f} idle, {s.run_queue_busy:.1f} busy; load {s.loadavg[0]:.1f}); a "
+        f"host model ({d.calibration_file}): {h.cores:.2f} cores available to bsr of {s.cpu_count}{contended} "
+        f"(run queue beside it {s.run_queue_beside:.1f} idle, {s.run_queue_busy:.1f} busy; load {s.loadavg[0]:.1f}); a "
         f"restore needs {h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:.1f} s/GB of CPU beside the "
         f"requests' own work ({cal.burst_stretch:.1f}× alone), at most {h.job_cores:.2f} cores; {slots}; a request's "
         f"own work {h.compute_cpu_s_per_gb:.1f} s/GB"
@@ -599,7 +600,7 @@ def _bounds(counts: dict[RestoreBound, int] | None) -> str:
 def _runs_table(console: Console, d: TraceReplay) -> None:
     t = Table(title="restore latency: planner against engine, per budget", title_justify="left")
     columns = ("B", "load", "run queue", "CPU needed", "predicted p50", "measured p50", "predicted p99", "measured p99")
-    for col in (*columns, "bandwidth alone"):
+    for col in (*columns, "at the replay's cores: p50 / p99", "bandwidth alone"):
         t.add_column(col, justify="right")
     t.add_column("bound (predicted)")
     t.add_column("bound (measured)")
@@ -615,11 +616,20 @@ def _runs_table(console: Console, d: TraceReplay) -> None:
             _against(m.latency_s.p50, run.latency_ratio.get("p50"), run.agrees.get("p50")),
             seconds(p.latency_s.p99),
             _against(m.latency_s.p99, run.latency_ratio.get("p99"), run.agrees.get("p99")),
+            _at_replay_cores(run.at_replay_cores),
             f"{seconds(alone.p50)} / {seconds(alone.p99)}" if alone is not None else "",
             _bounds(p.bound_by),
             _bounds(m.bound_by),
         )
     console.print(t)
+
+
+def _at_replay_cores(at: AtReplayCores | None) -> str:
+    """The prediction at the cores the engine got during the replay, each with measured over it in brackets."""
+    if at is None:
+        return ""
+    parts = [_against(getattr(at.latency_s, p), at.latency_ratio.get(p), at.agrees.get(p)) for p in ("p50", "p99")]
+    return f"{at.cores:.2f} cores: {' / '.join(parts)}"
 
 
 def _against(measured: float, ratio: float | None, agrees: bool | None) -> str:

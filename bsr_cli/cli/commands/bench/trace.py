@@ -320,10 +320,13 @@ class _EngineRun:
         peaks = {r.rank: int((r.pool or {})["peak_bytes"]) for r in client.pool()}
         loads = (round(load0, 2), round(os.getloadavg()[0], 2))
         queue = round(sampler.mean, 2) if sampler is not None else None
+        cores = sampler.cores_contended if sampler is not None else None
         elapsed = round(time.monotonic() - t0, 3)
         from bsr_cli.bench.calibration import pressure
 
-        return bt.BudgetReplayed(budget_rws, salt, measured, peaks, loads, started_at, elapsed, queue, pressure())
+        return bt.BudgetReplayed(
+            budget_rws, salt, measured, peaks, loads, started_at, elapsed, queue, pressure(), cores_contended=cores
+        )
 
     def write_bundle(self, report: TraceReplay, reg: Registration) -> Path:
         from bsr_cli.bench import bundle as bundles
