@@ -158,7 +158,15 @@ def test_completions_do_not_drift() -> None:
 
 # -- bsr plan --trace -------------------------------------------------------------------------------------------------
 
-REAL_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+# Kept beside the repository (beside the worktrees' folder for a worktree).
+REAL_TRACE = next(
+    (
+        p
+        for d in (ROOT.parent, ROOT.parent.parent)
+        if (p := d / "shared" / "traces" / "conversation_trace.jsonl").exists()
+    ),
+    ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl",
+)
 # Two restores that overlap (hand-computed in tests/core/test_trace_sim.py): with the demo registration (1 MiB per
 # chunk per rank) at 1 MiB/s, the whole plan holds 10 chunks; W=2 with B = 1·RWS holds 2 and r2 waits 3 s.
 TINY = [
