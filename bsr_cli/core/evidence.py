@@ -249,6 +249,16 @@ class SegmentLossCause(StrEnum):
     REMOUNTED_EMPTY = "remounted_empty"
 
 
+class RestoreBound(StrEnum):
+    """What bound a restore's latency the longest: the resource it waited for or was served by the slowest (the
+    trace planner's model and `bsr bench trace`'s reading of a replay, bsr_cli/core/host_model.py)."""
+
+    BANDWIDTH = "bandwidth"  # moving its bytes at its share of the bandwidth
+    CPU = "cpu"  # its CPU work at its share of the cores available to bsr
+    BUDGET = "budget"  # waiting for room under the admission budget B
+    DESTINATION_KV = "destination_kv"  # its request waiting for destination KV blocks
+
+
 __all__ = [
     "CapacityCause",
     "Component",
@@ -256,6 +266,7 @@ __all__ = [
     "FailureKind",
     "Outcome",
     "RankState",
+    "RestoreBound",
     "ScrubScope",
     "ScrubState",
     "SegmentLossCause",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +15,9 @@ from bsr_cli.core import accounting
 from bsr_cli.core.registration import DEFAULT_CHUNK_SIZE, Registration, diff_registrations
 from bsr_cli.core.units import parse_bytes
 from bsr_cli.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.core.host_model import HostCalibration, HostModel
 
 DEFAULT_REGISTRATION = "paper-mtp-off"
 
@@ -163,6 +167,24 @@ def plan(
         Path | None,
         typer.Option("--plot", metavar="DIR", help="With --trace: write PNG plots into DIR (needs matplotlib)."),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            metavar="FILE",
+            help="With --trace: the host model (and bandwidth) a `bsr bench trace` calibration saved.",
+        ),
+    ] = None,
+    cores: Annotated[
+        float | None,
+        typer.Option("--cores", help="With --trace: cores available to bsr (the host's less the run queue beside it)."),
+    ] = None,
+    cpu_per_gb: Annotated[
+        float | None,
+        typer.Option(
+            "--cpu-per-gb", metavar="SECONDS", help="With --trace: CPU seconds a restore needs per GB per rank."
+        ),
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace,
@@ -171,6 +193,11 @@ def plan(
     if sum(x is not None for x in (tokens, probe, trace)) != 1:
         raise InvalidInput("give exactly one of --tokens N, --probe FILE or --trace FILE")
     trace_flags = _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot)
+    trace_flags += [
+        f
+        for f, v in (("--calibration", calibration), ("--cores", cores), ("--cpu-per-gb", cpu_per_gb))
+        if v is not None
+    ]
     # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
     flagged_registration = functools.partial(
         resolve_registration,
@@ -188,10 +215,18 @@ def plan(
     if trace is not None:
         if exclude_tier or all_windows:
             raise InvalidInput("--exclude-tier and --all-windows plan one prompt, not a trace")
-        if bandwidth is None:
-            raise InvalidInput("--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s)")
+        saved, host = _host_model(calibration, cores, cpu_per_gb)
+        if bandwidth is None and saved is None:
+            raise InvalidInput(
+                "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s) or --calibration FILE"
+            )
         reg = flagged_registration()
-        _plan_trace(st, trace, reg, w, bandwidth, speedup, store_capacity, budgets, p99, plot)
+        if saved is not None and saved.registration != reg.identity:
+            st.out.warn(f"the calibration measured registration {saved.registration}; planning {reg.identity}")
+        from bsr_cli.core.units import parse_rate
+
+        rate = parse_rate(bandwidth) if bandwidth is not None else saved.bandwidth if saved is not None else 0.0
+        _plan_trace(st, trace, reg, w, rate, speedup, store_capacity, budgets, p99, plot, host)
         return
     named = registration is not None or hf_config is not None
     _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
@@ -215,6 +250,33 @@ def _trace_flags_given(
         "--plot": plot is not None,
     }
     return [flag for flag, is_given in given.items() if is_given]
+
+
+def _host_model(
+    calibration: Path | None, cores: float | None, cpu_per_gb: float | None
+) -> tuple[HostCalibration | None, HostModel | None]:
+    """The calibration given (if any) and the host model a trace plan runs on: the calibration's, with --cores and
+    --cpu-per-gb put in its place; or the plain one of those two flags; or none (the bandwidth alone)."""
+    from bsr_cli import loaders
+    from bsr_cli.core.host_model import HostModel
+
+    saved = loaders.load_calibration(calibration) if calibration is not None else None
+    if saved is None:
+        if (cores is None) != (cpu_per_gb is None):
+            raise InvalidInput(
+                "--cores and --cpu-per-gb model the host together",
+                hint="give both, or a calibration (--calibration FILE) whose figures they replace",
+            )
+        host = HostModel.of_cores(cores, cpu_per_gb) if cores is not None and cpu_per_gb is not None else None
+    else:
+        host = saved.host
+        if cores is not None:
+            host = replace(host, cores=cores)
+        if cpu_per_gb is not None:
+            host = replace(host, restore_cpu_s_per_gb=cpu_per_gb)
+    if host is not None:
+        host.check()
+    return saved, host
 
 
 def _plan_prompt(
@@ -264,19 +326,19 @@ def _plan_trace(
     trace_path: Path,
     reg: Registration,
     w: int,
-    bandwidth: str,
+    rate: float,
     speedup: float,
     store_capacity: int | None,
     budgets: str,
     p99: float | None,
     plot: Path | None,
+    host: HostModel | None = None,
 ) -> None:
-    """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim)."""
+    """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim), on the
+    host model when one is given."""
     from bsr_cli import loaders
     from bsr_cli.core.trace_sim import plan_trace
-    from bsr_cli.core.units import parse_rate
 
-    rate = parse_rate(bandwidth)
     multiples = _parse_budgets(budgets)
     result = plan_trace(
         loaders.load_trace(trace_path),
@@ -287,6 +349,7 @@ def _plan_trace(
         budgets_rws=multiples,
         store_capacity=store_capacity,
         p99_target_s=p99,
+        host=host,
     )
     plots = None
     if plot is not None:
