@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from bsr_cli.core import wire
 from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.stage_costs import StageCosts
 from bsr_cli.errors import BadRequest
 
 
@@ -84,6 +85,8 @@ class RestoreResult:
     tier: str | None = None  # the tier that failed, when a tier fault names one
     stage: str = ""  # where it failed (bsr_cli.core.evidence.Stage): fetch | verify | install | synchronize | ...
     cause: str = ""  # for a capacity refusal, what did not fit (bsr_cli.core.evidence.CapacityCause)
+    # Wall and CPU seconds by stage (fetch, verify, install, wait) and the process's CPU over the restore.
+    stages: StageCosts | None = wire.field(omit_none=True, default=None)
 
     to_wire = wire.writer()
 

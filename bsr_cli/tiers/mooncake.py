@@ -50,6 +50,7 @@ from bsr_cli.api.ranks import QuarantinedObject
 from bsr_cli.errors import ServiceError
 from bsr_cli.mooncake.health import health_url_for, master_healthy, segments, tcp_reachable
 from bsr_cli.runtime.checksum import object_checksum
+from bsr_cli.runtime.stage_clock import report_call_cpu
 from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
 
 __all__ = ["TRAILER_BYTES", "MooncakeTier", "mooncake_code_name"]
@@ -506,7 +507,8 @@ class MooncakeTier:
             return [UNAVAILABLE] * n, [None] * n
         sizes = [len(d.view) for d in dests]
 
-        def call() -> tuple[list[int], bytes]:
+        def call() -> tuple[list[int], bytes, float]:
+            cpu0 = time.thread_time()  # this worker's CPU for the call (the completion poll): the fetch stage's
             base, _region = self._trailer_region()
             rcs: list[int] = []
             trailers = b""
@@ -521,10 +523,11 @@ class MooncakeTier:
                     lens.append([sizes[i], TRAILER_BYTES] if sizes[i] else [TRAILER_BYTES])
                 rcs += self._store.batch_get_into_multi_buffers(list(keys[lo:hi]), ptrs, lens)
                 trailers += ctypes.string_at(base, (hi - lo) * TRAILER_BYTES)  # copied before the region is reused
-            return rcs, trailers
+            return rcs, trailers, time.thread_time() - cpu0
 
         try:
-            rcs, trailers = self._run("get_into", call, deadline - time.monotonic() - reserve, data=True)
+            rcs, trailers, cpu = self._run("get_into", call, deadline - time.monotonic() - reserve, data=True)
+            report_call_cpu(cpu)
         except _CallTimedOut:
             # Tell "slow" from "down" within the reserved slice of the deadline.
             code = UNAVAILABLE if self._master_down_reason(max(deadline - time.monotonic(), 0.001)) else TIMED_OUT
