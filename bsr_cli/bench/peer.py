@@ -317,6 +317,7 @@ def case_row(kind: PeerKind, n: int, l1: int, trial: int, res: CaseResult, reg: 
         ranks=res.ranks,
         stages=stages,
         cpu=cpu,
+        stage_costs=res.stage_costs,
     )
     whole = -(-n // reg.chunk_size) * reg.bytes_per_chunk
     if kind == PeerKind.RAW:
@@ -547,7 +548,10 @@ def summarize(rows: Sequence[PeerRow], reg: Registration, w: int) -> PeerSummary
         stocks = (PeerKind.STOCK, PeerKind.STOCK_CONTIGUOUS)
         mine = [r for r in done if r.tokens == n and (r.kind not in stocks or (r.l1_bytes or 0) >= whole)]
         below = [r for r in done if r.tokens == n and r.kind == PeerKind.STOCK and (r.l1_bytes or 0) < whole]
-        sides = {k: PeerSide.of([r.measured for r in mine if r.kind == k and r.measured]) for k in MEASURED_KINDS}
+        nbytes = n * reg.bytes_per_token * reg.tp_size  # what each case restored, every rank's bytes
+        sides = {
+            k: PeerSide.of([r.measured for r in mine if r.kind == k and r.measured], nbytes) for k in MEASURED_KINDS
+        }
         gb = {k: v.gbps_per_rank for k, v in sides.items()}
         cpu = {k: v.cpu_s_per_gb for k, v in sides.items()}
         bsr = [r for r in mine if r.kind == PeerKind.BSR and r.measured]

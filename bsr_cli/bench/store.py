@@ -12,6 +12,7 @@ from bsr_cli.bench.evidence import (
     BenchRow,
     Bundle,
     OnRow,
+    RankEvidence,
     RestoreEvidence,
     RowMeta,
     Run,
@@ -43,6 +44,8 @@ from bsr_cli.bench.probes import (
     store_clients,
 )
 from bsr_cli.core import accounting, wire
+from bsr_cli.core.evidence import TimedStage
+from bsr_cli.core.stage_costs import OTHER_CPU
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import InvalidInput, ServiceError
 
@@ -86,6 +89,9 @@ class StoreRestoreStats:
     # Each restore against the raw GET measured just before it (median of the per-restore ratios).
     paired_raw_gbps_per_client: float | None
     vs_paired_raw: float | None
+    # CPU seconds per GB a rank restored, by stage (fetch, verify, install, wait) and the rest of the rank's process
+    # ("other": the transport's own threads); medians over the ranks of every restore. None: no rank reported them.
+    stage_cpu_s_per_gb: dict[str, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +265,17 @@ def _store_restores(
     return configs
 
 
+def stage_cpu_per_gb(ranks: Sequence[RankEvidence]) -> dict[str, float | None] | None:
+    """Medians over ``ranks`` of each stage's CPU seconds per GB the rank restored, and of the rest of its process
+    (``other``); None when no rank reported its stages."""
+    staged = [(x.stages, x.bytes_restored / 1e9) for x in ranks if x.stages is not None and x.bytes_restored > 0]
+    if not staged:
+        return None
+    out = {s.value: median([c.of(s).cpu_s / gb for c, gb in staged]) for s in TimedStage}
+    out[OTHER_CPU] = median([max(c.process_cpu_s - c.staged_cpu_s, 0.0) / gb for c, gb in staged])
+    return out
+
+
 def _restore_begun(w: int, budget: int | None, trial: int, tokens: int) -> Callable[[str | None], StoreRestoreRow]:
     return lambda at: StoreRestoreRow(W=w, budget_bytes=budget, trial=trial, tokens=tokens, meta=RowMeta(started_at=at))
 
@@ -298,6 +315,7 @@ def _store_summary(
             runs=len(sel),
             paired_raw_gbps_per_client=median([r.paired_raw_get.gbps_per_client for r in sel if r.paired_raw_get]),
             vs_paired_raw=median([r.vs_paired_raw for r in sel if r.vs_paired_raw is not None]),
+            stage_cpu_s_per_gb=stage_cpu_per_gb([x for ev in evs for x in ev.ranks]),
         )
     whole = restores.get("W=0")
     w0 = whole.gbps_per_rank if whole else None
