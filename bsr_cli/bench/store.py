@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 
 OVERLAP_TARGET = 0.9  # W=32 (B = 2·RWS) restore throughput against the whole-plan path
-RAW_TARGET = 0.8  # Mooncake restore against raw batch_get_into
+RAW_TARGET = 0.9  # Mooncake restore against raw batch_get_into
 
 
 # -- the summary (fields in the order of its evidence keys) -----------------------------------------------------
