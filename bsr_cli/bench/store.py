@@ -265,6 +265,23 @@ def _store_restores(
     return configs
 
 
+def _restore_stats(sel: Sequence[StoreRestoreRow]) -> StoreRestoreStats:
+    """Medians over one configuration's restores, each beside its paired raw GET."""
+    evs = [r.restore for r in sel if r.restore]
+    return StoreRestoreStats(
+        gbps_per_rank=median([ev.gbps_per_rank for ev in evs]),
+        rank_gbps=median([x.gbps for ev in evs for x in ev.ranks]),
+        seconds=median([ev.seconds for ev in evs]),
+        fetch_seconds=median([x.fetch_seconds for ev in evs for x in ev.ranks]),
+        install_seconds=median([x.install_seconds for ev in evs for x in ev.ranks]),
+        peak_pool_bytes=max(ev.peak_pool_bytes for ev in evs),
+        runs=len(sel),
+        paired_raw_gbps_per_client=median([r.paired_raw_get.gbps_per_client for r in sel if r.paired_raw_get]),
+        vs_paired_raw=median([r.vs_paired_raw for r in sel if r.vs_paired_raw is not None]),
+        stage_cpu_s_per_gb=stage_cpu_per_gb([x for ev in evs for x in ev.ranks]),
+    )
+
+
 def stage_cpu_per_gb(ranks: Sequence[RankEvidence]) -> dict[str, float | None] | None:
     """Medians over ``ranks`` of each stage's CPU seconds per GB the rank restored, and of the rest of its process
     (``other``); None when no rank reported its stages."""
@@ -301,22 +318,10 @@ def _store_summary(
         sel = [
             r for r in done if isinstance(r, StoreRestoreRow) and r.restore and (r.W, r.budget_bytes) == (cw, budget)
         ]
-        evs = [r.restore for r in sel if r.restore]
         if not sel:
             continue
         label = "W=0" if cw == 0 else f"W={cw},B={'RWS' if budget == rws else '2RWS'}"
-        restores[label] = StoreRestoreStats(
-            gbps_per_rank=median([ev.gbps_per_rank for ev in evs]),
-            rank_gbps=median([x.gbps for ev in evs for x in ev.ranks]),
-            seconds=median([ev.seconds for ev in evs]),
-            fetch_seconds=median([x.fetch_seconds for ev in evs for x in ev.ranks]),
-            install_seconds=median([x.install_seconds for ev in evs for x in ev.ranks]),
-            peak_pool_bytes=max(ev.peak_pool_bytes for ev in evs),
-            runs=len(sel),
-            paired_raw_gbps_per_client=median([r.paired_raw_get.gbps_per_client for r in sel if r.paired_raw_get]),
-            vs_paired_raw=median([r.vs_paired_raw for r in sel if r.vs_paired_raw is not None]),
-            stage_cpu_s_per_gb=stage_cpu_per_gb([x for ev in evs for x in ev.ranks]),
-        )
+        restores[label] = _restore_stats(sel)
     whole = restores.get("W=0")
     w0 = whole.gbps_per_rank if whole else None
     bsr1 = next((v.gbps_per_rank for k, v in restores.items() if k.endswith("B=RWS")), None)

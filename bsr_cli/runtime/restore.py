@@ -230,17 +230,7 @@ class RankRestorer:
             verified = self._verifier.submit(self._verify_timed, job, win, arrived, clock)
             try:
                 fetch_ahead(block=False)
-                t0 = time.monotonic()
-                try:
-                    with clock.timing(TimedStage.INSTALL):
-                        install(job, win, lease)
-                except RestoreFailed:
-                    raise
-                except Exception as e:
-                    raise RestoreFailed(
-                        f"install failed: {type(e).__name__}: {e}", win.index, kind=failures.RANK, stage=Stage.INSTALL
-                    ) from e
-                out.install_seconds += time.monotonic() - t0
+                out.install_seconds += self._install_timed(install, job, win, lease, clock)
                 with clock.timing(TimedStage.WAIT):
                     verified.result()
             finally:
@@ -301,6 +291,22 @@ class RankRestorer:
         except BaseException:
             lease.release()
             raise
+
+    @staticmethod
+    def _install_timed(install: _Install, job: RestoreJob, win: WindowJob, lease: Lease, clock: StageClock) -> float:
+        """The window's install stage, timed; any failure but a classified one is the rank's, at install. Returns
+        its wall seconds."""
+        t0 = time.monotonic()
+        try:
+            with clock.timing(TimedStage.INSTALL):
+                install(job, win, lease)
+        except RestoreFailed:
+            raise
+        except Exception as e:
+            raise RestoreFailed(
+                f"install failed: {type(e).__name__}: {e}", win.index, kind=failures.RANK, stage=Stage.INSTALL
+            ) from e
+        return time.monotonic() - t0
 
     def _verify_timed(
         self,

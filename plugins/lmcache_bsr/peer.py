@@ -184,6 +184,18 @@ class TransferMeter:
         """Time the transfer calls LMCache's Mooncake connector makes (its store, behind a forwarding wrapper)."""
         connector.store = _TimedStore(connector.store, self)
 
+    def stage_costs(self, cpu: dict[str, float], install: InstallMeter | None = None) -> dict[str, Any]:
+        """The case's stage costs (``core.stage_costs``): its transfers as the fetch stage, the connector's copy as
+        the install, the case process's CPU (``cpu``: a CpuMeter's reading); no verify stage, no window loop."""
+        from bsr_cli.core.evidence import TimedStage
+        from bsr_cli.core.stage_costs import StageCosts
+
+        costs = StageCosts(process_cpu_s=cpu.get("process", 0.0))
+        costs = costs.plus(TimedStage.FETCH, self.wall_seconds, self.cpu_seconds)
+        if install is not None:
+            costs = costs.plus(TimedStage.INSTALL, install.wall_seconds, install.seconds)
+        return dict(costs.rounded().to_wire())
+
 
 class _TimedStore:
     """The real store, its ``batch_get_into`` timed by a TransferMeter; every other call passed through as is."""
@@ -194,18 +206,6 @@ class _TimedStore:
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._store, name)
         return self._meter.timed(real) if name == "batch_get_into" else real
-
-
-def stage_costs(
-    *, process_cpu_s: float, fetch: tuple[float, float], install: tuple[float, float] = (0.0, 0.0)
-) -> dict[str, Any]:
-    """A case's stage costs as the bundle keeps them (``core.stage_costs``): fetch and install as (wall, CPU)
-    seconds; a stock or raw case has no verify stage and no window loop to wait in."""
-    from bsr_cli.core.evidence import TimedStage
-    from bsr_cli.core.stage_costs import StageCosts
-
-    costs = StageCosts(process_cpu_s=process_cpu_s).plus(TimedStage.FETCH, *fetch).plus(TimedStage.INSTALL, *install)
-    return dict(costs.rounded().to_wire())
 
 
 _STOCK_STAGES = {"lookup": "get_block_mapping", "fetch": "batched_get"}  # stage -> StorageManager method
@@ -373,13 +373,7 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
     bs = ranks[0].reg.groups[0].block_size
     table = list(range(-(-n // bs)))
     contiguous: list[ContiguousDestination] = case.get("_contiguous") or []
-    clock = StageClock()
-    transfers = TransferMeter()
-    for rk in ranks:
-        clock.wrap(rk.engine.storage_manager)
-        conn = lm.mooncake_connector(rk.engine)
-        if conn is not None:
-            transfers.wrap(conn)
+    clock, transfers = _stock_meters(ranks)
     lookup_s = 0.0
     if contiguous:
         # Stock with every advantage bsr's restore has, or an independent benchmark gave it: the transfer calls'
@@ -447,11 +441,7 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
         "hash_ok": hash_ok,
         "cpu": cpu,
         "install_cpu_seconds": round(install.seconds, 4),
-        "stage_costs": stage_costs(
-            process_cpu_s=cpu.get("process", 0.0),
-            fetch=(clock.seconds["fetch"], transfers.cpu_seconds),
-            install=(install.wall_seconds, install.seconds),
-        ),
+        "stage_costs": transfers.stage_costs(cpu, install),
         # Summed over the ranks; with TP 1 they add up to the call's time, less its key hashing and bookkeeping.
         "stage_seconds": {
             **{k: round(v, 4) for k, v in clock.seconds.items()},
@@ -463,6 +453,19 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
         "stuck_thread": stuck,
         "ok": loaded == n and hash_ok is True,
     }
+
+
+def _stock_meters(ranks: list[Any]) -> tuple[StageClock, TransferMeter]:
+    """Stock's retrieve timed by stage, and its transfer calls' thread CPU, on every rank."""
+    from lmcache_bsr import _lmcache as lm
+
+    clock, transfers = StageClock(), TransferMeter()
+    for rk in ranks:
+        clock.wrap(rk.engine.storage_manager)
+        conn = lm.mooncake_connector(rk.engine)
+        if conn is not None:
+            transfers.wrap(conn)
+    return clock, transfers
 
 
 def torch_tokens(toks: list[int]) -> Any:
@@ -542,9 +545,7 @@ def run_raw(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
             ],
             "cpu": cpu,
             "install_cpu_seconds": 0.0,
-            "stage_costs": stage_costs(
-                process_cpu_s=cpu.get("process", 0.0), fetch=(transfers.wall_seconds, transfers.cpu_seconds)
-            ),
+            "stage_costs": transfers.stage_costs(cpu),
             "timed_out": False,
             "ok": not bad,
         }

@@ -159,6 +159,15 @@ class L1Budget:
             self._cond.notify_all()
 
 
+def _transfer_threads(rank: int) -> ThreadPoolExecutor:
+    """The threads a rank's window transfers run on: at lower priority, so that the store's completion poll on them
+    yields the CPU to the transfer itself and to the install (as LMCache's own transfer threads do under bsr's
+    restore: lm.lower_transfer_priority)."""
+    return ThreadPoolExecutor(
+        max_workers=FETCHES_IN_FLIGHT, thread_name_prefix=f"bsr-lmc-io{rank}", initializer=lm.lower_this_thread
+    )
+
+
 def _one_tier(objs: list[ObjectRef], win: WindowJob) -> str | None:
     """The tier a window's objects come from, when it is one (a failure is then blamed on it)."""
     tiers = {objs[c].tier for c in range(win.chunk_start, win.chunk_end)}
@@ -236,8 +245,7 @@ class LMCacheRank:
                 if extra.get("bsr_checksums", True)
                 else None
             )
-            # A window's chunks on Mooncake in one transfer straight into L1, checksums included (window.py).
-            self.windows = MooncakeWindows.of(self.engine, self.checksums)
+            self.windows = MooncakeWindows.of(self.engine, self.checksums)  # a window: one transfer into L1
             blocks = {self.group: -(-kv_tokens // reg.groups[0].block_size)}
             self.kv = PagedKV(reg, rank, blocks, torch.device("cpu"))
             self.kv_ops = KVOps(self.kv)
@@ -253,12 +261,7 @@ class LMCacheRank:
         self._count_lock = threading.Lock()
         self._aborts: dict[str, threading.Event] = {}
         self._written: set[str] = set()  # remote keys this rank stored: waited for before destroy
-        # The window transfers run here: at lower priority, so that the store's completion poll on these threads
-        # yields the CPU to the transfer itself and to the install (as LMCache's own transfer threads do under
-        # bsr's restore: lm.lower_transfer_priority).
-        self._io = ThreadPoolExecutor(
-            max_workers=FETCHES_IN_FLIGHT, thread_name_prefix=f"bsr-lmc-io{rank}", initializer=lm.lower_this_thread
-        )
+        self._io = _transfer_threads(rank)
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -504,8 +507,9 @@ _Ahead = tuple[int, float, Future[WindowFetch], int]
 
 
 class _RestoreRun:
-    """One request's restore on an LMCacheRank, window by window: admit a window under B, fetch it from LMCache (the
-    next window's fetch issued ahead when B holds both), check it loaded whole, install it through the connector,
+    """One request's restore on an LMCacheRank, window by window: admit a window under B, fetch it into L1 (one
+    Mooncake transfer, ``window.py``; the next window's fetch issued before this one's checks when B holds both),
+    check every object against its checksum and that the window loaded whole, install it (one copy per layer),
     give its objects back to L1 and its bytes back to B. Armed faults wrap its parts (bsr_cli/runtime/faulty.py)."""
 
     def __init__(self, rank: LMCacheRank, job: RestoreJob, abort: threading.Event) -> None:
@@ -645,7 +649,12 @@ class _RestoreRun:
         locations = [self.locate(win, self.objs[c].tier) for c in range(win.chunk_start, win.chunk_end)]
         keys = self.keys[win.chunk_start : win.chunk_end]
         rk = self.rank
-        fut = rk._io.submit(fetch_window, rk.engine, rk.windows, keys, locations, self.clock)
+        try:
+            fut = rk._io.submit(fetch_window, rk.engine, rk.windows, keys, locations, self.clock)
+        except BaseException:
+            if admitted:
+                rk.l1.release(admitted)  # never issued: its bytes of B go back at once
+            raise
         self.ahead.append((pos, time.monotonic(), fut, admitted))
 
     def _may_run_ahead(self, pos: int) -> bool:
