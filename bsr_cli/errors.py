@@ -15,12 +15,16 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     │   ├── FaultsDisabled      fault injection refused: engine started without it (8)
     │   ├── EngineBusy          every serving slot in use (503 busy), after retries (15)
     │   ├── RankRestarting      a rank process died and the engine is starting it again (503) (16)
+    │   ├── HostOverloaded      a deadline ran out while the host starved the engine: no rank  (17)
+    │   │                       or tier blamed (503)
     │   └── ServerError         the engine failed (5xx)                           (9)
     ├── RestoreFailedClosed     a restore ended fail-closed (nothing committed)  (10)
     ├── DrillViolation          a drill found a broken invariant                 (11)
     ├── ServiceError            starting/stopping local services failed          (13)
     ├── NothingToRestore        no tier holds the prompt's first chunk: no restore ran (14)
     ├── OutputHashMismatch      the request's KV hashed differently from the canonical KV: invalidated (19)
+    ├── DamagedObjects          a scrub found damaged objects (and set them aside) (20)
+    ├── ScrubIncomplete         a scrub stopped at its limit, failed or did not run (21)
     └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
 """
 
@@ -47,7 +51,10 @@ class ExitCode(IntEnum):
     NOTHING_TO_RESTORE = 14
     ENGINE_BUSY = 15
     RANK_RESTARTING = 16
+    HOST_OVERLOADED = 17
     OUTPUT_MISMATCH = 19
+    DAMAGED_OBJECTS = 20
+    SCRUB_INCOMPLETE = 21
     INTERRUPTED = 130
 
 
@@ -154,6 +161,15 @@ class RankRestarting(EngineError):
         return super().to_dict() | {"rank": self.rank, "retry_after_s": self.retry_after_s}
 
 
+class HostOverloaded(EngineError):
+    """A deadline ran out while the host starved the engine (its ranks waited to run, the host was under CPU,
+    memory or I/O pressure, or the coordinator itself did not run on time): not a rank's or a tier's fault, so
+    neither is blamed; the request can be retried once the load drops."""
+
+    exit_code = ExitCode.HOST_OVERLOADED
+    kind = "host-overloaded"
+
+
 class ServerError(EngineError):
     exit_code = ExitCode.SERVER_ERROR
     kind = "server-error"
@@ -187,6 +203,21 @@ class OutputHashMismatch(BsrError):
 
     exit_code = ExitCode.OUTPUT_MISMATCH
     kind = "output-mismatch"
+
+
+class DamagedObjects(BsrError):
+    """A scrub read a tier's objects back and found damaged ones (it set them aside: the next store rewrites them)."""
+
+    exit_code = ExitCode.DAMAGED_OBJECTS
+    kind = "damaged-objects"
+
+
+class ScrubIncomplete(BsrError):
+    """A scrub found nothing damaged but did not check its whole scope (a limit, a tier it could not read, or a
+    rank already running as many scrubs as it allows): clean is not proven."""
+
+    exit_code = ExitCode.SCRUB_INCOMPLETE
+    kind = "scrub-incomplete"
 
 
 class RestoreAborted(BsrError):

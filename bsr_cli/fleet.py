@@ -12,10 +12,16 @@ markers, faults and restores that failed closed in the last five minutes, then h
 likewise.
 
 `--engines-from` discovers a fleet instead of listing it (`discover`): a file of engines, a DNS name with several
-addresses, or a Prometheus server's active scrape targets. `Memory` is what the fleet remembers of each engine
-between polls (and between invocations, in a small file under the state directory): when it last answered, and, once
-it stops answering, since when and how it went away (`Departure`). `exit_code` is the one rule for a fleet's exit
-status (docs/fleet.md).
+addresses, or a Prometheus server's active scrape targets. Each engine is read with its own token (`credential`):
+one named for it (a profile's, an engines file entry's `token_file=`, a Prometheus target's `bsr_token_file`
+label), else that of the embedded engine on this machine serving its URL (read from its state directory), else
+--token / BSR_TOKEN.
+
+`Memory` is what the fleet remembers of each engine between polls (and between invocations, in a small file under
+the state directory): when it last answered, and, once it stops answering, since when and how it went away
+(`Departure`; an engine on this machine is asked its own durable record of how it stopped), and a timeline of what
+happened to each (`Incident`: ranks restarted with their reason, engines gone and back). `exit_code` is the one
+rule for a fleet's exit status (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -33,11 +39,29 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from bsr_cli.client import local_engine
 from bsr_cli.core import wire
-from bsr_cli.core.events import EngineStarted, EngineStopped, Event, parse_event
-from bsr_cli.core.evidence import EventKind, Outcome
+from bsr_cli.core.events import (
+    EngineStarted,
+    EngineStopped,
+    Event,
+    RankRestarted,
+    RankUnresponsive,
+    known_event,
+    parse_event,
+)
+from bsr_cli.core.evidence import EventKind, Outcome, RankState
 from bsr_cli.core.status import PoolEntry, Snapshot
-from bsr_cli.errors import BsrError, EngineUnreachable, ExitCode, InvalidInput
+from bsr_cli.errors import (
+    BsrError,
+    EngineBusy,
+    EngineError,
+    EngineUnreachable,
+    ExitCode,
+    InvalidInput,
+    Unauthorized,
+    VersionMismatch,
+)
 from bsr_cli.settings import Settings
 
 
@@ -45,7 +69,7 @@ class Severity(IntEnum):
     """How bad an engine (or a rank) is, worst highest."""
 
     OK = 0
-    ATTENTION = 1  # force-local markers, armed faults, recent failed-closed restores
+    ATTENTION = 1  # force-local markers, armed faults, recent failed-closed restores, a rank the host starves
     DEGRADED = 2  # a tier is unhealthy or a rank's pool is at the admission budget
     UNHEALTHY = 3  # a rank is down, stopped or failing its heartbeat: the engine cannot serve
     DOWN = 4  # the engine did not answer
@@ -64,9 +88,48 @@ STATE = {DOWN: "down", UNHEALTHY: "unhealthy", DEGRADED: "degraded", ATTENTION: 
 
 @dataclass(frozen=True)
 class Target:
+    """One engine of a fleet, and the token it is read with (`credential`): its own (``token``, or ``token_file``,
+    read at every poll so a rotated token is picked up), else the embedded engine's on this machine serving ``url``,
+    else ``fallback`` (--token / BSR_TOKEN). One token is never sent to engines that each have their own."""
+
     name: str  # what the operator typed (a URL or a profile name, with an index when a profile lists several)
     url: str
+    token: str | None = None
+    token_file: Path | None = None
+    fallback: str | None = None
+
+
+@dataclass(frozen=True)
+class Credential:
+    """The token an engine is read with, where it came from (for the line that says it was refused), and the
+    state directory of an embedded engine on this machine serving the target's URL (its own record of how it
+    stopped lies there)."""
+
     token: str | None
+    source: str
+    state_dir: Path | None = None
+
+
+def credential(t: Target) -> Credential:
+    """``t``'s token: its own, else the local embedded engine's, else the fallback (InvalidInput when its token
+    file cannot be read)."""
+    local = local_engine.serving(t.url)
+    state = local.state_dir if local is not None else None
+    if t.token:
+        return Credential(t.token, f"the token given for {t.name}", state)
+    if t.token_file is not None:
+        return Credential(local_engine.read_token_file(t.token_file), f"token file {t.token_file}", state)
+    if local is not None:
+        return Credential(local.token, f"the engine's own, from {local.state_dir}", state)
+    if t.fallback:
+        return Credential(t.fallback, "--token / BSR_TOKEN")
+    return Credential(None, "none: none is named for this engine, and no engine on this machine serves its URL")
+
+
+TOKEN_HINT = (
+    "name this engine's token: token_file=PATH after its URL in the engines file, a bsr_token_file label on its "
+    "Prometheus target, or token_file in its profile (docs/fleet.md)"
+)
 
 
 def split_engines(value: str | None) -> list[str]:
@@ -91,10 +154,14 @@ def targets(settings: Settings, engines_from: str | None = None) -> list[Target]
     return out
 
 
-def _resolve(settings: Settings, name: str) -> list[Target]:
+def _resolve(settings: Settings, name: str, token_file: Path | None = None) -> list[Target]:
+    """The engines ``name`` stands for (a profile, or a URL, read with ``token_file`` when given)."""
     if name in settings.profiles:
         prof = settings.profiles[name]
-        token = settings.token or prof.token
+
+        def target(label: str, url: str) -> Target:
+            return Target(label, url.rstrip("/"), prof.token, prof.token_file, settings.token)
+
         many = prof.urls  # checked when the config file was read (bsr_cli/settings.py)
         if many is not None:
             found: list[Target] = []
@@ -102,20 +169,20 @@ def _resolve(settings: Settings, name: str) -> list[Target]:
                 if u in settings.profiles and u != name:
                     found.extend(_resolve(settings, u))
                 elif u.startswith(("http://", "https://")):
-                    found.append(Target(f"{name}[{i}]", u.rstrip("/"), token))
+                    found.append(target(f"{name}[{i}]", u))
                 else:
                     raise InvalidInput(f"profile {name!r}: {u!r} is neither a URL nor a profile")
             return found
         url = prof.url
         if not url:
             raise InvalidInput(f"profile {name!r} has no url")
-        return [Target(name, url.rstrip("/"), token)]
+        return [target(name, url)]
     if not name.startswith(("http://", "https://")):
         raise InvalidInput(
             f"--engine {name!r} is neither a URL nor a profile",
             hint=f"profiles in {settings.config_path}: {', '.join(settings.profiles) or 'none'}",
         )
-    return [Target(name, name.rstrip("/"), settings.token)]
+    return [Target(name, name.rstrip("/"), token_file=token_file, fallback=settings.token)]
 
 
 # -- discovery ----------------------------------------------------------------------------------------------------
@@ -143,8 +210,10 @@ def discover(
     resolver: Resolver = _resolve_addresses,
 ) -> list[Target]:
     """The engines ``spec`` names: ``prometheus://HOST:PORT?job=JOB`` (a Prometheus server's active targets of that
-    job), ``dns://NAME:PORT`` (one engine per address of NAME), or a file (``file:PATH`` or a path) with one URL or
-    profile name per line (``#`` starts a comment). Nothing found is an error: an empty fleet is never "all ok"."""
+    job; a target's ``bsr_token_file`` label names its token file), ``dns://NAME:PORT`` (one engine per address of
+    NAME), or a file (``file:PATH`` or a path) with one engine per line: a URL, optionally followed by
+    ``token_file=PATH``, or a profile name (``#`` starts a comment). Nothing found is an error: an empty fleet is
+    never "all ok"."""
     token = settings.token if settings is not None else None
     if spec.startswith("prometheus://"):
         found = _from_prometheus(spec, token, timeout_s=settings.timeout_s if settings else timeout_s)
@@ -165,8 +234,11 @@ def _from_dns(spec: str, token: str | None, resolver: Resolver) -> list[Target]:
     out = []
     for addr in resolver(u.hostname, u.port):
         host = f"[{addr}]" if ":" in addr else addr
-        out.append(Target(f"{u.hostname}/{addr}", f"{scheme}://{host}:{u.port}", token))
+        out.append(Target(f"{u.hostname}/{addr}", f"{scheme}://{host}:{u.port}", fallback=token))
     return out
+
+
+ENTRY_OPTIONS = ("token_file",)  # what an engines file's line may say after its URL, as KEY=VALUE
 
 
 def _from_file(path: Path, settings: Settings | None) -> list[Target]:
@@ -176,19 +248,44 @@ def _from_file(path: Path, settings: Settings | None) -> list[Target]:
         raise InvalidInput(f"--engines-from {path}: {e.strerror or e}") from None
     out: list[Target] = []
     for n, line in enumerate(lines, 1):
-        name = line.split("#", 1)[0].strip()
-        if not name:
-            continue
-        if settings is None:
-            if not name.startswith(("http://", "https://")):
-                raise InvalidInput(f"{path}:{n}: {name!r} is not a URL")
-            out.append(Target(name, name.rstrip("/"), None))
+        words = line.split("#", 1)[0].split()
+        if not words:
             continue
         try:
-            out.extend(_resolve(settings, name))
+            name, token_file = _entry(path, words)
+            if settings is None:
+                if not name.startswith(("http://", "https://")):
+                    raise InvalidInput(f"{name!r} is not a URL")
+                out.append(Target(name, name.rstrip("/"), token_file=token_file))
+            else:
+                out.extend(_resolve(settings, name, token_file))
         except InvalidInput as e:
             raise InvalidInput(f"{path}:{n}: {e.message}", hint=e.hint) from None
     return out
+
+
+def _entry(path: Path, words: list[str]) -> tuple[str, Path | None]:
+    """One line of an engines file: its URL or profile name, and the token file it names (relative to the file)."""
+    name, options = words[0], dict(w.partition("=")[::2] for w in words[1:])
+    unknown = [w for w in words[1:] if "=" not in w or w.partition("=")[0] not in ENTRY_OPTIONS]
+    if unknown:
+        raise InvalidInput(
+            f"{unknown[0]!r} after {name}: not an option of an engine's line",
+            hint="a line is a URL, optionally followed by token_file=PATH, or a profile name",
+        )
+    if "token_file" not in options:
+        return name, None
+    if not name.startswith(("http://", "https://")):
+        raise InvalidInput(
+            f"token_file= after profile {name}: a profile names its own token",
+            hint=f"set token_file (or token) in [profiles.{name}] of the config file",
+        )
+    if not options["token_file"]:
+        raise InvalidInput(f"token_file= after {name} names no file", hint="token_file=PATH (relative to this file)")
+    return name, path.parent / Path(options["token_file"]).expanduser()
+
+
+TOKEN_FILE_LABEL = "bsr_token_file"  # a Prometheus target's label naming the file that holds its admin token
 
 
 def _from_prometheus(spec: str, token: str | None, *, timeout_s: float) -> list[Target]:
@@ -223,7 +320,16 @@ def _from_prometheus(spec: str, token: str | None, *, timeout_s: float) -> list[
         scrape = urlsplit(str(t.get("scrapeUrl") or ""))
         if not scrape.netloc:
             continue
-        out.append(Target(str(labels.get("instance") or scrape.netloc), f"{scrape.scheme}://{scrape.netloc}", token))
+        # A token file per target, named by a label (the token itself never is: labels are stored with every series).
+        token_file = labels.get(TOKEN_FILE_LABEL) or (t.get("discoveredLabels") or {}).get(TOKEN_FILE_LABEL)
+        out.append(
+            Target(
+                str(labels.get("instance") or scrape.netloc),
+                f"{scrape.scheme}://{scrape.netloc}",
+                token_file=Path(str(token_file)) if token_file else None,
+                fallback=token,
+            )
+        )
     if not out:
         raise InvalidInput(
             f"Prometheus at {u.hostname}:{u.port} has no active target" + (f" in job {job!r}" if job else ""),
@@ -248,6 +354,7 @@ class RankAnswer:
     waiters: int  # restores waiting for pool room
     restore_bps: float
     heartbeat_age_s: float | None
+    starved: bool = False  # the host keeps it from running (healthy: the host's doing, not the rank's)
 
 
 @dataclass(frozen=True)
@@ -258,6 +365,65 @@ class RecentOutcome:
     finished: float | None
     reason: str
     request: str
+
+
+# -- what happened to an engine: the fleet's timeline ------------------------------------------------------------
+class Happened(StrEnum):
+    """What the fleet's timeline records of an engine: its own events that say what happened to it (read from its
+    durable history, with its token), and what the fleet saw (it stopped answering, it answered again)."""
+
+    RANK_RESTARTED = EventKind.RANK_RESTARTED.value
+    RANK_UNRESPONSIVE = EventKind.RANK_UNRESPONSIVE.value
+    ENGINE_STARTED = EventKind.ENGINE_STARTED.value
+    ENGINE_STOPPED = EventKind.ENGINE_STOPPED.value
+    WENT_DOWN = "went_down"
+    CAME_BACK = "came_back"
+
+
+# The engine's own events the timeline keeps: every poll asks for the newest HISTORY_EVENTS of the last HISTORY_S.
+HISTORY_KINDS = (Happened.RANK_RESTARTED, Happened.RANK_UNRESPONSIVE, Happened.ENGINE_STARTED, Happened.ENGINE_STOPPED)
+HISTORY_S = 3600.0
+HISTORY_EVENTS = 20
+ROW_INCIDENTS = 5  # an engine's row carries its newest five
+TIMELINE_SHOWN = 20  # the fleet's timeline, newest first, across its engines
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One line of the fleet's timeline: when, which engine, what happened (with the rank, and the engine's event
+    number when it is the engine's own event)."""
+
+    time: float
+    engine: str
+    url: str
+    kind: Happened
+    text: str
+    rank: int | None = wire.field(default=None, omit_none=True)
+    seq: int | None = wire.field(default=None, omit_none=True)
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What makes it the same incident when it is read again: the engine's event, or what the fleet saw when."""
+        return (self.url, self.seq) if self.seq is not None else (self.url, self.kind, self.time)
+
+
+def incident_of(engine: str, url: str, e: Event) -> Incident | None:
+    """The timeline's line for one of the engine's own events; None for a kind the timeline does not keep."""
+    at = (e.time, engine, url)
+    if isinstance(e, RankRestarted):
+        why = f"{e.reason or 'no reason given'}; restart {e.restarts}"
+        return Incident(*at, Happened.RANK_RESTARTED, f"rank {e.rank} restarted ({why})", e.rank, e.seq)
+    if isinstance(e, RankUnresponsive):
+        return Incident(*at, Happened.RANK_UNRESPONSIVE, f"rank {e.rank} unresponsive: {e.reason}", e.rank, e.seq)
+    if isinstance(e, EngineStarted):
+        text = f"engine restarted after a {e.previous_stop} stop" if e.restart and e.previous_stop else "engine started"
+        return Incident(*at, Happened.ENGINE_STARTED, text, None, e.seq)
+    if isinstance(e, EngineStopped):
+        return Incident(*at, Happened.ENGINE_STOPPED, f"engine stopped ({e.reason or 'requested'})", None, e.seq)
+    return None
 
 
 _LIFECYCLE = (EventKind.ENGINE_STARTED, EventKind.ENGINE_STOPPED)
@@ -289,10 +455,13 @@ class EngineAnswer:
     budget_bytes: int = 0
     ranks: tuple[RankAnswer, ...] = ()
     tiers: dict[str, tuple[str, ...] | None] = field(default_factory=dict)  # unhealthy tiers' details; None: ok
+    injected_tiers: tuple[str, ...] = ()  # unhealthy only because of injected faults (a drill)
     markers: int = 0
     armed_faults: int = 0
     active: int = 0
     recent: tuple[RecentOutcome, ...] = ()
+    history: tuple[Event, ...] = ()  # its own events the timeline keeps (HISTORY_KINDS), read from its history
+    state_dir: str | None = None  # an embedded engine on this machine: its state directory
 
     @classmethod
     def of(cls, snap: Snapshot) -> EngineAnswer:
@@ -317,6 +486,7 @@ class EngineAnswer:
             budget_bytes=info.budget_bytes,
             ranks=tuple(_rank_answer(r) for r in snap.ranks),
             tiers={name: None if t.ok else t.detail for name, t in snap.tiers.items()},
+            injected_tiers=tuple(name for name, t in snap.tiers.items() if not t.ok and t.injected),
             markers=len(snap.markers),
             # Every fault a snapshot lists is armed (the engine lists those that have not run out).
             armed_faults=len(snap.faults),
@@ -342,6 +512,7 @@ def _rank_answer(r: PoolEntry) -> RankAnswer:
         waiters=int(pool.get("waiters", 0)),
         restore_bps=r.restore_bps,
         heartbeat_age_s=r.heartbeat_age_s,
+        starved=r.state is RankState.STARVED,
     )
 
 
@@ -350,15 +521,34 @@ Poll = Callable[[Target], EngineAnswer]
 
 
 def http_poll(timeout_s: float) -> Poll:
-    """One snapshot of one engine through the one admin client, bounded by ``timeout_s``."""
+    """One snapshot of one engine through the one admin client, with the engine's own token (`credential`), and
+    what its history says happened to it lately; each call bounded by ``timeout_s``."""
 
     def poll(t: Target) -> EngineAnswer:
         from bsr_cli.client import AdminClient
 
-        with AdminClient(t.url, t.token, timeout_s=timeout_s) as c:
-            return EngineAnswer.of(c.snapshot(health=True, timeout=timeout_s))
+        cred = credential(t)
+        with AdminClient(t.url, cred.token, timeout_s=timeout_s) as c:
+            try:
+                answer = EngineAnswer.of(c.snapshot(health=True, timeout=timeout_s))
+            except Unauthorized as e:
+                raise Unauthorized(f"{e.message} (token sent: {cred.source})", hint=TOKEN_HINT) from None
+            history = _history(c, answer.time or time.time())
+        return replace(answer, history=history, state_dir=None if cred.state_dir is None else str(cred.state_dir))
 
     return poll
+
+
+def _history(client: Any, now: float) -> tuple[Event, ...]:
+    """The engine's own events of HISTORY_KINDS in the last HISTORY_S (the newest HISTORY_EVENTS), from its durable
+    store where it keeps one. A host that does not answer them has none: its row stands on its snapshot."""
+    try:
+        page = client.events(
+            after=max(0.0, now - HISTORY_S), kinds=list(HISTORY_KINDS), limit=HISTORY_EVENTS, newest=True
+        )
+    except EngineError:
+        return ()
+    return tuple(e for raw in page.events if (e := known_event(raw)) is not None)
 
 
 def poll_all(
@@ -447,6 +637,9 @@ class EngineRow:
     pool_live_bytes: int = 0
     ranks_up: int = 0
     last_failure: LastFailure | None = None
+    state_dir: str | None = None  # an embedded engine on this machine: its state directory
+    # What happened to it lately (its rank restarts, its stops and starts): newest first.
+    incidents: tuple[Incident, ...] = ()
     # An engine that did not answer.
     error: str | None = None
     exit_code: int | None = None
@@ -480,6 +673,7 @@ class EngineRow:
         ident = {"engine": self.engine, "url": self.url, "polled_at": self.polled_at, "latency_s": self.latency_s}
         ranks = [r.to_wire() for r in self.ranks]
         head = {"severity": self.severity, "state": self.state, "problems": list(self.problems)}
+        incidents = {"incidents": [i.to_wire() for i in self.incidents]} if self.incidents else {}
         if self.down:
             out = ident | head | {"ranks": ranks, "error": self.error, "exit_code": self.exit_code}
             if self.departure is not None:
@@ -487,7 +681,7 @@ class EngineRow:
                 out |= {"last_seen": self.last_seen} if self.last_seen is not None else {}
                 out |= {"clean_stop": self.clean_stop} if self.clean_stop is not None else {}
                 out |= {"departure_text": self.departure_text, "down_text": self.down_text}
-            return out
+            return out | incidents
         out = ident | {"started_at": self.started_at, "stopping": self.stopping}
         out |= {"previous_stop": self.previous_stop} if self.previous_stop is not None else {}
         out |= head | {
@@ -507,10 +701,11 @@ class EngineRow:
             "last_failure": None if self.last_failure is None else self.last_failure.to_wire(),
             "ranks": ranks,
         }
+        out |= {"state_dir": self.state_dir} if self.state_dir is not None else {}
         out |= {"last_seen": self.last_seen} if self.last_seen is not None else {}
         out |= {"restarts": self.restarts} if self.restarts else {}
         out |= {"came_back": self.came_back} if self.came_back is not None else {}
-        return out
+        return out | incidents
 
     # A row as `bsr status --json` prints it and a fleet recording keeps it; what it lacks reads as absent.
     from_wire = wire.reader()
@@ -535,7 +730,13 @@ class FleetView:
         """Always true: the key that tells a fleet's JSON from one engine's."""
         return True
 
-    to_wire = wire.writer(order=("fleet", "engines", "counts", "worst"))
+    @property
+    def timeline(self) -> tuple[Incident, ...]:
+        """What happened to its engines lately, newest first (the newest of each engine's row)."""
+        every = sorted((i for e in self.engines for i in e.incidents), key=lambda i: -i.time)
+        return tuple(every[:TIMELINE_SHOWN])
+
+    to_wire = wire.writer(order=("fleet", "engines", "counts", "worst", "timeline"))
 
     from_wire = wire.reader()
 
@@ -553,7 +754,14 @@ def summarize(
     now = answer.time or at
     failed = [o for o in answer.recent if o.failed_closed and now - (o.finished or now) <= RECENT_S]
     last_failure = next((o for o in answer.recent if o.failed_closed), None)
-    sev, problems = _severity(ranks, answer.tiers, answer.markers, answer.armed_faults, failed)
+    sev, problems = _severity(ranks, answer.tiers, answer.injected_tiers, answer.markers, answer.armed_faults, failed)
+    incidents = sorted(
+        (i for e in answer.history if (i := incident_of(t.name, t.url, e)) is not None), key=lambda i: -i.time
+    )
+    restarted = [i for i in incidents if i.kind is Happened.RANK_RESTARTED and now - i.time <= RECENT_S]
+    if restarted:  # a rank that restarted lately: the engine serves again, and says why it had to
+        problems += [f"{i.text} at {time.strftime('%H:%M:%S', time.localtime(i.time))}" for i in restarted]
+        sev = max(sev, Severity.ATTENTION)
     return EngineRow(
         t.name,
         t.url,
@@ -583,6 +791,8 @@ def summarize(
             else None
         ),
         ranks=tuple(sorted(ranks, key=lambda r: (-r.severity, r.rank if r.rank is not None else 0))),
+        state_dir=answer.state_dir,
+        incidents=tuple(incidents[:ROW_INCIDENTS]),
     )
 
 
@@ -602,6 +812,8 @@ def _rank_row(r: RankAnswer, budget: int) -> RankRow:
         sev, why = Severity.UNHEALTHY, r.reason or ("down" if not r.alive else "unhealthy")
     elif budget and r.live_bytes >= budget:
         sev, why = Severity.DEGRADED, "pool at budget B"
+    elif r.starved:
+        sev, why = Severity.ATTENTION, f"starved (the host, not the rank): {r.reason or 'waiting to run'}"
     elif r.waiters:
         sev, why = Severity.ATTENTION, f"{r.waiters} waiting for pool"
     return RankRow(
@@ -622,12 +834,14 @@ def _rank_row(r: RankAnswer, budget: int) -> RankRow:
 def _severity(
     ranks: list[RankRow],
     tiers: dict[str, tuple[str, ...] | None],
+    injected_tiers: Sequence[str],
     markers: int,
     faults: int,
     failed: list[RecentOutcome],
 ) -> tuple[Severity, list[str]]:
-    """(the engine's severity, what is wrong): its worst rank, unhealthy tiers (degraded), then markers, armed
-    faults and recent restores that failed closed (attention)."""
+    """(the engine's severity, what is wrong): its worst rank, unhealthy tiers (degraded), then tiers unhealthy
+    only because of injected faults (a drill's), markers, armed faults and recent restores that failed closed
+    (attention)."""
     problems: list[str] = []
     sev = max((r.severity for r in ranks), default=Severity.OK)
     for r in ranks:
@@ -635,8 +849,9 @@ def _severity(
             problems.append(f"rank {r.rank}: {r.reason}")
     bad_tiers = {n: detail for n, detail in tiers.items() if detail is not None}
     for n, detail in bad_tiers.items():
-        problems.append(f"tier {n} unhealthy" + (f" ({'; '.join(detail)})" if detail else ""))
-    if bad_tiers:
+        drill = " after an injected fault" if n in injected_tiers else ""
+        problems.append(f"tier {n} unhealthy{drill}" + (f" ({'; '.join(detail)})" if detail else ""))
+    if set(bad_tiers) - set(injected_tiers):
         sev = max(sev, Severity.DEGRADED)
     if markers:
         problems.append(f"{markers} force-local marker(s)")
@@ -644,7 +859,7 @@ def _severity(
         problems.append(f"{faults} fault(s) armed")
     if failed:
         problems.append(f"{len(failed)} recent restore(s) failed closed (last: {failed[0].reason or 'no reason'})")
-    if markers or faults or failed:
+    if markers or faults or failed or bad_tiers:
         sev = max(sev, Severity.ATTENTION)
     return sev, problems
 
@@ -692,6 +907,10 @@ class Departure(StrEnum):
         }[self]
 
 
+# Errors that an engine answered with: it refuses this bsr, it has not gone away.
+ANSWERED = frozenset({Unauthorized.kind, VersionMismatch.kind, EngineBusy.kind})
+
+
 @dataclass(frozen=True)
 class Seen:
     """One engine as the fleet last saw it."""
@@ -702,20 +921,37 @@ class Seen:
     down_since: float | None = None  # the first poll it did not answer, since it last did
     departure: str | None = None  # a Departure, once it is down
     restarts: int = 0  # restarts seen by this fleet
+    state_dir: str | None = None  # an embedded engine on this machine: where its own record of how it stopped lies
+
+
+def _stopped_cleanly(state_dir: str | None) -> bool:
+    """Whether an embedded engine on this machine recorded a requested shutdown as its last word (its durable
+    event store in ``state_dir``): a fleet that polled it too seldom to see it announce the stop still knows."""
+    if not state_dir:
+        return False
+    from bsr_cli.runtime.event_store import stopped_cleanly
+
+    return stopped_cleanly(Path(state_dir)) is True
 
 
 class Memory:
-    """What the fleet remembers of each engine (by URL), kept in ``path`` between invocations when given. Losing
-    the file only loses history: it is written whole and atomically, and a file that does not parse is ignored."""
+    """What the fleet remembers of each engine (by URL), and the timeline of what happened to them, kept in
+    ``path`` between invocations when given. Losing the file only loses history: it is written whole and
+    atomically, and a file that does not parse is ignored."""
+
+    TIMELINE_KEPT = 500
 
     def __init__(self, path: Path | None = None, *, clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self._clock = clock
         self.seen: dict[str, Seen] = {}
+        self.timeline: list[Incident] = []
         if path is not None:
-            with contextlib.suppress(OSError, ValueError, TypeError):
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
                 raw = json.loads(path.read_text())
                 self.seen = {str(url): Seen(**d) for url, d in (raw.get("engines") or {}).items()}
+                self.timeline = [Incident.from_wire(d) for d in raw.get("timeline") or []]
+        self._known = {i.key for i in self.timeline}
 
     @classmethod
     def for_settings(cls, settings: Settings) -> Memory:
@@ -723,39 +959,75 @@ class Memory:
 
     def observe(self, rows: list[EngineRow]) -> list[EngineRow]:
         """Fold one round into the memory; each row gains `last_seen`, and a down row `down_since` and
-        `departure` (with `clean_stop`: whether it stopped cleanly, when that is known)."""
+        `departure` (with `clean_stop`: whether it stopped cleanly, when that is known); each row's incidents
+        join the timeline, and the row carries its engine's newest."""
         out = []
         for row in rows:
-            url, at = row.url, row.polled_at or self._clock()
-            prev = self.seen.get(url, Seen())
-            if not row.down:
-                started = row.started_at
-                restarted = prev.started_at is not None and started is not None and started != prev.started_at
-                now = Seen(
-                    last_seen=at,
-                    started_at=started,
-                    stopping=row.stopping,
-                    restarts=prev.restarts + int(restarted),
-                )
-                came_back = None
-                if restarted or (prev.down_since is not None and prev.departure):
-                    came_back = prev.departure or "restarted"
-                row = replace(row, last_seen=at, restarts=now.restarts, came_back=came_back)
-            else:
-                if prev.down_since is not None and prev.departure is not None:
-                    now = prev
-                else:
-                    now = replace(prev, down_since=at, departure=self._departure(prev, row).value)
-                row = self._down_fields(row, now)
-            self.seen[url] = now
-            out.append(row)
+            at = row.polled_at or self._clock()
+            prev = self.seen.get(row.url, Seen())
+            now, row = self._up(prev, row, at) if not row.down else self._gone(prev, row, at)
+            self.seen[row.url] = now
+            self._record(row.incidents)
+            out.append(replace(row, incidents=self.incidents_of(row.url)))
         return out
+
+    def incidents_of(self, url: str) -> tuple[Incident, ...]:
+        """The engine's newest incidents, newest first."""
+        mine = sorted((i for i in self.timeline if i.url == url), key=lambda i: -i.time)
+        return tuple(mine[:ROW_INCIDENTS])
+
+    def _up(self, prev: Seen, row: EngineRow, at: float) -> tuple[Seen, EngineRow]:
+        started = row.started_at
+        restarted = prev.started_at is not None and started is not None and started != prev.started_at
+        now = Seen(
+            last_seen=at,
+            started_at=started,
+            stopping=row.stopping,
+            restarts=prev.restarts + int(restarted),
+            state_dir=row.state_dir or prev.state_dir,
+        )
+        came_back = None
+        if restarted or (prev.down_since is not None and prev.departure):
+            came_back = prev.departure or "restarted"
+        if prev.down_since is not None:
+            self._record(
+                [Incident(at, row.engine, row.url, Happened.CAME_BACK, f"answering again (it went: {came_back})")]
+            )
+        return now, replace(row, last_seen=at, restarts=now.restarts, came_back=came_back)
+
+    def _gone(self, prev: Seen, row: EngineRow, at: float) -> tuple[Seen, EngineRow]:
+        if row.error in ANSWERED:  # it is there and refuses this bsr (a token, a version): it did not go anywhere
+            return prev, row
+        if prev.down_since is None or prev.departure is None:
+            now = replace(prev, down_since=at, departure=self._departure(prev, row).value)
+            self._record([self._went(row, now)])
+        elif prev.departure != Departure.CLEAN and _stopped_cleanly(prev.state_dir):
+            # Its own record, read once it was written (it stopped answering before it closed its store).
+            now = replace(prev, departure=Departure.CLEAN.value)
+            self.timeline = [self._went(row, now) if i.key == self._went(row, prev).key else i for i in self.timeline]
+        else:
+            now = prev
+        return now, self._down_fields(row, now)
+
+    @staticmethod
+    def _went(row: EngineRow, s: Seen) -> Incident:
+        text = Departure(s.departure or Departure.UNKNOWN).describe
+        return Incident(s.down_since or 0.0, row.engine, row.url, Happened.WENT_DOWN, text)
+
+    def _record(self, incidents: Sequence[Incident]) -> None:
+        for i in incidents:
+            if i.key not in self._known:
+                self._known.add(i.key)
+                self.timeline.append(i)
+        if len(self.timeline) > self.TIMELINE_KEPT:
+            self.timeline = sorted(self.timeline, key=lambda i: i.time)[-self.TIMELINE_KEPT :]
+            self._known = {i.key for i in self.timeline}
 
     @staticmethod
     def _departure(prev: Seen, row: EngineRow) -> Departure:
         if prev.last_seen is None:
             return Departure.UNKNOWN
-        if prev.stopping:
+        if prev.stopping or _stopped_cleanly(prev.state_dir):
             return Departure.CLEAN
         if row.error == "timeout":
             return Departure.HUNG
@@ -783,5 +1055,6 @@ class Memory:
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
-                json.dump({"engines": {u: asdict(v) for u, v in self.seen.items()}}, f)
+                seen = {u: asdict(v) for u, v in self.seen.items()}
+                json.dump({"engines": seen, "timeline": [i.to_wire() for i in self.timeline]}, f)
             tmp.replace(self.path)

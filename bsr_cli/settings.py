@@ -11,7 +11,7 @@ The config file is TOML at ``$BSR_CONFIG`` or ``~/.config/bsr/config.toml``::
 
     [profiles.prod]
     url = "http://10.0.0.5:8470"
-    token = "..."
+    token_file = "/etc/bsr/prod.token"   # or token = "..."
 
 `bsr config show` prints every value with its source.
 """
@@ -51,7 +51,7 @@ CONFIG_KEYS = frozenset(
 DEFAULT_EVENT_RETENTION_S = 7 * 86400.0  # the embedded engine's event store: events older than this are deleted
 DEFAULT_EVENT_STORE_BYTES = 512 << 20  # ... and the oldest, beyond this size
 MIN_EVENT_STORE_BYTES = 1 << 20
-PROFILE_KEYS = frozenset({"url", "urls", "token"})
+PROFILE_KEYS = frozenset({"url", "urls", "token", "token_file"})
 
 
 def default_config_path() -> Path:
@@ -71,11 +71,13 @@ def _truthy(value: str) -> bool:
 @dataclass(frozen=True)
 class Profile:
     """An engine profile of the config file (``[profiles.NAME]``): one engine (``url``) or several (``urls``, URLs
-    or other profiles' names, for `bsr status` and `bsr top`), and the token to send them."""
+    or other profiles' names, for `bsr status` and `bsr top`), and the token to send them: ``token``, or
+    ``token_file`` (read when it is used, relative to the config file's directory)."""
 
     url: str = ""
     urls: tuple[str, ...] | None = None
     token: str | None = None
+    token_file: Path | None = None
 
 
 @dataclass
@@ -163,24 +165,7 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
             f"{s.config_path}: unknown setting(s) {', '.join(unknown)}",
             hint=f"the config file knows: {', '.join(sorted(CONFIG_KEYS))}",
         )
-    profiles = file_cfg.get("profiles", {})
-    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
-        raise InvalidInput(f"{s.config_path}: [profiles] must be a table of tables")
-    for pname, prof in profiles.items():
-        extra = sorted(set(prof) - PROFILE_KEYS)
-        if extra:
-            raise InvalidInput(
-                f"{s.config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
-                hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
-            )
-        urls, token = prof.get("urls"), prof.get("token")
-        if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
-            raise InvalidInput(f"profile {pname!r}: urls must be a list of URLs or profile names")
-        s.profiles[pname] = Profile(
-            url=str(prof.get("url", "")),
-            urls=None if urls is None else tuple(urls),
-            token=None if token is None else str(token),
-        )
+    s.profiles = _profiles(file_cfg.get("profiles", {}), s.config_path)
 
     for name, key, conv in (
         ("engine", "engine", str),
@@ -216,6 +201,35 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
             f"({s.sources.get('timeout_s', 'default')})"
         )
     return s
+
+
+def _profiles(profiles: Any, config_path: Path) -> dict[str, Profile]:
+    """The config file's ``[profiles.NAME]`` tables, each checked (a token file relative to the config file)."""
+    out: dict[str, Profile] = {}
+    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
+        raise InvalidInput(f"{config_path}: [profiles] must be a table of tables")
+    for pname, prof in profiles.items():
+        extra = sorted(set(prof) - PROFILE_KEYS)
+        if extra:
+            raise InvalidInput(
+                f"{config_path}: profile {pname!r} has unknown setting(s) {', '.join(extra)}",
+                hint=f"a profile knows: {', '.join(sorted(PROFILE_KEYS))}",
+            )
+        urls, token, token_file = prof.get("urls"), prof.get("token"), prof.get("token_file")
+        if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
+            raise InvalidInput(f"profile {pname!r}: urls must be a list of URLs or profile names")
+        if token_file is not None and (not isinstance(token_file, str) or not token_file or token is not None):
+            raise InvalidInput(
+                f"profile {pname!r}: token_file must be a path, and given instead of token",
+                hint='a profile takes token = "..." or token_file = "PATH" (relative to the config file)',
+            )
+        out[pname] = Profile(
+            url=str(prof.get("url", "")),
+            urls=None if urls is None else tuple(urls),
+            token=None if token is None else str(token),
+            token_file=None if token_file is None else config_path.parent / Path(token_file).expanduser(),
+        )
+    return out
 
 
 def parse_event_retention(value: Any) -> float:

@@ -1,6 +1,6 @@
 """Dataclasses of the wire ↔ JSON-able dicts, driven by their type hints, strict on the way in.
 
-``to_json`` turns a dataclass (nested dataclasses, lists, tuples, dicts, optionals, plain scalars) into plain
+``to_json`` turns a dataclass (nested dataclasses, lists, tuples, dicts, optionals, enums, plain scalars) into plain
 data ``json.dumps`` accepts. ``from_json(cls, data)`` builds ``cls`` back and refuses anything that does not fit
 its hints (a missing or unknown field, a wrong type) with one ``BadRequest`` line naming the field, so a malformed
 job never reaches a rank's restore half-decoded.
@@ -9,6 +9,7 @@ job never reaches a rank's restore half-decoded.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import types
 import typing
@@ -28,6 +29,8 @@ def to_json(obj: Any) -> Any:
         return {str(k): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [to_json(v) for v in obj]
+    if isinstance(obj, enum.Enum):
+        return obj.value
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise TypeError(f"{type(obj).__name__} is not a wire type")
@@ -109,6 +112,11 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
             key = _decode_key(kt, k, path)
             out[key] = _decode(vt, v, f"{path}[{k!r}]")
         return out
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(data)
+        except ValueError:
+            raise _bad(path, f"one of {', '.join(repr(m.value) for m in tp)}", data) from None
     if tp is bool:
         if not isinstance(data, bool):
             raise _bad(path, "true or false", data)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from bsr_cli.core import wire
 from bsr_cli.core.faults import FaultSpec
+from bsr_cli.core.overload import HostLoad
 from bsr_cli.core.stage_costs import StageCosts
 from bsr_cli.errors import BadRequest
 
@@ -41,6 +42,10 @@ class RestoreJob:
     faults: Sequence[FaultSpec] = ()
     fetch_timeout_s: float = 10.0
     admit_timeout_s: float = 60.0
+    # The prompt's hash and every chunk hash of it (not only the restored prefix's): what a rank scrubs when a tier
+    # failed this restore, so that every damaged object of the prompt is found in one pass.
+    prompt: str = ""
+    chunk_hashes: Sequence[str] = ()
 
     def validate(self, groups: Sequence[str]) -> None:
         """Refuse a job that does not cover its own windows (``BadRequest``): every group must have an object for
@@ -77,14 +82,16 @@ class RestoreResult:
     seconds: float = 0.0
     reason: str = ""
     failed_window: int | None = None
+    failed_chunks: tuple[int, int] | None = None  # the failed window's chunks [start, end)
     fired_faults: list[int] = field(default_factory=list)
     fetch_seconds: float = 0.0
     install_seconds: float = 0.0
     peak_live_bytes: int = 0  # the pool's live bytes at their highest while this restore held slots
-    kind: str = ""  # why it failed (bsr_cli.runtime.failures): capacity | tier | rank | aborted
+    kind: str = ""  # why it failed (bsr_cli.runtime.failures): capacity | tier | rank | aborted | host_overloaded
     tier: str | None = None  # the tier that failed, when a tier fault names one
     stage: str = ""  # where it failed (bsr_cli.core.evidence.Stage): fetch | verify | install | synchronize | ...
     cause: str = ""  # for a capacity refusal, what did not fit (bsr_cli.core.evidence.CapacityCause)
+    load: HostLoad | None = None  # for a host_overloaded failure: the figures (run-queue delay, pressure)
     # Wall and CPU seconds by stage (fetch, verify, install, wait) and the process's CPU over the restore.
     stages: StageCosts | None = wire.field(omit_none=True, default=None)
 

@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from bsr_cli.api.codec import from_json, to_json
 from bsr_cli.api.jobs import ObjectRef, RestoreJob, RestoreResult, WindowJob
 from bsr_cli.api.pipe import Abort, Call, Reply, Shutdown
-from bsr_cli.core.evidence import TierCondition
+from bsr_cli.core.evidence import ScrubScope, TierCondition
+from bsr_cli.core.scrub import QuarantinedFile, ScrubProgress
 from bsr_cli.errors import BadRequest
 
 R = TypeVar("R")
@@ -69,16 +70,9 @@ class StoreResult:
     errors: dict[str, str] = field(default_factory=dict)  # per tier that refused, why
 
 
-@dataclass(frozen=True)
-class QuarantinedObject:
-    """A stored object a tier set apart after it failed its checksum: moved aside and kept for the incident bundle
-    (the fs tier), or removed (the Mooncake tier, which has nowhere to keep it)."""
-
-    key: str
-    file: str  # where it lies now, under the tier's quarantine directory; "" when the tier removed it
-    reason: str
-    at: float  # when it was moved aside (Unix time)
-    bytes: int
+# A stored object a tier set apart after it failed its checksum (moved aside and kept for the incident bundle, or
+# removed where the tier has nowhere to keep it): the core's type, which the engine reports as it is.
+QuarantinedObject = QuarantinedFile
 
 
 @dataclass(frozen=True)
@@ -88,6 +82,7 @@ class TierStatus:
     condition: str = TierCondition.OK.value  # a TierCondition's value: why it is (un)healthy
     quarantined: list[QuarantinedObject] = field(default_factory=list)  # the newest objects it moved aside
     quarantined_total: int = 0  # how many lie in its quarantine directory
+    scrubs: list[ScrubProgress] = field(default_factory=list)  # its scrubs running now, then the last few ended
 
     def __post_init__(self) -> None:
         if not self.ok and self.condition == TierCondition.OK:  # a host that names no reason: it cannot serve
@@ -140,6 +135,12 @@ class CanonicalHashResult:
 @dataclass(frozen=True)
 class InvalidateResult:
     pass
+
+
+@dataclass(frozen=True)
+class ScrubResult:
+    progress: ScrubProgress  # how the rank's scrub ended
+    quarantined: list[QuarantinedObject] = field(default_factory=list)  # what it moved aside
 
 
 # -- requests ------------------------------------------------------------------------------------------------------
@@ -223,6 +224,26 @@ class RemoveAllRequest:
         return ops.remove_all(self)
 
 
+@dataclass(frozen=True)
+class ScrubRequest:
+    """Read this rank's objects on ``tier`` back whole and set the damaged ones apart: the prompt's (``hashes``,
+    its chunk hashes) or, with none, this rank's share of every object the tier holds (of ``shards`` ranks sharing
+    it). Bounded by ``max_objects`` and ``max_bytes``; answered when it ends."""
+
+    op: ClassVar[str] = "scrub"
+    scrub: str  # the scrub's id
+    tier: str
+    scope: ScrubScope
+    max_objects: int
+    max_bytes: int
+    hashes: list[str] = field(default_factory=list)
+    prompt: str = ""
+    shards: int = 1
+
+    def apply(self, ops: RankOps) -> ScrubResult:
+        return ops.scrub(self)
+
+
 # The embedded engine's synthetic model (the test ops): compute KV, hash it, scrub it.
 @dataclass(frozen=True)
 class PrefillRequest:
@@ -276,6 +297,7 @@ REQUESTS: dict[str, type[RankRequest[Any]]] = {
         SetBudgetRequest,
         SetFsConcurrencyRequest,
         RemoveAllRequest,
+        ScrubRequest,
         PrefillRequest,
         OutputHashRequest,
         CanonicalHashRequest,
@@ -292,6 +314,7 @@ RESULTS: dict[str, type] = {
     "set_budget": SetBudgetResult,
     "set_fs_concurrency": SetFsConcurrencyResult,
     "remove_all": RemoveAllResult,
+    "scrub": ScrubResult,
     "prefill": PrefillResult,
     "output_hash": OutputHashResult,
     "canonical_hash": CanonicalHashResult,
@@ -318,6 +341,8 @@ class RankOps(Protocol):
     def set_fs_concurrency(self, req: SetFsConcurrencyRequest) -> SetFsConcurrencyResult: ...
 
     def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult: ...
+
+    def scrub(self, req: ScrubRequest) -> ScrubResult: ...
 
     def prefill(self, req: PrefillRequest) -> PrefillResult: ...
 
@@ -364,6 +389,9 @@ class UnsupportedOps:
     def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult:
         raise self.unsupported(req.op)
 
+    def scrub(self, req: ScrubRequest) -> ScrubResult:
+        raise self.unsupported(req.op)
+
     def prefill(self, req: PrefillRequest) -> PrefillResult:
         raise self.unsupported(req.op)
 
@@ -393,7 +421,10 @@ class RankClient(Protocol):
     def alive(self) -> bool: ...
 
     # Optional: ``heartbeat_age() -> float``, seconds since the rank last showed a sign of life (a rank in another
-    # process beats on its own). Rank clients without it (in-process ranks) are judged by progress alone.
+    # process beats on its own), ``pid: int``, the rank's own process (the judge reads its state and run-queue delay
+    # from /proc), and ``unread() -> bool``, whether it said something not read yet. Rank clients without them
+    # (in-process ranks) are judged by progress alone, their run-queue delay being the coordinator's own
+    # (runtime/judge.py).
 
 
 def dispatch(ops: RankOps, request: RankRequest[R]) -> R:
@@ -457,6 +488,8 @@ __all__ = [
     "RestoreJob",
     "RestoreRequest",
     "RestoreResult",
+    "ScrubRequest",
+    "ScrubResult",
     "SetBudgetRequest",
     "SetBudgetResult",
     "SetFsConcurrencyRequest",

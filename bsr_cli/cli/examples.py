@@ -47,6 +47,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr explain --tokens-file prompt.json --W 64 --json",
         "bsr explain --store mooncake://10.0.0.5:50051 --model my-org/my-model --world-size 2 --tokens-file p.json",
     ),
+    "scrub": (
+        "bsr scrub --tier fs --synthetic 65536 --seed 1",
+        "bsr scrub --tier fs --tokens-file prompt.json --json",
+        "bsr scrub --tier fs --all --max-bytes 64GiB",
+    ),
     "bundle": (
         "bsr bundle -o incident.tar.gz",
         "bsr bundle --synthetic 65536 --seed 1 --max-bytes 4MiB -o ticket-1234.tar.gz",
@@ -82,6 +87,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "settings set": ("bsr settings set --W 16", "bsr settings set --budget 128MiB --fs-concurrency 4"),
     "pool": ("bsr pool --once", "bsr pool --json"),
     "pool reset-peak": ("bsr pool reset-peak",),
+    "monitoring rules": (
+        "bsr monitoring rules --runbook-base https://wiki.example.com/bsr/runbooks -o /etc/prometheus/bsr-alerts.yml",
+        "bsr monitoring rules --runbook-base https://git.example.com/bsr/blob/main/docs/runbooks > bsr-alerts.yml",
+    ),
     "bench sweep": ("bsr bench sweep --embedded", "bsr bench sweep --tokens 32768,131072 --W 32"),
     "bench ladder": ("bsr bench ladder",),
     "bench wlaw": ("bsr bench wlaw --embedded --Ws 8,16,32",),

@@ -10,6 +10,7 @@ Every failure is raised as one of bsr_cli.errors' EngineError subclasses:
     EngineBusy          503 busy (every serving slot in use), after reads were retried with backoff
     RankRestarting      503 rank-restarting (a rank died and the engine starts it again), after reads waited for it
     RestoreAborted      409 aborted (the request was aborted)
+    HostOverloaded      503 host-overloaded (the host starved the engine past its overload ceiling; not retried)
     BadRequest          other 4xx (the engine's message is kept)
     ServerError         5xx, or an answer that is not the API's JSON
 """
@@ -27,12 +28,14 @@ from urllib.parse import quote
 import httpx
 
 from bsr_cli import API_VERSION
+from bsr_cli.client.local_engine import connection, read_token_file, serving
 from bsr_cli.core import wire
 from bsr_cli.core.events import Event, known_event
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.scrub import ScrubLimits, ScrubReport
 from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamedRequest, read_line
 from bsr_cli.errors import (
@@ -44,6 +47,7 @@ from bsr_cli.errors import (
     EngineTimeout,
     EngineUnreachable,
     FaultsDisabled,
+    HostOverloaded,
     InvalidInput,
     RankRestarting,
     RestoreAborted,
@@ -58,23 +62,28 @@ OnEvent = Callable[[Event], None]  # a progress event, read from the wire form t
 
 PAGE = 5000  # events asked for per /events page when filtering
 MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
+# How long a scrub's answer is waited for: the engine's own wait for its ranks (runtime/scrub.py), and a margin.
+SCRUB_WAIT_S = 630.0
 
 
 @dataclass(frozen=True)
 class EventPage:
     """One ``GET /events`` answer: its events as the engine sent them (kept as JSON objects: a newer engine's
     kinds are printed and exported whole, and ``known_event`` types those this bsr knows), the engine's last
-    sequence number, and whether it keeps its events in a durable store."""
+    sequence number, whether it keeps its events in a durable store, and how many it holds from which sequence
+    number on (None from an engine that does not say)."""
 
     events: list[dict[str, Any]]
     last_seq: int = 0
     durable: bool = False
+    held: int | None = None
+    oldest_seq: int | None = None
 
     from_wire = wire.reader()
 
 
 _KIND_TO_ERROR: dict[str, type[BsrError]] = {
-    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled, RestoreAborted)
+    cls.kind: cls for cls in (EngineBusy, Unauthorized, VersionMismatch, FaultsDisabled, RestoreAborted, HostOverloaded)
 }
 
 
@@ -127,15 +136,18 @@ def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
                 )
             if not url:
                 raise InvalidInput(f"profile {engine!r} has no url")
+            if not token and prof.token_file is not None:
+                token = read_token_file(prof.token_file)
             return url.rstrip("/"), token or prof.token, f"profile {engine}"
         if not engine.startswith(("http://", "https://")):
             raise InvalidInput(
                 f"--engine {engine!r} is neither a URL nor a profile",
                 hint=f"profiles in {settings.config_path}: {', '.join(settings.profiles) or 'none'}",
             )
+        if not token:  # an embedded engine on this machine: its own token, from its state directory
+            local = serving(engine)
+            token = local.token if local is not None else None
         return engine.rstrip("/"), token, settings.sources.get("engine", "flag")
-    from bsr_cli.client.local_engine import connection
-
     found = connection(Path(settings.state_dir))
     if found is None:
         raise EngineUnreachable(
@@ -345,6 +357,16 @@ class AdminClient:
         body = prompt.to_wire() | ({"exclude_tiers": exclude_tiers} if exclude_tiers else {})
         return ProbeResult.from_wire(self._call("POST", "/probe", body))
 
+    def scrub(self, tier: str, prompt: Prompt | None, limits: ScrubLimits | None = None) -> ScrubReport:
+        """Scrub ``tier``: the prompt's objects, or (``prompt`` None) every object it holds. Answers when every rank
+        is done; a scrub is bounded by its limits, so its answer may take long: waits up to the engine's own
+        deadline for the ranks (or ``--timeout`` when one is given)."""
+        lim = limits or ScrubLimits()
+        body = {"tier": tier, "max_objects": lim.max_objects, "max_bytes": lim.max_bytes}
+        body |= prompt.to_wire() if prompt is not None else {"all": True}
+        timeout = self.stream_timeout_s or SCRUB_WAIT_S
+        return ScrubReport.from_wire(self._call("POST", "/scrub", body, timeout=timeout))
+
     def submit(
         self,
         prompt: Prompt,
@@ -408,12 +430,14 @@ class AdminClient:
         kinds: Sequence[str] | None = None,
         limit: int | None = None,
         newest: bool = False,
+        before: int | None = None,
     ) -> EventPage:
-        """One page of ``GET /events``: events after the cursor ``since``, filtered (every filter combines:
-        ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for the last ``limit``
-        matches instead of the first."""
+        """One page of ``GET /events``: events after the cursor ``since`` (and before ``before``), filtered (every
+        filter combines: ``after``/``until`` are Unix times, ``kinds`` any of), oldest first; ``newest`` asks for
+        the last ``limit`` matches instead of the first."""
         params: dict[str, str | int | float | list[str]] = {"since": since, "wait": wait_s}
-        for key, value in (("after", after), ("until", until), ("request", request), ("prompt", prompt)):
+        filters = (("before", before), ("after", after), ("until", until), ("request", request), ("prompt", prompt))
+        for key, value in filters:
             if value is not None:
                 params[key] = value
         if kinds:

@@ -28,7 +28,19 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import CapacityCause, Component, EventKind, FailureKind, Outcome, SegmentLossCause, Stage
+from bsr_cli.core.evidence import (
+    CapacityCause,
+    Component,
+    EventKind,
+    FailureKind,
+    Outcome,
+    RankState,
+    ScrubScope,
+    ScrubState,
+    SegmentLossCause,
+    Stage,
+)
+from bsr_cli.core.overload import HostLoad
 from bsr_cli.core.store_loss import SegmentLoss
 
 E = TypeVar("E", bound="Event")
@@ -50,6 +62,9 @@ class Failure:
     window: int | None = None  # 0-based, as every window index in bsr's events
     tier: str | None = None  # the tier blamed, for a tier failure only
     cause: CapacityCause | None = None  # for a capacity refusal: what did not fit
+    chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
+    # For a host verdict (and a rank judged past a stretched deadline): the figures the judge read.
+    load: HostLoad | None = wire.field(default=None, omit_none=True)
 
     @property
     def component(self) -> Component:
@@ -58,6 +73,7 @@ class Failure:
             FailureKind.RANK: Component.RANK,
             FailureKind.CAPACITY: Component.CAPACITY,
             FailureKind.ABORTED: Component.OPERATOR,
+            FailureKind.HOST_OVERLOADED: Component.HOST,
         }[self.kind]
 
     to_wire = wire.writer(computed=("component",))
@@ -210,7 +226,26 @@ class RestoreFailed:
     window: int | None = None
     tier: str | None = None
     cause: CapacityCause | None = None
+    chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
+    load: HostLoad | None = wire.field(default=None, omit_none=True)  # a host verdict's figures
     failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired on this rank in it
+
+    @classmethod
+    def of(cls, request: str, rank: int, f: Failure) -> RestoreFailed:
+        """The event of one rank's failure in ``request``'s restore."""
+        return cls(
+            request=request,
+            rank=rank,
+            reason=f.reason,
+            failure_kind=f.kind,
+            stage=f.stage,
+            window=f.window,
+            tier=f.tier,
+            cause=f.cause,
+            chunks=f.chunks,
+            load=f.load,
+        )
 
     @property
     def failure(self) -> Failure:
@@ -222,6 +257,8 @@ class RestoreFailed:
             window=self.window,
             tier=self.tier,
             cause=self.cause,
+            chunks=self.chunks,
+            load=self.load,
         )
 
 
@@ -241,6 +278,7 @@ class RestoreCommitted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,6 +294,7 @@ class RestoreFailedClosed:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,6 +310,7 @@ class RestoreRefused:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,6 +326,7 @@ class RestoreAborted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
 # A restore ended, whatever its outcome (``isinstance(e, RestoreEnded)``; ``e.outcome`` says which).
@@ -350,12 +391,56 @@ class ObjectQuarantined:
     time: float = 0.0
     rank: int
     tier: str
-    chunk: int
-    group: str
     key: str
     file: str  # where the damaged object now lies; "" when the tier removed it (Mooncake)
     reason: str
     request: str | None = None
+    chunk: int | None = None  # which chunk and group of the prompt: None when a scrub of a whole tier found it
+    group: str | None = None
+    scrub: str | None = None  # the scrub that found it (None: the re-read of a failed window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubStarted:
+    """A rank began reading a tier's objects back to check them: the rest of a prompt after a restore from the tier
+    failed (``request``), or an operator's `bsr scrub` (a prompt, or every object)."""
+
+    kind: ClassVar[EventKind] = EventKind.SCRUB_STARTED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    tier: str
+    scrub: str
+    scope: ScrubScope
+    prompt: str = ""
+    request: str | None = None
+    objects: int = 0  # in scope, when known up front (a prompt's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubFinished:
+    """A rank's scrub ended: what it read back and set apart, and whether it covered its whole scope."""
+
+    kind: ClassVar[EventKind] = EventKind.SCRUB_FINISHED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    tier: str
+    scrub: str
+    scope: ScrubScope
+    state: ScrubState
+    prompt: str = ""
+    request: str | None = None
+    objects: int = 0
+    checked: int = 0
+    bytes: int = 0
+    missing: int = 0
+    damaged: int = 0
+    quarantined: int = 0
+    seconds: float = 0.0
+    reason: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -411,6 +496,7 @@ class MarkerSet:
     request: str | None = None
     excluded_tiers: tuple[str, ...] = ()
     reason: str = ""
+    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault failed the restore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -489,6 +575,22 @@ class RankUnresponsive:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankStarved:
+    """A rank's deadline ran out while it (or the coordinator) waited to run: the deadline is stretched, up to the
+    engine's overload ceiling, and the rank is not blamed. ``load`` holds the figures the judge read."""
+
+    kind: ClassVar[EventKind] = EventKind.RANK_STARVED
+    to_wire = _EVENT_WRITER
+    seq: int = 0
+    time: float = 0.0
+    rank: int
+    reason: str
+    request: str | None = None
+    state: RankState = RankState.STARVED
+    load: HostLoad | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class RankRestarted:
     kind: ClassVar[EventKind] = EventKind.RANK_RESTARTED
     to_wire = _EVENT_WRITER
@@ -516,6 +618,8 @@ Event: TypeAlias = (
     | StoreFailed
     | OutputMismatch
     | ObjectQuarantined
+    | ScrubStarted
+    | ScrubFinished
     | SegmentLost
     | AbortRequested
     | MarkerSet
@@ -523,6 +627,7 @@ Event: TypeAlias = (
     | FaultEvent
     | FaultsCleared
     | RankUnresponsive
+    | RankStarved
     | RankRestarted
 )
 _EVENT_CLASSES: tuple[type[Event], ...] = (
@@ -544,6 +649,8 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     StoreFailed,
     OutputMismatch,
     ObjectQuarantined,
+    ScrubStarted,
+    ScrubFinished,
     SegmentLost,
     AbortRequested,
     MarkerSet,
@@ -552,6 +659,7 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     FaultFired,
     FaultsCleared,
     RankUnresponsive,
+    RankStarved,
     RankRestarted,
 )
 EVENT_TYPES: dict[EventKind, type[Event]] = {cls.kind: cls for cls in _EVENT_CLASSES}
@@ -629,7 +737,18 @@ def _from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
 
-_ENUMS = (FailureKind, Stage, Outcome, Component, EventKind, CapacityCause, SegmentLossCause)
+_ENUMS = (
+    FailureKind,
+    Stage,
+    Outcome,
+    Component,
+    EventKind,
+    CapacityCause,
+    RankState,
+    ScrubScope,
+    ScrubState,
+    SegmentLossCause,
+)
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
@@ -644,10 +763,10 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
             return hint(value)
         except ValueError:
             raise ValueError(f"field {name!r}: {value!r} is not a {hint.__name__}") from None
-    if hint is Failure:
+    if hint is Failure or hint is HostLoad:
         if not isinstance(value, Mapping):
             raise ValueError(f"field {name!r}: expected an object")
-        return Failure.from_wire(value)
+        return hint.from_wire(value)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"field {name!r}: expected a list")
@@ -692,6 +811,7 @@ __all__ = [
     "MarkerSet",
     "ObjectQuarantined",
     "RankRestarted",
+    "RankStarved",
     "RankUnresponsive",
     "RequestAdmitted",
     "RequestFinished",
@@ -702,6 +822,8 @@ __all__ = [
     "RestoreFailedClosed",
     "RestoreRefused",
     "RestoreStarted",
+    "ScrubFinished",
+    "ScrubStarted",
     "SegmentLost",
     "SettingsChanged",
     "StoreFailed",

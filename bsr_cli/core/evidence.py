@@ -12,6 +12,7 @@ Blame follows the stage (the rule a restore debugger must not break):
     stage                         blamed component      force-local marker
     probe, fetch, verify          the tier              excludes that tier
     install, synchronize, stall   the rank              none against a tier (the prompt recomputes locally)
+    a deadline while starved      the host              none (no rank, no tier: the host was overloaded)
     admission (W > B, no blocks)  capacity              none
     an operator abort             the operator          none
 
@@ -68,6 +69,8 @@ class EventKind(StrEnum):
     STORE_FAILED = "store_failed"
     OUTPUT_MISMATCH = "output_mismatch"  # a request's KV hashed differently from the canonical: invalidated
     OBJECT_QUARANTINED = "object_quarantined"  # a stored object failed its checksum and was moved aside
+    SCRUB_STARTED = "scrub_started"  # a rank began reading a tier's objects back to check them
+    SCRUB_FINISHED = "scrub_finished"  # ... and ended: what it checked and set aside, and how it ended
     SEGMENT_LOST = "segment_lost"  # the store dropped a holder's segment: every object on it is gone
     MARKER_SET = "marker_set"
     MARKER_CLEARED = "marker_cleared"
@@ -76,6 +79,7 @@ class EventKind(StrEnum):
     FAULTS_CLEARED = "faults_cleared"
     ABORT_REQUESTED = "abort_requested"
     RANK_UNRESPONSIVE = "rank_unresponsive"
+    RANK_STARVED = "rank_starved"  # a rank's deadline was stretched: the host starved it (or the coordinator)
     RANK_RESTARTED = "rank_restarted"
 
 
@@ -96,6 +100,7 @@ class FailureKind(StrEnum):
     TIER = "tier"
     RANK = "rank"
     ABORTED = "aborted"
+    HOST_OVERLOADED = "host_overloaded"  # a deadline ran out while the host starved the engine: nobody blamed
 
     @property
     def exit_code(self) -> ExitCode:
@@ -111,12 +116,14 @@ _EXIT = {
     FailureKind.TIER: ExitCode.FAILED_CLOSED,
     FailureKind.RANK: ExitCode.FAILED_CLOSED,
     FailureKind.ABORTED: ExitCode.INTERRUPTED,
+    FailureKind.HOST_OVERLOADED: ExitCode.HOST_OVERLOADED,
 }
 _OUTCOME = {
     FailureKind.CAPACITY: Outcome.REFUSED,
     FailureKind.TIER: Outcome.FAILED_CLOSED,
     FailureKind.RANK: Outcome.FAILED_CLOSED,
     FailureKind.ABORTED: Outcome.ABORTED,
+    FailureKind.HOST_OVERLOADED: Outcome.FAILED_CLOSED,
 }
 
 
@@ -167,6 +174,30 @@ class Component(StrEnum):
     RANK = "rank"
     OPERATOR = "operator"
     CAPACITY = "capacity"
+    HOST = "host"  # the machine the engine runs on (overloaded), not any part of bsr
+
+
+class RankState(StrEnum):
+    """What the kernel says of a rank that has been silent (or made no progress) past its deadline, as the
+    coordinator judges it (``runtime/judge.py``). Only dead, stopped and hung are the rank's fault; a starved rank
+    waits to run (its run-queue delay grows, the host is under pressure, or the coordinator itself runs late),
+    which is the host's; unknown: the kernel could not say which (starvation can neither be shown nor ruled out)."""
+
+    LIVE = "live"  # it answers within its deadline
+    STARVED = "starved"  # waiting to run: the host's doing, its deadline is stretched (up to a ceiling)
+    STOPPED = "stopped"  # its process is stopped (SIGSTOP, a debugger): /proc/PID/stat state T or t
+    HUNG = "hung"  # alive, able to run, the host has CPU, and still no progress
+    DEAD = "dead"  # no process
+    UNKNOWN = "unknown"  # past its deadline, and the kernel cannot tell starved from hung here
+
+    @classmethod
+    def _missing_(cls, value: object) -> RankState | None:
+        return _kept_as_sent(cls, value)  # a newer engine's state, shown as sent
+
+    @property
+    def rank_at_fault(self) -> bool:
+        """The rank itself is to blame (never for time it spent waiting to run)."""
+        return self in (RankState.STOPPED, RankState.HUNG, RankState.DEAD)
 
 
 class MarkerClearCause(StrEnum):
@@ -185,13 +216,35 @@ class TierCondition(StrEnum):
     READ_ONLY = "read_only"  # writes fail with EROFS (a read-only mount)
     FULL = "full"  # writes fail with ENOSPC or EDQUOT
     NOT_WRITABLE = "not_writable"  # writes fail otherwise (permissions, I/O errors)
-    FAULT_ARMED = "fault_armed"  # the coordinator's: an injected fault that takes it down is armed
+    # An older engine's: an armed fault that takes the tier down (an armed fault is now shown, never a reason).
+    FAULT_ARMED = "fault_armed"
     RESTORE_FAILED = "restore_failed"  # the coordinator's: a restore from it failed and none has committed since
     SEGMENT_LOST = "segment_lost"  # the engine's store watch: the store dropped a holder's segment and its objects
 
     @classmethod
     def _missing_(cls, value: object) -> TierCondition | None:
         return _kept_as_sent(cls, value)  # a newer engine's reason, shown as sent
+
+
+class ScrubScope(StrEnum):
+    """What a scrub reads back: one prompt's objects, or every object a tier holds."""
+
+    PROMPT = "prompt"
+    ALL = "all"
+
+
+class ScrubState(StrEnum):
+    """Where a scrub stands, or how it ended (`bsr scrub`'s exit code follows it)."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"  # every object in its scope was read back and checked
+    CUT = "cut"  # it stopped at its limit (objects or bytes) before the end of its scope
+    FAILED = "failed"  # the tier could not be read (its directory gone, an I/O error on the walk)
+    SKIPPED = "skipped"  # never ran: the rank already runs as many scrubs as it allows, or this one
+
+    @property
+    def finished(self) -> bool:
+        return self is not ScrubState.RUNNING
 
 
 class SegmentLossCause(StrEnum):
@@ -212,6 +265,9 @@ __all__ = [
     "EventKind",
     "FailureKind",
     "Outcome",
+    "RankState",
+    "ScrubScope",
+    "ScrubState",
     "SegmentLossCause",
     "Stage",
     "TierCondition",

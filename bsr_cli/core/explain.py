@@ -29,7 +29,7 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -72,6 +72,7 @@ class FindingKind(StrEnum):
     RESTORE_FAILED_CAPACITY = "restore-failed-capacity"
     RESTORE_FAILED_RANK = "restore-failed-rank"
     RESTORE_FAILED_TIER = "restore-failed-tier"
+    RESTORE_FAILED_HOST = "restore-failed-host"  # a deadline ran out while the host starved the engine
     ADMITTED = "admitted"
     RUNNING = "running"
 
@@ -234,6 +235,9 @@ class Explanation:
     tiers: tuple[TierPrefix, ...] = ()
     last_restore: FoldedRestore | None = None
     url: str | None = None  # the engine asked, when the command asked one
+    # The id of the force-local marker that stands for the prompt (the request's), as `bsr markers list` shows it:
+    # the prompt's own hash, or a vLLM worker's for a prefix of it.
+    marker: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return (
@@ -248,6 +252,7 @@ class Explanation:
                 "last_restore": self.last_restore.to_wire() if self.last_restore is not None else None,
                 "next": self.next,
             }
+            | ({"marker": self.marker} if self.marker is not None else {})
             | ({"url": self.url} if self.url is not None else {})
         )
 
@@ -378,13 +383,16 @@ def explain_engine(
     faults: Sequence[FaultSpec],
     w: int | None,
     last_restore: FoldedRestore | None,
+    covering: Collection[str] = (),
 ) -> Explanation:
     """The verdict for a prompt on a live engine, from the admin API's typed answers: the probe's bitmap (None when
-    the probe could not run: ``probe_error`` says why), info, health, the markers (the prompt's own keyed by it) and
-    the armed faults, and the prompt's last restore."""
+    the probe could not run: ``probe_error`` says why), info, health, the markers (the prompt's own: keyed by its
+    hash, or by one of ``covering``, the ids of markers that stand for a prefix of it) and the armed faults, and
+    the prompt's last restore. A marker is named by its own id, as `bsr markers list` shows it."""
+    mine = [m for m in markers if m.prompt == prompt or m.prompt in covering]
     findings = _unhealthy_ranks(health)
     findings += _window_fit(registration, info, w, bitmap, n_tokens, prompt_flags)
-    findings += _markers(prompt, markers, bitmap)
+    findings += _markers(prompt, mine, bitmap)
     findings += _armed_faults(faults)
     findings += _lost_segments(health, bitmap, prompt_flags)
     if bitmap is not None:
@@ -402,7 +410,7 @@ def explain_engine(
     findings.extend(_unhealthy_tiers(health, bitmap))
     if info.host_fields.get("serves_restores") is False:
         findings = [_on_worker(f, prompt_flags) for f in findings]
-    return _result(
+    result = _result(
         prompt,
         bitmap,
         findings,
@@ -413,6 +421,7 @@ def explain_engine(
         n_tokens=n_tokens,
         chunk_size=registration.chunk_size,
     )
+    return dataclasses.replace(result, marker=mine[0].prompt) if mine else result
 
 
 def _unhealthy_ranks(health: Health) -> list[Finding]:
@@ -482,10 +491,10 @@ def _window_fit(
     return findings
 
 
-def _markers(prompt: str, markers: Sequence[MarkerView], bitmap: HitBitmap | None) -> list[Finding]:
-    """This prompt's force-local marker: what the next admission does because of it."""
+def _markers(prompt: str, mine: Sequence[MarkerView], bitmap: HitBitmap | None) -> list[Finding]:
+    """This prompt's force-local marker (``mine``: those that stand for it): what the next admission does because
+    of it. Named by its own id: a marker that stands for a prefix of the prompt says how long that prefix is."""
     findings: list[Finding] = []
-    mine = [m for m in markers if m.prompt == prompt]
     exclude: list[str] = []
     for m in mine:
         exclude = sorted(set(exclude) | set(m.excluded_tiers))
@@ -494,6 +503,8 @@ def _markers(prompt: str, markers: Sequence[MarkerView], bitmap: HitBitmap | Non
         reason = m.reason or "no reason recorded"
         request = m.request
         when = f"set when restore {request} failed" if request else "set by a failed restore"
+        n = m.host_fields.get("prefix_tokens")
+        stands = f" (it stands for this prompt's first {n:,} tokens)" if m.prompt != prompt and n else ""
         if not exclude:
             # A marker that excludes no tier: a rank failed (install, synchronize), no tier is to blame, and the
             # next admission recomputes the prompt locally. The remedy is the rank's, then this prompt's marker.
@@ -502,12 +513,12 @@ def _markers(prompt: str, markers: Sequence[MarkerView], bitmap: HitBitmap | Non
                     FindingKind.FORCE_LOCAL_MARKER,
                     f"a force-local marker makes the next admission recompute this prompt locally ({when}: "
                     f"{reason}); no tier is blamed",
-                    [f"marker: prompt {prompt} excludes no tier (recompute locally)"]
+                    [f"marker: prompt {m.prompt} excludes no tier (recompute locally){stands}"]
                     + ([f"request: {request}"] if request else []),
                     "check the rank (`bsr status` shows its last fault); a rank that keeps failing to install needs "
                     "its process or host looked at. Then clear this prompt's marker, or let a committed admission "
                     "clear it",
-                    f"bsr markers clear --prompt {prompt}",
+                    f"bsr markers clear --prompt {m.prompt}",
                 )
             )
         else:
@@ -523,11 +534,11 @@ def _markers(prompt: str, markers: Sequence[MarkerView], bitmap: HitBitmap | Non
                 _finding(
                     FindingKind.FORCE_LOCAL_MARKER,
                     f"a force-local marker excludes {', '.join(exclude)} for this prompt, {when} ({reason}): {then}",
-                    [f"marker: prompt {prompt} excludes {', '.join(exclude)}"]
+                    [f"marker: prompt {m.prompt} excludes {', '.join(exclude)}{stands}"]
                     + ([f"request: {request}"] if request else []),
                     f"fix tier {', '.join(exclude)} (`bsr status`); a committed admission clears the marker, or clear "
                     "this prompt's marker by hand",
-                    f"bsr markers clear --prompt {prompt}",
+                    f"bsr markers clear --prompt {m.prompt}",
                 )
             )
     return findings
@@ -907,7 +918,7 @@ def fold_restore(events: Sequence[ev.Event]) -> FoldedRestore | None:
         elif isinstance(e, ev.MarkerSet):
             out = dataclasses.replace(out, marker=RestoreMarker(tuple(e.excluded_tiers), e.reason))
             seen("marker")
-        elif isinstance(e, ev.ObjectQuarantined):
+        elif isinstance(e, ev.ObjectQuarantined) and e.chunk is not None and e.group is not None:
             quarantined.append(QuarantinedChunk(e.rank, e.tier, e.chunk, e.group, e.file, e.reason, e.key))
             seen("quarantined")
     return dataclasses.replace(
@@ -920,12 +931,15 @@ def _failure_line(f: ev.Failure) -> str:
     where = f"rank {f.rank}" if f.rank is not None else "before any rank answered"
     if f.window is not None:
         where += f" window G{f.window + 1}"
+    if f.chunks is not None:
+        where += f" (chunks {f.chunks[0]}-{f.chunks[1] - 1})"
     blame = [f"kind {f.kind.value}"]
     if f.stage:
         blame.append(f"stage {f.stage.value}")
     if f.tier:
         blame.append(f"tier {f.tier}")
-    return f"failed: {where}: {f.reason or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
+    line = f"failed: {where}: {f.reason or 'no reason given'}" + (f" ({', '.join(blame)})" if blame else "")
+    return line + (f"; figures: {f.load.describe()}" if f.load is not None and f.load.describe() not in line else "")
 
 
 def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequence[MarkerView]) -> Explanation:
@@ -948,7 +962,12 @@ def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequ
     if kind is None and outcome is Outcome.FAILED_CLOSED:
         kind = FailureKind.TIER
     evidence.extend(_failure_line(f) for f in fails)
-    marker = next((m for m in markers if prompt and m.prompt == prompt), None)
+    # The marker the request left: the one set for it (by request id), else the one standing for its prompt.
+    marker = next((m for m in markers if m.request == req), None) or next(
+        (m for m in markers if prompt and m.prompt == prompt), None
+    )
+    if marker is not None:
+        evidence.append(f"marker: prompt {marker.prompt} {_marker_scope(marker.excluded_tiers)}")
     verdict, summary, fix, nxt = _request_verdict(req, restore, kind, fails, marker, finished, health)
     return Explanation(
         subject=Subject.REQUEST,
@@ -960,7 +979,25 @@ def explain_request(events: Sequence[ev.Event], *, health: Health, markers: Sequ
         findings=(_finding(verdict, summary, evidence, fix, nxt),),
         last_restore=restore,
         next=nxt,
+        marker=marker.prompt if marker is not None else None,
     )
+
+
+def _host_verdict(fails: Sequence[ev.Failure]) -> tuple[FindingKind, str, str, str]:
+    """A restore the host made miss its deadline: nobody in bsr is blamed; the figures name the pressure."""
+    f = next(f for f in fails if f.kind is FailureKind.HOST_OVERLOADED)
+    figures = f.load.describe() if f.load is not None else "no figures recorded"
+    summary = (
+        "failed closed because the host was overloaded: a deadline ran out while "
+        + (f"rank {f.rank}" if f.rank is not None else "the engine")
+        + f" waited to run ({figures}); no rank or tier is blamed, no marker was set"
+    )
+    fix = "retry once the load drops; give the engine CPU, or raise `bsr engine up --overload-ceiling`"
+    return FindingKind.RESTORE_FAILED_HOST, summary, fix, "bsr status"
+
+
+def _marker_scope(excluded_tiers: Sequence[str]) -> str:
+    return f"excludes {', '.join(excluded_tiers)}" if excluded_tiers else "excludes no tier (recompute locally)"
 
 
 def _request_verdict(
@@ -993,6 +1030,8 @@ def _request_verdict(
         verdict = FindingKind.RESTORE_FAILED_CAPACITY
         summary = "refused for capacity: the window did not fit the budget B or the pool (no tier is blamed)"
         fix, nxt = "lower W or raise B (see the reason)", "bsr settings show"
+    elif outcome is Outcome.FAILED_CLOSED and kind is FailureKind.HOST_OVERLOADED:
+        verdict, summary, fix, nxt = _host_verdict(fails)
     elif outcome is Outcome.FAILED_CLOSED and kind is FailureKind.RANK and staged_rank_failure is not None:
         # The rank failed at its own stage (install, synchronize): the rank's fault, never a tier's.
         f = staged_rank_failure

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
+from bsr_cli.core.evidence import FailureKind, Outcome, RankState, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
+from bsr_cli.core.scrub import QuarantinedFile, ScrubProgress
 from bsr_cli.core.store_loss import SegmentLoss
 
 
@@ -59,6 +60,8 @@ class EngineInfo:
     faults_enabled: bool
     fs_concurrency: int
     tokenizer: str | None
+    # The longest a rank's deadline stretches while the host starves it (None: a host that does not judge so).
+    overload_ceiling_s: float | None = wire.field(default=None, omit_none=True)
     # What a host adds (a vLLM worker's limits).
     host_fields: dict[str, Any] = wire.field(extra=True)
 
@@ -84,30 +87,26 @@ class RankFault:
     from_wire = wire.reader()
 
 
+def _state_of(d: Mapping[str, Any]) -> RankState:
+    """An older engine's rank names no state: live when healthy, else hung (dead when it does not run)."""
+    if d.get("healthy", True):
+        return RankState.LIVE
+    return RankState.HUNG if d.get("alive", True) else RankState.DEAD
+
+
 @dataclass(frozen=True)
 class RankHealth:
-    """One rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline."""
+    """One rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline through its
+    own fault. A rank the host starves stays healthy, in state ``starved`` (its deadlines stretch)."""
 
     rank: int
     healthy: bool = field(metadata=wire.meta(absent=True))
     alive: bool = field(metadata=wire.meta(absent=True))
     heartbeat_age_s: float | None  # None: the rank does not beat (an in-process rank)
-    reason: str | None  # why it is unhealthy (None when it is not)
+    reason: str | None  # why it is unhealthy, or starved (None when it is neither)
     last_fault: RankFault | None
-
-    to_wire = wire.writer()
-    from_wire = wire.reader()
-
-
-@dataclass(frozen=True)
-class QuarantinedFile:
-    """A stored object a tier moved aside after its bytes failed their checksum."""
-
-    key: str
-    file: str  # where it lies now, under the tier's quarantine directory; "" when the tier removed it
-    reason: str
-    at: float  # when it was moved aside (Unix time)
-    bytes: int
+    # What the coordinator's judge says of it (runtime/judge.py): live, starved, stopped, hung, dead, unknown.
+    state: RankState = wire.field(default=RankState.LIVE, absent_from=_state_of)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -132,6 +131,7 @@ class RankTierStatus:
     condition: TierCondition = wire.field(default=TierCondition.OK, absent_from=_ok_or_unavailable)
     quarantined: tuple[QuarantinedFile, ...] = ()  # the newest objects it moved aside
     quarantined_total: int = 0  # how many lie in its quarantine directory
+    scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # running, then the last ended
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -139,8 +139,10 @@ class RankTierStatus:
 
 @dataclass(frozen=True)
 class TierHealth:
-    """One tier across the engine: what each rank sees of it joined with what the coordinator knows (armed faults,
-    recent real failures). ``condition`` is the first reason it is unhealthy (``ok`` when none)."""
+    """One tier across the engine: what each rank sees of it joined with what the coordinator knows (recent
+    failures, armed faults). ``condition`` is the first reason it is unhealthy (``ok`` when none); ``injected``: an
+    injected fault caused every one of them (a drill's failure); ``faults_armed``: faults armed against it, shown
+    but never a reason it is unhealthy (arming alone changes no health)."""
 
     ok: bool
     detail: tuple[str, ...]  # one line per reason, each naming who saw it
@@ -149,8 +151,11 @@ class TierHealth:
     quarantined_total: int
     # A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok: none).
     condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
+    injected: bool = wire.field(default=False, omit_false=True)
+    faults_armed: tuple[str, ...] = wire.field(default=(), omit_empty=True)
     # The segments the store lost that keep it unhealthy (segment_lost): oldest first; absent when none.
     lost_segments: tuple[SegmentLoss, ...] = wire.field(omit_empty=True, default=())
+    scrubs: tuple[ScrubProgress, ...] = wire.field(default=(), omit_empty=True)  # every rank's, running first
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -179,11 +184,18 @@ class Health:
         return [r.rank for r in self.ranks if not r.healthy]
 
     @property
+    def starved_ranks(self) -> list[int]:
+        """Ranks the host keeps from running (healthy: the host's doing, not theirs)."""
+        return [r.rank for r in self.ranks if r.state is RankState.STARVED]
+
+    @property
     def degraded_tiers(self) -> list[str]:
         return sorted(name for name, t in self.tiers.items() if not t.ok)
 
     # The fields with what they imply beside them, in the order docs/openapi.json documents.
-    to_wire = wire.writer(order=("ok", "ranks_alive", "ranks", "unhealthy_ranks", "tiers", "degraded_tiers", "api"))
+    to_wire = wire.writer(
+        order=("ok", "ranks_alive", "ranks", "unhealthy_ranks", "starved_ranks", "tiers", "degraded_tiers", "api")
+    )
     from_wire = wire.reader()
 
 
@@ -208,6 +220,7 @@ class PoolEntry:
     tp_rank: int | None = wire.field(default=None, omit_none=True)
     error: str | None = wire.field(default=None, omit_none=True)  # why the rank did not answer
     restore_bps: float = 0.0  # bytes released per second over the last 5 s
+    state: RankState = wire.field(default=RankState.LIVE, absent_from=_state_of)  # as RankHealth's
 
     to_wire = wire.writer()
     from_wire = wire.reader()

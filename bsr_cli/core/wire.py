@@ -5,6 +5,7 @@ A result type declares its fields and, where the JSON differs from the field, sa
 
 - ``name="W"``: the key it travels under;
 - ``omit_none`` / ``omit_empty``: left out while None / while None, "", an empty list or map;
+- ``omit_false``: a flag left out while False (said only when set; a reader takes its absence as False);
 - ``absent``: what a reader assumes when an older writer leaves the key out;
 - ``flatten``: a nested result whose keys sit inline in the parent's object at the field's place (read back from
   it; an optional part reads as None when none of its keys came);
@@ -57,6 +58,7 @@ _OMIT_NONE = "wire_omit_none"
 _ABSENT = "wire_absent"
 _EXTRA = "wire_extra"
 _OMIT_EMPTY = "wire_omit_empty"
+_OMIT_FALSE = "wire_omit_false"
 _FLATTEN = "wire_flatten"
 _SKIP = "wire_skip"
 _NONE_AS = "wire_none_as"
@@ -68,6 +70,7 @@ def field(
     name: str | None = None,
     omit_none: bool = False,
     omit_empty: bool = False,
+    omit_false: bool = False,
     flatten: bool = False,
     skip: bool = False,
     none_as: Any = dataclasses.MISSING,
@@ -84,6 +87,7 @@ def field(
         name=name,
         omit_none=omit_none,
         omit_empty=omit_empty,
+        omit_false=omit_false,
         flatten=flatten,
         skip=skip,
         none_as=none_as,
@@ -99,6 +103,7 @@ def meta(
     name: str | None = None,
     omit_none: bool = False,
     omit_empty: bool = False,
+    omit_false: bool = False,
     flatten: bool = False,
     skip: bool = False,
     none_as: Any = dataclasses.MISSING,
@@ -116,6 +121,8 @@ def meta(
         described[_OMIT_NONE] = True
     if omit_empty:
         described[_OMIT_EMPTY] = True
+    if omit_false:
+        described[_OMIT_FALSE] = True
     if flatten:
         described[_FLATTEN] = True
     if skip:
@@ -144,6 +151,7 @@ class _Field:
     extra: bool
     none_as: Any = dataclasses.MISSING  # what None travels as
     absent_from: Callable[[Mapping[str, Any]], Any] | None = None
+    omit_false: bool = False
 
 
 def _plan(cls: type) -> tuple[_Field, ...]:
@@ -176,6 +184,7 @@ def _plan_of(key: Hashable) -> tuple[_Field, ...]:
                 extra=bool(f.metadata.get(_EXTRA)),
                 none_as=f.metadata.get(_NONE_AS, dataclasses.MISSING),
                 absent_from=f.metadata.get(_ABSENT_FROM),
+                omit_false=bool(f.metadata.get(_OMIT_FALSE)),
             )
         )
     return tuple(out)
@@ -226,6 +235,10 @@ def _computed(cls: type) -> tuple[str, ...]:
     return (*layout.computed, *(n for n in layout.order if n not in fields and n not in layout.computed))
 
 
+def _false(f: _Field, value: Any) -> bool:
+    return f.omit_false and value is False
+
+
 def _is_empty(value: Any) -> bool:
     return value is None or (isinstance(value, (str, tuple, list, dict, set, frozenset)) and not value)
 
@@ -250,7 +263,7 @@ def write(obj: Any) -> dict[str, Any]:
                 out.update(value_to_wire(value))
         elif value is None and f.none_as is not dataclasses.MISSING:
             out[f.key] = f.none_as
-        elif not ((f.omit_none and value is None) or (f.omit_empty and _is_empty(value))):
+        elif not ((f.omit_none and value is None) or (f.omit_empty and _is_empty(value)) or _false(f, value)):
             out[f.key] = value_to_wire(value)
     out.update(extra)
     return out

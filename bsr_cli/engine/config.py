@@ -24,6 +24,8 @@ ENGINE_SETTINGS = (
     "fs_concurrency",
     "fetch_timeout_s",
     "kv_wait_s",
+    "overload_ceiling_s",
+    "scrub_after_failure",
 )
 
 
@@ -179,6 +181,8 @@ class RankConfig:
     netns: str | None = None
     address: str | None = None
     links: tuple[RankLink, ...] = ()
+    # After a tier failed a restore at fetch or verify, scrub the rest of the prompt's objects on it (background).
+    scrub_after_failure: bool = True
 
 
 @dataclass(frozen=True)

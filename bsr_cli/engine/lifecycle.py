@@ -207,9 +207,10 @@ class RankRestarter:
             self._restart(i, rank)
 
     def _restart(self, i: int, old: Any) -> None:
+        old.close(timeout=2.0)
+        # Once it is reaped, how it went (a signal, an exit code): the reason its rank_restarted event carries.
         why = getattr(old, "down_reason", None) or "process exited"
         self.log(f"bsr engine: rank {i} is not running ({why}): restarting it")
-        old.close(timeout=2.0)
         self._starting.add(i)
         new = None
         try:

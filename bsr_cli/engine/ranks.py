@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing as mp
+import select
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -65,14 +67,24 @@ class ProcessRank:
 
     @property
     def down_reason(self) -> str | None:
-        """Why this rank no longer runs (``exit code -9``, ``pipe closed``); None while it runs."""
+        """Why this rank no longer runs (``killed by SIGKILL``, ``exited with code 1``, ``pipe closed``); None while
+        it runs."""
         if self.alive():
             return None
-        return self._dead or f"exit code {self.process.exitcode}"
+        return self.exit_reason()
 
     def heartbeat_age(self) -> float:
         """Seconds since this rank last said anything (it beats every few hundred ms while it runs)."""
         return time.monotonic() - self._last_heard
+
+    def unread(self) -> bool:
+        """Whether the rank has said something this side has not read yet (heartbeats queued in the pipe while
+        the coordinator itself did not run): the rank is not silent, whatever ``heartbeat_age`` says."""
+        try:
+            ready, _, _ = select.select([self._conn.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return bool(ready)
 
     def submit(self, request: RankRequest[R]) -> Future[R]:
         fut: Future[R] = Future()
@@ -119,11 +131,24 @@ class ProcessRank:
                 fut.set_exception(ServerError(f"rank {self.rank}: {msg.error}"))
             else:
                 fut.set_result(msg.result)
-        self._dead = f"exit code {self.process.exitcode}" if not self.process.is_alive() else "pipe closed"
+        self._dead = "pipe closed" if self.process.is_alive() else self.exit_reason()
         with self._lock:
             pending, self._pending = self._pending, {}
         for fut in pending.values():
             fut.set_exception(RankDied(f"rank {self.rank} died ({self._dead})"))
+
+    def exit_reason(self) -> str:
+        """Why the process went, once it has: the signal that killed it, or its exit code (before it is reaped,
+        what the reader saw)."""
+        code = self.process.exitcode
+        if code is None:
+            return self._dead or "process exited"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with code {code}"
 
     def close(self, timeout: float = 10.0) -> None:
         with self._lock, contextlib.suppress(OSError, ValueError):

@@ -136,6 +136,7 @@ def build(
             fs_dir=cfg.fs_dir,
             fs_concurrency=now.fs_concurrency,
             log_dir=str(log_dir) if log_dir is not None else None,
+            scrub_after_failure=now.scrub_after_failure,
         )
         if hosts is not None:
             # A multi-host engine: the rank runs in its own namespace and, when a fetch fails, checks its links.

@@ -42,6 +42,7 @@ from bsr_cli.engine.config import (
 from bsr_cli.errors import CapacityError, InvalidInput, ServiceError
 from bsr_cli.mooncake import services
 from bsr_cli.runtime.coordinator_state import EngineSettings
+from bsr_cli.runtime.judge import DEFAULT_OVERLOAD_CEILING_S, MAX_OVERLOAD_CEILING_S
 
 SERVER_START_TIMEOUT_S = 240.0
 PRIVATE_UMASK = 0o077
@@ -55,6 +56,7 @@ CLI_NAMES = {
     "fs_concurrency": "--fs-concurrency",
     "fetch_timeout_s": "--fetch-timeout",
     "kv_wait_s": "--kv-wait",
+    "overload_ceiling_s": "--overload-ceiling",
     "store_client_ttl_s": "--store-client-ttl",
 }
 # The longest a request may wait for destination KV blocks held by running requests (`--kv-wait`).
@@ -76,6 +78,8 @@ class EngineOptions:
     # How long a request waits for destination KV blocks held by running requests before it is refused for
     # capacity (0: refuse at once).
     kv_wait_s: float = 60.0
+    # The longest a rank's deadline is stretched while the host starves it (runtime/judge.py).
+    overload_ceiling_s: float = DEFAULT_OVERLOAD_CEILING_S
     host: str = "127.0.0.1"
     port: int = 0
     remote: bool = True
@@ -94,6 +98,8 @@ class EngineOptions:
     hosts: str = "local"
     # A bandwidth cap on every link between those namespaces (bits/s; `tc tbf`), None for none.
     link_rate_bps: int | None = None
+    # After a tier failed a restore at fetch or verify, scrub the rest of the prompt's objects on it (background).
+    scrub_after_failure: bool = True
     # How long the Mooncake master keeps a silent segment holder before it drops its segment and every object on
     # it (`mooncake_master --client_ttl`; core.limits.DEFAULT_STORE_CLIENT_TTL_S says why this default).
     store_client_ttl_s: int = limits.DEFAULT_STORE_CLIENT_TTL_S
@@ -117,6 +123,7 @@ class EngineOptions:
             names=CLI_NAMES,
         )
         _check_kv_wait(self.kv_wait_s)
+        _check_overload_ceiling(self.overload_ceiling_s)
         limits.check_client_ttl(self.store_client_ttl_s, CLI_NAMES["store_client_ttl_s"])
         per_rank_prompt = self.max_tokens * reg.bytes_per_token
         segment = self.segment_bytes or max(256 << 20, 2 * per_rank_prompt * reg.tp_size)
@@ -142,6 +149,7 @@ class EngineOptions:
             fs_concurrency=self.fs_concurrency,
             fetch_timeout_s=self.fetch_timeout_s,
             kv_wait_s=self.kv_wait_s,
+            overload_ceiling_s=self.overload_ceiling_s,
             event_retention_s=self.event_retention_s,
             event_store_bytes=self.event_store_bytes,
             store_client_ttl_s=self.store_client_ttl_s,
@@ -162,6 +170,7 @@ class ResolvedSettings:
     fs_concurrency: int
     fetch_timeout_s: float
     kv_wait_s: float
+    overload_ceiling_s: float
     event_retention_s: float
     event_store_bytes: int
     store_client_ttl_s: int
@@ -186,6 +195,17 @@ def _check_kv_wait(seconds: float) -> None:
         # NaN fails the range test too.
         raise InvalidInput(
             f"{CLI_NAMES['kv_wait_s']} must be a number of seconds in [0, {MAX_KV_WAIT_S:.0f}], got {seconds!r}"
+        )
+
+
+def _check_overload_ceiling(seconds: float) -> None:
+    bad = isinstance(seconds, bool) or not isinstance(seconds, int | float)
+    if bad or not 1 <= seconds <= MAX_OVERLOAD_CEILING_S:  # NaN fails the range test too
+        raise InvalidInput(
+            f"{CLI_NAMES['overload_ceiling_s']} must be a number of seconds in [1, {MAX_OVERLOAD_CEILING_S:.0f}], "
+            f"got {seconds!r}",
+            hint="the longest a rank's deadline may stretch while the host starves it (default "
+            f"{DEFAULT_OVERLOAD_CEILING_S:g})",
         )
 
 
@@ -673,7 +693,9 @@ def _engine_config(
             fs_concurrency=settings.fs_concurrency,
             fetch_timeout_s=settings.fetch_timeout_s,
             kv_wait_s=settings.kv_wait_s,
+            overload_ceiling_s=settings.overload_ceiling_s,
             tiers=("mooncake", "fs") if opts.remote else ("fs",),
+            scrub_after_failure=opts.scrub_after_failure,
         ),
         mooncake=mooncake,
         hosts=hosts,

@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ from bsr_cli.api.ranks import (
     RestoreJob,
     RestoreRequest,
     RestoreResult,
+    ScrubRequest,
+    ScrubResult,
     SetBudgetRequest,
     SetBudgetResult,
     SetFsConcurrencyRequest,
@@ -169,6 +172,7 @@ class Rank:
         from bsr_cli.runtime.paged_kv import PagedKV, pick_device
         from bsr_cli.runtime.pool import RestorePool
         from bsr_cli.runtime.restore import RankRestorer
+        from bsr_cli.runtime.scrub import Scrubber
         from bsr_cli.runtime.tiers import Tier
         from bsr_cli.tiers.fs import FilesystemTier
         from bsr_cli.tiers.mooncake import TRAILER_BYTES
@@ -217,6 +221,8 @@ class Rank:
         if links:
             self.restorer.diagnose = lambda tier: _unreachable_links(links) if tier == "mooncake" else ""
         self._aborts: dict[str, threading.Event] = {}
+        self.scrub_after_failure = cfg.scrub_after_failure
+        self.scrubber = Scrubber(self.rank, self.tiers, self._emit_scrub)
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
         # Bumped when a tier's state is known to have changed (a store refused, an object quarantined): an answer
         # computed before that is not cached, so the next health call says it.
@@ -238,7 +244,13 @@ class Rank:
     def abort(self, request_id: str) -> None:
         self._aborts.setdefault(request_id, threading.Event()).set()
 
+    def _emit_scrub(self, ev: Event) -> None:
+        if isinstance(ev, ObjectQuarantined):
+            self._tier_changed()  # the next health answer counts it
+        self.emit(ev)
+
     def close(self) -> None:
+        self.scrubber.stop()
         self.restorer.close()
         for t in self.tiers.values():
             with contextlib.suppress(Exception):  # closing on the way out; nothing left to tell
@@ -297,19 +309,23 @@ class Rank:
         finally:
             self._aborts.pop(job.request_id, None)
         if not out.ok and out.tier and out.stage in (Stage.FETCH, Stage.VERIFY):
-            self._quarantine_window(job, out)
+            checked = self._quarantine_window(job, out)
+            if self.scrub_after_failure:
+                self._scrub_rest(job, out.tier, checked)
         return out
 
-    def _quarantine_window(self, job: RestoreJob, out: RestoreResult) -> None:
+    def _quarantine_window(self, job: RestoreJob, out: RestoreResult) -> set[str]:
         """After a tier failed a restore: re-read the failed window's objects on that tier and move the damaged
         ones aside, so the chunk counts as absent and the next store rewrites it (instead of the same chunk
-        failing every restore). Only a tier that can check its own objects does this (fs and Mooncake)."""
+        failing every restore). Only a tier that can check its own objects does this (fs and Mooncake). Answers the
+        keys it re-read."""
+        from bsr_cli.runtime.scrub import quarantine_damaged
         from bsr_cli.runtime.tiers import RepairableTier
 
         tier = self.tiers.get(out.tier or "")
         win = next((w for w in job.windows if w.index == out.failed_window), None)
         if not isinstance(tier, RepairableTier) or win is None:
-            return
+            return set()
         where = {
             job.objects[g][c].key: (c, g)
             for c in range(win.chunk_start, win.chunk_end)
@@ -317,15 +333,16 @@ class Rank:
             if job.objects[g][c].tier == out.tier
         }
         try:
-            moved = tier.quarantine_damaged(
+            moved = quarantine_damaged(
+                tier,
                 {
                     key: f"chunk {c} group {g} on rank {self.rank}; restore of {job.request_id} failed: {out.reason}"
                     for key, (c, g) in where.items()
-                }
+                },
             )
         except Exception:
             logging.getLogger(__name__).exception("rank %d: quarantine on tier %s failed", self.rank, out.tier)
-            return
+            return set(where)
         if moved:
             self._tier_changed()
         for q in moved:
@@ -342,6 +359,47 @@ class Rank:
                     request=job.request_id,
                 )
             )
+        return set(where)
+
+    def _scrub_rest(self, job: RestoreJob, tier: str, checked: set[str]) -> None:
+        """The failed window was only the first damage the restore met: scrub the rest of the prompt's objects on
+        that tier in the background (every chunk of the prompt, not only the restored prefix), so that one failed
+        restore sets every damaged object apart and the next store rewrites them all."""
+        from bsr_cli.core.scrub import ScrubLimits
+        from bsr_cli.runtime.scrub import ScrubTarget
+        from bsr_cli.runtime.tiers import RepairableTier
+
+        if not isinstance(self.tiers.get(tier), RepairableTier) or not job.chunk_hashes:
+            return
+        keys = self._keys(list(job.chunk_hashes))
+        targets = [
+            ScrubTarget(keys[g][c], c, g)
+            for c in range(len(job.chunk_hashes))
+            for g in self.reg.group_names
+            if keys[g][c] not in checked
+        ]
+        self.scrubber.scrub_prompt(
+            tier, targets, prompt=job.prompt, limits=ScrubLimits(), request=job.request_id, background=True
+        )
+
+    def scrub(self, req: ScrubRequest) -> ScrubResult:
+        """An operator's scrub of this rank's objects on a tier: a prompt's, or its share of every object."""
+        from bsr_cli.core.evidence import ScrubScope
+        from bsr_cli.core.scrub import ScrubLimits
+        from bsr_cli.runtime.scrub import ScrubTarget
+
+        limits = ScrubLimits(req.max_objects, req.max_bytes)
+        if req.scope is ScrubScope.ALL:
+            out = self.scrubber.scrub_all(req.tier, shards=req.shards, limits=limits, scrub=req.scrub)
+        else:
+            keys = self._keys(req.hashes)
+            targets = [ScrubTarget(keys[g][c], c, g) for c in range(len(req.hashes)) for g in self.reg.group_names]
+            result = self.scrubber.scrub_prompt(req.tier, targets, prompt=req.prompt, limits=limits, scrub=req.scrub)
+            assert result is not None  # run now, not in the background
+            out = result
+        if out.quarantined:
+            self._tier_changed()
+        return out
 
     def _tier_changed(self) -> None:
         self._tier_epoch += 1
@@ -362,7 +420,8 @@ class Rank:
                     cached[name] = TierStatus(h.ok, h.detail, h.condition.value, shown, total)
                 if epoch == self._tier_epoch:
                     self._health_cache = (time.monotonic(), cached)
-            tiers = dict(cached)
+            # A scrub's progress moves on every object: never from the cache.
+            tiers = {name: replace(t, scrubs=self.scrubber.progress(name)) for name, t in cached.items()}
         return StatsResult(self.rank, self.pool.stats().to_dict(), tiers)
 
     def reset_peak(self, req: ResetPeakRequest) -> ResetPeakResult:

@@ -133,6 +133,18 @@ def segment_listing(admin_url: str, timeout: float = 2.0) -> list[dict[str, Any]
     return [s for s in found if isinstance(s, dict)]
 
 
+def all_keys(admin_url: str, timeout: float = 10.0) -> list[str]:
+    """Every key the master lists (``/get_all_keys`` on its admin/metrics port): a JSON list (or ``{"keys": [...]}``),
+    or, from a build that answers in plain text, the keys one a line. Raises OSError when it cannot be read."""
+    with _HTTP.open(admin_url.rstrip("/") + "/get_all_keys", timeout=max(timeout, 0.001)) as resp:
+        text = resp.read().decode("utf-8", "replace")
+    try:
+        listed = json.loads(text)
+        return [str(k) for k in (listed if isinstance(listed, list) else listed.get("keys", []))]
+    except json.JSONDecodeError:
+        return [line.strip() for line in text.replace(",", "\n").splitlines() if "@" in line]
+
+
 def segments(admin_url: str, timeout: float = 2.0) -> list[MountedSegment]:
     """The master's segments (``/get_segments_detail`` on its admin/metrics port). Raises ServiceError."""
     return [MountedSegment.from_wire(s) for s in segment_listing(admin_url, timeout)]

@@ -114,8 +114,12 @@ class Admission:
         objects: dict[int, dict[str, list[ObjectRef]]],
         block_tables: dict[str, list[int]],
         faults: Sequence[FaultSpec],
+        *,
+        prompt: str = "",
+        hashes: Sequence[str] = (),
     ) -> dict[int, RestoreJob]:
-        """One typed job per rank: its own objects and the armed faults aimed at it (or at every rank)."""
+        """One typed job per rank: its own objects and the armed faults aimed at it (or at every rank), with the
+        prompt and all its chunk hashes (what a rank scrubs if a tier fails the restore)."""
         wins = [
             WindowJob(
                 index=win.index,
@@ -137,6 +141,8 @@ class Admission:
                 faults=[f for f in faults if f.applies_to_rank(r.rank)],
                 fetch_timeout_s=self.settings.fetch_timeout_s,
                 admit_timeout_s=self.settings.admit_timeout_s,
+                prompt=prompt,
+                chunk_hashes=tuple(hashes),
             )
             for r in self.ranks
         }
@@ -148,10 +154,11 @@ class Admission:
             m = self._markers.get(prompt)
             return None if m is None else dataclasses.replace(m, excluded=set(m.excluded))
 
-    def set_marker(self, prompt: str, tiers: set[str], reason: str, request: str) -> Marker:
+    def set_marker(self, prompt: str, tiers: set[str], reason: str, request: str, *, injected: bool = False) -> Marker:
         """Mark the prompt: its next admission skips ``tiers`` (a tier's fetch or verify failed), or, with no tiers,
         recomputes it locally (a rank failed to install or synchronize: no tier is to blame, so none is excluded).
-        Recomputing locally is the stronger of the two and is kept once set."""
+        Recomputing locally is the stronger of the two and is kept once set. ``injected``: an injected fault failed
+        the restore (counted and recorded as such)."""
         with self._lock:
             m = self._markers.get(prompt)
             if m is None:
@@ -163,9 +170,15 @@ class Admission:
                 m.excluded = set()
                 m.reason, m.request = reason, request
             snap = dataclasses.replace(m, excluded=set(m.excluded))
-        self.counters.markers_set.inc()
+        self.counters.marker_set(injected)
         self.events.append(
-            MarkerSet(request=request, prompt=prompt, excluded_tiers=tuple(sorted(snap.excluded)), reason=reason)
+            MarkerSet(
+                request=request,
+                prompt=prompt,
+                excluded_tiers=tuple(sorted(snap.excluded)),
+                reason=reason,
+                injected=injected,
+            )
         )
         return snap
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection
 
-from bsr_cli.core.events import FaultInjected
+from bsr_cli.core.events import FaultFired, FaultInjected
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.errors import FaultsDisabled
 from bsr_cli.runtime.coordinator_state import CoordinatorContext
@@ -67,13 +67,28 @@ class ArmedFaults:
             self._faults = []
         return n
 
-    def record_fired(self, fired: Collection[int]) -> None:
-        """The faults (by id) that fired in a restore: counted, and dropped once their count is spent."""
+    def record_fired(self, fired: Collection[int], request: str | None = None) -> None:
+        """The faults (by id) that fired in ``request``'s restore: counted, dropped once their count is spent, and
+        each recorded as a ``fault_fired`` event (what a drill caused is told apart by it)."""
         if not fired:
             return
         with self._lock:
             self._faults = [f.after_firing() if f.id in fired else f for f in self._faults]
+            spent = [f for f in self._faults if f.id in fired]
             self._faults = [f for f in self._faults if not f.exhausted()]
+        for f in spent:
+            self._ctx.events.append(
+                FaultFired(
+                    fault_id=f.id,
+                    fault=f.kind,
+                    rank=f.rank,
+                    window=f.window,
+                    group=f.group,
+                    count=f.count,
+                    fired=f.fired,
+                    request=request,
+                )
+            )
 
     def fire(self, rank: int, window: int, first_window: int = 0) -> FaultSpec | None:
         """The first armed fault that hits ``window`` on ``rank`` (one armed for no window hits ``first_window``),

@@ -35,6 +35,7 @@ from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.markers import ClearScope, Marker
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import ManualRestoreResult, StoreReport, SubmitResult, TierErrors
+from bsr_cli.core.scrub import ScrubLimits, ScrubReport
 from bsr_cli.core.status import (
     BlockWait,
     EngineInfo,
@@ -66,6 +67,7 @@ from bsr_cli.runtime.metrics import RuntimeCounters
 from bsr_cli.runtime.observation import Observation
 from bsr_cli.runtime.orchestration import Orchestration
 from bsr_cli.runtime.rank_calls import RankCalls
+from bsr_cli.runtime.scrub import scrub_ranks
 
 Progress = Callable[[Event], None]  # a progress event (the admin API streams its wire form)
 
@@ -293,6 +295,12 @@ class Coordinator:
         self.observation.forget_injected_tier_failures()
         self.events.append(FaultsCleared(count=n))
         return n
+
+    # -- scrubs ----------------------------------------------------------------------------------------------------
+    def scrub(self, tier: str, tokens: Sequence[int] | None, limits: ScrubLimits) -> ScrubReport:
+        """An operator's scrub of ``tier``: every rank reads its objects back whole (the prompt's, or with no
+        tokens its share of every object the tier holds), sets the damaged ones apart, and answers how it ended."""
+        return scrub_ranks(self.calls, self.admission, tier, tokens, limits)
 
 
 __all__ = [

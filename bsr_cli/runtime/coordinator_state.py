@@ -19,9 +19,12 @@ from typing import Protocol
 
 from bsr_cli.api.ranks import RankClient
 from bsr_cli.core.events import PROGRESS
+from bsr_cli.core.overload import HostLoad
 from bsr_cli.core.registration import Registration
-from bsr_cli.errors import InvalidInput, ServerError
+from bsr_cli.errors import HostOverloaded, InvalidInput, ServerError
 from bsr_cli.runtime.events import EventLog
+from bsr_cli.runtime.failures import OVERLOADED_HINT
+from bsr_cli.runtime.judge import DEFAULT_OVERLOAD_CEILING_S
 from bsr_cli.runtime.metrics import RuntimeCounters
 
 MAX_PASSES = 3  # remote → lower tier → recompute
@@ -47,6 +50,17 @@ class RankUnresponsive(ServerError):
         self.reason = reason
 
 
+class HostStarved(HostOverloaded):
+    """A call's deadline ran out, stretched up to the overload ceiling, while the host starved a rank (or the
+    coordinator itself): neither the rank nor a tier is at fault. ``load`` holds the figures."""
+
+    def __init__(self, rank: int, reason: str, load: HostLoad | None) -> None:
+        super().__init__(f"the host is overloaded: rank {rank} {reason}", hint=OVERLOADED_HINT)
+        self.rank = rank
+        self.reason = reason
+        self.load = load
+
+
 class RankRestarts(Protocol):
     """A host that starts a dead rank's process again (the embedded engine's ``lifecycle.RankRestarter``): a call
     that meets the dead rank is then refused with when to retry (``RankRestarting``) instead of failing."""
@@ -70,10 +84,16 @@ class EngineSettings:
     # How long a request waits for destination KV blocks held by running requests before it is refused (0: refuse
     # at once, as before). A serving scheduler keeps such a request waiting; a minute covers a long restore.
     kv_wait_s: float = 60.0
+    # The longest a rank's deadline (heartbeat, window progress, a call) is stretched while the host starves it
+    # (runtime/judge.py); past it the host is named, never the rank.
+    overload_ceiling_s: float = DEFAULT_OVERLOAD_CEILING_S
     faults_enabled: bool = False
     fs_concurrency: int = 1
     name: str = "embedded"
     tokenizer: str = "bytes"  # how the host turns text into token ids (reported so clients can match it)
+    # After a tier failed a restore at fetch or verify, each rank scrubs the rest of the prompt's objects on that
+    # tier in the background (bsr_cli/runtime/scrub.py); off, only the failed window's objects are re-read.
+    scrub_after_failure: bool = True
 
 
 @dataclass(frozen=True)
@@ -106,6 +126,7 @@ __all__ = [
     "TIER_FAILURE_TTL_S",
     "CoordinatorContext",
     "EngineSettings",
+    "HostStarved",
     "RankRestarts",
     "RankUnresponsive",
 ]

@@ -87,6 +87,7 @@ class Query:
     """Which events a reader wants. Every filter combines (AND); ``kinds`` is any of."""
 
     after_seq: int = 0
+    before_seq: int | None = None  # only events before this sequence number (paging back from the newest)
     since_time: float | None = None
     until_time: float | None = None
     request: str | None = None
@@ -99,6 +100,7 @@ class Query:
         """The same filter in memory (the event log's tail, a host without a store)."""
         if not (
             ev.seq > self.after_seq
+            and (self.before_seq is None or ev.seq < self.before_seq)
             and (self.since_time is None or ev.time >= self.since_time)
             and (self.until_time is None or ev.time <= self.until_time)
             and (not self.kinds or ev.kind in self.kinds)
@@ -148,7 +150,7 @@ class EventStore:
             meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
             self._previous_meta: dict[str, str] = dict(meta)
             self._pending_meta: dict[str, str] = {}
-            (max_seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+            (max_seq, held) = self._db.execute("SELECT COALESCE(MAX(seq), 0), COUNT(*) FROM events").fetchone()
             last = max(int(meta.get("last_seq", 0)), int(max_seq))
             self.previous = PreviousRun(existed="opened_at" in meta, clean=meta.get("running") == "0", last_seq=last)
             with self._db:
@@ -156,6 +158,9 @@ class EventStore:
         except sqlite3.Error as e:
             raise EventStoreError(f"cannot open the event store {self.path}: {e}") from None
         self._last_seq = last
+        # How many events the store holds: counted once here, then kept by the writer thread (each commit adds its
+        # rows, retention takes away what it deleted), so a reader never pays a COUNT over a large store.
+        self._held = int(held)
         self._reader = self._connect()
         self._read_lock = threading.Lock()
         self._queue: queue.SimpleQueue[Event | _Barrier | None] = queue.SimpleQueue()
@@ -253,13 +258,14 @@ class EventStore:
         last = max(self._last_seq, max(r[0] for r in rows))
         try:
             with self._db:
-                self._db.executemany(
+                cur = self._db.executemany(
                     "INSERT OR REPLACE INTO events (seq, time, type, request, prompt, rank, body) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
                 self._meta(last_seq=str(last))
             self._last_seq = last
+            self._held += max(cur.rowcount, 0)
         except sqlite3.Error as e:
             self._error(f"{len(batch)} event(s) not written: {e}")
             return
@@ -291,7 +297,7 @@ class EventStore:
         deleted = 0
         with self._db:
             cur = self._db.execute("DELETE FROM events WHERE time < ?", (self._clock() - self.max_age_s,))
-            deleted += max(cur.rowcount, 0)
+        deleted += self._deleted(cur)  # once committed
         used = self._used_bytes(self._db)
         if used > self.max_bytes:
             target = int(self.max_bytes * PRUNE_TO)
@@ -305,12 +311,18 @@ class EventStore:
                     cur = self._db.execute(
                         "DELETE FROM events WHERE seq IN (SELECT seq FROM events ORDER BY seq LIMIT ?)", (n,)
                     )
-                    deleted += max(cur.rowcount, 0)
+                deleted += self._deleted(cur)
                 used = self._used_bytes(self._db)
         if deleted:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("PRAGMA incremental_vacuum")
         return deleted
+
+    def _deleted(self, cur: sqlite3.Cursor) -> int:
+        """The rows a DELETE took away, counted off what the store holds."""
+        n = max(cur.rowcount, 0)
+        self._held = max(0, self._held - n)
+        return n
 
     @staticmethod
     def _used_bytes(db: sqlite3.Connection) -> int:
@@ -326,6 +338,9 @@ class EventStore:
         self.flush()
         where: list[str] = ["seq > ?"]
         args: list[Any] = [q.after_seq]
+        if q.before_seq is not None:
+            where.append("seq < ?")
+            args.append(q.before_seq)
         if q.since_time is not None:
             where.append("time >= ?")
             args.append(q.since_time)
@@ -347,6 +362,13 @@ class EventStore:
             rows = self._reader.execute(sql, [*args, max(0, q.limit)]).fetchall()
         out = [ev for (body,) in rows if (ev := _event(body)) is not None]
         return out[::-1] if q.newest else out
+
+    def extent(self) -> tuple[int, int]:
+        """(how many events the store holds, the sequence number of the oldest; 0 when it holds none)."""
+        self.flush()
+        with self._read_lock:
+            (oldest,) = self._reader.execute("SELECT COALESCE(MIN(seq), 0) FROM events").fetchone()
+        return self._held, int(oldest)
 
     def newest_request(self, prefix: str) -> str | None:
         """The request id (starting with ``prefix``) of the newest event that names one, if any is kept."""
@@ -432,6 +454,25 @@ def _event(body: str) -> Event | None:
         return None
 
 
+def stopped_cleanly(state_dir: Path) -> bool | None:
+    """Whether the engine whose store lies in ``state_dir`` recorded its stop: True when its newest lifecycle event
+    is ``engine_stopped`` (a requested shutdown says so before its admin API goes), False when it is
+    ``engine_started`` (still running, or gone without a word: killed, crashed), None when there is no store to
+    read. Read-only, for a monitor that saw an engine on this machine go away."""
+    path = Path(state_dir) / FILE_NAME
+    if not path.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=2.0)) as db:
+            row = db.execute(
+                "SELECT type FROM events WHERE type IN (?, ?) ORDER BY seq DESC LIMIT 1",
+                (EventKind.ENGINE_STARTED.value, EventKind.ENGINE_STOPPED.value),
+            ).fetchone()
+    except sqlite3.Error:
+        return None
+    return None if row is None else row[0] == EventKind.ENGINE_STOPPED.value
+
+
 __all__ = [
     "DEFAULT_MAX_AGE_S",
     "DEFAULT_MAX_BYTES",
@@ -441,4 +482,5 @@ __all__ = [
     "PreviousRun",
     "Query",
     "StoreStats",
+    "stopped_cleanly",
 ]

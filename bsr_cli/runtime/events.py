@@ -88,6 +88,14 @@ class EventLog:
             found = [e for e in self._events if q.matches(e)]
         return found[-q.limit :] if q.newest else found[: q.limit]
 
+    def extent(self) -> tuple[int, int]:
+        """(how many events this log still holds, the sequence number of the oldest; 0 when it holds none): the
+        store's, or the tail's without one."""
+        if self._store is not None:
+            return self._store.extent()
+        with self._cond:
+            return len(self._events), (self._events[0].seq if self._events else 0)
+
     def recent(self, n: int = 50) -> list[Event]:
         with self._cond:
             return list(self._events)[-n:]

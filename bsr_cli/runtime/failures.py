@@ -1,12 +1,14 @@
 """Why a restore failed, in one place: how a restore's per-rank outcomes are classified, who is blamed, what the
-operator is told and which exit code the CLI ends with.
+operator is told and which exit code the CLI ends with, and what a liveness verdict (``runtime/judge.py``) makes of
+a rank that went quiet.
 
 A restore debugger must not misdiagnose. Blame follows the *stage* a failure happened at (``core.evidence``):
 only a fetch or verify failure (the bytes did not arrive, or arrived wrong) is the tier's and may set a
 force-local marker against that tier; an install or synchronize failure, a stalled or dead rank is the rank's
-(no tier is marked unhealthy or excluded; the prompt is recomputed locally); a capacity refusal and an operator
-abort blame nobody. Every failed restore still ends fail-closed (nothing committed, every destination block
-invalid) whatever its kind.
+(no tier is marked unhealthy or excluded; the prompt is recomputed locally); a deadline that ran out while the host
+starved the engine (a rank waited to run, the host was under pressure, the coordinator itself ran late) is the
+host's: no rank and no tier is blamed, no marker is set; a capacity refusal and an operator abort blame nobody.
+Every failed restore still ends fail-closed (nothing committed, every destination block invalid) whatever its kind.
 
     kind      stage                cause                                         marker            outcome        exit
     capacity  admission            W does not fit B or the pool; admission       none              refused        12
@@ -18,6 +20,10 @@ invalid) whatever its kind.
               synchronize (none:   a window (an injected restore-fault too);     prompt locally
               a stall)             a rank stopped answering or died              (no tier excluded)
     aborted   the stage it was in  the operator aborted the request              none              aborted        130
+    host_     fetch (a rank's own  a deadline ran out while the host starved     none              failed_closed  17
+    overloaded  deadline), none    the engine: run-queue delay, PSI, the
+              (the coordinator's)  coordinator's own lag (the figures ride
+                                   on the failure)
 
 Pure: no I/O, so the CLI uses the same rules (``FailureKind.exit_code``) to pick its exit code.
 """
@@ -28,12 +34,14 @@ from collections.abc import Iterable, Sequence
 
 from bsr_cli.api.jobs import RestoreResult
 from bsr_cli.core.events import Failure
-from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage, window_label
+from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, RankState, Stage, window_label
+from bsr_cli.core.overload import HostLoad
 from bsr_cli.core.results import ManualRestoreResult, OutputHashes, RestoreReport
 from bsr_cli.errors import (
     BsrError,
     CapacityError,
     ExitCode,
+    HostOverloaded,
     OutputHashMismatch,
     RestoreAborted,
     RestoreFailedClosed,
@@ -43,10 +51,12 @@ CAPACITY = FailureKind.CAPACITY
 TIER = FailureKind.TIER
 RANK = FailureKind.RANK
 ABORTED = FailureKind.ABORTED
+HOST = FailureKind.HOST_OVERLOADED
 KINDS = tuple(FailureKind)
 # When ranks fail for different reasons the most specific diagnosis wins: a rank's own failure explains the others'
-# aborts; an operator abort explains follow-on failures; a real tier failure outranks a capacity refusal.
-_PRECEDENCE = (RANK, ABORTED, TIER, CAPACITY)
+# aborts; an overloaded host explains the aborts and timeouts around it (no tier is excluded for a deadline the
+# host made it miss); an operator abort explains follow-on failures; a real tier failure outranks a capacity refusal.
+_PRECEDENCE = (RANK, HOST, ABORTED, TIER, CAPACITY)
 
 
 class WindowRefused(CapacityError):
@@ -71,7 +81,20 @@ def failure_of(result: RestoreResult) -> Failure:
         window=result.failed_window,
         tier=result.tier or None,
         cause=CapacityCause(result.cause) if result.cause else None,
+        chunks=result.failed_chunks,
+        load=result.load,
     )
+
+
+def quiet_rank_kind(state: RankState) -> FailureKind:
+    """The failure kind of a rank judged past its deadline (``runtime/judge.py``): dead, stopped or hung is the
+    rank's; starved is the host's (the rank waited to run)."""
+    return RANK if state.rank_at_fault else HOST
+
+
+def quiet_rank_failure(rank: int, state: RankState, reason: str, load: HostLoad | None) -> Failure:
+    """The failure of a rank that went quiet (no stage: it did not fail at one; it stopped answering or waited)."""
+    return Failure(rank=rank, reason=reason, kind=quiet_rank_kind(state), load=load)
 
 
 def classify(failures: Iterable[Failure]) -> FailureKind | None:
@@ -143,6 +166,9 @@ def describe(f: Failure) -> str:
         if f.stage is None:
             return f"{who} stopped responding: {f.reason}"
         return f"{who} failed{where}{win}: {f.reason}"
+    if f.kind is HOST:
+        on = f" on rank {f.rank}" if f.rank is not None else ""
+        return f"the host was overloaded{where}{on}{win}: {f.reason}"
     return f.reason
 
 
@@ -178,16 +204,22 @@ def output_mismatch_error(request: str, hashes: OutputHashes, external_tokens: i
     )
 
 
+OVERLOADED_HINT = (
+    "the host could not run the engine in time (the figures are above; `bsr explain REQ` repeats them): retry once "
+    "the load drops, give the engine CPU, or raise its overload ceiling (`bsr engine up --overload-ceiling`)"
+)
+
 _ERROR_FOR_EXIT: dict[ExitCode, type[BsrError]] = {
     ExitCode.CAPACITY: CapacityError,
     ExitCode.FAILED_CLOSED: RestoreFailedClosed,
     ExitCode.INTERRUPTED: RestoreAborted,
+    ExitCode.HOST_OVERLOADED: HostOverloaded,
 }
 
 
 def restore_error(result: ManualRestoreResult) -> BsrError:
     """The one-line error a failed restore result ends the CLI with; its exit code is the failure kind's
-    (``FailureKind.exit_code``: refused 12, failed closed 10, aborted 130)."""
+    (``FailureKind.exit_code``: refused 12, failed closed 10, host overloaded 17, aborted 130)."""
     report = result.report
     if report is None:
         raise ValueError("a restore that found nothing to restore did not fail")
@@ -202,6 +234,11 @@ def restore_error(result: ManualRestoreResult) -> BsrError:
         return error(f"restore refused for capacity, nothing moved, no tier blamed: {why}", hint=report.hint)
     if kind is ABORTED:
         return error(f"restore aborted, nothing committed, no tier blamed: {why}")
+    if kind is HOST:
+        return error(
+            f"restore failed closed: {why}; nothing was committed, no rank or tier blamed",
+            hint=OVERLOADED_HINT,
+        )
     if kind is RANK:
         ranks = blamed_ranks(fails)
         who = ", ".join(f"rank {r}" for r in ranks) or "the rank"
@@ -222,7 +259,9 @@ def restore_error(result: ManualRestoreResult) -> BsrError:
 __all__ = [
     "ABORTED",
     "CAPACITY",
+    "HOST",
     "KINDS",
+    "OVERLOADED_HINT",
     "RANK",
     "TIER",
     "WindowRefused",
@@ -234,6 +273,8 @@ __all__ = [
     "failure_of",
     "outcome",
     "output_mismatch_error",
+    "quiet_rank_failure",
+    "quiet_rank_kind",
     "restore_error",
     "summary",
 ]

@@ -190,6 +190,11 @@ class FaultyTier:
                 view[len(view) // 2] ^= 0xFF  # one flipped byte in transit
         return codes, sums
 
+    def known_fault(self, keys: Sequence[str]) -> str:
+        """The armed fetch faults that hit these keys' window (``runtime.tiers.ExplainingTier``)."""
+        hits = self.armed.at(self.where[keys[0]][0], FETCH_KINDS) if keys else []
+        return ", ".join(f"injected {f.kind} (fault #{f.id})" for f in hits)
+
     def pending_writes(self) -> list[Future[Any]]:
         # The wrapped tier's transfers abandoned at a deadline (none for a tier that abandons none).
         return self.inner.pending_writes() if isinstance(self.inner, AbandoningTier) else []

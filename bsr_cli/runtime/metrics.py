@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from bsr_cli.core.evidence import FailureKind, Outcome, SegmentLossCause, Stage
 
 NONE = "none"  # the label value of "no failure kind" / "no stage" (a committed restore)
+# The ``injected`` label: "true" on what an injected fault caused (a drill), which the shipped alerts never page on.
+INJECTED, NOT_INJECTED = "true", "false"
 # The stages each failure kind is recorded at (NONE: a rank that stopped answering, an abort between windows): their
 # series exist from the start at 0, so increase() sees the first failure of each.
 STAGES_OF: dict[FailureKind, tuple[str, ...]] = {
@@ -24,6 +26,8 @@ STAGES_OF: dict[FailureKind, tuple[str, ...]] = {
     FailureKind.TIER: (Stage.FETCH.value, Stage.VERIFY.value),
     FailureKind.RANK: (Stage.INSTALL.value, Stage.SYNCHRONIZE.value, Stage.COMMIT.value, Stage.PROBE.value, NONE),
     FailureKind.ABORTED: (NONE, Stage.FETCH.value),
+    # none: the coordinator named the host (a rank starved past the overload ceiling); fetch: a rank's own deadline
+    FailureKind.HOST_OVERLOADED: (NONE, Stage.FETCH.value),
 }
 
 
@@ -36,8 +40,9 @@ class RuntimeCounters:
         r = self.registry
         self.restores = Counter(
             "bsr_restores",
-            "Restores ended, by outcome, failure kind and the stage the failure happened at",
-            ["outcome", "kind", "stage"],
+            "Restores ended, by outcome, failure kind, the stage the failure happened at, and whether an injected "
+            "fault fired in it",
+            ["outcome", "kind", "stage", "injected"],
             registry=r,
         )
         self.windows = Counter("bsr_restore_windows", "Restore windows released", ["rank"], registry=r)
@@ -51,9 +56,20 @@ class RuntimeCounters:
             ["rank", "tier"],
             registry=r,
         )
-        self.markers_set = Counter("bsr_force_local_markers_set", "Force-local markers set", registry=r)
+        self.markers_set = Counter(
+            "bsr_force_local_markers_set",
+            "Force-local markers set, and whether an injected fault failed the restore that set them",
+            ["injected"],
+            registry=r,
+        )
         self.unresponsive = Counter(
             "bsr_rank_unresponsive", "Times a rank missed its heartbeat or a deadline", ["rank"], registry=r
+        )
+        self.starved = Counter(
+            "bsr_rank_starved",
+            "Times a rank's deadline was stretched because the host starved it (it waited to run)",
+            ["rank"],
+            registry=r,
         )
         self.submitted = Counter("bsr_requests_submitted", "Requests submitted for admission", registry=r)
         # Destination KV blocks short: a request waits for them (FIFO, up to kv_wait_s) instead of being refused.
@@ -84,15 +100,17 @@ class RuntimeCounters:
             ["tier"],
             registry=r,
         )
-        self.restores.labels(Outcome.COMMITTED.value, NONE, NONE)
-        self.restores.labels(Outcome.NOTHING_TO_RESTORE.value, NONE, NONE)
+        self.restores.labels(Outcome.COMMITTED.value, NONE, NONE, NOT_INJECTED)
+        self.restores.labels(Outcome.NOTHING_TO_RESTORE.value, NONE, NONE, NOT_INJECTED)
         for kind, stages in STAGES_OF.items():
             for stage in stages:
-                self.restores.labels(kind.outcome.value, kind.value, stage)
+                self.restores.labels(kind.outcome.value, kind.value, stage, NOT_INJECTED)
+        self.markers_set.labels(NOT_INJECTED)
         for rank in ranks:
             self.windows.labels(str(rank))
             self.bytes.labels(str(rank))
             self.unresponsive.labels(str(rank))
+            self.starved.labels(str(rank))
             for tier in tiers:
                 self.quarantined.labels(tier)
                 self.fetch_bytes.labels(str(rank), tier)
@@ -102,8 +120,15 @@ class RuntimeCounters:
             for cause in SegmentLossCause:
                 self.segments_lost.labels(tier, cause.value)
 
-    def restore_ended(self, outcome: Outcome, kind: FailureKind | None, stage: Stage | None) -> None:
-        self.restores.labels(outcome.value, kind.value if kind else NONE, stage.value if stage else NONE).inc()
+    def restore_ended(
+        self, outcome: Outcome, kind: FailureKind | None, stage: Stage | None, injected: bool = False
+    ) -> None:
+        self.restores.labels(
+            outcome.value, kind.value if kind else NONE, stage.value if stage else NONE, injected_label(injected)
+        ).inc()
+
+    def marker_set(self, injected: bool = False) -> None:
+        self.markers_set.labels(injected_label(injected)).inc()
 
     def window_released(self, rank: int, nbytes: int) -> None:
         self.windows.labels(str(rank)).inc()
@@ -127,4 +152,9 @@ class RuntimeCounters:
         return 0.0 if got is None else got
 
 
-__all__ = ["NONE", "STAGES_OF", "RuntimeCounters"]
+def injected_label(injected: bool) -> str:
+    """The ``injected`` label's value."""
+    return INJECTED if injected else NOT_INJECTED
+
+
+__all__ = ["INJECTED", "NONE", "NOT_INJECTED", "STAGES_OF", "RuntimeCounters", "injected_label"]

@@ -30,9 +30,10 @@ from bsr_cli.core.events import (
     request_of,
     restore_ended,
 )
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage, TierCondition
+from bsr_cli.core.evidence import FailureKind, Outcome, RankState, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.results import InvalidCell, RankRestore, RestoreReport
+from bsr_cli.core.scrub import ScrubProgress
 from bsr_cli.core.status import (
     ActiveRestore,
     Admission,
@@ -70,10 +71,9 @@ def _rank_tier(status: TierStatus) -> RankTierStatus:
         ok=status.ok,
         detail=status.detail,
         condition=TierCondition(status.condition),
-        quarantined=tuple(
-            QuarantinedFile(key=q.key, file=q.file, reason=q.reason, at=q.at, bytes=q.bytes) for q in status.quarantined
-        ),
+        quarantined=tuple(status.quarantined),
         quarantined_total=status.quarantined_total,
+        scrubs=tuple(status.scrubs),
     )
 
 
@@ -81,19 +81,41 @@ def _rank_tiers(stats: StatsResult) -> dict[str, RankTierStatus] | None:
     return None if stats.tiers is None else {name: _rank_tier(t) for name, t in stats.tiers.items()}
 
 
+def _failures(outcomes: Sequence[RestoreResult], committed: int, invalid: Sequence[tuple[int, str]]) -> list[Failure]:
+    """Each failed rank's failure; when every rank said it succeeded yet nothing was committed, each invalid
+    (rank, group) cell: the rank did not report that group, which only the rank can explain (a host bug), never a
+    tier."""
+    fails = [failures.failure_of(o) for o in outcomes if not o.ok]
+    if committed or fails:
+        return fails
+    return [
+        Failure(
+            rank=r,
+            reason=f"rank {r} reported no valid install of KV group {g}",
+            kind=FailureKind.RANK,
+            stage=Stage.COMMIT,
+        )
+        for r, g in invalid
+    ]
+
+
 class _TierJoin:
     """One tier's health while ``tier_health`` joins what every rank and the coordinator know of it."""
 
     def __init__(self) -> None:
         self.ok = True
+        self.real = False  # a reason it is unhealthy that no injected fault caused
         self.detail: list[str] = []
         self.conditions: list[TierCondition] = []
         self.quarantined: list[QuarantinedFile] = []
         self.dirs: dict[str, int] = {}  # its quarantine directories' totals
+        self.scrubs: list[ScrubProgress] = []
+        self.armed: list[str] = []  # faults armed against it: shown, never a reason it is unhealthy
         self.lost: list[SegmentLoss] = []  # segments its store lost
 
-    def unhealthy(self, condition: TierCondition, why: str) -> None:
+    def unhealthy(self, condition: TierCondition, why: str, *, injected: bool = False) -> None:
         self.ok = False
+        self.real = self.real or not injected
         self.detail.append(why)
         if condition is not TierCondition.OK and condition not in self.conditions:
             self.conditions.append(condition)
@@ -106,6 +128,10 @@ class _TierJoin:
             quarantined=tuple(sorted(self.quarantined, key=lambda q: -q.at)),
             quarantined_total=sum(self.dirs.values()),
             condition=self.conditions[0] if self.conditions else TierCondition.OK,
+            # Every rank's, the running ones first.
+            scrubs=tuple(sorted(self.scrubs, key=lambda p: (p.state.finished, -p.started_at))),
+            injected=not self.ok and not self.real,
+            faults_armed=tuple(self.armed),
             lost_segments=tuple(self.lost),
         )
 
@@ -113,8 +139,8 @@ class _TierJoin:
 class Observation:
     """Owns what the coordinator observes of its ranks and restores: tier health (each rank's view, real failures),
     the live view of running restores, the recent ones and their counters. Reads each rank's liveness from
-    ``calls`` (and feeds it the progress events) and the armed faults through ``armed_faults`` (an armed fault that
-    takes a tier down makes it unhealthy)."""
+    ``calls`` (and feeds it the progress events) and the armed faults through ``armed_faults`` (listed beside the
+    tier they act on; arming one changes no tier's health)."""
 
     def __init__(self, ctx: CoordinatorContext, calls: RankCalls, armed_faults: Callable[[], list[FaultSpec]]) -> None:
         self.reg = ctx.reg
@@ -200,31 +226,23 @@ class Observation:
                 t.quarantined.extend(q for q in h.quarantined if q.file not in known)
                 if h.quarantined:
                     t.dirs[os.path.dirname(h.quarantined[0].file)] = h.quarantined_total
-        for name, flags in self._tier_flags().items():
-            t = tiers[name]
-            for cond, why in flags:
-                t.unhealthy(cond, why)
-        return {name: t.health() for name, t in tiers.items()}
-
-    def _tier_flags(self) -> dict[str, list[tuple[TierCondition, str]]]:
-        """Per tier, what the coordinator itself knows makes it unhealthy: armed faults that take it down, and
-        a recent real failure that no committed restore from it has cleared since."""
+                t.scrubs.extend(h.scrubs)
+        for name in self.settings.tiers:  # every configured tier is listed, healthy or not
+            tiers.setdefault(name, _TierJoin())
+        for f in self._armed_faults():
+            for name in f.tiers_affected():
+                tiers[name].armed.append(f"fault #{f.id} {f.kind} armed")
         now = time.time()
-        armed = self._armed_faults()
         with self._lock:
             recent = {t: v for t, v in self._tier_failures.items() if now - v.at <= TIER_FAILURE_TTL_S}
-        out: dict[str, list[tuple[TierCondition, str]]] = {t: [] for t in self.settings.tiers}
-        for f in armed:
-            for t in f.tiers_affected():
-                out.setdefault(t, []).append((TierCondition.FAULT_ARMED, f"fault #{f.id} {f.kind} armed"))
-        for t, v in recent.items():
-            out.setdefault(t, []).append(
-                (
-                    TierCondition.RESTORE_FAILED,
-                    f"restore from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}",
-                )
+        for name, v in recent.items():
+            # A recent failure that no committed restore from the tier has cleared since; one an injected fault
+            # caused (a drill's) is told apart, so that it pages nobody.
+            why = f"restore from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}"
+            tiers[name].unhealthy(
+                TierCondition.RESTORE_FAILED, why + (" (injected fault)" if v.injected else ""), injected=v.injected
             )
-        return out
+        return {name: t.health() for name, t in tiers.items()}
 
     def _note_tier_health(
         self,
@@ -268,19 +286,7 @@ class Observation:
         """One restore's report (what the CLI shows), recorded: the failures classified and blamed by stage, tier
         and rank health noted, the outcome counted and logged, and the recent-restores entry."""
         total_bytes = sum(o.bytes_restored for o in outcomes)
-        fails = [failures.failure_of(o) for o in outcomes if not o.ok]
-        if not committed_tokens and not fails:
-            # Every rank said it succeeded, yet a (rank, group) cell is invalid: the rank did not report that
-            # group, which only the rank can explain (a host bug), never a tier.
-            fails = [
-                Failure(
-                    rank=r,
-                    reason=f"rank {r} reported no valid install of KV group {g}",
-                    kind=FailureKind.RANK,
-                    stage=Stage.COMMIT,
-                )
-                for r, g in invalid
-            ]
+        fails = _failures(outcomes, committed_tokens, invalid)
         kind = None if committed_tokens else failures.classify(fails)
         outcome = failures.outcome(kind)
         deciding = next((f for f in fails if f.kind is kind), None)
@@ -331,6 +337,7 @@ class Observation:
             tokens=ext_tokens,
             w=w,
             tiers=sorted(tiers_used),
+            injected=bool(fired),
         )
         return result
 
@@ -347,12 +354,14 @@ class Observation:
         seconds: float = 0.0,
         tokens: int = 0,
         tiers: Sequence[str] = (),
+        injected: bool = False,
     ) -> None:
         """Every ended restore, once: counted, listed among the recent ones, then logged as its outcome's event (so
         whoever sees the event finds the rest already recorded). The amounts default to a restore that ended before
-        any byte moved (nothing to restore, refused, a rank that stopped answering)."""
+        any byte moved (nothing to restore, refused, a rank that stopped answering); ``injected``: an injected fault
+        fired in it (counted and logged as such, so that a drill pages nobody)."""
         deciding = next((f for f in fails if f.kind is kind), None)
-        self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None)
+        self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None, injected)
         with self._lock:
             self._recent.appendleft(
                 RecentRestore(
@@ -377,6 +386,7 @@ class Observation:
                     failures=tuple(fails),
                     failure_kind=kind,
                     seconds=seconds,
+                    injected=injected,
                 )
             )
 
@@ -432,15 +442,16 @@ class Observation:
             faults_enabled=s.faults_enabled,
             fs_concurrency=s.fs_concurrency,
             tokenizer=s.tokenizer,
+            overload_ceiling_s=s.overload_ceiling_s,
         )
 
     def pool(self, health: bool = False) -> list[PoolEntry]:
         out = []
         futures: list[Future[StatsResult] | None] = []
         states = self._calls.rank_health()
-        for r in self.ranks:
-            # A silent rank is not asked (it would only make the caller wait): its health says why.
-            asked = r.alive() and self._calls.silent(r) is None
+        for r, h in zip(self.ranks, states, strict=True):
+            # A silent or starved rank is not asked (it would only make the caller wait): its health says why.
+            asked = r.alive() and h.state is RankState.LIVE
             futures.append(r.submit(StatsRequest(health=health)) if asked else None)
         now = time.monotonic()
         for r, fut, h in zip(self.ranks, futures, states, strict=True):
@@ -451,6 +462,7 @@ class Observation:
                 reason=h.reason,
                 heartbeat_age_s=h.heartbeat_age_s,
                 last_fault=h.last_fault,
+                state=h.state,
             )
             if fut is not None:
                 try:

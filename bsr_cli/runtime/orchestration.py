@@ -53,7 +53,7 @@ from bsr_cli.core.events import (
     RestoreStarted,
     StoreFailed,
 )
-from bsr_cli.core.evidence import EventKind, FailureKind, MarkerClearCause, Outcome
+from bsr_cli.core.evidence import FailureKind, MarkerClearCause, Outcome
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import windows_for
@@ -74,7 +74,13 @@ from bsr_cli.runtime import failures
 from bsr_cli.runtime.admission import Admission
 from bsr_cli.runtime.allocation import Allocation
 from bsr_cli.runtime.armed_faults import ArmedFaults
-from bsr_cli.runtime.coordinator_state import MAX_PASSES, POLL_S, CoordinatorContext, RankUnresponsive
+from bsr_cli.runtime.coordinator_state import (
+    MAX_PASSES,
+    POLL_S,
+    CoordinatorContext,
+    HostStarved,
+    RankUnresponsive,
+)
 from bsr_cli.runtime.observation import Observation
 from bsr_cli.runtime.rank_calls import RankCalls
 
@@ -160,7 +166,9 @@ class Orchestration:
         windows = windows_for(self.reg, w, k, ext_tokens)
         objects = {r.rank: self.admission.objects_for(bitmap, r.rank, k, exclude, hashes) for r in self.ranks}
         tiers_used = {o.tier for objs in objects.values() for refs in objs.values() for o in refs}
-        jobs = self.admission.restore_jobs(request, w, windows, objects, block_tables, self.faults.armed())
+        jobs = self.admission.restore_jobs(
+            request, w, windows, objects, block_tables, self.faults.armed(), prompt=prompt, hashes=hashes
+        )
         started = time.monotonic()
         self.observation.restore_began(
             request,
@@ -193,7 +201,7 @@ class Orchestration:
         validity = {(o.rank, g): v for o in outcomes for g, v in o.valid.items()}
         decision = commit_prefix(ext_tokens, validity, [r.rank for r in self.ranks], self.reg.group_names)
         fired = {fid for o in outcomes for fid in o.fired_faults}
-        self.faults.record_fired(fired)
+        self.faults.record_fired(fired, request)
         return self.observation.report_restore(
             request=request,
             w=w,
@@ -209,74 +217,81 @@ class Orchestration:
         )
 
     def _await_restore(self, request: str, futures: Sequence[Future[RestoreResult]]) -> list[RestoreResult]:
-        """Every rank's restore outcome, with liveness: a rank that stops beating, or makes no progress within
-        its window deadline (derived from the fetch timeout), fails the restore as a rank fault within seconds.
-        Then every rank is told to abort; a call that is still running keeps its blocks allocated (see
-        ``Allocation.hold_until_done``)."""
+        """Every rank's restore outcome, with liveness: a rank judged dead, stopped or hung (no heartbeat, or no
+        progress within its window deadline, derived from the fetch timeout) fails the restore as a rank fault
+        within seconds; one the host starves has its deadlines stretched up to the overload ceiling, past which the
+        restore fails as the host's (``runtime/judge.py``). Then every rank is told to abort; a call that is still
+        running keeps its blocks allocated (see ``Allocation.hold_until_done``)."""
         start = time.monotonic()
         by_rank = {r.rank: r for r in self.ranks}
         pending = {r.rank: f for r, f in zip(self.ranks, futures, strict=True)}
         outcomes: dict[int, RestoreResult] = {}
-        stalled: dict[int, str] = {}
+        stalled: dict[int, Failure] = {}
         while pending and not stalled:
             wait(list(pending.values()), timeout=POLL_S, return_when=FIRST_COMPLETED)
-            for rk, f in list(pending.items()):
-                if f.done():
-                    del pending[rk]
-                    try:
-                        outcomes[rk] = f.result()
-                    except Exception as e:  # noqa: BLE001 - a rank whose call broke is a rank fault
-                        stalled[rk] = f"its restore call failed: {e}"
-            now = time.monotonic()
+            self._collect(pending, outcomes, stalled)
             for rk in pending:
-                why = self.calls.silent(by_rank[rk]) or self._overdue(request, rk, now)
-                if why:
-                    stalled[rk] = why
+                verdict = self.calls.liveness(by_rank[rk])
+                if not verdict.final:
+                    verdict = self.calls.judge_progress(request, by_rank[rk])
+                if verdict.final:
+                    stalled[rk] = failures.quiet_rank_failure(rk, verdict.state, verdict.reason, verdict.load)
         if not stalled:
             return [outcomes[r.rank] for r in self.ranks]
         for r in self.ranks:
             r.abort(request)
-        for rk, why in stalled.items():
-            self.calls.rank_fault(rk, why, request)
-        # The healthy ranks end their own restore fail-closed (abort); give them a short grace to say so.
+        for rk, fail in stalled.items():
+            if fail.kind is FailureKind.RANK:
+                self.calls.rank_fault(rk, fail.reason, request)
+        # The other ranks end their own restore fail-closed (abort); give them a short grace to say so.
         grace_end = time.monotonic() + min(5.0, self.calls.stall_s)
         for rk, f in list(pending.items()):
+            if rk not in stalled:
+                wait([f], timeout=max(0.0, grace_end - time.monotonic()))
+        self._collect({rk: f for rk, f in pending.items() if rk not in stalled}, outcomes, stalled)
+        kind = failures.classify(stalled.values()) or FailureKind.RANK
+        for rk, f in pending.items():
+            if not f.done():
+                # Still running: the rank is unhealthy (starved, when the host made it late) and the request's
+                # blocks are not reused until it returns.
+                self.calls.note_stuck(rk, request, f, kind)
+                self.allocation.hold_until_done(request, f)
+        elapsed = time.monotonic() - start
+        for rk in by_rank:
             if rk in stalled:
-                continue
-            wait([f], timeout=max(0.0, grace_end - time.monotonic()))
+                outcomes[rk] = self._stalled_result(rk, stalled[rk], elapsed)
+            elif rk not in outcomes:
+                why = (
+                    f"still running when the host overloaded rank(s) {sorted(stalled)}"
+                    if kind is FailureKind.HOST_OVERLOADED
+                    else f"still running after rank(s) {sorted(stalled)} stopped responding"
+                )
+                outcomes[rk] = self._stalled_result(rk, Failure(rank=rk, reason=why, kind=FailureKind.ABORTED), elapsed)
+        return [outcomes[r.rank] for r in self.ranks]
+
+    @staticmethod
+    def _collect(
+        pending: dict[int, Future[RestoreResult]], outcomes: dict[int, RestoreResult], stalled: dict[int, Failure]
+    ) -> None:
+        """Move each finished call out of ``pending``: its outcome, or a rank fault when the call itself broke."""
+        for rk, f in list(pending.items()):
             if f.done():
                 del pending[rk]
                 try:
                     outcomes[rk] = f.result()
-                except Exception as e:  # noqa: BLE001 - as above
-                    stalled[rk] = f"its restore call failed: {e}"
-        for rk, f in pending.items():
-            # Still running: the rank is unhealthy and the request's blocks are not reused until it returns.
-            self.calls.note_stuck(rk, request, f)
-            self.allocation.hold_until_done(request, f)
-        elapsed = time.monotonic() - start
-        for rk in by_rank:
-            if rk not in outcomes or rk in stalled:
-                why = stalled.get(rk) or f"still running after rank(s) {sorted(stalled)} stopped responding"
-                outcomes[rk] = RestoreResult(
-                    rank=rk,
-                    ok=False,
-                    valid=dict.fromkeys(self.reg.group_names, False),
-                    seconds=elapsed,
-                    reason=why,
-                    kind=FailureKind.RANK if rk in stalled else FailureKind.ABORTED,
-                )
-        return [outcomes[r.rank] for r in self.ranks]
+                except Exception as e:  # noqa: BLE001 - a rank whose call broke is a rank fault
+                    stalled[rk] = Failure(rank=rk, reason=f"its restore call failed: {e}", kind=FailureKind.RANK)
 
-    def _overdue(self, request: str, rank: int, now: float) -> str | None:
-        """The per-window progress deadline: 2 × the fetch timeout since the rank's last progress (plus the
-        admission deadline while it waits for budget), else the rank is stalled."""
-        at, what = self.calls.last_progress(request, rank) or (now, None)
-        waiting = what is EventKind.WINDOW_WAITING
-        limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if waiting else 0)
-        if now - at > limit:
-            return f"no restore progress for {now - at:.1f}s (window deadline {limit:g}s)"
-        return None
+    def _stalled_result(self, rank: int, fail: Failure, elapsed: float) -> RestoreResult:
+        return RestoreResult(
+            rank=rank,
+            ok=False,
+            valid=dict.fromkeys(self.reg.group_names, False),
+            seconds=elapsed,
+            reason=fail.reason,
+            kind=fail.kind.value,
+            load=fail.load,
+        )
 
     # -- requests ----------------------------------------------------------------------------------------------
     def _combined_hash(self, per_rank: Sequence[dict[str, str]]) -> str:
@@ -450,21 +465,33 @@ class Orchestration:
         """Fail closed: every block of the request is invalid now (each rank scrubbed its own). A tier fault sets a
         marker excluding that tier (answered: the next pass skips what it excludes); a rank that failed to install
         or synchronize sets one that excludes no tier (the prompt is recomputed locally); a stalled rank ends the
-        request (raises); a capacity refusal or an abort blames nobody. None: no further pass, the rest is
+        request (raises), as does a rank the host starved past the overload ceiling; a capacity refusal, an abort
+        or a fetch deadline missed while the host starved the rank blames nobody. None: no further pass, the rest is
         computed locally."""
         kind = res.failure_kind
+        if kind is FailureKind.HOST_OVERLOADED:
+            bad = next(f for f in res.failures if f.kind is kind)
+            if bad.stage is None and bad.rank is not None:  # the coordinator named the host: a rank is still busy
+                raise HostStarved(bad.rank, bad.reason, bad.load)
+            return None  # a rank's own fetch deadline ran out while it was starved: no marker, computed locally
         if kind is FailureKind.RANK:
             lost = self._lost_rank(req, res)
             if lost is not None:  # it stopped answering, or its process is gone: nothing can run
                 raise lost
-            m = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
+            m = self._mark(req, set(), res)
             admitted.marker_history.append(MarkerStep(pass_no=pass_no, marker=m))
             return None
         if kind is not FailureKind.TIER:
             return None
-        m = self.admission.set_marker(req.prompt, set(res.blamed_tiers), failures.summary(res), req.request)
+        m = self._mark(req, set(res.blamed_tiers), res)
         admitted.marker_history.append(MarkerStep(pass_no=pass_no, marker=m))
         return set(m.excluded)
+
+    def _mark(self, req: OpenRequest, tiers: set[str], res: RestoreReport) -> Marker:
+        """The force-local marker a failed restore leaves on the prompt (excluding ``tiers``; none: recompute)."""
+        return self.admission.set_marker(
+            req.prompt, tiers, failures.summary(res), req.request, injected=bool(res.fired_faults)
+        )
 
     def _store(self, bitmap: HitBitmap | None, req: OpenRequest, n_tokens: int, tables: Tables) -> StoreReport | None:
         """The chunks each tier lacks written back; a tier that refused is a ``store_failed`` event."""
@@ -522,10 +549,15 @@ class Orchestration:
             try:
                 bitmap, tier_errors = self._probe(tokens, req.hashes)
             except RankUnresponsive as e:
-                return self._rank_failed(req, len(tokens), e)
+                fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.RANK)  # no stage: it stopped answering
+                return self._probe_failed(req, len(tokens), fail, e.hint)
+            except HostStarved as e:
+                fail = Failure(rank=e.rank, reason=e.reason, kind=FailureKind.HOST_OVERLOADED, load=e.load)
+                return self._probe_failed(req, len(tokens), fail, e.hint)
             except RankRestarting as e:
-                self._rank_failed(req, len(tokens), e)  # recorded failed closed, naming the restart; then refused
-                raise
+                fail = Failure(rank=e.rank, reason=e.message, kind=FailureKind.RANK)  # its process is gone
+                self._probe_failed(req, len(tokens), fail, e.hint)  # recorded failed closed, naming the restart
+                raise  # ... and refused: the admin API answers 503 rank-restarting with when to retry
             excl = set(exclude)
             ext = bitmap.prefix_tokens(excl)
             base = ManualRestoreResult(
@@ -575,10 +607,10 @@ class Orchestration:
             marker = self._output_mismatch(req, tables, ext, res.committed_tokens, "+".join(res.tiers), hashes)
             return dataclasses.replace(result, marker=marker)
         if res.failure_kind is FailureKind.TIER:
-            marker = self.admission.set_marker(req.prompt, set(res.blamed_tiers), failures.summary(res), req.request)
+            marker = self._mark(req, set(res.blamed_tiers), res)
             return dataclasses.replace(result, marker=marker)
         if res.failure_kind is FailureKind.RANK and res.failure_stage is not None:
-            marker = self.admission.set_marker(req.prompt, set(), failures.summary(res), req.request)
+            marker = self._mark(req, set(), res)
             return dataclasses.replace(result, marker=marker)
         return result
 
@@ -612,15 +644,12 @@ class Orchestration:
         )
         return marker
 
-    def _rank_failed(
-        self, req: OpenRequest, n_tokens: int, e: RankUnresponsive | RankRestarting
-    ) -> ManualRestoreResult:
-        """A manual restore that could not start because a rank stopped answering (or its process is gone): failed
-        closed (nothing was restored or committed), blamed on the rank, no marker."""
-        reason = e.reason if isinstance(e, RankUnresponsive) else e.message
-        fail = Failure(rank=e.rank, reason=reason, kind=FailureKind.RANK)  # no stage: it stopped answering
+    def _probe_failed(self, req: OpenRequest, n_tokens: int, fail: Failure, hint: str | None) -> ManualRestoreResult:
+        """A manual restore that could not start because a rank stopped answering or its process is gone (blamed on
+        the rank) or the host starved it past the overload ceiling (the host's): failed closed (nothing was restored
+        or committed), no marker."""
         self.observation.restore_ended(
-            request=req.request, outcome=Outcome.FAILED_CLOSED, kind=FailureKind.RANK, fails=(fail,), w=req.w
+            request=req.request, outcome=Outcome.FAILED_CLOSED, kind=fail.kind, fails=(fail,), w=req.w
         )
         report = RestoreReport(
             request=req.request,
@@ -631,11 +660,11 @@ class Orchestration:
             outcome=Outcome.FAILED_CLOSED,
             invalid=(),
             failures=(fail,),
-            failure_kind=FailureKind.RANK,
+            failure_kind=fail.kind,
             failure_stage=None,
             blamed_tiers=(),
-            blamed_ranks=() if e.rank is None else (e.rank,),
-            hint=e.hint,
+            blamed_ranks=tuple(failures.blamed_ranks((fail,))),
+            hint=hint,
             windows=0,
             ranks=(),
         )

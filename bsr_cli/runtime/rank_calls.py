@@ -1,16 +1,13 @@
 """The coordinator's calls to its ranks: every rank asked at once, with liveness, and the settings every rank
 applies.
 
-A rank is judged by its heartbeat (a rank in another process beats on its own) and, during a restore, by its
-progress events; a call to every rank fails fast (``RankUnresponsive``) when a rank stops beating instead of waiting
-out the whole deadline. A rank call still running after its restore was failed keeps the rank unhealthy until it
-returns. A call that meets a rank whose process is gone, on a host that starts it again, is refused with when to
-retry (``RankRestarting``).
-
-Settings are all or nothing across ranks: a change is sent only when every rank answers, and when a rank fails it
-(refuses it, dies, stops answering) the ranks that took it are put back. A rank that may still hold another value
-(it did not confirm the change or the put-back) is out of step, and unhealthy, until it has confirmed the engine's
-value (``settle``); a rank started again takes the engine's values before it serves (``adopt``).
+A rank is watched by its heartbeat (a rank in another process beats on its own) and, during a restore, by its
+progress events; when a deadline passes, ``runtime/judge.py`` judges it by what the kernel knows: dead, stopped or
+hung is the rank's fault, and a call to every rank fails fast (``RankUnresponsive``) instead of waiting out the whole
+deadline; a rank the host starves has its deadline stretched up to the overload ceiling, past which the host is named
+(``HostStarved``), never the rank. A call that meets a rank whose process is gone (judged dead), on a host that
+starts it again, is refused with when to retry (``RankRestarting``). A rank call still running after its restore was
+failed keeps the rank unhealthy until it returns.
 """
 
 from __future__ import annotations
@@ -33,14 +30,24 @@ from bsr_cli.api.ranks import (
 )
 from bsr_cli.core import accounting, limits
 from bsr_cli.core.events import Failure
+from bsr_cli.core.events import RankStarved as RankStarvedEvent
 from bsr_cli.core.events import RankUnresponsive as RankUnresponsiveEvent
-from bsr_cli.core.evidence import EventKind, FailureKind
+from bsr_cli.core.evidence import EventKind, FailureKind, RankState
 from bsr_cli.core.status import RankFault, RankHealth
 from bsr_cli.errors import BsrError, RankRestarting, ServerError
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.coordinator_state import POLL_S, CoordinatorContext, RankRestarts, RankUnresponsive
+from bsr_cli.runtime.coordinator_state import (
+    POLL_S,
+    CoordinatorContext,
+    HostStarved,
+    RankRestarts,
+    RankUnresponsive,
+)
+from bsr_cli.runtime.judge import Judge, Verdict
 
 R = TypeVar("R")
+_HEARTBEAT = "heartbeat"  # the judge's key for a rank's heartbeat (a restore's progress is keyed by its request)
+_CALL = "call"
 
 # The settings each rank holds itself, as the API names them, with the request that sets one (the default W is the
 # coordinator's alone).
@@ -86,7 +93,9 @@ class RankCalls:
         # the restore was failed.
         self._progress: dict[tuple[str, int], tuple[float, EventKind | None]] = {}
         self._rank_faults: dict[int, RankFault] = {}
-        self._stuck: dict[int, set[str]] = {}
+        self._stuck: dict[int, dict[str, FailureKind]] = {}
+        # Judges a quiet rank by what the kernel knows (dead, stopped, hung, or starved by the host).
+        self.judge = Judge()
         # The host's restarts of dead ranks (None: a dead rank stays dead). Settings changes, the put-backs and a
         # restarted rank's adoption run one at a time (``_settings_lock``); ranks that may hold other values than
         # the engine's, by their place in the list.
@@ -97,18 +106,41 @@ class RankCalls:
     # -- liveness ----------------------------------------------------------------------------------------------
     @property
     def stall_s(self) -> float:
-        """A rank silent this long (no heartbeat) is stalled: derived from the fetch timeout, at least 1 s."""
+        """A rank silent this long (no heartbeat) is judged: derived from the fetch timeout, at least 1 s."""
         return max(1.0, float(self.settings.fetch_timeout_s))
 
-    def silent(self, r: RankClient) -> str | None:
-        """Why rank ``r`` cannot answer now (dead, or no heartbeat for longer than stall_s), or None."""
-        if not r.alive():
-            return "its process is not running"
+    @property
+    def ceiling_s(self) -> float:
+        """The longest a deadline is stretched while the host starves a rank (the engine's overload ceiling)."""
+        return float(self.settings.overload_ceiling_s)
+
+    def liveness(self, r: RankClient) -> Verdict:
+        """The judge's verdict on rank ``r``'s heartbeat (``runtime/judge.py``): live, starved (its deadline
+        stretched), or judged dead, stopped, hung, or starved past the ceiling (the host's)."""
         age_fn = getattr(r, "heartbeat_age", None)
-        age = age_fn() if age_fn is not None else None
-        if age is not None and age > self.stall_s:
-            return f"no heartbeat for {age:.1f}s (process stopped or hung)"
-        return None
+        age = float(age_fn()) if age_fn is not None else 0.0  # a rank that does not beat is judged by progress
+        last = time.monotonic() - age
+        verdict, fresh = self.judge.judge(r, (r.rank, _HEARTBEAT), last, self.stall_s, self.ceiling_s, "no heartbeat")
+        if fresh:
+            self.rank_starved(r.rank, verdict, None)
+        return verdict
+
+    def silent(self, r: RankClient) -> str | None:
+        """Why rank ``r`` cannot answer now (a final verdict: dead, stopped, hung, or starved past the overload
+        ceiling), or None."""
+        verdict = self.liveness(r)
+        return verdict.reason if verdict.final else None
+
+    def judge_progress(self, request: str, r: RankClient) -> Verdict:
+        """The per-window progress deadline of ``request``'s restore on rank ``r``: 2 x the fetch timeout since its
+        last progress (plus the admission deadline while it waits for budget), judged as a heartbeat is."""
+        at, what = self.last_progress(request, r.rank) or (time.monotonic(), None)
+        waiting = what is EventKind.WINDOW_WAITING
+        limit = 2 * self.settings.fetch_timeout_s + (self.settings.admit_timeout_s if waiting else 0)
+        verdict, fresh = self.judge.judge(r, (r.rank, request), at, limit, self.ceiling_s, "no restore progress")
+        if fresh:
+            self.rank_starved(r.rank, verdict, request)
+        return verdict
 
     def rank_fault(self, rank: int, reason: str, request: str | None = None) -> None:
         """A rank stopped answering (no heartbeat, no progress): remembered, counted and logged."""
@@ -116,6 +148,14 @@ class RankCalls:
             self._rank_faults[rank] = RankFault(reason=reason, request=request, at=time.time())
         self.counters.unresponsive.labels(str(rank)).inc()
         self.events.append(RankUnresponsiveEvent(rank=rank, reason=reason, request=request))
+
+    def rank_starved(self, rank: int, verdict: Verdict, request: str | None) -> None:
+        """A rank's deadline ran out while the host starved it (or the judge cannot tell): stretched, not blamed;
+        counted and logged once per episode."""
+        self.counters.starved.labels(str(rank)).inc()
+        self.events.append(
+            RankStarvedEvent(rank=rank, reason=verdict.reason, request=request, state=verdict.state, load=verdict.load)
+        )
 
     def note_rank_failures(self, fails: Sequence[Failure], request: str) -> None:
         """A rank that failed at its own stage (install, synchronize) is remembered as that rank's last fault, so
@@ -131,23 +171,23 @@ class RankCalls:
         self, ranks: Sequence[RankClient], futures: Sequence[Future[R]], timeout_s: float, what: str
     ) -> list[R]:
         """Every rank's answer to one call (``futures``: one per rank of ``ranks``, the ranks it was sent to),
-        failing fast (RankUnresponsive) when a rank stops beating instead of waiting out the whole deadline."""
-        deadline = time.monotonic() + timeout_s
+        failing fast when a rank is judged dead (``RankRestarting`` where the host starts it again), stopped or
+        hung (``RankUnresponsive``) or the host starved it past the overload ceiling (``HostStarved``), instead of
+        waiting out the whole deadline; the call's own deadline is judged the same way (never for time the
+        coordinator did not run)."""
+        start = time.monotonic()
+        key = (_CALL, id(futures))
         pending = [f for f in futures if not f.done()]
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                r = next(r for r, f in zip(ranks, futures, strict=True) if not f.done())
-                reason = f"did not answer {what} within {timeout_s:.0f}s"
-                self.rank_fault(r.rank, reason)
-                raise RankUnresponsive(r.rank, reason)
-            wait(pending, timeout=min(POLL_S, left), return_when=FIRST_COMPLETED)
-            pending = [f for f in pending if not f.done()]
-            for r, f in zip(ranks, futures, strict=True):
-                why = None if f.done() else self.silent(r)
-                if why:
-                    self.rank_fault(r.rank, f"{why} during {what}")
-                    raise self.unavailable(r, f"{why} during {what}")
+        try:
+            while pending:
+                wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+                pending = [f for f in pending if not f.done()]
+                for r, f in zip(ranks, futures, strict=True):
+                    if not f.done():
+                        self._judge_call(r, (r.rank, key), start, timeout_s, what)
+        finally:
+            for r in ranks:
+                self.judge.forget((r.rank, key))
         return [self._answer(r, f, what) for r, f in zip(ranks, futures, strict=True)]
 
     def _answer(self, r: RankClient, f: Future[R], what: str) -> R:
@@ -163,14 +203,16 @@ class RankCalls:
 
     @staticmethod
     def _down(r: RankClient) -> str:
-        """Why rank ``r``'s process is gone, as its client says (``down_reason``, optional), e.g. ``exit code -9``."""
+        """Why rank ``r``'s process is gone, as its client says (``down_reason``, optional), e.g. ``killed by
+        SIGKILL``."""
         reason = getattr(r, "down_reason", None)
         return f"its process is not running ({reason})" if reason else "its process is not running"
 
-    def unavailable(self, r: RankClient, why: str) -> RankRestarting | RankUnresponsive:
+    def unavailable(self, r: RankClient, why: str, *, dead: bool = False) -> RankRestarting | RankUnresponsive:
         """The error for a call that met rank ``r`` unable to answer (503 either way): ``RankRestarting``, with
-        when to retry, when its process is gone and the host starts it again; ``RankUnresponsive`` otherwise."""
-        if r.alive() or self.restarts is None:
+        when to retry, when its process is gone (``dead``: the judge found it so, else its client says it) and the
+        host starts it again; ``RankUnresponsive`` otherwise (stopped, hung, or a host that restarts no rank)."""
+        if (r.alive() and not dead) or self.restarts is None:
             return RankUnresponsive(r.rank, why)
         replaced = all(x is not r for x in self.ranks)
         wait_s = 0.0 if replaced else max(0.0, self.restarts.restart_in(r.rank))
@@ -187,6 +229,23 @@ class RankCalls:
             rank=r.rank,
             retry_after_s=retry,
         )
+
+    def _judge_call(self, r: RankClient, key: tuple[int, object], start: float, timeout_s: float, what: str) -> None:
+        verdict = self.liveness(r)
+        late = ""
+        if not verdict.final:
+            verdict, fresh = self.judge.judge(r, key, start, timeout_s, self.ceiling_s, f"no answer to {what}")
+            if fresh:
+                self.rank_starved(r.rank, verdict, None)
+            late = " (the call's deadline)"
+        if verdict.blames_rank:
+            # A dead rank says why its process is gone (``exit code -9``); the host may be starting it again.
+            said = self._down(r) if verdict.state is RankState.DEAD else verdict.reason
+            reason = f"{said} during {what}{late}"
+            self.rank_fault(r.rank, reason)
+            raise self.unavailable(r, reason, dead=verdict.state is RankState.DEAD)
+        if verdict.names_host:
+            raise HostStarved(r.rank, f"{verdict.reason} during {what}", verdict.load)
 
     def call_all(self, request: RankRequest[R], timeout_s: float | None = None) -> list[R]:
         """The same request on every rank; each rank's typed result, in rank order."""
@@ -265,9 +324,12 @@ class RankCalls:
 
     def _refuse_unless_every_rank_answers(self) -> None:
         for i, r in enumerate(self.ranks):
-            why = self.silent(r)
-            if why is not None:
-                raise self.unavailable(r, f"{why}; no settings were changed")
+            verdict = self.liveness(r)
+            if verdict.names_host:  # the host starved it past the overload ceiling: the host's, not the rank's
+                raise HostStarved(r.rank, f"{verdict.reason}; no settings were changed", verdict.load)
+            if verdict.final:
+                dead = verdict.state is RankState.DEAD
+                raise self.unavailable(r, f"{verdict.reason}; no settings were changed", dead=dead)
             o = self._out_of_step.get(i)
             if o is not None:
                 wait(o.calls, timeout=self.stall_s)  # a rank that answers again returns its late calls at once
@@ -357,27 +419,40 @@ class RankCalls:
 
     # -- rank health ----------------------------------------------------------------------------------------
     def rank_health(self) -> list[RankHealth]:
-        """Per rank: healthy when its process runs, it beats, and no call of it is stuck past its deadline."""
+        """Per rank: healthy when its process runs, it beats (or the host is what keeps it from beating: starved,
+        shown as such) and no call of it is stuck past its deadline through its own fault."""
         out = []
         for r in self.ranks:
-            why = self.silent(r)
+            verdict = self.liveness(r)
             with self._lock:
-                stuck = sorted(self._stuck.get(r.rank, ()))
+                stuck = dict(self._stuck.get(r.rank, {}))
                 last = self._rank_faults.get(r.rank)
-            if why is None and stuck:
-                why = f"restore of {', '.join(stuck)} still running past its deadline"
+            state, why = verdict.state, verdict.reason or None
+            healthy = not state.rank_at_fault
+            if state is RankState.LIVE and stuck:
+                host = [req for req, kind in sorted(stuck.items()) if kind is FailureKind.HOST_OVERLOADED]
+                own = [req for req in sorted(stuck) if req not in host]
+                state = RankState.HUNG if own else RankState.STARVED
+                healthy = not own
+                why = (
+                    f"restore of {', '.join(own)} still running past its deadline"
+                    if own
+                    else f"restore of {', '.join(host)} still running after the host overloaded it"
+                )
             step = self._out_of_step.get(r.rank)
-            if why is None and step is not None:
-                why = f"its settings may differ from the engine's ({step.why})"
+            if healthy and step is not None:
+                # It runs, but may serve other settings than the engine reports: unhealthy until it confirms them.
+                healthy, why = False, f"its settings may differ from the engine's ({step.why})"
             age_fn = getattr(r, "heartbeat_age", None)
             out.append(
                 RankHealth(
                     rank=r.rank,
-                    healthy=why is None,
+                    healthy=healthy,
                     alive=r.alive(),
                     heartbeat_age_s=round(age_fn(), 3) if age_fn is not None else None,
                     reason=why,
                     last_fault=last,
+                    state=state,
                 )
             )
         return out
@@ -399,6 +474,8 @@ class RankCalls:
         with self._lock:
             for r in self.ranks:
                 self._progress.pop((request, r.rank), None)
+        for r in self.ranks:
+            self.judge.forget((r.rank, request))
 
     def progressed(self, request: str, rank: int, kind: EventKind) -> None:
         """A progress event of a watched restore (one not watched, or no longer, is ignored)."""
@@ -411,14 +488,15 @@ class RankCalls:
         with self._lock:
             return self._progress.get((request, rank))
 
-    def note_stuck(self, rank: int, request: str, fut: Future[Any]) -> None:
-        """A rank call still running after its restore was failed: the rank is unhealthy until it returns."""
+    def note_stuck(self, rank: int, request: str, fut: Future[Any], kind: FailureKind = FailureKind.RANK) -> None:
+        """A rank call still running after its restore was failed: the rank is unhealthy until it returns (shown
+        starved instead when the restore failed because the host starved it: ``kind`` host_overloaded)."""
         with self._lock:
-            self._stuck.setdefault(rank, set()).add(request)
+            self._stuck.setdefault(rank, {})[request] = kind
 
         def done(_: Future[Any]) -> None:
             with self._lock:
-                self._stuck.get(rank, set()).discard(request)
+                self._stuck.get(rank, {}).pop(request, None)
 
         fut.add_done_callback(done)
 

@@ -16,12 +16,13 @@ install stage (``runtime/faulty.py``), exactly as it runs over the real ones.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Protocol
 
 from bsr_cli.api.ranks import ObjectRef, RestoreJob, RestoreResult, WindowJob
 from bsr_cli.core.events import (
@@ -39,10 +40,20 @@ from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import object_checksum_at
 from bsr_cli.runtime.faulty import ArmedFaults
+from bsr_cli.runtime.judge import fetch_starved
+from bsr_cli.runtime.liveness import OwnRunDelays, RunDelays
 from bsr_cli.runtime.pool import Lease, RestorePool
 from bsr_cli.runtime.restore_failed import RestoreFailed, aborted
 from bsr_cli.runtime.stage_clock import StageClock
-from bsr_cli.runtime.tiers import CODE_NAMES, TIMED_OUT, UNAVAILABLE, AbandoningTier, StagingSlice, Tier
+from bsr_cli.runtime.tiers import (
+    CODE_NAMES,
+    TIMED_OUT,
+    UNAVAILABLE,
+    AbandoningTier,
+    ExplainingTier,
+    StagingSlice,
+    Tier,
+)
 
 
 class Destination(Protocol):
@@ -77,14 +88,15 @@ def run_windows(
     rank: int,
     groups: Sequence[str],
     request: str,
-    windows: Sequence[Any],
+    windows: Sequence[WindowJob],
     abort: threading.Event,
-    step: Callable[[Any, RankOutcome], int],
+    step: Callable[[WindowJob, RankOutcome], int],
     scrub: Callable[[], None],
     emit: Emit,
     pool_stats: Callable[[], dict[str, int]],
     prepare: Callable[[], None] | None = None,
     cleanup: Callable[[], None] | None = None,
+    fired: Callable[[], list[int]] | None = None,
 ) -> RankOutcome:
     """The window loop of one rank's retrieve, shared by every host: the abort check before each window, the
     host's ``step`` (lease, fetch, check, install, sync, release: returns the window's bytes), the outcome's
@@ -93,7 +105,8 @@ def run_windows(
     transfer error), every destination block scrubbed, ``restore_failed`` emitted.
 
     ``windows`` are the host's window objects, each with an ``index``; ``prepare`` runs first inside the same
-    failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead)."""
+    failure handling, ``cleanup`` always runs last (e.g. giving back fetches issued ahead); ``fired`` names the
+    injected faults that fired (the outcome's ``fired_faults``; a failure with one is marked ``injected``)."""
     started = time.monotonic()
     out = RankOutcome(rank, ok=False, valid=dict.fromkeys(groups, False))
     try:
@@ -118,8 +131,9 @@ def run_windows(
         out.ok = True
         out.valid = dict.fromkeys(groups, True)
     except RestoreFailed as e:
-        out.reason, out.failed_window, out.kind, out.tier = e.reason, e.window, e.kind, e.tier
+        out.reason, out.failed_window, out.kind, out.tier, out.load = e.reason, e.window, e.kind, e.tier, e.load
         out.stage = e.stage.value if e.stage is not None else ""
+        out.failed_chunks = next(((w.chunk_start, w.chunk_end) for w in windows if w.index == e.window), None)
         bad = set(e.groups or groups)
         out.valid = {g: g not in bad for g in groups}
     except CapacityError as e:
@@ -136,23 +150,19 @@ def run_windows(
         if cleanup is not None:
             cleanup()
         out.seconds = time.monotonic() - started
+    if fired is not None:
+        out.fired_faults = fired()
     if not out.ok:
         # Fail closed: a failed retrieve may have installed earlier windows; invalidate every block.
         scrub()
-        failure = failures.failure_of(out)
-        emit(
-            RestoreFailedEvent(
-                request=request,
-                rank=rank,
-                reason=failure.reason,
-                failure_kind=failure.kind,
-                stage=failure.stage,
-                window=failure.window,
-                tier=failure.tier,
-                cause=failure.cause,
-            )
-        )
+        emit(_failed_event(request, out))
     return out
+
+
+def _failed_event(request: str, out: RankOutcome) -> RestoreFailedEvent:
+    """The rank's ``restore_failed``: its failure as classified, marked injected when an injected fault fired."""
+    event = RestoreFailedEvent.of(request, out.rank, failures.failure_of(out))
+    return dataclasses.replace(event, injected=bool(out.fired_faults))
 
 
 Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
@@ -185,6 +195,9 @@ class RankRestorer:
         # What a host knows about a tier's failure beyond its error codes (e.g. which network link is down):
         # called with the tier's name when a fetch from it fails, its answer is added to the failure's reason.
         self.diagnose: Callable[[str], str] | None = None
+        # This process's threads' run-queue delays: a fetch deadline that runs out while the rank waited to run
+        # is the host's, not the tier's.
+        self.own_delays = OwnRunDelays()
 
     # -- public ------------------------------------------------------------------------------------------------
     def restore(self, job: RestoreJob, abort: threading.Event) -> RankOutcome:
@@ -258,8 +271,8 @@ class RankRestorer:
             emit=self.emit,
             pool_stats=lambda: self.pool.stats().to_dict(),
             cleanup=cleanup,
+            fired=(lambda: armed.fired) if armed is not None else None,
         )
-        out.fired_faults = armed.fired if armed is not None else []
         out.stages = clock.costs()
         return out
 
@@ -333,6 +346,7 @@ class RankRestorer:
         Returns the seconds taken and the objects with their stored checksums, for _verify."""
         t0 = time.monotonic()
         deadline = t0 + job.fetch_timeout_s
+        began = self.own_delays.recent()
         staged = self._staging(job, win, lease)
         by_tier: dict[str, list[tuple[str, int, StagingSlice]]] = {}
         for g, c, s in staged:
@@ -355,7 +369,8 @@ class RankRestorer:
                     # A transfer given up at the deadline may still land in these slots: keep them out of
                     # the pool until it returns, so a late write can never reach another window's bytes.
                     lease.hold_until(tier.pending_writes())
-            arrived.extend(self._check_arrival(win, tier_name, items, codes, sums))
+            known = tier.known_fault(keys) if isinstance(tier, ExplainingTier) else ""
+            arrived.extend(self._check_arrival(win, tier_name, items, codes, sums, began if not known else None))
         self.emit(
             WindowFetched(
                 request=job.request_id,
@@ -376,8 +391,11 @@ class RankRestorer:
         items: Sequence[tuple[str, int, StagingSlice]],
         codes: Sequence[int],
         sums: Sequence[int | None],
+        began: RunDelays | None = None,
     ) -> list[tuple[str, int, StagingSlice, int | None]]:
-        """Completeness: every object arrived, whole, before the deadline (else the retrieve fails)."""
+        """Completeness: every object arrived, whole, before the deadline (else the retrieve fails: the tier's
+        fault, or the host's when the deadline ran out while this rank waited to run since ``began``; None: a fault
+        the tier knows of explains it, or its start is not known)."""
         bad_groups: list[str] = []
         first_reason = ""
         for (g, c, s), code in zip(items, codes, strict=True):
@@ -391,7 +409,20 @@ class RankRestorer:
             if g not in bad_groups:
                 bad_groups.append(g)
         if bad_groups:
+            # What the host knows of the tier (a link found down) is evidence of a fault: it outranks starvation.
             found = self.diagnose(tier) if self.diagnose is not None else ""
+            load = None
+            if TIMED_OUT in codes and not found and began is not None:
+                load = fetch_starved(self.rank, began, self.own_delays.now(), self.own_delays.reader.pressure())
+            if load is not None:
+                raise RestoreFailed(
+                    f"the fetch deadline ran out while this rank waited to run ({first_reason}): {load.describe()}",
+                    win.index,
+                    bad_groups,
+                    kind=failures.HOST,
+                    stage=Stage.FETCH,
+                    load=load,
+                )
             raise RestoreFailed(
                 f"{first_reason} ({found})" if found else first_reason,
                 win.index,

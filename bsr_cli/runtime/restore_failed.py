@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bsr_cli.core.evidence import FailureKind, Stage
+from bsr_cli.core.overload import HostLoad
 
 
 class RestoreFailed(Exception):
     """One rank's retrieve failed at ``stage``: a fetch or verify failure is the tier's (``tier`` names it), an
-    install or synchronize failure the rank's own, an abort the operator's."""
+    install or synchronize failure the rank's own, an abort the operator's; a fetch deadline that ran out while the
+    rank waited to run is the host's (``load`` holds the figures)."""
 
     def __init__(
         self,
@@ -22,6 +24,7 @@ class RestoreFailed(Exception):
         kind: FailureKind,
         stage: Stage | None,
         tier: str | None = None,
+        load: HostLoad | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -30,6 +33,7 @@ class RestoreFailed(Exception):
         self.kind = kind
         self.stage = stage
         self.tier = tier
+        self.load = load
 
 
 def aborted(window: int | None, stage: Stage | None = None) -> RestoreFailed:

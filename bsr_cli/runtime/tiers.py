@@ -14,7 +14,7 @@ same check as a real one).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -84,16 +84,48 @@ class Tier(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class StoredCheck:
+    """One stored object as its tier read it back whole and checked it: its header or trailer, key and length, and
+    the object checksum bound to them (``runtime.checksum.object_checksum``)."""
+
+    ref: str  # where the tier holds it (the fs tier: its file; Mooncake: its key): what ``set_aside`` moves
+    key: str | None  # the key it is stored under (None: its header could not be read)
+    held: bool = True  # False: the tier does not hold it (nothing was read)
+    bytes: int = 0  # bytes read back
+    damage: str | None = None  # why its stored bytes fail their check; None: intact (or not held)
+    # The stored version read (the fs tier: inode, size and mtime): ``set_aside`` leaves a newer one alone, so an
+    # object rewritten between the check and the move (the next store's) is never set apart.
+    version: str = ""
+
+
 @runtime_checkable
 class RepairableTier(Protocol):
     """A tier that can check its own stored objects and set a damaged one apart (HDFS-style: the bad replica is
     set apart, the chunk counts as absent, and the next store writes it again from a good source): the fs tier
-    moves it under ``quarantine/``, the Mooncake tier removes it."""
+    moves it under ``quarantine/``, the Mooncake tier removes it. The re-read of a failed restore's window and
+    every scrub (``runtime/scrub.py``: the rest of a prompt after that failure, or `bsr scrub` of a prompt or of
+    every object) go through these four methods; a tier that can verify its objects plugs in by implementing them
+    (fs and Mooncake do; a tier that cannot takes no part in either)."""
 
-    def quarantine_damaged(self, suspects: Mapping[str, str]) -> list[QuarantinedObject]:
-        """Re-read each suspect object (key → what it is and why it is suspect) and move aside the ones whose
-        stored bytes fail their checksum (an object that reads back intact stays: its damage was in transit, not
-        on the tier). Returns what it moved."""
+    name: str
+
+    def check_stored(self, key: str) -> StoredCheck:
+        """Read the object stored under ``key`` back whole and check it. An absent one is not held, an unreadable
+        one damaged where the tier can tell (a file that cannot be read); raises ``TierUnavailable`` when the tier
+        cannot be read at all, or cannot answer for this object (then nothing can be said of it)."""
+        ...
+
+    def check_all(self, shard: int, shards: int) -> Iterator[StoredCheck]:
+        """Every object the tier holds in ``shard`` of ``shards`` (ranks sharing one store split it), each read back
+        and checked as it is reached (so a caller that stops early reads no more). Raises ``TierUnavailable`` when
+        the tier cannot be walked."""
+        ...
+
+    def set_aside(self, found: StoredCheck, reason: str) -> QuarantinedObject | None:
+        """Move a damaged object out of the tier's reach (never served again), with ``reason``: kept for the
+        incident where the tier has a place for it, removed otherwise; None when it could not be (gone already,
+        rewritten since ``found`` was read, a read-only store)."""
         ...
 
     def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:
@@ -109,6 +141,16 @@ class AbandoningTier(Protocol):
     def pending_writes(self) -> list[Future[Any]]:
         """The transfers abandoned at a deadline that have not returned yet: until each is done, the memory it was
         given must not be reused."""
+        ...
+
+
+@runtime_checkable
+class ExplainingTier(Protocol):
+    """A tier that knows a fault behind a fetch's failure besides its error codes (an injected fault): evidence of
+    the tier's fault, which outranks a rank's starvation when its deadline runs out."""
+
+    def known_fault(self, keys: Sequence[str]) -> str:
+        """Why a fetch of ``keys`` fails, as the tier knows it ("" when it knows of nothing)."""
         ...
 
 

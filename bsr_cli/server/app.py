@@ -32,6 +32,7 @@ from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
+from bsr_cli.core.scrub import ScrubLimits
 from bsr_cli.core.status import FaultListing, MarkerList
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamLine
 from bsr_cli.errors import (
@@ -39,6 +40,7 @@ from bsr_cli.errors import (
     BsrError,
     CapacityError,
     FaultsDisabled,
+    HostOverloaded,
     InvalidInput,
     RankRestarting,
     RestoreAborted,
@@ -67,6 +69,8 @@ def status_for(e: BsrError) -> int:
         return 400
     if isinstance(e, RankRestarting | RankUnresponsive):
         return 503
+    if isinstance(e, HostOverloaded):
+        return 503  # the host could not run the engine in time: retry later (no rank or tier is at fault)
     return 500
 
 
@@ -77,7 +81,8 @@ def _rank_of(e: BsrError) -> int | None:
 
 def _retry_after(e: BsrError) -> int | None:
     """When to try again (whole seconds, at least 1): a rank restarting, or a refusal the same request may get past
-    later (a capacity wait)."""
+    later (a capacity wait). A host overloaded gives none: the engine cannot tell when the host's load will drop,
+    and a client retrying on a schedule would only add to it."""
     if isinstance(e, RankRestarting):
         return e.retry_after_s
     if isinstance(e, CapacityError) and e.retry_after_s is not None:
@@ -167,7 +172,7 @@ ERROR_TEXT = {
     431: "a request head over 16 KiB",
     500: "a server bug, reported rather than dropped",
     503: "unavailable: a rank is restarting (rank-restarting, with Retry-After) or not responding (rank-unresponsive), "
-    "or every serving slot is in use (busy, Retry-After: 1)",
+    "the host is overloaded (host-overloaded), or every serving slot is in use (busy, Retry-After: 1)",
 }
 COMMON_ERRORS = (400, 403, 411, 413, 415, 431, 500, 503)
 
@@ -511,6 +516,10 @@ def snapshot(
 def events(
     c: CoordinatorDep,
     since: Annotated[int, Query(ge=0, le=MAX_SEQ, description="only events after this sequence number (a cursor)")] = 0,
+    before: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_SEQ, description="only events before this sequence number (with newest=1: the older page)"),
+    ] = None,
     wait: Annotated[
         float,
         Query(ge=0, allow_inf_nan=False, description="seconds to wait for a new event; more than 30 waits 30"),
@@ -534,14 +543,17 @@ def events(
     newest: Annotated[Flag, Query(description="1: the last `limit` matches (still oldest first)")] = "0",
 ) -> Response:
     """The event log (the engine's durable store where it has one): every filter combines; oldest first. With
-    only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event."""
+    only ?since=SEQ it long-polls up to ?wait=SECONDS (max 30) for the next event. Pages back from the newest with
+    ?newest=1&limit=N, then ?newest=1&before=<the oldest seq of the last page>. Each answer says how many events
+    the engine holds and the oldest one's seq."""
     log = c.events
-    filtered = any(x is not None for x in (after, until, request, prompt, kind)) or newest == "1"
+    filtered = any(x is not None for x in (before, after, until, request, prompt, kind)) or newest == "1"
     if not filtered:
         evs = log.since(since, wait_s=min(wait, 30.0), limit=limit)
     else:
         q = EventQuery(
             after_seq=since,
+            before_seq=before,
             since_time=after,
             until_time=until,
             request=request,
@@ -551,7 +563,16 @@ def events(
             newest=newest == "1",
         )
         evs = log.query(q)
-    return _json({"events": [e.to_wire() for e in evs], "last_seq": log.last_seq, "durable": log.durable})
+    held, oldest = log.extent()
+    return _json(
+        {
+            "events": [e.to_wire() for e in evs],
+            "last_seq": log.last_seq,
+            "durable": log.durable,
+            "held": held,
+            "oldest_seq": oldest,
+        }
+    )
 
 
 @router.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))
@@ -596,6 +617,17 @@ def markers_clear_tier(tier: m.Tier, c: CoordinatorDep) -> Response:
     """Take one tier out of every marker's exclusions (a marker left excluding nothing is removed): the
     remedy once that tier is fixed. Answers how many markers it touched."""
     return _json({"cleared": c.clear_markers(ClearScope.tier(tier))})
+
+
+@router.post(f"{PREFIX}/scrub", **_op(m.ScrubReport, auth=True))
+def scrub(body: m.ScrubBody, c: CoordinatorDep) -> Response:
+    """Read a tier's objects back whole and check them (header, key, length, payload checksum): one prompt's
+    (tokens or synthetic) or every object (all), each rank its own, bounded by max_objects and max_bytes. Damaged
+    objects are moved aside (the next store rewrites them). Answers when every rank is done."""
+    if (body.tokens is not None) + (body.synthetic is not None) + body.all != 1:
+        raise InvalidInput("give exactly one of 'tokens', 'synthetic' or 'all'")
+    tokens = None if body.all else tokens_of(body, c.settings.max_tokens)
+    return _json(c.scrub(body.tier, tokens, ScrubLimits(body.max_objects, body.max_bytes)).to_wire())
 
 
 @router.post(f"{PREFIX}/shutdown", **_op(m.Ok, auth=True))

@@ -14,17 +14,24 @@ value carries that label (`rank`, `tier`, `group`).
     bsr_pool_windows_live{rank}, bsr_pool_waiters{rank}           windows staged, restores waiting for room
     bsr_rank_up{rank}, bsr_rank_healthy{rank}                     process alive; alive, beating, not stuck
     bsr_rank_heartbeat_age_seconds{rank}                          since the rank's last heartbeat
-    bsr_tier_healthy{tier}                                        0 when any rank sees it down, a fault is armed
-                                                                  on it or it failed recently
-    bsr_tier_condition{tier,condition}                            1 per reason it is unhealthy now (full,
+    bsr_rank_starved{rank}                                        1 while the host keeps the rank from running
+                                                                  (waiting to run: its deadlines stretch)
+    bsr_tier_healthy{tier,injected}                               0 when any rank sees it down or cannot write
+                                                                  it, it failed recently, or its store lost a
+                                                                  segment (an armed fault alone changes
+                                                                  nothing); injected="true" when injected
+                                                                  faults caused every reason (a drill; never a
+                                                                  lost segment: no fault loses one)
+    bsr_tier_condition{tier,condition,injected}                   1 per reason it is unhealthy now (full,
                                                                   read_only, directory_gone, not_writable,
-                                                                  unavailable, fault_armed, restore_failed)
+                                                                  unavailable, restore_failed, segment_lost)
     bsr_tier_quarantined_objects{tier}                            damaged objects set apart under quarantine/
     bsr_objects_quarantined_total{tier}                           objects quarantined since the engine started
-    bsr_restores_total{outcome,kind,stage}                        restores ended: committed | failed_closed |
+    bsr_restores_total{outcome,kind,stage,injected}               restores ended: committed | failed_closed |
                                                                   refused | aborted | nothing_to_restore (kind:
                                                                   the failure taxonomy's; stage: where it failed;
-                                                                  "none" when there is none)
+                                                                  "none" when there is none; injected: "true"
+                                                                  when an injected fault fired in it)
     bsr_restore_windows_total{rank}                               windows released (each counted as the
                                                                   coordinator receives it)
     bsr_restore_bytes_total{rank}                                 bytes installed by released windows
@@ -32,12 +39,19 @@ value carries that label (`rank`, `tier`, `group`).
     bsr_tier_fetch_seconds_total{rank,tier}                       time spent fetching them (raw tier rate =
                                                                   rate(bytes) / rate(seconds))
     bsr_force_local_markers                                       markers standing now
-    bsr_force_local_markers_set_total                             markers set
+    bsr_force_local_markers_set_total{injected}                   markers set (injected: by a drill's failure)
     bsr_faults_armed                                              injected faults still armed
     bsr_rank_unresponsive_total{rank}                             a rank missed its heartbeat or deadline
+                                                                  through its own fault (dead, stopped, hung)
+    bsr_rank_starved_total{rank}                                  a rank's deadline was stretched because the
+                                                                  host starved it
+    bsr_store_segments_lost_total{tier,cause}                     segments the store lost with their objects
+    bsr_store_objects_lost_total{tier}                            the objects on them (where the master said)
     bsr_requests_submitted_total                                  requests submitted for admission
 
 prometheus_client also exposes a ``_created`` sample per counter series (when it started counting).
+``injected`` is "true" on what an injected fault caused (a drill) and "false" otherwise: the shipped alert rules
+(docs/monitoring/bsr-alerts.yml) page only on ``injected!="true"``.
 The names, labels and HELP texts are what docs/monitoring.md, the alert rules and the Grafana dashboard use.
 The CLI never imports this module (it reads /metrics as text).
 """
@@ -50,6 +64,9 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from bsr_cli.core.evidence import RankState
+from bsr_cli.runtime.metrics import injected_label
 
 if TYPE_CHECKING:
     from bsr_cli.core.status import PoolEntry, TierHealth
@@ -159,6 +176,12 @@ class RuntimeCollector(Collector):
         )
         yield _family(
             "gauge",
+            "bsr_rank_starved",
+            "1 while the host keeps the rank from running (its deadlines stretch; it is not blamed)",
+            [({"rank": r.rank}, r.state is RankState.STARVED) for r in ranks],
+        )
+        yield _family(
+            "gauge",
             "bsr_rank_heartbeat_age_seconds",
             "Seconds since the rank's last heartbeat",
             [({"rank": r.rank}, r.heartbeat_age_s) for r in ranks if r.heartbeat_age_s is not None],
@@ -171,14 +194,19 @@ class RuntimeCollector(Collector):
         yield _family(
             "gauge",
             "bsr_tier_healthy",
-            "1 when every rank reaches the tier, no fault is armed on it and it has not failed recently",
-            [({"tier": t}, h.ok) for t, h in tiers],
+            "1 when every rank reaches and can write the tier and it has not failed recently; injected=true when "
+            "only injected faults made it unhealthy (a drill)",
+            [({"tier": t, "injected": injected_label(h.injected)}, h.ok) for t, h in tiers],
         )
         yield _family(
             "gauge",
             "bsr_tier_condition",
             "1 for each reason a tier is unhealthy now (the reason /health and bsr status give)",
-            [({"tier": t, "condition": cond}, 1) for t, h in tiers for cond in h.conditions],
+            [
+                ({"tier": t, "condition": cond, "injected": injected_label(h.injected)}, 1)
+                for t, h in tiers
+                for cond in h.conditions
+            ],
         )
         yield _family(
             "gauge",

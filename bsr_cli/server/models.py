@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from bsr_cli.core import faults
+from bsr_cli.core import faults, scrub
 
 Tier = Literal["mooncake", "fs"]
 
@@ -110,7 +110,25 @@ class RestoreBody(_Request):
     _one_prompt = model_validator(mode="after")(_exactly_one_prompt)
 
 
-PromptBody = ProbeBody | SubmitBody | RestoreBody  # every body that carries a prompt
+# Exactly one of a prompt's two forms or every object, said in the schema too.
+_ONE_SCOPE: dict[str, Any] = {
+    "oneOf": [*_ONE_PROMPT["oneOf"], {"required": ["all"], "properties": {"all": {"const": True}}}]
+}
+
+
+class ScrubBody(_Request):
+    """A scrub of one tier: one prompt's objects (``tokens`` or ``synthetic``), or every object (``all``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_SCOPE)
+    tier: Tier  # every tier of the embedded engine checks its own objects (runtime.tiers.RepairableTier)
+    tokens: PromptTokens = None  # type: ignore[assignment]
+    synthetic: Synthetic = None  # type: ignore[assignment]
+    all: StrictBool = False
+    max_objects: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_OBJECTS), _INTEGRAL] = scrub.MAX_OBJECTS
+    max_bytes: Annotated[StrictInt, Field(ge=1, le=scrub.MAX_BYTES), _INTEGRAL] = scrub.MAX_BYTES
+
+
+PromptBody = ProbeBody | SubmitBody | RestoreBody | ScrubBody  # every body that carries a prompt
 _P = TypeVar("_P", ProbeBody, SubmitBody, RestoreBody)
 
 
@@ -164,8 +182,12 @@ class RankHealth(_Response):
     healthy: bool
     alive: bool
     heartbeat_age_s: float | None = Field(description="null: the rank does not beat (an in-process rank)")
-    reason: str | None
+    reason: str | None = Field(description="why it is unhealthy, or why it is starved")
     last_fault: RankFault | None
+    state: str = Field(
+        description="the coordinator's judgement: live, starved (the host keeps it from running: its deadlines "
+        "stretch, it is not blamed), stopped, hung, dead, or unknown (starved or hung cannot be told)"
+    )
 
 
 class QuarantinedFile(_Response):
@@ -174,6 +196,27 @@ class QuarantinedFile(_Response):
     reason: str
     at: float
     bytes: int
+
+
+class ScrubProgress(_Response):
+    """One rank's scrub of a tier: running, or how it ended."""
+
+    scrub: str
+    rank: int
+    tier: str
+    scope: Literal["prompt", "all"]
+    state: Literal["running", "complete", "cut", "failed", "skipped"]
+    started_at: float
+    prompt: str
+    request: str | None = Field(None, description="the failed restore that started it; null: an operator's")
+    objects: int = Field(description="objects in scope when known up front (a prompt's); 0 otherwise")
+    checked: int
+    bytes: int
+    missing: int
+    damaged: int
+    quarantined: int
+    seconds: float
+    reason: str
 
 
 class LostSegment(_Response):
@@ -198,7 +241,14 @@ class TierHealth(_Response):
     quarantined: list[QuarantinedFile]
     quarantined_total: int
     condition: str
+    injected: bool = Field(
+        default=False, description="true when injected faults caused every reason it is unhealthy (absent: false)"
+    )
+    faults_armed: list[str] = Field(
+        default=[], description="faults armed against it (absent when none): shown, never a reason it is unhealthy"
+    )
     lost_segments: list[LostSegment] | None = Field(None, description="absent unless segment_lost is a condition")
+    scrubs: list[ScrubProgress] = []
 
 
 class RankTier(_Response):
@@ -207,6 +257,7 @@ class RankTier(_Response):
     condition: str
     quarantined: list[QuarantinedFile]
     quarantined_total: int
+    scrubs: list[ScrubProgress] = []
 
 
 class PoolStats(_Response):
@@ -232,6 +283,10 @@ class PoolRank(_Response):
     tp_rank: int | None = None
     error: str | None = Field(None, description="why the rank did not answer")
     restore_bps: float
+    state: str = Field(
+        description="the coordinator's judgement: live, starved (the host keeps it from running: its deadlines "
+        "stretch, it is not blamed), stopped, hung, dead, or unknown (starved or hung cannot be told)"
+    )
 
 
 class ActiveRestore(_Response):
@@ -278,6 +333,7 @@ class Failure(_Response):
     window: int | None
     tier: str | None
     cause: str | None
+    chunks: list[int] | None = Field(None, description="the failed window's chunks [start, end)")
     component: str
 
 
@@ -371,6 +427,11 @@ class Info(_Response):
     faults_enabled: bool
     fs_concurrency: int
     tokenizer: str | None = None
+    overload_ceiling_s: float | None = Field(
+        default=None,
+        description="the longest a rank's deadline stretches while the host starves it (absent: a host that does "
+        "not judge starvation)",
+    )
 
 
 class Health(_Response):
@@ -379,6 +440,7 @@ class Health(_Response):
     ranks_alive: list[Any]
     ranks: list[RankHealth]
     unhealthy_ranks: list[Any]
+    starved_ranks: list[int] = Field(description="ranks the host keeps from running: healthy, their deadlines stretch")
     tiers: dict[str, TierHealth]
     degraded_tiers: list[str]
 
@@ -457,6 +519,8 @@ class Events(_Response):
     events: list[Event]
     last_seq: int
     durable: bool  # the engine keeps its events in a store that outlives its in-memory tail and a restart
+    held: int  # how many events the engine holds (its store, or its in-memory tail without one)
+    oldest_seq: int  # the sequence number of the oldest event it holds (0: none)
 
 
 class Fault(_Response):
@@ -487,6 +551,20 @@ class OpenAPIDocument(_Response):
 
 class Cleared(_Response):
     cleared: int
+
+
+class ScrubReport(_Response):
+    """Every rank's scrub of the tier, and what they set apart."""
+
+    tier: str
+    scope: Literal["prompt", "all"]
+    ranks: list[ScrubProgress]
+    prompt: str | None = None
+    quarantined: list[QuarantinedFile]
+    checked: int
+    damaged: int
+    missing: int
+    complete: bool
 
 
 class Markers(_Response):

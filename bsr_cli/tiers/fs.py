@@ -12,15 +12,16 @@ The object checksum is CRC32C over the key, the payload length and the payload (
 verifies it against the key it asked for, so a payload that belongs to another chunk fails as a damaged one.
 ``header crc32c`` covers the header (with that field zero) and the key, so any damage to the header is reported as
 IO_ERROR, as is a file holding another key or a payload length other than the one asked for. Files of earlier
-formats (version 1: zlib CRC32; version 2: a checksum of the payload alone) are evicted when read: that read fails
-closed, and the next pass recomputes and rewrites them (docs/mixed-deployments.md).
+formats (version 1: zlib CRC32; version 2: a checksum of the payload alone) are evicted when read, or when a scrub
+reaches them: that read fails closed, and the next pass recomputes and rewrites them (docs/mixed-deployments.md).
 
 Health is what a write sees: ``health()`` writes (and removes) a small probe file, and remembers the last put's
 failure, so a full (ENOSPC) or read-only (EROFS) directory is reported with its reason even while it still lists.
-A damaged object is not just refused: after a failed restore the rank calls ``quarantine_damaged``, which re-reads
-the object and, when its stored bytes fail their checksum, moves it under ``<root>/quarantine/`` (with a small JSON
-note of key, reason and time) where the incident bundle finds it; the tier then no longer holds the chunk, and the
-next store writes it again from a good source.
+A damaged object is not just refused: the tier is a ``RepairableTier``. After a failed restore (and in a scrub,
+bsr_cli/runtime/scrub.py) the rank reads objects back whole (``check_stored``, ``check_all``) and, when one's stored
+bytes fail their bound checksum (``core.integrity``, over key, length and payload) or its header, moves it under
+``<root>/quarantine/`` (``set_aside``, with a small JSON note of key, reason and time) where the incident bundle
+finds it; the tier then no longer holds the chunk, and the next store writes it again from a good source.
 
 Reads go straight from the file into the staging slice (``os.preadv`` into its memoryview: no intermediate
 buffer), in chunks so the deadline is checked between chunks. Writes are atomic: a temporary file in the same
@@ -39,7 +40,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -47,7 +48,16 @@ from bsr_cli.api.ranks import QuarantinedObject
 from bsr_cli.core.evidence import TierCondition
 from bsr_cli.core.units import format_bytes
 from bsr_cli.runtime.checksum import crc32c, object_checksum
-from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
+from bsr_cli.runtime.tiers import (
+    IO_ERROR,
+    MISSING,
+    TIMED_OUT,
+    UNAVAILABLE,
+    StagingSlice,
+    StoredCheck,
+    TierHealth,
+    TierUnavailable,
+)
 
 __all__ = ["HEADER_BYTES", "FilesystemTier"]
 
@@ -81,6 +91,23 @@ def _os_error(exc: OSError) -> str:
     name = errno.errorcode.get(exc.errno or 0)
     text = exc.strerror or str(exc)
     return f"{text} ({name})" if name else text
+
+
+def _older_format(version: int) -> str:
+    return f"written by an older bsr (format v{version}, its checksum covers the bytes alone)"
+
+
+def _format_version(path: Path) -> int | None:
+    """The format version in a bsr object file's header; None when it is not one (or cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except OSError:
+        return None
+    if len(head) != HEADER_BYTES:
+        return None
+    magic, version, *_ = _HEADER.unpack(head)
+    return int(version) if magic == _MAGIC else None
 
 
 def _header_crc(header_with_zero_crc: bytes, key: bytes) -> int:
@@ -386,62 +413,109 @@ class FilesystemTier:
 
     # ------------------------------------------------------------------------------------------- repair
 
-    def _damage(self, path: Path, key: str) -> str | None:
-        """Why the object file at ``path`` is damaged, read whole from disk; None when it is intact."""
-        keyb = key.encode("utf-8")
-        with open(path, "rb") as f:
-            data = f.read()
+    def _damage(self, data: bytes, path: Path, key: str | None) -> tuple[str | None, str | None]:
+        """(the key the file holds, why its bytes are damaged or None when intact). ``key``: the key it must hold
+        (None: any, as long as the file lies where that key's file belongs)."""
         if len(data) < HEADER_BYTES:
-            return "truncated header"
+            return None, "truncated header"
         magic, version, key_len, crc, hcrc, length = _HEADER.unpack_from(data)
-        if magic != _MAGIC or version != _VERSION:
-            return "not a bsr object file of this format"
         stored_key = data[HEADER_BYTES : HEADER_BYTES + key_len]
+        if magic == _MAGIC and version < _VERSION:  # an older bsr's: not trusted, evicted by ``set_aside``
+            return stored_key.decode("utf-8", "replace") or None, _older_format(version)
+        if magic != _MAGIC or version != _VERSION:
+            return None, "not a bsr object file of this format"
         if hcrc != _header_crc(_HEADER.pack(magic, version, key_len, crc, 0, length), stored_key):
-            return "header checksum mismatch"
-        if stored_key != keyb:
-            return "the file holds another key"
+            return None, "header checksum mismatch"
+        held = stored_key.decode("utf-8", "replace")
+        if (key is not None and stored_key != key.encode("utf-8")) or self.path_for(held) != path:
+            return held, "the file holds another key"
         payload = memoryview(data)[HEADER_BYTES + key_len :]
         if len(payload) != length:
-            return f"payload is {len(payload)} bytes, its header says {length}"
-        if object_checksum(key, payload) != crc:
-            return "checksum mismatch (its bytes, or the chunk they belong to)"
-        return None
+            return held, f"payload is {len(payload)} bytes, its header says {length}"
+        if object_checksum(held, payload) != crc:
+            return held, "checksum mismatch (its bytes, or the chunk they belong to)"
+        return held, None
 
-    def quarantine_damaged(self, suspects: Mapping[str, str]) -> list[QuarantinedObject]:
-        """Re-read each suspect object (key → what it is and why it is suspect); move the damaged ones under
-        ``quarantine/`` (kept, never served again). An object that reads back intact stays where it is: what
-        failed was the transfer, not the stored bytes."""
-        moved = []
-        for key, context in suspects.items():
-            path = self.path_for(key)
+    def _check_file(self, path: Path, key: str | None) -> StoredCheck:
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                data = f.read()
+        except FileNotFoundError:
+            if not self.root.is_dir():
+                raise TierUnavailable(f"fs tier directory {self.root} is gone") from None
+            return StoredCheck(ref=str(path), key=key, held=False)
+        except OSError as exc:
+            return StoredCheck(ref=str(path), key=key, damage=f"unreadable: {_os_error(exc)}")
+        held, why = self._damage(data, path, key)
+        version = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        return StoredCheck(ref=str(path), key=key or held, bytes=len(data), damage=why, version=version)
+
+    def check_stored(self, key: str) -> StoredCheck:
+        """The object of ``key`` read back whole from disk and checked (header, key, length, and the object checksum
+        over key, length and payload)."""
+        return self._check_file(self.path_for(key), key)
+
+    def check_all(self, shard: int, shards: int) -> Iterator[StoredCheck]:
+        """Every object file in this shard's fan-out directories (directory ``xy`` belongs to shard
+        ``0xxy % shards``), each read back and checked when reached. A file whose header cannot be read is still
+        checked (and damaged): it is found by where it lies, not by its key."""
+        if not self.root.is_dir():
+            raise TierUnavailable(f"fs tier directory {self.root} is gone")
+        for sub in sorted(self.root.glob("??")):
             try:
-                why = self._damage(path, key)
-            except FileNotFoundError:
-                continue  # not held (or already set apart by a concurrent restore)
-            except OSError as exc:
-                why = f"unreadable: {_os_error(exc)}"
-            if why is None:
+                mine = int(sub.name, 16) % max(shards, 1) == shard
+            except ValueError:
+                continue  # not a fan-out directory
+            if not mine or not sub.is_dir():
                 continue
-            qdir = self.root / QUARANTINE_DIR
-            at = time.time()
-            dest = qdir / f"{path.stem}.{time.time_ns()}{_SUFFIX}"
-            try:
-                qdir.mkdir(mode=0o700, exist_ok=True)
-                size = path.stat().st_size
-                os.replace(path, dest)
-            except OSError as exc:
-                # Could not set it apart (read-only directory): remove nothing, the restore already failed closed.
-                log.warning("fs tier: could not quarantine %s (%s): %s", path, why, exc)
-                continue
-            entry = QuarantinedObject(key=key, file=str(dest), reason=f"{why}: {context}", at=at, bytes=size)
-            with contextlib.suppress(OSError):  # the note is for people; the moved file is what matters
-                dest.with_suffix(".json").write_text(
-                    json.dumps({"key": key, "reason": entry.reason, "at": at, "bytes": size}) + "\n"
-                )
-            log.warning("fs tier: quarantined %s for key %s: %s", dest, key, entry.reason)
-            moved.append(entry)
-        return moved
+            for path in sorted(sub.glob(f"*{_SUFFIX}")):
+                found = self._check_file(path, None)
+                if found.held:
+                    yield found
+
+    def set_aside(self, found: StoredCheck, reason: str) -> QuarantinedObject | None:
+        """Move a damaged object file under ``quarantine/`` with a JSON note (key, reason, time, size), unless it
+        changed since it was checked (a store rewrote it: that object is not the damaged one). A file of an older
+        format is evicted instead, as a read evicts it: bsr wrote it, so nothing is lost (docs/mixed-deployments.md)."""
+        path = Path(found.ref)
+        qdir = self.root / QUARANTINE_DIR
+        at = time.time()
+        dest = qdir / f"{path.stem}.{time.time_ns()}{_SUFFIX}"
+        try:
+            st = path.stat()
+            if found.version and f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}" != found.version:
+                return None
+            if (version := _format_version(path)) is not None and version < _VERSION:
+                return self._evict_older(path, found, reason, st.st_size)
+            qdir.mkdir(mode=0o700, exist_ok=True)
+            os.replace(path, dest)
+        except FileNotFoundError:
+            return None  # not held any more (set apart by a concurrent check, or removed)
+        except OSError as exc:
+            # Could not set it apart (read-only directory): remove nothing, the restore already failed closed.
+            log.warning("fs tier: could not quarantine %s (%s): %s", path, reason, exc)
+            return None
+        key = found.key or f"(unreadable header) {path.name}"
+        entry = QuarantinedObject(key=key, file=str(dest), reason=reason, at=at, bytes=st.st_size)
+        with contextlib.suppress(OSError):  # the note is for people; the moved file is what matters
+            dest.with_suffix(".json").write_text(
+                json.dumps({"key": key, "reason": reason, "at": at, "bytes": st.st_size}) + "\n"
+            )
+        log.warning("fs tier: quarantined %s for key %s: %s", dest, key, reason)
+        return entry
+
+    def _evict_older(self, path: Path, found: StoredCheck, reason: str, size: int) -> QuarantinedObject | None:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return None  # a read evicted it first
+        except OSError as exc:
+            log.warning("fs tier: could not evict %s (%s): %s", path, reason, exc)
+            return None
+        key = found.key or f"(older format) {path.name}"
+        log.warning("fs tier: evicted %s for key %s: %s", path, key, reason)
+        return QuarantinedObject(key=key, file="", reason=reason, at=time.time(), bytes=size)
 
     def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:
         """The newest ``limit`` quarantined objects, and how many there are."""

@@ -18,11 +18,12 @@ Failure behaviour of Mooncake 0.3.13 this module defends against (see docs/ecosy
     tier probes the master before each call and fails fast while it is down;
   * the store's own ``health_check()`` keeps answering 0 with the master dead, so `health()` probes HTTP.
 
-A damaged object is removed, not just refused: after a failed restore the rank calls ``quarantine_damaged``, which
-re-reads the object whole and removes it when its trailer, length or checksum is wrong (Mooncake has no place to
-set it apart; the tier remembers what it removed for ``bsr status``), so the next store writes it afresh.
-Objects an older bsr wrote ("BSM2": a checksum of the payload alone; "BSM1": zlib CRC32) are read as IO_ERROR and
-removed the same way (docs/mixed-deployments.md).
+A damaged object is removed, not just refused: the tier is a ``RepairableTier``. After a failed restore (and in a
+scrub, bsr_cli/runtime/scrub.py: the rest of that prompt, or `bsr scrub`) the rank reads objects back whole
+(``check_stored``; ``check_all`` walks the master's key listing) and removes one whose trailer, length or checksum
+is wrong (``set_aside``: Mooncake has no place to set it apart; the tier remembers what it removed for
+``bsr status``), so the next store writes it afresh. Objects an older bsr wrote ("BSM2": a checksum of the payload
+alone; "BSM1": zlib CRC32) are read as IO_ERROR and removed the same way (docs/mixed-deployments.md).
 
 Caveat: an abandoned call keeps running in its worker until Mooncake returns. A timed-out ``get_into`` can still
 write its staging slices later (seen when a cut link comes back mid-transfer), so `pending_writes()` hands the
@@ -43,17 +44,27 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from bsr_cli.api.ranks import QuarantinedObject
-from bsr_cli.errors import ServiceError
-from bsr_cli.mooncake.health import health_url_for, master_healthy, segments, tcp_reachable
+from bsr_cli.core.keys import parse_key
+from bsr_cli.errors import InvalidInput, ServiceError
+from bsr_cli.mooncake.health import all_keys, health_url_for, master_healthy, segments, tcp_reachable
 from bsr_cli.runtime.checksum import object_checksum
 from bsr_cli.runtime.stage_clock import report_call_cpu
-from bsr_cli.runtime.tiers import IO_ERROR, MISSING, TIMED_OUT, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable
+from bsr_cli.runtime.tiers import (
+    IO_ERROR,
+    MISSING,
+    TIMED_OUT,
+    UNAVAILABLE,
+    StagingSlice,
+    StoredCheck,
+    TierHealth,
+    TierUnavailable,
+)
 
 __all__ = ["TRAILER_BYTES", "MooncakeTier", "mooncake_code_name"]
 
@@ -492,10 +503,11 @@ class MooncakeTier:
     def get_into(
         self, keys: Sequence[str], dests: Sequence[StagingSlice], timeout_s: float
     ) -> tuple[list[int], list[int | None]]:
-        """``batch_get_into_multi_buffers`` (one call per 1024 keys): each payload lands directly in its slice, each
-        trailer in the worker's side buffer; the trailer's length must equal the slice length, and its object
-        checksum is returned unverified (the runtime verifies it against the key). At the deadline: UNAVAILABLE if
-        the master does not answer a probe, else TIMED_OUT."""
+        """One batch call per 1024 keys: each object lands whole in its slice and the room the pool left after it
+        (``batch_get_into``), or, in a slice without that room, its payload there and its trailer in the worker's
+        side buffer (``batch_get_into_multi_buffers``); the trailer's length must equal the slice length, and its
+        object checksum is returned unverified (the runtime verifies it against the key). At the deadline:
+        UNAVAILABLE if the master does not answer a probe, else TIMED_OUT."""
         n = len(keys)
         if len(dests) != n:
             raise ValueError(f"get_into: {n} keys but {len(dests)} destinations")
@@ -598,8 +610,11 @@ class MooncakeTier:
 
     def _read_whole(self, key: str) -> bytes | None:
         """The stored object as it is (payload and trailer, whatever its size); None when the store does not hold
-        it or cannot answer (then nothing can be said about it)."""
+        it. Raises TierUnavailable when the store cannot answer for it (then nothing can be said about it)."""
         size = self._call_checked("get_size", lambda: self._store.get_size(key))
+        if size in _MASTER_DOWN:
+            self._suspect = True
+            raise TierUnavailable(f"mooncake get_size failed, master unavailable: {mooncake_code_name(size)}")
         if size < 0:
             return None
         buf = ctypes.create_string_buffer(max(size, 1))
@@ -610,32 +625,60 @@ class MooncakeTier:
                 # The closure holds ``buf``: a call abandoned at its deadline still has memory to write into.
                 rc = self._run("get_into", lambda: self._store.get_into(key, ptr, size), self.call_timeout_s, data=True)
             except _CallTimedOut:
-                return None
+                raise TierUnavailable(
+                    f"mooncake read of {key!r} did not finish within {self.call_timeout_s:g} s"
+                ) from None
         finally:
             with contextlib.suppress(OSError, TierUnavailable):
                 self.unregister(ptr)
-        return buf.raw[:size] if rc == size else None
+        if rc == size:
+            return buf.raw[:size]
+        if rc == _OBJECT_NOT_FOUND:
+            return None  # removed since its size was read
+        raise TierUnavailable(f"mooncake read of {key!r} ({size} bytes) failed: {mooncake_code_name(rc)}")
 
-    def quarantine_damaged(self, suspects: Mapping[str, str]) -> list[QuarantinedObject]:
-        """Re-read each suspect object (key → what it is and why it is suspect) and remove the damaged ones from
-        the store (a wrong trailer, length or checksum: ``object_damage``); Mooncake has nowhere to set them apart,
-        so their bytes are gone and the tier remembers what it removed. An object that reads back sound stays:
-        what failed was the transfer."""
-        removed: list[QuarantinedObject] = []
-        for key, context in suspects.items():
-            data = self._read_whole(key)
-            why = None if data is None else object_damage(key, data)
-            if data is None or why is None:
+    def check_stored(self, key: str) -> StoredCheck:
+        """The object of ``key`` read back whole and checked (its trailer, length, and the object checksum over key,
+        length and payload: ``object_damage``)."""
+        data = self._read_whole(key)
+        if data is None:
+            return StoredCheck(ref=key, key=key, held=False)
+        return StoredCheck(ref=key, key=key, bytes=len(data), damage=object_damage(key, data))
+
+    def check_all(self, shard: int, shards: int) -> Iterator[StoredCheck]:
+        """Every object the master lists (its admin API's key listing) whose key, in LMCache's form, names a worker
+        of ``shard`` (worker id modulo ``shards``: each rank reads back its own objects), each read back and checked
+        when reached. A key in no such form is not an object this tier wrote and is left alone. The embedded engine's
+        store is its own (`bsr engine up` starts its master), so every other listed key is one of its objects."""
+        if not self.admin_url:
+            raise TierUnavailable("cannot list the store's objects: no admin URL of its master was given")
+        try:
+            listed = all_keys(self.admin_url, timeout=self.call_timeout_s)
+        except OSError as exc:
+            raise TierUnavailable(f"cannot list the store's objects at {self.admin_url}: {exc}") from None
+        for key in sorted(listed):
+            try:
+                worker = parse_key(key)[2]
+            except InvalidInput:
                 continue
-            rc = self.remove([key])[0]
-            if rc not in (0, _OBJECT_NOT_FOUND):
-                log.warning("mooncake: could not remove damaged object %s (%s): %s", key, why, mooncake_code_name(rc))
-                continue
-            entry = QuarantinedObject(key=key, file="", reason=f"{why}: {context}", at=time.time(), bytes=len(data))
-            log.warning("mooncake: removed damaged object %s: %s", key, entry.reason)
-            removed.append(entry)
-        self._removed.add(removed)
-        return removed
+            if worker % max(shards, 1) == shard and (found := self.check_stored(key)).held:
+                yield found
+
+    def set_aside(self, found: StoredCheck, reason: str) -> QuarantinedObject | None:
+        """Remove a damaged object from the store: Mooncake has nowhere to set it apart, so its bytes are gone and
+        the tier remembers what it removed (``quarantined``). bsr's put never replaces a held object, so what is
+        removed is what was checked, unless it was removed and stored again in between (a window of one call)."""
+        key = found.key or found.ref
+        rc = self.remove([found.ref])[0]
+        if rc == _OBJECT_NOT_FOUND:
+            return None  # removed already (by a concurrent check)
+        if rc != 0:
+            log.warning("mooncake: could not remove damaged object %s (%s): %s", key, reason, mooncake_code_name(rc))
+            return None
+        entry = QuarantinedObject(key=key, file="", reason=reason, at=time.time(), bytes=found.bytes)
+        log.warning("mooncake: removed damaged object %s: %s", key, reason)
+        self._removed.add([entry])
+        return entry
 
     def quarantined(self, limit: int) -> tuple[list[QuarantinedObject], int]:
         """The newest ``limit`` damaged objects this tier removed since it started, and how many in all."""

@@ -6,8 +6,8 @@ Every poll and every operator action runs in a thread worker that posts a past-t
 immutable `View` and redraw. The next poll is armed only when the previous one has been handled, so a slow
 engine makes the display older, never the request queue longer: the status bar shows how old and how slow.
 
-Just over 500 lines on purpose: one App class (polls, replay, drawing, operator actions), whose handlers share its
-state; everything that could stand apart (screens, messages, panels, the model) already does.
+About 650 lines on purpose: one App class (polls, replay, drawing, operator actions), whose handlers share its
+state; everything that could stand apart (screens, messages, panes, panels, the model) already does.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Container
 from textual.screen import ModalScreen
 from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Static
 
 from bsr_cli.core.evidence import Outcome as RestoreOutcome
@@ -38,15 +39,16 @@ from bsr_cli.tui.messages import (
     SnapshotReceived,
 )
 from bsr_cli.tui.model import Frame, View
-from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen, HelpScreen
-from bsr_cli.tui.source import LiveSource, PollFailure, Recorder, ReplayFrame, ReplaySource
+from bsr_cli.tui.panes import EventsPane, RecentList, ScrollPane
+from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen, HelpScreen, WhyScreen
+from bsr_cli.tui.source import LOG_PAGE, LiveSource, PollFailure, Recorder, ReplayFrame, ReplaySource
 
 
 def _rows(w: Static) -> int:
     return max(w.content_size.height, 8)
 
 
-def _narrow(w: Static) -> bool:
+def _narrow(w: Widget) -> bool:
     width = w.content_size.width
     return 0 < width < 60
 
@@ -57,14 +59,20 @@ class TopApp(App[None]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]  # noqa: RUF012 - textual's own declaration
     CSS = """
     Screen { layout: vertical; }
-    #header { height: 1; padding: 0 1; }
+    #header { height: auto; padding: 0 1; }
     #banner { display: none; height: auto; background: $error; color: $text; padding: 0 1; text-style: bold; }
     #banner.-shown { display: block; }
-    .panel { border: round $primary-darken-1; border-title-color: $text; padding: 0 1; overflow: hidden hidden;
-             height: 1fr; }
-    #gauges { height: auto; max-height: 50%; }
+    .panel { border: round $primary-darken-1; border-title-color: $text; border-subtitle-color: $text-muted;
+             padding: 0 1; height: 1fr; }
+    /* The pane in focus (Tab moves it) takes the arrows, PgUp/PgDn and Home/End: its border says which. */
+    .panel:focus, .panel:focus-within { border: round $accent; }
+    ScrollPane.panel { scrollbar-size-vertical: 0; }
+    ScrollPane > Static { height: auto; }
+    #gauges-pane { height: auto; max-height: 50%; }
     #panels { layout: grid; grid-size: 2 2; grid-columns: 9fr 11fr; grid-rows: auto 1fr; height: 1fr; }
-    #active, #health { height: auto; min-height: 4; max-height: 10; }
+    #active-pane, #health-pane { height: auto; min-height: 4; max-height: 10; }
+    RecentList { text-wrap: nowrap; text-overflow: ellipsis; overflow: hidden hidden; }
+    #events { overflow: hidden hidden; }
     /* Under 100 columns the halves are even and the recent outcomes (with their "why") and the events go compact:
        both stay on screen, as they are what an operator reads first in an incident. */
     .-narrow #panels { grid-columns: 1fr 1fr; }
@@ -84,6 +92,8 @@ class TopApp(App[None]):
         Binding("pagedown", "scroll_events_page(1)", "older page", show=False),
         Binding("pageup", "scroll_events_page(-1)", "newer page", show=False),
         Binding("home", "scroll_events_home", "newest events", show=False),
+        Binding("end", "scroll_events_end", "oldest events", show=False),
+        Binding("o,ctrl+z", "toggle_failed", "failed only"),  # ctrl+z: k9s's toggle for faulty resources
         Binding("a", "abort", "abort a restore"),
         Binding("plus,equals_sign", "speed(2.0)", "faster", show=False),
         Binding("minus", "speed(0.5)", "slower", show=False),
@@ -102,6 +112,7 @@ class TopApp(App[None]):
         recorder: Recorder | None = None,
         clock: Callable[[], float] = time.time,
         paused: bool = False,
+        log_page: int = LOG_PAGE,
     ) -> None:
         super().__init__()
         self.source = source
@@ -114,6 +125,8 @@ class TopApp(App[None]):
         self.paused = paused
         self.rank: int | None = None
         self.kind = "all"
+        self.failed_only = False  # the Recent pane lists only the restores that failed closed
+        self.log_page = log_page  # events per page of the full event log
         self.speed = 1.0  # replay speed (× recorded time)
         self.polls = 0
         self._polling = False
@@ -121,6 +134,7 @@ class TopApp(App[None]):
         self._replay_timer: Timer | None = None
         self._replay_frame: ReplayFrame | None = None
         self._panels: dict[str, Static] = {}
+        self._frames: dict[str, Widget] = {}
         self.events_back = 0  # how many of the newest matching events the event pane is scrolled past
         self.aborts_pending: set[str] = set()  # abort sent, engine said aborting: its outcome is still to be told
         self._events_matching = 0  # how many matched at the last draw (new ones keep a scrolled pane still)
@@ -140,18 +154,25 @@ class TopApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Static(Text("bsr top: waiting for the first snapshot…", "dim"), id="header")
         yield Static(id="banner")
-        yield Static(Text("…", "dim"), id="gauges", classes="panel")
+        with ScrollPane(id="gauges-pane", classes="panel"):
+            yield Static(Text("…", "dim"), id="gauges")
         with Container(id="panels"):
-            yield Static(id="active", classes="panel")
-            yield Static(id="health", classes="panel")
-            yield Static(id="recent", classes="panel")
-            yield Static(id="events", classes="panel")
+            with ScrollPane(id="active-pane", classes="panel"):
+                yield Static(id="active")
+            with ScrollPane(id="health-pane", classes="panel"):
+                yield Static(id="health")
+            yield RecentList(id="recent", classes="panel")
+            yield EventsPane(id="events", classes="panel")
         yield Static(id="status")
 
     def on_mount(self) -> None:
         # Kept by reference: drawn on every snapshot, and still checkable (`_drawable`) once the app is exiting.
         self._panels = {w.id: w for w in self.query(Static) if w.id}
-        self._panel("gauges").border_title = "Restore pool per rank"
+        self._frames = {w.id: w for w in self.query(".panel") if w.id}  # the bordered panes, for their titles
+        self._recent = self.query_one("#recent", RecentList)
+        self._frames["gauges-pane"].border_title = "Restore pool per rank"
+        self._panel("events").border_subtitle = "⏎ full log"
+        self._panel("events").focus()  # the arrows scroll the events until Tab moves the focus to another pane
         if isinstance(self.source, ReplaySource):
             self.source.paused = self.paused
             self._show_replay(self.source.frame())
@@ -281,15 +302,14 @@ class TopApp(App[None]):
         if not self._drawable:
             return
         self.shown = view
-        self._panel("header").update(panels.header(view))
-        g = self._panel("gauges")
-        g.border_title = panels.gauges_title(view)
-        g.update(panels.gauges(view, self.rank, dense=self._dense(view)))
+        self._panel("header").update(panels.header(view, width=max(1, self.size.width - 2)))
+        self._frames["gauges-pane"].border_title = panels.gauges_title(view)
+        self._panel("gauges").update(panels.gauges(view, self.rank, dense=self._dense(view)))
         a = self._panel("active")
-        a.border_title = panels.active_title(view)
+        self._frames["active-pane"].border_title = panels.active_title(view)
         a.update(panels.active(view, width=a.content_size.width or None))
         h = self._panel("health")
-        h.border_title = panels.health_title(view, compact=_narrow(h))
+        self._frames["health-pane"].border_title = panels.health_title(view, compact=_narrow(h))
         h.update(panels.health(view, compact=_narrow(h)))
         self._draw_sized()
 
@@ -301,9 +321,7 @@ class TopApp(App[None]):
         """The panels whose row count follows their height: only rows that fit are built (CPU stays low)."""
         if self.shown is None or not self._drawable:
             return
-        r = self._panel("recent")
-        r.border_title = panels.recent_title(self.shown, compact=_narrow(r))
-        r.update(panels.recent(self.shown, limit=_rows(r), compact=_narrow(r)))
+        self._draw_recent(self.shown)
         e = self._panel("events")
         matching = len(self.shown.filtered_events(self.rank, self.kind))
         if self.events_back:  # scrolled back: events that arrived since stay above, the rows read stay put
@@ -315,6 +333,24 @@ class TopApp(App[None]):
         )
         e.update(
             panels.events(self.shown, self.rank, self.kind, limit=_rows(e), compact=_narrow(e), back=self.events_back)
+        )
+
+    def _draw_recent(self, view: View) -> None:
+        """The Recent pane: every finished restore (or only the failed ones), one row each; it scrolls."""
+        recent = self._recent
+        compact = _narrow(recent)
+        recent.border_title = panels.recent_title(view, compact=compact, failed_only=self.failed_only)
+        shown = panels.recent_shown(view, self.failed_only)
+        if self.failed_only:
+            empty = Text("no restore failed closed (o lists them all)", "dim")
+        else:
+            empty = Text("no restore finished yet", "dim")
+        recent.show(
+            shown,
+            [panels.recent_row(view, o, compact=compact) for o in shown],
+            empty=empty,
+            head=None if compact else panels.recent_head(view),
+            keys=panels.recent_keys(self.failed_only, compact=compact),
         )
 
     def on_resize(self) -> None:
@@ -416,6 +452,28 @@ class TopApp(App[None]):
         self.events_back = 0
         self._draw_sized()
 
+    def action_scroll_events_end(self) -> None:
+        """The oldest events the pane holds (the full log, `e`, reaches further back)."""
+        if isinstance(self.screen, ModalScreen) or self.shown is None:
+            return
+        matching = len(self.shown.filtered_events(self.rank, self.kind))
+        self.events_back = max(0, matching - _rows(self._panel("events")))
+        self._draw_sized()
+
+    def action_toggle_failed(self) -> None:
+        """List only the restores that failed closed in the Recent pane, or all of them again."""
+        if isinstance(self.screen, ModalScreen):
+            return
+        self.failed_only = not self.failed_only
+        if self.shown is not None:
+            self._draw_recent(self.shown)
+
+    def on_recent_list_chosen(self, message: RecentList.Chosen) -> None:
+        """Enter (or d) on a finished restore: its whole "why", read from its end event."""
+        if self.shown is None or isinstance(self.screen, ModalScreen):
+            return
+        self.push_screen(WhyScreen(message.outcome, self.shown.time, self.source.ending, in_thread=not self.replay))
+
     def action_cycle_kind(self) -> None:
         self.kind = model.next_kind(self.kind)
         self.events_back = 0
@@ -474,7 +532,12 @@ class TopApp(App[None]):
         if isinstance(self.screen, ModalScreen) or self.shown is None:
             return
         title = panels.events_title(self.shown, self.rank, self.kind)
-        self.push_screen(EventLogScreen(self.shown.filtered_events(self.rank, self.kind), title))
+        kinds = model.category_kinds(self.kind)
+
+        def read(before: int | None) -> model.LogPage:
+            return self.source.log_page(before, kinds, self.log_page)
+
+        self.push_screen(EventLogScreen(read, title, rank=self.rank, in_thread=not self.replay))
 
     def action_abort(self) -> None:
         if not self._can_act():

@@ -1,10 +1,12 @@
-"""`bsr top` over several engines: one row per engine, worst first, refreshed every interval; Enter opens one
+"""`bsr top` over several engines: one row per engine, worst first, refreshed every interval, with why each is
+not ok and the fleet's timeline (ranks restarted and why, engines gone and back) under it; Enter opens one
 engine's view, `?` the help.
 
-Every engine is polled concurrently in a thread worker, each bounded by its own deadline (bsr_cli.fleet), and the
-next round is armed only when the previous one was drawn, so a slow or stopped engine makes its own row say
-`down`, never the other rows stale or the screen blank. The fleet remembers each engine between rounds
-(`fleet.Memory`): a down row says since when and how the engine went away.
+Every engine is polled concurrently in a thread worker, each bounded by its own deadline and read with its own
+token (bsr_cli.fleet), and the next round is armed only when the previous one was drawn, so a slow or stopped
+engine makes its own row say `down`, never the other rows stale or the screen blank. The fleet remembers each
+engine between rounds (`fleet.Memory`): a down row says since when and how the engine went away. An engine's own
+view reads the restores its durable history holds, so it still lists them after the engine restarted.
 
 `--record FILE` writes every round (the fleet as `bsr status --json` prints it) as gzip JSON lines, and
 `bsr top --replay FILE` plays it back here; an engine opened with Enter is polled live and not recorded.
@@ -17,6 +19,7 @@ import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,16 +35,22 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
 from bsr_cli import fleet
+from bsr_cli.core import events as ev
+from bsr_cli.core.events import known_event
+from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.status import RecentRestore
 from bsr_cli.core.units import format_bytes
 from bsr_cli.errors import BsrError, InvalidInput
+from bsr_cli.runtime.failures import describe
 from bsr_cli.tui.palette import FLEET_STYLE
 from bsr_cli.tui.screens import HelpScreen
 
 FLEET_FORMAT = "bsr-fleet-recording"
 FLEET_FORMAT_VERSION = 1
 
-# "seen" before "last failure": the failure text is the one that may be cut at the right edge.
-COLUMNS = ("engine", "state", "ranks", "pool (max rank) / B", "markers", "faults", "seen", "last failure")
+# "seen" before "why": the text of what is wrong is the one that may be cut at the right edge.
+COLUMNS = ("engine", "state", "ranks", "pool (max rank) / B", "markers", "faults", "seen", "why")
+TIMELINE_LINES = 5  # the newest of the fleet's timeline, under the table
 
 
 def _cut(text: str, width: int = 60) -> str:
@@ -138,7 +147,9 @@ def row_cells(e: fleet.EngineRow, now: float) -> tuple[Text, ...]:
     pct = f" ({100 * live / budget:.0f}%)" if budget else ""
     pool = f"{format_bytes(live, compact=True)} / {format_bytes(budget, compact=True)}{pct}"
     lf = e.last_failure
-    last = Text("none", "dim") if not lf else Text(_cut(f"{lf.request}: {lf.reason}"), "red")
+    why = Text(_cut("; ".join(e.problems)), "red" if e.severity >= fleet.DEGRADED else "yellow")
+    if not e.problems:  # nothing wrong now: its last failure, if it had one
+        why = Text("none", "dim") if not lf else Text(_cut(f"last failure {lf.request}: {lf.reason}"), "dim")
     seen = Text(_clock(e.last_seen))
     if e.restarts:
         seen.append(f" · restarted ×{e.restarts}", "yellow")
@@ -154,8 +165,19 @@ def row_cells(e: fleet.EngineRow, now: float) -> tuple[Text, ...]:
         Text(str(e.markers), "magenta" if e.markers else "dim"),
         Text(str(e.faults), "bold red" if e.faults else "dim"),
         seen,
-        last,
+        why,
     )
+
+
+def timeline_text(result: fleet.FleetView, lines: int = TIMELINE_LINES) -> Text:
+    """The fleet's newest incidents, one a line (when, which engine, what happened)."""
+    out = Text(no_wrap=True, overflow="ellipsis")
+    for n, i in enumerate(result.timeline[:lines]):
+        bad = i.kind in (fleet.Happened.RANK_RESTARTED, fleet.Happened.RANK_UNRESPONSIVE, fleet.Happened.WENT_DOWN)
+        out.append(("\n" if n else "") + f"{_clock(i.time)} ", "dim")
+        out.append(f"{i.engine} ", "bold")
+        out.append(i.text, "yellow" if bad else "")
+    return out or Text("timeline: nothing happened lately", "dim")
 
 
 # -- screens ----------------------------------------------------------------------------------------------------
@@ -167,10 +189,13 @@ FLEET_HELP = """\
   [b]?[/b]                this help      [b]q[/b]  quit
 
 state: down (no answer), unhealthy (a rank down or failing), degraded (a tier unhealthy or a pool at B),
-       attention (markers, armed faults, a restore failed closed in the last 5 minutes), ok.
+       attention (markers, armed faults, a drill's failure, a rank restarted or a restore failed closed in
+       the last 5 minutes), ok.
 seen:  when the engine last answered. A down engine says since when, and how it went away:
-       stopped cleanly (it said it was stopping), went away without a clean stop (nothing listens and it
-       never said so), stopped answering (hung: no answer within the deadline), never seen up.
+       stopped cleanly (it said it was stopping, or its own record on this machine says so), went away without
+       a clean stop (nothing listens and it never said so), stopped answering (hung), never seen up.
+why:   what is wrong now (a rank's reason, a tier's), else its last failed restore.
+Under the table: the fleet's timeline, newest first (ranks restarted and why, engines gone and back).
 
 [dim]any key closes this[/dim]"""
 
@@ -191,17 +216,25 @@ class EngineScreen(Screen[None]):
 
     def __init__(self, target: fleet.Target, *, interval: float, timeout_s: float) -> None:
         super().__init__()
+        from bsr_cli.client import AdminClient
         from bsr_cli.tui.source import LiveSource
 
         self.target = target
         self.interval = interval
-        self.source = LiveSource.for_url(target.url, target.token, timeout_s=timeout_s)
-        self.source.label = target.name
+        # Read with the engine's own token, looked up again on every reconnect (a restarted engine has a new one).
+        self.source = LiveSource(
+            lambda: AdminClient(target.url, fleet.credential(target).token, timeout_s=timeout_s),
+            timeout_s=timeout_s,
+            label=target.name,
+        )
         self.view: Any = None
         self.error: BsrError | None = None
         self.polls = 0
         self._timer: Timer | None = None
         self._widgets: tuple[Widget, ...] = ()  # the header, the view and the status line, once mounted
+        # The restores the engine's history holds, read once per start of the engine (its own list starts empty).
+        self._history_of: float | None = None
+        self._durable: tuple[RecentRestore, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield Static(
@@ -227,10 +260,27 @@ class EngineScreen(Screen[None]):
         from bsr_cli.tui import model
 
         try:
-            view = model.fold(self.view, self.source.poll())
+            view = model.fold(self.view, self._with_history(self.source.poll()))
             self.post_message(EnginePolled(view, None))
         except BsrError as e:
             self.post_message(EnginePolled(self.view, e))
+
+    def _with_history(self, frame: Any) -> Any:
+        """The frame with the restores the engine's history holds beside those it lists itself (newest first): a
+        restarted engine lists none of its earlier ones, and its store still has them."""
+        snap = frame.snapshot
+        if snap.info.started_at != self._history_of:
+            try:
+                raw = self.source.events(kinds=list(RESTORE_KINDS), limit=RESTORE_EVENTS)
+            except BsrError:
+                raw = None  # shown without them; asked again at the next poll
+            if raw is not None:
+                self._durable = durable_recent([e for w in raw if (e := known_event(w)) is not None])
+                self._history_of = snap.info.started_at
+        listed = {r.request for r in snap.recent}
+        merged = (*snap.recent, *(r for r in self._durable if r.request not in listed))
+        recent = tuple(sorted(merged, key=lambda r: -r.finished)[:RECENT_SHOWN])
+        return replace(frame, snapshot=replace(snap, recent=recent))
 
     def _drawable(self) -> bool:
         """False once the screen is going: a poll's last message may arrive after some of its widgets are gone."""
@@ -258,12 +308,53 @@ class EngineScreen(Screen[None]):
         self.dismiss(None)
 
 
+# -- an engine's durable history ---------------------------------------------------------------------------------
+# What the drill-down reads of an engine's history: restores started and ended (the newest RESTORE_EVENTS).
+RESTORE_KINDS = (
+    EventKind.RESTORE_STARTED,
+    EventKind.RESTORE_COMMITTED,
+    EventKind.RESTORE_FAILED_CLOSED,
+    EventKind.RESTORE_REFUSED,
+    EventKind.RESTORE_ABORTED,
+)
+RESTORE_EVENTS = 200
+RECENT_SHOWN = 50  # as many as an engine lists itself
+
+
+def durable_recent(events: Sequence[ev.Event]) -> tuple[RecentRestore, ...]:
+    """The restores that ended among ``events``, newest first, as an engine lists its recent ones: what each
+    restored (from its ``restore_started``), how it ended and why."""
+    started = {e.request: e for e in events if isinstance(e, ev.RestoreStarted)}
+    out = []
+    for e in events:
+        if not isinstance(e, ev.RestoreCommitted | ev.RestoreFailedClosed | ev.RestoreRefused | ev.RestoreAborted):
+            continue
+        s = started.get(e.request)
+        deciding = next((f for f in e.failures if f.kind is e.failure_kind), None)
+        out.append(
+            RecentRestore(
+                request=e.request,
+                outcome=e.outcome,
+                tokens=e.advertised_tokens or (s.tokens if s is not None else 0),
+                w=s.W if s is not None else 0,
+                tiers=s.tiers if s is not None else (),
+                seconds=e.seconds,
+                finished=e.time,
+                reason=describe(deciding) if deciding is not None else "",
+                failure_kind=e.failure_kind,
+                failure_stage=deciding.stage if deciding is not None else None,
+            )
+        )
+    return tuple(sorted(out, key=lambda r: -r.finished))
+
+
 # -- the app ----------------------------------------------------------------------------------------------------
 class FleetApp(App[None]):
     TITLE = "bsr top (fleet)"
     CSS = """
     #header { height: 1; background: $boost; padding: 0 1; }
     #table { height: 1fr; }
+    #timeline { height: auto; max-height: 6; padding: 0 1; }
     #status { height: 1; background: $boost; padding: 0 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -306,11 +397,12 @@ class FleetApp(App[None]):
         table: DataTable[Text] = DataTable(id="table", cursor_type="row", zebra_stripes=True)
         table.add_columns(*COLUMNS)
         yield table
+        yield Static(id="timeline")
         yield Static(id="status")
 
     def on_mount(self) -> None:
         # Kept by reference: drawn on every round, and still checkable (`_drawable`) once the app is exiting.
-        self._widgets = tuple(self.query_one(f"#{name}") for name in ("header", "table", "status"))
+        self._widgets = tuple(self.query_one(f"#{name}") for name in ("header", "table", "timeline", "status"))
         self.query_one("#table", DataTable).focus()
         if self.replay:
             self._replay_step()
@@ -384,6 +476,7 @@ class FleetApp(App[None]):
         table.clear()
         for e in result.engines:
             table.add_row(*row_cells(e, now), key=e.url)
+        self.query_one("#timeline", Static).update(timeline_text(result))
         if selected is not None:
             urls = [e.url for e in result.engines]
             if selected in urls:

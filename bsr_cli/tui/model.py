@@ -23,6 +23,7 @@ from typing import Any
 from bsr_cli.core import events as ev
 from bsr_cli.core import status, wire
 from bsr_cli.core.evidence import EventKind, FailureKind
+from bsr_cli.core.evidence import Outcome as EvidenceOutcome
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.units import format_bytes
 
@@ -135,6 +136,12 @@ class Outcome:
     seconds: float
     finished: float
     reason: str
+    failure_kind: str = ""  # tier, rank, capacity, aborted ("" when it did not fail)
+    failure_stage: str = ""  # where the deciding failure happened (fetch, verify, install, ...), when known
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome == EvidenceOutcome.FAILED_CLOSED
 
 
 @dataclass(frozen=True)
@@ -228,6 +235,21 @@ class View:
         return d
 
 
+@dataclass(frozen=True)
+class LogPage:
+    """One page of an event log as `bsr top`'s full log reads it, newest page first: the engine's store through
+    GET /events, or what a recording holds. ``older`` is the cursor that reads the page before this one (None: this
+    page reaches the oldest event held); ``held`` and ``oldest_seq`` say how much there is (None: not said, as by an
+    engine that predates them); ``note`` says why paging stops early."""
+
+    events: tuple[Event, ...]  # oldest first
+    older: int | None
+    held: int | None
+    oldest_seq: int | None
+    last_seq: int
+    note: str = ""
+
+
 # -- folding a snapshot into a view -------------------------------------------------------------------------------
 def _int(v: Any, default: int = 0) -> int:
     try:
@@ -285,10 +307,19 @@ _CATEGORY = {
     EventKind.STORE_FAILED: "restores",
     EventKind.OUTPUT_MISMATCH: "restores",
     EventKind.OBJECT_QUARANTINED: "restores",
+    EventKind.SCRUB_STARTED: "restores",
+    EventKind.SCRUB_FINISHED: "restores",
     EventKind.SEGMENT_LOST: "restores",
 }
-# The events `bsr top` and a replay treat as a failure (the `f` key jumps to the next one).
+# The events `bsr top` and a replay treat as a failure (the `n` key jumps to the next one).
 FAILURE_KINDS = frozenset({EventKind.RESTORE_FAILED, EventKind.RESTORE_FAILED_CLOSED, EventKind.OUTPUT_MISMATCH})
+# The events that end a restore, whatever its outcome: where a restore's full "why" (its failures) is read.
+ENDING_KINDS = tuple(ev.restore_ended(o).kind for o in EvidenceOutcome if o is not EvidenceOutcome.NOTHING_TO_RESTORE)
+
+
+def category_kinds(category: str) -> tuple[EventKind, ...]:
+    """The event kinds a kind filter (restores, windows, ...) shows; () for "all" (every kind, known or not)."""
+    return tuple(k for k, c in _CATEGORY.items() if c == category)
 
 
 def event_category(kind: str) -> str:
@@ -324,7 +355,8 @@ def _legacy(raw: Mapping[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _event(raw: Mapping[str, Any]) -> Event:
+def event_of(raw: Mapping[str, Any]) -> Event:
+    """An event as the engine sent it (its wire form), as the view shows it."""
     typed = parse_wire(raw)
     kind = typed.kind.value if typed is not None else str(raw.get("type", "unknown"))
     ranks: set[int] = set()
@@ -406,11 +438,24 @@ def describe(e: ev.Event) -> str:
     if isinstance(e, ev.StoreFailed):
         return f"store failed on rank {e.rank} (tier {e.tier}): {e.error}"
     if isinstance(e, ev.ObjectQuarantined):
-        return f"rank {e.rank} quarantined chunk {e.chunk} group {e.group} of tier {e.tier}: {e.reason}"
+        what = f"chunk {e.chunk} group {e.group}" if e.chunk is not None else "an object"
+        return f"rank {e.rank} quarantined {what} of tier {e.tier}: {e.reason}"
+    if isinstance(e, ev.ScrubStarted):
+        what = f"prompt {e.prompt[:12]}" if e.prompt else f"every {e.tier} object"
+        return f"rank {e.rank} scrubbing {what} on tier {e.tier}" + (f" (after {e.request})" if e.request else "")
+    if isinstance(e, ev.ScrubFinished):
+        return (
+            f"rank {e.rank} scrub {e.scrub} {e.state.value}: {e.checked} checked, {e.damaged} damaged, "
+            f"{e.quarantined} quarantined" + (f" ({e.reason})" if e.reason else "")
+        )
     if isinstance(e, ev.SegmentLost):
         return f"STORE LOST ({e.tier}): {e.loss.line()}"
     if isinstance(e, ev.RankUnresponsive):
         return f"rank {e.rank} unresponsive: {e.reason}" + (f" (during {e.request})" if e.request else "")
+    if isinstance(e, ev.RankStarved):
+        return f"rank {e.rank} starved (the host, not the rank): {e.reason}" + (
+            f" (during {e.request})" if e.request else ""
+        )
     if isinstance(e, ev.RankRestarted):
         return f"rank {e.rank} restarted (pid {e.pid}, restart {e.restarts})" + (f": {e.reason}" if e.reason else "")
     if isinstance(e, ev.EngineStarted):
@@ -525,13 +570,13 @@ def _carry_events(
 ) -> tuple[tuple[Event, ...], int]:
     """(the events the view keeps: ``prev``'s then those after sequence ``after``, the newest EVENTS_KEPT; how many
     events no poll saw, counted from the gaps in the sequence numbers)."""
-    new_events = [_event(e) for e in raw_events if _int(e.get("seq")) > after]
+    new_events = [event_of(e) for e in raw_events if _int(e.get("seq")) > after]
     missed = prev.events_missed if prev is not None else 0
     if prev is not None and same_engine and new_events and new_events[0].seq > prev.seq + 1:
         missed += new_events[0].seq - prev.seq - 1
     if prev is not None and not same_engine:
         # Old and new request ids would interleave in the log: mark where the new engine's events begin.
-        new_events.insert(0, _restart_event(info, received_at))
+        new_events.insert(0, restart_event(info.started_at, received_at))
     return ((prev.events if prev is not None else ()) + tuple(new_events))[-EVENTS_KEPT:], missed
 
 
@@ -581,6 +626,8 @@ def _outcome(o: status.RecentRestore) -> Outcome:
         seconds=o.seconds,
         finished=o.finished,
         reason=o.reason,
+        failure_kind=o.failure_kind.value if o.failure_kind is not None else "",
+        failure_stage=o.failure_stage.value if o.failure_stage is not None else "",
     )
 
 
@@ -626,8 +673,9 @@ def _active(
     )
 
 
-def _restart_event(info: EngineInfo, at: float) -> Event:
-    since = clock(info.started_at) if info.started_at else "?"
+def restart_event(started_at: float, at: float) -> Event:
+    """The separator line the event log shows where a restarted engine's events begin (seen at ``at``)."""
+    since = clock(started_at) if started_at else "?"
     return Event(
         seq=0,
         time=at,

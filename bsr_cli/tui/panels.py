@@ -14,9 +14,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from bsr_cli.core.evidence import Outcome as RestoreOutcome
+from bsr_cli.core import events as ev
+from bsr_cli.core.evidence import FailureKind, window_label
 from bsr_cli.core.units import format_bytes
-from bsr_cli.tui.model import SPARK, RankGauge, View, clock
+from bsr_cli.tui.model import SPARK, Outcome, RankGauge, View, clock
 from bsr_cli.tui.palette import CATEGORY_STYLE, OUTCOME_STYLE, STATE_STYLE, tier_look
 
 # -- formatting ---------------------------------------------------------------------------------------------------
@@ -104,17 +105,33 @@ class Spark:
 
 
 # -- panels (shared by the app and render_text) -------------------------------------------------------------------
-def header(view: View) -> Text:
+def header(view: View, width: int | None = None) -> Text:
+    """The engine's key facts. Given a ``width``, they wrap fact by fact onto as many lines as they need (a fact
+    is never cut, unless one alone is wider than the line), and under 100 columns the "bsr top" label gives way."""
     i = view.info
-    t = Text(no_wrap=True, overflow="ellipsis")
-    t.append("bsr top ", "bold")
+    facts: list[tuple[str, Text]] = []  # (what goes before it on its line, the fact)
+    if width is None or width >= 100:
+        facts.append(("", Text("bsr top", "bold")))
     if view.faults:  # first, so no terminal is too narrow to show it
-        t.append(f" ⚠ {len(view.faults)} INJECTED FAULT{'S' if len(view.faults) > 1 else ''} ", "bold reverse red")
-        t.append(" ")
-    t.append(f" {i.name} {i.version} · {i.model} · {i.ranks} ranks · W={i.w} · faults ")
-    t.append("on" if i.faults_enabled else "off", "yellow" if i.faults_enabled else "dim")
-    t.append(f" · tiers {','.join(i.tiers) or '—'}")
-    return t
+        n = len(view.faults)
+        facts.append((" ", Text(f" ⚠ {n} INJECTED FAULT{'S' if n > 1 else ''} ", "bold reverse red")))
+    faults = Text("faults ")
+    faults.append("on" if i.faults_enabled else "off", "yellow" if i.faults_enabled else "dim")
+    engine = [Text(f"{i.name} {i.version}"), Text(i.model), Text(f"{i.ranks} ranks"), Text(f"W={i.w}"), faults]
+    engine.append(Text(f"tiers {','.join(i.tiers) or '—'}"))
+    facts += [("  " if n == 0 else " · ", fact) for n, fact in enumerate(engine)]
+    out = Text(no_wrap=True, overflow="ellipsis")
+    used = 0  # cells on the current line
+    for sep, fact in facts:
+        if not used:
+            sep = ""
+        elif width is not None and used + len(sep) + fact.cell_len > width:
+            out.append("\n")
+            used, sep = 0, ""
+        out.append(sep)
+        out.append_text(fact)
+        used += len(sep) + fact.cell_len
+    return out
 
 
 def gauges_title(view: View) -> str:
@@ -200,15 +217,59 @@ def active(view: View, width: int | None = None) -> RenderableType:
     return t
 
 
-def recent_title(view: View, compact: bool = False) -> str:
-    failed = sum(1 for o in view.recent if o.outcome == RestoreOutcome.FAILED_CLOSED)
+def recent_title(view: View, compact: bool = False, failed_only: bool = False) -> str:
+    failed = sum(1 for o in view.recent if o.failed)
+    if failed_only:
+        return f"Recent · failed only ({failed} of {len(view.recent)})"
     if compact:
         return f"Recent ({len(view.recent)}, {failed} failed)"
     return f"Recent outcomes ({len(view.recent)}, {failed} failed closed)"
 
 
+def recent_keys(failed_only: bool = False, compact: bool = False) -> str:
+    """The Recent pane's keys, written on its bottom border: Enter opens a restore's whole "why"."""
+    show = "o all" if failed_only else ("o failed" if compact else "o failed only")
+    return f"⏎ why · {show}"
+
+
+def recent_shown(view: View, failed_only: bool = False) -> tuple[Outcome, ...]:
+    """The recent outcomes the pane lists, newest first (only those that failed closed, when asked)."""
+    return tuple(o for o in view.recent if o.failed) if failed_only else view.recent
+
+
+def recent_head(view: View) -> Text:
+    """The column names above `recent_row`'s full rows."""
+    w = _request_width(view)
+    return Text(f"{'request':<{w}} {'outcome':<13} {'tok':>8} {'secs':>6} {'ago':>4} why", "bold")
+
+
+def recent_row(view: View, o: Outcome, compact: bool = False) -> Text:
+    """One finished restore in the Recent pane: one line under the column names, or (compact, a narrow pane) two,
+    the second its reason, so the "why" keeps a whole line. A line wider than the pane ends in "…" there; Enter
+    shows it whole."""
+    outcome = Text(o.outcome.replace("_", " "), OUTCOME_STYLE.get(o.outcome, ""))
+    ago_ = ago(view.time - o.finished)
+    row = Text()
+    if compact:
+        row.append(f"{o.request} ")
+        row.append_text(outcome)
+        row.append(f" {ago_} ago")
+        if o.reason:
+            row.append(f"\n  {o.reason}")
+        return row
+    row.append(f"{o.request:<{_request_width(view)}} ")
+    outcome.pad_right(13 - outcome.cell_len)
+    row.append_text(outcome)
+    row.append(f" {o.tokens:>8,} {o.seconds:>6.2f} {ago_:>4} {o.reason}")
+    return row
+
+
+def _request_width(view: View) -> int:
+    return max((len(o.request) for o in view.recent), default=7)
+
+
 def recent(view: View, limit: int = 8, compact: bool = False) -> RenderableType:
-    """Finished restores, newest first. Compact (a narrow panel): two lines each, so the "why" keeps a whole line."""
+    """Finished restores, newest first, as a table (`render_text`); the app lists them with `recent_row`."""
     if not view.recent:
         return Text("no restore finished yet", "dim")
     if compact:
@@ -323,6 +384,54 @@ def events(
         who = ",".join(str(r) for r in e.ranks) if e.ranks else "·"
         cells: list[RenderableType] = [] if compact else [clock(e.time)]
         t.add_row(*cells, who, Text(e.text, CATEGORY_STYLE.get(e.category, "")))
+    return t
+
+
+def why(o: Outcome, now: float, ending: ev.RestoreEnded | None, lookup: str = "") -> RenderableType:
+    """One finished restore's whole "why", nothing cut: how it ended, the deciding failure's kind and stage, the
+    reason in full, then each failure its end event lists (rank, window, kind, stage, tier, reason). ``lookup``
+    says why the failures are not (yet) shown."""
+    grid = Table.grid(padding=(0, 1), expand=True)
+    grid.add_column(width=9, no_wrap=True, style="bold")
+    grid.add_column(ratio=1, overflow="fold")
+    outcome = Text(o.outcome.replace("_", " ").upper(), OUTCOME_STYLE.get(o.outcome, ""))
+    if ending is not None:
+        outcome.append(f" · {ending.committed_tokens:,} of {ending.advertised_tokens:,} tok committed", "")
+    grid.add_row("request", Text(o.request))
+    grid.add_row("outcome", outcome)
+    if o.failure_kind:
+        blame = Text(o.failure_kind)
+        if o.failure_stage:
+            blame.append(f" · at {o.failure_stage}")
+        grid.add_row("failure", blame)
+    grid.add_row("why", Text(o.reason or "no reason given (it did not fail)", "" if o.reason else "dim"))
+    tiers = ",".join(o.tiers) or "—"
+    grid.add_row("restore", Text(f"W={o.w} · tiers {tiers} · {o.tokens:,} tok · {o.seconds:.2f} s"))
+    grid.add_row("ended", Text(f"{clock(o.finished)} ({ago(now - o.finished)} ago)"))
+    failures = ending.failures if ending is not None else ()
+    for n, f in enumerate(failures, start=1):
+        grid.add_row("", Text(""))
+        grid.add_row(f"failure {n}" if len(failures) > 1 else "failure", _failure(f))
+    if lookup:
+        grid.add_row("", Text(lookup, "italic dim"))
+    grid.add_row("", Text(""))
+    grid.add_row("next", Text(f"bsr explain {o.request}  (its windows per rank: bsr describe {o.request})", "dim"))
+    return grid
+
+
+def _failure(f: ev.Failure) -> Text:
+    """One failure of a restore, every field it names: who is blamed, where, and the reason whole."""
+    t = Text()
+    faulty = f.kind in (FailureKind.TIER, FailureKind.RANK)  # a fault, not the operator's or capacity's refusal
+    t.append(f"kind {f.kind.value}", "bold red" if faulty else "bold")
+    if f.stage is not None:
+        t.append(f" · stage {f.stage.value}")
+    if f.tier:
+        t.append(f" · tier {f.tier}")
+    t.append(f" · rank {f.rank}" if f.rank is not None else " · before any rank answered")
+    if f.window is not None:
+        t.append(f" · window {window_label(f.window)}")
+    t.append(f"\n{f.reason or 'no reason given'}")
     return t
 
 

@@ -18,12 +18,15 @@ import io
 import json
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from bsr_cli.client.admin import AdminClient, resolve_engine
+from bsr_cli.core import events as ev
 from bsr_cli.core import wire
+from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.results import AbortAnswer
 from bsr_cli.errors import BsrError, EngineError, InvalidInput
@@ -31,9 +34,22 @@ from bsr_cli.incident_bundle import RECORDING, RecordingHeader, read_member
 from bsr_cli.incident_bundle import RECORDING_FORMAT as FORMAT
 from bsr_cli.incident_bundle import RECORDING_FORMAT_VERSION as FORMAT_VERSION
 from bsr_cli.settings import Settings
-from bsr_cli.tui.model import FAILURE_KINDS, Frame, View, fold
+from bsr_cli.tui.model import (
+    ENDING_KINDS,
+    FAILURE_KINDS,
+    Event,
+    Frame,
+    LogPage,
+    View,
+    event_of,
+    fold,
+    parse_wire,
+    restart_event,
+)
 
 CHECKPOINT_EVERY = 32  # replay keeps every 32nd view so a seek folds at most 31 frames
+LOG_PAGE = 500  # events per page of the full event log (GET /events answers up to 10,000)
+NO_PAGING = "this engine cannot page back (it predates GET /events?before=): upgrade it to read older events"
 
 
 @dataclass(frozen=True)
@@ -118,6 +134,12 @@ class LiveSource:
             self._drop()
             raise
 
+    def events(self, *, kinds: Sequence[str], limit: int) -> list[dict[str, Any]]:
+        """The newest ``limit`` events of ``kinds`` the engine holds (its durable history where it keeps one), oldest
+        first, as it sent them."""
+        with self._connect() as c:  # its own connection, as an operator's action: a poll never queues behind it
+            return c.events(kinds=kinds, limit=limit, newest=True).events
+
     def inject_fault(self, fault: FaultRequest) -> FaultSpec:
         with self._connect() as c:  # its own connection: an operator's action never queues behind a poll
             return c.inject_fault(fault)
@@ -130,6 +152,27 @@ class LiveSource:
         """Ask the engine to abort a restore (it fails closed); ``aborting`` is False when it is no longer running."""
         with self._connect() as c:
             return c.abort(request)
+
+    def log_page(self, before: int | None, kinds: Sequence[EventKind] = (), limit: int = LOG_PAGE) -> LogPage:
+        """One page of the engine's event log, newest first: the last ``limit`` events (of ``kinds``) before the
+        cursor ``before`` (None: the newest), read from its durable store through GET /events."""
+        with self._connect() as c:  # its own connection: paging never queues behind a poll
+            got = c.events(newest=True, limit=limit, before=before, kinds=list(kinds) or None)
+        raw = [e for e in got.events if e]
+        if before is not None and any(_seq(e) >= before for e in raw):
+            # An engine that predates ?before= answers its newest page again: stop rather than loop over it.
+            return LogPage((), None, got.held, got.oldest_seq, got.last_seq, note=NO_PAGING)
+        events = tuple(event_of(e) for e in raw)
+        oldest = events[0].seq if events else None
+        more = len(raw) >= limit and oldest is not None and oldest > (got.oldest_seq or 0)
+        return LogPage(events, oldest if more else None, got.held, got.oldest_seq, got.last_seq)
+
+    def ending(self, request: str) -> ev.RestoreEnded | None:
+        """How ``request`` ended, as its end event says (every failure: rank, window, kind, stage, tier, reason);
+        None when the engine no longer holds it."""
+        with self._connect() as c:
+            got = c.events(request=request, kinds=list(ENDING_KINDS), newest=True, limit=1)
+        return _ending(got.events, request)
 
     def _drop(self) -> None:
         self._last_seq = None
@@ -371,8 +414,65 @@ class ReplaySource:
         self.paused = not self.paused
         return self.paused
 
+    def recorded_events(self) -> list[Mapping[str, Any] | Event]:
+        """Every event the recording holds up to the frame shown, oldest first, as recorded (a restarted engine's
+        events start after a separator line, as in the view)."""
+        out: list[Mapping[str, Any] | Event] = []
+        seen: tuple[float, int] | None = None  # (engine started_at, seq) of the previous frame
+        for item in self.items[: self.position + 1]:
+            if not isinstance(item, Frame):
+                continue
+            snap = item.snapshot
+            same = seen is not None and seen[0] == snap.info.started_at and snap.seq >= seen[1]
+            if seen is not None and not same:
+                out.append(restart_event(snap.info.started_at, item.received_at))
+            after = seen[1] if same and seen is not None else 0
+            out.extend(e for e in snap.events if _seq(e) > after)
+            seen = (snap.info.started_at, snap.seq)
+        return out
+
+    def log_page(self, before: int | None, kinds: Sequence[EventKind] = (), limit: int = LOG_PAGE) -> LogPage:
+        """One page of what the recording holds, newest first: the last ``limit`` events (of ``kinds``) before
+        the cursor ``before``, an index into them (None: the newest)."""
+        held = self.recorded_events()
+        wanted = {k.value for k in kinds}
+        matching = [e for e in held if not wanted or _type(e) in wanted]
+        end = len(matching) if before is None else max(0, min(before, len(matching)))
+        start = max(0, end - limit)
+        page = tuple(e if isinstance(e, Event) else event_of(e) for e in matching[start:end])
+        recorded = [_seq(e) for e in held if not isinstance(e, Event)]  # the separator lines are not events
+        return LogPage(page, start or None, len(recorded), recorded[0] if recorded else None, max(recorded, default=0))
+
+    def ending(self, request: str) -> ev.RestoreEnded | None:
+        """How ``request`` ended, as the recording's end event says; None when the recording does not hold it."""
+        ends = {k.value for k in ENDING_KINDS}
+        raw = [e for e in self.recorded_events() if not isinstance(e, Event) and _type(e) in ends]
+        return _ending(raw, request)
+
     def close(self) -> None:
         """Nothing to release: the recording was read whole."""
+
+
+def _seq(raw: Mapping[str, Any] | Event) -> int:
+    if isinstance(raw, Event):
+        return raw.seq
+    try:
+        return int(raw.get("seq", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _type(raw: Mapping[str, Any] | Event) -> str:
+    return raw.type if isinstance(raw, Event) else str(raw.get("type", ""))
+
+
+def _ending(raw: Sequence[Mapping[str, Any]], request: str) -> ev.RestoreEnded | None:
+    """The newest end event of ``request`` among ``raw`` (wire forms), typed."""
+    for e in reversed(raw):
+        typed = parse_wire(e)
+        if isinstance(typed, ev.RestoreEnded) and typed.request == request:
+            return typed
+    return None
 
 
 def _failures(view: View | None) -> set[tuple[float, int]]:

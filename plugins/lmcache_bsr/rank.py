@@ -58,6 +58,8 @@ from bsr_cli.api.ranks import (
     RestoreJob,
     RestoreRequest,
     RestoreResult,
+    ScrubRequest,
+    ScrubResult,
     SetBudgetRequest,
     SetBudgetResult,
     SetFsConcurrencyRequest,
@@ -468,6 +470,13 @@ class LMCacheRank:
     def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult:
         raise UnsupportedOp(req.op, "removing objects is not supported over LMCache from bsr; use LMCache's own tools")
 
+    def scrub(self, req: ScrubRequest) -> ScrubResult:
+        raise UnsupportedOp(
+            req.op,
+            "scrubbing is not served over LMCache: its backends cannot read an object back and check it for bsr",
+            hint="a load from LMCache's Mooncake tier is verified as it arrives (bsr_checksums)",
+        )
+
     # -- destination-KV ops: served by the KVOps over this rank's KV ------------------------------------------------
     def prefill(self, req: PrefillRequest) -> PrefillResult:
         return self.kv_ops.prefill(req)
@@ -547,8 +556,8 @@ class _RestoreRun:
             pool_stats=self.rank.pool_stats,
             prepare=self._prepare,
             cleanup=self._cleanup,
+            fired=lambda: self.armed.fired if self.armed is not None else [],
         )
-        out.fired_faults = self.armed.fired if self.armed is not None else []
         out.stages = self.clock.costs()
         return out
 

@@ -252,6 +252,9 @@ def load_report(
         # LMCache's retrieve does not say which backend came back short; with one tier it can only be that one.
         tier = None if install else (tiers[0] if len(tiers) == 1 else "lmcache")
         failure: dict[str, Any] = {"rank": 0, "window": result.failed_window}
+        if result.failed_window is not None and 0 <= result.failed_window < len(wins):
+            s, e = wins[result.failed_window]
+            failure["chunks"] = [s // chunk_size, e // chunk_size]  # the failed window's [start, end)
         if integrity is not None and not install:
             # The bytes arrived but were wrong (or unprovable): the verifying tier's, at the verify stage.
             stage, tier = Stage.VERIFY, str(integrity["tier"])
@@ -286,9 +289,10 @@ def load_report(
 
 
 def load_events(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The events of one load, as bsr's embedded engine writes them for a restore (so `bsr explain` and
-    `bsr events` read a worker's loads as they read its restores): started, each window released, then committed
-    or failed closed. Windows: 0-based ``window`` fields."""
+    """The events of one load, as bsr's embedded engine writes them for a restore (so `bsr explain`, `describe` and
+    `bsr events` read a worker's loads as they read its restores): started, each window released, the failure (the
+    window, its chunks, the tier and stage, why), then committed or failed closed. Windows: 0-based ``window``
+    fields."""
     req = report["request"]
     spans = report["window_spans"]
     ok = report["outcome"] == Outcome.COMMITTED
@@ -316,6 +320,8 @@ def load_events(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "bytes": (e - s) // report["chunk_size"] * report["bytes_per_chunk"],
             }
         )
+    # Each failure also as the rank's own event, as the embedded engine's ranks write it (`bsr describe` reads it).
+    out += [{"type": EventKind.RESTORE_FAILED.value, "request": req} | f for f in report["failures"]]
     end = {
         "type": (EventKind.RESTORE_COMMITTED if ok else EventKind.RESTORE_FAILED_CLOSED).value,
         "request": req,

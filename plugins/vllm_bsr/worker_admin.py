@@ -54,7 +54,7 @@ from bsr_cli.api.ranks import (
 )
 from bsr_cli.core import accounting
 from bsr_cli.core.bitmap import HitBitmap, encode_row
-from bsr_cli.core.events import parse_event
+from bsr_cli.core.events import MarkerSet, parse_event
 from bsr_cli.core.evidence import Outcome
 from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
@@ -276,14 +276,19 @@ class WorkerCoordinator(LMCacheCoordinator):
             m = dict(m) | {"excluded_tiers": list(self.settings.tiers)}
             load = loads.get(str(m.get("request")))
             if load is not None and load.get("failures"):
-                f = load["failures"][0]
-                m["reason"] = (
-                    f"load of {load['advertised_tokens']:,} tokens failed at window G{int(f['window']) + 1} on "
-                    f"tp-rank {self.tp_rank} ({f['reason']}); vLLM recomputed them"
-                )
-                m["failed_window"] = f["window"]
+                m["reason"] = self._marker_reason(load)
+                m["failed_window"] = load["failures"][0]["window"]
             out.append(MarkerView.from_wire(m))
         return out
+
+    def _marker_reason(self, load: dict[str, Any]) -> str:
+        """Why a failed load left its prefix a force-local marker, as `markers list` and the events say it."""
+        f = load["failures"][0]
+        window = f"window G{int(f['window']) + 1}" if f.get("window") is not None else "its first window"
+        return (
+            f"load of {load['advertised_tokens']:,} tokens failed at {window} on tp-rank {self.tp_rank} "
+            f"({f['reason']}); vLLM recomputed them"
+        )
 
     def clear_markers(self, *a: Any, **kw: Any) -> int:
         raise BadRequest(
@@ -331,6 +336,17 @@ class WorkerCoordinator(LMCacheCoordinator):
         """One load as the connector saw it: its events (bsr's restore vocabulary) and a recent-restores entry."""
         for ev in load_events(report):
             self.events.append(parse_event(ev | {"tp_rank": self.tp_rank}))
+        if report.get("failures"):
+            # The connector reports the failed blocks; vLLM's scheduler then marks the load's prefix force-local,
+            # under the prefix's prompt hash: the id this load's events carry (``prompt``), and `markers list` shows.
+            self.events.append(
+                MarkerSet(
+                    prompt=report["prompt"],
+                    request=report["request"],
+                    excluded_tiers=tuple(self.settings.tiers),
+                    reason=self._marker_reason(report),
+                )
+            )
         # The worker's own entry (its keys, in its order): read back, it is written as it is built here.
         entry = {
             "request": report["request"],

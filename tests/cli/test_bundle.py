@@ -1,6 +1,6 @@
 """`bsr bundle` against the real embedded engine after an incident (a restore failed closed under an injected
 fault): every part is in the archive, secrets and token ids are not, the size cap holds, and the archive reads
-back with `bsr describe --record` and `bsr top --replay`'s source."""
+back with `bsr describe --record` and `bsr top --replay`'s source (its event log paging through every event)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bsr_cli.core.evidence import Outcome
 from bsr_cli.incident_bundle import RECORDING, redact_text, redact_tokens
 from bsr_cli.tui.source import ReplaySource
 
@@ -90,6 +91,20 @@ def test_bundle_after_an_incident(bsr: Any, engine: Any, tmp_path: Path) -> None
     replay = ReplaySource.load(out)
     frame = replay.frame(0)
     assert frame.view is not None and len(frame.view.gauges) == 2
+    # `bsr top --replay`'s event log pages through every event the bundle holds, newest page first, and finds the
+    # failed restore's end event (its whole "why").
+    replay.position = len(replay) - 1
+    paged: list[int] = []
+    before = None
+    for _ in range(len(events)):  # at most one page per event: a cursor that does not move ends the loop anyway
+        page = replay.log_page(before, limit=100)
+        paged = [e.seq for e in page.events if e.seq] + paged  # (seq 0: a restart's separator line)
+        if page.older is None:
+            break
+        before = page.older
+    assert paged == sorted(int(e["seq"]) for e in events) and page.held == len(events)
+    ending = replay.ending(req)
+    assert ending is not None and ending.outcome is Outcome.FAILED_CLOSED and ending.failures[0].rank == 0
 
 
 def test_bundle_size_cap_cuts_logs_then_events(bsr: Any, engine: Any, tmp_path: Path) -> None:

@@ -200,6 +200,7 @@ RUN_CHEAPLY: dict[tuple[str, ...], tuple[str, ...]] = {
     ("submit",): ("--synthetic", "4096"),
     ("restore",): ("--synthetic", "4096"),
     ("explain",): ("--synthetic", "4096"),
+    ("scrub",): ("--tier", "fs", "--synthetic", "4096"),
     ("inject-fault",): ("--rank", "0", "--kind", "remote-unavailable"),
     ("faults", "inject"): ("--rank", "0", "--kind", "remote-unavailable"),
     ("drill",): ("--yes",),

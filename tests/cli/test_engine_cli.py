@@ -40,6 +40,8 @@ def test_up_rejects_a_budget_below_one_window(bsr, tmp_path: Path, monkeypatch) 
         (["--kv-wait", "-1"], "--kv-wait must be a number of seconds in [0, 3600]"),
         (["--kv-wait", "nan"], "--kv-wait must be a number of seconds in [0, 3600]"),
         (["--kv-wait", "3601"], "--kv-wait must be a number of seconds in [0, 3600]"),
+        (["--overload-ceiling", "0.5"], "--overload-ceiling must be a number of seconds in [1, 3600]"),
+        (["--overload-ceiling", "nan"], "--overload-ceiling must be a number of seconds in [1, 3600]"),
         (["--store-client-ttl", "0"], "--store-client-ttl must be whole seconds in [1, 86400], got 0"),
         (["--store-client-ttl", "1.5s"], "--store-client-ttl must be whole seconds in [1, 86400]"),
         (["--store-client-ttl", "2d"], "--store-client-ttl must be whole seconds in [1, 86400], got 172800"),
@@ -95,18 +97,21 @@ def test_up_with_other_options_refuses_then_restarts(bsr, tmp_path: Path, monkey
 
 @pytest.mark.engine
 @pytest.mark.timeout(240)
-def test_kv_wait_reaches_the_running_engine(bsr, tmp_path: Path, monkeypatch) -> None:
-    """`--kv-wait` is the engine's kv_wait_s: the running engine reports it, and another value is another engine."""
+def test_kv_wait_and_the_overload_ceiling_reach_the_running_engine(bsr, tmp_path: Path, monkeypatch) -> None:
+    """`--kv-wait` is the engine's kv_wait_s and `--overload-ceiling` its overload_ceiling_s: the running engine
+    reports them, and another value is another engine."""
     pytest.importorskip("torch")
     monkeypatch.setenv("BSR_STATE_DIR", str(tmp_path))
-    base = ["engine", "up", "--no-remote", "--max-tokens", "2048", "--W", "2"]
+    base = ["engine", "up", "--no-remote", "--max-tokens", "2048", "--W", "2", "--overload-ceiling", "15"]
     try:
         up = bsr(*base, "--kv-wait", "7.5", "--json")
         assert up.code == 0, up.err
-        assert up.json()["settings"]["kv_wait_s"] == 7.5
+        assert up.json()["settings"]["kv_wait_s"] == 7.5 and up.json()["settings"]["overload_ceiling_s"] == 15
         status = bsr("status", "--json")
         assert status.code == 0, status.err
         assert status.json()["admission"]["kv_wait_s"] == 7.5
+        shown = bsr("settings", "show", "--json")
+        assert shown.code == 0 and shown.json()["settings"]["overload_ceiling_s"] == 15, shown.out
         other = bsr(*base, "--json")  # the default, 60 s, differs from the running engine's
         assert other.code == ExitCode.INVALID_INPUT and "kv_wait_s 7.5 → 60.0" in other.err, other.err
     finally:

@@ -91,3 +91,17 @@ def test_no_engine_there_is_one_line_and_exit_3(bsr, monkeypatch: pytest.MonkeyP
     r = bsr("--engine", f"http://127.0.0.1:{free_port()}", "engine", "endpoints")
     assert r.code == ExitCode.ENGINE_UNREACHABLE and "cannot reach the engine" in r.err, r.err
     assert "Traceback" not in r.err
+
+
+@pytest.mark.timeout(30)
+def test_a_fault_armed_through_a_vllm_worker_is_that_rank_s_alone() -> None:
+    """`bsr inject-fault` says where the fault is armed: a vLLM worker's admin API arms its own TP rank only (inside
+    vLLM, tests/vllm/test_runbook.py sees only rank 0's load fail at TP 2); bsr's engine arms every rank or one."""
+    from bsr_cli.cli.commands.operate import _fault_scope
+    from bsr_cli.core.faults import FaultSpec
+
+    worker = EngineInfo.from_wire({**WORKER_INFO, "worker": {"tp_rank": 1, "window_chunks": 2}})
+    assert _fault_scope(worker, FaultSpec(kind="restore-fault")) == "tp-rank 1 (this worker only)"
+    engine = EngineInfo.from_wire({"engine": "bsr"})
+    assert _fault_scope(engine, FaultSpec(kind="restore-fault")) == "every rank"
+    assert _fault_scope(engine, FaultSpec(kind="restore-fault", rank=1)) == "rank 1"

@@ -2,8 +2,8 @@
 scanned for what an operator must never read: `None`, a lone `?`, a Python list or dict repr.
 
 Scenarios: an injected fault in rank 1's install (a rank verdict: no tier marked, the prompt recomputed locally), a
-failed fetch from Mooncake (a Mooncake verdict: its marker), a refused `--W 999` (refused, exit 12) and an operator
-abort (aborted); neither of the last two counts as failed_closed."""
+failed fetch from Mooncake (a Mooncake verdict: its marker), a refused `--W 8` (the shared engine's budget B is
+RWS(4): refused, exit 12) and an operator abort (aborted); neither of the last two counts as failed_closed."""
 
 from __future__ import annotations
 
@@ -134,13 +134,13 @@ def test_a_refused_window_and_an_abort_are_not_failed_closed(bsr: Any, engine: A
     assert bsr("submit", *prompt).code == 0
     with engine.client() as c:
         before = c.metrics()
-    refused = bsr("restore", *prompt, "--W", "999", "--json")
+    refused = bsr("restore", *prompt, "--W", "8", "--json")
     assert refused.code == 12, refused.err
     assert refused.json()["outcome"] == "refused" and refused.json()["failure_kind"] == "capacity"
-    _clean("`bsr restore --W 999`", refused.err)
-    text = bsr("restore", *prompt, "--W", "999")
+    _clean("`bsr restore --W 8`", refused.err)
+    text = bsr("restore", *prompt, "--W", "8")
     assert text.code == 12 and "refused" in text.out + text.err
-    _clean("`bsr restore --W 999` (text)", text.out + text.err)
+    _clean("`bsr restore --W 8` (text)", text.out + text.err)
 
     # An operator abort of a restore held up by an injected stall in window 1.
     assert bsr("inject-fault", "--rank", "0", "--kind", "timeout", "--window", "1").code == 0
@@ -172,5 +172,5 @@ def test_a_refused_window_and_an_abort_are_not_failed_closed(bsr: Any, engine: A
         after = c.metrics()
     assert _failed_closed(after) == _failed_closed(before)
     rose = {k: v - _restores_total(before).get(k, 0.0) for k, v in _restores_total(after).items()}
-    assert rose['kind="capacity",outcome="refused",stage="admission"'] == 2
+    assert rose['injected="false",kind="capacity",outcome="refused",stage="admission"'] == 2
     assert sum(v for k, v in rose.items() if 'outcome="aborted"' in k) == 1

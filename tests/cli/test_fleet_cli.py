@@ -37,6 +37,49 @@ def test_engines_from_a_file_of_urls_and_profiles(bsr: Any, tmp_path: Path) -> N
     assert empty.code == 2 and empty.json()["error"] == "invalid-input" and "no engine found" in empty.json()["message"]
 
 
+def test_an_engines_file_names_each_engines_token_file(bsr: Any, tmp_path: Path) -> None:
+    """`URL token_file=PATH` (relative to the file) is that engine's token, read at each poll; --token is only for
+    an engine with none of its own; a token file that cannot be read is that engine's row, exit 2."""
+    from bsr_cli.settings import SettingFlags, load_settings
+
+    (tmp_path / "a.token").write_text("token-of-a\n")
+    listing = tmp_path / "engines.txt"
+    listing.write_text(f"{NOWHERE} token_file=a.token   # engine a\nhttp://127.0.0.1:10\n")
+    found = fleet.discover(str(listing), settings=load_settings(SettingFlags(token="one-for-all")))
+    assert [(t.url, t.token_file, t.fallback) for t in found] == [
+        (NOWHERE, tmp_path / "a.token", "one-for-all"),
+        ("http://127.0.0.1:10", None, "one-for-all"),
+    ]
+    assert [fleet.credential(t).token for t in found] == ["token-of-a", "one-for-all"]
+    for line, says in (
+        (f"{NOWHERE} token=abc", "'token=abc' after http://127.0.0.1:9: not an option"),
+        (f"{NOWHERE} token_file=", "token_file= after http://127.0.0.1:9 names no file"),
+    ):
+        listing.write_text(f"# engines\n{line}\n")
+        r = bsr("status", "--engines-from", str(listing))
+        assert r.code == 2 and f"{listing}:2: {says}" in r.err and "bsr: hint:" in r.err, r.err
+    listing.write_text(f"{NOWHERE} token_file=missing.token\n")
+    r = bsr("status", "--engines-from", str(listing), "--json")
+    (row,) = r.json()["engines"]
+    assert r.code == 2 and row["error"] == "invalid-input" and "missing.token" in row["problems"][0], r.out
+
+
+def test_a_profile_names_its_token_file_relative_to_the_config_file(bsr: Any, tmp_path: Path) -> None:
+    from bsr_cli.settings import SettingFlags, load_settings
+
+    (tmp_path / "p.token").write_text("token-of-p\n")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        f'[profiles.p]\nurl = "{NOWHERE}"\ntoken_file = "p.token"\n[profiles.q]\nurl = "http://127.0.0.1:10"\n'
+    )
+    settings = load_settings(SettingFlags(config=cfg, engine="p,q", token="one-for-all"))
+    found = fleet.targets(settings)
+    assert found is not None and [fleet.credential(t).token for t in found] == ["token-of-p", "one-for-all"]
+    cfg.write_text(f'[profiles.p]\nurl = "{NOWHERE}"\ntoken = "x"\ntoken_file = "p.token"\n')
+    r = bsr("status", "--config", str(cfg), "--engine", "p")
+    assert r.code == 2 and "token_file must be a path, and given instead of token" in r.err and "hint" in r.err
+
+
 def test_one_engine_from_a_file_is_still_a_fleet(bsr: Any, tmp_path: Path) -> None:
     listing = tmp_path / "engines.txt"
     listing.write_text(f"{NOWHERE}\n")
@@ -141,6 +184,39 @@ def test_memory_tells_a_clean_stop_from_a_crash_and_a_hang(tmp_path: Path) -> No
         fleet.Target("b", "b", None), fleet.EngineAnswer.of(Snapshot.from_wire(snap)), None, 0.0, at=0.0
     )
     assert row.previous_stop == "clean" and at([row])[0].restarts == 2
+
+
+def _store(state: Path, *stops: str) -> None:
+    """A real durable event store in ``state`` whose run started and then, for each of ``stops``, recorded it."""
+    from bsr_cli.core.events import EngineStarted, EngineStopped
+    from bsr_cli.runtime.event_store import FILE_NAME, EventStore
+    from bsr_cli.runtime.events import EventLog
+
+    log = EventLog(store=EventStore(state / FILE_NAME))
+    log.append(EngineStarted(pid=1))
+    for reason in stops:
+        log.append(EngineStopped(reason=reason))
+    log.close()
+
+
+def test_an_engine_on_this_machine_that_recorded_its_stop_went_cleanly(tmp_path: Path) -> None:
+    """A fleet that polled too seldom to see the stop announced still tells a clean `bsr engine down` from a kill:
+    an engine on this machine left its own record (its event store ends with engine_stopped). One that answers but
+    refuses the token has not gone anywhere."""
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    _store(clean, "shutdown")
+    _store(killed)  # started, never said it stopped
+    mem = fleet.Memory()
+    ups = [dataclasses.replace(_up(u), state_dir=str(d), polled_at=1.0) for u, d in (("c", clean), ("k", killed))]
+    mem.observe(ups)
+    refused = EngineUnreachable("refused")
+    rows = mem.observe([dataclasses.replace(_down(u, refused), polled_at=2.0) for u in ("c", "k")])
+    assert [(r.url, r.departure, r.clean_stop) for r in rows] == [("c", "clean", True), ("k", "crash", False)]
+    assert [i.text for i in mem.incidents_of("c")] == ["stopped cleanly"]
+    # An engine that answers 401 is there: no departure, nothing in the timeline.
+    mem.observe([dataclasses.replace(_up("u"), polled_at=1.0)])
+    (row,) = mem.observe([dataclasses.replace(_down("u", Unauthorized("HTTP 401")), polled_at=2.0)])
+    assert row.down and row.departure is None and row.down_since is None and mem.incidents_of("u") == ()
 
 
 def test_drill_refuses_without_confirmation_when_not_on_a_terminal(bsr: Any) -> None:

@@ -358,3 +358,24 @@ def test_window_size_old_spellings_still_work(bsr) -> None:
     for cmd in (["restore"], ["bench", "sweep"], ["settings", "set"], ["rws"]):
         shown = bsr(*cmd, "--help").out
         assert "--W" in shown and "--window-size" not in shown, cmd
+
+
+def test_status_shows_a_starved_rank_as_the_hosts_and_a_stopped_one_as_unhealthy() -> None:
+    """`bsr status` of an engine whose rank 0 the host starves and whose rank 1 is stopped: rank 0 is up and starved,
+    naming the host; rank 1 (the control) is unhealthy."""
+    from rich.console import Console
+
+    from bsr_cli.cli.render.ops import status
+    from bsr_cli.core.status import EngineStatus, Health, Snapshot
+
+    starved = {"rank": 0, "alive": True, "healthy": True, "state": "starved", "reason": "threads waited 9.0 s to run"}
+    stopped = {"rank": 1, "alive": True, "healthy": False, "state": "stopped", "reason": "its process is stopped"}
+    info = {"engine": "e", "version": "v", "api": "v1", "W": 4, "registration": {"identity": "r", "groups": ["full"]}}
+    snap = Snapshot.from_wire({"time": 1.0, "info": info, "ranks": [starved, stopped], "tiers": {}})
+    health = Health.from_wire({"ranks": [starved, stopped], "tiers": {}})
+    assert health.starved_ranks == [0] and health.unhealthy_ranks == [1]
+    console = Console(record=True, width=160)
+    status(console, EngineStatus(url="http://e", health=health, snapshot=snap))
+    text = console.export_text()
+    assert "up, starved" in text and "rank 0 starved (the host, not the rank): threads waited 9.0 s to run" in text
+    assert "rank 1 unhealthy: its process is stopped" in text and "rank 0 unhealthy" not in text

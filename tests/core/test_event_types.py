@@ -11,17 +11,22 @@ from bsr_cli.core.events import (
     AbortRequested,
     EngineStarted,
     Event,
+    Failure,
     FaultEvent,
     FaultFired,
     FaultInjected,
+    ObjectQuarantined,
     OutputMismatch,
     RankRestarted,
+    RankStarved,
     RestoreAborted,
     RestoreCommitted,
     RestoreEnded,
     RestoreFailed,
     RestoreFailedClosed,
     RestoreRefused,
+    ScrubFinished,
+    ScrubStarted,
     SegmentLost,
     WindowReleased,
     parse_event,
@@ -30,7 +35,18 @@ from bsr_cli.core.events import (
     restore_ended,
     stamped,
 )
-from bsr_cli.core.evidence import Component, EventKind, FailureKind, Outcome, SegmentLossCause, Stage
+from bsr_cli.core.evidence import (
+    Component,
+    EventKind,
+    FailureKind,
+    Outcome,
+    RankState,
+    ScrubScope,
+    ScrubState,
+    SegmentLossCause,
+    Stage,
+)
+from bsr_cli.core.overload import HostLoad, Psi, RankDelay
 from bsr_cli.core.store_loss import SegmentLoss
 
 pytestmark = pytest.mark.fast
@@ -93,6 +109,29 @@ def test_a_rank_failure_round_trips_with_its_stage_and_blame() -> None:
     assert ended.failures[0].component is Component.RANK
     # The per-rank event keeps the wire's old spelling of its failure kind.
     assert part.to_wire()["kind"] == "rank" and parse_event(part.to_wire()) == part
+
+
+def test_a_host_verdict_round_trips_with_its_figures_and_blames_the_host() -> None:
+    load = HostLoad(
+        span_s=5.0,
+        coordinator_lag_s=0.2,
+        ranks=(RankDelay(1, RankState.STARVED, 4.6),),
+        cpu=Psi(91.0, 30.5),
+        memory=Psi(0.0, 0.0),
+        io=None,  # unknown here: stays unknown on the way back, never 0
+    )
+    part = RestoreFailed(
+        request="r2", rank=1, reason="starved", failure_kind=FailureKind.HOST_OVERLOADED, stage=Stage.FETCH, load=load
+    )
+    ended = RestoreFailedClosed(request="r2", failures=(part.failure,), failure_kind=FailureKind.HOST_OVERLOADED)
+    wire = ended.to_wire()
+    assert wire["failures"][0]["load"]["ranks"] == [{"rank": 1, "state": "starved", "run_delay_s": 4.6, "ran_s": None}]
+    assert wire["failures"][0]["load"]["io"] is None and wire["failures"][0]["component"] == "host"
+    assert parse_event(wire) == ended and parse_event(part.to_wire()) == part
+    starved = RankStarved(rank=1, reason="waited to run", request="r2", load=load)
+    assert parse_event(starved.to_wire()) == starved and starved.to_wire()["type"] == "rank_starved"
+    # A failure without figures writes none (older readers see the shape they know).
+    assert "load" not in RestoreFailed(request="r", rank=0, reason="x", failure_kind=FailureKind.TIER).to_wire()
 
 
 def test_an_output_mismatch_round_trips_naming_the_request_and_its_hashes() -> None:
@@ -184,3 +223,37 @@ def test_malformed_wire_events_are_refused(wire: dict, message: str) -> None:
 def test_an_older_or_newer_writer_still_reads() -> None:
     ev = parse_event({"type": "window_released", "request": "r", "rank": 0, "window": 3, "new_field": 1})
     assert isinstance(ev, WindowReleased) and ev.window == 3 and ev.bytes == 0
+
+
+def test_a_scrub_and_what_it_set_apart_round_trip() -> None:
+    started = ScrubStarted(rank=1, tier="fs", scrub="scrub-1-1", scope=ScrubScope.PROMPT, prompt="p", request="r1")
+    ended = ScrubFinished(
+        rank=1,
+        tier="fs",
+        scrub="scrub-1-1",
+        scope=ScrubScope.PROMPT,
+        state=ScrubState.COMPLETE,
+        prompt="p",
+        request="r1",
+        objects=12,
+        checked=10,
+        bytes=4096,
+        missing=2,
+        damaged=3,
+        quarantined=3,
+    )
+    for ev in (started, ended):
+        assert parse_event(ev.to_wire()) == ev and request_of(ev) == "r1"
+    assert ended.to_wire()["state"] == "complete" and started.to_wire()["scope"] == "prompt"
+    # What a scrub of a whole tier finds names no chunk: its chunk and group are left out as None, and read back.
+    found = ObjectQuarantined(rank=0, tier="fs", key="k", file="/q/x.bsr", reason="payload", scrub="scrub-0-1")
+    assert found.to_wire()["chunk"] is None and parse_event(found.to_wire()) == found
+    with pytest.raises(ValueError, match="not a ScrubState"):
+        parse_event(ended.to_wire() | {"state": "half-done"})
+
+
+def test_a_failure_names_its_windows_chunks_only_when_known() -> None:
+    bare = Failure(rank=0, reason="x", kind=FailureKind.TIER, stage=Stage.VERIFY, window=1, tier="fs")
+    assert "chunks" not in bare.to_wire()
+    spanned = dataclasses.replace(bare, chunks=(4, 8))
+    assert spanned.to_wire()["chunks"] == [4, 8] and Failure.from_wire(spanned.to_wire()) == spanned

@@ -102,5 +102,33 @@ def test_a_failure_names_its_stage_and_tier_and_a_ranks_part_shows_in_the_timeli
     t = timeline(REQ, events)
     assert t.failures == (TimelineFailure(1, 2, 8.0, "crc mismatch", FailureKind.TIER, Stage.VERIFY, None),)
     assert t.to_wire()["failures"] == [
-        {"rank": 1, "window": 2, "at": 8.0, "reason": "crc mismatch", "kind": "tier", "stage": "verify", "tier": None}
+        {
+            "rank": 1,
+            "window": 2,
+            "label": "G2",
+            "chunks": None,
+            "at": 8.0,
+            "reason": "crc mismatch",
+            "kind": "tier",
+            "stage": "verify",
+            "tier": None,
+        }
     ]
+
+
+def test_a_host_verdict_names_the_host_with_its_figures_and_no_rank_or_tier() -> None:
+    from bsr_cli.core.evidence import RankState
+    from bsr_cli.core.overload import HostLoad, Psi, RankDelay
+
+    load = HostLoad(
+        span_s=18.2, coordinator_lag_s=0.0, ranks=(RankDelay(1, RankState.STARVED, 51.5, 0.1),), cpu=Psi(99.0, 0.0)
+    )
+    host = ev.Failure(rank=1, reason="no restore progress for 20.3s", kind=FailureKind.HOST_OVERLOADED, load=load)
+    closed = ev.RestoreFailedClosed(request=REQ, failures=(host,), failure_kind=FailureKind.HOST_OVERLOADED)
+    d = explain_request(_restore(closed), health=Health(ranks=(), tiers={}), markers=[])
+    assert d.verdict is FindingKind.RESTORE_FAILED_HOST and not d.reusable
+    assert "the host was overloaded" in d.summary and "no rank or tier is blamed" in d.summary
+    assert "rank 1's threads waited 51.5 s to run and ran 0.1 s in 18.2 s" in d.summary
+    assert "cpu pressure some 99%, full 0% (avg10)" in d.summary and "memory pressure unknown" in d.summary
+    assert d.findings[0].evidence[-1].startswith("failed: rank 1: no restore progress for 20.3s (kind host_overloaded)")
+    assert "--overload-ceiling" in d.findings[0].fix

@@ -44,7 +44,15 @@ INFO: dict[str, Any] = {
     "tokenizer": None,
 }
 LAST_FAULT = {"reason": "rank 1 failed at install", "request": "r-3", "at": 1700000001.0, "stage": "install"}
-RANK_OK = {"rank": 0, "healthy": True, "alive": True, "heartbeat_age_s": 0.12, "reason": None, "last_fault": None}
+RANK_OK = {
+    "rank": 0,
+    "healthy": True,
+    "alive": True,
+    "heartbeat_age_s": 0.12,
+    "reason": None,
+    "last_fault": None,
+    "state": "live",
+}
 RANK_BAD = {
     "rank": 1,
     "healthy": False,
@@ -52,6 +60,7 @@ RANK_BAD = {
     "heartbeat_age_s": 9.5,
     "reason": "no heartbeat for 9.5s",
     "last_fault": LAST_FAULT,
+    "state": "hung",
 }
 QUARANTINED = {"key": "k", "file": "/q/k.bin", "reason": "checksum", "at": 1700000002.0, "bytes": 1024}
 TIER_BAD = {
@@ -68,6 +77,7 @@ HEALTH = {
     "ranks_alive": [True, True],
     "ranks": [RANK_OK, RANK_BAD],
     "unhealthy_ranks": [1],
+    "starved_ranks": [],
     "tiers": {"mooncake": TIER_BAD, "fs": TIER_OK},
     "degraded_tiers": ["mooncake"],
     "api": "v1",
@@ -83,6 +93,7 @@ POOL = {
     "tiers": {"fs": {"ok": True, "detail": "", "condition": "ok", "quarantined": [], "quarantined_total": 0}},
     "tp_rank": 3,
     "restore_bps": 1.5,
+    "state": "live",
 }
 SILENT = {
     "rank": 1,
@@ -93,6 +104,7 @@ SILENT = {
     "last_fault": LAST_FAULT,
     "error": "no answer to stats within 5s",
     "restore_bps": 0.0,
+    "state": "dead",
 }
 FAULT = {
     "id": 3,

@@ -74,6 +74,7 @@ def test_a_killed_rank_is_restarted_and_reported(own: Path, bsr, monkeypatch: py
         _until(restarted, "no rank_restarted event for rank 1")
         event = next(e for e in c.held_events(since=seq)[0] if isinstance(e, RankRestarted))
         assert event.restarts == 1 and event.pid != before["rank1"]
+        assert event.reason == "killed by SIGKILL", event  # the reason the fleet shows beside the restart
         _until(lambda: bool(c.health().ok), "the engine did not turn healthy after the restart")
         done = c.submit(PROMPT)
         assert done.hash_ok is True

@@ -29,7 +29,7 @@ def test_openapi_matches_the_served_routes() -> None:
     routes = routes_of(create_app(None))
     documented = {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
     assert documented == {(r.method, r.path) for r in routes}
-    assert len(documented) == 22  # 21 under /bsr/v1, and /metrics
+    assert len(documented) == 23  # 22 under /bsr/v1, and /metrics
     for r in routes:
         op = spec["paths"][r.path][r.method.lower()]
         assert ("security" in op) == r.auth, f"{r.method} {r.path}: auth documented wrongly"
@@ -104,6 +104,9 @@ def test_every_operation_answers_as_documented(engine) -> None:
     assert fault.json()["kind"] == "timeout"
     check("GET", v1 + "/faults", v1 + "/faults", want=200)
     check("DELETE", v1 + "/faults", v1 + "/faults", want=200, headers=auth)
+    scrubbed = check("POST", v1 + "/scrub", v1 + "/scrub", want=200, json=body | {"tier": "fs"}, headers=auth)
+    assert scrubbed.json()["complete"] and scrubbed.json()["damaged"] == 0
+    check("POST", v1 + "/scrub", v1 + "/scrub", want=400, json={"tier": "fs"}, headers=auth)
     check("GET", v1 + "/markers", v1 + "/markers", want=200)
     check("DELETE", v1 + "/markers", v1 + "/markers", want=200, headers=auth)
     cleared = check("DELETE", v1 + "/markers/prompts/{prompt}", v1 + "/markers/prompts/p-none", want=200)

@@ -223,7 +223,7 @@ def test_with_mooncakes_10s_ttl_the_stop_loses_the_store_and_bsr_names_the_loss(
         metrics = c.metrics()
     assert 'bsr_store_segments_lost_total{cause="unmounted",tier="mooncake"} 1.0' in metrics
     assert f'bsr_store_objects_lost_total{{tier="mooncake"}} {float(OBJECTS)}' in metrics
-    assert 'bsr_tier_condition{condition="segment_lost",tier="mooncake"} 1.0' in metrics
+    assert 'bsr_tier_condition{condition="segment_lost",injected="false",tier="mooncake"} 1.0' in metrics
 
 
 @pytest.mark.timeout(240)

@@ -58,6 +58,7 @@ _SETTINGS = {
     "fs_concurrency": 2,
     "fetch_timeout_s": 10.0,
     "kv_wait_s": 60,
+    "overload_ceiling_s": 60.0,
     "event_retention_s": 86400.0,
     "event_store_bytes": 64 << 20,
     "store_client_ttl_s": 120,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from engine.tmpfs import Tmpfs, mount_tmpfs
+from own_engine import own_engine
 
 from bsr_cli.core.evidence import TierCondition
 
@@ -42,23 +43,12 @@ class FsEngine:
 @pytest.fixture(scope="module")
 def fs_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FsEngine]:
     """An embedded engine without Mooncake whose fs tier directory is a 64 MiB tmpfs of its own."""
-    from bsr_cli.client import local_engine
-    from bsr_cli.engine import supervisor
-    from bsr_cli.loaders import builtin_registration
-
     state = tmp_path_factory.mktemp("fs-engine")
     tmpfs = mount_tmpfs(state / "fs-tier", "64m")
     try:
-        opts = supervisor.EngineOptions(
-            builtin_registration("demo"), w=4, max_tokens=8192, fetch_timeout_s=5.0, remote=False
-        )
-        try:
-            supervisor.up(state, opts)
-            conn = local_engine.connection(state)
-            assert conn is not None
-            yield FsEngine(conn[0], conn[1], state, tmpfs)
-        finally:
-            supervisor.down(state)
+        settings = dict(max_tokens=8192, fetch_timeout_s=5.0, remote=False, faults_enabled=False)
+        with own_engine(state, **settings) as eng:
+            yield FsEngine(eng.url, eng.token, state, tmpfs)
     finally:
         tmpfs.unmount()
 
@@ -152,8 +142,8 @@ def test_a_full_fs_tier_is_unhealthy_and_submit_says_the_store_failed(bsr: Any, 
         assert not fs.ok and TierCondition.FULL in fs.conditions, fs
         assert any("No space left on device (ENOSPC)" in d for d in fs.detail)
         assert "fs" in health.degraded_tiers
-        assert 'bsr_tier_healthy{tier="fs"} 0.0' in metrics
-        assert 'bsr_tier_condition{condition="full",tier="fs"} 1.0' in metrics
+        assert 'bsr_tier_healthy{injected="false",tier="fs"} 0.0' in metrics
+        assert 'bsr_tier_condition{condition="full",injected="false",tier="fs"} 1.0' in metrics
     finally:
         eng.tmpfs.unfill()
 

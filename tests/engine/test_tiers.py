@@ -18,7 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from bsr_cli.core.evidence import ScrubState  # noqa: E402
+from bsr_cli.core.scrub import ScrubLimits  # noqa: E402
 from bsr_cli.mooncake import health, services  # noqa: E402
+from bsr_cli.runtime.scrub import Scrubber, ScrubTarget, quarantine_damaged  # noqa: E402
 from bsr_cli.runtime.tiers import (  # noqa: E402
     IO_ERROR,
     MISSING,
@@ -326,7 +329,7 @@ def test_mooncake_damaged_objects_are_removed_sound_ones_stay(mc_tier: Any, mc_p
     codes, sums = mc_tier.get_into(keys[:5], mc_pool.slices([size] * 5), 5.0)
     assert codes == [size, IO_ERROR, IO_ERROR, IO_ERROR, size]
     assert sums[0] == obj_crc(keys[5], views[5]) != obj_crc(keys[0], views[5])
-    removed = mc_tier.quarantine_damaged({k: f"chunk {i} group g" for i, k in enumerate(keys[:5])})
+    removed = quarantine_damaged(mc_tier, {k: f"chunk {i} group g" for i, k in enumerate(keys[:5])})
     why = {q.key: q.reason for q in removed}
     assert list(why) == keys[:4], why  # keys[4] reads back sound: what failed was the transfer, it stays
     assert why[keys[0]] == "checksum mismatch (its bytes, or the chunk they belong to): chunk 0 group g"
@@ -339,9 +342,65 @@ def test_mooncake_damaged_objects_are_removed_sound_ones_stay(mc_tier: Any, mc_p
     assert total >= 4 and [q.key for q in listed] == [keys[3], keys[2]]  # the newest first
     # The next store writes them afresh; the tier's check then finds them sound.
     mc_tier.put(keys[:4], views[:4], [obj_crc(k, v) for k, v in zip(keys[:4], views[:4], strict=True)])
-    assert mc_tier.quarantine_damaged({k: "again" for k in keys}) == []
+    assert quarantine_damaged(mc_tier, {k: "again" for k in keys}) == []
     codes, sums = mc_tier.get_into(keys[:4], mc_pool.slices([size] * 4), 5.0)
     assert codes == [size] * 4 and sums == [obj_crc(k, v) for k, v in zip(keys[:4], views[:4], strict=True)]
+
+
+def _worker_keys(worker: int, n: int) -> list[str]:
+    run = uuid.uuid4().hex[:12]
+    return [f"test-model@1@{worker}@{run}{i:04x}@bfloat16" for i in range(n)]
+
+
+@pytest.mark.engine
+def test_mooncake_scrub_of_every_object_removes_the_damaged_ones_of_its_shard(mooncake_stack: Any) -> None:
+    """`bsr scrub --tier mooncake --all` on one rank: the master's key listing, split by the worker id in each key,
+    every object of the rank's shard read back whole and checked against its key-bound trailer; the damaged ones
+    (another chunk's object, bytes appended, an older bsr's trailer) are removed and named, the sound ones stay, and
+    another shard's damaged object is left to its own rank. The worker ids are this test's own (997 and 998 of
+    1,000 shards), so the other tests' objects in the shared store are not in its shard."""
+    from bsr_cli.tiers.mooncake import MooncakeTier
+
+    master = mooncake_stack.master
+    tier = MooncakeTier(master.rpc_address, master.metadata_url, admin_url=master.admin_url, deadline_s=10)
+    try:
+        keys, other = _worker_keys(997, 5), _worker_keys(998, 1)
+        size = 4096
+        views = [memoryview(p) for p in payloads([size] * 6, seed=37)]
+        tier.put(keys + other, views, [obj_crc(k, v) for k, v in zip(keys + other, views, strict=True)])
+        whole = [_stored(tier, k) for k in keys + other]
+        _replace(tier, keys[0], whole[4])  # chunk 4's object under chunk 0's key
+        _replace(tier, keys[1], whole[1] + b"\x00" * 64)  # grown
+        older = whole[2][:-16] + b"BSM2" + crc(views[2]).to_bytes(4, "little") + size.to_bytes(8, "little")
+        _replace(tier, keys[2], older)  # an older bsr's object
+        _replace(tier, other[0], whole[5] + b"\x00")  # damaged too, but another rank's
+        assert [tier.check_stored(k).damage is not None for k in keys + other] == [True] * 3 + [False] * 2 + [True]
+        events: list[Any] = []
+        done = Scrubber(997, {"mooncake": tier}, events.append).scrub_all("mooncake", shards=1000, limits=ScrubLimits())
+        p = done.progress
+        assert (p.state, p.checked, p.damaged, p.quarantined) == (ScrubState.COMPLETE, 5, 3, 3), p
+        why = {q.key: q.reason for q in done.quarantined}
+        assert set(why) == set(keys[:3]) and all(q.file == "" for q in done.quarantined)
+        assert why[keys[0]].startswith("checksum mismatch") and why[keys[2]].startswith("written by an older bsr")
+        assert tier.contains(keys + other, 2.0) == [False] * 3 + [True] * 3
+        assert {e.key for e in events if type(e).__name__ == "ObjectQuarantined"} == set(keys[:3])
+        assert tier.quarantined(3)[1] == 3  # `bsr status` lists what it removed
+        # The same prompt scrubbed again: what is gone is missing, what stays is sound.
+        again = Scrubber(997, {"mooncake": tier}, events.append).scrub_prompt(
+            "mooncake", [ScrubTarget(k, i, "g") for i, k in enumerate(keys)], prompt="p", limits=ScrubLimits()
+        )
+        assert again is not None and (again.progress.checked, again.progress.missing) == (2, 3)
+        assert again.progress.damaged == 0
+    finally:
+        tier.remove(keys + other)
+        tier.close()
+
+
+@pytest.mark.engine
+def test_mooncake_scrub_of_every_object_without_the_masters_listing_fails_saying_why(mc_tier: Any) -> None:
+    """A tier given no admin URL cannot list the store: the scrub ends failed (`bsr scrub` exits 21), never clean."""
+    done = Scrubber(0, {"mooncake": mc_tier}, lambda ev: None).scrub_all("mooncake", shards=1, limits=ScrubLimits())
+    assert done.progress.state is ScrubState.FAILED and "no admin URL" in done.progress.reason
 
 
 @pytest.mark.engine
@@ -674,7 +733,7 @@ def test_fs_damaged_objects_are_quarantined_intact_ones_stay(fs_tier: Filesystem
         f.seek(16)
         f.write(b"\x00\x00\x00\x00")
     damaged = {p.name: p.read_bytes() for p in (fs_tier.path_for(keys[0]), fs_tier.path_for(keys[1]))}
-    moved = fs_tier.quarantine_damaged({k: f"chunk {i} group g" for i, k in enumerate(keys[:3])})
+    moved = quarantine_damaged(fs_tier, {k: f"chunk {i} group g" for i, k in enumerate(keys[:3])})
     assert [q.key for q in moved] == keys[:2]  # keys[2] reads back intact (a transfer fault): it stays
     assert moved[0].reason == "checksum mismatch (its bytes, or the chunk they belong to): chunk 0 group g"
     assert moved[1].reason.startswith("header checksum mismatch")
@@ -693,6 +752,107 @@ def test_fs_damaged_objects_are_quarantined_intact_ones_stay(fs_tier: Filesystem
     assert fs_tier.quarantined(10)[1] == 2  # the quarantined copies stay for the incident bundle
 
 
+def _rot(tier: FilesystemTier, key: str, at: int) -> None:
+    """One flipped byte ``at`` bytes into the object's file, on disk."""
+    with open(tier.path_for(key), "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def test_fs_scrub_of_every_object_finds_all_the_damage_in_shards(fs_tier: FilesystemTier) -> None:
+    """Two ranks sharing the directory split it by fan-out directory: together they read every object once, and
+    set apart every damaged one, a file whose header no longer names its key included."""
+    keys = fresh_keys(40)
+    view = memoryview(payloads([4096], seed=5)[0])
+    fs_tier.put(keys, [view] * len(keys), [obj_crc(k, view) for k in keys])
+    keylen = len(keys[0].encode())
+    for k in keys[3:40:9]:
+        _rot(fs_tier, k, HEADER_BYTES + keylen + 100)  # payload
+    _rot(fs_tier, keys[1], 20)  # the header's length field: the header checksum fails, its key is unreadable
+    bad = set(keys[3:40:9]) | {keys[1]}
+    events: list[Any] = []
+    scrubber = Scrubber(0, {"fs": fs_tier}, events.append)
+    results = [scrubber.scrub_all("fs", shards=2, limits=ScrubLimits(), scrub=f"s{r}") for r in (0, 1)]
+    # rank 1's share, read by the same scrubber with rank 1's shard index
+    one = Scrubber(1, {"fs": fs_tier}, events.append).scrub_all("fs", shards=2, limits=ScrubLimits())
+    assert [r.progress.state for r in (results[0], one)] == [ScrubState.COMPLETE] * 2
+    assert results[0].progress.checked + one.progress.checked == len(keys)
+    moved = results[0].quarantined + one.quarantined
+    assert len(moved) == len(bad) and fs_tier.contains(keys, 1.0) == [k not in bad for k in keys]
+    assert {q.key for q in moved} - bad == {q.key for q in moved if q.key.startswith("(unreadable header)")}
+    assert results[1].progress.damaged == 0  # rank 0's share again: every damaged object is set apart already
+    kinds = [type(e).__name__ for e in events]
+    assert kinds.count("ScrubStarted") == kinds.count("ScrubFinished") == 3
+    assert kinds.count("ObjectQuarantined") == len(bad)
+
+
+def test_fs_scrub_stops_at_its_limits_and_skips_beyond_its_concurrency(fs_tier: FilesystemTier) -> None:
+    keys = fresh_keys(10)
+    view = memoryview(payloads([4096], seed=6)[0])
+    fs_tier.put(keys, [view] * len(keys), [obj_crc(k, view) for k in keys])
+    targets = [ScrubTarget(k, i, "g") for i, k in enumerate(keys)]
+    scrubber = Scrubber(0, {"fs": fs_tier}, lambda ev: None, max_concurrent=1)
+    cut = scrubber.scrub_prompt("fs", targets, prompt="p", limits=ScrubLimits(max_objects=4))
+    assert cut is not None and cut.progress.state is ScrubState.CUT and cut.progress.checked == 4
+    assert "limit of 4 objects" in cut.progress.reason
+    by_bytes = scrubber.scrub_prompt("fs", targets, prompt="p", limits=ScrubLimits(max_bytes=3 * 4096))
+    assert by_bytes is not None and by_bytes.progress.state is ScrubState.CUT and by_bytes.progress.checked == 3
+    # A scrub runs while another is admitted: the rank's limit of one makes the second skip, and say why.
+    gate, release = threading.Event(), threading.Event()
+    real = fs_tier.check_stored
+
+    def slow(key: str) -> Any:
+        gate.set()
+        release.wait(10)
+        return real(key)
+
+    fs_tier.check_stored = slow  # type: ignore[method-assign]
+    try:
+        scrubber.scrub_prompt("fs", targets[:1], prompt="p", limits=ScrubLimits(), background=True)
+        assert gate.wait(10)
+        skipped = scrubber.scrub_prompt("fs", targets, prompt="q", limits=ScrubLimits())
+        assert skipped is not None and skipped.progress.state is ScrubState.SKIPPED
+        assert "already runs 1 scrub(s)" in skipped.progress.reason
+        assert [p.state for p in scrubber.progress("fs")][:1] == [ScrubState.RUNNING]
+    finally:
+        release.set()
+        fs_tier.check_stored = real  # type: ignore[method-assign]
+
+
+def test_fs_a_damaged_object_rewritten_before_it_is_moved_stays(fs_tier: FilesystemTier) -> None:
+    """The check and the move are not one step: a store that rewrote the object in between wins (the good copy is
+    never set apart)."""
+    (key,) = fresh_keys(1)
+    view = memoryview(payloads([4096], seed=7)[0])
+    fs_tier.put([key], [view], [obj_crc(key, view)])
+    _rot(fs_tier, key, HEADER_BYTES + len(key.encode()) + 7)
+    found = fs_tier.check_stored(key)
+    assert found.damage == "checksum mismatch (its bytes, or the chunk they belong to)"
+    fs_tier.put([key], [view], [obj_crc(key, view)])  # the next store's good copy
+    assert fs_tier.set_aside(found, "test") is None
+    assert fs_tier.check_stored(key).damage is None and fs_tier.quarantined(5)[1] == 0
+
+
+def test_fs_scrub_evicts_an_older_formats_file_as_a_read_would(fs_tier: FilesystemTier) -> None:
+    """An older bsr's file (format 2: a checksum of the bytes alone) is not trusted: the scrub counts it damaged and
+    evicts it, as a read does (bsr wrote it, nothing is lost), instead of keeping it in quarantine."""
+    keys = fresh_keys(2)
+    view = memoryview(payloads([4096], seed=41)[0])
+    fs_tier.put(keys, [view] * 2, [obj_crc(k, view) for k in keys])
+    with open(fs_tier.path_for(keys[0]), "r+b") as f:
+        f.seek(4)  # the header's version
+        f.write((2).to_bytes(2, "little"))
+    done = Scrubber(0, {"fs": fs_tier}, lambda ev: None).scrub_prompt(
+        "fs", [ScrubTarget(k, i, "g") for i, k in enumerate(keys)], prompt="p", limits=ScrubLimits()
+    )
+    assert done is not None and (done.progress.damaged, done.progress.quarantined) == (1, 1)
+    (q,) = done.quarantined
+    assert q.key == keys[0] and q.file == "" and q.reason.startswith("written by an older bsr (format v2")
+    assert fs_tier.contains(keys, 1.0) == [False, True] and fs_tier.quarantined(5)[1] == 0
+
+
 def test_fs_another_chunks_object_under_this_key_is_quarantined(fs_tier: FilesystemTier) -> None:
     """A file whose header names this key but whose payload and checksum are another chunk's (a writer that put
     the wrong chunk under this key): the header is sound, the object checksum is bound to the other key."""
@@ -703,7 +863,7 @@ def test_fs_another_chunks_object_under_this_key_is_quarantined(fs_tier: Filesys
     pool = Pool(MiB)
     codes, sums = fs_tier.get_into(keys[:1], pool.slices([size]), 5.0)
     assert codes == [size] and sums[0] != obj_crc(keys[0], pool.slices([size])[0].view)  # the runtime's check fails
-    (q,) = fs_tier.quarantine_damaged({keys[0]: "chunk 0 group g"})
+    (q,) = quarantine_damaged(fs_tier, {keys[0]: "chunk 0 group g"})
     assert q.reason.startswith("checksum mismatch") and fs_tier.contains(keys[:1], 1.0) == [False]
     fs_tier.put(keys[:1], [mine], [obj_crc(keys[0], mine)])
-    assert fs_tier.quarantine_damaged({keys[0]: "chunk 0 group g"}) == []  # rewritten: sound
+    assert quarantine_damaged(fs_tier, {keys[0]: "chunk 0 group g"}) == []  # rewritten: sound

@@ -318,7 +318,7 @@ def test_host_restore_of_real_lmcache_data_reports_hash_not_applicable(master, t
 
         text = metrics.exposition(c)
         assert (
-            'bsr_restores_total{kind="none",outcome="committed",stage="none"} 3' in text
+            'bsr_restores_total{injected="false",kind="none",outcome="committed",stage="none"} 3' in text
         )  # two restores, one admission
         assert re.search(r'^bsr_tier_fetch_bytes_total\{rank="1",tier="mooncake"\} [1-9]', text, re.M), text
         assert 'bsr_rank_healthy{rank="0"} 1' in text

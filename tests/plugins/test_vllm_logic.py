@@ -21,6 +21,8 @@ from vllm_bsr.logic import (
     windows,
 )
 
+from bsr_cli.core.events import RestoreFailed, parse_event
+from bsr_cli.core.evidence import Stage
 from bsr_cli.core.keys import prompt_hash
 
 CS = 256
@@ -193,12 +195,29 @@ def test_a_failed_load_reports_loaded_0_and_the_recomputed_prefix_with_its_event
     assert (r["advertised_tokens"], r["loaded_tokens"], r["recomputed_tokens"]) == (5 * CS, 0, 5 * CS)
     assert r["outcome"] == "failed_closed" and r["failed_window"] == 1 and r["bytes"] == 2000
     # An injected restore-fault fails the install: the rank is blamed, no tier.
+    # The failed window G2 covers chunks [2, 4).
     assert r["failures"] == [
-        {"rank": 0, "window": 1, "stage": "install", "kind": "rank", "tier": None, "reason": bad.reason}
+        {
+            "rank": 0,
+            "window": 1,
+            "chunks": [2, 4],
+            "stage": "install",
+            "kind": "rank",
+            "tier": None,
+            "reason": bad.reason,
+        }
     ]
     evs = load_events(r)
-    assert [e["type"] for e in evs] == ["restore_started", "window_released", "restore_failed_closed"]
-    assert evs[1]["window"] == 0 and evs[2]["failures"][0]["window"] == 1 and evs[2]["recomputed_tokens"] == 5 * CS
+    kinds = ["restore_started", "window_released", "restore_failed", "restore_failed_closed"]
+    assert [e["type"] for e in evs] == kinds
+    assert evs[1]["window"] == 0 and evs[3]["failures"][0]["window"] == 1 and evs[3]["recomputed_tokens"] == 5 * CS
+    # The rank's own failure event, as an embedded rank writes it: what `bsr describe` reads.
+    failed = parse_event(evs[2])
+    assert isinstance(failed, RestoreFailed) and (failed.window, failed.chunks, failed.stage) == (
+        1,
+        (2, 4),
+        Stage.INSTALL,
+    )
     short = LoadResult(False, 0, 2, "loaded 0 of 256 tokens in window G3")
     r = load_report(windows_run=3, result=short, **kw)  # type: ignore[arg-type]
     assert r["failures"][0]["kind"] == "tier" and r["failures"][0]["tier"] == "fs"  # the only tier LMCache has
@@ -257,6 +276,72 @@ def test_explain_against_a_worker_reads_full_chunks_and_suggests_only_what_it_se
         )
         assert d.verdict is FindingKind.FORCE_LOCAL_MARKER
         assert d.next.startswith("bsr markers clear") if served else d.next == "bsr markers list"
+
+
+@pytest.mark.timeout(10)
+def test_a_worker_marker_keeps_its_own_id_in_explain_and_describe_names_the_failed_window() -> None:
+    """A vLLM worker's marker stands for a prefix of the prompt, under that prefix's hash: explain names it by that
+    id (as `markers list` does), not by the whole prompt's hash; describe of the failed load names the window G2,
+    its chunks, the stage and the marker, from the load's events alone."""
+    import dataclasses
+
+    from bsr_cli.cli.commands.incident import timeline
+    from bsr_cli.core.bitmap import HitBitmap
+    from bsr_cli.core.events import MarkerSet, stamped
+    from bsr_cli.core.explain import FindingKind, explain_engine
+    from bsr_cli.core.status import EngineInfo, Health, MarkerView
+    from bsr_cli.loaders import builtin_registration
+
+    reg = builtin_registration("demo")
+    cs = reg.chunk_size
+    rows = [{"rank": r, "group": g, "cells": "1111"} for r in range(2) for g in reg.group_names]
+    bitmap = {"tokens": 4 * cs, "chunk_size": cs, "tiers": ["fs"], "ranks": 2, "groups": list(reg.group_names)}
+    info = {"W": 2, "budget_bytes": 4 * reg.bytes_per_chunk, "pool_bytes": 8 * reg.bytes_per_chunk, "engine": "w"}
+    marker = {"prompt": "prefix-hash", "excluded_tiers": ["fs"], "reason": "load failed", "request": "q1"}
+    kw: dict = dict(prompt="whole-hash", prompt_flags="--tokens-file t.json", registration=reg, n_tokens=4 * cs + 9)
+    kw |= dict(health=Health(ranks=(), tiers={}), faults=[], w=None, last_restore=None)
+    kw |= dict(
+        bitmap=HitBitmap.from_dict(bitmap | {"rows": rows}),
+        info=EngineInfo.from_wire(info | {"serves_restores": False}),
+    )
+    view = MarkerView.from_wire(marker | {"prefix_tokens": 4 * cs})
+    d = explain_engine(markers=[view], covering={"prefix-hash"}, **kw)
+    assert (
+        d.verdict is FindingKind.FORCE_LOCAL_MARKER and d.marker == "prefix-hash" and d.to_wire()["marker"] == d.marker
+    )
+    shown = d.findings[0].evidence[0]
+    assert shown.startswith("marker: prompt prefix-hash ") and f"first {4 * cs:,} tokens" in shown, shown
+    assert "whole-hash" not in " ".join(d.findings[0].evidence)
+    # The negative control: a marker that covers no prefix of this prompt is not this prompt's.
+    assert explain_engine(markers=[view], **kw).marker is None
+
+    wins = windows(0, 5 * CS, CS, 2)
+    report = load_report(
+        request="q1",
+        prompt="prefix-hash",
+        vllm_cached_tokens=0,
+        end_token=5 * CS,
+        wins=wins,
+        windows_run=2,
+        result=LoadResult(False, 0, 1, "ChecksumError: checksum mismatch in chunk 3"),
+        w=2,
+        chunk_size=CS,
+        bytes_per_chunk=1000,
+        tiers=["mooncake"],
+        integrity={"chunk": 3, "tier": "mooncake", "key": "k", "verdict": "mismatch"},
+    )
+    evs = [stamped(parse_event(e), i + 1, 100.0 + i) for i, e in enumerate(load_events(report))]
+    evs.append(stamped(MarkerSet(prompt="prefix-hash", request="q1", excluded_tiers=("mooncake",)), 9, 109.0))
+    t = timeline("q1", evs)
+    ((f,),) = [t.failures]
+    assert (f.where(), f.why()) == ("window G2 (chunks 2-3)", "tier mooncake, stage verify"), t.failures
+    assert t.prompt == "prefix-hash" and t.marker is not None and t.marker.prompt == "prefix-hash"
+    # An older worker wrote no restore_failed event: the restore's end still names the failed window.
+    older = timeline("q1", [e for e in evs if not isinstance(e, RestoreFailed)])
+    assert [x.where() for x in older.failures] == ["window G2 (chunks 2-3)"]
+    # Without its marker event, the marker standing for the request is found by its request id.
+    bare = timeline("q1", [e for e in evs if not isinstance(e, MarkerSet)], [dataclasses.replace(view)])
+    assert bare.marker is not None and bare.marker.prompt == "prefix-hash"
 
 
 @pytest.mark.timeout(120)

@@ -77,9 +77,10 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     d = r.json()
     assert [e["url"] for e in d["engines"]] == [url_b, url_a, url_c], "worst first, then in the order named"
     b, a, cc = d["engines"]
-    # The failed tier is shown unhealthy for a while after a real failure: degraded, above a mere marker.
-    assert b["state"] == "degraded" and b["markers"] == 1 and b["failed_recent"] == 1
-    assert any(p.startswith("tier ") and "unhealthy" in p for p in b["problems"])
+    # The failed tier is shown unhealthy for a while after the failure, and says an injected fault did it (a drill):
+    # attention, not degraded, above the engines that are fine.
+    assert b["state"] == "attention" and b["markers"] == 1 and b["failed_recent"] == 1
+    assert any(p.startswith("tier mooncake unhealthy after an injected fault") for p in b["problems"]), b["problems"]
     assert any("failed closed" in p for p in b["problems"])
     assert a["state"] == cc["state"] == "ok"
     assert all([r["rank"] for r in e["ranks"]] == [0, 1] for e in d["engines"])
@@ -88,7 +89,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     assert text.code == 0
     assert "fleet: 3 engines" in text.out and "r0" in text.out and "r1" in text.out
 
-    # A frozen rank on engine A: A is unhealthy, above B's degraded tier, and its rank 1 leads its rank rows.
+    # A frozen rank on engine A: A is unhealthy, above B's drill, and its rank 1 leads its rank rows.
     state_a = three[0][2]
     pid = int(next(r["pid"] for r in json.loads((state_a / "state.json").read_text())["ranks"] if r["rank"] == 1))
     os.kill(pid, signal.SIGSTOP)
@@ -103,7 +104,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
         os.kill(pid, signal.SIGCONT)
     assert r.code == 9, "an unhealthy engine: the fleet is unhealthy"
     d = r.json()
-    assert [(e["url"], e["state"]) for e in d["engines"]] == [(url_a, "unhealthy"), (url_b, "degraded"), (url_c, "ok")]
+    assert [(e["url"], e["state"]) for e in d["engines"]] == [(url_a, "unhealthy"), (url_b, "attention"), (url_c, "ok")]
     assert [x["rank"] for x in d["engines"][0]["ranks"]] == [1, 0] and d["engines"][0]["ranks"][0][
         "state"
     ] == "unhealthy"
@@ -119,7 +120,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
     async with app.run_test(size=(160, 30)) as pilot:
         await wait_until(pilot, lambda: app.result is not None, "the first round")
         assert app.result is not None
-        assert [e.state for e in app.result.engines] == ["degraded", "ok", "ok"]
+        assert [e.state for e in app.result.engines] == ["attention", "ok", "ok"]
         supervisor.down(state_c)  # engine C goes away mid-session
 
         def c_down() -> bool:
@@ -188,3 +189,21 @@ def test_summarize_pool_at_budget_and_waiters() -> None:
     assert row.state == "degraded" and row.problems == ("rank 0: pool at budget B",)
     assert [(r.rank, r.state) for r in row.ranks] == [(0, "degraded"), (1, "attention")]
     assert row.failed_recent == 0
+
+
+def test_summarize_a_starved_rank_needs_attention_and_is_not_unhealthy() -> None:
+    """Pure: a rank the host keeps from running is the host's doing: attention, never unhealthy; the control, a rank
+    the engine reports unhealthy (stopped), makes the engine unhealthy."""
+    from bsr_cli.core.status import Snapshot
+    from bsr_cli.fleet import EngineAnswer, summarize
+
+    def row(rank: dict[str, Any]) -> Any:
+        snap = {"time": 1000.0, "info": {"budget_bytes": 100}, "ranks": [rank], "tiers": {}, "recent": []}
+        answer = EngineAnswer.of(Snapshot.from_wire(snap))
+        return summarize(Target("e", "http://e", None), answer, None, 0.01, at=1000.0)
+
+    starved = row({"rank": 0, "alive": True, "healthy": True, "state": "starved", "reason": "waited 9 s to run"})
+    assert starved.state == "attention" and starved.ranks[0].state == "attention"
+    assert starved.ranks[0].reason == "starved (the host, not the rank): waited 9 s to run"
+    stopped = row({"rank": 0, "alive": True, "healthy": False, "state": "stopped", "reason": "its process is stopped"})
+    assert stopped.state == "unhealthy" and stopped.ranks[0].state == "unhealthy"

@@ -13,24 +13,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import prometheus_server
 import pytest
 from answering_server import AnsweringServer, json_answer
+from prometheus_server import needs_prometheus
 
 from bsr_cli import fleet
 from bsr_cli.tui.fleet_app import FLEET_HELP, EngineScreen, FleetApp
 from bsr_cli.tui.screens import HelpScreen
 
-PROMETHEUS = shutil.which("prometheus")
-needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (scripts/setup does)")
 STANDINS = 20
 
 
@@ -60,12 +57,6 @@ class StandIn:
         self.http.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def standins(live_engine: Any) -> Iterator[list[StandIn]]:
     with live_engine.client() as c:
@@ -89,12 +80,10 @@ def standins(live_engine: Any) -> Iterator[list[StandIn]]:
 def prometheus(live_engine: Any, standins: list[StandIn], tmp_path: Path) -> Iterator[str]:
     """A real Prometheus on loopback whose job `bsr` scrapes the real engine and every stand-in; its own job
     `prometheus` is there to be filtered out."""
-    assert PROMETHEUS is not None
-    port = _free_port()
+    port = prometheus_server.free_port()
     targets = [live_engine.url, *(s.url for s in standins)]
     listed = ", ".join(f"'{u.removeprefix('http://')}'" for u in targets)
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(
+    config = (
         "global: {scrape_interval: 1s}\n"
         "scrape_configs:\n"
         # /metrics needs the engine's token (the stand-ins take any): Prometheus sends it as the operator would.
@@ -102,40 +91,16 @@ def prometheus(live_engine: Any, standins: list[StandIn], tmp_path: Path) -> Ite
         f"    static_configs: [{{targets: [{listed}]}}]\n"
         f"  - job_name: prometheus\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
     )
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={cfg}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=tmp_path,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with prometheus_server.running(config, tmp_path, port=port) as base:
         deadline = time.monotonic() + 60
         while True:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
-            try:
+            with contextlib.suppress(httpx.TransportError, ValueError, KeyError):
                 got = httpx.get(f"{base}/api/v1/targets", params={"state": "active"}, timeout=5).json()
                 if len(got["data"]["activeTargets"]) == len(targets) + 1:
                     break
-            except (httpx.TransportError, ValueError, KeyError):
-                pass
             assert time.monotonic() < deadline, "prometheus did not list its targets within 60 s"
             time.sleep(0.2)
         yield f"prometheus://127.0.0.1:{port}?job=bsr"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
 
 
 @needs_prometheus

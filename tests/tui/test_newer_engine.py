@@ -73,4 +73,5 @@ async def test_top_reads_a_newer_engine_and_does_not_take_its_new_reason_for_ok(
         assert app.view is not None
         tier = next(t for t in app.view.tiers if "the store throttles" in " ".join(t.detail))
         assert not tier.ok  # shown as the engine said: unhealthy, with its reason
-        assert "the store throttles" in screen(app)
+        # On screen once the health pane is laid out to its new content (the frame after the snapshot is drawn).
+        await wait_until(pilot, lambda: "the store throttles" in screen(app), "the new reason on screen")

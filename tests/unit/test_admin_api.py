@@ -149,3 +149,30 @@ def _wait_for_event(c: Any, seq: int, request: str, kind: str, timeout_s: float 
             if request_of(e) == request and e.kind == kind:
                 return e.to_wire()
     raise AssertionError(f"no {kind} event for {request} within {timeout_s:g}s")
+
+
+def test_events_page_back_from_the_newest_and_say_how_many_are_held(served: tuple[FakeEngine, AdminServer]) -> None:
+    """GET /events?newest=1&limit=N, then &before=<the oldest seq read>, walks the log back page by page to its
+    oldest event, each once; every answer says how many events the engine holds and the oldest one's seq."""
+    eng, server = served
+    log = eng.coordinator.events
+    for w in range(25):
+        log.append(WindowReleased(request="req-00009", rank=w % 2, window=w, windows=25, bytes=4096))
+    with AdminClient(server.url, TOKEN) as client:
+        first = client.events(newest=True, limit=10)
+        held, oldest = log.extent()
+        assert (first.held, first.oldest_seq, first.last_seq) == (held, oldest, log.last_seq) and held >= 25
+        assert [int(e["seq"]) for e in first.events] == list(range(log.last_seq - 9, log.last_seq + 1))
+        seen = [int(e["seq"]) for e in first.events]
+        before = seen[0]
+        for _ in range(held):  # at most one page per event: a cursor that did not move ends the loop anyway
+            page = client.events(newest=True, limit=10, before=before)
+            if not page.events:
+                break
+            seqs = [int(e["seq"]) for e in page.events]
+            assert seqs == sorted(seqs) and seqs[-1] < before
+            seen = seqs + seen
+            before = seqs[0]
+        assert seen == list(range(oldest, log.last_seq + 1))
+        with pytest.raises(BsrError):
+            client.events(before=0)  # a cursor is a sequence number from 1

@@ -95,7 +95,8 @@ def test_a_request_still_waiting_at_its_deadline_is_refused_for_capacity(kv_engi
     assert _gave_up(kv_engine) == 1 and _gauge(kv_engine) == 0
     assert (
         kv_engine.coordinator.counters.value(
-            "bsr_restores_total", {"outcome": Outcome.REFUSED, "kind": FailureKind.CAPACITY, "stage": "admission"}
+            "bsr_restores_total",
+            {"outcome": Outcome.REFUSED, "kind": FailureKind.CAPACITY, "stage": "admission", "injected": "false"},
         )
         == 1
     )

@@ -103,6 +103,32 @@ def test_filters_combine(tmp_path: Path, durable: bool) -> None:
     log.close()
 
 
+@pytest.mark.parametrize("durable", [True, False], ids=["store", "memory"])
+def test_pages_back_from_the_newest_and_says_how_much_it_holds(tmp_path: Path, durable: bool) -> None:
+    """A reader pages from the newest back (newest=1, then before=<the oldest seq it holds>) to the oldest event
+    held, each page once; the log says how many events it holds and from which seq (the store: every one; the
+    in-memory tail: its last 50)."""
+    log = EventLog(capacity=50, store=EventStore(tmp_path / "e.sqlite") if durable else None)
+    _restore(log, "req-00001", windows=40)  # 81 events
+    held, oldest = log.extent()
+    assert (held, oldest) == ((81, 1) if durable else (50, 32))
+    pages: list[list[int]] = []
+    before: int | None = None
+    for _ in range(10):  # three pages hold it all; a cursor that did not move would loop
+        page = [e.seq for e in log.query(Query(limit=30, newest=True, before_seq=before))]
+        if not page:
+            break
+        pages.append(page)
+        before = page[0]
+    assert pages[0] == list(range(52, 82)) and pages[1] == list(range(max(22, oldest), 52))  # each oldest first
+    assert sorted(s for p in pages for s in p) == list(range(oldest, 82))  # all of it, nothing twice
+    kinds = (EventKind.RESTORE_STARTED.value,)
+    assert [e.seq for e in log.query(Query(kinds=kinds, newest=True, before_seq=52, limit=5))] == (
+        [1] if durable else []
+    )
+    log.close()
+
+
 def _wire(seq: int, at: float, request: str = "req-00001") -> WindowReleased:
     return WindowReleased(request=request, rank=seq % 2, window=seq, bytes=4096, seq=seq, time=at)
 
@@ -120,9 +146,11 @@ def test_retention_by_age(tmp_path: Path) -> None:
     now[0] += 3 * DAY  # three days later nothing new came: retention still applies
     assert store.prune() > 0
     assert [e.seq for e in store.query(Query(limit=1000))] == list(range(100 - 48, 101))
+    assert store.extent() == (49, 52)  # what it holds, counted off as retention deleted
     store.close()
     again = EventStore(tmp_path / "e.sqlite")
     assert again.last_seq == 100  # seq survives even what retention removed
+    assert again.extent() == (49, 52)  # counted again on opening
     again.close()
 
 
@@ -137,6 +165,7 @@ def test_retention_by_size_keeps_the_newest(tmp_path: Path) -> None:
     assert stats.used_bytes <= cap and 0 < stats.events < 5000
     kept = [e.seq for e in store.query(Query(limit=10_000))]
     assert kept[-1] == 5000 and kept == list(range(kept[0], 5001))  # the oldest went first, nothing in between
+    assert store.extent() == (stats.events, kept[0])
     store.close()
 
 

@@ -85,7 +85,7 @@ def test_counters_count_from_the_start_not_from_the_first_scrape() -> None:
     finally:
         for r in engine.ranks:
             r.close()
-    assert _scrape(text, "bsr_restores_total")['kind="none",outcome="committed",stage="none"'] == 3
+    assert _scrape(text, "bsr_restores_total")['injected="false",kind="none",outcome="committed",stage="none"'] == 3
     assert _scrape(text, "bsr_restore_windows_total") == {'rank="0"': 3 * 64, 'rank="1"': 3 * 64}
     assert _scrape(text, "bsr_requests_submitted_total") == {} and "bsr_requests_submitted_total 1.0" in text
 
@@ -128,5 +128,5 @@ def test_200_restores_from_16_parallel_clients_add_exactly_200(engine: FakeEngin
         server.stop()
     assert len(outcomes) == 200 and set(outcomes) == {"committed"}
     rose: dict[str, Any] = {lbl: after[lbl] - before.get(lbl, 0.0) for lbl in after if after[lbl] != before.get(lbl)}
-    assert rose == {'kind="none",outcome="committed",stage="none"': 200.0}
+    assert rose == {'injected="false",kind="none",outcome="committed",stage="none"': 200.0}
     assert sum(after.values()) - sum(before.values()) == 200

@@ -28,6 +28,7 @@ from bsr_cli.api.ranks import (
     PrefillResult,
     ProbeRequest,
     ProbeResult,
+    QuarantinedObject,
     RankOps,
     RemoveAllRequest,
     RemoveAllResult,
@@ -36,6 +37,8 @@ from bsr_cli.api.ranks import (
     RestoreJob,
     RestoreRequest,
     RestoreResult,
+    ScrubRequest,
+    ScrubResult,
     SetBudgetRequest,
     SetBudgetResult,
     SetFsConcurrencyRequest,
@@ -53,8 +56,10 @@ from bsr_cli.api.ranks import (
     request_to_json,
     result_from_json,
 )
+from bsr_cli.core.evidence import ScrubScope, ScrubState
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.keys import synthetic_tokens
+from bsr_cli.core.scrub import ScrubProgress
 from bsr_cli.errors import BadRequest, ExitCode
 from unit.fixtures import FakeEngine
 
@@ -82,6 +87,8 @@ JOB = RestoreJob(
     faults=[FaultSpec(kind="timeout", rank=1, window=1, group="swa", count=2, id=9, fired=1)],
     fetch_timeout_s=1.5,
     admit_timeout_s=30.0,
+    prompt="p",
+    chunk_hashes=("a", "b", "c"),
 )
 
 REQUEST_EXAMPLES: list[Any] = [
@@ -93,6 +100,7 @@ REQUEST_EXAMPLES: list[Any] = [
     SetBudgetRequest(4096),
     SetFsConcurrencyRequest(4),
     RemoveAllRequest("fs"),
+    ScrubRequest("scrub-1", "fs", ScrubScope.PROMPT, 100, 1 << 20, hashes=["a", "b"], prompt="p", shards=2),
     PrefillRequest(["a", "b"], 40, 1, TABLES),
     OutputHashRequest(TABLES, 40),
     CanonicalHashRequest(["a", "b"], 40),
@@ -110,6 +118,7 @@ RESULT_EXAMPLES: dict[str, Any] = {
         seconds=0.25,
         reason="timeout",
         failed_window=1,
+        failed_chunks=(2, 3),
         fired_faults=[9],
         kind="tier",
         tier="mooncake",
@@ -119,6 +128,10 @@ RESULT_EXAMPLES: dict[str, Any] = {
     "set_budget": SetBudgetResult({"budget_bytes": 4096}),
     "set_fs_concurrency": SetFsConcurrencyResult(4),
     "remove_all": RemoveAllResult(12),
+    "scrub": ScrubResult(
+        ScrubProgress("scrub-1", 1, "fs", ScrubScope.PROMPT, ScrubState.CUT, 1.5, "p", "req-1", 4, 3, 96, 1, 1, 1),
+        [QuarantinedObject("k/full/2", "/fs/quarantine/x.bsr", "payload checksum mismatch", 2.0, 96)],
+    ),
     "prefill": PrefillResult(24),
     "output_hash": OutputHashResult({"full": "ab", "swa": "cd"}),
     "canonical_hash": CanonicalHashResult({"full": "ab", "swa": "cd"}),

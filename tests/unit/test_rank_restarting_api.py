@@ -4,6 +4,7 @@ the client retries once the rank is back, and no other status a runtime conditio
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -93,3 +94,30 @@ def test_a_read_waits_for_the_rank_to_be_back(restarting, bsr) -> None:
     eng.ranks[1].dead = False  # started again
     probe.join(25)
     assert done == [0]
+
+
+def test_a_rank_the_kernel_finds_gone_mid_call_is_restarting_before_its_client_notices() -> None:
+    """The judge and the restarts agree: a rank whose process the kernel no longer has (its pid is gone) is judged
+    dead during a call even while its client has not yet seen it go (``alive()`` still true), and the call is
+    answered 503 rank-restarting with when to retry, as for a rank whose client knows it is down."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # exited and reaped: /proc has no such pid any more
+    eng = build_engine(call_timeout_s=4.0)
+    eng.coordinator.restart_ranks_with(RestartSchedule(2.5))
+    server = AdminServer(eng.coordinator, token=TOKEN)
+    server.start()
+    stuck = eng.ranks[1]
+    stuck.pid = gone.pid  # type: ignore[attr-defined]  # the process rank 1 ran in
+    stuck.hang = {"reset_peak"}  # its call never returns: only the judge can end the wait
+    try:
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as http:
+            r = http.post(PREFIX + "/pool/reset-peak", json={})
+        assert stuck.alive(), "the client must not know yet: the kernel is what says the process is gone"
+        assert r.status_code == 503 and r.headers.get("retry-after") == "3", (r.status_code, r.text)
+        err = r.json()
+        assert (err["error"], err["rank"], err["retry_after_s"]) == ("rank-restarting", 1, 3), err
+        assert "its process is not running during reset_peak" in err["message"], err
+    finally:
+        server.stop()
+        for rank in eng.ranks:
+            rank.close()

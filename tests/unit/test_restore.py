@@ -28,6 +28,28 @@ def _tokens(c: int) -> int:
     return min((c + 1) * REG.chunk_size, TOKENS) - c * REG.chunk_size
 
 
+class Delays:
+    """Stands in for the rank's own /proc figures, which a fetch that times out is judged by: between the fetch's
+    start and its deadline the rank's threads ran ``ran_s`` and waited ``waited_s``. A fake because the fast lane's
+    own process is starved or not as the machine's load has it, and a test must not depend on that."""
+
+    def __init__(self, ran_s: float, waited_s: float) -> None:
+        from bsr_cli.runtime.liveness import Pressure
+
+        self.ran_ns, self.waited_ns = int(ran_s * 1e9), int(waited_s * 1e9)
+        self.reader = type("Reader", (), {"pressure": lambda _self: Pressure(None, None, None)})()
+
+    def recent(self) -> Any:
+        from bsr_cli.runtime.liveness import RunDelays
+
+        return RunDelays(0.0, {1: (0, 0)})
+
+    def now(self) -> Any:
+        from bsr_cli.runtime.liveness import RunDelays
+
+        return RunDelays(1.0, {1: (self.ran_ns, self.waited_ns)})
+
+
 class Rig:
     def __init__(self, *, pool_chunks: int = 8, budget_chunks: int | None = None) -> None:
         self.tier = FakeTier("mooncake")
@@ -47,6 +69,7 @@ class Rig:
             self.dest,
             lambda ev: self.events.append(ev.to_wire()),
         )
+        self.restorer.own_delays = Delays(1.0, 0.0)  # type: ignore[assignment]  # a rank that could run
         self.hashes = chunk_hashes(synthetic_tokens(TOKENS, seed=3), REG.chunk_size)
         # The tier holds every object, as a store after a prefill would.
         for c, h in enumerate(self.hashes):
@@ -355,3 +378,39 @@ def test_armed_faults_wrap_the_tiers_and_act_only_where_they_hit(rig: Rig) -> No
     _, got_full = _fetch_window(tiers, job, 2, "full")  # the fault names swa only
     assert got_full == [rig.tier.objects[job.objects["full"][c].key][0] for c in range(8, 11)]
     assert armed.fired == [1, 2]
+
+
+@pytest.mark.parametrize(("starved", "link_down"), [(True, False), (False, False), (True, True)])
+def test_a_fetch_deadline_missed_while_the_rank_waited_to_run_blames_the_host_not_the_tier(
+    rig: Rig, starved: bool, link_down: bool
+) -> None:
+    """The same fetch timing out: the rank's threads waited nearly all of it to run, so the host
+    is named and no tier is blamed; the controls: they ran most of it, so the tier was late and is blamed; or they
+    waited, but the rank found a link to the tier down, which is evidence of the tier's fault and outranks it."""
+    rig.restorer.own_delays = Delays(0.01, 0.95) if starved else Delays(0.6, 0.3)  # type: ignore[assignment]
+    if link_down:
+        rig.restorer.diagnose = lambda tier: "link rank0↔holder down: 10.213.0.2:1234 unreachable"
+    late = _AbandoningTier("mooncake", rig.tier.objects)  # it times out on every fetch
+    rig.restorer.tiers["mooncake"] = late
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    late.late.set_result(None)
+    assert not out.ok and out.valid == {"full": False, "swa": False} and rig.dest.invalidated  # fail-closed either way
+    failure = failures.failure_of(out)
+    if starved and not link_down:
+        assert failure.kind is failures.HOST and failure.tier is None and failure.stage is not None
+        assert failure.load is not None and failure.load.ranks[0].run_delay_s == pytest.approx(0.95)
+        assert "waited to run" in failure.reason and "cpu pressure unknown" in failure.reason
+        assert failures.blamed_tiers(failure.kind, [failure], ["mooncake"]) == set()
+    else:
+        assert failure.kind is failures.TIER and failure.tier == "mooncake" and failure.load is None
+        assert ("link rank0↔holder down" in failure.reason) is link_down
+
+
+def test_an_injected_stall_is_the_tiers_even_on_a_starved_rank(rig: Rig) -> None:
+    """An armed fault that stalls the fetch is known evidence of the tier's fault: it outranks starvation."""
+    rig.restorer.own_delays = Delays(0.01, 0.95)  # type: ignore[assignment]
+    out = rig.restorer.restore(
+        rig.job(4, [FaultSpec(kind="timeout", window=1, id=9)], timeout_s=0.3), threading.Event()
+    )
+    failure = failures.failure_of(out)
+    assert failure.kind is failures.TIER and failure.tier == "mooncake" and out.fired_faults == [9]

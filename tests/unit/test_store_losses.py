@@ -108,7 +108,7 @@ def test_the_coordinator_records_a_loss_once_and_keeps_the_tier_unhealthy_with_i
     assert not mc.ok and mc.condition is TierCondition.SEGMENT_LOST and mc.lost_segments == (loss,)
     assert mc.detail[0] == loss.line()
     text = exposition(c)
-    assert 'bsr_tier_condition{condition="segment_lost",tier="mooncake"} 1.0' in text
+    assert 'bsr_tier_condition{condition="segment_lost",injected="false",tier="mooncake"} 1.0' in text
     assert 'bsr_store_segments_lost_total{cause="unmounted",tier="mooncake"} 1.0' in text
 
     # Mounted again (empty): still the tier's condition for the evidence window, then not; a segment still gone

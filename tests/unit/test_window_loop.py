@@ -22,7 +22,17 @@ from unit.fakes import small_registration
 
 @dataclass
 class Win:
+    """A window of two chunks, as a job's WindowJob carries it."""
+
     index: int
+
+    @property
+    def chunk_start(self) -> int:
+        return 2 * self.index
+
+    @property
+    def chunk_end(self) -> int:
+        return 2 * self.index + 2
 
 
 class Host:
@@ -76,7 +86,7 @@ def test_a_failed_window_stops_the_loop_scrubs_once_and_names_its_groups() -> No
     h = Host({1: RestoreFailed("checksum mismatch", 1, ["swa"], kind=failures.TIER, stage=Stage.VERIFY, tier="fs")})
     out = h.run(4)
     assert not out.ok and h.steps == [0, 1]
-    assert out.valid == {"full": True, "swa": False} and out.failed_window == 1
+    assert out.valid == {"full": True, "swa": False} and out.failed_window == 1 and out.failed_chunks == (2, 4)
     assert (out.kind, out.tier) == (failures.TIER, "fs")
     assert h.scrubs == 1 and h.cleanups == 1
     assert h.events[-1] == {
@@ -91,6 +101,7 @@ def test_a_failed_window_stops_the_loop_scrubs_once_and_names_its_groups() -> No
         "stage": "verify",
         "tier": "fs",
         "cause": None,
+        "chunks": [2, 4],
     }
 
 

@@ -11,6 +11,8 @@ text, index 1 in JSON and events); the next request for the prompt is forced loc
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from typing import Any
 
 import pytest
@@ -31,6 +33,15 @@ SERVED = ("bsr status", "bsr markers list", "bsr probe ", "bsr faults clear", "b
 
 def cli(url: str, *args: str) -> dict[str, Any]:
     return {"cli": ["--engine", url, "--token", TOKEN, *args]}
+
+
+def describe_failed_load(url: str, *flags: str) -> dict[str, Any]:
+    """`bsr describe` of the worker's last failed load, its request id read from `bsr events` (as an operator would)."""
+    py = shlex.quote(sys.executable)
+    bsr = f"{py} -m bsr_cli --engine {url} --token {TOKEN}"
+    last = "import json,sys; print([json.loads(x) for x in sys.stdin if x.strip()][-1]['request'])"
+    find = f"{bsr} --json events -n 500 --kind restore_failed_closed | {py} -c {shlex.quote(last)}"
+    return {"sh": f'req=$({find}) && {bsr} {" ".join(flags)} describe "$req"'}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -58,6 +69,8 @@ def run(
         cli(url, "explain", *tf),
         cli(url, "--json", "explain", *tf),
         cli(url, "--json", "events", "-n", "500"),
+        describe_failed_load(url),
+        describe_failed_load(url, "--json"),
     ]
     res = d.run(
         {
@@ -158,7 +171,7 @@ def test_after_a_failed_window_markers_status_and_explain_show_the_marker_and_th
 ) -> None:
     ev = failed_load(run)
     req = ev["req"]
-    mlist, mjson, stext, sjson, etext, ejson, _events = run["by_name"]["failed"]["actions"]
+    mlist, mjson, stext, sjson, etext, ejson, _events = run["by_name"]["failed"]["actions"][:7]
     # The marker vLLM's scheduler holds, under the prefix's prompt hash, with the failed load's window and reason.
     (m,) = as_json(mjson)["markers"]
     assert m["request"] == req and m["prompt"] == PREFIX_HASH and m["prefix_tokens"] == PREFIX, m
@@ -182,6 +195,38 @@ def test_after_a_failed_window_markers_status_and_explain_show_the_marker_and_th
     assert [f["window"] for f in last["failures"]] == [1]
     shown = ok(etext)
     assert "failed rank 0 window G2" in shown and "bsr markers clear" not in shown, shown
+
+
+@pytest.mark.timeout(400)
+def test_the_marker_has_one_id_and_describe_names_the_failed_window(run: dict[str, Any]) -> None:
+    """After the worker's failed load: `markers list`, `status`, `explain` (of the whole prompt), the events and
+    `describe` of the failed request all name the marker by the one id vLLM's scheduler keys it by (the prefix's
+    prompt hash, never the whole prompt's), and describe says which window failed, its chunks, the stage and why."""
+    ev = failed_load(run)
+    req = ev["req"]
+    mlist, mjson, stext, sjson, _etext, ejson, events, dtext, djson = run["by_name"]["failed"]["actions"]
+    whole = prompt_hash(prompt(N, SEED))
+    assert whole != PREFIX_HASH  # the negative control: the id explain used to show
+    assert [m["prompt"] for m in as_json(mjson)["markers"]] == [PREFIX_HASH]
+    assert [m["prompt"] for m in as_json(sjson)["markers"]] == [PREFIX_HASH]
+    assert f"prompt {PREFIX_HASH}" in ok(mlist) and f"force-local marker prompt {PREFIX_HASH}" in ok(stext)
+    d = as_json(ejson)
+    assert d["marker"] == PREFIX_HASH and d["prompt"] == whole, d
+    shown = [e for f in d["findings"] for e in f["evidence"] if e.startswith("marker:")]
+    assert shown and all(e.startswith(f"marker: prompt {PREFIX_HASH} ") for e in shown), shown
+    assert f"first {PREFIX:,} tokens" in shown[0] and whole not in json.dumps(d["findings"]), shown
+    lines = [json.loads(x) for x in ok(events).splitlines() if x.strip()]
+    (marked,) = [e for e in lines if e["type"] == "marker_set" and e["request"] == req]
+    (started,) = [e for e in lines if e["type"] == "restore_started" and e["request"] == req]
+    assert marked["prompt"] == started["prompt"] == PREFIX_HASH
+    t = as_json(djson)
+    assert t["request"] == req and t["prompt"] == PREFIX_HASH and t["marker"]["prompt"] == PREFIX_HASH, t
+    (f,) = t["failures"]
+    # G2 of W=2 is chunks [2, 4); the injected restore-fault fails the install: the rank's stage, no tier.
+    assert (f["label"], f["chunks"], f["stage"], f["kind"], f["tier"]) == ("G2", [2, 4], "install", "rank", None), f
+    assert "injected restore-fault" in f["reason"]
+    text = ok(dtext)
+    assert "failed at window G2 (chunks 2-3) (stage install" in text and f"marker prompt {PREFIX_HASH}" in text, text
 
 
 @pytest.mark.timeout(400)

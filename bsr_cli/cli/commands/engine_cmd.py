@@ -65,6 +65,14 @@ KvWaitOpt = Annotated[
         "refused for capacity (s; 0 refuses at once).",
     ),
 ]
+OverloadCeilingOpt = Annotated[
+    float,
+    typer.Option(
+        "--overload-ceiling",
+        help="The longest a rank's deadline (heartbeat, window progress) is stretched while the host starves it; "
+        "past it the restore fails naming the host, never the rank (s).",
+    ),
+]
 HostOpt = Annotated[str, typer.Option("--host", help="Admin API bind address (loopback by default).")]
 PortOpt = Annotated[int, typer.Option("--port", help="Admin API port (0 = a free one).", min=0)]
 AllowHostOpt = Annotated[
@@ -125,6 +133,7 @@ def engine_up(
     fs_concurrency: FsConcurrencyOpt = 1,
     fetch_timeout: FetchTimeoutOpt = 10.0,
     kv_wait: KvWaitOpt = 60.0,
+    overload_ceiling: OverloadCeilingOpt = 60.0,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 0,
     allow_host: AllowHostOpt = None,
@@ -162,6 +171,7 @@ def engine_up(
         fs_concurrency=fs_concurrency,
         fetch_timeout_s=fetch_timeout,
         kv_wait_s=kv_wait,
+        overload_ceiling_s=overload_ceiling,
         host=host,
         port=port,
         remote=not no_remote,

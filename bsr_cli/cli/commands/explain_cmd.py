@@ -139,13 +139,9 @@ def _explain_prompt(
             recent = client.events(kinds=starts, limit=500, newest=True).events
             found = [e for e in recent if _covers(e.get("prompt"), e.get("prefix_tokens"), tokens, prompt)]
         last_events = client.held_events(0, request=str(found[-1]["request"]))[0] if found else []
-    # A vLLM worker's marker stands for a prefix: one this prompt starts with is this prompt's marker.
-    markers = [
-        dataclasses.replace(m, prompt=prompt)
-        if _covers(m.prompt, m.host_fields.get("prefix_tokens"), tokens, prompt)
-        else m
-        for m in markers
-    ]
+    # A vLLM worker's marker stands for a prefix: one this prompt starts with is this prompt's marker. It keeps
+    # its own id (the one `bsr markers list`, `status` and the events show).
+    covering = {m.prompt for m in markers if _covers(m.prompt, m.host_fields.get("prefix_tokens"), tokens, prompt)}
     last = fold_restore(last_events) if last_events else None
     result = explain_engine(
         prompt=prompt,
@@ -160,6 +156,7 @@ def _explain_prompt(
         faults=faults,
         w=w,
         last_restore=last,
+        covering=covering,
     )
     return dataclasses.replace(result, url=client.url)
 

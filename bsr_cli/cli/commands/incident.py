@@ -4,7 +4,7 @@ request, the event log (tail and follow), and one request's per-rank, per-window
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -21,7 +21,7 @@ from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
-    from bsr_cli.core.status import EngineInfo
+    from bsr_cli.core.status import EngineInfo, MarkerView
 
 DEFAULT_LIMIT = 50  # events `bsr events` shows without -n or --since
 MAX_LIMIT = 10_000  # the most one /events answer holds
@@ -36,6 +36,7 @@ SETTING_KEYS = (
     "pool_bytes",
     "fs_concurrency",
     "fetch_timeout_s",
+    "overload_ceiling_s",
     "tiers",
     "max_tokens",
     "kv_tokens",
@@ -356,14 +357,17 @@ def describe(
     ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
-    """One request's timeline: per rank and window, when it was fetched, installed and released, and how it ended."""
+    """One request's timeline: per rank and window, when it was fetched, installed and released; the window that
+    failed (its chunks, the tier and stage blamed, why), the marker it left, the scrubs it started; how it ended."""
     st = state(ctx, json_flag)
+    markers: list[MarkerView] = []
     if record is not None:
         mine = [e for e in _recorded_events(record) if ev.request_of(e) == request]
         where = str(record)
     else:
         with _client(st) as client:
             mine, _ = client.held_events(0, request=request)
+            markers = client.markers()
             where = client.url
     if not mine:
         raise InvalidInput(
@@ -371,7 +375,7 @@ def describe(
             hint="`bsr events --since 1d --kind restore_started` lists recent requests; the engine keeps events "
             "for its retention (7 days / 512 MiB by default)",
         )
-    st.out.result(timeline(request, mine), _render_timeline)
+    st.out.result(timeline(request, mine, markers), _render_timeline)
 
 
 def _recorded_events(path: Path) -> list[ev.Event]:
@@ -431,15 +435,47 @@ class WindowRow:
 
 @dataclass(frozen=True)
 class TimelineFailure:
-    """One rank's part of the restore that failed. ``window`` counts from 1 (None: before any window)."""
+    """One rank's part of the restore that failed. ``window`` counts from 1 (None: before any window), ``chunks``
+    are the failed window's [start, end) when the host said."""
 
-    rank: int
+    rank: int | None
     window: int | None
     at: float
     reason: str
     kind: ev.FailureKind
     stage: ev.Stage | None
     tier: str | None
+    chunks: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, f: ev.Failure, at: float) -> TimelineFailure:
+        window = f.window + 1 if f.window is not None else None
+        return cls(f.rank, window, at, f.reason, f.kind, f.stage, f.tier, f.chunks)
+
+    def where(self) -> str:
+        """``window G2 (chunks 4-7)``, or ``before any window``."""
+        if not self.window:
+            return "before any window"
+        span = f" (chunks {self.chunks[0]}-{self.chunks[1] - 1})" if self.chunks else ""
+        return f"window G{self.window}{span}"
+
+    def why(self) -> str:
+        """``tier fs, stage verify``: who is blamed and where (what is known)."""
+        parts = [f"tier {self.tier}" if self.tier else "", f"stage {self.stage.value}" if self.stage else ""]
+        return ", ".join(p for p in parts if p) or f"kind {self.kind.value}"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "window": self.window,
+            "label": f"G{self.window}" if self.window else None,
+            "chunks": list(self.chunks) if self.chunks else None,
+            "at": self.at,
+            "reason": self.reason,
+            "kind": self.kind.value,
+            "stage": self.stage.value if self.stage else None,
+            "tier": self.tier,
+        }
 
 
 @dataclass(frozen=True)
@@ -466,42 +502,56 @@ class TimelineOutcome:
 
 
 @dataclass(frozen=True)
+class TimelineMarker:
+    """The force-local marker the request's failure left: under its prompt id, as `bsr markers list` shows it."""
+
+    prompt: str
+    excluded_tiers: tuple[str, ...]
+    reason: str
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
 class Timeline:
-    """`bsr describe`: one request's windows per rank, its failures, and its outcome."""
+    """`bsr describe`: one request's prompt, windows per rank, its failures (which window, its chunks, why), the
+    marker it left and the scrubs it started, and its outcome."""
 
     request: str
     started_at: float
     outcome: TimelineOutcome
     failures: tuple[TimelineFailure, ...]
     windows: tuple[WindowRow, ...]
+    prompt: str = ""
+    marker: TimelineMarker | None = None
+    scrubs: tuple[ev.ScrubFinished, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "request": self.request,
+            "prompt": self.prompt or None,
             "started_at": self.started_at,
             "outcome": dict(self.outcome.facts()),
-            "failures": [
-                {
-                    "rank": f.rank,
-                    "window": f.window,
-                    "at": f.at,
-                    "reason": f.reason,
-                    "kind": f.kind.value,
-                    "stage": f.stage.value if f.stage else None,
-                    "tier": f.tier,
-                }
-                for f in self.failures
+            "failures": [f.to_wire() for f in self.failures],
+            "marker": self.marker.to_wire() if self.marker else None,
+            "scrubs": [
+                {k: v for k, v in s.to_wire().items() if k not in ("type", "seq", "time", "request")}
+                for s in self.scrubs
             ],
             "windows": [dict(r.facts()) for r in self.windows],
         }
 
 
-def timeline(request: str, evs: list[ev.Event]) -> Timeline:
-    """Fold one request's events into per-(rank, window) rows and an outcome."""
+def timeline(request: str, evs: list[ev.Event], markers: Sequence[MarkerView] = ()) -> Timeline:
+    """Fold one request's events into per-(rank, window) rows, its failures, marker and scrubs, and an outcome.
+    ``markers``: the engine's standing ones (a host whose marker is no event of the request, found by request)."""
     t0 = min(e.time for e in evs)
     windows: dict[tuple[int, int], WindowRow] = {}
     outcome = TimelineOutcome("in progress")
     failures: list[TimelineFailure] = []
+    ended: tuple[ev.Failure, ...] = ()
+    ended_at = 0.0
+    prompt, marker, scrubs = "", None, []
     for e in sorted(evs, key=lambda e: (e.time, e.seq)):
         at = round(e.time - t0, 6)
         if isinstance(e, ev.WindowFetched | ev.WindowInstalled | ev.WindowReleased | ev.WindowWaiting):
@@ -509,12 +559,18 @@ def timeline(request: str, evs: list[ev.Event]) -> Timeline:
             row.steps[_WINDOW_STEP[type(e)]] = at
             if isinstance(e, ev.WindowFetched):
                 windows[(e.rank, e.window)] = replace(row, bytes=e.bytes, tiers=tuple(e.tiers), fetch_s=e.seconds)
+        elif isinstance(e, ev.RestoreStarted | ev.RequestAdmitted):
+            prompt = prompt or e.prompt
         elif isinstance(e, ev.RestoreFailed):
-            window = e.window + 1 if e.window is not None else None
-            failures.append(TimelineFailure(e.rank, window, at, e.reason, e.failure_kind, e.stage, e.tier))
+            failures.append(TimelineFailure.of(e.failure, at))
         elif isinstance(e, ev.RestoreEnded):
             tokens = e.committed_tokens if isinstance(e, ev.RestoreCommitted) else 0
             outcome = TimelineOutcome(e.outcome.value.replace("_", " "), at=at, tokens=tokens)
+            ended, ended_at = e.failures, at
+        elif isinstance(e, ev.MarkerSet):
+            marker = TimelineMarker(e.prompt, tuple(e.excluded_tiers), e.reason)
+        elif isinstance(e, ev.ScrubFinished):
+            scrubs.append(e)
         elif isinstance(e, ev.RequestFinished):
             outcome = TimelineOutcome(
                 "finished",
@@ -523,13 +579,21 @@ def timeline(request: str, evs: list[ev.Event]) -> Timeline:
                 external_tokens=e.external_tokens,
                 computed_tokens=e.computed_tokens,
             )
+    # A host that reports a failure only with the restore's end (a vLLM worker's load): the end names it.
+    told = {f.rank for f in failures}
+    failures += [TimelineFailure.of(f, ended_at) for f in ended if f.rank not in told]
+    if marker is None:
+        m = next((m for m in markers if m.request == request), None)
+        marker = TimelineMarker(m.prompt, tuple(m.excluded_tiers), m.reason) if m is not None else None
     rows = tuple(windows[k] for k in sorted(windows))
-    return Timeline(request, t0, outcome, tuple(failures), rows)
+    return Timeline(request, t0, outcome, tuple(failures), rows, prompt, marker, tuple(scrubs))
 
 
 def _render_timeline(console: Any, d: Timeline) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
+    from bsr_cli.cli.render.ops import marker_scope
     from bsr_cli.core.units import format_bytes
 
     o = d.outcome
@@ -537,11 +601,20 @@ def _render_timeline(console: Any, d: Timeline) -> None:
     console.print(
         f"request {d.request}  started {when}  outcome: {o.state}"
         + (f" ({o.tokens:,} tokens)" if o.tokens is not None else "")
+        + (f"  prompt {d.prompt}" if d.prompt else "")
     )
     for f in d.failures:
-        at = f"window {f.window}" if f.window else "before any window"
-        stage = f" ({f.stage.value})" if f.stage else ""
-        console.print(f"[red]rank {f.rank} failed at {at}{stage}[/] (+{f.at:.3f} s): {f.reason}")
+        who = f"rank {f.rank}" if f.rank is not None else "the restore"
+        console.print(f"[red]{who} failed at {f.where()}[/] ({f.why()}, +{f.at:.3f} s): {escape(f.reason)}")
+    if d.marker is not None:
+        scope = marker_scope(d.marker.excluded_tiers)
+        console.print(f"[magenta]force-local marker[/] prompt {d.marker.prompt} {scope}: {escape(d.marker.reason)}")
+    for sc in d.scrubs:
+        console.print(
+            f"rank {sc.rank} scrubbed {'the prompt' if sc.prompt else 'the tier'} on tier {sc.tier} ({sc.scrub}): "
+            f"{sc.state.value}, {sc.checked} checked, {sc.damaged} damaged, {sc.quarantined} set aside"
+            + (f" ({escape(sc.reason)})" if sc.reason else "")
+        )
     t = Table(title="windows (seconds from the first event)", title_justify="left")
     for col in ("rank", "window", "fetched", "installed", "released", "bytes", "tiers"):
         t.add_column(col, justify="left" if col == "tiers" else "right")

@@ -199,8 +199,9 @@ def restore(
 ) -> None:
     """A manual windowed restore into the engine, with live progress.
 
-    Exit 0 committed, 10 failed closed, 12 refused for capacity, 16 a rank is being restarted (retry), 19 output
-    hash not canonical (invalidated), 130 aborted."""
+    Exit 0 committed, 10 failed closed, 12 refused for capacity, 16 a rank is being restarted (retry), 17 the host
+    was overloaded (no rank or tier blamed; retry when the load drops), 19 output hash not canonical (invalidated),
+    130 aborted."""
     from bsr_cli.cli.render import ops as render_ops
 
     st = state(ctx, json_flag)
@@ -419,17 +420,26 @@ def inject_fault(
     st = state(ctx, json_flag)
     fault = FaultRequest(kind, rank=rank, window=None if window is None else window - 1, group=group, count=count)
     with _client(st) as client:
-        _check_fault_target(client.info(), rank=rank, window=window)
+        info = client.info()
+        _check_fault_target(info, rank=rank, window=window)
         result = client.inject_fault(fault)
 
     def render(console: Any, f: FaultSpec) -> None:
-        where = f"rank {f.rank}" if f.rank is not None else "every rank"
+        where = _fault_scope(info, f)
         win = f"window G{f.window + 1}" if f.window is not None else "the first window"
         times = "until cleared" if f.count == 0 else f"for {f.count} restore(s)"
         grp = f", group {f.group}" if f.group else ""
         console.print(f"[red]armed[/] fault #{f.id} {f.kind} on {where}, {win}{grp}, {times}")
 
     st.out.result(result, render)
+
+
+def _fault_scope(info: EngineInfo, f: FaultSpec) -> str:
+    """Where the fault is armed. A vLLM worker's admin API serves its own TP rank only (another rank: its own URL)."""
+    worker = info.host_fields.get("worker")
+    if isinstance(worker, dict) and worker.get("tp_rank") is not None:
+        return f"tp-rank {worker['tp_rank']} (this worker only)"
+    return f"rank {f.rank}" if f.rank is not None else "every rank"
 
 
 def _check_fault_target(info: EngineInfo, *, rank: int | None, window: int | None) -> None:

@@ -17,14 +17,11 @@ the store is asked once for every key (`batch_is_exist`) and once for every held
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import sys
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -521,11 +518,6 @@ def _native_stderr_silenced(enabled: bool) -> Iterator[None]:
         os.close(saved)
 
 
-def _get(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return str(r.read().decode(errors="replace"))
-
-
 @dataclass(frozen=True)
 class ListedSegment:
     """A segment as the master's listing names it: its name, its transfer engine endpoint, its size (if given)."""
@@ -643,12 +635,7 @@ def liveness(
 
 
 def _list_keys(admin_url: str) -> list[str]:
-    text = _get(admin_url + "/get_all_keys", timeout=10)
-    try:
-        listed = json.loads(text)
-        return [str(k) for k in (listed if isinstance(listed, list) else listed.get("keys", []))]
-    except json.JSONDecodeError:
-        return [line.strip() for line in text.replace(",", "\n").splitlines() if "@" in line]
+    return health.all_keys(admin_url, timeout=10)
 
 
 def _changes_as_flags(changes: dict[str, KeyFormatValue]) -> list[str]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -21,7 +22,7 @@ from bsr_cli.cli.render.planning import b, first_break_line
 from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, HitBitmap
 from bsr_cli.core.events import Event, Failure, RestoreFailed, RestoreStarted, WindowReleased
-from bsr_cli.core.evidence import FailureKind, Outcome, TierCondition, window_label
+from bsr_cli.core.evidence import FailureKind, Outcome, RankState, ScrubState, TierCondition, window_label
 from bsr_cli.core.results import (
     ManualRestoreResult,
     OutputHashes,
@@ -29,12 +30,13 @@ from bsr_cli.core.results import (
     RestoreReport,
     SubmitResult,
 )
-from bsr_cli.core.status import EngineStatus, FaultListing, RecentRestore
+from bsr_cli.core.status import EngineStatus, FaultListing, PoolEntry, RecentRestore
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
 if TYPE_CHECKING:
     from bsr_cli.core.explain import Explanation
+    from bsr_cli.core.scrub import ScrubReport
     from bsr_cli.core.store_probe import StoreProbe
     from bsr_cli.drill import DrillResult
     from bsr_cli.fleet import FleetView
@@ -179,6 +181,7 @@ def _restore_line(r: RestoreReport) -> str:
         causes = {
             FailureKind.RANK: f"{ranks or 'a rank'} failed{stage} (no tier blamed)",
             FailureKind.TIER: f"tier {tiers} failed{stage}" if tiers else f"a tier failed{stage}",
+            FailureKind.HOST_OVERLOADED: f"the host was overloaded{stage} (no rank or tier blamed)",
         }
         cause = causes.get(r.failure_kind, "nothing valid to commit") if r.failure_kind else "nothing valid to commit"
         headline = f"[red]failed closed[/], {cause}"
@@ -405,6 +408,15 @@ def faults(console: Console, d: FaultListing) -> None:
     console.print(t)
 
 
+def _rank_state(r: PoolEntry) -> str:
+    """A rank's state cell: up (draining to B), starved (the host keeps it from running), unhealthy or down."""
+    if not r.healthy:
+        return "[red]unhealthy[/]" if r.alive else "[red]down[/]"
+    if r.state is RankState.STARVED:
+        return "[yellow]up, starved[/]"
+    return "[yellow]up, draining to B[/]" if (r.pool or {}).get("draining") else "[green]up[/]"
+
+
 def status(console: Console, d: EngineStatus) -> None:
     snap = d.snapshot
     info = snap.info
@@ -429,9 +441,7 @@ def status(console: Console, d: EngineStatus) -> None:
         p = r.pool or {}
         t.add_row(
             str(r.rank),
-            ("[yellow]up, draining to B[/]" if p.get("draining") else "[green]up[/]")
-            if r.healthy
-            else ("[red]unhealthy[/]" if r.alive else "[red]down[/]"),
+            _rank_state(r),
             format_bytes(p.get("live_bytes", 0)),
             format_bytes(p.get("peak_bytes", 0)),
             format_bytes(p.get("capacity_bytes", 0)),
@@ -442,13 +452,18 @@ def status(console: Console, d: EngineStatus) -> None:
     for r in snap.ranks:
         if not r.healthy:
             console.print(f"[red]rank {r.rank} unhealthy[/]: {r.reason or r.error or 'not running'}")
+        elif r.state is RankState.STARVED:  # the host's doing: its deadlines stretch, it is not blamed
+            console.print(f"[yellow]rank {r.rank} starved[/] (the host, not the rank): {r.reason or 'waiting to run'}")
         elif r.last_fault is not None and r.last_fault.stage:  # it failed at its own stage and still answers
             console.print(f"[yellow]rank {r.rank} last fault[/]: {r.last_fault.reason}")
         elif r.last_fault is not None:
             console.print(f"rank {r.rank} recovered; last fault: {r.last_fault.reason}")
     for name, h in snap.tiers.items():
-        why = f"({h.condition.replace('_', ' ')}) " if h.condition != TierCondition.OK else ""
-        console.print(f"tier {name}: " + ("[green]ok[/]" if h.ok else f"[red]unhealthy[/] {why}" + "; ".join(h.detail)))
+        why = f"({h.condition.replace('_', ' ')}{', injected' if h.injected else ''}) "
+        why = why if h.condition != TierCondition.OK else ""
+        state = "[yellow]unhealthy[/]" if h.injected else "[red]unhealthy[/]"  # a drill's failure, which pages nobody
+        line = f"tier {name}: " + ("[green]ok[/]" if h.ok else f"{state} {why}" + "; ".join(h.detail))
+        console.print(line + "".join(f" · [yellow]{armed}[/]" for armed in h.faults_armed))
         if h.quarantined_total:
             console.print(
                 f"[yellow]tier {name}: {h.quarantined_total} damaged object(s) quarantined[/] "
@@ -456,6 +471,9 @@ def status(console: Console, d: EngineStatus) -> None:
             )
             for q in h.quarantined:
                 console.print(f"  {q.file or f'{q.key} (removed)'}: {q.reason}")
+        for sp in h.scrubs:
+            line = escape(sp.describe())
+            console.print(f"[yellow]{line}[/]" if sp.state is ScrubState.RUNNING else line)
     for w in snap.admission.blocks_waiting:
         console.print(
             f"[yellow]waiting for destination KV[/] {w.request}: {w.tokens:,} tokens, "
@@ -512,6 +530,29 @@ def _worker_lines(
         console.print(
             f"admission {f['request']}: forced local by the marker on prompt {f['marker']} (no load; vLLM computed it)"
         )
+
+
+def scrub(console: Console, d: ScrubReport) -> None:
+    """`bsr scrub`: each rank's scrub, what it set apart, and the verdict."""
+    what = f"prompt {d.prompt}" if d.prompt else "every object"
+    console.print(
+        f"scrub of tier {d.tier}, {what}: {d.checked:,} object(s) read back, {d.damaged} damaged, {d.missing} not held"
+    )
+    for p in d.ranks:
+        console.print(
+            f"  rank {p.rank}: {p.state.value}, {p.checked:,} checked ({format_bytes(p.bytes)}), "
+            f"{p.damaged} damaged, {p.quarantined} set aside, {p.missing} not held"
+            + (f" ({p.reason})" if p.reason else "")
+        )
+    for q in d.quarantined:
+        where = f"[yellow]quarantined[/] {escape(q.file)}" if q.file else f"[yellow]removed[/] {escape(q.key)}"
+        console.print(f"  {where}: {escape(q.reason)}")
+    if d.damaged:
+        console.print(f"[red]{d.damaged} damaged object(s)[/]: set aside, rewritten by the next store")
+    elif d.complete:
+        console.print("[green]clean[/]: every object in scope read back intact")
+    else:
+        console.print("[yellow]incomplete[/]: not every object was read (see each rank's reason)")
 
 
 def drill(console: Console, d: DrillResult) -> None:
@@ -667,6 +708,11 @@ def fleet_table(d: FleetView) -> Table:
 
 def fleet(console: Console, d: FleetView) -> None:
     console.print(fleet_table(d))
+    if d.timeline:
+        console.print("timeline (newest first):")
+        for i in d.timeline:
+            when = time.strftime("%H:%M:%S", time.localtime(i.time))
+            console.print(Text(f"  {when} {i.engine}: {i.text}"))
 
 
 def explain(console: Console, d: Explanation) -> None:
