@@ -177,6 +177,7 @@ def test_a_store_lost_in_the_stop_is_named_in_the_rows_not_a_zero_token_failure(
     from bsr_cli.bench.evidence import BundleFiles, Interruption, PublishedBundle, RowStatus
     from bsr_cli.cli.commands.bench.common import exit_for
     from bsr_cli.cli.render.bench import table_for
+    from bsr_cli.core.integrity import SIDECAR_BYTES
     from bsr_cli.core.limits import MOONCAKE_DEFAULT_CLIENT_TTL_S
     from bsr_cli.errors import ServerError
 
@@ -189,8 +190,8 @@ def test_a_store_lost_in_the_stop_is_named_in_the_rows_not_a_zero_token_failure(
     assert lost.kind.value == "stock" and lost.status is RowStatus.INTERRUPTED and lost.measured is None
     loss = lost.store_lost
     assert loss is not None and loss.cause.value in ("unmounted", "remounted_empty")
-    # Every object stored on the segment: per chunk (TP 1), its KV and the 4-byte checksum sidecar bsr writes beside it.
-    assert loss.objects_lost == 2 * (N // CS) and loss.bytes_lost == N // CS * (CHUNK_BYTES + 4)
+    # Every object stored on the segment: per chunk (TP 1), its KV and the checksum sidecar bsr writes beside it.
+    assert loss.objects_lost == 2 * (N // CS) and loss.bytes_lost == N // CS * (CHUNK_BYTES + SIDECAR_BYTES)
     assert lost.reason == loss.line() and lost.reason.startswith("the store dropped holder ")
     assert f"{2 * (N // CS)} objects (64.00 MiB) lost" in lost.reason and "0 tokens" not in lost.reason
     assert [r.kind.value for r in result.rows] == ["raw", "stock"]  # nothing measured on the empty store
