@@ -92,6 +92,9 @@ class RestoreResult:
     stage: str = ""  # where it failed (bsr_cli.core.evidence.Stage): fetch | verify | install | synchronize | ...
     cause: str = ""  # for a capacity refusal, what did not fit (bsr_cli.core.evidence.CapacityCause)
     load: HostLoad | None = None  # for a host_overloaded failure: the figures (run-queue delay, pressure)
+    # A fetch failure where the tier answered none of the objects that failed (each timed out or found it down): no
+    # bytes came back, so there is nothing of the tier's to re-read for damage (a re-read would wait on the fault).
+    unanswered: bool = False
     # Wall and CPU seconds by stage (fetch, verify, install, wait) and the process's CPU over the restore.
     stages: StageCosts | None = wire.field(omit_none=True, default=None)
 

@@ -35,13 +35,21 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVa
 
 from bsr_cli import __version__
 from bsr_cli.core import accounting, wire
-from bsr_cli.core.evidence import Outcome
+from bsr_cli.core.evidence import Outcome, RankState
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import SubmitResult
 from bsr_cli.core.stage_costs import StageCosts
-from bsr_cli.core.status import EngineInfo
-from bsr_cli.errors import BadRequest, CapacityError, EngineError, InvalidInput, ServiceError
+from bsr_cli.core.status import EngineInfo, PoolEntry
+from bsr_cli.errors import (
+    BadRequest,
+    CapacityError,
+    EngineError,
+    HostOverloaded,
+    InvalidInput,
+    RankRestarting,
+    ServiceError,
+)
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
@@ -508,9 +516,36 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
 
-def pool_capacity(client: AdminClient) -> int:
-    caps = [int((r.pool or {}).get("capacity_bytes", 0)) for r in client.pool()]
-    return min(caps) if caps else 0
+# How long a bench waits for every rank to report its restore pool (a rank restarting, starved or stopped reports
+# none): a rank started again after a crash answers within it.
+POOL_REPORT_WAIT_S = 20.0
+
+
+def pool_capacity(client: AdminClient, wait_s: float = POOL_REPORT_WAIT_S) -> int:
+    """The smallest restore pool of the engine's ranks, as each reports it. A rank that reports none leaves the
+    capacity unknown, never 0: waited for up to ``wait_s``, then refused naming the rank and why it is silent."""
+    end = time.monotonic() + wait_s
+    while True:
+        ranks = client.pool()
+        silent = [r for r in ranks if "capacity_bytes" not in (r.pool or {})]
+        if not silent:
+            return min((int((r.pool or {})["capacity_bytes"]) for r in ranks), default=0)
+        if time.monotonic() >= end:
+            raise _pool_not_reported(silent[0])
+        time.sleep(0.5)  # polls the ranks' reports
+
+
+def _pool_not_reported(rank: PoolEntry) -> EngineError:
+    """The refusal for a rank that did not report its pool: the host's when it is starved, a restart's when its
+    process is gone, else the engine's (a rank stopped, hung, or not answering)."""
+    why = rank.error or rank.reason or f"its state is {rank.state.value}"
+    message = f"rank {rank.rank} did not report its restore pool ({why}): the bench cannot size its prompts"
+    hint = "run the bench again once `bsr status` shows every rank healthy"
+    if rank.state is RankState.STARVED:
+        return HostOverloaded(message, hint=hint)
+    if rank.state is RankState.DEAD or (not rank.alive and rank.error is None):  # no process, not a failed call
+        return RankRestarting(message, hint=hint, rank=rank.rank)
+    return EngineError(message, hint=hint)
 
 
 def require_tokens(info: EngineInfo, tokens: int) -> None:

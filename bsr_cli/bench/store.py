@@ -177,7 +177,10 @@ def run_store(
     fit_chunks = accounting.max_window_for_capacity(reg, cap)
     n_tokens = min(tokens, fit_chunks * reg.chunk_size)
     if n_tokens <= 0:
-        raise InvalidInput(f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk")
+        raise InvalidInput(
+            f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk",
+            hint="restart the engine with a larger --pool, or run the bench with --embedded",
+        )
     run.params = replace(params, tokens_restored=n_tokens)
     require_tokens(info, n_tokens)
 

@@ -308,7 +308,9 @@ class Rank:
             out = self.restorer.restore(job, abort)
         finally:
             self._aborts.pop(job.request_id, None)
-        if not out.ok and out.tier and out.stage in (Stage.FETCH, Stage.VERIFY):
+        # A tier that did not answer the fetch (a cut link, the master down) sent nothing to check: re-reading its
+        # objects now would only be another call across the same fault, with the rank's answer waiting on it.
+        if not out.ok and out.tier and out.stage in (Stage.FETCH, Stage.VERIFY) and not out.unanswered:
             checked = self._quarantine_window(job, out)
             if self.scrub_after_failure:
                 self._scrub_rest(job, out.tier, checked)

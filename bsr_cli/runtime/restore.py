@@ -132,6 +132,7 @@ def run_windows(
         out.valid = dict.fromkeys(groups, True)
     except RestoreFailed as e:
         out.reason, out.failed_window, out.kind, out.tier, out.load = e.reason, e.window, e.kind, e.tier, e.load
+        out.unanswered = e.unanswered
         out.stage = e.stage.value if e.stage is not None else ""
         out.failed_chunks = next(((w.chunk_start, w.chunk_end) for w in windows if w.index == e.window), None)
         bad = set(e.groups or groups)
@@ -398,9 +399,11 @@ class RankRestorer:
         the tier knows of explains it, or its start is not known)."""
         bad_groups: list[str] = []
         first_reason = ""
+        unanswered = True  # no failed object came back with anything (every one timed out or found the tier down)
         for (g, c, s), code in zip(items, codes, strict=True):
             if code == len(s.view):
                 continue
+            unanswered = unanswered and code in (TIMED_OUT, UNAVAILABLE)
             if code >= 0:
                 reason = f"short object in chunk {c} group {g}: {code} of {len(s.view)} bytes"
             else:
@@ -430,6 +433,7 @@ class RankRestorer:
                 kind=failures.TIER,
                 stage=Stage.FETCH,
                 tier=tier or None,
+                unanswered=unanswered,
             )
         return [(g, c, s, stored) for (g, c, s), stored in zip(items, sums, strict=True)]
 

@@ -13,7 +13,8 @@ from bsr_cli.core.overload import HostLoad
 class RestoreFailed(Exception):
     """One rank's retrieve failed at ``stage``: a fetch or verify failure is the tier's (``tier`` names it), an
     install or synchronize failure the rank's own, an abort the operator's; a fetch deadline that ran out while the
-    rank waited to run is the host's (``load`` holds the figures)."""
+    rank waited to run is the host's (``load`` holds the figures). ``unanswered``: the tier answered none of the
+    window's objects that failed (each timed out, or found the tier unavailable), so no bytes came back to check."""
 
     def __init__(
         self,
@@ -25,6 +26,7 @@ class RestoreFailed(Exception):
         stage: Stage | None,
         tier: str | None = None,
         load: HostLoad | None = None,
+        unanswered: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -34,6 +36,7 @@ class RestoreFailed(Exception):
         self.stage = stage
         self.tier = tier
         self.load = load
+        self.unanswered = unanswered
 
 
 def aborted(window: int | None, stage: Stage | None = None) -> RestoreFailed:

@@ -617,25 +617,37 @@ class MooncakeTier:
             raise TierUnavailable(f"mooncake get_size failed, master unavailable: {mooncake_code_name(size)}")
         if size < 0:
             return None
+        try:
+            step, rc, data = self._run(
+                "get_into", lambda: self._read_into_own_buffer(key, size), self.call_timeout_s, data=True
+            )
+        except _CallTimedOut:
+            raise TierUnavailable(f"mooncake read of {key!r} did not finish within {self.call_timeout_s:g} s") from None
+        if step == "get_into" and rc == size:
+            return data
+        if step == "get_into" and rc == _OBJECT_NOT_FOUND:
+            return None  # removed since its size was read
+        if rc in _MASTER_DOWN:
+            self._suspect = True
+        raise TierUnavailable(f"mooncake {step} for a read of {key!r} ({size} bytes) failed: {mooncake_code_name(rc)}")
+
+    def _read_into_own_buffer(self, key: str, size: int) -> tuple[str, int, bytes]:
+        """Runs on a data worker: register a buffer of its own, read ``key`` into it, unregister it. The buffer
+        belongs to this call, not to the caller: a read abandoned at its deadline (a cut link) goes on and its
+        bytes land later, so the memory must live, and stay registered, until the call itself returns (freed
+        earlier, the late write lands in the heap and the rank dies of the corruption). Answers the step that
+        ended it, its code, and the bytes."""
         buf = ctypes.create_string_buffer(max(size, 1))
         ptr = ctypes.addressof(buf)
-        self.register(ptr, len(buf))
+        rc = self._store.register_buffer(ptr, len(buf))
+        if rc != 0:
+            return "register_buffer", rc, b""
         try:
-            try:
-                # The closure holds ``buf``: a call abandoned at its deadline still has memory to write into.
-                rc = self._run("get_into", lambda: self._store.get_into(key, ptr, size), self.call_timeout_s, data=True)
-            except _CallTimedOut:
-                raise TierUnavailable(
-                    f"mooncake read of {key!r} did not finish within {self.call_timeout_s:g} s"
-                ) from None
+            rc = self._store.get_into(key, ptr, size)
+            return "get_into", rc, buf.raw[:size] if rc == size else b""
         finally:
-            with contextlib.suppress(OSError, TierUnavailable):
-                self.unregister(ptr)
-        if rc == size:
-            return buf.raw[:size]
-        if rc == _OBJECT_NOT_FOUND:
-            return None  # removed since its size was read
-        raise TierUnavailable(f"mooncake read of {key!r} ({size} bytes) failed: {mooncake_code_name(rc)}")
+            with contextlib.suppress(Exception):  # the read's own answer is what counts
+                self._store.unregister_buffer(ptr)
 
     def check_stored(self, key: str) -> StoredCheck:
         """The object of ``key`` read back whole and checked (its trailer, length, and the object checksum over key,

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, SubmitResult
 from bsr_cli.core.status import EngineInfo, Health, PoolEntry
 from bsr_cli.core.units import MiB
-from bsr_cli.errors import EngineTimeout
+from bsr_cli.errors import EngineTimeout, ExitCode
 from bsr_cli.loaders import builtin_registration
 
 REG = builtin_registration("demo")
@@ -299,6 +302,37 @@ def test_store_measures_the_tier_beside_the_copy_ceiling(engine, bsr, tmp_path: 
         assert r["vs_paired_raw"] == pytest.approx(r["gbps_per_rank"] / r["paired_raw_get"]["gbps_per_client"], 0.01)
     assert set(b["summary"]["memcpy_gbps"]) >= {"1"}
     _settings_back(engine)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_store_refuses_while_a_rank_does_not_report_its_pool(engine, bsr, tmp_path: Path) -> None:
+    """A rank that reports no restore pool (stopped here; restarting or starved elsewhere) leaves the pool unknown:
+    `bsr bench store` waits for it, then refuses naming the rank and why, never sizing its prompts by a pool of 0
+    bytes (exit 2, "cannot hold one chunk")."""
+    from bsr_cli.core.evidence import RankState
+    from bsr_cli.engine import supervisor
+
+    pid = next(p.pid for p in supervisor.status(engine.state_dir).processes if p.name == "rank1")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with engine.client() as c:
+            end = time.monotonic() + 60
+            while (rank1 := c.pool()[1]).state is not RankState.STOPPED and time.monotonic() < end:
+                time.sleep(0.2)  # polls the engine's view of rank 1
+            assert rank1.state is RankState.STOPPED and rank1.pool is None, rank1
+        res = bsr("bench", "store", "--tokens", "4096", "--W", "4", "--trials", "1", "--out", str(tmp_path), "--json")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    with engine.client() as c:
+        end = time.monotonic() + 60
+        while not c.health().ok and time.monotonic() < end:
+            time.sleep(0.2)  # polls the engine's health until rank 1 answers again
+        assert c.health().ok
+    assert res.code == ExitCode.SERVER_ERROR, (res.code, res.out, res.err)
+    err = res.json()
+    assert err["message"].startswith("rank 1 did not report its restore pool (") and "stopped" in err["message"], err
+    assert "cannot hold one chunk" not in res.out + res.err and err["hint"], err
 
 
 @pytest.mark.engine

@@ -3,7 +3,8 @@ segment holder and each rank in a network namespace of its own, joined by veth l
 test cuts one link (`ip link set DEV down`) in the middle of a restore, when the first window of the cut rank has
 been released, and checks that the restore fails closed (0 tokens committed) within the fetch deadline (the
 restore returns), that the failure blames the Mooncake tier at the fetch stage on that rank only and names the
-link, and that a restore commits again once the link is back.
+link, that the rank reads nothing back across the cut link to look for damage (the tier sent nothing), and that a
+restore commits again once the link is back.
 
 Needs root and iproute2 (`ip netns`); skipped with the reason otherwise.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bsr_cli.core.events import Event, WindowReleased
-from bsr_cli.core.evidence import Outcome, Stage
+from bsr_cli.core.evidence import EventKind, Outcome, Stage
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.engine import netns, supervisor
 from bsr_cli.loaders import builtin_registration
@@ -129,6 +130,10 @@ def test_a_link_cut_mid_restore_fails_closed_names_the_link_and_recovers(
     assert failed[rank].failed_window is not None and failed[rank].windows_done >= 1, "cut mid-restore"
     assert f"link {link} down" in failed[rank].reason
     assert failed[1 - rank].ok is True and "link" not in failed[1 - rank].reason
+    # The tier did not answer the cut rank's fetch, so nothing came back to check for damage: the rank reads nothing
+    # back across the cut link (no repair read of the window, no scrub of the prompt's other objects).
+    with multihost.client() as c:
+        assert c.events(request=res.request, kinds=[EventKind.SCRUB_STARTED]).events == []
     # `bsr explain` of the request says which link.
     monkeypatch.setenv("BSR_ENGINE", multihost.url)
     monkeypatch.setenv("BSR_TOKEN", multihost.token)

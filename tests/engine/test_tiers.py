@@ -7,6 +7,8 @@ import errno
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -507,6 +509,75 @@ def test_mooncake_hung_master_deadline_honoured_then_recovers(private_stack: Any
         assert tier.health().ok
     finally:
         tier.close()
+
+
+# The child of the test below: an object read back whole by the tier's own check (the repair's read), abandoned at
+# its deadline while the segment holder is frozen; its bytes land once the holder runs again. Buffers of the read's
+# size taken right after the abandon hold a pattern: a read whose buffer was given back at its deadline writes its
+# late bytes into one of them (the allocator hands the freed memory out again), or into freed memory (the process
+# then dies of it at a later allocation). argv: master RPC address, metadata URL, holder pid. Prints one JSON line.
+_LATE_READ_CHILD = """
+import ctypes, json, os, signal, sys, time, uuid
+from bsr_cli.runtime.checksum import object_checksum
+from bsr_cli.runtime.tiers import TierUnavailable
+from bsr_cli.tiers.mooncake import TRAILER_BYTES, MooncakeTier
+
+master, metadata, holder = sys.argv[1], sys.argv[2], int(sys.argv[3])
+size = (64 << 10) + TRAILER_BYTES  # the whole object; below glibc's mmap threshold, so a heap chunk
+tier = MooncakeTier(master, metadata, deadline_s=10, call_timeout_s=1.0)
+key = f"test-model@1@0@{uuid.uuid4().hex[:12]}0001@bfloat16"
+payload = bytearray(os.urandom(size - TRAILER_BYTES))
+tier.put([key], [memoryview(payload)], [object_checksum(key, payload)])
+pattern = []
+os.kill(holder, signal.SIGSTOP)
+try:
+    tier.check_stored(key)
+    abandoned = ""
+except TierUnavailable as e:
+    abandoned = str(e)
+    pattern = [ctypes.create_string_buffer(b"\\xa5" * size, size) for _ in range(8)]
+finally:
+    os.kill(holder, signal.SIGCONT)
+in_flight = tier.inflight()
+end = time.monotonic() + 30
+while tier.inflight() and time.monotonic() < end:
+    time.sleep(0.05)
+written = sum(b.raw != b"\\xa5" * size for b in pattern)
+churn = [bytearray(size) for _ in range(256)]  # the heap is used again after the late bytes landed
+del churn
+again = tier.check_stored(key)
+print(json.dumps({"abandoned": abandoned, "in_flight": in_flight, "left": tier.inflight(), "written": written,
+                  "damage": again.damage}))
+tier.close()
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(120)
+def test_mooncake_repair_read_abandoned_at_its_deadline_keeps_its_buffer_until_it_returns(
+    private_stack: Any,
+) -> None:
+    """The repair reads an object back whole into a buffer of its own. Abandoned at its deadline (the holder does
+    not answer: a frozen process here, a cut link in a partition), the read goes on inside Mooncake and its bytes
+    land when the holder answers again: the buffer must still be the read's then. The process survives that, and
+    the object still reads back sound. In a child process, since the failure is the process dying."""
+    master, holder = private_stack.master, private_stack.holder
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _LATE_READ_CHILD, master.rpc_address, master.metadata_url, str(holder.pid)],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)  # whatever happened to the child, the holder runs again
+    died = f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0 else f"exit {done.returncode}"
+    assert done.returncode == 0, f"the process died ({died}): {done.stderr[-2000:]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "did not finish within 1 s" in out["abandoned"], out  # the read was abandoned at its deadline ...
+    assert out["in_flight"] == 1 and out["left"] == 0, out  # ... still ran in the tier, and then returned
+    assert out["written"] == 0, out  # its late bytes landed in its own buffer, in none given out since
+    assert out["damage"] is None, out
 
 
 # ----------------------------------------------------------------------------------------------- filesystem

@@ -252,6 +252,15 @@ def test_an_unavailable_tier_names_itself(rig: Rig) -> None:
     rig.tier.down = True
     out = rig.restorer.restore(rig.job(4), threading.Event())
     assert not out.ok and out.tier == "mooncake" and "unavailable" in out.reason
+    assert out.unanswered is True  # nothing came back: there is nothing of the tier's to re-read for damage
+
+
+def test_a_fetch_that_got_bytes_back_is_not_marked_unanswered(rig: Rig) -> None:
+    """Only a fetch the tier answered for none of its failed objects is unanswered: a short object came back with
+    bytes (a re-read may find it damaged), and so did a checksum mismatch."""
+    rig.tier.short.add(object_key(REG, 0, "full", rig.hashes[0]))
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    assert not out.ok and out.stage == "fetch" and out.unanswered is False
 
 
 @pytest.mark.parametrize(
@@ -333,7 +342,7 @@ def test_a_transfer_abandoned_at_its_deadline_keeps_its_slots_until_it_returns(r
     slow = _AbandoningTier("mooncake", rig.tier.objects)
     rig.restorer.tiers["mooncake"] = slow
     out = rig.restorer.restore(rig.job(4), threading.Event())
-    assert not out.ok and out.kind == failures.TIER and "timeout" in out.reason
+    assert not out.ok and out.kind == failures.TIER and "timeout" in out.reason and out.unanswered is True
     held = rig.pool.stats().live_bytes
     assert held >= 4 * REG.bytes_per_chunk, "the windows's slots stay out of the pool while the transfer may write"
     slow.late.set_result(None)
