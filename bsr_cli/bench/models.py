@@ -68,6 +68,21 @@ class _Completed(_Obj):
     checks: Checks
 
 
+class StageCost(_Obj):
+    wall_s: NonNegNum
+    cpu_s: NonNegNum
+
+
+class StageCosts(_Obj):
+    """Wall and CPU seconds by stage of a restore (bsr_cli/core/stage_costs.py), and its process's CPU."""
+
+    fetch: StageCost
+    verify: StageCost
+    install: StageCost
+    wait: StageCost
+    process_cpu_s: NonNegNum
+
+
 class Rank(_Obj):
     rank: NonNegInt
     pool_peak_bytes: NonNegInt
@@ -77,6 +92,7 @@ class Rank(_Obj):
     fetch_seconds: NonNegNum
     install_seconds: NonNegNum
     gbps: NonNegNum = _absent()
+    stages: StageCosts = _absent()
 
 
 class Restore(_Obj):
@@ -171,6 +187,7 @@ class PeerRow(_Completed):
     hash_ok: StrictBool | None = _absent()
     timed_out: StrictBool = _absent()
     cpu_s_per_gb: dict[str, NonNegNum] = _absent()
+    stage_costs: StageCosts = _absent()
 
 
 class FailureRow(_Completed):

@@ -148,6 +148,16 @@ class Stage(StrEnum):
         return self in (Stage.PROBE, Stage.FETCH, Stage.VERIFY)
 
 
+class TimedStage(StrEnum):
+    """The stages of a rank's restore whose wall and CPU seconds are counted (``core.stage_costs``): the transfer
+    calls, the checksum check, the install into the destination KV, and the window loop waiting on one of them."""
+
+    FETCH = "fetch"
+    VERIFY = "verify"
+    INSTALL = "install"
+    WAIT = "wait"
+
+
 class CapacityCause(StrEnum):
     """Why capacity refused a restore: what the hint names to change (never read back from the human text)."""
 
@@ -272,4 +282,5 @@ __all__ = [
     "SegmentLossCause",
     "Stage",
     "TierCondition",
+    "TimedStage",
 ]
