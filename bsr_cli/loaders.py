@@ -13,6 +13,7 @@ from typing import Any
 
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.hf_config import registration_from_hf_config
+from bsr_cli.core.host_model import HostCalibration
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import Trace, TraceRequest, build_trace, parse_request
 from bsr_cli.errors import InvalidInput
@@ -95,6 +96,34 @@ def load_registration(spec: str | Path) -> Registration:
 def load_hf_registration(path: Path, **kwargs: Any) -> Registration:
     data = read_structured(Path(path))
     return registration_from_hf_config(data, source=str(path), **kwargs)
+
+
+# What to do about a calibration file that cannot be used.
+_CALIBRATION_HINT = "calibrate again (`bsr bench trace` writes calibration.json), or give --cores and --cpu-per-gb"
+
+
+def load_calibration(path: Path) -> HostCalibration:
+    """A calibration saved by `bsr bench trace` (``kind: bsr.calibration``), its host model checked."""
+    p = Path(path)
+    data = read_structured(p)
+    if not isinstance(data, dict) or data.get("kind") != HostCalibration.kind:
+        raise InvalidInput(
+            f"{p}: not a calibration (kind {HostCalibration.kind!r})",
+            hint="give the calibration.json `bsr bench trace` wrote, or --cores and --cpu-per-gb",
+        )
+    try:
+        calibration = HostCalibration.from_wire(data)
+    except (TypeError, ValueError) as e:
+        raise InvalidInput(f"{p}: unreadable calibration ({e})", hint=_CALIBRATION_HINT) from None
+    try:
+        calibration.host.check()
+    except InvalidInput as e:
+        raise InvalidInput(f"{p}: {e.message}", hint=_CALIBRATION_HINT) from None
+    if not calibration.bandwidth > 0:
+        raise InvalidInput(
+            f"{p}: the calibration's bandwidth must be positive, got {calibration.bandwidth!r}", hint=_CALIBRATION_HINT
+        )
+    return calibration
 
 
 def load_probe(path: Path) -> HitBitmap:

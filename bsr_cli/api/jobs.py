@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from bsr_cli.core import wire
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.overload import HostLoad
+from bsr_cli.core.stage_costs import StageCosts
 from bsr_cli.errors import BadRequest
 
 # A malformed job is a coordinator bug or a version skew between the coordinator and a host.
@@ -100,6 +101,8 @@ class RestoreResult:
     # A fetch failure where the tier answered none of the objects that failed (each timed out or found it down): no
     # bytes came back, so there is nothing of the tier's to re-read for damage (a re-read would wait on the fault).
     unanswered: bool = False
+    # Wall and CPU seconds by stage (fetch, verify, install, wait) and the process's CPU over the restore.
+    stages: StageCosts | None = wire.field(omit_none=True, default=None)
 
     to_wire = wire.writer()
 

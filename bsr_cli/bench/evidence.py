@@ -39,6 +39,7 @@ from bsr_cli.core.evidence import Outcome, RankState
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import SubmitResult
+from bsr_cli.core.stage_costs import StageCosts
 from bsr_cli.core.status import EngineInfo, PoolEntry
 from bsr_cli.errors import (
     AlreadyEnded,
@@ -654,6 +655,8 @@ class RankEvidence:
     install_seconds: float
     gbps: float
     ok: bool
+    # Wall and CPU seconds by stage, and the rank process's CPU (a rank of an older build reports none).
+    stages: StageCosts | None = wire.field(omit_none=True, default=None)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -854,6 +857,7 @@ class Run(Generic[R]):
                     install_seconds=round(float(o.get("install_seconds", 0.0)), 4),
                     gbps=round(nbytes / secs / 1e9, 4) if secs > 0 else 0.0,
                     ok=bool(o.get("ok", False)),
+                    stages=StageCosts.from_wire(o["stages"]) if isinstance(o.get("stages"), dict) else None,
                 )
             )
         seconds = float(res.get("seconds", 0.0))

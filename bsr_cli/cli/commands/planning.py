@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +15,9 @@ from bsr_cli.core import accounting
 from bsr_cli.core.registration import DEFAULT_CHUNK_SIZE, Registration, diff_registrations
 from bsr_cli.core.units import parse_bytes
 from bsr_cli.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.core.host_model import HostCalibration, HostModel
 
 DEFAULT_REGISTRATION = "paper-mtp-off"
 
@@ -168,6 +172,24 @@ def plan(
         Path | None,
         typer.Option("--plot", metavar="DIR", help="With --trace: write PNG plots into DIR (needs matplotlib)."),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            metavar="FILE",
+            help="With --trace: the host model (and bandwidth) a `bsr bench trace` calibration saved.",
+        ),
+    ] = None,
+    cores: Annotated[
+        float | None,
+        typer.Option("--cores", help="With --trace: cores available to bsr (the host's less the run queue beside it)."),
+    ] = None,
+    cpu_per_gb: Annotated[
+        float | None,
+        typer.Option(
+            "--cpu-per-gb", metavar="SECONDS", help="With --trace: CPU seconds a restore needs per GB per rank."
+        ),
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace,
@@ -178,6 +200,11 @@ def plan(
     st = state(ctx, json_flag)
     given = [flag for flag, v in (("--tokens", tokens), ("--probe", probe), ("--trace", trace)) if v is not None]
     trace_flags = _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot)
+    trace_flags += [
+        f
+        for f, v in (("--calibration", calibration), ("--cores", cores), ("--cpu-per-gb", cpu_per_gb))
+        if v is not None
+    ]
     _check_plan_flags(given, trace_flags, one_prompt_flags=bool(exclude_tier or all_windows))
     # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
     flagged_registration = functools.partial(
@@ -195,7 +222,8 @@ def plan(
     if not given:
         _plan_ladder(st, w, flagged_registration(note=None), named)
     elif trace is not None:
-        _plan_trace(st, trace, flagged_registration, w, bandwidth, speedup, store_capacity, budgets, p99, plot)
+        model = (bandwidth, calibration, cores, cpu_per_gb)
+        _plan_trace(st, trace, flagged_registration, w, *model, speedup, store_capacity, budgets, p99, plot)
     else:
         _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
 
@@ -254,6 +282,33 @@ def _trace_flags_given(
     return [flag for flag, is_given in given.items() if is_given]
 
 
+def _host_model(
+    calibration: Path | None, cores: float | None, cpu_per_gb: float | None
+) -> tuple[HostCalibration | None, HostModel | None]:
+    """The calibration given (if any) and the host model a trace plan runs on: the calibration's, with --cores and
+    --cpu-per-gb put in its place; or the plain one of those two flags; or none (the bandwidth alone)."""
+    from bsr_cli import loaders
+    from bsr_cli.core.host_model import HostModel
+
+    saved = loaders.load_calibration(calibration) if calibration is not None else None
+    if saved is None:
+        if (cores is None) != (cpu_per_gb is None):
+            raise InvalidInput(
+                "--cores and --cpu-per-gb model the host together",
+                hint="give both, or a calibration (--calibration FILE) whose figures they replace",
+            )
+        host = HostModel.of_cores(cores, cpu_per_gb) if cores is not None and cpu_per_gb is not None else None
+    else:
+        host = saved.host
+        if cores is not None:
+            host = replace(host, cores=cores)
+        if cpu_per_gb is not None:
+            host = replace(host, restore_cpu_s_per_gb=cpu_per_gb)
+    if host is not None:
+        host.check()
+    return saved, host
+
+
 def _plan_prompt(
     st: AppState,
     w: int,
@@ -304,24 +359,33 @@ def _plan_trace(
     flagged_registration: Callable[[], Registration],
     w: int,
     bandwidth: str | None,
+    calibration: Path | None,
+    cores: float | None,
+    cpu_per_gb: float | None,
     speedup: float,
     store_capacity: int | None,
     budgets: str,
     p99: float | None,
     plot: Path | None,
 ) -> None:
-    """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim)."""
-    if bandwidth is None:
+    """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim), on the
+    host model when one is given (a calibration's, or --cores with --cpu-per-gb)."""
+    saved, host = _host_model(calibration, cores, cpu_per_gb)
+    if bandwidth is None and saved is None:
         raise InvalidInput(
-            "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s)",
-            hint="`bsr bench store` measures it against an engine; the paper's tier reads 10.31GB/s",
+            "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s) or --calibration FILE",
+            hint="`bsr bench store` measures the bandwidth (the paper's tier reads 10.31GB/s); `bsr bench trace` "
+            "saves a calibration",
         )
     reg = flagged_registration()
-    from bsr_cli import loaders
-    from bsr_cli.core.trace_sim import plan_trace
+    if saved is not None and saved.registration != reg.identity:
+        st.out.warn(f"the calibration measured registration {saved.registration}; planning {reg.identity}")
     from bsr_cli.core.units import parse_rate
 
-    rate = parse_rate(bandwidth)
+    rate = parse_rate(bandwidth) if bandwidth is not None else saved.bandwidth if saved is not None else 0.0
+    from bsr_cli import loaders
+    from bsr_cli.core.trace_sim import plan_trace
+
     multiples = _parse_budgets(budgets)
     result = plan_trace(
         loaders.load_trace(trace_path),
@@ -332,6 +396,7 @@ def _plan_trace(
         budgets_rws=multiples,
         store_capacity=store_capacity,
         p99_target_s=p99,
+        host=host,
     )
     plots = None
     if plot is not None:
