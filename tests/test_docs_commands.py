@@ -89,6 +89,11 @@ NOT_RUN: tuple[tuple[str, str, str], ...] = (
     ("--engine vllm-", "a profile naming the reader's vLLM worker", "tests/vllm/test_runbook.py (a real vLLM)"),
     ("127.0.0.1:9100", "an engine at a fixed port of the reader's", "tests/cli/test_engine_endpoints.py"),
     (
+        "calibration-br-trace-…",
+        "a calibration `bsr bench trace` saves, named by its run's id (the page writes it as a placeholder)",
+        "tests/cli/test_planning_cli.py::test_plan_trace_from_a_saved_calibration",
+    ),
+    (
         "conversation_trace.jsonl",
         "the Mooncake trace release (a download, not in the repository)",
         "tests/cli/test_planning_cli.py::test_plan_the_conversation_trace, tests/bench/test_trace_replay.py",
@@ -287,6 +292,7 @@ def _reader_files(cwd: Path, *, engine: bool) -> None:
     for bundle in (REPO / "docs" / "evidence").glob("br-*.json"):
         shutil.copy(bundle, cwd / "bench-out" / bundle.name)
     (cwd / "my-model.yaml").write_text(json.dumps(builtin_registration("demo").to_dict()))  # JSON is YAML
+    shutil.copy(REPO / "examples" / "trace.jsonl", cwd / "trace.jsonl")  # a request trace of one's own
     if engine:
         (cwd / "prompt.json").write_text(json.dumps(synthetic_tokens(4096, 3)))
         (cwd / "incident-prompt.txt").write_text("Summarise the incident of last night, step by step.\n")
