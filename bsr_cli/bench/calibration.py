@@ -78,6 +78,10 @@ SMALL_KEY, LARGE_KEY = -100, -200
 _WORK_KEYS, _BURST_KEYS = -10_000, -1_000_000
 
 
+# What to do when the engine the calibration runs on does not restore what it stored.
+_CANNOT_RESTORE = "`bsr explain --synthetic N` says why the engine does not restore it; `bsr status` shows its tiers"
+
+
 @dataclass(frozen=True)
 class BurstShape:
     """The bursts the calibration sends (BURSTS of them, one after the other): ``requests`` at once, each computing
@@ -190,7 +194,10 @@ class _Calls:
         """Submit a prompt no tier holds: computed and stored whole."""
         res = self.submit(_tokens(self.salt, key, chunks, self.chunk_size))
         if res.external_tokens:
-            raise BsrError("the calibration's new prompt was found in a tier: the engine is not a fresh one")
+            raise BsrError(
+                "the calibration's new prompt was found in a tier: the engine is not a fresh one",
+                hint="run the calibration on an engine of its own (`bench trace` starts one), not one serving others",
+            )
         return res
 
     def submit(self, tokens: list[int]) -> SubmitResult:
@@ -204,7 +211,10 @@ class _Calls:
         c, t = self.cpu.cpu_s() - c0, time.monotonic() - t0
         report = res.report
         if report is None or report.committed_tokens < chunks * self.chunk_size:
-            raise BsrError("the calibration's restore committed less than its prompt: the engine cannot restore")
+            raise BsrError(
+                "the calibration's restore committed less than its prompt: the engine cannot restore",
+                hint=_CANNOT_RESTORE,
+            )
         return CalibrationSample(SampleKind.RESTORE, 1, chunks, c, t, float(report.seconds))
 
 
@@ -260,7 +270,9 @@ def _burst(calls: _Calls, requests: int, chunks: int, number: int) -> list[Calib
     for res in results:
         restore = next((p.restore for p in res.passes if p.restore and p.restore.committed_tokens), None)
         if restore is None or res.request not in began:
-            raise BsrError("a request of the calibration's burst restored nothing: the engine cannot restore")
+            raise BsrError(
+                "a request of the calibration's burst restored nothing: the engine cannot restore", hint=_CANNOT_RESTORE
+            )
         start = max(0.0, began[res.request] - sent)
         out.append(
             CalibrationSample(

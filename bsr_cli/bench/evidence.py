@@ -42,6 +42,7 @@ from bsr_cli.core.results import SubmitResult
 from bsr_cli.core.stage_costs import StageCosts
 from bsr_cli.core.status import EngineInfo, PoolEntry
 from bsr_cli.errors import (
+    AlreadyEnded,
     BadRequest,
     CapacityError,
     EngineError,
@@ -578,7 +579,10 @@ def isolate(info: EngineInfo, tier: str | None) -> tuple[str, list[str]]:
     tiers = list(info.tiers)
     chosen = tier or (tiers[0] if tiers else "")
     if chosen not in tiers:
-        raise InvalidInput(f"the engine has no tier {chosen!r} (it has {', '.join(tiers) or 'none'})")
+        raise InvalidInput(
+            f"the engine has no tier {chosen!r} (it has {', '.join(tiers) or 'none'})",
+            hint=f"pass --tier {' or --tier '.join(tiers) or 'TIER'}; `bsr settings show` lists the engine's tiers",
+        )
     return chosen, [t for t in tiers if t != chosen]
 
 
@@ -757,7 +761,7 @@ class Run(Generic[R]):
 
     def abort_inflight(self) -> None:
         if self.request:
-            with contextlib.suppress(EngineError):
+            with contextlib.suppress(EngineError, AlreadyEnded):
                 self.client.abort(self.request)
 
     @contextlib.contextmanager

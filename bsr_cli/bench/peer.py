@@ -359,9 +359,14 @@ class _Plan:
         self.reg = registration(self.model, tp)
         self.tokens = sorted({int(n) // self.reg.chunk_size * self.reg.chunk_size for n in tokens})
         if not self.tokens or self.tokens[0] <= 0:
-            raise CapacityError(f"every prefix must hold at least one {self.reg.chunk_size}-token chunk")
+            raise CapacityError(
+                f"every prefix must hold at least one {self.reg.chunk_size}-token chunk",
+                hint=f"give prefixes of at least {self.reg.chunk_size} tokens (--tokens)",
+            )
         if bsr_windows < 1:
-            raise CapacityError("bsr's L1 must hold at least one window (bsr_windows >= 1)")
+            raise CapacityError(
+                "bsr's L1 must hold at least one window (bsr_windows >= 1)", hint="give --bsr-windows 1 or more"
+            )
         self.w, self.tp, self.trials, self.bsr_windows = w, tp, trials, bsr_windows
         self.rws = w * self.reg.bytes_per_chunk
         self.budget = bsr_windows * self.rws  # bsr's L1: B
@@ -480,7 +485,10 @@ def _store_prompt(runner: CaseRunner, plan: _Plan, add: Callable[[PeerRow], None
     if not res.ok:
         why = res.error or "the case reported no success"
         add(PeerRow(PeerKind.STORE, n, RowStatus.INTERRUPTED, reason=f"storing: {why}"))
-        raise ServiceError(f"storing the prompt through LMCache failed: {why}")
+        raise ServiceError(
+            f"storing the prompt through LMCache failed: {why}",
+            hint="the LMCache stage's log above says why; `./scripts/test-plugins` checks the LMCache install",
+        )
 
 
 def _measure(runner: CaseRunner, reg: Registration, add: Callable[[PeerRow], None], row: PeerRow, case: Case) -> None:

@@ -52,6 +52,9 @@ from bsr_cli.errors import InvalidInput, ServiceError
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
 
+_POOL_HINT = "restart the engine with a larger --pool, or run the bench with --embedded"
+_CLIENT_HINT = "install the engine extra (./scripts/setup) to measure the Mooncake ceiling"
+
 
 OVERLAP_TARGET = 0.9  # W=32 (B = 2·RWS) restore throughput against the whole-plan path
 RAW_TARGET = 0.9  # Mooncake restore against raw batch_get_into
@@ -177,10 +180,7 @@ def run_store(
     fit_chunks = accounting.max_window_for_capacity(reg, cap)
     n_tokens = min(tokens, fit_chunks * reg.chunk_size)
     if n_tokens <= 0:
-        raise InvalidInput(
-            f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk",
-            hint="restart the engine with a larger --pool, or run the bench with --embedded",
-        )
+        raise InvalidInput(f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk", hint=_POOL_HINT)
     run.params = replace(params, tokens_restored=n_tokens)
     require_tokens(info, n_tokens)
 
@@ -205,7 +205,7 @@ def run_store(
                     )
                 )
             except ImportError as e:
-                raise ServiceError(f"cannot load the Mooncake client here: {e}") from None
+                raise ServiceError(f"cannot load the Mooncake client here: {e}", hint=_CLIENT_HINT) from None
             with run.row(CeilingRow.begun("mooncake-set")) as slot:
                 mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.run_id)
                 judged = slot.row.meta.judged({"every_object_whole": all(r.passed for r in mc_rows)})

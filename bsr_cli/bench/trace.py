@@ -83,6 +83,10 @@ CALIBRATION_CHUNKS = 64
 # The Mooncake segment must hold every object the slice stores (nothing is evicted during the replay).
 MAX_SEGMENT = 8 << 30
 
+# What to do when stock LMCache's side of a replay cannot run: a smaller replay, or the engine's side alone.
+_STOCK_TOO_BIG = "replay fewer requests (-n) or skip the stock run (--no-stock)"
+_STOCK_FAILED = "rerun with --no-stock to replay bsr alone; the error names what stock LMCache refused"
+
 
 def replay_registration() -> Registration:
     return REPLAY_REGISTRATION
@@ -578,10 +582,16 @@ def stock_model(reg: Registration) -> dict[str, str | int]:
     shapes = {t.shape for t in reg.tensors}
     dtypes = {t.dtype for t in reg.tensors}
     if len(reg.groups) != 1 or len(shapes) != 1 or len(dtypes) != 1:
-        raise CapacityError("LMCache keeps one KV layout per engine; this registration has several")
+        raise CapacityError(
+            "LMCache keeps one KV layout per engine; this registration has several",
+            hint="replay with a registration of one KV group and one tensor shape (e.g. -r demo)",
+        )
     (shape,) = shapes
     if len(shape) != 3 or shape[0] != 2:
-        raise CapacityError(f"LMCache's paged layout needs [2, kv_heads, head_size] tensors, not {list(shape)}")
+        raise CapacityError(
+            f"LMCache's paged layout needs [2, kv_heads, head_size] tensors, not {list(shape)}",
+            hint="replay with a registration whose tensors are [2, kv_heads, head_size] (e.g. -r demo)",
+        )
     return {
         "name": reg.model,
         "layers": len(reg.tensors),
@@ -686,7 +696,8 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
     need = reg.tp_size * (case.l1_bytes + case.kv_tokens * reg.bytes_per_token + (600 << 20)) + case.segment_bytes
     avail = mem_available()
     if avail and need > avail:
-        raise CapacityError(f"stock LMCache's replay needs ~{need >> 20:,} MiB, {avail >> 20:,} MiB available")
+        needed = f"~{need >> 20:,} MiB, {avail >> 20:,} MiB available"
+        raise CapacityError(f"stock LMCache's replay needs {needed}", hint=_STOCK_TOO_BIG)
     workdir.mkdir(parents=True, exist_ok=True)
     t_first = case.trace.requests[0].arrival_ms
     deadline = CASE_SETUP_S + case.trace.span_ms / 1000 / case.speedup + 600.0
@@ -742,10 +753,11 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
             raise ServiceError(
                 f"stock LMCache's replay exited {proc.returncode} without a result"
                 + (f" within {deadline:.0f}s" if proc.returncode and proc.returncode < 0 else "")
-                + (f": {tail[0]}" if tail else "")
+                + (f": {tail[0]}" if tail else ""),
+                hint=f"its log ({log}) says why; rerun with --no-stock to replay bsr alone",
             )
         if not result.ok:
-            raise ServiceError(f"stock LMCache's replay failed: {result.error}")
+            raise ServiceError(f"stock LMCache's replay failed: {result.error}", hint=_STOCK_FAILED)
     finally:
         if holder is not None:
             services.stop(holder, timeout=10)

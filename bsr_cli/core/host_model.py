@@ -50,11 +50,16 @@ _BOUND_ORDER = (RestoreBound.BANDWIDTH, RestoreBound.CPU, RestoreBound.BUDGET, R
 _DONE = 1e-12
 
 
+# What to do about a host model's figure that cannot be: they come from a calibration or the flags.
+_HOST_HINT = "give --cores and --cpu-per-gb as positive numbers, or calibrate again (`bsr bench trace`)"
+
+
 def _number(value: object, name: str, *, positive: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidInput(f"the host's {name} must be a finite number, got {value!r}")
+        raise InvalidInput(f"the host's {name} must be a finite number, got {value!r}", hint=_HOST_HINT)
     if value < 0 or (positive and value == 0):
-        raise InvalidInput(f"the host's {name} must be {'positive' if positive else 'at least 0'}, got {value!r}")
+        at_least = "positive" if positive else "at least 0"
+        raise InvalidInput(f"the host's {name} must be {at_least}, got {value!r}", hint=_HOST_HINT)
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,9 @@ class HostModel:
         _number(self.compute_cpu_s_per_gb, "compute_cpu_s_per_gb", positive=False)
         slots = self.restore_slots
         if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
-            raise InvalidInput(f"the host's restore_slots must be a whole number ≥ 1 (or absent), got {slots!r}")
+            raise InvalidInput(
+                f"the host's restore_slots must be a whole number ≥ 1 (or absent), got {slots!r}", hint=_HOST_HINT
+            )
 
     def restore_cpu(self, size: int) -> float:
         """CPU seconds of a restore moving ``size`` bytes per rank."""
@@ -176,7 +183,10 @@ def replay_on_host(
     model); ``budget`` (bytes) admits them FIFO while their holds fit, None at once."""
     host.check()
     if budget is not None and any(h > budget for h in holds):
-        raise InvalidInput("a restore's hold exceeds the budget: it could never be admitted")
+        raise InvalidInput(
+            "a restore's hold exceeds the budget: it could never be admitted",
+            hint="plan with a budget of at least one restore's hold (a larger multiple of RWS(W)), or a smaller W",
+        )
     return _HostSim(arrivals, sizes, holds, bandwidth, host, budget).run()
 
 

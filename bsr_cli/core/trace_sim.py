@@ -93,7 +93,10 @@ def replay(
     ones. ``budget`` (bytes) admits them FIFO while their holds fit; None admits every one at its arrival."""
     n = len(arrivals)
     if budget is not None and any(h > budget for h in holds):
-        raise InvalidInput("a restore's hold exceeds the budget: it could never be admitted")
+        raise InvalidInput(
+            "a restore's hold exceeds the budget: it could never be admitted",
+            hint="raise the budget to at least RWS(W), or lower W",
+        )
     starts = [0.0] * n
     finishes = [0.0] * n
     queue: deque[int] = deque()
@@ -346,9 +349,11 @@ def _cpu_load(
 
 def check_rate(bandwidth: float, speedup: float) -> None:
     if not (math.isfinite(bandwidth) and bandwidth > 0):
-        raise InvalidInput(f"the bandwidth must be a positive, finite rate, got {bandwidth!r}")
+        raise InvalidInput(
+            f"the bandwidth must be a positive, finite rate, got {bandwidth!r}", hint="e.g. --bandwidth 10.31GB/s"
+        )
     if not (math.isfinite(speedup) and speedup > 0):
-        raise InvalidInput(f"the speed-up must be a positive, finite factor, got {speedup!r}")
+        raise InvalidInput(f"the speed-up must be a positive, finite factor, got {speedup!r}", hint="e.g. --speedup 10")
 
 
 def plan_trace(
@@ -367,12 +372,19 @@ def plan_trace(
     ``host`` when given (bsr_cli.core.host_model)."""
     accounting.check_window(w)
     if w == 0:
-        raise InvalidInput("a trace plan compares BSR at W ≥ 1 with the whole-plan path; W=0 leaves nothing to compare")
+        raise InvalidInput(
+            "a trace plan compares BSR at W ≥ 1 with the whole-plan path; W=0 leaves nothing to compare",
+            hint="give --W 1 or more, e.g. --W 32",
+        )
     check_rate(bandwidth, speedup)
     if not budgets_rws or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in budgets_rws):
-        raise InvalidInput("budgets are positive whole multiples of RWS(W), e.g. 1,2,4,8")
+        raise InvalidInput(
+            "budgets are positive whole multiples of RWS(W), e.g. 1,2,4,8", hint="e.g. --budgets 1,2,4,8"
+        )
     if p99_target_s is not None and not (math.isfinite(p99_target_s) and p99_target_s > 0):
-        raise InvalidInput(f"the p99 target must be a positive number of seconds, got {p99_target_s!r}")
+        raise InvalidInput(
+            f"the p99 target must be a positive number of seconds, got {p99_target_s!r}", hint="e.g. --p99 0.8"
+        )
     if host is not None:
         host.check()
     bpc, aux = reg.bytes_per_chunk, reg.aux_bytes

@@ -160,6 +160,7 @@ class RestorePool:
                         raise WindowRefused(
                             f"timed out after {timeout_s:.1f}s waiting for {n_slots} pool slots",
                             cause=CapacityCause.ADMISSION_TIMEOUT,
+                            hint="other restores held the budget: lower W, raise the budget B, or retry later",
                         )
                     self._cond.wait(left)
                 slots = [self._free.pop() for _ in range(n_slots)]

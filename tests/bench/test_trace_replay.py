@@ -97,7 +97,7 @@ def test_replay_against_the_embedded_engine(bsr, tmp_path: Path, monkeypatch: py
     args = ("-n", "24", "--speedup", "4", "--W", "2", "--budget-rws", "1,2", "-o", str(out), "--json")
     r = bsr("bench", "trace", str(f), *args)
     assert r.code == 0, r.err
-    d = r.json()
+    d = r.report()
     assert d["stock"]["run"] is False and "no Python with LMCache 0.5.6" in d["stock"]["reason"]
     warned = "bsr: warning: stock LMCache: not run (no Python with LMCache"
     assert [x for x in r.err.splitlines() if x.startswith(warned)], r.err

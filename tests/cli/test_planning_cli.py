@@ -39,6 +39,34 @@ def test_plan_largest_prompt(bsr) -> None:
     assert r.err == ""  # stdout is data, nothing else in --json mode
 
 
+def test_plan_without_a_prompt_plans_a_ladder_of_prompt_lengths(bsr) -> None:
+    """`bsr plan --W 32` as the design writes it: no prompt flag, so the default registration over prompt lengths
+    from 8K to 1M tokens, every chunk a hit, saying so in one line on stderr. The bound shows: BSR's peak is
+    RWS(W) at every length while the whole-plan staging grows with the prompt."""
+    r = bsr("plan", "--W", "32", "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["kind"] == "bsr.plan.ladder" and d["W"] == 32 and d["rws_bytes"] == 525_074_432
+    rows = d["rows"]
+    assert [x["tokens"] for x in rows] == [8_192, 32_768, 131_072, 262_144, 524_288, 1_048_576]
+    assert {x["peak_bytes_per_rank"] for x in rows} == {d["rws_bytes"]}
+    assert [x["windows"] for x in rows] == [1, 4, 16, 32, 64, 128]
+    chunk, aux = 16_408_576, d["rws_bytes"] - 32 * 16_408_576  # Σc_i and aux of paper-mtp-off
+    assert rows[-1]["whole_plan_bytes"] == 4096 * chunk + aux  # the whole 1M-token prefix at once
+    text = bsr("plan", "--W", "32")
+    assert text.code == 0 and "no prompt given: planning the built-in registration paper-mtp-off" in text.err
+    assert len(text.err.strip().splitlines()) == 1, text.err  # what it assumed, in one line
+    assert "128.0× less" in text.out and "the same (one window)" in text.out
+    mixed = bsr("plan", "--W", "32", "--all-windows")
+    assert mixed.code == 2 and "add --tokens N or --probe FILE" in mixed.err and "bsr: hint:" in mixed.err
+
+
+def test_a_prompt_that_fits_in_one_window_stages_the_same_either_way(bsr) -> None:
+    r = bsr("plan", "--W", "32", "--tokens", "8192", "-r", "paper-mtp-off")
+    assert r.code == 0 and "fits in one window of W=32: BSR and the whole-plan path stage the same" in r.out
+    assert "1.0×" not in r.out
+
+
 def test_plan_from_probe_file(bsr, tmp_path: Path) -> None:
     probe = {
         "tiers": ["mooncake", "fs"],
@@ -72,7 +100,7 @@ def test_plan_from_probe_file(bsr, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
-        (("plan", "--W", "32"), ExitCode.INVALID_INPUT, "exactly one of"),
+        (("plan", "--tokens", "5", "--probe", "p.json"), ExitCode.INVALID_INPUT, "not --tokens and --probe"),
         (("plan", "--W", "-1", "--tokens", "5"), ExitCode.INVALID_INPUT, ""),
         (("rws", "-r", "nope.json"), ExitCode.INVALID_INPUT, "registration not found"),
         (("rws", "-r", "demo", "--l1", "lots"), ExitCode.INVALID_INPUT, "cannot read a size"),
@@ -92,7 +120,8 @@ def test_malformed_registration_file(bsr, tmp_path: Path) -> None:
     r = bsr("registration", "show", str(f))
     assert r.code == ExitCode.INVALID_INPUT
     assert r.err.startswith("bsr: error: ") and "invalid JSON" in r.err
-    assert len(r.err.strip().splitlines()) == 1
+    _, hint = r.err.strip().splitlines()  # one line, and what to do
+    assert hint.startswith("bsr: hint: ") and "json.tool" in hint
 
 
 def test_traceback_flag_shows_the_stack(bsr, tmp_path: Path) -> None:
@@ -272,7 +301,7 @@ def test_plan_trace_imports_no_plotting_or_bench_unless_asked(tmp_path: Path) ->
         ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--p99", "-1"), "p99 target"),
         ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--W", "0"), "W ≥ 1"),
         ([json.dumps(r) for r in TINY], (), "--trace needs --bandwidth"),
-        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--tokens", "5"), "exactly one of"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--tokens", "5"), "not --tokens and --trace"),
         ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--all-windows"), "plan one prompt, not a trace"),
     ],
 )

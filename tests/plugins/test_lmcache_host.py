@@ -330,8 +330,10 @@ def test_admin_api_and_cli_against_the_lmcache_host(
         probe = bsr("probe", "--synthetic", str(6 * CS), "--seed", "21")
         assert "rows" in json.dumps(probe)
         bsr("inject-fault", "--kind", "restore-fault", "--rank", "0", "--window", "2")
-        # Exit code 10: the CLI says "failed closed" (the JSON result still comes on stdout).
-        rest = bsr("restore", "--synthetic", str(6 * CS), "--seed", "21", "--exclude-tier", "fs", rc=10)
+        # Exit code 10: the CLI says "failed closed"; its one JSON document is the error, carrying the result.
+        failed = bsr("restore", "--synthetic", str(6 * CS), "--seed", "21", "--exclude-tier", "fs", rc=10)
+        assert failed["error"] == "failed-closed" and failed["exit_code"] == 10
+        rest = failed["report"]
         assert rest["outcome"] == "failed_closed" and rest["committed_tokens"] == 0
         assert {f["window"] for f in rest["failures"]} == {1}  # --window 2 is 1-based
         status = bsr("status")

@@ -54,7 +54,10 @@ def resolve_registration(
     from bsr_cli import loaders
 
     if registration and hf_config:
-        raise InvalidInput("give --registration or --hf-config, not both")
+        raise InvalidInput(
+            "give --registration or --hf-config, not both",
+            hint="--registration names a registration file or built-in; --hf-config derives one from a config.json",
+        )
     if hf_config:
         return loaders.load_hf_registration(
             hf_config, tp=tp, dtype=dtype, block_size=block_size, include_mtp=mtp, chunk_size=chunk_size
@@ -70,9 +73,11 @@ def _parse_sweep(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise InvalidInput(f"--sweep takes comma-separated window sizes, got {text!r}") from None
+        raise InvalidInput(
+            f"--sweep takes comma-separated window sizes, got {text!r}", hint="e.g. --sweep 8,16,32,64"
+        ) from None
     if not values or any(v <= 0 for v in values):
-        raise InvalidInput("--sweep window sizes must be positive")
+        raise InvalidInput("--sweep window sizes must be positive", hint="e.g. --sweep 8,16,32,64")
     return values
 
 
@@ -188,16 +193,19 @@ def plan(
     json_flag: JsonFlag = False,
 ) -> None:
     """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace,
-    L1 per rank and restore latency over a request trace, whole-plan against BSR budgets."""
+    L1 per rank and restore latency over a request trace, whole-plan against BSR budgets.
+
+    Without a prompt (`bsr plan --W 32`): the registration over a ladder of prompt lengths, 8K to 1M tokens, every
+    chunk a hit."""
     st = state(ctx, json_flag)
-    if sum(x is not None for x in (tokens, probe, trace)) != 1:
-        raise InvalidInput("give exactly one of --tokens N, --probe FILE or --trace FILE")
+    given = [flag for flag, v in (("--tokens", tokens), ("--probe", probe), ("--trace", trace)) if v is not None]
     trace_flags = _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot)
     trace_flags += [
         f
         for f, v in (("--calibration", calibration), ("--cores", cores), ("--cpu-per-gb", cpu_per_gb))
         if v is not None
     ]
+    _check_plan_flags(given, trace_flags, one_prompt_flags=bool(exclude_tier or all_windows))
     # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
     flagged_registration = functools.partial(
         resolve_registration,
@@ -210,26 +218,48 @@ def plan(
         chunk_size=chunk_size,
         note=ctx,
     )
-    if trace is None and trace_flags:
-        raise InvalidInput(f"{', '.join(trace_flags)} plan a trace: add --trace FILE")
-    if trace is not None:
-        if exclude_tier or all_windows:
-            raise InvalidInput("--exclude-tier and --all-windows plan one prompt, not a trace")
-        saved, host = _host_model(calibration, cores, cpu_per_gb)
-        if bandwidth is None and saved is None:
-            raise InvalidInput(
-                "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s) or --calibration FILE"
-            )
-        reg = flagged_registration()
-        if saved is not None and saved.registration != reg.identity:
-            st.out.warn(f"the calibration measured registration {saved.registration}; planning {reg.identity}")
-        from bsr_cli.core.units import parse_rate
-
-        rate = parse_rate(bandwidth) if bandwidth is not None else saved.bandwidth if saved is not None else 0.0
-        _plan_trace(st, trace, reg, w, rate, speedup, store_capacity, budgets, p99, plot, host)
-        return
     named = registration is not None or hf_config is not None
-    _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
+    if not given:
+        _plan_ladder(st, w, flagged_registration(note=None), named)
+    elif trace is not None:
+        model = (bandwidth, calibration, cores, cpu_per_gb)
+        _plan_trace(st, trace, flagged_registration, w, *model, speedup, store_capacity, budgets, p99, plot)
+    else:
+        _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
+
+
+def _check_plan_flags(given: list[str], trace_flags: list[str], *, one_prompt_flags: bool) -> None:
+    """At most one prompt (or trace) flag, the trace's own flags only with --trace, and the flags that plan one
+    prompt (--exclude-tier, --all-windows) only with --tokens or --probe."""
+    if len(given) > 1:
+        raise InvalidInput(
+            f"give one of --tokens N, --probe FILE or --trace FILE, not {' and '.join(given)}",
+            hint="--tokens plans a prompt fully held, --probe one as a saved probe found it, --trace a request trace",
+        )
+    if "--trace" not in given and trace_flags:
+        raise InvalidInput(
+            f"{', '.join(trace_flags)} plan a trace: add --trace FILE",
+            hint="a request trace in the Mooncake format, e.g. examples/trace.jsonl; `bsr events --trace` writes one",
+        )
+    if one_prompt_flags and given in ([], ["--trace"]):
+        raise InvalidInput(
+            "--exclude-tier and --all-windows plan one prompt, not a trace or a ladder: add --tokens N or --probe FILE",
+            hint="without a prompt `bsr plan --W N` plans a ladder of prompt lengths; --trace plans a trace",
+        )
+
+
+def _plan_ladder(st: AppState, w: int, reg: Registration, registration_named: bool) -> None:
+    """`bsr plan --W N` with no prompt: what an operator asks first, how W bounds staging at every prompt length."""
+    from bsr_cli.cli.render import planning as render
+    from bsr_cli.core.plan import DEFAULT_PROMPT_LADDER, plan_ladder
+
+    lengths = DEFAULT_PROMPT_LADDER
+    which = f"registration {reg.source}" if registration_named else f"the built-in registration {reg.source} (-r)"
+    st.out.note(
+        f"[dim]no prompt given: planning {which} at {lengths[0]:,} to {lengths[-1]:,} tokens, every chunk a hit "
+        "(--tokens N, --probe FILE or --trace FILE plans one)[/]"
+    )
+    st.out.result(render.LadderReport(plan_ladder(reg, w, lengths), reg.model), render.plan_ladder)
 
 
 def _trace_flags_given(
@@ -315,27 +345,44 @@ def _parse_budgets(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise InvalidInput(f"--budgets takes comma-separated whole multiples of RWS(W), got {text!r}") from None
+        raise InvalidInput(
+            f"--budgets takes comma-separated whole multiples of RWS(W), got {text!r}", hint="e.g. --budgets 1,2,4,8"
+        ) from None
     if not values or any(v < 1 for v in values):
-        raise InvalidInput("--budgets multiples of RWS(W) must be at least 1")
+        raise InvalidInput("--budgets multiples of RWS(W) must be at least 1", hint="e.g. --budgets 1,2,4,8")
     return values
 
 
 def _plan_trace(
     st: AppState,
     trace_path: Path,
-    reg: Registration,
+    flagged_registration: Callable[[], Registration],
     w: int,
-    rate: float,
+    bandwidth: str | None,
+    calibration: Path | None,
+    cores: float | None,
+    cpu_per_gb: float | None,
     speedup: float,
     store_capacity: int | None,
     budgets: str,
     p99: float | None,
     plot: Path | None,
-    host: HostModel | None = None,
 ) -> None:
     """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim), on the
-    host model when one is given."""
+    host model when one is given (a calibration's, or --cores with --cpu-per-gb)."""
+    saved, host = _host_model(calibration, cores, cpu_per_gb)
+    if bandwidth is None and saved is None:
+        raise InvalidInput(
+            "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s) or --calibration FILE",
+            hint="`bsr bench store` measures the bandwidth (the paper's tier reads 10.31GB/s); `bsr bench trace` "
+            "saves a calibration",
+        )
+    reg = flagged_registration()
+    if saved is not None and saved.registration != reg.identity:
+        st.out.warn(f"the calibration measured registration {saved.registration}; planning {reg.identity}")
+    from bsr_cli.core.units import parse_rate
+
+    rate = parse_rate(bandwidth) if bandwidth is not None else saved.bandwidth if saved is not None else 0.0
     from bsr_cli import loaders
     from bsr_cli.core.trace_sim import plan_trace
 

@@ -573,4 +573,7 @@ def table_for(experiment: str) -> Callable[[Console, PublishedBundle], None]:
     try:
         return TABLES[experiment]
     except KeyError:
-        raise InvalidInput(f"no table for experiment {experiment!r} (known: {', '.join(TABLES)})") from None
+        raise InvalidInput(
+            f"no table for experiment {experiment!r} (known: {', '.join(TABLES)})",
+            hint="`bsr bench show` reads bundles of the experiments bsr ships",
+        ) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -17,7 +17,7 @@ from bsr_cli.core import wire
 from bsr_cli.core.accounting import Accounting
 from bsr_cli.core.bitmap import Break
 from bsr_cli.core.evidence import RestoreBound
-from bsr_cli.core.plan import RestorePlan
+from bsr_cli.core.plan import LadderPlan, RestorePlan
 from bsr_cli.core.registration import Registration, RegistrationDiff, TensorSpec
 from bsr_cli.core.trace_sim import PathRun, RestorePath, TracePlan
 from bsr_cli.core.units import format_bytes
@@ -404,8 +404,7 @@ def plan(console: Console, r: PlanReport) -> None:
     )
     console.print(cmp)
     if w and p.whole_plan_bytes and p.peak_bytes_per_rank:
-        ratio = p.whole_plan_bytes / p.peak_bytes_per_rank
-        console.print(f"BSR stages {ratio:,.1f}× less than the whole-plan path for this prompt.")
+        console.print(staging_ratio_line(w, p.committable_chunks, p.whole_plan_bytes, p.peak_bytes_per_rank))
     fit = r.capacity
     if fit:  # a dry run against a live engine: can its budget B (W=0: its pool) admit these windows?
         if fit.fits:
@@ -415,6 +414,47 @@ def plan(console: Console, r: PlanReport) -> None:
             )
         else:
             console.print(f"[red]does not fit[/] this engine: {fit.message}")
+
+
+def staging_ratio_line(w: int, chunks: int, whole_plan_bytes: int, peak_bytes: int) -> str:
+    """How much less BSR stages than the whole-plan path; a prompt of at most W chunks is one window either way."""
+    if chunks <= w:
+        return f"the prompt fits in one window of W={w}: BSR and the whole-plan path stage the same"
+    return f"BSR stages {whole_plan_bytes / peak_bytes:,.1f}× less than the whole-plan path for this prompt."
+
+
+@dataclass(frozen=True)
+class LadderReport:
+    """`bsr plan --W N` without a prompt: the ladder plan and the registration's name."""
+
+    ladder: LadderPlan = field(metadata=wire.meta(flatten=True))
+    model: str
+
+    to_wire = wire.writer()
+
+
+def plan_ladder(console: Console, r: LadderReport) -> None:
+    p = r.ladder
+    console.print(f"[bold]{r.model}[/] {p.registration}  W={p.w}{' (whole-plan path)' if p.w == 0 else ''}")
+    t = Table(title="every chunk a hit, per prompt length", title_justify="left")
+    for col in ("prompt tokens", "chunks", "windows", f"BSR peak (W={p.w})", "whole plan (W=0)", "ladder rung"):
+        t.add_column(col, justify="right")
+    t.add_column("BSR stages")
+    for row in p.rows:
+        t.add_row(
+            f"{row.tokens:,}",
+            f"{row.chunks:,}",
+            f"{row.windows:,}",
+            format_bytes(row.peak_bytes_per_rank),
+            format_bytes(row.whole_plan_bytes),
+            format_bytes(row.whole_plan_rung) if row.whole_plan_rung else "beyond ladder",
+            "the same (one window)"
+            if not p.w or row.chunks <= p.w
+            else f"{row.whole_plan_bytes / row.peak_bytes_per_rank:,.1f}× less",
+        )
+    console.print(t)
+    if p.rws_bytes is not None:
+        console.print(f"the BSR peak is RWS(W={p.w}) = {b(p.rws_bytes)} per rank, whatever the prompt length")
 
 
 def registration_diff(console: Console, r: RegistrationDiffReport) -> None:

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from bsr_cli.core.trace import Trace
     from bsr_cli.engine.supervisor import EngineOptions
 
+_BROKE = "the report's checks say what broke"
+_SKIP_HINT = "lower --skip, or replay another part of the trace"
+
 
 REPLAY_SAMPLE_S = 0.25  # between two samples of the run queue during a replay
 
@@ -64,9 +67,12 @@ def _budgets(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise InvalidInput(f"--budget-rws takes comma-separated whole multiples of RWS(W), got {text!r}") from None
+        raise InvalidInput(
+            f"--budget-rws takes comma-separated whole multiples of RWS(W), got {text!r}",
+            hint="e.g. --budget-rws 1,2,4",
+        ) from None
     if not values or any(v < 1 for v in values):
-        raise InvalidInput("--budget-rws multiples of RWS(W) must be at least 1")
+        raise InvalidInput("--budget-rws multiples of RWS(W) must be at least 1", hint="e.g. --budget-rws 1,2,4")
     return tuple(dict.fromkeys(values))
 
 
@@ -120,13 +126,16 @@ def trace(
     check_rate(1.0, speedup)
     budgets = _budgets(budget_rws)
     if bandwidth is not None and calibration is not None:
-        raise InvalidInput("--bandwidth predicts without a host model; --calibration with one: give one of them")
+        raise InvalidInput(
+            "--bandwidth predicts without a host model; --calibration with one: give one of them",
+            hint="--calibration carries its own bandwidth; drop --bandwidth to use it",
+        )
     rate = parse_rate(bandwidth) if bandwidth is not None else None
     saved = loaders.load_calibration(calibration) if calibration is not None else None
     reg = loaders.load_registration(registration) if registration else bt.replay_registration()
     full = loaders.load_trace(trace_file)
     if skip >= len(full):
-        raise InvalidInput(f"--skip {skip} leaves nothing of the trace's {len(full):,} requests")
+        raise InvalidInput(f"--skip {skip} leaves nothing of the trace's {len(full):,} requests", hint=_SKIP_HINT)
     sliced = full.head(requests, skip).scale_tokens(block_tokens)
     calibrating = rate is None and saved is None
     stored = cb.stored_tokens(bt.burst_shape(sliced, reg), reg.chunk_size) if calibrating else 0
@@ -174,10 +183,11 @@ def trace(
     data = replace(data, bundle=str(run.write_bundle(data, reg)))
     from bsr_cli.cli.render import planning as render
 
-    st.out.result(data, render.trace_replay)
     broken = [k for k, ok in data.checks.items() if not ok]
     if broken:
-        raise DrillViolation(f"the replay broke {', '.join(broken)}", hint=f"evidence: {data.bundle}")
+        broke = f"the replay broke {', '.join(broken)}"
+        st.out.fail(data, render.trace_replay, DrillViolation(broke, hint=f"{_BROKE}; its evidence: {data.bundle}"))
+    st.out.result(data, render.trace_replay)
 
 
 def _stock_setup(
@@ -194,9 +204,12 @@ def _stock_setup(
         except InvalidInput as e:
             raise InvalidInput(f"--stock-l1: {e.message}", hint=e.hint) from None
         if stock_l1_bytes <= 0:
-            raise InvalidInput(f"--stock-l1 must be a positive size, got {stock_l1}")
+            raise InvalidInput(f"--stock-l1 must be a positive size, got {stock_l1}", hint="give a size such as 4GiB")
     if not stock and (stock_l1 is not None or stock_serial):
-        raise InvalidInput("--stock-l1 and --stock-serial set up stock LMCache's replay: drop --no-stock")
+        raise InvalidInput(
+            "--stock-l1 and --stock-serial set up stock LMCache's replay: drop --no-stock",
+            hint="drop --no-stock to run stock LMCache's replay, or drop --stock-l1/--stock-serial",
+        )
     stock_reason = "skipped with --no-stock" if not stock else bt.stock_available()
     if stock_reason is None:
         try:
