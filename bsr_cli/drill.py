@@ -176,7 +176,10 @@ def confirm_drill(engine: str, *, assume_yes: bool, ask: Callable[[str], str] | 
     if answer.strip().lower() not in ("y", "yes"):
         from bsr_cli.errors import RestoreAborted
 
-        raise RestoreAborted("drill not run: not confirmed")
+        raise RestoreAborted(
+            "drill not run: not confirmed",
+            hint="the drill injects faults into the engine: confirm at the prompt, or pass --yes",
+        )
 
 
 def run_drill(

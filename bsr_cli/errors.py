@@ -22,10 +22,14 @@ and the exit code below. This module is pure (no I/O) so the core can raise thes
     ├── DrillViolation          a drill found a broken invariant                 (11)
     ├── ServiceError            starting/stopping local services failed          (13)
     ├── NothingToRestore        no tier holds the prompt's first chunk: no restore ran (14)
+    ├── AlreadyEnded            an abort came too late: the restore committed or ended (18)
     ├── OutputHashMismatch      the request's KV hashed differently from the canonical KV: invalidated (19)
     ├── DamagedObjects          a scrub found damaged objects (and set them aside) (20)
     ├── ScrubIncomplete         a scrub stopped at its limit, failed or did not run (21)
     └── RestoreAborted          the operator aborted the restore (fail-closed)   (130)
+
+Under ``--json`` an error is one JSON object on stdout (``to_dict``); a command that has a result to show beside the
+error (a restore refused at capacity, a drill that found a violation) attaches it as ``report``.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class ExitCode(IntEnum):
     ENGINE_BUSY = 15
     RANK_RESTARTING = 16
     HOST_OVERLOADED = 17
+    ALREADY_ENDED = 18  # an abort that came after the restore committed or ended
     OUTPUT_MISMATCH = 19
     DAMAGED_OBJECTS = 20
     SCRUB_INCOMPLETE = 21
@@ -68,14 +73,19 @@ class BsrError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # The command's result that came with the error, as JSON (``Output.fail`` sets it): written with the error.
+        self.report: object | None = None
 
-    def to_dict(self) -> dict[str, str | int | None]:
-        return {
+    def to_dict(self) -> dict[str, object]:
+        doc: dict[str, object] = {
             "error": self.kind,
             "message": self.message,
             "hint": self.hint,
             "exit_code": int(self.exit_code),
         }
+        if self.report is not None:
+            doc["report"] = self.report
+        return doc
 
 
 class InvalidInput(BsrError):
@@ -94,7 +104,7 @@ class CapacityError(BsrError):
         super().__init__(message, hint=hint)
         self.retry_after_s = retry_after_s
 
-    def to_dict(self) -> dict[str, str | int | None]:
+    def to_dict(self) -> dict[str, object]:
         out = super().to_dict()
         if self.retry_after_s is not None:
             out["retry_after_s"] = round(self.retry_after_s)
@@ -157,7 +167,7 @@ class RankRestarting(EngineError):
         self.rank = rank
         self.retry_after_s = retry_after_s
 
-    def to_dict(self) -> dict[str, str | int | None]:
+    def to_dict(self) -> dict[str, object]:
         return super().to_dict() | {"rank": self.rank, "retry_after_s": self.retry_after_s}
 
 
@@ -195,6 +205,21 @@ class NothingToRestore(BsrError):
 
     exit_code = ExitCode.NOTHING_TO_RESTORE
     kind = "nothing-to-restore"
+
+
+class AlreadyEnded(BsrError):
+    """An abort that lost the race: the restore had already committed (its KV stays), or the request had already
+    ended; ``outcome`` says how (a value of ``core.evidence.Outcome``)."""
+
+    exit_code = ExitCode.ALREADY_ENDED
+    kind = "already-ended"
+
+    def __init__(self, message: str, *, hint: str | None = None, outcome: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.outcome = outcome
+
+    def to_dict(self) -> dict[str, object]:
+        return super().to_dict() | {"outcome": self.outcome}
 
 
 class OutputHashMismatch(BsrError):

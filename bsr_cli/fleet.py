@@ -150,7 +150,7 @@ def targets(settings: Settings, engines_from: str | None = None) -> list[Target]
     seen: set[str] = set()
     dupes = [t.url for t in out if t.url in seen or seen.add(t.url)]  # type: ignore[func-returns-value]
     if dupes:
-        raise InvalidInput(f"engine {dupes[0]} is named twice in --engine")
+        raise InvalidInput(f"engine {dupes[0]} is named twice in --engine", hint="name each engine once")
     return out
 
 
@@ -171,11 +171,17 @@ def _resolve(settings: Settings, name: str, token_file: Path | None = None) -> l
                 elif u.startswith(("http://", "https://")):
                     found.append(target(f"{name}[{i}]", u))
                 else:
-                    raise InvalidInput(f"profile {name!r}: {u!r} is neither a URL nor a profile")
+                    raise InvalidInput(
+                        f"profile {name!r}: {u!r} is neither a URL nor a profile",
+                        hint=f"profile {name!r} in {settings.config_path}: urls lists URLs or other profiles' names",
+                    )
             return found
         url = prof.url
         if not url:
-            raise InvalidInput(f"profile {name!r} has no url")
+            raise InvalidInput(
+                f"profile {name!r} has no url",
+                hint=f'add url = "http://HOST:PORT" to profile {name!r} in {settings.config_path}',
+            )
         return [target(name, url)]
     if not name.startswith(("http://", "https://")):
         raise InvalidInput(
@@ -222,14 +228,20 @@ def discover(
     else:
         found = _from_file(Path(spec.removeprefix("file:")).expanduser(), settings)
     if not found:
-        raise InvalidInput(f"--engines-from {spec}: no engine found")
+        raise InvalidInput(
+            f"--engines-from {spec}: no engine found",
+            hint="give prometheus://HOST:PORT?job=JOB, dns://NAME:PORT, or a file with one URL or profile per line",
+        )
     return found
 
 
 def _from_dns(spec: str, token: str | None, resolver: Resolver) -> list[Target]:
     u = urlsplit(spec)
     if not u.hostname or not u.port:
-        raise InvalidInput(f"--engines-from {spec}: give dns://NAME:PORT (the admin port every address serves)")
+        raise InvalidInput(
+            f"--engines-from {spec}: give dns://NAME:PORT (the admin port every address serves)",
+            hint="e.g. --engines-from dns://bsr-engines.lab:8470",
+        )
     scheme = (parse_qs(u.query).get("scheme") or ["http"])[0]
     out = []
     for addr in resolver(u.hostname, u.port):
@@ -245,7 +257,10 @@ def _from_file(path: Path, settings: Settings | None) -> list[Target]:
     try:
         lines = path.read_text().splitlines()
     except OSError as e:
-        raise InvalidInput(f"--engines-from {path}: {e.strerror or e}") from None
+        raise InvalidInput(
+            f"--engines-from {path}: {e.strerror or e}",
+            hint="give a file with one engine URL or profile name per line (or prometheus://..., dns://...)",
+        ) from None
     out: list[Target] = []
     for n, line in enumerate(lines, 1):
         words = line.split("#", 1)[0].split()
@@ -255,7 +270,10 @@ def _from_file(path: Path, settings: Settings | None) -> list[Target]:
             name, token_file = _entry(path, words)
             if settings is None:
                 if not name.startswith(("http://", "https://")):
-                    raise InvalidInput(f"{name!r} is not a URL")
+                    raise InvalidInput(
+                        f"{name!r} is not a URL",
+                        hint="each line is an engine URL (http://HOST:PORT) or, with a config file, a profile name",
+                    )
                 out.append(Target(name, name.rstrip("/"), token_file=token_file))
             else:
                 out.extend(_resolve(settings, name, token_file))
@@ -295,7 +313,10 @@ def _from_prometheus(spec: str, token: str | None, *, timeout_s: float) -> list[
 
     u = urlsplit(spec)
     if not u.hostname or not u.port:
-        raise InvalidInput(f"--engines-from {spec}: give prometheus://HOST:PORT?job=JOB")
+        raise InvalidInput(
+            f"--engines-from {spec}: give prometheus://HOST:PORT?job=JOB",
+            hint="e.g. --engines-from prometheus://prom.lab:9090?job=bsr",
+        )
     query = parse_qs(u.query)
     job = query["job"][0] if query.get("job") else None
     scheme = (query.get("scheme") or ["http"])[0]
@@ -305,7 +326,10 @@ def _from_prometheus(spec: str, token: str | None, *, timeout_s: float) -> list[
         r.raise_for_status()
         data = r.json()
     except httpx.HTTPStatusError as e:
-        raise EngineUnreachable(f"Prometheus at {api} answered {e.response.status_code}") from None
+        raise EngineUnreachable(
+            f"Prometheus at {api} answered {e.response.status_code}",
+            hint="check the Prometheus address and that it serves /api/v1/targets",
+        ) from None
     except (httpx.HTTPError, ValueError) as e:
         raise EngineUnreachable(
             f"cannot read Prometheus targets at {api}: {e}", hint="check --engines-from prometheus://HOST:PORT"

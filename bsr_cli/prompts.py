@@ -22,10 +22,13 @@ def prompt_body(
 ) -> Prompt:
     given = [x is not None for x in (tokens_file, prompt_file, synthetic)]
     if sum(given) != 1:
-        raise InvalidInput("give exactly one of --tokens-file, --prompt-file or --synthetic N")
+        raise InvalidInput(
+            "give exactly one of --tokens-file, --prompt-file or --synthetic N",
+            hint="e.g. --synthetic 65536 --seed 1, or --tokens-file prompt.json",
+        )
     if synthetic is not None:
         if synthetic <= 0:
-            raise InvalidInput("--synthetic needs a positive token count")
+            raise InvalidInput("--synthetic needs a positive token count", hint="e.g. --synthetic 65536")
         return Prompt.synthetic_of(synthetic, seed)
     if tokens_file is not None:
         return Prompt.of_tokens(read_tokens_file(tokens_file))
@@ -39,7 +42,9 @@ def prompt_body(
     try:
         text = prompt_file.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"cannot read prompt file {prompt_file}: {e}") from None
+        raise InvalidInput(
+            f"cannot read prompt file {prompt_file}: {e}", hint="give a readable UTF-8 text file"
+        ) from None
     if not text:
-        raise InvalidInput(f"prompt file {prompt_file} is empty")
+        raise InvalidInput(f"prompt file {prompt_file} is empty", hint="give a file with the prompt's text")
     return Prompt.of_tokens(fn(text))

@@ -181,7 +181,10 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
             try:
                 setattr(s, name, conv(got[0]))
             except (TypeError, ValueError):
-                raise InvalidInput(f"bad value for {name} ({got[1]}): {got[0]!r}") from None
+                raise InvalidInput(
+                    f"bad value for {name} ({got[1]}): {got[0]!r}",
+                    hint=f"`bsr config show` says where each value comes from; fix the {got[1]}",
+                ) from None
             except InvalidInput as e:
                 raise InvalidInput(f"bad value for {name} ({got[1]}): {e.message}", hint=e.hint) from None
             s.sources[name] = got[1]
@@ -198,7 +201,8 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
     if not math.isfinite(s.timeout_s) or s.timeout_s <= 0:
         raise InvalidInput(
             f"timeout must be a finite, positive number of seconds, got {s.timeout_s!r} "
-            f"({s.sources.get('timeout_s', 'default')})"
+            f"({s.sources.get('timeout_s', 'default')})",
+            hint="e.g. --timeout 30",
         )
     return s
 
@@ -207,7 +211,10 @@ def _profiles(profiles: Any, config_path: Path) -> dict[str, Profile]:
     """The config file's ``[profiles.NAME]`` tables, each checked (a token file relative to the config file)."""
     out: dict[str, Profile] = {}
     if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
-        raise InvalidInput(f"{config_path}: [profiles] must be a table of tables")
+        raise InvalidInput(
+            f"{config_path}: [profiles] must be a table of tables",
+            hint="each profile is a [profiles.NAME] table with url (and token or token_file)",
+        )
     for pname, prof in profiles.items():
         extra = sorted(set(prof) - PROFILE_KEYS)
         if extra:
@@ -217,7 +224,10 @@ def _profiles(profiles: Any, config_path: Path) -> dict[str, Profile]:
             )
         urls, token, token_file = prof.get("urls"), prof.get("token"), prof.get("token_file")
         if urls is not None and (not isinstance(urls, list) or not all(isinstance(u, str) for u in urls)):
-            raise InvalidInput(f"profile {pname!r}: urls must be a list of URLs or profile names")
+            raise InvalidInput(
+                f"profile {pname!r}: urls must be a list of URLs or profile names",
+                hint='e.g. urls = ["http://10.0.0.5:8470", "prod-node2"]',
+            )
         if token_file is not None and (not isinstance(token_file, str) or not token_file or token is not None):
             raise InvalidInput(
                 f"profile {pname!r}: token_file must be a path, and given instead of token",
@@ -238,7 +248,9 @@ def parse_event_retention(value: Any) -> float:
 
     seconds = float(value) if isinstance(value, int | float) else parse_duration(str(value))
     if not math.isfinite(seconds) or seconds < 60:
-        raise InvalidInput(f"{value!r}: the event retention must be at least 1m")
+        raise InvalidInput(
+            f"{value!r}: the event retention must be at least 1m", hint="give a duration of at least 1m, e.g. 7d"
+        )
     return seconds
 
 
@@ -248,7 +260,9 @@ def parse_event_store_bytes(value: Any) -> int:
 
     n = value if isinstance(value, int) and not isinstance(value, bool) else parse_bytes(str(value))
     if n < MIN_EVENT_STORE_BYTES:
-        raise InvalidInput(f"{value!r}: the event store must be allowed at least 1MiB")
+        raise InvalidInput(
+            f"{value!r}: the event store must be allowed at least 1MiB", hint="give at least 1MiB, e.g. 512MiB"
+        )
     return n
 
 
@@ -280,11 +294,18 @@ def _read_config(path: Path, *, required: bool) -> dict[str, Any]:
             return tomllib.load(f)
     except FileNotFoundError:
         if required:
-            raise InvalidInput(f"config file not found: {path}") from None
+            raise InvalidInput(
+                f"config file not found: {path}", hint="create it, or drop --config to use ~/.config/bsr/config.toml"
+            ) from None
         return {}
     except tomllib.TOMLDecodeError as e:
-        raise InvalidInput(f"{path}: not valid TOML ({e})") from None
+        raise InvalidInput(
+            f"{path}: not valid TOML ({e})",
+            hint="fix the line the error names (TOML: key = value, [profiles.NAME] tables)",
+        ) from None
     except UnicodeDecodeError:
-        raise InvalidInput(f"{path}: not a text file (the config file is UTF-8 TOML)") from None
+        raise InvalidInput(
+            f"{path}: not a text file (the config file is UTF-8 TOML)", hint="the config file is UTF-8 TOML"
+        ) from None
     except OSError as e:
-        raise InvalidInput(f"cannot read config file {path}: {e.strerror}") from None
+        raise InvalidInput(f"cannot read config file {path}: {e.strerror}", hint="check its permissions") from None

@@ -236,6 +236,12 @@ class Result:
     def json(self):
         return json.loads(self.out)
 
+    def report(self):
+        """The command's result as JSON: the document itself, or, when an error came with a result (a restore that
+        failed closed, an unhealthy status), the result the one error object carries under ``report``."""
+        doc = self.json()
+        return doc["report"] if isinstance(doc, dict) and "error" in doc and "report" in doc else doc
+
 
 @pytest.fixture
 def bsr(capsys: pytest.CaptureFixture[str]):

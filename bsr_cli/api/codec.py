@@ -20,6 +20,8 @@ from bsr_cli.errors import BadRequest
 
 T = TypeVar("T")
 
+_SKEW_HINT = "the host and the coordinator speak different versions of the rank API: run one bsr version on both"
+
 
 def to_json(obj: Any) -> Any:
     """Plain JSON-able data for a wire object (dict keys become strings)."""
@@ -54,7 +56,7 @@ def _bad(path: str, expected: str, got: Any) -> BadRequest:
     shown = repr(got)
     if len(shown) > 60:
         shown = shown[:57] + "..."
-    return BadRequest(f"malformed {path}: expected {expected}, got {shown}")
+    return BadRequest(f"malformed {path}: expected {expected}, got {shown}", hint=_SKEW_HINT)
 
 
 def _decode(tp: Any, data: Any, path: str) -> Any:
@@ -80,13 +82,13 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
         fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
         unknown = sorted(set(data) - set(fields))
         if unknown:
-            raise BadRequest(f"malformed {path}: unknown field(s) {', '.join(map(repr, unknown))}")
+            raise BadRequest(f"malformed {path}: unknown field(s) {', '.join(map(repr, unknown))}", hint=_SKEW_HINT)
         hints = _hints(tp)
         kwargs = {}
         for name, f in fields.items():
             if name not in data:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise BadRequest(f"malformed {path}: missing field {name!r}")
+                    raise BadRequest(f"malformed {path}: missing field {name!r}", hint=_SKEW_HINT)
                 continue
             kwargs[name] = _decode(hints[name], data[name], f"{path}.{name}")
         return tp(**kwargs)

@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 from bsr_cli.core import wire
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.overload import HostLoad
+from bsr_cli.core.stage_costs import StageCosts
 from bsr_cli.errors import BadRequest
+
+# A malformed job is a coordinator bug or a version skew between the coordinator and a host.
+_JOB_HINT = "run the same bsr version on the coordinator and every rank host; report it if they match"
 
 
 @dataclass(frozen=True)
@@ -51,22 +55,25 @@ class RestoreJob:
         every planned chunk and a block range inside its block table, so a restore never starts half-described."""
         what = f"malformed restore job for {self.request_id}"
         if self.w < 0:
-            raise BadRequest(f"{what}: W must be non-negative, got {self.w}")
+            raise BadRequest(f"{what}: W must be non-negative, got {self.w}", hint=_JOB_HINT)
         for g in groups:
             if g not in self.objects or g not in self.block_tables:
-                raise BadRequest(f"{what}: KV group {g!r} has no objects or no block table")
+                raise BadRequest(f"{what}: KV group {g!r} has no objects or no block table", hint=_JOB_HINT)
         for win in self.windows:
             if not 0 <= win.chunk_start < win.chunk_end or win.token_start >= win.token_end:
-                raise BadRequest(f"{what}: window {win.index} is empty or reversed")
+                raise BadRequest(f"{what}: window {win.index} is empty or reversed", hint=_JOB_HINT)
             for g in groups:
                 if win.chunk_end > len(self.objects[g]):
                     raise BadRequest(
                         f"{what}: window {win.index} needs chunks up to {win.chunk_end} of group {g!r}, "
-                        f"the job lists {len(self.objects[g])}"
+                        f"the job lists {len(self.objects[g])}",
+                        hint=_JOB_HINT,
                     )
                 span = win.blocks.get(g)
                 if span is None or not 0 <= span[0] <= span[1] <= len(self.block_tables[g]):
-                    raise BadRequest(f"{what}: window {win.index} has no valid block range for group {g!r}")
+                    raise BadRequest(
+                        f"{what}: window {win.index} has no valid block range for group {g!r}", hint=_JOB_HINT
+                    )
 
 
 @dataclass
@@ -94,6 +101,8 @@ class RestoreResult:
     # A fetch failure where the tier answered none of the objects that failed (each timed out or found it down): no
     # bytes came back, so there is nothing of the tier's to re-read for damage (a re-read would wait on the fault).
     unanswered: bool = False
+    # Wall and CPU seconds by stage (fetch, verify, install, wait) and the process's CPU over the restore.
+    stages: StageCosts | None = wire.field(omit_none=True, default=None)
 
     to_wire = wire.writer()
 

@@ -363,7 +363,9 @@ class UnsupportedOps:
     host_name = "this host"
 
     def unsupported(self, op: str) -> UnsupportedOp:
-        return UnsupportedOp(op, f"op {op!r} is not supported by {self.host_name}")
+        return UnsupportedOp(
+            op, f"op {op!r} is not supported by {self.host_name}", hint="`bsr status` says what this engine serves"
+        )
 
     def probe(self, req: ProbeRequest) -> ProbeResult:
         raise self.unsupported(req.op)
@@ -430,7 +432,10 @@ class RankClient(Protocol):
 def dispatch(ops: RankOps, request: RankRequest[R]) -> R:
     """Run ``request`` on a host: the one dispatcher every host uses (keyed by the request's type)."""
     if type(request) not in _REQUEST_TYPES:
-        raise BadRequest(f"not a rank request: {type(request).__name__}")
+        raise BadRequest(
+            f"not a rank request: {type(request).__name__}",
+            hint="a host serves only the requests of bsr_cli.api.ranks (REQUESTS)",
+        )
     return request.apply(ops)
 
 
@@ -442,7 +447,10 @@ def request_to_json(req: RankRequest[Any]) -> dict[str, Any]:
 def request_from_json(data: Any) -> RankRequest[Any]:
     """A request from its JSON form ``{"op", "args"}``; ``BadRequest`` for an unknown op or malformed args."""
     if not isinstance(data, Mapping) or set(data) - {"op", "args"} or not isinstance(data.get("op"), str):
-        raise BadRequest('malformed rank request: expected {"op": <name>, "args": {...}}')
+        raise BadRequest(
+            'malformed rank request: expected {"op": <name>, "args": {...}}',
+            hint="the host and the coordinator speak different versions of the rank API: run one bsr version on both",
+        )
     cls = REQUESTS.get(data["op"])
     if cls is None:
         raise BadRequest(f"unknown rank op {data['op']!r}", hint=f"ops: {', '.join(REQUESTS)}")
@@ -456,7 +464,10 @@ def result_to_json(result: Any) -> Any:
 def result_from_json(op: str, data: Any) -> Any:
     cls = RESULTS.get(op)
     if cls is None:
-        raise BadRequest(f"unknown rank op {op!r}")
+        raise BadRequest(
+            f"unknown rank op {op!r}",
+            hint="the host and the coordinator speak different versions of the rank API: run one bsr version on both",
+        )
     return from_json(cls, data, what=f"{op} result")
 
 

@@ -101,7 +101,10 @@ def validate(bundle: Any) -> None:
     errors = validation_errors(bundle)
     if errors:
         more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-        raise InvalidInput("evidence bundle does not match the schema: " + "; ".join(errors[:5]) + more)
+        raise InvalidInput(
+            "evidence bundle does not match the schema: " + "; ".join(errors[:5]) + more,
+            hint="`bsr bench schema` prints the schema; a bundle written by another bsr version may not match it",
+        )
 
 
 # -- files -------------------------------------------------------------------------------------------------------
@@ -123,11 +126,19 @@ def load(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except UnicodeDecodeError:
-        raise InvalidInput(f"cannot read bundle {path}: not a text file (bundles are UTF-8 JSON)") from None
+        raise InvalidInput(
+            f"cannot read bundle {path}: not a text file (bundles are UTF-8 JSON)",
+            hint="give a bundle written by `bsr bench ... -o DIR` (br-*.json)",
+        ) from None
     except (OSError, ValueError, RecursionError) as e:
-        raise InvalidInput(f"cannot read bundle {path}: {e}") from None
+        raise InvalidInput(
+            f"cannot read bundle {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}",
+            hint="give a bundle written by `bsr bench ... -o DIR` (br-*.json)",
+        ) from None
     if not isinstance(data, dict):
-        raise InvalidInput(f"{path} is not an evidence bundle")
+        raise InvalidInput(
+            f"{path} is not an evidence bundle", hint="give a bundle written by `bsr bench ... -o DIR` (br-*.json)"
+        )
     return data
 
 

@@ -39,8 +39,10 @@ from bsr_cli.core.evidence import Outcome, RankState
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import SubmitResult
+from bsr_cli.core.stage_costs import StageCosts
 from bsr_cli.core.status import EngineInfo, PoolEntry
 from bsr_cli.errors import (
+    AlreadyEnded,
     BadRequest,
     CapacityError,
     EngineError,
@@ -577,7 +579,10 @@ def isolate(info: EngineInfo, tier: str | None) -> tuple[str, list[str]]:
     tiers = list(info.tiers)
     chosen = tier or (tiers[0] if tiers else "")
     if chosen not in tiers:
-        raise InvalidInput(f"the engine has no tier {chosen!r} (it has {', '.join(tiers) or 'none'})")
+        raise InvalidInput(
+            f"the engine has no tier {chosen!r} (it has {', '.join(tiers) or 'none'})",
+            hint=f"pass --tier {' or --tier '.join(tiers) or 'TIER'}; `bsr settings show` lists the engine's tiers",
+        )
     return chosen, [t for t in tiers if t != chosen]
 
 
@@ -650,6 +655,8 @@ class RankEvidence:
     install_seconds: float
     gbps: float
     ok: bool
+    # Wall and CPU seconds by stage, and the rank process's CPU (a rank of an older build reports none).
+    stages: StageCosts | None = wire.field(omit_none=True, default=None)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -754,7 +761,7 @@ class Run(Generic[R]):
 
     def abort_inflight(self) -> None:
         if self.request:
-            with contextlib.suppress(EngineError):
+            with contextlib.suppress(EngineError, AlreadyEnded):
                 self.client.abort(self.request)
 
     @contextlib.contextmanager
@@ -850,6 +857,7 @@ class Run(Generic[R]):
                     install_seconds=round(float(o.get("install_seconds", 0.0)), 4),
                     gbps=round(nbytes / secs / 1e9, 4) if secs > 0 else 0.0,
                     ok=bool(o.get("ok", False)),
+                    stages=StageCosts.from_wire(o["stages"]) if isinstance(o.get("stages"), dict) else None,
                 )
             )
         seconds = float(res.get("seconds", 0.0))

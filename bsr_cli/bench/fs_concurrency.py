@@ -157,7 +157,9 @@ def run_fs_concurrency(
     B = RWS(W): throughput may change, the pool peak must not. Cold rows evict the tier's pages first."""
     conc = sorted(set(concurrencies))
     if not conc or conc[0] < 1 or trials < 1:
-        raise InvalidInput("concurrencies must be >= 1 and trials positive")
+        raise InvalidInput(
+            "concurrencies must be >= 1 and trials positive", hint="e.g. --concurrency 1,2,4,8 --trials 3"
+        )
     salt = new_salt() if salt is None else salt
     method = cold_cache_method(fs_dir) if cold else None
     params = FsParams(tokens=tokens, W=w, concurrencies=conc, trials=trials, cold_method=method)

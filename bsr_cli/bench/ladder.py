@@ -169,7 +169,10 @@ def run_ladder(
     tokens = sorted(set(prefixes))
     steps = sorted(set(rungs))
     if not tokens or not steps:
-        raise InvalidInput("the ladder needs prefix lengths and capacity rungs")
+        raise InvalidInput(
+            "the ladder needs prefix lengths and capacity rungs",
+            hint="give the prefix lengths (--tokens) and the capacity rungs (--rungs)",
+        )
     climb = _Climb(tokens, warm_w, new_salt() if salt is None else salt)
     params = LadderParams(prefixes=tokens, rungs=steps, warm_W=warm_w)
     for rung in steps:

@@ -34,7 +34,10 @@ def embedded_engine(state_dir: Path, opts: EngineOptions) -> Iterator[AdminClien
         supervisor.up(state_dir, opts)
         conn = local_engine.connection(state_dir)
         if conn is None:
-            raise ServiceError(f"the embedded engine in {state_dir} recorded no admin URL")
+            raise ServiceError(
+                f"the embedded engine in {state_dir} recorded no admin URL",
+                hint="`bsr engine status` shows what runs there; `bsr engine down` then rerun the benchmark",
+            )
         with AdminClient(conn[0], conn[1] or None, timeout_s=120.0) as client:
             yield client
     finally:
@@ -88,7 +91,10 @@ def embedded_options(experiment: str, reg: Registration, **p: Any) -> EngineOpti
     if experiment == "failures":
         n = int(p["tokens"])
         return EngineOptions(reg, w=int(p.get("w") or 32), max_tokens=n, kv_tokens=2 * n, faults_enabled=True)
-    raise InvalidInput(f"no embedded engine profile for experiment {experiment!r}")
+    raise InvalidInput(
+        f"no embedded engine profile for experiment {experiment!r}",
+        hint="run the experiment against a running engine (--engine URL) instead of --embedded",
+    )
 
 
 def embedded_ladder_factory(state_dir: Path, reg: Registration, *, max_tokens: int) -> EngineFactory:

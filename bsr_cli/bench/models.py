@@ -16,10 +16,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter
 
-from bsr_cli.core.evidence import Outcome, SegmentLossCause
+from bsr_cli.core.evidence import Outcome, RestoreBound, SegmentLossCause
 
 SCHEMA_ID = "bsr.bench/1"
-EXPERIMENTS = ("ladder", "sweep", "wlaw", "fs-concurrency", "store", "failures", "peer", "cpu-bound")
+EXPERIMENTS = ("ladder", "sweep", "wlaw", "fs-concurrency", "store", "failures", "peer", "cpu-bound", "trace")
 
 NonNegInt = Annotated[StrictInt, Field(ge=0)]
 PosInt = Annotated[StrictInt, Field(ge=1)]
@@ -68,6 +68,21 @@ class _Completed(_Obj):
     checks: Checks
 
 
+class StageCost(_Obj):
+    wall_s: NonNegNum
+    cpu_s: NonNegNum
+
+
+class StageCosts(_Obj):
+    """Wall and CPU seconds by stage of a restore (bsr_cli/core/stage_costs.py), and its process's CPU."""
+
+    fetch: StageCost
+    verify: StageCost
+    install: StageCost
+    wait: StageCost
+    process_cpu_s: NonNegNum
+
+
 class Rank(_Obj):
     rank: NonNegInt
     pool_peak_bytes: NonNegInt
@@ -77,6 +92,7 @@ class Rank(_Obj):
     fetch_seconds: NonNegNum
     install_seconds: NonNegNum
     gbps: NonNegNum = _absent()
+    stages: StageCosts = _absent()
 
 
 class Restore(_Obj):
@@ -171,6 +187,7 @@ class PeerRow(_Completed):
     hash_ok: StrictBool | None = _absent()
     timed_out: StrictBool = _absent()
     cpu_s_per_gb: dict[str, NonNegNum] = _absent()
+    stage_costs: StageCosts = _absent()
 
 
 class FailureRow(_Completed):
@@ -206,6 +223,76 @@ class LadderRow(_LadderFields, _Completed):
     pass
 
 
+class Latency(_Obj):
+    """Restore-latency percentiles, seconds (nearest rank)."""
+
+    p50: NonNegNum
+    p95: NonNegNum
+    p99: NonNegNum
+    max: NonNegNum
+
+
+BoundCounts = Annotated[
+    dict[
+        Literal[RestoreBound.BANDWIDTH, RestoreBound.CPU, RestoreBound.BUDGET, RestoreBound.DESTINATION_KV],
+        NonNegInt,
+    ],
+    Field(description="restores by what bound them the longest"),
+]
+
+
+class TracePredicted(_Obj):
+    restores: NonNegInt
+    hit_tokens: NonNegInt
+    peak_bytes_per_rank: NonNegInt
+    latency_s: Latency
+    wait_s: Latency
+    whole_plan_peak_bytes_per_rank: NonNegInt
+    bound_by: BoundCounts = _absent()
+    bandwidth_only_latency_s: Latency = _absent()
+    cpu_load: NonNegNum = _absent()
+
+
+class TraceMeasured(_Obj):
+    restores: NonNegInt
+    hit_tokens: NonNegInt
+    peak_bytes_per_rank: NonNegInt
+    pool_peak_by_rank: dict[str, NonNegInt]
+    latency_s: Latency
+    budget_wait_s: Latency
+    kv_wait_s: Latency
+    bound_by: BoundCounts
+    failed: NonNegInt
+    first_failure: StrictStr | None
+
+
+class TraceAtReplayCores(_Obj):
+    """The prediction again at the cores the engine got during the replay while it had more work than cores."""
+
+    cores: Annotated[StrictFloat, Field(gt=0)]
+    latency_s: Latency
+    latency_ratio: dict[str, NonNegNum | None]
+    agrees: dict[str, StrictBool | None]
+
+
+class TraceBudgetRow(_Completed):
+    """bench trace: one budget B's replay of the slice, the planner's prediction beside the engine's measurement."""
+
+    kind: Literal["budget"]
+    budget_rws: PosInt
+    budget_bytes: NonNegInt
+    salt: StrictInt
+    loadavg: Annotated[list[NonNegNum], Field(min_length=2, max_length=2)]
+    run_queue_beside: NonNegNum | None
+    pressure: dict[str, NonNegNum | None]
+    predicted: TracePredicted
+    measured: TraceMeasured
+    committed: dict[str, NonNegInt]
+    latency_ratio: dict[str, NonNegNum | None]
+    agrees: dict[str, StrictBool | None]
+    at_replay_cores: TraceAtReplayCores = _absent()
+
+
 # A row is picked by its status (and, where an experiment mixes kinds, a completed one by its kind).
 AnyRestoreRow = Annotated[Interrupted | RestoreRow, Field(discriminator="status")]
 AnyFsRow = Annotated[
@@ -219,6 +306,7 @@ AnyStoreRow = Annotated[
 AnyPeerRow = Annotated[Interrupted | PeerRow, Field(discriminator="status")]
 AnyFailureRow = Annotated[Interrupted | FailureRow, Field(discriminator="status")]
 AnyLadderRow = Annotated[LadderInterrupted | LadderRow, Field(discriminator="status")]
+AnyTraceRow = Annotated[Interrupted | TraceBudgetRow, Field(discriminator="status")]
 
 
 # -- the envelope ------------------------------------------------------------------------------------------------
@@ -345,6 +433,13 @@ class CpuBoundBundle(_Bundle):
     rows: list[Any]
 
 
+class TraceBundle(_Bundle):
+    """bench trace: one row per budget B; the summary carries the calibration the predictions used."""
+
+    experiment: Literal["trace"]
+    rows: list[AnyTraceRow]
+
+
 Bundle = Annotated[
     LadderBundle
     | SweepBundle
@@ -353,7 +448,8 @@ Bundle = Annotated[
     | StoreBundle
     | FailuresBundle
     | PeerBundle
-    | CpuBoundBundle,
+    | CpuBoundBundle
+    | TraceBundle,
     Field(discriminator="experiment"),
 ]
 

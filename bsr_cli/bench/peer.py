@@ -68,9 +68,11 @@ SETUP_HINT = (
     "build it with ./scripts/test-plugins (LMCache 0.5.6, CPU), or point BSR_LMCACHE_PYTHON at a Python with it"
 )
 CASE_SETUP_S = 180.0  # LMCache import, engine build and KV allocation of one case process, on a loaded machine
-THROUGHPUT_TARGET = 1.0  # bsr against stock LMCache, GB/s per rank
+THROUGHPUT_TARGET = 1.0  # bsr against stock LMCache's faster install (contiguous, after its lookup), GB/s per rank
+PAGED_TARGET = 1.15  # bsr against stock LMCache into the paged KV, GB/s per rank
 STAGING_TARGET = 1 / 8  # bsr's L1 peak against stock's at the largest prefix
 CPU_TARGET = 1.25  # CPU seconds per GB restored against a raw GET's
+CPU_VS_STOCK_TARGET = 1.0  # CPU seconds per GB restored against stock's faster install's
 
 
 # 16 KiB per token per rank (bf16): 4 MiB per 256-token chunk, 2 GiB at 131,072 tokens.
@@ -317,6 +319,7 @@ def case_row(kind: PeerKind, n: int, l1: int, trial: int, res: CaseResult, reg: 
         ranks=res.ranks,
         stages=stages,
         cpu=cpu,
+        stage_costs=res.stage_costs,
     )
     whole = -(-n // reg.chunk_size) * reg.bytes_per_chunk
     if kind == PeerKind.RAW:
@@ -356,9 +359,14 @@ class _Plan:
         self.reg = registration(self.model, tp)
         self.tokens = sorted({int(n) // self.reg.chunk_size * self.reg.chunk_size for n in tokens})
         if not self.tokens or self.tokens[0] <= 0:
-            raise CapacityError(f"every prefix must hold at least one {self.reg.chunk_size}-token chunk")
+            raise CapacityError(
+                f"every prefix must hold at least one {self.reg.chunk_size}-token chunk",
+                hint=f"give prefixes of at least {self.reg.chunk_size} tokens (--tokens)",
+            )
         if bsr_windows < 1:
-            raise CapacityError("bsr's L1 must hold at least one window (bsr_windows >= 1)")
+            raise CapacityError(
+                "bsr's L1 must hold at least one window (bsr_windows >= 1)", hint="give --bsr-windows 1 or more"
+            )
         self.w, self.tp, self.trials, self.bsr_windows = w, tp, trials, bsr_windows
         self.rws = w * self.reg.bytes_per_chunk
         self.budget = bsr_windows * self.rws  # bsr's L1: B
@@ -477,7 +485,10 @@ def _store_prompt(runner: CaseRunner, plan: _Plan, add: Callable[[PeerRow], None
     if not res.ok:
         why = res.error or "the case reported no success"
         add(PeerRow(PeerKind.STORE, n, RowStatus.INTERRUPTED, reason=f"storing: {why}"))
-        raise ServiceError(f"storing the prompt through LMCache failed: {why}")
+        raise ServiceError(
+            f"storing the prompt through LMCache failed: {why}",
+            hint="the LMCache stage's log above says why; `./scripts/test-plugins` checks the LMCache install",
+        )
 
 
 def _measure(runner: CaseRunner, reg: Registration, add: Callable[[PeerRow], None], row: PeerRow, case: Case) -> None:
@@ -547,7 +558,10 @@ def summarize(rows: Sequence[PeerRow], reg: Registration, w: int) -> PeerSummary
         stocks = (PeerKind.STOCK, PeerKind.STOCK_CONTIGUOUS)
         mine = [r for r in done if r.tokens == n and (r.kind not in stocks or (r.l1_bytes or 0) >= whole)]
         below = [r for r in done if r.tokens == n and r.kind == PeerKind.STOCK and (r.l1_bytes or 0) < whole]
-        sides = {k: PeerSide.of([r.measured for r in mine if r.kind == k and r.measured]) for k in MEASURED_KINDS}
+        nbytes = n * reg.bytes_per_token * reg.tp_size  # what each case restored, every rank's bytes
+        sides = {
+            k: PeerSide.of([r.measured for r in mine if r.kind == k and r.measured], nbytes) for k in MEASURED_KINDS
+        }
         gb = {k: v.gbps_per_rank for k, v in sides.items()}
         cpu = {k: v.cpu_s_per_gb for k, v in sides.items()}
         bsr = [r for r in mine if r.kind == PeerKind.BSR and r.measured]
@@ -605,20 +619,21 @@ def targets(summary: PeerSummary) -> list[Target]:
     # allowed to rest on stock's slower destination.
     ratios = [r for r in (top.bsr_vs_stock_gbps, top.bsr_vs_stock_contiguous_gbps) if r is not None]
     tp_ratio, st_ratio = (min(ratios) if ratios else None), top.bsr_vs_stock_staging
+    paged = top.bsr_vs_stock_gbps
     out = [
         Target(
             f"bsr against stock LMCache at {top.tokens:,} tokens",
-            f">= {THROUGHPUT_TARGET}x stock GB/s (its faster install) at <= 1/{round(1 / STAGING_TARGET)}"
-            " of its L1 peak",
+            f">= {THROUGHPUT_TARGET}x stock GB/s (its faster install) and >= {PAGED_TARGET}x stock into the paged KV,"
+            f" at <= 1/{round(1 / STAGING_TARGET)} of its L1 peak",
             f"{tp_ratio}x GB/s at {st_ratio} of the L1 peak"
             + (
-                f" (paged {top.bsr_vs_stock_gbps}x, contiguous {top.bsr_vs_stock_contiguous_gbps}x)"
+                f" (paged {paged}x, contiguous {top.bsr_vs_stock_contiguous_gbps}x)"
                 if top.bsr_vs_stock_contiguous_gbps is not None
                 else ""
             ),
             None
-            if tp_ratio is None or st_ratio is None
-            else (tp_ratio >= THROUGHPUT_TARGET and st_ratio <= STAGING_TARGET),
+            if tp_ratio is None or st_ratio is None or paged is None
+            else (tp_ratio >= THROUGHPUT_TARGET and paged >= PAGED_TARGET and st_ratio <= STAGING_TARGET),
         )
     ]
     below = [(p.tokens, b) for p in summary.by_prefix.values() for b in p.below_rung]
@@ -643,6 +658,17 @@ def targets(summary: PeerSummary) -> list[Target]:
             f"<= {CPU_TARGET}x",
             f"{cpu}x (stock LMCache {top.stock_vs_raw_cpu}x)",
             None if cpu is None else cpu <= CPU_TARGET,
+        )
+    )
+    contig = top.stock_contiguous
+    vs_stock = _ratio(top.bsr.cpu_s_per_gb, contig.cpu_s_per_gb if contig is not None else None)
+    out.append(
+        Target(
+            f"CPU seconds per GB restored against stock LMCache's faster install, at {top.tokens:,} tokens",
+            f"<= {CPU_VS_STOCK_TARGET}x stock contiguous",
+            f"{vs_stock}x (bsr {top.bsr.cpu_s_per_gb}, stock contiguous "
+            f"{contig.cpu_s_per_gb if contig is not None else None} CPU s/GB)",
+            None if vs_stock is None else vs_stock <= CPU_VS_STOCK_TARGET,
         )
     )
     return out

@@ -23,6 +23,8 @@ from bsr_cli.bench.evidence import (
     Target,
 )
 from bsr_cli.core import wire
+from bsr_cli.core.evidence import TimedStage
+from bsr_cli.core.stage_costs import OTHER_CPU, StageCosts
 from bsr_cli.core.store_loss import SegmentLoss
 
 
@@ -91,6 +93,7 @@ class CaseResult:
     untimed_lookup_seconds: float | None = None
     cpu: dict[str, float] | None = None  # CPU seconds by process, from /proc
     install_cpu_seconds: float = 0.0
+    stage_costs: StageCosts | None = None  # wall and CPU seconds by stage (a case of an older build: none)
 
     @classmethod
     def from_wire(cls, data: object) -> CaseResult:
@@ -145,6 +148,7 @@ class PeerMeasurement:
     ranks: tuple[RankReport, ...]
     stages: StockStages | None  # its keys are written beside the others (so are the CPU cost's)
     cpu: CpuCost | None  # only when the whole prefix was loaded
+    stage_costs: StageCosts | None = wire.field(omit_none=True, default=None)  # by stage, summed over the ranks
 
 
 @dataclass(frozen=True)
@@ -288,11 +292,13 @@ class PeerSide:
     install_cpu_s_per_gb: float | None
     cpu_s_per_gb_by_process: dict[str, float | None]
     stage_seconds: dict[str, float | None] | None = None  # absent from bundles before the stock stages
+    stage_costs: StageSide | None = None  # absent from bundles before the stage costs
 
-    from_wire = wire.reader()  # a side as a bundle holds it (older bundles lack the stage seconds)
+    from_wire = wire.reader()  # a side as a bundle holds it (older bundles lack the stage seconds and costs)
 
     @classmethod
-    def of(cls, rs: Sequence[PeerMeasurement]) -> PeerSide:
+    def of(cls, rs: Sequence[PeerMeasurement], nbytes: int = 0) -> PeerSide:
+        """Medians of ``rs``, each of which restored ``nbytes`` (every rank's bytes: the CPU per GB's divisor)."""
         staged = [r.stages.seconds for r in rs if r.stages is not None]
         costs = [r.cpu for r in rs if r.cpu is not None and r.cpu.per_gb]
         return cls(
@@ -308,7 +314,29 @@ class PeerSide:
             stage_seconds={k: _med([st.get(k) for st in staged]) for k in ("lookup", "fetch", "install")}
             if staged
             else None,
+            stage_costs=StageSide.of([r.stage_costs for r in rs if r.stage_costs is not None and r.cpu], nbytes),
         )
+
+
+@dataclass(frozen=True)
+class StageSide:
+    """Medians of one kind's stage costs at one prefix (``core.stage_costs``): wall seconds per stage, and CPU
+    seconds per GB restored per stage and for the rest of the process (``other``: the transport's own threads, key
+    hashing, bookkeeping)."""
+
+    wall_s: dict[str, float | None]  # by TimedStage
+    cpu_s_per_gb: dict[str, float | None]  # by TimedStage, and OTHER_CPU
+
+    from_wire = wire.reader()
+
+    @classmethod
+    def of(cls, costs: Sequence[StageCosts], nbytes: int) -> StageSide | None:
+        if not costs or nbytes <= 0:
+            return None
+        gb = nbytes / 1e9
+        per_gb = {s.value: _med([c.of(s).cpu_s / gb for c in costs]) for s in TimedStage}
+        per_gb[OTHER_CPU] = _med([max(c.process_cpu_s - c.staged_cpu_s, 0.0) / gb for c in costs])
+        return cls({s.value: _med([c.of(s).wall_s for c in costs]) for s in TimedStage}, per_gb)
 
 
 @dataclass(frozen=True)

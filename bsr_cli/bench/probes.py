@@ -277,7 +277,10 @@ class StoreClient:
             rc = self.raw.setup("127.0.0.1", metadata, 0, 0, "tcp", "", master)
         if rc != 0:
             self.tier.close()
-            raise ServiceError(f"raw mooncake client setup against {master} failed with code {rc}")
+            raise ServiceError(
+                f"raw mooncake client setup against {master} failed with code {rc}",
+                hint="is the Mooncake master running there? `bsr engine status` lists the engine's services",
+            )
         self.sizes = sizes
         total = sum(sizes)
         self.total = total
@@ -391,7 +394,10 @@ class PairedRawGet:
         self.keys = [[f"bsr-bench/{run_id}/paired/{i}/{j}" for j in range(len(c.sizes))] for i, c in enumerate(clients)]
         errs = [c.op("raw", "put", k) for c, k in zip(clients, self.keys, strict=True)]
         if any(errs):
-            raise ServiceError(f"storing the paired raw reference failed: {next(e for e in errs if e)}")
+            raise ServiceError(
+                f"storing the paired raw reference failed: {next(e for e in errs if e)}",
+                hint="the Mooncake segment may be full: give the engine a larger --segment-bytes",
+            )
 
     def measure(self) -> RawGetRate:
         """GB/s per client until *every* client is done, as a restore's request-level rate per rank runs until

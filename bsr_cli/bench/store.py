@@ -12,6 +12,7 @@ from bsr_cli.bench.evidence import (
     BenchRow,
     Bundle,
     OnRow,
+    RankEvidence,
     RestoreEvidence,
     RowMeta,
     Run,
@@ -43,15 +44,20 @@ from bsr_cli.bench.probes import (
     store_clients,
 )
 from bsr_cli.core import accounting, wire
+from bsr_cli.core.evidence import TimedStage
+from bsr_cli.core.stage_costs import OTHER_CPU
 from bsr_cli.core.units import MiB
 from bsr_cli.errors import InvalidInput, ServiceError
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
 
+_POOL_HINT = "restart the engine with a larger --pool, or run the bench with --embedded"
+_CLIENT_HINT = "install the engine extra (./scripts/setup) to measure the Mooncake ceiling"
+
 
 OVERLAP_TARGET = 0.9  # W=32 (B = 2·RWS) restore throughput against the whole-plan path
-RAW_TARGET = 0.8  # Mooncake restore against raw batch_get_into
+RAW_TARGET = 0.9  # Mooncake restore against raw batch_get_into
 
 
 # -- the summary (fields in the order of its evidence keys) -----------------------------------------------------
@@ -86,6 +92,9 @@ class StoreRestoreStats:
     # Each restore against the raw GET measured just before it (median of the per-restore ratios).
     paired_raw_gbps_per_client: float | None
     vs_paired_raw: float | None
+    # CPU seconds per GB a rank restored, by stage (fetch, verify, install, wait) and the rest of the rank's process
+    # ("other": the transport's own threads); medians over the ranks of every restore. None: no rank reported them.
+    stage_cpu_s_per_gb: dict[str, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -171,10 +180,7 @@ def run_store(
     fit_chunks = accounting.max_window_for_capacity(reg, cap)
     n_tokens = min(tokens, fit_chunks * reg.chunk_size)
     if n_tokens <= 0:
-        raise InvalidInput(
-            f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk",
-            hint="restart the engine with a larger --pool, or run the bench with --embedded",
-        )
+        raise InvalidInput(f"the engine's pool ({cap:,} bytes per rank) cannot hold one chunk", hint=_POOL_HINT)
     run.params = replace(params, tokens_restored=n_tokens)
     require_tokens(info, n_tokens)
 
@@ -199,7 +205,7 @@ def run_store(
                     )
                 )
             except ImportError as e:
-                raise ServiceError(f"cannot load the Mooncake client here: {e}") from None
+                raise ServiceError(f"cannot load the Mooncake client here: {e}", hint=_CLIENT_HINT) from None
             with run.row(CeilingRow.begun("mooncake-set")) as slot:
                 mc_rows = mooncake_bandwidth(reg, clients, trials=trials, run_id=run.run_id)
                 judged = slot.row.meta.judged({"every_object_whole": all(r.passed for r in mc_rows)})
@@ -262,6 +268,34 @@ def _store_restores(
     return configs
 
 
+def _restore_stats(sel: Sequence[StoreRestoreRow]) -> StoreRestoreStats:
+    """Medians over one configuration's restores, each beside its paired raw GET."""
+    evs = [r.restore for r in sel if r.restore]
+    return StoreRestoreStats(
+        gbps_per_rank=median([ev.gbps_per_rank for ev in evs]),
+        rank_gbps=median([x.gbps for ev in evs for x in ev.ranks]),
+        seconds=median([ev.seconds for ev in evs]),
+        fetch_seconds=median([x.fetch_seconds for ev in evs for x in ev.ranks]),
+        install_seconds=median([x.install_seconds for ev in evs for x in ev.ranks]),
+        peak_pool_bytes=max(ev.peak_pool_bytes for ev in evs),
+        runs=len(sel),
+        paired_raw_gbps_per_client=median([r.paired_raw_get.gbps_per_client for r in sel if r.paired_raw_get]),
+        vs_paired_raw=median([r.vs_paired_raw for r in sel if r.vs_paired_raw is not None]),
+        stage_cpu_s_per_gb=stage_cpu_per_gb([x for ev in evs for x in ev.ranks]),
+    )
+
+
+def stage_cpu_per_gb(ranks: Sequence[RankEvidence]) -> dict[str, float | None] | None:
+    """Medians over ``ranks`` of each stage's CPU seconds per GB the rank restored, and of the rest of its process
+    (``other``); None when no rank reported its stages."""
+    staged = [(x.stages, x.bytes_restored / 1e9) for x in ranks if x.stages is not None and x.bytes_restored > 0]
+    if not staged:
+        return None
+    out = {s.value: median([c.of(s).cpu_s / gb for c, gb in staged]) for s in TimedStage}
+    out[OTHER_CPU] = median([max(c.process_cpu_s - c.staged_cpu_s, 0.0) / gb for c, gb in staged])
+    return out
+
+
 def _restore_begun(w: int, budget: int | None, trial: int, tokens: int) -> Callable[[str | None], StoreRestoreRow]:
     return lambda at: StoreRestoreRow(W=w, budget_bytes=budget, trial=trial, tokens=tokens, meta=RowMeta(started_at=at))
 
@@ -287,21 +321,10 @@ def _store_summary(
         sel = [
             r for r in done if isinstance(r, StoreRestoreRow) and r.restore and (r.W, r.budget_bytes) == (cw, budget)
         ]
-        evs = [r.restore for r in sel if r.restore]
         if not sel:
             continue
         label = "W=0" if cw == 0 else f"W={cw},B={'RWS' if budget == rws else '2RWS'}"
-        restores[label] = StoreRestoreStats(
-            gbps_per_rank=median([ev.gbps_per_rank for ev in evs]),
-            rank_gbps=median([x.gbps for ev in evs for x in ev.ranks]),
-            seconds=median([ev.seconds for ev in evs]),
-            fetch_seconds=median([x.fetch_seconds for ev in evs for x in ev.ranks]),
-            install_seconds=median([x.install_seconds for ev in evs for x in ev.ranks]),
-            peak_pool_bytes=max(ev.peak_pool_bytes for ev in evs),
-            runs=len(sel),
-            paired_raw_gbps_per_client=median([r.paired_raw_get.gbps_per_client for r in sel if r.paired_raw_get]),
-            vs_paired_raw=median([r.vs_paired_raw for r in sel if r.vs_paired_raw is not None]),
-        )
+        restores[label] = _restore_stats(sel)
     whole = restores.get("W=0")
     w0 = whole.gbps_per_rank if whole else None
     bsr1 = next((v.gbps_per_rank for k, v in restores.items() if k.endswith("B=RWS")), None)

@@ -41,6 +41,9 @@ E1_PREFIXES: tuple[int, ...] = (32_768, 65_536, 131_072, 262_144, 393_216, 524_0
 
 SWEEP_TIME_TARGET_S = 600.0
 
+_W_HINT = "give --W 1 or more (W=0 is the whole-plan path the sweep compares against)"
+_PREFIX_HINT = "give --tokens with one or more prefix lengths, e.g. --tokens 32768,131072"
+
 
 @dataclass(frozen=True)
 class SweepParams:
@@ -101,10 +104,10 @@ def run_sweep(
     B = RWS(W); then a fresh salt repeats the largest row. Each row warms its prompt (submit), resets the pool
     peak and restores from one tier only."""
     if w <= 0:
-        raise InvalidInput("the sweep measures bounded restores: W must be positive")
+        raise InvalidInput("the sweep measures bounded restores: W must be positive", hint=_W_HINT)
     rows_in = sorted(set(prefixes))
     if not rows_in:
-        raise InvalidInput("the sweep needs at least one prefix length")
+        raise InvalidInput("the sweep needs at least one prefix length", hint=_PREFIX_HINT)
     salt = new_salt() if salt is None else salt
     params = SweepParams(prefixes=rows_in, W=w, repeat=repeat, tier=tier)
     run: Run[SweepRow] = Run("sweep", "e1", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)

@@ -7,10 +7,13 @@ request keeps its blocks). Prompts are synthesized from the block ids (``core.tr
 ids give an equal token prefix, so the engine's own chunk hashes find exactly the prefixes the trace shares.
 
 Each request is one ``submit`` (the scheduler's path: probe, restore the external prefix in windows under B,
-compute the rest, store what the tiers lack). Measured per request: the committed external tokens and the restore's
-seconds (admission waits included); per rank: the pool's peak. Predicted: ``core.trace_sim.plan_trace`` on the
-same scaled slice with the engine's W and B, at a bandwidth per rank measured here first by restoring one prompt
-alone (or given).
+compute the rest, store what the tiers lack). Measured per request: the committed external tokens, the restore's
+seconds (its waits for B included), and from the engine's events its wait for destination KV and for B; per rank:
+the pool's peak. Predicted: ``core.trace_sim.plan_trace`` on the same scaled slice with the engine's W and B, on
+the host model a calibration measured here first (bsr_cli.bench.calibration; or one saved before), beside what
+the bandwidth alone predicts. Each budget B is replayed on its own (the same engine, B set before, a salt of its
+own so that it finds nothing of the others'). Each restore's bound (bandwidth, CPU, B, destination KV) is the
+longest part of its time, on both sides (``core.host_model.restore_bound``).
 
 The engine stores a request's blocks after its own restore and prefill, where the planner's model stores them at
 arrival: a request that shares a prefix with one still in flight can commit less than predicted. Those requests
@@ -26,31 +29,30 @@ is the allocator's high-water, not that size.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from bsr_cli.bench.evidence import BenchRow, RowMeta
 from bsr_cli.core import accounting, wire
+from bsr_cli.core.evidence import EventKind, RestoreBound
+from bsr_cli.core.host_model import HostCalibration, HostModel, nearest_rank, restore_bound, split_service
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
-from bsr_cli.core.trace import (
-    Trace,
-    hit_chunks,
-    prefix_hits,
-    prompt_tokens,
-    restored_tokens,
-    synthetic_token,
-)
-from bsr_cli.core.trace_sim import Percentiles, nearest_rank, percentiles, plan_trace
+from bsr_cli.core.trace import Trace, hit_chunks, prefix_hits, prompt_tokens, restored_tokens
+from bsr_cli.core.trace_sim import PathRun, Percentiles, percentiles, plan_trace
 from bsr_cli.errors import BsrError, CapacityError, InvalidInput, ServiceError
 
 if TYPE_CHECKING:
+    from bsr_cli.bench.calibration import BurstShape
     from bsr_cli.client import AdminClient
     from bsr_cli.engine.supervisor import EngineOptions
 
@@ -76,10 +78,14 @@ DEFAULT_BLOCK_TOKENS = 64
 MAX_CLIENTS = 1024
 # Requests whose prompts the replay's destination KV holds at once (of the slice's mean length).
 KV_REQUESTS = 48
-# Chunks of the prompt restored alone to measure the planner's bandwidth.
+# Chunks of the calibration's largest prompt (bench/calibration.py LARGE).
 CALIBRATION_CHUNKS = 64
 # The Mooncake segment must hold every object the slice stores (nothing is evicted during the replay).
 MAX_SEGMENT = 8 << 30
+
+# What to do when stock LMCache's side of a replay cannot run: a smaller replay, or the engine's side alone.
+_STOCK_TOO_BIG = "replay fewer requests (-n) or skip the stock run (--no-stock)"
+_STOCK_FAILED = "rerun with --no-stock to replay bsr alone; the error names what stock LMCache refused"
 
 
 def replay_registration() -> Registration:
@@ -96,7 +102,7 @@ class Sizing:
     stored_bytes: int
 
 
-def sizing(trace: Trace, reg: Registration) -> Sizing:
+def sizing(trace: Trace, reg: Registration, replays: int = 1, calibration_tokens: int = 0) -> Sizing:
     longest = max(max(r.input_length for r in trace.requests), CALIBRATION_CHUNKS * reg.chunk_size)
     max_tokens = -(-longest // reg.chunk_size) * reg.chunk_size
     # Destination KV for the requests running at once: room for KV_REQUESTS prompts of the slice's mean length, and
@@ -104,14 +110,32 @@ def sizing(trace: Trace, reg: Registration) -> Sizing:
     mean = sum(r.input_length for r in trace.requests) // len(trace)
     kv = max(2 * max_tokens, KV_REQUESTS * mean)
     kv = -(-kv // reg.chunk_size) * reg.chunk_size
-    stored = sum(r.input_length for r in trace.requests) * reg.bytes_per_token * reg.tp_size
+    # Every replay (one per budget) stores the slice anew under its own salt, and a calibration its prompts.
+    stored = replays * sum(r.input_length for r in trace.requests) * reg.bytes_per_token * reg.tp_size
+    stored += calibration_tokens * reg.bytes_per_token * reg.tp_size
     segment = max(256 << 20, stored + stored // 2)  # headroom for the allocator
     if segment > MAX_SEGMENT:
         raise InvalidInput(
             f"the slice stores {stored:,} bytes; the replay's Mooncake segment is capped at {MAX_SEGMENT:,}",
-            hint="replay fewer requests (--requests) or fewer tokens per block (--block-tokens)",
+            hint="replay fewer requests (--requests), fewer budgets or fewer tokens per block (--block-tokens)",
         )
     return Sizing(max_tokens, kv, segment, stored)
+
+
+def burst_shape(trace: Trace, reg: Registration) -> BurstShape:
+    """The trace's typical burst, for the calibration to send: the median number of requests arriving together with
+    a restoring request, each computing the median chunks a request of the trace computes (each within the
+    calibration's bounds)."""
+    from bsr_cli.bench.calibration import BURST_CHUNKS_MAX, BURST_REQUESTS_MAX, BurstShape
+
+    hits = expected_hits(trace, reg)
+    together = Counter(r.arrival_ms for r in trace.requests)
+    sizes = sorted(together[r.arrival_ms] for r, hit in zip(trace.requests, hits, strict=True) if hit) or [1]
+    computed = [-(-(r.input_length - hit) // reg.chunk_size) for r, hit in zip(trace.requests, hits, strict=True)]
+    return BurstShape(
+        requests=max(2, min(BURST_REQUESTS_MAX, int(nearest_rank(sizes, 50)))),
+        chunks=max(1, min(BURST_CHUNKS_MAX, int(statistics.median(computed)))),
+    )
 
 
 def engine_options(reg: Registration, w: int, budget_rws: int, size: Sizing) -> EngineOptions:
@@ -141,52 +165,62 @@ class Measured:
     restore_seconds: float | None = None  # None: no restore ran (no external prefix)
     seconds: float = 0.0
     error: str | None = None
+    request: str = ""  # the engine's request id
+    kv_wait_s: float = 0.0  # its wait for destination KV (its request_admitted event's queued_s)
+    budget_wait_s: float = 0.0  # its restore's wait for B: the slowest rank's, summed over its windows
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """One restore alone on this engine: the planner's bandwidth, and what a one-chunk restore costs."""
-
-    bandwidth: float  # bytes/s per rank of a restore of ``chunks`` chunks (median of three)
-    chunks: int
-    one_chunk_s: float  # seconds of a one-chunk restore (median of three): the fixed cost the model leaves out
-
-    @property
-    def cost(self) -> CalibrationCost:
-        """What the report says of the calibration besides the bandwidth (which it states on its own)."""
-        return CalibrationCost(self.chunks, self.one_chunk_s)
-
-
-@dataclass(frozen=True)
-class CalibrationCost:
-    """The calibration's restore (its chunks) and what a one-chunk restore costs (``calibration`` in the report)."""
-
-    chunks: int
-    one_chunk_s: float = wire.field(name="one_chunk_restore_s")
-
-    to_wire = wire.writer()
+def budget_waits(events: Sequence[Mapping[str, object]]) -> dict[str, float]:
+    """Per request, its restore's wait for room under B, from its ``window_waiting`` and ``window_fetched`` events:
+    a window waited from its ``window_waiting`` until its fetch began (its ``window_fetched`` less the fetch's
+    seconds); a rank's waits add up over its windows, and the request's is its slowest rank's."""
+    waiting: dict[tuple[str, int, int], float] = {}
+    per_rank: dict[tuple[str, int], float] = {}
+    for e in events:
+        key = (str(e.get("request")), _int(e.get("rank")), _int(e.get("window")))
+        if e.get("type") == EventKind.WINDOW_WAITING.value:
+            waiting[key] = _float(e.get("time"))
+        elif e.get("type") == EventKind.WINDOW_FETCHED.value and key in waiting:
+            began = _float(e.get("time")) - _float(e.get("seconds"))
+            per_rank[key[:2]] = per_rank.get(key[:2], 0.0) + max(0.0, began - waiting.pop(key))
+    out: dict[str, float] = {}
+    for (request, _), wait in per_rank.items():
+        out[request] = max(out.get(request, 0.0), wait)
+    return out
 
 
-def calibrate(
-    client: AdminClient, reg: Registration, w: int, salt: int, chunks: int = CALIBRATION_CHUNKS
-) -> Calibration:
-    """Restore a stored prompt of ``chunks`` chunks, and one of one chunk, alone, three times each."""
+def _int(value: object) -> int:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else -1
 
-    def restore_seconds(n: int, key: int) -> list[tuple[int, float]]:
-        tokens = [synthetic_token(salt, key, j) for j in range(n * reg.chunk_size)]
-        client.submit(Prompt.of_tokens(tokens), w=w, verify=False)
-        out = []
-        for _ in range(3):
-            res = client.submit(Prompt.of_tokens(tokens), w=w, verify=False, timeout=600)
-            restore = next((p.restore for p in res.passes if p.restore), None)
-            if not restore or not restore.committed_tokens or restore.seconds <= 0:
-                raise BsrError("the calibration restore committed nothing: the engine cannot restore from its store")
-            out.append((restore.chunks, float(restore.seconds)))
-        return sorted(out, key=lambda x: x[1])
 
-    big = restore_seconds(chunks, -7)[1]
-    small = restore_seconds(1, -8)[1]
-    return Calibration(big[0] * reg.bytes_per_chunk / big[1], chunks, small[1])
+def _float(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+WAIT_EVENTS = (EventKind.REQUEST_ADMITTED, EventKind.WINDOW_WAITING, EventKind.WINDOW_FETCHED)
+
+
+def read_waits(client: AdminClient, measured: Sequence[Measured], since: float) -> None:
+    """Each request's waits for destination KV and for B, from the engine's events since ``since`` (Unix time)."""
+    events, _ = client.held_wire(kinds=[k.value for k in WAIT_EVENTS], after=since)
+    queued = {
+        str(e.get("request")): _float(e.get("queued_s"))
+        for e in events
+        if e.get("type") == EventKind.REQUEST_ADMITTED.value
+    }
+    waits = budget_waits(events)
+    for m in measured:
+        m.kv_wait_s = queued.get(m.request, 0.0)
+        m.budget_wait_s = min(waits.get(m.request, 0.0), m.restore_seconds or 0.0)
+
+
+def measured_bound(m: Measured, reg: Registration, bandwidth: float) -> RestoreBound:
+    """What bound a measured restore: its request's wait for destination KV, its wait for B, or its service (its
+    seconds less that wait), split into what its bytes take at ``bandwidth`` and the rest (CPU)."""
+    size = -(-m.committed_tokens // reg.chunk_size) * reg.bytes_per_chunk
+    service = max(0.0, (m.restore_seconds or 0.0) - m.budget_wait_s)
+    by_bytes, by_cpu = split_service(service, size, bandwidth)
+    return restore_bound(m.kv_wait_s, m.budget_wait_s, by_bytes, by_cpu)
 
 
 def replay(
@@ -217,6 +251,7 @@ def replay(
             m.error = e.message
         else:
             m.committed_tokens = res.external_tokens
+            m.request = res.request
             restores = [p.restore for p in res.passes if p.restore]
             if restores:
                 m.restore_seconds = sum(float(r.seconds) for r in restores)
@@ -239,7 +274,8 @@ def replay(
 
 @dataclass(frozen=True)
 class PredictedReplay:
-    """The planner's model of the replayed requests (``core.trace_sim.plan_trace``)."""
+    """The planner's model of the replayed requests (``core.trace_sim.plan_trace``) at one B: on the host model
+    when there is one, with what bound each restore, and what the bandwidth alone predicts."""
 
     restores: int
     hit_tokens: int
@@ -247,18 +283,24 @@ class PredictedReplay:
     latency_s: Percentiles
     wait_s: Percentiles
     whole_plan_peak_bytes_per_rank: int  # stock LMCache stages every restore's whole plan: this is its model
+    bound_by: dict[RestoreBound, int] | None = wire.field(omit_none=True, default=None)  # with a host model
+    bandwidth_only_latency_s: Percentiles | None = wire.field(omit_none=True, default=None)  # with a host model
+    cpu_load: float | None = wire.field(omit_none=True, default=None)  # the share of bsr's cores the slice needs
 
     to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
 class MeasuredReplay:
-    """What the engine did with the replayed requests."""
+    """What the engine did with the replayed requests at one B."""
 
     restores: int
     hit_tokens: int
     pool_peak_by_rank: dict[int, int]  # by rank, in rank order
     latency_s: Percentiles
+    budget_wait_s: Percentiles  # the restores' waits for B (the engine's events)
+    kv_wait_s: Percentiles  # the restoring requests' waits for destination KV, before their restores
+    bound_by: dict[RestoreBound, int]
     failed: int
     first_failure: str | None
 
@@ -273,6 +315,9 @@ class MeasuredReplay:
             "peak_bytes_per_rank",
             "pool_peak_by_rank",
             "latency_s",
+            "budget_wait_s",
+            "kv_wait_s",
+            "bound_by",
             "failed",
             "first_failure",
         )
@@ -301,10 +346,56 @@ class StockNotRun:
     to_wire = wire.writer(order=("run", "reason"))
 
 
+# A prediction agrees with the engine when the measured latency is within this fraction of it (p50 and p99).
+AGREEMENT = 0.25
+
+
+@dataclass(frozen=True)
+class AtReplayCores:
+    """The planner's prediction on the calibration's host model with one figure changed: the cores available to
+    bsr, as the engine got them during the replay whenever it had more work than cores. The host's state is the
+    model's input; this is the model given the host the replay actually had."""
+
+    cores: float
+    latency_s: Percentiles
+    latency_ratio: dict[str, float | None]  # measured over this prediction, by percentile
+    agrees: dict[str, bool | None]
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetRun(BenchRow):
+    """One budget B's replay of the slice: the planner's prediction beside what the engine did (a row of the
+    replay's bundle: its checks are the engine's, its agreement with the prediction is reported, not checked)."""
+
+    kind: str = "budget"
+    budget_rws: int
+    budget_bytes: int
+    salt: int
+    meta: RowMeta
+    loadavg: tuple[float, float]  # the host's 1-minute load average as the replay began and as it ended
+    run_queue_beside: float | None  # runnable threads beside the engine's own while it replayed (None: not sampled)
+    pressure: dict[str, float | None]  # the host's PSI (some avg10, %) per resource as the replay ended
+    predicted: PredictedReplay
+    measured: MeasuredReplay
+    committed: CommittedCounts
+    latency_ratio: dict[str, float | None]  # measured over predicted, by percentile
+    agrees: dict[str, bool | None]  # measured within AGREEMENT of predicted, by percentile (None: none predicted)
+    # The prediction again on the host model with the cores the engine got during this replay (None: no host model,
+    # or the engine never had more work than cores while it replayed).
+    at_replay_cores: AtReplayCores | None = wire.field(omit_none=True, default=None)
+
+    @property
+    def checks(self) -> dict[str, bool]:
+        return dict(self.meta.checks or {})
+
+
 @dataclass(frozen=True, kw_only=True)
 class TraceReplay:
-    """`bsr bench trace`: the planner's prediction beside the engine's measurement for the same slice, and stock
-    LMCache's replay of it (``stock``, set once it ran or was skipped)."""
+    """`bsr bench trace`: the planner's prediction beside the engine's measurement for the same slice, per budget B,
+    the calibration the prediction used, and stock LMCache's replay of the slice (``stock``, set once it ran or was
+    skipped)."""
 
     trace: str
     requests: int
@@ -314,17 +405,12 @@ class TraceReplay:
     model: str
     bytes_per_chunk: int
     w: int = wire.field(name="W")
-    budget_rws: int
-    budget_bytes: int
     bandwidth_bytes_per_s: float
-    calibration: CalibrationCost | None  # None: the bandwidth was given, not measured here
-    predicted: PredictedReplay
-    measured: MeasuredReplay
-    committed: CommittedCounts
-    checks: dict[str, bool]
-    latency_ratio: dict[str, float | None]  # measured over predicted, by percentile
+    calibration: HostCalibration | None  # None: a bandwidth alone was given
+    calibration_file: str | None  # where the calibration was saved (or read from)
+    runs: tuple[BudgetRun, ...]
+    bundle: str | None = wire.field(omit_none=True, default=None)  # the evidence bundle written
     skip: int | None = wire.field(omit_none=True, default=None)
-    salt: int | None = wire.field(omit_none=True, default=None)
     stock: StockSummary | StockNotRun | None = wire.field(omit_none=True, default=None)
 
     kind: ClassVar[str] = "bsr.bench.trace"
@@ -332,6 +418,15 @@ class TraceReplay:
     @property
     def token_scale(self) -> float:
         return self.block_tokens / 512
+
+    @property
+    def checks(self) -> dict[str, bool]:
+        """Every run's checks, each failing when any run failed it."""
+        out: dict[str, bool] = {}
+        for run in self.runs:
+            for name, ok in run.checks.items():
+                out[name] = out.get(name, True) and ok
+        return out
 
     to_wire = wire.writer(
         order=(
@@ -345,62 +440,93 @@ class TraceReplay:
             "model",
             "bytes_per_chunk",
             "w",
-            "budget_rws",
-            "budget_bytes",
             "bandwidth_bytes_per_s",
             "calibration",
-            "predicted",
-            "measured",
-            "committed",
+            "calibration_file",
+            "runs",
             "checks",
-            "latency_ratio",
+            "bundle",
             "skip",
-            "salt",
             "stock",
         )
     )
 
 
+@dataclass(frozen=True)
+class BudgetReplayed:
+    """What one budget's replay measured, as `compare` takes it."""
+
+    budget_rws: int
+    salt: int
+    measured: list[Measured]
+    pool_peaks: dict[int, int]
+    loadavg: tuple[float, float]
+    started_at: str
+    elapsed_s: float
+    run_queue_beside: float | None = None  # None: not sampled
+    pressure: dict[str, float | None] = field(default_factory=dict)
+    cores_contended: float | None = None  # the cores the engine got while it had more work than cores (None: never)
+
+
+def _ratios(latencies: Sequence[float], predicted: Percentiles) -> dict[str, float | None]:
+    """Measured over predicted, at p50 and p99 (None where nothing was predicted)."""
+    return {
+        p: (nearest_rank(latencies, q) / getattr(predicted, p) if getattr(predicted, p) else None)
+        for p, q in (("p50", 50), ("p99", 99))
+    }
+
+
 def compare(
     trace: Trace,
     reg: Registration,
-    measured: list[Measured],
+    replayed: BudgetReplayed,
     *,
     w: int,
-    budget_rws: int,
     bandwidth: float,
     speedup: float,
-    pool_peaks: dict[int, int],
-    calibration: Calibration | None = None,
-) -> TraceReplay:
-    """The planner's prediction for the replayed requests beside what the engine did."""
+    host: HostModel | None = None,
+) -> BudgetRun:
+    """The planner's prediction for the replayed requests at one B beside what the engine did."""
+    measured = replayed.measured
     done = trace.head(len(measured))
-    plan = plan_trace(done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(budget_rws,))
+    plan = plan_trace(done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(replayed.budget_rws,), host=host)
     (predicted,) = plan.bsr
-    blocks = prefix_hits(done).blocks
-    want = [
-        restored_tokens(r, hit_chunks(r, b, reg.chunk_size, done.block_tokens), reg.chunk_size)
-        for r, b in zip(done.requests, blocks, strict=True)
-    ]
-    exact = sum(1 for m in measured if m.error is None and m.committed_tokens == want[m.index])
-    fewer = [m for m in measured if m.error is None and m.committed_tokens < want[m.index]]
-    more = [m for m in measured if m.error is None and m.committed_tokens > want[m.index]]
+    alone = at_replay = None
+    if host is not None:
+        (alone,) = plan_trace(
+            done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(replayed.budget_rws,)
+        ).bsr
+        if replayed.cores_contended:
+            at_host = replace(host, cores=replayed.cores_contended)
+            (at_replay,) = plan_trace(
+                done, reg, w, bandwidth=bandwidth, speedup=speedup, budgets_rws=(replayed.budget_rws,), host=at_host
+            ).bsr
+    want = expected_hits(done, reg)
+    counts = CommittedCounts(
+        exact=sum(1 for m in measured if m.error is None and m.committed_tokens == want[m.index]),
+        fewer=sum(1 for m in measured if m.error is None and m.committed_tokens < want[m.index]),
+        more=sum(1 for m in measured if m.error is None and m.committed_tokens > want[m.index]),
+    )
     failed = [m for m in measured if m.error is not None]
-    latencies = sorted(m.restore_seconds for m in measured if m.restore_seconds is not None)
+    restored = [m for m in measured if m.restore_seconds is not None]
+    latencies = sorted(m.restore_seconds or 0.0 for m in restored)
+    bounds = [measured_bound(m, reg, bandwidth) for m in restored]
     budget = predicted.budget_bytes or 0
-    return TraceReplay(
-        trace=trace.source,
-        requests=len(measured),
-        speedup=speedup,
-        block_tokens=done.block_tokens,
-        registration=reg.identity,
-        model=reg.model,
-        bytes_per_chunk=reg.bytes_per_chunk,
-        w=w,
-        budget_rws=budget_rws,
+    ratio = _ratios(latencies, predicted.latency)
+
+    checks = {
+        "pool_within_budget": all(v <= budget for v in replayed.pool_peaks.values()),
+        "no_failures": not failed,
+        "no_more_than_predicted": not counts.more,
+    }
+    return BudgetRun(
+        budget_rws=replayed.budget_rws,
         budget_bytes=budget,
-        bandwidth_bytes_per_s=bandwidth,
-        calibration=calibration.cost if calibration is not None else None,
+        salt=replayed.salt,
+        meta=RowMeta(started_at=replayed.started_at, elapsed_s=replayed.elapsed_s).judged(checks),
+        loadavg=replayed.loadavg,
+        run_queue_beside=replayed.run_queue_beside,
+        pressure=replayed.pressure,
         predicted=PredictedReplay(
             restores=plan.restores,
             hit_tokens=plan.hit_tokens,
@@ -408,26 +534,37 @@ def compare(
             latency_s=predicted.latency,
             wait_s=predicted.wait,
             whole_plan_peak_bytes_per_rank=plan.whole_plan.peak_bytes,
+            bound_by=predicted.bound_by,
+            bandwidth_only_latency_s=alone.latency if alone is not None else None,
+            cpu_load=plan.cpu_load,
         ),
         measured=MeasuredReplay(
-            restores=len(latencies),
+            restores=len(restored),
             hit_tokens=sum(m.committed_tokens for m in measured),
-            pool_peak_by_rank=dict(sorted(pool_peaks.items())),
+            pool_peak_by_rank=dict(sorted(replayed.pool_peaks.items())),
             latency_s=percentiles(latencies),
+            budget_wait_s=percentiles([m.budget_wait_s for m in restored]),
+            kv_wait_s=percentiles([m.kv_wait_s for m in restored]),
+            bound_by={b: bounds.count(b) for b in RestoreBound if b in bounds},
             failed=len(failed),
             first_failure=failed[0].error if failed else None,
         ),
-        committed=CommittedCounts(exact=exact, fewer=len(fewer), more=len(more)),
-        checks={
-            "pool_within_budget": all(v <= budget for v in pool_peaks.values()),
-            "no_failures": not failed,
-            "no_more_than_predicted": not more,
-        },
-        latency_ratio={
-            p: (nearest_rank(latencies, q) / getattr(predicted.latency, p) if getattr(predicted.latency, p) else None)
-            for p, q in (("p50", 50), ("p99", 99))
-        },
+        committed=counts,
+        latency_ratio=ratio,
+        agrees=_agrees(ratio),
+        at_replay_cores=_at_replay_cores(replayed.cores_contended, at_replay, latencies),
     )
+
+
+def _agrees(ratio: dict[str, float | None]) -> dict[str, bool | None]:
+    return {p: None if r is None else abs(r - 1) <= AGREEMENT for p, r in ratio.items()}
+
+
+def _at_replay_cores(cores: float | None, predicted: PathRun | None, latencies: list[float]) -> AtReplayCores | None:
+    if cores is None or predicted is None:
+        return None
+    ratio = _ratios(latencies, predicted.latency)
+    return AtReplayCores(round(cores, 4), predicted.latency, ratio, _agrees(ratio))
 
 
 # -- stock LMCache on the same slice -------------------------------------------------------------------------------
@@ -445,10 +582,16 @@ def stock_model(reg: Registration) -> dict[str, str | int]:
     shapes = {t.shape for t in reg.tensors}
     dtypes = {t.dtype for t in reg.tensors}
     if len(reg.groups) != 1 or len(shapes) != 1 or len(dtypes) != 1:
-        raise CapacityError("LMCache keeps one KV layout per engine; this registration has several")
+        raise CapacityError(
+            "LMCache keeps one KV layout per engine; this registration has several",
+            hint="replay with a registration of one KV group and one tensor shape (e.g. -r demo)",
+        )
     (shape,) = shapes
     if len(shape) != 3 or shape[0] != 2:
-        raise CapacityError(f"LMCache's paged layout needs [2, kv_heads, head_size] tensors, not {list(shape)}")
+        raise CapacityError(
+            f"LMCache's paged layout needs [2, kv_heads, head_size] tensors, not {list(shape)}",
+            hint="replay with a registration whose tensors are [2, kv_heads, head_size] (e.g. -r demo)",
+        )
     return {
         "name": reg.model,
         "layers": len(reg.tensors),
@@ -553,7 +696,8 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
     need = reg.tp_size * (case.l1_bytes + case.kv_tokens * reg.bytes_per_token + (600 << 20)) + case.segment_bytes
     avail = mem_available()
     if avail and need > avail:
-        raise CapacityError(f"stock LMCache's replay needs ~{need >> 20:,} MiB, {avail >> 20:,} MiB available")
+        needed = f"~{need >> 20:,} MiB, {avail >> 20:,} MiB available"
+        raise CapacityError(f"stock LMCache's replay needs {needed}", hint=_STOCK_TOO_BIG)
     workdir.mkdir(parents=True, exist_ok=True)
     t_first = case.trace.requests[0].arrival_ms
     deadline = CASE_SETUP_S + case.trace.span_ms / 1000 / case.speedup + 600.0
@@ -609,10 +753,11 @@ def replay_stock(case: StockCase, workdir: Path, on_progress: Callable[[int], No
             raise ServiceError(
                 f"stock LMCache's replay exited {proc.returncode} without a result"
                 + (f" within {deadline:.0f}s" if proc.returncode and proc.returncode < 0 else "")
-                + (f": {tail[0]}" if tail else "")
+                + (f": {tail[0]}" if tail else ""),
+                hint=f"its log ({log}) says why; rerun with --no-stock to replay bsr alone",
             )
         if not result.ok:
-            raise ServiceError(f"stock LMCache's replay failed: {result.error}")
+            raise ServiceError(f"stock LMCache's replay failed: {result.error}", hint=_STOCK_FAILED)
     finally:
         if holder is not None:
             services.stop(holder, timeout=10)

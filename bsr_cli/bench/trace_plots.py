@@ -133,5 +133,7 @@ def write_plots(plan: TracePlan, directory: Path) -> list[Path]:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InvalidInput(f"cannot write plots into {directory}: {e.strerror or e}") from None
+        raise InvalidInput(
+            f"cannot write plots into {directory}: {e.strerror or e}", hint="give --plot a directory you can write"
+        ) from None
     return [l1_over_time(plan, directory / L1_PLOT), latency_cdf(plan, directory / CDF_PLOT)]

@@ -96,7 +96,9 @@ def run_wlaw(
     """Measured RWS against W·Σc_i + aux at one prefix, B = RWS(W) for each W."""
     w_list = sorted(set(ws))
     if not w_list or w_list[0] <= 0:
-        raise InvalidInput("the W law needs positive window sizes")
+        raise InvalidInput(
+            "the W law needs positive window sizes", hint="give --Ws positive window sizes, e.g. --Ws 8,16,32"
+        )
     salt = new_salt() if salt is None else salt
     params = WLawParams(tokens=tokens, W=w_list, tier=tier)
     run: Run[WLawRow] = Run("wlaw", "wlaw", client, params, salt=salt, on_row=on_row, engine_meta=engine_meta)

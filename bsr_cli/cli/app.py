@@ -236,7 +236,8 @@ COMMANDS = (
         "abort",
         "incident",
         "abort",
-        "Abort a running restore: it fails closed (nothing committed). Exit 2 when no such request is running.",
+        "Abort a running restore: it fails closed (nothing committed). Exit 2 when the engine knows no such request, "
+        "18 when the abort came too late.",
     ),
     CommandEntry(
         "events",

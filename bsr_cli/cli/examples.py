@@ -11,10 +11,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr rws --hf-config examples/config.json --world-size 2 --dtype fp8 --sweep 16,32,64",
     ),
     "plan": (
+        "bsr plan --W 32",
         "bsr plan --W 32 --tokens 524032 -r paper-mtp-on",
         "bsr plan --W 16 --tokens 131072 --hf-config examples/config.json --world-size 2 --block-size 64",
-        "bsr probe --synthetic 65536 --json > probe.json && bsr plan --W 16 --probe probe.json",
-        "bsr plan --trace conversation_trace.jsonl -r paper-mtp-off --W 32 --bandwidth 10.31GB/s --p99 1",
+        "bsr probe --synthetic 65536 --seed 1 --json > probe.json && bsr plan --W 16 --probe probe.json",
+        "bsr plan --trace examples/trace.jsonl -r paper-mtp-off --W 32 --bandwidth 10.31GB/s --p99 1",
     ),
     "probe": (
         "bsr probe --synthetic 65536 --seed 1",
@@ -28,8 +29,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "restore": (
         "bsr restore --synthetic 65536 --seed 1 --W 32",
         "bsr restore --tokens-file prompt.json --dry-run --W 64",
-        "bsr restore --synthetic 65536 --exclude-tier mooncake",
-        "bsr restore --synthetic 65536 --tier fs",
+        "bsr restore --synthetic 65536 --seed 1 --exclude-tier mooncake",
+        "bsr restore --synthetic 65536 --seed 1 --tier fs",
     ),
     "inject-fault": (
         "bsr inject-fault --rank 1 --kind restore-fault --window 3",
@@ -57,9 +58,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr bundle --synthetic 65536 --seed 1 --max-bytes 4MiB -o ticket-1234.tar.gz",
     ),
     "drill": ("bsr drill --yes", "bsr drill --tokens 16384 --W 8 --yes"),
-    "abort": ("bsr abort req-00012",),
-    "events": ("bsr events -n 20", "bsr events -f --request req-00012", "bsr events --since 1200 --json"),
-    "describe": ("bsr describe req-00012", "bsr describe req-00012 --record incident.bsrtop.gz"),
+    "abort": ("bsr abort req-00012",),  # exit 18 once it has ended: the abort came too late
+    "events": ("bsr events -n 20", "bsr events -f --request req-00012", "bsr events --since 20m --json"),
+    "describe": ("bsr describe req-00012", "bsr describe req-00012 --record incident.tar.gz"),
     "top": (
         "bsr top",
         "bsr top --record incident.bsrtop.gz",
@@ -70,7 +71,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "config show": ("bsr config show", "bsr --engine prod config show --json"),
     "registration show": ("bsr registration show paper-mtp-off", "bsr registration show my-model.yaml --all-tensors"),
     "registration diff": ("bsr registration diff paper-mtp-off paper-mtp-on",),
-    "engine up": ("bsr engine up --enable-faults", "bsr engine up --W 16 --budget 64MiB --max-tokens 131072"),
+    "engine up": ("bsr engine up --enable-faults", "bsr engine up --W 16 --budget 32MiB --max-tokens 131072"),
     "engine down": ("bsr engine down",),
     "engine status": ("bsr engine status", "bsr engine status --json"),
     "engine endpoints": ("bsr engine endpoints", "bsr --engine http://127.0.0.1:9100 engine endpoints --json"),
@@ -84,7 +85,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "bsr markers clear --all --yes",
     ),
     "settings show": ("bsr settings show", "bsr settings show --engine prod --json"),
-    "settings set": ("bsr settings set --W 16", "bsr settings set --budget 128MiB --fs-concurrency 4"),
+    "settings set": ("bsr settings set --W 16", "bsr settings set --budget 64MiB --fs-concurrency 4"),
     "pool": ("bsr pool --once", "bsr pool --json"),
     "pool reset-peak": ("bsr pool reset-peak",),
     "monitoring rules": (

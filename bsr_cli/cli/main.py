@@ -42,6 +42,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         result = root.main(args=args, prog_name="bsr", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
     except BsrError as e:
+        e.hint = e.hint or _fallback_hint(e, args, root)
         _report(e.message, e.hint, args, e)
         from bsr_cli.cli.output import Output
 
@@ -86,6 +87,15 @@ def _parser_error(e: Exception, code: int, args: Sequence[str], root: object) ->
         doc = {"error": "usage", "message": message, "hint": hint, "exit_code": code}
         sys.stdout.write(json.dumps(doc) + "\n")
     return code
+
+
+def _fallback_hint(e: BsrError, args: Sequence[str], root: object) -> str:
+    """A hint for an error raised without one (every error of bsr's own carries one; a host's may not)."""
+    from bsr_cli.errors import InvalidInput
+
+    if isinstance(e, InvalidInput):
+        return f"see `{_command_path(root, args)} --help`"
+    return "`bsr status` shows the engine's state; --traceback shows where this came from"
 
 
 def _command_path(root: object, args: Sequence[str]) -> str:

@@ -11,10 +11,12 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from bsr_cli.errors import BsrError
 
 
 PIPE_WIDTH = 1000  # wide enough that no table row of bsr's wraps when stdout is not a terminal
@@ -79,6 +81,16 @@ class Output:
             self._stdout.flush()
         else:
             render(self.console, data)
+
+    def fail(self, data: Any, render: Callable[[Console, Any], None] | None, error: BsrError) -> NoReturn:
+        """A result that comes with an error (a restore that failed closed or was refused, a drill that found a
+        violation): drawn before the error's line, or, with --json, carried by the one error object as ``report``
+        (stdout holds exactly one JSON document)."""
+        if self.json_mode:
+            error.report = json.loads(json.dumps(data, default=_json_default))
+        else:
+            self.result(data, render)
+        raise error
 
     def note(self, message: str) -> None:
         """A diagnostic for people (stderr); silent in --json mode so scripts see only data."""

@@ -11,6 +11,7 @@ Every failure is raised as one of bsr_cli.errors' EngineError subclasses:
     RankRestarting      503 rank-restarting (a rank died and the engine starts it again), after reads waited for it
     RestoreAborted      409 aborted (the request was aborted)
     HostOverloaded      503 host-overloaded (the host starved the engine past its overload ceiling; not retried)
+    AlreadyEnded        409 already-ended (an abort that came after the restore committed or ended)
     BadRequest          other 4xx (the engine's message is kept)
     ServerError         5xx, or an answer that is not the API's JSON
 """
@@ -39,6 +40,7 @@ from bsr_cli.core.scrub import ScrubLimits, ScrubReport
 from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamedRequest, read_line
 from bsr_cli.errors import (
+    AlreadyEnded,
     BadRequest,
     BsrError,
     CapacityError,
@@ -135,7 +137,10 @@ def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
                     hint="name one engine for this command",
                 )
             if not url:
-                raise InvalidInput(f"profile {engine!r} has no url")
+                raise InvalidInput(
+                    f"profile {engine!r} has no url",
+                    hint=f'add url = "http://HOST:PORT" to profile {engine!r} in {settings.config_path}',
+                )
             if not token and prof.token_file is not None:
                 token = read_token_file(prof.token_file)
             return url.rstrip("/"), token or prof.token, f"profile {engine}"
@@ -212,12 +217,15 @@ class AdminClient:
             body = {}
         kind = str(body.get("error", "")) if isinstance(body, dict) else ""
         message = (body.get("message") if isinstance(body, dict) else None) or f"HTTP {r.status_code}"
-        hint = body.get("hint") if isinstance(body, dict) else None
+        hint = (body.get("hint") if isinstance(body, dict) else None) or _hint_for(r.status_code)
         restarting = _restarting(r.status_code, body, r.headers.get("retry-after"))
         if restarting is not None:
             raise restarting
         if kind == CapacityError.kind:
             raise CapacityError(message, hint=hint, retry_after_s=_retry_after(r))
+        if kind == AlreadyEnded.kind:
+            outcome = body.get("outcome") if isinstance(body, dict) else None
+            raise AlreadyEnded(message, hint=hint, outcome=outcome if isinstance(outcome, str) else None)
         if kind == EngineBusy.kind:
             raise EngineBusy(f"the engine is busy: {message}", hint=hint or BUSY_HINT)
         if kind in _KIND_TO_ERROR:
@@ -262,7 +270,10 @@ class AdminClient:
             except (httpx.RemoteProtocolError, httpx.ReadError) as e:
                 if _pause(pauses):
                     continue
-                raise EngineUnreachable(f"the engine at {self.url} dropped the connection: {_why(e)}") from None
+                raise EngineUnreachable(
+                    f"the engine at {self.url} dropped the connection: {_why(e)}",
+                    hint="the engine may be restarting: `bsr engine status`, then retry",
+                ) from None
             except httpx.TransportError as e:
                 raise EngineUnreachable(
                     f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
@@ -276,7 +287,10 @@ class AdminClient:
         try:
             return r.json()
         except ValueError:
-            raise ServerError(f"{self.url} answered {method} {path} with something that is not JSON") from None
+            raise ServerError(
+                f"{self.url} answered {method} {path} with something that is not JSON",
+                hint="is this a bsr engine? `bsr status --engine URL` checks it",
+            ) from None
 
     def _stream(
         self,
@@ -318,8 +332,14 @@ class AdminClient:
                 hint="raise --timeout for long operations",
             ) from None
         except httpx.TransportError as e:
-            raise EngineUnreachable(f"lost the engine at {self.url}: {_why(e)}") from None
-        raise ServerError(f"the engine closed {path} without a result")
+            raise EngineUnreachable(
+                f"lost the engine at {self.url}: {_why(e)}",
+                hint="the engine may have stopped: `bsr engine status`; a restore cut off so ends fail-closed",
+            ) from None
+        raise ServerError(
+            f"the engine closed {path} without a result",
+            hint="the engine's log says why; a restore cut off so ends fail-closed",
+        )
 
     # -- API ---------------------------------------------------------------------------------------------------
     def health(self) -> Health:
@@ -328,13 +348,21 @@ class AdminClient:
             try:
                 r = self._http.get(self._path("/health"), timeout=min(self.timeout_s, 5.0))
             except httpx.TimeoutException:
-                raise EngineTimeout(f"{self.url} did not answer /health") from None
+                raise EngineTimeout(
+                    f"{self.url} did not answer /health",
+                    hint="the engine may be overloaded or stuck: `bsr engine status`; raise --timeout to wait longer",
+                ) from None
             except (httpx.RemoteProtocolError, httpx.ReadError) as e:
                 if _pause(pauses):
                     continue
-                raise EngineUnreachable(f"the engine at {self.url} dropped the connection: {_why(e)}") from None
+                raise EngineUnreachable(
+                    f"the engine at {self.url} dropped the connection: {_why(e)}",
+                    hint="the engine may be restarting: `bsr engine status`, then retry",
+                ) from None
             except httpx.TransportError as e:
-                raise EngineUnreachable(f"cannot reach the engine at {self.url}: {_why(e)}") from None
+                raise EngineUnreachable(
+                    f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
+                ) from None
             if _is_busy(r):
                 if _pause(pauses):
                     continue
@@ -347,7 +375,10 @@ class AdminClient:
     def info(self) -> EngineInfo:
         info = self._call("GET", "/info")
         if info.get("api") != API_VERSION:
-            raise VersionMismatch(f"engine speaks admin API {info.get('api')!r}, bsr speaks {API_VERSION!r}")
+            raise VersionMismatch(
+                f"engine speaks admin API {info.get('api')!r}, bsr speaks {API_VERSION!r}",
+                hint="use the bsr version the engine runs (`bsr status` shows it)",
+            )
         return EngineInfo.from_wire(info)
 
     def registration(self) -> Registration:
@@ -394,6 +425,8 @@ class AdminClient:
         return self._stream("/restore", body, ManualRestoreResult, on_event, on_accepted, timeout)
 
     def abort(self, request: str) -> AbortAnswer:
+        """Ask the engine to abort ``request``: aborting False when it knows no such request; raises AlreadyEnded
+        when the abort came too late (the restore committed, or the request ended)."""
         try:
             return AbortAnswer.from_wire(self._call("POST", f"/restores/{request}/abort", {}, timeout=5.0))
         except BadRequest:
@@ -511,7 +544,10 @@ class AdminClient:
     def clear_markers(self, *, prompt: str | None = None, tier: str | None = None) -> int:
         """Clear every marker, or only ``prompt``'s, or take ``tier`` out of every marker; how many it touched."""
         if prompt is not None and tier is not None:
-            raise InvalidInput("clear the markers of a prompt or of a tier, not both at once")
+            raise InvalidInput(
+                "clear the markers of a prompt or of a tier, not both at once",
+                hint="clear one at a time: --prompt KEY, then --tier T",
+            )
         if prompt is not None:
             path = f"/markers/prompts/{quote(prompt, safe='')}"
         elif tier is not None:
@@ -524,7 +560,9 @@ class AdminClient:
         try:
             r = self._http.get("/metrics")
         except httpx.TransportError as e:
-            raise EngineUnreachable(f"cannot reach the engine at {self.url}: {_why(e)}") from None
+            raise EngineUnreachable(
+                f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
+            ) from None
         self._raise_for(r)
         return r.text
 
@@ -566,6 +604,17 @@ def _pause(pauses: Iterator[float]) -> bool:
     return True
 
 
+def _hint_for(status: int) -> str:
+    """What to do about an error answer that came without a hint (an older engine's, or another host's)."""
+    if status in (401, 403):
+        return "give the engine's token: --token or BSR_TOKEN (`bsr engine up` keeps it in its state directory)"
+    if status == 404:
+        return "the engine knows no such object; `bsr events` lists recent requests"
+    if status >= 500:
+        return "the engine's log says why (`bsr engine status` names the state directory)"
+    return "the engine refused the request as sent; `bsr status` shows what it serves"
+
+
 def _retry_after(r: httpx.Response) -> float | None:
     """The seconds a refusal's Retry-After says to wait (None when it says none, or not in seconds)."""
     text = r.headers.get("retry-after", "").strip()
@@ -577,13 +626,14 @@ def _stream_error(line: ErrorLine) -> BsrError:
     restarting = _restarting(line.status, line.to_wire())
     if restarting is not None:
         return restarting
+    hint = line.hint or _hint_for(line.status)
     if line.error == CapacityError.kind:
-        return CapacityError(line.message, hint=line.hint, retry_after_s=line.retry_after_s)
+        return CapacityError(line.message, hint=hint, retry_after_s=line.retry_after_s)
     err = _KIND_TO_ERROR.get(line.error)
     if err:
-        return err(line.message, hint=line.hint)
+        return err(line.message, hint=hint)
     cls: type[EngineError] = ServerError if line.status >= 500 else BadRequest
-    return cls(line.message, hint=line.hint)
+    return cls(line.message, hint=hint)
 
 
 def _lines(it: Iterator[str]) -> Iterator[str]:

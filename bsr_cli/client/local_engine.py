@@ -60,7 +60,9 @@ def read_token_file(path: Path) -> str:
             f"token file {path}: {e.strerror or e}", hint="name a file holding the engine's admin token"
         ) from None
     except UnicodeDecodeError:
-        raise InvalidInput(f"token file {path}: not a text file") from None
+        raise InvalidInput(
+            f"token file {path}: not a text file", hint="name a file holding the engine's admin token"
+        ) from None
     if not token:
         raise InvalidInput(f"token file {path} is empty", hint="it must hold the engine's admin token")
     return token

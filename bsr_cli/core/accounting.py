@@ -24,15 +24,21 @@ MAX_TOKENS = 1 << 34
 
 def check_window(w: int) -> int:
     if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-        raise InvalidInput(f"W must be a non-negative integer (0 = whole-plan path), got {w!r}")
+        raise InvalidInput(
+            f"W must be a non-negative integer (0 = whole-plan path), got {w!r}",
+            hint="e.g. --W 32 (0 is the whole-plan path)",
+        )
     return w
 
 
 def check_tokens(tokens: int) -> int:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise InvalidInput(f"token count must be a non-negative integer, got {tokens!r}")
+        raise InvalidInput(f"token count must be a non-negative integer, got {tokens!r}", hint="e.g. --tokens 131072")
     if tokens > MAX_TOKENS:
-        raise InvalidInput(f"{tokens} tokens is absurd (limit {MAX_TOKENS})")
+        raise InvalidInput(
+            f"{tokens} tokens is absurd (limit {MAX_TOKENS})",
+            hint="give the prompt's length in tokens, e.g. --tokens 131072",
+        )
     return tokens
 
 
@@ -53,7 +59,10 @@ def rws_bytes(reg: Registration, w: int) -> int:
     """Live restore working set per rank for window size W (W > 0)."""
     check_window(w)
     if w == 0:
-        raise InvalidInput("RWS(0) is not bounded: W=0 is the whole-plan path, see whole_plan_bytes()")
+        raise InvalidInput(
+            "RWS(0) is not bounded: W=0 is the whole-plan path, see whole_plan_bytes()",
+            hint="give W ≥ 1 for a bound; W=0 stages the whole prefix (see whole-plan figures)",
+        )
     return w * reg.bytes_per_chunk + reg.aux_bytes
 
 
@@ -72,7 +81,7 @@ def peak_bytes(reg: Registration, w: int, n_chunks: int) -> int:
 def max_window_for_capacity(reg: Registration, capacity: int) -> int:
     """Largest W whose RWS fits ``capacity`` bytes per rank (0 when not even one chunk fits)."""
     if capacity < 0:
-        raise InvalidInput("capacity must not be negative")
+        raise InvalidInput("capacity must not be negative", hint="give a capacity such as 1GiB")
     return max(0, (capacity - reg.aux_bytes) // reg.bytes_per_chunk)
 
 

@@ -15,6 +15,8 @@ from typing import Any
 from bsr_cli.core import wire
 from bsr_cli.errors import InvalidInput
 
+_PROBE_HINT = "give a probe result saved with `bsr probe --json > probe.json` (examples/probe.json is one)"
+
 MAX_TIERS = 4  # one hex digit per cell
 
 
@@ -49,31 +51,35 @@ class HitBitmap:
 
     def __post_init__(self) -> None:
         if not self.tiers or len(self.tiers) > MAX_TIERS:
-            raise InvalidInput(f"a bitmap needs 1..{MAX_TIERS} tiers")
+            raise InvalidInput(f"a bitmap needs 1..{MAX_TIERS} tiers", hint=_PROBE_HINT)
         if self.ranks <= 0 or not self.groups:
-            raise InvalidInput("a bitmap needs at least one rank and one group")
+            raise InvalidInput("a bitmap needs at least one rank and one group", hint=_PROBE_HINT)
         if self.chunk_size <= 0:
-            raise InvalidInput("bitmap chunk_size must be positive")
+            raise InvalidInput("bitmap chunk_size must be positive", hint=_PROBE_HINT)
         if self.tokens < 0:
-            raise InvalidInput("bitmap token count must not be negative")
+            raise InvalidInput("bitmap token count must not be negative", hint=_PROBE_HINT)
         n = self.chunks
         limit = (1 << len(self.tiers)) - 1
         for r in range(self.ranks):
             for g in self.groups:
                 row = self.rows.get((r, g))
                 if row is None:
-                    raise InvalidInput(f"bitmap has no row for rank {r} group {g!r}")
+                    raise InvalidInput(f"bitmap has no row for rank {r} group {g!r}", hint=_PROBE_HINT)
                 if len(row) != n:
-                    raise InvalidInput(f"ragged bitmap: rank {r} group {g!r} has {len(row)} chunks, expected {n}")
+                    raise InvalidInput(
+                        f"ragged bitmap: rank {r} group {g!r} has {len(row)} chunks, expected {n}", hint=_PROBE_HINT
+                    )
                 try:
                     bad = any(int(c, 16) > limit for c in set(row))
                 except ValueError:
                     bad = True
                 if bad:
-                    raise InvalidInput(f"bitmap rank {r} group {g!r} has cells outside its {len(self.tiers)} tiers")
+                    raise InvalidInput(
+                        f"bitmap rank {r} group {g!r} has cells outside its {len(self.tiers)} tiers", hint=_PROBE_HINT
+                    )
         extra = set(self.rows) - {(r, g) for r in range(self.ranks) for g in self.groups}
         if extra:
-            raise InvalidInput(f"bitmap has rows for unknown rank/group: {sorted(extra)[:3]}")
+            raise InvalidInput(f"bitmap has rows for unknown rank/group: {sorted(extra)[:3]}", hint=_PROBE_HINT)
 
     @property
     def chunks(self) -> int:
@@ -86,7 +92,10 @@ class HitBitmap:
         ex = set(exclude)
         unknown = ex - set(self.tiers)
         if unknown:
-            raise InvalidInput(f"unknown tier(s) {sorted(unknown)}; bitmap tiers are {list(self.tiers)}")
+            raise InvalidInput(
+                f"unknown tier(s) {sorted(unknown)}; bitmap tiers are {list(self.tiers)}",
+                hint=f"name one of {', '.join(self.tiers)}",
+            )
         return sum(1 << i for i, t in enumerate(self.tiers) if t not in ex)
 
     def prefix_chunks(self, exclude: Iterable[str] = ()) -> int:
@@ -149,14 +158,14 @@ class HitBitmap:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "probe") -> HitBitmap:
         if not isinstance(data, Mapping):
-            raise InvalidInput(f"{source}: expected a probe result object")
+            raise InvalidInput(f"{source}: expected a probe result object", hint=_PROBE_HINT)
         if isinstance(data.get("bitmap"), Mapping):  # a whole `bsr probe --json` document
             data = data["bitmap"]
         try:
             rows_raw = data["rows"]
             rows = {(int(x["rank"]), str(x["group"])): str(x["cells"]) for x in rows_raw}
             if len(rows) != len(rows_raw):
-                raise InvalidInput(f"{source}: duplicate bitmap rows")
+                raise InvalidInput(f"{source}: duplicate bitmap rows", hint=_PROBE_HINT)
             return cls(
                 tiers=tuple(str(t) for t in data["tiers"]),
                 ranks=int(data["ranks"]),
@@ -168,9 +177,9 @@ class HitBitmap:
                 model=str(data.get("model", "")),
             )
         except KeyError as e:
-            raise InvalidInput(f"{source}: probe result lacks {e.args[0]!r}") from None
+            raise InvalidInput(f"{source}: probe result lacks {e.args[0]!r}", hint=_PROBE_HINT) from None
         except (TypeError, ValueError):
-            raise InvalidInput(f"{source}: malformed probe result") from None
+            raise InvalidInput(f"{source}: malformed probe result", hint=_PROBE_HINT) from None
 
 
 def encode_row(held: Mapping[str, Sequence[bool]], tiers: Sequence[str], chunks: int) -> str:

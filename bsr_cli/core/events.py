@@ -158,6 +158,8 @@ class RestoreStarted:
     windows: int = 0
     tokens: int = 0
     tiers: tuple[str, ...] = ()
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +171,8 @@ class WindowWaiting:
     request: str
     rank: int
     window: int
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,6 +188,8 @@ class WindowFetched:
     seconds: float = 0.0
     tiers: tuple[str, ...] = ()
     pool: dict[str, int] = field(default_factory=dict)  # the rank's pool right after the fetch (PoolStats' wire form)
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +201,8 @@ class WindowInstalled:
     request: str
     rank: int
     window: int
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,6 +217,8 @@ class WindowReleased:
     windows: int = 0
     bytes: int = 0
     pool: dict[str, int] = field(default_factory=dict)
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +236,8 @@ class RestoreFailed:
     window: int | None = None
     tier: str | None = None
     cause: CapacityCause | None = None
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
     chunks: tuple[int, int] | None = wire.field(default=None, omit_none=True)  # the failed window's [start, end)
     load: HostLoad | None = wire.field(default=None, omit_none=True)  # a host verdict's figures
     failure_kind: FailureKind = field(metadata=wire.meta(name="kind"))  # last, as it has always been written
@@ -278,6 +290,8 @@ class RestoreCommitted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
     injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
@@ -294,6 +308,8 @@ class RestoreFailedClosed:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
     injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
@@ -310,6 +326,8 @@ class RestoreRefused:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
     injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
@@ -326,6 +344,8 @@ class RestoreAborted:
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
     failure_kind: FailureKind | None = None
+    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
+    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
     injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
 
@@ -689,6 +709,19 @@ def parse_event(wire: Mapping[str, Any]) -> Event:
 
 
 # -- what every event answers ------------------------------------------------------------------------------------
+def in_pass(event: E, pass_no: int | None) -> E:
+    """``event`` stamped with the admission pass of the restore it belongs to (unchanged when it is no restore's
+    event, or the pass is not known)."""
+    if pass_no is None or "pass_no" not in _field_names(type(event)):
+        return event
+    passed: E = dataclasses.replace(typing.cast(Any, event), pass_no=pass_no)
+    return passed
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def stamped(event: E, seq: int, at: float) -> E:
     """``event`` as the event log records it: numbered ``seq``, at time ``at``."""
     return dataclasses.replace(event, seq=seq, time=at)
@@ -831,6 +864,7 @@ __all__ = [
     "WindowInstalled",
     "WindowReleased",
     "WindowWaiting",
+    "in_pass",
     "known_event",
     "parse_event",
     "rank_of",

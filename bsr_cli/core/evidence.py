@@ -148,6 +148,16 @@ class Stage(StrEnum):
         return self in (Stage.PROBE, Stage.FETCH, Stage.VERIFY)
 
 
+class TimedStage(StrEnum):
+    """The stages of a rank's restore whose wall and CPU seconds are counted (``core.stage_costs``): the transfer
+    calls, the checksum check, the install into the destination KV, and the window loop waiting on one of them."""
+
+    FETCH = "fetch"
+    VERIFY = "verify"
+    INSTALL = "install"
+    WAIT = "wait"
+
+
 class CapacityCause(StrEnum):
     """Why capacity refused a restore: what the hint names to change (never read back from the human text)."""
 
@@ -249,6 +259,16 @@ class SegmentLossCause(StrEnum):
     REMOUNTED_EMPTY = "remounted_empty"
 
 
+class RestoreBound(StrEnum):
+    """What bound a restore's latency the longest: the resource it waited for or was served by the slowest (the
+    trace planner's model and `bsr bench trace`'s reading of a replay, bsr_cli/core/host_model.py)."""
+
+    BANDWIDTH = "bandwidth"  # moving its bytes at its share of the bandwidth
+    CPU = "cpu"  # its CPU work at its share of the cores available to bsr
+    BUDGET = "budget"  # waiting for room under the admission budget B
+    DESTINATION_KV = "destination_kv"  # its request waiting for destination KV blocks
+
+
 __all__ = [
     "CapacityCause",
     "Component",
@@ -256,9 +276,11 @@ __all__ = [
     "FailureKind",
     "Outcome",
     "RankState",
+    "RestoreBound",
     "ScrubScope",
     "ScrubState",
     "SegmentLossCause",
     "Stage",
     "TierCondition",
+    "TimedStage",
 ]

@@ -19,9 +19,13 @@ Findings, in the order the verdict picks them (the first is what blocks reuse no
     evicted              a chunk is missing in every tier while later chunks are held: it was evicted
     partial              the tiers hold a prefix and nothing after it (the rest was never stored, or evicted)
     restorable           every rank and group holds the whole prompt: it will be restored
+    held                 every rank and group holds the whole prompt, but a finding before it decides the next
+                         admission (a marker, a fault, a rank): ``restorable`` is only ever the verdict
     repaired             a chunk the last restore quarantined has been stored again since (information)
     tier-unhealthy       a tier is unhealthy: the verdict when every tier holding the whole prompt is unhealthy
-                         (the restore would likely fail closed), otherwise listed as information
+                         (the restore would likely fail closed), otherwise listed as information; a restore failure
+                         older than the prompt's last restore is dated, and dropped when that restore read the tier
+                         without it failing
     unverified           held chunks carry no checksum bound to their chunk (stored by stock LMCache, or an older
                          bsr): bsr's connector refuses them unless told to load them (information)
 """
@@ -37,10 +41,10 @@ from typing import Any
 from bsr_cli.core import accounting, wire
 from bsr_cli.core import events as ev
 from bsr_cli.core.bitmap import HitBitmap
-from bsr_cli.core.evidence import FailureKind, Outcome, SegmentLossCause
+from bsr_cli.core.evidence import FailureKind, Outcome, SegmentLossCause, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.registration import Registration
-from bsr_cli.core.status import EngineInfo, Health, MarkerView
+from bsr_cli.core.status import EngineInfo, Health, MarkerView, TierHealth
 from bsr_cli.core.store_loss import SegmentLoss
 from bsr_cli.core.store_probe import Diagnosis, HolderState, KeyFormatValue, Liveness, StoreProbe
 from bsr_cli.errors import ServerError
@@ -63,6 +67,7 @@ class FindingKind(StrEnum):
     EVICTED = "evicted"
     PARTIAL = "partial"
     RESTORABLE = "restorable"
+    HELD = "held"  # information: the whole prompt is held, but the verdict decides what the next admission does
     REPAIRED = "repaired"
     TIER_UNHEALTHY = "tier-unhealthy"  # information, after `restorable`, unless every tier holding it is unhealthy
     UNVERIFIED = "unverified"  # information
@@ -160,6 +165,7 @@ class FoldedRestore:
     quarantined: tuple[QuarantinedChunk, ...] = ()
     ranks: tuple[RankWindows, ...] = ()
     arrived: tuple[str, ...] = ()  # of "started", "ended", "marker", "quarantined"
+    started_at: float | None = None  # when its (last pass's) restore started: not on the wire, dates other evidence
 
     @property
     def started(self) -> bool:
@@ -405,9 +411,12 @@ def explain_engine(
             content = [dataclasses.replace(f, evidence=(*f.evidence, tail)) for f in content]
         findings.extend(content)
     elif not findings:
-        raise ServerError(f"the engine's probe failed and nothing else explains it: {probe_error}")
+        raise ServerError(
+            f"the engine's probe failed and nothing else explains it: {probe_error}",
+            hint="`bsr status` shows the engine's ranks and tiers; retry the explain when they answer",
+        )
     findings.extend(_quarantined(bitmap, last_restore, prompt_flags))
-    findings.extend(_unhealthy_tiers(health, bitmap))
+    findings.extend(_unhealthy_tiers(health, bitmap, last_restore))
     if info.host_fields.get("serves_restores") is False:
         findings = [_on_worker(f, prompt_flags) for f in findings]
     result = _result(
@@ -594,21 +603,46 @@ def _listed_but_gone(loss: SegmentLoss) -> bool:
     return loss.cause is SegmentLossCause.HOLDER_GONE and loss.remounted_at is None
 
 
-def _unhealthy_tiers(health: Health, bitmap: HitBitmap | None) -> list[Finding]:
-    """Unhealthy tiers: the verdict (``blocks``) when every tier holding the whole prompt is one of them."""
+def _unhealthy_tiers(health: Health, bitmap: HitBitmap | None, last: FoldedRestore | None) -> list[Finding]:
+    """Unhealthy tiers: the verdict (``blocks``) when every tier holding the whole prompt is one of them. A tier
+    unhealthy only because a restore from it failed before this prompt's last restore is dated; when that restore
+    read from it without a failure of the tier, the newer evidence stands and the older is dropped."""
     findings: list[Finding] = []
-    degraded = {t: h for t, h in health.tiers.items() if not h.ok}
+    degraded = {t: h for t, h in health.tiers.items() if not h.ok and not _served_since(t, h, last)}
     full = [t for t in bitmap.tiers if bitmap.tier_prefix_chunks(t) >= bitmap.chunks] if bitmap is not None else []
     for t, h in degraded.items():
+        evidence = [f"tier {t}: {'; '.join(h.detail) or 'unhealthy'}"]
+        if last is not None and _before(h.failed_at, last):
+            evidence.append(f"that failure is older than this prompt's last restore ({last.request}, {_ended(last)})")
         finding = _finding(
             FindingKind.TIER_UNHEALTHY,
             f"tier {t} is unhealthy: a restore from it may fail closed and set a marker",
-            [f"tier {t}: {'; '.join(h.detail) or 'unhealthy'}"],
+            evidence,
             "see `bsr status`; a lower tier or recompute serves meanwhile",
             "bsr status",
         )
         findings.append(dataclasses.replace(finding, blocks=t in full and set(full) <= set(degraded)))
     return findings
+
+
+def _before(failed_at: float | None, last: FoldedRestore) -> bool:
+    return failed_at is not None and last.started_at is not None and failed_at < last.started_at
+
+
+def _served_since(tier: str, h: TierHealth, last: FoldedRestore | None) -> bool:
+    """The tier is unhealthy only for a restore failure that this prompt's later restore contradicts: that restore
+    read from the tier and no failure of it blamed the tier."""
+    return (
+        last is not None
+        and set(h.conditions) == {TierCondition.RESTORE_FAILED}
+        and _before(h.failed_at, last)
+        and tier in last.tiers
+        and not any(f.tier == tier for f in last.failures)
+    )
+
+
+def _ended(last: FoldedRestore) -> str:
+    return last.outcome.value.replace("_", " ") if last.outcome is not None else "still running"
 
 
 def _quarantined(bitmap: HitBitmap | None, last_restore: FoldedRestore | None, prompt_flags: str) -> list[Finding]:
@@ -865,6 +899,7 @@ def _result(
 ) -> Explanation:
     findings.sort(key=lambda f: ORDER.index(FindingKind.PARTIAL) + 0.5 if f.blocks else ORDER.index(f.kind))
     verdict = findings[0]
+    findings = [f if f is verdict else _not_the_verdict(f, verdict, bitmap) for f in findings]
     return Explanation(
         subject=subject,
         prompt=prompt,
@@ -879,6 +914,20 @@ def _result(
         tiers=tuple(tier_prefixes(bitmap)) if bitmap is not None else (),
         last_restore=last_restore,
         next=verdict.next,
+    )
+
+
+def _not_the_verdict(f: Finding, verdict: Finding, bitmap: HitBitmap | None) -> Finding:
+    """A finding listed under another verdict, worded so it does not contradict it: ``restorable`` says the prompt
+    will be restored, which is for the verdict alone to say; below another verdict the prompt is only held."""
+    if f.kind is not FindingKind.RESTORABLE or bitmap is None:
+        return f
+    return dataclasses.replace(
+        f,
+        kind=FindingKind.HELD,
+        summary=f"every rank and group holds all {bitmap.chunks} chunks ({bitmap.tokens:,} tokens), but the next "
+        f"admission does what the verdict ({verdict.kind.value}) says, not restore them as they stand",
+        fix="see the verdict",
     )
 
 
@@ -899,7 +948,9 @@ def fold_restore(events: Sequence[ev.Event]) -> FoldedRestore | None:
 
     for e in mine:
         if isinstance(e, ev.RestoreStarted):
-            out = dataclasses.replace(out, windows=e.windows, W=e.W, tiers=tuple(e.tiers), tokens=e.tokens)
+            out = dataclasses.replace(
+                out, windows=e.windows, W=e.W, tiers=tuple(e.tiers), tokens=e.tokens, started_at=e.time or None
+            )
             seen("started")
         elif isinstance(e, ev.WindowReleased):
             r = ranks.get(e.rank) or RankWindows(e.rank)

@@ -78,27 +78,44 @@ class FaultSpec:
         allowed = {"kind", "rank", "window", "group", "count", "ttl_s"}
         extra = set(data) - allowed
         if extra:
-            raise InvalidInput(f"unknown fault field(s): {', '.join(sorted(extra))}")
+            raise InvalidInput(
+                f"unknown fault field(s): {', '.join(sorted(extra))}",
+                hint="a fault takes kind, rank, window, group, count and ttl_s",
+            )
         kind = data.get("kind")
         if kind not in KINDS:
             raise InvalidInput(f"unknown fault kind {kind!r}", hint=f"kinds: {', '.join(KINDS)}")
         rank, window, group, count = data.get("rank"), data.get("window"), data.get("group"), data.get("count", 1)
         if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < ranks):
-            raise InvalidInput(f"rank must be in 0..{ranks - 1}, got {rank!r}")
+            raise InvalidInput(
+                f"rank must be in 0..{ranks - 1}, got {rank!r}",
+                hint="`bsr status` lists the engine's ranks; omit the rank to hit every rank",
+            )
         if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
-            raise InvalidInput(f"window must be a non-negative integer, got {window!r}")
+            raise InvalidInput(
+                f"window must be a non-negative integer, got {window!r}",
+                hint="windows are counted from 1 on the command line (--window 1 is G1), from 0 in the API",
+            )
         if window is not None and max_window is not None and window > max_window:
             raise InvalidInput(
                 f"window {window} is beyond the last window of this engine's longest prompt ({max_window}, 0-based)",
                 hint="windows are counted from 0 here (G1 = 0); `bsr plan` shows a prompt's windows",
             )
         if group is not None and group not in groups:
-            raise InvalidInput(f"unknown KV group {group!r}; the engine has {list(groups)}")
+            raise InvalidInput(
+                f"unknown KV group {group!r}; the engine has {list(groups)}",
+                hint=f"groups: {', '.join(groups)}; omit the group to hit every group",
+            )
         if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_COUNT:
-            raise InvalidInput(f"count must be an integer in 0..{MAX_COUNT}, got {count!r}")
+            raise InvalidInput(
+                f"count must be an integer in 0..{MAX_COUNT}, got {count!r}",
+                hint="--count 1 fires once; --count 0 until cleared",
+            )
         ttl = data.get("ttl_s", TTL_S)
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S:
-            raise InvalidInput(f"ttl_s must be an integer in 1..{MAX_TTL_S}, got {ttl!r}")
+            raise InvalidInput(
+                f"ttl_s must be an integer in 1..{MAX_TTL_S}, got {ttl!r}", hint=f"a fault lives at most {MAX_TTL_S} s"
+            )
         return cls(
             kind=kind,
             rank=rank,

@@ -27,7 +27,10 @@ def _int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
     if value is None:
         raise InvalidInput(f"config.json has no {key!r}", hint="is this a decoder model's config.json?")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidInput(f"config.json: {key} must be a positive integer, got {value!r}")
+        raise InvalidInput(
+            f"config.json: {key} must be a positive integer, got {value!r}",
+            hint="is this a decoder model's config.json?",
+        )
     return value
 
 
@@ -49,10 +52,10 @@ def registration_from_hf_config(
     source: str = "",
 ) -> Registration:
     if not isinstance(config, Mapping):
-        raise InvalidInput("config.json must hold an object")
+        raise InvalidInput("config.json must hold an object", hint="give the model's config.json (a JSON object)")
     cfg = _text_config(config)
     if tp <= 0:
-        raise InvalidInput(f"--tp must be positive, got {tp}")
+        raise InvalidInput(f"--tp must be positive, got {tp}", hint="e.g. --world-size 2")
     kv_dtype = canonical_dtype(dtype or str(cfg.get("torch_dtype") or config.get("torch_dtype") or "bf16"))
     name = model or str(config.get("_name_or_path") or (config.get("architectures") or ["model"])[0])
     layers = _int(cfg, "num_hidden_layers")
@@ -67,14 +70,20 @@ def registration_from_hf_config(
         kv_heads = _int(cfg, "num_key_value_heads", heads)
         head_dim = cfg.get("head_dim") or _int(cfg, "hidden_size") // heads
         if kv_heads % tp and tp % kv_heads:
-            raise InvalidInput(f"{kv_heads} KV heads cannot be split over tp={tp}")
+            raise InvalidInput(
+                f"{kv_heads} KV heads cannot be split over tp={tp}",
+                hint=f"give a --world-size that divides the {kv_heads} KV heads (or that they divide)",
+            )
         shape = (2, max(1, kv_heads // tp), int(head_dim))
         default_block = 16
 
     kinds = _layer_kinds(cfg, layers)
     extra_layers = int(cfg.get("num_nextn_predict_layers") or 0) if include_mtp else 0
     if include_mtp and not extra_layers:
-        raise InvalidInput("config.json declares no MTP layers (num_nextn_predict_layers)")
+        raise InvalidInput(
+            "config.json declares no MTP layers (num_nextn_predict_layers)",
+            hint="drop --mtp: this model has no multi-token-prediction layers",
+        )
 
     bs = block_size or default_block
     group_names = list(dict.fromkeys(kinds))
@@ -101,7 +110,10 @@ def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> list[str]:
     types = cfg.get("layer_types")
     if isinstance(types, list) and types:
         if len(types) != layers:
-            raise InvalidInput(f"config.json: layer_types has {len(types)} entries for {layers} layers")
+            raise InvalidInput(
+                f"config.json: layer_types has {len(types)} entries for {layers} layers",
+                hint="the config.json is inconsistent: check layer_types against num_hidden_layers",
+            )
         return [str(t) for t in types]
     if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         # Qwen2: layers from max_window_layers on use sliding-window attention.

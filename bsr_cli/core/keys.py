@@ -30,13 +30,13 @@ def tokens_to_bytes(tokens: Sequence[int]) -> bytes:
     try:
         return array("I", tokens).tobytes()
     except (OverflowError, TypeError):
-        raise InvalidInput("tokens must be integers in [0, 2^32)") from None
+        raise InvalidInput("tokens must be integers in [0, 2^32)", hint="token ids are integers in [0, 2^32)") from None
 
 
 def chunk_hashes(tokens: Sequence[int], chunk_size: int) -> list[str]:
     """Prefix-chained hash of every chunk (the last may be partial), 16 hex digits each."""
     if chunk_size <= 0:
-        raise InvalidInput("chunk_size must be positive")
+        raise InvalidInput("chunk_size must be positive", hint="give a positive chunk size")
     raw = tokens_to_bytes(tokens)
     step = 4 * chunk_size
     out: list[str] = []
@@ -66,18 +66,22 @@ def parse_key(key: str) -> tuple[str, int, int, str, str]:
     """Split an LMCache-form key into (model, world_size, worker_id, chunk_hash, dtype)."""
     parts = key.rsplit("@", 4)
     if len(parts) != 5:
-        raise InvalidInput(f"not an LMCache-form key: {key!r}")
+        raise InvalidInput(
+            f"not an LMCache-form key: {key!r}", hint="LMCache keys read MODEL@WORLD_SIZE@WORKER@HASH@DTYPE"
+        )
     model, ws, worker, chash, dtype = parts
     try:
         return model, int(ws), int(worker), chash, dtype
     except ValueError:
-        raise InvalidInput(f"not an LMCache-form key: {key!r}") from None
+        raise InvalidInput(
+            f"not an LMCache-form key: {key!r}", hint="LMCache keys read MODEL@WORLD_SIZE@WORKER@HASH@DTYPE"
+        ) from None
 
 
 def synthetic_tokens(n: int, seed: int = 0, vocab: int = DEFAULT_VOCAB) -> list[int]:
     """A deterministic pseudo-random prompt: the same (n, seed) gives the same tokens everywhere."""
     if n < 0:
-        raise InvalidInput("--synthetic needs a non-negative token count")
+        raise InvalidInput("--synthetic needs a non-negative token count", hint="e.g. --synthetic 65536")
     words = array("I")
     words.frombytes(random.Random(seed).randbytes(4 * n))
     return [w % vocab for w in words]

@@ -64,7 +64,10 @@ def check_client_ttl(seconds: Any, name: str = "the store's client TTL") -> int:
 
 def _int(value: Any, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidInput(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise InvalidInput(
+            f"{name} must be an integer >= {minimum}, got {value!r}",
+            hint=f"give {name} a whole number of at least {minimum}",
+        )
     return value
 
 
@@ -93,29 +96,44 @@ def check_engine_settings(
     kv = _int(kv_tokens, n["kv_tokens"], 1)
     fsc = _int(fs_concurrency, n["fs_concurrency"], 1)
     if pool is not None and pool < slot:
-        raise InvalidInput(f"{n['pool_bytes']} {pool:,} bytes cannot hold one chunk ({slot:,} bytes)")
+        raise InvalidInput(
+            f"{n['pool_bytes']} {pool:,} bytes cannot hold one chunk ({slot:,} bytes)",
+            hint=f"give a pool of at least {slot:,} bytes ({n['pool_bytes']})",
+        )
     if budget < slot:
         raise InvalidInput(
-            f"{n['budget_bytes']} {budget:,} bytes is below one chunk slot ({slot:,} bytes): nothing could be admitted"
+            f"{n['budget_bytes']} {budget:,} bytes is below one chunk slot ({slot:,} bytes): nothing could be admitted",
+            hint=f"raise {n['budget_bytes']} to at least RWS(W), or lower {n['w']}",
         )
     if pool is not None and budget > pool:
-        raise InvalidInput(f"{n['budget_bytes']} {budget:,} exceeds the pool capacity {pool:,}")
+        raise InvalidInput(
+            f"{n['budget_bytes']} {budget:,} exceeds the pool capacity {pool:,}",
+            hint=f"lower {n['budget_bytes']} to at most the pool, or raise {n['pool_bytes']}",
+        )
     if w:
         rws = w * slot + reg.aux_bytes
         if pool is not None and rws > pool:
             raise InvalidInput(
                 f"{n['w']} {w:,} needs RWS(W={w}) = {rws:,} bytes, more than the pool {pool:,}: no window could "
-                f"ever be staged (the largest W this pool holds is {max((pool - reg.aux_bytes) // slot, 0):,})"
+                f"ever be staged (the largest W this pool holds is {max((pool - reg.aux_bytes) // slot, 0):,})",
+                hint=f"lower {n['w']} or raise {n['pool_bytes']}",
             )
         if window_within_budget and rws > budget:
             raise InvalidInput(
                 f"{n['budget_bytes']} {budget:,} bytes is below RWS(W={w}) = {rws:,}: no window could ever be "
-                f"admitted (the largest W this budget admits is {max((budget - reg.aux_bytes) // slot, 0):,})"
+                f"admitted (the largest W this budget admits is {max((budget - reg.aux_bytes) // slot, 0):,})",
+                hint=f"raise {n['budget_bytes']} to at least {rws:,} or lower {n['w']}",
             )
     if kv < max_t:
-        raise InvalidInput(f"{n['kv_tokens']} must be at least {n['max_tokens']} ({kv:,} < {max_t:,})")
+        raise InvalidInput(
+            f"{n['kv_tokens']} must be at least {n['max_tokens']} ({kv:,} < {max_t:,})",
+            hint=f"raise {n['kv_tokens']} or lower {n['max_tokens']}: the engine's KV must hold its longest prompt",
+        )
     if fsc > MAX_FS_CONCURRENCY:
-        raise InvalidInput(f"{n['fs_concurrency']} must be at most {MAX_FS_CONCURRENCY}, got {fsc:,}")
+        raise InvalidInput(
+            f"{n['fs_concurrency']} must be at most {MAX_FS_CONCURRENCY}, got {fsc:,}",
+            hint=f"e.g. {n['fs_concurrency']} 8",
+        )
     t = fetch_timeout_s
     if (
         isinstance(t, bool)
@@ -125,7 +143,8 @@ def check_engine_settings(
         or t > MAX_FETCH_TIMEOUT_S
     ):
         raise InvalidInput(
-            f"{n['fetch_timeout_s']} must be a number of seconds in (0, {MAX_FETCH_TIMEOUT_S:.0f}], got {t!r}"
+            f"{n['fetch_timeout_s']} must be a number of seconds in (0, {MAX_FETCH_TIMEOUT_S:.0f}], got {t!r}",
+            hint=f"e.g. {n['fetch_timeout_s']} 10",
         )
 
 

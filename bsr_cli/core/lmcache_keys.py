@@ -87,7 +87,7 @@ def lmcache_chunk_hashes(
 ) -> list[int]:
     """LMCache's prefix-chained hash of every full chunk (the first `limit` only, if given), from `start`."""
     if chunk_size <= 0:
-        raise InvalidInput("chunk_size must be positive")
+        raise InvalidInput("chunk_size must be positive", hint="give a positive chunk size")
     out: list[int] = []
     prefix = start
     end = len(tokens) - chunk_size + 1
@@ -224,7 +224,10 @@ def python_str_hash(text: str, hashseed: int) -> int:
     CPython fills its 24-byte hash secret from the seed with an LCG (seed 0 leaves it zero), keys SipHash-1-3 with
     its first 16 bytes and hashes the string's 1/2/4-byte-per-character buffer."""
     if not 0 <= hashseed <= 4294967295:
-        raise InvalidInput(f"PYTHONHASHSEED must be in [0, 4294967295], got {hashseed}")
+        raise InvalidInput(
+            f"PYTHONHASHSEED must be in [0, 4294967295], got {hashseed}",
+            hint="--vllm-hash-seed takes the PYTHONHASHSEED vLLM ran with (0..4294967295), 'none' or 'auto'",
+        )
     if not text:
         return 0
     secret = bytearray(24)

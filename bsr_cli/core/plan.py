@@ -101,11 +101,20 @@ class RestorePlan:
 
 def check_bitmap_matches(reg: Registration, bitmap: HitBitmap) -> None:
     if bitmap.ranks != reg.tp_size:
-        raise InvalidInput(f"probe has {bitmap.ranks} ranks but the registration has tp_size {reg.tp_size}")
+        raise InvalidInput(
+            f"probe has {bitmap.ranks} ranks but the registration has tp_size {reg.tp_size}",
+            hint="plan with the registration the probe was saved with (`bsr status` shows the engine's)",
+        )
     if tuple(bitmap.groups) != reg.group_names:
-        raise InvalidInput(f"probe groups {list(bitmap.groups)} differ from the registration's {list(reg.group_names)}")
+        raise InvalidInput(
+            f"probe groups {list(bitmap.groups)} differ from the registration's {list(reg.group_names)}",
+            hint="plan with the registration the probe was saved with (`bsr status` shows the engine's)",
+        )
     if bitmap.chunk_size != reg.chunk_size:
-        raise InvalidInput(f"probe chunk_size {bitmap.chunk_size} differs from the registration's {reg.chunk_size}")
+        raise InvalidInput(
+            f"probe chunk_size {bitmap.chunk_size} differs from the registration's {reg.chunk_size}",
+            hint="plan with the registration the probe was saved with (`bsr status` shows the engine's)",
+        )
     if bitmap.registration and bitmap.registration != reg.identity:
         raise InvalidInput(
             f"probe was made against registration {bitmap.registration}, not {reg.identity}",
@@ -147,7 +156,7 @@ def plan_restore(
     accounting.check_window(w)
     if bitmap is None:
         if tokens is None:
-            raise InvalidInput("plan needs a token count or a probe result")
+            raise InvalidInput("plan needs a token count or a probe result", hint="give --tokens N or --probe FILE")
         accounting.check_tokens(tokens)
         bitmap = full_hit_bitmap(tiers, reg.tp_size, reg.group_names, tokens, reg.chunk_size)
     check_bitmap_matches(reg, bitmap)
@@ -178,3 +187,58 @@ def plan_restore(
         excluded_tiers=excluded,
         objects_by_tier=by_tier,
     )
+
+
+# The prompt lengths `bsr plan --W N` plans when given no prompt: from a short chat turn to a million-token context.
+DEFAULT_PROMPT_LADDER: tuple[int, ...] = (8_192, 32_768, 131_072, 262_144, 524_288, 1_048_576)
+
+
+@dataclass(frozen=True)
+class LadderRow:
+    """One prompt length of a ladder plan: its windows, and what BSR and the whole-plan path stage per rank."""
+
+    tokens: int
+    chunks: int
+    windows: int
+    peak_bytes_per_rank: int
+    whole_plan_bytes: int
+    whole_plan_rung: int | None
+
+    to_wire = wire.writer()
+
+
+@dataclass(frozen=True)
+class LadderPlan:
+    """`bsr plan --W N` with no prompt: every chunk a hit, over a ladder of prompt lengths, so the bound shows (the
+    BSR peak stays RWS(W) while the whole-plan staging grows with the prompt)."""
+
+    registration: str
+    w: int = field(metadata=wire.meta(name="W"))
+    rws_bytes: int | None
+    rows: tuple[LadderRow, ...]
+
+    @property
+    def kind(self) -> str:
+        return "bsr.plan.ladder"
+
+    to_wire = wire.writer(order=("kind", "registration", "w", "rws_bytes", "rows"))
+
+
+def plan_ladder(reg: Registration, w: int, lengths: Iterable[int] = DEFAULT_PROMPT_LADDER) -> LadderPlan:
+    """The plan of a fully held prompt at each of ``lengths`` tokens, in one table."""
+    accounting.check_window(w)
+    rows = []
+    for tokens in lengths:
+        k = accounting.chunks_for_tokens(tokens, reg.chunk_size)
+        whole = accounting.whole_plan_bytes(reg, k)
+        rows.append(
+            LadderRow(
+                tokens=tokens,
+                chunks=k,
+                windows=accounting.num_windows(k, w),
+                peak_bytes_per_rank=accounting.peak_bytes(reg, w, k),
+                whole_plan_bytes=whole,
+                whole_plan_rung=accounting.ladder_rung(whole),
+            )
+        )
+    return LadderPlan(reg.identity, w, accounting.rws_bytes(reg, w) if w else None, tuple(rows))

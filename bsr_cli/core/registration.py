@@ -27,6 +27,8 @@ from bsr_cli.core import wire
 from bsr_cli.core.units import canonical_dtype, dtype_bytes
 from bsr_cli.errors import InvalidInput
 
+_REG_HINT = "docs/registration.md describes the format; `bsr registration show demo --json` prints a valid one"
+
 DEFAULT_CHUNK_SIZE = 256
 # Anything above this per chunk per rank is a typo, not a model (1 TiB per 256 tokens).
 MAX_BYTES_PER_CHUNK = 1 << 40
@@ -100,7 +102,7 @@ class Registration:
         for g in self.groups:
             if g.name == name:
                 return g
-        raise InvalidInput(f"registration has no KV group {name!r}")
+        raise InvalidInput(f"registration has no KV group {name!r}", hint=f"groups: {', '.join(self.group_names)}")
 
     # -- identity and serialisation ------------------------------------------------------------------------------
     @property
@@ -122,7 +124,7 @@ class Registration:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "") -> Registration:
         if not isinstance(data, Mapping):
-            raise InvalidInput(f"{source or 'registration'}: expected an object at the top level")
+            raise InvalidInput(f"{source or 'registration'}: expected an object at the top level", hint=_REG_HINT)
         where = source or "registration"
         schema = data.get("schema", SCHEMA_VERSION)
         if schema != SCHEMA_VERSION or isinstance(schema, bool):
@@ -140,7 +142,7 @@ class Registration:
             groups_raw = data.get("groups")
             tensors_raw = data["tensors"]
             if not isinstance(tensors_raw, list):
-                raise InvalidInput(f"{where}: 'tensors' must be a list")
+                raise InvalidInput(f"{where}: 'tensors' must be a list", hint=_REG_HINT)
             tensors = tuple(_tensor_from_dict(t, where) for t in tensors_raw)
             if groups_raw is None:
                 # Groups may be implied by the tensors (block size 16, vLLM's default).
@@ -148,12 +150,13 @@ class Registration:
                 groups = tuple(KVGroup(n) for n in names)
             else:
                 if not isinstance(groups_raw, list):
-                    raise InvalidInput(f"{where}: 'groups' must be a list")
+                    raise InvalidInput(f"{where}: 'groups' must be a list", hint=_REG_HINT)
                 for g in groups_raw:
                     if isinstance(g, Mapping) and set(g) - _GROUP_KEYS:
                         raise InvalidInput(
                             f"{where}: group {g.get('name')!r}: unknown field(s) "
-                            + ", ".join(sorted(str(k) for k in set(g) - _GROUP_KEYS))
+                            + ", ".join(sorted(str(k) for k in set(g) - _GROUP_KEYS)),
+                            hint=_REG_HINT,
                         )
                 groups = tuple(
                     KVGroup(str(g["name"]), _positive_int(g.get("block_size", 16), f"{where}: block_size"))
@@ -169,9 +172,9 @@ class Registration:
                 source=source,
             )
         except KeyError as e:
-            raise InvalidInput(f"{where}: missing field {e.args[0]!r}") from None
+            raise InvalidInput(f"{where}: missing field {e.args[0]!r}", hint=_REG_HINT) from None
         except (TypeError, AttributeError):
-            raise InvalidInput(f"{where}: malformed registration (see docs/registration.md)") from None
+            raise InvalidInput(f"{where}: malformed registration (see docs/registration.md)", hint=_REG_HINT) from None
 
     def with_tensors(self, extra: Iterable[TensorSpec], *, model: str | None = None) -> Registration:
         return Registration(
@@ -187,13 +190,13 @@ class Registration:
 
 def _positive_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str | float):
-        raise InvalidInput(f"{what} must be a positive integer, got {value!r}")
+        raise InvalidInput(f"{what} must be a positive integer, got {value!r}", hint=_REG_HINT)
     try:
         n = int(value)
     except ValueError:
-        raise InvalidInput(f"{what} must be a positive integer, got {value!r}") from None
+        raise InvalidInput(f"{what} must be a positive integer, got {value!r}", hint=_REG_HINT) from None
     if n != float(value) or n <= 0:
-        raise InvalidInput(f"{what} must be a positive integer, got {value!r}")
+        raise InvalidInput(f"{what} must be a positive integer, got {value!r}", hint=_REG_HINT)
     return n
 
 
@@ -205,46 +208,50 @@ def _nonneg_int(value: Any, what: str) -> int:
 
 def _tensor_from_dict(t: Any, where: str) -> TensorSpec:
     if not isinstance(t, Mapping):
-        raise InvalidInput(f"{where}: each tensor must be an object")
+        raise InvalidInput(f"{where}: each tensor must be an object", hint=_REG_HINT)
     name = str(t.get("name", "")).strip()
     if not name:
-        raise InvalidInput(f"{where}: a tensor has no name")
+        raise InvalidInput(f"{where}: a tensor has no name", hint=_REG_HINT)
     extra = set(t) - _TENSOR_KEYS
     if extra:
-        raise InvalidInput(f"{where}: tensor {name!r}: unknown field(s) {', '.join(sorted(str(k) for k in extra))}")
+        raise InvalidInput(
+            f"{where}: tensor {name!r}: unknown field(s) {', '.join(sorted(str(k) for k in extra))}", hint=_REG_HINT
+        )
     dtype = canonical_dtype(t.get("dtype", "bf16"))
     if "shape" in t:
         shape_raw = t["shape"]
         if not isinstance(shape_raw, list | tuple) or not shape_raw:
-            raise InvalidInput(f"{where}: tensor {name!r}: shape must be a non-empty list")
+            raise InvalidInput(f"{where}: tensor {name!r}: shape must be a non-empty list", hint=_REG_HINT)
         shape = tuple(_positive_int(d, f"{where}: tensor {name!r} shape") for d in shape_raw)
     elif "bytes_per_token" in t:
         n = _positive_int(t["bytes_per_token"], f"{where}: tensor {name!r} bytes_per_token")
         size = dtype_bytes(dtype)
         if n % size:
-            raise InvalidInput(f"{where}: tensor {name!r}: {n} bytes per token is not a multiple of {dtype}")
+            raise InvalidInput(
+                f"{where}: tensor {name!r}: {n} bytes per token is not a multiple of {dtype}", hint=_REG_HINT
+            )
         shape = (n // size,)
     else:
-        raise InvalidInput(f"{where}: tensor {name!r} needs 'shape' or 'bytes_per_token'")
+        raise InvalidInput(f"{where}: tensor {name!r} needs 'shape' or 'bytes_per_token'", hint=_REG_HINT)
     return TensorSpec(name=name, dtype=dtype, shape=shape, group=str(t.get("group", "default")))
 
 
 def _validate(r: Registration) -> None:
     where = r.source or "registration"
     if r.chunk_size <= 0:
-        raise InvalidInput(f"{where}: chunk_size must be positive")
+        raise InvalidInput(f"{where}: chunk_size must be positive", hint=_REG_HINT)
     if r.tp_size <= 0:
-        raise InvalidInput(f"{where}: tp_size must be positive")
+        raise InvalidInput(f"{where}: tp_size must be positive", hint=_REG_HINT)
     if not r.tensors:
         raise InvalidInput(f"{where}: registration has no tensors", hint="a registration needs at least one KV tensor")
     if not r.groups:
-        raise InvalidInput(f"{where}: registration has no KV groups")
+        raise InvalidInput(f"{where}: registration has no KV groups", hint=_REG_HINT)
     names = [g.name for g in r.groups]
     if len(set(names)) != len(names):
-        raise InvalidInput(f"{where}: duplicate KV group names")
+        raise InvalidInput(f"{where}: duplicate KV group names", hint=_REG_HINT)
     for g in r.groups:
         if g.block_size <= 0:
-            raise InvalidInput(f"{where}: group {g.name!r}: block_size must be positive")
+            raise InvalidInput(f"{where}: group {g.name!r}: block_size must be positive", hint=_REG_HINT)
         if r.chunk_size % g.block_size:
             raise InvalidInput(
                 f"{where}: group {g.name!r}: chunk_size {r.chunk_size} is not a multiple of block_size {g.block_size}",
@@ -253,15 +260,15 @@ def _validate(r: Registration) -> None:
     seen: set[str] = set()
     for t in r.tensors:
         if t.name in seen:
-            raise InvalidInput(f"{where}: duplicate tensor name {t.name!r}")
+            raise InvalidInput(f"{where}: duplicate tensor name {t.name!r}", hint=_REG_HINT)
         seen.add(t.name)
         if t.group not in names:
-            raise InvalidInput(f"{where}: tensor {t.name!r} names unknown group {t.group!r}")
+            raise InvalidInput(f"{where}: tensor {t.name!r} names unknown group {t.group!r}", hint=_REG_HINT)
     for name in names:
         if not any(t.group == name for t in r.tensors):
-            raise InvalidInput(f"{where}: group {name!r} has no tensors")
+            raise InvalidInput(f"{where}: group {name!r} has no tensors", hint=_REG_HINT)
     if r.bytes_per_chunk > MAX_BYTES_PER_CHUNK:
-        raise InvalidInput(f"{where}: {r.bytes_per_chunk} bytes per chunk is absurd (over 1 TiB)")
+        raise InvalidInput(f"{where}: {r.bytes_per_chunk} bytes per chunk is absurd (over 1 TiB)", hint=_REG_HINT)
 
 
 @dataclass(frozen=True)

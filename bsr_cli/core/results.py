@@ -21,6 +21,7 @@ from bsr_cli.core.events import Failure
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.registration import Registration
+from bsr_cli.core.stage_costs import StageCosts
 from bsr_cli.core.status import MarkerView
 
 # What a host says instead of a canonical hash when the restored KV is real model data it did not compute (the
@@ -98,6 +99,7 @@ class RankRestore:
     tier: str | None = None
     stage: Stage | None = wire.field(default=None, none_as="")
     cause: CapacityCause | None = wire.field(default=None, none_as="")
+    stages: StageCosts | None = wire.field(omit_none=True, default=None)  # by stage (a rank of an older build: none)
 
     to_wire = wire.writer()
     from_wire = wire.reader()

@@ -151,6 +151,9 @@ class TierHealth:
     quarantined_total: int
     # A tier whose answer names no condition (an older engine's) is in the first of its conditions (ok: none).
     condition: TierCondition = field(metadata=wire.meta(absent_from=_first_condition))
+    # When the restore from it that failed (``restore_failed``) failed: evidence is dated, so a later restore's
+    # can be told apart from it. Absent without such a failure.
+    failed_at: float | None = wire.field(default=None, omit_none=True)
     injected: bool = wire.field(default=False, omit_false=True)
     faults_armed: tuple[str, ...] = wire.field(default=(), omit_empty=True)
     # The segments the store lost that keep it unhealthy (segment_lost): oldest first; absent when none.

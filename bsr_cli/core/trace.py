@@ -35,6 +35,8 @@ from typing import Any
 from bsr_cli.core import wire
 from bsr_cli.errors import InvalidInput
 
+_TRACE_HINT = "a trace is JSON Lines in the Mooncake format (timestamp, input_length, hash_ids): examples/trace.jsonl"
+
 # Tokens per hashed block in the Mooncake trace format.
 TRACE_BLOCK_TOKENS = 512
 # No real request is longer; larger inputs are typos or a different unit.
@@ -81,7 +83,10 @@ class Trace:
         too small for its prompts: every length is scaled by ``block_tokens / 512`` and rounded up, so each
         request keeps its number of blocks and its last block stays partial (or full) as it was."""
         if not 1 <= block_tokens <= TRACE_BLOCK_TOKENS:
-            raise InvalidInput(f"tokens per block must be in [1, {TRACE_BLOCK_TOKENS}], got {block_tokens}")
+            raise InvalidInput(
+                f"tokens per block must be in [1, {TRACE_BLOCK_TOKENS}], got {block_tokens}",
+                hint=f"give a value in [1, {TRACE_BLOCK_TOKENS}]",
+            )
         scaled = tuple(
             TraceRequest(
                 r.arrival_ms,
@@ -96,35 +101,36 @@ class Trace:
 
 def _int_field(record: Mapping[str, Any], name: str, where: str, *, low: int = 0, high: int | None = None) -> int:
     if name not in record:
-        raise InvalidInput(f"{where}: missing field {name!r}")
+        raise InvalidInput(f"{where}: missing field {name!r}", hint=_TRACE_HINT)
     value = record[name]
     # Exactly an integer: 1.5 ms or "12" would be read as something the trace did not say.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{where}: {name} must be an integer, got {value!r}"[:200])
+        raise InvalidInput(f"{where}: {name} must be an integer, got {value!r}"[:200], hint=_TRACE_HINT)
     if value < low or (high is not None and value > high):
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise InvalidInput(f"{where}: {name} must be {bound}, got {value}")
+        raise InvalidInput(f"{where}: {name} must be {bound}, got {value}", hint=_TRACE_HINT)
     return value
 
 
 def parse_request(record: Any, where: str) -> TraceRequest:
     """One trace record (a decoded JSON object); ``where`` names it in errors (``FILE:LINE``)."""
     if not isinstance(record, Mapping):
-        raise InvalidInput(f"{where}: expected a JSON object, got {type(record).__name__}")
+        raise InvalidInput(f"{where}: expected a JSON object, got {type(record).__name__}", hint=_TRACE_HINT)
     arrival = _int_field(record, "timestamp", where)
     input_length = _int_field(record, "input_length", where, high=MAX_INPUT_TOKENS)
     output_length = _int_field(record, "output_length", where)
     ids = record.get("hash_ids")
     if not isinstance(ids, list):
-        raise InvalidInput(f"{where}: hash_ids must be a list of integers")
+        raise InvalidInput(f"{where}: hash_ids must be a list of integers", hint=_TRACE_HINT)
     if any(isinstance(h, bool) or not isinstance(h, int) for h in ids):
-        raise InvalidInput(f"{where}: hash_ids must be integers")
+        raise InvalidInput(f"{where}: hash_ids must be integers", hint=_TRACE_HINT)
     blocks = -(-input_length // TRACE_BLOCK_TOKENS)
     if len(ids) > blocks:
         # Fewer ids than blocks is allowed (a trace may hash only a prefix); more cannot describe this input.
         raise InvalidInput(
             f"{where}: {len(ids)} hash_ids for {input_length} input tokens "
-            f"(at most {blocks} blocks of {TRACE_BLOCK_TOKENS})"
+            f"(at most {blocks} blocks of {TRACE_BLOCK_TOKENS})",
+            hint=_TRACE_HINT,
         )
     return TraceRequest(arrival, input_length, output_length, tuple(ids))
 
@@ -141,7 +147,7 @@ def build_trace(requests: Iterable[tuple[str, TraceRequest]], source: str = "") 
             )
         out.append(req)
     if not out:
-        raise InvalidInput(f"{source or 'the trace'}: no requests")
+        raise InvalidInput(f"{source or 'the trace'}: no requests", hint=_TRACE_HINT)
     return Trace(tuple(out), source)
 
 
@@ -177,7 +183,10 @@ class PrefixHits:
 def prefix_hits(trace: Trace, store_capacity: int | None = None) -> PrefixHits:
     """Per request, the number of leading block ids found in the store at its arrival (see the module's model)."""
     if store_capacity is not None and store_capacity < 1:
-        raise InvalidInput(f"the store capacity must be at least one block, got {store_capacity}")
+        raise InvalidInput(
+            f"the store capacity must be at least one block, got {store_capacity}",
+            hint="e.g. --store-capacity 50000 (blocks of 512 tokens)",
+        )
     store = _LruBlocks(store_capacity)
     hits = []
     for req in trace.requests:

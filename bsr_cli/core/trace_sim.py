@@ -17,6 +17,9 @@ The model (per TP rank; every rank holds its equal share, so one rank stands for
   admitted ones, and keeps it until its last byte arrives (the runtime frees its last windows a little earlier:
   the model is conservative by at most a windows per restore).
 * Restore latency = queue wait (arrival to admission) + transfer. Percentiles are nearest-rank.
+* With a host model (bsr_cli.core.host_model: the CPU a restore needs, the cores bsr gets, the restore path's
+  slots) a restore's service is the slower of its bytes at its bandwidth share and its CPU at its share of the
+  cores, and the replay says which of bandwidth, CPU and B bound each restore.
 
 Event-driven: arrivals in order and completions from a heap keyed by the virtual (per-restore) byte clock of
 processor sharing, so a replay costs O(n log n) for n restores.
@@ -34,6 +37,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from bsr_cli.core import accounting, wire
+from bsr_cli.core.evidence import RestoreBound
+from bsr_cli.core.host_model import HostModel, HostReplay, cpu_load, nearest_rank, replay_on_host, restore_bound
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import Trace, hit_chunks, prefix_hits, restored_tokens
 from bsr_cli.errors import InvalidInput
@@ -56,13 +61,6 @@ class Percentiles:
     max: float
 
     to_wire = wire.writer()
-
-
-def nearest_rank(sorted_values: Sequence[float], p: float) -> float:
-    """The p-th percentile by nearest rank: the smallest value with at least p % of the values at or below it."""
-    if not sorted_values:
-        return 0.0
-    return sorted_values[max(0, math.ceil(p / 100 * len(sorted_values)) - 1)]
 
 
 def percentiles(values: Sequence[float]) -> Percentiles:
@@ -95,7 +93,10 @@ def replay(
     ones. ``budget`` (bytes) admits them FIFO while their holds fit; None admits every one at its arrival."""
     n = len(arrivals)
     if budget is not None and any(h > budget for h in holds):
-        raise InvalidInput("a restore's hold exceeds the budget: it could never be admitted")
+        raise InvalidInput(
+            "a restore's hold exceeds the budget: it could never be admitted",
+            hint="raise the budget to at least RWS(W), or lower W",
+        )
     starts = [0.0] * n
     finishes = [0.0] * n
     queue: deque[int] = deque()
@@ -160,9 +161,11 @@ class PathRun:
     peak_in_flight: int
     peak_queued: int
     meets_p99: bool | None  # against the target, when one was given
+    # With a host model: how many restores each resource bound.
+    bound_by: dict[RestoreBound, int] | None = field(default=None, metadata=wire.meta(omit_none=True))
     # For the plots only, not on the wire:
-    l1_series: tuple[tuple[float, int], ...] = field(metadata=wire.meta(skip=True))
-    latencies: tuple[float, ...] = field(metadata=wire.meta(skip=True))  # sorted, for a CDF
+    l1_series: tuple[tuple[float, int], ...] = field(default=(), metadata=wire.meta(skip=True))
+    latencies: tuple[float, ...] = field(default=(), metadata=wire.meta(skip=True))  # sorted, for a CDF
 
     @property
     def label(self) -> str:
@@ -201,6 +204,9 @@ class TracePlan:
     w: int = field(metadata=wire.meta(name="W"))
     rws_bytes: int
     bandwidth: float = field(metadata=wire.meta(name="bandwidth_bytes_per_s"))
+    host: HostModel | None = field(metadata=wire.meta(omit_none=True))
+    # With a host model: the share of the cores available to bsr the trace's restores and requests need on average.
+    cpu_load: float | None = field(metadata=wire.meta(omit_none=True))
     speedup: float
     store_capacity: int | None = field(metadata=wire.meta(name="store_capacity_blocks"))
     requests: int
@@ -240,6 +246,8 @@ class TracePlan:
             "w",
             "rws_bytes",
             "bandwidth",
+            "host",
+            "cpu_load",
             "speedup",
             "store_capacity",
             "requests",
@@ -263,18 +271,38 @@ def windows_held(reg: Registration, w: int, budget: int) -> int:
     return max(1, min(RUNTIME_WINDOWS_HELD, (budget - reg.aux_bytes) // (w * reg.bytes_per_chunk)))
 
 
+@dataclass(frozen=True)
+class _Restores:
+    """The trace's restores as the replays take them: per restoring request its arrival, bytes and chunks."""
+
+    arrivals: tuple[float, ...]
+    sizes: tuple[int, ...]
+    chunks: tuple[int, ...]
+
+
 def _run(
     path: RestorePath,
-    arrivals: Sequence[float],
-    sizes: Sequence[int],
+    restores: _Restores,
     holds: Sequence[int],
     bandwidth: float,
+    host: HostModel | None,
     budget: int | None,
     budget_rws: int | None,
     held: int | None,
     p99_target: float | None,
 ) -> PathRun:
-    r = replay(arrivals, sizes, holds, bandwidth, budget)
+    arrivals = restores.arrivals
+    bound_by = None
+    r: Replay | HostReplay
+    if host is None:
+        r = replay(arrivals, restores.sizes, holds, bandwidth, budget)
+    else:
+        r = replay_on_host(arrivals, restores.sizes, holds, bandwidth, host, budget)
+        bounds = [
+            restore_bound(0.0, s - a, b, c)
+            for a, s, b, c in zip(arrivals, r.starts, r.bandwidth_s, r.cpu_s, strict=True)
+        ]
+        bound_by = {b: bounds.count(b) for b in RestoreBound if b in bounds}
     latencies = sorted(f - a for f, a in zip(r.finishes, arrivals, strict=True))
     lat = percentiles(latencies)
     return PathRun(
@@ -288,16 +316,44 @@ def _run(
         peak_in_flight=r.peak_in_flight,
         peak_queued=r.peak_queued,
         meets_p99=None if p99_target is None else lat.p99 <= p99_target,
+        bound_by=bound_by,
         l1_series=r.l1_series,
         latencies=tuple(latencies),
     )
 
 
+def _restores_of(trace: Trace, reg: Registration, chunks: Sequence[int], speedup: float) -> _Restores:
+    """The restores of ``trace`` (``chunks`` hit per request): their arrivals after the speed-up, bytes, chunks."""
+    t0 = trace.requests[0].arrival_ms
+    restoring = [i for i, c in enumerate(chunks) if c > 0]
+    return _Restores(
+        tuple((trace.requests[i].arrival_ms - t0) / 1000 / speedup for i in restoring),
+        tuple(chunks[i] * reg.bytes_per_chunk for i in restoring),
+        tuple(chunks[i] for i in restoring),
+    )
+
+
+def _cpu_load(
+    trace: Trace, reg: Registration, chunks: Sequence[int], restores: _Restores, host: HostModel | None, speedup: float
+) -> float | None:
+    """The share of the host's cores for bsr the trace needs (``host_model.cpu_load``): its restores, and every
+    request computing and storing the chunks it does not restore."""
+    if host is None:
+        return None
+    computed = sum(
+        max(0, -(-r.input_length // reg.chunk_size) - c) for r, c in zip(trace.requests, chunks, strict=True)
+    )
+    load = cpu_load(host, restores.sizes, computed * reg.bytes_per_chunk, trace.span_ms / 1000 / speedup)
+    return None if load is None else round(load, 4)
+
+
 def check_rate(bandwidth: float, speedup: float) -> None:
     if not (math.isfinite(bandwidth) and bandwidth > 0):
-        raise InvalidInput(f"the bandwidth must be a positive, finite rate, got {bandwidth!r}")
+        raise InvalidInput(
+            f"the bandwidth must be a positive, finite rate, got {bandwidth!r}", hint="e.g. --bandwidth 10.31GB/s"
+        )
     if not (math.isfinite(speedup) and speedup > 0):
-        raise InvalidInput(f"the speed-up must be a positive, finite factor, got {speedup!r}")
+        raise InvalidInput(f"the speed-up must be a positive, finite factor, got {speedup!r}", hint="e.g. --speedup 10")
 
 
 def plan_trace(
@@ -310,35 +366,43 @@ def plan_trace(
     budgets_rws: Sequence[int] = DEFAULT_BUDGETS_RWS,
     store_capacity: int | None = None,
     p99_target_s: float | None = None,
+    host: HostModel | None = None,
 ) -> TracePlan:
-    """Simulate ``trace`` on the whole-plan path and under each budget ``k · RWS(W)`` (see the module's model)."""
+    """Simulate ``trace`` on the whole-plan path and under each budget ``k · RWS(W)`` (see the module's model), on
+    ``host`` when given (bsr_cli.core.host_model)."""
     accounting.check_window(w)
     if w == 0:
-        raise InvalidInput("a trace plan compares BSR at W ≥ 1 with the whole-plan path; W=0 leaves nothing to compare")
+        raise InvalidInput(
+            "a trace plan compares BSR at W ≥ 1 with the whole-plan path; W=0 leaves nothing to compare",
+            hint="give --W 1 or more, e.g. --W 32",
+        )
     check_rate(bandwidth, speedup)
     if not budgets_rws or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in budgets_rws):
-        raise InvalidInput("budgets are positive whole multiples of RWS(W), e.g. 1,2,4,8")
+        raise InvalidInput(
+            "budgets are positive whole multiples of RWS(W), e.g. 1,2,4,8", hint="e.g. --budgets 1,2,4,8"
+        )
     if p99_target_s is not None and not (math.isfinite(p99_target_s) and p99_target_s > 0):
-        raise InvalidInput(f"the p99 target must be a positive number of seconds, got {p99_target_s!r}")
+        raise InvalidInput(
+            f"the p99 target must be a positive number of seconds, got {p99_target_s!r}", hint="e.g. --p99 0.8"
+        )
+    if host is not None:
+        host.check()
     bpc, aux = reg.bytes_per_chunk, reg.aux_bytes
     hits = prefix_hits(trace, store_capacity)
     per_block = trace.block_tokens
     chunks = [hit_chunks(r, b, reg.chunk_size, per_block) for r, b in zip(trace.requests, hits.blocks, strict=True)]
     restoring = [i for i, c in enumerate(chunks) if c > 0]
-    t0 = trace.requests[0].arrival_ms
-    arrivals = [(trace.requests[i].arrival_ms - t0) / 1000 / speedup for i in restoring]
-    sizes = [chunks[i] * bpc for i in restoring]
+    restores = _restores_of(trace, reg, chunks, speedup)
     rws = accounting.rws_bytes(reg, w)
 
-    whole = _run(
-        RestorePath.WHOLE_PLAN, arrivals, sizes, [s + aux for s in sizes], bandwidth, None, None, None, p99_target_s
-    )
+    whole_holds = [s + aux for s in restores.sizes]
+    whole = _run(RestorePath.WHOLE_PLAN, restores, whole_holds, bandwidth, host, None, None, None, p99_target_s)
     runs = []
     for k in sorted(set(budgets_rws)):
         budget = k * rws
         a = windows_held(reg, w, budget)
-        holds = [min(chunks[i], a * w) * bpc + aux for i in restoring]
-        runs.append(_run(RestorePath.BSR, arrivals, sizes, holds, bandwidth, budget, k, a, p99_target_s))
+        holds = [min(c, a * w) * bpc + aux for c in restores.chunks]
+        runs.append(_run(RestorePath.BSR, restores, holds, bandwidth, host, budget, k, a, p99_target_s))
 
     largest = None
     if restoring:
@@ -354,6 +418,8 @@ def plan_trace(
         w=w,
         rws_bytes=rws,
         bandwidth=bandwidth,
+        host=host,
+        cpu_load=_cpu_load(trace, reg, chunks, restores, host, speedup),
         speedup=speedup,
         store_capacity=store_capacity,
         requests=len(trace),

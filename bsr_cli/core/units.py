@@ -95,9 +95,13 @@ def parse_bytes(text: str) -> int:
     try:
         value = float(number) * _SUFFIXES[suffix]
     except ValueError:
-        raise InvalidInput(f"cannot read a size from {text!r}") from None
+        raise InvalidInput(
+            f"cannot read a size from {text!r}", hint="write a size as 64MiB, 1GiB, 500MB or a number of bytes"
+        ) from None
     if value < 0:
-        raise InvalidInput(f"size must not be negative: {text!r}")
+        raise InvalidInput(
+            f"size must not be negative: {text!r}", hint="write a size as 64MiB, 1GiB, 500MB or a number of bytes"
+        )
     return int(value)
 
 

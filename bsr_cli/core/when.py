@@ -18,6 +18,16 @@ _DURATION = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
 FORMS = "a duration (30s, 15m, 2h, 1d) or an ISO time (2026-12-01T14:00)"
 
 
+def ago(seconds: float) -> str:
+    """A span a person reads at a glance: 42s, 7m, 3.5h."""
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{s / 60:.0f}m"
+    return f"{s / 3600:.1f}h"
+
+
 def parse_duration(text: str) -> float:
     """Seconds in ``text`` (30s, 15m, 2h, 1d, 1w, 1h30m). InvalidInput for anything else."""
     t = text.strip().lower()
@@ -25,7 +35,7 @@ def parse_duration(text: str) -> float:
         raise InvalidInput(f"{text!r} is not a duration", hint="write it as 30s, 15m, 2h, 1d or 1h30m")
     seconds = sum(float(n) * UNITS[u] for n, u in _PART.findall(t))
     if not math.isfinite(seconds):
-        raise InvalidInput(f"{text!r} is not a finite duration")
+        raise InvalidInput(f"{text!r} is not a finite duration", hint="write it as 30s, 15m, 2h, 1d or 1h30m")
     return seconds
 
 

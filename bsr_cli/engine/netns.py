@@ -140,7 +140,10 @@ class Topology:
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(list(args), capture_output=True, text=True, timeout=_IP_TIMEOUT_S)
     if check and done.returncode != 0:
-        raise ServiceError(f"`{' '.join(args)}` failed: {done.stderr.strip() or done.returncode}")
+        raise ServiceError(
+            f"`{' '.join(args)}` failed: {done.stderr.strip() or done.returncode}",
+            hint="--hosts netns needs root (or CAP_NET_ADMIN) and iproute2",
+        )
     return done
 
 
@@ -221,7 +224,10 @@ def destroy(prefix: str) -> list[str]:
         removed.append(name)
     left = leftovers(prefix)
     if left:
-        raise ServiceError(f"could not remove network namespaces or links: {', '.join(left)}")
+        raise ServiceError(
+            f"could not remove network namespaces or links: {', '.join(left)}",
+            hint="remove them by hand (`ip netns del NAME`, `ip link del NAME`), then rerun `bsr engine down`",
+        )
     return removed
 
 
@@ -278,7 +284,9 @@ def exec_argv(netns: str) -> list[str]:
     """The argv prefix that runs a program inside ``netns`` (iproute2 execs it: the pid is the program's)."""
     ip = shutil.which("ip")
     if ip is None:
-        raise ServiceError("`ip` is not installed (apt-get install -y iproute2)")
+        raise ServiceError(
+            "`ip` is not installed (apt-get install -y iproute2)", hint="install iproute2, or run without --hosts netns"
+        )
     return [ip, "netns", "exec", netns]
 
 
@@ -290,7 +298,10 @@ def enter(netns: str) -> None:
     try:
         if libc.setns(fd, _CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
-            raise ServiceError(f"could not enter network namespace {netns}: {os.strerror(err)}")
+            raise ServiceError(
+                f"could not enter network namespace {netns}: {os.strerror(err)}",
+                hint="--hosts netns needs root (or CAP_NET_ADMIN)",
+            )
     finally:
         os.close(fd)
 

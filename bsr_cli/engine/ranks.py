@@ -45,14 +45,23 @@ class ProcessRank:
         self._dead: str | None = None
         if not self._conn.poll(READY_TIMEOUT_S):
             self.process.kill()
-            raise ServiceError(f"rank {rank} did not start within {READY_TIMEOUT_S:.0f}s")
+            raise ServiceError(
+                f"rank {rank} did not start within {READY_TIMEOUT_S:.0f}s",
+                hint="the machine may be overloaded; the rank's log in the state directory's logs/ says more",
+            )
         try:
             hello = self._conn.recv()
         except EOFError:
-            raise ServiceError(f"rank {rank} exited during start-up (exit code {self.process.exitcode})") from None
+            raise ServiceError(
+                f"rank {rank} exited during start-up (exit code {self.process.exitcode})",
+                hint="the rank's log in the state directory's logs/ says why",
+            ) from None
         if not hello.get("ready"):
             self.process.join(5)
-            raise ServiceError(f"rank {rank} failed to start: {hello.get('error')}")
+            raise ServiceError(
+                f"rank {rank} failed to start: {hello.get('error')}",
+                hint="the rank's log in the state directory's logs/ says more",
+            )
         self.info: RankInfo = hello["info"]
         self._last_heard = time.monotonic()
         self._reader = threading.Thread(target=self._read, name=f"bsr-rank{rank}-reader", daemon=True)
@@ -128,7 +137,12 @@ class ProcessRank:
             if msg.refused is not None:
                 fut.set_exception(msg.refused)
             elif msg.error is not None:
-                fut.set_exception(ServerError(f"rank {self.rank}: {msg.error}"))
+                fut.set_exception(
+                    ServerError(
+                        f"rank {self.rank}: {msg.error}",
+                        hint=f"the rank's log (logs/bsr-rank{self.rank}.log in the state directory) says more",
+                    )
+                )
             else:
                 fut.set_result(msg.result)
         self._dead = "pipe closed" if self.process.is_alive() else self.exit_reason()

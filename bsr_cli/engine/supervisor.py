@@ -194,7 +194,8 @@ def _check_kv_wait(seconds: float) -> None:
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_KV_WAIT_S:
         # NaN fails the range test too.
         raise InvalidInput(
-            f"{CLI_NAMES['kv_wait_s']} must be a number of seconds in [0, {MAX_KV_WAIT_S:.0f}], got {seconds!r}"
+            f"{CLI_NAMES['kv_wait_s']} must be a number of seconds in [0, {MAX_KV_WAIT_S:.0f}], got {seconds!r}",
+            hint="--kv-wait 60 waits a minute for destination KV blocks; 0 refuses at once",
         )
 
 
@@ -523,12 +524,21 @@ def _hosts_check(opts: EngineOptions) -> None:
         raise InvalidInput(f"unknown --hosts {opts.hosts!r}", hint="use local or netns")
     if opts.hosts == netns.MODE:
         if not opts.remote:
-            raise InvalidInput("--hosts netns places the Mooncake services on hosts of their own: drop --no-remote")
+            raise InvalidInput(
+                "--hosts netns places the Mooncake services on hosts of their own: drop --no-remote",
+                hint="drop --no-remote: with --hosts netns the Mooncake services are the remote tier",
+            )
         why = netns.unavailable()
         if why:
-            raise ServiceError(f"cannot run --hosts netns: {why}")
+            raise ServiceError(
+                f"cannot run --hosts netns: {why}",
+                hint="run without --hosts netns, or on a host that allows network namespaces (root or CAP_NET_ADMIN)",
+            )
     elif opts.link_rate_bps is not None:
-        raise InvalidInput("--link-rate caps the links between hosts: it needs --hosts netns")
+        raise InvalidInput(
+            "--link-rate caps the links between hosts: it needs --hosts netns",
+            hint="add --hosts netns, or drop --link-rate",
+        )
 
 
 def _differences(running: RecordedOptions | None, wanted: RecordedOptions) -> list[str]:
@@ -783,7 +793,10 @@ def _down_locked(state: Path) -> StoppedEngine:
             stopped.append((name, pid))
     left = [n for n, p, t in found if services.is_alive(p, t)]
     if left:
-        raise ServiceError(f"could not stop: {', '.join(left)}")
+        raise ServiceError(
+            f"could not stop: {', '.join(left)}",
+            hint="stop them by pid (`bsr engine status` lists them), then rerun `bsr engine down`",
+        )
     # Then the namespaces, veths and qdiscs of a multi-host engine (this engine's prefix only; a crashed run's too).
     removed = netns.destroy(netns.prefix_for(state))
     for name in ("state.json", "ready.json", "engine.json", "token"):

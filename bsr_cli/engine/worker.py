@@ -175,6 +175,7 @@ class Rank:
         from bsr_cli.runtime.scrub import Scrubber
         from bsr_cli.runtime.tiers import Tier
         from bsr_cli.tiers.fs import FilesystemTier
+        from bsr_cli.tiers.mooncake import TRAILER_BYTES
 
         self.rank = cfg.rank
         self.reg = cfg.registration
@@ -182,12 +183,19 @@ class Rank:
         self.kv = PagedKV(self.reg, self.rank, cfg.blocks, self.device)
         self.kv_ops = KVOps(self.kv)
         self.emit = emit
-        # The restore pool: allocated once, pinned when installs go to a GPU, never grown.
+        # The restore pool: allocated once, pinned when installs go to a GPU, never grown. Each staged object has
+        # room for the Mooncake tier's trailer after it, so the whole object arrives in one transfer; that room
+        # (16 bytes per object) is not staging and is counted in no bound.
         pin = self.device.type == "cuda"
-        self.pool_tensor = torch.zeros(cfg.pool_bytes, dtype=torch.uint8, pin_memory=pin)
+        groups = self.reg.group_names
+        stride = self.reg.bytes_per_chunk + len(groups) * TRAILER_BYTES
+        slots = cfg.pool_bytes // self.reg.bytes_per_chunk
+        self.pool_tensor = torch.zeros(slots * stride, dtype=torch.uint8, pin_memory=pin)
         ptr = self.pool_tensor.data_ptr()
         view = memoryview((ctypes.c_ubyte * self.pool_tensor.numel()).from_address(ptr)).cast("B")
-        self.pool = RestorePool(ptr, view, self.reg.bytes_per_chunk, cfg.budget_bytes)
+        self.pool = RestorePool(
+            ptr, view, self.reg.bytes_per_chunk, cfg.budget_bytes, slot_stride=stride, tail=TRAILER_BYTES
+        )
         self.tiers: dict[str, Tier] = {}
         mc = cfg.mooncake
         if mc is not None:
@@ -205,9 +213,9 @@ class Rank:
             self.tiers["mooncake"] = tier
         self.tiers["fs"] = FilesystemTier(cfg.fs_dir, load_concurrency=cfg.fs_concurrency)
         offsets, off = {}, 0
-        for g in self.reg.group_names:
+        for g in groups:
             offsets[g] = off
-            off += self.reg.group_bytes_per_chunk(g)
+            off += self.reg.group_bytes_per_chunk(g) + TRAILER_BYTES
         self.restorer = RankRestorer(self.rank, self.reg.group_names, offsets, self.pool, self.tiers, self.kv, emit)
         links = cfg.links
         if links:

@@ -124,11 +124,17 @@ def segment_listing(admin_url: str, timeout: float = 2.0) -> list[dict[str, Any]
     (`bsr bundle` copies them whole; `segments` reads them). Raises ServiceError."""
     got = http_get(admin_url.rstrip("/") + "/get_segments_detail", timeout)
     if got is None or got[0] != 200:
-        raise ServiceError(f"mooncake master admin API at {admin_url} did not answer")
+        raise ServiceError(
+            f"mooncake master admin API at {admin_url} did not answer",
+            hint="is the Mooncake master running with its admin API? `bsr engine status` lists the services",
+        )
     try:
         doc = json.loads(got[1])
     except ValueError as exc:
-        raise ServiceError(f"mooncake master admin API at {admin_url} sent malformed JSON") from exc
+        raise ServiceError(
+            f"mooncake master admin API at {admin_url} sent malformed JSON",
+            hint="is this address the Mooncake master's admin API (port 9003 by default)?",
+        ) from exc
     found = doc.get("segments", []) if isinstance(doc, dict) else []
     return [s for s in found if isinstance(s, dict)]
 

@@ -323,7 +323,10 @@ def _spawn(argv: list[str], log_path: Path, env_updates: dict[str, str] | None =
     try:
         return os.posix_spawn(argv[0], argv, env, file_actions=file_actions, setsid=True)
     except OSError as exc:
-        raise ServiceError(f"could not start {Path(argv[0]).name}: {exc}") from exc
+        raise ServiceError(
+            f"could not start {Path(argv[0]).name}: {exc}",
+            hint="is Mooncake installed in this environment? ./scripts/setup installs it",
+        ) from exc
 
 
 def _exit_status(pid: int) -> int | None:
@@ -519,7 +522,9 @@ def start_segment_holder(
     """Start the wheel's ``mooncake_client`` as a standalone segment holder contributing `segment_bytes` to the
     store, and wait until the master lists its segment (matched by client id) as mounted."""
     if segment_bytes <= 0:
-        raise ServiceError(f"segment size must be positive, got {segment_bytes}")
+        raise ServiceError(
+            f"segment size must be positive, got {segment_bytes}", hint="give a positive --segment-bytes, e.g. 4GiB"
+        )
     binary = find_binary(SEGMENT_HOLDER_BINARY)
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ class Admission:
 
     def check_tokens(self, tokens: Sequence[int]) -> None:
         if not tokens:
-            raise BadRequest("the prompt is empty")
+            raise BadRequest("the prompt is empty", hint="send a prompt of at least one token")
         if len(tokens) > self.settings.max_tokens:
             raise BadRequest(
                 f"prompt of {len(tokens):,} tokens exceeds this engine's limit of {self.settings.max_tokens:,}",

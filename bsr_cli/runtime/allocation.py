@@ -157,7 +157,10 @@ class Allocation:
                 self._count_waiting()
                 self._blocks_changed.notify_all()  # the next in line may be served now
         if me.aborted:
-            raise RestoreAborted(f"request {request} was aborted while it waited for destination blocks")
+            raise RestoreAborted(
+                f"request {request} was aborted while it waited for destination blocks",
+                hint="nothing was committed; submit the prompt again when ready",
+            )
         self.counters.block_wait_gave_up.inc()
         g, n, free = short
         self._refuse_blocks(

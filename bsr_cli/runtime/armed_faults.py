@@ -68,8 +68,9 @@ class ArmedFaults:
         return n
 
     def record_fired(self, fired: Collection[int], request: str | None = None) -> None:
-        """The faults (by id) that fired in ``request``'s restore: counted, dropped once their count is spent, and
-        each recorded as a ``fault_fired`` event (what a drill caused is told apart by it)."""
+        """The faults (by id) that acted on ``request``'s restore (a fault fires only where it acts: one that takes
+        down a tier the restore did not read from stays armed): counted, dropped once their count is spent, and each
+        recorded as a ``fault_fired`` event (what a drill caused is told apart by it)."""
         if not fired:
             return
         with self._lock:

@@ -114,7 +114,10 @@ class CoordinatorContext:
         cls, reg: Registration, ranks: Sequence[RankClient], settings: EngineSettings, events: EventLog
     ) -> CoordinatorContext:
         if len(ranks) != reg.tp_size:
-            raise InvalidInput(f"registration has tp_size {reg.tp_size} but {len(ranks)} ranks were given")
+            raise InvalidInput(
+                f"registration has tp_size {reg.tp_size} but {len(ranks)} ranks were given",
+                hint="start one rank per TP rank of the registration (--world-size)",
+            )
         return cls(reg, list(ranks), settings, events, RuntimeCounters([r.rank for r in ranks], settings.tiers))
 
 

@@ -231,9 +231,15 @@ def restore_error(result: ManualRestoreResult) -> BsrError:
     why = summary(report)
     error = _ERROR_FOR_EXIT[kind.exit_code]
     if kind is CAPACITY:
-        return error(f"restore refused for capacity, nothing moved, no tier blamed: {why}", hint=report.hint)
+        return error(
+            f"restore refused for capacity, nothing moved, no tier blamed: {why}",
+            hint=report.hint or "lower --W or raise the budget B (`bsr settings show` shows both)",
+        )
     if kind is ABORTED:
-        return error(f"restore aborted, nothing committed, no tier blamed: {why}")
+        return error(
+            f"restore aborted, nothing committed, no tier blamed: {why}",
+            hint="nothing changed; restore again when ready (`bsr describe REQ` shows where it stopped)",
+        )
     if kind is HOST:
         return error(
             f"restore failed closed: {why}; nothing was committed, no rank or tier blamed",

@@ -113,7 +113,7 @@ class ArmedFaults:
 
         def faulty_window(win: WindowJob, out: RestoreResult) -> int:
             hits = self.at(win.index, KINDS, group)
-            self.fire(hits)
+            self.fire([f for f in hits if not f.tiers_affected()])  # a tier taken down fires where it is read
             if any(f.kind == STALL for f in hits):
                 self.stall(win.index, timeout_s)
                 raise RestoreFailed(
@@ -134,8 +134,11 @@ class ArmedFaults:
         """Where a host reads a tier from in a window: ``nowhere`` while an armed fault there takes the tier down."""
 
         def located(win: WindowJob, tier: str) -> L:
-            down = {t for f in self.at(win.index, KINDS, group) for t in f.tiers_affected()}
-            return nowhere if tier in down else locate(win, tier)
+            down = [f for f in self.at(win.index, KINDS, group) if tier in f.tiers_affected()]
+            if not down:
+                return locate(win, tier)
+            self.fire(down)
+            return nowhere
 
         return located
 
@@ -169,16 +172,19 @@ class FaultyTier:
         window = self.where[keys[0]][0]
         groups = [self.where[k][1] for k in keys]
         hits = self.armed.at(window, FETCH_KINDS)
-        self.armed.fire(hits)
+        # A fault is used up only where it acts: one that takes down another tier leaves this fetch alone.
+        down = [f for f in hits if self.name in f.tiers_affected()]
+        self.armed.fire(down)
         codes: list[int]
         sums: list[int | None]
-        if self.inner is None or any(self.name in f.tiers_affected() for f in hits):
+        if self.inner is None or down:
             codes, sums = [UNAVAILABLE] * len(keys), [None] * len(keys)
         else:
             codes, sums = self.inner.get_into(keys, dests, timeout_s)
-        stalls = [f for f in hits if f.kind == STALL]
+        stalls = [f for f in hits if f.kind == STALL and any(any_for_group([f], g) for g in groups)]
         stalled = {i for i, g in enumerate(groups) if any_for_group(stalls, g)}
         if stalled:
+            self.armed.fire(stalls)
             self.armed.stall(window, started + timeout_s - time.monotonic())
             codes = [TIMED_OUT if i in stalled else code for i, code in enumerate(codes)]
         for f in hits:
@@ -186,6 +192,7 @@ class FaultyTier:
                 continue
             hit = next((i for i, g in enumerate(groups) if codes[i] > 0 and (f.group is None or f.group == g)), None)
             if hit is not None:
+                self.armed.fire([f])
                 view = dests[hit].view
                 view[len(view) // 2] ^= 0xFF  # one flipped byte in transit
         return codes, sums

@@ -1,6 +1,8 @@
 """What the kernel knows about a process and about the host, read from ``/proc``: the only place bsr reads it.
 
-- ``/proc/PID/stat``: the process's state letter (``T``/``t`` stopped, ``Z``/``X`` dead, ``D`` waiting on I/O).
+- ``/proc/PID/stat``: the process's state letter (``T``/``t`` stopped, ``Z``/``X`` dead, ``D`` waiting on I/O); and
+  each thread's (``/proc/PID/task/TID/stat``).
+- ``/proc/stat``: the host's runnable threads now (``procs_running``).
 - ``/proc/PID/task/TID/schedstat``: per thread, nanoseconds on a CPU and nanoseconds waiting in the run queue
   (runnable, not running: a CPU quota's throttling included). A process whose threads waited to run for much of an
   interval, and got little of the CPU they asked for, was starved in it.
@@ -69,6 +71,15 @@ def parse_schedstat(text: str) -> tuple[int, int] | None:
     if len(fields) < 2 or not fields[0].isdigit() or not fields[1].isdigit():
         return None
     return int(fields[0]), int(fields[1])
+
+
+def parse_procs_running(text: str) -> int | None:
+    """The host's runnable threads now, from ``/proc/stat``'s ``procs_running`` line; None without one."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "procs_running" and value.strip().isdigit():
+            return int(value.strip())
+    return None
 
 
 def parse_pressure(text: str) -> Psi | None:
@@ -161,6 +172,20 @@ class ProcReader:
                 threads[int(tid)] = got
         return RunDelays(at, threads) if threads else None
 
+    def thread_states(self, pid: int) -> list[ProcState]:
+        """Each thread's state now (none where the process is gone)."""
+        try:
+            tids = os.listdir(self.root / str(pid) / "task")
+        except OSError:
+            return []
+        texts = (self._read(self.root / str(pid) / "task" / tid / "stat") for tid in tids)
+        return [parse_stat_state(text) for text in texts if text is not None]
+
+    def procs_running(self) -> int | None:
+        """The host's runnable threads now (None: unknown here)."""
+        text = self._read(self.root / "stat")
+        return parse_procs_running(text) if text is not None else None
+
     def pressure(self) -> Pressure:
         got = {}
         for resource in PRESSURE_RESOURCES:
@@ -206,6 +231,7 @@ __all__ = [
     "RunDelays",
     "cpu_growth",
     "parse_pressure",
+    "parse_procs_running",
     "parse_schedstat",
     "parse_stat_state",
 ]

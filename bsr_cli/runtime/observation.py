@@ -26,6 +26,7 @@ from bsr_cli.core.events import (
     ObjectQuarantined,
     WindowFetched,
     WindowReleased,
+    in_pass,
     rank_of,
     request_of,
     restore_ended,
@@ -109,6 +110,7 @@ class _TierJoin:
         self.conditions: list[TierCondition] = []
         self.quarantined: list[QuarantinedFile] = []
         self.dirs: dict[str, int] = {}  # its quarantine directories' totals
+        self.failed_at: float | None = None  # when a restore from it failed (the coordinator's own evidence)
         self.scrubs: list[ScrubProgress] = []
         self.armed: list[str] = []  # faults armed against it: shown, never a reason it is unhealthy
         self.lost: list[SegmentLoss] = []  # segments its store lost
@@ -128,6 +130,7 @@ class _TierJoin:
             quarantined=tuple(sorted(self.quarantined, key=lambda q: -q.at)),
             quarantined_total=sum(self.dirs.values()),
             condition=self.conditions[0] if self.conditions else TierCondition.OK,
+            failed_at=self.failed_at,
             # Every rank's, the running ones first.
             scrubs=tuple(sorted(self.scrubs, key=lambda p: (p.state.finished, -p.started_at))),
             injected=not self.ok and not self.real,
@@ -154,6 +157,7 @@ class Observation:
         # Every mutable field below is read and written under ``_lock``.
         self._lock = threading.Lock()
         self._active: dict[str, ActiveRestore] = {}  # the running restores, as a monitor draws them
+        self._passes: dict[str, int] = {}  # each running restore's admission pass, until it ends
         self._recent: deque[RecentRestore] = deque(maxlen=50)
         self._rate: dict[int, deque[tuple[float, int]]] = {r.rank: deque(maxlen=4096) for r in ctx.ranks}
         # Tier health from real restores: the last failure per tier, cleared by a later committed restore from it.
@@ -236,9 +240,11 @@ class Observation:
         with self._lock:
             recent = {t: v for t, v in self._tier_failures.items() if now - v.at <= TIER_FAILURE_TTL_S}
         for name, v in recent.items():
-            # A recent failure that no committed restore from the tier has cleared since; one an injected fault
-            # caused (a drill's) is told apart, so that it pages nobody.
-            why = f"restore from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}"
+            # A recent failure that no committed restore from the tier has cleared since, dated so that a later
+            # restore's evidence can be told apart from it; one an injected fault caused (a drill's) is told apart,
+            # so that it pages nobody.
+            why = f"restore {v.request} from it failed {now - v.at:.0f}s ago on rank {v.rank}: {v.reason}"
+            tiers[name].failed_at = v.at
             tiers[name].unhealthy(
                 TierCondition.RESTORE_FAILED, why + (" (injected fault)" if v.injected else ""), injected=v.injected
             )
@@ -363,6 +369,7 @@ class Observation:
         deciding = next((f for f in fails if f.kind is kind), None)
         self.counters.restore_ended(outcome, kind, deciding.stage if deciding is not None else None, injected)
         with self._lock:
+            pass_no = self._passes.pop(request, None)
             self._recent.appendleft(
                 RecentRestore(
                     request=request,
@@ -386,6 +393,7 @@ class Observation:
                     failures=tuple(fails),
                     failure_kind=kind,
                     seconds=seconds,
+                    pass_no=pass_no,
                     injected=injected,
                 )
             )
@@ -394,6 +402,9 @@ class Observation:
         """A rank's progress, as the coordinator receives it: the liveness watch and the live view updated, the
         window and fetch counters incremented (each event counted once, here, in whatever order ranks send
         them), then logged."""
+        with self._lock:
+            pass_no = self._passes.get(request_of(ev) or "")
+        ev = in_pass(ev, pass_no)
         if ev.kind in PROGRESS:
             rank = rank_of(ev)
             self._calls.progressed(request_of(ev) or "", rank if rank is not None else -1, ev.kind)
@@ -526,10 +537,13 @@ class Observation:
             self._tier_failures = {t: v for t, v in self._tier_failures.items() if not v.injected}
 
     # -- the running restores ------------------------------------------------------------------------------------
-    def restore_began(self, request: str, state: ActiveRestore) -> None:
-        """A restore started on every rank: shown live, and each rank's progress watched from now on."""
+    def restore_began(self, request: str, state: ActiveRestore, pass_no: int | None = None) -> None:
+        """A restore started on every rank: shown live, and each rank's progress watched from now on (its events
+        stamped with its admission pass ``pass_no``, until it ends)."""
         with self._lock:
             self._active[request] = state
+            if pass_no is not None:
+                self._passes[request] = pass_no
         self._calls.watch(request)
 
     def restore_over(self, request: str) -> None:

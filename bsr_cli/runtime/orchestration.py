@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -42,7 +41,7 @@ from bsr_cli.api.ranks import (
 )
 from bsr_cli.core import accounting, limits, trace
 from bsr_cli.core.bitmap import HitBitmap
-from bsr_cli.core.commit import commit_prefix
+from bsr_cli.core.commit import CommitDecision, commit_prefix
 from bsr_cli.core.events import (
     AbortRequested,
     Event,
@@ -53,7 +52,7 @@ from bsr_cli.core.events import (
     RestoreStarted,
     StoreFailed,
 )
-from bsr_cli.core.evidence import FailureKind, MarkerClearCause, Outcome
+from bsr_cli.core.evidence import FailureKind, MarkerClearCause, Outcome, Stage
 from bsr_cli.core.keys import chunk_hashes, prompt_hash
 from bsr_cli.core.markers import Marker
 from bsr_cli.core.plan import windows_for
@@ -82,6 +81,7 @@ from bsr_cli.runtime.coordinator_state import (
     RankUnresponsive,
 )
 from bsr_cli.runtime.observation import Observation
+from bsr_cli.runtime.open_requests import OpenRequests
 from bsr_cli.runtime.rank_calls import RankCalls
 
 Tables = dict[str, list[int]]  # per KV group, a request's destination block ids (the same on every rank)
@@ -147,8 +147,7 @@ class Orchestration:
         self.faults = faults
         self._probe: Probe = probe or admission.probe
         self._store_missing: StoreMissing = store_missing or self.store_missing
-        self._lock = threading.Lock()
-        self._open_requests: set[str] = set()  # accepted and not yet finished (abortable), under ``_lock``
+        self._requests = OpenRequests()  # accepted and not yet finished: abortable until they commit
 
     # -- one windowed restore across every rank ----------------------------------------------------------------
     def _restore_external(
@@ -160,7 +159,10 @@ class Orchestration:
         w: int,
         block_tables: Tables,
         prompt: str = "",
+        pass_no: int = 1,
     ) -> RestoreReport:
+        """One windowed restore of the external prefix on every rank (admission pass ``pass_no`` of its request:
+        every event of it says which)."""
         k = bitmap.prefix_chunks(exclude)
         ext_tokens = bitmap.prefix_tokens(exclude)
         windows = windows_for(self.reg, w, k, ext_tokens)
@@ -182,6 +184,7 @@ class Orchestration:
                 done={r.rank: 0 for r in self.ranks},
                 bytes={r.rank: 0 for r in self.ranks},
             ),
+            pass_no,
         )
         self.events.append(
             RestoreStarted(
@@ -191,6 +194,7 @@ class Orchestration:
                 windows=len(windows),
                 tokens=ext_tokens,
                 tiers=tuple(sorted(tiers_used)),
+                pass_no=pass_no,
             )
         )
         futures = [r.submit(RestoreRequest(jobs[r.rank])) for r in self.ranks]
@@ -198,8 +202,7 @@ class Orchestration:
             outcomes = self._await_restore(request, futures)
         finally:
             self.observation.restore_over(request)
-        validity = {(o.rank, g): v for o in outcomes for g, v in o.valid.items()}
-        decision = commit_prefix(ext_tokens, validity, [r.rank for r in self.ranks], self.reg.group_names)
+        decision, outcomes = self._commit(request, ext_tokens, outcomes, block_tables)
         fired = {fid for o in outcomes for fid in o.fired_faults}
         self.faults.record_fired(fired, request)
         return self.observation.report_restore(
@@ -215,6 +218,20 @@ class Orchestration:
             fired=fired,
             seconds=time.monotonic() - started,
         )
+
+    def _commit(
+        self, request: str, ext_tokens: int, outcomes: list[RestoreResult], block_tables: Tables
+    ) -> tuple[CommitDecision, list[RestoreResult]]:
+        """The commit rule at the commit point, which an abort races: an abort asked before it ends the restore
+        aborted even when every rank installed its windows (they are scrubbed, nothing is committed); one asked
+        after it is refused as too late (``OpenRequests``)."""
+        ranks, groups = [r.rank for r in self.ranks], self.reg.group_names
+        decision = commit_prefix(ext_tokens, _validity(outcomes), ranks, groups)
+        if not decision.committed_tokens or self._requests.commit(request, decision.committed_tokens):
+            return decision, outcomes
+        self.calls.call_all(InvalidateRequest(block_tables))  # fail closed: nothing installed stays readable
+        aborted = [_aborted_at_commit(o, groups) for o in outcomes]
+        return commit_prefix(ext_tokens, _validity(aborted), ranks, groups), aborted
 
     def _await_restore(self, request: str, futures: Sequence[Future[RestoreResult]]) -> list[RestoreResult]:
         """Every rank's restore outcome, with liveness: a rank judged dead, stopped or hung (no heartbeat, or no
@@ -316,7 +333,7 @@ class Orchestration:
         # Open from acceptance (the client learns the id then; the admin API opens a streamed request before its
         # work starts, see ``open_request``) to the end: an abort in between, before its windows start, still ends
         # it fail-closed (each rank keeps the abort for the job that follows).
-        self.open_request(request)
+        self._requests.open(request)
         try:
             self.admission.check_tokens(tokens)
             if w is None:
@@ -352,8 +369,7 @@ class Orchestration:
                 raise self.calls.unavailable(used, "it was started again during this request")
 
     def _close_request(self, request: str) -> None:
-        with self._lock:
-            self._open_requests.discard(request)
+        self._requests.close(request)
 
     def submit(
         self,
@@ -448,7 +464,9 @@ class Orchestration:
             if ext == 0:
                 out.passes.append(entry)
                 break
-            res = self._restore_external(req.request, out.bitmap, req.hashes, exclude, req.w, tables, req.prompt)
+            res = self._restore_external(
+                req.request, out.bitmap, req.hashes, exclude, req.w, tables, req.prompt, pass_no
+            )
             out.passes.append(dataclasses.replace(entry, restore=res))
             if res.committed_tokens:
                 out.committed, out.source = res.committed_tokens, "+".join(res.tiers)
@@ -673,19 +691,36 @@ class Orchestration:
     def open_request(self, request: str) -> None:
         """Make ``request`` abortable from now on. The admin API calls it when it hands the id to a streaming
         client, before the request's work is scheduled: a client that goes away at once still aborts it."""
-        with self._lock:
-            self._open_requests.add(request)
+        self._requests.open(request)
 
     def abort(self, request: str) -> bool:
-        with self._lock:
-            known = request in self._open_requests
-        if not known and not self.observation.is_restoring(request):
+        """Abort ``request``: True when it will end aborted, False when no such request is known. Raises
+        ``AlreadyEnded`` when the abort lost the race: its restore already committed, or it already ended."""
+        if not self._requests.abort(request, self.events) and not self.observation.is_restoring(request):
             return False
         self.allocation.abort_block_wait(request)  # one still waiting for destination blocks ends now
         for r in self.ranks:
             r.abort(request)
         self.events.append(AbortRequested(request=request))
         return True
+
+
+def _validity(outcomes: Sequence[RestoreResult]) -> dict[tuple[int, str], bool]:
+    return {(o.rank, g): v for o in outcomes for g, v in o.valid.items()}
+
+
+def _aborted_at_commit(outcome: RestoreResult, groups: Sequence[str]) -> RestoreResult:
+    """A rank's outcome when the operator's abort came before the commit: its windows are not committed."""
+    if not outcome.ok:
+        return outcome
+    return dataclasses.replace(
+        outcome,
+        ok=False,
+        valid=dict.fromkeys(groups, False),
+        reason="aborted by the operator before the commit",
+        kind=FailureKind.ABORTED.value,
+        stage=Stage.COMMIT.value,
+    )
 
 
 __all__ = ["Orchestration"]

@@ -83,14 +83,31 @@ class Lease:
 
 
 class RestorePool:
-    def __init__(self, base_ptr: int, view: memoryview, slot_bytes: int, budget_bytes: int | None = None) -> None:
+    """``slot_stride``: where each slot starts, when the host lays slots out with room beyond their accounted
+    ``slot_bytes`` (a few bytes after each staged object for a tier's trailer, ``tail``). Live bytes, the budget and
+    the capacity are counted in ``slot_bytes``: that room is not staging, and stays out of every bound."""
+
+    def __init__(
+        self,
+        base_ptr: int,
+        view: memoryview,
+        slot_bytes: int,
+        budget_bytes: int | None = None,
+        *,
+        slot_stride: int | None = None,
+        tail: int = 0,
+    ) -> None:
         if slot_bytes <= 0:
             raise ValueError("slot_bytes must be positive")
         self.base_ptr = base_ptr
         self.view = view.cast("B") if view.format != "B" else view
         self.slot_bytes = slot_bytes
-        self.capacity_bytes = len(self.view)
-        self.slots_total = self.capacity_bytes // slot_bytes
+        self.slot_stride = slot_stride or slot_bytes
+        if self.slot_stride < slot_bytes:
+            raise ValueError("slot_stride must hold a slot")
+        self.tail = tail
+        self.slots_total = len(self.view) // self.slot_stride
+        self.capacity_bytes = self.slots_total * slot_bytes if slot_stride else len(self.view)
         self.budget_bytes = self.capacity_bytes if budget_bytes is None else min(budget_bytes, self.capacity_bytes)
         self._free = list(range(self.slots_total - 1, -1, -1))  # pop() hands out low slots first
         self._live_slots = 0
@@ -143,6 +160,7 @@ class RestorePool:
                         raise WindowRefused(
                             f"timed out after {timeout_s:.1f}s waiting for {n_slots} pool slots",
                             cause=CapacityCause.ADMISSION_TIMEOUT,
+                            hint="other restores held the budget: lower W, raise the budget B, or retry later",
                         )
                     self._cond.wait(left)
                 slots = [self._free.pop() for _ in range(n_slots)]
@@ -177,7 +195,7 @@ class RestorePool:
             self._cond.notify_all()
 
     def staging(self, slot: int, offset: int, size: int) -> StagingSlice:
-        if offset + size > self.slot_bytes:
+        if offset + size + self.tail > self.slot_stride:
             raise ValueError("object does not fit its slot")
-        start = slot * self.slot_bytes + offset
-        return StagingSlice(self.base_ptr + start, self.view[start : start + size])
+        start = slot * self.slot_stride + offset
+        return StagingSlice(self.base_ptr + start, self.view[start : start + size], self.tail)

@@ -46,6 +46,8 @@ from bsr_cli.runtime.coordinator_state import (
 from bsr_cli.runtime.judge import Judge, Verdict
 
 R = TypeVar("R")
+# What a settings change that broke on a rank says to do next.
+_RETRY = "`bsr status` shows the ranks' health; the engine's log says what the rank raised, then retry"
 _HEARTBEAT = "heartbeat"  # the judge's key for a rank's heartbeat (a restore's progress is keyed by its request)
 _CALL = "call"
 
@@ -373,10 +375,12 @@ class RankCalls:
                 o.calls.extend(calls)
                 o.why, o.resent = why, False
         if not held:
-            return cause if isinstance(cause, BsrError) else ServerError(f"{type(cause).__name__}: {cause}")
+            return (
+                cause if isinstance(cause, BsrError) else ServerError(f"{type(cause).__name__}: {cause}", hint=_RETRY)
+            )
         message = f"{', '.join(changes)} not changed: {getattr(cause, 'message', cause)}; {'; '.join(held)}"
         if not isinstance(cause, BsrError):
-            return ServerError(message)
+            return ServerError(message, hint=_RETRY)
         cause.message, cause.args = message, (message,)
         return cause
 

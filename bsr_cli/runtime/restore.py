@@ -35,7 +35,7 @@ from bsr_cli.core.events import (
 from bsr_cli.core.events import (
     RestoreFailed as RestoreFailedEvent,
 )
-from bsr_cli.core.evidence import CapacityCause, Stage
+from bsr_cli.core.evidence import CapacityCause, Stage, TimedStage
 from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import object_checksum_at
@@ -44,6 +44,7 @@ from bsr_cli.runtime.judge import fetch_starved
 from bsr_cli.runtime.liveness import OwnRunDelays, RunDelays
 from bsr_cli.runtime.pool import Lease, RestorePool
 from bsr_cli.runtime.restore_failed import RestoreFailed, aborted
+from bsr_cli.runtime.stage_clock import StageClock
 from bsr_cli.runtime.tiers import (
     CODE_NAMES,
     TIMED_OUT,
@@ -209,6 +210,7 @@ class RankRestorer:
             tiers, install = armed.tiers(self.tiers, job, self.group_order), armed.install(install, self.group_order)
         windows = list(job.windows)
         bounded = job.w > 0
+        clock = StageClock()
         # Windows whose fetch has been issued, in window order; each holds its own lease.
         ahead: deque[Future[Fetched]] = deque()
         issued = 0
@@ -224,34 +226,27 @@ class RankRestorer:
                 lease = self._lease(job, win, bounded, wait=block and not ahead)
                 if lease is None:
                     return
-                ahead.append(self._fetcher.submit(self._fetch_owned, job, win, lease, tiers))
+                ahead.append(self._fetcher.submit(self._fetch_owned, job, win, lease, tiers, clock))
                 issued += 1
                 if not bounded:
                     return  # the whole-plan path is one window
 
         def step(win: WindowJob, out: RankOutcome) -> int:
             fetch_ahead(block=True)
-            lease, fetch_s, arrived = ahead.popleft().result()
+            with clock.timing(TimedStage.WAIT):
+                lease, fetch_s, arrived = ahead.popleft().result()
             out.fetch_seconds += fetch_s
             out.peak_live_bytes = max(out.peak_live_bytes, self.pool.stats().live_bytes)
             # Every object arrived whole; its checksum is verified while the window installs (the install
             # releases the GIL; CRC32C holds it at most a few tens of microseconds per object under 1 MB and
             # releases it above). A mismatch fails the retrieve before the window is released, and a failed
             # retrieve scrubs every block of the request, so bytes installed unverified are never committed.
-            verified = self._verifier.submit(self._verify, job, win, arrived)
+            verified = self._verifier.submit(self._verify_timed, job, win, arrived, clock)
             try:
                 fetch_ahead(block=False)
-                t0 = time.monotonic()
-                try:
-                    install(job, win, lease)
-                except RestoreFailed:
-                    raise
-                except Exception as e:
-                    raise RestoreFailed(
-                        f"install failed: {type(e).__name__}: {e}", win.index, kind=failures.RANK, stage=Stage.INSTALL
-                    ) from e
-                out.install_seconds += time.monotonic() - t0
-                verified.result()
+                out.install_seconds += self._install_timed(install, job, win, lease, clock)
+                with clock.timing(TimedStage.WAIT):
+                    verified.result()
             finally:
                 wait([verified])  # the staged bytes stay leased until their check is over
                 lease.release()
@@ -279,6 +274,7 @@ class RankRestorer:
             cleanup=cleanup,
             fired=(lambda: armed.fired) if armed is not None else None,
         )
+        out.stages = clock.costs()
         return out
 
     def close(self) -> None:
@@ -299,13 +295,42 @@ class RankRestorer:
         self.emit(WindowWaiting(request=job.request_id, rank=self.rank, window=win.index))
         return self.pool.acquire(n, timeout_s=job.admit_timeout_s, bounded=bounded, wait=True)
 
-    def _fetch_owned(self, job: RestoreJob, win: WindowJob, lease: Lease, tiers: Mapping[str, Tier]) -> Fetched:
+    def _fetch_owned(
+        self, job: RestoreJob, win: WindowJob, lease: Lease, tiers: Mapping[str, Tier], clock: StageClock
+    ) -> Fetched:
         try:
-            seconds, arrived = self._fetch(job, win, lease, tiers)
+            with clock.timing(TimedStage.FETCH):
+                seconds, arrived = self._fetch(job, win, lease, tiers)
             return lease, seconds, arrived
         except BaseException:
             lease.release()
             raise
+
+    @staticmethod
+    def _install_timed(install: _Install, job: RestoreJob, win: WindowJob, lease: Lease, clock: StageClock) -> float:
+        """The window's install stage, timed; any failure but a classified one is the rank's, at install. Returns
+        its wall seconds."""
+        t0 = time.monotonic()
+        try:
+            with clock.timing(TimedStage.INSTALL):
+                install(job, win, lease)
+        except RestoreFailed:
+            raise
+        except Exception as e:
+            raise RestoreFailed(
+                f"install failed: {type(e).__name__}: {e}", win.index, kind=failures.RANK, stage=Stage.INSTALL
+            ) from e
+        return time.monotonic() - t0
+
+    def _verify_timed(
+        self,
+        job: RestoreJob,
+        win: WindowJob,
+        arrived: Sequence[tuple[str, int, StagingSlice, int | None]],
+        clock: StageClock,
+    ) -> None:
+        with clock.timing(TimedStage.VERIFY):
+            self._verify(job, win, arrived)
 
     def _staging(self, job: RestoreJob, win: WindowJob, lease: Lease) -> list[tuple[str, int, StagingSlice]]:
         out = []

@@ -39,10 +39,13 @@ class TierUnavailable(Exception):
 @dataclass(frozen=True)
 class StagingSlice:
     """A writable region of the restore pool: its address (for RDMA/TCP engines that take raw pointers) and
-    a memoryview over the same bytes (for file reads). ``len(view)`` is the object size."""
+    a memoryview over the same bytes (for file reads). ``len(view)`` is the object size. ``tail``: bytes after the
+    region, in the same registered buffer, that a tier may write too (room for a stored object's trailer, so the
+    whole object lands in one transfer buffer); never part of the object's payload."""
 
     ptr: int
     view: memoryview
+    tail: int = 0
 
 
 @dataclass(frozen=True)

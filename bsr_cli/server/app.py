@@ -36,6 +36,7 @@ from bsr_cli.core.scrub import ScrubLimits
 from bsr_cli.core.status import FaultListing, MarkerList
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamLine
 from bsr_cli.errors import (
+    AlreadyEnded,
     BadRequest,
     BsrError,
     CapacityError,
@@ -63,7 +64,7 @@ def status_for(e: BsrError) -> int:
     down or silent is 503, an aborted request 409); 500 only for an error that is a bug."""
     if isinstance(e, FaultsDisabled):
         return 403
-    if isinstance(e, CapacityError | RestoreAborted):
+    if isinstance(e, CapacityError | RestoreAborted | AlreadyEnded):
         return 409
     if isinstance(e, InvalidInput | BadRequest):
         return 400
@@ -114,6 +115,8 @@ def _bsr_error(e: BsrError) -> Response:
         body["rank"] = rank
     if retry is not None:
         body["retry_after_s"] = retry
+    if isinstance(e, AlreadyEnded) and e.outcome is not None:
+        body["outcome"] = e.outcome
     resp = _json(body, status_for(e))
     if retry is not None:
         resp.headers["Retry-After"] = str(retry)
@@ -138,21 +141,32 @@ def _describe(err: ErrorDetails) -> str:
 
 def tokens_of(body: m.PromptBody, max_tokens: int) -> list[int]:
     if (body.tokens is None) == (body.synthetic is None):
-        raise InvalidInput("give exactly one of 'tokens' or 'synthetic'")
+        raise InvalidInput(
+            "give exactly one of 'tokens' or 'synthetic'", hint='send {"synthetic": {"n": N}} or {"tokens": [...]}'
+        )
     if body.synthetic is not None:
         n = body.synthetic.n
         if n > max_tokens:
-            raise BadRequest(f"prompt of {n:,} tokens exceeds this engine's limit of {max_tokens:,}")
+            raise BadRequest(
+                f"prompt of {n:,} tokens exceeds this engine's limit of {max_tokens:,}",
+                hint="send a shorter prompt, or start the engine with a larger --max-tokens",
+            )
         return synthetic_tokens(n, body.synthetic.seed)
     toks = body.tokens or []
     if len(toks) > max_tokens:
-        raise BadRequest(f"prompt of {len(toks):,} tokens exceeds this engine's limit of {max_tokens:,}")
+        raise BadRequest(
+            f"prompt of {len(toks):,} tokens exceeds this engine's limit of {max_tokens:,}",
+            hint="send a shorter prompt, or start the engine with a larger --max-tokens",
+        )
     return list(toks)
 
 
 def _exclude(tiers: Sequence[str] | None, served: tuple[str, ...] | list[str]) -> list[str]:
     if tiers and set(tiers) - set(served):
-        raise InvalidInput(f"exclude_tiers must be a list naming tiers of this engine: {list(served)}")
+        raise InvalidInput(
+            f"exclude_tiers must be a list naming tiers of this engine: {list(served)}",
+            hint="GET /info lists the engine's tiers",
+        )
     return list(tiers or [])
 
 
@@ -165,7 +179,8 @@ ERROR_TEXT = {
     401: "missing or wrong bearer token (checked before the body is read)",
     403: "a host name or web origin this engine does not serve (or, arming a fault, fault injection is disabled)",
     404: "no such request",
-    409: "the request does not fit this engine's capacity (capacity), or it was aborted (aborted)",
+    409: "the request does not fit this engine's capacity (capacity), or it was aborted (aborted); an abort that "
+    "came after the restore committed or ended (already-ended, with its outcome)",
     411: "a chunked body (send Content-Length)",
     413: "a body over the cap that follows from the prompt limit",
     415: "a body that is not application/json",
@@ -320,8 +335,10 @@ def _stream(c: Coordinator, request: str, work: Work) -> Response:
                 return
         finally:
             if not finished:
-                # The operator went away mid-restore (Ctrl-C): end it fail-closed rather than leave it running.
-                c.abort(request)
+                # The operator went away mid-restore (Ctrl-C): end it fail-closed rather than leave it running
+                # (unless it committed meanwhile: then its KV stays).
+                with contextlib.suppress(AlreadyEnded):
+                    c.abort(request)
 
     return StreamingResponse(lines(), media_type=NDJSON, headers={"X-BSR-API": API_VERSION})
 
@@ -464,9 +481,10 @@ def restore(body: m.RestoreBody, c: CoordinatorDep) -> Response:
     return _OwnThread(lambda: _json(work(lambda ev: None).to_wire()))
 
 
-@router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, auth=True))
+@router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, 409, auth=True))
 def abort(id: Annotated[str, Path(min_length=1)], c: CoordinatorDep) -> Response:
-    """Abort a running restore; it ends fail-closed (404 when no such request is open)."""
+    """Abort a running restore; it ends fail-closed. 409 already-ended when the abort lost the race (the restore
+    committed first, or the request had ended: the answer names its outcome); 404 when no such request is known."""
     if not c.abort(id):
         raise NotFound("unknown-request", f"no request {id} is open on this engine")
     return _json(AbortAnswer(request=id, aborting=True).to_wire())
@@ -625,7 +643,10 @@ def scrub(body: m.ScrubBody, c: CoordinatorDep) -> Response:
     (tokens or synthetic) or every object (all), each rank its own, bounded by max_objects and max_bytes. Damaged
     objects are moved aside (the next store rewrites them). Answers when every rank is done."""
     if (body.tokens is not None) + (body.synthetic is not None) + body.all != 1:
-        raise InvalidInput("give exactly one of 'tokens', 'synthetic' or 'all'")
+        raise InvalidInput(
+            "give exactly one of 'tokens', 'synthetic' or 'all'",
+            hint="one prompt's objects ('tokens' or 'synthetic'), or every object of the tier ('all': true)",
+        )
     tokens = None if body.all else tokens_of(body, c.settings.max_tokens)
     return _json(c.scrub(body.tier, tokens, ScrubLimits(body.max_objects, body.max_bytes)).to_wire())
 

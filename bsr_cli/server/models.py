@@ -241,6 +241,9 @@ class TierHealth(_Response):
     quarantined: list[QuarantinedFile]
     quarantined_total: int
     condition: str
+    failed_at: float | None = Field(
+        None, description="restore_failed: when the restore from this tier failed (Unix time); absent otherwise"
+    )
     injected: bool = Field(
         default=False, description="true when injected faults caused every reason it is unhealthy (absent: false)"
     )
@@ -388,8 +391,8 @@ class Break(_Response):
 
 class ErrorBody(_Response):
     """Every error: ``error`` is one of unauthorized | version-mismatch | faults-disabled | bad-request |
-    invalid-input | capacity | aborted | not-found | unknown-request | method-not-allowed | busy | rank-restarting |
-    rank-unresponsive | server-error."""
+    invalid-input | capacity | aborted | already-ended | not-found | unknown-request | method-not-allowed | busy |
+    rank-restarting | rank-unresponsive | server-error."""
 
     error: str
     message: str
@@ -397,6 +400,9 @@ class ErrorBody(_Response):
     rank: int | None = Field(None, description="rank-restarting, rank-unresponsive: the rank that cannot answer")
     retry_after_s: int | None = Field(
         None, description="rank-restarting: seconds until the engine next tries to start the rank (Retry-After)"
+    )
+    outcome: str | None = Field(
+        None, description="already-ended: how the request had ended when the abort came (committed, failed_closed, ...)"
     )
 
 

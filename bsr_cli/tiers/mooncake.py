@@ -4,9 +4,11 @@ Object layout: one Mooncake object per key holding ``payload || trailer``, where
 ``magic "BSM3" | object checksum (u32 LE) | payload length (u64 LE)``; the object checksum is CRC32C over the key,
 the payload length and the payload (``core.integrity``), so an object put under another chunk's key fails as a
 damaged one. Keeping the checksum inside the object (instead of a companion ``<key>#crc`` object) costs no extra
-object, round trip or lease, and the payload and its checksum can never be out of step. The multi-buffer calls
-scatter/gather it: the payload goes straight from the caller's buffer and straight into the staging slice (zero
-copy), the trailer into a small per-worker side buffer.
+object, round trip or lease, and the payload and its checksum can never be out of step. A put gathers it: the
+payload goes straight from the caller's buffer (zero copy), the trailer from a small per-worker side buffer. A get
+lands the whole object in the staging slice when the pool left room for the trailer after it (``StagingSlice.tail``:
+one transfer per object), else scatters the trailer into the side buffer (two transfers per object: on TCP the
+16-byte one costs as much CPU as the payload's).
 
 Failure behaviour of Mooncake 0.3.13 this module defends against (see docs/ecosystem notes):
   * ``setup()`` against a dead master blocks ~90 s, and calls on a store whose setup failed can segfault, so the
@@ -52,6 +54,7 @@ from bsr_cli.core.keys import parse_key
 from bsr_cli.errors import InvalidInput, ServiceError
 from bsr_cli.mooncake.health import all_keys, health_url_for, master_healthy, segments, tcp_reachable
 from bsr_cli.runtime.checksum import object_checksum
+from bsr_cli.runtime.stage_clock import report_call_cpu
 from bsr_cli.runtime.tiers import (
     IO_ERROR,
     MISSING,
@@ -500,10 +503,11 @@ class MooncakeTier:
     def get_into(
         self, keys: Sequence[str], dests: Sequence[StagingSlice], timeout_s: float
     ) -> tuple[list[int], list[int | None]]:
-        """``batch_get_into_multi_buffers`` (one call per 1024 keys): each payload lands directly in its slice, each
-        trailer in the worker's side buffer; the trailer's length must equal the slice length, and its object
-        checksum is returned unverified (the runtime verifies it against the key). At the deadline: UNAVAILABLE if
-        the master does not answer a probe, else TIMED_OUT."""
+        """One batch call per 1024 keys: each object lands whole in its slice and the room the pool left after it
+        (``batch_get_into``), or, in a slice without that room, its payload there and its trailer in the worker's
+        side buffer (``batch_get_into_multi_buffers``); the trailer's length must equal the slice length, and its
+        object checksum is returned unverified (the runtime verifies it against the key). At the deadline:
+        UNAVAILABLE if the master does not answer a probe, else TIMED_OUT."""
         n = len(keys)
         if len(dests) != n:
             raise ValueError(f"get_into: {n} keys but {len(dests)} destinations")
@@ -516,10 +520,18 @@ class MooncakeTier:
             log.debug("mooncake get_into refused: %s", down)
             return [UNAVAILABLE] * n, [None] * n
         sizes = [len(d.view) for d in dests]
+        # With room for the trailer after every slice (the pool lays its slots out so), each object lands whole in
+        # one buffer: one transfer per object instead of two (a 16-byte trailer is a transfer of its own, and on
+        # TCP that costs as much CPU as a large one).
+        whole = all(d.tail >= TRAILER_BYTES for d in dests)
 
-        def call() -> tuple[list[int], bytes]:
+        def call() -> tuple[list[int], bytes, float]:
+            cpu0 = time.thread_time()  # this worker's CPU for the call (the completion poll): the fetch stage's
+            if whole:
+                rcs, trailers = self._get_whole(keys, dests, sizes)
+                return rcs, trailers, time.thread_time() - cpu0
             base, _region = self._trailer_region()
-            rcs: list[int] = []
+            rcs = []
             trailers = b""
             for lo in range(0, n, _SLOTS_PER_WORKER):
                 hi = min(lo + _SLOTS_PER_WORKER, n)
@@ -532,10 +544,11 @@ class MooncakeTier:
                     lens.append([sizes[i], TRAILER_BYTES] if sizes[i] else [TRAILER_BYTES])
                 rcs += self._store.batch_get_into_multi_buffers(list(keys[lo:hi]), ptrs, lens)
                 trailers += ctypes.string_at(base, (hi - lo) * TRAILER_BYTES)  # copied before the region is reused
-            return rcs, trailers
+            return rcs, trailers, time.thread_time() - cpu0
 
         try:
-            rcs, trailers = self._run("get_into", call, deadline - time.monotonic() - reserve, data=True)
+            rcs, trailers, cpu = self._run("get_into", call, deadline - time.monotonic() - reserve, data=True)
+            report_call_cpu(cpu)
         except _CallTimedOut:
             # Tell "slow" from "down" within the reserved slice of the deadline.
             code = UNAVAILABLE if self._master_down_reason(max(deadline - time.monotonic(), 0.001)) else TIMED_OUT
@@ -560,6 +573,22 @@ class MooncakeTier:
         if UNAVAILABLE in codes:
             self._suspect = True
         return codes, sums
+
+    def _get_whole(
+        self, keys: Sequence[str], dests: Sequence[StagingSlice], sizes: Sequence[int]
+    ) -> tuple[list[int], bytes]:
+        """``batch_get_into`` of each whole object (payload and trailer) into its slice and the room after it; the
+        trailers are read back from there. Runs on a worker."""
+        for d, size in zip(dests, sizes, strict=True):
+            ctypes.memset(d.ptr + size, 0, TRAILER_BYTES)  # a stale trailer must never pass as this one
+        rcs: list[int] = []
+        for lo in range(0, len(keys), _SLOTS_PER_WORKER):
+            hi = min(lo + _SLOTS_PER_WORKER, len(keys))
+            rcs += self._store.batch_get_into(
+                list(keys[lo:hi]), [d.ptr for d in dests[lo:hi]], [s + TRAILER_BYTES for s in sizes[lo:hi]]
+            )
+        trailers = b"".join(ctypes.string_at(d.ptr + size, TRAILER_BYTES) for d, size in zip(dests, sizes, strict=True))
+        return rcs, trailers
 
     def close(self) -> None:
         """Close the store client. If an abandoned call is still inside Mooncake after a short wait, the store

@@ -79,7 +79,9 @@ class FleetRecorder:
         try:
             self._fh = gzip.GzipFile(path, "wb")
         except OSError as e:
-            raise InvalidInput(f"cannot record to {path}: {e.strerror or e}") from None
+            raise InvalidInput(
+                f"cannot record to {path}: {e.strerror or e}", hint="give --record a path in a directory you can write"
+            ) from None
         self.path = path
         self.lines = 0
         header = {"format": FLEET_FORMAT, "version": FLEET_FORMAT_VERSION, "started": time.time(), "engines": engines}
@@ -123,7 +125,10 @@ def read_fleet_recording(path: Path) -> list[tuple[float, fleet.FleetView]]:
     except (OSError, EOFError, KeyError, TypeError, ValueError, AttributeError):
         pass  # a truncated gzip stream: keep what was read
     if not rounds:
-        raise InvalidInput(f"{path}: a fleet recording with no round in it")
+        raise InvalidInput(
+            f"{path}: a fleet recording with no round in it",
+            hint="record one with `bsr top --engine A,B --record FILE`",
+        )
     return rounds
 
 

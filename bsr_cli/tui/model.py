@@ -389,8 +389,12 @@ def _describe_unknown(raw: Mapping[str, Any]) -> str:
 
 
 def describe(e: ev.Event) -> str:
-    """One line a person reads during an incident. Windows are shown 1-based, as `window j of K` is."""
+    """One line a person reads during an incident. Windows are shown 1-based, as `window j of K` is; a restore's
+    events name its admission pass (a submit's fallback is pass 2) and a failure the tier it blames."""
     req = ev.request_of(e) or ""
+    pass_no = getattr(e, "pass_no", None)
+    if req and pass_no is not None:
+        req = f"{req} pass {pass_no}"
     if isinstance(e, ev.WindowFetched):
         return f"{req} {_win(e.window)} fetched {_fb(e.bytes)} in {e.seconds * 1e3:.0f} ms ({','.join(e.tiers)})"
     if isinstance(e, ev.WindowInstalled):
@@ -407,12 +411,14 @@ def describe(e: ev.Event) -> str:
     if isinstance(e, ev.RestoreEnded):
         first = e.failures[0] if e.failures else None
         at = f" rank {first.rank} {_win(first.window)}" if first is not None and first.rank is not None else ""
+        at += f" tier {first.tier}" if first is not None and first.tier else ""
         why = f" {first.reason}" if first is not None else ""
         # Shouted: failing closed is the one ending that is a fault (refused and aborted are not).
         label = "FAILED CLOSED" if isinstance(e, ev.RestoreFailedClosed) else e.outcome.value
         return f"{req} {label}, 0/{e.advertised_tokens:,} tok:{at}{why}".rstrip(":")
     if isinstance(e, ev.RestoreFailed):
-        stage = f" ({e.stage.value})" if e.stage else ""
+        where = [x for x in (e.stage.value if e.stage else "", f"tier {e.tier}" if e.tier else "") if x]
+        stage = f" ({', '.join(where)})" if where else ""
         return f"{req} rank {e.rank} failed at {_win(e.window)}{stage}: {e.reason}"
     if isinstance(e, ev.MarkerSet):
         why = f" ({e.reason})" if e.reason else ""

@@ -17,19 +17,11 @@ from rich.text import Text
 from bsr_cli.core import events as ev
 from bsr_cli.core.evidence import FailureKind, window_label
 from bsr_cli.core.units import format_bytes
+from bsr_cli.core.when import ago
 from bsr_cli.tui.model import SPARK, Outcome, RankGauge, View, clock
 from bsr_cli.tui.palette import CATEGORY_STYLE, OUTCOME_STYLE, STATE_STYLE, tier_look
 
 # -- formatting ---------------------------------------------------------------------------------------------------
-
-
-def ago(seconds: float) -> str:
-    s = max(0.0, seconds)
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{s / 60:.0f}m"
-    return f"{s / 3600:.1f}h"
 
 
 class Bar:

@@ -29,7 +29,7 @@ from bsr_cli.core import wire
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.results import AbortAnswer
-from bsr_cli.errors import BsrError, EngineError, InvalidInput
+from bsr_cli.errors import AlreadyEnded, BsrError, EngineError, InvalidInput
 from bsr_cli.incident_bundle import RECORDING, RecordingHeader, read_member
 from bsr_cli.incident_bundle import RECORDING_FORMAT as FORMAT
 from bsr_cli.incident_bundle import RECORDING_FORMAT_VERSION as FORMAT_VERSION
@@ -149,9 +149,13 @@ class LiveSource:
             return c.clear_faults()
 
     def abort(self, request: str) -> AbortAnswer:
-        """Ask the engine to abort a restore (it fails closed); ``aborting`` is False when it is no longer running."""
+        """Ask the engine to abort a restore (it fails closed); ``aborting`` is False when it is no longer running
+        (the abort came too late: it committed or ended first)."""
         with self._connect() as c:
-            return c.abort(request)
+            try:
+                return c.abort(request)
+            except AlreadyEnded:
+                return AbortAnswer(request=request, aborting=False)
 
     def log_page(self, before: int | None, kinds: Sequence[EventKind] = (), limit: int = LOG_PAGE) -> LogPage:
         """One page of the engine's event log, newest first: the last ``limit`` events (of ``kinds``) before the
@@ -199,7 +203,9 @@ class Recorder:
         try:
             fh = gzip.GzipFile(path, "wb")  # the recorder owns it until close()
         except OSError as e:
-            raise InvalidInput(f"cannot record to {path}: {e.strerror or e}") from None
+            raise InvalidInput(
+                f"cannot record to {path}: {e.strerror or e}", hint="give --record a path in a directory you can write"
+            ) from None
         rec = cls(fh, path)
         rec._line(RecordingHeader(started=time.time(), source=source))
         return rec
@@ -235,13 +241,18 @@ def read_recording(path: Path) -> tuple[RecordingHeader, list[Item]]:
         with gzip.GzipFile(path, "rb") if member is None else gzip.GzipFile(fileobj=io.BytesIO(member)) as fh:
             lines = list(_complete_lines(fh))
     except FileNotFoundError:
-        raise InvalidInput(f"no recording at {path}") from None
+        raise InvalidInput(
+            f"no recording at {path}",
+            hint="record one with `bsr top --record FILE`; `bsr bundle` archives carry one too",
+        ) from None
     except gzip.BadGzipFile:
-        raise InvalidInput(f"{path} is not a bsr top recording (not gzip)") from None
+        raise InvalidInput(
+            f"{path} is not a bsr top recording (not gzip)", hint="record one with `bsr top --record FILE`"
+        ) from None
     except OSError as e:
-        raise InvalidInput(f"cannot read {path}: {e.strerror or e}") from None
+        raise InvalidInput(f"cannot read {path}: {e.strerror or e}", hint="check its permissions") from None
     if not lines:
-        raise InvalidInput(f"{path} is empty")
+        raise InvalidInput(f"{path} is empty", hint="record one with `bsr top --record FILE`")
     try:
         header = json.loads(lines[0])
     except ValueError:
@@ -249,15 +260,23 @@ def read_recording(path: Path) -> tuple[RecordingHeader, list[Item]]:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise InvalidInput(f"{path} is not a bsr top recording", hint="record one with `bsr top --record FILE`")
     if header.get("version") != FORMAT_VERSION:
-        raise InvalidInput(f"{path} is recording format {header.get('version')}, this bsr reads {FORMAT_VERSION}")
+        raise InvalidInput(
+            f"{path} is recording format {header.get('version')}, this bsr reads {FORMAT_VERSION}",
+            hint="replay it with the bsr version that recorded it",
+        )
     items: list[Item] = []
     for n, line in enumerate(lines[1:], start=2):
         try:
             items.append(_recorded_item(json.loads(line)))
         except (ValueError, KeyError, TypeError):
-            raise InvalidInput(f"{path} line {n} is not a recorded snapshot") from None
+            raise InvalidInput(
+                f"{path} line {n} is not a recorded snapshot",
+                hint="the file is damaged; record again with `bsr top --record FILE`",
+            ) from None
     if not items:
-        raise InvalidInput(f"{path} holds no snapshots")
+        raise InvalidInput(
+            f"{path} holds no snapshots", hint="record one with `bsr top --record FILE` while an engine serves"
+        )
     if member is not None:
         items = _with_bundle_events(path, items)
     return RecordingHeader.from_wire(header), items
@@ -337,7 +356,9 @@ class ReplaySource:
 
     def __init__(self, items: Sequence[Item], label: str = "recording") -> None:
         if not items:
-            raise InvalidInput("a replay needs at least one recorded snapshot")
+            raise InvalidInput(
+                "a replay needs at least one recorded snapshot", hint="record one with `bsr top --record FILE`"
+            )
         self.items = tuple(items)
         self.label = label
         self.position = 0

@@ -112,14 +112,17 @@ def lower_transfer_priority(eng: LMCacheEngine, nice: int = TRANSFER_NICE) -> bo
         return False
     if getattr(loop, "_bsr_transfer_nice", None) == nice:
         return True
-
-    def lower() -> None:
-        with contextlib.suppress(OSError):  # not permitted here: the threads keep the normal priority
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-
-    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="bsr-lmc-transfer", initializer=lower))
+    pool = ThreadPoolExecutor(thread_name_prefix="bsr-lmc-transfer", initializer=lower_this_thread, initargs=(nice,))
+    loop.set_default_executor(pool)
     loop._bsr_transfer_nice = nice  # type: ignore[attr-defined]
     return True
+
+
+def lower_this_thread(nice: int = TRANSFER_NICE) -> None:
+    """The calling thread at ``nice`` (Linux; a thread pool's initializer for threads that make transfer calls)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):  # not permitted here: the thread keeps the normal priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
 def destroy_engine(instance_id: str) -> None:
@@ -413,6 +416,7 @@ __all__ = [
     "gpu_connector_factory",
     "install_window",
     "lookup_rpc",
+    "lower_this_thread",
     "lower_transfer_priority",
     "mooncake_connector",
     "mooncake_store",

@@ -145,22 +145,33 @@ class Checksums:
         return await asyncio.to_thread(self.verify, keys, objs)
 
     def verify(self, keys: Sequence[Any], objs: list[Any]) -> list[Any]:
-        """Check every arrived object against its stored checksum and drop (release, None) the ones that fail; look
-        at the held objects that did not arrive for a length their checksum was not written for."""
-        names = [k.to_string() for k in keys]
+        """Check every arrived object against its stored checksum (its sidecar, read in one batched call) and drop
+        the ones that fail (``judge_loaded``)."""
+        return self.judge_loaded([k.to_string() for k in keys], objs, [None] * len(objs))
+
+    def judge_loaded(self, names: Sequence[str], objs: list[Any], sidecars: Sequence[bytes | None]) -> list[Any]:
+        """Check every arrived object of ``names`` against its sidecar and drop (release, None) the ones that fail;
+        look at the held objects that did not arrive for a length their checksum was not written for.
+        ``sidecars``: each object's sidecar as read with it (b"": none stored), None where it was not read (then
+        read here, in one batched call)."""
         arrived = [i for i, o in enumerate(objs) if o is not None]
+        unread = [i for i in arrived if sidecars[i] is None]
+        read = (
+            dict(zip(unread, self.store.get_batch([sidecar_key(names[i]) for i in unread]), strict=True))
+            if unread
+            else {}
+        )
         found: list[Finding] = []
-        if arrived:
-            sides = self.store.get_batch([sidecar_key(names[i]) for i in arrived])
-            for i, raw in zip(arrived, sides, strict=True):
-                obj, name, side = objs[i], names[i], decode_sidecar(raw)
-                verdict, detail = judge(side, int(obj.get_size()), functools.partial(checksum_of, name, obj))
-                finding = self._judged(name, verdict, detail, side.kind)
-                if finding is not None:
-                    found.append(finding)
-                    if finding.dropped:
-                        obj.ref_count_down()
-                        objs[i] = None
+        for i in arrived:
+            obj, name = objs[i], names[i]
+            side = decode_sidecar(read[i] if i in read else sidecars[i])
+            verdict, detail = judge(side, int(obj.get_size()), functools.partial(checksum_of, name, obj))
+            finding = self._judged(name, verdict, detail, side.kind)
+            if finding is not None:
+                found.append(finding)
+                if finding.dropped:
+                    obj.ref_count_down()
+                    objs[i] = None
         if len(arrived) < len(objs):
             found += self._not_arrived([names[i] for i, o in enumerate(objs) if o is None])
         self._record(found)

@@ -24,7 +24,10 @@ and of the Mooncake master and segment holder (``/proc/<pid>/stat``) around the 
 seconds spent installing into the destination KV (thread CPU time inside the connector's copy). For stock, the
 wall seconds of each stage of its retrieve: ``lookup`` (which tier holds each chunk: a Mooncake existence RPC),
 ``fetch`` (L1 allocation and the transfer into it) and ``install`` (the connector's copies), so the time between
-LMCache's call and the raw GET of the same bytes can be accounted for.
+LMCache's call and the raw GET of the same bytes can be accounted for. Every case also reports its stage costs
+(``stage_costs``, ``core.stage_costs``): wall and CPU seconds of fetch, verify, install and wait, and the process's
+CPU. bsr's come from its restore report (each stage timed on the thread doing it); stock's and the raw GET's fetch
+is the thread CPU inside the store's transfer calls (``TransferMeter``), stock's install the connector's copy.
 """
 
 from __future__ import annotations
@@ -154,6 +157,57 @@ class InstallMeter:
         connector.to_gpu = to_gpu
 
 
+class TransferMeter:
+    """Thread CPU and wall seconds inside the Mooncake store's transfer calls (``batch_get_into``), summed over every
+    thread that makes one: the calling thread polls for the transfer's completion, so its CPU is the fetch stage's
+    (the transport's own threads are what the process's CPU has beyond the stages)."""
+
+    def __init__(self) -> None:
+        self.cpu_seconds = 0.0
+        self.wall_seconds = 0.0
+        self.lock = threading.Lock()
+
+    def timed(self, call: Any) -> Any:
+        def run(*a: Any, **k: Any) -> Any:
+            c0, w0 = time.thread_time(), time.perf_counter()
+            try:
+                return call(*a, **k)
+            finally:
+                dc, dw = time.thread_time() - c0, time.perf_counter() - w0
+                with self.lock:
+                    self.cpu_seconds += dc
+                    self.wall_seconds += dw
+
+        return run
+
+    def wrap(self, connector: Any) -> None:
+        """Time the transfer calls LMCache's Mooncake connector makes (its store, behind a forwarding wrapper)."""
+        connector.store = _TimedStore(connector.store, self)
+
+    def stage_costs(self, cpu: dict[str, float], install: InstallMeter | None = None) -> dict[str, Any]:
+        """The case's stage costs (``core.stage_costs``): its transfers as the fetch stage, the connector's copy as
+        the install, the case process's CPU (``cpu``: a CpuMeter's reading); no verify stage, no window loop."""
+        from bsr_cli.core.evidence import TimedStage
+        from bsr_cli.core.stage_costs import StageCosts
+
+        costs = StageCosts(process_cpu_s=cpu.get("process", 0.0))
+        costs = costs.plus(TimedStage.FETCH, self.wall_seconds, self.cpu_seconds)
+        if install is not None:
+            costs = costs.plus(TimedStage.INSTALL, install.wall_seconds, install.seconds)
+        return dict(costs.rounded().to_wire())
+
+
+class _TimedStore:
+    """The real store, its ``batch_get_into`` timed by a TransferMeter; every other call passed through as is."""
+
+    def __init__(self, store: Any, meter: TransferMeter) -> None:
+        self._store, self._meter = store, meter
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._store, name)
+        return self._meter.timed(real) if name == "batch_get_into" else real
+
+
 _STOCK_STAGES = {"lookup": "get_block_mapping", "fetch": "batched_get"}  # stage -> StorageManager method
 
 
@@ -244,7 +298,7 @@ def run_store(host: Any, case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMeter) -> dict[str, Any]:
+def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
     from bsr_cli.core.events import Event, RestoreCommitted, RestoreFailedClosed
     from bsr_cli.core.evidence import Outcome
     from bsr_cli.core.keys import chunk_hashes
@@ -273,6 +327,9 @@ def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMe
         cpu.update(meter.stop())
     hashes = res.hashes.hash_ok if res.hashes is not None else None
     report = res.report
+    from bsr_cli.core.stage_costs import StageCosts
+
+    staged = StageCosts.total([o.stages for o in (report.ranks if report is not None else ()) if o.stages])
     ranks = [
         {
             "rank": o.rank,
@@ -297,7 +354,10 @@ def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMe
         "failures": [f.to_wire() for f in report.failures] if report is not None else [],
         "hash_ok": hashes,
         "cpu": cpu,
-        "install_cpu_seconds": round(install.seconds, 4),
+        # The window install (bsr's own copy, or the connector's where a window's objects are not at one stride).
+        "install_cpu_seconds": round(staged.install.cpu_s, 4),
+        # By stage, summed over the ranks; the process's CPU is the case process's (every rank's thread in it).
+        "stage_costs": dict(staged.with_process_cpu(cpu.get("process", 0.0)).rounded().to_wire()),
         "timed_out": False,
         "ok": res.outcome is Outcome.COMMITTED and hashes is True,
     }
@@ -313,9 +373,7 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
     bs = ranks[0].reg.groups[0].block_size
     table = list(range(-(-n // bs)))
     contiguous: list[ContiguousDestination] = case.get("_contiguous") or []
-    clock = StageClock()
-    for rk in ranks:
-        clock.wrap(rk.engine.storage_manager)
+    clock, transfers = _stock_meters(ranks)
     lookup_s = 0.0
     if contiguous:
         # Stock with every advantage bsr's restore has, or an independent benchmark gave it: the transfer calls'
@@ -383,6 +441,7 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
         "hash_ok": hash_ok,
         "cpu": cpu,
         "install_cpu_seconds": round(install.seconds, 4),
+        "stage_costs": transfers.stage_costs(cpu, install),
         # Summed over the ranks; with TP 1 they add up to the call's time, less its key hashing and bookkeeping.
         "stage_seconds": {
             **{k: round(v, 4) for k, v in clock.seconds.items()},
@@ -394,6 +453,19 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
         "stuck_thread": stuck,
         "ok": loaded == n and hash_ok is True,
     }
+
+
+def _stock_meters(ranks: list[Any]) -> tuple[StageClock, TransferMeter]:
+    """Stock's retrieve timed by stage, and its transfer calls' thread CPU, on every rank."""
+    from lmcache_bsr import _lmcache as lm
+
+    clock, transfers = StageClock(), TransferMeter()
+    for rk in ranks:
+        clock.wrap(rk.engine.storage_manager)
+        conn = lm.mooncake_connector(rk.engine)
+        if conn is not None:
+            transfers.wrap(conn)
+    return clock, transfers
 
 
 def torch_tokens(toks: list[int]) -> Any:
@@ -439,14 +511,16 @@ def run_raw(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
             jobs.append((store, keys, ptrs, sizes))
         barrier = threading.Barrier(len(jobs))
         spans: list[tuple[float, float, int]] = [(0.0, 0.0, 0)] * len(jobs)
+        transfers = TransferMeter()
 
         def work(i: int) -> None:
             store, keys, ptrs, sizes = jobs[i]
+            get = transfers.timed(store.batch_get_into)
             barrier.wait()
             t0 = time.perf_counter()
             bad = 0
             for lo in range(0, len(keys), 1024):
-                rcs = store.batch_get_into(keys[lo : lo + 1024], ptrs[lo : lo + 1024], sizes[lo : lo + 1024])
+                rcs = get(keys[lo : lo + 1024], ptrs[lo : lo + 1024], sizes[lo : lo + 1024])
                 bad += sum(1 for rc, s in zip(rcs, sizes[lo : lo + 1024], strict=True) if rc != s)
             spans[i] = (t0, time.perf_counter(), bad)
 
@@ -471,6 +545,7 @@ def run_raw(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
             ],
             "cpu": cpu,
             "install_cpu_seconds": 0.0,
+            "stage_costs": transfers.stage_costs(cpu),
             "timed_out": False,
             "ok": not bad,
         }
@@ -522,7 +597,7 @@ def run_case(case: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             prof = cProfile.Profile()
             prof.enable()
             try:
-                res = run_bsr(host, case, meter, install) if mode == "bsr" else run_stock(host, case, meter, install)
+                res = run_bsr(host, case, meter) if mode == "bsr" else run_stock(host, case, meter, install)
             finally:
                 prof.disable()
                 prof.dump_stats(str(Path(profile_dir) / f"{mode}-{case['tokens']}-{os.getpid()}.prof"))
@@ -530,7 +605,7 @@ def run_case(case: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         elif mode == "store":
             res = run_store(host, case)
         elif mode == "bsr":
-            res = run_bsr(host, case, meter, install)
+            res = run_bsr(host, case, meter)
         elif mode == "stock":
             res = run_stock(host, case, meter, install)
             clean = not res["timed_out"]

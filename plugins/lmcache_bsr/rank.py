@@ -25,7 +25,7 @@ whole first restore.
 from __future__ import annotations
 
 import contextlib
-import itertools
+import functools
 import threading
 import time
 from collections import deque
@@ -75,7 +75,7 @@ from bsr_cli.api.ranks import (
 )
 from bsr_cli.core.bitmap import encode_row
 from bsr_cli.core.events import Event, WindowFetched, WindowWaiting
-from bsr_cli.core.evidence import CapacityCause, Stage
+from bsr_cli.core.evidence import CapacityCause, Stage, TimedStage
 from bsr_cli.core.keys import parse_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import BadRequest, CapacityError
@@ -85,17 +85,18 @@ from bsr_cli.runtime.faulty import ArmedFaults, WindowStage
 from bsr_cli.runtime.kv_ops import KVOps
 from bsr_cli.runtime.paged_kv import PagedKV
 from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, aborted, run_windows
+from bsr_cli.runtime.stage_clock import StageClock
 
 from . import _lmcache as lm
 from . import integrity
 from .tokens import TokenRegistry, full_chunks
+from .window import MooncakeWindows, WindowFetch, fetch_window, install_window
 
 Emit = Callable[[Event], None]
 R = TypeVar("R")
 VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a full segment never gets there
-# A window's fetch as this many concurrent batched gets (contiguous parts of the window): LMCache's Mooncake
-# connector runs each get on its own thread, so the parts' transfers overlap each other's per-call latency.
-FETCH_STREAMS = 2
+# Fetches in flight on one rank: two restores' windows at once, each with the next window's fetch run ahead.
+FETCHES_IN_FLIGHT = 4
 RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache fetch may take to end
 
 
@@ -158,6 +159,15 @@ class L1Budget:
     def wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
+
+
+def _transfer_threads(rank: int) -> ThreadPoolExecutor:
+    """The threads a rank's window transfers run on: at lower priority, so that the store's completion poll on them
+    yields the CPU to the transfer itself and to the install (as LMCache's own transfer threads do under bsr's
+    restore: lm.lower_transfer_priority)."""
+    return ThreadPoolExecutor(
+        max_workers=FETCHES_IN_FLIGHT, thread_name_prefix=f"bsr-lmc-io{rank}", initializer=lm.lower_this_thread
+    )
 
 
 def _one_tier(objs: list[ObjectRef], win: WindowJob) -> str | None:
@@ -237,6 +247,7 @@ class LMCacheRank:
                 if extra.get("bsr_checksums", True)
                 else None
             )
+            self.windows = MooncakeWindows.of(self.engine, self.checksums)  # a window: one transfer into L1
             blocks = {self.group: -(-kv_tokens // reg.groups[0].block_size)}
             self.kv = PagedKV(reg, rank, blocks, torch.device("cpu"))
             self.kv_ops = KVOps(self.kv)
@@ -252,8 +263,7 @@ class LMCacheRank:
         self._count_lock = threading.Lock()
         self._aborts: dict[str, threading.Event] = {}
         self._written: set[str] = set()  # remote keys this rank stored: waited for before destroy
-        # Two restores' windows in flight at once (one each), each fetched as FETCH_STREAMS parts.
-        self._io = ThreadPoolExecutor(max_workers=2 * FETCH_STREAMS, thread_name_prefix=f"bsr-lmc-io{rank}")
+        self._io = _transfer_threads(rank)
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -413,27 +423,16 @@ class LMCacheRank:
             with self._count_lock:
                 self._waiters -= 1
 
-    def _await_fetch(self, futs: list[Future[list[Any]]], issued_at: float, timeout_s: float, idx: int) -> list[Any]:
+    def _await_fetch(self, fut: Future[WindowFetch], issued_at: float, timeout_s: float, idx: int) -> WindowFetch:
         """LMCache's get has no deadline of its own: a window's fetch runs aside and is waited for with one, counted
-        from its issue. On a failure the parts taken are given back at once; the rest stay in ``futs`` (the window's
-        entry ahead) for cleanup, which waits for them and gives their objects back."""
-        got: list[Any] = []
-        taken = 0
+        from its issue. At the deadline it stays in its entry ahead for cleanup, which waits for it and gives its
+        objects back; a fetch that raised gave its own back."""
         try:
-            for fut in futs:
-                got.extend(fut.result(timeout=max(0.0, issued_at + timeout_s - time.monotonic())))
-                taken += 1
+            return fut.result(timeout=max(0.0, issued_at + timeout_s - time.monotonic()))
         except FutureTimeout:
-            lm.release_objects(got)
-            del futs[:taken]
             raise RestoreFailed(
                 f"timeout: window {idx} did not arrive within {timeout_s}s", idx, kind=failures.TIER, stage=Stage.FETCH
             ) from None
-        except BaseException:
-            lm.release_objects(got)
-            del futs[: taken + 1]  # the part that raised gave its own objects back
-            raise
-        return got
 
     def stats(self, req: StatsRequest) -> StatsResult:
         tiers: dict[str, TierStatus] | None = None
@@ -511,14 +510,15 @@ class LMCacheRank:
         lm.destroy_engine(self.instance_id)
 
 
-# Fetches issued and not yet consumed, in window order: (window position, issue time, the fetch's parts, the bytes
-# admitted under B for it).
-_Ahead = tuple[int, float, list[Future[list[Any]]], int]
+# Fetches issued and not yet consumed, in window order: (window position, issue time, the fetch, the bytes admitted
+# under B for it).
+_Ahead = tuple[int, float, Future[WindowFetch], int]
 
 
 class _RestoreRun:
-    """One request's restore on an LMCacheRank, window by window: admit a window under B, fetch it from LMCache (the
-    next window's fetch issued ahead when B holds both), check it loaded whole, install it through the connector,
+    """One request's restore on an LMCacheRank, window by window: admit a window under B, fetch it into L1 (one
+    Mooncake transfer, ``window.py``; the next window's fetch issued before this one's checks when B holds both),
+    check every object against its checksum and that the window loaded whole, install it (one copy per layer),
     give its objects back to L1 and its bytes back to B. Armed faults wrap its parts (bsr_cli/runtime/faulty.py)."""
 
     def __init__(self, rank: LMCacheRank, job: RestoreJob, abort: threading.Event) -> None:
@@ -532,6 +532,7 @@ class _RestoreRun:
         self.bounded = job.w > 0
         self.timeout_s = float(job.fetch_timeout_s)
         self.ahead: deque[_Ahead] = deque()
+        self.clock = StageClock()
         self.locate: Callable[[WindowJob, str], str] = lambda _win, tier: lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
         self.window_stage: WindowStage = self._fetch_and_install
         self.armed = ArmedFaults.of(job, rank.rank, abort)
@@ -557,6 +558,7 @@ class _RestoreRun:
             cleanup=self._cleanup,
             fired=lambda: self.armed.fired if self.armed is not None else [],
         )
+        out.stages = self.clock.costs()
         return out
 
     def _prepare(self) -> None:
@@ -601,11 +603,17 @@ class _RestoreRun:
         self.rank.tracker.mark()
         if not self.ahead:
             self._admit_and_issue(pos)
-        _, issued_at, futs, admitted = self.ahead[0]
-        got = self.rank._await_fetch(futs, issued_at, self.timeout_s, win.index)
+        _, issued_at, fut, admitted = self.ahead[0]
+        with self.clock.timing(TimedStage.WAIT):
+            fetched = self.rank._await_fetch(fut, issued_at, self.timeout_s, win.index)
         self.ahead.popleft()
         try:
             out.fetch_seconds += time.monotonic() - t0
+            if self._may_run_ahead(pos):
+                # The next window's transfer runs during this one's check and install (B holds both).
+                self._issue(pos + 1, self._window_bytes(self.windows[pos + 1]))
+            with self.clock.timing(TimedStage.VERIFY):
+                got = fetched.checked(self.rank.windows)
             self._check_loaded(win, got)
             self.rank.emit(
                 WindowFetched(
@@ -618,11 +626,9 @@ class _RestoreRun:
                     pool=self.rank.pool_stats(),
                 )
             )
-            if self._may_run_ahead(pos):
-                self._issue(pos + 1, self._window_bytes(self.windows[pos + 1]))
             out.install_seconds += self._install(win, got)
         finally:
-            lm.release_objects(got)
+            fetched.release()
             if admitted:
                 self.rank.l1.release(admitted)
             out.peak_live_bytes = max(out.peak_live_bytes, self.rank.tracker.window_peak)
@@ -646,22 +652,19 @@ class _RestoreRun:
         self._issue(pos, nbytes if self.bounded else 0)  # W=0, the whole plan, is bounded by the pool, not B
 
     def _issue(self, pos: int, admitted: int) -> None:
-        """Issue window ``pos``'s fetch as FETCH_STREAMS concurrent parts, from the tier the coordinator chose per
-        chunk (from the probe bitmap, force-local exclusions included)."""
+        """Issue window ``pos``'s fetch (one transfer for its chunks on Mooncake), from the tier the coordinator
+        chose per chunk (from the probe bitmap, force-local exclusions included)."""
         win = self.windows[pos]
         locations = [self.locate(win, self.objs[c].tier) for c in range(win.chunk_start, win.chunk_end)]
-        n = win.chunk_end - win.chunk_start
-        cuts = sorted({n * i // FETCH_STREAMS for i in range(FETCH_STREAMS + 1)})
-        futs = [
-            self.rank._io.submit(
-                lm.fetch_window,
-                self.rank.engine,
-                self.keys[win.chunk_start + a : win.chunk_start + b],
-                locations[a:b],
-            )
-            for a, b in itertools.pairwise(cuts)
-        ]
-        self.ahead.append((pos, time.monotonic(), futs, admitted))
+        keys = self.keys[win.chunk_start : win.chunk_end]
+        rk = self.rank
+        try:
+            fut = rk._io.submit(fetch_window, rk.engine, rk.windows, keys, locations, self.clock)
+        except BaseException:
+            if admitted:
+                rk.l1.release(admitted)  # never issued: its bytes of B go back at once
+            raise
+        self.ahead.append((pos, time.monotonic(), fut, admitted))
 
     def _may_run_ahead(self, pos: int) -> bool:
         """Admit the next window now when the budget holds it beside this one (B >= 2 windows): its fetch then
@@ -693,19 +696,25 @@ class _RestoreRun:
         )
 
     def _install(self, win: WindowJob, got: list[Any]) -> float:
-        """Write the window through the connector into its destination blocks; returns the seconds it took."""
+        """Write the window into its destination blocks, one copy per layer straight from L1 (``install_window``),
+        or through the connector chunk by chunk where the window's objects are not at one stride in L1; returns
+        the seconds it took."""
         t1, cs = time.monotonic(), self.rank.reg.chunk_size
         starts = list(range(win.token_start, win.token_end, cs))
+        assert self.slot_mapping is not None
+        rows = self.slot_mapping[win.token_start : win.token_end]
+        conn = self.rank.connector
         try:
-            with self.rank._engine_lock():  # the install writes through the connector: one at a time
-                lm.install_window(
-                    self.rank.engine,
-                    got,
-                    starts,
-                    [x + cs for x in starts],
-                    kvcaches=self.rank.kvcaches,
-                    slot_mapping=self.slot_mapping,
-                )
+            with self.rank._engine_lock(), self.clock.timing(TimedStage.INSTALL):  # one write at a time
+                if not install_window(got, self.rank.kvcaches, rows, conn.heads, conn.head_size):
+                    lm.install_window(
+                        self.rank.engine,
+                        got,
+                        starts,
+                        [x + cs for x in starts],
+                        kvcaches=self.rank.kvcaches,
+                        slot_mapping=self.slot_mapping,
+                    )
         except Exception as e:
             raise RestoreFailed(
                 f"install failed: {type(e).__name__}: {e}", win.index, kind=failures.RANK, stage=Stage.INSTALL
@@ -714,14 +723,27 @@ class _RestoreRun:
 
     def _cleanup(self) -> None:
         # A fetch issued ahead may still run: wait for it (with a grace), give its objects back to L1 and its
-        # bytes back to B. Fetches only fill L1; nothing here writes the destination blocks.
+        # bytes back to B. Fetches only fill L1; nothing here writes the destination blocks. A transfer still
+        # running after the grace keeps its L1 objects and its bytes of B until it returns (Mooncake may still
+        # write them), as an abandoned transfer keeps its pool slots in the embedded engine.
         while self.ahead:
-            _, _, futs, admitted = self.ahead.popleft()
-            for fut in futs:
-                with contextlib.suppress(Exception):  # its failure is already subsumed by ours
-                    lm.release_objects(fut.result(timeout=RETRIEVE_GRACE_S))
+            _, _, fut, admitted = self.ahead.popleft()
+            try:
+                fut.result(timeout=RETRIEVE_GRACE_S).release()
+            except FutureTimeout:
+                fut.add_done_callback(functools.partial(self._give_back, admitted=admitted))
+                continue
+            except Exception:  # noqa: BLE001 - its failure is already subsumed by ours
+                pass
             if admitted:
                 self.rank.l1.release(admitted)
+
+    def _give_back(self, fut: Future[WindowFetch], *, admitted: int) -> None:
+        """A fetch that returned after the restore gave up on it: its objects back to L1, its bytes back to B."""
+        with contextlib.suppress(Exception):  # a fetch that failed holds no objects
+            fut.result().release()
+        if admitted:
+            self.rank.l1.release(admitted)
 
 
 class HostedRank(RankOps, Protocol):

@@ -81,6 +81,8 @@ def test_summary_ratios_and_targets_from_one_run() -> None:
         "bsr against stock LMCache": True,
         "bsr commits where stock LMCache returns 0 tokens": True,
         "CPU seconds per GB restored": True,
+        # No contiguous row in this run: bsr's CPU against stock's faster install is unknown, never met.
+        "CPU seconds per GB restored against stock LMCache's faster install,": None,
     }
     # A bsr restore whose L1 peak exceeds its budget (its case's L1) fails its row, whatever its speed.
     over = _row("bsr", n, w * CHUNK, 0, _case(n, 1.0, 2 * w * CHUNK, 1.0), REG, w)
@@ -133,6 +135,17 @@ def test_stock_contiguous_is_summarized_and_the_target_holds_against_the_faster_
     # Where bsr is ahead of both, the target is met.
     ahead = pe.summarize(trial(0, 1.5, 1.9), REG, w).by_prefix[str(n)]
     assert _targets(ahead, w)[0].met is True
+    # Ahead of the contiguous install but less than 1.15x stock into the paged KV: not met.
+    close = pe.summarize(trial(0, 1.95, 2.0), REG, w).by_prefix[str(n)]
+    assert close.bsr_vs_stock_gbps == pytest.approx(2.2 / 1.95, abs=1e-3) and _targets(close, w)[0].met is False
+    # bsr's CPU per GB (1.2 s) against stock contiguous's (1.8 s): met; above it, not.
+    cpu = _targets(ahead, w)[3]
+    assert cpu.name.startswith("CPU seconds per GB restored against stock") and cpu.met is True
+    costly = [
+        r if r.kind != "bsr" else _row("bsr", n, 2 * w * CHUNK, 0, _case(n, 1.5, 2 * w * CHUNK, 2.0), REG, w)
+        for r in trial(0, 1.5, 1.9)
+    ]
+    assert _targets(pe.summarize(costly, REG, w).by_prefix[str(n)], w)[3].met is False
 
 
 @pytest.mark.timeout(60)
@@ -149,3 +162,25 @@ def test_show_renders_both_stock_installs_and_stocks_stages(bsr: Any) -> None:
     # A bundle from before the contiguous row renders with a dash there and no stage table.
     old = bsr("bench", "show", str(evidence / "br-peer-5478bdec7f7d.json"))
     assert old.code == 0 and "stock LMCache's retrieve by stage" not in old.out and "None" not in old.out
+
+
+@pytest.mark.timeout(30)
+def test_each_cases_stage_costs_reach_its_row_and_the_summary_per_gb() -> None:
+    n = 131_072
+    gb = n * REG.bytes_per_token / 1e9
+    costs = {
+        "fetch": {"wall_s": 2.0, "cpu_s": 0.4 * gb},
+        "verify": {"wall_s": 0.3, "cpu_s": 0.1 * gb},
+        "install": {"wall_s": 0.5, "cpu_s": 0.2 * gb},
+        "wait": {"wall_s": 0.7, "cpu_s": 0.0},
+        "process_cpu_s": 1.0 * gb,
+    }
+    bsr = _row("bsr", n, 64 * CHUNK, 0, _case(n, 2.0, 64 * CHUNK, 1.2) | {"stage_costs": costs}, REG, 32)
+    older = _row("raw", n, 0, 0, _case(n, 2.0, 0, 1.0) | {"install_cpu_seconds": 0.0}, REG, None)
+    assert bsr.to_wire()["stage_costs"] == costs and "stage_costs" not in older.to_wire()
+    s = pe.summarize([bsr, older], REG, 32).by_prefix[str(n)]
+    assert s.raw.stage_costs is None  # a case of an older build reported none
+    side = s.bsr.stage_costs
+    assert side is not None and side.wall_s == {"fetch": 2.0, "verify": 0.3, "install": 0.5, "wait": 0.7}
+    # Per GB restored; "other" is the process's CPU the stages leave (the transport's own threads).
+    assert side.cpu_s_per_gb == pytest.approx({"fetch": 0.4, "verify": 0.1, "install": 0.2, "wait": 0.0, "other": 0.3})

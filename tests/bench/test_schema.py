@@ -116,7 +116,7 @@ def test_bsr_bench_validate_accepts_the_evidence_and_rejects_a_broken_bundle(bsr
     paths = [str(p) for p in sorted(EVIDENCE.glob("br-*.json"))]
     res = bsr("bench", "validate", *paths, "--json")
     assert res.code == 0, res.err
-    assert res.json() == {p: [] for p in paths}
+    assert res.report() == {p: [] for p in paths}
 
     data = _first("sweep")
     data["elapsed_s"] = -1.5

@@ -1,17 +1,21 @@
 """`bsr bench trace`: a written trace replayed against a real embedded engine (Mooncake master and segment, rank
-processes), the planner's prediction printed beside the measurement; a slice of the shared conversation trace at 4×
-its pace queued, not refused, by an engine with fewer serving slots than requests in flight; and the slice's sizing
-refused when it cannot fit."""
+processes) after a calibration of the host model, the planner's prediction printed beside the measurement per budget
+with what bound each restore on both sides, and its bundle; what bound each restore worked out from the engine's
+recorded numbers; a slice of the shared conversation trace at 4× its pace queued, not refused, by an engine with
+fewer serving slots than requests in flight; and the slice's sizing refused when it cannot fit."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bsr_cli import loaders
+from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench import trace as bt
 from bsr_cli.bench.lifecycle import embedded_engine
 from bsr_cli.core.registration import Registration
@@ -40,16 +44,31 @@ REPORT_KEYS = (
     "model",
     "bytes_per_chunk",
     "W",
-    "budget_rws",
-    "budget_bytes",
     "bandwidth_bytes_per_s",
     "calibration",
+    "calibration_file",
+    "runs",
+    "checks",
+)
+RUN_KEYS = (
+    "status",
+    "kind",
+    "budget_rws",
+    "budget_bytes",
+    "salt",
+    "started_at",
+    "loadavg",
+    "run_queue_beside",
+    "pressure",
     "predicted",
     "measured",
     "committed",
-    "checks",
     "latency_ratio",
+    "agrees",
+    "checks",
+    "elapsed_s",
 )
+BOUNDS = {"bandwidth", "cpu", "budget", "destination_kv"}
 
 
 def _conversations(n_conv: int = 6, turns: int = 4) -> list[dict]:
@@ -68,35 +87,129 @@ def _conversations(n_conv: int = 6, turns: int = 4) -> list[dict]:
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_replay_against_the_embedded_engine(bsr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "trace.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in _conversations()))
     # No LMCache here: the stock side says so in one line and the engine's side is still reported.
     monkeypatch.setenv("BSR_LMCACHE_PYTHON", str(tmp_path / "no-such-python"))
-    r = bsr("bench", "trace", str(f), "-n", "24", "--speedup", "4", "--W", "2", "--budget-rws", "2", "--json")
+    out = tmp_path / "out"
+    args = ("-n", "24", "--speedup", "4", "--W", "2", "--budget-rws", "1,2", "-o", str(out), "--json")
+    r = bsr("bench", "trace", str(f), *args)
     assert r.code == 0, r.err
-    d = r.json()
+    d = r.report()
     assert d["stock"]["run"] is False and "no Python with LMCache 0.5.6" in d["stock"]["reason"]
     warned = "bsr: warning: stock LMCache: not run (no Python with LMCache"
     assert [x for x in r.err.splitlines() if x.startswith(warned)], r.err
-    assert (d["requests"], d["block_tokens"], d["W"], d["budget_rws"]) == (24, 64, 2, 2)
-    m, p = d["measured"], d["predicted"]
-    # Pool within B on every rank, nothing failed, never more committed than the prefix the trace shares.
-    assert set(m["pool_peak_by_rank"]) == {"0", "1"}
-    assert all(0 < v <= d["budget_bytes"] for v in m["pool_peak_by_rank"].values())
-    assert m["failed"] == 0 and d["checks"] == {
-        "pool_within_budget": True,
-        "no_failures": True,
-        "no_more_than_predicted": True,
+    assert [k for k in d if k in REPORT_KEYS] == list(REPORT_KEYS)
+    assert (d["requests"], d["block_tokens"], d["W"]) == (24, 64, 2)
+    # The calibration ran first, was saved, and is the planner's: its host model and the host's state.
+    cal = d["calibration"]
+    assert cal["kind"] == "bsr.calibration" and Path(d["calibration_file"]).is_file()
+    assert json.loads(Path(d["calibration_file"]).read_text()) == cal
+    assert cal["host"]["cores"] > 0 and cal["host_state"]["cpu_count"] >= 1 and cal["bandwidth_bytes_per_s"] > 0
+    assert {s["what"] for s in cal["samples"]} == {"restore", "work", "work_done", "burst"}
+    # The steady work had six clients on this host's cores: the cores it got, read as a replay reads them, are there
+    # (absent only where the engine never waited for a CPU, which a host with more cores than the work allows).
+    contended = cal["host_state"].get("cores_contended")
+    assert contended is None or 0 < contended <= cal["host_state"]["cpu_count"]
+    assert d["bandwidth_bytes_per_s"] == cal["bandwidth_bytes_per_s"]
+    # One run per budget, each with predicted and measured side by side and what bound its restores.
+    assert [run["budget_rws"] for run in d["runs"]] == [1, 2]
+    for run in d["runs"]:
+        assert [k for k in run if k != "at_replay_cores"] == list(RUN_KEYS)
+        p, m = run["predicted"], run["measured"]
+        # Every turn after the first restores its conversation's earlier blocks: 18 restores are predicted. A turn
+        # whose previous turn is still being stored commits less (counted apart), never more.
+        assert p["restores"] == 18 and 0 < m["restores"] <= 18
+        assert run["committed"]["exact"] + run["committed"]["fewer"] == 24 and run["committed"]["more"] == 0
+        assert set(p["bound_by"]) <= BOUNDS and sum(p["bound_by"].values()) == p["restores"]
+        assert set(m["bound_by"]) <= BOUNDS and sum(m["bound_by"].values()) == m["restores"]
+        assert p["latency_s"]["p99"] > 0 and m["latency_s"]["p99"] > 0 and p["bandwidth_only_latency_s"]["p99"] > 0
+        assert set(m["pool_peak_by_rank"]) == {"0", "1"}
+        assert all(0 < v <= run["budget_bytes"] for v in m["pool_peak_by_rank"].values())
+        assert run["checks"] == {"pool_within_budget": True, "no_failures": True, "no_more_than_predicted": True}
+        assert set(run["latency_ratio"]) == set(run["agrees"]) == {"p50", "p99"}
+        assert len(run["loadavg"]) == 2
+        at = run.get("at_replay_cores")  # present when the engine was short of cores while it replayed
+        assert at is None or (at["cores"] > 0 and at["latency_s"]["p99"] > 0 and set(at["agrees"]) == {"p50", "p99"})
+    # The bundle: written, valid, one row per budget.
+    bundle = bundles.load(Path(d["bundle"]))
+    assert bundles.validation_errors(bundle) == []
+    assert bundle["experiment"] == "trace" and [row["budget_rws"] for row in bundle["rows"]] == [1, 2]
+    assert bundle["summary"]["calibration"] == cal
+    assert len(bundle["targets"]) == 4
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(420)
+def test_what_bound_each_restore_follows_from_the_engine_s_numbers(tmp_path: Path) -> None:
+    """Against the real engine at B = 1·RWS with W = 2 (a restore of 4 chunks or more holds all of B): each
+    measured restore's waits for destination KV and for B come from its events, and its bound is the longest of those
+    waits and its service split at the bandwidth, worked out here again from the recorded numbers."""
+    reg = bt.replay_registration()
+    # Four conversations' first turns a second apart, then their next two turns in one burst.
+    rows = _conversations(4, 3)
+    trace = build_trace(
+        (f"line {i}", TraceRequest(r["timestamp"] if i < 4 else 5000, r["input_length"], 8, tuple(r["hash_ids"])))
+        for i, r in enumerate(rows)
+    ).scale_tokens(64)
+    size = bt.sizing(trace, reg)
+    with embedded_engine(tmp_path / "engine", bt.engine_options(reg, 2, 1, size)) as client:
+        since = time.time()
+        measured = bt.replay(client, trace, w=2, speedup=1.0, salt=5)
+        bt.read_waits(client, measured, since - 1)
+    restored = [m for m in measured if m.restore_seconds is not None]
+    assert restored and all(m.request for m in measured)
+    bandwidth = 50e6
+    for m in restored:
+        assert 0 <= m.budget_wait_s <= (m.restore_seconds or 0) and m.kv_wait_s >= 0
+        size_bytes = -(-m.committed_tokens // reg.chunk_size) * reg.bytes_per_chunk
+        service = (m.restore_seconds or 0) - m.budget_wait_s
+        by_bytes = min(service, size_bytes / bandwidth)
+        parts = {
+            "bandwidth": by_bytes,
+            "cpu": service - by_bytes,
+            "budget": m.budget_wait_s,
+            "destination_kv": m.kv_wait_s,
+        }
+        assert bt.measured_bound(m, reg, bandwidth).value == max(parts, key=lambda k: parts[k])
+    replayed = bt.BudgetReplayed(1, 5, measured, {0: 1, 1: 1}, (1.0, 1.0), "2025-01-01T00:00:00.000Z", 1.0)
+    run = bt.compare(trace, reg, replayed, w=2, bandwidth=bandwidth, speedup=1.0)
+    counted = {b.value: n for b, n in run.measured.bound_by.items()}
+    assert sum(counted.values()) == len(restored)
+    assert counted == {
+        k: n for k in BOUNDS if (n := sum(1 for m in restored if bt.measured_bound(m, reg, bandwidth).value == k))
     }
-    # Every turn after the first restores its conversation's earlier blocks: 18 restores are predicted. A turn whose
-    # previous turn is still being stored commits less (counted apart), never more.
-    assert p["restores"] == 18
-    assert d["committed"]["exact"] + d["committed"]["fewer"] == 24 and d["committed"]["more"] == 0
-    assert 0 < m["hit_tokens"] <= p["hit_tokens"]
-    assert p["latency_s"]["p99"] > 0 and m["latency_s"]["p99"] > 0
-    assert d["bandwidth_bytes_per_s"] > 0  # measured by one restore alone first
+
+
+def test_waits_for_b_are_read_from_window_events() -> None:
+    """A window waits from its window_waiting event until its fetch began (window_fetched less its seconds); a rank's
+    waits add up, and a request's is its slowest rank's. The negative control: a fetch that was never waited for
+    adds nothing, and a wait whose fetch never came is not counted."""
+    events = [
+        {"type": "window_waiting", "request": "a", "rank": 0, "window": 0, "time": 10.0},
+        {"type": "window_fetched", "request": "a", "rank": 0, "window": 0, "time": 10.5, "seconds": 0.1},
+        {"type": "window_waiting", "request": "a", "rank": 0, "window": 1, "time": 11.0},
+        {"type": "window_fetched", "request": "a", "rank": 0, "window": 1, "time": 11.3, "seconds": 0.1},
+        {"type": "window_waiting", "request": "a", "rank": 1, "window": 0, "time": 10.0},
+        {"type": "window_fetched", "request": "a", "rank": 1, "window": 0, "time": 10.2, "seconds": 0.1},
+        {"type": "window_fetched", "request": "b", "rank": 0, "window": 0, "time": 12.0, "seconds": 0.1},
+        {"type": "window_waiting", "request": "c", "rank": 0, "window": 0, "time": 12.0},
+    ]
+    waits = bt.budget_waits(events)
+    assert waits == pytest.approx({"a": 0.6})  # rank 0: 0.4 + 0.2; rank 1: 0.1
+    assert "b" not in waits and "c" not in waits
+
+
+def test_a_measured_restore_s_bound_is_the_longest_part_of_its_time() -> None:
+    reg = bt.replay_registration()  # 64 KiB per chunk per rank
+    m = bt.Measured(0, 0.0, 0.0, committed_tokens=128, restore_seconds=1.0, request="r", kv_wait_s=0.0)
+    # 2 chunks = 128 KiB: at 1 MB/s 0.131 s of bytes, the rest of its 1 s is CPU.
+    assert bt.measured_bound(m, reg, 1e6).value == "cpu"
+    assert bt.measured_bound(m, reg, 1e5).value == "bandwidth"  # 1.31 s of bytes: all of its service
+    assert bt.measured_bound(replace(m, budget_wait_s=0.6), reg, 1e6).value == "budget"
+    assert bt.measured_bound(replace(m, kv_wait_s=2.0), reg, 1e6).value == "destination_kv"
 
 
 def _peak_in_flight(measured: list[bt.Measured]) -> int:
@@ -188,36 +301,71 @@ def test_stock_is_held_to_the_simulated_hits_in_full_chunks() -> None:
     assert s.failed == 1 and s.first_failure == "RuntimeError: store: boom"
 
 
-def test_the_report_puts_stock_beside_the_engine_in_text_and_json() -> None:
+def _report(trace, reg, run) -> bt.TraceReplay:  # type: ignore[no-untyped-def]
+    return bt.TraceReplay(
+        trace=trace.source,
+        requests=len(trace),
+        speedup=1.0,
+        block_tokens=trace.block_tokens,
+        registration=reg.identity,
+        model=reg.model,
+        bytes_per_chunk=reg.bytes_per_chunk,
+        w=2,
+        bandwidth_bytes_per_s=1e8,
+        calibration=None,
+        calibration_file=None,
+        runs=(run,),
+        skip=0,
+    )
+
+
+def test_the_report_puts_prediction_engine_and_stock_side_by_side_in_text_and_json() -> None:
     import io
 
     from rich.console import Console
 
     from bsr_cli.cli.render import planning as render
+    from bsr_cli.core.host_model import HostModel
 
     reg = bt.replay_registration()
     rows = _conversations(1, 2)
-    trace, run = _stock_run(rows, [0, 192])
-    measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.02, 0.05)]
-    d = bt.compare(trace, reg, measured, w=2, budget_rws=2, bandwidth=1e8, speedup=1.0, pool_peaks={0: 1, 1: 1})
-    d = replace(d, skip=0, salt=1)
+    trace, stock_run = _stock_run(rows, [0, 192])
+    measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.02, 0.05, request="r1", budget_wait_s=0.01)]
+    replayed = bt.BudgetReplayed(2, 1, measured, {0: 1, 1: 1}, (3.0, 4.0), "2025-01-01T00:00:00.000Z", 2.0, 9.5)
+    host = HostModel(cores=0.5, job_cores=0.5, restore_cpu_s=0.01, restore_cpu_s_per_gb=50.0, restore_slots=2)
+    run = bt.compare(trace, reg, replayed, w=2, bandwidth=1e8, speedup=1.0, host=host)
+    assert run.predicted.bound_by is not None and run.predicted.bandwidth_only_latency_s is not None
+    assert run.run_queue_beside == 9.5
+    # The restore's 0.02 s: 0.01 s waiting for B, and 0.01 s of service of which its 3 chunks (192 KiB) at 100 MB/s
+    # take 0.002 s and CPU the other 0.008 s: B is the longest part.
+    assert {b.value: n for b, n in run.measured.bound_by.items()} == {"budget": 1}
     for stock, needles in (
         (
-            bt.stock_summary(trace, reg, run),
-            ("stock LMCache 0.5.6", "3.00 MiB", "whole-plan peak per rank", "the hit's full chunks: 2 of 2"),
+            bt.stock_summary(trace, reg, stock_run),
+            ("stock LMCache 0.5.6", "3.00 MiB", "whole-plan peak", "the hit's full chunks: 2 of 2"),
         ),
         (bt.StockNotRun("skipped with --no-stock"), ("stock LMCache: not run (skipped with --no-stock)",)),
     ):
-        report = replace(d, stock=stock)
+        report = replace(_report(trace, reg, run), stock=stock)
         wire = report.to_wire()
         buf = io.StringIO()
-        render.trace_replay(Console(file=buf, width=200, color_system=None), report)
+        render.trace_replay(Console(file=buf, width=240, color_system=None), report)
         text = buf.getvalue()
-        for needle in needles:
+        for needle in (
+            *needles,
+            "predicted p50",
+            "measured p99",
+            "bound (measured)",
+            "budget 1",
+            "3.0→4.0",
+            "9.5",
+        ):
             assert needle in text, text
         assert "None" not in text and "?" not in text
         # The --json side of the same result: the report's keys, in order, stock last.
-        assert list(json.loads(json.dumps(wire))) == [*REPORT_KEYS, "skip", "salt", "stock"]
+        assert list(json.loads(json.dumps(wire))) == [*REPORT_KEYS, "skip", "stock"]
+        assert list(wire["runs"][0]) == list(RUN_KEYS)
+        assert wire["runs"][0]["measured"]["bound_by"] == {"budget": 1}
 
 
 def test_stock_needs_one_paged_kv_layout() -> None:
@@ -238,3 +386,81 @@ def test_stock_needs_one_paged_kv_layout() -> None:
     two["tensors"][1]["group"] = "win"
     with pytest.raises(CapacityError, match="one KV layout"):
         bt.stock_model(Registration.from_dict(two, source="test"))
+
+
+def test_the_report_says_when_the_host_changed_between_calibration_and_replay() -> None:
+    import io
+
+    from rich.console import Console
+
+    from bsr_cli.cli.render import planning as render
+    from bsr_cli.core.host_model import HostCalibration, HostModel, HostState
+
+    reg = bt.replay_registration()
+    trace, _ = _stock_run(_conversations(1, 2), [0, 192])
+    measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.02, 0.05, request="r1")]
+    host = HostModel(cores=0.5, job_cores=0.5, restore_cpu_s=0.01, restore_cpu_s_per_gb=50.0, restore_slots=2)
+    replayed = bt.BudgetReplayed(2, 1, measured, {0: 1, 1: 1}, (3.0, 4.0), "2025-01-01T00:00:00.000Z", 2.0, 9.5)
+    run = bt.compare(trace, reg, replayed, w=2, bandwidth=1e8, speedup=1.0, host=host)
+
+    def text(run_queue_at_calibration: float) -> str:
+        state = HostState(2, (3.0, 3.0, 3.0), run_queue_at_calibration, run_queue_at_calibration, 0.5)
+        cal = HostCalibration(
+            measured_at="2025-01-01T00:00:00.000Z",
+            registration=reg.identity,
+            chunk_size=reg.chunk_size,
+            bytes_per_chunk=reg.bytes_per_chunk,
+            tp_size=reg.tp_size,
+            w=2,
+            bandwidth=1e8,
+            host=host,
+            burst_stretch=2.0,
+            host_state=state,
+            samples=(),
+        )
+        report = replace(_report(trace, reg, run), calibration=cal, calibration_file="cal.json")
+        buf = io.StringIO()
+        render.trace_replay(Console(file=buf, width=240, color_system=None), report)
+        return buf.getvalue()
+
+    assert "the host changed: the run queue beside bsr was 4.0 at the calibration and 9.5 during" in text(4.0)
+    assert "the host changed" not in text(9.0)  # the negative control: the same host
+
+
+def test_the_prediction_is_made_again_at_the_cores_the_engine_got_during_the_replay() -> None:
+    """The host's state is the model's input: a replay during which the engine got fewer cores than at the
+    calibration is predicted again on the same host model at those cores, slower for CPU-bound restores, and the
+    measurement is set against both. The negative control: a replay that was never short of cores (no figure) gets
+    no second prediction, in text or JSON."""
+    import io
+
+    from rich.console import Console
+
+    from bsr_cli.cli.render import planning as render
+    from bsr_cli.core.host_model import HostModel
+
+    reg = bt.replay_registration()
+    trace, _ = _stock_run(_conversations(1, 2), [0, 192])
+    measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.4, 0.5, request="r1")]
+    # CPU-bound: 3 chunks (192 KiB) need 0.01 + 1,000 s/GB × 196,608 B ≈ 0.21 CPU s, where the bytes take 2 ms.
+    host = HostModel(cores=1.0, job_cores=1.0, restore_cpu_s=0.01, restore_cpu_s_per_gb=1000.0, restore_slots=2)
+    replayed = bt.BudgetReplayed(2, 1, measured, {0: 1, 1: 1}, (3.0, 4.0), "2025-01-01T00:00:00.000Z", 2.0, 9.5)
+    busy = bt.compare(trace, reg, replace(replayed, cores_contended=0.5), w=2, bandwidth=1e8, speedup=1.0, host=host)
+    at = busy.at_replay_cores
+    assert at is not None and at.cores == 0.5
+    # Half the cores: the restore's CPU takes twice as long.
+    assert at.latency_s.p50 == pytest.approx(2 * busy.predicted.latency_s.p50, rel=1e-6)
+    assert at.latency_ratio["p50"] == pytest.approx(0.4 / at.latency_s.p50)
+    assert busy.latency_ratio["p50"] == pytest.approx(0.4 / busy.predicted.latency_s.p50)
+    wire = json.loads(json.dumps(busy.to_wire()))
+    assert wire["at_replay_cores"]["cores"] == 0.5 and set(wire["at_replay_cores"]["agrees"]) == {"p50", "p99"}
+    text = io.StringIO()
+    report = replace(_report(trace, reg, busy), stock=bt.StockNotRun("skipped with --no-stock"))
+    render.trace_replay(Console(file=text, width=300, color_system=None), report)
+    assert "at the replay's cores" in text.getvalue() and "0.50 cores:" in text.getvalue()
+
+    calm = bt.compare(trace, reg, replayed, w=2, bandwidth=1e8, speedup=1.0, host=host)
+    assert calm.at_replay_cores is None and "at_replay_cores" not in calm.to_wire()
+    text = io.StringIO()
+    render.trace_replay(Console(file=text, width=300, color_system=None), replace(report, runs=(calm,)))
+    assert not re.search(r"\d cores: ", text.getvalue())  # the column is there, empty

@@ -36,7 +36,7 @@ def test_bundle_after_an_incident(bsr: Any, engine: Any, tmp_path: Path) -> None
     assert bsr("inject-fault", "--rank", "0", "--kind", "restore-fault").code == 0
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
     assert r.code == 10
-    req = r.json()["request"]
+    req = r.report()["request"]
     # A secret that leaked into an engine log must not leave the machine in a bundle.
     log = next((engine.state_dir / "logs").glob("*.log"))
     with log.open("a") as f:
@@ -46,7 +46,7 @@ def test_bundle_after_an_incident(bsr: Any, engine: Any, tmp_path: Path) -> None
     out = tmp_path / "incident.tar.gz"
     r = bsr("bundle", "-o", str(out), "--synthetic", str(n), "--seed", str(seed), "--tokens-file", str(toks), "--json")
     assert r.code == 0, r.err
-    d = r.json()
+    d = r.report()
     assert d["bundle"] == str(out) and d["missing"] == {}, d["missing"]
     files = _members(out)
     for name in (
@@ -87,7 +87,7 @@ def test_bundle_after_an_incident(bsr: Any, engine: Any, tmp_path: Path) -> None
     # Read back: describe from the bundle, and the replay source `bsr top --replay` uses.
     r = bsr("describe", req, "--record", str(out), "--json")
     assert r.code == 0, r.err
-    assert r.json()["outcome"]["state"] == "failed closed"
+    assert r.report()["outcome"]["state"] == "failed closed"
     replay = ReplaySource.load(out)
     frame = replay.frame(0)
     assert frame.view is not None and len(frame.view.gauges) == 2

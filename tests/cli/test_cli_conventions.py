@@ -248,11 +248,97 @@ def test_every_command_honours_json(bsr, tmp_path: Path) -> None:
         assert docs is not None, where
         if path in ANSWER_OFFLINE:
             assert r.code == 0, where
-        if r.code != 0:  # the error object, or (`engine status` of a stopped engine) the result that shows why
-            last = docs[-1]
-            assert isinstance(last, dict) and last.get("exit_code", r.code) == r.code, where
-            assert last.get("error") != "usage", where  # the parser accepted the command line, --json included
-            assert r.err.startswith("bsr: error: "), where
+        if r.code != 0:  # exactly one document: the error object (carrying the result that came with it, if any)
+            assert len(docs) == 1, where
+            (doc,) = docs
+            assert isinstance(doc, dict) and doc.get("exit_code") == r.code, where
+            assert doc["error"] != "usage", where  # the parser accepted the command line, --json included
+            assert doc["message"] and doc["hint"], where  # every error says what to do next
+            assert r.err.startswith("bsr: error: ") and "\nbsr: hint: " in r.err, where
+
+
+def test_an_error_that_comes_with_a_result_is_one_json_object_carrying_it(bsr, tmp_path: Path) -> None:
+    """A command whose result stands beside its error (an engine that is not running, a fleet with an engine down, a
+    bundle that fails the schema) prints one JSON document under --json: the error object, with the result under
+    ``report``; the text mode still draws the result, then the error line and its hint."""
+    engines = tmp_path / "engines.txt"
+    engines.write_text("http://127.0.0.1:9\n")
+    bundle = tmp_path / "br-x.json"
+    bundle.write_text(json.dumps({"schema": "bsr.bench/1"}))
+    cases = [
+        (("engine", "status"), ExitCode.ENGINE_UNREACHABLE, "running"),
+        (("status", "--engines-from", str(engines), "--timeout", "2"), ExitCode.ENGINE_UNREACHABLE, "engines"),
+        (("bench", "validate", str(bundle)), ExitCode.INVALID_INPUT, str(bundle)),
+    ]
+    for args, code, key in cases:
+        r = bsr(*args, "--json")
+        assert r.code == code, (args, r.err)
+        doc = json.loads(r.out)  # one document: json.loads refuses a second
+        assert doc["exit_code"] == code and doc["message"] and doc["hint"], (args, doc)
+        assert isinstance(doc["report"], dict) and key in doc["report"], (args, doc)
+        text = bsr(*args)
+        assert text.code == code and text.err.startswith("bsr: error: "), (args, text.err)
+
+
+# Real error paths, one per layer that raises them, run as a user meets them: each ends with a hint line.
+ERROR_PATHS: list[tuple[tuple[str, ...], ExitCode]] = [
+    (("rws", "-r", "{tmp}/bad-registration.json"), ExitCode.INVALID_INPUT),  # a malformed registration
+    (("registration", "show", "{tmp}/no-such.yaml"), ExitCode.INVALID_INPUT),
+    (("plan", "--tokens", "5", "--probe", "{tmp}/p.json"), ExitCode.INVALID_INPUT),
+    (("plan", "--W", "32", "--bandwidth", "1GB/s"), ExitCode.INVALID_INPUT),
+    (("plan", "--trace", "{tmp}/no-trace.jsonl", "--bandwidth", "1GB/s"), ExitCode.INVALID_INPUT),
+    (("plan", "--probe", "{tmp}/bad-registration.json"), ExitCode.INVALID_INPUT),  # not a probe result
+    (("rws", "-r", "demo", "--l1", "lots"), ExitCode.INVALID_INPUT),
+    (("status", "--engines-from", "{tmp}/no-engines.txt"), ExitCode.INVALID_INPUT),  # a missing file
+    (("status", "--engines-from", "dns://engines.lab"), ExitCode.INVALID_INPUT),
+    (("events", "--since", "yesterday"), ExitCode.INVALID_INPUT),
+    (("events", "--since", "1h", "--until", "2h"), ExitCode.INVALID_INPUT),
+    (("probe", "--synthetic", "0"), ExitCode.ENGINE_UNREACHABLE),  # no engine runs in the isolated state dir
+    (("probe", "--store", "mooncake://127.0.0.1:9", "--tokens-file", "{tmp}/t.json"), ExitCode.INVALID_INPUT),
+    (("abort", "req-00001"), ExitCode.ENGINE_UNREACHABLE),
+    (("top", "--record", "a.gz", "--replay", "b.gz"), ExitCode.INVALID_INPUT),
+    (("describe", "req-00001", "--record", "{tmp}/no-recording.gz"), ExitCode.INVALID_INPUT),
+    (("bench", "show", "{tmp}/no-bundle.json"), ExitCode.INVALID_INPUT),
+    (("--engine", "nowhere", "status"), ExitCode.INVALID_INPUT),
+    (("--config", "{tmp}/no-config.toml", "status"), ExitCode.INVALID_INPUT),
+]
+
+
+@pytest.mark.parametrize(("argv", "code"), ERROR_PATHS, ids=[" ".join(a) for a, _ in ERROR_PATHS])
+def test_real_error_paths_end_with_a_hint(bsr, tmp_path: Path, argv: tuple[str, ...], code: ExitCode) -> None:
+    (tmp_path / "bad-registration.json").write_text(json.dumps({"tensors": 5}))
+    (tmp_path / "p.json").write_text("{}")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    r = bsr(*args)
+    assert r.code == code, (args, r.err)
+    error, hint = r.err.strip().splitlines()[-2:]
+    assert error.startswith("bsr: error: ") and hint.startswith("bsr: hint: ") and len(hint) > 20, r.err
+    assert str(tmp_path) not in error.split(str(tmp_path), 1)[-1], "the error names a path once"
+    j = bsr(*args, "--json")
+    assert j.code == code and json.loads(j.out)["hint"] == hint.removeprefix("bsr: hint: ")
+
+
+def test_every_error_bsr_raises_carries_a_hint() -> None:
+    """Every construction of a bsr error in bsr_cli names its hint (`hint=`): the user is told what to do next, not
+    only what went wrong. (The error boundary adds a generic hint to an error from elsewhere, e.g. a host's.)"""
+    import ast
+
+    import bsr_cli
+    from bsr_cli import errors
+
+    classes = {name for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, Exception)}
+    classes |= {"WindowRefused", "UnsupportedOp"}  # RankUnresponsive writes its own hint
+    root = Path(bsr_cli.__file__).parent
+    missing = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in classes and not any(k.arg in ("hint", None) for k in node.keywords):
+                missing.append(f"{path.relative_to(root.parent)}:{node.lineno} {name}")
+    assert len(classes) >= 20 and not missing, missing
 
 
 def _json_documents(out: str) -> list[object] | None:

@@ -109,7 +109,7 @@ def test_kv_wait_and_the_overload_ceiling_reach_the_running_engine(bsr, tmp_path
         assert up.json()["settings"]["kv_wait_s"] == 7.5 and up.json()["settings"]["overload_ceiling_s"] == 15
         status = bsr("status", "--json")
         assert status.code == 0, status.err
-        assert status.json()["admission"]["kv_wait_s"] == 7.5
+        assert status.report()["admission"]["kv_wait_s"] == 7.5
         shown = bsr("settings", "show", "--json")
         assert shown.code == 0 and shown.json()["settings"]["overload_ceiling_s"] == 15, shown.out
         other = bsr(*base, "--json")  # the default, 60 s, differs from the running engine's

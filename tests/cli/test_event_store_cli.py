@@ -93,7 +93,7 @@ def test_the_first_restores_evidence_outlives_the_old_ring_and_a_restart(
     assert bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "3").code == 0
     r = bsr("restore", *prompt, "--W", "1", "--json")
     assert r.code == ExitCode.FAILED_CLOSED, r.err
-    first = r.json()["request"]
+    first = r.report()["request"]
 
     def evidence_of_the_first() -> None:
         d = bsr("explain", first, "--json")
@@ -136,7 +136,7 @@ def test_the_first_restores_evidence_outlives_the_old_ring_and_a_restart(
     assert "engine restarted after a clean stop" in bsr("events", "-n", "5").out
     # A new engine over the same store numbers its requests after the ones its evidence names.
     r = bsr("restore", *prompt, "--W", "1", "--json")
-    assert r.code == 0 and int(r.json()["request"].removeprefix("req-")) > int(first.removeprefix("req-")) + restores
+    assert r.code == 0 and int(r.report()["request"].removeprefix("req-")) > int(first.removeprefix("req-")) + restores
 
 
 def test_events_filters_combine_and_json_is_json_lines(bsr: Any, engine: Any) -> None:
@@ -144,7 +144,7 @@ def test_events_filters_combine_and_json_is_json_lines(bsr: Any, engine: Any) ->
     assert bsr("submit", *prompt).code == 0
     r = bsr("restore", *prompt, "--W", "2", "--json")
     assert r.code == 0, r.err
-    req = r.json()["request"]
+    req = r.report()["request"]
     released = _lines(bsr("events", "--since", "10m", "--request", req, "--kind", "window_released", "--json").out)
     assert len(released) == 4 * 2  # 4 windows on each of 2 ranks
     assert all(isinstance(parse_event(e), WindowReleased) and e["request"] == req for e in released)
@@ -178,7 +178,7 @@ def test_a_bundle_replays_the_incident_frame_by_frame_with_the_failure_logs(
     assert bsr("inject-fault", "--rank", "1", "--kind", "restore-fault", "--window", "6").code == 0
     r = bsr("restore", *prompt, "--W", "1", "--json")
     assert r.code == ExitCode.FAILED_CLOSED
-    req = r.json()["request"]
+    req = r.report()["request"]
     out = tmp_path / "incident.tar.gz"
     assert bsr("bundle", "-o", str(out), "--since", "10m").code == 0
 

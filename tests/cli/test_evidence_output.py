@@ -77,7 +77,7 @@ def _restore_with_fault(bsr: Any, prompt: tuple[str, ...], fault: tuple[str, ...
     assert bsr("inject-fault", *fault).code == 0
     js = bsr("restore", *prompt, "--json")
     assert js.code == code, js.err
-    doc = js.json()
+    doc = js.report()
     for path, s in _strings(doc):
         _clean(f"`bsr restore --json` at {path}", s)
     return text.out + text.err, doc
@@ -134,9 +134,11 @@ def test_a_refused_window_and_an_abort_are_not_failed_closed(bsr: Any, engine: A
     assert bsr("submit", *prompt).code == 0
     with engine.client() as c:
         before = c.metrics()
-    refused = bsr("restore", *prompt, "--W", "8", "--json")
+    refused = bsr("restore", *prompt, "--W", "8", "--json")  # within the prompt limit, over the budget B
     assert refused.code == 12, refused.err
-    assert refused.json()["outcome"] == "refused" and refused.json()["failure_kind"] == "capacity"
+    doc = refused.json()  # one document: the error, carrying the refused restore's result
+    assert doc["error"] == "capacity" and doc["exit_code"] == 12 and doc["hint"]
+    assert refused.report()["outcome"] == "refused" and refused.report()["failure_kind"] == "capacity"
     _clean("`bsr restore --W 8`", refused.err)
     text = bsr("restore", *prompt, "--W", "8")
     assert text.code == 12 and "refused" in text.out + text.err

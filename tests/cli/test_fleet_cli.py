@@ -27,8 +27,8 @@ def test_engines_from_a_file_of_urls_and_profiles(bsr: Any, tmp_path: Path) -> N
     listing.write_text("# the lab's engines\nhttp://127.0.0.1:9\n\none   # a profile\nhttp://127.0.0.1:10/\n")
     r = bsr("status", "--config", str(cfg), "--engines-from", str(listing), "--json", "--timeout", "2")
     assert r.code == 3, r.err
-    assert [e["engine"] for e in r.json()["engines"]] == ["http://127.0.0.1:9", "one", "http://127.0.0.1:10/"]
-    assert [e["url"] for e in r.json()["engines"]][2] == "http://127.0.0.1:10"
+    assert [e["engine"] for e in r.report()["engines"]] == ["http://127.0.0.1:9", "one", "http://127.0.0.1:10/"]
+    assert [e["url"] for e in r.report()["engines"]][2] == "http://127.0.0.1:10"
     listing.write_text("http://127.0.0.1:9\nnot-a-profile\n")
     bad = bsr("status", "--config", str(cfg), "--engines-from", f"file:{listing}")
     assert bad.code == 2 and f"{listing}:2: --engine 'not-a-profile' is neither a URL nor a profile" in bad.err
@@ -60,8 +60,9 @@ def test_an_engines_file_names_each_engines_token_file(bsr: Any, tmp_path: Path)
         assert r.code == 2 and f"{listing}:2: {says}" in r.err and "bsr: hint:" in r.err, r.err
     listing.write_text(f"{NOWHERE} token_file=missing.token\n")
     r = bsr("status", "--engines-from", str(listing), "--json")
-    (row,) = r.json()["engines"]
+    (row,) = r.report()["engines"]  # the fleet's result, carried by the one error object
     assert r.code == 2 and row["error"] == "invalid-input" and "missing.token" in row["problems"][0], r.out
+    assert r.json()["exit_code"] == 2 and r.json()["hint"]
 
 
 def test_a_profile_names_its_token_file_relative_to_the_config_file(bsr: Any, tmp_path: Path) -> None:
@@ -84,7 +85,7 @@ def test_one_engine_from_a_file_is_still_a_fleet(bsr: Any, tmp_path: Path) -> No
     listing = tmp_path / "engines.txt"
     listing.write_text(f"{NOWHERE}\n")
     r = bsr("status", "--engines-from", str(listing), "--json", "--timeout", "2")
-    assert r.code == 3 and r.json()["fleet"] is True and len(r.json()["engines"]) == 1
+    assert r.code == 3 and r.report()["fleet"] is True and len(r.report()["engines"]) == 1
 
 
 def test_engines_from_dns_gives_one_engine_per_address() -> None:
@@ -244,7 +245,7 @@ def test_top_json_prints_one_snapshot_or_a_json_error(bsr: Any) -> None:
     r = bsr("top", "--json", "--engine", NOWHERE, "--timeout", "2")
     assert r.code == 3 and r.json()["error"] == "unreachable", "one engine: `bsr pool --json`'s answer"
     r = bsr("top", "--json", "--engine", f"{NOWHERE},http://127.0.0.1:10", "--timeout", "2")
-    assert r.code == 3 and r.json()["fleet"] is True and len(r.json()["engines"]) == 2
+    assert r.code == 3 and r.report()["fleet"] is True and len(r.report()["engines"]) == 2
     r = bsr("top", "--json", "--record", "x.gz")
     assert r.code == 2 and r.json()["error"] == "invalid-input"
     r = bsr("top", "--replay", "x.gz", "--engines-from", "engines.txt")

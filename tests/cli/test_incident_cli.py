@@ -73,7 +73,22 @@ def _lines(out: str) -> list[dict]:
 
 def test_abort_of_an_unknown_request_is_an_error(bsr, engine) -> None:
     r = bsr("abort", "req-does-not-exist")
-    assert r.code == ExitCode.INVALID_INPUT and "no running request" in r.err
+    assert r.code == ExitCode.INVALID_INPUT and "no request 'req-does-not-exist' is running" in r.err
+
+
+def test_an_abort_after_the_restore_ended_says_it_came_too_late(bsr, engine) -> None:
+    """The operator's abort of a restore that already committed (its id still on the screen) changes nothing and
+    says so, with its own exit code, naming the outcome: not "abort requested ... it will fail closed"."""
+    assert bsr("submit", "--synthetic", "2048", "--seed", "34").code == 0
+    done = bsr("restore", "--synthetic", "2048", "--seed", "34", "--json")
+    assert done.code == 0, done.err
+    req = done.json()["request"]
+    r = bsr("abort", req)
+    assert r.code == ExitCode.ALREADY_ENDED, r.err
+    assert f"restore {req} already committed 2,048 tokens before the abort arrived" in r.err and "bsr: hint:" in r.err
+    j = bsr("abort", req, "--json")
+    assert j.code == ExitCode.ALREADY_ENDED and j.json()["error"] == "already-ended"
+    assert j.json()["outcome"] == "committed" and j.json()["exit_code"] == 18
 
 
 def test_pool_reset_peak_restarts_the_measurement(bsr, engine) -> None:
@@ -95,7 +110,7 @@ def test_restore_explains_a_peak_above_rws_under_the_budget(bsr, engine) -> None
     assert bsr("submit", "--synthetic", "4096", "--seed", "33").code == 0
     r = bsr("restore", "--synthetic", "4096", "--seed", "33", "--W", "1", "--json")
     assert r.code == 0, r.err
-    d = r.json()
+    d = r.report()
     peaks = [x["peak_live_bytes"] for x in d["ranks"]]
     assert d["budget_bytes"] == 4 << 20 and max(peaks) <= d["budget_bytes"]
     text = bsr("restore", "--synthetic", "4096", "--seed", "33", "--W", "1").out
@@ -108,7 +123,9 @@ def test_restore_explains_a_peak_above_rws_under_the_budget(bsr, engine) -> None
 def test_restore_with_nothing_stored_is_its_own_exit_code(bsr, engine) -> None:
     r = bsr("restore", "--synthetic", "2048", "--seed", "990001", "--json")
     assert r.code == ExitCode.NOTHING_TO_RESTORE, r.err
-    assert r.json()["outcome"] == "nothing_to_restore"  # the result document, not a second error document
+    doc = r.json()  # one document: the error, carrying the restore's result
+    assert doc["error"] == "nothing-to-restore" and doc["exit_code"] == ExitCode.NOTHING_TO_RESTORE
+    assert doc["report"]["outcome"] == "nothing_to_restore"
     text = bsr("restore", "--synthetic", "2048", "--seed", "990001")
     assert text.code == ExitCode.NOTHING_TO_RESTORE and "nothing to restore" in text.err
 
@@ -117,7 +134,7 @@ def test_restore_tier_means_only_that_tier(bsr, engine) -> None:
     assert bsr("submit", "--synthetic", "2048", "--seed", "35").code == 0
     r = bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "fs", "--json")
     assert r.code == 0, r.err
-    assert r.json()["tiers"] == ["fs"]  # Mooncake, preferred otherwise, was not used
+    assert r.report()["tiers"] == ["fs"]  # Mooncake, preferred otherwise, was not used
     assert bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "nope").code == ExitCode.INVALID_INPUT
     both = bsr("restore", "--synthetic", "2048", "--seed", "35", "--tier", "fs", "--exclude-tier", "mooncake")
     assert both.code == ExitCode.INVALID_INPUT

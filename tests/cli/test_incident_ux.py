@@ -44,7 +44,7 @@ def test_global_flags_after_the_subcommand_reach_the_engine_call(bsr) -> None:
     # Nothing listens on port 1: the flag given after the subcommand is the URL the client tried.
     r = bsr("status", "--engine", "http://127.0.0.1:1", "--timeout", "5", "--json")
     assert r.code == ExitCode.ENGINE_UNREACHABLE
-    doc = r.json()
+    doc = r.report()
     assert doc["error"] == "unreachable" and "127.0.0.1:1" in doc["message"]
 
 

@@ -35,7 +35,7 @@ def test_submit_probe_restore_walkthrough(bsr, engine, tmp_path: Path) -> None:
     res = bsr("restore", "--synthetic", "3000", "--seed", "11")
     assert res.code == 0, res.err
     assert "committed 3,000 tokens" in res.out and "= canonical" in res.out
-    dry = bsr("restore", "--synthetic", "3000", "--seed", "11", "--dry-run", "--json").json()
+    dry = bsr("restore", "--synthetic", "3000", "--seed", "11", "--dry-run", "--json").report()
     assert dry["kind"] == "bsr.plan" and dry["committable_tokens"] == 3000
 
 
@@ -89,7 +89,7 @@ def test_fault_restore_marker_status_and_fallback(bsr, engine) -> None:
     assert r.err.startswith("bsr: error: restore failed closed: rank 1 failed at install")
     assert "no tier blamed" in r.err
     # The fault is in rank 1's install: its marker excludes no tier (recompute locally), no tier is unhealthy.
-    status = bsr("status", "--json").json()
+    status = bsr("status", "--json").report()
     assert len(status["markers"]) == 1 and status["markers"][0]["excluded_tiers"] == []
     assert all(t["ok"] for t in status["tiers"].values())
     text = bsr("status")
@@ -102,7 +102,7 @@ def test_fault_restore_marker_status_and_fallback(bsr, engine) -> None:
 def test_drill_passes(bsr, engine) -> None:
     r = bsr("drill", "--tokens", "2048", "--yes", "--json")
     assert r.code == 0, r.err
-    d = r.json()
+    d = r.report()
     assert d["ok"] is True and [s["scenario"] for s in d["scenarios"]] == [
         "remote-unavailable",
         "remote-and-ssd-absent",

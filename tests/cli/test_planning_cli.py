@@ -39,6 +39,34 @@ def test_plan_largest_prompt(bsr) -> None:
     assert r.err == ""  # stdout is data, nothing else in --json mode
 
 
+def test_plan_without_a_prompt_plans_a_ladder_of_prompt_lengths(bsr) -> None:
+    """`bsr plan --W 32` as the design writes it: no prompt flag, so the default registration over prompt lengths
+    from 8K to 1M tokens, every chunk a hit, saying so in one line on stderr. The bound shows: BSR's peak is
+    RWS(W) at every length while the whole-plan staging grows with the prompt."""
+    r = bsr("plan", "--W", "32", "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["kind"] == "bsr.plan.ladder" and d["W"] == 32 and d["rws_bytes"] == 525_074_432
+    rows = d["rows"]
+    assert [x["tokens"] for x in rows] == [8_192, 32_768, 131_072, 262_144, 524_288, 1_048_576]
+    assert {x["peak_bytes_per_rank"] for x in rows} == {d["rws_bytes"]}
+    assert [x["windows"] for x in rows] == [1, 4, 16, 32, 64, 128]
+    chunk, aux = 16_408_576, d["rws_bytes"] - 32 * 16_408_576  # Σc_i and aux of paper-mtp-off
+    assert rows[-1]["whole_plan_bytes"] == 4096 * chunk + aux  # the whole 1M-token prefix at once
+    text = bsr("plan", "--W", "32")
+    assert text.code == 0 and "no prompt given: planning the built-in registration paper-mtp-off" in text.err
+    assert len(text.err.strip().splitlines()) == 1, text.err  # what it assumed, in one line
+    assert "128.0× less" in text.out and "the same (one window)" in text.out
+    mixed = bsr("plan", "--W", "32", "--all-windows")
+    assert mixed.code == 2 and "add --tokens N or --probe FILE" in mixed.err and "bsr: hint:" in mixed.err
+
+
+def test_a_prompt_that_fits_in_one_window_stages_the_same_either_way(bsr) -> None:
+    r = bsr("plan", "--W", "32", "--tokens", "8192", "-r", "paper-mtp-off")
+    assert r.code == 0 and "fits in one window of W=32: BSR and the whole-plan path stage the same" in r.out
+    assert "1.0×" not in r.out
+
+
 def test_plan_from_probe_file(bsr, tmp_path: Path) -> None:
     probe = {
         "tiers": ["mooncake", "fs"],
@@ -72,7 +100,7 @@ def test_plan_from_probe_file(bsr, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
-        (("plan", "--W", "32"), ExitCode.INVALID_INPUT, "exactly one of"),
+        (("plan", "--tokens", "5", "--probe", "p.json"), ExitCode.INVALID_INPUT, "not --tokens and --probe"),
         (("plan", "--W", "-1", "--tokens", "5"), ExitCode.INVALID_INPUT, ""),
         (("rws", "-r", "nope.json"), ExitCode.INVALID_INPUT, "registration not found"),
         (("rws", "-r", "demo", "--l1", "lots"), ExitCode.INVALID_INPUT, "cannot read a size"),
@@ -92,7 +120,8 @@ def test_malformed_registration_file(bsr, tmp_path: Path) -> None:
     r = bsr("registration", "show", str(f))
     assert r.code == ExitCode.INVALID_INPUT
     assert r.err.startswith("bsr: error: ") and "invalid JSON" in r.err
-    assert len(r.err.strip().splitlines()) == 1
+    _, hint = r.err.strip().splitlines()  # one line, and what to do
+    assert hint.startswith("bsr: hint: ") and "json.tool" in hint
 
 
 def test_traceback_flag_shows_the_stack(bsr, tmp_path: Path) -> None:
@@ -158,7 +187,15 @@ def test_completions_do_not_drift() -> None:
 
 # -- bsr plan --trace -------------------------------------------------------------------------------------------------
 
-REAL_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+# Kept beside the repository (beside the worktrees' folder for a worktree).
+REAL_TRACE = next(
+    (
+        p
+        for d in (ROOT.parent, ROOT.parent.parent)
+        if (p := d / "shared" / "traces" / "conversation_trace.jsonl").exists()
+    ),
+    ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl",
+)
 # Two restores that overlap (hand-computed in tests/core/test_trace_sim.py): with the demo registration (1 MiB per
 # chunk per rank) at 1 MiB/s, the whole plan holds 10 chunks; W=2 with B = 1·RWS holds 2 and r2 waits 3 s.
 TINY = [
@@ -264,7 +301,7 @@ def test_plan_trace_imports_no_plotting_or_bench_unless_asked(tmp_path: Path) ->
         ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--p99", "-1"), "p99 target"),
         ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--W", "0"), "W ≥ 1"),
         ([json.dumps(r) for r in TINY], (), "--trace needs --bandwidth"),
-        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--tokens", "5"), "exactly one of"),
+        ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--tokens", "5"), "not --tokens and --trace"),
         ([json.dumps(r) for r in TINY], ("--bandwidth", "1GB/s", "--all-windows"), "plan one prompt, not a trace"),
     ],
 )
@@ -282,6 +319,94 @@ def test_plan_trace_missing_file_and_trace_flags_without_trace(bsr, tmp_path: Pa
     assert r.code == ExitCode.INVALID_INPUT and "trace not found" in r.err
     r = bsr("plan", "--tokens", "512", "--bandwidth", "1GB/s", "--p99", "1")
     assert r.code == ExitCode.INVALID_INPUT and "--bandwidth, --p99 plan a trace: add --trace FILE" in r.err
+
+
+# A host on which a chunk (1 MiB) needs 2 CPU seconds: at 1 MiB/s its bytes take 1 s, so TINY's restores are
+# CPU-bound. On one core: r1 alone for 1 s (1 of its 8 CPU s), then both at half a core: r1's other 7 CPU s end at
+# 15 s, when r2 has 5 of its 12 left, alone: 20 s. Latencies 15 s and 19 s.
+CPU_PER_GB = str(2 / ((1 << 20) / 1e9))
+
+
+def _calibration(tmp_path: Path, **host: object) -> Path:
+    from bsr_cli.core.host_model import HostCalibration, HostModel, HostState
+
+    model = {"cores": 1.0, "job_cores": 1.0, "restore_cpu_s": 0.0, "restore_cpu_s_per_gb": float(CPU_PER_GB)} | host
+    cal = HostCalibration(
+        measured_at="2025-01-01T00:00:00.000Z",
+        registration="reg-0000000000000000",
+        chunk_size=256,
+        bytes_per_chunk=1 << 20,
+        tp_size=1,
+        w=2,
+        bandwidth=float(1 << 20),
+        host=HostModel(**model),  # type: ignore[arg-type]
+        burst_stretch=1.0,
+        host_state=HostState(2, (1.0, 1.0, 1.0), 0.0, 0.0, 1.0),
+        samples=(),
+    )
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(cal.to_wire()))
+    return path
+
+
+def test_plan_trace_on_a_host_model(bsr, tmp_path: Path) -> None:
+    f = _write_trace(tmp_path / "t.jsonl", TINY)
+    d = bsr("plan", "--trace", str(f), *TINY_ARGS, "--cores", "1", "--cpu-per-gb", CPU_PER_GB, "--json").json()
+    assert d["whole_plan"]["latency_s"]["p50"] == pytest.approx(15.0)
+    assert d["whole_plan"]["latency_s"]["p99"] == pytest.approx(19.0)
+    assert d["whole_plan"]["bound_by"] == {"cpu": 2}
+    assert d["host"] == {
+        "cores": 1.0,
+        "job_cores": 1.0,
+        "restore_cpu_s": 0.0,
+        "restore_cpu_s_per_gb": pytest.approx(float(CPU_PER_GB)),
+        "compute_cpu_s_per_gb": 0.0,
+    }
+    # 10 chunks restored at 2 CPU s each, over the trace's 1 s, on one core: it needs 20 times the cores it has.
+    assert d["cpu_load"] == pytest.approx(20.0)
+    r = bsr("plan", "--trace", str(f), *TINY_ARGS, "--cores", "1", "--cpu-per-gb", CPU_PER_GB)
+    text = " ".join(r.out.split())
+    assert "host: cores available to bsr 1, at most 1 per restore" in text and "1907.35 s/GB of CPU" in text
+    # The negative control: the bandwidth alone (no host) gives 7 s and 9 s.
+    d = bsr("plan", "--trace", str(f), *TINY_ARGS, "--json").json()
+    assert d["whole_plan"]["latency_s"]["p50"] == pytest.approx(7.0) and "bound_by" not in d["whole_plan"]
+
+
+def test_plan_trace_from_a_saved_calibration(bsr, tmp_path: Path) -> None:
+    f = _write_trace(tmp_path / "t.jsonl", TINY)
+    cal = _calibration(tmp_path)
+    # Its bandwidth (1 MiB/s) and host model: no --bandwidth needed. It measured another registration: a warning.
+    r = bsr("plan", "--trace", str(f), "-r", "demo", "--W", "2", "--calibration", str(cal), "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["bandwidth_bytes_per_s"] == 1 << 20
+    assert (d["whole_plan"]["latency_s"]["p50"], d["whole_plan"]["latency_s"]["p99"]) == pytest.approx((15.0, 19.0))
+    assert "bsr: warning: the calibration measured registration reg-0000000000000000" in r.err
+    # --cores puts the host's state in the calibration's place: two cores, one restore at most one: 8 s and 12 s.
+    d = bsr(
+        "plan", "--trace", str(f), "-r", "demo", "--W", "2", "--calibration", str(cal), "--cores", "2", "--json"
+    ).json()
+    assert (d["whole_plan"]["latency_s"]["p50"], d["whole_plan"]["latency_s"]["p99"]) == pytest.approx((8.0, 12.0))
+    assert d["host"]["cores"] == 2.0
+
+
+def test_plan_trace_host_flags_refused_in_one_line(bsr, tmp_path: Path) -> None:
+    f = _write_trace(tmp_path / "t.jsonl", TINY)
+    not_one = tmp_path / "other.json"
+    not_one.write_text(json.dumps({"kind": "bsr.plan.trace"}))
+    for args, needle in (
+        (("--cores", "1"), "--cores and --cpu-per-gb model the host together"),
+        (("--cores", "0", "--cpu-per-gb", "1"), "cores must be positive"),
+        (("--cores", "1", "--cpu-per-gb", "-1"), "restore_cpu_s_per_gb must be at least 0"),
+        (("--calibration", str(not_one)), "not a calibration"),
+        (("--calibration", str(_calibration(tmp_path, cores=0.0))), "cores must be positive"),
+        (("--calibration", str(tmp_path / "missing.json")), "file not found"),
+    ):
+        r = bsr("plan", "--trace", str(f), "-r", "demo", "--W", "2", *args)
+        assert r.code == ExitCode.INVALID_INPUT, (args, r.err)
+        assert needle in r.err and r.err.startswith("bsr: error: ") and "Traceback" not in r.err, r.err
+    r = bsr("plan", "--tokens", "512", "--cores", "2")
+    assert r.code == ExitCode.INVALID_INPUT and "--cores plan a trace: add --trace FILE" in r.err
 
 
 @pytest.mark.skipif(not REAL_TRACE.exists(), reason=f"the conversation trace is not at {REAL_TRACE}")

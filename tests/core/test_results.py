@@ -240,3 +240,23 @@ def test_a_probe_reads_back_typed_markers_and_writes_the_same_document() -> None
     assert probe.markers[0].excluded_tiers == ("mooncake",) and probe.markers[0].host_fields == {"prefix_tokens": 512}
     assert probe.registration.tp_size == 2 and probe.first_break is None
     assert json.dumps(probe.to_wire()) == json.dumps(doc)  # key for key, in order
+
+
+def test_a_ranks_stage_costs_travel_by_stage_and_are_absent_from_an_older_ranks_answer() -> None:
+    from bsr_cli.core.evidence import TimedStage
+    from bsr_cli.core.results import RankRestore
+    from bsr_cli.core.stage_costs import StageCost, StageCosts
+
+    costs = StageCosts(process_cpu_s=2.0).plus(TimedStage.FETCH, 1.5, 0.5).plus(TimedStage.VERIFY, 0.2, 0.1)
+    rank = RankRestore(rank=0, ok=True, valid={"full": True}, stages=costs)
+    w = rank.to_wire()
+    assert list(w["stages"]) == ["fetch", "verify", "install", "wait", "process_cpu_s"]
+    assert w["stages"]["fetch"] == {"wall_s": 1.5, "cpu_s": 0.5} and w["stages"]["install"] == {
+        "wall_s": 0.0,
+        "cpu_s": 0.0,
+    }
+    assert RankRestore.from_wire(w) == rank
+    assert costs.staged_cpu_s == 0.6 and costs.of(TimedStage.VERIFY) == StageCost(0.2, 0.1)
+    assert StageCosts.total([costs, costs]).fetch == StageCost(3.0, 1.0)
+    older = RankRestore(rank=0, ok=True, valid={"full": True})
+    assert "stages" not in older.to_wire() and RankRestore.from_wire(older.to_wire()).stages is None

@@ -16,7 +16,16 @@ from bsr_cli.core.trace_sim import nearest_rank, plan_trace, replay, windows_hel
 from bsr_cli.errors import InvalidInput
 from bsr_cli.loaders import builtin_registration, load_trace
 
-REAL_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "conversation_trace.jsonl"
+# Kept beside the repository (beside the worktrees' folder for a worktree).
+_ROOT = Path(__file__).resolve().parents[2]
+REAL_TRACE = next(
+    (
+        p
+        for d in (_ROOT.parent, _ROOT.parent.parent)
+        if (p := d / "shared" / "traces" / "conversation_trace.jsonl").exists()
+    ),
+    _ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl",
+)
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ FETCH_TIMEOUT_S = 2.0
 
 def _status(bsr) -> tuple[int, dict]:
     r = bsr("status", "--json")
-    return r.code, json.loads(r.out)
+    return r.code, r.report()
 
 
 # -- finding 1: capacity and configuration are not tier faults ------------------------------------------------------
@@ -48,7 +48,7 @@ def test_window_over_budget_is_capacity_with_no_marker(bsr, engine) -> None:
     assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--W", "8", "--json")
     assert r.code == ExitCode.CAPACITY, (r.code, r.err)
-    res = r.json()
+    res = r.report()
     assert res["outcome"] == "refused" and res["committed_tokens"] == 0  # capacity: no fault
     assert res["failure_kind"] == "capacity" and res["blamed_tiers"] == []
     assert "marker" not in res
@@ -58,7 +58,7 @@ def test_window_over_budget_is_capacity_with_no_marker(bsr, engine) -> None:
     assert st["tiers"]["mooncake"]["ok"] is True  # a capacity refusal does not make the tier look broken
     # The whole-plan path (W=0) against the pool (8 chunks): 12 chunks never fit.
     r0 = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--W", "0", "--json")
-    assert r0.code == ExitCode.CAPACITY and r0.json()["failure_kind"] == "capacity"
+    assert r0.code == ExitCode.CAPACITY and r0.report()["failure_kind"] == "capacity"
     assert "--pool" in r0.err and _status(bsr)[1]["markers"] == []
     # And the admission path computes locally without a marker, saying why.
     s = bsr("submit", "--synthetic", str(n), "--seed", str(seed), "--W", "8", "--json")
@@ -72,10 +72,10 @@ def test_dry_run_checks_w_against_the_budget_and_pool(bsr, engine) -> None:
     n, seed = 12 * 256, 902
     assert bsr("submit", "--synthetic", str(n), "--seed", str(seed)).code == 0
     ok = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--dry-run", "--json")
-    assert ok.code == 0 and ok.json()["capacity"]["fits"] is True
+    assert ok.code == 0 and ok.report()["capacity"]["fits"] is True
     bad = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--dry-run", "--W", "64", "--json")
     assert bad.code == ExitCode.CAPACITY, bad.err
-    assert bad.json()["capacity"]["fits"] is False and "budget B" in bad.err
+    assert bad.report()["capacity"]["fits"] is False and "budget B" in bad.err
     text = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--dry-run", "--W", "0")
     assert text.code == ExitCode.CAPACITY and "does not fit" in text.out and "--pool" in text.err
 
@@ -129,7 +129,7 @@ def test_an_operator_abort_exits_130_and_blames_no_tier(bsr, engine) -> None:
     t.join(60)
     assert aborted, "the restore was never seen running"
     assert r.code == ExitCode.INTERRUPTED, (r.code, r.err)
-    res = r.json()
+    res = r.report()
     assert res["failure_kind"] == "aborted" and res["committed_tokens"] == 0 and "marker" not in res
     assert "aborted" in r.err and "no tier blamed" in r.err
     st = _status(bsr)[1]
@@ -345,7 +345,7 @@ def test_an_armed_fault_is_shown_armed_and_the_failure_it_causes_shows_the_tier_
     with AdminClient(own[1], own[2]) as c:
         assert c.health().degraded_tiers == []
     r = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
-    assert r.code == ExitCode.FAILED_CLOSED and r.json()["blamed_tiers"] == ["mooncake"]
+    assert r.code == ExitCode.FAILED_CLOSED and r.report()["blamed_tiers"] == ["mooncake"]
     assert bsr("faults", "list", "--json").json()["faults"] == []  # fired once and spent: no longer armed
     assert bsr("markers", "clear", "--all", "--yes").code == 0
     recent = _status(bsr)[1]["tiers"]["mooncake"]
@@ -353,7 +353,7 @@ def test_an_armed_fault_is_shown_armed_and_the_failure_it_causes_shows_the_tier_
     assert recent["injected"] is True and "faults_armed" not in recent
     assert "unhealthy (restore failed, injected)" in bsr("status").out
     ok = bsr("restore", "--synthetic", str(n), "--seed", str(seed), "--json")
-    assert ok.code == 0 and ok.json()["tiers"] == ["mooncake"]
+    assert ok.code == 0 and ok.report()["tiers"] == ["mooncake"]
     assert _status(bsr)[1]["tiers"]["mooncake"]["ok"] is True  # a committed restore from it clears it
 
 

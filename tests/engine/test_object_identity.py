@@ -73,7 +73,7 @@ def test_another_prompts_object_under_this_key_fails_closed_is_named_removed_and
 
     r = bsr("restore", *mine, "--tier", "mooncake", "--json")
     assert r.code == 10, (r.code, r.out, r.err)
-    d = r.json()
+    d = r.report()  # the failed restore's result, carried by the one error object
     assert d["outcome"] == "failed_closed" and d["committed_tokens"] == 0, d
     (fail,) = [f for f in d["failures"] if f["stage"] == "verify"]
     assert (fail["rank"], fail["tier"]) == (0, "mooncake"), fail
@@ -126,7 +126,8 @@ def test_kv_that_passes_every_checksum_but_is_not_the_prompts_never_exits_0(
 
     r = bsr("restore", *prompt, "--tier", "mooncake", "--json")
     assert r.code == 19, (r.code, r.out, r.err)
-    d = r.json()
+    d = r.report()  # the invalidated restore's result, carried by the one error object
+    assert r.json()["error"] == "output-mismatch" and r.json()["exit_code"] == 19
     assert d["hash_ok"] is False and d["outcome"] == "failed_closed" and d["committed_tokens"] == 0, d
     assert d["restored_tokens"] == N and d["marker"]["excluded_tiers"] == [], d  # the next admission recomputes
     with engine.client() as c:
@@ -143,4 +144,4 @@ def test_kv_that_passes_every_checksum_but_is_not_the_prompts_never_exits_0(
     # Mooncake still holds the wrong object (its checksum holds): a submit that restores it fails too, stores
     # nothing, and exits 19.
     bad = bsr("submit", *prompt, "--json")
-    assert bad.code == 19 and bad.json()["hash_ok"] is False and bad.json()["stored"] == {}, bad.out
+    assert bad.code == 19 and bad.report()["hash_ok"] is False and bad.report()["stored"] == {}, bad.out

@@ -112,7 +112,7 @@ def test_a_link_cut_mid_restore_fails_closed_names_the_link_and_recovers(
         res = _restore_cutting(multihost, rank, peer)
         # `bsr engine status` shows the link down, at the end that was set down.
         monkeypatch.setenv("BSR_STATE_DIR", str(multihost.state))
-        status = bsr("engine", "status", "--json").json()
+        status = bsr("engine", "status", "--json").report()
         assert [lk for lk in status["hosts"]["links"] if lk["state"] != "up"] == [
             {"link": link, "state": "down", "down_at": [netns.rank_node(rank)]}
         ]

@@ -243,7 +243,7 @@ def test_a_drill_pages_nobody_and_the_same_failure_for_real_does(
         assert bsr("submit", *prompt).code == 0
         assert bsr("inject-fault", "--kind", "corrupt").code == 0
         r = bsr("restore", *prompt, "--json")
-        assert r.code == 10 and r.json()["failure_kind"] == "tier", r.out + r.err
+        assert r.code == 10 and r.report()["failure_kind"] == "tier", r.out + r.err
         tier = bsr("status", "--json").json()["tiers"]["mooncake"]
         assert tier["ok"] is False and tier["injected"] is True, tier
 
@@ -275,7 +275,7 @@ def test_a_drill_pages_nobody_and_the_same_failure_for_real_does(
         assert bsr("submit", *prompt).code == 0
         _rot_fs_object(state, 72)
         r = bsr("restore", *prompt, "--tier", "fs", "--json")
-        assert r.code == 10 and r.json()["failure_kind"] == "tier", r.out + r.err
+        assert r.code == 10 and r.report()["failure_kind"] == "tier", r.out + r.err
 
         def firing() -> set[tuple[str, str]]:
             return {

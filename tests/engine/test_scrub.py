@@ -136,7 +136,7 @@ def test_damage_in_several_windows_heals_after_one_failed_restore_and_one_store(
 
     first = bsr("restore", *prompt, "--tier", "fs", "--json")
     assert first.code == 10, first.out
-    failed = first.json()
+    failed = first.report()  # the failed restore's result, carried by the one error object
     request = failed["request"]
     # Each rank failed at its first damaged window, G2 on rank 0 and G4 on rank 1, naming its chunks.
     assert sorted((f["rank"], f["window"], tuple(f["chunks"])) for f in failed["failures"]) == [
@@ -189,9 +189,9 @@ def test_without_the_scrub_each_damaged_window_costs_a_failed_restore(
         if r.code == 0:
             break
         assert r.code == 10, r.out
-        failed_at.append(sorted(f["window"] for f in r.json()["failures"]))
+        failed_at.append(sorted(f["window"] for f in r.report()["failures"]))
         with eng.client() as c:
-            assert not c.events(request=r.json()["request"], kinds=["scrub_started"]).events
+            assert not c.events(request=r.report()["request"], kinds=["scrub_started"]).events
         assert bsr("submit", *prompt).code == 0
     # Each failed restore met the next damaged window of each rank: one the restore before it never read.
     assert failed_at == [[1, 3], [5, 7], [10, 11], [14, 15]], failed_at
@@ -218,7 +218,7 @@ def test_bsr_scrub_says_clean_then_finds_and_sets_apart_the_damage(
     damaged = _rot(paths)
     found = bsr("scrub", "--tier", "fs", *prompt, "--json")
     assert found.code == 20, found.out + found.err  # damaged objects found (the negative control of the above)
-    d = found.json()
+    d = found.report()
     assert (d["checked"], d["damaged"], len(d["quarantined"])) == (32, 2, 2), d
     assert {q["file"] for q in d["quarantined"]} == {
         str(p)
@@ -226,15 +226,15 @@ def test_bsr_scrub_says_clean_then_finds_and_sets_apart_the_damage(
         if p.read_bytes() in damaged.values()
     }
     assert not any(p.exists() for p in paths)
-    err = json.loads(found.out)  # one JSON document on stdout: the report
-    assert err["tier"] == "fs"
+    err = json.loads(found.out)  # one JSON document on stdout: the error, carrying the report
+    assert err["error"] == "damaged-objects" and err["exit_code"] == 20 and err["report"]["tier"] == "fs"
     again = bsr("scrub", "--tier", "fs", *prompt)
     assert again.code == 0 and "2 not held" in again.out  # set apart: the tier no longer holds them
 
     # Every object of the tier, split between the two ranks; a limit cuts it short (exit 21).
     _rot(_object_files(healing, 44, ((0, 5, "full"),), SMALL))
     whole = bsr("scrub", "--tier", "fs", "--all", "--json")
-    assert whole.code == 20 and whole.json()["scope"] == "all" and whole.json()["damaged"] == 1, whole.out
+    assert whole.code == 20 and whole.report()["scope"] == "all" and whole.report()["damaged"] == 1, whole.out
     cut = bsr("scrub", "--tier", "fs", "--all", "--max-objects", "1")
     assert cut.code == 21 and "stopped at its limit of 1 objects" in cut.err, cut.err
     for bad in (("--tier", "fs"), ("--tier", "fs", "--all", *prompt), ("--tier", "mooncake", "--all")):
@@ -254,7 +254,7 @@ def test_a_marker_has_one_id_in_markers_status_explain_events_and_describe(
     _rot(_object_files(healing, 45, ((1, 3, "full"),), SMALL))  # G1 of W=4 is chunks 0-3
     r = bsr("restore", *prompt, "--tier", "fs", "--json")
     assert r.code == 10
-    request = r.json()["request"]
+    request = r.report()["request"]
     _wait_for_scrubs(healing, request, ranks=1)  # rank 1's restore failed: it scrubs the rest of the prompt
     listed = bsr("markers", "list", "--json").json()["markers"]
     assert [m["prompt"] for m in listed if m["request"] == request] == [key], listed

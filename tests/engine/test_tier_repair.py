@@ -83,7 +83,7 @@ def test_a_corrupt_object_is_quarantined_named_and_rewritten(bsr: Any, eng: FsEn
 
     r = bsr("restore", *prompt, "--json")
     assert r.code != 0
-    first = r.json()
+    first = r.report()
     fails = first["failures"]
     assert any(f["stage"] == "verify" and f["tier"] == "fs" and "chunk 3" in f["reason"] for f in fails), fails
     assert not path.exists()
@@ -96,7 +96,7 @@ def test_a_corrupt_object_is_quarantined_named_and_rewritten(bsr: Any, eng: FsEn
 
     st = bsr("status", "--json")
     assert st.code == 0
-    fs = st.json()["tiers"]["fs"]
+    fs = st.report()["tiers"]["fs"]
     assert fs["quarantined_total"] == 1
     assert (
         "checksum mismatch (its bytes, or the chunk they belong to): chunk 3 group full on rank 0"
@@ -113,13 +113,13 @@ def test_a_corrupt_object_is_quarantined_named_and_rewritten(bsr: Any, eng: FsEn
     # The next fs restore of the prompt does not fail on that chunk again: the tier no longer holds it.
     again = bsr("restore", *prompt, "--json")
     assert again.code == 0, again.out
-    assert again.json()["committed_tokens"] == 3 * 256
+    assert again.report()["committed_tokens"] == 3 * 256
 
     # The next submit computes the chunk and stores it again; then the whole prompt restores from fs.
     assert bsr("submit", *prompt).code == 0
     assert path.exists()
     whole = bsr("restore", *prompt, "--json")
-    assert whole.code == 0 and whole.json()["committed_tokens"] == N, whole.out
+    assert whole.code == 0 and whole.report()["committed_tokens"] == N, whole.out
 
 
 def test_a_full_fs_tier_is_unhealthy_and_submit_says_the_store_failed(bsr: Any, eng: FsEngine) -> None:
@@ -154,7 +154,7 @@ def test_a_read_only_fs_tier_is_unhealthy_with_its_reason(bsr: Any, eng: FsEngin
         r = bsr("submit", "--synthetic", str(N), "--seed", "33")
         assert r.code == 0 and "(EROFS)" in r.err, r.err
         st = bsr("status", "--json")
-        fs = st.json()["tiers"]["fs"]
+        fs = st.report()["tiers"]["fs"]
         assert not fs["ok"] and fs["condition"] == "read_only" and "read_only" in fs["conditions"], fs
     finally:
         eng.tmpfs.remount("rw")
@@ -179,11 +179,11 @@ def test_a_quarantined_fs_chunk_is_rewritten_from_mooncake(bsr: Any, engine: Any
     path.write_bytes(damaged)
 
     r = bsr("restore", *prompt, "--tier", "fs", "--json")
-    assert r.code != 0 and any(f["tier"] == "fs" and f["stage"] == "verify" for f in r.json()["failures"])
+    assert r.code != 0 and any(f["tier"] == "fs" and f["stage"] == "verify" for f in r.report()["failures"])
     assert not path.exists()
 
     s = bsr("submit", *prompt, "--json")
     assert s.code == 0 and s.json()["external_tokens"] == N and s.json()["source"] == "mooncake", s.out
     assert path.exists() and path.read_bytes() != bytes(damaged)
     whole = bsr("restore", *prompt, "--tier", "fs", "--json")
-    assert whole.code == 0 and whole.json()["committed_tokens"] == N and whole.json()["hash_ok"], whole.out
+    assert whole.code == 0 and whole.report()["committed_tokens"] == N and whole.report()["hash_ok"], whole.out

@@ -51,11 +51,12 @@ class Pool:
         self._raw = (ctypes.c_char * size).from_address(self.ptr)
         self.view = memoryview(self._raw).cast("B")
 
-    def slices(self, sizes: Sequence[int], align: int = 4096) -> list[StagingSlice]:
+    def slices(self, sizes: Sequence[int], align: int = 4096, tail: int = 0) -> list[StagingSlice]:
+        """Slices of ``sizes``, each ``tail`` bytes of room after it (as the engine's pool leaves for a trailer)."""
         out, off = [], 0
         for size in sizes:
-            out.append(StagingSlice(self.ptr + off, self.view[off : off + size]))
-            off += (size + align - 1) // align * align
+            out.append(StagingSlice(self.ptr + off, self.view[off : off + size], tail))
+            off += (size + tail + align - 1) // align * align
         assert off <= len(self.view), "pool too small for the test"
         return out
 
@@ -234,6 +235,55 @@ def test_mooncake_size_mismatch_and_foreign_object_are_io_errors(mc_tier: Any, m
     assert mc_tier._store.put_from(keys[1], foreign.data_ptr(), foreign.numel()) == 0
     codes, _ = mc_tier.get_into(keys[1:], mc_pool.slices([8192]), 2.0)
     assert codes == [IO_ERROR]
+
+
+class _CountingStore:
+    """The tier's real store, its get calls counted by name (the transfers a get makes at the store boundary)."""
+
+    GETS = ("batch_get_into", "batch_get_into_multi_buffers", "get_into")
+
+    def __init__(self, store: Any) -> None:
+        self.real, self.calls = store, []
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.real, name)
+        if name not in self.GETS:
+            return call
+
+        def counted(*args: Any) -> Any:
+            self.calls.append(name)
+            return call(*args)
+
+        return counted
+
+
+@pytest.mark.engine
+def test_mooncake_an_object_with_room_for_its_trailer_lands_whole_in_one_transfer(mc_tier: Any, mc_pool: Pool) -> None:
+    sizes = [3 * MiB + 7, 4096, 1]
+    data = payloads(sizes, seed=31)
+    keys = fresh_keys(len(sizes))
+    mc_tier.put(keys, [memoryview(b) for b in data], [crc(memoryview(b)) for b in data])
+    spy = _CountingStore(mc_tier._store)
+    mc_tier._store = spy
+    try:
+        mc_pool.clear()
+        dests = mc_pool.slices([*sizes, 4096], tail=16)  # the last one: an object the store does not hold
+        codes, sums = mc_tier.get_into([*keys, fresh_keys(1)[0]], dests, 5.0)
+        assert spy.calls == ["batch_get_into"]  # the payloads and trailers of every object: one call
+        assert codes == [*sizes, MISSING] and sums == [*(crc(memoryview(b)) for b in data), None]
+        for dest, buf in zip(dests[:-1], data, strict=True):
+            assert torch.equal(in_pool(mc_pool, dest), as_tensor(buf))
+            after = dest.ptr - mc_pool.ptr + len(dest.view) + 16
+            assert int(mc_pool.tensor[after]) == 0xA5  # nothing written past the room it was given
+        # A slice of the wrong size still fails as an io-error, never a short read taken as whole.
+        codes, _ = mc_tier.get_into(keys[:2], mc_pool.slices([sizes[0] - 1, 4097], tail=16), 2.0)
+        assert codes == [IO_ERROR, IO_ERROR]
+        # Negative control: without that room the trailer is a second buffer of every object (two transfers each).
+        spy.calls.clear()
+        codes, _ = mc_tier.get_into(keys, mc_pool.slices(sizes), 5.0)
+        assert codes == sizes and spy.calls == ["batch_get_into_multi_buffers"]
+    finally:
+        mc_tier._store = spy.real
 
 
 @pytest.mark.engine

@@ -23,11 +23,14 @@ os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # keep Mooncake's tra
 import torch
 from lmcache_bsr import _lmcache as lm
 from lmcache_bsr.host import LMCacheHost
+from lmcache_bsr.window import install_window
+from window_spies import StoreSpy, counting_writes
 
 from bsr_cli.api.ranks import SetBudgetRequest
 from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.integrity import sidecar_key
 from bsr_cli.core.keys import chunk_hashes, synthetic_tokens
 from bsr_cli.core.results import InvalidCell
 from bsr_cli.errors import CapacityError, InvalidInput
@@ -244,28 +247,24 @@ def test_failed_window_leaves_no_valid_partial_prefix(stack: tuple[services.Serv
 
 
 @pytest.mark.timeout(180)
-def test_a_fetch_part_that_raises_fails_closed_and_gives_l1_back(
-    stack: tuple[services.ServiceHandle, LMCacheHost], monkeypatch: pytest.MonkeyPatch
+def test_a_window_transfer_that_raises_fails_closed_and_gives_l1_back(
+    stack: tuple[services.ServiceHandle, LMCacheHost],
 ) -> None:
     _, host = stack
     c = host.coordinator
     toks = _stored_prompt(host, seed=16, n_tokens=CHUNKS * CS)
-    orig = lm.fetch_window
-    broken = host.rank(1).keys(toks)[2 * W + 1]  # rank 1, window 2, its second fetch part
-
-    def flaky(eng: Any, keys: Any, locations: Any) -> Any:
-        # That part raises; its sibling part (and the next window's fetch, issued ahead) have already taken L1
-        # memory that must come back.
-        if eng is host.rank(1).engine and keys and keys[0] == broken:
-            raise RuntimeError("transfer broke mid-window")
-        return orig(eng, keys, locations)
-
+    broken = lm.key_string(host.rank(1).keys(toks)[2 * W + 1])  # rank 1, window 2
+    windows = host.rank(1).windows
+    assert windows is not None
+    real = windows.store
+    # The real store, whose transfer of window 2 raises: that window's L1 objects (allocated before the transfer)
+    # and the next window's (its fetch issued ahead) must come back.
+    windows.store = StoreSpy(real, fail_when=lambda keys: broken in keys)
     for r in (0, 1):
         host.rank(r).set_budget(SetBudgetRequest(2 * W * CHUNK_BYTES))  # B = 2 RWS: a fetch runs ahead
     try:
-        monkeypatch.setattr(lm, "fetch_window", flaky)
         res = c.restore(toks, w=W, exclude=["fs"])
-        monkeypatch.setattr(lm, "fetch_window", orig)
+        windows.store = real
         assert res.report is not None
         assert res.outcome is Outcome.FAILED_CLOSED and res.committed_tokens == 0
         assert [(f.rank, f.window) for f in res.report.failures] == [(1, None)]
@@ -275,6 +274,7 @@ def test_a_fetch_part_that_raises_fails_closed_and_gives_l1_back(
         again = c.restore(toks, w=W, exclude=["fs"])
         assert again.outcome is Outcome.COMMITTED and again.hashes is not None and again.hashes.hash_ok is True
     finally:
+        windows.store = real
         c.clear_markers()  # the failure marked mooncake for this prompt; the stack is shared by the module
         for r in (0, 1):
             host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
@@ -330,8 +330,10 @@ def test_admin_api_and_cli_against_the_lmcache_host(
         probe = bsr("probe", "--synthetic", str(6 * CS), "--seed", "21")
         assert "rows" in json.dumps(probe)
         bsr("inject-fault", "--kind", "restore-fault", "--rank", "0", "--window", "2")
-        # Exit code 10: the CLI says "failed closed" (the JSON result still comes on stdout).
-        rest = bsr("restore", "--synthetic", str(6 * CS), "--seed", "21", "--exclude-tier", "fs", rc=10)
+        # Exit code 10: the CLI says "failed closed"; its one JSON document is the error, carrying the result.
+        failed = bsr("restore", "--synthetic", str(6 * CS), "--seed", "21", "--exclude-tier", "fs", rc=10)
+        assert failed["error"] == "failed-closed" and failed["exit_code"] == 10
+        rest = failed["report"]
         assert rest["outcome"] == "failed_closed" and rest["committed_tokens"] == 0
         assert {f["window"] for f in rest["failures"]} == {1}  # --window 2 is 1-based
         status = bsr("status")
@@ -365,6 +367,98 @@ def test_dead_master_is_refused_before_lmcache_setup(tmp_path: Path) -> None:
 def _released_on_rank0(events: list[Event]) -> list[int]:
     """The sequence numbers of a request's window_released events on rank 0, in order."""
     return [e.seq for e in events if isinstance(e, WindowReleased) and e.rank == 0]
+
+
+@pytest.mark.timeout(180)
+def test_a_window_is_one_transfer_and_one_copy_per_layer(stack: tuple[services.ServiceHandle, LMCacheHost]) -> None:
+    _, host = stack
+    c = host.coordinator
+    toks = _stored_prompt(host, seed=17, n_tokens=CHUNKS * CS)
+    ranks = [host.rank(r) for r in (0, 1)]
+    real = [rk.windows.store for rk in ranks if rk.windows is not None]
+    assert len(real) == 2
+    spies = [StoreSpy(store) for store in real]
+    try:
+        for rk, spy in zip(ranks, spies, strict=True):
+            assert rk.windows is not None
+            rk.windows.store = spy
+        with counting_writes(ranks) as writes:
+            res = c.restore(toks, w=W, exclude=["fs"])
+    finally:
+        for rk, store in zip(ranks, real, strict=True):
+            assert rk.windows is not None
+            rk.windows.store = store
+    assert res.outcome is Outcome.COMMITTED and res.hashes is not None and res.hashes.hash_ok is True
+    windows = CHUNKS // W
+    for rk, spy in zip(ranks, spies, strict=True):
+        keys = [lm.key_string(k) for k in rk.keys(toks)]
+        # One store call per window, carrying its W objects and their W checksum sidecars; nothing else read.
+        assert [len(carried) for _, carried in spy.calls] == [2 * W] * windows, spy.calls
+        for i, (call, carried) in enumerate(spy.calls):
+            window = keys[i * W : (i + 1) * W]
+            assert call == "batch_get_into" and carried == (*window, *map(sidecar_key, window)), carried
+    # One copy per layer per window into the paged KV, on each rank.
+    assert len(writes) == 2 * windows * LAYERS, writes
+
+    # Negative control: the same counters on LMCache's own window path (the connector's get, bsr's checksum
+    # wrapper, the connector's install) see two store calls and a copy per chunk per layer.
+    rk = ranks[0]
+    conn, sums = lm.mooncake_connector(rk.engine), rk.checksums
+    assert conn is not None and sums is not None
+    spy = StoreSpy(conn.store)
+    conn.store, sums.store = spy, spy
+    try:
+        got = lm.fetch_window(rk.engine, rk.keys(toks)[:W], ["RemoteBackend"] * W)
+        with counting_writes([rk]) as writes:
+            lm.install_window(
+                rk.engine,
+                got,
+                [0, CS],
+                [CS, 2 * CS],
+                kvcaches=rk.kvcaches,
+                slot_mapping=rk.slots(list(range(64)), W * CS),
+            )
+        lm.release_objects(got)
+    finally:
+        conn.store, sums.store = spy.real, spy.real
+    assert [call for call, _ in spy.calls] == ["batch_get_into", "get_batch"]
+    assert len(writes) == W * LAYERS
+
+
+@pytest.mark.timeout(120)
+def test_the_window_install_writes_what_the_connector_writes_into_any_block_table(
+    stack: tuple[services.ServiceHandle, LMCacheHost],
+) -> None:
+    _, host = stack
+    rk = host.rank(0)
+    windows = rk.windows
+    assert windows is not None
+    objs = windows.cpu.batched_allocate(windows.shapes, windows.dtypes, W, windows.fmt, eviction=False, busy_loop=False)
+    assert objs is not None and len(objs) == W
+    try:
+        gen = torch.Generator().manual_seed(3)
+        for o in objs:
+            o.tensor.copy_(torch.randn(o.tensor.shape, generator=gen).to(o.tensor.dtype))
+        n_blocks = W * CS // 16
+        for table in (list(range(700, 700 + n_blocks)), [700 + (7 * i) % n_blocks for i in range(n_blocks)]):
+            rows = rk.slots(table, W * CS)
+            for kv in rk.kvcaches:
+                kv.index_fill_(0, rows, 0)
+            with counting_writes([rk]) as writes:
+                assert install_window(objs, rk.kvcaches, rows, HEADS, HEAD) is True
+            assert len(writes) == LAYERS, writes  # one copy per layer for the whole window, run or not
+            mine = [kv.index_select(0, rows).clone() for kv in rk.kvcaches]
+            for kv in rk.kvcaches:
+                kv.index_fill_(0, rows, 0)
+            rk.connector.batched_to_gpu(objs, [0, CS], [CS, 2 * CS], kvcaches=rk.kvcaches, slot_mapping=rows)
+            assert all(torch.equal(a, kv.index_select(0, rows)) for a, kv in zip(mine, rk.kvcaches, strict=True))
+            assert any(bool(a.count_nonzero()) for a in mine)
+        # Objects that are not at one stride in L1 (here: in reverse) are left to the connector: nothing written.
+        with counting_writes([rk]) as writes:
+            assert install_window(list(reversed(objs)), rk.kvcaches, rows, HEADS, HEAD) is False
+        assert writes == []
+    finally:
+        lm.release_objects(objs)
 
 
 @pytest.mark.timeout(240)

@@ -93,11 +93,22 @@ def test_peer_bench_small_prefix(tmp_path: Path) -> None:
         assert set(r["cpu_s_per_gb"]) >= {"process", "master", "segment_holder", "total"}
         assert r["cpu_s_per_gb"]["total"] > 0
     assert bsr["install_cpu_s_per_gb"] > 0 and raw["install_cpu_s_per_gb"] == 0
+    # Every case's CPU and wall by stage: the transfer calls' CPU in all of them, bsr's checksum check and its wait
+    # for the window ahead, the install wherever one happens; the process's CPU covers the stages.
+    for r in (raw, stock, contig, bsr):
+        sc = r["stage_costs"]
+        assert sc["fetch"]["cpu_s"] > 0 and sc["fetch"]["wall_s"] > 0, r["kind"]
+        assert sc["process_cpu_s"] > 0
+    for r in (stock, contig, bsr):
+        assert r["stage_costs"]["install"]["cpu_s"] > 0 and r["stage_costs"]["install"]["wall_s"] > 0
+    assert bsr["stage_costs"]["verify"]["cpu_s"] > 0 and bsr["stage_costs"]["wait"]["wall_s"] > 0
+    assert raw["stage_costs"]["install"] == stock["stage_costs"]["verify"] == {"wall_s": 0.0, "cpu_s": 0.0}
 
     s = saved["summary"]["by_prefix"][str(N)]
     assert s["stock_contiguous"]["loaded_tokens"] == N and s["bsr_vs_stock_contiguous_gbps"] is not None
     assert s["stock_contiguous"]["stage_seconds"]["install"] > 0 and s["bsr"]["stage_seconds"] is None
     assert s["bsr_vs_stock_staging"] == 2 * W / (N // CS)
+    assert set(s["bsr"]["stage_costs"]["cpu_s_per_gb"]) == {"fetch", "verify", "install", "wait", "other"}
     assert s["below_rung"][0]["loaded_tokens"] == 0 and s["below_rung"][0]["bsr_committed_at_this_l1"] is True
     names = {t["name"].split(" at ")[0]: t for t in saved["targets"]}
     assert names["bsr commits where stock LMCache returns 0 tokens"]["met"] is True
@@ -166,6 +177,7 @@ def test_a_store_lost_in_the_stop_is_named_in_the_rows_not_a_zero_token_failure(
     from bsr_cli.bench.evidence import BundleFiles, Interruption, PublishedBundle, RowStatus
     from bsr_cli.cli.commands.bench.common import exit_for
     from bsr_cli.cli.render.bench import table_for
+    from bsr_cli.core.integrity import SIDECAR_BYTES
     from bsr_cli.core.limits import MOONCAKE_DEFAULT_CLIENT_TTL_S
     from bsr_cli.errors import ServerError
 
@@ -178,8 +190,8 @@ def test_a_store_lost_in_the_stop_is_named_in_the_rows_not_a_zero_token_failure(
     assert lost.kind.value == "stock" and lost.status is RowStatus.INTERRUPTED and lost.measured is None
     loss = lost.store_lost
     assert loss is not None and loss.cause.value in ("unmounted", "remounted_empty")
-    # Every object stored on the segment: per chunk (TP 1), its KV and the 4-byte checksum sidecar bsr writes beside it.
-    assert loss.objects_lost == 2 * (N // CS) and loss.bytes_lost == N // CS * (CHUNK_BYTES + 4)
+    # Every object stored on the segment: per chunk (TP 1), its KV and the checksum sidecar bsr writes beside it.
+    assert loss.objects_lost == 2 * (N // CS) and loss.bytes_lost == N // CS * (CHUNK_BYTES + SIDECAR_BYTES)
     assert lost.reason == loss.line() and lost.reason.startswith("the store dropped holder ")
     assert f"{2 * (N // CS)} objects (64.00 MiB) lost" in lost.reason and "0 tokens" not in lost.reason
     assert [r.kind.value for r in result.rows] == ["raw", "stock"]  # nothing measured on the empty store

@@ -74,7 +74,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
 
     r = bsr("status", "--engine", "a", "--engine", "b,c", "--json")
     assert r.code == 0, r.err
-    d = r.json()
+    d = r.report()
     assert [e["url"] for e in d["engines"]] == [url_b, url_a, url_c], "worst first, then in the order named"
     b, a, cc = d["engines"]
     # The failed tier is shown unhealthy for a while after the failure, and says an injected fault did it (a drill):
@@ -97,13 +97,13 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
         deadline = time.monotonic() + 60
         while True:
             r = bsr("status", "--engine", "a,b,c", "--json")
-            if r.json()["engines"][0]["url"] == url_a or time.monotonic() > deadline:
+            if r.report()["engines"][0]["url"] == url_a or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
     finally:
         os.kill(pid, signal.SIGCONT)
     assert r.code == 9, "an unhealthy engine: the fleet is unhealthy"
-    d = r.json()
+    d = r.report()
     assert [(e["url"], e["state"]) for e in d["engines"]] == [(url_a, "unhealthy"), (url_b, "attention"), (url_c, "ok")]
     assert [x["rank"] for x in d["engines"][0]["ranks"]] == [1, 0] and d["engines"][0]["ranks"][0][
         "state"
@@ -142,7 +142,7 @@ async def test_fleet_status_and_top_survive_a_stopped_engine(
 
     r = bsr("status", "--engine", "a,b,c", "--json")
     assert r.code == 3, "an engine down: 3, as `bsr status` on that engine alone (docs/fleet.md)"
-    d = r.json()
+    d = r.report()
     assert d["engines"][0]["url"] == url_c and d["engines"][0]["state"] == "down"
     assert [e["url"] for e in d["engines"][1:]] == [url_b, url_a]
     assert "fleet unhealthy: c down (unreachable" in r.err
@@ -162,7 +162,7 @@ def test_fleet_profile_lists_engines(bsr: Any, tmp_path: Path) -> None:
     )
     r = bsr("status", "--config", str(cfg), "--engine", "tp2,one", "--json", "--timeout", "2")
     assert r.code == 3, r.err  # nothing listens there: every row down, and says why
-    d = r.json()
+    d = r.report()
     assert [e["engine"] for e in d["engines"]] == ["tp2[0]", "tp2[1]", "one"]
     assert all(e["state"] == "down" and e["error"] == "unreachable" for e in d["engines"])
     assert "none of the 3 engines answered" in r.err

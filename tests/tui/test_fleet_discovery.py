@@ -122,7 +122,7 @@ async def test_fleet_from_prometheus_in_status_and_top(
 
     r = bsr("status", "--engines-from", prometheus, "--json")
     assert r.code == 0, r.err
-    d = r.json()
+    d = r.report()
     assert len(d["engines"]) == 21 and {e["url"] for e in d["engines"]} == urls
     # The stand-ins are healthy; the shared real engine is as it is on its own (earlier tests' failed restores
     # may leave it needing attention, which is not this test's business).
@@ -148,11 +148,11 @@ async def test_fleet_from_prometheus_in_status_and_top(
     crash.stop()
     r = bsr("status", "--engines-from", prometheus, "--json")
     assert r.code == 3, "an engine unreachable: 3, as `bsr status` on it alone"
-    rows = {e["url"]: e for e in r.json()["engines"]}
+    rows = {e["url"]: e for e in r.report()["engines"]}
     assert rows[clean.url]["departure"] == "clean" and rows[clean.url]["clean_stop"] is True
     assert rows[crash.url]["departure"] == "crash" and rows[crash.url]["clean_stop"] is False
     assert rows[crash.url]["last_seen"] <= rows[crash.url]["down_since"]
-    assert [e["state"] for e in r.json()["engines"][:2]] == ["down", "down"], "down engines first"
+    assert [e["state"] for e in r.report()["engines"][:2]] == ["down", "down"], "down engines first"
     text = bsr("status", "--engines-from", prometheus)
     assert text.code == 3
     assert "stopped cleanly" in text.out and "went away without a clean stop" in text.out

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from bsr_cli.core.events import Event, RestoreFailedClosed, WindowReleased
+from bsr_cli.core.events import Event, FaultFired, RestoreFailedClosed, WindowReleased
 from bsr_cli.core.evidence import Outcome, Stage
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.results import InvalidCell, ManualRestoreResult, RestoreReport
-from bsr_cli.errors import ExitCode, RankRestarting
+from bsr_cli.errors import AlreadyEnded, ExitCode, RankRestarting
 from bsr_cli.runtime import failures
 from unit.fakes import RestartSchedule
 from unit.fixtures import FakeEngine, build_engine
@@ -197,7 +197,9 @@ def test_an_operator_abort_ends_the_restore_fail_closed_without_blame(fake_engin
     report = _report(out)
     assert out.outcome is Outcome.ABORTED and report.failure_kind is failures.ABORTED
     assert report.blamed_tiers == () and out.marker is None
-    assert fake_engine.coordinator.abort("r-abort") is False  # finished: nothing left to abort
+    with pytest.raises(AlreadyEnded) as ended:  # finished: an abort now is too late, and says how it ended
+        fake_engine.coordinator.abort("r-abort")
+    assert ended.value.outcome == Outcome.ABORTED and ended.value.exit_code == ExitCode.ALREADY_ENDED
 
 
 def test_blocks_are_returned_after_every_request(fake_engine: FakeEngine) -> None:
@@ -218,7 +220,80 @@ def test_a_request_aborted_before_its_work_starts_still_ends_aborted(fake_engine
     out = c.restore(PROMPT, request="r-early")
     assert out.outcome is Outcome.ABORTED and out.committed_tokens == 0
     assert _report(out).failure_kind is failures.ABORTED
-    assert c.abort("r-early") is False  # finished: nothing left to abort
+    with pytest.raises(AlreadyEnded, match="already ended aborted"):  # finished: nothing left to abort
+        c.abort("r-early")
+    assert c.abort("r-never") is False  # a request the engine never had
+
+
+def test_an_abort_that_comes_after_every_rank_installed_but_before_the_commit_wins(
+    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit point and an abort are one race with one winner: an abort asked once every rank has installed its
+    windows, but before the commit rule ran, ends the restore aborted (the operator was told it would), scrubs the
+    installed blocks, and commits nothing."""
+    _warm(fake_engine)
+    orch = fake_engine.coordinator.orchestration
+    every_rank_answered = orch._await_restore
+    asked: list[bool] = []
+
+    def then_abort(request: str, futures: Any) -> Any:
+        outcomes = every_rank_answered(request, futures)
+        assert all(o.ok for o in outcomes)  # every rank installed every window
+        asked.append(orch.abort(request))
+        return outcomes
+
+    monkeypatch.setattr(orch, "_await_restore", then_abort)
+    out = fake_engine.coordinator.restore(PROMPT, request="r-at-commit")
+    assert asked == [True]
+    assert out.outcome is Outcome.ABORTED and out.committed_tokens == 0 and out.hashes is None
+    report = _report(out)
+    assert report.failure_kind is failures.ABORTED and report.blamed_tiers == () and out.marker is None
+    assert {f.stage for f in report.failures} == {Stage.COMMIT}
+    assert all("invalidate" in r.calls for r in fake_engine.ranks)  # what they installed is scrubbed
+
+
+def test_an_abort_that_comes_after_the_commit_is_refused_as_too_late(
+    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the commit and the end of the request (its output-hash check) an abort cannot undo the commit: it is
+    refused with exit 18, naming what was committed, and the restore's result stands."""
+    _warm(fake_engine)
+    orch = fake_engine.coordinator.orchestration
+    hashing = orch._output_hash
+    refused: list[AlreadyEnded] = []
+
+    def abort_while_hashing(tables: Any, n_tokens: int) -> str:
+        with pytest.raises(AlreadyEnded) as too_late:
+            orch.abort("r-committed")
+        refused.append(too_late.value)
+        return hashing(tables, n_tokens)
+
+    monkeypatch.setattr(orch, "_output_hash", abort_while_hashing)
+    out = fake_engine.coordinator.restore(PROMPT, request="r-committed")
+    assert out.outcome is Outcome.COMMITTED and out.committed_tokens == len(PROMPT)  # the partial chunk too
+    assert len(refused) == 1 and refused[0].outcome == Outcome.COMMITTED
+    assert f"already committed {out.committed_tokens:,} tokens" in refused[0].message
+    assert not any(e.kind == "abort_requested" for e in fake_engine.events.recent(500))
+
+
+def test_a_fault_armed_for_a_tier_is_used_up_only_by_a_fetch_from_that_tier(fake_engine: FakeEngine) -> None:
+    """A remote-unavailable fault takes Mooncake down: a restore served from fs alone leaves it armed (nothing
+    fired, no fault_fired event); the next restore that reads Mooncake meets it, fails closed, and uses it up, with a
+    fault_fired event naming that request."""
+    _warm(fake_engine)
+    c = fake_engine.coordinator
+    armed = c.inject(FaultRequest("remote-unavailable"))
+    from_fs = c.restore(PROMPT, exclude=("mooncake",), request="r-fs")
+    assert from_fs.outcome is Outcome.COMMITTED and _report(from_fs).tiers == ("fs",)
+    assert [(f.id, f.fired) for f in c.list_faults()] == [(armed.id, 0)]  # still armed: it never acted
+    assert not [e for e in fake_engine.events.recent(500) if isinstance(e, FaultFired)]
+    from_mooncake = c.restore(PROMPT, request="r-mooncake")
+    assert from_mooncake.outcome is Outcome.FAILED_CLOSED and _report(from_mooncake).blamed_tiers == ("mooncake",)
+    assert c.list_faults() == []
+    fired = [e for e in fake_engine.events.recent(500) if isinstance(e, FaultFired)]
+    assert [(e.fault_id, e.fault, e.fired, e.request) for e in fired] == [
+        (armed.id, "remote-unavailable", 1, "r-mooncake")
+    ]
 
 
 def _miswrite(fake_engine: FakeEngine, chunk: int) -> str:

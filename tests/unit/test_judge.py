@@ -26,6 +26,7 @@ from bsr_cli.runtime.liveness import (
     RunDelays,
     cpu_growth,
     parse_pressure,
+    parse_procs_running,
     parse_schedstat,
     parse_stat_state,
 )
@@ -101,6 +102,20 @@ def test_the_reader_says_unknown_where_a_file_is_missing_and_dead_where_the_proc
     p = reader.pressure()
     assert p.cpu == Psi(92.41, 31.5) and p.memory is None and p.io is None  # missing: unknown, never 0
     assert ProcReader(tmp_path / "nowhere").state(1) is ProcState.UNKNOWN
+
+
+def test_the_reader_gives_each_thread_s_state_and_the_host_s_runnable_threads(tmp_path: Path) -> None:
+    """What a calibration of the trace planner reads: the engine's runnable threads and the host's run queue."""
+    _fake_proc(tmp_path, 4242, STAT_STOPPED, {4242: 10, 4250: 20}, {})
+    (tmp_path / "4242" / "task" / "4242" / "stat").write_text("4242 (python3 (x)) R 1 2 3")
+    (tmp_path / "4242" / "task" / "4250" / "stat").write_text("4250 (bsr-fetch-0) S 1 2 3")
+    (tmp_path / "stat").write_text("cpu  1 2 3\nprocs_running 7\nprocs_blocked 1\n")
+    reader = ProcReader(tmp_path)
+    assert sorted(s.value for s in reader.thread_states(4242)) == ["running", "sleeping"]
+    assert reader.thread_states(9999) == []
+    assert reader.procs_running() == 7
+    assert parse_procs_running("cpu 1 2\nprocs_blocked 3\n") is None  # no such line: unknown, never 0
+    assert ProcReader(tmp_path / "nowhere").procs_running() is None
 
 
 # -- the verdicts ---------------------------------------------------------------------------------------------------

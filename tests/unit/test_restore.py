@@ -146,6 +146,29 @@ def test_a_clean_restore_installs_every_window_and_returns_every_slot(rig: Rig) 
     assert s.peak_bytes == 8 * REG.bytes_per_chunk
 
 
+def test_the_outcome_counts_each_stage_and_the_cpu_a_tier_reports_for_its_transfer(rig: Rig) -> None:
+    from bsr_cli.runtime.stage_clock import report_call_cpu
+
+    inner = rig.tier.get_into
+
+    def reporting(keys: Any, dests: Any, timeout_s: float) -> Any:
+        report_call_cpu(0.25)  # as MooncakeTier does for the worker thread that ran the transfer
+        return inner(keys, dests, timeout_s)
+
+    rig.tier.get_into = reporting  # type: ignore[method-assign]
+    out = rig.restorer.restore(rig.job(4), threading.Event())
+    assert out.ok and out.stages is not None
+    st = out.stages
+    # Three windows: each transfer's reported CPU is the fetch stage's (never the stage that ran next on the thread).
+    assert 0.75 <= st.fetch.cpu_s < 1.0, st
+    assert st.verify.cpu_s > 0 and st.install.wall_s > 0 and st.fetch.wall_s > 0 and st.wait.wall_s >= 0
+    assert st.process_cpu_s > 0
+    # Negative control: a tier that reports nothing leaves only the fetch thread's own CPU, far below 0.75 s.
+    rig.tier.get_into = inner  # type: ignore[method-assign]
+    again = rig.restorer.restore(rig.job(4), threading.Event())
+    assert again.ok and again.stages is not None and again.stages.fetch.cpu_s < 0.75
+
+
 def test_budget_of_one_window_serializes_the_restore() -> None:
     rig = Rig(budget_chunks=4)  # B = RWS(4): one window at a time
     try:

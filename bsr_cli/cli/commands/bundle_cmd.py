@@ -62,7 +62,7 @@ def bundle(
     t_from = parse_since(since, time.time())
     cap = parse_bytes(max_bytes)
     if cap < 64 << 10:
-        raise InvalidInput("--max-bytes must be at least 64KiB")
+        raise InvalidInput("--max-bytes must be at least 64KiB", hint="give --max-bytes 64KiB or more, e.g. 4MiB")
     prompts = _prompts(synthetic or [], seed or [], tokens_file or [])
     out = output or Path(time.strftime("bsr-incident-%Y%m%d-%H%M%S.tar.gz"))
     url, token, how = resolve_engine(st.settings)

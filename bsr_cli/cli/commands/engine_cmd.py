@@ -216,12 +216,13 @@ def engine_status(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
 
     st = state(ctx, json_flag)
     result = supervisor.status(Path(st.settings.state_dir))
-    st.out.result(result, _render_status)
     if not result.healthy:
-        raise EngineUnreachable(
+        error = EngineUnreachable(
             f"the embedded engine in {result.state_dir} is " + ("unhealthy" if result.running else "not running"),
             hint="bsr engine up",
         )
+        st.out.fail(result, _render_status, error)
+    st.out.result(result, _render_status)
 
 
 engine_app.command("endpoints")(engine_endpoints)

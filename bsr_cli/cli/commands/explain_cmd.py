@@ -61,14 +61,9 @@ def explain(
 
     st = state(ctx, json_flag)
     prompt = PromptFlags(tokens_file, prompt_file, synthetic, seed)
-    if request is not None and prompt.given():
-        raise InvalidInput("give a request id or a prompt (--tokens-file/--prompt-file/--synthetic), not both")
-    if request is None and prompt.given() != 1:
-        raise InvalidInput("give a request id, or exactly one of --tokens-file, --prompt-file or --synthetic N")
+    _check_subject(request, prompt.given(), store)
     flags = prompt.as_flags()
     if store is not None:
-        if request is not None:
-            raise InvalidInput("--store explains a prompt, not a request id")
         from bsr_cli.cli.commands import store_probe
         from bsr_cli.core.explain import explain_store
 
@@ -95,6 +90,25 @@ def explain(
     else:
         result = _explain_prompt(st, tokens_file, prompt_file, synthetic, seed, w, flags)
     st.out.result(result, render_ops.explain)
+
+
+def _check_subject(request: str | None, prompts_given: int, store: str | None) -> None:
+    """One subject: a request id, or one prompt (which --store reads from a Mooncake store)."""
+    if request is not None and prompts_given:
+        raise InvalidInput(
+            "give a request id or a prompt (--tokens-file/--prompt-file/--synthetic), not both",
+            hint="`bsr explain REQ`: how a request ended; `bsr explain --synthetic N`: why a prompt is (not) reused",
+        )
+    if request is None and prompts_given != 1:
+        raise InvalidInput(
+            "give a request id, or exactly one of --tokens-file, --prompt-file or --synthetic N",
+            hint="e.g. `bsr explain req-00012` or `bsr explain --synthetic 65536 --seed 1`",
+        )
+    if store is not None and request is not None:
+        raise InvalidInput(
+            "--store explains a prompt, not a request id",
+            hint="explain the prompt with --tokens-file, or drop --store to explain a request on an engine",
+        )
 
 
 def _explain_prompt(

@@ -137,12 +137,18 @@ def abort(
     request: Annotated[str, typer.Argument(help="Request id (from `bsr restore`, `bsr events`, `bsr top`).")],
     json_flag: JsonFlag = False,
 ) -> None:
-    """Abort a running restore: it fails closed (nothing committed). Exit 2 when no such request is running."""
+    """Abort a running restore: it fails closed (nothing committed). Exit 2 when the engine knows no such request,
+    18 when the abort came too late.
+
+    Too late: the restore already committed (its KV stays) or the request already ended; the error says which."""
     st = state(ctx, json_flag)
     with _client(st) as client:
         result = client.abort(request)
     if not result.aborting:
-        raise InvalidInput(f"no running request {request!r} on this engine", hint="`bsr events` lists recent ones")
+        raise InvalidInput(
+            f"no request {request!r} is running on this engine, and it has no record of one",
+            hint="`bsr events --kind restore_started` lists recent requests",
+        )
     st.out.result(result, lambda c, d: c.print(f"abort requested for {d.request}: it will fail closed"))
 
 
@@ -201,7 +207,10 @@ def events(
     kinds = [k.value for k in kind or ()]
     if trace is not None:
         if follow:
-            raise InvalidInput("--trace writes the requests seen so far: it cannot --follow")
+            raise InvalidInput(
+                "--trace writes the requests seen so far: it cannot --follow",
+                hint="drop --follow, or follow the events (-f) without --trace",
+            )
         with _client(st) as client:
             held, _ = client.held_events(
                 after, after=t_from, until=t_to, request=request, kinds=[EventKind.REQUEST_ADMITTED.value]
@@ -243,7 +252,9 @@ def _time_window(since: str | None, until: str | None) -> tuple[float | None, fl
             raise InvalidInput(e.message, hint="--after SEQ takes a sequence number; " + (e.hint or "")) from None
         raise
     if t_from is not None and t_to is not None and t_to < t_from:
-        raise InvalidInput("--until is before --since")
+        raise InvalidInput(
+            "--until is before --since", hint="--since is the earlier point: e.g. --since 2h --until 30m"
+        )
     return t_from, t_to
 
 
@@ -287,7 +298,10 @@ def _write_trace(st: AppState, path: Path, held: list[ev.Event]) -> None:
     try:
         path.write_text(lines)
     except OSError as e:
-        raise InvalidInput(f"cannot write {path}: {e.strerror or e}") from None
+        raise InvalidInput(
+            f"cannot write {path}: {e.strerror or e}",
+            hint="give --trace a path in a directory you can write ('-' for stdout)",
+        ) from None
     st.out.result(
         TraceWritten(str(path), len(seen), skipped),
         lambda c, d: c.print(

@@ -105,4 +105,7 @@ def _write(path: Path, text: str) -> None:
         tmp.replace(path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise InvalidInput(f"cannot write {path}: {e.strerror or e}") from None
+        raise InvalidInput(
+            f"cannot write {path}: {e.strerror or e}",
+            hint="give -o a path you can write (the directory Prometheus reads its rule files from), or omit -o",
+        ) from None

@@ -157,7 +157,6 @@ def submit(
     with _client(st) as client:
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
         result = client.submit(body, w=w, verify=not no_verify)
-    st.out.result(result, render_ops.submit)
     # The request was served (its KV is computed), so the exit code stays 0; a tier that refused the writes is
     # still said on stderr in every mode, so a script reading --json sees it too.
     for rank, per_tier in (result.stored.errors if result.stored is not None else {}).items():
@@ -168,7 +167,9 @@ def submit(
         from bsr_cli.runtime import failures
 
         hashes = OutputHashes(result.output_hash, result.canonical_hash, result.hash_ok)
-        raise failures.output_mismatch_error(result.request, hashes, result.external_tokens, result.source)
+        mismatch = failures.output_mismatch_error(result.request, hashes, result.external_tokens, result.source)
+        st.out.fail(result, render_ops.submit, mismatch)
+    st.out.result(result, render_ops.submit)
 
 
 # How a manual restore can end without committing, other than finding nothing to restore (core.evidence.Outcome).
@@ -206,7 +207,10 @@ def restore(
 
     st = state(ctx, json_flag)
     if tier is not None and exclude_tier:
-        raise InvalidInput("give --tier or --exclude-tier, not both")
+        raise InvalidInput(
+            "give --tier or --exclude-tier, not both",
+            hint="--tier T restores from T alone; --exclude-tier T restores from every other tier",
+        )
     with _client(st) as client:
         info = client.info()
         if tier is not None:
@@ -225,40 +229,37 @@ def restore(
             from bsr_cli.cli.render import planning as render
 
             fit = _capacity_check(window, plan.committable_chunks, reg.bytes_per_chunk, info)
-            st.out.result(
-                render.PlanReport(
-                    plan=plan,
-                    bytes_per_chunk=reg.bytes_per_chunk,
-                    model=reg.model,
-                    show_all_windows=False,
-                    capacity=fit,
-                ),
-                render.plan,
+            report = render.PlanReport(
+                plan=plan, bytes_per_chunk=reg.bytes_per_chunk, model=reg.model, show_all_windows=False, capacity=fit
             )
             if not fit.fits:
-                raise CapacityError(fit.message, hint=fit.hint)
+                st.out.fail(report, render.plan, CapacityError(fit.message, hint=fit.hint))
+            st.out.result(report, render.plan)
             return
         streamed = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
         result = streamed.result
         assert result is not None  # _run_restore raised otherwise
     # The engine's budget B is the bound the peak is held to.
-    st.out.result(render_ops.RestoreView(result, info.budget_bytes, streamed.hash_check_s), render_ops.restore)
+    view = render_ops.RestoreView(result, info.budget_bytes, streamed.hash_check_s)
     if result.output_mismatch and result.hashes is not None and result.report is not None:
         from bsr_cli.runtime import failures
 
         source = "+".join(result.report.tiers)
-        raise failures.output_mismatch_error(result.request, result.hashes, result.report.committed_tokens, source)
+        mismatch = failures.output_mismatch_error(result.request, result.hashes, result.report.committed_tokens, source)
+        st.out.fail(view, render_ops.restore, mismatch)
     if result.outcome in _FAILED_OUTCOMES:
         from bsr_cli.runtime import failures
 
-        raise failures.restore_error(result)
+        st.out.fail(view, render_ops.restore, failures.restore_error(result))
     if result.outcome is Outcome.NOTHING_TO_RESTORE:
         br = result.first_break
         where = f" (rank {br.rank} group {br.group}: {br.reason})" if br else ""
-        raise NothingToRestore(
+        error = NothingToRestore(
             f"nothing to restore: no tier holds the prompt's first chunk{where}",
             hint="`bsr probe` shows which tier holds what; `bsr submit` computes and stores the prompt",
         )
+        st.out.fail(view, render_ops.restore, error)
+    st.out.result(view, render_ops.restore)
 
 
 def _capacity_check(w: int, chunks: int, slot_bytes: int, info: EngineInfo) -> CapacityFit:
@@ -377,9 +378,13 @@ def _run_restore(
                 st.out.note("[yellow]interrupted: asking the engine to abort the restore (it ends fail-closed)…[/]")
                 if accepted.wait(5) and box.request is not None:
                     from bsr_cli.client import AdminClient
+                    from bsr_cli.errors import AlreadyEnded
 
                     with AdminClient(client.url, client.token, timeout_s=5.0) as c2:
-                        c2.abort(box.request)
+                        try:
+                            c2.abort(box.request)
+                        except AlreadyEnded as e:  # it committed first: its result follows
+                            st.out.note(f"[yellow]{e.message}[/]")
         if interrupted:
             res = box.result
             if progress:
@@ -396,7 +401,10 @@ def _run_restore(
     if box.error is not None:
         raise box.error
     if box.result is None:
-        raise ServerError("the engine ended the restore without a result")
+        raise ServerError(
+            "the engine ended the restore without a result",
+            hint="`bsr events --request REQ` shows how far it got; the engine's log says why it stopped",
+        )
     return box
 
 
@@ -446,7 +454,10 @@ def _check_fault_target(info: EngineInfo, *, rank: int | None, window: int | Non
     """A rank the engine does not have, or a window past its longest prompt, is invalid input (exit 2)."""
     ranks = info.ranks
     if rank is not None and ranks and rank >= ranks:
-        raise InvalidInput(f"--rank {rank}: this engine has {ranks} rank(s), 0..{ranks - 1}")
+        raise InvalidInput(
+            f"--rank {rank}: this engine has {ranks} rank(s), 0..{ranks - 1}",
+            hint="`bsr status` lists the ranks; omit --rank to arm it on every rank",
+        )
     chunk = info.chunk_size
     if window is not None and chunk:
         last = max(1, -(-info.max_tokens // chunk))
@@ -579,13 +590,15 @@ def status(ctx: typer.Context, engines_from: EnginesFromOpt = None, json_flag: J
     with _client(st) as client:
         snap = client.snapshot(health=True)
         health = client.health()
-    st.out.result(EngineStatus(url=client.url, health=health, snapshot=snap), render_ops.status)
+    result = EngineStatus(url=client.url, health=health, snapshot=snap)
     bad = [r for r in health.ranks if not r.healthy]
     if bad:
-        raise ServerError(
+        error = ServerError(
             "unhealthy: " + "; ".join(f"rank {r.rank} {r.reason or 'unhealthy'}" for r in bad),
             hint="resume the stopped rank process, or restart the engine (bsr engine down; bsr engine up)",
         )
+        st.out.fail(result, render_ops.status, error)
+    st.out.result(result, render_ops.status)
 
 
 def fleet_status(st: AppState, targets: list[Any]) -> None:
@@ -599,9 +612,10 @@ def fleet_status(st: AppState, targets: list[Any]) -> None:
     memory = fleet.Memory.for_settings(st.settings)
     rows = memory.observe(fleet.poll_all(targets, fleet.http_poll(min(st.settings.timeout_s, 10.0))))
     memory.save()
-    st.out.result(fleet.fleet_result(rows), render_ops.fleet)
+    result = fleet.fleet_result(rows)
     code = fleet.exit_code(rows)
     if code == ExitCode.OK:
+        st.out.result(result, render_ops.fleet)
         return
     down = [r for r in rows if r.down]
     bad = [r for r in rows if r.severity >= fleet.UNHEALTHY]
@@ -612,7 +626,7 @@ def fleet_status(st: AppState, targets: list[Any]) -> None:
     err = BsrError(message, hint="`bsr status --engine URL` on one of them for its details")
     err.exit_code = ExitCode(code)
     err.kind = str(rows[0].error or "server-error")
-    raise err
+    st.out.fail(result, render_ops.fleet, err)
 
 
 def drill(
@@ -639,7 +653,11 @@ def drill(
             w=w,
             on_result=(lambda r: st.out.note(f"{r.scenario}: {'PASS' if r.ok else 'FAIL'}")),
         )
-    st.out.result(result, render_ops.drill)
     if not result.ok:
         bad = [s.scenario for s in result.scenarios if not s.ok]
-        raise DrillViolation(f"drill found violated invariants in: {', '.join(bad)}")
+        error = DrillViolation(
+            f"drill found violated invariants in: {', '.join(bad)}",
+            hint="the table says which check failed; `bsr events --since 1h` and `bsr bundle` keep the evidence",
+        )
+        st.out.fail(result, render_ops.drill, error)
+    st.out.result(result, render_ops.drill)

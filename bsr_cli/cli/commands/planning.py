@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +15,9 @@ from bsr_cli.core import accounting
 from bsr_cli.core.registration import DEFAULT_CHUNK_SIZE, Registration, diff_registrations
 from bsr_cli.core.units import parse_bytes
 from bsr_cli.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.core.host_model import HostCalibration, HostModel
 
 DEFAULT_REGISTRATION = "paper-mtp-off"
 
@@ -50,7 +54,10 @@ def resolve_registration(
     from bsr_cli import loaders
 
     if registration and hf_config:
-        raise InvalidInput("give --registration or --hf-config, not both")
+        raise InvalidInput(
+            "give --registration or --hf-config, not both",
+            hint="--registration names a registration file or built-in; --hf-config derives one from a config.json",
+        )
     if hf_config:
         return loaders.load_hf_registration(
             hf_config, tp=tp, dtype=dtype, block_size=block_size, include_mtp=mtp, chunk_size=chunk_size
@@ -66,9 +73,11 @@ def _parse_sweep(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise InvalidInput(f"--sweep takes comma-separated window sizes, got {text!r}") from None
+        raise InvalidInput(
+            f"--sweep takes comma-separated window sizes, got {text!r}", hint="e.g. --sweep 8,16,32,64"
+        ) from None
     if not values or any(v <= 0 for v in values):
-        raise InvalidInput("--sweep window sizes must be positive")
+        raise InvalidInput("--sweep window sizes must be positive", hint="e.g. --sweep 8,16,32,64")
     return values
 
 
@@ -163,14 +172,40 @@ def plan(
         Path | None,
         typer.Option("--plot", metavar="DIR", help="With --trace: write PNG plots into DIR (needs matplotlib)."),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            metavar="FILE",
+            help="With --trace: the host model (and bandwidth) a `bsr bench trace` calibration saved.",
+        ),
+    ] = None,
+    cores: Annotated[
+        float | None,
+        typer.Option("--cores", help="With --trace: cores available to bsr (the host's less the run queue beside it)."),
+    ] = None,
+    cpu_per_gb: Annotated[
+        float | None,
+        typer.Option(
+            "--cpu-per-gb", metavar="SECONDS", help="With --trace: CPU seconds a restore needs per GB per rank."
+        ),
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace,
-    L1 per rank and restore latency over a request trace, whole-plan against BSR budgets."""
+    L1 per rank and restore latency over a request trace, whole-plan against BSR budgets.
+
+    Without a prompt (`bsr plan --W 32`): the registration over a ladder of prompt lengths, 8K to 1M tokens, every
+    chunk a hit."""
     st = state(ctx, json_flag)
-    if sum(x is not None for x in (tokens, probe, trace)) != 1:
-        raise InvalidInput("give exactly one of --tokens N, --probe FILE or --trace FILE")
+    given = [flag for flag, v in (("--tokens", tokens), ("--probe", probe), ("--trace", trace)) if v is not None]
     trace_flags = _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot)
+    trace_flags += [
+        f
+        for f, v in (("--calibration", calibration), ("--cores", cores), ("--cpu-per-gb", cpu_per_gb))
+        if v is not None
+    ]
+    _check_plan_flags(given, trace_flags, one_prompt_flags=bool(exclude_tier or all_windows))
     # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
     flagged_registration = functools.partial(
         resolve_registration,
@@ -183,18 +218,48 @@ def plan(
         chunk_size=chunk_size,
         note=ctx,
     )
-    if trace is None and trace_flags:
-        raise InvalidInput(f"{', '.join(trace_flags)} plan a trace: add --trace FILE")
-    if trace is not None:
-        if exclude_tier or all_windows:
-            raise InvalidInput("--exclude-tier and --all-windows plan one prompt, not a trace")
-        if bandwidth is None:
-            raise InvalidInput("--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s)")
-        reg = flagged_registration()
-        _plan_trace(st, trace, reg, w, bandwidth, speedup, store_capacity, budgets, p99, plot)
-        return
     named = registration is not None or hf_config is not None
-    _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
+    if not given:
+        _plan_ladder(st, w, flagged_registration(note=None), named)
+    elif trace is not None:
+        model = (bandwidth, calibration, cores, cpu_per_gb)
+        _plan_trace(st, trace, flagged_registration, w, *model, speedup, store_capacity, budgets, p99, plot)
+    else:
+        _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
+
+
+def _check_plan_flags(given: list[str], trace_flags: list[str], *, one_prompt_flags: bool) -> None:
+    """At most one prompt (or trace) flag, the trace's own flags only with --trace, and the flags that plan one
+    prompt (--exclude-tier, --all-windows) only with --tokens or --probe."""
+    if len(given) > 1:
+        raise InvalidInput(
+            f"give one of --tokens N, --probe FILE or --trace FILE, not {' and '.join(given)}",
+            hint="--tokens plans a prompt fully held, --probe one as a saved probe found it, --trace a request trace",
+        )
+    if "--trace" not in given and trace_flags:
+        raise InvalidInput(
+            f"{', '.join(trace_flags)} plan a trace: add --trace FILE",
+            hint="a request trace in the Mooncake format, e.g. examples/trace.jsonl; `bsr events --trace` writes one",
+        )
+    if one_prompt_flags and given in ([], ["--trace"]):
+        raise InvalidInput(
+            "--exclude-tier and --all-windows plan one prompt, not a trace or a ladder: add --tokens N or --probe FILE",
+            hint="without a prompt `bsr plan --W N` plans a ladder of prompt lengths; --trace plans a trace",
+        )
+
+
+def _plan_ladder(st: AppState, w: int, reg: Registration, registration_named: bool) -> None:
+    """`bsr plan --W N` with no prompt: what an operator asks first, how W bounds staging at every prompt length."""
+    from bsr_cli.cli.render import planning as render
+    from bsr_cli.core.plan import DEFAULT_PROMPT_LADDER, plan_ladder
+
+    lengths = DEFAULT_PROMPT_LADDER
+    which = f"registration {reg.source}" if registration_named else f"the built-in registration {reg.source} (-r)"
+    st.out.note(
+        f"[dim]no prompt given: planning {which} at {lengths[0]:,} to {lengths[-1]:,} tokens, every chunk a hit "
+        "(--tokens N, --probe FILE or --trace FILE plans one)[/]"
+    )
+    st.out.result(render.LadderReport(plan_ladder(reg, w, lengths), reg.model), render.plan_ladder)
 
 
 def _trace_flags_given(
@@ -215,6 +280,33 @@ def _trace_flags_given(
         "--plot": plot is not None,
     }
     return [flag for flag, is_given in given.items() if is_given]
+
+
+def _host_model(
+    calibration: Path | None, cores: float | None, cpu_per_gb: float | None
+) -> tuple[HostCalibration | None, HostModel | None]:
+    """The calibration given (if any) and the host model a trace plan runs on: the calibration's, with --cores and
+    --cpu-per-gb put in its place; or the plain one of those two flags; or none (the bandwidth alone)."""
+    from bsr_cli import loaders
+    from bsr_cli.core.host_model import HostModel
+
+    saved = loaders.load_calibration(calibration) if calibration is not None else None
+    if saved is None:
+        if (cores is None) != (cpu_per_gb is None):
+            raise InvalidInput(
+                "--cores and --cpu-per-gb model the host together",
+                hint="give both, or a calibration (--calibration FILE) whose figures they replace",
+            )
+        host = HostModel.of_cores(cores, cpu_per_gb) if cores is not None and cpu_per_gb is not None else None
+    else:
+        host = saved.host
+        if cores is not None:
+            host = replace(host, cores=cores)
+        if cpu_per_gb is not None:
+            host = replace(host, restore_cpu_s_per_gb=cpu_per_gb)
+    if host is not None:
+        host.check()
+    return saved, host
 
 
 def _plan_prompt(
@@ -253,30 +345,47 @@ def _parse_budgets(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise InvalidInput(f"--budgets takes comma-separated whole multiples of RWS(W), got {text!r}") from None
+        raise InvalidInput(
+            f"--budgets takes comma-separated whole multiples of RWS(W), got {text!r}", hint="e.g. --budgets 1,2,4,8"
+        ) from None
     if not values or any(v < 1 for v in values):
-        raise InvalidInput("--budgets multiples of RWS(W) must be at least 1")
+        raise InvalidInput("--budgets multiples of RWS(W) must be at least 1", hint="e.g. --budgets 1,2,4,8")
     return values
 
 
 def _plan_trace(
     st: AppState,
     trace_path: Path,
-    reg: Registration,
+    flagged_registration: Callable[[], Registration],
     w: int,
-    bandwidth: str,
+    bandwidth: str | None,
+    calibration: Path | None,
+    cores: float | None,
+    cpu_per_gb: float | None,
     speedup: float,
     store_capacity: int | None,
     budgets: str,
     p99: float | None,
     plot: Path | None,
 ) -> None:
-    """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim)."""
-    from bsr_cli import loaders
-    from bsr_cli.core.trace_sim import plan_trace
+    """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim), on the
+    host model when one is given (a calibration's, or --cores with --cpu-per-gb)."""
+    saved, host = _host_model(calibration, cores, cpu_per_gb)
+    if bandwidth is None and saved is None:
+        raise InvalidInput(
+            "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s) or --calibration FILE",
+            hint="`bsr bench store` measures the bandwidth (the paper's tier reads 10.31GB/s); `bsr bench trace` "
+            "saves a calibration",
+        )
+    reg = flagged_registration()
+    if saved is not None and saved.registration != reg.identity:
+        st.out.warn(f"the calibration measured registration {saved.registration}; planning {reg.identity}")
     from bsr_cli.core.units import parse_rate
 
-    rate = parse_rate(bandwidth)
+    rate = parse_rate(bandwidth) if bandwidth is not None else saved.bandwidth if saved is not None else 0.0
+    from bsr_cli import loaders
+    from bsr_cli.core.trace_sim import plan_trace
+
     multiples = _parse_budgets(budgets)
     result = plan_trace(
         loaders.load_trace(trace_path),
@@ -287,6 +396,7 @@ def _plan_trace(
         budgets_rws=multiples,
         store_capacity=store_capacity,
         p99_target_s=p99,
+        host=host,
     )
     plots = None
     if plot is not None:

@@ -17,7 +17,7 @@ import typer
 from bsr_cli.cli.commands.operate import PromptFileOpt, SeedOpt, SyntheticOpt, TokensFileOpt, _client, _prompt
 from bsr_cli.cli.commands.probe_options import PromptFlags
 from bsr_cli.cli.context import AppState, JsonFlag, state
-from bsr_cli.errors import DamagedObjects, ExitCode, InvalidInput, ScrubIncomplete
+from bsr_cli.errors import BsrError, DamagedObjects, ExitCode, InvalidInput, ScrubIncomplete
 
 if TYPE_CHECKING:
     from bsr_cli.core.scrub import ScrubLimits, ScrubReport
@@ -64,20 +64,28 @@ def scrub(
             raise InvalidInput(f"this engine has no tier {tier!r}", hint=f"its tiers: {', '.join(tiers)}")
         body = None if all_objects else _prompt(client, tokens_file, prompt_file, synthetic, seed)
         report = _run(st, client, lambda: client.scrub(tier, body, limits))
+    error = _scrub_error(report, tier)
+    if error is not None:
+        st.out.fail(report, render_ops.scrub, error)
     st.out.result(report, render_ops.scrub)
+
+
+def _scrub_error(report: ScrubReport, tier: str) -> BsrError | None:
+    """What a scrub that found damage (20) or did not read everything (21) ends with; None when it is clean."""
     code = report.exit_code
     if code is ExitCode.DAMAGED_OBJECTS:
-        raise DamagedObjects(
+        return DamagedObjects(
             f"{report.damaged} damaged object(s) found on tier {tier} ({len(report.quarantined)} set aside)",
             hint="the next store rewrites them (`bsr submit` the prompt); `bsr bundle` keeps the quarantined files' "
             "list for the incident, and the tier's storage deserves a look",
         )
     if code is ExitCode.SCRUB_INCOMPLETE:
         why = "; ".join(f"rank {r.rank} {r.state.value}: {r.reason}" for r in report.ranks if r.reason)
-        raise ScrubIncomplete(
+        return ScrubIncomplete(
             f"the scrub of tier {tier} did not read every object" + (f" ({why})" if why else ""),
             hint="raise --max-objects/--max-bytes, or run it again once the running scrubs are done (`bsr status`)",
         )
+    return None
 
 
 def _limits(max_objects: int | None, max_bytes: str | None) -> ScrubLimits:
@@ -86,9 +94,15 @@ def _limits(max_objects: int | None, max_bytes: str | None) -> ScrubLimits:
 
     nbytes = MAX_BYTES if max_bytes is None else parse_bytes(max_bytes)
     if not 1 <= nbytes <= MAX_BYTES:
-        raise InvalidInput(f"--max-bytes must be between 1 B and {format_bytes(MAX_BYTES)}, got {max_bytes}")
+        raise InvalidInput(
+            f"--max-bytes must be between 1 B and {format_bytes(MAX_BYTES)}, got {max_bytes}",
+            hint=f"e.g. --max-bytes 64GiB; without it a scrub reads up to {format_bytes(MAX_BYTES)}",
+        )
     if max_objects is not None and max_objects > MAX_OBJECTS:
-        raise InvalidInput(f"--max-objects must be at most {MAX_OBJECTS:,}, got {max_objects:,}")
+        raise InvalidInput(
+            f"--max-objects must be at most {MAX_OBJECTS:,}, got {max_objects:,}",
+            hint=f"leave --max-objects out to read up to {MAX_OBJECTS:,} objects per rank",
+        )
     return ScrubLimits(max_objects or MAX_OBJECTS, nbytes)
 
 

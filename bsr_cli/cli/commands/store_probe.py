@@ -135,9 +135,15 @@ def collect(st: AppState, opts: StoreProbeOptions, prompt: PromptFlags, width: i
     """The store probe's result: bitmap (live holders only), key format, liveness and (on a miss) the diagnosis."""
     host, port = _master_address(opts.store)
     if not opts.model:
-        raise InvalidInput("--store needs --model (the model name in LMCache's keys)")
+        raise InvalidInput(
+            "--store needs --model (the model name in LMCache's keys)",
+            hint="the model name LMCache stored the keys under (vLLM's --model), e.g. --model meta-llama/Llama-3.1-8B",
+        )
     if opts.world_size < 1:
-        raise InvalidInput("--world-size must be positive")
+        raise InvalidInput(
+            "--world-size must be positive",
+            hint="give the TP world size the keys were stored with, e.g. --world-size 2",
+        )
     fmt = _KeyFormat(opts.model, opts.world_size, lmcache_dtype(opts.dtype), parse_tags(opts.tags))
     starts = hash_starts(opts.vllm_hash_seed)
     meta = opts.metadata or f"http://{host}:8080/metadata"
@@ -187,7 +193,10 @@ def _master_address(store: str) -> tuple[str, int]:
     except ValueError:
         port = None  # not a number, or out of range
     if url.scheme != "mooncake" or not url.hostname or not port:
-        raise InvalidInput(f"--store must look like mooncake://HOST:PORT (the master's RPC address), got {store!r}")
+        raise InvalidInput(
+            f"--store must look like mooncake://HOST:PORT (the master's RPC address), got {store!r}",
+            hint="e.g. --store mooncake://10.0.0.5:50051",
+        )
     return url.hostname, port
 
 
@@ -345,9 +354,14 @@ def hash_starts(option: str) -> list[tuple[str, int]]:
 
 def _tokens(prompt: PromptFlags) -> list[int]:
     if prompt.given() != 1:
-        raise InvalidInput("give exactly one of --tokens-file, --prompt-file or --synthetic N")
+        raise InvalidInput(
+            "give exactly one of --tokens-file, --prompt-file or --synthetic N", hint="e.g. --tokens-file prompt.json"
+        )
     if prompt.prompt_file is not None:
-        raise InvalidInput("--store needs token ids (--tokens-file): bsr cannot reproduce your model's tokenizer")
+        raise InvalidInput(
+            "--store needs token ids (--tokens-file): bsr cannot reproduce your model's tokenizer",
+            hint="write the prompt's token ids (from your tokenizer) to a file and pass --tokens-file",
+        )
     if prompt.synthetic is not None:
         from bsr_cli.core.keys import synthetic_tokens
 
@@ -450,11 +464,13 @@ class _StoreSession:
                 rcs = self._call(lambda part=part: self._store.batch_is_exist(part))  # type: ignore[misc]
             except _CallTimedOut:
                 raise EngineUnreachable(
-                    f"the Mooncake store at {self.store_url} did not answer batch_is_exist within {self.deadline_s:g} s"
+                    f"the Mooncake store at {self.store_url} did not answer batch_is_exist in {self.deadline_s:g} s",
+                    hint="is the master up? raise --timeout if the store is large or busy",
                 ) from None
             if len(rcs) != len(part) or (part and all(rc < 0 for rc in rcs)):
                 raise EngineUnreachable(
-                    f"the Mooncake store at {self.store_url} failed batch_is_exist (codes {sorted(set(rcs))[:3]})"
+                    f"the Mooncake store at {self.store_url} failed batch_is_exist (codes {sorted(set(rcs))[:3]})",
+                    hint="is the master up, and is this its RPC port? --verbose shows the Mooncake client's log",
                 )
             out += [rc == 1 for rc in rcs]
         return out

@@ -49,7 +49,10 @@ def top(
     """
     st = state(ctx, json_flag)
     if record is not None and replay is not None:
-        raise InvalidInput("give --record or --replay, not both")
+        raise InvalidInput(
+            "give --record or --replay, not both",
+            hint="--record FILE records a live session; --replay FILE plays one back",
+        )
     if replay is not None and engines_from is not None:
         raise InvalidInput("give --replay or --engines-from, not both", hint="a recording names its own engines")
     from bsr_cli import fleet

@@ -297,8 +297,29 @@ def render_store(console: Console, pub: PublishedBundle) -> None:
             "-" if paired is None else f"{paired:.2f}",
         )
     console.print(r)
+    _store_stage_cpu(console, s["restore"])
     console.print("ratios: " + ", ".join(f"{k} {v}" for k, v in s["ratios"].items() if v is not None))
     _footer(console, pub)
+
+
+def _store_stage_cpu(console: Console, restores: dict[str, Any]) -> None:
+    """Each restore configuration's CPU per GB by stage (bundles before the stage costs have none: no table)."""
+    from bsr_cli.core.evidence import TimedStage
+    from bsr_cli.core.stage_costs import OTHER_CPU
+
+    keys = [*(s.value for s in TimedStage), OTHER_CPU]
+    rows = [(name, v["stage_cpu_s_per_gb"]) for name, v in restores.items() if v.get("stage_cpu_s_per_gb")]
+    if not rows:
+        return
+    t = _table(
+        "config",
+        *keys,
+        title="CPU seconds per GB a rank restored, by stage (medians over ranks; other: the rest of the rank "
+        "process, the transport's own threads)",
+    )
+    for name, per_gb in rows:
+        t.add_row(name, *(_peer_num(per_gb.get(k), 3) for k in keys))
+    console.print(t)
 
 
 def _peer_num(x: float | None, digits: int = 2) -> str:
@@ -319,6 +340,7 @@ def render_peer(console: Console, pub: PublishedBundle) -> None:
     _peer_throughput(console, prefixes)
     _peer_stock_stages(console, prefixes)
     _peer_cpu(console, prefixes)
+    _peer_stage_costs(console, prefixes)
     for v in prefixes:
         for b in v.below_rung:
             what = f"{b.loaded_tokens:,} tokens" + (", timed out" if b.timed_out else "")
@@ -437,6 +459,42 @@ def _peer_cpu(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
     console.print(c)
 
 
+def _peer_stage_costs(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
+    """Where each case's CPU goes, stage by stage: the next regression names its stage."""
+    from bsr_cli.core.evidence import TimedStage
+    from bsr_cli.core.stage_costs import OTHER_CPU
+
+    sides = [
+        (v.tokens, name, side.stage_costs)
+        for v in prefixes
+        for name, side in (("raw GET", v.raw), ("stock", v.stock), ("contig", v.stock_contiguous), ("bsr", v.bsr))
+        if side is not None and side.stage_costs is not None
+    ]
+    if not sides:
+        return
+    stages = [s.value for s in TimedStage]
+    t = _table(
+        "tokens",
+        "case",
+        *(f"{s} CPU/GB" for s in stages),
+        "other CPU/GB",
+        *(f"{s} s" for s in stages),
+        title="by stage (medians): CPU seconds per GB restored of the threads doing each stage, the rest of the "
+        "case process (other: the transport's own threads, bookkeeping), and wall seconds (summed over windows; "
+        "they overlap when fetches run ahead)",
+    )
+    for n, name, st in sides:
+        assert st is not None
+        t.add_row(
+            f"{n:,}",
+            name,
+            *(_peer_num(st.cpu_s_per_gb.get(s), 3) for s in stages),
+            _peer_num(st.cpu_s_per_gb.get(OTHER_CPU), 3),
+            *(_peer_num(st.wall_s.get(s), 3) for s in stages),
+        )
+    console.print(t)
+
+
 def render_failures(console: Console, pub: PublishedBundle) -> None:
     d = pub.bundle
     from bsr_cli.bench.evidence import RowStatus, record_of
@@ -515,4 +573,7 @@ def table_for(experiment: str) -> Callable[[Console, PublishedBundle], None]:
     try:
         return TABLES[experiment]
     except KeyError:
-        raise InvalidInput(f"no table for experiment {experiment!r} (known: {', '.join(TABLES)})") from None
+        raise InvalidInput(
+            f"no table for experiment {experiment!r} (known: {', '.join(TABLES)})",
+            hint="`bsr bench show` reads bundles of the experiments bsr ships",
+        ) from None

@@ -30,7 +30,7 @@ from bsr_cli.core.results import (
     RestoreReport,
     SubmitResult,
 )
-from bsr_cli.core.status import EngineStatus, FaultListing, PoolEntry, RecentRestore
+from bsr_cli.core.status import EngineStatus, FaultListing, PoolEntry, RankFault, RecentRestore
 from bsr_cli.core.units import format_bytes
 from bsr_cli.tui.palette import BOTH_TIERS, FLEET_STYLE, tier_look
 
@@ -454,10 +454,8 @@ def status(console: Console, d: EngineStatus) -> None:
             console.print(f"[red]rank {r.rank} unhealthy[/]: {r.reason or r.error or 'not running'}")
         elif r.state is RankState.STARVED:  # the host's doing: its deadlines stretch, it is not blamed
             console.print(f"[yellow]rank {r.rank} starved[/] (the host, not the rank): {r.reason or 'waiting to run'}")
-        elif r.last_fault is not None and r.last_fault.stage:  # it failed at its own stage and still answers
-            console.print(f"[yellow]rank {r.rank} last fault[/]: {r.last_fault.reason}")
         elif r.last_fault is not None:
-            console.print(f"rank {r.rank} recovered; last fault: {r.last_fault.reason}")
+            console.print(last_fault_line(r.rank, r.last_fault, snap.time, snap.recent))
     for name, h in snap.tiers.items():
         why = f"({h.condition.replace('_', ' ')}{', injected' if h.injected else ''}) "
         why = why if h.condition != TierCondition.OK else ""
@@ -496,6 +494,25 @@ def status(console: Console, d: EngineStatus) -> None:
         console.print("no force-local markers")
     if snap.faults:
         faults(console, FaultListing(enabled=info.faults_enabled, faults=snap.faults))
+
+
+def last_fault_line(rank: int, fault: RankFault, now: float, recent: Sequence[RecentRestore]) -> str:
+    """A healthy rank's last fault, dated; superseded (dimmed, naming what came after) once a newer restore ended,
+    so an old drill's fault never reads as the cause of a newer failure."""
+    from bsr_cli.core.when import ago
+
+    head = f"rank {rank} last fault {ago(now - fault.at)} ago" + (f" ({fault.request})" if fault.request else "")
+    newer = next((x for x in recent if x.finished > fault.at and x.request != fault.request), None)
+    if newer is not None:
+        outcome = newer.outcome.value.replace("_", " ") if newer.outcome is not None else "ended"
+        why = f": {newer.reason}" if newer.reason else ""
+        return (
+            f"[dim]{head}, before the newest restore {newer.request} ({outcome} {ago(now - newer.finished)} ago"
+            f"{why}): {fault.reason}[/]"
+        )
+    if fault.stage:  # it failed at its own stage and still answers
+        return f"[yellow]{head}[/]: {fault.reason}"
+    return f"rank {rank} recovered; {head.removeprefix(f'rank {rank} ')}: {fault.reason}"
 
 
 def _worker_lines(

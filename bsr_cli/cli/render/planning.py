@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -16,13 +16,14 @@ from rich.text import Text
 from bsr_cli.core import wire
 from bsr_cli.core.accounting import Accounting
 from bsr_cli.core.bitmap import Break
-from bsr_cli.core.plan import RestorePlan
+from bsr_cli.core.evidence import RestoreBound
+from bsr_cli.core.plan import LadderPlan, RestorePlan
 from bsr_cli.core.registration import Registration, RegistrationDiff, TensorSpec
 from bsr_cli.core.trace_sim import PathRun, RestorePath, TracePlan
 from bsr_cli.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from bsr_cli.bench.trace import TraceReplay
+    from bsr_cli.bench.trace import AtReplayCores, BudgetRun, StockSummary, TraceReplay
 
 # Exact bytes and the binary-unit reading, as operators quote them: 525,074,432 (500.75 MiB). The one formatter.
 b = partial(format_bytes, exact=True)
@@ -403,8 +404,7 @@ def plan(console: Console, r: PlanReport) -> None:
     )
     console.print(cmp)
     if w and p.whole_plan_bytes and p.peak_bytes_per_rank:
-        ratio = p.whole_plan_bytes / p.peak_bytes_per_rank
-        console.print(f"BSR stages {ratio:,.1f}× less than the whole-plan path for this prompt.")
+        console.print(staging_ratio_line(w, p.committable_chunks, p.whole_plan_bytes, p.peak_bytes_per_rank))
     fit = r.capacity
     if fit:  # a dry run against a live engine: can its budget B (W=0: its pool) admit these windows?
         if fit.fits:
@@ -414,6 +414,47 @@ def plan(console: Console, r: PlanReport) -> None:
             )
         else:
             console.print(f"[red]does not fit[/] this engine: {fit.message}")
+
+
+def staging_ratio_line(w: int, chunks: int, whole_plan_bytes: int, peak_bytes: int) -> str:
+    """How much less BSR stages than the whole-plan path; a prompt of at most W chunks is one window either way."""
+    if chunks <= w:
+        return f"the prompt fits in one window of W={w}: BSR and the whole-plan path stage the same"
+    return f"BSR stages {whole_plan_bytes / peak_bytes:,.1f}× less than the whole-plan path for this prompt."
+
+
+@dataclass(frozen=True)
+class LadderReport:
+    """`bsr plan --W N` without a prompt: the ladder plan and the registration's name."""
+
+    ladder: LadderPlan = field(metadata=wire.meta(flatten=True))
+    model: str
+
+    to_wire = wire.writer()
+
+
+def plan_ladder(console: Console, r: LadderReport) -> None:
+    p = r.ladder
+    console.print(f"[bold]{r.model}[/] {p.registration}  W={p.w}{' (whole-plan path)' if p.w == 0 else ''}")
+    t = Table(title="every chunk a hit, per prompt length", title_justify="left")
+    for col in ("prompt tokens", "chunks", "windows", f"BSR peak (W={p.w})", "whole plan (W=0)", "ladder rung"):
+        t.add_column(col, justify="right")
+    t.add_column("BSR stages")
+    for row in p.rows:
+        t.add_row(
+            f"{row.tokens:,}",
+            f"{row.chunks:,}",
+            f"{row.windows:,}",
+            format_bytes(row.peak_bytes_per_rank),
+            format_bytes(row.whole_plan_bytes),
+            format_bytes(row.whole_plan_rung) if row.whole_plan_rung else "beyond ladder",
+            "the same (one window)"
+            if not p.w or row.chunks <= p.w
+            else f"{row.whole_plan_bytes / row.peak_bytes_per_rank:,.1f}× less",
+        )
+    console.print(t)
+    if p.rws_bytes is not None:
+        console.print(f"the BSR peak is RWS(W={p.w}) = {b(p.rws_bytes)} per rank, whatever the prompt length")
 
 
 def registration_diff(console: Console, r: RegistrationDiffReport) -> None:
@@ -472,6 +513,14 @@ def trace_plan(console: Console, report: TracePlanReport) -> None:
         f"W={d.w}: RWS {b(d.rws_bytes)}; bandwidth {d.bandwidth / 1e9:,.2f} GB/s per rank; "
         f"{store}"
     )
+    if d.host is not None:
+        h = d.host
+        slots = f"{h.restore_slots} served at once" if h.restore_slots else "all served at once"
+        console.print(
+            f"host: cores available to bsr {h.cores:g}, at most {h.job_cores:g} per restore; a restore needs "
+            f"{h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:g} s/GB of CPU per rank's bytes; restores "
+            f"{slots}" + (f"; the trace needs {d.cpu_load:.0%} of those cores" if d.cpu_load is not None else "")
+        )
     big = d.largest
     if big:
         console.print(
@@ -486,10 +535,13 @@ def trace_plan(console: Console, report: TracePlanReport) -> None:
         t.add_column(col, justify="right")
     t.add_column("in flight (peak)", justify="right")
     t.add_column("queued (peak)", justify="right")
+    if d.host is not None:
+        t.add_column("bound (restores)")
     best = d.smallest_meeting
     for row in [d.whole_plan, *d.bsr]:
         bold = best is not None and row.path is RestorePath.BSR and row.budget_rws == best.budget_rws
-        t.add_row(*_path_cells(row), style="bold" if bold else None)
+        bound = [_bounds(row.bound_by)] if d.host is not None else []
+        t.add_row(*_path_cells(row), *bound, style="bold" if bold else None)
     console.print(t)
     whole = d.whole_plan
     target = d.p99_target_s
@@ -512,10 +564,11 @@ def trace_plan(console: Console, report: TracePlanReport) -> None:
         console.print(f"[red]no budget B ({tried}) meets p99 ≤ {seconds(target)}[/]; {why}")
     for plot in report.plots or ():
         console.print(f"plot: {plot}")
-    console.print(
-        "[dim]model: transfer only, the per-rank bandwidth shared equally by the restores in flight, FIFO "
-        "admission under B; see docs/capacity-planning.md[/]"
-    )
+    if d.host is None:
+        model = "transfer only, the per-rank bandwidth shared equally by the restores in flight"
+    else:
+        model = "the slower of bytes at a bandwidth share and CPU at a share of the cores available to bsr"
+    console.print(f"[dim]model: {model}, FIFO admission under B; see docs/capacity-planning.md[/]")
 
 
 def _path_cells(row: PathRun) -> list[str]:
@@ -533,85 +586,144 @@ def _path_cells(row: PathRun) -> list[str]:
 
 
 def trace_replay(console: Console, d: TraceReplay) -> None:
-    """`bsr bench trace`: the planner's prediction beside the engine's measurement, for the same slice."""
+    """`bsr bench trace`: per budget B the planner's prediction beside the engine's measurement, what bound the
+    restores on both sides, then stock LMCache beside the first budget's run."""
     from bsr_cli.bench.trace import StockSummary
 
     console.print(
         f"[bold]{d.trace}[/]: {d.requests:,} requests from #{d.skip}, time ×{d.speedup:g}, tokens "
         f"×{d.block_tokens}/512; {d.model} {d.registration} ({b(d.bytes_per_chunk)} per chunk per "
-        f"rank); W={d.w}, B = {d.budget_rws}·RWS = {b(d.budget_bytes)} per rank; planner bandwidth "
-        f"{d.bandwidth_bytes_per_s / 1e9:.3f} GB/s per rank"
+        f"rank); W={d.w}; planner bandwidth {d.bandwidth_bytes_per_s / 1e9:.3f} GB/s per rank"
     )
-    cal = d.calibration
-    if cal is not None:
-        console.print(
-            f"bandwidth measured by one restore of {cal.chunks} chunks alone; one chunk alone takes "
-            f"{seconds(cal.one_chunk_s)} (a fixed cost per restore the planner leaves out)"
-        )
-    p, m = d.predicted, d.measured
-    ran = isinstance(d.stock, StockSummary)
-    stock = d.stock if isinstance(d.stock, StockSummary) else None  # its cells, when it ran
-    t = Table(title="planner against engine" + (" and stock LMCache" if ran else ""), title_justify="left")
-    t.add_column("")
-    t.add_column("predicted", justify="right")
-    t.add_column("engine (bsr)", justify="right")
-    if stock is not None:
-        t.add_column(f"stock LMCache {stock.lmcache}", justify="right")
-
-    def row(label: str, predicted: str, engine: str, stock_cell: str) -> None:
-        t.add_row(label, predicted, engine, *([stock_cell] if ran else []))
-
-    row("restores", f"{p.restores:,}", f"{m.restores:,}", f"{stock.restores:,}" if stock else "")
-    row("restored tokens", f"{p.hit_tokens:,}", f"{m.hit_tokens:,}", f"{stock.hit_tokens:,}" if stock else "")
-    row(
-        "peak host memory per rank",
-        format_bytes(p.peak_bytes_per_rank),
-        format_bytes(max(m.pool_peak_by_rank.values(), default=0)),
-        format_bytes(max(stock.l1_peak_by_rank.values(), default=0)) if stock else "",
-    )
-    # Stock LMCache stages every restore's whole plan: the planner's model of that is the whole-plan peak.
-    row("whole-plan peak per rank", format_bytes(p.whole_plan_peak_bytes_per_rank), "", "")
-    for q in ("p50", "p95", "p99"):
-        row(
-            f"restore latency {q}",
-            seconds(getattr(p.latency_s, q)),
-            seconds(getattr(m.latency_s, q)),
-            seconds(getattr(stock.latency_s, q)) if stock else "",
-        )
-    row("failed requests", "0", f"{m.failed:,}", f"{stock.failed:,}" if stock else "")
-    console.print(t)
-    c = d.committed
-    console.print(
-        f"committed exactly the predicted tokens: {c.exact:,} of {d.requests:,} requests; fewer: {c.fewer:,} "
-        "(a prefix still being stored by an earlier request in flight); more: "
-        f"{c.more:,}"
-    )
-    peaks = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in sorted(m.pool_peak_by_rank.items()))
-    console.print(f"pool peak per rank: {peaks} (B {format_bytes(d.budget_bytes)})")
-    if m.first_failure:
-        console.print(f"[red]first failure[/]: {m.first_failure}")
-    if stock is not None:
-        sc = stock.committed
-        sp = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in sorted(stock.l1_peak_by_rank.items()))
-        console.print(
-            f"stock LMCache: L1 high-water per rank {sp} (L1 {format_bytes(stock.l1_bytes)}, staging only; "
-            "retrieves stage their whole plan, stores their chunks); "
-            + (
-                "one request at a time per rank, as vLLM's worker calls it"
-                if stock.serial
-                else "every client calls it, retrieves overlap"
-            )
-        )
-        console.print(
-            f"stock LMCache loaded exactly the hit's full chunks: {sc.exact:,} of {d.requests:,} requests; "
-            f"fewer: {sc.fewer:,}; more: {sc.more:,}; {stock.hit_tokens:,} of "
-            f"{stock.expected_hit_tokens:,} tokens ({stock.partial_chunk_tokens:,} more sit in partial chunks "
-            "LMCache does not store by default)"
-        )
-        if stock.first_failure:
-            console.print(f"[red]stock LMCache's first failure[/]: {stock.first_failure}")
+    _calibration_lines(console, d)
+    _runs_table(console, d)
+    for run in d.runs:
+        _run_lines(console, d, run)
+    if isinstance(d.stock, StockSummary):
+        _stock_lines(console, d, d.stock)
     else:
-        why = d.stock.reason if d.stock is not None and not isinstance(d.stock, StockSummary) else "not recorded"
+        why = d.stock.reason if d.stock is not None else "not recorded"
         console.print(f"stock LMCache: not run ({why})")
     for name, ok in d.checks.items():
         console.print(f"{'[green]pass[/]' if ok else '[red]FAIL[/]'} {name.replace('_', ' ')}")
+    if d.bundle:
+        console.print(f"bundle: {d.bundle}")
+
+
+def _calibration_lines(console: Console, d: TraceReplay) -> None:
+    cal = d.calibration
+    if cal is None:
+        console.print("[dim]no host model: the prediction counts bytes over the bandwidth alone[/]")
+        return
+    h, s = cal.host, cal.host_state
+    slots = f"{h.restore_slots} restores served at once" if h.restore_slots else "every restore served at once"
+    contended = f", {s.cores_contended:.2f} read as a replay reads them" if s.cores_contended is not None else ""
+    console.print(
+        f"host model ({d.calibration_file}): {h.cores:.2f} cores available to bsr of {s.cpu_count}{contended} "
+        f"(run queue beside it {s.run_queue_beside:.1f} idle, {s.run_queue_busy:.1f} busy; load {s.loadavg[0]:.1f}); a "
+        f"restore needs {h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:.1f} s/GB of CPU beside the "
+        f"requests' own work ({cal.burst_stretch:.1f}× alone), at most {h.job_cores:.2f} cores; {slots}; a request's "
+        f"own work {h.compute_cpu_s_per_gb:.1f} s/GB"
+    )
+    console.print(
+        "[dim]CPU needed: the share of the cores available to bsr the slice's restores and requests need on "
+        "average; near 100 % latency depends steeply on the host's state[/]"
+    )
+
+
+def _bounds(counts: dict[RestoreBound, int] | None) -> str:
+    if not counts:
+        return ""
+    return ", ".join(f"{bound.value.replace('_', ' ')} {n:,}" for bound, n in counts.items())
+
+
+def _runs_table(console: Console, d: TraceReplay) -> None:
+    t = Table(title="restore latency: planner against engine, per budget", title_justify="left")
+    columns = ("B", "load", "run queue", "CPU needed", "predicted p50", "measured p50", "predicted p99", "measured p99")
+    for col in (*columns, "at the replay's cores: p50 / p99", "bandwidth alone"):
+        t.add_column(col, justify="right")
+    t.add_column("bound (predicted)")
+    t.add_column("bound (measured)")
+    for run in d.runs:
+        p, m = run.predicted, run.measured
+        alone = p.bandwidth_only_latency_s
+        t.add_row(
+            f"{run.budget_rws}·RWS",
+            f"{run.loadavg[0]:.1f}→{run.loadavg[1]:.1f}",
+            f"{run.run_queue_beside:.1f}" if run.run_queue_beside is not None else "",
+            f"{p.cpu_load:.0%}" if p.cpu_load is not None else "",
+            seconds(p.latency_s.p50),
+            _against(m.latency_s.p50, run.latency_ratio.get("p50"), run.agrees.get("p50")),
+            seconds(p.latency_s.p99),
+            _against(m.latency_s.p99, run.latency_ratio.get("p99"), run.agrees.get("p99")),
+            _at_replay_cores(run.at_replay_cores),
+            f"{seconds(alone.p50)} / {seconds(alone.p99)}" if alone is not None else "",
+            _bounds(p.bound_by),
+            _bounds(m.bound_by),
+        )
+    console.print(t)
+
+
+def _at_replay_cores(at: AtReplayCores | None) -> str:
+    """The prediction at the cores the engine got during the replay, each with measured over it in brackets."""
+    if at is None:
+        return ""
+    parts = [_against(getattr(at.latency_s, p), at.latency_ratio.get(p), at.agrees.get(p)) for p in ("p50", "p99")]
+    return f"{at.cores:.2f} cores: {' / '.join(parts)}"
+
+
+def _against(measured: float, ratio: float | None, agrees: bool | None) -> str:
+    if ratio is None:
+        return seconds(measured)
+    colour = "green" if agrees else "red"
+    return f"{seconds(measured)} [{colour}]({ratio:.2f}×)[/]"
+
+
+# A run queue beside bsr during a replay further than this fraction from the calibration's: the host changed.
+HOST_CHANGED = 0.25
+
+
+def _run_lines(console: Console, d: TraceReplay, run: BudgetRun) -> None:
+    p, m, c = run.predicted, run.measured, run.committed
+    peaks = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in sorted(m.pool_peak_by_rank.items()))
+    console.print(
+        f"B = {run.budget_rws}·RWS ({b(run.budget_bytes)}): restores {m.restores:,} of {p.restores:,} predicted, "
+        f"{m.hit_tokens:,} of {p.hit_tokens:,} tokens; pool peak {peaks}; waits p99: B {seconds(m.budget_wait_s.p99)}"
+        f" (predicted {seconds(p.wait_s.p99)}), destination KV {seconds(m.kv_wait_s.p99)}; committed exactly the "
+        f"predicted tokens {c.exact:,}, fewer {c.fewer:,}, more {c.more:,}; failed {m.failed:,}"
+    )
+    if m.first_failure:
+        console.print(f"[red]first failure[/]: {m.first_failure}")
+    psi = ", ".join(f"{name} {v:.0f} %" for name, v in run.pressure.items() if v is not None)
+    if psi:
+        console.print(f"host pressure as the replay ended (PSI, some avg10): {psi}")
+    calibrated = d.calibration.host_state.run_queue_beside if d.calibration is not None else None
+    during = run.run_queue_beside
+    if calibrated is not None and during is not None and abs(during - calibrated) > HOST_CHANGED * max(calibrated, 1):
+        console.print(
+            f"[yellow]the host changed[/]: the run queue beside bsr was {calibrated:.1f} at the calibration and "
+            f"{during:.1f} during this replay; the prediction was for the calibration's host (calibrate again, or give "
+            "`bsr plan --trace --cores` for this one)"
+        )
+
+
+def _stock_lines(console: Console, d: TraceReplay, stock: StockSummary) -> None:
+    first = d.runs[0]
+    sc = stock.committed
+    sp = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in sorted(stock.l1_peak_by_rank.items()))
+    calls = "one request at a time per rank, as vLLM's worker calls it" if stock.serial else "retrieves overlap"
+    lat = stock.latency_s
+    console.print(
+        f"stock LMCache {stock.lmcache}: restore latency p50 {seconds(lat.p50)}, p95 {seconds(lat.p95)}, p99 "
+        f"{seconds(lat.p99)}; L1 high-water per rank {sp} (L1 {format_bytes(stock.l1_bytes)}, staging only), against "
+        f"the engine's pool peak {format_bytes(first.measured.peak_bytes_per_rank)} and the planner's whole-plan "
+        f"peak {format_bytes(first.predicted.whole_plan_peak_bytes_per_rank)}; {calls}"
+    )
+    console.print(
+        f"stock LMCache loaded exactly the hit's full chunks: {sc.exact:,} of {d.requests:,} requests; "
+        f"fewer: {sc.fewer:,}; more: {sc.more:,}; {stock.hit_tokens:,} of {stock.expected_hit_tokens:,} tokens "
+        f"({stock.partial_chunk_tokens:,} more sit in partial chunks LMCache does not store by default); failed "
+        f"{stock.failed:,}"
+    )
+    if stock.first_failure:
+        console.print(f"[red]stock LMCache's first failure[/]: {stock.first_failure}")

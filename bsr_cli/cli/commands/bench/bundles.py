@@ -36,7 +36,7 @@ def plot(
     try:
         made = [str(p) for p in plotting.render_all(out, to, latest)]
     except ImportError as e:
-        raise InvalidInput(str(e)) from None
+        raise InvalidInput(str(e), hint="install the bench extra: pip install 'bsr[bench]' (matplotlib)") from None
     if not made:
         raise InvalidInput(
             f"nothing to plot in {out}: its bundles ({', '.join(found)}) have no plot",
@@ -60,10 +60,14 @@ def validate(
         for f, errs in d.items():
             console.print(f"{f}: " + ("[green]valid[/]" if not errs else "[red]invalid[/]\n  " + "\n  ".join(errs)))
 
-    st.out.result(report, render)
     bad = [f for f, errs in report.items() if errs]
     if bad:
-        raise InvalidInput(f"{len(bad)} bundle(s) do not match the schema: {', '.join(bad)}")
+        error = InvalidInput(
+            f"{len(bad)} bundle(s) do not match the schema: {', '.join(bad)}",
+            hint="each bundle's lines above say which field breaks the schema (`bsr bench schema` prints it)",
+        )
+        st.out.fail(report, render, error)
+    st.out.result(report, render)
 
 
 def schema(ctx: typer.Context, json_flag: JsonFlag = False) -> None:

@@ -41,9 +41,11 @@ def ints(text: str, what: str, *, sizes: bool = False) -> list[int]:
     try:
         values = [parse_bytes(x) if sizes else int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise InvalidInput(f"{what} takes comma-separated integers, got {text!r}") from None
+        raise InvalidInput(
+            f"{what} takes comma-separated integers, got {text!r}", hint=f"e.g. {what} 8,16,32"
+        ) from None
     if not values or any(v <= 0 for v in values):
-        raise InvalidInput(f"{what} must be positive")
+        raise InvalidInput(f"{what} must be positive", hint=f"e.g. {what} 8,16,32")
     return values
 
 

@@ -222,7 +222,10 @@ def store(
     raw = parse_bytes(raw_bytes)
     copy = parse_bytes(copy_bytes)
     if (master is None) != (metadata is None):
-        raise InvalidInput("give --mooncake-master and --mooncake-metadata together")
+        raise InvalidInput(
+            "give --mooncake-master and --mooncake-metadata together",
+            hint="--mooncake-master HOST:PORT and --mooncake-metadata URL name one Mooncake deployment",
+        )
 
     def run(client: AdminClient, meta: dict[str, bool | float | None], state_dir: Path | None) -> Bundle:
         mc = {"master_address": master, "metadata_url": metadata} if master and metadata else None

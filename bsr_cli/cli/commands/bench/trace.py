@@ -1,24 +1,37 @@
 """`bsr bench trace`: replay a slice of a request trace against a dedicated embedded engine, the planner's
-prediction for the same slice beside the measurement (bsr_cli/bench/trace.py)."""
+prediction for the same slice beside the measurement (bsr_cli/bench/trace.py), on the host model a short
+calibration measured first (bsr_cli/bench/calibration.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from bsr_cli.cli.commands.bench.common import DEFAULT_OUT, OutOpt
 from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.errors import BsrError, DrillViolation, InvalidInput
 
 if TYPE_CHECKING:
-    from bsr_cli.bench.trace import Calibration, Measured, StockCase, StockNotRun, StockSummary
+    from bsr_cli.bench.calibration import BurstShape, RunQueue
+    from bsr_cli.bench.trace import BudgetReplayed, StockCase, StockNotRun, StockSummary, TraceReplay
     from bsr_cli.cli.context import AppState
+    from bsr_cli.client import AdminClient
+    from bsr_cli.core.host_model import HostCalibration
     from bsr_cli.core.registration import Registration
     from bsr_cli.core.trace import Trace
     from bsr_cli.engine.supervisor import EngineOptions
 
+_BROKE = "the report's checks say what broke"
+_SKIP_HINT = "lower --skip, or replay another part of the trace"
+
+
+REPLAY_SAMPLE_S = 0.25  # between two samples of the run queue during a replay
 
 # The stock LMCache side of the replay (bsr_cli/bench/trace.py, plugins/lmcache_bsr/trace_replay.py).
 StockOpt = Annotated[
@@ -40,6 +53,27 @@ StockSerialOpt = Annotated[
         "[default: every client calls it, retrieves overlap].",
     ),
 ]
+CalibrationOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        metavar="FILE",
+        help="Predict with a calibration saved before [default: calibrate this engine first, a few seconds].",
+    ),
+]
+
+
+def _budgets(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InvalidInput(
+            f"--budget-rws takes comma-separated whole multiples of RWS(W), got {text!r}",
+            hint="e.g. --budget-rws 1,2,4",
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise InvalidInput("--budget-rws multiples of RWS(W) must be at least 1", hint="e.g. --budget-rws 1,2,4")
+    return tuple(dict.fromkeys(values))
 
 
 def trace(
@@ -53,16 +87,21 @@ def trace(
     ] = 64,
     w: Annotated[int, typer.Option("--W", "-W", "--window-size", help="Window size in chunks.", min=1)] = 8,
     budget_rws: Annotated[
-        int, typer.Option("--budget-rws", help="The engine's budget B as a multiple of RWS(W).", min=1)
-    ] = 2,
+        str,
+        typer.Option("--budget-rws", help="The engine's budget B as multiples of RWS(W), one replay each: 1,2,4."),
+    ] = "2",
     registration: Annotated[
         str | None,
         typer.Option("--registration", "-r", help="Registration [default: 1 KiB/token/rank, 64-token chunks]."),
     ] = None,
     bandwidth: Annotated[
         str | None,
-        typer.Option("--bandwidth", help="The planner's bandwidth per rank [default: one restore alone, measured]."),
+        typer.Option(
+            "--bandwidth", help="Predict from this bandwidth per rank alone, no host model [default: calibrate]."
+        ),
     ] = None,
+    calibration: CalibrationOpt = None,
+    out: OutOpt = DEFAULT_OUT,
     salt: Annotated[
         int | None, typer.Option("--salt", help="Seed of the synthesized tokens [default: random].")
     ] = None,
@@ -72,58 +111,83 @@ def trace(
     json_flag: JsonFlag = False,
 ) -> None:
     """Replay a slice of a request trace at its arrival times against a dedicated embedded engine (time and
-    tokens scaled, both printed): measured pool peak per rank, committed tokens and restore latency, beside the
-    planner's prediction for the same slice, and beside stock LMCache replaying the same slice."""
+    tokens scaled, both printed), once per budget B: measured pool peak per rank, committed tokens, restore latency
+    and what bound each restore, beside the planner's prediction for the same slice on the host model a short
+    calibration measured first; and beside stock LMCache replaying the same slice."""
     from bsr_cli import loaders
+    from bsr_cli.bench import calibration as cb
     from bsr_cli.bench import trace as bt
     from bsr_cli.bench.evidence import new_salt
+    from bsr_cli.core import accounting
     from bsr_cli.core.trace_sim import check_rate
     from bsr_cli.core.units import format_bytes, parse_rate
 
     st = state(ctx, json_flag)
     check_rate(1.0, speedup)
+    budgets = _budgets(budget_rws)
+    if bandwidth is not None and calibration is not None:
+        raise InvalidInput(
+            "--bandwidth predicts without a host model; --calibration with one: give one of them",
+            hint="--calibration carries its own bandwidth; drop --bandwidth to use it",
+        )
     rate = parse_rate(bandwidth) if bandwidth is not None else None
+    saved = loaders.load_calibration(calibration) if calibration is not None else None
     reg = loaders.load_registration(registration) if registration else bt.replay_registration()
     full = loaders.load_trace(trace_file)
     if skip >= len(full):
-        raise InvalidInput(f"--skip {skip} leaves nothing of the trace's {len(full):,} requests")
+        raise InvalidInput(f"--skip {skip} leaves nothing of the trace's {len(full):,} requests", hint=_SKIP_HINT)
     sliced = full.head(requests, skip).scale_tokens(block_tokens)
-    size = bt.sizing(sliced, reg)
-    opts = bt.engine_options(reg, w, budget_rws, size)
+    calibrating = rate is None and saved is None
+    stored = cb.stored_tokens(bt.burst_shape(sliced, reg), reg.chunk_size) if calibrating else 0
+    size = bt.sizing(sliced, reg, replays=len(budgets), calibration_tokens=stored)
+    opts = bt.engine_options(reg, w, max(budgets), size)
     seed = new_salt() if salt is None else salt
     stock_l1_bytes, stock_reason = _stock_setup(st, reg, stock, stock_l1, stock_serial)
+    if saved is not None and saved.registration != reg.identity:
+        st.out.warn(f"the calibration measured registration {saved.registration}; replaying {reg.identity}")
+    rws = accounting.rws_bytes(reg, w)
+    budget_text = ", ".join(f"{k}·RWS = {format_bytes(k * rws)}" for k in budgets)
     st.out.note(
         f"replaying {len(sliced):,} requests of {trace_file} from #{skip}: time ×{speedup:g}, "
-        f"tokens ×{block_tokens}/512 ({block_tokens} per block); W={w}, "
-        f"B = {budget_rws}·RWS = {format_bytes(opts.budget_bytes)} per rank"
+        f"tokens ×{block_tokens}/512 ({block_tokens} per block); W={w}; B per rank: {budget_text}"
     )
-    measured, peaks, cal, rate = _replay_engine(st, sliced, reg, opts, w=w, speedup=speedup, seed=seed, rate=rate)
-    replayed = bt.compare(
-        sliced,
-        reg,
-        measured,
-        w=w,
-        budget_rws=budget_rws,
-        bandwidth=rate,
+    run = _EngineRun(st, sliced, reg, opts, w=w, speedup=speedup, seed=seed, out=out)
+    replays = run.replay(budgets, rate, saved, calibration)
+    cal = run.calibration
+    host = cal.host if cal is not None else None
+    runs = tuple(bt.compare(sliced, reg, r, w=w, bandwidth=run.bandwidth, speedup=speedup, host=host) for r in replays)
+    replayed = bt.TraceReplay(
+        trace=sliced.source,
+        requests=len(sliced),
         speedup=speedup,
-        pool_peaks=peaks,
+        block_tokens=sliced.block_tokens,
+        registration=reg.identity,
+        model=reg.model,
+        bytes_per_chunk=reg.bytes_per_chunk,
+        w=w,
+        bandwidth_bytes_per_s=run.bandwidth,
         calibration=cal,
+        calibration_file=run.calibration_file,
+        runs=runs,
+        skip=skip,
     )
     stock_run: bt.StockSummary | bt.StockNotRun
     if stock_reason is None:
-        whole_plan_peak = replayed.predicted.whole_plan_peak_bytes_per_rank
+        whole_plan_peak = runs[0].predicted.whole_plan_peak_bytes_per_rank
         l1 = stock_l1_bytes or bt.stock_l1_bytes(sliced, reg, whole_plan_peak)
         case = bt.StockCase(sliced, reg, speedup, seed, l1, size.kv_tokens, size.segment_bytes, serial=stock_serial)
         stock_run = _replay_stock(st, case)
     else:
         stock_run = bt.StockNotRun(stock_reason)
-    data = replace(replayed, skip=skip, salt=seed, stock=stock_run)
+    data = replace(replayed, stock=stock_run)
+    data = replace(data, bundle=str(run.write_bundle(data, reg)))
     from bsr_cli.cli.render import planning as render
 
-    st.out.result(data, render.trace_replay)
     broken = [k for k, ok in data.checks.items() if not ok]
     if broken:
-        raise DrillViolation(f"the replay broke {', '.join(broken)}")
+        broke = f"the replay broke {', '.join(broken)}"
+        st.out.fail(data, render.trace_replay, DrillViolation(broke, hint=f"{_BROKE}; its evidence: {data.bundle}"))
+    st.out.result(data, render.trace_replay)
 
 
 def _stock_setup(
@@ -140,9 +204,12 @@ def _stock_setup(
         except InvalidInput as e:
             raise InvalidInput(f"--stock-l1: {e.message}", hint=e.hint) from None
         if stock_l1_bytes <= 0:
-            raise InvalidInput(f"--stock-l1 must be a positive size, got {stock_l1}")
+            raise InvalidInput(f"--stock-l1 must be a positive size, got {stock_l1}", hint="give a size such as 4GiB")
     if not stock and (stock_l1 is not None or stock_serial):
-        raise InvalidInput("--stock-l1 and --stock-serial set up stock LMCache's replay: drop --no-stock")
+        raise InvalidInput(
+            "--stock-l1 and --stock-serial set up stock LMCache's replay: drop --no-stock",
+            hint="drop --no-stock to run stock LMCache's replay, or drop --stock-l1/--stock-serial",
+        )
     stock_reason = "skipped with --no-stock" if not stock else bt.stock_available()
     if stock_reason is None:
         try:
@@ -154,50 +221,162 @@ def _stock_setup(
     return stock_l1_bytes, stock_reason
 
 
-def _replay_engine(
-    st: AppState,
-    sliced: Trace,
-    reg: Registration,
-    opts: EngineOptions,
-    *,
-    w: int,
-    speedup: float,
-    seed: int,
-    rate: float | None,
-) -> tuple[list[Measured], dict[int, int], Calibration | None, float]:
-    """The slice against a dedicated embedded engine: what each request measured, each rank's pool peak, the
-    calibration (when the bandwidth was measured here) and the planner's bandwidth."""
-    import tempfile
-    import threading
+class _EngineRun:
+    """The slice against a dedicated embedded engine: the calibration first (unless given), then one replay per
+    budget; and the bundle of it all."""
 
-    from bsr_cli.bench import trace as bt
-    from bsr_cli.bench.lifecycle import embedded_engine
+    def __init__(
+        self,
+        st: AppState,
+        sliced: Trace,
+        reg: Registration,
+        opts: EngineOptions,
+        *,
+        w: int,
+        speedup: float,
+        seed: int,
+        out: Path,
+    ) -> None:
+        from bsr_cli.bench.evidence import machine_info, now
+        from bsr_cli.bench.trace_bundle import new_trace_run_id
 
-    stop = threading.Event()
-    with tempfile.TemporaryDirectory(prefix="bsr-bench-trace-") as tmp, embedded_engine(Path(tmp), opts) as client:
-        cal = None
-        if rate is None:
-            cal = bt.calibrate(client, reg, w, seed)
-            rate = cal.bandwidth
-            st.out.note(
-                f"one restore of {cal.chunks} chunks alone: {rate / 1e9:.3f} GB/s per rank (the planner's bandwidth); "
-                f"of one chunk: {cal.one_chunk_s * 1000:.0f} ms"
-            )
+        self.st, self.sliced, self.reg, self.opts = st, sliced, reg, opts
+        self.w, self.speedup, self.seed, self.out = w, speedup, seed, out
+        self.run_id, self.started_at, self.t0 = new_trace_run_id(), now(), time.monotonic()
+        self.machine = machine_info()
+        self.engine: dict[str, object] = {}
+        self.calibration: HostCalibration | None = None
+        self.calibration_file: str | None = None
+        self.bandwidth = 0.0
+        self.pids: list[int] = []
+
+    def replay(
+        self,
+        budgets: tuple[int, ...],
+        rate: float | None,
+        saved: HostCalibration | None,
+        saved_path: Path | None,
+    ) -> list[BudgetReplayed]:
+        import tempfile
+
+        from bsr_cli.bench.lifecycle import embedded_engine
+
+        with (
+            tempfile.TemporaryDirectory(prefix="bsr-bench-trace-") as tmp,
+            embedded_engine(Path(tmp), self.opts) as client,
+        ):
+            info = client.info()
+            self.engine = {"url": client.url, "embedded": True, "startup_s": None, "info": info.to_wire()}
+            self.pids = _engine_pids(Path(tmp))
+            if rate is not None:
+                self.bandwidth = rate
+            elif saved is not None:
+                self.calibration, self.calibration_file, self.bandwidth = saved, str(saved_path), saved.bandwidth
+            else:
+                self._calibrate(client)
+            return [self._replay_at(client, k, n) for n, k in enumerate(budgets)]
+
+    def _calibrate(self, client: AdminClient) -> None:
+        from bsr_cli.bench import calibration as cb
+        from bsr_cli.bench.evidence import now
+        from bsr_cli.bench.trace import burst_shape
+
+        shape: BurstShape = burst_shape(self.sliced, self.reg)
+        self.st.out.note(
+            f"calibrating the host model (restores alone, steady work, {cb.BURSTS} bursts of {shape.requests} "
+            "requests)…"
+        )
+        salt = self.seed + cb.SALT_OFFSET  # prompts of its own, never a replay's
+        cal = cb.calibrate_host(client, self.pids, self.reg, w=self.w, salt=salt, measured_at=now(), burst=shape)
+        self.calibration, self.bandwidth = cal, cal.bandwidth
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"calibration-{self.run_id}.json"
+        import json
+
+        path.write_text(json.dumps(cal.to_wire(), indent=1) + "\n")
+        self.calibration_file = str(path)
+        h, s = cal.host, cal.host_state
+        self.st.out.note(
+            f"calibration {path}: {h.cores:.2f} cores available to bsr (run queue beside it {s.run_queue_beside:.1f}, "
+            f"load {s.loadavg[0]:.1f}); a restore alone {cal.bandwidth / 1e6:.1f} MB/s per rank; in a burst "
+            f"{h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:.1f} s/GB of CPU"
+        )
+
+    def _replay_at(self, client: AdminClient, budget_rws: int, n: int) -> BudgetReplayed:
+        import os
+        import threading
+
+        from bsr_cli.bench import trace as bt
+        from bsr_cli.bench.evidence import now
+        from bsr_cli.core import accounting
+
+        client.update_settings(budget_bytes=budget_rws * accounting.rws_bytes(self.reg, self.w))
         client.reset_peak()
-        done = [0]
+        salt = self.seed + n  # a salt of its own: it finds nothing of another run's (the first: stock's too)
+        stop, done = threading.Event(), [0]
 
         def progress(m: bt.Measured) -> None:
             done[0] += 1
             if done[0] % 50 == 0:
-                st.out.note(f"{done[0]:,} of {len(sliced):,} requests done")
+                self.st.out.note(f"B = {budget_rws}·RWS: {done[0]:,} of {len(self.sliced):,} requests done")
 
-        try:
-            measured = bt.replay(client, sliced, w=w, speedup=speedup, salt=seed, stop=stop, on_done=progress)
-        except KeyboardInterrupt:
-            stop.set()
-            raise
+        started_at, since, t0, load0 = now(), time.time(), time.monotonic(), os.getloadavg()[0]
+        with _sampler(self.pids) as sampler:
+            try:
+                measured = bt.replay(
+                    client, self.sliced, w=self.w, speedup=self.speedup, salt=salt, stop=stop, on_done=progress
+                )
+            except KeyboardInterrupt:
+                stop.set()
+                raise
+        bt.read_waits(client, measured, since - 1)
         peaks = {r.rank: int((r.pool or {})["peak_bytes"]) for r in client.pool()}
-    return measured, peaks, cal, rate
+        loads = (round(load0, 2), round(os.getloadavg()[0], 2))
+        queue = round(sampler.mean, 2) if sampler is not None else None
+        cores = sampler.cores_contended if sampler is not None else None
+        elapsed = round(time.monotonic() - t0, 3)
+        from bsr_cli.bench.calibration import pressure
+
+        return bt.BudgetReplayed(
+            budget_rws, salt, measured, peaks, loads, started_at, elapsed, queue, pressure(), cores_contended=cores
+        )
+
+    def write_bundle(self, report: TraceReplay, reg: Registration) -> Path:
+        from bsr_cli.bench import bundle as bundles
+        from bsr_cli.bench.trace_bundle import trace_bundle
+
+        bundle = trace_bundle(
+            report,
+            reg,
+            run_id=self.run_id,
+            started_at=self.started_at,
+            elapsed_s=time.monotonic() - self.t0,
+            engine=self.engine,
+            machine=self.machine,
+            salt=self.seed,
+        )
+        return bundles.write(bundle, self.out)
+
+
+def _engine_pids(state_dir: Path) -> list[int]:
+    from bsr_cli.engine.supervisor import read_record
+
+    record = read_record(state_dir)
+    return [pid for _, pid, _ in record.processes()] if record is not None else []
+
+
+@contextlib.contextmanager
+def _sampler(pids: list[int]) -> Iterator[RunQueue | None]:
+    """The host's state sampled while a replay runs (None where /proc cannot tell the engine's CPU)."""
+    from bsr_cli.bench.calibration import EngineCpu, RunQueue
+
+    try:
+        cpu = EngineCpu(pids)
+    except BsrError:
+        yield None
+        return
+    with RunQueue(cpu, every_s=REPLAY_SAMPLE_S) as sampler:
+        yield sampler
 
 
 def _replay_stock(st: AppState, case: StockCase) -> StockSummary | StockNotRun:
