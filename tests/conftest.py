@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +29,22 @@ def _missing_engine_extra() -> list[str]:
     return [m for m in _ENGINE_EXTRA if importlib.util.find_spec(m) is None]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered now, not as this conftest's own hook: an xdist worker names each test after its xdist group in its
+    # collection hook, registered before this (pluggy calls the hooks registered last first), so the groups must be
+    # set by a plugin registered later still; the conftests of tests/unit and below run before it all the same.
+    config.pluginmanager.register(_Placement(), "bsr-test-placement")
+
+
+class _Placement:
+    """Marks, skips, xdist groups and order: what the suite's collection adds to the tests it found."""
+
+    @staticmethod
+    def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+        _mark_and_place(config, items)
+
+
+def _mark_and_place(config: pytest.Config, items: list[pytest.Item]) -> None:
     missing = _missing_engine_extra()
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("fast") is None:
@@ -36,6 +53,72 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(
                 pytest.mark.skip(reason=f"needs the engine extra ({', '.join(missing)} not installed: ./scripts/setup)")
             )
+    if config.pluginmanager.hasplugin("xdist"):
+        _group_for_xdist(items, config.rootpath)
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike, so their collections agree
+        # The engine lanes first (stable: in their order otherwise): xdist hands out the tests in this order, so the
+        # long lanes start at once and the many short tests fill the other workers meanwhile.
+        items.sort(key=lambda item: not _starts_engine(item))
+
+
+# -- parallel runs (pytest-xdist, `-n N --dist loadgroup`): which tests must share a worker ------------------------
+
+# The tests that start the engine's real stack (a Mooncake master and holder, a process per TP rank, or a session
+# engine over them) go to this many xdist groups, "engine lanes", a module at a time: at most this many workers run
+# stacks at once, one test each, whatever -n says. A stack takes CPU to start and to restore, so more lanes than the
+# two cores a CI machine has would only make the ranks wait on each other, and a rank kept waiting long enough is
+# rightly reported as the host's fault. The session engines (~1.3 GB each) start once per lane that uses them.
+ENGINE_LANES = 2
+SESSION_ENGINES = frozenset({"live_engine", "stalling_engine"})
+
+
+def _group_for_xdist(items: list[pytest.Item], root: Path) -> None:
+    """Mark the tests that must run on one worker with their xdist group; every other test goes to whichever worker
+    is free. A test that starts an engine stack: its module's engine lane (a module's tests that share a fixture go
+    with them, so the module's stack starts once). Any other test that uses a fixture shared by its module (a class,
+    a package): that module's group. Lanes are filled a module at a time, the module with the most engine tests
+    first, each to the lane with the fewest so far; every worker computes the same lanes from the same collection."""
+    shared = {item: _shared_path(item, root) for item in items}
+    unit = {item: shared[item] or item.path.relative_to(root).as_posix() for item in items}
+    engine_modules = {item.path for item in items if _starts_engine(item)}
+    in_lane = {item for item in items if _starts_engine(item) or (shared[item] and item.path in engine_modules)}
+    per_unit = Counter(unit[item] for item in in_lane)
+    load, lane_of = [0] * ENGINE_LANES, {}
+    for name, count in sorted(per_unit.items(), key=lambda kv: (-kv[1], kv[0])):
+        lane_of[name] = min(range(ENGINE_LANES), key=load.__getitem__)
+        load[lane_of[name]] += count
+    for item in items:
+        if item in in_lane:
+            _join_group(item, f"engine-lane-{lane_of[unit[item]]}")
+        elif shared[item] is not None:
+            _join_group(item, f"shared:{shared[item]}")
+
+
+def _join_group(item: pytest.Item, group: str) -> None:
+    """Put ``item`` in an xdist group. An xdist worker with ``--dist loadgroup`` tells the scheduler a test's group
+    by appending ``@group`` to its node id; pytest-xdist 3.8 does it by setting ``Item._nodeid``, which pytest 9.2
+    no longer reads (the id is ``Item._id`` there), so the groups would be dropped without a word. Here the id is
+    set where this pytest keeps it; xdist's own renaming, after this, then has nothing left to do."""
+    item.add_marker(pytest.mark.xdist_group(group))
+    if getattr(item.config.option, "loadgroup", False) and not hasattr(item, "_nodeid"):  # pytest >= 9.2
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
+def _starts_engine(item: pytest.Item) -> bool:
+    uses = set(getattr(item, "fixturenames", ()))
+    return item.get_closest_marker("engine") is not None or bool(SESSION_ENGINES & uses)
+
+
+def _shared_path(item: pytest.Item, root: Path) -> str | None:
+    """The module (or package) whose shared fixture ``item`` uses, if any."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    scopes = {defs[-1].scope for defs in info.name2fixturedefs.values() if defs}
+    path = item.path if scopes & {"module", "class"} else item.path.parent if "package" in scopes else None
+    return None if path is None else path.relative_to(root).as_posix()
 
 
 @pytest.fixture(autouse=True)
@@ -60,8 +143,6 @@ def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathF
 
 
 # -- the real embedded engine, shared by the tests that need one ----------------------------------------------------
-
-from pathlib import Path  # noqa: E402
 
 
 @dataclass
