@@ -196,8 +196,9 @@ def test_with_mooncakes_10s_ttl_the_stop_loses_the_store_and_bsr_names_the_loss(
     _stop_holder(eng, until_dropped)
     _wait("the holder mounts its segment again, empty", lambda: eng.mounted() == [segment])
     # The objects are gone: a restore from Mooncake finds nothing to restore.
+    # (Not a success: under --json the result comes inside the one error document, as its report.)
     restored = bsr("restore", *prompt, "--tier", "mooncake", "--json")
-    assert restored.json()["outcome"] == "nothing_to_restore", restored.out
+    assert restored.code != 0 and restored.json()["report"]["outcome"] == "nothing_to_restore", restored.out
 
     # Named, once, as the event: whose segment, how, and every object stored on it.
     [lost] = _wait("a segment_lost event", lambda: _lost_events(eng))
@@ -246,6 +247,7 @@ def test_a_killed_holder_is_named_lost_long_before_the_masters_ttl(bsr: Any, bsr
     assert ex["verdict"] == "segment-lost" and "its holder process is gone" in ex["summary"], ex
     # A restore from Mooncake fails closed at fetch; explaining the request names the loss as well.
     r = bsr("restore", *prompt, "--tier", "mooncake", "--json")
-    assert r.code != 0 and r.json()["outcome"] == "failed_closed", r.out
-    why = bsr("explain", r.json()["request"], "--json").json()
+    failed = r.json()["report"]
+    assert r.code != 0 and failed["outcome"] == "failed_closed", r.out
+    why = bsr("explain", failed["request"], "--json").json()
     assert why["verdict"] == "restore-failed-tier" and f"the store lost holder {segment}" in why["summary"], why
