@@ -213,10 +213,13 @@ def test_worker_admin_serves_the_schedulers_markers_its_loads_and_the_connectors
 ) -> None:
     """What the connector hands the worker's admin API, served over real HTTP from a real LMCache engine: the
     markers the scheduler published (vllm_bsr/board.py, as the scheduler-side connector writes it), a failed load
-    recorded as the connector saw it, and the connector's W and vLLM's limits."""
+    recorded as the connector saw it (its events as the embedded engine writes a failed restore, and the marker it
+    left under the id `markers list` shows), and the connector's W and vLLM's limits."""
     from vllm_bsr import board
     from vllm_bsr.logic import LoadResult, SchedulerState, load_report, windows
     from vllm_bsr.worker_admin import WorkerLimits
+
+    from bsr_cli.core.keys import prompt_hash
 
     host, toks = stored
     path = str(tmp_path / "board.json")
@@ -240,7 +243,7 @@ def test_worker_admin_serves_the_schedulers_markers_its_loads_and_the_connectors
         admin.record_load(
             load_report(
                 request="q1",
-                prompt="p",
+                prompt=prompt_hash(toks[: 4 * CS]),  # as the connector names a load: its prefix's hash
                 vllm_cached_tokens=0,
                 end_token=4 * CS,
                 wins=windows(0, 4 * CS, CS, 2),
@@ -260,7 +263,15 @@ def test_worker_admin_serves_the_schedulers_markers_its_loads_and_the_connectors
         snap = _get(f"{base}/snapshot")
         (load,) = snap["recent"]
         assert (load["advertised_tokens"], load["loaded_tokens"], load["recomputed_tokens"]) == (4 * CS, 0, 4 * CS)
-        kinds = [e["type"] for e in _get(f"{base}/events")["events"]]
-        assert kinds[-3:] == ["restore_started", "window_released", "restore_failed_closed"]
+        # The load's events (docs/events.md): started, the one window it finished released, the rank's failure
+        # naming window G2 and its chunks, the restore's end, then the marker under the prefix's id.
+        evs = [e for e in _get(f"{base}/events")["events"] if e.get("request") == "q1"]
+        kinds = ["restore_started", "window_released", "restore_failed", "restore_failed_closed", "marker_set"]
+        assert [e["type"] for e in evs] == kinds
+        started, released, failed, closed, marker = evs
+        assert started["prompt"] == marker["prompt"] == m["prompt"] and released["window"] == 0
+        assert (failed["window"], failed["chunks"], failed["stage"], failed["rank"]) == (1, [2, 4], "install", 0)
+        assert closed["failures"][0]["window"] == 1 and closed["committed_tokens"] == 0
+        assert marker["reason"] == m["reason"] and marker["excluded_tiers"] == ["mooncake", "fs"]
     finally:
         admin.stop()
