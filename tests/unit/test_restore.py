@@ -4,6 +4,7 @@ completeness, integrity, injected faults, aborts, and the fail-closed scrub."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -146,9 +147,23 @@ def test_a_clean_restore_installs_every_window_and_returns_every_slot(rig: Rig) 
     assert s.peak_bytes == 8 * REG.bytes_per_chunk
 
 
-def test_the_outcome_counts_each_stage_and_the_cpu_a_tier_reports_for_its_transfer(rig: Rig) -> None:
+def test_the_outcome_counts_each_stage_and_the_cpu_a_tier_reports_for_its_transfer(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bsr_cli.runtime import restore
     from bsr_cli.runtime.stage_clock import report_call_cpu
 
+    # The rig's checksums take microseconds, below the costs' rounding (0.1 ms): each one here also spends 1 ms of
+    # its thread's CPU, so that the verify stage's CPU is there to be counted (or missed).
+    checksum = restore.object_checksum_at
+
+    def costly_checksum(*args: Any) -> int:
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            pass
+        return checksum(*args)
+
+    monkeypatch.setattr(restore, "object_checksum_at", costly_checksum)
     inner = rig.tier.get_into
 
     def reporting(keys: Any, dests: Any, timeout_s: float) -> Any:
@@ -161,7 +176,7 @@ def test_the_outcome_counts_each_stage_and_the_cpu_a_tier_reports_for_its_transf
     st = out.stages
     # Three windows: each transfer's reported CPU is the fetch stage's (never the stage that ran next on the thread).
     assert 0.75 <= st.fetch.cpu_s < 1.0, st
-    assert st.verify.cpu_s > 0 and st.install.wall_s > 0 and st.fetch.wall_s > 0 and st.wait.wall_s >= 0
+    assert st.verify.cpu_s >= 0.001 and st.install.wall_s > 0 and st.fetch.wall_s > 0 and st.wait.wall_s >= 0
     assert st.process_cpu_s > 0
     # Negative control: a tier that reports nothing leaves only the fetch thread's own CPU, far below 0.75 s.
     rig.tier.get_into = inner  # type: ignore[method-assign]
