@@ -705,11 +705,13 @@ _WORKER_REMEDY: dict[FindingKind, tuple[str, str]] = {
     ),
     FindingKind.EVICTED: (
         "give LMCache's tier more room (max_local_disk_size, Mooncake's segment size); sending the prompt through "
-        "vLLM stores the evicted chunk again",
+        "vLLM stores the evicted chunk again. Right after a restart against a running master, `bsr probe --store` "
+        "(the line `bsr engine endpoints` prints) shows whether a gone holder's segment took the put instead",
         "probe",
     ),
     FindingKind.RANK_SKEW: (
-        "check that TP rank's LMCache store errors in the vLLM log; sending the prompt through vLLM stores it again",
+        "check that TP rank's LMCache store errors in the vLLM log (a put on a gone holder's segment: `bsr probe "
+        "--store`); sending the prompt through vLLM stores it again",
         "probe",
     ),
     FindingKind.RESTORABLE: (
@@ -781,6 +783,8 @@ def explain_store(
         content[0] = dataclasses.replace(content[0], evidence=(*content[0].evidence, *diag.causes))
     if stale or unknown:  # listed, but not readable: holder-gone
         content = [f for f in content if f.kind is not FindingKind.NEVER_STORED]
+    elif content and content[0].kind in _MISSING_CHUNKS and live.segments_gone:
+        content[0] = _put_to_gone_holder(content[0], live, store_cmd("probe"))
     for i, f in enumerate(content):
         if f.kind is FindingKind.RESTORABLE:
             content[i] = dataclasses.replace(
@@ -805,6 +809,26 @@ def explain_store(
         source=store.store,
         n_tokens=full.tokens,
         chunk_size=0,
+    )
+
+
+# The content verdicts that say a chunk is not in the store (what a put lost on a gone holder also looks like).
+_MISSING_CHUNKS = (FindingKind.EVICTED, FindingKind.PARTIAL, FindingKind.RANK_SKEW, FindingKind.NEVER_STORED)
+
+
+def _put_to_gone_holder(missing: Finding, live: Liveness, next_cmd: str) -> Finding:
+    """Chunks are missing while the master lists a segment whose holder is gone: the master keeps placing new objects
+    there until its client TTL drops the segment, and a put placed there is lost (typically right after a vLLM
+    instance restarted against a master that outlived it). That, not eviction or a store never made, is the lead."""
+    gone = [s for s in live.segments if s.state is HolderState.GONE]
+    return _finding(
+        FindingKind.HOLDER_GONE,
+        f"{missing.summary.split(':', 1)[0]}, while the master lists {len(gone)} segment(s) whose holder is gone: "
+        "it still places new objects there until its client TTL drops them, and a put placed there is lost",
+        [*missing.evidence, *(f"segment {s.name} at {s.endpoint}: not answering, still listed" for s in gone)],
+        "wait until the master drops the gone holder's segment (its client TTL; this probe then lists live "
+        "holders only) or restart the master with the deployment, then send the prompt again to store it",
+        next_cmd,
     )
 
 

@@ -76,6 +76,10 @@ class Liveness:
     def segments_alive(self) -> int:
         return sum(1 for s in self.segments if s.alive)
 
+    @property
+    def segments_gone(self) -> int:
+        return sum(1 for s in self.segments if s.state is HolderState.GONE)
+
     def to_wire(self) -> dict[str, Any]:
         rows = {str(w): row for w, row in enumerate(self.cells)}
         listing = {"segment_listing_error": self.segment_listing_error} if self.segment_listing_error else {}

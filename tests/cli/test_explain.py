@@ -343,6 +343,54 @@ def test_store_holder_gone(bsr: Any, tmp_path: Path) -> None:
         services.stop(master)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.engine
+def test_store_puts_lost_on_a_gone_holder(bsr: Any, tmp_path: Path) -> None:
+    """A holder dies (not unmounted: a killed vLLM instance's) and the master, until its client TTL, still places
+    new objects on its segment, where the puts fail: the chunks missing are blamed on the gone holder, not called
+    evicted. Control: a chunk missing while every holder answers is still "evicted"."""
+    from bsr_cli.runtime.checksum import crc32c
+    from bsr_cli.tiers.mooncake import MooncakeTier
+
+    master = services.start_master(tmp_path)  # bsr's client TTL (120 s): longer than this test
+    holders = [services.start_segment_holder(tmp_path, master, 32 << 20) for _ in range(2)]
+    try:
+        tf = tmp_path / "p.json"
+        evicted = synthetic_tokens(6 * 256, 80)
+        hashes = lmcache_chunk_hashes(evicted)
+        _write(master, [lmcache_key("lost/model", 1, 0, h, "bfloat16") for i, h in enumerate(hashes) if i != 2])
+        tf.write_text(json.dumps(evicted))
+        args = _store_args(master, tf, "--model", "lost/model", "--vllm-hash-seed", "none")
+        assert _explain(bsr, *args)["verdict"] == "evicted"
+
+        gone = holders.pop(0)
+        services.stop(gone)
+        toks = synthetic_tokens(12 * 256, 81)
+        tier = MooncakeTier(master.rpc_address, master.metadata_url)
+        failed = []
+        try:
+            payload = memoryview(bytearray(4096))
+            for i, h in enumerate(lmcache_chunk_hashes(toks)):  # one put each: the ones placed on the gone fail
+                try:
+                    tier.put([lmcache_key("lost/model", 1, 0, h, "bfloat16")], [payload], [crc32c(payload)])
+                except OSError:
+                    failed.append(i)
+        finally:
+            tier.close()
+        if not failed:
+            pytest.skip("the master placed every put on the live holder")
+        tf.write_text(json.dumps(toks))
+        d = _explain(bsr, *args)
+        assert d["verdict"] == "holder-gone", d["summary"]
+        assert f"chunk {failed[0]}" in d["summary"] and "whose holder is gone" in d["summary"], d["summary"]
+        name = gone.info["segment_name"]
+        assert any(e.startswith(f"segment {name} at ") for e in d["findings"][0]["evidence"]), d["findings"][0]
+    finally:
+        for h in holders:
+            services.stop(h)
+        services.stop(master)
+
+
 def test_bad_input(bsr: Any) -> None:
     r = bsr("explain")
     assert r.code == 2 and "give a request id, or exactly one of" in r.err

@@ -35,7 +35,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -321,15 +320,6 @@ def corrupt_chunk(master: services.ServiceHandle, model: Path, tp: int) -> dict[
 
 
 # -- fixtures ------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[services.ServiceHandle]:
-    m = services.start_master(tmp_path_factory.mktemp("mooncake"))
-    try:
-        yield m
-    finally:
-        services.stop(m, timeout=5)
-
-
 WORDS = 1024  # the tiny model's vocabulary: token t is the word f"w{t}"
 
 
@@ -386,10 +376,22 @@ def run(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     served_model: Path,
-    master: services.ServiceHandle,
 ) -> Served:
     tp = int(request.param)
     root = tmp_path_factory.mktemp(f"runbook-tp{tp}")
+    # Each walk is a deployment of its own, with its own master: a master that served the TP 1 walk still lists
+    # that instance's segments until its client TTL drops them (120 s), and places some of TP 2's puts there,
+    # where they are lost (the runbook's "evicted chunk" while a holder is gone; see docs/runbook-vllm.md).
+    (root / "mooncake").mkdir()
+    master = services.start_master(root / "mooncake")
+    try:
+        return walk(root, tp, served_model, master)
+    finally:
+        services.stop(master, timeout=5)
+
+
+def walk(root: Path, tp: int, served_model: Path, master: services.ServiceHandle) -> Served:
+    """One server start at TP ``tp``, the page followed against it, and what the walk left to check."""
     raw = RUNBOOK.read_text()
     port = consecutive_free_ports(tp)  # rank r serves on bsr_admin_port + r
     http = services.free_port()
