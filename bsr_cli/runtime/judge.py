@@ -12,7 +12,10 @@ that stopped from one that waited to run. When a rank is past its deadline the j
               CPU they asked for; or the coordinator itself ran late by     past it, the host's (host_overloaded)
               half the span; or (where the rank's own figures cannot be
               read) the host is under pressure (PSI)
-    hung      alive, able to run, the host has CPU, still no progress      the rank's fault
+    hung      alive, able to run, the host has CPU, still no progress      the rank's fault; one whose threads ran
+              while idle (its threads neither ran nor waited to run for    or waited to run for half the span
+              half the span)                                                (busy, or sharing a busy host) is
+                                                                            stretched like unknown first
     unknown   the kernel cannot say which of starved and hung               stretched like starved; at the ceiling
                                                                             judged hung (nothing shows starvation)
 
@@ -37,6 +40,7 @@ from bsr_cli.runtime.liveness import CpuGrowth, Pressure, ProcReader, ProcState,
 
 STARVED_SHARE = 0.5  # waited to run for at least this share of the span looked at ...
 STARVED_GOT = 0.25  # ... and got at most this share of the CPU it asked for: starved
+OCCUPIED_SHARE = 0.5  # ran, or waited to run, for at least this share of the span: not idle (see `occupied`)
 PSI_CPU_STARVED = 50.0  # cpu "some" avg10 (%) at or above which the host starves runnable tasks
 PSI_STALL_STARVED = 20.0  # memory or io "full" avg10 (%): every task stalled for a fifth of the time
 MIN_SPAN_S = 1.0  # evidence is gathered over at least this long before a rank is judged hung
@@ -158,6 +162,13 @@ def cpu_starved(cpu: CpuGrowth, span_s: float) -> bool:
     return cpu.waited_s >= STARVED_SHARE * span_s and cpu.ran_s <= STARVED_GOT * asked
 
 
+def occupied(cpu: CpuGrowth, span_s: float) -> bool:
+    """A process that was not idle over a span: its threads ran, or waited to run, for at least half of it. A rank
+    that says nothing while idle with CPU to spare is hung (a deadlock); one that was occupied may be busy in a long
+    call or kept waiting by a busy host, and is not blamed before the overload ceiling."""
+    return span_s > 0 and max(cpu.ran_s, cpu.waited_s) >= OCCUPIED_SHARE * span_s
+
+
 def starved(
     cpu: CpuGrowth | None, span_s: float, coordinator_lag_s: float, state: ProcState, pressure: Pressure
 ) -> bool | None:
@@ -243,6 +254,17 @@ def judge(e: Evidence, deadline_s: float, ceiling_s: float) -> Verdict:
     # A rank on the coordinator's threads waited as long as the coordinator did.
     cpu = CpuGrowth(0.0, e.coordinator_lag_s) if e.in_process else e.cpu
     found = starved(cpu, e.span_s, e.coordinator_lag_s, e.state, e.pressure)
+    if found is False and cpu is not None and occupied(cpu, e.span_s):
+        # Not starved, yet not idle either: busy in a long call that keeps its heartbeat from running, or sharing
+        # a host that keeps it waiting (a third of its time). Not a deadlock: it may yet answer, so it is stretched.
+        load = load_of(e, RankState.UNKNOWN)
+        busy = f"{silence}, while its threads ran or waited to run for much of the time (busy, or on a busy host)"
+        if e.judged_s < ceiling_s:
+            return Verdict(RankState.UNKNOWN, f"{busy}; stretched up to {ceiling_s:g}s: {load.describe()}", load=load)
+        load = load_of(e, RankState.HUNG)
+        return Verdict(
+            RankState.HUNG, f"{busy}, past the overload ceiling {ceiling_s:g}s: {load.describe()}", True, load
+        )
     if found is False:
         load = load_of(e, RankState.HUNG)
         return Verdict(RankState.HUNG, f"{silence}, though the host let it run: {load.describe()}", True, load)
@@ -367,5 +389,6 @@ __all__ = [
     "fetch_starved",
     "judge",
     "judge_clock",
+    "occupied",
     "starved",
 ]

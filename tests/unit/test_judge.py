@@ -191,6 +191,22 @@ def test_a_rank_sharing_a_busy_host_is_not_starved_one_that_gets_little_of_what_
     assert starved(many_threads_busy, 6.0, 0.0, ProcState.RUNNING, QUIET) is False
 
 
+def test_a_rank_busy_or_kept_waiting_is_not_hung_at_its_deadline_only_at_the_ceiling() -> None:
+    """Silent past its deadline, not starved, but not idle either: it ran (a long call keeping its heartbeat from
+    running) or waited to run for half the span (a third of what it asked: a loaded host's share). Stretched, and
+    judged hung only at the ceiling; the same rank idle (the control) is hung at once."""
+    for cpu in (CpuGrowth(ran_s=3.5, waited_s=0.2), CpuGrowth(ran_s=1.5, waited_s=3.2)):
+        assert not starved(cpu, 6.0, 0.0, ProcState.RUNNING, QUIET)
+        v = judge(_ev(cpu=cpu), DEADLINE, CEILING)
+        assert v.state is RankState.UNKNOWN and not v.final and not v.blames_rank, v.reason
+        assert "busy, or on a busy host" in v.reason and f"stretched up to {CEILING:g}s" in v.reason
+        at_ceiling = judge(_ev(cpu=cpu, silent_s=61.0, judged_s=61.0), DEADLINE, CEILING)
+        assert at_ceiling.state is RankState.HUNG and at_ceiling.blames_rank
+        assert "past the overload ceiling" in at_ceiling.reason
+    idle = judge(_ev(cpu=CpuGrowth(ran_s=0.4, waited_s=0.3)), DEADLINE, CEILING)
+    assert idle.state is RankState.HUNG and idle.blames_rank and "though the host let it run" in idle.reason
+
+
 def test_an_in_process_rank_is_judged_by_the_coordinators_own_lag() -> None:
     assert judge(_ev(in_process=True, cpu=None), DEADLINE, CEILING).state is RankState.HUNG
     v = judge(_ev(in_process=True, cpu=None, coordinator_lag_s=4.0), DEADLINE, CEILING)
