@@ -9,9 +9,11 @@ that stopped from one that waited to run. When a rank is past its deadline the j
     stopped   /proc/PID/stat state T or t (SIGSTOP, a debugger)             the rank's fault, at once
     starved   it waited to run: its threads waited in the run queue for     nobody's yet: the deadline stretches,
               half the span looked at and got at most a quarter of the      up to the engine's overload ceiling;
-              CPU they asked for; or the coordinator itself ran late by     past it, the host's (host_overloaded)
-              half the span; or (where the rank's own figures cannot be
-              read) the host is under pressure (PSI)
+              CPU they asked for; or a thread of it is runnable now and    past it, the host's (host_overloaded)
+              it ran next to nothing (a wait schedstat counts only when
+              it ends); or the coordinator itself ran late by half the
+              span; or (where the rank's own figures cannot be read) the
+              host is under pressure (PSI)
     hung      alive, able to run, the host has CPU, still no progress      the rank's fault; one whose threads ran
               while idle (its threads neither ran nor waited to run for    or waited to run for half the span
               half the span)                                                (busy, or sharing a busy host) is
@@ -40,6 +42,7 @@ from bsr_cli.runtime.liveness import CpuGrowth, Pressure, ProcReader, ProcState,
 
 STARVED_SHARE = 0.5  # waited to run for at least this share of the span looked at ...
 STARVED_GOT = 0.25  # ... and got at most this share of the CPU it asked for: starved
+IDLE_RAN_SHARE = 0.05  # ran at most this share of the span: next to nothing (see `waiting_now`)
 OCCUPIED_SHARE = 0.5  # ran, or waited to run, for at least this share of the span: not idle (see `occupied`)
 PSI_CPU_STARVED = 50.0  # cpu "some" avg10 (%) at or above which the host starves runnable tasks
 PSI_STALL_STARVED = 20.0  # memory or io "full" avg10 (%): every task stalled for a fifth of the time
@@ -130,6 +133,7 @@ class Evidence:
     coordinator_lag_s: float  # the coordinator's own lost time over the span
     pressure: Pressure
     in_process: bool = False  # the rank runs on the coordinator's threads: its delay is the coordinator's lag
+    runnable_threads: int = 0  # its threads runnable now (state R), whose current wait schedstat has yet to count
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,14 @@ def occupied(cpu: CpuGrowth, span_s: float) -> bool:
     that says nothing while idle with CPU to spare is hung (a deadlock); one that was occupied may be busy in a long
     call or kept waiting by a busy host, and is not blamed before the overload ceiling."""
     return span_s > 0 and max(cpu.ran_s, cpu.waited_s) >= OCCUPIED_SHARE * span_s
+
+
+def waiting_now(cpu: CpuGrowth, span_s: float, runnable_threads: int) -> bool:
+    """A process waiting to run right now that the run-queue figures do not show yet: schedstat adds a wait to a
+    thread's figure only when the wait ends (the thread gets a CPU), so a thread held off a CPU for the whole span
+    (a CPU quota that throttles it, SCHED_IDLE beside busy loops) shows neither a wait nor a run. Runnable now (the
+    kernel's state R) and ran next to nothing over the span: it is waiting, not idle."""
+    return runnable_threads > 0 and span_s > 0 and cpu.ran_s <= IDLE_RAN_SHARE * span_s
 
 
 def starved(
@@ -254,6 +266,14 @@ def judge(e: Evidence, deadline_s: float, ceiling_s: float) -> Verdict:
     # A rank on the coordinator's threads waited as long as the coordinator did.
     cpu = CpuGrowth(0.0, e.coordinator_lag_s) if e.in_process else e.cpu
     found = starved(cpu, e.span_s, e.coordinator_lag_s, e.state, e.pressure)
+    if found is False and cpu is not None and waiting_now(cpu, e.span_s, e.runnable_threads):
+        load = load_of(e, RankState.STARVED)
+        now = f"{e.runnable_threads} of its threads runnable now, though they ran {cpu.ran_s:.1f}s in {e.span_s:.1f}s"
+        if e.silent_s < ceiling_s:
+            why = f"starved: {silence}; {now} (a CPU quota, or a host that does not run it), stretched up to "
+            return Verdict(RankState.STARVED, why + f"{ceiling_s:g}s: {load.describe()}", load=load)
+        why = f"{e.what} for {e.silent_s:.1f}s, past the overload ceiling {ceiling_s:g}s; {now}"
+        return Verdict(RankState.STARVED, f"{why}: {load.describe()}", True, load)
     if found is False and cpu is not None and occupied(cpu, e.span_s):
         # Not starved, yet not idle either: busy in a long call that keeps its heartbeat from running, or sharing
         # a host that keeps it waiting (a third of its time). Not a deadlock: it may yet answer, so it is stretched.
@@ -362,6 +382,9 @@ class Judge:
             coordinator_lag_s=self.clock.lost(watch.base_at),
             pressure=self.reader.pressure(),
             in_process=pid is None,
+            runnable_threads=(
+                sum(st is ProcState.RUNNING for st in self.reader.thread_states(pid)) if pid is not None else 0
+            ),
         )
 
 
@@ -391,4 +414,5 @@ __all__ = [
     "judge_clock",
     "occupied",
     "starved",
+    "waiting_now",
 ]

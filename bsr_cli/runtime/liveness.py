@@ -4,8 +4,9 @@
   each thread's (``/proc/PID/task/TID/stat``).
 - ``/proc/stat``: the host's runnable threads now (``procs_running``).
 - ``/proc/PID/task/TID/schedstat``: per thread, nanoseconds on a CPU and nanoseconds waiting in the run queue
-  (runnable, not running: a CPU quota's throttling included). A process whose threads waited to run for much of an
-  interval, and got little of the CPU they asked for, was starved in it.
+  (runnable, not running). A process whose threads waited to run for much of an interval, and got little of the
+  CPU they asked for, was starved in it. A wait is added when it ends (the thread gets a CPU): a thread held off
+  the CPU all along (a CPU quota throttling it) shows nothing yet, and its state (R, runnable) says it waits.
 - ``/proc/pressure/{cpu,memory,io}``: pressure stall information (PSI), the share of the last 10 s in which
   tasks waited for the resource.
 

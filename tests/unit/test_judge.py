@@ -207,6 +207,37 @@ def test_a_rank_busy_or_kept_waiting_is_not_hung_at_its_deadline_only_at_the_cei
     assert idle.state is RankState.HUNG and idle.blames_rank and "though the host let it run" in idle.reason
 
 
+def test_a_rank_runnable_now_that_ran_nothing_is_waiting_not_hung() -> None:
+    """schedstat counts a wait when it ends: a rank held off every CPU for the whole span (a CPU quota throttling
+    it) shows neither a wait nor a run, and looks idle. A thread runnable now (state R) says it is waiting: starved,
+    stretched, the host named at the ceiling. Controls: the same figures with every thread asleep are hung; a
+    runnable thread that ran a real share of the span is not waiting."""
+    blank = CpuGrowth(ran_s=0.0, waited_s=0.0)
+    v = judge(_ev(cpu=blank, runnable_threads=1), DEADLINE, CEILING)
+    assert v.state is RankState.STARVED and not v.final and not v.blames_rank, v.reason
+    assert "1 of its threads runnable now, though they ran 0.0s in 6.0s" in v.reason
+    past = judge(_ev(cpu=blank, runnable_threads=1, silent_s=61.0, judged_s=61.0), DEADLINE, CEILING)
+    assert past.names_host and not past.blames_rank
+    assert judge(_ev(cpu=blank), DEADLINE, CEILING).state is RankState.HUNG
+    ran = judge(_ev(cpu=CpuGrowth(ran_s=1.2, waited_s=0.0), runnable_threads=1), DEADLINE, CEILING)
+    assert ran.state is RankState.HUNG and ran.blames_rank
+
+
+def test_the_judge_reads_which_threads_are_runnable() -> None:
+    t, reader = FakeTime(), FakeReader()
+    j, clock = _judge_over(t, reader)
+    last = t.now
+    reader.threads = [ProcState.SLEEPING, ProcState.RUNNING]  # throttled: runnable, and its figures stand still
+    for _ in range(40):
+        t.advance(0.1, clock=clock)
+        verdict, _ = j.judge(QuietRank(), "k", last, 2.0, 60.0, "no heartbeat")
+    assert verdict.state is RankState.STARVED and not verdict.final, verdict.reason
+    reader.threads = [ProcState.SLEEPING, ProcState.SLEEPING]  # the control: asleep with the CPU free
+    t.advance(0.6, clock=clock)
+    verdict, _ = j.judge(QuietRank(), "k", last, 2.0, 60.0, "no heartbeat")
+    assert verdict.state is RankState.HUNG and verdict.blames_rank, verdict.reason
+
+
 def test_an_in_process_rank_is_judged_by_the_coordinators_own_lag() -> None:
     assert judge(_ev(in_process=True, cpu=None), DEADLINE, CEILING).state is RankState.HUNG
     v = judge(_ev(in_process=True, cpu=None, coordinator_lag_s=4.0), DEADLINE, CEILING)
@@ -270,9 +301,13 @@ class FakeReader:
         self.wait_ns = 0
         self.ran_ns = 0
         self.psi = QUIET
+        self.threads = [ProcState.SLEEPING]
 
     def state(self, pid: int) -> ProcState:
         return self.proc_state
+
+    def thread_states(self, pid: int) -> list[ProcState]:
+        return self.threads
 
     def run_delays(self, pid: int, at: float) -> RunDelays:
         return RunDelays(at, {pid: (self.ran_ns, self.wait_ns)})
