@@ -39,7 +39,7 @@ from bsr_cli.tui.messages import (
     SnapshotReceived,
 )
 from bsr_cli.tui.model import Frame, View
-from bsr_cli.tui.panes import EventsPane, RecentList, ScrollPane
+from bsr_cli.tui.panes import EventsPane, RecentList, ScrollPane, navigation
 from bsr_cli.tui.screens import ChooseScreen, ConfirmScreen, EventLogScreen, FaultScreen, HelpScreen, WhyScreen
 from bsr_cli.tui.source import LOG_PAGE, LiveSource, PollFailure, Recorder, ReplayFrame, ReplaySource
 
@@ -87,12 +87,14 @@ class TopApp(App[None]):
         Binding("f", "inject_fault", "inject fault"),
         Binding("c", "clear_faults", "clear faults"),
         Binding("e,enter", "event_log", "event log"),
-        Binding("down,j", "scroll_events(1)", "older events", show=False),
-        Binding("up", "scroll_events(-1)", "newer events", show=False),
-        Binding("pagedown", "scroll_events_page(1)", "older page", show=False),
-        Binding("pageup", "scroll_events_page(-1)", "newer page", show=False),
-        Binding("home", "scroll_events_home", "newest events", show=False),
-        Binding("end", "scroll_events_end", "oldest events", show=False),
+        *navigation(
+            ("scroll_events(-1)", "newer events"),
+            ("scroll_events(1)", "older events"),
+            ("scroll_events_page(-1)", "newer page"),
+            ("scroll_events_page(1)", "older page"),
+            ("scroll_events_home", "newest events"),
+            ("scroll_events_end", "oldest events"),
+        ),
         Binding("o,ctrl+z", "toggle_failed", "failed only"),  # ctrl+z: k9s's toggle for faulty resources
         Binding("a", "abort", "abort a restore"),
         Binding("plus,equals_sign", "speed(2.0)", "faster", show=False),

@@ -22,6 +22,14 @@ from textual.widgets import Static
 
 from bsr_cli.tui.model import Outcome
 
+NAVIGATION_KEYS = ("up", "down,j", "pageup", "pagedown", "home", "end")
+
+
+def navigation(*moves: tuple[str, str]) -> list[BindingType]:
+    """The keys every scrolling view moves by, one (action, description) each in NAVIGATION_KEYS' order (↑, ↓/j,
+    PgUp, PgDn, Home, End): the same keys in every pane and the event log. Kept out of the footer."""
+    return [Binding(key, action, what, show=False) for key, (action, what) in zip(NAVIGATION_KEYS, moves, strict=True)]
+
 
 class ScrollPane(VerticalScroll, can_focus=True):
     """A bordered pane whose content scrolls when it is taller than the pane. A pane as tall as its content (up to a
@@ -29,14 +37,14 @@ class ScrollPane(VerticalScroll, can_focus=True):
     without one); its bottom border says where more lines are instead."""
 
     inherit_bindings = False  # a scroll container's ← → would shadow the replay's seek
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up", "scroll_up", "scroll up", show=False),
-        Binding("down,j", "scroll_down", "scroll down", show=False),
-        Binding("pageup", "page_up", "page up", show=False),
-        Binding("pagedown", "page_down", "page down", show=False),
-        Binding("home", "scroll_home", "top", show=False),
-        Binding("end", "scroll_end", "bottom", show=False),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = navigation(
+        ("scroll_up", "scroll up"),
+        ("scroll_down", "scroll down"),
+        ("page_up", "page up"),
+        ("page_down", "page down"),
+        ("scroll_home", "top"),
+        ("scroll_end", "bottom"),
+    )
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
@@ -61,12 +69,14 @@ class RecentList(Static, can_focus=True):
     lists 50, and a snapshot moves the "ago" of many), and the bottom border counts those above and below."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up", "move(-1)", "up", show=False),
-        Binding("down,j", "move(1)", "down", show=False),
-        Binding("pageup", "page(-1)", "page up", show=False),
-        Binding("pagedown", "page(1)", "page down", show=False),
-        Binding("home", "move(-1_000_000)", "first", show=False),
-        Binding("end", "move(1_000_000)", "last", show=False),
+        *navigation(
+            ("move(-1)", "up"),
+            ("move(1)", "down"),
+            ("page(-1)", "page up"),
+            ("page(1)", "page down"),
+            ("move(-1_000_000)", "first"),
+            ("move(1_000_000)", "last"),
+        ),
         Binding("enter,d", "choose", "why", show=False),
     ]
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from own_engine import own_engine as start_own_engine
 
-from bsr_cli.client import local_engine
 from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import FailureKind, Outcome
 from bsr_cli.core.faults import FaultRequest
@@ -141,26 +141,9 @@ def test_an_operator_abort_exits_130_and_blames_no_tier(bsr, engine) -> None:
 
 @pytest.fixture(scope="module")
 def own_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, str]]:
-    pytest.importorskip("mooncake.store")
-    from bsr_cli.engine import supervisor
-
-    state = tmp_path_factory.mktemp("diag-engine")
-    opts = supervisor.EngineOptions(
-        builtin_registration("demo"),
-        w=4,
-        max_tokens=4096,
-        kv_tokens=4096,
-        faults_enabled=True,
-        fetch_timeout_s=FETCH_TIMEOUT_S,
-        segment_bytes=256 << 20,
-    )
-    try:
-        supervisor.up(state, opts)
-        conn = local_engine.connection(state)
-        assert conn is not None
-        yield state, conn[0], conn[1]
-    finally:
-        supervisor.down(state)
+    settings = dict(w=4, max_tokens=4096, kv_tokens=4096, fetch_timeout_s=FETCH_TIMEOUT_S, segment_bytes=256 << 20)
+    with start_own_engine(tmp_path_factory.mktemp("diag-engine"), **settings) as e:
+        yield e.state_dir, e.url, e.token
 
 
 @pytest.fixture

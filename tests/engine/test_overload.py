@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from own_engine import own_engine
 
-from bsr_cli.client import local_engine
 from bsr_cli.core.events import Event, WindowReleased
 from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, RankState
 from bsr_cli.core.prompt import Prompt
@@ -50,27 +50,11 @@ def overload_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     """An engine of its own (its ranks are stopped and starved here): W=1 by default, prompts up to 131,072
     tokens on the filesystem tier, a 2 s fetch deadline, a 20 s overload ceiling."""
     pytest.importorskip("torch")
-    from bsr_cli.engine import supervisor
-    from bsr_cli.loaders import builtin_registration
-
-    state = tmp_path_factory.mktemp("overload")
-    opts = supervisor.EngineOptions(
-        builtin_registration("demo"),
-        w=1,
-        max_tokens=131_072,
-        kv_tokens=131_072,
-        remote=False,
-        faults_enabled=True,
-        fetch_timeout_s=FETCH_TIMEOUT_S,
-        overload_ceiling_s=CEILING_S,
-    )
-    try:
-        supervisor.up(state, opts)
-        conn = local_engine.connection(state)
-        assert conn is not None
-        yield state, conn[0], conn[1]
-    finally:
-        supervisor.down(state)
+    settings = dict(w=1, max_tokens=131_072, kv_tokens=131_072, remote=False, fetch_timeout_s=FETCH_TIMEOUT_S)
+    with own_engine(
+        tmp_path_factory.mktemp("overload"), **settings, segment_bytes=None, overload_ceiling_s=CEILING_S
+    ) as e:
+        yield e.state_dir, e.url, e.token
 
 
 @pytest.fixture
