@@ -181,10 +181,13 @@ async def _drill_down(
         await wait_until(pilot, lambda: app.result is not None, "the first round", timeout=60)
         assert app.result is not None
         assert len(app.result.engines) == 21
+        # The round's result is drawn on the next refresh: what is on screen is read once it has been drawn.
+        await wait_until(pilot, lambda: "21 engines" in screen(app), "the first round drawn")
+        if size == (160, 45):
+            await wait_until(pilot, lambda: all(t.name in screen(app) for t in found), "all 21 engines on one screen")
         shown = screen(app)
         assert "worst: down" in shown and "21 engines" in shown
         if size == (160, 45):
-            assert all(t.name in shown for t in found), "all 21 engines on one screen"
             assert "never seen up" in shown, shown
         # Move to the real engine's row and open it.
         order = [e.url for e in app.result.engines]
