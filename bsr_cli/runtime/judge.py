@@ -266,40 +266,31 @@ def judge(e: Evidence, deadline_s: float, ceiling_s: float) -> Verdict:
     # A rank on the coordinator's threads waited as long as the coordinator did.
     cpu = CpuGrowth(0.0, e.coordinator_lag_s) if e.in_process else e.cpu
     found = starved(cpu, e.span_s, e.coordinator_lag_s, e.state, e.pressure)
+    note = ""  # what turned a "could run" into starved or unknown, for the reason
     if found is False and cpu is not None and waiting_now(cpu, e.span_s, e.runnable_threads):
-        load = load_of(e, RankState.STARVED)
-        now = f"{e.runnable_threads} of its threads runnable now, though they ran {cpu.ran_s:.1f}s in {e.span_s:.1f}s"
-        if e.silent_s < ceiling_s:
-            why = f"starved: {silence}; {now} (a CPU quota, or a host that does not run it), stretched up to "
-            return Verdict(RankState.STARVED, why + f"{ceiling_s:g}s: {load.describe()}", load=load)
-        why = f"{e.what} for {e.silent_s:.1f}s, past the overload ceiling {ceiling_s:g}s; {now}"
-        return Verdict(RankState.STARVED, f"{why}: {load.describe()}", True, load)
-    if found is False and cpu is not None and occupied(cpu, e.span_s):
+        found = True
+        note = f"; {e.runnable_threads} of its threads runnable now, though they ran {cpu.ran_s:.1f}s in "
+        note += f"{e.span_s:.1f}s (a CPU quota, or a host that does not run it)"
+    elif found is False and cpu is not None and occupied(cpu, e.span_s):
         # Not starved, yet not idle either: busy in a long call that keeps its heartbeat from running, or sharing
         # a host that keeps it waiting (a third of its time). Not a deadlock: it may yet answer, so it is stretched.
-        load = load_of(e, RankState.UNKNOWN)
-        busy = f"{silence}, while its threads ran or waited to run for much of the time (busy, or on a busy host)"
-        if e.judged_s < ceiling_s:
-            return Verdict(RankState.UNKNOWN, f"{busy}; stretched up to {ceiling_s:g}s: {load.describe()}", load=load)
-        load = load_of(e, RankState.HUNG)
-        return Verdict(
-            RankState.HUNG, f"{busy}, past the overload ceiling {ceiling_s:g}s: {load.describe()}", True, load
-        )
+        found, note = None, ", while its threads ran or waited to run for much of the time (busy, or on a busy host)"
     if found is False:
         load = load_of(e, RankState.HUNG)
         return Verdict(RankState.HUNG, f"{silence}, though the host let it run: {load.describe()}", True, load)
     if found is None:
         load = load_of(e, RankState.UNKNOWN)
         if e.judged_s < ceiling_s:
-            why = f"{silence}; starved or hung cannot be told here, stretched up to {ceiling_s:g}s: {load.describe()}"
+            unsure = note or "; starved or hung cannot be told here"
+            why = f"{silence}{unsure}, stretched up to {ceiling_s:g}s: {load.describe()}"
             return Verdict(RankState.UNKNOWN, why, load=load)
-        why = f"{silence}, past the overload ceiling {ceiling_s:g}s, and nothing shows it was starved"
+        why = f"{silence}{note}, past the overload ceiling {ceiling_s:g}s, and nothing shows it was starved"
         return Verdict(RankState.HUNG, f"{why}: {load.describe()}", True, load)
     load = load_of(e, RankState.STARVED)
     if e.silent_s < ceiling_s:
-        why = f"starved: {silence}, stretched up to {ceiling_s:g}s: {load.describe()}"
+        why = f"starved: {silence}{note}, stretched up to {ceiling_s:g}s: {load.describe()}"
         return Verdict(RankState.STARVED, why, load=load)
-    why = f"{e.what} for {e.silent_s:.1f}s, past the overload ceiling {ceiling_s:g}s, while the host starved it"
+    why = f"{e.what} for {e.silent_s:.1f}s, past the overload ceiling {ceiling_s:g}s, while the host starved it{note}"
     return Verdict(RankState.STARVED, f"{why}: {load.describe()}", True, load)
 
 
