@@ -76,6 +76,26 @@ def wait_until() -> WaitUntil:
     return wait
 
 
+async def settled_screen(pilot: Any, rounds: int = 50) -> str:
+    """The screen once drawing has come to rest: read the same across one more pause. A pause returns after the
+    queued messages are handled, but the layout it then runs sends each resized pane a Resize that it draws on only
+    at the next turn; on a busy host that turn comes late, and a screen read at once shows the pane drawn for its
+    old size. Fails (never hangs) when the screen keeps changing for ``rounds`` pauses."""
+    shown = screen_text(pilot.app)
+    for _ in range(rounds):
+        await pilot.pause()
+        again = screen_text(pilot.app)
+        if again == shown:
+            return shown
+        shown = again
+    pytest.fail(f"the screen kept changing for {rounds} pauses\n--- screen ---\n{shown}")
+
+
+@pytest.fixture
+def settled() -> Callable[[Any], Awaitable[str]]:
+    return settled_screen
+
+
 @pytest.fixture
 def incident() -> Path:
     """A real recording (tests/tui/record_fixture.py): a committed restore, an injected restore-fault on rank 1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,31 +47,29 @@ def _record_live(engine: Any, path: Path) -> int:
     return rec.lines - 1
 
 
-async def _frames_through_the_app(path: Path, screen: Callable[[Any], str]) -> list[str]:
+async def _frames_through_the_app(path: Path, settled: Callable[[Any], Awaitable[str]]) -> list[str]:
     source = ReplaySource.load(path)
     app = TopApp(source, paused=True)
     shots = []
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.pause()
         for _ in range(len(source)):
-            shots.append(screen(app))
+            shots.append(await settled(pilot))
             await pilot.press("right")
-            await pilot.pause()
         await pilot.press("shift+left")
         assert source.position == len(source) - 11
     return shots
 
 
 @pytest.mark.timeout(180)
-async def test_replay_is_deterministic(engine: Any, tmp_path: Path, screen: Callable[[Any], str]) -> None:
+async def test_replay_is_deterministic(engine: Any, tmp_path: Path, settled: Callable[[Any], Awaitable[str]]) -> None:
     path = tmp_path / "incident.jsonl.gz"
     polls = _record_live(engine, path)
     _, items = read_recording(path)
     assert len(items) == polls >= 4
     assert sum(isinstance(i, PollFailure) for i in items) == 1
 
-    first = await _frames_through_the_app(path, screen)
-    second = await _frames_through_the_app(path, screen)
+    first = await _frames_through_the_app(path, settled)
+    second = await _frames_through_the_app(path, settled)
     assert len(first) == polls
     assert first == second
     assert len(set(first)) > 1, "the frames differ from one another (the replay moved)"
