@@ -200,15 +200,12 @@ async def _drill_down(
         eng = app.screen
         assert isinstance(eng, EngineScreen)
         await wait_until(pilot, lambda: eng.view is not None, "the engine's first snapshot")
-        await pilot.pause()
-        shown = screen(app)
-        assert "Restore pool per rank" in shown and real in shown
+        await wait_until(pilot, lambda: "Restore pool per rank" in (s := screen(app)) and real in s, "its view drawn")
         await pilot.press("escape")
         await wait_until(pilot, lambda: not isinstance(app.screen, EngineScreen), "back to the fleet")
         await pilot.press("question_mark")
         await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
         assert isinstance(app.screen, HelpScreen) and app.screen.text == FLEET_HELP
-        await pilot.pause()
-        assert "open the engine's own view" in screen(app)
+        await wait_until(pilot, lambda: "open the engine's own view" in screen(app), "the help drawn")
         await pilot.press("x")
         await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen), "help closed")

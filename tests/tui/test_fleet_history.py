@@ -108,14 +108,13 @@ async def test_the_fleet_keeps_a_rank_restart_a_clean_stop_and_the_engines_histo
     )
     async with app.run_test(size=(160, 45)) as pilot:
         await wait_until(pilot, lambda: app.result is not None, "the first round", timeout=60)
-        shown = screen(app)
-        for line in ("rank 1 restarted (killed by SIGKILL", "stopped cleanly", "engine restarted after a clean stop"):
-            assert line in shown, shown
+        # The round's result is drawn on the next refresh: the screen is read once it has been drawn.
+        history = ("rank 1 restarted (killed by SIGKILL", "stopped cleanly", "engine restarted after a clean stop")
+        await wait_until(pilot, lambda: all(line in screen(app) for line in history), "the engine's history drawn")
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, EngineScreen), "the engine's view")
         view = app.screen
         assert isinstance(view, EngineScreen)
         await wait_until(pilot, lambda: view.view is not None, "the engine's first snapshot", timeout=60)
-        await pilot.pause()
-        shown = screen(app)
-        assert "Recent outcomes (2, 1 failed closed)" in shown, shown
+        outcomes = "Recent outcomes (2, 1 failed closed)"
+        await wait_until(pilot, lambda: outcomes in screen(app), "the engine's outcomes drawn")

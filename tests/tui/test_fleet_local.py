@@ -62,12 +62,22 @@ def _both_refused(code: int, rows: dict[str, dict[str, Any]], token_sent: str) -
         assert "departure" not in row, "an engine that refuses a token has not gone anywhere"
 
 
-async def _top_shows(targets: list[fleet.Target], wait_until: Any, screen: Callable[[Any], str]) -> str:
-    """`bsr top`'s fleet view over ``targets`` (its pilot), once both rows are drawn: the screen."""
+def _both_rows_up(shown: str) -> bool:
+    return shown.count(" 2/2 ") == 2
+
+
+def _both_rows_refused(shown: str) -> bool:
+    return shown.count("unauthorized") == 2
+
+
+async def _top_shows(
+    targets: list[fleet.Target], drawn: Callable[[str], bool], wait_until: Any, screen: Callable[[Any], str]
+) -> str:
+    """`bsr top`'s fleet view over ``targets`` (its pilot) once the first round is ``drawn``: the screen."""
     app = FleetApp(targets, interval=0.3, timeout_s=5)
     async with app.run_test(size=(160, 30)) as pilot:
         await wait_until(pilot, lambda: app.result is not None and app.rounds >= 1, "the first round", timeout=60)
-        await pilot.pause()
+        await wait_until(pilot, lambda: drawn(screen(app)), "the first round drawn")
         return screen(app)
 
 
@@ -82,7 +92,9 @@ async def test_a_file_of_local_engines_urls_shows_both_up_in_status_and_top(
     assert [rows[e.url]["state_dir"] for e in two] == [str(e.state_dir) for e in two], "found on this machine"
     text = bsr("status", "--engines-from", str(urls))
     assert text.code == 0 and "fleet: 2 engines" in text.out and "unauthorized" not in text.out + text.err
-    shown = await _top_shows(fleet.discover(str(urls), settings=load_settings(SettingFlags())), wait_until, screen)
+    shown = await _top_shows(
+        fleet.discover(str(urls), settings=load_settings(SettingFlags())), _both_rows_up, wait_until, screen
+    )
     assert shown.count(" 2/2 ") == 2 and "unauthorized" not in shown, shown
 
 
@@ -99,7 +111,9 @@ async def test_an_engines_file_gives_each_engine_its_token_file(
     urls.write_text("".join(f"{e.url}\n" for e in two))
     # Negative control: no token of their own, as before: both refused, in status and in top.
     _both_refused(*_status(bsr, str(urls)), token_sent="none")
-    shown = await _top_shows(fleet.discover(str(urls), settings=load_settings(SettingFlags())), wait_until, screen)
+    shown = await _top_shows(
+        fleet.discover(str(urls), settings=load_settings(SettingFlags())), _both_rows_refused, wait_until, screen
+    )
     assert shown.count("unauthorized") == 2, shown
 
     for i, e in enumerate(two):
@@ -108,7 +122,9 @@ async def test_an_engines_file_gives_each_engine_its_token_file(
     code, rows = _status(bsr, str(urls))
     assert code == 0
     _both_up(rows, two)
-    shown = await _top_shows(fleet.discover(str(urls), settings=load_settings(SettingFlags())), wait_until, screen)
+    shown = await _top_shows(
+        fleet.discover(str(urls), settings=load_settings(SettingFlags())), _both_rows_up, wait_until, screen
+    )
     assert shown.count(" 2/2 ") == 2 and "unauthorized" not in shown, shown
 
     # Each engine's own file, not one for all: swapped, both are refused, and the row names the file it sent.
@@ -164,7 +180,7 @@ async def test_two_engines_found_through_prometheus_are_read_each_with_its_own_t
     code, rows = _status(bsr, prometheus_of_two)  # elsewhere: the token file its target's label names
     assert code == 0
     _both_up(rows, two)
-    shown = await _top_shows(fleet.discover(prometheus_of_two), wait_until, screen)
+    shown = await _top_shows(fleet.discover(prometheus_of_two), _both_rows_up, wait_until, screen)
     assert shown.count(" 2/2 ") == 2 and "unauthorized" not in shown, shown
     # Negative control: the label not read (nor the local lookup): both refused.
     monkeypatch.setattr(fleet, "TOKEN_FILE_LABEL", "bsr_no_such_label")

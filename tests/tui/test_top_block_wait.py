@@ -3,7 +3,7 @@ recorded snapshot, its admission's `waiting_for_blocks` set, replayed into the r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +29,18 @@ def _recording_waiting(incident: Path, tmp_path: Path, waiting: int) -> Path:
     return path
 
 
-async def _shown(path: Path, size: tuple[int, int], screen: Callable[[Any], str]) -> str:
+async def _shown(path: Path, size: tuple[int, int], settled: Callable[[Any], Awaitable[str]]) -> str:
     app = TopApp(ReplaySource.load(path), paused=True)
     async with app.run_test(size=size) as pilot:
-        await pilot.pause()
-        return screen(app)
+        return await settled(pilot)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 async def test_the_admission_panel_shows_requests_waiting_for_kv_blocks(
-    size: tuple[int, int], incident: Path, tmp_path: Path, screen: Callable[[Any], str]
+    size: tuple[int, int], incident: Path, tmp_path: Path, settled: Callable[[Any], Awaitable[str]]
 ) -> None:
-    shown = await _shown(_recording_waiting(incident, tmp_path, 2), size, screen)
+    shown = await _shown(_recording_waiting(incident, tmp_path, 2), size, settled)
     lines = shown.splitlines()
     queue = next(n for n, line in enumerate(lines) if "queued" in line)
     assert SHOWN[size] in lines[queue + 1], shown  # right under the admission queue
@@ -49,8 +48,8 @@ async def test_the_admission_panel_shows_requests_waiting_for_kv_blocks(
 
 @pytest.mark.timeout(60)
 async def test_no_request_waiting_for_blocks_draws_no_such_count(
-    incident: Path, tmp_path: Path, screen: Callable[[Any], str]
+    incident: Path, tmp_path: Path, settled: Callable[[Any], Awaitable[str]]
 ) -> None:
     """The negative control: the same snapshot with nobody waiting says nothing of KV blocks."""
-    shown = await _shown(_recording_waiting(incident, tmp_path, 0), (120, 36), screen)
+    shown = await _shown(_recording_waiting(incident, tmp_path, 0), (120, 36), settled)
     assert "queued" in shown and "requests waiting" not in shown and "blocks  " not in shown, shown

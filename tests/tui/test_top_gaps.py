@@ -4,7 +4,7 @@ and the event pane scrolls (down/j, up, PageDown/PageUp, Home)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,11 @@ def _event_rows(shown: str) -> list[str]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 async def test_recent_outcomes_and_their_why_stay_on_screen(
-    size: tuple[int, int], incident: Path, screen: Callable[[Any], str]
+    size: tuple[int, int], incident: Path, settled: Callable[[Any], Awaitable[str]]
 ) -> None:
     app = _app(incident)
     async with app.run_test(size=size) as pilot:
-        await pilot.pause()
-        shown = screen(app)
+        shown = await settled(pilot)
     assert "Recent" in shown and "req-00003 failed closed" in shown
     assert "injected restore fault" in shown, "the why of the failed restore"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,13 @@ CASES = [
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("frame", "size"), CASES, ids=[f"frame{f}-{w}x{h}" for f, (w, h) in CASES])
 async def test_layout_is_pinned(
-    frame: int, size: tuple[int, int], incident: Path, screen: Callable[[Any], str]
+    frame: int, size: tuple[int, int], incident: Path, settled: Callable[[Any], Awaitable[str]]
 ) -> None:
     source = ReplaySource.load(incident)
     source.position = frame
     app = TopApp(source, paused=True)
     async with app.run_test(size=size) as pilot:
-        await pilot.pause()
-        got = screen(app)
+        got = await settled(pilot)
     expected_file = DATA / f"layout-frame{frame}-{size[0]}x{size[1]}.txt"
     if os.environ.get("BSR_REGEN_LAYOUT"):
         expected_file.write_text(got)

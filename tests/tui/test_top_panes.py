@@ -5,7 +5,7 @@ through the engine's durable store (or a recording) to its oldest event."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,14 +116,13 @@ async def test_the_why_of_a_recorded_failure_opens_whole_and_esc_goes_back(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (160, 45)], ids=["80x24", "100x30", "160x45"])
 async def test_the_header_keeps_its_key_facts(
-    size: tuple[int, int], incident: Path, screen: Callable[[Any], str]
+    size: tuple[int, int], incident: Path, settled: Callable[[Any], Awaitable[str]]
 ) -> None:
     source = ReplaySource.load(incident)
     source.position = 33  # with an injected fault: its badge takes room first
     app = TopApp(source, paused=True)
     async with app.run_test(size=size) as pilot:
-        await pilot.pause()
-        top = "\n".join(screen(app).splitlines()[:3])
+        top = "\n".join((await settled(pilot)).splitlines()[:3])
     for fact in ("INJECTED FAULT", "embedded 0.1.0", "bsr-demo", "2 ranks", "W=4", "faults on", "tiers mooncake,fs"):
         assert fact in top, f"{fact!r} cut from the header at {size}:\n{top}"
 
