@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.api.codec import to_json
-from bsr_cli.bench.evidence import Bundle, OnRow, RowMeta, RowStatus, SentRecord, Target
+from bsr_cli.bench.evidence import Bundle, Interruption, OnRow, RowMeta, RowStatus, SentRecord, Target
 from bsr_cli.core import wire
 from bsr_cli.core.evidence import Stage
 from bsr_cli.core.keys import chunk_hashes, object_key, synthetic_tokens
@@ -249,8 +249,6 @@ def run_cpu_bound(
     on_row: OnRow | None = None,
 ) -> Bundle:
     """Run the experiment and return its evidence bundle."""
-    import torch
-
     from bsr_cli.bench import evidence as ex
 
     salt = ex.new_salt() if salt is None else salt
@@ -262,23 +260,7 @@ def run_cpu_bound(
     load = machine.loadavg or [0.0]
     free_cores = max(1.0, min(cores, round(cores - float(load[0]), 2)))
     rig = _Rig(reg, tokens, w, max(budget_windows), salt, on_row)
-    interrupted_by: ex.Interruption | None = None
-    # One torch thread, as each rank process of the embedded engine runs: with torch's intra-op pool a copy's
-    # CPU would land on pool threads that no stage's thread clock sees.
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for trial in range(trials):
-            # Interleaved: each trial runs every baseline and every restore once, back to back.
-            rig.baseline("memcpy", rig.memcpy_all, trial)
-            rig.baseline("crc32c", rig.crc_all, trial)
-            for bw in budget_windows:
-                rig.restore(bw, trial)
-    except KeyboardInterrupt:
-        interrupted_by = ex.Interruption.OPERATOR
-    finally:
-        torch.set_num_threads(torch_threads)
-        rig.tier.close()
+    interrupted_by = _run_trials(rig, trials, budget_windows)
     summary = summarize(rig.rows, cores, free_cores)
     return Bundle(
         experiment="cpu-bound",
@@ -321,6 +303,29 @@ def run_cpu_bound(
         interrupted_by=interrupted_by,
         ok=interrupted_by is None and all(r.status == RowStatus.PASS for r in rig.rows),
     )
+
+
+def _run_trials(rig: _Rig, trials: int, budget_windows: Sequence[int]) -> Interruption | None:
+    """Every trial on one torch thread, the tier closed afterwards; what interrupted them (None: nothing did)."""
+    import torch
+
+    # One torch thread, as each rank process of the embedded engine runs: with torch's intra-op pool a copy's
+    # CPU would land on pool threads that no stage's thread clock sees.
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for trial in range(trials):
+            # Interleaved: each trial runs every baseline and every restore once, back to back.
+            rig.baseline("memcpy", rig.memcpy_all, trial)
+            rig.baseline("crc32c", rig.crc_all, trial)
+            for bw in budget_windows:
+                rig.restore(bw, trial)
+    except KeyboardInterrupt:
+        return Interruption.OPERATOR
+    finally:
+        torch.set_num_threads(torch_threads)
+        rig.tier.close()
+    return None
 
 
 class _Rig:

@@ -396,7 +396,6 @@ def run_peer(
     a silent segment holder ``store_client_ttl_s`` seconds; a store that loses the prompt's objects anyway ends the
     run with a row naming the loss (`StoreLost`)."""
     from bsr_cli.bench import evidence as ex
-    from bsr_cli.mooncake import services
 
     python, plugins = plugin_python()
     plan = _Plan(tokens, w, tp, below_rung, trials, bsr_windows, model)
@@ -404,44 +403,9 @@ def run_peer(
     run_id, started_at, machine = ex.new_run_id("peer"), ex.now(), ex.machine_info()
     t_start = time.monotonic()
     rows: list[PeerRow] = []
-    interrupted_by: Interruption | None = None
-
-    def add(row: PeerRow) -> None:
-        rows.append(row)
-        if on_row:
-            on_row(row)
-
     workdir.mkdir(parents=True, exist_ok=True)
-    master = holder = None
-    try:
-        master = services.start_master(workdir / "mooncake", client_ttl_s=store_client_ttl_s)
-        holder = services.start_segment_holder(workdir / "mooncake", master, int(plan.largest * tp * 1.1) + (64 << 20))
-        label = f"segment_holder pid {holder.pid}"
-        watch = SegmentWatch(master.admin_url, master.metadata_url, label=lambda _segment: label)
-        base = CaseBase(
-            ModelOnRanks(model=plan.model, tp_size=tp),
-            MasterAddress(master.rpc_address, master.metadata_url),
-            salt,
-            deadline_s,
-            WatchPids(master.pid, holder.pid),
-        )
-        runner = CaseRunner(python, plugins, workdir, base, watch)
-        _store_prompt(runner, plan, add)
-        for n in plan.tokens:
-            _measure_prefix(runner, plan, n, add)
-    except KeyboardInterrupt:
-        interrupted_by = Interruption.OPERATOR
-    except StoreLost:
-        interrupted_by = Interruption.ERROR  # its row says what was lost
-    except (ServiceError, CapacityError) as e:
-        interrupted_by = Interruption.ERROR
-        if not rows or rows[-1].status != RowStatus.INTERRUPTED:
-            rows.append(PeerRow(PeerKind.SETUP, plan.tokens[-1], RowStatus.INTERRUPTED, reason=e.message))
-    finally:
-        if holder is not None:
-            services.stop(holder, timeout=10)
-        if master is not None:
-            services.stop(master, timeout=10)
+    setup = _RunSetup(python, plugins, workdir, salt, deadline_s, store_client_ttl_s)
+    interrupted_by = _run_cases(setup, plan, rows, on_row)
     summary = summarize(rows, plan.reg, plan.w)
     return PeerBundle(
         run_id=run_id,
@@ -469,6 +433,63 @@ def run_peer(
         targets=tuple(targets(summary)),
         interrupted_by=interrupted_by,
     )
+
+
+@dataclass(frozen=True)
+class _RunSetup:
+    """Where and how one run's case processes run: the LMCache interpreter, the plugins, the work directory, the
+    prompt's seed, the retrieve deadline and how long the master keeps a silent segment holder."""
+
+    python: Path
+    plugins: Path
+    workdir: Path
+    salt: int
+    deadline_s: float
+    store_client_ttl_s: int
+
+
+def _run_cases(setup: _RunSetup, plan: _Plan, rows: list[PeerRow], on_row: OnRow | None) -> Interruption | None:
+    """Start the store, store the prompt and measure every prefix, each row into ``rows`` (and to ``on_row``); the
+    store is stopped however it ends. What interrupted the run (None: nothing did)."""
+    from bsr_cli.mooncake import services
+
+    def add(row: PeerRow) -> None:
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
+    mooncake, tp = setup.workdir / "mooncake", plan.tp
+    master = holder = None
+    try:
+        master = services.start_master(mooncake, client_ttl_s=setup.store_client_ttl_s)
+        holder = services.start_segment_holder(mooncake, master, int(plan.largest * tp * 1.1) + (64 << 20))
+        label = f"segment_holder pid {holder.pid}"
+        watch = SegmentWatch(master.admin_url, master.metadata_url, label=lambda _segment: label)
+        base = CaseBase(
+            ModelOnRanks(model=plan.model, tp_size=tp),
+            MasterAddress(master.rpc_address, master.metadata_url),
+            setup.salt,
+            setup.deadline_s,
+            WatchPids(master.pid, holder.pid),
+        )
+        runner = CaseRunner(setup.python, setup.plugins, setup.workdir, base, watch)
+        _store_prompt(runner, plan, add)
+        for n in plan.tokens:
+            _measure_prefix(runner, plan, n, add)
+    except KeyboardInterrupt:
+        return Interruption.OPERATOR
+    except StoreLost:
+        return Interruption.ERROR  # its row says what was lost
+    except (ServiceError, CapacityError) as e:
+        if not rows or rows[-1].status != RowStatus.INTERRUPTED:
+            rows.append(PeerRow(PeerKind.SETUP, plan.tokens[-1], RowStatus.INTERRUPTED, reason=e.message))
+        return Interruption.ERROR
+    finally:
+        if holder is not None:
+            services.stop(holder, timeout=10)
+        if master is not None:
+            services.stop(master, timeout=10)
+    return None
 
 
 def _store_prompt(runner: CaseRunner, plan: _Plan, add: Callable[[PeerRow], None]) -> None:

@@ -312,10 +312,27 @@ def _store_summary(
     copies = [m for m in memcpy if m.op == "copy"]
     memcpy_1t = next((m.gbps for m in copies if m.threads == 1), None)
     checksum = next((m.gbps for m in memcpy if m.op != "copy"), None)
+    restores = _restores_by_config(done, configs, rws)
+    link_gbps = None if link_bps is None else link_bps / 8 / 1e9
+    ratios = _store_ratios(mc, memcpy_1t, restores, link_gbps)
+    summary = StoreSummary(
+        memcpy_gbps={str(m.threads): m.gbps for m in copies},
+        checksum_gbps=checksum,
+        mooncake_gbps_per_client={f"{m.path} {m.op} {m.mode}": m.gbps_per_client for m in mc},
+        mooncake_aggregate_gbps={f"{m.path} {m.op}": m.aggregate_gbps for m in mc if m.mode == "concurrent"},
+        restore=restores,
+        link_ceiling_gbps=link_gbps,
+        ratios=ratios,
+        completed=len(done),
+        interrupted=len(run.rows) - len(done),
+    )
+    return summary, _store_targets(ratios)
 
-    def mc_gbps(path: str, op: str, mode: str) -> float | None:
-        return next((m.gbps_per_client for m in mc if (m.path, m.op, m.mode) == (path, op, mode)), None)
 
+def _restores_by_config(
+    done: Sequence[StoreRow], configs: list[tuple[int, int | None]], rws: int
+) -> dict[str, StoreRestoreStats]:
+    """The completed restores of each (W, B) measured, labelled "W=0", "W=32,B=RWS" or "W=32,B=2RWS"."""
     restores: dict[str, StoreRestoreStats] = {}
     for cw, budget in configs:
         sel = [
@@ -325,6 +342,21 @@ def _store_summary(
             continue
         label = "W=0" if cw == 0 else f"W={cw},B={'RWS' if budget == rws else '2RWS'}"
         restores[label] = _restore_stats(sel)
+    return restores
+
+
+def _store_ratios(
+    mc: Sequence[MooncakeRate],
+    memcpy_1t: float | None,
+    restores: dict[str, StoreRestoreStats],
+    link_gbps: float | None,
+) -> dict[str, float | None]:
+    """Each rate against the one it is judged by: the store against a one-thread memcpy, the tier class against the
+    raw store, each restore against its paired raw GET and the windowed restores against the whole-plan path."""
+
+    def mc_gbps(path: str, op: str, mode: str) -> float | None:
+        return next((m.gbps_per_client for m in mc if (m.path, m.op, m.mode) == (path, op, mode)), None)
+
     whole = restores.get("W=0")
     w0 = whole.gbps_per_rank if whole else None
     bsr1 = next((v.gbps_per_rank for k, v in restores.items() if k.endswith("B=RWS")), None)
@@ -349,23 +381,16 @@ def _store_summary(
         "restore_W,B=2RWS/restore_W0": ratio(bsr2, w0),
         "restore_W0/memcpy_1thread": ratio(w0, memcpy_1t),
     }
-    link_gbps = None if link_bps is None else link_bps / 8 / 1e9
     if link_gbps is not None:
         ratios["restore_W,B=RWS/link_ceiling"] = ratio(bsr1, link_gbps)
-    summary = StoreSummary(
-        memcpy_gbps={str(m.threads): m.gbps for m in copies},
-        checksum_gbps=checksum,
-        mooncake_gbps_per_client={f"{m.path} {m.op} {m.mode}": m.gbps_per_client for m in mc},
-        mooncake_aggregate_gbps={f"{m.path} {m.op}": m.aggregate_gbps for m in mc if m.mode == "concurrent"},
-        restore=restores,
-        link_ceiling_gbps=link_gbps,
-        ratios=ratios,
-        completed=len(done),
-        interrupted=len(run.rows) - len(done),
-    )
+    return ratios
+
+
+def _store_targets(ratios: dict[str, float | None]) -> list[Target]:
+    """The store run's targets: the windowed restore against the whole-plan path, and against a raw GET."""
     best = ratios["restore_W,B=2RWS/restore_W0"]
     raw_ratio = ratios["restore_W,B=2RWS/raw_get (paired)"]
-    targets = [
+    return [
         target(
             f"W restore throughput with B = 2·RWS at least {OVERLAP_TARGET} of the whole-plan path (W=0)",
             f">= {OVERLAP_TARGET}",
@@ -382,4 +407,3 @@ def _store_summary(
             "against the raw GET measured right before it (median of the ratios)",
         ),
     ]
-    return summary, targets

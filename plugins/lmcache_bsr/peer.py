@@ -364,7 +364,6 @@ def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
 
 
 def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMeter) -> dict[str, Any]:
-    from bsr_cli.core.keys import chunk_hashes
     from lmcache_bsr import _lmcache as lm
 
     toks = _tokens(case)
@@ -374,18 +373,7 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
     table = list(range(-(-n // bs)))
     contiguous: list[ContiguousDestination] = case.get("_contiguous") or []
     clock, transfers = _stock_meters(ranks)
-    lookup_s = 0.0
-    if contiguous:
-        # Stock with every advantage bsr's restore has, or an independent benchmark gave it: the transfer calls'
-        # completion poll at bsr's lower priority (equal to the process's when it already runs at nice 10), and
-        # LMCache's lookup first, outside the clock, as a serving engine's scheduler does before its worker
-        # retrieves (it also warms the master RPC path the retrieve then uses).
-        t0 = time.perf_counter()
-        for rk in ranks:
-            lm.lower_transfer_priority(rk.engine)
-            rk.engine.lookup(torch_tokens(toks))
-        lookup_s = time.perf_counter() - t0
-        clock.seconds = dict.fromkeys(clock.seconds, 0.0)
+    lookup_s = _untimed_lookup(ranks, toks, clock) if contiguous else 0.0
     results: list[dict[str, Any]] = [{} for _ in ranks]
     barrier = threading.Barrier(len(ranks))
 
@@ -423,12 +411,7 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
     stuck = any(t.is_alive() for t in threads)
     loaded = min((int(r.get("loaded_tokens") or 0) for r in results), default=0)
     timed_out = stuck or (loaded < n and wall >= deadline)
-    hash_ok: bool | None = None
-    if loaded == n and not stuck:
-        for dest, rk in zip(contiguous, ranks, strict=False):
-            dest.replay_into_paged(n, rk.slots(table, n))  # the contiguous bytes, checked as the paged ones are
-        hashes = chunk_hashes(toks, ranks[0].reg.chunk_size)
-        hash_ok = all(rk.kv.output_hash({rk.group: table}, n) == rk.kv.canonical_hash(hashes, n) for rk in ranks)
+    hash_ok = _stock_hash_ok(ranks, contiguous, toks, table) if loaded == n and not stuck else None
     return {
         "outcome": "loaded" if loaded == n else ("timed_out" if timed_out else "short"),
         "loaded_tokens": loaded,
@@ -453,6 +436,36 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
         "stuck_thread": stuck,
         "ok": loaded == n and hash_ok is True,
     }
+
+
+def _untimed_lookup(ranks: list[Any], toks: list[int], clock: StageClock) -> float:
+    """Stock with every advantage bsr's restore has, or an independent benchmark gave it: the transfer calls'
+    completion poll at bsr's lower priority (equal to the process's when it already runs at nice 10), and
+    LMCache's lookup first, outside the clock, as a serving engine's scheduler does before its worker retrieves (it
+    also warms the master RPC path the retrieve then uses). The lookup's seconds; the stage clock starts afresh."""
+    from lmcache_bsr import _lmcache as lm
+
+    t0 = time.perf_counter()
+    for rk in ranks:
+        lm.lower_transfer_priority(rk.engine)
+        rk.engine.lookup(torch_tokens(toks))
+    lookup_s = time.perf_counter() - t0
+    clock.seconds = dict.fromkeys(clock.seconds, 0.0)
+    return lookup_s
+
+
+def _stock_hash_ok(
+    ranks: list[Any], contiguous: list[ContiguousDestination], toks: list[int], table: list[int]
+) -> bool:
+    """Whether every rank's KV hashes as the prompt's canonical KV (a contiguous destination replayed into the
+    paged KV first, outside the clock)."""
+    from bsr_cli.core.keys import chunk_hashes
+
+    n = len(toks)
+    for dest, rk in zip(contiguous, ranks, strict=False):
+        dest.replay_into_paged(n, rk.slots(table, n))  # the contiguous bytes, checked as the paged ones are
+    hashes = chunk_hashes(toks, ranks[0].reg.chunk_size)
+    return all(rk.kv.output_hash({rk.group: table}, n) == rk.kv.canonical_hash(hashes, n) for rk in ranks)
 
 
 def _stock_meters(ranks: list[Any]) -> tuple[StageClock, TransferMeter]:

@@ -176,6 +176,42 @@ def _one_tier(objs: list[ObjectRef], win: WindowJob) -> str | None:
     return next(iter(tiers)) if len(tiers) == 1 else None
 
 
+def _layer_shape(reg: Registration) -> tuple[int, int, str]:
+    """(kv_heads, head_size, dtype) of the registration's layers; refused unless LMCache can hold them: one KV
+    group, one [2, kv_heads, head_size] tensor per layer, all one dtype."""
+    if len(reg.groups) != 1:
+        raise BadRequest(
+            f"LMCache keeps one KV layout per engine; this registration has {len(reg.groups)} KV groups",
+            hint="register a single KV group for the LMCache host",
+        )
+    shapes = {t.shape for t in reg.tensors}
+    dtypes = {t.dtype for t in reg.tensors}
+    if len(shapes) != 1 or len(dtypes) != 1 or len(next(iter(shapes))) != 3 or next(iter(shapes))[0] != 2:
+        raise BadRequest("the LMCache host needs one [2, kv_heads, head_size] tensor per layer, all one dtype")
+    _, heads, head_size = next(iter(shapes))
+    return heads, head_size, next(iter(dtypes))
+
+
+def _rank_disk(local_disk: object, rank: int) -> str:
+    """Each rank its own directory: one LocalDiskBackend per engine, each with its own in-memory index."""
+    d = Path(str(local_disk)) / f"rank{rank}"
+    d.mkdir(parents=True, exist_ok=True)
+    return str(d) + "/"
+
+
+def _healthy_master(metadata_server: object, *, remote: bool) -> str | None:
+    """The health URL of the Mooncake master a remote backend uses (None without one), refused when that master is
+    not healthy: LMCache's Mooncake setup against a dead master stalls ~90 s and then builds a broken engine
+    anyway."""
+    url = health_url_for(str(metadata_server)) if metadata_server and remote else None
+    if url and not master_healthy(url, timeout=2.0):
+        raise CapacityError(
+            f"the Mooncake master at {url} is not healthy; refusing to build the LMCache engine",
+            hint="start mooncake_master (and a segment holder) first, or drop remote_url",
+        )
+    return url
+
+
 class LMCacheRank:
     def __init__(
         self,
@@ -189,39 +225,21 @@ class LMCacheRank:
         budget_bytes: int = 0,
         instance_prefix: str = "bsr",
     ) -> None:
-        if len(reg.groups) != 1:
-            raise BadRequest(
-                f"LMCache keeps one KV layout per engine; this registration has {len(reg.groups)} KV groups",
-                hint="register a single KV group for the LMCache host",
-            )
+        heads, head_size, dtype = _layer_shape(reg)
         self.rank = rank
         self.reg = reg
         self.group = reg.group_names[0]
         self.registry = registry
         self.emit = emit
-        shapes = {t.shape for t in reg.tensors}
-        dtypes = {t.dtype for t in reg.tensors}
-        if len(shapes) != 1 or len(dtypes) != 1 or len(next(iter(shapes))) != 3 or next(iter(shapes))[0] != 2:
-            raise BadRequest("the LMCache host needs one [2, kv_heads, head_size] tensor per layer, all one dtype")
-        _, heads, head_size = next(iter(shapes))
         self.layers = len(reg.tensors)
         cfg = dict(lmcache_config)
         cfg["chunk_size"] = reg.chunk_size
         if cfg.get("local_disk"):
-            # Each rank its own directory: one LocalDiskBackend per engine, each with its own in-memory index.
-            d = Path(str(cfg["local_disk"])) / f"rank{rank}"
-            d.mkdir(parents=True, exist_ok=True)
-            cfg["local_disk"] = str(d) + "/"
+            cfg["local_disk"] = _rank_disk(cfg["local_disk"], rank)
         self.disk_dir = cfg.get("local_disk")
         extra = dict(cfg.get("extra_config") or {})
-        meta = extra.get("mooncake_metadata_server")
-        self.health_url = health_url_for(str(meta)) if meta and cfg.get("remote_url") else None
-        if self.health_url and not master_healthy(self.health_url, timeout=2.0):
-            # LMCache's Mooncake setup against a dead master stalls ~90 s and then builds a broken engine anyway.
-            raise CapacityError(
-                f"the Mooncake master at {self.health_url} is not healthy; refusing to build the LMCache engine",
-                hint="start mooncake_master (and a segment holder) first, or drop remote_url",
-            )
+        remote = bool(cfg.get("remote_url"))
+        self.health_url = _healthy_master(extra.get("mooncake_metadata_server"), remote=remote)
         self.connector = lm.CPUPagedConnector(self.layers, heads, head_size)
         self.instance_id = f"{instance_prefix}-rank{rank}-{id(self):x}"
         self.engine = lm.build_engine(
@@ -233,7 +251,7 @@ class LMCacheRank:
             num_layers=self.layers,
             num_kv_heads=heads,
             head_size=head_size,
-            dtype=next(iter(dtypes)),
+            dtype=dtype,
             connector=self.connector,
         )
         self._destroyed = False

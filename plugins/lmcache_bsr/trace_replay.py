@@ -77,64 +77,80 @@ class Blocks:
 
 
 def replay(host: Any, case: dict[str, Any]) -> dict[str, Any]:
-    from bsr_cli.core.keys import chunk_hashes
-    from bsr_cli.core.trace import TraceRequest, prompt_tokens
-    from lmcache_bsr import _lmcache as lm
-    from lmcache_bsr.peer import prefault
+    return _Replay(host, case).run()
 
-    ranks = [host.rank(r) for r in range(len(host.ranks))]
-    for rk in ranks:
-        prefault(rk)
-    cs = host.reg.chunk_size
-    bs = host.reg.groups[0].block_size
-    salt, block_tokens, speedup = int(case["salt"]), int(case["block_tokens"]), float(case["speedup"])
-    reqs = [
-        TraceRequest(int(r["arrival_ms"]), int(r["input_length"]), 0, tuple(int(x) for x in r["hash_ids"]))
-        for r in case["requests"]
-    ]
-    prompts = [prompt_tokens(r, block_tokens, salt, i) for i, r in enumerate(reqs)]
-    t_first = reqs[0].arrival_ms
-    blocks = Blocks(int(case["kv_tokens"]) // bs)
-    out: list[dict[str, Any]] = [{"index": i} for i in range(len(reqs))]
-    done = [0]
-    done_lock = threading.Lock()
 
-    # ``serial``: each rank's engine serves one request at a time (retrieve, compute, store), as vLLM's worker
-    # thread drives LMCache; the wait for the rank counts in the retrieve's seconds. Otherwise every client calls
-    # the engines itself and retrieves overlap.
-    rank_locks = {rk.rank: threading.Lock() if case.get("serial") else contextlib.nullcontext() for rk in ranks}
+class _Replay:
+    """The slice replayed through the host's ranks: each request from a client thread at its arrival time, on every
+    rank at once; its measurement in ``out``."""
 
-    def on_rank(rk: Any, toks: list[int], table: list[int], into: dict[str, Any]) -> None:
-        t0 = time.perf_counter()
-        with rank_locks[rk.rank]:
-            work(rk, toks, table, into, t0)
+    def __init__(self, host: Any, case: dict[str, Any]) -> None:
+        from bsr_cli.core.keys import chunk_hashes
+        from bsr_cli.core.trace import TraceRequest, prompt_tokens
+        from lmcache_bsr import _lmcache as lm
+        from lmcache_bsr.peer import prefault
 
-    def work(rk: Any, toks: list[int], table: list[int], into: dict[str, Any], t0: float) -> None:
-        n = len(toks)
+        self.lm, self.chunk_hashes = lm, chunk_hashes  # imported once, outside the timed retrieves
+        self.ranks = [host.rank(r) for r in range(len(host.ranks))]
+        for rk in self.ranks:
+            prefault(rk)
+        self.cs = host.reg.chunk_size
+        self.bs = host.reg.groups[0].block_size
+        salt, block_tokens, self.speedup = int(case["salt"]), int(case["block_tokens"]), float(case["speedup"])
+        self.max_clients = int(case["max_clients"])
+        self.reqs = [
+            TraceRequest(int(r["arrival_ms"]), int(r["input_length"]), 0, tuple(int(x) for x in r["hash_ids"]))
+            for r in case["requests"]
+        ]
+        self.prompts = [prompt_tokens(r, block_tokens, salt, i) for i, r in enumerate(self.reqs)]
+        self.blocks = Blocks(int(case["kv_tokens"]) // self.bs)
+        self.out: list[dict[str, Any]] = [{"index": i} for i in range(len(self.reqs))]
+        self.done = 0
+        self.done_lock = threading.Lock()
+        # ``serial``: each rank's engine serves one request at a time (retrieve, compute, store), as vLLM's worker
+        # thread drives LMCache; the wait for the rank counts in the retrieve's seconds. Otherwise every client calls
+        # the engines itself and retrieves overlap.
+        self.rank_locks = {
+            rk.rank: threading.Lock() if case.get("serial") else contextlib.nullcontext() for rk in self.ranks
+        }
+        self.origin = 0.0
+
+    def run(self) -> dict[str, Any]:
+        for rk in self.ranks:
+            rk.tracker.reset()
+        t_first = self.reqs[0].arrival_ms
+        self.origin = time.monotonic()
+        futures: list[Future[None]] = []
+        with ThreadPoolExecutor(max_workers=self.max_clients, thread_name_prefix="stock-client") as pool:
+            for i, r in enumerate(self.reqs):
+                due = (r.arrival_ms - t_first) / 1000 / self.speedup
+                delay = due - (time.monotonic() - self.origin)
+                if delay > 0:
+                    time.sleep(delay)  # pacing the arrivals, not synchronisation
+                self.out[i]["arrival_s"] = round(due, 4)
+                futures.append(pool.submit(self.one, i))
+            for f in futures:
+                f.result()
+        return {
+            "ok": True,
+            "requests": self.out,
+            "l1_peak_by_rank": {str(rk.rank): int(rk.tracker.peak) for rk in self.ranks},
+            "l1_capacity_bytes": int(self.ranks[0].tracker.heap_bytes),
+            "elapsed_s": round(time.monotonic() - self.origin, 3),
+            "lmcache_version": self.lm.LMCACHE_VERSION,
+        }
+
+    def one(self, i: int) -> None:
+        """Request ``i`` on every rank at once, in the destination KV's blocks it waits for."""
+        toks = self.prompts[i]
+        m = self.out[i]
+        m["started_s"] = round(time.monotonic() - self.origin, 4)
+        table = self.blocks.take(-(-len(toks) // self.bs))
         try:
-            ret = lm.stock_retrieve(rk.engine, toks, kvcaches=rk.kvcaches, slot_mapping=rk.slots(table, n))
-            loaded = int(ret.sum())
-        except Exception as e:  # noqa: BLE001 - LMCache's failure is the measurement
-            into.update(loaded=0, seconds=round(time.perf_counter() - t0, 4), error=f"{type(e).__name__}: {e}")
-            return
-        into.update(loaded=loaded, seconds=round(time.perf_counter() - t0, 4))
-        try:
-            hashes = chunk_hashes(toks, cs)
-            rk.kv.prefill(hashes, n, loaded // cs, {rk.group: table})  # the rest, computed
-            rk.store_tokens(toks, table, skip_chunks=loaded // cs)  # full chunks only: LMCache's default
-        except Exception as e:  # noqa: BLE001 - a failed store is reported with the request
-            into["error"] = f"store: {type(e).__name__}: {e}"
-
-    def one(i: int) -> None:
-        toks = prompts[i]
-        m = out[i]
-        m["started_s"] = round(time.monotonic() - origin, 4)
-        table = blocks.take(-(-len(toks) // bs))
-        try:
-            per_rank: list[dict[str, Any]] = [{} for _ in ranks]
+            per_rank: list[dict[str, Any]] = [{} for _ in self.ranks]
             threads = [
-                threading.Thread(target=on_rank, args=(rk, toks, table, per_rank[k]), daemon=True)
-                for k, rk in enumerate(ranks)
+                threading.Thread(target=self.on_rank, args=(rk, toks, table, per_rank[k]), daemon=True)
+                for k, rk in enumerate(self.ranks)
             ]
             for t in threads:
                 t.start()
@@ -147,34 +163,33 @@ def replay(host: Any, case: dict[str, Any]) -> dict[str, Any]:
             if errors:
                 m["error"] = errors[0]
         finally:
-            blocks.give(table)
-            m["seconds"] = round(time.monotonic() - origin - m["started_s"], 4)
-        with done_lock:
-            done[0] += 1
-            print(f"{PROGRESS_PREFIX}{done[0]}", flush=True)
+            self.blocks.give(table)
+            m["seconds"] = round(time.monotonic() - self.origin - m["started_s"], 4)
+        with self.done_lock:
+            self.done += 1
+            print(f"{PROGRESS_PREFIX}{self.done}", flush=True)
 
-    for rk in ranks:
-        rk.tracker.reset()
-    origin = time.monotonic()
-    futures: list[Future[None]] = []
-    with ThreadPoolExecutor(max_workers=int(case["max_clients"]), thread_name_prefix="stock-client") as pool:
-        for i, r in enumerate(reqs):
-            due = (r.arrival_ms - t_first) / 1000 / speedup
-            delay = due - (time.monotonic() - origin)
-            if delay > 0:
-                time.sleep(delay)  # pacing the arrivals, not synchronisation
-            out[i]["arrival_s"] = round(due, 4)
-            futures.append(pool.submit(one, i))
-        for f in futures:
-            f.result()
-    return {
-        "ok": True,
-        "requests": out,
-        "l1_peak_by_rank": {str(rk.rank): int(rk.tracker.peak) for rk in ranks},
-        "l1_capacity_bytes": int(ranks[0].tracker.heap_bytes),
-        "elapsed_s": round(time.monotonic() - origin, 3),
-        "lmcache_version": lm.LMCACHE_VERSION,
-    }
+    def on_rank(self, rk: Any, toks: list[int], table: list[int], into: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        with self.rank_locks[rk.rank]:
+            self.work(rk, toks, table, into, t0)
+
+    def work(self, rk: Any, toks: list[int], table: list[int], into: dict[str, Any], t0: float) -> None:
+        """LMCache's retrieve of the prompt on one rank, the rest computed, then LMCache's store of what it lacked."""
+        n, cs = len(toks), self.cs
+        try:
+            ret = self.lm.stock_retrieve(rk.engine, toks, kvcaches=rk.kvcaches, slot_mapping=rk.slots(table, n))
+            loaded = int(ret.sum())
+        except Exception as e:  # noqa: BLE001 - LMCache's failure is the measurement
+            into.update(loaded=0, seconds=round(time.perf_counter() - t0, 4), error=f"{type(e).__name__}: {e}")
+            return
+        into.update(loaded=loaded, seconds=round(time.perf_counter() - t0, 4))
+        try:
+            hashes = self.chunk_hashes(toks, cs)
+            rk.kv.prefill(hashes, n, loaded // cs, {rk.group: table})  # the rest, computed
+            rk.store_tokens(toks, table, skip_chunks=loaded // cs)  # full chunks only: LMCache's default
+        except Exception as e:  # noqa: BLE001 - a failed store is reported with the request
+            into["error"] = f"store: {type(e).__name__}: {e}"
 
 
 def main(argv: list[str]) -> int:

@@ -55,51 +55,60 @@ def _prompt(
     return prompt_body(tokens_file, prompt_file, synthetic, seed, tokenizer)
 
 
+# `bsr probe --store`'s flags (read into probe_options.StoreProbeOptions).
+StoreOpt = Annotated[
+    str | None, typer.Option("--store", help="Probe a Mooncake store directly: mooncake://HOST:PORT (no engine).")
+]
+StoreModelOpt = Annotated[str | None, typer.Option("--model", help="With --store: model name in the keys.")]
+StoreWorldSizeOpt = Annotated[
+    int, typer.Option("--world-size", "--tp", help="With --store: TP world size in the keys.")
+]
+StoreMetadataOpt = Annotated[
+    str | None,
+    typer.Option("--metadata", help="With --store: metadata server URL [default: http://HOST:8080/metadata]."),
+]
+StoreMasterAdminOpt = Annotated[
+    str | None, typer.Option("--master-admin", help="With --store: master admin URL [default: http://HOST:9003].")
+]
+StoreDtypeOpt = Annotated[
+    str,
+    typer.Option("--dtype", help="With --store: KV dtype in the keys (bf16, fp16, fp32, fp8_e4m3fn, fp8_e5m2, ...)."),
+]
+StoreTagOpt = Annotated[
+    list[str] | None,
+    typer.Option("--tag", help="With --store: an LMCache request tag KEY=VALUE in the keys (repeatable, in order)."),
+]
+StoreHashSeedOpt = Annotated[
+    str,
+    typer.Option(
+        "--vllm-hash-seed",
+        help="With --store: the PYTHONHASHSEED vLLM ran with when LMCache stored the keys (inside vLLM the hash "
+        "chain starts from it); 'none' for LMCache without vLLM; 'auto' tries none and a few usual seeds "
+        "against the store. Example: --vllm-hash-seed 0",
+    ),
+]
+StoreVerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="With --store: show the Mooncake client's own log lines.")
+]
+StoreChunkSizeOpt = Annotated[int, typer.Option("--chunk-size", help="With --store: LMCache chunk size.", min=1)]
+
+
 def probe(
     ctx: typer.Context,
     tokens_file: TokensFileOpt = None,
     prompt_file: PromptFileOpt = None,
     synthetic: SyntheticOpt = None,
     seed: SeedOpt = 0,
-    store: Annotated[
-        str | None, typer.Option("--store", help="Probe a Mooncake store directly: mooncake://HOST:PORT (no engine).")
-    ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="With --store: model name in the keys.")] = None,
-    world_size: Annotated[
-        int, typer.Option("--world-size", "--tp", help="With --store: TP world size in the keys.")
-    ] = 1,
-    metadata: Annotated[
-        str | None,
-        typer.Option("--metadata", help="With --store: metadata server URL [default: http://HOST:8080/metadata]."),
-    ] = None,
-    master_admin: Annotated[
-        str | None, typer.Option("--master-admin", help="With --store: master admin URL [default: http://HOST:9003].")
-    ] = None,
-    dtype: Annotated[
-        str,
-        typer.Option(
-            "--dtype", help="With --store: KV dtype in the keys (bf16, fp16, fp32, fp8_e4m3fn, fp8_e5m2, ...)."
-        ),
-    ] = "bf16",
-    tag: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--tag", help="With --store: an LMCache request tag KEY=VALUE in the keys (repeatable, in order)."
-        ),
-    ] = None,
-    vllm_hash_seed: Annotated[
-        str,
-        typer.Option(
-            "--vllm-hash-seed",
-            help="With --store: the PYTHONHASHSEED vLLM ran with when LMCache stored the keys (inside vLLM the hash "
-            "chain starts from it); 'none' for LMCache without vLLM; 'auto' tries none and a few usual seeds "
-            "against the store. Example: --vllm-hash-seed 0",
-        ),
-    ] = "auto",
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="With --store: show the Mooncake client's own log lines.")
-    ] = False,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", help="With --store: LMCache chunk size.", min=1)] = 256,
+    store: StoreOpt = None,
+    model: StoreModelOpt = None,
+    world_size: StoreWorldSizeOpt = 1,
+    metadata: StoreMetadataOpt = None,
+    master_admin: StoreMasterAdminOpt = None,
+    dtype: StoreDtypeOpt = "bf16",
+    tag: StoreTagOpt = None,
+    vllm_hash_seed: StoreHashSeedOpt = "auto",
+    verbose: StoreVerboseOpt = False,
+    chunk_size: StoreChunkSizeOpt = 256,
     width: Annotated[
         int | None, typer.Option("--width", help="Bitmap strip width in cells [default: fits the terminal].", min=8)
     ] = None,
@@ -203,8 +212,6 @@ def restore(
     Exit 0 committed, 10 failed closed, 12 refused for capacity, 16 a rank is being restarted (retry), 17 the host
     was overloaded (no rank or tier blamed; retry when the load drops), 19 output hash not canonical (invalidated),
     130 aborted."""
-    from bsr_cli.cli.render import ops as render_ops
-
     st = state(ctx, json_flag)
     if tier is not None and exclude_tier:
         raise InvalidInput(
@@ -214,31 +221,47 @@ def restore(
     with _client(st) as client:
         info = client.info()
         if tier is not None:
-            tiers = list(info.tiers)
-            if tier not in tiers:
-                raise InvalidInput(f"this engine has no tier {tier!r}", hint=f"its tiers: {', '.join(tiers)}")
-            exclude_tier = [t for t in tiers if t != tier]
+            exclude_tier = _tiers_besides(tier, info)
         body = _prompt(client, tokens_file, prompt_file, synthetic, seed)
-        window = info.w if w is None else w
         if dry_run:
-            from bsr_cli.core.plan import plan_restore
-
-            probe = client.probe(body)
-            reg = probe.registration
-            plan = plan_restore(reg, window, bitmap=probe.bitmap, exclude_tiers=exclude_tier or ())
-            from bsr_cli.cli.render import planning as render
-
-            fit = _capacity_check(window, plan.committable_chunks, reg.bytes_per_chunk, info)
-            report = render.PlanReport(
-                plan=plan, bytes_per_chunk=reg.bytes_per_chunk, model=reg.model, show_all_windows=False, capacity=fit
-            )
-            if not fit.fits:
-                st.out.fail(report, render.plan, CapacityError(fit.message, hint=fit.hint))
-            st.out.result(report, render.plan)
+            _plan_live(st, client, body, info.w if w is None else w, exclude_tier or [], info)
             return
         streamed = _run_restore(st, client, body, w, exclude_tier or [], not no_verify, info)
-        result = streamed.result
-        assert result is not None  # _run_restore raised otherwise
+    _report_restore(st, streamed, info)
+
+
+def _tiers_besides(tier: str, info: EngineInfo) -> list[str]:
+    """Every tier of the engine but `tier` (--tier T excludes the others); refused when the engine has no `tier`."""
+    tiers = list(info.tiers)
+    if tier not in tiers:
+        raise InvalidInput(f"this engine has no tier {tier!r}", hint=f"its tiers: {', '.join(tiers)}")
+    return [t for t in tiers if t != tier]
+
+
+def _plan_live(st: AppState, client: Any, body: Prompt, window: int, exclude: list[str], info: EngineInfo) -> None:
+    """`bsr restore --dry-run`: the plan of a live probe, refused for capacity where the engine would refuse it."""
+    from bsr_cli.core.plan import plan_restore
+
+    probe = client.probe(body)
+    reg = probe.registration
+    plan = plan_restore(reg, window, bitmap=probe.bitmap, exclude_tiers=exclude)
+    from bsr_cli.cli.render import planning as render
+
+    fit = _capacity_check(window, plan.committable_chunks, reg.bytes_per_chunk, info)
+    report = render.PlanReport(
+        plan=plan, bytes_per_chunk=reg.bytes_per_chunk, model=reg.model, show_all_windows=False, capacity=fit
+    )
+    if not fit.fits:
+        st.out.fail(report, render.plan, CapacityError(fit.message, hint=fit.hint))
+    st.out.result(report, render.plan)
+
+
+def _report_restore(st: AppState, streamed: _StreamedRestore, info: EngineInfo) -> None:
+    """The restore's result, failing with the exit code of how it ended."""
+    from bsr_cli.cli.render import ops as render_ops
+
+    result = streamed.result
+    assert result is not None  # _run_restore raised otherwise
     # The engine's budget B is the bound the peak is held to.
     view = render_ops.RestoreView(result, info.budget_bytes, streamed.hash_check_s)
     if result.output_mismatch and result.hashes is not None and result.report is not None:

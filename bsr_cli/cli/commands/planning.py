@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -124,13 +124,65 @@ def rws(
     st.out.result(report, render.rws)
 
 
+# `bsr plan`'s own options; those after --trace only a trace plan reads (_TraceFlags).
+PlanTokensOpt = Annotated[int | None, typer.Option("--tokens", "-n", help="Prompt length (every chunk a hit).", min=0)]
+ProbeOpt = Annotated[Path | None, typer.Option("--probe", help="A saved `bsr probe --json` result.")]
+ExcludeTierOpt = Annotated[
+    list[str] | None,
+    typer.Option("--exclude-tier", metavar="TIER", help="Plan as if this tier were unusable (repeatable)."),
+]
+AllWindowsOpt = Annotated[bool, typer.Option("--all-windows", help="List every window.")]
+TraceOpt = Annotated[
+    Path | None,
+    typer.Option("--trace", help="Plan L1 and B for a request trace (Mooncake JSONL: arrivals, lengths, block ids)."),
+]
+BandwidthOpt = Annotated[
+    str | None, typer.Option("--bandwidth", help="With --trace: restore bandwidth per rank, e.g. 10.31GB/s.")
+]
+SpeedupOpt = Annotated[
+    float, typer.Option("--speedup", help="With --trace: replay the arrivals this many times faster.")
+]
+StoreCapacityOpt = Annotated[
+    int | None,
+    typer.Option("--store-capacity", help="With --trace: the store keeps this many 512-token blocks (LRU).", min=1),
+]
+BudgetsOpt = Annotated[
+    str, typer.Option("--budgets", help="With --trace: budgets B to compare, as multiples of RWS(W).")
+]
+P99Opt = Annotated[
+    float | None,
+    typer.Option(
+        "--p99", metavar="SECONDS", help="With --trace: name the smallest B whose p99 restore latency meets this."
+    ),
+]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option("--plot", metavar="DIR", help="With --trace: write PNG plots into DIR (needs matplotlib)."),
+]
+CalibrationOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        metavar="FILE",
+        help="With --trace: the host model (and bandwidth) a `bsr bench trace` calibration saved.",
+    ),
+]
+CoresOpt = Annotated[
+    float | None,
+    typer.Option("--cores", help="With --trace: cores available to bsr (the host's less the run queue beside it)."),
+]
+CpuPerGbOpt = Annotated[
+    float | None,
+    typer.Option("--cpu-per-gb", metavar="SECONDS", help="With --trace: CPU seconds a restore needs per GB per rank."),
+]
+DEFAULT_BUDGETS = "1,2,4,8"  # --budgets away from it counts as given
+
+
 def plan(
     ctx: typer.Context,
     w: WOpt = 32,
-    tokens: Annotated[
-        int | None, typer.Option("--tokens", "-n", help="Prompt length (every chunk a hit).", min=0)
-    ] = None,
-    probe: Annotated[Path | None, typer.Option("--probe", help="A saved `bsr probe --json` result.")] = None,
+    tokens: PlanTokensOpt = None,
+    probe: ProbeOpt = None,
     registration: RegOpt = None,
     hf_config: HfOpt = None,
     tp: TpOpt = 1,
@@ -138,58 +190,18 @@ def plan(
     block_size: BlockOpt = None,
     mtp: MtpOpt = False,
     chunk_size: ChunkOpt = DEFAULT_CHUNK_SIZE,
-    exclude_tier: Annotated[
-        list[str] | None,
-        typer.Option("--exclude-tier", metavar="TIER", help="Plan as if this tier were unusable (repeatable)."),
-    ] = None,
-    all_windows: Annotated[bool, typer.Option("--all-windows", help="List every window.")] = False,
-    trace: Annotated[
-        Path | None,
-        typer.Option(
-            "--trace", help="Plan L1 and B for a request trace (Mooncake JSONL: arrivals, lengths, block ids)."
-        ),
-    ] = None,
-    bandwidth: Annotated[
-        str | None, typer.Option("--bandwidth", help="With --trace: restore bandwidth per rank, e.g. 10.31GB/s.")
-    ] = None,
-    speedup: Annotated[
-        float, typer.Option("--speedup", help="With --trace: replay the arrivals this many times faster.")
-    ] = 1.0,
-    store_capacity: Annotated[
-        int | None,
-        typer.Option("--store-capacity", help="With --trace: the store keeps this many 512-token blocks (LRU).", min=1),
-    ] = None,
-    budgets: Annotated[
-        str, typer.Option("--budgets", help="With --trace: budgets B to compare, as multiples of RWS(W).")
-    ] = "1,2,4,8",
-    p99: Annotated[
-        float | None,
-        typer.Option(
-            "--p99", metavar="SECONDS", help="With --trace: name the smallest B whose p99 restore latency meets this."
-        ),
-    ] = None,
-    plot: Annotated[
-        Path | None,
-        typer.Option("--plot", metavar="DIR", help="With --trace: write PNG plots into DIR (needs matplotlib)."),
-    ] = None,
-    calibration: Annotated[
-        Path | None,
-        typer.Option(
-            "--calibration",
-            metavar="FILE",
-            help="With --trace: the host model (and bandwidth) a `bsr bench trace` calibration saved.",
-        ),
-    ] = None,
-    cores: Annotated[
-        float | None,
-        typer.Option("--cores", help="With --trace: cores available to bsr (the host's less the run queue beside it)."),
-    ] = None,
-    cpu_per_gb: Annotated[
-        float | None,
-        typer.Option(
-            "--cpu-per-gb", metavar="SECONDS", help="With --trace: CPU seconds a restore needs per GB per rank."
-        ),
-    ] = None,
+    exclude_tier: ExcludeTierOpt = None,
+    all_windows: AllWindowsOpt = False,
+    trace: TraceOpt = None,
+    bandwidth: BandwidthOpt = None,
+    speedup: SpeedupOpt = 1.0,
+    store_capacity: StoreCapacityOpt = None,
+    budgets: BudgetsOpt = DEFAULT_BUDGETS,
+    p99: P99Opt = None,
+    plot: PlotOpt = None,
+    calibration: CalibrationOpt = None,
+    cores: CoresOpt = None,
+    cpu_per_gb: CpuPerGbOpt = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Dry-run window planning: schedule, committable prefix, first break, peak vs whole-plan; or, with --trace,
@@ -199,13 +211,8 @@ def plan(
     chunk a hit."""
     st = state(ctx, json_flag)
     given = [flag for flag, v in (("--tokens", tokens), ("--probe", probe), ("--trace", trace)) if v is not None]
-    trace_flags = _trace_flags_given(bandwidth, speedup, store_capacity, budgets, p99, plot)
-    trace_flags += [
-        f
-        for f, v in (("--calibration", calibration), ("--cores", cores), ("--cpu-per-gb", cpu_per_gb))
-        if v is not None
-    ]
-    _check_plan_flags(given, trace_flags, one_prompt_flags=bool(exclude_tier or all_windows))
+    trace_flags = _TraceFlags(bandwidth, speedup, store_capacity, budgets, p99, plot, calibration, cores, cpu_per_gb)
+    _check_plan_flags(given, trace_flags.given(), one_prompt_flags=bool(exclude_tier or all_windows))
     # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
     flagged_registration = functools.partial(
         resolve_registration,
@@ -222,10 +229,39 @@ def plan(
     if not given:
         _plan_ladder(st, w, flagged_registration(note=None), named)
     elif trace is not None:
-        model = (bandwidth, calibration, cores, cpu_per_gb)
-        _plan_trace(st, trace, flagged_registration, w, *model, speedup, store_capacity, budgets, p99, plot)
+        _plan_trace(st, trace, flagged_registration, w, trace_flags)
     else:
         _plan_prompt(st, w, tokens, probe, flagged_registration, named, exclude_tier or [], all_windows)
+
+
+@dataclass(frozen=True)
+class _TraceFlags:
+    """The flags that only a trace plan reads."""
+
+    bandwidth: str | None
+    speedup: float
+    store_capacity: int | None
+    budgets: str
+    p99: float | None
+    plot: Path | None
+    calibration: Path | None
+    cores: float | None
+    cpu_per_gb: float | None
+
+    def given(self) -> list[str]:
+        """The flags given (each away from its default)."""
+        given = {
+            "--bandwidth": self.bandwidth is not None,
+            "--speedup": self.speedup != 1.0,
+            "--store-capacity": self.store_capacity is not None,
+            "--budgets": self.budgets != DEFAULT_BUDGETS,
+            "--p99": self.p99 is not None,
+            "--plot": self.plot is not None,
+            "--calibration": self.calibration is not None,
+            "--cores": self.cores is not None,
+            "--cpu-per-gb": self.cpu_per_gb is not None,
+        }
+        return [flag for flag, is_given in given.items() if is_given]
 
 
 def _check_plan_flags(given: list[str], trace_flags: list[str], *, one_prompt_flags: bool) -> None:
@@ -260,26 +296,6 @@ def _plan_ladder(st: AppState, w: int, reg: Registration, registration_named: bo
         "(--tokens N, --probe FILE or --trace FILE plans one)[/]"
     )
     st.out.result(render.LadderReport(plan_ladder(reg, w, lengths), reg.model), render.plan_ladder)
-
-
-def _trace_flags_given(
-    bandwidth: str | None,
-    speedup: float,
-    store_capacity: int | None,
-    budgets: str,
-    p99: float | None,
-    plot: Path | None,
-) -> list[str]:
-    """The flags given that only a trace plan reads (each away from its default)."""
-    given = {
-        "--bandwidth": bandwidth is not None,
-        "--speedup": speedup != 1.0,
-        "--store-capacity": store_capacity is not None,
-        "--budgets": budgets != "1,2,4,8",
-        "--p99": p99 is not None,
-        "--plot": plot is not None,
-    }
-    return [flag for flag, is_given in given.items() if is_given]
 
 
 def _host_model(
@@ -358,20 +374,12 @@ def _plan_trace(
     trace_path: Path,
     flagged_registration: Callable[[], Registration],
     w: int,
-    bandwidth: str | None,
-    calibration: Path | None,
-    cores: float | None,
-    cpu_per_gb: float | None,
-    speedup: float,
-    store_capacity: int | None,
-    budgets: str,
-    p99: float | None,
-    plot: Path | None,
+    flags: _TraceFlags,
 ) -> None:
     """`bsr plan --trace`: replay the trace's arrivals through the planning model (bsr_cli.core.trace_sim), on the
     host model when one is given (a calibration's, or --cores with --cpu-per-gb)."""
-    saved, host = _host_model(calibration, cores, cpu_per_gb)
-    if bandwidth is None and saved is None:
+    saved, host = _host_model(flags.calibration, flags.cores, flags.cpu_per_gb)
+    if flags.bandwidth is None and saved is None:
         raise InvalidInput(
             "--trace needs --bandwidth (the restore bandwidth per rank, e.g. 10.31GB/s) or --calibration FILE",
             hint="`bsr bench store` measures the bandwidth (the paper's tier reads 10.31GB/s); `bsr bench trace` "
@@ -382,27 +390,27 @@ def _plan_trace(
         st.out.warn(f"the calibration measured registration {saved.registration}; planning {reg.identity}")
     from bsr_cli.core.units import parse_rate
 
-    rate = parse_rate(bandwidth) if bandwidth is not None else saved.bandwidth if saved is not None else 0.0
+    rate = parse_rate(flags.bandwidth) if flags.bandwidth is not None else saved.bandwidth if saved is not None else 0.0
     from bsr_cli import loaders
     from bsr_cli.core.trace_sim import plan_trace
 
-    multiples = _parse_budgets(budgets)
+    multiples = _parse_budgets(flags.budgets)
     result = plan_trace(
         loaders.load_trace(trace_path),
         reg,
         w,
         bandwidth=rate,
-        speedup=speedup,
+        speedup=flags.speedup,
         budgets_rws=multiples,
-        store_capacity=store_capacity,
-        p99_target_s=p99,
+        store_capacity=flags.store_capacity,
+        p99_target_s=flags.p99,
         host=host,
     )
     plots = None
-    if plot is not None:
+    if flags.plot is not None:
         from bsr_cli.bench import trace_plots
 
-        plots = tuple(str(p) for p in trace_plots.write_plots(result, plot))
+        plots = tuple(str(p) for p in trace_plots.write_plots(result, flags.plot))
     from bsr_cli.cli.render import planning as render
 
     st.out.result(render.TracePlanReport(result, plots), render.trace_plan)

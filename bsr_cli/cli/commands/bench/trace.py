@@ -19,7 +19,7 @@ from bsr_cli.errors import BsrError, DrillViolation, InvalidInput
 
 if TYPE_CHECKING:
     from bsr_cli.bench.calibration import BurstShape, RunQueue
-    from bsr_cli.bench.trace import BudgetReplayed, StockCase, StockNotRun, StockSummary, TraceReplay
+    from bsr_cli.bench.trace import BudgetReplayed, Sizing, StockCase, StockNotRun, StockSummary, TraceReplay
     from bsr_cli.cli.context import AppState
     from bsr_cli.client import AdminClient
     from bsr_cli.core.host_model import HostCalibration
@@ -115,65 +115,28 @@ def trace(
     and what bound each restore, beside the planner's prediction for the same slice on the host model a short
     calibration measured first; and beside stock LMCache replaying the same slice."""
     from bsr_cli import loaders
-    from bsr_cli.bench import calibration as cb
     from bsr_cli.bench import trace as bt
     from bsr_cli.bench.evidence import new_salt
-    from bsr_cli.core import accounting
     from bsr_cli.core.trace_sim import check_rate
-    from bsr_cli.core.units import format_bytes, parse_rate
 
     st = state(ctx, json_flag)
     check_rate(1.0, speedup)
     budgets = _budgets(budget_rws)
-    if bandwidth is not None and calibration is not None:
-        raise InvalidInput(
-            "--bandwidth predicts without a host model; --calibration with one: give one of them",
-            hint="--calibration carries its own bandwidth; drop --bandwidth to use it",
-        )
-    rate = parse_rate(bandwidth) if bandwidth is not None else None
-    saved = loaders.load_calibration(calibration) if calibration is not None else None
+    rate, saved = _prediction_source(bandwidth, calibration)
     reg = loaders.load_registration(registration) if registration else bt.replay_registration()
-    full = loaders.load_trace(trace_file)
-    if skip >= len(full):
-        raise InvalidInput(f"--skip {skip} leaves nothing of the trace's {len(full):,} requests", hint=_SKIP_HINT)
-    sliced = full.head(requests, skip).scale_tokens(block_tokens)
-    calibrating = rate is None and saved is None
-    stored = cb.stored_tokens(bt.burst_shape(sliced, reg), reg.chunk_size) if calibrating else 0
-    size = bt.sizing(sliced, reg, replays=len(budgets), calibration_tokens=stored)
+    sliced = _load_slice(trace_file, requests, skip, block_tokens)
+    size = _sizing(sliced, reg, budgets, calibrating=rate is None and saved is None)
     opts = bt.engine_options(reg, w, max(budgets), size)
     seed = new_salt() if salt is None else salt
     stock_l1_bytes, stock_reason = _stock_setup(st, reg, stock, stock_l1, stock_serial)
     if saved is not None and saved.registration != reg.identity:
         st.out.warn(f"the calibration measured registration {saved.registration}; replaying {reg.identity}")
-    rws = accounting.rws_bytes(reg, w)
-    budget_text = ", ".join(f"{k}·RWS = {format_bytes(k * rws)}" for k in budgets)
-    st.out.note(
-        f"replaying {len(sliced):,} requests of {trace_file} from #{skip}: time ×{speedup:g}, "
-        f"tokens ×{block_tokens}/512 ({block_tokens} per block); W={w}; B per rank: {budget_text}"
-    )
+    _note_replay(st, trace_file, sliced, reg, budgets, skip=skip, speedup=speedup, block_tokens=block_tokens, w=w)
     run = _EngineRun(st, sliced, reg, opts, w=w, speedup=speedup, seed=seed, out=out)
-    replays = run.replay(budgets, rate, saved, calibration)
-    cal = run.calibration
-    host = cal.host if cal is not None else None
-    runs = tuple(bt.compare(sliced, reg, r, w=w, bandwidth=run.bandwidth, speedup=speedup, host=host) for r in replays)
-    replayed = bt.TraceReplay(
-        trace=sliced.source,
-        requests=len(sliced),
-        speedup=speedup,
-        block_tokens=sliced.block_tokens,
-        registration=reg.identity,
-        model=reg.model,
-        bytes_per_chunk=reg.bytes_per_chunk,
-        w=w,
-        bandwidth_bytes_per_s=run.bandwidth,
-        calibration=cal,
-        calibration_file=run.calibration_file,
-        runs=runs,
-        skip=skip,
-    )
+    replayed = run.report(run.replay(budgets, rate, saved, calibration), skip=skip)
     stock_run: bt.StockSummary | bt.StockNotRun
     if stock_reason is None:
-        whole_plan_peak = runs[0].predicted.whole_plan_peak_bytes_per_rank
+        whole_plan_peak = replayed.runs[0].predicted.whole_plan_peak_bytes_per_rank
         l1 = stock_l1_bytes or bt.stock_l1_bytes(sliced, reg, whole_plan_peak)
         case = bt.StockCase(sliced, reg, speedup, seed, l1, size.kv_tokens, size.segment_bytes, serial=stock_serial)
         stock_run = _replay_stock(st, case)
@@ -181,6 +144,69 @@ def trace(
         stock_run = bt.StockNotRun(stock_reason)
     data = replace(replayed, stock=stock_run)
     data = replace(data, bundle=str(run.write_bundle(data, reg)))
+    _report_result(st, data)
+
+
+def _prediction_source(bandwidth: str | None, calibration: Path | None) -> tuple[float | None, HostCalibration | None]:
+    """The bandwidth the prediction takes alone, or the saved calibration it takes (neither: calibrate first)."""
+    from bsr_cli import loaders
+    from bsr_cli.core.units import parse_rate
+
+    if bandwidth is not None and calibration is not None:
+        raise InvalidInput(
+            "--bandwidth predicts without a host model; --calibration with one: give one of them",
+            hint="--calibration carries its own bandwidth; drop --bandwidth to use it",
+        )
+    rate = parse_rate(bandwidth) if bandwidth is not None else None
+    saved = loaders.load_calibration(calibration) if calibration is not None else None
+    return rate, saved
+
+
+def _load_slice(trace_file: Path, requests: int, skip: int, block_tokens: int) -> Trace:
+    """The slice of the trace to replay, its tokens scaled."""
+    from bsr_cli import loaders
+
+    full = loaders.load_trace(trace_file)
+    if skip >= len(full):
+        raise InvalidInput(f"--skip {skip} leaves nothing of the trace's {len(full):,} requests", hint=_SKIP_HINT)
+    return full.head(requests, skip).scale_tokens(block_tokens)
+
+
+def _sizing(sliced: Trace, reg: Registration, budgets: tuple[int, ...], *, calibrating: bool) -> Sizing:
+    """What the engine needs for one replay per budget, and the calibration's prompts when it calibrates."""
+    from bsr_cli.bench import calibration as cb
+    from bsr_cli.bench import trace as bt
+
+    stored = cb.stored_tokens(bt.burst_shape(sliced, reg), reg.chunk_size) if calibrating else 0
+    return bt.sizing(sliced, reg, replays=len(budgets), calibration_tokens=stored)
+
+
+def _note_replay(
+    st: AppState,
+    trace_file: Path,
+    sliced: Trace,
+    reg: Registration,
+    budgets: tuple[int, ...],
+    *,
+    skip: int,
+    speedup: float,
+    block_tokens: int,
+    w: int,
+) -> None:
+    """What is replayed, how time and tokens are scaled, and the budgets B."""
+    from bsr_cli.core import accounting
+    from bsr_cli.core.units import format_bytes
+
+    rws = accounting.rws_bytes(reg, w)
+    budget_text = ", ".join(f"{k}·RWS = {format_bytes(k * rws)}" for k in budgets)
+    st.out.note(
+        f"replaying {len(sliced):,} requests of {trace_file} from #{skip}: time ×{speedup:g}, "
+        f"tokens ×{block_tokens}/512 ({block_tokens} per block); W={w}; B per rank: {budget_text}"
+    )
+
+
+def _report_result(st: AppState, data: TraceReplay) -> None:
+    """The report, failing with the checks the replay broke."""
     from bsr_cli.cli.render import planning as render
 
     broken = [k for k, ok in data.checks.items() if not ok]
@@ -339,6 +365,32 @@ class _EngineRun:
 
         return bt.BudgetReplayed(
             budget_rws, salt, measured, peaks, loads, started_at, elapsed, queue, pressure(), cores_contended=cores
+        )
+
+    def report(self, replays: list[BudgetReplayed], *, skip: int) -> TraceReplay:
+        """The prediction beside the measurement of each replay, on the host model (or bandwidth) this run used."""
+        from bsr_cli.bench import trace as bt
+
+        cal = self.calibration
+        host = cal.host if cal is not None else None
+        sliced, reg, w, speedup = self.sliced, self.reg, self.w, self.speedup
+        runs = tuple(
+            bt.compare(sliced, reg, r, w=w, bandwidth=self.bandwidth, speedup=speedup, host=host) for r in replays
+        )
+        return bt.TraceReplay(
+            trace=sliced.source,
+            requests=len(sliced),
+            speedup=speedup,
+            block_tokens=sliced.block_tokens,
+            registration=reg.identity,
+            model=reg.model,
+            bytes_per_chunk=reg.bytes_per_chunk,
+            w=w,
+            bandwidth_bytes_per_s=self.bandwidth,
+            calibration=cal,
+            calibration_file=self.calibration_file,
+            runs=runs,
+            skip=skip,
         )
 
     def write_bundle(self, report: TraceReplay, reg: Registration) -> Path:
