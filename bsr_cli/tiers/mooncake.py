@@ -285,16 +285,7 @@ class MooncakeTier:
         self._arena_view = memoryview(self._arena).cast("B")
 
         deadline = time.monotonic() + deadline_s
-        # setup() against a dead master blocks ~90 s and leaves a store that segfaults on use: probe first.
-        down = self._master_down_reason(min(2.0, max(deadline_s, 0.1)))
-        if down:
-            raise TierUnavailable(f"mooncake master unavailable, not connecting: {down}")
-        try:
-            from mooncake.store import MooncakeDistributedStore
-        except ImportError as exc:
-            hint = " (apt-get install -y libibverbs1)" if "libibverbs" in str(exc) else ""
-            raise TierUnavailable(f"cannot load the Mooncake client: {exc}{hint}") from exc
-
+        store_class = self._store_class(deadline_s)
         if local_hostname.startswith("127.") or local_hostname == "localhost":
             # Advertise this client's transfer endpoint on loopback too (Mooncake otherwise picks the first NIC).
             os.environ.setdefault("MC_TCP_BIND_ADDRESS", local_hostname)
@@ -306,37 +297,61 @@ class MooncakeTier:
         # creating thread's priority), runs on control threads at normal priority.
         self._control = _DaemonWorkers(2, "bsr-mooncake-ctl")
         self._workers = _DaemonWorkers(workers, "bsr-mooncake", nice=poll_nice)
-        store = MooncakeDistributedStore()
+        store = store_class()
+        self._set_up(
+            store,
+            lambda: store.setup(
+                local_hostname,
+                metadata_url,
+                segment_bytes,
+                local_buffer_bytes,
+                protocol,
+                device_name,
+                master_address,
+            ),
+            deadline,
+            deadline_s,
+        )
+        self._store = store
+        self._register_trailers(deadline)
+
+    def _store_class(self, deadline_s: float) -> Any:
+        """Mooncake's store class, once the master answers; raises TierUnavailable when it does not, or when the
+        client library cannot be loaded."""
+        # setup() against a dead master blocks ~90 s and leaves a store that segfaults on use: probe first.
+        down = self._master_down_reason(min(2.0, max(deadline_s, 0.1)))
+        if down:
+            raise TierUnavailable(f"mooncake master unavailable, not connecting: {down}")
         try:
-            rc = self._run(
-                "setup",
-                lambda: store.setup(
-                    local_hostname,
-                    metadata_url,
-                    segment_bytes,
-                    local_buffer_bytes,
-                    protocol,
-                    device_name,
-                    master_address,
-                ),
-                deadline - time.monotonic(),
-                check_closed=False,
-            )
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as exc:
+            hint = " (apt-get install -y libibverbs1)" if "libibverbs" in str(exc) else ""
+            raise TierUnavailable(f"cannot load the Mooncake client: {exc}{hint}") from exc
+        return MooncakeDistributedStore
+
+    def _set_up(self, store: Any, setup: Callable[[], int], deadline: float, deadline_s: float) -> None:
+        """Run the store's setup within the constructor's deadline. A store whose setup timed out or failed is
+        never touched again (kept referenced forever) and the workers are stopped."""
+        try:
+            rc = self._run("setup", setup, deadline - time.monotonic(), check_closed=False)
         except _CallTimedOut:
             _ABANDONED_STORES.append(store)
             self._shutdown_workers()
             raise TierUnavailable(
-                f"mooncake setup against {master_address} did not finish within {deadline_s:g} s"
+                f"mooncake setup against {self.master_address} did not finish within {deadline_s:g} s"
             ) from None
         if rc != 0:
             _ABANDONED_STORES.append(store)
             self._shutdown_workers()
-            raise TierUnavailable(f"mooncake setup against {master_address} failed with code {rc}")
-        self._store = store
+            raise TierUnavailable(f"mooncake setup against {self.master_address} failed with code {rc}")
+
+    def _register_trailers(self, deadline: float) -> None:
+        """Register the trailer arena with the set-up store; closes the tier and raises TierUnavailable when it
+        cannot."""
         try:
             rc = self._run(
                 "register_buffer",
-                lambda: store.register_buffer(self._arena_base, len(self._arena)),
+                lambda: self._store.register_buffer(self._arena_base, len(self._arena)),
                 max(deadline - time.monotonic(), 0.5),
             )
         except _CallTimedOut:
