@@ -395,6 +395,18 @@ def describe(e: ev.Event) -> str:
     pass_no = getattr(e, "pass_no", None)
     if req and pass_no is not None:
         req = f"{req} pass {pass_no}"
+    line = _request_line(e, req)
+    if line is not None:
+        return line
+    for describe_group in (_operator_line, _storage_line, _process_line):
+        line = describe_group(e)
+        if line is not None:
+            return line
+    return e.kind.value
+
+
+def _request_line(e: ev.Event, req: str) -> str | None:
+    """The line of an event of one request's restore (`req` names the request and its pass), or None."""
     if isinstance(e, ev.WindowFetched):
         return f"{req} {_win(e.window)} fetched {_fb(e.bytes)} in {e.seconds * 1e3:.0f} ms ({','.join(e.tiers)})"
     if isinstance(e, ev.WindowInstalled):
@@ -420,6 +432,20 @@ def describe(e: ev.Event) -> str:
         where = [x for x in (e.stage.value if e.stage else "", f"tier {e.tier}" if e.tier else "") if x]
         stage = f" ({', '.join(where)})" if where else ""
         return f"{req} rank {e.rank} failed at {_win(e.window)}{stage}: {e.reason}"
+    if isinstance(e, ev.RequestAdmitted):
+        return f"{req} admitted: {e.tokens:,} tok"
+    if isinstance(e, ev.RequestFinished):
+        return (
+            f"{req} finished: {e.external_tokens:,} restored from {e.source or 'no tier'},"
+            f" {e.computed_tokens:,} computed"
+        )
+    if isinstance(e, ev.AbortRequested):
+        return f"{req} abort requested"
+    return None
+
+
+def _operator_line(e: ev.Event) -> str | None:
+    """The line of a force-local marker or an injected fault, or None."""
     if isinstance(e, ev.MarkerSet):
         why = f" ({e.reason})" if e.reason else ""
         scope = f"exclude {','.join(e.excluded_tiers)}" if e.excluded_tiers else "recompute locally"
@@ -432,15 +458,11 @@ def describe(e: ev.Event) -> str:
         return f"fault fired {_fault(e).describe()}" + (f" in {e.request}" if e.request else "")
     if isinstance(e, ev.FaultsCleared):
         return f"faults cleared ({e.count})"
-    if isinstance(e, ev.RequestAdmitted):
-        return f"{req} admitted: {e.tokens:,} tok"
-    if isinstance(e, ev.RequestFinished):
-        return (
-            f"{req} finished: {e.external_tokens:,} restored from {e.source or 'no tier'},"
-            f" {e.computed_tokens:,} computed"
-        )
-    if isinstance(e, ev.AbortRequested):
-        return f"{req} abort requested"
+    return None
+
+
+def _storage_line(e: ev.Event) -> str | None:
+    """The line of a store failure, a quarantined object, a scrub or a lost store, or None."""
     if isinstance(e, ev.StoreFailed):
         return f"store failed on rank {e.rank} (tier {e.tier}): {e.error}"
     if isinstance(e, ev.ObjectQuarantined):
@@ -456,6 +478,12 @@ def describe(e: ev.Event) -> str:
         )
     if isinstance(e, ev.SegmentLost):
         return f"STORE LOST ({e.tier}): {e.loss.line()}"
+    return None
+
+
+def _process_line(e: ev.Event) -> str | None:
+    """The line of a rank's or the engine's life (unresponsive, starved, restarted, started, stopped) or of a
+    settings change, or None."""
     if isinstance(e, ev.RankUnresponsive):
         return f"rank {e.rank} unresponsive: {e.reason}" + (f" (during {e.request})" if e.request else "")
     if isinstance(e, ev.RankStarved):
@@ -476,7 +504,7 @@ def describe(e: ev.Event) -> str:
         return "engine stopped" + (f" ({e.reason})" if e.reason else "")
     if isinstance(e, ev.SettingsChanged):
         return "settings changed: " + ", ".join(f"{k}={v}" for k, v in sorted(e.changes.items()))
-    return e.kind.value
+    return None
 
 
 def _win(index: Any) -> str:
