@@ -100,6 +100,11 @@ class RuntimeCounters:
             ["tier"],
             registry=r,
         )
+        self._create_zero_series(ranks, tiers)
+
+    def _create_zero_series(self, ranks: Sequence[int], tiers: Sequence[str]) -> None:
+        """Create at 0 every series a dashboard expects: each restore ending a failure kind is recorded at, and
+        each rank's and tier's."""
         self.restores.labels(Outcome.COMMITTED.value, NONE, NONE, NOT_INJECTED)
         self.restores.labels(Outcome.NOTHING_TO_RESTORE.value, NONE, NONE, NOT_INJECTED)
         for kind, stages in STAGES_OF.items():
