@@ -40,7 +40,7 @@ from bsr_cli.core import wire
 from bsr_cli.core.status import Health, QuarantinedFile
 
 if TYPE_CHECKING:
-    from bsr_cli.core.events import Event
+    from bsr_cli.core.events import Event, FaultInjected, RestoreEnded
 
 FORMAT = "bsr.incident-bundle"
 FORMAT_VERSION = 1
@@ -318,6 +318,70 @@ class _StandingMarker:
     set_at: float
 
 
+class _Standing:
+    """What a rebuilt frame shows besides the ranks, as the events so far leave it: the restores in flight and the
+    last ones ended, the markers standing and the faults armed."""
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        self._ranks = ranks
+        self.active: dict[str, _ActiveRestore] = {}
+        self.markers: dict[str, _StandingMarker] = {}
+        self.faults: dict[int, FaultInjected] = {}  # the armed faults, as their events recorded them
+        self.recent: list[_RecentRestore] = []
+
+    def apply(self, e: Event) -> bool:
+        """Take one event in; True when it is a restore's end or a rank's failure (a frame is due)."""
+        from bsr_cli.core import events as ev
+
+        if isinstance(e, ev.RestoreStarted):
+            self.active[e.request] = _ActiveRestore(
+                request=e.request,
+                W=e.W,
+                windows=e.windows,
+                tokens=e.tokens,
+                tiers=list(e.tiers),
+                started=e.time,
+                done={str(r): 0 for r in self._ranks},
+                bytes={str(r): 0 for r in self._ranks},
+            )
+        elif isinstance(e, ev.WindowReleased) and e.request in self.active:
+            a = self.active[e.request]
+            a.done[str(e.rank)] = a.done.get(str(e.rank), 0) + 1
+            a.bytes[str(e.rank)] = a.bytes.get(str(e.rank), 0) + e.bytes
+        elif isinstance(e, ev.RestoreFailed):
+            return True
+        elif isinstance(e, ev.RestoreEnded):
+            self._ended(e)
+            return True
+        elif isinstance(e, ev.MarkerSet):
+            self.markers[e.prompt] = _StandingMarker(
+                e.prompt, list(e.excluded_tiers), e.reason, e.request or "", e.time
+            )
+        elif isinstance(e, ev.MarkerCleared):
+            self.markers.pop(e.prompt, None)
+        elif isinstance(e, ev.FaultInjected):
+            self.faults[e.fault_id] = e
+        elif isinstance(e, ev.FaultsCleared):
+            self.faults.clear()
+        return False
+
+    def _ended(self, e: RestoreEnded) -> None:
+        started = self.active.pop(e.request, None)
+        first = e.failures[0] if e.failures else None
+        self.recent.append(
+            _RecentRestore(
+                request=e.request,
+                outcome=e.outcome.value,
+                tokens=e.committed_tokens or e.advertised_tokens,
+                W=started.W if started is not None else 0,
+                tiers=started.tiers if started is not None else [],
+                seconds=e.seconds,
+                finished=e.time,
+                reason=first.reason if first else "",
+            )
+        )
+
+
 def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list[dict[str, Any]]:
     """The incident frame by frame, rebuilt from the engine's events: one snapshot per step (at most MAX_FRAMES,
     and always one at each restore's end or failure), each as the engine would have answered then: every rank's
@@ -330,58 +394,14 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list
     pooled = sum(1 for e in events if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool)
     every = max(1, -(-pooled // MAX_FRAMES))
     ranks = {int(r.get("rank", -1)): dict(r) for r in snapshot.get("ranks") or () if isinstance(r, Mapping)}
-    active: dict[str, _ActiveRestore] = {}
-    markers: dict[str, _StandingMarker] = {}
-    faults: dict[int, ev.FaultInjected] = {}  # the armed faults, as their events recorded them
-    recent: list[_RecentRestore] = []
+    standing = _Standing(list(ranks))
     frames: list[dict[str, Any]] = []
     since_frame = 0
     for e in events:
-        boundary = False
         if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool and e.rank in ranks:
             ranks[e.rank] = {**ranks[e.rank], "pool": {**(ranks[e.rank].get("pool") or {}), **e.pool}}
             since_frame += 1
-        if isinstance(e, ev.RestoreStarted):
-            active[e.request] = _ActiveRestore(
-                request=e.request,
-                W=e.W,
-                windows=e.windows,
-                tokens=e.tokens,
-                tiers=list(e.tiers),
-                started=e.time,
-                done={str(r): 0 for r in ranks},
-                bytes={str(r): 0 for r in ranks},
-            )
-        elif isinstance(e, ev.WindowReleased) and e.request in active:
-            a = active[e.request]
-            a.done[str(e.rank)] = a.done.get(str(e.rank), 0) + 1
-            a.bytes[str(e.rank)] = a.bytes.get(str(e.rank), 0) + e.bytes
-        elif isinstance(e, ev.RestoreFailed):
-            boundary = True
-        elif isinstance(e, ev.RestoreEnded):
-            started = active.pop(e.request, None)
-            first = e.failures[0] if e.failures else None
-            recent.append(
-                _RecentRestore(
-                    request=e.request,
-                    outcome=e.outcome.value,
-                    tokens=e.committed_tokens or e.advertised_tokens,
-                    W=started.W if started is not None else 0,
-                    tiers=started.tiers if started is not None else [],
-                    seconds=e.seconds,
-                    finished=e.time,
-                    reason=first.reason if first else "",
-                )
-            )
-            boundary = True
-        elif isinstance(e, ev.MarkerSet):
-            markers[e.prompt] = _StandingMarker(e.prompt, list(e.excluded_tiers), e.reason, e.request or "", e.time)
-        elif isinstance(e, ev.MarkerCleared):
-            markers.pop(e.prompt, None)
-        elif isinstance(e, ev.FaultInjected):
-            faults[e.fault_id] = e
-        elif isinstance(e, ev.FaultsCleared):
-            faults.clear()
+        boundary = standing.apply(e)
         if boundary or since_frame >= every:
             since_frame = 0
             frames.append(
@@ -390,13 +410,13 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list
                     "time": e.time,
                     "seq": e.seq,
                     "ranks": [ranks[r] for r in sorted(ranks)],
-                    "active": [asdict(a) for a in active.values()],  # a copy: the restore goes on
-                    "recent": [asdict(r) for r in recent[-50:]],
-                    "markers": [asdict(m) for m in markers.values()],
+                    "active": [asdict(a) for a in standing.active.values()],  # a copy: the restore goes on
+                    "recent": [asdict(r) for r in standing.recent[-50:]],
+                    "markers": [asdict(m) for m in standing.markers.values()],
                     # Each as its event recorded it, less type, seq and time.
                     "faults": [
                         {k: v for k, v in f.to_wire().items() if k not in ("type", "seq", "time")}
-                        for f in faults.values()
+                        for f in standing.faults.values()
                     ],
                     "events": [],
                 }
