@@ -65,60 +65,85 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (Union, types.UnionType):
-        if data is None and type(None) in args:
-            return None
-        last: BadRequest | None = None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _decode(a, data, path)
-            except BadRequest as e:
-                last = e
-        raise last or _bad(path, "a value", data)
+        return _decode_union(args, data, path)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(data, Mapping):
-            raise _bad(path, "an object", data)
-        fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
-        unknown = sorted(set(data) - set(fields))
-        if unknown:
-            raise BadRequest(f"malformed {path}: unknown field(s) {', '.join(map(repr, unknown))}", hint=_SKEW_HINT)
-        hints = _hints(tp)
-        kwargs = {}
-        for name, f in fields.items():
-            if name not in data:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise BadRequest(f"malformed {path}: missing field {name!r}", hint=_SKEW_HINT)
-                continue
-            kwargs[name] = _decode(hints[name], data[name], f"{path}.{name}")
-        return tp(**kwargs)
+        return _decode_dataclass(tp, data, path)
     if origin in (list, Sequence) or tp in (list, Sequence):
         if not isinstance(data, (list, tuple)):
             raise _bad(path, "a list", data)
         item = args[0] if args else Any
         return [_decode(item, v, f"{path}[{i}]") for i, v in enumerate(data)]
     if origin is tuple:
-        if not isinstance(data, (list, tuple)):
-            raise _bad(path, "a list", data)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v, f"{path}[{i}]") for i, v in enumerate(data))
-        if len(data) != len(args):
-            raise _bad(path, f"a list of {len(args)}", data)
-        return tuple(_decode(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True)))
+        return _decode_tuple(args, data, path)
     if origin in (dict, Mapping) or tp in (dict, Mapping):
-        if not isinstance(data, Mapping):
-            raise _bad(path, "an object", data)
-        kt, vt = args if args else (Any, Any)
-        out = {}
-        for k, v in data.items():
-            key = _decode_key(kt, k, path)
-            out[key] = _decode(vt, v, f"{path}[{k!r}]")
-        return out
+        return _decode_mapping(args, data, path)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(data)
         except ValueError:
             raise _bad(path, f"one of {', '.join(repr(m.value) for m in tp)}", data) from None
+    return _decode_scalar(tp, data, path)
+
+
+def _decode_union(args: tuple[Any, ...], data: Any, path: str) -> Any:
+    """The first member of the union (in its order) that `data` fits; null where the union allows None."""
+    if data is None and type(None) in args:
+        return None
+    last: BadRequest | None = None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _decode(a, data, path)
+        except BadRequest as e:
+            last = e
+    raise last or _bad(path, "a value", data)
+
+
+def _decode_dataclass(tp: type, data: Any, path: str) -> Any:
+    """A wire dataclass from an object holding each field without a default, and no field it does not have."""
+    if not isinstance(data, Mapping):
+        raise _bad(path, "an object", data)
+    fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise BadRequest(f"malformed {path}: unknown field(s) {', '.join(map(repr, unknown))}", hint=_SKEW_HINT)
+    hints = _hints(tp)
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise BadRequest(f"malformed {path}: missing field {name!r}", hint=_SKEW_HINT)
+            continue
+        kwargs[name] = _decode(hints[name], data[name], f"{path}.{name}")
+    return tp(**kwargs)
+
+
+def _decode_tuple(args: tuple[Any, ...], data: Any, path: str) -> tuple[Any, ...]:
+    """A tuple from a list: of any length for ``tuple[X, ...]``, else of exactly one item per type."""
+    if not isinstance(data, (list, tuple)):
+        raise _bad(path, "a list", data)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_decode(args[0], v, f"{path}[{i}]") for i, v in enumerate(data))
+    if len(data) != len(args):
+        raise _bad(path, f"a list of {len(args)}", data)
+    return tuple(_decode(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True)))
+
+
+def _decode_mapping(args: tuple[Any, ...], data: Any, path: str) -> dict[Any, Any]:
+    if not isinstance(data, Mapping):
+        raise _bad(path, "an object", data)
+    kt, vt = args if args else (Any, Any)
+    out = {}
+    for k, v in data.items():
+        key = _decode_key(kt, k, path)
+        out[key] = _decode(vt, v, f"{path}[{k!r}]")
+    return out
+
+
+def _decode_scalar(tp: Any, data: Any, path: str) -> Any:
+    """A bool, an integer, a number (an integer read as a float), a string or null, each strictly of its JSON
+    type (true is not an integer)."""
     if tp is bool:
         if not isinstance(data, bool):
             raise _bad(path, "true or false", data)
