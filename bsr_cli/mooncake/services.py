@@ -450,58 +450,67 @@ def start_master(
         p = ports or MasterPorts.pick()
         log_path = state / f"mooncake_master-{p.rpc}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
-        argv = [
-            *exec_prefix,
-            str(binary),
-            f"--rpc_address={host}",
-            f"--rpc_port={p.rpc}",
-            "--enable_http_metadata_server=true",
-            f"--http_metadata_server_host={host}",
-            f"--http_metadata_server_port={p.http_metadata}",
-            f"--metrics_host={host}",
-            f"--metrics_port={p.metrics}",
-            f"--client_ttl={client_ttl_s}",
-            "--logtostderr",
-            *extra_args,
-        ]
+        argv = [*exec_prefix, *_master_args(binary, p, host, client_ttl_s), *extra_args]
         started = time.time()
         pid = _spawn(argv, log_path)
         ticks = start_ticks(pid)
-        deadline = time.monotonic() + deadline_s
-        while True:
-            code = _exit_status(pid)
-            if code is not None:
-                last_error = _startup_error(
-                    "mooncake_master", f"exited with code {code} during start-up", log_path, offset
-                )
-                break
-            if _master_ready(p, pid, host, probe_in):
-                return ServiceHandle(
-                    kind="master",
-                    pid=pid,
-                    argv=argv,
-                    log_path=str(log_path),
-                    ports={"rpc": p.rpc, "http_metadata": p.http_metadata, "metrics": p.metrics},
-                    urls={
-                        "rpc_address": f"{host}:{p.rpc}",
-                        "metadata_url": f"http://{host}:{p.http_metadata}/metadata",
-                        "health_url": f"http://{host}:{p.http_metadata}/health",
-                        "admin_url": f"http://{host}:{p.metrics}",
-                    },
-                    info={"client_ttl_s": str(client_ttl_s)},
-                    start_ticks=ticks,
-                    started_at=started,
-                )
-            if time.monotonic() >= deadline:
-                stop(pid, timeout=2.0)
-                raise _startup_error(
-                    "mooncake_master", f"did not become healthy within {deadline_s:g} s", log_path, offset
-                )
-            time.sleep(_POLL_S)
+        last_error = _wait_for_master(pid, p, host, probe_in, deadline_s, log_path, offset)
+        if last_error is None:
+            return ServiceHandle(
+                kind="master",
+                pid=pid,
+                argv=argv,
+                log_path=str(log_path),
+                ports={"rpc": p.rpc, "http_metadata": p.http_metadata, "metrics": p.metrics},
+                urls={
+                    "rpc_address": f"{host}:{p.rpc}",
+                    "metadata_url": f"http://{host}:{p.http_metadata}/metadata",
+                    "health_url": f"http://{host}:{p.http_metadata}/health",
+                    "admin_url": f"http://{host}:{p.metrics}",
+                },
+                info={"client_ttl_s": str(client_ttl_s)},
+                start_ticks=ticks,
+                started_at=started,
+            )
         if attempt + 1 < attempts:
             time.sleep(0.1 * (attempt + 1))
     assert last_error is not None
     raise last_error
+
+
+def _master_args(binary: Path, p: MasterPorts, host: str, client_ttl_s: int) -> list[str]:
+    """``mooncake_master``'s command line: its RPC, HTTP metadata and metrics (admin) servers on `host`."""
+    return [
+        str(binary),
+        f"--rpc_address={host}",
+        f"--rpc_port={p.rpc}",
+        "--enable_http_metadata_server=true",
+        f"--http_metadata_server_host={host}",
+        f"--http_metadata_server_port={p.http_metadata}",
+        f"--metrics_host={host}",
+        f"--metrics_port={p.metrics}",
+        f"--client_ttl={client_ttl_s}",
+        "--logtostderr",
+    ]
+
+
+def _wait_for_master(
+    pid: int, p: MasterPorts, host: str, probe_in: ProbeIn, deadline_s: float, log_path: Path, offset: int
+) -> ServiceError | None:
+    """Wait for the master just started as `pid` to be healthy on its ports: None once it is, the error to retry
+    on when it exited during start-up (a port taken in between). One still unhealthy at the deadline is stopped
+    and its error raised."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        code = _exit_status(pid)
+        if code is not None:
+            return _startup_error("mooncake_master", f"exited with code {code} during start-up", log_path, offset)
+        if _master_ready(p, pid, host, probe_in):
+            return None
+        if time.monotonic() >= deadline:
+            stop(pid, timeout=2.0)
+            raise _startup_error("mooncake_master", f"did not become healthy within {deadline_s:g} s", log_path, offset)
+        time.sleep(_POLL_S)
 
 
 _CLIENT_ID = re.compile(r"client_id=(\S+)")
