@@ -189,34 +189,14 @@ def main(argv: list[str]) -> int:
     keeper = lifecycle.Keeper(state, coord, base)
     keeper.save()
     done = threading.Event()
-    limit = cfg.admin.limit
-    admin = AdminServer(
-        coord,
-        token=token,
-        host=cfg.host,
-        port=cfg.port,
-        on_shutdown=done.set,
-        max_connections=int(limit("max_connections", admin_server.MAX_CONNECTIONS)),
-        request_deadline_s=float(limit("request_deadline_s", admin_server.REQUEST_DEADLINE_S)),
-        idle_timeout_s=float(limit("idle_timeout_s", admin_server.IDLE_TIMEOUT_S)),
-        head_deadline_s=float(limit("head_deadline_s", admin_server.HEAD_DEADLINE_S)),
-        max_anonymous=int(limit("max_anonymous", admin_server.MAX_ANONYMOUS)),
-        max_waiting=int(limit("max_waiting", admin_server.MAX_WAITING)),
-        max_waiting_per_client=int(limit("max_waiting_per_client", admin_server.MAX_WAITING_PER_CLIENT)),
-        max_queued=int(limit("max_queued", admin_server.MAX_QUEUED)),
-        allowed_hosts=list(cfg.admin.allowed_hosts),
-        open_metrics=cfg.admin.open_metrics,
-    )
+    admin = _admin_server(cfg, coord, token, on_shutdown=done.set)
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     admin.start()
     watcher = store_watch.for_engine(state, cfg, coord, log)
     if watcher is not None:
         watcher.start()
-    ready = EngineReady(admin.url, os.getpid(), tuple(r.info for r in ranks), time.time(), restored)
-    tmp = state / "ready.json.tmp"
-    tmp.write_text(json.dumps(ready.to_wire(), indent=1))
-    tmp.replace(state / "ready.json")
+    _write_ready(state, EngineReady(admin.url, os.getpid(), tuple(r.info for r in ranks), time.time(), restored))
     print(f"bsr engine serving {admin.url} with {len(ranks)} ranks", flush=True)
 
     def recorded(rank: int, pid: int | None, restarts: int) -> None:
@@ -233,12 +213,57 @@ def main(argv: list[str]) -> int:
     keeper.save()
     # Say it before going: a monitor polling this engine sees the clean stop (an `engine_stopped` event) while the
     # admin API still answers, which is how a fleet tells a requested shutdown from a crash.
+    _announce_stop(events, coord)
+    time.sleep(STOP_ANNOUNCE_S)  # not synchronisation: the time a poller gets to see the announcement
+    admin.stop()
+    _stop_ranks_and_services(state, cfg, coord)
+    events.close()
+    failure_log.close_log(log)
+    (state / "ready.json").unlink(missing_ok=True)
+    return 0
+
+
+def _admin_server(cfg: EngineConfig, coord: Coordinator, token: str, on_shutdown: Callable[[], None]) -> AdminServer:
+    """The admin API over ``coord``, with engine.json's limits where it sets them (else the server's defaults)."""
+    limit = cfg.admin.limit
+    return AdminServer(
+        coord,
+        token=token,
+        host=cfg.host,
+        port=cfg.port,
+        on_shutdown=on_shutdown,
+        max_connections=int(limit("max_connections", admin_server.MAX_CONNECTIONS)),
+        request_deadline_s=float(limit("request_deadline_s", admin_server.REQUEST_DEADLINE_S)),
+        idle_timeout_s=float(limit("idle_timeout_s", admin_server.IDLE_TIMEOUT_S)),
+        head_deadline_s=float(limit("head_deadline_s", admin_server.HEAD_DEADLINE_S)),
+        max_anonymous=int(limit("max_anonymous", admin_server.MAX_ANONYMOUS)),
+        max_waiting=int(limit("max_waiting", admin_server.MAX_WAITING)),
+        max_waiting_per_client=int(limit("max_waiting_per_client", admin_server.MAX_WAITING_PER_CLIENT)),
+        max_queued=int(limit("max_queued", admin_server.MAX_QUEUED)),
+        allowed_hosts=list(cfg.admin.allowed_hosts),
+        open_metrics=cfg.admin.open_metrics,
+    )
+
+
+def _write_ready(state: Path, ready: EngineReady) -> None:
+    """Write ready.json whole (through a temporary file and a rename): a reader never sees half of it."""
+    tmp = state / "ready.json.tmp"
+    tmp.write_text(json.dumps(ready.to_wire(), indent=1))
+    tmp.replace(state / "ready.json")
+
+
+def _announce_stop(events: EventLog, coord: Coordinator) -> None:
+    """Record the clean stop: in the store, the faults still armed and the last request id (the next engine reads
+    them); in the log, the `engine_stopped` event."""
     if events.store is not None:
         last = f"{REQUEST_PREFIX}{_last_request_number(events.store):05d}"
         events.store.set_meta(armed_faults=str(len(coord.list_faults())), last_request=last)
     events.append(EngineStopped(reason="shutdown"))
-    time.sleep(STOP_ANNOUNCE_S)  # not synchronisation: the time a poller gets to see the announcement
-    admin.stop()
+
+
+def _stop_ranks_and_services(state: Path, cfg: EngineConfig, coord: Coordinator) -> None:
+    """Close the rank processes, then stop the Mooncake services started for the engine and remove its network
+    namespaces, saying what went."""
     for r in coord.ranks:
         r.close()  # type: ignore[attr-defined]
     stopped = lifecycle.stop_services(state)
@@ -247,10 +272,6 @@ def main(argv: list[str]) -> int:
     if cfg.hosts is not None:
         removed = netns.destroy(cfg.hosts.topology.prefix)
         print(f"bsr engine: removed network namespaces {', '.join(removed) or 'none'}", flush=True)
-    events.close()
-    failure_log.close_log(log)
-    (state / "ready.json").unlink(missing_ok=True)
-    return 0
 
 
 if __name__ == "__main__":
