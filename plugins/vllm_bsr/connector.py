@@ -282,84 +282,130 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
             spec = req.load_spec
             if spec is None or not spec.can_load:
                 continue
-            tokens = req.token_ids
-            slots = req.slot_mapping.to(impl.device)
-            end = spec.lmcache_cached_tokens // cs * cs
-
-            def retrieve(s: int, e: int, _req: Any = req, _slots: torch.Tensor = slots, _toks: Any = tokens) -> int:
-                mask = torch.ones(e, dtype=torch.bool)
-                mask[:s] = False
-                ret = engine.retrieve(
-                    _toks[:e],
-                    mask,
-                    kvcaches=kvcaches,
-                    slot_mapping=_slots[:e],
-                    vllm_cached_tokens=_req.load_spec.vllm_cached_tokens,
-                    request_configs=_req.request_configs,
-                    req_id=_req.req_id,
-                )
-                return int(ret[s:e].sum().item())
-
-            wins = windows(spec.vllm_cached_tokens, end, cs, self.bsr_w)
-            ran: list[tuple[int, int]] = []
-
-            def one_window(
-                s: int, e: int, _ran: list[tuple[int, int]] = ran, _get: Any = retrieve, _toks: Any = tokens
-            ) -> int:
-                _ran.append((s, e))
-                if staging is not None:
-                    staging.begin((e - s) // cs * slot)
-                try:
-                    self._maybe_fault(len(_ran) - 1)
-                    got = int(_get(s, e))
-                    self._verified(_toks, e)
-                    return got
-                finally:
-                    if staging is not None:
-                        staging.end()
-
-            self.bsr_fault_kind = None
-            self.bsr_integrity = None
-            self.bsr_unverified = 0
-            if self.bsr_checksums is not None:
-                self.bsr_checksums.take()  # findings of an earlier load are not this one's
-            t0 = time.monotonic()
-            result = load_in_windows(one_window, wins)
-            seconds = time.monotonic() - t0
-            failed_at = window_label(result.failed_window) if result.failed_window is not None else None
-            emit(
-                "bsr_load",
-                rank=getattr(self, "bsr_rank", None),
-                req=req.req_id,
-                windows=wins,
-                windows_run=len(ran),
-                ok=result.ok,
-                loaded=result.loaded_tokens,
-                failed_window=result.failed_window,  # 0-based, as every window field of bsr's events
-                failed_window_label=failed_at,  # how the CLI and the log name it
-                reason=result.reason,
-                integrity=self.bsr_integrity,
-                unverified_chunks=self.bsr_unverified,
-                lmcache_lookups=self.bsr_lmcache_lookups,
-                probe_served=self.bsr_probe_server.served if self.bsr_probe_server is not None else None,
+            self._load_request(
+                req,
+                spec,
+                impl=impl,
+                engine=engine,
+                kvcaches=kvcaches,
+                groups_of=groups_of,
+                cs=cs,
+                staging=staging,
+                slot=slot,
             )
-            if self.bsr_admin is not None:
-                self._record_load(req, spec, end, wins, len(ran), result, seconds)
-            # bsr's probe-only lookup pins nothing; this releases pins only if LMCache's own lookup ran (degraded).
-            engine.lookup_unpin(req.req_id)
-            if not result.ok:
-                log.warning(
-                    "bsr: load of %s failed closed at window %s of %d (%s): vLLM recomputes its first %d tokens",
-                    req.req_id,
-                    failed_at,
-                    len(wins),
-                    result.reason,
-                    end,
-                )
-                groups = groups_of.get(req.req_id)
-                if not groups:  # fall back to the one group LMCache's metadata knows
-                    groups = [torch.unique(req.slot_mapping.cpu() // impl._block_size).tolist()]
-                impl._invalid_block_ids.update(failed_block_ids(groups))
+
+    def _load_request(
+        self,
+        req: Any,
+        spec: Any,
+        *,
+        impl: Any,
+        engine: Any,
+        kvcaches: list[Any],
+        groups_of: Any,
+        cs: int,
+        staging: Any,
+        slot: int,
+    ) -> None:
+        """Load one request's external prefix in windows; on any failure, report every block of the request in
+        every KV group as a load error (vLLM recomputes the whole prefix)."""
+        tokens = req.token_ids
+        slots = req.slot_mapping.to(impl.device)
+        end = spec.lmcache_cached_tokens // cs * cs
+
+        def retrieve(s: int, e: int, _req: Any = req, _slots: torch.Tensor = slots, _toks: Any = tokens) -> int:
+            mask = torch.ones(e, dtype=torch.bool)
+            mask[:s] = False
+            ret = engine.retrieve(
+                _toks[:e],
+                mask,
+                kvcaches=kvcaches,
+                slot_mapping=_slots[:e],
+                vllm_cached_tokens=_req.load_spec.vllm_cached_tokens,
+                request_configs=_req.request_configs,
+                req_id=_req.req_id,
+            )
+            return int(ret[s:e].sum().item())
+
+        wins = windows(spec.vllm_cached_tokens, end, cs, self.bsr_w)
+        ran: list[tuple[int, int]] = []
+
+        def one_window(
+            s: int, e: int, _ran: list[tuple[int, int]] = ran, _get: Any = retrieve, _toks: Any = tokens
+        ) -> int:
+            _ran.append((s, e))
+            if staging is not None:
+                staging.begin((e - s) // cs * slot)
+            try:
+                self._maybe_fault(len(_ran) - 1)
+                got = int(_get(s, e))
+                self._verified(_toks, e)
+                return got
+            finally:
+                if staging is not None:
+                    staging.end()
+
+        self.bsr_fault_kind = None
+        self.bsr_integrity = None
+        self.bsr_unverified = 0
+        if self.bsr_checksums is not None:
+            self.bsr_checksums.take()  # findings of an earlier load are not this one's
+        t0 = time.monotonic()
+        result = load_in_windows(one_window, wins)
+        seconds = time.monotonic() - t0
+        failed_at = window_label(result.failed_window) if result.failed_window is not None else None
+        self._emit_load(req, wins, ran, result, failed_at)
+        if self.bsr_admin is not None:
+            self._record_load(req, spec, end, wins, len(ran), result, seconds)
+        # bsr's probe-only lookup pins nothing; this releases pins only if LMCache's own lookup ran (degraded).
+        engine.lookup_unpin(req.req_id)
+        if not result.ok:
+            self._fail_load_closed(req, impl, groups_of, wins, end, result, failed_at)
+
+    def _emit_load(
+        self, req: Any, wins: list[tuple[int, int]], ran: list[tuple[int, int]], result: Any, failed_at: str | None
+    ) -> None:
+        """The ``bsr_load`` event of one request's load: its windows, how far it got, and what it verified."""
+        emit(
+            "bsr_load",
+            rank=getattr(self, "bsr_rank", None),
+            req=req.req_id,
+            windows=wins,
+            windows_run=len(ran),
+            ok=result.ok,
+            loaded=result.loaded_tokens,
+            failed_window=result.failed_window,  # 0-based, as every window field of bsr's events
+            failed_window_label=failed_at,  # how the CLI and the log name it
+            reason=result.reason,
+            integrity=self.bsr_integrity,
+            unverified_chunks=self.bsr_unverified,
+            lmcache_lookups=self.bsr_lmcache_lookups,
+            probe_served=self.bsr_probe_server.served if self.bsr_probe_server is not None else None,
+        )
+
+    def _fail_load_closed(
+        self,
+        req: Any,
+        impl: Any,
+        groups_of: Any,
+        wins: list[tuple[int, int]],
+        end: int,
+        result: Any,
+        failed_at: str | None,
+    ) -> None:
+        """Report every block of a failed load, in every KV group, as a load error: vLLM recomputes its prefix."""
+        log.warning(
+            "bsr: load of %s failed closed at window %s of %d (%s): vLLM recomputes its first %d tokens",
+            req.req_id,
+            failed_at,
+            len(wins),
+            result.reason,
+            end,
+        )
+        groups = groups_of.get(req.req_id)
+        if not groups:  # fall back to the one group LMCache's metadata knows
+            groups = [torch.unique(req.slot_mapping.cpu() // impl._block_size).tolist()]
+        impl._invalid_block_ids.update(failed_block_ids(groups))
 
     def _record_load(
         self, req: Any, spec: Any, end: int, wins: list[tuple[int, int]], ran: int, result: Any, seconds: float
