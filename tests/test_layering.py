@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
 import subprocess
@@ -260,3 +261,29 @@ def test_no_two_top_level_modules_import_each_other() -> None:
             if there and back:
                 cycles.append((sorted(there)[0], sorted(back)[0]))
     assert not cycles, cycles
+
+
+MAX_FUNCTION_LINES = 80  # a function longer than a screen is split into named steps
+
+
+def _longer_than(source: str, name: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``module:function (lines)`` for every function in ``source`` longer than ``limit`` lines, decorators aside."""
+    return [
+        f"{name}:{node.name} ({node.end_lineno - node.lineno + 1})"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    repo = Path(bsr_cli.__file__).resolve().parents[1]
+    files = sorted((repo / "bsr_cli").rglob("*.py")) + sorted((repo / "plugins").rglob("*.py"))
+    assert len(files) > 50, "the walk found the project's modules"
+    long = [hit for f in files for hit in _longer_than(f.read_text(), str(f.relative_to(repo)))]
+    assert not long, f"split these into named steps: {long}"
+    # The count can fail: a function one line over the limit is found.
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert _longer_than(f"def f():\n{body}", "m") == [f"m:f ({MAX_FUNCTION_LINES + 1})"]
+    assert _longer_than(f"def f():\n{body[: body.rindex('    x')]}", "m") == []

@@ -118,8 +118,10 @@ def _first_window_released(stop: Callable[[], None]) -> tuple[Callable[[Event], 
 
     def on_event(ev: Event) -> None:
         if isinstance(ev, WindowReleased) and not fired.is_set():
-            fired.set()
-            stop()
+            try:
+                stop()
+            finally:
+                fired.set()  # after the stop: whoever waits on it reads what the stop recorded
 
     return on_event, fired
 

@@ -91,10 +91,10 @@ async def test_gauges_history_and_events_follow_a_restore(
     views = [v for v in (replay.frame(i).view for i in range(first_frame, len(replay))) if v is not None]
     # The gauges moved: a poll's high water reached the restore's windows while they were in flight.
     assert any(g.high_water_bytes > 0 for v in views for g in v.gauges), "no poll saw the pool hold a window"
-    # The polls caught the restore in flight (30 windows of ~4 MiB per rank through Mooncake take far longer than
-    # the 50 ms poll interval), and each of them showed its window progress.
+    # Each poll that caught the restore in flight showed its window progress. Whether any poll catches it is up to
+    # the host (a loaded one can leave this app unscheduled for the whole restore); a restore held in flight until
+    # the app has seen it is test_top_abort's and test_top_incident's (an injected stall).
     actives = [a.progress_text for v in views for a in v.active if a.request == request]
-    assert actives, "no poll saw the restore active"
     assert all(r.startswith("window ") and " of " in r for r in actives), actives
 
 
