@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -190,10 +191,13 @@ class LiveSource:
 
 # -- recording ----------------------------------------------------------------------------------------------------
 class Recorder:
-    """Writes every poll to ``path`` as gzip JSON lines: a header, then one line per snapshot or failure."""
+    """Writes every poll to ``path`` as gzip JSON lines: a header, then one line per snapshot or failure. The app
+    writes from its poll thread and closes on quit from its own: one lock keeps a close from landing inside a write
+    (gzip's trailer would then not match the data, and the whole recording would read as corrupt)."""
 
     def __init__(self, fh: gzip.GzipFile, path: Path) -> None:
         self._fh = fh
+        self._lock = threading.Lock()
         self.path = path
         self.lines = 0
         self._seen: tuple[float, int] = (0.0, -1)  # (engine started_at, last event seq written)
@@ -225,12 +229,17 @@ class Recorder:
         self._line(Frame(snap, item.received_at, round(item.latency_s, 6)))
 
     def _line(self, line: RecordingHeader | Frame | PollFailure) -> None:
-        self._fh.write(json.dumps(line.to_wire(), separators=(",", ":"), default=str).encode() + b"\n")
-        self._fh.flush()  # a sync flush per line: what was recorded survives a killed terminal
-        self.lines += 1
+        data = json.dumps(line.to_wire(), separators=(",", ":"), default=str).encode() + b"\n"
+        with self._lock:
+            if self._fh.closed:
+                raise ValueError(f"the recording {self.path} is closed")
+            self._fh.write(data)
+            self._fh.flush()  # a sync flush per line: what was recorded survives a killed terminal
+            self.lines += 1
 
     def close(self) -> None:
-        self._fh.close()
+        with self._lock:
+            self._fh.close()
 
 
 def read_recording(path: Path) -> tuple[RecordingHeader, list[Item]]:

@@ -114,3 +114,37 @@ def test_replay_pacing_and_bad_input(incident: Path, tmp_path: Path) -> None:
     other.write_bytes(gzip.compress(b'{"format": "something-else"}\n'))
     with pytest.raises(InvalidInput, match="not a bsr top recording"):
         read_recording(other)
+
+
+@pytest.mark.timeout(60)
+def test_a_recording_closed_while_a_poll_is_written_still_reads(incident: Path, tmp_path: Path) -> None:
+    """The app writes from its poll thread and closes the recorder on quit from its own: the close may land while a
+    write is under way, and the recording must still read back whole (every line written before the close)."""
+    _, items = read_recording(incident)
+    frames = [i for i in items if isinstance(i, Frame)]
+    for attempt in range(20):
+        path = tmp_path / f"quit-{attempt}.jsonl.gz"
+        rec = Recorder.open(path, source="test")
+        written = threading.Event()
+        refused: list[Exception] = []
+
+        def poll_thread(
+            rec: Recorder = rec, written: threading.Event = written, refused: list[Exception] = refused
+        ) -> None:
+            for n in range(100_000):
+                try:
+                    rec.write(frames[n % len(frames)])
+                except ValueError as e:  # the file closed as the app quits: what the app's poll thread catches
+                    refused.append(e)
+                    return
+                if n == 20:
+                    written.set()
+
+        t = threading.Thread(target=poll_thread, daemon=True)
+        t.start()
+        assert written.wait(30), "the poll thread wrote its first frames"
+        rec.close()  # the app quitting, mid-poll
+        t.join(30)
+        assert not t.is_alive() and refused, "a write after the close is refused, not lost in a closed file"
+        _, kept = read_recording(path)
+        assert len(kept) == rec.lines - 1 >= 21, (len(kept), rec.lines)
