@@ -1,14 +1,14 @@
 """The envelopes on the embedded engine's pipe between the coordinator and a rank process (pickled as they are):
 ``Call`` carries a typed request, ``Reply`` its typed result or an error, ``Abort`` and ``Shutdown`` are signals.
-Progress events and heartbeats travel as plain dicts next to them."""
+Progress events and heartbeats travel as plain dicts next to them. The envelopes carry the rank-ops types
+(``bsr_cli.api.ranks``), which know nothing of them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bsr_cli.api.ranks import RankRequest, UnsupportedOp
+from bsr_cli.api.ranks import RankRequest, UnsupportedOp
 
 
 @dataclass(frozen=True)

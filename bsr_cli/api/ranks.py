@@ -5,8 +5,8 @@ which makes it a ``RankRequest[ProbeResult]`` by its shape alone. A rank host im
 method per op); ``dispatch(ops, request)`` runs one of the requests below on a host, keyed by the request's type
 (each request names its own method, so mypy checks every pair). The coordinator holds
 a ``RankClient`` per rank, whose ``submit(request)`` returns a ``Future`` of that request's result type; over the
-embedded engine's pipe the request object itself travels (``Call``), pickled, and the ``Reply`` carries the
-result object back.
+embedded engine's pipe the request object itself travels, pickled, in a ``Call`` (``bsr_cli.api.pipe``, which
+sits above this module), and the ``Reply`` carries the result object back.
 
 A host that cannot serve an op (the vLLM worker admin moves no KV) answers ``UnsupportedOp``, a ``BadRequest``:
 the admin API turns it into a 400 and the CLI into one line with exit code 7.
@@ -24,7 +24,6 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from bsr_cli.api.codec import from_json, to_json
 from bsr_cli.api.jobs import ObjectRef, RestoreJob, RestoreResult, WindowJob
-from bsr_cli.api.pipe import Abort, Call, Reply, Shutdown
 from bsr_cli.core.evidence import ScrubScope, TierCondition
 from bsr_cli.core.scrub import QuarantinedFile, ScrubProgress
 from bsr_cli.errors import BadRequest
@@ -474,8 +473,6 @@ def result_from_json(op: str, data: Any) -> Any:
 __all__ = [
     "REQUESTS",
     "RESULTS",
-    "Abort",
-    "Call",
     "CanonicalHashRequest",
     "CanonicalHashResult",
     "InvalidateRequest",
@@ -493,7 +490,6 @@ __all__ = [
     "RankRequest",
     "RemoveAllRequest",
     "RemoveAllResult",
-    "Reply",
     "ResetPeakRequest",
     "ResetPeakResult",
     "RestoreJob",
@@ -505,7 +501,6 @@ __all__ = [
     "SetBudgetResult",
     "SetFsConcurrencyRequest",
     "SetFsConcurrencyResult",
-    "Shutdown",
     "StatsRequest",
     "StatsResult",
     "StoreRequest",

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from bsr_cli.api.ranks import Abort, Call, RankRequest, Reply, Shutdown
+from bsr_cli.api.pipe import Abort, Call, Reply, Shutdown
+from bsr_cli.api.ranks import RankRequest
 from bsr_cli.core.events import Event
 from bsr_cli.engine.config import RankConfig, RankInfo
 from bsr_cli.engine.worker import worker_main

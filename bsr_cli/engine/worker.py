@@ -23,9 +23,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from bsr_cli.api.pipe import Abort, Call, Reply, Shutdown
 from bsr_cli.api.ranks import (
-    Abort,
-    Call,
     CanonicalHashRequest,
     CanonicalHashResult,
     InvalidateRequest,
@@ -38,7 +37,6 @@ from bsr_cli.api.ranks import (
     ProbeResult,
     RemoveAllRequest,
     RemoveAllResult,
-    Reply,
     ResetPeakRequest,
     ResetPeakResult,
     RestoreJob,
@@ -50,7 +48,6 @@ from bsr_cli.api.ranks import (
     SetBudgetResult,
     SetFsConcurrencyRequest,
     SetFsConcurrencyResult,
-    Shutdown,
     StatsRequest,
     StatsResult,
     StoreRequest,
