@@ -244,29 +244,25 @@ def record_wire(record: Record) -> dict[str, Any]:
 
 
 def record_of(cls: type[T], record: Record) -> T:
-    """``record`` as its experiment's type (`record_reader` reads it so from a bundle, an experiment writes it so)."""
+    """``record`` as its experiment's type, the one a bundle is read back as (`ExperimentTypes`) and written as."""
     if not isinstance(record, cls):
         raise TypeError(f"a {type(record).__name__} where a {cls.__name__} belongs")
     return record
 
 
-def record_reader(experiment: str) -> tuple[type | None, type | None]:
-    """The types a bundle's params and summary of ``experiment`` are read as (None: kept as sent). Only types whose
-    wire form is every committed bundle's (tests/bench/test_schema.py) are listed."""
-    from bsr_cli.bench.failures import FailuresParams, FailuresSummary
-    from bsr_cli.bench.fs_concurrency import FsParams
-    from bsr_cli.bench.ladder import LadderParams, LadderSummary
-    from bsr_cli.bench.sweep import SweepParams, SweepSummary
-    from bsr_cli.bench.wlaw import WLawParams, WLawSummary
+@dataclass(frozen=True)
+class ExperimentTypes:
+    """The types a bundle of one experiment is read back as: its params' and its summary's (None: kept as sent, a
+    `SentRecord`), and its rows' reader (by the row's kind where an experiment writes several; `SentRow.from_wire`:
+    kept as sent). `bsr_cli.bench.bundle` lists each experiment's, above the experiments' modules, so this one
+    imports none of them; only types whose wire form is every committed bundle's (tests/bench/test_schema.py)."""
 
-    readers: dict[str, tuple[type | None, type | None]] = {
-        "sweep": (SweepParams, SweepSummary),
-        "wlaw": (WLawParams, WLawSummary),
-        "ladder": (LadderParams, LadderSummary),
-        "failures": (FailuresParams, FailuresSummary),
-        "fs-concurrency": (FsParams, None),
-    }
-    return readers.get(experiment, (None, None))
+    params: type | None = None
+    summary: type | None = None
+    read_row: Callable[[object], Row] = SentRow.from_wire
+
+
+KEPT_AS_SENT = ExperimentTypes()  # an experiment bsr reads no type for (or a newer bsr's)
 
 
 def read_record(cls: type | None, data: object) -> Record:
@@ -276,27 +272,8 @@ def read_record(cls: type | None, data: object) -> Record:
     return record
 
 
-def row_reader(experiment: str) -> Callable[[object], Row]:
-    """How a bundle's rows of ``experiment`` are read back: its row type's reader (by the row's kind where an
-    experiment writes several), or `SentRow` for an experiment whose rows bsr keeps as sent (a new experiment adds
-    its reader here)."""
-    from bsr_cli.bench.fs_concurrency import fs_row_from_wire
-    from bsr_cli.bench.ladder import LadderRow
-    from bsr_cli.bench.sweep import SweepRow
-    from bsr_cli.bench.wlaw import WLawRow
-
-    readers: dict[str, Callable[[object], Row]] = {
-        "sweep": SweepRow.from_wire,
-        "wlaw": WLawRow.from_wire,
-        "ladder": LadderRow.from_wire,
-        "fs-concurrency": fs_row_from_wire,
-    }
-    return readers.get(experiment, SentRow.from_wire)
-
-
-def read_rows(experiment: str, rows: object) -> list[Row]:
-    read = row_reader(experiment)
-    return [read(r) for r in rows] if isinstance(rows, list) else []
+def read_rows(read_row: Callable[[object], Row], rows: object) -> list[Row]:
+    return [read_row(r) for r in rows] if isinstance(rows, list) else []
 
 
 # -- a row's wire form: its meta and its measurement flattened among its own keys ----------------------------------
@@ -368,7 +345,7 @@ def completed(rows: Sequence[R]) -> list[R]:
 
 
 def rows_of(cls: type[T], rows: Iterable[Row]) -> list[T]:
-    """The rows of one row type among ``rows`` (a bundle's, read by its experiment's `row_reader`)."""
+    """The rows of one row type among ``rows`` (a bundle's, read by its experiment's `ExperimentTypes`)."""
     return [r for r in rows if isinstance(r, cls)]
 
 
@@ -406,18 +383,20 @@ class Repeat:
     to_wire = wire.writer()
 
     @classmethod
-    def from_wire(cls, data: object, experiment: str = "sweep") -> Repeat:
+    def from_wire(cls, data: object, read_row: Callable[[object], Row]) -> Repeat:
+        """The repeat in a bundle, its rows read as the main rows (``read_row``: the experiment's)."""
         d = data if isinstance(data, Mapping) else {}
-        return wire.read(cls, {**d, "rows": read_rows(experiment, d.get("rows"))})
+        return wire.read(cls, {**d, "rows": read_rows(read_row, d.get("rows"))})
 
 
 @dataclass(frozen=True, kw_only=True)
 class Bundle:
     """One experiment block's evidence bundle (docs/bench-schema.json), fields in the bundle's key order.
 
-    Rows are each experiment's row type (`row_reader`: the rows of an experiment bsr has no reader for are kept as
-    sent); the summary and params are each experiment's own records in their wire form; ``engine`` is the engine's /info
-    and the facts the experiment adds about it (embedded, start-up time, settings put back), in the order written.
+    Rows are each experiment's row type (`ExperimentTypes`: the rows of an experiment bsr has no reader for are kept
+    as sent); the summary and params are each experiment's own records in their wire form; ``engine`` is the
+    engine's /info and the facts the experiment adds about it (embedded, start-up time, settings put back), in the
+    order written.
     """
 
     experiment: str
@@ -473,18 +452,16 @@ class Bundle:
     )
 
     @classmethod
-    def from_wire(cls, data: object) -> Bundle:
-        """A bundle read back from its file (validated against the schema first: `bundle.read`), its rows by the
-        experiment's row type."""
+    def from_wire(cls, data: object, types: ExperimentTypes) -> Bundle:
+        """A bundle read back from its file (validated against the schema first), its params, rows and summary as
+        ``types``, its experiment's (`bsr_cli.bench.bundle.from_wire` picks them by the bundle's experiment)."""
         d = data if isinstance(data, Mapping) else {}
-        experiment = str(d.get("experiment", ""))
         repeat = d.get("repeat")
-        params, summary = record_reader(experiment)
         read = {  # read by the experiment's types: the codec passes them on as they are
-            "params": read_record(params, d.get("params")),
-            "rows": read_rows(experiment, d.get("rows")),
-            "summary": read_record(summary, d.get("summary")),
-            "repeat": Repeat.from_wire(repeat, experiment) if isinstance(repeat, Mapping) else None,
+            "params": read_record(types.params, d.get("params")),
+            "rows": read_rows(types.read_row, d.get("rows")),
+            "summary": read_record(types.summary, d.get("summary")),
+            "repeat": Repeat.from_wire(repeat, types.read_row) if isinstance(repeat, Mapping) else None,
         }
         return wire.read(cls, {**d, **read})
 

@@ -16,7 +16,7 @@ import pytest
 
 from bsr_cli.bench import bundle as bundles
 from bsr_cli.bench import experiments as ex
-from bsr_cli.bench.evidence import Bundle, record_of
+from bsr_cli.bench.evidence import record_of
 from bsr_cli.bench.ladder import LadderSummary
 from bsr_cli.bench.sweep import SweepSummary
 from bsr_cli.core import accounting
@@ -408,10 +408,10 @@ def test_plots_carry_the_ratio_the_spread_and_the_ceiling(tmp_path: Path, monkey
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "evidence"
     store = json.loads((docs / "br-store-4b9e3ecc9a54.json").read_text())
-    ratios = plots.store_ratios(Bundle.from_wire(store))
+    ratios = plots.store_ratios(bundles.from_wire(store))
     assert ratios["restore W=32,B=2RWS"] == store["summary"]["restore"]["W=32,B=2RWS"]["vs_paired_raw"]
     fs = json.loads((docs / "br-fs-a2c08f441e1a.json").read_text())
-    spread = plots.fs_spread(Bundle.from_wire(fs))
+    spread = plots.fs_spread(bundles.from_wire(fs))
     assert set(spread) == set(fs["summary"]["by_config"]) and all(lo <= hi for lo, hi in spread.values())
 
     captured: list = []
@@ -423,9 +423,9 @@ def test_plots_carry_the_ratio_the_spread_and_the_ceiling(tmp_path: Path, monkey
 
     monkeypatch.setattr(plots, "_save", keep)  # every plot saves through it: the figures, captured
     sweep = json.loads((docs / "br-e1-a6c2f9d328e2.json").read_text())
-    plots.peak_vs_prefix(Bundle.from_wire(sweep), None, tmp_path / "peak.png")
-    plots.fs_concurrency(Bundle.from_wire(fs), tmp_path / "fs.png")
-    plots.store_bandwidth(Bundle.from_wire(store), tmp_path / "store.png")
+    plots.peak_vs_prefix(bundles.from_wire(sweep), None, tmp_path / "peak.png")
+    plots.fs_concurrency(bundles.from_wire(fs), tmp_path / "fs.png")
+    plots.store_bandwidth(bundles.from_wire(store), tmp_path / "store.png")
     peak, fsfig, storefig = (f.axes[0] for f in captured)
     assert peak.get_yscale() == "log"
     assert any("," in t.get_text() for t in peak.get_xticklabels())

@@ -319,21 +319,27 @@ def _report(trace, reg, run) -> bt.TraceReplay:  # type: ignore[no-untyped-def]
     )
 
 
+def _budget_run(trace, reg) -> bt.BudgetRun:  # type: ignore[no-untyped-def]
+    """One budget's replay of two requests: the second restores 192 tokens after waiting 0.01 s for B."""
+    from bsr_cli.core.host_model import HostModel
+
+    measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.02, 0.05, request="r1", budget_wait_s=0.01)]
+    replayed = bt.BudgetReplayed(2, 1, measured, {0: 1, 1: 1}, (3.0, 4.0), "2025-01-01T00:00:00.000Z", 2.0, 9.5)
+    host = HostModel(cores=0.5, job_cores=0.5, restore_cpu_s=0.01, restore_cpu_s_per_gb=50.0, restore_slots=2)
+    return bt.compare(trace, reg, replayed, w=2, bandwidth=1e8, speedup=1.0, host=host)
+
+
 def test_the_report_puts_prediction_engine_and_stock_side_by_side_in_text_and_json() -> None:
     import io
 
     from rich.console import Console
 
     from bsr_cli.cli.render import planning as render
-    from bsr_cli.core.host_model import HostModel
 
     reg = bt.replay_registration()
     rows = _conversations(1, 2)
     trace, stock_run = _stock_run(rows, [0, 192])
-    measured = [bt.Measured(0, 0.0, 0.0), bt.Measured(1, 1.0, 1.0, 192, 0.02, 0.05, request="r1", budget_wait_s=0.01)]
-    replayed = bt.BudgetReplayed(2, 1, measured, {0: 1, 1: 1}, (3.0, 4.0), "2025-01-01T00:00:00.000Z", 2.0, 9.5)
-    host = HostModel(cores=0.5, job_cores=0.5, restore_cpu_s=0.01, restore_cpu_s_per_gb=50.0, restore_slots=2)
-    run = bt.compare(trace, reg, replayed, w=2, bandwidth=1e8, speedup=1.0, host=host)
+    run = _budget_run(trace, reg)
     assert run.predicted.bound_by is not None and run.predicted.bandwidth_only_latency_s is not None
     assert run.run_queue_beside == 9.5
     # The restore's 0.02 s: 0.01 s waiting for B, and 0.01 s of service of which its 3 chunks (192 KiB) at 100 MB/s
@@ -366,6 +372,35 @@ def test_the_report_puts_prediction_engine_and_stock_side_by_side_in_text_and_js
         assert list(json.loads(json.dumps(wire))) == [*REPORT_KEYS, "skip", "stock"]
         assert list(wire["runs"][0]) == list(RUN_KEYS)
         assert wire["runs"][0]["measured"]["bound_by"] == {"budget": 1}
+
+
+def test_a_trace_bundle_is_written_again_byte_for_byte(tmp_path: Path) -> None:
+    """No trace bundle is committed (tests/bench/test_schema.py writes every committed one back): one made of a
+    replay's report validates, and read back (bsr keeps a trace bundle's records and rows as sent) it is written
+    again byte for byte."""
+    from bsr_cli.bench.evidence import SentRecord, SentRow, machine_info, now
+    from bsr_cli.bench.trace_bundle import new_trace_run_id, trace_bundle
+
+    reg = bt.replay_registration()
+    trace, _ = _stock_run(_conversations(1, 2), [0, 192])
+    sweep = next(p for p in sorted((ROOT / "docs" / "evidence").glob("br-e1-*.json")))
+    engine = {"url": "http://127.0.0.1:8600", "embedded": True, "startup_s": None}
+    engine["info"] = json.loads(sweep.read_text())["engine"]["info"]  # a real engine's /info
+    made = trace_bundle(
+        _report(trace, reg, _budget_run(trace, reg)),
+        reg,
+        run_id=new_trace_run_id(),
+        started_at=now(),
+        elapsed_s=2.5,
+        engine=engine,
+        machine=machine_info(),
+        salt=7,
+    )
+    first = bundles.write(made, tmp_path / "first")  # validates it first
+    back = bundles.read(first)
+    assert isinstance(back.params, SentRecord) and isinstance(back.summary, SentRecord)
+    assert [type(r) for r in back.rows] == [SentRow]
+    assert bundles.write(back, tmp_path / "again").read_bytes() == first.read_bytes()
 
 
 def test_stock_needs_one_paged_kv_layout() -> None:
