@@ -4,8 +4,9 @@ that bsr wrote is read and written again, and gives the same bytes.
 The corpus (data/event_wire_corpus.jsonl, one case a line: where it came from, the event as it was sent, and the
 bytes bsr wrote for it, as the event store and the admin API write them) holds the distinct shapes of every event
 the fast lane's runtime wrote, the events of the `bsr top` recording under tests/tui (an older engine's: keys in
-another order, failures without their kind), restore endings of every outcome with every optional part, and an
-older and a newer writer's restore endings (keys left out, keys added).
+another order, failures without their kind), restore endings of every outcome and failure kind with every optional
+part (a host verdict's load figures, the admission pass), and an older and a newer writer's restore endings (keys
+left out, keys added).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.core.events import parse_event
-from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.evidence import EventKind, FailureKind
 from bsr_cli.tui.model import parse_wire
 
 pytestmark = pytest.mark.fast
@@ -50,3 +51,6 @@ def test_the_corpus_holds_every_way_a_restore_ends() -> None:
     assert {k.value for k in (*endings, EventKind.RESTORE_ABORTED)} <= kinds
     written = [c["written"] for c in _cases()]
     assert any('"chunks":[' in w for w in written) and any('"injected":true' in w for w in written)
+    assert any('"load":{' in w for w in written) and any('"pass":2' in w for w in written)
+    failure_kinds = {f["kind"] for w in written for f in json.loads(w).get("failures", ())}
+    assert failure_kinds == {k.value for k in FailureKind}
