@@ -1,11 +1,10 @@
-"""The engine's events as types: one frozen dataclass per `EventKind`, defined once and used by every writer (the
-runtime, the rank hosts, the plugins) and every reader (the event store, the server, the client, the TUI, explain,
-metrics).
+"""The engine's events as types: one frozen dataclass per `EventKind` (one, ``RestoreEnded``, for the four ways a
+restore ends, told apart by its ``outcome``), defined once and used by every writer (the runtime, the rank hosts,
+the plugins) and every reader (the event store, the server, the client, the TUI, explain, metrics).
 
 Each class stands alone: it declares its kind, ``seq`` and ``time``, then its own fields. ``Event`` is the union
-of them all (a type for annotations, and for ``isinstance``); ``RestoreEnded`` is any of the four ways a restore
-ends and ``FaultEvent`` either fault event. What every event answers lives in functions here: ``request_of``,
-``rank_of``, ``stamped``.
+of them all (a type for annotations, and for ``isinstance``); ``FaultEvent`` names either fault event. What every
+event answers lives in functions here: ``request_of``, ``rank_of``, ``stamped``.
 
 The wire form is a flat JSON object: ``{"type": kind, "seq": …, "time": …, <fields>}``, the same shape the event
 log has always served, so recordings and stores written earlier still read. ``to_wire()`` writes it (fields in
@@ -274,16 +273,26 @@ class RestoreFailed:
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class RestoreCommitted:
-    """A restore ended, and how: one class per outcome (``RestoreEnded`` names any of them). The four declare the
-    same fields (tests/core/test_event_types.py holds them to it)."""
+# How a restore ended, and the event kind that says so on the wire (its ``type``).
+ENDINGS: dict[Outcome, EventKind] = {
+    Outcome.COMMITTED: EventKind.RESTORE_COMMITTED,
+    Outcome.FAILED_CLOSED: EventKind.RESTORE_FAILED_CLOSED,
+    Outcome.REFUSED: EventKind.RESTORE_REFUSED,
+    Outcome.ABORTED: EventKind.RESTORE_ABORTED,
+}
+_OUTCOME_OF: dict[EventKind, Outcome] = {kind: outcome for outcome, kind in ENDINGS.items()}
 
-    kind: ClassVar[EventKind] = EventKind.RESTORE_COMMITTED
-    outcome: ClassVar[Outcome] = Outcome.COMMITTED
+
+@dataclass(frozen=True, kw_only=True)
+class RestoreEnded:
+    """A restore ended, and how (``outcome``: committed, failed closed, refused or aborted). One type for the four
+    endings: on the wire the ending is its ``type`` (``restore_committed``, ...), as it has always been written,
+    and that is where a reader takes ``outcome`` from; the outcome has no key of its own."""
+
     to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
+    outcome: Outcome = field(metadata=wire.meta(skip=True))  # written as the kind, under ``type``
     request: str
     advertised_tokens: int = 0
     committed_tokens: int = 0
@@ -294,77 +303,13 @@ class RestoreCommitted:
     pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
     injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
 
+    def __post_init__(self) -> None:
+        if self.outcome not in ENDINGS:  # nothing to restore is an answer, never an event
+            raise ValueError(f"no restore event for outcome {self.outcome.value!r}")
 
-@dataclass(frozen=True, kw_only=True)
-class RestoreFailedClosed:
-    kind: ClassVar[EventKind] = EventKind.RESTORE_FAILED_CLOSED
-    outcome: ClassVar[Outcome] = Outcome.FAILED_CLOSED
-    to_wire = _EVENT_WRITER
-    seq: int = 0
-    time: float = 0.0
-    request: str
-    advertised_tokens: int = 0
-    committed_tokens: int = 0
-    seconds: float = 0.0
-    failures: tuple[Failure, ...] = ()
-    failure_kind: FailureKind | None = None
-    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
-    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
-    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RestoreRefused:
-    kind: ClassVar[EventKind] = EventKind.RESTORE_REFUSED
-    outcome: ClassVar[Outcome] = Outcome.REFUSED
-    to_wire = _EVENT_WRITER
-    seq: int = 0
-    time: float = 0.0
-    request: str
-    advertised_tokens: int = 0
-    committed_tokens: int = 0
-    seconds: float = 0.0
-    failures: tuple[Failure, ...] = ()
-    failure_kind: FailureKind | None = None
-    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
-    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
-    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RestoreAborted:
-    kind: ClassVar[EventKind] = EventKind.RESTORE_ABORTED
-    outcome: ClassVar[Outcome] = Outcome.ABORTED
-    to_wire = _EVENT_WRITER
-    seq: int = 0
-    time: float = 0.0
-    request: str
-    advertised_tokens: int = 0
-    committed_tokens: int = 0
-    seconds: float = 0.0
-    failures: tuple[Failure, ...] = ()
-    failure_kind: FailureKind | None = None
-    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
-    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
-    injected: bool = wire.field(default=False, omit_false=True)  # an injected fault fired in it (a drill's)
-
-
-# A restore ended, whatever its outcome (``isinstance(e, RestoreEnded)``; ``e.outcome`` says which).
-RestoreEnded: TypeAlias = RestoreCommitted | RestoreFailedClosed | RestoreRefused | RestoreAborted
-_RESTORE_ENDINGS: tuple[type[RestoreEnded], ...] = (
-    RestoreCommitted,
-    RestoreFailedClosed,
-    RestoreRefused,
-    RestoreAborted,
-)
-
-
-def restore_ended(outcome: Outcome) -> type[RestoreEnded]:
-    """The event class of a restore that ended with ``outcome``."""
-    for cls in _RESTORE_ENDINGS:
-        if cls.outcome is outcome:
-            return cls
-    raise ValueError(f"no restore event for outcome {outcome.value!r}")
+    @property
+    def kind(self) -> EventKind:
+        return ENDINGS[self.outcome]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -650,7 +595,8 @@ Event: TypeAlias = (
     | RankStarved
     | RankRestarted
 )
-_EVENT_CLASSES: tuple[type[Event], ...] = (
+# The event types of one kind each, their ``kind`` a constant of the class (``RestoreEnded`` is the four endings').
+_ONE_KIND: tuple[type[Event], ...] = (
     EngineStarted,
     EngineStopped,
     SettingsChanged,
@@ -662,10 +608,6 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     WindowInstalled,
     WindowReleased,
     RestoreFailed,
-    RestoreCommitted,
-    RestoreFailedClosed,
-    RestoreRefused,
-    RestoreAborted,
     StoreFailed,
     OutputMismatch,
     ObjectQuarantined,
@@ -682,9 +624,20 @@ _EVENT_CLASSES: tuple[type[Event], ...] = (
     RankStarved,
     RankRestarted,
 )
-EVENT_TYPES: dict[EventKind, type[Event]] = {cls.kind: cls for cls in _EVENT_CLASSES}
-assert len(EVENT_TYPES) == len(_EVENT_CLASSES) and set(EVENT_TYPES) == set(EventKind), (
-    "every EventKind has exactly one event class"
+_EVENT_CLASSES: tuple[type[Event], ...] = (*_ONE_KIND, RestoreEnded)
+
+
+def _kind_of(cls: type[Event]) -> EventKind:
+    kind = cls.kind
+    assert isinstance(kind, EventKind), f"{cls.__name__} has no kind of its own"
+    return kind
+
+
+EVENT_TYPES: dict[EventKind, type[Event]] = {_kind_of(cls): cls for cls in _ONE_KIND} | dict.fromkeys(
+    ENDINGS.values(), RestoreEnded
+)
+assert len(EVENT_TYPES) == len(_ONE_KIND) + len(ENDINGS) and set(EVENT_TYPES) == set(EventKind), (
+    "every EventKind has exactly one event type"
 )
 
 # Fields written and read under another wire name than their own (wire key -> field): the wire has always spelled
@@ -705,7 +658,10 @@ def parse_event(wire: Mapping[str, Any]) -> Event:
         raise ValueError(f"unknown event type {wire.get('type')!r}") from None
     cls = EVENT_TYPES[kind]
     keys = _WIRE_KEYS.get(cls, {})
-    return _from_fields(cls, {keys.get(k, k): v for k, v in wire.items() if k != "type"})
+    fields = {keys.get(k, k): v for k, v in wire.items() if k != "type"}
+    if cls is RestoreEnded:  # the ending is the type it was written under (a key named outcome is not it)
+        fields["outcome"] = _OUTCOME_OF[kind]
+    return _from_fields(cls, fields)
 
 
 # -- what every event answers ------------------------------------------------------------------------------------
@@ -829,6 +785,7 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
 
 
 __all__ = [
+    "ENDINGS",
     "EVENT_TYPES",
     "PROGRESS",
     "AbortRequested",
@@ -848,12 +805,8 @@ __all__ = [
     "RankUnresponsive",
     "RequestAdmitted",
     "RequestFinished",
-    "RestoreAborted",
-    "RestoreCommitted",
     "RestoreEnded",
     "RestoreFailed",
-    "RestoreFailedClosed",
-    "RestoreRefused",
     "RestoreStarted",
     "ScrubFinished",
     "ScrubStarted",
@@ -869,6 +822,5 @@ __all__ = [
     "parse_event",
     "rank_of",
     "request_of",
-    "restore_ended",
     "stamped",
 ]

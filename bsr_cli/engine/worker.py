@@ -25,14 +25,6 @@ from typing import Any
 
 from bsr_cli.api.pipe import Abort, Call, Reply, Shutdown
 from bsr_cli.api.ranks import (
-    CanonicalHashRequest,
-    CanonicalHashResult,
-    InvalidateRequest,
-    InvalidateResult,
-    OutputHashRequest,
-    OutputHashResult,
-    PrefillRequest,
-    PrefillResult,
     ProbeRequest,
     ProbeResult,
     RemoveAllRequest,
@@ -61,6 +53,7 @@ from bsr_cli.core.evidence import Stage
 from bsr_cli.engine.config import RankConfig, RankInfo, RankLink
 from bsr_cli.runtime import failure_log
 from bsr_cli.runtime.kv_ops import KVOps
+from bsr_cli.runtime.rank_host import AbortSignals, RankHost
 
 STORE_BATCH = 16  # objects per put call
 QUARANTINE_SHOWN = 5  # quarantined objects a tier's status names (the newest; the total is counted)
@@ -162,7 +155,10 @@ def _unreachable_links(links: Sequence[RankLink]) -> str:
     )
 
 
-class Rank:
+class Rank(RankHost):
+    """One rank of the embedded engine, in its own process: its KV, restore pool and tiers, and the rank ops over
+    them (the ones every host serves alike from ``RankHost``)."""
+
     def __init__(self, cfg: RankConfig, emit: Callable[[Event], None]) -> None:
         import torch
 
@@ -217,7 +213,7 @@ class Rank:
         links = cfg.links
         if links:
             self.restorer.diagnose = lambda tier: _unreachable_links(links) if tier == "mooncake" else ""
-        self._aborts: dict[str, threading.Event] = {}
+        self.aborts = AbortSignals()
         self.scrub_after_failure = cfg.scrub_after_failure
         self.scrubber = Scrubber(self.rank, self.tiers, self._emit_scrub)
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
@@ -237,9 +233,6 @@ class Rank:
             pool=self.pool.stats(),
             tiers=tuple(self.tiers),
         )
-
-    def abort(self, request_id: str) -> None:
-        self._aborts.setdefault(request_id, threading.Event()).set()
 
     def _emit_scrub(self, ev: Event) -> None:
         if isinstance(ev, ObjectQuarantined):
@@ -300,11 +293,8 @@ class Rank:
     def restore(self, req: RestoreRequest) -> RestoreResult:
         job = req.job
         job.validate(self.reg.group_names)
-        abort = self._aborts.setdefault(job.request_id, threading.Event())
-        try:
+        with self.aborts.held(job.request_id) as abort:
             out = self.restorer.restore(job, abort)
-        finally:
-            self._aborts.pop(job.request_id, None)
         # A tier that did not answer the fetch (a cut link, the master down) sent nothing to check: re-reading its
         # objects now would only be another call across the same fault, with the rank's answer waiting on it.
         if not out.ok and out.tier and out.stage in (Stage.FETCH, Stage.VERIFY) and not out.unanswered:
@@ -439,16 +429,3 @@ class Rank:
     def remove_all(self, req: RemoveAllRequest) -> RemoveAllResult:
         t = self.tiers[req.tier]
         return RemoveAllResult(int(t.remove_all()))  # type: ignore[attr-defined]
-
-    # -- destination-KV ops: served by the KVOps over this rank's KV ------------------------------------------------
-    def prefill(self, req: PrefillRequest) -> PrefillResult:
-        return self.kv_ops.prefill(req)
-
-    def output_hash(self, req: OutputHashRequest) -> OutputHashResult:
-        return self.kv_ops.output_hash(req)
-
-    def canonical_hash(self, req: CanonicalHashRequest) -> CanonicalHashResult:
-        return self.kv_ops.canonical_hash(req)
-
-    def invalidate(self, req: InvalidateRequest) -> InvalidateResult:
-        return self.kv_ops.invalidate(req)

@@ -1,8 +1,9 @@
 """The rank ops that only touch destination KV, shared by every rank host built on PagedKV (the embedded engine's
 worker, the LMCache plugin's rank). Kept free of torch so the processes that only route ops need not load it.
 
-A host holds a ``KVOps`` over its KV and forwards the four ops to it (composition: the host's own state stays its
-own, and ``KVOps`` needs nothing of the host but the KV)."""
+A host holds a ``KVOps`` over its KV as its ``kv_ops`` (composition: the host's own state stays its own, and
+``KVOps`` needs nothing of the host but the KV); ``runtime/rank_host.RankHost`` serves the four ops from it, for
+every host alike."""
 
 from __future__ import annotations
 

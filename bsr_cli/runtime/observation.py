@@ -24,12 +24,12 @@ from bsr_cli.core.events import (
     Event,
     Failure,
     ObjectQuarantined,
+    RestoreEnded,
     WindowFetched,
     WindowReleased,
     in_pass,
     rank_of,
     request_of,
-    restore_ended,
 )
 from bsr_cli.core.evidence import FailureKind, Outcome, RankState, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
@@ -386,7 +386,8 @@ class Observation:
             )
         if outcome is not Outcome.NOTHING_TO_RESTORE:
             self.events.append(
-                restore_ended(outcome)(
+                RestoreEnded(
+                    outcome=outcome,
                     request=request,
                     committed_tokens=committed,
                     advertised_tokens=advertised,

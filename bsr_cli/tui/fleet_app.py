@@ -332,7 +332,7 @@ def durable_recent(events: Sequence[ev.Event]) -> tuple[RecentRestore, ...]:
     started = {e.request: e for e in events if isinstance(e, ev.RestoreStarted)}
     out = []
     for e in events:
-        if not isinstance(e, ev.RestoreCommitted | ev.RestoreFailedClosed | ev.RestoreRefused | ev.RestoreAborted):
+        if not isinstance(e, ev.RestoreEnded):
             continue
         s = started.get(e.request)
         deciding = next((f for f in e.failures if f.kind is e.failure_kind), None)

@@ -314,7 +314,7 @@ _CATEGORY = {
 # The events `bsr top` and a replay treat as a failure (the `n` key jumps to the next one).
 FAILURE_KINDS = frozenset({EventKind.RESTORE_FAILED, EventKind.RESTORE_FAILED_CLOSED, EventKind.OUTPUT_MISMATCH})
 # The events that end a restore, whatever its outcome: where a restore's full "why" (its failures) is read.
-ENDING_KINDS = tuple(ev.restore_ended(o).kind for o in EvidenceOutcome if o is not EvidenceOutcome.NOTHING_TO_RESTORE)
+ENDING_KINDS = tuple(ev.ENDINGS.values())
 
 
 def category_kinds(category: str) -> tuple[EventKind, ...]:
@@ -418,7 +418,7 @@ def _request_line(e: ev.Event, req: str) -> str | None:
         return f"{req} {_win(e.window)}{of} released · pool {_fb(_int(e.pool.get('live_bytes')))}"
     if isinstance(e, ev.RestoreStarted):
         return f"{req} started: {e.windows} windows of W={e.W}, {e.tokens:,} tok ({','.join(e.tiers)})"
-    if isinstance(e, ev.RestoreCommitted):
+    if isinstance(e, ev.RestoreEnded) and e.outcome is EvidenceOutcome.COMMITTED:
         return f"{req} committed {e.committed_tokens:,}/{e.advertised_tokens:,} tok in {e.seconds:.2f} s"
     if isinstance(e, ev.RestoreEnded):
         first = e.failures[0] if e.failures else None
@@ -426,7 +426,7 @@ def _request_line(e: ev.Event, req: str) -> str | None:
         at += f" tier {first.tier}" if first is not None and first.tier else ""
         why = f" {first.reason}" if first is not None else ""
         # Shouted: failing closed is the one ending that is a fault (refused and aborted are not).
-        label = "FAILED CLOSED" if isinstance(e, ev.RestoreFailedClosed) else e.outcome.value
+        label = "FAILED CLOSED" if e.outcome is EvidenceOutcome.FAILED_CLOSED else e.outcome.value
         return f"{req} {label}, 0/{e.advertised_tokens:,} tok:{at}{why}".rstrip(":")
     if isinstance(e, ev.RestoreFailed):
         where = [x for x in (e.stage.value if e.stage else "", f"tier {e.tier}" if e.tier else "") if x]

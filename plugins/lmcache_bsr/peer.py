@@ -299,7 +299,7 @@ def run_store(host: Any, case: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
-    from bsr_cli.core.events import Event, RestoreCommitted, RestoreFailedClosed
+    from bsr_cli.core.events import Event, RestoreEnded
     from bsr_cli.core.evidence import Outcome
     from bsr_cli.core.keys import chunk_hashes
     from bsr_cli.core.results import ManualRestoreResult
@@ -315,7 +315,8 @@ def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
     def progress(ev: Event) -> None:
         # The commit decision: time and CPU up to here are the restore's (probe, plan, every window); the hashes
         # verified after it are not.
-        if isinstance(ev, (RestoreCommitted, RestoreFailedClosed)) and not decided:
+        decides = (Outcome.COMMITTED, Outcome.FAILED_CLOSED)
+        if isinstance(ev, RestoreEnded) and ev.outcome in decides and not decided:
             decided.append(time.perf_counter())
             cpu.update(meter.stop())
 

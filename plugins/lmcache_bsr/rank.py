@@ -39,14 +39,6 @@ import torch
 
 from bsr_cli.api.jobs import ObjectRef
 from bsr_cli.api.ranks import (
-    CanonicalHashRequest,
-    CanonicalHashResult,
-    InvalidateRequest,
-    InvalidateResult,
-    OutputHashRequest,
-    OutputHashResult,
-    PrefillRequest,
-    PrefillResult,
     ProbeRequest,
     ProbeResult,
     RankOps,
@@ -84,6 +76,7 @@ from bsr_cli.runtime import failures
 from bsr_cli.runtime.faulty import ArmedFaults, WindowStage
 from bsr_cli.runtime.kv_ops import KVOps
 from bsr_cli.runtime.paged_kv import PagedKV
+from bsr_cli.runtime.rank_host import AbortSignals, RankHost
 from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, aborted, run_windows
 from bsr_cli.runtime.stage_clock import StageClock
 
@@ -212,7 +205,7 @@ def _healthy_master(metadata_server: object, *, remote: bool) -> str | None:
     return url
 
 
-class LMCacheRank:
+class LMCacheRank(RankHost):
     def __init__(
         self,
         rank: int,
@@ -279,7 +272,7 @@ class LMCacheRank:
         self.lock = threading.Lock()  # one LMCache write through the connector (an install or a store) at a time
         self._waiters = 0  # threads waiting for ``lock`` (counted under ``_count_lock``: += is not atomic)
         self._count_lock = threading.Lock()
-        self._aborts: dict[str, threading.Event] = {}
+        self.aborts = AbortSignals()
         self._written: set[str] = set()  # remote keys this rank stored: waited for before destroy
         self._io = _transfer_threads(rank)
         self._health_cache: tuple[float, dict[str, TierStatus]] = (0.0, {})
@@ -415,11 +408,8 @@ class LMCacheRank:
     def restore(self, req: RestoreRequest) -> RestoreResult:
         job = req.job
         job.validate([self.group])
-        abort = self._aborts.setdefault(job.request_id, threading.Event())
-        try:
+        with self.aborts.held(job.request_id) as abort:
             return _RestoreRun(self, job, abort).run()
-        finally:
-            self._aborts.pop(job.request_id, None)
 
     def _verify_step(self, keys: list[Any], first_chunk: int, window: int) -> None:
         """A window came back short: when a chunk of it failed its checksum (or had none, and unverified chunks are
@@ -495,22 +485,9 @@ class LMCacheRank:
             hint="a load from LMCache's Mooncake tier is verified as it arrives (bsr_checksums)",
         )
 
-    # -- destination-KV ops: served by the KVOps over this rank's KV ------------------------------------------------
-    def prefill(self, req: PrefillRequest) -> PrefillResult:
-        return self.kv_ops.prefill(req)
-
-    def output_hash(self, req: OutputHashRequest) -> OutputHashResult:
-        return self.kv_ops.output_hash(req)
-
-    def canonical_hash(self, req: CanonicalHashRequest) -> CanonicalHashResult:
-        return self.kv_ops.canonical_hash(req)
-
-    def invalidate(self, req: InvalidateRequest) -> InvalidateResult:
-        return self.kv_ops.invalidate(req)
-
     # -- lifetime ----------------------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
-        self._aborts.setdefault(request_id, threading.Event()).set()
+        super().abort(request_id)
         self.l1.wake()  # a restore waiting for room in B ends now
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bsr_cli.client import local_engine
-from bsr_cli.core.events import EngineStarted, RestoreFailedClosed, RestoreStarted, WindowReleased, parse_event
+from bsr_cli.core.events import EngineStarted, RestoreStarted, WindowReleased, parse_event
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.errors import ExitCode, InvalidInput
 from bsr_cli.tui.source import ReplaySource
@@ -207,7 +207,9 @@ def test_a_bundle_replays_the_incident_frame_by_frame_with_the_failure_logs(
     closed = next(x for x in mine if x["event"] == "restore_failed_closed")
     assert closed["level"] == "error" and closed["rank"] == 1 and closed["window"] == 5 and closed["reason"]
     assert {"time", "level", "request", "rank", "window", "reason"} <= set(closed)
-    assert any(isinstance(parse_event(e), RestoreFailedClosed) for e in _events_of(out) if e.get("request") == req)
+    assert any(
+        parse_event(e).kind is EventKind.RESTORE_FAILED_CLOSED for e in _events_of(out) if e.get("request") == req
+    )
 
 
 def _events_of(bundle: Path) -> list[dict[str, Any]]:

@@ -63,7 +63,8 @@ def test_two_passes_of_one_request_are_two_lines_naming_pass_and_tier() -> None:
     first, second = event_line(failed(1, "mooncake")), event_line(failed(2, "fs"))
     assert "req-00012 pass 1 rank 1 failed at window 3 (fetch, tier mooncake)" in first
     assert "req-00012 pass 2 rank 1 failed at window 3 (fetch, tier fs)" in second
-    ended = ev.RestoreFailedClosed(
+    ended = ev.RestoreEnded(
+        outcome=Outcome.FAILED_CLOSED,
         request="req-00012",
         advertised_tokens=65_536,
         failures=(ev.Failure(rank=1, reason="unavailable", kind=FailureKind.TIER, window=2, tier="fs"),),

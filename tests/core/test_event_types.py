@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from bsr_cli.core.events import (
+    ENDINGS,
     EVENT_TYPES,
     AbortRequested,
     EngineStarted,
@@ -19,12 +20,8 @@ from bsr_cli.core.events import (
     OutputMismatch,
     RankRestarted,
     RankStarved,
-    RestoreAborted,
-    RestoreCommitted,
     RestoreEnded,
     RestoreFailed,
-    RestoreFailedClosed,
-    RestoreRefused,
     ScrubFinished,
     ScrubStarted,
     SegmentLost,
@@ -32,7 +29,6 @@ from bsr_cli.core.events import (
     parse_event,
     rank_of,
     request_of,
-    restore_ended,
     stamped,
 )
 from bsr_cli.core.evidence import (
@@ -55,7 +51,10 @@ pytestmark = pytest.mark.fast
 def test_every_kind_has_one_class_and_every_outcome_an_end_event() -> None:
     assert set(EVENT_TYPES) == set(EventKind)
     for outcome in (Outcome.COMMITTED, Outcome.FAILED_CLOSED, Outcome.REFUSED, Outcome.ABORTED):
-        assert restore_ended(outcome).outcome is outcome
+        ended = RestoreEnded(outcome=outcome, request="r")
+        assert ended.kind is ENDINGS[outcome] and EVENT_TYPES[ended.kind] is RestoreEnded
+    with pytest.raises(ValueError, match="no restore event"):
+        RestoreEnded(outcome=Outcome.NOTHING_TO_RESTORE, request="r")
 
 
 def _fields(cls: type) -> list[tuple[str, object, object]]:
@@ -68,11 +67,9 @@ def test_every_event_class_stands_alone_and_the_shared_names_are_unions() -> Non
         assert cls.__bases__ == (object,), cls
         assert [f.name for f in dataclasses.fields(cls)][:2] == ["seq", "time"], cls
         assert issubclass(cls, Event)
-    # The four ways a restore ends carry the same fields, and the two fault events the same, the fired one with its
-    # request besides; ``RestoreEnded`` and ``FaultEvent`` name them in isinstance checks.
-    endings = (RestoreCommitted, RestoreFailedClosed, RestoreRefused, RestoreAborted)
-    assert all(_fields(cls) == _fields(RestoreCommitted) for cls in endings)
-    assert {cls for cls in EVENT_TYPES.values() if issubclass(cls, RestoreEnded)} == set(endings)
+    # One type serves the four ways a restore ends; the two fault events carry the same fields, the fired one with
+    # its request besides, and ``FaultEvent`` names them in isinstance checks.
+    assert {kind for kind, cls in EVENT_TYPES.items() if cls is RestoreEnded} == set(ENDINGS.values())
     assert [f for f in _fields(FaultFired) if f[0] != "request"] == _fields(FaultInjected)
     assert {cls for cls in EVENT_TYPES.values() if issubclass(cls, FaultEvent)} == {FaultInjected, FaultFired}
     assert not isinstance({"type": "restore_committed"}, Event)
@@ -92,7 +89,10 @@ def test_a_rank_failure_round_trips_with_its_stage_and_blame() -> None:
     part = RestoreFailed(
         request="r1", rank=1, reason="install failed", failure_kind=FailureKind.RANK, stage=Stage.INSTALL
     )
-    ended = stamped(RestoreFailedClosed(request="r1", failures=(part.failure,), failure_kind=FailureKind.RANK), 9, 2.0)
+    closed = RestoreEnded(
+        outcome=Outcome.FAILED_CLOSED, request="r1", failures=(part.failure,), failure_kind=FailureKind.RANK
+    )
+    ended = stamped(closed, 9, 2.0)
     wire = ended.to_wire()
     assert wire["type"] == "restore_failed_closed" and wire["seq"] == 9
     assert wire["failures"][0] == {
@@ -123,7 +123,9 @@ def test_a_host_verdict_round_trips_with_its_figures_and_blames_the_host() -> No
     part = RestoreFailed(
         request="r2", rank=1, reason="starved", failure_kind=FailureKind.HOST_OVERLOADED, stage=Stage.FETCH, load=load
     )
-    ended = RestoreFailedClosed(request="r2", failures=(part.failure,), failure_kind=FailureKind.HOST_OVERLOADED)
+    ended = RestoreEnded(
+        outcome=Outcome.FAILED_CLOSED, request="r2", failures=(part.failure,), failure_kind=FailureKind.HOST_OVERLOADED
+    )
     wire = ended.to_wire()
     assert wire["failures"][0]["load"]["ranks"] == [{"rank": 1, "state": "starved", "run_delay_s": 4.6, "ran_s": None}]
     assert wire["failures"][0]["load"]["io"] is None and wire["failures"][0]["component"] == "host"
@@ -257,3 +259,51 @@ def test_a_failure_names_its_windows_chunks_only_when_known() -> None:
     assert "chunks" not in bare.to_wire()
     spanned = dataclasses.replace(bare, chunks=(4, 8))
     assert spanned.to_wire()["chunks"] == [4, 8] and Failure.from_wire(spanned.to_wire()) == spanned
+
+
+def test_a_restore_ending_is_one_type_whose_wire_type_names_its_outcome() -> None:
+    fail = Failure(rank=0, reason="x", kind=FailureKind.TIER, stage=Stage.VERIFY, window=1, tier="fs")
+    # The types the four endings have always been written under (spelled out: the wire's, not the code's).
+    written_as = {
+        Outcome.COMMITTED: "restore_committed",
+        Outcome.FAILED_CLOSED: "restore_failed_closed",
+        Outcome.REFUSED: "restore_refused",
+        Outcome.ABORTED: "restore_aborted",
+    }
+    assert set(written_as) == set(ENDINGS)
+    for outcome, kind in written_as.items():
+        ended = stamped(RestoreEnded(outcome=outcome, request="r1", failures=(fail,), pass_no=2), 4, 1.0)
+        wire = ended.to_wire()
+        # The outcome travels as the type and nowhere else: the keys are the ones the four endings always wrote.
+        assert wire["type"] == kind and "outcome" not in wire
+        assert list(wire) == [
+            "type",
+            "seq",
+            "time",
+            "request",
+            "advertised_tokens",
+            "committed_tokens",
+            "seconds",
+            "failures",
+            "failure_kind",
+            "pass",
+        ]
+        assert parse_event(wire) == ended
+    assert RestoreEnded(outcome=Outcome.ABORTED, request="r", injected=True).to_wire()["injected"] is True
+
+
+def test_a_restore_ending_reads_what_an_older_or_newer_engine_writes_and_refuses_what_it_acts_on() -> None:
+    older = parse_event({"type": "restore_committed", "request": "r", "committed_tokens": 7, "seconds": 1})
+    assert isinstance(older, RestoreEnded) and older.outcome is Outcome.COMMITTED and older.seconds == 1.0
+    assert older.failures == () and older.failure_kind is None and not older.injected and older.pass_no is None
+    # A key a newer engine adds is passed over, even one named like the field the type reads from ``type``.
+    newer = parse_event({"type": "restore_refused", "request": "r", "outcome": "committed", "new": {"a": 1}})
+    assert isinstance(newer, RestoreEnded) and newer.outcome is Outcome.REFUSED
+    refused = [
+        ({"type": "restore_aborted", "request": "r", "failure_kind": "gremlins"}, "gremlins"),
+        ({"type": "restore_committed", "request": "r", "committed_tokens": True}, "expected an integer"),
+        ({"type": "restore_committed", "committed_tokens": 1}, "request"),
+    ]
+    for sent, message in refused:
+        with pytest.raises(ValueError, match=message):
+            parse_event(sent)

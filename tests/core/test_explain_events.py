@@ -10,7 +10,7 @@ import pytest
 
 from bsr_cli.cli.commands.incident import TimelineFailure, WindowStep, timeline
 from bsr_cli.core import events as ev
-from bsr_cli.core.evidence import FailureKind, Stage
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage
 from bsr_cli.core.explain import FindingKind, explain_request, fold_restore
 from bsr_cli.core.status import Health
 
@@ -36,9 +36,14 @@ def _fail(kind: FailureKind, stage: Stage | None, tier: str | None = None) -> ev
 
 
 CASES = [
-    (ev.RestoreCommitted(request=REQ, committed_tokens=768, advertised_tokens=768), "restore-committed", "committed"),
     (
-        ev.RestoreFailedClosed(
+        ev.RestoreEnded(outcome=Outcome.COMMITTED, request=REQ, committed_tokens=768, advertised_tokens=768),
+        "restore-committed",
+        "committed",
+    ),
+    (
+        ev.RestoreEnded(
+            outcome=Outcome.FAILED_CLOSED,
             request=REQ,
             failures=(_fail(FailureKind.TIER, Stage.FETCH, "mooncake"),),
             failure_kind=FailureKind.TIER,
@@ -47,21 +52,32 @@ CASES = [
         "failed closed",
     ),
     (
-        ev.RestoreFailedClosed(
-            request=REQ, failures=(_fail(FailureKind.RANK, Stage.INSTALL),), failure_kind=FailureKind.RANK
+        ev.RestoreEnded(
+            outcome=Outcome.FAILED_CLOSED,
+            request=REQ,
+            failures=(_fail(FailureKind.RANK, Stage.INSTALL),),
+            failure_kind=FailureKind.RANK,
         ),
         "restore-failed-rank",
         "failed closed",
     ),
     (
-        ev.RestoreRefused(
-            request=REQ, failures=(_fail(FailureKind.CAPACITY, None),), failure_kind=FailureKind.CAPACITY
+        ev.RestoreEnded(
+            outcome=Outcome.REFUSED,
+            request=REQ,
+            failures=(_fail(FailureKind.CAPACITY, None),),
+            failure_kind=FailureKind.CAPACITY,
         ),
         "restore-failed-capacity",
         "refused",
     ),
     (
-        ev.RestoreAborted(request=REQ, failures=(_fail(FailureKind.ABORTED, None),), failure_kind=FailureKind.ABORTED),
+        ev.RestoreEnded(
+            outcome=Outcome.ABORTED,
+            request=REQ,
+            failures=(_fail(FailureKind.ABORTED, None),),
+            failure_kind=FailureKind.ABORTED,
+        ),
         "restore-aborted",
         "aborted",
     ),
@@ -89,7 +105,8 @@ def test_a_failure_names_its_stage_and_tier_and_a_ranks_part_shows_in_the_timeli
     failed = ev.RestoreFailed(
         request=REQ, rank=1, reason="crc mismatch", failure_kind=FailureKind.TIER, stage=Stage.VERIFY, window=1
     )
-    closed = ev.RestoreFailedClosed(
+    closed = ev.RestoreEnded(
+        outcome=Outcome.FAILED_CLOSED,
         request=REQ,
         failures=(_fail(FailureKind.TIER, Stage.VERIFY, "mooncake"),),
         failure_kind=FailureKind.TIER,
@@ -124,7 +141,9 @@ def test_a_host_verdict_names_the_host_with_its_figures_and_no_rank_or_tier() ->
         span_s=18.2, coordinator_lag_s=0.0, ranks=(RankDelay(1, RankState.STARVED, 51.5, 0.1),), cpu=Psi(99.0, 0.0)
     )
     host = ev.Failure(rank=1, reason="no restore progress for 20.3s", kind=FailureKind.HOST_OVERLOADED, load=load)
-    closed = ev.RestoreFailedClosed(request=REQ, failures=(host,), failure_kind=FailureKind.HOST_OVERLOADED)
+    closed = ev.RestoreEnded(
+        outcome=Outcome.FAILED_CLOSED, request=REQ, failures=(host,), failure_kind=FailureKind.HOST_OVERLOADED
+    )
     d = explain_request(_restore(closed), health=Health(ranks=(), tiers={}), markers=[])
     assert d.verdict is FindingKind.RESTORE_FAILED_HOST and not d.reusable
     assert "the host was overloaded" in d.summary and "no rank or tier is blamed" in d.summary

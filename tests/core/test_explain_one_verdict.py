@@ -70,10 +70,17 @@ def _last_restore(*, started: float, tiers: tuple[str, ...], failure: ev.Failure
     committed)."""
     ending: ev.Event
     if failure is None:
-        ending = ev.RestoreCommitted(request="req-2", committed_tokens=N, advertised_tokens=N, time=started + 1)
+        ending = ev.RestoreEnded(
+            outcome=Outcome.COMMITTED, request="req-2", committed_tokens=N, advertised_tokens=N, time=started + 1
+        )
     else:
-        ending = ev.RestoreFailedClosed(
-            request="req-2", advertised_tokens=N, failures=(failure,), failure_kind=failure.kind, time=started + 1
+        ending = ev.RestoreEnded(
+            outcome=Outcome.FAILED_CLOSED,
+            request="req-2",
+            advertised_tokens=N,
+            failures=(failure,),
+            failure_kind=failure.kind,
+            time=started + 1,
         )
     folded = fold_restore(
         [ev.RestoreStarted(request="req-2", prompt="p", W=4, windows=1, tokens=N, tiers=tiers, time=started), ending]

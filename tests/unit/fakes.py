@@ -18,14 +18,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from bsr_cli.api.ranks import (
-    CanonicalHashRequest,
-    CanonicalHashResult,
-    InvalidateRequest,
-    InvalidateResult,
-    OutputHashRequest,
-    OutputHashResult,
-    PrefillRequest,
-    PrefillResult,
     ProbeRequest,
     ProbeResult,
     RankRequest,
@@ -50,6 +42,7 @@ from bsr_cli.errors import ServerError
 from bsr_cli.runtime.checksum import object_checksum
 from bsr_cli.runtime.kv_ops import KVOps
 from bsr_cli.runtime.pool import RestorePool
+from bsr_cli.runtime.rank_host import AbortSignals, RankHost
 from bsr_cli.runtime.restore import RankRestorer, RestoreJob
 from bsr_cli.runtime.tiers import MISSING, UNAVAILABLE, StagingSlice, TierHealth, TierUnavailable, probe_tiers
 
@@ -233,7 +226,7 @@ class FakeDestination:
         return out
 
 
-class FakeRankOps(UnsupportedOps):
+class FakeRankOps(RankHost, UnsupportedOps):
     """The ops of one rank (the RankOps contract), in-process: the same runtime pieces as the embedded engine's
     rank process (RestorePool, RankRestorer) over the fakes above. A fake host because the real one is a torch
     process."""
@@ -258,7 +251,7 @@ class FakeRankOps(UnsupportedOps):
             offsets[g] = off
             off += reg.group_bytes_per_chunk(g)
         self.restorer = RankRestorer(rank, reg.group_names, offsets, self.pool, self.tiers, self.kv, emit)
-        self.aborts: dict[str, threading.Event] = {}
+        self.aborts = AbortSignals()
         self.jobs: list[RestoreJob] = []
 
     def _keys(self, hashes: Sequence[str]) -> dict[str, list[str]]:
@@ -290,12 +283,9 @@ class FakeRankOps(UnsupportedOps):
     def restore(self, req: RestoreRequest) -> RestoreResult:
         job = req.job
         job.validate(self.reg.group_names)
-        abort = self.aborts.setdefault(job.request_id, threading.Event())
-        try:
+        with self.aborts.held(job.request_id) as abort:
             self.jobs.append(job)
             return self.restorer.restore(job, abort)
-        finally:
-            self.aborts.pop(job.request_id, None)
 
     def stats(self, req: StatsRequest) -> StatsResult:
         tiers = None
@@ -312,22 +302,6 @@ class FakeRankOps(UnsupportedOps):
         return SetBudgetResult(self.pool.stats().to_dict())
 
     # set_fs_concurrency and remove_all: not served by this fake (it has no filesystem tier): UnsupportedOp.
-
-    # -- destination-KV ops: served by the KVOps over this rank's KV ------------------------------------------------
-    def prefill(self, req: PrefillRequest) -> PrefillResult:
-        return self.kv_ops.prefill(req)
-
-    def output_hash(self, req: OutputHashRequest) -> OutputHashResult:
-        return self.kv_ops.output_hash(req)
-
-    def canonical_hash(self, req: CanonicalHashRequest) -> CanonicalHashResult:
-        return self.kv_ops.canonical_hash(req)
-
-    def invalidate(self, req: InvalidateRequest) -> InvalidateResult:
-        return self.kv_ops.invalidate(req)
-
-    def abort(self, request_id: str) -> None:
-        self.aborts.setdefault(request_id, threading.Event()).set()
 
 
 class InProcessRank:

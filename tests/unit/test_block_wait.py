@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bsr_cli.core.events import RequestAdmitted, RestoreRefused
+from bsr_cli.core.events import RequestAdmitted, RestoreEnded
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.errors import CapacityError, RestoreAborted
@@ -75,7 +75,7 @@ def test_a_request_that_can_never_fit_is_refused_at_once(kv_engine: FakeEngine) 
         kv_engine.coordinator.submit(too_big, request="req-huge")
     assert "can never fit" in e.value.message and "--kv-tokens" in (e.value.hint or "")
     assert _gauge(kv_engine) == 0 and _gave_up(kv_engine) == 0  # it never queued
-    refused = [e for e in kv_engine.events.recent(50) if isinstance(e, RestoreRefused)]
+    refused = [e for e in kv_engine.events.recent(50) if (isinstance(e, RestoreEnded) and e.outcome is Outcome.REFUSED)]
     assert refused and refused[-1].request == "req-huge"
     assert refused[-1].failures[0].cause == CapacityCause.NO_DESTINATION_BLOCKS
 

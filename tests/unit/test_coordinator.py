@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bsr_cli.core.events import Event, FaultFired, RestoreFailedClosed, WindowReleased
+from bsr_cli.core.events import Event, FaultFired, RestoreEnded, WindowReleased
 from bsr_cli.core.evidence import Outcome, Stage
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
@@ -153,7 +153,9 @@ def test_a_dead_rank_that_is_restarting_refuses_the_restore_before_any_window() 
             eng.coordinator.restore(PROMPT)
         assert (e.value.rank, e.value.retry_after_s, e.value.exit_code) == (0, 3, ExitCode.RANK_RESTARTING)
         assert "restore" not in eng.ranks[1].calls and all(not r.ops.kv.installs for r in eng.ranks)
-        ended = [ev for ev in eng.events.recent() if isinstance(ev, RestoreFailedClosed)]
+        ended = [
+            ev for ev in eng.events.recent() if (isinstance(ev, RestoreEnded) and ev.outcome is Outcome.FAILED_CLOSED)
+        ]
         assert ended and ended[-1].failures[0].rank == 0 and "starts it again" in ended[-1].failures[0].reason
     finally:
         for r in eng.ranks:

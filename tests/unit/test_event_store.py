@@ -16,13 +16,13 @@ from bsr_cli.core.events import (
     FaultInjected,
     MarkerCleared,
     RequestAdmitted,
+    RestoreEnded,
     RestoreFailed,
-    RestoreFailedClosed,
     RestoreStarted,
     WindowReleased,
     request_of,
 )
-from bsr_cli.core.evidence import EventKind, FailureKind, Stage
+from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage
 from bsr_cli.core.when import parse_duration, parse_since
 from bsr_cli.errors import InvalidInput
 from bsr_cli.runtime import failure_log
@@ -207,7 +207,11 @@ def test_failures_are_logged_as_json_lines_with_their_reason(tmp_path: Path) -> 
             tier="mooncake",
         )
     )
-    events.append(RestoreFailedClosed(request="req-00001", failures=(fail,), failure_kind=FailureKind.TIER))
+    events.append(
+        RestoreEnded(
+            outcome=Outcome.FAILED_CLOSED, request="req-00001", failures=(fail,), failure_kind=FailureKind.TIER
+        )
+    )
     failure_log.log_failure(log, "event store: 3 event(s) not written", component="event-store")
     failure_log.close_log(log)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -249,7 +253,15 @@ def test_the_store_reads_back_what_the_tail_holds_byte_for_byte(tmp_path: Path) 
     log = EventLog(store=EventStore(tmp_path / "e.sqlite"))
     _restore(log, "req-00001", windows=2)
     fail = Failure(rank=1, reason="timeout", kind=FailureKind.TIER, stage=Stage.FETCH, window=0, tier="mooncake")
-    log.append(RestoreFailedClosed(request="req-00001", failures=(fail,), failure_kind=FailureKind.TIER, seconds=1.5))
+    log.append(
+        RestoreEnded(
+            outcome=Outcome.FAILED_CLOSED,
+            request="req-00001",
+            failures=(fail,),
+            failure_kind=FailureKind.TIER,
+            seconds=1.5,
+        )
+    )
     log.append(FaultInjected(fault_id=3, fault="timeout", rank=1, window=None, group="full", count=2))
     log.append(MarkerCleared(prompt="p", why="operator", scope="tier", tier="fs", excluded_tiers=("mooncake",)))
     held = [json.dumps(e.to_wire()) for e in log.recent(100)]

@@ -65,7 +65,7 @@ def test_an_injected_failure_is_marked_on_everything_it_causes(warm: FakeEngine)
     assert [(e.request, e.fault, e.fired) for e in fired] == [("r-drill", "remote-unavailable", 1)]
     parts = [e for e in seen if isinstance(e, ev.RestoreFailed)]
     assert parts and all(e.injected for e in parts) and all(e.to_wire()["injected"] is True for e in parts)
-    (closed,) = [e for e in seen if isinstance(e, ev.RestoreFailedClosed)]
+    (closed,) = [e for e in seen if (isinstance(e, ev.RestoreEnded) and e.outcome is Outcome.FAILED_CLOSED)]
     assert closed.injected and closed.to_wire()["injected"] is True
     (marker,) = [e for e in seen if isinstance(e, ev.MarkerSet)]
     assert marker.injected
@@ -98,7 +98,7 @@ def test_the_same_failure_not_injected_is_marked_nowhere(warm: FakeEngine) -> No
     assert not [e for e in seen if isinstance(e, ev.FaultFired)]
     parts = [e for e in seen if isinstance(e, ev.RestoreFailed)]
     assert parts and not any(e.injected for e in parts) and "injected" not in parts[0].to_wire()
-    (closed,) = [e for e in seen if isinstance(e, ev.RestoreFailedClosed)]
+    (closed,) = [e for e in seen if (isinstance(e, ev.RestoreEnded) and e.outcome is Outcome.FAILED_CLOSED)]
     assert not closed.injected
     (marker,) = [e for e in seen if isinstance(e, ev.MarkerSet)]
     assert not marker.injected

@@ -16,7 +16,7 @@ from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.cli.output import Output
 from bsr_cli.core import events as ev
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.evidence import EventKind, Outcome
 from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -578,7 +578,7 @@ def timeline(request: str, evs: list[ev.Event], markers: Sequence[MarkerView] = 
         elif isinstance(e, ev.RestoreFailed):
             failures.append(TimelineFailure.of(e.failure, at))
         elif isinstance(e, ev.RestoreEnded):
-            tokens = e.committed_tokens if isinstance(e, ev.RestoreCommitted) else 0
+            tokens = e.committed_tokens if e.outcome is Outcome.COMMITTED else 0
             outcome = TimelineOutcome(e.outcome.value.replace("_", " "), at=at, tokens=tokens)
             ended, ended_at = e.failures, at
         elif isinstance(e, ev.MarkerSet):

@@ -337,10 +337,10 @@ def _watch(st: AppState, box: _StreamedRestore, progress: Any, verify: bool) -> 
     """The restore's event listener: the progress display, and the moment it committed. The output-hash check runs
     from then until the answer, silently on the engine's side: the display (or, without one, a note) says so."""
     from bsr_cli.cli.render import ops as render_ops
-    from bsr_cli.core.events import RestoreCommitted
+    from bsr_cli.core.events import RestoreEnded
 
     def on_event(e: Event) -> None:
-        if isinstance(e, RestoreCommitted) and box.committed_at is None:
+        if isinstance(e, RestoreEnded) and e.outcome is Outcome.COMMITTED and box.committed_at is None:
             box.committed_at = time.monotonic()
             if progress:
                 progress.check_started(verify)
