@@ -518,7 +518,7 @@ class Schemas:
         if kind is tuple and args and args[-1] is not Ellipsis:  # a fixed tuple: each item its type
             items = [self.of(a) for a in args]
             return {"type": "array", "prefixItems": items, "minItems": len(items), "maxItems": len(items)}
-        if kind in (tuple, list, set, frozenset):
+        if kind in (tuple, list, set, frozenset, Sequence):
             array: JsonSchema = {"type": "array", "items": self.of(args[0] if args else Any)}
             return array | {"uniqueItems": True} if kind in (set, frozenset) else array
         if kind in (dict, Mapping):
@@ -547,9 +547,9 @@ class Schemas:
             if "return" not in hints:
                 raise TypeError(f"{cls.__name__}.{name}: a key its writer computes needs its return type")
             return self.of(hints["return"])
-        value = getattr(cls, name)
-        if isinstance(value, enum.Enum):
-            return {"const": value.value}
+        value = getattr(cls, name)  # a constant of the class (an event's kind)
+        if isinstance(value, enum.Enum | str | int | float):
+            return {"const": value_to_wire(value)}
         return self.of(typing.get_type_hints(cls)[name])
 
 

@@ -59,6 +59,7 @@ from bsr_cli.core.results import (
     SubmitResult,
 )
 from bsr_cli.core.scrub import QuarantinedFile, ScrubProgress, ScrubReport
+from bsr_cli.core.stage_costs import StageCosts
 from bsr_cli.core.status import (
     ActiveRestore,
     Admission,
@@ -140,7 +141,7 @@ def _report(committed: bool) -> RestoreReport:
         hint=None if committed else "retry when the host is less loaded",
         windows=2,
         ranks=(
-            RankRestore(rank=0, ok=True, valid={"full": True}, windows_done=2),
+            RankRestore(rank=0, ok=True, valid={"full": True}, windows_done=2, stages=StageCosts(process_cpu_s=0.5)),
             RankRestore(
                 rank=1,
                 ok=committed,
