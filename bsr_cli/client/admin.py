@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -30,14 +29,13 @@ import httpx
 
 from bsr_cli import API_VERSION
 from bsr_cli.client.local_engine import connection, read_token_file, serving
-from bsr_cli.core import wire
 from bsr_cli.core.events import Event, known_event
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
 from bsr_cli.core.scrub import ScrubLimits, ScrubReport
-from bsr_cli.core.status import EngineInfo, FaultListing, Health, MarkerView, PoolEntry, Snapshot
+from bsr_cli.core.status import EngineInfo, EventPage, FaultListing, Health, MarkerView, PoolEntry, Snapshot
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamedRequest, read_line
 from bsr_cli.errors import (
     AlreadyEnded,
@@ -66,22 +64,6 @@ PAGE = 5000  # events asked for per /events page when filtering
 MAX_PAGES = 1000  # a bound on paging through a store that keeps growing meanwhile
 # How long a scrub's answer is waited for: the engine's own wait for its ranks (runtime/scrub.py), and a margin.
 SCRUB_WAIT_S = 630.0
-
-
-@dataclass(frozen=True)
-class EventPage:
-    """One ``GET /events`` answer: its events as the engine sent them (kept as JSON objects: a newer engine's
-    kinds are printed and exported whole, and ``known_event`` types those this bsr knows), the engine's last
-    sequence number, whether it keeps its events in a durable store, and how many it holds from which sequence
-    number on (None from an engine that does not say)."""
-
-    events: list[dict[str, Any]]
-    last_seq: int = 0
-    durable: bool = False
-    held: int | None = None
-    oldest_seq: int | None = None
-
-    from_wire = wire.reader()
 
 
 _KIND_TO_ERROR: dict[str, type[BsrError]] = {

@@ -18,6 +18,7 @@ from bsr_cli.errors import InvalidInput
 _PROBE_HINT = "give a probe result saved with `bsr probe --json > probe.json` (examples/probe.json is one)"
 
 MAX_TIERS = 4  # one hex digit per cell
+PROBE_KIND = "bsr.probe"  # what a bitmap's JSON (and a probe's) says it is
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,17 @@ class Break:
     def from_wire(cls, d: dict[str, Any] | None) -> Break | None:
         """A break as a probe's JSON carries it (``first_break``: an object, or null when nothing breaks)."""
         return wire.read(cls, d) if d else None
+
+
+@dataclass(frozen=True)
+class BitmapRow:
+    """One (rank, KV group) row of a hit bitmap: one hex digit per chunk, the mask of the tiers that hold it."""
+
+    rank: int
+    group: str
+    cells: str
+
+    to_wire = wire.writer()
 
 
 @dataclass(frozen=True)
@@ -141,7 +153,7 @@ class HitBitmap:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": "bsr.probe",
+            "kind": PROBE_KIND,
             "model": self.model,
             "registration": self.registration,
             "tokens": self.tokens,
@@ -150,10 +162,26 @@ class HitBitmap:
             "tiers": list(self.tiers),
             "ranks": self.ranks,
             "groups": list(self.groups),
-            "rows": [
-                {"rank": r, "group": g, "cells": self.rows[(r, g)]} for r in range(self.ranks) for g in self.groups
-            ],
+            "rows": [BitmapRow(r, g, self.rows[(r, g)]).to_wire() for r in range(self.ranks) for g in self.groups],
         }
+
+    @classmethod
+    def wire_schema(cls, s: wire.Schemas) -> wire.JsonSchema:
+        """``to_dict``'s object: the bitmap's own keys, its ``chunks``, and its rows as a list (ranks first)."""
+        text, count, names = s.of(str), s.of(int), s.of(tuple[str, ...])
+        keys = {
+            "kind": {"const": PROBE_KIND},
+            "model": text,
+            "registration": text,
+            "tokens": count,
+            "chunk_size": count,
+            "chunks": count,
+            "tiers": names,
+            "ranks": count,
+            "groups": names,
+            "rows": s.of(tuple[BitmapRow, ...]),
+        }
+        return wire.object_schema(keys, tuple(keys))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "probe") -> HitBitmap:

@@ -1,6 +1,7 @@
 """What a request's life answers, as types: the probe-only lookup (``ProbeResult``), a submitted prompt's admission
 (``SubmitResult`` with its ``AdmissionPass``es), a windowed restore across every rank (``RestoreReport``, each
-rank's part a ``RankRestore``), a manual restore (``ManualRestoreResult``) and an abort (``AbortAnswer``).
+rank's part a ``RankRestore``), a manual restore (``ManualRestoreResult``), an abort (``AbortAnswer``), and the admin
+API's short answers (``Ok``, ``Cleared``) and its errors (``ErrorBody``).
 
 The runtime builds them, the admin API serializes each once (``to_wire()``: the JSON the API has always answered,
 key for key and in the same order, a key absent where it always was), and the client reads them back with
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsr_cli.core import wire
-from bsr_cli.core.bitmap import Break, HitBitmap
+from bsr_cli.core.bitmap import PROBE_KIND, Break, HitBitmap
 from bsr_cli.core.events import Failure
 from bsr_cli.core.evidence import CapacityCause, FailureKind, Outcome, Stage
 from bsr_cli.core.markers import Marker
@@ -48,7 +49,7 @@ class ProbeResult:
 
     @property
     def kind(self) -> str:
-        return "bsr.probe"  # the document's kind, first, as the bitmap's own
+        return PROBE_KIND  # the document's kind, first, as the bitmap's own
 
     to_wire = wire.writer(
         order=(
@@ -255,6 +256,23 @@ class ManualRestoreResult:
         return out
 
     @classmethod
+    def wire_schema(cls, s: wire.Schemas) -> wire.JsonSchema:
+        """Every key it may write, in one object: the request's, the probe's, the report's (a restore that never
+        started writes some of them), the hashes, the marker, what an output mismatch invalidated and the host's
+        note. Every answer says the request, its outcome and the tokens advertised and committed."""
+        lookup, report = s.body(PrefixLookup), s.body(RestoreReport)
+        text, count = s.of(str), s.of(int)
+        keys = {
+            **{"request": text, "prompt": text, "tokens": count, "W": count},
+            **lookup["properties"],
+            **report["properties"],
+            **{"output_hash": text, "canonical_hash": s.of(str | None), "hash_ok": s.of(bool | None)},
+            **{"marker": s.of(Marker), "restored_tokens": count, **_not_applicable_schema(s)},
+        }
+        always = ("request", "prompt", "tokens", "W", "outcome", "advertised_tokens", "committed_tokens")
+        return wire.object_schema(keys, always)
+
+    @classmethod
     def from_wire(cls, d: dict[str, Any]) -> ManualRestoreResult:
         nothing = d.get("outcome") == Outcome.NOTHING_TO_RESTORE
         if "restored_tokens" in d:  # an output mismatch invalidated what the report committed
@@ -279,6 +297,11 @@ def _not_applicable(note: str, output_hash: str) -> dict[str, str]:
     return {"hash": HASH_NOT_APPLICABLE, "hash_note": note, "kv_checksum": output_hash}
 
 
+def _not_applicable_schema(s: wire.Schemas) -> dict[str, wire.JsonSchema]:
+    """The keys ``_not_applicable`` adds (only where the host says a canonical hash does not apply)."""
+    return {"hash": {"const": HASH_NOT_APPLICABLE}, "hash_note": s.of(str), "kv_checksum": s.of(str)}
+
+
 # -- a submitted prompt ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class AdmissionPass:
@@ -296,6 +319,13 @@ class AdmissionPass:
         if self.restore is not None and not self.restore.committed_tokens:  # why this pass's restore failed
             out["failure_kind"] = wire.value_to_wire(self.restore.failure_kind)
         return out
+
+    @classmethod
+    def wire_schema(cls, s: wire.Schemas) -> wire.JsonSchema:
+        """The codec's, and the failure kind of a restore that committed nothing (only then)."""
+        written = s.written(cls)
+        written["properties"]["failure_kind"] = s.of(FailureKind | None)
+        return written
 
     from_wire = wire.reader()
 
@@ -358,6 +388,21 @@ class SubmitResult:
         return out
 
     @classmethod
+    def wire_schema(cls, s: wire.Schemas) -> wire.JsonSchema:
+        """The fields' schemas in the JSON's layout: the marker's history under ``force_local``, no store as ``{}``,
+        and the host's note where it has one."""
+        fields = s.written(cls)["properties"]
+        history = {"history": fields["marker_history"], "cleared": fields["marker_cleared"]}
+        keys = {
+            **{key: fields[key] for key in _SUBMIT_HEAD},
+            "force_local": wire.object_schema(history, tuple(history)),
+            "stored": wire.any_of([s.of(StoreReport), {"type": "object", "maxProperties": 0}]),
+            **{key: fields[key] for key in _SUBMIT_TAIL},
+            **_not_applicable_schema(s),
+        }
+        return wire.object_schema(keys, (*_SUBMIT_HEAD, "force_local", "stored", *_SUBMIT_TAIL))
+
+    @classmethod
     def from_wire(cls, d: dict[str, Any]) -> SubmitResult:
         force_local = d.get("force_local") or {}
         return dataclasses.replace(
@@ -385,13 +430,63 @@ class AbortAnswer:
     from_wire = wire.reader()
 
 
+# -- the admin API's short answers and its errors ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ok:
+    """An action done: the engine stops (``POST /shutdown``), the pools' peaks are reset (``POST
+    /pool/reset-peak``)."""
+
+    ok: bool = True
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """How many armed faults or force-local markers a clear removed (or, for a tier, touched)."""
+
+    cleared: int
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorBody:
+    """Every error the admin API answers: ``error`` is its kind (unauthorized, forbidden-host, forbidden-origin,
+    bad-request, invalid-input, not-found, unknown-request, method-not-allowed, busy, faults-disabled, capacity,
+    aborted, already-ended, rank-restarting, rank-unresponsive, host-overloaded, server-error, or another runtime
+    error's own), ``message`` says what happened, ``hint`` what to do (null: nothing to say)."""
+
+    error: str
+    message: str
+    hint: str | None = None
+    # rank-restarting, rank-unresponsive: the rank that cannot answer
+    rank: int | None = wire.field(default=None, omit_none=True)
+    # rank-restarting, or a capacity refusal the same request may get past later: seconds to wait (Retry-After)
+    retry_after_s: int | None = wire.field(default=None, omit_none=True)
+    # already-ended: how the request had ended when the abort came
+    outcome: Outcome | None = wire.field(default=None, omit_none=True)
+    # method-not-allowed: the methods the path serves (the Allow header)
+    allowed: tuple[str, ...] = wire.field(default=(), omit_empty=True)
+    # version-mismatch: the API versions this engine speaks
+    supported: tuple[str, ...] = wire.field(default=(), omit_empty=True)
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
 __all__ = [
     "HASH_NOT_APPLICABLE",
     "AbortAnswer",
     "AdmissionPass",
+    "Cleared",
+    "ErrorBody",
     "InvalidCell",
     "ManualRestoreResult",
     "MarkerStep",
+    "Ok",
     "OutputHashes",
     "PrefixLookup",
     "ProbeResult",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bsr_cli.core import wire
+from bsr_cli.core.events import Event
 from bsr_cli.core.evidence import FailureKind, Outcome, RankState, Stage, TierCondition
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
@@ -246,6 +247,16 @@ class PoolEntry:
         return replace(self, pool=pool)
 
 
+@dataclass(frozen=True)
+class PoolListing:
+    """What ``GET /pool`` answers: every rank's entry."""
+
+    ranks: tuple[PoolEntry, ...]
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
 # -- what a monitor draws ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ActiveRestore:
@@ -370,6 +381,16 @@ class RecentRestore:
         return {key: written[key] for key in self.sent_keys if key in written}
 
     @classmethod
+    def wire_schema(cls, s: wire.Schemas) -> wire.JsonSchema:
+        """Its fields' schema with every key optional (an entry a host wrote keeps the keys it came with), and an
+        outcome, failure kind or stage this bsr does not know kept as sent (any string)."""
+        written = s.written(cls)
+        properties = dict(written["properties"])
+        for key in _RECENT_ENUMS:
+            properties[key] = wire.any_of([properties[key], {"type": "string"}])
+        return wire.object_schema(properties, (), written["additionalProperties"])
+
+    @classmethod
     def from_wire(cls, d: dict[str, Any]) -> RecentRestore:
         # A value a newer engine has and this bsr does not know (an outcome, a failure kind or stage) reads as
         # unknown (None) and is kept as sent, so the snapshot still reads and is written back whole.
@@ -407,12 +428,29 @@ class Snapshot:
     # The events as the engine sent them, kept as JSON objects (bsr_cli.core.events.known_event types one): a kind
     # a newer engine adds, or an event of an older recording, has no type here, yet `bsr top` shows it and
     # `bsr status --json` writes it back whole.
-    events: list[dict[str, Any]]
+    events: list[dict[str, Any]] = field(metadata=wire.meta(shape=list[Event]))
     seq: int  # the last event's sequence number: the next poll's cursor
     markers: tuple[MarkerView, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
     # what a host adds (a vLLM worker's scheduler)
     host_fields: dict[str, Any] = wire.field(extra=True)
+
+    to_wire = wire.writer()
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True)
+class EventPage:
+    """One ``GET /events`` answer: its events as the engine sent them (kept as JSON objects: a newer engine's
+    kinds are printed and exported whole, and ``known_event`` types those this bsr knows), the engine's last
+    sequence number, whether it keeps its events in a durable store, and how many it holds from which sequence
+    number on (None from an engine that does not say)."""
+
+    events: list[dict[str, Any]] = field(metadata=wire.meta(shape=list[Event]))
+    last_seq: int = 0
+    durable: bool = False
+    held: int | None = None
+    oldest_seq: int | None = None
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -436,11 +474,13 @@ __all__ = [
     "BlockWait",
     "EngineInfo",
     "EngineStatus",
+    "EventPage",
     "FaultListing",
     "Health",
     "MarkerList",
     "MarkerView",
     "PoolEntry",
+    "PoolListing",
     "QuarantinedFile",
     "RankFault",
     "RankHealth",

@@ -13,7 +13,8 @@ A result type declares its fields and, where the JSON differs from the field, sa
 - ``skip``: not on the wire at all (read back as its default);
 - ``none_as=""``: None travels as that value (written so, and read back as None);
 - ``absent_from=f``: what a reader assumes when the key is missing or null, worked out from the whole object
-  (``f(d)``: an older writer's answer implies it from its other keys).
+  (``f(d)``: an older writer's answer implies it from its other keys);
+- ``shape=T``: a value kept as JSON (an event as the engine sent it) has the wire form of ``T`` (its schema's type).
 
 It then takes the codec as its two wire methods::
 
@@ -38,6 +39,10 @@ wrong kind for a nested object, list or map reads as empty, and an item of a lis
 is passed over; an enum value the type does not know is an error (``ValueError``), unless the enum itself keeps
 such values (``core.evidence``: a stage, a tier condition a newer engine adds).
 
+The JSON Schema of what a writer emits comes from the same declaration (``Schemas``): keys by wire name, those
+always written ``required``, nested results by reference to their own schema. A type whose JSON is written by hand
+declares its schema beside its writer (``wire_schema``, a classmethod given the ``Schemas`` it adds to).
+
 Pure: no I/O.
 """
 
@@ -46,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import inspect
 import types
 import typing
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -63,6 +69,7 @@ _FLATTEN = "wire_flatten"
 _SKIP = "wire_skip"
 _NONE_AS = "wire_none_as"
 _ABSENT_FROM = "wire_absent_from"
+_SHAPE = "wire_shape"
 
 
 def field(
@@ -77,6 +84,7 @@ def field(
     absent: Any = dataclasses.MISSING,
     absent_from: Callable[[Mapping[str, Any]], Any] | None = None,
     extra: bool = False,
+    shape: Any = None,
     default: Any = dataclasses.MISSING,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
@@ -94,6 +102,7 @@ def field(
         absent=absent,
         absent_from=absent_from,
         extra=extra,
+        shape=shape,
     )
     return dataclasses.field(default=default, default_factory=default_factory, metadata=described)
 
@@ -110,6 +119,7 @@ def meta(
     absent: Any = dataclasses.MISSING,
     absent_from: Callable[[Mapping[str, Any]], Any] | None = None,
     extra: bool = False,
+    shape: Any = None,
 ) -> dict[str, Any]:
     """The wire form ``field`` describes, as metadata for a field that has no default:
     ``dataclasses.field(metadata=wire.meta(name="W"))`` (a type checker takes any other call as a default, and
@@ -135,6 +145,8 @@ def meta(
         described[_ABSENT] = absent
     if extra:
         described[_EXTRA] = True
+    if shape is not None:
+        described[_SHAPE] = shape
     return described
 
 
@@ -152,6 +164,7 @@ class _Field:
     none_as: Any = dataclasses.MISSING  # what None travels as
     absent_from: Callable[[Mapping[str, Any]], Any] | None = None
     omit_false: bool = False
+    shape: Any = None  # the type whose wire form a value kept as JSON has (its schema's type)
 
 
 def _plan(cls: type) -> tuple[_Field, ...]:
@@ -185,6 +198,7 @@ def _plan_of(key: Hashable) -> tuple[_Field, ...]:
                 none_as=f.metadata.get(_NONE_AS, dataclasses.MISSING),
                 absent_from=f.metadata.get(_ABSENT_FROM),
                 omit_false=bool(f.metadata.get(_OMIT_FALSE)),
+                shape=f.metadata.get(_SHAPE),
             )
         )
     return tuple(out)
@@ -406,6 +420,208 @@ def _empty(hint: Any) -> Any:
     return {bool: False, int: 0, float: 0.0, str: ""}.get(hint)
 
 
+# -- the schema of what a writer emits ------------------------------------------------------------------------
+JsonSchema = dict[str, Any]
+REF_PREFIX = "#/components/schemas/"  # where an OpenAPI document keeps its schemas
+_SIMPLE: dict[type, JsonSchema] = {
+    bool: {"type": "boolean"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    str: {"type": "string"},
+}
+
+
+class Schemas:
+    """The JSON Schemas (draft 2020-12, as OpenAPI 3.1 takes them) of result types' wire forms, collected by class
+    name: ``ref(T)`` is a reference to T's schema, which it adds to ``components`` with that of every type T nests.
+
+    A schema says what the type's writer emits: its keys by wire name, those always written ``required`` (a key
+    left out while None, empty or False is not), null where None is written, an enum as its values, a tuple, list
+    or set as an array, a map as an object (its keys are strings), a flattened part's keys inline, a computed key
+    as its property's type, and no key besides unless the type keeps a host's (``extra``)."""
+
+    def __init__(self, prefix: str = REF_PREFIX) -> None:
+        self.prefix = prefix
+        self.components: dict[str, JsonSchema] = {}
+        self._types: dict[str, type] = {}
+
+    def ref(self, cls: type) -> JsonSchema:
+        """A reference to ``cls``'s schema (worked out once, with every type it nests)."""
+        name = cls.__name__
+        seen = self._types.setdefault(name, cls)
+        if seen is not cls:
+            raise TypeError(f"two wire types are named {name}: {seen.__module__}'s and {cls.__module__}'s")
+        if name not in self.components:
+            self.components[name] = {}  # taken before it is worked out: a type that nests itself refers to itself
+            summary = _summary(cls)
+            body = self.body(cls)
+            self.components[name] = {"description": summary, **body} if summary else body
+        return {"$ref": self.prefix + name}
+
+    def body(self, cls: type) -> JsonSchema:
+        """The schema of ``cls``'s JSON object, inline: declared beside a writer written by hand, else the codec's."""
+        declared = getattr(cls, "wire_schema", None)
+        if callable(declared):
+            return typing.cast(JsonSchema, declared(self))
+        if _writes_itself(cls):
+            raise TypeError(f"{cls.__name__} writes its JSON by hand: declare its schema (a wire_schema classmethod)")
+        return self.written(cls)
+
+    def written(self, cls: type) -> JsonSchema:
+        """The schema of what ``write`` makes of ``cls`` (a writer written by hand builds its own on it)."""
+        names, fields = _write_plan(typing.cast(Hashable, cls))
+        properties: dict[str, JsonSchema] = {}
+        required: list[str] = []
+        additional: JsonSchema | bool = False
+        for key, attr in _layout(cls).lead.items():
+            properties[key] = self._attribute(cls, attr)
+            required.append(key)
+        for name in names:
+            f = fields.get(name)
+            if f is None:  # computed: always written
+                properties[name] = self._attribute(cls, name)
+                required.append(name)
+            elif f.extra:
+                additional = self._values(f.hint)
+            elif f.flatten:
+                part = _flat_type(f.hint)
+                inline = self.body(part)
+                properties.update(inline["properties"])
+                required += inline.get("required", []) if f.hint is part else []  # an optional part: none of them
+                additional = inline.get("additionalProperties", False) or additional
+            else:
+                properties[f.key] = self._field(f)
+                if not (f.omit_none or f.omit_empty or f.omit_false):
+                    required.append(f.key)
+        return object_schema(properties, required, additional)
+
+    def of(self, hint: Any) -> JsonSchema:
+        """The schema of a value of type ``hint`` as the codec writes it."""
+        if hint is Any or hint is object:
+            return {}
+        if hint is None or hint is type(None):
+            return {"type": "null"}
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if origin is typing.ClassVar:
+            return self.of(args[0])
+        if origin in (Union, types.UnionType):
+            return any_of([self.of(a) for a in args])
+        if origin is typing.Literal:
+            return {"enum": list(args)}
+        if isinstance(hint, type) and hint in _SIMPLE:
+            return dict(_SIMPLE[hint])
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            return _enum_schema(hint)
+        if isinstance(hint, type) and _written_type(hint):
+            return self.ref(hint)
+        kind = origin or hint
+        if kind is tuple and args and args[-1] is not Ellipsis:  # a fixed tuple: each item its type
+            items = [self.of(a) for a in args]
+            return {"type": "array", "prefixItems": items, "minItems": len(items), "maxItems": len(items)}
+        if kind in (tuple, list, set, frozenset, Sequence):
+            array: JsonSchema = {"type": "array", "items": self.of(args[0] if args else Any)}
+            return array | {"uniqueItems": True} if kind in (set, frozenset) else array
+        if kind in (dict, Mapping):
+            return {"type": "object", "additionalProperties": self._values(hint)}
+        raise TypeError(f"no JSON Schema for {hint!r}")
+
+    def _field(self, f: _Field) -> JsonSchema:
+        hint = f.hint if f.shape is None else f.shape
+        if f.omit_false:
+            return {"const": True}  # written only when set
+        if f.none_as is not dataclasses.MISSING:
+            return any_of([self.of(_without_none(hint)), {"const": f.none_as}])
+        return self.of(_without_none(hint) if f.omit_none or f.omit_empty else hint)
+
+    def _values(self, hint: Any) -> JsonSchema | bool:
+        """The schema of a map's values (any value: ``True``)."""
+        args = typing.get_args(hint)
+        value = args[1] if len(args) == 2 else Any
+        return self.of(value) if value is not Any else True
+
+    def _attribute(self, cls: type, name: str) -> JsonSchema:
+        """The schema of a key a writer computes: its property's return type, or the class's constant."""
+        member = inspect.getattr_static(cls, name)
+        if isinstance(member, property) and member.fget is not None:
+            hints = typing.get_type_hints(member.fget)
+            if "return" not in hints:
+                raise TypeError(f"{cls.__name__}.{name}: a key its writer computes needs its return type")
+            return self.of(hints["return"])
+        value = getattr(cls, name)  # a constant of the class (an event's kind)
+        if isinstance(value, enum.Enum | str | int | float):
+            return {"const": value_to_wire(value)}
+        return self.of(typing.get_type_hints(cls)[name])
+
+
+def schema(cls: type) -> JsonSchema:
+    """A JSON Schema of ``cls``'s wire form that stands alone: a reference to it beside every schema it uses."""
+    s = Schemas(prefix="#/$defs/")
+    root = s.ref(cls)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **root, "$defs": s.components}
+
+
+def object_schema(
+    properties: Mapping[str, JsonSchema], required: Sequence[str] = (), additional: JsonSchema | bool = False
+) -> JsonSchema:
+    """A JSON object's schema: its keys' schemas, those always there, and what other keys may hold (none: False)."""
+    out: JsonSchema = {"type": "object", "properties": dict(properties)}
+    if required:
+        out["required"] = list(dict.fromkeys(required))
+    out["additionalProperties"] = additional
+    return out
+
+
+def any_of(schemas: Sequence[JsonSchema]) -> JsonSchema:
+    """One of several schemas: a list of types where each is one bare type, else ``anyOf`` (never nested)."""
+    flat = [branch for s in schemas for branch in (s["anyOf"] if set(s) == {"anyOf"} else [s])]
+    unique = [s for i, s in enumerate(flat) if s not in flat[:i]]
+    if {} in unique:
+        return {}
+    if len(unique) == 1:
+        return unique[0]
+    if all(set(s) == {"type"} and isinstance(s["type"], str) for s in unique):
+        return {"type": [s["type"] for s in unique]}
+    return {"anyOf": unique}
+
+
+def _enum_schema(cls: type[enum.Enum]) -> JsonSchema:
+    values = [m.value for m in cls]
+    out: JsonSchema = (
+        {"type": "string", "enum": values} if all(isinstance(v, str) for v in values) else {"enum": values}
+    )
+    if "_missing_" in cls.__dict__:  # it keeps a value a newer part of the engine sends, written back as sent
+        return {"anyOf": [out, {"type": "string"}]}
+    return out
+
+
+def _without_none(hint: Any) -> Any:
+    if typing.get_origin(hint) not in (Union, types.UnionType):
+        return hint
+    members = tuple(a for a in typing.get_args(hint) if a is not type(None))
+    return members[0] if len(members) == 1 else Union[members]  # noqa: UP007 - built from a tuple
+
+
+def _written_type(cls: type) -> bool:
+    """A type the codec writes as an object of its own (``value_to_wire``)."""
+    return dataclasses.is_dataclass(cls) or any(hasattr(cls, m) for m in ("to_wire", "to_dict", "wire_schema"))
+
+
+def _writes_itself(cls: type) -> bool:
+    """Whether a type's JSON comes from a method written by hand rather than the codec's writer."""
+    to_wire = inspect.getattr_static(cls, "to_wire", None)
+    if to_wire is not None:
+        return not isinstance(to_wire, writer)
+    return inspect.getattr_static(cls, "to_dict", None) is not None
+
+
+def _summary(cls: type) -> str:
+    """The first paragraph of a type's docstring, on one line ("" when it has none of its own)."""
+    doc = cls.__dict__.get("__doc__") or ""
+    if doc.startswith(cls.__name__ + "("):  # what dataclasses write for a class without a docstring
+        return ""
+    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split()).replace("``", "`")  # Markdown's code marks
+
+
 # -- the two wire methods a result type takes -------------------------------------------------------------------
 class writer:
     """``to_wire = wire.writer()``: the type's ``to_wire()`` is ``write(self)``. ``computed`` names attributes
@@ -434,4 +650,20 @@ class reader:
         return functools.partial(read, owner)
 
 
-__all__ = ["field", "keys", "meta", "read", "reader", "value_from_wire", "value_to_wire", "write", "writer"]
+__all__ = [
+    "REF_PREFIX",
+    "JsonSchema",
+    "Schemas",
+    "any_of",
+    "field",
+    "keys",
+    "meta",
+    "object_schema",
+    "read",
+    "reader",
+    "schema",
+    "value_from_wire",
+    "value_to_wire",
+    "write",
+    "writer",
+]

@@ -20,15 +20,16 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import anyio.to_thread
 import uvicorn
 
 from bsr_cli.runtime.coordinator import Coordinator
+from bsr_cli.server import openapi
 from bsr_cli.server.app import PREFIX, create_app, routes_of
 from bsr_cli.server.guard import Guard, allowed_host_names
 from bsr_cli.server.metrics import Exposition
+from bsr_cli.server.models import OpenAPIDocument
 from bsr_cli.server.protocol import HARD_CAP_FACTOR, GuardedH11Protocol, protocol_class
 
 # A body never needs more than the longest prompt as JSON token ids plus room for the other fields: an id is at most
@@ -136,10 +137,10 @@ class AdminServer:
         self._max_connections = max_connections
         self.on_shutdown = on_shutdown
         self.max_body = BODY_OVERHEAD + BODY_BYTES_PER_TOKEN * max(coordinator.settings.max_tokens, 0)
-        self.document: dict[str, Any] | None = None  # this engine's OpenAPI document, built on first request
+        self._document: OpenAPIDocument | None = None  # this engine's OpenAPI document, built on first request
         self.counters = {"http_requests": 0}
         self._metrics = Exposition(coordinator)
-        app = create_app(self)
+        app = self._fastapi = create_app(self)
         self._max_anonymous = max_anonymous
         trusted: set[tuple[str, int]] = set()  # connections that showed the token (guard and protocol share it)
         # Every connection the caps let in must find a descriptor: those being served, the queued requests' and the
@@ -182,6 +183,13 @@ class AdminServer:
 
     def metrics_text(self) -> str:
         return self._metrics.text()
+
+    def openapi_document(self) -> OpenAPIDocument:
+        """docs/openapi.json with this engine's own bounds, built on first request."""
+        if self._document is None:
+            doc = openapi.narrow(openapi.build(self._fastapi), openapi.limits_of(self.coordinator))
+            self._document = OpenAPIDocument.from_wire(doc)
+        return self._document
 
     def _count(self) -> None:
         self.counters["http_requests"] += 1

@@ -27,13 +27,30 @@ from pydantic_core import ErrorDetails
 
 from bsr_cli import API_VERSION
 from bsr_cli.core.events import Event
-from bsr_cli.core.evidence import EventKind
-from bsr_cli.core.faults import FaultRequest
+from bsr_cli.core.evidence import EventKind, Outcome
+from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.markers import ClearScope
-from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
-from bsr_cli.core.scrub import ScrubLimits
-from bsr_cli.core.status import FaultListing, MarkerList
+from bsr_cli.core.registration import Registration
+from bsr_cli.core.results import (
+    AbortAnswer,
+    Cleared,
+    ErrorBody,
+    ManualRestoreResult,
+    Ok,
+    ProbeResult,
+    SubmitResult,
+)
+from bsr_cli.core.scrub import ScrubLimits, ScrubReport
+from bsr_cli.core.status import (
+    EngineInfo,
+    EventPage,
+    FaultListing,
+    Health,
+    MarkerList,
+    PoolListing,
+    Snapshot,
+)
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamLine
 from bsr_cli.errors import (
     AlreadyEnded,
@@ -50,6 +67,7 @@ from bsr_cli.runtime.coordinator import Coordinator, RankUnresponsive
 from bsr_cli.runtime.event_store import Query as EventQuery
 from bsr_cli.server import models as m
 from bsr_cli.server.guard import Route, route
+from bsr_cli.server.models import OpenAPIDocument
 
 PREFIX = f"/bsr/{API_VERSION}"
 NDJSON = "application/x-ndjson"
@@ -103,21 +121,23 @@ def _json(data: Any, status: int = 200) -> Response:
 
 
 def _err(status: int, kind: str, message: str, hint: str | None = None) -> Response:
-    return _json({"error": kind, "message": message, "hint": hint}, status)
+    return _json(ErrorBody(error=kind, message=message, hint=hint).to_wire(), status)
 
 
 def _bsr_error(e: BsrError) -> Response:
     """A runtime error's answer: its status, kind, message and hint; the rank it names, and when to retry (also as
     Retry-After) for a rank restarting or a capacity refusal that may fit later."""
-    body: dict[str, Any] = {"error": e.kind, "message": e.message, "hint": e.hint}
-    rank, retry = _rank_of(e), _retry_after(e)
-    if rank is not None:
-        body["rank"] = rank
-    if retry is not None:
-        body["retry_after_s"] = retry
-    if isinstance(e, AlreadyEnded) and e.outcome is not None:
-        body["outcome"] = e.outcome
-    resp = _json(body, status_for(e))
+    retry = _retry_after(e)
+    ended = e.outcome if isinstance(e, AlreadyEnded) else None
+    body = ErrorBody(
+        error=e.kind,
+        message=e.message,
+        hint=e.hint,
+        rank=_rank_of(e),
+        retry_after_s=retry,
+        outcome=Outcome(ended) if ended is not None else None,
+    )
+    resp = _json(body.to_wire(), status_for(e))
     if retry is not None:
         resp.headers["Retry-After"] = str(retry)
     return resp
@@ -192,34 +212,55 @@ ERROR_TEXT = {
 COMMON_ERRORS = (400, 403, 411, 413, 415, 431, 500, 503)
 
 
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {s: {"model": m.ErrorBody, "description": ERROR_TEXT[s]} for s in sorted({*COMMON_ERRORS, *statuses})}
+# What a route answers, by status: the result types it sends (the document gives their schemas: server/openapi.py).
+Answers = dict[int, tuple[type, ...]]
+_ANSWERS = "x-bsr-answers"  # carries a route's answers from `_op` into its AnsweredRoute, never into the document
+
+
+class AnsweredRoute(APIRoute):
+    """A route that knows the result types it answers (``answers``: by status), declared where the route is."""
+
+    def __init__(
+        self, path: str, endpoint: Callable[..., Any], *, openapi_extra: dict[str, Any] | None = None, **kw: Any
+    ) -> None:
+        extra = dict(openapi_extra or {})
+        self.answers: Answers = extra.pop(_ANSWERS, {})
+        super().__init__(path, endpoint, openapi_extra=extra or None, **kw)
 
 
 def _op(
-    model: type | None, *errors: int, auth: bool = False, stream: bool = False, unavailable: type | None = None
+    answer: type | None,
+    *errors: int,
+    auth: bool = False,
+    stream: bool = False,
+    status: int = 200,
+    unavailable: tuple[type, ...] = (ErrorBody,),
+    text: str | None = None,
 ) -> dict[str, Any]:
-    """A route's documentation: its answer's model, its error statuses, its token (``unavailable``: the model of
-    its 503 when that is not an error body alone)."""
-    extra: dict[str, Any] = {"responses": _errors(*errors, *((401,) if auth else ()))}
-    if unavailable is not None:
-        extra["responses"][503] = {"model": unavailable, "description": ERROR_TEXT[503]}
-    if model is not None:
-        extra["response_model"] = model
-    if auth:
-        extra["openapi_extra"] = {"security": [{"bearer": []}]}
+    """A route's documentation: the result type it answers (with ``status``), its error statuses (each an
+    ErrorBody; ``unavailable``: what its 503 may be), its token, and whether it streams NDJSON (``text``: it
+    answers plain text, so described)."""
+    statuses = sorted({*COMMON_ERRORS, *errors, *((401,) if auth else ())})
+    responses: dict[int | str, dict[str, Any]] = {s: {"description": ERROR_TEXT[s]} for s in statuses}
+    answers: Answers = {s: (ErrorBody,) for s in statuses} | {503: unavailable}
+    if answer is not None:
+        answers[status] = (answer,)
     if stream:
-        extra["responses"][200] = {"content": {NDJSON: {}}}
-    return extra
+        responses[200] = {"content": {NDJSON: {}}}
+    if text is not None:
+        responses[200] = {"description": text, "content": {"text/plain": {}}}
+    security: dict[str, Any] = {"security": [{"bearer": []}]} if auth else {}
+    return {"responses": responses, "status_code": status, "openapi_extra": {_ANSWERS: answers, **security}}
 
 
 class Host(Protocol):
-    """What the routes need of the server they run in (``AdminServer``): its coordinator, the engine's OpenAPI
-    document once built, the shutdown hook and the metrics text."""
+    """What the routes need of the server they run in (``AdminServer``): its coordinator, the engine's own OpenAPI
+    document, the shutdown hook and the metrics text."""
 
     coordinator: Coordinator
-    document: dict[str, Any] | None
     on_shutdown: Callable[[], None] | None
+
+    def openapi_document(self) -> OpenAPIDocument: ...
 
     def metrics_text(self) -> str: ...
 
@@ -381,10 +422,10 @@ def _settle(done: asyncio.Future[Response], answer: Response | None, error: Base
 QUEUED_PATHS = frozenset({f"{PREFIX}/requests", f"{PREFIX}/restore"})
 
 # -- routes (in the document's order) ----------------------------------------------------------------------------
-router = APIRouter()
+router = APIRouter(route_class=AnsweredRoute)
 
 
-@router.get(f"{PREFIX}/health", **_op(m.Health, unavailable=m.HealthUnavailable))
+@router.get(f"{PREFIX}/health", **_op(Health, unavailable=(Health, ErrorBody)))
 def health(c: CoordinatorDep) -> Response:
     """Every rank healthy: 200; a rank down, silent or out of step: 503 with the same body (``ok`` false), and
     while a dead rank is being started again, Retry-After (seconds until its next try)."""
@@ -396,39 +437,24 @@ def health(c: CoordinatorDep) -> Response:
     return resp
 
 
-@router.get(f"{PREFIX}/openapi.json", **_op(m.OpenAPIDocument, auth=True))
+@router.get(f"{PREFIX}/openapi.json", **_op(OpenAPIDocument, auth=True))
 def openapi_document(host: HostDep) -> Response:
     """This engine's OpenAPI document: the generic one with this engine's own bounds, so that a request valid
     against it is accepted (a 409 still says the capacity in use now does not fit it)."""
-    if host.document is None:
-        from bsr_cli.server import openapi
-
-        c = host.coordinator
-        limits = openapi.EngineLimits(
-            max_tokens=c.settings.max_tokens,
-            ranks=len(c.ranks),
-            groups=tuple(c.reg.group_names),
-            tiers=tuple(c.settings.tiers),
-            chunk_size=c.reg.chunk_size,
-            slot_bytes=c.reg.bytes_per_chunk,
-            aux_bytes=c.reg.aux_bytes,
-            pool_bytes=c.settings.pool_bytes,
-        )
-        host.document = openapi.narrow(openapi.build(), limits)
-    return _json(host.document)
+    return _json(host.openapi_document().to_wire())
 
 
-@router.get(f"{PREFIX}/info", **_op(m.Info, auth=True))
+@router.get(f"{PREFIX}/info", **_op(EngineInfo, auth=True))
 def info(c: CoordinatorDep) -> Response:
     return _json(c.info().to_wire())
 
 
-@router.get(f"{PREFIX}/registration", **_op(m.Registration, auth=True))
+@router.get(f"{PREFIX}/registration", **_op(Registration, auth=True))
 def registration(c: CoordinatorDep) -> Response:
     return _json(c.reg.to_dict())
 
 
-@router.post(f"{PREFIX}/probe", **_op(m.Probe, 409, auth=True))
+@router.post(f"{PREFIX}/probe", **_op(ProbeResult, 409, auth=True))
 def probe(body: m.ProbeBody, c: CoordinatorDep) -> Response:
     """Probe-only lookup: the complete hit bitmap (rank x group x chunk x tier), committable prefix, first
     break. Moves no object bytes; leaves nothing pinned."""
@@ -447,7 +473,7 @@ def probe(body: m.ProbeBody, c: CoordinatorDep) -> Response:
     return _json(result.to_wire())
 
 
-@router.post(f"{PREFIX}/requests", **_op(m.RestoreResult, 409, auth=True, stream=True))
+@router.post(f"{PREFIX}/requests", **_op(SubmitResult, 409, auth=True, stream=True))
 def submit(body: m.SubmitBody, c: CoordinatorDep) -> Response:
     """Submit a prompt for admission as the scheduler would: restore the external prefix in windows
     (fail-closed, force-local marker, fallback to a lower tier or recompute), compute the rest, store it, hash
@@ -464,7 +490,7 @@ def submit(body: m.SubmitBody, c: CoordinatorDep) -> Response:
     return _OwnThread(lambda: _json(c.submit(tokens, w=body.W, verify=body.verify, store=body.store).to_wire()))
 
 
-@router.post(f"{PREFIX}/restore", **_op(m.RestoreResult, 409, auth=True, stream=True))
+@router.post(f"{PREFIX}/restore", **_op(ManualRestoreResult, 409, auth=True, stream=True))
 def restore(body: m.RestoreBody, c: CoordinatorDep) -> Response:
     """A manual windowed restore of a prompt's external prefix (no fallback). NDJSON by default, JSON with
     stream=false. A client that disconnects aborts the restore (it ends fail-closed). As NDJSON: {type:
@@ -481,7 +507,7 @@ def restore(body: m.RestoreBody, c: CoordinatorDep) -> Response:
     return _OwnThread(lambda: _json(work(lambda ev: None).to_wire()))
 
 
-@router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(m.Aborting, 404, 409, auth=True))
+@router.post(f"{PREFIX}/restores/{{id}}/abort", **_op(AbortAnswer, 404, 409, auth=True))
 def abort(id: Annotated[str, Path(min_length=1)], c: CoordinatorDep) -> Response:
     """Abort a running restore; it ends fail-closed. 409 already-ended when the abort lost the race (the restore
     committed first, or the request had ended: the answer names its outcome); 404 when no such request is known."""
@@ -490,21 +516,21 @@ def abort(id: Annotated[str, Path(min_length=1)], c: CoordinatorDep) -> Response
     return _json(AbortAnswer(request=id, aborting=True).to_wire())
 
 
-@router.get(f"{PREFIX}/pool", **_op(m.Pool, auth=True))
+@router.get(f"{PREFIX}/pool", **_op(PoolListing, auth=True))
 def pool(c: CoordinatorDep, health: Flag = "0") -> Response:
     """Live, peak, capacity, budget and windows in flight of every rank's restore pool (?health=1 adds tier
     health)."""
-    return _json({"ranks": [r.with_draining().to_wire() for r in c.pool(health=health == "1")]})
+    return _json(PoolListing(tuple(r.with_draining() for r in c.pool(health=health == "1"))).to_wire())
 
 
-@router.post(f"{PREFIX}/pool/reset-peak", **_op(m.Ok, auth=True))
+@router.post(f"{PREFIX}/pool/reset-peak", **_op(Ok, auth=True))
 def reset_peak(c: CoordinatorDep) -> Response:
     """Reset every rank's peak counter to its live bytes."""
     c.reset_peak()
-    return _json({"ok": True})
+    return _json(Ok().to_wire())
 
 
-@router.post(f"{PREFIX}/settings", **_op(m.Info, auth=True))
+@router.post(f"{PREFIX}/settings", **_op(EngineInfo, auth=True))
 def settings(body: m.SettingsBody, c: CoordinatorDep) -> Response:
     """Change the admission budget B, filesystem load concurrency or default W at run time (at least one). The
     resulting set is checked as `bsr engine up` checks it (one chunk slot <= B <= pool, RWS(W) <= pool, W <= the
@@ -515,7 +541,7 @@ def settings(body: m.SettingsBody, c: CoordinatorDep) -> Response:
     return _json(c.info().to_wire())
 
 
-@router.get(f"{PREFIX}/snapshot", **_op(m.Snapshot, auth=True))
+@router.get(f"{PREFIX}/snapshot", **_op(Snapshot, auth=True))
 def snapshot(
     c: CoordinatorDep,
     health: Flag = "1",
@@ -530,7 +556,7 @@ def snapshot(
     return _json(replace(snap, ranks=tuple(r.with_draining() for r in snap.ranks)).to_wire())
 
 
-@router.get(f"{PREFIX}/events", **_op(m.Events, auth=True))
+@router.get(f"{PREFIX}/events", **_op(EventPage, auth=True))
 def events(
     c: CoordinatorDep,
     since: Annotated[int, Query(ge=0, le=MAX_SEQ, description="only events after this sequence number (a cursor)")] = 0,
@@ -582,62 +608,57 @@ def events(
         )
         evs = log.query(q)
     held, oldest = log.extent()
-    return _json(
-        {
-            "events": [e.to_wire() for e in evs],
-            "last_seq": log.last_seq,
-            "durable": log.durable,
-            "held": held,
-            "oldest_seq": oldest,
-        }
+    page = EventPage(
+        [e.to_wire() for e in evs], last_seq=log.last_seq, durable=log.durable, held=held, oldest_seq=oldest
     )
+    return _json(page.to_wire())
 
 
-@router.get(f"{PREFIX}/faults", **_op(m.Faults, auth=True))
+@router.get(f"{PREFIX}/faults", **_op(FaultListing, auth=True))
 def faults_list(c: CoordinatorDep) -> Response:
     """The armed faults."""
     return _json(FaultListing(enabled=c.settings.faults_enabled, faults=tuple(c.list_faults())).to_wire())
 
 
-@router.post(f"{PREFIX}/faults", status_code=201, **_op(m.Fault, 403, auth=True))
+@router.post(f"{PREFIX}/faults", **_op(FaultSpec, 403, auth=True, status=201))
 def faults_inject(body: m.FaultBody, c: CoordinatorDep) -> Response:
     """Arm a fault ({kind, rank?, window?, group?, count?}); 403 faults-disabled unless the engine allows
     faults. Answers 201 with the armed fault."""
     return _json(c.inject(FaultRequest(**body.model_dump(exclude_none=True))).to_wire(), 201)
 
 
-@router.delete(f"{PREFIX}/faults", **_op(m.Cleared, auth=True))
+@router.delete(f"{PREFIX}/faults", **_op(Cleared, auth=True))
 def faults_clear(c: CoordinatorDep) -> Response:
     """Clear every armed fault."""
-    return _json({"cleared": c.clear_faults()})
+    return _json(Cleared(c.clear_faults()).to_wire())
 
 
-@router.get(f"{PREFIX}/markers", **_op(m.Markers, auth=True))
+@router.get(f"{PREFIX}/markers", **_op(MarkerList, auth=True))
 def markers_list(c: CoordinatorDep) -> Response:
     """The force-local markers."""
     return _json(MarkerList(tuple(c.list_markers())).to_wire())
 
 
-@router.delete(f"{PREFIX}/markers", **_op(m.Cleared, auth=True))
+@router.delete(f"{PREFIX}/markers", **_op(Cleared, auth=True))
 def markers_clear(c: CoordinatorDep) -> Response:
     """Clear every force-local marker; each is a marker_cleared event with scope "all"."""
-    return _json({"cleared": c.clear_markers(ClearScope.all())})
+    return _json(Cleared(c.clear_markers(ClearScope.all())).to_wire())
 
 
-@router.delete(f"{PREFIX}/markers/prompts/{{prompt}}", **_op(m.Cleared, auth=True))
+@router.delete(f"{PREFIX}/markers/prompts/{{prompt}}", **_op(Cleared, auth=True))
 def markers_clear_prompt(prompt: Annotated[str, Path(min_length=1, max_length=256)], c: CoordinatorDep) -> Response:
     """Clear the marker of one prompt (its key as GET /markers lists it); cleared 0 when it has none."""
-    return _json({"cleared": c.clear_markers(ClearScope.prompt(prompt))})
+    return _json(Cleared(c.clear_markers(ClearScope.prompt(prompt))).to_wire())
 
 
-@router.delete(f"{PREFIX}/markers/tiers/{{tier}}", **_op(m.Cleared, auth=True))
+@router.delete(f"{PREFIX}/markers/tiers/{{tier}}", **_op(Cleared, auth=True))
 def markers_clear_tier(tier: m.Tier, c: CoordinatorDep) -> Response:
     """Take one tier out of every marker's exclusions (a marker left excluding nothing is removed): the
     remedy once that tier is fixed. Answers how many markers it touched."""
-    return _json({"cleared": c.clear_markers(ClearScope.tier(tier))})
+    return _json(Cleared(c.clear_markers(ClearScope.tier(tier))).to_wire())
 
 
-@router.post(f"{PREFIX}/scrub", **_op(m.ScrubReport, auth=True))
+@router.post(f"{PREFIX}/scrub", **_op(ScrubReport, auth=True))
 def scrub(body: m.ScrubBody, c: CoordinatorDep) -> Response:
     """Read a tier's objects back whole and check them (header, key, length, payload checksum): one prompt's
     (tokens or synthetic) or every object (all), each rank its own, bounded by max_objects and max_bytes. Damaged
@@ -651,24 +672,16 @@ def scrub(body: m.ScrubBody, c: CoordinatorDep) -> Response:
     return _json(c.scrub(body.tier, tokens, ScrubLimits(body.max_objects, body.max_bytes)).to_wire())
 
 
-@router.post(f"{PREFIX}/shutdown", **_op(m.Ok, auth=True))
+@router.post(f"{PREFIX}/shutdown", **_op(Ok, auth=True))
 def shutdown(host: HostDep) -> Response:
     """Stop the engine."""
     if host.on_shutdown:
         threading.Thread(target=host.on_shutdown, daemon=True).start()
-    return _json({"ok": True})
+    return _json(Ok().to_wire())
 
 
-@router.get(
-    "/metrics",
-    response_class=Response,
-    responses={
-        200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}},
-        **_errors(401),
-    },
-    # The token is needed unless the engine serves /metrics openly (`bsr engine up --open-metrics`).
-    openapi_extra={"security": [{"bearer": []}]},
-)
+# The token is needed unless the engine serves /metrics openly (`bsr engine up --open-metrics`).
+@router.get("/metrics", response_class=Response, **_op(None, auth=True, text="Prometheus text exposition format"))
 def metrics(host: HostDep) -> Response:
     """Prometheus metrics: pool live/peak/capacity/budget per rank, rank up, restores by outcome, markers,
     faults (docs/monitoring.md)."""

@@ -26,12 +26,13 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
 from bsr_cli import API_VERSION
+from bsr_cli.core.results import ErrorBody
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -71,13 +72,24 @@ def route(
 
 
 class Refusal(Exception):
-    def __init__(self, status: int, kind: str, message: str, hint: str | None = None, **extra: Any) -> None:
+    """A request refused before the app sees it: its status and its answer (``allowed``: the methods a path serves,
+    for a 405; ``supported``: the API versions this engine speaks, for a version mismatch)."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        hint: str | None = None,
+        *,
+        allowed: Sequence[str] = (),
+        supported: Sequence[str] = (),
+    ) -> None:
         super().__init__(message)
-        self.status, self.kind, self.message, self.hint, self.extra = status, kind, message, hint, extra
-
-
-def error_body(kind: str, message: str, hint: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"error": kind, "message": message, "hint": hint, **extra}
+        self.status = status
+        self.body = ErrorBody(
+            error=kind, message=message, hint=hint, allowed=tuple(allowed), supported=tuple(supported)
+        )
 
 
 async def send_json(
@@ -233,12 +245,10 @@ class Guard:
             # An unread body must never be parsed as the next request: close the connection after answering (the
             # protocol reads and drops what the client still sends after the answer, so the close does not reset
             # the connection under the answer: protocol.Lingering).
-            extra_headers = {"Allow": ", ".join(e.extra["allowed"])} if e.status == 405 else None
+            extra_headers = {"Allow": ", ".join(e.body.allowed)} if e.status == 405 else None
             if e.status == 503:
                 extra_headers = {"Retry-After": f"{RETRY_AFTER_S}"}
-            await send_json(
-                send, e.status, error_body(e.kind, e.message, e.hint, **e.extra), close=has_body, headers=extra_headers
-            )
+            await send_json(send, e.status, e.body.to_wire(), close=has_body, headers=extra_headers)
         finally:
             if slot is not None:
                 self.serving[slot] -= 1

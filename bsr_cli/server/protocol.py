@@ -45,10 +45,11 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from bsr_cli import API_VERSION
+from bsr_cli.core.results import ErrorBody
 
 
 def _answer(status: str, kind: str, message: str, hint: str, extra: str = "") -> bytes:
-    body = json.dumps({"error": kind, "message": message, "hint": hint}).encode()
+    body = json.dumps(ErrorBody(error=kind, message=message, hint=hint).to_wire()).encode()
     head = (
         f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra}X-BSR-API: {API_VERSION}\r\n\r\n"
