@@ -261,13 +261,14 @@ def _time_window(since: str | None, until: str | None) -> tuple[float | None, fl
 def _follow(st: AppState, client: AdminClient, seq: int, wanted: _Filter) -> None:
     """Print the events after ``seq`` that ``wanted`` matches as they come, until Ctrl-C (exit 130 through the error
     boundary)."""
+    from bsr_cli.core.status import event_seq
     from bsr_cli.tui.model import parse_wire  # only when following: the live stream is filtered here
 
     while True:
         got = client.events(since=seq, wait_s=10.0)
         new = got.events
         if new:
-            seq = int(new[-1].get("seq", seq))
+            seq = event_seq(new[-1], seq)
         elif got.last_seq < seq:  # an engine without a store restarted: seq starts again
             seq = 0
             _say_restart(st)
