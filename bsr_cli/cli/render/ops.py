@@ -246,7 +246,7 @@ class RestoreView:
     # Seconds from the engine's commit to its answer: the output-hash check (text only; the JSON is the engine's).
     hash_check_s: float | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         written = self.result.to_wire()  # budget_bytes only where the answer has none: not a function of the fields
         written.setdefault("budget_bytes", self.budget_bytes)
         return written
