@@ -307,35 +307,7 @@ def load_report(
     checksum (only when the connector is told to load them)."""
     advertised = max(0, end_token - vllm_cached_tokens)
     done = len(wins) if result.ok else int(result.failed_window or 0)
-    fails: list[LoadFailure] = []
-    kind: FailureKind | None = None
-    if not result.ok:
-        install = fault_kind in INSTALL_FAULTS
-        stage = Stage.INSTALL if install else Stage.FETCH
-        kind = FailureKind.RANK if install else FailureKind.TIER
-        # LMCache's retrieve does not say which backend came back short; with one tier it can only be that one.
-        tier = None if install else (tiers[0] if len(tiers) == 1 else "lmcache")
-        span: _FailedSpan = {}
-        if result.failed_window is not None and 0 <= result.failed_window < len(wins):
-            s, e = wins[result.failed_window]
-            span = {"chunks": [s // chunk_size, e // chunk_size]}  # the failed window's [start, end)
-        found: _FailedChunk = {}
-        if integrity is not None and not install:
-            # The bytes arrived but were wrong (or unprovable): the verifying tier's, at the verify stage.
-            stage, tier = Stage.VERIFY, str(integrity["tier"])
-            found = {"chunk": integrity["chunk"], "key": integrity["key"], "verdict": integrity["verdict"]}
-        fails.append(
-            {
-                "rank": 0,
-                "window": result.failed_window,
-                **span,
-                **found,
-                "stage": stage.value,
-                "kind": kind.value,
-                "tier": tier,
-                "reason": result.reason,
-            }
-        )
+    fails = [] if result.ok else [_load_failure(result, wins, chunk_size, tiers, fault_kind, integrity)]
     return {
         "request": request,
         "prompt": prompt,
@@ -352,7 +324,7 @@ def load_report(
         "recomputed_tokens": 0 if result.ok else end_token,
         "failed_window": result.failed_window,
         "failures": fails,
-        "failure_kind": kind.value if kind is not None else None,
+        "failure_kind": fails[0]["kind"] if fails else None,
         "tiers": list(tiers),
         "reason": result.reason,
         "unverified_chunks": unverified_chunks,
@@ -361,6 +333,42 @@ def load_report(
         "bytes": sum((e - s) // chunk_size for s, e in wins[:done]) * bytes_per_chunk,
         "bytes_per_chunk": bytes_per_chunk,
         "chunk_size": chunk_size,
+    }
+
+
+def _load_failure(
+    result: LoadResult,
+    wins: Sequence[tuple[int, int]],
+    chunk_size: int,
+    tiers: Sequence[str],
+    fault_kind: str | None,
+    integrity: IntegrityFailure | None,
+) -> LoadFailure:
+    """The failure of a load that failed: an injected install fault is the rank's, a chunk that failed its checksum
+    the verifying tier's at the verify stage, anything else the tier's fetch."""
+    install = fault_kind in INSTALL_FAULTS
+    stage = Stage.INSTALL if install else Stage.FETCH
+    kind = FailureKind.RANK if install else FailureKind.TIER
+    # LMCache's retrieve does not say which backend came back short; with one tier it can only be that one.
+    tier = None if install else (tiers[0] if len(tiers) == 1 else "lmcache")
+    span: _FailedSpan = {}
+    if result.failed_window is not None and 0 <= result.failed_window < len(wins):
+        s, e = wins[result.failed_window]
+        span = {"chunks": [s // chunk_size, e // chunk_size]}  # the failed window's [start, end)
+    found: _FailedChunk = {}
+    if integrity is not None and not install:
+        # The bytes arrived but were wrong (or unprovable): the verifying tier's, at the verify stage.
+        stage, tier = Stage.VERIFY, str(integrity["tier"])
+        found = {"chunk": integrity["chunk"], "key": integrity["key"], "verdict": integrity["verdict"]}
+    return {
+        "rank": 0,
+        "window": result.failed_window,
+        **span,
+        **found,
+        "stage": stage.value,
+        "kind": kind.value,
+        "tier": tier,
+        "reason": result.reason,
     }
 
 
