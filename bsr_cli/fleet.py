@@ -691,13 +691,18 @@ class EngineRow:
             return None
         return self.departure is Departure.CLEAN
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         # Hand-written: which keys a row carries is not a function of its fields but of the engine's state (a down
         # engine's row says its error and exit code, even when null, and none of the figures of one that answered).
-        ident = {"engine": self.engine, "url": self.url, "polled_at": self.polled_at, "latency_s": self.latency_s}
-        ranks = [r.to_wire() for r in self.ranks]
-        head = {"severity": self.severity, "state": self.state, "problems": list(self.problems)}
-        incidents = {"incidents": [i.to_wire() for i in self.incidents]} if self.incidents else {}
+        ident: wire.JsonObject = {
+            "engine": self.engine,
+            "url": self.url,
+            "polled_at": self.polled_at,
+            "latency_s": self.latency_s,
+        }
+        ranks: list[wire.JsonValue] = [r.to_wire() for r in self.ranks]
+        head: wire.JsonObject = {"severity": self.severity, "state": self.state, "problems": list(self.problems)}
+        incidents: wire.JsonObject = {"incidents": [i.to_wire() for i in self.incidents]} if self.incidents else {}
         if self.down:
             out = ident | head | {"ranks": ranks, "error": self.error, "exit_code": self.exit_code}
             if self.departure is not None:
@@ -714,7 +719,7 @@ class EngineRow:
             "W": self.W,
             "rws_bytes": self.rws_bytes,
             "budget_bytes": self.budget_bytes,
-            "tiers": self.tiers,
+            "tiers": dict(self.tiers),
             "markers": self.markers,
             "faults": self.faults,
             "active": self.active,

@@ -382,7 +382,7 @@ class _Standing:
         )
 
 
-def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list[dict[str, Any]]:
+def history_frames(snapshot: Mapping[str, wire.JsonValue], events: Sequence[Event]) -> list[wire.JsonObject]:
     """The incident frame by frame, rebuilt from the engine's events: one snapshot per step (at most MAX_FRAMES,
     and always one at each restore's end or failure), each as the engine would have answered then: every rank's
     pool as the last window event reported it, the restores in flight with their windows released, the markers
@@ -393,13 +393,14 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list
 
     pooled = sum(1 for e in events if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool)
     every = max(1, -(-pooled // MAX_FRAMES))
-    ranks = {int(r.get("rank", -1)): dict(r) for r in snapshot.get("ranks") or () if isinstance(r, Mapping)}
+    ranks = _rank_rows(snapshot.get("ranks"))
     standing = _Standing(list(ranks))
-    frames: list[dict[str, Any]] = []
+    frames: list[wire.JsonObject] = []
     since_frame = 0
     for e in events:
         if isinstance(e, ev.WindowFetched | ev.WindowReleased) and e.pool and e.rank in ranks:
-            ranks[e.rank] = {**ranks[e.rank], "pool": {**(ranks[e.rank].get("pool") or {}), **e.pool}}
+            pool = ranks[e.rank].get("pool")
+            ranks[e.rank] = {**ranks[e.rank], "pool": {**(pool if isinstance(pool, dict) else {}), **e.pool}}
             since_frame += 1
         boundary = standing.apply(e)
         if boundary or since_frame >= every:
@@ -424,6 +425,18 @@ def history_frames(snapshot: Mapping[str, Any], events: Sequence[Event]) -> list
     return frames
 
 
+def _rank_rows(rows: wire.JsonValue) -> dict[int, wire.JsonObject]:
+    """A snapshot's rank rows by rank, as it sent them (a row that names no rank under -1)."""
+    if not isinstance(rows, list):
+        return {}
+    return {_rank_of(row): dict(row) for row in rows if isinstance(row, dict)}
+
+
+def _rank_of(row: wire.JsonObject) -> int:
+    rank = row.get("rank", -1)
+    return int(rank) if isinstance(rank, int | float | str) else -1
+
+
 def _parse(wire: Any) -> Event | None:
     """An event read back from a line of events.jsonl, or None for one this bsr cannot read."""
     from bsr_cli.core.events import parse_event
@@ -438,23 +451,29 @@ def _parse(wire: Any) -> Event | None:
 
 
 def recording_bytes(
-    snapshot: dict[str, Any],
+    snapshot: Mapping[str, wire.JsonValue],
     received_at: float,
     latency_s: float,
     source: str,
-    history: Sequence[Mapping[str, Any]] = (),
+    history: Sequence[Mapping[str, wire.JsonValue]] = (),
 ) -> bytes:
     """A `bsr top --record` file (the format `bsr top --replay` reads): the ``history`` frames (see
     history_frames), each stamped with its engine time, then the snapshot itself."""
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb") as fh:
-        first = float(history[0]["time"]) if history else received_at
+        first = _engine_time(history[0]) if history else received_at
         lines = [RecordingHeader(started=first, source=source).to_wire()]
-        lines += [{"t": float(h["time"]), "lat": 0.0, "snap": h} for h in history]
+        lines += [{"t": _engine_time(h), "lat": 0.0, "snap": h} for h in history]
         lines.append({"t": received_at, "lat": round(latency_s, 6), "snap": snapshot})
         for obj in lines:
             fh.write(json.dumps(obj, separators=(",", ":"), default=str).encode() + b"\n")
     return buf.getvalue()
+
+
+def _engine_time(frame: Mapping[str, wire.JsonValue]) -> float:
+    """When a history frame stood, in the engine's time."""
+    at = frame["time"]
+    return float(at) if isinstance(at, int | float | str) else 0.0
 
 
 def read_member(path: Path, name: str) -> bytes | None:

@@ -207,7 +207,7 @@ def load_settings(flags: SettingFlags, environ: dict[str, str] | None = None) ->
     return s
 
 
-def _profiles(profiles: Any, config_path: Path) -> dict[str, Profile]:
+def _profiles(profiles: object, config_path: Path) -> dict[str, Profile]:
     """The config file's ``[profiles.NAME]`` tables, each checked (a token file relative to the config file)."""
     out: dict[str, Profile] = {}
     if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
@@ -288,7 +288,7 @@ def resolve_store_client_ttl(flag: str | None, settings: Settings) -> int:
 
 
 # The config file is read whole and checked key by key (load_settings): TOML of any shape until then.
-def _read_config(path: Path, *, required: bool) -> dict[str, Any]:
+def _read_config(path: Path, *, required: bool) -> dict[str, object]:
     try:
         with path.open("rb") as f:
             return tomllib.load(f)

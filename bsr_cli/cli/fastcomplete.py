@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,17 +69,33 @@ class CompletionIndex:
     to_wire = wire.writer(order=("format", "stamp", "commands"))
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> CompletionIndex:
-        return cls(
-            str(d["stamp"]),
-            {
-                str(path): CommandNode(
-                    {str(n): (bool(o[0]), tuple(str(x) for x in o[1])) for n, o in node["options"].items()},
-                    tuple(str(x) for x in node["subcommands"]),
-                )
-                for path, node in d["commands"].items()
-            },
-        )
+    def from_wire(cls, d: Mapping[str, wire.JsonValue]) -> CompletionIndex:
+        """Strict: a damaged index raises (KeyError, TypeError, IndexError), and the full path answers."""
+        return cls(str(d["stamp"]), {str(path): _node(node) for path, node in _object(d["commands"]).items()})
+
+
+def _node(node: wire.JsonValue) -> CommandNode:
+    """One command of the index: its options (name -> [takes a value, [every name]]) and its subcommands."""
+    d = _object(node)
+    options = {str(name): _option(row) for name, row in _object(d["options"]).items()}
+    return CommandNode(options, tuple(str(x) for x in _array(d["subcommands"])))
+
+
+def _option(row: wire.JsonValue) -> tuple[bool, tuple[str, ...]]:
+    cells = _array(row)
+    return bool(cells[0]), tuple(str(x) for x in _array(cells[1]))
+
+
+def _object(value: wire.JsonValue) -> wire.JsonObject:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _array(value: wire.JsonValue) -> list[wire.JsonValue]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected an array, got {type(value).__name__}")
+    return value
 
 
 def build_index(root: Any) -> CompletionIndex:

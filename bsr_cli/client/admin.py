@@ -29,13 +29,14 @@ import httpx
 
 from bsr_cli import API_VERSION
 from bsr_cli.client.local_engine import connection, read_token_file, serving
+from bsr_cli.core import wire
 from bsr_cli.core.events import Event, known_event
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.prompt import Prompt
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import AbortAnswer, ManualRestoreResult, ProbeResult, SubmitResult
 from bsr_cli.core.scrub import ScrubLimits, ScrubReport
-from bsr_cli.core.status import EngineInfo, EventPage, FaultListing, Health, MarkerView, PoolEntry, Snapshot
+from bsr_cli.core.status import EngineInfo, EventPage, FaultListing, Health, MarkerView, PoolEntry, Snapshot, event_seq
 from bsr_cli.core.stream import AcceptedLine, ErrorLine, EventLine, ResultLine, StreamedRequest, read_line
 from bsr_cli.errors import (
     AlreadyEnded,
@@ -227,7 +228,7 @@ class AdminClient:
         self,
         method: str,
         path: str,
-        body: dict[str, Any] | None = None,
+        body: wire.JsonObject | None = None,
         *,
         timeout: float | None = None,
         params: dict[str, str | int | float | list[str]] | None = None,
@@ -375,7 +376,7 @@ class AdminClient:
         is done; a scrub is bounded by its limits, so its answer may take long: waits up to the engine's own
         deadline for the ranks (or ``--timeout`` when one is given)."""
         lim = limits or ScrubLimits()
-        body = {"tier": tier, "max_objects": lim.max_objects, "max_bytes": lim.max_bytes}
+        body: wire.JsonObject = {"tier": tier, "max_objects": lim.max_objects, "max_bytes": lim.max_bytes}
         body |= prompt.to_wire() if prompt is not None else {"all": True}
         timeout = self.stream_timeout_s or SCRUB_WAIT_S
         return ScrubReport.from_wire(self._call("POST", "/scrub", body, timeout=timeout))
@@ -505,9 +506,9 @@ class AdminClient:
             page = [e for e in got.events if e]  # an item that was not an object reads as empty
             last = got.last_seq
             out.extend(page)
-            if not page or int(page[-1].get("seq", last)) >= last or (filtered and len(page) < PAGE):
+            if not page or event_seq(page[-1], last) >= last or (filtered and len(page) < PAGE):
                 return out, last
-            seq = int(page[-1]["seq"])
+            seq = event_seq(page[-1])
         return out, last
 
     def faults(self) -> FaultListing:

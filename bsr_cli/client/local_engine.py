@@ -15,9 +15,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
+from bsr_cli.core import wire
 from bsr_cli.errors import InvalidInput
 
 SERVER_MODULE = "bsr_cli.engine.server"  # how the embedded engine's server process is started (engine/supervisor.py)
@@ -25,7 +25,7 @@ _LOOPBACK = frozenset({"localhost", "::1"})
 _SCAN_TTL_S = 2.0  # a fleet of many loopback URLs polled each second scans the process table once per round
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> wire.JsonObject | None:
     """A JSON object from `path`, or None when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
@@ -34,7 +34,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def read_state(state: Path) -> dict[str, Any] | None:
+def read_state(state: Path) -> wire.JsonObject | None:
     """The engine's state record, or None when no engine was started in `state`."""
     return read_json(state / "state.json")
 

@@ -34,7 +34,7 @@ class Break:
     to_wire = wire.writer()
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any] | None) -> Break | None:
+    def from_wire(cls, d: Mapping[str, wire.JsonValue] | None) -> Break | None:
         """A break as a probe's JSON carries it (``first_break``: an object, or null when nothing breaks)."""
         return wire.read(cls, d) if d else None
 
@@ -151,7 +151,7 @@ class HitBitmap:
         """How far one tier alone holds the prompt for every rank and group (a fallback tier must hold it all)."""
         return self.prefix_chunks(exclude=[t for t in self.tiers if t != tier])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> wire.JsonObject:
         return {
             "kind": PROBE_KIND,
             "model": self.model,

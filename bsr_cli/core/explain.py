@@ -36,7 +36,6 @@ import dataclasses
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from bsr_cli.core import accounting, wire
 from bsr_cli.core import events as ev
@@ -175,35 +174,34 @@ class FoldedRestore:
     def ended(self) -> bool:
         return "ended" in self.arrived
 
-    def to_wire(self) -> dict[str, Any]:
-        return (
+    def to_wire(self) -> wire.JsonObject:
+        # A failure as a folded restore names it: its kind, stage and tier, not its cause.
+        failures: list[wire.JsonValue] = [
             {
-                "request": self.request,
-                "outcome": self.outcome.value if self.outcome is not None else "running",
-                "windows": self.windows,
-                "W": self.W,
-                # A failure as a folded restore names it: its kind, stage and tier, not its cause.
-                "failures": [
-                    {
-                        "rank": f.rank,
-                        "window": f.window,
-                        "kind": f.kind.value,
-                        "stage": f.stage.value if f.stage else None,
-                        "tier": f.tier,
-                        "reason": f.reason,
-                    }
-                    for f in self.failures
-                ],
+                "rank": f.rank,
+                "window": f.window,
+                "kind": f.kind.value,
+                "stage": f.stage.value if f.stage else None,
+                "tier": f.tier,
+                "reason": f.reason,
             }
-            | dict(self._optional_facts())
-            | {"ranks": [dataclasses.asdict(r) for r in self.ranks]}
-        )
+            for f in self.failures
+        ]
+        head: wire.JsonObject = {
+            "request": self.request,
+            "outcome": self.outcome.value if self.outcome is not None else "running",
+            "windows": self.windows,
+            "W": self.W,
+            "failures": failures,
+        }
+        return head | dict(self._optional_facts()) | {"ranks": [dataclasses.asdict(r) for r in self.ranks]}
 
-    def _optional_facts(self) -> Iterator[tuple[str, Any]]:
+    def _optional_facts(self) -> Iterator[tuple[str, wire.JsonValue]]:
         """The wire's optional facts, named only once seen, in the order they first came in (as it always had)."""
         for section in self.arrived:
             if section == "started":
-                yield from (("tiers", list(self.tiers)), ("tokens", self.tokens))
+                yield "tiers", list(self.tiers)
+                yield "tokens", self.tokens
             elif section == "ended":
                 yield "committed_tokens", self.committed_tokens
                 yield "failure_kind", self.failure_kind.value if self.failure_kind is not None else None
@@ -245,7 +243,7 @@ class Explanation:
     # the prompt's own hash, or a vLLM worker's for a prefix of it.
     marker: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         return (
             {"kind": "bsr.explain"}
             | dict(self._subject_facts())
@@ -262,7 +260,7 @@ class Explanation:
             | ({"url": self.url} if self.url is not None else {})
         )
 
-    def _subject_facts(self) -> Iterator[tuple[str, Any]]:
+    def _subject_facts(self) -> Iterator[tuple[str, wire.JsonValue]]:
         """What the wire says of the subject: a request and its prompt, or a prompt with the engine or store."""
         if self.subject is Subject.REQUEST:
             yield from (("request", self.request), ("prompt", self.prompt))

@@ -13,6 +13,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,7 +138,7 @@ class RestoreReport:
     to_wire = wire.writer()
     from_wire = wire.reader()
 
-    def unstarted_wire(self) -> dict[str, Any]:
+    def unstarted_wire(self) -> wire.JsonObject:
         """The wire form of a restore that never started (a rank stopped answering the probe): its failure and
         the empty amounts, in the order that answer has always had."""
         written = wire.write(self)
@@ -229,7 +230,7 @@ class ManualRestoreResult:
         return self.lookup.first_break if self.lookup is not None else None
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"request": self.request, "prompt": self.prompt, "tokens": self.tokens, "W": self.w}
+        out: wire.JsonObject = {"request": self.request, "prompt": self.prompt, "tokens": self.tokens, "W": self.w}
         if self.lookup is None:
             if self.report is None:
                 raise ValueError("a restore without a probe has a report of its failure")
@@ -273,24 +274,39 @@ class ManualRestoreResult:
         return wire.object_schema(keys, always)
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ManualRestoreResult:
+    def from_wire(cls, d: Mapping[str, wire.JsonValue]) -> ManualRestoreResult:
         nothing = d.get("outcome") == Outcome.NOTHING_TO_RESTORE
         if "restored_tokens" in d:  # an output mismatch invalidated what the report committed
-            d = d | {"outcome": Outcome.COMMITTED.value, "committed_tokens": d["restored_tokens"]}
+            d = {**d, "outcome": Outcome.COMMITTED.value, "committed_tokens": d["restored_tokens"]}
         hashes = None
         if d.get("output_hash") is not None:
-            hashes = OutputHashes(str(d["output_hash"]), d.get("canonical_hash"), d.get("hash_ok"))
+            hashes = OutputHashes(str(d["output_hash"]), _str_or_none(d, "canonical_hash"), _bool_or_none(d, "hash_ok"))
         return cls(
             request=str(d["request"]),
             prompt=str(d["prompt"]),
-            tokens=int(d["tokens"]),
-            w=int(d["W"]),
+            tokens=wire.value_from_wire(int, d["tokens"]),
+            w=wire.value_from_wire(int, d["W"]),
             lookup=PrefixLookup.from_wire(d) if "bitmap" in d else None,
             report=None if nothing else RestoreReport.from_wire(d),
             hashes=hashes,
             marker=Marker.from_dict(d["marker"]) if d.get("marker") else None,
-            hash_note=d.get("hash_note") if d.get("hash") == HASH_NOT_APPLICABLE else None,
+            hash_note=_hash_note(d),
         )
+
+
+def _str_or_none(d: Mapping[str, wire.JsonValue], key: str) -> str | None:
+    value = d.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _bool_or_none(d: Mapping[str, wire.JsonValue], key: str) -> bool | None:
+    value = d.get(key)
+    return value if isinstance(value, bool) else None
+
+
+def _hash_note(d: Mapping[str, wire.JsonValue]) -> str | None:
+    """The host's note, in an answer that says no canonical hash applies."""
+    return _str_or_none(d, "hash_note") if d.get("hash") == HASH_NOT_APPLICABLE else None
 
 
 def _not_applicable(note: str, output_hash: str) -> dict[str, str]:
@@ -314,8 +330,8 @@ class AdmissionPass:
     tier_errors: TierErrors
     restore: RestoreReport | None = wire.field(omit_none=True, default=None)  # None: nothing external
 
-    def to_wire(self) -> dict[str, Any]:
-        out = wire.write(self)
+    def to_wire(self) -> wire.JsonObject:
+        out: wire.JsonObject = wire.write(self)
         if self.restore is not None and not self.restore.committed_tokens:  # why this pass's restore failed
             out["failure_kind"] = wire.value_to_wire(self.restore.failure_kind)
         return out
@@ -377,9 +393,9 @@ class SubmitResult:
     seconds: float
     hash_note: str | None = None  # the host's: why no canonical hash applies
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         fields = wire.write(self)
-        out = {key: fields[key] for key in _SUBMIT_HEAD}
+        out: wire.JsonObject = {key: fields[key] for key in _SUBMIT_HEAD}
         out["force_local"] = {"history": fields["marker_history"], "cleared": fields["marker_cleared"]}
         out["stored"] = fields["stored"] if self.stored is not None else {}
         out |= {key: fields[key] for key in _SUBMIT_TAIL}
@@ -403,15 +419,24 @@ class SubmitResult:
         return wire.object_schema(keys, (*_SUBMIT_HEAD, "force_local", "stored", *_SUBMIT_TAIL))
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> SubmitResult:
-        force_local = d.get("force_local") or {}
+    def from_wire(cls, d: Mapping[str, wire.JsonValue]) -> SubmitResult:
+        force_local = d.get("force_local")
+        history = wire.read(_ForceLocal, force_local)
         return dataclasses.replace(
             wire.read(cls, {key: d[key] for key in (*_SUBMIT_HEAD, *_SUBMIT_TAIL) if key in d}),
-            marker_history=wire.value_from_wire(tuple[MarkerStep, ...], force_local.get("history")),
-            marker_cleared=bool(force_local.get("cleared")),
+            marker_history=history.history,
+            marker_cleared=history.cleared,
             stored=StoreReport.from_wire(d["stored"]) if d.get("stored") else None,
-            hash_note=d.get("hash_note") if d.get("hash") == HASH_NOT_APPLICABLE else None,
+            hash_note=_hash_note(d),
         )
+
+
+@dataclass(frozen=True)
+class _ForceLocal:
+    """A submit's ``force_local``: the marker's history, and whether the admission cleared it."""
+
+    history: tuple[MarkerStep, ...] = ()
+    cleared: bool = False
 
 
 _SUBMIT_HEAD = ("request", "prompt", "tokens", "W", "external_tokens", "computed_tokens", "source", "passes")

@@ -64,12 +64,12 @@ class EngineInfo:
     # The longest a rank's deadline stretches while the host starves it (None: a host that does not judge so).
     overload_ceiling_s: float | None = wire.field(default=None, omit_none=True)
     # What a host adds (a vLLM worker's limits).
-    host_fields: dict[str, Any] = wire.field(extra=True)
+    host_fields: wire.JsonObject = wire.field(extra=True)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
 
-    def with_host_fields(self, **fields: Any) -> EngineInfo:
+    def with_host_fields(self, **fields: wire.JsonValue) -> EngineInfo:
         """This info with fields a host adds (after the standard ones, in the order given)."""
         return replace(self, host_fields={**self.host_fields, **fields})
 
@@ -315,7 +315,7 @@ class MarkerView:
     request: str  # the request whose restore failed
     set_at: float  # Unix time
     # what a host adds (vLLM's prefix_tokens, ...)
-    host_fields: dict[str, Any] = wire.field(extra=True)
+    host_fields: wire.JsonObject = wire.field(extra=True)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -368,11 +368,11 @@ class RecentRestore:
     reason: str = ""
     failure_kind: FailureKind | None = None
     failure_stage: Stage | None = None
-    host_fields: dict[str, Any] = wire.field(extra=True)
+    host_fields: wire.JsonObject = wire.field(extra=True)
     # The keys of the JSON object it was read from, in their order (None: built here, written in field order).
     sent_keys: tuple[str, ...] | None = wire.field(skip=True, default=None)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         # Hand-written: which keys an entry read from a host carries, and their order, are not a function of the
         # fields (a vLLM worker leaves out failure_stage and puts its own keys between the standard ones).
         written = wire.write(self)
@@ -391,7 +391,7 @@ class RecentRestore:
         return wire.object_schema(properties, (), written["additionalProperties"])
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> RecentRestore:
+    def from_wire(cls, d: Mapping[str, wire.JsonValue]) -> RecentRestore:
         # A value a newer engine has and this bsr does not know (an outcome, a failure kind or stage) reads as
         # unknown (None) and is kept as sent, so the snapshot still reads and is written back whole.
         unknown = {
@@ -401,7 +401,7 @@ class RecentRestore:
         return replace(known, host_fields={**known.host_fields, **unknown}, sent_keys=tuple(d))
 
 
-def _known_value(value: Any, kind: frozenset[str]) -> bool:
+def _known_value(value: wire.JsonValue, kind: frozenset[str]) -> bool:
     return value is None or (isinstance(value, str) and value in kind)
 
 
@@ -428,15 +428,21 @@ class Snapshot:
     # The events as the engine sent them, kept as JSON objects (bsr_cli.core.events.known_event types one): a kind
     # a newer engine adds, or an event of an older recording, has no type here, yet `bsr top` shows it and
     # `bsr status --json` writes it back whole.
-    events: list[dict[str, Any]] = field(metadata=wire.meta(shape=list[Event]))
+    events: list[wire.JsonObject] = field(metadata=wire.meta(shape=list[Event]))
     seq: int  # the last event's sequence number: the next poll's cursor
     markers: tuple[MarkerView, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
     # what a host adds (a vLLM worker's scheduler)
-    host_fields: dict[str, Any] = wire.field(extra=True)
+    host_fields: wire.JsonObject = wire.field(extra=True)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
+
+
+def event_seq(event: Mapping[str, wire.JsonValue], default: int = 0) -> int:
+    """The sequence number of an event as the engine sent it (``default`` when it carries none)."""
+    seq = event.get("seq", default)
+    return int(seq) if isinstance(seq, int | float | str) else default
 
 
 @dataclass(frozen=True)
@@ -446,7 +452,7 @@ class EventPage:
     sequence number, whether it keeps its events in a durable store, and how many it holds from which sequence
     number on (None from an engine that does not say)."""
 
-    events: list[dict[str, Any]] = field(metadata=wire.meta(shape=list[Event]))
+    events: list[wire.JsonObject] = field(metadata=wire.meta(shape=list[Event]))
     last_seq: int = 0
     durable: bool = False
     held: int | None = None
@@ -489,4 +495,5 @@ __all__ = [
     "RegistrationSummary",
     "Snapshot",
     "TierHealth",
+    "event_seq",
 ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 from bsr_cli.core import wire
 from bsr_cli.core.prompt import Prompt
@@ -54,7 +53,7 @@ class AcceptedLine:
 @dataclass(frozen=True, kw_only=True)
 class EventLine:
     type: LineKind = LineKind.EVENT
-    event: dict[str, Any] = wire.field(default_factory=dict)  # as the engine wrote it; read by known_event
+    event: wire.JsonObject = wire.field(default_factory=dict)  # as the engine wrote it; read by known_event
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -63,7 +62,7 @@ class EventLine:
 @dataclass(frozen=True, kw_only=True)
 class ResultLine:
     type: LineKind = LineKind.RESULT
-    result: dict[str, Any] = wire.field(default_factory=dict)  # the route's result type, in its wire form
+    result: wire.JsonObject = wire.field(default_factory=dict)  # the route's result type, in its wire form
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -86,8 +85,8 @@ class ErrorLine:
     # and its line has never carried the key.
     says_hint: bool = wire.field(skip=True, default=True)
 
-    def to_wire(self) -> dict[str, Any]:
-        out = wire.write(self)
+    def to_wire(self) -> wire.JsonObject:
+        out: wire.JsonObject = wire.write(self)
         if not self.says_hint:
             del out["hint"]
         return out

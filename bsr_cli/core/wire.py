@@ -55,7 +55,7 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, TypeVar, Union
+from typing import Any, TypeAlias, TypeVar, Union
 
 T = TypeVar("T")
 
@@ -650,9 +650,22 @@ class reader:
         return functools.partial(read, owner)
 
 
+# -- raw JSON ---------------------------------------------------------------------------------------------------
+# A value as JSON carries it, before a reader types it or after a writer wrote it: a body just parsed, the keys a
+# host adds, an event as a newer engine sent it. The one alias for raw JSON, so a reader of such a value narrows it
+# before use. At run time it is Any: the codec keeps a field of this type as it came.
+if typing.TYPE_CHECKING:
+    JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
+else:
+    JsonValue = Any
+JsonObject: TypeAlias = dict[str, JsonValue]
+
+
 __all__ = [
     "REF_PREFIX",
+    "JsonObject",
     "JsonSchema",
+    "JsonValue",
     "Schemas",
     "any_of",
     "field",

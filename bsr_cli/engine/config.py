@@ -4,8 +4,8 @@ types are how the supervisor writes it and the engine reads it back."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from bsr_cli.core import wire
 from bsr_cli.core.registration import Registration
@@ -102,11 +102,11 @@ class EngineConfig:
 
     # Not the codec's: "settings" is the part of EngineSettings the engine runs with, and the admin limits come
     # first in "admin", before its host names.
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         s = self.settings
         return {
             "registration": self.registration.to_dict(),
-            "settings": {k: getattr(s, k) for k in ENGINE_SETTINGS} | {"tiers": s.tiers},
+            "settings": {k: getattr(s, k) for k in ENGINE_SETTINGS} | {"tiers": list(s.tiers)},
             "mooncake": wire.value_to_wire(self.mooncake),
             "hosts": wire.value_to_wire(self.hosts),
             "fs_dir": self.fs_dir,
@@ -118,28 +118,32 @@ class EngineConfig:
         }
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> EngineConfig:
+    def from_wire(cls, d: Mapping[str, wire.JsonValue]) -> EngineConfig:
         """engine.json as written by `bsr engine up`; what it leaves out takes the engine's defaults."""
-        settings = dict(d["settings"])
-        if "tiers" in settings:
-            settings["tiers"] = tuple(settings["tiers"])
-        mc = d.get("mooncake")
-        hosts = d.get("hosts")
-        admin = dict(d.get("admin") or {})
-        allowed = admin.pop("allowed_hosts", ())
-        open_metrics = bool(admin.pop("open_metrics", False))
-        events = d.get("events")
+        reg, mc, hosts, events = d["registration"], d.get("mooncake"), d.get("hosts"), d.get("events")
         return cls(
-            registration=Registration.from_dict(d["registration"]),
-            settings=EngineSettings(**settings),
+            registration=Registration.from_dict(reg if isinstance(reg, dict) else {}),
+            settings=wire.read(EngineSettings, d["settings"]),
             mooncake=MooncakeEndpoints.from_wire(mc) if mc else None,
             hosts=StoreHosts.from_wire(hosts) if hosts else None,
             fs_dir=str(d["fs_dir"]),
             host=str(d.get("host", "127.0.0.1")),
-            port=int(d.get("port", 0)),
-            admin=AdminConfig({str(k): v for k, v in admin.items()}, tuple(str(h) for h in allowed), open_metrics),
+            port=wire.value_from_wire(int, d.get("port", 0)),
+            admin=_admin_from_wire(d.get("admin")),
             events=EventRetention.from_wire(events) if events else None,
         )
+
+
+def _admin_from_wire(admin: wire.JsonValue) -> AdminConfig:
+    """engine.json's "admin": the server's limits (numbers), then its host names and whether /metrics is open."""
+    given = admin if isinstance(admin, dict) else {}
+    allowed = given.get("allowed_hosts")
+    limits = {str(k): v for k, v in given.items() if k not in ("allowed_hosts", "open_metrics")}
+    return AdminConfig(
+        {k: v for k, v in limits.items() if isinstance(v, int | float)},
+        tuple(str(h) for h in allowed) if isinstance(allowed, list) else (),
+        bool(given.get("open_metrics", False)),
+    )
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from bsr_cli.core import wire
 from bsr_cli.errors import ServiceError
@@ -128,9 +128,14 @@ class Topology:
     to_wire = wire.writer()
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> Topology:
+    def from_wire(cls, d: Mapping[str, wire.JsonValue]) -> Topology:
         """Not the codec's alone: each link is read from its row (a list, which the codec reads only as objects)."""
-        links = tuple(Link(*(str(x) for x in row)) for row in d.get("links") or ())
+        rows = d.get("links")
+        links = (
+            tuple(Link(*(str(x) for x in row)) for row in rows if isinstance(row, list))
+            if isinstance(rows, list)
+            else ()
+        )
         return replace(wire.read(cls, d), links=links)
 
 

@@ -181,13 +181,13 @@ class ResolvedSettings:
         what an older bsr ran with without recording it (``_UNRECORDED``)."""
         if not isinstance(data, dict):
             return None
-        names = [f.name for f in fields(cls)]
-        return _parsed(lambda: cls(**{n: data[n] if n in data else _UNRECORDED[n] for n in names}))
+        given = {**_UNRECORDED, **data}
+        return _parsed(lambda: cls(**{f.name: given[f.name] for f in fields(cls)}))
 
 
 # What an engine started by an older bsr ran with, where it recorded nothing: its master had Mooncake's own client
 # TTL (so `up` names that difference instead of calling the whole record unreadable).
-_UNRECORDED: dict[str, Any] = {"store_client_ttl_s": limits.MOONCAKE_DEFAULT_CLIENT_TTL_S}
+_UNRECORDED: dict[str, int] = {"store_client_ttl_s": limits.MOONCAKE_DEFAULT_CLIENT_TTL_S}
 
 
 def _check_kv_wait(seconds: float) -> None:
@@ -403,6 +403,11 @@ class ProcessState:
     restarts: int = 0  # how often the engine restarted it (a rank)
 
 
+def _process_wire(p: ProcessState) -> wire.JsonObject:
+    out: wire.JsonObject = {"name": p.name, "pid": p.pid, "alive": p.alive}
+    return out | ({"restarts": p.restarts} if p.restarts else {})
+
+
 @dataclass(frozen=True)
 class EngineHosts:
     """Where the engine's parts run: all on loopback (no topology), or in network namespaces joined by links."""
@@ -436,15 +441,12 @@ class EngineStatus:
     def admin_url(self) -> str:
         return self.record.admin_url if self.record is not None else ""
 
-    def to_wire(self) -> dict[str, Any]:
-        procs = [
-            {"name": p.name, "pid": p.pid, "alive": p.alive} | ({"restarts": p.restarts} if p.restarts else {})
-            for p in self.processes
-        ]
-        listening = [asdict(s) for s in self.listening]
-        exposed = [asdict(s) for s in self.exposed]
+    def to_wire(self) -> wire.JsonObject:
+        procs: list[wire.JsonValue] = [_process_wire(p) for p in self.processes]
+        listening: list[wire.JsonValue] = [asdict(s) for s in self.listening]
+        exposed: list[wire.JsonValue] = [asdict(s) for s in self.exposed]
         topo = self.hosts.topology
-        hosts = (
+        hosts: wire.JsonObject = (
             {"mode": "local"}
             if topo is None
             else {
@@ -459,6 +461,7 @@ class EngineStatus:
             }
         )
         rec = self.record
+        out: wire.JsonObject
         if rec is None:
             out = {"state_dir": self.state_dir, "running": self.running, "healthy": self.healthy}
             out |= {"processes": procs, "listening": listening, "exposed": exposed}
@@ -745,9 +748,10 @@ def _wait_ready(state: Path, proc: subprocess.Popen[bytes], log_path: Path) -> E
                 f"the engine exited during start-up (code {code}): {tail[0] if tail else 'no output'}",
                 hint=f"see {log_path}",
             )
-        ready = _read_json(state / "ready.json")
-        if ready and _http_ok(ready["url"] + "/bsr/v1/health"):
-            return EngineReady.from_wire(ready)
+        written = _read_json(state / "ready.json")
+        ready = EngineReady.from_wire(written) if written else None
+        if ready is not None and _http_ok(ready.url + "/bsr/v1/health"):
+            return ready
         time.sleep(0.2)
     raise ServiceError(f"the engine did not come up within {SERVER_START_TIMEOUT_S:.0f}s", hint=f"see {log_path}")
 
@@ -764,8 +768,8 @@ class StoppedEngine:
     def was_running(self) -> bool:
         return bool(self.stopped)
 
-    def to_wire(self) -> dict[str, Any]:
-        out = {
+    def to_wire(self) -> wire.JsonObject:
+        out: wire.JsonObject = {
             "state_dir": self.state_dir,
             "stopped": [{"name": n, "pid": p} for n, p in self.stopped],
             "was_running": self.was_running,

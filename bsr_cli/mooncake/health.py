@@ -10,7 +10,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
 
 from bsr_cli.core import wire
 from bsr_cli.errors import ServiceError
@@ -119,7 +118,7 @@ class MountedSegment:
         return self.status == "OK"
 
 
-def segment_listing(admin_url: str, timeout: float = 2.0) -> list[dict[str, Any]]:
+def segment_listing(admin_url: str, timeout: float = 2.0) -> list[wire.JsonObject]:
     """The master's segments (``/get_segments_detail`` on its admin/metrics port) as it sent them, every key kept
     (`bsr bundle` copies them whole; `segments` reads them). Raises ServiceError."""
     got = http_get(admin_url.rstrip("/") + "/get_segments_detail", timeout)

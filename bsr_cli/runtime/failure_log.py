@@ -41,7 +41,7 @@ class JsonLineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
-        line: dict[str, Any] = {"time": at, "level": record.levelname.lower(), "logger": record.name}
+        line: dict[str, object] = {"time": at, "level": record.levelname.lower(), "logger": record.name}
         fields = getattr(record, "bsr", None)
         if isinstance(fields, Mapping):
             line.update(fields)

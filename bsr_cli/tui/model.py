@@ -344,14 +344,15 @@ def parse_wire(raw: Mapping[str, Any]) -> ev.Event | None:
         return None
 
 
-def _legacy(raw: Mapping[str, Any]) -> dict[str, Any]:
+def _legacy(raw: Mapping[str, wire.JsonValue]) -> wire.JsonObject:
     d = dict(raw)
     tier = FailureKind.TIER.value
     if d.get("type") == EventKind.RESTORE_FAILED:
         d.setdefault("kind", tier)
         d.setdefault("reason", "")
-    if isinstance(d.get("failures"), list):
-        d["failures"] = [{"kind": tier, **f} if isinstance(f, Mapping) else f for f in d["failures"]]
+    failures = d.get("failures")
+    if isinstance(failures, list):
+        d["failures"] = [{"kind": tier, **f} if isinstance(f, Mapping) else f for f in failures]
     return d
 
 

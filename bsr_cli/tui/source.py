@@ -30,6 +30,7 @@ from bsr_cli.core import wire
 from bsr_cli.core.evidence import EventKind
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.core.results import AbortAnswer
+from bsr_cli.core.status import event_seq
 from bsr_cli.errors import AlreadyEnded, BsrError, EngineError, InvalidInput
 from bsr_cli.incident_bundle import RECORDING, RecordingHeader, read_member
 from bsr_cli.incident_bundle import RECORDING_FORMAT as FORMAT
@@ -135,7 +136,7 @@ class LiveSource:
             self._drop()
             raise
 
-    def events(self, *, kinds: Sequence[str], limit: int) -> list[dict[str, Any]]:
+    def events(self, *, kinds: Sequence[str], limit: int) -> list[wire.JsonObject]:
         """The newest ``limit`` events of ``kinds`` the engine holds (its durable history where it keeps one), oldest
         first, as it sent them."""
         with self._connect() as c:  # its own connection, as an operator's action: a poll never queues behind it
@@ -224,7 +225,7 @@ class Recorder:
         last_started, last_seq = self._seen
         if started == last_started and seq >= last_seq:
             # fold() uses only events newer than the previous snapshot, so the ones already on file are dropped.
-            snap = replace(snap, events=[e for e in snap.events if int(e.get("seq", 0)) > last_seq])
+            snap = replace(snap, events=[e for e in snap.events if event_seq(e) > last_seq])
         self._seen = (started, seq)
         self._line(Frame(snap, item.received_at, round(item.latency_s, 6)))
 

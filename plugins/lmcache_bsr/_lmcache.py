@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -60,9 +60,39 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 
 
 # -- engines ---------------------------------------------------------------------------------------------------
+class MooncakeExtraConfig(TypedDict, total=False):
+    """LMCache's ``extra_config`` for its Mooncake backend, and bsr's checksum switches beside them."""
+
+    mooncake_local_hostname: str
+    mooncake_metadata_server: str
+    mooncake_master_server_addr: str
+    mooncake_protocol: str
+    mooncake_global_segment_size: int
+    mooncake_local_buffer_size: int
+    save_chunk_meta: bool
+    transfer_timeout: int
+    bsr_checksums: bool
+    bsr_load_unverified: bool
+
+
+class LMCacheConfig(TypedDict, total=False):
+    """LMCache's configuration of one engine (``LMCacheEngineConfig.from_defaults``): the keys bsr sets or reads;
+    a host config may give any other of LMCache's own beside them, passed through as given."""
+
+    chunk_size: int
+    local_cpu: bool
+    max_local_cpu_size: float  # GiB
+    local_disk: str
+    max_local_disk_size: float  # GiB
+    remote_url: str
+    remote_serde: str
+    blocking_timeout_secs: float
+    extra_config: MooncakeExtraConfig
+
+
 def build_engine(
     instance_id: str,
-    config: dict[str, Any],
+    config: LMCacheConfig,
     *,
     model: str,
     world_size: int,
@@ -177,7 +207,15 @@ def remote_exists(eng: LMCacheEngine, keys: Sequence[Any]) -> list[bool]:
     return [c == 1 for c in codes]
 
 
-def pinned_state(eng: LMCacheEngine, keys: Sequence[Any]) -> dict[str, Any]:
+class PinnedState(TypedDict):
+    """What a probe could have left behind in an engine."""
+
+    lookup_pins: int
+    disk_pin_counts: list[int]
+    disk_keys_in_request: int
+
+
+def pinned_state(eng: LMCacheEngine, keys: Sequence[Any]) -> PinnedState:
     """What a probe could have left behind: lookup pins, disk pin counts, L1 pinned objects (for tests)."""
     disk = backends(eng).get("LocalDiskBackend")
     pins = [int(getattr(disk.dict[k], "pin_count", 0)) for k in keys if disk is not None and k in disk.dict]
@@ -360,7 +398,18 @@ class CPUPagedConnector(PerChunkBatches, GPUConnectorInterface):
 
 
 # -- lookup RPC (the scheduler <-> worker transport of LMCache's vLLM integration) --------------------------------
-def lookup_rpc() -> dict[str, Any]:
+class LookupRpc(TypedDict):
+    """LMCache's lookup-RPC classes and its RPC path function (all LMCache's own: typed as LMCache types them)."""
+
+    LookupClientInterface: Any
+    LMCacheLookupClient: Any
+    SocketParams: Any
+    ZmqReqRepClientTransport: Any
+    ZmqRouterServerTransport: Any
+    get_zmq_rpc_path_lmcache: Any
+
+
+def lookup_rpc() -> LookupRpc:
     """LMCache's lookup-RPC pieces, for bsr's probe-only lookup (vllm_bsr/probe_lookup.py): the scheduler-side
     ``LMCacheLookupClient`` and ``LookupClientInterface``, the ZMQ transports (``ZmqReqRepClientTransport``,
     ``ZmqRouterServerTransport``, ``SocketParams``) and ``get_zmq_rpc_path_lmcache``. None of them imports vLLM."""

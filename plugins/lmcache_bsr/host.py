@@ -22,7 +22,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 from bsr_cli.core.bitmap import HitBitmap
 from bsr_cli.core.events import Event
@@ -37,6 +37,9 @@ from bsr_cli.server.admin import AdminServer
 
 from .rank import LMCacheRank, ThreadRank
 from .tokens import TokenRegistry
+
+if TYPE_CHECKING:
+    from ._lmcache import LMCacheConfig
 
 UNSUPPORTED_FAULTS = {
     # LMCache's naive serde stores no checksum, so a flipped byte cannot be detected: refusing beats pretending.
@@ -137,7 +140,39 @@ class LMCacheCoordinator(Coordinator):
         return super().inject(request)
 
 
-def registration_from(cfg: dict[str, Any]) -> Registration:
+class ModelConfig(TypedDict):
+    """The model a host serves, as its config names it: its KV layout (one group, one [2, kv_heads, head_size]
+    tensor per layer)."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_size: int
+    dtype: NotRequired[str]  # bf16 unless given
+    block_size: NotRequired[int]
+    tp_size: NotRequired[int]
+    chunk_size: NotRequired[int]
+
+
+class AdminConfig(TypedDict, total=False):
+    """Where the host's admin API serves (loopback and a free port unless given) and its token."""
+
+    host: str
+    port: int
+    token: str
+
+
+class HostConfig(TypedDict):
+    """A host's config (docs/deployment.md): the model, LMCache's configuration of each rank's engine, bsr's engine
+    settings and the admin API."""
+
+    model: ModelConfig
+    lmcache: LMCacheConfig
+    settings: NotRequired[dict[str, Any]]  # EngineSettings' fields, as keyword arguments
+    admin: NotRequired[AdminConfig]
+
+
+def registration_from(cfg: HostConfig) -> Registration:
     m = cfg["model"]
     layers, heads, head_size = int(m["layers"]), int(m["kv_heads"]), int(m["head_size"])
     dtype = str(m.get("dtype", "bf16"))
@@ -156,7 +191,7 @@ def registration_from(cfg: dict[str, Any]) -> Registration:
 class LMCacheHost:
     """Ranks + coordinator (+ admin server once ``serve`` is called). Always ``close()`` it (also at exit)."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: HostConfig) -> None:
         self.cfg = cfg
         self.reg = registration_from(cfg)
         s = dict(cfg.get("settings") or {})
@@ -181,7 +216,7 @@ class LMCacheHost:
                 impl = LMCacheRank(
                     r,
                     self.reg,
-                    dict(cfg["lmcache"]),
+                    cfg["lmcache"].copy(),
                     kv_tokens=self.settings.kv_tokens,
                     registry=self.registry,
                     emit=emit,
@@ -214,13 +249,15 @@ class LMCacheHost:
             r.close()
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
+def load_config(path: str | Path) -> HostConfig:
+    """The config file, taken as HostConfig documents it: LMCacheHost reads it key by key (a missing key or a value
+    of the wrong kind fails there)."""
     text = Path(path).read_text()
     if str(path).endswith((".yaml", ".yml")):
         import yaml
 
-        return dict(yaml.safe_load(text))
-    return dict(json.loads(text))
+        return cast(HostConfig, dict(yaml.safe_load(text)))
+    return cast(HostConfig, dict(json.loads(text)))
 
 
 def main(argv: list[str]) -> int:
@@ -228,7 +265,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m lmcache_bsr.host CONFIG.(yaml|json)", file=sys.stderr)
         return 2
     cfg = load_config(argv[0])
-    admin_cfg = dict(cfg.get("admin") or {})
+    admin_cfg: AdminConfig = cfg.get("admin") or {}
     host = LMCacheHost(cfg)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

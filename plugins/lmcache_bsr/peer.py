@@ -39,7 +39,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    from bsr_cli.core.wire import JsonObject
+    from lmcache_bsr._lmcache import LMCacheConfig
+    from lmcache_bsr.host import HostConfig, ModelConfig
 
 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # keep Mooncake's transfer endpoint on loopback
 
@@ -83,14 +88,38 @@ class CpuMeter:
         return out
 
 
-def _checksums(case: dict[str, Any]) -> bool:
+class MasterAddress(TypedDict):
+    """Where a case process reaches the Mooncake master."""
+
+    rpc_address: str
+    metadata_url: str
+
+
+class PeerCase(TypedDict):
+    """One case as `bsr bench peer` writes it (bsr_cli/bench/peer.py: CaseBase, then Case)."""
+
+    model: ModelConfig  # with the TP size its KV is split over
+    master: MasterAddress
+    seed: int
+    deadline_s: NotRequired[float]
+    watch_pids: NotRequired[dict[str, int]]  # the service processes to watch: name -> pid
+    mode: str  # store, raw, stock or bsr
+    tokens: int
+    l1_bytes: int
+    destination: NotRequired[str]  # stock only: "contiguous"
+    W: NotRequired[int]  # the windowed modes
+    # stock into a contiguous destination: each rank's buffer, set up by run_case (never on the wire)
+    _contiguous: NotRequired[list[ContiguousDestination]]
+
+
+def _checksums(case: PeerCase) -> bool:
     mode = case.get("mode")
     if mode == "bsr":
         return os.environ.get("BSR_PEER_CHECKSUMS", "on") != "off"
     return mode == "store"  # the stored objects carry them; stock LMCache and the raw GET never look
 
 
-def lmcache_config(mc: dict[str, Any], l1_bytes: int, deadline_s: float, checksums: bool) -> dict[str, Any]:
+def lmcache_config(mc: MasterAddress, l1_bytes: int, deadline_s: float, checksums: bool) -> LMCacheConfig:
     """LMCache's configuration over the case's Mooncake master: L1 is staging only (no hot-cache write-back, so
     every hit is read from Mooncake), the segment holder holds the objects, TCP on loopback."""
     return {
@@ -113,8 +142,8 @@ def lmcache_config(mc: dict[str, Any], l1_bytes: int, deadline_s: float, checksu
     }
 
 
-def host_config(case: dict[str, Any]) -> dict[str, Any]:
-    m = dict(case["model"])
+def host_config(case: PeerCase) -> HostConfig:
+    m = case["model"].copy()
     mc = case["master"]
     n = int(case["tokens"])
     return {
@@ -184,7 +213,7 @@ class TransferMeter:
         """Time the transfer calls LMCache's Mooncake connector makes (its store, behind a forwarding wrapper)."""
         connector.store = _TimedStore(connector.store, self)
 
-    def stage_costs(self, cpu: dict[str, float], install: InstallMeter | None = None) -> dict[str, Any]:
+    def stage_costs(self, cpu: dict[str, float], install: InstallMeter | None = None) -> JsonObject:
         """The case's stage costs (``core.stage_costs``): its transfers as the fetch stage, the connector's copy as
         the install, the case process's CPU (``cpu``: a CpuMeter's reading); no verify stage, no window loop."""
         from bsr_cli.core.evidence import TimedStage
@@ -268,13 +297,13 @@ class ContiguousDestination:
             self.paged_to_gpu(obj, s, e, kvcaches=self.rk.kvcaches, slot_mapping=slots)
 
 
-def _tokens(case: dict[str, Any]) -> list[int]:
+def _tokens(case: PeerCase) -> list[int]:
     from bsr_cli.core.keys import synthetic_tokens
 
     return list(synthetic_tokens(int(case["tokens"]), seed=int(case["seed"])))
 
 
-def run_store(host: Any, case: dict[str, Any]) -> dict[str, Any]:
+def run_store(host: Any, case: PeerCase) -> dict[str, object]:
     """The synthetic KV computed into each rank's blocks, then stored through LMCache a few chunks at a time (L1
     holds what one store call stages, not the prompt), each step waited for until Mooncake serves it."""
     from bsr_cli.core.keys import chunk_hashes
@@ -298,7 +327,7 @@ def run_store(host: Any, case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
+def run_bsr(host: Any, case: PeerCase, meter: CpuMeter) -> dict[str, object]:
     from bsr_cli.core.events import Event, RestoreEnded
     from bsr_cli.core.evidence import Outcome
     from bsr_cli.core.keys import chunk_hashes
@@ -364,7 +393,17 @@ def run_bsr(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
     }
 
 
-def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: InstallMeter) -> dict[str, Any]:
+class _StockRank(TypedDict):
+    """One rank's part of stock's retrieve."""
+
+    rank: int
+    loaded_tokens: int
+    seconds: float
+    l1_peak_bytes: int
+    error: str | None
+
+
+def run_stock(host: Any, case: PeerCase, meter: CpuMeter, install: InstallMeter) -> dict[str, object]:
     from lmcache_bsr import _lmcache as lm
 
     toks = _tokens(case)
@@ -375,7 +414,7 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
     contiguous: list[ContiguousDestination] = case.get("_contiguous") or []
     clock, transfers = _stock_meters(ranks)
     lookup_s = _untimed_lookup(ranks, toks, clock) if contiguous else 0.0
-    results: list[dict[str, Any]] = [{} for _ in ranks]
+    results: list[_StockRank | None] = [None for _ in ranks]
     barrier = threading.Barrier(len(ranks))
 
     def work(i: int) -> None:
@@ -410,18 +449,18 @@ def run_stock(host: Any, case: dict[str, Any], meter: CpuMeter, install: Install
     wall = time.perf_counter() - t0
     cpu = meter.stop()
     stuck = any(t.is_alive() for t in threads)
-    loaded = min((int(r.get("loaded_tokens") or 0) for r in results), default=0)
+    loaded = min((r["loaded_tokens"] if r is not None else 0 for r in results), default=0)
     timed_out = stuck or (loaded < n and wall >= deadline)
     hash_ok = _stock_hash_ok(ranks, contiguous, toks, table) if loaded == n and not stuck else None
     return {
         "outcome": "loaded" if loaded == n else ("timed_out" if timed_out else "short"),
         "loaded_tokens": loaded,
         "windows": 1,
-        "seconds": round(max((float(r.get("seconds") or wall) for r in results), default=wall), 4),
+        "seconds": round(max((r["seconds"] or wall if r is not None else wall for r in results), default=wall), 4),
         "wall_seconds": round(wall, 4),
-        "l1_peak_bytes": max((int(r.get("l1_peak_bytes") or 0) for r in results), default=0),
+        "l1_peak_bytes": max((int(r["l1_peak_bytes"]) if r is not None else 0 for r in results), default=0),
         "l1_capacity_bytes": ranks[0].tracker.heap_bytes,
-        "ranks": [r for r in results if r],
+        "ranks": [r for r in results if r is not None],
         "hash_ok": hash_ok,
         "cpu": cpu,
         "install_cpu_seconds": round(install.seconds, 4),
@@ -488,7 +527,7 @@ def torch_tokens(toks: list[int]) -> Any:
     return torch.tensor(toks, dtype=torch.long)
 
 
-def run_raw(host: Any, case: dict[str, Any], meter: CpuMeter) -> dict[str, Any]:
+def run_raw(host: Any, case: PeerCase, meter: CpuMeter) -> dict[str, object]:
     """batch_get_into of the objects LMCache stored for this prompt, one raw Mooncake client per rank, all at
     once: the rate a caller of the store gets for the same bytes, without LMCache or bsr."""
     import torch
@@ -582,7 +621,7 @@ def prefault(rk: Any) -> None:
         buf.zero_()
 
 
-def run_case(case: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def run_case(case: PeerCase) -> tuple[dict[str, object], bool]:
     """(result, clean): clean is False when a thread may still spin inside LMCache (do not destroy the engine)."""
     from lmcache_bsr.host import LMCacheHost
 

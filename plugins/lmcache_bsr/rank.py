@@ -210,7 +210,7 @@ class LMCacheRank(RankHost):
         self,
         rank: int,
         reg: Registration,
-        lmcache_config: dict[str, Any],
+        lmcache_config: lm.LMCacheConfig,
         *,
         kv_tokens: int,
         registry: TokenRegistry,
@@ -225,12 +225,12 @@ class LMCacheRank(RankHost):
         self.registry = registry
         self.emit = emit
         self.layers = len(reg.tensors)
-        cfg = dict(lmcache_config)
+        cfg = lmcache_config.copy()
         cfg["chunk_size"] = reg.chunk_size
         if cfg.get("local_disk"):
             cfg["local_disk"] = _rank_disk(cfg["local_disk"], rank)
         self.disk_dir = cfg.get("local_disk")
-        extra = dict(cfg.get("extra_config") or {})
+        extra = cfg.get("extra_config") or lm.MooncakeExtraConfig()
         remote = bool(cfg.get("remote_url"))
         self.health_url = _healthy_master(extra.get("mooncake_metadata_server"), remote=remote)
         self.connector = lm.CPUPagedConnector(self.layers, heads, head_size)

@@ -28,11 +28,16 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from lmcache_bsr.peer import lmcache_config
+
+if TYPE_CHECKING:
+    from lmcache_bsr.host import HostConfig, ModelConfig
+    from lmcache_bsr.peer import MasterAddress
 
 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # keep Mooncake's transfer endpoint on loopback
 
@@ -40,11 +45,68 @@ RESULT_PREFIX = "BSR-TRACE-RESULT "
 PROGRESS_PREFIX = "BSR-TRACE-PROGRESS "
 
 
-def host_config(case: dict[str, Any]) -> dict[str, Any]:
+class TraceRow(TypedDict):
+    """One request of the slice: when it arrives (ms from the first), its length, the block ids it names."""
+
+    arrival_ms: int
+    input_length: int
+    hash_ids: list[int]
+
+
+class TraceCase(TypedDict):
+    """The slice as `bsr bench trace` writes it for stock LMCache (bsr_cli/bench/trace.py)."""
+
+    model: ModelConfig
+    master: MasterAddress
+    l1_bytes: int
+    kv_tokens: int
+    deadline_s: float
+    max_clients: int
+    serial: bool
+    salt: int
+    speedup: float
+    block_tokens: int
+    requests: list[TraceRow]
+
+
+class RankRetrieve(TypedDict, total=False):
+    """One rank's part of a request: the tokens LMCache's retrieve loaded, its seconds, what failed."""
+
+    loaded: int
+    seconds: float
+    error: str
+
+
+class RequestMeasure(TypedDict, total=False):
+    """One request of the replay, as the result reports it (filled in as it goes)."""
+
+    index: int
+    arrival_s: float
+    started_s: float
+    loaded_by_rank: list[int]
+    loaded_tokens: int
+    restore_seconds: float
+    error: str
+    seconds: float
+
+
+class ReplayResult(TypedDict):
+    """The replay's measurement: each request's, and LMCache's L1 high-water per rank."""
+
+    ok: bool
+    requests: list[RequestMeasure]
+    l1_peak_by_rank: dict[str, int]
+    l1_capacity_bytes: int
+    elapsed_s: float
+    lmcache_version: str
+    setup_seconds: NotRequired[float]
+
+
+def host_config(case: TraceCase) -> HostConfig:
     mc = case["master"]
     deadline = float(case["deadline_s"])
     return {
-        "model": dict(case["model"]),
+        "model": case["model"].copy(),
         # As in `bsr bench peer`; stock LMCache stores and verifies no checksum.
         "lmcache": lmcache_config(mc, int(case["l1_bytes"]), deadline, checksums=False),
         "settings": {
@@ -76,7 +138,7 @@ class Blocks:
             self.cond.notify_all()
 
 
-def replay(host: Any, case: dict[str, Any]) -> dict[str, Any]:
+def replay(host: Any, case: TraceCase) -> ReplayResult:
     return _Replay(host, case).run()
 
 
@@ -84,7 +146,7 @@ class _Replay:
     """The slice replayed through the host's ranks: each request from a client thread at its arrival time, on every
     rank at once; its measurement in ``out``."""
 
-    def __init__(self, host: Any, case: dict[str, Any]) -> None:
+    def __init__(self, host: Any, case: TraceCase) -> None:
         from bsr_cli.core.keys import chunk_hashes
         from bsr_cli.core.trace import TraceRequest, prompt_tokens
         from lmcache_bsr import _lmcache as lm
@@ -104,7 +166,7 @@ class _Replay:
         ]
         self.prompts = [prompt_tokens(r, block_tokens, salt, i) for i, r in enumerate(self.reqs)]
         self.blocks = Blocks(int(case["kv_tokens"]) // self.bs)
-        self.out: list[dict[str, Any]] = [{"index": i} for i in range(len(self.reqs))]
+        self.out: list[RequestMeasure] = [{"index": i} for i in range(len(self.reqs))]
         self.done = 0
         self.done_lock = threading.Lock()
         # ``serial``: each rank's engine serves one request at a time (retrieve, compute, store), as vLLM's worker
@@ -115,7 +177,7 @@ class _Replay:
         }
         self.origin = 0.0
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> ReplayResult:
         for rk in self.ranks:
             rk.tracker.reset()
         t_first = self.reqs[0].arrival_ms
@@ -144,10 +206,10 @@ class _Replay:
         """Request ``i`` on every rank at once, in the destination KV's blocks it waits for."""
         toks = self.prompts[i]
         m = self.out[i]
-        m["started_s"] = round(time.monotonic() - self.origin, 4)
+        started = m["started_s"] = round(time.monotonic() - self.origin, 4)
         table = self.blocks.take(-(-len(toks) // self.bs))
         try:
-            per_rank: list[dict[str, Any]] = [{} for _ in self.ranks]
+            per_rank: list[RankRetrieve] = [{} for _ in self.ranks]
             threads = [
                 threading.Thread(target=self.on_rank, args=(rk, toks, table, per_rank[k]), daemon=True)
                 for k, rk in enumerate(self.ranks)
@@ -156,34 +218,36 @@ class _Replay:
                 t.start()
             for t in threads:
                 t.join()
-            m["loaded_by_rank"] = [int(p.get("loaded") or 0) for p in per_rank]
-            m["loaded_tokens"] = min(m["loaded_by_rank"])
+            loaded = m["loaded_by_rank"] = [int(p.get("loaded") or 0) for p in per_rank]
+            m["loaded_tokens"] = min(loaded)
             m["restore_seconds"] = max(float(p.get("seconds") or 0.0) for p in per_rank)
             errors = [str(p["error"]) for p in per_rank if p.get("error")]
             if errors:
                 m["error"] = errors[0]
         finally:
             self.blocks.give(table)
-            m["seconds"] = round(time.monotonic() - self.origin - m["started_s"], 4)
+            m["seconds"] = round(time.monotonic() - self.origin - started, 4)
         with self.done_lock:
             self.done += 1
             print(f"{PROGRESS_PREFIX}{self.done}", flush=True)
 
-    def on_rank(self, rk: Any, toks: list[int], table: list[int], into: dict[str, Any]) -> None:
+    def on_rank(self, rk: Any, toks: list[int], table: list[int], into: RankRetrieve) -> None:
         t0 = time.perf_counter()
         with self.rank_locks[rk.rank]:
             self.work(rk, toks, table, into, t0)
 
-    def work(self, rk: Any, toks: list[int], table: list[int], into: dict[str, Any], t0: float) -> None:
+    def work(self, rk: Any, toks: list[int], table: list[int], into: RankRetrieve, t0: float) -> None:
         """LMCache's retrieve of the prompt on one rank, the rest computed, then LMCache's store of what it lacked."""
         n, cs = len(toks), self.cs
         try:
             ret = self.lm.stock_retrieve(rk.engine, toks, kvcaches=rk.kvcaches, slot_mapping=rk.slots(table, n))
             loaded = int(ret.sum())
         except Exception as e:  # noqa: BLE001 - LMCache's failure is the measurement
-            into.update(loaded=0, seconds=round(time.perf_counter() - t0, 4), error=f"{type(e).__name__}: {e}")
+            into.update(
+                {"loaded": 0, "seconds": round(time.perf_counter() - t0, 4), "error": f"{type(e).__name__}: {e}"}
+            )
             return
-        into.update(loaded=loaded, seconds=round(time.perf_counter() - t0, 4))
+        into.update({"loaded": loaded, "seconds": round(time.perf_counter() - t0, 4)})
         try:
             hashes = self.chunk_hashes(toks, cs)
             rk.kv.prefill(hashes, n, loaded // cs, {rk.group: table})  # the rest, computed
@@ -196,20 +260,22 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m lmcache_bsr.trace_replay CASE.json", file=sys.stderr)
         return 2
-    case = json.loads(Path(argv[0]).read_text())
+    case: TraceCase = json.loads(Path(argv[0]).read_text())
     host = None
     clean = True
+    res: Mapping[str, object]
     try:
         from lmcache_bsr.host import LMCacheHost
 
         t0 = time.perf_counter()
         host = LMCacheHost(host_config(case))
         setup_s = round(time.perf_counter() - t0, 3)
-        res = replay(host, case) | {"setup_seconds": setup_s}
+        replayed = replay(host, case) | {"setup_seconds": setup_s}
+        res = replayed
         # A retrieve that ran into LMCache's blocking timeout leaves its storage loop spinning on the allocator:
         # destroying that engine would wait forever, so such a process ends with os._exit after reporting.
         deadline = float(case["deadline_s"])
-        clean = not any(float(r.get("restore_seconds") or 0.0) >= deadline for r in res["requests"])
+        clean = not any(float(r.get("restore_seconds") or 0.0) >= deadline for r in replayed["requests"])
     except Exception as e:  # noqa: BLE001 - reported to the parent as the replay's error
         res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     print(RESULT_PREFIX + json.dumps(res), flush=True)

@@ -14,7 +14,11 @@ import json
 import os
 import tempfile
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bsr_cli.core.wire import JsonObject
 
 SCHEMA = "bsr.vllm.scheduler/1"
 
@@ -24,7 +28,7 @@ def board_path(engine_id: str, rpc_port: int | str = 0) -> str:
     return os.path.join(base, f"bsr-scheduler-{engine_id}-{rpc_port}.json")
 
 
-def publish(path: str, state: dict[str, Any]) -> None:
+def publish(path: str, state: Mapping[str, object]) -> None:
     """Replace the board with ``state`` (plus who wrote it, when). Never raises: serving must not depend on it."""
     doc = {"schema": SCHEMA, "pid": os.getpid(), "updated_at": time.time(), **state}
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -36,7 +40,7 @@ def publish(path: str, state: dict[str, Any]) -> None:
         pass
 
 
-def read(path: str) -> dict[str, Any] | None:
+def read(path: str) -> JsonObject | None:
     """The scheduler's last published state; None when it never published (no BSR scheduler for this engine id)."""
     try:
         with open(path, encoding="utf-8") as f:

@@ -45,7 +45,15 @@ from lmcache_bsr.events import emit
 from lmcache_cpu import install as install_cpu_connector
 
 from . import board
-from .logic import SchedulerState, failed_block_ids, load_in_windows, load_report, window_label, windows
+from .logic import (
+    IntegrityFailure,
+    SchedulerState,
+    failed_block_ids,
+    load_in_windows,
+    load_report,
+    window_label,
+    windows,
+)
 from .probe_lookup import DEFAULT_TIMEOUT_MS, ProbeLookupClient, ProbeLookupServer, probe_socket_path
 
 log = logging.getLogger("vllm_bsr.connector")
@@ -71,7 +79,7 @@ class BSRConnector(_LMCacheConnector):  # type: ignore[misc]
         self.bsr_checksums: integrity.Checksums | None = None
         self.bsr_checksums_wanted = False  # a worker with bsr_checksums on, until they are installed
         self.bsr_load_unverified = False
-        self.bsr_integrity: dict[str, Any] | None = None  # the chunk that failed verification in the current load
+        self.bsr_integrity: IntegrityFailure | None = None  # the chunk that failed verification in the current load
         self.bsr_unverified = 0  # chunks of the current load taken without a checksum (bsr_load_unverified)
         impl = self._lmcache_engine
         md = impl.lmcache_engine_metadata

@@ -12,14 +12,17 @@ never changed. The token is never reported: the caller already holds it.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from bsr_cli.core.wire import JsonObject
 
 # LMCache's KV dtypes, by their torch names, as `bsr probe --store --dtype` spells them.
 DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
 
 
-def mooncake_endpoints(eng: Any, master_admin: str | None) -> dict[str, Any] | None:
+def mooncake_endpoints(eng: Any, master_admin: str | None) -> JsonObject | None:
     """The Mooncake master's RPC address (``--store``), metadata server (``--metadata``) and admin/metrics URL
     (``--master-admin``; only the connector's ``bsr_mooncake_admin`` says it: LMCache never needs it), or None
     when this engine has no Mooncake backend."""
@@ -32,7 +35,7 @@ def mooncake_endpoints(eng: Any, master_admin: str | None) -> dict[str, Any] | N
     return {"store": f"mooncake://{master}", "metadata": extra.get("mooncake_metadata_server"), "admin": master_admin}
 
 
-def describe(eng: Any, *, tp_rank: int, admin_url: str, master_admin: str | None = None) -> dict[str, Any]:
+def describe(eng: Any, *, tp_rank: int, admin_url: str, master_admin: str | None = None) -> JsonObject:
     """The instance this worker belongs to, as far as this worker can see it."""
     md = eng.metadata
     world = int(getattr(md, "world_size", 1) or 1)

@@ -27,7 +27,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage, window_label
 from bsr_cli.core.keys import prompt_hash
@@ -213,6 +213,70 @@ def failed_block_ids(block_ids_per_group: Sequence[Sequence[int]] | Mapping[int,
 INSTALL_FAULTS = frozenset({"restore-fault"})
 
 
+class IntegrityFailure(TypedDict):
+    """The chunk of a load that failed its checksum (or had none), as the connector found it."""
+
+    chunk: int | None  # its index among the request's chunks (None: not among them)
+    tier: str
+    key: str  # its LMCache key
+    verdict: str
+    detail: str
+    removed: bool  # removed from the store: the next store rewrites it
+
+
+class _FailedSpan(TypedDict, total=False):
+    chunks: list[int]  # the failed window's [start, end) in chunks
+
+
+class _FailedChunk(TypedDict, total=False):
+    chunk: int | None
+    key: str
+    verdict: str
+
+
+class LoadFailure(TypedDict):
+    """One failure of a load, as a restore's failure reads (rank, window, stage, kind, tier, why)."""
+
+    rank: int
+    window: int | None
+    chunks: NotRequired[list[int]]
+    chunk: NotRequired[int | None]
+    key: NotRequired[str]
+    verdict: NotRequired[str]
+    stage: str
+    kind: str
+    tier: str | None
+    reason: str
+
+
+class LoadReport(TypedDict):
+    """One load as the connector saw it (``load_report``), in bsr's restore vocabulary."""
+
+    request: str
+    prompt: str
+    prefix_tokens: int
+    W: int
+    outcome: str
+    windows: int
+    windows_run: int
+    window_spans: list[list[int]]
+    chunks: int
+    advertised_tokens: int
+    committed_tokens: int
+    loaded_tokens: int
+    recomputed_tokens: int
+    failed_window: int | None
+    failures: list[LoadFailure]
+    failure_kind: str | None
+    tiers: list[str]
+    reason: str
+    unverified_chunks: int
+    seconds: float
+    bytes: int
+    bytes_per_chunk: int
+    chunk_size: int
+
+
 def load_report(
     *,
     request: str,
@@ -228,9 +292,9 @@ def load_report(
     tiers: Sequence[str],
     fault_kind: str | None = None,
     seconds: float = 0.0,
-    integrity: Mapping[str, Any] | None = None,
+    integrity: IntegrityFailure | None = None,
     unverified_chunks: int = 0,
-) -> dict[str, Any]:
+) -> LoadReport:
     """One load as the connector saw it, in bsr's restore vocabulary (what `bsr status` and `explain` read).
 
     ``advertised_tokens``: what the scheduler told vLLM would come from the store; ``loaded_tokens``: what vLLM
@@ -243,23 +307,7 @@ def load_report(
     checksum (only when the connector is told to load them)."""
     advertised = max(0, end_token - vllm_cached_tokens)
     done = len(wins) if result.ok else int(result.failed_window or 0)
-    fails: list[dict[str, Any]] = []
-    kind: FailureKind | None = None
-    if not result.ok:
-        install = fault_kind in INSTALL_FAULTS
-        stage = Stage.INSTALL if install else Stage.FETCH
-        kind = FailureKind.RANK if install else FailureKind.TIER
-        # LMCache's retrieve does not say which backend came back short; with one tier it can only be that one.
-        tier = None if install else (tiers[0] if len(tiers) == 1 else "lmcache")
-        failure: dict[str, Any] = {"rank": 0, "window": result.failed_window}
-        if result.failed_window is not None and 0 <= result.failed_window < len(wins):
-            s, e = wins[result.failed_window]
-            failure["chunks"] = [s // chunk_size, e // chunk_size]  # the failed window's [start, end)
-        if integrity is not None and not install:
-            # The bytes arrived but were wrong (or unprovable): the verifying tier's, at the verify stage.
-            stage, tier = Stage.VERIFY, str(integrity["tier"])
-            failure |= {"chunk": integrity["chunk"], "key": integrity["key"], "verdict": integrity["verdict"]}
-        fails.append(failure | {"stage": stage.value, "kind": kind.value, "tier": tier, "reason": result.reason})
+    fails = [] if result.ok else [_load_failure(result, wins, chunk_size, tiers, fault_kind, integrity)]
     return {
         "request": request,
         "prompt": prompt,
@@ -276,7 +324,7 @@ def load_report(
         "recomputed_tokens": 0 if result.ok else end_token,
         "failed_window": result.failed_window,
         "failures": fails,
-        "failure_kind": kind.value if kind is not None else None,
+        "failure_kind": fails[0]["kind"] if fails else None,
         "tiers": list(tiers),
         "reason": result.reason,
         "unverified_chunks": unverified_chunks,
@@ -288,7 +336,43 @@ def load_report(
     }
 
 
-def load_events(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _load_failure(
+    result: LoadResult,
+    wins: Sequence[tuple[int, int]],
+    chunk_size: int,
+    tiers: Sequence[str],
+    fault_kind: str | None,
+    integrity: IntegrityFailure | None,
+) -> LoadFailure:
+    """The failure of a load that failed: an injected install fault is the rank's, a chunk that failed its checksum
+    the verifying tier's at the verify stage, anything else the tier's fetch."""
+    install = fault_kind in INSTALL_FAULTS
+    stage = Stage.INSTALL if install else Stage.FETCH
+    kind = FailureKind.RANK if install else FailureKind.TIER
+    # LMCache's retrieve does not say which backend came back short; with one tier it can only be that one.
+    tier = None if install else (tiers[0] if len(tiers) == 1 else "lmcache")
+    span: _FailedSpan = {}
+    if result.failed_window is not None and 0 <= result.failed_window < len(wins):
+        s, e = wins[result.failed_window]
+        span = {"chunks": [s // chunk_size, e // chunk_size]}  # the failed window's [start, end)
+    found: _FailedChunk = {}
+    if integrity is not None and not install:
+        # The bytes arrived but were wrong (or unprovable): the verifying tier's, at the verify stage.
+        stage, tier = Stage.VERIFY, str(integrity["tier"])
+        found = {"chunk": integrity["chunk"], "key": integrity["key"], "verdict": integrity["verdict"]}
+    return {
+        "rank": 0,
+        "window": result.failed_window,
+        **span,
+        **found,
+        "stage": stage.value,
+        "kind": kind.value,
+        "tier": tier,
+        "reason": result.reason,
+    }
+
+
+def load_events(report: LoadReport) -> list[dict[str, object]]:
     """The events of one load, as bsr's embedded engine writes them for a restore (so `bsr explain`, `describe` and
     `bsr events` read a worker's loads as they read its restores): started, each window released, the failure (the
     window, its chunks, the tier and stage, why), then committed or failed closed. Windows: 0-based ``window``
@@ -297,7 +381,7 @@ def load_events(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     spans = report["window_spans"]
     ok = report["outcome"] == Outcome.COMMITTED
     released = len(spans) if ok else int(report["failed_window"] or 0)
-    out: list[dict[str, Any]] = [
+    out: list[dict[str, object]] = [
         {
             "type": EventKind.RESTORE_STARTED.value,
             "request": req,

@@ -60,13 +60,14 @@ from bsr_cli.core.keys import chunk_hashes
 from bsr_cli.core.registration import KVGroup, Registration, TensorSpec
 from bsr_cli.core.results import ManualRestoreResult, SubmitResult, TierErrors
 from bsr_cli.core.status import EngineInfo, MarkerView, RecentRestore, Snapshot
+from bsr_cli.core.wire import JsonObject, JsonValue
 from bsr_cli.errors import BadRequest
 from bsr_cli.runtime.coordinator import EngineSettings
 from bsr_cli.runtime.events import EventLog
 from bsr_cli.server.admin import AdminServer
 
 from . import board, instance
-from .logic import load_events
+from .logic import LoadReport, load_events
 from .probe_lookup import EngineFn, RankProber
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -208,9 +209,9 @@ class WorkerCoordinator(LMCacheCoordinator):
         super().__init__(*a, **kw)
         self.tp_rank = tp_rank
         self.limits = limits
-        self._loads: dict[str, dict[str, Any]] = {}  # request -> its last load report (bounded by ``recent``)
+        self._loads: dict[str, LoadReport] = {}  # request -> its last load report (bounded by ``recent``)
         self._loads_lock = threading.Lock()
-        self.instance: dict[str, Any] | None = None  # the vLLM instance's endpoints (vllm_bsr/instance.py)
+        self.instance: JsonObject | None = None  # the vLLM instance's endpoints (vllm_bsr/instance.py)
 
     def _refuse(self, what: str) -> NoReturn:
         raise BadRequest(
@@ -235,7 +236,7 @@ class WorkerCoordinator(LMCacheCoordinator):
         return super().probe(tokens[: full * cs], hashes)
 
     def info(self) -> EngineInfo:
-        out: dict[str, Any] = {"serves_restores": False}  # what a worker adds to the engine's info
+        out: JsonObject = {"serves_restores": False}  # what a worker adds to the engine's info
         if self.instance is not None:
             out["vllm_instance"] = self.instance
         lim = self.limits
@@ -262,7 +263,7 @@ class WorkerCoordinator(LMCacheCoordinator):
         )
 
     # -- what the scheduler holds --------------------------------------------------------------------------------
-    def scheduler_state(self) -> dict[str, Any] | None:
+    def scheduler_state(self) -> JsonObject | None:
         return board.read(self.limits.board) if self.limits is not None and self.limits.board else None
 
     def list_markers(self) -> list[MarkerView]:
@@ -272,19 +273,22 @@ class WorkerCoordinator(LMCacheCoordinator):
         with self._loads_lock:
             loads = dict(self._loads)
         out = []
-        for m in doc.get("markers") or []:
-            m = dict(m) | {"excluded_tiers": list(self.settings.tiers)}
+        for published in _array(doc.get("markers")):
+            if not isinstance(published, dict):
+                continue
+            m: JsonObject = published | {"excluded_tiers": [*self.settings.tiers]}
             load = loads.get(str(m.get("request")))
-            if load is not None and load.get("failures"):
+            if load is not None and load["failures"]:
                 m["reason"] = self._marker_reason(load)
                 m["failed_window"] = load["failures"][0]["window"]
             out.append(MarkerView.from_wire(m))
         return out
 
-    def _marker_reason(self, load: dict[str, Any]) -> str:
+    def _marker_reason(self, load: LoadReport) -> str:
         """Why a failed load left its prefix a force-local marker, as `markers list` and the events say it."""
         f = load["failures"][0]
-        window = f"window G{int(f['window']) + 1}" if f.get("window") is not None else "its first window"
+        failed = f["window"]
+        window = f"window G{failed + 1}" if failed is not None else "its first window"
         return (
             f"load of {load['advertised_tokens']:,} tokens failed at {window} on tp-rank {self.tp_rank} "
             f"({f['reason']}); vLLM recomputed them"
@@ -300,11 +304,13 @@ class WorkerCoordinator(LMCacheCoordinator):
     def snapshot(self, health: bool = True, events_since: int | None = None) -> Snapshot:
         snap = super().snapshot(health=health, events_since=events_since)  # the markers are this host's already
         doc = self.scheduler_state()
-        failed = {str(f.get("request")) for f in (doc or {}).get("load_failed") or []}  # loads that failed on a rank
-        scheduler = {
+        held = doc or {}
+        # loads that failed on a rank
+        failed = {str(f.get("request")) for f in _array(held.get("load_failed")) if isinstance(f, dict)}
+        scheduler: JsonObject = {
             "published": doc is not None,
-            "updated_at": (doc or {}).get("updated_at"),
-            "forced_local": list((doc or {}).get("forced") or []),
+            "updated_at": held.get("updated_at"),
+            "forced_local": [*_array(held.get("forced"))],
         }
         return replace(
             snap,
@@ -332,7 +338,7 @@ class WorkerCoordinator(LMCacheCoordinator):
         )
 
     # -- what this worker loaded ---------------------------------------------------------------------------------
-    def record_load(self, report: dict[str, Any]) -> None:
+    def record_load(self, report: LoadReport) -> None:
         """One load as the connector saw it: its events (bsr's restore vocabulary) and a recent-restores entry."""
         for ev in load_events(report):
             self.events.append(parse_event(ev | {"tp_rank": self.tp_rank}))
@@ -348,7 +354,7 @@ class WorkerCoordinator(LMCacheCoordinator):
                 )
             )
         # The worker's own entry (its keys, in its order): read back, it is written as it is built here.
-        entry = {
+        entry: JsonObject = {
             "request": report["request"],
             "prompt": report["prompt"],
             "prefix_tokens": report["prefix_tokens"],
@@ -361,7 +367,7 @@ class WorkerCoordinator(LMCacheCoordinator):
             "windows_run": report["windows_run"],
             "failed_window": report["failed_window"],
             "W": report["W"],
-            "tiers": report["tiers"],
+            "tiers": [*report["tiers"]],
             "seconds": report["seconds"],
             "finished": time.time(),
             "reason": report["reason"],
@@ -373,6 +379,11 @@ class WorkerCoordinator(LMCacheCoordinator):
         with self._loads_lock:
             self._loads[report["request"]] = report
             self._loads = {k: v for k, v in self._loads.items() if k in keep}
+
+
+def _array(value: JsonValue) -> list[JsonValue]:
+    """A JSON array the scheduler published, or none."""
+    return value if isinstance(value, list) else []
 
 
 class WorkerAdmin:
@@ -433,7 +444,7 @@ class WorkerAdmin:
     def staging(self) -> Staging:
         return self.ops.staging
 
-    def record_load(self, report: dict[str, Any]) -> None:
+    def record_load(self, report: LoadReport) -> None:
         self.coordinator.record_load(report)
 
     @property

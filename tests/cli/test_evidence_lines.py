@@ -4,12 +4,15 @@ admission passes of one request are two different lines, each naming its pass an
 
 from __future__ import annotations
 
-import pytest
+import io
 
-from bsr_cli.cli.render.ops import event_line, last_fault_line
+import pytest
+from rich.console import Console
+
+from bsr_cli.cli.render.ops import event_line, last_fault_line, status
 from bsr_cli.core import events as ev
 from bsr_cli.core.evidence import FailureKind, Outcome, Stage
-from bsr_cli.core.status import RankFault, RecentRestore
+from bsr_cli.core.status import EngineStatus, Health, RankFault, RecentRestore, Snapshot
 
 NOW = 10_000.0
 OLD_FAULT = RankFault(
@@ -77,3 +80,58 @@ def test_two_passes_of_one_request_are_two_lines_naming_pass_and_tier() -> None:
     # An event from a host that names no pass reads as before.
     no_pass = ev.WindowInstalled(request="req-00012", rank=0, window=0).to_wire()
     assert "pass" not in no_pass and "req-00012 window 1 installed" in event_line(no_pass)
+
+
+# What a vLLM worker adds: its limits to the info, its loads' own keys to each recent restore, the scheduler's state.
+WORKER = {"tp_rank": 1, "window_chunks": 4, "max_model_len": 8192, "kv_tokens": 65_536, "staging_bytes": 1}
+LOAD = {
+    "request": "req-1",
+    "prefix_tokens": 512,
+    "outcome": "committed",
+    "advertised_tokens": 512,
+    "loaded_tokens": 512,
+    "recomputed_tokens": 0,
+    "windows": 2,
+    "failed_window": None,
+    "W": 4,
+    "reason": "",
+}
+FAILED_LOAD = LOAD | {
+    "request": "req-2",
+    "outcome": "failed_closed",
+    "advertised_tokens": 1024,
+    "loaded_tokens": 0,
+    "recomputed_tokens": 1024,
+    "windows": 3,
+    "failed_window": 1,
+    "reason": "injected",
+}
+
+
+def _status_text(snapshot: dict[str, object]) -> str:
+    console = Console(record=True, width=240, file=io.StringIO())
+    status(console, EngineStatus("http://127.0.0.1:1", Health.from_wire({}), Snapshot.from_wire(snapshot)))
+    return console.export_text()
+
+
+@pytest.mark.timeout(30)
+def test_a_vllm_workers_status_names_its_limits_its_loads_and_what_the_scheduler_forced_local() -> None:
+    text = _status_text(
+        {
+            "info": {"serves_restores": False, "worker": WORKER},
+            "recent": [LOAD, FAILED_LOAD, {"request": "req-3", "outcome": "committed"}],  # req-3: not a load
+            "scheduler": {"published": True, "forced_local": [{"request": "req-9", "marker": "m9", "at": 2.0}]},
+        }
+    )
+    assert "vLLM worker tp-rank 1: W = the connector's bsr_window_chunks (4)" in text
+    assert "max_model_len (8,192); KV 65,536 tokens" in text
+    assert "load req-1: committed 512 tokens in 2 window(s) of W=4" in text
+    assert (
+        "load req-2: failed closed at window G2 of 3 (W=4): advertised 1,024 tokens, loaded 0, recomputed 1,024" in text
+    )
+    assert "req-3" not in text
+    assert "admission req-9: forced local by the marker on prompt m9" in text
+    assert "no force-local markers" in text
+    # A scheduler that never published: its markers are unknown, not absent.
+    unpublished = _status_text({"info": {"worker": WORKER}})
+    assert "markers unknown" in unpublished and "admission" not in unpublished

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from bsr_cli.cli.context import JsonFlag, state
+from bsr_cli.core import wire
 from bsr_cli.core.events import known_event
 from bsr_cli.errors import BsrError, InvalidInput
 
@@ -99,8 +100,13 @@ class BundleWritten:
     notes: tuple[str, ...]
     manifest: Manifest
 
-    def to_wire(self) -> dict[str, Any]:
-        head = {"bundle": str(self.bundle), "bytes": self.bytes, "files": list(self.files), "notes": list(self.notes)}
+    def to_wire(self) -> wire.JsonObject:
+        head: wire.JsonObject = {
+            "bundle": str(self.bundle),
+            "bytes": self.bytes,
+            "files": list(self.files),
+            "notes": list(self.notes),
+        }
         return head | asdict(self.manifest)
 
 

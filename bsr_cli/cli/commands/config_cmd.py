@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from bsr_cli.cli.context import JsonFlag, state
+from bsr_cli.core import wire
 from bsr_cli.settings import Settings, SourcedValue
 
 config_app = typer.Typer(
@@ -25,9 +26,10 @@ class ConfigView:
     def rows(self) -> dict[str, SourcedValue]:
         return self.settings.sourced() | {"engine_url": self.engine_url}
 
-    def to_wire(self) -> dict[str, Any]:
-        values = {k: asdict(v) for k, v in self.settings.sourced().items()}
-        return values | {"profiles": sorted(self.settings.profiles), "engine_url": asdict(self.engine_url)}
+    def to_wire(self) -> wire.JsonObject:
+        values: wire.JsonObject = {k: asdict(v) for k, v in self.settings.sourced().items()}
+        profiles: list[wire.JsonValue] = [*sorted(self.settings.profiles)]
+        return values | {"profiles": profiles, "engine_url": asdict(self.engine_url)}
 
 
 @config_app.command("show")

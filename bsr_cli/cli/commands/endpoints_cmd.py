@@ -64,12 +64,12 @@ class EngineEndpoints:
             return None
         return probe_store_line(self.mooncake, self.key_format)
 
-    def to_wire(self) -> dict[str, Any]:
-        head = {"engine": self.engine, "token": {"accepted": True, "source": self.token_source}}
+    def to_wire(self) -> wire.JsonObject:
+        head: wire.JsonObject = {"engine": self.engine, "token": {"accepted": True, "source": self.token_source}}
         kf = self.key_format
         if kf is None:
             return head | {"kind": "bsr", "tp_size": self.tp_size, "rank_urls": list(self.rank_urls)}
-        out = head | {
+        out: wire.JsonObject = head | {
             "kind": "vllm",
             "tp_size": self.tp_size,
             "rank0_url": self.rank0_url,

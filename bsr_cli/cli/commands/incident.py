@@ -4,7 +4,7 @@ request, the event log (tail and follow), and one request's per-rank, per-window
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -261,13 +261,14 @@ def _time_window(since: str | None, until: str | None) -> tuple[float | None, fl
 def _follow(st: AppState, client: AdminClient, seq: int, wanted: _Filter) -> None:
     """Print the events after ``seq`` that ``wanted`` matches as they come, until Ctrl-C (exit 130 through the error
     boundary)."""
+    from bsr_cli.core.status import event_seq
     from bsr_cli.tui.model import parse_wire  # only when following: the live stream is filtered here
 
     while True:
         got = client.events(since=seq, wait_s=10.0)
         new = got.events
         if new:
-            seq = int(new[-1].get("seq", seq))
+            seq = event_seq(new[-1], seq)
         elif got.last_seq < seq:  # an engine without a store restarted: seq starts again
             seq = 0
             _say_restart(st)
@@ -340,7 +341,7 @@ class _Filter:
         )
 
 
-def _print_events(st: AppState, evs: list[dict[str, Any]]) -> None:
+def _print_events(st: AppState, evs: Sequence[Mapping[str, wire.JsonValue]]) -> None:
     """JSON lines with --json (one event per line, as the engine recorded it), else one line a person reads."""
     import json
     import sys
@@ -438,13 +439,15 @@ class WindowRow:
     tiers: tuple[str, ...] = ()
     fetch_s: float | None = None
 
-    def facts(self) -> Iterator[tuple[str, Any]]:
+    def facts(self) -> Iterator[tuple[str, wire.JsonValue]]:
         """The row's wire fields, in the order the steps happened (the fetch's numbers right after it)."""
         yield from (("rank", self.rank), ("window", self.window))
         for step, at in self.steps.items():
             yield step.value, at
             if step is WindowStep.FETCHED:
-                yield from (("bytes", self.bytes), ("tiers", list(self.tiers)), ("fetch_s", self.fetch_s))
+                yield "bytes", self.bytes
+                yield "tiers", list(self.tiers)
+                yield "fetch_s", self.fetch_s
 
 
 @dataclass(frozen=True)
@@ -478,7 +481,7 @@ class TimelineFailure:
         parts = [f"tier {self.tier}" if self.tier else "", f"stage {self.stage.value}" if self.stage else ""]
         return ", ".join(p for p in parts if p) or f"kind {self.kind.value}"
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         return {
             "rank": self.rank,
             "window": self.window,
@@ -504,7 +507,7 @@ class TimelineOutcome:
     external_tokens: int | None = None
     computed_tokens: int | None = None
 
-    def facts(self) -> Iterator[tuple[str, Any]]:
+    def facts(self) -> Iterator[tuple[str, wire.JsonValue]]:
         yield "state", self.state
         if self.source is not None:
             yield from (("source", self.source), ("external_tokens", self.external_tokens))
@@ -540,7 +543,7 @@ class Timeline:
     marker: TimelineMarker | None = None
     scrubs: tuple[ev.ScrubFinished, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         return {
             "request": self.request,
             "prompt": self.prompt or None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bsr_cli.core.units import format_bytes
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from bsr_cli.bench.evidence import Bundle, PublishedBundle
     from bsr_cli.bench.peer_results import PeerPrefix
+    from bsr_cli.core.wire import JsonValue
 
 
 def _mib(n: int | None) -> str:
@@ -302,13 +303,13 @@ def render_store(console: Console, pub: PublishedBundle) -> None:
     _footer(console, pub)
 
 
-def _store_stage_cpu(console: Console, restores: dict[str, Any]) -> None:
+def _store_stage_cpu(console: Console, restores: Mapping[str, JsonValue]) -> None:
     """Each restore configuration's CPU per GB by stage (bundles before the stage costs have none: no table)."""
     from bsr_cli.core.evidence import TimedStage
     from bsr_cli.core.stage_costs import OTHER_CPU
 
     keys = [*(s.value for s in TimedStage), OTHER_CPU]
-    rows = [(name, v["stage_cpu_s_per_gb"]) for name, v in restores.items() if v.get("stage_cpu_s_per_gb")]
+    rows = [(name, per_gb) for name, v in restores.items() if (per_gb := _stage_cpu(v))]
     if not rows:
         return
     t = _table(
@@ -320,6 +321,14 @@ def _store_stage_cpu(console: Console, restores: dict[str, Any]) -> None:
     for name, per_gb in rows:
         t.add_row(name, *(_peer_num(per_gb.get(k), 3) for k in keys))
     console.print(t)
+
+
+def _stage_cpu(restore: JsonValue) -> dict[str, float]:
+    """A restore configuration's CPU seconds per GB by stage, as its bundle says them (none in an older bundle)."""
+    per_gb = restore.get("stage_cpu_s_per_gb") if isinstance(restore, dict) else None
+    if not isinstance(per_gb, dict):
+        return {}
+    return {k: v for k, v in per_gb.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def _peer_num(x: float | None, digits: int = 2) -> str:

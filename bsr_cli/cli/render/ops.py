@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -246,7 +246,7 @@ class RestoreView:
     # Seconds from the engine's commit to its answer: the output-hash check (text only; the JSON is the engine's).
     hash_check_s: float | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         written = self.result.to_wire()  # budget_bytes only where the answer has none: not a function of the fields
         written.setdefault("budget_bytes", self.budget_bytes)
         return written
@@ -375,15 +375,16 @@ class RestoreProgress:
             self._progress.update(self._tasks[e.rank], description=f"[red]rank {e.rank} failed[/]")
 
 
-def event_line(wire: dict[str, Any]) -> str:
+def event_line(event: Mapping[str, wire.JsonValue]) -> str:
     """One event as `bsr events` prints it: sequence number, local date and time, rank, what happened."""
     from bsr_cli.tui.model import describe_event
 
-    at = float(wire.get("time", 0))
+    when = event.get("time")
+    at = float(when) if isinstance(when, int | float | str) else 0.0
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "-"
-    rank = wire.get("rank")
+    rank = event.get("rank")
     where = f" r{rank}" if isinstance(rank, int) and not isinstance(rank, bool) else ""
-    return f"{wire.get('seq', 0):>7} {stamp}{where} {describe_event(wire)}"
+    return f"{event.get('seq', 0):>7} {stamp}{where} {describe_event(event)}"
 
 
 def faults(console: Console, d: FaultListing) -> None:
@@ -478,9 +479,9 @@ def status(console: Console, d: EngineStatus) -> None:
             f"{w.waited_s:.1f}s of {snap.admission.kv_wait_s:g}s"
         )
     worker = info.host_fields.get("worker")
-    scheduler = snap.host_fields.get("scheduler") or {}
+    scheduler = SchedulerView.from_wire(snap.host_fields.get("scheduler"))
     if worker:
-        _worker_lines(console, snap.recent, scheduler, worker)
+        _worker_lines(console, snap.recent, scheduler, VllmWorker.from_wire(worker))
     if snap.markers:
         for m in snap.markers:
             prefix_tokens = m.host_fields.get("prefix_tokens")
@@ -488,7 +489,7 @@ def status(console: Console, d: EngineStatus) -> None:
             console.print(
                 f"[magenta]force-local marker[/] prompt {m.prompt}{prefix} {marker_scope(m.excluded_tiers)}: {m.reason}"
             )
-    elif worker and not scheduler.get("published"):
+    elif worker and not scheduler.published:
         console.print("[yellow]markers unknown[/]: vLLM's scheduler has not published its state to this worker")
     else:
         console.print("no force-local markers")
@@ -515,37 +516,81 @@ def last_fault_line(rank: int, fault: RankFault, now: float, recent: Sequence[Re
     return f"rank {rank} recovered; {head.removeprefix(f'rank {rank} ')}: {fault.reason}"
 
 
+@dataclass(frozen=True)
+class VllmWorker:
+    """What a vLLM worker adds to the engine's info (``worker``), as its status lines read it."""
+
+    tp_rank: int
+    window_chunks: int  # W: the connector's bsr_window_chunks
+    max_model_len: int
+    kv_tokens: int
+
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True)
+class ForcedLocal:
+    """An admission the scheduler's marker sent to local compute."""
+
+    request: str
+    marker: str
+
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True)
+class SchedulerView:
+    """What a vLLM worker adds to the snapshot (``scheduler``): whether the scheduler published, what it forced."""
+
+    published: bool = False
+    forced_local: tuple[ForcedLocal, ...] = ()
+
+    from_wire = wire.reader()
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A vLLM worker's own keys on a recent restore: one load as the BSR connector saw it."""
+
+    windows: int
+    advertised_tokens: int
+    loaded_tokens: int
+    recomputed_tokens: int
+    failed_window: int | None = None
+
+    from_wire = wire.reader()
+
+
 def _worker_lines(
-    console: Console, recent: Sequence[RecentRestore], scheduler: dict[str, Any], worker: dict[str, Any]
+    console: Console, recent: Sequence[RecentRestore], scheduler: SchedulerView, worker: VllmWorker
 ) -> None:
     """A vLLM worker (what it adds to the engine's info and snapshot): where its numbers come from, and its last
     loads as the BSR connector saw them."""
     console.print(
-        f"vLLM worker tp-rank {worker['tp_rank']}: W = the connector's bsr_window_chunks ({worker['window_chunks']}), "
+        f"vLLM worker tp-rank {worker.tp_rank}: W = the connector's bsr_window_chunks ({worker.window_chunks}), "
         f"one window loaded at a time (B = RWS(W)); max prompt = vLLM's max_model_len "
-        f"({worker['max_model_len']:,}); KV {worker['kv_tokens']:,} tokens; LMCache stores full chunks only"
+        f"({worker.max_model_len:,}); KV {worker.kv_tokens:,} tokens; LMCache stores full chunks only"
     )
     for r in recent:
-        load = r.host_fields  # the worker's own keys: what the connector loaded and recomputed
-        if "loaded_tokens" not in load:
+        if "loaded_tokens" not in r.host_fields:  # the worker's own keys: what the connector loaded and recomputed
             continue
+        load = WorkerLoad.from_wire(r.host_fields)
         head = f"load {r.request}"
         if r.outcome is Outcome.COMMITTED:
             console.print(
-                f"{head}: [green]committed[/] {load['loaded_tokens']:,} tokens in {load['windows']} window(s) "
-                f"of W={r.w}"
+                f"{head}: [green]committed[/] {load.loaded_tokens:,} tokens in {load.windows} window(s) of W={r.w}"
             )
             continue
-        failed_window = load.get("failed_window")
-        at = f" at window G{failed_window + 1} of {load['windows']}" if failed_window is not None else ""
+        failed_window = load.failed_window
+        at = f" at window G{failed_window + 1} of {load.windows}" if failed_window is not None else ""
         console.print(
-            f"{head}: [red]failed closed[/]{at} (W={r.w}): advertised {load['advertised_tokens']:,} tokens, "
-            f"loaded {load['loaded_tokens']:,}, recomputed {load['recomputed_tokens']:,} (vLLM may still count them "
+            f"{head}: [red]failed closed[/]{at} (W={r.w}): advertised {load.advertised_tokens:,} tokens, "
+            f"loaded {load.loaded_tokens:,}, recomputed {load.recomputed_tokens:,} (vLLM may still count them "
             f"as cached) — {r.reason}"
         )
-    for f in scheduler.get("forced_local") or []:
+    for f in scheduler.forced_local:
         console.print(
-            f"admission {f['request']}: forced local by the marker on prompt {f['marker']} (no load; vLLM computed it)"
+            f"admission {f.request}: forced local by the marker on prompt {f.marker} (no load; vLLM computed it)"
         )
 
 
