@@ -311,6 +311,14 @@ class RestoreEnded:
     def kind(self) -> EventKind:
         return ENDINGS[self.outcome]
 
+    @classmethod
+    def wire_schema(cls, s: wire.Schemas) -> wire.JsonSchema:
+        """Its fields' schema, its ``type`` one of the four endings (the property's type is any kind)."""
+        written = s.written(cls)
+        properties = dict(written["properties"])
+        properties["type"] = {"type": "string", "enum": [kind.value for kind in ENDINGS.values()]}
+        return wire.object_schema(properties, written["required"], written["additionalProperties"])
+
 
 @dataclass(frozen=True, kw_only=True)
 class StoreFailed:

@@ -20,14 +20,16 @@ import jsonschema_rs
 from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, full_hit_bitmap
 from bsr_cli.core.events import (
+    ENDINGS,
     EVENT_TYPES,
     Failure,
-    RestoreCommitted,
+    RestoreEnded,
     RestoreFailed,
     RestoreStarted,
     WindowFetched,
 )
 from bsr_cli.core.evidence import (
+    EventKind,
     FailureKind,
     Outcome,
     RankState,
@@ -201,11 +203,14 @@ def _event(cls: type) -> Any:
 
 
 EVENTS = [
-    *(_event(cls) for cls in EVENT_TYPES.values()),
+    *(_event(cls) for cls in dict.fromkeys(EVENT_TYPES.values()) if cls is not RestoreEnded),
+    *(RestoreEnded(outcome=outcome, request="r-2") for outcome in ENDINGS),  # each ending, written as its type
     RestoreStarted(request="r-2", prompt="p1", W=2, windows=4, tokens=64, tiers=("mooncake",), pass_no=1),
     WindowFetched(request="r-2", rank=0, window=0, bytes=512, tiers=("fs",), pool={"live_bytes": 512}),
     RestoreFailed.of("r-2", 1, FAILURE),
-    RestoreCommitted(request="r-2", committed_tokens=64, failures=(FAILURE,), injected=True, pass_no=2),
+    RestoreEnded(
+        outcome=Outcome.COMMITTED, request="r-2", committed_tokens=64, failures=(FAILURE,), injected=True, pass_no=2
+    ),
 ]
 INFO = EngineInfo(
     api="v1",
@@ -352,6 +357,9 @@ def test_a_key_renamed_or_added_a_null_or_another_kind_of_value_is_refused() -> 
     assert health_schema.is_valid(health | {"tiers": {"mooncake": tier | {"condition": "throttled"}}})  # kept as sent
     assert not _validator(Snapshot).is_valid(_sent(SNAPSHOT) | {"events": [{"type": "restore_started", "seq": 1}]})
     assert not _validator(Health).is_valid(info)  # another answer's schema
+    ended, aborted = _validator(RestoreEnded), _sent(RestoreEnded(outcome=Outcome.ABORTED, request="r-2"))
+    assert ended.is_valid(aborted)
+    assert not ended.is_valid(aborted | {"type": EventKind.ABORT_REQUESTED.value})  # the type is one of the endings
 
 
 @dataclass(frozen=True)
