@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypedDict
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +26,7 @@ from fastapi.routing import APIRoute
 from pydantic_core import ErrorDetails
 
 from bsr_cli import API_VERSION
+from bsr_cli.core import wire
 from bsr_cli.core.events import Event
 from bsr_cli.core.evidence import EventKind, Outcome
 from bsr_cli.core.faults import FaultRequest, FaultSpec
@@ -228,6 +229,15 @@ class AnsweredRoute(APIRoute):
         super().__init__(path, endpoint, openapi_extra=extra or None, **kw)
 
 
+class RouteDoc(TypedDict):
+    """What a route's decorator takes from `_op`: its documented responses, its status, and the extra that carries
+    its answers (by status, to its AnsweredRoute) and its bearer scheme."""
+
+    responses: dict[int | str, wire.JsonObject]
+    status_code: int
+    openapi_extra: dict[str, object]
+
+
 def _op(
     answer: type | None,
     *errors: int,
@@ -236,12 +246,12 @@ def _op(
     status: int = 200,
     unavailable: tuple[type, ...] = (ErrorBody,),
     text: str | None = None,
-) -> dict[str, Any]:
+) -> RouteDoc:
     """A route's documentation: the result type it answers (with ``status``), its error statuses (each an
     ErrorBody; ``unavailable``: what its 503 may be), its token, and whether it streams NDJSON (``text``: it
     answers plain text, so described)."""
     statuses = sorted({*COMMON_ERRORS, *errors, *((401,) if auth else ())})
-    responses: dict[int | str, dict[str, Any]] = {s: {"description": ERROR_TEXT[s]} for s in statuses}
+    responses: dict[int | str, wire.JsonObject] = {s: {"description": ERROR_TEXT[s]} for s in statuses}
     answers: Answers = {s: (ErrorBody,) for s in statuses} | {503: unavailable}
     if answer is not None:
         answers[status] = (answer,)
@@ -249,7 +259,7 @@ def _op(
         responses[200] = {"content": {NDJSON: {}}}
     if text is not None:
         responses[200] = {"description": text, "content": {"text/plain": {}}}
-    security: dict[str, Any] = {"security": [{"bearer": []}]} if auth else {}
+    security: wire.JsonObject = {"security": [{"bearer": []}]} if auth else {}
     return {"responses": responses, "status_code": status, "openapi_extra": {_ANSWERS: answers, **security}}
 
 

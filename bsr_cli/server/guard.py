@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from bsr_cli import API_VERSION
+from bsr_cli.core import wire
 from bsr_cli.core.results import ErrorBody
 
 Scope = MutableMapping[str, Any]
@@ -119,8 +120,8 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _no_duplicates(pairs: list[tuple[str, wire.JsonValue]]) -> wire.JsonObject:
+    out: wire.JsonObject = {}
     for key, value in pairs:
         if key in out:
             raise Refusal(400, "bad-request", f"body gives the key {key!r} more than once")

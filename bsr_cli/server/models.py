@@ -22,6 +22,7 @@ from pydantic import (
     StrictStr,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from bsr_cli.core import faults, scrub, wire
 
@@ -62,7 +63,8 @@ class Synthetic(_Request):
 
 
 # Exactly one of the two prompt forms, said in the schema too (so a schema-valid body is never refused for it).
-_ONE_PROMPT: dict[str, Any] = {"oneOf": [{"required": ["tokens"]}, {"required": ["synthetic"]}]}
+_PROMPT_FORMS: list[JsonDict] = [{"required": ["tokens"]}, {"required": ["synthetic"]}]
+_ONE_PROMPT: JsonDict = {"oneOf": [*_PROMPT_FORMS]}
 
 
 # A prompt: exactly one of ``tokens`` or ``synthetic``. Neither is nullable: a field is given with a value or left
@@ -111,9 +113,7 @@ class RestoreBody(_Request):
 
 
 # Exactly one of a prompt's two forms or every object, said in the schema too.
-_ONE_SCOPE: dict[str, Any] = {
-    "oneOf": [*_ONE_PROMPT["oneOf"], {"required": ["all"], "properties": {"all": {"const": True}}}]
-}
+_ONE_SCOPE: JsonDict = {"oneOf": [*_PROMPT_FORMS, {"required": ["all"], "properties": {"all": {"const": True}}}]}
 
 
 class ScrubBody(_Request):
@@ -168,10 +168,10 @@ class OpenAPIDocument:
     groups, tiers, windows, budget and W against its pool)."""
 
     openapi: str
-    info: dict[str, Any]
-    paths: dict[str, Any]
-    components: dict[str, Any]
-    others: dict[str, Any] = wire.field(extra=True)  # any other part of the document, as FastAPI writes it
+    info: wire.JsonObject
+    paths: wire.JsonObject
+    components: wire.JsonObject
+    others: wire.JsonObject = wire.field(extra=True)  # any other part of the document, as FastAPI writes it
 
     to_wire = wire.writer()
     from_wire = wire.reader()

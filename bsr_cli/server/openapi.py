@@ -17,7 +17,6 @@ import copy
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -71,15 +70,17 @@ def limits_of(c: Coordinator) -> EngineLimits:
     )
 
 
-def build(app: FastAPI | None = None) -> dict[str, Any]:
+def build(app: FastAPI | None = None) -> wire.JsonObject:
     """The document of ``app`` (by default one built only for this)."""
     app = app or create_app(None)
-    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    for ops in doc["paths"].values():
-        for op in ops.values():
-            op["responses"].pop("422", None)
-    components = doc.setdefault("components", {})
-    schemas = components.setdefault("schemas", {})
+    doc: wire.JsonObject = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    for ops in _at(doc, "paths").values():
+        for op in _at(ops).values():
+            _at(op, "responses").pop("422", None)
+    components = _at(doc.setdefault("components", {}))
+    schemas = _at(components.setdefault("schemas", {}))
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     answers = _answer_schemas(app, doc)
@@ -91,7 +92,17 @@ def build(app: FastAPI | None = None) -> dict[str, Any]:
     return doc
 
 
-def _answer_schemas(app: FastAPI, doc: dict[str, Any]) -> dict[str, Any]:
+def _at(node: wire.JsonValue, *path: str) -> wire.JsonObject:
+    """The JSON object at ``path`` under ``node`` (a TypeError where the document holds anything else there: the
+    generator and the document it reads disagree)."""
+    for key in path:
+        node = _at(node)[key]
+    if not isinstance(node, dict):
+        raise TypeError(f"the document holds no object at {'/'.join(path)}")
+    return node
+
+
+def _answer_schemas(app: FastAPI, doc: wire.JsonObject) -> dict[str, wire.JsonSchema]:
     """Give each operation's answers the schemas of the result types its route declares (a JSON body each, beside
     any other media it has); the components they refer to."""
     found = wire.Schemas()
@@ -99,46 +110,48 @@ def _answer_schemas(app: FastAPI, doc: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(route, AnsweredRoute):
             continue
         for method in route.methods or ():
-            responses = doc["paths"][route.path][method.lower()]["responses"]
+            responses = _at(doc, "paths", route.path, method.lower(), "responses")
             for status, types in route.answers.items():
-                media = responses[str(status)].setdefault("content", {})
+                media = _at(_at(responses, str(status)).setdefault("content", {}))
                 media["application/json"] = {"schema": wire.any_of([found.ref(t) for t in types])}
     return found.components
 
 
-def _value(prop: dict[str, Any]) -> dict[str, Any]:
+def _value(prop: wire.JsonObject) -> wire.JsonObject:
     """The non-null branch of an optional property's schema (pydantic writes ``anyOf: [X, null]``)."""
-    for branch in prop.get("anyOf", ()):
-        if branch.get("type") != "null":
-            return branch  # type: ignore[no-any-return]  # the schema itself, narrowed in place
+    branches = prop.get("anyOf")
+    for branch in branches if isinstance(branches, list) else ():
+        if isinstance(branch, dict) and branch.get("type") != "null":
+            return branch  # the schema itself, narrowed in place
     return prop
 
 
-def narrow(doc: dict[str, Any], limits: EngineLimits) -> dict[str, Any]:
+def narrow(doc: wire.JsonObject, limits: EngineLimits) -> wire.JsonObject:
     """A copy of ``doc`` with this engine's own bounds on prompts, ranks, groups, tiers, windows and settings."""
     doc = copy.deepcopy(doc)
-    schemas = doc["components"]["schemas"]
-    schemas["Synthetic"]["properties"]["n"]["maximum"] = limits.max_tokens
+    schemas = _at(doc, "components", "schemas")
+    _at(schemas, "Synthetic", "properties", "n")["maximum"] = limits.max_tokens
     for name, schema in schemas.items():
-        props = schema.get("properties", {})
+        props = _at(_at(schema).get("properties", {}))
         if name.endswith("Body") and "tokens" in props:
-            props["tokens"]["maxItems"] = limits.max_tokens
+            _at(props, "tokens")["maxItems"] = limits.max_tokens
         if "exclude_tiers" in props:
-            _value(props["exclude_tiers"])["items"]["enum"] = list(limits.tiers)
+            _at(_value(_at(props, "exclude_tiers")), "items")["enum"] = [*limits.tiers]
         if name in ("SubmitBody", "RestoreBody"):
-            _value(props["W"])["maximum"] = limits.max_chunks
-    fault = schemas["FaultBody"]["properties"]
-    _value(fault["rank"])["maximum"] = limits.ranks - 1
-    _value(fault["window"])["maximum"] = limits.max_window
-    _value(fault["group"])["enum"] = list(limits.groups)
-    settings = schemas["SettingsBody"]["properties"]
-    _value(settings["budget_bytes"]).update(minimum=limits.slot_bytes, maximum=limits.pool_bytes)
-    _value(settings["W"])["maximum"] = limits.max_w
-    for ops in doc["paths"].values():
-        for op in ops.values():
-            for param in op.get("parameters", ()):
-                if param["name"] == "tier" and param["in"] == "path":
-                    param["schema"]["enum"] = list(limits.tiers)
+            _value(_at(props, "W"))["maximum"] = limits.max_chunks
+    fault = _at(schemas, "FaultBody", "properties")
+    _value(_at(fault, "rank"))["maximum"] = limits.ranks - 1
+    _value(_at(fault, "window"))["maximum"] = limits.max_window
+    _value(_at(fault, "group"))["enum"] = [*limits.groups]
+    settings = _at(schemas, "SettingsBody", "properties")
+    _value(_at(settings, "budget_bytes")).update(minimum=limits.slot_bytes, maximum=limits.pool_bytes)
+    _value(_at(settings, "W"))["maximum"] = limits.max_w
+    for ops in _at(doc, "paths").values():
+        for op in _at(ops).values():
+            parameters = _at(op).get("parameters")
+            for param in map(_at, parameters if isinstance(parameters, list) else ()):
+                if (param.get("name"), param.get("in")) == ("tier", "path"):
+                    _at(param, "schema")["enum"] = [*limits.tiers]
     return doc
 
 
