@@ -16,6 +16,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, Union
 
+from bsr_cli.core import wire
 from bsr_cli.errors import BadRequest
 
 T = TypeVar("T")
@@ -23,7 +24,7 @@ T = TypeVar("T")
 _SKEW_HINT = "the host and the coordinator speak different versions of the rank API: run one bsr version on both"
 
 
-def to_json(obj: Any) -> Any:
+def to_json(obj: Any) -> wire.JsonValue:
     """Plain JSON-able data for a wire object (dict keys become strings)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
@@ -32,7 +33,7 @@ def to_json(obj: Any) -> Any:
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [to_json(v) for v in obj]
     if isinstance(obj, enum.Enum):
-        return obj.value
+        return to_json(obj.value)
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise TypeError(f"{type(obj).__name__} is not a wire type")

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from bsr_cli.api.codec import from_json, to_json
 from bsr_cli.api.jobs import ObjectRef, RestoreJob, RestoreResult, WindowJob
+from bsr_cli.core import wire
 from bsr_cli.core.evidence import ScrubScope, TierCondition
 from bsr_cli.core.scrub import QuarantinedFile, ScrubProgress
 from bsr_cli.errors import BadRequest
@@ -439,7 +440,7 @@ def dispatch(ops: RankOps, request: RankRequest[R]) -> R:
 
 
 # -- the JSON form ---------------------------------------------------------------------------------------------------
-def request_to_json(req: RankRequest[Any]) -> dict[str, Any]:
+def request_to_json(req: RankRequest[Any]) -> wire.JsonObject:
     return {"op": req.op, "args": to_json(req)}
 
 

@@ -20,6 +20,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 
 from bsr_cli.bench.evidence import KEPT_AS_SENT, Bundle, ExperimentTypes
 from bsr_cli.bench.models import BUNDLE, EXPERIMENTS, SCHEMA_ID
+from bsr_cli.core import wire
 from bsr_cli.errors import InvalidInput
 
 __all__ = [
@@ -154,7 +155,8 @@ def write(bundle: Bundle, out_dir: Path) -> Path:
     return path
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path) -> wire.JsonObject:
+    """The JSON object in ``path`` (InvalidInput when it cannot be read or holds anything else)."""
     try:
         data = json.loads(path.read_text())
     except UnicodeDecodeError:

@@ -297,7 +297,7 @@ def run_cpu_bound(
             }
         ),
         rows=list(rig.rows),
-        summary=SentRecord(to_json(summary)),  # the api codec's JSON of its summary, as cpu-bound bundles have it
+        summary=SentRecord.from_wire(to_json(summary)),  # the api codec's JSON, as cpu-bound bundles have it
         targets=tuple(targets(summary)),
         interrupted=interrupted_by is not None,
         interrupted_by=interrupted_by,

@@ -217,7 +217,7 @@ class SentRecord:
     """Params or a summary bsr reads no type for (the experiment's type does not read every bundle back as it was
     written, or bsr has none): kept as sent and written back byte for byte."""
 
-    fields: dict[str, Any] = wire.field(extra=True)  # free-form JSON by definition: what bsr has no type for
+    fields: wire.JsonObject = wire.field(extra=True)  # free-form JSON by definition: what bsr has no type for
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -228,7 +228,7 @@ class SentRow:
     """A row bsr reads no type for (an experiment it has no row reader for, or a newer bsr's): kept as sent and
     written back byte for byte; only its `RowMeta` part is read."""
 
-    fields: dict[str, Any] = wire.field(extra=True)
+    fields: wire.JsonObject = wire.field(extra=True)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -284,7 +284,7 @@ _FLAT_WRITE = "bench_flat_write"  # how the value's keys are written (default: i
 _WRITTEN_WITH = "bench_written_with"  # the field whose value being set decides whether this key is written
 
 
-def flat(*, present: str, write: Callable[[Any], dict[str, Any]] | None = None) -> Any:
+def flat(*, present: str, write: Callable[[Any], wire.JsonObject] | None = None) -> Any:
     """A row's measurement, None until measured: its keys are written beside the row's own when it is set and read
     back (from the whole row) when the row holds the key ``present``."""
     return dataclass_field(default=None, metadata={_FLAT: present, _FLAT_WRITE: write})
@@ -407,7 +407,7 @@ class Bundle:
     finished_at: str
     elapsed_s: float
     registration: RegistrationIdentity
-    engine: dict[str, Any]
+    engine: wire.JsonObject
     machine: MachineInfo
     params: Record
     rows: list[Row]
@@ -668,7 +668,7 @@ class RestoreEvidence:
     healthy: bool
     failure: str | None  # the first failure's reason
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> wire.JsonObject:
         return wire.write(self) | {"outcome": self.outcome or UNKNOWN_OUTCOME}
 
     @classmethod
@@ -723,7 +723,7 @@ class Run(Generic[R]):
         self.params = params
         self.started_at = now()
         # The engine's facts in the bundle: experiments add to them (settings_restored, the ladder's rungs).
-        self.engine: dict[str, Any] = {"url": client.url, "info": self.info.to_wire()} | (engine_meta or {})
+        self.engine: wire.JsonObject = {"url": client.url, "info": self.info.to_wire(), **(engine_meta or {})}
         self.machine = machine_info()
         self.rows: list[R] = []
         self.repeat: Repeat | None = None

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bsr_cli.bench.evidence import (
     UNKNOWN_OUTCOME,
@@ -73,7 +73,7 @@ class LadderAttempt:
     from_wire = wire.reader()
 
 
-def _passing_wire(ev: LadderAttempt) -> dict[str, Any]:
+def _passing_wire(ev: LadderAttempt) -> wire.JsonObject:
     """The first passing attempt's evidence as its row holds it."""
     return {
         "measured_peak_bytes": ev.peak_pool_bytes,

@@ -7,7 +7,6 @@ The envelope is every experiment's (bsr_cli.bench.evidence.Bundle); bsr_cli.benc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from bsr_cli import __version__
 from bsr_cli.bench.evidence import Bundle, MachineInfo, Target, new_run_id, now, registration_identity
@@ -78,7 +77,7 @@ def trace_bundle(
     run_id: str,
     started_at: str,
     elapsed_s: float,
-    engine: dict[str, Any],
+    engine: wire.JsonObject,
     machine: MachineInfo,
     salt: int,
 ) -> Bundle:

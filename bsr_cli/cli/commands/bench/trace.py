@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from bsr_cli.bench.trace import BudgetReplayed, Sizing, StockCase, StockNotRun, StockSummary, TraceReplay
     from bsr_cli.cli.context import AppState
     from bsr_cli.client import AdminClient
+    from bsr_cli.core import wire
     from bsr_cli.core.host_model import HostCalibration
     from bsr_cli.core.registration import Registration
     from bsr_cli.core.trace import Trace
@@ -270,7 +271,7 @@ class _EngineRun:
         self.w, self.speedup, self.seed, self.out = w, speedup, seed, out
         self.run_id, self.started_at, self.t0 = new_trace_run_id(), now(), time.monotonic()
         self.machine = machine_info()
-        self.engine: dict[str, object] = {}
+        self.engine: wire.JsonObject = {}
         self.calibration: HostCalibration | None = None
         self.calibration_file: str | None = None
         self.bandwidth = 0.0
