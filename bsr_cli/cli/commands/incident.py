@@ -280,14 +280,9 @@ def _write_trace(st: AppState, path: Path, held: list[ev.Event]) -> None:
     import json
     import sys
 
-    from bsr_cli.core.trace import SeenRequest, trace_records
+    from bsr_cli.core.trace import seen_requests, trace_records
 
-    seen, skipped = [], 0
-    for admitted in held:
-        if not isinstance(admitted, ev.RequestAdmitted) or not admitted.block_ids:
-            skipped += 1
-            continue
-        seen.append(SeenRequest(admitted.time - admitted.queued_s, admitted.tokens, admitted.block_ids))
+    seen, skipped = seen_requests(held)
     lines = "".join(json.dumps(r.to_wire(), separators=(",", ":")) + "\n" for r in trace_records(seen))
     if str(path) == "-":
         sys.stdout.write(lines)
