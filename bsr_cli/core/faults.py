@@ -163,3 +163,21 @@ def window_faults(
 def any_for_group(faults: Sequence[FaultSpec], group: str) -> bool:
     """One of ``faults`` acts on KV group ``group`` (a fault that names no group acts on every group)."""
     return any(f.group is None or f.group == group for f in faults)
+
+
+def check_fault_target(rank: int | None, window: int | None, *, ranks: int, chunk_size: int, max_tokens: int) -> None:
+    """InvalidInput (exit 2) for a fault aimed at a rank the engine does not have (``ranks``; 0: not said) or at a
+    window (1-based) past its longest prompt's last at W=1 (``max_tokens`` in chunks of ``chunk_size``; 0: not
+    said): the engine could never fire it."""
+    if rank is not None and ranks and rank >= ranks:
+        raise InvalidInput(
+            f"--rank {rank}: this engine has {ranks} rank(s), 0..{ranks - 1}",
+            hint="`bsr status` lists the ranks; omit --rank to arm it on every rank",
+        )
+    if window is not None and chunk_size:
+        last = max(1, -(-max_tokens // chunk_size))
+        if window > last:
+            raise InvalidInput(
+                f"--window {window}: this engine's longest prompt has at most {last} windows (at W=1)",
+                hint="`bsr plan` shows a prompt's windows",
+            )

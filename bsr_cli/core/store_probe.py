@@ -1,7 +1,7 @@
 """`bsr probe --store`'s result, as types: which ranks of an LMCache deployment's Mooncake store hold which chunks of
 a prompt (live holders only), whether the holders are alive, the key format asked for, the chunks' integrity, and
-why nothing matched when nothing did. The command (bsr_cli.cli.commands.store_probe) builds it; `bsr explain
---store` (bsr_cli.core.explain) reads it. Pure: no I/O.
+why nothing matched when nothing did. bsr_cli.core.store_match builds it from what bsr_cli.mooncake.store_probe
+read; `bsr explain --store` (bsr_cli.core.explain) reads it. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -30,10 +30,13 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bsr_cli.core import wire
 from bsr_cli.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from bsr_cli.core.events import Event
 
 _TRACE_HINT = "a trace is JSON Lines in the Mooncake format (timestamp, input_length, hash_ids): examples/trace.jsonl"
 
@@ -266,6 +269,21 @@ class SeenRequest:
     input_length: int
     block_ids: tuple[str, ...]
     output_length: int = 0  # the embedded engine generates nothing: 0
+
+
+def seen_requests(held: Iterable[Event]) -> tuple[list[SeenRequest], int]:
+    """(the requests the engine's `request_admitted` events record, how many of ``held`` were left out): an event
+    of another kind, or one from an engine too old to record block ids (its prefix is unknown), is counted, not
+    used. A request arrived when it began to wait for destination blocks, ``queued_s`` before it was admitted."""
+    from bsr_cli.core.events import RequestAdmitted  # `bsr plan --trace` reads traces without the event types
+
+    seen, skipped = [], 0
+    for admitted in held:
+        if not isinstance(admitted, RequestAdmitted) or not admitted.block_ids:
+            skipped += 1
+            continue
+        seen.append(SeenRequest(admitted.time - admitted.queued_s, admitted.tokens, admitted.block_ids))
+    return seen, skipped
 
 
 def trace_records(requests: Iterable[SeenRequest]) -> list[TraceRequest]:

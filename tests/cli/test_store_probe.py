@@ -454,14 +454,15 @@ def test_liveness_has_no_query_cap(bsr, tmp_path: Path) -> None:
 def test_unknown_liveness_is_never_counted() -> None:
     """A listed chunk whose replicas the master did not name, or whose holder could not be checked, is unknown: it
     is reported as such and ends the live prefix like a missing chunk (unknown is not yes)."""
-    from bsr_cli.cli.commands.store_probe import HolderState, ListedSegment, _Holders, liveness
+    from bsr_cli.core.store_match import Holders, ListedSegment, liveness
+    from bsr_cli.core.store_probe import HolderState
 
-    holders = _Holders([ListedSegment("h1", "h1", 1), ListedSegment("h2", "")], None)
-    holders.alive.update({"h1": True, "h2": False})  # h3: no HOST:PORT to check (unknown)
+    holders = Holders([ListedSegment("h1", "h1", 1), ListedSegment("h2", "")], None)
+    holders.alive.update({"h1": True, "h2": False})  # h3: not checked (unknown)
     rows = [["k0", "k1", "k2", "k3", "k4", "k5"]]
     listed = {0: [True, True, True, True, True, False]}
     replicas = {"k0": ["h1"], "k1": ["h2", "h1"], "k2": ["h3"], "k4": ["h2"]}  # k3: not named by the master
-    live = liveness(holders, "", rows, listed, replicas, 256)
+    live = liveness(holders, rows, listed, replicas, 256)
     assert live.cells == ("11uus0",)
     wire = live.to_wire()
     assert live.live_committable_chunks == 2 and wire["live_rows"]["0"] == "110000"

@@ -41,3 +41,17 @@ def test_records_remap_ids_in_arrival_order_and_plan_reads_them(tmp_path: Path) 
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     trace = load_trace(path)
     assert prefix_hits(trace).blocks == (0, 2)
+
+
+def test_admitted_events_become_requests_arriving_when_they_began_to_wait() -> None:
+    from bsr_cli.core import events as ev
+    from bsr_cli.core.trace import seen_requests
+
+    ids = ("a", "b")
+    held = [
+        ev.RequestAdmitted(time=105.0, request="r1", tokens=1024, queued_s=4.5, block_ids=ids),
+        ev.RequestAdmitted(time=106.0, request="r2", tokens=512),  # an older engine: no block ids
+        ev.RestoreStarted(time=107.0, request="r3", prompt="p"),
+    ]
+    seen, skipped = seen_requests(held)
+    assert seen == [SeenRequest(100.5, 1024, ids)] and skipped == 2

@@ -285,11 +285,11 @@ def test_a_worker_marker_keeps_its_own_id_in_explain_and_describe_names_the_fail
     its chunks, the stage and the marker, from the load's events alone."""
     import dataclasses
 
-    from bsr_cli.cli.commands.incident import timeline
     from bsr_cli.core.bitmap import HitBitmap
     from bsr_cli.core.events import MarkerSet, stamped
     from bsr_cli.core.explain import FindingKind, explain_engine
     from bsr_cli.core.status import EngineInfo, Health, MarkerView
+    from bsr_cli.core.timeline import timeline
     from bsr_cli.loaders import builtin_registration
 
     reg = builtin_registration("demo")

@@ -446,13 +446,13 @@ def inject_fault(
     json_flag: JsonFlag = False,
 ) -> None:
     """Arm a fault for the next restores. Refused unless the engine was started with faults enabled."""
-    from bsr_cli.core.faults import FaultRequest
+    from bsr_cli.core.faults import FaultRequest, check_fault_target
 
     st = state(ctx, json_flag)
     fault = FaultRequest(kind, rank=rank, window=None if window is None else window - 1, group=group, count=count)
     with _client(st) as client:
         info = client.info()
-        _check_fault_target(info, rank=rank, window=window)
+        check_fault_target(rank, window, ranks=info.ranks, chunk_size=info.chunk_size, max_tokens=info.max_tokens)
         result = client.inject_fault(fault)
 
     def render(console: Any, f: FaultSpec) -> None:
@@ -471,24 +471,6 @@ def _fault_scope(info: EngineInfo, f: FaultSpec) -> str:
     if isinstance(worker, dict) and worker.get("tp_rank") is not None:
         return f"tp-rank {worker['tp_rank']} (this worker only)"
     return f"rank {f.rank}" if f.rank is not None else "every rank"
-
-
-def _check_fault_target(info: EngineInfo, *, rank: int | None, window: int | None) -> None:
-    """A rank the engine does not have, or a window past its longest prompt, is invalid input (exit 2)."""
-    ranks = info.ranks
-    if rank is not None and ranks and rank >= ranks:
-        raise InvalidInput(
-            f"--rank {rank}: this engine has {ranks} rank(s), 0..{ranks - 1}",
-            hint="`bsr status` lists the ranks; omit --rank to arm it on every rank",
-        )
-    chunk = info.chunk_size
-    if window is not None and chunk:
-        last = max(1, -(-info.max_tokens // chunk))
-        if window > last:
-            raise InvalidInput(
-                f"--window {window}: this engine's longest prompt has at most {last} windows (at W=1)",
-                hint="`bsr plan` shows a prompt's windows",
-            )
 
 
 faults_app = typer.Typer(help="Inject, list or clear faults.", no_args_is_help=True)
