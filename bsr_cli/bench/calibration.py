@@ -56,7 +56,7 @@ from bsr_cli.core.registration import Registration
 from bsr_cli.core.results import SubmitResult
 from bsr_cli.core.trace import synthetic_token
 from bsr_cli.errors import BsrError, CapacityError
-from bsr_cli.runtime.liveness import NS, ProcReader, ProcState, RunDelays, cpu_growth
+from bsr_cli.runtime.liveness import NS, ProcReader, RunDelays, cpu_growth
 
 if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
@@ -91,6 +91,15 @@ class BurstShape:
     chunks: int = 16
 
 
+@dataclass(frozen=True)
+class EngineSample:
+    """The engine's processes at one moment: their threads runnable now, and every thread's CPU time and run-queue
+    wait per process (those gone are left out), both of the same threads."""
+
+    running: int
+    delays: dict[int, RunDelays]
+
+
 class EngineCpu:
     """The CPU seconds an engine's processes have run (every thread's, summed) and how many of their threads are
     runnable now, as the kernel counts them (bsr_cli.runtime.liveness reads /proc)."""
@@ -112,8 +121,14 @@ class EngineCpu:
             total += sum(ran for ran, _ in delays.threads.values()) if delays is not None else 0
         return total * NS
 
-    def running(self) -> int:
-        return sum(state is ProcState.RUNNING for pid in self.pids for state in self.reader.thread_states(pid))
+    def sample(self) -> EngineSample:
+        """Its threads runnable now and every thread's figures, from one listing of each process's threads."""
+        now = time.monotonic()
+        read = [(pid, self.reader.threads(pid, now)) for pid in self.pids]
+        return EngineSample(
+            running=sum(threads.runnable for _, threads in read if threads is not None),
+            delays={pid: t.delays for pid, t in read if t is not None and t.delays is not None},
+        )
 
     def delays(self) -> dict[int, RunDelays]:
         """Every thread's CPU time and run-queue wait now, per process (those gone are left out)."""
@@ -144,11 +159,11 @@ class RunQueue:
         last, at = self.engine.delays(), time.monotonic()
         while not self._stop.wait(self.every_s):
             host = self.engine.reader.procs_running()
+            now, now_at = self.engine.sample(), time.monotonic()
             if host is not None:
-                self.samples.append(max(0, host - self.engine.running() - 1))
-            now, now_at = self.engine.delays(), time.monotonic()
-            self.spans.append(self.engine.span(last, now, now_at - at))
-            last, at = now, now_at
+                self.samples.append(max(0, host - now.running - 1))
+            self.spans.append(self.engine.span(last, now.delays, now_at - at))
+            last, at = now.delays, now_at
 
     @property
     def cores_contended(self) -> float | None:

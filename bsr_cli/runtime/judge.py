@@ -38,7 +38,16 @@ from dataclasses import dataclass
 
 from bsr_cli.core.evidence import RankState
 from bsr_cli.core.overload import HostLoad, Psi, RankDelay
-from bsr_cli.runtime.liveness import CpuGrowth, Pressure, ProcReader, ProcState, RunDelays, cpu_growth
+from bsr_cli.runtime.liveness import (
+    CpuGrowth,
+    Pressure,
+    ProcessReader,
+    ProcReader,
+    ProcState,
+    RunDelays,
+    Threads,
+    cpu_growth,
+)
 
 STARVED_SHARE = 0.5  # waited to run for at least this share of the span looked at ...
 STARVED_GOT = 0.25  # ... and got at most this share of the CPU it asked for: starved
@@ -310,8 +319,8 @@ class Judge:
     from half the deadline on (so the evidence spans the time before it passes). One per coordinator; the clock is
     the process's."""
 
-    def __init__(self, reader: ProcReader | None = None, clock: JudgeClock | None = None) -> None:
-        self.reader = reader or ProcReader()
+    def __init__(self, reader: ProcessReader | None = None, clock: JudgeClock | None = None) -> None:
+        self.reader: ProcessReader = reader or ProcReader()
         self.clock = clock or judge_clock()
         self._lock = threading.Lock()
         self._watches: dict[Hashable, _Watch] = {}
@@ -331,15 +340,20 @@ class Judge:
         pid = _pid(r)
         with self._lock:
             watch = self._watches.get(key)
+        threads: Threads | None = None  # this look's one reading of the rank's threads
         if watch is None:
-            first = _Watch(now, self._delays(pid, now))
+            threads = self._threads(pid, now)
+            first = _Watch(now, threads.delays if threads is not None else None)
             with self._lock:
                 watch = self._watches.setdefault(key, first)
         if watch.at and now - watch.at < EVIDENCE_EVERY_S and alive:
             return watch.verdict, False
+        if threads is None:
+            threads = self._threads(pid, now)
         # The watch stays until the rank is heard again: a later look judges over a longer span, and a rank judged
         # hung stays hung.
-        verdict = judge(self._evidence(r, pid, watch, what, now, last, judged, alive), deadline_s, ceiling_s)
+        evidence = self._evidence(r, pid, threads, watch, what, now, last, judged, alive)
+        verdict = judge(evidence, deadline_s, ceiling_s)
         with self._lock:  # several callers judge the same rank (the restore's loop, /health): announce once
             fresh = not verdict.final and verdict.load is not None and not watch.announced
             watch.verdict, watch.at, watch.announced = verdict, now, watch.announced or fresh
@@ -349,15 +363,24 @@ class Judge:
         with self._lock:
             self._watches.pop(key, None)
 
-    def _delays(self, pid: int | None, now: float) -> RunDelays | None:
-        return self.reader.run_delays(pid, now) if pid is not None else None
+    def _threads(self, pid: int | None, now: float) -> Threads | None:
+        return self.reader.threads(pid, now) if pid is not None else None
 
     def _evidence(
-        self, r: object, pid: int | None, watch: _Watch, what: str, now: float, last: float, judged: float, alive: bool
+        self,
+        r: object,
+        pid: int | None,
+        threads: Threads | None,
+        watch: _Watch,
+        what: str,
+        now: float,
+        last: float,
+        judged: float,
+        alive: bool,
     ) -> Evidence:
         rank = int(getattr(r, "rank", -1))
         state = self.reader.state(pid) if pid is not None else ProcState.UNKNOWN
-        current = self._delays(pid, now)
+        current = threads.delays if threads is not None else None
         cpu = cpu_growth(watch.base, current) if watch.base is not None and current is not None else None
         unread_fn = getattr(r, "unread", None)
         return Evidence(
@@ -373,9 +396,7 @@ class Judge:
             coordinator_lag_s=self.clock.lost(watch.base_at),
             pressure=self.reader.pressure(),
             in_process=pid is None,
-            runnable_threads=(
-                sum(st is ProcState.RUNNING for st in self.reader.thread_states(pid)) if pid is not None else 0
-            ),
+            runnable_threads=threads.runnable if threads is not None else 0,
         )
 
 

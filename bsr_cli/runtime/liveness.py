@@ -12,7 +12,9 @@
 
 A file that is missing or unreadable is *unknown* (None), never "fine": a kernel without PSI says nothing about
 pressure. The parsers are pure functions over the files' text (the fast lane runs them on recorded samples); the
-reader (``ProcReader``) only opens the files. Judging what the figures mean is ``runtime/judge.py``'s.
+reader (``ProcReader``) only opens the files; it lists a process's threads once for each look at them
+(``threads``), so their states and their waits are of one set of threads. Judging what the figures mean is
+``runtime/judge.py``'s.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Protocol
 
 from bsr_cli.core.overload import Psi
 
@@ -111,6 +114,21 @@ class RunDelays:
 
 
 @dataclass(frozen=True)
+class Threads:
+    """A process's threads from one listing of ``/proc/PID/task``: each one's state and, where the kernel keeps
+    schedstat, its CPU time and run-queue wait. Both are of the same threads, so the runnable threads counted are
+    among those whose waits are summed (two listings would each see threads that start and end in between)."""
+
+    states: dict[int, ProcState]  # thread id -> its state now
+    delays: RunDelays | None  # None where no thread's schedstat could be read
+
+    @property
+    def runnable(self) -> int:
+        """Threads runnable now (state R), whose current wait schedstat has yet to count."""
+        return sum(state is ProcState.RUNNING for state in self.states.values())
+
+
+@dataclass(frozen=True)
 class CpuGrowth:
     """What a process's threads did between two readings, in seconds, summed over its threads: ran on a CPU, and
     waited in the run queue (runnable, not running). Summed, not the most delayed thread's: threads that take turns
@@ -140,6 +158,17 @@ class Pressure:
     io: Psi | None
 
 
+class ProcessReader(Protocol):
+    """What the liveness judge reads of a rank's process and of the host: ``ProcReader`` here, a stand-in in the
+    fast lane's tests. One look at a rank reads its threads once (``threads``)."""
+
+    def state(self, pid: int) -> ProcState: ...
+
+    def threads(self, pid: int, at: float) -> Threads | None: ...
+
+    def pressure(self) -> Pressure: ...
+
+
 class ProcReader:
     """Reads the files above (``root``: a directory laid out as ``/proc``, for tests of the reader itself)."""
 
@@ -159,28 +188,47 @@ class ProcReader:
             return parse_stat_state(text)
         return ProcState.DEAD if self.root.is_dir() and not (self.root / str(pid)).exists() else ProcState.UNKNOWN
 
+    def _thread_ids(self, pid: int) -> list[str] | None:
+        """One listing of the process's threads (None where the process is gone): every figure of one look at its
+        threads comes from one such listing."""
+        try:
+            return [tid for tid in os.listdir(self.root / str(pid) / "task") if tid.isdigit()]
+        except OSError:
+            return None
+
     def run_delays(self, pid: int, at: float) -> RunDelays | None:
         """Every thread's run-queue wait now; None where the kernel keeps no schedstat (or the process is gone)."""
-        try:
-            tids = os.listdir(self.root / str(pid) / "task")
-        except OSError:
+        tids = self._thread_ids(pid)
+        if tids is None:
             return None
         threads: dict[int, tuple[int, int]] = {}
         for tid in tids:
-            text = self._read(self.root / str(pid) / "task" / tid / "schedstat")
-            got = parse_schedstat(text) if text is not None else None
-            if got is not None and tid.isdigit():
+            got = self._schedstat(pid, tid)
+            if got is not None:
                 threads[int(tid)] = got
         return RunDelays(at, threads) if threads else None
 
-    def thread_states(self, pid: int) -> list[ProcState]:
-        """Each thread's state now (none where the process is gone)."""
-        try:
-            tids = os.listdir(self.root / str(pid) / "task")
-        except OSError:
-            return []
-        texts = (self._read(self.root / str(pid) / "task" / tid / "stat") for tid in tids)
-        return [parse_stat_state(text) for text in texts if text is not None]
+    def threads(self, pid: int, at: float) -> Threads | None:
+        """Each thread's state and run-queue wait now, from one listing (None where the process is gone). A thread
+        that ended after the listing, its ``stat`` gone, is left out of both."""
+        tids = self._thread_ids(pid)
+        if tids is None:
+            return None
+        states: dict[int, ProcState] = {}
+        delays: dict[int, tuple[int, int]] = {}
+        for tid in tids:
+            text = self._read(self.root / str(pid) / "task" / tid / "stat")
+            if text is None:
+                continue
+            states[int(tid)] = parse_stat_state(text)
+            got = self._schedstat(pid, tid)
+            if got is not None:
+                delays[int(tid)] = got
+        return Threads(states, RunDelays(at, delays) if delays else None)
+
+    def _schedstat(self, pid: int, tid: str) -> tuple[int, int] | None:
+        text = self._read(self.root / str(pid) / "task" / tid / "schedstat")
+        return parse_schedstat(text) if text is not None else None
 
     def procs_running(self) -> int | None:
         """The host's runnable threads now (None: unknown here)."""
@@ -229,7 +277,9 @@ __all__ = [
     "Pressure",
     "ProcReader",
     "ProcState",
+    "ProcessReader",
     "RunDelays",
+    "Threads",
     "cpu_growth",
     "parse_pressure",
     "parse_procs_running",

@@ -42,3 +42,34 @@ def test_a_span_sums_what_the_engine_s_threads_ran_and_waited_between_two_readin
     same = cpu.delays()
     idle = cpu.span(same, same, 0.25)
     assert idle == CpuSpan(0.25, 0.0, 0.0) and contended_cores([idle]) is None
+
+
+class CountedProc(ProcReader):
+    """A directory laid out as /proc that counts the listings of a process's threads."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.listings = 0
+
+    def _thread_ids(self, pid: int) -> list[str] | None:
+        self.listings += 1
+        return super()._thread_ids(pid)
+
+
+def test_a_sample_counts_the_runnable_threads_whose_figures_it_reads(tmp_path: Path) -> None:
+    """What the run-queue sampler reads at each sample: the engine's threads runnable now (the host's run queue less
+    them is what runs beside bsr) and their figures, from one listing of each process's threads."""
+    _threads(tmp_path, 10, {10: (1 * S, 0), 11: (2 * S, 1 * S)})
+    _threads(tmp_path, 20, {20: (5 * S, 0)})
+    for pid, tid, state in ((10, 10, "S"), (10, 11, "R"), (20, 20, "R")):
+        (tmp_path / str(pid) / "task" / str(tid) / "stat").write_text(f"{tid} (bsr rank) {state} 1 2 3")
+    reader = CountedProc(tmp_path)
+    cpu = EngineCpu([10, 20, 30], reader)  # 30: a process already gone
+    reader.listings = 0
+    sample = cpu.sample()
+    assert sample.running == 2 and reader.listings == 3  # one listing per process, the gone one's included
+    figures = {pid: d.threads for pid, d in sample.delays.items()}
+    assert figures == {10: {10: (S, 0), 11: (2 * S, S)}, 20: {20: (5 * S, 0)}}
+    # The negative control: a thread asleep is not counted runnable.
+    (tmp_path / "20" / "task" / "20" / "stat").write_text("20 (bsr rank) S 1 2 3")
+    assert cpu.sample().running == 1

@@ -6,6 +6,7 @@ The kernel's files are recorded text here (a 2-core machine under load and at re
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,13 +18,16 @@ from bsr_cli.core.overload import HostLoad, Psi, RankDelay
 from bsr_cli.core.results import ManualRestoreResult, RestoreReport
 from bsr_cli.errors import ExitCode, HostOverloaded
 from bsr_cli.runtime import failures
-from bsr_cli.runtime.judge import Evidence, Judge, JudgeClock, fetch_starved, judge, starved
+from bsr_cli.runtime import judge as judging
+from bsr_cli.runtime.judge import Evidence, Judge, JudgeClock, Verdict, fetch_starved, judge, starved
 from bsr_cli.runtime.liveness import (
     CpuGrowth,
     Pressure,
+    ProcessReader,
     ProcReader,
     ProcState,
     RunDelays,
+    Threads,
     cpu_growth,
     parse_pressure,
     parse_procs_running,
@@ -111,8 +115,10 @@ def test_the_reader_gives_each_thread_s_state_and_the_host_s_runnable_threads(tm
     (tmp_path / "4242" / "task" / "4250" / "stat").write_text("4250 (bsr-fetch-0) S 1 2 3")
     (tmp_path / "stat").write_text("cpu  1 2 3\nprocs_running 7\nprocs_blocked 1\n")
     reader = ProcReader(tmp_path)
-    assert sorted(s.value for s in reader.thread_states(4242)) == ["running", "sleeping"]
-    assert reader.thread_states(9999) == []
+    threads = reader.threads(4242, 1.0)
+    assert threads is not None and threads.states == {4242: ProcState.RUNNING, 4250: ProcState.SLEEPING}
+    assert threads.runnable == 1 and threads.delays == RunDelays(1.0, {4242: (100, 10), 4250: (100, 20)})
+    assert reader.threads(9999, 1.0) is None
     assert reader.procs_running() == 7
     assert parse_procs_running("cpu 1 2\nprocs_blocked 3\n") is None  # no such line: unknown, never 0
     assert ProcReader(tmp_path / "nowhere").procs_running() is None
@@ -227,12 +233,12 @@ def test_the_judge_reads_which_threads_are_runnable() -> None:
     t, reader = FakeTime(), FakeReader()
     j, clock = _judge_over(t, reader)
     last = t.now
-    reader.threads = [ProcState.SLEEPING, ProcState.RUNNING]  # throttled: runnable, and its figures stand still
+    reader.states = [ProcState.SLEEPING, ProcState.RUNNING]  # throttled: runnable, and its figures stand still
     for _ in range(40):
         t.advance(0.1, clock=clock)
         verdict, _ = j.judge(QuietRank(), "k", last, 2.0, 60.0, "no heartbeat")
     assert verdict.state is RankState.STARVED and not verdict.final, verdict.reason
-    reader.threads = [ProcState.SLEEPING, ProcState.SLEEPING]  # the control: asleep with the CPU free
+    reader.states = [ProcState.SLEEPING, ProcState.SLEEPING]  # the control: asleep with the CPU free
     t.advance(0.6, clock=clock)
     verdict, _ = j.judge(QuietRank(), "k", last, 2.0, 60.0, "no heartbeat")
     assert verdict.state is RankState.HUNG and verdict.blames_rank, verdict.reason
@@ -294,23 +300,22 @@ def test_a_judge_clock_that_was_itself_stopped_leaves_that_time_out() -> None:
 
 
 class FakeReader:
-    """Stands in for /proc: the tests set each figure."""
+    """Stands in for /proc (a ProcessReader): the tests set each figure. The first thread ran and waited the figures
+    set; the others (``states`` holds one state per thread) neither ran nor waited."""
 
     def __init__(self) -> None:
         self.proc_state = ProcState.SLEEPING
         self.wait_ns = 0
         self.ran_ns = 0
         self.psi = QUIET
-        self.threads = [ProcState.SLEEPING]
+        self.states = [ProcState.SLEEPING]
 
     def state(self, pid: int) -> ProcState:
         return self.proc_state
 
-    def thread_states(self, pid: int) -> list[ProcState]:
-        return self.threads
-
-    def run_delays(self, pid: int, at: float) -> RunDelays:
-        return RunDelays(at, {pid: (self.ran_ns, self.wait_ns)})
+    def threads(self, pid: int, at: float) -> Threads:
+        figures = {pid + i: (self.ran_ns, self.wait_ns) if i == 0 else (0, 0) for i in range(len(self.states))}
+        return Threads(dict(zip(figures, self.states, strict=True)), RunDelays(at, figures))
 
     def pressure(self) -> Pressure:
         return self.psi
@@ -324,9 +329,9 @@ class QuietRank:
         return True
 
 
-def _judge_over(t: FakeTime, reader: FakeReader) -> tuple[Judge, JudgeClock]:
+def _judge_over(t: FakeTime, reader: ProcessReader) -> tuple[Judge, JudgeClock]:
     clock = JudgeClock(t)
-    return Judge(reader, clock), clock  # type: ignore[arg-type]
+    return Judge(reader, clock), clock
 
 
 @pytest.mark.parametrize("starving", [True, False])
@@ -359,6 +364,62 @@ def test_a_stopped_rank_is_named_at_its_deadline_without_waiting_for_a_span() ->
     t.advance(10.2, clock=clock)
     v, _ = j.judge(QuietRank(), "k", last, 10.0, 60.0, "no heartbeat")
     assert v.state is RankState.STOPPED and v.blames_rank
+
+
+class ThreadsComingAndGoing(ProcReader):
+    """/proc (a directory laid out as it) in which a rank's thread 4250 starts and ends between any two listings of
+    its threads, as a rank's fetch threads do; it records the listings, and which threads' ``stat`` (state) and
+    ``schedstat`` (run-queue wait) were read."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.listings = 0
+        self.read: dict[str, set[int]] = {"stat": set(), "schedstat": set()}
+
+    def _thread_ids(self, pid: int) -> list[str] | None:
+        flicker = self.root / str(pid) / "task" / "4250"
+        if flicker.exists():
+            shutil.rmtree(flicker)
+        else:
+            flicker.mkdir()
+            (flicker / "stat").write_text("4250 (bsr-fetch-0) R 1 2 3")
+            (flicker / "schedstat").write_text("0 0 1\n")
+        self.listings += 1
+        return super()._thread_ids(pid)
+
+    def _read(self, path: Path) -> str | None:
+        if path.parent.parent.name == "task":
+            self.read[path.name].add(int(path.parent.name))
+        return super()._read(path)
+
+
+def test_one_look_at_a_rank_lists_its_threads_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The states counted runnable and the run-queue waits summed are of one listing of the rank's threads, read
+    once per look, however its threads come and go."""
+    _fake_proc(tmp_path, 4242, STAT_SLEEPING, {4242: 0}, {})
+    (tmp_path / "4242" / "task" / "4242" / "stat").write_text(STAT_SLEEPING)
+    t, reader = FakeTime(), ThreadsComingAndGoing(tmp_path)
+    j, clock = _judge_over(t, reader)
+    looked: list[Evidence] = []
+
+    def judge_and_note(e: Evidence, deadline_s: float, ceiling_s: float) -> Verdict:
+        looked.append(e)
+        return judge(e, deadline_s, ceiling_s)
+
+    monkeypatch.setattr(judging, "judge", judge_and_note)
+    last = t.now
+    for _ in range(40):  # 4 s of a rank that says nothing, looked at every 0.1 s
+        t.advance(0.1, clock=clock)
+        reader.listings, reader.read = 0, {"stat": set(), "schedstat": set()}
+        before = len(looked)
+        j.judge(QuietRank(), "k", last, 2.0, 60.0, "no heartbeat")
+        if len(looked) > before:  # the judge read the kernel's figures: one listing, both readings of its threads
+            assert reader.listings == 1
+            assert reader.read["stat"] == reader.read["schedstat"] and 4242 in reader.read["stat"], reader.read
+            assert looked[-1].runnable_threads == (4250 in reader.read["stat"])
+        else:  # not yet half the deadline, or looked at under EVIDENCE_EVERY_S ago: nothing read
+            assert reader.listings == 0
+    assert len(looked) >= 5 and {e.runnable_threads for e in looked} == {0, 1}  # the thread came and went
 
 
 # -- a rank's own fetch deadline ----------------------------------------------------------------------------------
