@@ -97,12 +97,23 @@ class Finding:
     evidence: tuple[str, ...]
     fix: str
     next: str
+    # What the probe saw, without the cause the summary gives for it ("chunk 3 is missing in every tier while 2
+    # later chunk(s) are held"): what a finding that names another cause restates. Part of the summary, not on the
+    # wire; empty where the finding is no such observation.
+    observed: str = dataclasses.field(default="", kw_only=True, compare=False, metadata=wire.meta(skip=True))
 
     to_wire = wire.writer()
 
 
 def _finding(kind: FindingKind, summary: str, evidence: Sequence[str], fix: str, next_cmd: str) -> Finding:
     return Finding(kind, summary, tuple(evidence), fix, next_cmd)
+
+
+def _observation(
+    kind: FindingKind, observed: str, cause: str, evidence: Sequence[str], fix: str, next_cmd: str
+) -> Finding:
+    """A finding whose summary is what the probe saw and, after a colon, the cause it gives for it."""
+    return Finding(kind, f"{observed}: {cause}", tuple(evidence), fix, next_cmd, observed=observed)
 
 
 @dataclass(frozen=True)
@@ -292,9 +303,10 @@ def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> li
     any_held = any(bitmap.mask(r, g, c) for r in range(bitmap.ranks) for g in bitmap.groups for c in range(n))
     if not any_held:
         return [
-            _finding(
+            _observation(
                 FindingKind.NEVER_STORED,
-                "no tier holds any chunk of this prompt: it was never stored (or everything was evicted)",
+                "no tier holds any chunk of this prompt",
+                "it was never stored (or everything was evicted)",
                 [f"probe: 0 of {n} chunks held on any rank, group or tier ({', '.join(bitmap.tiers)})"],
                 "admit it once so it is computed and stored",
                 f"bsr submit {prompt_flags}",
@@ -328,10 +340,10 @@ def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> li
     if holders:
         ev.append("held at chunk {} by {}".format(k, ", ".join(f"rank {r} group {g}" for r, g in holders)))
         return [
-            _finding(
+            _observation(
                 FindingKind.RANK_SKEW,
-                f"the prefix breaks at chunk {k} on {where} only: the other ranks/groups hold it (TP-rank skew: "
-                "that rank's store failed or its copy was evicted)",
+                f"the prefix breaks at chunk {k} on {where} only",
+                "the other ranks/groups hold it (TP-rank skew: that rank's store failed or its copy was evicted)",
                 ev,
                 "re-store the prompt (every rank writes its own keys), and check that rank's store errors",
                 f"bsr events --request REQ   # then: bsr submit {prompt_flags}",
@@ -340,19 +352,20 @@ def _content(bitmap: HitBitmap, exclude: Sequence[str], prompt_flags: str) -> li
     if later:
         ev.append(f"held after the break: chunks {_ranges(later)}")
         return [
-            _finding(
+            _observation(
                 FindingKind.EVICTED,
-                f"chunk {k} is missing in every tier while {len(later)} later chunk(s) are held: it was evicted "
-                "from the store (a middle chunk cannot be skipped, so the prefix ends there)",
+                f"chunk {k} is missing in every tier while {len(later)} later chunk(s) are held",
+                "it was evicted from the store (a middle chunk cannot be skipped, so the prefix ends there)",
                 ev,
                 "give the tier more room (Mooncake segment size, eviction watermark) or pin hot prompts; re-store it",
                 f"bsr submit {prompt_flags}",
             )
         ]
     return [
-        _finding(
+        _observation(
             FindingKind.PARTIAL,
-            f"the tiers hold chunks 0..{k - 1} and nothing after: the rest was never stored or was evicted",
+            f"the tiers hold chunks 0..{k - 1} and nothing after",
+            "the rest was never stored or was evicted",
             ev,
             "re-store the prompt; if this repeats, the store is evicting tails (raise its capacity)",
             f"bsr submit {prompt_flags}",
@@ -819,9 +832,10 @@ def _put_to_gone_holder(missing: Finding, live: Liveness, next_cmd: str) -> Find
     there until its client TTL drops the segment, and a put placed there is lost (typically right after a vLLM
     instance restarted against a master that outlived it). That, not eviction or a store never made, is the lead."""
     gone = [s for s in live.segments if s.state is HolderState.GONE]
-    return _finding(
+    return _observation(
         FindingKind.HOLDER_GONE,
-        f"{missing.summary.split(':', 1)[0]}, while the master lists {len(gone)} segment(s) whose holder is gone: "
+        f"{missing.observed or 'chunks of this prompt are missing'}, while the master lists {len(gone)} segment(s) "
+        "whose holder is gone",
         "it still places new objects there until its client TTL drops them, and a put placed there is lost",
         [*missing.evidence, *(f"segment {s.name} at {s.endpoint}: not answering, still listed" for s in gone)],
         "wait until the master drops the gone holder's segment (its client TTL; this probe then lists live "
