@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -131,7 +132,7 @@ def test_a_recording_closed_while_a_poll_is_written_still_reads(incident: Path, 
         def poll_thread(
             rec: Recorder = rec, written: threading.Event = written, refused: list[Exception] = refused
         ) -> None:
-            for n in range(100_000):
+            for n in itertools.count():  # until the close refuses a write: no count a starved quit could outrun
                 try:
                     rec.write(frames[n % len(frames)])
                 except ValueError as e:  # the file closed as the app quits: what the app's poll thread catches
