@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 from bsr_cli import __version__
 from bsr_cli.core import wire
+from bsr_cli.core.evidence import FaultAct
 from bsr_cli.core.status import Health, QuarantinedFile
 
 if TYPE_CHECKING:
-    from bsr_cli.core.events import Event, FaultInjected, RestoreEnded
+    from bsr_cli.core.events import Event, FaultEvent, RestoreEnded
 
 FORMAT = "bsr.incident-bundle"
 FORMAT_VERSION = 1
@@ -326,7 +327,7 @@ class _Standing:
         self._ranks = ranks
         self.active: dict[str, _ActiveRestore] = {}
         self.markers: dict[str, _StandingMarker] = {}
-        self.faults: dict[int, FaultInjected] = {}  # the armed faults, as their events recorded them
+        self.faults: dict[int, FaultEvent] = {}  # the armed faults, as their events recorded them
         self.recent: list[_RecentRestore] = []
 
     def apply(self, e: Event) -> bool:
@@ -359,7 +360,7 @@ class _Standing:
             )
         elif isinstance(e, ev.MarkerCleared):
             self.markers.pop(e.prompt, None)
-        elif isinstance(e, ev.FaultInjected):
+        elif isinstance(e, ev.FaultEvent) and e.act is FaultAct.INJECTED:
             self.faults[e.fault_id] = e
         elif isinstance(e, ev.FaultsCleared):
             self.faults.clear()

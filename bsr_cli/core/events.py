@@ -1,10 +1,12 @@
-"""The engine's events as types: one frozen dataclass per `EventKind` (one, ``RestoreEnded``, for the four ways a
-restore ends, told apart by its ``outcome``), defined once and used by every writer (the runtime, the rank hosts,
-the plugins) and every reader (the event store, the server, the client, the TUI, explain, metrics).
+"""The engine's events as types: one frozen dataclass per `EventKind`, or per set of kinds that carry the same
+fields, told apart by a field written as the kind (``RestoreEnded``: the four ways a restore ends, by ``outcome``;
+``WindowStepped``: a window waiting or installed, by ``step``; ``FaultEvent``: a fault armed or fired, by ``act``),
+defined once and used by every writer (the runtime, the rank hosts, the plugins) and every reader (the event
+store, the server, the client, the TUI, explain, metrics).
 
 Each class stands alone: it declares its kind, ``seq`` and ``time``, then its own fields. ``Event`` is the union
-of them all (a type for annotations, and for ``isinstance``); ``FaultEvent`` names either fault event. What every
-event answers lives in functions here: ``request_of``, ``rank_of``, ``stamped``.
+of them all (a type for annotations, and for ``isinstance``). What every event answers lives in functions here:
+``request_of``, ``rank_of``, ``stamped``.
 
 The wire form is a flat JSON object: ``{"type": kind, "seq": …, "time": …, <fields>}``, the same shape the event
 log has always served, so recordings and stores written earlier still read. ``to_wire()`` writes it (fields in
@@ -24,7 +26,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias, TypeVar
+from typing import Any, ClassVar, Literal, TypeAlias, TypeVar
 
 from bsr_cli.core import wire
 from bsr_cli.core.evidence import (
@@ -32,13 +34,16 @@ from bsr_cli.core.evidence import (
     Component,
     EventKind,
     FailureKind,
+    FaultAct,
     Outcome,
     RankState,
     ScrubScope,
     ScrubState,
     SegmentLossCause,
     Stage,
+    WindowStep,
 )
+from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.overload import HostLoad
 from bsr_cli.core.store_loss import SegmentLoss
 
@@ -48,6 +53,19 @@ _D = TypeVar("_D", bound="Failure | Event")  # a dataclass of this module
 
 # Every event's writer: its kind first, under ``type``, then its fields (a renamed one under its wire key).
 _EVENT_WRITER = wire.writer(lead={"type": "kind"})
+
+
+def _schema_of_kinds(cls: type, s: wire.Schemas) -> wire.JsonSchema:
+    """The schema of a type that serves several kinds: its fields', its ``type`` one of the kinds it serves (its
+    ``kind`` property's type is any kind)."""
+    written = s.written(cls)
+    kinds = [kind.value for kind, (told, _, _) in _TOLD_APART.items() if told is cls]
+    properties = dict(written["properties"]) | {"type": {"type": "string", "enum": kinds}}
+    return wire.object_schema(properties, written["required"], written["additionalProperties"])
+
+
+# The ``wire_schema`` of each type that serves several kinds.
+_SCHEMA_OF_KINDS: classmethod[Any, [wire.Schemas], wire.JsonSchema] = classmethod(_schema_of_kinds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,22 +179,40 @@ class RestoreStarted:
     pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
 
 
+# The steps of a window that carry no figures, the kind each is written as (its ``type``), and one type for them.
+BareStep: TypeAlias = Literal[WindowStep.WAITING, WindowStep.INSTALLED]
+BARE_STEPS: dict[BareStep, EventKind] = {
+    WindowStep.WAITING: EventKind.WINDOW_WAITING,
+    WindowStep.INSTALLED: EventKind.WINDOW_INSTALLED,
+}
+
+
 @dataclass(frozen=True, kw_only=True)
-class WindowWaiting:
-    kind: ClassVar[EventKind] = EventKind.WINDOW_WAITING
+class WindowStepped:
+    """A window reached a step that carries no figures of its own (``step``: waiting for room under the budget, or
+    installed); its fetch and its release are events of their own, with what they moved. On the wire the step is
+    its ``type`` (``window_waiting``, ``window_installed``), as it has always been written."""
+
     to_wire = _EVENT_WRITER
+    wire_schema = _SCHEMA_OF_KINDS
     seq: int = 0
     time: float = 0.0
+    step: BareStep = field(metadata=wire.meta(skip=True))  # written as the kind, under ``type``
     request: str
     rank: int
     window: int
     # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
     pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
 
+    @property
+    def kind(self) -> EventKind:
+        return BARE_STEPS[self.step]
+
 
 @dataclass(frozen=True, kw_only=True)
 class WindowFetched:
     kind: ClassVar[EventKind] = EventKind.WINDOW_FETCHED
+    step: ClassVar[WindowStep] = WindowStep.FETCHED
     to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
@@ -192,21 +228,9 @@ class WindowFetched:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WindowInstalled:
-    kind: ClassVar[EventKind] = EventKind.WINDOW_INSTALLED
-    to_wire = _EVENT_WRITER
-    seq: int = 0
-    time: float = 0.0
-    request: str
-    rank: int
-    window: int
-    # The admission pass this restore is (1, then 2 after a fallback; absent where a host has none).
-    pass_no: int | None = wire.field(name="pass", default=None, omit_none=True)
-
-
-@dataclass(frozen=True, kw_only=True)
 class WindowReleased:
     kind: ClassVar[EventKind] = EventKind.WINDOW_RELEASED
+    step: ClassVar[WindowStep] = WindowStep.RELEASED
     to_wire = _EVENT_WRITER
     seq: int = 0
     time: float = 0.0
@@ -280,7 +304,6 @@ ENDINGS: dict[Outcome, EventKind] = {
     Outcome.REFUSED: EventKind.RESTORE_REFUSED,
     Outcome.ABORTED: EventKind.RESTORE_ABORTED,
 }
-_OUTCOME_OF: dict[EventKind, Outcome] = {kind: outcome for outcome, kind in ENDINGS.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,6 +313,7 @@ class RestoreEnded:
     and that is where a reader takes ``outcome`` from; the outcome has no key of its own."""
 
     to_wire = _EVENT_WRITER
+    wire_schema = _SCHEMA_OF_KINDS
     seq: int = 0
     time: float = 0.0
     outcome: Outcome = field(metadata=wire.meta(skip=True))  # written as the kind, under ``type``
@@ -310,14 +334,6 @@ class RestoreEnded:
     @property
     def kind(self) -> EventKind:
         return ENDINGS[self.outcome]
-
-    @classmethod
-    def wire_schema(cls, s: wire.Schemas) -> wire.JsonSchema:
-        """Its fields' schema, its ``type`` one of the four endings (the property's type is any kind)."""
-        written = s.written(cls)
-        properties = dict(written["properties"])
-        properties["type"] = {"type": "string", "enum": [kind.value for kind in ENDINGS.values()]}
-        return wire.object_schema(properties, written["required"], written["additionalProperties"])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -486,44 +502,40 @@ class MarkerCleared:
     excluded_tiers: tuple[str, ...] | None = None  # what the marker still excludes when only a tier was taken out
 
 
-@dataclass(frozen=True, kw_only=True)
-class FaultInjected:
-    """A fault was armed. Its fields travel flat beside the event's (``FaultEvent`` names this or ``FaultFired``)."""
+# What befell an armed fault, and the kind that says so on the wire (its ``type``).
+FAULT_ACTS = {FaultAct.INJECTED: EventKind.FAULT_INJECTED, FaultAct.FIRED: EventKind.FAULT_FIRED}
 
-    kind: ClassVar[EventKind] = EventKind.FAULT_INJECTED
+
+@dataclass(frozen=True, kw_only=True)
+class FaultEvent:
+    """A fault was armed (``act``: injected), or it fired in ``request``'s restore (fired). The fault's fields travel
+    flat beside the event's; on the wire the act is the event's ``type`` (``fault_injected``, ``fault_fired``), as
+    it has always been written, and only a fired fault names a request."""
+
     to_wire = _EVENT_WRITER
+    wire_schema = _SCHEMA_OF_KINDS
     seq: int = 0
     time: float = 0.0
+    act: FaultAct = field(metadata=wire.meta(skip=True))  # written as the kind, under ``type``
     rank: int | None = None
     window: int | None = None
     group: str | None = None
     count: int = 1
     fired: int = 0
+    request: str | None = wire.field(default=None, omit_none=True)  # the restore a fired fault acted on
     # The fault's own id and kind, last and spelled as the fault's wire form spells them (``id``, ``kind``).
     fault_id: int = wire.field(name="id", default=0)
     fault: str = wire.field(name="kind", default="")  # the fault's kind (remote-unavailable, restore-fault, ...)
 
+    @classmethod
+    def of(cls, act: FaultAct, f: FaultSpec, request: str | None = None) -> FaultEvent:
+        """The event of fault ``f`` as it stands: just armed, or just fired in ``request``'s restore."""
+        shared = {name: getattr(f, name) for name in ("rank", "window", "group", "count", "fired")}  # same names
+        return cls(act=act, fault_id=f.id, fault=f.kind, request=request, **shared)
 
-@dataclass(frozen=True, kw_only=True)
-class FaultFired:
-    """An armed fault fired: the fault's fields as ``FaultInjected`` has them, and the request it hit."""
-
-    kind: ClassVar[EventKind] = EventKind.FAULT_FIRED
-    to_wire = _EVENT_WRITER
-    seq: int = 0
-    time: float = 0.0
-    rank: int | None = None
-    window: int | None = None
-    group: str | None = None
-    count: int = 1
-    fired: int = 0
-    request: str | None = None
-    # The fault's own id and kind, last and spelled as the fault's wire form spells them (``id``, ``kind``).
-    fault_id: int = wire.field(name="id", default=0)
-    fault: str = wire.field(name="kind", default="")  # the fault's kind (remote-unavailable, restore-fault, ...)
-
-
-FaultEvent: TypeAlias = FaultInjected | FaultFired
+    @property
+    def kind(self) -> EventKind:
+        return FAULT_ACTS[self.act]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -582,9 +594,8 @@ Event: TypeAlias = (
     | RequestAdmitted
     | RequestFinished
     | RestoreStarted
-    | WindowWaiting
+    | WindowStepped
     | WindowFetched
-    | WindowInstalled
     | WindowReleased
     | RestoreFailed
     | RestoreEnded
@@ -603,36 +614,15 @@ Event: TypeAlias = (
     | RankStarved
     | RankRestarted
 )
-# The event types of one kind each, their ``kind`` a constant of the class (``RestoreEnded`` is the four endings').
-_ONE_KIND: tuple[type[Event], ...] = (
-    EngineStarted,
-    EngineStopped,
-    SettingsChanged,
-    RequestAdmitted,
-    RequestFinished,
-    RestoreStarted,
-    WindowWaiting,
-    WindowFetched,
-    WindowInstalled,
-    WindowReleased,
-    RestoreFailed,
-    StoreFailed,
-    OutputMismatch,
-    ObjectQuarantined,
-    ScrubStarted,
-    ScrubFinished,
-    SegmentLost,
-    AbortRequested,
-    MarkerSet,
-    MarkerCleared,
-    FaultInjected,
-    FaultFired,
-    FaultsCleared,
-    RankUnresponsive,
-    RankStarved,
-    RankRestarted,
-)
-_EVENT_CLASSES: tuple[type[Event], ...] = (*_ONE_KIND, RestoreEnded)
+_EVENT_CLASSES: tuple[type[Event], ...] = typing.get_args(Event)  # every event type: the union's members
+# The types that serve several kinds, told apart by a field: each such kind's type, and the field and value a
+# reader gives it (from the ``type`` it was written under; a key of the field's name is not it).
+_TOLD_APART: dict[EventKind, tuple[type[Event], str, Outcome | WindowStep | FaultAct]] = {
+    **{kind: (RestoreEnded, "outcome", outcome) for outcome, kind in ENDINGS.items()},
+    **{kind: (WindowStepped, "step", step) for step, kind in BARE_STEPS.items()},
+    **{kind: (FaultEvent, "act", act) for act, kind in FAULT_ACTS.items()},
+}
+_SERVE_SEVERAL = {cls for cls, _, _ in _TOLD_APART.values()}
 
 
 def _kind_of(cls: type[Event]) -> EventKind:
@@ -641,10 +631,12 @@ def _kind_of(cls: type[Event]) -> EventKind:
     return kind
 
 
-EVENT_TYPES: dict[EventKind, type[Event]] = {_kind_of(cls): cls for cls in _ONE_KIND} | dict.fromkeys(
-    ENDINGS.values(), RestoreEnded
-)
-assert len(EVENT_TYPES) == len(_ONE_KIND) + len(ENDINGS) and set(EVENT_TYPES) == set(EventKind), (
+# Each kind's type: one that serves it alone (its ``kind`` a constant of the class), or one of those above.
+EVENT_TYPES: dict[EventKind, type[Event]] = {
+    **{_kind_of(cls): cls for cls in _EVENT_CLASSES if cls not in _SERVE_SEVERAL},
+    **{kind: cls for kind, (cls, _, _) in _TOLD_APART.items()},
+}
+assert set(EVENT_TYPES) == set(EventKind) and set(EVENT_TYPES.values()) == set(_EVENT_CLASSES), (
     "every EventKind has exactly one event type"
 )
 
@@ -667,8 +659,9 @@ def parse_event(wire: Mapping[str, Any]) -> Event:
     cls = EVENT_TYPES[kind]
     keys = _WIRE_KEYS.get(cls, {})
     fields = {keys.get(k, k): v for k, v in wire.items() if k != "type"}
-    if cls is RestoreEnded:  # the ending is the type it was written under (a key named outcome is not it)
-        fields["outcome"] = _OUTCOME_OF[kind]
+    if kind in _TOLD_APART:  # a type of several kinds: which one is the type it was written under
+        _, name, value = _TOLD_APART[kind]
+        fields[name] = value
     return _from_fields(cls, fields)
 
 
@@ -793,8 +786,10 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
 
 
 __all__ = [
+    "BARE_STEPS",
     "ENDINGS",
     "EVENT_TYPES",
+    "FAULT_ACTS",
     "PROGRESS",
     "AbortRequested",
     "EngineStarted",
@@ -802,8 +797,6 @@ __all__ = [
     "Event",
     "Failure",
     "FaultEvent",
-    "FaultFired",
-    "FaultInjected",
     "FaultsCleared",
     "MarkerCleared",
     "MarkerSet",
@@ -822,9 +815,8 @@ __all__ = [
     "SettingsChanged",
     "StoreFailed",
     "WindowFetched",
-    "WindowInstalled",
     "WindowReleased",
-    "WindowWaiting",
+    "WindowStepped",
     "in_pass",
     "known_event",
     "parse_event",

@@ -158,6 +158,23 @@ class TimedStage(StrEnum):
     WAIT = "wait"
 
 
+class FaultAct(StrEnum):
+    """What befell a fault an operator armed: each is an event kind of its own (``fault_<act>``)."""
+
+    INJECTED = "injected"  # armed (`bsr inject-fault`, a drill)
+    FIRED = "fired"  # it acted on a restore
+
+
+class WindowStep(StrEnum):
+    """A step of one window on one rank in a restore: each is an event kind of its own (``window_<step>``), and a
+    column of a request's timeline."""
+
+    WAITING = "waiting"  # for room under the admission budget
+    FETCHED = "fetched"
+    INSTALLED = "installed"
+    RELEASED = "released"
+
+
 class CapacityCause(StrEnum):
     """Why capacity refused a restore: what the hint names to change (never read back from the human text)."""
 
@@ -274,6 +291,7 @@ __all__ = [
     "Component",
     "EventKind",
     "FailureKind",
+    "FaultAct",
     "Outcome",
     "RankState",
     "RestoreBound",
@@ -283,4 +301,5 @@ __all__ = [
     "Stage",
     "TierCondition",
     "TimedStage",
+    "WindowStep",
 ]

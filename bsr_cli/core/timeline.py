@@ -7,33 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from bsr_cli.core import events as ev
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage, WindowStep
 
 if TYPE_CHECKING:
     from bsr_cli.core.status import MarkerView
-
-
-class WindowStep(StrEnum):
-    """A step of one window on one rank, as a timeline row's column names it."""
-
-    WAITING = "waiting"
-    FETCHED = "fetched"
-    INSTALLED = "installed"
-    RELEASED = "released"
-
-
-# The column of a timeline row each window event fills.
-_WINDOW_STEP: dict[type[ev.Event], WindowStep] = {
-    ev.WindowWaiting: WindowStep.WAITING,
-    ev.WindowFetched: WindowStep.FETCHED,
-    ev.WindowInstalled: WindowStep.INSTALLED,
-    ev.WindowReleased: WindowStep.RELEASED,
-}
 
 
 @dataclass(frozen=True)
@@ -180,9 +161,9 @@ def timeline(request: str, evs: list[ev.Event], markers: Sequence[MarkerView] = 
     prompt, marker, scrubs = "", None, []
     for e in sorted(evs, key=lambda e: (e.time, e.seq)):
         at = round(e.time - t0, 6)
-        if isinstance(e, ev.WindowFetched | ev.WindowInstalled | ev.WindowReleased | ev.WindowWaiting):
+        if isinstance(e, ev.WindowStepped | ev.WindowFetched | ev.WindowReleased):
             row = windows.setdefault((e.rank, e.window), WindowRow(e.rank, e.window + 1))
-            row.steps[_WINDOW_STEP[type(e)]] = at
+            row.steps[e.step] = at  # the column the step fills
             if isinstance(e, ev.WindowFetched):
                 windows[(e.rank, e.window)] = replace(row, bytes=e.bytes, tiers=tuple(e.tiers), fetch_s=e.seconds)
         elif isinstance(e, ev.RestoreStarted | ev.RequestAdmitted):

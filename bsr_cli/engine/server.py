@@ -21,15 +21,8 @@ from pathlib import Path
 
 from bsr_cli import __version__
 from bsr_cli.core import limits
-from bsr_cli.core.events import (
-    EngineStarted,
-    EngineStopped,
-    Event,
-    FaultFired,
-    FaultInjected,
-    FaultsCleared,
-)
-from bsr_cli.core.evidence import EventKind
+from bsr_cli.core.events import EngineStarted, EngineStopped, Event, FaultEvent, FaultsCleared
+from bsr_cli.core.evidence import EventKind, FaultAct
 from bsr_cli.engine import lifecycle, netns, store_watch, supervisor
 from bsr_cli.engine.config import EngineConfig, EngineReady, EventRetention, RankConfig, RankLink
 from bsr_cli.engine.ranks import ProcessRank
@@ -81,9 +74,9 @@ def _faults_left_armed(store: event_store.EventStore) -> int:
     for ev in store.query(event_store.Query(after_seq=after, kinds=kinds, limit=1_000_000)):
         if isinstance(ev, FaultsCleared):
             armed.clear()
-        elif isinstance(ev, FaultInjected):
+        elif isinstance(ev, FaultEvent) and ev.act is FaultAct.INJECTED:
             armed.add(ev.fault_id)
-        elif isinstance(ev, FaultFired) and ev.count and ev.fired >= ev.count:
+        elif isinstance(ev, FaultEvent) and ev.count and ev.fired >= ev.count:  # fired, and used up
             armed.discard(ev.fault_id)
     return len(armed)
 

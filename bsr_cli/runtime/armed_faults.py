@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection
 
-from bsr_cli.core.events import FaultFired, FaultInjected
+from bsr_cli.core.events import FaultEvent
+from bsr_cli.core.evidence import FaultAct
 from bsr_cli.core.faults import FaultRequest, FaultSpec
 from bsr_cli.errors import FaultsDisabled
 from bsr_cli.runtime.coordinator_state import CoordinatorContext
@@ -33,11 +34,7 @@ class ArmedFaults:
             request.to_wire(), ranks=len(self._ctx.ranks), groups=reg.group_names, max_window=max_window
         )
         self.arm(f)
-        self._ctx.events.append(
-            FaultInjected(
-                fault_id=f.id, fault=f.kind, rank=f.rank, window=f.window, group=f.group, count=f.count, fired=f.fired
-            )
-        )
+        self._ctx.events.append(FaultEvent.of(FaultAct.INJECTED, f))
         return f
 
     def arm(self, fault: FaultSpec) -> None:
@@ -67,7 +64,7 @@ class ArmedFaults:
             self._faults = []
         return n
 
-    def record_fired(self, fired: Collection[int], request: str | None = None) -> None:
+    def record_fired(self, fired: Collection[int], request: str) -> None:
         """The faults (by id) that acted on ``request``'s restore (a fault fires only where it acts: one that takes
         down a tier the restore did not read from stays armed): counted, dropped once their count is spent, and each
         recorded as a ``fault_fired`` event (what a drill caused is told apart by it)."""
@@ -78,18 +75,7 @@ class ArmedFaults:
             spent = [f for f in self._faults if f.id in fired]
             self._faults = [f for f in self._faults if not f.exhausted()]
         for f in spent:
-            self._ctx.events.append(
-                FaultFired(
-                    fault_id=f.id,
-                    fault=f.kind,
-                    rank=f.rank,
-                    window=f.window,
-                    group=f.group,
-                    count=f.count,
-                    fired=f.fired,
-                    request=request,
-                )
-            )
+            self._ctx.events.append(FaultEvent.of(FaultAct.FIRED, f, request))
 
     def fire(self, rank: int, window: int, first_window: int = 0) -> FaultSpec | None:
         """The first armed fault that hits ``window`` on ``rank`` (one armed for no window hits ``first_window``),

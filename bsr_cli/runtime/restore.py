@@ -25,17 +25,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
 from bsr_cli.api.ranks import ObjectRef, RestoreJob, RestoreResult, WindowJob
-from bsr_cli.core.events import (
-    Event,
-    WindowFetched,
-    WindowInstalled,
-    WindowReleased,
-    WindowWaiting,
-)
+from bsr_cli.core.events import Event, WindowFetched, WindowReleased, WindowStepped
 from bsr_cli.core.events import (
     RestoreFailed as RestoreFailedEvent,
 )
-from bsr_cli.core.evidence import CapacityCause, Stage, TimedStage
+from bsr_cli.core.evidence import CapacityCause, Stage, TimedStage, WindowStep
 from bsr_cli.errors import CapacityError
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.checksum import object_checksum_at
@@ -292,7 +286,7 @@ class RankRestorer:
             return lease
         # Waiting for admission (other windows hold the budget) is progress of a kind: say so, so the
         # coordinator's per-window progress deadline allows for the admission deadline instead.
-        self.emit(WindowWaiting(request=job.request_id, rank=self.rank, window=win.index))
+        self.emit(WindowStepped(step=WindowStep.WAITING, request=job.request_id, rank=self.rank, window=win.index))
         return self.pool.acquire(n, timeout_s=job.admit_timeout_s, bounded=bounded, wait=True)
 
     def _fetch_owned(
@@ -473,7 +467,7 @@ class RankRestorer:
             raise RestoreFailed(
                 f"synchronize failed: {type(e).__name__}: {e}", win.index, kind=failures.RANK, stage=Stage.SYNCHRONIZE
             ) from e
-        self.emit(WindowInstalled(request=job.request_id, rank=self.rank, window=win.index))
+        self.emit(WindowStepped(step=WindowStep.INSTALLED, request=job.request_id, rank=self.rank, window=win.index))
 
 
 __all__ = [

@@ -22,7 +22,7 @@ from typing import Any
 
 from bsr_cli.core import events as ev
 from bsr_cli.core import status, wire
-from bsr_cli.core.evidence import EventKind, FailureKind
+from bsr_cli.core.evidence import EventKind, FailureKind, FaultAct, WindowStep
 from bsr_cli.core.evidence import Outcome as EvidenceOutcome
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.units import format_bytes
@@ -410,10 +410,9 @@ def _request_line(e: ev.Event, req: str) -> str | None:
     """The line of an event of one request's restore (`req` names the request and its pass), or None."""
     if isinstance(e, ev.WindowFetched):
         return f"{req} {_win(e.window)} fetched {_fb(e.bytes)} in {e.seconds * 1e3:.0f} ms ({','.join(e.tiers)})"
-    if isinstance(e, ev.WindowInstalled):
-        return f"{req} {_win(e.window)} installed"
-    if isinstance(e, ev.WindowWaiting):
-        return f"{req} {_win(e.window)} waiting for room in the budget"
+    if isinstance(e, ev.WindowStepped):
+        step = "waiting for room in the budget" if e.step is WindowStep.WAITING else e.step.value
+        return f"{req} {_win(e.window)} {step}"
     if isinstance(e, ev.WindowReleased):
         of = f"/{e.windows}" if e.windows else ""
         return f"{req} {_win(e.window)}{of} released · pool {_fb(_int(e.pool.get('live_bytes')))}"
@@ -453,9 +452,9 @@ def _operator_line(e: ev.Event) -> str | None:
         return f"force-local marker on {e.prompt[:12]}: {scope}{why}"
     if isinstance(e, ev.MarkerCleared):
         return f"marker cleared on {e.prompt[:12]}" + (f" ({e.why})" if e.why else "")
-    if isinstance(e, ev.FaultInjected):
+    if isinstance(e, ev.FaultEvent) and e.act is FaultAct.INJECTED:
         return f"INJECTED FAULT {_fault(e).describe()}"
-    if isinstance(e, ev.FaultFired):
+    if isinstance(e, ev.FaultEvent):
         return f"fault fired {_fault(e).describe()}" + (f" in {e.request}" if e.request else "")
     if isinstance(e, ev.FaultsCleared):
         return f"faults cleared ({e.count})"
@@ -517,7 +516,7 @@ def fault_view(f: FaultSpec) -> FaultView:
     return FaultView(id=f.id, kind=f.kind, rank=f.rank, window=f.window, group=f.group, count=f.count, fired=f.fired)
 
 
-def _fault(e: ev.FaultInjected | ev.FaultFired) -> FaultView:
+def _fault(e: ev.FaultEvent) -> FaultView:
     return FaultView(
         id=e.fault_id,
         kind=e.fault,

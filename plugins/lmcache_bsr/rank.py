@@ -66,8 +66,8 @@ from bsr_cli.api.ranks import (
     dispatch,
 )
 from bsr_cli.core.bitmap import encode_row
-from bsr_cli.core.events import Event, WindowFetched, WindowWaiting
-from bsr_cli.core.evidence import CapacityCause, Stage, TimedStage
+from bsr_cli.core.events import Event, WindowFetched, WindowStepped
+from bsr_cli.core.evidence import CapacityCause, Stage, TimedStage, WindowStep
 from bsr_cli.core.keys import parse_key
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import BadRequest, CapacityError
@@ -635,7 +635,11 @@ class _RestoreRun:
         nbytes = self._window_bytes(win)
         if self.bounded and not l1.try_admit(nbytes):
             # Other restores' windows hold B: waiting for room is admission, not a stall.
-            self.rank.emit(WindowWaiting(request=self.job.request_id, rank=self.rank.rank, window=win.index))
+            self.rank.emit(
+                WindowStepped(
+                    step=WindowStep.WAITING, request=self.job.request_id, rank=self.rank.rank, window=win.index
+                )
+            )
             if not l1.admit(nbytes, time.monotonic() + float(self.job.admit_timeout_s), self.abort):
                 if self.abort.is_set():
                     raise aborted(win.index, Stage.FETCH)

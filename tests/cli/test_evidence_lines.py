@@ -11,7 +11,7 @@ from rich.console import Console
 
 from bsr_cli.cli.render.ops import event_line, last_fault_line, status
 from bsr_cli.core import events as ev
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage, WindowStep
 from bsr_cli.core.status import EngineStatus, Health, RankFault, RecentRestore, Snapshot
 
 NOW = 10_000.0
@@ -78,7 +78,7 @@ def test_two_passes_of_one_request_are_two_lines_naming_pass_and_tier() -> None:
         ended.to_wire()
     )
     # An event from a host that names no pass reads as before.
-    no_pass = ev.WindowInstalled(request="req-00012", rank=0, window=0).to_wire()
+    no_pass = ev.WindowStepped(step=WindowStep.INSTALLED, request="req-00012", rank=0, window=0).to_wire()
     assert "pass" not in no_pass and "req-00012 window 1 installed" in event_line(no_pass)
 
 

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 
 from bsr_cli.core.events import (
+    BARE_STEPS,
     ENDINGS,
     EVENT_TYPES,
+    FAULT_ACTS,
     AbortRequested,
+    BareStep,
     EngineStarted,
     Event,
     Failure,
     FaultEvent,
-    FaultFired,
-    FaultInjected,
     ObjectQuarantined,
     OutputMismatch,
     RankRestarted,
@@ -25,7 +27,9 @@ from bsr_cli.core.events import (
     ScrubFinished,
     ScrubStarted,
     SegmentLost,
+    WindowFetched,
     WindowReleased,
+    WindowStepped,
     parse_event,
     rank_of,
     request_of,
@@ -35,12 +39,14 @@ from bsr_cli.core.evidence import (
     Component,
     EventKind,
     FailureKind,
+    FaultAct,
     Outcome,
     RankState,
     ScrubScope,
     ScrubState,
     SegmentLossCause,
     Stage,
+    WindowStep,
 )
 from bsr_cli.core.overload import HostLoad, Psi, RankDelay
 from bsr_cli.core.store_loss import SegmentLoss
@@ -55,6 +61,15 @@ def test_every_kind_has_one_class_and_every_outcome_an_end_event() -> None:
         assert ended.kind is ENDINGS[outcome] and EVENT_TYPES[ended.kind] is RestoreEnded
     with pytest.raises(ValueError, match="no restore event"):
         RestoreEnded(outcome=Outcome.NOTHING_TO_RESTORE, request="r")
+    for step in (WindowStep.WAITING, WindowStep.INSTALLED):
+        stepped = WindowStepped(step=step, request="r", rank=0, window=0)
+        assert stepped.kind is BARE_STEPS[step] and EVENT_TYPES[stepped.kind] is WindowStepped
+    # A fetch and a release say what they moved: each is its own type, its step a constant of the class (the
+    # bare type's ``step`` admits the other two alone).
+    assert (WindowFetched.step, WindowReleased.step) == (WindowStep.FETCHED, WindowStep.RELEASED)
+    assert (
+        set(typing.get_args(BareStep)) == set(BARE_STEPS) == set(WindowStep) - {WindowFetched.step, WindowReleased.step}
+    )
 
 
 def _fields(cls: type) -> list[tuple[str, object, object]]:
@@ -67,11 +82,10 @@ def test_every_event_class_stands_alone_and_the_shared_names_are_unions() -> Non
         assert cls.__bases__ == (object,), cls
         assert [f.name for f in dataclasses.fields(cls)][:2] == ["seq", "time"], cls
         assert issubclass(cls, Event)
-    # One type serves the four ways a restore ends; the two fault events carry the same fields, the fired one with
-    # its request besides, and ``FaultEvent`` names them in isinstance checks.
+    # One type serves the four ways a restore ends, one a window's steps without figures, one a fault armed or fired.
     assert {kind for kind, cls in EVENT_TYPES.items() if cls is RestoreEnded} == set(ENDINGS.values())
-    assert [f for f in _fields(FaultFired) if f[0] != "request"] == _fields(FaultInjected)
-    assert {cls for cls in EVENT_TYPES.values() if issubclass(cls, FaultEvent)} == {FaultInjected, FaultFired}
+    assert {kind for kind, cls in EVENT_TYPES.items() if cls is WindowStepped} == set(BARE_STEPS.values())
+    assert {kind for kind, cls in EVENT_TYPES.items() if cls is FaultEvent} == set(FAULT_ACTS.values())
     assert not isinstance({"type": "restore_committed"}, Event)
 
 
@@ -82,7 +96,7 @@ def test_stamping_and_the_request_and_rank_an_event_belongs_to() -> None:
     assert (request_of(released), rank_of(released)) == ("r1", 1)
     assert (request_of(AbortRequested(request="r2")), rank_of(AbortRequested(request="r2"))) == ("r2", None)
     assert (request_of(RankRestarted(rank=0)), rank_of(RankRestarted(rank=0))) == (None, 0)
-    assert (request_of(EngineStarted()), request_of(FaultFired(request=""))) == (None, None)
+    assert (request_of(EngineStarted()), request_of(FaultEvent(act=FaultAct.FIRED, request=""))) == (None, None)
 
 
 def test_a_rank_failure_round_trips_with_its_stage_and_blame() -> None:
@@ -157,12 +171,16 @@ def test_an_output_mismatch_round_trips_naming_the_request_and_its_hashes() -> N
 
 
 def test_a_fault_event_keeps_the_faults_own_field_names() -> None:
-    ev = FaultInjected(fault_id=4, fault="restore-fault", rank=1, window=2)
+    ev = FaultEvent(act=FaultAct.INJECTED, fault_id=4, fault="restore-fault", rank=1, window=2)
     wire = ev.to_wire()
     assert (wire["type"], wire["id"], wire["kind"]) == ("fault_injected", 4, "restore-fault")
     assert parse_event(wire) == ev
-    # The fault's id and kind are the last keys, as they have always been written.
-    fired = FaultFired(fault_id=4, fault="restore-fault", rank=1, request="r1")
+    # An armed fault has no request: the key is not written (and a newer writer's act key is not the act).
+    assert "request" not in wire and "act" not in wire
+    assert parse_event(wire | {"act": "fired"}) == ev
+    # The fault's id and kind are the last keys, as they have always been written; the fired one names its request.
+    fired = FaultEvent(act=FaultAct.FIRED, fault_id=4, fault="restore-fault", rank=1, request="r1")
+    assert fired.kind is EventKind.FAULT_FIRED and fired.to_wire()["type"] == "fault_fired"
     assert list(fired.to_wire()) == [
         "type",
         "seq",
@@ -307,3 +325,22 @@ def test_a_restore_ending_reads_what_an_older_or_newer_engine_writes_and_refuses
     for sent, message in refused:
         with pytest.raises(ValueError, match=message):
             parse_event(sent)
+
+
+def test_a_bare_window_step_is_one_type_whose_wire_type_names_its_step() -> None:
+    # The types the two steps have always been written under (spelled out: the wire's, not the code's).
+    written_as = {WindowStep.WAITING: "window_waiting", WindowStep.INSTALLED: "window_installed"}
+    assert set(written_as) == set(BARE_STEPS)
+    for step, kind in written_as.items():
+        stepped = stamped(WindowStepped(step=step, request="r1", rank=1, window=2, pass_no=2), 4, 1.0)
+        wire = stepped.to_wire()
+        # The step travels as the type and nowhere else: the keys are the ones the two steps always wrote.
+        assert wire == {"type": kind, "seq": 4, "time": 1.0, "request": "r1", "rank": 1, "window": 2, "pass": 2}
+        assert list(wire) == ["type", "seq", "time", "request", "rank", "window", "pass"]
+        assert parse_event(wire) == stepped
+        assert "pass" not in WindowStepped(step=step, request="r1", rank=1, window=2).to_wire()
+    # A key a newer engine adds is passed over, even one named like the field the type reads from ``type``.
+    newer = parse_event({"type": "window_waiting", "request": "r", "rank": 0, "window": 0, "step": "installed"})
+    assert isinstance(newer, WindowStepped) and newer.step is WindowStep.WAITING
+    with pytest.raises(ValueError, match="request"):
+        parse_event({"type": "window_installed", "rank": 0, "window": 0})

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from bsr_cli.core import events as ev
-from bsr_cli.core.evidence import FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import FailureKind, Outcome, Stage, WindowStep
 from bsr_cli.core.explain import FindingKind, explain_request, fold_restore
 from bsr_cli.core.status import Health
-from bsr_cli.core.timeline import TimelineFailure, WindowStep, timeline
+from bsr_cli.core.timeline import TimelineFailure, timeline
 
 REQ = "req-00007"
 

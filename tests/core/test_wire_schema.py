@@ -20,17 +20,21 @@ import jsonschema_rs
 from bsr_cli.core import wire
 from bsr_cli.core.bitmap import Break, full_hit_bitmap
 from bsr_cli.core.events import (
+    BARE_STEPS,
     ENDINGS,
     EVENT_TYPES,
     Failure,
+    FaultEvent,
     RestoreEnded,
     RestoreFailed,
     RestoreStarted,
     WindowFetched,
+    WindowStepped,
 )
 from bsr_cli.core.evidence import (
     EventKind,
     FailureKind,
+    FaultAct,
     Outcome,
     RankState,
     ScrubScope,
@@ -38,6 +42,7 @@ from bsr_cli.core.evidence import (
     SegmentLossCause,
     Stage,
     TierCondition,
+    WindowStep,
 )
 from bsr_cli.core.faults import FaultSpec
 from bsr_cli.core.markers import Marker
@@ -203,8 +208,10 @@ def _event(cls: type) -> Any:
 
 
 EVENTS = [
-    *(_event(cls) for cls in dict.fromkeys(EVENT_TYPES.values()) if cls is not RestoreEnded),
+    *(_event(cls) for cls in dict.fromkeys(EVENT_TYPES.values()) if cls not in (RestoreEnded, WindowStepped)),
     *(RestoreEnded(outcome=outcome, request="r-2") for outcome in ENDINGS),  # each ending, written as its type
+    *(WindowStepped(step=step, request="r-2", rank=1, window=0, pass_no=1) for step in BARE_STEPS),  # each step
+    FaultEvent(act=FaultAct.FIRED, fault_id=1, fault="timeout", request="r-2"),  # (an armed one is sampled above)
     RestoreStarted(request="r-2", prompt="p1", W=2, windows=4, tokens=64, tiers=("mooncake",), pass_no=1),
     WindowFetched(request="r-2", rank=0, window=0, bytes=512, tiers=("fs",), pool={"live_bytes": 512}),
     RestoreFailed.of("r-2", 1, FAILURE),
@@ -360,6 +367,12 @@ def test_a_key_renamed_or_added_a_null_or_another_kind_of_value_is_refused() -> 
     ended, aborted = _validator(RestoreEnded), _sent(RestoreEnded(outcome=Outcome.ABORTED, request="r-2"))
     assert ended.is_valid(aborted)
     assert not ended.is_valid(aborted | {"type": EventKind.ABORT_REQUESTED.value})  # the type is one of the endings
+    stepped, waiting = (
+        _validator(WindowStepped),
+        _sent(WindowStepped(step=WindowStep.WAITING, request="r", rank=0, window=0)),
+    )
+    assert stepped.is_valid(waiting)
+    assert not stepped.is_valid(waiting | {"type": EventKind.WINDOW_FETCHED.value})  # a fetch is a type of its own
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from bsr_cli.core.events import Event, FaultFired, RestoreEnded, WindowReleased
-from bsr_cli.core.evidence import Outcome, Stage
+from bsr_cli.core.events import Event, FaultEvent, RestoreEnded, WindowReleased
+from bsr_cli.core.evidence import FaultAct, Outcome, Stage
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.results import InvalidCell, ManualRestoreResult, RestoreReport
@@ -288,11 +288,11 @@ def test_a_fault_armed_for_a_tier_is_used_up_only_by_a_fetch_from_that_tier(fake
     from_fs = c.restore(PROMPT, exclude=("mooncake",), request="r-fs")
     assert from_fs.outcome is Outcome.COMMITTED and _report(from_fs).tiers == ("fs",)
     assert [(f.id, f.fired) for f in c.list_faults()] == [(armed.id, 0)]  # still armed: it never acted
-    assert not [e for e in fake_engine.events.recent(500) if isinstance(e, FaultFired)]
+    assert not [e for e in fake_engine.events.recent(500) if isinstance(e, FaultEvent) and e.act is FaultAct.FIRED]
     from_mooncake = c.restore(PROMPT, request="r-mooncake")
     assert from_mooncake.outcome is Outcome.FAILED_CLOSED and _report(from_mooncake).blamed_tiers == ("mooncake",)
     assert c.list_faults() == []
-    fired = [e for e in fake_engine.events.recent(500) if isinstance(e, FaultFired)]
+    fired = [e for e in fake_engine.events.recent(500) if isinstance(e, FaultEvent) and e.act is FaultAct.FIRED]
     assert [(e.fault_id, e.fault, e.fired, e.request) for e in fired] == [
         (armed.id, "remote-unavailable", 1, "r-mooncake")
     ]

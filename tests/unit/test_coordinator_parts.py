@@ -13,8 +13,8 @@ import pytest
 
 from bsr_cli.api.ranks import ProbeRequest, RankRequest
 from bsr_cli.core.bitmap import HitBitmap
-from bsr_cli.core.events import Event, Failure, WindowWaiting
-from bsr_cli.core.evidence import CapacityCause, EventKind, FailureKind, MarkerClearCause, Outcome, Stage
+from bsr_cli.core.events import Event, Failure, WindowStepped
+from bsr_cli.core.evidence import CapacityCause, EventKind, FailureKind, MarkerClearCause, Outcome, Stage, WindowStep
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.status import ActiveRestore
@@ -154,11 +154,11 @@ def test_armed_faults_fire_out_and_refuse_when_disabled(parts: Parts) -> None:
 def test_rank_calls_watch_a_restores_progress_and_a_stuck_rank_call(parts: Parts) -> None:
     calls = RankCalls(parts.ctx)
     obs = Observation(parts.ctx, calls=calls, armed_faults=list)  # where the ranks' progress events arrive
-    obs.on_rank_event(WindowWaiting(request="req-1", rank=1, window=0))
+    obs.on_rank_event(WindowStepped(step=WindowStep.WAITING, request="req-1", rank=1, window=0))
     assert calls.last_progress("req-1", 1) is None  # a restore not watched is not tracked
     obs.restore_began("req-1", ActiveRestore("req-1", 2, 1, 256, ("fs",), 0.0, {0: 0, 1: 0}, {0: 0, 1: 0}))
     assert obs.is_restoring("req-1") and calls.last_progress("req-1", 1)[1] is None  # type: ignore[index]
-    obs.on_rank_event(WindowWaiting(request="req-1", rank=1, window=0))
+    obs.on_rank_event(WindowStepped(step=WindowStep.WAITING, request="req-1", rank=1, window=0))
     assert calls.last_progress("req-1", 1)[1] is EventKind.WINDOW_WAITING  # type: ignore[index]
     obs.restore_over("req-1")
     assert not obs.is_restoring("req-1") and calls.last_progress("req-1", 1) is None

@@ -13,7 +13,7 @@ import pytest
 
 from bsr_cli.core.events import (
     Failure,
-    FaultInjected,
+    FaultEvent,
     MarkerCleared,
     RequestAdmitted,
     RestoreEnded,
@@ -22,7 +22,7 @@ from bsr_cli.core.events import (
     WindowReleased,
     request_of,
 )
-from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage
+from bsr_cli.core.evidence import EventKind, FailureKind, FaultAct, Outcome, Stage
 from bsr_cli.core.when import parse_duration, parse_since
 from bsr_cli.errors import InvalidInput
 from bsr_cli.runtime import failure_log
@@ -262,7 +262,9 @@ def test_the_store_reads_back_what_the_tail_holds_byte_for_byte(tmp_path: Path) 
             seconds=1.5,
         )
     )
-    log.append(FaultInjected(fault_id=3, fault="timeout", rank=1, window=None, group="full", count=2))
+    log.append(
+        FaultEvent(act=FaultAct.INJECTED, fault_id=3, fault="timeout", rank=1, window=None, group="full", count=2)
+    )
     log.append(MarkerCleared(prompt="p", why="operator", scope="tier", tier="fs", excluded_tiers=("mooncake",)))
     held = [json.dumps(e.to_wire()) for e in log.recent(100)]
     assert [json.dumps(e.to_wire()) for e in log.query(Query(limit=100))] == held

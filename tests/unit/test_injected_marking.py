@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bsr_cli.core import events as ev
-from bsr_cli.core.evidence import EventKind, Outcome, SegmentLossCause, TierCondition
+from bsr_cli.core.evidence import EventKind, FaultAct, Outcome, SegmentLossCause, TierCondition
 from bsr_cli.core.faults import FaultRequest
 from bsr_cli.core.keys import synthetic_tokens
 from bsr_cli.core.store_loss import SegmentLoss
@@ -61,7 +61,7 @@ def test_an_injected_failure_is_marked_on_everything_it_causes(warm: FakeEngine)
     out = c.restore(PROMPT, request="r-drill")
     assert out.outcome is Outcome.FAILED_CLOSED and out.marker is not None
     seen = _since(warm, seq)
-    fired = [e for e in seen if isinstance(e, ev.FaultFired)]
+    fired = [e for e in seen if isinstance(e, ev.FaultEvent) and e.act is FaultAct.FIRED]
     assert [(e.request, e.fault, e.fired) for e in fired] == [("r-drill", "remote-unavailable", 1)]
     parts = [e for e in seen if isinstance(e, ev.RestoreFailed)]
     assert parts and all(e.injected for e in parts) and all(e.to_wire()["injected"] is True for e in parts)
@@ -95,7 +95,7 @@ def test_the_same_failure_not_injected_is_marked_nowhere(warm: FakeEngine) -> No
     out = c.restore(PROMPT, request="r-real")
     assert out.outcome is Outcome.FAILED_CLOSED and out.marker is not None
     seen = _since(warm, seq)
-    assert not [e for e in seen if isinstance(e, ev.FaultFired)]
+    assert not [e for e in seen if isinstance(e, ev.FaultEvent) and e.act is FaultAct.FIRED]
     parts = [e for e in seen if isinstance(e, ev.RestoreFailed)]
     assert parts and not any(e.injected for e in parts) and "injected" not in parts[0].to_wire()
     (closed,) = [e for e in seen if (isinstance(e, ev.RestoreEnded) and e.outcome is Outcome.FAILED_CLOSED)]

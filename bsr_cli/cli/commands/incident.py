@@ -15,8 +15,8 @@ from bsr_cli.cli.context import AppState, JsonFlag, state
 from bsr_cli.cli.output import Output
 from bsr_cli.core import events as ev
 from bsr_cli.core import wire
-from bsr_cli.core.evidence import EventKind
-from bsr_cli.core.timeline import Timeline, WindowStep, timeline
+from bsr_cli.core.evidence import EventKind, WindowStep
+from bsr_cli.core.timeline import Timeline, timeline
 from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
