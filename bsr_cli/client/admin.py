@@ -22,7 +22,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -146,6 +146,16 @@ def resolve_engine(settings: Settings) -> tuple[str, str | None, str]:
     return url, token or state_token or None, f"state dir {settings.state_dir}"
 
 
+class EventFilters(TypedDict, total=False):
+    """The filters of ``GET /events`` that the readers of every held event take (see `AdminClient.events`)."""
+
+    after: float | None
+    until: float | None
+    request: str | None
+    prompt: str | None
+    kinds: Sequence[str] | None
+
+
 class AdminClient:
     def __init__(
         self,
@@ -234,38 +244,9 @@ class AdminClient:
         params: dict[str, str | int | float | list[str]] | None = None,
     ) -> Any:
         read = method == "GET" or path == "/probe"
-        pauses = iter(READ_RETRY_PAUSES_S if read else ())
-        restart_deadline = time.monotonic() + (RESTART_WAIT_S if read else 0.0)
-        while True:
-            try:
-                r = self._http.request(
-                    method,
-                    self._path(path),
-                    json=body,
-                    params=params,
-                    timeout=timeout if timeout is not None else self.timeout_s,
-                )
-            except httpx.TimeoutException:
-                raise EngineTimeout(
-                    f"{self.url} did not answer {method} {path} within the deadline",
-                    hint="raise --timeout for long operations",
-                ) from None
-            except (httpx.RemoteProtocolError, httpx.ReadError) as e:
-                if _pause(pauses):
-                    continue
-                raise EngineUnreachable(
-                    f"the engine at {self.url} dropped the connection: {_why(e)}",
-                    hint="the engine may be restarting: `bsr engine status`, then retry",
-                ) from None
-            except httpx.TransportError as e:
-                raise EngineUnreachable(
-                    f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
-                ) from None
-            if _is_busy(r) and _pause(pauses):
-                continue
-            if _wait_for_restart(r, restart_deadline):
-                continue
-            break
+        slow = (f"{method} {path} within the deadline", "raise --timeout for long operations")
+        timeout = timeout if timeout is not None else self.timeout_s
+        r = self._send(method, path, timeout, slow, RESTART_WAIT_S if read else None, body=body, params=params)
         self._raise_for(r)
         try:
             return r.json()
@@ -274,6 +255,42 @@ class AdminClient:
                 f"{self.url} answered {method} {path} with something that is not JSON",
                 hint="is this a bsr engine? `bsr status --engine URL` checks it",
             ) from None
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        timeout: float,
+        slow: tuple[str, str],
+        restart_wait_s: float | None,
+        *,
+        body: wire.JsonObject | None = None,
+        params: dict[str, str | int | float | list[str]] | None = None,
+    ) -> httpx.Response:
+        """The engine's last answer, whatever its status. A read (``restart_wait_s`` not None; a write may have been
+        applied, so it is sent once) answered busy or dropped is retried with backoff, one that met a restarting rank
+        for up to ``restart_wait_s``. ``slow``: what EngineTimeout says was not answered, and its hint."""
+        pauses = iter(READ_RETRY_PAUSES_S if restart_wait_s is not None else ())
+        restart_deadline = time.monotonic() + (restart_wait_s or 0.0)
+        while True:
+            try:
+                r = self._http.request(method, self._path(path), json=body, params=params, timeout=timeout)
+            except httpx.TimeoutException:
+                raise EngineTimeout(f"{self.url} did not answer {slow[0]}", hint=slow[1]) from None
+            except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+                if _pause(pauses):
+                    continue
+                raise EngineUnreachable(
+                    f"the engine at {self.url} dropped the connection: {_why(e)}",
+                    hint="the engine may be restarting: `bsr engine status`, then retry",
+                ) from None
+            except httpx.TransportError as e:
+                raise _cannot_reach(self.url, e) from None
+            if _is_busy(r) and _pause(pauses):
+                continue
+            if _wait_for_restart(r, restart_deadline):
+                continue
+            return r
 
     def _stream(
         self,
@@ -326,32 +343,10 @@ class AdminClient:
 
     # -- API ---------------------------------------------------------------------------------------------------
     def health(self) -> Health:
-        pauses = iter(READ_RETRY_PAUSES_S)
-        while True:
-            try:
-                r = self._http.get(self._path("/health"), timeout=min(self.timeout_s, 5.0))
-            except httpx.TimeoutException:
-                raise EngineTimeout(
-                    f"{self.url} did not answer /health",
-                    hint="the engine may be overloaded or stuck: `bsr engine status`; raise --timeout to wait longer",
-                ) from None
-            except (httpx.RemoteProtocolError, httpx.ReadError) as e:
-                if _pause(pauses):
-                    continue
-                raise EngineUnreachable(
-                    f"the engine at {self.url} dropped the connection: {_why(e)}",
-                    hint="the engine may be restarting: `bsr engine status`, then retry",
-                ) from None
-            except httpx.TransportError as e:
-                raise EngineUnreachable(
-                    f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
-                ) from None
-            if _is_busy(r):
-                if _pause(pauses):
-                    continue
-                self._raise_for(r)
-            break
-        if r.status_code not in (200, 503):
+        slow = ("/health", "the engine may be overloaded or stuck: `bsr engine status`; raise --timeout to wait longer")
+        r = self._send("GET", "/health", min(self.timeout_s, 5.0), slow, restart_wait_s=0.0)
+        # A 503 carries the health (a rank is unhealthy); busy, once the retries are spent, is an error.
+        if r.status_code not in (200, 503) or _is_busy(r):
             self._raise_for(r)
         return Health.from_wire(r.json())
 
@@ -464,45 +459,22 @@ class AdminClient:
             params["newest"] = "1"
         return EventPage.from_wire(self._call("GET", "/events", params=params, timeout=wait_s + 10))
 
-    def held_events(
-        self,
-        since: int = 0,
-        *,
-        after: float | None = None,
-        until: float | None = None,
-        request: str | None = None,
-        prompt: str | None = None,
-        kinds: Sequence[str] | None = None,
-    ) -> tuple[list[Event], int]:
+    def held_events(self, since: int = 0, **filters: Unpack[EventFilters]) -> tuple[list[Event], int]:
         """`held_wire` read as types. An event of a kind this bsr does not know (a newer engine's) is left out
         rather than misread: what exports events (`bsr bundle`, `bsr events --json`) writes `held_wire` instead."""
-        wire, last = self.held_wire(since, after=after, until=until, request=request, prompt=prompt, kinds=kinds)
+        wire, last = self.held_wire(since, **filters)
         return [e for w in wire if (e := known_event(w)) is not None], last
 
-    def held_wire(
-        self,
-        since: int = 0,
-        *,
-        after: float | None = None,
-        until: float | None = None,
-        request: str | None = None,
-        prompt: str | None = None,
-        kinds: Sequence[str] | None = None,
-    ) -> tuple[list[dict[str, Any]], int]:
+    def held_wire(self, since: int = 0, **filters: Unpack[EventFilters]) -> tuple[list[dict[str, Any]], int]:
         """Every event the engine still holds after ``since`` that matches the filters, oldest first, as the
         engine sent them, and its last sequence number. One `/events` answer is a page starting from the oldest, so
         this pages on until it has the newest."""
-        filtered = any(x is not None for x in (after, until, request, prompt)) or bool(kinds)
+        filtered = any(v is not None for k, v in filters.items() if k != "kinds") or bool(filters.get("kinds"))
         out: list[dict[str, Any]] = []
         seq = since
         last = 0
         for _ in range(MAX_PAGES):
-            if filtered:
-                got = self.events(
-                    since=seq, after=after, until=until, request=request, prompt=prompt, kinds=kinds, limit=PAGE
-                )
-            else:
-                got = self.events(since=seq)
+            got = self.events(since=seq, **filters, limit=PAGE) if filtered else self.events(since=seq)
             page = [e for e in got.events if e]  # an item that was not an object reads as empty
             last = got.last_seq
             out.extend(page)
@@ -543,9 +515,7 @@ class AdminClient:
         try:
             r = self._http.get("/metrics")
         except httpx.TransportError as e:
-            raise EngineUnreachable(
-                f"cannot reach the engine at {self.url}: {_why(e)}", hint="is it running? `bsr engine status`"
-            ) from None
+            raise _cannot_reach(self.url, e) from None
         self._raise_for(r)
         return r.text
 
@@ -623,6 +593,10 @@ def _lines(it: Iterator[str]) -> Iterator[str]:
     for line in it:
         if line.strip():
             yield line
+
+
+def _cannot_reach(url: str, e: httpx.TransportError) -> EngineUnreachable:
+    return EngineUnreachable(f"cannot reach the engine at {url}: {_why(e)}", hint="is it running? `bsr engine status`")
 
 
 def _why(e: Exception) -> str:

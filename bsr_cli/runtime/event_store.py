@@ -336,23 +336,16 @@ class EventStore:
         """The events matching ``q``, oldest first (with ``newest``, the last ``limit`` of them). A row this bsr
         cannot read back (a kind a newer engine wrote into the same state directory) is left out."""
         self.flush()
-        where: list[str] = ["seq > ?"]
-        args: list[Any] = [q.after_seq]
-        if q.before_seq is not None:
-            where.append("seq < ?")
-            args.append(q.before_seq)
-        if q.since_time is not None:
-            where.append("time >= ?")
-            args.append(q.since_time)
-        if q.until_time is not None:
-            where.append("time <= ?")
-            args.append(q.until_time)
-        if q.request is not None:
-            where.append("request = ?")
-            args.append(q.request)
-        if q.prompt is not None:
-            where.append("prompt = ?")
-            args.append(q.prompt)
+        bounds = (
+            ("seq > ?", q.after_seq),
+            ("seq < ?", q.before_seq),
+            ("time >= ?", q.since_time),
+            ("time <= ?", q.until_time),
+            ("request = ?", q.request),
+            ("prompt = ?", q.prompt),
+        )
+        where = [clause for clause, value in bounds if value is not None]
+        args: list[Any] = [value for _, value in bounds if value is not None]
         if q.kinds:
             where.append(f"type IN ({', '.join('?' * len(q.kinds))})")
             args.extend(q.kinds)

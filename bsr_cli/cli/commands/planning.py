@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -69,6 +69,30 @@ def resolve_registration(
     return loaders.load_registration(registration)
 
 
+def _flagged_registration(
+    ctx: typer.Context,
+    registration: str | None,
+    hf_config: Path | None,
+    tp: int,
+    dtype: str | None,
+    block_size: int | None,
+    mtp: bool,
+    chunk_size: int,
+) -> functools.partial[Registration]:
+    """The registration the flags name (or the default, noted as such), resolved when called."""
+    return functools.partial(
+        resolve_registration,
+        registration,
+        hf_config,
+        tp=tp,
+        dtype=dtype,
+        block_size=block_size,
+        mtp=mtp,
+        chunk_size=chunk_size,
+        note=ctx,
+    )
+
+
 def _parse_sweep(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
@@ -103,16 +127,7 @@ def rws(
 ) -> None:
     """Restore working set RWS(W) = W·Σc_i + aux per rank, from a registration."""
     st = state(ctx, json_flag)
-    reg = resolve_registration(
-        registration,
-        hf_config,
-        tp=tp,
-        dtype=dtype,
-        block_size=block_size,
-        mtp=mtp,
-        chunk_size=chunk_size,
-        note=ctx,
-    )
+    reg = _flagged_registration(ctx, registration, hf_config, tp, dtype, block_size, mtp, chunk_size)()
     acc = accounting.account(
         reg, w, tokens, sweep=_parse_sweep(sweep), l1_bytes=parse_bytes(l1) if l1 is not None else None
     )
@@ -213,18 +228,8 @@ def plan(
     given = [flag for flag, v in (("--tokens", tokens), ("--probe", probe), ("--trace", trace)) if v is not None]
     trace_flags = _TraceFlags(bandwidth, speedup, store_capacity, budgets, p99, plot, calibration, cores, cpu_per_gb)
     _check_plan_flags(given, trace_flags.given(), one_prompt_flags=bool(exclude_tier or all_windows))
-    # The registration the flags name (or the default): resolved the same way for a trace and for one prompt.
-    flagged_registration = functools.partial(
-        resolve_registration,
-        registration,
-        hf_config,
-        tp=tp,
-        dtype=dtype,
-        block_size=block_size,
-        mtp=mtp,
-        chunk_size=chunk_size,
-        note=ctx,
-    )
+    # Resolved the same way for a trace and for one prompt.
+    flagged_registration = _flagged_registration(ctx, registration, hf_config, tp, dtype, block_size, mtp, chunk_size)
     named = registration is not None or hf_config is not None
     if not given:
         _plan_ladder(st, w, flagged_registration(note=None), named)
@@ -236,32 +241,21 @@ def plan(
 
 @dataclass(frozen=True)
 class _TraceFlags:
-    """The flags that only a trace plan reads."""
+    """The flags that only a trace plan reads, each field's default the flag's."""
 
-    bandwidth: str | None
-    speedup: float
-    store_capacity: int | None
-    budgets: str
-    p99: float | None
-    plot: Path | None
-    calibration: Path | None
-    cores: float | None
-    cpu_per_gb: float | None
+    bandwidth: str | None = None
+    speedup: float = 1.0
+    store_capacity: int | None = None
+    budgets: str = DEFAULT_BUDGETS
+    p99: float | None = None
+    plot: Path | None = None
+    calibration: Path | None = None
+    cores: float | None = None
+    cpu_per_gb: float | None = None
 
     def given(self) -> list[str]:
         """The flags given (each away from its default)."""
-        given = {
-            "--bandwidth": self.bandwidth is not None,
-            "--speedup": self.speedup != 1.0,
-            "--store-capacity": self.store_capacity is not None,
-            "--budgets": self.budgets != DEFAULT_BUDGETS,
-            "--p99": self.p99 is not None,
-            "--plot": self.plot is not None,
-            "--calibration": self.calibration is not None,
-            "--cores": self.cores is not None,
-            "--cpu-per-gb": self.cpu_per_gb is not None,
-        }
-        return [flag for flag, is_given in given.items() if is_given]
+        return [f"--{f.name.replace('_', '-')}" for f in fields(self) if getattr(self, f.name) != f.default]
 
 
 def _check_plan_flags(given: list[str], trace_flags: list[str], *, one_prompt_flags: bool) -> None:
