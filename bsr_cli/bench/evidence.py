@@ -490,6 +490,11 @@ def median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def gbps(nbytes: float, seconds: float) -> float:
+    """GB/s, to four places (0 for no time)."""
+    return round(nbytes / seconds / 1e9, 4) if seconds > 0 else 0.0
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
@@ -832,7 +837,7 @@ class Run(Generic[R]):
                     seconds=round(secs, 4),
                     fetch_seconds=round(float(o.get("fetch_seconds", 0.0)), 4),
                     install_seconds=round(float(o.get("install_seconds", 0.0)), 4),
-                    gbps=round(nbytes / secs / 1e9, 4) if secs > 0 else 0.0,
+                    gbps=gbps(nbytes, secs),
                     ok=bool(o.get("ok", False)),
                     stages=StageCosts.from_wire(o["stages"]) if isinstance(o.get("stages"), dict) else None,
                 )
@@ -852,8 +857,8 @@ class Run(Generic[R]):
             expected_windows=accounting.num_windows(chunks, w),
             seconds=round(seconds, 4),
             total_bytes=total,
-            gbps=round(total / seconds / 1e9, 4) if seconds > 0 else 0.0,
-            gbps_per_rank=round(total / max(len(ranks), 1) / seconds / 1e9, 4) if seconds > 0 else 0.0,
+            gbps=gbps(total, seconds),
+            gbps_per_rank=gbps(total / max(len(ranks), 1), seconds),
             peak_pool_bytes=max((r.pool_peak_bytes for r in ranks), default=0),
             predicted_peak_bytes=accounting.peak_bytes(reg, w, chunks),
             rws_bytes=accounting.rws_bytes(reg, w) if w else None,

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bsr_cli.bench.evidence import Interruption, OnRow, RowStatus, Target
+from bsr_cli.bench.evidence import Interruption, OnRow, RowStatus, Target, gbps
 from bsr_cli.bench.peer_results import (
     MEASURED_KINDS,
     BelowRung,
@@ -275,10 +275,6 @@ class Case:
 # -- the experiment ----------------------------------------------------------------------------------------------
 
 
-def _gbps(nbytes: int, seconds: float) -> float:
-    return round(nbytes / seconds / 1e9, 4) if seconds > 0 else 0.0
-
-
 def _cpu_per_gb(cpu: dict[str, float], nbytes_total: int) -> dict[str, float]:
     gb = nbytes_total / 1e9
     if gb <= 0:
@@ -308,7 +304,7 @@ def case_row(kind: PeerKind, n: int, l1: int, trial: int, res: CaseResult, reg: 
         outcome=res.outcome or ("timed_out" if timed_out else "error"),
         loaded_tokens=loaded,
         seconds=round(res.seconds, 4),
-        gbps_per_rank=_gbps(per_rank, res.seconds) if loaded == n else 0.0,
+        gbps_per_rank=gbps(per_rank, res.seconds) if loaded == n else 0.0,
         l1_peak_bytes=res.l1_peak_bytes,
         l1_capacity_bytes=res.l1_capacity_bytes or l1,
         hash_ok=res.hash_ok,

@@ -43,10 +43,10 @@ def _plt() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path, *, dpi: int = 110, rect: tuple[float, float, float, float] | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=dpi)
     _plt().close(fig)
     return path
 

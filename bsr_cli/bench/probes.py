@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bsr_cli.bench.evidence import RowStatus
+from bsr_cli.bench.evidence import RowStatus, gbps
 from bsr_cli.core import wire
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.units import MiB
@@ -189,7 +189,7 @@ def disk_read_rate(files: Sequence[Path], threads: int, chunk_bytes: int = 4 * M
         files=len(files),
         bytes=sum(moved),
         seconds=round(secs, 4),
-        gbps=round(sum(moved) / secs / 1e9, 4) if secs > 0 else 0.0,
+        gbps=gbps(sum(moved), secs),
         evicted_files=evicted,
         error=errors[0] if errors else None,
     )

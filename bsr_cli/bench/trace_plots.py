@@ -19,9 +19,7 @@ CDF_PLOT = "trace-latency-cdf.png"
 def _plt():  # -> matplotlib.pyplot
     try:
         from bsr_cli.bench.plots import _plt as plt
-    except ImportError:
-        raise InvalidInput("--plot needs matplotlib", hint="pip install 'bsr[bench]'") from None
-    try:
+
         return plt()
     except ImportError:
         raise InvalidInput("--plot needs matplotlib", hint="pip install 'bsr[bench]'") from None
@@ -94,7 +92,7 @@ def l1_over_time(plan: TracePlan, path: Path, *, zoom_s: float = 60.0) -> Path:
         ax.grid(alpha=0.3)
     whole_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.suptitle(_subtitle(plan), fontsize=7, y=0.005, va="bottom")
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def latency_cdf(plan: TracePlan, path: Path) -> Path:
@@ -117,15 +115,13 @@ def latency_cdf(plan: TracePlan, path: Path) -> Path:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.suptitle(_subtitle(plan), fontsize=7, y=0.01, va="bottom")
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
-def _save(plt, fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout(rect=(0, 0.025, 1, 1))  # room for the subtitle under the axis label
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+def _save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
+    from bsr_cli.bench.plots import _save as save  # imported by _plt
+
+    return save(fig, path, dpi=90, rect=(0, 0.025, 1, 1))  # room for the subtitle under the axis label
 
 
 def write_plots(plan: TracePlan, directory: Path) -> list[Path]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from bsr_cli.core.units import format_bytes
 from bsr_cli.errors import InvalidInput
@@ -54,6 +54,17 @@ def _table(*columns: str, title: str | None = None) -> Any:
             col,
             justify="left" if col in ("", "hash", "healthy", "status", "config", "scenario", "attempts") else "right",
         )
+    return t
+
+
+R = TypeVar("R")
+
+
+def _rows_table(columns: Sequence[tuple[str, Callable[[R], str]]], rows: Iterable[R], title: str | None = None) -> Any:
+    """A `_table` with a column per (heading, the cell it shows of a row) and a line per row."""
+    t = _table(*(heading for heading, _ in columns), title=title)
+    for row in rows:
+        t.add_row(*(cell(row) for _, cell in columns))
     return t
 
 
@@ -161,30 +172,25 @@ def render_ladder(console: Console, pub: PublishedBundle) -> None:
     from bsr_cli.bench.plots import bar
 
     _header(console, d, "Whole-plan ladder (W=0), one engine start per rung")
-    t = _table(
-        "tokens",
-        "need MiB",
-        "predicted",
-        "first pass",
-        "peak MiB",
-        "attempts",
-        "",
-        "status",
-    )
     rows = rows_of(LadderRow, d.rows)
     top = max((r.whole_plan_bytes for r in rows), default=1)
-    for r in rows:
-        atts = " ".join(("✓" if a.passed else "✗") + _short(a.rung) for a in r.attempts)
-        t.add_row(
-            f"{r.tokens:,}",
-            _mib(r.whole_plan_bytes),
-            _short(r.predicted_rung) if r.predicted_rung else "beyond ladder",
-            _short(r.first_passing_rung) if r.first_passing_rung else "—",
-            _mib(r.passing.peak_pool_bytes if r.passing else None),
-            atts,
-            bar(r.whole_plan_bytes, top, 12),
-            _status(r.meta.status) + (f" {r.meta.reason}" if r.meta.reason else ""),
-        )
+
+    def attempts(r: LadderRow) -> str:
+        return " ".join(("✓" if a.passed else "✗") + _short(a.rung) for a in r.attempts)
+
+    t = _rows_table(
+        [
+            ("tokens", lambda r: f"{r.tokens:,}"),
+            ("need MiB", lambda r: _mib(r.whole_plan_bytes)),
+            ("predicted", lambda r: _short(r.predicted_rung) if r.predicted_rung else "beyond ladder"),
+            ("first pass", lambda r: _short(r.first_passing_rung) if r.first_passing_rung else "—"),
+            ("peak MiB", lambda r: _mib(r.passing.peak_pool_bytes if r.passing else None)),
+            ("attempts", attempts),
+            ("", lambda r: bar(r.whole_plan_bytes, top, 12)),
+            ("status", lambda r: _status(r.meta.status) + (f" {r.meta.reason}" if r.meta.reason else "")),
+        ],
+        rows,
+    )
     console.print(t)
     _footer(console, pub)
 
@@ -278,25 +284,18 @@ def render_store(console: Console, pub: PublishedBundle) -> None:
         console.print(
             "concurrent aggregate GB/s: " + ", ".join(f"{k} {v}" for k, v in s["mooncake_aggregate_gbps"].items())
         )
-    r = _table(
-        "config",
-        "restore s",
-        "fetch s",
-        "install s",
-        "peak MiB/rank",
-        "× raw GET",
+    r = _rows_table(
+        [
+            ("config", lambda v: v["config"]),
+            ("restore s", lambda v: f"{v['seconds']:.2f}"),
+            ("fetch s", lambda v: f"{v['fetch_seconds']:.2f}"),
+            ("install s", lambda v: f"{v['install_seconds']:.2f}"),
+            ("peak MiB/rank", lambda v: _mib(v["peak_pool_bytes"])),
+            ("× raw GET", lambda v: "-" if (paired := v.get("vs_paired_raw")) is None else f"{paired:.2f}"),
+        ],
+        [{**v, "config": name} for name, v in s["restore"].items()],
         title="where the restore time goes (median per rank; × raw GET: against the one measured just before)",
     )
-    for name, v in s["restore"].items():
-        paired = v.get("vs_paired_raw")
-        r.add_row(
-            name,
-            f"{v['seconds']:.2f}",
-            f"{v['fetch_seconds']:.2f}",
-            f"{v['install_seconds']:.2f}",
-            _mib(v["peak_pool_bytes"]),
-            "-" if paired is None else f"{paired:.2f}",
-        )
     console.print(r)
     _store_stage_cpu(console, s["restore"])
     console.print("ratios: " + ", ".join(f"{k} {v}" for k, v in s["ratios"].items() if v is not None))
@@ -363,39 +362,26 @@ def render_peer(console: Console, pub: PublishedBundle) -> None:
 
 
 def _peer_throughput(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
-    t = _table(
-        "tokens",
-        "stock L1 MiB",
-        "stock GB/s",
-        "contig GB/s",
-        "bsr L1 MiB",
-        "bsr GB/s",
-        "raw GB/s",
-        "bsr/stock",
-        "bsr/contig",
-        "bsr/raw",
-        "stock/raw",
-        "contig/raw",
-        "L1 bsr/stock",
+    t = _rows_table(
+        [
+            ("tokens", lambda v: f"{v.tokens:,}"),
+            ("stock L1 MiB", lambda v: _mib(v.stock.l1_peak_bytes)),
+            ("stock GB/s", lambda v: _peer_num(v.stock.gbps_per_rank, 3)),
+            ("contig GB/s", lambda v: _peer_num(v.stock_contiguous.gbps_per_rank if v.stock_contiguous else None, 3)),
+            ("bsr L1 MiB", lambda v: _mib(v.bsr.l1_peak_bytes)),
+            ("bsr GB/s", lambda v: _peer_num(v.bsr.gbps_per_rank, 3)),
+            ("raw GB/s", lambda v: _peer_num(v.raw.gbps_per_rank, 3)),
+            ("bsr/stock", lambda v: _peer_num(v.bsr_vs_stock_gbps)),
+            ("bsr/contig", lambda v: _peer_num(v.bsr_vs_stock_contiguous_gbps)),
+            ("bsr/raw", lambda v: _peer_num(v.bsr_vs_raw_gbps)),
+            ("stock/raw", lambda v: _peer_num(v.stock_vs_raw_gbps)),
+            ("contig/raw", lambda v: _peer_num(v.stock_contiguous_vs_raw_gbps)),
+            ("L1 bsr/stock", lambda v: _peer_num(v.bsr_vs_stock_staging, 4)),
+        ],
+        prefixes,
         title="throughput per rank (median of trials) and measured L1 peaks per rank; stock into the paged KV, "
         "and contig: stock after its lookup into a contiguous destination",
     )
-    for v in prefixes:
-        t.add_row(
-            f"{v.tokens:,}",
-            _mib(v.stock.l1_peak_bytes),
-            _peer_num(v.stock.gbps_per_rank, 3),
-            _peer_num(v.stock_contiguous.gbps_per_rank if v.stock_contiguous else None, 3),
-            _mib(v.bsr.l1_peak_bytes),
-            _peer_num(v.bsr.gbps_per_rank, 3),
-            _peer_num(v.raw.gbps_per_rank, 3),
-            _peer_num(v.bsr_vs_stock_gbps),
-            _peer_num(v.bsr_vs_stock_contiguous_gbps),
-            _peer_num(v.bsr_vs_raw_gbps),
-            _peer_num(v.stock_vs_raw_gbps),
-            _peer_num(v.stock_contiguous_vs_raw_gbps),
-            _peer_num(v.bsr_vs_stock_staging, 4),
-        )
     console.print(t)
 
 
@@ -441,30 +427,21 @@ def _peer_cpu(console: Console, prefixes: Sequence[PeerPrefix]) -> None:
     from bsr_cli.bench.plots import bar
 
     top = max((v.bsr.gbps_per_rank or 0 for v in prefixes), default=1.0)
-    c = _table(
-        "tokens",
-        "raw GET",
-        "stock",
-        "contig",
-        "bsr",
-        "bsr install",
-        "bsr/raw",
-        "stock/raw",
-        "",
+    c = _rows_table(
+        [
+            ("tokens", lambda v: f"{v.tokens:,}"),
+            ("raw GET", lambda v: _peer_num(v.raw.cpu_s_per_gb, 3)),
+            ("stock", lambda v: _peer_num(v.stock.cpu_s_per_gb, 3)),
+            ("contig", lambda v: _peer_num(v.stock_contiguous.cpu_s_per_gb if v.stock_contiguous else None, 3)),
+            ("bsr", lambda v: _peer_num(v.bsr.cpu_s_per_gb, 3)),
+            ("bsr install", lambda v: _peer_num(v.bsr.install_cpu_s_per_gb, 3)),
+            ("bsr/raw", lambda v: _peer_num(v.bsr_vs_raw_cpu)),
+            ("stock/raw", lambda v: _peer_num(v.stock_vs_raw_cpu)),
+            ("", lambda v: bar(v.bsr.gbps_per_rank or 0, top or 1.0, 16)),
+        ],
+        prefixes,
         title="CPU seconds per GB restored (case process + Mooncake master + segment holder, from /proc)",
     )
-    for v in prefixes:
-        c.add_row(
-            f"{v.tokens:,}",
-            _peer_num(v.raw.cpu_s_per_gb, 3),
-            _peer_num(v.stock.cpu_s_per_gb, 3),
-            _peer_num(v.stock_contiguous.cpu_s_per_gb if v.stock_contiguous else None, 3),
-            _peer_num(v.bsr.cpu_s_per_gb, 3),
-            _peer_num(v.bsr.install_cpu_s_per_gb, 3),
-            _peer_num(v.bsr_vs_raw_cpu),
-            _peer_num(v.stock_vs_raw_cpu),
-            bar(v.bsr.gbps_per_rank or 0, top or 1.0, 16),
-        )
     console.print(c)
 
 
