@@ -147,9 +147,9 @@ def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services
     c = host.coordinator
     toks = _stored_prompt(host, seed=12, n_tokens=CHUNKS * CS)
     peaks: dict[str, int] = {}
-    # B = RWS(W): one window live, serialized. B = 2 RWS(W): the next window's fetch runs during this one's
-    # install, so two windows are live at the peak (the next one's objects allocated while this one's are held),
-    # never more.
+    # B = RWS(W): one window live, serialized, so the peak is exactly one window. B = 2 RWS(W): the next window's
+    # fetch may run during this one's install, so up to two windows are live at the peak, never more; how many
+    # overlapped depends on when the host lets the fetch run, so the bound is what is checked, not the overlap.
     for tier, exclude, budget in (
         ("mooncake", ["fs"], W * CHUNK_BYTES),
         ("fs", ["mooncake"], W * CHUNK_BYTES),
@@ -169,11 +169,12 @@ def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services
         assert res.outcome is Outcome.COMMITTED and res.committed_tokens == CHUNKS * CS, report.failures
         assert report.tiers == (tier,) and report.windows == CHUNKS // W
         assert res.hashes.hash_ok is True  # SHA-256 of every installed byte equals the canonical KV: bit-exact
+        one_window = W * CHUNK_BYTES
         for o in report.ranks:
-            assert o.peak_live_bytes == budget, (tier, budget, o)
+            assert one_window <= o.peak_live_bytes <= budget, (tier, budget, o)
             assert o.windows_done == CHUNKS // W and o.install_seconds > 0
         peaks[tier] = max(p.pool["peak_bytes"] for p in c.pool())
-        assert peaks[tier] == budget
+        assert one_window <= peaks[tier] <= budget
 
     # Stock LMCache retrieve of the same prefix on rank 0: the whole plan staged in L1 at once. Bit-exact too.
     rk = host.rank(0)
