@@ -7,9 +7,8 @@ dedicated embedded engine sized for the experiment in a temporary directory and 
 always restarts its own embedded engine, once per capacity rung.
 
 Subcommands are registered here, explicitly, in help order: a new experiment adds its command function (next to
-the others in ``experiments``, or in a module of its own; one run against an engine is planned by a function that
-``common.engine_experiment`` makes the command of, with the options they all share), one line below, and its table
-in ``bsr_cli.cli.render.bench.TABLES``.
+the others in ``experiments``, or in a module of its own), one line below, and its table in
+``bsr_cli.cli.render.bench.TABLES``.
 """
 
 from __future__ import annotations

@@ -3,23 +3,21 @@ or a dedicated embedded one), and publishing the bundle (write, plot, print, exi
 
 from __future__ import annotations
 
-import functools
-import inspect
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from bsr_cli.cli.context import AppState, JsonFlag, state
+from bsr_cli.cli.context import AppState
 from bsr_cli.core.units import format_bytes, parse_bytes
 from bsr_cli.errors import DrillViolation, InvalidInput, ServerError
 
 if TYPE_CHECKING:
     from bsr_cli.bench.evidence import Bundle, OnRow, Row
     from bsr_cli.client import AdminClient
+    from bsr_cli.engine.supervisor import EngineOptions
 
 OutOpt = Annotated[Path, typer.Option("--output", "-o", "--out", help="Directory for bundles and plots.")]
 EmbeddedOpt = Annotated[
@@ -37,58 +35,6 @@ DEFAULT_OUT = Path("bench-out")
 
 # An experiment run against a client, given the engine's facts (embedded, startup_s) and its state directory.
 Experiment = Callable[["AdminClient", dict[str, bool | float | None], Path | None], "Bundle"]
-
-
-@dataclass(frozen=True)
-class EngineExperiment:
-    """An experiment as its command planned it: what to run against the engine, and what a dedicated embedded
-    engine for it is sized by (the keywords of `bsr_cli.bench.lifecycle.embedded_options`)."""
-
-    run: Experiment
-    sizing: Mapping[str, object]
-
-
-# The options every engine experiment's command takes after its own, in this order (--salt where it seeds prompts).
-_SHARED_OPTIONS = [
-    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
-    for name, annotation, default in (
-        ("out", OutOpt, DEFAULT_OUT),
-        ("embedded", EmbeddedOpt, False),
-        ("registration", RegOpt, None),
-        ("salt", SaltOpt, None),
-        ("no_plots", NoPlotsOpt, False),
-        ("json_flag", JsonFlag, False),
-    )
-]
-
-
-def engine_experiment(name: str) -> Callable[[Callable[..., EngineExperiment]], Callable[..., None]]:
-    """The `bsr bench NAME` command of an experiment run against an engine, made from the function that plans it.
-
-    The function takes the command's state, then the experiment's own options (and ``salt`` when it seeds prompts),
-    and returns what to run. The command takes those options, then the ones every engine experiment shares
-    (_SHARED_OPTIONS), and runs the experiment through `execute`; its help is the function's docstring."""
-
-    def command_of(plan: Callable[..., EngineExperiment]) -> Callable[..., None]:
-        @functools.wraps(plan)
-        def command(
-            ctx: typer.Context, *, out: Path, embedded: bool, registration: str | None, no_plots: bool, **own: Any
-        ) -> None:
-            st = state(ctx, own.pop("json_flag"))
-            publish(st, execute(st, name, embedded, registration, plan(st, **own)), out, no_plots)
-
-        _, *options = inspect.signature(plan, eval_str=True).parameters.values()
-        seeded = any(o.name == "salt" for o in options)
-        command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [
-                inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
-                *(o.replace(kind=inspect.Parameter.KEYWORD_ONLY) for o in options if o.name != "salt"),
-                *(p for p in _SHARED_OPTIONS if p.name != "salt" or seeded),
-            ]
-        )
-        return command
-
-    return command_of
 
 
 def ints(text: str, what: str, *, sizes: bool = False) -> list[int]:
@@ -142,9 +88,16 @@ def engine_client(st: AppState) -> AdminClient:
 
 
 def execute(
-    st: AppState, experiment: str, embedded: bool, registration: str | None, planned: EngineExperiment
-) -> Bundle:
-    """Run an experiment against the configured engine or a dedicated embedded one."""
+    st: AppState,
+    experiment: str,
+    out: Path,
+    embedded: bool,
+    registration: str | None,
+    no_plots: bool,
+    run: Experiment,
+    options: Callable[[Any], EngineOptions],
+) -> None:
+    """Run an experiment against the configured engine or a dedicated embedded one, then write, plot, print."""
     from bsr_cli.bench import experiments as ex
 
     if embedded:
@@ -153,7 +106,7 @@ def execute(
         from bsr_cli import loaders
 
         reg = loaders.load_registration(registration or "demo")
-        opts = ex.embedded_options(experiment, reg, **planned.sizing)
+        opts = options(reg)
         pool = format_bytes(opts.resolved().pool_bytes)
         st.out.note(f"starting a dedicated embedded engine for {experiment} (pool {pool}/rank)…")
         with tempfile.TemporaryDirectory(prefix="bsr-bench-") as tmp:
@@ -162,9 +115,11 @@ def execute(
                 startup_s = round(time.monotonic() - t0, 3)
                 meta: dict[str, bool | float | None] = {"embedded": True, "startup_s": startup_s}
                 st.out.note(f"engine up in {startup_s:.1f} s at {client.url}")
-                return planned.run(client, meta, Path(tmp))
-    with engine_client(st) as client:
-        return planned.run(client, {"embedded": False, "startup_s": None}, Path(st.settings.state_dir))
+                result = run(client, meta, Path(tmp))
+    else:
+        with engine_client(st) as client:
+            result = run(client, {"embedded": False, "startup_s": None}, Path(st.settings.state_dir))
+    publish(st, result, out, no_plots)
 
 
 def publish(st: AppState, bundle: Bundle, out: Path, no_plots: bool) -> None:

@@ -3,36 +3,36 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from bsr_cli.cli.commands.bench.common import (
     DEFAULT_OUT,
-    EngineExperiment,
+    EmbeddedOpt,
     NoPlotsOpt,
     OutOpt,
     RegOpt,
     SaltOpt,
     TierOpt,
     WOpt,
-    engine_experiment,
+    execute,
     ints,
     publish,
     row_note,
 )
-from bsr_cli.cli.context import AppState, JsonFlag, state
+from bsr_cli.cli.context import JsonFlag, state
 from bsr_cli.core.units import format_bytes, parse_bytes
 from bsr_cli.errors import InvalidInput
 
 if TYPE_CHECKING:
     from bsr_cli.bench.evidence import Bundle
     from bsr_cli.client import AdminClient
+    from bsr_cli.engine.supervisor import EngineOptions
 
 
-@engine_experiment("sweep")
 def sweep(
-    st: AppState,
+    ctx: typer.Context,
     tokens: Annotated[
         str, typer.Option("--tokens", "-n", help="Prefix lengths, comma-separated.")
     ] = "32768,65536,131072,262144,393216,524032",
@@ -41,11 +41,17 @@ def sweep(
         bool, typer.Option("--no-repeat", help="Skip the fresh-salt repeat of the largest row.")
     ] = False,
     tier: TierOpt = None,
-    salt: int | None = None,
-) -> EngineExperiment:
+    out: OutOpt = DEFAULT_OUT,
+    embedded: EmbeddedOpt = False,
+    registration: RegOpt = None,
+    salt: SaltOpt = None,
+    no_plots: NoPlotsOpt = False,
+    json_flag: JsonFlag = False,
+) -> None:
     """E1: one engine, no restart, W fixed with B = RWS(W); peak pool must stay flat as the prefix grows."""
     from bsr_cli.bench import experiments as ex
 
+    st = state(ctx, json_flag)
     prefixes = ints(tokens, "--tokens")
 
     def run(client: AdminClient, meta: dict[str, bool | float | None], _state: Path | None) -> Bundle:
@@ -60,7 +66,10 @@ def sweep(
             engine_meta=meta,
         )
 
-    return EngineExperiment(run, {"w": w, "prefixes": prefixes, "repeat": not no_repeat})
+    def options(reg: Any) -> EngineOptions:
+        return ex.embedded_options("sweep", reg, w=w, prefixes=prefixes, repeat=not no_repeat)
+
+    execute(st, "sweep", out, embedded, registration, no_plots, run, options)
 
 
 def ladder(
@@ -109,17 +118,22 @@ def ladder(
     publish(st, result, out, no_plots)
 
 
-@engine_experiment("wlaw")
 def wlaw(
-    st: AppState,
+    ctx: typer.Context,
     tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prefix length.", min=1)] = 262_144,
     ws: Annotated[str, typer.Option("--Ws", help="Window sizes, comma-separated.")] = "8,16,32,64",
     tier: TierOpt = None,
-    salt: int | None = None,
-) -> EngineExperiment:
+    out: OutOpt = DEFAULT_OUT,
+    embedded: EmbeddedOpt = False,
+    registration: RegOpt = None,
+    salt: SaltOpt = None,
+    no_plots: NoPlotsOpt = False,
+    json_flag: JsonFlag = False,
+) -> None:
     """Measured RWS against W·Σc_i + aux at one prefix, for each W."""
     from bsr_cli.bench import experiments as ex
 
+    st = state(ctx, json_flag)
     w_list = ints(ws, "--Ws")
 
     def run(client: AdminClient, meta: dict[str, bool | float | None], _state: Path | None) -> Bundle:
@@ -127,12 +141,14 @@ def wlaw(
             client, tokens=tokens, ws=w_list, salt=salt, tier=tier, on_row=row_note(st, "wlaw"), engine_meta=meta
         )
 
-    return EngineExperiment(run, {"ws": w_list, "tokens": tokens})
+    def options(reg: Any) -> EngineOptions:
+        return ex.embedded_options("wlaw", reg, ws=w_list, tokens=tokens)
+
+    execute(st, "wlaw", out, embedded, registration, no_plots, run, options)
 
 
-@engine_experiment("fs-concurrency")
 def fs_concurrency(
-    st: AppState,
+    ctx: typer.Context,
     tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prefix length.", min=1)] = 524_032,
     w: WOpt = 32,
     concurrency: Annotated[str, typer.Option("--concurrency", help="Load concurrencies, comma-separated.")] = "1,4",
@@ -141,11 +157,17 @@ def fs_concurrency(
         Path | None, typer.Option("--fs-dir", help="The fs tier's directory, to evict its pages (cold runs).")
     ] = None,
     warm_only: Annotated[bool, typer.Option("--warm-only", help="Skip the cold-cache runs.")] = False,
-    salt: int | None = None,
-) -> EngineExperiment:
+    out: OutOpt = DEFAULT_OUT,
+    embedded: EmbeddedOpt = False,
+    registration: RegOpt = None,
+    salt: SaltOpt = None,
+    no_plots: NoPlotsOpt = False,
+    json_flag: JsonFlag = False,
+) -> None:
     """Filesystem tier only: load concurrency 1 against 4 at the same W; throughput may change, RWS must not."""
     from bsr_cli.bench import experiments as ex
 
+    st = state(ctx, json_flag)
     conc = ints(concurrency, "--concurrency")
 
     def run(client: AdminClient, meta: dict[str, bool | float | None], state_dir: Path | None) -> Bundle:
@@ -163,12 +185,14 @@ def fs_concurrency(
             engine_meta=meta,
         )
 
-    return EngineExperiment(run, {"w": w, "tokens": tokens})
+    def options(reg: Any) -> EngineOptions:
+        return ex.embedded_options("fs-concurrency", reg, w=w, tokens=tokens)
+
+    execute(st, "fs-concurrency", out, embedded, registration, no_plots, run, options)
 
 
-@engine_experiment("store")
 def store(
-    st: AppState,
+    ctx: typer.Context,
     tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prefix restored through the engine.", min=1)] = 131_072,
     w: WOpt = 32,
     trials: Annotated[int, typer.Option("--trials", help="Repetitions of each measurement.", min=1)] = 2,
@@ -183,12 +207,18 @@ def store(
     metadata: Annotated[
         str | None, typer.Option("--mooncake-metadata", help="Mooncake metadata URL (with --mooncake-master).")
     ] = None,
-    salt: int | None = None,
-) -> EngineExperiment:
+    out: OutOpt = DEFAULT_OUT,
+    embedded: EmbeddedOpt = False,
+    registration: RegOpt = None,
+    salt: SaltOpt = None,
+    no_plots: NoPlotsOpt = False,
+    json_flag: JsonFlag = False,
+) -> None:
     """Tier bandwidth (GET/PUT, tier class and raw store, isolated and concurrent) beside the memory-copy
     ceiling, and restores from Mooncake: W=0 against W with B = RWS and 2·RWS. Ratios, not only numbers."""
     from bsr_cli.bench import experiments as ex
 
+    st = state(ctx, json_flag)
     raw = parse_bytes(raw_bytes)
     copy = parse_bytes(copy_bytes)
     if (master is None) != (metadata is None):
@@ -219,24 +249,36 @@ def store(
             link_bps=ex.link_ceiling_of(state_dir, client.url) if state_dir is not None else None,
         )
 
-    return EngineExperiment(run, {"w": w, "tokens": tokens, "raw_bytes": raw})
+    def options(reg: Any) -> EngineOptions:
+        return ex.embedded_options("store", reg, w=w, tokens=tokens, raw_bytes=raw)
+
+    execute(st, "store", out, embedded, registration, no_plots, run, options)
 
 
-@engine_experiment("failures")
 def failures(
-    st: AppState,
+    ctx: typer.Context,
     tokens: Annotated[int, typer.Option("--tokens", "-n", help="Prompt length per scenario.", min=1)] = 8192,
     w: Annotated[
         int | None, typer.Option("--W", "-W", "--window-size", help="Window size [default: the engine's].", min=1)
     ] = None,
-) -> EngineExperiment:
+    out: OutOpt = DEFAULT_OUT,
+    embedded: EmbeddedOpt = False,
+    registration: RegOpt = None,
+    no_plots: NoPlotsOpt = False,
+    json_flag: JsonFlag = False,
+) -> None:
     """The failure matrix (shared with `bsr drill`): remote unavailable, remote and SSD absent, one-rank fault."""
     from bsr_cli.bench import experiments as ex
+
+    st = state(ctx, json_flag)
 
     def run(client: AdminClient, meta: dict[str, bool | float | None], _state: Path | None) -> Bundle:
         return ex.run_failures(client, tokens=tokens, w=w, on_row=row_note(st, "failures"), engine_meta=meta)
 
-    return EngineExperiment(run, {"tokens": tokens, "w": w})
+    def options(reg: Any) -> EngineOptions:
+        return ex.embedded_options("failures", reg, tokens=tokens, w=w)
+
+    execute(st, "failures", out, embedded, registration, no_plots, run, options)
 
 
 def peer(
