@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bsr_cli.core.registration import Registration
 from bsr_cli.errors import InvalidInput
+
+if TYPE_CHECKING:  # annotations only: `bsr --help` reads this module's defaults without the registration's types
+    from bsr_cli.core.registration import Registration
 
 MAX_FS_CONCURRENCY = 256
 MAX_FETCH_TIMEOUT_S = 3600.0
