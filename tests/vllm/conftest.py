@@ -4,6 +4,7 @@ vLLM and LMCache are not installed (the main venv); scripts/test-vllm runs it in
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,24 @@ import pytest
 if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("lmcache") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
-    from vllmstage import DRIVER, Driver, env_for
+    from vllmstage import DRIVER, SHM, Driver, env_for, remove_unmapped_since
+
+    # pytest-xdist's workers set COLUMNS=80 and LINES=24 in their environment, which every bsr command the stage runs
+    # would inherit and wrap its piped output at; the stage runs them as a script would, without (as with -n 0).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
+
+    _SHM_AT_START: set[Path] = set()
+
+    def pytest_sessionstart(session: pytest.Session) -> None:
+        _SHM_AT_START.update(SHM.glob("vllm_dist_*"))
+
+    def pytest_sessionfinish(session: pytest.Session) -> None:
+        """The stage's one sweep of the shared memory its vLLMs left (the workers leave it to this process, which
+        runs no vLLM itself and ends after all of them: see vllmstage._remove_unmapped)."""
+        if not hasattr(session.config, "workerinput"):
+            remove_unmapped_since(_SHM_AT_START)
 
 
 @pytest.fixture(scope="session")

@@ -165,8 +165,11 @@ SHM = Path("/dev/shm")
 
 def _remove_unmapped(paths: set[Path]) -> None:
     """vLLM's CPU TP group leaves its shared-memory segments in /dev/shm when its workers are not shut down
-    cleanly. Remove those that appeared during this run and that no live process maps (so never another vLLM's)."""
-    if not paths:
+    cleanly. Remove those that appeared during this run and that no live process maps (so never another vLLM's).
+
+    Not in a pytest-xdist worker: there another worker's vLLM may have created a segment it has not mapped yet, so
+    the stage's controller sweeps once, at the end, when no vLLM runs (conftest.py's pytest_sessionfinish)."""
+    if not paths or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     mapped = ""
     for maps in Path("/proc").glob("[0-9]*/maps"):
@@ -176,6 +179,11 @@ def _remove_unmapped(paths: set[Path]) -> None:
         if p.name not in mapped:
             with contextlib.suppress(OSError):
                 p.unlink()
+
+
+def remove_unmapped_since(before: set[Path]) -> None:
+    """The sweep of ``_remove_unmapped`` over every segment that appeared since ``before``, in any worker."""
+    _remove_unmapped(set(SHM.glob("vllm_dist_*")) - before)
 
 
 def _kill_group(p: subprocess.Popen[bytes]) -> None:
