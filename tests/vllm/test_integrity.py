@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmstage import CHUNK, Driver, chunk_prefix, events_of, lmcache_yaml
+from vllmstage import CHUNK, Driver, chunk_prefix, events_of, lmcache_yaml, vllm_ports
 
 from bsr_cli.mooncake import services
 
@@ -47,10 +47,8 @@ def _run(
 ) -> dict[str, Any]:
     from driver import prompt
 
-    from bsr_cli.mooncake.services import free_port
-
     d = Driver(tmp_path_factory.mktemp("bsr-integrity"), model_dir, plugin_site)
-    port = free_port()
+    port = vllm_ports()
     url = f"http://127.0.0.1:{port}"
     toks = d.root / "prompt.json"
     toks.write_text(json.dumps(prompt(N, SEED)))
@@ -192,10 +190,8 @@ def _run_identity(
     loads the whole prefix."""
     from driver import prompt, prompt_key
 
-    from bsr_cli.mooncake.services import free_port
-
     d = Driver(tmp_path_factory.mktemp("bsr-identity"), model_dir, plugin_site)
-    port = free_port()
+    port = vllm_ports()
     url = f"http://127.0.0.1:{port}"
     toks = d.root / "prompt.json"
     toks.write_text(json.dumps(prompt(N, SEED)))

@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 from driver import prompt
-from vllmstage import CHUNK, ROOT, SHM, _remove_unmapped, chunk_prefix, consecutive_free_ports
+from vllmstage import CHUNK, ROOT, SHM, _remove_unmapped, chunk_prefix, vllm_ports
 
 from bsr_cli.core.keys import prompt_hash
 from bsr_cli.core.lmcache_keys import lmcache_chunk_hashes, lmcache_dtype, lmcache_key, vllm_seeded_start
@@ -393,8 +393,8 @@ def run(
 def walk(root: Path, tp: int, served_model: Path, master: services.ServiceHandle) -> Served:
     """One server start at TP ``tp``, the page followed against it, and what the walk left to check."""
     raw = RUNBOOK.read_text()
-    port = consecutive_free_ports(tp)  # rank r serves on bsr_admin_port + r
-    http = services.free_port()
+    port = vllm_ports(tp)  # rank r serves on bsr_admin_port + r
+    http = vllm_ports()  # `vllm serve` binds it once the model is loaded
     lmcache_yaml = root / "lmcache.yaml"
     values = page_values(tp, port, http, served_model, lmcache_yaml, master)
     assert sorted(placeholders(raw)) == sorted(values), "substitute exactly the placeholders the page documents"

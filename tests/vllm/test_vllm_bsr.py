@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 from driver import prompt
-from vllmstage import CHUNK, chunk_prefix, events_of, lmcache_yaml
-
-from bsr_cli.mooncake.services import free_port
+from vllmstage import CHUNK, chunk_prefix, events_of, lmcache_yaml, vllm_ports
 
 N = 5 * CHUNK + 60  # 5 full chunks + a tail
 W = 2  # windows: [0, 2), [2, 4), [4, 5) chunks
@@ -32,7 +30,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: Any, plugin_site: A
     from vllmstage import Driver
 
     d = Driver(tmp_path_factory.mktemp("bsr-disk"), model_dir, plugin_site)
-    port = free_port()
+    port = vllm_ports()
     url = f"http://127.0.0.1:{port}"
     toks = d.root / "prompt.json"
     toks.write_text(json.dumps(prompt(N, SEED)))

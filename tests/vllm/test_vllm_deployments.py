@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllmstage import CHUNK, Driver, chunk_prefix, consecutive_free_ports, events_of, lmcache_yaml
+from vllmstage import CHUNK, Driver, chunk_prefix, events_of, lmcache_yaml, vllm_ports
 
 from bsr_cli.mooncake import services
 
@@ -70,7 +70,7 @@ def test_tp2_min_over_ranks_and_a_window_failure_on_one_rank(
     """TP = 2 over Mooncake. A chunk removed from rank 1 only: each rank's probe server answers its own prefix and
     the scheduler takes the minimum. Then a fault armed on rank 1 only fails the whole request."""
     d = Driver(tmp_path_factory.mktemp("bsr-tp2"), model_dir, plugin_site)
-    port = consecutive_free_ports(2)
+    port = vllm_ports(2)
     rank0, rank1 = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
     hole = {"tokens": N, "seed": 6}
     p = {"tokens": N, "seed": 4}

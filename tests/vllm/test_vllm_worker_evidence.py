@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 from driver import prompt
-from vllmstage import CHUNK, Driver, chunk_prefix, events_of, lmcache_yaml
+from vllmstage import CHUNK, Driver, chunk_prefix, events_of, lmcache_yaml, vllm_ports
 
 from bsr_cli.core.keys import prompt_hash
-from bsr_cli.mooncake.services import free_port
 
 N = 5 * CHUNK + 60  # 5 full chunks + a tail LMCache never stores
 W = 2  # windows G1 [0, 2), G2 [2, 4), G3 [4, 5) chunks
@@ -56,7 +55,7 @@ def run(
     d = Driver(
         tmp_path_factory.mktemp(f"evidence-{arch}"), qwen2_model_dir if arch == "qwen2" else model_dir, plugin_site
     )
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{vllm_ports()}"
     toks = d.root / "prompt.json"
     toks.write_text(json.dumps(prompt(N, SEED)))
     tf = ("--tokens-file", str(toks))

@@ -31,29 +31,64 @@ BLOCK = 64
 DRIVER_TIMEOUT_S = float(os.environ.get("BSR_VLLM_DRIVER_TIMEOUT_S", "240"))
 
 
-def consecutive_free_ports(count: int, tries: int = 200) -> int:
-    """A base port such that base .. base + count - 1 are all free now (the BSR connector serves its admin API of
-    TP rank r on ``bsr_admin_port + r``): two free ports from the OS need not be neighbours, and a port taken by
-    another process would answer the CLI in place of the worker."""
+# Ports for the servers vLLM starts (bsr's admin API in each worker, `vllm serve`'s HTTP) are bound only once vLLM
+# is up, tens of seconds after the test picks them. A port the kernel hands out (a bind to port 0) can meanwhile be
+# handed to any other process asking for one, such as the other xdist worker's vLLM (its torch store, its Mooncake
+# client): the worker's bind then fails (it logs "admin API for rank N not started") and the CLI talks to a listener
+# that never answers. So the stage names its ports below the kernel's ephemeral range, where nobody is given a port
+# without naming it, each xdist worker in a slice of its own, and checks that they are free when it picks them.
+_PORT_FLOOR = 20000
+_PORT_SLICE = 2000
+_port_cursor: dict[str, int] = {}
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(base: int, count: int) -> bool:
     import socket
 
-    for _ in range(tries):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        held: list[socket.socket] = []
-        try:
-            for p in range(base, base + count):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                held.append(s)
-                s.bind(("127.0.0.1", p))
+    held: list[socket.socket] = []
+    try:
+        for port in range(base, base + count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in held:
+            s.close()
+
+
+def vllm_ports(count: int = 1) -> int:
+    """A base port such that base .. base + count - 1 are free now (the BSR connector serves its admin API of TP
+    rank r on ``bsr_admin_port + r``), from this xdist worker's slice below the ephemeral range (see above); never
+    the same port twice in one session."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    low = _PORT_FLOOR + index * _PORT_SLICE
+    high = low + _PORT_SLICE
+    if high > _ephemeral_floor():
+        raise RuntimeError(f"no port slice below the ephemeral range for xdist worker {worker}")
+    base = _port_cursor.get(worker, low + os.getpid() % (_PORT_SLICE // 2))
+    while base + count <= high:
+        if _bindable(base, count):
+            _port_cursor[worker] = base + count
             return base
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free ports on loopback")
+        base += 1
+    raise RuntimeError(f"no {count} consecutive free ports in {low}-{high - 1} on loopback")
+
+
+def admin_port_failures(log: str) -> list[str]:
+    """The lines where a worker could not start bsr's admin API (its port taken): the CLI would reach another
+    listener, so a run that logs one is not the run the test meant."""
+    return [ln for ln in log.splitlines() if "admin API for rank" in ln and "not started" in ln]
 
 
 def chunk_prefix(tokens: int) -> int:
@@ -154,6 +189,9 @@ class Driver:
         if p.returncode != 0 or not lines:
             tail = "\n".join(text.splitlines()[-60:])
             raise AssertionError(f"vLLM driver failed (rc {p.returncode}); log tail:\n{tail}")
+        failed_admin = admin_port_failures(text)
+        if failed_admin:
+            raise AssertionError("a vLLM worker did not serve bsr's admin API:\n" + "\n".join(failed_admin))
         out: dict[str, Any] = json.loads(lines[-1][len(RESULT_PREFIX) :])
         out["by_name"] = {r["name"]: r for r in out["results"]}
         out["log"] = text
