@@ -28,7 +28,6 @@ from typing import Any
 from bsr_cli.core.limits import DEFAULT_STORE_CLIENT_TTL_S
 from bsr_cli.errors import InvalidInput
 
-ENV_PREFIX = "BSR_"
 ENV = {
     "engine": "BSR_ENGINE",
     "token": "BSR_TOKEN",

@@ -457,10 +457,6 @@ def request_from_json(data: Any) -> RankRequest[Any]:
     return from_json(cls, data.get("args") or {}, what=f"{cls.op} request")
 
 
-def result_to_json(result: Any) -> Any:
-    return to_json(result)
-
-
 def result_from_json(op: str, data: Any) -> Any:
     cls = RESULTS.get(op)
     if cls is None:
@@ -514,5 +510,4 @@ __all__ = [
     "request_from_json",
     "request_to_json",
     "result_from_json",
-    "result_to_json",
 ]

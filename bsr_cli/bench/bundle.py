@@ -19,13 +19,12 @@ from pydantic import ValidationError
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 
 from bsr_cli.bench.evidence import KEPT_AS_SENT, Bundle, ExperimentTypes
-from bsr_cli.bench.models import BUNDLE, EXPERIMENTS, SCHEMA_ID
+from bsr_cli.bench.models import BUNDLE, EXPERIMENTS
 from bsr_cli.core import wire
 from bsr_cli.errors import InvalidInput
 
 __all__ = [
     "EXPERIMENTS",
-    "SCHEMA_ID",
     "from_wire",
     "latest",
     "load",

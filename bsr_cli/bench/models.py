@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from bsr_cli.core.evidence import Outcome, RestoreBound, SegmentLossCause
 
-SCHEMA_ID = "bsr.bench/1"
 EXPERIMENTS = ("ladder", "sweep", "wlaw", "fs-concurrency", "store", "failures", "peer", "cpu-bound", "trace")
 
 NonNegInt = Annotated[StrictInt, Field(ge=0)]

@@ -71,7 +71,6 @@ REPLAY_REGISTRATION = Registration(
     ),
     source="bench trace",
 )
-DEFAULT_BLOCK_TOKENS = 64
 # Clients in flight at most (a burst beyond this waits for a free client: counted in its latency): as many as the
 # engine's request queue holds (server/admin.py MAX_QUEUED), so every request is sent at its arrival; one that
 # finds the engine's destination KV full waits for it there, as it would in a serving engine.
@@ -650,11 +649,6 @@ class StockRun:
         """The process's result line; seconds read as floats."""
         said = wire.read(cls, data)
         return replace(said, elapsed_s=float(said.elapsed_s), setup_s=float(said.setup_s))
-
-
-@dataclass(frozen=True)
-class StockSkipped:
-    reason: str
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,17 +175,6 @@ class Registration:
             raise InvalidInput(f"{where}: missing field {e.args[0]!r}", hint=_REG_HINT) from None
         except (TypeError, AttributeError):
             raise InvalidInput(f"{where}: malformed registration (see docs/registration.md)", hint=_REG_HINT) from None
-
-    def with_tensors(self, extra: Iterable[TensorSpec], *, model: str | None = None) -> Registration:
-        return Registration(
-            model=model or self.model,
-            tp_size=self.tp_size,
-            groups=self.groups,
-            tensors=self.tensors + tuple(extra),
-            chunk_size=self.chunk_size,
-            aux_bytes=self.aux_bytes,
-            source=self.source,
-        )
 
 
 def _positive_int(value: Any, what: str) -> int:

@@ -122,9 +122,6 @@ class Topology:
                 return link
         raise KeyError(f"no link between {x} and {y}")
 
-    def peers(self, node: str) -> list[str]:
-        return [link.b if link.a == node else link.a for link in self.links if node in (link.a, link.b)]
-
     to_wire = wire.writer()
 
     @classmethod

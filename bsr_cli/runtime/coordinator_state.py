@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bsr_cli.api.ranks import RankClient
-from bsr_cli.core.events import PROGRESS
 from bsr_cli.core.overload import HostLoad
 from bsr_cli.core.registration import Registration
 from bsr_cli.errors import HostOverloaded, InvalidInput, ServerError
@@ -31,8 +30,6 @@ MAX_PASSES = 3  # remote → lower tier → recompute
 HEALTH_WAIT_S = 0.5  # how long /health waits for the ranks' view of their tiers (older answers fill in)
 POLL_S = 0.1  # how often a wait on ranks checks their heartbeats and progress
 TIER_FAILURE_TTL_S = 300.0  # a tier's real failure keeps it unhealthy this long unless a success clears it first
-# Rank events that count as progress of a restore on that rank (window_waiting: blocked on admission).
-PROGRESS_EVENTS = PROGRESS
 
 
 class RankUnresponsive(ServerError):
@@ -125,7 +122,6 @@ __all__ = [
     "HEALTH_WAIT_S",
     "MAX_PASSES",
     "POLL_S",
-    "PROGRESS_EVENTS",
     "TIER_FAILURE_TTL_S",
     "CoordinatorContext",
     "EngineSettings",

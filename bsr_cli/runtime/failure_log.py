@@ -32,7 +32,6 @@ from bsr_cli.core.evidence import EventKind, FailureKind, Outcome, Stage
 
 MAX_BYTES = 10 << 20  # per file before it rotates
 BACKUPS = 3  # rotated files kept beside the current one
-FIELDS = ("request", "rank", "window", "stage", "reason")
 
 
 class JsonLineFormatter(logging.Formatter):
@@ -259,7 +258,6 @@ def log_failure(logger: logging.Logger, reason: str, **fields: Any) -> None:
 
 __all__ = [
     "FAILURE_KINDS",
-    "FIELDS",
     "FailureRecord",
     "JsonLineFormatter",
     "OutputMismatchRecord",

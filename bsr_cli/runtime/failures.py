@@ -52,7 +52,6 @@ TIER = FailureKind.TIER
 RANK = FailureKind.RANK
 ABORTED = FailureKind.ABORTED
 HOST = FailureKind.HOST_OVERLOADED
-KINDS = tuple(FailureKind)
 # When ranks fail for different reasons the most specific diagnosis wins: a rank's own failure explains the others'
 # aborts; an overloaded host explains the aborts and timeouts around it (no tier is excluded for a deadline the
 # host made it miss); an operator abort explains follow-on failures; a real tier failure outranks a capacity refusal.
@@ -266,7 +265,6 @@ __all__ = [
     "ABORTED",
     "CAPACITY",
     "HOST",
-    "KINDS",
     "OVERLOADED_HINT",
     "RANK",
     "TIER",

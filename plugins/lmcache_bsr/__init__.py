@@ -4,5 +4,3 @@ Importable with ``plugins/`` on ``sys.path`` (``PYTHONPATH=plugins``); the plugi
 wheel because they pin LMCache and torch. Importing this package imports nothing heavy; LMCache is imported only
 by ``lmcache_bsr._lmcache`` (through ``lmcache_bsr.rank`` / ``lmcache_bsr.host``).
 """
-
-SUPPORTED_LMCACHE = "0.5.6"
