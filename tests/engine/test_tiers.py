@@ -414,6 +414,60 @@ def test_mooncake_put_is_idempotent(mc_tier: Any, mc_pool: Pool) -> None:
     assert mc_tier.get_into(keys, mc_pool.slices([5000]), 2.0)[0] == [5000]
 
 
+class _TransferFailsFirst:
+    """The real store, except that a put of one of ``failing`` answers TRANSFER_FAIL without storing it, the first
+    ``times`` times it is sent (a TCP transfer that failed: Mooncake revokes the object). A TCP transfer cannot be
+    made to fail on demand on loopback, so the failure is injected here, at the store call; every object that is
+    stored is stored by the real store."""
+
+    def __init__(self, store: Any, failing: set[str], times: int) -> None:
+        self._store, self._failing, self._left = store, failing, dict.fromkeys(failing, times)
+        self.sent: list[list[str]] = []
+
+    def batch_put_from_multi_buffers(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        self.sent.append(list(keys))
+        fail = [k in self._failing and self._left[k] > 0 for k in keys]
+        for k, f in zip(keys, fail, strict=True):
+            if f:
+                self._left[k] -= 1
+        pass_on = [i for i, f in enumerate(fail) if not f]
+        rcs = self._store.batch_put_from_multi_buffers(
+            [keys[i] for i in pass_on], [ptrs[i] for i in pass_on], [sizes[i] for i in pass_on]
+        )
+        out = [-800] * len(keys)
+        for i, rc in zip(pass_on, rcs, strict=True):
+            out[i] = rc
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("times", [1, 2], ids=["fails-once", "fails-twice"])
+def test_mooncake_put_sends_a_failed_transfer_once_more(
+    mc_tier: Any, mc_pool: Pool, monkeypatch: pytest.MonkeyPatch, times: int
+) -> None:
+    """An object whose transfer failed is sent again once: a transient failure stores every object; one that fails
+    again (the control) fails the put naming it, and nothing of it is stored."""
+    sizes = [4096, 5000, 6000, 7000]
+    data = payloads(sizes, seed=11)
+    keys = fresh_keys(len(sizes))
+    views = [memoryview(t) for t in data]
+    store = _TransferFailsFirst(mc_tier._store, {keys[1], keys[3]}, times)
+    monkeypatch.setattr(mc_tier, "_store", store)
+    if times == 1:
+        mc_tier.put(keys, views, [crc(v) for v in views])
+        assert store.sent == [keys, [keys[1], keys[3]]], "the failed objects, and only they, sent once more"
+        codes, sums = mc_tier.get_into(keys, mc_pool.slices(sizes), 5.0)
+        assert codes == sizes and sums == [crc(v) for v in views]
+    else:
+        with pytest.raises(OSError, match=r"mooncake put failed for 2 of 4 objects .*TRANSFER_FAIL"):
+            mc_tier.put(keys, views, [crc(v) for v in views])
+        assert len(store.sent) == 2, "sent again once, not more"
+        assert mc_tier.contains(keys, 2.0) == [True, False, True, False]
+
+
 @pytest.mark.engine
 @pytest.mark.timeout(30)
 def test_mooncake_constructor_fails_fast_without_master() -> None:
