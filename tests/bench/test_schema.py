@@ -63,15 +63,21 @@ def test_every_committed_bundle_reads_back_as_it_was_written() -> None:
 @pytest.mark.timeout(60)
 def test_every_committed_bundle_is_written_again_byte_for_byte(tmp_path: Path) -> None:
     """A committed bundle read back (`bundle.read`: by its experiment's types) and written again (`bundle.write`) is
-    its file, byte for byte: a bundle of every experiment but the trace's, which has none committed (its round trip
-    is in test_trace_replay.py). Rows come back as their experiment's row type where bsr has one, else as sent."""
+    its file, byte for byte: a bundle of every experiment. Rows come back as their experiment's row type where bsr
+    has one, else as sent."""
     row_types: dict[str, set[str]] = {}
     for path in sorted(EVIDENCE.glob("br-*.json")):
         b = bundles.read(path)
         assert bundles.write(b, tmp_path / path.stem).read_bytes() == path.read_bytes(), path.name
         row_types.setdefault(b.experiment, set()).update(type(r).__name__ for r in b.every_row())
-    assert set(row_types) == set(bundles.EXPERIMENTS) - {"trace"}
-    assert {e for e, types in row_types.items() if types == {"SentRow"}} == {"store", "failures", "peer", "cpu-bound"}
+    assert set(row_types) == set(bundles.EXPERIMENTS)
+    assert {e for e, types in row_types.items() if types == {"SentRow"}} == {
+        "store",
+        "failures",
+        "peer",
+        "cpu-bound",
+        "trace",
+    }
     # The check can fail: a sweep row's keys in another order are written back in its type's order, not the file's.
     data = _first("sweep")
     data["rows"][0] = dict(reversed(data["rows"][0].items()))
