@@ -35,6 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # collection hook, registered before this (pluggy calls the hooks registered last first), so the groups must be
     # set by a plugin registered later still; the conftests of tests/unit and below run before it all the same.
     config.pluginmanager.register(_Placement(), "bsr-test-placement")
+    if out := os.environ.get("BSR_WRITE_LANE_SECONDS"):
+        config.pluginmanager.register(_LaneSeconds(Path(out)), "bsr-lane-seconds")
 
 
 class _Placement:
@@ -87,15 +89,55 @@ def _group_for_xdist(items: list[pytest.Item], root: Path) -> None:
     engine_modules = {item.path for item in items if _starts_engine(item)}
     in_lane = {item for item in items if _starts_engine(item) or (shared[item] and item.path in engine_modules)}
     per_unit = Counter(unit[item] for item in in_lane)
-    load, lane_of = [0] * ENGINE_LANES, {}
-    for name, count in sorted(per_unit.items(), key=lambda kv: (-kv[1], kv[0])):
+    weight = _lane_weights(per_unit)
+    load, lane_of = [0.0] * ENGINE_LANES, {}
+    for name in sorted(per_unit, key=lambda n: (-weight[n], n)):
         lane_of[name] = min(range(ENGINE_LANES), key=load.__getitem__)
-        load[lane_of[name]] += count
+        load[lane_of[name]] += weight[name]
     for item in items:
         if item in in_lane:
             _join_group(item, f"engine-lane-{lane_of[unit[item]]}")
         elif shared[item] is not None:
             _join_group(item, f"shared:{shared[item]}")
+
+
+# Each engine module's measured test time (setup, call and teardown, seconds), so that the lanes end together: by
+# test count alone the longest lane took 778 s and the shortest 276 s of one run. A module missing here counts as
+# its number of tests times the measured modules' mean. Refresh after moving or adding slow engine tests:
+# BSR_WRITE_LANE_SECONDS=tests/engine_lane_seconds.json ./scripts/test
+LANE_SECONDS = Path(__file__).with_name("engine_lane_seconds.json")
+
+
+def _lane_weights(per_unit: Counter[str]) -> dict[str, float]:
+    """Each lane unit's expected seconds: its modules' measured time, else its test count at the measured mean."""
+    measured: dict[str, float] = json.loads(LANE_SECONDS.read_text()) if LANE_SECONDS.is_file() else {}
+
+    def known(name: str) -> float | None:
+        hits = [t for m, t in measured.items() if m == name or m.startswith(name + "/")]
+        return float(sum(hits)) if hits else None
+
+    seen = {n: t for n in per_unit if (t := known(n)) is not None}
+    mean = sum(seen.values()) / sum(per_unit[n] for n in seen) if seen else 1.0
+    return {n: seen.get(n, per_unit[n] * mean) for n in per_unit}
+
+
+class _LaneSeconds:
+    """With BSR_WRITE_LANE_SECONDS=FILE: the engine lanes' test time per module, written to FILE at the end (in the
+    process that sees every test's report: the xdist controller, or the only one)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if "@engine-lane-" in report.nodeid:
+            module = report.nodeid.split("::", 1)[0]
+            self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not hasattr(session.config, "workerinput") and self.seconds:
+            rounded = {m: round(t) for m, t in sorted(self.seconds.items())}
+            self.path.write_text(json.dumps(rounded, indent=1, sort_keys=True) + "\n")
 
 
 def _join_group(item: pytest.Item, group: str) -> None:
