@@ -71,9 +71,9 @@ def _mark_and_place(config: pytest.Config, items: list[pytest.Item]) -> None:
 # stacks at once, one test each, whatever -n says. A stack takes CPU to start and to restore, so many more lanes than
 # the two cores a CI machine has would only make the ranks wait on each other, and a rank kept waiting long enough is
 # rightly reported as the host's fault; three keep the cores busy while a lane waits on processes, sockets and
-# deadlines (main suite, quiet 2-core host: 13:04 on two lanes, 11:31 on three; beside two CPU-bound loops 13:53 on
-# three, passing). BSR_ENGINE_LANES sets another number. The session engines (~1.3 GB each) start once per lane
-# that uses them.
+# deadlines (main suite on a quiet 2-core host: 13:04 on two lanes, 11:31 on three, 8:28 on three filled by
+# measured time, LANE_SECONDS below). BSR_ENGINE_LANES sets another number. The session engines (~1.3 GB each)
+# start once per lane that uses them.
 ENGINE_LANES = int(os.environ.get("BSR_ENGINE_LANES", "3"))
 SESSION_ENGINES = frozenset({"live_engine", "stalling_engine"})
 

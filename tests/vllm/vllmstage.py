@@ -39,7 +39,7 @@ DRIVER_TIMEOUT_S = float(os.environ.get("BSR_VLLM_DRIVER_TIMEOUT_S", "240"))
 # without naming it, each xdist worker in a slice of its own, and checks that they are free when it picks them.
 _PORT_FLOOR = 20000
 _PORT_SLICE = 2000
-_port_cursor: dict[str, int] = {}
+_next_port: int | None = None  # this process's next candidate (one xdist worker per process)
 
 
 def _ephemeral_floor() -> int:
@@ -76,10 +76,11 @@ def vllm_ports(count: int = 1) -> int:
     high = low + _PORT_SLICE
     if high > _ephemeral_floor():
         raise RuntimeError(f"no port slice below the ephemeral range for xdist worker {worker}")
-    base = _port_cursor.get(worker, low + os.getpid() % (_PORT_SLICE // 2))
+    global _next_port
+    base = _next_port if _next_port is not None else low + os.getpid() % (_PORT_SLICE // 2)
     while base + count <= high:
         if _bindable(base, count):
-            _port_cursor[worker] = base + count
+            _next_port = base + count
             return base
         base += 1
     raise RuntimeError(f"no {count} consecutive free ports in {low}-{high - 1} on loopback")
