@@ -13,12 +13,13 @@ counts them (bsr_cli.runtime.liveness): the on-CPU time of every thread (``sched
 3. **Steady work**: clients computing prompts no tier holds, one after another, for two seconds. bsr then has more
    work than it gets cores, and the CPU its processes got over the wall time is **the cores available to bsr**:
    the host's state, as its scheduler shares the cores between bsr and the work beside it (``cores``; the run
-   queue is sampled meanwhile too).
+   queue is sampled meanwhile too). Their CPU over the chunks they computed is a request's own work per GB, which
+   the model replays beside the restores.
 4. **Bursts**, as a trace's requests arrive: twice, a number of requests sent at once, each restoring the chunk they
-   share and computing chunks of its own, as the trace's typical burst does. Beside the requests' own work a
-   restore takes longer than alone: the factor its CPU figures are stretched by (``burst_stretch``) is the one with
-   which the model gives these restores, from when each began (the engine's ``restore_started`` events), the median
-   latency they had.
+   share and computing chunks of its own, as the trace's typical burst does. A check of the model, not a figure of
+   it: the model replays these restores (from when each began: the engine's ``restore_started`` events) with each
+   request's own work beside them, and ``burst_stretch`` is the factor on the restores' CPU with which it would give
+   them the median latency they had (1: as the model says).
 
 Its CPU figures are the engine's and change little with the load; ``cores`` is the host's state and does: calibrate
 under the load the plan is for, or give ``bsr plan --trace --cores``. An engine on another host, or a kernel without
@@ -45,6 +46,7 @@ from bsr_cli.core.host_model import (
     HostCalibration,
     HostModel,
     HostState,
+    OwnWork,
     SampleKind,
     contended_cores,
     fit_stretch,
@@ -324,30 +326,39 @@ def fit_host(samples: Sequence[CalibrationSample], bytes_per_chunk: int) -> tupl
     bandwidth = LARGE * bytes_per_chunk / max(seconds[1], 1e-6)
     done = next((s for s in samples if s.what is SampleKind.WORK_DONE and s.chunks), None)
     compute_per_gb = done.cpu_s / (done.chunks * bytes_per_chunk / GB) if done is not None else 0.0
-    base = HostModel(cores, job_cores, fixed, per_gb, RESTORE_SLOTS)
-    bursts = [s for s in samples if s.what is SampleKind.BURST]
-    stretch = burst_stretch(base, bandwidth, bursts, SMALL * bytes_per_chunk) if bursts else 1.0
     host = HostModel(
         cores=round(cores, 4),
         job_cores=round(job_cores, 4),
-        restore_cpu_s=round(fixed * stretch, 6),
-        restore_cpu_s_per_gb=round(per_gb * stretch, 4),
+        restore_cpu_s=round(fixed, 6),
+        restore_cpu_s_per_gb=round(per_gb, 4),
         restore_slots=RESTORE_SLOTS,
         compute_cpu_s_per_gb=round(compute_per_gb, 4),
     )
+    bursts = [s for s in samples if s.what is SampleKind.BURST]
+    stretch = burst_stretch(host, bandwidth, bursts, bytes_per_chunk) if bursts else 1.0
     return host, bandwidth, round(stretch, 3)
 
 
-def burst_stretch(base: HostModel, bandwidth: float, bursts: Sequence[CalibrationSample], size: int) -> float:
-    """The factor on ``base``'s CPU figures with which the model gives the bursts' restores (each burst apart, each
-    restore from when it began) the median latency they had."""
+def burst_stretch(
+    host: HostModel, bandwidth: float, bursts: Sequence[CalibrationSample], bytes_per_chunk: int
+) -> float:
+    """How much longer the bursts' restores took than the model gives them, with each request's own work replayed
+    beside them (each burst apart, each restore from when it began): the factor on the restores' CPU figures that
+    gives them the median latency they had. A check of the model, not applied to it: 1 where the bursts took what
+    it predicts."""
+    size = SMALL * bytes_per_chunk
 
     def modelled(m: float) -> float:
-        host = replace(base, restore_cpu_s=base.restore_cpu_s * m, restore_cpu_s_per_gb=base.restore_cpu_s_per_gb * m)
+        stretched = replace(
+            host, restore_cpu_s=host.restore_cpu_s * m, restore_cpu_s_per_gb=host.restore_cpu_s_per_gb * m
+        )
         latencies: list[float] = []
         for number in sorted({s.burst for s in bursts}):
-            starts = sorted(s.start_s for s in bursts if s.burst == number)
-            r = replay_on_host(starts, [size] * len(starts), [0] * len(starts), bandwidth, host)
+            burst = sorted((s for s in bursts if s.burst == number), key=lambda s: s.start_s)
+            starts = [s.start_s for s in burst]
+            own = host.compute_cpu_s_per_gb * bytes_per_chunk / GB
+            work = OwnWork(tuple((s.chunks - SMALL) * own for s in burst))
+            r = replay_on_host(starts, [size] * len(starts), [0] * len(starts), bandwidth, stretched, work=work)
             latencies += [f - a for f, a in zip(r.finishes, starts, strict=True)]
         return nearest_rank(sorted(latencies), 50)
 

@@ -11,20 +11,24 @@ The model (bytes per rank; CPU for the whole host):
 * A restore is admitted under B in arrival order as in the bandwidth-only model and holds its hold until its last
   byte. It is then served when one of ``restore_slots`` is free (the restore path's fetch threads, shared by every
   restore: first come, first served; every admitted restore at once when None).
-* A restore moves ``s`` bytes and needs ``restore_cpu_s + restore_cpu_s_per_gb · s`` CPU seconds: its CPU while
-  the engine also serves the requests' own work (a calibration measures it in a burst of requests, so what that
-  work takes from it is in the figure).
+* A restore moves ``s`` bytes and needs ``restore_cpu_s + restore_cpu_s_per_gb · s`` CPU seconds: what it takes
+  alone (a calibration measures restores one at a time); what other work takes from it is the sharing below.
 * The bandwidth is shared equally by the restores being served, and so are the cores available to bsr (``cores``:
   the host's, less what the work beside bsr takes), each restore getting at most ``job_cores`` (what one restore's
   processes and threads keep busy). A restore advances at the slower of the two: ``min(bandwidth share / s,
   CPU share / cpu)`` of its whole per second, bound at each moment by the bandwidth or by the CPU. A share a
   restore leaves unused is not handed to the others: the model errs long.
+* The requests' own work (``OwnWork``: computing and storing what they did not restore, in CPU seconds) runs beside
+  the restores and takes its equal share of the same cores, each piece at most ``job_cores``: a request's from the
+  end of its restore, or from its arrival when it restores nothing. A restore's CPU figures are what it costs alone;
+  what the work beside it takes from it is this sharing, so a restore that arrives when little else runs takes
+  about its cost alone, and one in a burst of requests waits for their work.
 * Its latency runs from its arrival to its last byte: its waits for B and for a slot, and its service. Its bound
   is the longest part (``restore_bound``): waiting for B is ``budget``; waiting for a slot counts for what bounds the
   restores being served meanwhile.
 
-With no CPU cost and no slots the replay is exactly the bandwidth-only model's. The model has no destination KV:
-`bsr bench trace` reports the engine's waits for it from its events.
+With no CPU cost, no slots and no own work the replay is exactly the bandwidth-only model's. The model has no
+destination KV: `bsr bench trace` reports the engine's waits for it from its events.
 
 Pure: no I/O.
 """
@@ -72,7 +76,7 @@ class HostModel:
     restore_cpu_s_per_gb: float  # CPU seconds per GB a restore moves per rank (fetch, verify, install)
     restore_slots: int | None = wire.field(omit_none=True, default=None)  # restores served at once; None: all
     # CPU seconds per GB a request computes and stores per rank (its own work beside its restore: prefill, storing
-    # what the tiers lack). Not replayed: it says how much of the cores the trace's requests need (``cpu_load``).
+    # what the tiers lack): replayed beside the restores (``OwnWork``), and what ``cpu_load`` counts.
     compute_cpu_s_per_gb: float = 0.0
 
     to_wire = wire.writer()
@@ -99,6 +103,16 @@ class HostModel:
     def restore_cpu(self, size: int) -> float:
         """CPU seconds of a restore moving ``size`` bytes per rank."""
         return self.restore_cpu_s + self.restore_cpu_s_per_gb * size / GB
+
+
+@dataclass(frozen=True)
+class OwnWork:
+    """The requests' own work a replay runs beside the restores, in CPU seconds: ``after[i]`` from the end of
+    restore ``i`` (its request's), and ``alone``: (arrival, CPU seconds) of each request that restores nothing
+    (arrivals non-decreasing)."""
+
+    after: tuple[float, ...]
+    alone: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,22 +191,26 @@ def replay_on_host(
     bandwidth: float,
     host: HostModel,
     budget: int | None = None,
+    work: OwnWork | None = None,
 ) -> HostReplay:
     """Replay restores arriving at ``arrivals`` (non-decreasing), each moving ``sizes[i]`` bytes per rank and
     holding ``holds[i]`` bytes while admitted, at ``bandwidth`` bytes/s per rank on ``host`` (see the module's
-    model); ``budget`` (bytes) admits them FIFO while their holds fit, None at once."""
+    model), the requests' own ``work`` beside them (none when None); ``budget`` (bytes) admits them FIFO while
+    their holds fit, None at once."""
     host.check()
+    if work is not None and len(work.after) != len(arrivals):
+        raise ValueError("own work after restores must be given per restore")
     if budget is not None and any(h > budget for h in holds):
         raise InvalidInput(
             "a restore's hold exceeds the budget: it could never be admitted",
             hint="plan with a budget of at least one restore's hold (a larger multiple of RWS(W)), or a smaller W",
         )
-    return _HostSim(arrivals, sizes, holds, bandwidth, host, budget).run()
+    return _HostSim(arrivals, sizes, holds, bandwidth, host, budget, work or OwnWork((0.0,) * len(arrivals))).run()
 
 
 class _HostSim:
-    """The replay's state between events: the queue for B, the queue for a slot, and the restores being served
-    with the fraction of each left."""
+    """The replay's state between events: the queue for B, the queue for a slot, the restores being served with
+    the fraction of each left, and the requests' own work running with the CPU seconds of each left."""
 
     def __init__(
         self,
@@ -202,9 +220,10 @@ class _HostSim:
         bandwidth: float,
         host: HostModel,
         budget: int | None,
+        work: OwnWork,
     ) -> None:
         self.arrivals, self.sizes, self.holds = arrivals, sizes, holds
-        self.bandwidth, self.host, self.budget = bandwidth, host, budget
+        self.bandwidth, self.host, self.budget, self.work = bandwidth, host, budget, work
         self.cpu = [host.restore_cpu(s) for s in sizes]
         n = len(arrivals)
         self.starts = [0.0] * n
@@ -214,25 +233,37 @@ class _HostSim:
         self.b_queue: deque[int] = deque()
         self.slot_queue: deque[int] = deque()  # admitted under B, waiting for a slot
         self.serving: dict[int, float] = {}  # restore -> fraction of it left
+        # Own work running -> CPU seconds of it left: restore i's request's is i, the j-th lone request's n + j.
+        self.working: dict[int, float] = {}
         self.now = 0.0
         self.held = self.peak = self.peak_in_flight = self.peak_queued = 0
         self.series: list[tuple[float, int]] = [(arrivals[0], 0)] if n else []
 
     def run(self) -> HostReplay:
-        nxt = 0
-        while nxt < len(self.arrivals) or self.serving:
+        nxt = lone = 0
+        n, alone = len(self.arrivals), self.work.alone
+        while nxt < n or lone < len(alone) or self.serving or self.working:
             rates = self._rates()
+            share = self._share()
             due = min(((left / rate, i) for i, (left, rate, _) in rates.items()), default=(math.inf, -1))
-            t_done = self.now + due[0]
-            t_arrive = self.arrivals[nxt] if nxt < len(self.arrivals) else math.inf
-            t = min(t_done, t_arrive)
-            self._advance(t - self.now, rates)
+            worked = min(((left / share, j) for j, left in self.working.items()), default=(math.inf, -1))
+            t_done, t_worked = self.now + due[0], self.now + worked[0]
+            t_arrive = self.arrivals[nxt] if nxt < n else math.inf
+            t_lone = alone[lone][0] if lone < len(alone) else math.inf
+            t = min(t_done, t_worked, t_arrive, t_lone)
+            self._advance(t - self.now, rates, share)
             self.now = t
-            if t_done <= t_arrive:  # a completion first: it frees room for an arrival at the same instant
+            # Completions first: they free room (B, a slot, a share of the cores) for an arrival at the same instant.
+            if t_done == t:
                 self._complete(due[1], rates)
-            else:
+            elif t_worked == t:
+                self._worked(worked[1])
+            elif t_arrive == t:
                 self.b_queue.append(nxt)
                 nxt += 1
+            else:
+                self._start_work(n + lone, alone[lone][1])
+                lone += 1
             self._admit()
         return HostReplay(
             tuple(self.starts),
@@ -245,10 +276,15 @@ class _HostSim:
             tuple(self.series),
         )
 
+    def _share(self) -> float:
+        """The cores each restore being served and each piece of own work running gets now."""
+        n = len(self.serving) + len(self.working)
+        return min(self.host.job_cores, self.host.cores / n) if n else 0.0
+
     def _rates(self) -> dict[int, tuple[float, float, RestoreBound]]:
         """Per restore being served: the fraction left, its rate (of its whole per second), what bounds it now."""
         n = len(self.serving)
-        share = min(self.host.job_cores, self.host.cores / n) if n else 0.0
+        share = self._share()
         out = {}
         for i, left in self.serving.items():
             by_bytes = self.bandwidth / n / self.sizes[i] if self.sizes[i] else math.inf
@@ -257,9 +293,11 @@ class _HostSim:
             out[i] = (left, min(by_bytes, by_cpu), bound)  # finite: it moves bytes or needs CPU (see _admit)
         return out
 
-    def _advance(self, dt: float, rates: dict[int, tuple[float, float, RestoreBound]]) -> None:
+    def _advance(self, dt: float, rates: dict[int, tuple[float, float, RestoreBound]], share: float) -> None:
         if dt <= 0:
             return
+        for j, left in self.working.items():
+            self.working[j] = left - share * dt
         waiting_for = RestoreBound.CPU if any(b is RestoreBound.CPU for *_, b in rates.values()) else None
         for i in self.slot_queue:  # a wait for a slot counts for what bounds the restores being served
             self._bound_time(i, waiting_for or RestoreBound.BANDWIDTH, dt)
@@ -277,8 +315,22 @@ class _HostSim:
         """End the restore that was due and every other one with nothing left at the same instant."""
         for i in [due] + [k for k in rates if k != due and self.serving[k] <= _DONE]:
             del self.serving[i]
-            self.finishes[i] = self.now
-            self.held -= self.holds[i]
+            self._finish(i)
+
+    def _finish(self, i: int) -> None:
+        """Restore ``i`` has ended: its hold is freed and its request's own work starts."""
+        self.finishes[i] = self.now
+        self.held -= self.holds[i]
+        self._start_work(i, self.work.after[i])
+
+    def _start_work(self, j: int, cpu_s: float) -> None:
+        if cpu_s > 0:
+            self.working[j] = cpu_s
+
+    def _worked(self, due: int) -> None:
+        """End the own work that was due and every other piece with nothing left at the same instant."""
+        for j in [due] + [k for k, left in self.working.items() if k != due and left <= _DONE]:
+            del self.working[j]
 
     def _admit(self) -> None:
         """Admit under B in arrival order while the holds fit, then serve in that order while slots are free."""
@@ -294,8 +346,7 @@ class _HostSim:
             if self.sizes[i] or self.cpu[i] > 0:
                 self.serving[i] = 1.0
             else:  # nothing to move and nothing to compute: done as it starts
-                self.finishes[i] = self.now
-                self.held -= self.holds[i]
+                self._finish(i)
         self.peak_in_flight = max(self.peak_in_flight, len(self.serving) + len(self.slot_queue))
         self.peak_queued = max(self.peak_queued, len(self.b_queue))  # those still waiting once admission has run
         if self.series and self.series[-1][0] == self.now:
@@ -382,7 +433,8 @@ class HostState:
 class HostCalibration:
     """What a calibration measured of an engine on its host, saved as JSON (``kind: bsr.calibration``) for
     `bsr plan --trace --calibration FILE`: the planner's bandwidth and host model, the host's state at the time,
-    how much a restore's CPU stretched in a burst of requests against alone (``burst_stretch``), and the samples."""
+    how much longer the restores of its bursts of requests took than the model gives them (``burst_stretch``: a
+    check of the model, 1 where it is right; not applied), and the samples."""
 
     measured_at: str  # ISO 8601, UTC
     registration: str  # the identity of the registration whose chunks it measured

@@ -19,7 +19,9 @@ The model (per TP rank; every rank holds its equal share, so one rank stands for
 * Restore latency = queue wait (arrival to admission) + transfer. Percentiles are nearest-rank.
 * With a host model (bsr_cli.core.host_model: the CPU a restore needs, the cores bsr gets, the restore path's
   slots) a restore's service is the slower of its bytes at its bandwidth share and its CPU at its share of the
-  cores, and the replay says which of bandwidth, CPU and B bound each restore.
+  cores, and the replay says which of bandwidth, CPU and B bound each restore. The requests' own work (computing
+  and storing the chunks they do not restore) then runs beside the restores on the same cores: a request's from
+  the end of its restore, or from its arrival when it restores nothing.
 
 Event-driven: arrivals in order and completions from a heap keyed by the virtual (per-restore) byte clock of
 processor sharing, so a replay costs O(n log n) for n restores.
@@ -38,7 +40,16 @@ from enum import StrEnum
 
 from bsr_cli.core import accounting, wire
 from bsr_cli.core.evidence import RestoreBound
-from bsr_cli.core.host_model import HostModel, HostReplay, cpu_load, nearest_rank, replay_on_host, restore_bound
+from bsr_cli.core.host_model import (
+    GB,
+    HostModel,
+    HostReplay,
+    OwnWork,
+    cpu_load,
+    nearest_rank,
+    replay_on_host,
+    restore_bound,
+)
 from bsr_cli.core.registration import Registration
 from bsr_cli.core.trace import Trace, hit_chunks, prefix_hits, restored_tokens
 from bsr_cli.errors import InvalidInput
@@ -273,11 +284,22 @@ def windows_held(reg: Registration, w: int, budget: int) -> int:
 
 @dataclass(frozen=True)
 class _Restores:
-    """The trace's restores as the replays take them: per restoring request its arrival, bytes and chunks."""
+    """The trace's restores as the replays take them: per restoring request its arrival, bytes and chunks; and
+    every request's chunks to compute, as (arrival, chunks) of those that restore nothing and per restore."""
 
     arrivals: tuple[float, ...]
     sizes: tuple[int, ...]
     chunks: tuple[int, ...]
+    computed_after: tuple[int, ...]
+    computed_alone: tuple[tuple[float, int], ...]
+
+    def own_work(self, host: HostModel, bytes_per_chunk: int) -> OwnWork:
+        """The requests' own work on ``host``, in CPU seconds."""
+        per_chunk = host.compute_cpu_s_per_gb * bytes_per_chunk / GB
+        return OwnWork(
+            tuple(c * per_chunk for c in self.computed_after),
+            tuple((a, c * per_chunk) for a, c in self.computed_alone),
+        )
 
 
 def _run(
@@ -285,6 +307,7 @@ def _run(
     restores: _Restores,
     holds: Sequence[int],
     bandwidth: float,
+    bytes_per_chunk: int,
     host: HostModel | None,
     budget: int | None,
     budget_rws: int | None,
@@ -297,7 +320,8 @@ def _run(
     if host is None:
         r = replay(arrivals, restores.sizes, holds, bandwidth, budget)
     else:
-        r = replay_on_host(arrivals, restores.sizes, holds, bandwidth, host, budget)
+        work = restores.own_work(host, bytes_per_chunk)
+        r = replay_on_host(arrivals, restores.sizes, holds, bandwidth, host, budget, work)
         bounds = [
             restore_bound(0.0, s - a, b, c)
             for a, s, b, c in zip(arrivals, r.starts, r.bandwidth_s, r.cpu_s, strict=True)
@@ -325,12 +349,21 @@ def _run(
 def _restores_of(trace: Trace, reg: Registration, chunks: Sequence[int], speedup: float) -> _Restores:
     """The restores of ``trace`` (``chunks`` hit per request): their arrivals after the speed-up, bytes, chunks."""
     t0 = trace.requests[0].arrival_ms
+    arrivals = [(r.arrival_ms - t0) / 1000 / speedup for r in trace.requests]
+    computed = _computed(trace, reg, chunks)
     restoring = [i for i, c in enumerate(chunks) if c > 0]
     return _Restores(
-        tuple((trace.requests[i].arrival_ms - t0) / 1000 / speedup for i in restoring),
+        tuple(arrivals[i] for i in restoring),
         tuple(chunks[i] * reg.bytes_per_chunk for i in restoring),
         tuple(chunks[i] for i in restoring),
+        tuple(computed[i] for i in restoring),
+        tuple((arrivals[i], computed[i]) for i, c in enumerate(chunks) if c == 0),
     )
+
+
+def _computed(trace: Trace, reg: Registration, chunks: Sequence[int]) -> list[int]:
+    """Per request, the chunks it computes and stores: those of its prompt it does not restore."""
+    return [max(0, -(-r.input_length // reg.chunk_size) - c) for r, c in zip(trace.requests, chunks, strict=True)]
 
 
 def _cpu_load(
@@ -340,9 +373,7 @@ def _cpu_load(
     request computing and storing the chunks it does not restore."""
     if host is None:
         return None
-    computed = sum(
-        max(0, -(-r.input_length // reg.chunk_size) - c) for r, c in zip(trace.requests, chunks, strict=True)
-    )
+    computed = sum(_computed(trace, reg, chunks))
     load = cpu_load(host, restores.sizes, computed * reg.bytes_per_chunk, trace.span_ms / 1000 / speedup)
     return None if load is None else round(load, 4)
 
@@ -396,13 +427,13 @@ def plan_trace(
     rws = accounting.rws_bytes(reg, w)
 
     whole_holds = [s + aux for s in restores.sizes]
-    whole = _run(RestorePath.WHOLE_PLAN, restores, whole_holds, bandwidth, host, None, None, None, p99_target_s)
+    whole = _run(RestorePath.WHOLE_PLAN, restores, whole_holds, bandwidth, bpc, host, None, None, None, p99_target_s)
     runs = []
     for k in sorted(set(budgets_rws)):
         budget = k * rws
         a = windows_held(reg, w, budget)
         holds = [min(c, a * w) * bpc + aux for c in restores.chunks]
-        runs.append(_run(RestorePath.BSR, restores, holds, bandwidth, host, budget, k, a, p99_target_s))
+        runs.append(_run(RestorePath.BSR, restores, holds, bandwidth, bpc, host, budget, k, a, p99_target_s))
 
     largest = None
     if restoring:

@@ -16,6 +16,7 @@ from bsr_cli.core.host_model import (
     HostCalibration,
     HostModel,
     HostState,
+    OwnWork,
     contended_cores,
     cpu_load,
     fit_stretch,
@@ -157,6 +158,44 @@ def test_a_trace_plan_on_a_host_says_what_bound_its_restores() -> None:
     plain = plan_trace(t, demo, 2, bandwidth=c, budgets_rws=(8,))
     assert plain.whole_plan.latencies == pytest.approx((8.0, 10.0))
     assert "host" not in plain.to_wire() and "bound_by" not in plain.to_wire()["whole_plan"]
+
+
+def test_a_requests_own_work_shares_the_cores_with_a_restore() -> None:
+    # One core; a 1 MB restore needs 4 CPU s. A request restoring nothing arrives with it, with 2 CPU s of its own
+    # work: each gets half the core, so the work ends at 4 s and the restore, 2 CPU s left then, at 6 s.
+    work = OwnWork(after=(0.0,), alone=((0.0, 2.0),))
+    r = replay_on_host([0.0], [MB], [0], MB, _host(), work=work)
+    assert r.finishes == pytest.approx((6.0,))
+    assert _bounds(r, [0.0]) == [RestoreBound.CPU]
+    # The negative control: without the work the restore has the core to itself.
+    assert replay_on_host([0.0], [MB], [0], MB, _host()).finishes == pytest.approx((4.0,))
+
+
+def test_a_requests_own_work_starts_when_its_restore_ends() -> None:
+    # Restore 0 (4 CPU s) ends at 4 s and its request then computes for 2 CPU s; restore 1 arrives then and shares
+    # the core with that work until 8 s (2 CPU s each at half a core), then runs alone: its last 2 CPU s by 10 s.
+    r = replay_on_host([0.0, 4.0], [MB, MB], [0, 0], MB, _host(), work=OwnWork(after=(2.0, 0.0)))
+    assert r.finishes == pytest.approx((4.0, 10.0))
+    # The work after the last restore delays nothing (control: the same replay with it moved there).
+    r = replay_on_host([0.0, 4.0], [MB, MB], [0, 0], MB, _host(), work=OwnWork(after=(0.0, 2.0)))
+    assert r.finishes == pytest.approx((4.0, 8.0))
+
+
+def test_a_trace_plan_replays_the_requests_own_work() -> None:
+    demo: Registration = builtin_registration("demo")  # 256-token chunks, 1 MiB per chunk per rank
+    c = demo.bytes_per_chunk
+    # As above (a chunk restored needs 2 CPU s on one core), and a chunk computed 1 CPU s: the first request restores
+    # nothing and computes its 4 chunks from t=0, beside r1 (8 CPU s) and r2 (12 CPU s): a third of the core each
+    # until the work's 4 CPU s end at 12 s; then r1 and r2 at half: r1 ends at 20 s and its request computes its 2
+    # chunks beside r2 until 24 s; r2's last 2 CPU s alone, by 26 s.
+    t = _trace((0, 1024, [1, 2]), (0, 1536, [1, 2, 3]), (0, 2048, [1, 2, 3, 4]))
+    cpu = {"restore_cpu_s_per_gb": 2.0 * 1e9 / c}
+    host = HostModel(cores=1.0, job_cores=1.0, restore_cpu_s=0.0, compute_cpu_s_per_gb=1.0 * 1e9 / c, **cpu)
+    p = plan_trace(t, demo, 2, bandwidth=c, budgets_rws=(8,), host=host)
+    assert p.whole_plan.latencies == pytest.approx((20.0, 26.0))
+    # The negative control: the same host with requests that compute for free gives the restores alone.
+    free = plan_trace(t, demo, 2, bandwidth=c, budgets_rws=(8,), host=HostModel(1.0, 1.0, 0.0, **cpu))
+    assert free.whole_plan.latencies == pytest.approx((16.0, 20.0))
 
 
 # -- the pieces a calibration and the replay use ----------------------------------------------------------------

@@ -621,9 +621,9 @@ def _calibration_lines(console: Console, d: TraceReplay) -> None:
     console.print(
         f"host model ({d.calibration_file}): {h.cores:.2f} cores available to bsr of {s.cpu_count}{contended} "
         f"(run queue beside it {s.run_queue_beside:.1f} idle, {s.run_queue_busy:.1f} busy; load {s.loadavg[0]:.1f}); a "
-        f"restore needs {h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:.1f} s/GB of CPU beside the "
-        f"requests' own work ({cal.burst_stretch:.1f}× alone), at most {h.job_cores:.2f} cores; {slots}; a request's "
-        f"own work {h.compute_cpu_s_per_gb:.1f} s/GB"
+        f"restore needs {h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:.1f} s/GB of CPU (alone), at most "
+        f"{h.job_cores:.2f} cores; {slots}; a request's own work {h.compute_cpu_s_per_gb:.1f} s/GB, replayed beside "
+        f"the restores; the calibration's bursts took {cal.burst_stretch:.1f}× what the model gives them"
     )
     console.print(
         "[dim]CPU needed: the share of the cores available to bsr the slice's restores and requests need on "

@@ -325,8 +325,9 @@ class _EngineRun:
         h, s = cal.host, cal.host_state
         self.st.out.note(
             f"calibration {path}: {h.cores:.2f} cores available to bsr (run queue beside it {s.run_queue_beside:.1f}, "
-            f"load {s.loadavg[0]:.1f}); a restore alone {cal.bandwidth / 1e6:.1f} MB/s per rank; in a burst "
-            f"{h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:.1f} s/GB of CPU"
+            f"load {s.loadavg[0]:.1f}); a restore alone {cal.bandwidth / 1e6:.1f} MB/s per rank, "
+            f"{h.restore_cpu_s * 1000:.1f} ms + {h.restore_cpu_s_per_gb:.1f} s/GB of CPU; a request's own work "
+            f"{h.compute_cpu_s_per_gb:.1f} s/GB; its bursts {cal.burst_stretch:.1f}× the model"
         )
 
     def _replay_at(self, client: AdminClient, budget_rws: int, n: int) -> BudgetReplayed:
