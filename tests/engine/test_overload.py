@@ -5,9 +5,10 @@ per rank, the filesystem tier), real stops and real starvation.
   restore commits, or fails closed blaming no rank (on a host so loaded that a rank then starves past the overload
   ceiling, it is refused as the host's, host_overloaded, still blaming no rank). The control: rank 1's process
   stopped for 15 s instead is blamed (stopped), and rank 0 is not.
-- Both ranks starved in the middle of a W=1 restore (every thread moved to SCHED_IDLE beside CPU-bound loops at
-  normal priority): committed, or failed closed naming the host with the pressure figures; no rank and no tier is
-  blamed, no marker is left, no rank is ever shown unhealthy, and once the load is gone the prompt restores whole.
+- Both ranks starved in the middle of a W=1 restore (every thread moved to SCHED_IDLE and held to 0.5% of a CPU
+  by a cgroup quota, or, where no quota can be set, beside CPU-bound loops at normal priority): committed, or
+  failed closed naming the host with the pressure figures; no rank and no tier is blamed, no marker is left, no
+  rank is ever shown unhealthy, and once the load is gone the prompt restores whole.
 
 Every wait polls the engine for a condition under a deadline; every stopped or starved process is given back in a
 ``finally`` (the test process is never the one stopped)."""
@@ -254,14 +255,15 @@ def _cpu_quota_group() -> Path | None:
 
 @contextlib.contextmanager
 def _starving(pids: list[int]) -> Iterator[Callable[[], None]]:
-    """CPU-bound loops at normal priority (two per core), and a ``starve`` that moves the processes to SCHED_IDLE
-    beside them and, where cgroup v1's cpu controller is offered, into a group with a CPU quota of 0.5% of one CPU:
-    they then run only when nothing else wants a CPU, and little even then. Everything is given back on the way
-    out."""
+    """A ``starve`` that moves the processes to SCHED_IDLE and, where cgroup v1's cpu controller is offered, into a
+    group with a CPU quota of 0.5% of one CPU: the kernel then runs them for 5 ms a second whatever else the host
+    does. Where no quota can be set, CPU-bound loops at normal priority (two per core) starve them instead (they run
+    only when nothing else wants a CPU); with the quota there are none, so the tests beside this one keep the cores.
+    Everything is given back on the way out."""
     group = _cpu_quota_group()
     hogs = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
-        for _ in range(2 * (os.cpu_count() or 2))
+        for _ in range(2 * (os.cpu_count() or 2) if group is None else 0)
     ]
 
     def starve() -> None:
