@@ -347,6 +347,7 @@ def burst_stretch(
     gives them the median latency they had. A check of the model, not applied to it: 1 where the bursts took what
     it predicts."""
     size = SMALL * bytes_per_chunk
+    own = host.compute_cpu_s_per_gb * bytes_per_chunk / GB  # a chunk's own work, CPU seconds
 
     def modelled(m: float) -> float:
         stretched = replace(
@@ -356,7 +357,6 @@ def burst_stretch(
         for number in sorted({s.burst for s in bursts}):
             burst = sorted((s for s in bursts if s.burst == number), key=lambda s: s.start_s)
             starts = [s.start_s for s in burst]
-            own = host.compute_cpu_s_per_gb * bytes_per_chunk / GB
             work = OwnWork(tuple((s.chunks - SMALL) * own for s in burst))
             r = replay_on_host(starts, [size] * len(starts), [0] * len(starts), bandwidth, stretched, work=work)
             latencies += [f - a for f, a in zip(r.finishes, starts, strict=True)]

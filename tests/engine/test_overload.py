@@ -39,7 +39,7 @@ from bsr_cli.errors import ExitCode, HostOverloaded, ServerError
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 STOP_S = 15.0  # how long a process stays stopped (the fault under test, not a wait for anything)
-STARVE_S = 150.0  # the longest the ranks are starved (over seven overload ceilings), the fault under test
+STARVE_S = 90.0  # the longest the ranks are starved (four and a half overload ceilings), the fault under test
 CEILING_S = 20.0  # the engine's overload ceiling here: the longest a starved rank's deadline stretches
 FETCH_TIMEOUT_S = 2.0
 STOPPED_TOKENS, STARVED_TOKENS = 65_536, 131_072
