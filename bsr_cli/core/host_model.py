@@ -243,8 +243,8 @@ class _HostSim:
         nxt = lone = 0
         n, alone = len(self.arrivals), self.work.alone
         while nxt < n or lone < len(alone) or self.serving or self.working:
-            rates = self._rates()
             share = self._share()
+            rates = self._rates(share)
             due = min(((left / rate, i) for i, (left, rate, _) in rates.items()), default=(math.inf, -1))
             worked = min(((left / share, j) for j, left in self.working.items()), default=(math.inf, -1))
             t_done, t_worked = self.now + due[0], self.now + worked[0]
@@ -281,10 +281,10 @@ class _HostSim:
         n = len(self.serving) + len(self.working)
         return min(self.host.job_cores, self.host.cores / n) if n else 0.0
 
-    def _rates(self) -> dict[int, tuple[float, float, RestoreBound]]:
-        """Per restore being served: the fraction left, its rate (of its whole per second), what bounds it now."""
+    def _rates(self, share: float) -> dict[int, tuple[float, float, RestoreBound]]:
+        """Per restore being served, at ``share`` cores each: the fraction left, its rate (of its whole per second),
+        what bounds it now."""
         n = len(self.serving)
-        share = self._share()
         out = {}
         for i, left in self.serving.items():
             by_bytes = self.bandwidth / n / self.sizes[i] if self.sizes[i] else math.inf
