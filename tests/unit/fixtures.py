@@ -24,12 +24,18 @@ class FakeEngine:
     events: EventLog
 
 
+# The fetch deadline (and the window progress deadline, twice it) of an engine whose test does not test deadlines:
+# far above any step of a test, so a host running the suite beside other stacks cannot turn a late in-memory fetch
+# into a failed window. Tests of a deadline pass their own (e.g. 0.5 s).
+FETCH_DEADLINE_S = 30.0
+
+
 def build_engine(
     *,
     w: int = 2,
     pool_chunks: int = 8,
     budget_chunks: int | None = None,
-    fetch_timeout_s: float = 2.0,
+    fetch_timeout_s: float = FETCH_DEADLINE_S,
     tp: int = 2,
     kv_tokens: int = 8192,
     kv_wait_s: float = 60.0,
