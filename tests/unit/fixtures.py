@@ -24,10 +24,10 @@ class FakeEngine:
     events: EventLog
 
 
-# The fetch deadline (and the window progress deadline, twice it) of an engine whose test does not test deadlines:
-# far above any step of a test, so a host running the suite beside other stacks cannot turn a late in-memory fetch
-# into a failed window. Tests of a deadline pass their own (e.g. 0.5 s).
-FETCH_DEADLINE_S = 30.0
+# The fetch and admission deadlines (and the window progress deadline, derived from them) of an engine whose test
+# does not test deadlines: far above any step of a test, so a host running the suite beside other stacks cannot turn
+# a late in-memory fetch or a slow neighbour's window into a failed restore. Tests of a deadline pass their own.
+STEP_DEADLINE_S = 30.0
 
 
 def build_engine(
@@ -35,7 +35,7 @@ def build_engine(
     w: int = 2,
     pool_chunks: int = 8,
     budget_chunks: int | None = None,
-    fetch_timeout_s: float = FETCH_DEADLINE_S,
+    fetch_timeout_s: float = STEP_DEADLINE_S,
     tp: int = 2,
     kv_tokens: int = 8192,
     kv_wait_s: float = 60.0,
@@ -60,7 +60,7 @@ def build_engine(
         pool_bytes=pool_chunks * reg.bytes_per_chunk,
         budget_bytes=budget if budget is not None else pool_chunks * reg.bytes_per_chunk,
         fetch_timeout_s=fetch_timeout_s,
-        admit_timeout_s=2.0,
+        admit_timeout_s=STEP_DEADLINE_S,
         call_timeout_s=call_timeout_s,
         faults_enabled=True,
     )

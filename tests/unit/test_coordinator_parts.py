@@ -28,6 +28,7 @@ from bsr_cli.runtime.observation import Observation
 from bsr_cli.runtime.orchestration import Orchestration
 from bsr_cli.runtime.rank_calls import RankCalls
 from unit.fakes import FakeRankOps, FakeTier, InProcessRank, small_registration
+from unit.fixtures import STEP_DEADLINE_S
 
 R = TypeVar("R")
 
@@ -58,8 +59,8 @@ def parts() -> Iterator[Parts]:
         kv_wait_s=0.0,
         pool_bytes=8 * reg.bytes_per_chunk,
         budget_bytes=8 * reg.bytes_per_chunk,
-        fetch_timeout_s=2.0,
-        admit_timeout_s=2.0,
+        fetch_timeout_s=STEP_DEADLINE_S,
+        admit_timeout_s=STEP_DEADLINE_S,
         call_timeout_s=10.0,
         faults_enabled=True,
     )
