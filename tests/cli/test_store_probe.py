@@ -294,7 +294,7 @@ def test_liveness_names_the_chunks_on_a_gone_holder(bsr, tmp_path: Path) -> None
         where = []
         for k in keys:
             url = f"{master.admin_url}/query_key?key={k}"  # the master reads it verbatim
-            doc = json.loads(urllib.request.urlopen(url, timeout=5).read())
+            doc = json.loads(urllib.request.urlopen(url, timeout=30).read())
             where.append({r["transport_endpoint_"] for r in doc["data"]})
         victim = segs[0]
         name = victim.info["segment_name"]
@@ -427,7 +427,7 @@ def test_liveness_has_no_query_cap(bsr, tmp_path: Path) -> None:
         _write(master, keys)
         where = []
         for k in keys:
-            doc = json.loads(urllib.request.urlopen(f"{master.admin_url}/query_key?key={k}", timeout=5).read())
+            doc = json.loads(urllib.request.urlopen(f"{master.admin_url}/query_key?key={k}", timeout=30).read())
             where.append({r["transport_endpoint_"] for r in doc["data"]})
         victim = segs[0]
         on_victim = {i for i, eps in enumerate(where) if eps == {victim.info["segment_name"]}}

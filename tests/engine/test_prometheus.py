@@ -86,7 +86,7 @@ def _prometheus(url: str, token: str, tmp_path: Path, rules: str) -> Iterator[Ca
         f"scrape_configs:\n  - job_name: bsr\n    authorization: {{credentials: '{token}'}}\n"
         f"    static_configs: [{{targets: ['{target}']}}]\n"
     )
-    with prometheus_server.running(config, tmp_path) as base, httpx.Client(base_url=base, timeout=5.0) as http:
+    with prometheus_server.running(config, tmp_path) as base, httpx.Client(base_url=base, timeout=30.0) as http:
 
         def api(path: str, **params: Any) -> Any:
             r = http.get(f"/api/v1/{path}", params=params)

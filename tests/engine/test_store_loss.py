@@ -61,7 +61,7 @@ class StoreEngine:
     def mounted(self) -> list[str]:
         from bsr_cli.mooncake.health import segments
 
-        return [s.segment_name for s in segments(self.admin_url(), timeout=2.0) if s.mounted]
+        return [s.segment_name for s in segments(self.admin_url(), timeout=30.0) if s.mounted]
 
 
 def _engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ttl_s: int) -> Iterator[StoreEngine]:
