@@ -128,7 +128,7 @@ def test_replay_against_the_embedded_engine(bsr, tmp_path: Path, monkeypatch: py
         assert p["latency_s"]["p99"] > 0 and m["latency_s"]["p99"] > 0 and p["bandwidth_only_latency_s"]["p99"] > 0
         assert set(m["pool_peak_by_rank"]) == {"0", "1"}
         assert all(0 < v <= run["budget_bytes"] for v in m["pool_peak_by_rank"].values())
-        assert run["checks"] == {"pool_within_budget": True, "no_failures": True, "no_more_than_predicted": True}
+        assert run["checks"] == {"pool_within_budget": True, "no_failures": True, "no_more_than_stored": True}
         assert set(run["latency_ratio"]) == set(run["agrees"]) == {"p50", "p99"}
         assert len(run["loadavg"]) == 2
         at = run.get("at_replay_cores")  # present when the engine was short of cores while it replayed
@@ -299,6 +299,36 @@ def test_stock_is_held_to_the_simulated_hits_in_full_chunks() -> None:
     trace, run = _stock_run(rows, [0, 192, 128], r0={"error": "RuntimeError: store: boom"})
     s = bt.stock_summary(trace, reg, run)
     assert s.failed == 1 and s.first_failure == "RuntimeError: store: boom"
+
+
+def _two_turns(r0_commits: int, r0_seconds: float) -> bt.BudgetRun:
+    """A conversation's turn (three blocks) then, a second later, a request holding its first two blocks: the
+    first turn restores ``r0_commits`` tokens and ends ``r0_seconds`` after it was sent; the second one restores
+    the two blocks the first stored."""
+    reg = bt.replay_registration()
+    rows = [
+        {"timestamp": 0, "input_length": 512 * 3, "output_length": 8, "hash_ids": [6000, 6001, 6002]},
+        {"timestamp": 1000, "input_length": 512 * 2, "output_length": 8, "hash_ids": [6000, 6001]},
+    ]
+    trace, _ = _stock_run(rows, [0, 0])
+    assert bt.expected_hits(trace, reg) == [0, 128]
+    measured = [bt.Measured(0, 0.0, 0.0, r0_commits, 0.02, r0_seconds), bt.Measured(1, 1.0, 1.0, 128, 0.02, 0.05)]
+    replayed = bt.BudgetReplayed(2, 1, measured, {0: 1, 1: 1}, (3.0, 4.0), "2025-01-01T00:00:00.000Z", 2.0, 9.5)
+    return bt.compare(trace, reg, replayed, w=2, bandwidth=1e8, speedup=1.0)
+
+
+def test_a_restore_may_find_a_later_turns_store_done_first_but_never_what_none_stored() -> None:
+    # Under load the engine stored the second request (sent at 1 s) before it looked the first up (ended at 3 s):
+    # the first committed the two blocks the plan gave it none of. More than planned, all of it stored.
+    run = _two_turns(128, 3.0)
+    assert run.committed == bt.CommittedCounts(exact=1, fewer=0, more=1, unstored=0)
+    assert run.to_wire()["checks"]["no_more_than_stored"] is True
+    # The negative controls: the second request was sent after the first ended, so nothing it stored was there to
+    # find; or the first committed its third block, which no request stored.
+    for commits, ended in ((128, 0.5), (192, 3.0)):
+        run = _two_turns(commits, ended)
+        assert run.committed == bt.CommittedCounts(exact=1, fewer=0, more=1, unstored=1)
+        assert run.to_wire()["checks"]["no_more_than_stored"] is False
 
 
 def _report(trace, reg, run) -> bt.TraceReplay:  # type: ignore[no-untyped-def]

@@ -23,7 +23,7 @@ from bsr_cli.core.trace_sim import PathRun, RestorePath, TracePlan
 from bsr_cli.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from bsr_cli.bench.trace import AtReplayCores, BudgetRun, StockSummary, TraceReplay
+    from bsr_cli.bench.trace import AtReplayCores, BudgetRun, CommittedCounts, StockSummary, TraceReplay
 
 # Exact bytes and the binary-unit reading, as operators quote them: 525,074,432 (500.75 MiB). The one formatter.
 b = partial(format_bytes, exact=True)
@@ -683,6 +683,15 @@ def _against(measured: float, ratio: float | None, agrees: bool | None) -> str:
 HOST_CHANGED = 0.25
 
 
+def _unstored(c: CommittedCounts) -> str:
+    """What the requests that committed more than the plan had found: a later turn's store, or nothing stored."""
+    if not c.more:
+        return ""
+    if not c.unstored:
+        return " (each a later turn's store done before its lookup)"
+    return f" ([red]{c.unstored:,} more than any store before it ended held[/])"
+
+
 def _run_lines(console: Console, d: TraceReplay, run: BudgetRun) -> None:
     p, m, c = run.predicted, run.measured, run.committed
     peaks = ", ".join(f"rank {r} {format_bytes(v)}" for r, v in sorted(m.pool_peak_by_rank.items()))
@@ -690,7 +699,7 @@ def _run_lines(console: Console, d: TraceReplay, run: BudgetRun) -> None:
         f"B = {run.budget_rws}·RWS ({b(run.budget_bytes)}): restores {m.restores:,} of {p.restores:,} predicted, "
         f"{m.hit_tokens:,} of {p.hit_tokens:,} tokens; pool peak {peaks}; waits p99: B {seconds(m.budget_wait_s.p99)}"
         f" (predicted {seconds(p.wait_s.p99)}), destination KV {seconds(m.kv_wait_s.p99)}; committed exactly the "
-        f"predicted tokens {c.exact:,}, fewer {c.fewer:,}, more {c.more:,}; failed {m.failed:,}"
+        f"predicted tokens {c.exact:,}, fewer {c.fewer:,}, more {c.more:,}{_unstored(c)}; failed {m.failed:,}"
     )
     if m.first_failure:
         console.print(f"[red]first failure[/]: {m.first_failure}")
