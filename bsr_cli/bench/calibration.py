@@ -6,7 +6,7 @@ counts them (bsr_cli.runtime.liveness): the on-CPU time of every thread (``sched
 
 1. **The run queue beside bsr**, sampled for a second while the engine is idle: the host's runnable threads less
    the engine's own (and the sampler's).
-2. **Restores alone**: prompts of 1 and of 64 chunks stored, then each restored whole (a manual restore) three
+2. **Restores alone**: prompts of 1 and of 64 chunks stored, then each restored whole (a manual restore) nine
    times, one at a time. The large one's rate is the planner's bandwidth (what its bytes take when nothing else
    runs); its CPU over its wall time is what one restore keeps busy (``job_cores``); the two sizes' seconds, at
    the cores a restore gets alone, give a restore's CPU: fixed, and per GB it moves.
@@ -64,7 +64,9 @@ if TYPE_CHECKING:
     from bsr_cli.client import AdminClient
 
 SMALL, LARGE = 1, 64  # chunks of the two prompts restored alone
-TRIALS = 3
+# Each size restored alone this many times: beside CPU-bound work the median of three moved a restore's fixed cost
+# threefold between calibrations of the same host.
+TRIALS = 9
 IDLE_SAMPLES = 20
 QUEUE_SAMPLE_S = 0.05  # between two samples of the run queue
 WORK_CLIENTS = 6
