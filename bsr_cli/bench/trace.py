@@ -333,7 +333,7 @@ class CommittedCounts:
     exact: int
     fewer: int
     more: int
-    unstored: int = 0
+    unstored: int | None = wire.field(omit_none=True, default=None)  # None: not checked (stock LMCache's replay)
 
     to_wire = wire.writer()
 
@@ -781,6 +781,7 @@ def storable_hits(trace: Trace, reg: Registration, measured: Sequence[Measured])
     client sent it before this one ended (under load the engine may store a later turn before it looks this one
     up). A request not measured gets its planner's hit."""
     reqs = trace.requests
+    arrived = {m.index: m.arrival_s for m in measured}
     sent = {m.index: m.started_s for m in measured}
     ended = {m.index: m.started_s + m.seconds for m in measured}
     seen: set[int] = set()
@@ -788,7 +789,12 @@ def storable_hits(trace: Trace, reg: Registration, measured: Sequence[Measured])
     for i, r in enumerate(reqs):
         held = seen
         if i in ended:
-            later = [reqs[j].hash_ids for j in range(i + 1, len(reqs)) if sent.get(j, math.inf) < ended[i]]
+            later = []
+            for j in range(i + 1, len(reqs)):
+                if arrived.get(j, math.inf) >= ended[i]:
+                    break  # sent no earlier than it arrived, and arrivals are in order: none after it either
+                if sent[j] < ended[i]:
+                    later.append(reqs[j].hash_ids)
             held = seen.union(*later) if later else seen
         blocks = next((k for k, b in enumerate(r.hash_ids) if b not in held), len(r.hash_ids))
         out.append(restored_tokens(r, hit_chunks(r, blocks, reg.chunk_size, trace.block_tokens), reg.chunk_size))
