@@ -366,11 +366,12 @@ def test_store_puts_lost_on_a_gone_holder(bsr: Any, tmp_path: Path) -> None:
         gone = holders.pop(0)
         services.stop(gone)
         toks = synthetic_tokens(12 * 256, 81)
+        toks_hashes = lmcache_chunk_hashes(toks)
         tier = MooncakeTier(master.rpc_address, master.metadata_url)
         failed = []
         try:
             payload = memoryview(bytearray(4096))
-            for i, h in enumerate(lmcache_chunk_hashes(toks)):  # one put each: the ones placed on the gone fail
+            for i, h in enumerate(toks_hashes):  # one put each: the ones placed on the gone fail
                 try:
                     tier.put([lmcache_key("lost/model", 1, 0, h, "bfloat16")], [payload], [crc32c(payload)])
                 except OSError:
@@ -385,8 +386,7 @@ def test_store_puts_lost_on_a_gone_holder(bsr: Any, tmp_path: Path) -> None:
         assert "whose holder is gone" in d["summary"], d["summary"]
         # The first lost put is named: as a missing chunk, or, when every put after it was lost too (the master
         # placed the tail on the gone holder), as the end of the prefix the tiers hold.
-        n = len(lmcache_chunk_hashes(toks))
-        if failed != list(range(failed[0], n)):
+        if failed != list(range(failed[0], len(toks_hashes))):
             assert f"chunk {failed[0]} is missing" in d["summary"], (failed, d["summary"])
         elif failed[0] > 0:
             assert f"chunks 0..{failed[0] - 1} and nothing after" in d["summary"], (failed, d["summary"])
