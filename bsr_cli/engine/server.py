@@ -116,7 +116,7 @@ def build(
     blocks = {g.name: -(-settings.kv_tokens // g.block_size) for g in reg.groups}
     hosts = cfg.hosts
 
-    def start_rank(r: int) -> ProcessRank:
+    def launch_rank(r: int) -> ProcessRank:
         coord = holder.get("c")
         now = coord.settings if coord is not None else settings  # a restarted rank gets today's B and fs load
         rank_cfg = RankConfig(
@@ -145,12 +145,17 @@ def build(
             )
         return ProcessRank(r, rank_cfg, on_event)
 
-    ranks: list[ProcessRank] = []
+    def start_rank(r: int) -> ProcessRank:
+        return launch_rank(r).ready()
+
+    # Every rank's process first, then their hellos: the ranks set up side by side.
+    launched: list[ProcessRank] = []
     try:
         for r in range(reg.tp_size):
-            ranks.append(start_rank(r))
+            launched.append(launch_rank(r))
+        ranks = [rk.ready() for rk in launched]
     except BaseException:
-        for rk in ranks:
+        for rk in launched:
             rk.close()
         raise
     coord = Coordinator(reg, ranks, settings, events)
