@@ -233,6 +233,24 @@ def test_a_rank_killed_and_started_again_never_makes_the_api_answer_a_server_err
         assert done["hash_ok"] is True and done["external_tokens"] == 600
 
 
+def _command_name(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def test_ranks_are_named_for_ps_and_top_a_restarted_one_too(own: Engine) -> None:
+    names = {r: _command_name(own.rank_pid(r)) for r in (0, 1)}
+    assert names == {0: "bsr-rank0", 1: "bsr-rank1"}, names
+    # Negative control: the name is each rank's own doing; the process they fork from is plain python.
+    fork_server = int(Path(f"/proc/{own.rank_pid(0)}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert _command_name(fork_server).startswith("python"), _command_name(fork_server)
+    with httpx.Client(base_url=own.url, headers=own.auth(), timeout=60) as http:
+        last_seq = http.get(V1 + "/events", params={"since": 0, "newest": "1", "limit": 1}).json()["last_seq"]
+    old = own.rank_pid(1)
+    os.kill(old, signal.SIGKILL)
+    _until(lambda: _restarted(own, last_seq) and own.rank_pid(1) != old, "rank 1 was not started again")
+    assert _command_name(own.rank_pid(1)) == "bsr-rank1"
+
+
 def test_a_change_a_rank_fails_leaves_every_rank_as_the_engine_says(own: Engine) -> None:
     """Rank 1 is frozen (SIGSTOP) right before a budget change: rank 0 takes it, rank 1 never answers within the
     stall time, so rank 0 is put back and the change is refused. Rank 1 takes the change late once it runs again,
