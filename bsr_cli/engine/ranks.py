@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from multiprocessing.context import ForkServerContext
 from typing import Any, TypeVar
 
 from bsr_cli.api.pipe import Abort, Call, Reply, Shutdown
@@ -39,7 +40,7 @@ RANK_PRELOAD = [
 ]
 
 
-def _rank_context() -> Any:
+def _rank_context() -> ForkServerContext:
     """Where rank processes come from: a fork server, itself a fresh interpreter that has imported torch and the
     worker once. Each rank is forked from it, so it starts with no thread, lock or CUDA state of the engine's own
     (as a spawned one would) but without paying torch's import again: a rank's start, and its restart during an
