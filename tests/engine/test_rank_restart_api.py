@@ -241,32 +241,33 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _kill_rank1(own: Engine, *first: int) -> int:
+    """SIGKILL the processes ``first``, then rank 1; wait until the engine has started rank 1 again as a new process
+    and return its pid."""
+    with httpx.Client(base_url=own.url, headers=own.auth(), timeout=60) as http:
+        last_seq = http.get(V1 + "/events", params={"since": 0, "newest": "1", "limit": 1}).json()["last_seq"]
+    old = own.rank_pid(1)
+    for pid in (*first, old):
+        os.kill(pid, signal.SIGKILL)
+    _until(lambda: _restarted(own, last_seq) and own.rank_pid(1) != old, "rank 1 was not started again")
+    return own.rank_pid(1)
+
+
 def test_ranks_are_named_for_ps_and_top_a_restarted_one_too(own: Engine) -> None:
     names = {r: _command_name(own.rank_pid(r)) for r in (0, 1)}
     assert names == {0: "bsr-rank0", 1: "bsr-rank1"}, names
     # Negative control: the name is each rank's own doing; the process they fork from is plain python.
     fork_server = _parent(own.rank_pid(0))
     assert _command_name(fork_server).startswith("python"), _command_name(fork_server)
-    with httpx.Client(base_url=own.url, headers=own.auth(), timeout=60) as http:
-        last_seq = http.get(V1 + "/events", params={"since": 0, "newest": "1", "limit": 1}).json()["last_seq"]
-    old = own.rank_pid(1)
-    os.kill(old, signal.SIGKILL)
-    _until(lambda: _restarted(own, last_seq) and own.rank_pid(1) != old, "rank 1 was not started again")
-    assert _command_name(own.rank_pid(1)) == "bsr-rank1"
+    assert _command_name(_kill_rank1(own)) == "bsr-rank1"
 
 
 def test_a_rank_is_started_again_when_the_fork_server_is_gone_too(own: Engine) -> None:
     """Ranks fork from a fork server (engine/ranks.py); an operator killing stray python processes in an incident may
     kill it. The next rank to start then starts a new one: the engine still gets its rank back."""
-    old = own.rank_pid(1)
-    fork_server = _parent(old)
+    fork_server = _parent(own.rank_pid(1))
     assert _command_name(fork_server).startswith("python"), _command_name(fork_server)
-    with httpx.Client(base_url=own.url, headers=own.auth(), timeout=60) as http:
-        last_seq = http.get(V1 + "/events", params={"since": 0, "newest": "1", "limit": 1}).json()["last_seq"]
-    os.kill(fork_server, signal.SIGKILL)
-    os.kill(old, signal.SIGKILL)
-    _until(lambda: _restarted(own, last_seq) and own.rank_pid(1) != old, "rank 1 was not started again")
-    new = own.rank_pid(1)
+    new = _kill_rank1(own, fork_server)
     assert _command_name(new) == "bsr-rank1" and _parent(new) != fork_server
     with httpx.Client(base_url=own.url, headers=own.auth(), timeout=60) as http:
         _until(lambda: http.get(V1 + "/health").status_code == 200, "the engine did not turn healthy")
