@@ -122,6 +122,8 @@ def types_of(experiment: str) -> ExperimentTypes:
     from bsr_cli.bench.fs_concurrency import FsParams, fs_row_from_wire
     from bsr_cli.bench.ladder import LadderParams, LadderRow, LadderSummary
     from bsr_cli.bench.sweep import SweepParams, SweepRow, SweepSummary
+    from bsr_cli.bench.trace import BudgetRun
+    from bsr_cli.bench.trace_bundle import TraceParams, TraceSummary
     from bsr_cli.bench.wlaw import WLawParams, WLawRow, WLawSummary
 
     types = {
@@ -130,6 +132,7 @@ def types_of(experiment: str) -> ExperimentTypes:
         "ladder": ExperimentTypes(params=LadderParams, summary=LadderSummary, read_row=LadderRow.from_wire),
         "failures": ExperimentTypes(params=FailuresParams, summary=FailuresSummary),
         "fs-concurrency": ExperimentTypes(params=FsParams, read_row=fs_row_from_wire),
+        "trace": ExperimentTypes(params=TraceParams, summary=TraceSummary, read_row=BudgetRun.from_wire),
     }
     return types.get(experiment, KEPT_AS_SENT)
 

@@ -347,6 +347,14 @@ class StockNotRun:
     run: ClassVar[bool] = False
 
     to_wire = wire.writer(order=("run", "reason"))
+    from_wire = wire.reader()
+
+
+def read_stock(data: object) -> StockSummary | StockNotRun | None:
+    """Stock LMCache's side of a replay as written (``run`` says which record it is; None: not recorded)."""
+    if not isinstance(data, Mapping):
+        return None
+    return StockSummary.from_wire(data) if data.get("run") else StockNotRun.from_wire(data)
 
 
 # A prediction agrees with the engine when the measured latency is within this fraction of it (p50 and p99).
@@ -862,6 +870,7 @@ class StockSummary:
             "setup_s",
         )
     )
+    from_wire = wire.reader()
 
 
 def stock_summary(trace: Trace, reg: Registration, run: StockRun, deadline_s: float = STOCK_DEADLINE_S) -> StockSummary:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from bsr_cli import __version__
 from bsr_cli.bench.evidence import Bundle, MachineInfo, Target, new_run_id, now, registration_identity
-from bsr_cli.bench.trace import AGREEMENT, BudgetRun, TraceReplay
+from bsr_cli.bench.trace import AGREEMENT, BudgetRun, StockNotRun, StockSummary, TraceReplay
 from bsr_cli.core import wire
 from bsr_cli.core.host_model import HostCalibration
 from bsr_cli.core.registration import Registration
@@ -42,6 +42,9 @@ class TraceSummary:
     agreeing_p99: int
     bandwidth_bytes_per_s: float
     calibration: HostCalibration | None
+    # Stock LMCache's replay of the slice, or why it did not run (`bench.trace.read_stock` reads it back; None: a
+    # bundle written before bsr kept it).
+    stock: wire.JsonObject | None = wire.field(omit_none=True, default=None, shape=StockSummary | StockNotRun)
 
     to_wire = wire.writer()
     from_wire = wire.reader()
@@ -111,6 +114,7 @@ def trace_bundle(
             agreeing_p99=sum(1 for r in runs if r.agrees.get("p99")),
             bandwidth_bytes_per_s=report.bandwidth_bytes_per_s,
             calibration=report.calibration,
+            stock=None if report.stock is None else report.stock.to_wire(),
         ),
         targets=targets(runs),
         interrupted=False,

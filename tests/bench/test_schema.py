@@ -76,8 +76,8 @@ def test_every_committed_bundle_is_written_again_byte_for_byte(tmp_path: Path) -
         "failures",
         "peer",
         "cpu-bound",
-        "trace",
     }
+    assert row_types["trace"] == {"BudgetRun"}
     # The check can fail: a sweep row's keys in another order are written back in its type's order, not the file's.
     data = _first("sweep")
     data["rows"][0] = dict(reversed(data["rows"][0].items()))

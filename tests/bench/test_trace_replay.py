@@ -404,20 +404,27 @@ def test_the_report_puts_prediction_engine_and_stock_side_by_side_in_text_and_js
         assert wire["runs"][0]["measured"]["bound_by"] == {"budget": 1}
 
 
-def test_a_trace_bundle_is_written_again_byte_for_byte(tmp_path: Path) -> None:
-    """No trace bundle is committed (tests/bench/test_schema.py writes every committed one back): one made of a
-    replay's report validates, and read back (bsr keeps a trace bundle's records and rows as sent) it is written
-    again byte for byte."""
-    from bsr_cli.bench.evidence import SentRecord, SentRow, machine_info, now
-    from bsr_cli.bench.trace_bundle import new_trace_run_id, trace_bundle
+def test_a_trace_bundle_reads_back_as_its_types_and_shows_the_report_again(
+    bsr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace bundle made of a replay's report (stock's side included) validates, reads back as the replay's own
+    types, is written again byte for byte, and `bsr bench show` prints the report the replay printed."""
+    import io
+
+    from rich.console import Console
+
+    from bsr_cli.bench.evidence import machine_info, now
+    from bsr_cli.bench.trace_bundle import TraceParams, TraceSummary, new_trace_run_id, trace_bundle
+    from bsr_cli.cli.render import planning as render
 
     reg = bt.replay_registration()
-    trace, _ = _stock_run(_conversations(1, 2), [0, 192])
+    trace, stock_run = _stock_run(_conversations(1, 2), [0, 192])
     sweep = next(p for p in sorted((ROOT / "docs" / "evidence").glob("br-e1-*.json")))
     engine = {"url": "http://127.0.0.1:8600", "embedded": True, "startup_s": None}
     engine["info"] = json.loads(sweep.read_text())["engine"]["info"]  # a real engine's /info
+    report = replace(_report(trace, reg, _budget_run(trace, reg)), stock=bt.stock_summary(trace, reg, stock_run))
     made = trace_bundle(
-        _report(trace, reg, _budget_run(trace, reg)),
+        report,
         reg,
         run_id=new_trace_run_id(),
         started_at=now(),
@@ -428,9 +435,25 @@ def test_a_trace_bundle_is_written_again_byte_for_byte(tmp_path: Path) -> None:
     )
     first = bundles.write(made, tmp_path / "first")  # validates it first
     back = bundles.read(first)
-    assert isinstance(back.params, SentRecord) and isinstance(back.summary, SentRecord)
-    assert [type(r) for r in back.rows] == [SentRow]
+    assert isinstance(back.params, TraceParams) and isinstance(back.summary, TraceSummary)
+    assert [type(r) for r in back.rows] == [bt.BudgetRun] and back.rows == list(report.runs)
+    assert bt.read_stock(back.summary.stock) == report.stock
     assert bundles.write(back, tmp_path / "again").read_bytes() == first.read_bytes()
+
+    buf = io.StringIO()
+    render.trace_replay(Console(file=buf, width=240, color_system=None), replace(report, bundle=str(first)))
+    monkeypatch.setenv("COLUMNS", "240")
+    shown = bsr("bench", "show", str(first))
+    assert shown.code == 0, shown.err
+    assert "stock LMCache 0.5.6" in shown.out and "predicted p50" in shown.out
+    assert shown.out.split() == buf.getvalue().split()
+    # The check can fail: a bundle from before stock's side was kept says so where the report had stock's lines.
+    older = json.loads(first.read_text())
+    del older["summary"]["stock"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    again = bsr("bench", "show", str(tmp_path / "older.json"))
+    assert again.code == 0 and "stock LMCache: not run (not recorded)" in again.out
+    assert again.out.split() != buf.getvalue().split()
 
 
 def test_stock_needs_one_paged_kv_layout() -> None:

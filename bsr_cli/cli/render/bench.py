@@ -542,6 +542,36 @@ def render_cpu_bound(console: Console, pub: PublishedBundle) -> None:
         console.print(f"{bw}·RWS, RDMA model per rank: {model}")
 
 
+def render_trace(console: Console, pub: PublishedBundle) -> None:
+    """`bsr bench trace`'s report again, as the replay printed it."""
+    from bsr_cli.bench.evidence import record_of
+    from bsr_cli.bench.trace import BudgetRun, TraceReplay, read_stock
+    from bsr_cli.bench.trace_bundle import TraceParams, TraceSummary
+    from bsr_cli.cli.render.planning import trace_replay
+
+    d = pub.bundle
+    p, s = record_of(TraceParams, d.params), record_of(TraceSummary, d.summary)
+    reg = d.registration
+    report = TraceReplay(
+        trace=p.trace,
+        requests=p.requests,
+        speedup=p.speedup,
+        block_tokens=p.block_tokens,
+        registration=reg.identity,
+        model=reg.model,
+        bytes_per_chunk=reg.bytes_per_chunk,
+        w=p.w,
+        bandwidth_bytes_per_s=s.bandwidth_bytes_per_s,
+        calibration=s.calibration,
+        calibration_file=p.calibration_file,
+        runs=tuple(r for r in d.rows if isinstance(r, BudgetRun)),
+        bundle=pub.files.bundle,
+        skip=p.skip,
+        stock=read_stock(s.stock),
+    )
+    trace_replay(console, report)
+
+
 TABLES: dict[str, Callable[[Console, PublishedBundle], None]] = {
     "sweep": render_sweep,
     "ladder": render_ladder,
@@ -551,6 +581,7 @@ TABLES: dict[str, Callable[[Console, PublishedBundle], None]] = {
     "failures": render_failures,
     "peer": render_peer,
     "cpu-bound": render_cpu_bound,
+    "trace": render_trace,
 }
 """Each experiment's table, by the bundle's ``experiment``: a new experiment adds its renderer here."""
 
