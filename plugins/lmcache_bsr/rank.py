@@ -88,8 +88,9 @@ from .window import MooncakeWindows, WindowFetch, fetch_window, install_window
 Emit = Callable[[Event], None]
 R = TypeVar("R")
 VISIBLE_DEADLINE_S = 10.0  # remote/disk puts must be readable within this; a full segment never gets there
-# Fetches in flight on one rank: two restores' windows at once, each with the next window's fetch run ahead.
-FETCHES_IN_FLIGHT = 4
+# Fetches one restore runs ahead of its install, and in flight on one rank: two restores' windows at once.
+FETCHES_AHEAD = 2
+FETCHES_IN_FLIGHT = 2 * FETCHES_AHEAD
 RETRIEVE_GRACE_S = 30.0  # after a window's deadline, how long a still-running LMCache fetch may take to end
 
 
@@ -512,7 +513,7 @@ _Ahead = tuple[int, float, Future[WindowFetch], int]
 
 class _RestoreRun:
     """One request's restore on an LMCacheRank, window by window: admit a window under B, fetch it into L1 (one
-    Mooncake transfer, ``window.py``; the next window's fetch issued before this one's checks when B holds both),
+    Mooncake transfer, ``window.py``; the next windows' fetches issued while B has room, see ``_run_ahead``),
     check every object against its checksum and that the window loaded whole, install it (one copy per layer),
     give its objects back to L1 and its bytes back to B. Armed faults wrap its parts (bsr_cli/runtime/faulty.py)."""
 
@@ -527,6 +528,7 @@ class _RestoreRun:
         self.bounded = job.w > 0
         self.timeout_s = float(job.fetch_timeout_s)
         self.ahead: deque[_Ahead] = deque()
+        self.issued = 0  # the next window whose fetch is to be issued
         self.clock = StageClock()
         self.locate: Callable[[WindowJob, str], str] = lambda _win, tier: lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
         self.window_stage: WindowStage = self._fetch_and_install
@@ -598,15 +600,14 @@ class _RestoreRun:
         self.rank.tracker.mark()
         if not self.ahead:
             self._admit_and_issue(pos)
+        self._run_ahead()  # B has the room the window before gave back: the next fetch runs beside this one's
         _, issued_at, fut, admitted = self.ahead[0]
         with self.clock.timing(TimedStage.WAIT):
             fetched = self.rank._await_fetch(fut, issued_at, self.timeout_s, win.index)
         self.ahead.popleft()
         try:
             out.fetch_seconds += time.monotonic() - t0
-            if self._may_run_ahead(pos):
-                # The next window's transfer runs during this one's check and install (B holds both).
-                self._issue(pos + 1, self._window_bytes(self.windows[pos + 1]))
+            self._run_ahead()  # when none is in flight yet, the next transfer runs during this check and install
             with self.clock.timing(TimedStage.VERIFY):
                 got = fetched.checked(self.rank.windows)
             self._check_loaded(win, got)
@@ -664,17 +665,19 @@ class _RestoreRun:
                 rk.l1.release(admitted)  # never issued: its bytes of B go back at once
             raise
         self.ahead.append((pos, time.monotonic(), fut, admitted))
+        self.issued = pos + 1
 
-    def _may_run_ahead(self, pos: int) -> bool:
-        """Admit the next window now when the budget holds it beside this one (B >= 2 windows): its fetch then
-        overlaps this window's install. With B = RWS(W) only one window is ever live, the paper's serialized
-        restore."""
-        if not self.bounded or pos + 1 >= len(self.windows):
-            return False
-        nxt = self._window_bytes(self.windows[pos + 1])
-        if self._window_bytes(self.windows[pos]) + nxt > self.rank.budget_bytes:
-            return False
-        return self.rank.l1.try_admit(nxt)
+    def _run_ahead(self) -> None:
+        """Issue the next window's fetch now when B has room for it beside the windows live (this restore's fetches
+        in flight and the one being checked and installed), at most ``FETCHES_AHEAD`` in flight: the transfers then
+        overlap this window's check and install and each other's per-call latency. With B = RWS(W) only one window
+        is ever live, the paper's serialized restore. Never waits (a window that must wait for room is admitted
+        in line by ``_admit_and_issue``)."""
+        if not self.bounded or len(self.ahead) >= FETCHES_AHEAD or self.issued >= len(self.windows):
+            return
+        nbytes = self._window_bytes(self.windows[self.issued])
+        if self.rank.l1.try_admit(nbytes):
+            self._issue(self.issued, nbytes)
 
     def _check_loaded(self, win: WindowJob, got: list[Any]) -> None:
         """Completeness: LMCache loaded every token of the window (a short load names the chunk that failed its

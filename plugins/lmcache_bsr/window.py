@@ -47,7 +47,7 @@ __all__ = ["REMOTE", "MooncakeWindows", "WindowFetch", "fetch_window", "install_
 REMOTE = lm.TIER_BACKENDS["mooncake"]  # LMCache's location of the Mooncake backend
 _OBJECT_NOT_FOUND = -704  # Mooncake's code for a key it does not hold (a chunk stock LMCache stored: no sidecar)
 # Sidecar slots per region (a larger window's sidecars go in several calls), and regions: one per fetch in flight
-# (each rank runs at most two restores' fetches at once, each one window ahead).
+# (a rank's four transfer threads: two restores at once, each with up to two windows' fetches in flight).
 _SIDECARS_PER_REGION = 1024
 _REGIONS = 4
 

@@ -281,6 +281,62 @@ def test_a_window_transfer_that_raises_fails_closed_and_gives_l1_back(
             host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
 
 
+class _HeldTransfer:
+    """The real store (every call goes to it), whose transfer of one window waits until the next window's transfer
+    has been issued (an event, with a deadline under the restore's fetch timeout): says whether they were in flight
+    together."""
+
+    def __init__(self, store: Any, held: str, following: str) -> None:
+        self._store, self._held, self._following = store, held, following
+        self.following_issued = threading.Event()
+        self.together: bool | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def batch_get_into(self, keys: list[str], *args: Any) -> Any:
+        if self._following in keys:
+            self.following_issued.set()
+        if self._held in keys:
+            self.together = self.following_issued.wait(8.0)
+        return self._store.batch_get_into(keys, *args)
+
+
+@pytest.mark.timeout(120)
+def test_under_b_2rws_the_next_window_is_fetched_while_the_one_before_is_in_flight(
+    stack: tuple[services.ServiceHandle, LMCacheHost],
+) -> None:
+    """B = 2 RWS holds two windows: once window 0 is installed and given back, window 2's transfer is issued while
+    window 1's is still running, so the transport always has the next window to move (the per-call gap of one
+    transfer at a time is what kept bsr below the raw GET). The pool still never holds more than B. Fails when the
+    next transfer waits for the one before (window 1 is held until window 2 is issued: it would time out)."""
+    _, host = stack
+    c = host.coordinator
+    toks = _stored_prompt(host, seed=19, n_tokens=CHUNKS * CS)
+    rank = host.rank(0)
+    keys = [lm.key_string(k) for k in rank.keys(toks)]
+    windows = rank.windows
+    assert windows is not None
+    real = windows.store
+    held = _HeldTransfer(real, held=keys[W], following=keys[2 * W])  # window 1 waits for window 2's transfer
+    budget = 2 * W * CHUNK_BYTES
+    try:
+        for r in (0, 1):
+            host.rank(r).set_budget(SetBudgetRequest(budget))
+        c.reset_peak()
+        windows.store = held
+        res = c.restore(toks, w=W, exclude=["fs"])
+        peaks = [p.pool["peak_bytes"] for p in c.pool()]
+    finally:
+        windows.store = real
+        for r in (0, 1):
+            host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
+    assert held.together is True
+    assert res.outcome is Outcome.COMMITTED and res.hashes is not None and res.hashes.hash_ok is True, res.report
+    assert res.report is not None and all(o.peak_live_bytes <= budget for o in res.report.ranks)
+    assert max(peaks) <= budget, peaks
+
+
 def test_a_window_over_the_budget_is_capacity_and_blames_no_tier(
     stack: tuple[services.ServiceHandle, LMCacheHost],
 ) -> None:
