@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bsr_cli import __version__
-from bsr_cli.bench.evidence import Bundle, MachineInfo, Target, new_run_id, now, registration_identity
-from bsr_cli.bench.trace import AGREEMENT, BudgetRun, StockNotRun, StockSummary, TraceReplay
+from bsr_cli.bench.evidence import Bundle, MachineInfo, Target, new_run_id, now, record_of, registration_identity
+from bsr_cli.bench.trace import AGREEMENT, BudgetRun, StockNotRun, StockSummary, TraceReplay, read_stock
 from bsr_cli.core import wire
 from bsr_cli.core.host_model import HostCalibration
 from bsr_cli.core.registration import Registration
@@ -120,4 +120,27 @@ def trace_bundle(
         interrupted=False,
         interrupted_by=None,
         ok=all(report.checks.values()),
+    )
+
+
+def report_of(bundle: Bundle, path: str) -> TraceReplay:
+    """The replay's report again from its bundle (written at ``path``): what `bsr bench show` prints."""
+    p, s = record_of(TraceParams, bundle.params), record_of(TraceSummary, bundle.summary)
+    reg = bundle.registration
+    return TraceReplay(
+        trace=p.trace,
+        requests=p.requests,
+        speedup=p.speedup,
+        block_tokens=p.block_tokens,
+        registration=reg.identity,
+        model=reg.model,
+        bytes_per_chunk=reg.bytes_per_chunk,
+        w=p.w,
+        bandwidth_bytes_per_s=s.bandwidth_bytes_per_s,
+        calibration=s.calibration,
+        calibration_file=p.calibration_file,
+        runs=tuple(r for r in bundle.rows if isinstance(r, BudgetRun)),
+        bundle=path,
+        skip=p.skip,
+        stock=read_stock(s.stock),
     )

@@ -544,32 +544,10 @@ def render_cpu_bound(console: Console, pub: PublishedBundle) -> None:
 
 def render_trace(console: Console, pub: PublishedBundle) -> None:
     """`bsr bench trace`'s report again, as the replay printed it."""
-    from bsr_cli.bench.evidence import record_of
-    from bsr_cli.bench.trace import BudgetRun, TraceReplay, read_stock
-    from bsr_cli.bench.trace_bundle import TraceParams, TraceSummary
+    from bsr_cli.bench.trace_bundle import report_of
     from bsr_cli.cli.render.planning import trace_replay
 
-    d = pub.bundle
-    p, s = record_of(TraceParams, d.params), record_of(TraceSummary, d.summary)
-    reg = d.registration
-    report = TraceReplay(
-        trace=p.trace,
-        requests=p.requests,
-        speedup=p.speedup,
-        block_tokens=p.block_tokens,
-        registration=reg.identity,
-        model=reg.model,
-        bytes_per_chunk=reg.bytes_per_chunk,
-        w=p.w,
-        bandwidth_bytes_per_s=s.bandwidth_bytes_per_s,
-        calibration=s.calibration,
-        calibration_file=p.calibration_file,
-        runs=tuple(r for r in d.rows if isinstance(r, BudgetRun)),
-        bundle=pub.files.bundle,
-        skip=p.skip,
-        stock=read_stock(s.stock),
-    )
-    trace_replay(console, report)
+    trace_replay(console, report_of(pub.bundle, pub.files.bundle))
 
 
 TABLES: dict[str, Callable[[Console, PublishedBundle], None]] = {
