@@ -12,8 +12,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -120,6 +122,13 @@ def _write(master: services.ServiceHandle, tmp: Path, model: str, tokens: list[i
     args = [sys.executable, "-c", WRITER, master.rpc_address, master.metadata_url, model, str(tf), str(hole)]
     p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode in (-signal.SIGSEGV, -signal.SIGABRT) and not lines:
+        # The writer is LMCache and vLLM alone (no bsr in it): Mooncake's client has been seen to crash once in
+        # LMCache's setup on a loaded host, before anything was written. That is the peer's fault, not what this
+        # test checks (the keys it writes), so a crashed writer is started once more; a second crash fails.
+        warnings.warn(f"the LMCache writer died by signal {-p.returncode} before writing; started again", stacklevel=2)
+        p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, p.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT ") :]), tf
 
