@@ -434,8 +434,8 @@ class LMCacheRank(RankHost):
 
     def _await_fetch(self, fut: Future[WindowFetch], issued_at: float, timeout_s: float, idx: int) -> WindowFetch:
         """LMCache's get has no deadline of its own: a window's fetch runs aside and is waited for with one, counted
-        from its issue. At the deadline it stays in its entry ahead for cleanup, which waits for it and gives its
-        objects back; a fetch that raised gave its own back."""
+        from ``issued_at`` (see ``_Ahead``). At the deadline it stays in its entry ahead for cleanup, which waits for
+        it and gives its objects back; a fetch that raised gave its own back."""
         try:
             return fut.result(timeout=max(0.0, issued_at + timeout_s - time.monotonic()))
         except FutureTimeout:
@@ -506,8 +506,9 @@ class LMCacheRank(RankHost):
         lm.destroy_engine(self.instance_id)
 
 
-# Fetches issued and not yet consumed, in window order: (window position, issue time, the fetch, the bytes admitted
-# under B for it).
+# Fetches issued and not yet consumed, in window order: (window position, when its deadline started: its issue, or
+# the arrival of the window before it when it was issued while that one was in flight; the fetch, the bytes
+# admitted under B for it).
 _Ahead = tuple[int, float, Future[WindowFetch], int]
 
 
@@ -605,6 +606,11 @@ class _RestoreRun:
         with self.clock.timing(TimedStage.WAIT):
             fetched = self.rank._await_fetch(fut, issued_at, self.timeout_s, win.index)
         self.ahead.popleft()
+        if self.ahead:
+            # The next window shared the transport with this one until now: its deadline counts from here, so each
+            # window gets fetch_timeout_s of the transport to itself, as when one fetch was in flight at a time.
+            pos_next, _, fut_next, admitted_next = self.ahead[0]
+            self.ahead[0] = (pos_next, time.monotonic(), fut_next, admitted_next)
         try:
             out.fetch_seconds += time.monotonic() - t0
             self._run_ahead()  # when none is in flight yet, the next transfer runs during this check and install

@@ -337,6 +337,61 @@ def test_under_b_2rws_the_next_window_is_fetched_while_the_one_before_is_in_flig
     assert max(peaks) <= budget, peaks
 
 
+class _SlowTransfers:
+    """The real store (every call goes to it) as a slow tier for two windows: window 1's transfer returns ``hold_s``
+    after window 2's has been issued, and window 2's ``hold_s`` after window 1's has returned."""
+
+    def __init__(self, store: Any, first: str, second: str, hold_s: float) -> None:
+        self._store, self._first, self._second, self._hold_s = store, first, second, hold_s
+        self.second_issued, self.first_back = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def batch_get_into(self, keys: list[str], *args: Any) -> Any:
+        if self._second in keys:
+            self.second_issued.set()
+            self.first_back.wait(30.0)
+            time.sleep(self._hold_s)  # the slow tier itself, not a synchronisation
+        out = self._store.batch_get_into(keys, *args)
+        if self._first in keys:
+            self.second_issued.wait(30.0)
+            time.sleep(self._hold_s)
+            self.first_back.set()
+        return out
+
+
+@pytest.mark.timeout(120)
+def test_a_window_fetched_ahead_gets_the_whole_fetch_timeout_after_the_one_before_it(
+    stack: tuple[services.ServiceHandle, LMCacheHost],
+) -> None:
+    """Two windows in flight share the transport, so a window's deadline counts from the arrival of the window
+    before it, not from its own issue: each still gets fetch_timeout_s (10 s here) of the tier to itself, as when
+    one fetch ran at a time. Here window 2 arrives 12 s after its issue and 6 s after window 1: it commits (counted
+    from its issue it would time out)."""
+    _, host = stack
+    c = host.coordinator
+    toks = _stored_prompt(host, seed=23, n_tokens=CHUNKS * CS)
+    rank = host.rank(0)
+    keys = [lm.key_string(k) for k in rank.keys(toks)]
+    windows = rank.windows
+    assert windows is not None
+    real = windows.store
+    slow = _SlowTransfers(real, first=keys[W], second=keys[2 * W], hold_s=6.0)
+    try:
+        for r in (0, 1):
+            host.rank(r).set_budget(SetBudgetRequest(2 * W * CHUNK_BYTES))
+        windows.store = slow
+        res = c.restore(toks, w=W, exclude=["fs"])
+    finally:
+        windows.store = real
+        c.clear_markers()
+        for r in (0, 1):
+            host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
+    assert slow.second_issued.is_set() and slow.first_back.is_set()
+    assert res.outcome is Outcome.COMMITTED and res.hashes is not None and res.hashes.hash_ok is True, res.report
+
+
 def test_a_window_over_the_budget_is_capacity_and_blames_no_tier(
     stack: tuple[services.ServiceHandle, LMCacheHost],
 ) -> None:
