@@ -11,9 +11,9 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -281,6 +281,35 @@ def test_a_window_transfer_that_raises_fails_closed_and_gives_l1_back(
             host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
 
 
+S = TypeVar("S")
+
+
+def _restore_at_2rws_through(
+    host: LMCacheHost, toks: list[int], wrap: Callable[[Any, list[str]], S]
+) -> tuple[S, Any, list[int]]:
+    """Restore ``toks`` at B = 2 RWS with rank 0's Mooncake store replaced by ``wrap(real store, rank 0's keys)``,
+    then put the store, the budgets and the markers back. Returns the wrapper, the result and each rank's pool
+    peak."""
+    c, rank = host.coordinator, host.rank(0)
+    windows = rank.windows
+    assert windows is not None
+    real = windows.store
+    wrapper = wrap(real, [lm.key_string(k) for k in rank.keys(toks)])
+    try:
+        for r in (0, 1):
+            host.rank(r).set_budget(SetBudgetRequest(2 * W * CHUNK_BYTES))
+        c.reset_peak()
+        windows.store = wrapper
+        res = c.restore(toks, w=W, exclude=["fs"])
+        peaks = [p.pool["peak_bytes"] for p in c.pool()]
+    finally:
+        windows.store = real
+        c.clear_markers()
+        for r in (0, 1):
+            host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
+    return wrapper, res, peaks
+
+
 class _HeldTransfer:
     """The real store (every call goes to it), whose transfer of one window waits until the next window's transfer
     has been issued (an event, with a deadline under the restore's fetch timeout): says whether they were in flight
@@ -311,26 +340,12 @@ def test_under_b_2rws_the_next_window_is_fetched_while_the_one_before_is_in_flig
     transfer at a time is what kept bsr below the raw GET). The pool still never holds more than B. Fails when the
     next transfer waits for the one before (window 1 is held until window 2 is issued: it would time out)."""
     _, host = stack
-    c = host.coordinator
     toks = _stored_prompt(host, seed=19, n_tokens=CHUNKS * CS)
-    rank = host.rank(0)
-    keys = [lm.key_string(k) for k in rank.keys(toks)]
-    windows = rank.windows
-    assert windows is not None
-    real = windows.store
-    held = _HeldTransfer(real, held=keys[W], following=keys[2 * W])  # window 1 waits for window 2's transfer
     budget = 2 * W * CHUNK_BYTES
-    try:
-        for r in (0, 1):
-            host.rank(r).set_budget(SetBudgetRequest(budget))
-        c.reset_peak()
-        windows.store = held
-        res = c.restore(toks, w=W, exclude=["fs"])
-        peaks = [p.pool["peak_bytes"] for p in c.pool()]
-    finally:
-        windows.store = real
-        for r in (0, 1):
-            host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
+    # Window 1 waits for window 2's transfer.
+    held, res, peaks = _restore_at_2rws_through(
+        host, toks, lambda real, keys: _HeldTransfer(real, held=keys[W], following=keys[2 * W])
+    )
     assert held.together is True
     assert res.outcome is Outcome.COMMITTED and res.hashes is not None and res.hashes.hash_ok is True, res.report
     assert res.report is not None and all(o.peak_live_bytes <= budget for o in res.report.ranks)
@@ -370,24 +385,10 @@ def test_a_window_fetched_ahead_gets_the_whole_fetch_timeout_after_the_one_befor
     one fetch ran at a time. Here window 2 arrives 12 s after its issue and 6 s after window 1: it commits (counted
     from its issue it would time out)."""
     _, host = stack
-    c = host.coordinator
     toks = _stored_prompt(host, seed=23, n_tokens=CHUNKS * CS)
-    rank = host.rank(0)
-    keys = [lm.key_string(k) for k in rank.keys(toks)]
-    windows = rank.windows
-    assert windows is not None
-    real = windows.store
-    slow = _SlowTransfers(real, first=keys[W], second=keys[2 * W], hold_s=6.0)
-    try:
-        for r in (0, 1):
-            host.rank(r).set_budget(SetBudgetRequest(2 * W * CHUNK_BYTES))
-        windows.store = slow
-        res = c.restore(toks, w=W, exclude=["fs"])
-    finally:
-        windows.store = real
-        c.clear_markers()
-        for r in (0, 1):
-            host.rank(r).set_budget(SetBudgetRequest(host.rank(r).tracker.heap_bytes))
+    slow, res, _ = _restore_at_2rws_through(
+        host, toks, lambda real, keys: _SlowTransfers(real, first=keys[W], second=keys[2 * W], hold_s=6.0)
+    )
     assert slow.second_issued.is_set() and slow.first_back.is_set()
     assert res.outcome is Outcome.COMMITTED and res.hashes is not None and res.hashes.hash_ok is True, res.report
 
