@@ -506,10 +506,12 @@ def test_a_window_is_one_transfer_and_one_copy_per_layer(stack: tuple[services.S
     for rk, spy in zip(ranks, spies, strict=True):
         keys = [lm.key_string(k) for k in rk.keys(toks)]
         # One store call per window, carrying its W objects and their W checksum sidecars; nothing else read.
-        assert [len(carried) for _, carried in spy.calls] == [2 * W] * windows, spy.calls
-        for i, (call, carried) in enumerate(spy.calls):
-            window = keys[i * W : (i + 1) * W]
-            assert call == "batch_get_into" and carried == (*window, *map(sidecar_key, window)), carried
+        # Two windows' transfers can be in flight at once (on two threads), so the calls are compared as a set.
+        expected = {
+            ("batch_get_into", (*window, *map(sidecar_key, window)))
+            for window in (keys[i * W : (i + 1) * W] for i in range(windows))
+        }
+        assert len(spy.calls) == windows and set(spy.calls) == expected, spy.calls
     # One copy per layer per window into the paged KV, on each rank.
     assert len(writes) == 2 * windows * LAYERS, writes
 
