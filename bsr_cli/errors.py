@@ -185,6 +185,11 @@ class ServerError(EngineError):
     kind = "server-error"
 
 
+class RankDied(ServerError):
+    """A rank's pipe broke or closed under a call: its process is going or gone, whether or not the kernel has
+    reported it yet. The runtime answers it as the rank being unavailable (503), never as a server error."""
+
+
 class RestoreFailedClosed(BsrError):
     exit_code = ExitCode.FAILED_CLOSED
     kind = "failed-closed"

@@ -20,7 +20,7 @@ from bsr_cli.api.ranks import RankRequest
 from bsr_cli.core.events import Event
 from bsr_cli.engine.config import RankConfig, RankInfo
 from bsr_cli.engine.worker import worker_main
-from bsr_cli.errors import ServerError, ServiceError
+from bsr_cli.errors import RankDied, ServerError, ServiceError
 
 READY_TIMEOUT_S = 180.0
 R = TypeVar("R")
@@ -48,10 +48,6 @@ def _rank_context() -> ForkServerContext:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(RANK_PRELOAD)
     return ctx
-
-
-class RankDied(ServerError):
-    pass
 
 
 class ProcessRank:

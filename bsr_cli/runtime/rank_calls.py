@@ -34,7 +34,7 @@ from bsr_cli.core.events import RankStarved as RankStarvedEvent
 from bsr_cli.core.events import RankUnresponsive as RankUnresponsiveEvent
 from bsr_cli.core.evidence import EventKind, FailureKind, RankState
 from bsr_cli.core.status import RankFault, RankHealth
-from bsr_cli.errors import BsrError, RankRestarting, ServerError
+from bsr_cli.errors import BsrError, RankDied, RankRestarting, ServerError
 from bsr_cli.runtime import failures
 from bsr_cli.runtime.coordinator_state import (
     POLL_S,
@@ -197,11 +197,14 @@ class RankCalls:
         try:
             return f.result()
         except Exception as e:
-            if r.alive():
+            # A broken pipe says the process is going before the kernel may report it gone (``alive`` can still
+            # be true for a moment after a SIGKILL): unavailable either way, not a server error.
+            lost = isinstance(e, RankDied)
+            if r.alive() and not lost:
                 raise
-            why = f"{self._down(r)} during {what}"
+            why = f"{self._down(r) if not r.alive() else 'its pipe closed'} during {what}"
             self.rank_fault(r.rank, why)
-            raise self.unavailable(r, why) from e
+            raise self.unavailable(r, why, dead=lost) from e
 
     @staticmethod
     def _down(r: RankClient) -> str:

@@ -38,7 +38,7 @@ from bsr_cli.api.ranks import (
 from bsr_cli.core.events import Event
 from bsr_cli.core.keys import object_key
 from bsr_cli.core.registration import Registration
-from bsr_cli.errors import ServerError
+from bsr_cli.errors import RankDied, ServerError
 from bsr_cli.runtime.checksum import object_checksum
 from bsr_cli.runtime.kv_ops import KVOps
 from bsr_cli.runtime.pool import RestorePool
@@ -308,7 +308,8 @@ class InProcessRank:
     """A RankClient whose rank runs in this process (the fake of the embedded engine's rank process and pipe).
 
     ``hang`` (a set of op names) makes those calls block until ``release`` is set (a rank that stopped making
-    progress); ``dead`` makes ``alive()`` false and every call fail (a rank whose process exited).
+    progress); ``dead`` makes ``alive()`` false and every call fail (a rank whose process exited); ``dying`` makes
+    every call fail as a broken pipe while ``alive()`` is still true (a rank just killed, not yet reported gone).
     Events reach the coordinator through the ops' ``emit``, as they would over the pipe."""
 
     def __init__(self, ops: FakeRankOps) -> None:
@@ -316,6 +317,7 @@ class InProcessRank:
         self.rank = ops.rank
         self.calls: list[str] = []
         self.dead = False
+        self.dying = False
         self.hang: set[str] = set()
         self.release = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"fake-rank{ops.rank}")
@@ -324,6 +326,10 @@ class InProcessRank:
         if self.dead:  # as the process rank answers once its process is gone
             fut: Future[R] = Future()
             fut.set_exception(ServerError(f"rank {self.rank} is not running: process exited"))
+            return fut
+        if self.dying:  # as the process rank answers when its pipe breaks under the send
+            fut = Future()
+            fut.set_exception(RankDied(f"rank {self.rank} is unreachable: [Errno 32] Broken pipe"))
             return fut
         self.calls.append(request.op)
         # What the pipe does to a request and its result: each crosses as a pickled copy.

@@ -87,6 +87,27 @@ def test_a_change_while_a_rank_is_down_is_refused_before_any_rank_is_asked(fake_
     assert c.settings.w == 1
 
 
+def test_a_change_that_meets_a_rank_just_killed_is_refused_as_restarting_not_as_a_server_error(
+    fake_engine: FakeEngine,
+) -> None:
+    """A rank SIGKILLed a moment ago: its pipe breaks under the send before its process is reported gone. The
+    change is put back on the rank that took it and answered as the rank restarting (503, retry), never a 500."""
+    c = fake_engine.coordinator
+    c.restart_ranks_with(RestartSchedule(0.2))
+    before = c.settings.budget_bytes
+    fake_engine.ranks[1].dying = True
+    assert fake_engine.ranks[1].alive()
+    with pytest.raises(RankRestarting) as e:
+        c.update_settings(budget_bytes=2 * fake_engine.reg.bytes_per_chunk)
+    assert e.value.rank == 1 and "its pipe closed" in e.value.message
+    assert f"rank 0 was put back to budget_bytes {before}" in e.value.message
+    assert _budgets(fake_engine)[0] == before == c.settings.budget_bytes
+    # Negative control: a rank that is alive and fails the call for its own reason is not called restarting.
+    fake_engine.ranks[1].dying = False
+    with pytest.raises(UnsupportedOp):
+        c.update_settings(fs_concurrency=4)
+
+
 def test_a_restarted_rank_takes_the_engines_settings_before_it_serves(fake_engine: FakeEngine) -> None:
     c = fake_engine.coordinator
     slot = fake_engine.reg.bytes_per_chunk
