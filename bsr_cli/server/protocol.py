@@ -231,6 +231,11 @@ class GuardedH11Protocol(H11Protocol):
         super().on_response_complete()
         if not self.transport.is_closing():
             self._arm_deadline()  # the next request on this connection gets its own deadline
+            # Between requests uvicorn's keep-alive timeout counts the idle time; the idle timer last armed while a
+            # request arrived would otherwise fire then, and close a connection whose next request is on its way.
+            if self._idle is not None:
+                self._idle.cancel()
+                self._idle = None
             self._start_waiting()
 
     def send_400_response(self, msg: str) -> None:

@@ -417,6 +417,43 @@ def test_a_client_with_many_kept_alive_connections_is_served(
     assert codes == [200] * 80, sorted(set(codes))
 
 
+def _get_on(s: socket.socket, path: str) -> int:
+    """One GET with the token on the kept-alive socket ``s``; its status (0: the server had closed the connection)."""
+    try:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+        out = b""
+        while b"\r\n\r\n" not in out or len(out.partition(b"\r\n\r\n")[2]) < _length(out):
+            got = s.recv(65536)
+            if not got:
+                return 0
+            out += got
+    except ConnectionError:
+        return 0
+    return int(out.split(b" ", 2)[1])
+
+
+def test_a_kept_alive_connection_is_closed_for_idleness_only_after_the_idle_timeout_since_its_last_answer(
+    serve: Callable[..., tuple[FakeEngine, AdminServer]],
+) -> None:
+    """A connection that carried requests for longer than the idle timeout, idle between them for less, stays open:
+    the idle time counts from the last answer, not from when the connection or a request arrived. (The idle waits
+    are the condition under test, not synchronisation: nothing else may close the connection for 2 s of 4.)"""
+    idle_s = 4.0
+    _, server = serve(idle_timeout_s=idle_s)
+    pause = threading.Event()
+    with socket.create_connection(_addr(server), timeout=30) as s:
+        opened = time.monotonic()
+        assert _get_on(s, f"{PREFIX}/info") == 200
+        pause.wait(0.5 * idle_s)
+        assert _get_on(s, f"{PREFIX}/info") == 200
+        answered = time.monotonic()
+        # Past the idle timeout since the connection opened, well within it since the last answer.
+        pause.wait(max(opened + 1.25 * idle_s, answered + 0.1 * idle_s) - time.monotonic())
+        assert _get_on(s, f"{PREFIX}/info") == 200, "closed while idle for less than the idle timeout"
+        # Negative control: left idle, the connection is closed (the read returns at the server's close).
+        assert s.recv(1) == b""
+
+
 def _send_whole_then_read(server: AdminServer, head: bytes, body: bytes) -> tuple[int, dict]:
     """Send a request's head and its whole body, as a client that reads only once it has sent everything does, then
     read the answer. A server that closed without reading the body resets the connection: sendall or recv raises."""
