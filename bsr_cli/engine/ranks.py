@@ -40,6 +40,9 @@ RANK_PRELOAD = [
 ]
 
 
+_RESTARTS = "the engine starts a rank that died again; `bsr engine status` shows its restarts"
+
+
 def _rank_context() -> ForkServerContext:
     """Where rank processes come from: a fork server, itself a fresh interpreter that has imported torch and the
     worker once. Each rank is forked from it, so it starts with no thread, lock or CUDA state of the engine's own
@@ -131,7 +134,9 @@ class ProcessRank:
     def submit(self, request: RankRequest[R]) -> Future[R]:
         fut: Future[R] = Future()
         if not self.alive():
-            fut.set_exception(RankDied(f"rank {self.rank} is not running: {self._dead or 'process exited'}"))
+            fut.set_exception(
+                RankDied(f"rank {self.rank} is not running: {self._dead or 'process exited'}", hint=_RESTARTS)
+            )
             return fut
         msg_id = next(self._ids)
         with self._lock:
@@ -140,7 +145,7 @@ class ProcessRank:
                 self._conn.send(Call(msg_id, request))
             except (OSError, ValueError) as e:
                 self._pending.pop(msg_id, None)
-                fut.set_exception(RankDied(f"rank {self.rank} is unreachable: {e}"))
+                fut.set_exception(RankDied(f"rank {self.rank} is unreachable: {e}", hint=_RESTARTS))
         return fut
 
     def abort(self, request: str) -> None:
@@ -182,7 +187,7 @@ class ProcessRank:
         with self._lock:
             pending, self._pending = self._pending, {}
         for fut in pending.values():
-            fut.set_exception(RankDied(f"rank {self.rank} died ({self._dead})"))
+            fut.set_exception(RankDied(f"rank {self.rank} died ({self._dead})", hint=_RESTARTS))
 
     def exit_reason(self) -> str:
         """Why the process went, once it has: the signal that killed it, or its exit code (before it is reaped,
