@@ -437,18 +437,18 @@ def test_a_kept_alive_connection_is_closed_for_idleness_only_after_the_idle_time
 ) -> None:
     """A connection that carried requests for longer than the idle timeout, idle between them for less, stays open:
     the idle time counts from the last answer, not from when the connection or a request arrived. (The idle waits
-    are the condition under test, not synchronisation: nothing else may close the connection for 2 s of 4.)"""
+    are the condition under test, not synchronisation: the last one is 1.6 s of the 4 s timeout.)"""
     idle_s = 4.0
     _, server = serve(idle_timeout_s=idle_s)
     pause = threading.Event()
     with socket.create_connection(_addr(server), timeout=30) as s:
         opened = time.monotonic()
         assert _get_on(s, f"{PREFIX}/info") == 200
-        pause.wait(0.5 * idle_s)
+        pause.wait(0.7 * idle_s)
         assert _get_on(s, f"{PREFIX}/info") == 200
         answered = time.monotonic()
         # Past the idle timeout since the connection opened, well within it since the last answer.
-        pause.wait(max(opened + 1.25 * idle_s, answered + 0.1 * idle_s) - time.monotonic())
+        pause.wait(max(opened + 1.1 * idle_s, answered + 0.1 * idle_s) - time.monotonic())
         assert _get_on(s, f"{PREFIX}/info") == 200, "closed while idle for less than the idle timeout"
         # Negative control: left idle, the connection is closed (the read returns at the server's close).
         assert s.recv(1) == b""
