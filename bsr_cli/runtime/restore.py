@@ -161,19 +161,6 @@ def _failed_event(request: str, out: RankOutcome) -> RestoreFailedEvent:
 
 
 Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
-
-
-def _settle(fetched: Future[Fetched], done: Future[Fetched], lease: Lease) -> None:
-    """Pass a chained fetch's outcome on (a fetch cancelled before it ran gives its slots back here)."""
-    if done.cancelled():
-        lease.release()
-        fetched.cancel()
-    elif (e := done.exception()) is not None:
-        fetched.set_exception(e)
-    else:
-        fetched.set_result(done.result())
-
-
 # The install stage of one window: (job, window, the window's lease) -> None; raises RestoreFailed.
 _Install = Callable[[RestoreJob, WindowJob, Lease], None]
 
@@ -221,7 +208,6 @@ class RankRestorer:
         # Windows whose fetch has been issued, in window order; each holds its own lease.
         ahead: deque[Future[Fetched]] = deque()
         issued = 0
-        ended = threading.Event()  # set by cleanup: a fetch chained behind another is then never started
 
         def fetch_ahead(*, block: bool) -> None:
             # Issue the next windows' fetches while the budget has room for them: with B = RWS(W) only the
@@ -234,8 +220,7 @@ class RankRestorer:
                 lease = self._lease(job, win, bounded, wait=block and not ahead)
                 if lease is None:
                     return
-                before = ahead[-1] if ahead else None
-                ahead.append(self._fetch_after(before, ended, job, win, lease, tiers, clock))
+                ahead.append(self._fetcher.submit(self._fetch_owned, job, win, lease, tiers, clock))
                 issued += 1
                 if not bounded:
                     return  # the whole-plan path is one window
@@ -263,7 +248,6 @@ class RankRestorer:
 
         def cleanup() -> None:
             # Fetches issued ahead may still be running: wait for each and give its slots back.
-            ended.set()
             for pending in ahead:
                 try:
                     lease_p, _, _ = pending.result(timeout=job.fetch_timeout_s + 5)
@@ -304,42 +288,6 @@ class RankRestorer:
         # coordinator's per-window progress deadline allows for the admission deadline instead.
         self.emit(WindowStepped(step=WindowStep.WAITING, request=job.request_id, rank=self.rank, window=win.index))
         return self.pool.acquire(n, timeout_s=job.admit_timeout_s, bounded=bounded, wait=True)
-
-    def _fetch_after(
-        self,
-        before: Future[Fetched] | None,
-        ended: threading.Event,
-        job: RestoreJob,
-        win: WindowJob,
-        lease: Lease,
-        tiers: Mapping[str, Tier],
-        clock: StageClock,
-    ) -> Future[Fetched]:
-        """Window ``win``'s fetch, its transfer started once the fetch issued before it (``before``) has ended: a
-        restore's windows move back to back, one at a time, each while the one before is checked and installed.
-        So each window's ``fetch_timeout_s`` counts from the arrival of the one before it, as it would one window
-        at a time: two transfers sharing the transport from their issue would each take about twice as long, and a
-        slow tier that met the deadline one window at a time would miss it. A window whose predecessor failed is
-        never moved (the restore fails there), nor one whose restore has ``ended``; its slots go back at once."""
-        if before is None:
-            return self._fetcher.submit(self._fetch_owned, job, win, lease, tiers, clock)
-        fetched: Future[Fetched] = Future()
-
-        def start(prev: Future[Fetched]) -> None:
-            try:
-                if prev.cancelled() or prev.exception() is not None:
-                    raise RuntimeError(f"window {win.index} not fetched: the window before it failed")
-                if ended.is_set():
-                    raise RuntimeError(f"window {win.index} not fetched: the restore ended")
-                inner = self._fetcher.submit(self._fetch_owned, job, win, lease, tiers, clock)
-            except Exception as e:  # noqa: BLE001 - also a restorer closing (submit after shutdown)
-                lease.release()
-                fetched.set_exception(e)
-                return
-            inner.add_done_callback(lambda f: _settle(fetched, f, lease))
-
-        before.add_done_callback(start)
-        return fetched
 
     def _fetch_owned(
         self, job: RestoreJob, win: WindowJob, lease: Lease, tiers: Mapping[str, Tier], clock: StageClock

@@ -184,67 +184,6 @@ def test_the_outcome_counts_each_stage_and_the_cpu_a_tier_reports_for_its_transf
     assert again.ok and again.stages is not None and again.stages.fetch.cpu_s < 0.75
 
 
-def test_with_two_windows_in_b_they_move_one_after_the_other_each_while_the_one_before_installs(rig: Rig) -> None:
-    """B holds two windows: the next window's transfer starts when the one before it has arrived (so each window's
-    deadline counts from there, as one window at a time), never beside it, and before that window is installed.
-    Window 0's transfer waits up to 1 s for window 1's to start beside it (what a restore moving two at once does):
-    the negative control for the first assertion."""
-    inner, install = rig.tier.get_into, rig.restorer._install
-    lock = threading.Lock()
-    calls, active, most = [], 0, 0
-    second = threading.Event()
-
-    def moving(keys: Any, dests: Any, timeout_s: float) -> Any:
-        nonlocal active, most
-        with lock:
-            calls.append(timeout_s)
-            active += 1
-            most = max(most, active)
-            first = len(calls) == 1
-            if len(calls) == 2:
-                second.set()
-        if first:
-            second.wait(1.0)
-        try:
-            return inner(keys, dests, timeout_s)
-        finally:
-            with lock:
-                active -= 1
-
-    seen_before_install: list[bool] = []
-
-    def installing(job: Any, win: Any, lease: Any) -> None:
-        if win.index == 0:
-            seen_before_install.append(second.wait(30))  # window 1's transfer starts while window 0 installs
-        install(job, win, lease)
-
-    rig.tier.get_into = moving  # type: ignore[method-assign]
-    rig.restorer._install = installing  # type: ignore[method-assign]
-    out = rig.restorer.restore(rig.job(4, timeout_s=20.0), threading.Event())
-    assert out.ok and out.windows_done == 3 and rig.installed_ok(), out.reason
-    assert most == 1, "two of a restore's transfers ran at once"
-    assert seen_before_install == [True], "window 1 was not moved while window 0 was installed"
-    assert len(calls) == 3
-    assert rig.pool.stats().peak_bytes == 8 * REG.bytes_per_chunk  # still two windows of B live at once
-
-
-def test_a_window_after_a_failed_one_is_never_moved_and_gives_its_slots_back(rig: Rig) -> None:
-    inner = rig.tier.get_into
-    moved: list[int] = []
-
-    def failing(keys: Any, dests: Any, timeout_s: float) -> Any:
-        moved.append(len(keys))
-        if len(moved) == 1:
-            raise OSError("transfer broke")
-        return inner(keys, dests, timeout_s)
-
-    rig.tier.get_into = failing  # type: ignore[method-assign]
-    out = rig.restorer.restore(rig.job(4), threading.Event())
-    assert not out.ok and out.failed_window is None and "transfer broke" in out.reason
-    assert len(moved) == 1, "a window after the failed one was moved"
-    assert rig.pool.stats().live_bytes == 0 and rig.dest.invalidated == [rig.tables]
-
-
 def test_budget_of_one_window_serializes_the_restore() -> None:
     rig = Rig(budget_chunks=4)  # B = RWS(4): one window at a time
     try:
