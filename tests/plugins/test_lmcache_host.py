@@ -106,6 +106,18 @@ def _stored_prompt(host: LMCacheHost, seed: int, n_tokens: int) -> list[int]:
     return toks
 
 
+def _reset_peak_once_l1_is_empty(host: LMCacheHost) -> None:
+    """Reset every rank's L1 high-water once LMCache has given back what a store staged there: LMCache frees a
+    put's chunks after the objects are already visible (on a loaded host, a while after), and a peak reset while
+    they are live starts from them."""
+    deadline = time.monotonic() + 60
+    pause = threading.Event()
+    while any(host.rank(r).tracker.live for r in (0, 1)):
+        assert time.monotonic() < deadline, [host.rank(r).pool_stats() for r in (0, 1)]
+        pause.wait(0.02)  # polls a condition, with a deadline
+    host.coordinator.reset_peak()
+
+
 @pytest.mark.timeout(120)
 def test_bitmap_matches_what_lmcache_stored(stack: tuple[services.ServiceHandle, LMCacheHost]) -> None:
     master, host = stack
@@ -159,7 +171,7 @@ def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services
         try:
             for r in (0, 1):
                 host.rank(r).set_budget(SetBudgetRequest(budget))
-            c.reset_peak()
+            _reset_peak_once_l1_is_empty(host)
             res = c.restore(toks, w=W, exclude=exclude)
         finally:
             for r in (0, 1):
@@ -182,7 +194,7 @@ def test_windowed_restore_bit_exact_and_l1_at_window_bound(stack: tuple[services
     rk.kv.prefill(chunk_hashes(toks, CS), CHUNKS * CS, 0, {"attn": table})
     want = rk.kv.gather_object("attn", table, 0, CHUNKS * CS)
     rk.kv.invalidate({"attn": table})
-    rk.tracker.reset()
+    _reset_peak_once_l1_is_empty(host)
     ret = lm.stock_retrieve(rk.engine, toks, kvcaches=rk.kvcaches, slot_mapping=rk.slots(table, CHUNKS * CS))
     assert int(ret.sum()) == CHUNKS * CS
     assert torch.equal(rk.kv.gather_object("attn", table, 0, CHUNKS * CS), want)
@@ -298,7 +310,7 @@ def _restore_at_2rws_through(
     try:
         for r in (0, 1):
             host.rank(r).set_budget(SetBudgetRequest(2 * W * CHUNK_BYTES))
-        c.reset_peak()
+        _reset_peak_once_l1_is_empty(host)
         windows.store = wrapper
         res = c.restore(toks, w=W, exclude=["fs"])
         peaks = [p.pool["peak_bytes"] for p in c.pool()]
@@ -621,7 +633,7 @@ def test_two_restores_overlap_inside_lmcache_under_b_2rws(stack: tuple[services.
     try:
         for r in (0, 1):
             host.rank(r).set_budget(SetBudgetRequest(budget))
-        c.reset_peak()
+        _reset_peak_once_l1_is_empty(host)
         out["first"] = c.restore(first, w=W, exclude=["fs"], progress=on_first)
         runner.join(120)
         peaks = [p.pool["peak_bytes"] for p in c.pool()]
