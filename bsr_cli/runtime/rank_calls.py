@@ -199,12 +199,12 @@ class RankCalls:
         except Exception as e:
             # A broken pipe says the process is going before the kernel may report it gone (``alive`` can still
             # be true for a moment after a SIGKILL): unavailable either way, not a server error.
-            lost = isinstance(e, RankDied)
-            if r.alive() and not lost:
+            alive = r.alive()
+            if alive and not isinstance(e, RankDied):
                 raise
-            why = f"{self._down(r) if not r.alive() else 'its pipe closed'} during {what}"
+            why = f"{'its pipe closed' if alive else self._down(r)} during {what}"
             self.rank_fault(r.rank, why)
-            raise self.unavailable(r, why, dead=lost) from e
+            raise self.unavailable(r, why, dead=True) from e
 
     @staticmethod
     def _down(r: RankClient) -> str:
