@@ -265,6 +265,8 @@ def test_ranks_are_named_for_ps_and_top_a_restarted_one_too(own: Engine) -> None
 def test_a_rank_is_started_again_when_the_fork_server_is_gone_too(own: Engine) -> None:
     """Ranks fork from a fork server (engine/ranks.py); an operator killing stray python processes in an incident may
     kill it. The next rank to start then starts a new one: the engine still gets its rank back."""
+    with httpx.Client(base_url=own.url, headers=own.auth(), timeout=60) as http:
+        assert http.post(V1 + "/requests", json=PROMPT).json()["hash_ok"] is True  # stored, whatever ran before
     fork_server = _parent(own.rank_pid(1))
     assert _command_name(fork_server).startswith("python"), _command_name(fork_server)
     new = _kill_rank1(own, fork_server)
