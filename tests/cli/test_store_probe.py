@@ -88,7 +88,9 @@ def _write(master, keys: list[str]) -> None:
     from bsr_cli.runtime.checksum import crc32c
     from bsr_cli.tiers.mooncake import MooncakeTier
 
-    tier = MooncakeTier(master.rpc_address, master.metadata_url)
+    # The test's own setup, not what it checks: a put of ~1,100 objects may take longer than the tier's default
+    # 10 s beside other load.
+    tier = MooncakeTier(master.rpc_address, master.metadata_url, call_timeout_s=120.0)
     try:
         payload = memoryview(bytearray(4096))
         tier.put(keys, [payload] * len(keys), [crc32c(payload)] * len(keys))
