@@ -231,10 +231,10 @@ class RankRestorer:
                 lease, fetch_s, arrived = ahead.popleft().result()
             out.fetch_seconds += fetch_s
             out.peak_live_bytes = max(out.peak_live_bytes, self.pool.stats().live_bytes)
-            # Every object arrived whole; its checksum is verified while the window installs (the install
-            # releases the GIL; CRC32C holds it at most a few tens of microseconds per object under 1 MB and
-            # releases it above). A mismatch fails the retrieve before the window is released, and a failed
-            # retrieve scrubs every block of the request, so bytes installed unverified are never committed.
+            # Every object arrived whole; its checksum is verified while the window installs (both release the
+            # GIL: the install's torch copies, and CRC32C over each object, runtime/checksum.py). A mismatch fails
+            # the retrieve before the window is released, and a failed retrieve scrubs every block of the
+            # request, so bytes installed unverified are never committed.
             verified = self._verifier.submit(self._verify_timed, job, win, arrived, clock)
             try:
                 fetch_ahead(block=False)

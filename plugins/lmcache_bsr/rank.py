@@ -6,8 +6,8 @@ hashes as the embedded engine, so ``bsr submit`` verifies outputs) and the LMCac
 
 Ranks are threads, not processes: the coordinator is in-process, LMCache's engine registry supports several
 engines per process, importing LMCache costs 3-6 s and ~340 MiB per process, and the heavy work (torch copies,
-Mooncake transfers) releases the GIL. Inside vLLM each worker process already is one rank and hosts exactly one
-``LMCacheRank`` (see docs/deployment.md).
+Mooncake transfers, object checksums) releases the GIL. Inside vLLM each worker process already is one rank and
+hosts exactly one ``LMCacheRank`` (see docs/deployment.md).
 
 ``LMCacheRank`` serves the rank-ops contract (bsr_cli.api.ranks.RankOps) as bsr_cli/engine/worker.py does, so
 bsr's Coordinator drives it unchanged; ``ThreadRank`` runs its typed requests on threads.

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
 
 import google_crc32c
+import pytest
 
 from bsr_cli.core.integrity import (
     LEGACY_SIDECAR_BYTES,
@@ -17,7 +23,7 @@ from bsr_cli.core.integrity import (
     sidecar_key,
 )
 from bsr_cli.core.keys import CHECKSUM_SIDECAR_SUFFIX
-from bsr_cli.runtime.checksum import crc32c, crc32c_at, object_checksum, object_checksum_at
+from bsr_cli.runtime.checksum import RELEASES_GIL, crc32c, crc32c_at, object_checksum, object_checksum_at
 
 KEY = "m@1@0@00aa@bfloat16"
 
@@ -55,3 +61,58 @@ def test_sidecar_round_trip_and_the_formats_it_tells_apart() -> None:
     for nothing in (None, b"", b"abc", b"XXXX" + raw[4:]):  # missing, empty, unknown size, unknown magic
         assert decode_sidecar(nothing).kind is SidecarKind.NONE
     assert sidecar_key(KEY) == KEY + CHECKSUM_SIDECAR_SUFFIX
+
+
+def test_large_and_small_buffers_give_the_extensions_checksum() -> None:
+    """Large buffers go through the C library with the GIL released, small ones through the extension: the same
+    CRC32C either way, at every size around the switch and from any start value."""
+    data = os.urandom(300 * 1024)
+    raw = (ctypes.c_ubyte * len(data)).from_buffer(bytearray(data))
+    for size in (1, 4095, 64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1, 300 * 1024):
+        expected = google_crc32c.value(data[:size])
+        assert crc32c_at(ctypes.addressof(raw), size) == expected
+        assert crc32c(memoryview(bytearray(data[:size]))) == expected
+        assert object_checksum_at(KEY, ctypes.addressof(raw), size) == object_checksum(KEY, data[:size])
+
+
+def _other_thread_ran_during(checksum: Callable[[], object], attempts: int = 400) -> bool:
+    """Whether another Python thread ran while ``checksum`` (one C call over a large buffer) was running. The
+    interpreter is told not to switch threads on its own, so the other thread runs only while a call has let the
+    GIL go; it sleeps between looks, never keeping this thread waiting. Tried until seen, up to ``attempts`` calls
+    (a busy host may not schedule it during the first few)."""
+    state = {"inside": False, "seen": 0, "stop": False}
+
+    def other() -> None:
+        while not state["stop"]:
+            if state["inside"]:
+                state["seen"] += 1
+            time.sleep(0.0005)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    thread = threading.Thread(target=other, daemon=True)
+    try:
+        thread.start()
+        for _ in range(attempts):
+            state["inside"] = True
+            checksum()
+            state["inside"] = False
+            if state["seen"]:
+                return True
+        return False
+    finally:
+        state["stop"] = True
+        thread.join(10)
+        sys.setswitchinterval(switch)
+
+
+@pytest.mark.skipif(not RELEASES_GIL, reason="google-crc32c's C library is not loadable here (a source build)")
+def test_a_large_checksum_lets_the_other_threads_run() -> None:
+    """A window's verify runs beside its install, and in a vLLM worker beside vLLM's own threads: a checksum over
+    staging memory must not hold the GIL for its whole length."""
+    buf = bytearray(32 << 20)
+    raw = (ctypes.c_ubyte * len(buf)).from_buffer(buf)
+    assert _other_thread_ran_during(lambda: object_checksum_at(KEY, ctypes.addressof(raw), len(buf)))
+    # Negative control: the extension over the same memory (what the checksum did before) holds the GIL throughout,
+    # and the check says so.
+    assert not _other_thread_ran_during(lambda: google_crc32c.extend(0, raw), attempts=20)
