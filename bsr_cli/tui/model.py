@@ -84,6 +84,9 @@ class RankGauge:
     history: tuple[int, ...]  # high water per snapshot, oldest first
     bps_history: tuple[float, ...]
     draining: bool = False  # B was cut below what is live: windows in flight finish, new ones fit the new B
+    # LMCache's whole L1 where the host reports it (its own staging too, e.g. a store's chunks until written);
+    # live_bytes is the restore windows' share, the one B bounds. None: the pool is only windows.
+    l1_live_bytes: int | None = None
 
     @property
     def state(self) -> str:
@@ -641,6 +644,7 @@ def _gauges(
                 windows_live=_int(pool.get("windows_live")),
                 waiters=_int(pool.get("waiters")),
                 draining=bool(pool.get("draining", False)),
+                l1_live_bytes=_int(pool["l1_live_bytes"]) if "l1_live_bytes" in pool else None,
                 restore_bps=bps,
                 high_water_bytes=hw,
                 history=((before.history if before else ()) + (hw,))[-HISTORY:],

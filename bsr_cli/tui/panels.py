@@ -155,6 +155,8 @@ def gauges(view: View, rank: int | None = None, dense: bool = False) -> Renderab
         stats = Text()
         stats.append(fb(g.live_bytes), STATE_STYLE[g.state] if g.state != "ok" else "bold")
         stats.append(f" live · peak {fb(g.peak_bytes)}")
+        if g.l1_live_bytes is not None:
+            stats.append(f" · L1 {fb(g.l1_live_bytes)}", "dim")
         if g.state == "draining":
             stats.append(" · draining to B", STATE_STYLE["draining"])
         if g.state == "over-budget":

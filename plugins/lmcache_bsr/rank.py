@@ -102,6 +102,7 @@ class L1Budget:
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self.live_bytes = 0
+        self.peak_bytes = 0  # the most admitted at once since the last reset_peak
         self.windows = 0
         self._queue: deque[object] = deque()
         self._cond = threading.Condition()
@@ -121,8 +122,7 @@ class L1Budget:
         with self._cond:
             if self._queue or self.live_bytes + nbytes > self.budget_bytes:
                 return False
-            self.live_bytes += nbytes
-            self.windows += 1
+            self._admitted(nbytes)
             return True
 
     def admit(self, nbytes: int, deadline: float, abort: threading.Event) -> bool:
@@ -137,12 +137,20 @@ class L1Budget:
                     if abort.is_set() or left <= 0:
                         return False
                     self._cond.wait(left)
-                self.live_bytes += nbytes
-                self.windows += 1
+                self._admitted(nbytes)
                 return True
             finally:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
+
+    def _admitted(self, nbytes: int) -> None:
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.windows += 1
+
+    def reset_peak(self) -> None:
+        with self._cond:
+            self.peak_bytes = self.live_bytes
 
     def release(self, nbytes: int) -> None:
         with self._cond:
@@ -294,12 +302,18 @@ class LMCacheRank(RankHost):
         return [k for _, _, k in lm.chunk_keys(self.engine, tokens)]
 
     def pool_stats(self) -> dict[str, int]:
+        """The restore pool as every engine reports it: live and peak are the restore windows' bytes, the ones B
+        bounds. LMCache's L1 also stages what LMCache stores (freed a while after the objects are written), so its
+        own totals, the process's real memory, come beside them (``l1_live_bytes``, ``l1_peak_bytes``): an L1 above
+        B right after a store is LMCache's, not a window over budget."""
         return {
             "capacity_bytes": self.tracker.heap_bytes,
             "budget_bytes": self.budget_bytes,
             "slot_bytes": self.chunk_bytes,
-            "live_bytes": self.tracker.live,
-            "peak_bytes": self.tracker.peak,
+            "live_bytes": self.l1.live_bytes,
+            "peak_bytes": self.l1.peak_bytes,
+            "l1_live_bytes": self.tracker.live,
+            "l1_peak_bytes": self.tracker.peak,
             "windows_live": self.l1.windows,
             "waiters": self.l1.waiters + self._waiters,
         }
@@ -463,6 +477,7 @@ class LMCacheRank(RankHost):
 
     def reset_peak(self, req: ResetPeakRequest) -> ResetPeakResult:
         self.tracker.reset()
+        self.l1.reset_peak()
         return ResetPeakResult()
 
     def set_budget(self, req: SetBudgetRequest) -> SetBudgetResult:

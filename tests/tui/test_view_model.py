@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from bsr_cli.cli.render import ops
 from bsr_cli.core.evidence import EventKind
-from bsr_cli.core.status import Snapshot
+from bsr_cli.core.status import EngineStatus, Health, Snapshot
 from bsr_cli.tui import model, panels
 from bsr_cli.tui.model import Frame
 from bsr_cli.tui.source import PollFailure, read_recording
@@ -165,3 +166,28 @@ def test_a_rank_that_failed_is_not_shown_in_progress() -> None:
     assert a.failed == (1,) and a.stalled == ()
     text = _text(panels.active(v), 120)
     assert "✖ r1 failed" in text and "r1:1✖" in text
+
+
+@pytest.mark.timeout(30)
+def test_lmcaches_own_l1_is_shown_and_not_judged_against_b(incident: Path) -> None:
+    """An LMCache host reports its whole L1 (``l1_live_bytes``: its own staging too) beside the restore windows'
+    bytes that B bounds: the gauge shows it, and an L1 above B with no window live is not a pool over B."""
+    frames = _frames(incident)
+    last = frames[-1].snapshot.to_wire()
+    for r in last["ranks"]:
+        budget = r["pool"]["budget_bytes"]
+        r["pool"].update(live_bytes=0, windows_live=0, l1_live_bytes=3 * budget, l1_peak_bytes=3 * budget)
+    view = model.fold(None, _frame(last, frames[-1].received_at))
+    assert all(g.l1_live_bytes and g.l1_live_bytes > g.budget_bytes for g in view.gauges)
+    assert all(g.state in ("ok", "above-rws") for g in view.gauges)
+    text = _text(panels.render_text(view))
+    assert "L1 " in text and "OVER B" not in text
+    # `bsr status` says what the L1 holds beside the windows.
+    console = Console(width=120, record=True, file=io.StringIO(), no_color=True)
+    ops.status(console, EngineStatus("http://engine", Health((), {}), Snapshot.from_wire(last)))
+    assert "rank 0 LMCache L1: " in console.export_text()
+    # Control: the same L1 read as the pool's live bytes (what the LMCache host reported before) is over B.
+    for r in last["ranks"]:
+        r["pool"]["live_bytes"] = r["pool"]["l1_live_bytes"]
+    over = model.fold(None, _frame(last, frames[-1].received_at))
+    assert all(g.state == "over-budget" for g in over.gauges)

@@ -451,6 +451,14 @@ def status(console: Console, d: EngineStatus) -> None:
         )
     console.print(t)
     for r in snap.ranks:
+        p = r.pool or {}
+        if "l1_live_bytes" in p:  # LMCache's L1 holds its own staging beside the windows that B bounds
+            console.print(
+                f"rank {r.rank} LMCache L1: {format_bytes(p['l1_live_bytes'])} live, peak "
+                f"{format_bytes(p.get('l1_peak_bytes', 0))} (the windows above and LMCache's own staging, "
+                "not held to B)"
+            )
+    for r in snap.ranks:
         if not r.healthy:
             console.print(f"[red]rank {r.rank} unhealthy[/]: {r.reason or r.error or 'not running'}")
         elif r.state is RankState.STARVED:  # the host's doing: its deadlines stretch, it is not blamed
