@@ -450,14 +450,7 @@ def status(console: Console, d: EngineStatus) -> None:
             f"{r.restore_bps / 1e9:.2f} GB/s",
         )
     console.print(t)
-    for r in snap.ranks:
-        p = r.pool or {}
-        if "l1_live_bytes" in p:  # LMCache's L1 holds its own staging beside the windows that B bounds
-            console.print(
-                f"rank {r.rank} LMCache L1: {format_bytes(p['l1_live_bytes'])} live, peak "
-                f"{format_bytes(p.get('l1_peak_bytes', 0))} (the windows above and LMCache's own staging, "
-                "not held to B)"
-            )
+    _l1_lines(console, snap.ranks)
     for r in snap.ranks:
         if not r.healthy:
             console.print(f"[red]rank {r.rank} unhealthy[/]: {r.reason or r.error or 'not running'}")
@@ -503,6 +496,19 @@ def status(console: Console, d: EngineStatus) -> None:
         console.print("no force-local markers")
     if snap.faults:
         faults(console, FaultListing(enabled=info.faults_enabled, faults=snap.faults))
+
+
+def _l1_lines(console: Console, ranks: Sequence[PoolEntry]) -> None:
+    """Where a rank's pool is LMCache's L1, the allocator's totals: they hold LMCache's own staging (a store's
+    chunks until written) beside the restore windows that B bounds."""
+    for r in ranks:
+        p = r.pool or {}
+        if "l1_live_bytes" in p:
+            console.print(
+                f"rank {r.rank} LMCache L1: {format_bytes(p['l1_live_bytes'])} live, peak "
+                f"{format_bytes(p.get('l1_peak_bytes', 0))} (the windows above and LMCache's own staging, "
+                "not held to B)"
+            )
 
 
 def last_fault_line(rank: int, fault: RankFault, now: float, recent: Sequence[RecentRestore]) -> str:
