@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "BSR-DRIVER-RESULT "
+SCENARIO_PREFIX = "BSR-DRIVER-SCENARIO "
 
 
 def make_model(path: Path, *, arch: str = "llama", layers: int = 2, vocab: int = 1024) -> None:
@@ -238,6 +239,7 @@ def main(config_path: str) -> int:
     pos = 0
     results: list[dict[str, Any]] = []
     for sc in cfg["scenarios"]:
+        print(SCENARIO_PREFIX + sc["name"], flush=True)  # names the scenario in a failure's report
         actions = [run_action(a) for a in sc.get("before", [])]
         res: dict[str, Any] = {"name": sc["name"], "actions": actions}
         if int(sc.get("tokens", 0)):

@@ -26,6 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("driver.py")
 RESULT_PREFIX = "BSR-DRIVER-RESULT "
+SCENARIO_PREFIX = "BSR-DRIVER-SCENARIO "  # printed by driver.py as each scenario starts
 CHUNK = 128  # LMCache chunk: two vLLM blocks of 64
 BLOCK = 64
 DRIVER_TIMEOUT_S = float(os.environ.get("BSR_VLLM_DRIVER_TIMEOUT_S", "240"))
@@ -188,8 +189,7 @@ class Driver:
         text = self.log.read_text(errors="replace")
         lines = [ln for ln in text.splitlines() if ln.startswith(RESULT_PREFIX)]
         if p.returncode != 0 or not lines:
-            tail = "\n".join(text.splitlines()[-60:])
-            raise AssertionError(f"vLLM driver failed (rc {p.returncode}); log tail:\n{tail}")
+            raise AssertionError(f"vLLM driver failed (rc {p.returncode}); {failure_report(text)}")
         failed_admin = admin_port_failures(text)
         if failed_admin:
             raise AssertionError("a vLLM worker did not serve bsr's admin API:\n" + "\n".join(failed_admin))
@@ -197,6 +197,28 @@ class Driver:
         out["by_name"] = {r["name"]: r for r in out["results"]}
         out["log"] = text
         return out
+
+
+# What names a vLLM failure's cause, which the last lines of the log (the engine's shutdown) do not show: the
+# scenario it was in, a worker's death and its exit code (vLLM: "Worker proc ... died unexpectedly (exit code: N)",
+# "WorkerProc failed", "WorkerProc was terminated"), errors, and the tracebacks logged before the death.
+_CAUSE_MARKERS = ("died unexpectedly", "WorkerProc", "Killed", "Segmentation fault", " ERROR ", "ERROR:", "Error:")
+
+
+def failure_report(text: str, *, tail_lines: int = 40, traceback_lines: int = 30) -> str:
+    lines = text.splitlines()
+    scenarios = [ln[len(SCENARIO_PREFIX) :] for ln in lines if ln.startswith(SCENARIO_PREFIX)]
+    causes = [ln for ln in lines if any(m in ln for m in _CAUSE_MARKERS)][:30]
+    death = next((i for i, ln in enumerate(lines) if "died unexpectedly" in ln), len(lines))
+    starts = [i for i, ln in enumerate(lines[:death]) if ln.lstrip().startswith("Traceback")][-3:]
+    tracebacks = ["\n".join(lines[i : i + traceback_lines]) for i in starts]
+    parts = [
+        f"in scenario {scenarios[-1] if scenarios else '(none started: vLLM did not come up)'}",
+        "cause lines:\n" + ("\n".join(causes) or "(none)"),
+        "last tracebacks before a worker died (or the end):\n" + ("\n--\n".join(tracebacks) or "(none)"),
+        "log tail:\n" + "\n".join(lines[-tail_lines:]),
+    ]
+    return "\n".join(parts)
 
 
 SHM = Path("/dev/shm")
