@@ -16,7 +16,7 @@ import pytest
 if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("lmcache") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
-    from vllmstage import DRIVER, SHM, Driver, env_for, remove_unmapped_since
+    from vllmstage import DRIVER, DRIVER_BUDGET_S, SHM, Driver, env_for, remove_unmapped_since
 
     # pytest-xdist's workers set COLUMNS=80 and LINES=24 in their environment, which every bsr command the stage runs
     # would inherit and wrap its piped output at; the stage runs them as a script would, without (as with -n 0).
@@ -28,6 +28,16 @@ else:
 
     def pytest_sessionstart(session: pytest.Session) -> None:
         _SHM_AT_START.update(SHM.glob("vllm_dist_*"))
+
+    def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+        """A test that starts vLLM may take one driver run's whole budget (vllmstage.DRIVER_BUDGET_S: start-up,
+        scenarios and exit, each with its own deadline) before its own steps: its timeout is at least that."""
+        floor = DRIVER_BUDGET_S + 120
+        for item in items:
+            marker = item.get_closest_marker("timeout")
+            current = float(marker.args[0]) if marker and marker.args else float(config.getini("timeout") or 0)
+            if current < floor:
+                item.add_marker(pytest.mark.timeout(floor), append=False)
 
     def pytest_sessionfinish(session: pytest.Session) -> None:
         """The stage's one sweep of the shared memory its vLLMs left (the workers leave it to this process, which

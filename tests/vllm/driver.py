@@ -19,6 +19,7 @@ from typing import Any
 
 RESULT_PREFIX = "BSR-DRIVER-RESULT "
 SCENARIO_PREFIX = "BSR-DRIVER-SCENARIO "
+READY_PREFIX = "BSR-DRIVER-READY"
 
 
 def make_model(path: Path, *, arch: str = "llama", layers: int = 2, vocab: int = 1024) -> None:
@@ -235,6 +236,7 @@ def main(config_path: str) -> int:
         seed=0,
     )
     startup_s = time.monotonic() - t0
+    print(f"{READY_PREFIX} {startup_s:.1f} s", flush=True)  # the runner's start-up deadline ends here
     sp = SamplingParams(max_tokens=int(cfg.get("max_tokens", 8)), temperature=0.0, detokenize=False)
     pos = 0
     results: list[dict[str, Any]] = []
