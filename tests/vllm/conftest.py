@@ -16,7 +16,7 @@ import pytest
 if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("lmcache") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
-    from vllmstage import DRIVER, DRIVER_BUDGET_S, SHM, Driver, env_for, remove_unmapped_since
+    from vllmstage import DRIVER, DRIVER_BUDGET_S, Driver, env_for, remove_unmapped_since, vllm_segments
 
     # pytest-xdist's workers set COLUMNS=80 and LINES=24 in their environment, which every bsr command the stage runs
     # would inherit and wrap its piped output at; the stage runs them as a script would, without (as with -n 0).
@@ -27,7 +27,7 @@ else:
     _SHM_AT_START: set[Path] = set()
 
     def pytest_sessionstart(session: pytest.Session) -> None:
-        _SHM_AT_START.update(SHM.glob("vllm_dist_*"))
+        _SHM_AT_START.update(vllm_segments())
 
     def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
         """A test that starts vLLM may take one driver run's whole budget (vllmstage.DRIVER_BUDGET_S: start-up,

@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 from driver import prompt
-from vllmstage import CHUNK, ROOT, SHM, _remove_unmapped, chunk_prefix, vllm_ports
+from vllmstage import CHUNK, ROOT, _remove_unmapped, chunk_prefix, vllm_ports, vllm_segments
 
 from bsr_cli.core.keys import prompt_hash
 from bsr_cli.core.lmcache_keys import lmcache_chunk_hashes, lmcache_dtype, lmcache_key, vllm_seeded_start
@@ -258,7 +258,7 @@ def stop(proc: subprocess.Popen[bytes], shm_before: set[Path]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=30)
-    _remove_unmapped(set(SHM.glob("vllm_dist_*")) - shm_before)
+    _remove_unmapped(vllm_segments() - shm_before)
 
 
 def server_env(root: Path, events: Path) -> dict[str, str]:
@@ -414,7 +414,7 @@ def walk(root: Path, tp: int, served_model: Path, master: services.ServiceHandle
     shell = Shell(work, shell_env)
     events = root / "events.jsonl"
     log = root / "serve.log"
-    shm_before = set(SHM.glob("vllm_dist_*"))
+    shm_before = vllm_segments()
     with log.open("wb") as logf:
         proc = subprocess.Popen(
             ["bash", "-c", serve], cwd=work, env=server_env(root, events), stdout=logf, stderr=subprocess.STDOUT,

@@ -178,7 +178,7 @@ class Driver:
         )
         if with_entry_point:
             e["PYTHONPATH"] = os.pathsep.join([str(self.site), e["PYTHONPATH"]])
-        shm_before = set(SHM.glob("vllm_dist_*"))
+        shm_before = vllm_segments()
         with self.log.open("wb") as logf:
             p = subprocess.Popen(
                 [sys.executable, str(DRIVER), str(cfg_path)],
@@ -196,7 +196,7 @@ class Driver:
                 seen = run.snapshot()  # before the kill below, which ends the driver if it has not exited
                 _kill_group(p)
                 run.close()
-                _remove_unmapped(set(SHM.glob("vllm_dist_*")) - shm_before)
+                _remove_unmapped(vllm_segments() - shm_before)
         text = self.log.read_text(errors="replace")
         lines = [ln for ln in text.splitlines() if ln.startswith(RESULT_PREFIX)]
         if not lines:
@@ -243,11 +243,18 @@ def failure_report(text: str, *, tail_lines: int = 40, traceback_lines: int = 30
 
 
 SHM = Path("/dev/shm")
+# vLLM's shared-memory segments: its CPU TP group's (vllm_dist_*) and its message queues' ring buffers
+# (multiprocessing.shared_memory's default names, psm_*: 160-240 MiB each, left behind by a killed vLLM).
+SHM_PATTERNS = ("vllm_dist_*", "psm_*")
+
+
+def vllm_segments() -> set[Path]:
+    return {p for pattern in SHM_PATTERNS for p in SHM.glob(pattern)}
 
 
 def _remove_unmapped(paths: set[Path]) -> None:
-    """vLLM's CPU TP group leaves its shared-memory segments in /dev/shm when its workers are not shut down
-    cleanly. Remove those that appeared during this run and that no live process maps (so never another vLLM's).
+    """vLLM leaves its shared-memory segments in /dev/shm when its processes are not shut down cleanly. Remove
+    those that appeared during this run and that no live process maps (so never another vLLM's).
 
     Not in a pytest-xdist worker: there another worker's vLLM may have created a segment it has not mapped yet, so
     the stage's controller sweeps once, at the end, when no vLLM runs (conftest.py's pytest_sessionfinish)."""
@@ -265,7 +272,7 @@ def _remove_unmapped(paths: set[Path]) -> None:
 
 def remove_unmapped_since(before: set[Path]) -> None:
     """The sweep of ``_remove_unmapped`` over every segment that appeared since ``before``, in any worker."""
-    _remove_unmapped(set(SHM.glob("vllm_dist_*")) - before)
+    _remove_unmapped(vllm_segments() - before)
 
 
 _EXITED = "exited"  # the driver process ended (vLLM's processes may still be shutting down)
