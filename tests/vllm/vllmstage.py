@@ -326,7 +326,9 @@ class _DriverRun:
         """After the group was killed: the last of the output into the log (the pipe ends with the group)."""
         for t in self.threads:
             t.join(timeout=30)
-        if self.p.stdout is not None:
+        # A process that left the group could still hold the pipe: closing it under the reading thread would block
+        # on the reader's lock, so then the pipe is left to that daemon thread.
+        if self.p.stdout is not None and not any(t.is_alive() for t in self.threads):
             self.p.stdout.close()
 
 
