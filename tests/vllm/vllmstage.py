@@ -27,13 +27,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+# The lines driver.py prints: when vLLM is up, as each scenario starts, and its result.
+from driver import READY_PREFIX, RESULT_PREFIX, SCENARIO_PREFIX
+
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("driver.py")
-RESULT_PREFIX = "BSR-DRIVER-RESULT "
-SCENARIO_PREFIX = "BSR-DRIVER-SCENARIO "  # printed by driver.py as each scenario starts
 CHUNK = 128  # LMCache chunk: two vLLM blocks of 64
 BLOCK = 64
-READY_PREFIX = "BSR-DRIVER-READY"  # printed by driver.py once vLLM is up
 STARTUP_TIMEOUT_S = float(os.environ.get("BSR_VLLM_STARTUP_TIMEOUT_S", "600"))
 DRIVER_TIMEOUT_S = float(os.environ.get("BSR_VLLM_DRIVER_TIMEOUT_S", "240"))  # the scenarios, from vLLM up
 EXIT_GRACE_S = 60.0  # vLLM's shutdown after the result line
