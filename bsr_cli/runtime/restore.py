@@ -8,7 +8,8 @@ the request is invalidated (a failed retrieve may already have installed earlier
 its groups invalid, so the commit rule collapses the external prefix to zero.
 
 When the budget allows more than one window, the next windows' fetches (at most two in flight) overlap the current
-window's install and each other. With B = RWS(W) only one window is ever live: the paper's serialized behaviour.
+window's install and each other, and each fetch's deadline counts its share of the transport (``_FetchQueue``). With
+B = RWS(W) only one window is ever live: the paper's serialized behaviour.
 
 The loop knows nothing of injected faults: a job that carries armed ones runs over wrapped tiers and a wrapped
 install stage (``runtime/faulty.py``), exactly as it runs over the real ones.
@@ -22,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from bsr_cli.api.ranks import ObjectRef, RestoreJob, RestoreResult, WindowJob
 from bsr_cli.core.events import Event, WindowFetched, WindowReleased, WindowStepped
@@ -165,6 +166,105 @@ Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
 _Install = Callable[[RestoreJob, WindowJob, Lease], None]
 
 
+class _TransportShare:
+    """Each fetch's time with the transport to itself: the restore's fetches in flight share it, so while n of them
+    are in flight each one's share grows at 1/n of the clock (processor sharing's virtual time)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._virtual = 0.0
+        self._at = clock()
+
+    def _advance(self) -> None:  # under the lock
+        now = self._clock()
+        if self._in_flight:
+            self._virtual += (now - self._at) / self._in_flight
+        self._at = now
+
+    def enter(self) -> float:
+        """A fetch starts: the virtual time its share counts from."""
+        with self._lock:
+            self._advance()
+            self._in_flight += 1
+            return self._virtual
+
+    def leave(self) -> None:
+        with self._lock:
+            self._advance()
+            self._in_flight -= 1
+
+    def since(self, start: float) -> tuple[float, int]:
+        """The share a fetch that entered at ``start`` has had, and how many fetches share the transport now."""
+        with self._lock:
+            self._advance()
+            return self._virtual - start, self._in_flight
+
+
+@dataclasses.dataclass
+class _Issued:
+    """One window's fetch: the lease its bytes land in, when it was issued, its future, and, once its thread runs
+    it, where its share of the transport counts from and this process's run delays then (for the starvation judge,
+    should it be late)."""
+
+    lease: Lease
+    at: float
+    future: Future[Fetched] | None = None
+    share_from: float | None = None
+    began: RunDelays | None = None
+
+
+class _FetchQueue:
+    """A restore's fetches issued ahead, in window order, and the deadline each is held to.
+
+    Where the budget lets two windows' fetches run at once they share the transport, and a fetch's deadline is
+    counted in its share of it (``_TransportShare``): each window gets the fetch deadline with the transport to
+    itself, as when one fetch is in flight at a time. Counted on the clock, two windows of a link that moves one
+    in 0.6 deadlines both ran out where one at a time commits. The tier is then given two deadlines (a fetch's
+    share grows at least half as fast as the clock) and the step gives up on a fetch when its share runs out."""
+
+    def __init__(self, job: RestoreJob) -> None:
+        self.timeout_s = job.fetch_timeout_s
+        self.ahead: deque[_Issued] = deque()
+        self.issued = 0
+        self.shared = False  # set once B has held two of the restore's windows at once
+        self.share = _TransportShare()
+        self.ended = threading.Event()  # the restore is over: a fetch still running reports nothing more
+
+    def tier_timeout_s(self) -> float:
+        return self.timeout_s * (2 if self.shared else 1)
+
+    def issue(self, item: _Issued) -> None:
+        self.ahead.append(item)
+        self.issued += 1
+
+    def take(self) -> Fetched:
+        future = self.ahead[0].future
+        assert future is not None
+        fetched = future.result()
+        self.ahead.popleft()
+        return fetched
+
+    def close(self) -> None:
+        """The restore is over. A fetch not started yet is cancelled and gives its slots back; one running gets
+        until a deadline from its issue, then gives them back when the tier returns (until then its bytes may still
+        land there), so a failed restore answers without waiting out a tier that hangs."""
+        self.ended.set()
+        for item in self.ahead:
+            if item.future is None or item.future.cancel():
+                item.lease.release()
+            else:
+                wait([item.future], timeout=max(0.0, item.at + self.timeout_s - time.monotonic()))
+                item.future.add_done_callback(_give_back)
+
+
+def _give_back(future: Future[Fetched]) -> None:
+    # A failed fetch gave its slots back itself (_fetch_owned).
+    if not future.cancelled() and future.exception() is None:
+        future.result()[0].release()
+
+
 class RankRestorer:
     """Runs restore jobs for one rank against its pool, tiers and destination."""
 
@@ -205,30 +305,35 @@ class RankRestorer:
         windows = list(job.windows)
         bounded = job.w > 0
         clock = StageClock()
-        # Windows whose fetch has been issued, in window order; each holds its own lease.
-        ahead: deque[Future[Fetched]] = deque()
-        issued = 0
+        queue = _FetchQueue(job)
 
         def fetch_ahead(*, block: bool) -> None:
             # Issue the next windows' fetches while the budget has room for them: with B = RWS(W) only the
             # window being consumed is ever live; with more, the next fetches overlap its install (and each
             # other, hiding the tier's per-call latency). Waits for admission only when asked to and nothing
-            # is in flight (never while this restore holds a lease it would wait on itself).
-            nonlocal issued
-            while issued < len(windows) and len(ahead) < _FETCH_AHEAD:
-                win = windows[issued]
-                lease = self._lease(job, win, bounded, wait=block and not ahead)
+            # is in flight (never while this restore holds a lease it would wait on itself). The leases come
+            # first, so that fetches that will share the transport are all issued knowing it.
+            leases: list[Lease] = []
+            while queue.issued + len(leases) < len(windows) and len(queue.ahead) + len(leases) < _FETCH_AHEAD:
+                win = windows[queue.issued + len(leases)]
+                lease = self._lease(job, win, bounded, wait=block and not queue.ahead and not leases)
                 if lease is None:
-                    return
-                ahead.append(self._fetcher.submit(self._fetch_owned, job, win, lease, tiers, clock))
-                issued += 1
+                    break
+                leases.append(lease)
                 if not bounded:
-                    return  # the whole-plan path is one window
+                    break  # the whole-plan path is one window
+            queue.shared = queue.shared or len(queue.ahead) + len(leases) > 1
+            for lease in leases:
+                item = _Issued(lease, time.monotonic())
+                item.future = self._fetcher.submit(
+                    self._fetch_owned, job, windows[queue.issued], item, tiers, clock, queue
+                )
+                queue.issue(item)
 
         def step(win: WindowJob, out: RankOutcome) -> int:
             fetch_ahead(block=True)
             with clock.timing(TimedStage.WAIT):
-                lease, fetch_s, arrived = ahead.popleft().result()
+                lease, fetch_s, arrived = self._taken(job, win, tiers, queue)
             out.fetch_seconds += fetch_s
             out.peak_live_bytes = max(out.peak_live_bytes, self.pool.stats().live_bytes)
             # Every object arrived whole; its checksum is verified while the window installs (both release the
@@ -246,15 +351,6 @@ class RankRestorer:
                 lease.release()
             return self._window_bytes(job, win)
 
-        def cleanup() -> None:
-            # Fetches issued ahead may still be running: wait for each and give its slots back.
-            for pending in ahead:
-                try:
-                    lease_p, _, _ = pending.result(timeout=job.fetch_timeout_s + 5)
-                    lease_p.release()
-                except Exception:  # noqa: BLE001 - its failure is already subsumed by ours
-                    pass
-
         out = run_windows(
             rank=self.rank,
             groups=self.group_order,
@@ -265,7 +361,7 @@ class RankRestorer:
             scrub=lambda: self.destination.invalidate(job.block_tables),
             emit=self.emit,
             pool_stats=lambda: self.pool.stats().to_dict(),
-            cleanup=cleanup,
+            cleanup=queue.close,
             fired=(lambda: armed.fired) if armed is not None else None,
         )
         out.stages = clock.costs()
@@ -289,16 +385,58 @@ class RankRestorer:
         self.emit(WindowStepped(step=WindowStep.WAITING, request=job.request_id, rank=self.rank, window=win.index))
         return self.pool.acquire(n, timeout_s=job.admit_timeout_s, bounded=bounded, wait=True)
 
+    def _taken(self, job: RestoreJob, win: WindowJob, tiers: Mapping[str, Tier], queue: _FetchQueue) -> Fetched:
+        """The next window's fetch once it arrived. Where fetches share the transport it is held to its share
+        (_FetchQueue): when that runs out first it has timed out, judged as a tier's timeout is (_check_arrival).
+        The wait is re-judged at least four times a deadline, as the number sharing the transport changes."""
+        item = queue.ahead[0]
+        future = item.future
+        assert future is not None
+        while queue.shared and not future.done():
+            wait_s = queue.timeout_s / 4
+            if item.share_from is not None:
+                used, sharing = queue.share.since(item.share_from)
+                if used >= queue.timeout_s and not future.done():
+                    self._late(job, win, tiers, item)
+                wait_s = min(wait_s, (queue.timeout_s - used) * max(sharing, 1))
+            wait([future], timeout=wait_s)
+        return queue.take()
+
+    def _late(self, job: RestoreJob, win: WindowJob, tiers: Mapping[str, Tier], item: _Issued) -> NoReturn:
+        by_tier: dict[str, list[tuple[str, int, StagingSlice]]] = {}
+        for g, c, s in self._staging(job, win, item.lease):
+            by_tier.setdefault(job.objects[g][c].tier, []).append((g, c, s))
+        for name, items in by_tier.items():
+            tier = tiers.get(name)
+            known = (
+                tier.known_fault([job.objects[g][c].key for g, c, _ in items])
+                if isinstance(tier, ExplainingTier)
+                else ""
+            )
+            timed_out = [TIMED_OUT] * len(items)
+            self._check_arrival(win, name, items, timed_out, [None] * len(items), None if known else item.began)
+        raise AssertionError("a window with no objects cannot be late")
+
     def _fetch_owned(
-        self, job: RestoreJob, win: WindowJob, lease: Lease, tiers: Mapping[str, Tier], clock: StageClock
+        self,
+        job: RestoreJob,
+        win: WindowJob,
+        item: _Issued,
+        tiers: Mapping[str, Tier],
+        clock: StageClock,
+        queue: _FetchQueue,
     ) -> Fetched:
+        item.began = self.own_delays.recent()
+        item.share_from = queue.share.enter()
         try:
             with clock.timing(TimedStage.FETCH):
-                seconds, arrived = self._fetch(job, win, lease, tiers)
-            return lease, seconds, arrived
+                seconds, arrived = self._fetch(job, win, item.lease, tiers, queue.tier_timeout_s(), queue.ended)
+            return item.lease, seconds, arrived
         except BaseException:
-            lease.release()
+            item.lease.release()
             raise
+        finally:
+            queue.share.leave()
 
     @staticmethod
     def _install_timed(install: _Install, job: RestoreJob, win: WindowJob, lease: Lease, clock: StageClock) -> float:
@@ -335,12 +473,19 @@ class RankRestorer:
         return out
 
     def _fetch(
-        self, job: RestoreJob, win: WindowJob, lease: Lease, tiers: Mapping[str, Tier]
+        self,
+        job: RestoreJob,
+        win: WindowJob,
+        lease: Lease,
+        tiers: Mapping[str, Tier],
+        timeout_s: float,
+        ended: threading.Event,
     ) -> tuple[float, list[tuple[str, int, StagingSlice, int | None]]]:
-        """Transfer every object of the window into its slots and require that each arrived whole in time.
-        Returns the seconds taken and the objects with their stored checksums, for _verify."""
+        """Transfer every object of the window into its slots and require that each arrived whole within
+        ``timeout_s``. Returns the seconds taken and the objects with their stored checksums, for _verify; reports
+        the window fetched unless the restore is already over (``ended``)."""
         t0 = time.monotonic()
-        deadline = t0 + job.fetch_timeout_s
+        deadline = t0 + timeout_s
         began = self.own_delays.recent()
         staged = self._staging(job, win, lease)
         by_tier: dict[str, list[tuple[str, int, StagingSlice]]] = {}
@@ -366,6 +511,8 @@ class RankRestorer:
                     lease.hold_until(tier.pending_writes())
             known = tier.known_fault(keys) if isinstance(tier, ExplainingTier) else ""
             arrived.extend(self._check_arrival(win, tier_name, items, codes, sums, began if not known else None))
+        if ended.is_set():
+            return time.monotonic() - t0, arrived
         self.emit(
             WindowFetched(
                 request=job.request_id,

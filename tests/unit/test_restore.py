@@ -291,6 +291,11 @@ def test_injected_faults_fire_on_their_window_and_fail_closed(
     rig: Rig, kind: str, window: int | None, group: str | None, reason: str
 ) -> None:
     fault = FaultSpec(kind=kind, window=window, group=group, id=7)
+    if kind == "timeout":
+        # One window at a time: the stalled tier answers each group at the deadline. (Two windows sharing the
+        # transport: test_a_window_whose_share_of_the_transport_runs_out_fails_every_group_until_its_transfer_ends.)
+        rig.restorer.close()
+        rig = Rig(budget_chunks=4)
     out = rig.restorer.restore(rig.job(4, [fault], timeout_s=0.3), threading.Event())
     assert not out.ok and reason in out.reason
     assert out.fired_faults == [7]
@@ -438,3 +443,40 @@ def test_an_injected_stall_is_the_tiers_even_on_a_starved_rank(rig: Rig) -> None
     )
     failure = failures.failure_of(out)
     assert failure.kind is failures.TIER and failure.tier == "mooncake" and out.fired_faults == [9]
+
+
+def test_fetches_in_flight_together_each_count_their_share_of_the_transport() -> None:
+    """The deadline of a fetch that shares the transport counts its time with it to itself: while two are in flight
+    each one's share grows at half the clock's rate, alone at the clock's."""
+    from bsr_cli.runtime.restore import _TransportShare
+
+    now = [0.0]
+    share = _TransportShare(clock=lambda: now[0])
+    a = share.enter()
+    now[0] = 1.0
+    b = share.enter()  # a had the transport to itself for 1 s
+    now[0] = 3.0
+    assert share.since(a) == (2.0, 2)  # 1 alone + 2 s shared with b at half
+    assert share.since(b) == (1.0, 2)
+    share.leave()  # a arrives
+    now[0] = 4.0
+    assert share.since(b) == (2.0, 1)  # 1 shared + 1 alone
+    # The control: counted on the clock, b would have used 3 s of a 2.5 s deadline.
+    assert now[0] - 1.0 > 2.5 > share.since(b)[0]
+
+
+def test_a_window_whose_share_of_the_transport_runs_out_fails_every_group_until_its_transfer_ends(rig: Rig) -> None:
+    """B holds two windows, so their fetches share the transport: the step gives up on window 1, stalled in one
+    group, when its share of the transport reaches the deadline. Nothing has come back from it, so no group of it
+    is known to be whole: every group is invalid. Its transfer still runs after the restore answered, and its slots
+    go back to the pool when it returns."""
+    fault = FaultSpec(kind="timeout", window=1, group="swa", id=7)
+    out = rig.restorer.restore(rig.job(4, [fault], timeout_s=0.3), threading.Event())
+    assert not out.ok and "timeout fetching" in out.reason and out.kind == failures.TIER
+    assert out.failed_window == 1 and out.windows_done == 1 and out.fired_faults == [7]
+    assert out.valid == dict.fromkeys(REG.group_names, False)
+    assert rig.dest.invalidated == [rig.tables]
+    deadline = time.monotonic() + 30  # the stalled transfer returns at the tier's own deadline (two of 0.3 s)
+    while rig.pool.stats().live_bytes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rig.pool.stats().live_bytes == 0
