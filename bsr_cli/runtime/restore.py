@@ -49,6 +49,7 @@ from bsr_cli.runtime.tiers import (
     StagingSlice,
     Tier,
 )
+from bsr_cli.runtime.transport_share import TransportShare
 
 
 class Destination(Protocol):
@@ -166,42 +167,6 @@ Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
 _Install = Callable[[RestoreJob, WindowJob, Lease], None]
 
 
-class _TransportShare:
-    """Each fetch's time with the transport to itself: the restore's fetches in flight share it, so while n of them
-    are in flight each one's share grows at 1/n of the clock (processor sharing's virtual time)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._virtual = 0.0
-        self._at = clock()
-
-    def _advance(self) -> None:  # under the lock
-        now = self._clock()
-        if self._in_flight:
-            self._virtual += (now - self._at) / self._in_flight
-        self._at = now
-
-    def enter(self) -> float:
-        """A fetch starts: the virtual time its share counts from."""
-        with self._lock:
-            self._advance()
-            self._in_flight += 1
-            return self._virtual
-
-    def leave(self) -> None:
-        with self._lock:
-            self._advance()
-            self._in_flight -= 1
-
-    def since(self, start: float) -> tuple[float, int]:
-        """The share a fetch that entered at ``start`` has had, and how many fetches share the transport now."""
-        with self._lock:
-            self._advance()
-            return self._virtual - start, self._in_flight
-
-
 @dataclasses.dataclass
 class _Issued:
     """One window's fetch: the lease its bytes land in, when it was issued, its future, and, once its thread runs
@@ -218,18 +183,17 @@ class _Issued:
 class _FetchQueue:
     """A restore's fetches issued ahead, in window order, and the deadline each is held to.
 
-    Where the budget lets two windows' fetches run at once they share the transport, and a fetch's deadline is
-    counted in its share of it (``_TransportShare``): each window gets the fetch deadline with the transport to
-    itself, as when one fetch is in flight at a time. Counted on the clock, two windows of a link that moves one
-    in 0.6 deadlines both ran out where one at a time commits. The tier is then given two deadlines (a fetch's
-    share grows at least half as fast as the clock) and the step gives up on a fetch when its share runs out."""
+    Where the budget lets two windows' fetches run at once they share the transport, and each one's deadline counts
+    its share of it (runtime/transport_share.py), as when one fetch is in flight at a time. The tier is then given
+    two deadlines (a fetch's share grows at least half as fast as the clock), and the step gives up on a fetch when
+    its share runs out."""
 
     def __init__(self, job: RestoreJob) -> None:
         self.timeout_s = job.fetch_timeout_s
         self.ahead: deque[_Issued] = deque()
         self.issued = 0
         self.shared = False  # set once B has held two of the restore's windows at once
-        self.share = _TransportShare()
+        self.share = TransportShare()
         self.ended = threading.Event()  # the restore is over: a fetch still running reports nothing more
 
     def tier_timeout_s(self) -> float:
@@ -387,19 +351,12 @@ class RankRestorer:
 
     def _taken(self, job: RestoreJob, win: WindowJob, tiers: Mapping[str, Tier], queue: _FetchQueue) -> Fetched:
         """The next window's fetch once it arrived. Where fetches share the transport it is held to its share
-        (_FetchQueue): when that runs out first it has timed out, judged as a tier's timeout is (_check_arrival).
-        The wait is re-judged at least four times a deadline, as the number sharing the transport changes."""
+        (_FetchQueue): when that runs out first it has timed out, judged as a tier's timeout is (_check_arrival)."""
         item = queue.ahead[0]
         future = item.future
         assert future is not None
-        while queue.shared and not future.done():
-            wait_s = queue.timeout_s / 4
-            if item.share_from is not None:
-                used, sharing = queue.share.since(item.share_from)
-                if used >= queue.timeout_s and not future.done():
-                    self._late(job, win, tiers, item)
-                wait_s = min(wait_s, (queue.timeout_s - used) * max(sharing, 1))
-            wait([future], timeout=wait_s)
+        if queue.shared and not queue.share.wait(future, lambda: item.share_from, queue.timeout_s):
+            self._late(job, win, tiers, item)
         return queue.take()
 
     def _late(self, job: RestoreJob, win: WindowJob, tiers: Mapping[str, Tier], item: _Issued) -> NoReturn:

@@ -79,6 +79,7 @@ from bsr_cli.runtime.paged_kv import PagedKV
 from bsr_cli.runtime.rank_host import AbortSignals, RankHost
 from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, aborted, run_windows
 from bsr_cli.runtime.stage_clock import StageClock
+from bsr_cli.runtime.transport_share import TransportShare
 
 from . import _lmcache as lm
 from . import integrity
@@ -446,17 +447,6 @@ class LMCacheRank(RankHost):
             with self._count_lock:
                 self._waiters -= 1
 
-    def _await_fetch(self, fut: Future[WindowFetch], issued_at: float, timeout_s: float, idx: int) -> WindowFetch:
-        """LMCache's get has no deadline of its own: a window's fetch runs aside and is waited for with one, counted
-        from ``issued_at`` (see ``_Ahead``). At the deadline it stays in its entry ahead for cleanup, which waits for
-        it and gives its objects back; a fetch that raised gave its own back."""
-        try:
-            return fut.result(timeout=max(0.0, issued_at + timeout_s - time.monotonic()))
-        except FutureTimeout:
-            raise RestoreFailed(
-                f"timeout: window {idx} did not arrive within {timeout_s}s", idx, kind=failures.TIER, stage=Stage.FETCH
-            ) from None
-
     def stats(self, req: StatsRequest) -> StatsResult:
         tiers: dict[str, TierStatus] | None = None
         if req.health:
@@ -521,10 +511,9 @@ class LMCacheRank(RankHost):
         lm.destroy_engine(self.instance_id)
 
 
-# Fetches issued and not yet consumed, in window order: (window position, when its deadline started: its issue, or
-# the arrival of the window before it when it was issued while that one was in flight; the fetch, the bytes
-# admitted under B for it).
-_Ahead = tuple[int, float, Future[WindowFetch], int]
+# Fetches issued and not yet consumed, in window order: (window position, the fetch, the bytes admitted under B for
+# it).
+_Ahead = tuple[int, Future[WindowFetch], int]
 
 
 class _RestoreRun:
@@ -545,6 +534,10 @@ class _RestoreRun:
         self.timeout_s = float(job.fetch_timeout_s)
         self.ahead: deque[_Ahead] = deque()
         self.issued = 0  # the next window whose fetch is to be issued
+        # LMCache's get has no deadline of its own: a window's fetch runs aside and is waited for with one, counted
+        # in its share of the transport (the fetches in flight share it), from where its thread began it.
+        self.share = TransportShare()
+        self.share_from: dict[int, float] = {}
         self.clock = StageClock()
         self.locate: Callable[[WindowJob, str], str] = lambda _win, tier: lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
         self.window_stage: WindowStage = self._fetch_and_install
@@ -617,15 +610,19 @@ class _RestoreRun:
         if not self.ahead:
             self._admit_and_issue(pos)
         self._run_ahead()  # B has the room the window before gave back: the next fetch runs beside this one's
-        _, issued_at, fut, admitted = self.ahead[0]
+        issued, fut, admitted = self.ahead[0]
         with self.clock.timing(TimedStage.WAIT):
-            fetched = self.rank._await_fetch(fut, issued_at, self.timeout_s, win.index)
+            # At the deadline the fetch stays in its entry ahead for cleanup, which gives its objects back when it
+            # returns; a fetch that raised gave its own back.
+            if not self.share.wait(fut, lambda: self.share_from.get(issued), self.timeout_s):
+                raise RestoreFailed(
+                    f"timeout: window {win.index} did not arrive within {self.timeout_s}s of the transport",
+                    win.index,
+                    kind=failures.TIER,
+                    stage=Stage.FETCH,
+                )
+            fetched = fut.result()
         self.ahead.popleft()
-        if self.ahead:
-            # The next window shared the transport with this one until now: its deadline counts from here, so each
-            # window gets fetch_timeout_s of the transport to itself, as when one fetch was in flight at a time.
-            pos_next, _, fut_next, admitted_next = self.ahead[0]
-            self.ahead[0] = (pos_next, time.monotonic(), fut_next, admitted_next)
         try:
             out.fetch_seconds += time.monotonic() - t0
             self._run_ahead()  # when none is in flight yet, the next transfer runs during this check and install
@@ -680,13 +677,21 @@ class _RestoreRun:
         keys = self.keys[win.chunk_start : win.chunk_end]
         rk = self.rank
         try:
-            fut = rk._io.submit(fetch_window, rk.engine, rk.windows, keys, locations, self.clock)
+            fut = rk._io.submit(self._fetch_sharing, pos, keys, locations)
         except BaseException:
             if admitted:
                 rk.l1.release(admitted)  # never issued: its bytes of B go back at once
             raise
-        self.ahead.append((pos, time.monotonic(), fut, admitted))
+        self.ahead.append((pos, fut, admitted))
         self.issued = pos + 1
+
+    def _fetch_sharing(self, pos: int, keys: list[Any], locations: list[str]) -> WindowFetch:
+        """Window ``pos``'s transfer, counted in the restore's share of the transport."""
+        self.share_from[pos] = self.share.enter()
+        try:
+            return fetch_window(self.rank.engine, self.rank.windows, keys, locations, self.clock)
+        finally:
+            self.share.leave()
 
     def _run_ahead(self) -> None:
         """Issue the next window's fetch now when B has room for it beside the windows live (this restore's fetches
@@ -750,7 +755,7 @@ class _RestoreRun:
         # running after the grace keeps its L1 objects and its bytes of B until it returns (Mooncake may still
         # write them), as an abandoned transfer keeps its pool slots in the embedded engine.
         while self.ahead:
-            _, _, fut, admitted = self.ahead.popleft()
+            _, fut, admitted = self.ahead.popleft()
             try:
                 fut.result(timeout=RETRIEVE_GRACE_S).release()
             except FutureTimeout:

@@ -394,11 +394,13 @@ def test_under_b_2rws_the_next_window_is_fetched_while_the_one_before_is_in_flig
 
 
 class _SlowTransfers:
-    """The real store (every call goes to it) as a slow tier for two windows: window 1's transfer returns ``hold_s``
-    after window 2's has been issued, and window 2's ``hold_s`` after window 1's has returned."""
+    """The real store (every call goes to it) as a slow tier for two windows: the first one's transfer returns
+    ``hold_s`` after the second one's has been issued, and the second one's ``then_s`` (default ``hold_s``) after the
+    first one's has returned."""
 
-    def __init__(self, store: Any, first: str, second: str, hold_s: float) -> None:
+    def __init__(self, store: Any, first: str, second: str, hold_s: float, then_s: float | None = None) -> None:
         self._store, self._first, self._second, self._hold_s = store, first, second, hold_s
+        self._then_s = hold_s if then_s is None else then_s
         self.second_issued, self.first_back = threading.Event(), threading.Event()
 
     def __getattr__(self, name: str) -> Any:
@@ -408,7 +410,7 @@ class _SlowTransfers:
         if self._second in keys:
             self.second_issued.set()
             self.first_back.wait(30.0)
-            time.sleep(self._hold_s)  # the slow tier itself, not a synchronisation
+            time.sleep(self._then_s)  # the slow tier itself, not a synchronisation
         out = self._store.batch_get_into(keys, *args)
         if self._first in keys:
             self.second_issued.wait(30.0)
@@ -421,14 +423,30 @@ class _SlowTransfers:
 def test_a_window_fetched_ahead_gets_the_whole_fetch_timeout_after_the_one_before_it(
     stack: tuple[services.ServiceHandle, LMCacheHost],
 ) -> None:
-    """Two windows in flight share the transport, so a window's deadline counts from the arrival of the window
-    before it, not from its own issue: each still gets fetch_timeout_s (10 s here) of the tier to itself, as when
-    one fetch ran at a time. Here window 2 arrives 12 s after its issue and 6 s after window 1: it commits (counted
-    from its issue it would time out)."""
+    """Two windows in flight share the transport, so a window's deadline counts its share of it, not the clock from
+    its issue: each still gets fetch_timeout_s (10 s here) of the tier to itself, as when one fetch ran at a time.
+    Here window 2 arrives 12 s after its issue, 6 s of them beside window 1 and 6 alone (a share of 9 s): it commits
+    (counted from its issue it would time out)."""
     _, host = stack
     toks = _stored_prompt(host, seed=23, n_tokens=CHUNKS * CS)
     slow, res, _ = _restore_at_2rws_through(
         host, toks, lambda real, keys: _SlowTransfers(real, first=keys[W], second=keys[2 * W], hold_s=6.0)
+    )
+    assert slow.second_issued.is_set() and slow.first_back.is_set()
+    assert res.outcome is Outcome.COMMITTED and res.hashes is not None and res.hashes.hash_ok is True, res.report
+
+
+@pytest.mark.timeout(120)
+def test_the_first_window_shares_the_transport_with_the_second_and_gets_the_whole_fetch_timeout(
+    stack: tuple[services.ServiceHandle, LMCacheHost],
+) -> None:
+    """The restore's first two windows are issued together, so the first shares the transport with the second for
+    its whole transfer: its deadline counts its share. Here window 0 arrives 12 s after its issue, all of them beside
+    window 1 (a share of 6 s of the 10 s deadline): it commits (counted on the clock from its issue it timed out)."""
+    _, host = stack
+    toks = _stored_prompt(host, seed=29, n_tokens=CHUNKS * CS)
+    slow, res, _ = _restore_at_2rws_through(
+        host, toks, lambda real, keys: _SlowTransfers(real, first=keys[0], second=keys[W], hold_s=12.0, then_s=0.0)
     )
     assert slow.second_issued.is_set() and slow.first_back.is_set()
     assert res.outcome is Outcome.COMMITTED and res.hashes is not None and res.hashes.hash_ok is True, res.report

@@ -448,10 +448,10 @@ def test_an_injected_stall_is_the_tiers_even_on_a_starved_rank(rig: Rig) -> None
 def test_fetches_in_flight_together_each_count_their_share_of_the_transport() -> None:
     """The deadline of a fetch that shares the transport counts its time with it to itself: while two are in flight
     each one's share grows at half the clock's rate, alone at the clock's."""
-    from bsr_cli.runtime.restore import _TransportShare
+    from bsr_cli.runtime.transport_share import TransportShare
 
     now = [0.0]
-    share = _TransportShare(clock=lambda: now[0])
+    share = TransportShare(clock=lambda: now[0])
     a = share.enter()
     now[0] = 1.0
     b = share.enter()  # a had the transport to itself for 1 s
