@@ -49,7 +49,7 @@ from bsr_cli.runtime.tiers import (
     StagingSlice,
     Tier,
 )
-from bsr_cli.runtime.transport_share import TransportShare
+from bsr_cli.runtime.transport_share import ShareTicket, TransportShare
 
 
 class Destination(Protocol):
@@ -167,17 +167,16 @@ Fetched = tuple[Lease, float, list[tuple[str, int, StagingSlice, int | None]]]
 _Install = Callable[[RestoreJob, WindowJob, Lease], None]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Issued:
-    """One window's fetch: the lease its bytes land in, when it was issued, its future, and, once its thread runs
-    it, where its share of the transport counts from and this process's run delays then (for the starvation judge,
-    should it be late)."""
+    """One window's fetch: the lease its bytes land in, when it was issued, its future, its place in the share of
+    the transport, and this process's run delays at its issue (for the starvation judge, should it be late)."""
 
     lease: Lease
     at: float
-    future: Future[Fetched] | None = None
-    share_from: float | None = None
-    began: RunDelays | None = None
+    future: Future[Fetched]
+    ticket: ShareTicket
+    began: RunDelays | None
 
 
 class _FetchQueue:
@@ -204,9 +203,7 @@ class _FetchQueue:
         self.issued += 1
 
     def take(self) -> Fetched:
-        future = self.ahead[0].future
-        assert future is not None
-        fetched = future.result()
+        fetched = self.ahead[0].future.result()
         self.ahead.popleft()
         return fetched
 
@@ -216,7 +213,7 @@ class _FetchQueue:
         land there), so a failed restore answers without waiting out a tier that hangs."""
         self.ended.set()
         for item in self.ahead:
-            if item.future is None or item.future.cancel():
+            if item.future.cancel():
                 item.lease.release()
             else:
                 wait([item.future], timeout=max(0.0, item.at + self.timeout_s - time.monotonic()))
@@ -288,11 +285,11 @@ class RankRestorer:
                     break  # the whole-plan path is one window
             queue.shared = queue.shared or len(queue.ahead) + len(leases) > 1
             for lease in leases:
-                item = _Issued(lease, time.monotonic())
-                item.future = self._fetcher.submit(
-                    self._fetch_owned, job, windows[queue.issued], item, tiers, clock, queue
+                ticket, at, began = queue.share.ticket(), time.monotonic(), self.own_delays.recent()
+                future = self._fetcher.submit(
+                    self._fetch_owned, job, windows[queue.issued], lease, ticket, tiers, clock, queue
                 )
-                queue.issue(item)
+                queue.issue(_Issued(lease, at, future, ticket, began))
 
         def step(win: WindowJob, out: RankOutcome) -> int:
             fetch_ahead(block=True)
@@ -353,9 +350,7 @@ class RankRestorer:
         """The next window's fetch once it arrived. Where fetches share the transport it is held to its share
         (_FetchQueue): when that runs out first it has timed out, judged as a tier's timeout is (_check_arrival)."""
         item = queue.ahead[0]
-        future = item.future
-        assert future is not None
-        if queue.shared and not queue.share.wait(future, lambda: item.share_from, queue.timeout_s):
+        if queue.shared and not queue.share.wait(item.future, item.ticket, queue.timeout_s):
             self._late(job, win, tiers, item)
         return queue.take()
 
@@ -378,22 +373,19 @@ class RankRestorer:
         self,
         job: RestoreJob,
         win: WindowJob,
-        item: _Issued,
+        lease: Lease,
+        ticket: ShareTicket,
         tiers: Mapping[str, Tier],
         clock: StageClock,
         queue: _FetchQueue,
     ) -> Fetched:
-        item.began = self.own_delays.recent()
-        item.share_from = queue.share.enter()
         try:
-            with clock.timing(TimedStage.FETCH):
-                seconds, arrived = self._fetch(job, win, item.lease, tiers, queue.tier_timeout_s(), queue.ended)
-            return item.lease, seconds, arrived
+            with ticket, clock.timing(TimedStage.FETCH):
+                seconds, arrived = self._fetch(job, win, lease, tiers, queue.tier_timeout_s(), queue.ended)
+            return lease, seconds, arrived
         except BaseException:
-            item.lease.release()
+            lease.release()
             raise
-        finally:
-            queue.share.leave()
 
     @staticmethod
     def _install_timed(install: _Install, job: RestoreJob, win: WindowJob, lease: Lease, clock: StageClock) -> float:

@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
+from types import TracebackType
 from typing import Any
 
 
 class TransportShare:
-    """The share of the transport each of a restore's fetches has had. A fetch's thread calls ``enter`` when it
-    starts its transfer and ``leave`` when it returns; the window loop ``wait``s for it against its deadline."""
+    """The share of the transport each of a restore's fetches has had. Each fetch gets a ``ticket`` when it is
+    issued; its thread holds the ticket (``with ticket:``) while it transfers, and the window loop ``wait``s for the
+    fetch against its deadline by the ticket."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -32,6 +34,9 @@ class TransportShare:
         if self._in_flight:
             self._virtual += (now - self._at) / self._in_flight
         self._at = now
+
+    def ticket(self) -> ShareTicket:
+        return ShareTicket(self)
 
     def enter(self) -> float:
         """A fetch starts: the virtual time its share counts from."""
@@ -51,17 +56,31 @@ class TransportShare:
             self._advance()
             return self._virtual - start, self._in_flight
 
-    def wait(self, future: Future[Any], started: Callable[[], float | None], timeout_s: float) -> bool:
-        """Wait for ``future``, a fetch whose share counts from ``started()`` (None while its thread has not begun
-        it); False when its share reached ``timeout_s`` first. Re-judged at least four times a deadline, since the
+    def wait(self, future: Future[Any], ticket: ShareTicket, timeout_s: float) -> bool:
+        """Wait for ``future``, the fetch holding ``ticket``; False when its share reached ``timeout_s`` first (a
+        fetch whose thread has not begun it has had none yet). Re-judged at least four times a deadline, since the
         number sharing the transport changes while it waits."""
         while not future.done():
             wait_s = timeout_s / 4
-            start = started()
-            if start is not None:
-                used, sharing = self.since(start)
+            if ticket.start is not None:
+                used, sharing = self.since(ticket.start)
                 if used >= timeout_s and not future.done():
                     return False
                 wait_s = min(wait_s, (timeout_s - used) * max(sharing, 1))
             wait([future], timeout=wait_s)
         return True
+
+
+class ShareTicket:
+    """One fetch's place in the share: held by its thread while it transfers (``with ticket:``)."""
+
+    def __init__(self, share: TransportShare) -> None:
+        self.share = share
+        self.start: float | None = None  # where its share counts from, once its thread has begun the transfer
+
+    def __enter__(self) -> ShareTicket:
+        self.start = self.share.enter()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.share.leave()

@@ -79,7 +79,7 @@ from bsr_cli.runtime.paged_kv import PagedKV
 from bsr_cli.runtime.rank_host import AbortSignals, RankHost
 from bsr_cli.runtime.restore import RankOutcome, RestoreFailed, aborted, run_windows
 from bsr_cli.runtime.stage_clock import StageClock
-from bsr_cli.runtime.transport_share import TransportShare
+from bsr_cli.runtime.transport_share import ShareTicket, TransportShare
 
 from . import _lmcache as lm
 from . import integrity
@@ -511,9 +511,9 @@ class LMCacheRank(RankHost):
         lm.destroy_engine(self.instance_id)
 
 
-# Fetches issued and not yet consumed, in window order: (window position, the fetch, the bytes admitted under B for
-# it).
-_Ahead = tuple[int, Future[WindowFetch], int]
+# Fetches issued and not yet consumed, in window order: (its place in the share of the transport, the fetch, the bytes
+# admitted under B for it).
+_Ahead = tuple[ShareTicket, Future[WindowFetch], int]
 
 
 class _RestoreRun:
@@ -537,7 +537,6 @@ class _RestoreRun:
         # LMCache's get has no deadline of its own: a window's fetch runs aside and is waited for with one, counted
         # in its share of the transport (the fetches in flight share it), from where its thread began it.
         self.share = TransportShare()
-        self.share_from: dict[int, float] = {}
         self.clock = StageClock()
         self.locate: Callable[[WindowJob, str], str] = lambda _win, tier: lm.TIER_BACKENDS.get(tier, lm.FAULT_LOCATION)
         self.window_stage: WindowStage = self._fetch_and_install
@@ -610,11 +609,11 @@ class _RestoreRun:
         if not self.ahead:
             self._admit_and_issue(pos)
         self._run_ahead()  # B has the room the window before gave back: the next fetch runs beside this one's
-        issued, fut, admitted = self.ahead[0]
+        ticket, fut, admitted = self.ahead[0]
         with self.clock.timing(TimedStage.WAIT):
             # At the deadline the fetch stays in its entry ahead for cleanup, which gives its objects back when it
             # returns; a fetch that raised gave its own back.
-            if not self.share.wait(fut, lambda: self.share_from.get(issued), self.timeout_s):
+            if not self.share.wait(fut, ticket, self.timeout_s):
                 raise RestoreFailed(
                     f"timeout: window {win.index} did not arrive within {self.timeout_s}s of the transport",
                     win.index,
@@ -677,21 +676,19 @@ class _RestoreRun:
         keys = self.keys[win.chunk_start : win.chunk_end]
         rk = self.rank
         try:
-            fut = rk._io.submit(self._fetch_sharing, pos, keys, locations)
+            ticket = self.share.ticket()
+            fut = rk._io.submit(self._fetch_sharing, ticket, keys, locations)
         except BaseException:
             if admitted:
                 rk.l1.release(admitted)  # never issued: its bytes of B go back at once
             raise
-        self.ahead.append((pos, fut, admitted))
+        self.ahead.append((ticket, fut, admitted))
         self.issued = pos + 1
 
-    def _fetch_sharing(self, pos: int, keys: list[Any], locations: list[str]) -> WindowFetch:
-        """Window ``pos``'s transfer, counted in the restore's share of the transport."""
-        self.share_from[pos] = self.share.enter()
-        try:
+    def _fetch_sharing(self, ticket: ShareTicket, keys: list[Any], locations: list[str]) -> WindowFetch:
+        """A window's transfer, counted in the restore's share of the transport."""
+        with ticket:
             return fetch_window(self.rank.engine, self.rank.windows, keys, locations, self.clock)
-        finally:
-            self.share.leave()
 
     def _run_ahead(self) -> None:
         """Issue the next window's fetch now when B has room for it beside the windows live (this restore's fetches
